@@ -1,0 +1,40 @@
+"""Argument validation shared by the public API: clear errors naming the argument and what was expected."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False, ndim=None) -> torch.Tensor:
+    """Check that ``t`` is a tensor (optionally floating / integer, with ``ndim`` in an int or tuple).
+
+    Raises:
+        TypeError: not a tensor, or the wrong kind of dtype.
+        ValueError: the wrong number of dimensions.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def same_device(**tensors) -> None:
+    """Raise ValueError when the given (non-None) tensors are not all on one device."""
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    devices = {v.device for _, v in items}
+    if len(devices) > 1:
+        desc = ", ".join(f"{k} on {v.device}" for k, v in items)
+        raise ValueError(f"all tensors must be on one device, got {desc}")
+
+
+def choice(name: str, value, allowed) -> None:
+    """Raise ValueError when ``value`` is not one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")

@@ -1,0 +1,111 @@
+"""Helpers shared by the Triton ops: launch heuristics, row views, dtype maps.
+
+Kept deliberately small; every op file imports from here instead of re-deriving block sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ..support import interpreter_enabled
+
+# Largest row a single program holds in registers (elements). Rows longer than this are rejected by the
+# row-wise ops with a clear error rather than spilling catastrophically.
+MAX_FUSED_ROW = 65536
+
+
+def _fix_interpreter_bf16_rounding() -> None:
+    """Make Triton's CPU interpreter round fp32 -> bf16 to nearest-even, as the GPU does.
+
+    The interpreter (triton.runtime.interpreter._convert_float) truncates by default, which doubles the
+    rounding error of every bf16 store and would make interpreted results disagree with compiled ones. We wrap
+    that private helper once, only when the interpreter is on, and only for the fp32 -> bf16 case.
+    """
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+    except Exception:  # pragma: no cover - interpreter layout changed
+        return
+    original = getattr(interp, "_convert_float", None)
+    if original is None or getattr(original, "_tigon_rtne", False):
+        return
+
+    def convert(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            a = np.ascontiguousarray(data, dtype=np.float32)
+            bits = a.view(np.uint32)
+            out = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+            out[np.isnan(a)] = 0x7FC0
+            return out
+        return original(data, src, dst, rounding_mode)
+
+    convert._tigon_rtne = True
+    interp._convert_float = convert
+
+
+if interpreter_enabled():
+    _fix_interpreter_bf16_rounding()
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1)."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_programs_hint(device: torch.device) -> int:
+    """How many resident programs make a persistent grid: 2 x SMs on CUDA, 4 under the interpreter.
+
+    The interpreter runs programs one after another in Python, so fewer, larger programs are faster there.
+    """
+    if device.type == "cuda" and not interpreter_enabled():
+        return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 4
+
+
+def warps_for(block_elems: int) -> int:
+    """num_warps for a program that touches ``block_elems`` elements per step (4 .. 16)."""
+    if block_elems >= 16384:
+        return 16
+    if block_elems >= 4096:
+        return 8
+    return 4
+
+
+def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int = 4096) -> int:
+    """Rows one program handles per step so that a [rows, cols] tile holds about ``target_elems`` elements.
+
+    Small hidden sizes get several rows per program (fewer, fuller programs); under the interpreter we go
+    wider still because each program costs Python overhead.
+    """
+    if interpreter_enabled() or device.type != "cuda":
+        target_elems = 1 << 16
+    return max(1, min(64, target_elems // n_cols_pow2))
+
+
+def as_rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    """View ``x`` (..., N) as (M, N) with unit stride along N (copying only if it must).
+
+    Raises:
+        ValueError: ``x`` has no dimensions or a zero-sized last dimension.
+    """
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last dimension, got shape {tuple(x.shape)}")
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def check_row_width(n: int, name: str) -> None:
+    """Raise ValueError when a row of ``n`` elements is too long for a one-pass row kernel."""
+    if n > MAX_FUSED_ROW:
+        raise ValueError(f"{name}: last dimension {n} exceeds the fused-row limit {MAX_FUSED_ROW}")

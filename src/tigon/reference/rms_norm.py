@@ -1,0 +1,39 @@
+"""RMSNorm reference (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"; HF LlamaRMSNorm)."""
+
+from __future__ import annotations
+
+import torch
+
+CASTING_MODES = ("llama", "gemma", "none")
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
+) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * (offset + weight), over the last dimension.
+
+    Args:
+        x: (..., hidden), any float dtype.
+        weight: (hidden,).
+        eps: added to the mean square before the reciprocal square root.
+        offset: added to the weight (1.0 for Gemma's ``(1 + w)``).
+        casting_mode: ``"llama"`` (normalise in fp32, cast to x.dtype, then multiply by the weight, as HF
+            LlamaRMSNorm; output dtype is the promotion of x and weight), ``"gemma"`` (everything in fp32, cast
+            to x.dtype at the end, as HF GemmaRMSNorm), ``"none"`` (no casts: computed in x.dtype).
+
+    Returns:
+        (..., hidden) tensor.
+    """
+    if casting_mode == "llama":
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        w = weight + offset if offset != 0.0 else weight
+        return w * xf.to(x.dtype)
+    if casting_mode == "gemma":
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (xf * (offset + weight.to(torch.float32))).to(x.dtype)
+    if casting_mode == "none":
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return y * (offset + weight)
+    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")

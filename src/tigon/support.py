@@ -1,0 +1,166 @@
+"""What this accelerator / dtype / library-version combination supports, and why not.
+
+Every public op in :mod:`tigon.functional` asks :func:`select_backend` which path to take:
+
+``"triton"``
+    compiled Triton kernels on a CUDA device (compute capability >= 8.0 for bf16, >= 7.0 otherwise).
+``"interpreter"``
+    the same Triton kernels run by Triton's CPU interpreter. Enabled when the environment variable
+    ``TRITON_INTERPRET=1`` was set *before* Tigon's kernels were first imported (the test-suite and the
+    ``tigon`` CLI set it on machines without CUDA). Slow, but it runs the real kernels.
+``"reference"``
+    the plain-PyTorch definition in :mod:`tigon.reference` (any device, any dtype). Taken when neither of the
+    above applies; one warning per reason is issued. In strict mode (:func:`set_strict` or ``TIGON_STRICT=1``)
+    :class:`UnsupportedError` is raised instead.
+
+:func:`force_reference` (a context manager, or ``TIGON_DISABLE=1``) turns the kernels off on purpose, e.g. to
+check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
+report what actually ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import threading
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("triton", "interpreter", "reference")
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class UnsupportedError(RuntimeError):
+    """Raised in strict mode when an op would have to fall back to the PyTorch reference."""
+
+
+class TigonFallbackWarning(UserWarning):
+    """Warned (once per reason) when an op runs the PyTorch reference instead of a Triton kernel."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The path an op takes for one call: ``backend`` in :data:`BACKENDS` and a human-readable ``reason``."""
+
+    backend: str
+    reason: str
+
+
+_state = threading.local()
+_usage: Counter = Counter()
+_warned: set[str] = set()
+
+
+def _strict_default() -> bool:
+    return os.environ.get("TIGON_STRICT", "0") not in ("", "0", "false", "False")
+
+
+def set_strict(enabled: bool = True) -> None:
+    """Raise :class:`UnsupportedError` instead of falling back to the reference (process-wide)."""
+    os.environ["TIGON_STRICT"] = "1" if enabled else "0"
+
+
+def is_strict() -> bool:
+    """Whether strict mode is on (``TIGON_STRICT=1`` or :func:`set_strict`)."""
+    return _strict_default()
+
+
+@contextlib.contextmanager
+def force_reference():
+    """Context manager: every op inside runs the PyTorch reference, silently (used to check the fallback)."""
+    prev = getattr(_state, "forced", False)
+    _state.forced = True
+    try:
+        yield
+    finally:
+        _state.forced = prev
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton's interpreter is on (``TRITON_INTERPRET=1`` in the environment)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_version() -> str | None:
+    """The installed Triton version, or None when Triton cannot be imported."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:  # pragma: no cover - broken installs
+        return None
+
+
+def decide(device: torch.device, dtype: torch.dtype) -> Decision:
+    """Which backend an op would use for tensors on ``device`` with ``dtype``, and why.
+
+    Pure: no warning, no counting. See the module docstring for the rules.
+    """
+    if getattr(_state, "forced", False) or os.environ.get("TIGON_DISABLE", "0") == "1":
+        return Decision("reference", "kernels disabled (force_reference / TIGON_DISABLE=1)")
+    if dtype not in KERNEL_DTYPES:
+        return Decision("reference", f"dtype {dtype} has no kernel (supported: float32, bfloat16, float16)")
+    if triton_version() is None:
+        return Decision("reference", "triton is not installed")
+    if interpreter_enabled():
+        if device.type in ("cpu", "cuda"):
+            return Decision("interpreter", "TRITON_INTERPRET=1: Triton kernels run by the interpreter")
+        return Decision("reference", f"device {device.type!r} is not supported by the Triton interpreter")
+    if device.type == "cuda":
+        if torch.version.hip is not None:
+            return Decision("triton", "ROCm device (kernels are tested on CUDA only)")
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 7:
+            return Decision("reference", f"compute capability {major}.{minor} < 7.0")
+        if dtype == torch.bfloat16 and major < 8:
+            return Decision("reference", f"bfloat16 needs compute capability >= 8.0, found {major}.{minor}")
+        return Decision("triton", f"CUDA device with compute capability {major}.{minor}")
+    if device.type == "cpu":
+        return Decision("reference", "CPU tensors (set TRITON_INTERPRET=1 to run the kernels interpreted)")
+    return Decision("reference", f"device type {device.type!r} has no Triton backend")
+
+
+def select_backend(op: str, tensor: torch.Tensor) -> str:
+    """The backend ``op`` runs for ``tensor``; warns once per reason on fallback, raises in strict mode.
+
+    Raises:
+        UnsupportedError: strict mode is on and the op would fall back to the reference.
+    """
+    d = decide(tensor.device, tensor.dtype)
+    if d.backend == "reference" and not d.reason.startswith("kernels disabled"):
+        if is_strict():
+            raise UnsupportedError(f"tigon.{op}: no Triton path ({d.reason}) and strict mode is on")
+        if d.reason not in _warned:
+            _warned.add(d.reason)
+            warnings.warn(
+                f"Tigon falls back to the PyTorch reference: {d.reason}. "
+                "Results are correct but not accelerated; set TIGON_STRICT=1 to make this an error.",
+                TigonFallbackWarning,
+                stacklevel=3,
+            )
+    _usage[(op, d.backend)] += 1
+    return d.backend
+
+
+def backend_usage(reset: bool = False) -> dict[str, dict[str, int]]:
+    """Calls per op and backend since the last reset: ``{"rms_norm": {"triton": 12}, ...}``."""
+    out: dict[str, dict[str, int]] = {}
+    for (op, backend), n in sorted(_usage.items()):
+        out.setdefault(op, {})[backend] = n
+    if reset:
+        _usage.clear()
+    return out
+
+
+def describe_backend(usage: dict[str, dict[str, int]]) -> str:
+    """One word for a run: the single backend used by all ops, or ``"mixed"`` (``"none"`` if no op ran)."""
+    seen = {b for per_op in usage.values() for b in per_op}
+    if not seen:
+        return "none"
+    return seen.pop() if len(seen) == 1 else "mixed"

@@ -1,0 +1,27 @@
+"""Run the same tests compiled on CUDA and through Triton's interpreter on CPU.
+
+TRITON_INTERPRET must be set before any Triton kernel is defined, so this happens before tigon is imported.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    # Fresh random inputs per test, but reproducible from the test's name when a failure must be replayed.
+    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    yield

@@ -1,0 +1,57 @@
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon import support
+from tigon.numerics import assert_close_to_truth, compare
+from tigon.reference.rms_norm import rms_norm as ref_rms_norm
+
+# bf16/fp16: the original's error is dominated by the final rounding to the output dtype, which Tigon shares;
+# factor 1.1 absorbs the sampling noise of a relative-L2 estimate over a few thousand elements.
+FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.1, torch.float16: 1.1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("casting_mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
+@pytest.mark.parametrize("shape", [(4, 7, 96), (33, 300)])
+def test_rms_norm_matches_float64(device, dtype, casting_mode, offset, shape):
+    hidden = shape[-1]
+    x = torch.randn(shape, device=device, dtype=dtype) * 3 + 0.5
+    w = (torch.rand(hidden, device=device, dtype=dtype) + 0.5)
+    inputs = dict(x=x, weight=w, eps=1e-6, offset=offset, casting_mode=casting_mode)
+    checks = compare(F.rms_norm, ref_rms_norm, inputs, ["x", "weight"], factor=FACTOR[dtype])
+    assert {c.tensor for c in checks} == {"out", "grad_x", "grad_weight"}
+    assert_close_to_truth(checks)
+
+
+def test_rms_norm_non_contiguous_and_not_mutated(device):
+    base = torch.randn(64, 6, 130, device=device)
+    x = base.transpose(0, 1)  # (6, 64, 130), non-contiguous rows
+    w = torch.randn(130, device=device)
+    before = x.clone()
+    checks = compare(F.rms_norm, ref_rms_norm, dict(x=x, weight=w), ["x", "weight"])
+    assert_close_to_truth(checks)
+    assert torch.equal(x, before)
+
+
+def test_rms_norm_fp32_weight_bf16_input_promotes(device):
+    x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)
+    w = torch.randn(64, device=device)
+    assert F.rms_norm(x, w).dtype == torch.float32
+    assert F.rms_norm(x, w, casting_mode="gemma").dtype == torch.bfloat16
+
+
+def test_rms_norm_runs_a_kernel(device):
+    support.backend_usage(reset=True)
+    F.rms_norm(torch.randn(3, 8, device=device), torch.ones(8, device=device))
+    used = support.backend_usage()["rms_norm"]
+    assert set(used) == {"triton" if device == "cuda" else "interpreter"}
+
+
+def test_rms_norm_bad_input():
+    with pytest.raises(ValueError, match="weight must have shape"):
+        F.rms_norm(torch.randn(2, 8), torch.ones(7))
+    with pytest.raises(ValueError, match="casting_mode"):
+        F.rms_norm(torch.randn(2, 8), torch.ones(8), casting_mode="t5")
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        F.rms_norm(torch.ones(2, 8, dtype=torch.long), torch.ones(8))
