@@ -73,28 +73,149 @@ class LossOutput(NamedTuple):
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary position embedding, HF rotate-half convention (Su et al. 2021; HF ``apply_rotary_pos_emb``).
+    """Rotary position embedding, HF rotate-half convention (RoFormer, Su et al. 2021; HF ``apply_rotary_pos_emb``).
 
-    TODO(helper B): implement; see the issue for shapes.
+    ``q_embed = q * cos + rotate_half(q) * sin`` (and the same for k), where ``rotate_half(x) = cat(-x2, x1)``
+    of the two halves of the head dimension and cos/sin get a head axis inserted at ``unsqueeze_dim``. Math in
+    fp32; cos/sin are read once per (batch, position) for all heads of q and k.
+
+    Args:
+        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` (HF's layout after ``.transpose(1, 2)``) or (B, T, Hq, D) for
+            ``unsqueeze_dim=2``; float32 / bfloat16 / float16 (other float dtypes run the reference); any
+            strides (the transposed view of a projection is read in place); D even.
+        k: the same layout and dtype as q with Hkv heads (any Hkv, e.g. GQA with Hq a multiple of Hkv).
+        cos, sin: (1 or B, T, D), any float dtype; the usual HF tables ``cat(freqs, freqs)``, but any values
+            are rotated exactly. Treated as constants: they receive no gradient (HF builds them under
+            ``torch.no_grad``).
+        unsqueeze_dim: 1 or 2, where the head axis of q and k is.
+
+    Returns:
+        (q_embed, k_embed): shapes and dtypes of q and k; strides of q and k when those are dense, else
+        contiguous.
+
+    Raises:
+        TypeError: a non-floating tensor, or q and k of different dtypes.
+        ValueError: wrong ranks, mismatched B / T / D between q, k, cos and sin, odd D, devices differ, or
+            unsqueeze_dim not in (1, 2).
     """
-    raise NotImplementedError
+    _checks.tensor("q", q, floating=True, ndim=4)
+    _checks.tensor("k", k, floating=True, ndim=4)
+    _checks.tensor("cos", cos, floating=True, ndim=3)
+    _checks.tensor("sin", sin, floating=True, ndim=3)
+    _checks.same_device(q=q, k=k, cos=cos, sin=sin)
+    _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    t_axis = 2 if unsqueeze_dim == 1 else 1
+    B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
+    if D == 0 or D % 2:
+        raise ValueError(f"q's head dimension must be even and positive, got shape {tuple(q.shape)}")
+    if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
+        raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
+                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != D:
+            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {D}), got {tuple(t.shape)}")
+    if select_backend("rope", q) == "reference":
+        return _ref("rope").rope(q, k, cos, sin, unsqueeze_dim)
+    return _op("rope").RoPEFunction.apply(q, k, cos, sin, unsqueeze_dim)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` (Shazeer 2020). TODO(helper B)."""
-    raise NotImplementedError
+    """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
+
+    The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``. Math in fp32; the backward recomputes
+    ``silu(gate)`` from gate (nothing but gate and up is saved).
+
+    Args:
+        gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
+            slice of a fused gate-up projection is read in place when its rows have unit stride).
+        up: the same shape and dtype as gate.
+
+    Returns:
+        (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
+
+    Raises:
+        TypeError: a non-floating tensor, or gate and up of different dtypes.
+        ValueError: shapes differ, or devices differ.
+    """
+    _checks.tensor("gate", gate, floating=True)
+    _checks.tensor("up", up, floating=True)
+    _checks.same_device(gate=gate, up=up)
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+    if select_backend("swiglu", gate) == "reference":
+        return _ref("glu").swiglu(gate, up)
+    return _op("glu").GLUFunction.apply(gate, up, "silu")
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """``gelu(gate, approximate) * up`` (Shazeer 2020). TODO(helper B)."""
-    raise NotImplementedError
+    """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
+
+    :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (HF ``gelu_pytorch_tanh``, Gemma), ``"none"`` is the
+    exact ``x * Phi(x)``. Math in fp32; the backward recomputes the activation from gate.
+
+    Args:
+        gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        up: the same shape and dtype as gate.
+        approximate: ``"tanh"`` or ``"none"``.
+
+    Returns:
+        (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
+
+    Raises:
+        TypeError: a non-floating tensor, or gate and up of different dtypes.
+        ValueError: shapes differ, devices differ, or approximate is unknown.
+    """
+    _checks.tensor("gate", gate, floating=True)
+    _checks.tensor("up", up, floating=True)
+    _checks.same_device(gate=gate, up=up)
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+    _checks.choice("approximate", approximate, ("tanh", "none"))
+    if select_backend("geglu", gate) == "reference":
+        return _ref("glu").geglu(gate, up, approximate)
+    return _op("glu").GLUFunction.apply(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
 
 
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension, torch.nn.functional.layer_norm semantics. TODO(helper B)."""
-    raise NotImplementedError
+    """LayerNorm over the last dimension (Ba, Kiros & Hinton 2016), torch.nn.functional.layer_norm semantics.
+
+    ``y = (x - mean(x, -1)) / sqrt(var(x, -1) + eps) * weight + bias`` with the biased variance; statistics
+    in fp32. The weight and bias gradients are reduced deterministically (no atomics).
+
+    Args:
+        x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        weight: (hidden,) float tensor on x's device, or None (no scale).
+        bias: (hidden,) float tensor on x's device, or None (no shift).
+        eps: variance epsilon.
+
+    Returns:
+        (..., hidden) in x's dtype (parameters of another dtype, e.g. fp32 with bf16 x, are fine).
+
+    Raises:
+        TypeError: x, weight or bias is not a floating tensor.
+        ValueError: weight or bias is not (hidden,), devices differ, or hidden exceeds the fused-row limit.
+    """
+    _checks.tensor("x", x, floating=True)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            _checks.tensor(name, p, floating=True, ndim=1)
+            if p.shape[0] != x.shape[-1]:
+                raise ValueError(f"{name} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
+    _checks.same_device(x=x, weight=weight, bias=bias)
+    if select_backend("layer_norm", x) == "reference":
+        return _ref("layer_norm").layer_norm(x, weight, bias, eps)
+    return _op("layer_norm").LayerNormFunction.apply(x, weight, bias, float(eps))
 
 
 def cross_entropy(
@@ -112,8 +233,64 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
 ):
-    """Cross-entropy on (N, V) logits, torch.nn.functional.cross_entropy semantics plus extras. TODO(helper A)."""
-    raise NotImplementedError
+    """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
+
+    Per non-ignored token: ``loss_i = (1-eps) * w_t * (lse - x_t) + eps/V * sum_c w_c * (lse - x_c) + z_i`` with
+    ``x = softcap * tanh(logits / softcap)`` (Gemma 2) or the logits, ``lse = logsumexp(x)`` and the PaLM z-loss
+    ``z_i = lse_square_scale * lse**2``; full definition in :mod:`tigon.reference.cross_entropy`. Math in fp32;
+    the vocabulary is walked in blocks (online log-sum-exp), so any V works (tested to 262,144).
+
+    Args:
+        logits: (N, V) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        target: (N,) integer class indices in [0, V), or ``ignore_index``.
+        weight: optional (V,) class weights, torch's ``weight`` (treated as constants: no gradient).
+        ignore_index: target value of tokens that are skipped (loss 0, gradient 0).
+        reduction: ``"mean"`` (divides by the sum of the target weights of the non-ignored tokens, as torch;
+            0 for an all-ignored batch, not NaN), ``"sum"`` or ``"none"`` ((N,), 0 at ignored tokens; its
+            backward applies the per-token upstream gradient).
+        label_smoothing: eps in [0, 1], torch's definition (class weights applied as torch does).
+        lse_square_scale: z-loss coefficient (PaLM: 1e-4); the z term is included in the returned loss.
+        softcap: final-logit soft-cap (Gemma 2: 30.0), or None.
+        num_items_in_batch: int or 0-d tensor; loss = summed loss / num_items_in_batch (Hugging Face
+            gradient-accumulation convention; overrides "mean"/"sum", not allowed with "none").
+        return_z_loss: also return the z part alone, reduced like the loss (detached, for logging).
+        return_accuracy: also return the fraction of non-ignored tokens whose argmax equals the target.
+        inplace_backward: if True the backward may write the gradient into the logits buffer instead of a new
+            (N, V) tensor (saves that memory). Only safe when nothing else needs those logits afterwards (no
+            other op saved them for its backward, the caller does not read them); a second backward through the
+            same graph then raises. Default False: the caller's logits are never written.
+
+    Returns:
+        The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
+        ``return_z_loss`` or ``return_accuracy``: ``LossOutput(loss, z_loss, accuracy)`` (unrequested fields
+        None).
+
+    Raises:
+        TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
+        ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
+            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none", and
+            targets outside [0, V) other than ignore_index. That last check reads the targets and is skipped on
+            the CUDA kernel path (it would cost a device sync); there such tokens get a NaN loss instead, and
+            nothing is read out of bounds.
+    """
+    ref = _ref("cross_entropy")
+    ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
+                     lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
+    if select_backend("cross_entropy", logits) == "reference":
+        return ref.cross_entropy(
+            logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
+            softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
+            return_accuracy=return_accuracy, inplace_backward=inplace_backward)
+    if target.device.type == "cpu":
+        ref.check_target_range(target, logits.shape[1], ignore_index)
+    ops = _op("cross_entropy")
+    opts = ops.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
+                           None if softcap is None else float(softcap), 1.0)
+    loss, z_loss, accuracy = ops.CrossEntropyFunction.apply(
+        logits, target, weight, opts, reduction, num_items_in_batch, bool(return_accuracy), bool(inplace_backward))
+    if not (return_z_loss or return_accuracy):
+        return loss
+    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)
 
 
 def fused_linear_cross_entropy(
@@ -135,6 +312,62 @@ def fused_linear_cross_entropy(
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
-    TODO(helper A).
+    The LM-head loss of a language model, computed chunk by chunk over the tokens so that only a bounded
+    (rows, V) block of logits exists at a time (Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024;
+    Apple's Cut Cross-Entropy, Wijmans et al. 2024). Matmuls run through torch (cuBLAS), the softmax / loss /
+    gradient of each chunk in one Triton kernel with fp32 math; see :mod:`tigon.ops.fused_linear_cross_entropy`.
+    For a scalar loss the gradients are computed during the forward and scaled in the backward (3 matmuls in
+    all); for ``reduction="none"`` the backward recomputes the logits (4 matmuls). Under ``torch.no_grad`` or
+    when nothing requires grad, only the loss is computed. Under ``torch.autocast`` the matmuls run in the
+    autocast dtype and the gradients come back in the parameters' dtypes. The caller's tensors are never
+    written. Because the gradients are formed once, a second backward through the same graph raises.
+
+    Args:
+        hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).
+        weight: (V, H) LM-head weight, same dtype as hidden (or any float dtype under autocast).
+        target: (N,) integer class indices in [0, V), or ``ignore_index``.
+        bias: optional (V,) LM-head bias.
+        logit_scale: multiplies the logits before the soft-cap (Cohere's ``logit_scale``; Granite's
+            ``1 / logits_scaling``).
+        class_weight: optional (V,) class weights (``weight`` of :func:`cross_entropy`), no gradient.
+        ignore_index, reduction, label_smoothing, lse_square_scale, softcap, num_items_in_batch,
+        return_z_loss, return_accuracy: as :func:`cross_entropy`.
+
+    Returns:
+        As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for
+        hidden / weight / bias have their dtypes and shapes.
+
+    Raises:
+        TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
+            class_weight (V,), and logit_scale (finite, non-zero).
     """
-    raise NotImplementedError
+    ref = _ref("fused_linear_cross_entropy")
+    ref.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
+                     label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
+                     num_items_in_batch=num_items_in_batch)
+    dev_type = hidden.device.type
+    if torch.is_autocast_enabled(dev_type):
+        cd = torch.get_autocast_dtype(dev_type)
+    else:
+        cd = torch.promote_types(hidden.dtype, weight.dtype)
+    backend = select_backend("fused_linear_cross_entropy", hidden)
+    if backend == "reference" or cd not in (torch.float32, torch.bfloat16, torch.float16):
+        return ref.fused_linear_cross_entropy(
+            hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
+            logit_scale=logit_scale, class_weight=class_weight, num_items_in_batch=num_items_in_batch,
+            return_z_loss=return_z_loss, return_accuracy=return_accuracy)
+    if target.device.type == "cpu":
+        _ref("cross_entropy").check_target_range(target, weight.shape[0], ignore_index)
+    ops = _op("fused_linear_cross_entropy")
+    opts = _op("cross_entropy").LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
+                                            None if softcap is None else float(softcap), float(logit_scale))
+    grad_on = torch.is_grad_enabled()
+    need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+            grad_on and bias is not None and bias.requires_grad)
+    loss, z_loss, accuracy = ops.FusedLinearCrossEntropyFunction.apply(
+        hidden, weight, target, bias, class_weight, opts, reduction, num_items_in_batch, cd, need,
+        bool(return_accuracy))
+    if not (return_z_loss or return_accuracy):
+        return loss
+    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)

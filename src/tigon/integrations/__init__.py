@@ -1,0 +1,36 @@
+"""Hugging Face integration: one declarative spec per model family, one engine that applies it.
+
+>>> import tigon
+>>> report = tigon.patch(model)          # instance level: this model only
+>>> print(report)                        # what was replaced, what was skipped and why
+>>> tigon.unpatch(model)                 # exactly the original again
+>>> tigon.patch("llama")                 # class level: every Llama built afterwards (and before)
+
+See :mod:`tigon.integrations.families` for the specs (adding a family is adding data there) and
+:mod:`tigon.integrations.engine` for how patches are applied and how the rotary function is scoped.
+Importing this package does not import transformers; patching does.
+"""
+
+from __future__ import annotations
+
+from .causal_lm import causal_lm_loss, causal_lm_loss_from_logits, shifted_targets, slice_to_keep
+from .engine import patch, patched_state, unpatch
+from .families import (
+    ACTIVATIONS,
+    FAMILIES,
+    CausalLMSpec,
+    FamilySpec,
+    MLPSpec,
+    NormSpec,
+    RopeSpec,
+    family_by_name,
+    register_family,
+)
+from .report import PatchEntry, PatchReport
+
+__all__ = [
+    "patch", "unpatch", "PatchReport", "PatchEntry", "patched_state",
+    "FamilySpec", "NormSpec", "MLPSpec", "RopeSpec", "CausalLMSpec", "FAMILIES", "ACTIVATIONS",
+    "register_family", "family_by_name",
+    "causal_lm_loss", "causal_lm_loss_from_logits", "shifted_targets", "slice_to_keep",
+]

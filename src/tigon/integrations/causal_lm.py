@@ -1,0 +1,264 @@
+"""The causal-LM head: Hugging Face's ``ForCausalLMLoss`` semantics on Tigon's fused linear + cross-entropy.
+
+:func:`causal_lm_loss` is the loss of ``lm_head(hidden)`` exactly as ``transformers.loss.loss_utils.ForCausalLMLoss``
+defines it (labels padded with ``ignore_index`` and shifted left by one unless ``shift_labels`` is given; ``sum /
+num_items_in_batch`` when that is given, else the mean over non-ignored tokens), computed by
+:func:`tigon.functional.fused_linear_cross_entropy`, so the (tokens, vocab) logits never exist.
+
+:func:`causal_lm_forward` builds the replacement ``forward`` for a causal-LM class from its
+:class:`~tigon.integrations.families.CausalLMSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+
+import torch
+
+from .. import functional as TF
+from .families import CausalLMSpec
+from .forwards import mark
+
+
+def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None,
+                    ignore_index: int = -100) -> torch.Tensor:
+    """Flat next-token targets as HF ``ForCausalLMLoss`` builds them.
+
+    Args:
+        labels: (..., T) integer token ids (ignore_index marks positions without a target).
+        shift_labels: already-shifted targets (any shape); when given, ``labels`` is not used.
+        ignore_index: the padding value appended before shifting.
+
+    Returns:
+        (N,) int64 targets, N = labels.numel() (or shift_labels.numel()).
+    """
+    if shift_labels is None:
+        padded = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = padded[..., 1:]
+    return shift_labels.reshape(-1)
+
+
+def slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    """``hidden`` restricted to the positions whose logits HF would compute (``logits_to_keep`` semantics).
+
+    Uses ``transformers.modeling_utils.slice_logits_to_keep`` when the installed version has it, else the rule of
+    transformers 5.0: an int keeps the last ``logits_to_keep`` positions (0 keeps all), a tensor indexes dim 1.
+    """
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:  # transformers < 5.1: the inline rule
+        slice_logits_to_keep = None
+    if slice_logits_to_keep is not None:
+        return slice_logits_to_keep(hidden, logits_to_keep)
+    idx = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden[:, idx, :]
+
+
+def _divide(loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is None:
+        return loss
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    shift_labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+) -> torch.Tensor:
+    """``ForCausalLMLoss(softcap(logit_scale * (hidden @ weight.T + bias)), labels)`` without the logits.
+
+    Args:
+        hidden: (..., H) final hidden states (already sliced by ``logits_to_keep``), any float dtype.
+        weight: (V, H) LM-head weight (possibly tied to the input embedding); bias: (V,) or None.
+        labels: (...) token ids with the same leading shape as ``hidden``; shifted by one here. Ignored when
+            ``shift_labels`` is given.
+        shift_labels: pre-shifted targets with hidden's leading shape (HF's ``shift_labels`` kwarg).
+        ignore_index: target value that contributes nothing.
+        num_items_in_batch: when given, the loss is ``sum / num_items_in_batch`` (gradient accumulation);
+            else the mean over non-ignored targets.
+        softcap, logit_scale: LM-head specifics (Gemma 2's final logit softcapping; Cohere/Granite scaling).
+
+    Returns:
+        scalar float32 loss.
+
+    Raises:
+        ValueError: the number of targets differs from the number of hidden rows (HF would fail the same way).
+    """
+    target = shifted_targets(labels, shift_labels, ignore_index).to(hidden.device)
+    h = hidden.reshape(-1, hidden.shape[-1])
+    if h.shape[0] != target.numel():
+        raise ValueError(f"causal LM loss: {h.shape[0]} hidden positions but {target.numel()} targets "
+                         "(labels must match the positions kept by logits_to_keep)")
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = TF.fused_linear_cross_entropy(h, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
+                                         softcap=softcap, logit_scale=logit_scale)
+    return _divide(_first(loss), num_items_in_batch)
+
+
+def causal_lm_loss_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    shift_labels: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """HF ``ForCausalLMLoss`` on materialised (..., V) logits, computed by :func:`tigon.functional.cross_entropy`.
+
+    Same arguments and semantics as :func:`causal_lm_loss`; returns a scalar float32 loss.
+    """
+    target = shifted_targets(labels, shift_labels, ignore_index).to(logits.device)
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.shape[0] != target.numel():
+        raise ValueError(f"causal LM loss: {flat.shape[0]} logit rows but {target.numel()} targets")
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = TF.cross_entropy(flat, target, ignore_index=ignore_index, reduction=reduction)
+    return _divide(_first(loss), num_items_in_batch)
+
+
+# ---- checks shared by the engine (patch time) and the forward (call time) -------------------------------------
+def uses_default_loss(model) -> bool:
+    """True when ``model.loss_function`` is HF's ``ForCausalLMLoss`` (no custom loss the fused path would bypass)."""
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+    except ImportError:  # pragma: no cover - transformers without the loss registry
+        return False
+    return getattr(model, "loss_function", None) is LOSS_MAPPING.get("ForCausalLM")
+
+
+def head_problem(model, spec: CausalLMSpec) -> str | None:
+    """Why the fused head cannot replace ``model``'s LM head, or None when it can."""
+    head = getattr(model, spec.lm_head, None)
+    if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
+        return f"{spec.lm_head} is {type(head).__name__}, not a plain torch.nn.Linear (e.g. quantised or wrapped)"
+    if not head.weight.is_floating_point():
+        return f"{spec.lm_head}.weight has dtype {head.weight.dtype}"
+    if getattr(model, spec.backbone, None) is None:
+        return f"no backbone attribute {spec.backbone!r}"
+    if not uses_default_loss(model):
+        return "the model has a custom loss_function / loss_type; its loss is kept"
+    return None
+
+
+def _config_value(model, attr: str | None):
+    return None if attr is None else getattr(getattr(model, "config", None), attr, None)
+
+
+def _logit_scale(model, spec: CausalLMSpec) -> float:
+    scale = 1.0
+    mult = _config_value(model, spec.logit_scale_attr)
+    div = _config_value(model, spec.logit_divisor_attr)
+    if mult is not None:
+        scale *= float(mult)
+    if div is not None:
+        scale /= float(div)
+    return scale
+
+
+def output_class(family_module: str, name: str):
+    """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``."""
+    cls = getattr(importlib.import_module(family_module), name, None)
+    if cls is None:
+        cls = getattr(importlib.import_module("transformers.modeling_outputs"), name)
+    return cls
+
+
+def _return_dict(model, arguments: dict) -> bool:
+    # transformers' can_return_tuple: an explicit return_dict wins, else config.return_dict, else True.
+    rd = arguments.pop("return_dict", None)
+    if rd is None:
+        rd = getattr(getattr(model, "config", None), "return_dict", True)
+    return True if rd is None else bool(rd)
+
+
+@functools.lru_cache(maxsize=None)
+def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, original, fused: bool, ce: bool):
+    """The replacement ``forward(self, *args, **kwargs)`` for a causal-LM class.
+
+    With labels and HF's default loss:
+      * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
+        :func:`causal_lm_loss`; the output's ``logits`` is None.
+      * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
+    Everything else (no labels, eval without ``ce``, a custom loss, an LM head that is not a plain Linear, arguments
+    that do not bind) runs ``original`` unchanged. Every argument except ``head_only_args`` and ``return_dict``
+    reaches the backbone as it would in the original, including unknown kwargs (``cache`` / ``past_key_values``).
+    """
+    sig = inspect.signature(original)
+    params = list(sig.parameters.values())
+    self_name = params[0].name
+    var_kw = next((p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    bindable = not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+    def _fused(self, arguments: dict):
+        return_dict = _return_dict(self, arguments)
+        labels = arguments.get("labels")
+        logits_to_keep = arguments.get("logits_to_keep", 0)
+        backbone_args = {k: v for k, v in arguments.items() if k not in spec.head_only_args}
+        outputs = getattr(self, spec.backbone)(**backbone_args)
+        hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
+        hidden = slice_to_keep(hidden, logits_to_keep)
+        head = getattr(self, spec.lm_head)
+        loss = causal_lm_loss(
+            hidden, head.weight, labels, head.bias,
+            shift_labels=arguments.get("shift_labels"),
+            ignore_index=arguments.get("ignore_index", -100),
+            num_items_in_batch=arguments.get("num_items_in_batch"),
+            softcap=_config_value(self, spec.softcap_attr),
+            logit_scale=_logit_scale(self, spec),
+        )
+        cls = output_class(family_module, spec.output_class)
+        extra = {f.name: getattr(outputs, f.name) for f in dataclasses.fields(cls)
+                 if f.name not in ("loss", "logits") and hasattr(outputs, f.name)}
+        out = cls(loss=loss, logits=None, **extra)
+        return out if return_dict else out.to_tuple()
+
+    def _with_ce(self, arguments: dict):
+        return_dict = _return_dict(self, arguments)
+        labels = arguments.pop("labels")
+        out = original(self, **arguments, return_dict=True)
+        loss = causal_lm_loss_from_logits(
+            out.logits, labels,
+            shift_labels=arguments.get("shift_labels"),
+            ignore_index=arguments.get("ignore_index", -100),
+            num_items_in_batch=arguments.get("num_items_in_batch"),
+        )
+        out = type(out)(**{**{k: v for k, v in out.items()}, "loss": loss})
+        return out if return_dict else out.to_tuple()
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        if not bindable:
+            return original(self, *args, **kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError:  # let the original raise its own error
+            return original(self, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        arguments.pop(self_name)
+        if var_kw is not None:
+            arguments.update(arguments.pop(var_kw, {}))
+        if arguments.get("labels") is None or not uses_default_loss(self):
+            return original(self, *args, **kwargs)
+        if fused and self.training and head_problem(self, spec) is None:
+            return _fused(self, arguments)
+        if ce:
+            return _with_ce(self, arguments)
+        return original(self, *args, **kwargs)
+
+    return mark(forward, "lm_head_loss", family)

@@ -1,0 +1,121 @@
+"""What :func:`tigon.patch` / :func:`tigon.unpatch` did: a plain dataclass, JSON-able, printable, rich-renderable."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+_KIND_ORDER = ("rms_norm", "layer_norm", "mlp", "rope", "lm_head_loss")
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    """One patched (or skipped) target.
+
+    kind: ``"rms_norm"``, ``"layer_norm"``, ``"mlp"``, ``"rope"`` or ``"lm_head_loss"``.
+    target: a module path inside the model (``"model.layers.0.input_layernorm"``) for instance-level patches, or a
+        qualified class / function name (``"transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"``) for
+        class-level patches.
+    detail: for a replacement, what runs now; for a skipped target, why it was left alone.
+    """
+
+    kind: str
+    target: str
+    detail: str = ""
+
+
+@dataclass
+class PatchReport:
+    """The outcome of :func:`tigon.patch` (``action="patch"``) or :func:`tigon.unpatch` (``action="unpatch"``).
+
+    Attributes:
+        family: the model family spec that was applied (``"llama"``).
+        level: ``"instance"`` (a built model) or ``"class"`` (the family's classes, before building models).
+        action: ``"patch"`` or ``"unpatch"``.
+        replaced: entries that were replaced (for unpatch: restored).
+        skipped: entries that were requested but could not be patched, with the reason. ``strict=True`` turns
+            these into a ValueError.
+        already_patched: entries that were already patched by Tigon (patching is idempotent).
+        notes: free-text remarks: options that were turned off, kinds absent from the model, how rope is scoped.
+    """
+
+    family: str
+    level: str
+    action: str = "patch"
+    replaced: list[PatchEntry] = field(default_factory=list)
+    skipped: list[PatchEntry] = field(default_factory=list)
+    already_patched: list[PatchEntry] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Number of replaced entries per kind, e.g. ``{"rms_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}``."""
+        return dict(Counter(e.kind for e in self.replaced))
+
+    @property
+    def skipped_counts(self) -> dict[str, int]:
+        """Number of skipped entries per kind."""
+        return dict(Counter(e.kind for e in self.skipped))
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing requested was skipped."""
+        return not self.skipped
+
+    def as_dict(self) -> dict:
+        """A JSON-serialisable dict (entries as dicts, plus ``counts`` and ``skipped_counts``)."""
+        d = asdict(self)
+        d["counts"] = self.counts
+        d["skipped_counts"] = self.skipped_counts
+        return d
+
+    # ---- rendering -------------------------------------------------------------------------------------------
+    def _groups(self, entries: list[PatchEntry]) -> list[tuple[str, int, list[str], str]]:
+        """Group entries by (kind, detail); layer indices in targets are folded to ``*``."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for e in entries:
+            groups.setdefault((e.kind, e.detail), []).append(e.target)
+        rows = []
+        order = {k: i for i, k in enumerate(_KIND_ORDER)}
+        for (kind, detail), targets in sorted(groups.items(), key=lambda kv: order.get(kv[0][0], len(order))):
+            folded = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", t) for t in targets))
+            rows.append((kind, len(targets), folded, detail))
+        return rows
+
+    def __str__(self) -> str:
+        verb = "patched" if self.action == "patch" else "restored"
+        lines = [f"tigon.{self.action}: family={self.family} level={self.level}"]
+        for title, entries in ((verb, self.replaced), ("already patched", self.already_patched),
+                               ("skipped", self.skipped)):
+            if not entries:
+                continue
+            lines.append(f"  {title}:")
+            for kind, n, targets, detail in self._groups(entries):
+                lines.append(f"    {kind:<13} x{n:<4} {', '.join(targets)}")
+                if detail:
+                    lines.append(f"    {'':<19} -> {detail}")
+        if not (self.replaced or self.already_patched or self.skipped):
+            lines.append("  nothing to do")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_table(self):
+        """A :class:`rich.table.Table` with one row per (status, kind, replacement) group."""
+        from rich.table import Table
+
+        table = Table(title=f"tigon.{self.action} ({self.family}, {self.level} level)")
+        for col in ("status", "kind", "count", "targets", "detail"):
+            table.add_column(col, overflow="fold")
+        verb = "patched" if self.action == "patch" else "restored"
+        for status, style, entries in ((verb, "green", self.replaced), ("already", "cyan", self.already_patched),
+                                       ("skipped", "yellow", self.skipped)):
+            for kind, n, targets, detail in self._groups(entries):
+                table.add_row(f"[{style}]{status}[/]", kind, str(n), "\n".join(targets), detail)
+        if self.notes:
+            table.caption = "\n".join(self.notes)
+        return table
+
+    def __rich__(self):
+        return self.to_table()

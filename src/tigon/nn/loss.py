@@ -1,0 +1,139 @@
+"""Loss modules wrapping :func:`tigon.functional.cross_entropy` and :func:`tigon.functional.fused_linear_cross_entropy`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as TF
+
+
+def _flatten(x: torch.Tensor, target: torch.Tensor, what: str):
+    """(..., D) and (...) -> (N, D) and (N,), plus the leading shape to restore per-token outputs."""
+    if x.dim() == 2 and target.dim() == 1:
+        return x, target, None
+    if x.dim() < 1 or tuple(target.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"target must have the leading shape of {what} {tuple(x.shape[:-1])}, "
+                         f"got {tuple(target.shape)}")
+    return x.reshape(-1, x.shape[-1]), target.reshape(-1), tuple(target.shape)
+
+
+def _restore(out, lead, reduction: str):
+    if lead is None or reduction != "none":
+        return out
+    if isinstance(out, TF.LossOutput):
+        return out._replace(loss=out.loss.reshape(lead),
+                            z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
+    return out.reshape(lead)
+
+
+class CrossEntropyLoss(nn.Module):
+    """``torch.nn.CrossEntropyLoss`` on (..., V) logits, computed by :func:`tigon.functional.cross_entropy`.
+
+    Args:
+        weight: optional (V,) class weights (a buffer, as in torch).
+        ignore_index, reduction (``"mean"`` | ``"sum"`` | ``"none"``), label_smoothing: torch semantics.
+        lse_square_scale: z-loss coefficient (adds ``lse_square_scale * logsumexp**2`` per token).
+        softcap: when set, logits become ``softcap * tanh(logits / softcap)`` first (Gemma 2).
+        return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
+        inplace_backward: let the kernel write the logits' gradient into the logits' storage (saves memory; the
+            logits must not be used after the backward).
+
+    Forward:
+        ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
+        logits; target (N,) or (...) integer class indices with input's leading shape. With
+        ``num_items_in_batch`` the loss is the sum divided by it (HF gradient accumulation). Returns a float32
+        scalar (``"none"``: per-token losses in target's shape), or a LossOutput.
+
+    Raises:
+        ValueError: target's shape does not match input's leading dimensions, or invalid options (from the
+            functional op).
+    """
+
+    def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
+                 return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
+        self.return_z_loss = return_z_loss
+        self.return_accuracy = return_accuracy
+        self.inplace_backward = inplace_backward
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor,
+                num_items_in_batch: int | torch.Tensor | None = None):
+        logits, tgt, lead = _flatten(input, target, "input")
+        out = TF.cross_entropy(
+            logits, tgt, self.weight, self.ignore_index, self.reduction, self.label_smoothing,
+            lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
+            return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
+            inplace_backward=self.inplace_backward,
+        )
+        return _restore(out, lead, self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
+                f"softcap={self.softcap}")
+
+
+class FusedLinearCrossEntropyLoss(nn.Module):
+    """Cross-entropy of ``logit_scale * (hidden @ weight.T + bias)`` without materialising the logits.
+
+    Wraps :func:`tigon.functional.fused_linear_cross_entropy`: the LM head and the loss in one op, memory
+    O(chunk * V) instead of O(N * V). The module holds only the options; the LM-head weight is an argument, so a
+    weight tied to the embedding just works.
+
+    Args:
+        ignore_index, reduction (``"mean"`` | ``"sum"`` | ``"none"``), label_smoothing: torch semantics.
+        lse_square_scale: z-loss coefficient. softcap: ``softcap * tanh(logits / softcap)`` before the loss.
+        logit_scale: multiplies the logits before softcap and loss (Cohere ``logit_scale``, Granite
+            ``1 / logits_scaling``).
+        class_weight: optional (V,) class weights (a buffer).
+        return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
+
+    Forward:
+        ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
+        activations; weight (V, H) and bias (V,) in hidden's dtype; target (N,) or (...) integer ids with
+        hidden's leading shape. Returns a float32 scalar (``"none"``: per-token losses in target's shape), or a
+        LossOutput. Gradients flow to hidden, weight and bias.
+
+    Raises:
+        ValueError: target's shape does not match hidden's leading dimensions, or invalid options (from the
+            functional op).
+    """
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
+                 lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
+                 class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
+                 return_accuracy: bool = False):
+        super().__init__()
+        self.register_buffer("class_weight", class_weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
+        self.logit_scale = logit_scale
+        self.return_z_loss = return_z_loss
+        self.return_accuracy = return_accuracy
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None, *, num_items_in_batch: int | torch.Tensor | None = None):
+        h, tgt, lead = _flatten(hidden, target, "hidden")
+        out = TF.fused_linear_cross_entropy(
+            h, weight, tgt, bias, ignore_index=self.ignore_index, reduction=self.reduction,
+            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+            logit_scale=self.logit_scale, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
+            return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
+        )
+        return _restore(out, lead, self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
+                f"softcap={self.softcap}, logit_scale={self.logit_scale}")

@@ -1,0 +1,92 @@
+"""Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible) and LayerNorm (torch compatible)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as TF
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension (Zhang & Sennrich 2019), via :func:`tigon.functional.rms_norm`.
+
+    ``y = x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``, statistics in fp32.
+
+    Attributes match HF ``LlamaRMSNorm`` (``weight``, ``variance_epsilon``), so its state dict loads as is; for
+    Gemma's ``(1 + w)`` norm use ``offset=1.0, casting_mode="gemma"`` (the weight then starts at zeros, as in
+    ``GemmaRMSNorm``).
+
+    Args:
+        hidden_size: size of the last dimension.
+        eps: variance epsilon (HF ``rms_norm_eps``).
+        offset: added to the weight in the forward.
+        casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"`` (see :func:`tigon.reference.rms_norm.rms_norm`).
+        device, dtype: of the weight.
+
+    Shapes and dtypes:
+        input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path (other float dtypes run the
+        reference); output has the input's shape, dtype as in :func:`tigon.functional.rms_norm`.
+
+    Raises:
+        ValueError: unknown casting_mode (at construction), or a last dimension other than hidden_size (forward).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        if casting_mode not in ("llama", "gemma", "none"):
+            raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
+        init = torch.zeros if offset != 0.0 else torch.ones
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+
+    @property
+    def eps(self) -> float:
+        """Alias of ``variance_epsilon`` (the name GemmaRMSNorm uses)."""
+        return self.variance_epsilon
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self.variance_epsilon = value
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
+
+    def extra_repr(self) -> str:
+        return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
+                f"casting_mode={self.casting_mode!r}")
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` over the last dimension, computed by :func:`tigon.functional.layer_norm`.
+
+    A subclass of ``torch.nn.LayerNorm`` with the same constructor, parameters (``weight``, ``bias``), initialisation
+    and state dict; only the forward differs. ``isinstance(m, torch.nn.LayerNorm)`` stays true (optimizer
+    no-decay groups keep working).
+
+    Args:
+        normalized_shape: an int or a 1-element sequence: only the last dimension is normalised.
+        eps, elementwise_affine, bias, device, dtype: as ``torch.nn.LayerNorm``.
+
+    Shapes and dtypes:
+        input (..., normalized_shape), float32 / bfloat16 / float16 on the kernel path; output: same shape, the
+        input's dtype.
+
+    Raises:
+        ValueError: normalized_shape has more than one dimension (at construction).
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None) -> None:
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(f"tigon.nn.LayerNorm normalises the last dimension only; normalized_shape must be an "
+                             f"int or a 1-element sequence, got {normalized_shape!r}")
+        super().__init__(shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias, device=device,
+                         dtype=dtype)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return TF.layer_norm(input, self.weight, self.bias, self.eps)

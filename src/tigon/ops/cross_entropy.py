@@ -1,0 +1,353 @@
+"""Cross-entropy: Triton forward and backward over rows of logits, vocabulary looped in blocks.
+
+Formula and semantics: :mod:`tigon.reference.cross_entropy` (torch's label smoothing and class weights, PaLM
+z-loss, Gemma 2 soft-capping, plus a ``logit_scale`` used by the fused linear op).
+
+Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V``
+columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
+Gimelshein 2018), the weighted logit sum needed by label smoothing and the running argmax. It writes per-row
+loss, z-loss, lse and a correct-prediction flag (N floats each). With ``WRITE_GRAD`` it makes a second pass over
+the row and writes ``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
+
+Backward (one read, one write of the logits): recomputes the softmax from the saved lse with the per-token
+upstream gradient (a 0-d tensor broadcast with stride 0 for mean/sum, an (N,) tensor for reduction="none").
+
+Gradient per row, with p = softmax(x), a the upstream coefficient, eps the smoothing, w class weights:
+    dL/dx_c = a * [p_c * ((1-eps) w_t + eps/V * sum(w) + 2 s lse) - (1-eps) w_t [c == t] - eps/V * w_c]
+then times ``logit_scale * (1 - tanh^2)`` for the soft-cap.
+
+Minimal bytes (bf16 logits): forward N*V*2, backward 2*N*V*2.
+
+Targets outside [0, V) other than ignore_index are never read out of bounds (masked); on this path their loss
+is NaN (the functional API checks them up front for CPU tensors; on CUDA that check would cost a sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import next_pow2, rows_per_program, warps_for
+
+# Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
+# (online log-sum-exp), so any vocabulary size works. 8192 elements keeps a [1, 8192] fp32 tile at 32 values per
+# thread with 8 warps on a GPU; tests lower it to exercise the multi-block loop.
+MAX_BLOCK_V = 8192
+
+
+@triton.jit
+def _transform(raw, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """x = softcap * tanh(logit_scale * raw / softcap) (or logit_scale * raw); tanh through exp."""
+    x = raw * logit_scale
+    if HAS_SOFTCAP:
+        u = x / softcap
+        e = tl.exp(-2.0 * tl.abs(u))
+        th = (1.0 - e) / (1.0 + e)
+        x = softcap * tl.where(u < 0, -th, th)
+    return x
+
+
+@triton.jit
+def _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT: tl.constexpr):
+    """Per-row target, masks and target weight."""
+    rmask = rows < n_rows
+    t = tl.load(T + rows, mask=rmask, other=ignore_index)
+    valid = rmask & (t != ignore_index)
+    in_range = valid & (t >= 0) & (t < V)
+    t_safe = tl.where(in_range, t, 0).to(tl.int32)
+    if HAS_WEIGHT:
+        wt = tl.load(CW + t_safe, mask=in_range, other=0.0).to(tl.float32)
+    else:
+        wt = tl.where(valid, 1.0, 0.0)
+    return rmask, valid, in_range, t_safe, wt
+
+
+@triton.jit
+def _grad_pass(
+    X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
+    label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0)."""
+    rows64 = rows.to(tl.int64)
+    x_row = X + rows64 * stride_x
+    dx_row = DX + rows64 * stride_dx
+    eps = label_smoothing
+    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum + 2.0 * lse_square_scale * lse)
+    coef_t = a * (1.0 - eps) * wt
+    coef_s = a * (eps / V)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        mask = rmask[:, None] & cmask[None, :]
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        p = tl.exp(x - lse[:, None])
+        g = coef_p[:, None] * p - tl.where(cols[None, :] == t_safe[:, None], coef_t[:, None], 0.0)
+        if HAS_SMOOTHING:
+            if HAS_WEIGHT:
+                wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
+                g = g - coef_s[:, None] * wc[None, :]
+            else:
+                g = g - coef_s[:, None]
+        if HAS_SOFTCAP:
+            th = x / softcap
+            g = g * (1.0 - th * th)
+        g = g * logit_scale
+        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    x_row = X + rows.to(tl.int64) * stride_x
+    xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
+    xt = _transform(xt, logit_scale, softcap, HAS_SOFTCAP)
+    # a target outside [0, V) poisons its row's loss (never read out of bounds)
+    xt = tl.where(in_range | (~valid), xt, float("nan"))
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    sw = tl.zeros([BLOCK_M], tl.float32)  # sum_c w_c * (x_c - x_t), for label smoothing
+    best = tl.zeros([BLOCK_M], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        mask = rmask[:, None] & cmask[None, :]
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        x = tl.where(cmask[None, :], x, float("-inf"))
+        bmax = tl.max(x, axis=1)
+        if COMPUTE_ACC:
+            bidx = tl.argmax(x, axis=1).to(tl.int32)
+            best = tl.where(bmax > m, start + bidx, best)  # strict: keeps the first maximum, like torch.argmax
+        m_new = tl.maximum(m, bmax)
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
+        m = m_new
+        if HAS_SMOOTHING:
+            d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
+            if HAS_WEIGHT:
+                wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
+                d = d * wc[None, :]
+            sw += tl.sum(d, axis=1)
+    lse = m + tl.log(s)
+
+    eps = label_smoothing
+    nll = lse - xt
+    loss = (1.0 - eps) * wt * nll
+    if HAS_WEIGHT:
+        wsum = tl.load(CWSUM).to(tl.float32)
+    else:
+        wsum = V * 1.0
+    if HAS_SMOOTHING:
+        loss += eps / V * (wsum * nll - sw)
+    z = lse_square_scale * lse * lse
+    loss = tl.where(valid, loss + z, 0.0)
+    z = tl.where(valid, z, 0.0)
+    tl.store(LOSS + rows, loss, mask=rmask)
+    tl.store(ZLOSS + rows, z, mask=rmask)
+    tl.store(LSE + rows, lse, mask=rmask)
+    if COMPUTE_ACC:
+        tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
+    if WRITE_GRAD:
+        a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+        a = tl.where(valid, a, 0.0)
+        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
+                   label_smoothing, lse_square_scale, logit_scale, softcap,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+
+
+@triton.jit
+def _ce_bwd_kernel(
+    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, DX, stride_dx,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    lse = tl.load(LSE + rows, mask=rmask, other=0.0)
+    a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+    a = tl.where(valid, a, 0.0)
+    if HAS_WEIGHT:
+        wsum = tl.load(CWSUM).to(tl.float32)
+    else:
+        wsum = V * 1.0
+    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
+               label_smoothing, lse_square_scale, logit_scale, softcap,
+               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """The scalar options of a cross-entropy launch (see :mod:`tigon.reference.cross_entropy`)."""
+
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+    lse_square_scale: float = 0.0
+    softcap: float | None = None
+    logit_scale: float = 1.0
+
+
+def _blocks(n_rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_V, num_warps): BLOCK_V = min(next_pow2(V), MAX_BLOCK_V); several rows per program
+    only when a block of the vocabulary is narrow (small V), and never more rows than there are."""
+    block_v = min(next_pow2(vocab), next_pow2(MAX_BLOCK_V))
+    block_m = min(rows_per_program(block_v, device), next_pow2(n_rows))
+    return block_m, block_v, warps_for(block_m * block_v)
+
+
+def class_weight_args(class_weight: torch.Tensor | None, device: torch.device):
+    """(weights fp32 contiguous or None, their sum as a 0-d fp32 tensor or None)."""
+    if class_weight is None:
+        return None, None
+    cw = class_weight.detach().to(device=device, dtype=torch.float32).contiguous()
+    return cw, cw.sum()
+
+
+def ce_rows_forward(
+    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
+    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
+    out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+) -> None:
+    """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
+
+    Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
+    (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
+    ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    """
+    n, vocab = x.shape
+    if n == 0:
+        return
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    write_grad = grad_coef is not None
+    coef = grad_coef if write_grad else out_lse
+    dx = grad_out if write_grad else x
+    _ce_fwd_kernel[(triton.cdiv(n, block_m),)](
+        x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
+        coef, (coef.stride(0) if coef.dim() else 0) if write_grad else 0, dx, dx.stride(0),
+        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
+        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
+        float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
+        HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
+        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+def ce_rows_backward(
+    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
+    lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor,
+) -> None:
+    """Launch the backward: ``dx = coef * d loss_row / d x`` for rows ``x`` (n, V), using the saved ``lse``.
+
+    ``coef`` is a 0-d fp32 tensor (broadcast) or an (n,) tensor of any stride; ``dx`` may be ``x`` (in place).
+    """
+    n, vocab = x.shape
+    if n == 0:
+        return
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _ce_bwd_kernel[(triton.cdiv(n, block_m),)](
+        x, x.stride(0), target, cw if cw is not None else lse, cw_sum if cw_sum is not None else lse,
+        lse, coef, coef.stride(0) if coef.dim() else 0, dx, dx.stride(0),
+        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
+        float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
+        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+def loss_scale(
+    target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str,
+    num_items_in_batch,
+) -> torch.Tensor | None:
+    """The factor turning summed per-token losses into the reduced loss: a 0-d fp32 tensor (None for "none").
+
+    mean: 1 / sum of the target weights of non-ignored tokens (0 when that sum is 0, so an all-ignored batch
+    gives loss 0 and zero gradients); sum: 1; with num_items_in_batch: 1 / num_items_in_batch. No host sync.
+    """
+    device = target.device
+    if num_items_in_batch is not None:
+        items = torch.as_tensor(num_items_in_batch, device=device).reshape(()).to(torch.float32)
+        return 1.0 / items
+    if reduction == "none":
+        return None
+    if reduction == "sum":
+        return torch.ones((), dtype=torch.float32, device=device)
+    valid = target != ignore_index
+    if cw is None:
+        denom = valid.sum().to(torch.float32)
+    else:
+        denom = torch.where(valid, cw.gather(0, target.clamp(0, vocab - 1).long()), 0.0).sum()
+    return torch.where(denom != 0, 1.0 / torch.where(denom != 0, denom, 1.0), 0.0)
+
+
+def reduce_rows(
+    rows: torch.Tensor, scale: torch.Tensor | None
+) -> torch.Tensor:
+    """Per-token values (N,) -> the reduced value (``rows`` itself when ``scale`` is None)."""
+    return rows if scale is None else rows.sum() * scale
+
+
+def accuracy(correct: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Fraction of non-ignored tokens whose argmax hit the target (0-d fp32; 0 when all are ignored)."""
+    valid = (target != ignore_index).sum().clamp_min(1).to(torch.float32)
+    return correct.sum() / valid
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    """autograd wrapper: ``apply(logits, target, class_weight, opts, reduction, num_items, want_acc, inplace)``.
+
+    Returns (loss, z_loss, accuracy); z_loss and accuracy are non-differentiable (accuracy is a dummy zero
+    when ``want_acc`` is False). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
+        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        n, vocab = x.shape
+        target = target.contiguous()
+        cw, cw_sum = class_weight_args(class_weight, x.device)
+        f32 = dict(dtype=torch.float32, device=x.device)
+        loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+        correct = torch.empty(n, **f32) if want_acc else None
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+        scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
+        loss = reduce_rows(loss_rows, scale)
+        z = reduce_rows(z_rows, scale)
+        acc = accuracy(correct, target, opts.ignore_index) if want_acc else torch.zeros((), **f32)
+        ctx.save_for_backward(x, target, cw, cw_sum, lse, scale)
+        ctx.opts, ctx.inplace, ctx.consumed = opts, inplace, False
+        ctx.mark_non_differentiable(z, acc)
+        return loss, z, acc
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z, _grad_acc):
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 8
+        if ctx.consumed:
+            raise RuntimeError("tigon.cross_entropy(inplace_backward=True) wrote its gradient into the logits "
+                               "buffer during the first backward; a second backward through it is not possible")
+        x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
+        coef = grad_loss.to(torch.float32)
+        if scale is not None:
+            coef = (coef * scale).reshape(())
+        dx = x if ctx.inplace else torch.empty_like(x)
+        ce_rows_backward(x, target, cw, cw_sum, lse, ctx.opts, coef, dx)
+        ctx.consumed = ctx.inplace
+        return dx, None, None, None, None, None, None, None

@@ -1,0 +1,260 @@
+"""Fused linear + cross-entropy: the LM-head loss without the (N, V) logits.
+
+The approach of Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024) and, in spirit, Apple's Cut
+Cross-Entropy (Wijmans et al. 2024): tokens are processed in chunks of ``rows`` so that only a (rows, V)
+logits buffer ever exists. Per chunk:
+
+1. ``logits = hidden_chunk @ weight.T (+ bias)`` by torch (cuBLAS), ``out=`` the preallocated chunk buffer;
+2. the cross-entropy Triton kernel of :mod:`tigon.ops.cross_entropy` reads the chunk (fp32 math, online
+   log-sum-exp over vocabulary blocks), writes per-token loss / lse, and - when gradients are wanted - a
+   second pass overwrites the chunk buffer in place with ``d loss / d logits`` (``logit_scale`` and the
+   soft-cap derivative included);
+3. ``grad_hidden_chunk = grad_logits @ weight`` and ``grad_weight += grad_logits.T @ hidden_chunk`` (and
+   ``grad_bias += grad_logits.sum(0)``), accumulated in fp32 buffers and cast to the parameters' dtypes at
+   the end.
+
+For a scalar loss (mean / sum) the gradients are computed during the forward (3 matmuls in all) for an
+upstream gradient of 1 and scaled by the real upstream scalar in backward. For ``reduction="none"`` only the
+per-token lse is saved; the backward recomputes the logits chunk by chunk and applies the per-token upstream
+gradient (4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is
+computed. The caller's tensors are never written.
+
+Matmul precision: chunks run in the compute dtype (the inputs' dtype, or the autocast dtype). Products that
+are accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scalar path) go to fp32
+buffers: on CUDA through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU
+through fp32 copies of the operands (one small allocation per chunk), otherwise through a low-precision
+temporary added into the fp32 buffer (one extra rounding per chunk).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..support import interpreter_enabled
+from .cross_entropy import (
+    LossOptions, accuracy, ce_rows_backward, ce_rows_forward, class_weight_args, loss_scale, reduce_rows,
+)
+
+# Upper bound on the elements of one logits chunk (rows * V). On a GPU 2**26 elements is 128 MiB in bf16
+# (256 MiB fp32): for V = 128K that is 512 tokens per chunk, an (512 x 128K x H) GEMM that still runs near the
+# matmul peak, while the buffer stays a small fraction of the (N, V) logits it replaces. On CPU / under the
+# interpreter a smaller chunk keeps memory low; tests lower these to force several chunks.
+MAX_CHUNK_ELEMS_CUDA = 1 << 26
+MAX_CHUNK_ELEMS_CPU = 1 << 18
+
+
+def chunk_rows(n: int, vocab: int, device: torch.device) -> int:
+    """Tokens per chunk: as many as fit the element cap, balanced over the chunks, a multiple of 16 if possible."""
+    cap = MAX_CHUNK_ELEMS_CUDA if device.type == "cuda" and not interpreter_enabled() else MAX_CHUNK_ELEMS_CPU
+    max_rows = max(1, cap // max(vocab, 1))
+    if n <= max_rows:
+        return max(n, 1)
+    rows = triton.cdiv(n, triton.cdiv(n, max_rows))
+    rows16 = triton.cdiv(rows, 16) * 16
+    return rows16 if rows16 <= max_rows else rows
+
+
+_FP32_OUT: dict[str, bool] = {}
+
+
+def _fp32_out_supported(device: torch.device) -> bool:
+    """Whether ``torch.mm/addmm(..., out_dtype=torch.float32, out=...)`` works for low-precision inputs here."""
+    key = str(device)
+    if key not in _FP32_OUT:
+        ok = False
+        if device.type == "cuda" and not interpreter_enabled():
+            try:
+                a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+                acc = torch.ones(16, 16, device=device, dtype=torch.float32)
+                torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+                res = torch.empty(16, 16, device=device, dtype=torch.float32)
+                torch.mm(a, a, out_dtype=torch.float32, out=res)
+                ok = bool((acc == 17).all()) and bool((res == 16).all())
+            except (RuntimeError, TypeError, NotImplementedError):
+                ok = False
+        _FP32_OUT[key] = ok
+    return _FP32_OUT[key]
+
+
+class _Matmuls:
+    """The chunk matmuls, writing into preallocated buffers (see the module docstring for the precision)."""
+
+    def __init__(self, device: torch.device, cd: torch.dtype):
+        self.low = cd != torch.float32
+        self.out_dtype = self.low and _fp32_out_supported(device)
+        self.upcast = self.low and not self.out_dtype and device.type != "cuda"
+        self.tmp: dict[tuple, torch.Tensor] = {}
+
+    def _scratch(self, shape, like):
+        t = self.tmp.get(tuple(shape))
+        if t is None:
+            t = self.tmp[tuple(shape)] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return t
+
+    def logits(self, out, h, w, b):
+        if b is None:
+            torch.mm(h, w.t(), out=out)
+        else:
+            torch.addmm(b, h, w.t(), out=out)
+
+    def mm(self, out, a, b):
+        """out = a @ b, where out may be fp32 while a, b are in the compute dtype."""
+        if out.dtype == a.dtype:
+            torch.mm(a, b, out=out)
+        elif self.out_dtype:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        elif self.upcast:
+            torch.mm(a.float(), b.float(), out=out)
+        else:
+            out.copy_(torch.mm(a, b, out=self._scratch(out.shape, a)))
+
+    def addmm_(self, acc, a, b):
+        """acc (fp32) += a @ b."""
+        if not self.low:
+            acc.addmm_(a, b)
+        elif self.out_dtype:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        elif self.upcast:
+            acc.addmm_(a.float(), b.float())
+        else:
+            acc.add_(torch.mm(a, b, out=self._scratch(acc.shape, a)))
+
+    def colsum_(self, acc, g):
+        """acc (fp32, (V,)) += g.sum(0) in fp32."""
+        acc.add_(torch.sum(g, dim=0, dtype=torch.float32, out=self._scratch(acc.shape, acc)))
+
+
+def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
+                 cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool):
+    """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
+
+    Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh32, gw32, gb32) or None).
+    """
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    h = hidden.to(cd)
+    h = h if h.is_contiguous() else h.contiguous()
+    w = weight.to(cd)
+    b = bias.to(cd) if bias is not None else None
+    target = target.contiguous()
+    cw, cw_sum = class_weight_args(class_weight, dev)
+    scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
+    precompute = scale is not None and any(need)
+    need_h, need_w, need_b = need
+    f32 = dict(dtype=torch.float32, device=dev)
+    loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    correct = torch.empty(n, **f32) if want_acc else None
+    gh32 = torch.empty((n, hdim), **f32) if precompute and need_h else None
+    gw32 = torch.zeros((vocab, hdim), **f32) if precompute and need_w else None
+    gb32 = torch.zeros((vocab,), **f32) if precompute and need_b else None
+    rows = chunk_rows(n, vocab, dev)
+    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    mm = _Matmuls(dev, cd)
+    with torch.autocast(dev.type, enabled=False):
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg, hs = buf[: e - s], h[s:e]
+            mm.logits(lg, hs, w, b)
+            ce_rows_forward(
+                lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], lse[s:e],
+                correct[s:e] if correct is not None else None,
+                grad_coef=scale if precompute else None, grad_out=lg,
+            )
+            if precompute:
+                if gh32 is not None:
+                    mm.mm(gh32[s:e], lg, w)
+                if gw32 is not None:
+                    mm.addmm_(gw32, lg.t(), hs)
+                if gb32 is not None:
+                    mm.colsum_(gb32, lg)
+    loss = reduce_rows(loss_rows, scale)
+    z = reduce_rows(z_rows, scale)
+    acc = accuracy(correct, target, opts.ignore_index) if want_acc else None
+    return loss, z, acc, lse, ((gh32, gw32, gb32) if precompute else None)
+
+
+def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, lse, opts: LossOptions,
+                       cd: torch.dtype, need: tuple[bool, bool, bool]):
+    """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
+
+    Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
+    """
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    need_h, need_w, need_b = need
+    h = hidden.to(cd)
+    h = h if h.is_contiguous() else h.contiguous()
+    w = weight.to(cd)
+    b = bias.to(cd) if bias is not None else None
+    cw, cw_sum = class_weight_args(class_weight, dev)
+    coef = grad_rows.to(torch.float32)
+    gh = torch.empty((n, hdim), dtype=cd if hidden.dtype == cd else torch.float32, device=dev) if need_h else None
+    gw32 = torch.zeros((vocab, hdim), dtype=torch.float32, device=dev) if need_w else None
+    gb32 = torch.zeros((vocab,), dtype=torch.float32, device=dev) if need_b else None
+    rows = chunk_rows(n, vocab, dev)
+    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    mm = _Matmuls(dev, cd)
+    with torch.autocast(dev.type, enabled=False):
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg, hs = buf[: e - s], h[s:e]
+            mm.logits(lg, hs, w, b)
+            ce_rows_backward(lg, target[s:e], cw, cw_sum, lse[s:e], opts, coef[s:e], lg)
+            if gh is not None:
+                mm.mm(gh[s:e], lg, w)
+            if gw32 is not None:
+                mm.addmm_(gw32, lg.t(), hs)
+            if gb32 is not None:
+                mm.colsum_(gb32, lg)
+    return (
+        gh.to(hidden.dtype) if gh is not None else None,
+        gw32.to(weight.dtype) if gw32 is not None else None,
+        gb32.to(bias.dtype) if gb32 is not None else None,
+    )
+
+
+class FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd,
+    need, want_acc)``. ``need`` = (grad for hidden, weight, bias) decided by the caller (grad mode and
+    requires_grad), ``cd`` the matmul dtype. Returns (loss, z_loss, accuracy-or-zero), the last two
+    non-differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc):
+        loss, z, acc, lse, grads = flce_forward(
+            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc)
+        if acc is None:
+            acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done = opts, cd, need, grads, False
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        if grads is None and reduction == "none" and any(need):
+            ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, lse)
+        ctx.mark_non_differentiable(z, acc)
+        return loss, z, acc
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_z, _grad_acc):
+        none = (None,) * 8
+        if not any(ctx.need):
+            return (None, None, None, None) + none[:7]
+        if ctx.done:
+            raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph "
+                               "(its gradients are computed once and released); retain_graph is not supported")
+        ctx.done = True
+        if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward
+            gh32, gw32, gb32 = ctx.grads
+            ctx.grads = None
+            g = grad_loss.to(torch.float32).reshape(())
+            h_dtype, w_dtype, b_dtype = ctx.dtypes
+            gh = gh32.mul_(g).to(h_dtype) if gh32 is not None else None
+            gw = gw32.mul_(g).to(w_dtype) if gw32 is not None else None
+            gb = gb32.mul_(g).to(b_dtype) if gb32 is not None else None
+        else:
+            hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
+            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, ctx.opts,
+                                            ctx.cd, ctx.need)
+        return (gh, gw, None, gb) + none[:7]

@@ -1,0 +1,179 @@
+"""SwiGLU and GeGLU: Triton forward and backward (GLU variants, Shazeer 2020).
+
+``out = act(gate) * up`` elementwise, with ``act`` chosen by the constexpr ``ACTIVATION``: SiLU, exact GELU
+(erf) or tanh-GELU. The backward recomputes ``act(gate)`` and ``act'(gate)`` from gate instead of storing an
+activation, and writes both input gradients in one pass:
+
+    d_gate = dy * up * act'(gate)        d_up = dy * act(gate)
+
+The tanh-GELU is written through the logistic function, ``0.5 * (1 + tanh(u)) = sigmoid(2u)`` and
+``1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u))``, so no tanh (libdevice) is needed.
+
+Inputs are viewed as rows (M, N) with unit column stride and any row stride, so a gate/up pair sliced out of
+one fused projection (``gate_up[..., :I]``, ``gate_up[..., I:]``) is read in place; when every operand is
+contiguous the whole tensor is one long row, which avoids padding waste for odd N.
+
+Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
+up; write d_gate, d_up).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import as_rows, next_pow2, warps_for
+from ..support import interpreter_enabled
+
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+# Constants are written as literals inside the kernels (globals would have to be constexpr, whose arithmetic
+# with tensors the interpreter mishandles): 0.7071067811865476 = 1/sqrt(2), 0.3989422804014327 = 1/sqrt(2 pi);
+# for tanh-GELU, 2u = g * (1.5957691216057308 + 0.07135481627260025 g^2) with 1.5957691216057308 = 2 sqrt(2/pi)
+# and 0.07135481627260025 = 2 sqrt(2/pi) * 0.044715, and d(2u)/dg = 1.5957691216057308 + 0.21406444881780076 g^2.
+
+
+@triton.jit
+def _act(g, ACTIVATION: tl.constexpr):
+    """act(g) in fp32."""
+    if ACTIVATION == 0:
+        a = g * tl.sigmoid(g)
+    elif ACTIVATION == 1:
+        a = g * (0.5 + 0.5 * tl.erf(g * 0.7071067811865476))
+    else:  # 0.5 * (1 + tanh(u)) == sigmoid(2u), u = sqrt(2/pi) * (g + 0.044715 g^3)
+        a = g * tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
+    return a
+
+
+@triton.jit
+def _act_and_grad(g, ACTIVATION: tl.constexpr):
+    """(act(g), act'(g)) in fp32."""
+    if ACTIVATION == 0:
+        s = tl.sigmoid(g)
+        a = g * s
+        da = s * (1.0 + g * (1.0 - s))
+    elif ACTIVATION == 1:
+        cdf = 0.5 + 0.5 * tl.erf(g * 0.7071067811865476)
+        a = g * cdf
+        da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
+    else:  # d/dg [g * sigmoid(2u)] = s + g * 2 s (1 - s) * du/dg, du/dg = sqrt(2/pi) (1 + 3 * 0.044715 g^2)
+        s = tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
+        a = g * s
+        da = s + g * s * (1.0 - s) * (1.5957691216057308 + 0.21406444881780076 * g * g)
+    return a, da
+
+
+@triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column offsets (int64) and the mask of this program's [BLOCK_M, BLOCK_N] tile."""
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(N, BLOCK_N)
+    rows = (pid // n_col_blocks).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows, cols, mask
+
+
+@triton.jit
+def _glu_fwd(
+    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o,
+    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    out = _act(g, ACTIVATION) * u
+    tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd(
+    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du,
+    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    a, da = _act_and_grad(g, ACTIVATION)
+    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da).to(DGATE.dtype.element_ty), mask=mask)
+    tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
+
+
+def _as_2d(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(M, N) views with unit column stride: one long row (1, numel) when all are contiguous, else rows."""
+    if all(t.is_contiguous() for t in tensors):
+        return [t.view(1, -1) for t in tensors]
+    return [as_rows(t, name) for t, name in zip(tensors, ("a", "b", "c"))]
+
+
+def _tile_elems(device: torch.device) -> int:
+    return 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 4096
+
+
+def _launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, tuple[int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, grid) for an elementwise pass over (M, N).
+
+    A memory-bound elementwise kernel wants enough bytes in flight per program and enough programs to fill
+    the GPU: a 4096-element tile (8 warps, 16 elements per thread, 128-bit accesses) does both for every
+    realistic size. Rows shorter than the tile are stacked (BLOCK_M > 1). Under the interpreter each program
+    costs Python overhead, so tiles are 16x larger there.
+    """
+    target = _tile_elems(device)
+    block_n = min(next_pow2(N), target)
+    block_m = min(next_pow2(M), max(1, target // block_n))
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    return block_m, block_n, warps_for(block_m * block_n), grid
+
+
+def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that shape."""
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if out.numel() == 0:
+        return out
+    g2, u2 = _as_2d(gate, up)
+    o2 = out.view(g2.shape)
+    M, N = g2.shape
+    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
+    _glu_fwd[grid](
+        g2, u2, o2, M, N, g2.stride(0), u2.stride(0), o2.stride(0),
+        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+    )
+    return out
+
+
+def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str):
+    """Returns (d_gate, d_up), contiguous, shaped like gate and in gate's (= up's) dtype."""
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
+    if dgate.numel() == 0:
+        return dgate, dup
+    dy2, g2, u2 = _as_2d(dy, gate, up)
+    dg2, du2 = dgate.view(g2.shape), dup.view(g2.shape)
+    M, N = g2.shape
+    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
+    _glu_bwd[grid](
+        dy2, g2, u2, dg2, du2, M, N, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
+        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+    )
+    return dgate, dup
+
+
+class GLUFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(gate, up, activation)`` with activation in :data:`ACTIVATIONS`.
+
+    Saves only gate and up (as given); the activation is recomputed in the backward.
+    """
+
+    @staticmethod
+    def forward(ctx, gate, up, activation):
+        ctx.save_for_backward(gate, up)
+        ctx.activation = activation
+        return glu_forward(gate, up, activation)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        dgate, dup = glu_backward(dy, gate, up, ctx.activation)
+        return dgate, dup, None

@@ -1,0 +1,164 @@
+"""LayerNorm: Triton forward and backward (Ba, Kiros & Hinton 2016; torch.nn.functional.layer_norm semantics).
+
+Forward: one pass, a [BLOCK_M, BLOCK_N] tile of rows per program; mean and (biased) variance in fp32 from the
+row held in registers (two-pass over registers, no E[x^2] - E[x]^2 cancellation); writes y, mean and rstd
+(2*M floats). weight and bias are optional (constexpr HAS_W / HAS_B).
+
+Backward, with xhat = (x - mean) * rstd and g = dy * w (g = dy without a weight):
+
+    dx = rstd * (g - xhat * mean(g * xhat) - mean(g))      dw = sum_rows(dy * xhat)      db = sum_rows(dy)
+
+on a persistent grid: each program walks a contiguous range of rows, writes dx, and accumulates its share of
+dw and db in fp32 registers; the (programs, N) partials are summed by one small reduction. No atomics, so dw
+and db are deterministic.
+
+Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy, write dx).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import as_rows, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for
+
+
+@triton.jit
+def _layer_norm_fwd(
+    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=rmask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _layer_norm_bwd(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog,
+    HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_W:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    # dW/dB accumulate per tile position and are reduced over rows once at the end, not per step.
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_start = pid * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    for r in range(row_start, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        mask = rmask[:, None] & cmask[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_W:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        c1 = tl.sum(g * xhat, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+        dx = rstd[:, None] * (g - xhat * c1[:, None] - c2[:, None])
+        tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DW:
+            dw += dy * xhat
+        if HAS_DB:
+            db += dy
+    if HAS_DW:
+        tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw, axis=0), mask=cmask)
+    if HAS_DB:
+        tl.store(DB_PART + pid.to(tl.int64) * N + cols, tl.sum(db, axis=0), mask=cmask)
+
+
+def layer_norm_forward(x2: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float):
+    """Launch the forward on rows ``x2`` (M, N). Returns (y (M, N) in x's dtype, mean (M,), rstd (M,) fp32)."""
+    M, N = x2.shape
+    check_row_width(N, "layer_norm")
+    y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
+    mean = torch.empty((M,), dtype=torch.float32, device=x2.device)
+    rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)
+    if M == 0:
+        return y, mean, rstd
+    # Same tiling as rms_norm: the whole row in registers, several rows per program for small N.
+    block_n = next_pow2(N)
+    block_m = rows_per_program(block_n, x2.device)
+    grid = (triton.cdiv(M, block_m),)
+    _layer_norm_fwd[grid](
+        x2, weight if weight is not None else x2, bias if bias is not None else x2, y, mean, rstd,
+        M, N, x2.stride(0), y.stride(0), eps,
+        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=warps_for(block_m * block_n),
+    )
+    return y, mean, rstd
+
+
+def layer_norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool):
+    """Launch the backward. Returns (dx (M, N) in x's dtype, dw or None, db or None) in the parameters' dtypes."""
+    M, N = x2.shape
+    dy = as_rows(dy, "grad_output")
+    dx = torch.empty_like(x2)
+    if M == 0:
+        dw = torch.zeros(N, dtype=torch.float32, device=x2.device)
+        return dx, dw if need_dw else None, dw if need_db else None
+    block_n = next_pow2(N)
+    block_m = rows_per_program(block_n, x2.device, target_elems=2048)
+    progs = max(1, min(num_programs_hint(x2.device), triton.cdiv(M, block_m)))
+    per_prog = triton.cdiv(triton.cdiv(M, progs), block_m) * block_m
+    progs = triton.cdiv(M, per_prog)
+    dw_part = torch.empty((progs, N), dtype=torch.float32, device=x2.device) if need_dw else None
+    db_part = torch.empty((progs, N), dtype=torch.float32, device=x2.device) if need_db else None
+    _layer_norm_bwd[(progs,)](
+        dy, x2, weight if weight is not None else x2, mean, rstd, dx,
+        dw_part if need_dw else dx, db_part if need_db else dx,
+        M, N, dy.stride(0), x2.stride(0), dx.stride(0), per_prog,
+        HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=warps_for(block_m * block_n),
+    )
+    return dx, (dw_part.sum(0) if need_dw else None), (db_part.sum(0) if need_db else None)
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(x, weight, bias, eps)`` with x (..., N), weight and bias (N,) or None."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        shape = x.shape
+        x2 = as_rows(x, "x")
+        y, mean, rstd = layer_norm_forward(x2, weight, bias, eps)
+        ctx.save_for_backward(x2, weight, mean, rstd)
+        ctx.x_shape = shape
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, mean, rstd = ctx.saved_tensors
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        need_db = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        dx, dw, db = layer_norm_backward(dy, x2, weight, mean, rstd, need_dw, need_db)
+        dw = dw.to(weight.dtype) if dw is not None else None
+        db = db.to(ctx.bias_dtype) if db is not None else None
+        return dx.view(ctx.x_shape), dw, db, None

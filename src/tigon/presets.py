@@ -1,0 +1,94 @@
+"""Model presets for ``tigon compare``: architecture shapes as plain data, built with random weights (no download).
+
+Each entry maps a name to ``model_type`` (a Hugging Face ``model_type``, e.g. ``"llama"``), the ``config``
+keyword arguments for that family's ``PretrainedConfig``, a one-line ``description`` and the default AdamW
+learning rate ``lr`` for training it from scratch. Token ids in
+``tigon compare`` are UTF-8 bytes (0..255), valid for every preset here since each vocabulary has >= 256 entries.
+
+Add a preset by adding a dict entry; :func:`build_config` turns it into a ``transformers`` config.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+_LLAMA3_ROPE = {"rope_type": "default", "rope_theta": 500000.0}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "model_type": "llama",
+        "description": "2-layer Llama, hidden 64, byte vocabulary (the CPU default; trains in seconds)",
+        "lr": 1e-3,
+        "config": dict(
+            vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        ),
+    },
+    "small": {
+        "model_type": "llama",
+        "description": "4-layer Llama, hidden 512, byte vocabulary (the CUDA default)",
+        "lr": 1e-3,
+        "config": dict(
+            vocab_size=256, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=4, max_position_embeddings=2048, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        ),
+    },
+    "llama3-8b": {
+        "model_type": "llama",
+        "description": "Meta Llama 3 8B shapes (32 layers; use --layers to keep a few)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+            rope_parameters=dict(_LLAMA3_ROPE), tie_word_embeddings=False,
+        ),
+    },
+    "llama3.2-1b": {
+        "model_type": "llama",
+        "description": "Meta Llama 3.2 1B shapes (16 layers, tied embeddings, llama3 RoPE scaling)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+            num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+            rms_norm_eps=1e-5, tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+            },
+        ),
+    },
+}
+
+
+def preset_names() -> list[str]:
+    """The available preset names, in definition order."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    """A deep copy of preset ``name`` (``{"model_type", "description", "lr", "config"}``).
+
+    Raises:
+        KeyError: unknown name; the message lists the available presets.
+    """
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r} (available: {', '.join(PRESETS)})")
+    return copy.deepcopy(PRESETS[name])
+
+
+def build_config(name: str, num_hidden_layers: int | None = None):
+    """The ``transformers`` config for preset ``name``, optionally with ``num_hidden_layers`` overridden.
+
+    Raises:
+        KeyError: unknown preset.
+    """
+    from transformers import AutoConfig
+
+    preset = get_preset(name)
+    kwargs = preset["config"]
+    if num_hidden_layers is not None:
+        kwargs["num_hidden_layers"] = int(num_hidden_layers)
+    return AutoConfig.for_model(preset["model_type"], **kwargs)

@@ -1,0 +1,198 @@
+"""Cross-entropy reference: torch.nn.functional.cross_entropy semantics plus the extras LLM training uses.
+
+This module is the specification of :func:`tigon.functional.cross_entropy` (and, through
+:mod:`tigon.reference.fused_linear_cross_entropy`, of the fused linear variant). Per token ``i`` with target
+``t = target[i]`` (tokens whose target equals ``ignore_index`` contribute nothing), class weights ``w`` (all ones
+when not given), vocabulary size ``V``, smoothing ``eps`` and ``x = softcap * tanh(logits / softcap)`` (or the
+logits themselves):
+
+    lse_i  = logsumexp_c x_ic
+    ce_i   = (1 - eps) * w_t * (lse_i - x_it) + eps / V * sum_c w_c * (lse_i - x_ic)      (torch's formula)
+    z_i    = lse_square_scale * lse_i ** 2                                                (PaLM z-loss)
+    loss_i = ce_i + z_i
+
+Reductions: ``"none"`` returns ``loss_i`` (0 at ignored tokens); ``"sum"`` returns ``sum_i loss_i``; ``"mean"``
+returns ``sum_i loss_i / sum_i w_t(i)`` over the non-ignored tokens (exactly torch's normalisation, also with
+label smoothing and class weights), and 0 when that sum is 0 (an all-ignored batch gives loss 0 and zero
+gradients, where torch gives NaN). With ``num_items_in_batch`` the loss is ``sum_i loss_i / num_items_in_batch``
+(the Hugging Face gradient-accumulation convention), whatever ``reduction`` ("mean" or "sum") says.
+
+Sources: label smoothing as in torch (Szegedy et al. 2016); z-loss from PaLM (Chowdhery et al. 2022,
+section 5); logit soft-capping from Gemma 2 (Gemma Team 2024).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .. import _checks
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_loss_options(
+    *,
+    reduction: str,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+    num_items_in_batch,
+    device: torch.device,
+) -> None:
+    """Validate the options shared by the cross-entropy ops (no tensor shapes).
+
+    Raises:
+        ValueError: reduction unknown, label_smoothing outside [0, 1], lse_square_scale negative, softcap not
+            > 0, num_items_in_batch not positive or not 0-d, or num_items_in_batch with reduction="none".
+        TypeError: num_items_in_batch is neither an int nor a tensor.
+    """
+    _checks.choice("reduction", reduction, REDUCTIONS)
+    if not isinstance(label_smoothing, numbers.Real) or not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+    if not isinstance(lse_square_scale, numbers.Real) or not float(lse_square_scale) >= 0.0:
+        raise ValueError(f"lse_square_scale must be a float >= 0, got {lse_square_scale!r}")
+    if softcap is not None and (not isinstance(softcap, numbers.Real) or not float(softcap) > 0.0
+                                or float(softcap) == float("inf")):
+        raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
+    if num_items_in_batch is not None:
+        if reduction == "none":
+            raise ValueError("num_items_in_batch divides the summed loss; it cannot be used with reduction='none'")
+        if isinstance(num_items_in_batch, torch.Tensor):
+            if num_items_in_batch.numel() != 1:
+                raise ValueError(
+                    f"num_items_in_batch must be a 0-d tensor or an int, got shape {tuple(num_items_in_batch.shape)}")
+        elif isinstance(num_items_in_batch, numbers.Integral) and not isinstance(num_items_in_batch, bool):
+            if num_items_in_batch <= 0:
+                raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
+        else:
+            raise TypeError(f"num_items_in_batch must be an int or a 0-d tensor, got {type(num_items_in_batch).__name__}")
+
+
+def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, **options) -> None:
+    """Validate :func:`cross_entropy`'s tensors and options (``options``: see :func:`check_loss_options`).
+
+    Raises:
+        TypeError: logits not floating, target not an integer tensor, weight not floating.
+        ValueError: logits not (N, V), target not (N,), weight not (V,), devices differ, bad options.
+    """
+    _checks.tensor("logits", logits, floating=True, ndim=2)
+    _checks.tensor("target", target, integer=True, ndim=1)
+    if weight is not None:
+        _checks.tensor("weight", weight, floating=True, ndim=1)
+    _checks.same_device(logits=logits, target=target, weight=weight)
+    n, v = logits.shape
+    if v == 0:
+        raise ValueError("logits must have a non-empty vocabulary dimension, got shape (N, 0)")
+    if target.shape[0] != n:
+        raise ValueError(f"target must have shape ({n},) to match logits {tuple(logits.shape)}, "
+                         f"got {tuple(target.shape)}")
+    if weight is not None and weight.shape[0] != v:
+        raise ValueError(f"weight (class weights) must have shape ({v},), got {tuple(weight.shape)}")
+    check_loss_options(device=logits.device, **options)
+
+
+def check_target_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
+    """Raise ValueError when a target other than ``ignore_index`` is outside [0, num_classes).
+
+    Reads the targets on the host: a device synchronisation on CUDA (the kernel path skips it there).
+    """
+    bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
+    if bool(bad.any()):
+        first = int(target[bad][0])
+        raise ValueError(f"target values must be in [0, {num_classes}) or equal ignore_index={ignore_index}; "
+                         f"found {first}")
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    *,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    return_z_loss: bool = False,
+    return_accuracy: bool = False,
+    inplace_backward: bool = False,
+):
+    """Cross-entropy of ``logits`` against class indices ``target``; see the module docstring for the formula.
+
+    Computed in ``logits.dtype`` promoted to at least float32 (so float64 inputs give a float64 truth).
+
+    Args:
+        logits: (N, V) float tensor.
+        target: (N,) integer tensor of class indices in [0, V), or ``ignore_index``.
+        weight: optional (V,) class weights (torch's ``weight``).
+        ignore_index: target value whose tokens are skipped.
+        reduction: ``"mean"`` | ``"sum"`` | ``"none"``.
+        label_smoothing: eps in [0, 1], torch's definition (with class weights as torch applies them).
+        lse_square_scale: z-loss coefficient (PaLM uses 1e-4); the z term is part of the returned loss.
+        softcap: if given, ``logits := softcap * tanh(logits / softcap)`` first (Gemma 2 final soft-capping).
+        num_items_in_batch: if given (int or 0-d tensor), loss = summed loss / num_items_in_batch.
+        return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` instead of the loss.
+        inplace_backward: accepted for signature parity; the reference never writes into ``logits``.
+
+    Returns:
+        The loss: 0-d, or (N,) for ``reduction="none"``; float32 (float64 for float64 logits). With
+        ``return_z_loss`` / ``return_accuracy``, ``LossOutput(loss, z_loss, accuracy)``: z_loss is the z part
+        alone reduced like the loss and accuracy the fraction of non-ignored tokens whose argmax is the target;
+        both are detached (logging outputs: the gradient flows through ``loss``, which includes the z part).
+
+    Raises:
+        TypeError, ValueError: see :func:`check_inputs`; ValueError also for targets out of range.
+    """
+    check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
+                 lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
+    n, v = logits.shape
+    check_target_range(target, v, ignore_index)
+    ct = torch.promote_types(logits.dtype, torch.float32)
+    x = logits.to(ct)
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    valid = target != ignore_index
+    safe_t = torch.where(valid, target, torch.zeros_like(target)).long()
+    logp = torch.log_softmax(x, dim=-1)
+    lse = torch.logsumexp(x, dim=-1)
+    w = weight.to(ct) if weight is not None else None
+    w_t = w.gather(0, safe_t) if w is not None else torch.ones(n, dtype=ct, device=x.device)
+    w_t = torch.where(valid, w_t, torch.zeros_like(w_t))
+    nll = -logp.gather(1, safe_t[:, None]).squeeze(1) * w_t
+    if label_smoothing > 0:
+        smooth = -(logp * w).sum(-1) if w is not None else -logp.sum(-1)
+        smooth = torch.where(valid, smooth, torch.zeros_like(smooth))
+        per_token = (1.0 - label_smoothing) * nll + (label_smoothing / v) * smooth
+    else:
+        per_token = nll
+    z = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
+    per_token = per_token + z
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        if num_items_in_batch is not None:
+            items = torch.as_tensor(num_items_in_batch, device=t.device).to(ct).reshape(())
+            return t.sum() / items
+        if reduction == "none":
+            return t
+        if reduction == "sum":
+            return t.sum()
+        denom = w_t.sum()
+        nonzero = denom != 0
+        return torch.where(nonzero, t.sum() / torch.where(nonzero, denom, torch.ones_like(denom)),
+                           torch.zeros_like(denom))
+
+    loss = reduce(per_token)
+    if not (return_z_loss or return_accuracy):
+        return loss
+    from ..functional import LossOutput
+
+    z_out = reduce(z).detach() if return_z_loss else None
+    acc = None
+    if return_accuracy:
+        with torch.no_grad():
+            hit = (x.argmax(dim=-1) == target) & valid
+            acc = (hit.sum().to(torch.float32) / valid.sum().clamp_min(1).to(torch.float32))
+    return LossOutput(loss, z_out, acc)

@@ -1,0 +1,41 @@
+"""Rotary position embedding reference, rotate-half convention.
+
+RoFormer (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding"), in the layout of
+Hugging Face ``apply_rotary_pos_emb``: the two halves of the head dimension form the rotated pairs
+``(x[i], x[i + D/2])``, rather than interleaved neighbours.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``cat(-x2, x1)`` where ``x1, x2`` are the first and second halves of the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q * cos + rotate_half(q) * sin`` and the same for ``k`` (HF ``apply_rotary_pos_emb``).
+
+    Args:
+        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` or (B, T, Hq, D) for ``unsqueeze_dim=2``; D even.
+        k: the same layout with Hkv heads (any head count; GQA has Hq a multiple of Hkv).
+        cos, sin: (1 or B, T, D), any float dtype; inserted a head axis at ``unsqueeze_dim``.
+        unsqueeze_dim: where the head axis is in q and k (1 or 2).
+
+    Returns:
+        (q_embed, k_embed) with the shapes of q and k, in q's and k's dtypes. The arithmetic happens in the
+        promotion of q's (k's) and cos's dtypes, as in HF; the result is then cast back to q's (k's) dtype.
+
+    cos and sin are treated as constants: they receive no gradient (HF builds them under ``torch.no_grad``),
+    which the Triton path matches.
+    """
+    cos = cos.detach().unsqueeze(unsqueeze_dim)
+    sin = sin.detach().unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos + rotate_half(q) * sin).to(q.dtype)
+    k_embed = (k * cos + rotate_half(k) * sin).to(k.dtype)
+    return q_embed, k_embed

@@ -1,0 +1,201 @@
+"""The training loop shared by the workflows, with honest timing and peak-memory measurement.
+
+Peak memory
+-----------
+CUDA
+    ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats``: the most bytes held by
+    PyTorch's caching allocator at once during the run (weights, gradients, AdamW state, activations, kernel
+    workspaces). The model is moved to the device inside the measured region, so its weights count.
+CPU (Linux)
+    The growth of the process's resident set: the kernel's high-water mark ``VmHWM`` (reset through
+    ``/proc/self/clear_refs`` before the run) minus the resident set at the start of the run. Freed heap is
+    returned to the OS first (``malloc_trim``) so an earlier run does not lend the later one its pages, and
+    :func:`tigon.workflows.compare.run_compare` runs one throwaway step of each path beforehand so that one-time
+    allocations (lazy library state, first imports) do not land in the first run. It counts everything the
+    process touched during the run, PyTorch or not (for the interpreter: its numpy temporaries), at page
+    granularity, so small models read as a few MB of noise. Where ``/proc`` is unavailable it is ``None``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+ProgressFn = Callable[[str, int, int, float], None]
+"""``progress(run, step, steps, loss)``: called after each optimizer step; ``step`` counts from 1."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# peak memory
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _hwm_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """Context manager measuring the peak memory of the code inside it, in bytes (see the module docstring).
+
+    After exit: ``peak_bytes`` (int or None) and ``method`` (a short description of what was measured).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_bytes: int | None = None
+        self.method = ""
+        self._base: int | None = None
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.method = "torch.cuda.max_memory_allocated (after reset_peak_memory_stats)"
+        else:
+            _malloc_trim()
+            self._base = _rss_bytes() if _reset_hwm() else None
+            self.method = (
+                "growth of the process resident set: VmHWM (reset via /proc/self/clear_refs) minus RSS at the start"
+                if self._base is not None
+                else "unavailable (needs Linux /proc/self/clear_refs)"
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        elif self._base is not None:
+            hwm = _hwm_bytes()
+            self.peak_bytes = None if hwm is None else max(0, hwm - self._base)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class RunStats:
+    """What one training run measured.
+
+    losses: per-step training loss (float, the model's mean next-token cross-entropy in nats).
+    step_times_s: per-step wall time in seconds (forward + backward + optimizer step, device synchronized).
+    tokens_per_step: input tokens per step (batch_size * seq_len).
+    tokens_per_s: tokens_per_step * timed steps / their total time; the first step is left out when there is more
+        than one (it carries one-time costs: kernel compilation, allocator warm-up).
+    wall_time_s: total seconds of the run, setup included.
+    peak_memory_bytes / peak_memory_method: see :class:`PeakMemory`.
+    backend_usage: Tigon op calls per backend during the run (:func:`tigon.support.backend_usage`).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+    tokens_per_s: float = 0.0
+    wall_time_s: float = 0.0
+    peak_memory_bytes: int | None = None
+    peak_memory_method: str = ""
+    backend_usage: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(
+    make_model: Callable[[], torch.nn.Module],
+    batches: list[torch.Tensor],
+    *,
+    lr: float,
+    device: torch.device,
+    name: str,
+    progress: ProgressFn | None = None,
+) -> RunStats:
+    """Train the model ``make_model()`` returns for ``len(batches)`` AdamW steps and measure it.
+
+    ``make_model`` runs inside the measured region, so the model's weights count towards peak memory; it must
+    return the model on ``device`` in its training dtype. Each step: ``model(input_ids=b, labels=b,
+    use_cache=False)`` (Hugging Face shifts the labels), ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``.
+
+    Args:
+        make_model: builds (or moves) the model; called once.
+        batches: (batch, seq) int64 token ids, one per step (CPU; moved to ``device`` per step).
+        lr: AdamW learning rate (other AdamW settings are PyTorch's defaults).
+        device: where the run happens.
+        name: the run's name passed to ``progress``.
+        progress: optional ``progress(name, step, steps, loss)`` callback.
+    """
+    from tigon import support
+
+    stats = RunStats(tokens_per_step=int(batches[0].numel()) if batches else 0)
+    support.backend_usage(reset=True)
+    start = time.perf_counter()
+    with PeakMemory(device) as mem:
+        model = make_model()
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        for step, batch in enumerate(batches, start=1):
+            batch = batch.to(device, non_blocking=True)
+            _sync(device)
+            t0 = time.perf_counter()
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            value = float(loss.detach().float().item())
+            _sync(device)
+            stats.step_times_s.append(time.perf_counter() - t0)
+            stats.losses.append(value)
+            if progress is not None:
+                progress(name, step, len(batches), value)
+        del optimizer, loss
+    stats.wall_time_s = time.perf_counter() - start
+    stats.peak_memory_bytes, stats.peak_memory_method = mem.peak_bytes, mem.method
+    stats.backend_usage = support.backend_usage(reset=True)
+    timed = stats.step_times_s[1:] if len(stats.step_times_s) > 1 else stats.step_times_s
+    stats.tokens_per_s = stats.tokens_per_step * len(timed) / sum(timed) if timed and sum(timed) > 0 else 0.0
+    # The caller still holds the model (to unpatch it); drop our reference and the autograd graph.
+    del model
+    gc.collect()
+    return stats

@@ -1,0 +1,453 @@
+"""Train the same model twice from the same seed, original and Tigon-patched, and compare.
+
+Both runs start from identical weights (one model is built from the seed, each run trains a deep copy), see
+identical batches (random windows of the corpus in :mod:`tigon.data`, drawn from the seed) and use the same
+optimizer (AdamW). The patched run calls :func:`tigon.patch` on its copy (instance level) before training and
+:func:`tigon.unpatch` afterwards. The result holds both loss curves, their largest relative difference, tokens/s
+and peak memory of each run, the device, and which backend the patched run's kernels took.
+
+Precision: ``dtype="float32"`` trains in fp32. ``dtype="bfloat16"`` is pure bf16: weights, gradients and AdamW
+state are all bf16 (no autocast, no fp32 master weights); simple, but expect larger loss differences than fp32.
+
+Backend: the patched run reports the path its ops took (:func:`tigon.support.describe_backend`). On a machine
+without CUDA the kernels run in Triton's interpreter only when ``TRITON_INTERPRET=1`` was set before Tigon's
+kernels were first imported (the ``tigon`` CLI does this); otherwise they fall back to the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import data as _data
+from .. import presets as _presets
+from ._train import ProgressFn, RunStats, train
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEVICES = ("auto", "cpu", "cuda")
+
+# Defaults filled in per device when a CompareConfig field is None. The CPU default must finish well under two
+# minutes on a 2-core machine with the patched run interpreted; a CUDA machine gets a bigger model.
+DEFAULTS = {
+    "cpu": dict(preset="tiny", steps=20, batch_size=2, seq_len=32),
+    "cuda": dict(preset="small", steps=50, batch_size=8, seq_len=512),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+PRETRAINED_LR = 1e-5  # default learning rate when fine-tuning a checkpoint given by --model
+
+
+class ConfigError(ValueError):
+    """The comparison cannot run as configured (bad argument, missing checkpoint, unsupported model family)."""
+
+
+@dataclass
+class CompareConfig:
+    """What to compare. ``None`` fields take the device's default (see :data:`DEFAULTS`).
+
+    preset: a name from :data:`tigon.presets.PRESETS` (random weights from ``seed``); default "tiny" on CPU,
+        "small" on CUDA. Mutually exclusive with ``model``.
+    model: a local Hugging Face checkpoint directory (weights and, if present, tokenizer).
+    layers: override the number of decoder layers (``num_hidden_layers``), >= 1.
+    steps: optimizer steps per run. batch_size: sequences per step. seq_len: tokens per sequence.
+    lr: AdamW learning rate; default: the preset's ``lr``, or 1e-5 for a checkpoint.
+    dtype: "float32" or "bfloat16" (pure bf16 training, see the module docstring).
+    device: "auto" (CUDA if available), "cpu" or "cuda".
+    seed: seeds the weights and the batches.
+    """
+
+    preset: str | None = None
+    model: str | None = None
+    layers: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    lr: float | None = None
+    dtype: str = "float32"
+    device: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class CompareResult:
+    """The outcome of :func:`run_compare`. Everything the CLI shows; :meth:`as_dict` is its JSON report.
+
+    loss_original / loss_patched: per-step training loss (mean next-token cross-entropy, nats).
+    rel_loss_diff: per step ``|patched - original| / |original|``; max_rel_loss_diff is its maximum (NaN if a loss
+        is not finite) and max_rel_loss_diff_step the 1-based step where it occurs.
+    tokens_per_s: {"original", "patched"}: input tokens (batch_size * seq_len per step) per second of step time,
+        first step excluded when steps > 1. step_time_s: per-step seconds. wall_time_s: whole run incl. setup.
+    peak_memory_bytes: {"original", "patched"}, bytes or None; peak_memory_method says what was measured.
+    device / device_name: e.g. "cuda:0" / "NVIDIA H200".
+    backend: "triton" | "interpreter" | "reference" | "mixed" | "none" for the patched run; backend_reason why;
+        backend_usage: op -> backend -> calls during the patched run.
+    patch: the :class:`tigon.PatchReport` as a dict. config: the resolved configuration. model / data: what was
+        trained on. versions: library versions. notes: caveats for reading the numbers.
+    """
+
+    config: dict[str, Any]
+    model: dict[str, Any]
+    data: dict[str, Any]
+    loss_original: list[float]
+    loss_patched: list[float]
+    rel_loss_diff: list[float]
+    max_rel_loss_diff: float
+    max_rel_loss_diff_step: int
+    tokens_per_s: dict[str, float]
+    step_time_s: dict[str, list[float]]
+    wall_time_s: dict[str, float]
+    peak_memory_bytes: dict[str, int | None]
+    peak_memory_method: str
+    device: str
+    device_name: str
+    backend: str
+    backend_reason: str
+    backend_usage: dict[str, dict[str, int]]
+    patch: dict[str, Any]
+    versions: dict[str, str | None]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field (non-finite floats stay NaN/inf)."""
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ConfigError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def _device_str(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    return device.type
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python, Tigon, PyTorch, Triton and Transformers (None when not installed)."""
+    import tigon
+
+    from ..support import triton_version
+
+    try:
+        import transformers
+
+        tf = transformers.__version__
+    except ImportError:  # pragma: no cover
+        tf = None
+    return {
+        "python": platform.python_version(),
+        "tigon": tigon.__version__,
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "transformers": tf,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
+
+
+def _validate(cfg: CompareConfig) -> None:
+    if cfg.preset is not None and cfg.model is not None:
+        raise ConfigError("give either --preset or --model, not both")
+    if cfg.preset is not None and cfg.preset not in _presets.PRESETS:
+        raise ConfigError(f"unknown preset {cfg.preset!r} (available: {', '.join(_presets.PRESETS)})")
+    if cfg.model is not None and not os.path.isdir(cfg.model):
+        raise ConfigError(f"--model {cfg.model}: no such directory")
+    for name, minimum in (("layers", 1), ("steps", 1), ("batch_size", 1), ("seq_len", 2)):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or value < minimum):
+            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
+    if cfg.lr is not None and not (isinstance(cfg.lr, (int, float)) and math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise ConfigError(f"--lr must be a positive number, got {cfg.lr!r}")
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+
+
+def _hf_config(cfg: CompareConfig):
+    """The transformers config of the preset or checkpoint (with ``layers`` applied); cheap, no weights."""
+    if cfg.model is None:
+        return _presets.build_config(cfg.preset, cfg.layers)
+    from transformers import AutoConfig
+
+    overrides = {} if cfg.layers is None else {"num_hidden_layers": cfg.layers}
+    try:
+        return AutoConfig.from_pretrained(cfg.model, local_files_only=True, **overrides)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"--model {cfg.model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+
+
+def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype):
+    """(base model on CPU in ``dtype``, tokenizer or None, description dict); weights from ``cfg.seed`` or disk."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    if cfg.model is None:
+        base = AutoModelForCausalLM.from_config(hf_config).to(dtype)
+        return base, None, {"source": f"preset:{cfg.preset}"}
+    try:
+        base = AutoModelForCausalLM.from_pretrained(cfg.model, config=hf_config, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {str(e).splitlines()[0]}") from e
+    tokenizer = None
+    if any(os.path.exists(os.path.join(cfg.model, f)) for f in TOKENIZER_FILES):
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True)
+        except Exception:  # a tokenizer that does not load: fall back to byte ids
+            tokenizer = None
+    return base.to(dtype), tokenizer, {"source": os.path.abspath(cfg.model)}
+
+
+def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:
+    """Fail fast, before any training, when ``patch_fn`` rejects this model family.
+
+    Patches a weightless copy built on the meta device. Only ValueError/TypeError (tigon.patch's "unsupported")
+    count; any other failure of the probe is ignored and the real patch of the patched run decides.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            probe = AutoModelForCausalLM.from_config(hf_config)
+    except Exception:
+        return
+    try:
+        patch_fn(probe)
+    except (ValueError, TypeError) as e:
+        raise _unsupported(e) from e
+    except Exception:
+        return
+    try:
+        unpatch_fn(probe)
+    except Exception:
+        pass
+
+
+def _unsupported(e: Exception) -> ConfigError:
+    msg = str(e)
+    return ConfigError(msg if msg.startswith("tigon.patch") else f"tigon.patch does not support this model: {msg}")
+
+
+def _rel_diffs(a: list[float], b: list[float]) -> list[float]:
+    out = []
+    for x, y in zip(a, b):
+        if not (math.isfinite(x) and math.isfinite(y)):
+            out.append(float("nan"))
+        elif x == 0.0:
+            out.append(0.0 if y == 0.0 else float("inf"))
+        else:
+            out.append(abs(y - x) / abs(x))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the workflow
+
+
+def resolve_config(config: CompareConfig) -> CompareConfig:
+    """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
+
+    ``device`` becomes "cpu" or "cuda"; ``preset`` is set unless ``model`` is. Cheap: loads nothing.
+
+    Raises:
+        ConfigError: a bad value (unknown preset or dtype, missing checkpoint directory, counts < 1, ...).
+    """
+    _validate(config)
+    device = _resolve_device(config.device)
+    defaults = DEFAULTS[device.type]
+    cfg = dataclasses.replace(config, device=device.type)
+    if cfg.model is None and cfg.preset is None:
+        cfg.preset = defaults["preset"]
+    for name in ("steps", "batch_size", "seq_len"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, defaults[name])
+    if cfg.lr is None:
+        cfg.lr = PRETRAINED_LR if cfg.model is not None else _presets.PRESETS[cfg.preset]["lr"]
+    return cfg
+
+
+def run_compare(
+    config: CompareConfig,
+    progress: ProgressFn | None = None,
+    *,
+    patch_fn: Callable | None = None,
+    unpatch_fn: Callable | None = None,
+) -> CompareResult:
+    """Train original and Tigon-patched copies of one model on the same batches and compare them.
+
+    Args:
+        config: what to train; ``None`` fields take the device's defaults.
+        progress: optional ``progress(run, step, steps, loss)`` called after every step; ``run`` is "original"
+            or "patched", ``step`` counts from 1.
+        patch_fn / unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests). ``patch_fn(model)``
+            must return an object with ``as_dict()``.
+
+    Returns:
+        a :class:`CompareResult`.
+
+    Raises:
+        ConfigError: bad configuration, missing or unloadable checkpoint, or a model family that ``tigon.patch``
+            rejects (it raised ValueError or TypeError).
+    """
+    cfg = resolve_config(config)
+    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    if patch_fn is None or unpatch_fn is None:
+        import tigon
+
+        patch_fn = patch_fn or tigon.patch
+        unpatch_fn = unpatch_fn or tigon.unpatch
+    from .. import support
+
+    hf_config = _hf_config(cfg)
+    _probe_patch(hf_config, patch_fn, unpatch_fn)
+    base, tokenizer, model_info = _load(cfg, hf_config, dtype)
+
+    out_emb = base.get_output_embeddings()
+    vocab = int(out_emb.weight.shape[0]) if out_emb is not None else int(hf_config.vocab_size)
+    text = _data.corpus_text()
+    tokens, tok_name = None, "utf-8 bytes"
+    if tokenizer is not None:
+        tokens = _data.tokenizer_tokens(text, tokenizer)
+        if tokens.numel() < len(text) // 16:  # a tokenizer without a vocabulary: use bytes instead
+            tokens = None
+        else:
+            tok_name = type(tokenizer).__name__
+    if tokens is None:
+        if vocab < 256:
+            raise ConfigError(f"byte-level token ids need a vocabulary of >= 256 entries, the model has {vocab}")
+        tokens = _data.byte_tokens(text)
+    if int(tokens.max()) >= vocab:
+        raise ConfigError(f"the tokenizer produces id {int(tokens.max())} but the model's vocabulary is {vocab}")
+    try:
+        batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+    def make_original():
+        return copy.deepcopy(base).to(device)
+
+    patched: dict[str, Any] = {}
+
+    def make_patched():
+        model = copy.deepcopy(base).to(device)
+        try:
+            patched["report"] = patch_fn(model)
+        except (ValueError, TypeError) as e:
+            raise _unsupported(e) from e
+        patched["model"] = model
+        return model
+
+    if device.type == "cpu":
+        # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
+        # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
+        # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
+        train(make_original, batches[:1], lr=cfg.lr, device=device, name="warm-up")
+        try:
+            train(make_patched, batches[:1], lr=cfg.lr, device=device, name="warm-up")
+        finally:
+            if "model" in patched:
+                unpatch_fn(patched.pop("model"))
+        patched.clear()
+
+    torch.manual_seed(cfg.seed)
+    original = train(make_original, batches, lr=cfg.lr, device=device, name="original", progress=progress)
+    torch.manual_seed(cfg.seed)
+    try:
+        patched_stats = train(make_patched, batches, lr=cfg.lr, device=device, name="patched", progress=progress)
+    finally:
+        if "model" in patched:
+            unpatch_fn(patched.pop("model"))
+
+    return _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
+                   patched["report"], support)
+
+
+def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original: RunStats,
+            patched: RunStats, report, support) -> CompareResult:
+    rel = _rel_diffs(original.losses, patched.losses)
+    if any(math.isnan(r) for r in rel):
+        max_rel, max_step = float("nan"), next(i for i, r in enumerate(rel, 1) if math.isnan(r))
+    else:
+        max_step = max(range(len(rel)), key=rel.__getitem__) + 1
+        max_rel = rel[max_step - 1]
+    backend = support.describe_backend(patched.backend_usage)
+    reason = support.decide(device, dtype).reason
+    model_info.update(
+        model_type=getattr(hf_config, "model_type", None),
+        architecture=type(base).__name__,
+        num_parameters=sum(p.numel() for p in base.parameters()),
+        hidden_size=getattr(hf_config, "hidden_size", None),
+        num_hidden_layers=getattr(hf_config, "num_hidden_layers", None),
+        vocab_size=getattr(hf_config, "vocab_size", None),
+        dtype=cfg.dtype,
+    )
+    notes = [
+        "tokens/s counts input tokens (batch_size * seq_len) per second of step time (forward, backward, AdamW); "
+        + ("the first step is excluded (one-time compilation and warm-up)." if len(original.losses) > 1
+           else "a single step includes one-time compilation and warm-up."),
+        f"peak memory: {original.peak_memory_method}; includes the run's own copy of the weights.",
+    ]
+    if backend == "interpreter":
+        notes.append("the patched run executed the Triton kernels in Triton's CPU interpreter (Python, one program "
+                     "instance at a time), so its tokens/s measures the interpreter, not the kernels' speed.")
+    elif backend == "reference":
+        notes.append("the patched run fell back to the PyTorch reference ops: no Triton kernel ran.")
+    elif backend == "none":
+        notes.append("no Tigon op ran in the patched run (tigon.patch replaced nothing that the model calls).")
+    elif backend == "mixed":
+        notes.append("the patched run's ops took different backends; see backend_usage.")
+    if support.describe_backend(original.backend_usage) != "none":
+        notes.append("unexpected: Tigon ops ran during the original run (was the model patched at class level?).")
+    return CompareResult(
+        config=dataclasses.asdict(cfg),
+        model=model_info,
+        data={"corpus": _data.CORPUS_NAME, "tokenizer": tok_name, "corpus_tokens": int(tokens.numel()),
+              "tokens_per_step": original.tokens_per_step},
+        loss_original=original.losses,
+        loss_patched=patched.losses,
+        rel_loss_diff=rel,
+        max_rel_loss_diff=max_rel,
+        max_rel_loss_diff_step=max_step,
+        tokens_per_s={"original": original.tokens_per_s, "patched": patched.tokens_per_s},
+        step_time_s={"original": original.step_times_s, "patched": patched.step_times_s},
+        wall_time_s={"original": original.wall_time_s, "patched": patched.wall_time_s},
+        peak_memory_bytes={"original": original.peak_memory_bytes, "patched": patched.peak_memory_bytes},
+        peak_memory_method=original.peak_memory_method,
+        device=_device_str(device),
+        device_name=_device_name(device),
+        backend=backend,
+        backend_reason=reason,
+        backend_usage=patched.backend_usage,
+        patch=report.as_dict() if hasattr(report, "as_dict") else dict(report or {}),
+        versions=versions(),
+        notes=notes,
+    )

@@ -1,0 +1,82 @@
+"""The tigon CLI: `tigon compare` end to end, and one-line errors with exit status 2 on bad input."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tigon.cli import main
+
+
+def _run(*args):
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "tigon.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_compare_writes_json_and_png(tmp_path, capsys):
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(["compare", "--preset", "tiny", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+               "--json", str(js), "--plot", str(png), "--quiet"])
+    assert rc == 0
+    report = json.loads(js.read_text())
+    assert len(report["loss_original"]) == len(report["loss_patched"]) == 2
+    assert all(math.isfinite(x) for x in report["loss_original"] + report["loss_patched"])
+    assert report["max_rel_loss_diff"] < 1e-3
+    assert report["config"]["seq_len"] == 16
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert f"backend={report['backend']}" in out
+
+
+def test_bad_preset_is_one_line_exit_2():
+    proc = _run("compare", "--preset", "no-such-model")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "unknown preset" in lines[0] and "tiny" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["compare", "--layers", "0"], "--layers"),
+        (["compare", "--model", "/no/such/checkpoint"], "no such directory"),
+        (["compare", "--steps", "many"], "invalid int"),
+        (["compare", "--dtype", "float64"], "invalid choice"),
+        (["compare", "--json", "/no/such/dir/r.json"], "does not exist"),
+        (["compare", "--preset", "tiny", "--model", "/tmp"], "not allowed with"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert match in err
+
+
+def test_help_lists_compare():
+    proc = _run("--help")
+    assert proc.returncode == 0 and "compare" in proc.stdout
+
+
+def test_unsupported_model_family_is_one_line_exit_2(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, bos_token_id=None, eos_token_id=None)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    capsys.readouterr()
+    rc = main(["compare", "--model", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "GPT2LMHeadModel" in err and "supported" in err

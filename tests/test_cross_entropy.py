@@ -1,0 +1,212 @@
+import pytest
+import torch
+
+import tigon.ops.cross_entropy as ce_ops
+from tigon import functional as F
+from tigon import support
+from tigon.numerics import assert_close_to_truth, compare
+from tigon.reference.cross_entropy import cross_entropy as ref_ce
+
+KERNEL_BACKEND = "triton" if torch.cuda.is_available() else "interpreter"
+
+# The candidate and the original (the reference evaluated at the input dtype) share every rounding step that
+# matters: logits are read once, all math is fp32, and the gradient is rounded once to the logits' dtype. In
+# bf16/fp16 the two gradients are the same rounding of fp32 values that differ by an fp32 ulp, so a few
+# elements sitting on a rounding boundary flip either way: the two errors agree to ~1e-9 relative (measured over
+# 40 seeds: ratio 1 +- 4e-10), in either direction. Factor 1.001 absorbs only that tie noise.
+FACTOR = 1.001
+
+
+@pytest.fixture(autouse=True)
+def small_vocab_block(monkeypatch):
+    # A 128-column vocabulary block makes every test below walk the vocabulary loop several times.
+    monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 128)
+
+
+def _targets(n, v, device, ignore_every=0, ignore_index=-100):
+    t = torch.randint(0, v, (n,), device=device)
+    if ignore_every:
+        t[::ignore_every] = ignore_index
+    return t
+
+
+CASES = {
+    "mean": dict(),
+    "ignore_weights_smoothing": dict(weight=True, ignore_every=3, label_smoothing=0.1),
+    "smoothing_ignore_index_0": dict(ignore_every=4, ignore_index=0, label_smoothing=0.25),
+    "softcap_zloss_sum": dict(softcap=4.0, lse_square_scale=1e-3, reduction="sum", ignore_every=5),
+    "none_weights_softcap": dict(weight=True, softcap=2.5, reduction="none", ignore_every=4),
+    "num_items": dict(num_items_in_batch=17, ignore_every=3, lse_square_scale=1e-4),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cross_entropy_matches_float64(device, dtype, case):
+    opts = dict(CASES[case])
+    n, v = 37, 531
+    ignore_every = opts.pop("ignore_every", 0)
+    ignore_index = opts.get("ignore_index", -100)
+    logits = (torch.randn(n, v, device=device) * 3 + 1).to(dtype)
+    target = _targets(n, v, device, ignore_every, ignore_index)
+    if opts.pop("weight", False):
+        opts["weight"] = torch.rand(v, device=device) + 0.5
+    checks = compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target, **opts), ["logits"], factor=FACTOR)
+    assert {c.tensor for c in checks} == {"out", "grad_logits"}
+    assert_close_to_truth(checks)
+
+
+def test_cross_entropy_fp16(device):
+    logits = (torch.randn(20, 301, device=device) * 2).half()
+    target = _targets(20, 301, device, ignore_every=6)
+    assert_close_to_truth(compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target, label_smoothing=0.05),
+                                  ["logits"], factor=FACTOR))
+
+
+def test_reference_matches_torch(device):
+    n, v = 23, 97
+    x = torch.randn(n, v, device=device, dtype=torch.float64) * 2
+    t = _targets(n, v, device, ignore_every=3)
+    w = torch.rand(v, device=device, dtype=torch.float64) + 0.1
+    for kw in (dict(), dict(weight=w), dict(label_smoothing=0.2), dict(weight=w, label_smoothing=0.3)):
+        for reduction in ("mean", "sum", "none"):
+            a = x.clone().requires_grad_()
+            b = x.clone().requires_grad_()
+            ours = ref_ce(a, t, reduction=reduction, **kw)
+            theirs = torch.nn.functional.cross_entropy(b, t, reduction=reduction, **kw)
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+            g = torch.randn_like(ours)
+            ours.backward(g)
+            theirs.backward(g)
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_z_loss_and_accuracy_outputs(device):
+    n, v = 29, 403
+    logits = torch.randn(n, v, device=device) * 2
+    target = _targets(n, v, device, ignore_every=5)
+    target[1:8] = logits[1:8].argmax(-1)  # some hits, so the accuracy is not trivially 0
+    inputs = dict(logits=logits, target=target, lse_square_scale=1e-2, softcap=3.0,
+                  return_z_loss=True, return_accuracy=True)
+    checks = compare(F.cross_entropy, ref_ce, inputs, ["logits"])
+    assert {c.tensor for c in checks} == {"out", "out1", "out2", "grad_logits"}
+    assert_close_to_truth(checks)
+    out = F.cross_entropy(logits, target, lse_square_scale=1e-2, return_z_loss=True, return_accuracy=True)
+    ref = ref_ce(logits, target, lse_square_scale=1e-2, return_z_loss=True, return_accuracy=True)
+    assert isinstance(out, F.LossOutput) and out.loss.dtype == torch.float32
+    assert out.accuracy.item() == ref.accuracy.item() > 0
+    assert not out.z_loss.requires_grad
+    only_acc = F.cross_entropy(logits, target, return_accuracy=True)
+    assert only_acc.z_loss is None and only_acc.accuracy is not None
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_batch(device, reduction):
+    logits = torch.randn(9, 211, device=device, requires_grad=True)
+    target = torch.full((9,), -100, device=device)
+    loss = F.cross_entropy(logits, target, reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
+    assert torch.isfinite(loss).all() and (loss == 0).all()
+    loss.sum().backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+    acc = F.cross_entropy(logits, target, return_accuracy=True).accuracy
+    assert acc.item() == 0.0
+
+
+def test_non_contiguous_logits_not_mutated(device):
+    base = torch.randn(300, 31, device=device)
+    logits = base.t()  # (31, 300), column-major
+    target = _targets(31, 300, device, ignore_every=4)
+    before = logits.clone()
+    assert_close_to_truth(compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target), ["logits"]))
+    sliced = torch.randn(20, 520, device=device)[:, 7:507]  # row stride 520, unit column stride
+    t2 = _targets(20, 500, device)
+    assert_close_to_truth(compare(F.cross_entropy, ref_ce, dict(logits=sliced, target=t2, reduction="none"),
+                                  ["logits"]))
+    # default inplace_backward=False: an intermediate's values survive the backward
+    x = before.clone().requires_grad_()
+    y = x * 1.0
+    F.cross_entropy(y, target).backward()
+    assert torch.equal(y.detach(), before)
+    assert torch.equal(logits, before)
+
+
+def test_inplace_backward(device):
+    n, v = 17, 333
+    x = torch.randn(n, v, device=device)
+    target = _targets(n, v, device, ignore_every=5)
+    expected_leaf = x.clone().requires_grad_()
+    ref_ce(expected_leaf, target, label_smoothing=0.1).backward()
+    leaf = x.clone().requires_grad_()
+    logits = leaf * 1.0  # an intermediate that nothing else saved for backward
+    loss = F.cross_entropy(logits, target, label_smoothing=0.1, inplace_backward=True)
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(logits.detach(), x)  # the buffer now holds the gradient
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_large_vocab_loop(device, monkeypatch):
+    monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 8192)
+    v = 262_144
+    logits = torch.randn(3, v, device=device) * 4
+    target = torch.tensor([5, v - 1, -100], device=device)
+    assert_close_to_truth(compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target, label_smoothing=0.1),
+                                  ["logits"]))
+
+
+def test_no_grad_matches(device):
+    logits = torch.randn(13, 257, device=device)
+    target = _targets(13, 257, device, ignore_every=4)
+    with torch.no_grad():
+        a = F.cross_entropy(logits, target, softcap=5.0)
+    b = ref_ce(logits, target, softcap=5.0)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_num_items_tensor_and_sum(device):
+    logits = torch.randn(16, 150, device=device)
+    target = _targets(16, 150, device, ignore_every=3)
+    total = F.cross_entropy(logits, target, reduction="sum")
+    by_items = F.cross_entropy(logits, target, num_items_in_batch=torch.tensor(40))
+    torch.testing.assert_close(by_items, total / 40)
+    torch.testing.assert_close(F.cross_entropy(logits, target, num_items_in_batch=40), total / 40)
+
+
+def test_runs_a_kernel(device):
+    support.backend_usage(reset=True)
+    F.cross_entropy(torch.randn(3, 40, device=device), torch.tensor([1, 2, 3], device=device))
+    assert set(support.backend_usage()["cross_entropy"]) == {KERNEL_BACKEND}
+
+
+def test_bad_input():
+    x = torch.randn(4, 10)
+    t = torch.tensor([1, 2, 3, -100])
+    with pytest.raises(ValueError, match="logits must have 2 dimensions"):
+        F.cross_entropy(torch.randn(2, 3, 10), t)
+    with pytest.raises(ValueError, match="target must have shape"):
+        F.cross_entropy(x, t[:3])
+    with pytest.raises(TypeError, match="target must be an integer tensor"):
+        F.cross_entropy(x, t.float())
+    with pytest.raises(TypeError, match="logits must be a floating-point"):
+        F.cross_entropy(x.long(), t)
+    with pytest.raises(ValueError, match="weight .*shape"):
+        F.cross_entropy(x, t, weight=torch.ones(9))
+    with pytest.raises(ValueError, match="reduction"):
+        F.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        F.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="softcap"):
+        F.cross_entropy(x, t, softcap=0.0)
+    with pytest.raises(ValueError, match="lse_square_scale"):
+        F.cross_entropy(x, t, lse_square_scale=-1.0)
+    with pytest.raises(ValueError, match="num_items_in_batch"):
+        F.cross_entropy(x, t, reduction="none", num_items_in_batch=3)
+    with pytest.raises(ValueError, match="num_items_in_batch"):
+        F.cross_entropy(x, t, num_items_in_batch=0)
+    with pytest.raises(ValueError, match=r"target values must be in \[0, 10\)"):
+        F.cross_entropy(x, torch.tensor([1, 2, 10, -100]))
+    with pytest.raises(ValueError, match="target values"):
+        F.cross_entropy(x, torch.tensor([1, -1, 3, 3]))
+    with support.force_reference(), pytest.raises(ValueError, match="target values"):
+        F.cross_entropy(x, torch.tensor([1, 2, 10, -100]))

@@ -1,0 +1,324 @@
+"""tigon.patch / tigon.unpatch on tiny Hugging Face models: same loss and gradients, exact restore, scoping."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tigon  # noqa: E402
+from tigon import support  # noqa: E402
+from tigon.integrations import FAMILIES, patched_state  # noqa: E402
+from tigon.integrations.engine import release_unused  # noqa: E402
+from tigon.integrations.forwards import tigon_mark  # noqa: E402
+from tigon.numerics import rel_l2  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest: kernels compiled or interpreted
+B, T, V, LAYERS = 2, 16, 300, 2
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=LAYERS, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=V, max_position_embeddings=64, head_dim=16)
+
+
+def build(family: str = "llama", seed: int = 0, **overrides):
+    """A tiny fp32 causal LM of ``family`` (eager attention, no dropout), in training mode."""
+    cfg_cls = transformers.AutoConfig.for_model(family).__class__
+    cfg = cfg_cls(**{**TINY, **overrides})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    return model.float().to(DEVICE).train()
+
+
+def batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100  # some ignored targets
+    return ids.to(DEVICE), labels.to(DEVICE)
+
+
+def loss_and_grads(model, **kwargs):
+    model.zero_grad(set_to_none=True)
+    out = model(**kwargs)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out, grads
+
+
+def assert_same_training_step(model, **kwargs):
+    """Loss (rel 1e-5) and every parameter gradient (rel L2 1e-4) of the patched model match the original."""
+    ref, ref_grads = loss_and_grads(model, **kwargs)
+    report = tigon.patch(model)
+    try:
+        out, grads = loss_and_grads(model, **kwargs)
+    finally:
+        tigon.unpatch(model)
+    assert out.logits is None, "the fused path must not materialise logits"
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+    assert grads.keys() == ref_grads.keys()
+    worst = max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads)
+    assert worst < 1e-4, worst
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    yield
+    for name in list(FAMILIES):
+        tigon.unpatch(name)
+    gc.collect()  # models patched by a test and dropped: their rotary dispatcher goes too
+    assert release_unused() is not None and patched_state()["rope_dispatchers"] == {}
+
+
+def test_loss_grads_and_report_counts():
+    model = build()
+    ids, labels = batch()
+    support.backend_usage(reset=True)
+    report = assert_same_training_step(model, input_ids=ids, labels=labels)
+    assert report.family == "llama" and report.level == "instance" and not report.skipped
+    assert report.counts == {"rms_norm": 2 * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+    used = support.backend_usage()
+    for op in ("rms_norm", "swiglu", "rope", "fused_linear_cross_entropy"):
+        assert op in used, used
+    targets = {e.target for e in report.replaced}
+    assert {"model.layers.0.input_layernorm", "model.norm", "model.layers.1.mlp", "model.layers.0.self_attn"} <= targets
+    json.dumps(report.as_dict())
+    text = str(report)
+    assert "rms_norm" in text and "x5" in text
+
+
+def test_tied_embeddings():
+    model = build(tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids, labels = batch()
+    assert_same_training_step(model, input_ids=ids, labels=labels)
+
+
+def test_gradient_checkpointing_keeps_rope_scope():
+    model = build()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    ids, labels = batch()
+    support.backend_usage(reset=True)
+    assert_same_training_step(model, input_ids=ids, labels=labels)
+    # 2 layers forward + 2 recomputed in backward, all through the kernel
+    assert support.backend_usage()["rope"].get("interpreter", 0) + support.backend_usage()["rope"].get("triton", 0) == 4
+
+
+def test_num_items_in_batch_and_shift_labels():
+    model = build()
+    ids, labels = batch()
+    n = torch.tensor(37, device=DEVICE)
+    assert_same_training_step(model, input_ids=ids, labels=labels, num_items_in_batch=n)
+    shift = torch.randint(0, V, (B, T), device=DEVICE)
+    shift[1, -4:] = -100
+    assert_same_training_step(model, input_ids=ids, labels=labels, shift_labels=shift)
+
+
+def test_logits_to_keep():
+    model = build()
+    ids, _ = batch()
+    keep = 5
+    labels = ids[:, -keep:].clone()  # labels for the kept positions (what HF needs to compute a loss there)
+    assert_same_training_step(model, input_ids=ids, labels=labels, logits_to_keep=keep)
+    idx = torch.tensor([0, 3, 7, 15], device=DEVICE)
+    assert_same_training_step(model, input_ids=ids, labels=ids[:, idx], logits_to_keep=idx)
+
+
+def test_logits_returned_without_labels_or_in_eval():
+    model = build()
+    ids, labels = batch()
+    with torch.no_grad():
+        ref_train = model(input_ids=ids).logits
+        model.eval()
+        ref_eval = model(input_ids=ids, labels=labels)
+        model.train()
+    tigon.patch(model)
+    with torch.no_grad():
+        out = model(input_ids=ids)
+        assert out.loss is None and out.logits.shape == (B, T, V)
+        torch.testing.assert_close(out.logits, ref_train, rtol=1e-5, atol=1e-5)
+        model.eval()
+        out = model(input_ids=ids, labels=labels)
+    assert out.logits is not None
+    torch.testing.assert_close(out.logits, ref_eval.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, ref_eval.loss, rtol=1e-5, atol=0)
+
+
+def test_return_dict_false_and_positional_labels():
+    model = build()
+    ids, labels = batch()
+    ref = model(ids, None, None, None, None, labels, return_dict=False)
+    tigon.patch(model)
+    out = model(ids, None, None, None, None, labels, return_dict=False)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=0)
+
+
+def test_cross_entropy_option_in_eval():
+    model = build().eval()
+    ids, labels = batch()
+    with torch.no_grad():
+        ref = model(input_ids=ids, labels=labels)
+    support.backend_usage(reset=True)
+    report = tigon.patch(model, cross_entropy=True)
+    assert any("tigon.functional.cross_entropy" in e.detail for e in report.replaced if e.kind == "lm_head_loss")
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels)
+    assert "cross_entropy" in support.backend_usage()
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=0)
+
+
+def test_patch_is_idempotent_and_unpatch_restores_exactly():
+    import transformers.models.llama.modeling_llama as ml
+
+    original_rope = ml.apply_rotary_pos_emb
+    model = build()
+    pristine = copy.deepcopy(model)
+    ids, labels = batch()
+    tigon.patch(model)
+    assert ml.apply_rotary_pos_emb is not original_rope
+    again = tigon.patch(model)
+    assert again.replaced == [] and not again.skipped
+    assert len(again.already_patched) == 2 * LAYERS + 1 + LAYERS + LAYERS + 1
+    restored = tigon.unpatch(model)
+    assert restored.action == "unpatch" and restored.counts["rms_norm"] == 2 * LAYERS + 1
+    assert ml.apply_rotary_pos_emb is original_rope
+    for m in model.modules():
+        assert "forward" not in m.__dict__
+    assert model.model.norm.forward.__func__ is ml.LlamaRMSNorm.forward
+    with torch.no_grad():
+        a, b = model(input_ids=ids, labels=labels), pristine(input_ids=ids, labels=labels)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+    assert tigon.unpatch(model).replaced == []
+
+
+def test_rope_and_kernels_scoped_to_the_patched_model():
+    patched, other = build(seed=0), build(seed=1)
+    ids, _ = batch()
+    tigon.patch(patched)
+    support.backend_usage(reset=True)
+    with torch.no_grad():
+        other(input_ids=ids)
+    assert support.backend_usage() == {}, "an unpatched model of the same family must not run Tigon ops"
+    with torch.no_grad():
+        patched(input_ids=ids)
+    assert set(support.backend_usage()) >= {"rms_norm", "swiglu", "rope"}
+    # the dispatcher stays while one patched model is alive
+    tigon.patch(other)
+    tigon.unpatch(patched)
+    import transformers.models.llama.modeling_llama as ml
+
+    assert tigon_mark(ml.apply_rotary_pos_emb) is not None
+    tigon.unpatch(other)
+    assert tigon_mark(ml.apply_rotary_pos_emb) is None
+
+
+def test_class_level_patch_and_unpatch():
+    import transformers.models.llama.modeling_llama as ml
+    import transformers.models.mistral.modeling_mistral as mm
+
+    saved = {c: c.__dict__.get("forward") for c in (ml.LlamaRMSNorm, ml.LlamaMLP, ml.LlamaForCausalLM)}
+    rope, mistral_rope, mistral_norm = ml.apply_rotary_pos_emb, mm.apply_rotary_pos_emb, mm.MistralRMSNorm.forward
+    torch_fwds = (torch.nn.LayerNorm.forward, torch.nn.Linear.forward, torch.nn.Module.__call__)
+    ids, labels = batch()
+    reference = build()
+    ref, ref_grads = loss_and_grads(reference, input_ids=ids, labels=labels)
+
+    report = tigon.patch("llama")
+    assert report.level == "class"
+    assert report.counts == {"rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
+    assert tigon.patch("llama").already_patched and not tigon.patch("llama").replaced
+    model = build()  # built after the patch
+    assert tigon.patch(model).replaced == []  # already patched at class level
+    out, grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    assert out.logits is None
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+    assert max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
+    # other families and torch.nn untouched
+    assert mm.apply_rotary_pos_emb is mistral_rope and mm.MistralRMSNorm.forward is mistral_norm
+    assert (torch.nn.LayerNorm.forward, torch.nn.Linear.forward, torch.nn.Module.__call__) == torch_fwds
+
+    back = tigon.unpatch("llama")
+    assert back.counts == {"rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
+    assert {c: c.__dict__.get("forward") for c in saved} == saved
+    assert ml.apply_rotary_pos_emb is rope
+    with torch.no_grad():
+        assert model(input_ids=ids).logits is not None
+    assert "not patched" in tigon.unpatch("llama").notes[0]
+
+
+def test_other_family_model_untouched_by_llama_patch():
+    mistral = build("mistral")
+    ids, _ = batch()
+    tigon.patch("llama")
+    support.backend_usage(reset=True)
+    with torch.no_grad():
+        mistral(input_ids=ids)
+    assert support.backend_usage() == {}
+
+
+# norms per layer (+1 final): Qwen3 adds q_norm/k_norm, Gemma 2 pre/post feed-forward norms; Gemma 2 also
+# exercises final logit softcapping and gelu-tanh (config.hidden_activation), Gemma the (1 + w) fp32 norm.
+@pytest.mark.parametrize("family,norms", [("mistral", 2), ("qwen2", 2), ("qwen3", 4), ("gemma", 2), ("gemma2", 4)])
+def test_other_families(family, norms):
+    model = build(family)
+    ids, labels = batch()
+    report = assert_same_training_step(model, input_ids=ids, labels=labels)
+    assert report.family == family and not report.skipped
+    assert report.counts == {"rms_norm": norms * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+
+
+def test_unsupported_models_raise_clear_errors():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
+    with pytest.raises(TypeError, match=r"GPT2LMHeadModel.*llama"):
+        tigon.patch(gpt2)
+    with pytest.raises(TypeError, match="Sequential"):
+        tigon.patch(torch.nn.Sequential(torch.nn.LayerNorm(8)))
+    with pytest.raises(ValueError, match=r"'gpt2'.*supported families: .*llama"):
+        tigon.patch("gpt2")
+    with pytest.raises(TypeError, match="family name"):
+        tigon.patch(42)
+    assert all("forward" not in m.__dict__ for m in gpt2.modules())
+
+
+def test_unsupported_activation_strict_and_lenient():
+    model = build(hidden_act="relu")
+    with pytest.raises(ValueError, match=r"mlp model\.layers\.0\.mlp: activation 'relu'"):
+        tigon.patch(model, strict=True)
+    assert all("forward" not in m.__dict__ for m in model.modules()), "strict failure must change nothing"
+    report = tigon.patch(model)
+    assert report.skipped_counts == {"mlp": LAYERS}
+    assert "mlp" not in report.counts and report.counts["rms_norm"] == 2 * LAYERS + 1
+
+
+def test_custom_loss_function_is_kept():
+    model = build()
+    model.loss_function = lambda logits, labels, vocab_size, **kw: logits.float().mean()
+    with pytest.raises(ValueError, match="custom loss_function"):
+        tigon.patch(model, strict=True)
+    report = tigon.patch(model)
+    assert report.skipped_counts == {"lm_head_loss": 1}
+    ids, labels = batch()
+    out = model(input_ids=ids, labels=labels)
+    assert out.logits is not None
+
+
+def test_options_turn_parts_off():
+    model = build()
+    report = tigon.patch(model, rope=False, mlp=False, fused_linear_cross_entropy=False)
+    assert report.counts == {"rms_norm": 2 * LAYERS + 1}
+    assert any("turned off" in n and "rope" in n for n in report.notes)
+    import transformers.models.llama.modeling_llama as ml
+
+    assert tigon_mark(ml.apply_rotary_pos_emb) is None
+    more = tigon.patch(model)  # the rest can be added later
+    assert more.counts == {"mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+
