@@ -20,10 +20,12 @@ H = 48
 # - mean / sum with upstream 1 (what training does): same; measured ratio 0.9986 .. 1.0002. Factor 1.01.
 # - mean / sum with a random upstream scalar g, as compare() draws it: Tigon computes the gradients in the
 #   forward, so it rounds G to bf16 and then scales by g, where the original rounds g * G. The two errors are
-#   the same in distribution but different samples: measured ratios 0.76 .. 1.21 over 30 seeds (grad_bias has
-#   only V elements). Factor 1.3 covers that noise; the unit-upstream test below holds the tight bound.
+#   different samples of the same rounding noise: measured ratios 0.60 .. 1.35 over 150 problems (mean 0.89 ..
+#   1.04 per case; the largest spreads on grad_bias, which has only V elements). Factor 1.5 covers that noise;
+#   the unit-upstream test below holds the tight bound. (For an upstream that is a power of two, e.g. a
+#   GradScaler scale, the roundings are again identical.)
 FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.01}
-FACTOR_SCALED_UPSTREAM_BF16 = 1.3
+FACTOR_SCALED_UPSTREAM_BF16 = 1.5
 
 
 def hf_original(hidden, weight, target, bias=None, *, logit_scale=1.0, class_weight=None, **kw):
@@ -106,6 +108,33 @@ def test_flce_bf16_unit_upstream(device, case):
         assert err <= max(FACTOR[torch.bfloat16] * orig, FLOOR[torch.bfloat16]), (name, err, orig)
 
 
+def test_flce_fp16_none(device):
+    hidden, weight, target, bias = _problem(device, torch.float16, n=20, v=301, ignore_every=4)
+    inputs = dict(hidden=hidden, weight=weight, target=target, bias=bias, reduction="none", softcap=6.0)
+    assert_close_to_truth(compare(F.fused_linear_cross_entropy, hf_original, inputs, ["hidden", "weight", "bias"],
+                                  factor=FACTOR[torch.bfloat16]))
+
+
+def test_flce_matmul_fallback_paths():
+    """The fp32-accumulating matmuls: fp32 copies (CPU) and a low-precision scratch added in fp32 (old CUDA)."""
+    a = torch.randn(40, 24).bfloat16()
+    b = torch.randn(24, 16).bfloat16()
+    exact = a.double() @ b.double()
+    for upcast in (True, False):
+        m = flce_ops._Matmuls(torch.device("cpu"), torch.bfloat16)
+        m.upcast = upcast
+        out = torch.empty(40, 16)
+        m.mm(out, a, b)
+        acc = torch.ones(40, 16)
+        m.addmm_(acc, a, b)
+        m.addmm_(acc, a, b)
+        col = torch.zeros(24)
+        m.colsum_(col, a)
+        tol = 1e-6 if upcast else 1e-2  # the scratch path rounds each product to bf16 once
+        assert rel_l2(out, exact) < tol and rel_l2(acc, 1 + 2 * exact) < tol
+        assert rel_l2(col, a.double().sum(0)) < 1e-6
+
+
 def test_flce_z_loss_accuracy_and_noncontiguous(device):
     hidden, weight, target, bias = _problem(device, torch.float32, n=30, ignore_every=4)
     hidden_t = hidden.t().contiguous().t()  # same values, column-major (N, H) view
@@ -185,10 +214,14 @@ def test_flce_autocast_fp32_params(device):
         results[name] = [loss, h.grad, w.grad, b.grad]
     truth = [hf_original(*[t.detach() for t in truth_in[:2]], target, truth_in[2].detach())] + \
         [t.grad for t in truth_in]
-    for i, name in enumerate(("loss", "grad_hidden", "grad_weight", "grad_bias")):
+    # Tigon keeps grad_weight / grad_bias in fp32 where autocast rounds them to bf16 before the cast back: measured
+    # error ratios 0.82 .. 0.93 for hidden and weight over 40 seeds. grad_bias (V elements, each a sum of bf16
+    # gradients both share) is noisier: 0.75 .. 1.10, mean 0.91; factor 1.15 for it.
+    factors = {"loss": 1.01, "grad_hidden": 1.0, "grad_weight": 1.0, "grad_bias": 1.15}
+    for i, name in enumerate(factors):
         ours, theirs = rel_l2(results["tigon"][i], truth[i]), rel_l2(results["original"][i], truth[i])
-        # the matmuls really ran in bf16 (an fp32 path would be ~1e-6 off), and no worse than autocast's own
-        assert ours <= max(FACTOR[torch.bfloat16] * theirs, FLOOR[torch.bfloat16]), (name, ours, theirs)
+        assert ours <= max(factors[name] * theirs, FLOOR[torch.float32]), (name, ours, theirs)
+    # the matmuls really ran in bf16 (an fp32 path would be ~1e-6 off)
     assert rel_l2(results["tigon"][1], truth[1]) > 1e-5
 
 
@@ -199,6 +232,13 @@ def test_flce_second_backward_raises(device):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="already run"):
         loss.backward()
+    # reduction="none" recomputes from saved inputs, so a retained graph can be replayed
+    rows = F.fused_linear_cross_entropy(hidden, w, target, bias, reduction="none")
+    w.grad = None
+    rows.sum().backward(retain_graph=True)
+    first = w.grad.clone()
+    rows.sum().backward()
+    torch.testing.assert_close(w.grad, 2 * first)
 
 
 def test_flce_runs_a_kernel(device):
@@ -209,15 +249,19 @@ def test_flce_runs_a_kernel(device):
 
 
 def test_flce_chunk_rows_heuristic(monkeypatch):
-    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 1 << 26)
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 1 << 28)
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 1 << 18)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     if support.interpreter_enabled():
         monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert flce_ops.chunk_rows(16384, 131072, cuda) == 512
-    assert flce_ops.chunk_rows(100, 131072, cuda) == 100
-    assert flce_ops.chunk_rows(1000, 262144, cuda) == 256  # 4 chunks of 250 -> rounded up to 16 within the cap
-    assert flce_ops.chunk_rows(600, 262144, cuda) == 208  # 3 balanced chunks of 200, rounded up to 16
-    assert flce_ops.chunk_rows(5, 10, cpu) == 5
+    assert flce_ops.chunk_rows(8192, 128256, 4096, cuda) == 2048  # capped by 2**28 logits, 4 balanced chunks
+    assert flce_ops.chunk_rows(16384, 262144, 2048, cuda) == 1024  # cap: 1024 rows
+    assert flce_ops.chunk_rows(8192, 151936, 896, cuda) == 832  # rows <= H = 896: 10 chunks of 820, x16
+    assert flce_ops.chunk_rows(100, 131072, 4096, cuda) == 100
+    assert flce_ops.chunk_rows(5000, 32000, 4096, cuda) == 2512  # rows = H = 4096 -> 2 balanced chunks, x16
+    assert flce_ops.chunk_rows(5000, 32000, 64, cuda) == 256  # at least MIN_CHUNK_ROWS_CUDA
+    assert flce_ops.chunk_rows(5, 10, 8, cpu) == 5
+    assert flce_ops.chunk_rows(100, 1 << 16, 8, cpu) == 4
 
 
 def test_flce_bad_input():

@@ -110,3 +110,13 @@ def test_layer_norm_bad_input():
         F.layer_norm(x, torch.ones(8, dtype=torch.long), None)
     with pytest.raises(ValueError, match="x must have a non-empty last dimension"):
         F.layer_norm(torch.randn(2, 0), None, None)
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+def test_layer_norm_wide_row_kernel(device, monkeypatch, affine):
+    # Rows wider than WIDE_ROW (16384+ on the GPU) take the column-chunked backward; force it on a small row.
+    from tigon.ops import layer_norm as ln_op
+
+    monkeypatch.setattr(ln_op, "WIDE_ROW", 64)
+    inputs, grads = make((5, 6, 300), torch.float32, device, affine)
+    assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, grads))

@@ -48,8 +48,10 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
     ax_rel.grid(alpha=0.3)
     max_rel, max_step = result["max_rel_loss_diff"], result["max_rel_loss_diff_step"]
     if max_rel == max_rel and max_rel != float("inf"):
-        ax_rel.annotate(f"max {max_rel:.2e} (step {max_step})", xy=(max_step, max_rel), xytext=(5, -12),
-                        textcoords="offset points", fontsize=9)
+        right = max_step > (len(steps) + 1) / 2
+        ax_rel.annotate(f"max {max_rel:.2e} (step {max_step})", xy=(max_step, max_rel),
+                        xytext=(-6 if right else 6, -12), textcoords="offset points", fontsize=9,
+                        ha="right" if right else "left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -320,7 +320,9 @@ def fused_linear_cross_entropy(
     all); for ``reduction="none"`` the backward recomputes the logits (4 matmuls). Under ``torch.no_grad`` or
     when nothing requires grad, only the loss is computed. Under ``torch.autocast`` the matmuls run in the
     autocast dtype and the gradients come back in the parameters' dtypes. The caller's tensors are never
-    written. Because the gradients are formed once, a second backward through the same graph raises.
+    written. For mean/sum the gradients are formed once, so a second backward through the same graph raises.
+    Note: for mean/sum the upstream scalar is applied after the logits gradient was rounded to the compute dtype
+    (identical to the unfused computation for an upstream of 1 or a power of two, e.g. a GradScaler scale).
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).

@@ -18,10 +18,10 @@ _LLAMA3_ROPE = {"rope_type": "default", "rope_theta": 500000.0}
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "model_type": "llama",
-        "description": "2-layer Llama, hidden 64, byte vocabulary (the CPU default; trains in seconds)",
+        "description": "2-layer Llama, hidden 128, byte vocabulary (the CPU default; trains in seconds)",
         "lr": 1e-3,
         "config": dict(
-            vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=256, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
         ),

@@ -33,8 +33,11 @@ import triton.language as tl
 from ._common import next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
-# (online log-sum-exp), so any vocabulary size works. 8192 elements keeps a [1, 8192] fp32 tile at 32 values per
-# thread with 8 warps on a GPU; tests lower it to exercise the multi-block loop.
+# (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
+# thread with 8 warps. Measured on an H200 (N=8192, V=128256, bf16; forward / forward+backward):
+# 2048: 0.76 / 1.87 ms, 4096: 0.68 / 1.75, 8192: 0.64 / 1.71, 16384: 0.72 / 1.77, 32768: 0.88 / 1.96 ms.
+# At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
+# copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
 
 

@@ -101,11 +101,11 @@ def _glu_bwd(
     tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
 
 
-def _as_2d(*tensors: torch.Tensor) -> list[torch.Tensor]:
+def _as_2d(**tensors: torch.Tensor) -> list[torch.Tensor]:
     """(M, N) views with unit column stride: one long row (1, numel) when all are contiguous, else rows."""
-    if all(t.is_contiguous() for t in tensors):
-        return [t.view(1, -1) for t in tensors]
-    return [as_rows(t, name) for t, name in zip(tensors, ("a", "b", "c"))]
+    if all(t.is_contiguous() for t in tensors.values()):
+        return [t.view(1, -1) for t in tensors.values()]
+    return [as_rows(t, name) for name, t in tensors.items()]
 
 
 def _tile_elems(device: torch.device) -> int:
@@ -132,7 +132,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
-    g2, u2 = _as_2d(gate, up)
+    g2, u2 = _as_2d(gate=gate, up=up)
     o2 = out.view(g2.shape)
     M, N = g2.shape
     block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
@@ -149,7 +149,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
     dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
     if dgate.numel() == 0:
         return dgate, dup
-    dy2, g2, u2 = _as_2d(dy, gate, up)
+    dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up)
     dg2, du2 = dgate.view(g2.shape), dup.view(g2.shape)
     M, N = g2.shape
     block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)

@@ -39,7 +39,6 @@ def check_loss_options(
     lse_square_scale: float,
     softcap: float | None,
     num_items_in_batch,
-    device: torch.device,
 ) -> None:
     """Validate the options shared by the cross-entropy ops (no tensor shapes).
 
@@ -90,7 +89,7 @@ def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
                          f"got {tuple(target.shape)}")
     if weight is not None and weight.shape[0] != v:
         raise ValueError(f"weight (class weights) must have shape ({v},), got {tuple(weight.shape)}")
-    check_loss_options(device=logits.device, **options)
+    check_loss_options(**options)
 
 
 def check_target_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:

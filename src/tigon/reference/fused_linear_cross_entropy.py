@@ -49,7 +49,7 @@ def check_inputs(hidden, weight, target, bias, class_weight, *, logit_scale, **o
     if (not isinstance(logit_scale, numbers.Real) or isinstance(logit_scale, bool) or logit_scale == 0
             or logit_scale != logit_scale or abs(logit_scale) == float("inf")):
         raise ValueError(f"logit_scale must be a finite non-zero float, got {logit_scale!r}")
-    check_loss_options(device=hidden.device, **options)
+    check_loss_options(**options)
 
 
 def fused_linear_cross_entropy(

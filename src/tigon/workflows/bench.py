@@ -221,13 +221,13 @@ CASES: dict[str, OpCase] = {
     # swiglu / geglu: fwd reads gate, up, writes out; bwd reads gate, up, dout, writes dgate, dup -> 8*M*N.
     "swiglu": OpCase(
         "swiglu", _glu_inputs,
-        {"eager": ref_glu.swiglu, "tigon": F.swiglu, "liger": _liger("liger_swiglu")},
+        {"eager": ref_glu.swiglu, "tigon": F.swiglu, "liger": lambda gate, up: _liger("liger_swiglu")(gate, up)},
         ("gate", "up"),
         min_bytes=lambda s, e, m: (3 if m == "fwd" else 8) * s["tokens"] * s["intermediate"] * e),
     "geglu": OpCase(
         "geglu", _glu_inputs,
         {"eager": lambda gate, up: ref_glu.geglu(gate, up, "tanh"), "tigon": lambda gate, up: F.geglu(gate, up, "tanh"),
-         "liger": _liger("liger_geglu")},
+         "liger": lambda gate, up: _liger("liger_geglu")(gate, up)},
         ("gate", "up"),
         min_bytes=lambda s, e, m: (3 if m == "fwd" else 8) * s["tokens"] * s["intermediate"] * e),
     # cross_entropy: fwd reads the logits; fwd+bwd reads them once and writes their gradient -> 2*N*V.
