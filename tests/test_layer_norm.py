@@ -48,7 +48,7 @@ def test_layer_norm_fp16_hidden_1000(device):
 def test_layer_norm_many_programs_in_weight_grad(device, monkeypatch):
     # Small row blocks make the persistent backward use several programs (the last one partial), so the
     # per-program dW/dB partials and their second reduction are exercised under the interpreter too.
-    from tigon.ops import layer_norm as ln_op
+    from tigon.ops import norm as ln_op
 
     monkeypatch.setattr(ln_op, "rows_per_program", lambda n, dev, target_elems=0: 4)
     monkeypatch.setattr(ln_op, "num_programs_hint", lambda dev: 3)
@@ -115,7 +115,7 @@ def test_layer_norm_bad_input():
 @pytest.mark.parametrize("affine", ["weight+bias", "none"])
 def test_layer_norm_wide_row_kernel(device, monkeypatch, affine):
     # Rows wider than WIDE_ROW (16384+ on the GPU) take the column-chunked backward; force it on a small row.
-    from tigon.ops import layer_norm as ln_op
+    from tigon.ops import norm as ln_op
 
     monkeypatch.setattr(ln_op, "WIDE_ROW", 64)
     inputs, grads = make((5, 6, 300), torch.float32, device, affine)

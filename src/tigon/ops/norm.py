@@ -1,0 +1,251 @@
+"""Row-normalisation kernels shared by RMSNorm and LayerNorm (one set of kernels, constexpr IS_RMS).
+
+RMSNorm (Zhang & Sennrich 2019): ``xhat = x * rstd``, ``rstd = 1/sqrt(mean(x^2) + eps)``.
+LayerNorm (Ba, Kiros & Hinton 2016): ``xhat = (x - mean) * rstd``, ``rstd = 1/sqrt(var(x) + eps)`` (biased var).
+Both: ``y = xhat * (offset + w) [+ b]``; RMSNorm's ``offset`` gives Gemma's ``(1 + w)``; ``ROUND_XHAT`` rounds
+xhat to x's dtype before the weight multiply (HF LlamaRMSNorm's "llama" casting).
+
+Forward: one pass, a [BLOCK_M, BLOCK_N] tile of rows per program, fp32 statistics from the row held in
+registers (LayerNorm: two-pass over registers, no E[x^2] - E[x]^2 cancellation); writes y, rstd and (LayerNorm)
+mean, i.e. 1-2 floats per row.
+
+Backward, with g = dy * (offset + w):
+
+    dx = rstd * (g - xhat * mean(g * xhat) [- mean(g)])      dw = sum_rows(dy * xhat)      db = sum_rows(dy)
+
+on a persistent grid (one program per SM): each program walks a contiguous range of rows, loading the next row
+tile while it reduces the current one, writes dx, and accumulates its share of dw / db in fp32 registers; the
+(programs, N) partials are summed by one small reduction afterwards. No atomics, so dw and db are
+deterministic. Rows wider than WIDE_ROW take a chunked variant that keeps the partials in (cached) memory.
+
+Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..support import interpreter_enabled
+from ._common import _sm_count, as_rows, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for
+
+# Rows wider than this (elements, after rounding up to a power of two) take the chunked backward kernel.
+WIDE_ROW = 8192
+
+
+@triton.jit
+def _norm_fwd(
+    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps, offset,
+    IS_RMS: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if IS_RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        tl.store(MEAN + rows, mean, mask=rmask)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    y = xc * rstd[:, None]
+    if ROUND_XHAT:
+        y = y.to(X.dtype.element_ty).to(tl.float32)
+    if HAS_W:
+        y = y * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_dy, IS_RMS: tl.constexpr):
+    """x and dy tiles (storage dtype), mean (0 for RMS) and rstd of ``rows``; rows >= row_end read as zeros."""
+    rmask = rows < row_end
+    mask = rmask[:, None] & cmask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    if IS_RMS:
+        mean = tl.zeros_like(rows).to(tl.float32)
+    else:
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+    return x, dy, mean, rstd
+
+
+@triton.jit
+def _norm_bwd(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
+    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_W:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+    # dW/dB accumulate per tile position and are reduced over rows once at the end, not per step.
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_start = pid * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    # Software pipelining by hand: the next tile's loads are in flight while this one is reduced.
+    x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
+                                   stride_x, stride_dy, IS_RMS)
+    for r in range(row_start, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask,
+                                                           stride_x, stride_dy, IS_RMS)
+        mask = (rows < row_end)[:, None] & cmask[None, :]
+        dyf = dy.to(tl.float32)
+        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_W:
+            g = dyf * w[None, :]
+        else:
+            g = dyf
+        c1 = tl.sum(g * xhat, axis=1) / N
+        if IS_RMS:
+            dx = rstd[:, None] * (g - xhat * c1[:, None])
+        else:
+            c2 = tl.sum(g, axis=1) / N
+            dx = rstd[:, None] * (g - xhat * c1[:, None] - c2[:, None])
+        tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DW:
+            dw += dyf * xhat
+        if HAS_DB:
+            db += dyf
+        x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+    if HAS_DW:
+        tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw, axis=0), mask=cmask)
+    if HAS_DB:
+        tl.store(DB_PART + pid.to(tl.int64) * N + cols, tl.sum(db, axis=0), mask=cmask)
+
+
+@triton.jit
+def _norm_bwd_wide(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
+    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Rows too wide for registers (N > WIDE_ROW): two passes over BLOCK_N-column chunks per row, the second
+    # re-reading x and dy from cache; this program's dW/dB partial row (zero-initialised, owned by this program
+    # alone) is updated in place, so it stays in L2 instead of registers.
+    # TODO(perf): on an H200 this reaches only 13-19% of copy bandwidth for N = 12288 .. 32768 (torch eager: about
+    # 35%), one row at a time per SM. A row-parallel dx kernel plus a column-parallel dW/dB kernel should do better.
+    pid = tl.program_id(0)
+    row_start = pid * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    part = pid.to(tl.int64) * N
+    for i in range(0, row_end - row_start):
+        row = row_start + i
+        r64 = row.to(tl.int64)
+        if IS_RMS:
+            mean = 0.0
+        else:
+            mean = tl.load(MEAN + row)
+        rstd = tl.load(RSTD + row)
+        s1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        s2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            x = tl.load(X + r64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+            g = tl.load(DY + r64 * stride_dy + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HAS_W:
+                g = g * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)
+            s1 += g * tl.where(cmask, (x - mean) * rstd, 0.0)
+            s2 += g
+        c1 = tl.sum(s1, axis=0) / N
+        c2 = tl.sum(s2, axis=0) / N
+        if IS_RMS:
+            c2 = 0.0
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            x = tl.load(X + r64 * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + r64 * stride_dy + cols, mask=cmask, other=0.0).to(tl.float32)
+            xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+            if HAS_W:
+                g = dy * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)
+            else:
+                g = dy
+            dx = rstd * (g - xhat * c1 - c2)
+            tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+            if HAS_DW:
+                tl.store(DW_PART + part + cols, tl.load(DW_PART + part + cols, mask=cmask) + dy * xhat, mask=cmask)
+            if HAS_DB:
+                tl.store(DB_PART + part + cols, tl.load(DB_PART + part + cols, mask=cmask) + dy, mask=cmask)
+
+
+def _persistent_programs(device: torch.device) -> int:
+    """Programs of the persistent backward: one per SM on CUDA (each holds two tiles in flight)."""
+    if device.type == "cuda" and not interpreter_enabled():
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return num_programs_hint(device)
+
+
+def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
+                 round_xhat: bool = False, out_dtype: torch.dtype | None = None):
+    """Launch the forward on rows ``x2`` (M, N).
+
+    Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32).
+    """
+    M, N = x2.shape
+    check_row_width(N, "rms_norm" if is_rms else "layer_norm")
+    y = torch.empty((M, N), dtype=out_dtype or x2.dtype, device=x2.device)
+    mean = None if is_rms else torch.empty((M,), dtype=torch.float32, device=x2.device)
+    rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)
+    if M == 0:
+        return y, mean, rstd
+    # The whole row in registers, several rows per program for small N (about 4096 elements a program). Rows
+    # of <= 1024 get 4 warps: on an H200 that beat 8 by 4-14 points of bandwidth (LayerNorm sweep).
+    block_n = next_pow2(N)
+    block_m = rows_per_program(block_n, x2.device)
+    _norm_fwd[(triton.cdiv(M, block_m),)](
+        x2, weight if weight is not None else x2, bias if bias is not None else x2, y,
+        mean if mean is not None else rstd, rstd, M, N, x2.stride(0), y.stride(0), eps, offset,
+        IS_RMS=is_rms, ROUND_XHAT=round_xhat, HAS_W=weight is not None, HAS_B=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if block_n <= 1024 else warps_for(block_m * block_n),
+    )
+    return y, mean, rstd
+
+
+def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0):
+    """Launch the backward. Returns (dx (M, N) in x's dtype, dw fp32 (N,) or None, db fp32 (N,) or None)."""
+    M, N = x2.shape
+    dy = as_rows(dy, "grad_output")
+    dx = torch.empty_like(x2)
+    if M == 0:
+        z = torch.zeros(N, dtype=torch.float32, device=x2.device)
+        return dx, z if need_dw else None, z if need_db else None
+    # Measured on an H200 (bf16, N = 768 .. 8192): 8192-element tiles, one persistent program per SM, 8 warps
+    # (16 for rows of 8192) and the prefetching loop gave 52-79% of the copy bandwidth, against 41-66% with
+    # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers with their
+    # dW/dB accumulators (N=16384 ran at 6%) and take the chunked kernel.
+    block_n = next_pow2(N)
+    wide = block_n > WIDE_ROW
+    block_m = 1 if wide else rows_per_program(block_n, x2.device, target_elems=8192)
+    progs = max(1, min(_persistent_programs(x2.device), triton.cdiv(M, block_m)))
+    per_prog = triton.cdiv(triton.cdiv(M, progs), block_m) * block_m
+    progs = triton.cdiv(M, per_prog)
+    alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
+    dw_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_dw else None
+    db_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_db else None
+    args = (dy, x2, weight if weight is not None else x2, mean if mean is not None else rstd, rstd, dx,
+            dw_part if need_dw else dx, db_part if need_db else dx,
+            M, N, dy.stride(0), x2.stride(0), dx.stride(0), per_prog, offset)
+    flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
+    if wide:
+        chunk = min(WIDE_ROW // 2, block_n)
+        _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
+    else:
+        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n,
+                            num_warps=8 if block_n < 8192 else 16)
+    return dx, (dw_part.sum(0) if need_dw else None), (db_part.sum(0) if need_db else None)

@@ -1,0 +1,286 @@
+"""What :func:`tigon.patch` would do to a model, without loading it (``tigon inspect MODEL``).
+
+MODEL is a preset name (:data:`tigon.presets.PRESETS`), a path to a Hugging Face ``config.json``, or a local
+checkpoint directory (only its ``config.json`` is read). The model is built from the config on PyTorch's
+``meta`` device: modules and parameter shapes exist, no weights are read or allocated, so even the 8B presets
+take a second or two. :func:`tigon.patch` is then applied to that weightless model at instance level and
+undone with :func:`tigon.unpatch` at once; its report says, module by module, what would be replaced and what
+would be skipped and why. Every other module is listed as left alone, with the reason.
+
+Kinds (the keys of ``counts``): ``rms_norm`` / ``layer_norm`` (norms), ``rope`` (the rotary call inside each
+attention module), ``mlp`` (the gated MLP's activation fused into swiglu / geglu), ``lm_head_loss`` (the LM head
+and the causal-LM loss fused into :func:`tigon.functional.fused_linear_cross_entropy` in training).
+
+:func:`load_model_config` (MODEL -> transformers config) is shared with ``tigon verify``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import presets as _presets
+from .compare import ConfigError
+
+CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "rope": "rotary", "mlp": "mlp_activation",
+              "lm_head_loss": "lm_head_loss"}
+"""Patch kind -> the category ``tigon inspect`` counts it under."""
+
+CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
+                 "rms_norm_eps", "tie_word_embeddings", "final_logit_softcapping")
+
+
+@dataclass
+class ModelSource:
+    """Where a model config came from: ``kind`` is "preset", "config" or "checkpoint"; ``path`` is the preset
+    name or the absolute path."""
+
+    kind: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+
+def load_model_config(model: str):
+    """The ``transformers`` config of MODEL, and where it came from. Reads one JSON file at most; no weights.
+
+    Args:
+        model: a preset name, a path to a ``config.json`` (any file name), or a checkpoint directory holding
+            ``config.json``.
+
+    Returns:
+        ``(config, ModelSource)``.
+
+    Raises:
+        ConfigError: not a preset nor an existing file / directory, no ``config.json`` in the directory, or a
+            config transformers cannot read (unknown ``model_type``, invalid JSON).
+    """
+    if model in _presets.PRESETS:
+        return _presets.build_config(model), ModelSource("preset", model)
+    from transformers import AutoConfig
+
+    if os.path.isfile(model):
+        source = ModelSource("config", os.path.abspath(model))
+    elif os.path.isdir(model):
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise ConfigError(f"{model}: directory has no config.json")
+        source = ModelSource("checkpoint", os.path.abspath(model))
+    else:
+        raise ConfigError(f"{model!r} is neither a preset ({', '.join(_presets.PRESETS)}) nor an existing "
+                          "config.json / checkpoint directory")
+    try:
+        config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+    except Exception as e:  # OSError, ValueError, KeyError, JSONDecodeError ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{model}: cannot read a model config: {first}") from e
+    return config, source
+
+
+def config_summary(config) -> dict[str, Any]:
+    """The shape-relevant fields of a transformers config (absent ones left out), plus ``model_type``."""
+    out: dict[str, Any] = {"model_type": getattr(config, "model_type", None)}
+    for name in CONFIG_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def build_meta_model(config) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory, no weights).
+
+    Raises:
+        ConfigError: the config does not describe a causal language model transformers can build.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {first}") from e
+
+
+@dataclass
+class InspectResult:
+    """The outcome of :func:`run_inspect`; :meth:`as_dict` is what ``tigon inspect --json`` writes.
+
+    Attributes:
+        model: the MODEL argument; source: ``"preset:tiny"``, ``"config:/abs/config.json"`` or
+            ``"checkpoint:/abs/dir"``.
+        family: the Tigon family spec that applies (``"llama"``).
+        architecture: the causal-LM class (``"LlamaForCausalLM"``); num_parameters: its parameter count.
+        config: shape fields of the config (hidden_size, intermediate_size, layers, heads, vocab, activation ...).
+        counts: modules that would be replaced, per patch kind (``{"rms_norm": 65, "mlp": 32, ...}``).
+        categories: the same per category: ``norms``, ``rotary``, ``mlp_activation``, ``lm_head_loss``.
+        replaced: groups ``{"kind", "count", "targets", "detail"}``; targets fold layer indices to ``*``, detail
+            says what would run instead.
+        skipped: groups ``{"kind", "count", "targets", "reason"}`` the engine would leave alone although they
+            match the family spec.
+        left_alone: every other module class: ``{"module", "count", "examples", "reason"}``.
+        patch: the full :class:`~tigon.integrations.PatchReport` of the dry run (``as_dict()``, entry by entry).
+        notes: how the dry run was done and the engine's notes.
+    """
+
+    model: str
+    source: str
+    family: str
+    architecture: str
+    num_parameters: int
+    config: dict[str, Any]
+    counts: dict[str, int]
+    categories: dict[str, int]
+    replaced: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    left_alone: list[dict[str, Any]]
+    patch: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        return dataclasses.asdict(self)
+
+
+def _fold(targets: list[str]) -> list[str]:
+    """Module paths with layer indices folded to ``*``, deduplicated in order."""
+    return list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", t) for t in targets))
+
+
+def _group(entries, detail_key: str) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[str]] = {}
+    for e in entries:
+        groups.setdefault((e.kind, e.detail), []).append(e.target)
+    order = list(CATEGORIES)
+    rows = [{"kind": kind, "count": len(t), "targets": _fold(t), detail_key: detail}
+            for (kind, detail), t in groups.items()]
+    return sorted(rows, key=lambda r: order.index(r["kind"]) if r["kind"] in order else len(order))
+
+
+def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -> str:
+    """One line on why ``module`` (not patched itself) stays as it is."""
+    name = type(module).__name__
+    kinds = set(report.counts)
+    parent_path = path.rsplit(".", 1)[0] if "." in path else ""
+    if isinstance(module, torch.nn.Linear):
+        if module is model.get_output_embeddings():
+            if "lm_head_loss" in kinds:
+                return ("LM head: in training with labels its matmul runs inside the fused linear + cross-entropy "
+                        "(the logits are never materialised); otherwise unchanged")
+            return "LM head: stays a plain matmul (the fused LM-head loss was not applied)"
+        if parent_path in patched_paths and "mlp" in kinds and any(path.endswith(p) for p in
+                                                                   (".gate_proj", ".up_proj", ".down_proj")):
+            return "MLP projection: a matmul on cuBLAS, called by the patched MLP around the fused activation"
+        return "projection: a matmul, stays on cuBLAS (compute-bound, nothing to fuse)"
+    if isinstance(module, torch.nn.Embedding):
+        return "token embedding: a gather, left to PyTorch"
+    if name.endswith("RotaryEmbedding"):
+        return ("builds the cos/sin tables once per forward; the rotation itself (apply_rotary_pos_emb) is what "
+                "Tigon replaces")
+    if type(module).__module__.startswith("transformers.activations") or isinstance(
+            module, (torch.nn.SiLU, torch.nn.GELU, torch.nn.Tanh, torch.nn.ReLU)):
+        if parent_path in patched_paths:
+            return "the MLP's act_fn: the patched MLP fuses the activation into swiglu/geglu and no longer calls it"
+        return "an activation outside a patched gated MLP"
+    if isinstance(module, torch.nn.Dropout):
+        return "dropout: no Tigon op"
+    if name.endswith("Attention"):
+        return "attention: stays on PyTorch (SDPA / flash attention); its rotary call was not patched"
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)):
+        return "container"
+    if name.endswith("DecoderLayer"):
+        return "decoder layer: residual adds and calls; its norms, attention and MLP are listed separately"
+    if any(True for _ in module.children()):
+        return "container: its submodules are listed separately"
+    return f"no Tigon kernel for {name}"
+
+
+def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
+    """Dry-run :func:`tigon.patch` on MODEL built from its config on the meta device.
+
+    Args:
+        model: a preset name, a ``config.json`` path or a checkpoint directory (see :func:`load_model_config`).
+        patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
+
+    Returns:
+        an :class:`InspectResult`. The weightless model is unpatched and discarded before returning; nothing of
+        the process's state changes (the rotary dispatcher the instance patch installs is removed again).
+
+    Raises:
+        ConfigError: MODEL cannot be read or built (see :func:`load_model_config`, :func:`build_meta_model`), or
+            ``tigon.patch`` does not support its family (the message names the supported families).
+    """
+    if patch_fn is None or unpatch_fn is None:
+        import tigon
+
+        patch_fn = patch_fn or tigon.patch
+        unpatch_fn = unpatch_fn or tigon.unpatch
+    config, source = load_model_config(model)
+    meta = build_meta_model(config)
+    try:
+        report = patch_fn(meta)
+    except (TypeError, ValueError) as e:
+        msg = " ".join(str(e).split())
+        raise ConfigError(msg if msg.startswith("tigon.patch") else f"tigon.patch does not support this model: "
+                          f"{msg}") from e
+    try:
+        modules = dict(meta.named_modules())
+        # Engine targets are module paths, except the root model, which it names "(ClassName)".
+        def path_of(target: str) -> str:
+            return "" if target == f"({type(meta).__name__})" else target
+
+        patched_paths = {path_of(e.target) for e in report.replaced}
+        touched = patched_paths | {path_of(e.target) for e in report.skipped + report.already_patched}
+        left: dict[str, list[str]] = {}
+        reasons: dict[str, str] = {}
+        for path, m in modules.items():
+            if path in touched:
+                continue
+            reason = _why_left_alone(m, path, meta, report, patched_paths)
+            key = f"{type(m).__name__}\x00{reason}"
+            left.setdefault(key, []).append(path or f"({type(m).__name__})")
+            reasons[key] = reason
+        left_alone = [{"module": key.split("\x00")[0], "count": len(paths), "examples": _fold(paths)[:4],
+                       "reason": reasons[key]} for key, paths in left.items()]
+        order = list(CATEGORIES)
+        counts = dict(sorted(report.counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
+        categories: Counter = Counter()
+        for kind, n in counts.items():
+            categories[CATEGORIES.get(kind, kind)] += n
+        notes = [
+            "config only: the model was built on the meta device (no weights read or allocated) and patched at "
+            "instance level, then unpatched at once.",
+        ]
+        if "rope" in counts:
+            notes.append("rope: attention itself (softmax(QK^T)V) stays on PyTorch; only its apply_rotary_pos_emb "
+                         "call runs tigon.functional.rope.")
+        if "lm_head_loss" in counts:
+            notes.append("lm_head_loss: the fused path applies in training with labels (logits=None then); "
+                         "without labels or in eval the original forward runs.")
+        notes += [n for n in report.notes if not n.startswith("rope: transformers.")]
+        result = InspectResult(
+            model=model,
+            source=str(source),
+            family=report.family,
+            architecture=type(meta).__name__,
+            num_parameters=sum(p.numel() for p in meta.parameters()),
+            config=config_summary(config),
+            counts=counts,
+            categories={c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())},
+            replaced=_group(report.replaced, "detail"),
+            skipped=_group(report.skipped, "reason"),
+            left_alone=left_alone,
+            patch=report.as_dict(),
+            notes=notes,
+        )
+    finally:
+        unpatch_fn(meta)
+    return result
