@@ -447,8 +447,8 @@ def config_dict(model: str) -> tuple[dict, dict]:
         raise ConfigError(f"--model {model}: cannot read {path}: {e}") from e
     if not isinstance(cfg, dict):
         raise ConfigError(f"--model {model}: {path} is not a JSON object")
-    cfg = dict(cfg.get("text_config") or {}, **{k: v for k, v in cfg.items() if k != "text_config"}) \
-        if "hidden_size" not in cfg else cfg
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):  # multimodal: the text decoder's
+        cfg = cfg["text_config"]
     return cfg, {"source": os.path.abspath(path)}
 
 
