@@ -38,16 +38,33 @@ class MLPSpec:
     """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu.
 
     cls: class name in the family module.
-    act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma2 uses
-        ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
+    act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
+        use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
+    activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
+        matcher sets it from its numerical probe.
     gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...).
+    gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
+        when set, ``gate`` and ``up`` are not used and the kernel reads the two halves in place.
+    experts: the class is a Hugging Face v5 MoE experts module (``@use_experts_implementation``: 3-D
+        ``gate_up_proj`` / ``down_proj`` parameters). Its expert loop is not replaced; its ``_apply_gate(gate_up_out)``
+        hook (``act(gate) * up`` on the chunked halves, called by the ``grouped_mm`` / ``batched_mm`` experts
+        implementations) becomes swiglu / geglu. The ``eager`` experts implementation computes ``act(gate) * up``
+        inline and is left alone (reported).
     """
 
     cls: str
     act_config_attr: str = "hidden_act"
+    activation: str | None = None
     gate: str = "gate_proj"
     up: str = "up_proj"
     down: str = "down_proj"
+    gate_up: str | None = None
+    experts: bool = False
+
+    @property
+    def patch_attr(self) -> str:
+        """The attribute the engine replaces: ``"_apply_gate"`` for experts modules, else ``"forward"``."""
+        return "_apply_gate" if self.experts else "forward"
 
 
 @dataclass(frozen=True)
@@ -55,15 +72,23 @@ class RopeSpec:
     """The module-global rotary function called by the family's attention classes.
 
     function: its name in the family module (``apply_rotary_pos_emb``); signature ``(q, k, cos, sin, unsqueeze_dim=1)``.
-    layout: ``"rotate_half"`` (HF/NeoX halves, what :func:`tigon.functional.rope` implements); anything else
-        (e.g. ``"interleaved"``) is reported as unsupported.
+    layout: ``"rotate_half"`` (HF/NeoX halves over the full head dimension, what :func:`tigon.functional.rope`
+        implements); anything else (e.g. ``"interleaved"``, GLM's pairs of neighbours) is reported as unsupported
+        and the family's rotary function is left alone.
     attention_classes: the classes whose forward calls ``function``; at instance level the rotary kernel is
         enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
+    enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
+        ``use_rope``; its NoPE layers have it False and are left alone), or None when every layer does.
+
+    Partial rotary (``config.partial_rotary_factor`` or ``config.rope_parameters["partial_rotary_factor"]`` below 1,
+    i.e. only the first part of the head dimension is rotated) is refused per model at instance level; at class
+    level the dispatcher runs the original function for any call whose cos/sin do not span the full head dim.
     """
 
     function: str = "apply_rotary_pos_emb"
     layout: str = "rotate_half"
     attention_classes: tuple[str, ...] = ()
+    enabled_attr: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,10 @@ class CausalLMSpec:
     softcap_attr: config attribute with the final logit softcap (``final_logit_softcapping`` in Gemma 2), or None.
     logit_scale_attr: config attribute that multiplies the logits (Cohere's ``logit_scale``), or None.
     logit_divisor_attr: config attribute that divides the logits (Granite's ``logits_scaling``), or None.
+    router_aux_loss: for MoE families, the name of the family-module function computing the router
+        load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
+        ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
+        ``model.router_aux_loss_coef`` and returned as ``aux_loss``. None for dense families.
     """
 
     cls: str
@@ -89,6 +118,7 @@ class CausalLMSpec:
     softcap_attr: str | None = None
     logit_scale_attr: str | None = None
     logit_divisor_attr: str | None = None
+    router_aux_loss: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,61 +152,66 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
 }
 
 
-LLAMA = FamilySpec(
-    name="llama",
-    module="transformers.models.llama.modeling_llama",
-    norms=(NormSpec("LlamaRMSNorm"),),
-    mlps=(MLPSpec("LlamaMLP"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("LlamaAttention",)),
-    causal_lm=CausalLMSpec("LlamaForCausalLM"),
-)
+def _dense(name: str, prefix: str, *, norm: NormSpec | None = None, mlp: MLPSpec | None = None,
+           rope: RopeSpec | None = None, causal_lm: CausalLMSpec | None = None, extra_norms: tuple = (),
+           module: str | None = None, aliases: tuple[str, ...] = ()) -> FamilySpec:
+    """The usual shape of a decoder family: ``<Prefix>RMSNorm``, ``<Prefix>MLP``, ``apply_rotary_pos_emb`` called by
+    ``<Prefix>Attention`` and ``<Prefix>ForCausalLM``, each overridable."""
+    return FamilySpec(
+        name=name,
+        module=module or f"transformers.models.{name}.modeling_{name}",
+        norms=(norm or NormSpec(f"{prefix}RMSNorm"),) + extra_norms,
+        mlps=(mlp or MLPSpec(f"{prefix}MLP"),),
+        rope=rope or RopeSpec(attention_classes=(f"{prefix}Attention",)),
+        causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"),
+        aliases=aliases,
+    )
 
-MISTRAL = FamilySpec(
-    name="mistral",
-    module="transformers.models.mistral.modeling_mistral",
-    norms=(NormSpec("MistralRMSNorm"),),
-    mlps=(MLPSpec("MistralMLP"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("MistralAttention",)),
-    causal_lm=CausalLMSpec("MistralForCausalLM"),
-)
 
-QWEN2 = FamilySpec(
-    name="qwen2",
-    module="transformers.models.qwen2.modeling_qwen2",
-    norms=(NormSpec("Qwen2RMSNorm"),),
-    mlps=(MLPSpec("Qwen2MLP"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("Qwen2Attention",)),
-    causal_lm=CausalLMSpec("Qwen2ForCausalLM"),
-)
+def _gemma_norm(prefix: str) -> NormSpec:  # (1 + w), everything in fp32, cast at the end
+    return NormSpec(f"{prefix}RMSNorm", casting_mode="gemma", offset=1.0, eps_attr="eps")
 
-QWEN3 = FamilySpec(  # Qwen2 plus per-head q_norm / k_norm (same RMSNorm class)
-    name="qwen3",
-    module="transformers.models.qwen3.modeling_qwen3",
-    norms=(NormSpec("Qwen3RMSNorm"),),
-    mlps=(MLPSpec("Qwen3MLP"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("Qwen3Attention",)),
-    causal_lm=CausalLMSpec("Qwen3ForCausalLM"),
-)
 
-GEMMA = FamilySpec(  # (1 + w) in fp32, gelu-tanh gated MLP
-    name="gemma",
-    module="transformers.models.gemma.modeling_gemma",
-    norms=(NormSpec("GemmaRMSNorm", casting_mode="gemma", offset=1.0, eps_attr="eps"),),
-    mlps=(MLPSpec("GemmaMLP"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("GemmaAttention",)),
-    causal_lm=CausalLMSpec("GemmaForCausalLM"),
-)
+def _moe(name: str, prefix: str) -> FamilySpec:
+    """A v5 MoE family: dense MLP layers (if any) and the experts' ``_apply_gate`` hook; MoE causal-LM output."""
+    return FamilySpec(
+        name=name,
+        module=f"transformers.models.{name}.modeling_{name}",
+        norms=(NormSpec(f"{prefix}RMSNorm"),),
+        mlps=(MLPSpec(f"{prefix}MLP"), MLPSpec(f"{prefix}Experts", experts=True)),
+        rope=RopeSpec(attention_classes=(f"{prefix}Attention",)),
+        causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", output_class="MoeCausalLMOutputWithPast",
+                               router_aux_loss="load_balancing_loss_func"),
+    )
 
-GEMMA2 = FamilySpec(  # Gemma plus final logit softcapping
-    name="gemma2",
-    module="transformers.models.gemma2.modeling_gemma2",
-    norms=(NormSpec("Gemma2RMSNorm", casting_mode="gemma", offset=1.0, eps_attr="eps"),),
-    mlps=(MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),),
-    rope=RopeSpec("apply_rotary_pos_emb", attention_classes=("Gemma2Attention",)),
-    causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"),
-)
 
-FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2)}
+LLAMA = _dense("llama", "Llama")
+MISTRAL = _dense("mistral", "Mistral")
+MIXTRAL = _moe("mixtral", "Mixtral")  # no dense MLP class: the experts' hook only ("class not found" is not an error)
+QWEN2 = _dense("qwen2", "Qwen2")
+QWEN3 = _dense("qwen3", "Qwen3")  # Qwen2 plus per-head q_norm / k_norm (the same RMSNorm class)
+QWEN3_MOE = _moe("qwen3_moe", "Qwen3Moe")  # also per-head q_norm / k_norm
+GEMMA = _dense("gemma", "Gemma", norm=_gemma_norm("Gemma"))  # (1 + w) in fp32, gelu-tanh gated MLP (hidden_act)
+GEMMA2 = _dense(  # pre/post feed-forward norms (same class), config.hidden_activation, final logit softcapping
+    "gemma2", "Gemma2", norm=_gemma_norm("Gemma2"), mlp=MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),
+    causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"))
+GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM
+    "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
+    causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",))
+PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary refused per model
+    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"))
+GRANITE = _dense(  # logits / config.logits_scaling
+    "granite", "Granite", causal_lm=CausalLMSpec("GraniteForCausalLM", logit_divisor_attr="logits_scaling"))
+OLMO2 = _dense(  # norms after attention / MLP, q_norm / k_norm over the whole projection; (w * x).to(dtype) casting
+    "olmo2", "Olmo2", norm=NormSpec("Olmo2RMSNorm", casting_mode="gemma"))
+GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial head dim -> left alone
+    "glm4", "Glm4", mlp=MLPSpec("Glm4MLP", gate_up="gate_up_proj"),
+    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",)))
+SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
+    "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
+
+FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
+    LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:

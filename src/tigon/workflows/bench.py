@@ -10,9 +10,10 @@ row with ``note="failed: ..."`` and the run goes on.
 Timing: on CUDA, ``triton.testing.do_bench`` (CUDA events; median with 20/80 percentiles) on fresh random
 inputs for every (op, provider, shape); on CPU a wall-clock median of a few calls (the numbers then only show
 that the path runs: Tigon's kernels are executed by Triton's interpreter). Modes: ``fwd`` (training forward,
-inputs require grad), ``bwd`` (``backward(retain_graph=True)`` of one forward, timed alone; where a provider
-cannot run its backward twice, e.g. Tigon's fused linear cross-entropy or an in-place backward, ``bwd`` is
-``fwd_bwd - fwd`` of the medians and the row's note says so) and ``fwd_bwd``. Peak extra memory:
+inputs require grad), ``bwd`` (the backward alone: a fresh, untimed forward before every sample, so backward
+passes that can run only once per forward, such as Tigon's fused linear cross-entropy or an in-place backward,
+are timed like the others; providers that do their gradient work in the forward show a small ``bwd``) and
+``fwd_bwd``. Peak extra memory:
 ``torch.cuda.max_memory_allocated`` during one forward+backward minus the memory held before it (inputs and
 upstream gradient), in bytes; the gradients produced count as extra. Not measured on CPU (``None``).
 
@@ -166,6 +167,52 @@ def _time(fn: Callable[[], object], device: torch.device, grad_to_none=None, cpu
         samples.append((time.perf_counter() - t0) * 1e3)
     samples.sort()
     return statistics.median(samples), samples[0], samples[-1]
+
+
+BWD_NOTE = "backward alone: a fresh forward before each sample, untimed"
+
+
+def _time_bwd(fwd: Callable[[], object], dout: torch.Tensor, device: torch.device, leaves, fwd_bwd_ms: float
+              ) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms of ``fwd().backward(dout)``'s backward alone.
+
+    Every sample runs a fresh forward (untimed), so backward passes that can run only once per forward (gradients
+    formed in the forward, gradients written in place) are timed like the others. On CUDA: CUDA events around the
+    backward, the L2 cache flushed before it (as ``triton.testing.do_bench`` does), about 100 ms of samples.
+    """
+    def sample_once():
+        for t in leaves:
+            t.grad = None
+        return _first(fwd())
+
+    if device.type != "cuda":
+        sample_once().backward(dout)
+        samples = []
+        for _ in range(3):
+            out = sample_once()
+            t0 = time.perf_counter()
+            out.backward(dout)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        samples.sort()
+        return statistics.median(samples), samples[0], samples[-1]
+    cache = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+    n = int(min(1000, max(5, 100.0 / max(fwd_bwd_ms, 1e-3))))
+    for _ in range(min(n, 10)):  # warm-up
+        sample_once().backward(dout)
+    samples = []
+    for _ in range(n):
+        out = sample_once()
+        cache.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out.backward(dout)
+        end.record()
+        samples.append((start, end))
+        del out
+    torch.cuda.synchronize(device)
+    ms = sorted(s.elapsed_time(e) for s, e in samples)
+    q = torch.tensor(ms).quantile(torch.tensor([0.5, 0.2, 0.8])).tolist()
+    return float(q[0]), float(q[1]), float(q[2])
 
 
 def measure_ceilings(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -517,22 +564,12 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
         _first(fn(**inputs)).backward(dout)
 
     results: dict[str, tuple[float, float, float]] = {}
-    bwd_note = ""
     if "fwd" in modes:
         results["fwd"] = _time(fwd, device, grad_to_none=leaves)
     if "fwd_bwd" in modes or "bwd" in modes:
         results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=leaves)
     if "bwd" in modes:
-        try:
-            out = _first(fn(**inputs))
-            results["bwd"] = _time(lambda: out.backward(dout, retain_graph=True), device, grad_to_none=leaves)
-            bwd_note = "backward(retain_graph=True) timed alone"
-            del out
-        except RuntimeError:  # a backward that can run only once (gradients formed in the forward, in place)
-            if "fwd" not in results:
-                results["fwd"] = _time(fwd, device, grad_to_none=leaves)
-            results["bwd"] = (max(0.0, results["fwd_bwd"][0] - results["fwd"][0]), None, None)
-            bwd_note = "bwd = fwd_bwd - fwd (medians): this backward runs only once per forward"
+        results["bwd"] = _time_bwd(fwd, dout, device, leaves, results["fwd_bwd"][0])
     peak = None
     if device.type == "cuda":
         for t in leaves:
@@ -550,7 +587,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
         ms, p20, p80 = results[mode]
         row = BenchRow(case.name, provider, dict(shape), str(dtype).replace("torch.", ""), mode, ms, p20, p80,
                        peak_extra_bytes=peak if mode == "fwd_bwd" else None,
-                       note=bwd_note if mode == "bwd" else "")
+                       note=BWD_NOTE if mode == "bwd" else "")
         nbytes, flops = _op_bytes(case, shape, elem, mode), _op_flops(case, shape, mode)
         if nbytes and ms and ms > 0:
             row.gbps = nbytes / (ms * 1e-3) / 1e9
