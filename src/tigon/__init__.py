@@ -13,6 +13,10 @@ def __getattr__(name):  # lazy: keep `import tigon` light and free of transforme
         from . import integrations
 
         return getattr(integrations, name)
+    if name == "AutoModelForCausalLM":
+        from .auto import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
     if name == "nn":
         import importlib
 
@@ -20,5 +24,5 @@ def __getattr__(name):  # lazy: keep `import tigon` light and free of transforme
     raise AttributeError(f"module 'tigon' has no attribute {name!r}")
 
 
-__all__ = ["functional", "support", "patch", "unpatch", "PatchReport", "force_reference", "set_strict",
-           "UnsupportedError", "nn", "__version__"]
+__all__ = ["functional", "support", "patch", "unpatch", "PatchReport", "AutoModelForCausalLM", "force_reference",
+           "set_strict", "UnsupportedError", "nn", "__version__"]

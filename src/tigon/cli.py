@@ -1,8 +1,9 @@
 """The ``tigon`` command line. It parses arguments, calls a workflow in :mod:`tigon.workflows`, and renders the
 result (rich progress bar and tables, ``--json``, ``--plot``); it computes nothing itself.
 
-Subcommands: ``compare`` (train original vs Tigon-patched and compare). Bad input ends with a one-line error on
-stderr and exit status 2.
+Subcommands: ``compare`` (train original vs Tigon-patched and compare), ``env`` (accelerator, versions, backend
+per op x dtype), ``inspect`` (what tigon.patch would replace in a model, config only), ``verify`` (each op against
+PyTorch and float64; exit status 1 on failure). Bad input ends with a one-line error on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
     p.set_defaults(func=_cmd_compare)
+    _add_env(sub)
+    _add_inspect(sub)
+    _add_verify(sub)
+    _add_bench(sub)
+    _add_profile(sub)
     return parser
 
 
@@ -288,6 +294,804 @@ def _patch_summary(patch: dict[str, Any]) -> str:
     why = "; ".join(f"{e.get('kind')} {e.get('target')}: {e.get('detail')}" for e in skipped[:3]
                     if isinstance(e, dict))
     return f"{head}replaced {replaced}; {len(skipped)} skipped" + (f" ({why})" if why else "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# env, inspect, verify
+
+
+def _dump_report(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON (non-finite floats as Infinity/NaN, as json does)."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+_BACKEND_STYLE = {"triton": "green", "interpreter": "cyan", "reference": "yellow"}
+
+
+def _add_env(sub) -> None:
+    p = sub.add_parser(
+        "env",
+        help="accelerator, library versions, and which backend each op x dtype takes (for bug reports)",
+        description=(
+            "Print the accelerator and its compute capability (or 'none: CPU'), the Python / torch / triton / "
+            "transformers versions, whether Triton's interpreter is on, and for every op x dtype (float32, "
+            "bfloat16, float16) which backend Tigon would take and why. Runs no kernel. Paste it into bug reports."
+        ),
+    )
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    p.set_defaults(func=_cmd_env)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    from .workflows.env import run_env
+
+    problem = _check_output(args.json, "--json")
+    if problem:
+        return _fail("tigon env", problem)
+    report = run_env().as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    _render_env(report, args.json)
+    return 0
+
+
+def _render_env(r: dict[str, Any], written: str | None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    info = Table(title="tigon env", title_justify="left", show_header=False)
+    info.add_column(style="bold")
+    info.add_column(overflow="fold")
+    cc = f" (compute capability {r['compute_capability']})" if r["compute_capability"] else ""
+    info.add_row("accelerator", f"{r['accelerator']}{cc}")
+    for g in r["gpus"]:
+        info.add_row(f"  gpu {g['index']}", f"{g['name']}, compute capability {g['compute_capability']}, "
+                                            f"{g['memory_gib']} GiB")
+    info.add_row("device (decisions)", r["device"])
+    info.add_row("cpu", r["cpu"])
+    info.add_row("platform", r["platform"])
+    for k, v in r["versions"].items():
+        if v is not None or k in ("torch", "triton", "transformers"):
+            info.add_row(k, str(v) if v is not None else "not installed")
+    info.add_row("triton interpreter", "on (TRITON_INTERPRET=1)" if r["triton_interpreter"] else "off")
+    info.add_row("strict mode", "on (TIGON_STRICT=1)" if r["strict"] else "off")
+    info.add_row("kernels disabled", "yes (TIGON_DISABLE=1)" if r["disabled"] else "no")
+    set_vars = ", ".join(f"{k}={v}" for k, v in r["env"].items() if v is not None)
+    info.add_row("environment", set_vars or "none of " + ", ".join(r["env"]))
+    console.print(info)
+
+    dtypes = list(dict.fromkeys(row["dtype"] for row in r["backends"]))
+    reasons = {reason: n for n, reason in enumerate(dict.fromkeys(row["reason"] for row in r["backends"]), 1)}
+    grid = Table(title=f"Backend per op and dtype on {r['device']}", title_justify="left")
+    grid.add_column("op", no_wrap=True)
+    for d in dtypes:
+        grid.add_column(d, no_wrap=True)
+    by_op: dict[str, dict[str, dict[str, str]]] = {}
+    for row in r["backends"]:
+        by_op.setdefault(row["op"], {})[row["dtype"]] = row
+    for op, per in by_op.items():
+        cells = []
+        for d in dtypes:
+            row = per[d]
+            mark = f" [dim]\\[{reasons[row['reason']]}][/]" if len(reasons) > 1 else ""
+            cells.append(f"[{_BACKEND_STYLE.get(row['backend'], 'white')}]{row['backend']}[/]{mark}")
+        grid.add_row(op, *cells)
+    if len(reasons) > 1:
+        grid.caption = "\n".join(f"\\[{n}] {escape(reason)}" for reason, n in reasons.items())
+    else:
+        grid.caption = f"why: {escape(next(iter(reasons)))}"
+    grid.caption_justify = "left"
+    console.print(grid)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {note}[/dim]", highlight=False)
+    if written:
+        console.print(f"wrote {written}", highlight=False)
+
+
+def _add_inspect(sub) -> None:
+    from .presets import PRESETS
+
+    p = sub.add_parser(
+        "inspect",
+        help="what tigon.patch would replace in a model, module by module (config only, no weights)",
+        description=(
+            "Build MODEL from its config on the meta device (no weights are read or allocated), dry-run tigon.patch "
+            "on it and report which family applies, what would be replaced (norms, rotary, MLP activation, LM head "
+            "+ loss) with counts, and what would be left alone and why."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL",
+                   help=f"a preset ({', '.join(PRESETS)}), a path to a config.json, or a checkpoint directory")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    p.set_defaults(func=_cmd_inspect)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .workflows.compare import ConfigError
+    from .workflows.inspect import run_inspect
+
+    prog = "tigon inspect"
+    problem = _check_output(args.json, "--json")
+    if problem:
+        return _fail(prog, problem)
+    _quiet_transformers()
+    try:
+        report = run_inspect(args.model).as_dict()
+    except (ConfigError, ImportError) as e:
+        return _fail(prog, str(e))
+    if args.json:
+        _dump_report(args.json, report)
+    _render_inspect(report, args.json)
+    return 0
+
+
+def _render_inspect(r: dict[str, Any], written: str | None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    cfg = r["config"]
+    head = Table(title=f"tigon inspect {r['model']}", title_justify="left", show_header=False)
+    head.add_column(style="bold")
+    head.add_column(overflow="fold")
+    head.add_row("source", r["source"])
+    head.add_row("architecture", f"{r['architecture']} ({r['num_parameters']:,} parameters)")
+    head.add_row("family", r["family"])
+    shape_keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
+                  "tie_word_embeddings", "final_logit_softcapping")
+    head.add_row("config", ", ".join(f"{k}={cfg[k]}" for k in shape_keys if k in cfg))
+    cats = r["categories"]
+    head.add_row("would replace", f"norms {cats.get('norms', 0)}, rotary {cats.get('rotary', 0)}, "
+                                  f"MLP activation {cats.get('mlp_activation', 0)}, "
+                                  f"LM head + loss {cats.get('lm_head_loss', 0)}")
+    console.print(head)
+
+    rep = Table(title="tigon.patch would replace", title_justify="left")
+    for col in ("kind", "count", "modules", "runs instead"):
+        rep.add_column(col, overflow="fold", no_wrap=col != "runs instead")
+    for g in r["replaced"]:
+        rep.add_row(f"[green]{g['kind']}[/]", str(g["count"]), escape("\n".join(g["targets"])), escape(g["detail"]))
+    if not r["replaced"]:
+        rep.add_row("-", "0", "nothing", "")
+    console.print(rep)
+    if r["skipped"]:
+        sk = Table(title="Skipped (match the family spec, cannot be patched)", title_justify="left")
+        for col in ("kind", "count", "modules", "why"):
+            sk.add_column(col, overflow="fold", no_wrap=col != "why")
+        for g in r["skipped"]:
+            sk.add_row(f"[yellow]{g['kind']}[/]", str(g["count"]), escape("\n".join(g["targets"])), escape(g["reason"]))
+        console.print(sk)
+    left = Table(title="Left alone", title_justify="left")
+    for col in ("module", "count", "e.g.", "why"):
+        left.add_column(col, overflow="fold", no_wrap=col != "why")
+    for g in r["left_alone"]:
+        left.add_row(g["module"], str(g["count"]), escape("\n".join(g["examples"])), escape(g["reason"]))
+    console.print(left)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    if written:
+        console.print(f"wrote {written}", highlight=False)
+
+
+def _add_verify(sub) -> None:
+    from .presets import PRESETS
+    from .workflows import verify as V
+
+    p = sub.add_parser(
+        "verify",
+        help="check each op's outputs and gradients against PyTorch and float64 on a model's shapes",
+        description=(
+            "For each op, dtype and shape (from the model config, plus odd sizes), run the Tigon op and the original "
+            "PyTorch code forward and backward and compare every output and gradient with a float64 evaluation. "
+            f"A tensor passes when tigon_err <= max({V.FACTOR:g} x original_err, floor) (relative L2; floors "
+            + ", ".join(f"{k} {v:g}" for k, v in V.FLOORS.items()) + "). Also checks that with the kernels turned "
+            "off (force_reference) the results equal the reference exactly. Exit status 1 when anything fails."
+        ),
+    )
+    p.add_argument("--op", action="append", metavar="OP",
+                   help=f"op to verify, repeatable or comma-separated (default: all: {', '.join(V.REGISTRY)})")
+    p.add_argument("--dtype", metavar="LIST",
+                   help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
+    p.add_argument("--model", metavar="MODEL",
+                   help=f"shapes from a preset ({', '.join(PRESETS)}), a config.json or a checkpoint directory "
+                        f"(default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA)")
+    p.add_argument("--device", default="auto", choices=list(V.DEVICES), help="default: auto (CUDA if any)")
+    p.add_argument("--tokens", type=int, metavar="N",
+                   help=f"tokens per case (default: {V.CPU_TOKENS} on CPU, {V.CUDA_TOKENS} on CUDA)")
+    p.add_argument("--max-vocab", type=int, metavar="N",
+                   help=f"cap the vocabulary (default: {V.CPU_MAX_VOCAB} on CPU, none on CUDA; 0 = no cap)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the inputs (default: 0)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table; failures and one summary line")
+    p.set_defaults(func=_cmd_verify)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    import warnings
+
+    from .workflows.compare import ConfigError
+    from .workflows.inspect import load_model_config
+    from .workflows.verify import VerifyConfig, resolve_config, run_verify
+
+    prog = "tigon verify"
+    problem = _check_output(args.json, "--json")
+    if problem:
+        return _fail(prog, problem)
+    config = VerifyConfig(ops=args.op, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
+                          max_vocab=args.max_vocab, seed=args.seed)
+    _quiet_transformers()
+    try:
+        config = resolve_config(config)
+        load_model_config(config.model)  # a bad MODEL fails here, before any progress display
+        with warnings.catch_warnings():
+            # Triton's interpreter evaluates exp() in numpy, which warns on overflow to inf (the correct limit).
+            warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
+            if args.quiet:
+                result = run_verify(config)
+            else:
+                with _VerifyProgress() as progress:
+                    result = run_verify(config, progress=progress)
+    except (ConfigError, ImportError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    if args.quiet:
+        for row in result.failures:
+            print(f"FAIL {row['op']} [{row['case']}] {row['dtype']} {row['shape']} {row['tensor']}: "
+                  f"tigon {_fmt_rel(row['tigon_err'])} > bound {_fmt_rel(row['bound'])} "
+                  f"(original {_fmt_rel(row['original_err'])})")
+        print(_verify_summary(report))
+    else:
+        _render_verify(report, args.json)
+    return 0 if report["passed"] else 1
+
+
+class _VerifyProgress:
+    """A rich progress bar (on stderr) fed by run_verify's ``progress(done, total, label)`` callback."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("verify"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("{task.description}"),
+                                  console=Console(stderr=True), transient=True)
+        self._task = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if self._task is None:
+            self._task = self._progress.add_task(label, total=total)
+        self._progress.update(self._task, completed=done, description=label)
+
+
+def _verify_counts(r: dict[str, Any]) -> tuple[int, int, int, int]:
+    ok = sum(1 for row in r["results"] if row["passed"])
+    exact = sum(1 for f in r["fallback"] if f["equal"])
+    return ok, len(r["results"]), exact, len(r["fallback"])
+
+
+def _verify_summary(r: dict[str, Any]) -> str:
+    ok, n, exact, nf = _verify_counts(r)
+    status = "passed" if r["passed"] else "FAILED"
+    errs = f", {len(r['errors'])} errors" if r["errors"] else ""
+    return (f"tigon verify: {status}: {ok}/{n} tensors within bound, {exact}/{nf} fallback checks exact{errs}; "
+            f"device={r['device']} backend={r['backend']} model={r['model']['source']} "
+            f"time={r['elapsed_s']:.1f}s")
+
+
+def _render_verify(r: dict[str, Any], written: str | None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    console.print(f"[bold]tigon verify[/] {escape(r['model']['source'])} on {r['device']}, backend {r['backend']}: "
+                  "relative L2 error (err) and max |x - truth| against float64, Tigon and the original",
+                  highlight=False)
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for row in r["results"]:
+        by_op.setdefault(row["op"], []).append(row)
+    for op, rows in by_op.items():
+        table = Table(title=f"{op}  [dim](original: {escape(r['originals'].get(op, '?'))})[/]", title_justify="left",
+                      box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+        for col in ("case", "dtype", "shape", "tensor", "err\ntigon", "err\noriginal", "max|Δ|\ntigon",
+                    "max|Δ|\noriginal", "bound", ""):
+            numeric = col[:3] in ("err", "max", "bou")
+            table.add_column(col, justify="right" if numeric else "left", no_wrap=col != "case", overflow="fold",
+                             min_width=10 if col == "case" else None)
+        last = None
+        for row in rows:
+            unit = (row["case"], row["dtype"], row["shape"])
+            if last is not None and unit != last:
+                table.add_section()
+            shown = (unit[0], short.get(unit[1], unit[1]), unit[2].replace(", ", "\n")) if unit != last else ("",) * 3
+            last = unit
+            mark = "[green]ok[/]" if row["passed"] else "[bold red]FAIL[/]"
+            table.add_row(*shown, row["tensor"], *(f"{row[k]:.1e}" for k in ("tigon_err", "original_err",
+                                                                             "tigon_max_abs", "original_max_abs",
+                                                                             "bound")), mark)
+        console.print(table)
+    bad_fallback = [f for f in r["fallback"] if not f["equal"]]
+    for f in bad_fallback:
+        console.print(f"[bold red]FAIL[/] fallback " + escape(f"{f['op']} [{f['case']}] {f['dtype']} {f['shape']}: "
+                      f"differs from the reference in {', '.join(f['mismatched'])}"), highlight=False)
+    for e in r["errors"]:
+        console.print("[bold red]ERROR[/] " + escape(f"{e['op']} [{e['case']}] {e['dtype']} {e['variant']}: "
+                                                     f"{e['error']}"), highlight=False)
+    ok, n, exact, nf = _verify_counts(r)
+    summary = Table(title="Summary", title_justify="left", show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column(overflow="fold")
+    summary.add_row("result", "[green]passed[/]" if r["passed"] else "[bold red]FAILED[/]")
+    summary.add_row("tensors within bound", f"{ok}/{n}")
+    summary.add_row("fallback exact", f"{exact}/{nf} (force_reference: outputs and gradients equal the reference)")
+    summary.add_row("device", f"{r['device']} ({r['device_name']})")
+    decided: dict[tuple[str, str], list[str]] = {}
+    for d, b in r["backends"].items():
+        decided.setdefault((b["backend"], b["reason"]), []).append(d)
+    summary.add_row("backend", f"{r['backend']} (ran); decided: " + "; ".join(
+        f"{backend} for {', '.join(ds)} ({reason})" for (backend, reason), ds in decided.items()))
+    m = r["shapes"]["model"]
+    summary.add_row("shapes", f"tokens {m['tokens']}, hidden {m['hidden']}, intermediate {m['intermediate']}, "
+                              f"heads {m['heads']}/{m['kv_heads']} x {m['head_dim']}, vocab {m['vocab']}; odd rows: "
+                              + ", ".join(f"{k} {v}" for k, v in r["shapes"]["odd"].items()
+                                          if k in ("tokens", "hidden", "intermediate", "head_dim", "vocab")))
+    for cap in r["caps"]:
+        summary.add_row("capped", cap)
+    summary.add_row("originals", "\n".join(f"{op}: {name}" for op, name in r["originals"].items()))
+    summary.add_row("time", f"{r['elapsed_s']:.1f} s")
+    console.print(summary)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    if written:
+        console.print(f"wrote {written}", highlight=False)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench, profile
+
+
+def _csv_list(values) -> list[str] | None:
+    """``--op a b --op c,d`` / ``--providers a,b`` -> flat list (None when not given)."""
+    if not values:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    flat = []
+    for v in values:
+        flat.extend(v if isinstance(v, list) else [v])
+    return [x for item in flat for x in str(item).split(",") if x]
+
+
+def _add_bench(sub) -> None:
+    from .workflows.bench import CASES, PROVIDERS, SWEEPS
+    from .workflows.e2e import E2E_PROVIDERS
+
+    p = sub.add_parser(
+        "bench",
+        help="speed and peak memory of each op per provider on a model's shapes; --e2e: whole training steps",
+        description=(
+            "Time every op (fwd, bwd, fwd+bwd: medians with 20/80 percentiles) and its peak extra memory for each "
+            "provider on a model's shapes, against the copy bandwidth and matmul rate measured in the same run "
+            "(GB/s and % for memory-bound ops, TFLOP/s and % for the fused linear cross-entropy). Providers that "
+            "are not installed are skipped with a note; a provider failing on a shape is recorded, not fatal. "
+            "With --e2e: training steps of the whole model, original vs Tigon-patched (vs Liger when installed): "
+            "tokens/s and peak memory."
+        ),
+    )
+    p.add_argument("--op", action="append", nargs="+", metavar="OP",
+                   help=f"ops to run ({', '.join(CASES)}), or 'all' (default: the ops the model calls; the norms "
+                        "for --sweep hidden)")
+    p.add_argument("--model", metavar="MODEL",
+                   help="preset name, config.json or checkpoint directory; only its config is read "
+                        "(default: tiny on CPU, llama3-8b on CUDA)")
+    p.add_argument("--providers", metavar="LIST",
+                   help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "
+                        f"with --e2e: {','.join(E2E_PROVIDERS)}")
+    p.add_argument("--sweep", choices=SWEEPS,
+                   help="tokens: 1k..64k tokens on CUDA (powers of two), tiny sizes on CPU; hidden: the norms at "
+                        "hidden 1024..16384")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="input dtype (default: bfloat16; with --e2e: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--tokens", type=int, metavar="N", help="tokens per op without --sweep (16384 CUDA, 64 CPU)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write one CSV line per measurement")
+    p.add_argument("--plot-dir", metavar="DIR", help="write bench_<op>.png (time and memory against the sweep axis)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
+    g = p.add_argument_group("end to end (--e2e)")
+    g.add_argument("--e2e", action="store_true", help="time whole training steps instead of single ops")
+    g.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (default on CUDA: llama3-8b, 2)")
+    g.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
+    g.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
+    g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
+    g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    prog = "tigon bench"
+    for path, flag in ((args.json, "--json"), (args.csv, "--csv")):
+        problem = _check_output(path, flag)
+        if problem:
+            return _fail(prog, problem)
+    if args.plot_dir is not None:
+        if os.path.exists(args.plot_dir) and not os.path.isdir(args.plot_dir):
+            return _fail(prog, f"--plot-dir {args.plot_dir}: not a directory")
+        parent = os.path.dirname(os.path.abspath(args.plot_dir))
+        if not os.path.isdir(parent):
+            return _fail(prog, f"--plot-dir {args.plot_dir}: directory {parent} does not exist")
+    e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
+                               ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup))
+                if v is not None]
+    ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
+                               ("--csv", args.csv), ("--plot-dir", args.plot_dir)) if v is not None]
+    if args.e2e and ops_only:
+        return _fail(prog, f"{', '.join(ops_only)} {'does' if len(ops_only) == 1 else 'do'} not apply to --e2e")
+    if not args.e2e and e2e_only:
+        return _fail(prog, f"{', '.join(e2e_only)} {'needs' if len(e2e_only) == 1 else 'need'} --e2e")
+    _quiet_transformers()
+    return _bench_e2e(args, prog) if args.e2e else _bench_ops(args, prog)
+
+
+def _bench_ops(args: argparse.Namespace, prog: str) -> int:
+    from .workflows.bench import BenchConfig, available_providers, plan, resolve_bench, run_op_bench
+    from .workflows.compare import ConfigError
+
+    config = BenchConfig(ops=_csv_list(args.op), model=args.model, providers=_csv_list(args.providers),
+                         sweep=args.sweep, dtype=args.dtype or "bfloat16", tokens=args.tokens, device=args.device)
+    try:
+        resolved, shapes, _, _ = resolve_bench(config)
+        total = len(plan(resolved.ops, shapes, available_providers(resolved.providers)[0]))
+        if args.quiet:
+            result = run_op_bench(config)
+        else:
+            with _StageProgress(total) as progress:
+                result = run_op_bench(config, progress=progress)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    written = []
+    if args.json:
+        result.write_json(args.json)
+        written.append(args.json)
+    if args.csv:
+        result.write_csv(args.csv)
+        written.append(args.csv)
+    if args.plot_dir:
+        from ._plot import plot_bench
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        written += plot_bench(report, args.plot_dir)
+    if args.quiet:
+        ok = [r for r in report["rows"] if r["ms"] is not None]
+        failed = sum(1 for r in report["rows"] if r["ms"] is None)
+        print(f"rows={len(ok)} failed={failed} ops={','.join(resolved.ops)} "
+              f"providers={','.join(sorted({r['provider'] for r in ok}))} device={report['device']}")
+    else:
+        _render_bench(report, written)
+    return 0
+
+
+class _StageProgress:
+    """A rich progress bar (stderr) fed by ``progress(label)`` before each of ``total`` tasks (total None: spinner)."""
+
+    def __init__(self, total: int | None):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        columns = [SpinnerColumn(), TextColumn("{task.description}")]
+        if total is not None:
+            columns += [BarColumn(), MofNCompleteColumn()]
+        self._progress = Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._total = total
+        self._task = None
+        self._started = False
+
+    def __enter__(self):
+        self._progress.__enter__()
+        self._task = self._progress.add_task("preparing", total=self._total)
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def __call__(self, label: str, *rest) -> None:
+        if rest:  # e2e: (provider, step, total)
+            step, total = rest
+            self._progress.update(self._task, description=f"{label} step {step}/{total}")
+            return
+        if self._started and self._total is not None:
+            self._progress.advance(self._task)
+        self._started = True
+        self._progress.update(self._task, description=label)
+
+
+def _num(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    s = f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return f"{s}{unit}"
+
+
+_SIZE_FORMATS = {"rms_norm": "tokens x hidden", "layer_norm": "tokens x hidden",
+                 "rope": "batch x seq x (q heads + kv heads) x head_dim", "swiglu": "tokens x intermediate",
+                 "geglu": "tokens x intermediate", "cross_entropy": "tokens x vocab",
+                 "fused_linear_cross_entropy": "tokens x hidden x vocab"}
+
+
+def _size_label(op: str, s: dict[str, Any]) -> str:
+    keys = {"rms_norm": ("tokens", "hidden"), "layer_norm": ("tokens", "hidden"), "swiglu": ("tokens", "intermediate"),
+            "geglu": ("tokens", "intermediate"), "cross_entropy": ("tokens", "vocab"),
+            "fused_linear_cross_entropy": ("tokens", "hidden", "vocab")}.get(op)
+    if op == "rope":
+        return f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}"
+    if keys is None or any(k not in s for k in keys):
+        return " ".join(f"{k}={v}" for k, v in s.items() if v is not None)
+    return "x".join(str(s[k]) for k in keys) + (f" softcap {s['softcap']}" if s.get("softcap") else "")
+
+
+def _render_bench(r: dict[str, Any], written: list[str]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    rows = r["rows"]
+    by = {}
+    for row in rows:
+        by[(row["op"], json.dumps(row["shape"], sort_keys=True), row["provider"], row["mode"])] = row
+    axis = {"tokens": "tokens", "hidden": "hidden"}.get(r.get("sweep"))
+    table = Table(title=f"tigon bench: {r['model'].get('name', '')} shapes, {rows[0]['dtype'] if rows else ''}, "
+                        f"{r['device']}", title_justify="left",
+                  caption="ms: medians (fwd+bwd: p20-p80); throughput: fwd+bwd over minimal bytes / matmul FLOPs, "
+                          "% of the measured ceiling; mem: peak extra memory of fwd+bwd; size: " + (
+                              axis if axis else ", ".join(f"{op} {fmt}" for op, fmt in _SIZE_FORMATS.items()
+                                                          if any(x["op"] == op for x in rows))))
+    for col, just in (("op", "left"), ("size", "left"), ("provider", "left"), ("fwd", "right"), ("bwd", "right"),
+                      ("fwd+bwd", "right"), ("throughput", "right"), ("mem", "right"), ("vs eager", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    failures = []
+    last_op = None
+    for (op, shape_key, prov, mode), row in by.items():
+        if mode != "fwd_bwd":
+            continue
+        if last_op is not None and op != last_op:
+            table.add_section()
+        last_op = op
+        shape = row["shape"]
+        size = str(shape.get(axis)) if axis else _size_label(op, shape)
+        if row["ms"] is None:
+            failures.append(f"{op} {prov} ({size}): {row['note']}")
+            table.add_row(op, size, prov, "-", "-", "[red]failed[/]", "", "", "")
+            continue
+        fwd, bwd = by.get((op, shape_key, prov, "fwd")), by.get((op, shape_key, prov, "bwd"))
+        thr = "-"
+        if row["gbps"] is not None:
+            thr = _num(row["gbps"], " GB/s") + (f"\n{row['pct_copy_bw']:.0f}%" if row["pct_copy_bw"] else "")
+        elif row["tflops"] is not None:
+            thr = _num(row["tflops"], " TFLOP/s") + (f"\n{row['pct_matmul']:.0f}%" if row["pct_matmul"] else "")
+        eager = by.get((op, shape_key, "eager", "fwd_bwd"))
+        vs = f"{eager['ms'] / row['ms']:.3g}x" if eager and eager["ms"] and prov != "eager" else ""
+        spread = f"\n({_num(row['ms_p20'])}-{_num(row['ms_p80'])})" if row["ms_p20"] is not None else ""
+        table.add_row(op, size, prov, _num(fwd["ms"]) if fwd else "-", _num(bwd["ms"]) if bwd else "-",
+                      _num(row["ms"]) + spread, thr, _fmt_bytes(row["peak_extra_bytes"]) if
+                      row["peak_extra_bytes"] is not None else "-", vs)
+    console.print(table)
+    c = r["ceilings"]
+    if c.get("copy_gbps"):
+        console.print(f"ceilings: copy {_num(c['copy_gbps'])} GB/s, matmul {_num(c['matmul_tflops'])} TFLOP/s "
+                      f"({c.get('matmul_dtype')} {c.get('matmul_size')}^3), {c.get('note', '')}", highlight=False)
+    for f in failures:
+        console.print(f"[red]{escape(f)}[/red]", highlight=False)
+    for s in r["skipped"]:
+        console.print(f"[yellow]skipped: {escape(s)}[/yellow]", highlight=False)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
+    from .workflows.compare import ConfigError
+    from .workflows.e2e import E2EConfig, resolve_e2e, run_e2e
+
+    config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
+                       steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
+                       dtype=args.dtype, device=args.device, seed=args.seed)
+    try:
+        resolve_e2e(config)
+        if args.quiet:
+            result = run_e2e(config)
+        else:
+            with _StageProgress(None) as progress:
+                result = run_e2e(config, progress=progress)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    if args.quiet:
+        print(" ".join(f"{row['provider']}={_num(row['tokens_per_s'])}tok/s" if row["status"] == "ok"
+                       else f"{row['provider']}={row['status']}" for row in report["rows"])
+              + f" device={report['device']}")
+    else:
+        _render_e2e(report, args.json)
+    return 0
+
+
+def _layers(model: dict[str, Any]) -> str:
+    n = model.get("num_hidden_layers")
+    return f"{n} layer{'' if n == 1 else 's'}"
+
+
+def _render_e2e(r: dict[str, Any], written: str | None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    cfg, model = r["config"], r["model"]
+    table = Table(title=f"tigon bench --e2e: {model['source']} ({_layers(model)}), "
+                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
+                  title_justify="left")
+    for col in ("provider", "tokens/s", "step ms (p20-p80)", "speed-up", "peak memory", "memory", "loss (first)",
+                "backend / patch"):
+        table.add_column(col, justify="left" if col in ("provider", "backend / patch") else "right",
+                         overflow="fold")
+    for row in r["rows"]:
+        p = row["provider"]
+        if row["status"] != "ok":
+            table.add_row(p, f"[yellow]{row['status']}[/]", "", "", "", "", "", escape(row["note"]))
+            continue
+        sp, mem = r["speedup"].get(p), r["memory_ratio"].get(p)
+        patch = ", ".join(f"{k} x{v}" for k, v in row["patch"].items()) if row["patch"] else ""
+        table.add_row(p, _num(row["tokens_per_s"]),
+                      f"{_num(row['step_ms'])} ({_num(row['step_ms_p20'])}-{_num(row['step_ms_p80'])})",
+                      f"{sp:.2f}x" if sp else "-", _fmt_bytes(row["peak_memory_bytes"]),
+                      f"{mem:.2f}x" if mem else "-", f"{row['losses'][0]:.4f}" if row["losses"] else "-",
+                      escape(f"{row['backend']}" + (f"; {patch}" if patch else "")))
+    console.print(table)
+    console.print(f"model: {model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, hidden "
+                  f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}; device {r['device_name']}; "
+                  f"memory: {r['peak_memory_method']}", highlight=False)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    if written:
+        console.print(f"wrote {written}", highlight=False)
+
+
+def _add_profile(sub) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="where the training step's time goes, what Tigon replaces, and the predicted vs measured speed-up",
+        description=(
+            "Profile the original training step with torch.profiler and group its time (device time on CUDA, "
+            "self CPU time on CPU) into matmul, attention, norm, rotary, activation, LM head + loss, optimizer "
+            "and other; mark the categories Tigon replaces, predict the patched step from the replaced ops' "
+            "measured tigon/eager speed at this model's shapes, then measure the patched step."
+        ),
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="preset name, config.json or checkpoint directory (default: tiny on CPU, llama3-8b with 2 "
+                        "layers on CUDA)")
+    p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers")
+    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
+    p.add_argument("--steps", type=int, metavar="N", help="profiled and timed steps (2 on CPU, 5 on CUDA)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], help="bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    p.add_argument("--trace", metavar="PATH",
+                   help="write the original step's Chrome trace (and the patched one as <name>.patched<ext>)")
+    p.add_argument("--no-predict", action="store_true", help="skip the op bench and the prediction")
+    p.add_argument("--no-patched", action="store_true", help="do not run the patched model")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress and no tables; one summary line")
+    p.set_defaults(func=_cmd_profile)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .workflows.compare import ConfigError
+    from .workflows.profile import ProfileConfig, resolve_profile, run_profile
+
+    prog = "tigon profile"
+    for path, flag in ((args.json, "--json"), (args.trace, "--trace")):
+        problem = _check_output(path, flag)
+        if problem:
+            return _fail(prog, problem)
+    config = ProfileConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
+                           steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device,
+                           trace=args.trace, predict=not args.no_predict, patched=not args.no_patched,
+                           seed=args.seed)
+    _quiet_transformers()
+    try:
+        resolve_profile(config)
+        if args.quiet:
+            result = run_profile(config)
+        else:
+            with _StageProgress(None) as progress:
+                result = run_profile(config, progress=progress)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    if args.quiet:
+        print(f"step_ms original={_num(report['step_ms_original'])} "
+              f"predicted={_num(report['predicted_step_ms_patched'])} patched={_num(report['step_ms_patched'])} "
+              f"device={report['device']}")
+    else:
+        _render_profile(report, [p for p in [args.json, *report["traces"]] if p])
+    return 0
+
+
+def _render_profile(r: dict[str, Any], written: list[str]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    cfg, model = r["config"], r["model"]
+    table = Table(title=f"tigon profile: {model['source']} ({_layers(model)}), "
+                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
+                  title_justify="left", caption=f"ms per step: {r['time_basis']}")
+    for col in ("category", "original ms", "%", "Tigon op", "tigon/eager", "predicted ms", "patched ms"):
+        table.add_column(col, justify="left" if col in ("category", "Tigon op") else "right", overflow="fold")
+    for c in r["categories"]:
+        name = f"[bold]{c['label']}[/]" if c["replaced"] else c["label"]
+        table.add_row(name, _num(c["ms"]), f"{c['pct']:.1f}", c["tigon_op"] or "",
+                      f"{c['bench_ratio']:.2f}" if c["bench_ratio"] is not None else "",
+                      _num(c["predicted_ms"]) if c["predicted_ms"] is not None else "",
+                      _num(c["patched_ms"]) if c["patched_ms"] is not None else "")
+    table.add_section()
+    table.add_row("profiled step", _num(r["profiled_step_ms"]), "100", "", "", "",
+                  _num(r["profiled_step_ms_patched"]) if r["profiled_step_ms_patched"] else "")
+    console.print(table)
+    summary = Table(title="Step time (unprofiled, median)", title_justify="left", show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column(overflow="fold")
+    summary.add_row("original", f"{_num(r['step_ms_original'])} ms")
+    if r["predicted_step_ms_patched"] is not None:
+        summary.add_row("patched, predicted", f"{_num(r['predicted_step_ms_patched'])} ms "
+                                              f"({r['step_ms_original'] / r['predicted_step_ms_patched']:.2f}x)")
+    if r["step_ms_patched"] is not None:
+        err = r["prediction_error_pct"]
+        summary.add_row("patched, measured", f"{_num(r['step_ms_patched'])} ms "
+                                             f"({r['step_ms_original'] / r['step_ms_patched']:.2f}x)"
+                        + (f"; prediction off by {err:+.0f}%" if err is not None else ""))
+    if r["bench"]:
+        summary.add_row("op bench (fwd+bwd)", "; ".join(
+            f"{op}: eager {_num(b['eager_ms'])} ms, tigon {_num(b['tigon_ms'])} ms" for op, b in r["bench"].items()))
+    summary.add_row("patch", ", ".join(f"{k} x{v}" for k, v in r["patch"].items()) or "nothing replaced")
+    if r["backend"]:
+        summary.add_row("backend", r["backend"])
+    summary.add_row("model", f"{model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, "
+                             f"hidden {model.get('hidden_size')}, vocab {model.get('vocab_size')}")
+    summary.add_row("device", f"{r['device']} ({r['device_name']})")
+    console.print(summary)
+    for note in r["notes"]:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import warnings
 
 import torch
 
@@ -142,18 +143,68 @@ def uses_default_loss(model) -> bool:
     return getattr(model, "loss_function", None) is LOSS_MAPPING.get("ForCausalLM")
 
 
+def _is_modules_to_save(module) -> bool:
+    # PEFT's ModulesToSaveWrapper (duck-typed so PEFT need not be installed): the trained copy per adapter lives in
+    # ``modules_to_save[adapter]``, the frozen original in ``original_module``.
+    return isinstance(getattr(module, "modules_to_save", None), torch.nn.ModuleDict) \
+        and hasattr(module, "active_adapters") and hasattr(module, "disable_adapters")
+
+
+def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
+    """The plain ``nn.Linear`` whose weight (and bias) ``head(x)`` applies, looking through wrappers.
+
+    A PEFT ``ModulesToSaveWrapper`` (a trainable LM head via ``modules_to_save``) resolves to the copy of the active
+    adapter, or to the original module when adapters are disabled or none of it is active, exactly as its forward
+    dispatches. Anything else that is not a plain Linear (a LoRA layer on the head, a quantised Linear, a hooked
+    module) cannot be expressed as one weight.
+
+    Returns:
+        ``(linear, "")`` or ``(None, reason)``.
+    """
+    for _ in range(4):  # wrappers nest at most a few levels
+        if isinstance(head, torch.nn.Linear) and type(head).forward is torch.nn.Linear.forward:
+            return head, ""
+        if _is_modules_to_save(head):
+            active = list(head.active_adapters or ())
+            known = getattr(head, "_adapters", head.modules_to_save.keys())
+            if head.disable_adapters or not active or any(a not in known for a in active):
+                head = head.original_module
+            elif active[0] in head.modules_to_save:
+                head = head.modules_to_save[active[0]]
+            else:
+                return None, "PEFT modules_to_save wrapper without a module for the active adapter"
+            continue
+        break
+    name = type(head).__name__
+    if hasattr(head, "base_layer") and hasattr(head, "lora_A"):
+        return None, (f"the LM head is a PEFT LoRA layer ({name}): its output is base + low-rank update, not one "
+                      "weight; the original forward (materialised logits) runs")
+    return None, f"the LM head is {name}, not a plain torch.nn.Linear (e.g. quantised or wrapped)"
+
+
 def head_problem(model, spec: CausalLMSpec) -> str | None:
-    """Why the fused head cannot replace ``model``'s LM head, or None when it can."""
+    """Why the fused head cannot replace ``model``'s LM head, or None when it can (see :func:`effective_head`)."""
     head = getattr(model, spec.lm_head, None)
-    if not isinstance(head, torch.nn.Linear) or type(head).forward is not torch.nn.Linear.forward:
-        return f"{spec.lm_head} is {type(head).__name__}, not a plain torch.nn.Linear (e.g. quantised or wrapped)"
-    if not head.weight.is_floating_point():
-        return f"{spec.lm_head}.weight has dtype {head.weight.dtype}"
+    linear, why = effective_head(head)
+    if linear is None:
+        return why
+    if not linear.weight.is_floating_point():
+        return f"{spec.lm_head}.weight has dtype {linear.weight.dtype}"
     if getattr(model, spec.backbone, None) is None:
         return f"no backbone attribute {spec.backbone!r}"
     if not uses_default_loss(model):
         return "the model has a custom loss_function / loss_type; its loss is kept"
     return None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(family: str, why: str) -> None:
+    key = f"{family}: {why}"
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"tigon ({family}): fused LM-head loss not used, {why}", stacklevel=4)
 
 
 def _config_value(model, attr: str | None):
@@ -169,6 +220,11 @@ def _logit_scale(model, spec: CausalLMSpec) -> float:
     if div is not None:
         scale /= float(div)
     return scale
+
+
+def _router_aux_loss(model, spec: CausalLMSpec, family_module: str, router_logits, attention_mask):
+    fn = getattr(importlib.import_module(family_module), spec.router_aux_loss)
+    return fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)
 
 
 def output_class(family_module: str, name: str):
@@ -210,10 +266,16 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         labels = arguments.get("labels")
         logits_to_keep = arguments.get("logits_to_keep", 0)
         backbone_args = {k: v for k, v in arguments.items() if k not in spec.head_only_args}
+        router = False
+        if spec.router_aux_loss is not None:
+            router = backbone_args.get("output_router_logits")
+            if router is None:
+                router = bool(getattr(self.config, "output_router_logits", False))
+            backbone_args["output_router_logits"] = router
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
         hidden = slice_to_keep(hidden, logits_to_keep)
-        head = getattr(self, spec.lm_head)
+        head, _ = effective_head(getattr(self, spec.lm_head))
         loss = causal_lm_loss(
             hidden, head.weight, labels, head.bias,
             shift_labels=arguments.get("shift_labels"),
@@ -224,7 +286,11 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         )
         cls = output_class(family_module, spec.output_class)
         extra = {f.name: getattr(outputs, f.name) for f in dataclasses.fields(cls)
-                 if f.name not in ("loss", "logits") and hasattr(outputs, f.name)}
+                 if f.name not in ("loss", "logits", "aux_loss") and hasattr(outputs, f.name)}
+        if router:
+            aux = _router_aux_loss(self, spec, family_module, outputs.router_logits, arguments.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+            extra["aux_loss"] = aux
         out = cls(loss=loss, logits=None, **extra)
         return out if return_dict else out.to_tuple()
 
@@ -238,6 +304,8 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             ignore_index=arguments.get("ignore_index", -100),
             num_items_in_batch=arguments.get("num_items_in_batch"),
         )
+        if spec.router_aux_loss is not None and getattr(out, "aux_loss", None) is not None:
+            loss = loss + self.router_aux_loss_coef * out.aux_loss.to(loss.device)
         out = type(out)(**{**{k: v for k, v in out.items()}, "loss": loss})
         return out if return_dict else out.to_tuple()
 
@@ -255,8 +323,11 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             arguments.update(arguments.pop(var_kw, {}))
         if arguments.get("labels") is None or not uses_default_loss(self):
             return original(self, *args, **kwargs)
-        if fused and self.training and head_problem(self, spec) is None:
-            return _fused(self, arguments)
+        if fused and self.training:
+            problem = head_problem(self, spec)
+            if problem is None:
+                return _fused(self, arguments)
+            _warn_once(family, problem)
         if ce:
             return _with_ce(self, arguments)
         return original(self, *args, **kwargs)

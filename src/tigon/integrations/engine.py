@@ -42,6 +42,7 @@ import torch
 from . import forwards as fw
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
+from .generic import Match, generic_matches
 from .report import PatchEntry, PatchReport
 
 _LOCK = threading.RLock()
@@ -100,7 +101,7 @@ def _switch(module, name: str, family: str) -> _RopeSwitch:
 # ---- class-level state -----------------------------------------------------------------------------------------
 @dataclass
 class _ClassState:
-    saved: list[tuple[type, object, str]] = field(default_factory=list)  # (class, original or _MISSING, kind)
+    saved: list[tuple[type, str, object, str]] = field(default_factory=list)  # (class, attr, original|_MISSING, kind)
     rope: _RopeSwitch | None = None
 
 
@@ -112,6 +113,14 @@ _CLASS_STATE: dict[str, _ClassState] = {}
 class _Action:
     entry: PatchEntry
     apply: Callable[[], None]
+
+
+# Attributes the engine ever sets on instances / classes (unpatch looks for Tigon marks on exactly these).
+PATCH_ATTRS = ("forward", "_apply_gate")
+
+
+def _attr(comp) -> str:
+    return getattr(comp, "patch_attr", "forward")
 
 
 def _import_family(spec: FamilySpec):
@@ -134,23 +143,23 @@ def _components(spec: FamilySpec, enabled: dict[str, bool]):
     return [c for c in out if enabled[c[0]]]
 
 
-def _factory(kind: str, comp, spec: FamilySpec, original, opts: dict):
+def _factory(kind: str, comp, family: str, family_module: str, original, opts: dict):
     if kind in ("rms_norm", "layer_norm"):
-        return fw.norm_forward(comp, spec.name, original)
+        return fw.norm_forward(comp, family, original)
     if kind == "mlp":
-        return fw.mlp_forward(comp, spec.name, original)
-    return causal_lm_forward(comp, spec.name, spec.module, original, opts["fused"], opts["ce"])
+        if comp.experts:
+            return fw.experts_gate(comp, family, original)
+        return fw.mlp_forward(comp, family, original)
+    return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"])
 
 
 def _describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "rms_norm":
-        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset})"
+        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
     if kind == "layer_norm":
         return "tigon.functional.layer_norm"
     if kind == "mlp":
-        if module is not None:
-            return fw.describe_mlp(module, comp)
-        return f"{comp.down}(swiglu|geglu({comp.gate}(x), {comp.up}(x))) by config.{comp.act_config_attr} per call"
+        return fw.describe_mlp(module, comp)
     parts = []
     if opts["fused"]:
         parts.append("training with labels: tigon.functional.fused_linear_cross_entropy (logits=None)")
@@ -174,15 +183,29 @@ def _problem(kind: str, comp, module, opts) -> str | None:
 
 def _rope_problem(spec: FamilySpec, mod) -> str | None:
     if spec.rope.layout != "rotate_half":
-        return f"layout {spec.rope.layout!r} is not supported (tigon.functional.rope is rotate-half)"
+        return (f"layout {spec.rope.layout!r} is not supported (tigon.functional.rope is rotate-half over the full "
+                "head dim); the family's rotary function is left alone")
     if not callable(getattr(mod, spec.rope.function, None)):
         return "function not found in this transformers"
     return None
 
 
-def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport):
+def partial_rotary_factor(config) -> float:
+    """The fraction of the head dim that is rotated (``partial_rotary_factor`` in the config or its
+    ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
+    for holder in (config, getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if isinstance(holder, dict):
+            v = holder.get("partial_rotary_factor")
+        else:
+            v = getattr(holder, "partial_rotary_factor", None) if holder is not None else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return 1.0
+
+
+def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, report: PatchReport):
+    """Matches of the spec's classes in ``model`` (class-not-found and rope problems go to the report)."""
     mod = _import_family(spec)
-    actions: list[_Action] = []
     classes = []
     for kind, name, comp in _components(spec, enabled):
         cls = getattr(mod, name, None)
@@ -191,74 +214,113 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
         else:
             classes.append((kind, cls, comp))
     attn_classes = []
-    rope_ok = False
     if enabled["rope"] and spec.rope is not None:
         problem = _rope_problem(spec, mod)
         if problem is not None:
             report.skipped.append(PatchEntry("rope", f"{spec.module}.{spec.rope.function}", problem))
         else:
-            rope_ok = True
             for name in spec.rope.attention_classes:
                 cls = getattr(mod, name, None)
                 if cls is None:
                     report.skipped.append(PatchEntry("rope", f"{spec.module}.{name}", "class not found"))
                 else:
                     attn_classes.append(cls)
-
-    seen_kinds = set()
+    matches = []
     for path, m in model.named_modules():
+        hit = next(((k, c, comp) for k, c, comp in classes if isinstance(m, c)), None)
+        if hit is not None:
+            matches.append((path, m, Match(hit[0], hit[1], hit[2], spec.module)))
+            continue
+        cls = next((c for c in attn_classes if isinstance(m, c)), None)
+        if cls is not None:
+            matches.append((path, m, Match("rope", cls, spec.rope, spec.module, rope_module=mod)))
+    wanted = {k for k, _, _ in classes} | ({"rope"} if attn_classes else set())
+    return matches, wanted
+
+
+def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
+    """Turn matches into actions (or skipped / already-patched entries); nothing is changed here."""
+    actions: list[_Action] = []
+    no_rope = 0
+    for path, m, match in matches:
+        kind, cls, comp = match.kind, match.cls, match.comp
         target = path or f"({type(m).__name__})"
-        match = next(((k, c, comp) for k, c, comp in classes if isinstance(m, c)), None)
-        if match is None and rope_ok and any(isinstance(m, c) for c in attn_classes):
-            match = ("rope", next(c for c in attn_classes if isinstance(m, c)), spec.rope)
-        if match is None:
+        if match.problem is not None:
+            report.skipped.append(PatchEntry(kind, target, match.problem))
             continue
-        kind, cls, comp = match
-        seen_kinds.add(kind)
-        current = m.__dict__.get("forward")
-        if type(m).forward is not cls.forward:
-            report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.forward"))
+        attr = _attr(comp)
+        current = m.__dict__.get(attr)
+        if getattr(type(m), attr, None) is not getattr(cls, attr, None):
+            report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
-        if fw.tigon_mark(type(m).forward) is not None:
+        if fw.tigon_mark(getattr(type(m), attr, None)) is not None:
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
             if fw.tigon_mark(current) is not None:
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
-                report.skipped.append(PatchEntry(kind, target, "instance forward already overridden by another "
+                report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
                                                  "library (e.g. accelerate hooks)"))
             continue
         if kind == "rope":
-            sw = _SWITCHES.get((spec.module, spec.rope.function))
+            if comp.enabled_attr is not None and not getattr(m, comp.enabled_attr, True):
+                no_rope += 1
+                continue
+            factor = partial_rotary_factor(getattr(m, "config", None))
+            if factor < 1.0:
+                report.skipped.append(PatchEntry(kind, target, f"partial rotary (partial_rotary_factor={factor:g}): "
+                                                 "tigon.functional.rope rotates the full head dim"))
+                continue
+            sw = _SWITCHES.get((match.family_module, comp.function))
             if sw is not None and sw.class_level:
                 report.already_patched.append(PatchEntry(kind, target, "class level"))
                 continue
-            sw_args = (mod, spec.rope.function, spec.name)
-            fn = fw.attention_forward(spec.name, type(m).forward)
-            detail = f"{spec.rope.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
+            sw_args = (match.rope_module, comp.function, family)
+            fn = fw.attention_forward(family, type(m).forward)
+            detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
             actions.append(_Action(PatchEntry(kind, target, detail), _rope_instance_apply(m, fn, sw_args)))
             continue
         problem = _problem(kind, comp, m, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
-        fn = _factory(kind, comp, spec, type(m).forward, opts)
-        actions.append(_Action(PatchEntry(kind, target, _describe(kind, comp, m, opts)), _bind(m, fn)))
-
-    wanted = {k for k, _, _ in classes} | ({"rope"} if rope_ok and attn_classes else set())
-    for kind in sorted(wanted - seen_kinds):
-        report.notes.append(f"{kind}: no matching module in this model")
-    if rope_ok and any(a.entry.kind == "rope" for a in actions):
+        fn = _factory(kind, comp, family, match.family_module, getattr(type(m), attr), opts)
+        actions.append(_Action(PatchEntry(kind, target, _describe(kind, comp, m, opts)), _bind(m, attr, fn)))
+    if no_rope:
+        report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
+                            "nothing to patch there")
+    rope_globals = sorted({f"{mt.family_module}.{mt.comp.function}" for _, _, mt in matches
+                           if mt.kind == "rope" and mt.problem is None})
+    if any(a.entry.kind == "rope" for a in actions):
         report.notes.append(
-            f"rope: {spec.module}.{spec.rope.function} is a dispatcher while patched models are alive; it runs "
+            f"rope: {', '.join(rope_globals)} is a dispatcher while patched models are alive; it runs "
             "tigon.functional.rope only inside patched attention modules, other models get the original")
     return actions
 
 
-def _bind(module, fn):
+def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport):
+    matches, wanted = _family_matches(model, spec, enabled, report)
+    actions = _plan_matches(matches, spec.name, opts, report)
+    seen = {mt.kind for _, _, mt in matches}
+    for kind in sorted(wanted - seen):
+        report.notes.append(f"{kind}: no matching module in this model")
+    return actions
+
+
+def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: PatchReport):
+    result = generic_matches(model, enabled)
+    for kind, target, reason in result.skipped:
+        report.skipped.append(PatchEntry(kind, target, reason))
+    actions = _plan_matches(result.matches, "generic", opts, report)
+    report.notes.append("generic matcher: each module was replaced only after a numerical probe against the "
+                        "original (see tigon.integrations.generic)")
+    return actions
+
+
+def _bind(module, attr: str, fn):
     def apply():
-        module.forward = types.MethodType(fn, module)
+        setattr(module, attr, types.MethodType(fn, module))
     return apply
 
 
@@ -276,16 +338,22 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
     actions: list[_Action] = []
     for kind, name, comp in _components(spec, enabled):
         cls = getattr(mod, name, None)
-        target = f"{spec.module}.{name}.forward"
+        attr = _attr(comp)
+        target = f"{spec.module}.{name}.{attr}"
         if cls is None:
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
             continue
-        if fw.tigon_mark(cls.__dict__.get("forward")) is not None:
+        if fw.tigon_mark(cls.__dict__.get(attr)) is not None:
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
-        fn = _factory(kind, comp, spec, cls.forward, opts)
+        if kind == "mlp" and comp.experts:
+            hook, default = getattr(cls, attr, None), fw.default_experts_gate()
+            if hook is None or hook is not default:
+                report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
+                continue
+        fn = _factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
         actions.append(_Action(PatchEntry(kind, target, _describe(kind, comp, None, opts)),
-                               _class_apply(spec.name, cls, fn, kind)))
+                               _class_apply(spec.name, cls, attr, fn, kind)))
     if enabled["rope"] and spec.rope is not None:
         target = f"{spec.module}.{spec.rope.function}"
         sw = _SWITCHES.get((spec.module, spec.rope.function))
@@ -295,16 +363,17 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
         elif sw is not None and sw.class_level:
             report.already_patched.append(PatchEntry("rope", target, "class level"))
         else:
-            actions.append(_Action(PatchEntry("rope", target, "tigon.functional.rope for every model of the family"),
+            actions.append(_Action(PatchEntry("rope", target, "tigon.functional.rope for every model of the family "
+                                              "(calls with partial rotary run the original)"),
                                    _class_rope_apply(spec, mod)))
     return actions
 
 
-def _class_apply(family: str, cls: type, fn, kind: str):
+def _class_apply(family: str, cls: type, attr: str, fn, kind: str):
     def apply():
         state = _CLASS_STATE.setdefault(family, _ClassState())
-        state.saved.append((cls, cls.__dict__.get("forward", _MISSING), kind))
-        cls.forward = fn
+        state.saved.append((cls, attr, cls.__dict__.get(attr, _MISSING), kind))
+        setattr(cls, attr, fn)
     return apply
 
 
@@ -327,18 +396,32 @@ def _find_family(model: torch.nn.Module) -> FamilySpec | None:
     return None
 
 
-def _resolve(obj, verb: str) -> tuple[FamilySpec | None, str]:
+def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | None, str]:
+    """(spec, level); spec None means the generic matcher (a model of no registered family, or family="generic")."""
     if isinstance(obj, str):
+        if family is not None:
+            raise TypeError(f"tigon.{verb}: family= is only for models; got the family name {obj!r} already")
         return family_by_name(obj), "class"
     if isinstance(obj, torch.nn.Module):
-        spec = _find_family(obj)
-        if spec is None and verb == "patch":
-            raise TypeError(
-                f"tigon.patch: {type(obj).__name__} (from {type(obj).__module__}) contains no module of a supported "
-                f"model family; supported families: {', '.join(sorted(FAMILIES))}")
-        return spec, "instance"
+        if family is None:
+            return _find_family(obj), "instance"
+        if family.lower() == "generic":
+            return None, "instance"
+        return family_by_name(family), "instance"
     raise TypeError(f"tigon.{verb} expects a torch.nn.Module or a family name "
                     f"({', '.join(sorted(FAMILIES))}), got {type(obj).__name__}")
+
+
+def _nothing_matched(model, report: PatchReport) -> TypeError:
+    why = ""
+    if report.skipped:
+        shown = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped[:3])
+        more = f" (+{len(report.skipped) - 3} more)" if len(report.skipped) > 3 else ""
+        why = f"; generic candidates rejected: {shown}{more}"
+    return TypeError(
+        f"tigon.patch: {type(model).__name__} (from {type(model).__module__}) contains no module of a supported model "
+        f"family (supported families: {', '.join(sorted(FAMILIES))}) and nothing the generic matcher recognises "
+        f"(RMSNorm-like norms, gated MLPs, rotate-half rotary){why}")
 
 
 def patch(
@@ -351,6 +434,7 @@ def patch(
     fused_linear_cross_entropy: bool = True,
     cross_entropy: bool = False,
     strict: bool = False,
+    family: str | None = None,
 ) -> PatchReport:
     """Route a Hugging Face model (or a whole model family) through Tigon's kernels.
 
@@ -370,33 +454,42 @@ def patch(
         cross_entropy: when logits are materialised with labels (eval, or the fused path off), compute the loss
             with :func:`tigon.functional.cross_entropy` instead of torch.
         strict: raise instead of skipping anything requested that cannot be patched; nothing is changed then.
+        family: for a model, the family spec to apply instead of detecting it from the model's classes; ``"generic"``
+            forces the generic matcher (:mod:`tigon.integrations.generic`). Models of no registered family use the
+            generic matcher anyway (``report.family == "generic"``).
 
     Returns:
         a :class:`~tigon.integrations.report.PatchReport` (``print`` it, or ``.as_dict()`` for JSON). Patching twice
         is idempotent: the second report lists the targets under ``already_patched``.
 
     Raises:
-        TypeError: the model contains no module of a supported family, or the argument is neither a module nor
-            a string (the message names the class and the supported families).
+        TypeError: the model contains no module of a supported family and the generic matcher recognises nothing
+            in it (the message names the class, the supported families and rejected candidates), or the argument
+            is neither a module nor a string.
         ValueError: unknown family name; or ``strict=True`` and something requested cannot be patched (the
             message lists each target and why).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
-    spec, level = _resolve(model_or_family, "patch")
+    spec, level = _resolve(model_or_family, "patch", family)
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
                "lm_head_loss": bool(fused_linear_cross_entropy or cross_entropy)}
     opts = {"fused": bool(fused_linear_cross_entropy), "ce": bool(cross_entropy)}
-    report = PatchReport(family=spec.name, level=level)
+    name = spec.name if spec is not None else "generic"
+    report = PatchReport(family=name, level=level)
     with _LOCK:
         release_unused()
-        if level == "instance":
+        if spec is None:
+            actions = _plan_generic(model_or_family, enabled, opts, report)
+            if not actions and not report.already_patched and any(enabled.values()):
+                raise _nothing_matched(model_or_family, report)
+        elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report)
         else:
             actions = _plan_class(spec, enabled, opts, report)
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
             raise ValueError(f"tigon.patch(strict=True) cannot patch {len(report.skipped)} target(s) of family "
-                             f"{spec.name!r}: {lines}")
+                             f"{name!r}: {lines}")
         for a in actions:
             a.apply()
             report.replaced.append(a.entry)
@@ -428,13 +521,15 @@ def unpatch(model_or_family) -> PatchReport:
         release_unused()
         if level == "instance":
             for path, m in model_or_family.named_modules():
-                mk = fw.tigon_mark(m.__dict__.get("forward"))
-                if mk is None:
-                    continue
-                del m.__dict__["forward"]
-                for sw in _SWITCHES.values():
-                    sw.live.discard(m)
-                report.replaced.append(PatchEntry(mk["kind"], path or f"({type(m).__name__})", "original forward"))
+                for attr in PATCH_ATTRS:
+                    mk = fw.tigon_mark(m.__dict__.get(attr))
+                    if mk is None:
+                        continue
+                    del m.__dict__[attr]
+                    for sw in _SWITCHES.values():
+                        sw.live.discard(m)
+                    report.family = mk["family"]  # what was patched (a family spec or "generic")
+                    report.replaced.append(PatchEntry(mk["kind"], path or f"({type(m).__name__})", f"original {attr}"))
             for sw in list(_SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
@@ -443,16 +538,16 @@ def unpatch(model_or_family) -> PatchReport:
             if state is None:
                 report.notes.append(f"family {spec.name!r} was not patched at class level")
                 return report
-            for cls, original, kind in reversed(state.saved):
-                target = f"{cls.__module__}.{cls.__qualname__}.forward"
-                if fw.tigon_mark(cls.__dict__.get("forward")) is None:
+            for cls, attr, original, kind in reversed(state.saved):
+                target = f"{cls.__module__}.{cls.__qualname__}.{attr}"
+                if fw.tigon_mark(cls.__dict__.get(attr)) is None:
                     report.skipped.append(PatchEntry(kind, target, "changed by someone else since; left alone"))
                     continue
                 if original is _MISSING:
-                    delattr(cls, "forward")
+                    delattr(cls, attr)
                 else:
-                    setattr(cls, "forward", original)
-                report.replaced.append(PatchEntry(kind, target, "original forward"))
+                    setattr(cls, attr, original)
+                report.replaced.append(PatchEntry(kind, target, f"original {attr}"))
             if state.rope is not None:
                 state.rope.class_level = False
                 if state.rope.release():
@@ -466,7 +561,7 @@ def patched_state() -> dict:
     """Diagnostics: families patched at class level and rotary globals currently dispatched (for ``tigon inspect``)."""
     with _LOCK:
         return {
-            "class_level": {name: sorted({k for _, _, k in st.saved} | ({"rope"} if st.rope else set()))
+            "class_level": {name: sorted({k for _, _, _, k in st.saved} | ({"rope"} if st.rope else set()))
                             for name, st in _CLASS_STATE.items()},
             "rope_dispatchers": {sw.qualname: {"class_level": sw.class_level, "patched_attention_modules": len(sw.live)}
                                  for sw in _SWITCHES.values()},

@@ -153,14 +153,14 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
 
 
 def _dense(name: str, prefix: str, *, norm: NormSpec | None = None, mlp: MLPSpec | None = None,
-           rope: RopeSpec | None = None, causal_lm: CausalLMSpec | None = None, extra_norms: tuple = (),
-           module: str | None = None, aliases: tuple[str, ...] = ()) -> FamilySpec:
+           rope: RopeSpec | None = None, causal_lm: CausalLMSpec | None = None,
+           aliases: tuple[str, ...] = ()) -> FamilySpec:
     """The usual shape of a decoder family: ``<Prefix>RMSNorm``, ``<Prefix>MLP``, ``apply_rotary_pos_emb`` called by
     ``<Prefix>Attention`` and ``<Prefix>ForCausalLM``, each overridable."""
     return FamilySpec(
         name=name,
-        module=module or f"transformers.models.{name}.modeling_{name}",
-        norms=(norm or NormSpec(f"{prefix}RMSNorm"),) + extra_norms,
+        module=f"transformers.models.{name}.modeling_{name}",
+        norms=(norm or NormSpec(f"{prefix}RMSNorm"),),
         mlps=(mlp or MLPSpec(f"{prefix}MLP"),),
         rope=rope or RopeSpec(attention_classes=(f"{prefix}Attention",)),
         causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"),
@@ -172,13 +172,15 @@ def _gemma_norm(prefix: str) -> NormSpec:  # (1 + w), everything in fp32, cast a
     return NormSpec(f"{prefix}RMSNorm", casting_mode="gemma", offset=1.0, eps_attr="eps")
 
 
-def _moe(name: str, prefix: str) -> FamilySpec:
-    """A v5 MoE family: dense MLP layers (if any) and the experts' ``_apply_gate`` hook; MoE causal-LM output."""
+def _moe(name: str, prefix: str, *, dense_mlp: bool) -> FamilySpec:
+    """A v5 MoE family: the experts' ``_apply_gate`` hook (and the dense MLP of non-MoE layers where the family has
+    one); the MoE causal-LM output with the router load-balancing loss."""
+    dense = (MLPSpec(f"{prefix}MLP"),) if dense_mlp else ()
     return FamilySpec(
         name=name,
         module=f"transformers.models.{name}.modeling_{name}",
         norms=(NormSpec(f"{prefix}RMSNorm"),),
-        mlps=(MLPSpec(f"{prefix}MLP"), MLPSpec(f"{prefix}Experts", experts=True)),
+        mlps=dense + (MLPSpec(f"{prefix}Experts", experts=True),),
         rope=RopeSpec(attention_classes=(f"{prefix}Attention",)),
         causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", output_class="MoeCausalLMOutputWithPast",
                                router_aux_loss="load_balancing_loss_func"),
@@ -187,10 +189,10 @@ def _moe(name: str, prefix: str) -> FamilySpec:
 
 LLAMA = _dense("llama", "Llama")
 MISTRAL = _dense("mistral", "Mistral")
-MIXTRAL = _moe("mixtral", "Mixtral")  # no dense MLP class: the experts' hook only ("class not found" is not an error)
+MIXTRAL = _moe("mixtral", "Mixtral", dense_mlp=False)  # every layer is MoE
 QWEN2 = _dense("qwen2", "Qwen2")
 QWEN3 = _dense("qwen3", "Qwen3")  # Qwen2 plus per-head q_norm / k_norm (the same RMSNorm class)
-QWEN3_MOE = _moe("qwen3_moe", "Qwen3Moe")  # also per-head q_norm / k_norm
+QWEN3_MOE = _moe("qwen3_moe", "Qwen3Moe", dense_mlp=True)  # per-head q_norm / k_norm; config.mlp_only_layers
 GEMMA = _dense("gemma", "Gemma", norm=_gemma_norm("Gemma"))  # (1 + w) in fp32, gelu-tanh gated MLP (hidden_act)
 GEMMA2 = _dense(  # pre/post feed-forward norms (same class), config.hidden_activation, final logit softcapping
     "gemma2", "Gemma2", norm=_gemma_norm("Gemma2"), mlp=MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),

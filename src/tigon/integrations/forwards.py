@@ -73,22 +73,34 @@ def norm_problem(module, spec: NormSpec) -> str | None:
 
 # ---- gated MLPs ----------------------------------------------------------------------------------------------
 def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
-    """``(op, approximate)`` for the module's activation (see ACTIVATIONS), or a string saying why not."""
-    config = getattr(module, "config", None)
-    name = getattr(config, spec.act_config_attr, None) if config is not None else None
-    if name is None:
-        return f"cannot read config.{spec.act_config_attr} from the module"
-    act = ACTIVATIONS.get(name)
+    """``(op, approximate)`` for the module's activation (see ACTIVATIONS), or a string saying why not.
+
+    ``spec.activation`` when set (generic matcher), else ``module.config.<spec.act_config_attr>``.
+    """
+    if spec.activation is not None:
+        name, where = spec.activation, "probed activation"
+    else:
+        config = getattr(module, "config", None)
+        name = getattr(config, spec.act_config_attr, None) if config is not None else None
+        if name is None:
+            return f"cannot read config.{spec.act_config_attr} from the module"
+        where = f"config.{spec.act_config_attr}"
+    act = ACTIVATIONS.get(name) if isinstance(name, str) else None
     if act is None:
-        return f"activation {name!r} (config.{spec.act_config_attr}) has no Tigon kernel; supported: " + \
-            ", ".join(ACTIVATIONS)
+        return f"activation {name!r} ({where}) has no Tigon kernel; supported: " + ", ".join(ACTIVATIONS)
     return act
+
+
+def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    op, approximate = act
+    return TF.swiglu(gate, up) if op == "swiglu" else TF.geglu(gate, up, approximate=approximate)
 
 
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
 
+    With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
     original forward.
     """
@@ -98,26 +110,80 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         act = mlp_activation(self, spec)
         if args or kwargs or isinstance(act, str):
             return original(self, x, *args, **kwargs)
-        op, approximate = act
-        gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
-        h = TF.swiglu(gate, up) if op == "swiglu" else TF.geglu(gate, up, approximate=approximate)
-        return getattr(self, spec.down)(h)
+        if spec.gate_up is not None:
+            gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
+        else:
+            gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
+        return getattr(self, spec.down)(_glu(act, gate, up))
 
     return mark(forward, "mlp", family)
 
 
+@functools.lru_cache(maxsize=None)
+def experts_gate(spec: MLPSpec, family: str, original):
+    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module.
+
+    ``gate_up_out``: (S, 2 * I) output of the experts' fused gate-up projection for S routed (token, expert) pairs;
+    returns (S, I) in its dtype. An activation without a kernel runs ``original`` (the class's hook).
+    """
+
+    @functools.wraps(original)
+    def _apply_gate(self, gate_up_out, *args, **kwargs):
+        act = mlp_activation(self, spec)
+        if args or kwargs or isinstance(act, str):
+            return original(self, gate_up_out, *args, **kwargs)
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return _glu(act, gate, up)
+
+    return mark(_apply_gate, "mlp", family)
+
+
+def default_experts_gate():
+    """transformers' ``_default_apply_gate`` (``act_fn(gate) * up`` on the chunked halves), or None when the
+    installed transformers has no experts-implementation hook."""
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:
+        return None
+    return _default_apply_gate
+
+
 def mlp_problem(module, spec: MLPSpec) -> str | None:
-    """Why ``module`` cannot take the Tigon MLP forward, or None when it can."""
-    for attr in (spec.gate, spec.up, spec.down):
-        if not callable(getattr(module, attr, None)):
-            return f"no callable attribute {attr!r}"
+    """Why ``module`` cannot take the Tigon MLP forward (or experts hook), or None when it can."""
+    if spec.experts:
+        hook = getattr(type(module), "_apply_gate", None)
+        default = default_experts_gate()
+        if hook is None or default is None:
+            return "no _apply_gate hook in this transformers (experts implementation interface missing)"
+        if hook is not default and tigon_mark(hook) is None:
+            return f"{type(module).__name__} defines its own _apply_gate (a custom gating function); left alone"
+        if getattr(module, "has_gate", True) is False or getattr(module, "is_concatenated", True) is False:
+            return "experts without a concatenated [gate; up] projection"
+        impl = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        if impl == "eager":
+            return ("config._experts_implementation is 'eager': its loop computes act_fn(gate) * up inline, which "
+                    "is not separable; load with experts_implementation='grouped_mm' or 'batched_mm' to use the "
+                    "kernel")
+    else:
+        names = (spec.gate_up, spec.down) if spec.gate_up is not None else (spec.gate, spec.up, spec.down)
+        for attr in names:
+            if not callable(getattr(module, attr, None)):
+                return f"no callable attribute {attr!r}"
     act = mlp_activation(module, spec)
     return act if isinstance(act, str) else None
 
 
 def describe_mlp(module, spec: MLPSpec) -> str:
-    op, approximate = mlp_activation(module, spec)
-    name = f"tigon.functional.{op}" + (f"(approximate={approximate!r})" if op == "geglu" else "")
+    """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``."""
+    act = mlp_activation(module, spec) if module is not None else None
+    if act is None or isinstance(act, str):
+        name = f"swiglu|geglu by config.{spec.act_config_attr} per call"
+    else:
+        name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
+    if spec.experts:
+        return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
+    if spec.gate_up is not None:
+        return f"{spec.down}({name}(*{spec.gate_up}(x).chunk(2, -1)))"
     return f"{spec.down}({name}({spec.gate}(x), {spec.up}(x)))"
 
 

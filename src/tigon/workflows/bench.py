@@ -13,9 +13,9 @@ that the path runs: Tigon's kernels are executed by Triton's interpreter). Modes
 inputs require grad), ``bwd`` (the backward alone: a fresh, untimed forward before every sample, so backward
 passes that can run only once per forward, such as Tigon's fused linear cross-entropy or an in-place backward,
 are timed like the others; providers that do their gradient work in the forward show a small ``bwd``) and
-``fwd_bwd``. Peak extra memory:
-``torch.cuda.max_memory_allocated`` during one forward+backward minus the memory held before it (inputs and
-upstream gradient), in bytes; the gradients produced count as extra. Not measured on CPU (``None``).
+``fwd_bwd``. Peak extra memory: ``torch.cuda.max_memory_allocated`` during one forward+backward minus the
+memory held before it (inputs and upstream gradient), in bytes; the gradients produced count as extra. Not
+measured on CPU (``None``).
 
 Ceilings measured in the same run (see :func:`measure_ceilings`): device-to-device copy bandwidth (bytes read
 + written / time) and the matmul rate (bf16 8192^3 on CUDA). Memory-bound ops report GB/s over their *minimal*
@@ -33,7 +33,8 @@ swiglu, geglu          3 M I e (gate, up, out) 8 M I e (+ gate, up, dout, 2 grad
 cross_entropy          M V e (logits)          2 M V e (+ dlogits)
 =====================  ======================  ===============================
 
-Fused linear cross-entropy FLOPs: fwd ``2 M N V``, fwd+bwd ``6 M N V`` (three matmuls).
+Fused linear cross-entropy FLOPs: fwd ``2 M N V``, fwd+bwd ``6 M N V`` (three matmuls). No TFLOP/s is reported
+for its ``bwd`` row: fused implementations form the gradients during the forward.
 """
 
 from __future__ import annotations
@@ -172,9 +173,9 @@ def _time(fn: Callable[[], object], device: torch.device, grad_to_none=None, cpu
 BWD_NOTE = "backward alone: a fresh forward before each sample, untimed"
 
 
-def _time_bwd(fwd: Callable[[], object], dout: torch.Tensor, device: torch.device, leaves, fwd_bwd_ms: float
-              ) -> tuple[float, float, float]:
-    """(median, p20, p80) in ms of ``fwd().backward(dout)``'s backward alone.
+def _time_bwd(fwd: Callable[[], object], douts: list[torch.Tensor], device: torch.device, leaves,
+              fwd_bwd_ms: float) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms of the backward alone of ``fwd()``'s outputs with upstream gradients ``douts``.
 
     Every sample runs a fresh forward (untimed), so backward passes that can run only once per forward (gradients
     formed in the forward, gradients written in place) are timed like the others. On CUDA: CUDA events around the
@@ -183,29 +184,29 @@ def _time_bwd(fwd: Callable[[], object], dout: torch.Tensor, device: torch.devic
     def sample_once():
         for t in leaves:
             t.grad = None
-        return _first(fwd())
+        return _outputs(fwd())
 
     if device.type != "cuda":
-        sample_once().backward(dout)
+        _backward(sample_once(), douts)
         samples = []
         for _ in range(3):
             out = sample_once()
             t0 = time.perf_counter()
-            out.backward(dout)
+            _backward(out, douts)
             samples.append((time.perf_counter() - t0) * 1e3)
         samples.sort()
         return statistics.median(samples), samples[0], samples[-1]
     cache = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
     n = int(min(1000, max(5, 100.0 / max(fwd_bwd_ms, 1e-3))))
     for _ in range(min(n, 10)):  # warm-up
-        sample_once().backward(dout)
+        _backward(sample_once(), douts)
     samples = []
     for _ in range(n):
         out = sample_once()
         cache.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        out.backward(dout)
+        _backward(out, douts)
         end.record()
         samples.append((start, end))
         del out
@@ -213,6 +214,18 @@ def _time_bwd(fwd: Callable[[], object], dout: torch.Tensor, device: torch.devic
     ms = sorted(s.elapsed_time(e) for s, e in samples)
     q = torch.tensor(ms).quantile(torch.tensor([0.5, 0.2, 0.8])).tolist()
     return float(q[0]), float(q[1]), float(q[2])
+
+
+def _copy_ms(n: int, dtype: torch.dtype, device: torch.device) -> float:
+    src = torch.randn(n, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    return _time(lambda: dst.copy_(src), device)[0]
+
+
+def _matmul_ms(m: int, dtype: torch.dtype, device: torch.device) -> float:
+    a = torch.randn(m, m, device=device, dtype=dtype)
+    b = torch.randn(m, m, device=device, dtype=dtype)
+    return _time(lambda: a @ b, device)[0]
 
 
 def measure_ceilings(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -227,17 +240,11 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype = torch.bfloat16) 
     cuda = device.type == "cuda"
     n = (1 << 29) if cuda else (1 << 24)
     mm_dtype = torch.bfloat16 if cuda else dtype
-    src = torch.randn(n, device=device, dtype=torch.bfloat16 if cuda else torch.float16)
-    dst = torch.empty_like(src)
-    ms, _, _ = _time(lambda: dst.copy_(src), device)
-    copy_bytes = 2 * n * src.element_size()
-    copy = copy_bytes / (ms * 1e-3) / 1e9
-    del src, dst
+    copy_dtype = torch.bfloat16 if cuda else torch.float16
+    copy_bytes = 2 * n * torch.finfo(copy_dtype).bits // 8
+    copy = copy_bytes / (_copy_ms(n, copy_dtype, device) * 1e-3) / 1e9
     m = 8192 if cuda else 512
-    a = torch.randn(m, m, device=device, dtype=mm_dtype)
-    b = torch.randn(m, m, device=device, dtype=mm_dtype)
-    ms, _, _ = _time(lambda: a @ b, device)
-    del a, b
+    ms = _matmul_ms(m, mm_dtype, device)
     if cuda:
         torch.cuda.empty_cache()
     return {"copy_gbps": copy, "matmul_tflops": 2 * m**3 / (ms * 1e-3) / 1e12, "copy_bytes": copy_bytes,
@@ -413,10 +420,8 @@ def _op_bytes(case: OpCase, shape: dict, elem: int, mode: str) -> int | None:
 
 
 def _op_flops(case: OpCase, shape: dict, mode: str) -> float | None:
-    if case.flops is None:
+    if case.flops is None or mode == "bwd":  # fused implementations do the backward's matmuls in the forward
         return None
-    if mode == "bwd":
-        return case.flops(shape, "fwd_bwd") - case.flops(shape, "fwd")
     return case.flops(shape, mode)
 
 
@@ -462,13 +467,24 @@ def model_ops(cfg: dict) -> list[str]:
         return list(CASES)
     ops = {n.kind for n in spec.norms}
     for m in spec.mlps:
-        act = cfg.get(m.act_config_attr) or cfg.get("hidden_act")
+        act = getattr(m, "activation", None) or cfg.get(m.act_config_attr) or _default_config_attr(
+            cfg.get("model_type"), m.act_config_attr)
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:
         ops.add("rope")
     ops |= {"cross_entropy", "fused_linear_cross_entropy"}
     return [op for op in CASES if op in ops]
+
+
+def _default_config_attr(model_type: str | None, attr: str):
+    """The default of ``attr`` in the ``transformers`` config class of ``model_type`` (None if unknown)."""
+    try:
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.for_model(model_type), attr, None)
+    except Exception:
+        return None
 
 
 def config_dict(model: str) -> tuple[dict, dict]:
@@ -539,8 +555,14 @@ def _fn_for(case: OpCase, provider: str, compiled: dict):
     return fn
 
 
-def _first(o):
-    return o[0] if isinstance(o, (tuple, list)) else o
+def _outputs(o) -> list[torch.Tensor]:
+    """The differentiable outputs of a provider call (rope returns (q, k); the others one tensor)."""
+    outs = list(o) if isinstance(o, (tuple, list)) else [o]
+    return [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _backward(outs: list[torch.Tensor], douts: list[torch.Tensor]) -> None:
+    torch.autograd.backward(outs, douts)
 
 
 def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, device: torch.device,
@@ -553,7 +575,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     fn = _fn_for(case, provider, compiled)
     inputs = case.make(shape, dtype, device)
     leaves = [inputs[k] for k in case.grads]
-    dout = torch.randn_like(_first(fn(**inputs)))
+    douts = [torch.randn_like(t) for t in _outputs(fn(**inputs))]
     for t in leaves:
         t.grad = None
 
@@ -561,7 +583,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
         return fn(**inputs)
 
     def fwd_bwd():
-        _first(fn(**inputs)).backward(dout)
+        _backward(_outputs(fn(**inputs)), douts)
 
     results: dict[str, tuple[float, float, float]] = {}
     if "fwd" in modes:
@@ -569,7 +591,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     if "fwd_bwd" in modes or "bwd" in modes:
         results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=leaves)
     if "bwd" in modes:
-        results["bwd"] = _time_bwd(fwd, dout, device, leaves, results["fwd_bwd"][0])
+        results["bwd"] = _time_bwd(fwd, douts, device, leaves, results["fwd_bwd"][0])
     peak = None
     if device.type == "cuda":
         for t in leaves:

@@ -131,12 +131,15 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
             rows.append(BackendRow(op, name, d.backend, d.reason))
     interp = support.interpreter_enabled()
     notes = []
-    if dev.type == "cpu" and interp:
+    disabled = os.environ.get("TIGON_DISABLE", "0") == "1"
+    if disabled:
+        notes.append("TIGON_DISABLE=1: the kernels are turned off; every op runs the PyTorch reference.")
+    elif dev.type == "cpu" and interp:
         notes.append("no CUDA device: the kernels run in Triton's CPU interpreter (correct but slow; the tigon CLI "
                      "sets TRITON_INTERPRET=1 on machines without CUDA).")
     elif dev.type == "cpu":
         notes.append("no CUDA device and TRITON_INTERPRET is not 1: every op runs the PyTorch reference.")
-    if dev.type == "cuda" and interp:
+    if dev.type == "cuda" and interp and not disabled:
         notes.append("TRITON_INTERPRET=1 on a CUDA machine: the kernels are interpreted, not compiled.")
     if support.is_strict():
         notes.append("strict mode: an op that would fall back to the reference raises tigon.UnsupportedError.")
@@ -152,7 +155,7 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
         versions=vers,
         triton_interpreter=interp,
         strict=support.is_strict(),
-        disabled=os.environ.get("TIGON_DISABLE", "0") == "1",
+        disabled=disabled,
         env={k: os.environ.get(k) for k in ENV_VARS},
         backends=rows,
         notes=notes,

@@ -1,0 +1,439 @@
+"""End-to-end training-step benchmark (library code behind ``tigon bench --e2e``).
+
+One Hugging Face causal LM, built from a preset / config (random weights from the seed), trained for
+``warmup + steps`` AdamW steps by each provider in turn, on the same random token batches:
+
+``original``
+    the model as Hugging Face writes it.
+``tigon``
+    the same model after :func:`tigon.patch` (instance level; :func:`tigon.unpatch` afterwards).
+``liger``
+    the same model after Liger-Kernel's ``_apply_liger_kernel_to_instance(model=...)`` (or its model-type specific
+    ``apply_liger_kernel_to_<type>(model=...)``) when ``liger_kernel`` is installed. Liger also rebinds globals of
+    the transformers modeling module and class attributes (e.g. the causal LM's ``forward``); they are put back
+    after the run (:class:`_GlobalsGuard`) so that later runs in the process see the original code.
+
+Per provider: tokens/s (batch * seq_len tokens over the median step time of the steps after the warm-up), the
+median step time with its 20/80 percentiles (ms), the peak memory of the run in bytes (CUDA:
+``torch.cuda.max_memory_allocated``, weights + gradients + AdamW state + activations; CPU: resident-set growth,
+see :mod:`tigon.workflows._train`) and the per-step losses. A provider that fails (out of memory, an unsupported
+family, Liger not installed) gets a row with ``status`` "failed" / "skipped" and a note; the others still run.
+
+Precision: ``bfloat16`` (the CUDA default) is pure bf16 training as in ``tigon compare``: weights, gradients and
+AdamW state all bf16; ``float32`` is the CPU default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib.util
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import presets as _presets
+from ._train import train
+from .compare import ConfigError, _device_name, _device_str, _resolve_device, versions
+
+E2E_PROVIDERS = ("original", "tigon", "liger")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULTS = {
+    "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
+    "cuda": dict(model="llama3-8b", layers=2, batch_size=4, seq_len=2048, steps=10, warmup=3, dtype="bfloat16"),
+}
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(provider, step, total_steps)``: after every optimizer step (warm-up included), ``step`` from 1."""
+
+
+@dataclass
+class E2EConfig:
+    """What ``tigon bench --e2e`` measures. ``None`` fields take the device's defaults (:data:`DEFAULTS`).
+
+    model: preset name, config.json file or checkpoint directory (its config only: weights are random from the
+        seed, the step time does not depend on them). layers: keep N decoder layers. batch_size, seq_len: tokens
+        per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before them (compilation,
+        autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS`. dtype: "bfloat16" or
+        "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
+    """
+
+    model: str | None = None
+    layers: int | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    providers: list[str] | None = None
+    dtype: str | None = None
+    device: str = "auto"
+    lr: float = 1e-4
+    seed: int = 0
+
+
+@dataclass
+class E2ERow:
+    """One provider's run.
+
+    status: "ok", "failed" (an exception; see note) or "skipped" (not installed). tokens_per_s: tokens per second
+    of median step time. step_ms / step_ms_p20 / step_ms_p80: timed steps' median and percentiles, ms.
+    step_times_ms: every step, warm-up included. peak_memory_bytes: bytes or None. losses: per step, warm-up
+    included. backend: Tigon's backend for the run ("triton", "interpreter", "reference", "none", ...).
+    patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
+    """
+
+    provider: str
+    status: str = "ok"
+    tokens_per_s: float | None = None
+    step_ms: float | None = None
+    step_ms_p20: float | None = None
+    step_ms_p80: float | None = None
+    step_times_ms: list[float] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+    losses: list[float] = field(default_factory=list)
+    backend: str | None = None
+    patch: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class E2EResult:
+    """The outcome of :func:`run_e2e`; :meth:`as_dict` is the JSON report.
+
+    config: the resolved configuration. model: source, architecture, parameters, sizes. rows: one
+    :class:`E2ERow` per provider. speedup: provider -> original step_ms / provider step_ms. memory_ratio:
+    provider -> peak memory / original peak memory. peak_memory_method: how memory was measured.
+    """
+
+    config: dict[str, Any]
+    model: dict[str, Any]
+    device: str
+    device_name: str
+    rows: list[E2ERow]
+    speedup: dict[str, float | None]
+    memory_ratio: dict[str, float | None]
+    peak_memory_method: str
+    versions: dict[str, str | None]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model configs and building (shared with tigon.workflows.profile)
+
+
+def hf_config(model: str, layers: int | None = None):
+    """The ``transformers`` config of ``model``: a preset name, a config.json file or a checkpoint directory.
+
+    Raises:
+        ConfigError: not a preset / file / directory, or the config cannot be read.
+    """
+    from .compare import CompareConfig, _hf_config
+
+    if model in _presets.PRESETS:
+        return _presets.build_config(model, layers)
+    if os.path.isdir(model):
+        return _hf_config(CompareConfig(model=model, layers=layers))
+    if not os.path.isfile(model):
+        raise ConfigError(f"--model {model}: not a preset ({', '.join(_presets.PRESETS)}), a config.json or a "
+                          "checkpoint directory")
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--model {model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+    if layers is not None:
+        cfg.num_hidden_layers = layers
+    return cfg
+
+
+def build_model(config, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
+    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def random_batches(vocab: int, n: int, batch_size: int, seq_len: int, seed: int) -> list[torch.Tensor]:
+    """``n`` (batch_size, seq_len) int64 batches of uniform random token ids in [0, vocab), CPU, from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (batch_size, seq_len), generator=g) for _ in range(n)]
+
+
+def model_info(config, source: str) -> dict[str, Any]:
+    """Description of a model config (no weights needed): architecture, sizes and parameter count."""
+    info = {"source": source, "model_type": getattr(config, "model_type", None),
+            "architecture": (getattr(config, "architectures", None) or [None])[0],
+            "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+            "hidden_size": getattr(config, "hidden_size", None),
+            "intermediate_size": getattr(config, "intermediate_size", None),
+            "vocab_size": getattr(config, "vocab_size", None)}
+    try:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            m = AutoModelForCausalLM.from_config(config)
+        info["architecture"] = type(m).__name__
+        info["num_parameters"] = sum(p.numel() for p in m.parameters())
+    except Exception:  # an exotic config: the description stays partial
+        info["num_parameters"] = None
+    return info
+
+
+def _positive(name: str, value, minimum: int = 1) -> None:
+    if value is not None and (not isinstance(value, int) or value < minimum):
+        raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {minimum}, got {value!r}")
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).quantile(q).item())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Liger
+
+
+class _GlobalsGuard:
+    """Snapshot of module globals and class attributes that a monkey-patching library may rebind; ``restore()``.
+
+    Covers the given modules' ``__dict__`` and, for every class defined in them, its ``__dict__``, ``__name__``
+    and ``__qualname__``.
+    """
+
+    def __init__(self, module_names):
+        self._mods = []
+        for name in module_names:
+            mod = sys.modules.get(name)
+            if mod is None:
+                continue
+            classes = [(c, dict(vars(c)), c.__name__, c.__qualname__) for c in list(vars(mod).values())
+                       if isinstance(c, type) and c.__module__ == name]
+            self._mods.append((mod, dict(vars(mod)), classes))
+
+    def restore(self) -> list[str]:
+        """Put everything back; returns the names that had changed."""
+        changed = []
+        for mod, saved, classes in self._mods:
+            changed += _restore_dict(mod, saved, vars(mod), setattr, delattr, mod.__name__)
+            for cls, cdict, name, qual in classes:
+                changed += _restore_dict(cls, cdict, vars(cls), type.__setattr__, type.__delattr__,
+                                         f"{mod.__name__}.{name}")
+                if cls.__name__ != name or cls.__qualname__ != qual:
+                    cls.__name__, cls.__qualname__ = name, qual
+                    changed.append(f"{mod.__name__}.{name}.__name__")
+        return changed
+
+
+def _restore_dict(obj, saved: dict, current, set_, del_, label: str) -> list[str]:
+    changed = []
+    for k in [k for k in list(current) if k not in saved]:
+        try:
+            del_(obj, k)
+            changed.append(f"{label}.{k}")
+        except (AttributeError, TypeError):
+            pass
+    for k, v in saved.items():
+        if k in ("__dict__", "__weakref__"):
+            continue
+        if current.get(k, _MISSING) is not v:
+            try:
+                set_(obj, k, v)
+                changed.append(f"{label}.{k}")
+            except (AttributeError, TypeError):
+                pass
+    return changed
+
+
+_MISSING = object()
+
+
+def apply_liger(model: torch.nn.Module) -> dict[str, Any]:
+    """Apply Liger-Kernel to ``model`` (instance); returns ``{"function", "patched_modules"}``.
+
+    Tries ``liger_kernel.transformers._apply_liger_kernel_to_instance(model=model)``, then
+    ``apply_liger_kernel_to_<model_type>(model=model)``.
+
+    ``patched_modules`` counts the submodules that got their own ``forward`` (0 can also mean that this Liger
+    version patches classes instead; the run's speed tells).
+
+    Raises:
+        ImportError: liger_kernel is not installed. RuntimeError: no apply function fits this model type.
+    """
+    import liger_kernel.transformers as lt
+
+    before = _forward_overrides(model)
+    fn = getattr(lt, "_apply_liger_kernel_to_instance", None)
+    if fn is None:
+        try:
+            from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance as fn
+        except ImportError:
+            fn = None
+    used = None
+    if fn is not None:
+        fn(model=model)
+        used = "_apply_liger_kernel_to_instance"
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if _forward_overrides(model) == before and model_type:
+        specific = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
+        if specific is not None:
+            specific(model=model)
+            used = f"apply_liger_kernel_to_{model_type}"
+    if used is None:
+        raise RuntimeError(f"liger_kernel has no apply function for model type {model_type!r}")
+    return {"function": used, "patched_modules": _forward_overrides(model) - before}
+
+
+def _forward_overrides(model: torch.nn.Module) -> int:
+    return sum(1 for m in model.modules() if "forward" in vars(m))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the workflow
+
+
+def resolve_e2e(config: E2EConfig) -> E2EConfig:
+    """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
+
+    Raises:
+        ConfigError: unknown provider / dtype / device, counts < 1.
+    """
+    device = _resolve_device(config.device)
+    d = DEFAULTS[device.type]
+    cfg = dataclasses.replace(config, device=device.type)
+    if cfg.model is None:
+        cfg.model = d["model"]
+        if cfg.layers is None:
+            cfg.layers = d["layers"]
+    for name in ("batch_size", "seq_len", "steps", "warmup", "dtype"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, d[name])
+    _positive("layers", cfg.layers)
+    _positive("batch_size", cfg.batch_size)
+    _positive("seq_len", cfg.seq_len, 2)
+    _positive("steps", cfg.steps)
+    _positive("warmup", cfg.warmup, 0)
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {cfg.dtype!r} for --e2e (choose from {', '.join(DTYPES)})")
+    providers = [p for item in (cfg.providers or list(E2E_PROVIDERS)) for p in item.split(",") if p]
+    for p in providers:
+        if p not in E2E_PROVIDERS:
+            raise ConfigError(f"unknown provider {p!r} for --e2e (choose from {', '.join(E2E_PROVIDERS)})")
+    cfg.providers = list(dict.fromkeys(providers))
+    return cfg
+
+
+def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
+    """Time ``warmup + steps`` training steps of one model per provider (see the module docstring).
+
+    Args:
+        config: what to run; ``None`` fields take the device's defaults.
+        progress: optional ``progress(provider, step, total)`` after every step.
+
+    Returns:
+        an :class:`E2EResult`; providers that fail are rows with ``status="failed"`` and the error as note.
+
+    Raises:
+        ConfigError: a bad configuration or an unreadable model config.
+    """
+    import tigon
+    from .. import support
+
+    cfg = resolve_e2e(config)
+    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    hfc = hf_config(cfg.model, cfg.layers)
+    info = model_info(hfc, cfg.model if cfg.model in _presets.PRESETS else os.path.abspath(cfg.model))
+    info["dtype"] = cfg.dtype
+    batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    rows: list[E2ERow] = []
+    method = ""
+    notes: list[str] = []
+    order = [p for p in ("original", "tigon", "liger") if p in cfg.providers]  # liger last: it rebinds globals
+    for provider in order:
+        row = E2ERow(provider)
+        if provider == "liger" and importlib.util.find_spec("liger_kernel") is None:
+            row.status, row.note = "skipped", "liger_kernel is not installed"
+            rows.append(row)
+            continue
+        held: dict[str, Any] = {}
+
+        def make_model(provider=provider, held=held):
+            model = build_model(hfc, dtype, device, cfg.seed)
+            model.train()
+            if provider == "tigon":
+                held["report"] = tigon.patch(model)
+            elif provider == "liger":
+                held["guard"] = _GlobalsGuard([type(model).__module__, "torch.nn.functional",
+                                               "transformers.loss.loss_utils"])
+                held["liger"] = apply_liger(model)
+            held["model"] = model
+            return model
+
+        def on_step(name, step, total, loss, provider=provider):
+            if progress is not None:
+                progress(provider, step, total)
+
+        try:
+            stats = train(make_model, batches, lr=cfg.lr, device=device, name=provider, progress=on_step)
+            timed = [t * 1e3 for t in stats.step_times_s[cfg.warmup:]] or [t * 1e3 for t in stats.step_times_s]
+            row.step_times_ms = [t * 1e3 for t in stats.step_times_s]
+            row.step_ms = statistics.median(timed)
+            row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
+            row.tokens_per_s = tokens_per_step / (row.step_ms * 1e-3) if row.step_ms > 0 else None
+            row.peak_memory_bytes = stats.peak_memory_bytes
+            row.losses = stats.losses
+            row.backend = support.describe_backend(stats.backend_usage)
+            method = method or stats.peak_memory_method
+        except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
+            row.status = "failed"
+            row.note = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        finally:
+            model = held.pop("model", None)
+            if provider == "tigon" and model is not None:
+                tigon.unpatch(model)
+            if "guard" in held:
+                changed = held.pop("guard").restore()
+                if changed:
+                    notes.append(f"liger rebound {len(changed)} module globals / class attributes; restored after "
+                                 "its run")
+            del model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if "report" in held:
+            row.patch = held["report"].as_dict().get("counts", {})
+        if "liger" in held:
+            row.patch = {"modules with a Liger forward": held["liger"]["patched_modules"]}
+            row.note = f"liger_kernel.transformers.{held['liger']['function']}(model=...)"
+        rows.append(row)
+    return _result(cfg, device, info, rows, method, notes)
+
+
+def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes: list[str]) -> E2EResult:
+    base = next((r for r in rows if r.provider == "original" and r.status == "ok"), None)
+    speedup, memory = {}, {}
+    for r in rows:
+        ok = base is not None and r.status == "ok"
+        speedup[r.provider] = base.step_ms / r.step_ms if ok and r.step_ms else None
+        memory[r.provider] = (r.peak_memory_bytes / base.peak_memory_bytes
+                              if ok and r.peak_memory_bytes and base.peak_memory_bytes else None)
+    notes = list(notes)
+    notes.insert(0, f"tokens/s: batch_size * seq_len = {cfg.batch_size * cfg.seq_len} tokens over the median of "
+                    f"{cfg.steps} step(s) after {cfg.warmup} warm-up step(s); a step is forward, backward, "
+                    "AdamW step and zero_grad.")
+    if device.type == "cpu":
+        notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the tigon row measures the interpreter, "
+                     "not the kernels; compare speed on a CUDA GPU.")
+    return E2EResult(config=dataclasses.asdict(cfg), model=info, device=_device_str(device),
+                     device_name=_device_name(device), rows=rows, speedup=speedup, memory_ratio=memory,
+                     peak_memory_method=method, versions=versions(), notes=notes)

@@ -1,0 +1,197 @@
+"""tigon bench: op benchmarks (JSON/CSV/PNG, providers, errors) and the end-to-end training-step benchmark.
+
+On CPU the kernels run in Triton's interpreter at tiny sizes: these tests check that every path runs and that the
+reports hold what they promise, not the speed.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tigon.cli import main
+from tigon.workflows import bench as B
+
+LIGER = importlib.util.find_spec("liger_kernel") is not None
+
+
+def _rows(report, op, provider, mode=None):
+    return [r for r in report["rows"] if r["op"] == op and r["provider"] == provider and (mode is None
+                                                                                        or r["mode"] == mode)]
+
+
+def test_bench_json_and_csv_have_rows_for_each_provider(tmp_path, capsys):
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    rc = main(["bench", "--op", "rms_norm", "--op", "cross_entropy", "--providers", "eager,tigon,tigon_inplace,liger",
+               "--tokens", "32", "--json", str(js), "--csv", str(cs), "--quiet"])
+    assert rc == 0
+    report = json.loads(js.read_text())
+    assert report["config"]["ops"] == ["rms_norm", "cross_entropy"]
+    expected = {"rms_norm": ["eager", "tigon"], "cross_entropy": ["eager", "tigon", "tigon_inplace"]}
+    for op, providers in expected.items():
+        for p in providers:
+            rows = _rows(report, op, p)
+            assert sorted(r["mode"] for r in rows) == ["bwd", "fwd", "fwd_bwd"], (op, p)
+            for r in rows:
+                assert r["ms"] > 0 and r["ms_p20"] <= r["ms"] <= r["ms_p80"], r
+                assert r["gbps"] > 0 and r["pct_copy_bw"] > 0, r
+                assert r["shape"]["tokens"] == 32
+                assert not r["note"].startswith("failed"), r["note"]
+    assert not _rows(report, "rms_norm", "tigon_inplace")  # cross_entropy only
+    if LIGER:
+        assert _rows(report, "rms_norm", "liger", "fwd_bwd")[0]["ms"] > 0
+    else:
+        assert any(s.startswith("liger: not installed") for s in report["skipped"])
+    assert report["ceilings"]["copy_gbps"] > 0 and report["ceilings"]["matmul_tflops"] > 0
+    assert any("not meaningful" in n for n in report["notes"]) == (report["device"] == "cpu")
+    with open(cs) as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == len(report["rows"])
+    assert {ln["provider"] for ln in lines} == {"eager", "tigon", "tigon_inplace"} | ({"liger"} if LIGER else set())
+    assert "rows=" in capsys.readouterr().out
+
+
+def test_flce_reports_tflops_and_failures_are_recorded(monkeypatch):
+    def boom(gate, up):
+        raise RuntimeError("provider exploded")
+
+    monkeypatch.setitem(B.CASES["swiglu"].providers, "tigon", boom)
+    shapes = B.shapes_from_config({"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
+                                   "vocab_size": 64}, tokens=16)
+    res = B.run_bench(["fused_linear_cross_entropy", "swiglu"], {op: [shapes[op]] for op in shapes},
+                      ["eager", "tigon"], dtype=B.DTYPES["float32"], device="cpu")
+    flce = [r for r in res.rows if r.op == "fused_linear_cross_entropy" and r.mode == "fwd_bwd"]
+    assert {r.provider for r in flce} == {"eager", "tigon"}
+    assert all(r.tflops > 0 and r.pct_matmul > 0 and r.gbps is None for r in flce)
+    failed = [r for r in res.rows if r.op == "swiglu" and r.provider == "tigon"]
+    assert len(failed) == 1 and failed[0].ms is None and "provider exploded" in failed[0].note
+    assert [r.ms > 0 for r in res.rows if r.op == "swiglu" and r.provider == "eager"] == [True] * 3
+
+
+def test_sweep_writes_a_png_per_op(tmp_path):
+    js, plots = tmp_path / "s.json", tmp_path / "plots"
+    rc = main(["bench", "--op", "rms_norm,swiglu", "--providers", "eager,tigon", "--sweep", "tokens",
+               "--plot-dir", str(plots), "--json", str(js), "--quiet"])
+    assert rc == 0
+    report = json.loads(js.read_text())
+    sizes = B.SIZES[report["config"]["device"]]["sweep_tokens"]
+    for op in ("rms_norm", "swiglu"):
+        assert (plots / f"bench_{op}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        for p in ("eager", "tigon"):
+            rows = _rows(report, op, p, "fwd_bwd")
+            assert sorted(r["shape"]["tokens"] for r in rows) == sizes
+            assert all(r["ms"] > 0 for r in rows)
+    assert sorted(os.listdir(plots)) == ["bench_rms_norm.png", "bench_swiglu.png"]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["bench", "--op", "softmax"], "unknown op 'softmax'"),
+        (["bench", "--providers", "eager,triton"], "unknown provider 'triton'"),
+        (["bench", "--sweep", "hidden", "--op", "swiglu"], "norms only"),
+        (["bench", "--model", "no-such-model"], "not a preset"),
+        (["bench", "--tokens", "0"], "--tokens"),
+        (["bench", "--layers", "2"], "--layers needs --e2e"),
+        (["bench", "--e2e", "--op", "rms_norm"], "does not apply to --e2e"),
+        (["bench", "--e2e", "--providers", "original,eager"], "unknown provider 'eager' for --e2e"),
+        (["bench", "--csv", "/no/such/dir/b.csv"], "does not exist"),
+        (["bench", "--sweep", "vocab"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, match, capsys):
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert match in err
+
+
+def test_unknown_op_in_a_subprocess_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "tigon.cli", "bench", "--op", "nope"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "unknown op 'nope'" in proc.stderr and "rms_norm" in proc.stderr
+
+
+def test_model_ops_and_config_sources(tmp_path):
+    cfg, desc = B.config_dict("tiny")
+    assert B.model_ops(cfg) == ["rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy"]
+    assert desc["source"] == "preset:tiny"
+    gemma = dict(cfg, model_type="gemma2", hidden_activation="gelu_pytorch_tanh")
+    assert "geglu" in B.model_ops(gemma) and "swiglu" not in B.model_ops(gemma)
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, hidden_size=64)))
+    for src in (tmp_path, tmp_path / "config.json"):
+        c, _ = B.config_dict(str(src))
+        assert c["hidden_size"] == 64
+    shapes = B.shapes_from_config(cfg, tokens=64, batch=4)
+    assert shapes["rope"]["batch"] * shapes["rope"]["seq"] == shapes["rope"]["tokens"] == 64
+    assert all(s["tokens"] == 64 for s in shapes.values())
+
+
+def test_e2e_reports_tokens_per_s_for_original_and_tigon(tmp_path, capsys):
+    js = tmp_path / "e.json"
+    rc = main(["bench", "--e2e", "--model", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "16",
+               "--steps", "1", "--warmup", "1", "--providers", "original,tigon,liger", "--json", str(js), "--quiet"])
+    assert rc == 0
+    report = json.loads(js.read_text())
+    rows = {r["provider"]: r for r in report["rows"]}
+    for p in ("original", "tigon"):
+        assert rows[p]["status"] == "ok", rows[p]["note"]
+        assert rows[p]["tokens_per_s"] > 0 and rows[p]["step_ms"] > 0
+        assert len(rows[p]["losses"]) == 2 and len(rows[p]["step_times_ms"]) == 2
+        assert rows[p]["tokens_per_s"] == pytest.approx(16 / (rows[p]["step_ms"] * 1e-3))
+    assert rows["tigon"]["losses"][0] == pytest.approx(rows["original"]["losses"][0], rel=1e-4)  # fp32
+    assert rows["tigon"]["patch"]["rms_norm"] == 3 and rows["tigon"]["backend"] in ("interpreter", "triton")
+    assert rows["original"]["backend"] == "none"
+    assert report["speedup"]["original"] == 1.0 and report["speedup"]["tigon"] > 0
+    assert report["model"]["num_hidden_layers"] == 1 and report["config"]["dtype"] in ("float32", "bfloat16")
+    if not LIGER:
+        assert rows["liger"]["status"] == "skipped"
+    out = capsys.readouterr().out
+    assert "original=" in out and "tigon=" in out
+
+
+def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, monkeypatch):
+    """A stand-in liger_kernel that rebinds module globals and a class forward, as Liger does."""
+    from transformers.models.llama import modeling_llama as M
+
+    from tigon.workflows.e2e import E2EConfig, run_e2e
+
+    pkg = tmp_path / "liger_kernel" / "transformers"
+    pkg.mkdir(parents=True)
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(
+        "import types\n"
+        "from transformers.models.llama import modeling_llama as M\n"
+        "def _apply_liger_kernel_to_instance(model=None, **kw):\n"
+        "    rope, fwd = M.apply_rotary_pos_emb, M.LlamaForCausalLM.forward\n"
+        "    M.apply_rotary_pos_emb = lambda *a, **k: rope(*a, **k)\n"
+        "    M.LlamaForCausalLM.forward = lambda self, *a, **k: fwd(self, *a, **k)\n"
+        "    M.LlamaRMSNorm.__name__ = 'LigerRMSNorm'\n"
+        "    for m in model.modules():\n"
+        "        if type(m).__name__ == 'LigerRMSNorm':\n"
+        "            m.forward = types.MethodType(type(m).forward, m)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
+        monkeypatch.delitem(sys.modules, name)
+    rope, fwd = M.apply_rotary_pos_emb, M.LlamaForCausalLM.forward
+    try:
+        r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0,
+                              providers=["original", "liger"], dtype="float32"))
+    finally:
+        for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
+            sys.modules.pop(name)
+    rows = {x.provider: x for x in r.rows}
+    assert rows["liger"].status == "ok", rows["liger"].note
+    assert rows["liger"].tokens_per_s > 0 and rows["liger"].patch == {"modules with a Liger forward": 3}
+    assert M.apply_rotary_pos_emb is rope and M.LlamaForCausalLM.forward is fwd
+    assert M.LlamaRMSNorm.__name__ == "LlamaRMSNorm"
+    assert any("restored" in n for n in r.notes)

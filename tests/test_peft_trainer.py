@@ -1,0 +1,237 @@
+"""Tigon under PEFT LoRA (with a trainable LM head), gradient checkpointing, the HF Trainer and TRL's SFTTrainer.
+
+Tiny fp32 Llama models built from a config (no downloads), text from ``pydoc_data.topics`` (tigon.data). Every test
+trains the same model with and without Tigon and compares the losses step by step.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+import tigon  # noqa: E402
+from tigon import data, support  # noqa: E402
+from tigon.integrations import causal_lm  # noqa: E402
+from tigon.integrations.engine import release_unused  # noqa: E402
+from tigon.numerics import rel_l2  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B, T, V = 2, 8, 300
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LOSS_RTOL = 1e-5
+
+
+def config(**overrides):
+    cfg = transformers.LlamaConfig(**{
+        **dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+               eos_token_id=2), **overrides})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def build(patched: bool, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    if patched:
+        model = tigon.AutoModelForCausalLM.from_config(config(**overrides))
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config(**overrides))
+    return model.float().to(DEVICE)
+
+
+def lora(model, targets=LORA_TARGETS, modules_to_save=("lm_head",)):
+    torch.manual_seed(1)  # LoRA init
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets),
+                          modules_to_save=list(modules_to_save) or None)
+    return peft.get_peft_model(model, cfg)
+
+
+def batches(steps: int, seed: int = 3):
+    tokens = data.byte_tokens(data.corpus_text()[:20000])
+    return [b.to(DEVICE) for b in data.fixed_batches(tokens, steps, B, T, seed)]
+
+
+def train(model, steps: int = 3, lr: float = 1e-2):
+    """AdamW steps on fixed batches; returns (losses, whether logits were materialised at each step)."""
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses, materialised = [], []
+    for ids in batches(steps):
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        materialised.append(out.logits is not None)
+    return losses, materialised
+
+
+def assert_losses_match(got, ref, rtol=LOSS_RTOL):
+    assert len(got) == len(ref)
+    for step, (a, b) in enumerate(zip(got, ref)):
+        assert abs(a - b) <= rtol * abs(b), f"step {step}: {a} vs {b}"
+
+
+def enable_checkpointing(model):
+    """Non-reentrant activation checkpointing (transformers >= 5.20 renamed gradient_checkpointing_enable)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def saved_head(model):
+    return model.base_model.model.lm_head.modules_to_save["default"].weight
+
+
+@pytest.fixture(autouse=True)
+def _release_rope_dispatchers():
+    yield
+    gc.collect()  # patched models dropped by a test: their rotary dispatchers go at the next patch / unpatch
+    release_unused()
+
+
+@pytest.mark.parametrize("order", ["tigon_then_peft", "peft_then_tigon"])
+def test_lora_with_trainable_head_matches_unpatched(order):
+    ref_model = lora(build(False))
+    ref, ref_mat = train(ref_model)
+    assert not any(not m for m in ref_mat)
+    if order == "tigon_then_peft":
+        model = lora(build(True))
+    else:
+        model = lora(build(False))
+        report = tigon.patch(model)
+        assert report.counts == {"rms_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}, report
+    support.backend_usage(reset=True)
+    got, mat = train(model)
+    assert not any(mat), "the fused head must run on the modules_to_save copy (logits=None)"
+    assert "fused_linear_cross_entropy" in support.backend_usage()
+    assert_losses_match(got, ref)
+    # the trainable copy was trained identically, the frozen original untouched
+    assert rel_l2(saved_head(model), saved_head(ref_model)) < 1e-4
+    original = model.base_model.model.lm_head.original_module.weight
+    torch.testing.assert_close(original, ref_model.base_model.model.lm_head.original_module.weight, rtol=0, atol=0)
+
+
+def test_lora_on_the_lm_head_falls_back_and_says_so():
+    targets = LORA_TARGETS + ("lm_head",)
+    ref, _ = train(lora(build(False), targets, modules_to_save=()))
+    # patched after PEFT: the report says why the head is left alone
+    model = lora(build(False), targets, modules_to_save=())
+    report = tigon.patch(model)
+    assert report.skipped_counts == {"lm_head_loss": 1}
+    assert "LoRA" in report.skipped[0].detail
+    got, mat = train(model)
+    assert all(mat)
+    assert_losses_match(got, ref)
+    # patched before PEFT: the forward notices at call time, warns once and runs the original
+    model = lora(build(True), targets, modules_to_save=())
+    causal_lm._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, mat = train(model)
+    assert all(mat)
+    assert_losses_match(got, ref)
+    assert sum("LoRA" in str(w.message) for w in caught) == 1  # once, not per step
+
+
+def test_lora_with_gradient_checkpointing():
+    def prepared(patched):
+        model = build(patched)
+        enable_checkpointing(model)
+        return lora(model)
+
+    ref, _ = train(prepared(False))
+    support.backend_usage(reset=True)
+    got, mat = train(prepared(True))
+    assert not any(mat)
+    assert_losses_match(got, ref)
+    assert support.backend_usage()["rope"]  # rope ran (forward + recomputation) inside the checkpointed layers
+
+
+def _trainer_losses(model, tmp_path, steps=2):
+    tokens = data.byte_tokens(data.corpus_text()[:20000])
+    rows = [{"input_ids": b[0], "labels": b[0].clone()} for b in data.fixed_batches(tokens, 8, 1, T, seed=5)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=B, learning_rate=1e-3,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=DEVICE == "cpu", seed=0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_hf_trainer_two_steps(tmp_path):
+    ref = _trainer_losses(build(False), tmp_path / "ref")
+    model = build(True)
+    assert model.tigon_report.counts == {"rms_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}
+    support.backend_usage(reset=True)
+    got = _trainer_losses(model, tmp_path / "tigon")
+    assert len(got) == 2
+    assert_losses_match(got, ref)
+    assert "fused_linear_cross_entropy" in support.backend_usage()
+
+
+def test_hf_trainer_with_lora(tmp_path):
+    ref = _trainer_losses(lora(build(False)), tmp_path / "ref")
+    got = _trainer_losses(lora(build(True)), tmp_path / "tigon")
+    assert_losses_match(got, ref)
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer without merges, built in memory: ids 0..255 are bytes, then <pad> and <eos>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<pad>"], vocab["<eos>"] = len(vocab), len(vocab) + 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def test_trl_sft_trainer_two_steps(tmp_path):
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    tok = byte_tokenizer()
+    text = data.corpus_text()
+    ds = datasets.Dataset.from_dict({"text": [text[i * 40:(i + 1) * 40] for i in range(8)]})
+
+    def losses(patched, out):
+        model = build(patched, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+        args = trl.SFTConfig(
+            output_dir=str(out), max_steps=2, per_device_train_batch_size=B, max_length=16, logging_steps=1,
+            report_to=[], save_strategy="no", use_cpu=DEVICE == "cpu", learning_rate=1e-3, seed=0, bf16=False,
+            gradient_checkpointing=True, disable_tqdm=True)
+        trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    ref = losses(False, tmp_path / "ref")
+    support.backend_usage(reset=True)
+    got = losses(True, tmp_path / "tigon")
+    assert len(got) == 2
+    assert_losses_match(got, ref)
+    used = support.backend_usage()
+    assert {"rms_norm", "swiglu", "rope"} <= set(used), used  # TRL's own fused head replaces Tigon's there
+
+
+def test_auto_model_options_and_from_pretrained(tmp_path):
+    model = build(True)
+    assert model.tigon_report.family == "llama" and model.tigon_report.level == "instance"
+    tigon.unpatch(model)
+    model.save_pretrained(tmp_path)
+    loaded = tigon.AutoModelForCausalLM.from_pretrained(tmp_path, rope=False, fused_linear_cross_entropy=False,
+                                                        attn_implementation="eager")
+    assert type(loaded).__name__ == "LlamaForCausalLM"
+    assert loaded.tigon_report.counts == {"rms_norm": 5, "mlp": 2}
+    assert any("turned off" in n for n in loaded.tigon_report.notes)
+    with pytest.raises(OSError, match="from_pretrained"):
+        tigon.AutoModelForCausalLM()
