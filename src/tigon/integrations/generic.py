@@ -10,7 +10,8 @@ RMSNorm-like
     ``variance_epsilon`` / ``eps`` / ``epsilon``. Probe in fp32 (4 rows): ``rms_norm`` with offset 0 (Llama) or 1
     (Gemma's ``1 + w``), relative L2 error <= 1e-5. The casting mode (``llama`` / ``gemma`` / ``none``) is then
     chosen by a second probe in bf16 (fp16 for fp16 weights): the mode whose output has the module's dtype and
-    equals it (or, failing exact equality, is closest within bf16 tolerance).
+    equals it (or, failing exact equality, is closest within bf16 tolerance). Both probes substitute a random
+    weight, so a fresh all-ones / all-zeros weight cannot make two modes look alike.
 gated MLP
     ``gate_proj`` / ``up_proj`` / ``down_proj`` child modules (or a fused ``gate_up_proj`` and ``down_proj``). The
     activation is identified by probing the module's activation attribute(s) alone in fp32 against silu,
@@ -141,9 +142,17 @@ def _norm_eps_attr(m) -> str | None:
 
 
 def probe_norm(m: torch.nn.Module, eps_attr: str) -> NormSpec | str:
-    """A NormSpec reproducing ``m`` (rms_norm offset and casting mode), or why not."""
-    w, eps = m.weight, float(getattr(m, eps_attr))
-    fwd = _class_forward(m)
+    """A NormSpec reproducing ``m`` (rms_norm offset and casting mode), or why not.
+
+    The module runs with a random weight of its weight's dtype substituted (``torch.func.functional_call``), so
+    freshly initialised weights (all ones, or Gemma's zeros) cannot make different modes look alike.
+    """
+    w0, eps = m.weight, float(getattr(m, eps_attr))
+    w = (1.0 + 0.5 * _randn(w0.shape, w0.device, seed=5)).to(w0.dtype)
+
+    def fwd(x):
+        return torch.func.functional_call(m, {"weight": w}, (x,))
+
     x = _randn((PROBE_ROWS, w.shape[0]), w.device)
     try:
         with _probing(m):

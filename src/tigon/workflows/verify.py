@@ -20,6 +20,12 @@ with the floors of :data:`tigon.numerics.FLOOR` (relative L2):
 The floor only matters where the original is (nearly) exact; otherwise Tigon may be at most twice as far from
 float64 as the PyTorch code it replaces.
 
+The originals are the PyTorch code as Hugging Face runs it: the :mod:`tigon.reference` functions for rms_norm,
+rope, swiglu / geglu and cross_entropy (they are that code), ``torch.nn.functional.layer_norm``, and for
+fused_linear_cross_entropy HF's LM head in the input dtype followed by the loss on fp32-upcast logits (the
+reference upcasts the matmul to fp32, which is more exact than what Tigon replaces, so it would be an unfair
+baseline in bf16).
+
 The fallback is checked too: under :func:`tigon.support.force_reference` the Tigon op must return exactly
 (``torch.equal``) what :mod:`tigon.reference` returns, outputs and gradients.
 
