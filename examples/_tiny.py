@@ -38,6 +38,8 @@ def tiny_config(model_type: str = "llama", **overrides):
     """A transformers config of ``model_type`` (``"llama"``, ``"qwen3"``, ``"gemma3_text"`` ...) with mini sizes."""
     cfg = transformers.AutoConfig.for_model(model_type, **{**TINY, **EXTRA.get(model_type, {}), **overrides})
     cfg._attn_implementation = "eager" if DEVICE == "cpu" else "sdpa"
+    if model_type in ("mixtral", "qwen3_moe"):  # experts via torch.bmm (any dtype); they call the _apply_gate hook
+        cfg._experts_implementation = "batched_mm"
     return cfg
 
 

@@ -40,12 +40,14 @@ QK_NORMS = {**FULL, "rms_norm": 4 * L + 1}  # + q_norm / k_norm per layer (Qwen3
 CASES = {
     "llama": ("llama", {}, "llama", FULL, {}),
     "mistral": ("mistral", {}, "mistral", FULL, {}),
-    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2), "mixtral", FULL, {}),
+    # batched_mm experts (any dtype and device; grouped_mm is bf16-only on CUDA) call the _apply_gate hook
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"),
+                "mixtral", FULL, {}),
     "qwen2": ("qwen2", {}, "qwen2", FULL, {}),
     "qwen3": ("qwen3", {}, "qwen3", QK_NORMS, {}),
     # layer 0 dense (Qwen3MoeMLP), layer 1 MoE (experts' _apply_gate): both count as mlp
     "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                    mlp_only_layers=[0]), "qwen3_moe", QK_NORMS, {}),
+                                    mlp_only_layers=[0], experts_implementation="batched_mm"), "qwen3_moe", QK_NORMS, {}),
     "gemma": ("gemma", {}, "gemma", FULL, {}),
     "gemma2": ("gemma2", dict(final_logit_softcapping=30.0), "gemma2", QK_NORMS, {}),
     # pre/post attention + pre/post feed-forward + q_norm / k_norm per layer
@@ -66,8 +68,12 @@ CASES = {
 
 
 def build(model_type: str, overrides: dict, seed: int = 0):
+    overrides = dict(overrides)
+    experts = overrides.pop("experts_implementation", None)
     cfg = transformers.AutoConfig.for_model(model_type, **{**TINY, **overrides})
     cfg._attn_implementation = "eager"
+    if experts is not None:
+        cfg._experts_implementation = experts
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(cfg).float().to(DEVICE).train()
 

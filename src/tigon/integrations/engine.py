@@ -3,16 +3,18 @@
 Two levels:
 
 instance (``patch(model)``)
-    For every submodule that is an instance of a spec'd class (and does not override its forward), an instance
-    attribute ``forward`` is set to the Tigon forward bound to that module. Nothing outside the model changes,
-    except the rotary function (below). ``unpatch(model)`` deletes those instance attributes, so ``module.forward``
-    is the class's own again.
+    For every submodule that is an instance of a spec'd class (and does not override the replaced attribute), an
+    instance attribute is set to the Tigon function bound to that module: ``forward``, or for v5 MoE experts
+    modules the ``_apply_gate`` hook. Nothing outside the model changes, except the rotary function (below).
+    ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. A model of no
+    registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same machinery,
+    with per-module specs found by numerical probes instead of class names.
 
 class (``patch("llama")``)
-    The spec'd classes of the family's modeling module get ``forward`` replaced on the class itself (so every
-    model of that family, built before or after, runs Tigon), and the module-global rotary function routes to
-    Tigon. ``unpatch("llama")`` puts back exactly what was there (deleting the attribute where the class had
-    inherited it).
+    The spec'd classes of the family's modeling module get ``forward`` (``_apply_gate``) replaced on the class
+    itself (so every model of that family, built before or after, runs Tigon), and the module-global rotary
+    function routes to Tigon. ``unpatch("llama")`` puts back exactly what was there (deleting the attribute where
+    the class had inherited it).
 
 How rope is scoped at instance level
     Attention classes call the *module-global* ``apply_rotary_pos_emb`` of their modeling module, so there is no
@@ -23,6 +25,11 @@ How rope is scoped at instance level
     models of the same family, patched or not, get the original function. When the last patched attention module
     is unpatched, or garbage collected (noticed at the next patch / unpatch call, or :func:`release_unused`), the
     original global is put back.
+
+Refusals are per model, with the reason in the report: a rotary layout other than rotate-half over the full head
+dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), NoPE layers (nothing to patch), the
+``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
+used), activations without a kernel, custom losses.
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
 problem (the plan is checked before anything is applied).

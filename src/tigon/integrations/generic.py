@@ -203,8 +203,8 @@ def _identify_activation(m, projections) -> list[str]:
     z = torch.linspace(-6.0, 6.0, 97, device=device)
     found = []
     candidates = [c for n, c in m.named_children() if n not in projections and not any(True for _ in c.parameters())]
-    candidates += [v for k, v in vars(m).items() if not k.startswith("_") and callable(v)
-                   and not isinstance(v, (torch.nn.Module, torch.Tensor, type))]
+    candidates += [v for k, v in vars(m).items() if not k.startswith("_") and k != "forward" and callable(v)
+                   and not isinstance(v, (torch.nn.Module, torch.Tensor, type, types.MethodType))]
     for act in candidates:
         try:
             with torch.no_grad():
@@ -325,7 +325,7 @@ def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
     handle = head.register_forward_hook(hook)
     try:
         with _probing(m):
-            out = _class_forward(m)(input_ids=ids, labels=ids, return_dict=True)
+            out = _class_forward(m)(input_ids=ids, labels=ids)
     except Exception as e:
         return f"probe forward failed: {type(e).__name__}: {e}"
     finally:
