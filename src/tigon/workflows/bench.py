@@ -792,6 +792,10 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
     result = run_bench(cfg.ops, shapes, cfg.providers, DTYPES[cfg.dtype], torch.device(cfg.device), progress)
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
+    if any(r.provider == "tigon_inplace" for r in result.rows):
+        result.notes.append("tigon_inplace: the benchmark's logits are a leaf tensor, and autograd copies a gradient "
+                            "that aliases its leaf into .grad, so this row shows no memory saving here; inside a "
+                            "model (logits from the LM head) the gradient stays in the logits buffer.")
     if any(r.provider == "liger" for r in result.rows):
         result.notes.append("liger writes the cross-entropy gradient into the logits (compare with tigon_inplace) "
                             "and rotates q/k of rope in place when their layout allows.")
