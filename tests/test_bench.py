@@ -195,3 +195,13 @@ def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, mon
     assert M.apply_rotary_pos_emb is rope and M.LlamaForCausalLM.forward is fwd
     assert M.LlamaRMSNorm.__name__ == "LlamaRMSNorm"
     assert any("restored" in n for n in r.notes)
+
+
+def test_cuda_graph_timing_needs_cuda():
+    import torch
+
+    from tigon.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU refusal")
+    assert main(["bench", "--cuda-graph", "--quiet"]) == 2

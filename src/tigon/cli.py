@@ -711,6 +711,8 @@ def _add_bench(sub) -> None:
                    help="input dtype (default: bfloat16; with --e2e: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--tokens", type=int, metavar="N", help="tokens per op without --sweep (16384 CUDA, 64 CPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="time CUDA-graph replays: the kernels' own time without host launch/autograd overhead")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one CSV line per measurement")
     p.add_argument("--plot-dir", metavar="DIR", help="write bench_<op>.png (time and memory against the sweep axis)")
@@ -742,7 +744,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup))
                 if v is not None]
     ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
-                               ("--csv", args.csv), ("--plot-dir", args.plot_dir)) if v is not None]
+                               ("--csv", args.csv), ("--plot-dir", args.plot_dir),
+                               ("--cuda-graph", args.cuda_graph or None)) if v is not None]
     if args.e2e and ops_only:
         return _fail(prog, f"{', '.join(ops_only)} {'does' if len(ops_only) == 1 else 'do'} not apply to --e2e")
     if not args.e2e and e2e_only:
@@ -756,7 +759,8 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
     from .workflows.compare import ConfigError
 
     config = BenchConfig(ops=_csv_list(args.op), model=args.model, providers=_csv_list(args.providers),
-                         sweep=args.sweep, dtype=args.dtype or "bfloat16", tokens=args.tokens, device=args.device)
+                         sweep=args.sweep, dtype=args.dtype or "bfloat16", tokens=args.tokens, device=args.device,
+                         cuda_graph=args.cuda_graph)
     try:
         resolved, shapes, _, _ = resolve_bench(config)
         total = len(plan(resolved.ops, shapes, available_providers(resolved.providers)[0]))

@@ -149,13 +149,21 @@ class BenchResult:
 
 
 # ----------------------------------------------------------------------------------------------- timing
-def _time(fn: Callable[[], object], device: torch.device, grad_to_none=None, cpu_reps: int = 3
-          ) -> tuple[float, float, float]:
-    """(median, p20, p80) in ms of ``fn()``; gradients of ``grad_to_none`` are reset between calls."""
+def _time(fn: Callable[[], object], device: torch.device, grad_to_none=None, cpu_reps: int = 3,
+          cuda_graph: bool = False) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms of ``fn()``; gradients of ``grad_to_none`` are reset between calls.
+
+    ``cuda_graph``: time replays of a CUDA graph of ``fn`` (``triton.testing.do_bench_cudagraph``), which removes
+    the host's launch and autograd overhead and leaves the kernels' own time.
+    """
     if device.type == "cuda":
         import triton.testing
 
-        q = triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8])
+        if cuda_graph:
+            q = triton.testing.do_bench_cudagraph(fn, rep=100, grad_to_none=grad_to_none, quantiles=[0.5, 0.2, 0.8])
+        else:
+            q = triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none,
+                                        quantiles=[0.5, 0.2, 0.8])
         return float(q[0]), float(q[1]), float(q[2])
     fn()
     samples = []
@@ -566,7 +574,7 @@ def _backward(outs: list[torch.Tensor], douts: list[torch.Tensor]) -> None:
 
 
 def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, device: torch.device,
-              ceilings: dict, compiled: dict, modes=MODES) -> list[BenchRow]:
+              ceilings: dict, compiled: dict, modes=MODES, cuda_graph: bool = False) -> list[BenchRow]:
     """Time one (op, provider, shape) in each of ``modes`` and measure its peak extra memory.
 
     Returns one :class:`BenchRow` per mode (ms, GB/s or TFLOP/s against ``ceilings``; the ``fwd_bwd`` row holds
@@ -587,9 +595,9 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
 
     results: dict[str, tuple[float, float, float]] = {}
     if "fwd" in modes:
-        results["fwd"] = _time(fwd, device, grad_to_none=leaves)
+        results["fwd"] = _time(fwd, device, grad_to_none=leaves, cuda_graph=cuda_graph)
     if "fwd_bwd" in modes or "bwd" in modes:
-        results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=leaves)
+        results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=leaves, cuda_graph=cuda_graph)
     if "bwd" in modes:
         results["bwd"] = _time_bwd(fwd, douts, device, leaves, results["fwd_bwd"][0])
     peak = None
@@ -630,7 +638,7 @@ def plan(ops, shapes: dict[str, list[dict]], providers) -> list[tuple[str, str, 
 
 def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat16, device=None,
               progress: Callable[[str], None] | None = None, ceilings: dict | None = None,
-              modes=MODES) -> BenchResult:
+              modes=MODES, cuda_graph: bool = False) -> BenchResult:
     """Benchmark ``ops`` x ``providers`` x shapes. ``shapes[op]`` is a list of shape dicts (a sweep).
 
     Args:
@@ -642,6 +650,7 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         progress: called with a label before each (op, provider, shape).
         ceilings: reuse these instead of measuring (:func:`measure_ceilings`); ``{}`` skips the % columns.
         modes: subset of :data:`MODES`.
+        cuda_graph: time fwd and fwd_bwd as CUDA-graph replays (kernel time without host overhead; CUDA only).
 
     Returns:
         a :class:`BenchResult`; a provider that raises on a shape gets one ``fwd_bwd`` row with ``ms=None`` and
@@ -662,7 +671,8 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         if progress:
             progress(f"{op} {p} {_shape_label(shape)}")
         try:
-            result.rows.extend(bench_one(CASES[op], p, shape, dtype, device, result.ceilings, compiled, modes))
+            result.rows.extend(bench_one(CASES[op], p, shape, dtype, device, result.ceilings, compiled, modes,
+                                         cuda_graph))
         except Exception as e:  # a provider failing must not stop the run: record it
             msg = " ".join(str(e).split())[:300]
             result.rows.append(BenchRow(op, p, dict(shape), str(dtype).replace("torch.", ""), "fwd_bwd",
@@ -692,6 +702,7 @@ class BenchConfig:
         1024..16384 on CUDA at ``tokens`` tokens).
     dtype: "bfloat16", "float16" or "float32". tokens: tokens of a single-shape run (16384 CUDA, 64 CPU).
     device: "auto", "cpu" or "cuda".
+    cuda_graph: time CUDA-graph replays (the kernels' own time, without host launch / autograd overhead).
     """
 
     ops: list[str] | None = None
@@ -701,6 +712,7 @@ class BenchConfig:
     dtype: str = "bfloat16"
     tokens: int | None = None
     device: str = "auto"
+    cuda_graph: bool = False
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -723,6 +735,8 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
         raise ConfigError(f"unknown dtype {config.dtype!r} (choose from {', '.join(DTYPES)})")
     if config.tokens is not None and (not isinstance(config.tokens, int) or config.tokens < 1):
         raise ConfigError(f"--tokens must be an integer >= 1, got {config.tokens!r}")
+    if config.cuda_graph and device.type != "cuda":
+        raise ConfigError("--cuda-graph needs a CUDA device")
     model = config.model or ("llama3-8b" if device.type == "cuda" else "tiny")
     cfg, desc = config_dict(model)
     notes = []
@@ -789,7 +803,8 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
         ConfigError: see :func:`resolve_bench`.
     """
     cfg, shapes, desc, notes = resolve_bench(config)
-    result = run_bench(cfg.ops, shapes, cfg.providers, DTYPES[cfg.dtype], torch.device(cfg.device), progress)
+    result = run_bench(cfg.ops, shapes, cfg.providers, DTYPES[cfg.dtype], torch.device(cfg.device), progress,
+                       cuda_graph=cfg.cuda_graph)
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
     if any(r.provider == "tigon_inplace" for r in result.rows):
