@@ -67,7 +67,7 @@ def byte_tokenizer():
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's byte -> printable character table, in byte order (what ByteLevel pre-tokenization produces)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -46,8 +46,8 @@ CASES = {
     "qwen2": ("qwen2", {}, "qwen2", FULL, {}),
     "qwen3": ("qwen3", {}, "qwen3", QK_NORMS, {}),
     # layer 0 dense (Qwen3MoeMLP), layer 1 MoE (experts' _apply_gate): both count as mlp
-    "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                    mlp_only_layers=[0], experts_implementation="batched_mm"), "qwen3_moe", QK_NORMS, {}),
+    "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
+                                    experts_implementation="batched_mm"), "qwen3_moe", QK_NORMS, {}),
     "gemma": ("gemma", {}, "gemma", FULL, {}),
     "gemma2": ("gemma2", dict(final_logit_softcapping=30.0), "gemma2", QK_NORMS, {}),
     # pre/post attention + pre/post feed-forward + q_norm / k_norm per layer

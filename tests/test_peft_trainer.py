@@ -80,7 +80,7 @@ def assert_losses_match(got, ref, rtol=LOSS_RTOL):
 
 
 def enable_checkpointing(model):
-    """Non-reentrant activation checkpointing (transformers >= 5.20 renamed gradient_checkpointing_enable)."""
+    """Non-reentrant activation checkpointing (newer transformers renamed gradient_checkpointing_enable)."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -103,7 +103,7 @@ def _release_rope_dispatchers():
 def test_lora_with_trainable_head_matches_unpatched(order):
     ref_model = lora(build(False))
     ref, ref_mat = train(ref_model)
-    assert not any(not m for m in ref_mat)
+    assert all(ref_mat)
     if order == "tigon_then_peft":
         model = lora(build(True))
     else:
@@ -154,7 +154,8 @@ def test_lora_with_gradient_checkpointing():
     got, mat = train(prepared(True))
     assert not any(mat)
     assert_losses_match(got, ref)
-    assert support.backend_usage()["rope"]  # rope ran (forward + recomputation) inside the checkpointed layers
+    # 2 layers x 3 steps, each rotary call once in the forward and once more in the backward's recomputation
+    assert sum(support.backend_usage()["rope"].values()) == 2 * 3 * 2
 
 
 def _trainer_losses(model, tmp_path, steps=2):
