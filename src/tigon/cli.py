@@ -629,7 +629,7 @@ def _render_verify(r: dict[str, Any], written: str | None) -> None:
         console.print(table)
     bad_fallback = [f for f in r["fallback"] if not f["equal"]]
     for f in bad_fallback:
-        console.print(f"[bold red]FAIL[/] fallback " + escape(f"{f['op']} [{f['case']}] {f['dtype']} {f['shape']}: "
+        console.print("[bold red]FAIL[/] fallback " + escape(f"{f['op']} [{f['case']}] {f['dtype']} {f['shape']}: "
                       f"differs from the reference in {', '.join(f['mismatched'])}"), highlight=False)
     for e in r["errors"]:
         console.print("[bold red]ERROR[/] " + escape(f"{e['op']} [{e['case']}] {e['dtype']} {e['variant']}: "

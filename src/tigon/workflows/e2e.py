@@ -301,14 +301,15 @@ def _forward_overrides(model: torch.nn.Module) -> int:
 # the workflow
 
 
-def resolve_e2e(config: E2EConfig) -> E2EConfig:
-    """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
+def resolve_step_config(config, defaults: dict):
+    """Shared by ``--e2e`` and ``tigon profile``: resolve the device, fill ``None`` fields (model, layers,
+    batch_size, seq_len, steps, warmup, dtype) from ``defaults[device type]`` and check them; returns a copy.
 
     Raises:
-        ConfigError: unknown provider / dtype / device, counts < 1.
+        ConfigError: unknown device or dtype, counts < 1 (warmup < 0, seq_len < 2).
     """
     device = _resolve_device(config.device)
-    d = DEFAULTS[device.type]
+    d = defaults[device.type]
     cfg = dataclasses.replace(config, device=device.type)
     if cfg.model is None:
         cfg.model = d["model"]
@@ -323,7 +324,17 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     _positive("steps", cfg.steps)
     _positive("warmup", cfg.warmup, 0)
     if cfg.dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {cfg.dtype!r} for --e2e (choose from {', '.join(DTYPES)})")
+        raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    return cfg
+
+
+def resolve_e2e(config: E2EConfig) -> E2EConfig:
+    """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
+
+    Raises:
+        ConfigError: unknown provider / dtype / device, counts < 1.
+    """
+    cfg = resolve_step_config(config, DEFAULTS)
     providers = [p for item in (cfg.providers or list(E2E_PROVIDERS)) for p in item.split(",") if p]
     for p in providers:
         if p not in E2E_PROVIDERS:

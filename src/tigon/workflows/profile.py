@@ -45,7 +45,7 @@ import torch
 
 from .. import presets as _presets
 from ._train import train
-from .compare import ConfigError, _device_name, _device_str, _resolve_device, versions
+from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DTYPES, build_model, hf_config, model_info, random_batches
 
 CATEGORIES = ("matmul", "attention", "norm", "rotary", "activation", "lm_head_loss", "optimizer", "other")
@@ -400,25 +400,9 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
     Raises:
         ConfigError: bad counts, dtype or device, or a --trace path in a missing directory.
     """
-    from .e2e import _positive
+    from .e2e import resolve_step_config
 
-    device = _resolve_device(config.device)
-    d = DEFAULTS[device.type]
-    cfg = dataclasses.replace(config, device=device.type)
-    if cfg.model is None:
-        cfg.model = d["model"]
-        if cfg.layers is None:
-            cfg.layers = d["layers"]
-    for name in ("batch_size", "seq_len", "steps", "warmup", "dtype"):
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, d[name])
-    _positive("layers", cfg.layers)
-    _positive("batch_size", cfg.batch_size)
-    _positive("seq_len", cfg.seq_len, 2)
-    _positive("steps", cfg.steps)
-    _positive("warmup", cfg.warmup, 0)
-    if cfg.dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    cfg = resolve_step_config(config, DEFAULTS)
     if cfg.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(cfg.trace))):
         raise ConfigError(f"--trace {cfg.trace}: directory {os.path.dirname(os.path.abspath(cfg.trace))} "
                           "does not exist")
