@@ -28,6 +28,10 @@ LM head + loss
     module with an ``lm_head``, a ``base_model_prefix`` backbone and a ``labels`` argument. Probe: one eval forward
     on 8 tokens with the head's output scaled up by a hook (so a softcap or logit scale cannot hide behind small
     logits); the returned logits must equal the head's output and the loss HF's causal-LM cross-entropy of them.
+
+Models on the ``meta`` device (``tigon inspect`` builds them there, without weights): the first module of each
+class is probed on a CPU copy with random parameters and the result is reused for the others; the LM head, whose
+probe needs a forward of the whole model, is reported as not probed.
     MoE outputs (an ``aux_loss`` field) are refused: the router loss needs a family spec.
 
 Everything else is left alone; every candidate that fails is reported with the reason. Probes use their own random
@@ -37,6 +41,7 @@ generator (the global RNG is not advanced) and restore the modules' training fla
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import sys
 import types
@@ -119,6 +124,30 @@ def _float_weight(module) -> torch.Tensor | None:
         return w
     base = getattr(module, "base_layer", None)  # PEFT LoRA layer
     return _float_weight(base) if base is not None else None
+
+
+def _is_meta(module: torch.nn.Module) -> bool:
+    return any(p.is_meta for p in module.parameters())
+
+
+def _cpu_stand_in(module: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of a meta-device module with random parameters (scaled by 1/sqrt(fan-in)), for probing only."""
+    c = copy.deepcopy(module).to_empty(device="cpu")
+    with torch.no_grad():
+        for i, p in enumerate(c.parameters()):
+            scale = p.shape[-1] ** -0.5 if p.dim() > 1 else 1.0
+            p.copy_((_randn(p.shape, "cpu", seed=11 + i) * scale).to(p.dtype))
+    return c
+
+
+def _probe(cache: dict, kind: str, m: torch.nn.Module, probe, *args):
+    """``probe(m, *args)``; for meta modules, once per (kind, class) on a CPU stand-in (see the module docstring)."""
+    if not _is_meta(m):
+        return probe(m, *args)
+    key = (kind, type(m))
+    if key not in cache:
+        cache[key] = probe(_cpu_stand_in(m), *args)
+    return cache[key]
 
 
 def _class_forward(module):
@@ -366,20 +395,22 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
     """
     matches: list[tuple[str, torch.nn.Module, Match]] = []
     skipped: list[tuple[str, str, str]] = []
+    cache: dict = {}
     for path, m in model.named_modules():
         mod_name = type(m).__module__
         if enabled.get("rms_norm"):
             eps_attr = _norm_eps_attr(m)
             if eps_attr is not None:
                 already = tigon_mark(m.__dict__.get("forward"))
-                spec = NormSpec(type(m).__qualname__, eps_attr=eps_attr) if already else probe_norm(m, eps_attr)
+                spec = (NormSpec(type(m).__qualname__, eps_attr=eps_attr) if already
+                        else _probe(cache, "norm", m, probe_norm, eps_attr))
                 matches.append((path, m, _match("rms_norm", m, spec, mod_name)))
                 continue
         if enabled.get("mlp"):
             layout = _mlp_layout(m)
             if layout is not None:
                 already = tigon_mark(m.__dict__.get("forward"))
-                spec = MLPSpec(type(m).__qualname__) if already else probe_mlp(m, layout)
+                spec = MLPSpec(type(m).__qualname__) if already else _probe(cache, "mlp", m, probe_mlp, layout)
                 matches.append((path, m, _match("mlp", m, spec, mod_name)))
                 continue
 
@@ -418,7 +449,12 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
         if cand is not None:
             path, m = cand
             already = tigon_mark(m.__dict__.get("forward"))
-            spec = CausalLMSpec(type(m).__name__) if already else probe_head(m)
+            if already:
+                spec = CausalLMSpec(type(m).__name__)
+            elif _is_meta(m):
+                spec = "not probed: the model is on the meta device (the head probe needs a forward of the model)"
+            else:
+                spec = probe_head(m)
             matches.append((path, m, _match("lm_head_loss", m, spec, type(m).__module__)))
     return GenericResult(matches, skipped)
 
