@@ -50,6 +50,9 @@ def test_bad_preset_is_one_line_exit_2():
         (["compare", "--dtype", "float64"], "invalid choice"),
         (["compare", "--json", "/no/such/dir/r.json"], "does not exist"),
         (["compare", "--preset", "tiny", "--model", "/tmp"], "not allowed with"),
+        (["compare", "--preset", "tiny", "--layers", "3"], "between 1 and the model's 2 layers"),
+        (["compare", "--plot", "/tmp/curves.txt"], "unsupported image format 'txt'"),
+        (["bench", "--e2e", "--model", "tiny", "--layers", "9"], "between 1 and the model's 2 layers"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):

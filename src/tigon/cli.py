@@ -128,6 +128,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         problem = _check_output(path, flag)
         if problem:
             return _fail(prog, problem)
+    if args.plot:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if ext not in formats:
+            return _fail(prog, f"--plot {args.plot}: unsupported image format {ext or '(none)'!r} "
+                               f"(use one of {', '.join(sorted(formats))})")
     config = CompareConfig(
         preset=args.preset, model=args.model, layers=args.layers, steps=args.steps, batch_size=args.batch_size,
         seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device, seed=args.seed,

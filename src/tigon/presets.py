@@ -79,16 +79,34 @@ def get_preset(name: str) -> dict[str, Any]:
     return copy.deepcopy(PRESETS[name])
 
 
+def keep_layers(config, layers: int | None):
+    """Keep the first ``layers`` decoder layers of a transformers ``config`` (in place; returns it).
+
+    Per-layer lists of the config (``layer_types``, sliding-window or NoPE flags...) are cut to match.
+
+    Raises:
+        ValueError: ``layers`` < 1 or more than the config's ``num_hidden_layers``.
+    """
+    if layers is None:
+        return config
+    total = getattr(config, "num_hidden_layers", None)
+    if layers < 1 or (total is not None and layers > total):
+        raise ValueError(f"--layers must be between 1 and the model's {total} layers, got {layers}")
+    for key, value in list(vars(config).items()):
+        if isinstance(value, list) and total is not None and len(value) == total and key != "architectures":
+            setattr(config, key, value[:layers])
+    config.num_hidden_layers = layers
+    return config
+
+
 def build_config(name: str, num_hidden_layers: int | None = None):
-    """The ``transformers`` config for preset ``name``, optionally with ``num_hidden_layers`` overridden.
+    """The ``transformers`` config for preset ``name``, optionally keeping only ``num_hidden_layers`` layers.
 
     Raises:
         KeyError: unknown preset.
+        ValueError: ``num_hidden_layers`` outside 1 .. the preset's layer count.
     """
     from transformers import AutoConfig
 
     preset = get_preset(name)
-    kwargs = preset["config"]
-    if num_hidden_layers is not None:
-        kwargs["num_hidden_layers"] = int(num_hidden_layers)
-    return AutoConfig.for_model(preset["model_type"], **kwargs)
+    return keep_layers(AutoConfig.for_model(preset["model_type"], **preset["config"]), num_hidden_layers)

@@ -193,15 +193,20 @@ def _validate(cfg: CompareConfig) -> None:
 
 def _hf_config(cfg: CompareConfig):
     """The transformers config of the preset or checkpoint (with ``layers`` applied); cheap, no weights."""
-    if cfg.model is None:
-        return _presets.build_config(cfg.preset, cfg.layers)
     from transformers import AutoConfig
 
-    overrides = {} if cfg.layers is None else {"num_hidden_layers": cfg.layers}
     try:
-        return AutoConfig.from_pretrained(cfg.model, local_files_only=True, **overrides)
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"--model {cfg.model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+        if cfg.model is None:
+            return _presets.build_config(cfg.preset, cfg.layers)
+        try:
+            config = AutoConfig.from_pretrained(cfg.model, local_files_only=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"--model {cfg.model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+        return _presets.keep_layers(config, cfg.layers)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from e
 
 
 def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype):

@@ -150,9 +150,10 @@ def hf_config(model: str, layers: int | None = None):
         cfg = AutoConfig.from_pretrained(model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--model {model}: cannot read a model config: {str(e).splitlines()[0]}") from e
-    if layers is not None:
-        cfg.num_hidden_layers = layers
-    return cfg
+    try:
+        return _presets.keep_layers(cfg, layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def build_model(config, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
