@@ -49,10 +49,12 @@ def test_rms_norm_runs_a_kernel(device):
 
 
 def test_rms_norm_bad_input():
-    with pytest.raises(ValueError, match="weight must have shape"):
+    with pytest.raises(ValueError, match=r"x.s last dimension \(8\) must equal weight.s size \(7\)"):
         F.rms_norm(torch.randn(2, 8), torch.ones(7))
     with pytest.raises(ValueError, match="casting_mode"):
         F.rms_norm(torch.randn(2, 8), torch.ones(8), casting_mode="t5")
+    with pytest.raises(ValueError, match="x must have at least one dimension"):
+        F.rms_norm(torch.tensor(1.0), torch.ones(8))
     with pytest.raises(TypeError, match="x must be a floating-point"):
         F.rms_norm(torch.ones(2, 8, dtype=torch.long), torch.ones(8))
 

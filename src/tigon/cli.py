@@ -502,8 +502,9 @@ def _add_verify(sub) -> None:
             "off (force_reference) the results equal the reference exactly. Exit status 1 when anything fails."
         ),
     )
-    p.add_argument("--op", action="append", metavar="OP",
-                   help=f"op to verify, repeatable or comma-separated (default: all: {', '.join(V.REGISTRY)})")
+    p.add_argument("--op", action="append", nargs="+", metavar="OP",
+                   help=f"ops to verify: names, comma-separated or repeated, or 'all' (default: all: "
+                        f"{', '.join(V.REGISTRY)})")
     p.add_argument("--dtype", metavar="LIST",
                    help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
     p.add_argument("--model", metavar="MODEL",
@@ -531,7 +532,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     problem = _check_output(args.json, "--json")
     if problem:
         return _fail(prog, problem)
-    config = VerifyConfig(ops=args.op, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
+    ops = _csv_list(args.op)
+    config = VerifyConfig(ops=None if ops == ["all"] else ops, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
                           max_vocab=args.max_vocab, seed=args.seed)
     _quiet_transformers()
     try:

@@ -50,8 +50,11 @@ def rms_norm(
     _checks.tensor("weight", weight, floating=True, ndim=1)
     _checks.same_device(x=x, weight=weight)
     _checks.choice("casting_mode", casting_mode, ("llama", "gemma", "none"))
-    if x.dim() == 0 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight must have shape ({x.shape[-1] if x.dim() else '?'},), got {tuple(weight.shape)}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     if select_backend("rms_norm", x) == "reference":
         return _ref("rms_norm").rms_norm(x, weight, eps, offset, casting_mode)
     return _op("rms_norm").RMSNormFunction.apply(x, weight, float(eps), float(offset), casting_mode)

@@ -30,6 +30,9 @@ def _restore(out, lead, reduction: str):
 class CrossEntropyLoss(nn.Module):
     """``torch.nn.CrossEntropyLoss`` on (..., V) logits, computed by :func:`tigon.functional.cross_entropy`.
 
+    Layout: the class dimension is the LAST one (language-model logits (batch, seq, V)), not torch's dim 1
+    ((N, C, d1, ...)). For 2-D (N, V) input the two agree; for more dimensions move the class axis last first.
+
     Args:
         weight: optional (V,) class weights (a buffer, as in torch).
         ignore_index, reduction (``"mean"`` | ``"sum"`` | ``"none"``), label_smoothing: torch semantics.
