@@ -445,7 +445,9 @@ def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes
                     "AdamW step and zero_grad.")
     if device.type == "cpu":
         notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the tigon row measures the interpreter, "
-                     "not the kernels; compare speed on a CUDA GPU.")
+                     "not the kernels; compare speed on a CUDA GPU. CPU peak memory is growth of the process's "
+                     "resident set, which depends on what earlier runs in the same process already allocated "
+                     "(run order), so the memory ratio is only indicative there.")
     return E2EResult(config=dataclasses.asdict(cfg), model=info, device=_device_str(device),
                      device_name=_device_name(device), rows=rows, speedup=speedup, memory_ratio=memory,
                      peak_memory_method=method, versions=versions(), notes=notes)
