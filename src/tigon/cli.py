@@ -283,10 +283,7 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("data", f"{data['corpus']} ({data['corpus_tokens']:,} tokens, {data['tokenizer']})")
     summary.add_row("versions", ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))
     console.print(summary)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {note}[/dim]", highlight=False)
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 def _patch_summary(patch: dict[str, Any]) -> str:
@@ -394,10 +391,7 @@ def _render_env(r: dict[str, Any], written: str | None) -> None:
         grid.caption = f"why: {escape(next(iter(reasons)))}"
     grid.caption_justify = "left"
     console.print(grid)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {note}[/dim]", highlight=False)
-    if written:
-        console.print(f"wrote {written}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 def _add_inspect(sub) -> None:
@@ -481,10 +475,7 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
     for g in r["left_alone"]:
         left.add_row(g["module"], str(g["count"]), escape("\n".join(g["examples"])), escape(g["reason"]))
     console.print(left)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
-    if written:
-        console.print(f"wrote {written}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 def _add_verify(sub) -> None:
@@ -667,14 +658,21 @@ def _render_verify(r: dict[str, Any], written: str | None) -> None:
     summary.add_row("originals", "\n".join(f"{op}: {name}" for op, name in r["originals"].items()))
     summary.add_row("time", f"{r['elapsed_s']:.1f} s")
     console.print(summary)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
-    if written:
-        console.print(f"wrote {written}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # bench, profile
+
+
+def _print_footer(console, notes, written) -> None:
+    """Notes (dim) and the files written (a path or a list of paths) under a rendered report."""
+    from rich.markup import escape
+
+    for note in notes:
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
+    for path in ([written] if isinstance(written, str) else (written or [])):
+        console.print(f"wrote {path}", highlight=False)
 
 
 def _csv_list(values) -> list[str] | None:
@@ -917,10 +915,7 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
         console.print(f"[red]{escape(f)}[/red]", highlight=False)
     for s in r["skipped"]:
         console.print(f"[yellow]skipped: {escape(s)}[/yellow]", highlight=False)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
@@ -986,10 +981,7 @@ def _render_e2e(r: dict[str, Any], written: str | None) -> None:
     console.print(f"model: {model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, hidden "
                   f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}; device {r['device_name']}; "
                   f"memory: {r['peak_memory_method']}", highlight=False)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
-    if written:
-        console.print(f"wrote {written}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 def _add_profile(sub) -> None:
@@ -1060,7 +1052,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -1102,10 +1093,7 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
                              f"hidden {model.get('hidden_size')}, vocab {model.get('vocab_size')}")
     summary.add_row("device", f"{r['device']} ({r['device_name']})")
     console.print(summary)
-    for note in r["notes"]:
-        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    _print_footer(console, r["notes"], written)
 
 
 if __name__ == "__main__":  # pragma: no cover
