@@ -228,10 +228,9 @@ def _summary_line(r: dict[str, Any]) -> str:
 
 
 def _render_compare(r: dict[str, Any], written: list[str]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     cfg, model, data = r["config"], r["model"], r["data"]
     n = len(r["loss_original"])
 
@@ -343,11 +342,10 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _render_env(r: dict[str, Any], written: str | None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     info = Table(title="tigon env", title_justify="left", show_header=False)
     info.add_column(style="bold")
     info.add_column(overflow="fold")
@@ -432,11 +430,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _render_inspect(r: dict[str, Any], written: str | None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     cfg = r["config"]
     head = Table(title=f"tigon inspect {r['model']}", title_justify="left", show_header=False)
     head.add_column(style="bold")
@@ -596,11 +593,10 @@ def _verify_summary(r: dict[str, Any]) -> str:
 
 def _render_verify(r: dict[str, Any], written: str | None) -> None:
     from rich import box
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
     console.print(f"[bold]tigon verify[/] {escape(r['model']['source'])} on {r['device']}, backend {r['backend']}: "
                   "relative L2 error (err) and max |x - truth| against float64, Tigon and the original",
@@ -663,6 +659,18 @@ def _render_verify(r: dict[str, Any], written: str | None) -> None:
 
 # ----------------------------------------------------------------------------------------------------------------
 # bench, profile
+
+
+def _console():
+    """The stdout console for reports. Off a terminal (logs, CI, pipes) rich would wrap at 80 columns and drop or
+    truncate table columns; there we use 160 unless COLUMNS says otherwise."""
+    import sys
+
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=160)
 
 
 def _print_footer(console, notes, written) -> None:
@@ -861,11 +869,10 @@ def _size_label(op: str, s: dict[str, Any]) -> str:
 
 
 def _render_bench(r: dict[str, Any], written: list[str]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     rows = r["rows"]
     by = {}
     for row in rows:
@@ -952,11 +959,10 @@ def _layers(model: dict[str, Any]) -> str:
 
 
 def _render_e2e(r: dict[str, Any], written: str | None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     cfg, model = r["config"], r["model"]
     table = Table(title=f"tigon bench --e2e: {model['source']} ({_layers(model)}), "
                         f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
@@ -1051,10 +1057,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _render_profile(r: dict[str, Any], written: list[str]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     cfg, model = r["config"], r["model"]
     table = Table(title=f"tigon profile: {model['source']} ({_layers(model)}), "
                         f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
