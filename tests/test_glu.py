@@ -111,3 +111,36 @@ def test_glu_bad_input():
         F.swiglu(gate.long(), up)
     with pytest.raises(TypeError, match="up must be a torch.Tensor"):
         F.swiglu(gate, 2.0)
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused_halves", "transposed"])
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_glu_inplace_backward(device, layout, name):
+    # Gradients written into gate's and up's storage (as in a model, where they are projection outputs): they must
+    # equal the out-of-place ones; where the 2-D view would be a copy (transposed), it falls back to new buffers.
+    fn = getattr(F, name)
+    x = torch.randn(6, 40, device=device)
+    wg, wu = torch.randn(40, 97, device=device), torch.randn(40, 97, device=device)
+
+    def run(inplace):
+        xx = x.clone().requires_grad_(True)
+        if layout == "fused_halves":
+            gate, up = (xx @ torch.cat([wg, wu], 1)).chunk(2, dim=-1)
+        elif layout == "transposed":
+            gate, up = (wg.t() @ xx.t()).t(), (wu.t() @ xx.t()).t()
+        else:
+            gate, up = xx @ wg, xx @ wu
+        out = fn(gate, up, inplace_backward=inplace)
+        out.backward(torch.linspace(-1, 1, out.numel(), device=device).view_as(out))
+        return xx.grad
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+
+
+def test_glu_inplace_second_backward_raises(device):
+    gate = (torch.randn(4, 8, device=device, requires_grad=True) * 1.0)
+    up = (torch.randn(4, 8, device=device, requires_grad=True) * 1.0)
+    out = F.swiglu(gate, up, inplace_backward=True).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        out.backward()

@@ -124,7 +124,17 @@ def rope(
     return _op("rope").RoPEFunction.apply(q, k, cos, sin, unsqueeze_dim)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _check_glu(gate, up) -> None:
+    _checks.tensor("gate", gate, floating=True)
+    _checks.tensor("up", up, floating=True)
+    _checks.same_device(gate=gate, up=up)
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
     The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``. Math in fp32; the backward recomputes
@@ -134,6 +144,11 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
             slice of a fused gate-up projection is read in place when its rows have unit stride).
         up: the same shape and dtype as gate.
+        inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
+            (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
+            else reads after the backward (the outputs of the MLP's projections are such); a second backward
+            through the same graph then raises; ignored by the reference path. Default False: the inputs are
+            never written.
 
     Returns:
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
@@ -142,19 +157,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         TypeError: a non-floating tensor, or gate and up of different dtypes.
         ValueError: shapes differ, or devices differ.
     """
-    _checks.tensor("gate", gate, floating=True)
-    _checks.tensor("up", up, floating=True)
-    _checks.same_device(gate=gate, up=up)
-    if up.dtype != gate.dtype:
-        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
-    if up.shape != gate.shape:
-        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+    _check_glu(gate, up)
     if select_backend("swiglu", gate) == "reference":
         return _ref("glu").swiglu(gate, up)
-    return _op("glu").GLUFunction.apply(gate, up, "silu")
+    return _op("glu").GLUFunction.apply(gate, up, "silu", bool(inplace_backward))
 
 
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
+          inplace_backward: bool = False) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
 
     :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
@@ -164,6 +174,11 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> to
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
         up: the same shape and dtype as gate.
+        inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
+            (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
+            else reads after the backward (the outputs of the MLP's projections are such); a second backward
+            through the same graph then raises; ignored by the reference path. Default False: the inputs are
+            never written.
         approximate: ``"tanh"`` or ``"none"``.
 
     Returns:
@@ -173,17 +188,12 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> to
         TypeError: a non-floating tensor, or gate and up of different dtypes.
         ValueError: shapes differ, devices differ, or approximate is unknown.
     """
-    _checks.tensor("gate", gate, floating=True)
-    _checks.tensor("up", up, floating=True)
-    _checks.same_device(gate=gate, up=up)
-    if up.dtype != gate.dtype:
-        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
-    if up.shape != gate.shape:
-        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
+    _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
     if select_backend("geglu", gate) == "reference":
         return _ref("glu").geglu(gate, up, approximate)
-    return _op("glu").GLUFunction.apply(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
+    return _op("glu").GLUFunction.apply(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu",
+                                        bool(inplace_backward))
 
 
 def layer_norm(

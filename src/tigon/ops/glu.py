@@ -143,14 +143,22 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     return out
 
 
-def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str):
-    """Returns (d_gate, d_up), contiguous, shaped like gate and in gate's (= up's) dtype."""
-    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
+def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False):
+    """Returns (d_gate, d_up) shaped like gate and in gate's (= up's) dtype: new contiguous tensors, or with
+    ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program)."""
+    dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
+    # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
+    inplace = (inplace and gate.data_ptr() != up.data_ptr()
+               and g2.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
+               and u2.untyped_storage().data_ptr() == up.untyped_storage().data_ptr())
+    if inplace:
+        dgate, dup = gate, up
+    else:
+        dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
     if dgate.numel() == 0:
         return dgate, dup
-    dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up)
-    dg2, du2 = dgate.view(g2.shape), dup.view(g2.shape)
+    dg2, du2 = (g2, u2) if inplace else (dgate.view(g2.shape), dup.view(g2.shape))
     M, N = g2.shape
     block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
     _glu_bwd[grid](
@@ -161,19 +169,24 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
 
 
 class GLUFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, activation)`` with activation in :data:`ACTIVATIONS`.
+    """autograd wrapper; ``apply(gate, up, activation, inplace)`` with activation in :data:`ACTIVATIONS`.
 
-    Saves only gate and up (as given); the activation is recomputed in the backward.
+    Saves only gate and up (as given); the activation is recomputed in the backward. With ``inplace`` the
+    gradients are written into gate's and up's storage (see :func:`tigon.functional.swiglu`).
     """
 
     @staticmethod
-    def forward(ctx, gate, up, activation):
+    def forward(ctx, gate, up, activation, inplace=False):
         ctx.save_for_backward(gate, up)
-        ctx.activation = activation
+        ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
         return glu_forward(gate, up, activation)
 
     @staticmethod
     def backward(ctx, dy):
+        if ctx.consumed:
+            raise RuntimeError("tigon swiglu/geglu(inplace_backward=True) wrote its gradients into gate and up "
+                               "during the first backward; a second backward through it is not possible")
         gate, up = ctx.saved_tensors
-        dgate, dup = glu_backward(dy, gate, up, ctx.activation)
-        return dgate, dup, None
+        ctx.consumed = ctx.inplace
+        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
+        return dgate, dup, None, None
