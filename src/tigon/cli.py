@@ -780,11 +780,7 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
     try:
         resolved, shapes, _, _ = resolve_bench(config)
         total = len(plan(resolved.ops, shapes, available_providers(resolved.providers)[0]))
-        if args.quiet:
-            result = run_op_bench(config)
-        else:
-            with _StageProgress(total) as progress:
-                result = run_op_bench(config, progress=progress)
+        result = _run_staged(run_op_bench, config, args.quiet, total)
     except (ConfigError, ValueError) as e:
         return _fail(prog, str(e))
     report = result.as_dict()
@@ -808,6 +804,14 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
     else:
         _render_bench(report, written)
     return 0
+
+
+def _run_staged(run, config, quiet: bool, total: int | None = None):
+    """``run(config)``, with a stage progress bar on stderr (``total`` stages, or unknown) unless ``quiet``."""
+    if quiet:
+        return run(config)
+    with _StageProgress(total) as progress:
+        return run(config, progress=progress)
 
 
 class _StageProgress:
@@ -934,11 +938,7 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
                        dtype=args.dtype, device=args.device, seed=args.seed)
     try:
         resolve_e2e(config)
-        if args.quiet:
-            result = run_e2e(config)
-        else:
-            with _StageProgress(None) as progress:
-                result = run_e2e(config, progress=progress)
+        result = _run_staged(run_e2e, config, args.quiet)
     except (ConfigError, ValueError) as e:
         return _fail(prog, str(e))
     report = result.as_dict()
@@ -1037,11 +1037,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     _quiet_transformers()
     try:
         resolve_profile(config)
-        if args.quiet:
-            result = run_profile(config)
-        else:
-            with _StageProgress(None) as progress:
-                result = run_profile(config, progress=progress)
+        result = _run_staged(run_profile, config, args.quiet)
     except (ConfigError, ValueError) as e:
         return _fail(prog, str(e))
     report = result.as_dict()
