@@ -141,6 +141,13 @@ class _Matmuls:
         acc.add_(torch.sum(g, dim=0, dtype=torch.float32, out=self._scratch(acc.shape, acc)))
 
 
+def _operands(hidden, weight, bias, cd: torch.dtype):
+    """hidden (contiguous), weight and bias in the matmul dtype ``cd`` (no copy when already so)."""
+    h = hidden.to(cd)
+    return (h if h.is_contiguous() else h.contiguous(), weight.to(cd),
+            bias.to(cd) if bias is not None else None)
+
+
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
@@ -150,10 +157,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
-    h = hidden.to(cd)
-    h = h if h.is_contiguous() else h.contiguous()
-    w = weight.to(cd)
-    b = bias.to(cd) if bias is not None else None
+    h, w, b = _operands(hidden, weight, bias, cd)
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, dev)
     scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
@@ -201,10 +205,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
     vocab = weight.shape[0]
     dev = hidden.device
     need_h, need_w, need_b = need
-    h = hidden.to(cd)
-    h = h if h.is_contiguous() else h.contiguous()
-    w = weight.to(cd)
-    b = bias.to(cd) if bias is not None else None
+    h, w, b = _operands(hidden, weight, bias, cd)
     cw, cw_sum = class_weight_args(class_weight, dev)
     coef = grad_rows.to(torch.float32)
     gh = torch.empty((n, hdim), dtype=cd if hidden.dtype == cd else torch.float32, device=dev) if need_h else None
