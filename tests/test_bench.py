@@ -99,6 +99,8 @@ def test_sweep_writes_a_png_per_op(tmp_path):
         (["bench", "--layers", "2"], "--layers needs --e2e"),
         (["bench", "--e2e", "--op", "rms_norm"], "does not apply to --e2e"),
         (["bench", "--e2e", "--providers", "original,eager"], "unknown provider 'eager' for --e2e"),
+        (["bench", "--attn-implementation", "eager"], "--attn-implementation needs --e2e"),
+        (["bench", "--e2e", "--attn-implementation", "fast"], "--attn-implementation 'fast': unknown attention"),
         (["bench", "--csv", "/no/such/dir/b.csv"], "does not exist"),
         (["bench", "--sweep", "vocab"], "invalid choice"),
     ],
@@ -195,6 +197,39 @@ def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, mon
     assert M.apply_rotary_pos_emb is rope and M.LlamaForCausalLM.forward is fwd
     assert M.LlamaRMSNorm.__name__ == "LlamaRMSNorm"
     assert any("restored" in n for n in r.notes)
+
+
+def test_e2e_tigon_lean_and_attn_implementation(monkeypatch):
+    """tigon_lean = tigon.patch with {"accum_dtype": model dtype}; attn_implementation reaches from_config."""
+    import torch
+
+    import tigon.functional as TF
+    from tigon.workflows.compare import ConfigError
+    from tigon.workflows.e2e import E2E_PROVIDERS, E2EConfig, resolve_e2e, run_e2e
+
+    assert E2E_PROVIDERS.index("tigon_lean") < E2E_PROVIDERS.index("liger")  # liger rebinds globals: last
+    seen, real = [], TF.fused_linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("accum_dtype"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(TF, "fused_linear_cross_entropy", spy)
+    r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="bfloat16",
+                          providers=["tigon_lean,original,tigon"], attn_implementation="eager"))
+    rows = {x.provider: x for x in r.rows}
+    assert [x.provider for x in r.rows] == ["original", "tigon", "tigon_lean"]
+    for p in ("original", "tigon", "tigon_lean"):
+        assert rows[p].status == "ok", rows[p].note
+    assert rows["tigon_lean"].patch == rows["tigon"].patch and rows["tigon_lean"].patch["lm_head_loss"] == 1
+    assert seen == [None, torch.bfloat16]  # one training step each of tigon and tigon_lean
+    assert rows["tigon_lean"].losses[0] == pytest.approx(rows["tigon"].losses[0], rel=1e-3)
+    report = r.as_dict()
+    assert report["config"]["attn_implementation"] == "eager" and report["model"]["attn_implementation"] == "eager"
+    with pytest.raises(ConfigError, match="--attn-implementation 'fast'"):
+        resolve_e2e(E2EConfig(attn_implementation="fast"))
+    for name in (None, "eager", "sdpa", "kernels-community/flash-attn"):
+        assert resolve_e2e(E2EConfig(attn_implementation=name)).attn_implementation == name
 
 
 def test_cuda_graph_timing_needs_cuda():

@@ -4,7 +4,7 @@ import torch
 import tigon.ops.cross_entropy as ce_ops
 from tigon import functional as F
 from tigon import support
-from tigon.numerics import assert_close_to_truth, compare
+from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
 
 KERNEL_BACKEND = "triton" if torch.cuda.is_available() else "interpreter"
@@ -144,6 +144,30 @@ def test_inplace_backward(device):
     assert not torch.equal(logits.detach(), x)  # the buffer now holds the gradient
     with pytest.raises(RuntimeError, match="second backward"):
         loss.backward()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_inplace_bf16_against_truth(device, reduction):
+    """In place, bf16, upstream 1 and a random upstream scalar: the gradient written over the logits is as accurate
+    as the original's (the same single rounding of upstream * d loss / d logits)."""
+    n, v = 40, 777
+    base = (torch.randn(n, v, device=device) * 3).to(torch.bfloat16)
+    target = _targets(n, v, device, ignore_every=6)
+    for upstream in (1.0, 0.3):
+        grads = {}
+        for name, fn, dtype in (("tigon", lambda x: F.cross_entropy(x, target, reduction=reduction,
+                                                                    inplace_backward=True), torch.bfloat16),
+                                ("original", lambda x: ref_ce(x.float(), target, reduction=reduction), torch.bfloat16),
+                                ("truth", lambda x: ref_ce(x, target, reduction=reduction), torch.float64)):
+            leaf = base.to(dtype).clone().requires_grad_()
+            logits = leaf * 1.0
+            loss = fn(logits)
+            (loss.sum() if loss.dim() else loss).mul(upstream).backward()
+            if name == "tigon":
+                assert not torch.equal(logits.detach(), base)  # the backward wrote the gradient over the logits
+            grads[name] = leaf.grad
+        err, orig = rel_l2(grads["tigon"], grads["truth"]), rel_l2(grads["original"], grads["truth"])
+        assert err <= max(1.01 * orig, FLOOR[torch.bfloat16]), (upstream, err, orig)
 
 
 def test_large_vocab_loop(device, monkeypatch):

@@ -7,6 +7,11 @@ same seed, patches one with :func:`tigon.patch`, and trains both with AdamW on t
 
 Batches of 2 x 12 tokens; 20 steps on CUDA, 3 on CPU where the kernels run in Triton's interpreter (the rotary kernel
 runs one interpreted program per token); ``TIGON_FAMILY_STEPS`` overrides.
+
+``TIGON_FAMILY_DTYPE=bfloat16`` (for a GPU run) trains both models in bf16: the losses must then agree within 2e-2
+relative at every step. The parameters are not compared in bf16: the two runs round differently (fused kernels
+with fp32 math vs HF's op-by-op bf16), and AdamW's normalised steps turn differences in near-zero gradients into
+lr-sized parameter differences, so only the loss trajectory is a meaningful criterion there.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from tigon.numerics import rel_l2  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STEPS = int(os.environ.get("TIGON_FAMILY_STEPS", "20" if DEVICE == "cuda" else "3"))
 B, T, V, L = 2, 12, 300, 2
-LOSS_RTOL, PARAM_RTOL = 1e-4, 1e-4
+DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
+LOSS_RTOL, PARAM_RTOL = (1e-4, 1e-4) if DTYPE == torch.float32 else (2e-2, None)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
@@ -75,7 +81,7 @@ def build(model_type: str, overrides: dict, seed: int = 0):
     if experts is not None:
         cfg._experts_implementation = experts
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(cfg).float().to(DEVICE).train()
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE, DTYPE).train()
 
 
 def text_batches(steps: int):
@@ -125,6 +131,8 @@ def test_family_trains_like_the_original(case):
     assert ref[-1] < ref[0], "the mini model should learn something in a few steps"
     # all parameters as one vector: per tensor, a parameter whose gradient is rounding noise (k_proj.bias: softmax
     # is shift-invariant, so its exact gradient is 0) gets lr-sized Adam steps of random sign in both runs
+    if PARAM_RTOL is None:
+        return
     names = [n for n, _ in original.named_parameters()]
     flat = torch.cat([p.detach().flatten() for _, p in patched.named_parameters()])
     flat_ref = torch.cat([p.detach().flatten() for _, p in original.named_parameters()])

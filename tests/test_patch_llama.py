@@ -322,3 +322,84 @@ def test_options_turn_parts_off():
     more = tigon.patch(model)  # the rest can be added later
     assert more.counts == {"mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
 
+
+
+def _spy_flce(monkeypatch):
+    """Record the ``accum_dtype`` keyword of every tigon.functional.fused_linear_cross_entropy call."""
+    import tigon.functional as TF
+
+    seen, real = [], TF.fused_linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("accum_dtype", "absent"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(TF, "fused_linear_cross_entropy", spy)
+    return seen
+
+
+def test_fused_loss_options_reach_the_function(monkeypatch):
+    seen = _spy_flce(monkeypatch)
+    model = build()
+    ids, labels = batch()
+    ref, ref_grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    report = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.float32})
+    try:
+        [head] = [e for e in report.replaced if e.kind == "lm_head_loss"]
+        assert "fused_linear_cross_entropy(accum_dtype=torch.float32)" in head.detail
+        out, grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    finally:
+        tigon.unpatch(model)
+    assert seen == [torch.float32] and out.logits is None
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+    assert max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
+    report = tigon.patch(model)  # without options: the function's defaults
+    try:
+        assert "fused_linear_cross_entropy (logits=None)" in str(report.as_dict())
+        loss_and_grads(model, input_ids=ids, labels=labels)
+    finally:
+        tigon.unpatch(model)
+    assert seen[-1] == "absent"
+
+
+def test_fused_loss_accum_dtype_of_the_weight_bf16(monkeypatch):
+    seen = _spy_flce(monkeypatch)
+    model = build().to(torch.bfloat16)
+    ids, labels = batch()
+    tigon.patch(model)
+    try:
+        ref, ref_grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    finally:
+        tigon.unpatch(model)
+    tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.bfloat16})
+    try:
+        out, grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    finally:
+        tigon.unpatch(model)
+    assert seen == ["absent", torch.bfloat16]
+    assert out.loss.item() == pytest.approx(ref.loss.item(), rel=1e-3)
+    assert rel_l2(grads["lm_head.weight"].float(), ref_grads["lm_head.weight"].float()) < 2e-2
+
+
+def test_fused_loss_options_at_class_level(monkeypatch):
+    seen = _spy_flce(monkeypatch)
+    report = tigon.patch("llama", fused_linear_cross_entropy={"accum_dtype": torch.float32})
+    [head] = [e for e in report.replaced if e.kind == "lm_head_loss"]
+    assert "accum_dtype=torch.float32" in head.detail
+    model = build()
+    ids, labels = batch()
+    out, _ = loss_and_grads(model, input_ids=ids, labels=labels)
+    assert out.logits is None and seen == [torch.float32]
+
+
+@pytest.mark.parametrize("options, match", [({"chunk_size": 4}, "'chunk_size'"),
+                                            ({"accum_dtype": "bf16"}, "accum_dtype"),
+                                            ({"accum_dtype": torch.int32}, "accum_dtype")])
+def test_fused_loss_bad_options_raise_and_change_nothing(options, match):
+    model = build()
+    with pytest.raises(ValueError, match=match):
+        tigon.patch(model, fused_linear_cross_entropy=options)
+    with pytest.raises(ValueError, match=match):
+        tigon.patch("llama", fused_linear_cross_entropy=options)
+    assert not any(tigon_mark(m.__dict__.get("forward")) for m in model.modules())
+    assert patched_state()["class_level"] == {}

@@ -95,12 +95,17 @@ def test_backward_ops_follow_their_forward_range_by_sequence_number():
 def test_cli_profile_json_and_bad_model(tmp_path, capsys):
     js = tmp_path / "p.json"
     rc = main(["profile", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--steps", "1",
-               "--warmup", "0", "--no-predict", "--no-patched", "--json", str(js), "--quiet"])
+               "--warmup", "0", "--no-predict", "--no-patched", "--attn-implementation", "eager", "--json", str(js),
+               "--quiet"])
     assert rc == 0
     r = json.loads(js.read_text())
+    assert r["config"]["attn_implementation"] == "eager"
     assert r["step_ms_patched"] is None and r["predicted_step_ms_patched"] is None
     assert sum(c["ms"] for c in r["categories"]) == pytest.approx(r["profiled_step_ms"], rel=0.1)
     assert "step_ms original=" in capsys.readouterr().out
     rc = main(["profile", "no-such-model"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "not a preset" in err
+    rc = main(["profile", "tiny", "--attn-implementation", "fast"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--attn-implementation 'fast'" in err

@@ -708,7 +708,10 @@ def _add_bench(sub) -> None:
             "(GB/s and % for memory-bound ops, TFLOP/s and % for the fused linear cross-entropy). Providers that "
             "are not installed are skipped with a note; a provider failing on a shape is recorded, not fatal. "
             "With --e2e: training steps of the whole model, original vs Tigon-patched (vs Liger when installed): "
-            "tokens/s and peak memory."
+            "tokens/s and peak memory. E2E providers: original (Hugging Face's code), tigon (tigon.patch), "
+            "tigon_lean (tigon.patch with fused_linear_cross_entropy={'accum_dtype': the model's dtype}: the fused "
+            "LM-head loss accumulates grad_weight in that dtype: less memory, slightly less accurate gradients), liger "
+            "(Liger-Kernel, when installed)."
         ),
     )
     p.add_argument("--op", action="append", nargs="+", metavar="OP",
@@ -719,7 +722,8 @@ def _add_bench(sub) -> None:
                         "(default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST",
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "
-                        f"with --e2e: {','.join(E2E_PROVIDERS)}")
+                        f"with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
+                        "in the model's dtype in the fused LM-head loss)")
     p.add_argument("--sweep", choices=SWEEPS,
                    help="tokens: 1k..64k tokens on CUDA (powers of two), tiny sizes on CPU; hidden: the norms at "
                         "hidden 1024..16384")
@@ -741,6 +745,9 @@ def _add_bench(sub) -> None:
     g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    g.add_argument("--attn-implementation", metavar="NAME",
+                   help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
+                        "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -757,7 +764,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if not os.path.isdir(parent):
             return _fail(prog, f"--plot-dir {args.plot_dir}: directory {parent} does not exist")
     e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
-                               ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup))
+                               ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
+                               ("--attn-implementation", args.attn_implementation))
                 if v is not None]
     ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
                                ("--csv", args.csv), ("--plot-dir", args.plot_dir),
@@ -935,7 +943,8 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
 
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
-                       dtype=args.dtype, device=args.device, seed=args.seed)
+                       dtype=args.dtype, device=args.device, seed=args.seed,
+                       attn_implementation=args.attn_implementation)
     try:
         resolve_e2e(config)
         result = _run_staged(run_e2e, config, args.quiet)
@@ -985,7 +994,8 @@ def _render_e2e(r: dict[str, Any], written: str | None) -> None:
                       escape(f"{row['backend']}" + (f"; {patch}" if patch else "")))
     console.print(table)
     console.print(f"model: {model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, hidden "
-                  f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}; device {r['device_name']}; "
+                  f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}, attention "
+                  f"{model.get('attn_implementation') or 'default'}; device {r['device_name']}; "
                   f"memory: {r['peak_memory_method']}", highlight=False)
     _print_footer(console, r["notes"], written)
 
@@ -1012,6 +1022,9 @@ def _add_profile(sub) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], help="bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    p.add_argument("--attn-implementation", metavar="NAME",
+                   help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
+                        "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
     p.add_argument("--trace", metavar="PATH",
                    help="write the original step's Chrome trace (and the patched one as <name>.patched<ext>)")
     p.add_argument("--no-predict", action="store_true", help="skip the op bench and the prediction")
@@ -1033,7 +1046,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     config = ProfileConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                            steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device,
                            trace=args.trace, predict=not args.no_predict, patched=not args.no_patched,
-                           seed=args.seed)
+                           seed=args.seed, attn_implementation=args.attn_implementation)
     _quiet_transformers()
     try:
         resolve_profile(config)

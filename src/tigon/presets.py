@@ -60,6 +60,28 @@ PRESETS: dict[str, dict[str, Any]] = {
             },
         ),
     },
+    "qwen2-7b": {
+        "model_type": "qwen2",
+        "description": "Qwen2 7B shapes (28 layers, q/k/v bias, vocab 152064)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
+        ),
+    },
+    "gemma2-9b": {
+        "model_type": "gemma2",
+        "description": "Google Gemma 2 9B shapes (42 layers, head_dim 256, GeGLU, logit softcapping, tied embeddings)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
+            sliding_window=4096, max_position_embeddings=8192, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+        ),
+    },
 }
 
 

@@ -28,6 +28,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
+import sys
+
 import torch
 
 BACKENDS = ("triton", "interpreter", "reference")
@@ -129,10 +131,49 @@ def decide(device: torch.device, dtype: torch.dtype) -> Decision:
 def select_backend(op: str, tensor: torch.Tensor) -> str:
     """The backend ``op`` runs for ``tensor``; warns once per reason on fallback, raises in strict mode.
 
+    Under ``torch.compile`` the choice is made once per trace: dynamo runs :func:`_traced_backend` as plain Python
+    when it reaches the call (so the warning, the strict-mode error and the usage count happen then, once per
+    compiled graph) and bakes the answer into the graph, instead of tracing through the environment, the
+    thread-local and ``warnings.warn`` (a builtin dynamo cannot trace: a graph break). A compiled graph is guarded
+    on its tensors' devices and dtypes, not on :func:`force_reference`, ``TIGON_DISABLE`` or strict mode: after
+    changing those, ``torch.compiler.reset()`` makes an already compiled model pick again.
+
     Raises:
         UnsupportedError: strict mode is on and the op would fall back to the reference.
     """
-    d = decide(tensor.device, tensor.dtype)
+    if torch.compiler.is_compiling():
+        return BACKENDS[_traced_backend(op, tensor.device.type, tensor.device.index, tensor.dtype)]
+    return _select(op, tensor.device, tensor.dtype)
+
+
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo when Tigon is imported.
+
+    Importing dynamo imports ``triton.language``; imported before ``TRITON_INTERPRET=1`` is set (the CLI sets it
+    after ``import tigon``), Triton's own jitted helpers (``tl.sum``...) then fail under the interpreter. The
+    decorator only flags the function (``_dynamo_marked_constant``), so that flag is set directly unless dynamo is
+    already loaded; tests/test_compile.py checks that a compiled call still picks the backend once per trace.
+    """
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
+def _traced_backend(op: str, device_type: str, device_index: int | None, dtype: torch.dtype) -> int:
+    """:func:`select_backend` for dynamo: constant arguments in, an index into :data:`BACKENDS` out.
+
+    An int, not the backend's name: dynamo stores the result of an ``assume_constant_result`` function as a graph
+    constant, and a string did not survive that (compared unequal to itself in torch 2.13).
+    """
+    device = torch.device(device_type) if device_index is None else torch.device(device_type, device_index)
+    return BACKENDS.index(_select(op, device, dtype))
+
+
+def _select(op: str, device: torch.device, dtype: torch.dtype) -> str:
+    """select_backend's body: decide, then warn / raise / count."""
+    d = decide(device, dtype)
     if d.backend == "reference" and not d.reason.startswith("kernels disabled"):
         if is_strict():
             raise UnsupportedError(f"tigon.{op}: no Triton path ({d.reason}) and strict mode is on")
@@ -142,7 +183,7 @@ def select_backend(op: str, tensor: torch.Tensor) -> str:
                 f"Tigon falls back to the PyTorch reference: {d.reason}. "
                 "Results are correct but not accelerated; set TIGON_STRICT=1 to make this an error.",
                 TigonFallbackWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     _usage[(op, d.backend)] += 1
     return d.backend

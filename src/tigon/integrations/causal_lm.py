@@ -11,10 +11,10 @@ num_items_in_batch`` when that is given, else the mean over non-ignored tokens),
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
+import sys
 import warnings
 
 import torch
@@ -48,10 +48,10 @@ def slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
     Uses ``transformers.modeling_utils.slice_logits_to_keep`` when the installed version has it, else the rule of
     transformers 5.0: an int keeps the last ``logits_to_keep`` positions (0 keeps all), a tensor indexes dim 1.
     """
-    try:
-        from transformers.modeling_utils import slice_logits_to_keep
-    except ImportError:  # transformers < 5.1: the inline rule
-        slice_logits_to_keep = None
+    # A model's forward runs only once transformers.modeling_utils is loaded. A lookup, not an import in a
+    # try/except: under torch.compile a failing import (transformers < 5.1 lacks the helper) is an exception that
+    # dynamo cannot trace (a graph break, measured on torch 2.11 + transformers 5.17).
+    slice_logits_to_keep = getattr(sys.modules.get("transformers.modeling_utils"), "slice_logits_to_keep", None)
     if slice_logits_to_keep is not None:
         return slice_logits_to_keep(hidden, logits_to_keep)
     idx = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -81,6 +81,7 @@ def causal_lm_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     softcap: float | None = None,
     logit_scale: float = 1.0,
+    flce_options: dict | None = None,
 ) -> torch.Tensor:
     """``ForCausalLMLoss(softcap(logit_scale * (hidden @ weight.T + bias)), labels)`` without the logits.
 
@@ -94,6 +95,8 @@ def causal_lm_loss(
         num_items_in_batch: when given, the loss is ``sum / num_items_in_batch`` (gradient accumulation);
             else the mean over non-ignored targets.
         softcap, logit_scale: LM-head specifics (Gemma 2's final logit softcapping; Cohere/Granite scaling).
+        flce_options: more keyword arguments for :func:`tigon.functional.fused_linear_cross_entropy` (e.g.
+            ``{"accum_dtype": torch.bfloat16}``; see ``tigon.patch(fused_linear_cross_entropy={...})``).
 
     Returns:
         scalar float32 loss.
@@ -108,7 +111,7 @@ def causal_lm_loss(
                          "(labels must match the positions kept by logits_to_keep)")
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = TF.fused_linear_cross_entropy(h, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
-                                         softcap=softcap, logit_scale=logit_scale)
+                                         softcap=softcap, logit_scale=logit_scale, **(flce_options or {}))
     return _divide(_first(loss), num_items_in_batch)
 
 
@@ -222,16 +225,26 @@ def _logit_scale(model, spec: CausalLMSpec) -> float:
     return scale
 
 
+def _module(name: str):
+    """The module ``name``, from sys.modules when already imported (always, for a model's own family module).
+
+    The patched forward runs inside torch.compile: dynamo traces a dict lookup, but importlib.import_module is
+    marked as skipped (a graph break, which also makes ``fullgraph=True`` fail).
+    """
+    mod = sys.modules.get(name)
+    return mod if mod is not None else importlib.import_module(name)
+
+
 def _router_aux_loss(model, spec: CausalLMSpec, family_module: str, router_logits, attention_mask):
-    fn = getattr(importlib.import_module(family_module), spec.router_aux_loss)
+    fn = getattr(_module(family_module), spec.router_aux_loss)
     return fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)
 
 
 def output_class(family_module: str, name: str):
     """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``."""
-    cls = getattr(importlib.import_module(family_module), name, None)
+    cls = getattr(_module(family_module), name, None)
     if cls is None:
-        cls = getattr(importlib.import_module("transformers.modeling_outputs"), name)
+        cls = getattr(_module("transformers.modeling_outputs"), name)
     return cls
 
 
@@ -244,8 +257,12 @@ def _return_dict(model, arguments: dict) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, original, fused: bool, ce: bool):
+def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, original, fused: bool, ce: bool,
+                      flce_options: tuple = ()):
     """The replacement ``forward(self, *args, **kwargs)`` for a causal-LM class.
+
+    ``flce_options``: ``(key, value)`` pairs (a tuple, so that the forwards can be cached) passed as keyword
+    arguments to :func:`tigon.functional.fused_linear_cross_entropy` by the fused path.
 
     With labels and HF's default loss:
       * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
@@ -283,10 +300,13 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             num_items_in_batch=arguments.get("num_items_in_batch"),
             softcap=_config_value(self, spec.softcap_attr),
             logit_scale=_logit_scale(self, spec),
+            flce_options=dict(flce_options),
         )
         cls = output_class(family_module, spec.output_class)
-        extra = {f.name: getattr(outputs, f.name) for f in dataclasses.fields(cls)
-                 if f.name not in ("loss", "logits", "aux_loss") and hasattr(outputs, f.name)}
+        # The class's field table, not dataclasses.fields(cls): dynamo cannot trace the latter on a class (graph
+        # break under torch.compile); ModelOutput classes have no ClassVar / InitVar pseudo-fields to filter out.
+        extra = {name: getattr(outputs, name) for name in cls.__dataclass_fields__
+                 if name not in ("loss", "logits", "aux_loss") and hasattr(outputs, name)}
         if router:
             aux = _router_aux_loss(self, spec, family_module, outputs.router_logits, arguments.get("attention_mask"))
             loss = loss + self.router_aux_loss_coef * aux.to(loss.device)

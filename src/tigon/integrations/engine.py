@@ -41,6 +41,7 @@ import importlib
 import threading
 import types
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -56,6 +57,32 @@ _LOCK = threading.RLock()
 _MISSING = object()
 
 OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "lm_head_loss")
+
+# Keys of ``patch(fused_linear_cross_entropy={...})``, forwarded to tigon.functional.fused_linear_cross_entropy.
+FLCE_OPTIONS = ("accum_dtype",)
+
+
+def flce_options(value) -> tuple[bool, tuple]:
+    """``patch``'s ``fused_linear_cross_entropy`` argument as ``(enabled, options)``; ``options`` is a sorted tuple of
+    ``(key, value)`` pairs (hashable: the patched forwards are cached by it).
+
+    A mapping enables the fused loss with those keyword options (only :data:`FLCE_OPTIONS`); anything else is
+    read as a bool.
+
+    Raises:
+        ValueError: an unknown key, or an ``accum_dtype`` that is not None or a floating-point torch.dtype.
+    """
+    if not isinstance(value, Mapping):
+        return bool(value), ()
+    for key in value:
+        if key not in FLCE_OPTIONS:
+            raise ValueError(f"tigon.patch: unknown fused_linear_cross_entropy option {key!r} "
+                             f"(allowed: {', '.join(FLCE_OPTIONS)})")
+    dt = value.get("accum_dtype")
+    if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+        raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'accum_dtype' must be None or a "
+                         f"floating-point torch.dtype (torch.float32, or the LM head's dtype), got {dt!r}")
+    return True, tuple(sorted(value.items()))
 
 
 # ---- rotary switch ---------------------------------------------------------------------------------------------
@@ -157,7 +184,7 @@ def _factory(kind: str, comp, family: str, family_module: str, original, opts: d
         if comp.experts:
             return fw.experts_gate(comp, family, original)
         return fw.mlp_forward(comp, family, original)
-    return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"])
+    return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
 
 
 def _describe(kind: str, comp, module=None, opts=None) -> str:
@@ -169,7 +196,8 @@ def _describe(kind: str, comp, module=None, opts=None) -> str:
         return fw.describe_mlp(module, comp)
     parts = []
     if opts["fused"]:
-        parts.append("training with labels: tigon.functional.fused_linear_cross_entropy (logits=None)")
+        args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
+        parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
     if opts["ce"]:
         parts.append("materialised logits with labels: tigon.functional.cross_entropy")
     return "; ".join(parts) + "; otherwise the original forward"
@@ -438,7 +466,7 @@ def patch(
     rope: bool = True,
     mlp: bool = True,
     layer_norm: bool = True,
-    fused_linear_cross_entropy: bool = True,
+    fused_linear_cross_entropy: bool | Mapping = True,
     cross_entropy: bool = False,
     strict: bool = False,
     family: str | None = None,
@@ -457,7 +485,12 @@ def patch(
         rope: route the family's rotary function to :func:`tigon.functional.rope` (scoping: see the module docs).
         fused_linear_cross_entropy: in training with ``labels``, compute the LM head and HF's causal-LM loss with
             :func:`tigon.functional.fused_linear_cross_entropy`; ``output.logits`` is None then. Without labels or
-            in eval mode the original forward runs and logits are returned as before.
+            in eval mode the original forward runs and logits are returned as before. A dict turns it on with
+            keyword options for that function; the allowed keys are :data:`FLCE_OPTIONS`: ``accum_dtype``
+            (``None`` / ``torch.float32``: grad_weight accumulated in fp32, the default; the LM head's dtype, e.g.
+            ``{"accum_dtype": torch.bfloat16}``: accumulated in that dtype, less memory, slightly less accurate
+            gradients; a dtype other than those raises ValueError in the training forward). The report's LM-head
+            entry shows the options.
         cross_entropy: when logits are materialised with labels (eval, or the fused path off), compute the loss
             with :func:`tigon.functional.cross_entropy` instead of torch.
         strict: raise instead of skipping anything requested that cannot be patched; nothing is changed then.
@@ -473,14 +506,15 @@ def patch(
         TypeError: the model contains no module of a supported family and the generic matcher recognises nothing
             in it (the message names the class, the supported families and rejected candidates), or the argument
             is neither a module nor a string.
-        ValueError: unknown family name; or ``strict=True`` and something requested cannot be patched (the
-            message lists each target and why).
+        ValueError: unknown family name; ``strict=True`` and something requested cannot be patched (the
+            message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
+    fused, flce = flce_options(fused_linear_cross_entropy)
     spec, level = _resolve(model_or_family, "patch", family)
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
-               "lm_head_loss": bool(fused_linear_cross_entropy or cross_entropy)}
-    opts = {"fused": bool(fused_linear_cross_entropy), "ce": bool(cross_entropy)}
+               "lm_head_loss": fused or bool(cross_entropy)}
+    opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
     with _LOCK:

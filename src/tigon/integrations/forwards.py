@@ -91,9 +91,12 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
     return act
 
 
-def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """swiglu / geglu of ``act``; ``inplace``: the backward writes d_gate / d_up into gate's / up's memory."""
     op, approximate = act
-    return TF.swiglu(gate, up) if op == "swiglu" else TF.geglu(gate, up, approximate=approximate)
+    if op == "swiglu":
+        return TF.swiglu(gate, up, inplace_backward=inplace)
+    return TF.geglu(gate, up, approximate=approximate, inplace_backward=inplace)
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +105,9 @@ def mlp_forward(spec: MLPSpec, family: str, original):
 
     With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
-    original forward.
+    original forward. gate and up are this forward's own projection outputs, used by nothing else, so the
+    backward writes their gradients into their memory (``inplace_backward=True``, as Liger does): two (tokens,
+    intermediate) tensors less at the MLP's backward peak.
     """
 
     @functools.wraps(original)
@@ -114,7 +119,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
         else:
             gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
-        return getattr(self, spec.down)(_glu(act, gate, up))
+        return getattr(self, spec.down)(_glu(act, gate, up, inplace=True))
 
     return mark(forward, "mlp", family)
 

@@ -313,28 +313,51 @@ def accuracy(correct: torch.Tensor, target: torch.Tensor, ignore_index: int) -> 
 # ---------------------------------------------------------------------------------------------- autograd
 
 
+def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool):
+    """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
+    :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
+    scale (see :func:`loss_scale`)). Shared by the autograd.Function and the custom op (tigon.ops._library)."""
+    n, vocab = x.shape
+    f32 = dict(dtype=torch.float32, device=x.device)
+    loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    correct = torch.empty(n, **f32) if want_acc else None
+    ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+    scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
+    acc = accuracy(correct, target, opts.ignore_index) if want_acc else torch.zeros((), **f32)
+    return reduce_rows(loss_rows, scale), reduce_rows(z_rows, scale), acc, lse, scale
+
+
+def ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, opts: LossOptions, dx) -> torch.Tensor:
+    """Write ``d loss / d x`` times the upstream ``grad_loss`` into ``dx`` (may be ``x``); returns dx."""
+    coef = grad_loss.to(torch.float32)
+    if scale is not None:
+        coef = (coef * scale).reshape(())
+    ce_rows_backward(x, target, cw, cw_sum, lse, opts, coef, dx)
+    return dx
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     """autograd wrapper: ``apply(logits, target, class_weight, opts, reduction, num_items, want_acc, inplace)``.
 
     Returns (loss, z_loss, accuracy); z_loss and accuracy are non-differentiable (accuracy is a dummy zero
     when ``want_acc`` is False). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
+
+    The forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
+    (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
+    ``inplace``, over the logits. (Forming the gradient during the forward, as Liger-Kernel does, would save one
+    read of the logits, but measured on an H200 it made this kernel 3x slower: the second pass over a 128k-wide
+    row no longer hits the L2 cache; benchmarks/results/h200/sweep_h200.json, tigon_inplace rows.)
     """
 
     @staticmethod
     def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
         x = logits if logits.stride(-1) == 1 else logits.contiguous()
-        n, vocab = x.shape
         target = target.contiguous()
         cw, cw_sum = class_weight_args(class_weight, x.device)
-        f32 = dict(dtype=torch.float32, device=x.device)
-        loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
-        correct = torch.empty(n, **f32) if want_acc else None
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
-        scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
-        loss = reduce_rows(loss_rows, scale)
-        z = reduce_rows(z_rows, scale)
-        acc = accuracy(correct, target, opts.ignore_index) if want_acc else torch.zeros((), **f32)
-        ctx.save_for_backward(x, target, cw, cw_sum, lse, scale)
+        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
+        # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
+        # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
+        ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
         ctx.opts, ctx.inplace, ctx.consumed = opts, inplace, False
         ctx.mark_non_differentiable(z, acc)
         return loss, z, acc
@@ -347,10 +370,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             raise RuntimeError("tigon.cross_entropy(inplace_backward=True) wrote its gradient into the logits "
                                "buffer during the first backward; a second backward through it is not possible")
         x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
-        coef = grad_loss.to(torch.float32)
-        if scale is not None:
-            coef = (coef * scale).reshape(())
-        dx = x if ctx.inplace else torch.empty_like(x)
-        ce_rows_backward(x, target, cw, cw_sum, lse, ctx.opts, coef, dx)
+        dx = ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, ctx.opts,
+                         x if ctx.inplace else torch.empty_like(x))
         ctx.consumed = ctx.inplace
         return dx, None, None, None, None, None, None, None

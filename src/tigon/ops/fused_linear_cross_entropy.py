@@ -19,6 +19,12 @@ per-token lse is saved; the backward recomputes the logits chunk by chunk and ap
 gradient (4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is
 computed. The caller's tensors are never written.
 
+Low-memory accumulation (``lean``, ``accum_dtype=`` the weight's dtype in :func:`tigon.functional.fused_linear_cross_entropy`):
+grad_hidden and grad_weight are written straight into tensors of the parameters' dtypes, grad_weight
+accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), and chunks hold at most
+``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB, as
+Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
+
 Matmul precision: chunks run in the compute dtype (the inputs' dtype, or the autocast dtype). Products that
 are accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scalar path) go to fp32
 buffers: on CUDA through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU
@@ -39,23 +45,34 @@ from .cross_entropy import (
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
 # buffer, which costs a read and a write of that buffer (8*V*H bytes) for 2*rows*V*H FLOPs: rows/4 FLOP per
 # byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take rows = H
-# (at least MIN_CHUNK_ROWS_CUDA): the bf16 chunk buffer is then half the size of the fp32 grad_weight buffer
-# that has to exist anyway, and the accumulation is matmul-bound. MAX_CHUNK_ELEMS_CUDA caps the buffer at
-# 2**28 logits (512 MiB in bf16) for huge vocabularies. On CPU / under the interpreter a small cap keeps memory
-# low; tests lower these to force several chunks.
-# Measured on an H200 (torch 2.11, bf16, mean loss, forward + backward):
-#   N=8K,  H=4K, V=128K: 2**26-logit chunks (512 rows) 55.1 ms; rows=H (2048) 46.9 ms; torch 49.5 ms.
-#                        Peak extra memory 3.4 GiB against torch's 12.0 GiB.
-#   N=16K, H=2K, V=256K: 256-row chunks 166.7 ms; rows=H (1024) 96.7 ms; torch 129.3 ms (3.4 vs 48.3 GiB).
-MAX_CHUNK_ELEMS_CUDA = 1 << 28
+# (at least MIN_CHUNK_ROWS_CUDA): the bf16 chunk buffer is then no larger than the bf16 grad_weight, so it does
+# not raise the peak, which is reached when the fp32 buffer is cast to the weight's dtype (4VH + 2VH bytes),
+# and the accumulation is matmul-bound. MAX_CHUNK_ELEMS_CUDA (2**30 logits) only guards absurd shapes. On CPU /
+# under the interpreter a small cap keeps memory low; tests lower these to force several chunks.
+# Measured on an H200 (torch 2.11, bf16, mean loss, forward + backward; benchmarks/results/h200/flce_h200.json):
+#   N=8K, H=4K, V=128K: rows 1024 / 2048 / 4096 / 8192 -> 45.4 / 42.6 / 40.5 / 41.2 ms; peak extra memory
+#                       3.35 GB for all but 8192 rows (4.34 GB). torch.compile 39.2 ms, 3.0 GiB.
+#   Earlier: N=16K, H=2K, V=256K: 256-row chunks 166.7 ms; rows=H (1024) 96.7 ms; torch 129.3 ms.
+# Low-memory accumulation (``lean``: grad_weight accumulated in the weight's dtype, no fp32 buffer) keeps the
+# chunk buffer at LEAN_CHUNK_ELEMS logits (64 MiB in bf16), Liger-Kernel's budget (V/H chunks of N/(V/H) rows).
+# Measured (same file, N=8K, H=4K, V=128K): 2**24 / 2**25 / 2**26 / 2**27 logits (128 .. 1024 rows) ->
+# 91.9 / 55.4 / 45.7 / 41.9 ms, peak extra 1.07 / 1.10 / 1.16 / 1.29 GiB: every chunk re-reads and re-writes the
+# whole bf16 grad_weight, so small chunks are bandwidth-bound.
+MAX_CHUNK_ELEMS_CUDA = 1 << 30
 MIN_CHUNK_ROWS_CUDA = 256
 MAX_CHUNK_ELEMS_CPU = 1 << 18
+LEAN_CHUNK_ELEMS = 1 << 25
+LEAN_MIN_ROWS = 128
 
 
-def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device) -> int:
+def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False) -> int:
     """Tokens per chunk (see the constants above), balanced over the chunks, a multiple of 16 if possible."""
     if device.type == "cuda" and not interpreter_enabled():
-        max_rows = min(max(hidden, MIN_CHUNK_ROWS_CUDA), MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+        if lean:
+            max_rows = max(LEAN_MIN_ROWS, LEAN_CHUNK_ELEMS // max(vocab, 1))
+        else:
+            max_rows = min(max(hidden, MIN_CHUNK_ROWS_CUDA), MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+        max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
     else:
         max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
     max_rows = max(1, max_rows)
@@ -126,8 +143,8 @@ class _Matmuls:
             out.copy_(torch.mm(a, b, out=self._scratch(out.shape, a)))
 
     def addmm_(self, acc, a, b):
-        """acc (fp32) += a @ b."""
-        if not self.low:
+        """acc += a @ b, acc fp32 or (lean accumulation) in a's dtype."""
+        if not self.low or acc.dtype == a.dtype:
             acc.addmm_(a, b)
         elif self.out_dtype:
             torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
@@ -148,11 +165,34 @@ def _operands(hidden, weight, bias, cd: torch.dtype):
             bias.to(cd) if bias is not None else None)
 
 
+def _grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool):
+    """(gh, gw, gb) accumulators (None where not needed).
+
+    Default: fp32 (one rounding to the parameters' dtypes at the end; grad_hidden stays fp32 only on the scalar
+    path, where it is scaled later). ``lean``: grad_hidden and grad_weight directly in the parameters' dtypes
+    when those equal the compute dtype ``cd`` (no (V, H) fp32 buffer; one rounding per chunk for grad_weight);
+    grad_bias, (V,), always fp32.
+    """
+    need_h, need_w, need_b = need
+    dev = hidden.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    low_h = hidden.dtype == cd and (lean or not scalar)
+    gh = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype if low_h else torch.float32, device=dev) \
+        if need_h else None
+    gw = None
+    if need_w:
+        gw = torch.zeros(weight.shape, dtype=weight.dtype if lean and weight.dtype == cd else torch.float32,
+                         device=dev)
+    gb = torch.zeros((weight.shape[0],), **f32) if need_b else None
+    return gh, gw, gb
+
+
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
-                 cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool):
+                 cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
 
-    Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh32, gw32, gb32) or None).
+    ``lean``: low-memory accumulation (see :func:`_grad_buffers`, :data:`LEAN_CHUNK_ELEMS`).
+    Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh, gw, gb) or None).
     """
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -162,14 +202,12 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     cw, cw_sum = class_weight_args(class_weight, dev)
     scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
     precompute = scale is not None and any(need)
-    need_h, need_w, need_b = need
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
-    gh32 = torch.empty((n, hdim), **f32) if precompute and need_h else None
-    gw32 = torch.zeros((vocab, hdim), **f32) if precompute and need_w else None
-    gb32 = torch.zeros((vocab,), **f32) if precompute and need_b else None
-    rows = chunk_rows(n, vocab, hdim, dev)
+    gh32, gw32, gb32 = (_grad_buffers(n, hidden, weight, cd, need, lean, True) if precompute
+                        else (None, None, None))
+    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -196,7 +234,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
 
 
 def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, lse, opts: LossOptions,
-                       cd: torch.dtype, need: tuple[bool, bool, bool]):
+                       cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False):
     """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
 
     Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
@@ -204,14 +242,11 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
-    need_h, need_w, need_b = need
     h, w, b = _operands(hidden, weight, bias, cd)
     cw, cw_sum = class_weight_args(class_weight, dev)
     coef = grad_rows.to(torch.float32)
-    gh = torch.empty((n, hdim), dtype=cd if hidden.dtype == cd else torch.float32, device=dev) if need_h else None
-    gw32 = torch.zeros((vocab, hdim), dtype=torch.float32, device=dev) if need_w else None
-    gb32 = torch.zeros((vocab,), dtype=torch.float32, device=dev) if need_b else None
-    rows = chunk_rows(n, vocab, hdim, dev)
+    gh, gw32, gb32 = _grad_buffers(n, hidden, weight, cd, need, lean, False)
+    rows = chunk_rows(n, vocab, hdim, dev, lean)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -241,12 +276,13 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc):
+    def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
+                lean=False):
         loss, z, acc, lse, grads = flce_forward(
-            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc)
+            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean)
         if acc is None:
             acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done = opts, cd, need, grads, False
+        ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, lse)
@@ -255,9 +291,9 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
-        none = (None,) * 8
+        none = (None,) * 9
         if not any(ctx.need):
-            return (None, None, None, None) + none[:7]
+            return (None, None, None, None) + none[:8]
         if ctx.done:
             raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph; "
                                "for a mean/sum loss the gradients are formed once in the forward and released by "
@@ -268,11 +304,12 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             ctx.grads = None
             g = grad_loss.to(torch.float32).reshape(())
             h_dtype, w_dtype, b_dtype = ctx.dtypes
+            # In place, then cast (a no-op where the buffer already has the parameter's dtype: lean mode).
             gh = gh32.mul_(g).to(h_dtype) if gh32 is not None else None
             gw = gw32.mul_(g).to(w_dtype) if gw32 is not None else None
             gb = gb32.mul_(g).to(b_dtype) if gb32 is not None else None
         else:
             hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
             gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, ctx.opts,
-                                            ctx.cd, ctx.need)
-        return (gh, gw, None, gb) + none[:7]
+                                            ctx.cd, ctx.need, ctx.lean)
+        return (gh, gw, None, gb) + none[:8]

@@ -177,7 +177,9 @@ class GLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, activation, inplace=False):
-        ctx.save_for_backward(gate, up)
+        # In place: detached aliases, so the gradients returned (gate's and up's memory) are the only references
+        # to their tensor objects and autograd passes them on (or keeps them as leaves' .grad) without copies.
+        ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)))
         ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
         return glu_forward(gate, up, activation)
 

@@ -1,8 +1,9 @@
 """Speed and peak memory of each op, per provider, on a model's shapes (library code behind ``tigon bench``).
 
 Providers: ``eager`` (the original PyTorch code, as Hugging Face writes it), ``compile`` (torch.compile of
-eager), ``tigon``, ``tigon_inplace`` (cross_entropy only: Tigon with ``inplace_backward=True``, the gradient
-written into the logits buffer, as Liger always does), and the peers ``liger`` (Liger-Kernel) and ``cce``
+eager), ``tigon``, ``tigon_inplace`` (cross_entropy, swiglu, geglu: Tigon with ``inplace_backward=True``, the
+gradients written into the inputs' memory, as Liger always does), ``tigon_lean`` (fused linear cross-entropy with
+``accum_dtype`` = the weight's dtype: Liger's memory, grad_weight rounded per chunk), and the peers ``liger`` (Liger-Kernel) and ``cce``
 (Apple's Cut Cross-Entropy, fused linear cross-entropy only) when installed; missing ones are skipped with a
 note. A provider that fails on a shape (out of memory, unsupported dtype, a signature change) is recorded as a
 row with ``note="failed: ..."`` and the run goes on.
@@ -56,7 +57,7 @@ from ..reference import glu as ref_glu
 from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
 
-PROVIDERS = ("eager", "compile", "tigon", "tigon_inplace", "liger", "cce")
+PROVIDERS = ("eager", "compile", "tigon", "tigon_inplace", "tigon_lean", "liger", "cce")
 MODES = ("fwd", "bwd", "fwd_bwd")
 SWEEPS = ("tokens", "hidden")
 NORM_OPS = ("rms_norm", "layer_norm")
@@ -388,6 +389,7 @@ CASES: dict[str, OpCase] = {
     "swiglu": OpCase(
         "swiglu", _glu_inputs,
         {"eager": lambda gate, up: ref_glu.swiglu(gate, up), "tigon": lambda gate, up: F.swiglu(gate, up),
+         "tigon_inplace": lambda gate, up: F.swiglu(gate, up, inplace_backward=True),
          "liger": lambda gate, up: _liger("liger_swiglu")(gate, up)},              # liger_swiglu(a, b)
         ("gate", "up"),
         min_bytes=lambda s, e, m: (3 if m == "fwd" else 8) * s["tokens"] * s["intermediate"] * e),
@@ -395,6 +397,7 @@ CASES: dict[str, OpCase] = {
         "geglu", _glu_inputs,
         {"eager": lambda gate, up: ref_glu.geglu(gate, up, "tanh"),
          "tigon": lambda gate, up: F.geglu(gate, up, "tanh"),
+         "tigon_inplace": lambda gate, up: F.geglu(gate, up, "tanh", inplace_backward=True),
          "liger": lambda gate, up: _liger("liger_geglu")(gate, up)},               # liger_geglu(a, b), tanh gelu
         ("gate", "up"),
         min_bytes=lambda s, e, m: (3 if m == "fwd" else 8) * s["tokens"] * s["intermediate"] * e),
@@ -411,6 +414,8 @@ CASES: dict[str, OpCase] = {
         {"eager": _eager_flce,
          "tigon": lambda hidden, weight, target, softcap=None: F.fused_linear_cross_entropy(
              hidden, weight, target, softcap=softcap),
+         "tigon_lean": lambda hidden, weight, target, softcap=None: F.fused_linear_cross_entropy(
+             hidden, weight, target, softcap=softcap, accum_dtype=weight.dtype),
          "liger": _liger_flce, "cce": _cce},
         ("hidden", "weight"),
         flops=lambda s, m: (2 if m == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"]),
@@ -789,7 +794,7 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     if device.type == "cpu":
         notes.append(CPU_NOTE)
     resolved = BenchConfig(ops=ops, model=model, providers=providers, sweep=config.sweep, dtype=config.dtype,
-                           tokens=tokens, device=device.type)
+                           tokens=tokens, device=device.type, cuda_graph=config.cuda_graph)
     return resolved, shapes, desc, notes
 
 
@@ -808,9 +813,14 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
     if any(r.provider == "tigon_inplace" for r in result.rows):
-        result.notes.append("tigon_inplace: the benchmark's logits are a leaf tensor, and autograd copies a gradient "
-                            "that aliases its leaf into .grad, so this row shows no memory saving here; inside a "
-                            "model (logits from the LM head) the gradient stays in the logits buffer.")
+        result.notes.append("tigon_inplace: inplace_backward=True (cross_entropy, swiglu, geglu): the gradients are "
+                            "written into the inputs' memory and become their .grad without a copy, as inside a "
+                            "model they replace the activations they were computed from; repeated calls therefore "
+                            "run on overwritten inputs (same work, other values).")
+    if cfg.cuda_graph:
+        result.notes.append("cuda_graph: fwd and fwd_bwd are CUDA-graph replays (triton.testing.do_bench_cudagraph): "
+                            "kernel time without the host's launch and autograd cost; bwd rows are still timed "
+                            "with events around an eager backward.")
     if any(r.provider == "liger" for r in result.rows):
         result.notes.append("liger writes the cross-entropy gradient into the logits (compare with tigon_inplace) "
                             "and rotates q/k of rope in place when their layout allows.")

@@ -7,11 +7,21 @@ One Hugging Face causal LM, built from a preset / config (random weights from th
     the model as Hugging Face writes it.
 ``tigon``
     the same model after :func:`tigon.patch` (instance level; :func:`tigon.unpatch` afterwards).
+``tigon_lean``
+    the same model after :func:`tigon.patch` with ``fused_linear_cross_entropy={"accum_dtype": <model dtype>}``:
+    the fused LM-head loss accumulates grad_weight in the weight's dtype (no fp32 (vocab, hidden) buffer;
+    Liger-Kernel's default), trading a little gradient accuracy for peak memory (see
+    :func:`tigon.functional.fused_linear_cross_entropy`). The same as ``tigon`` in float32.
 ``liger``
     the same model after Liger-Kernel's ``_apply_liger_kernel_to_instance(model=...)`` (or its model-type specific
     ``apply_liger_kernel_to_<type>(model=...)``) when ``liger_kernel`` is installed. Liger also rebinds globals of
     the transformers modeling module and class attributes (e.g. the causal LM's ``forward``); they are put back
     after the run (:class:`_GlobalsGuard`) so that later runs in the process see the original code.
+
+Providers run in the order original, tigon, tigon_lean, liger (Liger last, since it rebinds globals).
+``attn_implementation`` (``--attn-implementation``) is passed to ``AutoModelForCausalLM.from_config`` for every
+provider ("eager", "sdpa", "flash_attention_2", ...; ``None``: transformers' default; the implementation the
+model got is recorded in the result's ``model``).
 
 Per provider: tokens/s (batch * seq_len tokens over the median step time of the steps after the warm-up), the
 median step time with its 20/80 percentiles (ms), the peak memory of the run in bytes (CUDA:
@@ -41,7 +51,7 @@ from .. import presets as _presets
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, versions
 
-E2E_PROVIDERS = ("original", "tigon", "liger")
+E2E_PROVIDERS = ("original", "tigon", "tigon_lean", "liger")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
@@ -60,6 +70,8 @@ class E2EConfig:
         per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before them (compilation,
         autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS`. dtype: "bfloat16" or
         "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
+        attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
+        "org/repo", ...); None: transformers' default.
     """
 
     model: str | None = None
@@ -73,6 +85,7 @@ class E2EConfig:
     device: str = "auto"
     lr: float = 1e-4
     seed: int = 0
+    attn_implementation: str | None = None
 
 
 @dataclass
@@ -156,13 +169,41 @@ def hf_config(model: str, layers: int | None = None):
         raise ConfigError(str(e)) from e
 
 
-def build_model(config, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
-    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``."""
+def build_model(config, dtype: torch.dtype, device: torch.device, seed: int,
+                attn_implementation: str | None = None) -> torch.nn.Module:
+    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``.
+
+    ``attn_implementation`` ("eager", "sdpa", ...) goes to ``AutoModelForCausalLM.from_config`` when not None.
+    """
     from transformers import AutoModelForCausalLM
 
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     torch.manual_seed(seed)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+
+
+def attn_implementations() -> list[str]:
+    """The attention implementation names transformers knows here: "eager" and its attention registry's keys."""
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - older transformers
+        return ["eager", "sdpa", "flash_attention_2", "flex_attention"]
+    keys = ALL_ATTENTION_FUNCTIONS.valid_keys() if hasattr(ALL_ATTENTION_FUNCTIONS, "valid_keys") \
+        else list(ALL_ATTENTION_FUNCTIONS)
+    return list(dict.fromkeys(["eager", *keys]))
+
+
+def check_attn_implementation(name: str | None) -> None:
+    """Raise :class:`ConfigError` (naming ``--attn-implementation``) unless ``name`` is None, a name of
+    :func:`attn_implementations` or a Hub kernel repository ``"org/repo"`` (transformers loads it, e.g.
+    ``"kernels-community/flash-attn"``)."""
+    if name is None:
+        return
+    names = attn_implementations()
+    if not isinstance(name, str) or not (name in names or name.count("/") == 1 and all(name.split("/"))):
+        raise ConfigError(f"--attn-implementation {name!r}: unknown attention implementation (choose from "
+                          f"{', '.join(names)}, or a Hub kernel 'org/repo')")
 
 
 def random_batches(vocab: int, n: int, batch_size: int, seq_len: int, seed: int) -> list[torch.Tensor]:
@@ -307,7 +348,7 @@ def resolve_step_config(config, defaults: dict):
     batch_size, seq_len, steps, warmup, dtype) from ``defaults[device type]`` and check them; returns a copy.
 
     Raises:
-        ConfigError: unknown device or dtype, counts < 1 (warmup < 0, seq_len < 2).
+        ConfigError: unknown device, dtype or attn_implementation, counts < 1 (warmup < 0, seq_len < 2).
     """
     device = _resolve_device(config.device)
     d = defaults[device.type]
@@ -326,6 +367,7 @@ def resolve_step_config(config, defaults: dict):
     _positive("warmup", cfg.warmup, 0)
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    check_attn_implementation(getattr(cfg, "attn_implementation", None))
     return cfg
 
 
@@ -333,7 +375,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
 
     Raises:
-        ConfigError: unknown provider / dtype / device, counts < 1.
+        ConfigError: unknown provider / dtype / device / attn_implementation, counts < 1.
     """
     cfg = resolve_step_config(config, DEFAULTS)
     providers = [p for item in (cfg.providers or list(E2E_PROVIDERS)) for p in item.split(",") if p]
@@ -370,7 +412,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     rows: list[E2ERow] = []
     method = ""
     notes: list[str] = []
-    order = [p for p in ("original", "tigon", "liger") if p in cfg.providers]  # liger last: it rebinds globals
+    order = [p for p in E2E_PROVIDERS if p in cfg.providers]  # liger last: it rebinds globals
     for provider in order:
         row = E2ERow(provider)
         if provider == "liger" and importlib.util.find_spec("liger_kernel") is None:
@@ -380,10 +422,13 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
         held: dict[str, Any] = {}
 
         def make_model(provider=provider, held=held):
-            model = build_model(hfc, dtype, device, cfg.seed)
+            model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
             model.train()
+            info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
             if provider == "tigon":
                 held["report"] = tigon.patch(model)
+            elif provider == "tigon_lean":
+                held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
             elif provider == "liger":
                 held["guard"] = _GlobalsGuard([type(model).__module__, "torch.nn.functional",
                                                "transformers.loss.loss_utils"])
@@ -411,7 +456,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             row.note = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         finally:
             model = held.pop("model", None)
-            if provider == "tigon" and model is not None:
+            if provider in ("tigon", "tigon_lean") and model is not None:
                 tigon.unpatch(model)
             if "guard" in held:
                 changed = held.pop("guard").restore()

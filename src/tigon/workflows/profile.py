@@ -80,6 +80,8 @@ class ProfileConfig:
     steps first. dtype: "bfloat16" or "float32". device: "auto", "cpu", "cuda". trace: write the original step's
     Chrome trace there (and the patched one next to it, ``<name>.patched<ext>``). predict: run the op bench and
     predict the patched step. patched: measure the patched step. lr, seed: AdamW learning rate, weights/batches.
+    attn_implementation: transformers' attention for the model ("eager", "sdpa", ...; None: transformers' default),
+    as for :class:`tigon.workflows.e2e.E2EConfig`.
     """
 
     model: str | None = None
@@ -95,6 +97,7 @@ class ProfileConfig:
     patched: bool = True
     lr: float = 1e-4
     seed: int = 0
+    attn_implementation: str | None = None
 
 
 @dataclass
@@ -398,7 +401,7 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
     """Validate ``config`` and fill defaults; returns a new config.
 
     Raises:
-        ConfigError: bad counts, dtype or device, or a --trace path in a missing directory.
+        ConfigError: bad counts, dtype, device or attn_implementation, or a --trace path in a missing directory.
     """
     from .e2e import resolve_step_config
 
@@ -491,7 +494,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         held: dict[str, Any] = {}
 
         def make():
-            model = build_model(hfc, dtype, device, cfg.seed)
+            model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
             if patch:
                 tigon.patch(model)
             held["model"] = model
@@ -509,7 +512,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         return statistics.median(timed) * 1e3, support.describe_backend(stats.backend_usage)
 
     def profiled(patch: bool, trace: str | None) -> tuple[dict[str, float], float]:
-        model = build_model(hfc, dtype, device, cfg.seed)
+        model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
         try:
             if patch:
                 tigon.patch(model)

@@ -1,0 +1,45 @@
+"""Which run drifts in bf16: train the mini model of a family (tests/test_families.py's config and batches) in
+float32 (the trajectory both bf16 runs approximate) and in bf16, original and Tigon-patched; print each bf16 run's
+largest relative loss distance from the float32 original over the steps. JSON to --out.
+
+    PYTHONPATH=src:tests python3 benchmarks/bf16_drift.py --case gemma --steps 20 --out drift.json
+"""
+
+import argparse
+import json
+import os
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", default="gemma")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import test_families as tf  # the test module: one definition of the mini configs and batches
+
+    import tigon
+
+    model_type, overrides, *_ = tf.CASES[args.case]
+    batches = tf.text_batches(args.steps)
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        tf.DTYPE = dtype
+        for name in ("original", "tigon"):
+            m = tf.build(model_type, overrides)
+            if name == "tigon":
+                tigon.patch(m)
+            runs[f"{name}_{str(dtype)[6:]}"] = tf.train(m, batches)
+            del m
+    ref = runs["original_float32"]
+    drift = {k: max(abs(a - b) / abs(b) for a, b in zip(v, ref)) for k, v in runs.items()}
+    out = {"case": args.case, "steps": args.steps, "losses": runs, "max_rel_drift_from_fp32_original": drift}
+    print(json.dumps(drift, indent=1))
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

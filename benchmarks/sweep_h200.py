@@ -1,0 +1,70 @@
+"""The memory-bound ops' sweeps on one GPU (one device call): tokens 1k..64k for every op at Llama-3-8B shapes and
+hidden 1024..16384 for the norms, forward and forward+backward, each provider side by side; JSON to --out.
+
+    PYTHONPATH=src python3 benchmarks/sweep_h200.py --out sweep.json [--budget-s 540]
+
+Norms, RoPE and the GLUs are timed as CUDA-graph replays (``tigon bench --cuda-graph``: kernel time without the
+host's launch / autograd cost, which otherwise dominates these sub-millisecond ops); cross-entropy with plain
+``do_bench`` (its kernels take milliseconds, and Liger's and Tigon's in-place paths check the upstream gradient on
+the host, which a graph capture forbids). Same measurement code as ``tigon bench`` (tigon.workflows.bench).
+Points are run smallest first and the JSON is rewritten after each op, so a run cut by --budget-s keeps what it
+measured.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from tigon.presets import PRESETS
+from tigon.workflows.bench import measure_ceilings, run_bench, shapes_from_config
+
+TOKENS = [1024 << i for i in range(7)]
+HIDDEN = [1024 << i for i in range(5)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--providers", default="eager,compile,tigon,tigon_inplace,liger")
+    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,swiglu,geglu,cross_entropy")
+    args = ap.parse_args()
+    t0 = time.time()
+    dev = torch.device("cuda")
+    cfg = PRESETS["llama3-8b"]["config"]
+    ceilings = measure_ceilings(dev)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
+           "command": "PYTHONPATH=src python3 benchmarks/sweep_h200.py", "sweeps": {}}
+    providers = args.providers.split(",")
+    plan = [(op, "tokens", [shapes_from_config(cfg, tokens=n)[op] for n in TOKENS]) for op in args.ops.split(",")]
+    plan += [(op, "hidden", [dict(shapes_from_config(cfg, tokens=16384)[op], hidden=h) for h in HIDDEN])
+             for op in ("rms_norm", "layer_norm") if op in args.ops.split(",")]
+    for op, axis, shapes in plan:
+        if time.time() - t0 > args.budget_s:
+            res["sweeps"][f"{op}/{axis}"] = {"note": "not run: time budget spent"}
+            continue
+        r = run_bench([op], {op: shapes}, providers, ceilings=ceilings, modes=("fwd", "fwd_bwd"),
+                      cuda_graph=op != "cross_entropy")
+        res["sweeps"][f"{op}/{axis}"] = {"skipped": r.skipped, "rows": [dict(x.__dict__) for x in r.rows]}
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        worst = {}
+        for x in r.rows:
+            if x.ms is None:
+                continue
+            key = (x.mode, x.shape.get(axis if axis == "hidden" else "tokens"))
+            worst.setdefault(key, {})[x.provider] = x.ms
+        for (mode, point), d in sorted(worst.items()):
+            best_other = min((v for k, v in d.items() if not k.startswith("tigon")), default=None)
+            ours = min((v for k, v in d.items() if k.startswith("tigon")), default=None)
+            ratio = ours / best_other if ours and best_other else float("nan")
+            print(f"{op:14s} {axis:6s} {mode:7s} {point:6d} tigon/best-other {ratio:5.2f} "
+                  + " ".join(f"{k}={v:.3f}" for k, v in d.items()), flush=True)
+        print(f"[{time.time() - t0:.0f}s]", flush=True)
+    print("done")
+
+
+if __name__ == "__main__":
+    main()

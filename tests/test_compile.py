@@ -1,0 +1,256 @@
+"""torch.compile: Tigon's kernels are custom ops (tigon.ops._library), so a patched model compiles without graph breaks.
+
+Checked three ways: ``torch.library.opcheck`` on every custom op (schema, fake implementation against the real one,
+autograd registration); each functional op compiled with ``fullgraph=True`` (any graph break raises) against eager
+mode, forward and backward; and the ``tiny`` preset model patched by ``tigon.patch``: ``torch._dynamo.explain``
+finds as many graph breaks as in the unpatched model (none), and a compiled training step gives eager's loss and
+gradients. Compiled with ``backend="aot_eager"`` (dynamo + AOTAutograd, no inductor codegen) to stay fast on CPU:
+graph breaks and the fake implementations are decided before the backend runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tigon.functional as TF
+from tigon import support
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest: kernels compiled or interpreted
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compiled(fn):
+    return torch.compile(fn, backend="aot_eager", fullgraph=True)
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
+
+
+def _check_same(fn, inputs, *, atol=1e-5, rtol=1e-5):
+    """fn eager vs compiled (fullgraph): outputs and the gradients of every floating input."""
+    eager_in, comp_in = _leaves(*inputs), _leaves(*inputs)
+    eager_out, comp_out = fn(*eager_in), _compiled(fn)(*comp_in)
+    eager_out = [o for o in (eager_out if isinstance(eager_out, tuple) else (eager_out,)) if o is not None]
+    comp_out = [o for o in (comp_out if isinstance(comp_out, tuple) else (comp_out,)) if o is not None]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    seeds = [torch.randn(o.shape, generator=g).to(o) for o in eager_out]
+    sum(((o.float() * s.float()).sum() for o, s in zip(eager_out, seeds) if o.requires_grad)).backward()
+    sum(((o.float() * s.float()).sum() for o, s in zip(comp_out, seeds) if o.requires_grad)).backward()
+    for e, c in zip(eager_out, comp_out):
+        torch.testing.assert_close(c, e, atol=atol, rtol=rtol)
+    for e, c in zip(eager_in, comp_in):
+        if e.grad is not None or c.grad is not None:
+            torch.testing.assert_close(c.grad, e.grad, atol=atol, rtol=rtol)
+
+
+# ---- each custom op: schema, fake vs real, autograd registration -------------------------------------------------
+def _opcheck_cases():
+    from tigon.ops import _library  # noqa: F401 (registers the ops; after conftest set TRITON_INTERPRET)
+
+    ops = torch.ops.tigon
+    x, w, b = torch.randn(3, 5, 32), torch.randn(32), torch.randn(32)
+    q = torch.randn(2, 8, 4, 16).transpose(1, 2)  # (B, H, T, D) view of a (B, T, H, D) projection
+    k = torch.randn(2, 8, 2, 16).transpose(1, 2)
+    cos, sin = torch.randn(1, 8, 16), torch.randn(1, 8, 16)
+    gate_up = torch.randn(6, 2 * 24)
+    logits, target = torch.randn(7, 50), torch.tensor([1, 4, -100, 49, 0, 7, 3])
+    hidden, head, hb = torch.randn(7, 16), torch.randn(50, 16), torch.randn(50)
+    ce = (-100, 0.1, 1e-4, 30.0)
+    return {
+        "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0, "llama")),
+        "rms_norm_gemma": (ops.rms_norm, (x.to(torch.bfloat16), w, 1e-6, 1.0, "gemma")),
+        "rms_norm_backward": (ops.rms_norm_backward, (torch.randn(3, 5, 32), x, w, torch.rand(15) + 0.5, 0.0, True)),
+        "layer_norm": (ops.layer_norm, (x, w, b, 1e-5)),
+        "layer_norm_no_affine": (ops.layer_norm, (x, None, None, 1e-5)),
+        "rope": (ops.rope, (q, k, cos, sin, 1, False, True, True)),
+        "rope_backward_k_only": (ops.rope, (q, k, cos, sin, 1, True, False, True)),
+        "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
+        "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
+        "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True)),
+        "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
+        "cross_entropy_backward": (ops.cross_entropy_backward,
+                                   (torch.tensor(1.0), logits, target, None, torch.tensor(5.0),
+                                    torch.randn(7), *ce, "sum")),
+        "flce_mean": (ops.fused_linear_cross_entropy,
+                      (hidden, head, target, hb, None, None, *ce, 1.0, "mean", torch.float32, True, True, True,
+                       True, False)),
+        "flce_none": (ops.fused_linear_cross_entropy,
+                      (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
+                       False, False)),
+        "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
+                               (torch.randn(7), hidden, head, target, hb, None, torch.randn(7) + 5.0, *ce, 1.0,
+                                torch.float32, True, False, True, False)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_opcheck_cases()))
+def test_custom_op_opcheck(case):
+    op, args = _opcheck_cases()[case]
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)  # compiled kernels need CUDA
+    # Inputs of the forward ops require grad, so that the autograd formula is checked too; the backward ops have
+    # none (no double backward, except rope, which is its own transpose).
+    differentiable = "backward" not in case
+    grad_args = tuple(a.clone().requires_grad_(differentiable)
+                      if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    torch.library.opcheck(op, grad_args, test_utils=("test_schema", "test_autograd_registration",
+                                                     "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+# ---- each functional op under fullgraph compile ---------------------------------------------------------------
+def test_rms_norm_and_layer_norm_compile(device):
+    x = torch.randn(2, 9, 48, device=device)
+    w, b = torch.randn(48, device=device), torch.randn(48, device=device)
+    _check_same(lambda x, w: TF.rms_norm(x, w, 1e-6, 0.0, "llama"), (x, w))
+    _check_same(lambda x, w: TF.rms_norm(x, w, 1e-6, 1.0, "gemma"), (x, w))
+    _check_same(lambda x, w, b: TF.layer_norm(x, w, b, 1e-5), (x, w, b))
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_rope_compile(device, unsqueeze_dim):
+    q = torch.randn(2, 6, 4, 16, device=device)
+    k = torch.randn(2, 6, 2, 16, device=device)
+    if unsqueeze_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = torch.randn(1, 6, 16, device=device), torch.randn(1, 6, 16, device=device)
+
+    def fn(q, k):  # q, k as non-leaf views in the HF layout
+        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim)
+
+    _check_same(fn, (q, k))
+
+
+def test_glu_compile(device):
+    gate_up = torch.randn(3, 5, 2 * 40, device=device)
+    _check_same(lambda gu: TF.swiglu(*gu.chunk(2, -1)), (gate_up,))
+    _check_same(lambda gu: TF.geglu(*gu.chunk(2, -1), approximate="none", inplace_backward=True), (gate_up,))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_compile(device, reduction):
+    logits = torch.randn(9, 70, device=device)
+    target = torch.randint(0, 70, (9,), device=device)
+    target[2] = -100
+    _check_same(lambda lg: TF.cross_entropy(lg, target, reduction=reduction, label_smoothing=0.1,
+                                            lse_square_scale=1e-4, softcap=20.0, return_accuracy=True), (logits,))
+
+
+@pytest.mark.parametrize("reduction, num_items", [("mean", None), ("sum", 5), ("none", None)])
+def test_fused_linear_cross_entropy_compile(device, reduction, num_items):
+    hidden, weight, bias = (torch.randn(11, 24, device=device), torch.randn(90, 24, device=device),
+                            torch.randn(90, device=device))
+    target = torch.randint(0, 90, (11,), device=device)
+    target[0] = -100
+
+    def fn(hidden, weight, bias):
+        return TF.fused_linear_cross_entropy(hidden, weight, target, bias, reduction=reduction, softcap=30.0,
+                                             logit_scale=0.5, num_items_in_batch=num_items, return_z_loss=True,
+                                             lse_square_scale=1e-4)
+
+    _check_same(fn, (hidden, weight, bias))
+
+
+def test_fused_linear_cross_entropy_lean_bf16_compile(device):
+    hidden, weight = torch.randn(11, 24, device=device), torch.randn(90, 24, device=device)
+    target = torch.randint(0, 90, (11,), device=device)
+
+    def fn(hidden, weight):  # gradients accumulated in bf16 (accum_dtype = the weight's dtype)
+        return TF.fused_linear_cross_entropy(hidden, weight, target, accum_dtype=torch.bfloat16)
+
+    _check_same(fn, (hidden.to(torch.bfloat16), weight.to(torch.bfloat16)), atol=1e-2, rtol=1e-2)
+
+
+def test_backend_choice_is_made_at_trace_time(device):
+    x, w = torch.randn(4, 32, device=device), torch.randn(32, device=device)
+    support.backend_usage(reset=True)
+    fn = _compiled(lambda x: TF.rms_norm(x, w))
+    fn(x)
+    fn(x)  # the cached graph: no new decision
+    usage = support.backend_usage(reset=True)
+    assert sum(usage["rms_norm"].values()) == 1
+    expected = support.decide(torch.device(device), torch.float32).backend
+    assert list(usage["rms_norm"]) == [expected]
+
+
+# ---- the patched tiny preset: no graph breaks, eager's loss and gradients --------------------------------------
+@pytest.fixture(scope="module")
+def tiny_models():
+    transformers = pytest.importorskip("transformers")
+    import tigon
+    from tigon.presets import build_config
+
+    def build(patched: bool):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(build_config("tiny")).float().to(DEVICE).train()
+        if patched:
+            tigon.patch(model)
+        return model
+
+    return build
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (2, 24), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return ids.to(DEVICE), labels.to(DEVICE)
+
+
+def _explain(model):
+    ids, labels = _batch()
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(model)(input_ids=ids, labels=labels)
+    ops = {str(n.target) for gm in ex.graphs for n in gm.graph.nodes if str(n.target).startswith("tigon.")}
+    return ex.graph_count, ex.graph_break_count, [r.reason.split("\n")[0] for r in ex.break_reasons], ops
+
+
+@pytest.mark.slow
+def test_patched_model_has_no_tigon_graph_breaks(tiny_models):
+    graphs0, breaks0, reasons0, _ = _explain(tiny_models(False))
+    graphs, breaks, reasons, ops = _explain(tiny_models(True))
+    # Every kernel of the patched Llama is a node of the graph, not a break or a trace into its launcher.
+    assert ops == {"tigon.rms_norm.default", "tigon.rope.default", "tigon.glu.default",
+                   "tigon.fused_linear_cross_entropy.default"}
+    assert (graphs, breaks) == (graphs0, breaks0), reasons
+    # explain does not count a break after the last tensor op (no graph follows it); its reasons still list it.
+    assert len(reasons) == len(reasons0), reasons
+    if breaks0 == 0:
+        assert (graphs, breaks, reasons) == (1, 0, [])
+
+
+@pytest.mark.slow
+def test_patched_model_compiled_train_step_matches_eager(tiny_models):
+    eager, compiled_model = tiny_models(True), tiny_models(True)
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    ids, labels = _batch()
+    for _ in range(2):  # the second call reuses the compiled graph
+        for model in (eager, compiled_model):
+            model.zero_grad(set_to_none=True)
+        loss_e = eager(input_ids=ids, labels=labels).loss
+        loss_c = compiled(input_ids=ids, labels=labels).loss
+        loss_e.backward()
+        loss_c.backward()
+        torch.testing.assert_close(loss_c, loss_e, atol=1e-5, rtol=1e-5)
+        for (name, pe), pc in zip(eager.named_parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(pc.grad, pe.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_import_does_not_load_triton():
+    """The CLI sets TRITON_INTERPRET=1 after ``import tigon`` on machines without CUDA; Triton's own jitted helpers
+    (tl.sum...) only work interpreted when triton.language is first imported after that, so importing Tigon (and
+    the CLI's modules) must not import triton or torch._dynamo (which imports triton)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tigon, tigon.cli, tigon.functional, tigon.workflows.bench, tigon.workflows.e2e; "
+            "print(sorted(m for m in ('triton', 'torch._dynamo') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
