@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -208,6 +209,9 @@ def main(argv=None) -> int:
     result["train_step"] = {}
     for name, run in steps.items():
         torch._dynamo.reset()
+        gc.collect()  # the previous variant's (and the numerics check's) models, so peaks do not carry over
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         try:
             result["train_step"][name] = run()
         except Exception as e:  # noqa: BLE001 - keep the other variants' results

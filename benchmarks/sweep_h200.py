@@ -2,6 +2,7 @@
 hidden 1024..16384 for the norms, forward and forward+backward, each provider side by side; JSON to --out.
 
     PYTHONPATH=src python3 benchmarks/sweep_h200.py --out sweep.json [--budget-s 540]
+    PYTHONPATH=src python3 benchmarks/sweep_h200.py --plot-from sweep.json --plot-dir DIR   (PNGs, any machine)
 
 Norms, RoPE and the GLUs are timed as CUDA-graph replays (``tigon bench --cuda-graph``: kernel time without the
 host's launch / autograd cost, which otherwise dominates these sub-millisecond ops); cross-entropy with plain
@@ -24,13 +25,43 @@ TOKENS = [1024 << i for i in range(7)]
 HIDDEN = [1024 << i for i in range(5)]
 
 
+def plot(json_path: str, out_dir: str) -> list[str]:
+    """sweep_<axis>_<op>.png per sweep of a JSON written by this script (tigon's bench plots: fwd+bwd time and
+    peak memory against the sweep axis, one line per provider). Runs anywhere (no GPU needed)."""
+    import os
+    import tempfile
+
+    from tigon._plot import plot_bench
+
+    with open(json_path) as f:
+        res = json.load(f)
+    paths = []
+    for key, sweep in res["sweeps"].items():
+        if "rows" not in sweep:
+            continue
+        op, axis = key.split("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            (written,) = plot_bench({"sweep": axis, "rows": sweep["rows"], "device": res["device"]}, tmp)
+            dst = os.path.join(out_dir, f"sweep_{axis}_{op}.png")
+            os.replace(written, dst)
+            paths.append(dst)
+    return paths
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="JSON to write (required unless --plot-from)")
+    ap.add_argument("--plot-from", metavar="JSON", help="only draw the PNGs of an earlier run's JSON into --plot-dir")
+    ap.add_argument("--plot-dir", default=".")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--providers", default="eager,compile,tigon,tigon_inplace,liger")
     ap.add_argument("--ops", default="rms_norm,layer_norm,rope,swiglu,geglu,cross_entropy")
     args = ap.parse_args()
+    if args.plot_from:
+        print("\n".join(plot(args.plot_from, args.plot_dir)))
+        return
+    if not args.out:
+        ap.error("--out is required")
     t0 = time.time()
     dev = torch.device("cuda")
     cfg = PRESETS["llama3-8b"]["config"]

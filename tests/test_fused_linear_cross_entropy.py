@@ -301,6 +301,7 @@ def test_flce_lean_chunk_rows(monkeypatch):
     cuda = torch.device("cuda")
     assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, lean=True) == 256  # 2**25 logits: 64 MiB in bf16
     assert flce_ops.chunk_rows(8192, 256000, 3584, cuda, lean=True) == 128  # LEAN_MIN_ROWS
+    assert flce_ops.chunk_rows(32768, 128256, 4096, cuda, lean=True) == 1024  # chunk as large as hidden: N*H/V
 
 
 def test_flce_bad_input():

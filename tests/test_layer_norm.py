@@ -112,11 +112,14 @@ def test_layer_norm_bad_input():
         F.layer_norm(torch.randn(2, 0), None, None)
 
 
+@pytest.mark.parametrize("wide", ["registers", "chunked"])
 @pytest.mark.parametrize("affine", ["weight+bias", "none"])
-def test_layer_norm_wide_row_kernel(device, monkeypatch, affine):
-    # Rows wider than WIDE_ROW (16384+ on the GPU) take the column-chunked backward; force it on a small row.
+def test_layer_norm_wide_row_kernel(device, monkeypatch, affine, wide):
+    # Rows wider than WIDE_ROW (16384+ on the GPU) drop the prefetch, those wider than REGISTER_ROW take the
+    # column-chunked backward; force both on a small row.
     from tigon.ops import norm as ln_op
 
-    monkeypatch.setattr(ln_op, "WIDE_ROW", 64)
+    monkeypatch.setattr(ln_op, "WIDE_ROW", 64)  # whole rows without the prefetch
+    monkeypatch.setattr(ln_op, "REGISTER_ROW", 64 if wide == "chunked" else 1 << 20)
     inputs, grads = make((5, 6, 300), torch.float32, device, affine)
     assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, grads))

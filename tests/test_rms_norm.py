@@ -59,17 +59,21 @@ def test_rms_norm_bad_input():
         F.rms_norm(torch.ones(2, 8, dtype=torch.long), torch.ones(8))
 
 
+@pytest.mark.parametrize("wide", ["registers", "chunked"])
 @pytest.mark.parametrize("casting_mode,offset", [("llama", 0.0), ("gemma", 1.0)])
-def test_rms_norm_wide_row_and_many_programs(device, monkeypatch, casting_mode, offset):
-    # The backward kernels shared with LayerNorm (tigon.ops.norm): force the column-chunked wide-row variant
-    # and, separately, several persistent programs with a partial last one, so both dW reductions are exercised.
+def test_rms_norm_wide_row_and_many_programs(device, monkeypatch, casting_mode, offset, wide):
+    # The backward kernels shared with LayerNorm (tigon.ops.norm): force the wide-row variants (whole rows without
+    # prefetch, column chunks) and, separately, several persistent programs with a partial last one, so every dW
+    # reduction is exercised.
     from tigon.ops import norm
 
     inputs = dict(x=torch.randn(5, 6, 300, device=device), weight=torch.randn(300, device=device), eps=1e-6,
                   offset=offset, casting_mode=casting_mode)
-    monkeypatch.setattr(norm, "WIDE_ROW", 64)
+    monkeypatch.setattr(norm, "WIDE_ROW", 64)  # whole rows without the prefetch
+    monkeypatch.setattr(norm, "REGISTER_ROW", 64 if wide == "chunked" else 1 << 20)
     assert_close_to_truth(compare(F.rms_norm, ref_rms_norm, inputs, ["x", "weight"]))
     monkeypatch.setattr(norm, "WIDE_ROW", 1 << 20)
+    monkeypatch.setattr(norm, "REGISTER_ROW", 1 << 20)
     monkeypatch.setattr(norm, "rows_per_program", lambda n, dev, target_elems=0: 4)
     monkeypatch.setattr(norm, "num_programs_hint", lambda dev: 3)
     assert_close_to_truth(compare(F.rms_norm, ref_rms_norm, inputs, ["x", "weight"]))

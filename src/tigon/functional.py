@@ -383,10 +383,12 @@ def fused_linear_cross_entropy(
             ``torch.float32`` (default): an fp32 (V, H) buffer, rounded once to the weight's dtype, so the
             gradients are as accurate as the unfused computation's (peak extra memory about 3 GiB at
             Llama-3-8B shapes: the fp32 buffer, a (H, V) logits chunk and the bf16 gradient). The weight's own
-            dtype (e.g. ``torch.bfloat16``; Liger-Kernel's default): no fp32 buffer and 64 MiB logits chunks, so
-            the peak extra memory is about the gradients themselves (about 1.1 GiB there), but grad_weight is
-            rounded once per chunk: an approximation, off by default, whose relative error grows with the number
-            of chunks (about 4x the unfused bf16 computation's at 8192 tokens, V = 128256).
+            dtype (e.g. ``torch.bfloat16``; Liger-Kernel's default): no fp32 buffer, and logits chunks of
+            max(64 MiB, the hidden states' size), so the peak extra memory is about the gradients themselves
+            (1.10 GiB there at 8192 tokens), but grad_weight is rounded once per chunk: an approximation, off by
+            default. Its error grows with the number of chunks and with how many chunks touch the same vocabulary
+            rows: measured 1.08x the unfused bf16 computation's error on uniformly random labels at Llama-3-8B
+            shapes (32 chunks, H200), up to ~4x in a simulation where every chunk hits every row.
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for

@@ -16,7 +16,8 @@ Backward, with g = dy * (offset + w):
 on a persistent grid (one program per SM): each program walks a contiguous range of rows, loading the next row
 tile while it reduces the current one, writes dx, and accumulates its share of dw / db in fp32 registers; the
 (programs, N) partials are summed by one small reduction afterwards. No atomics, so dw and db are
-deterministic. Rows wider than WIDE_ROW take a chunked variant that keeps the partials in (cached) memory.
+deterministic. Rows wider than WIDE_ROW drop the prefetch; rows wider than REGISTER_ROW take a chunked variant
+that keeps the partials in (cached) memory.
 
 Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx).
 """
@@ -30,8 +31,11 @@ import triton.language as tl
 from ..support import interpreter_enabled
 from ._common import _sm_count, as_rows, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for
 
-# Rows wider than this (elements, after rounding up to a power of two) take the chunked backward kernel.
+# Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
+# tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
+# layout: x, dy and the dW accumulator of one row, 16 or 32 warps), beyond that the column-chunked kernel.
 WIDE_ROW = 8192
+REGISTER_ROW = 32768
 
 
 @triton.jit
@@ -85,7 +89,7 @@ def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_d
 def _norm_bwd(
     DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
     IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -97,13 +101,15 @@ def _norm_bwd(
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
-    # Software pipelining by hand: the next tile's loads are in flight while this one is reduced.
+    # Software pipelining by hand (PREFETCH): the next tile's loads are in flight while this one is reduced. Wide
+    # rows skip it: two tiles of x and dy no longer fit in registers next to the dW/dB accumulators.
     x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
                                    stride_x, stride_dy, IS_RMS)
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
-        x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask,
-                                                           stride_x, stride_dy, IS_RMS)
+        if PREFETCH:
+            x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols,
+                                                               cmask, stride_x, stride_dy, IS_RMS)
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
@@ -122,7 +128,11 @@ def _norm_bwd(
             dw += dyf * xhat
         if HAS_DB:
             db += dyf
-        x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+        if PREFETCH:
+            x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+        else:
+            x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask, stride_x,
+                                           stride_dy, IS_RMS)
     if HAS_DW:
         tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw, axis=0), mask=cmask)
     if HAS_DB:
@@ -134,7 +144,7 @@ def _norm_bwd_wide(
     DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
     IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # Rows too wide for registers (N > WIDE_ROW): two passes over BLOCK_N-column chunks per row, the second
+    # Rows too wide for registers (N > REGISTER_ROW): two passes over BLOCK_N-column chunks per row, the second
     # re-reading x and dy from cache; this program's dW/dB partial row (zero-initialised, owned by this program
     # alone) is updated in place, so it stays in L2 instead of registers.
     # TODO(perf): on an H200 this reaches only 13-19% of copy bandwidth for N = 12288 .. 32768 (torch eager: about
@@ -227,11 +237,14 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         return dx, z if need_dw else None, z if need_db else None
     # Measured on an H200 (bf16, N = 768 .. 8192): 8192-element tiles, one persistent program per SM, 8 warps
     # (16 for rows of 8192) and the prefetching loop gave 52-79% of the copy bandwidth, against 41-66% with
-    # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers with their
-    # dW/dB accumulators (N=16384 ran at 6%) and take the chunked kernel.
+    # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers next to their
+    # dW/dB accumulators with the prefetch (N=16384 ran at 6%); the chunked kernel that replaced it re-reads and
+    # re-writes its fp32 dW partial row for every row (N=16384: 1.30 ms, Liger 0.78 ms, sweep_h200.json). So rows up
+    # to REGISTER_ROW now run one whole row per step without the prefetch (not yet measured on a GPU).
     block_n = next_pow2(N)
-    wide = block_n > WIDE_ROW
-    block_m = 1 if wide else rows_per_program(block_n, x2.device, target_elems=8192)
+    wide = block_n > REGISTER_ROW
+    prefetch = block_n <= WIDE_ROW
+    block_m = 1 if not prefetch else rows_per_program(block_n, x2.device, target_elems=8192)
     progs = max(1, min(_persistent_programs(x2.device), triton.cdiv(M, block_m)))
     per_prog = triton.cdiv(triton.cdiv(M, progs), block_m) * block_m
     progs = triton.cdiv(M, per_prog)
@@ -243,9 +256,9 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
             M, N, dy.stride(0), x2.stride(0), dx.stride(0), per_prog, offset)
     flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
     if wide:
-        chunk = min(WIDE_ROW // 2, block_n)
+        chunk = min(4096, block_n)
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
-        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n,
-                            num_warps=8 if block_n < 8192 else 16)
+        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+                            num_warps=8 if block_n < 8192 else (16 if block_n <= 16384 else 32))
     return dx, (dw_part.sum(0) if need_dw else None), (db_part.sum(0) if need_db else None)
