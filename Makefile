@@ -6,10 +6,15 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tigon-installed
+SPEC_FILE := $(VENV)/.torch-spec
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean FORCE
 
-$(STAMP): pyproject.toml
+# Reinstall when TORCH_SPEC changes (e.g. a CUDA build after a CPU one): the spec file is rewritten only then.
+$(SPEC_FILE): FORCE
+	@mkdir -p $(VENV); [ "$$(cat $@ 2>/dev/null)" = "$(TORCH_SPEC)" ] || echo "$(TORCH_SPEC)" > $@
+
+$(STAMP): pyproject.toml $(SPEC_FILE)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

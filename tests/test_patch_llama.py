@@ -403,3 +403,18 @@ def test_fused_loss_bad_options_raise_and_change_nothing(options, match):
         tigon.patch("llama", fused_linear_cross_entropy=options)
     assert not any(tigon_mark(m.__dict__.get("forward")) for m in model.modules())
     assert patched_state()["class_level"] == {}
+
+
+@pytest.mark.parametrize("value", [None, "x", ["accum_dtype"], 1])
+def test_fused_loss_flag_must_be_bool_or_dict(value):
+    model = build()
+    with pytest.raises(TypeError, match="fused_linear_cross_entropy must be True, False or a dict"):
+        tigon.patch(model, fused_linear_cross_entropy=value)
+    assert not any(tigon_mark(m.__dict__.get("forward")) for m in model.modules())
+
+
+def test_fused_loss_accum_dtype_checked_against_the_head_at_patch_time():
+    model = build()  # float32 LM head
+    with pytest.raises(ValueError, match="differs from the LM head's dtype torch.float32"):
+        tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.bfloat16})
+    assert not any(tigon_mark(m.__dict__.get("forward")) for m in model.modules())

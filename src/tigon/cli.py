@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_output(path: str | None, flag: str) -> str | None:
+    """Why ``path`` cannot be written (checked before a long run, by opening it), or None."""
     if path is None:
         return None
     parent = os.path.dirname(os.path.abspath(path))
@@ -116,6 +117,33 @@ def _check_output(path: str | None, flag: str) -> str | None:
         return f"{flag} {path}: directory {parent} does not exist"
     if os.path.isdir(path):
         return f"{flag} {path}: is a directory"
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return f"{flag} {path}: cannot be written ({e.strerror or e})"
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def _check_output_dir(path: str | None, flag: str) -> str | None:
+    """Why files cannot be written into directory ``path`` (created later if missing), or None."""
+    if path is None:
+        return None
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{flag} {path}: not a directory"
+    target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(target):
+        return f"{flag} {path}: directory {target} does not exist"
+    try:
+        import tempfile
+
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as e:
+        return f"{flag} {path}: cannot write into {target} ({e.strerror or e})"
     return None
 
 
@@ -757,12 +785,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         problem = _check_output(path, flag)
         if problem:
             return _fail(prog, problem)
-    if args.plot_dir is not None:
-        if os.path.exists(args.plot_dir) and not os.path.isdir(args.plot_dir):
-            return _fail(prog, f"--plot-dir {args.plot_dir}: not a directory")
-        parent = os.path.dirname(os.path.abspath(args.plot_dir))
-        if not os.path.isdir(parent):
-            return _fail(prog, f"--plot-dir {args.plot_dir}: directory {parent} does not exist")
+    problem = _check_output_dir(args.plot_dir, "--plot-dir")
+    if problem:
+        return _fail(prog, problem)
     e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
                                ("--attn-implementation", args.attn_implementation))

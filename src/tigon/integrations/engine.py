@@ -66,14 +66,18 @@ def flce_options(value) -> tuple[bool, tuple]:
     """``patch``'s ``fused_linear_cross_entropy`` argument as ``(enabled, options)``; ``options`` is a sorted tuple of
     ``(key, value)`` pairs (hashable: the patched forwards are cached by it).
 
-    A mapping enables the fused loss with those keyword options (only :data:`FLCE_OPTIONS`); anything else is
-    read as a bool.
+    A bool turns the fused loss on or off; a mapping turns it on with those keyword options (only
+    :data:`FLCE_OPTIONS`).
 
     Raises:
+        TypeError: neither a bool nor a mapping (e.g. None or a string).
         ValueError: an unknown key, or an ``accum_dtype`` that is not None or a floating-point torch.dtype.
     """
+    if isinstance(value, bool):
+        return value, ()
     if not isinstance(value, Mapping):
-        return bool(value), ()
+        raise TypeError(f"tigon.patch: fused_linear_cross_entropy must be True, False or a dict of options "
+                        f"({', '.join(FLCE_OPTIONS)}), got {value!r}")
     for key in value:
         if key not in FLCE_OPTIONS:
             raise ValueError(f"tigon.patch: unknown fused_linear_cross_entropy option {key!r} "
@@ -83,6 +87,18 @@ def flce_options(value) -> tuple[bool, tuple]:
         raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'accum_dtype' must be None or a "
                          f"floating-point torch.dtype (torch.float32, or the LM head's dtype), got {dt!r}")
     return True, tuple(sorted(value.items()))
+
+
+def _check_accum_dtype(model, accum_dtype) -> None:
+    """Raise ValueError now, not at the first training step, when ``accum_dtype`` cannot be used with the model's
+    LM head (it must be None, torch.float32 or the head weight's dtype)."""
+    if accum_dtype in (None, torch.float32):
+        return
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dtype != accum_dtype:
+        raise ValueError(f"tigon.patch: fused_linear_cross_entropy accum_dtype={accum_dtype} differs from the LM "
+                         f"head's dtype {weight.dtype}; use None / torch.float32, or cast the model first")
 
 
 # ---- rotary switch ---------------------------------------------------------------------------------------------
@@ -507,11 +523,15 @@ def patch(
             in it (the message names the class, the supported families and rejected candidates), or the argument
             is neither a module nor a string.
         ValueError: unknown family name; ``strict=True`` and something requested cannot be patched (the
-            message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named).
+            message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
+            model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
+        TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict.
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
     fused, flce = flce_options(fused_linear_cross_entropy)
     spec, level = _resolve(model_or_family, "patch", family)
+    if level == "instance":
+        _check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
                "lm_head_loss": fused or bool(cross_entropy)}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}

@@ -805,9 +805,16 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
         a :class:`BenchResult` with ``model``, ``sweep``, ``config`` and ``notes`` filled in.
 
     Raises:
-        ConfigError: see :func:`resolve_bench`.
+        ConfigError: see :func:`resolve_bench`; also when no requested provider is installed and implements one of
+            the ops.
     """
     cfg, shapes, desc, notes = resolve_bench(config)
+    avail, missing = available_providers(cfg.providers)
+    if not any(p in CASES[op].providers for op in cfg.ops for p in avail):
+        from .compare import ConfigError
+
+        raise ConfigError("none of the requested providers can run " + ", ".join(cfg.ops) + ": "
+                          + ("; ".join(missing) if missing else f"{', '.join(cfg.providers)} implement none of them"))
     result = run_bench(cfg.ops, shapes, cfg.providers, DTYPES[cfg.dtype], torch.device(cfg.device), progress,
                        cuda_graph=cfg.cuda_graph)
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)

@@ -48,6 +48,15 @@ class ConfigError(ValueError):
     """The comparison cannot run as configured (bad argument, missing checkpoint, unsupported model family)."""
 
 
+def error_text(e: BaseException, limit: int = 300) -> str:
+    """``e``'s message on one line: its non-empty lines joined by spaces, cut at ``limit`` characters (or the
+    exception's type name when it has no message), for one-line CLI errors that keep the actual reason."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if not text:
+        return type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass
 class CompareConfig:
     """What to compare. ``None`` fields take the device's default (see :data:`DEFAULTS`).
@@ -201,7 +210,7 @@ def _hf_config(cfg: CompareConfig):
         try:
             config = AutoConfig.from_pretrained(cfg.model, local_files_only=True)
         except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(f"--model {cfg.model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+            raise ConfigError(f"--model {cfg.model}: cannot read a model config: {error_text(e)}") from e
         return _presets.keep_layers(config, cfg.layers)
     except ValueError as e:
         if isinstance(e, ConfigError):
@@ -220,7 +229,7 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype):
     try:
         base = AutoModelForCausalLM.from_pretrained(cfg.model, config=hf_config, local_files_only=True, dtype=dtype)
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {str(e).splitlines()[0]}") from e
+        raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {error_text(e)}") from e
     tokenizer = None
     if any(os.path.exists(os.path.join(cfg.model, f)) for f in TOKENIZER_FILES):
         try:

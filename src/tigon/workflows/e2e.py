@@ -49,7 +49,7 @@ import torch
 
 from .. import presets as _presets
 from ._train import train
-from .compare import ConfigError, _device_name, _device_str, _resolve_device, versions
+from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 
 E2E_PROVIDERS = ("original", "tigon", "tigon_lean", "liger")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -162,7 +162,7 @@ def hf_config(model: str, layers: int | None = None):
     try:
         cfg = AutoConfig.from_pretrained(model)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--model {model}: cannot read a model config: {str(e).splitlines()[0]}") from e
+        raise ConfigError(f"--model {model}: cannot read a model config: {error_text(e)}") from e
     try:
         return _presets.keep_layers(cfg, layers)
     except ValueError as e:
@@ -213,22 +213,22 @@ def random_batches(vocab: int, n: int, batch_size: int, seq_len: int, seed: int)
 
 
 def model_info(config, source: str) -> dict[str, Any]:
-    """Description of a model config (no weights needed): architecture, sizes and parameter count."""
+    """Description of a model config (no weights needed): architecture, sizes and parameter count.
+
+    Raises:
+        ConfigError: transformers cannot build a causal LM from ``config``.
+    """
     info = {"source": source, "model_type": getattr(config, "model_type", None),
             "architecture": (getattr(config, "architectures", None) or [None])[0],
             "num_hidden_layers": getattr(config, "num_hidden_layers", None),
             "hidden_size": getattr(config, "hidden_size", None),
             "intermediate_size": getattr(config, "intermediate_size", None),
             "vocab_size": getattr(config, "vocab_size", None)}
-    try:
-        from transformers import AutoModelForCausalLM
+    from .inspect import build_meta_model
 
-        with torch.device("meta"):
-            m = AutoModelForCausalLM.from_config(config)
-        info["architecture"] = type(m).__name__
-        info["num_parameters"] = sum(p.numel() for p in m.parameters())
-    except Exception:  # an exotic config: the description stays partial
-        info["num_parameters"] = None
+    m = build_meta_model(config)  # ConfigError for a config transformers cannot build, before any run
+    info["architecture"] = type(m).__name__
+    info["num_parameters"] = sum(p.numel() for p in m.parameters())
     return info
 
 
@@ -453,7 +453,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             method = method or stats.peak_memory_method
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
             row.status = "failed"
-            row.note = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            row.note = f"{type(e).__name__}: {error_text(e, 600)}"
         finally:
             model = held.pop("model", None)
             if provider in ("tigon", "tigon_lean") and model is not None:

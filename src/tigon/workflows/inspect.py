@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import presets as _presets
-from .compare import ConfigError
+from .compare import ConfigError, error_text
 
 CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "rope": "rotary", "mlp": "mlp_activation",
               "lm_head_loss": "lm_head_loss"}
@@ -79,8 +79,7 @@ def load_model_config(model: str):
     try:
         config = AutoConfig.from_pretrained(source.path, local_files_only=True)
     except Exception as e:  # OSError, ValueError, KeyError, JSONDecodeError ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{model}: cannot read a model config: {first}") from e
+        raise ConfigError(f"{model}: cannot read a model config: {error_text(e)}") from e
     return config, source
 
 
@@ -105,9 +104,9 @@ def build_meta_model(config) -> torch.nn.Module:
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {first}") from e
+    except Exception as e:  # ValueError, AssertionError (a pad_token_id beyond the vocabulary), RuntimeError ...
+        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): "
+                          f"{type(e).__name__}: {error_text(e)}") from e
 
 
 @dataclass
@@ -200,6 +199,9 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
         return "decoder layer: residual adds and calls; its norms, attention and MLP are listed separately"
     if any(True for _ in module.children()):
         return "container: its submodules are listed separately"
+    if isinstance(module, torch.nn.LayerNorm) or name.endswith("LayerNorm"):
+        return ("LayerNorm: tigon.functional.layer_norm exists, but this model's family has no spec and the generic "
+                "matcher only recognises RMSNorm-like norms")
     return f"no Tigon kernel for {name}"
 
 
