@@ -152,6 +152,11 @@ def test_fused_linear_cross_entropy_loss_module():
     assert per_token.shape == target.shape
     with pytest.raises(ValueError, match="leading shape"):
         mod(hidden, weight, target.reshape(-1)[:4])
+    lean = tnn.FusedLinearCrossEntropyLoss(logit_scale=0.5, accum_dtype=torch.float32)  # fp32 weight: exact
+    assert "accum_dtype=torch.float32" in repr(lean)
+    assert rel_l2(lean(hidden, weight, target, bias), ref) < 1e-5
+    with pytest.raises(ValueError, match="accum_dtype"):
+        tnn.FusedLinearCrossEntropyLoss(accum_dtype=torch.float16)(hidden, weight, target)
 
 
 def test_lazy_exports():

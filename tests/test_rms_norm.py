@@ -57,6 +57,14 @@ def test_rms_norm_bad_input():
         F.rms_norm(torch.tensor(1.0), torch.ones(8))
     with pytest.raises(TypeError, match="x must be a floating-point"):
         F.rms_norm(torch.ones(2, 8, dtype=torch.long), torch.ones(8))
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        F.rms_norm(torch.randn(2, 8), torch.ones(8), eps=-1.0)
+    with pytest.raises(TypeError, match="eps must be a real number"):
+        F.rms_norm(torch.randn(2, 8), torch.ones(8), eps="a")
+    with pytest.raises(ValueError, match="offset must be a finite number"):
+        F.rms_norm(torch.randn(2, 8), torch.ones(8), offset=float("nan"))
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        F.layer_norm(torch.randn(2, 8), None, None, eps=float("inf"))
 
 
 @pytest.mark.parametrize("wide", ["registers", "chunked"])

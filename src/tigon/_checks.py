@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -38,3 +40,18 @@ def choice(name: str, value, allowed) -> None:
     """Raise ValueError when ``value`` is not one of ``allowed``."""
     if value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
+def number(name: str, value, *, minimum: float | None = None) -> float:
+    """``value`` as a finite float (at least ``minimum``).
+
+    Raises:
+        TypeError: not a real number. ValueError: not finite, or below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or (minimum is not None and v < minimum):
+        bound = f" >= {minimum:g}" if minimum is not None else ""
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return v

@@ -74,13 +74,15 @@ def rms_norm(
         (..., hidden): dtype of x for ``"gemma"``, else the promotion of x's and weight's dtypes.
 
     Raises:
-        TypeError: x or weight is not a floating tensor.
-        ValueError: weight is not (hidden,), devices differ, or casting_mode is unknown.
+        TypeError: x or weight is not a floating tensor; eps or offset is not a number.
+        ValueError: weight is not (hidden,), devices differ, casting_mode is unknown, eps is negative or not
+            finite, or offset is not finite.
     """
     _checks.tensor("x", x, floating=True)
     _checks.tensor("weight", weight, floating=True, ndim=1)
     _checks.same_device(x=x, weight=weight)
     _checks.choice("casting_mode", casting_mode, ("llama", "gemma", "none"))
+    eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
     if weight.shape[0] != x.shape[-1]:
@@ -88,7 +90,7 @@ def rms_norm(
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     if select_backend("rms_norm", x) == "reference":
         return _ref("rms_norm").rms_norm(x, weight, eps, offset, casting_mode)
-    return _kernel("rms_norm", "RMSNormFunction")(x, weight, float(eps), float(offset), casting_mode)
+    return _kernel("rms_norm", "RMSNormFunction")(x, weight, eps, offset, casting_mode)
 
 
 class LossOutput(NamedTuple):
@@ -245,8 +247,9 @@ def layer_norm(
         (..., hidden) in x's dtype (parameters of another dtype, e.g. fp32 with bf16 x, are fine).
 
     Raises:
-        TypeError: x, weight or bias is not a floating tensor.
-        ValueError: weight or bias is not (hidden,), devices differ, or hidden exceeds the fused-row limit.
+        TypeError: x, weight or bias is not a floating tensor; eps is not a number.
+        ValueError: weight or bias is not (hidden,), devices differ, hidden exceeds the fused-row limit, or eps is
+            negative or not finite.
     """
     _checks.tensor("x", x, floating=True)
     if x.dim() == 0 or x.shape[-1] == 0:
@@ -257,9 +260,10 @@ def layer_norm(
             if p.shape[0] != x.shape[-1]:
                 raise ValueError(f"{name} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
     _checks.same_device(x=x, weight=weight, bias=bias)
+    eps = _checks.number("eps", eps, minimum=0.0)
     if select_backend("layer_norm", x) == "reference":
         return _ref("layer_norm").layer_norm(x, weight, bias, eps)
-    return _kernel("layer_norm", "LayerNormFunction")(x, weight, bias, float(eps))
+    return _kernel("layer_norm", "LayerNormFunction")(x, weight, bias, eps)
 
 
 def cross_entropy(

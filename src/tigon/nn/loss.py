@@ -98,6 +98,8 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             ``1 / logits_scaling``).
         class_weight: optional (V,) class weights (a buffer).
         return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
+        accum_dtype: None / torch.float32 (exact grad_weight accumulation) or the weight's dtype (low memory, one
+            rounding per token chunk); see :func:`tigon.functional.fused_linear_cross_entropy`.
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -113,9 +115,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
                  lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
                  class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
-                 return_accuracy: bool = False):
+                 return_accuracy: bool = False, accum_dtype: torch.dtype | None = None):
         super().__init__()
         self.register_buffer("class_weight", class_weight)
+        self.accum_dtype = accum_dtype
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -132,11 +135,12 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             h, weight, tgt, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
             logit_scale=self.logit_scale, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
-            return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
+            return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy, accum_dtype=self.accum_dtype,
         )
         return _restore(out, lead, self.reduction)
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
-                f"softcap={self.softcap}, logit_scale={self.logit_scale}")
+                f"softcap={self.softcap}, logit_scale={self.logit_scale}"
+                + (f", accum_dtype={self.accum_dtype}" if self.accum_dtype is not None else ""))
