@@ -234,3 +234,9 @@ def test_bad_input():
         F.cross_entropy(x, torch.tensor([1, -1, 3, 3]))
     with support.force_reference(), pytest.raises(ValueError, match="target values"):
         F.cross_entropy(x, torch.tensor([1, 2, 10, -100]))
+
+
+def test_inplace_gradient_becomes_grad_without_copy(device):
+    logits = torch.randn(9, 70, device=device, requires_grad=True)
+    F.cross_entropy(logits, _targets(9, 70, device), inplace_backward=True).backward()
+    assert logits.grad.data_ptr() == logits.data_ptr()

@@ -144,3 +144,12 @@ def test_glu_inplace_second_backward_raises(device):
     out.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
         out.backward()
+
+
+def test_glu_inplace_gradients_become_grad_without_copy(device):
+    # With inplace_backward the gradients live in gate's and up's memory; saving detached aliases lets autograd
+    # keep them as the leaves' .grad instead of copying (no extra (..., I) buffers: the point of the option).
+    gate = torch.randn(6, 40, device=device, requires_grad=True)
+    up = torch.randn(6, 40, device=device, requires_grad=True)
+    F.swiglu(gate, up, inplace_backward=True).sum().backward()
+    assert gate.grad.data_ptr() == gate.data_ptr() and up.grad.data_ptr() == up.data_ptr()

@@ -40,7 +40,7 @@ from torch import Tensor
 from .cross_entropy import (
     LossOptions, ce_backward, ce_forward, class_weight_args, loss_scale,
 )
-from .fused_linear_cross_entropy import _grad_buffers, flce_backward_rows, flce_forward
+from .fused_linear_cross_entropy import flce_backward_rows, flce_forward, grad_buffers, grads_in_forward, scale_grads
 from .glu import glu_backward, glu_forward
 from .layer_norm import layer_norm_backward, layer_norm_forward
 from .rms_norm import output_dtype, rms_norm_backward, rms_norm_forward
@@ -316,7 +316,7 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     lse: (N,) fp32. For a scalar reduction with a gradient needed, the gradients of the loss for an upstream
     gradient of 1, computed during the forward as in eager mode (the backward only scales and casts them):
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
-    ``tigon.ops.fused_linear_cross_entropy._grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
+    ``tigon.ops.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
     saves them for its backward like any activation.
     """
@@ -330,12 +330,6 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     return loss, z, acc, lse, _or_empty(gh, lse), _or_empty(gw, lse), _or_empty(gb, lse)
 
 
-def _flce_precomputes(reduction: str, need: tuple[bool, bool, bool]) -> bool:
-    # flce_forward forms the gradients in the forward exactly when the loss is a scalar (loss_scale is not None;
-    # num_items_in_batch is not allowed with "none") and some gradient is needed.
-    return reduction != "none" and any(need)
-
-
 @_flce.register_fake
 def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
       softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean):
@@ -344,9 +338,9 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
     f32 = dict(dtype=torch.float32)
     empty = hidden.new_empty((0,), **f32)
     need = (need_hidden, need_weight, need_bias)
-    if _flce_precomputes(reduction, need):
+    if grads_in_forward(reduction, need):
         # The real allocator on fake tensors: the same shapes and dtypes as the kernel path, by construction.
-        grads = [_or_empty(g, empty) for g in _grad_buffers(n, hidden, weight, cd, need, lean, True)]
+        grads = [_or_empty(g, empty) for g in grad_buffers(n, hidden, weight, cd, need, lean, True)]
     else:
         grads = [empty, empty.new_empty((0,)), empty.new_empty((0,))]
     return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32), hidden.new_empty((), **f32),
@@ -382,7 +376,7 @@ def _flce_setup(ctx, inputs, output):
         = scalars
     ctx.need = (nh, nw, nb)
     ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
-    ctx.scalar = _flce_precomputes(reduction, ctx.need)
+    ctx.scalar = grads_in_forward(reduction, ctx.need)
     if ctx.scalar:
         ctx.save_for_backward(*output[4:])
     else:
@@ -395,9 +389,8 @@ def _flce_grad(ctx, grad_loss, *_unused):
     if not any(ctx.need):
         return (None,) * 4 + nones
     if ctx.scalar:
-        g = grad_loss.to(torch.float32).reshape(())
-        gh, gw, gb = (buf.mul(g).to(dtype) if wanted else None
-                      for buf, dtype, wanted in zip(ctx.saved_tensors, ctx.dtypes, ctx.need))
+        saved = [t if wanted else None for t, wanted in zip(ctx.saved_tensors, ctx.need)]
+        gh, gw, gb = scale_grads(saved, grad_loss, ctx.dtypes, inplace=False)
     else:
         hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
         outs = _flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, *ctx.scalars)

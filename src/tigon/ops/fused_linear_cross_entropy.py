@@ -69,7 +69,8 @@ LEAN_MIN_ROWS = 128
 
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False) -> int:
-    """Tokens per chunk (see the constants above), balanced over the chunks, a multiple of 16 if possible."""
+    """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
+    the low-memory accumulation's budget), balanced over the chunks, a multiple of 16 if possible."""
     if device.type == "cuda" and not interpreter_enabled():
         if lean:
             max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
@@ -160,6 +161,16 @@ class _Matmuls:
         """acc (fp32, (V,)) += g.sum(0) in fp32."""
         acc.add_(torch.sum(g, dim=0, dtype=torch.float32, out=self._scratch(acc.shape, acc)))
 
+    def chunk_grads(self, g, hs, w, gh_rows, gw, gb):
+        """One chunk's share of the gradients from its logits gradient ``g`` (rows, V) and hidden rows ``hs``:
+        ``gh_rows = g @ w``, ``gw += g.T @ hs``, ``gb += g.sum(0)`` (each skipped when its buffer is None)."""
+        if gh_rows is not None:
+            self.mm(gh_rows, g, w)
+        if gw is not None:
+            self.addmm_(gw, g.t(), hs)
+        if gb is not None:
+            self.colsum_(gb, g)
+
 
 def _operands(hidden, weight, bias, cd: torch.dtype):
     """hidden (contiguous), weight and bias in the matmul dtype ``cd`` (no copy when already so)."""
@@ -168,7 +179,23 @@ def _operands(hidden, weight, bias, cd: torch.dtype):
             bias.to(cd) if bias is not None else None)
 
 
-def _grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool):
+def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
+    """Whether :func:`flce_forward` forms the gradients (for an upstream gradient of 1): for a scalar loss
+    (``reduction`` "mean" / "sum"; num_items_in_batch is only accepted with those) when any of ``need`` (grad
+    for hidden, weight, bias) is set. The one statement of that rule, for the eager and the compiled paths."""
+    return reduction != "none" and any(need)
+
+
+def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
+    """The forward-formed gradients ``grads`` (gh, gw, gb; None where absent) times the upstream scalar
+    ``grad_loss``, cast to ``dtypes`` (hidden's, weight's, bias's; a no-op cast where already so). ``inplace``
+    scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
+    tensors and passes False."""
+    g = grad_loss.to(torch.float32).reshape(())
+    return tuple(None if t is None else (t.mul_(g) if inplace else t.mul(g)).to(dt) for t, dt in zip(grads, dtypes))
+
+
+def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool):
     """(gh, gw, gb) accumulators (None where not needed).
 
     Default: fp32 (one rounding to the parameters' dtypes at the end; grad_hidden stays fp32 only on the scalar
@@ -194,7 +221,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
 
-    ``lean``: low-memory accumulation (see :func:`_grad_buffers`, :data:`LEAN_CHUNK_ELEMS`).
+    ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`).
     Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh, gw, gb) or None).
     """
     n, hdim = hidden.shape
@@ -204,12 +231,11 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, dev)
     scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
-    precompute = scale is not None and any(need)
+    precompute = grads_in_forward(reduction, need)
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
-    gh32, gw32, gb32 = (_grad_buffers(n, hidden, weight, cd, need, lean, True) if precompute
-                        else (None, None, None))
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True) if precompute else (None, None, None)
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
@@ -224,16 +250,11 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                 grad_coef=scale if precompute else None, grad_out=lg,
             )
             if precompute:
-                if gh32 is not None:
-                    mm.mm(gh32[s:e], lg, w)
-                if gw32 is not None:
-                    mm.addmm_(gw32, lg.t(), hs)
-                if gb32 is not None:
-                    mm.colsum_(gb32, lg)
+                mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb)
     loss = reduce_rows(loss_rows, scale)
     z = reduce_rows(z_rows, scale)
     acc = accuracy(correct, target, opts.ignore_index) if want_acc else None
-    return loss, z, acc, lse, ((gh32, gw32, gb32) if precompute else None)
+    return loss, z, acc, lse, ((gh, gw, gb) if precompute else None)
 
 
 def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, lse, opts: LossOptions,
@@ -248,7 +269,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
     h, w, b = _operands(hidden, weight, bias, cd)
     cw, cw_sum = class_weight_args(class_weight, dev)
     coef = grad_rows.to(torch.float32)
-    gh, gw32, gb32 = _grad_buffers(n, hidden, weight, cd, need, lean, False)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False)
     rows = chunk_rows(n, vocab, hdim, dev, lean)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
@@ -258,16 +279,11 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
             lg, hs = buf[: e - s], h[s:e]
             mm.logits(lg, hs, w, b)
             ce_rows_backward(lg, target[s:e], cw, cw_sum, lse[s:e], opts, coef[s:e], lg)
-            if gh is not None:
-                mm.mm(gh[s:e], lg, w)
-            if gw32 is not None:
-                mm.addmm_(gw32, lg.t(), hs)
-            if gb32 is not None:
-                mm.colsum_(gb32, lg)
+            mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb)
     return (
         gh.to(hidden.dtype) if gh is not None else None,
-        gw32.to(weight.dtype) if gw32 is not None else None,
-        gb32.to(bias.dtype) if gb32 is not None else None,
+        gw.to(weight.dtype) if gw is not None else None,
+        gb.to(bias.dtype) if gb is not None else None,
     )
 
 
@@ -303,14 +319,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                                "the first backward, so retain_graph=True cannot replay it")
         if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward
             ctx.done = True
-            gh32, gw32, gb32 = ctx.grads
-            ctx.grads = None
-            g = grad_loss.to(torch.float32).reshape(())
-            h_dtype, w_dtype, b_dtype = ctx.dtypes
-            # In place, then cast (a no-op where the buffer already has the parameter's dtype: lean mode).
-            gh = gh32.mul_(g).to(h_dtype) if gh32 is not None else None
-            gw = gw32.mul_(g).to(w_dtype) if gw32 is not None else None
-            gb = gb32.mul_(g).to(b_dtype) if gb32 is not None else None
+            grads, ctx.grads = ctx.grads, None
+            gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
         else:
             hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
             gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, ctx.opts,

@@ -679,9 +679,10 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
             result.rows.extend(bench_one(CASES[op], p, shape, dtype, device, result.ceilings, compiled, modes,
                                          cuda_graph))
         except Exception as e:  # a provider failing must not stop the run: record it
-            msg = " ".join(str(e).split())[:300]
+            from .compare import error_text
+
             result.rows.append(BenchRow(op, p, dict(shape), str(dtype).replace("torch.", ""), "fwd_bwd",
-                                        note=f"failed: {type(e).__name__}: {msg}"))
+                                        note=f"failed: {type(e).__name__}: {error_text(e)}"))
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
