@@ -392,7 +392,8 @@ def fused_linear_cross_entropy(
             (1.10 GiB there at 8192 tokens), but grad_weight is rounded once per chunk: an approximation, off by
             default. Its error grows with the number of chunks and with how many chunks touch the same vocabulary
             rows: measured 1.08x the unfused bf16 computation's error on uniformly random labels at Llama-3-8B
-            shapes (32 chunks, H200), up to ~4x in a simulation where every chunk hits every row.
+            shapes (32 chunks, H200; benchmarks/results/h200/flce_h200.json), 4.2x in a CPU simulation where every
+            chunk hits every row (benchmarks/results/cpu/lean_accum_sim.txt).
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for
