@@ -48,10 +48,10 @@ def slice_to_keep(hidden: torch.Tensor, logits_to_keep) -> torch.Tensor:
     Uses ``transformers.modeling_utils.slice_logits_to_keep`` when the installed version has it, else the rule of
     transformers 5.0: an int keeps the last ``logits_to_keep`` positions (0 keeps all), a tensor indexes dim 1.
     """
-    # A model's forward runs only once transformers.modeling_utils is loaded. A lookup, not an import in a
-    # try/except: under torch.compile a failing import (transformers < 5.1 lacks the helper) is an exception that
-    # dynamo cannot trace (a graph break, measured on torch 2.11 + transformers 5.17).
-    slice_logits_to_keep = getattr(sys.modules.get("transformers.modeling_utils"), "slice_logits_to_keep", None)
+    # getattr with a default, not an import in a try/except: under torch.compile a failing import (transformers
+    # < 5.1 lacks the helper) is an exception that dynamo cannot trace (a graph break, measured on torch 2.11 +
+    # transformers 5.17).
+    slice_logits_to_keep = getattr(_module("transformers.modeling_utils"), "slice_logits_to_keep", None)
     if slice_logits_to_keep is not None:
         return slice_logits_to_keep(hidden, logits_to_keep)
     idx = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
