@@ -8,7 +8,6 @@ largest relative loss distance from the float32 original over the steps. JSON to
 
 import argparse
 import json
-import os
 
 import torch
 

@@ -56,6 +56,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--providers", default="eager,compile,tigon,tigon_inplace,liger")
     ap.add_argument("--ops", default="rms_norm,layer_norm,rope,swiglu,geglu,cross_entropy")
+    ap.add_argument("--axes", default="tokens,hidden", help="tokens (every op) and/or hidden (the norms)")
     args = ap.parse_args()
     if args.plot_from:
         print("\n".join(plot(args.plot_from, args.plot_dir)))
@@ -69,9 +70,11 @@ def main():
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
            "command": "PYTHONPATH=src python3 benchmarks/sweep_h200.py", "sweeps": {}}
     providers = args.providers.split(",")
-    plan = [(op, "tokens", [shapes_from_config(cfg, tokens=n)[op] for n in TOKENS]) for op in args.ops.split(",")]
+    axes = args.axes.split(",")
+    plan = [(op, "tokens", [shapes_from_config(cfg, tokens=n)[op] for n in TOKENS])
+            for op in args.ops.split(",") if "tokens" in axes]
     plan += [(op, "hidden", [dict(shapes_from_config(cfg, tokens=16384)[op], hidden=h) for h in HIDDEN])
-             for op in ("rms_norm", "layer_norm") if op in args.ops.split(",")]
+             for op in ("rms_norm", "layer_norm") if op in args.ops.split(",") and "hidden" in axes]
     for op, axis, shapes in plan:
         if time.time() - t0 > args.budget_s:
             res["sweeps"][f"{op}/{axis}"] = {"note": "not run: time budget spent"}

@@ -418,3 +418,39 @@ def test_fused_loss_accum_dtype_checked_against_the_head_at_patch_time():
     with pytest.raises(ValueError, match="differs from the LM head's dtype torch.float32"):
         tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.bfloat16})
     assert not any(tigon_mark(m.__dict__.get("forward")) for m in model.modules())
+
+
+def test_model_class_names_its_family():
+    import transformers.models.llama.modeling_llama as ml
+
+    saved = ml.LlamaRMSNorm.__dict__.get("forward")
+    report = tigon.patch(ml.LlamaForCausalLM)
+    assert report.level == "class" and report.family == "llama" and report.counts["rms_norm"] == 1
+    assert tigon.unpatch(ml.LlamaForCausalLM).counts["rms_norm"] == 1
+    assert ml.LlamaRMSNorm.__dict__.get("forward") is saved
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*no registered family"):
+        tigon.patch(transformers.GPT2LMHeadModel)
+    with pytest.raises(TypeError, match="family= is only for models"):
+        tigon.patch(ml.LlamaForCausalLM, family="llama")
+
+
+def test_forced_family_that_matches_nothing_raises():
+    model = build()
+    with pytest.raises(TypeError, match=r"family 'mistral' matched nothing in LlamaForCausalLM"):
+        tigon.patch(model, family="mistral")
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_repatching_with_other_loss_options_raises():
+    model = build()
+    tigon.patch(model)
+    assert tigon.patch(model).already_patched  # same options: idempotent
+    with pytest.raises(ValueError, match=r"already patched with .*cross_entropy.*unpatch"):
+        tigon.patch(model, fused_linear_cross_entropy=False, cross_entropy=True)
+    with pytest.raises(ValueError, match="already patched"):
+        tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.float32})
+    tigon.unpatch(model)
+    report = tigon.patch(model, fused_linear_cross_entropy=False, cross_entropy=True)
+    assert report.counts["lm_head_loss"] == 1
+    ids, labels = batch()
+    assert model(input_ids=ids, labels=labels).logits is not None  # the fused path is off now

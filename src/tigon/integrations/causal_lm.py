@@ -257,6 +257,11 @@ def _return_dict(model, arguments: dict) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def loss_options(fused: bool, ce: bool, flce) -> dict:
+    """The LM-head-loss options a patched forward was built with, as shown to users (and compared on re-patching)."""
+    return {"fused_linear_cross_entropy": dict(flce) if fused and flce else bool(fused), "cross_entropy": bool(ce)}
+
+
 def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, original, fused: bool, ce: bool,
                       flce_options: tuple = ()):
     """The replacement ``forward(self, *args, **kwargs)`` for a causal-LM class.
@@ -352,4 +357,4 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             return _with_ce(self, arguments)
         return original(self, *args, **kwargs)
 
-    return mark(forward, "lm_head_loss", family)
+    return mark(forward, "lm_head_loss", family, options=loss_options(fused, ce, flce_options))

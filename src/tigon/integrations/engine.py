@@ -48,7 +48,7 @@ from typing import Callable
 import torch
 
 from . import forwards as fw
-from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
+from .causal_lm import causal_lm_forward, head_problem, loss_options, uses_default_loss
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
 from .report import PatchEntry, PatchReport
@@ -289,6 +289,16 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
     return matches, wanted
 
 
+def _check_same_options(mk: dict, target: str, opts: dict) -> None:
+    """A target already patched with other LM-head-loss options: raise rather than silently keep the old ones."""
+    if mk.get("kind") != "lm_head_loss" or "options" not in mk:
+        return
+    wanted = loss_options(opts["fused"], opts["ce"], opts["flce"])
+    if mk["options"] != wanted:
+        raise ValueError(f"tigon.patch: {target} is already patched with {mk['options']}, not the requested {wanted}; "
+                         "call tigon.unpatch(...) first to change the options")
+
+
 def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     """Turn matches into actions (or skipped / already-patched entries); nothing is changed here."""
     actions: list[_Action] = []
@@ -305,10 +315,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
         if fw.tigon_mark(getattr(type(m), attr, None)) is not None:
+            _check_same_options(fw.tigon_mark(getattr(type(m), attr, None)), target, opts)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
             if fw.tigon_mark(current) is not None:
+                _check_same_options(fw.tigon_mark(current), target, opts)
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
                 report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
@@ -395,6 +407,7 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
             continue
         if fw.tigon_mark(cls.__dict__.get(attr)) is not None:
+            _check_same_options(fw.tigon_mark(cls.__dict__.get(attr)), target, opts)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if kind == "mlp" and comp.experts:
@@ -453,13 +466,22 @@ def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | No
         if family is not None:
             raise TypeError(f"tigon.{verb}: family= is only for models; got the family name {obj!r} already")
         return family_by_name(obj), "class"
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        if family is not None:
+            raise TypeError(f"tigon.{verb}: family= is only for models; got the class {obj.__name__}")
+        spec = family_by_module(obj.__module__)
+        if spec is None:
+            raise ValueError(f"tigon.{verb}({obj.__name__}): the class (from {obj.__module__}) belongs to no registered "
+                             f"family (supported: {', '.join(sorted(FAMILIES))}); class-level patching needs one. "
+                             "Patch a built model instead: the generic matcher handles other architectures.")
+        return spec, "class"
     if isinstance(obj, torch.nn.Module):
         if family is None:
             return _find_family(obj), "instance"
         if family.lower() == "generic":
             return None, "instance"
         return family_by_name(family), "instance"
-    raise TypeError(f"tigon.{verb} expects a torch.nn.Module or a family name "
+    raise TypeError(f"tigon.{verb} expects a torch.nn.Module, a model class or a family name "
                     f"({', '.join(sorted(FAMILIES))}), got {type(obj).__name__}")
 
 
@@ -492,8 +514,9 @@ def patch(
     Args:
         model_or_family: a built ``torch.nn.Module`` (e.g. ``LlamaForCausalLM``, or a wrapper containing one):
             instance-level patch of that model only; or a family name (``"llama"``, see
-            :data:`tigon.integrations.FAMILIES`): class-level patch of the family's modeling module, affecting
-            every model of that family, including those built later (call it before ``from_pretrained``).
+            :data:`tigon.integrations.FAMILIES`) or a model class of one (``LlamaForCausalLM``): class-level patch
+            of the family's modeling module, affecting every model of that family, including those built later
+            (call it before ``from_pretrained``).
         rms_norm, layer_norm: replace the family's norm forwards by :func:`tigon.functional.rms_norm` /
             :func:`tigon.functional.layer_norm` (with the module's own weight, bias and epsilon).
         mlp: replace gated MLP forwards by ``down(swiglu|geglu(gate(x), up(x)))``, chosen by the config's
@@ -516,13 +539,17 @@ def patch(
 
     Returns:
         a :class:`~tigon.integrations.report.PatchReport` (``print`` it, or ``.as_dict()`` for JSON). Patching twice
-        is idempotent: the second report lists the targets under ``already_patched``.
+        is idempotent: the second report lists the targets under ``already_patched`` (turning a kind off in the
+        second call does not unpatch it: use :func:`unpatch`).
 
     Raises:
         TypeError: the model contains no module of a supported family and the generic matcher recognises nothing
-            in it (the message names the class, the supported families and rejected candidates), or the argument
-            is neither a module nor a string.
-        ValueError: unknown family name; ``strict=True`` and something requested cannot be patched (the
+            in it (the message names the class, the supported families and rejected candidates); a forced
+            ``family=`` matches no module of the model; the argument is neither a module, a module class nor a
+            string.
+        ValueError: unknown family name, or a model class of no registered family; the LM head is already
+            patched with other ``fused_linear_cross_entropy`` / ``cross_entropy`` options (unpatch first);
+            ``strict=True`` and something requested cannot be patched (the
             message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
             model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
         TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict.
@@ -545,6 +572,10 @@ def patch(
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report)
+            if not (actions or report.already_patched or report.skipped) and any(enabled.values()):
+                raise TypeError(f"tigon.patch: family {name!r} matched nothing in {type(model_or_family).__name__} "
+                                f"(from {type(model_or_family).__module__}): none of its module classes is in it; "
+                                "leave family= unset to detect the family, or use family='generic'")
         else:
             actions = _plan_class(spec, enabled, opts, report)
         if strict and report.skipped:

@@ -21,9 +21,10 @@ from .families import ACTIVATIONS, MLPSpec, NormSpec
 MARK = "__tigon_patch__"
 
 
-def mark(fn, kind: str, family: str):
-    """Tag ``fn`` as a Tigon replacement of ``kind`` for ``family`` and return it."""
-    setattr(fn, MARK, {"kind": kind, "family": family})
+def mark(fn, kind: str, family: str, **extra):
+    """Tag ``fn`` as a Tigon replacement of ``kind`` for ``family`` (plus ``extra`` facts, e.g. the options it was
+    built with) and return it."""
+    setattr(fn, MARK, {"kind": kind, "family": family, **extra})
     return fn
 
 
@@ -182,7 +183,7 @@ def describe_mlp(module, spec: MLPSpec) -> str:
     """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``."""
     act = mlp_activation(module, spec) if module is not None else None
     if act is None or isinstance(act, str):
-        name = f"swiglu|geglu by config.{spec.act_config_attr} per call"
+        name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
     else:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
     if spec.experts:

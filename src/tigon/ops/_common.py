@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from ..support import interpreter_enabled
 
@@ -52,8 +51,14 @@ if interpreter_enabled():
 
 
 def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (>= 1)."""
-    return triton.next_power_of_2(max(int(n), 1))
+    """Smallest power of two >= n (>= 1). Plain Python: ``triton.next_power_of_2`` is a ConstexprFunction
+    whose call costs ~2 us of host time, paid on every launch."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints (plain Python, for the same reason as :func:`next_pow2`)."""
+    return -(-int(a) // int(b))
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, next_pow2, warps_for
+from ._common import as_rows, cdiv, next_pow2, warps_for
 from ..support import interpreter_enabled
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -123,7 +123,7 @@ def _launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, 
     target = _tile_elems(device)
     block_n = min(next_pow2(N), target)
     block_m = min(next_pow2(M), max(1, target // block_n))
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    grid = (cdiv(M, block_m) * cdiv(N, block_n),)
     return block_m, block_n, warps_for(block_m * block_n), grid
 
 

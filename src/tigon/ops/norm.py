@@ -29,7 +29,9 @@ import triton
 import triton.language as tl
 
 from ..support import interpreter_enabled
-from ._common import _sm_count, as_rows, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for
+from ._common import (
+    _sm_count, as_rows, cdiv, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for,
+)
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
 # tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
@@ -194,11 +196,68 @@ def _norm_bwd_wide(
                 tl.store(DB_PART + part + cols, tl.load(DB_PART + part + cols, mask=cmask) + dy, mask=cmask)
 
 
+@triton.jit
+def _sum_partials(DW_PART, DB_PART, DW, DB, P, N, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
+                  BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw = sum over the P partial rows of DW_PART (P, N), db likewise, in one launch (fixed order: deterministic)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        mask = (ps < P)[:, None] & cmask[None, :]
+        offs = ps.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_DW:
+            dw += tl.sum(tl.load(DW_PART + offs, mask=mask, other=0.0), axis=0)
+        if HAS_DB:
+            db += tl.sum(tl.load(DB_PART + offs, mask=mask, other=0.0), axis=0)
+    if HAS_DW:
+        tl.store(DW + cols, dw, mask=cmask)
+    if HAS_DB:
+        tl.store(DB + cols, db, mask=cmask)
+
+
 def _persistent_programs(device: torch.device) -> int:
     """Programs of the persistent backward: one per SM on CUDA (each holds two tiles in flight)."""
     if device.type == "cuda" and not interpreter_enabled():
         return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return num_programs_hint(device)
+
+
+def fwd_config(block_n: int, device: torch.device) -> tuple[int, int]:
+    """(rows per program, num_warps) of the forward for rows of ``block_n`` (a power of two) elements.
+
+    The whole row in registers, several rows per program for small N (about 4096 elements a program; 2048 for
+    rows of <= 1024, with 4 warps). H200, rms_norm 16384 x 1024 bf16 (benchmarks/results/h200/session4/
+    tune_h200.json): 2048-element programs 18.4 us, 4096: 18.7, 8192: 19.0, 16384: 22.0; 4 warps beat 2 and 8.
+    """
+    if block_n <= 1024:
+        return rows_per_program(block_n, device, target_elems=2048), 4
+    block_m = rows_per_program(block_n, device)
+    return block_m, warps_for(block_m * block_n)
+
+
+def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tuple[int, int, int]:
+    """(rows per step, programs, num_warps) of the backward for M rows of ``block_n`` elements (see
+    :func:`norm_backward` for the measurements behind them).
+
+    Whole rows of 16384 in registers: RMSNorm 16 or 32 warps 0.83 ms, 8 warps 0.94; LayerNorm (two accumulator
+    rows, dW and dB) spills below 32 warps: 8 / 16 / 32 warps 10.3 / 7.3 / 1.57 ms (H200, 16384 x 16384 bf16
+    fwd+bwd, session4/tune_h200.json).
+    """
+    prefetch = block_n <= WIDE_ROW
+    block_m = 1 if not prefetch else rows_per_program(block_n, device, target_elems=8192)
+    # At least 16 rows a program: with few rows, fewer programs mean fewer dW/dB partial rows to sum (LayerNorm
+    # 1024 x 4096 fwd+bwd: 64 programs 26.0 us, 128: 27.8, 264: 40.6; session4/tune2_h200.json).
+    progs = max(1, min(_persistent_programs(device), cdiv(M, max(block_m, 16))))
+    if block_n < 8192:
+        warps = 8
+    elif block_n <= 16384:
+        warps = 16 if is_rms or block_n < 16384 else 32
+    else:
+        warps = 32
+    return block_m, progs, warps
 
 
 def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
@@ -214,15 +273,13 @@ def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, of
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)
     if M == 0:
         return y, mean, rstd
-    # The whole row in registers, several rows per program for small N (about 4096 elements a program). Rows
-    # of <= 1024 get 4 warps: on an H200 that beat 8 by 4-14 points of bandwidth (LayerNorm sweep).
     block_n = next_pow2(N)
-    block_m = rows_per_program(block_n, x2.device)
-    _norm_fwd[(triton.cdiv(M, block_m),)](
+    block_m, warps = fwd_config(block_n, x2.device)
+    _norm_fwd[(cdiv(M, block_m),)](
         x2, weight if weight is not None else x2, bias if bias is not None else x2, y,
         mean if mean is not None else rstd, rstd, M, N, x2.stride(0), y.stride(0), eps, offset,
         IS_RMS=is_rms, ROUND_XHAT=round_xhat, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4 if block_n <= 1024 else warps_for(block_m * block_n),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
     return y, mean, rstd
 
@@ -244,10 +301,9 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     block_n = next_pow2(N)
     wide = block_n > REGISTER_ROW
     prefetch = block_n <= WIDE_ROW
-    block_m = 1 if not prefetch else rows_per_program(block_n, x2.device, target_elems=8192)
-    progs = max(1, min(_persistent_programs(x2.device), triton.cdiv(M, block_m)))
-    per_prog = triton.cdiv(triton.cdiv(M, progs), block_m) * block_m
-    progs = triton.cdiv(M, per_prog)
+    block_m, progs, warps = bwd_config(M, block_n, x2.device, is_rms)
+    per_prog = cdiv(cdiv(M, progs), block_m) * block_m
+    progs = cdiv(M, per_prog)
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
     dw_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_dw else None
     db_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_db else None
@@ -259,6 +315,13 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         chunk = min(4096, block_n)
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
-        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
-                            num_warps=8 if block_n < 8192 else (16 if block_n <= 16384 else 32))
-    return dx, (dw_part.sum(0) if need_dw else None), (db_part.sum(0) if need_db else None)
+        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=warps)
+    dw = torch.empty(N, dtype=torch.float32, device=x2.device) if need_dw else None
+    db = torch.empty(N, dtype=torch.float32, device=x2.device) if need_db else None
+    if need_dw or need_db:
+        block_cols = min(next_pow2(N), 32)  # many programs: N/32 of them, each summing a [progs, 32] slab
+        _sum_partials[(cdiv(N, block_cols),)](
+            dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
+            db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
+            BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
+    return dx, dw, db

@@ -13,8 +13,10 @@ Both are ``y1 = x1 * c1 + x2 * sa``, ``y2 = x2 * c2 + x1 * sb`` with ``(sa, sb) 
 ``(s2, -s1)`` backward, so one kernel does both (constexpr ``BACKWARD``). No assumption that c1 == c2 is made:
 any cos/sin tensors get the exact transpose.
 
-One program per (batch, position): it loads that position's cos and sin once, in fp32, and applies them to
-every head of q and then of k, walking the heads in [BLOCK_H, D/2] tiles. q and k are addressed through all
+One program per (batch, position, group of heads): it loads that position's cos and sin in fp32 and applies
+them to its [BLOCK_H, D/2] tile of q heads or of k heads (the position's other groups read the same cos/sin
+from L2). Separate programs per group, rather than one program walking all heads, keep more loads in flight
+when there are few positions. q and k are addressed through all
 four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place.
 
 Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
@@ -26,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import next_pow2
+from ._common import cdiv, next_pow2
 from ..support import interpreter_enabled
 
 
@@ -51,14 +53,16 @@ def _rotate_heads(
 
 @triton.jit
 def _rope_kernel(
-    Q, K, QO, KO, COS, SIN, T, HQ, HKV,
+    Q, K, QO, KO, COS, SIN, T, HQ, HKV, GROUPS_Q,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     BACKWARD: tl.constexpr,
 ):
+    # axis 0: (batch, position); axis 1: a group of BLOCK_HQ q heads (the first GROUPS_Q) or BLOCK_HK k heads.
     pid = tl.program_id(0)
+    grp = tl.program_id(1)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
@@ -75,10 +79,16 @@ def _rope_kernel(
     else:
         sa = -s1
         sb = s2
-    _rotate_heads(Q + b * sq_b + t * sq_t, QO + b * sqo_b + t * sqo_t, HQ, sq_h, sq_d, sqo_h, sqo_d,
-                  c1, c2, sa, sb, d, dmask, HALF, BLOCK_HQ)
-    _rotate_heads(K + b * sk_b + t * sk_t, KO + b * sko_b + t * sko_t, HKV, sk_h, sk_d, sko_h, sko_d,
-                  c1, c2, sa, sb, d, dmask, HALF, BLOCK_HK)
+    if grp < GROUPS_Q:
+        h0 = (grp * BLOCK_HQ).to(tl.int64)
+        _rotate_heads(Q + b * sq_b + t * sq_t + h0 * sq_h, QO + b * sqo_b + t * sqo_t + h0 * sqo_h,
+                      tl.minimum(HQ - h0, BLOCK_HQ), sq_h, sq_d, sqo_h, sqo_d, c1, c2, sa, sb, d, dmask,
+                      HALF, BLOCK_HQ)
+    else:
+        h0 = ((grp - GROUPS_Q) * BLOCK_HK).to(tl.int64)
+        _rotate_heads(K + b * sk_b + t * sk_t + h0 * sk_h, KO + b * sko_b + t * sko_t + h0 * sko_h,
+                      tl.minimum(HKV - h0, BLOCK_HK), sk_h, sk_d, sko_h, sko_d, c1, c2, sa, sb, d, dmask,
+                      HALF, BLOCK_HK)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
@@ -87,24 +97,25 @@ def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
 
 
 def _block_h(heads: int, block_half: int, device: torch.device) -> int:
-    """Heads per step: a [BLOCK_H, D/2] tile of about 1024 elements per half (2048 per step).
+    """Heads per program: a [BLOCK_H, D/2] tile of about 2048 elements per half (4096 per program).
 
-    Measured on an H200 (bf16, HF layout, B*T = 8192..16384): 1024-element half tiles reached 87-89% of the copy
-    bandwidth for D = 64 and 128, 2048/4096-element tiles 5-10% less. The interpreter pays per loop step, so
-    there every head goes in one step.
+    H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward at 1k..64k tokens
+    (benchmarks/results/h200/session4/tune2_h200.json): 2048-element half tiles with 4 warps were the fastest of
+    256..2048 x 1..4 warps at every size (4.6 us at 1k tokens, 350 us at 64k; 1024-element tiles 5.1 / 358 us).
+    The interpreter pays per program, so there every head goes in one tile.
     """
-    target = 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 1024
+    target = 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 2048
     return max(1, min(next_pow2(heads), target // block_half))
 
 
 def _num_warps(step_elems: int, block_half: int) -> int:
-    """One warp per 512 elements of a step (2 warps for D=64, 4 for D=128: 87-89% of copy bandwidth on an H200).
+    """One warp per 1024 elements of a program's tile (4 for the 4096-element tiles of D=128, see _block_h).
 
-    Head dims of 256 and up take a single warp: for D=256 that measured 87% against 68% with 4 warps.
+    Head dims of 256 and up take a single warp: for D=256 that measured 87% of copy bandwidth against 68% with 4.
     """
     if block_half >= 128:
         return 1
-    return max(1, min(8, step_elems // 512))
+    return max(1, min(8, step_elems // 1024))
 
 
 def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True):
@@ -127,9 +138,11 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     block_half = next_pow2(half)
     block_hq = _block_h(HQ, block_half, q.device)
     block_hk = _block_h(HKV, block_half, q.device)
+    groups_q = cdiv(HQ, block_hq) if need_q else 0
+    groups_k = cdiv(HKV, block_hk) if need_k else 0
     cb = (lambda c: 0 if c.shape[0] == 1 else c.stride(0))
-    _rope_kernel[(B * T,)](
-        qv, kv, qov, kov, cos, sin, T, HQ if need_q else 0, HKV if need_k else 0,
+    _rope_kernel[(B * T, groups_q + groups_k)](
+        qv, kv, qov, kov, cos, sin, T, HQ, HKV, groups_q,
         *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
         cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
         HALF=half, BLOCK_HALF=block_half, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BACKWARD=backward,

@@ -1,0 +1,150 @@
+"""Launch-heuristic exploration on one GPU (one device call): each variant of a kernel's launch configuration
+timed through tigon.workflows.bench (CUDA-graph replays: kernel time), at the sweep points where Tigon missed
+its target; JSON to --out. The chosen heuristics cite this file.
+
+    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts ce,rope,norm,ce_host]
+
+Parts:
+  ce       cross-entropy fwd+bwd, bf16, V=128256, N=1k..16k: tigon (lazy), tigon_inplace (gradient formed in the
+           forward by the split-row kernel) for SPLIT_BLOCK_V 4096 / 8192 / 16384, torch.compile
+  rope     RoPE fwd (the backward is the same kernel), Llama-3-8B heads, tokens 1k..64k: heads per program x warps
+  norm     rms_norm fwd at hidden 1024 (rows per program x warps); layer_norm fwd+bwd at 1k tokens (programs);
+           rms/layer_norm fwd+bwd at hidden 16384 (warps of the whole-row register path)
+  ce_host  cross-entropy at 1k tokens with plain do_bench and a torch.profiler table of the host-side ops
+"""
+
+import argparse
+import contextlib
+import json
+import time
+
+import torch
+
+import tigon.ops.cross_entropy as ce_ops
+import tigon.ops.norm as norm_ops
+import tigon.ops.rope as rope_ops
+from tigon.presets import PRESETS
+from tigon.workflows.bench import measure_ceilings, run_bench, shapes_from_config
+
+CFG = PRESETS["llama3-8b"]["config"]
+
+
+@contextlib.contextmanager
+def patched(module, **attrs):
+    old = {k: getattr(module, k) for k in attrs}
+    for k, v in attrs.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def timed(op, shapes, providers, ceilings, modes, cuda_graph=True):
+    r = run_bench([op], {op: shapes}, providers, ceilings=ceilings, modes=modes, cuda_graph=cuda_graph)
+    return [dict(provider=x.provider, shape=x.shape, mode=x.mode, ms=x.ms, pct_copy_bw=x.pct_copy_bw,
+                 peak_extra_bytes=x.peak_extra_bytes, note=x.note) for x in r.rows]
+
+
+def part_ce(ceilings, out):
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (1024, 4096, 8192, 16384)]
+    out["ce_default"] = timed("cross_entropy", shapes, ["compile", "tigon"], ceilings, ("fwd", "fwd_bwd"))
+    for bv in (4096, 8192, 16384):
+        with patched(ce_ops, SPLIT_BLOCK_V=bv):
+            out[f"ce_inplace_split{bv}"] = timed("cross_entropy", shapes, ["tigon_inplace"], ceilings, ("fwd_bwd",))
+        report(out, f"ce_inplace_split{bv}")
+    report(out, "ce_default")
+
+
+def part_rope(ceilings, out):
+    shapes = [shapes_from_config(CFG, tokens=n)["rope"] for n in (1024, 2048, 4096, 8192, 32768, 65536)]
+    out["rope_peers"] = timed("rope", shapes, ["compile", "tigon", "liger"], ceilings, ("fwd",))
+    report(out, "rope_peers")
+    for target in (256, 512, 1024, 2048):
+        for warps in (1, 2, 4):
+            blk = (lambda heads, block_half, device, t=target: max(1, min(rope_ops.next_pow2(heads), t // block_half)))
+            with patched(rope_ops, _block_h=blk, _num_warps=lambda step, half, w=warps: w):
+                out[f"rope_t{target}_w{warps}"] = timed("rope", shapes, ["tigon"], ceilings, ("fwd",))
+            report(out, f"rope_t{target}_w{warps}")
+
+
+def part_norm(ceilings, out):
+    h1k = [dict(shapes_from_config(CFG, tokens=16384)["rms_norm"], hidden=1024)]
+    out["rms_h1k_peers"] = timed("rms_norm", h1k, ["compile", "tigon", "liger"], ceilings, ("fwd",))
+    report(out, "rms_h1k_peers")
+    for target in (2048, 4096, 8192, 16384):
+        for warps in (2, 4, 8):
+            cfg = (lambda block_n, device, t=target, w=warps: (max(1, min(64, t // block_n)), w))
+            with patched(norm_ops, fwd_config=cfg):
+                out[f"rms_h1k_fwd_t{target}_w{warps}"] = timed("rms_norm", h1k, ["tigon"], ceilings, ("fwd",))
+            report(out, f"rms_h1k_fwd_t{target}_w{warps}")
+    t1k = [shapes_from_config(CFG, tokens=1024)["layer_norm"]]
+    out["ln_t1k_peers"] = timed("layer_norm", t1k, ["eager", "compile", "tigon"], ceilings, ("fwd_bwd",))
+    report(out, "ln_t1k_peers")
+    base = norm_ops.bwd_config
+    for progs in (32, 64, 128, 264):
+        cfg = (lambda M, block_n, device, is_rms, p=progs:
+               (base(M, block_n, device, is_rms)[0], p, base(M, block_n, device, is_rms)[2]))
+        with patched(norm_ops, bwd_config=cfg):
+            out[f"ln_t1k_progs{progs}"] = timed("layer_norm", t1k, ["tigon"], ceilings, ("fwd_bwd",))
+        report(out, f"ln_t1k_progs{progs}")
+    for op in ("rms_norm", "layer_norm"):
+        h16k = [dict(shapes_from_config(CFG, tokens=16384)[op], hidden=16384)]
+        out[f"{op}_h16k_peers"] = timed(op, h16k, ["compile", "tigon", "liger"], ceilings, ("fwd_bwd",))
+        report(out, f"{op}_h16k_peers")
+        for warps in (8, 16, 32):
+            cfg = (lambda M, block_n, device, is_rms, w=warps: base(M, block_n, device, is_rms)[:2] + (w,))
+            with patched(norm_ops, bwd_config=cfg):
+                out[f"{op}_h16k_w{warps}"] = timed(op, h16k, ["tigon"], ceilings, ("fwd_bwd",))
+            report(out, f"{op}_h16k_w{warps}")
+
+
+def part_ce_host(ceilings, out):
+    import tigon.functional as F
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (1024, 2048)]
+    out["ce_host_plain"] = timed("cross_entropy", shapes, ["compile", "tigon", "tigon_inplace"], ceilings,
+                                 ("fwd", "fwd_bwd"), cuda_graph=False)
+    report(out, "ce_host_plain")
+    x = torch.randn(1024, 128256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, 128256, (1024,), device="cuda")
+    for _ in range(5):
+        F.cross_entropy(x, t).backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            F.cross_entropy(x, t).backward()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    print(table, flush=True)
+    out["ce_host_profile_table"] = table
+
+
+def report(out, key):
+    for r in out[key]:
+        if r["ms"] is None:
+            print(f"{key:28s} {r['provider']:14s} {r['note']}", flush=True)
+        else:
+            print(f"{key:28s} {r['provider']:14s} {r['mode']:7s} {json.dumps(r['shape'])} {r['ms'] * 1e3:9.1f} us "
+                  f"{(r['pct_copy_bw'] or 0):5.1f}% {r['note']}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="ce,rope,norm,ce_host")
+    args = ap.parse_args()
+    t0 = time.time()
+    ceilings = measure_ceilings(torch.device("cuda"))
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
+           "command": f"PYTHONPATH=src python3 benchmarks/tune_h200.py --out {args.out} --parts {args.parts}"}
+    for part in args.parts.split(","):
+        globals()[f"part_{part}"](ceilings, out)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"[{part} done at {time.time() - t0:.0f}s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
