@@ -123,3 +123,14 @@ def test_layer_norm_wide_row_kernel(device, monkeypatch, affine, wide):
     monkeypatch.setattr(ln_op, "REGISTER_ROW", 64 if wide == "chunked" else 1 << 20)
     inputs, grads = make((5, 6, 300), torch.float32, device, affine)
     assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, grads))
+
+
+def test_layer_norm_bias_grad_only_over_many_partials(device, monkeypatch):
+    # 200 backward programs: their dW/dB partial rows are summed by _sum_partials in more than one step of its row
+    # loop (128 rows a step); a frozen weight leaves only dB to sum.
+    from tigon.ops import norm as ln_op
+
+    base = ln_op.bwd_config
+    monkeypatch.setattr(ln_op, "bwd_config", lambda M, block_n, dev, is_rms: (1, 200, base(M, block_n, dev, is_rms)[2]))
+    inputs, _ = make((400, 40), torch.float32, device)
+    assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, ["x", "bias"]))

@@ -434,11 +434,40 @@ def test_model_class_names_its_family():
         tigon.patch(ml.LlamaForCausalLM, family="llama")
 
 
-def test_forced_family_that_matches_nothing_raises():
+@pytest.mark.parametrize("family", ["mistral", "glm4"])  # glm4: its rope layout is skipped, still nothing matches
+def test_forced_family_that_matches_nothing_raises(family):
     model = build()
-    with pytest.raises(TypeError, match=r"family 'mistral' matched nothing in LlamaForCausalLM"):
-        tigon.patch(model, family="mistral")
+    with pytest.raises(TypeError, match=rf"family '{family}' matched nothing in LlamaForCausalLM"):
+        tigon.patch(model, family=family)
     assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_detected_family_with_nothing_to_patch_does_not_raise():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(**TINY)
+    holder = torch.nn.Sequential(LlamaRotaryEmbedding(cfg), torch.nn.Linear(4, 4))
+    report = tigon.patch(holder)
+    assert report.family == "llama" and report.replaced == []
+
+
+def test_class_level_options_conflict_names_the_family():
+    tigon.patch("llama")
+    model = build()
+    with pytest.raises(ValueError, match=r"class level: call tigon.unpatch\('llama'\)"):
+        tigon.patch(model, fused_linear_cross_entropy=False, cross_entropy=True)
+
+
+def test_subclass_of_a_family_class():
+    import transformers.models.llama.modeling_llama as ml
+
+    class MyLlama(ml.LlamaForCausalLM):
+        pass
+
+    assert tigon.patch(MyLlama).family == "llama"
+    tigon.unpatch(MyLlama)
+    with pytest.raises(TypeError, match="got the class LlamaConfig"):
+        tigon.patch(transformers.LlamaConfig)
 
 
 def test_repatching_with_other_loss_options_raises():
@@ -447,8 +476,10 @@ def test_repatching_with_other_loss_options_raises():
     assert tigon.patch(model).already_patched  # same options: idempotent
     with pytest.raises(ValueError, match=r"already patched with .*cross_entropy.*unpatch"):
         tigon.patch(model, fused_linear_cross_entropy=False, cross_entropy=True)
+    # None and float32 both mean fp32 accumulation: the same options
+    assert tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.float32}).already_patched
     with pytest.raises(ValueError, match="already patched"):
-        tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": torch.float32})
+        tigon.patch(model, cross_entropy=True)
     tigon.unpatch(model)
     report = tigon.patch(model, fused_linear_cross_entropy=False, cross_entropy=True)
     assert report.counts["lm_head_loss"] == 1

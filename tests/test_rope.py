@@ -167,3 +167,18 @@ def test_reference_is_hf_apply_rotary_pos_emb():
     cos, sin = hf_tables(B, T, 48, torch.float32, "cpu")
     for ours, theirs in zip(ref_rope(q, k, cos, sin), llama.apply_rotary_pos_emb(q, k, cos, sin)):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("need", ["both", "q", "k"])
+def test_rope_head_groups(device, monkeypatch, need):
+    # Two heads per program: q's 5 heads take 3 programs (the last one partial), k's 3 heads 2, per position; the
+    # backward with only one of q / k needing a gradient launches only its groups.
+    from tigon.ops import rope as rope_op
+
+    monkeypatch.setattr(rope_op, "_block_h", lambda heads, block_half, dev: 2)
+    q, k = hf_layout(5, 3, 32, torch.float32, device)
+    cos, sin = hf_tables(B, T, 32, torch.float32, device)
+    grads = {"both": ["q", "k"], "q": ["q"], "k": ["k"]}[need]
+    checks = compare(tigon_rope_checked, ref_rope, dict(q=q, k=k, cos=cos, sin=sin), grads)
+    assert {c.tensor for c in checks} == {"out", "out1"} | {f"grad_{g}" for g in grads}
+    assert_close_to_truth(checks)

@@ -256,12 +256,15 @@ def _return_dict(model, arguments: dict) -> bool:
     return True if rd is None else bool(rd)
 
 
-@functools.lru_cache(maxsize=None)
 def loss_options(fused: bool, ce: bool, flce) -> dict:
-    """The LM-head-loss options a patched forward was built with, as shown to users (and compared on re-patching)."""
-    return {"fused_linear_cross_entropy": dict(flce) if fused and flce else bool(fused), "cross_entropy": bool(ce)}
+    """The LM-head-loss options a patched forward was built with, as shown to users and compared on re-patching
+    (a new dict per call). ``accum_dtype`` None and torch.float32 mean the same (fp32 accumulation): both are left
+    out, so that options with the same meaning compare equal."""
+    extra = {k: v for k, v in dict(flce).items() if not (k == "accum_dtype" and v in (None, torch.float32))}
+    return {"fused_linear_cross_entropy": extra if fused and extra else bool(fused), "cross_entropy": bool(ce)}
 
 
+@functools.lru_cache(maxsize=None)
 def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, original, fused: bool, ce: bool,
                       flce_options: tuple = ()):
     """The replacement ``forward(self, *args, **kwargs)`` for a causal-LM class.

@@ -289,14 +289,16 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
     return matches, wanted
 
 
-def _check_same_options(mk: dict, target: str, opts: dict) -> None:
+def _check_same_options(mk: dict, target: str, opts: dict, class_level: bool) -> None:
     """A target already patched with other LM-head-loss options: raise rather than silently keep the old ones."""
     if mk.get("kind") != "lm_head_loss" or "options" not in mk:
         return
     wanted = loss_options(opts["fused"], opts["ce"], opts["flce"])
     if mk["options"] != wanted:
+        how = (f"it is patched at class level: call tigon.unpatch({mk['family']!r}) first" if class_level
+               else "call tigon.unpatch(model) first")
         raise ValueError(f"tigon.patch: {target} is already patched with {mk['options']}, not the requested {wanted}; "
-                         "call tigon.unpatch(...) first to change the options")
+                         f"to change the options, {how}")
 
 
 def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
@@ -315,12 +317,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
         if fw.tigon_mark(getattr(type(m), attr, None)) is not None:
-            _check_same_options(fw.tigon_mark(getattr(type(m), attr, None)), target, opts)
+            _check_same_options(fw.tigon_mark(getattr(type(m), attr, None)), target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
             if fw.tigon_mark(current) is not None:
-                _check_same_options(fw.tigon_mark(current), target, opts)
+                _check_same_options(fw.tigon_mark(current), target, opts, class_level=False)
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
                 report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
@@ -362,8 +364,13 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     return actions
 
 
-def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport):
+def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport,
+                   forced: bool = False):
     matches, wanted = _family_matches(model, spec, enabled, report)
+    if forced and not matches and any(enabled.values()):
+        raise TypeError(f"tigon.patch: family {spec.name!r} matched nothing in {type(model).__name__} (from "
+                        f"{type(model).__module__}): none of its module classes is in it; leave family= unset to "
+                        "detect the family, or use family='generic'")
     actions = _plan_matches(matches, spec.name, opts, report)
     seen = {mt.kind for _, _, mt in matches}
     for kind in sorted(wanted - seen):
@@ -407,7 +414,7 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
             continue
         if fw.tigon_mark(cls.__dict__.get(attr)) is not None:
-            _check_same_options(fw.tigon_mark(cls.__dict__.get(attr)), target, opts)
+            _check_same_options(fw.tigon_mark(cls.__dict__.get(attr)), target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if kind == "mlp" and comp.experts:
@@ -469,11 +476,13 @@ def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | No
     if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
         if family is not None:
             raise TypeError(f"tigon.{verb}: family= is only for models; got the class {obj.__name__}")
-        spec = family_by_module(obj.__module__)
+        # a user's subclass (class MyLlama(LlamaForCausalLM)) belongs to the family of its transformers base
+        spec = next((s for s in map(family_by_module, (c.__module__ for c in obj.__mro__)) if s is not None), None)
         if spec is None:
             raise ValueError(f"tigon.{verb}({obj.__name__}): the class (from {obj.__module__}) belongs to no registered "
-                             f"family (supported: {', '.join(sorted(FAMILIES))}); class-level patching needs one. "
-                             "Patch a built model instead: the generic matcher handles other architectures.")
+                             f"family (supported: {', '.join(sorted(FAMILIES))}), and class-level patching works by "
+                             "family; instance-level patching of a built model also covers other architectures "
+                             "(the generic matcher).")
         return spec, "class"
     if isinstance(obj, torch.nn.Module):
         if family is None:
@@ -481,8 +490,9 @@ def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | No
         if family.lower() == "generic":
             return None, "instance"
         return family_by_name(family), "instance"
+    got = f"the class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
     raise TypeError(f"tigon.{verb} expects a torch.nn.Module, a model class or a family name "
-                    f"({', '.join(sorted(FAMILIES))}), got {type(obj).__name__}")
+                    f"({', '.join(sorted(FAMILIES))}), got {got}")
 
 
 def _nothing_matched(model, report: PatchReport) -> TypeError:
@@ -544,9 +554,9 @@ def patch(
 
     Raises:
         TypeError: the model contains no module of a supported family and the generic matcher recognises nothing
-            in it (the message names the class, the supported families and rejected candidates); a forced
-            ``family=`` matches no module of the model; the argument is neither a module, a module class nor a
-            string.
+            in it (the message names the class, the supported families and rejected candidates); a ``family=``
+            given explicitly matches no module of the model; the argument is neither a module, a module class nor
+            a string.
         ValueError: unknown family name, or a model class of no registered family; the LM head is already
             patched with other ``fused_linear_cross_entropy`` / ``cross_entropy`` options (unpatch first);
             ``strict=True`` and something requested cannot be patched (the
@@ -571,11 +581,7 @@ def patch(
             if not actions and not report.already_patched and any(enabled.values()):
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
-            actions = _plan_instance(model_or_family, spec, enabled, opts, report)
-            if not (actions or report.already_patched or report.skipped) and any(enabled.values()):
-                raise TypeError(f"tigon.patch: family {name!r} matched nothing in {type(model_or_family).__name__} "
-                                f"(from {type(model_or_family).__module__}): none of its module classes is in it; "
-                                "leave family= unset to detect the family, or use family='generic'")
+            actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
         else:
             actions = _plan_class(spec, enabled, opts, report)
         if strict and report.skipped:
@@ -597,15 +603,16 @@ def unpatch(model_or_family) -> PatchReport:
     Args:
         model_or_family: a model: every Tigon instance forward in it is removed (``module.forward`` is the class's
             own again) and the rotary global is restored once no patched model of the family needs it. A family
-            name: the classes' forward attributes and the module-global rotary function are put back as they were.
-            Class-level and instance-level patches are undone separately.
+            name or a model class of the family: the classes' forward attributes and the module-global rotary
+            function are put back as they were. Class-level and instance-level patches are undone separately.
 
     Returns:
         a :class:`PatchReport` with ``action="unpatch"``; ``replaced`` lists what was restored (empty when nothing
         was patched).
 
     Raises:
-        TypeError / ValueError: as for :func:`patch` (not a module or string; unknown family name).
+        TypeError / ValueError: as for :func:`patch` (not a module, module class or string; unknown family name;
+            a class of no registered family).
     """
     spec, level = _resolve(model_or_family, "unpatch")
     report = PatchReport(family=spec.name if spec else "none", level=level, action="unpatch")

@@ -248,9 +248,10 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     """
     prefetch = block_n <= WIDE_ROW
     block_m = 1 if not prefetch else rows_per_program(block_n, device, target_elems=8192)
-    # At least 16 rows a program: with few rows, fewer programs mean fewer dW/dB partial rows to sum (LayerNorm
-    # 1024 x 4096 fwd+bwd: 64 programs 26.0 us, 128: 27.8, 264: 40.6; session4/tune2_h200.json).
-    progs = max(1, min(_persistent_programs(device), cdiv(M, max(block_m, 16))))
+    # Row tiles (prefetch path): at least 16 rows a program; with few rows, fewer programs mean fewer dW/dB partial
+    # rows to sum (LayerNorm 1024 x 4096 fwd+bwd: 64 programs 26.0 us, 128: 27.8, 264: 40.6;
+    # session4/tune2_h200.json). Wider rows go one row per step and keep one program per SM.
+    progs = max(1, min(_persistent_programs(device), cdiv(M, max(block_m, 16) if prefetch else block_m)))
     if block_n < 8192:
         warps = 8
     elif block_n <= 16384:
@@ -297,7 +298,9 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers next to their
     # dW/dB accumulators with the prefetch (N=16384 ran at 6%); the chunked kernel that replaced it re-reads and
     # re-writes its fp32 dW partial row for every row (N=16384: 1.30 ms, Liger 0.78 ms, sweep_h200.json). So rows up
-    # to REGISTER_ROW now run one whole row per step without the prefetch (not yet measured on a GPU).
+    # to REGISTER_ROW run one whole row per step without the prefetch: N=16384 fwd+bwd RMSNorm 0.83 ms, LayerNorm
+    # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
+    # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
     block_n = next_pow2(N)
     wide = block_n > REGISTER_ROW
     prefetch = block_n <= WIDE_ROW

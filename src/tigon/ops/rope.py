@@ -37,18 +37,18 @@ def _rotate_heads(
     X, Y, H, sx_h, sx_d, sy_h, sy_d, c1, c2, sa, sb, d, dmask,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    # X, Y point at (batch b, head 0, position t, dim 0); heads advance by sx_h / sy_h.
-    for h0 in range(0, H, BLOCK_H):
-        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        mask = (h < H)[:, None] & dmask[None, :]
-        xp = X + h[:, None] * sx_h + d[None, :] * sx_d
-        x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
-        y1 = x1 * c1[None, :] + x2 * sa[None, :]
-        y2 = x2 * c2[None, :] + x1 * sb[None, :]
-        yp = Y + h[:, None] * sy_h + d[None, :] * sy_d
-        tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
-        tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+    # X, Y point at (batch b, the group's first head, position t, dim 0); heads advance by sx_h / sy_h; H <= BLOCK_H
+    # heads of the group are valid.
+    h = tl.arange(0, BLOCK_H).to(tl.int64)
+    mask = (h < H)[:, None] & dmask[None, :]
+    xp = X + h[:, None] * sx_h + d[None, :] * sx_d
+    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * c1[None, :] + x2 * sa[None, :]
+    y2 = x2 * c2[None, :] + x1 * sb[None, :]
+    yp = Y + h[:, None] * sy_h + d[None, :] * sy_d
+    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -104,7 +104,11 @@ def _block_h(heads: int, block_half: int, device: torch.device) -> int:
     256..2048 x 1..4 warps at every size (4.6 us at 1k tokens, 350 us at 64k; 1024-element tiles 5.1 / 358 us).
     The interpreter pays per program, so there every head goes in one tile.
     """
-    target = 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 2048
+    if interpreter_enabled() or device.type != "cuda":
+        target = 1 << 16
+    else:
+        # head dims >= 256 run one warp (see _num_warps): keep their tiles at the 1024 elements measured with it
+        target = 1024 if block_half >= 128 else 2048
     return max(1, min(next_pow2(heads), target // block_half))
 
 
