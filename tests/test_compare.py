@@ -72,6 +72,7 @@ def test_batches_depend_only_on_the_seed():
         (dict(model="/no/such/checkpoint"), "no such directory"),
         (dict(preset="tiny", model="/tmp"), "not both"),
         (dict(dtype="float64"), "dtype"),
+        (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
     ],
 )
 def test_bad_config_raises_config_error(kwargs, match):

@@ -150,3 +150,9 @@ def test_original_max_abs_comes_from_compares_own_evaluations():
     compare(case.tigon, recorder, inputs, case.grad_inputs)
     direct = {c.tensor: c.tigon_max_abs for c in compare(case.original, case.original, inputs, case.grad_inputs)}
     assert recorder.max_abs() == direct and set(direct) == {"out", "grad_x", "grad_weight"}
+
+
+def test_verify_all_among_op_names():
+    cfg = V.resolve_config(V.VerifyConfig(ops=["all,rms_norm"]))
+    assert cfg.ops == list(V.REGISTRY)
+    assert V.resolve_config(V.VerifyConfig(ops=None)).ops == list(V.REGISTRY)

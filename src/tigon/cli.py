@@ -549,7 +549,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if problem:
         return _fail(prog, problem)
     ops = _csv_list(args.op)
-    config = VerifyConfig(ops=None if ops == ["all"] else ops, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
+    config = VerifyConfig(ops=ops or None, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
                           max_vocab=args.max_vocab, seed=args.seed)
     _quiet_transformers()
     try:

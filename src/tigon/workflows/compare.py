@@ -329,7 +329,8 @@ def run_compare(
         a :class:`CompareResult`.
 
     Raises:
-        ConfigError: bad configuration, missing or unloadable checkpoint, or a model family that ``tigon.patch``
+        ConfigError: bad configuration (including a seq_len beyond the model's max_position_embeddings), missing or
+            unloadable checkpoint, or a model family that ``tigon.patch``
             rejects (it raised ValueError or TypeError).
     """
     cfg = resolve_config(config)
@@ -342,6 +343,9 @@ def run_compare(
     from .. import support
 
     hf_config = _hf_config(cfg)
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    if isinstance(max_pos, int) and cfg.seq_len > max_pos:
+        raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's max_position_embeddings ({max_pos})")
     _probe_patch(hf_config, patch_fn, unpatch_fn)
     base, tokenizer, model_info = _load(cfg, hf_config, dtype)
 

@@ -455,7 +455,9 @@ def resolve_config(config: VerifyConfig, registry: dict[str, list[VerifyCase]] |
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was requested but no CUDA device is available")
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    ops = _parse_list(config.ops) or list(registry)
+    ops = _parse_list(config.ops) or ["all"]
+    if "all" in ops:  # "all" alone or among names (e.g. "all,rms_norm"): every op
+        ops = list(registry)
     unknown = [o for o in ops if o not in registry]
     if unknown:
         raise ConfigError(f"unknown op {unknown[0]!r} (available: {', '.join(registry)})")
