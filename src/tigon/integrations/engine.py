@@ -316,13 +316,13 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if getattr(type(m), attr, None) is not getattr(cls, attr, None):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
-        if fw.tigon_mark(getattr(type(m), attr, None)) is not None:
-            _check_same_options(fw.tigon_mark(getattr(type(m), attr, None)), target, opts, class_level=True)
+        if (mk := fw.tigon_mark(getattr(type(m), attr, None))) is not None:
+            _check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
-            if fw.tigon_mark(current) is not None:
-                _check_same_options(fw.tigon_mark(current), target, opts, class_level=False)
+            if (mk := fw.tigon_mark(current)) is not None:
+                _check_same_options(mk, target, opts, class_level=False)
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
                 report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
@@ -413,8 +413,8 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
         if cls is None:
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
             continue
-        if fw.tigon_mark(cls.__dict__.get(attr)) is not None:
-            _check_same_options(fw.tigon_mark(cls.__dict__.get(attr)), target, opts, class_level=True)
+        if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:
+            _check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if kind == "mlp" and comp.experts:
