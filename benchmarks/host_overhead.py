@@ -16,7 +16,7 @@ import time
 import torch
 
 import tigon.functional as F
-from tigon.ops import cross_entropy, fused_linear_cross_entropy, glu, layer_norm, norm, rms_norm, rope  # noqa: F401
+from tigon.ops import cross_entropy, glu, norm, rope  # the modules whose kernels are launched
 
 
 class _NoLaunch:
