@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .cross_entropy import (
-    LossOptions, ce_backward, ce_forward, class_weight_args, loss_scale,
+    LossOptions, ce_backward, ce_forward, class_weight_args, reduce_losses,
 )
 from .fused_linear_cross_entropy import flce_backward_rows, flce_forward, grad_buffers, grads_in_forward, scale_grads
 from .glu import glu_backward, glu_forward
@@ -274,7 +274,7 @@ def _cross_entropy_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, c
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, x.device)
-    scale = loss_scale(target, cw, ignore_index, x.shape[1], reduction, num_items)
+    *_, scale = reduce_losses(target, cw, ignore_index, x.shape[1], reduction, num_items)
     return ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale,
                        _options(ignore_index, label_smoothing, lse_square_scale, softcap, 1.0),
                        torch.empty(x.shape, dtype=x.dtype, device=x.device))

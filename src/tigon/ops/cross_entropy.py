@@ -171,15 +171,17 @@ def _ce_fwd_kernel(
 
 @triton.jit
 def _ce_bwd_kernel(
-    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, DX, stride_dx,
+    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALE, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
-    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     lse = tl.load(LSE + rows, mask=rmask, other=0.0)
     a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        a = a * tl.load(SCALE)
     a = tl.where(valid, a, 0.0)
     if HAS_WEIGHT:
         wsum = tl.load(CWSUM).to(tl.float32)
@@ -188,6 +190,61 @@ def _ce_bwd_kernel(
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
                HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+
+
+# Reduction modes of _reduce_kernel: how the scale (per-token losses -> the loss) is formed.
+_MEAN, _SUM, _ITEMS_TENSOR, _ITEMS_NUMBER, _NONE = range(5)
+
+
+@triton.jit
+def _reduce_kernel(
+    T, CW, ITEMS, LOSS_ROWS, Z_ROWS, CORRECT, OUT_LOSS, OUT_Z, OUT_ACC, OUT_SCALE, n_rows, V, ignore_index, items,
+    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, SUMS: tl.constexpr, COMPUTE_ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program walks all rows in BLOCK steps (fixed order: deterministic): valid-token count, the target
+    # weights' sum (mean with class weights), and optionally the loss / z / hit sums; writes the scale and the
+    # reduced values. One launch in place of ~15 small torch ops (host time at small batches).
+    n_valid = tl.zeros([BLOCK], tl.float32)
+    w_valid = tl.zeros([BLOCK], tl.float32)
+    s_loss = tl.zeros([BLOCK], tl.float32)
+    s_z = tl.zeros([BLOCK], tl.float32)
+    s_hit = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        rmask = rows < n_rows
+        t = tl.load(T + rows, mask=rmask, other=ignore_index)
+        valid = rmask & (t != ignore_index)
+        n_valid += tl.where(valid, 1.0, 0.0)
+        if HAS_WEIGHT:
+            if MODE == 0:
+                t_safe = tl.minimum(tl.maximum(t, 0), V - 1).to(tl.int32)
+                w_valid += tl.load(CW + t_safe, mask=valid, other=0.0)
+        if SUMS:
+            s_loss += tl.load(LOSS_ROWS + rows, mask=rmask, other=0.0)
+            s_z += tl.load(Z_ROWS + rows, mask=rmask, other=0.0)
+        if COMPUTE_ACC:
+            s_hit += tl.load(CORRECT + rows, mask=rmask, other=0.0)
+    count = tl.sum(n_valid, axis=0)
+    if MODE == 0:
+        if HAS_WEIGHT:
+            denom = tl.sum(w_valid, axis=0)
+        else:
+            denom = count
+        scale = tl.where(denom != 0, 1.0 / tl.where(denom != 0, denom, 1.0), 0.0)
+    elif MODE == 1:
+        scale = 1.0
+    elif MODE == 2:
+        scale = 1.0 / tl.load(ITEMS).to(tl.float32)
+    else:
+        scale = 1.0 / items
+    if MODE != 4:
+        tl.store(OUT_SCALE, scale)
+        if SUMS:
+            tl.store(OUT_LOSS, tl.sum(s_loss, axis=0) * scale)
+            tl.store(OUT_Z, tl.sum(s_z, axis=0) * scale)
+    if COMPUTE_ACC:
+        tl.store(OUT_ACC, tl.sum(s_hit, axis=0) / tl.maximum(count, 1.0))
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -252,11 +309,12 @@ def ce_rows_forward(
 
 def ce_rows_backward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
-    lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor,
+    lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
 ) -> None:
-    """Launch the backward: ``dx = coef * d loss_row / d x`` for rows ``x`` (n, V), using the saved ``lse``.
+    """Launch the backward: ``dx = coef * scale * d loss_row / d x`` for rows ``x`` (n, V), using the saved ``lse``.
 
-    ``coef`` is a 0-d fp32 tensor (broadcast) or an (n,) tensor of any stride; ``dx`` may be ``x`` (in place).
+    ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale`` an optional
+    0-d fp32 tensor; ``dx`` may be ``x`` (in place).
     """
     n, vocab = x.shape
     if n == 0:
@@ -264,50 +322,57 @@ def ce_rows_backward(
     block_m, block_v, warps = _blocks(n, vocab, x.device)
     _ce_bwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else lse, cw_sum if cw_sum is not None else lse,
-        lse, coef, coef.stride(0) if coef.dim() else 0, dx, dx.stride(0),
+        lse, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else lse, dx, dx.stride(0),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
-        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
 
 
-def loss_scale(
-    target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str,
-    num_items_in_batch,
-) -> torch.Tensor | None:
-    """The factor turning summed per-token losses into the reduced loss: a 0-d fp32 tensor (None for "none").
+def reduce_losses(
+    target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str, num_items_in_batch,
+    loss_rows: torch.Tensor | None = None, z_rows: torch.Tensor | None = None, correct: torch.Tensor | None = None,
+):
+    """Per-token values -> (loss, z_loss, accuracy, scale), in one kernel launch and without a host sync.
 
-    mean: 1 / sum of the target weights of non-ignored tokens (0 when that sum is 0, so an all-ignored batch
-    gives loss 0 and zero gradients); sum: 1; with num_items_in_batch: 1 / num_items_in_batch. No host sync.
+    ``scale`` turns summed per-token losses into the reduced loss (a 0-d fp32 tensor; None for "none"): mean:
+    1 / the sum of the target weights of non-ignored tokens (0 when that sum is 0, so an all-ignored batch gives
+    loss 0 and zero gradients); sum: 1; with ``num_items_in_batch`` (int, float or tensor): 1 / num_items_in_batch.
+    ``loss`` / ``z_loss``: sum(rows) * scale (0-d fp32; the rows themselves for "none"; None when the rows are
+    not given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
+    is given, else None.
     """
-    device = target.device
+    f32 = dict(dtype=torch.float32, device=target.device)
+    items_tensor = isinstance(num_items_in_batch, torch.Tensor)
+    if items_tensor and num_items_in_batch.device != target.device:  # e.g. the HF Trainer's count on the CPU
+        num_items_in_batch = num_items_in_batch.to(target.device, non_blocking=True)
     if num_items_in_batch is not None:
-        items = torch.as_tensor(num_items_in_batch, device=device).reshape(()).to(torch.float32)
-        return 1.0 / items
-    if reduction == "none":
-        return None
-    if reduction == "sum":
-        return torch.ones((), dtype=torch.float32, device=device)
-    valid = target != ignore_index
-    if cw is None:
-        denom = valid.sum().to(torch.float32)
+        mode = _ITEMS_TENSOR if items_tensor else _ITEMS_NUMBER
     else:
-        denom = torch.where(valid, cw.gather(0, target.clamp(0, vocab - 1).long()), 0.0).sum()
-    return torch.where(denom != 0, 1.0 / torch.where(denom != 0, denom, 1.0), 0.0)
-
-
-def reduce_rows(
-    rows: torch.Tensor, scale: torch.Tensor | None
-) -> torch.Tensor:
-    """Per-token values (N,) -> the reduced value (``rows`` itself when ``scale`` is None)."""
-    return rows if scale is None else rows.sum() * scale
-
-
-def accuracy(correct: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """Fraction of non-ignored tokens whose argmax hit the target (0-d fp32; 0 when all are ignored)."""
-    valid = (target != ignore_index).sum().clamp_min(1).to(torch.float32)
-    return correct.sum() / valid
+        mode = {"mean": _MEAN, "sum": _SUM, "none": _NONE}[reduction]
+    sums = loss_rows is not None and mode != _NONE
+    scale = None if mode == _NONE else torch.empty((), **f32)
+    loss = torch.empty((), **f32) if sums else None
+    z = torch.empty((), **f32) if sums else None
+    acc = torch.empty((), **f32) if correct is not None else None
+    if scale is not None or acc is not None:
+        any_t = next(t for t in (scale, acc) if t is not None)
+        n = target.shape[0]
+        block = min(max(next_pow2(n), 16), 4096)  # one program: 65,536 tokens are 16 steps
+        _reduce_kernel[(1,)](
+            target, cw if cw is not None else any_t,
+            num_items_in_batch.reshape(()) if items_tensor else any_t,
+            loss_rows if sums else any_t, z_rows if sums else any_t, correct if correct is not None else any_t,
+            loss if sums else any_t, z if sums else any_t, acc if acc is not None else any_t,
+            scale if scale is not None else any_t, n, vocab, int(ignore_index),
+            float(num_items_in_batch) if mode == _ITEMS_NUMBER else 1.0,
+            MODE=mode, HAS_WEIGHT=cw is not None, SUMS=sums, COMPUTE_ACC=correct is not None,
+            BLOCK=block, num_warps=8 if block >= 2048 else 4,
+        )
+    if mode == _NONE and loss_rows is not None:
+        loss, z = loss_rows, z_rows
+    return loss, z, acc, scale
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -316,23 +381,21 @@ def accuracy(correct: torch.Tensor, target: torch.Tensor, ignore_index: int) -> 
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
     :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
-    scale (see :func:`loss_scale`)). Shared by the autograd.Function and the custom op (tigon.ops._library)."""
+    scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library)."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
     ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
-    scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
-    acc = accuracy(correct, target, opts.ignore_index) if want_acc else torch.zeros((), **f32)
-    return reduce_rows(loss_rows, scale), reduce_rows(z_rows, scale), acc, lse, scale
+    loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
+                                        loss_rows, z_rows, correct)
+    return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
 
 
 def ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, opts: LossOptions, dx) -> torch.Tensor:
-    """Write ``d loss / d x`` times the upstream ``grad_loss`` into ``dx`` (may be ``x``); returns dx."""
-    coef = grad_loss.to(torch.float32)
-    if scale is not None:
-        coef = (coef * scale).reshape(())
-    ce_rows_backward(x, target, cw, cw_sum, lse, opts, coef, dx)
+    """Write ``d loss / d x`` times the upstream ``grad_loss`` into ``dx`` (may be ``x``); returns dx. ``scale``:
+    from :func:`reduce_losses` (None for reduction="none", where ``grad_loss`` is per token)."""
+    ce_rows_backward(x, target, cw, cw_sum, lse, opts, grad_loss, dx, scale)
     return dx
 
 

@@ -39,7 +39,7 @@ import torch
 from ..support import interpreter_enabled
 from ._common import cdiv
 from .cross_entropy import (
-    LossOptions, accuracy, ce_rows_backward, ce_rows_forward, class_weight_args, loss_scale, reduce_rows,
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses,
 )
 
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
@@ -230,7 +230,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     h, w, b = _operands(hidden, weight, bias, cd)
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, dev)
-    scale = loss_scale(target, cw, opts.ignore_index, vocab, reduction, num_items)
+    *_, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)
     precompute = grads_in_forward(reduction, need)
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
@@ -251,9 +251,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             )
             if precompute:
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb)
-    loss = reduce_rows(loss_rows, scale)
-    z = reduce_rows(z_rows, scale)
-    acc = accuracy(correct, target, opts.ignore_index) if want_acc else None
+    loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
+                                    correct)
     return loss, z, acc, lse, ((gh, gw, gb) if precompute else None)
 
 
