@@ -85,7 +85,7 @@ def part_norm(ceilings, out):
     base = norm_ops.bwd_config
     for progs in (32, 64, 128, 264):
         cfg = (lambda M, block_n, device, is_rms, p=progs:
-               (base(M, block_n, device, is_rms)[0], p, base(M, block_n, device, is_rms)[2]))
+               (base(M, block_n, device, is_rms)[0], p) + base(M, block_n, device, is_rms)[2:])
         with patched(norm_ops, bwd_config=cfg):
             out[f"ln_t1k_progs{progs}"] = timed("layer_norm", t1k, ["tigon"], ceilings, ("fwd_bwd",))
         report(out, f"ln_t1k_progs{progs}")
@@ -94,10 +94,13 @@ def part_norm(ceilings, out):
         out[f"{op}_h16k_peers"] = timed(op, h16k, ["compile", "tigon", "liger"], ceilings, ("fwd_bwd",))
         report(out, f"{op}_h16k_peers")
         for warps in (8, 16, 32):
-            cfg = (lambda M, block_n, device, is_rms, w=warps: base(M, block_n, device, is_rms)[:2] + (w,))
-            with patched(norm_ops, bwd_config=cfg):
-                out[f"{op}_h16k_w{warps}"] = timed(op, h16k, ["tigon"], ceilings, ("fwd_bwd",))
-            report(out, f"{op}_h16k_w{warps}")
+            for cols in ((False, True) if op == "layer_norm" else (False,)):
+                cfg = (lambda M, block_n, device, is_rms, w=warps, c=cols:
+                       base(M, block_n, device, is_rms)[:2] + (w, c))
+                key = f"{op}_h16k_w{warps}" + ("_dbcols" if cols else "")
+                with patched(norm_ops, bwd_config=cfg):
+                    out[key] = timed(op, h16k, ["tigon"], ceilings, ("fwd_bwd",))
+                report(out, key)
 
 
 def part_ce_host(ceilings, out):

@@ -131,6 +131,20 @@ def test_layer_norm_bias_grad_only_over_many_partials(device, monkeypatch):
     from tigon.ops import norm as ln_op
 
     base = ln_op.bwd_config
-    monkeypatch.setattr(ln_op, "bwd_config", lambda M, block_n, dev, is_rms: (1, 200, base(M, block_n, dev, is_rms)[2]))
+    monkeypatch.setattr(ln_op, "bwd_config",
+                        lambda M, block_n, dev, is_rms: (1, 200) + base(M, block_n, dev, is_rms)[2:])
     inputs, _ = make((400, 40), torch.float32, device)
     assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, ["x", "bias"]))
+
+
+@pytest.mark.parametrize("affine", ["weight+bias", "bias"])
+def test_layer_norm_bias_grad_by_columns(device, monkeypatch, affine):
+    # Whole-row backward without the kernel's dB partials: dB is a column sum of dy (rows of 16384+ on the GPU).
+    from tigon.ops import norm as ln_op
+
+    base = ln_op.bwd_config
+    monkeypatch.setattr(ln_op, "WIDE_ROW", 64)
+    monkeypatch.setattr(ln_op, "bwd_config",
+                        lambda M, block_n, dev, is_rms: base(M, block_n, dev, is_rms)[:3] + (True,))
+    inputs, grads = make((5, 6, 300), torch.float32, device, affine)
+    assert_close_to_truth(compare(F.layer_norm, torch_layer_norm, inputs, grads))

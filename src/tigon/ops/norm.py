@@ -238,13 +238,15 @@ def fwd_config(block_n: int, device: torch.device) -> tuple[int, int]:
     return block_m, warps_for(block_m * block_n)
 
 
-def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tuple[int, int, int]:
-    """(rows per step, programs, num_warps) of the backward for M rows of ``block_n`` elements (see
+def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tuple[int, int, int, bool]:
+    """(rows per step, programs, num_warps, db_by_columns) of the backward for M rows of ``block_n`` elements (see
     :func:`norm_backward` for the measurements behind them).
 
     Whole rows of 16384 in registers: RMSNorm 16 or 32 warps 0.83 ms, 8 warps 0.94; LayerNorm (two accumulator
     rows, dW and dB) spills below 32 warps: 8 / 16 / 32 warps 10.3 / 7.3 / 1.57 ms (H200, 16384 x 16384 bf16
-    fwd+bwd, session4/tune_h200.json).
+    fwd+bwd, session4/tune_h200.json). ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a
+    separate column sum of dy (one more read of dy), so that the kernel holds one accumulator row, as RMSNorm's
+    does. NOT YET MEASURED on a GPU (branch ln-wide-db-columns): measure with benchmarks/tune_h200.py --parts norm.
     """
     prefetch = block_n <= WIDE_ROW
     block_m = 1 if not prefetch else rows_per_program(block_n, device, target_elems=8192)
@@ -252,13 +254,14 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     # rows to sum (LayerNorm 1024 x 4096 fwd+bwd: 64 programs 26.0 us, 128: 27.8, 264: 40.6;
     # session4/tune2_h200.json). Wider rows go one row per step and keep one program per SM.
     progs = max(1, min(_persistent_programs(device), cdiv(M, max(block_m, 16) if prefetch else block_m)))
+    db_by_columns = not is_rms and 16384 <= block_n <= REGISTER_ROW
     if block_n < 8192:
         warps = 8
     elif block_n <= 16384:
-        warps = 16 if is_rms or block_n < 16384 else 32
+        warps = 16
     else:
         warps = 32
-    return block_m, progs, warps
+    return block_m, progs, warps, db_by_columns
 
 
 def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
@@ -304,7 +307,9 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     block_n = next_pow2(N)
     wide = block_n > REGISTER_ROW
     prefetch = block_n <= WIDE_ROW
-    block_m, progs, warps = bwd_config(M, block_n, x2.device, is_rms)
+    block_m, progs, warps, db_by_columns = bwd_config(M, block_n, x2.device, is_rms)
+    db_cols = need_db and db_by_columns and not wide
+    need_db = need_db and not db_cols  # the kernel's dB partials
     per_prog = cdiv(cdiv(M, progs), block_m) * block_m
     progs = cdiv(M, per_prog)
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
@@ -327,4 +332,6 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
+    if db_cols:
+        db = dy.sum(0, dtype=torch.float32)
     return dx, dw, db
