@@ -125,7 +125,7 @@ def test_family_trains_like_the_original(case):
     used = support.backend_usage()
     assert "fused_linear_cross_entropy" in used and "rms_norm" in used
     assert ("rope" in used) == ("rope" in counts)
-    assert {"swiglu", "geglu"} & set(used)
+    assert {"swiglu", "geglu", "glu_linear"} & set(used)
     for step, (a, b) in enumerate(zip(got, ref)):
         assert abs(a - b) <= LOSS_RTOL * abs(b), f"step {step}: patched {a} vs original {b}"
     assert ref[-1] < ref[0], "the mini model should learn something in a few steps"

@@ -200,7 +200,7 @@ def test_toy_decoder_patched_generically():
     report, used = assert_same_step(model)
     assert report.family == "generic" and report.level == "instance" and not report.skipped
     assert report.counts == {"rms_norm": 5, "mlp": 2, "rope": 2}
-    assert {"rms_norm", "swiglu", "rope"} <= set(used)
+    assert {"rms_norm", "glu_linear", "rope"} <= set(used)
     details = {e.target: e.detail for e in report.replaced}
     assert "casting_mode='llama', offset=0" in details["norm"]
     assert "tigon.functional.swiglu" in details["layers.0.mlp"]
@@ -238,7 +238,7 @@ def test_gelu_variants_and_fused_gate_up(act, op):
     details = {e.target: e.detail for e in report.replaced}
     assert op in details["layers.0.mlp"]
     assert op in details["layers.1.mlp"] and "gate_up_proj(x).chunk(2, -1)" in details["layers.1.mlp"]
-    assert "geglu" in used
+    assert "glu_linear" in used
 
 
 def test_interleaved_rotary_is_rejected_by_the_probe():

@@ -153,3 +153,122 @@ def test_glu_inplace_gradients_become_grad_without_copy(device):
     up = torch.randn(6, 40, device=device, requires_grad=True)
     F.swiglu(gate, up, inplace_backward=True).sum().backward()
     assert gate.grad.data_ptr() == gate.data_ptr() and up.grad.data_ptr() == up.data_ptr()
+
+
+# ---- glu_linear: the down projection fused with the product (the product is recomputed in the backward) -------
+GLU_LINEAR_ACTS = ["silu", "gelu", "gelu_tanh"]
+
+
+def _down_of_product(activation):
+    """The unfused Tigon path: ``F.linear(swiglu/geglu(gate, up), weight, bias)``."""
+    glu = {"silu": F.swiglu, "gelu": functools.partial(F.geglu, approximate="none"),
+           "gelu_tanh": functools.partial(F.geglu, approximate="tanh")}[activation]
+    return lambda gate, up, weight, bias=None: torch.nn.functional.linear(glu(gate, up), weight, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", GLU_LINEAR_ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_glu_linear_matches_float64(device, dtype, activation, bias):
+    # Odd sizes (I = 301, H = 77). The original is HF's down_proj(act(gate) * up) in plain torch.
+    gate, up = make((3, 11, 301), dtype, device)
+    inputs = dict(gate=gate, up=up, weight=torch.randn(77, 301, device=device, dtype=dtype) / 17)
+    if bias:
+        inputs["bias"] = torch.randn(77, device=device, dtype=dtype)
+    cand = functools.partial(F.glu_linear, activation=activation)
+    orig = functools.partial(ref.glu_linear, activation=activation)
+    checks = compare(cand, orig, inputs, list(inputs), factor=FACTOR[dtype])
+    assert {c.tensor for c in checks} == {"out"} | {f"grad_{k}" for k in inputs}
+    assert_close_to_truth(checks)
+
+
+@pytest.mark.parametrize("activation", GLU_LINEAR_ACTS)
+@pytest.mark.parametrize("layout", ["separate", "fused_halves"])
+def test_glu_linear_equals_unfused_path(device, activation, layout):
+    # Same kernels and matmuls as down_proj(swiglu(...)): forward and every gradient agree to the bit (bf16,
+    # gradients written in place, gate/up as halves of one fused projection as in Phi-3).
+    x = torch.randn(5, 9, 64, device=device, dtype=torch.bfloat16)
+    wgu = torch.randn(2 * 130, 64, device=device, dtype=torch.bfloat16) / 8
+    wd = torch.randn(48, 130, device=device, dtype=torch.bfloat16) / 11
+    bd = torch.randn(48, device=device, dtype=torch.bfloat16)
+
+    def run(fused):
+        xx, w1, w2, b2 = (t.clone().requires_grad_(True) for t in (x, wgu, wd, bd))
+        gu = torch.nn.functional.linear(xx, w1)
+        gate, up = gu.chunk(2, dim=-1) if layout == "fused_halves" else (gu[..., :130].contiguous(),
+                                                                         gu[..., 130:].contiguous())
+        if fused:
+            out = F.glu_linear(gate, up, w2, b2, activation=activation, inplace_backward=True)
+        else:
+            out = _down_of_product(activation)(gate, up, w2, b2)
+        out.backward(torch.linspace(-1, 1, out.numel(), device=device, dtype=out.dtype).view_as(out))
+        return out, xx.grad, w1.grad, w2.grad, b2.grad
+
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_glu_linear_saves_gate_and_up_only(device):
+    # The point of the op: the (tokens, I) product is not among the saved tensors (gate, up, weight are).
+    gate = torch.randn(4, 100, device=device, requires_grad=True)
+    up = torch.randn(4, 100, device=device, requires_grad=True)
+    weight = torch.randn(8, 100, device=device, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        F.glu_linear(gate, up, weight).sum().backward()
+    assert len(saved) == 3 and all(t.shape in {(4, 100), (8, 100)} for t in saved)
+    assert sum(t.shape == (4, 100) for t in saved) == 2
+
+
+@pytest.mark.parametrize("need", ["weight_only", "inputs_only"])
+def test_glu_linear_partial_grads(device, need):
+    gate, up = make((6, 70), torch.float32, device)
+    weight = torch.randn(5, 70, device=device)
+    gate.requires_grad_(need == "inputs_only")
+    up.requires_grad_(need == "inputs_only")
+    weight.requires_grad_(need == "weight_only")
+    inputs = dict(gate=gate, up=up, weight=weight)
+    names = ["weight"] if need == "weight_only" else ["gate", "up"]
+    assert_close_to_truth(compare(F.glu_linear, ref.glu_linear, inputs, names))
+
+
+def test_glu_linear_autocast_fp32_weight(device):
+    # Under autocast (HF Trainer bf16 with fp32 master weights) the weight is cast as F.linear would be and its
+    # gradient comes back in fp32; the result equals the unfused path under the same autocast.
+    dev = device.type if isinstance(device, torch.device) else torch.device(device).type
+    gate, up = make((7, 96), torch.bfloat16, device)
+
+    def run(fused):
+        g, u = gate.clone().requires_grad_(True), up.clone().requires_grad_(True)
+        w = torch.linspace(-0.1, 0.1, 40 * 96, device=device).view(40, 96).requires_grad_(True)
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            out = F.glu_linear(g, u, w) if fused else _down_of_product("silu")(g, u, w)
+        out.float().sum().backward()
+        return out, g.grad, u.grad, w.grad
+
+    got, want = run(True), run(False)
+    assert got[0].dtype == torch.bfloat16 and got[3].dtype == torch.float32
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_glu_linear_bad_input(device):
+    gate, up = make((4, 16), torch.float32, device)
+    w = torch.randn(8, 16, device=device)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        F.glu_linear(gate, up, torch.randn(8, 15, device=device))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        F.glu_linear(gate, up, w, torch.randn(7, device=device))
+    with pytest.raises(ValueError, match="activation"):
+        F.glu_linear(gate, up, w, activation="relu")
+    with pytest.raises(TypeError, match="gate's dtype"):
+        F.glu_linear(gate, up, w.double())
+
+
+def test_glu_linear_inplace_second_backward_raises(device):
+    gate = torch.randn(4, 8, device=device, requires_grad=True) * 1.0
+    up = torch.randn(4, 8, device=device, requires_grad=True) * 1.0
+    out = F.glu_linear(gate, up, torch.randn(3, 8, device=device), inplace_backward=True).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        out.backward()

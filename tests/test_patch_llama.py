@@ -84,7 +84,7 @@ def test_loss_grads_and_report_counts():
     assert report.family == "llama" and report.level == "instance" and not report.skipped
     assert report.counts == {"rms_norm": 2 * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
     used = support.backend_usage()
-    for op in ("rms_norm", "swiglu", "rope", "fused_linear_cross_entropy"):
+    for op in ("rms_norm", "glu_linear", "rope", "fused_linear_cross_entropy"):
         assert op in used, used
     targets = {e.target for e in report.replaced}
     assert {"model.layers.0.input_layernorm", "model.norm", "model.layers.1.mlp", "model.layers.0.self_attn"} <= targets
@@ -210,7 +210,7 @@ def test_rope_and_kernels_scoped_to_the_patched_model():
     assert support.backend_usage() == {}, "an unpatched model of the same family must not run Tigon ops"
     with torch.no_grad():
         patched(input_ids=ids)
-    assert set(support.backend_usage()) >= {"rms_norm", "swiglu", "rope"}
+    assert set(support.backend_usage()) >= {"rms_norm", "glu_linear", "rope"}
     # the dispatcher stays while one patched model is alive
     tigon.patch(other)
     tigon.unpatch(patched)

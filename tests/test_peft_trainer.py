@@ -230,7 +230,7 @@ def test_trl_sft_trainer_two_steps(tmp_path):
     assert len(got) == 2
     assert_losses_match(got, ref)
     used = support.backend_usage()
-    assert {"rms_norm", "swiglu", "rope"} <= set(used), used  # TRL's own fused head replaces Tigon's there
+    assert {"rms_norm", "glu_linear", "rope"} <= set(used), used  # TRL's own fused head replaces Tigon's there
 
 
 def test_auto_model_options_and_from_pretrained(tmp_path):

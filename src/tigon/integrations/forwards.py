@@ -100,6 +100,21 @@ def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inpl
     return TF.geglu(gate, up, approximate=approximate, inplace_backward=inplace)
 
 
+_GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
+
+
+def foldable_linear(module) -> bool:
+    """Whether ``module`` is exactly an ``nn.Linear`` whose call can be folded into :func:`tigon.functional.glu_linear`
+    (same result): not a subclass or wrapper (PEFT LoRA, quantised layers), no forward hooks of its own or global
+    ones (FSDP2 sharding the layer by itself, user hooks), and plain-tensor parameters (no DTensor)."""
+    if type(module) is not torch.nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        return False
+    glob = torch.nn.modules.module
+    if getattr(glob, "_global_forward_hooks", None) or getattr(glob, "_global_forward_pre_hooks", None):
+        return False
+    return all(p is None or type(p) in (torch.Tensor, torch.nn.Parameter) for p in (module.weight, module.bias))
+
+
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
@@ -108,7 +123,10 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
     original forward. gate and up are this forward's own projection outputs, used by nothing else, so the
     backward writes their gradients into their memory (``inplace_backward=True``, as Liger does): two (tokens,
-    intermediate) tensors less at the MLP's backward peak.
+    intermediate) tensors less at the MLP's backward peak. When the down projection is a plain ``nn.Linear``
+    (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`, which does not keep the
+    (tokens, intermediate) product for the backward (recomputed there): one such tensor less per layer among the
+    activations; otherwise (LoRA, quantised or hooked layers) the module is called on the product.
     """
 
     @functools.wraps(original)
@@ -120,7 +138,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
         else:
             gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
-        return getattr(self, spec.down)(_glu(act, gate, up, inplace=True))
+        down = getattr(self, spec.down)
+        if foldable_linear(down):
+            return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
+                                 inplace_backward=True)
+        return down(_glu(act, gate, up, inplace=True))
 
     return mark(forward, "mlp", family)
 
@@ -188,9 +210,14 @@ def describe_mlp(module, spec: MLPSpec) -> str:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
-    if spec.gate_up is not None:
-        return f"{spec.down}({name}(*{spec.gate_up}(x).chunk(2, -1)))"
-    return f"{spec.down}({name}({spec.gate}(x), {spec.up}(x)))"
+    inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
+    down = getattr(module, spec.down, None) if module is not None else None
+    if module is None or foldable_linear(down):
+        fold = (f"; a plain nn.Linear {spec.down} is folded in (tigon.functional.glu_linear: the product is "
+                "recomputed in the backward, not stored)")
+    else:
+        fold = f"; {spec.down} ({type(down).__name__}) is called on the product"
+    return f"{spec.down}({name}({inner})){fold}"
 
 
 # ---- rotary embedding ----------------------------------------------------------------------------------------

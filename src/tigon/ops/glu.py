@@ -90,15 +90,20 @@ def _glu_fwd(
 @triton.jit
 def _glu_bwd(
     DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du,
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """d_gate, d_up; with STORE_PRODUCT also ``act(gate) * up`` written over dy (each element read first, by the
+    same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
     rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
-    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
+    dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     a, da = _act_and_grad(g, ACTIVATION)
     tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da).to(DGATE.dtype.element_ty), mask=mask)
     tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
+    if STORE_PRODUCT:
+        tl.store(dy_ptrs, (a * u).to(DY.dtype.element_ty), mask=mask)
 
 
 def _as_2d(**tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -143,9 +148,12 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     return out
 
 
-def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False):
+def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False,
+                 store_product: bool = False):
     """Returns (d_gate, d_up) shaped like gate and in gate's (= up's) dtype: new contiguous tensors, or with
-    ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program)."""
+    ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program).
+    ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's shape and dtype) with
+    ``act(gate) * up``, the forward's output, recomputed."""
     dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
     # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
     inplace = (inplace and gate.data_ptr() != up.data_ptr()
@@ -163,7 +171,8 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
     block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
     _glu_bwd[grid](
         dy2, g2, u2, dg2, du2, M, N, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
-        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=warps,
     )
     return dgate, dup
 
@@ -192,3 +201,58 @@ class GLUFunction(torch.autograd.Function):
         ctx.consumed = ctx.inplace
         dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
         return dgate, dup, None, None
+
+
+def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype) -> torch.Tensor:
+    """``linear(act(gate) * up, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast dtype)."""
+    y = glu_forward(gate, up, activation)
+    with torch.autocast(gate.device.type, enabled=False):
+        return torch.nn.functional.linear(y.to(cd), weight.to(cd), bias.to(cd) if bias is not None else None)
+
+
+def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype, need: tuple[bool, bool, bool, bool],
+                        inplace: bool):
+    """Gradients (d_gate, d_up, d_weight, d_bias) of :func:`glu_linear_forward` (None where ``need`` is False).
+
+    ``dy = dout @ weight`` (cuBLAS), then one elementwise pass reads dy, gate and up, writes d_gate and d_up
+    (into gate's and up's memory with ``inplace``) and overwrites dy with the recomputed product ``act(gate) * up``,
+    from which ``d_weight = dout.T @ product``: the product is never stored between forward and backward, and the
+    backward allocates no more than the unfused one (dy).
+    """
+    need_g, need_u, need_w, need_b = need
+    d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
+    with torch.autocast(gate.device.type, enabled=False):
+        if need_g or need_u:
+            dy = torch.mm(d2, weight.to(cd)).to(gate.dtype).view(gate.shape)
+            dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w)
+            product = dy
+        else:
+            dgate = dup = None
+            product = glu_forward(gate, up, activation) if need_w else None
+        dw = torch.mm(d2.t(), product.reshape(d2.shape[0], -1).to(cd)).to(weight.dtype) if need_w else None
+    db = d2.sum(0) if need_b else None
+    return (dgate if need_g else None), (dup if need_u else None), dw, db
+
+
+class GLULinearFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace)``: a gated MLP's
+    ``down_proj(act(gate) * up)`` that saves gate, up and the weight but not the (tokens, I) product, recomputed in
+    the backward by the pass that forms d_gate and d_up (see :func:`glu_linear_backward`)."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False):
+        ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)), weight)
+        ctx.activation, ctx.cd, ctx.inplace, ctx.consumed = activation, cd, inplace, False
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return glu_linear_forward(gate, up, weight, bias, activation, cd)
+
+    @staticmethod
+    def backward(ctx, dout):
+        if ctx.consumed:
+            raise RuntimeError("tigon glu_linear(inplace_backward=True) wrote its gradients into gate and up during "
+                               "the first backward; a second backward through it is not possible")
+        gate, up, weight = ctx.saved_tensors
+        need = tuple(ctx.needs_input_grad[:4])
+        ctx.consumed = ctx.inplace and (need[0] or need[1])
+        dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace)
+        return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None

@@ -41,3 +41,32 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> to
     if approximate not in GELU_APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
     return F.gelu(gate, approximate=approximate) * up
+
+
+GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str = "silu") -> torch.Tensor:
+    """A gated MLP's down projection of its gated product: ``linear(act(gate) * up, weight, bias)``.
+
+    HF LlamaMLP's ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` from the projections' outputs on.
+
+    Args:
+        gate, up: (..., I), one float dtype.
+        weight: (H, I) (``nn.Linear`` layout); bias: (H,) or None.
+        activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU).
+
+    Returns:
+        (..., H) in torch's type-promotion result of the product and the weight (under autocast, its dtype).
+
+    Raises:
+        ValueError: unknown ``activation``.
+    """
+    if activation == "silu":
+        product = swiglu(gate, up)
+    elif activation in ("gelu", "gelu_tanh"):
+        product = geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none")
+    else:
+        raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")
+    return F.linear(product, weight, bias)
