@@ -244,7 +244,8 @@ def _reduce_kernel(
             tl.store(OUT_LOSS, tl.sum(s_loss, axis=0) * scale)
             tl.store(OUT_Z, tl.sum(s_z, axis=0) * scale)
     if COMPUTE_ACC:
-        tl.store(OUT_ACC, tl.sum(s_hit, axis=0) / tl.maximum(count, 1.0))
+        # div_rn: IEEE round-to-nearest (a plain '/' compiles to an approximate division on CUDA).
+        tl.store(OUT_ACC, tl.math.div_rn(tl.sum(s_hit, axis=0), tl.maximum(count, 1.0)))
 
 
 # ----------------------------------------------------------------------------------------------- launchers

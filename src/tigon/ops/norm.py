@@ -242,11 +242,12 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     """(rows per step, programs, num_warps, db_by_columns) of the backward for M rows of ``block_n`` elements (see
     :func:`norm_backward` for the measurements behind them).
 
-    Whole rows of 16384 in registers: RMSNorm 16 or 32 warps 0.83 ms, 8 warps 0.94; LayerNorm (two accumulator
-    rows, dW and dB) spills below 32 warps: 8 / 16 / 32 warps 10.3 / 7.3 / 1.57 ms (H200, 16384 x 16384 bf16
-    fwd+bwd, session4/tune_h200.json). ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a
-    separate column sum of dy (one more read of dy), so that the kernel holds one accumulator row, as RMSNorm's
-    does. NOT YET MEASURED on a GPU (branch ln-wide-db-columns): measure with benchmarks/tune_h200.py --parts norm.
+    Whole rows of 16384 in registers (H200, 16384 x 16384 bf16 fwd+bwd): RMSNorm 8 / 16 / 32 warps 0.93 / 0.81 /
+    0.81 ms. LayerNorm with dW and dB accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32 warps
+    10.1 / 7.1 / 1.57 ms; hence ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a separate
+    column sum of dy (one more read of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16 / 32 warps
+    1.00 / 6.98 / 1.28 ms (torch.compile 1.06 ms). Figures: session5/tune3_h200.json (session4/tune_h200.json
+    before). Rows wider than 16384 keep 32 warps (not measured with db_by_columns).
     """
     prefetch = block_n <= WIDE_ROW
     block_m = 1 if not prefetch else rows_per_program(block_n, device, target_elems=8192)
@@ -255,7 +256,7 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     # session4/tune2_h200.json). Wider rows go one row per step and keep one program per SM.
     progs = max(1, min(_persistent_programs(device), cdiv(M, max(block_m, 16) if prefetch else block_m)))
     db_by_columns = not is_rms and 16384 <= block_n <= REGISTER_ROW
-    if block_n < 8192:
+    if block_n < 8192 or (db_by_columns and block_n <= 16384):
         warps = 8
     elif block_n <= 16384:
         warps = 16
