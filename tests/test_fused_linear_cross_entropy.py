@@ -44,6 +44,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 128)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 8 * 1000)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 8 * 1000)
+    monkeypatch.setattr(flce_ops.RowHalves, "FIRST", 64)  # the in-place cast runs several doubling ranges
 
 
 def _problem(device, dtype, n=36, v=389, bias=True, ignore_every=0):
@@ -329,3 +330,23 @@ def test_flce_bad_input():
         F.fused_linear_cross_entropy(h, w, t.float())
     with pytest.raises(ValueError, match="accum_dtype"):
         F.fused_linear_cross_entropy(h, w, t, accum_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("vh", [(7, 3), (389, 48), (4097, 30)])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_flce_row_halves_cast_in_place(device, dtype, vh, scaled):
+    # The fp32 grad_weight accumulator (two row blocks) cast to the weight's dtype: equal to a plain cast of the
+    # whole (odd V included), and for 2-byte dtypes written into the first block's own memory (no new (V, H) tensor).
+    v, h = vh
+    acc = flce_ops.RowHalves(v, h, torch.device(device))
+    acc.a.normal_()
+    acc.b.normal_()
+    whole, first = torch.cat((acc.a, acc.b)), acc.a.data_ptr()
+    scale = torch.tensor(0.37, device=device) if scaled else None
+    got = acc.finish(scale, dtype)
+    want = (whole * scale if scaled else whole).to(dtype)
+    assert got.shape == (v, h) and got.is_contiguous()
+    assert torch.equal(got, want)
+    assert (got.data_ptr() == first) == (dtype != torch.float32)
+    assert acc.a is None and acc.b is None
