@@ -37,6 +37,9 @@ def hf_original(hidden, weight, target, bias=None, *, logit_scale=1.0, class_wei
     return ref_ce(logits, target, class_weight, **kw)
 
 
+DEFAULT_CHUNK_CAP = flce_ops.MAX_CHUNK_ELEMS_CUDA  # before small_blocks lowers it
+
+
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     # 128-column vocabulary blocks and chunks of at most 8 tokens: the vocabulary loop and the chunk loop both
@@ -263,6 +266,17 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
     assert flce_ops.chunk_rows(5000, 32000, 64, cuda) == 256  # at least MIN_CHUNK_ROWS_CUDA
     assert flce_ops.chunk_rows(5, 10, 8, cpu) == 5
     assert flce_ops.chunk_rows(100, 1 << 16, 8, cpu) == 4
+
+
+def test_flce_default_chunk_cap(monkeypatch):
+    # The default cap (0.8 GiB of bf16 logits per chunk) at the three end-to-end shapes it was measured on:
+    # Llama-3 and Qwen2 take 3 chunks of 8192 tokens, Gemma-2's 256k vocabulary 5.
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", DEFAULT_CHUNK_CAP)
+    if support.interpreter_enabled():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cuda = torch.device("cuda")
+    assert [flce_ops.chunk_rows(8192, v, h, cuda) for v, h in ((128256, 4096), (152064, 3584), (256000, 3584))] \
+        == [2736, 2736, 1648]
 
 
 # accum_dtype = the weight's dtype (low-memory accumulation): grad_weight rounded to bf16 after every chunk. With

@@ -45,10 +45,14 @@ from .cross_entropy import (
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
 # buffer, which costs a read and a write of that buffer (8*V*H bytes) for 2*rows*V*H FLOPs: rows/4 FLOP per
 # byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take rows = H
-# (at least MIN_CHUNK_ROWS_CUDA): the bf16 chunk buffer is then no larger than the bf16 grad_weight, so it does
-# not raise the peak, which is reached when the fp32 buffer is cast to the weight's dtype (4VH + 2VH bytes),
-# and the accumulation is matmul-bound. MAX_CHUNK_ELEMS_CUDA (2**30 logits) only guards absurd shapes. On CPU /
-# under the interpreter a small cap keeps memory low; tests lower these to force several chunks.
+# (at least MIN_CHUNK_ROWS_CUDA), and at most MAX_CHUNK_ELEMS_CUDA logits (0.8 GiB in bf16): the loss's peak extra
+# memory is the fp32 accumulator plus the chunk buffer (4VH bytes + at most 0.8 GiB; the cast at the end writes into
+# the accumulator's own memory, see RowHalves), and every chunk beyond the minimum costs one more read and write of
+# the accumulator (8VH bytes: about 1.7 ms at Gemma-2's 256k x 3584 head). The cap keeps Llama-3 (128k vocabulary)
+# and Qwen2 (152k) at 3 chunks of 8192 tokens and puts Gemma-2 at 5: end to end (4 layers, 4 x 2048 tokens, AdamW;
+# benchmarks/results/h200/session5/e2e_gemma2-9b_4l_chunk2p*.json) Gemma-2's peak went 26.63 / 26.30 / 26.11 GiB
+# for 3 / 4 / 5 chunks (Liger-Kernel: 26.20) at 40.95k / 39.99k / 39.41k tokens/s. On CPU / under the
+# interpreter a small cap keeps memory low; tests lower these to force several chunks.
 # Measured on an H200 (torch 2.11, bf16, mean loss, forward + backward; benchmarks/results/h200/flce_h200.json):
 #   N=8K, H=4K, V=128K: rows 1024 / 2048 / 4096 / 8192 -> 45.4 / 42.6 / 40.5 / 41.2 ms; peak extra memory
 #                       3.35 GB for all but 8192 rows (4.34 GB). torch.compile 39.2 ms, 3.0 GiB.
@@ -61,7 +65,7 @@ from .cross_entropy import (
 # Measured (same file, N=8K, H=4K, V=128K): 2**24 / 2**25 / 2**26 / 2**27 logits (128 .. 1024 rows) ->
 # 91.9 / 55.4 / 45.7 / 41.9 ms, peak extra 1.07 / 1.10 / 1.16 / 1.29 GiB: every chunk re-reads and re-writes the
 # whole bf16 grad_weight, so small chunks are bandwidth-bound.
-MAX_CHUNK_ELEMS_CUDA = 1 << 30
+MAX_CHUNK_ELEMS_CUDA = int(0.4 * 2**30)  # logits: 0.8 GiB in bf16
 MIN_CHUNK_ROWS_CUDA = 256
 MAX_CHUNK_ELEMS_CPU = 1 << 18
 LEAN_CHUNK_ELEMS = 1 << 25
