@@ -36,6 +36,13 @@ STEPS = int(os.environ.get("TIGON_FAMILY_STEPS", "20" if DEVICE == "cuda" else "
 B, T, V, L = 2, 12, 300, 2
 DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
 LOSS_RTOL, PARAM_RTOL = (1e-4, 1e-4) if DTYPE == torch.float32 else (2e-2, None)
+# Looser in bf16 for the Gemma (v1) mini model, with the reason measured on the H200 (benchmarks/bf16_drift.py
+# --controls; results/h200/session5/final/bf16_controls_gemma.json): its step 18 batch is a loss spike (3.06 -> 4.95)
+# after which step 19 is hypersensitive to rounding. With no Tigon code at all, HF's own RoPE evaluated in float32 and
+# rounded once moves the original's step-19 loss by 1.66%; Tigon's RoPE (the same arithmetic) lands 0.99% from that
+# control and 2.64% from the original, and every earlier step agrees within 0.1%. Both bf16 runs stay as close to the
+# float32 trajectory as that control (max distance 1.8% / 2.8%); the Llama case shows 0.07% under the same controls.
+BF16_LOSS_RTOL = {"gemma": 3e-2}
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
@@ -126,8 +133,9 @@ def test_family_trains_like_the_original(case):
     assert "fused_linear_cross_entropy" in used and "rms_norm" in used
     assert ("rope" in used) == ("rope" in counts)
     assert {"swiglu", "geglu", "glu_linear"} & set(used)
+    rtol = LOSS_RTOL if DTYPE == torch.float32 else BF16_LOSS_RTOL.get(case, LOSS_RTOL)
     for step, (a, b) in enumerate(zip(got, ref)):
-        assert abs(a - b) <= LOSS_RTOL * abs(b), f"step {step}: patched {a} vs original {b}"
+        assert abs(a - b) <= rtol * abs(b), f"step {step}: patched {a} vs original {b}"
     assert ref[-1] < ref[0], "the mini model should learn something in a few steps"
     # all parameters as one vector: per tensor, a parameter whose gradient is rounding noise (k_proj.bias: softmax
     # is shift-invariant, so its exact gradient is 0) gets lr-sized Adam steps of random sign in both runs
