@@ -24,7 +24,7 @@ import torch
 
 from .. import support
 
-OPS = ("rms_norm", "layer_norm", "rope", "swiglu", "geglu", "cross_entropy", "fused_linear_cross_entropy")
+OPS = ("rms_norm", "layer_norm", "rope", "swiglu", "geglu", "glu_linear", "cross_entropy", "fused_linear_cross_entropy")
 """The public ops of :mod:`tigon.functional`, in the order the CLI lists them."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

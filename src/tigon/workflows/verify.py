@@ -264,6 +264,13 @@ def build_glu(s: Shapes, dtype, device, gen) -> dict:
                 up=_randn(gen, (s.tokens, s.intermediate), dtype, device))
 
 
+def build_glu_linear(s: Shapes, dtype, device, gen) -> dict:
+    """gate and up as :func:`build_glu`, the down projection's weight (hidden, intermediate) with std
+    1/sqrt(intermediate)."""
+    return dict(build_glu(s, dtype, device, gen),
+                weight=_randn(gen, (s.hidden, s.intermediate), dtype, device, 1.0 / math.sqrt(s.intermediate)))
+
+
 def _targets(gen, n, v, device, ignore_every):
     t = torch.randint(0, v, (n,), generator=gen, device=gen.device)
     if ignore_every:
@@ -318,6 +325,8 @@ def _register_builtin() -> None:
     geglu_ref = lambda gate, up: ref_glu.geglu(gate, up, approximate="tanh")  # noqa: E731
     register(VerifyCase("geglu", build_glu, ("gate", "up"), geglu, geglu_ref, case="approximate=tanh",
                         original_name="gelu(gate, approximate='tanh') * up (HF GemmaMLP)"))
+    register(VerifyCase("glu_linear", build_glu_linear, ("gate", "up", "weight"), F.glu_linear, ref_glu.glu_linear,
+                        case="activation=silu", original_name="down_proj(silu(gate) * up) (HF LlamaMLP)"))
     ce_name = "torch cross-entropy on fp32-upcast logits, as HF's loss (tigon.reference.cross_entropy)"
     flce_name = "HF LM head (F.linear in the input dtype) + the loss on fp32-upcast logits"
     register(VerifyCase("cross_entropy", ce_builder(), ("logits",), F.cross_entropy, ref_ce.cross_entropy,
