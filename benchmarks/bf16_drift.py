@@ -55,16 +55,22 @@ def main():
         json.dump(out, f, indent=1)
 
 
-def toggles(args):
+def _bf16_setup(args):
+    """(test module, model_type, overrides, batches, float32 original losses); leaves the test module in bf16."""
     import test_families as tf
-
-    import tigon
 
     model_type, overrides, *_ = tf.CASES[args.case]
     batches = tf.text_batches(args.steps)
     tf.DTYPE = torch.float32
     ref = tf.train(tf.build(model_type, overrides), batches)
     tf.DTYPE = torch.bfloat16
+    return tf, model_type, overrides, batches, ref
+
+
+def toggles(args):
+    import tigon
+
+    tf, model_type, overrides, batches, ref = _bf16_setup(args)
     kinds = ("rms_norm", "rope", "mlp", "fused_linear_cross_entropy")
     runs = {"none": {k: False for k in kinds}, "all": {}}
     runs.update({name: {k: k == kind for k in kinds}
@@ -85,15 +91,9 @@ def controls(args):
     import contextlib
     import sys
 
-    import test_families as tf
-
     import tigon
 
-    model_type, overrides, *_ = tf.CASES[args.case]
-    batches = tf.text_batches(args.steps)
-    tf.DTYPE = torch.float32
-    ref = tf.train(tf.build(model_type, overrides), batches)
-    tf.DTYPE = torch.bfloat16
+    tf, model_type, overrides, batches, ref = _bf16_setup(args)
 
     @contextlib.contextmanager
     def rope_in_fp32(model):
