@@ -272,3 +272,29 @@ def test_glu_linear_inplace_second_backward_raises(device):
     out.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
         out.backward()
+
+
+def test_glu_linear_empty_batch_and_small_tiles(device, monkeypatch):
+    # No tokens: zero weight/bias gradients, empty input gradients. Small tiles: several programs per row and stacked
+    # rows, for the product written over dy (the interpreter's default tile holds these whole).
+    from tigon.ops import glu as glu_op
+
+    w = torch.randn(5, 9, device=device, requires_grad=True)
+    b = torch.randn(5, device=device, requires_grad=True)
+    gate = torch.randn(0, 9, device=device, requires_grad=True)
+    F.glu_linear(gate, torch.randn(0, 9, device=device), w, b).sum().backward()
+    assert w.grad.abs().sum() == 0 and b.grad.abs().sum() == 0 and gate.grad.shape == (0, 9)
+    monkeypatch.setattr(glu_op, "_tile_elems", lambda dev: 64)
+    for shape in [(9, 300), (2, 5, 40)]:
+        gate, up = make(shape, torch.float32, device)
+        inputs = dict(gate=gate, up=up, weight=torch.randn(7, shape[-1], device=device) / 9)
+        assert_close_to_truth(compare(F.glu_linear, ref.glu_linear, inputs, ["gate", "up", "weight"]))
+
+
+def test_glu_linear_double_backward_raises(device):
+    gate = torch.randn(4, 8, device=device, requires_grad=True)
+    up = torch.randn(4, 8, device=device, requires_grad=True)
+    w = torch.randn(3, 8, device=device, requires_grad=True)
+    (dw,) = torch.autograd.grad(F.glu_linear(gate, up, w).pow(2).sum(), w, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dw.sum(), gate)

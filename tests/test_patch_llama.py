@@ -485,3 +485,29 @@ def test_repatching_with_other_loss_options_raises():
     assert report.counts["lm_head_loss"] == 1
     ids, labels = batch()
     assert model(input_ids=ids, labels=labels).logits is not None  # the fused path is off now
+
+
+@pytest.mark.parametrize("hook", ["forward", "full_backward", "none"])
+def test_mlp_folds_down_proj_only_when_nothing_would_be_skipped(hook):
+    # A plain nn.Linear down_proj runs inside tigon.functional.glu_linear; with a hook on it (FSDP2 sharding the
+    # layer, user hooks) the module is called on the product so that the hook still fires; the step matches either way.
+    model = build()
+    calls = []
+    down = model.model.layers[0].mlp.down_proj
+    if hook == "forward":
+        down.register_forward_hook(lambda m, i, o: calls.append("f"))
+    elif hook == "full_backward":
+        down.register_full_backward_hook(lambda m, gi, go: calls.append("b"))
+    ids, labels = batch()
+    support.backend_usage(reset=True)
+    report = assert_same_training_step(model, input_ids=ids, labels=labels)
+    detail = {e.target: e.detail for e in report.replaced}
+    assert "down_proj is folded in" in detail["model.layers.1.mlp"]
+    used = support.backend_usage()
+    if hook == "none":
+        assert "glu_linear" in used and "swiglu" not in used and not calls
+        assert "down_proj is folded in" in detail["model.layers.0.mlp"]
+    else:
+        assert "glu_linear" in used and "swiglu" in used  # layer 1 folds, layer 0 calls its hooked down_proj
+        assert "down_proj is called on the product (it has hooks)" in detail["model.layers.0.mlp"]
+        assert calls == (["f", "f"] if hook == "forward" else ["b", "b"])  # the reference step and the patched one

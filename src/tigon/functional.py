@@ -264,15 +264,17 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         TypeError: also weight / bias of another dtype than gate's outside autocast.
         ValueError: shapes differ (weight must be (H, I), bias (H,)), devices differ, or activation is unknown.
 
-    Under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up), weight, bias)``: the compiler plans
-    the saved tensors itself.
+    The memory saving is eager mode's: under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up),
+    weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
+    then keeps the product, as for the unfused MLP).
     """
     _check_glu(gate, up)
     _checks.choice("activation", activation, GLU_ACTIVATIONS)
     _checks.tensor("weight", weight, floating=True, ndim=2)
-    if gate.dim() == 0 or weight.shape[1] != gate.shape[-1]:
-        raise ValueError(f"weight must have shape (H, {gate.shape[-1] if gate.dim() else '?'}), got "
-                         f"{tuple(weight.shape)}")
+    if gate.dim() == 0:
+        raise ValueError("gate must have at least one dimension (..., I), got a 0-d tensor")
+    if weight.shape[1] != gate.shape[-1]:
+        raise ValueError(f"weight must have shape (H, {gate.shape[-1]}), got {tuple(weight.shape)}")
     if bias is not None:
         _checks.tensor("bias", bias, floating=True, ndim=1)
         if bias.shape[0] != weight.shape[0]:

@@ -103,16 +103,27 @@ def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inpl
 _GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
 
 
-def foldable_linear(module) -> bool:
-    """Whether ``module`` is exactly an ``nn.Linear`` whose call can be folded into :func:`tigon.functional.glu_linear`
-    (same result): not a subclass or wrapper (PEFT LoRA, quantised layers), no forward hooks of its own or global
-    ones (FSDP2 sharding the layer by itself, user hooks), and plain-tensor parameters (no DTensor)."""
-    if type(module) is not torch.nn.Linear or module._forward_hooks or module._forward_pre_hooks:
-        return False
+def fold_problem(module) -> str | None:
+    """Why ``module`` cannot be folded into :func:`tigon.functional.glu_linear` (None when it can, with the same
+    result as calling it): it must be exactly an ``nn.Linear`` (not PEFT LoRA or a quantised layer), without forward
+    or backward hooks of its own or global ones (FSDP2 sharding the layer by itself, user hooks: the folded call would
+    skip them), with plain-tensor parameters (no DTensor)."""
+    if type(module) is not torch.nn.Linear:
+        return f"{type(module).__module__}.{type(module).__qualname__}, not a plain torch.nn.Linear"
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(module, h, None) for h in hooks):
+        return "it has hooks"
     glob = torch.nn.modules.module
-    if getattr(glob, "_global_forward_hooks", None) or getattr(glob, "_global_forward_pre_hooks", None):
-        return False
-    return all(p is None or type(p) in (torch.Tensor, torch.nn.Parameter) for p in (module.weight, module.bias))
+    if any(getattr(glob, "_global" + h, None) for h in hooks):
+        return "global module hooks are registered"
+    if not all(p is None or type(p) in (torch.Tensor, torch.nn.Parameter) for p in (module.weight, module.bias)):
+        return "its parameters are tensor subclasses (DTensor, quantised)"
+    return None
+
+
+def foldable_linear(module) -> bool:
+    """Whether ``module`` can be folded into :func:`tigon.functional.glu_linear` (see :func:`fold_problem`)."""
+    return fold_problem(module) is None
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,9 +135,10 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     original forward. gate and up are this forward's own projection outputs, used by nothing else, so the
     backward writes their gradients into their memory (``inplace_backward=True``, as Liger does): two (tokens,
     intermediate) tensors less at the MLP's backward peak. When the down projection is a plain ``nn.Linear``
-    (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`, which does not keep the
-    (tokens, intermediate) product for the backward (recomputed there): one such tensor less per layer among the
-    activations; otherwise (LoRA, quantised or hooked layers) the module is called on the product.
+    (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`, which in eager mode does not keep
+    the (tokens, intermediate) product for the backward (recomputed there): one such tensor less per layer among the
+    activations (under torch.compile the compiler's partitioner decides what is saved); otherwise (LoRA, quantised
+    or hooked layers) the module is called on the product.
     """
 
     @functools.wraps(original)
@@ -211,12 +223,12 @@ def describe_mlp(module, spec: MLPSpec) -> str:
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
-    down = getattr(module, spec.down, None) if module is not None else None
-    if module is None or foldable_linear(down):
-        fold = (f"; a plain nn.Linear {spec.down} is folded in (tigon.functional.glu_linear: the product is "
-                "recomputed in the backward, not stored)")
+    problem = fold_problem(getattr(module, spec.down, None)) if module is not None else None
+    if problem is None:
+        fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
+                "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored)")
     else:
-        fold = f"; {spec.down} ({type(down).__name__}) is called on the product"
+        fold = f"; {spec.down} is called on the product ({problem})"
     return f"{spec.down}({name}({inner})){fold}"
 
 

@@ -231,13 +231,13 @@ def _reduce_kernel(
             denom = tl.sum(w_valid, axis=0)
         else:
             denom = count
-        scale = tl.where(denom != 0, 1.0 / tl.where(denom != 0, denom, 1.0), 0.0)
+        scale = tl.where(denom != 0, tl.math.div_rn(1.0, tl.where(denom != 0, denom, 1.0)), 0.0)
     elif MODE == 1:
         scale = 1.0
     elif MODE == 2:
-        scale = 1.0 / tl.load(ITEMS).to(tl.float32)
+        scale = tl.math.div_rn(1.0, tl.load(ITEMS).to(tl.float32))
     else:
-        scale = 1.0 / items
+        scale = tl.math.div_rn(1.0, items)
     if MODE != 4:
         tl.store(OUT_SCALE, scale)
         if SUMS:

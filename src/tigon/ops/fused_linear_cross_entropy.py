@@ -181,16 +181,18 @@ class _Matmuls:
 
 
 class RowHalves:
-    """The fp32 (V, H) grad_weight accumulator held as two row blocks (rows [0, Va) and [Va, V), Va = ceil(V/2)), so
-    that :meth:`finish` can write the 2-byte result into the first block's own memory: the result then costs no
-    allocation, where a plain cast holds the fp32 buffer and the new (V, H) tensor at once (4VH + 2VH bytes; 2VH
-    saved, 1.7 GiB for Gemma-2's 256k x 3584 head). Eager path only (the compiled graph plans its own buffers)."""
+    """The fp32 (V, H) grad_weight accumulator held as two row blocks (rows [0, Va) and [Va, V), Va = ceil(V/2)
+    rounded up to a multiple of 8), so that :meth:`finish` can write the 2-byte result into the first block's own
+    memory (Va >= V/2 rows of fp32 hold V rows of bf16): the result then costs no allocation, where a plain cast
+    holds the fp32 buffer and the new (V, H) tensor at once (4VH + 2VH bytes; 2VH saved, 1.7 GiB for Gemma-2's
+    256k x 3584 head). Eager path only (the compiled graph plans its own buffers)."""
 
     FIRST = 1 << 20  # elements cast through a copy before the doubling ranges (tests lower it)
 
     def __init__(self, vocab: int, hidden: int, device: torch.device, zero: bool = True):
         """``zero=False``: uninitialised blocks (the first chunk writes them, see :meth:`_Matmuls.chunk_grads`)."""
-        self.split = (vocab + 1) // 2
+        # ceil(V/2) rounded up to 8 rows: the second block's columns of a bf16 logits chunk start 16-byte aligned
+        self.split = min(vocab, ((vocab + 1) // 2 + 7) // 8 * 8)
         self.shape = (vocab, hidden)
         new = torch.zeros if zero else torch.empty
         self.a = new((self.split, hidden), dtype=torch.float32, device=device)

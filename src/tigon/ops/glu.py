@@ -154,6 +154,8 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
     ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program).
     ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's shape and dtype) with
     ``act(gate) * up``, the forward's output, recomputed."""
+    if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
+        raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
     dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
     # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
     inplace = (inplace and gate.data_ptr() != up.data_ptr()
@@ -229,7 +231,7 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
         else:
             dgate = dup = None
             product = glu_forward(gate, up, activation) if need_w else None
-        dw = torch.mm(d2.t(), product.reshape(d2.shape[0], -1).to(cd)).to(weight.dtype) if need_w else None
+        dw = torch.mm(d2.t(), product.reshape(d2.shape[0], gate.shape[-1]).to(cd)).to(weight.dtype) if need_w else None
     db = d2.sum(0) if need_b else None
     return (dgate if need_g else None), (dup if need_u else None), dw, db
 
@@ -247,6 +249,7 @@ class GLULinearFunction(torch.autograd.Function):
         return glu_linear_forward(gate, up, weight, bias, activation, cd)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward is not itself differentiable (create_graph raises)
     def backward(ctx, dout):
         if ctx.consumed:
             raise RuntimeError("tigon glu_linear(inplace_backward=True) wrote its gradients into gate and up during "
