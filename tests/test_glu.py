@@ -298,3 +298,12 @@ def test_glu_linear_double_backward_raises(device):
     (dw,) = torch.autograd.grad(F.glu_linear(gate, up, w).pow(2).sum(), w, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dw.sum(), gate)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_glu_double_backward_raises(device, op):
+    # The kernels' backward is not itself differentiable: a gradient penalty must raise, not return wrong numbers.
+    gate, up = (torch.randn(4, 8, device=device, requires_grad=True) for _ in range(2))
+    (d_gate,) = torch.autograd.grad(OPS[op][0](gate, up).pow(2).sum(), gate, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(d_gate.pow(2).sum(), up)

@@ -511,3 +511,29 @@ def test_mlp_folds_down_proj_only_when_nothing_would_be_skipped(hook):
         assert "glu_linear" in used and "swiglu" in used  # layer 1 folds, layer 0 calls its hooked down_proj
         assert "down_proj is called on the product (it has hooks)" in detail["model.layers.0.mlp"]
         assert calls == (["f", "f"] if hook == "forward" else ["b", "b"])  # the reference step and the patched one
+
+
+def test_mlp_respects_instance_forward_and_projection_hooks():
+    # accelerate's offloading replaces down_proj.forward on the instance: not folded (the wrapper runs). A forward
+    # hook that keeps gate_proj's output must see the output, not the gradient the in-place backward would write.
+    model = build()
+    mlp0, mlp1 = model.model.layers[0].mlp, model.model.layers[1].mlp
+    seen = []
+    original_forward = mlp0.down_proj.forward
+    mlp0.down_proj.forward = lambda x: seen.append("down") or original_forward(x)
+    kept = []
+    mlp1.gate_proj.register_forward_hook(lambda m, i, o: kept.append((o, o.detach().clone())))
+    ids, labels = batch()
+    report = assert_same_training_step(model, input_ids=ids, labels=labels)
+    detail = {e.target: e.detail for e in report.replaced}
+    assert "its forward is replaced on the instance" in detail["model.layers.0.mlp"]
+    assert seen == ["down", "down"]  # the reference step and the patched one
+    for out, snapshot in kept:
+        torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
+
+
+def test_glu_linear_on_meta_tensors():
+    meta = torch.device("meta")
+    out = tigon.functional.glu_linear(torch.empty(4, 8, device=meta), torch.empty(4, 8, device=meta),
+                                      torch.empty(3, 8, device=meta))
+    assert out.shape == (4, 3) and out.is_meta

@@ -103,21 +103,38 @@ def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inpl
 _GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _hook_problem(module) -> str | None:
+    """Why calls of ``module`` may not be bypassed or their outputs reused: hooks of its own or global ones, or a
+    ``forward`` replaced on the instance (accelerate's offload / device-map hooks do that); None if neither."""
+    if any(getattr(module, h, None) for h in _HOOKS):
+        return "it has hooks"
+    if "forward" in vars(module):
+        return "its forward is replaced on the instance (e.g. accelerate offloading)"
+    glob = torch.nn.modules.module
+    if any(getattr(glob, "_global" + h, None) for h in _HOOKS):
+        return "global module hooks are registered"
+    return None
+
+
 def fold_problem(module) -> str | None:
     """Why ``module`` cannot be folded into :func:`tigon.functional.glu_linear` (None when it can, with the same
     result as calling it): it must be exactly an ``nn.Linear`` (not PEFT LoRA or a quantised layer), without forward
-    or backward hooks of its own or global ones (FSDP2 sharding the layer by itself, user hooks: the folded call would
-    skip them), with plain-tensor parameters (no DTensor)."""
+    or backward hooks of its own or global ones and without an instance-level ``forward`` (FSDP2 sharding the layer by
+    itself, accelerate offloading, user hooks: the folded call would skip them), with plain-tensor parameters (no
+    DTensor) off the meta device."""
     if type(module) is not torch.nn.Linear:
         return f"{type(module).__module__}.{type(module).__qualname__}, not a plain torch.nn.Linear"
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    if any(getattr(module, h, None) for h in hooks):
-        return "it has hooks"
-    glob = torch.nn.modules.module
-    if any(getattr(glob, "_global" + h, None) for h in hooks):
-        return "global module hooks are registered"
-    if not all(p is None or type(p) in (torch.Tensor, torch.nn.Parameter) for p in (module.weight, module.bias)):
+    problem = _hook_problem(module)
+    if problem is not None:
+        return problem
+    params = [p for p in (module.weight, module.bias) if p is not None]
+    if not all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params):
         return "its parameters are tensor subclasses (DTensor, quantised)"
+    if any(p.is_meta for p in params):
+        return "its parameters are on the meta device"
     return None
 
 
@@ -126,15 +143,22 @@ def foldable_linear(module) -> bool:
     return fold_problem(module) is None
 
 
+def _outputs_private(*modules) -> bool:
+    """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
+    could keep them), so that the backward may write gradients into them."""
+    return all(_hook_problem(m) is None for m in modules)
+
+
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
 
     With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
-    original forward. gate and up are this forward's own projection outputs, used by nothing else, so the
-    backward writes their gradients into their memory (``inplace_backward=True``, as Liger does): two (tokens,
-    intermediate) tensors less at the MLP's backward peak. When the down projection is a plain ``nn.Linear``
+    original forward. gate and up are this forward's own projection outputs, used by nothing else (unless the
+    projections have hooks, which could keep them: then not in place), so the backward writes their gradients into
+    their memory (``inplace_backward=True``, as Liger does): two (tokens, intermediate) tensors less at the MLP's
+    backward peak; a second backward through the same graph (``retain_graph=True``) then raises. When the down projection is a plain ``nn.Linear``
     (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`, which in eager mode does not keep
     the (tokens, intermediate) product for the backward (recomputed there): one such tensor less per layer among the
     activations (under torch.compile the compiler's partitioner decides what is saved); otherwise (LoRA, quantised
@@ -147,14 +171,17 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         if args or kwargs or isinstance(act, str):
             return original(self, x, *args, **kwargs)
         if spec.gate_up is not None:
-            gate, up = getattr(self, spec.gate_up)(x).chunk(2, dim=-1)
+            proj = (getattr(self, spec.gate_up),)
+            gate, up = proj[0](x).chunk(2, dim=-1)
         else:
-            gate, up = getattr(self, spec.gate)(x), getattr(self, spec.up)(x)
+            proj = (getattr(self, spec.gate), getattr(self, spec.up))
+            gate, up = proj[0](x), proj[1](x)
+        inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
         if foldable_linear(down):
             return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
-                                 inplace_backward=True)
-        return down(_glu(act, gate, up, inplace=True))
+                                 inplace_backward=inplace)
+        return down(_glu(act, gate, up, inplace=inplace))
 
     return mark(forward, "mlp", family)
 

@@ -429,6 +429,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         return loss, z, acc
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         if not ctx.needs_input_grad[0]:
             return (None,) * 8

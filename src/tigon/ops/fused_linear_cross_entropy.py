@@ -382,6 +382,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return loss, z, acc
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         none = (None,) * 9
         if not any(ctx.need):

@@ -195,10 +195,12 @@ class GLUFunction(torch.autograd.Function):
         return glu_forward(gate, up, activation)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         if ctx.consumed:
             raise RuntimeError("tigon swiglu/geglu(inplace_backward=True) wrote its gradients into gate and up "
-                               "during the first backward; a second backward through it is not possible")
+                               "during the first backward; a second backward through it is not possible (a model "
+                               "patched by tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
         gate, up = ctx.saved_tensors
         ctx.consumed = ctx.inplace
         dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
@@ -249,11 +251,12 @@ class GLULinearFunction(torch.autograd.Function):
         return glu_linear_forward(gate, up, weight, bias, activation, cd)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # the backward is not itself differentiable (create_graph raises)
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
         if ctx.consumed:
             raise RuntimeError("tigon glu_linear(inplace_backward=True) wrote its gradients into gate and up during "
-                               "the first backward; a second backward through it is not possible")
+                               "the first backward; a second backward through it is not possible (a model patched "
+                               "by tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
         gate, up, weight = ctx.saved_tensors
         need = tuple(ctx.needs_input_grad[:4])
         ctx.consumed = ctx.inplace and (need[0] or need[1])

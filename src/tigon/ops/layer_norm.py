@@ -56,6 +56,7 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy, x2, weight, ctx.bias_dtype, mean, rstd, ctx.needs_input_grad[1],

@@ -61,6 +61,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1])

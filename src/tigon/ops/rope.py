@@ -166,6 +166,7 @@ class RoPEFunction(torch.autograd.Function):
         return q_embed, k_embed
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dq_embed, dk_embed):
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

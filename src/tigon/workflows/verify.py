@@ -43,6 +43,7 @@ registers a deliberately wrong op and expects verify to fail.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 import zlib
@@ -325,8 +326,11 @@ def _register_builtin() -> None:
     geglu_ref = lambda gate, up: ref_glu.geglu(gate, up, approximate="tanh")  # noqa: E731
     register(VerifyCase("geglu", build_glu, ("gate", "up"), geglu, geglu_ref, case="approximate=tanh",
                         original_name="gelu(gate, approximate='tanh') * up (HF GemmaMLP)"))
-    register(VerifyCase("glu_linear", build_glu_linear, ("gate", "up", "weight"), F.glu_linear, ref_glu.glu_linear,
-                        case="activation=silu", original_name="down_proj(silu(gate) * up) (HF LlamaMLP)"))
+    for act, hf in (("silu", "HF LlamaMLP"), ("gelu_tanh", "HF GemmaMLP")):
+        register(VerifyCase("glu_linear", build_glu_linear, ("gate", "up", "weight"),
+                            functools.partial(F.glu_linear, activation=act),
+                            functools.partial(ref_glu.glu_linear, activation=act), case=f"activation={act}",
+                            original_name=f"down_proj({act}(gate) * up) ({hf})"))
     ce_name = "torch cross-entropy on fp32-upcast logits, as HF's loss (tigon.reference.cross_entropy)"
     flce_name = "HF LM head (F.linear in the input dtype) + the loss on fp32-upcast logits"
     register(VerifyCase("cross_entropy", ce_builder(), ("logits",), F.cross_entropy, ref_ce.cross_entropy,
