@@ -81,6 +81,7 @@ class PeakMemory:
     def __init__(self, device: torch.device):
         self.device = device
         self.peak_bytes: int | None = None
+        self.peak_requested_bytes: int | None = None  # CUDA: the peak of the sizes asked for, before block rounding
         self.method = ""
         self._base: int | None = None
 
@@ -105,6 +106,8 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            requested = torch.cuda.memory_stats(self.device).get("requested_bytes.all.peak")
+            self.peak_requested_bytes = int(requested) if requested is not None else None
         elif self._base is not None:
             hwm = _hwm_bytes()
             self.peak_bytes = None if hwm is None else max(0, hwm - self._base)
@@ -124,7 +127,9 @@ class RunStats:
     tokens_per_s: tokens_per_step * timed steps / their total time; the first step is left out when there is more
         than one (it carries one-time costs: kernel compilation, allocator warm-up).
     wall_time_s: total seconds of the run, setup included.
-    peak_memory_bytes / peak_memory_method: see :class:`PeakMemory`.
+    peak_memory_bytes / peak_memory_method: see :class:`PeakMemory`; peak_requested_bytes: CUDA only, the peak of the
+        sizes requested from the caching allocator (``requested_bytes.all.peak``), which leaves out the rounding of
+        blocks the allocator hands out (a reused cached block is not split when less than 1 MiB would remain).
     backend_usage: Tigon op calls per backend during the run (:func:`tigon.support.backend_usage`).
     """
 
@@ -135,6 +140,7 @@ class RunStats:
     wall_time_s: float = 0.0
     peak_memory_bytes: int | None = None
     peak_memory_method: str = ""
+    peak_requested_bytes: int | None = None
     backend_usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -192,6 +198,7 @@ def train(
         del optimizer, loss
     stats.wall_time_s = time.perf_counter() - start
     stats.peak_memory_bytes, stats.peak_memory_method = mem.peak_bytes, mem.method
+    stats.peak_requested_bytes = mem.peak_requested_bytes
     stats.backend_usage = support.backend_usage(reset=True)
     timed = stats.step_times_s[1:] if len(stats.step_times_s) > 1 else stats.step_times_s
     stats.tokens_per_s = stats.tokens_per_step * len(timed) / sum(timed) if timed and sum(timed) > 0 else 0.0

@@ -94,8 +94,9 @@ class E2ERow:
 
     status: "ok", "failed" (an exception; see note) or "skipped" (not installed). tokens_per_s: tokens per second
     of median step time. step_ms / step_ms_p20 / step_ms_p80: timed steps' median and percentiles, ms.
-    step_times_ms: every step, warm-up included. peak_memory_bytes: bytes or None. losses: per step, warm-up
-    included. backend: Tigon's backend for the run ("triton", "interpreter", "reference", "none", ...).
+    step_times_ms: every step, warm-up included. peak_memory_bytes: bytes or None; peak_requested_bytes: CUDA, the
+    same peak before the allocator's block rounding (see :class:`tigon.workflows._train.RunStats`). losses: per
+    step, warm-up included. backend: Tigon's backend for the run ("triton", "interpreter", "reference", "none", ...).
     patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
     """
 
@@ -107,6 +108,7 @@ class E2ERow:
     step_ms_p80: float | None = None
     step_times_ms: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None
+    peak_requested_bytes: int | None = None
     losses: list[float] = field(default_factory=list)
     backend: str | None = None
     patch: dict[str, Any] = field(default_factory=dict)
@@ -447,7 +449,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             row.step_ms = statistics.median(timed)
             row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
             row.tokens_per_s = tokens_per_step / (row.step_ms * 1e-3) if row.step_ms > 0 else None
-            row.peak_memory_bytes = stats.peak_memory_bytes
+            row.peak_memory_bytes, row.peak_requested_bytes = stats.peak_memory_bytes, stats.peak_requested_bytes
             row.losses = stats.losses
             row.backend = support.describe_backend(stats.backend_usage)
             method = method or stats.peak_memory_method
