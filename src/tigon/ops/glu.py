@@ -188,23 +188,33 @@ class GLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, activation, inplace=False):
-        # In place: detached aliases, so the gradients returned (gate's and up's memory) are the only references
-        # to their tensor objects and autograd passes them on (or keeps them as leaves' .grad) without copies.
-        ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)))
-        ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
+        _save_gate_up(ctx, gate, up, activation, inplace)
         return glu_forward(gate, up, activation)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
-        if ctx.consumed:
-            raise RuntimeError("tigon swiglu/geglu(inplace_backward=True) wrote its gradients into gate and up "
-                               "during the first backward; a second backward through it is not possible (a model "
-                               "patched by tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
-        gate, up = ctx.saved_tensors
-        ctx.consumed = ctx.inplace
+        gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
         dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
         return dgate, dup, None, None
+
+
+def _save_gate_up(ctx, gate, up, activation: str, inplace: bool, *more) -> None:
+    """Save gate, up (and ``more``) for the backward. In place: detached aliases, so the gradients returned (gate's
+    and up's memory) are the only references to their tensor objects and autograd passes them on (or keeps them as
+    leaves' .grad) without copies."""
+    ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)), *more)
+    ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
+
+
+def _saved_gate_up(ctx, name: str, writes: bool):
+    """The saved tensors; raises on a second backward after an in-place one (``writes``: this backward writes)."""
+    if ctx.consumed:
+        raise RuntimeError(f"tigon {name}(inplace_backward=True) wrote its gradients into gate and up during the "
+                           "first backward; a second backward through it is not possible (a model patched by "
+                           "tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
+    ctx.consumed = ctx.inplace and writes
+    return ctx.saved_tensors
 
 
 def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype) -> torch.Tensor:
@@ -245,20 +255,14 @@ class GLULinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False):
-        ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)), weight)
-        ctx.activation, ctx.cd, ctx.inplace, ctx.consumed = activation, cd, inplace, False
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        _save_gate_up(ctx, gate, up, activation, inplace, weight)
+        ctx.cd, ctx.bias_dtype = cd, (bias.dtype if bias is not None else None)
         return glu_linear_forward(gate, up, weight, bias, activation, cd)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
-        if ctx.consumed:
-            raise RuntimeError("tigon glu_linear(inplace_backward=True) wrote its gradients into gate and up during "
-                               "the first backward; a second backward through it is not possible (a model patched "
-                               "by tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
-        gate, up, weight = ctx.saved_tensors
         need = tuple(ctx.needs_input_grad[:4])
-        ctx.consumed = ctx.inplace and (need[0] or need[1])
+        gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])
         dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace)
         return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None
