@@ -230,9 +230,6 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
                                          bool(inplace_backward))
 
 
-GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-
-
 def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                activation: str = "silu", inplace_backward: bool = False) -> torch.Tensor:
     """A gated MLP's down projection of its gated product, ``linear(act(gate) * up, weight, bias)``, without
@@ -260,16 +257,17 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         (..., H) in gate's dtype, or the autocast dtype under autocast.
 
     Raises:
-        TypeError: a non-floating tensor, or gate and up of different dtypes.
-        TypeError: also weight / bias of another dtype than gate's outside autocast.
-        ValueError: shapes differ (weight must be (H, I), bias (H,)), devices differ, or activation is unknown.
+        TypeError: a non-floating tensor, gate and up of different dtypes, or (outside autocast) weight / bias of
+            another dtype than gate's.
+        ValueError: gate is 0-d, shapes differ (weight must be (H, I), bias (H,)), devices differ, or activation
+            is unknown.
 
     The memory saving is eager mode's: under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up),
     weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
     then keeps the product, as for the unfused MLP).
     """
     _check_glu(gate, up)
-    _checks.choice("activation", activation, GLU_ACTIVATIONS)
+    _checks.choice("activation", activation, _ref("glu").GLU_ACTIVATIONS)
     _checks.tensor("weight", weight, floating=True, ndim=2)
     if gate.dim() == 0:
         raise ValueError("gate must have at least one dimension (..., I), got a 0-d tensor")

@@ -158,11 +158,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     original forward. gate and up are this forward's own projection outputs, used by nothing else (unless the
     projections have hooks, which could keep them: then not in place), so the backward writes their gradients into
     their memory (``inplace_backward=True``, as Liger does): two (tokens, intermediate) tensors less at the MLP's
-    backward peak; a second backward through the same graph (``retain_graph=True``) then raises. When the down projection is a plain ``nn.Linear``
-    (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`, which in eager mode does not keep
-    the (tokens, intermediate) product for the backward (recomputed there): one such tensor less per layer among the
-    activations (under torch.compile the compiler's partitioner decides what is saved); otherwise (LoRA, quantised
-    or hooked layers) the module is called on the product.
+    backward peak; a second backward through the same graph (``retain_graph=True``) then raises. When the down
+    projection is a plain ``nn.Linear`` (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`,
+    which in eager mode does not keep the (tokens, intermediate) product for the backward (recomputed there): one such
+    tensor less per layer among the activations (under torch.compile the compiler's partitioner decides what is
+    saved); otherwise (LoRA, quantised or hooked layers) the module is called on the product.
     """
 
     @functools.wraps(original)

@@ -169,7 +169,8 @@ class _Matmuls:
         """One chunk's share of the gradients from its logits gradient ``g`` (rows, V) and hidden rows ``hs``:
         ``gh_rows = g @ w``, ``gw += g.T @ hs``, ``gb += g.sum(0)`` (each skipped when its buffer is None).
         ``first``: the first chunk, which writes gw instead of adding to it (gw starts uninitialised: no zero fill
-        and no read of zeros, 2 x 4VH bytes; about 1.5 ms at Llama-3's head on an H200)."""
+        and no read of zeros, 2 x 4VH bytes; about 1 ms at Llama-3's head by bytes over copy bandwidth, not timed on
+        its own)."""
         if gh_rows is not None:
             self.mm(gh_rows, g, w)
         if isinstance(gw, RowHalves):
@@ -215,7 +216,7 @@ class RowHalves:
         """
         a, b = self.a.view(-1), self.b.view(-1)
         self.a = self.b = None
-        if torch.empty((), dtype=dtype).element_size() != 2:
+        if dtype.itemsize != 2:
             out = torch.cat((a, b)).view(self.shape)
             return (out.mul_(scale) if scale is not None else out).to(dtype)
         out = a.view(dtype)
@@ -303,8 +304,9 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     h, w, b = _operands(hidden, weight, bias, cd)
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, dev)
-    *_, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)
     precompute = grads_in_forward(reduction, need)
+    # the gradients' scale is needed before the chunks (the loss itself is reduced after them)
+    scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3] if precompute else None
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
@@ -320,7 +322,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             ce_rows_forward(
                 lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], lse[s:e],
                 correct[s:e] if correct is not None else None,
-                grad_coef=scale if precompute else None, grad_out=lg,
+                grad_coef=scale, grad_out=lg,
             )
             if precompute:
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
