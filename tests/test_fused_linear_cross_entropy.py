@@ -269,14 +269,18 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
 
 
 def test_flce_default_chunk_cap(monkeypatch):
-    # The default cap (0.8 GiB of bf16 logits per chunk) at the three end-to-end shapes it was measured on:
-    # Llama-3 and Qwen2 take 3 chunks of 8192 tokens, Gemma-2's 256k vocabulary 5.
+    # The default memory budget (fp32 accumulator + bf16 chunk buffer <= 3 GiB, chunks of at least H/2 rows) at the
+    # three end-to-end shapes it was measured on: with a weight gradient Llama-3 takes 2 chunks of 8192 tokens, Qwen2
+    # 3 and Gemma-2's 256k vocabulary 5; without one (no accumulator) Gemma-2 takes rows = H.
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", DEFAULT_CHUNK_CAP)
     if support.interpreter_enabled():
         monkeypatch.setenv("TRITON_INTERPRET", "0")
     cuda = torch.device("cuda")
-    assert [flce_ops.chunk_rows(8192, v, h, cuda) for v, h in ((128256, 4096), (152064, 3584), (256000, 3584))] \
-        == [2736, 2736, 1648]
+    heads = ((128256, 4096), (152064, 3584), (256000, 3584))
+    assert [flce_ops.chunk_rows(8192, v, h, cuda, fp32_weight_grad=True) for v, h in heads] == [4096, 2736, 1648]
+    assert flce_ops.chunk_rows(8192, 256000, 3584, cuda) == 2736
+    # fp32 logits (elem_bytes 4): Qwen2's budget leaves 1711 rows, below the H/2 = 1792 floor: 5 chunks of 1648
+    assert flce_ops.chunk_rows(8192, 152064, 3584, cuda, fp32_weight_grad=True, elem_bytes=4) == 1648
 
 
 # accum_dtype = the weight's dtype (low-memory accumulation): grad_weight rounded to bf16 after every chunk. With

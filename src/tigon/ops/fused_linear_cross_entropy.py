@@ -45,14 +45,16 @@ from .cross_entropy import (
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
 # buffer, which costs a read and a write of that buffer (8*V*H bytes) for 2*rows*V*H FLOPs: rows/4 FLOP per
 # byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take rows = H
-# (at least MIN_CHUNK_ROWS_CUDA), and at most MAX_CHUNK_ELEMS_CUDA logits (0.8 GiB in bf16): the loss's peak extra
-# memory is the fp32 accumulator plus the chunk buffer (4VH bytes + at most 0.8 GiB; the cast at the end writes into
-# the accumulator's own memory, see RowHalves), and every chunk beyond the minimum costs one more read and write of
-# the accumulator (8VH bytes: about 1.7 ms at Gemma-2's 256k x 3584 head). The cap keeps Llama-3 (128k vocabulary)
-# and Qwen2 (152k) at 3 chunks of 8192 tokens and puts Gemma-2 at 5: end to end (4 layers, 4 x 2048 tokens, AdamW;
-# benchmarks/results/h200/session5/e2e_gemma2-9b_4l_chunk2p*.json) Gemma-2's peak went 26.63 / 26.30 / 26.11 GiB
-# for 3 / 4 / 5 chunks (Liger-Kernel: 26.20) at 40.95k / 39.99k / 39.41k tokens/s. On CPU / under the
-# interpreter a small cap keeps memory low; tests lower these to force several chunks.
+# (at least MIN_CHUNK_ROWS_CUDA) within a memory budget: the loss's peak extra memory is the fp32 accumulator plus
+# the chunk buffer (4VH + rows*V*2 bytes in bf16; the cast at the end writes into the accumulator's own memory, see
+# RowHalves), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at Llama-3-8B's head) bounds the
+# sum; where the accumulator alone exceeds it, chunks shrink to H/2 rows and no further, since every chunk beyond
+# the minimum costs one more read and write of the accumulator (8VH bytes: about 1.7 ms at Gemma-2's 256k x 3584
+# head). At 8192 tokens: Llama-3 (128k vocabulary) 2 chunks, Qwen2 (152k) 3, Gemma-2 (256k) 5. End to end (4
+# layers, 4 x 2048 tokens, AdamW; benchmarks/results/h200/session5/e2e_gemma2-9b_4l_chunk2p*.json) Gemma-2's peak
+# went 26.63 / 26.30 / 26.11 GiB for 3 / 4 / 5 chunks (Liger-Kernel: 26.20) at 40.95k / 39.99k / 39.41k tokens/s.
+# MAX_CHUNK_ELEMS_CUDA (2**30 logits) only guards absurd shapes. On CPU / under the interpreter a small cap keeps
+# memory low; tests lower these to force several chunks.
 # Measured on an H200 (torch 2.11, bf16, mean loss, forward + backward; benchmarks/results/h200/flce_h200.json):
 #   N=8K, H=4K, V=128K: rows 1024 / 2048 / 4096 / 8192 -> 45.4 / 42.6 / 40.5 / 41.2 ms; peak extra memory
 #                       3.35 GB for all but 8192 rows (4.34 GB). torch.compile 39.2 ms, 3.0 GiB.
@@ -65,21 +67,29 @@ from .cross_entropy import (
 # Measured (same file, N=8K, H=4K, V=128K): 2**24 / 2**25 / 2**26 / 2**27 logits (128 .. 1024 rows) ->
 # 91.9 / 55.4 / 45.7 / 41.9 ms, peak extra 1.07 / 1.10 / 1.16 / 1.29 GiB: every chunk re-reads and re-writes the
 # whole bf16 grad_weight, so small chunks are bandwidth-bound.
-MAX_CHUNK_ELEMS_CUDA = int(0.4 * 2**30)  # logits: 0.8 GiB in bf16
+MAX_CHUNK_ELEMS_CUDA = 1 << 30
+FLCE_BUDGET_BYTES_CUDA = 3 << 30
 MIN_CHUNK_ROWS_CUDA = 256
 MAX_CHUNK_ELEMS_CPU = 1 << 18
 LEAN_CHUNK_ELEMS = 1 << 25
 LEAN_MIN_ROWS = 128
 
 
-def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False) -> int:
+def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
+               fp32_weight_grad: bool = False, elem_bytes: int = 2) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
-    the low-memory accumulation's budget), balanced over the chunks, a multiple of 16 if possible."""
+    the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
+    FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
+    of 16 if possible."""
     if device.type == "cuda" and not interpreter_enabled():
         if lean:
             max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
         else:
-            max_rows = min(max(hidden, MIN_CHUNK_ROWS_CUDA), MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+            max_rows = max(hidden, MIN_CHUNK_ROWS_CUDA)
+            if fp32_weight_grad:
+                spare = FLCE_BUDGET_BYTES_CUDA - 4 * vocab * hidden
+                max_rows = min(max_rows, max(max_rows // 2, spare // max(vocab * elem_bytes, 1)))
+            max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
         max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
     else:
         max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
@@ -311,7 +321,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
-    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute)
+    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -345,7 +355,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
     cw, cw_sum = class_weight_args(class_weight, dev)
     coef = grad_rows.to(torch.float32)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize)
     buf = torch.empty((rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
