@@ -11,6 +11,10 @@ Parts:
   norm     rms_norm fwd at hidden 1024 (rows per program x warps); layer_norm fwd+bwd at 1k tokens (programs);
            rms/layer_norm fwd+bwd at hidden 16384 (warps of the whole-row register path)
   ce_host  cross-entropy at 1k tokens with plain do_bench and a torch.profiler table of the host-side ops
+  rope_rows  RoPE's row-tile kernel (session 6): fwd and fwd+bwd against compile / Liger and against the
+           per-position kernel it replaced (--old-rope: that file, git show 7d35902:src/tigon/ops/rope.py with
+           absolute imports), tile elements x warps, and the forward in place (Liger's memory traffic) at 1k-8k
+  rms16k   rms_norm fwd+bwd at 16384 x 16384: backward warps, with and without the next row prefetched
 """
 
 import argparse
@@ -124,6 +128,56 @@ def part_ce_host(ceilings, out):
     out["ce_host_profile_table"] = table
 
 
+ROPE_TOKENS = (1024, 2048, 4096, 8192, 32768, 65536)
+
+
+def part_rope_rows(ceilings, out, old_rope=None):
+    import importlib.util
+
+    import triton.testing
+    shapes = [shapes_from_config(CFG, tokens=n)["rope"] for n in ROPE_TOKENS]
+    out["rope_rows_peers"] = timed("rope", shapes, ["compile", "tigon", "liger"], ceilings, ("fwd", "fwd_bwd"))
+    report(out, "rope_rows_peers")
+    if old_rope:
+        spec = importlib.util.spec_from_file_location("rope_heads_old", old_rope)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        with patched(rope_ops, rope_apply=old.rope_apply):
+            out["rope_heads_old"] = timed("rope", shapes, ["tigon"], ceilings, ("fwd", "fwd_bwd"))
+        report(out, "rope_heads_old")
+    for tile in (1024, 2048, 4096, 8192):
+        for warps in (2, 4, 8):
+            with patched(rope_ops, HALF_TILE=tile, TILE_WARPS=warps):
+                out[f"rope_rows_t{tile}_w{warps}"] = timed("rope", shapes, ["tigon"], ceilings, ("fwd",))
+            report(out, f"rope_rows_t{tile}_w{warps}")
+    from tigon.workflows.bench import CASES
+    rows = []
+    for s in shapes[:4]:
+        inp = CASES["rope"].make(s, torch.bfloat16, torch.device("cuda"))
+        q, k = inp["q"].detach(), inp["k"].detach()
+        ms = triton.testing.do_bench_cudagraph(
+            lambda: rope_ops.rope_apply(q, k, inp["cos"], inp["sin"], 1, False, inplace=True), rep=100)
+        rows.append(dict(provider="tigon_rows_inplace", shape=s, mode="fwd", ms=ms))
+        print(f"rope inplace fwd {s['tokens']:6d} {ms * 1e3:8.1f} us", flush=True)
+    out["rope_rows_inplace_fwd"] = rows
+
+
+def part_rms16k(ceilings, out):
+    h16k = [dict(shapes_from_config(CFG, tokens=16384)["rms_norm"], hidden=16384)]
+    out["rms16k_peers"] = timed("rms_norm", h16k, ["compile", "tigon", "liger"], ceilings, ("fwd_bwd",))
+    report(out, "rms16k_peers")
+    base = norm_ops.bwd_config
+    for prefetch in (False, True):
+        for warps in (8, 16, 32):
+            for mult in ((1, 2) if warps == 8 else (1,)):
+                cfg = (lambda M, block_n, device, is_rms, w=warps, m=mult:
+                       (1, min(M, m * base(M, block_n, device, is_rms)[1]), w, False))
+                key = f"rms16k_w{warps}_p{mult}" + ("_prefetch" if prefetch else "")
+                with patched(norm_ops, bwd_config=cfg, WIDE_ROW=16384 if prefetch else norm_ops.WIDE_ROW):
+                    out[key] = timed("rms_norm", h16k, ["tigon"], ceilings, ("fwd_bwd",))
+                report(out, key)
+
+
 def report(out, key):
     for r in out[key]:
         if r["ms"] is None:
@@ -137,13 +191,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="ce,rope,norm,ce_host")
+    ap.add_argument("--old-rope", help="rope_rows: the per-position kernel's file, timed in the same run")
     args = ap.parse_args()
     t0 = time.time()
     ceilings = measure_ceilings(torch.device("cuda"))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
-           "command": f"PYTHONPATH=src python3 benchmarks/tune_h200.py --out {args.out} --parts {args.parts}"}
+           "command": f"PYTHONPATH=src python3 benchmarks/tune_h200.py --out {args.out} --parts {args.parts}"
+                      + (f" --old-rope {args.old_rope}" if args.old_rope else "")}
     for part in args.parts.split(","):
-        globals()[f"part_{part}"](ceilings, out)
+        fn = globals()[f"part_{part}"]
+        fn(ceilings, out, args.old_rope) if part == "rope_rows" else fn(ceilings, out)
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
         print(f"[{part} done at {time.time() - t0:.0f}s]", flush=True)

@@ -11,6 +11,7 @@ from tigon import functional as F
 from tigon.numerics import rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
 from tigon.reference.rms_norm import rms_norm as ref_rms
+from tigon.reference.rope import rope as ref_rope
 
 BIG = 2**31 + 2**20
 pytestmark = [
@@ -60,4 +61,23 @@ def test_cross_entropy_over_2_31_elements():
     ref = ref_ce(_tail(logits).double(), _tail(target), reduction="none")
     assert rel_l2(_tail(loss), ref) < 1e-5
     del logits
+    torch.cuda.empty_cache()
+
+
+def test_rope_over_2_31_elements():
+    # HF layout (B, T, H, D) viewed as (B, H, T, D); q has > 2**31 elements, k is small (GQA-like).
+    hq, hkv, d = 32, 1, 128
+    t = BIG // (hq * d) + 1
+    q = torch.randn(1, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    pos = torch.arange(t, device="cuda", dtype=torch.float32)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
+    cos, sin = emb.cos(), emb.sin()
+    qo, ko = F.rope(q, k, cos, sin)
+    tail = slice(t - 16, t)
+    qr, kr = ref_rope(q[:, :, tail].double(), k[:, :, tail].double(), cos[:, tail].double(), sin[:, tail].double())
+    assert rel_l2(qo[:, :, tail], qr) < 1e-2
+    assert rel_l2(ko[:, :, tail], kr) < 1e-2
+    del q, k, qo, ko
     torch.cuda.empty_cache()

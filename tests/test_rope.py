@@ -101,11 +101,11 @@ def test_rope_strided_slices_of_fused_qkv(device):
     assert g_t[..., (hq + hkv) * d:].abs().max() == 0  # v's slice gets nothing
 
 
-def test_rope_head_loop_with_partial_blocks(device, monkeypatch):
-    # The compiled path walks heads in [BLOCK_H, D/2] tiles; force 2-head tiles over 3 heads (a masked tail).
+def test_rope_row_tiles_with_partial_blocks(device, monkeypatch):
+    # Rows go in [BLOCK_R, D/2] tiles; force 2-row tiles over 3 heads (tiles straddle positions; a masked tail).
     from tigon.ops import rope as rope_op
 
-    monkeypatch.setattr(rope_op, "_block_h", lambda heads, block_half, dev: 2)
+    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (2, 1))
     q, k = hf_layout(3, 1, 48, torch.float32, device)
     cos, sin = hf_tables(B, T, 48, torch.float32, device)
     assert_close_to_truth(compare(F.rope, ref_rope, dict(q=q, k=k, cos=cos, sin=sin), ["q", "k"]))
@@ -170,12 +170,12 @@ def test_reference_is_hf_apply_rotary_pos_emb():
 
 
 @pytest.mark.parametrize("need", ["both", "q", "k"])
-def test_rope_head_groups(device, monkeypatch, need):
-    # Two heads per program: q's 5 heads take 3 programs (the last one partial), k's 3 heads 2, per position; the
-    # backward with only one of q / k needing a gradient launches only its groups.
+def test_rope_row_groups(device, monkeypatch, need):
+    # Two rows per program: q's 5 heads and k's 3 end in partial tiles; the backward with only one of q / k needing
+    # a gradient launches only its rows.
     from tigon.ops import rope as rope_op
 
-    monkeypatch.setattr(rope_op, "_block_h", lambda heads, block_half, dev: 2)
+    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (2, 1))
     q, k = hf_layout(5, 3, 32, torch.float32, device)
     cos, sin = hf_tables(B, T, 32, torch.float32, device)
     grads = {"both": ["q", "k"], "q": ["q"], "k": ["k"]}[need]

@@ -13,11 +13,12 @@ Both are ``y1 = x1 * c1 + x2 * sa``, ``y2 = x2 * c2 + x1 * sb`` with ``(sa, sb) 
 ``(s2, -s1)`` backward, so one kernel does both (constexpr ``BACKWARD``). No assumption that c1 == c2 is made:
 any cos/sin tensors get the exact transpose.
 
-One program per (batch, position, group of heads): it loads that position's cos and sin in fp32 and applies
-them to its [BLOCK_H, D/2] tile of q heads or of k heads (the position's other groups read the same cos/sin
-from L2). Separate programs per group, rather than one program walking all heads, keep more loads in flight
-when there are few positions. q and k are addressed through all
-four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place.
+The rows of q and k (one per batch, position and head) are rotated in [BLOCK_R, D/2] tiles: a program takes
+BLOCK_R consecutive rows, finds each row's (batch, position, head) from its index and the strides, and gathers
+that position's cos and sin in fp32 (the H rows of a position read the same values from cache, as
+torch.compile's generated kernel does). One launch covers q's rows then k's. q and k are addressed through all
+four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place, and
+there consecutive rows are contiguous in memory.
 
 Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
 """
@@ -33,62 +34,59 @@ from ..support import interpreter_enabled
 
 
 @triton.jit
-def _rotate_heads(
-    X, Y, H, sx_h, sx_d, sy_h, sy_d, c1, c2, sa, sb, d, dmask,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    # X, Y point at (batch b, the group's first head, position t, dim 0); heads advance by sx_h / sy_h; H <= BLOCK_H
-    # heads of the group are valid.
-    h = tl.arange(0, BLOCK_H).to(tl.int64)
-    mask = (h < H)[:, None] & dmask[None, :]
-    xp = X + h[:, None] * sx_h + d[None, :] * sx_d
-    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
-    y1 = x1 * c1[None, :] + x2 * sa[None, :]
-    y2 = x2 * c2[None, :] + x1 * sb[None, :]
-    yp = Y + h[:, None] * sy_h + d[None, :] * sy_d
-    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
-    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rope_kernel(
-    Q, K, QO, KO, COS, SIN, T, HQ, HKV, GROUPS_Q,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-    sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
+def _rotate_rows(
+    X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    BACKWARD: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
 ):
-    # axis 0: (batch, position); axis 1: a group of BLOCK_HQ q heads (the first GROUPS_Q) or BLOCK_HK k heads.
-    pid = tl.program_id(0)
-    grp = tl.program_id(1)
-    b = (pid // T).to(tl.int64)
-    t = (pid % T).to(tl.int64)
+    # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
+    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < n_rows
+    h = (r % H).to(tl.int64)
+    bt = r // H
+    b = (bt // T).to(tl.int64)
+    t = (bt % T).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
-    dmask = d < HALF
-    cp = COS + b * sc_b + t * sc_t + d * sc_d
-    sp = SIN + b * ss_b + t * ss_t + d * ss_d
-    c1 = tl.load(cp, mask=dmask, other=0.0).to(tl.float32)
-    c2 = tl.load(cp + HALF * sc_d, mask=dmask, other=0.0).to(tl.float32)
-    s1 = tl.load(sp, mask=dmask, other=0.0).to(tl.float32)
-    s2 = tl.load(sp + HALF * ss_d, mask=dmask, other=0.0).to(tl.float32)
+    mask = rmask[:, None] & (d < HALF)[None, :]
+    # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
+    cp = COS + (b * sc_b + t * sc_t)[:, None] + d[None, :] * sc_d
+    sp = SIN + (b * ss_b + t * ss_t)[:, None] + d[None, :] * ss_d
+    c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
     if BACKWARD:
         sa = s2
         sb = -s1
     else:
         sa = -s1
         sb = s2
-    if grp < GROUPS_Q:
-        h0 = (grp * BLOCK_HQ).to(tl.int64)
-        _rotate_heads(Q + b * sq_b + t * sq_t + h0 * sq_h, QO + b * sqo_b + t * sqo_t + h0 * sqo_h,
-                      tl.minimum(HQ - h0, BLOCK_HQ), sq_h, sq_d, sqo_h, sqo_d, c1, c2, sa, sb, d, dmask,
-                      HALF, BLOCK_HQ)
+    xp = X + (b * sx_b + t * sx_t + h * sx_h)[:, None] + d[None, :] * sx_d
+    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * c1 + x2 * sa
+    y2 = x2 * c2 + x1 * sb
+    yp = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None] + d[None, :] * sy_d
+    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, COS, SIN, T, HQ, HKV, NQ, NK, PROGS_Q,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
+    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
+):
+    # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
+    pid = tl.program_id(0)
+    if pid < PROGS_Q:
+        _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
+                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD)
     else:
-        h0 = ((grp - GROUPS_Q) * BLOCK_HK).to(tl.int64)
-        _rotate_heads(K + b * sk_b + t * sk_t + h0 * sk_h, KO + b * sko_b + t * sko_t + h0 * sko_h,
-                      tl.minimum(HKV - h0, BLOCK_HK), sk_h, sk_d, sko_h, sko_d, c1, c2, sa, sb, d, dmask,
-                      HALF, BLOCK_HK)
+        _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
+                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
@@ -96,61 +94,56 @@ def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
     return x if unsqueeze_dim == 1 else x.transpose(1, 2)
 
 
-def _block_h(heads: int, block_half: int, device: torch.device) -> int:
-    """Heads per program: a [BLOCK_H, D/2] tile of about 2048 elements per half (4096 per program).
+# Elements of a program's tile per half (BLOCK_R rows x D/2) and its warps; see _rows_config.
+HALF_TILE = 1024
+TILE_WARPS = 2
 
-    H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward at 1k..64k tokens
-    (benchmarks/results/h200/session4/tune2_h200.json): 2048-element half tiles with 4 warps were the fastest of
-    256..2048 x 1..4 warps at every size (4.6 us at 1k tokens, 350 us at 64k; 1024-element tiles 5.1 / 358 us).
-    The interpreter pays per program, so there every head goes in one tile.
+
+def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
+    """(rows per program, num_warps): a [BLOCK_R, D/2] tile of HALF_TILE elements per half, TILE_WARPS warps.
+
+    H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward, 1k..64k tokens
+    (benchmarks/results/h200/session6/tune4_rope_rms16k.json): 1024-element half tiles (8 rows) with 2 warps were
+    the fastest of 1024..8192 x 2..8 warps at every size: 4.7 / 9.5 / 22.3 / 42.1 / 165.8 / 332.1 us at 1k / 2k /
+    4k / 8k / 32k / 64k tokens, against 4.7 / 9.5 / 22.6 / 43.3 / 172.8 / 347.3 for the per-position kernel it
+    replaced (one program per position and group of heads) and torch.compile's 9.5 / 10.8 / 25.9 / 43.0 / 165.5 /
+    329.4 in the same run. The interpreter pays per program, so there a program takes 65,536 elements per half.
     """
     if interpreter_enabled() or device.type != "cuda":
-        target = 1 << 16
-    else:
-        # head dims >= 256 run one warp (see _num_warps): keep their tiles at the 1024 elements measured with it
-        target = 1024 if block_half >= 128 else 2048
-    return max(1, min(next_pow2(heads), target // block_half))
+        return max(1, (1 << 16) // block_half), 4
+    return max(1, HALF_TILE // block_half), TILE_WARPS
 
 
-def _num_warps(step_elems: int, block_half: int) -> int:
-    """One warp per 1024 elements of a program's tile (4 for the 4096-element tiles of D=128, see _block_h).
-
-    Head dims of 256 and up take a single warp: for D=256 that measured 87% of copy bandwidth against 68% with 4.
-    """
-    if block_half >= 128:
-        return 1
-    return max(1, min(8, step_elems // 1024))
-
-
-def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True):
+def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
+               inplace: bool = False):
     """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, D).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
-    ``need_*`` flag is False is not computed and returned as None.
+    ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
+    (each row is read before it is written, by the same program), which are returned.
     """
     qv, kv = _heads_first(q, unsqueeze_dim), _heads_first(k, unsqueeze_dim)
     B, HQ, T, D = qv.shape
     HKV = kv.shape[1]
-    qo = torch.empty_like(q) if need_q else None
-    ko = torch.empty_like(k) if need_k else None
+    qo = (q if inplace else torch.empty_like(q)) if need_q else None
+    ko = (k if inplace else torch.empty_like(k)) if need_k else None
     qov = _heads_first(qo, unsqueeze_dim) if need_q else qv
     kov = _heads_first(ko, unsqueeze_dim) if need_k else kv
     if B * T == 0 or (qo is None and ko is None):
         return qo, ko
     half = D // 2
     block_half = next_pow2(half)
-    block_hq = _block_h(HQ, block_half, q.device)
-    block_hk = _block_h(HKV, block_half, q.device)
-    groups_q = cdiv(HQ, block_hq) if need_q else 0
-    groups_k = cdiv(HKV, block_hk) if need_k else 0
+    block_r, warps = _rows_config(block_half, q.device)
+    nq = B * T * HQ if need_q else 0
+    nk = B * T * HKV if need_k else 0
+    progs_q = cdiv(nq, block_r)
     cb = (lambda c: 0 if c.shape[0] == 1 else c.stride(0))
-    _rope_kernel[(B * T, groups_q + groups_k)](
-        qv, kv, qov, kov, cos, sin, T, HQ, HKV, groups_q,
+    _rope_kernel[(progs_q + cdiv(nk, block_r),)](
+        qv, kv, qov, kov, cos, sin, T, HQ, HKV, nq, nk, progs_q,
         *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
         cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BACKWARD=backward,
-        num_warps=_num_warps(2 * max(block_hq, block_hk) * block_half, block_half),
+        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward, num_warps=warps,
     )
     return qo, ko
 
