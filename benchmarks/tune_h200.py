@@ -2,12 +2,10 @@
 timed through tigon.workflows.bench (CUDA-graph replays: kernel time), at the sweep points where Tigon missed
 its target; JSON to --out. The chosen heuristics cite this file.
 
-    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts ce,rope,norm,ce_host]
+    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts norm,ce_host,rope_rows,rms16k]
 
-Parts:
-  ce       cross-entropy fwd+bwd, bf16, V=128256, N=1k..16k: tigon (lazy), tigon_inplace (gradient formed in the
-           forward by the split-row kernel) for SPLIT_BLOCK_V 4096 / 8192 / 16384, torch.compile
-  rope     RoPE fwd (the backward is the same kernel), Llama-3-8B heads, tokens 1k..64k: heads per program x warps
+Parts (session 4's "ce" part, the split-row in-place cross-entropy, and its "rope" part, heads per program of the
+per-position RoPE kernel, went with those kernels; their results are in results/h200/session4/):
   norm     rms_norm fwd at hidden 1024 (rows per program x warps); layer_norm fwd+bwd at 1k tokens (programs);
            rms/layer_norm fwd+bwd at hidden 16384 (warps of the whole-row register path)
   ce_host  cross-entropy at 1k tokens with plain do_bench and a torch.profiler table of the host-side ops
@@ -24,7 +22,6 @@ import time
 
 import torch
 
-import tigon.ops.cross_entropy as ce_ops
 import tigon.ops.norm as norm_ops
 import tigon.ops.rope as rope_ops
 from tigon.presets import PRESETS
@@ -49,28 +46,6 @@ def timed(op, shapes, providers, ceilings, modes, cuda_graph=True):
     r = run_bench([op], {op: shapes}, providers, ceilings=ceilings, modes=modes, cuda_graph=cuda_graph)
     return [dict(provider=x.provider, shape=x.shape, mode=x.mode, ms=x.ms, pct_copy_bw=x.pct_copy_bw,
                  peak_extra_bytes=x.peak_extra_bytes, note=x.note) for x in r.rows]
-
-
-def part_ce(ceilings, out):
-    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (1024, 4096, 8192, 16384)]
-    out["ce_default"] = timed("cross_entropy", shapes, ["compile", "tigon"], ceilings, ("fwd", "fwd_bwd"))
-    for bv in (4096, 8192, 16384):
-        with patched(ce_ops, SPLIT_BLOCK_V=bv):
-            out[f"ce_inplace_split{bv}"] = timed("cross_entropy", shapes, ["tigon_inplace"], ceilings, ("fwd_bwd",))
-        report(out, f"ce_inplace_split{bv}")
-    report(out, "ce_default")
-
-
-def part_rope(ceilings, out):
-    shapes = [shapes_from_config(CFG, tokens=n)["rope"] for n in (1024, 2048, 4096, 8192, 32768, 65536)]
-    out["rope_peers"] = timed("rope", shapes, ["compile", "tigon", "liger"], ceilings, ("fwd",))
-    report(out, "rope_peers")
-    for target in (256, 512, 1024, 2048):
-        for warps in (1, 2, 4):
-            blk = (lambda heads, block_half, device, t=target: max(1, min(rope_ops.next_pow2(heads), t // block_half)))
-            with patched(rope_ops, _block_h=blk, _num_warps=lambda step, half, w=warps: w):
-                out[f"rope_t{target}_w{warps}"] = timed("rope", shapes, ["tigon"], ceilings, ("fwd",))
-            report(out, f"rope_t{target}_w{warps}")
 
 
 def part_norm(ceilings, out):
@@ -190,7 +165,7 @@ def report(out, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="ce,rope,norm,ce_host")
+    ap.add_argument("--parts", default="norm,ce_host,rope_rows,rms16k")
     ap.add_argument("--old-rope", help="rope_rows: the per-position kernel's file, timed in the same run")
     args = ap.parse_args()
     t0 = time.time()

@@ -81,3 +81,21 @@ def test_rope_over_2_31_elements():
     assert rel_l2(ko[:, :, tail], kr) < 1e-2
     del q, k, qo, ko
     torch.cuda.empty_cache()
+
+
+def test_rope_over_2_31_rows():
+    # More than 2**31 rows (batch * positions * heads) in q: the row index itself needs int64 (head dim 2 keeps the
+    # tensor at 8 GiB).
+    hq, d = 32, 2
+    t = 2**31 // hq + 1
+    q = torch.randn(1, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, t, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    ang = torch.arange(t, device="cuda", dtype=torch.float32)[None, :, None].expand(1, t, d)
+    cos, sin = ang.cos(), ang.sin()
+    qo, ko = F.rope(q, k, cos, sin)
+    tail = slice(t - 16, t)
+    qr, kr = ref_rope(q[:, :, tail].double(), k[:, :, tail].double(), cos[:, tail].double(), sin[:, tail].double())
+    assert rel_l2(qo[:, :, tail], qr) < 1e-2
+    assert rel_l2(ko[:, :, tail], kr) < 1e-2
+    del q, k, qo, ko
+    torch.cuda.empty_cache()

@@ -102,10 +102,12 @@ def test_rope_strided_slices_of_fused_qkv(device):
 
 
 def test_rope_row_tiles_with_partial_blocks(device, monkeypatch):
-    # Rows go in [BLOCK_R, D/2] tiles; force 2-row tiles over 3 heads (tiles straddle positions; a masked tail).
+    # Rows go in [BLOCK_R, D/2] tiles; force 4-row tiles over 3 heads: tiles straddle positions, and q's 3 * B * T
+    # rows and k's B * T leave a partial last tile each.
     from tigon.ops import rope as rope_op
 
-    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (2, 1))
+    assert (3 * B * T) % 4 and (B * T) % 4
+    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
     q, k = hf_layout(3, 1, 48, torch.float32, device)
     cos, sin = hf_tables(B, T, 48, torch.float32, device)
     assert_close_to_truth(compare(F.rope, ref_rope, dict(q=q, k=k, cos=cos, sin=sin), ["q", "k"]))
@@ -171,14 +173,31 @@ def test_reference_is_hf_apply_rotary_pos_emb():
 
 @pytest.mark.parametrize("need", ["both", "q", "k"])
 def test_rope_row_groups(device, monkeypatch, need):
-    # Two rows per program: q's 5 heads and k's 3 end in partial tiles; the backward with only one of q / k needing
-    # a gradient launches only its rows.
+    # Four rows per program: q's 5 * B * T rows and k's 3 * B * T end in partial tiles; the backward with only one
+    # of q / k needing a gradient launches only its rows.
     from tigon.ops import rope as rope_op
 
-    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (2, 1))
+    assert (5 * B * T) % 4 and (3 * B * T) % 4
+    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
     q, k = hf_layout(5, 3, 32, torch.float32, device)
     cos, sin = hf_tables(B, T, 32, torch.float32, device)
     grads = {"both": ["q", "k"], "q": ["q"], "k": ["k"]}[need]
     checks = compare(tigon_rope_checked, ref_rope, dict(q=q, k=k, cos=cos, sin=sin), grads)
     assert {c.tensor for c in checks} == {"out", "out1"} | {f"grad_{g}" for g in grads}
     assert_close_to_truth(checks)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward):
+    # rope_apply(inplace=True) (the tuning script's in-place timing) writes the same values over q and k.
+    from tigon.ops import rope as rope_op
+
+    monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
+    q, k = hf_layout(5, 3, 32, torch.float32, device)
+    cos, sin = hf_tables(B, T, 32, torch.float32, device)
+    qo, ko = rope_op.rope_apply(q, k, cos, sin, 1, backward)
+    qi, ki = q.clone(), k.clone()
+    qr, kr = rope_op.rope_apply(qi, ki, cos, sin, 1, backward, inplace=True)
+    assert qr is qi and kr is ki
+    torch.testing.assert_close(qi, qo, rtol=0, atol=0)
+    torch.testing.assert_close(ki, ko, rtol=0, atol=0)

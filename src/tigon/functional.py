@@ -113,8 +113,8 @@ def rope(
 
     ``q_embed = q * cos + rotate_half(q) * sin`` (and the same for k), where ``rotate_half(x) = cat(-x2, x1)``
     of the two halves of the head dimension and cos/sin get a head axis inserted at ``unsqueeze_dim``. Math in
-    fp32; each (batch, position)'s cos/sin row is read from memory once and shared, through L2, by the programs
-    that rotate its groups of q and k heads.
+    fp32; one launch rotates the rows (batch, position, head) of q and k in tiles, each row gathering its
+    position's cos/sin (read from memory once, then from cache by the position's other heads).
 
     Args:
         q: (B, Hq, T, D) for ``unsqueeze_dim=1`` (HF's layout after ``.transpose(1, 2)``) or (B, T, Hq, D) for

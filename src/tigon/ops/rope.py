@@ -38,9 +38,14 @@ def _rotate_rows(
     X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
+    ROW64: tl.constexpr,
 ):
     # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    # ROW64: 2**31 rows or more (head dims of 16 and less at > 32 GiB), where the int32 row index would wrap.
+    if ROW64:
+        r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < n_rows
     h = (r % H).to(tl.int64)
     bt = r // H
@@ -78,15 +83,16 @@ def _rope_kernel(
     sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
+    ROW64: tl.constexpr,
 ):
     # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
     pid = tl.program_id(0)
     if pid < PROGS_Q:
         _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
-                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD)
+                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
     else:
         _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
-                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD)
+                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
@@ -103,7 +109,7 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     """(rows per program, num_warps): a [BLOCK_R, D/2] tile of HALF_TILE elements per half, TILE_WARPS warps.
 
     H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward, 1k..64k tokens
-    (benchmarks/results/h200/session6/tune4_rope_rms16k.json): 1024-element half tiles (8 rows) with 2 warps were
+    (benchmarks/results/h200/session6/tune4_rope_rms16k.json): 1024-element half tiles (16 rows) with 2 warps were
     the fastest of 1024..8192 x 2..8 warps at every size: 4.7 / 9.5 / 22.3 / 42.1 / 165.8 / 332.1 us at 1k / 2k /
     4k / 8k / 32k / 64k tokens, against 4.7 / 9.5 / 22.6 / 43.3 / 172.8 / 347.3 for the per-position kernel it
     replaced (one program per position and group of heads) and torch.compile's 9.5 / 10.8 / 25.9 / 43.0 / 165.5 /
@@ -121,7 +127,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, D).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
-    (each row is read before it is written, by the same program), which are returned.
+    (each row is read before it is written, by the same program), which are returned; q and k must then be
+    separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
     """
     qv, kv = _heads_first(q, unsqueeze_dim), _heads_first(k, unsqueeze_dim)
     B, HQ, T, D = qv.shape
@@ -143,7 +150,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
         qv, kv, qov, kov, cos, sin, T, HQ, HKV, nq, nk, progs_q,
         *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
         cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward, num_warps=warps,
+        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward,
+        ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
     )
     return qo, ko
 
