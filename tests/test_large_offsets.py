@@ -64,16 +64,11 @@ def test_cross_entropy_over_2_31_elements():
     torch.cuda.empty_cache()
 
 
-def test_rope_over_2_31_elements():
-    # HF layout (B, T, H, D) viewed as (B, H, T, D); q has > 2**31 elements, k is small (GQA-like).
-    hq, hkv, d = 32, 1, 128
-    t = BIG // (hq * d) + 1
+def _check_rope_tail(hq: int, d: int, t: int, cos_sin) -> None:
+    """F.rope on HF-layout bf16 q (1, t, hq, d) and k (1, t, 1, d); the last 16 positions against the reference."""
     q = torch.randn(1, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(1, t, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    pos = torch.arange(t, device="cuda", dtype=torch.float32)
-    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
-    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
-    cos, sin = emb.cos(), emb.sin()
+    k = torch.randn(1, t, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = cos_sin
     qo, ko = F.rope(q, k, cos, sin)
     tail = slice(t - 16, t)
     qr, kr = ref_rope(q[:, :, tail].double(), k[:, :, tail].double(), cos[:, tail].double(), sin[:, tail].double())
@@ -81,6 +76,16 @@ def test_rope_over_2_31_elements():
     assert rel_l2(ko[:, :, tail], kr) < 1e-2
     del q, k, qo, ko
     torch.cuda.empty_cache()
+
+
+def test_rope_over_2_31_elements():
+    # q has > 2**31 elements (element offsets need int64); k is small (GQA-like).
+    hq, d = 32, 128
+    t = BIG // (hq * d) + 1
+    pos = torch.arange(t, device="cuda", dtype=torch.float32)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
+    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
+    _check_rope_tail(hq, d, t, (emb.cos(), emb.sin()))
 
 
 def test_rope_over_2_31_rows():
@@ -88,14 +93,5 @@ def test_rope_over_2_31_rows():
     # tensor at 8 GiB).
     hq, d = 32, 2
     t = 2**31 // hq + 1
-    q = torch.randn(1, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(1, t, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     ang = torch.arange(t, device="cuda", dtype=torch.float32)[None, :, None].expand(1, t, d)
-    cos, sin = ang.cos(), ang.sin()
-    qo, ko = F.rope(q, k, cos, sin)
-    tail = slice(t - 16, t)
-    qr, kr = ref_rope(q[:, :, tail].double(), k[:, :, tail].double(), cos[:, tail].double(), sin[:, tail].double())
-    assert rel_l2(qo[:, :, tail], qr) < 1e-2
-    assert rel_l2(ko[:, :, tail], kr) < 1e-2
-    del q, k, qo, ko
-    torch.cuda.empty_cache()
+    _check_rope_tail(hq, d, t, (ang.cos(), ang.sin()))
