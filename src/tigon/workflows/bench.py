@@ -631,12 +631,14 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     fn = _fn_for(case, provider, compiled)
     inputs = case.make(shape, dtype, device)
     leaves = [inputs[k] for k in case.grads]
-    douts = [torch.randn_like(t) for t in _outputs(fn(**inputs))]
+    # Upstream gradients: random for tensors; 1 for a scalar loss, as loss.backward() gives it (Liger's
+    # cross-entropy skips its scaling pass then).
+    douts = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in _outputs(fn(**inputs))]
     # Input sets rotated call after call, so that repeated calls do not find their inputs in the L2 cache.
     sets = [(inputs, douts)]
     for _ in range(rotation_sets(_set_bytes(inputs, douts), device) - 1):
         more = case.make(shape, dtype, device)
-        sets.append((more, [torch.randn_like(t) for t in douts]))
+        sets.append((more, [d.clone() if d.dim() == 0 else torch.randn_like(d) for d in douts]))
     all_leaves = [s[0][k] for s in sets for k in case.grads]
     for t in all_leaves:
         t.grad = None
