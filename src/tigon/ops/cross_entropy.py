@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_pow2, rows_per_program, warps_for
+from ..support import interpreter_enabled
+from ._common import _sm_count, cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -39,6 +40,12 @@ from ._common import cdiv, next_pow2, rows_per_program, warps_for
 # At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
 # copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
+
+# grad_in_forward: the forward writes the gradient over the logits right after each row's loss, re-reading the row.
+# The second read should come from L2 (50 MB on an H200), so the grid is capped at this many programs per SM (each
+# walks row blocks in turn): 1 per SM keeps 132 rows of 128k bf16 logits (33 MB) in flight. Not yet measured on a
+# GPU; the earlier attempt with one program per row (sweep_h200.json, then tigon_inplace) missed L2 and ran 3x slower.
+GRAD_IN_FORWARD_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -104,13 +111,14 @@ def _grad_pass(
 
 
 @triton.jit
-def _ce_fwd_kernel(
+def _ce_fwd_block(
     X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
-    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap, block,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """The forward of row block ``block`` (rows block * BLOCK_M ...)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     x_row = X + rows.to(tl.int64) * stride_x
     xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
@@ -167,6 +175,45 @@ def _ce_fwd_kernel(
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    ROW_LOOP: tl.constexpr,
+):
+    # One row block per program, or (ROW_LOOP) a grid smaller than the row blocks, each program walking blocks
+    # pid, pid + grid, ...: with WRITE_GRAD, fewer rows in flight at once keep each row in L2 between its two passes.
+    if ROW_LOOP:
+        for block in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+            _ce_fwd_block(X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+                          n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap, block,
+                          HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, WRITE_GRAD, BLOCK_M, BLOCK_V)
+    else:
+        _ce_fwd_block(X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+                      n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+                      tl.program_id(0), HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, WRITE_GRAD, BLOCK_M,
+                      BLOCK_V)
+
+
+@triton.jit
+def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    # X[rows, :] *= g for the 0-d upstream gradient g, read on the device; nothing is read or written when g == 1
+    # (the usual loss.backward()), so the check costs no host sync.
+    g = tl.load(G).to(tl.float32)
+    if g != 1.0:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < n_rows
+        x_row = X + rows.to(tl.int64) * stride_x
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = rmask[:, None] & (cols < V)[None, :]
+            p = x_row[:, None] + cols[None, :]
+            x = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+            tl.store(p, (x * g).to(X.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -282,12 +329,14 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+    programs: int | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    ``programs``: at most this many programs, each walking several row blocks (default: one per row block).
     """
     n, vocab = x.shape
     if n == 0:
@@ -296,7 +345,8 @@ def ce_rows_forward(
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
-    _ce_fwd_kernel[(cdiv(n, block_m),)](
+    grid = cdiv(n, block_m) if programs is None else max(1, min(cdiv(n, block_m), programs))
+    _ce_fwd_kernel[(grid,)](
         x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
         coef, (coef.stride(0) if coef.dim() else 0) if write_grad else 0, dx, dx.stride(0),
         out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
@@ -304,8 +354,28 @@ def ce_rows_forward(
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, ROW_LOOP=programs is not None, num_warps=warps,
     )
+
+
+def grad_in_forward_programs(device: torch.device) -> int | None:
+    """The forward's grid cap when it forms the gradient (None: one program per row block, e.g. the interpreter)."""
+    if device.type == "cuda" and not interpreter_enabled():
+        return GRAD_IN_FORWARD_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None
+                                                            else torch.cuda.current_device())
+    return None
+
+
+def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``x *= g`` in place for rows ``x`` (n, V) (unit column stride) and a 0-d tensor ``g``, skipped on the device
+    (no host sync) when g == 1. Returns x."""
+    n, vocab = x.shape
+    if n == 0:
+        return x
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _scale_kernel[(cdiv(n, block_m),)](x, x.stride(0), n, vocab, g.reshape(()), BLOCK_M=block_m, BLOCK_V=block_v,
+                                       num_warps=warps)
+    return x
 
 
 def ce_rows_backward(
@@ -379,15 +449,23 @@ def reduce_losses(
 # ---------------------------------------------------------------------------------------------- autograd
 
 
-def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool):
+def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
+               grad_out: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
     :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
-    scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library)."""
+    scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library).
+    ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
+    right after its loss (see GRAD_IN_FORWARD_PROGRAMS_PER_SM)."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
-    ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+    if grad_out is None:
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+    else:
+        coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
+                        grad_out=grad_out, programs=grad_in_forward_programs(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
@@ -405,6 +483,9 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     Returns (loss, z_loss, accuracy); z_loss and accuracy are non-differentiable (accuracy is a dummy zero
     when ``want_acc`` is False). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
+    ``inplace``: False, True (the backward writes over the logits) or ``"forward"`` (grad_in_forward: when the
+    logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
+    it by the upstream gradient, a no-op when that is 1).
 
     The forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
     (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
@@ -420,11 +501,16 @@ class CrossEntropyFunction(torch.autograd.Function):
         x = logits if logits.stride(-1) == 1 else logits.contiguous()
         target = target.contiguous()
         cw, cw_sum = class_weight_args(class_weight, x.device)
-        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
+        ctx.grad_formed = inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
+        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
+                                              grad_out=x if ctx.grad_formed else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
         # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
-        ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
-        ctx.opts, ctx.inplace, ctx.consumed = opts, inplace, False
+        if ctx.grad_formed:
+            ctx.save_for_backward(x.detach())
+        else:
+            ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
+        ctx.opts, ctx.inplace, ctx.consumed = opts, bool(inplace), False
         ctx.mark_non_differentiable(z, acc)
         return loss, z, acc
 
@@ -434,8 +520,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return (None,) * 8
         if ctx.consumed:
-            raise RuntimeError("tigon.cross_entropy(inplace_backward=True) wrote its gradient into the logits "
-                               "buffer during the first backward; a second backward through it is not possible")
+            raise RuntimeError("tigon.cross_entropy(inplace_backward=True or grad_in_forward=True) wrote its "
+                               "gradient into the logits buffer and handed it to the first backward; a second "
+                               "backward through it is not possible")
+        if ctx.grad_formed:
+            (x,) = ctx.saved_tensors
+            ctx.consumed = True
+            return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None
         x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
         dx = ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))
