@@ -253,7 +253,8 @@ def describe_mlp(module, spec: MLPSpec) -> str:
     problem = fold_problem(getattr(module, spec.down, None)) if module is not None else None
     if problem is None:
         fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
-                "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored)")
+                "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored; checked "
+                "again at every call: hooks or an instance-level forward added later make it call the layer)")
     else:
         fold = f"; {spec.down} is called on the product ({problem})"
     return f"{spec.down}({name}({inner})){fold}"
