@@ -242,10 +242,13 @@ def test_inplace_gradient_becomes_grad_without_copy(device):
     assert logits.grad.data_ptr() == logits.data_ptr()
 
 
-@pytest.fixture(params=[None, 2], ids=["grid", "row_loop"])
+@pytest.fixture(params=[None, 2, 3], ids=["grid", "row_loop2", "row_loop3"])
 def fwdgrad_programs(request, monkeypatch):
-    # None: one program per row block; 2: two programs walking all row blocks in turn (the GPU's capped grid).
+    # None: one program per row block; 2 / 3: that many programs walking all row blocks in turn (the GPU's capped
+    # grid), over blocks of one row so that each program loops.
     monkeypatch.setattr(ce_ops, "grad_in_forward_programs", lambda device: request.param)
+    if request.param is not None:
+        monkeypatch.setattr(ce_ops, "rows_per_program", lambda *a, **k: 1)
     return request.param
 
 
@@ -344,3 +347,44 @@ def test_grad_in_forward_gradient_becomes_grad_without_copy(device):
     logits = torch.randn(9, 70, device=device, requires_grad=True)
     F.cross_entropy(logits, _targets(9, 70, device), grad_in_forward=True).backward()
     assert logits.grad.data_ptr() == logits.data_ptr()
+
+
+def test_grad_in_forward_rows_sharing_memory(device):
+    # An expanded (N, V) view of one row: written in place, later rows would read gradients as logits; it is copied.
+    bias = torch.randn(1, 300, device=device, requires_grad=True)
+    target = _targets(200, 300, device)
+    expected = bias.detach().clone().requires_grad_()
+    ref_loss = ref_ce(expected.expand(200, 300), target)
+    ref_loss.backward()
+    loss = F.cross_entropy(bias.expand(200, 300), target, grad_in_forward=True)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(bias.grad, expected.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_grad_in_forward_refuses_float16_and_guards_saved_logits(device):
+    logits = torch.randn(6, 50, device=device).half().requires_grad_()
+    with pytest.raises(ValueError, match="float16"):
+        F.cross_entropy(logits * 1, _targets(6, 50, device), grad_in_forward=True)
+    h = torch.randn(6, 50, device=device, requires_grad=True)
+    saved = torch.exp(h)  # exp saves its output for the backward
+    loss = F.cross_entropy(saved, _targets(6, 50, device), grad_in_forward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_grad_in_forward_nn_module_only_in_training(device):
+    from tigon.nn import CrossEntropyLoss
+
+    loss_fn = CrossEntropyLoss(grad_in_forward=True)
+    logits = torch.randn(5, 40, device=device, requires_grad=True)
+    target = _targets(5, 40, device)
+    before = logits.detach().clone()
+    loss_fn.eval()
+    loss_fn(logits * 1, target)  # grad enabled, but evaluation: the (intermediate) logits stay logits
+    inter = logits * 1
+    loss_fn(inter, target)
+    assert torch.equal(inter.detach(), before)
+    loss_fn.train()
+    loss_fn(inter, target)
+    assert not torch.equal(inter.detach(), before)

@@ -374,10 +374,15 @@ def cross_entropy(
         grad_in_forward: if True and the logits need a gradient, the forward writes ``d loss / d logits`` over
             the logits right after computing each row's loss (Liger-Kernel's scheme: the logits are read once
             plus a re-read from cache, instead of once in the forward and again in the backward), and the
-            backward only multiplies it by the upstream gradient (nothing to do for ``loss.backward()``, where
-            that is 1). The logits hold the gradient from the moment the forward returns: only for logits that
-            nothing reads afterwards. Needs a scalar reduction ("mean", "sum", or num_items_in_batch); a second
-            backward raises. Eager mode only: under torch.compile it is ignored, as inplace_backward is.
+            backward only multiplies it by the upstream gradient (for ``loss.backward()``, where that is 1, a
+            kernel reads it and writes nothing). The logits hold the gradient from the moment the forward
+            returns: only for logits that nothing reads afterwards (an op that saved them for its backward raises
+            there; logits without unit column stride or whose rows share memory are copied first and left as
+            they were). With an upstream other than 1 the gradient is rounded to the logits' dtype twice (in the
+            forward, then after the scaling): in bf16 up to about twice the error of the unfused computation;
+            float16 is refused (its gradient would underflow before a loss scale is applied). Needs a scalar
+            reduction ("mean", "sum", or num_items_in_batch); a second backward raises. Ignored under
+            torch.compile (as inplace_backward) and on the reference backend.
 
     Returns:
         The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
@@ -388,9 +393,9 @@ def cross_entropy(
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
             [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
-            grad_in_forward with reduction="none", and targets outside [0, V) other than ignore_index. That last
-            check reads the targets and is skipped on the CUDA kernel path (it would cost a device sync); there
-            such tokens get a NaN loss instead, and nothing is read out of bounds.
+            grad_in_forward with reduction="none" or float16 logits, and targets outside [0, V) other than
+            ignore_index. That last check reads the targets and is skipped on the CUDA kernel path (it would
+            cost a device sync); there such tokens get a NaN loss instead, and nothing is read out of bounds.
     """
     ref = _ref("cross_entropy")
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
@@ -398,6 +403,10 @@ def cross_entropy(
     if grad_in_forward and reduction == "none":
         raise ValueError('grad_in_forward=True needs a scalar loss: reduction "mean" or "sum" (or '
                          'num_items_in_batch), got reduction="none"')
+    if grad_in_forward and logits.dtype == torch.float16:
+        raise ValueError("grad_in_forward=True does not take float16 logits: the gradient, rounded to float16 "
+                         "before a loss scale multiplies it, would underflow; use bfloat16 / float32 logits or "
+                         "inplace_backward=True")
     if select_backend("cross_entropy", logits) == "reference":
         return ref.cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,

@@ -42,7 +42,9 @@ class CrossEntropyLoss(nn.Module):
         inplace_backward: let the kernel write the logits' gradient into the logits' storage (saves memory; the
             logits must not be used after the backward).
         grad_in_forward: form that gradient in the forward, over the logits (one read of them less; the logits
-            must not be used after the forward; scalar reductions only). See :func:`tigon.functional.cross_entropy`.
+            must not be used after the forward; scalar reductions, no float16). Only in training mode
+            (``self.training``): an evaluation pass leaves the logits alone. See
+            :func:`tigon.functional.cross_entropy`.
 
     Forward:
         ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
@@ -78,7 +80,7 @@ class CrossEntropyLoss(nn.Module):
             logits, tgt, self.weight, self.ignore_index, self.reduction, self.label_smoothing,
             lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
-            inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward,
+            inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
         )
         return _restore(out, lead, self.reduction)
 

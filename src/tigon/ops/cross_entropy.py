@@ -487,21 +487,29 @@ class CrossEntropyFunction(torch.autograd.Function):
     logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
     it by the upstream gradient, a no-op when that is 1).
 
-    The forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
+    By default the forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
     (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
-    ``inplace``, over the logits. (Forming the gradient during the forward, as Liger-Kernel does, would save one
-    read of the logits. Measured on an H200, both ways tried were slower: a second pass over each 128k-wide row
-    (3x slower: it no longer hits L2; sweep_h200.json, tigon_inplace rows), and rows split over programs that hold
-    their block in registers and meet at an atomic counter (32% of copy bandwidth against 60%: the wait between
-    the load and the gradient leaves too few bytes in flight; commit 6468296, session4/tune_h200.json).)
+    ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
+    (one read of the logits less; rounded to the logits' dtype there and again when the backward scales it by an
+    upstream other than 1). Two earlier ways of doing that were slower on an H200: one program per row, whose
+    second pass over each 128k-wide row no longer hit L2 (3x slower; sweep_h200.json, then tigon_inplace rows), and
+    rows split over programs that hold their block in registers and meet at an atomic counter (32% of copy
+    bandwidth against 60%; commit 6468296, session4/tune_h200.json). This one caps the grid instead
+    (GRAD_IN_FORWARD_PROGRAMS_PER_SM); not yet timed.
     """
 
     @staticmethod
     def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
-        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        ctx.grad_formed = inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
+        # Written in place only where every element has its own memory (rows sharing memory, e.g. an expanded
+        # bias, would read gradients as logits): otherwise a contiguous copy takes the gradient.
+        rows_share = logits.shape[0] > 1 and logits.stride(0) < logits.shape[1]
+        x = logits if logits.stride(-1) == 1 and not (ctx.grad_formed and rows_share) else logits.contiguous()
         target = target.contiguous()
         cw, cw_sum = class_weight_args(class_weight, x.device)
-        ctx.grad_formed = inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
+        if ctx.grad_formed and x is logits:
+            # anything that saved the logits for its own backward now raises there instead of reading gradients
+            torch.autograd.graph.increment_version(logits)
         loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
                                               grad_out=x if ctx.grad_formed else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference

@@ -590,7 +590,9 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     fn = _fn_for(case, provider, compiled)
     inputs = case.make(shape, dtype, device)
     leaves = [inputs[k] for k in case.grads]
-    douts = [torch.randn_like(t) for t in _outputs(fn(**inputs))]
+    # Upstream gradients: random for tensors; 1 for a scalar loss, as loss.backward() gives it (Liger's
+    # cross-entropy and Tigon's grad_in_forward skip their scaling pass then).
+    douts = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in _outputs(fn(**inputs))]
     for t in leaves:
         t.grad = None
 
