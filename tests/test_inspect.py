@@ -27,6 +27,8 @@ def test_inspect_llama3_8b_counts(tmp_path, capsys):
     assert sum(g["count"] for g in linear) == 7 * 32 + 1  # q, k, v, o, gate, up, down per layer + lm_head
     assert any("LM head" in g["reason"] for g in linear)
     assert r["config"]["vocab_size"] == 128256
+    # the meta-device model reports the fold that a loaded one makes (not "called: parameters on meta")
+    assert "is folded in once its weights are loaded" in json.dumps(r)
     out = capsys.readouterr().out
     assert "would replace" in out and "norms 65" in out
     # the dry run left nothing behind: no rotary dispatcher installed, no class patched

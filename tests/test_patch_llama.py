@@ -537,3 +537,13 @@ def test_glu_linear_on_meta_tensors():
     out = tigon.functional.glu_linear(torch.empty(4, 8, device=meta), torch.empty(4, 8, device=meta),
                                       torch.empty(3, 8, device=meta))
     assert out.shape == (4, 3) and out.is_meta
+
+
+def test_patch_flags_must_be_bools():
+    # checked before anything is resolved or patched (a family name would otherwise patch at class level)
+    for kwargs, needle in (({"cross_entropy": {"label_smoothing": 0.5}}, "takes no options"),
+                           ({"rms_norm": "no"}, "rms_norm must be True or False"),
+                           ({"strict": 1}, "strict must be True or False")):
+        with pytest.raises(TypeError, match=needle):
+            tigon.patch("llama", **kwargs)
+    assert not patched_state()["class_level"]

@@ -562,9 +562,17 @@ def patch(
             ``strict=True`` and something requested cannot be patched (the
             message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
             model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
-        TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict.
+        TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict; ``rms_norm``, ``rope``, ``mlp``,
+            ``layer_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g. an options dict for cross_entropy,
+            which takes none).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
+    for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
+                       ("cross_entropy", cross_entropy), ("strict", strict)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
+                            + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
+                               if name == "cross_entropy" and isinstance(flag, Mapping) else ""))
     fused, flce = flce_options(fused_linear_cross_entropy)
     spec, level = _resolve(model_or_family, "patch", family)
     if level == "instance":

@@ -134,8 +134,11 @@ def fold_problem(module) -> str | None:
     if not all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params):
         return "its parameters are tensor subclasses (DTensor, quantised)"
     if any(p.is_meta for p in params):
-        return "its parameters are on the meta device"
+        return _META_PROBLEM
     return None
+
+
+_META_PROBLEM = "its parameters are on the meta device"
 
 
 def foldable_linear(module) -> bool:
@@ -251,9 +254,11 @@ def describe_mlp(module, spec: MLPSpec) -> str:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
     problem = fold_problem(getattr(module, spec.down, None)) if module is not None else None
-    if problem is None:
+    if problem is None or problem == _META_PROBLEM:
+        # a model built on the meta device (tigon inspect, deferred loading) folds once its weights are real
         fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
-                "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored; checked "
+                + ("once its weights are loaded (on the meta device now) " if problem else "")
+                + "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored; checked "
                 "again at every call: hooks or an instance-level forward added later make it call the layer)")
     else:
         fold = f"; {spec.down} is called on the product ({problem})"
