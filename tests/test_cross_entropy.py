@@ -40,18 +40,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", list(CASES))
-def test_cross_entropy_matches_float64(device, dtype, case):
+def _case_inputs(case, dtype, device, n=37, v=531):
+    """compare()'s inputs for CASES[case]: (n, v) logits of ``dtype``, targets and the options."""
     opts = dict(CASES[case])
-    n, v = 37, 531
     ignore_every = opts.pop("ignore_every", 0)
     ignore_index = opts.get("ignore_index", -100)
     logits = (torch.randn(n, v, device=device) * 3 + 1).to(dtype)
     target = _targets(n, v, device, ignore_every, ignore_index)
     if opts.pop("weight", False):
         opts["weight"] = torch.rand(v, device=device) + 0.5
-    checks = compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target, **opts), ["logits"], factor=FACTOR)
+    return dict(logits=logits, target=target, **opts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cross_entropy_matches_float64(device, dtype, case):
+    checks = compare(F.cross_entropy, ref_ce, _case_inputs(case, dtype, device), ["logits"], factor=FACTOR)
     assert {c.tensor for c in checks} == {"out", "grad_logits"}
     assert_close_to_truth(checks)
 
@@ -255,15 +259,6 @@ def fwdgrad_programs(request, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c].get("reduction") != "none"])
 def test_grad_in_forward_matches_float64(device, dtype, case, fwdgrad_programs):
-    opts = dict(CASES[case])
-    n, v = 37, 531
-    ignore_every = opts.pop("ignore_every", 0)
-    ignore_index = opts.get("ignore_index", -100)
-    logits = (torch.randn(n, v, device=device) * 3 + 1).to(dtype)
-    target = _targets(n, v, device, ignore_every, ignore_index)
-    if opts.pop("weight", False):
-        opts["weight"] = torch.rand(v, device=device) + 0.5
-
     def tigon_fwdgrad(logits, target, **kw):
         return F.cross_entropy(logits * 1, target, grad_in_forward=True, **kw)  # an intermediate, as in a model
 
@@ -271,7 +266,7 @@ def test_grad_in_forward_matches_float64(device, dtype, case, fwdgrad_programs):
     # after the backward's scaling), so its bound is 2x the original's (see test_grad_in_forward_bf16_against_truth,
     # which checks the single rounding of upstream 1 at 1.01x).
     factor = FACTOR if dtype == torch.float32 else 2.0
-    checks = compare(tigon_fwdgrad, ref_ce, dict(logits=logits, target=target, **opts), ["logits"], factor=factor)
+    checks = compare(tigon_fwdgrad, ref_ce, _case_inputs(case, dtype, device), ["logits"], factor=factor)
     assert {c.tensor for c in checks} == {"out", "grad_logits"}
     assert_close_to_truth(checks)
 
