@@ -37,6 +37,7 @@ def test_losses_finite_same_length_and_close(result):
 def test_config_resolved_and_data_are_bytes(result):
     cfg = result["config"]
     assert cfg["steps"] == 3 and cfg["batch_size"] == 2 and cfg["seq_len"] == 16 and cfg["lr"] > 0
+    assert cfg["layers"] == result["model"]["num_hidden_layers"] == 2  # the preset's count, not None
     assert result["data"]["tokenizer"] == "utf-8 bytes"
     assert result["data"]["tokens_per_step"] == 32
 

@@ -982,6 +982,9 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
         print(" ".join(f"{row['provider']}={_num(row['tokens_per_s'])}tok/s" if row["status"] == "ok"
                        else f"{row['provider']}={row['status']}" for row in report["rows"])
               + f" device={report['device']}")
+        for row in report["rows"]:  # why a provider did not run (one line each, on stderr)
+            if row["status"] != "ok" and row.get("note"):
+                print(f"{row['provider']} {row['status']}: {row['note']}", file=sys.stderr)
     else:
         _render_e2e(report, args.json)
     return 0

@@ -1,12 +1,13 @@
 """Speed and peak memory of each op, per provider, on a model's shapes (library code behind ``tigon bench``).
 
 Providers: ``eager`` (the original PyTorch code, as Hugging Face writes it), ``compile`` (torch.compile of
-eager), ``tigon``, ``tigon_inplace`` (cross_entropy, swiglu, geglu: Tigon with ``inplace_backward=True``, the
+eager), ``tigon``, ``tigon_inplace`` (cross_entropy, swiglu, geglu, glu_linear: ``inplace_backward=True``, the
 gradients written into the inputs' memory, as Liger always does), ``tigon_fwdgrad`` (cross_entropy with
 ``grad_in_forward=True``: the gradient formed in the forward, over the logits, Liger's scheme), ``tigon_lean``
 (fused linear cross-entropy with ``accum_dtype`` = the weight's dtype: Liger's memory, grad_weight rounded per
 chunk), and the peers ``liger`` (Liger-Kernel) and ``cce`` (Apple's Cut Cross-Entropy, fused linear cross-entropy
-only) when installed; missing ones are skipped with a note. A provider that fails on a shape (out of memory, unsupported dtype, a signature change) is recorded as a
+only) when installed; missing ones are skipped with a note. A provider that fails on a shape (out of memory,
+unsupported dtype, a signature change) is recorded as a
 row with ``note="failed: ..."`` and the run goes on.
 
 Timing: on CUDA, ``triton.testing.do_bench`` (CUDA events; median with 20/80 percentiles) on fresh random
@@ -322,6 +323,12 @@ def _glu_inputs(s, dtype, device):
             "up": _rand((s["tokens"], s["intermediate"]), dtype, device, True)}
 
 
+def _glu_linear_inputs(s, dtype, device):
+    d = _glu_inputs(s, dtype, device)
+    d["weight"] = _rand((s["hidden"], s["intermediate"]), dtype, device, True, scale=s["intermediate"] ** -0.5)
+    return d
+
+
 def _targets(s, device):
     t = torch.randint(0, s["vocab"], (s["tokens"],), device=device)
     t[torch.rand(s["tokens"], device=device) < 0.1] = -100
@@ -402,6 +409,16 @@ CASES: dict[str, OpCase] = {
          "liger": lambda gate, up: _liger("liger_geglu")(gate, up)},               # liger_geglu(a, b), tanh gelu
         ("gate", "up"),
         min_bytes=lambda s, e, m: (3 if m == "fwd" else 8) * s["tokens"] * s["intermediate"] * e),
+    # The patched MLP's down projection with the product (tigon.functional.glu_linear): matmul-bound; eager / Liger
+    # store the (tokens, intermediate) product for the backward, Tigon recomputes it (peak memory shows it).
+    "glu_linear": OpCase(
+        "glu_linear", _glu_linear_inputs,
+        {"eager": lambda gate, up, weight: torch.nn.functional.linear(ref_glu.swiglu(gate, up), weight),
+         "tigon": lambda gate, up, weight: F.glu_linear(gate, up, weight),
+         "tigon_inplace": lambda gate, up, weight: F.glu_linear(gate, up, weight, inplace_backward=True),
+         "liger": lambda gate, up, weight: torch.nn.functional.linear(_liger("liger_swiglu")(gate, up), weight)},
+        ("gate", "up", "weight"),
+        flops=lambda s, m: (2 if m == "fwd" else 6) * s["tokens"] * s["intermediate"] * s["hidden"]),
     "cross_entropy": OpCase(
         "cross_entropy", _ce_inputs,
         {"eager": lambda logits, target: torch.nn.functional.cross_entropy(logits.float(), target),
@@ -463,6 +480,7 @@ def shapes_from_config(cfg: dict, tokens: int = 16384, batch: int = 4) -> dict[s
                  "kv_heads": cfg.get("num_key_value_heads") or heads, "head_dim": D},
         "swiglu": {"tokens": tokens, "intermediate": cfg["intermediate_size"]},
         "geglu": {"tokens": tokens, "intermediate": cfg["intermediate_size"]},
+        "glu_linear": {"tokens": tokens, "intermediate": cfg["intermediate_size"], "hidden": H},
         "cross_entropy": {"tokens": tokens, "vocab": cfg["vocab_size"]},
         "fused_linear_cross_entropy": {"tokens": tokens, "hidden": H, "vocab": cfg["vocab_size"],
                                        "softcap": cfg.get("final_logit_softcapping")},
@@ -488,6 +506,8 @@ def model_ops(cfg: dict) -> list[str]:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:
         ops.add("rope")
+    if "swiglu" in ops and any(getattr(m, "down", None) and not getattr(m, "experts", False) for m in spec.mlps):
+        ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
     ops |= {"cross_entropy", "fused_linear_cross_entropy"}
     return [op for op in CASES if op in ops]
 
@@ -825,10 +845,10 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
     if any(r.provider == "tigon_inplace" for r in result.rows):
-        result.notes.append("tigon_inplace: inplace_backward=True (cross_entropy, swiglu, geglu): the gradients are "
-                            "written into the inputs' memory and become their .grad without a copy, as inside a "
-                            "model they replace the activations they were computed from; repeated calls therefore "
-                            "run on overwritten inputs (same work, other values).")
+        result.notes.append("tigon_inplace: inplace_backward=True (cross_entropy, swiglu, geglu, glu_linear): the "
+                            "gradients are written into the inputs' memory and become their .grad without a copy, as "
+                            "inside a model they replace the activations they were computed from; repeated calls "
+                            "therefore run on overwritten inputs (same work, other values).")
     if cfg.cuda_graph:
         result.notes.append("cuda_graph: fwd and fwd_bwd are CUDA-graph replays (triton.testing.do_bench_cudagraph): "
                             "kernel time without the host's launch and autograd cost; bwd rows are still timed "

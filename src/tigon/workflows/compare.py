@@ -446,7 +446,7 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
     if support.describe_backend(original.backend_usage) != "none":
         notes.append("unexpected: Tigon ops ran during the original run (was the model patched at class level?).")
     return CompareResult(
-        config=dataclasses.asdict(cfg),
+        config=dict(dataclasses.asdict(cfg), layers=getattr(hf_config, "num_hidden_layers", cfg.layers)),
         model=model_info,
         data={"corpus": _data.CORPUS_NAME, "tokenizer": tok_name, "corpus_tokens": int(tokens.numel()),
               "tokens_per_step": original.tokens_per_step},
