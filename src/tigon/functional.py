@@ -236,12 +236,13 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     keeping the (..., I) product for the backward.
 
     HF LlamaMLP computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (GLU variants, Shazeer 2020); autograd
-    then saves gate, up (for the activation's backward) *and* the product (the down projection's input, for its weight gradient): three
-    (tokens, I) tensors per layer. This saves gate and up only. The backward forms ``dy = dout @ weight`` and one
-    elementwise pass reads dy, gate and up and writes d_gate, d_up and, over dy, the recomputed product, from which
-    ``d_weight = dout.T @ product``: tokens x I x (element size) bytes less activation memory per MLP (224 MiB per
-    Llama-3-8B layer at 8192 tokens in bf16) for one extra (tokens, I) write in the backward. Forward output and
-    gradients equal ``down_proj(swiglu(gate, up))`` (the same kernels and matmuls).
+    then saves gate, up (for the activation's backward) *and* the product (the down projection's input, for its
+    weight gradient): three (tokens, I) tensors per layer. This saves gate and up only. The backward forms ``dy =
+    dout @ weight`` and one elementwise pass reads dy, gate and up and writes d_gate, d_up and, over dy, the
+    recomputed product, from which ``d_weight = dout.T @ product``: tokens x I x (element size) bytes less
+    activation memory per MLP (224 MiB per Llama-3-8B layer at 8192 tokens in bf16) for one extra (tokens, I) write
+    in the backward. Forward output and gradients equal ``down_proj(swiglu(gate, up))`` (the same kernels and
+    matmuls).
 
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.

@@ -269,8 +269,17 @@ def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
     scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
     tensors and passes False."""
     g = grad_loss.to(torch.float32).reshape(())
-    return tuple(None if t is None else t.finish(g, dt) if isinstance(t, RowHalves)
-                 else (t.mul_(g) if inplace else t.mul(g)).to(dt) for t, dt in zip(grads, dtypes))
+    return tuple(finish_grad(t, g, dt, inplace) for t, dt in zip(grads, dtypes))
+
+
+def finish_grad(t, scale: torch.Tensor | None, dtype: torch.dtype, inplace: bool = True):
+    """An accumulated gradient (a tensor, a :class:`RowHalves` or None) times ``scale`` (0-d fp32, or None for no
+    scaling), cast to ``dtype``; ``inplace`` scales the tensor itself (a RowHalves is always consumed)."""
+    if t is None or isinstance(t, RowHalves):
+        return t if t is None else t.finish(scale, dtype)
+    if scale is not None:
+        t = t.mul_(scale) if inplace else t.mul(scale)
+    return t.to(dtype)
 
 
 def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: bool = False):
@@ -365,11 +374,8 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
             mm.logits(lg, hs, w, b)
             ce_rows_backward(lg, target[s:e], cw, cw_sum, lse[s:e], opts, coef[s:e], lg)
             mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
-    return (
-        gh.to(hidden.dtype) if gh is not None else None,
-        gw.finish(None, weight.dtype) if isinstance(gw, RowHalves) else gw.to(weight.dtype) if gw is not None else None,
-        gb.to(bias.dtype) if gb is not None else None,
-    )
+    return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
+            finish_grad(gb, None, bias.dtype if bias is not None else None))
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):

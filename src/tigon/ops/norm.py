@@ -244,10 +244,11 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
 
     Whole rows of 16384 in registers (H200, 16384 x 16384 bf16 fwd+bwd): RMSNorm 8 / 16 / 32 warps 0.93 / 0.81 /
     0.81 ms, and in session6/tune4_rope_rms16k.json 0.921 / 0.817 / 0.810 ms (Liger 0.778; with the next row
-    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32. LayerNorm with dW and dB accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32 warps
-    10.1 / 7.1 / 1.57 ms; hence ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a separate
-    column sum of dy (one more read of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16 / 32 warps
-    1.00 / 6.98 / 1.28 ms (torch.compile 1.06 ms). Figures: session5/tune3_h200.json (session4/tune_h200.json
+    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32. LayerNorm with dW and dB
+    accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32 warps 10.1 / 7.1 / 1.57 ms; hence
+    ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a separate column sum of dy (one more read
+    of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16 / 32 warps 1.00 / 6.98 / 1.28 ms
+    (torch.compile 1.06 ms). Figures: session5/tune3_h200.json (session4/tune_h200.json
     before). Rows wider than 16384 keep 32 warps (not measured with db_by_columns).
     """
     prefetch = block_n <= WIDE_ROW
