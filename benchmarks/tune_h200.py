@@ -16,6 +16,10 @@ per-position RoPE kernel, went with those kernels; their results are in results/
   ce_fwdgrad  cross-entropy with grad_in_forward (session 6, not yet run): fwd+bwd, V=128256, N=1k..32k, plain
            do_bench as the sweep times cross-entropy, against tigon / tigon_inplace / compile / Liger: programs per
            SM of the capped grid (1, 2, 4, uncapped) x vocabulary block (8192, 16384)
+  rms_hold rms_norm fwd+bwd at hidden 12288 / 16384: how the backward holds the weight row (norm.W_HOLD) x warps
+           x prefetch, with the backward kernels' registers and spills (Liger's too)
+  rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
+           control, one set (the earlier sweeps' method, which left small inputs in the L2 cache)
 """
 
 import argparse
@@ -27,6 +31,7 @@ import torch
 
 import tigon.ops.norm as norm_ops
 import tigon.ops.rope as rope_ops
+import tigon.workflows.bench as bench_mod
 from tigon.presets import PRESETS
 from tigon.workflows.bench import measure_ceilings, run_bench, shapes_from_config
 
@@ -172,6 +177,65 @@ def part_ce_fwdgrad(ceilings, out):
                 out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
                                  cuda_graph=False)
             report(out, key)
+
+
+class KernelSpy:
+    """Wraps a Triton kernel so that the compiled kernel of its last launch (n_regs, n_spills) can be read."""
+
+    def __init__(self, kernel):
+        self.kernel, self.last = kernel, None
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.last = launch(*args, **kwargs)
+            return self.last
+
+        return run
+
+    def regs(self):
+        k = self.last
+        return None if k is None else {"n_regs": getattr(k, "n_regs", None), "n_spills": getattr(k, "n_spills", None)}
+
+
+def part_rms_hold(ceilings, out):
+    shapes = [dict(shapes_from_config(CFG, tokens=16384)["rms_norm"], hidden=h) for h in (12288, 16384)]
+    out["rms_hold_peers"] = timed("rms_norm", shapes, ["compile", "tigon", "liger"], ceilings, ("fwd", "fwd_bwd"))
+    report(out, "rms_hold_peers")
+    try:
+        import liger_kernel.ops.rms_norm as lrms
+
+        spy = KernelSpy(lrms._rms_norm_backward_kernel)
+        with patched(lrms, _rms_norm_backward_kernel=spy):
+            timed("rms_norm", shapes[1:], ["liger"], ceilings, ("fwd_bwd",))
+        out["rms_hold_liger_regs"] = spy.regs()
+        print("liger bwd kernel", spy.regs(), flush=True)
+    except Exception as e:  # noqa: BLE001 - diagnostics only
+        out["rms_hold_liger_regs"] = f"failed: {e!r}"
+    base = norm_ops.bwd_config
+    for hold in (0, 1, 2):
+        for warps in (16, 32):
+            for prefetch in (False, True):
+                cfg = (lambda M, block_n, device, is_rms, w=warps: (1, base(M, block_n, device, is_rms)[1], w, False))
+                key = f"rms_hold{hold}_w{warps}" + ("_prefetch" if prefetch else "")
+                spy = KernelSpy(norm_ops._norm_bwd)
+                with patched(norm_ops, bwd_config=cfg, W_HOLD=hold, _norm_bwd=spy,
+                             WIDE_ROW=16384 if prefetch else norm_ops.WIDE_ROW):
+                    out[key] = timed("rms_norm", shapes, ["tigon"], ceilings, ("fwd_bwd",))
+                out[key + "_regs"] = spy.regs()
+                report(out, key)
+                print(key, spy.regs(), flush=True)
+
+
+def part_rotate(ceilings, out):
+    for op in ("rope", "rms_norm"):
+        shapes = [shapes_from_config(CFG, tokens=n)[op] for n in (1024, 2048, 4096, 8192)]
+        out[f"rotate_{op}"] = timed(op, shapes, ["compile", "tigon", "liger"], ceilings, ("fwd", "fwd_bwd"))
+        report(out, f"rotate_{op}")
+        with patched(bench_mod, rotation_sets=lambda nbytes, device: 1):
+            out[f"rotate_{op}_one_set"] = timed(op, shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"))
+        report(out, f"rotate_{op}_one_set")
 
 
 def report(out, key):

@@ -254,3 +254,33 @@ def test_glu_linear_case():
     assert case.flops(shape, "fwd_bwd") == 6 * 8 * 24 * 16 and case.min_bytes is None
     assert "glu_linear" in B.shapes_from_config({"hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 2,
                                                  "vocab_size": 50})
+
+
+def test_rotation_sets_cover_several_l2_caches(monkeypatch):
+    class Props:
+        L2_cache_size = 50 * 2**20
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    cuda = torch.device("cuda")
+    assert B.rotation_sets(10 * 2**20, cuda) == 20  # 20 x 10 MiB = 4 x 50 MiB
+    assert B.rotation_sets(2**30, cuda) == 1
+    assert B.rotation_sets(1024, cuda) == 64  # capped
+    assert B.rotation_sets(10 * 2**20, torch.device("cpu")) == 1
+
+
+def test_bench_one_rotates_input_sets(monkeypatch):
+    # each timed call gets the next set; every set's leaves are reset; the rows still hold one value per mode
+    monkeypatch.setattr(B, "rotation_sets", lambda nbytes, device: 3)
+    seen = []
+    case = B.CASES["rms_norm"]
+    orig = case.providers["eager"]
+
+    def spy(**kw):
+        seen.append(id(kw["x"]))
+        return orig(**kw)
+
+    monkeypatch.setitem(case.providers, "eager", spy)
+    shape = {"tokens": 4, "hidden": 8}
+    rows = B.bench_one(case, "eager", shape, torch.float32, torch.device("cpu"), {}, {}, modes=("fwd", "fwd_bwd"))
+    assert [r.mode for r in rows] == ["fwd", "fwd_bwd"] and all(r.ms > 0 for r in rows)
+    assert len(set(seen)) == 3

@@ -38,6 +38,10 @@ from ._common import (
 # layout: x, dy and the dW accumulator of one row, 16 or 32 warps), beyond that the column-chunked kernel.
 WIDE_ROW = 8192
 REGISTER_ROW = 32768
+# How rows of W_HOLD_ROW+ elements hold the weight row between rows (``_norm_bwd``'s W_HOLD): 0 fp32, 1 storage
+# dtype, 2 re-read every row. Narrower rows always hold it in fp32.
+W_HOLD = 0
+W_HOLD_ROW = 16384
 
 
 @triton.jit
@@ -91,13 +95,18 @@ def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_d
 def _norm_bwd(
     DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
     IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, W_HOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
+    # W_HOLD (the registers the weight row takes between rows): 0 fp32 (+ offset), 1 the storage dtype (converted
+    # every row), 2 none (re-read every row, from L1/L2).
     if HAS_W:
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        if W_HOLD == 0:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        elif W_HOLD == 1:
+            w = tl.load(W + cols, mask=cmask, other=0.0)
     # dW/dB accumulate per tile position and are reduced over rows once at the end, not per step.
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -116,7 +125,12 @@ def _norm_bwd(
         dyf = dy.to(tl.float32)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_W:
-            g = dyf * w[None, :]
+            if W_HOLD == 0:
+                g = dyf * w[None, :]
+            elif W_HOLD == 1:
+                g = dyf * (w.to(tl.float32) + offset)[None, :]
+            else:
+                g = dyf * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
         else:
             g = dyf
         c1 = tl.sum(g * xhat, axis=1) / N
@@ -326,7 +340,8 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         chunk = min(4096, block_n)
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
-        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=warps)
+        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+                            W_HOLD=W_HOLD if block_n >= W_HOLD_ROW else 0, num_warps=warps)
     dw = torch.empty(N, dtype=torch.float32, device=x2.device) if need_dw else None
     db = torch.empty(N, dtype=torch.float32, device=x2.device) if need_db else None
     if need_dw or need_db:

@@ -11,7 +11,8 @@ unsupported dtype, a signature change) is recorded as a
 row with ``note="failed: ..."`` and the run goes on.
 
 Timing: on CUDA, ``triton.testing.do_bench`` (CUDA events; median with 20/80 percentiles) on fresh random
-inputs for every (op, provider, shape); on CPU a wall-clock median of a few calls (the numbers then only show
+inputs for every (op, provider, shape), rotating among enough input sets that consecutive calls do not find their
+inputs in the L2 cache (:func:`rotation_sets`); on CPU a wall-clock median of a few calls (the numbers then only show
 that the path runs: Tigon's kernels are executed by Triton's interpreter). Modes: ``fwd`` (training forward,
 inputs require grad), ``bwd`` (the backward alone: a fresh, untimed forward before every sample, so backward
 passes that can run only once per forward, such as Tigon's fused linear cross-entropy or an in-place backward,
@@ -45,6 +46,7 @@ from __future__ import annotations
 import csv
 import gc
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -596,6 +598,28 @@ def _outputs(o) -> list[torch.Tensor]:
     return [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
+ROTATE_L2_MULTIPLE = 4
+
+
+def _set_bytes(inputs: dict, douts: list[torch.Tensor]) -> int:
+    tensors = [t for t in inputs.values() if isinstance(t, torch.Tensor)] + list(douts)
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def rotation_sets(set_bytes: int, device: torch.device) -> int:
+    """How many input sets :func:`bench_one` rotates through: enough that ``ROTATE_L2_MULTIPLE`` x the L2 cache
+    is touched between two uses of one set (CUDA; at most 64 sets), 1 on CPU or for sets that large.
+
+    Why: a CUDA-graph replay does not flush the cache between calls, so small inputs timed over one buffer
+    measure the L2 cache (METHOD: rotate among several input sets), and an op that overwrites its inputs in place
+    touches half the bytes of one that writes new outputs, so only it stays in the cache.
+    """
+    if device.type != "cuda" or set_bytes <= 0:
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 * 2**20
+    return int(max(1, min(64, -(-ROTATE_L2_MULTIPLE * l2 // set_bytes))))
+
+
 def _backward(outs: list[torch.Tensor], douts: list[torch.Tensor]) -> None:
     torch.autograd.backward(outs, douts)
 
@@ -613,22 +637,30 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     # Upstream gradients: random for tensors; 1 for a scalar loss, as loss.backward() gives it (Liger's
     # cross-entropy and Tigon's grad_in_forward skip their scaling pass then).
     douts = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in _outputs(fn(**inputs))]
-    for t in leaves:
+    # Input sets rotated call after call, so that repeated calls do not find their inputs in the L2 cache.
+    sets = [(inputs, douts)]
+    for _ in range(rotation_sets(_set_bytes(inputs, douts), device) - 1):
+        more = case.make(shape, dtype, device)
+        sets.append((more, [d.clone() if d.dim() == 0 else torch.randn_like(d) for d in douts]))
+    all_leaves = [s[0][k] for s in sets for k in case.grads]
+    for t in all_leaves:
         t.grad = None
+    turn = itertools.cycle(sets)
 
     def fwd():
-        return fn(**inputs)
+        return fn(**next(turn)[0])
 
     def fwd_bwd():
-        _backward(_outputs(fn(**inputs)), douts)
+        ins, ds = next(turn)
+        _backward(_outputs(fn(**ins)), ds)
 
     results: dict[str, tuple[float, float, float]] = {}
     if "fwd" in modes:
-        results["fwd"] = _time(fwd, device, grad_to_none=leaves, cuda_graph=cuda_graph)
+        results["fwd"] = _time(fwd, device, grad_to_none=all_leaves, cuda_graph=cuda_graph)
     if "fwd_bwd" in modes or "bwd" in modes:
-        results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=leaves, cuda_graph=cuda_graph)
+        results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=all_leaves, cuda_graph=cuda_graph)
     if "bwd" in modes:
-        results["bwd"] = _time_bwd(fwd, douts, device, leaves, results["fwd_bwd"][0])
+        results["bwd"] = _time_bwd(lambda: fn(**inputs), douts, device, leaves, results["fwd_bwd"][0])
     peak = None
     if device.type == "cuda":
         for t in leaves:
@@ -852,7 +884,8 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
     if cfg.cuda_graph:
         result.notes.append("cuda_graph: fwd and fwd_bwd are CUDA-graph replays (triton.testing.do_bench_cudagraph): "
                             "kernel time without the host's launch and autograd cost; bwd rows are still timed "
-                            "with events around an eager backward.")
+                            "with events around an eager backward. Small inputs rotate among several sets "
+                            f"(together >= {ROTATE_L2_MULTIPLE} x the L2 cache), since replays do not flush it.")
     if any(r.provider == "liger" for r in result.rows):
         result.notes.append("liger writes the cross-entropy gradient into the logits (compare with tigon_inplace) "
                             "and rotates q/k of rope in place when their layout allows.")
