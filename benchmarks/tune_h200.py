@@ -2,7 +2,7 @@
 timed through tigon.workflows.bench (CUDA-graph replays: kernel time), at the sweep points where Tigon missed
 its target; JSON to --out. The chosen heuristics cite this file.
 
-    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts norm,ce_host,rope_rows,rms16k,ce_fwdgrad]
+    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts norm,ce_host,rope_rows,rms16k,rms_hold,rotate,ce_large]
 
 Parts (session 4's "ce" part, the split-row in-place cross-entropy, and its "rope" part, heads per program of the
 per-position RoPE kernel, went with those kernels; their results are in results/h200/session4/):
@@ -13,9 +13,10 @@ per-position RoPE kernel, went with those kernels; their results are in results/
            per-position kernel it replaced (--old-rope: that file, git show 7d35902:src/tigon/ops/rope.py with
            absolute imports), tile elements x warps, and the forward in place (Liger's memory traffic) at 1k-8k
   rms16k   rms_norm fwd+bwd at 16384 x 16384: backward warps, with and without the next row prefetched
-  ce_fwdgrad  cross-entropy with grad_in_forward (session 6, not yet run): fwd+bwd, V=128256, N=1k..32k, plain
-           do_bench as the sweep times cross-entropy, against tigon / tigon_inplace / compile / Liger: programs per
-           SM of the capped grid (1, 2, 4, uncapped) x vocabulary block (8192, 16384)
+  ce_fwdgrad  (session 7, commit de4d349, since removed with the grid cap it tuned) cross-entropy with
+           grad_in_forward: programs per SM of a capped grid (1, 2, 4, uncapped) x vocabulary block (8192, 16384)
+  ce_large cross-entropy at 8k-64k tokens, fwd and fwd+bwd, plain do_bench: tigon (lazy), tigon_inplace,
+           tigon_fwdgrad (grad_in_forward) and Liger (which forms the gradient in its forward too)
   rms_hold rms_norm fwd+bwd at hidden 12288 / 16384: how the backward holds the weight row (norm.W_HOLD) x warps
            x prefetch, with the backward kernels' registers and spills (Liger's too)
   rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
@@ -161,22 +162,11 @@ def part_rms16k(ceilings, out):
                 report(out, key)
 
 
-def part_ce_fwdgrad(ceilings, out):
-    import tigon.ops.cross_entropy as ce_ops
-    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (1024, 4096, 8192, 32768)]
-    out["ce_fwdgrad_peers"] = timed("cross_entropy", shapes, ["compile", "tigon", "tigon_inplace", "liger"],
-                                    ceilings, ("fwd_bwd",), cuda_graph=False)
-    report(out, "ce_fwdgrad_peers")
-    base = ce_ops.grad_in_forward_programs
-    for per_sm in (1, 2, 4, None):
-        progs = (lambda device, k=per_sm:
-                 None if k is None else k * base(device) // ce_ops.GRAD_IN_FORWARD_PROGRAMS_PER_SM)
-        for block_v in (8192, 16384):
-            key = f"ce_fwdgrad_p{per_sm}_v{block_v}"
-            with patched(ce_ops, grad_in_forward_programs=progs, MAX_BLOCK_V=block_v):
-                out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
-                                 cuda_graph=False)
-            report(out, key)
+def part_ce_large(ceilings, out):
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 16384, 32768, 65536)]
+    out["ce_large"] = timed("cross_entropy", shapes, ["tigon", "tigon_inplace", "tigon_fwdgrad", "liger"], ceilings,
+                            ("fwd", "fwd_bwd"), cuda_graph=False)
+    report(out, "ce_large")
 
 
 class KernelSpy:
@@ -250,7 +240,7 @@ def report(out, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="norm,ce_host,rope_rows,rms16k,ce_fwdgrad")
+    ap.add_argument("--parts", default="norm,ce_host,rope_rows,rms16k,rms_hold,rotate,ce_large")
     ap.add_argument("--old-rope", help="rope_rows: the per-position kernel's file, timed in the same run")
     args = ap.parse_args()
     t0 = time.time()

@@ -246,19 +246,9 @@ def test_inplace_gradient_becomes_grad_without_copy(device):
     assert logits.grad.data_ptr() == logits.data_ptr()
 
 
-@pytest.fixture(params=[None, 2, 3], ids=["grid", "row_loop2", "row_loop3"])
-def fwdgrad_programs(request, monkeypatch):
-    # None: one program per row block; 2 / 3: that many programs walking all row blocks in turn (the GPU's capped
-    # grid), over blocks of one row so that each program loops.
-    monkeypatch.setattr(ce_ops, "grad_in_forward_programs", lambda device: request.param)
-    if request.param is not None:
-        monkeypatch.setattr(ce_ops, "rows_per_program", lambda *a, **k: 1)
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c].get("reduction") != "none"])
-def test_grad_in_forward_matches_float64(device, dtype, case, fwdgrad_programs):
+def test_grad_in_forward_matches_float64(device, dtype, case):
     def tigon_fwdgrad(logits, target, **kw):
         return F.cross_entropy(logits * 1, target, grad_in_forward=True, **kw)  # an intermediate, as in a model
 
@@ -271,7 +261,7 @@ def test_grad_in_forward_matches_float64(device, dtype, case, fwdgrad_programs):
     assert_close_to_truth(checks)
 
 
-def test_grad_in_forward_writes_the_gradient_in_the_forward(device, fwdgrad_programs):
+def test_grad_in_forward_writes_the_gradient_in_the_forward(device):
     n, v = 23, 300
     x = torch.randn(n, v, device=device)
     target = _targets(n, v, device, ignore_every=4)

@@ -87,14 +87,15 @@ def test_rms_norm_wide_row_and_many_programs(device, monkeypatch, casting_mode, 
     assert_close_to_truth(compare(F.rms_norm, ref_rms_norm, inputs, ["x", "weight"]))
 
 
-@pytest.mark.parametrize("hold", [1, 2])
-def test_rms_norm_weight_held_in_storage_dtype_or_reread(device, monkeypatch, hold):
-    # _norm_bwd's W_HOLD variants of wide rows (the weight row in its own dtype, or re-read every row), in bf16
-    # and with Gemma's offset, where holding it in fp32 (+ offset) is the default.
+@pytest.mark.parametrize("hold", [0, 1, 2])
+def test_rms_norm_weight_held_in_fp32_storage_dtype_or_reread(device, monkeypatch, hold):
+    # _norm_bwd's W_HOLD variants of whole rows without the prefetch (the weight row held in fp32 + offset, in its
+    # own dtype, or re-read every row; rows of 16384 re-read it by default), in fp32 with Gemma's offset and bf16.
     from tigon.ops import norm
 
     monkeypatch.setattr(norm, "W_HOLD", hold)
-    monkeypatch.setattr(norm, "W_HOLD_ROW", 64)
+    monkeypatch.setattr(norm, "W_HOLD_ROW", 512)  # the rows below: 300 elements, a 512-wide block
+    monkeypatch.setattr(norm, "WIDE_ROW", 64)
     for dtype, offset in ((torch.float32, 1.0), (torch.bfloat16, 0.0)):
         inputs = dict(x=torch.randn(7, 300, device=device, dtype=dtype),
                       weight=torch.randn(300, device=device, dtype=dtype), eps=1e-6, offset=offset,

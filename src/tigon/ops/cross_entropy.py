@@ -30,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..support import interpreter_enabled
-from ._common import _sm_count, cdiv, next_pow2, rows_per_program, warps_for
+from ._common import cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -40,12 +39,6 @@ from ._common import _sm_count, cdiv, next_pow2, rows_per_program, warps_for
 # At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
 # copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
-
-# grad_in_forward: the forward writes the gradient over the logits right after each row's loss, re-reading the row.
-# The second read should come from L2 (50 MB on an H200), so the grid is capped at this many programs per SM (each
-# walks row blocks in turn): 1 per SM keeps 132 rows of 128k bf16 logits (33 MB) in flight. Not yet measured on a
-# GPU; the earlier attempt with one program per row (sweep_h200.json, then tigon_inplace) missed L2 and ran 3x slower.
-GRAD_IN_FORWARD_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -111,14 +104,13 @@ def _grad_pass(
 
 
 @triton.jit
-def _ce_fwd_block(
+def _ce_fwd_kernel(
     X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
-    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap, block,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """The forward of row block ``block`` (rows block * BLOCK_M ...)."""
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     x_row = X + rows.to(tl.int64) * stride_x
     xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
@@ -175,28 +167,6 @@ def _ce_fwd_block(
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
-
-
-@triton.jit
-def _ce_fwd_kernel(
-    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
-    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
-    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-    COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROW_LOOP: tl.constexpr,
-):
-    # One row block per program, or (ROW_LOOP) a grid smaller than the row blocks, each program walking blocks
-    # pid, pid + grid, ...: with WRITE_GRAD, fewer rows in flight at once keep each row in L2 between its two passes.
-    if ROW_LOOP:
-        for block in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
-            _ce_fwd_block(X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
-                          n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap, block,
-                          HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, WRITE_GRAD, BLOCK_M, BLOCK_V)
-    else:
-        _ce_fwd_block(X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
-                      n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
-                      tl.program_id(0), HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, WRITE_GRAD, BLOCK_M,
-                      BLOCK_V)
 
 
 @triton.jit
@@ -329,14 +299,12 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
-    programs: int | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
-    ``programs``: at most this many programs, each walking several row blocks (default: one per row block).
     """
     n, vocab = x.shape
     if n == 0:
@@ -345,8 +313,7 @@ def ce_rows_forward(
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
-    grid = cdiv(n, block_m) if programs is None else max(1, min(cdiv(n, block_m), programs))
-    _ce_fwd_kernel[(grid,)](
+    _ce_fwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
         coef, (coef.stride(0) if coef.dim() else 0) if write_grad else 0, dx, dx.stride(0),
         out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
@@ -354,16 +321,8 @@ def ce_rows_forward(
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, ROW_LOOP=programs is not None, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
-
-
-def grad_in_forward_programs(device: torch.device) -> int | None:
-    """The forward's grid cap when it forms the gradient (None: one program per row block, e.g. the interpreter)."""
-    if device.type == "cuda" and not interpreter_enabled():
-        return GRAD_IN_FORWARD_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None
-                                                            else torch.cuda.current_device())
-    return None
 
 
 def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -455,7 +414,7 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
     :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
     scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library).
     ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
-    right after its loss (see GRAD_IN_FORWARD_PROGRAMS_PER_SM)."""
+    right after its loss, by the program that read it."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
@@ -465,7 +424,7 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
     else:
         coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
-                        grad_out=grad_out, programs=grad_in_forward_programs(x.device))
+                        grad_out=grad_out)
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
@@ -490,12 +449,12 @@ class CrossEntropyFunction(torch.autograd.Function):
     By default the forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
     (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
     ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
-    (one read of the logits less; rounded to the logits' dtype there and again when the backward scales it by an
-    upstream other than 1). Two earlier ways of doing that were slower on an H200: one program per row, whose
-    second pass over each 128k-wide row no longer hit L2 (3x slower; sweep_h200.json, then tigon_inplace rows), and
-    rows split over programs that hold their block in registers and meet at an atomic counter (32% of copy
-    bandwidth against 60%; commit 6468296, session4/tune_h200.json). This one caps the grid instead
-    (GRAD_IN_FORWARD_PROGRAMS_PER_SM); not yet timed.
+    (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
+    when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
+    loss. H200, 8192 x 128256 bf16, fwd+bwd with upstream 1 (session7/tune7_ce.json): 1.620 ms, against 1.673
+    lazily and 1.990 for Liger; capping the grid at 1-4 programs per SM, so that fewer rows are in flight between
+    their two passes, was slower (2.0-4.6 ms: too few bytes in flight), as were rows split over programs that
+    meet at an atomic counter (32% of copy bandwidth; commit 6468296, session4/tune_h200.json).
     """
 
     @staticmethod

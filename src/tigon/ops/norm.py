@@ -38,9 +38,12 @@ from ._common import (
 # layout: x, dy and the dW accumulator of one row, 16 or 32 warps), beyond that the column-chunked kernel.
 WIDE_ROW = 8192
 REGISTER_ROW = 32768
-# How rows of W_HOLD_ROW+ elements hold the weight row between rows (``_norm_bwd``'s W_HOLD): 0 fp32, 1 storage
-# dtype, 2 re-read every row. Narrower rows always hold it in fp32.
-W_HOLD = 0
+# How RMSNorm's backward holds the weight row between rows of W_HOLD_ROW elements (``_norm_bwd``'s W_HOLD): 0 fp32,
+# 1 storage dtype, 2 re-read every row (from L1/L2). Other rows hold it in fp32. H200, 16384 rows bf16 fwd+bwd,
+# 16 / 32 warps (session7/tune7_rms.json): hidden 16384: 0: 825.5 / 827.3 us, 1: 824.9 / 830.2, 2: 750.3 / 824.1
+# (Liger 779.1); hidden 12288: 0: 684.7 / 683.3, 2: 601.3 / 687.7 (Liger 622.9). Re-reading frees the registers
+# that spilled (42 spills at 16 warps, 16 with it), hence 2 at 16 warps.
+W_HOLD = 2
 W_HOLD_ROW = 16384
 
 
@@ -258,7 +261,8 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
 
     Whole rows of 16384 in registers (H200, 16384 x 16384 bf16 fwd+bwd): RMSNorm 8 / 16 / 32 warps 0.93 / 0.81 /
     0.81 ms, and in session6/tune4_rope_rms16k.json 0.921 / 0.817 / 0.810 ms (Liger 0.778; with the next row
-    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32. LayerNorm with dW and dB
+    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32; with the weight row re-read
+    every row (``W_HOLD``) 16 warps: 0.750 ms against 0.824 at 32 (Liger 0.779; session7/tune7_rms.json). LayerNorm with dW and dB
     accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32 warps 10.1 / 7.1 / 1.57 ms; hence
     ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a separate column sum of dy (one more read
     of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16 / 32 warps 1.00 / 6.98 / 1.28 ms
@@ -274,7 +278,7 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     db_by_columns = not is_rms and 16384 <= block_n <= REGISTER_ROW
     if block_n < 8192 or (db_by_columns and block_n <= 16384):
         warps = 8
-    elif block_n < 16384:
+    elif block_n < 16384 or (is_rms and block_n == W_HOLD_ROW and W_HOLD == 2):
         warps = 16
     else:
         warps = 32
@@ -341,7 +345,7 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
         _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
-                            W_HOLD=W_HOLD if block_n >= W_HOLD_ROW else 0, num_warps=warps)
+                            W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, num_warps=warps)
     dw = torch.empty(N, dtype=torch.float32, device=x2.device) if need_dw else None
     db = torch.empty(N, dtype=torch.float32, device=x2.device) if need_db else None
     if need_dw or need_db:
