@@ -261,7 +261,10 @@ def test_grad_in_forward_matches_float64(device, dtype, case):
     assert_close_to_truth(checks)
 
 
-def test_grad_in_forward_writes_the_gradient_in_the_forward(device):
+@pytest.mark.parametrize("block", [None, (128, 4)], ids=["default", "wide_block"])
+def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch, block):
+    # "wide_block": one row per program in vocabulary blocks of 128 (GRAD_IN_FORWARD_BLOCK's path on CUDA), 3 steps
+    monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
     n, v = 23, 300
     x = torch.randn(n, v, device=device)
     target = _targets(n, v, device, ignore_every=4)

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..support import interpreter_enabled
 from ._common import cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
@@ -39,6 +40,11 @@ from ._common import cdiv, next_pow2, rows_per_program, warps_for
 # At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
 # copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
+
+# grad_in_forward on CUDA: (vocabulary block, num_warps) of the forward that also writes the gradient, for rows at
+# least that wide (one row per program). Its second pass over a row hits L2 only while few rows are in flight, so
+# wide programs that keep many bytes in flight for few rows suit it better than MAX_BLOCK_V's (8192, 8).
+GRAD_IN_FORWARD_BLOCK = (32768, 32)
 
 
 @triton.jit
@@ -299,17 +305,23 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+    block: tuple[int, int] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    ``block``: (vocabulary block, num_warps), one row per program, for rows at least that wide (default: by
+    :data:`MAX_BLOCK_V`).
     """
     n, vocab = x.shape
     if n == 0:
         return
-    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    if block is not None and vocab >= block[0]:
+        block_m, (block_v, warps) = 1, block
+    else:
+        block_m, block_v, warps = _blocks(n, vocab, x.device)
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
@@ -408,6 +420,11 @@ def reduce_losses(
 # ---------------------------------------------------------------------------------------------- autograd
 
 
+def grad_in_forward_block(device: torch.device) -> tuple[int, int] | None:
+    """:data:`GRAD_IN_FORWARD_BLOCK` on CUDA; None (the default blocks) under the interpreter."""
+    return GRAD_IN_FORWARD_BLOCK if device.type == "cuda" and not interpreter_enabled() else None
+
+
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
                grad_out: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
@@ -424,7 +441,7 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
     else:
         coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
-                        grad_out=grad_out)
+                        grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
