@@ -2,7 +2,7 @@
 timed through tigon.workflows.bench (CUDA-graph replays: kernel time), at the sweep points where Tigon missed
 its target; JSON to --out. The chosen heuristics cite this file.
 
-    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts norm,ce_host,rope_rows,rms16k]
+    PYTHONPATH=src python3 benchmarks/tune_h200.py --out tune.json [--parts PART,PART,...]   (parts below)
 
 Parts (session 4's "ce" part, the split-row in-place cross-entropy, and its "rope" part, heads per program of the
 per-position RoPE kernel, went with those kernels; their results are in results/h200/session4/):
@@ -13,6 +13,11 @@ per-position RoPE kernel, went with those kernels; their results are in results/
            per-position kernel it replaced (--old-rope: that file, git show 7d35902:src/tigon/ops/rope.py with
            absolute imports), tile elements x warps, and the forward in place (Liger's memory traffic) at 1k-8k
   rms16k   rms_norm fwd+bwd at 16384 x 16384: backward warps, with and without the next row prefetched
+  ce_fwdgrad  (session 7, commit de4d349, since removed with the grid cap it tuned) cross-entropy with
+           grad_in_forward: programs per SM of a capped grid (1, 2, 4, uncapped) x vocabulary block (8192, 16384)
+  ce_large cross-entropy at 8k-64k tokens, fwd and fwd+bwd, plain do_bench: tigon (lazy), tigon_inplace,
+           tigon_fwdgrad (grad_in_forward) and Liger (which forms the gradient in its forward too)
+  ce_fwdgrad_block  grad_in_forward's (vocabulary block, warps) at 8k / 32k / 64k tokens, with tigon and Liger
   rms_hold rms_norm fwd+bwd at hidden 12288 / 16384: how the backward holds the weight row (norm.W_HOLD) x warps
            x prefetch, with the backward kernels' registers and spills (Liger's too)
   rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
@@ -158,6 +163,27 @@ def part_rms16k(ceilings, out):
                 report(out, key)
 
 
+def part_ce_large(ceilings, out):
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 16384, 32768, 65536)]
+    out["ce_large"] = timed("cross_entropy", shapes, ["tigon", "tigon_inplace", "tigon_fwdgrad", "liger"], ceilings,
+                            ("fwd", "fwd_bwd"), cuda_graph=False)
+    report(out, "ce_large")
+
+
+def part_ce_fwdgrad_block(ceilings, out):
+    import tigon.ops.cross_entropy as ce_ops
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 32768, 65536)]
+    out["ce_fwdgrad_block_liger"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
+                                          cuda_graph=False)
+    report(out, "ce_fwdgrad_block_liger")
+    for block in ((8192, 8), (16384, 16), (16384, 32), (32768, 16), (32768, 32)):
+        key = f"ce_fwdgrad_v{block[0]}_w{block[1]}"
+        with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=block):
+            out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
+                             cuda_graph=False)
+        report(out, key)
+
+
 class KernelSpy:
     """Wraps a Triton kernel so that the compiled kernel of its last launch (n_regs, n_spills) can be read."""
 
@@ -229,7 +255,7 @@ def report(out, key):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="norm,ce_host,rope_rows,rms16k")
+    ap.add_argument("--parts", default="norm,ce_host,rope_rows,rms16k,rms_hold,rotate,ce_large")
     ap.add_argument("--old-rope", help="rope_rows: the per-position kernel's file, timed in the same run")
     args = ap.parse_args()
     t0 = time.time()

@@ -40,18 +40,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", list(CASES))
-def test_cross_entropy_matches_float64(device, dtype, case):
+def _case_inputs(case, dtype, device, n=37, v=531):
+    """compare()'s inputs for CASES[case]: (n, v) logits of ``dtype``, targets and the options."""
     opts = dict(CASES[case])
-    n, v = 37, 531
     ignore_every = opts.pop("ignore_every", 0)
     ignore_index = opts.get("ignore_index", -100)
     logits = (torch.randn(n, v, device=device) * 3 + 1).to(dtype)
     target = _targets(n, v, device, ignore_every, ignore_index)
     if opts.pop("weight", False):
         opts["weight"] = torch.rand(v, device=device) + 0.5
-    checks = compare(F.cross_entropy, ref_ce, dict(logits=logits, target=target, **opts), ["logits"], factor=FACTOR)
+    return dict(logits=logits, target=target, **opts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cross_entropy_matches_float64(device, dtype, case):
+    checks = compare(F.cross_entropy, ref_ce, _case_inputs(case, dtype, device), ["logits"], factor=FACTOR)
     assert {c.tensor for c in checks} == {"out", "grad_logits"}
     assert_close_to_truth(checks)
 
@@ -240,3 +244,135 @@ def test_inplace_gradient_becomes_grad_without_copy(device):
     logits = torch.randn(9, 70, device=device, requires_grad=True)
     F.cross_entropy(logits, _targets(9, 70, device), inplace_backward=True).backward()
     assert logits.grad.data_ptr() == logits.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c].get("reduction") != "none"])
+def test_grad_in_forward_matches_float64(device, dtype, case):
+    def tigon_fwdgrad(logits, target, **kw):
+        return F.cross_entropy(logits * 1, target, grad_in_forward=True, **kw)  # an intermediate, as in a model
+
+    # compare() draws a random upstream gradient: in bf16 the gradient is then rounded twice (in the forward, and
+    # after the backward's scaling), so its bound is 2x the original's (see test_grad_in_forward_bf16_against_truth,
+    # which checks the single rounding of upstream 1 at 1.01x).
+    factor = FACTOR if dtype == torch.float32 else 2.0
+    checks = compare(tigon_fwdgrad, ref_ce, _case_inputs(case, dtype, device), ["logits"], factor=factor)
+    assert {c.tensor for c in checks} == {"out", "grad_logits"}
+    assert_close_to_truth(checks)
+
+
+@pytest.mark.parametrize("block", [None, (128, 4)], ids=["default", "wide_block"])
+def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch, block):
+    # "wide_block": one row per program in vocabulary blocks of 128 (GRAD_IN_FORWARD_BLOCK's path on CUDA), 3 steps
+    monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
+    n, v = 23, 300
+    x = torch.randn(n, v, device=device)
+    target = _targets(n, v, device, ignore_every=4)
+    expected = x.clone().requires_grad_()
+    ref_ce(expected, target, lse_square_scale=1e-3).backward()
+    leaf = x.clone().requires_grad_()
+    logits = leaf * 1.0
+    loss = F.cross_entropy(logits, target, lse_square_scale=1e-3, grad_in_forward=True)
+    torch.testing.assert_close(logits.detach(), expected.grad, rtol=1e-5, atol=1e-7)  # before any backward
+    torch.testing.assert_close(loss, ref_ce(x, target, lse_square_scale=1e-3), rtol=1e-6, atol=1e-6)
+    loss.backward(retain_graph=True)  # upstream 1: the kernel leaves the buffer as it is
+    torch.testing.assert_close(leaf.grad, expected.grad, rtol=1e-5, atol=1e-7)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_grad_in_forward_scales_by_the_upstream_gradient(device):
+    n, v = 19, 211
+    x = torch.randn(n, v, device=device)
+    target = _targets(n, v, device, ignore_every=3)
+    expected = x.clone().requires_grad_()
+    (ref_ce(expected, target, reduction="sum") * -0.37).backward()
+    leaf = x.clone().requires_grad_()
+    (F.cross_entropy(leaf * 1.0, target, reduction="sum", grad_in_forward=True) * -0.37).backward()
+    torch.testing.assert_close(leaf.grad, expected.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 0.3])
+def test_grad_in_forward_bf16_against_truth(device, upstream):
+    """bf16. Upstream 1 (loss.backward()): the gradient is the original's single rounding of d loss / d logits, as
+    accurate as the original's. Another upstream: rounded to bf16 in the forward and again after the backward's
+    scaling (two roundings where the original has one), so its error may reach about twice the original's."""
+    n, v = 40, 777
+    base = (torch.randn(n, v, device=device) * 3).to(torch.bfloat16)
+    target = _targets(n, v, device, ignore_every=6)
+    grads = {}
+    for name, fn, dtype in (("tigon", lambda x: F.cross_entropy(x, target, grad_in_forward=True), torch.bfloat16),
+                            ("original", lambda x: ref_ce(x.float(), target), torch.bfloat16),
+                            ("truth", lambda x: ref_ce(x, target), torch.float64)):
+        leaf = base.to(dtype).clone().requires_grad_()
+        fn(leaf * 1.0).mul(upstream).backward()
+        grads[name] = leaf.grad
+    err, orig = rel_l2(grads["tigon"], grads["truth"]), rel_l2(grads["original"], grads["truth"])
+    assert err <= max((1.01 if upstream == 1.0 else 2.0) * orig, FLOOR[torch.bfloat16]), (err, orig)
+
+
+def test_grad_in_forward_leaves_logits_alone_without_grad(device):
+    n, v = 11, 97
+    logits = torch.randn(n, v, device=device)
+    target = _targets(n, v, device)
+    before = logits.clone()
+    loss = F.cross_entropy(logits, target, grad_in_forward=True)  # no gradient needed: nothing written
+    assert torch.equal(logits, before)
+    leaf = logits.clone().requires_grad_()
+    with torch.no_grad():
+        loss2 = F.cross_entropy(leaf, target, grad_in_forward=True)
+    assert torch.equal(leaf.detach(), before)
+    torch.testing.assert_close(loss, loss2)
+
+
+def test_grad_in_forward_needs_a_scalar_loss(device):
+    logits = torch.randn(4, 10, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match="grad_in_forward"):
+        F.cross_entropy(logits, torch.tensor([1, 2, 3, 4], device=device), reduction="none", grad_in_forward=True)
+
+
+def test_grad_in_forward_gradient_becomes_grad_without_copy(device):
+    logits = torch.randn(9, 70, device=device, requires_grad=True)
+    F.cross_entropy(logits, _targets(9, 70, device), grad_in_forward=True).backward()
+    assert logits.grad.data_ptr() == logits.data_ptr()
+
+
+def test_grad_in_forward_rows_sharing_memory(device):
+    # An expanded (N, V) view of one row: written in place, later rows would read gradients as logits; it is copied.
+    bias = torch.randn(1, 300, device=device, requires_grad=True)
+    target = _targets(200, 300, device)
+    expected = bias.detach().clone().requires_grad_()
+    ref_loss = ref_ce(expected.expand(200, 300), target)
+    ref_loss.backward()
+    loss = F.cross_entropy(bias.expand(200, 300), target, grad_in_forward=True)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(bias.grad, expected.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_grad_in_forward_refuses_float16_and_guards_saved_logits(device):
+    logits = torch.randn(6, 50, device=device).half().requires_grad_()
+    with pytest.raises(ValueError, match="float16"):
+        F.cross_entropy(logits * 1, _targets(6, 50, device), grad_in_forward=True)
+    h = torch.randn(6, 50, device=device, requires_grad=True)
+    saved = torch.exp(h)  # exp saves its output for the backward
+    loss = F.cross_entropy(saved, _targets(6, 50, device), grad_in_forward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_grad_in_forward_nn_module_only_in_training(device):
+    from tigon.nn import CrossEntropyLoss
+
+    loss_fn = CrossEntropyLoss(grad_in_forward=True)
+    logits = torch.randn(5, 40, device=device, requires_grad=True)
+    target = _targets(5, 40, device)
+    before = logits.detach().clone()
+    loss_fn.eval()
+    loss_fn(logits * 1, target)  # grad enabled, but evaluation: the (intermediate) logits stay logits
+    inter = logits * 1
+    loss_fn(inter, target)
+    assert torch.equal(inter.detach(), before)
+    loss_fn.train()
+    loss_fn(inter, target)
+    assert not torch.equal(inter.detach(), before)

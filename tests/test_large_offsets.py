@@ -60,7 +60,13 @@ def test_cross_entropy_over_2_31_elements():
     loss = F.cross_entropy(logits, target, reduction="none")
     ref = ref_ce(_tail(logits).double(), _tail(target), reduction="none")
     assert rel_l2(_tail(loss), ref) < 1e-5
-    del logits
+    # grad_in_forward: the forward writes the (sum-reduced) gradient over the logits, the backward scales it by 0.5
+    tail = _tail(logits).double().requires_grad_(True)
+    (ref_ce(tail, _tail(target), reduction="sum") * 0.5).backward()
+    leaf = logits.requires_grad_(True)
+    (F.cross_entropy(leaf * 1, target, reduction="sum", grad_in_forward=True) * 0.5).backward()
+    assert rel_l2(_tail(leaf.grad), tail.grad) < 1e-2
+    del logits, leaf
     torch.cuda.empty_cache()
 
 

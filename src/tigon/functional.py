@@ -344,6 +344,7 @@ def cross_entropy(
     return_z_loss: bool = False,
     return_accuracy: bool = False,
     inplace_backward: bool = False,
+    grad_in_forward: bool = False,
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
 
@@ -371,6 +372,18 @@ def cross_entropy(
             (N, V) tensor (saves that memory), as Liger-Kernel does. Only safe when nothing else needs those
             logits afterwards (no other op saved them for its backward, the caller does not read them); a second
             backward through the same graph then raises. Default False: the caller's logits are never written.
+        grad_in_forward: if True and the logits need a gradient, the forward writes ``d loss / d logits`` over
+            the logits right after computing each row's loss (Liger-Kernel's scheme: the logits are read once
+            plus a re-read from cache, instead of once in the forward and again in the backward), and the
+            backward only multiplies it by the upstream gradient (for ``loss.backward()``, where that is 1, a
+            kernel reads it and writes nothing). The logits hold the gradient from the moment the forward
+            returns: only for logits that nothing reads afterwards (an op that saved them for its backward raises
+            there; logits without unit column stride or whose rows share memory are copied first and left as
+            they were). With an upstream other than 1 the gradient is rounded to the logits' dtype twice (in the
+            forward, then after the scaling): in bf16 up to about twice the error of the unfused computation;
+            float16 is refused (its gradient would underflow before a loss scale is applied). Needs a scalar
+            reduction ("mean", "sum", or num_items_in_batch); a second backward raises. Ignored under
+            torch.compile (as inplace_backward) and on the reference backend.
 
     Returns:
         The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
@@ -380,26 +393,35 @@ def cross_entropy(
     Raises:
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
-            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none", and
-            targets outside [0, V) other than ignore_index. That last check reads the targets and is skipped on
-            the CUDA kernel path (it would cost a device sync); there such tokens get a NaN loss instead, and
-            nothing is read out of bounds.
+            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
+            grad_in_forward with reduction="none" or float16 logits, and targets outside [0, V) other than
+            ignore_index. That last check reads the targets and is skipped on the CUDA kernel path (it would
+            cost a device sync); there such tokens get a NaN loss instead, and nothing is read out of bounds.
     """
     ref = _ref("cross_entropy")
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
                      lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
+    if grad_in_forward and reduction == "none":
+        raise ValueError('grad_in_forward=True needs a scalar loss: reduction "mean" or "sum" (or '
+                         'num_items_in_batch), got reduction="none"')
+    if grad_in_forward and logits.dtype == torch.float16:
+        raise ValueError("grad_in_forward=True does not take float16 logits: the gradient, rounded to float16 "
+                         "before a loss scale multiplies it, would underflow; use bfloat16 / float32 logits or "
+                         "inplace_backward=True")
     if select_backend("cross_entropy", logits) == "reference":
         return ref.cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
             softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
-            return_accuracy=return_accuracy, inplace_backward=inplace_backward)
+            return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward)
     if target.device.type == "cpu":
         ref.check_target_range(target, logits.shape[1], ignore_index)
     ops = _op("cross_entropy")
     opts = ops.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
                            None if softcap is None else float(softcap), 1.0)
     loss, z_loss, accuracy = _kernel("cross_entropy", "CrossEntropyFunction")(
-        logits, target, weight, opts, reduction, num_items_in_batch, bool(return_accuracy), bool(inplace_backward))
+        logits, target, weight, opts, reduction, num_items_in_batch, bool(return_accuracy),
+        "forward" if grad_in_forward and logits.requires_grad and torch.is_grad_enabled()
+        else bool(inplace_backward))
     if not (return_z_loss or return_accuracy):
         return loss
     return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)

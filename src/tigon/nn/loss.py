@@ -41,6 +41,10 @@ class CrossEntropyLoss(nn.Module):
         return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
         inplace_backward: let the kernel write the logits' gradient into the logits' storage (saves memory; the
             logits must not be used after the backward).
+        grad_in_forward: form that gradient in the forward, over the logits (one read of them less; the logits
+            must not be used after the forward; scalar reductions, no float16). Only in training mode
+            (``self.training``): an evaluation pass leaves the logits alone. See
+            :func:`tigon.functional.cross_entropy`.
 
     Forward:
         ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
@@ -55,7 +59,8 @@ class CrossEntropyLoss(nn.Module):
 
     def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
-                 return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False):
+                 return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False,
+                 grad_in_forward: bool = False):
         super().__init__()
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
@@ -66,6 +71,7 @@ class CrossEntropyLoss(nn.Module):
         self.return_z_loss = return_z_loss
         self.return_accuracy = return_accuracy
         self.inplace_backward = inplace_backward
+        self.grad_in_forward = grad_in_forward
 
     def forward(self, input: torch.Tensor, target: torch.Tensor,
                 num_items_in_batch: int | torch.Tensor | None = None):
@@ -74,7 +80,7 @@ class CrossEntropyLoss(nn.Module):
             logits, tgt, self.weight, self.ignore_index, self.reduction, self.label_smoothing,
             lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
-            inplace_backward=self.inplace_backward,
+            inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
         )
         return _restore(out, lead, self.reduction)
 

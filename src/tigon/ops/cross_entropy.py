@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..support import interpreter_enabled
 from ._common import cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
@@ -39,6 +40,11 @@ from ._common import cdiv, next_pow2, rows_per_program, warps_for
 # At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
 # copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
+
+# grad_in_forward on CUDA: (vocabulary block, num_warps) of the forward that also writes the gradient, for rows at
+# least that wide (one row per program). Its second pass over a row hits L2 only while few rows are in flight, so
+# wide programs that keep many bytes in flight for few rows suit it better than MAX_BLOCK_V's (8192, 8).
+GRAD_IN_FORWARD_BLOCK = (32768, 32)
 
 
 @triton.jit
@@ -170,6 +176,23 @@ def _ce_fwd_kernel(
 
 
 @triton.jit
+def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    # X[rows, :] *= g for the 0-d upstream gradient g, read on the device; nothing is read or written when g == 1
+    # (the usual loss.backward()), so the check costs no host sync.
+    g = tl.load(G).to(tl.float32)
+    if g != 1.0:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < n_rows
+        x_row = X + rows.to(tl.int64) * stride_x
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = rmask[:, None] & (cols < V)[None, :]
+            p = x_row[:, None] + cols[None, :]
+            x = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+            tl.store(p, (x * g).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _ce_bwd_kernel(
     X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALE, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
@@ -282,17 +305,23 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+    block: tuple[int, int] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    ``block``: (vocabulary block, num_warps), one row per program, for rows at least that wide (default: by
+    :data:`MAX_BLOCK_V`).
     """
     n, vocab = x.shape
     if n == 0:
         return
-    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    if block is not None and vocab >= block[0]:
+        block_m, (block_v, warps) = 1, block
+    else:
+        block_m, block_v, warps = _blocks(n, vocab, x.device)
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
@@ -306,6 +335,18 @@ def ce_rows_forward(
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
         BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
+
+
+def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``x *= g`` in place for rows ``x`` (n, V) (unit column stride) and a 0-d tensor ``g``, skipped on the device
+    (no host sync) when g == 1. Returns x."""
+    n, vocab = x.shape
+    if n == 0:
+        return x
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _scale_kernel[(cdiv(n, block_m),)](x, x.stride(0), n, vocab, g.reshape(()), BLOCK_M=block_m, BLOCK_V=block_v,
+                                       num_warps=warps)
+    return x
 
 
 def ce_rows_backward(
@@ -379,15 +420,28 @@ def reduce_losses(
 # ---------------------------------------------------------------------------------------------- autograd
 
 
-def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool):
+def grad_in_forward_block(device: torch.device) -> tuple[int, int] | None:
+    """:data:`GRAD_IN_FORWARD_BLOCK` on CUDA; None (the default blocks) under the interpreter."""
+    return GRAD_IN_FORWARD_BLOCK if device.type == "cuda" and not interpreter_enabled() else None
+
+
+def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
+               grad_out: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
     :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
-    scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library)."""
+    scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op (tigon.ops._library).
+    ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
+    right after its loss, by the program that read it."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
     loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
     correct = torch.empty(n, **f32) if want_acc else None
-    ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+    if grad_out is None:
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+    else:
+        coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
+                        grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
@@ -405,26 +459,42 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     Returns (loss, z_loss, accuracy); z_loss and accuracy are non-differentiable (accuracy is a dummy zero
     when ``want_acc`` is False). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
+    ``inplace``: False, True (the backward writes over the logits) or ``"forward"`` (grad_in_forward: when the
+    logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
+    it by the upstream gradient, a no-op when that is 1).
 
-    The forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
+    By default the forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
     (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
-    ``inplace``, over the logits. (Forming the gradient during the forward, as Liger-Kernel does, would save one
-    read of the logits. Measured on an H200, both ways tried were slower: a second pass over each 128k-wide row
-    (3x slower: it no longer hits L2; sweep_h200.json, tigon_inplace rows), and rows split over programs that hold
-    their block in registers and meet at an atomic counter (32% of copy bandwidth against 60%: the wait between
-    the load and the gradient leaves too few bytes in flight; commit 6468296, session4/tune_h200.json).)
+    ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
+    (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
+    when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
+    loss. H200, 8192 x 128256 bf16, fwd+bwd with upstream 1 (session7/tune7_ce.json): 1.620 ms, against 1.673
+    lazily and 1.990 for Liger; capping the grid at 1-4 programs per SM, so that fewer rows are in flight between
+    their two passes, was slower (2.0-4.6 ms: too few bytes in flight), as were rows split over programs that
+    meet at an atomic counter (32% of copy bandwidth; commit 6468296, session4/tune_h200.json).
     """
 
     @staticmethod
     def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
-        x = logits if logits.stride(-1) == 1 else logits.contiguous()
+        ctx.grad_formed = inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
+        # Written in place only where every element has its own memory (rows sharing memory, e.g. an expanded
+        # bias, would read gradients as logits): otherwise a contiguous copy takes the gradient.
+        rows_share = logits.shape[0] > 1 and logits.stride(0) < logits.shape[1]
+        x = logits if logits.stride(-1) == 1 and not (ctx.grad_formed and rows_share) else logits.contiguous()
         target = target.contiguous()
         cw, cw_sum = class_weight_args(class_weight, x.device)
-        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
+        if ctx.grad_formed and x is logits:
+            # anything that saved the logits for its own backward now raises there instead of reading gradients
+            torch.autograd.graph.increment_version(logits)
+        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
+                                              grad_out=x if ctx.grad_formed else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
         # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
-        ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
-        ctx.opts, ctx.inplace, ctx.consumed = opts, inplace, False
+        if ctx.grad_formed:
+            ctx.save_for_backward(x.detach())
+        else:
+            ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
+        ctx.opts, ctx.inplace, ctx.consumed = opts, bool(inplace), False
         ctx.mark_non_differentiable(z, acc)
         return loss, z, acc
 
@@ -434,8 +504,13 @@ class CrossEntropyFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return (None,) * 8
         if ctx.consumed:
-            raise RuntimeError("tigon.cross_entropy(inplace_backward=True) wrote its gradient into the logits "
-                               "buffer during the first backward; a second backward through it is not possible")
+            raise RuntimeError("tigon.cross_entropy(inplace_backward=True or grad_in_forward=True) wrote its "
+                               "gradient into the logits buffer and handed it to the first backward; a second "
+                               "backward through it is not possible")
+        if ctx.grad_formed:
+            (x,) = ctx.saved_tensors
+            ctx.consumed = True
+            return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None
         x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
         dx = ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))

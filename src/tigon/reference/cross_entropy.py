@@ -122,6 +122,7 @@ def cross_entropy(
     return_z_loss: bool = False,
     return_accuracy: bool = False,
     inplace_backward: bool = False,
+    grad_in_forward: bool = False,
 ):
     """Cross-entropy of ``logits`` against class indices ``target``; see the module docstring for the formula.
 
@@ -138,7 +139,8 @@ def cross_entropy(
         softcap: if given, ``logits := softcap * tanh(logits / softcap)`` first (Gemma 2 final soft-capping).
         num_items_in_batch: if given (int or 0-d tensor), loss = summed loss / num_items_in_batch.
         return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` instead of the loss.
-        inplace_backward: accepted for signature parity; the reference never writes into ``logits``.
+        inplace_backward, grad_in_forward: accepted for signature parity; the reference never writes into
+            ``logits``.
 
     Returns:
         The loss: 0-d, or (N,) for ``reduction="none"``; float32 (float64 for float64 logits). With

@@ -2,10 +2,12 @@
 
 Providers: ``eager`` (the original PyTorch code, as Hugging Face writes it), ``compile`` (torch.compile of
 eager), ``tigon``, ``tigon_inplace`` (cross_entropy, swiglu, geglu, glu_linear: ``inplace_backward=True``, the
-gradients written into the inputs' memory, as Liger always does), ``tigon_lean`` (fused linear cross-entropy with
-``accum_dtype`` = the weight's dtype: Liger's memory, grad_weight rounded per chunk), and the peers ``liger`` (Liger-Kernel) and ``cce``
-(Apple's Cut Cross-Entropy, fused linear cross-entropy only) when installed; missing ones are skipped with a
-note. A provider that fails on a shape (out of memory, unsupported dtype, a signature change) is recorded as a
+gradients written into the inputs' memory, as Liger always does), ``tigon_fwdgrad`` (cross_entropy with
+``grad_in_forward=True``: the gradient formed in the forward, over the logits, Liger's scheme), ``tigon_lean``
+(fused linear cross-entropy with ``accum_dtype`` = the weight's dtype: Liger's memory, grad_weight rounded per
+chunk), and the peers ``liger`` (Liger-Kernel) and ``cce`` (Apple's Cut Cross-Entropy, fused linear cross-entropy
+only) when installed; missing ones are skipped with a note. A provider that fails on a shape (out of memory,
+unsupported dtype, a signature change) is recorded as a
 row with ``note="failed: ..."`` and the run goes on.
 
 Timing: on CUDA, ``triton.testing.do_bench`` (CUDA events; median with 20/80 percentiles) on fresh random
@@ -59,7 +61,7 @@ from ..reference import glu as ref_glu
 from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
 
-PROVIDERS = ("eager", "compile", "tigon", "tigon_inplace", "tigon_lean", "liger", "cce")
+PROVIDERS = ("eager", "compile", "tigon", "tigon_inplace", "tigon_fwdgrad", "tigon_lean", "liger", "cce")
 MODES = ("fwd", "bwd", "fwd_bwd")
 SWEEPS = ("tokens", "hidden")
 NORM_OPS = ("rms_norm", "layer_norm")
@@ -424,6 +426,7 @@ CASES: dict[str, OpCase] = {
         {"eager": lambda logits, target: torch.nn.functional.cross_entropy(logits.float(), target),
          "tigon": lambda logits, target: F.cross_entropy(logits, target),
          "tigon_inplace": lambda logits, target: F.cross_entropy(logits, target, inplace_backward=True),
+         "tigon_fwdgrad": lambda logits, target: F.cross_entropy(logits, target, grad_in_forward=True),
          "liger": lambda logits, target: _liger("liger_cross_entropy")(logits, target)},  # (input, target)
         ("logits",),
         min_bytes=lambda s, e, m: (1 if m == "fwd" else 2) * s["tokens"] * s["vocab"] * e),
@@ -632,7 +635,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
     inputs = case.make(shape, dtype, device)
     leaves = [inputs[k] for k in case.grads]
     # Upstream gradients: random for tensors; 1 for a scalar loss, as loss.backward() gives it (Liger's
-    # cross-entropy skips its scaling pass then).
+    # cross-entropy and Tigon's grad_in_forward skip their scaling pass then).
     douts = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in _outputs(fn(**inputs))]
     # Input sets rotated call after call, so that repeated calls do not find their inputs in the L2 cache.
     sets = [(inputs, douts)]
