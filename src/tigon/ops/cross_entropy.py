@@ -496,12 +496,14 @@ class CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
         ctx.opts, ctx.inplace, ctx.consumed = opts, bool(inplace), False
         ctx.mark_non_differentiable(z, acc)
+        # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
+        ctx.set_materialize_grads(False)
         return loss, z, acc
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
-        if not ctx.needs_input_grad[0]:
+        if not ctx.needs_input_grad[0] or grad_loss is None:
             return (None,) * 8
         if ctx.consumed:
             raise RuntimeError("tigon.cross_entropy(inplace_backward=True or grad_in_forward=True) wrote its "

@@ -397,13 +397,15 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if grads is None and reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, lse)
         ctx.mark_non_differentiable(z, acc)
+        # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
+        ctx.set_materialize_grads(False)
         return loss, z, acc
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         none = (None,) * 9
-        if not any(ctx.need):
+        if not any(ctx.need) or grad_loss is None:
             return (None, None, None, None) + none[:8]
         if ctx.done:
             raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph; "
