@@ -58,7 +58,8 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
 
 
 _PROVIDER_STYLE = {"eager": ("tab:gray", "o"), "compile": ("tab:purple", "v"), "tigon": ("tab:orange", "s"),
-                   "tigon_inplace": ("tab:red", "D"), "liger": ("tab:blue", "^"), "cce": ("tab:green", "P")}
+                   "tigon_inplace": ("tab:red", "D"), "tigon_fwdgrad": ("tab:brown", "X"),
+                   "tigon_lean": ("tab:pink", "*"), "liger": ("tab:blue", "^"), "cce": ("tab:green", "P")}
 
 
 def plot_bench(result: dict[str, Any], out_dir: str) -> list[str]:
