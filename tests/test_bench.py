@@ -284,3 +284,12 @@ def test_bench_one_rotates_input_sets(monkeypatch):
     rows = B.bench_one(case, "eager", shape, torch.float32, torch.device("cpu"), {}, {}, modes=("fwd", "fwd_bwd"))
     assert [r.mode for r in rows] == ["fwd", "fwd_bwd"] and all(r.ms > 0 for r in rows)
     assert len(set(seen)) == 3
+
+
+def test_bwd_of_providers_forming_the_gradient_in_the_forward_is_not_rated():
+    shape = {"tokens": 4, "vocab": 64}
+    rows = B.bench_one(B.CASES["cross_entropy"], "tigon_fwdgrad", shape, torch.float32, torch.device("cpu"),
+                       {"copy_gbps": 100.0}, {}, modes=("fwd", "bwd", "fwd_bwd"))
+    by = {r.mode: r for r in rows}
+    assert by["bwd"].gbps is None and by["bwd"].pct_copy_bw is None
+    assert by["fwd"].gbps and by["fwd_bwd"].gbps

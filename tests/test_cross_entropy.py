@@ -332,9 +332,24 @@ def test_grad_in_forward_needs_a_scalar_loss(device):
 
 
 def test_grad_in_forward_gradient_becomes_grad_without_copy(device):
+    # through a view (a non-leaf, as the LM head's output is), the gradient written over the logits reaches the leaf
+    # as its .grad without a copy
     logits = torch.randn(9, 70, device=device, requires_grad=True)
-    F.cross_entropy(logits, _targets(9, 70, device), grad_in_forward=True).backward()
+    F.cross_entropy(logits.view_as(logits), _targets(9, 70, device), grad_in_forward=True).backward()
     assert logits.grad.data_ptr() == logits.data_ptr()
+
+
+def test_grad_in_forward_refuses_leaf_logits_that_require_grad(device):
+    # a leaf (a Parameter, a tensor made with requires_grad=True) must keep its values: PyTorch's own rule for
+    # in-place ops; without grad, or for a non-leaf, the call runs
+    leaf = torch.randn(5, 40, device=device, requires_grad=True)
+    target = _targets(5, 40, device)
+    for logits in (leaf, torch.nn.Parameter(leaf.detach().clone())):
+        with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+            F.cross_entropy(logits, target, grad_in_forward=True)
+    with torch.no_grad():
+        F.cross_entropy(leaf, target, grad_in_forward=True)
+    F.cross_entropy(leaf * 1, target, grad_in_forward=True).backward()
 
 
 def test_grad_in_forward_rows_sharing_memory(device):
@@ -376,3 +391,38 @@ def test_grad_in_forward_nn_module_only_in_training(device):
     loss_fn.train()
     loss_fn(inter, target)
     assert not torch.equal(inter.detach(), before)
+
+
+def test_grad_in_forward_under_non_reentrant_checkpoint_runs_lazily(device):
+    # The region is run again before its backward; written over in that second run, logits another op of the
+    # region saved (here pow) would be replaced by the gradient without any version error. So grad_in_forward
+    # takes the lazy path while saved-tensor hooks are set, and the gradients match float64.
+    from torch.utils.checkpoint import checkpoint
+
+    n, v, h = 6, 50, 8
+    target = _targets(n, v, device)
+    hid, w = torch.randn(n, h, device=device), torch.randn(v, h, device=device)
+
+    def body(a, weight):
+        logits = torch.tanh(a @ weight.t())
+        return logits.pow(2).mean() * 1e-2 + F.cross_entropy(logits, target, grad_in_forward=True)
+
+    truth = hid.double().requires_grad_()
+    body(truth, w.double()).backward()
+    leaf = hid.clone().requires_grad_()
+    checkpoint(body, leaf, w, use_reentrant=False).backward()
+    torch.testing.assert_close(leaf.grad.double(), truth.grad, rtol=1e-5, atol=1e-6)
+    assert ce_ops.saved_tensor_hooks_active() is False  # outside the region
+
+
+@pytest.mark.parametrize("flag", ["inplace_backward"])
+def test_in_place_flags_copy_logits_whose_rows_share_memory(device, flag):
+    # an expanded bias: every row is the same memory, so writing a row's gradient over it would corrupt the others
+    # (grad_in_forward: test_grad_in_forward_rows_sharing_memory)
+    n, v = 20, 30
+    bias = torch.randn(v, device=device, requires_grad=True)
+    target = _targets(n, v, device)
+    truth = bias.detach().double().requires_grad_()
+    ref_ce(truth.expand(n, v), target).backward()
+    F.cross_entropy(bias.expand(n, v), target, **{flag: True}).backward()
+    torch.testing.assert_close(bias.grad.double(), truth.grad, rtol=1e-5, atol=1e-6)

@@ -381,9 +381,13 @@ def cross_entropy(
             there; logits without unit column stride or whose rows share memory are copied first and left as
             they were). With an upstream other than 1 the gradient is rounded to the logits' dtype twice (in the
             forward, then after the scaling): in bf16 up to about twice the error of the unfused computation;
-            float16 is refused (its gradient would underflow before a loss scale is applied). Needs a scalar
-            reduction ("mean", "sum", or num_items_in_batch); a second backward raises. Ignored under
-            torch.compile (as inplace_backward) and on the reference backend.
+            float16 is refused (its gradient would underflow before a loss scale is applied), as is
+            reduction="none", whatever the grad mode. Needs a scalar reduction ("mean", "sum", or
+            num_items_in_batch); a second backward raises; one call per logits tensor (a second call on another
+            slice of the same logits bumps their shared version, and the first call's backward then raises).
+            Ignored (the lazy path runs) under torch.compile (as inplace_backward), on the reference backend and
+            while saved-tensor hooks are set, e.g. inside non-reentrant activation checkpointing, whose
+            recomputation would otherwise overwrite logits another op of the region saved.
 
     Returns:
         The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
@@ -394,9 +398,10 @@ def cross_entropy(
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
             [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
-            grad_in_forward with reduction="none" or float16 logits, and targets outside [0, V) other than
-            ignore_index. That last check reads the targets and is skipped on the CUDA kernel path (it would
-            cost a device sync); there such tokens get a NaN loss instead, and nothing is read out of bounds.
+            grad_in_forward with reduction="none", float16 logits or (with grad enabled) leaf logits that require
+            grad, and targets outside [0, V) other than ignore_index. That last check reads the targets and is
+            skipped on the CUDA kernel path (it would cost a device sync); there such tokens get a NaN loss
+            instead, and nothing is read out of bounds.
     """
     ref = _ref("cross_entropy")
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
@@ -404,6 +409,11 @@ def cross_entropy(
     if grad_in_forward and reduction == "none":
         raise ValueError('grad_in_forward=True needs a scalar loss: reduction "mean" or "sum" (or '
                          'num_items_in_batch), got reduction="none"')
+    if grad_in_forward and logits.is_leaf and logits.requires_grad and torch.is_grad_enabled():
+        raise ValueError("grad_in_forward=True writes the gradient over the logits during the forward, but logits "
+                         "is a leaf tensor that requires grad (a Parameter, or made with requires_grad=True), whose "
+                         "values must be kept; pass logits computed by an op (e.g. the LM head's output), or use "
+                         "grad_in_forward=False")
     if grad_in_forward and logits.dtype == torch.float16:
         raise ValueError("grad_in_forward=True does not take float16 logits: the gradient, rounded to float16 "
                          "before a loss scale multiplies it, would underflow; use bfloat16 / float32 logits or "

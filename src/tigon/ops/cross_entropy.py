@@ -454,6 +454,20 @@ def ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, opts: LossOptions,
     return dx
 
 
+def saved_tensor_hooks_active() -> bool:
+    """True while saved-tensor hooks are set (non-reentrant activation checkpointing, ``save_on_cpu``,
+    ``torch.autograd.graph.saved_tensors_hooks``), or when this torch cannot tell. grad_in_forward then runs the
+    lazy path: a checkpointed region is run again before its backward, and the gradient written over the logits
+    in that second run would replace the logits another op of the region saved (no version check catches it)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return True
+    try:
+        return top(False) is not None
+    except (RuntimeError, TypeError):
+        return True
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     """autograd wrapper: ``apply(logits, target, class_weight, opts, reduction, num_items, want_acc, inplace)``.
 
@@ -476,11 +490,13 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
-        ctx.grad_formed = inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
-        # Written in place only where every element has its own memory (rows sharing memory, e.g. an expanded
-        # bias, would read gradients as logits): otherwise a contiguous copy takes the gradient.
+        ctx.grad_formed = (inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
+                           and not saved_tensor_hooks_active())
+        # Written in place (either way) only where every element has its own memory (rows sharing memory, e.g. an
+        # expanded bias, would read gradients as logits): otherwise a contiguous copy takes the gradient.
+        writes = ctx.grad_formed or inplace is True
         rows_share = logits.shape[0] > 1 and logits.stride(0) < logits.shape[1]
-        x = logits if logits.stride(-1) == 1 and not (ctx.grad_formed and rows_share) else logits.contiguous()
+        x = logits if logits.stride(-1) == 1 and not (writes and rows_share) else logits.contiguous()
         target = target.contiguous()
         cw, cw_sum = class_weight_args(class_weight, x.device)
         if ctx.grad_formed and x is logits:
@@ -494,7 +510,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             ctx.save_for_backward(x.detach())
         else:
             ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
-        ctx.opts, ctx.inplace, ctx.consumed = opts, bool(inplace), False
+        ctx.opts, ctx.inplace, ctx.consumed = opts, inplace is True, False
         ctx.mark_non_differentiable(z, acc)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
         ctx.set_materialize_grads(False)

@@ -38,8 +38,9 @@ from ._common import (
 # layout: x, dy and the dW accumulator of one row, 16 or 32 warps), beyond that the column-chunked kernel.
 WIDE_ROW = 8192
 REGISTER_ROW = 32768
-# How RMSNorm's backward holds the weight row between rows of W_HOLD_ROW elements (``_norm_bwd``'s W_HOLD): 0 fp32,
-# 1 storage dtype, 2 re-read every row (from L1/L2). Other rows hold it in fp32. H200, 16384 rows bf16 fwd+bwd,
+# How RMSNorm's backward holds the weight row between rows whose block (the width rounded up to a power of two) is
+# W_HOLD_ROW, i.e. 8193..16384 elements (``_norm_bwd``'s W_HOLD): 0 fp32, 1 storage dtype, 2 re-read every row (from
+# L1/L2). Other rows, and LayerNorm's, hold it in fp32. H200, 16384 rows bf16 fwd+bwd,
 # 16 / 32 warps (session7/tune7_rms.json): hidden 16384: 0: 825.5 / 827.3 us, 1: 824.9 / 830.2, 2: 750.3 / 824.1
 # (Liger 779.1); hidden 12288: 0: 684.7 / 683.3, 2: 601.3 / 687.7 (Liger 622.9). Re-reading frees the registers
 # that spilled (42 spills at 16 warps, 16 with it), hence 2 at 16 warps.
@@ -261,13 +262,13 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
 
     Whole rows of 16384 in registers (H200, 16384 x 16384 bf16 fwd+bwd): RMSNorm 8 / 16 / 32 warps 0.93 / 0.81 /
     0.81 ms, and in session6/tune4_rope_rms16k.json 0.921 / 0.817 / 0.810 ms (Liger 0.778; with the next row
-    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32; with the weight row re-read
-    every row (``W_HOLD``) 16 warps: 0.750 ms against 0.824 at 32 (Liger 0.779; session7/tune7_rms.json). LayerNorm with dW and dB
-    accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32 warps 10.1 / 7.1 / 1.57 ms; hence
-    ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a separate column sum of dy (one more read
-    of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16 / 32 warps 1.00 / 6.98 / 1.28 ms
-    (torch.compile 1.06 ms). Figures: session5/tune3_h200.json (session4/tune_h200.json
-    before). Rows wider than 16384 keep 32 warps (not measured with db_by_columns).
+    prefetched 16 / 32 warps 1.14 / 1.21 ms: the prefetched tiles spill), hence 32 then; with the weight row
+    re-read every row (``W_HOLD``) 16 warps: 0.750 ms against 0.824 at 32 (Liger 0.779; session7/tune7_rms.json),
+    hence 16 now. LayerNorm with dW and dB accumulated in the kernel (two accumulator rows) spills: 8 / 16 / 32
+    warps 10.1 / 7.1 / 1.57 ms; hence ``db_by_columns``: LayerNorm rows of 16384+ in registers leave dB to a
+    separate column sum of dy (one more read of dy) and the kernel holds one accumulator row, as RMSNorm's: 8 / 16
+    / 32 warps 1.00 / 6.98 / 1.28 ms (torch.compile 1.06 ms). Figures: session5/tune3_h200.json
+    (session4/tune_h200.json before). Rows wider than 16384 keep 32 warps (not measured with db_by_columns).
     """
     prefetch = block_n <= WIDE_ROW
     block_m = 1 if not prefetch else rows_per_program(block_n, device, target_elems=8192)

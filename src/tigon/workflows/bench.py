@@ -272,7 +272,8 @@ class OpCase:
 
     make(shape, dtype, device) -> keyword inputs; providers: name -> callable(**inputs) returning the output (or
     a tuple whose first element is differentiated); grads: the inputs that require grad; min_bytes(shape,
-    element_bytes, mode) -> minimal bytes moved; flops(shape, mode) -> FLOPs (mode "fwd" or "fwd_bwd").
+    element_bytes, mode) -> minimal bytes moved; flops(shape, mode) -> FLOPs (mode "fwd" or "fwd_bwd");
+    grads_in_forward: providers whose forward writes the gradient (their ``bwd`` row gets no GB/s).
     """
 
     name: str
@@ -281,6 +282,7 @@ class OpCase:
     grads: tuple[str, ...]
     min_bytes: Callable[[dict, int, str], int] | None = None
     flops: Callable[[dict, str], float] | None = None
+    grads_in_forward: tuple[str, ...] = ()  # providers whose forward forms the gradient: no GB/s for their bwd
 
 
 def _rand(shape, dtype, device, grad=False, scale=1.0):
@@ -426,10 +428,13 @@ CASES: dict[str, OpCase] = {
         {"eager": lambda logits, target: torch.nn.functional.cross_entropy(logits.float(), target),
          "tigon": lambda logits, target: F.cross_entropy(logits, target),
          "tigon_inplace": lambda logits, target: F.cross_entropy(logits, target, inplace_backward=True),
-         "tigon_fwdgrad": lambda logits, target: F.cross_entropy(logits, target, grad_in_forward=True),
+         # grad_in_forward refuses leaf logits: a view stands for the LM head's output (its gradient flows back)
+         "tigon_fwdgrad": lambda logits, target: F.cross_entropy(logits.view_as(logits), target,
+                                                                 grad_in_forward=True),
          "liger": lambda logits, target: _liger("liger_cross_entropy")(logits, target)},  # (input, target)
         ("logits",),
-        min_bytes=lambda s, e, m: (1 if m == "fwd" else 2) * s["tokens"] * s["vocab"] * e),
+        min_bytes=lambda s, e, m: (1 if m == "fwd" else 2) * s["tokens"] * s["vocab"] * e,
+        grads_in_forward=("tigon_fwdgrad", "liger")),
     "fused_linear_cross_entropy": OpCase(
         "fused_linear_cross_entropy", _flce_inputs,
         {"eager": _eager_flce,
@@ -680,6 +685,8 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
                        peak_extra_bytes=peak if mode == "fwd_bwd" else None,
                        note=BWD_NOTE if mode == "bwd" else "")
         nbytes, flops = _op_bytes(case, shape, elem, mode), _op_flops(case, shape, mode)
+        if mode == "bwd" and provider in case.grads_in_forward:
+            nbytes = None  # its backward only scales (or keeps) a gradient the forward wrote: no op bytes to rate
         if nbytes and ms and ms > 0:
             row.gbps = nbytes / (ms * 1e-3) / 1e9
             if ceilings.get("copy_gbps"):
