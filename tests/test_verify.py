@@ -156,3 +156,17 @@ def test_verify_all_among_op_names():
     cfg = V.resolve_config(V.VerifyConfig(ops=["all,rms_norm"]))
     assert cfg.ops == list(V.REGISTRY)
     assert V.resolve_config(V.VerifyConfig(ops=None)).ops == list(V.REGISTRY)
+
+
+def test_cross_entropy_flag_cases_are_registered_and_pass_on_cpu():
+    # class weights, inplace_backward and grad_in_forward (upstream 1: what it is for) are verify rows
+    from tigon.workflows import verify as V
+
+    cases = {c.case: c for c in V.REGISTRY["cross_entropy"]}
+    assert {"weight", "inplace_backward=True", "grad_in_forward=True (upstream 1)"} <= set(cases)
+    assert cases["grad_in_forward=True (upstream 1)"].unit_upstream and not cases["weight"].unit_upstream
+    res = V.run_verify(V.VerifyConfig(ops=["cross_entropy"], dtypes=["float32", "bfloat16"]))
+    rows = [r for r in res.results if r["case"] in ("weight", "inplace_backward=True",
+                                                     "grad_in_forward=True (upstream 1)")]
+    assert len(rows) == 3 * 2 * 2 and all(r["passed"] for r in rows)  # 3 cases x 2 dtypes x (out, grad_logits)
+    assert not res.errors

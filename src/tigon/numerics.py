@@ -80,6 +80,7 @@ def compare(
     floor: float | None = None,
     upstream_seed: int = 0,
     differentiable_outputs: Sequence[int] | None = None,
+    unit_upstream: bool = False,
 ) -> list[TensorCheck]:
     """Compare ``candidate`` and ``original`` (same keyword signature) against float64 ``original``.
 
@@ -92,6 +93,7 @@ def compare(
             :data:`FLOOR` for the candidate's output dtype.
         upstream_seed: seed of the random (non-uniform) upstream gradients.
         differentiable_outputs: indices of the outputs that receive an upstream gradient (default: all float).
+        unit_upstream: upstream gradients of 1 instead of random ones (``loss.backward()`` on a scalar loss).
 
     Returns:
         one :class:`TensorCheck` per output and per gradient.
@@ -104,7 +106,12 @@ def compare(
     upstream = []
     for i, o in enumerate(probe):
         use = o.is_floating_point() and (differentiable_outputs is None or i in differentiable_outputs)
-        upstream.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) if use else None)
+        if not use:
+            upstream.append(None)
+        elif unit_upstream:
+            upstream.append(torch.ones(o.shape, dtype=torch.float64, device=o.device))
+        else:
+            upstream.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device))
     ref_out, ref_grads = _run(original, truth_inputs, list(grad_inputs), upstream)
     orig_out, orig_grads = _run(original, inputs, list(grad_inputs), upstream)
     cand_out, cand_grads = _run(candidate, inputs, list(grad_inputs), upstream)

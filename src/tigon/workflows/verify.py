@@ -197,6 +197,7 @@ class VerifyCase:
     reference: what ``tigon`` must equal exactly under :func:`tigon.support.force_reference` (default: original).
     original_name: one line saying what ``original`` is (shown in the report).
     variants: which shapes to run, a subset of ("model", "odd").
+    unit_upstream: backward with upstream gradient 1 (``loss.backward()``) instead of a random one.
     """
 
     op: str
@@ -208,6 +209,7 @@ class VerifyCase:
     case: str = "default"
     original_name: str = ""
     variants: tuple[str, ...] = SHAPE_VARIANTS
+    unit_upstream: bool = False
 
 
 REGISTRY: dict[str, list[VerifyCase]] = {}
@@ -279,15 +281,28 @@ def _targets(gen, n, v, device, ignore_every):
     return t.to(device)
 
 
-def ce_builder(ignore_every: int = 0, **options) -> Builder:
-    """A cross_entropy builder: logits (tokens, vocab) with std 3, targets (every ``ignore_every``-th -100), and
-    ``options`` passed to the op."""
+def ce_builder(ignore_every: int = 0, class_weights: bool = False, **options) -> Builder:
+    """A cross_entropy builder: logits (tokens, vocab) with std 3, targets (every ``ignore_every``-th -100),
+    with ``class_weights`` a ``weight`` (vocab,) float32 in [0.5, 1.5), and ``options`` passed to the op."""
 
     def build(s: Shapes, dtype, device, gen) -> dict:
+        extra = {}
+        if class_weights:
+            extra["weight"] = (torch.rand(s.vocab, generator=gen, device=gen.device) + 0.5).to(device)
         return dict(logits=_randn(gen, (s.tokens, s.vocab), dtype, device, 3.0),
-                    target=_targets(gen, s.tokens, s.vocab, device, ignore_every), **options)
+                    target=_targets(gen, s.tokens, s.vocab, device, ignore_every), **extra, **options)
 
     return build
+
+
+def _ce_flag(flag: str) -> Callable:
+    """F.cross_entropy with ``flag`` (inplace_backward / grad_in_forward) set, on a view of the logits: as the LM
+    head's output would be, a non-leaf whose gradient flows back (grad_in_forward refuses leaves)."""
+
+    def run(logits, target, **kw):
+        return F.cross_entropy(logits.view_as(logits), target, **kw, **{flag: True})
+
+    return run
 
 
 def flce_builder(ignore_every: int = 0, **options) -> Builder:
@@ -341,6 +356,17 @@ def _register_builtin() -> None:
     for label, (every, opts) in LOSS_OPTIONS.items():
         register(VerifyCase("cross_entropy", ce_builder(every, **opts), ("logits",), F.cross_entropy,
                             ref_ce.cross_entropy, case=label, original_name=ce_name, variants=("model",)))
+    register(VerifyCase("cross_entropy", ce_builder(4, class_weights=True), ("logits",), F.cross_entropy,
+                        ref_ce.cross_entropy, case="weight", original_name=ce_name, variants=("model",)))
+    register(VerifyCase("cross_entropy", ce_builder(4, lse_square_scale=1e-4), ("logits",),
+                        _ce_flag("inplace_backward"), ref_ce.cross_entropy, case="inplace_backward=True",
+                        original_name=ce_name, variants=("model",)))
+    # grad_in_forward rounds the gradient in the forward and again when the backward scales it by an upstream other
+    # than 1 (up to 2x the original's bf16 error, as its docstring says); verified for what it is for,
+    # loss.backward(), where the upstream is 1 and the gradient is rounded once.
+    register(VerifyCase("cross_entropy", ce_builder(4, lse_square_scale=1e-4), ("logits",),
+                        _ce_flag("grad_in_forward"), ref_ce.cross_entropy, case="grad_in_forward=True (upstream 1)",
+                        original_name=ce_name, variants=("model",), unit_upstream=True))
     for label, (every, opts) in LOSS_OPTIONS.items():
         register(VerifyCase("fused_linear_cross_entropy", flce_builder(every, **opts), ("hidden", "weight"),
                             F.fused_linear_cross_entropy, hf_linear_cross_entropy,
@@ -646,12 +672,14 @@ def run_verify(
             shape = _shape_label(inputs, case.grad_inputs)
             before = support.backend_usage()
             original = _Recorder(case.original, case.grad_inputs)
-            checks = compare(case.tigon, original, inputs, case.grad_inputs, factor=FACTOR, upstream_seed=up_seed)
+            checks = compare(case.tigon, original, inputs, case.grad_inputs, factor=FACTOR, upstream_seed=up_seed,
+                             unit_upstream=case.unit_upstream)
             _usage_delta(usage, before, support.backend_usage())
             orig_max_abs = original.max_abs()
             if orig_max_abs is None:  # compare() changed how it calls the original: measure it against itself
                 orig_max_abs = {c.tensor: c.tigon_max_abs for c in compare(
-                    case.original, case.original, inputs, case.grad_inputs, upstream_seed=up_seed)}
+                    case.original, case.original, inputs, case.grad_inputs, upstream_seed=up_seed,
+                    unit_upstream=case.unit_upstream)}
         except Exception as e:  # a crashing op fails verify; the other cases still run
             errors.append(dict(where, error=f"{type(e).__name__}: {' '.join(str(e).split())}"[:500]))
             continue
