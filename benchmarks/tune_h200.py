@@ -219,7 +219,7 @@ def part_rms_hold(ceilings, out):
     except Exception as e:  # noqa: BLE001 - diagnostics only
         out["rms_hold_liger_regs"] = f"failed: {e!r}"
     base = norm_ops.bwd_config
-    for hold in (0, 1, 2):
+    for hold in (0, 2):  # (1, the row in its storage dtype, ran in session7/tune7_rms.json and was removed)
         for warps in (16, 32):
             for prefetch in (False, True):
                 cfg = (lambda M, block_n, device, is_rms, w=warps: (1, base(M, block_n, device, is_rms)[1], w, False))

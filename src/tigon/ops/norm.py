@@ -39,11 +39,12 @@ from ._common import (
 WIDE_ROW = 8192
 REGISTER_ROW = 32768
 # How RMSNorm's backward holds the weight row between rows whose block (the width rounded up to a power of two) is
-# W_HOLD_ROW, i.e. 8193..16384 elements (``_norm_bwd``'s W_HOLD): 0 fp32, 1 storage dtype, 2 re-read every row (from
-# L1/L2). Other rows, and LayerNorm's, hold it in fp32. H200, 16384 rows bf16 fwd+bwd,
-# 16 / 32 warps (session7/tune7_rms.json): hidden 16384: 0: 825.5 / 827.3 us, 1: 824.9 / 830.2, 2: 750.3 / 824.1
-# (Liger 779.1); hidden 12288: 0: 684.7 / 683.3, 2: 601.3 / 687.7 (Liger 622.9). Re-reading frees the registers
-# that spilled (42 spills at 16 warps, 16 with it), hence 2 at 16 warps.
+# W_HOLD_ROW, i.e. 8193..16384 elements (``_norm_bwd``'s W_HOLD): 0 in fp32 registers, 2 re-read every row (from
+# L1/L2). Other rows, and LayerNorm's, hold it in fp32. H200, 16384 rows bf16 fwd+bwd, 16 / 32 warps
+# (session7/tune7_rms.json): hidden 16384: 0: 825.5 / 827.3 us, 2: 750.3 / 824.1 (Liger 779.1); hidden 12288:
+# 0: 684.7 / 683.3, 2: 601.3 / 687.7 (Liger 622.9). Re-reading frees the registers that spilled (42 spills at 16
+# warps, 16 with it), hence 2 at 16 warps. (1, the row held in its storage dtype, measured as 0: 824.9 / 830.2 us,
+# and was removed.)
 W_HOLD = 2
 W_HOLD_ROW = 16384
 
@@ -104,13 +105,10 @@ def _norm_bwd(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    # W_HOLD (the registers the weight row takes between rows): 0 fp32 (+ offset), 1 the storage dtype (converted
-    # every row), 2 none (re-read every row, from L1/L2).
-    if HAS_W:
-        if W_HOLD == 0:
-            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
-        elif W_HOLD == 1:
-            w = tl.load(W + cols, mask=cmask, other=0.0)
+    # W_HOLD (the registers the weight row takes between rows): 0 fp32 (+ offset), 2 none (re-read every row,
+    # from L1/L2).
+    if HAS_W and W_HOLD == 0:
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
     # dW/dB accumulate per tile position and are reduced over rows once at the end, not per step.
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -131,8 +129,6 @@ def _norm_bwd(
         if HAS_W:
             if W_HOLD == 0:
                 g = dyf * w[None, :]
-            elif W_HOLD == 1:
-                g = dyf * (w.to(tl.float32) + offset)[None, :]
             else:
                 g = dyf * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
         else:
