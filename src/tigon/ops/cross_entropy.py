@@ -43,7 +43,10 @@ MAX_BLOCK_V = 8192
 
 # grad_in_forward on CUDA: (vocabulary block, num_warps) of the forward that also writes the gradient, for rows at
 # least that wide (one row per program). Its second pass over a row hits L2 only while few rows are in flight, so
-# wide programs that keep many bytes in flight for few rows suit it better than MAX_BLOCK_V's (8192, 8).
+# wide programs that keep many bytes in flight for few rows suit it better than MAX_BLOCK_V's (8192, 8). H200, V =
+# 128256 bf16, fwd+bwd at 8k / 32k / 64k tokens (session7/tune9_ce_fwdgrad_block.json): (8192, 8) 1.618 / 6.310 /
+# 12.555 ms, (16384, 16) 1.662 / 6.483 / 12.912, (16384, 32) 1.873 / 7.367 / 14.692, (32768, 16) 1.679 / 6.596 /
+# 13.137, (32768, 32) 1.592 / 6.181 / 12.252; Liger-Kernel 2.097 / 6.356 / 12.348 in the same call.
 GRAD_IN_FORWARD_BLOCK = (32768, 32)
 
 
@@ -482,10 +485,11 @@ class CrossEntropyFunction(torch.autograd.Function):
     ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
     (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
     when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
-    loss. H200, 8192 x 128256 bf16, fwd+bwd with upstream 1 (session7/tune7_ce.json): 1.620 ms, against 1.673
-    lazily and 1.990 for Liger; capping the grid at 1-4 programs per SM, so that fewer rows are in flight between
-    their two passes, was slower (2.0-4.6 ms: too few bytes in flight), as were rows split over programs that
-    meet at an atomic counter (32% of copy bandwidth; commit 6468296, session4/tune_h200.json).
+    loss (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). H200, 8192 x 128256 bf16, fwd+bwd with upstream 1
+    (session7/sweep6c_ce.json): 1.590 ms, against 1.673 lazily and 1.894 for Liger. Capping the grid at 1-4
+    programs per SM, so that fewer rows are in flight between their two passes, was slower (2.0-4.6 ms against
+    1.620 uncapped: too few bytes in flight; session7/tune7_ce.json), as were rows split over programs that meet
+    at an atomic counter (32% of copy bandwidth; commit 6468296, session4/tune_h200.json).
     """
 
     @staticmethod

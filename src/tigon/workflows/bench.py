@@ -7,8 +7,7 @@ gradients written into the inputs' memory, as Liger always does), ``tigon_fwdgra
 (fused linear cross-entropy with ``accum_dtype`` = the weight's dtype: Liger's memory, grad_weight rounded per
 chunk), and the peers ``liger`` (Liger-Kernel) and ``cce`` (Apple's Cut Cross-Entropy, fused linear cross-entropy
 only) when installed; missing ones are skipped with a note. A provider that fails on a shape (out of memory,
-unsupported dtype, a signature change) is recorded as a
-row with ``note="failed: ..."`` and the run goes on.
+unsupported dtype, a signature change) is recorded as a row with ``note="failed: ..."`` and the run goes on.
 
 Timing: on CUDA, ``triton.testing.do_bench`` (CUDA events; median with 20/80 percentiles) on fresh random
 inputs for every (op, provider, shape), rotating among enough input sets that consecutive calls do not find their
