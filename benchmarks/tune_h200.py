@@ -20,6 +20,8 @@ per-position RoPE kernel, went with those kernels; their results are in results/
   ce_fwdgrad_block  grad_in_forward's (vocabulary block, warps) at 8k / 32k / 64k tokens, with tigon and Liger
   rms_hold rms_norm fwd+bwd at hidden 12288 / 16384: how the backward holds the weight row (norm.W_HOLD) x warps
            x prefetch, with the backward kernels' registers and spills (Liger's too)
+  ce_onepass  (session 8) grad_in_forward's one-pass kernel: (columns per task, warps, programs per SM) at 8k
+           tokens, the best three at 32k / 64k, against the two-pass path, the lazy default and Liger
   rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
            control, one set (the earlier sweeps' method, which left small inputs in the L2 cache)
 """
@@ -180,6 +182,39 @@ def part_ce_fwdgrad_block(ceilings, out):
         key = f"ce_fwdgrad_v{block[0]}_w{block[1]}"
         with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=block):
             out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
+                             cuda_graph=False)
+        report(out, key)
+
+
+ONEPASS_CONFIGS = ((8192, 8, 2), (8192, 8, 4), (8192, 4, 4), (8192, 4, 8), (16384, 16, 1), (16384, 16, 2),
+                   (16384, 8, 2), (16384, 8, 4), (32768, 32, 1), (32768, 16, 1), (32768, 16, 2))
+
+
+def part_ce_onepass(ceilings, out):
+    import tigon.ops.cross_entropy as ce_ops
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 32768, 65536)]
+    out["ce_onepass_base"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
+                                   cuda_graph=False)
+    report(out, "ce_onepass_base")
+    with patched(ce_ops, ONEPASS=False):
+        out["ce_onepass_two_pass"] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
+                                           cuda_graph=False)
+    report(out, "ce_onepass_two_pass")
+    for config in ONEPASS_CONFIGS:
+        key = "ce_onepass_v{}_w{}_p{}".format(*config)
+        spy = KernelSpy(ce_ops._ce_onepass_kernel)
+        with patched(ce_ops, ONEPASS_CONFIG=config, _ce_onepass_kernel=spy):
+            out[key] = timed("cross_entropy", shapes[:1], ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
+                             cuda_graph=False)
+        out[key + "_regs"] = spy.regs()
+        report(out, key)
+        print(key, spy.regs(), flush=True)
+    best = sorted(ONEPASS_CONFIGS, key=lambda c: [r["ms"] for r in out["ce_onepass_v{}_w{}_p{}".format(*c)]
+                                                  if r["mode"] == "fwd_bwd"][0])[:3]
+    for config in best:
+        key = "ce_onepass_large_v{}_w{}_p{}".format(*config)
+        with patched(ce_ops, ONEPASS_CONFIG=config):
+            out[key] = timed("cross_entropy", shapes[1:], ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
                              cuda_graph=False)
         report(out, key)
 

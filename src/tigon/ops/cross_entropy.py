@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..support import interpreter_enabled
-from ._common import cdiv, next_pow2, rows_per_program, warps_for
+from ._common import cdiv, next_pow2, num_programs_hint, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -48,6 +48,13 @@ MAX_BLOCK_V = 8192
 # 12.555 ms, (16384, 16) 1.662 / 6.483 / 12.912, (16384, 32) 1.873 / 7.367 / 14.692, (32768, 16) 1.679 / 6.596 /
 # 13.137, (32768, 32) 1.592 / 6.181 / 12.252; Liger-Kernel 2.097 / 6.356 / 12.348 in the same call.
 GRAD_IN_FORWARD_BLOCK = (32768, 32)
+
+# The one-pass forward with the gradient on CUDA (_ce_onepass_kernel): (columns per task, num_warps, programs per
+# SM). A row of V logits is cdiv(V, columns) tasks; at most MAX_ONEPASS_SPLIT of them (wider rows take the
+# two-pass path), so that a row's tasks always fit on the GPU at once.
+ONEPASS_CONFIG = (16384, 16, 2)
+MAX_ONEPASS_SPLIT = 64
+ONEPASS = True  # (tuning switch: False takes the two-pass path)
 
 
 @triton.jit
@@ -78,6 +85,36 @@ def _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
+def _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale):
+    """Per-row coefficients of the gradient formula in the module docstring: (on p, on the target, on every c)."""
+    eps = label_smoothing
+    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum + 2.0 * lse_square_scale * lse)
+    coef_t = a * (1.0 - eps) * wt
+    coef_s = a * (eps / V)
+    return coef_p, coef_t, coef_s
+
+
+@triton.jit
+def _grad_tile(
+    x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):
+    """a * d loss_row / d raw_logits on a [rows, cols] tile of transformed logits ``x`` (fp32)."""
+    p = tl.exp(x - lse[:, None])
+    g = coef_p[:, None] * p - tl.where(cols[None, :] == t_safe[:, None], coef_t[:, None], 0.0)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
+            g = g - coef_s[:, None] * wc[None, :]
+        else:
+            g = g - coef_s[:, None]
+    if HAS_SOFTCAP:
+        th = x / softcap
+        g = g * (1.0 - th * th)
+    return g * logit_scale
+
+
+@triton.jit
 def _grad_pass(
     X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
     label_smoothing, lse_square_scale, logit_scale, softcap,
@@ -87,29 +124,55 @@ def _grad_pass(
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
-    eps = label_smoothing
-    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum + 2.0 * lse_square_scale * lse)
-    coef_t = a * (1.0 - eps) * wt
-    coef_s = a * (eps / V)
+    coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         mask = rmask[:, None] & cmask[None, :]
         raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
-        p = tl.exp(x - lse[:, None])
-        g = coef_p[:, None] * p - tl.where(cols[None, :] == t_safe[:, None], coef_t[:, None], 0.0)
-        if HAS_SMOOTHING:
-            if HAS_WEIGHT:
-                wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
-                g = g - coef_s[:, None] * wc[None, :]
-            else:
-                g = g - coef_s[:, None]
-        if HAS_SOFTCAP:
-            th = x / softcap
-            g = g * (1.0 - th * th)
-        g = g * logit_scale
+        g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+                       HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
         tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """The transformed target logit of rows; NaN for a target outside [0, V) (never read out of bounds)."""
+    xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
+    xt = _transform(xt, logit_scale, softcap, HAS_SOFTCAP)
+    return tl.where(in_range | (~valid), xt, float("nan"))
+
+
+@triton.jit
+def _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT: tl.constexpr):
+    """Per row of a tile: sum_c w_c * (x_c - x_t) over its valid columns (label smoothing's extra term)."""
+    d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
+    if HAS_WEIGHT:
+        d = d * tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    return tl.sum(d, axis=1)
+
+
+@triton.jit
+def _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING: tl.constexpr):
+    """(loss incl. z, z) of rows from their lse, target logit, target weight and smoothing sum (0 if ignored)."""
+    eps = label_smoothing
+    nll = lse - xt
+    loss = (1.0 - eps) * wt * nll
+    if HAS_SMOOTHING:
+        loss += eps / V * (wsum * nll - sw)
+    z = lse_square_scale * lse * lse
+    return tl.where(valid, loss + z, 0.0), tl.where(valid, z, 0.0)
+
+
+@triton.jit
+def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
+    """sum(class weights) (V without them)."""
+    if HAS_WEIGHT:
+        wsum = tl.load(CWSUM).to(tl.float32)
+    else:
+        wsum = V * 1.0
+    return wsum
 
 
 @triton.jit
@@ -122,10 +185,7 @@ def _ce_fwd_kernel(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     x_row = X + rows.to(tl.int64) * stride_x
-    xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
-    xt = _transform(xt, logit_scale, softcap, HAS_SOFTCAP)
-    # a target outside [0, V) poisons its row's loss (never read out of bounds)
-    xt = tl.where(in_range | (~valid), xt, float("nan"))
+    xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_M], tl.float32)
@@ -146,25 +206,10 @@ def _ce_fwd_kernel(
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
         m = m_new
         if HAS_SMOOTHING:
-            d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
-            if HAS_WEIGHT:
-                wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
-                d = d * wc[None, :]
-            sw += tl.sum(d, axis=1)
+            sw += _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT)
     lse = m + tl.log(s)
-
-    eps = label_smoothing
-    nll = lse - xt
-    loss = (1.0 - eps) * wt * nll
-    if HAS_WEIGHT:
-        wsum = tl.load(CWSUM).to(tl.float32)
-    else:
-        wsum = V * 1.0
-    if HAS_SMOOTHING:
-        loss += eps / V * (wsum * nll - sw)
-    z = lse_square_scale * lse * lse
-    loss = tl.where(valid, loss + z, 0.0)
-    z = tl.where(valid, z, 0.0)
+    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
+    loss, z = _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
     tl.store(LOSS + rows, loss, mask=rmask)
     tl.store(ZLOSS + rows, z, mask=rmask)
     tl.store(LSE + rows, lse, mask=rmask)
@@ -176,6 +221,145 @@ def _ce_fwd_kernel(
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+
+
+N_PARTIALS: tl.constexpr = 5  # floats per task of the one-pass kernel: max, sum of exp, x_t, smoothing sum, argmax
+
+
+@triton.jit
+def _onepass_load(X, stride_x, T, k, n_rows, V, ignore_index, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Task ``k`` of the one-pass kernel: row k // SPLIT, columns of part k % SPLIT. Returns its raw logits
+    [1, BLOCK_V] in their dtype (an ignored row, or a task past the last, reads nothing) and the column indices."""
+    row = k // SPLIT
+    rows = row + tl.arange(0, 1)
+    rmask = rows < n_rows
+    t = tl.load(T + rows, mask=rmask, other=ignore_index)
+    cols = (k % SPLIT) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = (rmask & (t != ignore_index))[:, None] & (cols < V)[None, :]
+    raw = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    return raw, cols
+
+
+@triton.jit
+def _onepass_publish(
+    raw, cols, X, stride_x, T, CW, PART, SYNC, k, n_tasks, n_rows, V, ignore_index, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Write task ``k``'s partials (max, sum of exp relative to it, target logit, smoothing sum, first argmax as a
+    float: exact below 2**24 columns) and arrive at its row's counter (release: the partials are visible to whoever sees the count)."""
+    row = k // SPLIT
+    rows = row + tl.arange(0, 1)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    cmask = cols < V
+    x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
+    xm = tl.where(cmask[None, :], x, float("-inf"))
+    bmax = tl.max(xm, axis=1)
+    bsum = tl.sum(tl.exp(xm - bmax[:, None]), axis=1)
+    bsum = tl.where(bmax > float("-inf"), bsum, 0.0)  # a part all -inf (masked vocabulary) adds nothing
+    # the target logit is read here, before any part of the row can have written its gradient over the logits
+    xt = _target_logit(X + rows.to(tl.int64) * stride_x, t_safe, in_range, valid, logit_scale, softcap,
+                       HAS_SOFTCAP)
+    pbase = PART + (rows.to(tl.int64) * SPLIT + k % SPLIT) * N_PARTIALS
+    tl.store(pbase, bmax, mask=rmask)
+    tl.store(pbase + 1, bsum, mask=rmask)
+    tl.store(pbase + 2, xt, mask=rmask)
+    if HAS_SMOOTHING:
+        tl.store(pbase + 3, _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT), mask=rmask)
+    if COMPUTE_ACC:
+        tl.store(pbase + 4, (tl.argmax(xm, axis=1) + (k % SPLIT) * BLOCK_V).to(tl.float32), mask=rmask)
+    tl.debug_barrier()  # every thread's partials are written before the arrival
+    tl.atomic_add(SYNC + row, 1, mask=k < n_tasks, sem="release")
+
+
+@triton.jit
+def _onepass_finish(
+    raw, cols, X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS, ZLOSS, LSE, CORRECT,
+    k, n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+):
+    """Wait until every part of task ``k``'s row has arrived, form the row's lse from the partials and write the
+    part's gradient from ``raw`` (held since its load); part 0 also writes the row's loss, z, lse, hit."""
+    row = k // SPLIT
+    part = k % SPLIT
+    arrived = tl.load(SYNC + row, volatile=True)
+    while arrived < SPLIT:
+        arrived = tl.load(SYNC + row, volatile=True)
+    tl.atomic_add(SYNC + row, 0, sem="acquire")  # orders the partials' reads after the arrivals seen
+    rows = row + tl.arange(0, 1)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    offs = tl.arange(0, SPLIT_P2)
+    omask = offs < SPLIT
+    prow = PART + (row.to(tl.int64) * SPLIT + offs) * N_PARTIALS
+    pm = tl.load(prow, mask=omask, other=float("-inf"), volatile=True)
+    ps = tl.load(prow + 1, mask=omask, other=0.0, volatile=True)
+    m = tl.max(pm, axis=0)
+    lse = m + tl.log(tl.sum(ps * tl.exp(pm - m), axis=0)) + tl.zeros([1], tl.float32)
+    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
+    a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+    a = tl.where(valid, a, 0.0)
+    coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
+    cmask = cols < V
+    x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
+    g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
+    tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], g.to(DX.dtype.element_ty),
+             mask=rmask[:, None] & cmask[None, :])
+    if part == 0:
+        xt = tl.load(PART + rows.to(tl.int64) * SPLIT * N_PARTIALS + 2, volatile=True)  # its own partial
+        if HAS_SMOOTHING:
+            sw = tl.sum(tl.load(prow + 3, mask=omask, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
+        else:
+            sw = tl.zeros([1], tl.float32)
+        loss, z = _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
+        tl.store(LOSS + rows, loss, mask=rmask)
+        tl.store(ZLOSS + rows, z, mask=rmask)
+        tl.store(LSE + rows, lse, mask=rmask)
+        if COMPUTE_ACC:
+            # the first part holding the row's maximum holds its first maximum (torch.argmax's tie rule)
+            first = tl.min(tl.where(pm == m, offs, SPLIT_P2), axis=0)
+            best = tl.load(PART + (row.to(tl.int64) * SPLIT + first) * N_PARTIALS + 4, volatile=True).to(tl.int32)
+            tl.store(CORRECT + rows, tl.where(valid & in_range & (best == t_safe), 1.0, 0.0), mask=rmask)
+
+
+@triton.jit
+def _ce_onepass_kernel(
+    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS, ZLOSS, LSE, CORRECT,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    # The forward that writes the gradient reading the logits once. A row is SPLIT tasks of BLOCK_V columns; a
+    # persistent program takes tasks in ticket order (an atomic counter), holds each task's logits in registers,
+    # publishes its partials, and writes its gradient once the row's other parts have arrived. While it waits
+    # for a row it already holds the next task's load in flight. No wait can deadlock: a task is published before
+    # its program waits on an earlier row (or at once when both are of one row), and tickets are taken in order
+    # by running programs, so a row's missing parts are held by programs that will publish them.
+    # SYNC (n_rows + 1 int32, zeroed): per-row arrival counts, then the ticket counter
+    n_tasks = n_rows * SPLIT
+    k = tl.atomic_add(SYNC + n_rows, 1)
+    raw, cols = _onepass_load(X, stride_x, T, k, n_rows, V, ignore_index, SPLIT, BLOCK_V)
+    _onepass_publish(raw, cols, X, stride_x, T, CW, PART, SYNC, k, n_tasks, n_rows, V, ignore_index, logit_scale,
+                     softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, SPLIT, BLOCK_V)
+    while k < n_tasks:
+        k_next = tl.atomic_add(SYNC + n_rows, 1)
+        raw_next, cols_next = _onepass_load(X, stride_x, T, k_next, n_rows, V, ignore_index, SPLIT, BLOCK_V)
+        same_row = k_next // SPLIT == k // SPLIT
+        if same_row:
+            _onepass_publish(raw_next, cols_next, X, stride_x, T, CW, PART, SYNC, k_next, n_tasks, n_rows, V,
+                             ignore_index, logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING,
+                             COMPUTE_ACC, SPLIT, BLOCK_V)
+        _onepass_finish(raw, cols, X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS,
+                        ZLOSS, LSE, CORRECT, k, n_rows, V, ignore_index, label_smoothing, lse_square_scale,
+                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, SPLIT, SPLIT_P2)
+        if not same_row:
+            _onepass_publish(raw_next, cols_next, X, stride_x, T, CW, PART, SYNC, k_next, n_tasks, n_rows, V,
+                             ignore_index, logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING,
+                             COMPUTE_ACC, SPLIT, BLOCK_V)
+        k = k_next
+        raw = raw_next
+        cols = cols_next
 
 
 @triton.jit
@@ -209,10 +393,7 @@ def _ce_bwd_kernel(
     if HAS_SCALE:
         a = a * tl.load(SCALE)
     a = tl.where(valid, a, 0.0)
-    if HAS_WEIGHT:
-        wsum = tl.load(CWSUM).to(tl.float32)
-    else:
-        wsum = V * 1.0
+    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
                HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
@@ -340,6 +521,49 @@ def ce_rows_forward(
     )
 
 
+def onepass_config(vocab: int, device: torch.device) -> tuple[int, int, int] | None:
+    """(columns per task, num_warps, programs) of :func:`ce_onepass_forward`, or None where a row is too wide.
+
+    Under the interpreter programs run one after another, so one program takes every task, and a row is at most
+    two tasks (a program holds two tasks at a time; a row of more would wait forever for its other parts).
+    """
+    if device.type != "cuda" or interpreter_enabled():
+        return next_pow2(cdiv(vocab, 2)), 4, 1
+    block_v, warps, per_sm = ONEPASS_CONFIG
+    block_v = min(block_v, next_pow2(vocab))
+    if cdiv(vocab, block_v) > MAX_ONEPASS_SPLIT:
+        return None
+    return block_v, warps, per_sm * num_programs_hint(device) // 2
+
+
+def ce_onepass_forward(
+    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
+    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
+    out_correct: torch.Tensor | None, grad_coef: torch.Tensor, grad_out: torch.Tensor,
+    config: tuple[int, int, int],
+) -> None:
+    """:func:`ce_rows_forward` with ``grad_coef`` (0-d fp32) and ``grad_out`` (n, V; may be ``x``), reading the
+    logits once (:func:`_ce_onepass_kernel`); ``config`` from :func:`onepass_config`. Scratch: (n, tasks per row,
+    5) fp32 partials and n + 1 int32 counters (8192 x 128256 logits: 1 MiB)."""
+    n, vocab = x.shape
+    if n == 0:
+        return
+    block_v, warps, programs = config
+    split = cdiv(vocab, block_v)
+    part = torch.empty(n * split * N_PARTIALS, dtype=torch.float32, device=x.device)
+    sync = torch.zeros(n + 1, dtype=torch.int32, device=x.device)
+    _ce_onepass_kernel[(min(programs, n * split),)](
+        x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
+        grad_coef, grad_coef.stride(0) if grad_coef.dim() else 0, grad_out, grad_out.stride(0), part, sync,
+        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
+        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
+        float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
+        HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None,
+        SPLIT=split, SPLIT_P2=next_pow2(split), BLOCK_V=block_v, num_warps=warps,
+    )
+
+
 def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``x *= g`` in place for rows ``x`` (n, V) (unit column stride) and a 0-d tensor ``g``, skipped on the device
     (no host sync) when g == 1. Returns x."""
@@ -443,8 +667,12 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
     else:
         coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
-                        grad_out=grad_out, block=grad_in_forward_block(x.device))
+        config = onepass_config(vocab, x.device) if ONEPASS else None
+        if config is not None:
+            ce_onepass_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, coef, grad_out, config)
+        else:
+            ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
+                            grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
