@@ -223,7 +223,7 @@ def _ce_fwd_kernel(
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
 
 
-N_PARTIALS: tl.constexpr = 5  # floats per task of the one-pass kernel: max, sum of exp, x_t, smoothing sum, argmax
+N_PARTIALS = tl.constexpr(5)  # floats per task of the one-pass kernel: max, sum of exp, x_t, smoothing sum, argmax
 
 
 @triton.jit
