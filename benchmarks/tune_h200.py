@@ -20,8 +20,10 @@ per-position RoPE kernel, went with those kernels; their results are in results/
   ce_fwdgrad_block  grad_in_forward's (vocabulary block, warps) at 8k / 32k / 64k tokens, with tigon and Liger
   rms_hold rms_norm fwd+bwd at hidden 12288 / 16384: how the backward holds the weight row (norm.W_HOLD) x warps
            x prefetch, with the backward kernels' registers and spills (Liger's too)
-  ce_onepass  (session 8) grad_in_forward's one-pass kernel: (columns per task, warps, programs per SM) at 8k
-           tokens, the best three at 32k / 64k, against the two-pass path, the lazy default and Liger
+  ce_onepass  (session 8, commit 8f4fd00, since removed) grad_in_forward's one-pass kernel (a row split into tasks
+           that meet at per-row counters): (columns per task, warps, programs per SM)
+  ce_order (session 8) grad_in_forward's (vocabulary block, warps, order of the gradient's pass: first block
+           first, last first, last first from registers) at 8k tokens, the best three at 32k / 64k
   rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
            control, one set (the earlier sweeps' method, which left small inputs in the L2 cache)
 """
@@ -186,39 +188,32 @@ def part_ce_fwdgrad_block(ceilings, out):
         report(out, key)
 
 
-ONEPASS_CONFIGS = ((8192, 8, 2), (8192, 8, 4), (8192, 4, 4), (8192, 4, 8), (16384, 16, 1), (16384, 16, 2),
-                   (16384, 8, 2), (16384, 8, 4), (32768, 32, 1), (32768, 16, 1), (32768, 16, 2))
+GRAD_ORDER_BLOCKS = ((32768, 32, 0), (32768, 32, 1), (32768, 32, 2), (32768, 16, 1), (32768, 16, 2),
+                     (16384, 16, 1), (16384, 16, 2), (16384, 32, 2), (8192, 8, 1), (8192, 8, 2))
 
 
-def part_ce_onepass(ceilings, out):
+def part_ce_order(ceilings, out):
     import tigon.ops.cross_entropy as ce_ops
     shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 32768, 65536)]
-    out["ce_onepass_base"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
-                                   cuda_graph=False)
-    report(out, "ce_onepass_base")
-    with patched(ce_ops, ONEPASS=False):
-        out["ce_onepass_two_pass"] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
-                                           cuda_graph=False)
-    report(out, "ce_onepass_two_pass")
-    for config in ONEPASS_CONFIGS:
-        key = "ce_onepass_v{}_w{}_p{}".format(*config)
-        spy = KernelSpy(ce_ops._ce_onepass_kernel)
-        with patched(ce_ops, ONEPASS_CONFIG=config, _ce_onepass_kernel=spy):
-            out[key] = timed("cross_entropy", shapes[:1], ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
-                             cuda_graph=False)
+    out["ce_order_base"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
+                                 cuda_graph=False)
+    report(out, "ce_order_base")
+    for block in GRAD_ORDER_BLOCKS:
+        key = "ce_order_v{}_w{}_o{}".format(*block)
+        spy = KernelSpy(ce_ops._ce_fwd_kernel)
+        with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=block, _ce_fwd_kernel=spy):
+            out[key] = timed("cross_entropy", shapes[:1], ["tigon_fwdgrad"], ceilings, ("fwd_bwd",), cuda_graph=False)
         out[key + "_regs"] = spy.regs()
         report(out, key)
         print(key, spy.regs(), flush=True)
-    def fwd_bwd_ms(c):
-        return min([r["ms"] for r in out["ce_onepass_v{}_w{}_p{}".format(*c)] if r["ms"] and r["mode"] == "fwd_bwd"]
-                   or [1e9])
 
-    best = sorted(ONEPASS_CONFIGS, key=fwd_bwd_ms)[:3]
-    for config in best:
-        key = "ce_onepass_large_v{}_w{}_p{}".format(*config)
-        with patched(ce_ops, ONEPASS_CONFIG=config):
-            out[key] = timed("cross_entropy", shapes[1:], ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
-                             cuda_graph=False)
+    def ms(block):
+        return min([r["ms"] for r in out["ce_order_v{}_w{}_o{}".format(*block)] if r["ms"]] or [1e9])
+
+    for block in sorted(GRAD_ORDER_BLOCKS, key=ms)[:3]:
+        key = "ce_order_large_v{}_w{}_o{}".format(*block)
+        with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=block):
+            out[key] = timed("cross_entropy", shapes[1:], ["tigon_fwdgrad"], ceilings, ("fwd_bwd",), cuda_graph=False)
         report(out, key)
 
 

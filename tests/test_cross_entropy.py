@@ -19,10 +19,8 @@ FACTOR = 1.001
 
 @pytest.fixture(autouse=True)
 def small_vocab_block(monkeypatch):
-    # A 128-column vocabulary block makes every test below walk the vocabulary loop several times, and splits a
-    # row of the one-pass gradient kernel (grad_in_forward) into several tasks on CUDA (two under the interpreter).
+    # A 128-column vocabulary block makes every test below walk the vocabulary loop several times.
     monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 128)
-    monkeypatch.setattr(ce_ops, "ONEPASS_CONFIG", (128, 4, 2))
 
 
 def _targets(n, v, device, ignore_every=0, ignore_index=-100):
@@ -263,12 +261,16 @@ def test_grad_in_forward_matches_float64(device, dtype, case):
     assert_close_to_truth(checks)
 
 
-@pytest.mark.parametrize("onepass, block", [(True, None), (False, None), (False, (128, 4))],
-                         ids=["onepass", "two_pass", "two_pass_wide_block"])
-def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch, onepass, block):
-    # "two_pass": the path for rows too wide for the one-pass kernel; "wide_block": one row per program in
-    # vocabulary blocks of 128 (GRAD_IN_FORWARD_BLOCK's path on CUDA), 3 steps
-    monkeypatch.setattr(ce_ops, "ONEPASS", onepass)
+GRAD_BLOCKS = dict(default=None, wide_block=(128, 4, 0), wide_reverse=(128, 4, 1), wide_held=(128, 4, 2),
+                   whole_row_held=(512, 4, 2), narrow_held=(8192, 4, 2))
+
+
+@pytest.mark.parametrize("block", list(GRAD_BLOCKS.values()), ids=list(GRAD_BLOCKS))
+def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch, block):
+    # grad_in_forward's blocks (GRAD_IN_FORWARD_BLOCK on CUDA; the default, None, under the interpreter): "wide":
+    # one row per program in vocabulary blocks of 128, 3 steps, the gradient's pass first block first, last block
+    # first, or last block first from registers; "whole_row_held": the row is one block, read once; "narrow_held":
+    # rows narrower than half the block take the default blocks (MAX_BLOCK_V, 128 here), last one held
     monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
     n, v = 23, 300
     x = torch.randn(n, v, device=device)
@@ -286,34 +288,32 @@ def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch,
         loss.backward()
 
 
-def _onepass_configs(device):
-    """(columns per task, warps, programs) for the one-pass kernel: a row in one task and in several; on CUDA also
-    with fewer programs than a row has tasks (3 programs hold at most 6 tasks, enough for a row of 5)."""
-    if device == "cuda":
-        return [(512, 4, 264), (64, 4, 264), (64, 4, 3)]
-    return [(512, 4, 1), (256, 4, 1)]  # the interpreter: one program, a row of at most two tasks
-
-
-def test_onepass_kernel_tasks_and_programs(device, monkeypatch):
+@pytest.mark.parametrize("block", list(GRAD_BLOCKS.values()), ids=list(GRAD_BLOCKS))
+def test_masked_vocabulary_blocks_and_argmax_ties(device, monkeypatch, block):
+    # -inf logits filling whole vocabulary blocks (the first one, and a masked tail), and a tie for the maximum
+    # across blocks (torch.argmax takes the first), on the lazy path and on grad_in_forward's
+    monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
     n, v = 31, 300
     x = torch.randn(n, v, device=device) * 2
-    x[:, 260:] = float("-inf")  # a masked vocabulary tail: one task of the row is all -inf
-    target = _targets(n, v, device, ignore_every=5) % 260
+    x[:, 260:] = float("-inf")
+    x[3, :128] = float("-inf")
+    target = _targets(n, v, device) % 260
+    target[3] %= 128
+    target[3] += 128
     target[::5] = -100
-    x[2, 7] = x[2, 200] = x[2].max() + 1  # a tie for the maximum across tasks: the first one is the argmax
+    x[2, 7] = x[2, 200] = x[2].max() + 1
     target[2] = 200
-    kw = dict(label_smoothing=0.1, lse_square_scale=1e-3, return_accuracy=True)
+    kw = dict(lse_square_scale=1e-3, return_accuracy=True)  # (label smoothing's loss is inf on -inf logits)
     expected = x.clone().requires_grad_()
     ref = ref_ce(expected, target, **kw)
     ref.loss.backward()
-    for config in _onepass_configs(device):
-        monkeypatch.setattr(ce_ops, "onepass_config", lambda vocab, dev: config)
+    for flag in (False, True):
         leaf = x.clone().requires_grad_()
-        out = F.cross_entropy(leaf * 1.0, target, grad_in_forward=True, **kw)
-        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6, msg=str(config))
-        assert out.accuracy.item() == ref.accuracy.item(), config
+        out = F.cross_entropy(leaf * 1.0, target, grad_in_forward=flag, **kw)
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+        assert out.accuracy.item() == ref.accuracy.item()
         out.loss.backward()
-        torch.testing.assert_close(leaf.grad, expected.grad, rtol=1e-5, atol=1e-7, msg=str(config))
+        torch.testing.assert_close(leaf.grad, expected.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_grad_in_forward_scales_by_the_upstream_gradient(device):

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..support import interpreter_enabled
-from ._common import cdiv, next_pow2, num_programs_hint, rows_per_program, warps_for
+from ._common import cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -47,14 +47,8 @@ MAX_BLOCK_V = 8192
 # 128256 bf16, fwd+bwd at 8k / 32k / 64k tokens (session7/tune9_ce_fwdgrad_block.json): (8192, 8) 1.618 / 6.310 /
 # 12.555 ms, (16384, 16) 1.662 / 6.483 / 12.912, (16384, 32) 1.873 / 7.367 / 14.692, (32768, 16) 1.679 / 6.596 /
 # 13.137, (32768, 32) 1.592 / 6.181 / 12.252; Liger-Kernel 2.097 / 6.356 / 12.348 in the same call.
-GRAD_IN_FORWARD_BLOCK = (32768, 32)
+GRAD_IN_FORWARD_BLOCK = (32768, 32, 0)
 
-# The one-pass forward with the gradient on CUDA (_ce_onepass_kernel): (columns per task, num_warps, programs per
-# SM). A row of V logits is cdiv(V, columns) tasks; at most MAX_ONEPASS_SPLIT of them (wider rows take the
-# two-pass path), so that a row's tasks always fit on the GPU at once.
-ONEPASS_CONFIG = (16384, 16, 2)
-MAX_ONEPASS_SPLIT = 64
-ONEPASS = True  # (tuning switch: False takes the two-pass path)
 
 
 @triton.jit
@@ -115,25 +109,50 @@ def _grad_tile(
 
 
 @triton.jit
-def _grad_pass(
-    X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-    label_smoothing, lse_square_scale, logit_scale, softcap,
+def _grad_block(
+    raw, start, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0)."""
+    """Store the gradient of one [rows, BLOCK_V] block at column ``start`` from its raw logits (None: load them)."""
+    cols = start + tl.arange(0, BLOCK_V)
+    cmask = cols < V
+    mask = rmask[:, None] & cmask[None, :]
+    if raw is None:
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0)
+    x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
+    g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
+    tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _grad_pass(
+    X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
+    label_smoothing, lse_square_scale, logit_scale, softcap, held,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
+    ORDER: tl.constexpr,
+):
+    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0), block by block. ORDER 0: first
+    block first; 1: last block first (the blocks the forward read last are likeliest still in L2); 2: as 1, the
+    last block taken from ``held`` (its raw logits, kept in registers since the forward loaded them)."""
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
     coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
-    for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        cmask = cols < V
-        mask = rmask[:, None] & cmask[None, :]
-        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
-        g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
-                       HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
-        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=mask)
+    if ORDER == 0:
+        for start in range(0, V, BLOCK_V):
+            _grad_block(None, start, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
+                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+    else:
+        last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
+        first = 0
+        if ORDER == 2:
+            _grad_block(held, last, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
+                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+            first = BLOCK_V
+        for back in range(first, last + BLOCK_V, BLOCK_V):
+            _grad_block(None, last - back, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
+                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
 
 
 @triton.jit
@@ -181,6 +200,7 @@ def _ce_fwd_kernel(
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -191,19 +211,23 @@ def _ce_fwd_kernel(
     s = tl.zeros([BLOCK_M], tl.float32)
     sw = tl.zeros([BLOCK_M], tl.float32)  # sum_c w_c * (x_c - x_t), for label smoothing
     best = tl.zeros([BLOCK_M], tl.int32)
+    held = tl.zeros([BLOCK_M, BLOCK_V], X.dtype.element_ty)  # ORDER 2: the last block's raw logits
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         mask = rmask[:, None] & cmask[None, :]
-        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0)
+        if ORDER == 2:
+            held = raw
+        x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
         if COMPUTE_ACC:
             bidx = tl.argmax(x, axis=1).to(tl.int32)
             best = tl.where(bmax > m, start + bidx, best)  # strict: keeps the first maximum, like torch.argmax
         m_new = tl.maximum(m, bmax)
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows all -inf so far (masked blocks) stay at s = 0
+        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
         m = m_new
         if HAS_SMOOTHING:
             sw += _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT)
@@ -219,147 +243,8 @@ def _ce_fwd_kernel(
         a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
         a = tl.where(valid, a, 0.0)
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-                   label_smoothing, lse_square_scale, logit_scale, softcap,
-                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
-
-
-N_PARTIALS = tl.constexpr(5)  # floats per task of the one-pass kernel: max, sum of exp, x_t, smoothing sum, argmax
-
-
-@triton.jit
-def _onepass_load(X, stride_x, T, k, n_rows, V, ignore_index, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Task ``k`` of the one-pass kernel: row k // SPLIT, columns of part k % SPLIT. Returns its raw logits
-    [1, BLOCK_V] in their dtype (an ignored row, or a task past the last, reads nothing) and the column indices."""
-    row = k // SPLIT
-    rows = row + tl.arange(0, 1)
-    rmask = rows < n_rows
-    t = tl.load(T + rows, mask=rmask, other=ignore_index)
-    cols = (k % SPLIT) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask = (rmask & (t != ignore_index))[:, None] & (cols < V)[None, :]
-    raw = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    return raw, cols
-
-
-@triton.jit
-def _onepass_publish(
-    raw, cols, X, stride_x, T, CW, PART, SYNC, k, n_tasks, n_rows, V, ignore_index, logit_scale, softcap,
-    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    """Write task ``k``'s partials (max, sum of exp relative to it, target logit, smoothing sum, first argmax as a
-    float: exact below 2**24 columns) and arrive at its row's counter (release: the partials are visible to whoever sees the count)."""
-    row = k // SPLIT
-    rows = row + tl.arange(0, 1)
-    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
-    cmask = cols < V
-    x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
-    xm = tl.where(cmask[None, :], x, float("-inf"))
-    bmax = tl.max(xm, axis=1)
-    bsum = tl.sum(tl.exp(xm - bmax[:, None]), axis=1)
-    bsum = tl.where(bmax > float("-inf"), bsum, 0.0)  # a part all -inf (masked vocabulary) adds nothing
-    # the target logit is read here, before any part of the row can have written its gradient over the logits
-    xt = _target_logit(X + rows.to(tl.int64) * stride_x, t_safe, in_range, valid, logit_scale, softcap,
-                       HAS_SOFTCAP)
-    pbase = PART + (rows.to(tl.int64) * SPLIT + k % SPLIT) * N_PARTIALS
-    tl.store(pbase, bmax, mask=rmask)
-    tl.store(pbase + 1, bsum, mask=rmask)
-    tl.store(pbase + 2, xt, mask=rmask)
-    if HAS_SMOOTHING:
-        tl.store(pbase + 3, _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT), mask=rmask)
-    if COMPUTE_ACC:
-        tl.store(pbase + 4, (tl.argmax(xm, axis=1) + (k % SPLIT) * BLOCK_V).to(tl.float32), mask=rmask)
-    tl.debug_barrier()  # every thread's partials are written before the arrival
-    tl.atomic_add(SYNC + row, 1, mask=k < n_tasks, sem="release")
-
-
-@triton.jit
-def _onepass_finish(
-    raw, cols, X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS, ZLOSS, LSE, CORRECT,
-    k, n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
-    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-):
-    """Wait until every part of task ``k``'s row has arrived, form the row's lse from the partials and write the
-    part's gradient from ``raw`` (held since its load); part 0 also writes the row's loss, z, lse, hit."""
-    row = k // SPLIT
-    part = k % SPLIT
-    arrived = tl.load(SYNC + row, volatile=True)
-    while arrived < SPLIT:
-        arrived = tl.load(SYNC + row, volatile=True)
-    tl.atomic_add(SYNC + row, 0, sem="acquire")  # orders the partials' reads after the arrivals seen
-    rows = row + tl.arange(0, 1)
-    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
-    offs = tl.arange(0, SPLIT_P2)
-    omask = offs < SPLIT
-    prow = PART + (row.to(tl.int64) * SPLIT + offs) * N_PARTIALS
-    pm = tl.load(prow, mask=omask, other=float("-inf"), volatile=True)
-    ps = tl.load(prow + 1, mask=omask, other=0.0, volatile=True)
-    m = tl.max(pm, axis=0)
-    lse = m + tl.log(tl.sum(ps * tl.exp(pm - m), axis=0)) + tl.zeros([1], tl.float32)
-    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
-    a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
-    a = tl.where(valid, a, 0.0)
-    coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
-    cmask = cols < V
-    x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
-    g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
-                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
-    tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], g.to(DX.dtype.element_ty),
-             mask=rmask[:, None] & cmask[None, :])
-    if part == 0:
-        xt = tl.load(PART + rows.to(tl.int64) * SPLIT * N_PARTIALS + 2, volatile=True)  # its own partial
-        if HAS_SMOOTHING:
-            sw = tl.sum(tl.load(prow + 3, mask=omask, other=0.0, volatile=True), axis=0) + tl.zeros([1], tl.float32)
-        else:
-            sw = tl.zeros([1], tl.float32)
-        loss, z = _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
-        tl.store(LOSS + rows, loss, mask=rmask)
-        tl.store(ZLOSS + rows, z, mask=rmask)
-        tl.store(LSE + rows, lse, mask=rmask)
-        if COMPUTE_ACC:
-            # the first part holding the row's maximum holds its first maximum (torch.argmax's tie rule)
-            first = tl.min(tl.where(pm == m, offs, SPLIT_P2), axis=0)
-            best = tl.load(PART + (row.to(tl.int64) * SPLIT + first) * N_PARTIALS + 4, volatile=True).to(tl.int32)
-            tl.store(CORRECT + rows, tl.where(valid & in_range & (best == t_safe), 1.0, 0.0), mask=rmask)
-
-
-@triton.jit
-def _ce_onepass_kernel(
-    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS, ZLOSS, LSE, CORRECT,
-    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
-    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, COMPUTE_ACC: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    # The forward that writes the gradient reading the logits once. A row is SPLIT tasks of BLOCK_V columns; a
-    # persistent program takes tasks in ticket order (an atomic counter), holds each task's logits in registers,
-    # publishes its partials, and writes its gradient once the row's other parts have arrived. While it waits
-    # for a row it already holds the next task's load in flight. No wait can deadlock: a task is published before
-    # its program waits on an earlier row (or at once when both are of one row), and tickets are taken in order
-    # by running programs, so a row's missing parts are held by programs that will publish them.
-    # SYNC (n_rows + 1 int32, zeroed): per-row arrival counts, then the ticket counter
-    n_tasks = n_rows * SPLIT
-    k = tl.atomic_add(SYNC + n_rows, 1)
-    raw, cols = _onepass_load(X, stride_x, T, k, n_rows, V, ignore_index, SPLIT, BLOCK_V)
-    _onepass_publish(raw, cols, X, stride_x, T, CW, PART, SYNC, k, n_tasks, n_rows, V, ignore_index, logit_scale,
-                     softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, SPLIT, BLOCK_V)
-    while k < n_tasks:
-        k_next = tl.atomic_add(SYNC + n_rows, 1)
-        raw_next, cols_next = _onepass_load(X, stride_x, T, k_next, n_rows, V, ignore_index, SPLIT, BLOCK_V)
-        same_row = k_next // SPLIT == k // SPLIT
-        if same_row:
-            _onepass_publish(raw_next, cols_next, X, stride_x, T, CW, PART, SYNC, k_next, n_tasks, n_rows, V,
-                             ignore_index, logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING,
-                             COMPUTE_ACC, SPLIT, BLOCK_V)
-        _onepass_finish(raw, cols, X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, PART, SYNC, LOSS,
-                        ZLOSS, LSE, CORRECT, k, n_rows, V, ignore_index, label_smoothing, lse_square_scale,
-                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, SPLIT, SPLIT_P2)
-        if not same_row:
-            _onepass_publish(raw_next, cols_next, X, stride_x, T, CW, PART, SYNC, k_next, n_tasks, n_rows, V,
-                             ignore_index, logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING,
-                             COMPUTE_ACC, SPLIT, BLOCK_V)
-        k = k_next
-        raw = raw_next
-        cols = cols_next
+                   label_smoothing, lse_square_scale, logit_scale, softcap, held,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, ORDER)
 
 
 @triton.jit
@@ -395,8 +280,8 @@ def _ce_bwd_kernel(
     a = tl.where(valid, a, 0.0)
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-               label_smoothing, lse_square_scale, logit_scale, softcap,
-               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+               label_smoothing, lse_square_scale, logit_scale, softcap, None,
+               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, 0)
 
 
 # Reduction modes of _reduce_kernel: how the scale (per-token losses -> the loss) is formed.
@@ -489,23 +374,27 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
-    block: tuple[int, int] | None = None,
+    block: tuple[int, int, int] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
-    ``block``: (vocabulary block, num_warps), one row per program, for rows at least that wide (default: by
-    :data:`MAX_BLOCK_V`).
+    ``block``: (vocabulary block, num_warps, order of the gradient's pass: see :func:`_grad_pass`); one row per
+    program for rows wider than half the block (narrower rows: the default blocks, by :data:`MAX_BLOCK_V`, with
+    that order). Default: the default blocks, first block first.
     """
     n, vocab = x.shape
     if n == 0:
         return
-    if block is not None and vocab >= block[0]:
-        block_m, (block_v, warps) = 1, block
+    order = 0
+    if block is not None and 2 * vocab > block[0]:
+        block_v, warps, order = block
+        block_m, block_v = 1, min(block_v, next_pow2(vocab))
     else:
         block_m, block_v, warps = _blocks(n, vocab, x.device)
+        order = block[2] if block is not None else 0
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
@@ -517,50 +406,7 @@ def ce_rows_forward(
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
-    )
-
-
-def onepass_config(vocab: int, device: torch.device) -> tuple[int, int, int] | None:
-    """(columns per task, num_warps, programs) of :func:`ce_onepass_forward`, or None where a row is too wide.
-
-    Under the interpreter programs run one after another, so one program takes every task, and a row is at most
-    two tasks (a program holds two tasks at a time; a row of more would wait forever for its other parts).
-    """
-    if device.type != "cuda" or interpreter_enabled():
-        return next_pow2(cdiv(vocab, 2)), 4, 1
-    block_v, warps, per_sm = ONEPASS_CONFIG
-    block_v = min(block_v, next_pow2(vocab))
-    if cdiv(vocab, block_v) > MAX_ONEPASS_SPLIT:
-        return None
-    return block_v, warps, per_sm * num_programs_hint(device) // 2
-
-
-def ce_onepass_forward(
-    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
-    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
-    out_correct: torch.Tensor | None, grad_coef: torch.Tensor, grad_out: torch.Tensor,
-    config: tuple[int, int, int],
-) -> None:
-    """:func:`ce_rows_forward` with ``grad_coef`` (0-d fp32) and ``grad_out`` (n, V; may be ``x``), reading the
-    logits once (:func:`_ce_onepass_kernel`); ``config`` from :func:`onepass_config`. Scratch: (n, tasks per row,
-    5) fp32 partials and n + 1 int32 counters (8192 x 128256 logits: 1 MiB)."""
-    n, vocab = x.shape
-    if n == 0:
-        return
-    block_v, warps, programs = config
-    split = cdiv(vocab, block_v)
-    part = torch.empty(n * split * N_PARTIALS, dtype=torch.float32, device=x.device)
-    sync = torch.zeros(n + 1, dtype=torch.int32, device=x.device)
-    _ce_onepass_kernel[(min(programs, n * split),)](
-        x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
-        grad_coef, grad_coef.stride(0) if grad_coef.dim() else 0, grad_out, grad_out.stride(0), part, sync,
-        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
-        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
-        float(opts.logit_scale), float(opts.softcap or 1.0),
-        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
-        HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None,
-        SPLIT=split, SPLIT_P2=next_pow2(split), BLOCK_V=block_v, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, ORDER=order if write_grad else 0, num_warps=warps,
     )
 
 
@@ -647,7 +493,7 @@ def reduce_losses(
 # ---------------------------------------------------------------------------------------------- autograd
 
 
-def grad_in_forward_block(device: torch.device) -> tuple[int, int] | None:
+def grad_in_forward_block(device: torch.device) -> tuple[int, int, int] | None:
     """:data:`GRAD_IN_FORWARD_BLOCK` on CUDA; None (the default blocks) under the interpreter."""
     return GRAD_IN_FORWARD_BLOCK if device.type == "cuda" and not interpreter_enabled() else None
 
@@ -667,12 +513,8 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
     else:
         coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
-        config = onepass_config(vocab, x.device) if ONEPASS else None
-        if config is not None:
-            ce_onepass_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, coef, grad_out, config)
-        else:
-            ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
-                            grad_out=grad_out, block=grad_in_forward_block(x.device))
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
+                        grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
     return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
