@@ -261,16 +261,15 @@ def test_grad_in_forward_matches_float64(device, dtype, case):
     assert_close_to_truth(checks)
 
 
-GRAD_BLOCKS = dict(default=None, wide_block=(128, 4, 0), wide_reverse=(128, 4, 1), wide_held=(128, 4, 2),
-                   whole_row_held=(512, 4, 2), narrow_held=(8192, 4, 2))
+GRAD_BLOCKS = dict(default=None, wide=(128, 4, False), wide_reverse=(128, 4, True), narrow_reverse=(8192, 4, True))
 
 
 @pytest.mark.parametrize("block", list(GRAD_BLOCKS.values()), ids=list(GRAD_BLOCKS))
 def test_grad_in_forward_writes_the_gradient_in_the_forward(device, monkeypatch, block):
     # grad_in_forward's blocks (GRAD_IN_FORWARD_BLOCK on CUDA; the default, None, under the interpreter): "wide":
-    # one row per program in vocabulary blocks of 128, 3 steps, the gradient's pass first block first, last block
-    # first, or last block first from registers; "whole_row_held": the row is one block, read once; "narrow_held":
-    # rows narrower than half the block take the default blocks (MAX_BLOCK_V, 128 here), last one held
+    # one row per program in vocabulary blocks of 128, 3 steps, the gradient's pass first block first or last block
+    # first; "narrow_reverse": rows narrower than the block take the default blocks (MAX_BLOCK_V, 128 here), last
+    # block first
     monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
     n, v = 23, 300
     x = torch.randn(n, v, device=device)

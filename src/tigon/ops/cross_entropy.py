@@ -41,13 +41,14 @@ from ._common import cdiv, next_pow2, rows_per_program, warps_for
 # copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
 
-# grad_in_forward on CUDA: (vocabulary block, num_warps) of the forward that also writes the gradient, for rows at
-# least that wide (one row per program). Its second pass over a row hits L2 only while few rows are in flight, so
-# wide programs that keep many bytes in flight for few rows suit it better than MAX_BLOCK_V's (8192, 8). H200, V =
-# 128256 bf16, fwd+bwd at 8k / 32k / 64k tokens (session7/tune9_ce_fwdgrad_block.json): (8192, 8) 1.618 / 6.310 /
-# 12.555 ms, (16384, 16) 1.662 / 6.483 / 12.912, (16384, 32) 1.873 / 7.367 / 14.692, (32768, 16) 1.679 / 6.596 /
-# 13.137, (32768, 32) 1.592 / 6.181 / 12.252; Liger-Kernel 2.097 / 6.356 / 12.348 in the same call.
-GRAD_IN_FORWARD_BLOCK = (32768, 32, 0)
+# grad_in_forward on CUDA: (vocabulary block, num_warps, reverse) of the forward that also writes the gradient, for
+# rows at least that wide (one row per program); reverse: its second pass over a row goes last block first, so the
+# blocks it read last come first, while they may still be in L2. H200, V = 128256 bf16, fwd+bwd at 8k / 32k / 64k
+# tokens (session8/tune11_ce_order.json): (8192, 8, reverse) 1.520 / 5.975 / 11.916 ms, (16384, 16, reverse) 1.548
+# / 6.067 / 12.123, (32768, 32, first block first: session 7's choice) 1.570 / 6.196 / 12.130; Liger-Kernel 2.113 /
+# 6.463 / 12.180 in the same call. Holding the last block in registers (no re-read of it) was slower: 1.80-1.94 at
+# 8k (registers cost resident programs).
+GRAD_IN_FORWARD_BLOCK = (8192, 8, True)
 
 
 
@@ -128,31 +129,27 @@ def _grad_block(
 @triton.jit
 def _grad_pass(
     X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-    label_smoothing, lse_square_scale, logit_scale, softcap, held,
+    label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
-    ORDER: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
-    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0), block by block. ORDER 0: first
-    block first; 1: last block first (the blocks the forward read last are likeliest still in L2); 2: as 1, the
-    last block taken from ``held`` (its raw logits, kept in registers since the forward loaded them)."""
+    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0), block by block: first block
+    first, or with REVERSE last block first (the blocks a forward read last are the likeliest still in L2)."""
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
     coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
-    if ORDER == 0:
-        for start in range(0, V, BLOCK_V):
-            _grad_block(None, start, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
-                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
-    else:
-        last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
-        first = 0
-        if ORDER == 2:
-            _grad_block(held, last, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
-                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
-            first = BLOCK_V
-        for back in range(first, last + BLOCK_V, BLOCK_V):
-            _grad_block(None, last - back, X, DX, CW, x_row, dx_row, rmask, t_safe, lse, coef_p, coef_t, coef_s, V,
-                        logit_scale, softcap, HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V)
+    last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
+    for i in range(0, V, BLOCK_V):
+        start = last - i if REVERSE else i
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        mask = rmask[:, None] & cmask[None, :]
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+                       HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
+        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -200,7 +197,7 @@ def _ce_fwd_kernel(
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    ORDER: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -211,15 +208,12 @@ def _ce_fwd_kernel(
     s = tl.zeros([BLOCK_M], tl.float32)
     sw = tl.zeros([BLOCK_M], tl.float32)  # sum_c w_c * (x_c - x_t), for label smoothing
     best = tl.zeros([BLOCK_M], tl.int32)
-    held = tl.zeros([BLOCK_M, BLOCK_V], X.dtype.element_ty)  # ORDER 2: the last block's raw logits
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         mask = rmask[:, None] & cmask[None, :]
-        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0)
-        if ORDER == 2:
-            held = raw
-        x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
         if COMPUTE_ACC:
@@ -243,8 +237,8 @@ def _ce_fwd_kernel(
         a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
         a = tl.where(valid, a, 0.0)
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-                   label_smoothing, lse_square_scale, logit_scale, softcap, held,
-                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, ORDER)
+                   label_smoothing, lse_square_scale, logit_scale, softcap,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
 
 
 @triton.jit
@@ -280,8 +274,8 @@ def _ce_bwd_kernel(
     a = tl.where(valid, a, 0.0)
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, t_safe, wt, lse, a, wsum, V,
-               label_smoothing, lse_square_scale, logit_scale, softcap, None,
-               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, 0)
+               label_smoothing, lse_square_scale, logit_scale, softcap,
+               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, False)
 
 
 # Reduction modes of _reduce_kernel: how the scale (per-token losses -> the loss) is formed.
@@ -374,27 +368,25 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
     out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
-    block: tuple[int, int, int] | None = None,
+    block: tuple[int, int, bool] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
     (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
     ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
-    ``block``: (vocabulary block, num_warps, order of the gradient's pass: see :func:`_grad_pass`); one row per
-    program for rows wider than half the block (narrower rows: the default blocks, by :data:`MAX_BLOCK_V`, with
-    that order). Default: the default blocks, first block first.
+    ``block``: (vocabulary block, num_warps, reverse: the gradient's pass goes last block first, see
+    :func:`_grad_pass`), one row per program, for rows at least that wide (narrower rows: the default blocks, by
+    :data:`MAX_BLOCK_V`, with that order). Default: the default blocks, first block first.
     """
     n, vocab = x.shape
     if n == 0:
         return
-    order = 0
-    if block is not None and 2 * vocab > block[0]:
-        block_v, warps, order = block
-        block_m, block_v = 1, min(block_v, next_pow2(vocab))
+    if block is not None and vocab >= block[0]:
+        block_m, (block_v, warps, reverse) = 1, block
     else:
         block_m, block_v, warps = _blocks(n, vocab, x.device)
-        order = block[2] if block is not None else 0
+        reverse = block is not None and block[2]
     write_grad = grad_coef is not None
     coef = grad_coef if write_grad else out_lse
     dx = grad_out if write_grad else x
@@ -406,7 +398,7 @@ def ce_rows_forward(
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, ORDER=order if write_grad else 0, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), num_warps=warps,
     )
 
 
@@ -493,7 +485,7 @@ def reduce_losses(
 # ---------------------------------------------------------------------------------------------- autograd
 
 
-def grad_in_forward_block(device: torch.device) -> tuple[int, int, int] | None:
+def grad_in_forward_block(device: torch.device) -> tuple[int, int, bool] | None:
     """:data:`GRAD_IN_FORWARD_BLOCK` on CUDA; None (the default blocks) under the interpreter."""
     return GRAD_IN_FORWARD_BLOCK if device.type == "cuda" and not interpreter_enabled() else None
 
