@@ -4,10 +4,12 @@ hidden 1024..16384 for the norms, forward and forward+backward, each provider si
     PYTHONPATH=src python3 benchmarks/sweep_h200.py --out sweep.json [--budget-s 540]
     PYTHONPATH=src python3 benchmarks/sweep_h200.py --plot-from sweep.json --plot-dir DIR   (PNGs, any machine)
 
-Norms, RoPE and the GLUs are timed as CUDA-graph replays (``tigon bench --cuda-graph``: kernel time without the
-host's launch / autograd cost, which otherwise dominates these sub-millisecond ops); cross-entropy with plain
-``do_bench`` (its kernels take milliseconds, and Liger's and Tigon's in-place paths check the upstream gradient on
-the host, which a graph capture forbids). Same measurement code as ``tigon bench`` (tigon.workflows.bench).
+Every op is timed as CUDA-graph replays (``tigon bench --cuda-graph``: kernel time without the host's launch /
+autograd cost, which otherwise dominates the sub-millisecond points), except providers that wait on the host during
+a call (Liger's cross-entropy), which no graph can capture: their kernels' durations are summed (torch.profiler).
+``--plain-ops`` times the ops it names with plain ``do_bench`` instead (host time included: at small sizes it
+measures the host). Same measurement code as ``tigon bench`` (tigon.workflows.bench). Session 7's sweeps timed
+cross-entropy plainly.
 Points are run smallest first and the JSON is rewritten after each op, so a run cut by --budget-s keeps what it
 measured.
 """
@@ -57,6 +59,7 @@ def main():
     ap.add_argument("--providers", default="eager,compile,tigon,tigon_inplace,liger")
     ap.add_argument("--ops", default="rms_norm,layer_norm,rope,swiglu,geglu,cross_entropy")
     ap.add_argument("--axes", default="tokens,hidden", help="tokens (every op) and/or hidden (the norms)")
+    ap.add_argument("--plain-ops", default="", help="ops timed with plain do_bench (host time included)")
     args = ap.parse_args()
     if args.plot_from:
         print("\n".join(plot(args.plot_from, args.plot_dir)))
@@ -80,7 +83,7 @@ def main():
             res["sweeps"][f"{op}/{axis}"] = {"note": "not run: time budget spent"}
             continue
         r = run_bench([op], {op: shapes}, providers, ceilings=ceilings, modes=("fwd", "fwd_bwd"),
-                      cuda_graph=op != "cross_entropy")
+                      cuda_graph=op not in args.plain_ops.split(","))
         res["sweeps"][f"{op}/{axis}"] = {"skipped": r.skipped, "rows": [dict(x.__dict__) for x in r.rows]}
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -293,3 +293,19 @@ def test_bwd_of_providers_forming_the_gradient_in_the_forward_is_not_rated():
     by = {r.mode: r for r in rows}
     assert by["bwd"].gbps is None and by["bwd"].pct_copy_bw is None
     assert by["fwd"].gbps and by["fwd_bwd"].gbps
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the profiler's kernel times need CUDA")
+def test_cuda_graph_times_host_syncing_providers_by_their_kernels():
+    # a provider that reads a value back on the host cannot be captured: its rows are the kernels' summed durations
+    def syncing(x):
+        scale = float(x.detach().abs().max().item())  # a host sync, as Liger's cross-entropy has
+        return x * scale
+
+    case = B.OpCase("synced", lambda s, dtype, device: {"x": B._rand((s["tokens"], 4096), dtype, device, True)},
+                    {"captured": lambda x: x * 2.0, "synced": syncing}, ("x",), host_syncs=("synced",))
+    rows = {p: B.bench_one(case, p, {"tokens": 2048}, torch.bfloat16, torch.device("cuda"), {}, {},
+                           ("fwd", "fwd_bwd"), cuda_graph=True) for p in ("captured", "synced")}
+    assert all(r.ms and r.ms > 0 for rs in rows.values() for r in rs)
+    assert {r.note for r in rows["synced"]} == {B.KERNEL_TIME_NOTE}
+    assert {r.note for r in rows["captured"]} == {""}

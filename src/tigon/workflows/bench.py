@@ -182,6 +182,33 @@ def _time(fn: Callable[[], object], device: torch.device, grad_to_none=None, cpu
     return statistics.median(samples), samples[0], samples[-1]
 
 
+def _kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms over ``reps`` calls of the GPU time of one call of ``fn()``: the durations of the
+    kernels and memory operations it runs, summed (``torch.profiler``, one profile per call). For code that waits
+    on the host and so cannot be captured in a CUDA graph: like a graph replay, it leaves out the host's time
+    between launches (and, unlike one, the gaps between kernels: it can only flatter the code it times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def call():
+        for t in grad_to_none or ():
+            t.grad = None
+        fn()
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        samples.append(sum(e.time_range.elapsed_us() for e in prof.events()
+                           if e.device_type == torch.autograd.DeviceType.CUDA) * 1e-3)
+    samples.sort()
+    return samples[len(samples) // 2], samples[len(samples) // 5], samples[(4 * len(samples)) // 5]
+
+
+KERNEL_TIME_NOTE = "kernel time (torch.profiler): waits on the host, so no CUDA graph"
 BWD_NOTE = "backward alone: a fresh forward before each sample, untimed"
 
 
@@ -272,7 +299,10 @@ class OpCase:
     make(shape, dtype, device) -> keyword inputs; providers: name -> callable(**inputs) returning the output (or
     a tuple whose first element is differentiated); grads: the inputs that require grad; min_bytes(shape,
     element_bytes, mode) -> minimal bytes moved; flops(shape, mode) -> FLOPs (mode "fwd" or "fwd_bwd");
-    grads_in_forward: providers whose forward writes the gradient (their ``bwd`` row gets no GB/s).
+    grads_in_forward: providers whose forward writes the gradient (their ``bwd`` row gets no GB/s);
+    host_syncs: providers that wait on the host during a call (``.item()``, a host-side check of the upstream
+    gradient), which a CUDA graph cannot capture: with ``cuda_graph`` their time is their kernels' summed durations
+    (:func:`_kernel_time`).
     """
 
     name: str
@@ -282,6 +312,7 @@ class OpCase:
     min_bytes: Callable[[dict, int, str], int] | None = None
     flops: Callable[[dict, str], float] | None = None
     grads_in_forward: tuple[str, ...] = ()  # providers whose forward forms the gradient: no GB/s for their bwd
+    host_syncs: tuple[str, ...] = ()  # providers a CUDA graph cannot capture: kernel time from the profiler
 
 
 def _rand(shape, dtype, device, grad=False, scale=1.0):
@@ -433,7 +464,8 @@ CASES: dict[str, OpCase] = {
          "liger": lambda logits, target: _liger("liger_cross_entropy")(logits, target)},  # (input, target)
         ("logits",),
         min_bytes=lambda s, e, m: (1 if m == "fwd" else 2) * s["tokens"] * s["vocab"] * e,
-        grads_in_forward=("tigon_fwdgrad", "liger")),
+        # Liger reads the count of non-ignored tokens with .item() and compares the upstream gradient with 1 on the host
+        grads_in_forward=("tigon_fwdgrad", "liger"), host_syncs=("liger",)),
     "fused_linear_cross_entropy": OpCase(
         "fused_linear_cross_entropy", _flce_inputs,
         {"eager": _eager_flce,
@@ -443,7 +475,8 @@ CASES: dict[str, OpCase] = {
              hidden, weight, target, softcap=softcap, accum_dtype=weight.dtype),
          "liger": _liger_flce, "cce": _cce},
         ("hidden", "weight"),
-        flops=lambda s, m: (2 if m == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"]),
+        flops=lambda s, m: (2 if m == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"],
+        host_syncs=("liger",)),
 }
 for _case in CASES.values():  # torch.compile of the eager code is always a provider
     _case.providers["compile"] = _case.providers["eager"]
@@ -659,10 +692,17 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
         _backward(_outputs(fn(**ins)), ds)
 
     results: dict[str, tuple[float, float, float]] = {}
+    by_kernels = cuda_graph and device.type == "cuda" and provider in case.host_syncs
+
+    def timed(f):
+        if by_kernels:
+            return _kernel_time(f, grad_to_none=all_leaves)
+        return _time(f, device, grad_to_none=all_leaves, cuda_graph=cuda_graph)
+
     if "fwd" in modes:
-        results["fwd"] = _time(fwd, device, grad_to_none=all_leaves, cuda_graph=cuda_graph)
+        results["fwd"] = timed(fwd)
     if "fwd_bwd" in modes or "bwd" in modes:
-        results["fwd_bwd"] = _time(fwd_bwd, device, grad_to_none=all_leaves, cuda_graph=cuda_graph)
+        results["fwd_bwd"] = timed(fwd_bwd)
     if "bwd" in modes:
         results["bwd"] = _time_bwd(lambda: fn(**inputs), douts, device, leaves, results["fwd_bwd"][0])
     peak = None
@@ -682,7 +722,7 @@ def bench_one(case: OpCase, provider: str, shape: dict, dtype: torch.dtype, devi
         ms, p20, p80 = results[mode]
         row = BenchRow(case.name, provider, dict(shape), str(dtype).replace("torch.", ""), mode, ms, p20, p80,
                        peak_extra_bytes=peak if mode == "fwd_bwd" else None,
-                       note=BWD_NOTE if mode == "bwd" else "")
+                       note=BWD_NOTE if mode == "bwd" else KERNEL_TIME_NOTE if by_kernels else "")
         nbytes, flops = _op_bytes(case, shape, elem, mode), _op_flops(case, shape, mode)
         if mode == "bwd" and provider in case.grads_in_forward:
             nbytes = None  # its backward only scales (or keeps) a gradient the forward wrote: no op bytes to rate
@@ -891,7 +931,10 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
         result.notes.append("cuda_graph: fwd and fwd_bwd are CUDA-graph replays (triton.testing.do_bench_cudagraph): "
                             "kernel time without the host's launch and autograd cost; bwd rows are still timed "
                             "with events around an eager backward. Small inputs rotate among several sets "
-                            f"(together >= {ROTATE_L2_MULTIPLE} x the L2 cache), since replays do not flush it.")
+                            f"(together >= {ROTATE_L2_MULTIPLE} x the L2 cache), since replays do not flush it. "
+                            "Providers that wait on the host during a call (Liger's cross-entropy: .item()) cannot "
+                            "be captured: their fwd and fwd_bwd are their kernels' summed durations per call "
+                            "(torch.profiler; the gaps between kernels left out).")
     if any(r.provider == "liger" for r in result.rows):
         result.notes.append("liger writes the cross-entropy gradient into the logits (compare with tigon_inplace) "
                             "and rotates q/k of rope in place when their layout allows.")
