@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--ops", default="rms_norm,layer_norm,rope,swiglu,geglu,cross_entropy")
     ap.add_argument("--axes", default="tokens,hidden", help="tokens (every op) and/or hidden (the norms)")
     ap.add_argument("--plain-ops", default="", help="ops timed with plain do_bench (host time included)")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="the tokens axis's points")
     args = ap.parse_args()
     if args.plot_from:
         print("\n".join(plot(args.plot_from, args.plot_dir)))
@@ -74,7 +75,8 @@ def main():
            "command": "PYTHONPATH=src python3 benchmarks/sweep_h200.py", "sweeps": {}}
     providers = args.providers.split(",")
     axes = args.axes.split(",")
-    plan = [(op, "tokens", [shapes_from_config(cfg, tokens=n)[op] for n in TOKENS])
+    tokens = [int(n) for n in args.tokens.split(",")]
+    plan = [(op, "tokens", [shapes_from_config(cfg, tokens=n)[op] for n in tokens])
             for op in args.ops.split(",") if "tokens" in axes]
     plan += [(op, "hidden", [dict(shapes_from_config(cfg, tokens=16384)[op], hidden=h) for h in HIDDEN])
              for op in ("rms_norm", "layer_norm") if op in args.ops.split(",") and "hidden" in axes]
