@@ -116,6 +116,23 @@ def test_all_ignored_batch(device, reduction):
     assert acc.item() == 0.0
 
 
+@pytest.mark.parametrize("grad_in_forward", [False, True])
+def test_ignored_rows_are_never_read(device, grad_in_forward):
+    # NaN logits in rows whose target is ignored: the kernels skip those rows, so loss and gradients stay finite
+    n, v = 12, 300
+    x = torch.randn(n, v, device=device)
+    target = _targets(n, v, device, ignore_every=3)
+    x[target == -100] = float("nan")
+    expected = x.clone().requires_grad_()
+    ref_ce(expected[target != -100], target[target != -100], reduction="sum").backward()
+    leaf = x.clone().requires_grad_()
+    loss = F.cross_entropy(leaf * 1.0, target, reduction="sum", grad_in_forward=grad_in_forward)
+    loss.backward()
+    torch.testing.assert_close(loss, ref_ce(x[target != -100], target[target != -100], reduction="sum"))
+    assert torch.equal(leaf.grad[target == -100], torch.zeros_like(leaf.grad[target == -100]))
+    torch.testing.assert_close(leaf.grad[target != -100], expected.grad[target != -100], rtol=1e-5, atol=1e-7)
+
+
 def test_non_contiguous_logits_not_mutated(device):
     base = torch.randn(300, 31, device=device)
     logits = base.t()  # (31, 300), column-major
