@@ -531,11 +531,18 @@ class CrossEntropyFunction(torch.autograd.Function):
     ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
     (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
     when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
-    loss (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). H200, 8192 x 128256 bf16, fwd+bwd with upstream 1
-    (session7/sweep6c_ce.json): 1.590 ms, against 1.673 lazily and 1.894 for Liger. Capping the grid at 1-4
-    programs per SM, so that fewer rows are in flight between their two passes, was slower (2.0-4.6 ms against
-    1.620 uncapped: too few bytes in flight; session7/tune7_ce.json), as were rows split over programs that meet
-    at an atomic counter (32% of copy bandwidth; commit 6468296, session4/tune_h200.json).
+    loss, last block first (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). H200, 8192 x 128256 bf16, 10% of the tokens
+    ignored, fwd+bwd with upstream 1, kernel time (session8/sweep9_ce_graph.json): 1.438 ms (69% of copy bandwidth
+    over the 2 N V e minimal bytes), against 1.611 lazily, 2.604 for torch.compile and 1.420 for Liger's kernels
+    (whose host synchronisations make a step take 2.07 ms: session8/method.log). Both read the logits twice: as
+    bytes moved that is 97% of copy bandwidth, so 80% of the minimal bytes' floor needs a single read. Measured
+    designs for that: rows split over programs that meet at per-row counters (session 4's, 32%: commit 6468296; a
+    persistent grid taking tasks in ticket order with the next task's load in flight, 30%: commit 8f4fd00,
+    session8/tune10_ce_onepass.json: 13.5 us per task whose bytes need about 4, i.e. bound by the latency of each
+    task's chain of dependent atomics and loads). Keeping the second read in L2 instead: capping the grid at 1-4
+    programs per SM was slower (2.0-4.6 ms against 1.620: too few bytes in flight; session7/tune7_ce.json), holding
+    a row's last block in registers was slower (1.80-1.94 ms: fewer resident programs), and going last block first
+    gained 3% (session8/tune11_ce_order.json).
     """
 
     @staticmethod
