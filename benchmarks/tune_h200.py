@@ -24,6 +24,7 @@ per-position RoPE kernel, went with those kernels; their results are in results/
            that meet at per-row counters): (columns per task, warps, programs per SM)
   ce_order (session 8) grad_in_forward's (vocabulary block, warps, reverse: the gradient's pass last block first)
            at 8k tokens, the best three at 32k / 64k
+  ce_reverse_ab  (session 8) grad_in_forward at (8192, 8): first block first against last block first, twice
   rotate   rope and rms_norm at 1k-8k tokens, fwd and fwd+bwd, with the bench's rotated input sets and, as the
            control, one set (the earlier sweeps' method, which left small inputs in the L2 cache)
 """
@@ -180,7 +181,7 @@ def part_ce_fwdgrad_block(ceilings, out):
     out["ce_fwdgrad_block_liger"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
                                           cuda_graph=False)
     report(out, "ce_fwdgrad_block_liger")
-    for block in ((8192, 8), (16384, 16), (16384, 32), (32768, 16), (32768, 32)):
+    for block in ((8192, 8, False), (16384, 16, False), (16384, 32, False), (32768, 16, False), (32768, 32, False)):
         key = f"ce_fwdgrad_v{block[0]}_w{block[1]}"
         with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=block):
             out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd", "fwd_bwd"),
@@ -191,6 +192,18 @@ def part_ce_fwdgrad_block(ceilings, out):
 # (session 8 ran these with a third choice, the last block held in registers, at commit a53ab97; it was slower and
 # was removed: tune11_ce_order.json)
 GRAD_ORDER_BLOCKS = ((32768, 32, False), (32768, 32, True), (32768, 16, True), (16384, 16, True), (8192, 8, True))
+
+
+def part_ce_reverse_ab(ceilings, out):
+    """(8192, 8) first block first against last block first, alternating twice, at 8k and 64k tokens."""
+    import tigon.ops.cross_entropy as ce_ops
+    shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 65536)]
+    for rnd in range(2):
+        for reverse in (False, True):
+            key = f"ce_reverse_ab_r{rnd}_{'reverse' if reverse else 'forward'}"
+            with patched(ce_ops, GRAD_IN_FORWARD_BLOCK=(8192, 8, reverse)):
+                out[key] = timed("cross_entropy", shapes, ["tigon_fwdgrad"], ceilings, ("fwd_bwd",), cuda_graph=False)
+            report(out, key)
 
 
 def part_ce_order(ceilings, out):
