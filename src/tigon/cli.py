@@ -760,7 +760,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--tokens", type=int, metavar="N", help="tokens per op without --sweep (16384 CUDA, 64 CPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="time CUDA-graph replays: the kernels' own time without host launch/autograd overhead")
+                   help="time CUDA-graph replays: the kernels' own time without host launch/autograd overhead "
+                        "(providers that wait on the host: their kernels' summed durations)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one CSV line per measurement")
     p.add_argument("--plot-dir", metavar="DIR", help="write bench_<op>.png (time and memory against the sweep axis)")

@@ -357,7 +357,8 @@ def cross_entropy(
         logits: (N, V) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
         target: (N,) integer class indices in [0, V), or ``ignore_index``.
         weight: optional (V,) class weights, torch's ``weight`` (treated as constants: no gradient).
-        ignore_index: target value of tokens that are skipped (loss 0, gradient 0).
+        ignore_index: target value of tokens that are skipped (loss 0, gradient 0). The kernels never read an
+            ignored token's row of logits, so NaN / inf there gives gradient 0 (torch's gives NaN for NaN rows).
         reduction: ``"mean"`` (divides by the sum of the target weights of the non-ignored tokens, as torch;
             0 for an all-ignored batch, not NaN), ``"sum"`` or ``"none"`` ((N,), 0 at ignored tokens; its
             backward applies the per-token upstream gradient).

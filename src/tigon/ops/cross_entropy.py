@@ -44,13 +44,14 @@ MAX_BLOCK_V = 8192
 
 # grad_in_forward on CUDA: (vocabulary block, num_warps, reverse) of the forward that also writes the gradient, for
 # rows at least that wide (one row per program); reverse: its second pass over a row goes last block first, so the
-# blocks it read last come first, while they may still be in L2. H200, V = 128256 bf16, fwd+bwd at 8k / 32k / 64k
-# tokens (session8/tune11_ce_order.json): (8192, 8, reverse) 1.520 / 5.975 / 11.916 ms, (16384, 16, reverse) 1.548
-# / 6.067 / 12.123, (32768, 32, first block first: session 7's choice) 1.570 / 6.196 / 12.130; Liger-Kernel 2.113 /
-# 6.463 / 12.180 in the same call. Holding the last block in registers (no re-read of it) was slower: 1.80-1.94 at
-# 8k (registers cost resident programs).
+# blocks it read last come first, while they may still be in L2. H200, V = 128256 bf16, fwd+bwd: at (8192, 8),
+# first block first against last block first, alternating twice (session8/tune12_ce_reverse_ab.json): 8k tokens
+# 1.511 / 1.629 against 1.440 / 1.484 ms, 64k 11.779 / 11.779 against 11.209 / 11.207. Across blocks at 8k / 32k /
+# 64k (session8/tune11_ce_order.json, ignored rows still read then): (8192, 8, reverse) 1.520 / 5.975 / 11.916 ms,
+# (16384, 16, reverse) 1.548 / 6.067 / 12.123, (32768, 32) 1.570 / 6.196 / 12.130 first block first (session 7's
+# choice) and 1.636 at 8k last block first; Liger-Kernel 1.938 / 6.463 / 12.180 in the same call. Holding the last
+# block in registers (no re-read of it) was slower: 1.80-1.94 ms at 8k (registers cost resident programs).
 GRAD_IN_FORWARD_BLOCK = (8192, 8, True)
-
 
 
 @triton.jit
@@ -195,7 +196,7 @@ def _ce_fwd_kernel(
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
-        # ignored rows read nothing (their loss and gradient are zero; their lse is never used)
+        # ignored rows read nothing: their loss and gradient are zero (their lse, log V, meets a zero coefficient)
         raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
@@ -542,7 +543,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     task's chain of dependent atomics and loads). Keeping the second read in L2 instead: capping the grid at 1-4
     programs per SM was slower (2.0-4.6 ms against 1.620: too few bytes in flight; session7/tune7_ce.json), holding
     a row's last block in registers was slower (1.80-1.94 ms: fewer resident programs), and going last block first
-    gained 3% (session8/tune11_ce_order.json).
+    gained 5-9% at 8k tokens and 5% at 64k with blocks of 8192 (session8/tune12_ce_reverse_ab.json; with blocks of
+    32768 it lost 4%, tune11_ce_order.json).
     """
 
     @staticmethod

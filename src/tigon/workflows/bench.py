@@ -204,8 +204,8 @@ def _kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) ->
             torch.cuda.synchronize()
         samples.append(sum(e.time_range.elapsed_us() for e in prof.events()
                            if e.device_type == torch.autograd.DeviceType.CUDA) * 1e-3)
-    samples.sort()
-    return samples[len(samples) // 2], samples[len(samples) // 5], samples[(4 * len(samples)) // 5]
+    q = statistics.quantiles(samples, n=5, method="inclusive")  # the 20th, 40th, 60th and 80th percentiles
+    return statistics.median(samples), q[0], q[3]
 
 
 KERNEL_TIME_NOTE = "kernel time (torch.profiler): waits on the host, so no CUDA graph"
