@@ -17,7 +17,7 @@ import time
 import torch
 
 import tigon.functional as F
-import tigon.ops.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.fused_linear_cross_entropy as flce_ops
 from tigon.workflows.bench import CASES, bench_one, measure_ceilings
 
 

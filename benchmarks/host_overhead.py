@@ -16,7 +16,7 @@ import time
 import torch
 
 import tigon.functional as F
-from tigon.ops import cross_entropy, glu, norm, rope  # the modules whose kernels are launched
+from tigon.kernels import cross_entropy, glu, norm, rope  # the modules whose kernels are launched
 
 
 class _NoLaunch:

@@ -36,8 +36,8 @@ import time
 
 import torch
 
-import tigon.ops.norm as norm_ops
-import tigon.ops.rope as rope_ops
+import tigon.kernels.norm as norm_ops
+import tigon.kernels.rope as rope_ops
 import tigon.workflows.bench as bench_mod
 from tigon.presets import PRESETS
 from tigon.workflows.bench import measure_ceilings, run_bench, shapes_from_config
@@ -176,7 +176,7 @@ def part_ce_large(ceilings, out):
 
 
 def part_ce_fwdgrad_block(ceilings, out):
-    import tigon.ops.cross_entropy as ce_ops
+    import tigon.kernels.cross_entropy as ce_ops
     shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 32768, 65536)]
     out["ce_fwdgrad_block_liger"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
                                           cuda_graph=False)
@@ -196,7 +196,7 @@ GRAD_ORDER_BLOCKS = ((32768, 32, False), (32768, 32, True), (32768, 16, True), (
 
 def part_ce_reverse_ab(ceilings, out):
     """(8192, 8) first block first against last block first, alternating twice, at 8k and 64k tokens."""
-    import tigon.ops.cross_entropy as ce_ops
+    import tigon.kernels.cross_entropy as ce_ops
     shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 65536)]
     for rnd in range(2):
         for reverse in (False, True):
@@ -207,7 +207,7 @@ def part_ce_reverse_ab(ceilings, out):
 
 
 def part_ce_order(ceilings, out):
-    import tigon.ops.cross_entropy as ce_ops
+    import tigon.kernels.cross_entropy as ce_ops
     shapes = [shapes_from_config(CFG, tokens=n)["cross_entropy"] for n in (8192, 32768, 65536)]
     out["ce_order_base"] = timed("cross_entropy", shapes, ["tigon", "liger"], ceilings, ("fwd", "fwd_bwd"),
                                  cuda_graph=False)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-import tigon.ops.cross_entropy as ce_ops
+import tigon.kernels.cross_entropy as ce_ops
 from tigon import functional as F
 from tigon import support
 from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2

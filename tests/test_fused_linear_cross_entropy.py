@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-import tigon.ops.cross_entropy as ce_ops
-import tigon.ops.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.cross_entropy as ce_ops
+import tigon.kernels.fused_linear_cross_entropy as flce_ops
 from tigon import functional as F
 from tigon import support
 from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2

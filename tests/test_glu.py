@@ -64,7 +64,7 @@ def test_glu_sliced_from_fused_projection(device, dtype, op):
 
 def test_glu_small_tiles(device, monkeypatch):
     # The compiled path tiles long rows into several column blocks and stacks short rows; force both here.
-    from tigon.ops import glu as glu_op
+    from tigon.kernels import glu as glu_op
 
     monkeypatch.setattr(glu_op, "_tile_elems", lambda dev: 128)
     for shape in [(9, 300), (2, 5, 40)]:
@@ -277,7 +277,7 @@ def test_glu_linear_inplace_second_backward_raises(device):
 def test_glu_linear_empty_batch_and_small_tiles(device, monkeypatch):
     # No tokens: zero weight/bias gradients, empty input gradients. Small tiles: several programs per row and stacked
     # rows, for the product written over dy (the interpreter's default tile holds these whole).
-    from tigon.ops import glu as glu_op
+    from tigon.kernels import glu as glu_op
 
     w = torch.randn(5, 9, device=device, requires_grad=True)
     b = torch.randn(5, device=device, requires_grad=True)

@@ -48,7 +48,7 @@ def test_layer_norm_fp16_hidden_1000(device):
 def test_layer_norm_many_programs_in_weight_grad(device, monkeypatch):
     # Small row blocks make the persistent backward use several programs (the last one partial), so the
     # per-program dW/dB partials and their second reduction are exercised under the interpreter too.
-    from tigon.ops import norm as ln_op
+    from tigon.kernels import norm as ln_op
 
     monkeypatch.setattr(ln_op, "rows_per_program", lambda n, dev, target_elems=0: 4)
     monkeypatch.setattr(ln_op, "num_programs_hint", lambda dev: 3)
@@ -117,7 +117,7 @@ def test_layer_norm_bad_input():
 def test_layer_norm_wide_row_kernel(device, monkeypatch, affine, wide):
     # Rows wider than WIDE_ROW (16384+ on the GPU) drop the prefetch, those wider than REGISTER_ROW take the
     # column-chunked backward; force both on a small row.
-    from tigon.ops import norm as ln_op
+    from tigon.kernels import norm as ln_op
 
     monkeypatch.setattr(ln_op, "WIDE_ROW", 64)  # whole rows without the prefetch
     monkeypatch.setattr(ln_op, "REGISTER_ROW", 64 if wide == "chunked" else 1 << 20)
@@ -128,7 +128,7 @@ def test_layer_norm_wide_row_kernel(device, monkeypatch, affine, wide):
 def test_layer_norm_bias_grad_only_over_many_partials(device, monkeypatch):
     # 200 backward programs: their dW/dB partial rows are summed by _sum_partials in more than one step of its row
     # loop (128 rows a step); a frozen weight leaves only dB to sum.
-    from tigon.ops import norm as ln_op
+    from tigon.kernels import norm as ln_op
 
     base = ln_op.bwd_config
     monkeypatch.setattr(ln_op, "bwd_config",
@@ -140,7 +140,7 @@ def test_layer_norm_bias_grad_only_over_many_partials(device, monkeypatch):
 @pytest.mark.parametrize("affine", ["weight+bias", "bias"])
 def test_layer_norm_bias_grad_by_columns(device, monkeypatch, affine):
     # Whole-row backward without the kernel's dB partials: dB is a column sum of dy (rows of 16384+ on the GPU).
-    from tigon.ops import norm as ln_op
+    from tigon.kernels import norm as ln_op
 
     base = ln_op.bwd_config
     monkeypatch.setattr(ln_op, "WIDE_ROW", 64)

@@ -70,10 +70,10 @@ def test_rms_norm_bad_input():
 @pytest.mark.parametrize("wide", ["registers", "chunked"])
 @pytest.mark.parametrize("casting_mode,offset", [("llama", 0.0), ("gemma", 1.0)])
 def test_rms_norm_wide_row_and_many_programs(device, monkeypatch, casting_mode, offset, wide):
-    # The backward kernels shared with LayerNorm (tigon.ops.norm): force the wide-row variants (whole rows without
+    # The backward kernels shared with LayerNorm (tigon.kernels.norm): force the wide-row variants (whole rows without
     # prefetch, column chunks) and, separately, several persistent programs with a partial last one, so every dW
     # reduction is exercised.
-    from tigon.ops import norm
+    from tigon.kernels import norm
 
     inputs = dict(x=torch.randn(5, 6, 300, device=device), weight=torch.randn(300, device=device), eps=1e-6,
                   offset=offset, casting_mode=casting_mode)
@@ -91,7 +91,7 @@ def test_rms_norm_wide_row_and_many_programs(device, monkeypatch, casting_mode, 
 def test_rms_norm_weight_held_in_fp32_or_reread(device, monkeypatch, hold):
     # _norm_bwd's W_HOLD variants of whole rows without the prefetch (the weight row held in fp32 + offset, or
     # re-read every row; rows of 16384 re-read it by default), in fp32 with Gemma's offset and bf16.
-    from tigon.ops import norm
+    from tigon.kernels import norm
 
     monkeypatch.setattr(norm, "W_HOLD", hold)
     monkeypatch.setattr(norm, "W_HOLD_ROW", 512)  # the rows below: 300 elements, a 512-wide block

@@ -104,7 +104,7 @@ def test_rope_strided_slices_of_fused_qkv(device):
 def test_rope_row_tiles_with_partial_blocks(device, monkeypatch):
     # Rows go in [BLOCK_R, D/2] tiles; force 4-row tiles over 3 heads: tiles straddle positions, and q's 3 * B * T
     # rows and k's B * T leave a partial last tile each.
-    from tigon.ops import rope as rope_op
+    from tigon.kernels import rope as rope_op
 
     assert (3 * B * T) % 4 and (B * T) % 4
     monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
@@ -175,7 +175,7 @@ def test_reference_is_hf_apply_rotary_pos_emb():
 def test_rope_row_groups(device, monkeypatch, need):
     # Four rows per program: q's 5 * B * T rows and k's 3 * B * T end in partial tiles; the backward with only one
     # of q / k needing a gradient launches only its rows.
-    from tigon.ops import rope as rope_op
+    from tigon.kernels import rope as rope_op
 
     assert (5 * B * T) % 4 and (3 * B * T) % 4
     monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
@@ -190,7 +190,7 @@ def test_rope_row_groups(device, monkeypatch, need):
 @pytest.mark.parametrize("backward", [False, True])
 def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward):
     # rope_apply(inplace=True) (the tuning script's in-place timing) writes the same values over q and k.
-    from tigon.ops import rope as rope_op
+    from tigon.kernels import rope as rope_op
 
     monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
     q, k = hf_layout(5, 3, 32, torch.float32, device)

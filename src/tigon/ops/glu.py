@@ -1,268 +1,231 @@
-"""SwiGLU and GeGLU: Triton forward and backward (GLU variants, Shazeer 2020).
+"""The gated MLP's elementwise product (GLU variants, Shazeer 2020): swiglu, geglu, and glu_linear (the product
+folded into the down projection). The public ops and their records.
 
-``out = act(gate) * up`` elementwise, with ``act`` chosen by the constexpr ``ACTIVATION``: SiLU, exact GELU
-(erf) or tanh-GELU. The backward recomputes ``act(gate)`` and ``act'(gate)`` from gate instead of storing an
-activation, and writes both input gradients in one pass:
-
-    d_gate = dy * up * act'(gate)        d_up = dy * act(gate)
-
-The tanh-GELU is written through the logistic function, ``0.5 * (1 + tanh(u)) = sigmoid(2u)`` and
-``1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u))``, so no tanh (libdevice) is needed.
-
-Inputs are viewed as rows (M, N) with unit column stride and any row stride, so a gate/up pair sliced out of
-one fused projection (``gate_up[..., :I]``, ``gate_up[..., I:]``) is read in place; when every operand is
-contiguous the whole tensor is one long row, which avoids padding waste for odd N.
-
-Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
-up; write d_gate, d_up).
+Kernels: :mod:`tigon.kernels.glu`. Specification: :mod:`tigon.reference.glu`.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
-import triton
-import triton.language as tl
 
-from ._common import as_rows, cdiv, next_pow2, warps_for
-from ..support import interpreter_enabled
-
-ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
-
-# Constants are written as literals inside the kernels (globals would have to be constexpr, whose arithmetic
-# with tensors the interpreter mishandles): 0.7071067811865476 = 1/sqrt(2), 0.3989422804014327 = 1/sqrt(2 pi);
-# for tanh-GELU, 2u = g * (1.5957691216057308 + 0.07135481627260025 g^2) with 1.5957691216057308 = 2 sqrt(2/pi)
-# and 0.07135481627260025 = 2 sqrt(2/pi) * 0.044715, and d(2u)/dg = 1.5957691216057308 + 0.21406444881780076 g^2.
+from .. import _checks
+from ..reference import glu as ref
+from ..support import select_backend
+from ._record import Case, OpSpec, liger, randn, sizes
 
 
-@triton.jit
-def _act(g, ACTIVATION: tl.constexpr):
-    """act(g) in fp32."""
-    if ACTIVATION == 0:
-        a = g * tl.sigmoid(g)
-    elif ACTIVATION == 1:
-        a = g * (0.5 + 0.5 * tl.erf(g * 0.7071067811865476))
-    else:  # 0.5 * (1 + tanh(u)) == sigmoid(2u), u = sqrt(2/pi) * (g + 0.044715 g^3)
-        a = g * tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
-    return a
+def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward: bool) -> torch.Tensor:
+    """``act(gate) * up`` on the kernels (eager: the autograd.Function; compiled: the custom op)."""
+    from ..kernels import glu as k
+
+    if torch.compiler.is_compiling():
+        return k.compiled_glu(gate, up, activation)
+    return k.GLUFunction.apply(gate, up, activation, bool(inplace_backward))
 
 
-@triton.jit
-def _act_and_grad(g, ACTIVATION: tl.constexpr):
-    """(act(g), act'(g)) in fp32."""
-    if ACTIVATION == 0:
-        s = tl.sigmoid(g)
-        a = g * s
-        da = s * (1.0 + g * (1.0 - s))
-    elif ACTIVATION == 1:
-        cdf = 0.5 + 0.5 * tl.erf(g * 0.7071067811865476)
-        a = g * cdf
-        da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
-    else:  # d/dg [g * sigmoid(2u)] = s + g * 2 s (1 - s) * du/dg, du/dg = sqrt(2/pi) (1 + 3 * 0.044715 g^2)
-        s = tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
-        a = g * s
-        da = s + g * s * (1.0 - s) * (1.5957691216057308 + 0.21406444881780076 * g * g)
-    return a, da
+def _check_glu(gate, up) -> None:
+    _checks.tensor("gate", gate, floating=True)
+    _checks.tensor("up", up, floating=True)
+    _checks.same_device(gate=gate, up=up)
+    if up.dtype != gate.dtype:
+        raise TypeError(f"up must have gate's dtype {gate.dtype}, got {up.dtype}")
+    if up.shape != gate.shape:
+        raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
 
 
-@triton.jit
-def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row and column offsets (int64) and the mask of this program's [BLOCK_M, BLOCK_N] tile."""
-    pid = tl.program_id(0)
-    n_col_blocks = tl.cdiv(N, BLOCK_N)
-    rows = (pid // n_col_blocks).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (pid % n_col_blocks).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    return rows, cols, mask
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
+    """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
+    The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``. Math in fp32; the backward recomputes
+    ``silu(gate)`` from gate (nothing but gate and up is saved).
 
-@triton.jit
-def _glu_fwd(
-    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o,
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    out = _act(g, ACTIVATION) * u
-    tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+    Args:
+        gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
+            slice of a fused gate-up projection is read in place when its rows have unit stride).
+        up: the same shape and dtype as gate.
+        inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
+            (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
+            else reads after the backward (the outputs of the MLP's projections are such); a second backward
+            through the same graph then raises; ignored by the reference path. Default False: the inputs are
+            never written.
 
+    Returns:
+        (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
-@triton.jit
-def _glu_bwd(
-    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du,
-    ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """d_gate, d_up; with STORE_PRODUCT also ``act(gate) * up`` written over dy (each element read first, by the
-    same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
-    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
-    dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
-    dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    a, da = _act_and_grad(g, ACTIVATION)
-    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da).to(DGATE.dtype.element_ty), mask=mask)
-    tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
-    if STORE_PRODUCT:
-        tl.store(dy_ptrs, (a * u).to(DY.dtype.element_ty), mask=mask)
-
-
-def _as_2d(**tensors: torch.Tensor) -> list[torch.Tensor]:
-    """(M, N) views with unit column stride: one long row (1, numel) when all are contiguous, else rows."""
-    if all(t.is_contiguous() for t in tensors.values()):
-        return [t.view(1, -1) for t in tensors.values()]
-    return [as_rows(t, name) for name, t in tensors.items()]
-
-
-def _tile_elems(device: torch.device) -> int:
-    return 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 4096
-
-
-def _launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, tuple[int]]:
-    """(BLOCK_M, BLOCK_N, num_warps, grid) for an elementwise pass over (M, N).
-
-    A memory-bound elementwise kernel wants enough bytes in flight per program and enough programs to fill
-    the GPU: a 4096-element tile (8 warps, 16 elements per thread, 128-bit accesses) does both for every
-    realistic size. Rows shorter than the tile are stacked (BLOCK_M > 1). Under the interpreter each program
-    costs Python overhead, so tiles are 16x larger there.
+    Raises:
+        TypeError: a non-floating tensor, or gate and up of different dtypes.
+        ValueError: shapes differ, or devices differ.
     """
-    target = _tile_elems(device)
-    block_n = min(next_pow2(N), target)
-    block_m = min(next_pow2(M), max(1, target // block_n))
-    grid = (cdiv(M, block_m) * cdiv(N, block_n),)
-    return block_m, block_n, warps_for(block_m * block_n), grid
+    _check_glu(gate, up)
+    if select_backend("swiglu", gate) == "reference":
+        return ref.swiglu(gate, up)
+    return _glu(gate, up, "silu", inplace_backward)
 
 
-def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``act(gate) * up`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that shape."""
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    if out.numel() == 0:
-        return out
-    g2, u2 = _as_2d(gate=gate, up=up)
-    o2 = out.view(g2.shape)
-    M, N = g2.shape
-    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
-    _glu_fwd[grid](
-        g2, u2, o2, M, N, g2.stride(0), u2.stride(0), o2.stride(0),
-        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-    )
-    return out
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
+          inplace_backward: bool = False) -> torch.Tensor:
+    """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
 
+    :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (HF ``gelu_pytorch_tanh``, Gemma), ``"none"`` is the
+    exact ``x * Phi(x)``. Math in fp32; the backward recomputes the activation from gate.
 
-def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False,
-                 store_product: bool = False):
-    """Returns (d_gate, d_up) shaped like gate and in gate's (= up's) dtype: new contiguous tensors, or with
-    ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program).
-    ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's shape and dtype) with
-    ``act(gate) * up``, the forward's output, recomputed."""
-    if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
-        raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
-    dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
-    # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
-    inplace = (inplace and gate.data_ptr() != up.data_ptr()
-               and g2.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
-               and u2.untyped_storage().data_ptr() == up.untyped_storage().data_ptr())
-    if inplace:
-        dgate, dup = gate, up
-    else:
-        dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
-    if dgate.numel() == 0:
-        return dgate, dup
-    dg2, du2 = (g2, u2) if inplace else (dgate.view(g2.shape), dup.view(g2.shape))
-    M, N = g2.shape
-    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
-    _glu_bwd[grid](
-        dy2, g2, u2, dg2, du2, M, N, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
-        ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=warps,
-    )
-    return dgate, dup
+    Args:
+        gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        up: the same shape and dtype as gate.
+        inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
+            (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
+            else reads after the backward (the outputs of the MLP's projections are such); a second backward
+            through the same graph then raises; ignored by the reference path. Default False: the inputs are
+            never written.
+        approximate: ``"tanh"`` or ``"none"``.
 
+    Returns:
+        (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
-class GLUFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, activation, inplace)`` with activation in :data:`ACTIVATIONS`.
-
-    Saves only gate and up (as given); the activation is recomputed in the backward. With ``inplace`` the
-    gradients are written into gate's and up's storage (see :func:`tigon.functional.swiglu`).
+    Raises:
+        TypeError: a non-floating tensor, or gate and up of different dtypes.
+        ValueError: shapes differ, devices differ, or approximate is unknown.
     """
-
-    @staticmethod
-    def forward(ctx, gate, up, activation, inplace=False):
-        _save_gate_up(ctx, gate, up, activation, inplace)
-        return glu_forward(gate, up, activation)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
-        gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
-        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
-        return dgate, dup, None, None
+    _check_glu(gate, up)
+    _checks.choice("approximate", approximate, ("tanh", "none"))
+    if select_backend("geglu", gate) == "reference":
+        return ref.geglu(gate, up, approximate)
+    return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward)
 
 
-def _save_gate_up(ctx, gate, up, activation: str, inplace: bool, *more) -> None:
-    """Save gate, up (and ``more``) for the backward. In place: detached aliases, so the gradients returned (gate's
-    and up's memory) are the only references to their tensor objects and autograd passes them on (or keeps them as
-    leaves' .grad) without copies."""
-    ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)), *more)
-    ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
+def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+               activation: str = "silu", inplace_backward: bool = False) -> torch.Tensor:
+    """A gated MLP's down projection of its gated product, ``linear(act(gate) * up, weight, bias)``, without
+    keeping the (..., I) product for the backward.
 
+    HF LlamaMLP computes ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (GLU variants, Shazeer 2020); autograd
+    then saves gate, up (for the activation's backward) *and* the product (the down projection's input, for its
+    weight gradient): three (tokens, I) tensors per layer. This saves gate and up only. The backward forms ``dy =
+    dout @ weight`` and one elementwise pass reads dy, gate and up and writes d_gate, d_up and, over dy, the
+    recomputed product, from which ``d_weight = dout.T @ product``: tokens x I x (element size) bytes less
+    activation memory per MLP (224 MiB per Llama-3-8B layer at 8192 tokens in bf16) for one extra (tokens, I) write
+    in the backward. Forward output and gradients equal ``down_proj(swiglu(gate, up))`` (the same kernels and
+    matmuls).
 
-def _saved_gate_up(ctx, name: str, writes: bool):
-    """The saved tensors; raises on a second backward after an in-place one (``writes``: this backward writes)."""
-    if ctx.consumed:
-        raise RuntimeError(f"tigon {name}(inplace_backward=True) wrote its gradients into gate and up during the "
-                           "first backward; a second backward through it is not possible (a model patched by "
-                           "tigon.patch does this in its MLPs: retain_graph=True is not supported there)")
-    ctx.consumed = ctx.inplace and writes
-    return ctx.saved_tensors
+    Args:
+        gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        up: gate's shape and dtype.
+        weight: (H, I) float tensor (``nn.Linear`` layout), on gate's device; under autocast it may be fp32 (cast
+            to the autocast dtype as ``F.linear`` does).
+        bias: (H,) or None.
+        activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU, HF
+            ``gelu_pytorch_tanh``).
+        inplace_backward: as :func:`swiglu`: d_gate and d_up are written into gate's and up's memory.
 
+    Returns:
+        (..., H) in gate's dtype, or the autocast dtype under autocast.
 
-def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype) -> torch.Tensor:
-    """``linear(act(gate) * up, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast dtype)."""
-    y = glu_forward(gate, up, activation)
-    with torch.autocast(gate.device.type, enabled=False):
-        return torch.nn.functional.linear(y.to(cd), weight.to(cd), bias.to(cd) if bias is not None else None)
+    Raises:
+        TypeError: a non-floating tensor, gate and up of different dtypes, or (outside autocast) weight / bias of
+            another dtype than gate's.
+        ValueError: gate is 0-d, shapes differ (weight must be (H, I), bias (H,)), devices differ, or activation
+            is unknown.
 
-
-def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype, need: tuple[bool, bool, bool, bool],
-                        inplace: bool):
-    """Gradients (d_gate, d_up, d_weight, d_bias) of :func:`glu_linear_forward` (None where ``need`` is False).
-
-    ``dy = dout @ weight`` (cuBLAS), then one elementwise pass reads dy, gate and up, writes d_gate and d_up
-    (into gate's and up's memory with ``inplace``) and overwrites dy with the recomputed product ``act(gate) * up``,
-    from which ``d_weight = dout.T @ product``: the product is never stored between forward and backward, and the
-    backward allocates no more than the unfused one (dy).
+    The memory saving is eager mode's: under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up),
+    weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
+    then keeps the product, as for the unfused MLP).
     """
-    need_g, need_u, need_w, need_b = need
-    d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
-    with torch.autocast(gate.device.type, enabled=False):
-        if need_g or need_u:
-            dy = torch.mm(d2, weight.to(cd)).to(gate.dtype).view(gate.shape)
-            dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w)
-            product = dy
-        else:
-            dgate = dup = None
-            product = glu_forward(gate, up, activation) if need_w else None
-        dw = torch.mm(d2.t(), product.reshape(d2.shape[0], gate.shape[-1]).to(cd)).to(weight.dtype) if need_w else None
-    db = d2.sum(0) if need_b else None
-    return (dgate if need_g else None), (dup if need_u else None), dw, db
+    _check_glu(gate, up)
+    _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
+    _checks.tensor("weight", weight, floating=True, ndim=2)
+    if gate.dim() == 0:
+        raise ValueError("gate must have at least one dimension (..., I), got a 0-d tensor")
+    if weight.shape[1] != gate.shape[-1]:
+        raise ValueError(f"weight must have shape (H, {gate.shape[-1]}), got {tuple(weight.shape)}")
+    if bias is not None:
+        _checks.tensor("bias", bias, floating=True, ndim=1)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    _checks.same_device(gate=gate, weight=weight, bias=bias)
+    dev = gate.device.type
+    autocast = dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)  # (meta, ...: no autocast to ask about)
+    cd = torch.get_autocast_dtype(dev) if autocast else gate.dtype
+    if not autocast and (weight.dtype != gate.dtype or (bias is not None and bias.dtype != gate.dtype)):
+        raise TypeError(f"weight and bias must have gate's dtype {gate.dtype} outside autocast, got "
+                        f"{weight.dtype} and {bias.dtype if bias is not None else None}")
+    if select_backend("glu_linear", gate) == "reference":
+        return ref.glu_linear(gate, up, weight, bias, activation)
+    from ..kernels import glu as k
+
+    if torch.compiler.is_compiling():
+        return torch.nn.functional.linear(k.compiled_glu(gate, up, activation), weight, bias)
+    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, bool(inplace_backward))
 
 
-class GLULinearFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace)``: a gated MLP's
-    ``down_proj(act(gate) * up)`` that saves gate, up and the weight but not the (tokens, I) product, recomputed in
-    the backward by the pass that forms d_gate and d_up (see :func:`glu_linear_backward`)."""
+# ---- the records ---------------------------------------------------------------------------------------------------
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """gate and up (tokens, intermediate); gate with std 3 so the activation's tails are reached."""
+    return dict(gate=randn(gen, (s["tokens"], s["intermediate"]), dtype, device, 3.0),
+                up=randn(gen, (s["tokens"], s["intermediate"]), dtype, device))
 
-    @staticmethod
-    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False):
-        _save_gate_up(ctx, gate, up, activation, inplace, weight)
-        ctx.cd, ctx.bias_dtype = cd, (bias.dtype if bias is not None else None)
-        return glu_linear_forward(gate, up, weight, bias, activation, cd)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dout):
-        need = tuple(ctx.needs_input_grad[:4])
-        gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])
-        dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace)
-        return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None
+def _linear_inputs(s: dict, dtype, device, gen) -> dict:
+    """gate and up as for swiglu, the down projection's weight (hidden, intermediate) with std 1/sqrt(intermediate)."""
+    return dict(_inputs(s, dtype, device, gen),
+                weight=randn(gen, (s["hidden"], s["intermediate"]), dtype, device, 1.0 / math.sqrt(s["intermediate"])))
+
+
+def _liger_linear(gate, up, weight, **_):
+    """Liger's MLP: its swiglu, then the down projection (which keeps the product for the backward)."""
+    from liger_kernel.transformers import functional as LF
+
+    return torch.nn.functional.linear(LF.liger_swiglu(gate, up), weight)
+
+
+def _glu_bytes(s, e, mode):  # read gate, up, write out; backward: read dout, gate, up, write both gradients
+    return (3 if mode == "fwd" else 8) * s["tokens"] * s["intermediate"] * e
+
+
+def _gate_shape(m) -> dict:
+    return {"tokens": m.tokens, "intermediate": m.intermediate}
+
+
+_INPLACE = Case("inplace_backward=True", options={"inplace_backward": True}, tags=frozenset({"bench"}),
+                provider="tigon_inplace")
+
+RECORDS = (
+    OpSpec(
+        name="swiglu",
+        summary="silu(gate) * up, the gated MLP's product (Llama)",
+        fn=swiglu, reference=ref.swiglu, original=ref.swiglu, original_name="silu(gate) * up (HF LlamaMLP)",
+        make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
+        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
+        peers={"liger": liger("liger_swiglu", "gate", "up")},
+        cases=(Case(), _INPLACE),
+    ),
+    OpSpec(
+        name="geglu",
+        summary="gelu(gate) * up, the gated MLP's product (Gemma)",
+        fn=geglu, reference=ref.geglu, original=ref.geglu,
+        original_name="gelu(gate, approximate='tanh') * up (HF GemmaMLP)",
+        make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
+        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
+        peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
+        cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE),
+    ),
+    # The patched MLP's down projection of the product: matmul-bound; eager / Liger keep the (tokens, intermediate)
+    # product for the backward, Tigon recomputes it (the peak memory shows it).
+    OpSpec(
+        name="glu_linear",
+        summary="down_proj(act(gate) * up) without keeping the product for the backward",
+        fn=glu_linear, reference=ref.glu_linear, original=ref.glu_linear,
+        original_name="down_proj(act(gate) * up) (HF LlamaMLP / GemmaMLP)",
+        make_inputs=_linear_inputs,
+        shape_of=lambda m: {"tokens": m.tokens, "intermediate": m.intermediate, "hidden": m.hidden},
+        **sizes("tokens", "intermediate", "hidden"),
+        grad_inputs=("gate", "up", "weight"), category="activation",
+        flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["intermediate"] * s["hidden"],
+        peers={"liger": _liger_linear},
+        cases=(Case("activation=silu", options={"activation": "silu"}),
+               Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
+               _INPLACE),
+    ),
+)

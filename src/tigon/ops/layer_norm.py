@@ -1,64 +1,87 @@
-"""LayerNorm autograd op (Ba, Kiros & Hinton 2016; torch.nn.functional.layer_norm semantics).
+"""LayerNorm (Ba, Kiros & Hinton 2016; torch.nn.functional.layer_norm semantics): the public op and its record.
 
-The kernels are shared with RMSNorm in :mod:`tigon.ops.norm`: mean and (biased) variance in fp32 from the row
-held in registers; a persistent-grid backward with per-program fp32 dW/dB partials and a second small reduction
-(no atomics). weight and bias are optional. Minimal bytes (bf16): forward 2*M*N*2, backward 3*M*N*2.
-
-:func:`layer_norm_forward` and :func:`layer_norm_backward` are the two kernel entry points;
-:class:`LayerNormFunction` (eager) and the ``tigon::layer_norm`` custom ops of :mod:`tigon.ops._library`
-(torch.compile) both call them.
+Kernels: :mod:`tigon.kernels.layer_norm` (shared with RMSNorm in :mod:`tigon.kernels.norm`). Specification:
+:mod:`tigon.reference.layer_norm`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import as_rows
-from .norm import norm_backward, norm_forward
+from .. import _checks
+from ..reference import layer_norm as ref
+from ..support import select_backend
+from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
-def layer_norm_forward(x: torch.Tensor, weight, bias, eps: float):
-    """Normalise x (..., N) (any strides); weight, bias (N,) or None.
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm over the last dimension (Ba, Kiros & Hinton 2016), torch.nn.functional.layer_norm semantics.
 
-    Returns (y: x's shape and dtype, contiguous; x2: the (M, N) rows of x with unit column stride, a view of x
-    where possible; mean, rstd: (M,) fp32).
+    ``y = (x - mean(x, -1)) / sqrt(var(x, -1) + eps) * weight + bias`` with the biased variance; statistics
+    in fp32. The weight and bias gradients are reduced deterministically (no atomics).
+
+    Args:
+        x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        weight: (hidden,) float tensor on x's device, or None (no scale).
+        bias: (hidden,) float tensor on x's device, or None (no shift).
+        eps: variance epsilon.
+
+    Returns:
+        (..., hidden) in x's dtype (parameters of another dtype, e.g. fp32 with bf16 x, are fine).
+
+    Raises:
+        TypeError: x, weight or bias is not a floating tensor; eps is not a number.
+        ValueError: weight or bias is not (hidden,), devices differ, hidden exceeds the fused-row limit, or eps is
+            negative or not finite.
     """
-    x2 = as_rows(x, "x")
-    y, mean, rstd = norm_forward(x2, weight, bias, eps, is_rms=False)
-    return y.view(x.shape), x2, mean, rstd
+    _checks.tensor("x", x, floating=True)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            _checks.tensor(name, p, floating=True, ndim=1)
+            if p.shape[0] != x.shape[-1]:
+                raise ValueError(f"{name} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
+    _checks.same_device(x=x, weight=weight, bias=bias)
+    eps = _checks.number("eps", eps, minimum=0.0)
+    if select_backend("layer_norm", x) == "reference":
+        return ref.layer_norm(x, weight, bias, eps)
+    from ..kernels import layer_norm as k
+
+    run = k.compiled_layer_norm if torch.compiler.is_compiling() else k.LayerNormFunction.apply
+    return run(x, weight, bias, eps)
 
 
-def layer_norm_backward(dy, x, weight, bias_dtype: torch.dtype | None, mean, rstd, need_dw: bool, need_db: bool):
-    """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
-
-    Returns (dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype or None; db: (N,) in
-    ``bias_dtype`` or None). dw needs ``need_dw`` and a weight, db ``need_db`` and a ``bias_dtype``.
-    """
-    need_dw = weight is not None and need_dw
-    need_db = bias_dtype is not None and need_db
-    dx, dw, db = norm_backward(dy, as_rows(x, "x"), weight, mean, rstd, need_dw, need_db, is_rms=False)
-    return (dx.view(x.shape), dw.to(weight.dtype) if dw is not None else None,
-            db.to(bias_dtype) if db is not None else None)
+# ---- the record ----------------------------------------------------------------------------------------------------
+def torch_layer_norm(x, weight, bias, eps=1e-5):
+    """``torch.nn.functional.layer_norm`` over the last dimension (what ``nn.LayerNorm`` calls)."""
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-class LayerNormFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x, weight, bias, eps)`` with x (..., N), weight and bias (N,) or None.
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """x (tokens, hidden) with std 3 and mean 1.5, weight in [0.5, 1.5) and bias (hidden,) normal, eps 1e-5."""
+    return dict(x=randn(gen, (s["tokens"], s["hidden"]), dtype, device, 3.0, 1.5),
+                weight=rand(gen, (s["hidden"],), dtype, device), bias=randn(gen, (s["hidden"],), dtype, device),
+                eps=1e-5)
 
-    Output in x's dtype; dW / dB in the parameters' dtypes.
-    """
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, x2, mean, rstd = layer_norm_forward(x, weight, bias, eps)
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.x_shape = x.shape
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
-        x2, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = layer_norm_backward(dy, x2, weight, ctx.bias_dtype, mean, rstd, ctx.needs_input_grad[1],
-                                         ctx.needs_input_grad[2])
-        return dx.view(ctx.x_shape), dw, db, None
+RECORDS = (OpSpec(
+    name="layer_norm",
+    summary="LayerNorm over the last dimension (torch.nn.functional.layer_norm)",
+    fn=layer_norm,
+    reference=ref.layer_norm,
+    original=torch_layer_norm,
+    original_name="torch.nn.functional.layer_norm",
+    make_inputs=_inputs,
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden},
+    **sizes("tokens", "hidden"),
+    grad_inputs=("x", "weight", "bias"),
+    category="norm",
+    # read x, write y; backward: read x, dy, write dx
+    min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
+    peers={"liger": liger("liger_layer_norm", "x", "weight", "bias", "eps")},
+    sweeps=("tokens", "hidden"),
+    cases=(Case(),),
+),)

@@ -1,68 +1,88 @@
-"""RMSNorm autograd op (Zhang & Sennrich 2019; HF LlamaRMSNorm / GemmaRMSNorm semantics).
+"""RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm / GemmaRMSNorm): the public op and its record.
 
-The kernels are shared with LayerNorm in :mod:`tigon.ops.norm` (constexpr IS_RMS): one forward pass over the
-rows, a persistent-grid backward with per-program fp32 dW partials and a second small reduction (no atomics).
-Minimal bytes (bf16): forward 2*M*N*2, backward 3*M*N*2.
-
-:func:`rms_norm_forward` and :func:`rms_norm_backward` are the two kernel entry points; :class:`RMSNormFunction`
-(eager) and the ``tigon::rms_norm`` custom ops of :mod:`tigon.ops._library` (torch.compile) both call them.
+Kernels: :mod:`tigon.kernels.rms_norm` (one pass over the rows forward; a persistent-grid backward with fp32 dW
+partials, shared with LayerNorm in :mod:`tigon.kernels.norm`). Specification: :mod:`tigon.reference.rms_norm`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import as_rows
-from .norm import norm_backward, norm_forward
+from .. import _checks
+from ..reference import rms_norm as ref
+from ..support import select_backend
+from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
-def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
-    """The dtype of y: x's for ``"gemma"``, else the promotion of x's and weight's dtypes."""
-    return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
+) -> torch.Tensor:
+    """Root-mean-square layer norm over the last dimension (Zhang & Sennrich 2019; HF LlamaRMSNorm).
 
+    ``y = x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``, statistics in fp32.
 
-def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
-    """Normalise x (..., N) (any strides) with weight (N,).
+    Args:
+        x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        weight: (hidden,) float tensor on x's device.
+        eps: variance epsilon (HF ``rms_norm_eps``).
+        offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
+        casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
 
-    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: the (M, N) rows of x with unit column stride, a
-    view of x where possible; rstd: (M,) fp32).
+    Returns:
+        (..., hidden): dtype of x for ``"gemma"``, else the promotion of x's and weight's dtypes.
+
+    Raises:
+        TypeError: x or weight is not a floating tensor; eps or offset is not a number.
+        ValueError: weight is not (hidden,), devices differ, casting_mode is unknown, eps is negative or not
+            finite, or offset is not finite.
     """
-    x2 = as_rows(x, "x")
-    y, _, rstd = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
-                              round_xhat=casting_mode == "llama",
-                              out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode))
-    return y.view(*x.shape[:-1], y.shape[-1]), x2, rstd
+    _checks.tensor("x", x, floating=True)
+    _checks.tensor("weight", weight, floating=True, ndim=1)
+    _checks.same_device(x=x, weight=weight)
+    _checks.choice("casting_mode", casting_mode, ref.CASTING_MODES)
+    eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if select_backend("rms_norm", x) == "reference":
+        return ref.rms_norm(x, weight, eps, offset, casting_mode)
+    from ..kernels import rms_norm as k
+
+    run = k.compiled_rms_norm if torch.compiler.is_compiling() else k.RMSNormFunction.apply
+    return run(x, weight, eps, offset, casting_mode)
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-                      need_dw: bool):
-    """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
-
-    Returns (dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or None unless ``need_dw``).
-    """
-    dx, dw, _ = norm_backward(dy, as_rows(x, "x"), weight, None, rstd, need_dw, False, is_rms=True, offset=offset)
-    return dx.view(x.shape), (dw.to(weight.dtype) if need_dw else None)
+# ---- the record ----------------------------------------------------------------------------------------------------
+def _shape(m) -> dict:
+    return {"tokens": m.tokens, "hidden": m.hidden, "eps": m.rms_eps, "offset": m.rms_offset,
+            "casting_mode": m.rms_casting_mode}
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode)`` with x (..., N), weight (N,).
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """x (tokens, hidden) with std 3 and mean 0.5, weight (hidden,) in [0.5, 1.5), the family's eps / offset /
+    casting mode."""
+    return dict(x=randn(gen, (s["tokens"], s["hidden"]), dtype, device, 3.0, 0.5),
+                weight=rand(gen, (s["hidden"],), dtype, device), eps=s.get("eps", 1e-6),
+                offset=s.get("offset", 0.0), casting_mode=s.get("casting_mode", "llama"))
 
-    casting_mode ``"llama"`` rounds the normalised value to x's dtype before the weight multiply and returns the
-    promotion of x's and weight's dtypes; ``"gemma"`` returns x's dtype; ``"none"`` the promotion. Statistics and
-    gradients are computed in fp32 in every mode.
-    """
 
-    @staticmethod
-    def forward(ctx, x, weight, eps, offset, casting_mode):
-        y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.offset = offset
-        ctx.x_shape = x.shape
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1])
-        return dx.view(ctx.x_shape), dw, None, None, None
+RECORDS = (OpSpec(
+    name="rms_norm",
+    summary="RMSNorm over the last dimension (Llama / Gemma casting)",
+    fn=rms_norm,
+    reference=ref.rms_norm,
+    original=ref.rms_norm,
+    original_name="HF LlamaRMSNorm / GemmaRMSNorm math (tigon.reference.rms_norm)",
+    make_inputs=_inputs,
+    shape_of=_shape,
+    **sizes("tokens", "hidden"),
+    grad_inputs=("x", "weight"),
+    category="norm",
+    # read x, write y; backward: read x, dy, write dx
+    min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
+    peers={"liger": liger("liger_rms_norm", "x", "weight", "eps", "offset", "casting_mode")},
+    sweeps=("tokens", "hidden"),
+    cases=(Case(),),
+),)

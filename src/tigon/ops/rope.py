@@ -1,179 +1,106 @@
-"""Rotary position embedding: Triton forward and backward (RoFormer, Su et al. 2021; HF rotate-half layout).
+"""Rotary position embedding, HF rotate-half convention (RoFormer, Su et al. 2021): the public op and its record.
 
-With the head dimension split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` (and likewise c1, c2 of cos and
-s1, s2 of sin), HF's ``x * cos + rotate_half(x) * sin`` is
-
-    y1 = x1 * c1 - x2 * s1        y2 = x2 * c2 + x1 * s2
-
-and its transpose, the backward, is
-
-    dx1 = dy1 * c1 + dy2 * s2     dx2 = dy2 * c2 - dy1 * s1
-
-Both are ``y1 = x1 * c1 + x2 * sa``, ``y2 = x2 * c2 + x1 * sb`` with ``(sa, sb) = (-s1, s2)`` forward and
-``(s2, -s1)`` backward, so one kernel does both (constexpr ``BACKWARD``). No assumption that c1 == c2 is made:
-any cos/sin tensors get the exact transpose.
-
-The rows of q and k (one per batch, position and head) are rotated in [BLOCK_R, D/2] tiles: a program takes
-BLOCK_R consecutive rows, finds each row's (batch, position, head) from its index and the strides, and gathers
-that position's cos and sin in fp32 (the H rows of a position read the same values from cache, as
-torch.compile's generated kernel does). One launch covers q's rows then k's. q and k are addressed through all
-four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place, and
-there consecutive rows are contiguous in memory.
-
-Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
+Kernels: :mod:`tigon.kernels.rope`. Specification: :mod:`tigon.reference.rope` (HF ``apply_rotary_pos_emb``).
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from ._common import cdiv, next_pow2
-from ..support import interpreter_enabled
-
-
-@triton.jit
-def _rotate_rows(
-    X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
-    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
-    ROW64: tl.constexpr,
-):
-    # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
-    # ROW64: 2**31 rows or more (head dims of 16 and less at > 32 GiB), where the int32 row index would wrap.
-    if ROW64:
-        r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    else:
-        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < n_rows
-    h = (r % H).to(tl.int64)
-    bt = r // H
-    b = (bt // T).to(tl.int64)
-    t = (bt % T).to(tl.int64)
-    d = tl.arange(0, BLOCK_HALF)
-    mask = rmask[:, None] & (d < HALF)[None, :]
-    # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
-    cp = COS + (b * sc_b + t * sc_t)[:, None] + d[None, :] * sc_d
-    sp = SIN + (b * ss_b + t * ss_t)[:, None] + d[None, :] * ss_d
-    c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
-    if BACKWARD:
-        sa = s2
-        sb = -s1
-    else:
-        sa = -s1
-        sb = s2
-    xp = X + (b * sx_b + t * sx_t + h * sx_h)[:, None] + d[None, :] * sx_d
-    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
-    y1 = x1 * c1 + x2 * sa
-    y2 = x2 * c2 + x1 * sb
-    yp = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None] + d[None, :] * sy_d
-    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
-    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+from .. import _checks
+from ..reference import rope as ref
+from ..support import select_backend
+from ._record import Case, OpSpec, liger, randn
 
 
-@triton.jit
-def _rope_kernel(
-    Q, K, QO, KO, COS, SIN, T, HQ, HKV, NQ, NK, PROGS_Q,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-    sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
-    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
-    ROW64: tl.constexpr,
-):
-    # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
-    pid = tl.program_id(0)
-    if pid < PROGS_Q:
-        _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
-                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
-    else:
-        _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
-                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding, HF rotate-half convention (RoFormer, Su et al. 2021; HF ``apply_rotary_pos_emb``).
 
+    ``q_embed = q * cos + rotate_half(q) * sin`` (and the same for k), where ``rotate_half(x) = cat(-x2, x1)``
+    of the two halves of the head dimension and cos/sin get a head axis inserted at ``unsqueeze_dim``. Math in
+    fp32; one launch rotates the rows (batch, position, head) of q and k in tiles, each row gathering its
+    position's cos/sin (read from memory once, then from cache by the position's other heads).
 
-def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    """The (B, H, T, D) view of q/k/cos-shaped inputs laid out with the head axis at ``unsqueeze_dim``."""
-    return x if unsqueeze_dim == 1 else x.transpose(1, 2)
+    Args:
+        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` (HF's layout after ``.transpose(1, 2)``) or (B, T, Hq, D) for
+            ``unsqueeze_dim=2``; float32 / bfloat16 / float16 (other float dtypes run the reference); any
+            strides (the transposed view of a projection is read in place); D even.
+        k: the same layout and dtype as q with Hkv heads (any Hkv, e.g. GQA with Hq a multiple of Hkv).
+        cos, sin: (1 or B, T, D), any float dtype; the usual HF tables ``cat(freqs, freqs)``, but any values
+            are rotated exactly. Treated as constants: they receive no gradient (HF builds them under
+            ``torch.no_grad``).
+        unsqueeze_dim: 1 or 2, where the head axis of q and k is.
 
+    Returns:
+        (q_embed, k_embed): shapes and dtypes of q and k; strides of q and k when those are dense, else
+        contiguous.
 
-# Elements of a program's tile per half (BLOCK_R rows x D/2) and its warps; see _rows_config.
-HALF_TILE = 1024
-TILE_WARPS = 2
-
-
-def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
-    """(rows per program, num_warps): a [BLOCK_R, D/2] tile of HALF_TILE elements per half, TILE_WARPS warps.
-
-    H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward, 1k..64k tokens
-    (benchmarks/results/h200/session6/tune4_rope_rms16k.json): 1024-element half tiles (16 rows) with 2 warps were
-    the fastest of 1024..8192 x 2..8 warps at every size: 4.7 / 9.5 / 22.3 / 42.1 / 165.8 / 332.1 us at 1k / 2k /
-    4k / 8k / 32k / 64k tokens, against 4.7 / 9.5 / 22.6 / 43.3 / 172.8 / 347.3 for the per-position kernel it
-    replaced (one program per position and group of heads) and torch.compile's 9.5 / 10.8 / 25.9 / 43.0 / 165.5 /
-    329.4 in the same run. At Gemma-2's D=256 the same tiles (4 rows) were within 1% of the best of 512..2048 x 1..4
-    warps at 16k and 64k tokens, and fwd+bwd 197 us at 16k against 212 for the per-position kernel
-    (session6/tune6_rope_gemma2.json). The interpreter pays per program, so there a program takes 65,536 elements per
-    half.
+    Raises:
+        TypeError: a non-floating tensor, or q and k of different dtypes.
+        ValueError: wrong ranks, mismatched B / T / D between q, k, cos and sin, odd D, devices differ, or
+            unsqueeze_dim not in (1, 2).
     """
-    if interpreter_enabled() or device.type != "cuda":
-        return max(1, (1 << 16) // block_half), 4
-    return max(1, HALF_TILE // block_half), TILE_WARPS
+    _checks.tensor("q", q, floating=True, ndim=4)
+    _checks.tensor("k", k, floating=True, ndim=4)
+    _checks.tensor("cos", cos, floating=True, ndim=3)
+    _checks.tensor("sin", sin, floating=True, ndim=3)
+    _checks.same_device(q=q, k=k, cos=cos, sin=sin)
+    _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    t_axis = 2 if unsqueeze_dim == 1 else 1
+    B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
+    if D == 0 or D % 2:
+        raise ValueError(f"q's head dimension must be even and positive, got shape {tuple(q.shape)}")
+    if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
+        raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
+                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != D:
+            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {D}), got {tuple(t.shape)}")
+    if select_backend("rope", q) == "reference":
+        return ref.rope(q, k, cos, sin, unsqueeze_dim)
+    from ..kernels import rope as kr
+
+    run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
+    return run(q, k, cos, sin, unsqueeze_dim)
 
 
-def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
-               inplace: bool = False):
-    """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
-
-    q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, D).
-    Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
-    ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
-    (each row is read before it is written, by the same program), which are returned; q and k must then be
-    separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
-    """
-    qv, kv = _heads_first(q, unsqueeze_dim), _heads_first(k, unsqueeze_dim)
-    B, HQ, T, D = qv.shape
-    HKV = kv.shape[1]
-    qo = (q if inplace else torch.empty_like(q)) if need_q else None
-    ko = (k if inplace else torch.empty_like(k)) if need_k else None
-    qov = _heads_first(qo, unsqueeze_dim) if need_q else qv
-    kov = _heads_first(ko, unsqueeze_dim) if need_k else kv
-    if B * T == 0 or (qo is None and ko is None):
-        return qo, ko
-    half = D // 2
-    block_half = next_pow2(half)
-    block_r, warps = _rows_config(block_half, q.device)
-    nq = B * T * HQ if need_q else 0
-    nk = B * T * HKV if need_k else 0
-    progs_q = cdiv(nq, block_r)
-    cb = (lambda c: 0 if c.shape[0] == 1 else c.stride(0))
-    _rope_kernel[(progs_q + cdiv(nk, block_r),)](
-        qv, kv, qov, kov, cos, sin, T, HQ, HKV, nq, nk, progs_q,
-        *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
-        cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward,
-        ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
-    )
-    return qo, ko
+# ---- the record ----------------------------------------------------------------------------------------------------
+def _shape(m) -> dict:
+    return {"tokens": m.batch * m.seq, "batch": m.batch, "seq": m.seq, "heads": m.heads, "kv_heads": m.kv_heads,
+            "head_dim": m.head_dim, "theta": m.rope_theta}
 
 
-class RoPEFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(q, k, cos, sin, unsqueeze_dim)``. cos and sin receive no gradient (None)."""
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """q (B, heads, T, head_dim) and k (B, kv_heads, T, head_dim) as HF attention makes them (transposed views of
+    the (B, T, H * D) projections), cos / sin (1, T, head_dim) HF tables for the model's theta, in the input dtype."""
+    b, t, d = s["batch"], s["seq"], s["head_dim"]
+    q = randn(gen, (b, t, s["heads"] * d), dtype, device).view(b, t, s["heads"], d).transpose(1, 2)
+    k = randn(gen, (b, t, s["kv_heads"] * d), dtype, device).view(b, t, s["kv_heads"], d).transpose(1, 2)
+    inv_freq = 1.0 / s.get("theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    emb = torch.cat((torch.arange(t, dtype=torch.float32)[:, None] * inv_freq,) * 2, dim=-1)[None]
+    return dict(q=q, k=k, cos=emb.cos().to(device, dtype), sin=emb.sin().to(device, dtype))
 
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
-        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False)
-        ctx.save_for_backward(cos, sin)
-        ctx.unsqueeze_dim = unsqueeze_dim
-        return q_embed, k_embed
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dq_embed, dk_embed):
-        cos, sin = ctx.saved_tensors
-        need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dq, dk = rope_apply(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, backward=True,
-                            need_q=need_q, need_k=need_k)
-        return dq, dk, None, None, None
+RECORDS = (OpSpec(
+    name="rope",
+    summary="rotary position embedding of q and k (HF rotate-half layout)",
+    fn=rope,
+    reference=ref.rope,
+    original=ref.rope,
+    original_name="HF apply_rotary_pos_emb (tigon.reference.rope)",
+    make_inputs=_inputs,
+    shape_of=_shape,
+    size_format="batch x seq x (q heads + kv heads) x head_dim",
+    size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}",
+    grad_inputs=("q", "k"),
+    category="rotary",
+    # read q, k, write both; backward: read dq, dk, write both (cos / sin come from cache)
+    min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 4) * s["batch"] * s["seq"] * s["head_dim"]
+    * (s["heads"] + s["kv_heads"]) * e,
+    peers={"liger": liger("liger_rope", "q", "k", "cos", "sin")},
+    cases=(Case(),),
+),)

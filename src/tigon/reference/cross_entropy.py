@@ -24,12 +24,26 @@ section 5); logit soft-capping from Gemma 2 (Gemma Team 2024).
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
 import torch
 
 from .. import _checks
 
 REDUCTIONS = ("mean", "sum", "none")
+
+
+class LossOutput(NamedTuple):
+    """Returned by the cross-entropy ops when an extra output is requested.
+
+    loss: scalar (or (N,) for reduction="none"), float32, includes the z-loss term.
+    z_loss: the z-loss part alone (``lse_square_scale * lse**2``, reduced like loss), or None.
+    accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32), or None.
+    """
+
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None = None
+    accuracy: torch.Tensor | None = None
 
 
 def check_loss_options(
@@ -138,7 +152,7 @@ def cross_entropy(
         lse_square_scale: z-loss coefficient (PaLM uses 1e-4); the z term is part of the returned loss.
         softcap: if given, ``logits := softcap * tanh(logits / softcap)`` first (Gemma 2 final soft-capping).
         num_items_in_batch: if given (int or 0-d tensor), loss = summed loss / num_items_in_batch.
-        return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` instead of the loss.
+        return_z_loss, return_accuracy: return a :class:`LossOutput` instead of the loss.
         inplace_backward, grad_in_forward: accepted for signature parity; the reference never writes into
             ``logits``.
 
@@ -192,8 +206,6 @@ def cross_entropy(
     loss = reduce(per_token)
     if not (return_z_loss or return_accuracy):
         return loss
-    from ..functional import LossOutput
-
     z_out = reduce(z).detach() if return_z_loss else None
     acc = None
     if return_accuracy:

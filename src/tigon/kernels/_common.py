@@ -6,6 +6,7 @@ Kept deliberately small; every op file imports from here instead of re-deriving 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -114,3 +115,32 @@ def check_row_width(n: int, name: str) -> None:
     """Raise ValueError when a row of ``n`` elements is too long for a one-pass row kernel."""
     if n > MAX_FUSED_ROW:
         raise ValueError(f"{name}: last dimension {n} exceeds the fused-row limit {MAX_FUSED_ROW}")
+
+
+# ---- torch.library custom ops (the torch.compile path of every op; see tigon.kernels) -------------------------
+# Inductor hands a custom op exactly the input strides it was traced with (torch 2.13's default for custom ops,
+# stated here for releases with another default), so outputs whose strides follow the inputs' (rope's empty_like)
+# get the strides the fake implementation gave them.
+CUSTOM_OP_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
+
+
+def if_wanted(t: torch.Tensor, wanted: bool) -> torch.Tensor | None:
+    """A gradient output of a backward op for autograd: None where it was not computed (a (0,) placeholder)."""
+    return t if wanted else None
+
+
+def or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``t``, or the (0,) placeholder of an output that was not computed (custom ops cannot return None)."""
+    return t if t is not None else like.new_empty((0,))
+
+
+def rows_of(x: torch.Tensor) -> int:
+    """M of the (M, N) row view of x (..., N); symbolic-shape friendly."""
+    return math.prod(x.shape[:-1])
+
+
+def num_items_tensor(num_items, device: torch.device) -> torch.Tensor | None:
+    """``num_items_in_batch`` as the optional 0-d fp32 tensor the loss ops' schemas carry."""
+    if num_items is None or isinstance(num_items, torch.Tensor):
+        return num_items
+    return torch.tensor(float(num_items), dtype=torch.float32, device=device)

@@ -1,0 +1,535 @@
+"""Fused linear + cross-entropy: the LM-head loss without the (N, V) logits.
+
+The approach of Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024) and, in spirit, Apple's Cut
+Cross-Entropy (Wijmans et al. 2024): tokens are processed in chunks of ``rows`` so that only a (rows, V)
+logits buffer ever exists. Per chunk:
+
+1. ``logits = hidden_chunk @ weight.T (+ bias)`` by torch (cuBLAS), ``out=`` the preallocated chunk buffer;
+2. the cross-entropy Triton kernel of :mod:`tigon.kernels.cross_entropy` reads the chunk (fp32 math, online
+   log-sum-exp over vocabulary blocks), writes per-token loss / lse, and - when gradients are wanted - a
+   second pass overwrites the chunk buffer in place with ``d loss / d logits`` (``logit_scale`` and the
+   soft-cap derivative included);
+3. ``grad_hidden_chunk = grad_logits @ weight`` and ``grad_weight += grad_logits.T @ hidden_chunk`` (and
+   ``grad_bias += grad_logits.sum(0)``), accumulated in fp32 buffers and cast to the parameters' dtypes at
+   the end.
+
+For a scalar loss (mean / sum) the gradients are computed during the forward (3 matmuls in all) for an
+upstream gradient of 1 and scaled by the real upstream scalar in backward. For ``reduction="none"`` only the
+per-token lse is saved; the backward recomputes the logits chunk by chunk and applies the per-token upstream
+gradient (4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is
+computed. The caller's tensors are never written.
+
+Low-memory accumulation (``lean``, ``accum_dtype=`` the weight's dtype in :func:`tigon.functional.fused_linear_cross_entropy`):
+grad_hidden and grad_weight are written straight into tensors of the parameters' dtypes, grad_weight
+accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), and chunks hold at most
+``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB, as
+Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
+
+Matmul precision: chunks run in the compute dtype (the inputs' dtype, or the autocast dtype). Products that
+are accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scalar path) go to fp32
+buffers: on CUDA through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU
+through fp32 copies of the operands (one small allocation per chunk), otherwise through a low-precision
+temporary added into the fp32 buffer (one extra rounding per chunk).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..support import interpreter_enabled
+from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, num_items_tensor, or_empty
+from .cross_entropy import (
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses,
+)
+
+# Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
+# buffer, which costs a read and a write of that buffer (8*V*H bytes) for 2*rows*V*H FLOPs: rows/4 FLOP per
+# byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take rows = H
+# (at least MIN_CHUNK_ROWS_CUDA) within a memory budget: the loss's peak extra memory is the fp32 accumulator plus
+# the chunk buffer (4VH + rows*V*2 bytes in bf16; the cast at the end writes into the accumulator's own memory, see
+# RowHalves), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at Llama-3-8B's head) bounds the
+# sum; where the accumulator alone exceeds it, chunks shrink to H/2 rows and no further, since every chunk beyond
+# the minimum costs one more read and write of the accumulator (8VH bytes: about 1.7 ms at Gemma-2's 256k x 3584
+# head). At 8192 tokens: Llama-3 (128k vocabulary) 2 chunks, Qwen2 (152k) 3, Gemma-2 (256k) 5. End to end (4
+# layers, 4 x 2048 tokens, AdamW; benchmarks/results/h200/session5/e2e_gemma2-9b_4l_chunk2p*.json) Gemma-2's peak
+# went 26.63 / 26.30 / 26.11 GiB for 3 / 4 / 5 chunks (Liger-Kernel: 26.20) at 40.95k / 39.99k / 39.41k tokens/s.
+# MAX_CHUNK_ELEMS_CUDA (2**30 logits) only guards absurd shapes. On CPU / under the interpreter a small cap keeps
+# memory low; tests lower these to force several chunks.
+# Measured on an H200 (torch 2.11, bf16, mean loss, forward + backward; benchmarks/results/h200/flce_h200.json):
+#   N=8K, H=4K, V=128K: rows 1024 / 2048 / 4096 / 8192 -> 45.4 / 42.6 / 40.5 / 41.2 ms; peak extra memory
+#                       3.35 GB for all but 8192 rows (4.34 GB). torch.compile 39.2 ms, 3.0 GiB.
+#   Earlier: N=16K, H=2K, V=256K: 256-row chunks 166.7 ms; rows=H (1024) 96.7 ms; torch 129.3 ms.
+# Low-memory accumulation (``lean``: grad_weight accumulated in the weight's dtype, no fp32 buffer) keeps the
+# chunk buffer at max(LEAN_CHUNK_ELEMS, N*H) logits: 64 MiB in bf16, or as large as the hidden states themselves
+# for long batches, Liger-Kernel's rule (V/H chunks of N/(V/H) rows), so that the number of chunks, each re-reading
+# and re-writing grad_weight, stays about V/H. (At N=32K, H=4K, V=128K a fixed 64 MiB chunk measured 220.6 ms
+# against Liger's 162.9 ms with this rule; the rule itself is not yet measured here.)
+# Measured (same file, N=8K, H=4K, V=128K): 2**24 / 2**25 / 2**26 / 2**27 logits (128 .. 1024 rows) ->
+# 91.9 / 55.4 / 45.7 / 41.9 ms, peak extra 1.07 / 1.10 / 1.16 / 1.29 GiB: every chunk re-reads and re-writes the
+# whole bf16 grad_weight, so small chunks are bandwidth-bound.
+MAX_CHUNK_ELEMS_CUDA = 1 << 30
+FLCE_BUDGET_BYTES_CUDA = 3 << 30
+MIN_CHUNK_ROWS_CUDA = 256
+MAX_CHUNK_ELEMS_CPU = 1 << 18
+LEAN_CHUNK_ELEMS = 1 << 25
+LEAN_MIN_ROWS = 128
+
+
+def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
+               fp32_weight_grad: bool = False, elem_bytes: int = 2) -> int:
+    """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
+    the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
+    FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
+    of 16 if possible."""
+    if device.type == "cuda" and not interpreter_enabled():
+        if lean:
+            max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
+        else:
+            max_rows = max(hidden, MIN_CHUNK_ROWS_CUDA)
+            if fp32_weight_grad:
+                spare = FLCE_BUDGET_BYTES_CUDA - 4 * vocab * hidden
+                max_rows = min(max_rows, max(max_rows // 2, spare // max(vocab * elem_bytes, 1)))
+            max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+        max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
+    else:
+        max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
+    max_rows = max(1, max_rows)
+    if n <= max_rows:
+        return max(n, 1)
+    rows = cdiv(n, cdiv(n, max_rows))
+    rows16 = cdiv(rows, 16) * 16
+    return rows16 if rows16 <= max_rows else rows
+
+
+_FP32_OUT: dict[str, bool] = {}
+
+
+def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch.mm/addmm(..., out_dtype=torch.float32, out=...)`` works for ``dtype`` inputs here.
+
+    Probed once per (device, dtype) on a 16x16 product (one host sync), since the dtype overloads of mm/addmm
+    exist on CUDA only and only in recent torch releases.
+    """
+    key = f"{device}/{dtype}"
+    if key not in _FP32_OUT:
+        ok = False
+        if device.type == "cuda" and not interpreter_enabled():
+            try:
+                a = torch.ones(16, 16, device=device, dtype=dtype)
+                acc = torch.ones(16, 16, device=device, dtype=torch.float32)
+                torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+                res = torch.empty(16, 16, device=device, dtype=torch.float32)
+                torch.mm(a, a, out_dtype=torch.float32, out=res)
+                ok = bool((acc == 17).all()) and bool((res == 16).all())
+            except (RuntimeError, TypeError, NotImplementedError):
+                ok = False
+        _FP32_OUT[key] = ok
+    return _FP32_OUT[key]
+
+
+class _Matmuls:
+    """The chunk matmuls, writing into preallocated buffers (see the module docstring for the precision)."""
+
+    def __init__(self, device: torch.device, cd: torch.dtype):
+        self.low = cd != torch.float32
+        self.out_dtype = self.low and _fp32_out_supported(device, cd)
+        self.upcast = self.low and not self.out_dtype and device.type != "cuda"
+        self.tmp: dict[tuple, torch.Tensor] = {}
+
+    def _scratch(self, shape, like):
+        key = (tuple(shape), like.dtype)
+        t = self.tmp.get(key)
+        if t is None:
+            t = self.tmp[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return t
+
+    def logits(self, out, h, w, b):
+        if b is None:
+            torch.mm(h, w.t(), out=out)
+        else:
+            torch.addmm(b, h, w.t(), out=out)
+
+    def mm(self, out, a, b):
+        """out = a @ b, where out may be fp32 while a, b are in the compute dtype."""
+        if out.dtype == a.dtype:
+            torch.mm(a, b, out=out)
+        elif self.out_dtype:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+        elif self.upcast:
+            torch.mm(a.float(), b.float(), out=out)
+        else:
+            out.copy_(torch.mm(a, b, out=self._scratch(out.shape, a)))
+
+    def addmm_(self, acc, a, b):
+        """acc += a @ b, acc fp32 or (lean accumulation) in a's dtype."""
+        if not self.low or acc.dtype == a.dtype:
+            acc.addmm_(a, b)
+        elif self.out_dtype:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        elif self.upcast:
+            acc.addmm_(a.float(), b.float())
+        else:
+            acc.add_(torch.mm(a, b, out=self._scratch(acc.shape, a)))
+
+    def colsum_(self, acc, g):
+        """acc (fp32, (V,)) += g.sum(0) in fp32."""
+        acc.add_(torch.sum(g, dim=0, dtype=torch.float32, out=self._scratch(acc.shape, acc)))
+
+    def chunk_grads(self, g, hs, w, gh_rows, gw, gb, first: bool):
+        """One chunk's share of the gradients from its logits gradient ``g`` (rows, V) and hidden rows ``hs``:
+        ``gh_rows = g @ w``, ``gw += g.T @ hs``, ``gb += g.sum(0)`` (each skipped when its buffer is None).
+        ``first``: the first chunk, which writes gw instead of adding to it (gw starts uninitialised: no zero fill
+        and no read of zeros, 2 x 4VH bytes; about 1 ms at Llama-3's head by bytes over copy bandwidth, not timed on
+        its own)."""
+        if gh_rows is not None:
+            self.mm(gh_rows, g, w)
+        if isinstance(gw, RowHalves):
+            gw.addmm_(self, g, hs, first)
+        elif gw is not None:
+            (self.mm if first else self.addmm_)(gw, g.t(), hs)
+        if gb is not None:
+            self.colsum_(gb, g)
+
+
+class RowHalves:
+    """The fp32 (V, H) grad_weight accumulator held as two row blocks (rows [0, Va) and [Va, V), Va = ceil(V/2)
+    rounded up to a multiple of 8), so that :meth:`finish` can write the 2-byte result into the first block's own
+    memory (Va >= V/2 rows of fp32 hold V rows of bf16): the result then costs no allocation, where a plain cast
+    holds the fp32 buffer and the new (V, H) tensor at once (4VH + 2VH bytes; 2VH saved, 1.7 GiB for Gemma-2's
+    256k x 3584 head). Eager path only (the compiled graph plans its own buffers)."""
+
+    FIRST = 1 << 20  # elements cast through a copy before the doubling ranges (tests lower it)
+
+    def __init__(self, vocab: int, hidden: int, device: torch.device, zero: bool = True):
+        """``zero=False``: uninitialised blocks (the first chunk writes them, see :meth:`_Matmuls.chunk_grads`)."""
+        # ceil(V/2) rounded up to 8 rows: the second block's columns of a bf16 logits chunk start 16-byte aligned
+        self.split = min(vocab, ((vocab + 1) // 2 + 7) // 8 * 8)
+        self.shape = (vocab, hidden)
+        new = torch.zeros if zero else torch.empty
+        self.a = new((self.split, hidden), dtype=torch.float32, device=device)
+        self.b = new((vocab - self.split, hidden), dtype=torch.float32, device=device)
+
+    def addmm_(self, mm: "_Matmuls", g: torch.Tensor, hs: torch.Tensor, first: bool) -> None:
+        """``+= g.T @ hs`` (``first``: ``=``) for a logits-gradient chunk ``g`` (rows, V) and its hidden rows ``hs``
+        (rows, H)."""
+        op = mm.mm if first else mm.addmm_
+        op(self.a, g[:, : self.split].t(), hs)
+        op(self.b, g[:, self.split:].t(), hs)
+
+    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """``(accumulator * scale).to(dtype)`` as a contiguous (V, H) tensor in block a's memory (2-byte ``dtype``);
+        the accumulator is consumed. fp32 ``dtype``: a new tensor (the two blocks concatenated).
+
+        Element i of the result occupies bytes [2i, 2i + 2) of a, whose fp32 element i sits at [4i, 4i + 4): ranges
+        [lo, 2 lo) are written after every element below lo was read, and read bytes [4 lo, 8 lo) that the write
+        [2 lo, 4 lo) does not touch; block b then goes to bytes [4 Va H / 2, ...) of a, all read already.
+        """
+        a, b = self.a.view(-1), self.b.view(-1)
+        self.a = self.b = None
+        if dtype.itemsize != 2:
+            out = torch.cat((a, b)).view(self.shape)
+            return (out.mul_(scale) if scale is not None else out).to(dtype)
+        out = a.view(dtype)
+
+        def put(dst, src):
+            if scale is None:
+                dst.copy_(src)
+            else:
+                torch.mul(src, scale, out=dst)
+
+        n = a.numel()
+        lo = min(n, self.FIRST)
+        put(out[:lo], a[:lo].clone())  # the first range overlaps itself: through a small copy
+        while lo < n:
+            hi = min(2 * lo, n)
+            put(out[lo:hi], a[lo:hi])
+            lo = hi
+        put(out[n: n + b.numel()], b)
+        del b
+        return out[: self.shape[0] * self.shape[1]].view(self.shape)
+
+
+def _operands(hidden, weight, bias, cd: torch.dtype):
+    """hidden (contiguous), weight and bias in the matmul dtype ``cd`` (no copy when already so)."""
+    h = hidden.to(cd)
+    return (h if h.is_contiguous() else h.contiguous(), weight.to(cd),
+            bias.to(cd) if bias is not None else None)
+
+
+def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
+    """Whether :func:`flce_forward` forms the gradients (for an upstream gradient of 1): for a scalar loss
+    (``reduction`` "mean" / "sum"; num_items_in_batch is only accepted with those) when any of ``need`` (grad
+    for hidden, weight, bias) is set. The one statement of that rule, for the eager and the compiled paths."""
+    return reduction != "none" and any(need)
+
+
+def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
+    """The forward-formed gradients ``grads`` (gh, gw, gb; None where absent) times the upstream scalar
+    ``grad_loss``, cast to ``dtypes`` (hidden's, weight's, bias's; a no-op cast where already so). ``inplace``
+    scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
+    tensors and passes False."""
+    g = grad_loss.to(torch.float32).reshape(())
+    return tuple(finish_grad(t, g, dt, inplace) for t, dt in zip(grads, dtypes))
+
+
+def finish_grad(t, scale: torch.Tensor | None, dtype: torch.dtype, inplace: bool = True):
+    """An accumulated gradient (a tensor, a :class:`RowHalves` or None) times ``scale`` (0-d fp32, or None for no
+    scaling), cast to ``dtype``; ``inplace`` scales the tensor itself (a RowHalves is always consumed)."""
+    if t is None or isinstance(t, RowHalves):
+        return t if t is None else t.finish(scale, dtype)
+    if scale is not None:
+        t = t.mul_(scale) if inplace else t.mul(scale)
+    return t.to(dtype)
+
+
+def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: bool = False):
+    """(gh, gw, gb) accumulators (None where not needed).
+
+    Default: fp32 (one rounding to the parameters' dtypes at the end; grad_hidden stays fp32 only on the scalar
+    path, where it is scaled later). ``lean``: grad_hidden and grad_weight directly in the parameters' dtypes
+    when those equal the compute dtype ``cd`` (no (V, H) fp32 buffer; one rounding per chunk for grad_weight);
+    grad_bias, (V,), always fp32. ``halves`` (eager calls): an fp32 grad_weight for a 2-byte weight is a
+    :class:`RowHalves`, cast in place at the end.
+    """
+    need_h, need_w, need_b = need
+    dev = hidden.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    low_h = hidden.dtype == cd and (lean or not scalar)
+    gh = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype if low_h else torch.float32, device=dev) \
+        if need_h else None
+    gw = None
+    if need_w and halves and not (lean and weight.dtype == cd) and weight.element_size() == 2:
+        gw = RowHalves(weight.shape[0], weight.shape[1], dev, zero=n == 0)
+    elif need_w:
+        # Uninitialised when a chunk will write it (see _Matmuls.chunk_grads); zeros for an empty batch.
+        gw = (torch.zeros if n == 0 else torch.empty)(
+            weight.shape, dtype=weight.dtype if lean and weight.dtype == cd else torch.float32, device=dev)
+    gb = torch.zeros((weight.shape[0],), **f32) if need_b else None
+    return gh, gw, gb
+
+
+def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
+                 cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
+                 halves: bool = False):
+    """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
+
+    ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``halves``: see
+    :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`).
+    Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh, gw, gb) or None).
+    """
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    h, w, b = _operands(hidden, weight, bias, cd)
+    target = target.contiguous()
+    cw, cw_sum = class_weight_args(class_weight, dev)
+    precompute = grads_in_forward(reduction, need)
+    # the gradients' scale is needed before the chunks (the loss itself is reduced after them)
+    scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3] if precompute else None
+    f32 = dict(dtype=torch.float32, device=dev)
+    loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    correct = torch.empty(n, **f32) if want_acc else None
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
+    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize)
+    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    with torch.autocast(dev.type, enabled=False):
+        mm = _Matmuls(dev, cd)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg, hs = buf[: e - s], h[s:e]
+            mm.logits(lg, hs, w, b)
+            ce_rows_forward(
+                lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], lse[s:e],
+                correct[s:e] if correct is not None else None,
+                grad_coef=scale, grad_out=lg,
+            )
+            if precompute:
+                mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+    loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
+                                    correct)
+    return loss, z, acc, lse, ((gh, gw, gb) if precompute else None)
+
+
+def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, lse, opts: LossOptions,
+                       cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False):
+    """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
+    ``lean``, ``halves``: as :func:`flce_forward`.
+
+    Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
+    """
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    h, w, b = _operands(hidden, weight, bias, cd)
+    cw, cw_sum = class_weight_args(class_weight, dev)
+    coef = grad_rows.to(torch.float32)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize)
+    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    with torch.autocast(dev.type, enabled=False):
+        mm = _Matmuls(dev, cd)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg, hs = buf[: e - s], h[s:e]
+            mm.logits(lg, hs, w, b)
+            ce_rows_backward(lg, target[s:e], cw, cw_sum, lse[s:e], opts, coef[s:e], lg)
+            mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+    return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
+            finish_grad(gb, None, bias.dtype if bias is not None else None))
+
+
+class FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd,
+    need, want_acc)``. ``need`` = (grad for hidden, weight, bias) decided by the caller (grad mode and
+    requires_grad), ``cd`` the matmul dtype. Returns (loss, z_loss, accuracy-or-zero), the last two
+    non-differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
+                lean=False):
+        loss, z, acc, lse, grads = flce_forward(
+            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True)
+        if acc is None:
+            acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        if grads is None and reduction == "none" and any(need):
+            ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, lse)
+        ctx.mark_non_differentiable(z, acc)
+        # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
+        ctx.set_materialize_grads(False)
+        return loss, z, acc
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, grad_loss, _grad_z, _grad_acc):
+        none = (None,) * 9
+        if not any(ctx.need) or grad_loss is None:
+            return (None, None, None, None) + none[:8]
+        if ctx.done:
+            raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph; "
+                               "for a mean/sum loss the gradients are formed once in the forward and released by "
+                               "the first backward, so retain_graph=True cannot replay it")
+        if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward
+            ctx.done = True
+            grads, ctx.grads = ctx.grads, None
+            gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
+        else:
+            hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
+            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, ctx.opts,
+                                            ctx.cd, ctx.need, ctx.lean, True)
+        return (gh, gw, None, gb) + none[:8]
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::fused_linear_cross_entropy", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], class_weight: Optional[Tensor],
+          num_items: Optional[Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
+          softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
+          need_weight: bool, need_bias: bool, want_acc: bool,
+          lean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, z_loss, accuracy, lse, grad_hidden, grad_weight, grad_bias).
+
+    loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
+    lse: (N,) fp32. For a scalar reduction with a gradient needed, the gradients of the loss for an upstream
+    gradient of 1, computed during the forward as in eager mode (the backward only scales and casts them):
+    grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
+    ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
+    equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
+    saves them for its backward like any activation.
+    """
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    need = (need_hidden, need_weight, need_bias)
+    loss, z, acc, lse, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
+                                            cd, need, want_acc, lean)
+    if acc is None:
+        acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    gh, gw, gb = grads if grads is not None else (None, None, None)
+    return loss, z, acc, lse, or_empty(gh, lse), or_empty(gw, lse), or_empty(gb, lse)
+
+
+@_flce.register_fake
+def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
+      softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean):
+    n = hidden.shape[0]
+    loss_shape = (n,) if reduction == "none" else ()
+    f32 = dict(dtype=torch.float32)
+    empty = hidden.new_empty((0,), **f32)
+    need = (need_hidden, need_weight, need_bias)
+    if grads_in_forward(reduction, need):
+        # The real allocator on fake tensors: the same shapes and dtypes as the kernel path, by construction.
+        grads = [or_empty(g, empty) for g in grad_buffers(n, hidden, weight, cd, need, lean, True)]
+    else:
+        grads = [empty, empty.new_empty((0,)), empty.new_empty((0,))]
+    return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32), hidden.new_empty((), **f32),
+            hidden.new_empty((n,), **f32), *grads)
+
+
+@torch.library.custom_op("tigon::fused_linear_cross_entropy_backward_rows", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
+                        class_weight: Optional[Tensor], lse: Tensor, ignore_index: int, label_smoothing: float,
+                        lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
+                        need_hidden: bool, need_weight: bool, need_bias: bool,
+                        lean: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
+    the inputs' shapes and dtypes, (0,) where not needed."""
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, lse, opts,
+                                    cd, (need_hidden, need_weight, need_bias), lean)
+    return or_empty(gh, lse), or_empty(gw, lse), or_empty(gb, lse)
+
+
+@_flce_backward_rows.register_fake
+def _(grad_rows, hidden, weight, target, bias, class_weight, lse, ignore_index, label_smoothing, lse_square_scale,
+      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean):
+    empty = lse.new_empty((0,))
+    return (hidden.new_empty(hidden.shape) if need_hidden else empty,
+            weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
+            bias.new_empty(bias.shape) if need_bias and bias is not None else empty.new_empty((0,)))
+
+
+def _flce_setup(ctx, inputs, output):
+    (hidden, weight, target, bias, class_weight, _num_items, *scalars) = inputs
+    ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean \
+        = scalars
+    ctx.need = (nh, nw, nb)
+    ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+    ctx.scalar = grads_in_forward(reduction, ctx.need)
+    if ctx.scalar:
+        ctx.save_for_backward(*output[4:])
+    else:
+        ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[3])
+        ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean)
+
+
+def _flce_grad(ctx, grad_loss, *_unused):
+    nones = (None,) * 14
+    if not any(ctx.need):
+        return (None,) * 4 + nones
+    if ctx.scalar:
+        saved = [t if wanted else None for t, wanted in zip(ctx.saved_tensors, ctx.need)]
+        gh, gw, gb = scale_grads(saved, grad_loss, ctx.dtypes, inplace=False)
+    else:
+        hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
+        outs = _flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, *ctx.scalars)
+        gh, gw, gb = (if_wanted(t, wanted) for t, wanted in zip(outs, ctx.need))
+    return (gh, gw, None, gb) + nones
+
+
+_flce.register_autograd(_flce_grad, setup_context=_flce_setup)
+
+
+def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction, num_items,
+                               cd, need, want_acc, lean=False):
+    """``FusedLinearCrossEntropyFunction.apply`` as the ``tigon::fused_linear_cross_entropy`` custom op:
+    (loss, z_loss, accuracy)."""
+    loss, z, acc, *_ = _flce(
+        hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
+        opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, reduction, cd, need[0],
+        need[1], need[2], want_acc, lean)
+    return loss, z.detach(), acc.detach()

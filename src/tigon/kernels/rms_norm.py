@@ -1,0 +1,120 @@
+"""RMSNorm autograd op (Zhang & Sennrich 2019; HF LlamaRMSNorm / GemmaRMSNorm semantics).
+
+The kernels are shared with LayerNorm in :mod:`tigon.kernels.norm` (constexpr IS_RMS): one forward pass over the
+rows, a persistent-grid backward with per-program fp32 dW partials and a second small reduction (no atomics).
+Minimal bytes (bf16): forward 2*M*N*2, backward 3*M*N*2.
+
+:func:`rms_norm_forward` and :func:`rms_norm_backward` are the two kernel entry points; :class:`RMSNormFunction`
+(eager) and the ``tigon::rms_norm`` custom ops of this module (below) (torch.compile) both call them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, or_empty, rows_of
+from .norm import norm_backward, norm_forward
+
+
+def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
+    """The dtype of y: x's for ``"gemma"``, else the promotion of x's and weight's dtypes."""
+    return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
+
+
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
+    """Normalise x (..., N) (any strides) with weight (N,).
+
+    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: the (M, N) rows of x with unit column stride, a
+    view of x where possible; rstd: (M,) fp32).
+    """
+    x2 = as_rows(x, "x")
+    y, _, rstd = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
+                              round_xhat=casting_mode == "llama",
+                              out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode))
+    return y.view(*x.shape[:-1], y.shape[-1]), x2, rstd
+
+
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
+                      need_dw: bool):
+    """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
+
+    Returns (dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or None unless ``need_dw``).
+    """
+    dx, dw, _ = norm_backward(dy, as_rows(x, "x"), weight, None, rstd, need_dw, False, is_rms=True, offset=offset)
+    return dx.view(x.shape), (dw.to(weight.dtype) if need_dw else None)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode)`` with x (..., N), weight (N,).
+
+    casting_mode ``"llama"`` rounds the normalised value to x's dtype before the weight multiply and returns the
+    promotion of x's and weight's dtypes; ``"gemma"`` returns x's dtype; ``"none"`` the promotion. Statistics and
+    gradients are computed in fp32 in every mode.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, offset, casting_mode):
+        y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.offset = offset
+        ctx.x_shape = x.shape
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dy):
+        x2, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1])
+        return dx.view(ctx.x_shape), dw, None, None, None
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::rms_norm", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
+    """(y: x's shape, contiguous, :func:`~tigon.kernels.rms_norm.output_dtype`; rstd: (M,) fp32)."""
+    y, _, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
+    return y, rstd
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps, offset, casting_mode):
+    return (x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight.dtype, casting_mode)),
+            x.new_empty((rows_of(x),), dtype=torch.float32))
+
+
+@torch.library.custom_op("tigon::rms_norm_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
+                       need_dw: bool) -> tuple[Tensor, Tensor]:
+    """(dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or (0,) unless ``need_dw``)."""
+    dx, dw = rms_norm_backward(dy, x, weight, rstd, offset, need_dw)
+    return dx, or_empty(dw, weight)
+
+
+@_rms_norm_backward.register_fake
+def _(dy, x, weight, rstd, offset, need_dw):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape if need_dw else (0,))
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps, offset, _mode = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.offset = offset
+
+
+def _rms_norm_grad(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = _rms_norm_backward(dy, x, weight, rstd, ctx.offset, need_dw)
+    return dx, if_wanted(dw, need_dw), None, None, None
+
+
+_rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+def compiled_rms_norm(x, weight, eps, offset, casting_mode):
+    """``RMSNormFunction.apply`` as the ``tigon::rms_norm`` custom op: y (x's shape)."""
+    return _rms_norm(x, weight, eps, offset, casting_mode)[0]

@@ -1,0 +1,223 @@
+"""Rotary position embedding: Triton forward and backward (RoFormer, Su et al. 2021; HF rotate-half layout).
+
+With the head dimension split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` (and likewise c1, c2 of cos and
+s1, s2 of sin), HF's ``x * cos + rotate_half(x) * sin`` is
+
+    y1 = x1 * c1 - x2 * s1        y2 = x2 * c2 + x1 * s2
+
+and its transpose, the backward, is
+
+    dx1 = dy1 * c1 + dy2 * s2     dx2 = dy2 * c2 - dy1 * s1
+
+Both are ``y1 = x1 * c1 + x2 * sa``, ``y2 = x2 * c2 + x1 * sb`` with ``(sa, sb) = (-s1, s2)`` forward and
+``(s2, -s1)`` backward, so one kernel does both (constexpr ``BACKWARD``). No assumption that c1 == c2 is made:
+any cos/sin tensors get the exact transpose.
+
+The rows of q and k (one per batch, position and head) are rotated in [BLOCK_R, D/2] tiles: a program takes
+BLOCK_R consecutive rows, finds each row's (batch, position, head) from its index and the strides, and gathers
+that position's cos and sin in fp32 (the H rows of a position read the same values from cache, as
+torch.compile's generated kernel does). One launch covers q's rows then k's. q and k are addressed through all
+four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place, and
+there consecutive rows are contiguous in memory.
+
+Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+import triton
+import triton.language as tl
+
+from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, next_pow2, or_empty
+from ..support import interpreter_enabled
+
+
+@triton.jit
+def _rotate_rows(
+    X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
+    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
+    ROW64: tl.constexpr,
+):
+    # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
+    # ROW64: 2**31 rows or more (head dims of 16 and less at > 32 GiB), where the int32 row index would wrap.
+    if ROW64:
+        r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < n_rows
+    h = (r % H).to(tl.int64)
+    bt = r // H
+    b = (bt // T).to(tl.int64)
+    t = (bt % T).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    mask = rmask[:, None] & (d < HALF)[None, :]
+    # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
+    cp = COS + (b * sc_b + t * sc_t)[:, None] + d[None, :] * sc_d
+    sp = SIN + (b * ss_b + t * ss_t)[:, None] + d[None, :] * ss_d
+    c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        sa = s2
+        sb = -s1
+    else:
+        sa = -s1
+        sb = s2
+    xp = X + (b * sx_b + t * sx_t + h * sx_h)[:, None] + d[None, :] * sx_d
+    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * c1 + x2 * sa
+    y2 = x2 * c2 + x1 * sb
+    yp = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None] + d[None, :] * sy_d
+    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, COS, SIN, T, HQ, HKV, NQ, NK, PROGS_Q,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
+    sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
+    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
+    ROW64: tl.constexpr,
+):
+    # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
+    pid = tl.program_id(0)
+    if pid < PROGS_Q:
+        _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
+                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
+    else:
+        _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
+                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
+
+
+def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    """The (B, H, T, D) view of q/k/cos-shaped inputs laid out with the head axis at ``unsqueeze_dim``."""
+    return x if unsqueeze_dim == 1 else x.transpose(1, 2)
+
+
+# Elements of a program's tile per half (BLOCK_R rows x D/2) and its warps; see _rows_config.
+HALF_TILE = 1024
+TILE_WARPS = 2
+
+
+def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
+    """(rows per program, num_warps): a [BLOCK_R, D/2] tile of HALF_TILE elements per half, TILE_WARPS warps.
+
+    H200, bf16, HF layout, Llama-3-8B heads (32 q / 8 kv, D=128), forward, 1k..64k tokens
+    (benchmarks/results/h200/session6/tune4_rope_rms16k.json): 1024-element half tiles (16 rows) with 2 warps were
+    the fastest of 1024..8192 x 2..8 warps at every size: 4.7 / 9.5 / 22.3 / 42.1 / 165.8 / 332.1 us at 1k / 2k /
+    4k / 8k / 32k / 64k tokens, against 4.7 / 9.5 / 22.6 / 43.3 / 172.8 / 347.3 for the per-position kernel it
+    replaced (one program per position and group of heads) and torch.compile's 9.5 / 10.8 / 25.9 / 43.0 / 165.5 /
+    329.4 in the same run. At Gemma-2's D=256 the same tiles (4 rows) were within 1% of the best of 512..2048 x 1..4
+    warps at 16k and 64k tokens, and fwd+bwd 197 us at 16k against 212 for the per-position kernel
+    (session6/tune6_rope_gemma2.json). The interpreter pays per program, so there a program takes 65,536 elements per
+    half.
+    """
+    if interpreter_enabled() or device.type != "cuda":
+        return max(1, (1 << 16) // block_half), 4
+    return max(1, HALF_TILE // block_half), TILE_WARPS
+
+
+def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
+               inplace: bool = False):
+    """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
+
+    q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, D).
+    Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
+    ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
+    (each row is read before it is written, by the same program), which are returned; q and k must then be
+    separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
+    """
+    qv, kv = _heads_first(q, unsqueeze_dim), _heads_first(k, unsqueeze_dim)
+    B, HQ, T, D = qv.shape
+    HKV = kv.shape[1]
+    qo = (q if inplace else torch.empty_like(q)) if need_q else None
+    ko = (k if inplace else torch.empty_like(k)) if need_k else None
+    qov = _heads_first(qo, unsqueeze_dim) if need_q else qv
+    kov = _heads_first(ko, unsqueeze_dim) if need_k else kv
+    if B * T == 0 or (qo is None and ko is None):
+        return qo, ko
+    half = D // 2
+    block_half = next_pow2(half)
+    block_r, warps = _rows_config(block_half, q.device)
+    nq = B * T * HQ if need_q else 0
+    nk = B * T * HKV if need_k else 0
+    progs_q = cdiv(nq, block_r)
+    cb = (lambda c: 0 if c.shape[0] == 1 else c.stride(0))
+    _rope_kernel[(progs_q + cdiv(nk, block_r),)](
+        qv, kv, qov, kov, cos, sin, T, HQ, HKV, nq, nk, progs_q,
+        *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
+        cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
+        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward,
+        ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
+    )
+    return qo, ko
+
+
+class RoPEFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(q, k, cos, sin, unsqueeze_dim)``. cos and sin receive no gradient (None)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
+        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False)
+        ctx.save_for_backward(cos, sin)
+        ctx.unsqueeze_dim = unsqueeze_dim
+        return q_embed, k_embed
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dq_embed, dk_embed):
+        cos, sin = ctx.saved_tensors
+        need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dq, dk = rope_apply(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, backward=True,
+                            need_q=need_q, need_k=need_k)
+        return dq, dk, None, None, None
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::rope", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, backward: bool, need_q: bool,
+          need_k: bool) -> tuple[Tensor, Tensor]:
+    """The rotation of q and k (``backward=False``) or its transpose (``backward=True``).
+
+    Returns outputs shaped, typed and (when dense) strided like q and k (``torch.empty_like``); (0,) for an output
+    whose ``need_*`` is False. The transpose of the transpose is the rotation, so this op is its own backward.
+    """
+    qo, ko = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=backward, need_q=need_q, need_k=need_k)
+    return or_empty(qo, q), or_empty(ko, k)
+
+
+@_rope.register_fake
+def _(q, k, cos, sin, unsqueeze_dim, backward, need_q, need_k):
+    return (torch.empty_like(q) if need_q else q.new_empty((0,)),
+            torch.empty_like(k) if need_k else k.new_empty((0,)))
+
+
+def _rope_setup(ctx, inputs, output):
+    _q, _k, cos, sin, unsqueeze_dim, backward, _nq, _nk = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.unsqueeze_dim, ctx.backward = unsqueeze_dim, backward
+
+
+def _rope_grad(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    gq, gk = _rope(dq, dk, cos, sin, ctx.unsqueeze_dim, not ctx.backward, need_q, need_k)
+    return if_wanted(gq, need_q), if_wanted(gk, need_k), None, None, None, None, None, None
+
+
+_rope.register_autograd(_rope_grad, setup_context=_rope_setup)
+
+
+def compiled_rope(q, k, cos, sin, unsqueeze_dim):
+    """``RoPEFunction.apply`` as the ``tigon::rope`` custom op: (q_embed, k_embed)."""
+    return _rope(q, k, cos, sin, unsqueeze_dim, False, True, True)

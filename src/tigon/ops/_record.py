@@ -1,0 +1,266 @@
+"""The op record (:class:`OpSpec`): one per public op, declared at the bottom of the op's module in :mod:`tigon.ops`.
+
+A record holds everything a workflow needs to know about an op, so that ``tigon verify``, ``tigon bench``,
+``tigon profile``, ``tigon env``, the CLI and the tests iterate :func:`tigon.ops.registry` and name no op
+themselves (the pattern of PyTorch's OpInfo, ``torch/testing/_internal/opinfo/core.py``, with far fewer fields:
+one per question a workflow asks).
+
+This module imports no Triton: records are read before ``TRITON_INTERPRET`` is decided (the CLI lists op names
+while it builds its parser), and the kernels are defined only on the first kernel call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MODES = ("fwd", "fwd_bwd")
+"""The modes ``min_bytes`` and ``flops`` are asked for (``bwd`` is their difference)."""
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes Tigon's kernels take by default (other float dtypes run the reference)."""
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """A model's sizes and family semantics; each op takes its slice with :attr:`OpSpec.shape_of`.
+
+    tokens (batch x sequence, flattened), batch (rope's batch; seq = tokens // batch), hidden, intermediate,
+    heads (query heads), kv_heads, head_dim, vocab: counts. rms_eps, rms_casting_mode, rms_offset: the family's
+    RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. softcap: the final logit soft-cap (Gemma 2),
+    or None. Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    """
+
+    tokens: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    batch: int = 1
+    rms_eps: float = 1e-6
+    rms_casting_mode: str = "llama"
+    rms_offset: float = 0.0
+    rope_theta: float = 10000.0
+    softcap: float | None = None
+
+    @property
+    def seq(self) -> int:
+        """Positions per sequence: ``tokens // batch``."""
+        return max(1, self.tokens // self.batch)
+
+    def odd(self) -> ModelShapes:
+        """The "odd" variant of verify: hidden, intermediate, vocab -> ``(3n/4) | 1``; head_dim -> an even size that
+        is not a power of two; tokens -> odd (batch 1)."""
+        tokens = self.tokens - 1 if self.tokens % 2 == 0 and self.tokens > 2 else self.tokens
+        return dataclasses.replace(self, tokens=tokens, batch=1, hidden=_odd(self.hidden),
+                                   intermediate=_odd(self.intermediate), head_dim=_even_not_pow2(self.head_dim),
+                                   vocab=_odd(self.vocab))
+
+
+def _odd(n: int) -> int:
+    return max(3, (n * 3) // 4) | 1
+
+
+def _even_not_pow2(d: int) -> int:
+    m = max(6, (d * 3 // 4) // 2 * 2)
+    return m + 2 if m & (m - 1) == 0 else m
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named option set of an op.
+
+    label: shown in reports (``"default"``, ``"label_smoothing=0.1"``); unique within an op.
+    options: keyword options passed to the op, its reference and its original after the inputs.
+    inputs: keyword options of :attr:`OpSpec.make_inputs` (e.g. ``ignore_every=4``, ``class_weights=True``).
+    tags: who uses the case: ``"verify"`` (a ``tigon verify`` row), ``"bench"`` (a ``tigon bench`` provider named
+        :attr:`provider`), ``"quick"`` (the tests' small grid).
+    variants: the verify shapes it runs on, a subset of ``("model", "odd")``.
+    fn: what runs instead of the op's :attr:`OpSpec.fn` (e.g. the op on a non-leaf view of its input), or None.
+    provider: the bench provider name of a ``"bench"`` case (``"tigon_inplace"``).
+    unit_upstream: verify's backward takes upstream gradient 1 (``loss.backward()``) instead of a random one.
+    """
+
+    label: str = "default"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset({"verify", "quick"})
+    variants: tuple[str, ...] = ("model", "odd")
+    fn: Callable | None = None
+    provider: str | None = None
+    unit_upstream: bool = False
+
+    def __post_init__(self):
+        unknown = set(self.tags) - {"verify", "bench", "quick"}
+        if unknown:
+            raise ValueError(f"Case {self.label!r}: unknown tags {sorted(unknown)}")
+        if ("bench" in self.tags) != (self.provider is not None):
+            raise ValueError(f"Case {self.label!r}: a bench case needs a provider name, and only a bench case has one")
+        if not set(self.variants) <= {"model", "odd"}:
+            raise ValueError(f"Case {self.label!r}: variants must be a subset of ('model', 'odd'), got {self.variants}")
+
+
+Builder = Callable[..., dict]
+"""``make_inputs(shape, dtype, device, gen, **case.inputs) -> {name: tensor or option}`` (no tensor requires grad)."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the workflows need to know about one public op (see the module docstring).
+
+    name: the registry key, the ``tigon.functional`` name, the CLI choice (``"rms_norm"``).
+    summary: one line for ``--help``, ``tigon env`` and the docs.
+    fn: the public function (``tigon.functional.<name>``).
+    reference: the plain-PyTorch definition with the same signature and semantics (:mod:`tigon.reference`): the
+        fallback, the tests' oracle, and what ``fn`` must equal bit for bit under ``force_reference``.
+    original: what Hugging Face / PyTorch runs at the input dtype, taking the same inputs and options (verify's
+        error baseline); original_name says what it is in one line.
+    eager: the plain PyTorch code ``tigon bench`` and ``tigon profile`` time as ``eager`` and ``compile`` at the
+        default options (default: ``original``).
+    make_inputs: builds the keyword inputs from :attr:`shape_of`'s dict (see :data:`Builder`); random values come
+        from ``gen``, a generator on ``device``.
+    shape_of: the op's sizes (and family options such as eps or theta) from a :class:`ModelShapes`.
+    size_format, size_label: how a shape is shown (``"tokens x hidden"``; ``label(shape) -> "16384x4096"``).
+    grad_inputs: the inputs whose gradients are checked and timed.
+    min_bytes: ``min_bytes(shape, element_bytes, mode) -> bytes`` the op must move (each input read once, each
+        output written once) for ``mode`` in :data:`MODES`; memory-bound ops. flops: ``flops(shape, mode)`` for
+        matmul-bound ops. Exactly one of the two.
+    cases: named option sets (:class:`Case`); the first is what ``tigon bench``'s ``tigon`` provider runs.
+    bench_inputs: options of ``make_inputs`` for ``tigon bench`` and ``tigon profile`` (e.g. 10% ignored targets,
+        as in training batches).
+    peers: other implementations to time, ``{"liger": fn(**inputs)}``; see :data:`tigon.ops.PEER_MODULES`.
+    host_syncs: bench providers that wait on the host during a call (no CUDA graph can capture them).
+    grads_in_forward: bench providers whose forward forms the gradient (their ``bwd`` row gets no GB/s).
+    category: what ``tigon profile`` calls the step's time this op replaces (``"norm"``, ``"rotary"``,
+        ``"activation"``, ``"lm_head_loss"``).
+    sweeps: the bench sweep axes that apply (``"tokens"``; ``"hidden"`` for row-wise ops over the hidden size).
+    dtypes: the dtypes its kernels take (others run the reference).
+    """
+
+    name: str
+    summary: str
+    fn: Callable
+    reference: Callable
+    original: Callable
+    original_name: str
+    make_inputs: Builder
+    shape_of: Callable[[ModelShapes], dict]
+    size_format: str
+    size_label: Callable[[dict], str]
+    grad_inputs: tuple[str, ...]
+    category: str
+    min_bytes: Callable[[dict, int, str], float] | None = None
+    flops: Callable[[dict, str], float] | None = None
+    eager: Callable | None = None
+    cases: tuple[Case, ...] = (Case(),)
+    bench_inputs: Mapping[str, Any] = field(default_factory=dict)
+    peers: Mapping[str, Callable] = field(default_factory=dict)
+    host_syncs: tuple[str, ...] = ()
+    grads_in_forward: tuple[str, ...] = ()
+    sweeps: tuple[str, ...] = ("tokens",)
+    dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES
+
+    def __post_init__(self):
+        if (self.min_bytes is None) == (self.flops is None):
+            raise ValueError(f"OpSpec {self.name!r}: give exactly one of min_bytes (memory-bound) and flops")
+        labels = [c.label for c in self.cases]
+        if len(set(labels)) != len(labels) or not self.cases_tagged("verify"):
+            raise ValueError(f"OpSpec {self.name!r}: case labels must be unique, one case at least for verify: "
+                             f"{labels}")
+        providers = [c.provider for c in self.cases if c.provider]
+        if len(set(providers)) != len(providers):
+            raise ValueError(f"OpSpec {self.name!r}: bench providers of the cases repeat: {providers}")
+        fn_args, ref_args = _params(self.fn), _params(self.reference)
+        n = min(len(fn_args), len(ref_args))
+        if fn_args[:n] != ref_args[:n]:
+            raise ValueError(f"OpSpec {self.name!r}: fn {fn_args} and reference {ref_args} must take the same "
+                             "positional arguments")
+        if not set(self.sweeps) <= {"tokens", "hidden"}:
+            raise ValueError(f"OpSpec {self.name!r}: sweeps must be a subset of ('tokens', 'hidden')")
+
+    @property
+    def eager_fn(self) -> Callable:
+        """The function bench times as ``eager`` (``eager``, else ``original``)."""
+        return self.eager if self.eager is not None else self.original
+
+    def cases_tagged(self, tag: str) -> tuple[Case, ...]:
+        """The cases carrying ``tag`` (``"verify"``, ``"bench"`` or ``"quick"``)."""
+        return tuple(c for c in self.cases if tag in c.tags)
+
+    def case(self, label: str) -> Case:
+        """The case called ``label`` (KeyError when absent)."""
+        for c in self.cases:
+            if c.label == label:
+                return c
+        raise KeyError(f"{self.name}: no case {label!r} (cases: {', '.join(c.label for c in self.cases)})")
+
+    def bytes_moved(self, shape: dict, element_bytes: int, mode: str) -> float | None:
+        """Minimal bytes of one call in ``mode`` (``"fwd"``, ``"bwd"``, ``"fwd_bwd"``), or None (matmul-bound)."""
+        if self.min_bytes is None:
+            return None
+        if mode == "bwd":
+            return self.min_bytes(shape, element_bytes, "fwd_bwd") - self.min_bytes(shape, element_bytes, "fwd")
+        return self.min_bytes(shape, element_bytes, mode)
+
+    def flops_of(self, shape: dict, mode: str) -> float | None:
+        """Matmul FLOPs of one call in ``mode``, or None (memory-bound; and for ``"bwd"``: fused implementations
+        form the gradients in the forward)."""
+        if self.flops is None or mode == "bwd":
+            return None
+        return self.flops(shape, mode)
+
+
+def _params(fn: Callable) -> list[str]:
+    """The names of ``fn``'s positional-or-keyword parameters, in order."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return []
+    return [p.name for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+
+def sizes(*keys: str) -> dict[str, Any]:
+    """:class:`OpSpec`'s ``size_format`` and ``size_label`` for a shape shown as its ``keys`` joined by ``x``
+    (``"tokens x hidden"``, ``"16384x4096"``)."""
+    return {"size_format": " x ".join(keys), "size_label": lambda s: "x".join(str(s[k]) for k in keys)}
+
+
+# ---- random inputs (shared by the records' builders) -------------------------------------------------------------
+def randn(gen: torch.Generator, shape, dtype, device, std: float = 1.0, mean: float = 0.0) -> torch.Tensor:
+    """Normal values drawn by ``gen`` (on its own device), scaled, then cast and moved to ``device``."""
+    return (torch.randn(shape, generator=gen, device=gen.device) * std + mean).to(device=device, dtype=dtype)
+
+
+def rand(gen: torch.Generator, shape, dtype, device, low: float = 0.5, high: float = 1.5) -> torch.Tensor:
+    """Uniform values in [low, high) drawn by ``gen``, cast and moved to ``device``."""
+    return (torch.rand(shape, generator=gen, device=gen.device) * (high - low) + low).to(device=device, dtype=dtype)
+
+
+def targets(gen: torch.Generator, n: int, vocab: int, device, ignore_every: int = 0,
+            ignore_index: int = -100) -> torch.Tensor:
+    """(n,) int64 class indices in [0, vocab), every ``ignore_every``-th set to ``ignore_index`` (0: none)."""
+    t = torch.randint(0, vocab, (n,), generator=gen, device=gen.device)
+    if ignore_every:
+        t[::ignore_every] = ignore_index
+    return t.to(device)
+
+
+# ---- peers ---------------------------------------------------------------------------------------------------------
+def liger(attr: str, *args: str, **kwargs: str) -> Callable:
+    """A bench peer: Liger-Kernel's ``liger_kernel.transformers.functional.<attr>`` (imported on the first call),
+    called with the inputs named by ``args`` positionally and ``kwargs`` (Liger keyword -> input name)."""
+
+    def call(**inputs):
+        from liger_kernel.transformers import functional as LF
+
+        return getattr(LF, attr)(*(inputs[a] for a in args), **{k: inputs[v] for k, v in kwargs.items()})
+
+    call.__qualname__ = f"liger_kernel.transformers.functional.{attr}"
+    return call
