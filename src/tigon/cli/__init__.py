@@ -31,9 +31,9 @@ def _fail(prog: str, message: str, status: int = 2) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tigon`` argument parser (one subparser per workflow)."""
-    from . import __version__
-    from .presets import PRESETS
-    from .workflows.compare import DEFAULTS
+    from .. import __version__
+    from ..presets import PRESETS
+    from ..workflows.compare import DEFAULTS
 
     parser = _Parser(prog="tigon", description="Triton kernels for LLM training, and the tools to adopt them safely.")
     parser.add_argument("--version", action="version", version=f"tigon {__version__}")
@@ -148,8 +148,8 @@ def _check_output_dir(path: str | None, flag: str) -> str | None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .support import UnsupportedError
-    from .workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
+    from ..support import UnsupportedError
+    from ..workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
 
     prog = "tigon compare"
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
@@ -189,7 +189,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
             f.write("\n")
     if args.plot:
-        from ._plot import plot_compare
+        from .._plot import plot_compare
 
         plot_compare(report, args.plot)
     if args.quiet:
@@ -357,7 +357,7 @@ def _add_env(sub) -> None:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from .workflows.env import run_env
+    from ..workflows.env import run_env
 
     problem = _check_output(args.json, "--json")
     if problem:
@@ -421,7 +421,7 @@ def _render_env(r: dict[str, Any], written: str | None) -> None:
 
 
 def _add_inspect(sub) -> None:
-    from .presets import PRESETS
+    from ..presets import PRESETS
 
     p = sub.add_parser(
         "inspect",
@@ -439,8 +439,8 @@ def _add_inspect(sub) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .workflows.compare import ConfigError
-    from .workflows.inspect import run_inspect
+    from ..workflows.compare import ConfigError
+    from ..workflows.inspect import run_inspect
 
     prog = "tigon inspect"
     problem = _check_output(args.json, "--json")
@@ -504,8 +504,8 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
 
 
 def _add_verify(sub) -> None:
-    from .presets import PRESETS
-    from .workflows import verify as V
+    from ..presets import PRESETS
+    from ..workflows import verify as V
 
     p = sub.add_parser(
         "verify",
@@ -540,9 +540,9 @@ def _add_verify(sub) -> None:
 def _cmd_verify(args: argparse.Namespace) -> int:
     import warnings
 
-    from .workflows.compare import ConfigError
-    from .workflows.inspect import load_model_config
-    from .workflows.verify import VerifyConfig, resolve_config, run_verify
+    from ..workflows.compare import ConfigError
+    from ..workflows.inspect import load_model_config
+    from ..workflows.verify import VerifyConfig, resolve_config, run_verify
 
     prog = "tigon verify"
     problem = _check_output(args.json, "--json")
@@ -724,8 +724,8 @@ def _csv_list(values) -> list[str] | None:
 
 
 def _add_bench(sub) -> None:
-    from .workflows.bench import CASES, PROVIDERS, SWEEPS
-    from .workflows.e2e import E2E_PROVIDERS
+    from ..workflows.bench import CASES, PROVIDERS, SWEEPS
+    from ..workflows.e2e import E2E_PROVIDERS
 
     p = sub.add_parser(
         "bench",
@@ -805,8 +805,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_ops(args: argparse.Namespace, prog: str) -> int:
-    from .workflows.bench import BenchConfig, available_providers, plan, resolve_bench, run_op_bench
-    from .workflows.compare import ConfigError
+    from ..workflows.bench import BenchConfig, available_providers, plan, resolve_bench, run_op_bench
+    from ..workflows.compare import ConfigError
 
     config = BenchConfig(ops=_csv_list(args.op), model=args.model, providers=_csv_list(args.providers),
                          sweep=args.sweep, dtype=args.dtype or "bfloat16", tokens=args.tokens, device=args.device,
@@ -826,7 +826,7 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
         result.write_csv(args.csv)
         written.append(args.csv)
     if args.plot_dir:
-        from ._plot import plot_bench
+        from .._plot import plot_bench
 
         os.makedirs(args.plot_dir, exist_ok=True)
         written += plot_bench(report, args.plot_dir)
@@ -964,8 +964,8 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
 
 
 def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
-    from .workflows.compare import ConfigError
-    from .workflows.e2e import E2EConfig, resolve_e2e, run_e2e
+    from ..workflows.compare import ConfigError
+    from ..workflows.e2e import E2EConfig, resolve_e2e, run_e2e
 
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
@@ -1064,8 +1064,8 @@ def _add_profile(sub) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from .workflows.compare import ConfigError
-    from .workflows.profile import ProfileConfig, resolve_profile, run_profile
+    from ..workflows.compare import ConfigError
+    from ..workflows.profile import ProfileConfig, resolve_profile, run_profile
 
     prog = "tigon profile"
     for path, flag in ((args.json, "--json"), (args.trace, "--trace")):
@@ -1138,6 +1138,3 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     console.print(summary)
     _print_footer(console, r["notes"], written)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
