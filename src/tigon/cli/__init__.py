@@ -1,49 +1,38 @@
 """The ``tigon`` command line. It parses arguments, calls a workflow in :mod:`tigon.workflows`, and renders the
 result (rich progress bar and tables, ``--json``, ``--plot``); it computes nothing itself.
 
-Subcommands: ``compare`` (train original vs Tigon-patched and compare), ``env`` (accelerator, versions, backend
-per op x dtype), ``inspect`` (what tigon.patch would replace in a model, config only), ``verify`` (each op against
-PyTorch and float64; exit status 1 on failure). Bad input ends with a one-line error on stderr and exit status 2.
+Subcommands, one module each with ``add_parser(sub)``, ``run(args) -> int`` and its renderers: ``compare`` (train
+original vs Tigon-patched and compare), ``env`` (accelerator, versions, backend per op x dtype), ``inspect`` (what
+tigon.patch would replace in a model, config only), ``verify`` (each op against PyTorch and float64), ``bench`` (speed
+and memory per op and provider, or whole training steps), ``profile`` (where the step's time goes, predicted vs
+measured speed-up). What they share is in :mod:`tigon.cli._render`.
+
+Exit status: 0 on success; 2 on bad input or a usage error (one line on stderr); 1 when ``verify`` finds a failure;
+130 when interrupted. The command modules import their workflows inside ``add_parser``/``run``, never at module
+import, so that ``main`` can set TRITON_INTERPRET (:func:`_enable_interpreter`) before any Triton kernel module loads.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from typing import Any
 
-from ._render import (_check_output, _check_output_dir, _console, _csv_list, _dump_report, _fail, _fmt_bytes,
-                      _fmt_rel, _layers, _num, _Parser, _print_footer, _quiet_transformers, _run_staged)
+from . import bench, compare, env, inspect, profile, verify
+from ._render import _fail, _Parser
+
+_COMMANDS = (compare, env, inspect, verify, bench, profile)  # in the order of `tigon --help`
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``tigon`` argument parser (one subparser per workflow)."""
+    """The ``tigon`` argument parser (one subparser per command module)."""
     from .. import __version__
 
     parser = _Parser(prog="tigon", description="Triton kernels for LLM training, and the tools to adopt them safely.")
     parser.add_argument("--version", action="version", version=f"tigon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    from . import compare
-
-    compare.add_parser(sub)
-    from . import env
-
-    env.add_parser(sub)
-    from . import inspect
-
-    inspect.add_parser(sub)
-    from . import verify
-
-    verify.add_parser(sub)
-    from . import bench
-
-    bench.add_parser(sub)
-    from . import profile
-
-    profile.add_parser(sub)
+    for command in _COMMANDS:
+        command.add_parser(sub)
     return parser
 
 
@@ -70,15 +59,3 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return _fail("tigon", "interrupted", 130)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# compare
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# env, inspect, verify
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# bench, profile
