@@ -1,0 +1,267 @@
+"""``tigon bench``: speed and peak memory of each op per provider on a model's shapes (:mod:`tigon.workflows.bench`),
+or with --e2e whole training steps per provider (:mod:`tigon.workflows.e2e`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ._render import (_check_output, _check_output_dir, _console, _csv_list, _dump_report, _fail, _fmt_bytes, _layers,
+                      _num, _print_footer, _quiet_transformers, _run_staged)
+
+
+def add_parser(sub) -> None:
+    """Add the ``bench`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
+    from ..workflows.bench import CASES, PROVIDERS, SWEEPS
+    from ..workflows.e2e import E2E_PROVIDERS
+
+    p = sub.add_parser(
+        "bench",
+        help="speed and peak memory of each op per provider on a model's shapes; --e2e: whole training steps",
+        description=(
+            "Time every op (fwd, bwd, fwd+bwd: medians with 20/80 percentiles) and its peak extra memory for each "
+            "provider on a model's shapes, against the copy bandwidth and matmul rate measured in the same run "
+            "(GB/s and % for memory-bound ops, TFLOP/s and % for the fused linear cross-entropy). Providers that "
+            "are not installed are skipped with a note; a provider failing on a shape is recorded, not fatal. "
+            "With --e2e: training steps of the whole model, original vs Tigon-patched (vs Liger when installed): "
+            "tokens/s and peak memory. E2E providers: original (Hugging Face's code), tigon (tigon.patch), "
+            "tigon_lean (tigon.patch with fused_linear_cross_entropy={'accum_dtype': the model's dtype}: the fused "
+            "LM-head loss accumulates grad_weight in that dtype: less memory, slightly less accurate gradients), liger "
+            "(Liger-Kernel, when installed)."
+        ),
+    )
+    p.add_argument("--op", action="append", nargs="+", metavar="OP",
+                   help=f"ops to run ({', '.join(CASES)}), or 'all' (default: the ops the model calls; the norms "
+                        "for --sweep hidden)")
+    p.add_argument("--model", metavar="MODEL",
+                   help="preset name, config.json or checkpoint directory; only its config is read "
+                        "(default: tiny on CPU, llama3-8b on CUDA)")
+    p.add_argument("--providers", metavar="LIST",
+                   help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "
+                        f"with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
+                        "in the model's dtype in the fused LM-head loss)")
+    p.add_argument("--sweep", choices=SWEEPS,
+                   help="tokens: 1k..64k tokens on CUDA (powers of two), tiny sizes on CPU; hidden: the norms at "
+                        "hidden 1024..16384")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="input dtype (default: bfloat16; with --e2e: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--tokens", type=int, metavar="N", help="tokens per op without --sweep (16384 CUDA, 64 CPU)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="time CUDA-graph replays: the kernels' own time without host launch/autograd overhead "
+                        "(providers that wait on the host: their kernels' summed durations)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write one CSV line per measurement")
+    p.add_argument("--plot-dir", metavar="DIR", help="write bench_<op>.png (time and memory against the sweep axis)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
+    g = p.add_argument_group("end to end (--e2e)")
+    g.add_argument("--e2e", action="store_true", help="time whole training steps instead of single ops")
+    g.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (default on CUDA: llama3-8b, 2)")
+    g.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
+    g.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
+    g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
+    g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    g.add_argument("--attn-implementation", metavar="NAME",
+                   help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
+                        "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tigon bench`` with the parsed ``args``; returns the exit status."""
+    prog = "tigon bench"
+    for path, flag in ((args.json, "--json"), (args.csv, "--csv")):
+        problem = _check_output(path, flag)
+        if problem:
+            return _fail(prog, problem)
+    problem = _check_output_dir(args.plot_dir, "--plot-dir")
+    if problem:
+        return _fail(prog, problem)
+    e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
+                               ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
+                               ("--attn-implementation", args.attn_implementation))
+                if v is not None]
+    ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
+                               ("--csv", args.csv), ("--plot-dir", args.plot_dir),
+                               ("--cuda-graph", args.cuda_graph or None)) if v is not None]
+    if args.e2e and ops_only:
+        return _fail(prog, f"{', '.join(ops_only)} {'does' if len(ops_only) == 1 else 'do'} not apply to --e2e")
+    if not args.e2e and e2e_only:
+        return _fail(prog, f"{', '.join(e2e_only)} {'needs' if len(e2e_only) == 1 else 'need'} --e2e")
+    _quiet_transformers()
+    return _bench_e2e(args, prog) if args.e2e else _bench_ops(args, prog)
+
+
+def _bench_ops(args: argparse.Namespace, prog: str) -> int:
+    from ..workflows.bench import BenchConfig, available_providers, plan, resolve_bench, run_op_bench
+    from ..workflows.compare import ConfigError
+
+    config = BenchConfig(ops=_csv_list(args.op), model=args.model, providers=_csv_list(args.providers),
+                         sweep=args.sweep, dtype=args.dtype or "bfloat16", tokens=args.tokens, device=args.device,
+                         cuda_graph=args.cuda_graph)
+    try:
+        resolved, shapes, _, _ = resolve_bench(config)
+        total = len(plan(resolved.ops, shapes, available_providers(resolved.providers)[0]))
+        result = _run_staged(run_op_bench, config, args.quiet, total)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    written = []
+    if args.json:
+        result.write_json(args.json)
+        written.append(args.json)
+    if args.csv:
+        result.write_csv(args.csv)
+        written.append(args.csv)
+    if args.plot_dir:
+        from .._plot import plot_bench
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        written += plot_bench(report, args.plot_dir)
+    if args.quiet:
+        ok = [r for r in report["rows"] if r["ms"] is not None]
+        failed = sum(1 for r in report["rows"] if r["ms"] is None)
+        print(f"rows={len(ok)} failed={failed} ops={','.join(resolved.ops)} "
+              f"providers={','.join(sorted({r['provider'] for r in ok}))} device={report['device']}")
+    else:
+        _render_bench(report, written)
+    return 0
+
+
+_SIZE_FORMATS = {"rms_norm": "tokens x hidden", "layer_norm": "tokens x hidden",
+                 "rope": "batch x seq x (q heads + kv heads) x head_dim", "swiglu": "tokens x intermediate",
+                 "geglu": "tokens x intermediate", "cross_entropy": "tokens x vocab",
+                 "fused_linear_cross_entropy": "tokens x hidden x vocab"}
+
+
+def _size_label(op: str, s: dict[str, Any]) -> str:
+    keys = {"rms_norm": ("tokens", "hidden"), "layer_norm": ("tokens", "hidden"), "swiglu": ("tokens", "intermediate"),
+            "geglu": ("tokens", "intermediate"), "cross_entropy": ("tokens", "vocab"),
+            "fused_linear_cross_entropy": ("tokens", "hidden", "vocab")}.get(op)
+    if op == "rope":
+        return f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}"
+    if keys is None or any(k not in s for k in keys):
+        return " ".join(f"{k}={v}" for k, v in s.items() if v is not None)
+    return "x".join(str(s[k]) for k in keys) + (f" softcap {s['softcap']}" if s.get("softcap") else "")
+
+
+def _render_bench(r: dict[str, Any], written: list[str]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    rows = r["rows"]
+    by = {}
+    for row in rows:
+        by[(row["op"], json.dumps(row["shape"], sort_keys=True), row["provider"], row["mode"])] = row
+    axis = {"tokens": "tokens", "hidden": "hidden"}.get(r.get("sweep"))
+    table = Table(title=f"tigon bench: {r['model'].get('name', '')} shapes, {rows[0]['dtype'] if rows else ''}, "
+                        f"{r['device']}", title_justify="left",
+                  caption="ms: medians (fwd+bwd: p20-p80); throughput: fwd+bwd over minimal bytes / matmul FLOPs, "
+                          "% of the measured ceiling; mem: peak extra memory of fwd+bwd; size: " + (
+                              axis if axis else ", ".join(f"{op} {fmt}" for op, fmt in _SIZE_FORMATS.items()
+                                                          if any(x["op"] == op for x in rows))))
+    for col, just in (("op", "left"), ("size", "left"), ("provider", "left"), ("fwd", "right"), ("bwd", "right"),
+                      ("fwd+bwd", "right"), ("throughput", "right"), ("mem", "right"), ("vs eager", "right")):
+        table.add_column(col, justify=just, overflow="fold")
+    failures = []
+    last_op = None
+    for (op, shape_key, prov, mode), row in by.items():
+        if mode != "fwd_bwd":
+            continue
+        if last_op is not None and op != last_op:
+            table.add_section()
+        last_op = op
+        shape = row["shape"]
+        size = str(shape.get(axis)) if axis else _size_label(op, shape)
+        if row["ms"] is None:
+            failures.append(f"{op} {prov} ({size}): {row['note']}")
+            table.add_row(op, size, prov, "-", "-", "[red]failed[/]", "", "", "")
+            continue
+        fwd, bwd = by.get((op, shape_key, prov, "fwd")), by.get((op, shape_key, prov, "bwd"))
+        thr = "-"
+        if row["gbps"] is not None:
+            thr = _num(row["gbps"], " GB/s") + (f"\n{row['pct_copy_bw']:.0f}%" if row["pct_copy_bw"] else "")
+        elif row["tflops"] is not None:
+            thr = _num(row["tflops"], " TFLOP/s") + (f"\n{row['pct_matmul']:.0f}%" if row["pct_matmul"] else "")
+        eager = by.get((op, shape_key, "eager", "fwd_bwd"))
+        vs = f"{eager['ms'] / row['ms']:.3g}x" if eager and eager["ms"] and prov != "eager" else ""
+        spread = f"\n({_num(row['ms_p20'])}-{_num(row['ms_p80'])})" if row["ms_p20"] is not None else ""
+        table.add_row(op, size, prov, _num(fwd["ms"]) if fwd else "-", _num(bwd["ms"]) if bwd else "-",
+                      _num(row["ms"]) + spread, thr, _fmt_bytes(row["peak_extra_bytes"]) if
+                      row["peak_extra_bytes"] is not None else "-", vs)
+    console.print(table)
+    c = r["ceilings"]
+    if c.get("copy_gbps"):
+        console.print(f"ceilings: copy {_num(c['copy_gbps'])} GB/s, matmul {_num(c['matmul_tflops'])} TFLOP/s "
+                      f"({c.get('matmul_dtype')} {c.get('matmul_size')}^3), {c.get('note', '')}", highlight=False)
+    for f in failures:
+        console.print(f"[red]{escape(f)}[/red]", highlight=False)
+    for s in r["skipped"]:
+        console.print(f"[yellow]skipped: {escape(s)}[/yellow]", highlight=False)
+    _print_footer(console, r["notes"], written)
+
+
+def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
+    from ..workflows.compare import ConfigError
+    from ..workflows.e2e import E2EConfig, resolve_e2e, run_e2e
+
+    config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
+                       steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
+                       dtype=args.dtype, device=args.device, seed=args.seed,
+                       attn_implementation=args.attn_implementation)
+    try:
+        resolve_e2e(config)
+        result = _run_staged(run_e2e, config, args.quiet)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    if args.quiet:
+        print(" ".join(f"{row['provider']}={_num(row['tokens_per_s'])}tok/s" if row["status"] == "ok"
+                       else f"{row['provider']}={row['status']}" for row in report["rows"])
+              + f" device={report['device']}")
+        for row in report["rows"]:  # why a provider did not run (one line each, on stderr)
+            if row["status"] != "ok" and row.get("note"):
+                print(f"{row['provider']} {row['status']}: {row['note']}", file=sys.stderr)
+    else:
+        _render_e2e(report, args.json)
+    return 0
+
+
+def _render_e2e(r: dict[str, Any], written: str | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    cfg, model = r["config"], r["model"]
+    table = Table(title=f"tigon bench --e2e: {model['source']} ({_layers(model)}), "
+                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
+                  title_justify="left")
+    for col in ("provider", "tokens/s", "step ms (p20-p80)", "speed-up", "peak memory", "memory", "loss (first)",
+                "backend / patch"):
+        table.add_column(col, justify="left" if col in ("provider", "backend / patch") else "right",
+                         overflow="fold")
+    for row in r["rows"]:
+        p = row["provider"]
+        if row["status"] != "ok":
+            table.add_row(p, f"[yellow]{row['status']}[/]", "", "", "", "", "", escape(row["note"]))
+            continue
+        sp, mem = r["speedup"].get(p), r["memory_ratio"].get(p)
+        patch = ", ".join(f"{k} x{v}" for k, v in row["patch"].items()) if row["patch"] else ""
+        table.add_row(p, _num(row["tokens_per_s"]),
+                      f"{_num(row['step_ms'])} ({_num(row['step_ms_p20'])}-{_num(row['step_ms_p80'])})",
+                      f"{sp:.2f}x" if sp else "-", _fmt_bytes(row["peak_memory_bytes"]),
+                      f"{mem:.2f}x" if mem else "-", f"{row['losses'][0]:.4f}" if row["losses"] else "-",
+                      escape(f"{row['backend']}" + (f"; {patch}" if patch else "")))
+    console.print(table)
+    console.print(f"model: {model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, hidden "
+                  f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}, attention "
+                  f"{model.get('attn_implementation') or 'default'}; device {r['device_name']}; "
+                  f"memory: {r['peak_memory_method']}", highlight=False)
+    _print_footer(console, r["notes"], written)

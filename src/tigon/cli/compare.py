@@ -1,0 +1,215 @@
+"""``tigon compare``: train a model twice from one seed, original and Tigon-patched, and compare losses, speed and
+memory (the workflow is :mod:`tigon.workflows.compare`; this module parses, renders and writes --json/--plot)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from typing import Any
+
+from ._render import _check_output, _console, _fail, _fmt_bytes, _fmt_rel, _print_footer, _quiet_transformers
+
+
+def add_parser(sub) -> None:
+    """Add the ``compare`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
+    from ..presets import PRESETS
+    from ..workflows.compare import DEFAULTS
+
+    p = sub.add_parser(
+        "compare",
+        help="train a model twice from one seed, original and Tigon-patched, and compare losses, speed, memory",
+        description=(
+            "Train the same model twice from the same seed and batches, original and Tigon-patched (tigon.patch), "
+            "and report both loss curves, their largest relative difference, tokens/s, peak memory, the device and "
+            "which backend the kernels took. Without --preset/--model: a small Llama (random weights, byte-level "
+            "tokens) on the text of Python's pydoc_data.topics."
+        ),
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", metavar="NAME",
+                     help=f"model shapes with random weights: {', '.join(PRESETS)} "
+                          f"(default: {DEFAULTS['cpu']['preset']} on CPU, {DEFAULTS['cuda']['preset']} on CUDA)")
+    src.add_argument("--model", metavar="PATH", help="local Hugging Face checkpoint directory (and its tokenizer)")
+    p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (num_hidden_layers)")
+    cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
+    p.add_argument("--steps", type=int, metavar="N",
+                   help=f"optimizer steps per run (default: {cpu['steps']} on CPU, {cuda['steps']} on CUDA)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help=f"sequences per step (default: {cpu['batch_size']} on CPU, {cuda['batch_size']} on CUDA)")
+    p.add_argument("--seq-len", type=int, metavar="N",
+                   help=f"tokens per sequence (default: {cpu['seq_len']} on CPU, {cuda['seq_len']} on CUDA)")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's, 1e-5 for --model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="float32, or bfloat16 = weights, grads and AdamW state all in bf16 (default: float32)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the weights and the batches (default: 0)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tigon compare`` with the parsed ``args``; returns the exit status."""
+    from ..support import UnsupportedError
+    from ..workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
+
+    prog = "tigon compare"
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        problem = _check_output(path, flag)
+        if problem:
+            return _fail(prog, problem)
+    if args.plot:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if ext not in formats:
+            return _fail(prog, f"--plot {args.plot}: unsupported image format {ext or '(none)'!r} "
+                               f"(use one of {', '.join(sorted(formats))})")
+    config = CompareConfig(
+        preset=args.preset, model=args.model, layers=args.layers, steps=args.steps, batch_size=args.batch_size,
+        seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device, seed=args.seed,
+    )
+    try:
+        config = resolve_config(config)  # bad arguments fail here, before any progress display
+    except ConfigError as e:
+        return _fail(prog, str(e))
+    _quiet_transformers()
+    try:
+        if args.quiet:
+            result = run_compare(config)
+        else:
+            with _RichProgress() as progress:
+                result = run_compare(config, progress=progress)
+    except ConfigError as e:
+        return _fail(prog, str(e))
+    except UnsupportedError as e:  # strict mode (TIGON_STRICT=1) and no Triton path
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    if args.plot:
+        from .._plot import plot_compare
+
+        plot_compare(report, args.plot)
+    if args.quiet:
+        print(_summary_line(report))
+    else:
+        _render_compare(report, written=[p for p in (args.json, args.plot) if p])
+    return 0
+
+
+class _RichProgress:
+    """A rich progress bar (on stderr) fed by run_compare's ``progress(run, step, steps, loss)`` callback."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(),
+            console=Console(stderr=True), transient=True,
+        )
+        self._tasks: dict[str, Any] = {}
+        self._prep = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        self._prep = self._progress.add_task("preparing (model, batches, warm-up)", total=None, loss="-")
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def __call__(self, run: str, step: int, steps: int, loss: float) -> None:
+        if self._prep is not None:
+            self._progress.remove_task(self._prep)
+            self._prep = None
+        if run not in self._tasks:
+            self._tasks[run] = self._progress.add_task(run, total=steps, loss="-")
+        self._progress.update(self._tasks[run], completed=step, loss=f"{loss:.4f}")
+
+
+def _summary_line(r: dict[str, Any]) -> str:
+    tps = r["tokens_per_s"]
+    return (f"max_rel_loss_diff={_fmt_rel(r['max_rel_loss_diff'])} tokens_per_s original={tps['original']:.0f} "
+            f"patched={tps['patched']:.0f} device={r['device']} backend={r['backend']}")
+
+
+def _render_compare(r: dict[str, Any], written: list[str]) -> None:
+    from rich.table import Table
+
+    console = _console()
+    cfg, model, data = r["config"], r["model"], r["data"]
+    n = len(r["loss_original"])
+
+    steps = Table(title="Loss per step", title_justify="left")
+    steps.add_column("step", justify="right")
+    steps.add_column("original", justify="right")
+    steps.add_column("patched", justify="right")
+    steps.add_column("rel. diff", justify="right")
+    shown = list(range(n)) if n <= 30 else list(range(10)) + [None] + list(range(n - 10, n))
+    for i in shown:
+        if i is None:
+            steps.add_row("…", "…", "…", "…")
+            continue
+        steps.add_row(str(i + 1), f"{r['loss_original'][i]:.6f}", f"{r['loss_patched'][i]:.6f}",
+                      _fmt_rel(r["rel_loss_diff"][i]))
+    if n > 30:
+        steps.caption = f"{n} steps, 20 shown; all in --json"
+    console.print(steps)
+
+    runs = Table(title="Runs", title_justify="left")
+    runs.add_column("")
+    runs.add_column("original", justify="right")
+    runs.add_column("patched", justify="right")
+    for label, key, fmt in (
+        ("tokens/s", "tokens_per_s", lambda v: f"{v:,.0f}"),
+        ("peak memory", "peak_memory_bytes", _fmt_bytes),
+        ("wall time (s)", "wall_time_s", lambda v: f"{v:.1f}"),
+    ):
+        runs.add_row(label, fmt(r[key]["original"]), fmt(r[key]["patched"]))
+    runs.add_row("median step (ms)", *(f"{statistics.median(r['step_time_s'][k]) * 1e3:.1f}"
+                                       for k in ("original", "patched")))
+    runs.add_row("final loss", f"{r['loss_original'][-1]:.6f}", f"{r['loss_patched'][-1]:.6f}")
+    console.print(runs)
+
+    summary = Table(title="Summary", title_justify="left", show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("max rel. loss diff", f"{_fmt_rel(r['max_rel_loss_diff'])} (step {r['max_rel_loss_diff_step']})")
+    summary.add_row("device", f"{r['device']} ({r['device_name']})")
+    summary.add_row("backend", f"{r['backend']}: {r['backend_reason']}")
+    summary.add_row("ops (patched run)", ", ".join(f"{op} {'/'.join(f'{b} x{c}' for b, c in per.items())}"
+                                                 for op, per in r["backend_usage"].items()) or "none")
+    summary.add_row("patch", _patch_summary(r["patch"]))
+    summary.add_row("model", f"{model['source']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
+                             f"{model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
+                             f"vocab {model['vocab_size']}, {model['dtype']}")
+    summary.add_row("training", f"{n} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens, AdamW lr {cfg['lr']:g}, "
+                                f"seed {cfg['seed']}")
+    summary.add_row("data", f"{data['corpus']} ({data['corpus_tokens']:,} tokens, {data['tokenizer']})")
+    summary.add_row("versions", ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))
+    console.print(summary)
+    _print_footer(console, r["notes"], written)
+
+
+def _patch_summary(patch: dict[str, Any]) -> str:
+    """``family llama: replaced rms_norm x5, mlp x2, ...; 0 skipped`` from PatchReport.as_dict()."""
+    counts = patch.get("counts")
+    if counts is None and isinstance(patch.get("replaced"), list):
+        counts = {"modules": len(patch["replaced"])}
+    if counts is None:
+        return json.dumps(patch)[:120]
+    head = f"family {patch['family']}: " if patch.get("family") else ""
+    replaced = ", ".join(f"{k} x{v}" for k, v in counts.items()) or "nothing"
+    skipped = patch.get("skipped") or []
+    why = "; ".join(f"{e.get('kind')} {e.get('target')}: {e.get('detail')}" for e in skipped[:3]
+                    if isinstance(e, dict))
+    return f"{head}replaced {replaced}; {len(skipped)} skipped" + (f" ({why})" if why else "")

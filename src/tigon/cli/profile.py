@@ -1,0 +1,122 @@
+"""``tigon profile``: where the training step's time goes, what Tigon replaces, and the predicted vs measured
+speed-up (the measurements are :mod:`tigon.workflows.profile`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._render import (_check_output, _console, _dump_report, _fail, _layers, _num, _print_footer, _quiet_transformers,
+                      _run_staged)
+
+
+def add_parser(sub) -> None:
+    """Add the ``profile`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
+    p = sub.add_parser(
+        "profile",
+        help="where the training step's time goes, what Tigon replaces, and the predicted vs measured speed-up",
+        description=(
+            "Profile the original training step with torch.profiler and group its time (device time on CUDA, "
+            "self CPU time on CPU) into matmul, attention, norm, rotary, activation, LM head + loss, optimizer "
+            "and other; mark the categories Tigon replaces, predict the patched step from the replaced ops' "
+            "measured tigon/eager speed at this model's shapes, then measure the patched step."
+        ),
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="preset name, config.json or checkpoint directory (default: tiny on CPU, llama3-8b with 2 "
+                        "layers on CUDA)")
+    p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers")
+    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
+    p.add_argument("--steps", type=int, metavar="N", help="profiled and timed steps (2 on CPU, 5 on CUDA)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], help="bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
+    p.add_argument("--attn-implementation", metavar="NAME",
+                   help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
+                        "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
+    p.add_argument("--trace", metavar="PATH",
+                   help="write the original step's Chrome trace (and the patched one as <name>.patched<ext>)")
+    p.add_argument("--no-predict", action="store_true", help="skip the op bench and the prediction")
+    p.add_argument("--no-patched", action="store_true", help="do not run the patched model")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress and no tables; one summary line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tigon profile`` with the parsed ``args``; returns the exit status."""
+    from ..workflows.compare import ConfigError
+    from ..workflows.profile import ProfileConfig, resolve_profile, run_profile
+
+    prog = "tigon profile"
+    for path, flag in ((args.json, "--json"), (args.trace, "--trace")):
+        problem = _check_output(path, flag)
+        if problem:
+            return _fail(prog, problem)
+    config = ProfileConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
+                           steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device,
+                           trace=args.trace, predict=not args.no_predict, patched=not args.no_patched,
+                           seed=args.seed, attn_implementation=args.attn_implementation)
+    _quiet_transformers()
+    try:
+        resolve_profile(config)
+        result = _run_staged(run_profile, config, args.quiet)
+    except (ConfigError, ValueError) as e:
+        return _fail(prog, str(e))
+    report = result.as_dict()
+    if args.json:
+        _dump_report(args.json, report)
+    if args.quiet:
+        print(f"step_ms original={_num(report['step_ms_original'])} "
+              f"predicted={_num(report['predicted_step_ms_patched'])} patched={_num(report['step_ms_patched'])} "
+              f"device={report['device']}")
+    else:
+        _render_profile(report, [p for p in [args.json, *report["traces"]] if p])
+    return 0
+
+
+def _render_profile(r: dict[str, Any], written: list[str]) -> None:
+    from rich.table import Table
+
+    console = _console()
+    cfg, model = r["config"], r["model"]
+    table = Table(title=f"tigon profile: {model['source']} ({_layers(model)}), "
+                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
+                  title_justify="left", caption=f"ms per step: {r['time_basis']}")
+    for col in ("category", "original ms", "%", "Tigon op", "tigon/eager", "predicted ms", "patched ms"):
+        table.add_column(col, justify="left" if col in ("category", "Tigon op") else "right", overflow="fold")
+    for c in r["categories"]:
+        name = f"[bold]{c['label']}[/]" if c["replaced"] else c["label"]
+        table.add_row(name, _num(c["ms"]), f"{c['pct']:.1f}", c["tigon_op"] or "",
+                      f"{c['bench_ratio']:.2f}" if c["bench_ratio"] is not None else "",
+                      _num(c["predicted_ms"]) if c["predicted_ms"] is not None else "",
+                      _num(c["patched_ms"]) if c["patched_ms"] is not None else "")
+    table.add_section()
+    table.add_row("profiled step", _num(r["profiled_step_ms"]), "100", "", "", "",
+                  _num(r["profiled_step_ms_patched"]) if r["profiled_step_ms_patched"] else "")
+    console.print(table)
+    summary = Table(title="Step time (unprofiled, median)", title_justify="left", show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column(overflow="fold")
+    summary.add_row("original", f"{_num(r['step_ms_original'])} ms")
+    if r["predicted_step_ms_patched"] is not None:
+        summary.add_row("patched, predicted", f"{_num(r['predicted_step_ms_patched'])} ms "
+                                              f"({r['step_ms_original'] / r['predicted_step_ms_patched']:.2f}x)")
+    if r["step_ms_patched"] is not None:
+        err = r["prediction_error_pct"]
+        summary.add_row("patched, measured", f"{_num(r['step_ms_patched'])} ms "
+                                             f"({r['step_ms_original'] / r['step_ms_patched']:.2f}x)"
+                        + (f"; prediction off by {err:+.0f}%" if err is not None else ""))
+    if r["bench"]:
+        summary.add_row("op bench (fwd+bwd)", "; ".join(
+            f"{op}: eager {_num(b['eager_ms'])} ms, tigon {_num(b['tigon_ms'])} ms" for op, b in r["bench"].items()))
+    summary.add_row("patch", ", ".join(f"{k} x{v}" for k, v in r["patch"].items()) or "nothing replaced")
+    if r["backend"]:
+        summary.add_row("backend", r["backend"])
+    summary.add_row("model", f"{model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, "
+                             f"hidden {model.get('hidden_size')}, vocab {model.get('vocab_size')}")
+    summary.add_row("device", f"{r['device']} ({r['device_name']})")
+    console.print(summary)
+    _print_footer(console, r["notes"], written)
