@@ -5,6 +5,7 @@ reports hold what they promise, not the speed.
 """
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from tigon.cli import main
+from tigon import ops
 from tigon.workflows import bench as B
 
 LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -56,15 +58,15 @@ def test_bench_json_and_csv_have_rows_for_each_provider(tmp_path, capsys):
     assert "rows=" in capsys.readouterr().out
 
 
-def test_flce_reports_tflops_and_failures_are_recorded(monkeypatch):
-    def boom(gate, up):
+def test_flce_reports_tflops_and_failures_are_recorded():
+    def boom(gate, up, **_):
         raise RuntimeError("provider exploded")
 
-    monkeypatch.setitem(B.CASES["swiglu"].providers, "tigon", boom)
+    registry = dict(ops.registry(), swiglu=dataclasses.replace(ops.get("swiglu"), fn=boom))
     shapes = B.shapes_from_config({"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
                                    "vocab_size": 64}, tokens=16)
     res = B.run_bench(["fused_linear_cross_entropy", "swiglu"], {op: [shapes[op]] for op in shapes},
-                      ["eager", "tigon"], dtype=B.DTYPES["float32"], device="cpu")
+                      ["eager", "tigon"], dtype=B.DTYPES["float32"], device="cpu", registry=registry)
     flce = [r for r in res.rows if r.op == "fused_linear_cross_entropy" and r.mode == "fwd_bwd"]
     assert {r.provider for r in flce} == {"eager", "tigon"}
     assert all(r.tflops > 0 and r.pct_matmul > 0 and r.gbps is None for r in flce)
@@ -94,7 +96,7 @@ def test_sweep_writes_a_png_per_op(tmp_path):
     [
         (["bench", "--op", "softmax"], "unknown op 'softmax'"),
         (["bench", "--providers", "eager,triton"], "unknown provider 'triton'"),
-        (["bench", "--sweep", "hidden", "--op", "swiglu"], "norms only"),
+        (["bench", "--sweep", "hidden", "--op", "swiglu"], "row-wise ops only"),
         (["bench", "--model", "no-such-model"], "not a preset"),
         (["bench", "--tokens", "0"], "--tokens"),
         (["bench", "--layers", "2"], "--layers needs --e2e"),
@@ -246,12 +248,13 @@ def test_cuda_graph_timing_needs_cuda():
 
 
 def test_glu_linear_case():
-    # eager and tigon agree; the case is FLOP-rated (matmul-bound), and model shapes include it
+    # eager and tigon agree; the op is FLOP-rated (matmul-bound), and model shapes include it
     shape = {"tokens": 8, "intermediate": 24, "hidden": 16}
-    case = B.CASES["glu_linear"]
-    inp = case.make(shape, torch.float32, torch.device("cpu"))
-    torch.testing.assert_close(case.providers["tigon"](**inp), case.providers["eager"](**inp), rtol=1e-5, atol=1e-6)
-    assert case.flops(shape, "fwd_bwd") == 6 * 8 * 24 * 16 and case.min_bytes is None
+    spec = ops.get("glu_linear")
+    inp = spec.make_inputs(shape, torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0))
+    prov = B.op_providers(spec)
+    torch.testing.assert_close(prov["tigon"](**inp), prov["eager"](**inp), rtol=1e-5, atol=1e-6)
+    assert spec.flops_of(shape, "fwd_bwd") == 6 * 8 * 24 * 16 and spec.bytes_moved(shape, 2, "fwd") is None
     assert "glu_linear" in B.shapes_from_config({"hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 2,
                                                  "vocab_size": 50})
 
@@ -272,23 +275,23 @@ def test_bench_one_rotates_input_sets(monkeypatch):
     # each timed call gets the next set; every set's leaves are reset; the rows still hold one value per mode
     monkeypatch.setattr(B, "rotation_sets", lambda nbytes, device: 3)
     seen = []
-    case = B.CASES["rms_norm"]
-    orig = case.providers["eager"]
+    spec = ops.get("rms_norm")
+    orig = spec.eager_fn
 
     def spy(**kw):
         seen.append(id(kw["x"]))
         return orig(**kw)
 
-    monkeypatch.setitem(case.providers, "eager", spy)
     shape = {"tokens": 4, "hidden": 8}
-    rows = B.bench_one(case, "eager", shape, torch.float32, torch.device("cpu"), {}, {}, modes=("fwd", "fwd_bwd"))
+    rows = B.bench_one(dataclasses.replace(spec, eager=spy), "eager", shape, torch.float32, torch.device("cpu"), {},
+                       {}, modes=("fwd", "fwd_bwd"))
     assert [r.mode for r in rows] == ["fwd", "fwd_bwd"] and all(r.ms > 0 for r in rows)
     assert len(set(seen)) == 3
 
 
 def test_bwd_of_providers_forming_the_gradient_in_the_forward_is_not_rated():
     shape = {"tokens": 4, "vocab": 64}
-    rows = B.bench_one(B.CASES["cross_entropy"], "tigon_fwdgrad", shape, torch.float32, torch.device("cpu"),
+    rows = B.bench_one(ops.get("cross_entropy"), "tigon_fwdgrad", shape, torch.float32, torch.device("cpu"),
                        {"copy_gbps": 100.0}, {}, modes=("fwd", "bwd", "fwd_bwd"))
     by = {r.mode: r for r in rows}
     assert by["bwd"].gbps is None and by["bwd"].pct_copy_bw is None
@@ -302,10 +305,14 @@ def test_cuda_graph_times_host_syncing_providers_by_their_kernels():
         scale = float(x.detach().abs().max().item())  # a host sync, as Liger's cross-entropy has
         return x * scale
 
-    case = B.OpCase("synced", lambda s, dtype, device: {"x": B._rand((s["tokens"], 4096), dtype, device, True)},
-                    {"captured": lambda x: x * 2.0, "synced": syncing}, ("x",), host_syncs=("synced",))
-    rows = {p: B.bench_one(case, p, {"tokens": 2048}, torch.bfloat16, torch.device("cuda"), {}, {},
-                           ("fwd", "fwd_bwd"), cuda_graph=True) for p in ("captured", "synced")}
+    spec = dataclasses.replace(
+        ops.get("rms_norm"), name="synced", make_inputs=lambda s, dtype, device, gen: {
+            "x": torch.randn((s["tokens"], 4096), dtype=dtype, device=device, generator=gen)},
+        grad_inputs=("x",), fn=lambda x: x * 2.0, cases=(ops.Case(),), peers={"synced": syncing},
+        host_syncs=("synced",))
+    rows = {p: B.bench_one(spec, p, {"tokens": 2048}, torch.bfloat16, torch.device("cuda"), {}, {},
+                           ("fwd", "fwd_bwd"), cuda_graph=True) for p in ("tigon", "synced")}
+    rows["captured"] = rows.pop("tigon")
     assert all(r.ms and r.ms > 0 for rs in rows.values() for r in rs)
     assert {r.note for r in rows["synced"]} == {B.KERNEL_TIME_NOTE}
     assert {r.note for r in rows["captured"]} == {""}

@@ -5,7 +5,8 @@ import json
 import torch
 
 from tigon.cli import main
-from tigon.workflows.env import DTYPES, OPS, run_env
+from tigon.functional import OPS
+from tigon.workflows.env import DTYPES, run_env
 
 KERNEL_BACKEND = "triton" if torch.cuda.is_available() else "interpreter"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tigon import functional as F
+from tigon import ops
 from tigon.cli import main
 from tigon.presets import build_config
 from tigon.workflows import verify as V
@@ -36,14 +37,13 @@ def _crashing(gate, up):
 
 
 @pytest.fixture
-def broken_ops():
-    base = V.REGISTRY["swiglu"][0]
+def broken_ops(monkeypatch):
+    """The op registry plus three wrong variants of swiglu (the CLI and verify read the registry)."""
+    real = ops.registry()
+    base = real["swiglu"]
     names = {"noisy_swiglu": _noisy_swiglu, "bad_grad_swiglu": _bad_grad_swiglu, "crashing_swiglu": _crashing}
-    for name, fn in names.items():
-        V.register(dataclasses.replace(base, op=name, tigon=fn))
-    yield
-    for name in names:
-        V.unregister(name)
+    extended = {**real, **{name: dataclasses.replace(base, name=name, fn=fn) for name, fn in names.items()}}
+    monkeypatch.setattr(ops, "registry", lambda: dict(extended))
 
 
 def test_verify_tiny_passes_fp32_and_bf16(tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_verify_tiny_passes_fp32_and_bf16(tmp_path, capsys):
     assert r["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     rows = r["results"]
     assert all(ROW_KEYS <= set(row) for row in rows)
-    assert {row["op"] for row in rows} == set(V.REGISTRY) - {"noisy_swiglu", "bad_grad_swiglu", "crashing_swiglu"}
+    assert {row["op"] for row in rows} == set(ops.registry())
     assert {row["dtype"] for row in rows} == {"float32", "bfloat16"}
     # every output and every gradient, Tigon and the original, against float64
     tensors = {(row["op"], row["tensor"]) for row in rows}
@@ -143,26 +143,27 @@ def test_original_max_abs_comes_from_compares_own_evaluations():
     # verify reads the original's max-abs error out of compare()'s own runs; it must equal measuring it directly
     from tigon.numerics import compare
 
-    case = V.REGISTRY["rms_norm"][0]
-    shapes = V.Shapes(tokens=8, hidden=40, intermediate=64, heads=2, kv_heads=1, head_dim=8, vocab=50)
-    inputs = case.build(shapes, torch.bfloat16, torch.device("cpu"), torch.Generator().manual_seed(0))
-    recorder = V._Recorder(case.original, case.grad_inputs)
-    compare(case.tigon, recorder, inputs, case.grad_inputs)
-    direct = {c.tensor: c.tigon_max_abs for c in compare(case.original, case.original, inputs, case.grad_inputs)}
+    spec = ops.get("rms_norm")
+    shapes = ops.ModelShapes(tokens=8, hidden=40, intermediate=64, heads=2, kv_heads=1, head_dim=8, vocab=50)
+    inputs = spec.make_inputs(spec.shape_of(shapes), torch.bfloat16, torch.device("cpu"),
+                              torch.Generator().manual_seed(0))
+    recorder = V._Recorder(spec.original, spec.grad_inputs)
+    compare(spec.fn, recorder, inputs, spec.grad_inputs)
+    direct = {c.tensor: c.tigon_max_abs for c in compare(spec.original, spec.original, inputs, spec.grad_inputs)}
     assert recorder.max_abs() == direct and set(direct) == {"out", "grad_x", "grad_weight"}
 
 
 def test_verify_all_among_op_names():
     cfg = V.resolve_config(V.VerifyConfig(ops=["all,rms_norm"]))
-    assert cfg.ops == list(V.REGISTRY)
-    assert V.resolve_config(V.VerifyConfig(ops=None)).ops == list(V.REGISTRY)
+    assert cfg.ops == list(ops.registry())
+    assert V.resolve_config(V.VerifyConfig(ops=None)).ops == list(ops.registry())
 
 
 def test_cross_entropy_flag_cases_are_registered_and_pass_on_cpu():
     # class weights, inplace_backward and grad_in_forward (upstream 1: what it is for) are verify rows
     from tigon.workflows import verify as V
 
-    cases = {c.case: c for c in V.REGISTRY["cross_entropy"]}
+    cases = {c.label: c for c in ops.get("cross_entropy").cases_tagged("verify")}
     assert {"weight", "inplace_backward=True", "grad_in_forward=True (upstream 1)"} <= set(cases)
     assert cases["grad_in_forward=True (upstream 1)"].unit_upstream and not cases["weight"].unit_upstream
     res = V.run_verify(V.VerifyConfig(ops=["cross_entropy"], dtypes=["float32", "bfloat16"]))

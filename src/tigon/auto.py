@@ -12,11 +12,13 @@ outside the model changes (apart from the scoped rotary dispatcher, see :mod:`ti
 
 from __future__ import annotations
 
+import inspect as _inspect
+
+from .integrations import patch as _patch
 from .integrations.report import PatchReport
 
-# keyword arguments consumed by tigon.patch (everything else goes to transformers)
-PATCH_OPTIONS = ("rms_norm", "rope", "mlp", "layer_norm", "fused_linear_cross_entropy", "cross_entropy", "strict",
-                 "family")
+PATCH_OPTIONS = tuple(n for n, p in _inspect.signature(_patch).parameters.items() if p.kind == p.KEYWORD_ONLY)
+"""The keyword arguments consumed by :func:`tigon.patch` (everything else goes to transformers)."""
 
 
 def _split(kwargs: dict) -> tuple[dict, dict]:
@@ -35,9 +37,8 @@ def _patched(model, tigon_kwargs: dict):
 class AutoModelForCausalLM:
     """Build a Hugging Face causal LM and patch it with Tigon (instance level).
 
-    Every method takes the arguments of the same method of ``transformers.AutoModelForCausalLM`` plus the options of
-    :func:`tigon.patch` (``rms_norm``, ``rope``, ``mlp``, ``layer_norm``, ``fused_linear_cross_entropy``,
-    ``cross_entropy``, ``strict``, ``family``), which are taken out before the call reaches transformers.
+    Every method takes the arguments of the same method of ``transformers.AutoModelForCausalLM`` plus the keyword
+    options of :func:`tigon.patch` (:data:`PATCH_OPTIONS`), which are taken out before the call reaches transformers.
 
     The returned model is the transformers model itself (same class, same parameters) with the
     :class:`~tigon.integrations.report.PatchReport` attached as ``model.tigon_report``.

@@ -15,7 +15,8 @@ from ._render import (_check_output, _check_output_dir, _console, _csv_list, _du
 
 def add_parser(sub) -> None:
     """Add the ``bench`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
-    from ..workflows.bench import CASES, PROVIDERS, SWEEPS
+    from ..ops import registry
+    from ..workflows.bench import PROVIDERS, SWEEPS
     from ..workflows.e2e import E2E_PROVIDERS
 
     p = sub.add_parser(
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
         ),
     )
     p.add_argument("--op", action="append", nargs="+", metavar="OP",
-                   help=f"ops to run ({', '.join(CASES)}), or 'all' (default: the ops the model calls; the norms "
+                   help=f"ops to run ({', '.join(registry())}), or 'all' (default: the ops the model calls; the norms "
                         "for --sweep hidden)")
     p.add_argument("--model", metavar="MODEL",
                    help="preset name, config.json or checkpoint directory; only its config is read "
@@ -132,23 +133,6 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
     return 0
 
 
-_SIZE_FORMATS = {"rms_norm": "tokens x hidden", "layer_norm": "tokens x hidden",
-                 "rope": "batch x seq x (q heads + kv heads) x head_dim", "swiglu": "tokens x intermediate",
-                 "geglu": "tokens x intermediate", "cross_entropy": "tokens x vocab",
-                 "fused_linear_cross_entropy": "tokens x hidden x vocab"}
-
-
-def _size_label(op: str, s: dict[str, Any]) -> str:
-    keys = {"rms_norm": ("tokens", "hidden"), "layer_norm": ("tokens", "hidden"), "swiglu": ("tokens", "intermediate"),
-            "geglu": ("tokens", "intermediate"), "cross_entropy": ("tokens", "vocab"),
-            "fused_linear_cross_entropy": ("tokens", "hidden", "vocab")}.get(op)
-    if op == "rope":
-        return f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}"
-    if keys is None or any(k not in s for k in keys):
-        return " ".join(f"{k}={v}" for k, v in s.items() if v is not None)
-    return "x".join(str(s[k]) for k in keys) + (f" softcap {s['softcap']}" if s.get("softcap") else "")
-
-
 def _render_bench(r: dict[str, Any], written: list[str]) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -159,12 +143,11 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
     for row in rows:
         by[(row["op"], json.dumps(row["shape"], sort_keys=True), row["provider"], row["mode"])] = row
     axis = {"tokens": "tokens", "hidden": "hidden"}.get(r.get("sweep"))
+    formats = ", ".join(f"{op} {fmt}" for op, fmt in r.get("size_formats", {}).items() if any(x["op"] == op for x in rows))
     table = Table(title=f"tigon bench: {r['model'].get('name', '')} shapes, {rows[0]['dtype'] if rows else ''}, "
                         f"{r['device']}", title_justify="left",
                   caption="ms: medians (fwd+bwd: p20-p80); throughput: fwd+bwd over minimal bytes / matmul FLOPs, "
-                          "% of the measured ceiling; mem: peak extra memory of fwd+bwd; size: " + (
-                              axis if axis else ", ".join(f"{op} {fmt}" for op, fmt in _SIZE_FORMATS.items()
-                                                          if any(x["op"] == op for x in rows))))
+                          "% of the measured ceiling; mem: peak extra memory of fwd+bwd; size: " + (axis or formats))
     for col, just in (("op", "left"), ("size", "left"), ("provider", "left"), ("fwd", "right"), ("bwd", "right"),
                       ("fwd+bwd", "right"), ("throughput", "right"), ("mem", "right"), ("vs eager", "right")):
         table.add_column(col, justify=just, overflow="fold")
@@ -177,7 +160,7 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
             table.add_section()
         last_op = op
         shape = row["shape"]
-        size = str(shape.get(axis)) if axis else _size_label(op, shape)
+        size = str(shape.get(axis)) if axis else row.get("size") or " ".join(f"{k}={v}" for k, v in shape.items())
         if row["ms"] is None:
             failures.append(f"{op} {prov} ({size}): {row['note']}")
             table.add_row(op, size, prov, "-", "-", "[red]failed[/]", "", "", "")

@@ -201,7 +201,7 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
 
 
 def _patch_summary(patch: dict[str, Any]) -> str:
-    """``family llama: replaced rms_norm x5, mlp x2, ...; 0 skipped`` from PatchReport.as_dict()."""
+    """``family llama: replaced <kind> x5, mlp x2, ...; 0 skipped`` from PatchReport.as_dict()."""
     counts = patch.get("counts")
     if counts is None and isinstance(patch.get("replaced"), list):
         counts = {"modules": len(patch["replaced"])}

@@ -13,6 +13,7 @@ from ._render import (_check_output, _console, _csv_list, _dump_report, _fail, _
 def add_parser(sub) -> None:
     """Add the ``verify`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..presets import PRESETS
+    from ..ops import registry
     from ..workflows import verify as V
 
     p = sub.add_parser(
@@ -28,7 +29,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--op", action="append", nargs="+", metavar="OP",
                    help=f"ops to verify: names, comma-separated or repeated, or 'all' (default: all: "
-                        f"{', '.join(V.REGISTRY)})")
+                        f"{', '.join(registry())})")
     p.add_argument("--dtype", metavar="LIST",
                    help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
     p.add_argument("--model", metavar="MODEL",

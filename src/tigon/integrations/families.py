@@ -10,6 +10,7 @@ Nothing here imports transformers: specs are strings until the engine resolves t
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 
@@ -245,4 +246,78 @@ def family_by_module(module_name: str) -> FamilySpec | None:
     for spec in FAMILIES.values():
         if spec.module == module_name:
             return spec
+    return None
+
+
+def family_ops(config: dict) -> set[str] | None:
+    """The :mod:`tigon.functional` ops a patched model of this config runs, or None for a family Tigon does not know.
+
+    From the family spec: its norms' kinds, the gated op of its MLPs' activation (:data:`ACTIVATIONS`; the config's
+    activation attribute, else the transformers config class's default), ``rope`` when it has a rotary function,
+    ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops (the fused
+    LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
+    """
+    model_type = config.get("model_type")
+    spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)
+    if spec is None:
+        return None
+    ops = {n.kind for n in spec.norms}
+    for m in spec.mlps:
+        act = m.activation or config.get(m.act_config_attr) or _config_default(model_type, m.act_config_attr)
+        if act in ACTIVATIONS:
+            ops.add(ACTIVATIONS[act][0])
+    if spec.rope is not None:
+        ops.add("rope")
+    if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
+        ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
+    return ops | {"cross_entropy", "fused_linear_cross_entropy"}
+
+
+def _config_default(model_type: str | None, attr: str):
+    """The default of ``attr`` in the ``transformers`` config class of ``model_type`` (None if unknown)."""
+    try:
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.for_model(model_type), attr, None)
+    except Exception:
+        return None
+
+
+def kind_op(kind: str, config) -> str | None:
+    """The :mod:`tigon.functional` op a replacement of patch ``kind`` runs for a model of ``config`` (a transformers
+    config or its dict), or None for a kind that runs no single op.
+
+    ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it
+    names none Tigon has), ``lm_head_loss`` the fused linear cross-entropy; the norm and rotary kinds are their ops.
+    """
+    if kind in ("rms_norm", "layer_norm", "rope"):
+        return kind
+    if kind == "mlp":
+        get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+        act = get("hidden_act") or get("hidden_activation")
+        return ACTIVATIONS.get(act, ("swiglu", None))[0]
+    if kind == "lm_head_loss":
+        return "fused_linear_cross_entropy"
+    return None
+
+
+def rms_semantics(model_type: str) -> tuple[str, float]:
+    """(casting_mode, offset) of the RMSNorm of the family ``model_type`` names (Llama's, ``("llama", 0.0)``, when the
+    family is not one of Tigon's or has no RMSNorm)."""
+    try:
+        spec = family_by_name(model_type or "")
+    except ValueError:
+        return "llama", 0.0
+    rms = next((n for n in spec.norms if n.kind == "rms_norm"), None)
+    return (rms.casting_mode, rms.offset) if rms is not None else ("llama", 0.0)
+
+
+def rotary_function(model) -> tuple[object, str] | None:
+    """``(modeling module, function name)`` of the module-global rotary function the first submodule of a registered
+    family calls (``apply_rotary_pos_emb``), or None (no registered family, or a family without one)."""
+    for m in model.modules():
+        spec = family_by_module(type(m).__module__)
+        if spec is not None:
+            mod = sys.modules.get(spec.module)
+            return (mod, spec.rope.function) if spec.rope is not None and mod is not None else None
     return None

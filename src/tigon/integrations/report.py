@@ -9,6 +9,21 @@ from dataclasses import asdict, dataclass, field
 
 _KIND_ORDER = ("rms_norm", "layer_norm", "mlp", "rope", "lm_head_loss")
 
+KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "rope": "rotary", "mlp": "mlp_activation",
+                   "lm_head_loss": "lm_head_loss"}
+"""Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
+
+KIND_NOTES = {
+    "rope": "rope: attention itself (softmax(QK^T)V) stays on PyTorch; only its apply_rotary_pos_emb call runs "
+            "tigon.functional.rope.",
+    "lm_head_loss": "lm_head_loss: the fused path applies in training with labels (logits=None then); without labels "
+                    "or in eval the original forward runs.",
+}
+"""Patch kind -> what ``tigon inspect`` tells a user about it when the model has it."""
+
+DRY_RUN_SILENT_NOTES = ("rope: transformers.",)
+"""Prefixes of engine notes that a dry run on a weightless copy (``tigon inspect``) leaves out."""
+
 
 @dataclass(frozen=True)
 class PatchEntry:

@@ -29,7 +29,7 @@ Schema conventions (custom ops return tensors, never None, and outputs never ali
 * an output that is not computed (a gradient not needed, a z-loss not requested) is an empty ``(0,)`` tensor;
 * loss options travel as scalars (``ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale``),
   ``num_items_in_batch`` as an optional 0-d tensor;
-* ``inplace_backward`` of swiglu/geglu/cross_entropy is ignored under compile (a custom op may not return its
+* ``inplace_backward`` of the GLU and cross-entropy ops is ignored under compile (a custom op may not return its
   input's memory as a gradient; inductor plans the backward's buffers itself); the results are the same.
 * A second backward through a compiled graph is not detected as it is in eager mode (mean/sum fused linear
   cross-entropy forms its gradients in the forward; retain_graph then scales the same saved gradients again,

@@ -119,7 +119,7 @@ def check_row_width(n: int, name: str) -> None:
 
 # ---- torch.library custom ops (the torch.compile path of every op; see tigon.kernels) -------------------------
 # Inductor hands a custom op exactly the input strides it was traced with (torch 2.13's default for custom ops,
-# stated here for releases with another default), so outputs whose strides follow the inputs' (rope's empty_like)
+# stated here for releases with another default), so outputs whose strides follow the inputs' (the rotary op's empty_like)
 # get the strides the fake implementation gave them.
 CUSTOM_OP_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
 

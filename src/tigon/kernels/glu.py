@@ -19,7 +19,6 @@ up; write d_gate, d_up).
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import Tensor

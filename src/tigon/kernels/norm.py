@@ -243,7 +243,7 @@ def fwd_config(block_n: int, device: torch.device) -> tuple[int, int]:
     """(rows per program, num_warps) of the forward for rows of ``block_n`` (a power of two) elements.
 
     The whole row in registers, several rows per program for small N (about 4096 elements a program; 2048 for
-    rows of <= 1024, with 4 warps). H200, rms_norm 16384 x 1024 bf16 (benchmarks/results/h200/session4/
+    rows of <= 1024, with 4 warps). H200, RMSNorm 16384 x 1024 bf16 (benchmarks/results/h200/session4/
     tune_h200.json): 2048-element programs 18.4 us, 4096: 18.7, 8192: 19.0, 16384: 22.0; 4 warps beat 2 and 8.
     """
     if block_n <= 1024:
@@ -289,7 +289,7 @@ def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, of
     Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32).
     """
     M, N = x2.shape
-    check_row_width(N, "rms_norm" if is_rms else "layer_norm")
+    check_row_width(N, "RMSNorm" if is_rms else "LayerNorm")
     y = torch.empty((M, N), dtype=out_dtype or x2.dtype, device=x2.device)
     mean = None if is_rms else torch.empty((M,), dtype=torch.float32, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)

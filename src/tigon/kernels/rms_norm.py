@@ -10,7 +10,6 @@ Minimal bytes (bf16): forward 2*M*N*2, backward 3*M*N*2.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import Tensor

@@ -25,7 +25,6 @@ Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 p
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 from torch import Tensor

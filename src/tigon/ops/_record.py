@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
+from ..support import KERNEL_DTYPES
+
 MODES = ("fwd", "fwd_bwd")
 """The modes ``min_bytes`` and ``flops`` are asked for (``bwd`` is their difference)."""
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-"""The dtypes Tigon's kernels take by default (other float dtypes run the reference)."""
 
 
 @dataclass(frozen=True)
 class ModelShapes:
     """A model's sizes and family semantics; each op takes its slice with :attr:`OpSpec.shape_of`.
 
-    tokens (batch x sequence, flattened), batch (rope's batch; seq = tokens // batch), hidden, intermediate,
+    tokens (batch x sequence, flattened), batch (the rotary op's batch; seq = tokens // batch), hidden, intermediate,
     heads (query heads), kv_heads, head_dim, vocab: counts. rms_eps, rms_casting_mode, rms_offset: the family's
     RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. softcap: the final logit soft-cap (Gemma 2),
     or None. Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
@@ -115,7 +115,7 @@ Builder = Callable[..., dict]
 class OpSpec:
     """Everything the workflows need to know about one public op (see the module docstring).
 
-    name: the registry key, the ``tigon.functional`` name, the CLI choice (``"rms_norm"``).
+    name: the registry key, the ``tigon.functional`` name, the CLI choice.
     summary: one line for ``--help``, ``tigon env`` and the docs.
     fn: the public function (``tigon.functional.<name>``).
     reference: the plain-PyTorch definition with the same signature and semantics (:mod:`tigon.reference`): the

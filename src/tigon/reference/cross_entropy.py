@@ -1,7 +1,7 @@
 """Cross-entropy reference: torch.nn.functional.cross_entropy semantics plus the extras LLM training uses.
 
-This module is the specification of :func:`tigon.functional.cross_entropy` (and, through
-:mod:`tigon.reference.fused_linear_cross_entropy`, of the fused linear variant). Per token ``i`` with target
+This module is the specification of :func:`tigon.functional.cross_entropy` (and of the loss of the fused LM-head
+variant, whose reference calls it). Per token ``i`` with target
 ``t = target[i]`` (tokens whose target equals ``ignore_index`` contribute nothing), class weights ``w`` (all ones
 when not given), vocabulary size ``V``, smoothing ``eps`` and ``x = softcap * tanh(logits / softcap)`` (or the
 logits themselves):

@@ -6,8 +6,9 @@
 - Python, Tigon, PyTorch, Triton, Transformers and CUDA versions, the platform and the CPU;
 - whether Triton's interpreter is on (``TRITON_INTERPRET=1``) and the Tigon switches (``TIGON_STRICT``,
   ``TIGON_DISABLE``);
-- for every op in :data:`OPS` and every dtype in :data:`DTYPES`, the backend :func:`tigon.support.decide` picks
-  for tensors on the default device (CUDA device 0 if any, else CPU) and why.
+- for every op of the registry (:func:`tigon.ops.registry`) and every dtype in :data:`DTYPES`, the backend
+  :func:`tigon.support.decide` picks for tensors on the default device (CUDA device 0 if any, else CPU) and why
+  (a dtype the op's record does not list runs the reference).
 
 The result is meant to be pasted into a bug report (``tigon env``, or ``tigon env --json env.json``).
 """
@@ -23,9 +24,7 @@ from typing import Any
 import torch
 
 from .. import support
-
-OPS = ("rms_norm", "layer_norm", "rope", "swiglu", "geglu", "glu_linear", "cross_entropy", "fused_linear_cross_entropy")
-"""The public ops of :mod:`tigon.functional`, in the order the CLI lists them."""
+from ..ops import registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The dtypes Tigon has kernels for (name -> torch dtype)."""
@@ -125,9 +124,9 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
     vers = versions()
     vers["hip"] = torch.version.hip
     rows = []
-    for op in OPS:
+    for op, spec in registry().items():
         for name, dtype in DTYPES.items():
-            d = support.decide(dev, dtype)
+            d = support.decide(dev, dtype, spec.dtypes)
             rows.append(BackendRow(op, name, d.backend, d.reason))
     interp = support.interpreter_enabled()
     notes = []

@@ -7,9 +7,9 @@ take a second or two. :func:`tigon.patch` is then applied to that weightless mod
 undone with :func:`tigon.unpatch` at once; its report says, module by module, what would be replaced and what
 would be skipped and why. Every other module is listed as left alone, with the reason.
 
-Kinds (the keys of ``counts``): ``rms_norm`` / ``layer_norm`` (norms), ``rope`` (the rotary call inside each
-attention module), ``mlp`` (the gated MLP's activation fused into swiglu / geglu), ``lm_head_loss`` (the LM head
-and the causal-LM loss fused into :func:`tigon.functional.fused_linear_cross_entropy` in training).
+Kinds (the keys of ``counts``) are the patch kinds of :mod:`tigon.integrations` (norms, the rotary call inside each
+attention module, the gated MLP's activation, the LM head and the causal-LM loss fused in training), counted under
+the categories of :data:`tigon.integrations.report.KIND_CATEGORIES`.
 
 :func:`load_model_config` (MODEL -> transformers config) is shared with ``tigon verify``.
 """
@@ -26,11 +26,9 @@ from typing import Any
 import torch
 
 from .. import presets as _presets
+from ..integrations.report import DRY_RUN_SILENT_NOTES, KIND_NOTES
+from ..integrations.report import KIND_CATEGORIES as CATEGORIES  # patch kind -> category
 from .compare import ConfigError, error_text
-
-CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "rope": "rotary", "mlp": "mlp_activation",
-              "lm_head_loss": "lm_head_loss"}
-"""Patch kind -> the category ``tigon inspect`` counts it under."""
 
 CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
@@ -119,7 +117,7 @@ class InspectResult:
         family: the Tigon family spec that applies (``"llama"``).
         architecture: the causal-LM class (``"LlamaForCausalLM"``); num_parameters: its parameter count.
         config: shape fields of the config (hidden_size, intermediate_size, layers, heads, vocab, activation ...).
-        counts: modules that would be replaced, per patch kind (``{"rms_norm": 65, "mlp": 32, ...}``).
+        counts: modules that would be replaced, per patch kind (``{"mlp": 32, ...}``).
         categories: the same per category: ``norms``, ``rotary``, ``mlp_activation``, ``lm_head_loss``.
         replaced: groups ``{"kind", "count", "targets", "detail"}``; targets fold layer indices to ``*``, detail
             says what would run instead.
@@ -187,7 +185,7 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if type(module).__module__.startswith("transformers.activations") or isinstance(
             module, (torch.nn.SiLU, torch.nn.GELU, torch.nn.Tanh, torch.nn.ReLU)):
         if parent_path in patched_paths:
-            return "the MLP's act_fn: the patched MLP fuses the activation into swiglu/geglu and no longer calls it"
+            return "the MLP's act_fn: the patched MLP fuses the activation into its gated kernel and no longer calls it"
         return "an activation outside a patched gated MLP"
     if isinstance(module, torch.nn.Dropout):
         return "dropout: no Tigon op"
@@ -200,7 +198,7 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if any(True for _ in module.children()):
         return "container: its submodules are listed separately"
     if isinstance(module, torch.nn.LayerNorm) or name.endswith("LayerNorm"):
-        return ("LayerNorm: tigon.functional.layer_norm exists, but this model's family has no spec and the generic "
+        return ("LayerNorm: Tigon has a LayerNorm kernel, but this model's family has no spec and the generic "
                 "matcher only recognises RMSNorm-like norms")
     return f"no Tigon kernel for {name}"
 
@@ -261,13 +259,8 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
             "config only: the model was built on the meta device (no weights read or allocated) and patched at "
             "instance level, then unpatched at once.",
         ]
-        if "rope" in counts:
-            notes.append("rope: attention itself (softmax(QK^T)V) stays on PyTorch; only its apply_rotary_pos_emb "
-                         "call runs tigon.functional.rope.")
-        if "lm_head_loss" in counts:
-            notes.append("lm_head_loss: the fused path applies in training with labels (logits=None then); "
-                         "without labels or in eval the original forward runs.")
-        notes += [n for n in report.notes if not n.startswith("rope: transformers.")]
+        notes += [KIND_NOTES[kind] for kind in counts if kind in KIND_NOTES]
+        notes += [n for n in report.notes if not n.startswith(DRY_RUN_SILENT_NOTES)]
         result = InspectResult(
             model=model,
             source=str(source),

@@ -15,8 +15,8 @@
    op that created it. Time is device (kernel) time on CUDA and self CPU time on CPU, per step in ms; what no op
    covers (idle device, Python and launch overhead) is the row ``unattributed``, so the rows add up to the
    profiled step time.
-3. **Mark what Tigon replaces** (:func:`tigon.patch` on a weightless copy: norm -> rms_norm / layer_norm,
-   rotary -> rope, activation -> swiglu / geglu, LM head + loss -> fused_linear_cross_entropy) and **predict**
+3. **Mark what Tigon replaces** (:func:`tigon.patch` on a weightless copy: the op each replacement runs and its
+   record's profile category, :func:`tigon.ops.registry`) and **predict**
    the patched step: each replaced category's time is scaled by the op's measured tigon / eager fwd+bwd time ratio
    at this model's shapes (:func:`tigon.workflows.bench.run_bench`), and the saving is subtracted from the
    unprofiled original step time (on CPU the saving is first scaled by unprofiled / profiled step time, since the
@@ -35,7 +35,6 @@ import functools
 import gc
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,8 +51,6 @@ CATEGORIES = ("matmul", "attention", "norm", "rotary", "activation", "lm_head_lo
 LABELS = {"matmul": "matmul", "attention": "attention", "norm": "norm", "rotary": "rotary",
           "activation": "activation", "lm_head_loss": "LM head + loss", "optimizer": "optimizer", "other": "other",
           "unattributed": "unattributed (idle / host overhead)"}
-PATCH_KIND_CATEGORY = {"rms_norm": "norm", "layer_norm": "norm", "mlp": "activation", "rope": "rotary",
-                       "lm_head_loss": "lm_head_loss"}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
     "cuda": dict(model="llama3-8b", layers=2, batch_size=4, seq_len=2048, steps=5, warmup=3, dtype="bfloat16"),
@@ -169,7 +166,7 @@ class _Annotator:
     def __init__(self, model: torch.nn.Module):
         self._stack: list = []
         self._handles = []
-        self._rope: tuple | None = None
+        self._rotary: tuple | None = None
         backbone = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         for m in model.modules():
@@ -183,7 +180,7 @@ class _Annotator:
                 cat = _module_category(m)
             if cat:
                 self._hook(m, cat)
-        self._wrap_rope(model)
+        self._wrap_rotary(model)
 
     def _hook(self, m: torch.nn.Module, cat: str) -> None:
         def pre(module, args, cat=cat):
@@ -201,23 +198,22 @@ class _Annotator:
         except TypeError:  # older torch: no always_call
             self._handles.append(m.register_forward_hook(post))
 
-    def _wrap_rope(self, model: torch.nn.Module) -> None:
-        from ..integrations.families import family_by_module
+    def _wrap_rotary(self, model: torch.nn.Module) -> None:
+        from ..integrations.families import rotary_function
 
-        for m in model.modules():
-            spec = family_by_module(type(m).__module__)
-            if spec is not None and spec.rope is not None:
-                mod = sys.modules.get(spec.module)
-                orig = getattr(mod, spec.rope.function, None) if mod is not None else None
-                if callable(orig):
-                    @functools.wraps(orig)
-                    def rotary(*args, __orig=orig, **kwargs):
-                        with torch.profiler.record_function(_RANGE + "rotary"):
-                            return __orig(*args, **kwargs)
+        found = rotary_function(model)
+        if found is None:
+            return
+        mod, name = found
+        orig = getattr(mod, name, None)
+        if callable(orig):
+            @functools.wraps(orig)
+            def rotary(*args, __orig=orig, **kwargs):
+                with torch.profiler.record_function(_RANGE + "rotary"):
+                    return __orig(*args, **kwargs)
 
-                    setattr(mod, spec.rope.function, rotary)
-                    self._rope = (mod, spec.rope.function, orig, rotary)
-                return
+            setattr(mod, name, rotary)
+            self._rotary = (mod, name, orig, rotary)
 
     def close_open_ranges(self) -> None:
         while self._stack:
@@ -228,11 +224,11 @@ class _Annotator:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self._rope is not None:
-            mod, name, orig, wrapper = self._rope
+        if self._rotary is not None:
+            mod, name, orig, wrapper = self._rotary
             if getattr(mod, name) is wrapper:
                 setattr(mod, name, orig)
-            self._rope = None
+            self._rotary = None
 
 
 def _module_category(m: torch.nn.Module) -> str | None:
@@ -417,7 +413,8 @@ def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]
     import tigon
     from transformers import AutoModelForCausalLM
 
-    from ..integrations.families import ACTIVATIONS
+    from ..integrations.families import kind_op
+    from ..ops import registry
 
     with torch.device("meta"):
         probe = AutoModelForCausalLM.from_config(hfc)
@@ -427,18 +424,12 @@ def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]
         return {}, {}, [f"tigon.patch does not support this model, nothing is replaced: {e}"]
     try:
         counts = report.counts
+        specs = registry()
         ops: dict[str, str] = {}
         for entry in report.replaced:
-            cat = PATCH_KIND_CATEGORY.get(entry.kind)
-            if cat is None:
-                continue
-            if entry.kind == "mlp":
-                act = getattr(hfc, "hidden_act", None) or getattr(hfc, "hidden_activation", None)
-                ops[cat] = ACTIVATIONS.get(act, ("swiglu", None))[0]
-            elif entry.kind == "lm_head_loss":
-                ops[cat] = "fused_linear_cross_entropy"
-            else:
-                ops[cat] = entry.kind
+            op = kind_op(entry.kind, hfc)
+            if op in specs:
+                ops[specs[op].category] = op
         notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in report.skipped]
         return ops, counts, notes
     finally:

@@ -1,0 +1,69 @@
+"""A model config's sizes and family semantics as :class:`tigon.ops.ModelShapes`, the one place ``tigon verify``,
+``tigon bench`` and ``tigon profile`` take their shapes from (each op then takes its slice with its record's
+``shape_of``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..integrations.families import rms_semantics
+from ..ops import ModelShapes
+
+
+class ConfigFieldError(ValueError):
+    """A model config lacks a field the shapes need (the message names it)."""
+
+
+def _get(config, name: str, default=None) -> Any:
+    """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None."""
+    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    return default if value is None else value
+
+
+def text_config(config):
+    """The text decoder's config of a multimodal config (``text_config``), else ``config`` itself."""
+    if isinstance(config, dict):
+        inner = config.get("text_config")
+        return inner if "hidden_size" not in config and isinstance(inner, dict) else config
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def shapes_from_config(config, tokens: int, batch: int = 1,
+                       max_vocab: int | None = None) -> tuple[ModelShapes, list[str]]:
+    """:class:`ModelShapes` for ``tokens`` tokens (``batch`` sequences) of a model, and notes on what was capped.
+
+    Args:
+        config: a transformers config or its dict (``config.json``); multimodal configs give their text decoder's.
+            Reads hidden_size, intermediate_size, num_attention_heads, vocab_size (required), num_key_value_heads,
+            head_dim, rms_norm_eps, rope_parameters / rope_theta, final_logit_softcapping, model_type (for the
+            family's RMSNorm casting and offset, :mod:`tigon.integrations.families`).
+        tokens: tokens in all (>= 1); batch: sequences among them (the rotary op's batch), at most ``tokens``.
+        max_vocab: cap on the vocabulary (None or 0: no cap).
+
+    Raises:
+        ConfigFieldError: a required field is missing.
+    """
+    config = text_config(config)
+    need = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    missing = [n for n in need if not isinstance(_get(config, n), int)]
+    if missing:
+        raise ConfigFieldError(f"the model config has no {', '.join(missing)} (model_type "
+                               f"{_get(config, 'model_type')!r}); a decoder-only LM config is needed")
+    hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+    rotary = _get(config, "rope_parameters", {})
+    theta = (rotary.get("rope_theta") if isinstance(rotary, dict) else None) or _get(config, "rope_theta", 10000.0)
+    casting, offset = rms_semantics(_get(config, "model_type", ""))
+    vocab, caps = _get(config, "vocab_size"), []
+    if max_vocab and vocab > max_vocab:
+        caps.append(f"vocab {vocab} capped to {max_vocab} (interpreted kernels are too slow at full size; "
+                    "--max-vocab changes the cap)")
+        vocab = max_vocab
+    batch = max(1, min(batch, tokens))
+    shapes = ModelShapes(
+        tokens=tokens, batch=batch, hidden=hidden, intermediate=_get(config, "intermediate_size"), heads=heads,
+        kv_heads=_get(config, "num_key_value_heads", heads), head_dim=_get(config, "head_dim", hidden // heads),
+        vocab=vocab, rms_eps=float(_get(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting, rms_offset=offset,
+        rope_theta=float(theta), softcap=_get(config, "final_logit_softcapping"))
+    return shapes, caps
