@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     import tigon.kernels.fused_linear_cross_entropy as flce
 
     t0 = time.time()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": None,
-           "command": "PYTHONPATH=src python3 benchmarks/flce_h200.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    command = "PYTHONPATH=src python3 benchmarks/flce_h200.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": None, "command": command,
            "rows": [], "chunk_sweep": [], "numerics": {}}
 
     def save():

@@ -14,9 +14,10 @@ product of its knobs' values, with the default (no knob set) first. Timing is ``
 tuning row and a ``tigon bench`` row of the same shape are the same measurement. Shapes are model presets with
 config overrides (e.g. ``hidden_size``), passed to the bench as a config.json.
 
-Earlier tuning (benchmarks/tune_h200.py, named parts, up to commit e3ac8bd: ``git show e3ac8bd:benchmarks/tune_h200.py``)
-also timed kernels since removed (the split-row and one-pass cross-entropy, the per-position RoPE, a capped
-grad_in_forward grid); their results are in benchmarks/results/h200/session4..session8.
+Earlier tuning (benchmarks/tune_h200.py, named parts, last at commit e3ac8bd:
+``git show e3ac8bd:benchmarks/tune_h200.py``) also timed kernels since removed (the split-row and one-pass
+cross-entropy, the per-position RoPE, a capped grad_in_forward grid); their results are in
+benchmarks/results/h200/session4..session8.
 """
 
 from __future__ import annotations
@@ -261,9 +262,9 @@ def main(argv=None) -> int:
     import torch
 
     t0 = time.time()
-    out = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "ceilings": None,
-           "command": "PYTHONPATH=src python3 benchmarks/tune.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "results": []}
+    command = "PYTHONPATH=src python3 benchmarks/tune.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    out = {"device": device, "torch": torch.__version__, "ceilings": None, "command": command, "results": []}
 
     peers = [p for p in args.peers.split(",") if p]
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,8 @@ float32 (the trajectory the bf16 runs approximate) and in bf16, original and Tig
 relative loss distance from the float32 original over the steps.
 
 GPU (repository root; tests/ is put on the path by the script):
-    PYTHONPATH=src python3 benchmarks/numerics/bf16_drift.py --case gemma --steps 20 --out $OUT/bf16-drift_gemma_h200_<date>.json
+    PYTHONPATH=src python3 benchmarks/numerics/bf16_drift.py --case gemma --steps 20 \
+        --out $OUT/bf16-drift_gemma-mini_h200_<date>.json
     PYTHONPATH=src python3 benchmarks/numerics/bf16_drift.py --case gemma --toggles --out ...
     PYTHONPATH=src python3 benchmarks/numerics/bf16_drift.py --case gemma --controls --out ...
 
