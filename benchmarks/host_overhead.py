@@ -50,8 +50,8 @@ def _time(fn, reps=500):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the per-call host times as JSON")
     args = ap.parse_args()
     _mock_launches()
     x = torch.randn(8, 64, requires_grad=True)
