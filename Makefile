@@ -31,3 +31,38 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) tigon-compare.json tigon-compare.png
+
+# ---- GPU benchmarks (benchmarks/README.md). Run on the CUDA machine from the repository root, with that machine's
+# python3 and torch (GPU_PYTHON), not the .venv above. Files go to $(OUT) as <kind>_<model>_<gpu>_<date>.json.
+#   make bench-h200                      tests, tigon compare and tigon bench of every op (one device call)
+#   make bench-sweep-h200                tigon bench --sweep tokens per op, --sweep hidden for the norms (CUDA graphs);
+#                                        SWEEP_OPS="rms_norm rope" to split the sweeps over several device calls
+GPU_PYTHON ?= python3
+OUT ?= out
+GPU ?= h200
+MODEL ?= llama3-8b
+DATE ?= $(shell date +%Y%m%d)
+SWEEP_OPS ?= rms_norm layer_norm rope swiglu geglu cross_entropy
+HIDDEN_OPS ?= rms_norm,layer_norm
+CUDA_GRAPH ?= --cuda-graph
+GPU_ENV = PYTHONPATH=src PYTHONUNBUFFERED=1
+TIGON_GPU = $(GPU_ENV) $(GPU_PYTHON) -m tigon.cli
+
+.PHONY: bench-h200 bench-sweep-h200
+
+bench-h200:
+	mkdir -p $(OUT)
+	-$(GPU_ENV) $(GPU_PYTHON) -m pytest -q -x -p no:cacheprovider tests > $(OUT)/pytest_$(GPU)_$(DATE).log 2>&1; \
+		tail -3 $(OUT)/pytest_$(GPU)_$(DATE).log
+	-$(TIGON_GPU) compare --preset $(MODEL) --layers 2 --dtype bfloat16 --quiet \
+		--json $(OUT)/compare_$(MODEL)-2l-bf16_$(GPU)_$(DATE).json --plot $(OUT)/compare_$(MODEL)-2l-bf16_$(GPU)_$(DATE).png
+	$(TIGON_GPU) bench --op all --model $(MODEL) --json $(OUT)/bench_$(MODEL)_$(GPU)_$(DATE).json
+
+bench-sweep-h200:
+	mkdir -p $(OUT)/sweep-tokens $(OUT)/sweep-hidden
+	for op in $(SWEEP_OPS); do \
+		$(TIGON_GPU) bench --op $$op --model $(MODEL) --sweep tokens $(CUDA_GRAPH) --quiet \
+			--json $(OUT)/sweep-tokens-$${op}_$(MODEL)_$(GPU)_$(DATE).json --plot-dir $(OUT)/sweep-tokens || exit 1; \
+	done
+	$(TIGON_GPU) bench --op $(HIDDEN_OPS) --model $(MODEL) --sweep hidden $(CUDA_GRAPH) --quiet \
+		--json $(OUT)/sweep-hidden_$(MODEL)_$(GPU)_$(DATE).json --plot-dir $(OUT)/sweep-hidden

@@ -12,7 +12,7 @@ For one preset (default: Llama-3-8B shapes cut to 2 layers, bf16, on the GPU), w
    L2 errors (inductor reorders bf16 arithmetic, so small differences are expected; large ones are a bug).
 
 Usage (GPU machine, repo root):
-    PYTHONPATH=src python3 benchmarks/compile_check.py --out $OUT/compile_check.json
+    PYTHONPATH=src python3 benchmarks/compile_check.py --out $OUT/compile-check_llama3-8b-2l_h200_<date>.json
 Local smoke run on a CPU (kernels through the Triton interpreter):
     PYTHONPATH=src python3 benchmarks/compile_check.py --preset tiny --dtype float32 --seq 32 --steps 2 \
         --backend aot_eager --out /tmp/cc.json

@@ -1,39 +1,76 @@
-"""Fused linear cross-entropy on one GPU: the issue's shapes side by side, a chunk-size sweep and the numerics of
-both accumulation modes. One device call; writes JSON to --out.
+"""Fused linear cross-entropy on one GPU: the issue's shapes with every provider side by side, a chunk-size sweep of
+Tigon's two accumulation modes, and their numerics against float64. One device call (about two minutes); JSON to
+--out, rewritten after each part.
 
-    PYTHONPATH=src python3 benchmarks/flce_h200.py --out flce.json [--providers eager,compile,tigon,tigon_lean,liger,cce]
+    PYTHONPATH=src python3 benchmarks/flce_h200.py --out $OUT/flce_llama3-8b_h200_<date>.json \
+        [--providers eager,compile,tigon,tigon_lean,liger,cce] [--skip-sweep] [--skip-numerics]
 
-Shapes: Llama-3-8B LM head (H=4096, V=128256) at N=8192 and N=32768 tokens, Gemma-2 (H=3584, V=256000, final-logit
-softcap 30) at N=8192; bf16, 10% of labels ignored, forward + backward, through tigon.workflows.bench (do_bench
-medians, ceilings measured in the same run). Chunk sweep: Tigon's default (fp32 accumulation) with chunks of
-1024 .. 8192 rows and the lean mode with 2**24 .. 2**27-logit chunks, at N=8192 Llama shapes. Numerics: relative
-L2 error of loss, grad_hidden and grad_weight against float64, for eager bf16 and both Tigon modes, upstream 1.
+Shapes: Llama-3-8B's LM head (H=4096, V=128256) at N=8192 and N=32768 tokens, Gemma-2-9B's (H=3584, V=256000,
+final-logit softcap 30) at N=8192; bf16, 10% of the labels ignored; timed as ``tigon bench --op
+fused_linear_cross_entropy --model M --tokens N`` does it (tigon.workflows.bench.run_op_bench: plain do_bench
+medians of fwd, bwd and fwd+bwd, matmul rate measured in the same run). Chunk sweep, at N=8192 Llama shapes:
+the default mode (fp32 grad_weight accumulator) with chunks of 1024 .. 8192 rows (the memory budget lifted so that
+the rows are the ones asked for), and the lean mode (``accum_dtype=bf16``) with 2**24 .. 2**27-logit chunks; each
+point sets the constants of tigon.kernels.fused_linear_cross_entropy for its run. Numerics: relative L2 error of
+loss, grad_hidden and grad_weight against float64 for eager bf16 and both Tigon modes, upstream gradient 1.
+Results: benchmarks/results/h200/flce_h200.json (an earlier version of this script; see the results README).
 """
 
 import argparse
 import json
+import sys
 import time
+from unittest import mock
 
 import torch
 
 import tigon.functional as F
-import tigon.kernels.fused_linear_cross_entropy as flce_ops
-from tigon.workflows.bench import CASES, bench_one, measure_ceilings
+from tigon.numerics import rel_l2
+
+OP = "fused_linear_cross_entropy"
+SHAPES = (("llama3-8b", 8192), ("llama3-8b", 32768), ("gemma2-9b", 8192))
+SWEEP_TOKENS, SWEEP_HIDDEN, SWEEP_VOCAB = 8192, 4096, 128256  # llama3-8b at 8192 tokens
+FP32_CHUNK_ROWS = (1024, 2048, 4096, 8192)
+LEAN_CHUNK_LOG2 = (24, 25, 26, 27)
+NUMERICS = {"llama3_8192": (8192, 4096, 128256, None), "gemma2_4096": (4096, 3584, 256000, 30.0)}
 
 
-def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
+def bench(providers: list[str], model: str, tokens: int) -> tuple[list[dict], dict]:
+    """(fwd+bwd rows, ceilings) of ``tigon bench --op fused_linear_cross_entropy`` at one shape."""
+    from tigon.workflows.bench import BenchConfig, run_op_bench
+
+    r = run_op_bench(BenchConfig(ops=[OP], model=model, providers=providers, tokens=tokens)).as_dict()
+    return [row for row in r["rows"] if row["mode"] == "fwd_bwd"], r["ceilings"]
 
 
-def numerics(n, h, v, softcap, device):
+def chunk_sweep(flce) -> list[dict]:
+    """fwd+bwd time and peak extra memory of each chunk size of both accumulation modes at Llama N=8192."""
+    n, h, v, dev = SWEEP_TOKENS, SWEEP_HIDDEN, SWEEP_VOCAB, torch.device("cuda")
+    points = [("tigon", {"mode": "fp32"}, dict(MIN_CHUNK_ROWS_CUDA=rows, MAX_CHUNK_ELEMS_CUDA=rows * v,
+                                                FLCE_BUDGET_BYTES_CUDA=1 << 50)) for rows in FP32_CHUNK_ROWS]
+    points += [("tigon_lean", {"mode": "lean", "chunk_elems": 1 << k}, dict(LEAN_CHUNK_ELEMS=1 << k))
+               for k in LEAN_CHUNK_LOG2]
+    out = []
+    for provider, rec, consts in points:
+        with mock.patch.multiple(flce, **consts):
+            rows, _ = bench([provider], "llama3-8b", n)
+            rec["rows"] = flce.chunk_rows(n, v, h, dev, lean=provider == "tigon_lean",
+                                          fp32_weight_grad=provider == "tigon")
+        rec.update(ms=rows[0]["ms"], peak_extra_bytes=rows[0]["peak_extra_bytes"], note=rows[0]["note"])
+        out.append(rec)
+        print("sweep", rec, flush=True)
+    return out
+
+
+def numerics(n, h, v, softcap, device) -> dict:
+    """Relative L2 errors of loss, grad_hidden and grad_weight against float64, per computation."""
     torch.manual_seed(0)
     hid = torch.randn(n, h, device=device, dtype=torch.bfloat16)
     w = (torch.randn(v, h, device=device) * h ** -0.5).to(torch.bfloat16)
     t = torch.randint(0, v, (n,), device=device)
     t[torch.rand(n, device=device) < 0.1] = -100
-    out = {}
 
-    def run(name, fn, dtype):
+    def run(fn, dtype):
         a = hid.to(dtype).clone().requires_grad_()
         b = w.to(dtype).clone().requires_grad_()
         loss = fn(a, b)
@@ -46,79 +83,57 @@ def numerics(n, h, v, softcap, device):
             z = softcap * torch.tanh(z / softcap)
         return torch.nn.functional.cross_entropy(z, t)
 
-    truth = run("truth", eager, torch.float64)
+    truth = run(eager, torch.float64)
+    out = {}
     for name, fn in (("eager", eager),
                      ("tigon", lambda a, b: F.fused_linear_cross_entropy(a, b, t, softcap=softcap)),
                      ("tigon_lean", lambda a, b: F.fused_linear_cross_entropy(a, b, t, softcap=softcap,
                                                                              accum_dtype=torch.bfloat16))):
-        r = run(name, fn, torch.bfloat16)
-        out[name] = {k: rel(x, y) for k, x, y in zip(("loss", "grad_hidden", "grad_weight"), r, truth)}
-        del r
+        got = run(fn, torch.bfloat16)
+        out[name] = {k: rel_l2(x, y) for k, x, y in zip(("loss", "grad_hidden", "grad_weight"), got, truth)}
+        del got
         torch.cuda.empty_cache()
     return out
 
 
-def row_dict(rows):
-    return [dict(r.__dict__) for r in rows]
-
-
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--providers", default="eager,compile,tigon,tigon_lean,liger,cce")
-    ap.add_argument("--skip-sweep", action="store_true")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
+    ap.add_argument("--skip-sweep", action="store_true", help="no chunk-size sweep")
+    ap.add_argument("--skip-numerics", action="store_true", help="no float64 comparison")
+    args = ap.parse_args(argv)
+    import tigon.kernels.fused_linear_cross_entropy as flce
+
     t0 = time.time()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": measure_ceilings(dev),
+    command = "PYTHONPATH=src python3 benchmarks/flce_h200.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": None, "command": command,
            "rows": [], "chunk_sweep": [], "numerics": {}}
-    print("ceilings", res["ceilings"], flush=True)
-    case = CASES["fused_linear_cross_entropy"]
-    shapes = [dict(tokens=8192, hidden=4096, vocab=128256, softcap=None),
-              dict(tokens=32768, hidden=4096, vocab=128256, softcap=None),
-              dict(tokens=8192, hidden=3584, vocab=256000, softcap=30.0)]
-    compiled = {}
-    providers = [p for p in args.providers.split(",") if p in case.providers]
-    for shape in shapes:
-        for p in providers:
-            try:
-                rows = bench_one(case, p, shape, torch.bfloat16, dev, res["ceilings"], compiled, modes=("fwd_bwd",))
-            except Exception as e:
-                rows = []
-                res["rows"].append({"provider": p, "shape": shape, "note": f"failed: {type(e).__name__}: {e}"[:300]})
-            res["rows"] += row_dict(rows)
-            for r in rows:
-                print(f"{shape['tokens']:6d} {shape['vocab']:7d} {p:11s} {r.ms:8.2f} ms {r.pct_matmul or 0:5.1f}% "
-                      f"{(r.peak_extra_bytes or 0) / 2**30:6.2f} GiB  [{time.time() - t0:.0f}s]", flush=True)
-            torch.cuda.empty_cache()
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+    for model, tokens in SHAPES:
+        rows, ceilings = bench(args.providers.split(","), model, tokens)
+        res["ceilings"] = res["ceilings"] or ceilings
+        res["rows"] += rows
+        for r in rows:
+            ms = f"{r['ms']:8.2f} ms {r['pct_matmul'] or 0:5.1f}%" if r["ms"] else r["note"][:80]
+            print(f"{model:10s} {tokens:6d} {r['provider']:11s} {ms} "
+                  f"{(r['peak_extra_bytes'] or 0) / 2**30:6.2f} GiB  [{time.time() - t0:.0f}s]", flush=True)
+        save()
     if not args.skip_sweep:
-        base = dict(tokens=8192, hidden=4096, vocab=128256, softcap=None)
-        saved = (flce_ops.MAX_CHUNK_ELEMS_CUDA, flce_ops.MIN_CHUNK_ROWS_CUDA, flce_ops.LEAN_CHUNK_ELEMS)
-        for rows in (1024, 2048, 4096, 8192):
-            flce_ops.MAX_CHUNK_ELEMS_CUDA = rows * 128256
-            flce_ops.MIN_CHUNK_ROWS_CUDA = rows  # rows = max(H, MIN) capped by MAX_CHUNK_ELEMS / V
-            r = bench_one(case, "tigon", base, torch.bfloat16, dev, res["ceilings"], compiled, modes=("fwd_bwd",))[0]
-            res["chunk_sweep"].append({"mode": "fp32", "rows": flce_ops.chunk_rows(8192, 128256, 4096, dev),
-                                       "ms": r.ms, "peak_extra_bytes": r.peak_extra_bytes})
-            print("sweep fp32", res["chunk_sweep"][-1], flush=True)
-        flce_ops.MAX_CHUNK_ELEMS_CUDA, flce_ops.MIN_CHUNK_ROWS_CUDA, _ = saved
-        for log2 in (24, 25, 26, 27):
-            flce_ops.LEAN_CHUNK_ELEMS = 1 << log2
-            r = bench_one(case, "tigon_lean", base, torch.bfloat16, dev, res["ceilings"], compiled,
-                          modes=("fwd_bwd",))[0]
-            res["chunk_sweep"].append({"mode": "lean", "chunk_elems": 1 << log2,
-                                       "rows": flce_ops.chunk_rows(8192, 128256, 4096, dev, lean=True),
-                                       "ms": r.ms, "peak_extra_bytes": r.peak_extra_bytes})
-            print("sweep lean", res["chunk_sweep"][-1], flush=True)
-        flce_ops.LEAN_CHUNK_ELEMS = saved[2]
-    for name, (n, h, v, sc) in {"llama3_8192": (8192, 4096, 128256, None),
-                                "gemma2_4096": (4096, 3584, 256000, 30.0)}.items():
-        res["numerics"][name] = numerics(n, h, v, sc, dev)
-        print("numerics", name, res["numerics"][name], flush=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1, default=str)
+        res["chunk_sweep"] = chunk_sweep(flce)
+        save()
+    if not args.skip_numerics:
+        for name, (n, h, v, softcap) in NUMERICS.items():
+            res["numerics"][name] = numerics(n, h, v, softcap, torch.device("cuda"))
+            print("numerics", name, res["numerics"][name], flush=True)
+        save()
     print(f"done in {time.time() - t0:.0f}s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,10 @@
 """Host (Python + dispatcher) time of one call of each Tigon op, with every Triton launch replaced by a no-op.
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py [--out host.json]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py [--out host-overhead_tiny_cpu_<date>.json]
 
 What the GPU hides only when its kernels run longer than this: at small batches the ops are host-bound (the
-cross-entropy at 1-2k tokens, sweep_h200.json). Measured on tiny CPU tensors under the interpreter backend (the
+cross-entropy at 1-2k tokens, benchmarks/results/h200/session8/sweep9c_ce_plain_small.json). On the GPU, the host's
+share shows as the difference between ``tigon bench`` without and with ``--cuda-graph``. Measured on tiny CPU tensors under the interpreter backend (the
 same Python path as the CUDA one except that the CUDA path skips the target-range check and pays the CUDA launch
 itself), so figures compare versions of the code on one machine, not machines. Median of 7 repeats of 500 calls.
 """
@@ -49,8 +50,8 @@ def _time(fn, reps=500):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the per-call host times as JSON")
     args = ap.parse_args()
     _mock_launches()
     x = torch.randn(8, 64, requires_grad=True)

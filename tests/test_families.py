@@ -36,7 +36,7 @@ STEPS = int(os.environ.get("TIGON_FAMILY_STEPS", "20" if DEVICE == "cuda" else "
 B, T, V, L = 2, 12, 300, 2
 DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
 LOSS_RTOL, PARAM_RTOL = (1e-4, 1e-4) if DTYPE == torch.float32 else (2e-2, None)
-# Looser in bf16 for the Gemma (v1) mini model, with the reason measured on the H200 (benchmarks/bf16_drift.py
+# Looser in bf16 for the Gemma (v1) mini model, with the reason measured on the H200 (benchmarks/numerics/bf16_drift.py
 # --controls; results/h200/session5/final/bf16_controls_gemma.json): its step 18 batch is a loss spike (3.06 -> 4.95)
 # after which step 19 is hypersensitive to rounding. With no Tigon code at all, HF's own RoPE evaluated in float32 and
 # rounded once moves the original's step-19 loss by 1.66%; Tigon's RoPE (the same arithmetic) lands 0.99% from that

@@ -285,7 +285,7 @@ def test_flce_default_chunk_cap(monkeypatch):
 
 # accum_dtype = the weight's dtype (low-memory accumulation): grad_weight rounded to bf16 after every chunk. With
 # k chunks its error grows like sqrt(k) roundings of the running sum; measured (float64 simulation of N=8192,
-# V=8192, logits of std 1; benchmarks/lean_accum_sim.py -> benchmarks/results/cpu/lean_accum_sim.txt): 4.2x the
+# V=8192, logits of std 1; benchmarks/numerics/lean_accum_sim.py -> benchmarks/results/cpu/lean_accum_sim.txt): 4.2x the
 # unfused bf16 error at k=32, 2.0x at k=8, 1.2x at k=2. This test runs
 # 36 / 8 = 5 chunks, so the bound on grad_weight is 3x the original's (the approximation the docstring states);
 # grad_hidden and the loss are formed per chunk in one matmul and keep the exact-mode bound.
