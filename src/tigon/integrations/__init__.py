@@ -22,6 +22,7 @@ from .families import (
     ACTIVATIONS,
     FAMILIES,
     CausalLMSpec,
+    DecoderLayerSpec,
     FamilySpec,
     MLPSpec,
     NormSpec,
@@ -33,7 +34,7 @@ from .report import PatchEntry, PatchReport
 
 __all__ = [
     "patch", "unpatch", "PatchReport", "PatchEntry", "patched_state",
-    "FamilySpec", "NormSpec", "MLPSpec", "RopeSpec", "CausalLMSpec", "FAMILIES", "ACTIVATIONS",
+    "FamilySpec", "NormSpec", "MLPSpec", "RopeSpec", "CausalLMSpec", "DecoderLayerSpec", "FAMILIES", "ACTIVATIONS",
     "register_family", "family_by_name", "generic_matches",
     "causal_lm_loss", "causal_lm_loss_from_logits", "shifted_targets", "slice_to_keep",
 ]

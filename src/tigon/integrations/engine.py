@@ -40,23 +40,24 @@ from __future__ import annotations
 import importlib
 import threading
 import types
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from . import components
 from . import forwards as fw
-from .causal_lm import causal_lm_forward, head_problem, loss_options, uses_default_loss
+from .causal_lm import loss_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
 from .report import PatchEntry, PatchReport
+from .rotary_switch import SWITCHES, RopeSwitch, switch
 
 _LOCK = threading.RLock()
 _MISSING = object()
 
-OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "lm_head_loss")
+OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss")
 
 # Keys of ``patch(fused_linear_cross_entropy={...})``, forwarded to tigon.functional.fused_linear_cross_entropy.
 FLCE_OPTIONS = ("accum_dtype",)
@@ -101,58 +102,20 @@ def _check_accum_dtype(model, accum_dtype) -> None:
                          f"head's dtype {weight.dtype}; use None / torch.float32, or cast the model first")
 
 
-# ---- rotary switch ---------------------------------------------------------------------------------------------
-class _RopeSwitch:
-    """The dispatcher installed as ``module.<function>`` and the reasons to keep it there."""
-
-    def __init__(self, module, name: str, family: str):
-        self.module, self.name = module, name
-        self.original = getattr(module, name)
-        self.class_level = False
-        self.live: weakref.WeakSet = weakref.WeakSet()
-        self.dispatcher = fw.rope_dispatcher(self.original, family, self)
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.module.__name__}.{self.name}"
-
-    def install(self) -> None:
-        if getattr(self.module, self.name) is not self.dispatcher:
-            setattr(self.module, self.name, self.dispatcher)
-
-    def release(self) -> bool:
-        """Restore the original global when nothing needs the dispatcher any more; True when restored."""
-        if self.live or self.class_level:
-            return False
-        if getattr(self.module, self.name) is self.dispatcher:
-            setattr(self.module, self.name, self.original)
-        _SWITCHES.pop((self.module.__name__, self.name), None)
-        return True
-
-
-_SWITCHES: dict[tuple[str, str], _RopeSwitch] = {}
-
-
+# ---- rotary switch (tigon.integrations.rotary_switch) ----------------------------------------------------
 def release_unused() -> list[str]:
     """Put back every rotary global that no live patched model needs (patched models that were garbage collected
     without :func:`unpatch`). Runs at the start of every patch / unpatch; returns the restored qualnames."""
     with _LOCK:
-        return [sw.qualname for sw in list(_SWITCHES.values()) if sw.release()]
+        return [sw.qualname for sw in list(SWITCHES.values()) if sw.release()]
 
-
-def _switch(module, name: str, family: str) -> _RopeSwitch:
-    key = (module.__name__, name)
-    sw = _SWITCHES.get(key)
-    if sw is None:
-        sw = _SWITCHES[key] = _RopeSwitch(module, name, family)
-    return sw
 
 
 # ---- class-level state -----------------------------------------------------------------------------------------
 @dataclass
 class _ClassState:
     saved: list[tuple[type, str, object, str]] = field(default_factory=list)  # (class, attr, original|_MISSING, kind)
-    rope: _RopeSwitch | None = None
+    rope: RopeSwitch | None = None
 
 
 _CLASS_STATE: dict[str, _ClassState] = {}
@@ -169,10 +132,6 @@ class _Action:
 PATCH_ATTRS = ("forward", "_apply_gate")
 
 
-def _attr(comp) -> str:
-    return getattr(comp, "patch_attr", "forward")
-
-
 def _import_family(spec: FamilySpec):
     try:
         return importlib.import_module(spec.module)
@@ -181,84 +140,11 @@ def _import_family(spec: FamilySpec):
                           f"(is transformers installed? {e})") from e
 
 
-def _components(spec: FamilySpec, enabled: dict[str, bool]):
-    """(kind, class name, component spec) for each enabled class-based part of the spec."""
-    out = []
-    for ns in spec.norms:
-        out.append((ns.kind, ns.cls, ns))
-    for ms in spec.mlps:
-        out.append(("mlp", ms.cls, ms))
-    if spec.causal_lm is not None:
-        out.append(("lm_head_loss", spec.causal_lm.cls, spec.causal_lm))
-    return [c for c in out if enabled[c[0]]]
-
-
-def _factory(kind: str, comp, family: str, family_module: str, original, opts: dict):
-    if kind in ("rms_norm", "layer_norm"):
-        return fw.norm_forward(comp, family, original)
-    if kind == "mlp":
-        if comp.experts:
-            return fw.experts_gate(comp, family, original)
-        return fw.mlp_forward(comp, family, original)
-    return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
-
-
-def _describe(kind: str, comp, module=None, opts=None) -> str:
-    if kind == "rms_norm":
-        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
-    if kind == "layer_norm":
-        return "tigon.functional.layer_norm"
-    if kind == "mlp":
-        return fw.describe_mlp(module, comp)
-    parts = []
-    if opts["fused"]:
-        args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
-        parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
-    if opts["ce"]:
-        parts.append("materialised logits with labels: tigon.functional.cross_entropy")
-    return "; ".join(parts) + "; otherwise the original forward"
-
-
-def _problem(kind: str, comp, module, opts) -> str | None:
-    if kind in ("rms_norm", "layer_norm"):
-        return fw.norm_problem(module, comp)
-    if kind == "mlp":
-        return fw.mlp_problem(module, comp)
-    if opts["fused"]:
-        p = head_problem(module, comp)
-        if p is None or not opts["ce"] or not uses_default_loss(module):
-            return p
-        return None  # head not fusable, but the cross-entropy path still applies
-    return None if uses_default_loss(module) else "the model has a custom loss_function / loss_type; its loss is kept"
-
-
-def _rope_problem(spec: FamilySpec, mod) -> str | None:
-    if spec.rope.layout != "rotate_half":
-        return (f"layout {spec.rope.layout!r} is not supported (tigon.functional.rope is rotate-half over the full "
-                "head dim); the family's rotary function is left alone")
-    if not callable(getattr(mod, spec.rope.function, None)):
-        return "function not found in this transformers"
-    return None
-
-
-def partial_rotary_factor(config) -> float:
-    """The fraction of the head dim that is rotated (``partial_rotary_factor`` in the config or its
-    ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
-    for holder in (config, getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
-        if isinstance(holder, dict):
-            v = holder.get("partial_rotary_factor")
-        else:
-            v = getattr(holder, "partial_rotary_factor", None) if holder is not None else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return 1.0
-
-
 def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, report: PatchReport):
     """Matches of the spec's classes in ``model`` (class-not-found and rope problems go to the report)."""
     mod = _import_family(spec)
     classes = []
-    for kind, name, comp in _components(spec, enabled):
+    for kind, name, comp in components.components(spec, enabled):
         cls = getattr(mod, name, None)
         if cls is None:
             report.skipped.append(PatchEntry(kind, f"{spec.module}.{name}", "class not found in this transformers"))
@@ -266,7 +152,7 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
             classes.append((kind, cls, comp))
     attn_classes = []
     if enabled["rope"] and spec.rope is not None:
-        problem = _rope_problem(spec, mod)
+        problem = components.rope_problem(spec, mod)
         if problem is not None:
             report.skipped.append(PatchEntry("rope", f"{spec.module}.{spec.rope.function}", problem))
         else:
@@ -311,7 +197,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if match.problem is not None:
             report.skipped.append(PatchEntry(kind, target, match.problem))
             continue
-        attr = _attr(comp)
+        attr = components.attr(comp)
         current = m.__dict__.get(attr)
         if getattr(type(m), attr, None) is not getattr(cls, attr, None):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
@@ -332,12 +218,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             if comp.enabled_attr is not None and not getattr(m, comp.enabled_attr, True):
                 no_rope += 1
                 continue
-            factor = partial_rotary_factor(getattr(m, "config", None))
+            factor = components.partial_rotary_factor(getattr(m, "config", None))
             if factor < 1.0:
                 report.skipped.append(PatchEntry(kind, target, f"partial rotary (partial_rotary_factor={factor:g}): "
                                                  "tigon.functional.rope rotates the full head dim"))
                 continue
-            sw = _SWITCHES.get((match.family_module, comp.function))
+            sw = SWITCHES.get((match.family_module, comp.function))
             if sw is not None and sw.class_level:
                 report.already_patched.append(PatchEntry(kind, target, "class level"))
                 continue
@@ -346,12 +232,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
             actions.append(_Action(PatchEntry(kind, target, detail), _rope_instance_apply(m, fn, sw_args)))
             continue
-        problem = _problem(kind, comp, m, opts)
+        problem = components.problem(kind, comp, m, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
-        fn = _factory(kind, comp, family, match.family_module, getattr(type(m), attr), opts)
-        actions.append(_Action(PatchEntry(kind, target, _describe(kind, comp, m, opts)), _bind(m, attr, fn)))
+        fn = components.factory(kind, comp, family, match.family_module, getattr(type(m), attr), opts)
+        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, m, opts)), _bind(m, attr, fn)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -396,7 +282,7 @@ def _bind(module, attr: str, fn):
 
 def _rope_instance_apply(module, fn, sw_args):
     def apply():
-        sw = _switch(*sw_args)
+        sw = switch(*sw_args)
         sw.live.add(module)
         sw.install()
         module.forward = types.MethodType(fn, module)
@@ -406,9 +292,9 @@ def _rope_instance_apply(module, fn, sw_args):
 def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport):
     mod = _import_family(spec)
     actions: list[_Action] = []
-    for kind, name, comp in _components(spec, enabled):
+    for kind, name, comp in components.components(spec, enabled):
         cls = getattr(mod, name, None)
-        attr = _attr(comp)
+        attr = components.attr(comp)
         target = f"{spec.module}.{name}.{attr}"
         if cls is None:
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
@@ -422,13 +308,16 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             if hook is None or hook is not default:
                 report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
                 continue
-        fn = _factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
-        actions.append(_Action(PatchEntry(kind, target, _describe(kind, comp, None, opts)),
+        if kind == "fused_add_rms_norm" and (problem := fw.decoder_layer_problem(cls, comp)) is not None:
+            report.skipped.append(PatchEntry(kind, target, problem))
+            continue
+        fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
+        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts)),
                                _class_apply(spec.name, cls, attr, fn, kind)))
     if enabled["rope"] and spec.rope is not None:
         target = f"{spec.module}.{spec.rope.function}"
-        sw = _SWITCHES.get((spec.module, spec.rope.function))
-        problem = _rope_problem(spec, mod)
+        sw = SWITCHES.get((spec.module, spec.rope.function))
+        problem = components.rope_problem(spec, mod)
         if problem is not None:
             report.skipped.append(PatchEntry("rope", target, problem))
         elif sw is not None and sw.class_level:
@@ -451,7 +340,7 @@ def _class_apply(family: str, cls: type, attr: str, fn, kind: str):
 def _class_rope_apply(spec: FamilySpec, mod):
     def apply():
         state = _CLASS_STATE.setdefault(spec.name, _ClassState())
-        sw = _switch(mod, spec.rope.function, spec.name)
+        sw = switch(mod, spec.rope.function, spec.name)
         sw.class_level = True
         sw.install()
         state.rope = sw
@@ -514,6 +403,7 @@ def patch(
     rope: bool = True,
     mlp: bool = True,
     layer_norm: bool = True,
+    fused_add_rms_norm: bool = True,
     fused_linear_cross_entropy: bool | Mapping = True,
     cross_entropy: bool = False,
     strict: bool = False,
@@ -532,6 +422,10 @@ def patch(
         mlp: replace gated MLP forwards by ``down(swiglu|geglu(gate(x), up(x)))``, chosen by the config's
             activation; activations without a kernel are skipped (instance) or run the original (class).
         rope: route the family's rotary function to :func:`tigon.functional.rope` (scoping: see the module docs).
+        fused_add_rms_norm: in decoder layers of Llama's pre-norm form (the family's
+            :class:`~tigon.integrations.families.DecoderLayerSpec`, checked against the layer's source), compute the
+            residual add after attention and the post-attention RMSNorm as one
+            :func:`tigon.functional.fused_add_rms_norm` (one pass over the hidden states instead of two).
         fused_linear_cross_entropy: in training with ``labels``, compute the LM head and HF's causal-LM loss with
             :func:`tigon.functional.fused_linear_cross_entropy`; ``output.logits`` is None then. Without labels or
             in eval mode the original forward runs and logits are returned as before. A dict turns it on with
@@ -563,12 +457,13 @@ def patch(
             message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
             model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
         TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict; ``rms_norm``, ``rope``, ``mlp``,
-            ``layer_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g. an options dict for cross_entropy,
+            ``layer_norm``, ``fused_add_rms_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g. an options dict for cross_entropy,
             which takes none).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
     for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
-                       ("cross_entropy", cross_entropy), ("strict", strict)):
+                       ("fused_add_rms_norm", fused_add_rms_norm), ("cross_entropy", cross_entropy),
+                       ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
                             + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
@@ -578,7 +473,7 @@ def patch(
     if level == "instance":
         _check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
-               "lm_head_loss": fused or bool(cross_entropy)}
+               "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy)}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
@@ -633,11 +528,11 @@ def unpatch(model_or_family) -> PatchReport:
                     if mk is None:
                         continue
                     del m.__dict__[attr]
-                    for sw in _SWITCHES.values():
+                    for sw in SWITCHES.values():
                         sw.live.discard(m)
                     report.family = mk["family"]  # what was patched (a family spec or "generic")
                     report.replaced.append(PatchEntry(mk["kind"], path or f"({type(m).__name__})", f"original {attr}"))
-            for sw in list(_SWITCHES.values()):
+            for sw in list(SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
         else:
@@ -671,5 +566,5 @@ def patched_state() -> dict:
             "class_level": {name: sorted({k for _, _, _, k in st.saved} | ({"rope"} if st.rope else set()))
                             for name, st in _CLASS_STATE.items()},
             "rope_dispatchers": {sw.qualname: {"class_level": sw.class_level, "patched_attention_modules": len(sw.live)}
-                                 for sw in _SWITCHES.values()},
+                                 for sw in SWITCHES.values()},
         }

@@ -93,6 +93,38 @@ class RopeSpec:
 
 
 @dataclass(frozen=True)
+class DecoderLayerSpec:
+    """A pre-norm decoder layer whose first residual add runs fused with the norm after it.
+
+    The layer's ``forward`` must be exactly Hugging Face Llama's (checked against its source at patch time, see
+    :func:`tigon.integrations.forwards.decoder_layer_problem`)::
+
+        residual = hidden_states
+        hidden_states = self.<input_norm>(hidden_states)
+        hidden_states, _ = self.<attention>(hidden_states=hidden_states, <every other argument by name>)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.<post_norm>(hidden_states)
+        hidden_states = self.<mlp>(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+    The patched forward computes the add and ``post_norm`` as one :func:`tigon.functional.fused_add_rms_norm`
+    (with the post norm's own weight and epsilon): one pass over the hidden states instead of two.
+
+    cls: class name in the family module. norm: the :class:`NormSpec` of ``post_norm`` (casting mode, offset,
+    weight / epsilon attributes). input_norm, attention, post_norm, mlp: attribute names of the four parts.
+    """
+
+    cls: str
+    norm: NormSpec
+    input_norm: str = "input_layernorm"
+    attention: str = "self_attn"
+    post_norm: str = "post_attention_layernorm"
+    mlp: str = "mlp"
+
+
+@dataclass(frozen=True)
 class CausalLMSpec:
     """The causal-LM class whose forward gets the fused LM head + loss in training.
 
@@ -129,7 +161,8 @@ class FamilySpec:
     name: the family name accepted by :func:`tigon.patch` (``"llama"``); aliases: other accepted names.
     module: the modeling module (``"transformers.models.llama.modeling_llama"``); models are matched to a family
         by the module of their submodules' classes.
-    norms, mlps, rope, causal_lm: the parts above; empty / None where the family has no such part.
+    norms, mlps, rope, causal_lm, decoder_layers: the parts above; empty / None where the family has no such part
+        (decoder_layers: only families whose layer is Llama's pre-norm form, see :class:`DecoderLayerSpec`).
     """
 
     name: str
@@ -139,6 +172,7 @@ class FamilySpec:
     rope: RopeSpec | None = None
     causal_lm: CausalLMSpec | None = None
     aliases: tuple[str, ...] = ()
+    decoder_layers: tuple[DecoderLayerSpec, ...] = ()
 
 
 # HF activation names (``transformers.activations.ACT2FN`` keys) -> (Tigon gated op, gelu approximation).
@@ -155,17 +189,20 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
 
 def _dense(name: str, prefix: str, *, norm: NormSpec | None = None, mlp: MLPSpec | None = None,
            rope: RopeSpec | None = None, causal_lm: CausalLMSpec | None = None,
-           aliases: tuple[str, ...] = ()) -> FamilySpec:
+           aliases: tuple[str, ...] = (), pre_norm_layer: bool = True) -> FamilySpec:
     """The usual shape of a decoder family: ``<Prefix>RMSNorm``, ``<Prefix>MLP``, ``apply_rotary_pos_emb`` called by
-    ``<Prefix>Attention`` and ``<Prefix>ForCausalLM``, each overridable."""
+    ``<Prefix>Attention``, ``<Prefix>ForCausalLM``, and (``pre_norm_layer``) a ``<Prefix>DecoderLayer`` of Llama's
+    pre-norm form, each overridable."""
+    norm = norm or NormSpec(f"{prefix}RMSNorm")
     return FamilySpec(
         name=name,
         module=f"transformers.models.{name}.modeling_{name}",
-        norms=(norm or NormSpec(f"{prefix}RMSNorm"),),
+        norms=(norm,),
         mlps=(mlp or MLPSpec(f"{prefix}MLP"),),
         rope=rope or RopeSpec(attention_classes=(f"{prefix}Attention",)),
         causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"),
         aliases=aliases,
+        decoder_layers=(DecoderLayerSpec(f"{prefix}DecoderLayer", norm),) if pre_norm_layer else (),
     )
 
 
@@ -177,10 +214,12 @@ def _moe(name: str, prefix: str, *, dense_mlp: bool) -> FamilySpec:
     """A v5 MoE family: the experts' ``_apply_gate`` hook (and the dense MLP of non-MoE layers where the family has
     one); the MoE causal-LM output with the router load-balancing loss."""
     dense = (MLPSpec(f"{prefix}MLP"),) if dense_mlp else ()
+    norm = NormSpec(f"{prefix}RMSNorm")
     return FamilySpec(
         name=name,
         module=f"transformers.models.{name}.modeling_{name}",
-        norms=(NormSpec(f"{prefix}RMSNorm"),),
+        norms=(norm,),
+        decoder_layers=(DecoderLayerSpec(f"{prefix}DecoderLayer", norm),),
         mlps=dense + (MLPSpec(f"{prefix}Experts", experts=True),),
         rope=RopeSpec(attention_classes=(f"{prefix}Attention",)),
         causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", output_class="MoeCausalLMOutputWithPast",
@@ -197,19 +236,21 @@ QWEN3_MOE = _moe("qwen3_moe", "Qwen3Moe", dense_mlp=True)  # per-head q_norm / k
 GEMMA = _dense("gemma", "Gemma", norm=_gemma_norm("Gemma"))  # (1 + w) in fp32, gelu-tanh gated MLP (hidden_act)
 GEMMA2 = _dense(  # pre/post feed-forward norms (same class), config.hidden_activation, final logit softcapping
     "gemma2", "Gemma2", norm=_gemma_norm("Gemma2"), mlp=MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),
-    causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"))
+    causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"), pre_norm_layer=False)
 GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
-    causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",))
+    causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
+    pre_norm_layer=False)
 PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary refused per model
-    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"))
+    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"), pre_norm_layer=False)  # residual dropout
 GRANITE = _dense(  # logits / config.logits_scaling
-    "granite", "Granite", causal_lm=CausalLMSpec("GraniteForCausalLM", logit_divisor_attr="logits_scaling"))
+    "granite", "Granite", causal_lm=CausalLMSpec("GraniteForCausalLM", logit_divisor_attr="logits_scaling"),
+    pre_norm_layer=False)  # residual_multiplier
 OLMO2 = _dense(  # norms after attention / MLP, q_norm / k_norm over the whole projection; (w * x).to(dtype) casting
-    "olmo2", "Olmo2", norm=NormSpec("Olmo2RMSNorm", casting_mode="gemma"))
+    "olmo2", "Olmo2", norm=NormSpec("Olmo2RMSNorm", casting_mode="gemma"), pre_norm_layer=False)
 GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial head dim -> left alone
     "glm4", "Glm4", mlp=MLPSpec("Glm4MLP", gate_up="gate_up_proj"),
-    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",)))
+    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",)), pre_norm_layer=False)
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
@@ -268,6 +309,8 @@ def family_ops(config: dict) -> set[str] | None:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:
         ops.add("rope")
+    if spec.decoder_layers:
+        ops.add("fused_add_rms_norm")
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
         ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
     return ops | {"cross_entropy", "fused_linear_cross_entropy"}
@@ -290,7 +333,7 @@ def kind_op(kind: str, config) -> str | None:
     ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it
     names none Tigon has), ``lm_head_loss`` the fused linear cross-entropy; the norm and rotary kinds are their ops.
     """
-    if kind in ("rms_norm", "layer_norm", "rope"):
+    if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
     if kind == "mlp":
         get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)

@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 
-_KIND_ORDER = ("rms_norm", "layer_norm", "mlp", "rope", "lm_head_loss")
+_KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "lm_head_loss")
 
-KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "rope": "rotary", "mlp": "mlp_activation",
-                   "lm_head_loss": "lm_head_loss"}
+KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "norms", "rope": "rotary",
+                   "mlp": "mlp_activation", "lm_head_loss": "lm_head_loss"}
 """Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
 
 KIND_NOTES = {
@@ -29,7 +29,8 @@ DRY_RUN_SILENT_NOTES = ("rope: transformers.",)
 class PatchEntry:
     """One patched (or skipped) target.
 
-    kind: ``"rms_norm"``, ``"layer_norm"``, ``"mlp"``, ``"rope"`` or ``"lm_head_loss"``.
+    kind: ``"rms_norm"``, ``"layer_norm"``, ``"fused_add_rms_norm"`` (a decoder layer's residual add and
+        post-attention norm), ``"mlp"``, ``"rope"`` or ``"lm_head_loss"``.
     target: a module path inside the model (``"model.layers.0.input_layernorm"``) for instance-level patches, or a
         qualified class / function name (``"transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"``) for
         class-level patches.
@@ -108,9 +109,9 @@ class PatchReport:
                 continue
             lines.append(f"  {title}:")
             for kind, n, targets, detail in self._groups(entries):
-                lines.append(f"    {kind:<13} x{n:<4} {', '.join(targets)}")
+                lines.append(f"    {kind:<18} x{n:<4} {', '.join(targets)}")
                 if detail:
-                    lines.append(f"    {'':<19} -> {detail}")
+                    lines.append(f"    {'':<24} -> {detail}")
         if not (self.replaced or self.already_patched or self.skipped):
             lines.append("  nothing to do")
         lines.extend(f"  note: {n}" for n in self.notes)

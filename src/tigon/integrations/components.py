@@ -1,0 +1,101 @@
+"""The engine's per-kind dispatch: which parts of a family spec are patched (``components``), what replaces each
+(``factory``), how the report describes it (``describe``), and why a module cannot take it (``problem``).
+
+A new kind of replacement (a new :class:`~tigon.integrations.families.FamilySpec` part) is a case in each of these.
+"""
+
+from __future__ import annotations
+
+from . import forwards as fw
+from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
+from .families import FamilySpec
+
+
+def attr(comp) -> str:
+    """The attribute a component's replacement is set on: ``forward``, or ``_apply_gate`` for MoE experts."""
+    return getattr(comp, "patch_attr", "forward")
+
+
+def components(spec: FamilySpec, enabled: dict[str, bool]):
+    """(kind, class name, component spec) for each enabled class-based part of the spec."""
+    out = []
+    for ns in spec.norms:
+        out.append((ns.kind, ns.cls, ns))
+    for ms in spec.mlps:
+        out.append(("mlp", ms.cls, ms))
+    for ds in spec.decoder_layers:
+        out.append(("fused_add_rms_norm", ds.cls, ds))
+    if spec.causal_lm is not None:
+        out.append(("lm_head_loss", spec.causal_lm.cls, spec.causal_lm))
+    return [c for c in out if enabled[c[0]]]
+
+
+def factory(kind: str, comp, family: str, family_module: str, original, opts: dict):
+    """The Tigon function that replaces ``original`` (the class's attribute) for a component of ``kind``."""
+    if kind in ("rms_norm", "layer_norm"):
+        return fw.norm_forward(comp, family, original)
+    if kind == "mlp":
+        if comp.experts:
+            return fw.experts_gate(comp, family, original)
+        return fw.mlp_forward(comp, family, original)
+    if kind == "fused_add_rms_norm":
+        return fw.decoder_layer_forward(comp, family, original)
+    return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
+
+
+def describe(kind: str, comp, module=None, opts=None) -> str:
+    """What the replacement of a component of ``kind`` computes, for the report."""
+    if kind == "rms_norm":
+        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
+    if kind == "layer_norm":
+        return "tigon.functional.layer_norm"
+    if kind == "mlp":
+        return fw.describe_mlp(module, comp)
+    if kind == "fused_add_rms_norm":
+        return fw.describe_decoder_layer(comp)
+    parts = []
+    if opts["fused"]:
+        args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
+        parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
+    if opts["ce"]:
+        parts.append("materialised logits with labels: tigon.functional.cross_entropy")
+    return "; ".join(parts) + "; otherwise the original forward"
+
+
+def problem(kind: str, comp, module, opts) -> str | None:
+    """Why ``module`` cannot take the replacement of a component of ``kind`` (None when it can)."""
+    if kind in ("rms_norm", "layer_norm"):
+        return fw.norm_problem(module, comp)
+    if kind == "mlp":
+        return fw.mlp_problem(module, comp)
+    if kind == "fused_add_rms_norm":
+        return fw.decoder_layer_problem(module, comp)
+    if opts["fused"]:
+        p = head_problem(module, comp)
+        if p is None or not opts["ce"] or not uses_default_loss(module):
+            return p
+        return None  # head not fusable, but the cross-entropy path still applies
+    return None if uses_default_loss(module) else "the model has a custom loss_function / loss_type; its loss is kept"
+
+
+def rope_problem(spec: FamilySpec, mod) -> str | None:
+    """Why the family's rotary function (in its modeling module ``mod``) cannot be routed to Tigon, or None."""
+    if spec.rope.layout != "rotate_half":
+        return (f"layout {spec.rope.layout!r} is not supported (tigon.functional.rope is rotate-half over the full "
+                "head dim); the family's rotary function is left alone")
+    if not callable(getattr(mod, spec.rope.function, None)):
+        return "function not found in this transformers"
+    return None
+
+
+def partial_rotary_factor(config) -> float:
+    """The fraction of the head dim that is rotated (``partial_rotary_factor`` in the config or its
+    ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
+    for holder in (config, getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if isinstance(holder, dict):
+            v = holder.get("partial_rotary_factor")
+        else:
+            v = getattr(holder, "partial_rotary_factor", None) if holder is not None else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return 1.0
