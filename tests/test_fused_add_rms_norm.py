@@ -196,6 +196,23 @@ def test_in_place_only_where_dy_can_hold_the_gradient(device):
     torch.testing.assert_close(x.grad.double(), x0.grad, rtol=2e-2, atol=2e-2)
 
 
+def test_in_place_when_y_and_s_get_one_gradient_tensor(device):
+    # (y + s) * g: the add hands y and s the same gradient tensor, so dy is ds; written in place, each tile of it is
+    # read (as dy and as ds) before it is overwritten.
+    inputs = _inputs((9, 300), device)
+    g = torch.randn(9, 300, device=device)
+
+    def fn(x, residual, weight, eps, offset, casting_mode, in_place=False):
+        y, s = F.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
+        return (y + s) * g
+
+    def original(x, residual, weight, eps, offset, casting_mode, in_place=False):
+        y, s = ref_fadd(x, residual, weight, eps, offset, casting_mode)
+        return (y + s) * g.to(y.dtype)
+
+    assert_close_to_truth(compare(fn, original, dict(inputs, in_place=True), GRADS))
+
+
 def test_in_place_is_ignored_by_the_reference():
     inputs = _inputs((4, 32), "cpu")
     dy0 = torch.randn(4, 32)
