@@ -129,7 +129,7 @@ def _fused_add_rms_norm_setup(ctx, inputs, output):
 def _fused_add_rms_norm_grad(ctx, dy, ds, _drstd):
     s, weight, rstd = ctx.saved_tensors
     need_x, need_r, need_w = ctx.needs_input_grad[:3]
-    if dy is None:  # not materialised (the engine passes zeros unless told otherwise): as the Function above
+    if dy is None:  # materialised as zeros by default here; handled as in the Function above all the same
         return ds, ds, None, None, None, None
     dsum, dw = _fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_w)
     return if_wanted(dsum, need_x), if_wanted(dsum, need_r), if_wanted(dw, need_w), None, None, None
