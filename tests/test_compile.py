@@ -55,7 +55,8 @@ def _check_same(fn, inputs, *, atol=1e-5, rtol=1e-5):
 def _opcheck_cases():
     import importlib
 
-    for name in ("rms_norm", "layer_norm", "rope", "glu", "cross_entropy", "fused_linear_cross_entropy"):
+    for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
+                 "fused_linear_cross_entropy"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -71,6 +72,14 @@ def _opcheck_cases():
         "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0, "llama")),
         "rms_norm_gemma": (ops.rms_norm, (x.to(torch.bfloat16), w, 1e-6, 1.0, "gemma")),
         "rms_norm_backward": (ops.rms_norm_backward, (torch.randn(3, 5, 32), x, w, torch.rand(15) + 0.5, 0.0, True)),
+        "fused_add_rms_norm": (ops.fused_add_rms_norm, (x, torch.randn(3, 5, 32), w, 1e-6, 0.0, "llama")),
+        "fused_add_rms_norm_gemma": (ops.fused_add_rms_norm, (x.to(torch.bfloat16), torch.randn(3, 5, 32).to(
+            torch.bfloat16), w, 1e-6, 1.0, "gemma")),
+        "fused_add_rms_norm_backward": (ops.fused_add_rms_norm_backward,
+                                        (torch.randn(3, 5, 32), torch.randn(3, 5, 32), x, w, torch.rand(15) + 0.5,
+                                         0.0, True)),
+        "fused_add_rms_norm_backward_no_ds": (ops.fused_add_rms_norm_backward,
+                                              (torch.randn(3, 5, 32), None, x, w, torch.rand(15) + 0.5, 1.0, False)),
         "layer_norm": (ops.layer_norm, (x, w, b, 1e-5)),
         "layer_norm_no_affine": (ops.layer_norm, (x, None, None, 1e-5)),
         "rope": (ops.rope, (q, k, cos, sin, 1, False, True, True)),
@@ -114,6 +123,15 @@ def test_rms_norm_and_layer_norm_compile(device):
     _check_same(lambda x, w: TF.rms_norm(x, w, 1e-6, 0.0, "llama"), (x, w))
     _check_same(lambda x, w: TF.rms_norm(x, w, 1e-6, 1.0, "gemma"), (x, w))
     _check_same(lambda x, w, b: TF.layer_norm(x, w, b, 1e-5), (x, w, b))
+
+
+def test_fused_add_rms_norm_compile(device):
+    x, r = torch.randn(2, 9, 48, device=device), torch.randn(2, 9, 48, device=device)
+    w = torch.randn(48, device=device)
+    _check_same(lambda x, r, w: TF.fused_add_rms_norm(x, r, w, 1e-6, 0.0, "llama"), (x, r, w))
+    _check_same(lambda x, r, w: TF.fused_add_rms_norm(x, r, w, 1e-6, 1.0, "gemma", True), (x, r, w))
+    # only y's gradient (s unused), as after a model's last norm
+    _check_same(lambda x, r, w: TF.fused_add_rms_norm(x * 1.0, r, w)[0], (x, r, w))
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])

@@ -10,6 +10,7 @@ import torch
 from tigon import functional as F
 from tigon.numerics import rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
+from tigon.reference.fused_add_rms_norm import fused_add_rms_norm as ref_fadd
 from tigon.reference.rms_norm import rms_norm as ref_rms
 from tigon.reference.rope import rope as ref_rope
 
@@ -38,6 +39,26 @@ def test_rms_norm_over_2_31_elements():
     assert rel_l2(_tail(y), yt) < 1e-2
     assert rel_l2(_tail(x.grad), xt.grad) < 1e-2
     del x, y, dy
+    torch.cuda.empty_cache()
+
+
+def test_fused_add_rms_norm_over_2_31_elements():
+    # x, residual and both outputs past 2**31 elements; the backward with s's gradient (HAS_DS), written in place
+    # into dy (the rows past the boundary are read and written through the same int64 offsets).
+    n = 4096
+    x = torch.randn(BIG // n, n, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    r = torch.randn_like(x.detach()) * 3
+    w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
+    y, s = F.fused_add_rms_norm(x, r, w, in_place=True)
+    dy, ds = torch.randn_like(y), torch.randn_like(s)
+    dy_tail = _tail(dy).clone()
+    torch.autograd.backward([y, s], [dy, ds])
+    xt = _tail(x.detach()).double().requires_grad_(True)
+    yt, st = ref_fadd(xt, _tail(r).double(), w.double())
+    torch.autograd.backward([yt, st], [dy_tail.double(), _tail(ds).double()])
+    assert rel_l2(_tail(y), yt) < 1e-2 and rel_l2(_tail(s), st) < 1e-2
+    assert rel_l2(_tail(x.grad), xt.grad) < 1e-2
+    del x, r, y, s, dy, ds
     torch.cuda.empty_cache()
 
 

@@ -63,6 +63,46 @@ def test_rms_norm_errors():
         tnn.RMSNorm(8).to(DEVICE)(torch.randn(2, 9, device=DEVICE))
 
 
+def test_fused_add_rms_norm_matches_hf_decoder_lines():
+    pytest.importorskip("transformers")
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def decoder_lines(norm):  # HF: hidden_states = residual + hidden_states; residual = hidden_states; norm
+        def run(hidden_states, residual):
+            hidden_states = residual + hidden_states
+            return norm(hidden_states), hidden_states
+        return run
+
+    for hf, ours in ((LlamaRMSNorm(96, eps=1e-5), tnn.FusedAddRMSNorm(96, eps=1e-5)),
+                     (GemmaRMSNorm(96, eps=1e-6), tnn.FusedAddRMSNorm(96, offset=1.0, casting_mode="gemma"))):
+        assert set(ours.state_dict()) == {"weight"} and torch.equal(ours.weight, hf.weight)  # same init
+        with torch.no_grad():
+            hf.weight.normal_()
+        ours.load_state_dict(hf.state_dict())
+        ours, hf = ours.to(DEVICE), hf.to(DEVICE)
+        h0, r0 = torch.randn(2, 7, 96, device=DEVICE), torch.randn(2, 7, 96, device=DEVICE) * 3
+        dy, ds = torch.randn_like(h0), torch.randn_like(h0)
+        got = []
+        for run in (ours, decoder_lines(hf)):
+            h, r = h0.clone().requires_grad_(True), r0.clone().requires_grad_(True)
+            y, s = run(h, r)
+            torch.autograd.backward([y, s], [dy, ds])
+            got.append((y, s, h.grad, r.grad))
+        (y1, s1, gh1, gr1), (y2, s2, gh2, gr2) = got
+        assert rel_l2(y1, y2) < 1e-5 and torch.equal(s1, s2)
+        assert rel_l2(gh1, gh2) < 1e-5 and rel_l2(gr1, gr2) < 1e-5
+        assert rel_l2(ours.weight.grad, hf.weight.grad) < 1e-5
+    assert "in_place=True" in repr(tnn.FusedAddRMSNorm(8, in_place=True))
+    assert torch.equal(tnn.FusedAddRMSNorm(8, offset=1.0, init_fn="ones").weight, torch.ones(8))
+    with pytest.raises(ValueError, match="init_fn"):
+        tnn.FusedAddRMSNorm(8, init_fn="normal")
+    with pytest.raises(ValueError, match="casting_mode"):
+        tnn.FusedAddRMSNorm(8, casting_mode="t5")
+    with pytest.raises(ValueError, match="residual must have x's shape"):
+        tnn.FusedAddRMSNorm(8).to(DEVICE)(torch.randn(2, 8, device=DEVICE), torch.randn(3, 8, device=DEVICE))
+
+
 def test_layer_norm_is_a_torch_layer_norm():
     ref = torch.nn.LayerNorm(80, eps=1e-5)
     with torch.no_grad():

@@ -19,6 +19,7 @@ is ``tigon.functional.X``.
 from __future__ import annotations
 
 from .ops.rms_norm import rms_norm
+from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
 from .ops.rope import rope
 from .ops.glu import swiglu

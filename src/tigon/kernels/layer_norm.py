@@ -27,7 +27,7 @@ def layer_norm_forward(x: torch.Tensor, weight, bias, eps: float):
     where possible; mean, rstd: (M,) fp32).
     """
     x2 = as_rows(x, "x")
-    y, mean, rstd = norm_forward(x2, weight, bias, eps, is_rms=False)
+    y, mean, rstd, _ = norm_forward(x2, weight, bias, eps, is_rms=False)
     return y.view(x.shape), x2, mean, rstd
 
 

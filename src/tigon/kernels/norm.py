@@ -1,4 +1,5 @@
-"""Row-normalisation kernels shared by RMSNorm and LayerNorm (one set of kernels, constexpr IS_RMS).
+"""Row-normalisation kernels shared by RMSNorm, LayerNorm and fused add + RMSNorm (one set of kernels, constexpr
+IS_RMS; HAS_RESIDUAL / HAS_DS for the residual add).
 
 RMSNorm (Zhang & Sennrich 2019): ``xhat = x * rstd``, ``rstd = 1/sqrt(mean(x^2) + eps)``.
 LayerNorm (Ba, Kiros & Hinton 2016): ``xhat = (x - mean) * rstd``, ``rstd = 1/sqrt(var(x) + eps)`` (biased var).
@@ -19,7 +20,14 @@ tile while it reduces the current one, writes dx, and accumulates its share of d
 deterministic. Rows wider than WIDE_ROW drop the prefetch; rows wider than REGISTER_ROW take a chunked variant
 that keeps the partials in (cached) memory.
 
-Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx).
+Residual add (fused_add_rms_norm, HF decoder layers' ``residual + hidden_states`` then the norm): with HAS_RESIDUAL
+the forward reads x and the residual r, normalises ``s = x + r`` (added in fp32 and rounded to x's dtype, as torch
+adds two tensors of one dtype) held in registers, and writes s next to y. Its backward is the norm's backward on s
+plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = rstd * (g - shat * mean(g * shat))
++ ds``, which is the gradient of both x and r.
+
+Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx). With the residual
+add: forward 4*M*N*2 (read x, r; write y, s); backward 4*M*N*2 (read dy, ds, s; write ds_total once).
 """
 
 from __future__ import annotations
@@ -51,9 +59,9 @@ W_HOLD_ROW = 16384
 
 @triton.jit
 def _norm_fwd(
-    X, W, B, Y, MEAN, RSTD, M, N, stride_x, stride_y, eps, offset,
-    IS_RMS: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    X, R, W, B, Y, S, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_s, eps, offset,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -61,7 +69,14 @@ def _norm_fwd(
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        # s = x + r in x's dtype (torch's add of two such tensors: fp32 sum, one rounding); the statistics below are
+        # those of s as stored, which stays in registers.
+        r = tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(S + rows64[:, None] * stride_s + cols[None, :], x, mask=mask)
+    x = x.to(tl.float32)
     if IS_RMS:
         xc = x
     else:
@@ -97,11 +112,22 @@ def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_d
 
 
 @triton.jit
+def _load_tile(P, rows, row_end, cols, cmask, stride):
+    """The [rows, cols] tile of P (storage dtype); rows >= row_end read as zeros."""
+    mask = (rows < row_end)[:, None] & cmask[None, :]
+    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _norm_bwd(
-    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
-    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, W_HOLD: tl.constexpr,
+    DY, DS, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_ds, stride_x, stride_dx, rows_per_prog,
+    offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+    W_HOLD: tl.constexpr,
 ):
+    # HAS_DS: DS holds a second gradient of X itself (the output s of the residual add), added to dx. DX may be DY's
+    # own memory (fused_add_rms_norm's in_place): each tile of DY (and DS) is loaded before this program stores the
+    # same tile of DX, and no other program touches those rows.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -118,11 +144,15 @@ def _norm_bwd(
     # rows skip it: two tiles of x and dy no longer fit in registers next to the dW/dB accumulators.
     x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
                                    stride_x, stride_dy, IS_RMS)
+    if HAS_DS and PREFETCH:
+        ds = _load_tile(DS, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask, stride_ds)
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
         if PREFETCH:
             x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols,
                                                                cmask, stride_x, stride_dy, IS_RMS)
+            if HAS_DS:
+                ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds)
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
@@ -139,6 +169,15 @@ def _norm_bwd(
         else:
             c2 = tl.sum(g, axis=1) / N
             dx = rstd[:, None] * (g - xhat * c1[:, None] - c2[:, None])
+        if HAS_DS:
+            # Prefetched with the row tiles (sm_90 builds, bf16, rows of 1024 / 4096 / 8192: no spills, as without
+            # it). Without the prefetch (wide rows) loaded here, where it is used, not with the next row's x and dy,
+            # so that it holds no registers through the reductions: rows of 16384 at 16 warps spill 112 bytes of
+            # stack so, 144 loaded with x and dy, 72 for RMSNorm (compiled for sm_90 without a GPU; not timed).
+            if PREFETCH:
+                dx += ds.to(tl.float32)
+            else:
+                dx += _load_tile(DS, rows, row_end, cols, cmask, stride_ds).to(tl.float32)
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_DW:
             dw += dyf * xhat
@@ -146,6 +185,8 @@ def _norm_bwd(
             db += dyf
         if PREFETCH:
             x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+            if HAS_DS:
+                ds = ds_next
         else:
             x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask, stride_x,
                                            stride_dy, IS_RMS)
@@ -157,12 +198,14 @@ def _norm_bwd(
 
 @triton.jit
 def _norm_bwd_wide(
-    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog, offset,
-    IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr,
+    DY, DS, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_ds, stride_x, stride_dx, rows_per_prog,
+    offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Rows too wide for registers (N > REGISTER_ROW): two passes over BLOCK_N-column chunks per row, the second
     # re-reading x and dy from cache; this program's dW/dB partial row (zero-initialised, owned by this program
-    # alone) is updated in place, so it stays in L2 instead of registers.
+    # alone) is updated in place, so it stays in L2 instead of registers. HAS_DS and DX as in _norm_bwd (the second
+    # pass loads each chunk of DY and DS before it stores that chunk of DX).
     # TODO(perf): on an H200 this reaches only 13-19% of copy bandwidth for N = 12288 .. 32768 (torch eager: about
     # 35%), one row at a time per SM. A row-parallel dx kernel plus a column-parallel dW/dB kernel should do better.
     pid = tl.program_id(0)
@@ -203,6 +246,8 @@ def _norm_bwd_wide(
             else:
                 g = dy
             dx = rstd * (g - xhat * c1 - c2)
+            if HAS_DS:
+                dx += tl.load(DS + r64 * stride_ds + cols, mask=cmask, other=0.0).to(tl.float32)
             tl.store(DX + r64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=cmask)
             if HAS_DW:
                 tl.store(DW_PART + part + cols, tl.load(DW_PART + part + cols, mask=cmask) + dy * xhat, mask=cmask)
@@ -283,34 +328,59 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
 
 
 def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
-                 round_xhat: bool = False, out_dtype: torch.dtype | None = None):
-    """Launch the forward on rows ``x2`` (M, N).
+                 round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None):
+    """Launch the forward on rows ``x2`` (M, N) (unit column stride).
 
-    Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32).
+    ``residual``: (M, N) rows with unit column stride in x2's dtype, or None. Given, the rows normalised are
+    ``s = x2 + residual`` (rounded to x2's dtype, as torch adds), and s is written too (fused_add_rms_norm).
+
+    Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32, s (M, N)
+    contiguous in x2's dtype, or None without ``residual``).
     """
     M, N = x2.shape
-    check_row_width(N, "RMSNorm" if is_rms else "LayerNorm")
+    name = ("fused add + RMSNorm" if residual is not None else "RMSNorm") if is_rms else "LayerNorm"
+    check_row_width(N, name)
+    if residual is not None and (residual.shape != x2.shape or residual.dtype != x2.dtype or residual.stride(-1) != 1):
+        raise ValueError(f"{name}: residual rows must match x's {tuple(x2.shape)} {x2.dtype} with unit column "
+                         f"stride, got {tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
     y = torch.empty((M, N), dtype=out_dtype or x2.dtype, device=x2.device)
     mean = None if is_rms else torch.empty((M,), dtype=torch.float32, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)
+    s = torch.empty_like(x2, memory_format=torch.contiguous_format) if residual is not None else None
     if M == 0:
-        return y, mean, rstd
+        return y, mean, rstd, s
     block_n = next_pow2(N)
     block_m, warps = fwd_config(block_n, x2.device)
+    r, s_ = (residual, s) if residual is not None else (x2, y)  # placeholders the kernel does not touch
     _norm_fwd[(cdiv(M, block_m),)](
-        x2, weight if weight is not None else x2, bias if bias is not None else x2, y,
-        mean if mean is not None else rstd, rstd, M, N, x2.stride(0), y.stride(0), eps, offset,
-        IS_RMS=is_rms, ROUND_XHAT=round_xhat, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
+        mean if mean is not None else rstd, rstd, M, N, x2.stride(0), r.stride(0), y.stride(0), s_.stride(0), eps,
+        offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
+        HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
-    return y, mean, rstd
+    return y, mean, rstd, s
 
 
-def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0):
-    """Launch the backward. Returns (dx (M, N) in x's dtype, dw fp32 (N,) or None, db fp32 (N,) or None)."""
+def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
+                  ds: torch.Tensor | None = None, dx: torch.Tensor | None = None):
+    """Launch the backward.
+
+    ``ds``: a second incoming gradient of x2 itself (fused_add_rms_norm's output s), (M, N) rows with unit column
+    stride, added to dx; None: zero (nothing is read). ``dx``: the (M, N) buffer (unit column stride, x2's dtype) to
+    write dx into, which may be ``dy``'s own memory (each element is read before it is overwritten); None: a new one.
+
+    Returns (dx (M, N) in x's dtype, dw fp32 (N,) or None, db fp32 (N,) or None).
+    """
     M, N = x2.shape
     dy = as_rows(dy, "grad_output")
-    dx = torch.empty_like(x2)
+    if dx is None:
+        dx = torch.empty_like(x2)
+    elif dx.shape != x2.shape or dx.dtype != x2.dtype or (dx.stride(-1) != 1 and M > 0):
+        raise ValueError(f"dx must be ({M}, {N}) rows of {x2.dtype} with unit column stride, got "
+                         f"{tuple(dx.shape)} {dx.dtype} strides {dx.stride()}")
+    if ds is not None and (ds.shape != x2.shape or (ds.stride(-1) != 1 and M > 0)):
+        raise ValueError(f"ds must be ({M}, {N}) rows with unit column stride, got {tuple(ds.shape)} "
+                         f"strides {ds.stride()}")
     if M == 0:
         z = torch.zeros(N, dtype=torch.float32, device=x2.device)
         return dx, z if need_dw else None, z if need_db else None
@@ -333,10 +403,10 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
     dw_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_dw else None
     db_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_db else None
-    args = (dy, x2, weight if weight is not None else x2, mean if mean is not None else rstd, rstd, dx,
-            dw_part if need_dw else dx, db_part if need_db else dx,
-            M, N, dy.stride(0), x2.stride(0), dx.stride(0), per_prog, offset)
-    flags = dict(IS_RMS=is_rms, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
+    args = (dy, ds if ds is not None else dy, x2, weight if weight is not None else x2,
+            mean if mean is not None else rstd, rstd, dx, dw_part if need_dw else dx, db_part if need_db else dx,
+            M, N, dy.stride(0), ds.stride(0) if ds is not None else 0, x2.stride(0), dx.stride(0), per_prog, offset)
+    flags = dict(IS_RMS=is_rms, HAS_DS=ds is not None, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
     if wide:
         chunk = min(4096, block_n)
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))

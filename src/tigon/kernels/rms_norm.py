@@ -30,7 +30,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: 
     view of x where possible; rstd: (M,) fp32).
     """
     x2 = as_rows(x, "x")
-    y, _, rstd = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
+    y, _, rstd, _ = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
                               round_xhat=casting_mode == "llama",
                               out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode))
     return y.view(*x.shape[:-1], y.shape[-1]), x2, rstd

@@ -1,13 +1,14 @@
 """``torch.nn.Module`` drop-ins backed by :mod:`tigon.functional`.
 
-Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``,
-``torch.nn.LayerNorm``), so state dicts load unchanged.
+Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
+``LigerFusedAddRMSNorm``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
 """
 
 from __future__ import annotations
 
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
-from .norm import LayerNorm, RMSNorm
+from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 
-__all__ = ["RMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
+__all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
+           "FusedLinearCrossEntropyLoss"]

@@ -1,4 +1,5 @@
-"""Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible) and LayerNorm (torch compatible)."""
+"""Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible), FusedAddRMSNorm (the residual add and
+the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm) and LayerNorm (torch compatible)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,72 @@ class RMSNorm(nn.Module):
     def extra_repr(self) -> str:
         return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
                 f"casting_mode={self.casting_mode!r}")
+
+
+class FusedAddRMSNorm(nn.Module):
+    """Residual add then RMSNorm, via :func:`tigon.functional.fused_add_rms_norm`: ``forward(hidden_states, residual)
+    -> (rms_norm(hidden_states + residual), hidden_states + residual)``.
+
+    Replaces the two lines of an HF decoder layer ``hidden_states = residual + hidden_states; residual =
+    hidden_states`` and the following norm's call, as Liger-Kernel's ``LigerFusedAddRMSNorm`` (same constructor
+    arguments, then ``device`` and ``dtype``). Its state dict is an RMSNorm's (``weight``), so HF LlamaRMSNorm /
+    GemmaRMSNorm weights load as is.
+
+    Args:
+        hidden_size: size of the last dimension.
+        eps: variance epsilon (HF ``rms_norm_eps``).
+        offset: added to the weight in the forward (1.0 for Gemma's ``(1 + w)``).
+        casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"`` (see :func:`tigon.reference.rms_norm.rms_norm`).
+        init_fn: ``"ones"`` or ``"zeros"``, the weight's initial value; None (default): zeros when offset is
+            non-zero (so ``(offset + w)`` starts at 1, as GemmaRMSNorm), else ones, as :class:`RMSNorm`. (Liger's
+            default is ``"ones"`` whatever the offset.)
+        in_place: the backward writes the gradient of hidden_states and residual into the memory of the first
+            output's incoming gradient (see :func:`tigon.functional.fused_add_rms_norm`, which says when that is
+            safe). Default False: no tensor is written.
+        device, dtype: of the weight.
+
+    Shapes and dtypes:
+        hidden_states and residual (..., hidden_size), one shape and dtype (float32 / bfloat16 / float16 on the
+        kernel path); outputs as in :func:`tigon.functional.fused_add_rms_norm`.
+
+    Raises:
+        ValueError: unknown casting_mode or init_fn (at construction); mismatched shapes (forward).
+        TypeError: in_place is not a bool (at construction).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
+                 init_fn: str | None = None, in_place: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if casting_mode not in ("llama", "gemma", "none"):
+            raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
+        if init_fn not in (None, "ones", "zeros"):
+            raise ValueError(f"init_fn must be 'ones', 'zeros' or None, got {init_fn!r}")
+        if not isinstance(in_place, bool):
+            raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
+        zeros = init_fn == "zeros" or (init_fn is None and offset != 0.0)
+        init = torch.zeros if zeros else torch.ones
+        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+        self.in_place = in_place
+
+    @property
+    def eps(self) -> float:
+        """Alias of ``variance_epsilon`` (the name GemmaRMSNorm uses)."""
+        return self.variance_epsilon
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self.variance_epsilon = value
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return TF.fused_add_rms_norm(hidden_states, residual, self.weight, self.variance_epsilon, self.offset,
+                                     self.casting_mode, self.in_place)
+
+    def extra_repr(self) -> str:
+        return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
+                f"casting_mode={self.casting_mode!r}, in_place={self.in_place}")
 
 
 class LayerNorm(nn.LayerNorm):

@@ -1,0 +1,128 @@
+"""Residual add + RMSNorm (HF decoder layers: ``residual + hidden_states``, then the next RMSNorm): the public op
+and its record.
+
+Kernels: :mod:`tigon.kernels.fused_add_rms_norm` (RMSNorm's kernels in :mod:`tigon.kernels.norm` with the add
+folded in: one pass forward, a persistent-grid backward with fp32 dW partials). Specification:
+:mod:`tigon.reference.fused_add_rms_norm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _checks
+from ..reference import fused_add_rms_norm as ref
+from ..reference import rms_norm as ref_rms
+from ..support import select_backend
+from ._record import Case, OpSpec, liger, rand, randn, sizes
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
+    casting_mode: str = "llama", in_place: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual``, then RMSNorm of s: returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)``.
+
+    The step between a decoder layer's blocks (HF LlamaDecoderLayer: ``hidden_states = residual + hidden_states;
+    residual = hidden_states; hidden_states = norm(hidden_states)``) in one pass over the rows; Liger-Kernel's
+    ``liger_fused_add_rms_norm``. s is added in x's dtype (one rounding, as torch adds), and y is exactly
+    :func:`tigon.functional.rms_norm` of s (statistics in fp32). The gradient of x and of residual is one tensor,
+    ``rstd * (g - shat * mean(g * shat)) + ds`` with ``g = dy * (offset + weight)``, ``shat = s * rstd`` and ds the
+    gradient reaching s (zero when s is not used).
+
+    Args:
+        x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides. The
+            layer's new hidden states (the attention or MLP output).
+        residual: the residual stream: x's shape and dtype, any strides.
+        weight: (hidden,) float tensor on x's device.
+        eps: variance epsilon (HF ``rms_norm_eps``).
+        offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
+        casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
+        in_place: what Liger-Kernel's ``in_place`` means: if True, the backward writes the gradient of x and residual
+            into the memory of y's incoming gradient (the tensor autograd hands this op's backward for y) instead of
+            a new (..., hidden) tensor, saving one such buffer at the backward's peak. That gradient tensor is the
+            only thing written, once, during the backward; x, residual, weight and the outputs never are, in either
+            mode. It takes effect only where y's gradient is contiguous and in x's dtype (otherwise a new tensor,
+            as with False), and not on the reference path or under ``torch.compile``. Use it only when nothing
+            reads y's gradient after this backward: true when y feeds layers whose backward forms a fresh gradient
+            for it (a decoder's projections); false when you pass your own tensor to ``y.backward(grad)`` and read
+            it afterwards (it then holds x's gradient), or when y's gradient is shared with another tensor (y in
+            ``y + t`` with t requiring grad: the add hands both one gradient tensor). Default False: no tensor you
+            hold is ever written (Liger's functional defaults to True, its module to False).
+
+    Returns:
+        (y, s): y (..., hidden), dtype of x for ``"gemma"``, else the promotion of x's and weight's dtypes; s
+        (..., hidden) in x's dtype, the new residual stream. Both contiguous on the kernel path.
+
+    Raises:
+        TypeError: x, residual or weight is not a floating tensor; residual's dtype is not x's; eps or offset is
+            not a number; in_place is not a bool.
+        ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d, devices differ, casting_mode is
+            unknown, eps is negative or not finite, or offset is not finite.
+    """
+    _checks.tensor("x", x, floating=True)
+    _checks.tensor("residual", residual, floating=True)
+    _checks.tensor("weight", weight, floating=True, ndim=1)
+    _checks.same_device(x=x, residual=residual, weight=weight)
+    _checks.choice("casting_mode", casting_mode, ref.CASTING_MODES)
+    eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
+    if not isinstance(in_place, bool):
+        raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if select_backend("fused_add_rms_norm", x) == "reference":
+        return ref.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
+    from ..kernels import fused_add_rms_norm as k
+
+    run = k.compiled_fused_add_rms_norm if torch.compiler.is_compiling() else k.FusedAddRMSNormFunction.apply
+    return run(x, residual, weight, eps, offset, casting_mode, in_place)
+
+
+# ---- the record ----------------------------------------------------------------------------------------------------
+def hf_fused_add_rms_norm(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama", in_place=False):
+    """What HF decoder layers run: ``hidden_states = residual + hidden_states; residual = hidden_states``, then the
+    RMSNorm (:func:`tigon.reference.rms_norm.rms_norm`). Returns (normed, residual)."""
+    s = residual + x
+    return ref_rms.rms_norm(s, weight, eps, offset, casting_mode), s
+
+
+def _shape(m) -> dict:
+    return {"tokens": m.tokens, "hidden": m.hidden, "eps": m.rms_eps, "offset": m.rms_offset,
+            "casting_mode": m.rms_casting_mode}
+
+
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """x (tokens, hidden) standard normal (a block's output), residual (tokens, hidden) with std 3 and mean 0.5,
+    weight (hidden,) in [0.5, 1.5), the family's eps / offset / casting mode."""
+    shape = (s["tokens"], s["hidden"])
+    return dict(x=randn(gen, shape, dtype, device), residual=randn(gen, shape, dtype, device, 3.0, 0.5),
+                weight=rand(gen, (s["hidden"],), dtype, device), eps=s.get("eps", 1e-6),
+                offset=s.get("offset", 0.0), casting_mode=s.get("casting_mode", "llama"))
+
+
+RECORDS = (OpSpec(
+    name="fused_add_rms_norm",
+    summary="residual add then RMSNorm, returning (normed, new residual) (HF decoder layers)",
+    fn=fused_add_rms_norm,
+    reference=ref.fused_add_rms_norm,
+    original=hf_fused_add_rms_norm,
+    original_name="HF decoder layer: residual + hidden_states, then LlamaRMSNorm / GemmaRMSNorm math",
+    make_inputs=_inputs,
+    shape_of=_shape,
+    **sizes("tokens", "hidden"),
+    grad_inputs=("x", "residual", "weight"),
+    category="norm",
+    # read x, residual, write y, s; backward: read dy, ds, s, write ds_total once (the gradient of x and residual)
+    min_bytes=lambda s, e, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * e,
+    peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode")},
+    sweeps=("tokens", "hidden"),
+    cases=(Case(),
+           Case("in_place=True", options={"in_place": True}, tags=frozenset({"bench"}), provider="tigon_inplace")),
+),)
