@@ -128,7 +128,7 @@ def test_unknown_op_in_a_subprocess_is_one_line():
 
 def test_model_ops_and_config_sources(tmp_path):
     cfg, desc = B.config_dict("tiny")
-    assert B.model_ops(cfg) == ["rms_norm", "rope", "swiglu", "glu_linear", "cross_entropy",
+    assert B.model_ops(cfg) == ["rms_norm", "fused_add_rms_norm", "rope", "swiglu", "glu_linear", "cross_entropy",
                                 "fused_linear_cross_entropy"]
     assert desc["source"] == "preset:tiny"
     gemma = dict(cfg, model_type="gemma2", hidden_activation="gelu_pytorch_tanh")

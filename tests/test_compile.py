@@ -238,8 +238,8 @@ def test_patched_model_has_no_tigon_graph_breaks(tiny_models):
     graphs0, breaks0, reasons0, _ = _explain(tiny_models(False))
     graphs, breaks, reasons, ops = _explain(tiny_models(True))
     # Every kernel of the patched Llama is a node of the graph, not a break or a trace into its launcher.
-    assert ops == {"tigon.rms_norm.default", "tigon.rope.default", "tigon.glu.default",
-                   "tigon.fused_linear_cross_entropy.default"}
+    assert ops == {"tigon.rms_norm.default", "tigon.fused_add_rms_norm.default", "tigon.rope.default",
+                   "tigon.glu.default", "tigon.fused_linear_cross_entropy.default"}
     assert (graphs, breaks) == (graphs0, breaks0), reasons
     # explain does not count a break after the last tensor op (no graph follows it); its reasons still list it.
     assert len(reasons) == len(reasons0), reasons

@@ -17,7 +17,7 @@ def test_env_json_lists_every_op_and_dtype(tmp_path, capsys):
     r = json.loads(path.read_text())
     pairs = {(row["op"], row["dtype"]) for row in r["backends"]}
     assert pairs == {(op, d) for op in OPS for d in DTYPES}
-    assert len(r["backends"]) == 8 * 3
+    assert len(r["backends"]) == len(OPS) * 3
     # the test-suite runs the kernels interpreted on CPU (conftest) and compiled on a CUDA machine
     assert {row["backend"] for row in r["backends"]} == {KERNEL_BACKEND}
     assert all(row["reason"] for row in r["backends"])

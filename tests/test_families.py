@@ -48,20 +48,21 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_atte
 
 FULL = {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}
 QK_NORMS = {**FULL, "rms_norm": 4 * L + 1}  # + q_norm / k_norm per layer (Qwen3, OLMo 2) or pre/post FF (Gemma 2)
+ADD = {"fused_add_rms_norm": L}  # decoder layers of Llama's pre-norm form: residual add fused into the next norm
 
 # case id: (model_type, config overrides, expected family, expected counts, expected skipped counts)
 CASES = {
-    "llama": ("llama", {}, "llama", FULL, {}),
-    "mistral": ("mistral", {}, "mistral", FULL, {}),
+    "llama": ("llama", {}, "llama", {**FULL, **ADD}, {}),
+    "mistral": ("mistral", {}, "mistral", {**FULL, **ADD}, {}),
     # batched_mm experts (any dtype and device; grouped_mm is bf16-only on CUDA) call the _apply_gate hook
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"),
-                "mixtral", FULL, {}),
-    "qwen2": ("qwen2", {}, "qwen2", FULL, {}),
-    "qwen3": ("qwen3", {}, "qwen3", QK_NORMS, {}),
+                "mixtral", {**FULL, **ADD}, {}),
+    "qwen2": ("qwen2", {}, "qwen2", {**FULL, **ADD}, {}),
+    "qwen3": ("qwen3", {}, "qwen3", {**QK_NORMS, **ADD}, {}),
     # layer 0 dense (Qwen3MoeMLP), layer 1 MoE (experts' _apply_gate): both count as mlp
     "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
-                                    experts_implementation="batched_mm"), "qwen3_moe", QK_NORMS, {}),
-    "gemma": ("gemma", {}, "gemma", FULL, {}),
+                                    experts_implementation="batched_mm"), "qwen3_moe", {**QK_NORMS, **ADD}, {}),
+    "gemma": ("gemma", {}, "gemma", {**FULL, **ADD}, {}),
     "gemma2": ("gemma2", dict(final_logit_softcapping=30.0), "gemma2", QK_NORMS, {}),
     # pre/post attention + pre/post feed-forward + q_norm / k_norm per layer
     "gemma3": ("gemma3_text", dict(final_logit_softcapping=30.0), "gemma3", {**FULL, "rms_norm": 6 * L + 1}, {}),
@@ -72,7 +73,7 @@ CASES = {
     # interleaved partial rotary: left alone; post-attention / post-MLP norms
     "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
     # layer 1 is a NoPE layer: one rotary attention to patch
-    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, "rope": 1}, {}),
+    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it

@@ -17,8 +17,9 @@ def test_inspect_llama3_8b_counts(tmp_path, capsys):
     r = json.loads(path.read_text())
     assert r["family"] == "llama" and r["architecture"] == "LlamaForCausalLM"
     assert r["source"] == "preset:llama3-8b"
-    assert r["counts"] == {"rms_norm": 2 * 32 + 1, "rope": 32, "mlp": 32, "lm_head_loss": 1}
-    assert r["categories"] == {"norms": 65, "rotary": 32, "mlp_activation": 32, "lm_head_loss": 1}
+    assert r["counts"] == {"rms_norm": 2 * 32 + 1, "fused_add_rms_norm": 32, "rope": 32, "mlp": 32, "lm_head_loss": 1}
+    assert r["categories"] == {"norms": 65, "residual_add_norm": 32, "rotary": 32, "mlp_activation": 32,
+                               "lm_head_loss": 1}
     assert 8.0e9 < r["num_parameters"] < 8.1e9  # counted on the meta device, nothing allocated
     assert r["skipped"] == []
     left = {g["module"]: g for g in r["left_alone"]}
@@ -41,7 +42,7 @@ def test_inspect_config_json_and_checkpoint_dir(tmp_path):
     by_dir = run_inspect(str(tmp_path))
     assert by_file.source.startswith("config:") and by_dir.source.startswith("checkpoint:")
     for r in (by_file, by_dir):
-        assert r.counts == {"rms_norm": 5, "rope": 2, "mlp": 2, "lm_head_loss": 1}
+        assert r.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "rope": 2, "mlp": 2, "lm_head_loss": 1}
         assert r.family == "llama"
 
 

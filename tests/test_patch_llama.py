@@ -82,7 +82,8 @@ def test_loss_grads_and_report_counts():
     support.backend_usage(reset=True)
     report = assert_same_training_step(model, input_ids=ids, labels=labels)
     assert report.family == "llama" and report.level == "instance" and not report.skipped
-    assert report.counts == {"rms_norm": 2 * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+    assert report.counts == {"rms_norm": 2 * LAYERS + 1, "fused_add_rms_norm": LAYERS, "mlp": LAYERS, "rope": LAYERS,
+                             "lm_head_loss": 1}
     used = support.backend_usage()
     for op in ("rms_norm", "glu_linear", "rope", "fused_linear_cross_entropy"):
         assert op in used, used
@@ -109,6 +110,8 @@ def test_gradient_checkpointing_keeps_rope_scope():
     assert_same_training_step(model, input_ids=ids, labels=labels)
     # 2 layers forward + 2 recomputed in backward, all through the kernel
     assert support.backend_usage()["rope"].get("interpreter", 0) + support.backend_usage()["rope"].get("triton", 0) == 4
+    # the fused residual add + norm too: transformers that checkpoint the layer's forward keep checkpointing it
+    assert sum(support.backend_usage()["fused_add_rms_norm"].values()) == 2 * LAYERS
 
 
 def test_num_items_in_batch_and_shift_labels():
@@ -187,7 +190,7 @@ def test_patch_is_idempotent_and_unpatch_restores_exactly():
     assert ml.apply_rotary_pos_emb is not original_rope
     again = tigon.patch(model)
     assert again.replaced == [] and not again.skipped
-    assert len(again.already_patched) == 2 * LAYERS + 1 + LAYERS + LAYERS + 1
+    assert len(again.already_patched) == 2 * LAYERS + 1 + LAYERS + LAYERS + LAYERS + 1
     restored = tigon.unpatch(model)
     assert restored.action == "unpatch" and restored.counts["rms_norm"] == 2 * LAYERS + 1
     assert ml.apply_rotary_pos_emb is original_rope
@@ -234,7 +237,7 @@ def test_class_level_patch_and_unpatch():
 
     report = tigon.patch("llama")
     assert report.level == "class"
-    assert report.counts == {"rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
+    assert report.counts == {"rms_norm": 1, "fused_add_rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
     assert tigon.patch("llama").already_patched and not tigon.patch("llama").replaced
     model = build()  # built after the patch
     assert tigon.patch(model).replaced == []  # already patched at class level
@@ -247,7 +250,7 @@ def test_class_level_patch_and_unpatch():
     assert (torch.nn.LayerNorm.forward, torch.nn.Linear.forward, torch.nn.Module.__call__) == torch_fwds
 
     back = tigon.unpatch("llama")
-    assert back.counts == {"rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
+    assert back.counts == {"rms_norm": 1, "fused_add_rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
     assert {c: c.__dict__.get("forward") for c in saved} == saved
     assert ml.apply_rotary_pos_emb is rope
     with torch.no_grad():
@@ -267,13 +270,16 @@ def test_other_family_model_untouched_by_llama_patch():
 
 # norms per layer (+1 final): Qwen3 adds q_norm/k_norm, Gemma 2 pre/post feed-forward norms; Gemma 2 also
 # exercises final logit softcapping and gelu-tanh (config.hidden_activation), Gemma the (1 + w) fp32 norm.
-@pytest.mark.parametrize("family,norms", [("mistral", 2), ("qwen2", 2), ("qwen3", 4), ("gemma", 2), ("gemma2", 4)])
-def test_other_families(family, norms):
+# Gemma 2's layers have sandwich norms (not the pre-norm form): no fused residual add there.
+@pytest.mark.parametrize("family,norms,adds", [("mistral", 2, 1), ("qwen2", 2, 1), ("qwen3", 4, 1), ("gemma", 2, 1),
+                                               ("gemma2", 4, 0)])
+def test_other_families(family, norms, adds):
     model = build(family)
     ids, labels = batch()
     report = assert_same_training_step(model, input_ids=ids, labels=labels)
     assert report.family == family and not report.skipped
-    assert report.counts == {"rms_norm": norms * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+    expected = {"rms_norm": norms * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+    assert report.counts == {**expected, **({"fused_add_rms_norm": LAYERS} if adds else {})}
 
 
 def test_unsupported_models_raise_clear_errors():
@@ -313,14 +319,14 @@ def test_custom_loss_function_is_kept():
 
 def test_options_turn_parts_off():
     model = build()
-    report = tigon.patch(model, rope=False, mlp=False, fused_linear_cross_entropy=False)
+    report = tigon.patch(model, rope=False, mlp=False, fused_add_rms_norm=False, fused_linear_cross_entropy=False)
     assert report.counts == {"rms_norm": 2 * LAYERS + 1}
     assert any("turned off" in n and "rope" in n for n in report.notes)
     import transformers.models.llama.modeling_llama as ml
 
     assert tigon_mark(ml.apply_rotary_pos_emb) is None
     more = tigon.patch(model)  # the rest can be added later
-    assert more.counts == {"mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
+    assert more.counts == {"fused_add_rms_norm": LAYERS, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
 
 
 
@@ -547,3 +553,80 @@ def test_patch_flags_must_be_bools():
         with pytest.raises(TypeError, match=needle):
             tigon.patch("llama", **kwargs)
     assert not patched_state()["class_level"]
+
+
+# ---- the residual add fused into the post-attention norm (fused_add_rms_norm) ------------------------------------
+def test_decoder_layers_fuse_the_residual_add_into_the_post_attention_norm():
+    model = build()
+    ids, labels = batch()
+    calls = []
+    orig = tigon.functional.fused_add_rms_norm
+    report = assert_same_training_step(model, input_ids=ids, labels=labels)
+    assert report.counts["fused_add_rms_norm"] == LAYERS
+    entry = next(e for e in report.replaced if e.kind == "fused_add_rms_norm")
+    assert entry.target == "model.layers.0" and "fused_add_rms_norm" in entry.detail
+    # the patched layer really calls the fused op (once per layer per forward) and stays exact with it
+    tigon.patch(model)
+    try:
+        tigon.functional.fused_add_rms_norm = lambda *a, **k: calls.append(1) or orig(*a, **k)
+        model(input_ids=ids, labels=labels).loss.backward()
+    finally:
+        tigon.functional.fused_add_rms_norm = orig
+        tigon.unpatch(model)
+    assert len(calls) == LAYERS
+    assert all("forward" not in vars(m) for m in model.modules())  # unpatch restored every layer
+
+
+def test_fused_add_rms_norm_can_be_turned_off_and_is_class_level_too():
+    model = build()
+    report = tigon.patch(model, fused_add_rms_norm=False)
+    try:
+        assert "fused_add_rms_norm" not in report.counts and "turned off: fused_add_rms_norm" in report.notes
+    finally:
+        tigon.unpatch(model)
+    report = tigon.patch("llama")
+    try:
+        assert any(e.kind == "fused_add_rms_norm" and e.target.endswith("LlamaDecoderLayer.forward")
+                   for e in report.replaced)
+        model = build()
+        ids, labels = batch()
+        tigon.unpatch("llama")
+        ref, ref_grads = loss_and_grads(model, input_ids=ids, labels=labels)
+        tigon.patch("llama")
+        out, grads = loss_and_grads(model, input_ids=ids, labels=labels)
+        assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+        assert max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
+    finally:
+        tigon.unpatch("llama")
+
+
+def test_a_decoder_layer_of_another_form_is_skipped_with_the_reason():
+    from transformers.models.llama import modeling_llama as M
+
+    class DropoutLayer(M.LlamaDecoderLayer):  # an extra statement: not the pre-norm form the fused forward assumes
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, **kwargs)
+            hidden_states = residual + torch.nn.functional.dropout(hidden_states, 0.0)
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states
+
+    from tigon.integrations.families import LLAMA
+    from tigon.integrations.forwards import decoder_layer_problem
+
+    spec = LLAMA.decoder_layers[0]
+    assert decoder_layer_problem(M.LlamaDecoderLayer, spec) is None
+    assert "not the pre-norm form" in decoder_layer_problem(DropoutLayer, spec)
+    model = build()
+    model.model.layers[0].__class__ = DropoutLayer
+    report = tigon.patch(model)
+    try:
+        skipped = {e.target: e.detail for e in report.skipped if e.kind == "fused_add_rms_norm"}
+        assert "model.layers.0" in skipped and "overrides" in skipped["model.layers.0"]
+        assert report.counts["fused_add_rms_norm"] == LAYERS - 1
+    finally:
+        tigon.unpatch(model)

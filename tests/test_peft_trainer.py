@@ -109,7 +109,8 @@ def test_lora_with_trainable_head_matches_unpatched(order):
     else:
         model = lora(build(False))
         report = tigon.patch(model)
-        assert report.counts == {"rms_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}, report
+        assert report.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "mlp": 2, "rope": 2, "lm_head_loss": 1}, \
+            report
     support.backend_usage(reset=True)
     got, mat = train(model)
     assert not any(mat), "the fused head must run on the modules_to_save copy (logits=None)"
@@ -173,7 +174,8 @@ def _trainer_losses(model, tmp_path, steps=2):
 def test_hf_trainer_two_steps(tmp_path):
     ref = _trainer_losses(build(False), tmp_path / "ref")
     model = build(True)
-    assert model.tigon_report.counts == {"rms_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}
+    assert model.tigon_report.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "mlp": 2, "rope": 2,
+                                         "lm_head_loss": 1}
     support.backend_usage(reset=True)
     got = _trainer_losses(model, tmp_path / "tigon")
     assert len(got) == 2
@@ -241,7 +243,7 @@ def test_auto_model_options_and_from_pretrained(tmp_path):
     loaded = tigon.AutoModelForCausalLM.from_pretrained(tmp_path, rope=False, fused_linear_cross_entropy=False,
                                                         attn_implementation="eager")
     assert type(loaded).__name__ == "LlamaForCausalLM"
-    assert loaded.tigon_report.counts == {"rms_norm": 5, "mlp": 2}
+    assert loaded.tigon_report.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "mlp": 2}
     assert any("turned off" in n for n in loaded.tigon_report.notes)
     with pytest.raises(OSError, match="from_pretrained"):
         tigon.AutoModelForCausalLM()

@@ -40,7 +40,7 @@ def test_replaced_categories_are_marked(report):
         assert cats[name]["replaced"] and cats[name]["tigon_op"] == op, name
     for name in ("matmul", "attention", "optimizer", "other", "unattributed"):
         assert not cats[name]["replaced"] and cats[name]["tigon_op"] is None, name
-    assert report["patch"] == {"rms_norm": 3, "mlp": 1, "rope": 1, "lm_head_loss": 1}
+    assert report["patch"] == {"rms_norm": 3, "fused_add_rms_norm": 1, "mlp": 1, "rope": 1, "lm_head_loss": 1}
 
 
 def test_prediction_and_measurement(report):

@@ -319,14 +319,19 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     :func:`tigon.functional.fused_add_rms_norm`. The attention gets the caller's keyword arguments as the original
     passes them (by name; checked by :func:`decoder_layer_problem`). Positional extra arguments, a norm with hooks
     or another library's instance forward, and residual / attention outputs of different dtypes (autocast with fp32
-    weights: the add promotes) run the original computation."""
-    norm = spec.norm
+    weights: the add promotes) run the original computation.
 
-    @functools.wraps(original)
-    def forward(self, hidden_states, *args, **kwargs):
+    Gradient checkpointing: transformers versions whose ``GradientCheckpointingLayer`` checkpoints the class's
+    ``forward`` (a ``forward_with_checkpointing`` wrapper, 5.2x) would lose it with a replaced forward, so when
+    ``original`` is that wrapper this forward does what it does around the fused body (caching off, then
+    ``self._gradient_checkpointing_func(partial(body, self, **kwargs), hidden_states)``); older versions checkpoint
+    in ``__call__``, around any forward.
+    """
+    norm = spec.norm
+    checkpoints_forward = getattr(getattr(original, "__code__", None), "co_name", "") == "forward_with_checkpointing"
+
+    def body(self, hidden_states, **kwargs):
         post = getattr(self, spec.post_norm)
-        if args or _hook_problem(post, tigon_forward_ok=True) is not None:
-            return original(self, hidden_states, *args, **kwargs)
         residual = hidden_states
         hidden_states = getattr(self, spec.input_norm)(hidden_states)
         hidden_states, _ = getattr(self, spec.attention)(hidden_states=hidden_states, **kwargs)
@@ -340,6 +345,21 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
                 norm.casting_mode)
         hidden_states = getattr(self, spec.mlp)(hidden_states)
         return residual + hidden_states
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, *args, **kwargs):
+        if args or _hook_problem(getattr(self, spec.post_norm), tigon_forward_ok=True) is not None:
+            return original(self, hidden_states, *args, **kwargs)
+        if (checkpoints_forward and getattr(self, "gradient_checkpointing", False) and self.training
+                and torch.is_grad_enabled()):
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if not getattr(self, "_can_checkpoint_with_cache", False):
+                for name in ("cache", "past_key_values", "layer_past"):
+                    if kwargs.get(name) is not None:
+                        kwargs[name] = None
+            return self._gradient_checkpointing_func(functools.partial(body, self, **kwargs), hidden_states)
+        return body(self, hidden_states, **kwargs)
 
     return mark(forward, "fused_add_rms_norm", family)
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 _KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "lm_head_loss")
 
-KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "norms", "rope": "rotary",
+KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "residual_add_norm", "rope": "rotary",
                    "mlp": "mlp_activation", "lm_head_loss": "lm_head_loss"}
 """Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
 

@@ -15,7 +15,7 @@ import sys
 
 from ._record import KERNEL_DTYPES, Case, ModelShapes, OpSpec
 
-PEER_MODULES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
+PEER_MODULES = {"liger": "liger_kernel", "quack": "quack", "cce": "cut_cross_entropy"}
 """The peer implementations an :attr:`OpSpec.peers` entry may name, and the package each needs."""
 
 BASE_PROVIDERS = ("eager", "compile", "tigon")

@@ -15,6 +15,7 @@ from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
 from ..support import select_backend
 from ._record import Case, OpSpec, liger, rand, randn, sizes
+from .rms_norm import quack_rms_norm
 
 
 def fused_add_rms_norm(
@@ -121,7 +122,8 @@ RECORDS = (OpSpec(
     category="norm",
     # read x, residual, write y, s; backward: read dy, ds, s, write ds_total once (the gradient of x and residual)
     min_bytes=lambda s, e, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * e,
-    peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode")},
+    peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode"),
+           "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
     cases=(Case(),
            Case("in_place=True", options={"in_place": True}, tags=frozenset({"bench"}), provider="tigon_inplace")),

@@ -55,6 +55,16 @@ def rms_norm(
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
+def quack_rms_norm(x, weight, eps, residual=None, **_):
+    """QuACK's CuTe DSL RMSNorm (``quack.rmsnorm.rmsnorm``, fp32 math cast at the end), with ``residual`` its
+    fused residual add (``prenorm=True``: returns (normed, new residual)). A bench peer; needs the CuTe DSL."""
+    from quack.rmsnorm import rmsnorm
+
+    if residual is None:
+        return rmsnorm(x, weight, eps=eps)
+    return rmsnorm(x, weight, residual=residual, eps=eps, prenorm=True)
+
+
 def _shape(m) -> dict:
     return {"tokens": m.tokens, "hidden": m.hidden, "eps": m.rms_eps, "offset": m.rms_offset,
             "casting_mode": m.rms_casting_mode}
@@ -82,7 +92,7 @@ RECORDS = (OpSpec(
     category="norm",
     # read x, write y; backward: read x, dy, write dx
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
-    peers={"liger": liger("liger_rms_norm", "x", "weight", "eps", "offset", "casting_mode")},
+    peers={"liger": liger("liger_rms_norm", "x", "weight", "eps", "offset", "casting_mode"), "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
     cases=(Case(),),
 ),)

@@ -414,6 +414,7 @@ def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]
     from transformers import AutoModelForCausalLM
 
     from ..integrations.families import kind_op
+    from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
 
     with torch.device("meta"):
@@ -426,10 +427,11 @@ def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]
         counts = report.counts
         specs = registry()
         ops: dict[str, str] = {}
-        for entry in report.replaced:
-            op = kind_op(entry.kind, hfc)
-            if op in specs:
-                ops[specs[op].category] = op
+        order = list(KIND_CATEGORIES)
+        for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
+            op = kind_op(kind, hfc)
+            if op in specs:  # one op per category, in the kinds' order: rms_norm before the fused add + norm
+                ops.setdefault(specs[op].category, op)
         notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in report.skipped]
         return ops, counts, notes
     finally:
