@@ -79,6 +79,12 @@ SPACE: dict[str, list[Study]] = {
               (llama(16384, hidden_size=12288), llama(16384, hidden_size=16384)),
               {"bwd_warps": (16, 32), "W_HOLD": (0, 2), "WIDE_ROW": (8192, 16384)}, kernel="_norm_bwd"),
     ],
+    "fused_add_rms_norm": [
+        Study("backward with the residual's gradient (4 row streams) at Llama-3 rows of 4096: persistent programs x "
+              "rows per tile x warps x the next tile's ds prefetched", "norm", (llama(16384),),
+              {"bwd_progs": (132, 264), "bwd_rows": (1, 2, 4), "bwd_warps": (8, 16), "DS_PREFETCH": (True, False)},
+              kernel="_norm_bwd"),
+    ],
     "layer_norm": [
         Study("backward at 1k tokens: programs of the persistent grid (each adds a dW/dB partial row)", "norm",
               (llama(1024),), {"bwd_progs": (32, 64, 128, 264)}),

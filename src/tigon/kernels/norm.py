@@ -55,6 +55,9 @@ REGISTER_ROW = 32768
 # and was removed.)
 W_HOLD = 2
 W_HOLD_ROW = 16384
+# Whether the backward with a second gradient DS (fused_add_rms_norm) loads the next row tile's DS with its x and
+# dy (prefetch path only; rows wider than WIDE_ROW always load it where it is used).
+DS_PREFETCH = True
 
 
 @triton.jit
@@ -123,7 +126,7 @@ def _norm_bwd(
     DY, DS, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_ds, stride_x, stride_dx, rows_per_prog,
     offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-    W_HOLD: tl.constexpr,
+    W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr,
 ):
     # HAS_DS: DS holds a second gradient of X itself (the output s of the residual add), added to dx. DX may be DY's
     # own memory (fused_add_rms_norm's in_place): each tile of DY (and DS) is loaded before this program stores the
@@ -144,14 +147,14 @@ def _norm_bwd(
     # rows skip it: two tiles of x and dy no longer fit in registers next to the dW/dB accumulators.
     x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
                                    stride_x, stride_dy, IS_RMS)
-    if HAS_DS and PREFETCH:
+    if HAS_DS and PREFETCH and DS_PREFETCH:
         ds = _load_tile(DS, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask, stride_ds)
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
         if PREFETCH:
             x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols,
                                                                cmask, stride_x, stride_dy, IS_RMS)
-            if HAS_DS:
+            if HAS_DS and DS_PREFETCH:
                 ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds)
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
@@ -174,7 +177,7 @@ def _norm_bwd(
             # it). Without the prefetch (wide rows) loaded here, where it is used, not with the next row's x and dy,
             # so that it holds no registers through the reductions: rows of 16384 at 16 warps spill 112 bytes of
             # stack so, 144 loaded with x and dy, 72 for RMSNorm (compiled for sm_90 without a GPU; not timed).
-            if PREFETCH:
+            if PREFETCH and DS_PREFETCH:
                 dx += ds.to(tl.float32)
             else:
                 dx += _load_tile(DS, rows, row_end, cols, cmask, stride_ds).to(tl.float32)
@@ -185,7 +188,7 @@ def _norm_bwd(
             db += dyf
         if PREFETCH:
             x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
-            if HAS_DS:
+            if HAS_DS and DS_PREFETCH:
                 ds = ds_next
         else:
             x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask, stride_x,
@@ -412,7 +415,8 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
         _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
-                            W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, num_warps=warps)
+                            W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
+                            num_warps=warps)
     dw = torch.empty(N, dtype=torch.float32, device=x2.device) if need_dw else None
     db = torch.empty(N, dtype=torch.float32, device=x2.device) if need_db else None
     if need_dw or need_db:
