@@ -241,7 +241,7 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
 
     def fwd_bwd():
         ins, ds = next(turn)
-        backward(differentiable_outputs(fn(**ins)), ds)
+        backward(differentiable_outputs(fn(**ins)), ds, [ins[k] for k in spec.grad_inputs])
 
     results: dict[str, tuple[float, float, float]] = {}
     by_kernels = cuda_graph and device.type == "cuda" and provider in spec.host_syncs
