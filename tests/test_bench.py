@@ -309,7 +309,8 @@ def test_cuda_graph_times_host_syncing_providers_by_their_kernels():
         ops.get("rms_norm"), name="synced", make_inputs=lambda s, dtype, device, gen: {
             "x": torch.randn((s["tokens"], 4096), dtype=dtype, device=device, generator=gen)},
         grad_inputs=("x",), fn=lambda x: x * 2.0, cases=(ops.Case(),), peers={"synced": syncing},
-        host_syncs=("synced",))
+        host_syncs=("synced",), size_label=lambda s: f"{s['tokens']}x4096",
+        min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 4) * s["tokens"] * 4096 * e)
     rows = {p: B.bench_one(spec, p, {"tokens": 2048}, torch.bfloat16, torch.device("cuda"), {}, {},
                            ("fwd", "fwd_bwd"), cuda_graph=True) for p in ("tigon", "synced")}
     rows["captured"] = rows.pop("tigon")
