@@ -61,14 +61,15 @@ class RMSNorm(nn.Module):
                 f"casting_mode={self.casting_mode!r}")
 
 
-class FusedAddRMSNorm(nn.Module):
+class FusedAddRMSNorm(RMSNorm):
     """Residual add then RMSNorm, via :func:`tigon.functional.fused_add_rms_norm`: ``forward(hidden_states, residual)
     -> (rms_norm(hidden_states + residual), hidden_states + residual)``.
 
     Replaces the two lines of an HF decoder layer ``hidden_states = residual + hidden_states; residual =
     hidden_states`` and the following norm's call, as Liger-Kernel's ``LigerFusedAddRMSNorm`` (same constructor
-    arguments, then ``device`` and ``dtype``). Its state dict is an RMSNorm's (``weight``), so HF LlamaRMSNorm /
-    GemmaRMSNorm weights load as is.
+    arguments, then ``device`` and ``dtype``). A subclass of :class:`RMSNorm` (the same weight, epsilon, offset and
+    casting mode; its state dict is an RMSNorm's, so HF LlamaRMSNorm / GemmaRMSNorm weights load as is) whose forward
+    also takes the residual.
 
     Args:
         hidden_size: size of the last dimension.
@@ -94,37 +95,22 @@ class FusedAddRMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
                  init_fn: str | None = None, in_place: bool = False, device=None, dtype=None) -> None:
-        super().__init__()
-        if casting_mode not in ("llama", "gemma", "none"):
-            raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
         if init_fn not in (None, "ones", "zeros"):
             raise ValueError(f"init_fn must be 'ones', 'zeros' or None, got {init_fn!r}")
         if not isinstance(in_place, bool):
             raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
-        zeros = init_fn == "zeros" or (init_fn is None and offset != 0.0)
-        init = torch.zeros if zeros else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
-        self.variance_epsilon = eps
-        self.offset = offset
-        self.casting_mode = casting_mode
+        super().__init__(hidden_size, eps, offset, casting_mode, device=device, dtype=dtype)
+        if init_fn is not None:
+            with torch.no_grad():
+                self.weight.fill_(1.0 if init_fn == "ones" else 0.0)
         self.in_place = in_place
-
-    @property
-    def eps(self) -> float:
-        """Alias of ``variance_epsilon`` (the name GemmaRMSNorm uses)."""
-        return self.variance_epsilon
-
-    @eps.setter
-    def eps(self, value: float) -> None:
-        self.variance_epsilon = value
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return TF.fused_add_rms_norm(hidden_states, residual, self.weight, self.variance_epsilon, self.offset,
                                      self.casting_mode, self.in_place)
 
     def extra_repr(self) -> str:
-        return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
-                f"casting_mode={self.casting_mode!r}, in_place={self.in_place}")
+        return f"{super().extra_repr()}, in_place={self.in_place}"
 
 
 class LayerNorm(nn.LayerNorm):
