@@ -100,9 +100,9 @@ SPACE: dict[str, list[Study]] = {
               tuple(gemma(n) for n in (4096, 16384, 65536)), {"HALF_TILE": (512, 1024, 2048), "TILE_WARPS": (1, 2, 4)}),
     ],
     "cross_entropy": [
-        Study("lazy path: vocabulary block of the forward and gradient passes", "cross_entropy",
+        Study("lazy path: vocabulary block of the forward and gradient passes", "loss_rows",
               (llama(8192),), {"MAX_BLOCK_V": (4096, 8192, 16384)}),
-        Study("grad_in_forward: (vocabulary block, warps, second pass last block first)", "cross_entropy",
+        Study("grad_in_forward: (vocabulary block, warps, second pass last block first)", "loss_rows",
               (llama(8192), llama(65536)),
               {"GRAD_IN_FORWARD_BLOCK": ((8192, 8, False), (8192, 8, True), (16384, 16, True), (32768, 16, True),
                                          (32768, 32, False), (32768, 32, True))},

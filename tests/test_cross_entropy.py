@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import tigon.kernels.cross_entropy as ce_ops
+import tigon.kernels.loss_rows as loss_rows
 from tigon import functional as F
 from tigon import support
 from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2
@@ -20,7 +21,7 @@ FACTOR = 1.001
 @pytest.fixture(autouse=True)
 def small_vocab_block(monkeypatch):
     # A 128-column vocabulary block makes every test below walk the vocabulary loop several times.
-    monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 128)
+    monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 128)
 
 
 def _targets(n, v, device, ignore_every=0, ignore_index=-100):
@@ -192,7 +193,7 @@ def test_inplace_bf16_against_truth(device, reduction):
 
 
 def test_large_vocab_loop(device, monkeypatch):
-    monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 8192)
+    monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 8192)
     v = 262_144
     logits = torch.randn(3, v, device=device) * 4
     target = torch.tensor([5, v - 1, -100], device=device)

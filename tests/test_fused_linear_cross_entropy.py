@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-import tigon.kernels.cross_entropy as ce_ops
+import tigon.kernels.loss_rows as loss_rows
 import tigon.kernels.fused_linear_cross_entropy as flce_ops
 from tigon import functional as F
 from tigon import support
@@ -44,7 +44,7 @@ DEFAULT_CHUNK_CAP = flce_ops.MAX_CHUNK_ELEMS_CUDA  # before small_blocks lowers 
 def small_blocks(monkeypatch):
     # 128-column vocabulary blocks and chunks of at most 8 tokens: the vocabulary loop and the chunk loop both
     # run several times in every test below.
-    monkeypatch.setattr(ce_ops, "MAX_BLOCK_V", 128)
+    monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 128)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 8 * 1000)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 8 * 1000)
     monkeypatch.setattr(flce_ops.RowHalves, "FIRST", 64)  # the in-place cast runs several doubling ranges

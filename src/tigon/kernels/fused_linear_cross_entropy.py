@@ -5,7 +5,7 @@ Cross-Entropy (Wijmans et al. 2024): tokens are processed in chunks of ``rows`` 
 logits buffer ever exists. Per chunk:
 
 1. ``logits = hidden_chunk @ weight.T (+ bias)`` by torch (cuBLAS), ``out=`` the preallocated chunk buffer;
-2. the cross-entropy Triton kernel of :mod:`tigon.kernels.cross_entropy` reads the chunk (fp32 math, online
+2. the cross-entropy Triton kernel of :mod:`tigon.kernels.loss_rows` reads the chunk (fp32 math, online
    log-sum-exp over vocabulary blocks), writes per-token loss / lse, and - when gradients are wanted - a
    second pass overwrites the chunk buffer in place with ``d loss / d logits`` (``logit_scale`` and the
    soft-cap derivative included);
@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ..support import interpreter_enabled
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, num_items_tensor, or_empty
-from .cross_entropy import (
+from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses,
 )
 

@@ -430,7 +430,7 @@ def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]
         order = list(KIND_CATEGORIES)
         for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
             op = kind_op(kind, hfc)
-            if op in specs:  # one op per category, in the kinds' order: rms_norm before the fused add + norm
+            if op in specs:  # one op per category, in the kinds' order: the plain norm before the fused add + norm
                 ops.setdefault(specs[op].category, op)
         notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in report.skipped]
         return ops, counts, notes

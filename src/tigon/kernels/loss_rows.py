@@ -1,0 +1,468 @@
+"""The row kernels of the cross-entropy losses: Triton forward and backward over rows of logits, vocabulary looped in
+blocks, and their launchers. Shared by the cross-entropy op (:mod:`tigon.kernels.cross_entropy`) and the fused LM-head
+loss (:mod:`tigon.kernels.fused_linear_cross_entropy`, which runs them on its chunks of logits).
+
+Formula and semantics: :mod:`tigon.reference.cross_entropy` (torch's label smoothing and class weights, PaLM
+z-loss, Gemma 2 soft-capping, plus a ``logit_scale`` used by the fused linear op).
+
+Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V``
+columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
+Gimelshein 2018), the weighted logit sum needed by label smoothing and the running argmax. It writes per-row
+loss, z-loss, lse and a correct-prediction flag (N floats each). With ``WRITE_GRAD`` it makes a second pass over
+the row and writes ``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
+
+Backward (one read, one write of the logits): recomputes the softmax from the saved lse with the per-token
+upstream gradient (a 0-d tensor broadcast with stride 0 for mean/sum, an (N,) tensor for reduction="none").
+
+Gradient per row, with p = softmax(x), a the upstream coefficient, eps the smoothing, w class weights:
+    dL/dx_c = a * [p_c * ((1-eps) w_t + eps/V * sum(w) + 2 s lse) - (1-eps) w_t [c == t] - eps/V * w_c]
+then times ``logit_scale * (1 - tanh^2)`` for the soft-cap.
+
+Minimal bytes (bf16 logits): forward N*V*2, backward 2*N*V*2. Rows of ignored tokens are never read: the forward
+skips them, the gradient's pass writes their zeros (as Liger-Kernel does; 10% of the bench's tokens are ignored).
+
+Targets outside [0, V) other than ignore_index are never read out of bounds (masked); on this path their loss
+is NaN (the functional API checks them up front for CPU tensors; on CUDA that check would cost a sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cdiv, next_pow2, rows_per_program, warps_for
+
+# Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
+# (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
+# thread with 8 warps. Measured on an H200 (N=8192, V=128256, bf16; forward / forward+backward):
+# 2048: 0.76 / 1.87 ms, 4096: 0.68 / 1.75, 8192: 0.64 / 1.71, 16384: 0.72 / 1.77, 32768: 0.88 / 1.96 ms.
+# At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
+# copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
+MAX_BLOCK_V = 8192
+
+# grad_in_forward on CUDA: (vocabulary block, num_warps, reverse) of the forward that also writes the gradient, for
+# rows at least that wide (one row per program); reverse: its second pass over a row goes last block first, so the
+# blocks it read last come first, while they may still be in L2. H200, V = 128256 bf16, fwd+bwd: at (8192, 8),
+# first block first against last block first, alternating twice (session8/tune12_ce_reverse_ab.json): 8k tokens
+# 1.511 / 1.629 against 1.440 / 1.484 ms, 64k 11.779 / 11.779 against 11.209 / 11.207. Across blocks at 8k / 32k /
+# 64k (session8/tune11_ce_order.json, ignored rows still read then): (8192, 8, reverse) 1.520 / 5.975 / 11.916 ms,
+# (16384, 16, reverse) 1.548 / 6.067 / 12.123, (32768, 32) 1.570 / 6.196 / 12.130 first block first (session 7's
+# choice) and 1.636 at 8k last block first; Liger-Kernel 1.938 / 6.463 / 12.180 in the same call. Holding the last
+# block in registers (no re-read of it) was slower: 1.80-1.94 ms at 8k (registers cost resident programs).
+GRAD_IN_FORWARD_BLOCK = (8192, 8, True)
+
+
+@triton.jit
+def _transform(raw, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """x = softcap * tanh(logit_scale * raw / softcap) (or logit_scale * raw); tanh through exp."""
+    x = raw * logit_scale
+    if HAS_SOFTCAP:
+        u = x / softcap
+        e = tl.exp(-2.0 * tl.abs(u))
+        th = (1.0 - e) / (1.0 + e)
+        x = softcap * tl.where(u < 0, -th, th)
+    return x
+
+
+@triton.jit
+def _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT: tl.constexpr):
+    """Per-row target, masks and target weight."""
+    rmask = rows < n_rows
+    t = tl.load(T + rows, mask=rmask, other=ignore_index)
+    valid = rmask & (t != ignore_index)
+    in_range = valid & (t >= 0) & (t < V)
+    t_safe = tl.where(in_range, t, 0).to(tl.int32)
+    if HAS_WEIGHT:
+        wt = tl.load(CW + t_safe, mask=in_range, other=0.0).to(tl.float32)
+    else:
+        wt = tl.where(valid, 1.0, 0.0)
+    return rmask, valid, in_range, t_safe, wt
+
+
+@triton.jit
+def _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale):
+    """Per-row coefficients of the gradient formula in the module docstring: (on p, on the target, on every c)."""
+    eps = label_smoothing
+    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum + 2.0 * lse_square_scale * lse)
+    coef_t = a * (1.0 - eps) * wt
+    coef_s = a * (eps / V)
+    return coef_p, coef_t, coef_s
+
+
+@triton.jit
+def _grad_tile(
+    x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):
+    """a * d loss_row / d raw_logits on a [rows, cols] tile of transformed logits ``x`` (fp32)."""
+    p = tl.exp(x - lse[:, None])
+    g = coef_p[:, None] * p - tl.where(cols[None, :] == t_safe[:, None], coef_t[:, None], 0.0)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            wc = tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)
+            g = g - coef_s[:, None] * wc[None, :]
+        else:
+            g = g - coef_s[:, None]
+    if HAS_SOFTCAP:
+        th = x / softcap
+        g = g * (1.0 - th * th)
+    return g * logit_scale
+
+
+@triton.jit
+def _grad_pass(
+    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+    label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0; ignored rows, not ``valid``, are
+    written without being read), block by block: first block first, or with REVERSE last block first (the blocks a
+    forward read last are the likeliest still in L2)."""
+    rows64 = rows.to(tl.int64)
+    x_row = X + rows64 * stride_x
+    dx_row = DX + rows64 * stride_dx
+    coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
+    last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
+    for i in range(0, V, BLOCK_V):
+        start = last - i if REVERSE else i
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+                       HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
+        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """The transformed target logit of rows; NaN for a target outside [0, V) (never read out of bounds)."""
+    xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
+    xt = _transform(xt, logit_scale, softcap, HAS_SOFTCAP)
+    return tl.where(in_range | (~valid), xt, float("nan"))
+
+
+@triton.jit
+def _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT: tl.constexpr):
+    """Per row of a tile: sum_c w_c * (x_c - x_t) over its valid columns (label smoothing's extra term)."""
+    d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
+    if HAS_WEIGHT:
+        d = d * tl.load(CW + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    return tl.sum(d, axis=1)
+
+
+@triton.jit
+def _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING: tl.constexpr):
+    """(loss incl. z, z) of rows from their lse, target logit, target weight and smoothing sum (0 if ignored)."""
+    eps = label_smoothing
+    nll = lse - xt
+    loss = (1.0 - eps) * wt * nll
+    if HAS_SMOOTHING:
+        loss += eps / V * (wsum * nll - sw)
+    z = lse_square_scale * lse * lse
+    return tl.where(valid, loss + z, 0.0), tl.where(valid, z, 0.0)
+
+
+@triton.jit
+def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
+    """sum(class weights) (V without them)."""
+    if HAS_WEIGHT:
+        wsum = tl.load(CWSUM).to(tl.float32)
+    else:
+        wsum = V * 1.0
+    return wsum
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    x_row = X + rows.to(tl.int64) * stride_x
+    xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    sw = tl.zeros([BLOCK_M], tl.float32)  # sum_c w_c * (x_c - x_t), for label smoothing
+    best = tl.zeros([BLOCK_M], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        # ignored rows read nothing: their loss and gradient are zero (their lse, log V, meets a zero coefficient)
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        x = tl.where(cmask[None, :], x, float("-inf"))
+        bmax = tl.max(x, axis=1)
+        if COMPUTE_ACC:
+            bidx = tl.argmax(x, axis=1).to(tl.int32)
+            best = tl.where(bmax > m, start + bidx, best)  # strict: keeps the first maximum, like torch.argmax
+        m_new = tl.maximum(m, bmax)
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows all -inf so far (masked blocks) stay at s = 0
+        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
+        m = m_new
+        if HAS_SMOOTHING:
+            sw += _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT)
+    lse = m + tl.log(s)
+    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
+    loss, z = _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
+    tl.store(LOSS + rows, loss, mask=rmask)
+    tl.store(ZLOSS + rows, z, mask=rmask)
+    tl.store(LSE + rows, lse, mask=rmask)
+    if COMPUTE_ACC:
+        tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
+    if WRITE_GRAD:
+        a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+        a = tl.where(valid, a, 0.0)
+        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+                   label_smoothing, lse_square_scale, logit_scale, softcap,
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
+
+
+@triton.jit
+def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    # X[rows, :] *= g for the 0-d upstream gradient g, read on the device; nothing is read or written when g == 1
+    # (the usual loss.backward()), so the check costs no host sync.
+    g = tl.load(G).to(tl.float32)
+    if g != 1.0:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < n_rows
+        x_row = X + rows.to(tl.int64) * stride_x
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = rmask[:, None] & (cols < V)[None, :]
+            p = x_row[:, None] + cols[None, :]
+            x = tl.load(p, mask=mask, other=0.0).to(tl.float32)
+            tl.store(p, (x * g).to(X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _ce_bwd_kernel(
+    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALE, DX, stride_dx,
+    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    lse = tl.load(LSE + rows, mask=rmask, other=0.0)
+    a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        a = a * tl.load(SCALE)
+    a = tl.where(valid, a, 0.0)
+    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
+    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+               label_smoothing, lse_square_scale, logit_scale, softcap,
+               HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, False)
+
+
+# Reduction modes of _reduce_kernel: how the scale (per-token losses -> the loss) is formed.
+_MEAN, _SUM, _ITEMS_TENSOR, _ITEMS_NUMBER, _NONE = range(5)
+
+
+@triton.jit
+def _reduce_kernel(
+    T, CW, ITEMS, LOSS_ROWS, Z_ROWS, CORRECT, OUT_LOSS, OUT_Z, OUT_ACC, OUT_SCALE, n_rows, V, ignore_index, items,
+    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, SUMS: tl.constexpr, COMPUTE_ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program walks all rows in BLOCK steps (fixed order: deterministic): valid-token count, the target
+    # weights' sum (mean with class weights), and optionally the loss / z / hit sums; writes the scale and the
+    # reduced values. One launch in place of ~15 small torch ops (host time at small batches).
+    n_valid = tl.zeros([BLOCK], tl.float32)
+    w_valid = tl.zeros([BLOCK], tl.float32)
+    s_loss = tl.zeros([BLOCK], tl.float32)
+    s_z = tl.zeros([BLOCK], tl.float32)
+    s_hit = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_rows, BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        rmask = rows < n_rows
+        t = tl.load(T + rows, mask=rmask, other=ignore_index)
+        valid = rmask & (t != ignore_index)
+        n_valid += tl.where(valid, 1.0, 0.0)
+        if HAS_WEIGHT:
+            if MODE == 0:
+                t_safe = tl.minimum(tl.maximum(t, 0), V - 1).to(tl.int32)
+                w_valid += tl.load(CW + t_safe, mask=valid, other=0.0)
+        if SUMS:
+            s_loss += tl.load(LOSS_ROWS + rows, mask=rmask, other=0.0)
+            s_z += tl.load(Z_ROWS + rows, mask=rmask, other=0.0)
+        if COMPUTE_ACC:
+            s_hit += tl.load(CORRECT + rows, mask=rmask, other=0.0)
+    count = tl.sum(n_valid, axis=0)
+    if MODE == 0:
+        if HAS_WEIGHT:
+            denom = tl.sum(w_valid, axis=0)
+        else:
+            denom = count
+        scale = tl.where(denom != 0, tl.math.div_rn(1.0, tl.where(denom != 0, denom, 1.0)), 0.0)
+    elif MODE == 1:
+        scale = 1.0
+    elif MODE == 2:
+        scale = tl.math.div_rn(1.0, tl.load(ITEMS).to(tl.float32))
+    else:
+        scale = tl.math.div_rn(1.0, items)
+    if MODE != 4:
+        tl.store(OUT_SCALE, scale)
+        if SUMS:
+            tl.store(OUT_LOSS, tl.sum(s_loss, axis=0) * scale)
+            tl.store(OUT_Z, tl.sum(s_z, axis=0) * scale)
+    if COMPUTE_ACC:
+        # div_rn: IEEE round-to-nearest (a plain '/' compiles to an approximate division on CUDA).
+        tl.store(OUT_ACC, tl.math.div_rn(tl.sum(s_hit, axis=0), tl.maximum(count, 1.0)))
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """The scalar options of a cross-entropy launch (see :mod:`tigon.reference.cross_entropy`)."""
+
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+    lse_square_scale: float = 0.0
+    softcap: float | None = None
+    logit_scale: float = 1.0
+
+
+def _blocks(n_rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_V, num_warps): BLOCK_V = min(next_pow2(V), MAX_BLOCK_V); several rows per program
+    only when a block of the vocabulary is narrow (small V), and never more rows than there are."""
+    block_v = min(next_pow2(vocab), next_pow2(MAX_BLOCK_V))
+    block_m = min(rows_per_program(block_v, device), next_pow2(n_rows))
+    return block_m, block_v, warps_for(block_m * block_v)
+
+
+def class_weight_args(class_weight: torch.Tensor | None, device: torch.device):
+    """(weights fp32 contiguous or None, their sum as a 0-d fp32 tensor or None)."""
+    if class_weight is None:
+        return None, None
+    cw = class_weight.detach().to(device=device, dtype=torch.float32).contiguous()
+    return cw, cw.sum()
+
+
+def ce_rows_forward(
+    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
+    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
+    out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+    block: tuple[int, int, bool] | None = None,
+) -> None:
+    """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
+
+    Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
+    (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
+    ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    ``block``: (vocabulary block, num_warps, reverse: the gradient's pass goes last block first, see
+    :func:`_grad_pass`), one row per program, for rows at least that wide (narrower rows: the default blocks, by
+    :data:`MAX_BLOCK_V`, with that order). Default: the default blocks, first block first.
+    """
+    n, vocab = x.shape
+    if n == 0:
+        return
+    if block is not None and vocab >= block[0]:
+        block_m, (block_v, warps, reverse) = 1, block
+    else:
+        block_m, block_v, warps = _blocks(n, vocab, x.device)
+        reverse = block is not None and block[2]
+    write_grad = grad_coef is not None
+    coef = grad_coef if write_grad else out_lse
+    dx = grad_out if write_grad else x
+    _ce_fwd_kernel[(cdiv(n, block_m),)](
+        x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
+        coef, (coef.stride(0) if coef.dim() else 0) if write_grad else 0, dx, dx.stride(0),
+        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
+        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
+        float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
+        HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
+        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), num_warps=warps,
+    )
+
+
+def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``x *= g`` in place for rows ``x`` (n, V) (unit column stride) and a 0-d tensor ``g``, skipped on the device
+    (no host sync) when g == 1. Returns x."""
+    n, vocab = x.shape
+    if n == 0:
+        return x
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _scale_kernel[(cdiv(n, block_m),)](x, x.stride(0), n, vocab, g.reshape(()), BLOCK_M=block_m, BLOCK_V=block_v,
+                                       num_warps=warps)
+    return x
+
+
+def ce_rows_backward(
+    x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
+    lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
+) -> None:
+    """Launch the backward: ``dx = coef * scale * d loss_row / d x`` for rows ``x`` (n, V), using the saved ``lse``.
+
+    ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale`` an optional
+    0-d fp32 tensor; ``dx`` may be ``x`` (in place).
+    """
+    n, vocab = x.shape
+    if n == 0:
+        return
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _ce_bwd_kernel[(cdiv(n, block_m),)](
+        x, x.stride(0), target, cw if cw is not None else lse, cw_sum if cw_sum is not None else lse,
+        lse, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else lse, dx, dx.stride(0),
+        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
+        float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
+        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+def reduce_losses(
+    target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str, num_items_in_batch,
+    loss_rows: torch.Tensor | None = None, z_rows: torch.Tensor | None = None, correct: torch.Tensor | None = None,
+):
+    """Per-token values -> (loss, z_loss, accuracy, scale), in one kernel launch and without a host sync.
+
+    ``scale`` turns summed per-token losses into the reduced loss (a 0-d fp32 tensor; None for "none"): mean:
+    1 / the sum of the target weights of non-ignored tokens (0 when that sum is 0, so an all-ignored batch gives
+    loss 0 and zero gradients); sum: 1; with ``num_items_in_batch`` (int, float or tensor): 1 / num_items_in_batch.
+    ``loss`` / ``z_loss``: sum(rows) * scale (0-d fp32; the rows themselves for "none"; None when the rows are
+    not given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
+    is given, else None.
+    """
+    f32 = dict(dtype=torch.float32, device=target.device)
+    items_tensor = isinstance(num_items_in_batch, torch.Tensor)
+    if items_tensor and num_items_in_batch.device != target.device:  # e.g. the HF Trainer's count on the CPU
+        num_items_in_batch = num_items_in_batch.to(target.device, non_blocking=True)
+    if num_items_in_batch is not None:
+        mode = _ITEMS_TENSOR if items_tensor else _ITEMS_NUMBER
+    else:
+        mode = {"mean": _MEAN, "sum": _SUM, "none": _NONE}[reduction]
+    sums = loss_rows is not None and mode != _NONE
+    scale = None if mode == _NONE else torch.empty((), **f32)
+    loss = torch.empty((), **f32) if sums else None
+    z = torch.empty((), **f32) if sums else None
+    acc = torch.empty((), **f32) if correct is not None else None
+    if scale is not None or acc is not None:
+        any_t = next(t for t in (scale, acc) if t is not None)
+        n = target.shape[0]
+        block = min(max(next_pow2(n), 16), 4096)  # one program: 65,536 tokens are 16 steps
+        _reduce_kernel[(1,)](
+            target, cw if cw is not None else any_t,
+            num_items_in_batch.reshape(()) if items_tensor else any_t,
+            loss_rows if sums else any_t, z_rows if sums else any_t, correct if correct is not None else any_t,
+            loss if sums else any_t, z if sums else any_t, acc if acc is not None else any_t,
+            scale if scale is not None else any_t, n, vocab, int(ignore_index),
+            float(num_items_in_batch) if mode == _ITEMS_NUMBER else 1.0,
+            MODE=mode, HAS_WEIGHT=cw is not None, SUMS=sums, COMPUTE_ACC=correct is not None,
+            BLOCK=block, num_warps=8 if block >= 2048 else 4,
+        )
+    if mode == _NONE and loss_rows is not None:
+        loss, z = loss_rows, z_rows
+    return loss, z, acc, scale
