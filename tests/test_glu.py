@@ -64,9 +64,9 @@ def test_glu_sliced_from_fused_projection(device, dtype, op):
 
 def test_glu_small_tiles(device, monkeypatch):
     # The compiled path tiles long rows into several column blocks and stacks short rows; force both here.
-    from tigon.kernels import glu as glu_op
+    from tigon.kernels import elementwise
 
-    monkeypatch.setattr(glu_op, "_tile_elems", lambda dev: 128)
+    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 128)
     for shape in [(9, 300), (2, 5, 40)]:
         gate, up = make(shape, torch.float32, device)
         sliced = lambda gate, up: F.swiglu(gate[..., :-3], up[..., :-3])  # noqa: E731 - strided rows
@@ -277,14 +277,14 @@ def test_glu_linear_inplace_second_backward_raises(device):
 def test_glu_linear_empty_batch_and_small_tiles(device, monkeypatch):
     # No tokens: zero weight/bias gradients, empty input gradients. Small tiles: several programs per row and stacked
     # rows, for the product written over dy (the interpreter's default tile holds these whole).
-    from tigon.kernels import glu as glu_op
+    from tigon.kernels import elementwise
 
     w = torch.randn(5, 9, device=device, requires_grad=True)
     b = torch.randn(5, device=device, requires_grad=True)
     gate = torch.randn(0, 9, device=device, requires_grad=True)
     F.glu_linear(gate, torch.randn(0, 9, device=device), w, b).sum().backward()
     assert w.grad.abs().sum() == 0 and b.grad.abs().sum() == 0 and gate.grad.shape == (0, 9)
-    monkeypatch.setattr(glu_op, "_tile_elems", lambda dev: 64)
+    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
     for shape in [(9, 300), (2, 5, 40)]:
         gate, up = make(shape, torch.float32, device)
         inputs = dict(gate=gate, up=up, weight=torch.randn(7, shape[-1], device=device) / 9)

@@ -99,17 +99,15 @@ def triton_version() -> str | None:
         return None
 
 
-def decide(device: torch.device, dtype: torch.dtype, dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES) -> Decision:
+def decide(device: torch.device, dtype: torch.dtype) -> Decision:
     """Which backend an op would use for tensors on ``device`` with ``dtype``, and why.
 
-    ``dtypes``: the dtypes the op's kernels take (its record's ``dtypes``; default :data:`KERNEL_DTYPES`).
     Pure: no warning, no counting. See the module docstring for the rules.
     """
     if getattr(_state, "forced", False) or os.environ.get("TIGON_DISABLE", "0") == "1":
         return Decision("reference", "kernels disabled (force_reference / TIGON_DISABLE=1)")
-    if dtype not in dtypes:
-        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        return Decision("reference", f"dtype {dtype} has no kernel (supported: {names})")
+    if dtype not in KERNEL_DTYPES:
+        return Decision("reference", f"dtype {dtype} has no kernel (supported: float32, bfloat16, float16)")
     if triton_version() is None:
         return Decision("reference", "triton is not installed")
     if interpreter_enabled():

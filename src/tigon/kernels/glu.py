@@ -9,9 +9,8 @@ activation, and writes both input gradients in one pass:
 The tanh-GELU is written through the logistic function, ``0.5 * (1 + tanh(u)) = sigmoid(2u)`` and
 ``1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u))``, so no tanh (libdevice) is needed.
 
-Inputs are viewed as rows (M, N) with unit column stride and any row stride, so a gate/up pair sliced out of
-one fused projection (``gate_up[..., :I]``, ``gate_up[..., I:]``) is read in place; when every operand is
-contiguous the whole tensor is one long row, which avoids padding waste for odd N.
+Inputs are viewed as rows (M, N) with unit column stride and any row stride (:mod:`tigon.kernels.elementwise`), so
+a gate/up pair sliced out of one fused projection (``gate_up[..., :I]``, ``gate_up[..., I:]``) is read in place.
 
 Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
 up; write d_gate, d_up).
@@ -25,8 +24,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, as_rows, cdiv, next_pow2, warps_for
-from ..support import interpreter_enabled
+from ._common import CUSTOM_OP_TAGS
+from .elementwise import as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
@@ -67,22 +66,11 @@ def _act_and_grad(g, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row and column offsets (int64) and the mask of this program's [BLOCK_M, BLOCK_N] tile."""
-    pid = tl.program_id(0)
-    n_col_blocks = tl.cdiv(N, BLOCK_N)
-    rows = (pid // n_col_blocks).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (pid % n_col_blocks).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    return rows, cols, mask
-
-
-@triton.jit
 def _glu_fwd(
     GATE, UP, OUT, M, N, stride_g, stride_u, stride_o,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     out = _act(g, ACTIVATION) * u
@@ -96,7 +84,7 @@ def _glu_bwd(
 ):
     """d_gate, d_up; with STORE_PRODUCT also ``act(gate) * up`` written over dy (each element read first, by the
     same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
-    rows, cols, mask = _tile(M, N, BLOCK_M, BLOCK_N)
+    rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -108,41 +96,15 @@ def _glu_bwd(
         tl.store(dy_ptrs, (a * u).to(DY.dtype.element_ty), mask=mask)
 
 
-def _as_2d(**tensors: torch.Tensor) -> list[torch.Tensor]:
-    """(M, N) views with unit column stride: one long row (1, numel) when all are contiguous, else rows."""
-    if all(t.is_contiguous() for t in tensors.values()):
-        return [t.view(1, -1) for t in tensors.values()]
-    return [as_rows(t, name) for name, t in tensors.items()]
-
-
-def _tile_elems(device: torch.device) -> int:
-    return 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 4096
-
-
-def _launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, tuple[int]]:
-    """(BLOCK_M, BLOCK_N, num_warps, grid) for an elementwise pass over (M, N).
-
-    A memory-bound elementwise kernel wants enough bytes in flight per program and enough programs to fill
-    the GPU: a 4096-element tile (8 warps, 16 elements per thread, 128-bit accesses) does both for every
-    realistic size. Rows shorter than the tile are stacked (BLOCK_M > 1). Under the interpreter each program
-    costs Python overhead, so tiles are 16x larger there.
-    """
-    target = _tile_elems(device)
-    block_n = min(next_pow2(N), target)
-    block_m = min(next_pow2(M), max(1, target // block_n))
-    grid = (cdiv(M, block_m) * cdiv(N, block_n),)
-    return block_m, block_n, warps_for(block_m * block_n), grid
-
-
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     """``act(gate) * up`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that shape."""
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
-    g2, u2 = _as_2d(gate=gate, up=up)
+    g2, u2 = as_2d(gate=gate, up=up)
     o2 = out.view(g2.shape)
     M, N = g2.shape
-    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
+    block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_fwd[grid](
         g2, u2, o2, M, N, g2.stride(0), u2.stride(0), o2.stride(0),
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
@@ -158,7 +120,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
     ``act(gate) * up``, the forward's output, recomputed."""
     if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
         raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
-    dy2, g2, u2 = _as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
+    dy2, g2, u2 = as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
     # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
     inplace = (inplace and gate.data_ptr() != up.data_ptr()
                and g2.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
@@ -172,7 +134,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         return dgate, dup
     dg2, du2 = (g2, u2) if inplace else (dgate.view(g2.shape), dup.view(g2.shape))
     M, N = g2.shape
-    block_m, block_n, warps, grid = _launch_shape(M, N, gate.device)
+    block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_bwd[grid](
         dy2, g2, u2, dg2, du2, M, N, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ._record import KERNEL_DTYPES, Case, ModelShapes, OpSpec
+from ._record import CATEGORIES, Case, ModelShapes, OpSpec
 
 PEER_MODULES = {"liger": "liger_kernel", "quack": "quack", "cce": "cut_cross_entropy"}
 """The peer implementations an :attr:`OpSpec.peers` entry may name, and the package each needs."""
@@ -61,5 +61,5 @@ def providers() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*BASE_PROVIDERS, *variants, *peers]))
 
 
-__all__ = ["Case", "KERNEL_DTYPES", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS", "get", "providers",
+__all__ = ["CATEGORIES", "Case", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS", "get", "providers",
            "registry"]

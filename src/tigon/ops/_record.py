@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
-from ..support import KERNEL_DTYPES
-
 MODES = ("fwd", "fwd_bwd")
-"""The modes ``min_bytes`` and ``flops`` are asked for (``bwd`` is their difference)."""
+"""The modes ``min_bytes`` and ``flops`` are asked for: the forward, and the forward plus the backward (``bwd``
+is their difference)."""
+
+CATEGORIES = ("norm", "rotary", "activation", "lm_head_loss")
+"""What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``)."""
 
 
 
@@ -140,8 +142,8 @@ class OpSpec:
     grads_in_forward: bench providers whose forward forms the gradient (their ``bwd`` row gets no GB/s).
     category: what ``tigon profile`` calls the step's time this op replaces (``"norm"``, ``"rotary"``,
         ``"activation"``, ``"lm_head_loss"``).
-    sweeps: the bench sweep axes that apply (``"tokens"``; ``"hidden"`` for row-wise ops over the hidden size).
-    dtypes: the dtypes its kernels take (others run the reference).
+    sweeps: the bench sweep axes that apply (``"tokens"``, the default; ``"hidden"`` also for ops whose shape has a
+        ``hidden`` entry that the sweep replaces: the row-wise norms).
     """
 
     name: str
@@ -165,7 +167,6 @@ class OpSpec:
     host_syncs: tuple[str, ...] = ()
     grads_in_forward: tuple[str, ...] = ()
     sweeps: tuple[str, ...] = ("tokens",)
-    dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES
 
     def __post_init__(self):
         if (self.min_bytes is None) == (self.flops is None):
@@ -182,6 +183,8 @@ class OpSpec:
         if fn_args[:n] != ref_args[:n]:
             raise ValueError(f"OpSpec {self.name!r}: fn {fn_args} and reference {ref_args} must take the same "
                              "positional arguments")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"OpSpec {self.name!r}: category must be one of {CATEGORIES}, got {self.category!r}")
         if not set(self.sweeps) <= {"tokens", "hidden"}:
             raise ValueError(f"OpSpec {self.name!r}: sweeps must be a subset of ('tokens', 'hidden')")
 

@@ -7,8 +7,7 @@
 - whether Triton's interpreter is on (``TRITON_INTERPRET=1``) and the Tigon switches (``TIGON_STRICT``,
   ``TIGON_DISABLE``);
 - for every op of the registry (:func:`tigon.ops.registry`) and every dtype in :data:`DTYPES`, the backend
-  :func:`tigon.support.decide` picks for tensors on the default device (CUDA device 0 if any, else CPU) and why
-  (a dtype the op's record does not list runs the reference).
+  :func:`tigon.support.decide` picks for tensors on the default device (CUDA device 0 if any, else CPU) and why.
 
 The result is meant to be pasted into a bug report (``tigon env``, or ``tigon env --json env.json``).
 """
@@ -124,9 +123,9 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
     vers = versions()
     vers["hip"] = torch.version.hip
     rows = []
-    for op, spec in registry().items():
+    for op in registry():
         for name, dtype in DTYPES.items():
-            d = support.decide(dev, dtype, spec.dtypes)
+            d = support.decide(dev, dtype)
             rows.append(BackendRow(op, name, d.backend, d.reason))
     interp = support.interpreter_enabled()
     notes = []

@@ -43,11 +43,13 @@ from typing import Any
 import torch
 
 from .. import presets as _presets
+from ..ops import CATEGORIES as OP_CATEGORIES
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DTYPES, build_model, hf_config, model_info, random_batches
 
-CATEGORIES = ("matmul", "attention", "norm", "rotary", "activation", "lm_head_loss", "optimizer", "other")
+CATEGORIES = ("matmul", "attention", *OP_CATEGORIES, "optimizer", "other")
+"""The step's categories: the ones Tigon's ops replace (:data:`tigon.ops.CATEGORIES`) and the rest."""
 LABELS = {"matmul": "matmul", "attention": "attention", "norm": "norm", "rotary": "rotary",
           "activation": "activation", "lm_head_loss": "LM head + loss", "optimizer": "optimizer", "other": "other",
           "unattributed": "unattributed (idle / host overhead)"}

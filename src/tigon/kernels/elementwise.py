@@ -1,0 +1,54 @@
+"""Helpers of the elementwise kernels (the GLU products; any op that maps rows of one shape to rows of that shape):
+a program's [BLOCK_M, BLOCK_N] tile with int64 offsets, the (M, N) row views, and the tile size and grid.
+
+Inputs are viewed as rows (M, N) with unit column stride and any row stride, so a slice of a fused projection
+(``gate_up[..., :I]``) is read in place; when every operand is contiguous the whole tensor is one long row, which
+avoids padding waste for odd N.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..support import interpreter_enabled
+from ._common import as_rows, cdiv, next_pow2, warps_for
+
+
+@triton.jit
+def tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column offsets (int64) and the mask of this program's [BLOCK_M, BLOCK_N] tile."""
+    pid = tl.program_id(0)
+    n_col_blocks = tl.cdiv(N, BLOCK_N)
+    rows = (pid // n_col_blocks).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows, cols, mask
+
+
+def as_2d(**tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(M, N) views with unit column stride: one long row (1, numel) when all are contiguous, else rows."""
+    if all(t.is_contiguous() for t in tensors.values()):
+        return [t.view(1, -1) for t in tensors.values()]
+    return [as_rows(t, name) for name, t in tensors.items()]
+
+
+def tile_elems(device: torch.device) -> int:
+    """Elements of a tile: 4096 on CUDA, 16x that under the interpreter (each program costs Python time there)."""
+    return 1 << 16 if (interpreter_enabled() or device.type != "cuda") else 4096
+
+
+def launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, tuple[int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, grid) for an elementwise pass over (M, N).
+
+    A memory-bound elementwise kernel wants enough bytes in flight per program and enough programs to fill
+    the GPU: a 4096-element tile (8 warps, 16 elements per thread, 128-bit accesses) does both for every
+    realistic size. Rows shorter than the tile are stacked (BLOCK_M > 1). Under the interpreter each program
+    costs Python overhead, so tiles are 16x larger there.
+    """
+    target = tile_elems(device)
+    block_n = min(next_pow2(N), target)
+    block_m = min(next_pow2(M), max(1, target // block_n))
+    grid = (cdiv(M, block_m) * cdiv(N, block_n),)
+    return block_m, block_n, warps_for(block_m * block_n), grid
