@@ -1,9 +1,9 @@
 """The row kernels of the cross-entropy losses: Triton forward and backward over rows of logits, vocabulary looped in
-blocks, and their launchers. Shared by the cross-entropy op (:mod:`tigon.kernels.cross_entropy`) and the fused LM-head
-loss (:mod:`tigon.kernels.fused_linear_cross_entropy`, which runs them on its chunks of logits).
+blocks, and their launchers. Shared by the cross-entropy op and the fused LM-head loss (which runs them on its chunks
+of logits).
 
-Formula and semantics: :mod:`tigon.reference.cross_entropy` (torch's label smoothing and class weights, PaLM
-z-loss, Gemma 2 soft-capping, plus a ``logit_scale`` used by the fused linear op).
+Formula and semantics: the cross-entropy reference in :mod:`tigon.reference` (torch's label smoothing and class
+weights, PaLM z-loss, Gemma 2 soft-capping, plus a ``logit_scale`` used by the fused linear op).
 
 Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V``
 columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
@@ -40,7 +40,7 @@ from ._common import cdiv, next_pow2, rows_per_program, warps_for
 # thread with 8 warps. Measured on an H200 (N=8192, V=128256, bf16; forward / forward+backward):
 # 2048: 0.76 / 1.87 ms, 4096: 0.68 / 1.75, 8192: 0.64 / 1.71, 16384: 0.72 / 1.77, 32768: 0.88 / 1.96 ms.
 # At 8192 the forward moves 3.3 TB/s and forward+backward 3.7 TB/s (3 passes of N*V*2 bytes) against ~4.3 TB/s
-# copy bandwidth; torch's cross_entropy(logits.float()) takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
+# copy bandwidth; torch's loss on logits.float() takes 6.9 / 13.5 ms. Tests lower it to exercise the loop.
 MAX_BLOCK_V = 8192
 
 # grad_in_forward on CUDA: (vocabulary block, num_warps, reverse) of the forward that also writes the gradient, for
@@ -325,7 +325,7 @@ def _reduce_kernel(
 
 @dataclass(frozen=True)
 class LossOptions:
-    """The scalar options of a cross-entropy launch (see :mod:`tigon.reference.cross_entropy`)."""
+    """The scalar options of a cross-entropy launch (their semantics: the cross-entropy reference)."""
 
     ignore_index: int = -100
     label_smoothing: float = 0.0

@@ -20,7 +20,7 @@ tile while it reduces the current one, writes dx, and accumulates its share of d
 deterministic. Rows wider than WIDE_ROW drop the prefetch; rows wider than REGISTER_ROW take a chunked variant
 that keeps the partials in (cached) memory.
 
-Residual add (fused_add_rms_norm, HF decoder layers' ``residual + hidden_states`` then the norm): with HAS_RESIDUAL
+Residual add (the fused add + RMSNorm op, HF decoder layers' ``residual + hidden_states`` then the norm): with HAS_RESIDUAL
 the forward reads x and the residual r, normalises ``s = x + r`` (added in fp32 and rounded to x's dtype, as torch
 adds two tensors of one dtype) held in registers, and writes s next to y. Its backward is the norm's backward on s
 plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = rstd * (g - shat * mean(g * shat))
@@ -55,7 +55,7 @@ REGISTER_ROW = 32768
 # and was removed.)
 W_HOLD = 2
 W_HOLD_ROW = 16384
-# Whether the backward with a second gradient DS (fused_add_rms_norm) loads the next row tile's DS with its x and
+# Whether the backward with a second gradient DS (the fused add + RMSNorm) loads the next row tile's DS with its x and
 # dy (prefetch path only; rows wider than WIDE_ROW always load it where it is used).
 DS_PREFETCH = True
 
@@ -129,7 +129,7 @@ def _norm_bwd(
     W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr,
 ):
     # HAS_DS: DS holds a second gradient of X itself (the output s of the residual add), added to dx. DX may be DY's
-    # own memory (fused_add_rms_norm's in_place): each tile of DY (and DS) is loaded before this program stores the
+    # own memory (the fused add + RMSNorm's in_place): each tile of DY (and DS) is loaded before this program stores the
     # same tile of DX, and no other program touches those rows.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -335,7 +335,7 @@ def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, of
     """Launch the forward on rows ``x2`` (M, N) (unit column stride).
 
     ``residual``: (M, N) rows with unit column stride in x2's dtype, or None. Given, the rows normalised are
-    ``s = x2 + residual`` (rounded to x2's dtype, as torch adds), and s is written too (fused_add_rms_norm).
+    ``s = x2 + residual`` (rounded to x2's dtype, as torch adds), and s is written too (the fused add + RMSNorm).
 
     Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32, s (M, N)
     contiguous in x2's dtype, or None without ``residual``).
@@ -368,7 +368,7 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
                   ds: torch.Tensor | None = None, dx: torch.Tensor | None = None):
     """Launch the backward.
 
-    ``ds``: a second incoming gradient of x2 itself (fused_add_rms_norm's output s), (M, N) rows with unit column
+    ``ds``: a second incoming gradient of x2 itself (the fused add + RMSNorm's output s), (M, N) rows with unit column
     stride, added to dx; None: zero (nothing is read). ``dx``: the (M, N) buffer (unit column stride, x2's dtype) to
     write dx into, which may be ``dy``'s own memory (each element is read before it is overwritten); None: a new one.
 
