@@ -91,3 +91,40 @@ def test_workflows_and_cli_name_no_op(folder):
     names = set(ops.registry())
     found = {(p.name, s) for p in sorted((SRC / folder).glob("*.py")) for s in _string_literals(p) & names}
     assert not found, f"op names as string literals in {folder}/ (put them in the op's record): {sorted(found)}"
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in memory with stride 2 along the last dimension (a view of a buffer twice as wide)."""
+    if t.dim() == 0:
+        return t
+    buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    view = buf[..., ::2]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("name", list(ops.registry()))
+def test_every_tensor_input_may_be_strided(name, device):
+    # weights, biases, targets and activations alike: a strided input gives the contiguous input's outputs and
+    # gradients (a kernel reading a strided weight as if it were dense would be silently wrong)
+    spec = ops.get(name)
+    case = spec.cases_tagged("verify")[0]
+    gen = torch.Generator(device=device).manual_seed(2)
+    inputs = {**spec.make_inputs(spec.shape_of(SMALL), torch.float32, torch.device(device), gen, **case.inputs),
+              **case.options}
+    fn = case.fn or spec.fn
+
+    def run(args):
+        leaves = {k: (v.detach().requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v)
+                  for k, v in args.items()}
+        out = fn(**leaves)
+        outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+        grads = torch.autograd.grad([o.float().sum() * (i + 1) for i, o in enumerate(outs) if o.requires_grad],
+                                    [leaves[k] for k in spec.grad_inputs], allow_unused=True)
+        return [o.detach() for o in outs] + [g for g in grads if g is not None]
+
+    want = run(inputs)
+    got = run({k: (_strided(v) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()})
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -330,6 +330,11 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     return block_m, progs, warps, db_by_columns
 
 
+def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias (N,) as the kernels read it: unit stride (a strided or expanded one is copied)."""
+    return p if p is None or p.stride(-1) == 1 else p.contiguous()
+
+
 def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None):
     """Launch the forward on rows ``x2`` (M, N) (unit column stride).
@@ -341,6 +346,7 @@ def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, of
     contiguous in x2's dtype, or None without ``residual``).
     """
     M, N = x2.shape
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     name = ("fused add + RMSNorm" if residual is not None else "RMSNorm") if is_rms else "LayerNorm"
     check_row_width(N, name)
     if residual is not None and (residual.shape != x2.shape or residual.dtype != x2.dtype or residual.stride(-1) != 1):
@@ -375,6 +381,7 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     Returns (dx (M, N) in x's dtype, dw fp32 (N,) or None, db fp32 (N,) or None).
     """
     M, N = x2.shape
+    weight = _unit_stride(weight)
     dy = as_rows(dy, "grad_output")
     if dx is None:
         dx = torch.empty_like(x2)
