@@ -234,7 +234,7 @@ def test_bad_input():
         (dict(residual=r.numpy()), TypeError, "residual must be a torch.Tensor"),
         (dict(x=torch.ones(2, 8, dtype=torch.long)), TypeError, "x must be a floating-point"),
         (dict(x=torch.tensor(1.0), residual=torch.tensor(1.0)), ValueError, "x must have at least one dimension"),
-        (dict(weight=torch.ones(2, 8)), ValueError, "weight must have 1 dimensions"),
+        (dict(weight=torch.ones(2, 8)), ValueError, "weight must have 1 dimension,"),
         (dict(casting_mode="t5"), ValueError, "casting_mode must be one of"),
         (dict(eps=-1.0), ValueError, "eps must be a finite number >= 0"),
         (dict(eps="a"), TypeError, "eps must be a real number"),

@@ -102,7 +102,7 @@ def test_layer_norm_bad_input():
         F.layer_norm(x, torch.ones(7), None)
     with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
         F.layer_norm(x, None, torch.ones(9))
-    with pytest.raises(ValueError, match="bias must have 1 dimensions"):
+    with pytest.raises(ValueError, match="bias must have 1 dimension,"):
         F.layer_norm(x, None, torch.ones(1, 8))
     with pytest.raises(TypeError, match="x must be a floating-point"):
         F.layer_norm(x.long(), None, None)

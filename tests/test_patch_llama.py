@@ -280,6 +280,8 @@ def test_other_families(family, norms, adds):
     assert report.family == family and not report.skipped
     expected = {"rms_norm": norms * LAYERS + 1, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
     assert report.counts == {**expected, **({"fused_add_rms_norm": LAYERS} if adds else {})}
+    why = [n for n in report.notes if n.startswith("fused_add_rms_norm:")]
+    assert len(why) == 1 and ("post-attention norms stay patched" in why[0] if adds else "not declared" in why[0])
 
 
 def test_unsupported_models_raise_clear_errors():

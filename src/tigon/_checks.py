@@ -23,7 +23,8 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:
-            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(t.shape)}")
+            dims = " or ".join(map(str, allowed)) + (" dimension" if allowed == (1,) else " dimensions")
+            raise ValueError(f"{name} must have {dims}, got shape {tuple(t.shape)}")
     return t
 
 

@@ -105,6 +105,15 @@ def _print_footer(console, notes, written) -> None:
         console.print(f"wrote {path}", highlight=False)
 
 
+def _names(value: str) -> str:
+    """argparse ``type`` of a comma-separated list of names: rejects an empty list or an empty name in it."""
+    import argparse
+
+    if not value.strip() or any(not item.strip() for item in value.split(",")):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {value!r} (an empty name)")
+    return value
+
+
 def _csv_list(values) -> list[str] | None:
     """``--op a b --op c,d`` / ``--providers a,b`` -> flat list (None when not given)."""
     if not values:
@@ -146,29 +155,37 @@ def _run_staged(run, config, quiet: bool, total: int | None = None):
 
 
 class _StageProgress:
-    """A rich progress bar (stderr) fed by ``progress(label)`` before each of ``total`` tasks (total None: spinner)."""
+    """A rich progress bar (stderr) fed by ``progress(label)`` before each of ``total`` tasks (total None: spinner).
+
+    Shown only on a terminal: on a pipe or a file, rich would leave an empty line on stderr when it stops.
+    """
 
     def __init__(self, total: int | None):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
         columns = [SpinnerColumn(), TextColumn("{task.description}")]
         if total is not None:
             columns += [BarColumn(), MofNCompleteColumn()]
-        self._progress = Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._progress = (Progress(*columns, TimeElapsedColumn(), console=console, transient=True)
+                          if console.is_terminal else None)
         self._total = total
         self._task = None
         self._started = False
 
     def __enter__(self):
-        self._progress.__enter__()
-        self._task = self._progress.add_task("preparing", total=self._total)
+        if self._progress is not None:
+            self._progress.__enter__()
+            self._task = self._progress.add_task("preparing", total=self._total)
         return self
 
     def __exit__(self, *exc):
-        return self._progress.__exit__(*exc)
+        return self._progress.__exit__(*exc) if self._progress is not None else None
 
     def __call__(self, label: str, *rest) -> None:
+        if self._progress is None:
+            return
         if rest:  # e2e: (provider, step, total)
             step, total = rest
             self._progress.update(self._task, description=f"{label} step {step}/{total}")

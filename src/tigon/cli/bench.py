@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from ._render import (_check_output, _check_output_dir, _console, _csv_list, _dump_report, _fail, _fmt_bytes, _layers,
-                      _num, _print_footer, _quiet_transformers, _run_staged)
+                      _names, _num, _print_footer, _quiet_transformers, _run_staged)
 
 
 def add_parser(sub) -> None:
@@ -34,13 +34,13 @@ def add_parser(sub) -> None:
             "(Liger-Kernel, when installed)."
         ),
     )
-    p.add_argument("--op", action="append", nargs="+", metavar="OP",
+    p.add_argument("--op", action="append", nargs="+", metavar="OP", type=_names,
                    help=f"ops to run ({', '.join(registry())}), or 'all' (default: the ops the model calls; the norms "
                         "for --sweep hidden)")
     p.add_argument("--model", metavar="MODEL",
                    help="preset name, config.json or checkpoint directory; only its config is read "
                         "(default: tiny on CPU, llama3-8b on CUDA)")
-    p.add_argument("--providers", metavar="LIST",
+    p.add_argument("--providers", metavar="LIST", type=_names,
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "
                         f"with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
                         "in the model's dtype in the fused LM-head loss)")

@@ -65,9 +65,9 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
                   "tie_word_embeddings", "final_logit_softcapping")
     head.add_row("config", ", ".join(f"{k}={cfg[k]}" for k in shape_keys if k in cfg))
     cats = r["categories"]
-    head.add_row("would replace", f"norms {cats.get('norms', 0)}, rotary {cats.get('rotary', 0)}, "
-                                  f"MLP activation {cats.get('mlp_activation', 0)}, "
-                                  f"LM head + loss {cats.get('lm_head_loss', 0)}")
+    labels = {"mlp_activation": "MLP activation", "lm_head_loss": "LM head + loss",
+              "residual_add_norm": "residual add + norm"}
+    head.add_row("would replace", ", ".join(f"{labels.get(c, c.replace('_', ' '))} {n}" for c, n in cats.items()))
     console.print(head)
 
     rep = Table(title="tigon.patch would replace", title_justify="left")

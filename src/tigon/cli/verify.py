@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._render import (_check_output, _console, _csv_list, _dump_report, _fail, _fmt_rel, _print_footer,
+from ._render import (_check_output, _console, _csv_list, _dump_report, _fail, _fmt_rel, _names, _print_footer,
                       _quiet_transformers)
 
 
@@ -27,10 +27,10 @@ def add_parser(sub) -> None:
             "off (force_reference) the results equal the reference exactly. Exit status 1 when anything fails."
         ),
     )
-    p.add_argument("--op", action="append", nargs="+", metavar="OP",
+    p.add_argument("--op", action="append", nargs="+", metavar="OP", type=_names,
                    help=f"ops to verify: names, comma-separated or repeated, or 'all' (default: all: "
                         f"{', '.join(registry())})")
-    p.add_argument("--dtype", metavar="LIST",
+    p.add_argument("--dtype", metavar="LIST", type=_names,
                    help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
     p.add_argument("--model", metavar="MODEL",
                    help=f"shapes from a preset ({', '.join(PRESETS)}), a config.json or a checkpoint directory "

@@ -261,7 +261,23 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
     seen = {mt.kind for _, _, mt in matches}
     for kind in sorted(wanted - seen):
         report.notes.append(f"{kind}: no matching module in this model")
+    _note_residual_adds(spec, enabled, report)
     return actions
+
+
+def _note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchReport) -> None:
+    """Say why a family's residual adds stay unfused, or that the post-attention norms stay patched beside them."""
+    if not enabled["fused_add_rms_norm"]:
+        return
+    if spec is None or not spec.decoder_layers:
+        who = f"the {spec.name} family's" if spec is not None else "these"
+        report.notes.append(f"fused_add_rms_norm: {who} decoder layers are not declared of Llama's pre-norm form "
+                            "(a DecoderLayerSpec); their residual adds run as before")
+    elif enabled["rms_norm"]:
+        report.notes.append("fused_add_rms_norm: the post-attention norms stay patched as rms_norm too; a fused layer "
+                            "computes them with its residual add, and calls them itself only when it falls back "
+                            "(hooks on the norm; residual and attention output of different dtypes, as under "
+                            "autocast with fp32 weights)")
 
 
 def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: PatchReport):
@@ -271,6 +287,7 @@ def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: Pat
     actions = _plan_matches(result.matches, "generic", opts, report)
     report.notes.append("generic matcher: each module was replaced only after a numerical probe against the "
                         "original (see tigon.integrations.generic)")
+    _note_residual_adds(None, enabled, report)
     return actions
 
 
@@ -326,6 +343,7 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             actions.append(_Action(PatchEntry("rope", target, "tigon.functional.rope for every model of the family "
                                               "(calls with partial rotary run the original)"),
                                    _class_rope_apply(spec, mod)))
+    _note_residual_adds(spec, enabled, report)
     return actions
 
 

@@ -59,7 +59,7 @@ class ModelShapes:
 
     def odd(self) -> ModelShapes:
         """The "odd" variant of verify: hidden, intermediate, vocab -> ``(3n/4) | 1``; head_dim -> an even size that
-        is not a power of two; tokens -> odd (batch 1)."""
+        is not a power of two; tokens -> odd when more than 2 (batch 1)."""
         tokens = self.tokens - 1 if self.tokens % 2 == 0 and self.tokens > 2 else self.tokens
         return dataclasses.replace(self, tokens=tokens, batch=1, hidden=_odd(self.hidden),
                                    intermediate=_odd(self.intermediate), head_dim=_even_not_pow2(self.head_dim),
@@ -140,6 +140,8 @@ class OpSpec:
     peers: other implementations to time, ``{"liger": fn(**inputs)}``; see :data:`tigon.ops.PEER_MODULES`.
     host_syncs: bench providers that wait on the host during a call (no CUDA graph can capture them).
     grads_in_forward: bench providers whose forward forms the gradient (their ``bwd`` row gets no GB/s).
+    bench_notes: provider -> what a reader of its ``tigon bench`` rows should know (printed when it ran), e.g.
+        which memory an in-place variant writes.
     category: what ``tigon profile`` calls the step's time this op replaces (``"norm"``, ``"rotary"``,
         ``"activation"``, ``"lm_head_loss"``).
     sweeps: the bench sweep axes that apply (``"tokens"``, the default; ``"hidden"`` also for ops whose shape has a
@@ -166,6 +168,7 @@ class OpSpec:
     peers: Mapping[str, Callable] = field(default_factory=dict)
     host_syncs: tuple[str, ...] = ()
     grads_in_forward: tuple[str, ...] = ()
+    bench_notes: Mapping[str, str] = field(default_factory=dict)
     sweeps: tuple[str, ...] = ("tokens",)
 
     def __post_init__(self):

@@ -180,6 +180,10 @@ RECORDS = (OpSpec(
     peers={"liger": liger("liger_cross_entropy", "logits", "target")},
     # Liger reads the count of non-ignored tokens with .item() and compares the upstream gradient with 1 on the host
     grads_in_forward=("tigon_fwdgrad", "liger"), host_syncs=("liger",),
+    bench_notes={"tigon_inplace": "inplace_backward=True: the backward writes the gradient into the logits' memory",
+                 "tigon_fwdgrad": "grad_in_forward=True: the forward writes the gradient over the logits (Liger's "
+                                  "scheme), the backward only scales it",
+                 "liger": "writes the gradient into the logits in its forward (compare with tigon_fwdgrad)"},
     cases=(
         Case(),
         *LOSS_CASES,

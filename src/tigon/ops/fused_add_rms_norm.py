@@ -58,8 +58,8 @@ def fused_add_rms_norm(
     Raises:
         TypeError: x, residual or weight is not a floating tensor; residual's dtype is not x's; eps or offset is
             not a number; in_place is not a bool.
-        ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d, devices differ, casting_mode is
-            unknown, eps is negative or not finite, or offset is not finite.
+        ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d or its last dimension is empty,
+            devices differ, casting_mode is unknown, eps is negative or not finite, or offset is not finite.
     """
     _checks.tensor("x", x, floating=True)
     _checks.tensor("residual", residual, floating=True)
@@ -125,6 +125,8 @@ RECORDS = (OpSpec(
     peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode"),
            "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
+    bench_notes={"tigon_inplace": "in_place=True: the backward writes the gradient of x and residual into the "
+                                  "memory of y's incoming gradient (Liger's default, as the liger row runs)"},
     cases=(Case(),
            Case("in_place=True", options={"in_place": True}, tags=frozenset({"bench"}), provider="tigon_inplace")),
 ),)

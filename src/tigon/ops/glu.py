@@ -190,6 +190,9 @@ def _gate_shape(m) -> dict:
 
 _INPLACE = Case("inplace_backward=True", options={"inplace_backward": True}, tags=frozenset({"bench"}),
                 provider="tigon_inplace")
+_NOTES = {"tigon_inplace": ("inplace_backward=True: the backward writes the gradients of gate and up into their memory "
+                            "(as in a model, where they replace the projections' outputs); repeated calls run on "
+                            "overwritten inputs (same work, other values)")}
 
 RECORDS = (
     OpSpec(
@@ -199,7 +202,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
         peers={"liger": liger("liger_swiglu", "gate", "up")},
-        cases=(Case(), _INPLACE),
+        cases=(Case(), _INPLACE), bench_notes=_NOTES,
     ),
     OpSpec(
         name="geglu",
@@ -209,7 +212,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
         peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
-        cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE),
+        cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE), bench_notes=_NOTES,
     ),
     # The patched MLP's down projection of the product: matmul-bound; eager / Liger keep the (tokens, intermediate)
     # product for the backward, Tigon recomputes it (the peak memory shows it).
@@ -227,5 +230,6 @@ RECORDS = (
         cases=(Case("activation=silu", options={"activation": "silu"}),
                Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
                _INPLACE),
+        bench_notes=_NOTES,
     ),
 )

@@ -102,5 +102,6 @@ RECORDS = (OpSpec(
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 4) * s["batch"] * s["seq"] * s["head_dim"]
     * (s["heads"] + s["kv_heads"]) * e,
     peers={"liger": liger("liger_rope", "q", "k", "cos", "sin")},
+    bench_notes={"liger": "rotates q and k in place when their layout allows"},
     cases=(Case(),),
 ),)

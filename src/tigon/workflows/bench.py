@@ -46,7 +46,7 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
-from .model_shapes import ConfigFieldError
+from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
     BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, differentiable_outputs, kernel_time, measure_ceilings,
@@ -351,14 +351,15 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
 
 
 # ----------------------------------------------------------------------------------------------- shapes
-def shapes_from_config(cfg, tokens: int = 16384, batch: int = 4) -> dict[str, dict]:
+def shapes_from_config(cfg, tokens: int = 16384, batch: int = 4, max_vocab: int | None = None) -> dict[str, dict]:
     """Each op's shape (its record's ``shape_of``) for ``tokens`` tokens in ``batch`` sequences of a model config
-    (a transformers config or its dict; see :func:`tigon.workflows.model_shapes.shapes_from_config`).
+    (a transformers config or its dict; see :func:`tigon.workflows.model_shapes.shapes_from_config`), the
+    vocabulary capped at ``max_vocab`` (None: no cap).
 
     Raises:
         ConfigFieldError: a required config field is missing.
     """
-    model, _ = _model_shapes(cfg, tokens, batch=batch)
+    model, _ = _model_shapes(cfg, tokens, batch=batch, max_vocab=max_vocab)
     return {name: spec.shape_of(model) for name, spec in _ops.registry().items()}
 
 
@@ -479,15 +480,19 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
             raise ConfigError(f"unknown provider {p!r} (choose from {', '.join(PROVIDERS)})")
     providers = list(dict.fromkeys(providers))
     tokens = config.tokens or sizes["tokens"]
+    cap = CPU_MAX_VOCAB if device.type == "cpu" else None
+    if cap and int(cfg.get("vocab_size") or 0) > cap:
+        notes.append(f"vocab {cfg['vocab_size']} capped to {cap} on CPU (interpreted kernels are too slow at full "
+                     "size)")
     try:
         if config.sweep == "tokens":
-            per_n = [shapes_from_config(cfg, tokens=n) for n in sizes["sweep_tokens"]]
+            per_n = [shapes_from_config(cfg, tokens=n, max_vocab=cap) for n in sizes["sweep_tokens"]]
             shapes = {op: [per[op] for per in per_n] for op in ops}
         elif config.sweep == "hidden":
-            per = shapes_from_config(cfg, tokens=tokens)
+            per = shapes_from_config(cfg, tokens=tokens, max_vocab=cap)
             shapes = {op: [dict(per[op], hidden=h) for h in sizes["sweep_hidden"]] for op in ops}
         else:
-            per = shapes_from_config(cfg, tokens=tokens)
+            per = shapes_from_config(cfg, tokens=tokens, max_vocab=cap)
             shapes = {op: [per[op]] for op in ops}
     except ConfigFieldError as e:
         raise ConfigError(f"--model {model}: {e}") from e
@@ -528,12 +533,9 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
                        cuda_graph=cfg.cuda_graph)
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
-    if any(r.provider == "tigon_inplace" for r in result.rows):
-        written = ", ".join(n for n in cfg.ops if "tigon_inplace" in op_providers(specs[n]))
-        result.notes.append(f"tigon_inplace: inplace_backward=True ({written}): the "
-                            "gradients are written into the inputs' memory and become their .grad without a copy, as "
-                            "inside a model they replace the activations they were computed from; repeated calls "
-                            "therefore run on overwritten inputs (same work, other values).")
+    ran = {(r.op, r.provider) for r in result.rows}
+    result.notes += [f"{op} {provider}: {note}" for op in cfg.ops for provider, note in specs[op].bench_notes.items()
+                     if (op, provider) in ran]
     if cfg.cuda_graph:
         result.notes.append("cuda_graph: fwd and fwd_bwd are CUDA-graph replays (triton.testing.do_bench_cudagraph): "
                             "kernel time without the host's launch and autograd cost; bwd rows are still timed "
@@ -542,9 +544,6 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
                             "Providers that wait on the host during a call (Liger's cross-entropy: .item()) cannot "
                             "be captured: their fwd and fwd_bwd are their kernels' summed durations per call "
                             "(torch.profiler; the gaps between kernels left out).")
-    if any(r.provider == "liger" for r in result.rows):
-        result.notes.append("liger writes the cross-entropy gradient into the logits (compare with tigon_inplace) "
-                            "and rotates q/k of the rotary embedding in place when their layout allows.")
     return result
 
 

@@ -11,6 +11,10 @@ from ..integrations.families import rms_semantics
 from ..ops import ModelShapes
 
 
+CPU_MAX_VOCAB = 1024
+"""The vocabulary cap of verify and bench on CPU (interpreted kernels are far too slow at, e.g., Llama 3's 128,256)."""
+
+
 class ConfigFieldError(ValueError):
     """A model config lacks a field the shapes need (the message names it)."""
 

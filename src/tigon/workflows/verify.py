@@ -56,7 +56,7 @@ from .. import support
 from ..numerics import FLOOR, compare, max_abs
 from ..ops import Case, ModelShapes, OpSpec
 from .compare import ConfigError
-from .model_shapes import ConfigFieldError
+from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 
 FACTOR = 2.0
@@ -72,9 +72,8 @@ DEFAULT_MODEL = {"cpu": "tiny", "cuda": "llama3-8b"}
 CPU_TOKENS = 64
 """Default token count on CPU (the interpreter runs one program instance at a time)."""
 CUDA_TOKENS = 4096
-"""Default token count on CUDA (e.g. 2 sequences of 2048)."""
-CPU_MAX_VOCAB = 1024
-"""Default vocabulary cap on CPU; e.g. Llama 3's 128,256 classes are far too slow interpreted."""
+"""Default token count on CUDA (e.g. 2 sequences of 2048). (The vocabulary cap on CPU: CPU_MAX_VOCAB, from
+:mod:`tigon.workflows.model_shapes`.)"""
 SHAPE_VARIANTS = ("model", "odd")
 
 
