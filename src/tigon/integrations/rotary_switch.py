@@ -20,9 +20,11 @@ class RopeSwitch:
 
     @property
     def qualname(self) -> str:
+        """``<modeling module>.<function>``, for reports."""
         return f"{self.module.__name__}.{self.name}"
 
     def install(self) -> None:
+        """Put the dispatcher in the module's global (no-op when it is there)."""
         if getattr(self.module, self.name) is not self.dispatcher:
             setattr(self.module, self.name, self.dispatcher)
 
@@ -40,6 +42,7 @@ SWITCHES: dict[tuple[str, str], RopeSwitch] = {}
 
 
 def switch(module, name: str, family: str) -> RopeSwitch:
+    """The switch of ``module.<name>`` (one per modeling module and function), created on first use."""
     key = (module.__name__, name)
     sw = SWITCHES.get(key)
     if sw is None:
