@@ -38,6 +38,7 @@ CASES = {
     "softcap_zloss_sum": dict(softcap=4.0, lse_square_scale=1e-3, reduction="sum", ignore_every=5),
     "none_weights_softcap": dict(weight=True, softcap=2.5, reduction="none", ignore_every=4),
     "num_items": dict(num_items_in_batch=17, ignore_every=3, lse_square_scale=1e-4),
+    "mean_weights_zloss": dict(weight=True, ignore_every=3, lse_square_scale=1e-2, label_smoothing=0.1),
 }
 
 
@@ -166,6 +167,74 @@ def test_inplace_backward(device):
     assert not torch.equal(logits.detach(), x)  # the buffer now holds the gradient
     with pytest.raises(RuntimeError, match="second backward"):
         loss.backward()
+
+
+def test_inplace_backward_over_logits_another_node_saved_raises(device):
+    # softmax keeps its output for its backward: the gradient written over it would corrupt that backward
+    # (dz relative error ~2 before the fix); the version bump makes autograd raise instead.
+    n, v = 9, 70
+    z = torch.randn(n, v, device=device, requires_grad=True)
+    probs = torch.softmax(z, dim=-1)
+    loss = F.cross_entropy(probs, _targets(n, v, device), inplace_backward=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_z_loss_is_averaged_per_token_unweighted(device):
+    # mean with class weights: the cross-entropy part divides by the target weights' sum (torch), the z-loss by the
+    # number of non-ignored tokens and is not class-weighted (Liger-Kernel's rule); kernels and reference agree.
+    n, v, s = 23, 200, 1e-2
+    logits = torch.randn(n, v, device=device, dtype=torch.float64) * 2
+    target = _targets(n, v, device, ignore_every=4)
+    w = torch.rand(v, device=device, dtype=torch.float64) + 0.5
+    valid = target != -100
+    lse = torch.logsumexp(logits, -1)[valid]
+    expected = torch.nn.functional.cross_entropy(logits, target, weight=w) + s * (lse * lse).mean()
+    out = ref_ce(logits, target, w, lse_square_scale=s, return_z_loss=True)
+    torch.testing.assert_close(out.loss, expected)
+    torch.testing.assert_close(out.z_loss, s * (lse * lse).mean())
+    got = F.cross_entropy(logits.float(), target, w.float(), lse_square_scale=s, return_z_loss=True)
+    torch.testing.assert_close(got.loss.double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.z_loss.double(), out.z_loss, rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_range_target_recorded_by_the_kernel_raises_at_the_next_launch(device):
+    # the check that costs no sync: the forward kernel records the bad target, the next launch raises naming it
+    from tigon.kernels import target_check
+
+    n, v = 5, 40
+    x = torch.randn(n, v, device=device)
+    target = torch.tensor([1, 2, 57, -100, 3], device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    out = [torch.empty(n, **f32) for _ in range(3)]
+    loss_rows.ce_rows_forward(x, target, None, None, loss_rows.LossOptions(), *out, None)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    assert torch.isnan(out[0][2]) and not torch.isnan(out[0][[0, 1, 3, 4]]).any()
+    with pytest.raises(ValueError, match="target 57 is outside"):
+        target_check.raise_if_seen()
+    target_check.raise_if_seen()  # reported once
+    good = torch.tensor([1, 2, 3, -100, 3], device=device)
+    assert torch.isfinite(F.cross_entropy(x, good))  # and the device still works
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the targets are checked up front on the CPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_out_of_range_target_on_cuda_raises_by_the_backward(compiled):
+    n, v = 64, 1000
+    x = torch.randn(n, v, device="cuda", requires_grad=True)
+    target = torch.randint(0, v, (n,), device="cuda")
+    target[10] = v + 7
+    fn = torch.compile(F.cross_entropy, fullgraph=True) if compiled else F.cross_entropy
+    loss = fn(x * 1, target)
+    torch.cuda.synchronize()  # the GPU has run the forward: its backward's launch raises
+    assert torch.isnan(loss)
+    with pytest.raises(ValueError, match=f"target {v + 7} is outside"):
+        loss.backward()
+    target[10] = 3
+    fn(x * 1, target).backward()  # the CUDA context still works
+    assert torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -67,6 +67,7 @@ CASES = {
                                     reduction="sum"),
     "none_nobias": dict(ignore_every=4, reduction="none", bias=False, logit_scale=1.3),
     "num_items": dict(ignore_every=3, num_items_in_batch=21),
+    "mean_classweight_zloss": dict(ignore_every=4, class_weight=True, lse_square_scale=1e-2),  # z per token
 }
 
 

@@ -1,7 +1,14 @@
-"""Tensors with more than 2**31 elements (int64 offsets): GPU only, compiled kernels.
+"""Tensors with more than 2**31 elements (int64 offsets): GPU only, compiled kernels, every op.
 
-Each test builds one such tensor, runs the op, and checks the rows at the far end (past element 2**31, where an
-int32 offset would wrap) against the reference computed on just those rows.
+Each test builds inputs a little past 2**31 elements (rows of hidden 4096 and of hidden 256 for the norms), runs the
+op forward and backward, and checks, against the float64 reference:
+- every row from just before element 2**31 to the end (the rows where an int32 offset would wrap), not only the
+  tail, for the outputs and the input gradients;
+- the weight / bias gradients (the persistent backward's partials): the upstream gradient is zero on the rows
+  before the boundary, so those gradients come from the checked rows alone, and the input gradient before the
+  boundary must be exactly zero;
+- that nothing was left unwritten: the allocator is poisoned with NaN first, so an output row a kernel skipped
+  reads NaN (issue 17: rows past 2**31 that came back as stale memory).
 """
 
 import pytest
@@ -9,116 +16,191 @@ import torch
 
 from tigon import functional as F
 from tigon.numerics import rel_l2
-from tigon.reference.cross_entropy import cross_entropy as ref_ce
-from tigon.reference.fused_add_rms_norm import fused_add_rms_norm as ref_fadd
-from tigon.reference.rms_norm import rms_norm as ref_rms
-from tigon.reference.rope import rope as ref_rope
+from tigon.reference import cross_entropy as ref_ce
+from tigon.reference import fused_add_rms_norm as ref_fadd
+from tigon.reference import fused_linear_cross_entropy as ref_flce
+from tigon.reference import glu as ref_glu
+from tigon.reference import layer_norm as ref_ln
+from tigon.reference import rms_norm as ref_rms
+from tigon.reference import rope as ref_rope
 
-BIG = 2**31 + 2**20
+PAST = 2**31
+MORE = 2**24  # elements past the boundary
+TOL = 1e-2  # bf16 outputs against float64 (relative L2): rounding to bf16 is ~3e-3
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory < 60e9,
-                       reason="needs a CUDA GPU with >= 60 GB"),
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_properties(0).total_memory < 100e9,
+                       reason="needs a CUDA GPU with >= 100 GB"),
 ]
+BF16 = dict(device="cuda", dtype=torch.bfloat16)
 
 
-def _tail(t, rows=64):
-    return t[-rows:]
-
-
-def test_rms_norm_over_2_31_elements():
-    n = 4096
-    x = torch.randn(BIG // n, n, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-    w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-    y = F.rms_norm(x, w)
-    dy = torch.randn_like(y)
-    y.backward(dy)
-    xt = _tail(x.detach()).double().requires_grad_(True)
-    yt = ref_rms(xt, w.double())
-    yt.backward(_tail(dy).double())
-    assert rel_l2(_tail(y), yt) < 1e-2
-    assert rel_l2(_tail(x.grad), xt.grad) < 1e-2
-    del x, y, dy
+@pytest.fixture(autouse=True)
+def poisoned_allocator():
+    """Fill the caching allocator's free memory with NaN, so that outputs made with torch.empty start as NaN."""
+    torch.cuda.empty_cache()
+    free = torch.cuda.mem_get_info()[0]
+    blob = torch.full((int(free * 0.8) // 2,), float("nan"), **BF16)
+    del blob  # its blocks stay cached: the next allocations reuse NaN-filled memory
+    yield
     torch.cuda.empty_cache()
 
 
-def test_fused_add_rms_norm_over_2_31_elements():
-    # x, residual and both outputs past 2**31 elements; the backward with s's gradient (HAS_DS), written in place
-    # into dy (the rows past the boundary are read and written through the same int64 offsets).
-    n = 4096
-    x = torch.randn(BIG // n, n, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
-    r = torch.randn_like(x.detach()) * 3
-    w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-    y, s = F.fused_add_rms_norm(x, r, w, in_place=True)
-    dy, ds = torch.randn_like(y), torch.randn_like(s)
-    dy_tail = _tail(dy).clone()
-    torch.autograd.backward([y, s], [dy, ds])
-    xt = _tail(x.detach()).double().requires_grad_(True)
-    yt, st = ref_fadd(xt, _tail(r).double(), w.double())
-    torch.autograd.backward([yt, st], [dy_tail.double(), _tail(ds).double()])
-    assert rel_l2(_tail(y), yt) < 1e-2 and rel_l2(_tail(s), st) < 1e-2
-    assert rel_l2(_tail(x.grad), xt.grad) < 1e-2
-    del x, r, y, s, dy, ds
-    torch.cuda.empty_cache()
+def _first_row(n: int) -> int:
+    """The first checked row of an (M, n) tensor: the one holding element 2**31 - 1, minus one."""
+    return max((PAST - 1) // n - 1, 0)
 
 
-def test_swiglu_over_2_31_elements():
-    g = torch.randn(BIG, device="cuda", dtype=torch.bfloat16)
-    u = torch.randn(BIG, device="cuda", dtype=torch.bfloat16)
-    out = F.swiglu(g, u)
-    tail = slice(BIG - 4096, BIG)
-    ref = torch.nn.functional.silu(g[tail].double()) * u[tail].double()
-    assert rel_l2(out[tail], ref) < 1e-2
-    del g, u, out
-    torch.cuda.empty_cache()
+def _check_rows(name, got, ref, r0):
+    assert not torch.isnan(got[r0:]).any(), f"{name}: NaN (unwritten) rows past row {r0}"
+    err = rel_l2(got[r0:], ref)
+    assert err < TOL, f"{name}: relative error {err:.2e} on rows {r0}..{got.shape[0]}"
 
 
-def test_cross_entropy_over_2_31_elements():
-    v = 128256
-    n = BIG // v + 1
-    logits = torch.randn(n, v, device="cuda", dtype=torch.bfloat16)
-    target = torch.randint(0, v, (n,), device="cuda")
-    loss = F.cross_entropy(logits, target, reduction="none")
-    ref = ref_ce(_tail(logits).double(), _tail(target), reduction="none")
-    assert rel_l2(_tail(loss), ref) < 1e-5
-    # grad_in_forward: the forward writes the (sum-reduced) gradient over the logits, the backward scales it by 0.5
-    tail = _tail(logits).double().requires_grad_(True)
-    (ref_ce(tail, _tail(target), reduction="sum") * 0.5).backward()
-    leaf = logits.requires_grad_(True)
-    (F.cross_entropy(leaf * 1, target, reduction="sum", grad_in_forward=True) * 0.5).backward()
-    assert rel_l2(_tail(leaf.grad), tail.grad) < 1e-2
-    del logits, leaf
-    torch.cuda.empty_cache()
+def _upstream_after(shape, r0):
+    """A random upstream gradient, zero on the rows before r0."""
+    dy = torch.randn(shape, **BF16)
+    dy[:r0] = 0
+    return dy
 
 
-def _check_rope_tail(hq: int, d: int, t: int, cos_sin) -> None:
-    """F.rope on HF-layout bf16 q (1, t, hq, d) and k (1, t, 1, d); the last 16 positions against the reference."""
-    q = torch.randn(1, t, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(1, t, 1, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    cos, sin = cos_sin
-    qo, ko = F.rope(q, k, cos, sin)
-    tail = slice(t - 16, t)
-    qr, kr = ref_rope(q[:, :, tail].double(), k[:, :, tail].double(), cos[:, tail].double(), sin[:, tail].double())
-    assert rel_l2(qo[:, :, tail], qr) < 1e-2
-    assert rel_l2(ko[:, :, tail], kr) < 1e-2
-    del q, k, qo, ko
-    torch.cuda.empty_cache()
+def _zero_before(name, grad, r0):
+    assert int(torch.count_nonzero(grad[:r0])) == 0, f"{name}: non-zero gradient before row {r0}"
 
 
-def test_rope_over_2_31_elements():
-    # q has > 2**31 elements (element offsets need int64); k is small (GQA-like).
-    hq, d = 32, 128
-    t = BIG // (hq * d) + 1
+def _leaf(t):
+    return t.double().requires_grad_(True)
+
+
+@pytest.mark.parametrize("hidden", [4096, 256])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "fused_add_rms_norm"])
+def test_norms_past_2_31_elements(op, hidden):
+    m = (PAST + MORE) // hidden
+    r0 = _first_row(hidden)
+    x = torch.randn(m, hidden, **BF16).requires_grad_(True)
+    w = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16).requires_grad_(True)
+    b = torch.randn(hidden, **BF16).requires_grad_(True)
+    r = torch.randn(m, hidden, **BF16).requires_grad_(True)
+    if op == "rms_norm":
+        outs, refs = (F.rms_norm(x, w),), lambda xt, rt, wt, bt: (ref_rms.rms_norm(xt, wt),)
+    elif op == "layer_norm":
+        outs, refs = (F.layer_norm(x, w, b),), lambda xt, rt, wt, bt: (ref_ln.layer_norm(xt, wt, bt),)
+    else:
+        outs, refs = F.fused_add_rms_norm(x, r, w), lambda xt, rt, wt, bt: ref_fadd.fused_add_rms_norm(xt, rt, wt)
+    ups = [_upstream_after(o.shape, r0) for o in outs]
+    torch.autograd.backward(outs, ups)
+    xt, rt, wt, bt = _leaf(x.detach()[r0:]), _leaf(r.detach()[r0:]), _leaf(w.detach()), _leaf(b.detach())
+    ref_outs = refs(xt, rt, wt, bt)
+    torch.autograd.backward(ref_outs, [u[r0:].double() for u in ups])
+    for i, (o, ro) in enumerate(zip(outs, ref_outs)):
+        _check_rows(f"{op} output {i}", o.detach(), ro, r0)
+    _check_rows(f"{op} dx", x.grad, xt.grad, r0)
+    _zero_before(f"{op} dx", x.grad, r0)
+    assert rel_l2(w.grad, wt.grad) < TOL
+    if op == "layer_norm":
+        assert rel_l2(b.grad, bt.grad) < TOL
+    if op == "fused_add_rms_norm":
+        _check_rows(f"{op} dresidual", r.grad, rt.grad, r0)
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu", "glu_linear"])
+def test_glu_past_2_31_elements(op):
+    n = 14336  # Llama-3-8B's intermediate size
+    m = (PAST + MORE) // n
+    r0 = _first_row(n)
+    g = torch.randn(m, n, **BF16).requires_grad_(True)
+    u = torch.randn(m, n, **BF16).requires_grad_(True)
+    wd = (torch.randn(64, n, **BF16) / n**0.5).requires_grad_(True)
+    gt, ut, wt = _leaf(g.detach()[r0:]), _leaf(u.detach()[r0:]), _leaf(wd.detach())
+    if op == "glu_linear":
+        out, ref = F.glu_linear(g, u, wd), ref_glu.glu_linear(gt, ut, wt)
+    else:
+        out, ref = getattr(F, op)(g, u), getattr(ref_glu, op)(gt, ut)
+    dy = _upstream_after(out.shape, r0)
+    out.backward(dy)
+    ref.backward(dy[r0:].double())
+    _check_rows(f"{op} output", out.detach(), ref, r0)
+    for name, got, want in (("dgate", g.grad, gt.grad), ("dup", u.grad, ut.grad)):
+        _check_rows(f"{op} {name}", got, want, r0)
+        _zero_before(f"{op} {name}", got, r0)
+    if op == "glu_linear":
+        assert rel_l2(wd.grad, wt.grad) < TOL
+
+
+def _rope_inputs(hq, d, t):
+    """HF-layout q (1, hq, t, d) (a transposed view) and k (1, 1, t, d), cos / sin (1, t, d)."""
+    q = torch.randn(1, t, hq, d, **BF16).transpose(1, 2).requires_grad_(True)
+    k = torch.randn(1, t, 1, d, **BF16).transpose(1, 2).requires_grad_(True)
     pos = torch.arange(t, device="cuda", dtype=torch.float32)
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d))
     emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
-    _check_rope_tail(hq, d, t, (emb.cos(), emb.sin()))
+    return q, k, emb.cos(), emb.sin()
 
 
-def test_rope_over_2_31_rows():
-    # More than 2**31 rows (batch * positions * heads) in q: the row index itself needs int64 (head dim 2 keeps the
-    # tensor at 8 GiB).
-    hq, d = 32, 2
-    t = 2**31 // hq + 1
-    ang = torch.arange(t, device="cuda", dtype=torch.float32)[None, :, None].expand(1, t, d)
-    _check_rope_tail(hq, d, t, (ang.cos(), ang.sin()))
+@pytest.mark.parametrize("hq,d", [(32, 128), (32, 2)], ids=["elements", "rows"])
+def test_rope_past_2_31(hq, d):
+    # (32, 128): q has > 2**31 elements; (32, 2): > 2**31 rows (batch * positions * heads), the row index itself
+    # needs int64 (head dim 2 keeps the tensor at 8 GiB). Positions from the boundary's on are checked.
+    t = (PAST + MORE) // (hq * d) if d > 2 else 2**31 // hq + 2**16
+    q, k, cos, sin = _rope_inputs(hq, d, t)
+    qo, ko = F.rope(q, k, cos, sin)
+    p0 = max((PAST - 1) // (hq * d) - 1, 0) if d > 2 else 2**31 // hq - 2**10
+    dq = torch.randn_like(qo)
+    dq[:, :, :p0] = 0
+    (qo * dq).sum().backward()
+    sl = slice(p0, t)
+    qt, kt = _leaf(q.detach()[:, :, sl]), _leaf(k.detach()[:, :, sl])
+    qr, kr = ref_rope.rope(qt, kt, cos[:, sl].double(), sin[:, sl].double())
+    (qr * dq[:, :, sl].double()).sum().backward()
+    for name, got, want in (("q out", qo[:, :, sl], qr), ("k out", ko[:, :, sl], kr), ("dq", q.grad[:, :, sl], qt.grad)):
+        assert not torch.isnan(got).any(), f"rope {name}: NaN (unwritten) past position {p0}"
+        assert rel_l2(got, want) < TOL, name
+    assert int(torch.count_nonzero(q.grad[:, :, :p0])) == 0
+
+
+@pytest.mark.parametrize("grad_in_forward", [False, True])
+def test_cross_entropy_past_2_31_elements(grad_in_forward):
+    v = 128256
+    n = (PAST + MORE) // v
+    r0 = _first_row(v)
+    leaf = (torch.randn(n, v, **BF16) * 3).requires_grad_(True)
+    target = torch.randint(0, v, (n,), device="cuda")
+    target[r0 + 3] = -100
+    logits = leaf * 1  # a non-leaf (grad_in_forward writes the gradient over it)
+    if grad_in_forward:  # a scalar loss: the rows before the boundary are ignored, so their gradient is zero
+        target[:r0] = -100
+        loss = F.cross_entropy(logits, target, reduction="sum", grad_in_forward=True)
+        loss.backward()
+        rows = None
+    else:
+        rows = F.cross_entropy(logits, target, reduction="none")
+        up = torch.rand(n, device="cuda")
+        up[:r0] = 0
+        rows.backward(up)
+    xt = _leaf(leaf.detach()[r0:])
+    ref_rows = ref_ce.cross_entropy(xt, target[r0:], reduction="none")
+    (ref_rows.sum() if grad_in_forward else (ref_rows * up[r0:].double()).sum()).backward()
+    if rows is not None:
+        _check_rows("cross_entropy loss rows", rows.detach()[:, None], ref_rows[:, None], r0)
+    _check_rows("cross_entropy dlogits", leaf.grad, xt.grad, r0)
+    _zero_before("cross_entropy dlogits", leaf.grad, r0)
+
+
+def test_fused_linear_cross_entropy_past_2_31_hidden_elements():
+    h, v = 4096, 8192
+    n = (PAST + MORE) // h
+    r0 = _first_row(h)
+    hid = torch.randn(n, h, **BF16).requires_grad_(True)
+    w = (torch.randn(v, h, **BF16) / h**0.5 * 2).requires_grad_(True)
+    target = torch.randint(0, v, (n,), device="cuda")
+    rows = F.fused_linear_cross_entropy(hid, w, target, reduction="none")
+    up = torch.rand(n, device="cuda")
+    up[:r0] = 0
+    rows.backward(up)
+    ht, wt = _leaf(hid.detach()[r0:]), _leaf(w.detach())
+    ref_rows = ref_flce.fused_linear_cross_entropy(ht, wt, target[r0:], reduction="none")
+    (ref_rows * up[r0:].double()).sum().backward()
+    _check_rows("flce loss rows", rows.detach()[:, None], ref_rows[:, None], r0)
+    _check_rows("flce dhidden", hid.grad, ht.grad, r0)
+    _zero_before("flce dhidden", hid.grad, r0)
+    assert rel_l2(w.grad, wt.grad) < TOL

@@ -16,6 +16,12 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tensor_kind(t) == "subclass":
+        dtensor = " (DTensor: the row-wise ops take it; see tigon.ops._dtensor)" if _is_dtensor(t) else ""
+        raise TypeError(
+            f"{name} is a {type(t).__module__}.{type(t).__qualname__}{dtensor}, a tensor subclass whose memory is "
+            "not its data: Tigon's kernels read tensors' memory directly and cannot run on it. Pass a plain tensor "
+            "(e.g. .full_tensor() or .to_local() of a DTensor, a dequantised copy of a quantised tensor)")
     if floating and not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
@@ -56,3 +62,28 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
     return v
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a torch.distributed DTensor (without importing torch.distributed when it is not loaded)."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+def tensor_kind(t: torch.Tensor) -> str:
+    """``"plain"`` (a tensor or Parameter over real memory, meta included), ``"fake"`` (FakeTensor: shapes only,
+    as torch.compile and FakeTensorMode trace) or ``"subclass"`` (a wrapper subclass with its own
+    ``__torch_dispatch__``, e.g. DTensor, whose memory is not its data)."""
+    cls = type(t)
+    if cls is torch.Tensor or cls is torch.nn.Parameter or cls.__torch_dispatch__ is torch.Tensor.__torch_dispatch__:
+        return "plain"
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return "fake" if isinstance(t, FakeTensor) else "subclass"
+
+
+def has_data(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read on the host: False for meta and fake tensors (shapes only)."""
+    return t.device.type != "meta" and tensor_kind(t) == "plain"

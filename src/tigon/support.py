@@ -15,7 +15,8 @@ Every public op in :mod:`tigon.functional` asks :func:`select_backend` which pat
 
 :func:`force_reference` (a context manager, or ``TIGON_DISABLE=1``) turns the kernels off on purpose, e.g. to
 check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
-report what actually ran.
+report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``, FakeTensorMode) take the
+reference silently: it carries their shapes and dtypes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 import sys
 
 import torch
+
+from ._checks import has_data
 
 BACKENDS = ("triton", "interpreter", "reference")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -143,6 +146,9 @@ def select_backend(op: str, tensor: torch.Tensor) -> str:
     """
     if torch.compiler.is_compiling():
         return BACKENDS[_traced_backend(op, tensor.device.type, tensor.device.index, tensor.dtype)]
+    if not has_data(tensor):  # meta / fake tensors: shapes only, the reference carries them (no warning)
+        _usage[(op, "reference")] += 1
+        return "reference"
     return _select(op, tensor.device, tensor.dtype)
 
 

@@ -44,8 +44,8 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
     if grad_out is None:
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
     else:
-        coef = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_coef=coef,
+        scales = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_scales=scales,
                         grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct)
@@ -146,6 +146,10 @@ class CrossEntropyFunction(torch.autograd.Function):
         x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
         dx = ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))
+        if ctx.inplace:
+            # the logits now hold the gradient: a node that saved them (e.g. a softmax that produced them) raises
+            # when its backward unpacks them, instead of reading gradients as logits (x shares their version)
+            torch.autograd.graph.increment_version(x)
         ctx.consumed = ctx.inplace
         return dx, None, None, None, None, None, None, None
 

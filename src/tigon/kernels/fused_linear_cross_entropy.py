@@ -344,7 +344,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             ce_rows_forward(
                 lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], lse[s:e],
                 correct[s:e] if correct is not None else None,
-                grad_coef=scale, grad_out=lg,
+                grad_scales=scale, grad_out=lg,
             )
             if precompute:
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)

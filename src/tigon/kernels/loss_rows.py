@@ -14,15 +14,18 @@ the row and writes ``coef * d loss_row / d logits`` (the fused linear op uses th
 Backward (one read, one write of the logits): recomputes the softmax from the saved lse with the per-token
 upstream gradient (a 0-d tensor broadcast with stride 0 for mean/sum, an (N,) tensor for reduction="none").
 
-Gradient per row, with p = softmax(x), a the upstream coefficient, eps the smoothing, w class weights:
-    dL/dx_c = a * [p_c * ((1-eps) w_t + eps/V * sum(w) + 2 s lse) - (1-eps) w_t [c == t] - eps/V * w_c]
+Gradient per row, with p = softmax(x), a the upstream coefficient, eps the smoothing, w class weights, s the
+z-loss coefficient and a_z the z-loss's own upstream coefficient (a, except for reduction="mean" with class weights,
+where the cross-entropy part is divided by the target weights' sum and the z-loss by the token count):
+    dL/dx_c = a * [p_c * ((1-eps) w_t + eps/V * sum(w)) - (1-eps) w_t [c == t] - eps/V * w_c] + a_z * 2 s lse p_c
 then times ``logit_scale * (1 - tanh^2)`` for the soft-cap.
 
 Minimal bytes (bf16 logits): forward N*V*2, backward 2*N*V*2. Rows of ignored tokens are never read: the forward
 skips them, the gradient's pass writes their zeros (as Liger-Kernel does; 10% of the bench's tokens are ignored).
 
-Targets outside [0, V) other than ignore_index are never read out of bounds (masked); on this path their loss
-is NaN (the functional API checks them up front for CPU tensors; on CUDA that check would cost a sync).
+Targets outside [0, V) other than ignore_index are never read out of bounds (masked); their loss is NaN and the
+forward records them for :mod:`tigon.kernels.target_check`, which raises at the next launch of a loss kernel (no
+device sync; the functional API also checks CPU targets up front).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import target_check
 from ._common import cdiv, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
@@ -83,10 +87,10 @@ def _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale):
+def _grad_coefs(a, az, wt, wsum, lse, V, label_smoothing, lse_square_scale):
     """Per-row coefficients of the gradient formula in the module docstring: (on p, on the target, on every c)."""
     eps = label_smoothing
-    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum + 2.0 * lse_square_scale * lse)
+    coef_p = a * ((1.0 - eps) * wt + eps / V * wsum) + az * (2.0 * lse_square_scale * lse)
     coef_t = a * (1.0 - eps) * wt
     coef_s = a * (eps / V)
     return coef_p, coef_t, coef_s
@@ -114,18 +118,19 @@ def _grad_tile(
 
 @triton.jit
 def _grad_pass(
-    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
     label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
     REVERSE: tl.constexpr,
 ):
-    """Write a * d loss_row / d raw_logits for each row (zero rows where a == 0; ignored rows, not ``valid``, are
+    """Write a * d loss_row / d raw_logits for each row (``az``: the z-loss term's coefficient, see the module
+    docstring; zero rows where a == az == 0; ignored rows, not ``valid``, are
     written without being read), block by block: first block first, or with REVERSE last block first (the blocks a
     forward read last are the likeliest still in L2)."""
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
-    coef_p, coef_t, coef_s = _grad_coefs(a, wt, wsum, lse, V, label_smoothing, lse_square_scale)
+    coef_p, coef_t, coef_s = _grad_coefs(a, az, wt, wsum, lse, V, label_smoothing, lse_square_scale)
     last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
     for i in range(0, V, BLOCK_V):
         start = last - i if REVERSE else i
@@ -179,7 +184,7 @@ def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(
-    X, stride_x, T, CW, CWSUM, COEF, stride_coef, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT,
+    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT, BAD,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -187,6 +192,8 @@ def _ce_fwd_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
+    # a target outside [0, V) other than ignore_index: recorded for the host (tigon.kernels.target_check)
+    tl.store(BAD + rows * 0, tl.load(T + rows, mask=rmask, other=0).to(tl.int64), mask=valid & (~in_range))
     x_row = X + rows.to(tl.int64) * stride_x
     xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
 
@@ -220,9 +227,9 @@ def _ce_fwd_kernel(
     if COMPUTE_ACC:
         tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
     if WRITE_GRAD:
-        a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
-        a = tl.where(valid, a, 0.0)
-        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+        a = tl.where(valid, tl.load(SCALES), 0.0)
+        az = tl.where(valid, tl.load(SCALES + 1), 0.0)
+        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
 
@@ -246,7 +253,7 @@ def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.
 
 @triton.jit
 def _ce_bwd_kernel(
-    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALE, DX, stride_dx,
+    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALES, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -255,11 +262,14 @@ def _ce_bwd_kernel(
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     lse = tl.load(LSE + rows, mask=rmask, other=0.0)
     a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
-    if HAS_SCALE:
-        a = a * tl.load(SCALE)
     a = tl.where(valid, a, 0.0)
+    if HAS_SCALE:
+        az = a * tl.load(SCALES + 1)
+        a = a * tl.load(SCALES)
+    else:
+        az = a
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
-    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, wsum, V,
+    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
                HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, False)
 
@@ -298,23 +308,29 @@ def _reduce_kernel(
         if COMPUTE_ACC:
             s_hit += tl.load(CORRECT + rows, mask=rmask, other=0.0)
     count = tl.sum(n_valid, axis=0)
-    if MODE == 0:
+    if MODE == 0:  # the z-loss per non-ignored token, unweighted; the cross-entropy by the target weights' sum
+        z_scale = tl.where(count != 0, tl.math.div_rn(1.0, tl.where(count != 0, count, 1.0)), 0.0)
         if HAS_WEIGHT:
             denom = tl.sum(w_valid, axis=0)
+            scale = tl.where(denom != 0, tl.math.div_rn(1.0, tl.where(denom != 0, denom, 1.0)), 0.0)
         else:
-            denom = count
-        scale = tl.where(denom != 0, tl.math.div_rn(1.0, tl.where(denom != 0, denom, 1.0)), 0.0)
+            scale = z_scale
     elif MODE == 1:
         scale = 1.0
+        z_scale = scale
     elif MODE == 2:
         scale = tl.math.div_rn(1.0, tl.load(ITEMS).to(tl.float32))
+        z_scale = scale
     else:
         scale = tl.math.div_rn(1.0, items)
+        z_scale = scale
     if MODE != 4:
         tl.store(OUT_SCALE, scale)
+        tl.store(OUT_SCALE + 1, z_scale)
         if SUMS:
-            tl.store(OUT_LOSS, tl.sum(s_loss, axis=0) * scale)
-            tl.store(OUT_Z, tl.sum(s_z, axis=0) * scale)
+            sz = tl.sum(s_z, axis=0)
+            tl.store(OUT_LOSS, (tl.sum(s_loss, axis=0) - sz) * scale + sz * z_scale)
+            tl.store(OUT_Z, sz * z_scale)
     if COMPUTE_ACC:
         # div_rn: IEEE round-to-nearest (a plain '/' compiles to an approximate division on CUDA).
         tl.store(OUT_ACC, tl.math.div_rn(tl.sum(s_hit, axis=0), tl.maximum(count, 1.0)))
@@ -353,14 +369,15 @@ def class_weight_args(class_weight: torch.Tensor | None, device: torch.device):
 def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
-    out_correct: torch.Tensor | None, grad_coef: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
+    out_correct: torch.Tensor | None, grad_scales: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
     block: tuple[int, int, bool] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
-    (n,) fp32 outputs. With ``grad_coef`` (a 0-d fp32 tensor, or (n,)), also writes
-    ``grad_coef * d loss_row / d x`` into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    (n,) fp32 outputs. With ``grad_scales`` (the (2,) fp32 scales of :func:`reduce_losses`), also writes
+    ``d loss / d x`` of the reduced loss into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    First raises for a bad target an earlier launch recorded (:func:`tigon.kernels.target_check.raise_if_seen`).
     ``block``: (vocabulary block, num_warps, reverse: the gradient's pass goes last block first, see
     :func:`_grad_pass`), one row per program, for rows at least that wide (narrower rows: the default blocks, by
     :data:`MAX_BLOCK_V`, with that order). Default: the default blocks, first block first.
@@ -373,13 +390,13 @@ def ce_rows_forward(
     else:
         block_m, block_v, warps = _blocks(n, vocab, x.device)
         reverse = block is not None and block[2]
-    write_grad = grad_coef is not None
-    coef = grad_coef if write_grad else out_lse
+    target_check.raise_if_seen()
+    write_grad = grad_scales is not None
     dx = grad_out if write_grad else x
     _ce_fwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
-        coef, (coef.stride(0) if coef.dim() else 0) if write_grad else 0, dx, dx.stride(0),
-        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss,
+        grad_scales if write_grad else out_lse, dx, dx.stride(0),
+        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss, target_check.buffer(x.device),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
@@ -404,14 +421,16 @@ def ce_rows_backward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
 ) -> None:
-    """Launch the backward: ``dx = coef * scale * d loss_row / d x`` for rows ``x`` (n, V), using the saved ``lse``.
+    """Launch the backward: ``dx = coef * d loss / d x`` for rows ``x`` (n, V), using the saved ``lse``.
 
-    ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale`` an optional
-    0-d fp32 tensor; ``dx`` may be ``x`` (in place).
+    ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale``: the (2,)
+    fp32 scales of :func:`reduce_losses` for a scalar reduction (None for per-token losses); ``dx`` may be ``x``
+    (in place). First raises for a bad target an earlier forward recorded.
     """
     n, vocab = x.shape
     if n == 0:
         return
+    target_check.raise_if_seen()
     block_m, block_v, warps = _blocks(n, vocab, x.device)
     _ce_bwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else lse, cw_sum if cw_sum is not None else lse,
@@ -427,13 +446,15 @@ def reduce_losses(
     target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str, num_items_in_batch,
     loss_rows: torch.Tensor | None = None, z_rows: torch.Tensor | None = None, correct: torch.Tensor | None = None,
 ):
-    """Per-token values -> (loss, z_loss, accuracy, scale), in one kernel launch and without a host sync.
+    """Per-token values -> (loss, z_loss, accuracy, scales), in one kernel launch and without a host sync.
 
-    ``scale`` turns summed per-token losses into the reduced loss (a 0-d fp32 tensor; None for "none"): mean:
-    1 / the sum of the target weights of non-ignored tokens (0 when that sum is 0, so an all-ignored batch gives
-    loss 0 and zero gradients); sum: 1; with ``num_items_in_batch`` (int, float or tensor): 1 / num_items_in_batch.
-    ``loss`` / ``z_loss``: sum(rows) * scale (0-d fp32; the rows themselves for "none"; None when the rows are
-    not given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
+    ``scales`` (a (2,) fp32 tensor; None for "none") turn summed per-token values into the reduced loss: element 0
+    for the cross-entropy part, element 1 for the z-loss. mean: 1 / the sum of the target weights of non-ignored
+    tokens, and 1 / their count for the z-loss (equal without class weights; 0 when the divisor is 0, so an
+    all-ignored batch gives loss 0 and zero gradients); sum: 1; with ``num_items_in_batch`` (int, float or
+    tensor): 1 / num_items_in_batch for both. ``loss``: sum(ce rows) * scales[0] + sum(z rows) * scales[1],
+    ``z_loss``: sum(z rows) * scales[1] (0-d fp32; the rows themselves for "none"; None when the rows are not
+    given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
     is given, else None.
     """
     f32 = dict(dtype=torch.float32, device=target.device)
@@ -445,7 +466,7 @@ def reduce_losses(
     else:
         mode = {"mean": _MEAN, "sum": _SUM, "none": _NONE}[reduction]
     sums = loss_rows is not None and mode != _NONE
-    scale = None if mode == _NONE else torch.empty((), **f32)
+    scale = None if mode == _NONE else torch.empty((2,), **f32)
     loss = torch.empty((), **f32) if sums else None
     z = torch.empty((), **f32) if sums else None
     acc = torch.empty((), **f32) if correct is not None else None

@@ -43,11 +43,13 @@ def cross_entropy(
         weight: optional (V,) class weights, torch's ``weight`` (treated as constants: no gradient).
         ignore_index: target value of tokens that are skipped (loss 0, gradient 0). The kernels never read an
             ignored token's row of logits, so NaN / inf there gives gradient 0 (torch's gives NaN for NaN rows).
-        reduction: ``"mean"`` (divides by the sum of the target weights of the non-ignored tokens, as torch;
-            0 for an all-ignored batch, not NaN), ``"sum"`` or ``"none"`` ((N,), 0 at ignored tokens; its
-            backward applies the per-token upstream gradient).
+        reduction: ``"mean"`` (the cross-entropy divided by the sum of the target weights of the non-ignored
+            tokens, as torch; the z-loss averaged over the non-ignored tokens, unweighted, as Liger-Kernel; 0 for
+            an all-ignored batch, not NaN), ``"sum"`` or ``"none"`` ((N,), 0 at ignored tokens; its backward
+            applies the per-token upstream gradient).
         label_smoothing: eps in [0, 1], torch's definition (class weights applied as torch does).
-        lse_square_scale: z-loss coefficient (PaLM: 1e-4); the z term is included in the returned loss.
+        lse_square_scale: z-loss coefficient (PaLM: 1e-4); the z term ``lse_square_scale * lse**2`` per
+            non-ignored token is included in the returned loss (never class-weighted).
         softcap: final-logit soft-cap (Gemma 2: 30.0), or None.
         num_items_in_batch: int or 0-d tensor; loss = summed loss / num_items_in_batch (Hugging Face
             gradient-accumulation convention; overrides "mean"/"sum", not allowed with "none").
@@ -84,9 +86,10 @@ def cross_entropy(
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
             [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
             grad_in_forward with reduction="none", float16 logits or (with grad enabled) leaf logits that require
-            grad, and targets outside [0, V) other than ignore_index. That last check reads the targets and is
-            skipped on the CUDA kernel path (it would cost a device sync); there such tokens get a NaN loss
-            instead, and nothing is read out of bounds.
+            grad, and targets outside [0, V) other than ignore_index. CPU targets are checked before the call. On
+            CUDA that check would cost a device sync per call: instead the kernel records a bad target (its loss is
+            NaN, nothing is read out of bounds) and the next launch of a loss kernel raises, naming it, usually
+            this call's backward (:mod:`tigon.kernels.target_check`).
     """
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
                      lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
@@ -107,7 +110,7 @@ def cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
             softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
             return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward)
-    if target.device.type == "cpu":
+    if target.device.type == "cpu":  # CUDA: recorded by the kernel, raised at the next launch (no sync)
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k
 

@@ -14,10 +14,13 @@ from .. import _checks
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
 from ..support import select_backend
+from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 from .rms_norm import quack_rms_norm
 
 
+@accepts_dtensor(DTensorRule(rows=("x", "residual"), outputs=("x", "x"), params=("weight",),
+                             mixed_dims=last_dim))
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
     casting_mode: str = "llama", in_place: bool = False,

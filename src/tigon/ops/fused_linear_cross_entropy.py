@@ -89,7 +89,7 @@ def fused_linear_cross_entropy(
         raise ValueError(f"accum_dtype must be None, torch.float32 or the weight's dtype ({weight.dtype}), "
                          f"got {accum_dtype!r}")
     dev_type = hidden.device.type
-    if torch.is_autocast_enabled(dev_type):
+    if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):  # (meta, ...: no autocast to ask)
         cd = torch.get_autocast_dtype(dev_type)
     else:
         cd = torch.promote_types(hidden.dtype, weight.dtype)

@@ -13,6 +13,7 @@ import torch
 from .. import _checks
 from ..reference import glu as ref
 from ..support import select_backend
+from ._dtensor import DTensorRule, accepts_dtensor, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
 
@@ -35,6 +36,11 @@ def _check_glu(gate, up) -> None:
         raise ValueError(f"up must have gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
 
 
+GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_dims)
+"""DTensor gate / up run on their local shards, whatever the sharding (element-wise; see tigon.ops._dtensor)."""
+
+
+@accepts_dtensor(GLU_DTENSOR)
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
@@ -64,6 +70,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = Fal
     return _glu(gate, up, "silu", inplace_backward)
 
 
+@accepts_dtensor(GLU_DTENSOR)
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
           inplace_backward: bool = False) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).

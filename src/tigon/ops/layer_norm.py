@@ -11,9 +11,11 @@ import torch
 from .. import _checks
 from ..reference import layer_norm as ref
 from ..support import select_backend
+from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
+@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight", "bias"), mixed_dims=last_dim))
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
 ) -> torch.Tensor:

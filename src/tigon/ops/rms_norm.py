@@ -11,9 +11,11 @@ import torch
 from .. import _checks
 from ..reference import rms_norm as ref
 from ..support import select_backend
+from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
+@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim))
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
 ) -> torch.Tensor:

@@ -10,9 +10,21 @@ import torch
 from .. import _checks
 from ..reference import rope as ref
 from ..support import select_backend
+from ._dtensor import DTensorRule, accepts_dtensor
 from ._record import Case, OpSpec, liger, randn
 
 
+def rope_mixed_dims(args, ndim: int) -> tuple[int, ...]:
+    """The dimensions of q / k that RoPE mixes, which a DTensor must not shard there (see tigon.ops._dtensor): the
+    rotated head dimension, the positions (cos / sin are per position) and, when cos has a batch dimension other
+    than 1, the batch. Sharding the heads (tensor parallelism) runs locally."""
+    positions = 2 if args.get("unsqueeze_dim", 1) == 1 else 1
+    batch = (0,) if args["cos"].dim() == 3 and args["cos"].shape[0] != 1 else ()
+    return (ndim - 1, positions, *batch)
+
+
+@accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
+                             mixed_dims=rope_mixed_dims))
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,10 +12,12 @@ logits themselves):
     loss_i = ce_i + z_i
 
 Reductions: ``"none"`` returns ``loss_i`` (0 at ignored tokens); ``"sum"`` returns ``sum_i loss_i``; ``"mean"``
-returns ``sum_i loss_i / sum_i w_t(i)`` over the non-ignored tokens (exactly torch's normalisation, also with
-label smoothing and class weights), and 0 when that sum is 0 (an all-ignored batch gives loss 0 and zero
-gradients, where torch gives NaN). With ``num_items_in_batch`` the loss is ``sum_i loss_i / num_items_in_batch``
-(the Hugging Face gradient-accumulation convention), whatever ``reduction`` ("mean" or "sum") says.
+returns ``sum_i ce_i / sum_i w_t(i) + sum_i z_i / n`` over the ``n`` non-ignored tokens: the cross-entropy part
+exactly torch's normalisation (also with label smoothing and class weights), the z-loss averaged per non-ignored
+token and never class-weighted (Liger-Kernel's rule; without class weights both divisors are ``n``); each part is 0
+when its divisor is 0 (an all-ignored batch gives loss 0 and zero gradients, where torch gives NaN). With
+``num_items_in_batch`` the loss is ``sum_i loss_i / num_items_in_batch`` (the Hugging Face gradient-accumulation
+convention, where ``num_items_in_batch`` counts tokens), whatever ``reduction`` ("mean" or "sum") says.
 
 Sources: label smoothing as in torch (Szegedy et al. 2016); z-loss from PaLM (Chowdhery et al. 2022,
 section 5); logit soft-capping from Gemma 2 (Gemma Team 2024).
@@ -113,7 +115,7 @@ def check_target_range(target: torch.Tensor, num_classes: int, ignore_index: int
     while torch.compile traces, where a host read of a tensor ends the graph (a graph break): there such targets
     give a NaN loss (kernel path) or an indexing error (reference path) instead.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _checks.has_data(target):  # (meta / fake targets: nothing to read)
         return
     bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
     if bool(bad.any()):
@@ -188,9 +190,8 @@ def cross_entropy(
     else:
         per_token = nll
     z = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
-    per_token = per_token + z
 
-    def reduce(t: torch.Tensor) -> torch.Tensor:
+    def reduce(t: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
         if num_items_in_batch is not None:
             items = torch.as_tensor(num_items_in_batch, device=t.device).to(ct).reshape(())
             return t.sum() / items
@@ -198,15 +199,15 @@ def cross_entropy(
             return t
         if reduction == "sum":
             return t.sum()
-        denom = w_t.sum()
         nonzero = denom != 0
         return torch.where(nonzero, t.sum() / torch.where(nonzero, denom, torch.ones_like(denom)),
                            torch.zeros_like(denom))
 
-    loss = reduce(per_token)
+    n_valid = valid.sum().to(ct)
+    loss = reduce(per_token, w_t.sum()) + reduce(z, n_valid)  # z-loss: per non-ignored token, unweighted
     if not (return_z_loss or return_accuracy):
         return loss
-    z_out = reduce(z).detach() if return_z_loss else None
+    z_out = reduce(z, n_valid).detach() if return_z_loss else None
     acc = None
     if return_accuracy:
         with torch.no_grad():

@@ -1,0 +1,173 @@
+"""DTensor inputs of the row-wise ops: run the op on each rank's local shard, redistributing only what must be.
+
+A DTensor (``torch.distributed.tensor``, used by tensor / sequence parallelism) is a wrapper whose memory is not
+its data, so a kernel must never see it (``tigon._checks.tensor`` raises TypeError for any such subclass). The
+row-wise ops instead unwrap it here, as Liger-Kernel does for its RMSNorm and SwiGLU:
+
+- **Rows** (``x``, ``residual``, ``gate``/``up``, ``q``/``k``): run on the local shard when no mesh dimension shards a
+  dimension the op mixes (the normalised last dimension of a norm; the rotated head dimension and the positions
+  of RoPE, whose cos/sin are per position). A placement that does is redistributed first, with one warning per
+  op and reason that states the cost: ``Shard`` of a mixed dimension is all-gathered (each rank receives the
+  other ranks' (n-1)/n of the tensor's bytes), ``Partial`` is all-reduced; the output is then sharded back the
+  way the input was (a local slice: no communication). The other row inputs are redistributed to the first's
+  placements.
+- **Parameters** (``weight``, ``bias``) are read whole on every rank (a Replicate DTensor is used as it is, a
+  sharded one is all-gathered). Their gradient on each rank is then that rank's rows' share: ``Partial`` over the
+  mesh dimensions that shard the rows, so autograd sums it across ranks when it reaches the parameter.
+- **Constants** (``cos``, ``sin``) are read whole (``full_tensor()``).
+
+The outputs are DTensors with the rows' placements. Gradients flow through ``to_local`` / ``from_local``, which
+are differentiable. Ops that reduce across rows (the cross-entropy losses) and :func:`tigon.functional.glu_linear`
+take no DTensor: TypeError.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+_warned: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class DTensorRule:
+    """How an op's arguments are unwrapped (see the module docstring).
+
+    rows: names of the row inputs; the first one's placements are the outputs'. outputs: for each output, the row
+    input whose placements it takes (one name: the op returns one tensor). params: parameter names. constants:
+    names read whole. mixed_dims: ``f(bound arguments, ndim)`` -> the dimensions (non-negative) of the rows
+    that the op mixes and so must not be sharded.
+    """
+
+    rows: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[str, ...] = ()
+    constants: tuple[str, ...] = ()
+    mixed_dims: object = None
+
+
+def last_dim(_args, ndim: int) -> tuple[int, ...]:
+    """A norm's mixed dimension: the normalised last one."""
+    return (ndim - 1,)
+
+
+def no_dims(_args, _ndim: int) -> tuple[int, ...]:
+    """An element-wise op mixes no dimension: any sharding runs locally."""
+    return ()
+
+
+def _is_dtensor(t) -> bool:
+    # cheap first: a plain tensor / Parameter is never a DTensor (no import of torch.distributed on this path)
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or not isinstance(t, torch.Tensor):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def accepts_dtensor(rule: DTensorRule):
+    """Decorate a public op: DTensor arguments are unwrapped by ``rule`` (module docstring), plain calls pass
+    straight through (one type check per argument)."""
+
+    def deco(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not any(_is_dtensor(a) for a in args) and not any(_is_dtensor(a) for a in kwargs.values()):
+                return fn(*args, **kwargs)
+            return _run_local(fn, fn.__name__, rule, sig.bind(*args, **kwargs))
+
+        wrapper.dtensor_rule = rule
+        return wrapper
+
+    return deco
+
+
+def _warn_once(op: str, reason: str) -> None:
+    if (op, reason) not in _warned:
+        _warned.add((op, reason))
+        warnings.warn(f"tigon.{op}: {reason}", stacklevel=4)
+
+
+def _local_placements(op: str, name: str, t, mixed: tuple[int, ...]):
+    """The placements ``t`` (a DTensor row input) is redistributed to (mixed dimensions unsharded, Partial
+    reduced), and the placements its outputs are returned in."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    run, back = [], []
+    for mesh_dim, p in enumerate(t.placements):
+        if t.device_mesh.size(mesh_dim) == 1:  # one rank along it: nothing is split, nothing to gather
+            run.append(p)
+            back.append(p)
+        elif isinstance(p, Shard) and p.dim % t.ndim in mixed:
+            mib = t.numel() * t.element_size() / 2**20
+            _warn_once(op, f"{name} is sharded over dimension {p.dim % t.ndim}, which the op mixes: it is "
+                           f"all-gathered over mesh dimension {mesh_dim} first (each rank receives (n-1)/n of "
+                           f"{name}'s {mib:.4g} MiB), and the output is sharded back (no communication)")
+            run.append(Replicate())
+            back.append(p)
+        elif isinstance(p, Partial):
+            _warn_once(op, f"{name} is Partial over mesh dimension {mesh_dim}: it is all-reduced first (the output "
+                           "is Replicate there)")
+            run.append(Replicate())
+            back.append(Replicate())
+        else:
+            run.append(p)
+            back.append(p)
+    return tuple(run), tuple(back)
+
+
+def _run_local(fn, op: str, rule: DTensorRule, bound: inspect.BoundArguments):
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    args = bound.arguments
+    first = args[rule.rows[0]]
+    if not isinstance(first, DTensor):
+        raise TypeError(f"tigon.{op}: a DTensor argument needs {rule.rows[0]} to be a DTensor too (its placements "
+                        f"decide the outputs'), got a {type(first).__name__}")
+    mesh = first.device_mesh
+    mixed = rule.mixed_dims(args, first.ndim)
+    run_pl, back_pl = _local_placements(op, rule.rows[0], first, mixed)
+    dt = {}  # row name -> the redistributed DTensor
+    for name in rule.rows:
+        t = args.get(name)
+        if t is None:
+            continue
+        if not isinstance(t, DTensor):
+            raise TypeError(f"tigon.{op}: {name} must be a DTensor like {rule.rows[0]} (mesh {mesh}), got a "
+                            f"{type(t).__name__}")
+        if t.device_mesh != mesh:
+            raise ValueError(f"tigon.{op}: {name} and {rule.rows[0]} must be on one device mesh")
+        if tuple(t.placements) != run_pl:
+            t = t.redistribute(mesh, run_pl)
+        dt[name] = t
+        args[name] = t.to_local()
+    # a parameter's local gradient is this rank's rows' share: Partial where the rows are sharded
+    grad_pl = tuple(Partial() if isinstance(p, Shard) else Replicate() for p in run_pl)
+    for name in rule.params:
+        p = args.get(name)
+        if isinstance(p, DTensor):
+            if p.device_mesh != mesh:
+                raise ValueError(f"tigon.{op}: {name} and {rule.rows[0]} must be on one device mesh")
+            whole = p if all(isinstance(q, Replicate) for q in p.placements) else \
+                p.redistribute(mesh, (Replicate(),) * mesh.ndim)
+            args[name] = whole.to_local(grad_placements=grad_pl)
+    for name in rule.constants:
+        c = args.get(name)
+        if isinstance(c, DTensor):
+            args[name] = c.full_tensor()
+    out = fn(*bound.args, **bound.kwargs)
+
+    def wrap(local, like):
+        src = dt[like]
+        d = DTensor.from_local(local, mesh, src.placements, run_check=False, shape=src.shape, stride=src.stride())
+        return d.redistribute(mesh, back_pl) if tuple(back_pl) != tuple(src.placements) else d
+
+    if len(rule.outputs) == 1:
+        return wrap(out, rule.outputs[0])
+    return type(out)(wrap(o, like) for o, like in zip(out, rule.outputs))
