@@ -322,3 +322,28 @@ def test_cuda_graph_times_host_syncing_providers_by_their_kernels():
     for mode in ("fwd", "fwd_bwd"):
         synced, captured = (next(r.ms for r in rows[p] if r.mode == mode) for p in ("synced", "captured"))
         assert 0.3 < synced / captured < 10, (mode, synced, captured)
+
+
+def test_e2e_compiled_providers(monkeypatch):
+    """original_compile / tigon_compile / tigon_compile_kernels: torch.compile of the (patched) model, Tigon's compile
+    mode set for the run and put back; on the CPU they are not in the default provider list (no Inductor runs)."""
+    import torch
+
+    from tigon import support
+    from tigon.workflows.e2e import E2EConfig, resolve_e2e, run_e2e
+
+    assert not any("compile" in p for p in resolve_e2e(E2EConfig(device="cpu")).providers)
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: real(m, backend="aot_eager"))  # no codegen on CPU
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "auto")
+    r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="float32",
+                          providers=["tigon_compile_kernels,original_compile,tigon_compile"]))
+    rows = {x.provider: x for x in r.rows}
+    assert list(rows) == ["original_compile", "tigon_compile", "tigon_compile_kernels"]
+    for row in rows.values():
+        assert row.status == "ok", row.note
+    assert list(rows["tigon_compile"].backends["rms_norm"]) == ["inductor"]
+    assert list(rows["tigon_compile"].backends["fused_linear_cross_entropy"]) != ["inductor"]  # the loss's kernel
+    assert "inductor" not in rows["tigon_compile_kernels"].backends["rms_norm"]
+    assert rows["tigon_compile"].losses[0] == pytest.approx(rows["original_compile"].losses[0], rel=1e-4)
+    assert support.compile_mode() == "auto"

@@ -20,7 +20,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest: kerne
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo(monkeypatch):
+    # The kernels as custom ops inside the graph (compile mode "kernels"), unless a test sets another mode: these
+    # tests check the custom ops; the "auto" mode's own tests are at the end.
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "kernels")
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -188,7 +191,9 @@ def test_fused_linear_cross_entropy_lean_bf16_compile(device):
     _check_same(fn, (hidden.to(torch.bfloat16), weight.to(torch.bfloat16)), atol=1e-2, rtol=1e-2)
 
 
-def test_backend_choice_is_made_at_trace_time(device):
+@pytest.mark.parametrize("mode", ["kernels", "auto"])
+def test_backend_choice_is_made_at_trace_time(device, mode, monkeypatch):
+    monkeypatch.setenv("TIGON_COMPILE_OPS", mode)
     x, w = torch.randn(4, 32, device=device), torch.randn(32, device=device)
     support.backend_usage(reset=True)
     fn = _compiled(lambda x: TF.rms_norm(x, w))
@@ -197,7 +202,8 @@ def test_backend_choice_is_made_at_trace_time(device):
     usage = support.backend_usage(reset=True)
     assert sum(usage["rms_norm"].values()) == 1
     expected = support.decide(torch.device(device), torch.float32).backend
-    assert list(usage["rms_norm"]) == [expected]
+    # auto: a row-wise op leaves its code to Inductor inside a compiled graph (its record's under_compile)
+    assert list(usage["rms_norm"]) == [expected if mode == "kernels" else "inductor"]
 
 
 # ---- the patched tiny preset: no graph breaks, eager's loss and gradients --------------------------------------
@@ -248,7 +254,23 @@ def test_patched_model_has_no_tigon_graph_breaks(tiny_models):
 
 
 @pytest.mark.slow
-def test_patched_model_compiled_train_step_matches_eager(tiny_models):
+def test_patched_model_under_auto_compile_mode_keeps_only_the_loss_kernel(tiny_models, monkeypatch):
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "auto")
+    graphs0, breaks0, _, _ = _explain(tiny_models(False))
+    graphs, breaks, reasons, ops = _explain(tiny_models(True))
+    assert ops == {"tigon.fused_linear_cross_entropy.default"}
+    assert (graphs, breaks) == (graphs0, breaks0), reasons
+
+
+def test_compile_mode_is_checked():
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        support.set_compile_mode("fast")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["kernels", "auto"])
+def test_patched_model_compiled_train_step_matches_eager(tiny_models, mode, monkeypatch):
+    monkeypatch.setenv("TIGON_COMPILE_OPS", mode)
     eager, compiled_model = tiny_models(True), tiny_models(True)
     compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
     ids, labels = _batch()

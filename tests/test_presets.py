@@ -14,7 +14,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_preset_names():
-    assert presets.preset_names() == ["tiny", "small", "llama3-8b", "llama3.2-1b", "qwen2-7b", "gemma2-9b"]
+    assert presets.preset_names() == ["tiny", "small", "llama3-8b", "llama3.2-1b", "qwen2-7b", "qwen2.5-0.5b",
+                                      "smollm2-360m", "gemma2-9b"]
     for name in presets.preset_names():
         p = presets.get_preset(name)
         assert set(p) == {"model_type", "description", "lr", "config"} and p["config"]["vocab_size"] >= 256

@@ -70,6 +70,26 @@ PRESETS: dict[str, dict[str, Any]] = {
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
         ),
     },
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2",
+        "description": "Qwen2.5 0.5B shapes (24 layers, hidden 896, q/k/v bias, tied embeddings, vocab 151936)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+            num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+        ),
+    },
+    "smollm2-360m": {
+        "model_type": "llama",
+        "description": "SmolLM2 360M shapes (32 layers, hidden 960, 15 heads, tied embeddings, vocab 49152)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+            num_attention_heads=15, num_key_value_heads=5, max_position_embeddings=8192, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, tie_word_embeddings=True,
+        ),
+    },
     "gemma2-9b": {
         "model_type": "gemma2",
         "description": "Google Gemma 2 9B shapes (42 layers, head_dim 256, GeGLU, logit softcapping, tied embeddings)",

@@ -35,7 +35,11 @@ import torch
 
 from ._checks import has_data
 
-BACKENDS = ("triton", "interpreter", "reference")
+BACKENDS = ("triton", "interpreter", "reference", "inductor")
+TORCH_CODE = ("reference", "inductor")
+"""The backends that run the op's PyTorch reference code: eagerly, or traced and compiled by Inductor inside a
+``torch.compile`` graph (compile mode, :func:`set_compile_mode`)."""
+COMPILE_MODES = ("auto", "kernels", "inductor")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -72,6 +76,40 @@ def set_strict(enabled: bool = True) -> None:
 def is_strict() -> bool:
     """Whether strict mode is on (``TIGON_STRICT=1`` or :func:`set_strict`)."""
     return _strict_default()
+
+
+def set_compile_mode(mode: str) -> None:
+    """What Tigon's ops run inside a ``torch.compile`` graph (process-wide; ``TIGON_COMPILE_OPS`` likewise).
+
+    ``"auto"`` (default): each op as its record says (:attr:`tigon.ops._record.OpSpec.under_compile`): the
+    row-wise ops (norms, RoPE, GLU activations) leave their code to Inductor, which fuses them with their
+    neighbours (a custom op would be a fusion barrier), and the losses keep their kernels (Inductor would
+    materialise the logits). ``"kernels"``: every op its Triton kernels (custom ops). ``"inductor"``: every op its
+    reference, traced. Eager calls are unaffected. A graph compiled before the change keeps its choice until
+    ``torch.compiler.reset()``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`COMPILE_MODES`.
+    """
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
+    os.environ["TIGON_COMPILE_OPS"] = mode
+
+
+def compile_mode() -> str:
+    """The compile mode (:func:`set_compile_mode`); an unknown ``TIGON_COMPILE_OPS`` value reads as ``"auto"``."""
+    mode = os.environ.get("TIGON_COMPILE_OPS", "auto")
+    return mode if mode in COMPILE_MODES else "auto"
+
+
+def compiled_choice(op: str) -> str:
+    """``"kernel"`` or ``"inductor"``: what ``op`` runs inside a torch.compile graph in the current compile mode."""
+    mode = compile_mode()
+    if mode != "auto":
+        return "kernel" if mode == "kernels" else "inductor"
+    from . import ops
+
+    return ops.get(op).under_compile
 
 
 @contextlib.contextmanager
@@ -174,6 +212,10 @@ def _traced_backend(op: str, device_type: str, device_index: int | None, dtype: 
     constant, and a string did not survive that (compared unequal to itself in torch 2.13).
     """
     device = torch.device(device_type) if device_index is None else torch.device(device_type, device_index)
+    d = decide(device, dtype)
+    if d.backend in ("triton", "interpreter") and compiled_choice(op) == "inductor":
+        _usage[(op, "inductor")] += 1
+        return BACKENDS.index("inductor")
     return BACKENDS.index(_select(op, device, dtype))
 
 

@@ -109,6 +109,9 @@ class Case:
             raise ValueError(f"Case {self.label!r}: variants must be a subset of ('model', 'odd'), got {self.variants}")
 
 
+UNDER_COMPILE = ("kernel", "inductor")
+"""The values of :attr:`OpSpec.under_compile`."""
+
 Builder = Callable[..., dict]
 """``make_inputs(shape, dtype, device, gen, **case.inputs) -> {name: tensor or option}`` (no tensor requires grad)."""
 
@@ -146,6 +149,10 @@ class OpSpec:
         ``"activation"``, ``"lm_head_loss"``).
     sweeps: the bench sweep axes that apply (``"tokens"``, the default; ``"hidden"`` also for ops whose shape has a
         ``hidden`` entry that the sweep replaces: the row-wise norms).
+    under_compile: what the op runs inside a ``torch.compile`` graph in compile mode ``"auto"``
+        (:func:`tigon.support.set_compile_mode`): ``"kernel"`` (its Triton kernels as a custom op, opaque to
+        Inductor) or ``"inductor"`` (its reference, traced, so Inductor fuses it with its neighbours: for row-wise
+        ops, whose kernel is a fusion barrier that costs more than it saves there).
     """
 
     name: str
@@ -170,8 +177,11 @@ class OpSpec:
     grads_in_forward: tuple[str, ...] = ()
     bench_notes: Mapping[str, str] = field(default_factory=dict)
     sweeps: tuple[str, ...] = ("tokens",)
+    under_compile: str = "kernel"
 
     def __post_init__(self):
+        if self.under_compile not in UNDER_COMPILE:
+            raise ValueError(f"{self.name}: under_compile must be one of {UNDER_COMPILE}, got {self.under_compile!r}")
         if (self.min_bytes is None) == (self.flops is None):
             raise ValueError(f"OpSpec {self.name!r}: give exactly one of min_bytes (memory-bound) and flops")
         labels = [c.label for c in self.cases]

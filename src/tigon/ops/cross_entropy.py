@@ -10,7 +10,7 @@ import torch
 
 from ..reference import cross_entropy as ref
 from ..reference.cross_entropy import LossOutput
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, liger, randn, sizes, targets
 
 
@@ -105,7 +105,7 @@ def cross_entropy(
         raise ValueError("grad_in_forward=True does not take float16 logits: the gradient, rounded to float16 "
                          "before a loss scale multiplies it, would underflow; use bfloat16 / float32 logits or "
                          "inplace_backward=True")
-    if select_backend("cross_entropy", logits) == "reference":
+    if select_backend("cross_entropy", logits) in TORCH_CODE:
         return ref.cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
             softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,

@@ -13,7 +13,7 @@ import torch
 from .. import _checks
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 from .rms_norm import quack_rms_norm
@@ -81,7 +81,7 @@ def fused_add_rms_norm(
     if weight.shape[0] != x.shape[-1]:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
-    if select_backend("fused_add_rms_norm", x) == "reference":
+    if select_backend("fused_add_rms_norm", x) in TORCH_CODE:
         return ref.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
     from ..kernels import fused_add_rms_norm as k
 
@@ -123,6 +123,7 @@ RECORDS = (OpSpec(
     **sizes("tokens", "hidden"),
     grad_inputs=("x", "residual", "weight"),
     category="norm",
+    under_compile="inductor",  # under torch.compile Inductor fuses it with its neighbours (the residual add)
     # read x, residual, write y, s; backward: read dy, ds, s, write ds_total once (the gradient of x and residual)
     min_bytes=lambda s, e, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * e,
     peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode"),

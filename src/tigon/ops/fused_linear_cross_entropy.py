@@ -14,7 +14,7 @@ import torch
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, targets
 from .cross_entropy import LOSS_CASES
 
@@ -94,7 +94,7 @@ def fused_linear_cross_entropy(
     else:
         cd = torch.promote_types(hidden.dtype, weight.dtype)
     backend = select_backend("fused_linear_cross_entropy", hidden)
-    if backend == "reference" or cd not in (torch.float32, torch.bfloat16, torch.float16):
+    if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
         return ref_flce.fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,

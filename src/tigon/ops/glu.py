@@ -12,7 +12,7 @@ import torch
 
 from .. import _checks
 from ..reference import glu as ref
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
@@ -65,7 +65,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = Fal
         ValueError: shapes differ, or devices differ.
     """
     _check_glu(gate, up)
-    if select_backend("swiglu", gate) == "reference":
+    if select_backend("swiglu", gate) in TORCH_CODE:
         return ref.swiglu(gate, up)
     return _glu(gate, up, "silu", inplace_backward)
 
@@ -98,7 +98,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
     """
     _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
-    if select_backend("geglu", gate) == "reference":
+    if select_backend("geglu", gate) in TORCH_CODE:
         return ref.geglu(gate, up, approximate)
     return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward)
 
@@ -158,7 +158,7 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     if not autocast and (weight.dtype != gate.dtype or (bias is not None and bias.dtype != gate.dtype)):
         raise TypeError(f"weight and bias must have gate's dtype {gate.dtype} outside autocast, got "
                         f"{weight.dtype} and {bias.dtype if bias is not None else None}")
-    if select_backend("glu_linear", gate) == "reference":
+    if select_backend("glu_linear", gate) in TORCH_CODE:
         return ref.glu_linear(gate, up, weight, bias, activation)
     from ..kernels import glu as k
 
@@ -207,7 +207,7 @@ RECORDS = (
         summary="silu(gate) * up, the gated MLP's product (Llama)",
         fn=swiglu, reference=ref.swiglu, original=ref.swiglu, original_name="silu(gate) * up (HF LlamaMLP)",
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
-        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
+        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_swiglu", "gate", "up")},
         cases=(Case(), _INPLACE), bench_notes=_NOTES,
     ),
@@ -217,7 +217,7 @@ RECORDS = (
         fn=geglu, reference=ref.geglu, original=ref.geglu,
         original_name="gelu(gate, approximate='tanh') * up (HF GemmaMLP)",
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
-        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
+        grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
         cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE), bench_notes=_NOTES,
     ),
@@ -232,6 +232,8 @@ RECORDS = (
         shape_of=lambda m: {"tokens": m.tokens, "intermediate": m.intermediate, "hidden": m.hidden},
         **sizes("tokens", "intermediate", "hidden"),
         grad_inputs=("gate", "up", "weight"), category="activation",
+        # under torch.compile Inductor's partitioner already recomputes the product for the backward
+        under_compile="inductor",
         flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["intermediate"] * s["hidden"],
         peers={"liger": _liger_linear},
         cases=(Case("activation=silu", options={"activation": "silu"}),

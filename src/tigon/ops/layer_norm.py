@@ -10,7 +10,7 @@ import torch
 
 from .. import _checks
 from ..reference import layer_norm as ref
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
@@ -48,7 +48,7 @@ def layer_norm(
                 raise ValueError(f"{name} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
     _checks.same_device(x=x, weight=weight, bias=bias)
     eps = _checks.number("eps", eps, minimum=0.0)
-    if select_backend("layer_norm", x) == "reference":
+    if select_backend("layer_norm", x) in TORCH_CODE:
         return ref.layer_norm(x, weight, bias, eps)
     from ..kernels import layer_norm as k
 
@@ -81,6 +81,7 @@ RECORDS = (OpSpec(
     **sizes("tokens", "hidden"),
     grad_inputs=("x", "weight", "bias"),
     category="norm",
+    under_compile="inductor",  # under torch.compile Inductor fuses it with its neighbours (the residual add)
     # read x, write y; backward: read x, dy, write dx
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
     peers={"liger": liger("liger_layer_norm", "x", "weight", "bias", "eps")},

@@ -10,7 +10,7 @@ import torch
 
 from .. import _checks
 from ..reference import rms_norm as ref
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
@@ -48,7 +48,7 @@ def rms_norm(
     if weight.shape[0] != x.shape[-1]:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
-    if select_backend("rms_norm", x) == "reference":
+    if select_backend("rms_norm", x) in TORCH_CODE:
         return ref.rms_norm(x, weight, eps, offset, casting_mode)
     from ..kernels import rms_norm as k
 
@@ -92,6 +92,7 @@ RECORDS = (OpSpec(
     **sizes("tokens", "hidden"),
     grad_inputs=("x", "weight"),
     category="norm",
+    under_compile="inductor",  # under torch.compile Inductor fuses it with its neighbours (the residual add)
     # read x, write y; backward: read x, dy, write dx
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
     peers={"liger": liger("liger_rms_norm", "x", "weight", "eps", "offset", "casting_mode"), "quack": quack_rms_norm},

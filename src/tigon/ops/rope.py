@@ -9,7 +9,7 @@ import torch
 
 from .. import _checks
 from ..reference import rope as ref
-from ..support import select_backend
+from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor
 from ._record import Case, OpSpec, liger, randn
 
@@ -72,7 +72,7 @@ def rope(
     for name, t in (("cos", cos), ("sin", sin)):
         if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != D:
             raise ValueError(f"{name} must have shape (1 or {B}, {T}, {D}), got {tuple(t.shape)}")
-    if select_backend("rope", q) == "reference":
+    if select_backend("rope", q) in TORCH_CODE:
         return ref.rope(q, k, cos, sin, unsqueeze_dim)
     from ..kernels import rope as kr
 
@@ -110,6 +110,7 @@ RECORDS = (OpSpec(
     size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}",
     grad_inputs=("q", "k"),
     category="rotary",
+    under_compile="inductor",  # under torch.compile Inductor fuses it with the q / k projections' layout ops
     # read q, k, write both; backward: read dq, dk, write both (cos / sin come from cache)
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 4) * s["batch"] * s["seq"] * s["head_dim"]
     * (s["heads"] + s["kv_heads"]) * e,

@@ -12,13 +12,21 @@ One Hugging Face causal LM, built from a preset / config (random weights from th
     the fused LM-head loss accumulates grad_weight in the weight's dtype (no fp32 (vocab, hidden) buffer;
     Liger-Kernel's default), trading a little gradient accuracy for peak memory (see
     :func:`tigon.functional.fused_linear_cross_entropy`). The same as ``tigon`` in float32.
+``original_compile``, ``tigon_compile``
+    ``torch.compile(model)`` of the original / the patched model (default Inductor settings; the warm-up steps
+    absorb the compilation). ``tigon_compile`` runs Tigon's compile mode ``"auto"`` (the row-wise ops leave their
+    code to Inductor, the losses keep their kernels: :func:`tigon.support.set_compile_mode`).
+``tigon_compile_kernels``
+    the same with compile mode ``"kernels"``: every patched op as its Triton custom op, which Inductor cannot fuse
+    with its neighbours (what ``"auto"`` is measured against).
 ``liger``
     the same model after Liger-Kernel's ``_apply_liger_kernel_to_instance(model=...)`` (or its model-type specific
     ``apply_liger_kernel_to_<type>(model=...)``) when ``liger_kernel`` is installed. Liger also rebinds globals of
     the transformers modeling module and class attributes (e.g. the causal LM's ``forward``); they are put back
     after the run (:class:`_GlobalsGuard`) so that later runs in the process see the original code.
 
-Providers run in the order original, tigon, tigon_lean, liger (Liger last, since it rebinds globals).
+Providers run in the order of :data:`E2E_PROVIDERS` (Liger last, since it rebinds globals; dynamo's caches are
+reset after each compiled provider).
 ``attn_implementation`` (``--attn-implementation``) is passed to ``AutoModelForCausalLM.from_config`` for every
 provider ("eager", "sdpa", "flash_attention_2", ...; ``None``: transformers' default; the implementation the
 model got is recorded in the result's ``model``).
@@ -51,7 +59,10 @@ from .. import presets as _presets
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 
-E2E_PROVIDERS = ("original", "tigon", "tigon_lean", "liger")
+E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
+                 "liger")
+COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
+"""Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
@@ -68,7 +79,8 @@ class E2EConfig:
     model: preset name, config.json file or checkpoint directory (its config only: weights are random from the
         seed, the step time does not depend on them). layers: keep N decoder layers. batch_size, seq_len: tokens
         per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before them (compilation,
-        autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS`. dtype: "bfloat16" or
+        autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS` (default: all; on the CPU
+        all but the compiled ones). dtype: "bfloat16" or
         "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
         attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
         "org/repo", ...); None: transformers' default.
@@ -96,7 +108,9 @@ class E2ERow:
     of median step time. step_ms / step_ms_p20 / step_ms_p80: timed steps' median and percentiles, ms.
     step_times_ms: every step, warm-up included. peak_memory_bytes: bytes or None; peak_requested_bytes: CUDA, the
     same peak before the allocator's block rounding (see :class:`tigon.workflows._train.RunStats`). losses: per
-    step, warm-up included. backend: Tigon's backend for the run ("triton", "interpreter", "reference", "none", ...).
+    step, warm-up included. backend: Tigon's backend for the run ("triton", "interpreter", "reference", "inductor",
+    "mixed", "none"); backends: per op, the calls per backend (``tigon.support.backend_usage``; under
+    torch.compile one count per compiled graph).
     patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
     """
 
@@ -111,6 +125,7 @@ class E2ERow:
     peak_requested_bytes: int | None = None
     losses: list[float] = field(default_factory=list)
     backend: str | None = None
+    backends: dict[str, dict[str, int]] = field(default_factory=dict)
     patch: dict[str, Any] = field(default_factory=dict)
     note: str = ""
 
@@ -380,7 +395,8 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         ConfigError: unknown provider / dtype / device / attn_implementation, counts < 1.
     """
     cfg = resolve_step_config(config, DEFAULTS)
-    providers = [p for item in (cfg.providers or list(E2E_PROVIDERS)) for p in item.split(",") if p]
+    default = [p for p in E2E_PROVIDERS if cfg.device == "cuda" or "_compile" not in p]  # CPU: no Inductor runs
+    providers = [p for item in (cfg.providers or default) for p in item.split(",") if p]
     for p in providers:
         if p not in E2E_PROVIDERS:
             raise ConfigError(f"unknown provider {p!r} for --e2e (choose from {', '.join(E2E_PROVIDERS)})")
@@ -427,7 +443,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
             model.train()
             info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
-            if provider == "tigon":
+            if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
                 held["report"] = tigon.patch(model)
             elif provider == "tigon_lean":
                 held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
@@ -436,6 +452,11 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                                                "transformers.loss.loss_utils"])
                 held["liger"] = apply_liger(model)
             held["model"] = model
+            if provider.endswith(("_compile", "_compile_kernels")):
+                if provider in COMPILE_MODE:
+                    held["mode"] = support.compile_mode()
+                    support.set_compile_mode(COMPILE_MODE[provider])
+                return torch.compile(model)
             return model
 
         def on_step(name, step, total, loss, provider=provider):
@@ -452,14 +473,19 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             row.peak_memory_bytes, row.peak_requested_bytes = stats.peak_memory_bytes, stats.peak_requested_bytes
             row.losses = stats.losses
             row.backend = support.describe_backend(stats.backend_usage)
+            row.backends = stats.backend_usage
             method = method or stats.peak_memory_method
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
             row.status = "failed"
             row.note = f"{type(e).__name__}: {error_text(e, 600)}"
         finally:
             model = held.pop("model", None)
-            if provider in ("tigon", "tigon_lean") and model is not None:
+            if provider.startswith("tigon") and model is not None:
                 tigon.unpatch(model)
+            if "_compile" in provider:
+                torch._dynamo.reset()
+            if "mode" in held:
+                support.set_compile_mode(held.pop("mode"))
             if "guard" in held:
                 changed = held.pop("guard").restore()
                 if changed:
