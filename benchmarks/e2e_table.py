@@ -1,0 +1,125 @@
+"""The end-to-end table: one process per provider (``tigon bench --e2e``), then ratios and a plot.
+
+    PYTHONPATH=src python3 benchmarks/e2e_table.py --model qwen2.5-0.5b --batch-size 4 --seq-len 1024 \\
+        --providers original,original_compile,tigon,tigon_compile,tigon_compile_kernels --out-dir $OUT
+    python3 benchmarks/e2e_table.py --from-dir DIR [--png table.png]     # merge JSON files already written
+
+Each provider runs in a fresh ``python3 -m tigon.cli bench --e2e --providers <p>`` process (so compile caches,
+allocator state and monkey-patches never leak between providers), writing ``e2e-<p>_<model>_<gpu>_<date>.json``
+into ``--out-dir``. The merged table prints tokens/s, step time, peak memory and each provider's ratio to
+``original`` and to ``original_compile``; ``--png`` (default ``<out-dir>/e2e_<model>_<gpu>_<date>.png``) plots
+tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import subprocess
+import sys
+
+
+def run_providers(args) -> list[str]:
+    """Run each provider in its own process; returns the JSON paths written."""
+    os.makedirs(args.out_dir, exist_ok=True)
+    paths = []
+    for p in args.providers.split(","):
+        path = os.path.join(args.out_dir, f"e2e-{p}_{args.tag}.json")
+        cmd = [sys.executable, "-m", "tigon.cli", "bench", "--e2e", "--model", args.model, "--providers", p,
+               "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--quiet", "--json", path]
+        if args.layers:
+            cmd += ["--layers", str(args.layers)]
+        try:
+            subprocess.run(cmd, timeout=args.timeout, check=False)
+        except subprocess.TimeoutExpired:
+            print(f"{p}: timed out after {args.timeout} s", file=sys.stderr)
+        if os.path.exists(path):
+            paths.append(path)
+    return paths
+
+
+def merge(paths: list[str]) -> list[dict]:
+    """The rows of the given e2e JSON reports (one provider each, or several), in file order."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        for r in report["rows"]:
+            rows.append(dict(r, model=report["model"].get("source"), device_name=report.get("device_name")))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """tokens/s, step ms, peak GiB and the ratios to original / original_compile, one line per provider."""
+    by = {r["provider"]: r for r in rows if r["status"] == "ok"}
+
+    def ratio(r, base):
+        b = by.get(base)
+        return f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and r.get("tokens_per_s") else "-"
+
+    lines = [f"{'provider':24s} {'tok/s':>9s} {'step ms':>8s} {'peak GiB':>9s} {'vs original':>12s} "
+             f"{'vs orig+compile':>16s}"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['provider']:24s} {r['status']}: {r['note'][:80]}")
+            continue
+        lines.append(f"{r['provider']:24s} {r['tokens_per_s']:9,.0f} {r['step_ms']:8.2f} "
+                     f"{r['peak_memory_bytes'] / 2**30:9.2f} {ratio(r, 'original'):>12s} "
+                     f"{ratio(r, 'original_compile'):>16s}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Two bar charts: tokens/s and peak memory (GiB) per provider."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    names = [r["provider"] for r in ok]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(names, [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")
+    a.set_ylabel("thousand tokens / s (higher is better)")
+    b.bar(names, [r["peak_memory_bytes"] / 2**30 for r in ok], color="tab:orange")
+    b.set_ylabel("peak memory, GiB (lower is better)")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30)
+    title = f"{ok[0]['model']} on {ok[0]['device_name']}" if ok else "e2e"
+    fig.suptitle(f"training step, {title} (one process per provider)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--providers", default="original,original_compile,tigon,tigon_compile,tigon_compile_kernels")
+    ap.add_argument("--out-dir", default="out")
+    ap.add_argument("--gpu", default="h200", help="the GPU's name in the file names")
+    ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--from-dir", help="merge the e2e-*.json files of this folder instead of running")
+    ap.add_argument("--png", help="the plot's path")
+    args = ap.parse_args()
+    date = datetime.date.today().strftime("%Y%m%d")
+    args.tag = f"{args.model}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
+    paths = sorted(glob.glob(os.path.join(args.from_dir, "e2e-*.json"))) if args.from_dir else run_providers(args)
+    rows = merge(paths)
+    print(table(rows))
+    png = args.png or os.path.join(args.from_dir or args.out_dir, f"e2e_{args.tag}.png")
+    if rows:
+        plot(rows, png)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
