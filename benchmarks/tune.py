@@ -23,6 +23,7 @@ benchmarks/results/h200/session4..session8.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import json
@@ -107,6 +108,12 @@ SPACE: dict[str, list[Study]] = {
               {"GRAD_IN_FORWARD_BLOCK": ((8192, 8, False), (8192, 8, True), (16384, 16, True), (32768, 16, True),
                                          (32768, 32, False), (32768, 32, True))},
               provider="tigon_fwdgrad", kernel="_ce_fwd_kernel"),
+    ],
+    "fused_linear_cross_entropy": [
+        Study("chunk rows at a small hidden size (rows = max(hidden, MIN_CHUNK_ROWS_CUDA)): Qwen2.5-0.5B's head "
+              "(896 -> 151936), where the compiled step trails HF + compile (issue 28)", "fused_linear_cross_entropy",
+              (dict(model="qwen2.5-0.5b", tokens=4096), dict(model="qwen2.5-0.5b", tokens=16384)),
+              {"MIN_CHUNK_ROWS_CUDA": (1024, 2048, 4096, 8192)}),
     ],
 }
 
@@ -300,7 +307,7 @@ def main(argv=None) -> int:
                     spy = KernelSpy(getattr(mod, study.kernel)) if study.kernel else None
                     if spy:
                         attrs[study.kernel] = spy
-                    with mock.patch.multiple(mod, **attrs):
+                    with mock.patch.multiple(mod, **attrs) if attrs else contextlib.nullcontext():
                         rows = bench(op, [study.provider], shape)
                     save({"op": op, "study": i, "round": rnd, "config": config, "shape": shape,
                           "provider": study.provider, "rows": rows, "kernel_regs": spy.regs() if spy else None})

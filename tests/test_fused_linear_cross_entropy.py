@@ -261,10 +261,16 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert flce_ops.chunk_rows(8192, 128256, 4096, cuda) == 2048  # capped by 2**28 logits, 4 balanced chunks
     assert flce_ops.chunk_rows(16384, 262144, 2048, cuda) == 1024  # cap: 1024 rows
-    assert flce_ops.chunk_rows(8192, 151936, 896, cuda) == 832  # rows <= H = 896: 10 chunks of 820, x16
+    assert flce_ops.chunk_rows(8192, 151936, 896, cuda) == 1648  # cap 1766 rows: 5 chunks of 1639, x16
     assert flce_ops.chunk_rows(100, 131072, 4096, cuda) == 100
-    assert flce_ops.chunk_rows(5000, 32000, 4096, cuda) == 2512  # rows = H = 4096 -> 2 balanced chunks, x16
-    assert flce_ops.chunk_rows(5000, 32000, 64, cuda) == 256  # at least MIN_CHUNK_ROWS_CUDA
+    assert flce_ops.chunk_rows(5000, 32000, 4096, cuda) == 5000  # the 3 GiB budget holds all 5000 rows
+    # with the fp32 accumulator (4VH = 2 GiB at 128256 x 4096): the rest of the budget, 4384 rows (cap lifted)
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 1 << 30)
+    assert flce_ops.chunk_rows(16384, 128256, 4096, cuda, fp32_weight_grad=True) == 4096  # 4 chunks
+    # a small head (Qwen2.5-0.5B, 896 -> 151936): rows as the budget allows, not rows = H (see the module notes)
+    assert flce_ops.chunk_rows(4096, 151936, 896, cuda, fp32_weight_grad=True) == 4096  # one chunk
+    monkeypatch.setattr(flce_ops, "FLCE_BUDGET_BYTES_CUDA", 1 << 20)
+    assert flce_ops.chunk_rows(5000, 32000, 64, cuda) == 256  # a tiny budget: at least MIN_CHUNK_ROWS_CUDA
     assert flce_ops.chunk_rows(5, 10, 8, cpu) == 5
     assert flce_ops.chunk_rows(100, 1 << 16, 8, cpu) == 4
 
@@ -272,14 +278,15 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
 def test_flce_default_chunk_cap(monkeypatch):
     # The default memory budget (fp32 accumulator + bf16 chunk buffer <= 3 GiB, chunks of at least H/2 rows) at the
     # three end-to-end shapes it was measured on: with a weight gradient Llama-3 takes 2 chunks of 8192 tokens, Qwen2
-    # 3 and Gemma-2's 256k vocabulary 5; without one (no accumulator) Gemma-2 takes rows = H.
+    # 3 and Gemma-2's 256k vocabulary 5; without one (no accumulator) Gemma-2 fills the budget up to the 2**30-logit
+    # cap (4194 rows): 2 chunks.
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", DEFAULT_CHUNK_CAP)
     if support.interpreter_enabled():
         monkeypatch.setenv("TRITON_INTERPRET", "0")
     cuda = torch.device("cuda")
     heads = ((128256, 4096), (152064, 3584), (256000, 3584))
     assert [flce_ops.chunk_rows(8192, v, h, cuda, fp32_weight_grad=True) for v, h in heads] == [4096, 2736, 1648]
-    assert flce_ops.chunk_rows(8192, 256000, 3584, cuda) == 2736
+    assert flce_ops.chunk_rows(8192, 256000, 3584, cuda) == 4096
     # fp32 logits (elem_bytes 4): Qwen2's budget leaves 1711 rows, below the H/2 = 1792 floor: 5 chunks of 1648
     assert flce_ops.chunk_rows(8192, 152064, 3584, cuda, fp32_weight_grad=True, elem_bytes=4) == 1648
 

@@ -47,13 +47,18 @@ from .loss_rows import (
 
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
 # buffer, which costs a read and a write of that buffer (8*V*H bytes) for 2*rows*V*H FLOPs: rows/4 FLOP per
-# byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take rows = H
-# (at least MIN_CHUNK_ROWS_CUDA) within a memory budget: the loss's peak extra memory is the fp32 accumulator plus
-# the chunk buffer (4VH + rows*V*2 bytes in bf16; the cast at the end writes into the accumulator's own memory, see
-# RowHalves), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at Llama-3-8B's head) bounds the
-# sum; where the accumulator alone exceeds it, chunks shrink to H/2 rows and no further, since every chunk beyond
-# the minimum costs one more read and write of the accumulator (8VH bytes: about 1.7 ms at Gemma-2's 256k x 3584
-# head). At 8192 tokens: Llama-3 (128k vocabulary) 2 chunks, Qwen2 (152k) 3, Gemma-2 (256k) 5. End to end (4
+# byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take as many rows
+# as a memory budget allows, and at least H/2 (and MIN_CHUNK_ROWS_CUDA): the loss's peak extra memory is the fp32
+# accumulator plus the chunk buffer (4VH + rows*V*2 bytes in bf16; the cast at the end writes into the
+# accumulator's own memory, see RowHalves), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at
+# Llama-3-8B's head) bounds the sum; where the accumulator alone exceeds it, chunks shrink to H/2 rows and no
+# further, since every chunk beyond the minimum costs one more read and write of the accumulator (8VH bytes: about
+# 1.7 ms at Gemma-2's 256k x 3584 head). At 8192 tokens: Llama-3 (128k vocabulary) 2 chunks, Qwen2 (152k) 3,
+# Gemma-2 (256k) 5. The rule was rows = H within that budget until small heads showed it too small: Qwen2.5-0.5B
+# (896 -> 151936), fwd+bwd kernel time (benchmarks/results/h200/tune-fused_linear_cross_entropy_qwen2.5-0.5b_h200_
+# 20261202.json), at 4096 / 16384 tokens: rows 896 (5 / 19 chunks) 8.86 / 29.90 ms, 2048 rows 7.03 / 26.88, 4096
+# 6.68 / 25.76, 8192 6.80 / 25.46, against torch.compile's 6.74 / 26.72 ms (5.3 GB extra at 16k); the budget rule
+# gives one chunk at 4k and two at 16k there, and the same chunks as before at the three larger heads. End to end (4
 # layers, 4 x 2048 tokens, AdamW; benchmarks/results/h200/session5/e2e_gemma2-9b_4l_chunk2p*.json) Gemma-2's peak
 # went 26.63 / 26.30 / 26.11 GiB for 3 / 4 / 5 chunks (Liger-Kernel: 26.20) at 40.95k / 39.99k / 39.41k tokens/s.
 # MAX_CHUNK_ELEMS_CUDA (2**30 logits) only guards absurd shapes. On CPU / under the interpreter a small cap keeps
@@ -88,10 +93,10 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
         if lean:
             max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
         else:
-            max_rows = max(hidden, MIN_CHUNK_ROWS_CUDA)
-            if fp32_weight_grad:
-                spare = FLCE_BUDGET_BYTES_CUDA - 4 * vocab * hidden
-                max_rows = min(max_rows, max(max_rows // 2, spare // max(vocab * elem_bytes, 1)))
+            # as many rows as the budget leaves beside the fp32 accumulator, never under H/2 (MIN_CHUNK_ROWS_CUDA)
+            spare = FLCE_BUDGET_BYTES_CUDA - (4 * vocab * hidden if fp32_weight_grad else 0)
+            floor = max(hidden // 2, MIN_CHUNK_ROWS_CUDA)
+            max_rows = max(floor, spare // max(vocab * elem_bytes, 1))
             max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
         max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
     else:
