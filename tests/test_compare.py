@@ -103,3 +103,17 @@ def test_local_checkpoint_without_tokenizer_uses_bytes(tmp_path):
     assert r.data["tokenizer"] == "utf-8 bytes"
     assert r.config["lr"] == 1e-5  # fine-tuning default for checkpoints
     assert r.max_rel_loss_diff < 1e-3
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi"])
+def test_precheck_accepts_what_patch_accepts(model_type):
+    # GPT-NeoX / phi-2: partial rotary is skipped, the LM head replaced; the pre-check on the weightless model (the
+    # engine's own dry run) used to reject them ("nothing matched") while tigon.patch on the loaded model worked
+    import tigon
+    from transformers import AutoConfig
+
+    from tigon.workflows.compare import _probe_patch
+
+    config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=4, vocab_size=300)
+    _probe_patch(config, tigon.patch, tigon.unpatch)  # no ConfigError

@@ -48,7 +48,8 @@ def broken_ops(monkeypatch):
 
 def test_verify_tiny_passes_fp32_and_bf16(tmp_path, capsys):
     path = tmp_path / "verify.json"
-    rc = main(["verify", "--model", "tiny", "--dtype", "float32,bfloat16", "--json", str(path), "--quiet"])
+    # no --model: every op, on the default model's shapes (tiny on CPU)
+    rc = main(["verify", "--dtype", "float32,bfloat16", "--json", str(path), "--quiet"])
     r = json.loads(path.read_text())
     assert rc == 0, [row for row in r["results"] if not row["passed"]] or r["errors"] or r["fallback"]
     assert r["passed"] is True and r["errors"] == []
@@ -137,6 +138,30 @@ def test_verify_bad_input_is_one_line_exit_2(args, match, capsys):
     assert main(["verify", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and match in lines[0]
+
+
+def test_verify_model_checks_only_the_ops_patch_runs(tmp_path, capsys):
+    # a Llama: its norms, fused residual add + norm, rotary, the MLP (down projection folded in) and the fused LM-head
+    # loss; not layer_norm, geglu or the plain cross-entropy, which tigon.patch does not run there
+    runs = {"rms_norm", "fused_add_rms_norm", "rope", "glu_linear", "fused_linear_cross_entropy"}
+    cfg = V.resolve_config(V.VerifyConfig(model="tiny"))
+    assert cfg.model_ops and cfg.ops == [op for op in ops.registry() if op in runs]
+    assert V.resolve_config(cfg) == cfg  # resolving again changes nothing
+    assert V.resolve_config(V.VerifyConfig()).ops == list(ops.registry())  # no model given: every op
+    assert main(["verify", "--model", "tiny", "--op", "layer_norm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tigon.patch runs no layer_norm in tiny" in err[0]
+    # GPT-NeoX: LayerNorm, partial rotary (skipped), a plain MLP: only the LM head's fused loss
+    from transformers import GPT2Config, GPTNeoXConfig
+
+    GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                  vocab_size=300).to_json_file(str(tmp_path / "neox.json"))
+    assert V.resolve_config(V.VerifyConfig(model=str(tmp_path / "neox.json"))).ops == ["fused_linear_cross_entropy"]
+    # GPT-2: tigon.patch replaces nothing: nothing to verify, said on one line, exit status 2
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256).to_json_file(str(tmp_path / "gpt2.json"))
+    assert main(["verify", "--model", str(tmp_path / "gpt2.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to verify" in err[0] and "GPT2LMHeadModel" in err[0]
 
 
 def test_original_max_abs_comes_from_compares_own_evaluations():

@@ -79,7 +79,7 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
         rep.add_row("-", "0", "nothing", "")
     console.print(rep)
     if r["skipped"]:
-        sk = Table(title="Skipped (match the family spec, cannot be patched)", title_justify="left")
+        sk = Table(title="Skipped (recognised, cannot be patched)", title_justify="left")
         for col in ("kind", "count", "modules", "why"):
             sk.add_column(col, overflow="fold", no_wrap=col != "why")
         for g in r["skipped"]:

@@ -34,7 +34,9 @@ def add_parser(sub) -> None:
                    help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
     p.add_argument("--model", metavar="MODEL",
                    help=f"shapes from a preset ({', '.join(PRESETS)}), a config.json or a checkpoint directory "
-                        f"(default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA)")
+                        f"(default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA); given, it "
+                        "also restricts the ops to those tigon.patch runs in that model (exit status 2 when there "
+                        "are none)")
     p.add_argument("--device", default="auto", choices=list(V.DEVICES), help="default: auto (CUDA if any)")
     p.add_argument("--tokens", type=int, metavar="N",
                    help=f"tokens per case (default: {V.CPU_TOKENS} on CPU, {V.CUDA_TOKENS} on CUDA)")

@@ -1,5 +1,6 @@
 """The engine's per-kind dispatch: which parts of a family spec are patched (``components``), what replaces each
-(``factory``), how the report describes it (``describe``), and why a module cannot take it (``problem``).
+(``factory``), how the report describes it (``describe``) and which ops it runs (``ops``), and why a module cannot
+take it (``problem``).
 
 A new kind of replacement (a new :class:`~tigon.integrations.families.FamilySpec` part) is a case in each of these.
 """
@@ -60,6 +61,16 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if opts["ce"]:
         parts.append("materialised logits with labels: tigon.functional.cross_entropy")
     return "; ".join(parts) + "; otherwise the original forward"
+
+
+def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
+    """The :mod:`tigon.functional` op(s) the replacement of a component of ``kind`` runs (see
+    :attr:`~tigon.integrations.report.PatchEntry.ops`)."""
+    if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm", "rope"):
+        return (kind,)
+    if kind == "mlp":
+        return fw.mlp_ops(module, comp)
+    return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
 
 
 def problem(kind: str, comp, module, opts) -> str | None:

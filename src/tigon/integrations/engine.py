@@ -27,7 +27,9 @@ How rope is scoped at instance level
     original global is put back.
 
 Refusals are per model, with the reason in the report: a rotary layout other than rotate-half over the full head
-dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), NoPE layers (nothing to patch), the
+dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), an attention module whose forward calls
+another rotary function instead for its configuration (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` under
+``rope_interleave``; read from its source, :mod:`tigon.integrations.rotary_calls`), NoPE layers (nothing to patch), the
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
 used), activations without a kernel, custom losses.
 
@@ -48,6 +50,7 @@ import torch
 
 from . import components
 from . import forwards as fw
+from . import rotary_calls
 from .causal_lm import loss_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
@@ -218,6 +221,16 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             if comp.enabled_attr is not None and not getattr(m, comp.enabled_attr, True):
                 no_rope += 1
                 continue
+            reached = rotary_calls.reach(m, comp.function)
+            if reached is not None and comp.function not in reached.called:
+                if not reached.called:  # a NoPE layer: no rotary call at all
+                    no_rope += 1
+                    continue
+                why = "; ".join(reached.decided) or "as its source reads"
+                report.skipped.append(PatchEntry(kind, target, (
+                    f"{type(m).__name__}.forward calls {', '.join(sorted(reached.called))} here, not "
+                    f"{comp.function} ({why}); tigon.functional.rope replaces only {comp.function}, left alone")))
+                continue
             factor = components.partial_rotary_factor(getattr(m, "config", None))
             if factor < 1.0:
                 report.skipped.append(PatchEntry(kind, target, f"partial rotary (partial_rotary_factor={factor:g}): "
@@ -230,14 +243,15 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             sw_args = (match.rope_module, comp.function, family)
             fn = fw.attention_forward(family, type(m).forward)
             detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
-            actions.append(_Action(PatchEntry(kind, target, detail), _rope_instance_apply(m, fn, sw_args)))
+            actions.append(_Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, sw_args)))
             continue
         problem = components.problem(kind, comp, m, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         fn = components.factory(kind, comp, family, match.family_module, getattr(type(m), attr), opts)
-        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, m, opts)), _bind(m, attr, fn)))
+        entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts))
+        actions.append(_Action(entry, _bind(m, attr, fn)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -329,7 +343,8 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
-        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts)),
+        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts),
+                                          components.ops(kind, comp, None, opts)),
                                _class_apply(spec.name, cls, attr, fn, kind)))
     if enabled["rope"] and spec.rope is not None:
         target = f"{spec.module}.{spec.rope.function}"
@@ -341,7 +356,7 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
             report.already_patched.append(PatchEntry("rope", target, "class level"))
         else:
             actions.append(_Action(PatchEntry("rope", target, "tigon.functional.rope for every model of the family "
-                                              "(calls with partial rotary run the original)"),
+                                              "(calls with partial rotary run the original)", ("rope",)),
                                    _class_rope_apply(spec, mod)))
     _note_residual_adds(spec, enabled, report)
     return actions

@@ -248,6 +248,23 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
     return act if isinstance(act, str) else None
 
 
+def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
+    """Whether the patched MLP ``module`` runs its down projection inside glu_linear (on the meta device: once its
+    weights are loaded), and why not (:func:`fold_problem`)."""
+    problem = fold_problem(getattr(module, spec.down, None))
+    return problem is None or problem == _META_PROBLEM, problem
+
+
+def mlp_ops(module, spec: MLPSpec) -> tuple[str, ...]:
+    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``glu_linear`` when its down
+    projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a
+    class-level patch: the activation comes from each model's config) or its activation has no kernel."""
+    act = mlp_activation(module, spec) if module is not None else None
+    if not isinstance(act, tuple):
+        return ()
+    return ("glu_linear",) if not spec.experts and _folds(module, spec)[0] else (act[0],)
+
+
 def describe_mlp(module, spec: MLPSpec) -> str:
     """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``."""
     act = mlp_activation(module, spec) if module is not None else None
@@ -258,8 +275,8 @@ def describe_mlp(module, spec: MLPSpec) -> str:
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
-    problem = fold_problem(getattr(module, spec.down, None)) if module is not None else None
-    if problem is None or problem == _META_PROBLEM:
+    folds, problem = _folds(module, spec) if module is not None else (True, None)
+    if folds:
         # a model built on the meta device (tigon inspect, deferred loading) folds once its weights are real
         fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
                 + ("once its weights are loaded (on the meta device now) " if problem else "")

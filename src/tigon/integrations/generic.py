@@ -21,18 +21,23 @@ gated MLP
 rotary
     a module-global function ``apply_rotary_pos_emb`` in the modeling module of the model's classes, probed in fp32
     against rotate-half rope over the full head dimension (1e-5); an interleaved layout (GLM) fails the probe and is
-    reported. The attention classes are those of that module whose ``forward`` refers to the function by name.
-    Scoping is the same as for families (see :mod:`tigon.integrations.engine`).
+    reported. The attention classes are those of that module whose ``forward`` refers to the function by name; the
+    engine then checks per instance that the forward reaches the call (:mod:`tigon.integrations.rotary_calls`).
+    Other rotary functions that attention classes call instead (Llama-4's complex-valued ``apply_rotary_emb``, a
+    vision tower's ``apply_rotary_pos_emb_vision``) are reported as skipped. Scoping is the same as for families
+    (see :mod:`tigon.integrations.engine`).
 LM head + loss
     only when at least one of the parts above matched (the matcher targets Llama-like decoders): the outermost
-    module with an ``lm_head``, a ``base_model_prefix`` backbone and a ``labels`` argument. Probe: one eval forward
-    on 8 tokens with the head's output scaled up by a hook (so a softcap or logit scale cannot hide behind small
-    logits); the returned logits must equal the head's output and the loss HF's causal-LM cross-entropy of them.
+    module with an ``lm_head``, a ``base_model_prefix`` backbone and a ``labels`` argument (an ``lm_head`` holder
+    without the other two is reported). Probe: its class forward on 8 tokens, run on a stand-in whose backbone
+    returns random hidden states and whose head is a narrow random Linear with the model's vocabulary (only what
+    happens after the backbone decides), with the head's output scaled up by a hook (so a softcap or logit scale
+    cannot hide behind small logits); the returned logits must equal the head's output and the loss HF's causal-LM
+    cross-entropy of them. MoE outputs (an ``aux_loss`` field) are refused: the router loss needs a family spec.
 
-Models on the ``meta`` device (``tigon inspect`` builds them there, without weights): the first module of each
-class is probed on a CPU copy with random parameters and the result is reused for the others; the LM head, whose
-probe needs a forward of the whole model, is reported as not probed.
-    MoE outputs (an ``aux_loss`` field) are refused: the router loss needs a family spec.
+Models on the ``meta`` device (``tigon inspect`` builds them there, without weights) get the decisions a loaded model
+gets: norms and MLPs are probed on CPU copies with random parameters, one per group of modules that differ only in
+weight values (:func:`_fingerprint`), and the head probe never needs the model's weights.
 
 Everything else is left alone; every candidate that fails is reported with the reason. Probes use their own random
 generator (the global RNG is not advanced) and restore the modules' training flags.
@@ -56,6 +61,7 @@ from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
 from .families import CausalLMSpec, MLPSpec, NormSpec, RopeSpec
 from .forwards import tigon_mark
+from .rotary_calls import rotary_functions
 
 PROBE_ROWS = 4
 TOL = {torch.float32: 1e-5, torch.float64: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -141,13 +147,35 @@ def _cpu_stand_in(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _probe(cache: dict, kind: str, m: torch.nn.Module, probe, *args):
-    """``probe(m, *args)``; for meta modules, once per (kind, class) on a CPU stand-in (see the module docstring)."""
+    """``probe(m, *args)``; for meta modules, once per :func:`_fingerprint` on a CPU stand-in (see the module
+    docstring)."""
     if not _is_meta(m):
         return probe(m, *args)
-    key = (kind, type(m))
+    key = (kind, _fingerprint(m), args)
     if key not in cache:
         cache[key] = probe(_cpu_stand_in(m), *args)
     return cache[key]
+
+
+def _fingerprint(module: torch.nn.Module) -> tuple:
+    """What decides a module's output besides its weight values, for reusing one probe across modules: for it and
+    every submodule, the class, the shapes and dtypes of its parameters and buffers, and its public attributes
+    (plain values compared by value, anything else, such as the shared config object, by identity). Two of
+    Gemma-3n's MLPs differ only in ``activation_sparsity``, for instance."""
+
+    def key(v):
+        if isinstance(v, (bool, int, float, str, type(None))):
+            return v
+        if isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str, type(None))) for x in v):
+            return tuple(v)
+        return ("id", id(v))
+
+    def tensors(d):
+        return tuple((n, tuple(t.shape), t.dtype) for n, t in d.items() if t is not None)
+
+    return tuple((path, type(m), tensors(m._parameters), tensors(m._buffers),
+                  tuple(sorted((k, key(v)) for k, v in vars(m).items() if not k.startswith("_") and k != "training")))
+                 for path, m in module.named_modules())
 
 
 def _class_forward(module):
@@ -290,11 +318,6 @@ def probe_mlp(m: torch.nn.Module, layout: tuple[str, ...]) -> MLPSpec | str:
 
 
 # ---- rotary -----------------------------------------------------------------------------------------------------
-def _global_names(fn) -> set[str]:
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    return set(code.co_names) if code is not None else set()
-
-
 def probe_rope(fn) -> str | None:
     """None when ``fn(q, k, cos, sin)`` is rotate-half rope over the full head dim (fp32, 1e-5), else why not."""
     B, T, D = 1, 5, 8
@@ -317,33 +340,91 @@ def probe_rope(fn) -> str | None:
 
 
 # ---- LM head ----------------------------------------------------------------------------------------------------
-def _head_candidate(model) -> tuple[str, torch.nn.Module] | None:
-    for path, m in model.named_modules():  # outermost first; direct children only (not PEFT's forwarding getattr)
-        prefix = getattr(type(m), "base_model_prefix", None)
-        if "lm_head" not in m._modules or not isinstance(prefix, str) or prefix not in m._modules:
+def _head_candidate(model) -> tuple[str, torch.nn.Module, str | None] | None:
+    """``(path, module, problem)`` of the LM-head module: the outermost module with a direct ``lm_head`` child (not
+    PEFT's forwarding getattr), a ``base_model_prefix`` child (the backbone) and a ``labels`` argument, with
+    ``problem`` None; else the outermost module with an ``lm_head`` child and why it does not qualify; else None."""
+    rejected = None
+    for path, m in model.named_modules():  # outermost first
+        if "lm_head" not in m._modules:
             continue
+        prefix = getattr(type(m), "base_model_prefix", None)
         try:
             params = inspect.signature(type(m).forward).parameters
         except (TypeError, ValueError):
-            continue
-        if "labels" in params:
-            return path, m
-    return None
+            params = {}
+        if not isinstance(prefix, str) or prefix not in m._modules:
+            problem = (f"{type(m).__name__}.base_model_prefix {prefix!r} names no child module (the backbone the "
+                       "fused loss would call); a family spec is needed")
+        elif "labels" not in params:
+            problem = f"{type(m).__name__}.forward takes no labels argument"
+        else:
+            return path, m, None
+        rejected = rejected or (path, m, problem)
+    return rejected
+
+
+class _BackboneStandIn(torch.nn.Module):
+    """What :func:`probe_head` puts in place of the backbone: random hidden states of ``width`` features for the
+    input ids it is called with (the head probe checks what the causal-LM forward does with them)."""
+
+    def __init__(self, width: int, dtype: torch.dtype):
+        super().__init__()
+        self.width, self.dtype, self.calls = width, dtype, 0
+
+    def forward(self, input_ids=None, *args, **kwargs):
+        self.calls += 1
+        return _HiddenStates(_randn((*input_ids.shape, self.width), "cpu", self.dtype, seed=6))
+
+
+class _HiddenStates:
+    """A backbone output holding only ``last_hidden_state`` (also ``[0]``); every other field reads None."""
+
+    def __init__(self, hidden: torch.Tensor):
+        self.last_hidden_state = hidden
+
+    def __getattr__(self, name):
+        return None
+
+    def __getitem__(self, index):
+        return (self.last_hidden_state,)[index]
+
+
+def _head_stand_in(m: torch.nn.Module, w: torch.Tensor) -> tuple[torch.nn.Module, _BackboneStandIn]:
+    """A shallow copy of the causal-LM module ``m`` on the CPU whose backbone is a :class:`_BackboneStandIn` and whose
+    ``lm_head`` is a narrow random ``nn.Linear`` with the head's output size and dtype: its forward is ``m``'s class
+    forward from the backbone output on, whatever device (meta included) and size ``m`` has."""
+    head = m.lm_head
+    vocab = getattr(head, "out_features", None) or w.shape[0]
+    width = 16
+    linear = torch.nn.Linear(width, vocab, bias=getattr(head, "bias", None) is not None, dtype=w.dtype)
+    with torch.no_grad():
+        for i, p in enumerate(linear.parameters()):
+            p.copy_(_randn(p.shape, "cpu", seed=12 + i) * width ** -0.5)
+    backbone = _BackboneStandIn(width, w.dtype)
+    stand_in = copy.copy(m)
+    object.__setattr__(stand_in, "_modules", {**m._modules, m.base_model_prefix: backbone, "lm_head": linear})
+    return stand_in, backbone
 
 
 def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
-    """A CausalLMSpec for ``m`` when its training loss is HF's causal-LM loss of ``lm_head(hidden)``, or why not."""
+    """A CausalLMSpec for ``m`` when its training loss is HF's causal-LM loss of ``lm_head(hidden)``, or why not.
+
+    The probe runs ``m``'s forward on a stand-in (:func:`_head_stand_in`): random hidden states in place of the
+    backbone, a narrow random head with ``m``'s vocabulary and head dtype. Only what happens after the backbone
+    decides, so the answer is the same for a weightless (meta) model and for the loaded one.
+    """
     from .causal_lm import uses_default_loss
 
     if not uses_default_loss(m):
         return "the model has a custom loss_function / loss_type (or none); its loss is kept"
-    head = m.lm_head
-    w = _float_weight(head)
+    w = _float_weight(m.lm_head)
     if w is None:
         return "lm_head has no floating weight"
+    stand_in, backbone = _head_stand_in(m, w)
     V = getattr(getattr(m, "config", None), "vocab_size", None) or w.shape[0]
     g = torch.Generator().manual_seed(4)
-    ids = torch.randint(0, min(int(V), 256), (1, 8), generator=g).to(w.device)
+    ids = torch.randint(0, min(int(V), 256), (1, 8), generator=g)
     seen = []
 
     def hook(_mod, _inp, out):  # large logits: a softcap or a scale cannot hide behind tiny ones
@@ -351,14 +432,14 @@ def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
         seen.append(out)
         return out
 
-    handle = head.register_forward_hook(hook)
+    stand_in.lm_head.register_forward_hook(hook)
     try:
-        with _probing(m):
-            out = _class_forward(m)(input_ids=ids, labels=ids)
+        with _probing(stand_in):
+            out = _class_forward(stand_in)(input_ids=ids, labels=ids)
     except Exception as e:
         return f"probe forward failed: {type(e).__name__}: {e}"
-    finally:
-        handle.remove()
+    if backbone.calls != 1:
+        return f"the forward called its backbone ({m.base_model_prefix}) {backbone.calls} times (expected once)"
     if len(seen) != 1:
         return f"lm_head was called {len(seen)} times in one forward (expected once)"
     logits = getattr(out, "logits", None)
@@ -415,48 +496,60 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
                 continue
 
     if enabled.get("rope"):
-        seen_modules: dict[str, list[type]] = {}
-        for m in model.modules():
-            if not _is_builtin(m):
-                seen_modules.setdefault(type(m).__module__, [])
-                if type(m) not in seen_modules[type(m).__module__]:
-                    seen_modules[type(m).__module__].append(type(m))
-        for mod_name, classes in seen_modules.items():
-            module = sys.modules.get(mod_name)
-            fn = getattr(module, ROPE_FUNCTION, None) if module is not None else None
-            if not callable(fn):
-                continue
-            attn = tuple(c for c in classes if ROPE_FUNCTION in _global_names(c.forward))
-            if not attn:
-                continue
-            original = fn
-            mark = tigon_mark(fn)
-            if mark is not None:  # a Tigon dispatcher is installed: probe what it wraps
-                original = getattr(fn, "__wrapped__", fn)
-            problem = probe_rope(original)
-            target = f"{mod_name}.{ROPE_FUNCTION}"
-            if problem is not None:
-                skipped.append(("rope", target, problem))
-                continue
-            spec = RopeSpec(ROPE_FUNCTION, attention_classes=tuple(c.__name__ for c in attn))
-            for path, m in model.named_modules():
-                if type(m) in attn:
-                    matches.append((path, m, Match("rope", type(m), spec, mod_name, rope_module=module)))
+        _rope_matches(model, matches, skipped)
 
-    body = any(mt.problem is None for _, _, mt in matches)
-    if enabled.get("lm_head_loss") and body:
+    if enabled.get("lm_head_loss"):
         cand = _head_candidate(model)
         if cand is not None:
-            path, m = cand
-            already = tigon_mark(m.__dict__.get("forward"))
-            if already:
+            path, m, problem = cand
+            if problem is None and tigon_mark(m.__dict__.get("forward")):
                 spec = CausalLMSpec(type(m).__name__)
-            elif _is_meta(m):
-                spec = "not probed: the model is on the meta device (the head probe needs a forward of the model)"
+            elif problem is None and not any(mt.problem is None for _, _, mt in matches):
+                spec = ("not probed: the generic matcher patches an LM head only in a model where it recognised "
+                        "a norm, a gated MLP or the rotary function")
             else:
-                spec = probe_head(m)
+                spec = problem or probe_head(m)
             matches.append((path, m, _match("lm_head_loss", m, spec, type(m).__module__)))
     return GenericResult(matches, skipped)
+
+
+def _rope_matches(model, matches: list, skipped: list) -> None:
+    """Append the attention modules that call a rotate-half ``apply_rotary_pos_emb`` to ``matches``, and to
+    ``skipped`` the rotary functions left alone: one that fails the probe, and any other rotary function
+    (:func:`tigon.integrations.rotary_calls.rotary_functions`) that attention classes call instead of it."""
+    by_module: dict[str, list[type]] = {}
+    for m in model.modules():
+        if not _is_builtin(m) and type(m) not in by_module.setdefault(type(m).__module__, []):
+            by_module[type(m).__module__].append(type(m))
+    for mod_name, classes in by_module.items():
+        called = {c: rotary_functions(c) for c in classes}
+        others: dict[str, list[str]] = {}
+        for c, names in called.items():
+            if ROPE_FUNCTION not in names:
+                for name in sorted(names):
+                    others.setdefault(name, []).append(c.__name__)
+        for name, users in others.items():
+            skipped.append(("rope", f"{mod_name}.{name}", (
+                f"called by {', '.join(users)} instead of {ROPE_FUNCTION}(q, k, cos, sin), the only rotary "
+                "function the generic matcher probes and routes to tigon.functional.rope; left alone")))
+        module = sys.modules.get(mod_name)
+        fn = getattr(module, ROPE_FUNCTION, None) if module is not None else None
+        if not callable(fn):
+            continue
+        attn = tuple(c for c in classes if ROPE_FUNCTION in called[c])
+        if not attn:
+            continue
+        original = fn
+        if tigon_mark(fn) is not None:  # a Tigon dispatcher is installed: probe what it wraps
+            original = getattr(fn, "__wrapped__", fn)
+        problem = probe_rope(original)
+        if problem is not None:
+            skipped.append(("rope", f"{mod_name}.{ROPE_FUNCTION}", problem))
+            continue
+        spec = RopeSpec(ROPE_FUNCTION, attention_classes=tuple(c.__name__ for c in attn))
+        for path, m in model.named_modules():
+            if type(m) in attn:
+                matches.append((path, m, Match("rope", type(m), spec, mod_name, rope_module=module)))
 
 
 def _match(kind: str, m, spec_or_problem, mod_name: str) -> Match:

@@ -35,11 +35,15 @@ class PatchEntry:
         qualified class / function name (``"transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"``) for
         class-level patches.
     detail: for a replacement, what runs now; for a skipped target, why it was left alone.
+    ops: for a replacement, the :mod:`tigon.functional` op(s) it runs (``("glu_linear",)`` for an MLP whose down
+        projection is folded in, ``("fused_linear_cross_entropy",)`` for the LM head in training); empty for
+        skipped entries, restorations, and class-level MLPs (the activation is read from each model's config).
     """
 
     kind: str
     target: str
     detail: str = ""
+    ops: tuple[str, ...] = ()
 
 
 @dataclass

@@ -242,33 +242,19 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype):
 
 
 def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:
-    """Fail fast, before any training, when ``patch_fn`` rejects this model family.
-
-    Patches a weightless copy built on the meta device. Only ValueError/TypeError (tigon.patch's "unsupported")
-    count; any other failure of the probe is ignored and the real patch of the patched run decides.
+    """Fail fast, before any training, when ``patch_fn`` rejects this model: the engine's dry run on the weightless
+    model (:func:`tigon.workflows.dry_run.dry_run`) decides as the patched run will. Only its rejection counts; a
+    model the dry run cannot build or patch otherwise is left to the real patch of the patched run.
     """
-    from transformers import AutoModelForCausalLM
+    from .dry_run import PatchRejected, dry_run
 
     try:
-        with torch.device("meta"):
-            probe = AutoModelForCausalLM.from_config(hf_config)
+        with dry_run(hf_config, patch_fn, unpatch_fn):
+            pass
+    except PatchRejected:
+        raise
     except Exception:
         return
-    try:
-        patch_fn(probe)
-    except (ValueError, TypeError) as e:
-        raise _unsupported(e) from e
-    except Exception:
-        return
-    try:
-        unpatch_fn(probe)
-    except Exception:
-        pass
-
-
-def _unsupported(e: Exception) -> ConfigError:
-    msg = str(e)
-    return ConfigError(msg if msg.startswith("tigon.patch") else f"tigon.patch does not support this model: {msg}")
 
 
 def _rel_diffs(a: list[float], b: list[float]) -> list[float]:
@@ -380,7 +366,9 @@ def run_compare(
         try:
             patched["report"] = patch_fn(model)
         except (ValueError, TypeError) as e:
-            raise _unsupported(e) from e
+            from .dry_run import rejected
+
+            raise rejected(e) from e
         patched["model"] = model
         return model
 

@@ -241,7 +241,7 @@ def model_info(config, source: str) -> dict[str, Any]:
             "hidden_size": getattr(config, "hidden_size", None),
             "intermediate_size": getattr(config, "intermediate_size", None),
             "vocab_size": getattr(config, "vocab_size", None)}
-    from .inspect import build_meta_model
+    from .dry_run import build_meta_model
 
     m = build_meta_model(config)  # ConfigError for a config transformers cannot build, before any run
     info["architecture"] = type(m).__name__

@@ -29,6 +29,7 @@ from .. import presets as _presets
 from ..integrations.report import DRY_RUN_SILENT_NOTES, KIND_NOTES
 from ..integrations.report import KIND_CATEGORIES as CATEGORIES  # patch kind -> category
 from .compare import ConfigError, error_text
+from .dry_run import dry_run
 
 CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
@@ -91,22 +92,6 @@ def config_summary(config) -> dict[str, Any]:
     return out
 
 
-def build_meta_model(config) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory, no weights).
-
-    Raises:
-        ConfigError: the config does not describe a causal language model transformers can build.
-    """
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-    except Exception as e:  # ValueError, AssertionError (a pad_token_id beyond the vocabulary), RuntimeError ...
-        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): "
-                          f"{type(e).__name__}: {error_text(e)}") from e
-
-
 @dataclass
 class InspectResult:
     """The outcome of :func:`run_inspect`; :meth:`as_dict` is what ``tigon inspect --json`` writes.
@@ -121,8 +106,8 @@ class InspectResult:
         categories: the same per category: ``norms``, ``rotary``, ``mlp_activation``, ``lm_head_loss``.
         replaced: groups ``{"kind", "count", "targets", "detail"}``; targets fold layer indices to ``*``, detail
             says what would run instead.
-        skipped: groups ``{"kind", "count", "targets", "reason"}`` the engine would leave alone although they
-            match the family spec.
+        skipped: groups ``{"kind", "count", "targets", "reason"}`` the engine recognises (by the family spec or the
+            generic matcher) and would leave alone.
         left_alone: every other module class: ``{"module", "count", "examples", "reason"}``.
         patch: the full :class:`~tigon.integrations.PatchReport` of the dry run (``as_dict()``, entry by entry).
         notes: how the dry run was done and the engine's notes.
@@ -180,8 +165,10 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if isinstance(module, torch.nn.Embedding):
         return "token embedding: a gather, left to PyTorch"
     if name.endswith("RotaryEmbedding"):
-        return ("builds the cos/sin tables once per forward; the rotation itself (apply_rotary_pos_emb) is what "
-                "Tigon replaces")
+        if any(CATEGORIES.get(k) == "rotary" for k in kinds):
+            return ("builds the cos/sin tables once per forward; the rotation itself (apply_rotary_pos_emb) is what "
+                    "Tigon replaces")
+        return "builds the cos/sin tables once per forward; the rotation is not replaced either (see skipped)"
     if type(module).__module__.startswith("transformers.activations") or isinstance(
             module, (torch.nn.SiLU, torch.nn.GELU, torch.nn.Tanh, torch.nn.ReLU)):
         if parent_path in patched_paths:
@@ -211,28 +198,34 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
         patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
 
     Returns:
-        an :class:`InspectResult`. The weightless model is unpatched and discarded before returning; nothing of
-        the process's state changes (the rotary dispatcher the instance patch installs is removed again).
+        an :class:`InspectResult` (see :func:`inspect_config`).
 
     Raises:
-        ConfigError: MODEL cannot be read or built (see :func:`load_model_config`, :func:`build_meta_model`), or
-            ``tigon.patch`` does not support its family (the message names the supported families).
+        ConfigError: MODEL cannot be read or built (see :func:`load_model_config`,
+            :func:`~tigon.workflows.dry_run.build_meta_model`), or ``tigon.patch`` does not support its family (the
+            message names the supported families).
     """
-    if patch_fn is None or unpatch_fn is None:
-        import tigon
-
-        patch_fn = patch_fn or tigon.patch
-        unpatch_fn = unpatch_fn or tigon.unpatch
     config, source = load_model_config(model)
-    meta = build_meta_model(config)
-    try:
-        report = patch_fn(meta)
-    except (TypeError, ValueError) as e:
-        msg = " ".join(str(e).split())
-        raise ConfigError(msg if msg.startswith("tigon.patch") else f"tigon.patch does not support this model: "
-                          f"{msg}") from e
-    try:
+    return inspect_config(config, model=model, source=str(source), patch_fn=patch_fn, unpatch_fn=unpatch_fn)
+
+
+def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, unpatch_fn=None) -> InspectResult:
+    """What :func:`tigon.patch` does to the causal LM of a transformers ``config``: the report of the engine's own
+    decisions on the weightless model (:func:`~tigon.workflows.dry_run.dry_run`), grouped, with every other module
+    listed as left alone and why. Nothing is allocated and nothing of the process's state changes.
+
+    Args:
+        config: a transformers config of a causal LM.
+        model, source: what :class:`InspectResult` shows as MODEL and its source (``"preset:tiny"``).
+        patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
+
+    Raises:
+        ConfigError: the model cannot be built, or ``tigon.patch`` refuses it
+            (:class:`~tigon.workflows.dry_run.PatchRejected`).
+    """
+    with dry_run(config, patch_fn, unpatch_fn) as (meta, report):
         modules = dict(meta.named_modules())
+
         # Engine targets are module paths, except the root model, which it names "(ClassName)".
         def path_of(target: str) -> str:
             return "" if target == f"({type(meta).__name__})" else target
@@ -261,9 +254,9 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
         ]
         notes += [KIND_NOTES[kind] for kind in counts if kind in KIND_NOTES]
         notes += [n for n in report.notes if not n.startswith(DRY_RUN_SILENT_NOTES)]
-        result = InspectResult(
+        return InspectResult(
             model=model,
-            source=str(source),
+            source=source,
             family=report.family,
             architecture=type(meta).__name__,
             num_parameters=sum(p.numel() for p in meta.parameters()),
@@ -276,6 +269,3 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
             patch=report.as_dict(),
             notes=notes,
         )
-    finally:
-        unpatch_fn(meta)
-    return result

@@ -411,33 +411,27 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
 
 
 def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]]:
-    """(category -> Tigon op, patch counts, notes) from tigon.patch on a weightless copy of the model."""
-    import tigon
-    from transformers import AutoModelForCausalLM
-
+    """(category -> Tigon op, patch counts, notes) from tigon.patch's dry run on a weightless copy of the model."""
     from ..integrations.families import kind_op
     from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
+    from .dry_run import PatchRejected, dry_run
 
-    with torch.device("meta"):
-        probe = AutoModelForCausalLM.from_config(hfc)
     try:
-        report = tigon.patch(probe)
-    except (TypeError, ValueError) as e:
-        return {}, {}, [f"tigon.patch does not support this model, nothing is replaced: {e}"]
-    try:
-        counts = report.counts
-        specs = registry()
-        ops: dict[str, str] = {}
-        order = list(KIND_CATEGORIES)
-        for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
-            op = kind_op(kind, hfc)
-            if op in specs:  # one op per category, in the kinds' order: the plain norm before the fused add + norm
-                ops.setdefault(specs[op].category, op)
-        notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in report.skipped]
-        return ops, counts, notes
-    finally:
-        tigon.unpatch(probe)
+        with dry_run(hfc) as (_, report):
+            counts = report.counts
+            skipped = list(report.skipped)
+    except PatchRejected as e:
+        return {}, {}, [f"nothing is replaced: {e}"]
+    specs = registry()
+    ops: dict[str, str] = {}
+    order = list(KIND_CATEGORIES)
+    for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
+        op = kind_op(kind, hfc)
+        if op in specs:  # one op per category, in the kinds' order: the plain norm before the fused add + norm
+            ops.setdefault(specs[op].category, op)
+    notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in skipped]
+    return ops, counts, notes
 
 
 def _bench_ratios(hfc, ops: dict[str, str], cfg: ProfileConfig, device, dtype) -> dict[str, dict]:

@@ -35,6 +35,9 @@ a power of two, an odd token count). On CPU, where the kernels run in Triton's i
 to :data:`CPU_TOKENS` and the vocabulary is capped at :data:`CPU_MAX_VOCAB` (the result lists every cap); on
 CUDA the model's real sizes are used with :data:`CUDA_TOKENS` tokens.
 
+A model given explicitly (``--model``) also picks the ops: only those :func:`tigon.patch` runs in it
+(:func:`model_ops`); where it runs none, there is nothing to verify and :func:`resolve_config` says so.
+
 The ops, their originals, input builders and option cases come from the op registry (:func:`tigon.ops.registry`:
 each op's :class:`~tigon.ops.OpSpec` and its cases tagged ``"verify"``); this module names no op. A test can pass
 its own registry (``run_verify(config, registry={...})``), e.g. one with a deliberately wrong op.
@@ -99,10 +102,12 @@ Registry = dict[str, OpSpec]
 class VerifyConfig:
     """What to verify. ``None`` fields take the device's defaults.
 
-    ops: op names from :func:`tigon.ops.registry` (default: all). dtypes: names from :data:`DTYPES` (default: float32 and
-    bfloat16). model: preset / config.json / checkpoint directory (default ``tiny`` on CPU, ``llama3-8b`` on CUDA).
-    device: "auto" (CUDA if available), "cpu" or "cuda". tokens: tokens per case (default 64 on CPU, 4096 on
-    CUDA). max_vocab: vocabulary cap (default 1024 on CPU, none on CUDA; 0 = no cap). seed: seeds the inputs.
+    ops: op names from :func:`tigon.ops.registry` (default: all, or with ``model_ops`` the model's). dtypes: names
+    from :data:`DTYPES` (default: float32 and bfloat16). model: preset / config.json / checkpoint directory (default
+    ``tiny`` on CPU, ``llama3-8b`` on CUDA). model_ops: verify only the ops :func:`tigon.patch` runs in ``model``
+    (:func:`model_ops`); default: when ``model`` is given. device: "auto" (CUDA if available), "cpu" or "cuda".
+    tokens: tokens per case (default 64 on CPU, 4096 on CUDA). max_vocab: vocabulary cap (default 1024 on CPU, none
+    on CUDA; 0 = no cap). seed: seeds the inputs.
     """
 
     ops: list[str] | None = None
@@ -112,6 +117,7 @@ class VerifyConfig:
     tokens: int | None = None
     max_vocab: int | None = None
     seed: int = 0
+    model_ops: bool | None = None
 
 
 @dataclass
@@ -202,8 +208,13 @@ def _parse_list(value) -> list[str]:
 def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> VerifyConfig:
     """Validate ``config`` and fill its defaults; returns a new config (``device`` becomes "cpu" or "cuda").
 
+    With ``model_ops`` (by default when ``config.model`` is given) the ops are those :func:`model_ops` finds, and
+    op names given explicitly must be among them.
+
     Raises:
-        ConfigError: unknown op, dtype or device, tokens < 2, max_vocab < 0, CUDA requested but absent.
+        ConfigError: unknown op, dtype or device, tokens < 2, max_vocab < 0, CUDA requested but absent; with
+            ``model_ops``: a model that cannot be read, one in which tigon.patch runs no Tigon op ("nothing to
+            verify"), or an op given by name that tigon.patch does not run there.
     """
     registry = _ops.registry() if registry is None else registry
     if config.device not in DEVICES:
@@ -212,11 +223,21 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
         raise ConfigError("--device cuda was requested but no CUDA device is available")
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     ops = _parse_list(config.ops) or ["all"]
-    if "all" in ops:  # "all" alone or among names (e.g. "all,<op>"): every op
+    named = "all" not in ops  # "all" alone or among names (e.g. "all,<op>"): every op
+    if not named:
         ops = list(registry)
     unknown = [o for o in ops if o not in registry]
     if unknown:
         raise ConfigError(f"unknown op {unknown[0]!r} (available: {', '.join(registry)})")
+    only_model = config.model is not None if config.model_ops is None else bool(config.model_ops)
+    model = config.model or DEFAULT_MODEL[device]
+    if only_model:
+        used = model_ops(model, registry)
+        unused = [o for o in ops if o not in used]
+        if named and unused:
+            raise ConfigError(f"--op {unused[0]}: tigon.patch runs no {unused[0]} in {model} (it runs "
+                              f"{', '.join(used)}); verify it without --model")
+        ops = [o for o in ops if o in used]
     dtypes = _parse_list(config.dtypes) or list(DEFAULT_DTYPES)
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
@@ -228,8 +249,33 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
     if not isinstance(max_vocab, int) or max_vocab < 0 or 0 < max_vocab < 2:
         raise ConfigError(f"--max-vocab must be 0 (no cap) or an integer >= 2, got {max_vocab!r}")
     return dataclasses.replace(config, ops=list(dict.fromkeys(ops)), dtypes=list(dict.fromkeys(dtypes)),
-                               model=config.model or DEFAULT_MODEL[device], device=device, tokens=tokens,
-                               max_vocab=max_vocab)
+                               model=model, device=device, tokens=tokens, max_vocab=max_vocab, model_ops=only_model)
+
+
+def model_ops(model: str, registry: Registry | None = None) -> list[str]:
+    """The ops (registry names, in registry order) that :func:`tigon.patch` runs in MODEL with its default options:
+    those its replacements declare in the dry run on the weightless model (:func:`tigon.workflows.dry_run.dry_run`).
+
+    Raises:
+        ConfigError: MODEL cannot be read or built; tigon.patch rejects it or replaces nothing in it that runs an op
+            of ``registry`` (the message starts "nothing to verify" and names what was skipped).
+    """
+    from .dry_run import PatchRejected, dry_run
+    from .inspect import load_model_config
+
+    registry = _ops.registry() if registry is None else registry
+    hf_config, _ = load_model_config(model)
+    try:
+        with dry_run(hf_config) as (_, report):
+            used = {op for e in report.replaced for op in e.ops}
+            skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
+    except PatchRejected as e:
+        raise ConfigError(f"nothing to verify in {model}: {e}") from e
+    ops = [op for op in registry if op in used]
+    if not ops:
+        raise ConfigError(f"nothing to verify in {model}: tigon.patch replaces nothing there that runs a Tigon op"
+                          + (f"; it skips {'; '.join(skipped)}" if skipped else ""))
+    return ops
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
@@ -424,6 +470,9 @@ def run_verify(
                      "shapes are scaled down on CPU (tokens, vocabulary cap).")
     elif backend == "reference":
         notes.append("no kernel ran: every Tigon op fell back to the PyTorch reference (see backends).")
+    if cfg.model_ops:
+        notes.append(f"ops: those tigon.patch runs in {cfg.model} ({', '.join(cfg.ops)}); run without --model to "
+                     "verify every op.")
     notes.append(f"pass rule per tensor: tigon_err <= max({FACTOR:g} x original_err, floor[dtype of the tensor]); "
                  f"floors (relative L2): " + ", ".join(f"{k} {v:g}" for k, v in FLOORS.items()) + ".")
     notes.append("errors are against a float64 evaluation of the original on the same inputs; err = relative L2, "

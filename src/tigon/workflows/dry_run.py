@@ -1,0 +1,75 @@
+"""What :func:`tigon.patch` does to a model, found without loading it: the model built from its config on PyTorch's
+``meta`` device (modules and parameter shapes, no weights read or allocated), patched at instance level by the one
+patch engine, and unpatched again.
+
+``tigon inspect`` reports it, ``tigon verify --model`` checks the ops it runs, ``tigon compare`` and ``tigon
+profile`` read it before training. The engine decides on the weightless model what it decides on the loaded one
+(the generic matcher probes meta modules on CPU stand-ins; see :mod:`tigon.integrations.generic`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+from .compare import ConfigError, error_text
+
+
+class PatchRejected(ConfigError):
+    """``tigon.patch`` refused the model (it raised TypeError or ValueError: no supported family and nothing the
+    generic matcher recognises, a ``strict`` problem ...); the message is tigon.patch's."""
+
+
+def rejected(e: Exception) -> PatchRejected:
+    """The :class:`PatchRejected` for tigon.patch's TypeError / ValueError ``e`` (its message on one line)."""
+    msg = " ".join(str(e).split())
+    return PatchRejected(msg if msg.startswith("tigon.patch") else f"tigon.patch does not support this model: {msg}")
+
+
+def build_meta_model(config) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory, no weights).
+
+    Raises:
+        ConfigError: the config does not describe a causal language model transformers can build.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # ValueError, AssertionError (a pad_token_id beyond the vocabulary), RuntimeError ...
+        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): "
+                          f"{type(e).__name__}: {error_text(e)}") from e
+
+
+@contextlib.contextmanager
+def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | None = None) -> Iterator[tuple]:
+    """``with dry_run(config) as (model, report):`` the weightless model of ``config`` patched by
+    :func:`tigon.patch` (instance level, default options) and its :class:`~tigon.integrations.PatchReport`; the
+    model is unpatched on leaving, so nothing of the process's state changes (the rotary dispatcher the patch
+    installs is removed again).
+
+    Args:
+        config: a transformers config of a causal LM.
+        patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
+
+    Raises:
+        ConfigError: the model cannot be built (:func:`build_meta_model`).
+        PatchRejected: tigon.patch refuses the model.
+    """
+    if patch_fn is None or unpatch_fn is None:
+        import tigon
+
+        patch_fn = patch_fn or tigon.patch
+        unpatch_fn = unpatch_fn or tigon.unpatch
+    model = build_meta_model(config)
+    try:
+        report = patch_fn(model)
+    except (TypeError, ValueError) as e:
+        raise rejected(e) from e
+    try:
+        yield model, report
+    finally:
+        unpatch_fn(model)

@@ -1,0 +1,138 @@
+"""The test matrix of Hugging Face models: every registered family and the generic models, as tiny configs.
+
+``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per registered family plus two
+architectures the generic matcher handles; ``GENERIC`` holds more architectures of no registered family, each with
+something the engine must leave alone and say so (partial or interleaved rotary, a rotary function of another
+interface, a softcapped head, an LM head without a usable backbone attribute).
+
+Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``,
+and for GENERIC a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config
+(Qwen2-VL), else None. Mini models: 2 layers, hidden 64, vocab 300, fp32, eager attention.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import transformers
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+V, L = 300, 2
+DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+FULL = {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}
+QK_NORMS = {**FULL, "rms_norm": 4 * L + 1}  # + q_norm / k_norm per layer (Qwen3, OLMo 2) or pre/post FF (Gemma 2)
+ADD = {"fused_add_rms_norm": L}  # decoder layers of Llama's pre-norm form: residual add fused into the next norm
+
+CASES = {
+    "llama": ("llama", {}, "llama", {**FULL, **ADD}, {}),
+    "mistral": ("mistral", {}, "mistral", {**FULL, **ADD}, {}),
+    # batched_mm experts (any dtype and device; grouped_mm is bf16-only on CUDA) call the _apply_gate hook
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"),
+                "mixtral", {**FULL, **ADD}, {}),
+    "qwen2": ("qwen2", {}, "qwen2", {**FULL, **ADD}, {}),
+    "qwen3": ("qwen3", {}, "qwen3", {**QK_NORMS, **ADD}, {}),
+    # layer 0 dense (Qwen3MoeMLP), layer 1 MoE (experts' _apply_gate): both count as mlp
+    "qwen3_moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
+                                    experts_implementation="batched_mm"), "qwen3_moe", {**QK_NORMS, **ADD}, {}),
+    "gemma": ("gemma", {}, "gemma", {**FULL, **ADD}, {}),
+    "gemma2": ("gemma2", dict(final_logit_softcapping=30.0), "gemma2", QK_NORMS, {}),
+    # pre/post attention + pre/post feed-forward + q_norm / k_norm per layer
+    "gemma3": ("gemma3_text", dict(final_logit_softcapping=30.0), "gemma3", {**FULL, "rms_norm": 6 * L + 1}, {}),
+    "phi3": ("phi3", {}, "phi3", FULL, {}),
+    "granite": ("granite", dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5),
+                "granite", FULL, {}),
+    "olmo2": ("olmo2", {}, "olmo2", QK_NORMS, {}),
+    # interleaved partial rotary: left alone; post-attention / post-MLP norms
+    "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
+    # layer 1 is a NoPE layer: one rotary attention to patch
+    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
+    # not registered: the generic matcher, everything probed
+    "generic-ministral": ("ministral", {}, "generic", FULL, {}),
+    # not registered, interleaved rotary: the rope probe rejects it
+    "generic-glm": ("glm", {}, "generic", {"rms_norm": 2 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
+}
+
+DROP = object()
+"""An override value that removes the key from TINY (Falcon derives head_dim and has no setter for it)."""
+_MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
+            v_head_dim=16, n_group=1, topk_group=1)
+
+def _deepseek_head() -> tuple[dict, dict]:
+    """(replaced, skipped) for DeepSeek-V3's LM head: transformers 5.2x return an MoE output (an aux_loss field),
+    which the generic head probe refuses; 5.17 returns CausalLMOutputWithPast, which it accepts."""
+    import transformers.models.deepseek_v3.modeling_deepseek_v3 as ds
+
+    head = {"lm_head_loss": 1}
+    return ({}, head) if hasattr(ds, "MoeCausalLMOutputWithPast") else (head, {})
+
+
+_DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
+
+GENERIC = {
+    # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
+    "gpt_neox": ("gpt_neox", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
+    "phi": ("phi", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
+    "stablelm": ("stablelm", {}, "generic", {"mlp": L, "lm_head_loss": 1}, {"rope": L}, None),
+    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
+    # the vision tower's rotary function is another interface: left alone, said so
+    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)),
+        "generic", FULL, {"rope": 1}, "Qwen2VLForConditionalGeneration"),
+    # layer 0 has activation sparsity (its MLP is not a plain gated MLP), layer 1 not; softcapped head
+    "gemma3n": ("gemma3n_text", dict(num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"],
+                                     activation_sparsity_pattern=[0.95, 0.0], vocab_size_per_layer_input=V,
+                                     hidden_size_per_layer_input=16, laurel_rank=8),
+                "generic", {"rms_norm": 20, "mlp": 1}, {"rope": 1, "mlp": 1, "lm_head_loss": 1}, None),
+    # rope_interleave (the default): the attention calls apply_rotary_pos_emb_interleave, not apply_rotary_pos_emb
+    "deepseek_v3": ("deepseek_v3", dict(_MLA, rope_interleave=True), "generic", {"rms_norm": 7, "mlp": L, **_DS_HEAD},
+                    {"rope": L, **_DS_HEAD_SKIPPED}, None),
+    "deepseek_v3-rotate_half": ("deepseek_v3", dict(_MLA, rope_interleave=False), "generic",
+                                {"rms_norm": 7, "mlp": L, "rope": L, **_DS_HEAD}, _DS_HEAD_SKIPPED, None),
+    # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
+    "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
+               {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
+}
+
+
+def config(model_type: str, overrides: dict):
+    """The transformers config of a matrix entry (eager attention; ``experts_implementation`` applied)."""
+    overrides = dict(overrides)
+    experts = overrides.pop("experts_implementation", None)
+    base = {} if "text_config" in overrides else TINY
+    kwargs = {k: v for k, v in {**base, **overrides}.items() if v is not DROP}
+    cfg = transformers.AutoConfig.for_model(model_type, **kwargs)
+    cfg._attn_implementation = "eager"
+    if experts is not None:
+        cfg._experts_implementation = experts
+    return cfg
+
+
+def build(model_type: str, overrides: dict, seed: int = 0, cls: str | None = None):
+    """A matrix model on DEVICE in DTYPE, in training mode, with weights from ``seed``."""
+    cfg = config(model_type, overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls)(cfg) if cls else transformers.AutoModelForCausalLM.from_config(cfg)
+    return model.to(DEVICE, DTYPE).train()
+
+
+def assert_report_runs(report, used: dict, steps: int = 1) -> None:
+    """The replacements of a patch ``report`` are what ran in ``steps`` training steps (forward and backward with
+    labels) of the patched model: ``used`` (:func:`tigon.support.backend_usage`) holds exactly the ops the replaced
+    entries declare (:attr:`~tigon.integrations.PatchEntry.ops`), each called at least once per replaced module and
+    step. A fused decoder layer computes its post-attention norm inside ``fused_add_rms_norm``: those norms (one per
+    fused layer) stay patched for the layer's fallback and are not counted as calls."""
+    from collections import Counter
+
+    declared = Counter(op for e in report.replaced for op in e.ops)
+    assert set(used) == set(declared), f"ops that ran {sorted(used)} != ops the report declares {dict(declared)}"
+    bypassed = report.counts.get("fused_add_rms_norm", 0)
+    for op, n in declared.items():
+        calls = sum(used[op].values())
+        need = (n - bypassed if op == "rms_norm" else n) * steps
+        assert calls >= need, f"{op}: {calls} calls in {steps} step(s) for {n} replaced module(s)\n{report}"

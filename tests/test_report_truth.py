@@ -1,0 +1,98 @@
+"""The tools tell the truth about tigon.patch, over the test matrix (tests/model_matrix.py: every registered family and
+the generic models).
+
+* ``tigon inspect`` (and ``compare`` / ``verify`` / ``profile``, which read the same dry run) reports what tigon.patch
+  does to the built model: the dry run on the weightless model is the engine's own decision, entry by entry.
+* A report counts only replacements that run: after a forward and backward, the ops its entries declare are exactly
+  the ops that ran (the families' training test checks this for ``CASES``; here the generic models).
+* What the engine recognises and leaves alone is in ``skipped``, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tigon  # noqa: E402
+from model_matrix import CASES, GENERIC, assert_report_runs, build, config  # noqa: E402
+from tigon import support  # noqa: E402
+from tigon.integrations import patched_state  # noqa: E402
+from tigon.integrations.engine import release_unused  # noqa: E402
+from tigon.workflows.inspect import inspect_config  # noqa: E402
+
+MATRIX = {**{k: (*v, None) for k, v in CASES.items()}, **GENERIC}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    yield
+    gc.collect()
+    release_unused()
+    assert patched_state() == {"class_level": {}, "rope_dispatchers": {}}
+
+
+def _entries(entries) -> list[tuple]:
+    """(kind, target, ops) of report entries (PatchEntry or their as_dict() dicts); details differ between a meta
+    and a loaded model only in wording (an MLP's down projection "is folded in once its weights are loaded") and in
+    the probes' random error figures."""
+    rows = [e if isinstance(e, dict) else dataclasses.asdict(e) for e in entries]
+    return sorted((e["kind"], e["target"], tuple(e["ops"])) for e in rows)
+
+
+@pytest.mark.parametrize("case", list(MATRIX))
+def test_inspect_reports_what_patch_does(case):
+    model_type, overrides, family, counts, skipped, cls = MATRIX[case]
+    real = build(model_type, overrides, cls=cls)
+    report = tigon.patch(real)
+    tigon.unpatch(real)
+    assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
+    if cls is None:  # tigon inspect's own path: the config, built on the meta device by AutoModelForCausalLM
+        dry = inspect_config(config(model_type, overrides)).patch
+    else:  # no AutoModelForCausalLM for it (Qwen2-VL): the engine on the class built on the meta device
+        with torch.device("meta"):
+            meta = getattr(transformers, cls)(config(model_type, overrides))
+        dry = tigon.patch(meta).as_dict()
+        tigon.unpatch(meta)
+    assert dry["family"] == report.family
+    assert _entries(dry["replaced"]) == _entries(report.replaced)
+    assert _entries(dry["skipped"]) == _entries(report.skipped)
+
+
+@pytest.mark.parametrize("case", list(GENERIC))
+def test_generic_report_counts_what_runs(case):
+    model_type, overrides, family, counts, skipped, cls = GENERIC[case]
+    model = build(model_type, overrides, cls=cls)
+    report = tigon.patch(model)
+    assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
+    assert all(e.detail for e in report.skipped)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
+    support.backend_usage(reset=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert_report_runs(report, support.backend_usage())
+    tigon.unpatch(model)
+
+
+def test_interleaved_rotary_is_skipped_with_the_reason():
+    """DeepSeek-V3 with rope_interleave: the attention never calls apply_rotary_pos_emb, so rope is not counted."""
+    model_type, overrides, *_ = GENERIC["deepseek_v3"]
+    report = tigon.patch(build(model_type, overrides))
+    reasons = {e.detail for e in report.skipped if e.kind == "rope"}
+    assert len(reasons) == 1
+    reason = reasons.pop()
+    assert "calls apply_rotary_pos_emb_interleave here" in reason and "self.config.rope_interleave is True" in reason
+
+
+def test_llama4_rope_and_head_are_reported_skipped():
+    """Llama-4: its complex-valued rotary function and its LM head are recognised and left alone, with the reason."""
+    model_type, overrides, *_ = GENERIC["llama4"]
+    report = tigon.patch(build(model_type, overrides))
+    skipped = {e.kind: e for e in report.skipped}
+    assert skipped["rope"].target.endswith("modeling_llama4.apply_rotary_emb")
+    assert "Llama4TextAttention" in skipped["rope"].detail
+    assert skipped["lm_head_loss"].target == "(Llama4ForCausalLM)"
+    assert "base_model_prefix 'language_model'" in skipped["lm_head_loss"].detail
