@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,41 @@ class PeakMemory:
         elif self._base is not None:
             hwm = _hwm_bytes()
             self.peak_bytes = None if hwm is None else max(0, hwm - self._base)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# run health
+
+DIVERGENCE_FACTOR = 1.5
+"""A run whose last loss exceeds this multiple of max(first loss, ln(vocab)) has diverged (see :func:`loss_status`)."""
+
+
+def loss_status(losses: list[float], vocab: int) -> tuple[str, str]:
+    """Whether a training run's losses are healthy: ``(status, detail)``.
+
+    status: ``"ok"``; ``"non-finite"`` when a loss is NaN or infinite (detail: the first such step, 1-based); or
+    ``"diverged"`` when the last loss exceeds :data:`DIVERGENCE_FACTOR` x max(first loss, ln(vocab)), ln(vocab)
+    being the loss (nats) of a uniform guess over the vocabulary: the run ended far worse than it started and than
+    guessing. detail is ``""`` when ok.
+
+    Args:
+        losses: per-step losses in nats. vocab: the model's vocabulary size (>= 2).
+
+    Raises:
+        ValueError: ``vocab`` < 2.
+    """
+    if not isinstance(vocab, int) or vocab < 2:
+        raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
+    bad = [i for i, x in enumerate(losses, 1) if not math.isfinite(x)]
+    if bad:
+        return "non-finite", (f"loss {losses[bad[0] - 1]} at step {bad[0]}"
+                              + (f", {len(bad)} of {len(losses)} losses not finite" if len(bad) > 1 else ""))
+    if len(losses) > 1:
+        ceiling = DIVERGENCE_FACTOR * max(losses[0], math.log(vocab))
+        if losses[-1] > ceiling:
+            return "diverged", (f"final loss {losses[-1]:.4g} > {DIVERGENCE_FACTOR:g} x max(first loss "
+                                f"{losses[0]:.4g}, ln(vocab {vocab}) {math.log(vocab):.4g}) = {ceiling:.4g}")
+    return "ok", ""
 
 
 # ----------------------------------------------------------------------------------------------------------------

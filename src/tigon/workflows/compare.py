@@ -29,7 +29,7 @@ import torch
 
 from .. import data as _data
 from .. import presets as _presets
-from ._train import ProgressFn, RunStats, train
+from ._train import ProgressFn, RunStats, loss_status, train
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEVICES = ("auto", "cpu", "cuda")
@@ -99,6 +99,9 @@ class CompareResult:
         backend_usage: op -> backend -> calls during the patched run.
     patch: the :class:`tigon.PatchReport` as a dict. config: the resolved configuration. model / data: what was
         trained on. versions: library versions. notes: caveats for reading the numbers.
+    status: {"original", "patched"}: "ok", "non-finite" (a NaN / inf loss) or "diverged" (the last loss far above
+        the first and above a uniform guess; :func:`tigon.workflows._train.loss_status`); status_detail: why, ""
+        when ok. ok: both runs ok (the CLI exits 1 otherwise: such losses say nothing about the kernels).
     """
 
     config: dict[str, Any]
@@ -121,6 +124,9 @@ class CompareResult:
     backend_usage: dict[str, dict[str, int]]
     patch: dict[str, Any]
     versions: dict[str, str | None]
+    status: dict[str, str] = field(default_factory=dict)
+    status_detail: dict[str, str] = field(default_factory=dict)
+    ok: bool = True
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -406,12 +412,13 @@ def run_compare(
             unpatch_fn(patched.pop("model"))
 
     return _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
-                   patched["report"], support)
+                   patched["report"], support, vocab)
 
 
 def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original: RunStats,
-            patched: RunStats, report, support) -> CompareResult:
+            patched: RunStats, report, support, vocab: int) -> CompareResult:
     rel = _rel_diffs(original.losses, patched.losses)
+    health = {"original": loss_status(original.losses, vocab), "patched": loss_status(patched.losses, vocab)}
     if any(math.isnan(r) for r in rel):
         max_rel, max_step = float("nan"), next(i for i, r in enumerate(rel, 1) if math.isnan(r))
     else:
@@ -445,6 +452,10 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         notes.append("the patched run's ops took different backends; see backend_usage.")
     if support.describe_backend(original.backend_usage) != "none":
         notes.append("unexpected: Tigon ops ran during the original run (was the model patched at class level?).")
+    for run, (status, detail) in health.items():
+        if status != "ok":
+            notes.append(f"the {run} run is {status}: {detail}; losses of such a run say nothing about the kernels "
+                         "(lower --lr, or train in float32).")
     return CompareResult(
         config=dict(dataclasses.asdict(cfg), layers=getattr(hf_config, "num_hidden_layers", cfg.layers)),
         model=model_info,
@@ -467,5 +478,8 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         backend_usage=patched.backend_usage,
         patch=report.as_dict() if hasattr(report, "as_dict") else dict(report or {}),
         versions=versions(),
+        status={run: status for run, (status, _) in health.items()},
+        status_detail={run: detail for run, (_, detail) in health.items()},
+        ok=all(status == "ok" for status, _ in health.values()),
         notes=notes,
     )
