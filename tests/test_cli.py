@@ -45,7 +45,7 @@ def test_bad_preset_is_one_line_exit_2():
     "args, match",
     [
         (["compare", "--layers", "0"], "--layers"),
-        (["compare", "--model", "/no/such/checkpoint"], "no such directory"),
+        (["compare", "--model", "/no/such/checkpoint"], "neither a preset"),
         (["compare", "--steps", "many"], "invalid int"),
         (["compare", "--dtype", "float64"], "invalid choice"),
         (["compare", "--json", "/no/such/dir/r.json"], "does not exist"),

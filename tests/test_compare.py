@@ -70,7 +70,7 @@ def test_batches_depend_only_on_the_seed():
         (dict(preset="no-such-model"), "unknown preset"),
         (dict(preset="tiny", layers=0), "--layers"),
         (dict(steps=0), "--steps"),
-        (dict(model="/no/such/checkpoint"), "no such directory"),
+        (dict(model="/no/such/checkpoint"), "neither a preset"),
         (dict(preset="tiny", model="/tmp"), "not both"),
         (dict(dtype="float64"), "dtype"),
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
@@ -99,7 +99,7 @@ def test_local_checkpoint_without_tokenizer_uses_bytes(tmp_path):
 
     AutoModelForCausalLM.from_config(build_config("tiny", num_hidden_layers=1)).save_pretrained(tmp_path)
     r = run_compare(CompareConfig(model=str(tmp_path), steps=1, batch_size=1, seq_len=16))
-    assert r.model["source"] == str(tmp_path) and r.model["num_hidden_layers"] == 1
+    assert r.model["source"] == f"checkpoint:{tmp_path}" and r.model["num_hidden_layers"] == 1
     assert r.data["tokenizer"] == "utf-8 bytes"
     assert r.config["lr"] == 1e-5  # fine-tuning default for checkpoints
     assert r.max_rel_loss_diff < 1e-3

@@ -65,7 +65,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_tigon_env(tmp_path):
     (site / "zz_test_dependencies.pth").write_text("".join(f"{p}\n" for p in deps))
 
     env = _env_without_checkout()
-    where = subprocess.run([str(python), "-c", "import importlib.util; print(importlib.util.find_spec('tigon').origin)"],
+    find = "import importlib.util; print(importlib.util.find_spec('tigon').origin)"
+    where = subprocess.run([str(python), "-c", find],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(site), where  # the wheel's tigon, not the checkout's
     proc = subprocess.run([str(venv / "bin" / "tigon"), "env"], cwd=tmp_path, env=env, capture_output=True, text=True,

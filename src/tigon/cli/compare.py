@@ -32,7 +32,9 @@ def add_parser(sub) -> None:
     src.add_argument("--preset", metavar="NAME",
                      help=f"model shapes with random weights: {', '.join(PRESETS)} "
                           f"(default: {DEFAULTS['cpu']['preset']} on CPU, {DEFAULTS['cuda']['preset']} on CUDA)")
-    src.add_argument("--model", metavar="PATH", help="local Hugging Face checkpoint directory (and its tokenizer)")
+    src.add_argument("--model", metavar="MODEL",
+                     help="a config.json (random weights), a checkpoint directory (its weights, if any, and "
+                          "tokenizer) or a Hub id already in the local Hugging Face cache (never downloaded)")
     p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (num_hidden_layers)")
     cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
     p.add_argument("--steps", type=int, metavar="N",
@@ -42,8 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, metavar="N",
                    help=f"tokens per sequence (default: {cpu['seq_len']} on CPU, {cuda['seq_len']} on CUDA)")
     p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's, 1e-5 for --model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="float32, or bfloat16 = weights, grads and AdamW state all in bf16 (default: float32)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="float32; bfloat16 = weights, grads and AdamW state all in bf16; float16 = autocast over fp32 "
+                        "weights with a GradScaler (default: float32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the weights and the batches (default: 0)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
@@ -195,6 +198,9 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     runs.add_row("median step (ms)", *(f"{statistics.median(r['step_time_s'][k]) * 1e3:.1f}"
                                        for k in ("original", "patched")))
     runs.add_row("final loss", f"{r['loss_original'][-1]:.6f}", f"{r['loss_patched'][-1]:.6f}")
+    if r.get("grad_scaler"):
+        runs.add_row("fp16 skipped steps", *(", ".join(map(str, r["grad_scaler"][k]["skipped_steps"])) or "none"
+                                             for k in ("original", "patched")))
     runs.add_row("status", *(s if s == "ok" else f"[bold red]{s.upper()}[/]" for s in
                              (r["status"]["original"], r["status"]["patched"])))
     console.print(runs)
@@ -211,7 +217,7 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("patch", _patch_summary(r["patch"]))
     summary.add_row("model", f"{model['source']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
                              f"{model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
-                             f"vocab {model['vocab_size']}, {model['dtype']}")
+                             f"vocab {model['vocab_size']}, weights {model['weights']}, {model['precision']}")
     summary.add_row("training", f"{n} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens, AdamW lr {cfg['lr']:g}, "
                                 f"seed {cfg['seed']}")
     summary.add_row("data", f"{data['corpus']} ({data['corpus_tokens']:,} tokens, {data['tokenizer']})")

@@ -18,6 +18,7 @@ CPU (Linux)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -167,6 +168,8 @@ class RunStats:
         sizes requested from the caching allocator (``requested_bytes.all.peak``), which leaves out the rounding of
         blocks the allocator hands out (a reused cached block is not split when less than 1 MiB would remain).
     backend_usage: Tigon op calls per backend during the run (:func:`tigon.support.backend_usage`).
+    grad_scale / skipped_steps: float16 autocast only (else None / []): the GradScaler's scale after the run, and the
+        1-based steps it skipped because their gradients held inf or NaN.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -178,6 +181,8 @@ class RunStats:
     peak_memory_method: str = ""
     peak_requested_bytes: int | None = None
     backend_usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    grad_scale: float | None = None
+    skipped_steps: list[int] = field(default_factory=list)
 
 
 def _sync(device: torch.device) -> None:
@@ -193,12 +198,16 @@ def train(
     device: torch.device,
     name: str,
     progress: ProgressFn | None = None,
+    autocast: torch.dtype | None = None,
 ) -> RunStats:
     """Train the model ``make_model()`` returns for ``len(batches)`` AdamW steps and measure it.
 
     ``make_model`` runs inside the measured region, so the model's weights count towards peak memory; it must
     return the model on ``device`` in its training dtype. Each step: ``model(input_ids=b, labels=b,
     use_cache=False)`` (Hugging Face shifts the labels), ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``.
+    With ``autocast`` the forward runs under ``torch.autocast(device.type, dtype=autocast)``; for torch.float16 the
+    loss is scaled by a ``torch.amp.GradScaler`` (``scaler.scale(loss).backward()``, ``scaler.step``,
+    ``scaler.update``), which skips the steps whose gradients overflow.
 
     Args:
         make_model: builds (or moves) the model; called once.
@@ -207,6 +216,8 @@ def train(
         device: where the run happens.
         name: the run's name passed to ``progress``.
         progress: optional ``progress(name, step, steps, loss)`` callback.
+        autocast: None (train in the weights' dtype), or the autocast dtype (torch.float16 or torch.bfloat16) over
+            float32 weights.
     """
     from tigon import support
 
@@ -217,13 +228,23 @@ def train(
         model = make_model()
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device.type) if autocast == torch.float16 else None
         for step, batch in enumerate(batches, start=1):
             batch = batch.to(device, non_blocking=True)
             _sync(device)
             t0 = time.perf_counter()
-            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-            loss.backward()
-            optimizer.step()
+            with torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext():
+                loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+            if scaler is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()
+                scale = scaler.get_scale()
+                scaler.step(optimizer)
+                scaler.update()
+                if scaler.get_scale() < scale:  # the scaler lowers its scale exactly when it skipped the step
+                    stats.skipped_steps.append(step)
             optimizer.zero_grad(set_to_none=True)
             value = float(loss.detach().float().item())
             _sync(device)
@@ -231,6 +252,8 @@ def train(
             stats.losses.append(value)
             if progress is not None:
                 progress(name, step, len(batches), value)
+        if scaler is not None:
+            stats.grad_scale = float(scaler.get_scale())
         del optimizer, loss
     stats.wall_time_s = time.perf_counter() - start
     stats.peak_memory_bytes, stats.peak_memory_method = mem.peak_bytes, mem.method
