@@ -83,8 +83,8 @@ def test_directory_without_config_json(tmp_path):
 
 def test_compare_a_cached_hub_id_in_float16(hub_cache, tmp_path, capsys):
     js = tmp_path / "r.json"
-    rc = main(["compare", "--model", HUB_ID, "--dtype", "float16", "--steps", "2", "--batch-size", "1",
-               "--seq-len", "8", "--json", str(js), "--quiet"])
+    rc = main(["compare", "--model", HUB_ID, "--dtype", "float16", "--steps", "1", "--batch-size", "1",
+               "--seq-len", "4", "--json", str(js), "--quiet"])
     assert rc == 0, capsys.readouterr().err
     r = json.loads(js.read_text())
     assert r["model"]["source"] == f"hub:{HUB_ID}" and r["model"]["weights"] == "random (seed 0)"
