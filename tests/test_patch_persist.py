@@ -63,7 +63,7 @@ def _assert_still_patched(model, expected_kinds: dict, expected_loss: float) -> 
     assert _patched_kinds(model) == expected_kinds
     loss, ops = _step(model)
     assert set(ops) == OPS, ops  # rope included: the rotary dispatcher serves the copy
-    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
     assert {e.kind for e in tigon.unpatch(model).replaced} == KINDS
     assert _patched_kinds(model) == {}
 

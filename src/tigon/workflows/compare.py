@@ -37,7 +37,7 @@ import torch
 
 from .. import data as _data
 from .. import presets as _presets
-from ._train import ProgressFn, RunStats, loss_status, train
+from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .errors import ConfigError, error_text
 from .model_source import ModelSource, model_config, resolve_source
 
@@ -399,27 +399,28 @@ def run_compare(
         patched["model"] = model
         return model
 
-    run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
-    if device.type == "cpu":
-        # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
-        # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
-        # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
-        run(make_original, batches[:1], name="warm-up")
+    with frozen_heap():  # fast gc.collect() around the runs
+        run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
+        if device.type == "cpu":
+            # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
+            # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
+            # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
+            run(make_original, batches[:1], name="warm-up")
+            try:
+                run(make_patched, batches[:1], name="warm-up")
+            finally:
+                if "model" in patched:
+                    unpatch_fn(patched.pop("model"))
+            patched.clear()
+
+        torch.manual_seed(cfg.seed)
+        original = run(make_original, batches, name="original", progress=progress)
+        torch.manual_seed(cfg.seed)
         try:
-            run(make_patched, batches[:1], name="warm-up")
+            patched_stats = run(make_patched, batches, name="patched", progress=progress)
         finally:
             if "model" in patched:
                 unpatch_fn(patched.pop("model"))
-        patched.clear()
-
-    torch.manual_seed(cfg.seed)
-    original = run(make_original, batches, name="original", progress=progress)
-    torch.manual_seed(cfg.seed)
-    try:
-        patched_stats = run(make_patched, batches, name="patched", progress=progress)
-    finally:
-        if "model" in patched:
-            unpatch_fn(patched.pop("model"))
 
     return _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
                    patched["report"], support, vocab)
