@@ -68,30 +68,35 @@ def _assert_still_patched(model, expected_kinds: dict, expected_loss: float) -> 
     assert _patched_kinds(model) == {}
 
 
-def test_deepcopy_keeps_the_patch_after_the_original_is_gone():
+def _patched_model():
+    """A patched tiny model, its patched kinds, and the loss of one step of a copy (the reference for the copies)."""
     model = _model()
     tigon.patch(model)
     kinds = _patched_kinds(model)
     assert set(kinds) == KINDS
     loss, _ = _step(copy.deepcopy(model))
+    return model, kinds, loss
+
+
+def _unpatch_original(model) -> None:
+    """Unpatch ``model``: with no patched model registered, the rotary global is transformers' function again."""
+    gc.collect()  # the copy _patched_model stepped registered itself; it is garbage now
+    tigon.unpatch(model)
+    assert patched_state()["rope_dispatchers"] == {}
+
+
+def test_deepcopy_keeps_the_patch_after_the_original_is_gone():
+    model, kinds, loss = _patched_model()
     twin = copy.deepcopy(model)
-    tigon.unpatch(model)  # the rotary global goes back to transformers' function ...
-    del model
-    gc.collect()
-    release_unused()
-    _assert_still_patched(twin, kinds, loss)  # ... and the copy installs the dispatcher again on its first forward
+    _unpatch_original(model)
+    _assert_still_patched(twin, kinds, loss)  # the copy installs the rotary dispatcher again on its first forward
 
 
 def test_torch_save_and_load_keep_the_patch():
-    model = _model()
-    tigon.patch(model)
-    kinds = _patched_kinds(model)
-    loss, _ = _step(copy.deepcopy(model))
+    model, kinds, loss = _patched_model()
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    tigon.unpatch(model)
-    del model
-    gc.collect()
+    _unpatch_original(model)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     _assert_still_patched(loaded, kinds, loss)
