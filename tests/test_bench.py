@@ -97,7 +97,7 @@ def test_sweep_writes_a_png_per_op(tmp_path):
         (["bench", "--op", "softmax"], "unknown op 'softmax'"),
         (["bench", "--providers", "eager,triton"], "unknown provider 'triton'"),
         (["bench", "--sweep", "hidden", "--op", "swiglu"], "row-wise ops only"),
-        (["bench", "--model", "no-such-model"], "not a preset"),
+        (["bench", "--model", "no-such-model"], "neither a preset"),
         (["bench", "--tokens", "0"], "--tokens"),
         (["bench", "--layers", "2"], "--layers needs --e2e"),
         (["bench", "--e2e", "--op", "rms_norm"], "does not apply to --e2e"),

@@ -45,7 +45,7 @@ def test_bad_preset_is_one_line_exit_2():
     "args, match",
     [
         (["compare", "--layers", "0"], "--layers"),
-        (["compare", "--model", "/no/such/checkpoint"], "no such directory"),
+        (["compare", "--model", "/no/such/checkpoint"], "neither a preset"),
         (["compare", "--steps", "many"], "invalid int"),
         (["compare", "--dtype", "float64"], "invalid choice"),
         (["compare", "--json", "/no/such/dir/r.json"], "does not exist"),
@@ -83,3 +83,20 @@ def test_unsupported_model_family_is_one_line_exit_2(tmp_path, capsys):
     assert rc == 2
     assert len(err.strip().splitlines()) == 1, err
     assert "GPT2LMHeadModel" in err and "supported" in err
+
+
+def test_compare_non_finite_run_is_reported_and_exits_1(tmp_path, capsys):
+    import tigon
+
+    js = tmp_path / "r.json"
+    with tigon.force_reference():  # what is tested is the report and the exit status, not the kernels: keep it fast
+        rc = main(["compare", "--preset", "tiny", "--layers", "1", "--steps", "2", "--batch-size", "1", "--seq-len",
+                   "8", "--lr", "1e9", "--json", str(js)])
+    assert rc == 1
+    report = json.loads(js.read_text())
+    assert report["ok"] is False
+    assert report["status"] == {"original": "non-finite", "patched": "non-finite"}
+    assert "at step 2" in report["status_detail"]["patched"]
+    out, err = capsys.readouterr()
+    assert "FAILED" in out and "NON-FINITE" in out
+    assert len(err.strip().splitlines()) == 1 and "non-finite" in err and "--lr" in err, err

@@ -40,7 +40,7 @@ OPTIONS = {
     ("bench", ("-h", "--help"), SUPPRESS, None),
     ("compare", ("--batch-size",), None, None),
     ("compare", ("--device",), "auto", DEVICES),
-    ("compare", ("--dtype",), "float32", ("float32", "bfloat16")),
+    ("compare", ("--dtype",), "float32", ("float32", "bfloat16", "float16")),
     ("compare", ("--json",), None, None),
     ("compare", ("--layers",), None, None),
     ("compare", ("--lr",), None, None),

@@ -70,7 +70,7 @@ def test_batches_depend_only_on_the_seed():
         (dict(preset="no-such-model"), "unknown preset"),
         (dict(preset="tiny", layers=0), "--layers"),
         (dict(steps=0), "--steps"),
-        (dict(model="/no/such/checkpoint"), "no such directory"),
+        (dict(model="/no/such/checkpoint"), "neither a preset"),
         (dict(preset="tiny", model="/tmp"), "not both"),
         (dict(dtype="float64"), "dtype"),
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
@@ -99,7 +99,7 @@ def test_local_checkpoint_without_tokenizer_uses_bytes(tmp_path):
 
     AutoModelForCausalLM.from_config(build_config("tiny", num_hidden_layers=1)).save_pretrained(tmp_path)
     r = run_compare(CompareConfig(model=str(tmp_path), steps=1, batch_size=1, seq_len=16))
-    assert r.model["source"] == str(tmp_path) and r.model["num_hidden_layers"] == 1
+    assert r.model["source"] == f"checkpoint:{tmp_path}" and r.model["num_hidden_layers"] == 1
     assert r.data["tokenizer"] == "utf-8 bytes"
     assert r.config["lr"] == 1e-5  # fine-tuning default for checkpoints
     assert r.max_rel_loss_diff < 1e-3
@@ -117,3 +117,32 @@ def test_precheck_accepts_what_patch_accepts(model_type):
     config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                   num_attention_heads=4, vocab_size=300)
     _probe_patch(config, tigon.patch, tigon.unpatch)  # no ConfigError
+def test_result_reports_healthy_runs(result):
+    assert result["ok"] is True
+    assert result["status"] == {"original": "ok", "patched": "ok"}
+    assert result["status_detail"] == {"original": "", "patched": ""}
+
+
+@pytest.mark.parametrize(
+    "losses, status, detail",
+    [
+        ([5.5, 5.0, 4.2], "ok", ""),
+        ([5.5, 5.6, 5.7], "ok", ""),  # noise around a uniform guess is not divergence
+        ([5.5, float("nan"), float("nan")], "non-finite", "loss nan at step 2, 2 of 3 losses not finite"),
+        ([5.5, 4.0, float("inf")], "non-finite", "loss inf at step 3"),
+        ([5.5, 20.0, 12.4], "diverged", "final loss 12.4 > 1.5 x max(first loss 5.5, ln(vocab 256) 5.545)"),
+        ([1.0, 30.0], "diverged", "ln(vocab 256)"),  # a fine-tune that ends worse than guessing
+    ],
+)
+def test_loss_status(losses, status, detail):
+    from tigon.workflows._train import loss_status
+
+    got, text = loss_status(losses, 256)
+    assert got == status and detail in text and (text == "") == (status == "ok")
+
+
+def test_loss_status_rejects_a_bad_vocab():
+    from tigon.workflows._train import loss_status
+
+    with pytest.raises(ValueError, match="vocab must be an integer >= 2"):
+        loss_status([1.0], 1)

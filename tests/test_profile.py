@@ -105,7 +105,7 @@ def test_cli_profile_json_and_bad_model(tmp_path, capsys):
     assert "step_ms original=" in capsys.readouterr().out
     rc = main(["profile", "no-such-model"])
     err = capsys.readouterr().err
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "not a preset" in err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "neither a preset" in err
     rc = main(["profile", "tiny", "--attn-implementation", "fast"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "--attn-implementation 'fast'" in err

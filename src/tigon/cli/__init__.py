@@ -7,9 +7,10 @@ tigon.patch would replace in a model, config only), ``verify`` (each op against 
 and memory per op and provider, or whole training steps), ``profile`` (where the step's time goes, predicted vs
 measured speed-up). What they share is in :mod:`tigon.cli._render`.
 
-Exit status: 0 on success; 2 on bad input or a usage error (one line on stderr); 1 when ``verify`` finds a failure;
-130 when interrupted. The command modules import their workflows inside ``add_parser``/``run``, never at module
-import, so that ``main`` can set TRITON_INTERPRET (:func:`_enable_interpreter`) before any Triton kernel module loads.
+Exit status: 0 on success; 2 on bad input or a usage error (one line on stderr); 1 when ``verify`` finds a failure or
+a ``compare`` run is non-finite or diverged; 130 when interrupted. The command modules import their workflows inside
+``add_parser``/``run``, never at module import, so that ``main`` can set TRITON_INTERPRET
+(:func:`_enable_interpreter`) before any Triton kernel module loads.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                    help=f"ops to run ({', '.join(registry())}), or 'all' (default: the ops the model calls; the norms "
                         "for --sweep hidden)")
     p.add_argument("--model", metavar="MODEL",
-                   help="preset name, config.json or checkpoint directory; only its config is read "
+                   help="preset name, config.json, checkpoint directory or cached Hub id; only its config is read "
                         "(default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST", type=_names,
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import statistics
+import warnings
 from typing import Any
 
 from ._render import _check_output, _console, _fail, _fmt_bytes, _fmt_rel, _print_footer, _quiet_transformers
@@ -31,7 +32,9 @@ def add_parser(sub) -> None:
     src.add_argument("--preset", metavar="NAME",
                      help=f"model shapes with random weights: {', '.join(PRESETS)} "
                           f"(default: {DEFAULTS['cpu']['preset']} on CPU, {DEFAULTS['cuda']['preset']} on CUDA)")
-    src.add_argument("--model", metavar="PATH", help="local Hugging Face checkpoint directory (and its tokenizer)")
+    src.add_argument("--model", metavar="MODEL",
+                     help="a config.json (random weights), a checkpoint directory (its weights, if any, and "
+                          "tokenizer) or a Hub id already in the local Hugging Face cache (never downloaded)")
     p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (num_hidden_layers)")
     cpu, cuda = DEFAULTS["cpu"], DEFAULTS["cuda"]
     p.add_argument("--steps", type=int, metavar="N",
@@ -41,8 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, metavar="N",
                    help=f"tokens per sequence (default: {cpu['seq_len']} on CPU, {cuda['seq_len']} on CUDA)")
     p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's, 1e-5 for --model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="float32, or bfloat16 = weights, grads and AdamW state all in bf16 (default: float32)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="float32; bfloat16 = weights, grads and AdamW state all in bf16; float16 = autocast over fp32 "
+                        "weights with a GradScaler (default: float32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the weights and the batches (default: 0)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
@@ -79,11 +83,15 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, str(e))
     _quiet_transformers()
     try:
-        if args.quiet:
-            result = run_compare(config)
-        else:
-            with _RichProgress() as progress:
-                result = run_compare(config, progress=progress)
+        with warnings.catch_warnings():
+            # Triton's interpreter computes in numpy, which warns on overflow and NaN; a run that produces them is
+            # reported as non-finite or diverged instead.
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"(numpy|triton)\.")
+            if args.quiet:
+                result = run_compare(config)
+            else:
+                with _RichProgress() as progress:
+                    result = run_compare(config, progress=progress)
     except ConfigError as e:
         return _fail(prog, str(e))
     except UnsupportedError as e:  # strict mode (TIGON_STRICT=1) and no Triton path
@@ -101,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(_summary_line(report))
     else:
         _render_compare(report, written=[p for p in (args.json, args.plot) if p])
+    if not report["ok"]:
+        return _fail(prog, _status_text(report), 1)
     return 0
 
 
@@ -136,13 +146,23 @@ class _RichProgress:
         self._progress.update(self._tasks[run], completed=step, loss=f"{loss:.4f}")
 
 
+def _status_text(r: dict[str, Any]) -> str:
+    """``ok``, or which runs are non-finite / diverged and why."""
+    bad = [f"the {run} run is {status}: {r['status_detail'][run]}" for run, status in r["status"].items()
+           if status != "ok"]
+    return "; ".join(bad) + "; lower --lr" if bad else "ok"
+
+
 def _summary_line(r: dict[str, Any]) -> str:
     tps = r["tokens_per_s"]
-    return (f"max_rel_loss_diff={_fmt_rel(r['max_rel_loss_diff'])} tokens_per_s original={tps['original']:.0f} "
-            f"patched={tps['patched']:.0f} device={r['device']} backend={r['backend']}")
+    status = "ok" if r["ok"] else ",".join(f"{run}:{s}" for run, s in r["status"].items() if s != "ok")
+    return (f"status={status} max_rel_loss_diff={_fmt_rel(r['max_rel_loss_diff'])} "
+            f"tokens_per_s original={tps['original']:.0f} patched={tps['patched']:.0f} device={r['device']} "
+            f"backend={r['backend']}")
 
 
 def _render_compare(r: dict[str, Any], written: list[str]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
@@ -178,11 +198,17 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     runs.add_row("median step (ms)", *(f"{statistics.median(r['step_time_s'][k]) * 1e3:.1f}"
                                        for k in ("original", "patched")))
     runs.add_row("final loss", f"{r['loss_original'][-1]:.6f}", f"{r['loss_patched'][-1]:.6f}")
+    if r.get("grad_scaler"):
+        runs.add_row("fp16 skipped steps", *(", ".join(map(str, r["grad_scaler"][k]["skipped_steps"])) or "none"
+                                             for k in ("original", "patched")))
+    runs.add_row("status", *(s if s == "ok" else f"[bold red]{s.upper()}[/]" for s in
+                             (r["status"]["original"], r["status"]["patched"])))
     console.print(runs)
 
     summary = Table(title="Summary", title_justify="left", show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
+    summary.add_row("result", "both runs ok" if r["ok"] else f"[bold red]FAILED[/]: {escape(_status_text(r))}")
     summary.add_row("max rel. loss diff", f"{_fmt_rel(r['max_rel_loss_diff'])} (step {r['max_rel_loss_diff_step']})")
     summary.add_row("device", f"{r['device']} ({r['device_name']})")
     summary.add_row("backend", f"{r['backend']}: {r['backend_reason']}")
@@ -191,7 +217,7 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("patch", _patch_summary(r["patch"]))
     summary.add_row("model", f"{model['source']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
                              f"{model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
-                             f"vocab {model['vocab_size']}, {model['dtype']}")
+                             f"vocab {model['vocab_size']}, weights {model['weights']}, {model['precision']}")
     summary.add_row("training", f"{n} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens, AdamW lr {cfg['lr']:g}, "
                                 f"seed {cfg['seed']}")
     summary.add_row("data", f"{data['corpus']} ({data['corpus_tokens']:,} tokens, {data['tokenizer']})")

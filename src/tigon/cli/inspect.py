@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL",
-                   help=f"a preset ({', '.join(PRESETS)}), a path to a config.json, or a checkpoint directory")
+                   help=f"a preset ({', '.join(PRESETS)}), a path to a config.json, a checkpoint directory, or a Hub "
+                        "id in the local Hugging Face cache (never downloaded)")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.set_defaults(func=run)
 

@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
         ),
     )
     p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="preset name, config.json or checkpoint directory (default: tiny on CPU, llama3-8b with 2 "
-                        "layers on CUDA)")
+                   help="preset name, config.json, checkpoint directory or cached Hub id (default: tiny on CPU, "
+                        "llama3-8b with 2 layers on CUDA)")
     p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers")
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")

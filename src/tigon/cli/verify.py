@@ -33,10 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", metavar="LIST", type=_names,
                    help=f"comma-separated dtypes from {', '.join(V.DTYPES)} (default: {','.join(V.DEFAULT_DTYPES)})")
     p.add_argument("--model", metavar="MODEL",
-                   help=f"shapes from a preset ({', '.join(PRESETS)}), a config.json or a checkpoint directory "
-                        f"(default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA); given, it "
-                        "also restricts the ops to those tigon.patch runs in that model (exit status 2 when there "
-                        "are none)")
+                   help=f"shapes from a preset ({', '.join(PRESETS)}), a config.json, a checkpoint directory or a "
+                        f"cached Hub id (default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA); "
+                        "given, it also restricts the ops to those tigon.patch runs in that model (exit status 2 when "
+                        "there are none)")
     p.add_argument("--device", default="auto", choices=list(V.DEVICES), help="default: auto (CUDA if any)")
     p.add_argument("--tokens", type=int, metavar="N",
                    help=f"tokens per case (default: {V.CPU_TOKENS} on CPU, {V.CUDA_TOKENS} on CUDA)")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ..workflows.compare import ConfigError
-    from ..workflows.inspect import load_model_config
+    from ..workflows.model_source import load_model_config
     from ..workflows.verify import VerifyConfig, resolve_config, run_verify
 
     prog = "tigon verify"

@@ -24,7 +24,10 @@ How rope is scoped at instance level
     :func:`tigon.functional.rope` only inside that scope (or when the family is patched at class level); other
     models of the same family, patched or not, get the original function. When the last patched attention module
     is unpatched, or garbage collected (noticed at the next patch / unpatch call, or :func:`release_unused`), the
-    original global is put back.
+    original global is put back. A patched attention instance the switch does not know (a ``copy.deepcopy`` or
+    ``torch.load`` of a patched model) registers itself on its first forward (:class:`RopeTarget`).
+
+Copies: instance-level patches survive ``copy.deepcopy`` and pickling (:mod:`tigon.integrations.persist`).
 
 Refusals are per model, with the reason in the report: a rotary layout other than rotate-half over the full head
 dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), an attention module whose forward calls
@@ -40,7 +43,6 @@ problem (the plan is checked before anything is applied).
 from __future__ import annotations
 
 import importlib
-import threading
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,14 +52,15 @@ import torch
 
 from . import components
 from . import forwards as fw
+from . import persist
 from . import rotary_calls
 from .causal_lm import loss_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
 from .report import PatchEntry, PatchReport
-from .rotary_switch import SWITCHES, RopeSwitch, switch
+from .rotary_switch import LOCK as _LOCK
+from .rotary_switch import SWITCHES, RopeSwitch, RopeTarget, switch
 
-_LOCK = threading.RLock()
 _MISSING = object()
 
 OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss")
@@ -173,7 +176,7 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
             continue
         cls = next((c for c in attn_classes if isinstance(m, c)), None)
         if cls is not None:
-            matches.append((path, m, Match("rope", cls, spec.rope, spec.module, rope_module=mod)))
+            matches.append((path, m, Match("rope", cls, spec.rope, spec.module)))
     wanted = {k for k, _, _ in classes} | ({"rope"} if attn_classes else set())
     return matches, wanted
 
@@ -240,16 +243,16 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             if sw is not None and sw.class_level:
                 report.already_patched.append(PatchEntry(kind, target, "class level"))
                 continue
-            sw_args = (match.rope_module, comp.function, family)
-            fn = fw.attention_forward(family, type(m).forward)
+            fn = persist.build(persist.Recipe("forward", kind, comp, family, match.family_module), type(m).forward)
             detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
-            actions.append(_Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, sw_args)))
+            rope = RopeTarget(match.family_module, comp.function, family)
+            actions.append(_Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
-        fn = components.factory(kind, comp, family, match.family_module, getattr(type(m), attr), opts)
+        fn = persist.build(persist.Recipe(attr, kind, comp, family, match.family_module, opts), getattr(type(m), attr))
         entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts))
         actions.append(_Action(entry, _bind(m, attr, fn)))
     if no_rope:
@@ -311,11 +314,9 @@ def _bind(module, attr: str, fn):
     return apply
 
 
-def _rope_instance_apply(module, fn, sw_args):
+def _rope_instance_apply(module, fn, rope: RopeTarget):
     def apply():
-        sw = switch(*sw_args)
-        sw.live.add(module)
-        sw.install()
+        rope.ensure(module)
         module.forward = types.MethodType(fn, module)
     return apply
 

@@ -314,11 +314,17 @@ def rope_dispatcher(original, family: str, switch):
 
 
 @functools.lru_cache(maxsize=None)
-def attention_forward(family: str, original):
-    """Instance forward for attention modules: ``original`` (the class's forward), run inside the rotary scope."""
+def attention_forward(family: str, original, target=None):
+    """Instance forward for attention modules: ``original`` (the class's forward), run inside the rotary scope.
+
+    ``target``: a :class:`~tigon.integrations.rotary_switch.RopeTarget` whose ``ensure(self)`` is called first
+    (outside ``torch.compile``), so that copies of patched modules find their rotary dispatcher installed.
+    """
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
+        if target is not None and not torch.compiler.is_compiling():
+            target.ensure(self)
         _scope.depth = getattr(_scope, "depth", 0) + 1
         try:
             return original(self, *args, **kwargs)

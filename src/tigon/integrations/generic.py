@@ -81,7 +81,7 @@ class Match:
 
     kind: report kind (``rms_norm``, ``mlp``, ``rope``, ``lm_head_loss``); cls: the class whose attribute is
     replaced; comp: the component spec (NormSpec / MLPSpec / RopeSpec / CausalLMSpec); family_module: the modeling
-    module's name; rope_module: the imported modeling module holding the rotary global (rope only); problem: why it
+    module's name (for rope: the module holding the rotary global); problem: why it
     cannot be patched (probe failure), or None.
     """
 
@@ -89,7 +89,6 @@ class Match:
     cls: type
     comp: object
     family_module: str
-    rope_module: types.ModuleType | None = None
     problem: str | None = None
 
 
@@ -549,7 +548,7 @@ def _rope_matches(model, matches: list, skipped: list) -> None:
         spec = RopeSpec(ROPE_FUNCTION, attention_classes=tuple(c.__name__ for c in attn))
         for path, m in model.named_modules():
             if type(m) in attn:
-                matches.append((path, m, Match("rope", type(m), spec, mod_name, rope_module=module)))
+                matches.append((path, m, Match("rope", type(m), spec, mod_name)))
 
 
 def _match(kind: str, m, spec_or_problem, mod_name: str) -> Match:

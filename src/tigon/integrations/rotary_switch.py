@@ -3,9 +3,15 @@ while patched models need it (see :mod:`tigon.integrations.engine`, "How rope is
 
 from __future__ import annotations
 
+import importlib
+import threading
 import weakref
+from dataclasses import dataclass
 
 from . import forwards as fw
+
+LOCK = threading.RLock()
+"""Guards the switches and every patch / unpatch (:mod:`tigon.integrations.engine` takes it too)."""
 
 
 class RopeSwitch:
@@ -48,3 +54,32 @@ def switch(module, name: str, family: str) -> RopeSwitch:
     if sw is None:
         sw = SWITCHES[key] = RopeSwitch(module, name, family)
     return sw
+
+
+@dataclass(frozen=True)
+class RopeTarget:
+    """The rotary global a patched attention module needs: ``<module_name>.<function>``, dispatched for ``family``.
+
+    Its :meth:`ensure` runs at the start of every patched attention forward (eagerly; not inside ``torch.compile``),
+    so that attention modules that were never registered at patch time (copies made by ``copy.deepcopy``, models
+    loaded by ``torch.load``), or whose dispatcher was released since (the model they were copied from was unpatched
+    or garbage collected), still run Tigon's rope.
+    """
+
+    module_name: str
+    function: str
+    family: str
+
+    def ensure(self, attention) -> None:
+        """Register ``attention`` (a module) as live and install the dispatcher when either is missing.
+
+        Raises:
+            ImportError: the modeling module ``module_name`` cannot be imported.
+        """
+        sw = SWITCHES.get((self.module_name, self.function))
+        if sw is not None and attention in sw.live and getattr(sw.module, sw.name) is sw.dispatcher:
+            return
+        with LOCK:
+            sw = switch(importlib.import_module(self.module_name), self.function, self.family)
+            sw.live.add(attention)
+            sw.install()

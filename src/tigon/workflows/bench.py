@@ -375,21 +375,21 @@ def model_ops(cfg: dict) -> list[str]:
 
 
 def config_dict(model: str) -> tuple[dict, dict]:
-    """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file or a checkpoint dir.
+    """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
+    id in the local cache (:func:`tigon.workflows.model_source.resolve_source`).
 
     Raises:
-        ConfigError: not a preset, file or directory with a readable config.json.
+        ConfigError: not a preset, file, directory or cached Hub id with a readable config.json.
     """
     from .. import presets
-    from .compare import ConfigError
+    from .errors import ConfigError
+    from .model_source import resolve_source
 
-    if model in presets.PRESETS:
+    source = resolve_source(model, "--model")
+    if source.kind == "preset":
         p = presets.get_preset(model)
         return dict(p["config"], model_type=p["model_type"]), {"source": f"preset:{model}"}
-    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
-    if not os.path.isfile(path):
-        raise ConfigError(f"--model {model}: not a preset ({', '.join(presets.PRESETS)}), a config.json or a "
-                          "checkpoint directory")
+    path = source.config_file
     try:
         with open(path) as f:
             cfg = json.load(f)
@@ -409,7 +409,7 @@ class BenchConfig:
 
     ops: op names (:func:`tigon.ops.registry`), or ``["all"]``; default: the ops the model calls (:func:`model_ops`;
         for ``sweep="hidden"``, the ops whose records sweep the hidden size).
-    model: preset name, config.json or checkpoint directory (shapes only; no weights are read); default
+    model: preset name, config.json, checkpoint directory or cached Hub id (shapes only; no weights are read); default
         "tiny" on CPU, "llama3-8b" on CUDA.
     providers: names from :data:`PROVIDERS`; default all (without ``compile`` on CPU, where inductor compiles
         for minutes).

@@ -6,8 +6,15 @@ optimizer (AdamW). The patched run calls :func:`tigon.patch` on its copy (instan
 :func:`tigon.unpatch` afterwards. The result holds both loss curves, their largest relative difference, tokens/s
 and peak memory of each run, the device, and which backend the patched run's kernels took.
 
+Model: a preset (random weights from the seed), or ``model``: a ``config.json`` file, a checkpoint directory or a
+Hub id already in the local Hugging Face cache (:mod:`tigon.workflows.model_source`; never downloaded). A directory or
+cached snapshot with weights is fine-tuned from them; a config without weights gets random weights from the seed.
+
 Precision: ``dtype="float32"`` trains in fp32. ``dtype="bfloat16"`` is pure bf16: weights, gradients and AdamW
 state are all bf16 (no autocast, no fp32 master weights); simple, but expect larger loss differences than fp32.
+``dtype="float16"`` is mixed precision: fp32 weights and AdamW state, the forward under
+``torch.autocast(dtype=torch.float16)``, the loss scaled by ``torch.amp.GradScaler`` (steps whose gradients overflow
+are skipped and the scale lowered, as in any fp16 training; the result lists those steps).
 
 Backend: the patched run reports the path its ops took (:func:`tigon.support.describe_backend`). On a machine
 without CUDA the kernels run in Triton's interpreter only when ``TRITON_INTERPRET=1`` was set before Tigon's
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
 import platform
@@ -29,9 +37,14 @@ import torch
 
 from .. import data as _data
 from .. import presets as _presets
-from ._train import ProgressFn, RunStats, train
+from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
+from .errors import ConfigError, error_text
+from .model_source import ModelSource, model_config, resolve_source
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST_DTYPES = ("float16",)  # trained as autocast over fp32 weights with a GradScaler; the others as pure dtype
+PRECISION = {"float32": "float32", "bfloat16": "pure bfloat16 (weights, gradients, AdamW state)",
+             "float16": "float16 autocast over float32 weights, torch.amp.GradScaler"}
 DEVICES = ("auto", "cpu", "cuda")
 
 # Defaults filled in per device when a CompareConfig field is None. The CPU default must finish well under two
@@ -40,21 +53,8 @@ DEFAULTS = {
     "cpu": dict(preset="tiny", steps=20, batch_size=2, seq_len=32),
     "cuda": dict(preset="small", steps=50, batch_size=8, seq_len=512),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 PRETRAINED_LR = 1e-5  # default learning rate when fine-tuning a checkpoint given by --model
-
-
-class ConfigError(ValueError):
-    """The comparison cannot run as configured (bad argument, missing checkpoint, unsupported model family)."""
-
-
-def error_text(e: BaseException, limit: int = 300) -> str:
-    """``e``'s message on one line: its non-empty lines joined by spaces, cut at ``limit`` characters (or the
-    exception's type name when it has no message), for one-line CLI errors that keep the actual reason."""
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-    if not text:
-        return type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+RANDOM_INIT_LR = 3e-4  # default learning rate for a --model config without weights (random weights from the seed)
 
 
 @dataclass
@@ -63,11 +63,14 @@ class CompareConfig:
 
     preset: a name from :data:`tigon.presets.PRESETS` (random weights from ``seed``); default "tiny" on CPU,
         "small" on CUDA. Mutually exclusive with ``model``.
-    model: a local Hugging Face checkpoint directory (weights and, if present, tokenizer).
+    model: a ``config.json`` file, a checkpoint directory or a Hub id in the local Hugging Face cache (weights when
+        the directory / snapshot has any, else random from ``seed``; its tokenizer when present); a preset name is
+        taken as ``preset``.
     layers: override the number of decoder layers (``num_hidden_layers``), >= 1.
     steps: optimizer steps per run. batch_size: sequences per step. seq_len: tokens per sequence.
-    lr: AdamW learning rate; default: the preset's ``lr``, or 1e-5 for a checkpoint.
-    dtype: "float32" or "bfloat16" (pure bf16 training, see the module docstring).
+    lr: AdamW learning rate; default: the preset's ``lr``, 1e-5 for a checkpoint with weights, 3e-4 for a config.
+    dtype: "float32", "bfloat16" (pure bf16 training) or "float16" (autocast with a GradScaler); see the module
+        docstring.
     device: "auto" (CUDA if available), "cpu" or "cuda".
     seed: seeds the weights and the batches.
     """
@@ -99,6 +102,11 @@ class CompareResult:
         backend_usage: op -> backend -> calls during the patched run.
     patch: the :class:`tigon.PatchReport` as a dict. config: the resolved configuration. model / data: what was
         trained on. versions: library versions. notes: caveats for reading the numbers.
+    status: {"original", "patched"}: "ok", "non-finite" (a NaN / inf loss) or "diverged" (the last loss far above
+        the first and above a uniform guess; :func:`tigon.workflows._train.loss_status`); status_detail: why, ""
+        when ok. ok: both runs ok (the CLI exits 1 otherwise: such losses say nothing about the kernels).
+    grad_scaler: float16 only (else None): {"original", "patched"} -> {"final_scale", "skipped_steps"}, the
+        GradScaler's scale after the run and the 1-based steps it skipped (gradients with inf / NaN).
     """
 
     config: dict[str, Any]
@@ -121,6 +129,10 @@ class CompareResult:
     backend_usage: dict[str, dict[str, int]]
     patch: dict[str, Any]
     versions: dict[str, str | None]
+    grad_scaler: dict[str, dict[str, Any]] | None = None
+    status: dict[str, str] = field(default_factory=dict)
+    status_detail: dict[str, str] = field(default_factory=dict)
+    ok: bool = True
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -188,8 +200,8 @@ def _validate(cfg: CompareConfig) -> None:
         raise ConfigError("give either --preset or --model, not both")
     if cfg.preset is not None and cfg.preset not in _presets.PRESETS:
         raise ConfigError(f"unknown preset {cfg.preset!r} (available: {', '.join(_presets.PRESETS)})")
-    if cfg.model is not None and not os.path.isdir(cfg.model):
-        raise ConfigError(f"--model {cfg.model}: no such directory")
+    if cfg.model is not None:
+        resolve_source(cfg.model, "--model")
     for name, minimum in (("layers", 1), ("steps", 1), ("batch_size", 1), ("seq_len", 2)):
         value = getattr(cfg, name)
         if value is not None and (not isinstance(value, int) or value < minimum):
@@ -200,45 +212,39 @@ def _validate(cfg: CompareConfig) -> None:
         raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
 
 
-def _hf_config(cfg: CompareConfig):
-    """The transformers config of the preset or checkpoint (with ``layers`` applied); cheap, no weights."""
-    from transformers import AutoConfig
-
-    try:
-        if cfg.model is None:
-            return _presets.build_config(cfg.preset, cfg.layers)
-        try:
-            config = AutoConfig.from_pretrained(cfg.model, local_files_only=True)
-        except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(f"--model {cfg.model}: cannot read a model config: {error_text(e)}") from e
-        return _presets.keep_layers(config, cfg.layers)
-    except ValueError as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(str(e)) from e
+def _hf_config(cfg: CompareConfig) -> tuple[Any, ModelSource]:
+    """The transformers config of the preset or ``--model`` (with ``layers`` applied) and its source; cheap, no
+    weights."""
+    if cfg.model is None:
+        return model_config(cfg.preset, cfg.layers, "--preset")
+    return model_config(cfg.model, cfg.layers, "--model", presets=False)
 
 
-def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype):
-    """(base model on CPU in ``dtype``, tokenizer or None, description dict); weights from ``cfg.seed`` or disk."""
+def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource):
+    """(base model on CPU in ``dtype``, tokenizer or None, description dict); weights from disk when ``source`` has
+    any, else random from ``cfg.seed``."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
-    if cfg.model is None:
+    if not source.has_weights:
         base = AutoModelForCausalLM.from_config(hf_config).to(dtype)
-        return base, None, {"source": f"preset:{cfg.preset}"}
-    try:
-        base = AutoModelForCausalLM.from_pretrained(cfg.model, config=hf_config, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {error_text(e)}") from e
+        weights = f"random (seed {cfg.seed})"
+    else:
+        try:
+            base = AutoModelForCausalLM.from_pretrained(source.path, config=hf_config, local_files_only=True,
+                                                        dtype=dtype)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {error_text(e)}") from e
+        weights = "from the checkpoint"
     tokenizer = None
-    if any(os.path.exists(os.path.join(cfg.model, f)) for f in TOKENIZER_FILES):
+    if source.has_tokenizer:
         try:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(source.directory, local_files_only=True)
         except Exception:  # a tokenizer that does not load: fall back to byte ids
             tokenizer = None
-    return base.to(dtype), tokenizer, {"source": os.path.abspath(cfg.model)}
+    return base.to(dtype), tokenizer, {"source": str(source), "weights": weights}
 
 
 def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:
@@ -276,22 +282,30 @@ def _rel_diffs(a: list[float], b: list[float]) -> list[float]:
 def resolve_config(config: CompareConfig) -> CompareConfig:
     """Validate ``config`` and fill its ``None`` fields with the device's defaults; returns a new config.
 
-    ``device`` becomes "cpu" or "cuda"; ``preset`` is set unless ``model`` is. Cheap: loads nothing.
+    ``device`` becomes "cpu" or "cuda"; ``preset`` is set unless ``model`` is (a preset name given as ``model``
+    moves to ``preset``). Cheap: reads no file (checks that ``model`` exists).
 
     Raises:
-        ConfigError: a bad value (unknown preset or dtype, missing checkpoint directory, counts < 1, ...).
+        ConfigError: a bad value (unknown preset or dtype, ``model`` neither a file, a directory with config.json
+            nor a Hub id in the local cache, counts < 1, ...).
     """
     _validate(config)
     device = _resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
+    source = resolve_source(cfg.model, "--model") if cfg.model is not None else None
+    if source is not None and source.kind == "preset":
+        cfg.preset, cfg.model, source = cfg.model, None, None
     if cfg.model is None and cfg.preset is None:
         cfg.preset = defaults["preset"]
     for name in ("steps", "batch_size", "seq_len"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, defaults[name])
     if cfg.lr is None:
-        cfg.lr = PRETRAINED_LR if cfg.model is not None else _presets.PRESETS[cfg.preset]["lr"]
+        if source is None:
+            cfg.lr = _presets.PRESETS[cfg.preset]["lr"]
+        else:
+            cfg.lr = PRETRAINED_LR if source.has_weights else RANDOM_INIT_LR
     return cfg
 
 
@@ -321,6 +335,7 @@ def run_compare(
     """
     cfg = resolve_config(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    autocast = dtype if cfg.dtype in AUTOCAST_DTYPES else None
     if patch_fn is None or unpatch_fn is None:
         import tigon
 
@@ -328,12 +343,12 @@ def run_compare(
         unpatch_fn = unpatch_fn or tigon.unpatch
     from .. import support
 
-    hf_config = _hf_config(cfg)
+    hf_config, source = _hf_config(cfg)
     max_pos = getattr(hf_config, "max_position_embeddings", None)
     if isinstance(max_pos, int) and cfg.seq_len > max_pos:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's max_position_embeddings ({max_pos})")
     _probe_patch(hf_config, patch_fn, unpatch_fn)
-    base, tokenizer, model_info = _load(cfg, hf_config, dtype)
+    base, tokenizer, model_info = _load(cfg, hf_config, torch.float32 if autocast else dtype, source)
 
     out_emb = base.get_output_embeddings()
     vocab = int(out_emb.weight.shape[0]) if out_emb is not None else int(hf_config.vocab_size)
@@ -372,34 +387,37 @@ def run_compare(
         patched["model"] = model
         return model
 
-    if device.type == "cpu":
-        # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
-        # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
-        # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
-        train(make_original, batches[:1], lr=cfg.lr, device=device, name="warm-up")
+    with frozen_heap():  # fast gc.collect() around the runs
+        run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
+        if device.type == "cpu":
+            # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
+            # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
+            # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
+            run(make_original, batches[:1], name="warm-up")
+            try:
+                run(make_patched, batches[:1], name="warm-up")
+            finally:
+                if "model" in patched:
+                    unpatch_fn(patched.pop("model"))
+            patched.clear()
+
+        torch.manual_seed(cfg.seed)
+        original = run(make_original, batches, name="original", progress=progress)
+        torch.manual_seed(cfg.seed)
         try:
-            train(make_patched, batches[:1], lr=cfg.lr, device=device, name="warm-up")
+            patched_stats = run(make_patched, batches, name="patched", progress=progress)
         finally:
             if "model" in patched:
                 unpatch_fn(patched.pop("model"))
-        patched.clear()
-
-    torch.manual_seed(cfg.seed)
-    original = train(make_original, batches, lr=cfg.lr, device=device, name="original", progress=progress)
-    torch.manual_seed(cfg.seed)
-    try:
-        patched_stats = train(make_patched, batches, lr=cfg.lr, device=device, name="patched", progress=progress)
-    finally:
-        if "model" in patched:
-            unpatch_fn(patched.pop("model"))
 
     return _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
-                   patched["report"], support)
+                   patched["report"], support, vocab)
 
 
 def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original: RunStats,
-            patched: RunStats, report, support) -> CompareResult:
+            patched: RunStats, report, support, vocab: int) -> CompareResult:
     rel = _rel_diffs(original.losses, patched.losses)
+    health = {"original": loss_status(original.losses, vocab), "patched": loss_status(patched.losses, vocab)}
     if any(math.isnan(r) for r in rel):
         max_rel, max_step = float("nan"), next(i for i, r in enumerate(rel, 1) if math.isnan(r))
     else:
@@ -415,7 +433,12 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         num_hidden_layers=getattr(hf_config, "num_hidden_layers", None),
         vocab_size=getattr(hf_config, "vocab_size", None),
         dtype=cfg.dtype,
+        precision=PRECISION[cfg.dtype],
     )
+    scaler = None
+    if original.grad_scale is not None:
+        scaler = {run: {"final_scale": s.grad_scale, "skipped_steps": s.skipped_steps}
+                  for run, s in (("original", original), ("patched", patched))}
     notes = [
         "tokens/s counts input tokens (batch_size * seq_len) per second of step time (forward, backward, AdamW); "
         + ("the first step is excluded (one-time compilation and warm-up)." if len(original.losses) > 1
@@ -433,6 +456,14 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         notes.append("the patched run's ops took different backends; see backend_usage.")
     if support.describe_backend(original.backend_usage) != "none":
         notes.append("unexpected: Tigon ops ran during the original run (was the model patched at class level?).")
+    if scaler and any(v["skipped_steps"] for v in scaler.values()):
+        notes.append("float16: the GradScaler skipped the steps whose gradients overflowed (original "
+                     f"{scaler['original']['skipped_steps']}, patched {scaler['patched']['skipped_steps']}) and "
+                     "lowered its scale, as in any fp16 training; the losses of those steps are still shown.")
+    for run, (status, detail) in health.items():
+        if status != "ok":
+            notes.append(f"the {run} run is {status}: {detail}; losses of such a run say nothing about the kernels "
+                         "(lower --lr, or train in float32).")
     return CompareResult(
         config=dict(dataclasses.asdict(cfg), layers=getattr(hf_config, "num_hidden_layers", cfg.layers)),
         model=model_info,
@@ -455,5 +486,9 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         backend_usage=patched.backend_usage,
         patch=report.as_dict() if hasattr(report, "as_dict") else dict(report or {}),
         versions=versions(),
+        grad_scaler=scaler,
+        status={run: status for run, (status, _) in health.items()},
+        status_detail={run: detail for run, (_, detail) in health.items()},
+        ok=all(status == "ok" for status, _ in health.values()),
         notes=notes,
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .compare import ConfigError, error_text
+from .errors import ConfigError, error_text
 
 
 class PatchRejected(ConfigError):

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib.util
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -55,7 +54,6 @@ from typing import Any
 
 import torch
 
-from .. import presets as _presets
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 
@@ -76,8 +74,8 @@ ProgressFn = Callable[[str, int, int], None]
 class E2EConfig:
     """What ``tigon bench --e2e`` measures. ``None`` fields take the device's defaults (:data:`DEFAULTS`).
 
-    model: preset name, config.json file or checkpoint directory (its config only: weights are random from the
-        seed, the step time does not depend on them). layers: keep N decoder layers. batch_size, seq_len: tokens
+    model: preset name, config.json file, checkpoint directory or cached Hub id (its config only: weights are
+        random from the seed, the step time does not depend on them). layers: keep N decoder layers. batch_size, seq_len: tokens
         per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before them (compilation,
         autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS` (default: all; on the CPU
         all but the compiled ones). dtype: "bfloat16" or
@@ -160,30 +158,17 @@ class E2EResult:
 
 
 def hf_config(model: str, layers: int | None = None):
-    """The ``transformers`` config of ``model``: a preset name, a config.json file or a checkpoint directory.
+    """The ``transformers`` config of ``model`` (a preset name, a config.json file, a checkpoint directory or a Hub id
+    in the local cache: :func:`tigon.workflows.model_source.load_model_config`), keeping ``layers`` decoder layers,
+    and a description of the source (the preset name, the absolute path or the Hub id).
 
     Raises:
-        ConfigError: not a preset / file / directory, or the config cannot be read.
+        ConfigError: ``model`` cannot be found or read, or ``layers`` is out of range.
     """
-    from .compare import CompareConfig, _hf_config
+    from .model_source import model_config
 
-    if model in _presets.PRESETS:
-        return _presets.build_config(model, layers)
-    if os.path.isdir(model):
-        return _hf_config(CompareConfig(model=model, layers=layers))
-    if not os.path.isfile(model):
-        raise ConfigError(f"--model {model}: not a preset ({', '.join(_presets.PRESETS)}), a config.json or a "
-                          "checkpoint directory")
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--model {model}: cannot read a model config: {error_text(e)}") from e
-    try:
-        return _presets.keep_layers(cfg, layers)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
+    config, source = model_config(model, layers, "--model")
+    return config, source.hub_id or source.path
 
 
 def build_model(config, dtype: torch.dtype, device: torch.device, seed: int,
@@ -422,8 +407,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
 
     cfg = resolve_e2e(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
-    hfc = hf_config(cfg.model, cfg.layers)
-    info = model_info(hfc, cfg.model if cfg.model in _presets.PRESETS else os.path.abspath(cfg.model))
+    hfc, source = hf_config(cfg.model, cfg.layers)
+    info = model_info(hfc, source)
     info["dtype"] = cfg.dtype
     batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
     tokens_per_step = cfg.batch_size * cfg.seq_len

@@ -1,23 +1,21 @@
 """What :func:`tigon.patch` would do to a model, without loading it (``tigon inspect MODEL``).
 
-MODEL is a preset name (:data:`tigon.presets.PRESETS`), a path to a Hugging Face ``config.json``, or a local
-checkpoint directory (only its ``config.json`` is read). The model is built from the config on PyTorch's
-``meta`` device: modules and parameter shapes exist, no weights are read or allocated, so even the 8B presets
-take a second or two. :func:`tigon.patch` is then applied to that weightless model at instance level and
+MODEL is a preset name (:data:`tigon.presets.PRESETS`), a path to a Hugging Face ``config.json``, a local
+checkpoint directory or a Hub id in the local Hugging Face cache (only its ``config.json`` is read, by
+:func:`tigon.workflows.model_source.load_model_config`). The model is built from the config on PyTorch's ``meta``
+device: modules and parameter shapes exist, no weights are read or allocated, so even the 8B presets take a second
+or two. :func:`tigon.patch` is then applied to that weightless model at instance level and
 undone with :func:`tigon.unpatch` at once; its report says, module by module, what would be replaced and what
 would be skipped and why. Every other module is listed as left alone, with the reason.
 
 Kinds (the keys of ``counts``) are the patch kinds of :mod:`tigon.integrations` (norms, the rotary call inside each
 attention module, the gated MLP's activation, the LM head and the causal-LM loss fused in training), counted under
 the categories of :data:`tigon.integrations.report.KIND_CATEGORIES`.
-
-:func:`load_model_config` (MODEL -> transformers config) is shared with ``tigon verify``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,61 +23,15 @@ from typing import Any
 
 import torch
 
-from .. import presets as _presets
 from ..integrations.report import DRY_RUN_SILENT_NOTES, KIND_NOTES
 from ..integrations.report import KIND_CATEGORIES as CATEGORIES  # patch kind -> category
-from .compare import ConfigError, error_text
 from .dry_run import dry_run
+from .errors import ConfigError, error_text
+from .model_source import load_model_config
 
 CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
                  "rms_norm_eps", "tie_word_embeddings", "final_logit_softcapping")
-
-
-@dataclass
-class ModelSource:
-    """Where a model config came from: ``kind`` is "preset", "config" or "checkpoint"; ``path`` is the preset
-    name or the absolute path."""
-
-    kind: str
-    path: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.path}"
-
-
-def load_model_config(model: str):
-    """The ``transformers`` config of MODEL, and where it came from. Reads one JSON file at most; no weights.
-
-    Args:
-        model: a preset name, a path to a ``config.json`` (any file name), or a checkpoint directory holding
-            ``config.json``.
-
-    Returns:
-        ``(config, ModelSource)``.
-
-    Raises:
-        ConfigError: not a preset nor an existing file / directory, no ``config.json`` in the directory, or a
-            config transformers cannot read (unknown ``model_type``, invalid JSON).
-    """
-    if model in _presets.PRESETS:
-        return _presets.build_config(model), ModelSource("preset", model)
-    from transformers import AutoConfig
-
-    if os.path.isfile(model):
-        source = ModelSource("config", os.path.abspath(model))
-    elif os.path.isdir(model):
-        if not os.path.isfile(os.path.join(model, "config.json")):
-            raise ConfigError(f"{model}: directory has no config.json")
-        source = ModelSource("checkpoint", os.path.abspath(model))
-    else:
-        raise ConfigError(f"{model!r} is neither a preset ({', '.join(_presets.PRESETS)}) nor an existing "
-                          "config.json / checkpoint directory")
-    try:
-        config = AutoConfig.from_pretrained(source.path, local_files_only=True)
-    except Exception as e:  # OSError, ValueError, KeyError, JSONDecodeError ...
-        raise ConfigError(f"{model}: cannot read a model config: {error_text(e)}") from e
-    return config, source
 
 
 def config_summary(config) -> dict[str, Any]:
@@ -97,8 +49,8 @@ class InspectResult:
     """The outcome of :func:`run_inspect`; :meth:`as_dict` is what ``tigon inspect --json`` writes.
 
     Attributes:
-        model: the MODEL argument; source: ``"preset:tiny"``, ``"config:/abs/config.json"`` or
-            ``"checkpoint:/abs/dir"``.
+        model: the MODEL argument; source: ``"preset:tiny"``, ``"config:/abs/config.json"``,
+            ``"checkpoint:/abs/dir"`` or ``"hub:org/name"``.
         family: the Tigon family spec that applies (``"llama"``).
         architecture: the causal-LM class (``"LlamaForCausalLM"``); num_parameters: its parameter count.
         config: shape fields of the config (hidden_size, intermediate_size, layers, heads, vocab, activation ...).
@@ -194,14 +146,15 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
     """Dry-run :func:`tigon.patch` on MODEL built from its config on the meta device.
 
     Args:
-        model: a preset name, a ``config.json`` path or a checkpoint directory (see :func:`load_model_config`).
+        model: a preset name, a ``config.json`` path, a checkpoint directory or a Hub id in the local cache (see
+            :func:`~tigon.workflows.model_source.load_model_config`).
         patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
 
     Returns:
         an :class:`InspectResult` (see :func:`inspect_config`).
 
     Raises:
-        ConfigError: MODEL cannot be read or built (see :func:`load_model_config`,
+        ConfigError: MODEL cannot be read or built (see :func:`~tigon.workflows.model_source.load_model_config`,
             :func:`~tigon.workflows.dry_run.build_meta_model`), or ``tigon.patch`` does not support its family (the
             message names the supported families).
     """

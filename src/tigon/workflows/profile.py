@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from .. import presets as _presets
 from ..ops import CATEGORIES as OP_CATEGORIES
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, versions
@@ -74,7 +73,7 @@ _ATTENTION_KEYS = ("scaled_dot_product", "scaleddotproduct", "flash_attention", 
 class ProfileConfig:
     """What ``tigon profile`` runs. ``None`` fields take the device's defaults (:data:`DEFAULTS`).
 
-    model: preset name, config.json or checkpoint directory (config only; random weights). layers: keep N
+    model: preset name, config.json, checkpoint directory or cached Hub id (config only; random weights). layers: keep N
     decoder layers. batch_size, seq_len: tokens per step. steps: profiled (and timed) steps. warmup: untimed
     steps first. dtype: "bfloat16" or "float32". device: "auto", "cpu", "cuda". trace: write the original step's
     Chrome trace there (and the patched one next to it, ``<name>.patched<ext>``). predict: run the op bench and
@@ -469,8 +468,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
     cfg = resolve_profile(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
-    hfc = hf_config(cfg.model, cfg.layers)
-    info = model_info(hfc, cfg.model if cfg.model in _presets.PRESETS else os.path.abspath(cfg.model))
+    hfc, source = hf_config(cfg.model, cfg.layers)
+    info = model_info(hfc, source)
     info["dtype"] = cfg.dtype
     vocab = int(hfc.vocab_size)
     n_timed = cfg.warmup + cfg.steps

@@ -28,8 +28,8 @@ to fp32, which is more exact than what Tigon replaces and so an unfair baseline 
 The fallback is checked too: under :func:`tigon.support.force_reference` the Tigon op must return exactly
 (``torch.equal``) what :mod:`tigon.reference` returns, outputs and gradients.
 
-Shapes come from a model config (a preset, a ``config.json`` or a checkpoint directory; default ``tiny`` on CPU,
-``llama3-8b`` on CUDA) as :class:`~tigon.ops.ModelShapes` (:mod:`tigon.workflows.model_shapes`): ``tokens`` x
+Shapes come from a model config (a preset, a ``config.json``, a checkpoint directory or a cached Hub id; default
+``tiny`` on CPU, ``llama3-8b`` on CUDA) as :class:`~tigon.ops.ModelShapes` (:mod:`tigon.workflows.model_shapes`): ``tokens`` x
 hidden / intermediate / heads / head_dim / vocab ("model" rows), and the same with odd sizes ("odd" rows: hidden, intermediate and vocab ``(3n/4) | 1``, head_dim an even size that is not
 a power of two, an odd token count). On CPU, where the kernels run in Triton's interpreter, ``tokens`` defaults
 to :data:`CPU_TOKENS` and the vocabulary is capped at :data:`CPU_MAX_VOCAB` (the result lists every cap); on
@@ -103,11 +103,11 @@ class VerifyConfig:
     """What to verify. ``None`` fields take the device's defaults.
 
     ops: op names from :func:`tigon.ops.registry` (default: all, or with ``model_ops`` the model's). dtypes: names
-    from :data:`DTYPES` (default: float32 and bfloat16). model: preset / config.json / checkpoint directory (default
-    ``tiny`` on CPU, ``llama3-8b`` on CUDA). model_ops: verify only the ops :func:`tigon.patch` runs in ``model``
-    (:func:`model_ops`); default: when ``model`` is given. device: "auto" (CUDA if available), "cpu" or "cuda".
-    tokens: tokens per case (default 64 on CPU, 4096 on CUDA). max_vocab: vocabulary cap (default 1024 on CPU, none
-    on CUDA; 0 = no cap). seed: seeds the inputs.
+    from :data:`DTYPES` (default: float32 and bfloat16). model: preset / config.json / checkpoint directory / cached
+    Hub id (default ``tiny`` on CPU, ``llama3-8b`` on CUDA). model_ops: verify only the ops :func:`tigon.patch` runs
+    in ``model`` (:func:`model_ops`); default: when ``model`` is given. device: "auto" (CUDA if available), "cpu" or
+    "cuda". tokens: tokens per case (default 64 on CPU, 4096 on CUDA). max_vocab: vocabulary cap (default 1024 on
+    CPU, none on CUDA; 0 = no cap). seed: seeds the inputs.
     """
 
     ops: list[str] | None = None
@@ -261,7 +261,7 @@ def model_ops(model: str, registry: Registry | None = None) -> list[str]:
             of ``registry`` (the message starts "nothing to verify" and names what was skipped).
     """
     from .dry_run import PatchRejected, dry_run
-    from .inspect import load_model_config
+    from .model_source import load_model_config
 
     registry = _ops.registry() if registry is None else registry
     hf_config, _ = load_model_config(model)
@@ -407,7 +407,8 @@ def run_verify(
         ConfigError: bad configuration, or a model config that cannot be read or lacks the needed sizes.
     """
     from .compare import _device_name, _device_str, versions
-    from .inspect import config_summary, load_model_config
+    from .inspect import config_summary
+    from .model_source import load_model_config
 
     registry = _ops.registry() if registry is None else registry
     cfg = resolve_config(config, registry)

@@ -1,0 +1,96 @@
+"""Instance-level patches that survive ``copy.deepcopy`` and pickling (``torch.save(model)`` / ``torch.load``).
+
+An instance-level patch is a bound method in the module's ``__dict__`` (``forward``, or ``_apply_gate`` for MoE
+experts), built from a :class:`Recipe` by :func:`build`, which also attaches the recipe to the function.
+
+deepcopy
+    ``copy`` rebinds a bound method to the copy of its module, so the copy keeps every patch; the rotary dispatcher
+    registers the copy's attention modules on their first forward
+    (:meth:`tigon.integrations.rotary_switch.RopeTarget.ensure`).
+pickle
+    A bound method pickles as ``getattr(module, name)``, which on load finds the class's own method: the patch would
+    be lost without a word. :func:`install_reducer` registers a reducer for bound methods with :mod:`copyreg` that
+    pickles Tigon's methods as ``rebind(module, recipe)`` instead (everything else pickles exactly as before);
+    unpickling rebuilds the Tigon method for the module's class in the loading process. The loading process needs
+    ``tigon`` importable (``torch.load(path, weights_only=False)``, as for any pickled model).
+
+``save_pretrained`` / ``from_pretrained`` keep no patch: a patch adds no parameter or buffer, so the state dict is the
+unpatched model's, and a model loaded with ``from_pretrained`` is patched again with :func:`tigon.patch` (or loaded
+with :class:`tigon.AutoModelForCausalLM`).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import types
+from dataclasses import dataclass, field
+
+from . import components
+from . import forwards as fw
+from .rotary_switch import RopeTarget
+
+RECIPE = "__tigon_recipe__"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an instance-level Tigon method was built, so it can be built again for a copy of its module.
+
+    attr: the instance attribute (``forward`` or ``_apply_gate``); kind: the patch kind (``rms_norm``, ``mlp``,
+    ``rope``, ...); comp: the component spec (NormSpec, MLPSpec, RopeSpec, DecoderLayerSpec, CausalLMSpec);
+    family: the family name (or ``"generic"``); family_module: the modeling module's name; opts: the LM-head options
+    of :func:`tigon.patch` (``{"fused", "ce", "flce"}``).
+    """
+
+    attr: str
+    kind: str
+    comp: object
+    family: str
+    family_module: str
+    opts: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def build(recipe: Recipe, original):
+    """The Tigon function that replaces ``original`` (the class's attribute ``recipe.attr``), carrying ``recipe``."""
+    if recipe.kind == "rope":
+        target = RopeTarget(recipe.family_module, recipe.comp.function, recipe.family)
+        fn = fw.attention_forward(recipe.family, original, target)
+    else:
+        fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts)
+    if getattr(fn, RECIPE, None) is None:  # the factories cache their functions: the first recipe is as good
+        setattr(fn, RECIPE, recipe)
+    return fn
+
+
+def _class_original(cls: type, attr: str):
+    """``cls.<attr>`` without Tigon's class-level replacement, should the class be patched in this process."""
+    original = getattr(cls, attr)
+    while fw.tigon_mark(original) is not None and hasattr(original, "__wrapped__"):
+        original = original.__wrapped__
+    return original
+
+
+def rebind(module, recipe: Recipe) -> types.MethodType:
+    """Unpickling of a Tigon method: the method built from ``recipe`` for ``module``'s class, bound to ``module``
+    (which is not filled in yet when this runs: only its class is used)."""
+    return types.MethodType(build(recipe, _class_original(type(module), recipe.attr)), module)
+
+
+def _reduce_method(method: types.MethodType):
+    recipe = getattr(method.__func__, RECIPE, None)
+    if recipe is None:
+        return _PREVIOUS(method) if _PREVIOUS is not None else method.__reduce__()
+    return rebind, (method.__self__, recipe)
+
+
+_PREVIOUS = copyreg.dispatch_table.get(types.MethodType)
+
+
+def install_reducer() -> None:
+    """Register the bound-method reducer with :mod:`copyreg` (idempotent; done when this module is imported).
+    Bound methods other than Tigon's reduce as before (through a reducer registered earlier, if any)."""
+    if copyreg.dispatch_table.get(types.MethodType) is not _reduce_method:
+        copyreg.pickle(types.MethodType, _reduce_method)
+
+
+install_reducer()

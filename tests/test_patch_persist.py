@@ -1,0 +1,128 @@
+"""A patched model keeps its patch through ``copy.deepcopy`` and ``torch.save`` / ``torch.load``; ``save_pretrained``
+keeps the plain state dict and ``from_pretrained`` gives the unpatched model (patch it again)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import pickle
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tigon  # noqa: E402
+from tigon import support  # noqa: E402
+from tigon.integrations import patched_state  # noqa: E402
+from tigon.integrations.engine import release_unused  # noqa: E402
+from tigon.integrations.forwards import tigon_mark  # noqa: E402
+from tigon.presets import build_config  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KINDS = {"rms_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss"}
+OPS = {"rms_norm", "fused_add_rms_norm", "glu_linear", "rope", "fused_linear_cross_entropy"}
+
+
+def _model():
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(build_config("tiny", num_hidden_layers=1)).to(DEVICE).train()
+
+
+def _ids():
+    return torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+
+def _patched_kinds(model) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for m in model.modules():
+        for attr in ("forward", "_apply_gate"):
+            mark = tigon_mark(m.__dict__.get(attr))
+            if mark is not None:
+                kinds[mark["kind"]] = kinds.get(mark["kind"], 0) + 1
+    return kinds
+
+
+def _step(model) -> tuple[float, dict]:
+    """Loss of one forward + backward, and the Tigon ops it called."""
+    support.backend_usage(reset=True)
+    loss = model(input_ids=_ids(), labels=_ids()).loss
+    loss.backward()
+    return loss.item(), support.backend_usage(reset=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    yield
+    gc.collect()
+    assert release_unused() is not None and patched_state()["rope_dispatchers"] == {}
+
+
+def _assert_still_patched(model, expected_kinds: dict, expected_loss: float) -> None:
+    assert _patched_kinds(model) == expected_kinds
+    loss, ops = _step(model)
+    assert set(ops) == OPS, ops  # rope included: the rotary dispatcher serves the copy
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    assert {e.kind for e in tigon.unpatch(model).replaced} == KINDS
+    assert _patched_kinds(model) == {}
+
+
+def _patched_model():
+    """A patched tiny model, its patched kinds, and the loss of one step of a copy (the reference for the copies)."""
+    model = _model()
+    tigon.patch(model)
+    kinds = _patched_kinds(model)
+    assert set(kinds) == KINDS
+    loss, _ = _step(copy.deepcopy(model))
+    return model, kinds, loss
+
+
+def _unpatch_original(model) -> None:
+    """Unpatch ``model``: with no patched model registered, the rotary global is transformers' function again."""
+    gc.collect()  # the copy _patched_model stepped registered itself; it is garbage now
+    tigon.unpatch(model)
+    assert patched_state()["rope_dispatchers"] == {}
+
+
+def test_deepcopy_keeps_the_patch_after_the_original_is_gone():
+    model, kinds, loss = _patched_model()
+    twin = copy.deepcopy(model)
+    _unpatch_original(model)
+    _assert_still_patched(twin, kinds, loss)  # the copy installs the rotary dispatcher again on its first forward
+
+
+def test_torch_save_and_load_keep_the_patch():
+    model, kinds, loss = _patched_model()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    _unpatch_original(model)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    _assert_still_patched(loaded, kinds, loss)
+    assert set(tigon.patch(loaded).counts) == KINDS  # unpatched for real: patching again replaces everything
+
+
+class _Plain:
+    def method(self):
+        return 42
+
+
+def test_other_bound_methods_pickle_as_before():
+    again = pickle.loads(pickle.dumps(_Plain().method))
+    assert again() == 42 and again.__func__ is _Plain.method
+
+
+def test_save_pretrained_keeps_the_state_dict_and_from_pretrained_is_unpatched(tmp_path):
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tigon.patch(model)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    model.save_pretrained(tmp_path)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert _patched_kinds(plain) == {}  # the patch is not saved: re-apply it after from_pretrained
+    again = tigon.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert set(_patched_kinds(again)) == KINDS and set(again.tigon_report.counts) == KINDS
+    tigon.unpatch(model)
+    tigon.unpatch(again)
