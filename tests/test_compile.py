@@ -297,3 +297,13 @@ def test_import_does_not_load_triton():
             "print(sorted(m for m in ('triton', 'torch._dynamo') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_patch_report_says_what_runs_under_compile(tiny_models, monkeypatch):
+    import tigon
+
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "auto")
+    model = tiny_models(False)
+    note = next(n for n in tigon.patch(model).notes if n.startswith("under torch.compile"))
+    assert "rms_norm, rope leave their code to Inductor" in note and "fused_linear_cross_entropy run" in note
+    tigon.unpatch(model)

@@ -531,7 +531,29 @@ def patch(
     off = [k for k in OPTION_KINDS if not enabled[k]]
     if off:
         report.notes.append("turned off: " + ", ".join(off))
+    compiled = _compile_note(report)
+    if compiled:
+        report.notes.append(compiled)
     return report
+
+
+def _compile_note(report: PatchReport) -> str:
+    """What the replaced ops run inside a torch.compile graph, in the current compile mode (one line, or "")."""
+    from .. import support
+
+    ops = sorted({op for e in report.replaced for op in e.ops})
+    if not ops:
+        return ""
+    by = {"kernel": [], "inductor": []}
+    for op in ops:
+        by[support.compiled_choice(op)].append(op)
+    parts = []
+    if by["inductor"]:
+        parts.append(f"{', '.join(by['inductor'])} leave their code to Inductor (fused with their neighbours)")
+    if by["kernel"]:
+        parts.append(f"{', '.join(by['kernel'])} run Tigon's kernels")
+    return (f"under torch.compile (compile mode {support.compile_mode()!r}, tigon.support.set_compile_mode): "
+            + "; ".join(parts))
 
 
 def unpatch(model_or_family) -> PatchReport:
