@@ -31,8 +31,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, next_pow2, or_empty
-from ..support import interpreter_enabled
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty
 
 
 @triton.jit
@@ -120,7 +119,7 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     (session6/tune6_rope_gemma2.json). The interpreter pays per program, so there a program takes 65,536 elements per
     half.
     """
-    if interpreter_enabled() or device.type != "cuda":
+    if not compiled_cuda(device):
         return max(1, (1 << 16) // block_half), 4
     return max(1, HALF_TILE // block_half), TILE_WARPS
 
@@ -172,7 +171,7 @@ class RoPEFunction(torch.autograd.Function):
         return q_embed, k_embed
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dq_embed, dk_embed):
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
