@@ -14,7 +14,8 @@ itself), so figures compare versions of the code on one machine, not machines. M
 loaded machine the wall clock also counts the time the process waited for a core, the CPU time does not.
 ``--launches`` also counts, per op, the kernels one forward and one backward (``torch.autograd.grad`` with given
 output gradients, so nothing of the harness is counted) would launch on a GPU, in bfloat16: the Triton launches
-(by kernel) and the ATen ops that run a kernel (views and allocations aside). ``--merge`` writes the per-op medians
+(by kernel) and the ATen ops that run a kernel (views and allocations aside); for Tigon and for the ops' eager
+PyTorch code (what ``tigon bench`` times as eager). ``--merge`` writes the per-op medians
 of several ``--out`` files (e.g. runs alternating between two versions of the code).
 """
 
@@ -71,23 +72,34 @@ def _inputs(dtype=torch.float32):
     leaf = lambda *s: torch.randn(*s, dtype=dtype).requires_grad_()  # noqa: E731
     return dict(x=leaf(8, 64), w=torch.ones(64, dtype=dtype, requires_grad=True), t=torch.randint(0, 64, (8,)),
                 q=leaf(1, 4, 8, 16), k=leaf(1, 2, 8, 16), cos=torch.randn(1, 8, 16, dtype=dtype),
-                sin=torch.randn(1, 8, 16, dtype=dtype), g=leaf(8, 64), u=leaf(8, 64))
+                sin=torch.randn(1, 8, 16, dtype=dtype), g=leaf(8, 64), u=leaf(8, 64),
+                b=torch.zeros(64, dtype=dtype, requires_grad=True))
 
 
-def _ops(i):
-    """Each op as (forward call, the leaves it differentiates)."""
+def _ops(i, eager: bool = False):
+    """Each op as (forward call, the leaves it differentiates); the first four are timed, all are counted.
+    ``eager``: the op's eager PyTorch code (its record's ``eager_fn``: what ``tigon bench`` times as eager)."""
     import tigon.functional as F
+    from tigon import ops
 
+    def fn(name):
+        return ops.get(name).eager_fn if eager else getattr(F, name)
+
+    ce, rms, rope, swiglu, fadd, ln = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu", "fused_add_rms_norm",
+                                               "layer_norm"))
     return {
-        "cross_entropy": (lambda: F.cross_entropy(i["x"], i["t"]), [i["x"]]),
-        "rms_norm": (lambda: F.rms_norm(i["x"], i["w"]), [i["x"], i["w"]]),
-        "rope": (lambda: F.rope(i["q"], i["k"], i["cos"], i["sin"]), [i["q"], i["k"]]),
-        "swiglu": (lambda: F.swiglu(i["g"], i["u"]), [i["g"], i["u"]]),
+        "cross_entropy": (lambda: ce(i["x"], i["t"]), [i["x"]]),
+        "rms_norm": (lambda: rms(i["x"], i["w"]), [i["x"], i["w"]]),
+        "rope": (lambda: rope(i["q"], i["k"], i["cos"], i["sin"]), [i["q"], i["k"]]),
+        "swiglu": (lambda: swiglu(i["g"], i["u"]), [i["g"], i["u"]]),
+        "fused_add_rms_norm": (lambda: fadd(i["x"], i["g"], i["w"]), [i["x"], i["g"], i["w"]]),
+        "layer_norm": (lambda: ln(i["x"], i["w"], i["b"]), [i["x"], i["w"], i["b"]]),
     }
 
 
-def count_launches() -> dict:
-    """{op: {"fwd": {kernel: launches}, "bwd": {...}, "total": n}}: Triton launches and kernel-running ATen ops."""
+def count_launches(eager: bool = False) -> dict:
+    """{op: {"fwd": {kernel: launches}, "bwd": {...}, "total": n}}: Triton launches and kernel-running ATen ops.
+    ``eager``: of the ops' eager PyTorch code instead (see :func:`_ops`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     no_kernel = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
@@ -96,12 +108,15 @@ def count_launches() -> dict:
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket not in no_kernel and not func.is_view:
+            out = func(*args, **(kwargs or {}))
+            tensors = out if isinstance(out, (tuple, list)) else (out,)  # (promote_types & co. return no tensor)
+            if func.overloadpacket not in no_kernel and not func.is_view and any(
+                    isinstance(t, torch.Tensor) for t in tensors):
                 LAUNCHES["aten." + func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
+            return out
 
     out = {}
-    for name, (fwd, leaves) in _ops(_inputs(torch.bfloat16)).items():
+    for name, (fwd, leaves) in _ops(_inputs(torch.bfloat16), eager).items():
         res = fwd()
         res = list(res) if isinstance(res, tuple) else [res]
         grads = [torch.ones_like(r) for r in res]
@@ -159,10 +174,11 @@ def main():
     res = {name: round(_time(fn, CLOCKS[args.clock]), 1) for name, fn in cases.items()}
     for name, us in res.items():
         print(f"{name:46s} {us:8.1f} us")
-    launches = count_launches() if args.launches else None
+    launches = {"tigon": count_launches(), "eager": count_launches(eager=True)} if args.launches else None
     if launches:
-        for name, c in launches.items():
-            print(f"{name:14s} launches fwd+bwd {c['total']}: fwd {c['fwd']} bwd {c['bwd']}")
+        for who, counts in launches.items():
+            for name, c in counts.items():
+                print(f"{who:5s} {name:18s} launches fwd+bwd {c['total']:2d}: fwd {c['fwd']} bwd {c['bwd']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "clock": args.clock, "host_us": res,
