@@ -16,18 +16,18 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, once_differentiable, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
 from .norm import norm_backward, norm_forward
 
 
 def layer_norm_forward(x: torch.Tensor, weight, bias, eps: float):
     """Normalise x (..., N) (any strides); weight, bias (N,) or None.
 
-    Returns (y: x's shape and dtype, contiguous; x2: the (M, N) rows of x with unit column stride, a view of x
-    where possible; mean, rstd: (M,) fp32).
+    Returns (y: x's shape and dtype, contiguous; x2: x as the kernel read it (x itself when contiguous or already
+    (M, N) rows with unit column stride, else its (M, N) rows view, a copy for a strided last dimension); mean, rstd:
+    (M,) fp32).
     """
-    x2 = as_rows(x, "x")
-    y, mean, rstd, _ = norm_forward(x2, weight, bias, eps, is_rms=False, out_shape=x.shape)
+    y, mean, rstd, _, x2 = norm_forward(x, weight, bias, eps, is_rms=False)
     return y, x2, mean, rstd
 
 
@@ -40,8 +40,8 @@ def layer_norm_backward(dy, x, weight, bias_dtype: torch.dtype | None, mean, rst
     """
     need_dw = weight is not None and need_dw
     need_db = bias_dtype is not None and need_db
-    return norm_backward(dy, as_rows(x, "x"), weight, mean, rstd, need_dw, need_db, is_rms=False,
-                         dx_shape=x_shape or x.shape, dw_dtype=weight.dtype if need_dw else torch.float32,
+    return norm_backward(dy, x, weight, mean, rstd, need_dw, need_db, is_rms=False, dx_shape=x_shape,
+                         dw_dtype=weight.dtype if need_dw else torch.float32,
                          db_dtype=bias_dtype if need_db else torch.float32)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, once_differentiable, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
 from .norm import norm_backward, norm_forward
 
 
@@ -28,13 +28,13 @@ def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) 
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
     """Normalise x (..., N) (any strides) with weight (N,).
 
-    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: the (M, N) rows of x with unit column stride, a
-    view of x where possible; rstd: (M,) fp32).
+    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: x as the kernel read it (x itself when contiguous or
+    already (M, N) rows with unit column stride, else its (M, N) rows view, a copy for a strided last dimension);
+    rstd: (M,) fp32).
     """
-    x2 = as_rows(x, "x")
-    y, _, rstd, _ = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
-                                 round_xhat=casting_mode == "llama",
-                                 out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode), out_shape=x.shape)
+    y, _, rstd, _, x2 = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
+                                     round_xhat=casting_mode == "llama",
+                                     out_dtype=output_dtype(x.dtype, weight.dtype, casting_mode))
     return y, x2, rstd
 
 
@@ -45,8 +45,8 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
     Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dw: (N,) in weight's dtype, or None
     unless ``need_dw``).
     """
-    dx, dw, _ = norm_backward(dy, as_rows(x, "x"), weight, None, rstd, need_dw, False, is_rms=True, offset=offset,
-                              dx_shape=x_shape or x.shape, dw_dtype=weight.dtype)
+    dx, dw, _ = norm_backward(dy, x, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, dx_shape=x_shape,
+                              dw_dtype=weight.dtype)
     return dx, dw
 
 
