@@ -135,10 +135,15 @@ def count_launches(eager: bool = False) -> dict:
 
 
 def merge(paths):
+    """The per-op medians of several ``--out`` files, per clock: ``host_us`` for the first file's clock,
+    ``host_us_<clock>`` for each clock present, and every run's figures under ``runs``."""
     runs = [json.load(open(p)) for p in paths]
-    keys = [k for k in runs[0]["host_us"]]
-    res = {k: round(statistics.median(r["host_us"][k] for r in runs), 1) for k in keys}
-    out = dict(runs[0], host_us=res, runs=[r["host_us"] for r in runs], merged=list(paths))
+    out = dict(runs[0], runs=[{"clock": r.get("clock", "wall"), "host_us": r["host_us"]} for r in runs],
+               merged=list(paths))
+    for clock in dict.fromkeys(r.get("clock", "wall") for r in runs):
+        same = [r["host_us"] for r in runs if r.get("clock", "wall") == clock]
+        out[f"host_us_{clock}"] = {k: round(statistics.median(r[k] for r in same), 1) for k in same[0]}
+    out["host_us"] = out[f"host_us_{runs[0].get('clock', 'wall')}"]
     return out
 
 
@@ -149,6 +154,7 @@ def main():
                     help="wall: time.perf_counter; cpu: the thread's CPU time (steadier on a loaded machine)")
     ap.add_argument("--launches", action="store_true", help="also count the kernel launches of each op")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="write the medians of these --out files to --out")
+    ap.add_argument("--note", help="stored in the JSON (e.g. which tree / commit was on PYTHONPATH)")
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge)
@@ -181,7 +187,7 @@ def main():
                 print(f"{who:5s} {name:18s} launches fwd+bwd {c['total']:2d}: fwd {c['fwd']} bwd {c['bwd']}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "clock": args.clock, "host_us": res,
+            json.dump({"torch": torch.__version__, "clock": args.clock, "note": args.note, "host_us": res,
                        **({"launches": launches} if launches else {}),
                        "command": "TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py"
                                   f" --clock {args.clock}" + (" --launches" if args.launches else "")}, f, indent=1)
