@@ -1,81 +1,196 @@
 """Host (Python + dispatcher) time of one call of each Tigon op, with every Triton launch replaced by a no-op.
 
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py [--out host-overhead_tiny_cpu_<date>.json]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py [--clock cpu] [--launches] \
+        [--out host-overhead_tiny_cpu_<date>.json]
+    python3 benchmarks/host_overhead.py --merge run1.json run2.json ... --out medians.json
 
 What the GPU hides only when its kernels run longer than this: at small batches the ops are host-bound (the
 cross-entropy at 1-2k tokens, benchmarks/results/h200/session8/sweep9c_ce_plain_small.json). On the GPU, the host's
 share shows as the difference between ``tigon bench`` without and with ``--cuda-graph``. Measured on tiny CPU tensors under the interpreter backend (the
 same Python path as the CUDA one except that the CUDA path skips the target-range check and pays the CUDA launch
 itself), so figures compare versions of the code on one machine, not machines. Median of 7 repeats of 500 calls.
+
+``--clock cpu`` times with the thread's CPU time (``time.thread_time``) instead of the wall clock: on a shared,
+loaded machine the wall clock also counts the time the process waited for a core, the CPU time does not.
+``--launches`` also counts, per op, the kernels one forward and one backward (``torch.autograd.grad`` with given
+output gradients, so nothing of the harness is counted) would launch on a GPU, in bfloat16: the Triton launches
+(by kernel) and the ATen ops that run a kernel (views and allocations aside); for Tigon and for the ops' eager
+PyTorch code (what ``tigon bench`` times as eager). ``--merge`` writes the per-op medians
+of several ``--out`` files (e.g. runs alternating between two versions of the code).
 """
 
 import argparse
 import json
 import statistics
 import time
+from collections import Counter
 
 import torch
 
-import tigon.functional as F
-from tigon.kernels import glu, loss_rows, norm, rope  # the modules whose kernels are launched
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+LAUNCHES = Counter()  # kernel name -> stubbed launches
 
 
 class _NoLaunch:
+    def __init__(self, name: str):
+        self.name = name
+
     def __getitem__(self, grid):
-        return lambda *a, **k: None
+        def launch(*a, **k):
+            LAUNCHES[self.name] += 1
+        return launch
 
 
 def _mock_launches():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    from tigon.kernels import glu, loss_rows, norm, rope  # the modules whose kernels are launched
+
     for mod in (loss_rows, glu, norm, rope):
         for name in dir(mod):
             if isinstance(getattr(mod, name), (JITFunction, InterpretedFunction)):
-                setattr(mod, name, _NoLaunch())  # only launched ones matter; helpers are never called from Python
+                setattr(mod, name, _NoLaunch(name))  # only launched ones matter; helpers are never called from Python
     import tigon.reference.cross_entropy as rce
     rce.check_target_range = lambda *a, **k: None  # skipped on the CUDA path (it would sync)
 
 
-def _time(fn, reps=500):
+def _time(fn, clock, reps=500):
     for _ in range(20):
         fn()
     out = []
     for _ in range(7):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(reps):
             fn()
-        out.append((time.perf_counter() - t0) / reps * 1e6)
+        out.append((clock() - t0) / reps * 1e6)
     return statistics.median(out)
+
+
+def _inputs(dtype=torch.float32):
+    torch.manual_seed(0)
+    leaf = lambda *s: torch.randn(*s, dtype=dtype).requires_grad_()  # noqa: E731
+    return dict(x=leaf(8, 64), w=torch.ones(64, dtype=dtype, requires_grad=True), t=torch.randint(0, 64, (8,)),
+                q=leaf(1, 4, 8, 16), k=leaf(1, 2, 8, 16), cos=torch.randn(1, 8, 16, dtype=dtype),
+                sin=torch.randn(1, 8, 16, dtype=dtype), g=leaf(8, 64), u=leaf(8, 64),
+                b=torch.zeros(64, dtype=dtype, requires_grad=True))
+
+
+def _ops(i, eager: bool = False):
+    """Each op as (forward call, the leaves it differentiates); the first four are timed, all are counted.
+    ``eager``: the op's eager PyTorch code (its record's ``eager_fn``: what ``tigon bench`` times as eager)."""
+    import tigon.functional as F
+    from tigon import ops
+
+    def fn(name):
+        return ops.get(name).eager_fn if eager else getattr(F, name)
+
+    ce, rms, rope, swiglu, fadd, ln = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu", "fused_add_rms_norm",
+                                               "layer_norm"))
+    return {
+        "cross_entropy": (lambda: ce(i["x"], i["t"]), [i["x"]]),
+        "rms_norm": (lambda: rms(i["x"], i["w"]), [i["x"], i["w"]]),
+        "rope": (lambda: rope(i["q"], i["k"], i["cos"], i["sin"]), [i["q"], i["k"]]),
+        "swiglu": (lambda: swiglu(i["g"], i["u"]), [i["g"], i["u"]]),
+        "fused_add_rms_norm": (lambda: fadd(i["x"], i["g"], i["w"]), [i["x"], i["g"], i["w"]]),
+        "layer_norm": (lambda: ln(i["x"], i["w"], i["b"]), [i["x"], i["w"], i["b"]]),
+    }
+
+
+def count_launches(eager: bool = False) -> dict:
+    """{op: {"fwd": {kernel: launches}, "bwd": {...}, "total": n}}: Triton launches and kernel-running ATen ops.
+    ``eager``: of the ops' eager PyTorch code instead (see :func:`_ops`)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    no_kernel = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
+                 torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided, torch.ops.aten.detach,
+                 torch.ops.aten.alias, torch.ops.aten.lift_fresh}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = out if isinstance(out, (tuple, list)) else (out,)  # (promote_types & co. return no tensor)
+            if func.overloadpacket not in no_kernel and not func.is_view and any(
+                    isinstance(t, torch.Tensor) for t in tensors):
+                LAUNCHES["aten." + func.overloadpacket.__name__] += 1
+            return out
+
+    out = {}
+    for name, (fwd, leaves) in _ops(_inputs(torch.bfloat16), eager).items():
+        res = fwd()
+        res = list(res) if isinstance(res, tuple) else [res]
+        grads = [torch.ones_like(r) for r in res]
+        LAUNCHES.clear()
+        with Count():
+            res = fwd()
+        f = dict(LAUNCHES)
+        res = list(res) if isinstance(res, tuple) else [res]
+        LAUNCHES.clear()
+        with Count():
+            torch.autograd.grad(res, leaves, grads)
+        b = dict(LAUNCHES)
+        out[name] = {"fwd": f, "bwd": b, "total": sum(f.values()) + sum(b.values())}
+    LAUNCHES.clear()
+    return out
+
+
+def merge(paths):
+    """The per-op medians of several ``--out`` files, per clock: ``host_us`` for the first file's clock,
+    ``host_us_<clock>`` for each clock present, and every run's figures under ``runs``."""
+    runs = [json.load(open(p)) for p in paths]
+    out = dict(runs[0], runs=[{"clock": r.get("clock", "wall"), "host_us": r["host_us"]} for r in runs],
+               merged=list(paths))
+    for clock in dict.fromkeys(r.get("clock", "wall") for r in runs):
+        same = [r["host_us"] for r in runs if r.get("clock", "wall") == clock]
+        out[f"host_us_{clock}"] = {k: round(statistics.median(r[k] for r in same), 1) for k in same[0]}
+    out["host_us"] = out[f"host_us_{runs[0].get('clock', 'wall')}"]
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the per-call host times as JSON")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="wall: time.perf_counter; cpu: the thread's CPU time (steadier on a loaded machine)")
+    ap.add_argument("--launches", action="store_true", help="also count the kernel launches of each op")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="write the medians of these --out files to --out")
+    ap.add_argument("--note", help="stored in the JSON (e.g. which tree / commit was on PYTHONPATH)")
     args = ap.parse_args()
+    if args.merge:
+        res = merge(args.merge)
+        for name, us in res["host_us"].items():
+            print(f"{name:46s} {us:8.1f} us")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     _mock_launches()
-    x = torch.randn(8, 64, requires_grad=True)
-    w = torch.ones(64, requires_grad=True)
-    t = torch.randint(0, 64, (8,))
-    q = torch.randn(1, 4, 8, 16, requires_grad=True)
-    k = torch.randn(1, 2, 8, 16, requires_grad=True)
-    cos, sin = torch.randn(1, 8, 16), torch.randn(1, 8, 16)
-    g, u = torch.randn(8, 64, requires_grad=True), torch.randn(8, 64, requires_grad=True)
+    i = _inputs()
+    ops = _ops(i)
+    x, t = i["x"], i["t"]
     cases = {
-        "cross_entropy fwd": lambda: F.cross_entropy(x, t),
-        "cross_entropy fwd+bwd": lambda: F.cross_entropy(x, t).backward(),
-        "rms_norm fwd+bwd": lambda: F.rms_norm(x, w).sum().backward(),
-        "rope fwd+bwd": lambda: sum(o.sum() for o in F.rope(q, k, cos, sin)).backward(),
-        "swiglu fwd+bwd": lambda: F.swiglu(g, u).sum().backward(),
+        "cross_entropy fwd": ops["cross_entropy"][0],
+        "cross_entropy fwd+bwd": lambda: ops["cross_entropy"][0]().backward(),
+        "rms_norm fwd+bwd": lambda: ops["rms_norm"][0]().sum().backward(),
+        "rope fwd+bwd": lambda: sum(o.sum() for o in ops["rope"][0]()).backward(),
+        "swiglu fwd+bwd": lambda: ops["swiglu"][0]().sum().backward(),
         "torch.sum fwd+bwd (floor: autograd + one op)": lambda: x.sum().backward(),
     }
-    res = {name: round(_time(fn), 1) for name, fn in cases.items()}
+    del t
+    res = {name: round(_time(fn, CLOCKS[args.clock]), 1) for name, fn in cases.items()}
     for name, us in res.items():
         print(f"{name:46s} {us:8.1f} us")
+    launches = {"tigon": count_launches(), "eager": count_launches(eager=True)} if args.launches else None
+    if launches:
+        for who, counts in launches.items():
+            for name, c in counts.items():
+                print(f"{who:5s} {name:18s} launches fwd+bwd {c['total']:2d}: fwd {c['fwd']} bwd {c['bwd']}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "host_us": res,
-                       "command": "TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py"}, f, indent=1)
+            json.dump({"torch": torch.__version__, "clock": args.clock, "note": args.note, "host_us": res,
+                       **({"launches": launches} if launches else {}),
+                       "command": "TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/host_overhead.py"
+                                  f" --clock {args.clock}" + (" --launches" if args.launches else "")}, f, indent=1)
 
 
 if __name__ == "__main__":

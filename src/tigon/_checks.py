@@ -14,19 +14,21 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
         TypeError: not a tensor, or the wrong kind of dtype.
         ValueError: the wrong number of dimensions.
     """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if tensor_kind(t) == "subclass":
-        dtensor = " (DTensor: the row-wise ops take it; see tigon.ops._dtensor)" if _is_dtensor(t) else ""
-        raise TypeError(
-            f"{name} is a {type(t).__module__}.{type(t).__qualname__}{dtensor}, a tensor subclass whose memory is "
-            "not its data: Tigon's kernels read tensors' memory directly and cannot run on it. Pass a plain tensor "
-            "(e.g. .full_tensor() or .to_local() of a DTensor, a dequantised copy of a quantised tensor)")
+    cls = type(t)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter:  # (a plain tensor skips both checks)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tensor_kind(t) == "subclass":
+            dtensor = " (DTensor: the row-wise ops take it; see tigon.ops._dtensor)" if _is_dtensor(t) else ""
+            raise TypeError(
+                f"{name} is a {type(t).__module__}.{type(t).__qualname__}{dtensor}, a tensor subclass whose memory "
+                "is not its data: Tigon's kernels read tensors' memory directly and cannot run on it. Pass a plain "
+                "tensor (e.g. .full_tensor() or .to_local() of a DTensor, a dequantised copy of a quantised tensor)")
     if floating and not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-    if ndim is not None:
+    if ndim is not None and t.dim() != ndim:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:
             dims = " or ".join(map(str, allowed)) + (" dimension" if allowed == (1,) else " dimensions")
@@ -36,6 +38,15 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
 
 def same_device(**tensors) -> None:
     """Raise ValueError when the given (non-None) tensors are not all on one device."""
+    first = None
+    for v in tensors.values():  # the usual case, one device, without building the lists below
+        if v is not None:
+            if first is None:
+                first = v.device
+            elif v.device != first:
+                break
+    else:
+        return
     items = [(k, v) for k, v in tensors.items() if v is not None]
     devices = {v.device for _, v in items}
     if len(devices) > 1:
@@ -55,7 +66,7 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
     Raises:
         TypeError: not a real number. ValueError: not finite, or below ``minimum``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     v = float(value)
     if not math.isfinite(v) or (minimum is not None and v < minimum):
@@ -86,4 +97,4 @@ def tensor_kind(t: torch.Tensor) -> str:
 
 def has_data(t: torch.Tensor) -> bool:
     """Whether ``t``'s values can be read on the host: False for meta and fake tensors (shapes only)."""
-    return t.device.type != "meta" and tensor_kind(t) == "plain"
+    return not t.is_meta and tensor_kind(t) == "plain"  # (is_meta: ~10x cheaper than t.device.type)

@@ -22,6 +22,7 @@ reference silently: it carries their shapes and dtypes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import threading
@@ -60,12 +61,34 @@ class Decision:
 
 
 _state = threading.local()
+_forced_contexts = 0  # force_reference contexts open in any thread: while 0, no thread-local is read per call
+_forced_lock = threading.Lock()
 _usage: Counter = Counter()
 _warned: set[str] = set()
 
+# os.environ.get costs ~1 us per variable (str -> bytes of the key, a KeyError raised and caught for a variable that
+# is not set), and every op call read three or four of them. CPython's os.environ keeps the encoded mapping it
+# reads in ``_data``, updated by every assignment / deletion through os.environ (monkeypatch.setenv, set_strict...):
+# looked up directly, the same value costs ~50 ns. Nothing is cached: each call reads the current value. Another
+# os.environ object (one replaced by a test's mock) or a Python without ``_data`` takes os.environ.get.
+_ENVIRON = os.environ
+_ENV_DATA = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
+_ENV_KEYS: dict[str, object] = {}
+
+
+def _env(name: str, default: str) -> str:
+    """``os.environ.get(name, default)``, read through CPython's encoded mapping when there is one (same value)."""
+    if _ENV_DATA is None or os.environ is not _ENVIRON:
+        return os.environ.get(name, default)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.environ.encodekey(name)
+    value = _ENV_DATA.get(key)
+    return default if value is None else os.environ.decodevalue(value)
+
 
 def _strict_default() -> bool:
-    return os.environ.get("TIGON_STRICT", "0") not in ("", "0", "false", "False")
+    return _env("TIGON_STRICT", "0") not in ("", "0", "false", "False")
 
 
 def set_strict(enabled: bool = True) -> None:
@@ -115,17 +138,27 @@ def compiled_choice(op: str) -> str:
 @contextlib.contextmanager
 def force_reference():
     """Context manager: every op inside runs the PyTorch reference, silently (used to check the fallback)."""
+    global _forced_contexts
     prev = getattr(_state, "forced", False)
     _state.forced = True
+    with _forced_lock:
+        _forced_contexts += 1
     try:
         yield
     finally:
         _state.forced = prev
+        with _forced_lock:
+            _forced_contexts -= 1
+
+
+def _forced() -> bool:
+    """Whether this thread is inside :func:`force_reference` (the thread-local is read only while one is open)."""
+    return _forced_contexts > 0 and getattr(_state, "forced", False)
 
 
 def interpreter_enabled() -> bool:
     """True when Triton's interpreter is on (``TRITON_INTERPRET=1`` in the environment)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _env("TRITON_INTERPRET", "0") == "1"
 
 
 def triton_version() -> str | None:
@@ -140,18 +173,43 @@ def triton_version() -> str | None:
         return None
 
 
+_decisions: dict[tuple, Decision] = {}
+""":func:`decide`'s answers by (device, dtype, forced, TIGON_DISABLE, TRITON_INTERPRET): every input of the rules
+that can change while the process runs is in the key, so a change of any of them (force_reference, the environment)
+is a new key, never a stale answer. The rest is fixed for a process: whether Triton is installed (read once, by
+:func:`_triton_installed`), torch's HIP build and a CUDA device's compute capability (a CUDA device without an index
+means the current device, which can change: not cached). Bounded by the devices and dtypes seen times 8."""
+
+
 def decide(device: torch.device, dtype: torch.dtype) -> Decision:
     """Which backend an op would use for tensors on ``device`` with ``dtype``, and why.
 
-    Pure: no warning, no counting. See the module docstring for the rules.
+    Pure: no warning, no counting. See the module docstring for the rules. Memoised (see ``_decisions``).
     """
-    if getattr(_state, "forced", False) or os.environ.get("TIGON_DISABLE", "0") == "1":
+    key = (device, dtype, _forced(), _env("TIGON_DISABLE", "0") == "1", interpreter_enabled())
+    d = _decisions.get(key)
+    if d is None:
+        d = _decide(device, dtype, *key[2:])
+        if device.type != "cuda" or device.index is not None:
+            _decisions[key] = d
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    """Whether Triton can be imported, asked once per process (installing it into a running process is not seen)."""
+    return triton_version() is not None
+
+
+def _decide(device: torch.device, dtype: torch.dtype, forced: bool, disabled: bool, interpreted: bool) -> Decision:
+    """:func:`decide`'s rules, with the switches that can change at run time as arguments."""
+    if forced or disabled:
         return Decision("reference", "kernels disabled (force_reference / TIGON_DISABLE=1)")
     if dtype not in KERNEL_DTYPES:
         return Decision("reference", f"dtype {dtype} has no kernel (supported: float32, bfloat16, float16)")
-    if triton_version() is None:
+    if not _triton_installed():
         return Decision("reference", "triton is not installed")
-    if interpreter_enabled():
+    if interpreted:
         if device.type in ("cpu", "cuda"):
             return Decision("interpreter", "TRITON_INTERPRET=1: Triton kernels run by the interpreter")
         return Decision("reference", f"device {device.type!r} is not supported by the Triton interpreter")

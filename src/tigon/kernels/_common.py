@@ -67,14 +67,31 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+_IS_CUDA: dict[torch.device, bool] = {}
+"""``device.type == "cuda"`` by device: reading ``torch.device.type`` builds a new string each time (~0.5 us, and the
+launch heuristics asked it several times per call). A device's type never changes; one entry per device seen."""
+
+
+def compiled_cuda(device: torch.device) -> bool:
+    """Whether kernels on ``device`` run compiled on a CUDA GPU: a CUDA device and Triton's interpreter off (read
+    per call: tests and tools switch ``TRITON_INTERPRET`` at run time)."""
+    cuda = _IS_CUDA.get(device)
+    if cuda is None:
+        cuda = _IS_CUDA[device] = device.type == "cuda"
+    return cuda and not interpreter_enabled()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA ``device`` (the current device when it has no index)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def num_programs_hint(device: torch.device) -> int:
     """How many resident programs make a persistent grid: 2 x SMs on CUDA, 4 under the interpreter.
 
     The interpreter runs programs one after another in Python, so fewer, larger programs are faster there.
     """
-    if device.type == "cuda" and not interpreter_enabled():
-        return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return 4
+    return 2 * sm_count(device) if compiled_cuda(device) else 4
 
 
 def warps_for(block_elems: int) -> int:
@@ -92,9 +109,29 @@ def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int =
     Small hidden sizes get several rows per program (fewer, fuller programs); under the interpreter we go
     wider still because each program costs Python overhead.
     """
-    if interpreter_enabled() or device.type != "cuda":
+    if not compiled_cuda(device):
         target_elems = 1 << 16
     return max(1, min(64, target_elems // n_cols_pow2))
+
+
+def once_differentiable(backward):
+    """``torch.autograd.function.once_differentiable`` for an autograd.Function's backward, without its cost on the
+    usual backward.
+
+    torch's wrapper runs the backward under ``torch.no_grad()`` (a context manager: ~1.5 us of host time per call)
+    and then, when grad mode is on (``create_graph=True``), makes a second differentiation raise. Autograd runs a
+    backward with grad mode off unless ``create_graph=True``: there the no_grad context changes nothing and the
+    wrapper returns the outputs as they are, so this calls the backward directly, and otherwise torch's wrapper.
+    """
+    guarded = torch.autograd.function.once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            return guarded(ctx, *grads)
+        return backward(ctx, *grads)
+
+    return wrapper
 
 
 def as_rows(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -103,12 +140,36 @@ def as_rows(x: torch.Tensor, name: str) -> torch.Tensor:
     Raises:
         ValueError: ``x`` has no dimensions or a zero-sized last dimension.
     """
-    if x.dim() == 0 or x.shape[-1] == 0:
+    shape = x.shape
+    if len(shape) == 2 and shape[1] != 0 and x.stride()[1] == 1:
+        return x  # already rows (saves a view: ~1.5 us of host time)
+    if len(shape) == 0 or shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty last dimension, got shape {tuple(x.shape)}")
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return x2
+
+
+def rows(x: torch.Tensor, name: str) -> tuple[torch.Tensor, int, int]:
+    """(t, M, row stride): ``x`` (..., N) read as M rows of N elements with unit column stride by a kernel that takes
+    a pointer and a row stride.
+
+    ``t`` is x itself when x already is such rows: 2-D with unit column stride, or contiguous (rows of N elements),
+    which saves the (M, N) view object (~1.3 us of host time each); otherwise :func:`as_rows`'s view (or copy, for a
+    strided last dimension).
+
+    Raises:
+        ValueError: ``x`` has no dimensions or a zero-sized last dimension.
+    """
+    shape = x.shape
+    if len(shape) == 2:
+        if shape[1] != 0 and x.stride()[1] == 1:
+            return x, shape[0], x.stride()[0]
+    elif shape and shape[-1] != 0 and x.is_contiguous():
+        return x, x.numel() // shape[-1], shape[-1]
+    x2 = as_rows(x, name)
+    return x2, x2.shape[0], x2.stride()[0]
 
 
 def check_row_width(n: int, name: str) -> None:

@@ -13,9 +13,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..support import interpreter_enabled
 from . import loss_rows as rows
-from ._common import CUSTOM_OP_TAGS, num_items_tensor
+from ._common import CUSTOM_OP_TAGS, compiled_cuda, num_items_tensor, once_differentiable
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, scale_rows_,
 )
@@ -27,7 +26,7 @@ from .loss_rows import (
 def grad_in_forward_block(device: torch.device) -> tuple[int, int, bool] | None:
     """:data:`tigon.kernels.loss_rows.GRAD_IN_FORWARD_BLOCK` on CUDA; None (the default blocks) under the
     interpreter."""
-    return rows.GRAD_IN_FORWARD_BLOCK if device.type == "cuda" and not interpreter_enabled() else None
+    return rows.GRAD_IN_FORWARD_BLOCK if compiled_cuda(device) else None
 
 
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
@@ -48,8 +47,8 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_scales=scales,
                         grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
-                                        loss_rows, z_rows, correct)
-    return loss, z, acc if acc is not None else torch.zeros((), **f32), lse, scale
+                                        loss_rows, z_rows, correct, zero_acc=True)
+    return loss, z, acc, lse, scale
 
 
 def ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, opts: LossOptions, dx) -> torch.Tensor:
@@ -131,7 +130,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         return loss, z, acc
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         if not ctx.needs_input_grad[0] or grad_loss is None:
             return (None,) * 8
@@ -191,7 +190,7 @@ def _cross_entropy_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, c
     *_, scale = reduce_losses(target, cw, ignore_index, x.shape[1], reduction, num_items)
     return ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale,
                        LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, 1.0),
-                       torch.empty(x.shape, dtype=x.dtype, device=x.device))
+                       torch.empty(size=x.shape, dtype=x.dtype, device=x.device))
 
 
 @_cross_entropy_backward.register_fake

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
 from .norm import norm_backward, norm_forward
 from .rms_norm import output_dtype
 
@@ -36,10 +36,10 @@ def fused_add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: 
     Returns (y: x's shape, contiguous, :func:`~tigon.kernels.rms_norm.output_dtype`; s: x's shape and dtype,
     contiguous; rstd: (M,) fp32).
     """
-    x2, r2 = as_rows(x, "x"), as_rows(residual, "residual")
-    y, _, rstd, s = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset, round_xhat=casting_mode == "llama",
-                                 out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode), residual=r2)
-    return y.view(x.shape), s.view(x.shape), rstd
+    y, _, rstd, s, _ = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
+                                    round_xhat=casting_mode == "llama",
+                                    out_dtype=output_dtype(x.dtype, weight.dtype, casting_mode), residual=residual)
+    return y, s, rstd
 
 
 def fused_add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
@@ -53,11 +53,9 @@ def fused_add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: to
     Returns (ds_total: s's shape and dtype, contiguous (dy itself when written in place); dw: (N,) in weight's dtype,
     or None unless ``need_dw``).
     """
-    s2 = as_rows(s, "s")
-    out = dy.view(s2.shape) if in_place and dy.is_contiguous() and dy.dtype == s.dtype else None
-    dx, dw, _ = norm_backward(dy, s2, weight, None, rstd, need_dw, False, is_rms=True, offset=offset,
-                              ds=as_rows(ds, "grad_s") if ds is not None else None, dx=out)
-    return (dy if out is not None else dx.view(s.shape)), (dw.to(weight.dtype) if need_dw else None)
+    out = dy if in_place and dy.is_contiguous() and dy.dtype == s.dtype else None
+    return norm_backward(dy, s, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, ds=ds, dx=out,
+                         dw_dtype=weight.dtype)[:2]
 
 
 class FusedAddRMSNormFunction(torch.autograd.Function):
@@ -79,7 +77,7 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         return y, s
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy, ds):
         s, weight, rstd = ctx.saved_tensors
         need_x, need_r, need_w = ctx.needs_input_grad[:3]

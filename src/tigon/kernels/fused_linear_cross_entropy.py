@@ -39,8 +39,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..support import interpreter_enabled
-from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, num_items_tensor, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses,
 )
@@ -89,7 +88,7 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
     of 16 if possible."""
-    if device.type == "cuda" and not interpreter_enabled():
+    if compiled_cuda(device):
         if lean:
             max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
         else:
@@ -121,7 +120,7 @@ def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
     key = f"{device}/{dtype}"
     if key not in _FP32_OUT:
         ok = False
-        if device.type == "cuda" and not interpreter_enabled():
+        if compiled_cuda(device):
             try:
                 a = torch.ones(16, 16, device=device, dtype=dtype)
                 acc = torch.ones(16, 16, device=device, dtype=torch.float32)
@@ -323,7 +322,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
 
     ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``halves``: see
     :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`).
-    Returns (loss, z_loss, accuracy-or-None, lse (N,) fp32, grads (gh, gw, gb) or None).
+    Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), lse (N,) fp32, grads (gh, gw, gb) or None).
     """
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -339,7 +338,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     correct = torch.empty(n, **f32) if want_acc else None
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize)
-    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
         for s in range(0, n, rows):
@@ -354,7 +353,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             if precompute:
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
-                                    correct)
+                                    correct, zero_acc=True)
     return loss, z, acc, lse, ((gh, gw, gb) if precompute else None)
 
 
@@ -373,7 +372,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
     coef = grad_rows.to(torch.float32)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
     rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize)
-    buf = torch.empty((rows, vocab), dtype=cd, device=dev)
+    buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
         for s in range(0, n, rows):
@@ -398,8 +397,6 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 lean=False):
         loss, z, acc, lse, grads = flce_forward(
             hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True)
-        if acc is None:
-            acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
         ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and reduction == "none" and any(need):
@@ -410,7 +407,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return loss, z, acc
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         none = (None,) * 9
         if not any(ctx.need) or grad_loss is None:
@@ -452,8 +449,6 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     need = (need_hidden, need_weight, need_bias)
     loss, z, acc, lse, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
                                             cd, need, want_acc, lean)
-    if acc is None:
-        acc = torch.zeros((), dtype=torch.float32, device=hidden.device)
     gh, gw, gb = grads if grads is not None else (None, None, None)
     return loss, z, acc, lse, or_empty(gh, lse), or_empty(gw, lse), or_empty(gb, lse)
 

@@ -24,7 +24,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS
+from ._common import CUSTOM_OP_TAGS, once_differentiable
 from .elementwise import as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -98,15 +98,13 @@ def _glu_bwd(
 
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     """``act(gate) * up`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that shape."""
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    out = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
-    g2, u2 = as_2d(gate=gate, up=up)
-    o2 = out.view(g2.shape)
-    M, N = g2.shape
+    M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_fwd[grid](
-        g2, u2, o2, M, N, g2.stride(0), u2.stride(0), o2.stride(0),
+        g2, u2, o2, M, N, sg, su, so,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
     return out
@@ -120,23 +118,26 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
     ``act(gate) * up``, the forward's output, recomputed."""
     if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
         raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
-    dy2, g2, u2 = as_2d(grad_output=dy, gate=gate, up=up) if gate.numel() else (dy, gate, up)
+    if gate.numel() == 0:
+        if inplace and gate.data_ptr() != up.data_ptr():
+            return gate, up
+        return (torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device),
+                torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device))
+    M, N, (dy2, g2, u2), strides = as_2d(grad_output=dy, gate=gate, up=up)
     # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
     inplace = (inplace and gate.data_ptr() != up.data_ptr()
                and g2.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
                and u2.untyped_storage().data_ptr() == up.untyped_storage().data_ptr())
     if inplace:
         dgate, dup = gate, up
+        dg2, du2, sdg, sdu = g2, u2, strides[1], strides[2]
     else:
-        dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        dup = torch.empty(gate.shape, dtype=up.dtype, device=gate.device)
-    if dgate.numel() == 0:
-        return dgate, dup
-    dg2, du2 = (g2, u2) if inplace else (dgate.view(g2.shape), dup.view(g2.shape))
-    M, N = g2.shape
+        dgate = dg2 = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
+        dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
+        sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_bwd[grid](
-        dy2, g2, u2, dg2, du2, M, N, dy2.stride(0), g2.stride(0), u2.stride(0), dg2.stride(0), du2.stride(0),
+        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,
     )
@@ -156,7 +157,7 @@ class GLUFunction(torch.autograd.Function):
         return glu_forward(gate, up, activation)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
         dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
@@ -224,7 +225,7 @@ class GLULinearFunction(torch.autograd.Function):
         return glu_linear_forward(gate, up, weight, bias, activation, cd)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
         need = tuple(ctx.needs_input_grad[:4])
         gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])

@@ -16,32 +16,33 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
 from .norm import norm_backward, norm_forward
 
 
 def layer_norm_forward(x: torch.Tensor, weight, bias, eps: float):
     """Normalise x (..., N) (any strides); weight, bias (N,) or None.
 
-    Returns (y: x's shape and dtype, contiguous; x2: the (M, N) rows of x with unit column stride, a view of x
-    where possible; mean, rstd: (M,) fp32).
+    Returns (y: x's shape and dtype, contiguous; x2: x as the kernel read it (x itself when contiguous or already
+    (M, N) rows with unit column stride, else its (M, N) rows view, a copy for a strided last dimension); mean, rstd:
+    (M,) fp32).
     """
-    x2 = as_rows(x, "x")
-    y, mean, rstd, _ = norm_forward(x2, weight, bias, eps, is_rms=False)
-    return y.view(x.shape), x2, mean, rstd
+    y, mean, rstd, _, x2 = norm_forward(x, weight, bias, eps, is_rms=False)
+    return y, x2, mean, rstd
 
 
-def layer_norm_backward(dy, x, weight, bias_dtype: torch.dtype | None, mean, rstd, need_dw: bool, need_db: bool):
+def layer_norm_backward(dy, x, weight, bias_dtype: torch.dtype | None, mean, rstd, need_dw: bool, need_db: bool,
+                        x_shape: tuple[int, ...] | None = None):
     """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
 
-    Returns (dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype or None; db: (N,) in
-    ``bias_dtype`` or None). dw needs ``need_dw`` and a weight, db ``need_db`` and a ``bias_dtype``.
+    Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dw: (N,) in weight's dtype or None; db:
+    (N,) in ``bias_dtype`` or None). dw needs ``need_dw`` and a weight, db ``need_db`` and a ``bias_dtype``.
     """
     need_dw = weight is not None and need_dw
     need_db = bias_dtype is not None and need_db
-    dx, dw, db = norm_backward(dy, as_rows(x, "x"), weight, mean, rstd, need_dw, need_db, is_rms=False)
-    return (dx.view(x.shape), dw.to(weight.dtype) if dw is not None else None,
-            db.to(bias_dtype) if db is not None else None)
+    return norm_backward(dy, x, weight, mean, rstd, need_dw, need_db, is_rms=False, dx_shape=x_shape,
+                         dw_dtype=weight.dtype if need_dw else torch.float32,
+                         db_dtype=bias_dtype if need_db else torch.float32)
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -59,12 +60,12 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy, x2, weight, ctx.bias_dtype, mean, rstd, ctx.needs_input_grad[1],
-                                         ctx.needs_input_grad[2])
-        return dx.view(ctx.x_shape), dw, db, None
+                                         ctx.needs_input_grad[2], ctx.x_shape)
+        return dx, dw, db, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops

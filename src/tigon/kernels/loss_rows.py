@@ -276,13 +276,14 @@ def _ce_bwd_kernel(
 
 # Reduction modes of _reduce_kernel: how the scale (per-token losses -> the loss) is formed.
 _MEAN, _SUM, _ITEMS_TENSOR, _ITEMS_NUMBER, _NONE = range(5)
+_REDUCTION_MODES = {"mean": _MEAN, "sum": _SUM, "none": _NONE}
 
 
 @triton.jit
 def _reduce_kernel(
     T, CW, ITEMS, LOSS_ROWS, Z_ROWS, CORRECT, OUT_LOSS, OUT_Z, OUT_ACC, OUT_SCALE, n_rows, V, ignore_index, items,
     MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, SUMS: tl.constexpr, COMPUTE_ACC: tl.constexpr,
-    BLOCK: tl.constexpr,
+    ZERO_ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # One program walks all rows in BLOCK steps (fixed order: deterministic): valid-token count, the target
     # weights' sum (mean with class weights), and optionally the loss / z / hit sums; writes the scale and the
@@ -334,6 +335,8 @@ def _reduce_kernel(
     if COMPUTE_ACC:
         # div_rn: IEEE round-to-nearest (a plain '/' compiles to an approximate division on CUDA).
         tl.store(OUT_ACC, tl.math.div_rn(tl.sum(s_hit, axis=0), tl.maximum(count, 1.0)))
+    elif ZERO_ACC:  # the placeholder accuracy of a call that did not ask for it (no separate fill kernel)
+        tl.store(OUT_ACC, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -445,6 +448,7 @@ def ce_rows_backward(
 def reduce_losses(
     target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str, num_items_in_batch,
     loss_rows: torch.Tensor | None = None, z_rows: torch.Tensor | None = None, correct: torch.Tensor | None = None,
+    zero_acc: bool = False,
 ):
     """Per-token values -> (loss, z_loss, accuracy, scales), in one kernel launch and without a host sync.
 
@@ -455,7 +459,7 @@ def reduce_losses(
     tensor): 1 / num_items_in_batch for both. ``loss``: sum(ce rows) * scales[0] + sum(z rows) * scales[1],
     ``z_loss``: sum(z rows) * scales[1] (0-d fp32; the rows themselves for "none"; None when the rows are not
     given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
-    is given, else None.
+    is given, else a 0-d zero with ``zero_acc`` (written by the same kernel when it runs), else None.
     """
     f32 = dict(dtype=torch.float32, device=target.device)
     items_tensor = isinstance(num_items_in_batch, torch.Tensor)
@@ -464,12 +468,13 @@ def reduce_losses(
     if num_items_in_batch is not None:
         mode = _ITEMS_TENSOR if items_tensor else _ITEMS_NUMBER
     else:
-        mode = {"mean": _MEAN, "sum": _SUM, "none": _NONE}[reduction]
+        mode = _REDUCTION_MODES[reduction]
     sums = loss_rows is not None and mode != _NONE
-    scale = None if mode == _NONE else torch.empty((2,), **f32)
-    loss = torch.empty((), **f32) if sums else None
-    z = torch.empty((), **f32) if sums else None
-    acc = torch.empty((), **f32) if correct is not None else None
+    scale = None if mode == _NONE else torch.empty(2, **f32)
+    loss = torch.empty(size=(), **f32) if sums else None
+    z = torch.empty(size=(), **f32) if sums else None
+    # the zero accuracy is written by the kernel when it runs anyway (a scalar reduction), else filled by torch
+    acc = torch.empty(size=(), **f32) if correct is not None or (zero_acc and scale is not None) else None
     if scale is not None or acc is not None:
         any_t = next(t for t in (scale, acc) if t is not None)
         n = target.shape[0]
@@ -482,8 +487,10 @@ def reduce_losses(
             scale if scale is not None else any_t, n, vocab, int(ignore_index),
             float(num_items_in_batch) if mode == _ITEMS_NUMBER else 1.0,
             MODE=mode, HAS_WEIGHT=cw is not None, SUMS=sums, COMPUTE_ACC=correct is not None,
-            BLOCK=block, num_warps=8 if block >= 2048 else 4,
+            ZERO_ACC=correct is None and acc is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4,
         )
+    if acc is None and zero_acc:
+        acc = torch.zeros(size=(), **f32)
     if mode == _NONE and loss_rows is not None:
         loss, z = loss_rows, z_rows
     return loss, z, acc, scale

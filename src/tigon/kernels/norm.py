@@ -36,9 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..support import interpreter_enabled
 from ._common import (
-    _sm_count, as_rows, cdiv, check_row_width, next_pow2, num_programs_hint, rows_per_program, warps_for,
+    cdiv, check_row_width, compiled_cuda, next_pow2, num_programs_hint, rows, rows_per_program, sm_count, warps_for,
 )
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
@@ -261,7 +260,8 @@ def _norm_bwd_wide(
 @triton.jit
 def _sum_partials(DW_PART, DB_PART, DW, DB, P, N, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
                   BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dw = sum over the P partial rows of DW_PART (P, N), db likewise, in one launch (fixed order: deterministic)."""
+    """dw = sum over the P partial rows of DW_PART (P, N), db likewise, in one launch (fixed order: deterministic),
+    written in DW's / DB's dtype."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -274,17 +274,15 @@ def _sum_partials(DW_PART, DB_PART, DW, DB, P, N, HAS_DW: tl.constexpr, HAS_DB: 
             dw += tl.sum(tl.load(DW_PART + offs, mask=mask, other=0.0), axis=0)
         if HAS_DB:
             db += tl.sum(tl.load(DB_PART + offs, mask=mask, other=0.0), axis=0)
-    if HAS_DW:
-        tl.store(DW + cols, dw, mask=cmask)
+    if HAS_DW:  # fp32 sums, rounded once to dW's dtype (the weight's)
+        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=cmask)
     if HAS_DB:
-        tl.store(DB + cols, db, mask=cmask)
+        tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=cmask)
 
 
 def _persistent_programs(device: torch.device) -> int:
     """Programs of the persistent backward: one per SM on CUDA (each holds two tiles in flight)."""
-    if device.type == "cuda" and not interpreter_enabled():
-        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return num_programs_hint(device)
+    return sm_count(device) if compiled_cuda(device) else num_programs_hint(device)
 
 
 def fwd_config(block_n: int, device: torch.device) -> tuple[int, int]:
@@ -335,65 +333,84 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
     return p if p is None or p.stride(-1) == 1 else p.contiguous()
 
 
-def norm_forward(x2: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
+def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None):
-    """Launch the forward on rows ``x2`` (M, N) (unit column stride).
+    """Launch the forward on the rows of ``x`` (..., N) (any strides: read as :func:`rows` gives them).
 
-    ``residual``: (M, N) rows with unit column stride in x2's dtype, or None. Given, the rows normalised are
-    ``s = x2 + residual`` (rounded to x2's dtype, as torch adds), and s is written too (the fused add + RMSNorm).
+    ``residual``: x's shape and dtype (any strides), or None. Given, the rows normalised are ``s = x + residual``
+    (rounded to x's dtype, as torch adds), and s is written too (the fused add + RMSNorm).
 
-    Returns (y (M, N) in ``out_dtype`` (default x's), mean (M,) fp32 or None for RMS, rstd (M,) fp32, s (M, N)
-    contiguous in x2's dtype, or None without ``residual``).
+    Returns (y: x's shape, contiguous, in ``out_dtype`` (default x's); mean (M,) fp32 or None for RMS; rstd (M,) fp32;
+    s: x's shape and dtype, contiguous, or None without ``residual``; x2: x as the kernel read it (x itself, or its
+    (M, N) rows view or copy), what the backward should read).
     """
-    M, N = x2.shape
+    x2, M, sx = rows(x, "x")
+    N = x.shape[-1]
     weight, bias = _unit_stride(weight), _unit_stride(bias)
     name = ("fused add + RMSNorm" if residual is not None else "RMSNorm") if is_rms else "LayerNorm"
     check_row_width(N, name)
-    if residual is not None and (residual.shape != x2.shape or residual.dtype != x2.dtype or residual.stride(-1) != 1):
-        raise ValueError(f"{name}: residual rows must match x's {tuple(x2.shape)} {x2.dtype} with unit column "
-                         f"stride, got {tuple(residual.shape)} {residual.dtype} strides {residual.stride()}")
-    y = torch.empty((M, N), dtype=out_dtype or x2.dtype, device=x2.device)
-    mean = None if is_rms else torch.empty((M,), dtype=torch.float32, device=x2.device)
-    rstd = torch.empty((M,), dtype=torch.float32, device=x2.device)
-    s = torch.empty_like(x2, memory_format=torch.contiguous_format) if residual is not None else None
+    if residual is not None:
+        r2, m_r, sr = rows(residual, "residual")
+        if m_r != M or residual.shape[-1] != N or residual.dtype != x.dtype:
+            raise ValueError(f"{name}: residual must match x's {tuple(x.shape)} {x.dtype}, got "
+                             f"{tuple(residual.shape)} {residual.dtype}")
+    dev = x.device
+    # size= by keyword: a positional tuple is first tried as an int by torch's argument parser (a TypeError raised and
+    # cleared: ~0.5 us more per allocation)
+    y = torch.empty(size=x.shape, dtype=out_dtype or x.dtype, device=dev)
+    mean = None if is_rms else torch.empty(M, dtype=torch.float32, device=dev)
+    rstd = torch.empty(M, dtype=torch.float32, device=dev)
+    s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
-        return y, mean, rstd, s
+        return y, mean, rstd, s, x2
     block_n = next_pow2(N)
-    block_m, warps = fwd_config(block_n, x2.device)
-    r, s_ = (residual, s) if residual is not None else (x2, y)  # placeholders the kernel does not touch
+    block_m, warps = fwd_config(block_n, dev)
+    r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
+    # y and s are contiguous: their row stride is N
     _norm_fwd[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
-        mean if mean is not None else rstd, rstd, M, N, x2.stride(0), r.stride(0), y.stride(0), s_.stride(0), eps,
+        mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
         HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
-    return y, mean, rstd, s
+    return y, mean, rstd, s, x2
 
 
-def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
-                  ds: torch.Tensor | None = None, dx: torch.Tensor | None = None):
-    """Launch the backward.
+def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
+                  ds: torch.Tensor | None = None, dx: torch.Tensor | None = None,
+                  dx_shape: tuple[int, ...] | None = None, dw_dtype: torch.dtype = torch.float32,
+                  db_dtype: torch.dtype = torch.float32):
+    """Launch the backward for dy and x (..., N), any strides (x as given to the forward, or the x2 it returned).
 
-    ``ds``: a second incoming gradient of x2 itself (the fused add + RMSNorm's output s), (M, N) rows with unit column
-    stride, added to dx; None: zero (nothing is read). ``dx``: the (M, N) buffer (unit column stride, x2's dtype) to
-    write dx into, which may be ``dy``'s own memory (each element is read before it is overwritten); None: a new one.
+    ``ds``: a second incoming gradient of x itself (the fused add + RMSNorm's output s), x's shape, added to dx; None:
+    zero (nothing is read). ``dx``: x's dtype and M * N elements read as rows without a copy (contiguous, or 2-D with
+    unit column stride) to write dx into, which may be ``dy``'s own memory (each element is read before it is
+    overwritten); None: a new contiguous one, of shape ``dx_shape`` (default x's). ``dw_dtype`` / ``db_dtype``: the
+    dtypes dw and db are returned in (summed in fp32, rounded once when written: no separate cast kernel).
 
-    Returns (dx (M, N) in x's dtype, dw fp32 (N,) or None, db fp32 (N,) or None).
+    Returns (dx, dw (N,) or None, db (N,) or None).
     """
-    M, N = x2.shape
+    x2, M, sx = rows(x, "x")
+    N = x.shape[-1]
     weight = _unit_stride(weight)
-    dy = as_rows(dy, "grad_output")
+    dy, _, sdy = rows(dy, "grad_output")
+    dev = x.device
     if dx is None:
-        dx = torch.empty_like(x2)
-    elif dx.shape != x2.shape or dx.dtype != x2.dtype or (dx.stride(-1) != 1 and M > 0):
-        raise ValueError(f"dx must be ({M}, {N}) rows of {x2.dtype} with unit column stride, got "
+        dx = torch.empty(size=dx_shape or x.shape, dtype=x.dtype, device=dev)
+        sdx = N
+    elif (dx.dtype != x.dtype or dx.numel() != M * N or (dx.shape[-1] if dx.dim() else 1) != N
+          or not (dx.is_contiguous() or (dx.dim() == 2 and dx.stride(-1) == 1) or M == 0)):
+        raise ValueError(f"dx must be ({M}, {N}) rows of {x.dtype}, contiguous or with unit column stride, got "
                          f"{tuple(dx.shape)} {dx.dtype} strides {dx.stride()}")
-    if ds is not None and (ds.shape != x2.shape or (ds.stride(-1) != 1 and M > 0)):
-        raise ValueError(f"ds must be ({M}, {N}) rows with unit column stride, got {tuple(ds.shape)} "
-                         f"strides {ds.stride()}")
+    else:
+        sdx = dx.stride(0) if dx.dim() == 2 else N
+    if ds is not None:
+        ds, m_ds, sds = rows(ds, "grad_s")
+        if m_ds != M or ds.shape[-1] != N:
+            raise ValueError(f"ds must have x's shape {tuple(x.shape)}, got {tuple(ds.shape)}")
     if M == 0:
-        z = torch.zeros(N, dtype=torch.float32, device=x2.device)
-        return dx, z if need_dw else None, z if need_db else None
+        z = torch.zeros(N, dtype=torch.float32, device=dev)
+        return dx, z.to(dw_dtype) if need_dw else None, z.to(db_dtype) if need_db else None
     # Measured on an H200 (bf16, N = 768 .. 8192): 8192-element tiles, one persistent program per SM, 8 warps
     # (16 for rows of 8192) and the prefetching loop gave 52-79% of the copy bandwidth, against 41-66% with
     # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers next to their
@@ -405,17 +422,17 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
     block_n = next_pow2(N)
     wide = block_n > REGISTER_ROW
     prefetch = block_n <= WIDE_ROW
-    block_m, progs, warps, db_by_columns = bwd_config(M, block_n, x2.device, is_rms)
+    block_m, progs, warps, db_by_columns = bwd_config(M, block_n, dev, is_rms)
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
     per_prog = cdiv(cdiv(M, progs), block_m) * block_m
     progs = cdiv(M, per_prog)
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
-    dw_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_dw else None
-    db_part = alloc((progs, N), dtype=torch.float32, device=x2.device) if need_db else None
+    dw_part = alloc(progs, N, dtype=torch.float32, device=dev) if need_dw else None
+    db_part = alloc(progs, N, dtype=torch.float32, device=dev) if need_db else None
     args = (dy, ds if ds is not None else dy, x2, weight if weight is not None else x2,
             mean if mean is not None else rstd, rstd, dx, dw_part if need_dw else dx, db_part if need_db else dx,
-            M, N, dy.stride(0), ds.stride(0) if ds is not None else 0, x2.stride(0), dx.stride(0), per_prog, offset)
+            M, N, sdy, sds if ds is not None else 0, sx, sdx, per_prog, offset)
     flags = dict(IS_RMS=is_rms, HAS_DS=ds is not None, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
     if wide:
         chunk = min(4096, block_n)
@@ -424,8 +441,8 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
         _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             num_warps=warps)
-    dw = torch.empty(N, dtype=torch.float32, device=x2.device) if need_dw else None
-    db = torch.empty(N, dtype=torch.float32, device=x2.device) if need_db else None
+    dw = torch.empty(N, dtype=dw_dtype, device=dev) if need_dw else None
+    db = torch.empty(N, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         block_cols = min(next_pow2(N), 32)  # many programs: N/32 of them, each summing a [progs, 32] slab
         _sum_partials[(cdiv(N, block_cols),)](
@@ -433,5 +450,5 @@ def norm_backward(dy, x2, weight, mean, rstd, need_dw: bool, need_db: bool, *, i
             db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
     if db_cols:
-        db = dy.sum(0, dtype=torch.float32)
+        db = dy.reshape(M, N).sum(0, dtype=torch.float32).to(db_dtype)
     return dx, dw, db

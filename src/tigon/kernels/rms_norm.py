@@ -14,36 +14,40 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, as_rows, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
 from .norm import norm_backward, norm_forward
 
 
 def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
     """The dtype of y: x's for ``"gemma"``, else the promotion of x's and weight's dtypes."""
-    return x_dtype if casting_mode == "gemma" else torch.promote_types(x_dtype, w_dtype)
+    if casting_mode == "gemma" or x_dtype == w_dtype:  # (no promote_types call, a dispatcher op, when equal)
+        return x_dtype
+    return torch.promote_types(x_dtype, w_dtype)
 
 
 def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
     """Normalise x (..., N) (any strides) with weight (N,).
 
-    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: the (M, N) rows of x with unit column stride, a
-    view of x where possible; rstd: (M,) fp32).
+    Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: x as the kernel read it (x itself when contiguous or
+    already (M, N) rows with unit column stride, else its (M, N) rows view, a copy for a strided last dimension);
+    rstd: (M,) fp32).
     """
-    x2 = as_rows(x, "x")
-    y, _, rstd, _ = norm_forward(x2, weight, None, eps, is_rms=True, offset=offset,
-                              round_xhat=casting_mode == "llama",
-                              out_dtype=output_dtype(x2.dtype, weight.dtype, casting_mode))
-    return y.view(*x.shape[:-1], y.shape[-1]), x2, rstd
+    y, _, rstd, _, x2 = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
+                                     round_xhat=casting_mode == "llama",
+                                     out_dtype=output_dtype(x.dtype, weight.dtype, casting_mode))
+    return y, x2, rstd
 
 
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-                      need_dw: bool):
+                      need_dw: bool, x_shape: tuple[int, ...] | None = None):
     """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
 
-    Returns (dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or None unless ``need_dw``).
+    Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dw: (N,) in weight's dtype, or None
+    unless ``need_dw``).
     """
-    dx, dw, _ = norm_backward(dy, as_rows(x, "x"), weight, None, rstd, need_dw, False, is_rms=True, offset=offset)
-    return dx.view(x.shape), (dw.to(weight.dtype) if need_dw else None)
+    dx, dw, _ = norm_backward(dy, x, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, dx_shape=x_shape,
+                              dw_dtype=weight.dtype)
+    return dx, dw
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -63,11 +67,11 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1])
-        return dx.view(ctx.x_shape), dw, None, None, None
+        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1], ctx.x_shape)
+        return dx, dw, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops

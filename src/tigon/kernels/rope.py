@@ -31,8 +31,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, next_pow2, or_empty
-from ..support import interpreter_enabled
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty
 
 
 @triton.jit
@@ -97,9 +96,14 @@ def _rope_kernel(
                      sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
 
 
-def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    """The (B, H, T, D) view of q/k/cos-shaped inputs laid out with the head axis at ``unsqueeze_dim``."""
-    return x if unsqueeze_dim == 1 else x.transpose(1, 2)
+def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides) of q/k-shaped ``x`` (head axis at ``unsqueeze_dim``) read as (B, H, T, D): those of
+    ``x.transpose(1, 2)`` for ``unsqueeze_dim=2``, without making that view (the kernel takes x's pointer and these
+    strides)."""
+    shape, st = x.shape, x.stride()
+    if unsqueeze_dim == 1:
+        return shape, st
+    return (shape[0], shape[2], shape[1], shape[3]), (st[0], st[2], st[1], st[3])
 
 
 # Elements of a program's tile per half (BLOCK_R rows x D/2) and its warps; see _rows_config.
@@ -120,7 +124,7 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     (session6/tune6_rope_gemma2.json). The interpreter pays per program, so there a program takes 65,536 elements per
     half.
     """
-    if interpreter_enabled() or device.type != "cuda":
+    if not compiled_cuda(device):
         return max(1, (1 << 16) // block_half), 4
     return max(1, HALF_TILE // block_half), TILE_WARPS
 
@@ -135,13 +139,12 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     (each row is read before it is written, by the same program), which are returned; q and k must then be
     separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
     """
-    qv, kv = _heads_first(q, unsqueeze_dim), _heads_first(k, unsqueeze_dim)
-    B, HQ, T, D = qv.shape
-    HKV = kv.shape[1]
+    (B, HQ, T, D), sq = _heads_first(q, unsqueeze_dim)
+    (_, HKV, _, _), sk = _heads_first(k, unsqueeze_dim)
     qo = (q if inplace else torch.empty_like(q)) if need_q else None
     ko = (k if inplace else torch.empty_like(k)) if need_k else None
-    qov = _heads_first(qo, unsqueeze_dim) if need_q else qv
-    kov = _heads_first(ko, unsqueeze_dim) if need_k else kv
+    sqo = _heads_first(qo, unsqueeze_dim)[1] if need_q else sq
+    sko = _heads_first(ko, unsqueeze_dim)[1] if need_k else sk
     if B * T == 0 or (qo is None and ko is None):
         return qo, ko
     half = D // 2
@@ -150,11 +153,10 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
     progs_q = cdiv(nq, block_r)
-    cb = (lambda c: 0 if c.shape[0] == 1 else c.stride(0))
+    sc, ss = cos.stride(), sin.stride()
     _rope_kernel[(progs_q + cdiv(nk, block_r),)](
-        qv, kv, qov, kov, cos, sin, T, HQ, HKV, nq, nk, progs_q,
-        *qv.stride(), *kv.stride(), *qov.stride(), *kov.stride(),
-        cb(cos), cos.stride(1), cos.stride(2), cb(sin), sin.stride(1), sin.stride(2),
+        q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
+        0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2],
         HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward,
         ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
     )
@@ -172,7 +174,7 @@ class RoPEFunction(torch.autograd.Function):
         return q_embed, k_embed
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # not differentiable itself: create_graph raises
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dq_embed, dk_embed):
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

@@ -24,6 +24,7 @@ NONE_SEEN = -(2**63)
 """The buffer's value while no bad target was recorded (int64's minimum)."""
 
 _buffers: dict[tuple[str, int | None], tuple[torch.Tensor, np.ndarray]] = {}
+_by_device: dict[torch.device, torch.Tensor] = {}  # buffer()'s answers by device object (no device.type per call)
 
 
 def buffer(device: torch.device) -> torch.Tensor:
@@ -32,6 +33,13 @@ def buffer(device: torch.device) -> torch.Tensor:
     CUDA: pinned host memory (the kernel writes it through unified addressing; the host reads it with no sync).
     Elsewhere (the CPU under Triton's interpreter): an ordinary CPU tensor.
     """
+    t = _by_device.get(device)
+    if t is None:
+        t = _by_device[device] = _buffer(device)
+    return t
+
+
+def _buffer(device: torch.device) -> torch.Tensor:
     key = (device.type, device.index)
     entry = _buffers.get(key)
     if entry is None:

@@ -60,6 +60,11 @@ def no_dims(_args, _ndim: int) -> tuple[int, ...]:
     return ()
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter, float, int, str, bool, type(None))
+"""Argument types that are never a DTensor: the wrapper's fast path checks ``type(a) in _PLAIN`` first (a plain
+call costs one tuple membership test per argument, no generator, no import of torch.distributed)."""
+
+
 def _is_dtensor(t) -> bool:
     # cheap first: a plain tensor / Parameter is never a DTensor (no import of torch.distributed on this path)
     if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or not isinstance(t, torch.Tensor):
@@ -67,6 +72,17 @@ def _is_dtensor(t) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+def _any_dtensor(args, kwargs) -> bool:
+    for a in args:
+        if type(a) not in _PLAIN and _is_dtensor(a):
+            return True
+    if kwargs:
+        for a in kwargs.values():
+            if type(a) not in _PLAIN and _is_dtensor(a):
+                return True
+    return False
 
 
 def accepts_dtensor(rule: DTensorRule):
@@ -78,7 +94,7 @@ def accepts_dtensor(rule: DTensorRule):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if not any(_is_dtensor(a) for a in args) and not any(_is_dtensor(a) for a in kwargs.values()):
+            if not _any_dtensor(args, kwargs):
                 return fn(*args, **kwargs)
             return _run_local(fn, fn.__name__, rule, sig.bind(*args, **kwargs))
 

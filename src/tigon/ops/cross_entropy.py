@@ -110,7 +110,7 @@ def cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
             softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
             return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward)
-    if target.device.type == "cpu":  # CUDA: recorded by the kernel, raised at the next launch (no sync)
+    if target.is_cpu:  # CUDA: recorded by the kernel, raised at the next launch (no sync)
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k
 

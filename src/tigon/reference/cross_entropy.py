@@ -48,6 +48,11 @@ class LossOutput(NamedTuple):
     accuracy: torch.Tensor | None = None
 
 
+def _real(v) -> bool:
+    """``isinstance(v, numbers.Real)``, floats first (an ABC check costs ~0.3 us, paid per option per call)."""
+    return type(v) is float or isinstance(v, numbers.Real)
+
+
 def check_loss_options(
     *,
     reduction: str,
@@ -64,11 +69,11 @@ def check_loss_options(
         TypeError: num_items_in_batch is neither an int nor a tensor.
     """
     _checks.choice("reduction", reduction, REDUCTIONS)
-    if not isinstance(label_smoothing, numbers.Real) or not 0.0 <= float(label_smoothing) <= 1.0:
+    if not _real(label_smoothing) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
-    if not isinstance(lse_square_scale, numbers.Real) or not float(lse_square_scale) >= 0.0:
+    if not _real(lse_square_scale) or not float(lse_square_scale) >= 0.0:
         raise ValueError(f"lse_square_scale must be a float >= 0, got {lse_square_scale!r}")
-    if softcap is not None and (not isinstance(softcap, numbers.Real) or not float(softcap) > 0.0
+    if softcap is not None and (not _real(softcap) or not float(softcap) > 0.0
                                 or float(softcap) == float("inf")):
         raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
     if num_items_in_batch is not None:
