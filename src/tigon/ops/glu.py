@@ -218,7 +218,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
         peers={"liger": liger("liger_swiglu", "gate", "up")},
-        cases=(Case(), _INPLACE), bench_notes=_NOTES,
+        cases=(Case(), _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
     OpSpec(
         name="geglu",
@@ -229,6 +229,7 @@ RECORDS = (
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes,
         peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
         cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE), bench_notes=_NOTES,
+        leading_dims=("gate", "up"),
     ),
     # The patched MLP's down projection of the product: matmul-bound; eager / Liger keep the (tokens, intermediate)
     # product for the backward, Tigon recomputes it (the peak memory shows it).
@@ -246,6 +247,6 @@ RECORDS = (
         cases=(Case("activation=silu", options={"activation": "silu"}),
                Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
                _INPLACE),
-        bench_notes=_NOTES,
+        bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
 )
