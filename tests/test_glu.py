@@ -137,6 +137,24 @@ def test_glu_inplace_backward(device, layout, name):
     torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ["swiglu", "geglu", "glu_linear"])
+def test_glu_inplace_backward_into_expanded_inputs(device, name):
+    # Found by tests/test_properties.py: with an expanded gate or up (rows sharing memory), inplace_backward wrote
+    # every row's gradient into the one shared row and autograd summed 4 copies of the last row's. Such inputs now
+    # get new gradient buffers.
+    fn = getattr(F, name)
+    g0, u0 = torch.randn(1, 5, device=device) * 3, torch.randn(1, 5, device=device)
+    extra = (torch.randn(3, 5, device=device),) if name == "glu_linear" else ()
+
+    def run(inplace):
+        gate, up = g0.clone().requires_grad_(True), u0.clone().requires_grad_(True)
+        out = fn(gate.expand(4, 5), up.expand(4, 5), *extra, inplace_backward=inplace)
+        out.backward(torch.linspace(-1, 1, out.numel(), device=device).view_as(out))
+        return gate.grad, up.grad
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+
+
 def test_glu_inplace_second_backward_raises(device):
     gate = (torch.randn(4, 8, device=device, requires_grad=True) * 1.0)
     up = (torch.randn(4, 8, device=device, requires_grad=True) * 1.0)

@@ -40,6 +40,23 @@ def test_record_validation_rejects_inconsistent_records():
         dataclasses.replace(spec, reference=lambda weight, x: x)
     with pytest.raises(ValueError, match="bench case needs a provider"):
         ops.Case("x", tags=frozenset({"bench"}))
+    with pytest.raises(ValueError, match="leading_dims"):
+        dataclasses.replace(spec, leading_dims=("hidden_states",))
+
+
+def test_option_space_is_defaults_then_cases_then_shared_values():
+    # what tests/test_properties.py draws: the options a case sets or PROPERTY_VALUES names, nothing else
+    def fn(x, weight, reduction="mean", scale=1.0, flag=False):
+        return x
+
+    def build(s, dtype, device, gen, ignore_every=0, other=False):
+        return {}
+
+    spec = dataclasses.replace(ops.get("rms_norm"), fn=fn, reference=fn, make_inputs=build,
+                               cases=(ops.Case(), ops.Case("s", options={"scale": 2.0}, inputs={"other": True})))
+    options, inputs = spec.option_space()
+    assert options == {"scale": (1.0, 2.0), "reduction": ("mean", "sum", "none")}
+    assert inputs == {"other": (False, True), "ignore_every": (0, 1, 2, 3)}
 
 
 def test_providers_are_base_then_variants_then_peers():

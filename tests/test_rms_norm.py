@@ -24,6 +24,18 @@ def test_rms_norm_matches_float64(device, dtype, casting_mode, offset, shape):
     assert_close_to_truth(checks)
 
 
+def test_rms_norm_reference_is_float64_for_float64_input():
+    # Found by tests/test_properties.py: the "llama" and "gemma" casting modes cast x to float32 even for float64 x,
+    # so the float64 "truth" of every RMSNorm comparison (the tests, tigon verify) had fp32 precision: a one-column
+    # RMSNorm's gradient (an eps term after a cancellation) was 14% off, as torch's fp32 evaluation, which it matched.
+    x = torch.tensor([[0.7], [-2.0], [3.1]], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1.2], dtype=torch.float64)
+    exact = 1.2 * 1e-5 / (x.detach() ** 2 + 1e-5) ** 1.5  # d/dx of w x / sqrt(x^2 + eps)
+    for mode in ("llama", "gemma", "none"):
+        (grad,) = torch.autograd.grad(ref_rms_norm(x, w, 1e-5, casting_mode=mode).sum(), x)
+        torch.testing.assert_close(grad, exact, rtol=1e-9, atol=0)  # float64's own cancellation: ~1e-11
+
+
 def test_rms_norm_non_contiguous_and_not_mutated(device):
     base = torch.randn(64, 6, 130, device=device)
     x = base.transpose(0, 1)  # (6, 64, 130), non-contiguous rows

@@ -111,6 +111,19 @@ class Case:
 
 UNDER_COMPILE = ("kernel", "inductor")
 """The values of :attr:`OpSpec.under_compile`."""
+PROPERTY_VALUES: Mapping[str, tuple] = {
+    "reduction": ("mean", "sum", "none"),
+    "ignore_index": (-100, 0),  # 0: a real class id (a padding token 0), so some drawn targets are ignored too
+    "ignore_every": (1, 2, 3),  # :func:`targets`' pattern; 1: every target ignored (an all-ignored batch)
+}
+"""Values the property tests (tests/test_properties.py) draw for a keyword of an op's ``fn`` or ``make_inputs`` of
+this name, besides its default and the values the record's cases give it (:meth:`OpSpec.option_space`): option
+names that several ops share with one meaning. A builder marks ignored targets with the op's default
+``ignore_index`` (as :func:`targets` does); a drawn ``ignore_index`` relabels them."""
+
+INPLACE_OPTIONS = ("inplace_backward",)
+"""Options with which an op writes its gradients into its inputs' memory by design (each op documents it): the
+property tests check that every other call leaves the caller's tensors as they were."""
 
 Builder = Callable[..., dict]
 """``make_inputs(shape, dtype, device, gen, **case.inputs) -> {name: tensor or option}`` (no tensor requires grad)."""
@@ -153,6 +166,8 @@ class OpSpec:
         (:func:`tigon.support.set_compile_mode`): ``"kernel"`` (its Triton kernels as a custom op, opaque to
         Inductor) or ``"inductor"`` (its reference, traced, so Inductor fuses it with its neighbours: for row-wise
         ops, whose kernel is a fusion barrier that costs more than it saves there).
+    leading_dims: the inputs that take any leading dimensions, (..., N) for the (tokens, N) that ``make_inputs``
+        builds (the norms' x, the GLUs' gate and up); the property tests view their tokens as (batch, seq, N).
     """
 
     name: str
@@ -178,6 +193,7 @@ class OpSpec:
     bench_notes: Mapping[str, str] = field(default_factory=dict)
     sweeps: tuple[str, ...] = ("tokens",)
     under_compile: str = "kernel"
+    leading_dims: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.under_compile not in UNDER_COMPILE:
@@ -200,6 +216,8 @@ class OpSpec:
             raise ValueError(f"OpSpec {self.name!r}: category must be one of {CATEGORIES}, got {self.category!r}")
         if not set(self.sweeps) <= {"tokens", "hidden"}:
             raise ValueError(f"OpSpec {self.name!r}: sweeps must be a subset of ('tokens', 'hidden')")
+        if not set(self.leading_dims) <= set(fn_args):
+            raise ValueError(f"OpSpec {self.name!r}: leading_dims {self.leading_dims} must name inputs of fn {fn_args}")
 
     @property
     def eager_fn(self) -> Callable:
@@ -216,6 +234,22 @@ class OpSpec:
             if c.label == label:
                 return c
         raise KeyError(f"{self.name}: no case {label!r} (cases: {', '.join(c.label for c in self.cases)})")
+
+    def option_space(self) -> tuple[dict[str, tuple], dict[str, tuple]]:
+        """(options, inputs): for each keyword of ``fn`` (options) and of ``make_inputs`` (inputs) that a case sets or
+        :data:`PROPERTY_VALUES` names, the values the property tests draw: its default, the cases' values, then
+        :data:`PROPERTY_VALUES`' (each once, in that order)."""
+        def space(fn: Callable, key: str) -> dict[str, tuple]:
+            defaults = _defaults(fn)
+            values: dict[str, list] = {}
+            for name in [*(n for c in self.cases for n in getattr(c, key)), *PROPERTY_VALUES]:
+                if name in defaults and name not in values:
+                    seen = [defaults[name], *(getattr(c, key)[name] for c in self.cases if name in getattr(c, key)),
+                            *PROPERTY_VALUES.get(name, ())]
+                    values[name] = [v for i, v in enumerate(seen) if v not in seen[:i]]
+            return {k: tuple(v) for k, v in values.items()}
+
+        return space(self.fn, "options"), space(self.make_inputs, "inputs")
 
     def bytes_moved(self, shape: dict, element_bytes: int, mode: str) -> float | None:
         """Minimal bytes of one call in ``mode`` (``"fwd"``, ``"bwd"``, ``"fwd_bwd"``), or None (matmul-bound)."""
@@ -240,6 +274,15 @@ def _params(fn: Callable) -> list[str]:
     except (TypeError, ValueError):  # pragma: no cover - builtins
         return []
     return [p.name for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+
+def _defaults(fn: Callable) -> dict[str, Any]:
+    """``fn``'s keyword parameters that have a default, with it."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return {}
+    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty}
 
 
 def sizes(*keys: str) -> dict[str, Any]:

@@ -129,6 +129,7 @@ RECORDS = (OpSpec(
     peers={"liger": liger("liger_fused_add_rms_norm", "x", "residual", "weight", "eps", "offset", "casting_mode"),
            "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
+    leading_dims=("x", "residual"),
     bench_notes={"tigon_inplace": "in_place=True: the backward writes the gradient of x and residual into the "
                                   "memory of y's incoming gradient (Liger's default, as the liger row runs)"},
     cases=(Case(),

@@ -23,7 +23,23 @@ def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward
 
     if torch.compiler.is_compiling():
         return k.compiled_glu(gate, up, activation)
-    return k.GLUFunction.apply(gate, up, activation, bool(inplace_backward))
+    return k.GLUFunction.apply(gate, up, activation, _writable(inplace_backward, gate, up))
+
+
+def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
+    """``inplace_backward``, unless an element of one of ``tensors`` shares its memory with another (an expanded
+    tensor, stride 0): the gradients written there would overwrite each other (each row of an expanded gate got
+    the last row's, summed). Sorted by stride, each dimension of a tensor that owns its elements steps past the
+    extent of the smaller ones."""
+    if not inplace_backward:
+        return False
+    for t in tensors:
+        extent = 1
+        for size, stride in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+            if stride < extent:
+                return False
+            extent += stride * (size - 1)
+    return True
 
 
 def _check_glu(gate, up) -> None:
@@ -54,8 +70,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = Fal
         inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
             (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
             else reads after the backward (the outputs of the MLP's projections are such); a second backward
-            through the same graph then raises; ignored by the reference path. Default False: the inputs are
-            never written.
+            through the same graph then raises; ignored by the reference path, and where gate or up has elements
+            that share memory (an expanded tensor: new buffers then). Default False: the inputs are never written.
 
     Returns:
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
@@ -85,8 +101,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
         inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
             (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
             else reads after the backward (the outputs of the MLP's projections are such); a second backward
-            through the same graph then raises; ignored by the reference path. Default False: the inputs are
-            never written.
+            through the same graph then raises; ignored by the reference path, and where gate or up has elements
+            that share memory (an expanded tensor: new buffers then). Default False: the inputs are never written.
         approximate: ``"tanh"`` or ``"none"``.
 
     Returns:
@@ -164,7 +180,7 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
 
     if torch.compiler.is_compiling():
         return torch.nn.functional.linear(k.compiled_glu(gate, up, activation), weight, bias)
-    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, bool(inplace_backward))
+    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, _writable(inplace_backward, gate, up))
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -209,7 +225,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_swiglu", "gate", "up")},
-        cases=(Case(), _INPLACE), bench_notes=_NOTES,
+        cases=(Case(), _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
     OpSpec(
         name="geglu",
@@ -220,6 +236,7 @@ RECORDS = (
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
         cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE), bench_notes=_NOTES,
+        leading_dims=("gate", "up"),
     ),
     # The patched MLP's down projection of the product: matmul-bound; eager / Liger keep the (tokens, intermediate)
     # product for the backward, Tigon recomputes it (the peak memory shows it).
@@ -239,6 +256,6 @@ RECORDS = (
         cases=(Case("activation=silu", options={"activation": "silu"}),
                Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
                _INPLACE),
-        bench_notes=_NOTES,
+        bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
 )

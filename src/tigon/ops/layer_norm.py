@@ -86,5 +86,6 @@ RECORDS = (OpSpec(
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
     peers={"liger": liger("liger_layer_norm", "x", "weight", "bias", "eps")},
     sweeps=("tokens", "hidden"),
+    leading_dims=("x",),
     cases=(Case(),),
 ),)

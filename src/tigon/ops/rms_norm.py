@@ -97,5 +97,6 @@ RECORDS = (OpSpec(
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
     peers={"liger": liger("liger_rms_norm", "x", "weight", "eps", "offset", "casting_mode"), "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
+    leading_dims=("x",),
     cases=(Case(),),
 ),)

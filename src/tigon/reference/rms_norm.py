@@ -19,20 +19,23 @@ def rms_norm(
         offset: added to the weight (1.0 for Gemma's ``(1 + w)``).
         casting_mode: ``"llama"`` (normalise in fp32, cast to x.dtype, then multiply by the weight, as HF
             LlamaRMSNorm; output dtype is the promotion of x and weight), ``"gemma"`` (everything in fp32, cast
-            to x.dtype at the end, as HF GemmaRMSNorm), ``"none"`` (no casts: computed in x.dtype).
+            to x.dtype at the end, as HF GemmaRMSNorm), ``"none"`` (no casts: computed in x.dtype). "fp32" is
+            the promotion of x.dtype and float32: float64 x is normalised in float64 (HF would downcast it), so
+            that float64 inputs give the float64 truth the tests and ``tigon verify`` compare with.
 
     Returns:
         (..., hidden) tensor.
     """
+    ct = torch.promote_types(x.dtype, torch.float32)
     if casting_mode == "llama":
-        xf = x.to(torch.float32)
+        xf = x.to(ct)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         w = weight + offset if offset != 0.0 else weight
         return w * xf.to(x.dtype)
     if casting_mode == "gemma":
-        xf = x.to(torch.float32)
+        xf = x.to(ct)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return (xf * (offset + weight.to(torch.float32))).to(x.dtype)
+        return (xf * (offset + weight.to(ct))).to(x.dtype)
     if casting_mode == "none":
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         return y * (offset + weight)

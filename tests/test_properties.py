@@ -1,0 +1,432 @@
+"""Property tests: every op of the registry against float64, on drawn shapes, layouts, dtypes and options.
+
+For each op of :func:`tigon.ops.registry` hypothesis draws a case of its record (its ``fn``, its ``make_inputs``
+options, ``unit_upstream``), the options the case leaves free from :meth:`~tigon.ops.OpSpec.option_space` (the
+values of the record's other cases, and ``reduction`` / ``ignore_index`` / ignore patterns down to an all-ignored
+batch from :data:`tigon.ops._record.PROPERTY_VALUES`), a :class:`~tigon.ops.ModelShapes` with small, often odd
+sizes and the family options (RMSNorm casting mode, offset and eps, rotary theta, final-logit softcap), a dtype,
+for the record's ``leading_dims`` inputs a (batch, seq, N) view of their (tokens, N) rows, and for every tensor
+input a memory layout (:data:`LAYOUTS`). Nothing here names an op: a new op's record is enough to be covered.
+
+Checked on each example:
+
+* every output and every input gradient against a float64 evaluation of the original (:func:`tigon.numerics.compare`,
+  random upstream gradients) under verify's rule, ``err <= max(2 x original's err, floor[dtype])`` (fp32: 1e-5);
+  where it fails, on most of this problem and neighbouring ones (:func:`_judged_on_neighbours` says why), and
+  the known issues of :data:`KNOWN_ISSUES` aside;
+* the op accepts what its specification accepts: an example that the reference path (``force_reference``)
+  refuses with a ValueError / TypeError (a documented refusal, e.g. ``grad_in_forward`` with float16 logits)
+  is outside the op's domain and discarded, any other exception fails;
+* the caller's tensors are left as they were (except the gradient inputs of an in-place variant, which writes
+  into them by design).
+
+Profiles: ``ci`` (small sizes, few examples, derandomized: the same examples on every run; the default without
+CUDA) and ``gpu`` (more examples; the default with CUDA, where :func:`test_op_matches_float64_large` also runs
+large sizes). ``HYPOTHESIS_PROFILE=gpu`` picks one by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import strategies as st
+
+from tigon import functional as F
+from tigon import ops, support
+from tigon.numerics import FLOOR, TensorCheck, compare
+from tigon.ops import Case, ModelShapes, OpSpec
+from tigon.ops._record import INPLACE_OPTIONS
+from tigon.reference.rms_norm import CASTING_MODES
+
+# Triton's interpreter evaluates sigmoid and exp in numpy, which warns on overflow to inf (the right limit).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest: kernels compiled or interpreted
+
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=_HEALTH)
+settings.register_profile("gpu", max_examples=150, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=_HEALTH)
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("gpu" if torch.cuda.is_available() else "ci"))
+
+FACTOR = 2.0
+"""verify's pass rule: Tigon's error at most twice the original's own at that dtype (the same inputs and upstream
+gradients), or under the dtype's floor (:data:`tigon.numerics.FLOOR`: 1e-5 for fp32)."""
+
+LAYOUTS = ("contiguous", "row_padded", "strided", "transposed", "expanded")
+"""How a tensor input sits in memory: as ``make_inputs`` built it; its rows inside wider rows at an offset (a slice
+of a fused projection); every other element of a twice-as-wide buffer; its dimensions in reversed memory order
+(column-major); broadcast along a leading dimension (stride 0: rows sharing memory; a 1-D tensor along its one
+dimension). Not along the last dimension of a matrix: the gradient of the broadcast tensor is then a norm's input
+gradient summed over a row, exactly 0 for LayerNorm and the eps term for RMSNorm, i.e. a cancellation to nothing
+(a relative error of rounding over ~0), and a last dimension without unit stride is ``strided`` already."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Inclusive ranges of the drawn sizes (``tokens = batch * seq``; ``heads = kv_heads * group``;
+    ``head_dim = 2 * half_dim``)."""
+
+    batch: tuple[int, int]
+    seq: tuple[int, int]
+    hidden: tuple[int, int]
+    intermediate: tuple[int, int]
+    kv_heads: tuple[int, int]
+    group: tuple[int, int]
+    half_dim: tuple[int, int]
+    vocab: tuple[int, int]
+
+
+# Lower ends, each for a reason. hidden >= 3: a norm over 1 column (RMSNorm) or 2 (LayerNorm) outputs its weight
+# up to signs, and its input gradient is the eps term left after a complete cancellation in the standard backward
+# formula (torch's fp32 autograd loses it as well, by up to 100%; Tigon by up to 5x more): a degenerate norm, not a
+# size Tigon treats differently. vocab >= 2: with one class every probability is 1 and the gradient p - target is
+# exactly 0, so any fp32 rounding is an infinite relative error.
+SMALL = Sizes(batch=(1, 3), seq=(1, 4), hidden=(3, 40), intermediate=(1, 40), kv_heads=(1, 3), group=(1, 3),
+              half_dim=(1, 9), vocab=(2, 70))
+LARGE = Sizes(batch=(1, 4), seq=(1, 512), hidden=(3, 8192), intermediate=(1, 16384), kv_heads=(1, 8), group=(1, 4),
+              half_dim=(1, 128), vocab=(2, 131072))
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+UPSTREAM_SEED = 2**31
+"""compare()'s seed of the random upstream gradients, outside the range of the problems' seeds (torch's CPU
+generator keeps 32 bits of a seed): with the same seed the upstream gradient is the inputs' own draw (x = 3 randn +
+1.5, dy = randn), and a norm's input gradient is then exactly 0."""
+
+KNOWN_ISSUES = {
+    "cross_entropy": 64.0,
+    "fused_linear_cross_entropy": 64.0,
+}
+"""Ops with a known numerical issue (each has its strict xfail test below) -> the factor of the rule for their
+float32 results in place of :data:`FACTOR`, where the drawn problem fails and neighbouring ones are judged too.
+The two loss ops form the loss as lse - x_t and the probabilities as exp(x - lse), whose absolute error is an ulp of
+lse rather than of the result: a loss far below the logits (a confident token) and a gradient that is a
+cancellation (an LM head of identical rows, where the probabilities must sum to exactly 1) reach 3x-37x the
+original's fp32 error (test_cross_entropy_of_a_confident_token_is_accurate_in_fp32). On a well-conditioned result
+64x the original's error is still under the 1e-5 floor, so only those are let through. Remove an entry with its
+xfail."""
+
+
+def _between(r: tuple[int, int]):
+    return st.integers(*r)
+
+
+@st.composite
+def model_shapes(draw, sizes: Sizes) -> ModelShapes:
+    kv, batch = draw(_between(sizes.kv_heads)), draw(_between(sizes.batch))
+    return ModelShapes(
+        tokens=batch * draw(_between(sizes.seq)), batch=batch, hidden=draw(_between(sizes.hidden)),
+        intermediate=draw(_between(sizes.intermediate)), heads=kv * draw(_between(sizes.group)), kv_heads=kv,
+        head_dim=2 * draw(_between(sizes.half_dim)), vocab=draw(_between(sizes.vocab)),
+        rms_eps=draw(st.sampled_from((1e-6, 1e-5))),
+        rms_casting_mode=draw(st.sampled_from(CASTING_MODES)),
+        rms_offset=draw(st.sampled_from((0.0, 1.0))), rope_theta=draw(st.sampled_from((10000.0, 500000.0))),
+        softcap=draw(st.sampled_from((None, 30.0))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One drawn example: what ``make_inputs`` builds (model, dtype, inputs, seed), the options passed to the op
+    and the original (the case's and the drawn free ones), how each tensor input sits in memory."""
+
+    case: Case
+    dtype: torch.dtype
+    model: ModelShapes
+    options: dict
+    inputs: dict
+    layouts: dict  # input name -> (layout, dimension), for LAYOUTS
+    split: tuple[str, ...]  # the leading_dims inputs viewed as (batch, seq, N)
+    seed: int
+
+
+@st.composite
+def problems(draw, spec: OpSpec, sizes: Sizes) -> Problem:
+    case = draw(st.sampled_from(spec.cases))
+    option_space, input_space = spec.option_space()
+    defaults = {k: v[0] for k, v in option_space.items()}
+    options = dict(case.options)
+    for k, values in option_space.items():
+        if k not in options:
+            v = draw(st.sampled_from(values))
+            if v != defaults[k]:  # the default is not passed: a value make_inputs sets (a model's softcap) stays
+                options[k] = v
+    inputs = dict(case.inputs)
+    for k, values in input_space.items():
+        if k not in inputs:
+            inputs[k] = draw(st.sampled_from(values))
+    model = draw(model_shapes(sizes))
+    split = spec.leading_dims if draw(st.booleans()) else ()  # all of them: they share a shape (x and residual)
+    layouts = {}
+    for name in _tensor_names(spec, inputs):
+        layout = draw(st.sampled_from(LAYOUTS))
+        layouts[name] = (layout, draw(st.integers(0, 3)) if layout == "expanded" else 0)
+    return Problem(case, draw(st.sampled_from(DTYPES)), model, options, inputs, layouts, split,
+                   draw(st.integers(0, UPSTREAM_SEED - 1)))
+
+
+TINY = ModelShapes(tokens=2, hidden=3, intermediate=3, heads=2, kv_heads=1, head_dim=2, vocab=3)
+
+
+def _tensor_names(spec: OpSpec, inputs: dict) -> list[str]:
+    """The names of the tensors ``make_inputs`` builds with these options (from a tiny build on the CPU)."""
+    built = spec.make_inputs(spec.shape_of(TINY), torch.float32, torch.device("cpu"),
+                             torch.Generator().manual_seed(0), **inputs)
+    return [k for k, v in built.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
+
+
+def _relayout(t: torch.Tensor, layout: str, dim: int) -> tuple[torch.Tensor, Callable | None]:
+    """(base, view): ``view(base)`` has ``t``'s values (for "expanded", those of its first slice along a leading
+    dimension) laid out in memory as ``layout`` says; view None: ``t`` as it is."""
+    shape = tuple(t.shape)
+    if layout == "row_padded":
+        n = shape[-1]
+        base = torch.zeros(*shape[:-1], n + 3, dtype=t.dtype, device=t.device)
+        base[..., 2:n + 2] = t
+        return base, lambda b: b[..., 2:n + 2]
+    if layout == "strided":
+        base = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=t.dtype, device=t.device)
+        base[..., 1::2] = t
+        return base, lambda b: b[..., 1::2]
+    if layout == "transposed" and t.dim() > 1:
+        perm = tuple(reversed(range(t.dim())))
+        return t.permute(perm).contiguous(), lambda b: b.permute(perm)
+    if layout == "expanded":
+        dims = [d for d in range(max(t.dim() - 1, 1)) if shape[d] > 1]
+        if dims:
+            d = dims[dim % len(dims)]
+            return t.narrow(d, 0, 1).clone(), lambda b: b.expand(shape)
+    return t, None
+
+
+def _build(spec: OpSpec, p: Problem, device: str) -> tuple[dict, dict]:
+    """(bases, views): the inputs compare() takes (the gradients are the bases'), and per input the view the op
+    receives (identity where absent)."""
+    gen = torch.Generator(device=device).manual_seed(p.seed)
+    built = spec.make_inputs(spec.shape_of(p.model), p.dtype, torch.device(device), gen, **p.inputs)
+    ignore = p.options.get("ignore_index")
+    if ignore is not None:  # the builders mark ignored targets with the default ignore_index
+        default = spec.option_space()[0]["ignore_index"][0]
+        built = {k: (torch.where(v == default, ignore, v) if isinstance(v, torch.Tensor) and not v.is_floating_point()
+                     else v) for k, v in built.items()}
+    bases, views = {}, {}
+    for k, v in built.items():
+        if k in p.split:
+            v = v.reshape(p.model.batch, -1, *v.shape[1:])
+        if k in p.layouts:
+            v, view = _relayout(v, *p.layouts[k])
+            if view is not None:
+                views[k] = view
+        bases[k] = v
+    return bases, views
+
+
+def _accepts(fn: Callable) -> Callable[[str], bool]:
+    """Whether ``fn`` takes a keyword argument of a given name."""
+    params = inspect.signature(fn).parameters
+    if any(q.kind == q.VAR_KEYWORD for q in params.values()):
+        return lambda name: True
+    return lambda name: name in params
+
+
+class _Runner:
+    """``fn`` as compare() calls it: the problem's options added (those ``fn`` takes: an implementation flag such as
+    ``inplace_backward`` is not the original's), each input through its view, and a copy of every tensor it was
+    given kept to check afterwards that it is unchanged."""
+
+    def __init__(self, fn: Callable, options: dict, views: dict):
+        takes = _accepts(fn)
+        self.fn, self.views = fn, views
+        self.options = {k: v for k, v in options.items() if takes(k)}
+        self.given: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, **kwargs):
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                self.given.append((k, v, v.detach().clone()))
+        return self.fn(**{k: (self.views[k](v) if k in self.views else v) for k, v in kwargs.items()}, **self.options)
+
+    def changed(self, exempt=()) -> list[str]:
+        return [k for k, v, before in self.given if k not in exempt and not torch.equal(v.detach(), before)]
+
+
+def _describe(spec: OpSpec, p: Problem, bases: dict, views: dict) -> str:
+    tensors = {k: f"{tuple(v.shape)}{' ' + p.layouts[k][0] if k in views else ''}" for k, v in bases.items()
+               if isinstance(v, torch.Tensor)}
+    return (f"{spec.name} [{p.case.label}] {str(p.dtype).removeprefix('torch.')} options={p.options} "
+            f"inputs={p.inputs} tensors={tensors} seed={p.seed} {p.model}")
+
+
+NEIGHBOURS = 12
+"""How many neighbouring problems :func:`_judged_on_neighbours` adds."""
+
+
+def _neighbour(bases: dict, i: int) -> dict:
+    """``bases`` with every nonzero element of every floating tensor moved one ulp of its dtype up or down (draw i)."""
+    gen = torch.Generator().manual_seed(i)
+    moved = {}
+    for k, v in bases.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():  # (on the CPU, which has nextafter for all)
+            c, up = v.cpu(), torch.rand(v.shape, generator=gen) < 0.5
+            c = torch.where(c == 0, c, torch.nextafter(c, torch.where(up, float("inf"), float("-inf")).to(c.dtype)))
+            v = c.to(v.device)
+        moved[k] = v
+    return moved
+
+
+def _result_dtypes(spec: OpSpec, original: _Runner, bases: dict) -> dict[str, torch.dtype]:
+    """The dtype of each output and gradient, by the name compare() gives it."""
+    with torch.no_grad():
+        out = original(**bases)
+    outs = out if isinstance(out, tuple) else (out,)
+    dtypes = {f"out{i if i else ''}": o.dtype for i, o in enumerate(outs) if isinstance(o, torch.Tensor)}
+    return {**dtypes, **{f"grad_{g}": bases[g].dtype for g in spec.grad_inputs}}
+
+
+def _judged_on_neighbours(spec: OpSpec, p: Problem, fn: Callable, bases: dict, views: dict, unit: bool,
+                          checks: list[TensorCheck]) -> list[tuple[TensorCheck, str]]:
+    """``checks`` (some failed) judged again with :data:`NEIGHBOURS` problems next to this one: each with every
+    nonzero floating input element moved one ulp up or down at random (the same layouts, options and
+    conditioning) and other random upstream gradients. A tensor passes when the rule (with the factor of
+    :data:`KNOWN_ISSUES` for a known issue's float32 results) holds on most of the problems, this one included.
+    Returns each check with ``passed`` so judged, and what was seen.
+
+    Why: the rule compares Tigon's error with one realisation of the original's rounding error, which on a few
+    elements, or on a result that is a cancellation (a gradient summed over an expanded input, a 1-element down
+    projection, an LM head of one expanded row), can be zero or far below its typical size by chance: a bf16
+    grad_bias of 3 elements that both round once measured 5x apart; the fp16 gradient of an expanded input, summed
+    over 12 rows, had the same median error for both over 40 upstream draws (4.5e-4), 2.6x apart on the drawn one,
+    and Tigon / original ratios 1.0 on 6 of 8 neighbours, 0.37 and 4.4 on the others. An op as accurate as the
+    original passes most; one less accurate fails most (as the loss ops on a confident token, all of them:
+    test_cross_entropy_of_a_confident_token_is_accurate_in_fp32)."""
+    runs = [checks]
+    for i in range(NEIGHBOURS):
+        runs.append(compare(_Runner(fn, p.options, views), _Runner(spec.original, p.options, views),
+                            _neighbour(bases, i), spec.grad_inputs, unit_upstream=unit,
+                            upstream_seed=UPSTREAM_SEED + 1 + i))
+    dtypes = _result_dtypes(spec, _Runner(spec.original, p.options, views), bases)
+    judged = []
+    for n, c in enumerate(checks):
+        factor = KNOWN_ISSUES.get(spec.name, FACTOR) if dtypes[c.tensor] == torch.float32 else FACTOR
+        held = [r[n].tigon_err <= max(factor * r[n].original_err, FLOOR.get(dtypes[c.tensor], 1e-5)) for r in runs]
+        seen = f"{c.tensor}: the rule held on {sum(held)} of {len(held)} problems next to it"
+        judged.append((dataclasses.replace(c, passed=2 * sum(held) > len(held)), seen))
+    return judged
+
+
+def _zero_truths_absolutely(spec: OpSpec, original: _Runner, bases: dict,
+                            checks: list[TensorCheck]) -> list[TensorCheck]:
+    """``checks`` with those whose float64 truth is exactly 0 (a relative error of infinity with a finite
+    difference) judged absolutely: Tigon's largest difference at most the dtype's floor times the largest input
+    magnitude. Why: a relative error to 0 is no measure, and the float64 truth can be 0 where the value is not:
+    tanh-GELU of -8.25 is 1e-22, but the reference's ``1 + tanh(-27)`` is exactly 0 in float64; Tigon's sigmoid
+    form keeps the 1e-22 (an intermediate of 1 and such a gate: every element in the tail)."""
+    zero = {c.tensor for c in checks if c.tigon_err == math.inf and math.isfinite(c.tigon_max_abs)}
+    if not zero:
+        return checks
+    dtypes = _result_dtypes(spec, original, bases)
+    scale = max(v.detach().abs().max().item() for v in bases.values()
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel())
+    return [dataclasses.replace(c, passed=c.tigon_max_abs <= FLOOR.get(dtypes[c.tensor], 1e-5) * scale)
+            if c.tensor in zero else c for c in checks]
+
+
+def check(spec: OpSpec, p: Problem, device: str) -> None:
+    """The properties of the module docstring on one problem."""
+    bases, views = _build(spec, p, device)
+    note(_describe(spec, p, bases, views))
+    fn = p.case.fn or spec.fn
+    # The domain: what the specification's path refuses is no example (the same leaves as compare's runs).
+    try:
+        with support.force_reference():
+            _Runner(fn, p.options, views)(**{k: (v.detach().clone().requires_grad_(k in spec.grad_inputs)
+                                                 if isinstance(v, torch.Tensor) else v) for k, v in bases.items()})
+    except (ValueError, TypeError) as e:
+        note(f"outside the op's domain: {e}")
+        assume(False)
+    candidate, original = _Runner(fn, p.options, views), _Runner(spec.original, p.options, views)
+    # A case whose provider forms the gradient in its forward is checked as used, with loss.backward() (its verify
+    # case says why: with another upstream gradient its gradient is rounded twice, documented as up to 2x).
+    unit = p.case.unit_upstream or p.case.provider in spec.grads_in_forward
+    checks = compare(candidate, original, bases, spec.grad_inputs, factor=FACTOR, unit_upstream=unit,
+                     upstream_seed=UPSTREAM_SEED)
+    names = {c.tensor for c in checks}
+    assert {"out"} | {f"grad_{g}" for g in spec.grad_inputs} <= names, names
+    checks = _zero_truths_absolutely(spec, original, bases, checks)
+    seen = {}
+    if not all(c.passed for c in checks):
+        judged = _judged_on_neighbours(spec, p, fn, bases, views, unit, checks)
+        checks, seen = [c for c, _ in judged], {c.tensor: s for c, s in judged}
+        note("; ".join(seen.values()))
+    bad = [f"{c.tensor}: tigon {c.tigon_err:.3e} > bound {c.bound:.3e} (original {c.original_err:.3e}); "
+           f"{seen.get(c.tensor, '')}" for c in checks if not c.passed]
+    assert not bad, "; ".join(bad)
+    # The gradient inputs may be written with an in-place option, or by a case's own fn (which may set one).
+    writes = p.case.fn is not None or any(p.options.get(k) for k in INPLACE_OPTIONS)
+    changed = candidate.changed(exempt=spec.grad_inputs if writes else ())
+    assert not changed, f"the op changed its input(s) {changed}"
+    assert not original.changed(), "the original changed its inputs (the harness is wrong)"
+
+
+NAMES = list(ops.registry())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@PROFILE
+@given(data=st.data())
+def test_op_matches_float64(name, data):
+    spec = ops.get(name)
+    check(spec, data.draw(problems(spec, SMALL), label="problem"), DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="large sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("name", NAMES)
+@settings(PROFILE, max_examples=max(10, PROFILE.max_examples // 5))
+@given(data=st.data())
+def test_op_matches_float64_large(name, data):
+    spec = ops.get(name)
+    check(spec, data.draw(problems(spec, LARGE), label="problem"), DEVICE)
+
+
+# ---- found by the property tests, not fixed yet -------------------------------------------------------------------
+# (The fixed ones are regression tests of the op's own file: test_glu_inplace_backward_into_expanded_inputs,
+# test_rms_norm_reference_is_float64_for_float64_input.)
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "fused_add_rms_norm rejects a valid residual: one column (hidden 1) whose column stride is not 1, e.g. "
+    "torch.randn(1, 3).t(), shape (3, 1), strides (1, 3): kernels/_common.as_rows keeps it as is (torch calls it "
+    "contiguous, so .contiguous() returns it unchanged) and kernels/norm.norm_forward then raises 'residual rows "
+    "must match x's ... with unit column stride'; the reference accepts it. Found with strides (2, 2) of a (1, 1) "
+    "residual; not fixed here (src/tigon/kernels/ is being edited elsewhere)"))
+def test_fused_add_rms_norm_one_column_residual_with_any_stride():
+    x, weight = torch.randn(3, 1, device=DEVICE), torch.ones(1, device=DEVICE)
+    residual = torch.randn(1, 3, device=DEVICE).t()  # (3, 1), strides (1, 3)
+    got = F.fused_add_rms_norm(x, residual, weight)
+    with support.force_reference():
+        want = F.fused_add_rms_norm(x, residual, weight)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the fp32 loss and gradient of a confidently predicted token are 37x / 16x further from float64 than torch's "
+    "(logits (30, 38), target 1: loss 3.354e-4, relative error 8.6e-4 against torch's 2.3e-5; gradient 4.7e-4 "
+    "against 3.0e-5): the kernels form the loss as lse - x_t and the probabilities from x - lse, whose absolute "
+    "error is an ulp of lse (38), not of the loss; torch's log_softmax subtracts the max first. Same in "
+    "fused_linear_cross_entropy. Not fixed here (the loss kernels are being edited elsewhere)"))
+@pytest.mark.parametrize("op", ["cross_entropy", "fused_linear_cross_entropy"])
+def test_cross_entropy_of_a_confident_token_is_accurate_in_fp32(op):
+    spec = ops.get(op)
+    logits, target = torch.tensor([[30.0, 38.0]], device=DEVICE), torch.tensor([1], device=DEVICE)
+    inputs = ({"logits": logits, "target": target} if op == "cross_entropy" else
+              {"hidden": torch.ones(1, 1, device=DEVICE), "weight": logits.t().contiguous(), "target": target})
+    checks = compare(spec.fn, spec.original, inputs, spec.grad_inputs, factor=FACTOR)
+    assert all(c.passed for c in checks), [c.as_dict() for c in checks if not c.passed]
