@@ -400,12 +400,8 @@ def test_op_matches_float64_large(name, data):
 # ---- found by the property tests, not fixed yet -------------------------------------------------------------------
 # (The fixed ones are regression tests of the op's own file: test_glu_inplace_backward_into_expanded_inputs,
 # test_rms_norm_reference_is_float64_for_float64_input.)
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "fused_add_rms_norm rejects a valid residual: one column (hidden 1) whose column stride is not 1, e.g. "
-    "torch.randn(1, 3).t(), shape (3, 1), strides (1, 3): kernels/_common.as_rows keeps it as is (torch calls it "
-    "contiguous, so .contiguous() returns it unchanged) and kernels/norm.norm_forward then raises 'residual rows "
-    "must match x's ... with unit column stride'; the reference accepts it. Found with strides (2, 2) of a (1, 1) "
-    "residual; not fixed here (src/tigon/kernels/ is being edited elsewhere)"))
+# Found by the property tests: a one-column residual (hidden 1) with a non-unit column stride, e.g.
+# torch.randn(1, 3).t(), was refused ("unit column stride"); the norms now read every input through its own strides.
 def test_fused_add_rms_norm_one_column_residual_with_any_stride():
     x, weight = torch.randn(3, 1, device=DEVICE), torch.ones(1, device=DEVICE)
     residual = torch.randn(1, 3, device=DEVICE).t()  # (3, 1), strides (1, 3)
