@@ -17,6 +17,14 @@ output gradients, so nothing of the harness is counted) would launch on a GPU, i
 (by kernel) and the ATen ops that run a kernel (views and allocations aside); for Tigon and for the ops' eager
 PyTorch code (what ``tigon bench`` times as eager). ``--merge`` writes the per-op medians
 of several ``--out`` files (e.g. runs alternating between two versions of the code).
+
+``--callgrind N`` (under ``valgrind --tool=callgrind``) and ``--callgrind-read``: the instructions each case
+executes per call, a count that the machine's load does not move (valgrind makes the run ~50x slower: start-up
+takes minutes, 100 calls a case seconds):
+
+    TRITON_INTERPRET=1 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=cg.%p \
+        python3 benchmarks/host_overhead.py --callgrind 100
+    python3 benchmarks/host_overhead.py --callgrind-read cg.<pid>.* --calls 100 [--out counts.json]
 """
 
 import argparse
@@ -137,13 +145,53 @@ def count_launches(eager: bool = False) -> dict:
 def merge(paths):
     """The per-op medians of several ``--out`` files, per clock: ``host_us`` for the first file's clock,
     ``host_us_<clock>`` for each clock present, and every run's figures under ``runs``."""
-    runs = [json.load(open(p)) for p in paths]
+    loaded = [json.load(open(p)) for p in paths]
+    runs = [r for r in loaded if "host_us" in r]
     out = dict(runs[0], runs=[{"clock": r.get("clock", "wall"), "host_us": r["host_us"]} for r in runs],
                merged=list(paths))
+    for r in loaded:  # a --callgrind-read file: its counts as they are
+        if "instructions_per_call" in r:
+            out["instructions_per_call"] = r["instructions_per_call"]
     for clock in dict.fromkeys(r.get("clock", "wall") for r in runs):
         same = [r["host_us"] for r in runs if r.get("clock", "wall") == clock]
         out[f"host_us_{clock}"] = {k: round(statistics.median(r[k] for r in same), 1) for k in same[0]}
     out["host_us"] = out[f"host_us_{runs[0].get('clock', 'wall')}"]
+    return out
+
+
+def run_for_callgrind(cases, n: int) -> None:
+    """Run under ``valgrind --tool=callgrind``: ``n`` calls of each case after a warm-up, with a dump named after the
+    case after each (``callgrind_control -d``), so that each dump holds one case's instructions: a count that, unlike
+    a time, does not move with the machine's load."""
+    import os
+    import subprocess
+
+    def dump(tag):
+        subprocess.run(["callgrind_control", "-d", tag, str(os.getpid())], capture_output=True, check=False)
+
+    for fn in cases.values():
+        for _ in range(20):
+            fn()
+    dump("start")
+    for name, fn in cases.items():
+        for _ in range(n):
+            fn()
+        dump(name.split(" (")[0])  # (callgrind_control drops a dump whose name has a colon)
+
+
+def read_callgrind(paths, n: int) -> dict:
+    """{case (its name up to a parenthesis): instructions per call} from the dumps of a ``--callgrind n`` run."""
+    out = {}
+    for path in paths:
+        desc = summary = None
+        with open(path) as f:
+            for line in f:
+                if line.startswith("desc: Trigger: "):
+                    desc = line.split("dump ", 1)[-1].strip() if "dump " in line else None
+                elif line.startswith("summary: "):
+                    summary = int(line.split()[1])
+        if desc and desc != "start" and summary is not None:
+            out[desc] = summary // n
     return out
 
 
@@ -155,7 +203,20 @@ def main():
     ap.add_argument("--launches", action="store_true", help="also count the kernel launches of each op")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="write the medians of these --out files to --out")
     ap.add_argument("--note", help="stored in the JSON (e.g. which tree / commit was on PYTHONPATH)")
+    ap.add_argument("--callgrind", type=int, metavar="N",
+                    help="under valgrind --tool=callgrind: N calls of each case, a callgrind dump after each")
+    ap.add_argument("--callgrind-read", nargs="+", metavar="DUMP",
+                    help="the instructions per call in these dumps of a --callgrind N run (N from --calls)")
+    ap.add_argument("--calls", type=int, default=100, help="the N of the --callgrind run read (default 100)")
     args = ap.parse_args()
+    if args.callgrind_read:
+        res = read_callgrind(args.callgrind_read, args.calls)
+        for name, n in res.items():
+            print(f"{name:46s} {n:10d} instructions")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"note": args.note, "instructions_per_call": res}, f, indent=1)
+        return
     if args.merge:
         res = merge(args.merge)
         for name, us in res["host_us"].items():
@@ -177,6 +238,9 @@ def main():
         "torch.sum fwd+bwd (floor: autograd + one op)": lambda: x.sum().backward(),
     }
     del t
+    if args.callgrind:
+        run_for_callgrind(cases, args.callgrind)
+        return
     res = {name: round(_time(fn, CLOCKS[args.clock]), 1) for name, fn in cases.items()}
     for name, us in res.items():
         print(f"{name:46s} {us:8.1f} us")

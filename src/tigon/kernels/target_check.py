@@ -24,7 +24,9 @@ NONE_SEEN = -(2**63)
 """The buffer's value while no bad target was recorded (int64's minimum)."""
 
 _buffers: dict[tuple[str, int | None], tuple[torch.Tensor, np.ndarray]] = {}
-_by_device: dict[torch.device, torch.Tensor] = {}  # buffer()'s answers by device object (no device.type per call)
+_by_device: dict[torch.device, torch.Tensor] = {}
+"""buffer()'s answers by device object, so that a launch reads no ``device.type`` (~0.5 us); never stale: a device's
+buffer lives as long as the process."""
 
 
 def buffer(device: torch.device) -> torch.Tensor:
