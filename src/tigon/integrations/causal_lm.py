@@ -16,6 +16,7 @@ import importlib
 import inspect
 import sys
 import warnings
+from collections.abc import Mapping
 
 import torch
 
@@ -361,3 +362,47 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         return original(self, *args, **kwargs)
 
     return mark(forward, "lm_head_loss", family, options=loss_options(fused, ce, flce_options))
+
+
+# ---- tigon.patch(fused_linear_cross_entropy=...) ------------------------------------------------------------
+# Keys of ``patch(fused_linear_cross_entropy={...})``, forwarded to tigon.functional.fused_linear_cross_entropy.
+FLCE_OPTIONS = ("accum_dtype",)
+
+
+def flce_options(value) -> tuple[bool, tuple]:
+    """``patch``'s ``fused_linear_cross_entropy`` argument as ``(enabled, options)``; ``options`` is a sorted tuple of
+    ``(key, value)`` pairs (hashable: the patched forwards are cached by it).
+
+    A bool turns the fused loss on or off; a mapping turns it on with those keyword options (only
+    :data:`FLCE_OPTIONS`).
+
+    Raises:
+        TypeError: neither a bool nor a mapping (e.g. None or a string).
+        ValueError: an unknown key, or an ``accum_dtype`` that is not None or a floating-point torch.dtype.
+    """
+    if isinstance(value, bool):
+        return value, ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"tigon.patch: fused_linear_cross_entropy must be True, False or a dict of options "
+                        f"({', '.join(FLCE_OPTIONS)}), got {value!r}")
+    for key in value:
+        if key not in FLCE_OPTIONS:
+            raise ValueError(f"tigon.patch: unknown fused_linear_cross_entropy option {key!r} "
+                             f"(allowed: {', '.join(FLCE_OPTIONS)})")
+    dt = value.get("accum_dtype")
+    if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+        raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'accum_dtype' must be None or a "
+                         f"floating-point torch.dtype (torch.float32, or the LM head's dtype), got {dt!r}")
+    return True, tuple(sorted(value.items()))
+
+
+def check_accum_dtype(model, accum_dtype) -> None:
+    """Raise ValueError now, not at the first training step, when ``accum_dtype`` cannot be used with the model's
+    LM head (it must be None, torch.float32 or the head weight's dtype)."""
+    if accum_dtype in (None, torch.float32):
+        return
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dtype != accum_dtype:
+        raise ValueError(f"tigon.patch: fused_linear_cross_entropy accum_dtype={accum_dtype} differs from the LM "
+                         f"head's dtype {weight.dtype}; use None / torch.float32, or cast the model first")

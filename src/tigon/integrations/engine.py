@@ -54,59 +54,16 @@ from . import components
 from . import forwards as fw
 from . import persist
 from . import rotary_calls
-from .causal_lm import loss_options
+from .causal_lm import check_accum_dtype, flce_options, loss_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
-from .report import PatchEntry, PatchReport
+from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeSwitch, RopeTarget, switch
 
 _MISSING = object()
 
 OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss")
-
-# Keys of ``patch(fused_linear_cross_entropy={...})``, forwarded to tigon.functional.fused_linear_cross_entropy.
-FLCE_OPTIONS = ("accum_dtype",)
-
-
-def flce_options(value) -> tuple[bool, tuple]:
-    """``patch``'s ``fused_linear_cross_entropy`` argument as ``(enabled, options)``; ``options`` is a sorted tuple of
-    ``(key, value)`` pairs (hashable: the patched forwards are cached by it).
-
-    A bool turns the fused loss on or off; a mapping turns it on with those keyword options (only
-    :data:`FLCE_OPTIONS`).
-
-    Raises:
-        TypeError: neither a bool nor a mapping (e.g. None or a string).
-        ValueError: an unknown key, or an ``accum_dtype`` that is not None or a floating-point torch.dtype.
-    """
-    if isinstance(value, bool):
-        return value, ()
-    if not isinstance(value, Mapping):
-        raise TypeError(f"tigon.patch: fused_linear_cross_entropy must be True, False or a dict of options "
-                        f"({', '.join(FLCE_OPTIONS)}), got {value!r}")
-    for key in value:
-        if key not in FLCE_OPTIONS:
-            raise ValueError(f"tigon.patch: unknown fused_linear_cross_entropy option {key!r} "
-                             f"(allowed: {', '.join(FLCE_OPTIONS)})")
-    dt = value.get("accum_dtype")
-    if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
-        raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'accum_dtype' must be None or a "
-                         f"floating-point torch.dtype (torch.float32, or the LM head's dtype), got {dt!r}")
-    return True, tuple(sorted(value.items()))
-
-
-def _check_accum_dtype(model, accum_dtype) -> None:
-    """Raise ValueError now, not at the first training step, when ``accum_dtype`` cannot be used with the model's
-    LM head (it must be None, torch.float32 or the head weight's dtype)."""
-    if accum_dtype in (None, torch.float32):
-        return
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.dtype != accum_dtype:
-        raise ValueError(f"tigon.patch: fused_linear_cross_entropy accum_dtype={accum_dtype} differs from the LM "
-                         f"head's dtype {weight.dtype}; use None / torch.float32, or cast the model first")
-
 
 # ---- rotary switch (tigon.integrations.rotary_switch) ----------------------------------------------------
 def release_unused() -> list[str]:
@@ -463,7 +420,7 @@ def patch(
         fused_linear_cross_entropy: in training with ``labels``, compute the LM head and HF's causal-LM loss with
             :func:`tigon.functional.fused_linear_cross_entropy`; ``output.logits`` is None then. Without labels or
             in eval mode the original forward runs and logits are returned as before. A dict turns it on with
-            keyword options for that function; the allowed keys are :data:`FLCE_OPTIONS`: ``accum_dtype``
+            keyword options for that function; the allowed keys are :data:`~tigon.integrations.causal_lm.FLCE_OPTIONS`: ``accum_dtype``
             (``None`` / ``torch.float32``: grad_weight accumulated in fp32, the default; the LM head's dtype, e.g.
             ``{"accum_dtype": torch.bfloat16}``: accumulated in that dtype, less memory, slightly less accurate
             gradients; a dtype other than those raises ValueError in the training forward). The report's LM-head
@@ -505,7 +462,7 @@ def patch(
     fused, flce = flce_options(fused_linear_cross_entropy)
     spec, level = _resolve(model_or_family, "patch", family)
     if level == "instance":
-        _check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
+        check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
                "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy)}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}
@@ -531,29 +488,10 @@ def patch(
     off = [k for k in OPTION_KINDS if not enabled[k]]
     if off:
         report.notes.append("turned off: " + ", ".join(off))
-    compiled = _compile_note(report)
+    compiled = compile_note(report)
     if compiled:
         report.notes.append(compiled)
     return report
-
-
-def _compile_note(report: PatchReport) -> str:
-    """What the replaced ops run inside a torch.compile graph, in the current compile mode (one line, or "")."""
-    from .. import support
-
-    ops = sorted({op for e in report.replaced for op in e.ops})
-    if not ops:
-        return ""
-    by = {"kernel": [], "inductor": []}
-    for op in ops:
-        by[support.compiled_choice(op)].append(op)
-    parts = []
-    if by["inductor"]:
-        parts.append(f"{', '.join(by['inductor'])} leave their code to Inductor (fused with their neighbours)")
-    if by["kernel"]:
-        parts.append(f"{', '.join(by['kernel'])} run Tigon's kernels")
-    return (f"under torch.compile (compile mode {support.compile_mode()!r}, tigon.support.set_compile_mode): "
-            + "; ".join(parts))
 
 
 def unpatch(model_or_family) -> PatchReport:

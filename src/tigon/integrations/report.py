@@ -6,6 +6,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from .. import support
+
 
 _KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "lm_head_loss")
 
@@ -139,3 +141,20 @@ class PatchReport:
 
     def __rich__(self):
         return self.to_table()
+
+
+def compile_note(report: PatchReport) -> str:
+    """What the replaced ops run inside a torch.compile graph, in the current compile mode (one line, or "")."""
+    ops = sorted({op for e in report.replaced for op in e.ops})
+    if not ops:
+        return ""
+    by = {"kernel": [], "inductor": []}
+    for op in ops:
+        by[support.compiled_choice(op)].append(op)
+    parts = []
+    if by["inductor"]:
+        parts.append(f"{', '.join(by['inductor'])} leave their code to Inductor (fused with their neighbours)")
+    if by["kernel"]:
+        parts.append(f"{', '.join(by['kernel'])} run Tigon's kernels")
+    return (f"under torch.compile (compile mode {support.compile_mode()!r}, tigon.support.set_compile_mode): "
+            + "; ".join(parts))
