@@ -19,7 +19,7 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if tensor_kind(t) == "subclass":
-            dtensor = " (DTensor: the row-wise ops take it; see tigon.ops._dtensor)" if _is_dtensor(t) else ""
+            dtensor = " (DTensor: the row-wise ops take it; see tigon.ops._dtensor)" if is_dtensor(t) else ""
             raise TypeError(
                 f"{name} is a {type(t).__module__}.{type(t).__qualname__}{dtensor}, a tensor subclass whose memory "
                 "is not its data: Tigon's kernels read tensors' memory directly and cannot run on it. Pass a plain "
@@ -75,7 +75,7 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
     return v
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+def is_dtensor(t) -> bool:
     """Whether ``t`` is a torch.distributed DTensor (without importing torch.distributed when it is not loaded)."""
     import sys
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import is_dtensor
+
 _warned: set[tuple[str, str]] = set()
 
 
@@ -65,22 +67,13 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter, float, int, str, bool, type(None))
 call costs one tuple membership test per argument, no generator, no import of torch.distributed)."""
 
 
-def _is_dtensor(t) -> bool:
-    # cheap first: a plain tensor / Parameter is never a DTensor (no import of torch.distributed on this path)
-    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or not isinstance(t, torch.Tensor):
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
 def _any_dtensor(args, kwargs) -> bool:
     for a in args:
-        if type(a) not in _PLAIN and _is_dtensor(a):
+        if type(a) not in _PLAIN and is_dtensor(a):
             return True
     if kwargs:
         for a in kwargs.values():
-            if type(a) not in _PLAIN and _is_dtensor(a):
+            if type(a) not in _PLAIN and is_dtensor(a):
                 return True
     return False
 
