@@ -71,6 +71,7 @@ def _opcheck_cases():
     logits, target = torch.randn(7, 50), torch.tensor([1, 4, -100, 49, 0, 7, 3])
     hidden, head, hb = torch.randn(7, 16), torch.randn(50, 16), torch.randn(50)
     ce = (-100, 0.1, 1e-4, 30.0)
+    stats = torch.stack([torch.randn(7), torch.rand(7) + 1.0], 1)  # the rows' (max, log-sum) of a loss forward
     return {
         "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0, "llama")),
         "rms_norm_gemma": (ops.rms_norm, (x.to(torch.bfloat16), w, 1e-6, 1.0, "gemma")),
@@ -93,7 +94,7 @@ def _opcheck_cases():
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
         "cross_entropy_backward": (ops.cross_entropy_backward,
                                    (torch.tensor(1.0), logits, target, None, torch.tensor(5.0),
-                                    torch.randn(7), *ce, "sum")),
+                                    stats, *ce, "sum")),
         "flce_mean": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, hb, None, None, *ce, 1.0, "mean", torch.float32, True, True, True,
                        True, False)),
@@ -101,7 +102,7 @@ def _opcheck_cases():
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
                        False, False)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
-                               (torch.randn(7), hidden, head, target, hb, None, torch.randn(7) + 5.0, *ce, 1.0,
+                               (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False)),
     }
 

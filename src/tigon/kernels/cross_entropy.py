@@ -16,7 +16,7 @@ from torch import Tensor
 from . import loss_rows as rows
 from ._common import CUSTOM_OP_TAGS, compiled_cuda, num_items_tensor, once_differentiable
 from .loss_rows import (
-    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, scale_rows_,
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats, scale_rows_,
 )
 
 
@@ -32,29 +32,30 @@ def grad_in_forward_block(device: torch.device) -> tuple[int, int, bool] | None:
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
                grad_out: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
-    :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), lse (n,) fp32,
+    :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), the row statistics
+    stats (n, 2) fp32 (max, log-sum: :func:`tigon.kernels.loss_rows.row_stats`),
     scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op below.
     ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
     right after its loss, by the program that read it."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
-    loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, x.device)
     correct = torch.empty(n, **f32) if want_acc else None
     if grad_out is None:
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct)
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, stats, correct)
     else:
         scales = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, lse, correct, grad_scales=scales,
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, stats, correct, grad_scales=scales,
                         grad_out=grad_out, block=grad_in_forward_block(x.device))
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct, zero_acc=True)
-    return loss, z, acc, lse, scale
+    return loss, z, acc, stats, scale
 
 
-def ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, opts: LossOptions, dx) -> torch.Tensor:
+def ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, opts: LossOptions, dx) -> torch.Tensor:
     """Write ``d loss / d x`` times the upstream ``grad_loss`` into ``dx`` (may be ``x``); returns dx. ``scale``:
     from :func:`reduce_losses` (None for reduction="none", where ``grad_loss`` is per token)."""
-    ce_rows_backward(x, target, cw, cw_sum, lse, opts, grad_loss, dx, scale)
+    ce_rows_backward(x, target, cw, cw_sum, stats, opts, grad_loss, dx, scale)
     return dx
 
 
@@ -81,9 +82,9 @@ class CrossEntropyFunction(torch.autograd.Function):
     logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
     it by the upstream gradient, a no-op when that is 1).
 
-    By default the forward writes per-row loss and lse; the backward reads the logits again and writes the gradient
-    (``round(upstream * d loss / d logits)``, like the unfused computation), into a new buffer or, with
-    ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
+    By default the forward writes per-row loss and row statistics (max, log-sum); the backward reads the logits
+    again and writes the gradient (``round(upstream * d loss / d logits)``, like the unfused computation), into a
+    new buffer or, with ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
     (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
     when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
     loss, last block first (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). H200, 8192 x 128256 bf16, 10% of the tokens
@@ -115,14 +116,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         if ctx.grad_formed and x is logits:
             # anything that saved the logits for its own backward now raises there instead of reading gradients
             torch.autograd.graph.increment_version(logits)
-        loss, z, acc, lse, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
+        loss, z, acc, stats, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
                                               grad_out=x if ctx.grad_formed else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
         # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
         if ctx.grad_formed:
             ctx.save_for_backward(x.detach())
         else:
-            ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, lse, scale)
+            ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, stats, scale)
         ctx.opts, ctx.inplace, ctx.consumed = opts, inplace is True, False
         ctx.mark_non_differentiable(z, acc)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
@@ -142,8 +143,8 @@ class CrossEntropyFunction(torch.autograd.Function):
             (x,) = ctx.saved_tensors
             ctx.consumed = True
             return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None
-        x, target, cw, cw_sum, lse, scale = ctx.saved_tensors
-        dx = ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale, ctx.opts,
+        x, target, cw, cw_sum, stats, scale = ctx.saved_tensors
+        dx = ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))
         if ctx.inplace:
             # the logits now hold the gradient: a node that saved them (e.g. a softmax that produced them) raises
@@ -159,14 +160,15 @@ class CrossEntropyFunction(torch.autograd.Function):
 def _cross_entropy(logits: Tensor, target: Tensor, class_weight: Optional[Tensor], num_items: Optional[Tensor],
                    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: Optional[float],
                    reduction: str, want_acc: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, accuracy, lse): loss and z_loss fp32, 0-d (or (N,) for ``reduction="none"``); accuracy
-    0-d fp32 (0 unless ``want_acc``); lse (N,) fp32, kept for the backward."""
+    """(loss, z_loss, accuracy, stats): loss and z_loss fp32, 0-d (or (N,) for ``reduction="none"``); accuracy
+    0-d fp32 (0 unless ``want_acc``); stats (N, 2) fp32, the rows' max and log-sum
+    (:func:`tigon.kernels.loss_rows.row_stats`), kept for the backward."""
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, x.device)
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, 1.0)
-    loss, z, acc, lse, _ = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
-    return loss, z, acc, lse
+    loss, z, acc, stats, _ = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
+    return loss, z, acc, stats
 
 
 @_cross_entropy.register_fake
@@ -176,25 +178,25 @@ def _(logits, target, class_weight, num_items, ignore_index, label_smoothing, ls
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
     return (logits.new_empty(loss_shape, **f32), logits.new_empty(loss_shape, **f32), logits.new_empty((), **f32),
-            logits.new_empty((n,), **f32))
+            logits.new_empty((n, 2), **f32))
 
 
 @torch.library.custom_op("tigon::cross_entropy_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _cross_entropy_backward(grad_loss: Tensor, logits: Tensor, target: Tensor, class_weight: Optional[Tensor],
-                            num_items: Optional[Tensor], lse: Tensor, ignore_index: int, label_smoothing: float,
+                            num_items: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                             lse_square_scale: float, softcap: Optional[float], reduction: str) -> Tensor:
     """d loss / d logits: logits' shape and dtype, contiguous."""
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, x.device)
     *_, scale = reduce_losses(target, cw, ignore_index, x.shape[1], reduction, num_items)
-    return ce_backward(grad_loss, x, target, cw, cw_sum, lse, scale,
+    return ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale,
                        LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, 1.0),
                        torch.empty(size=x.shape, dtype=x.dtype, device=x.device))
 
 
 @_cross_entropy_backward.register_fake
-def _(grad_loss, logits, target, class_weight, num_items, lse, ignore_index, label_smoothing, lse_square_scale,
+def _(grad_loss, logits, target, class_weight, num_items, stats, ignore_index, label_smoothing, lse_square_scale,
       softcap, reduction):
     return logits.new_empty(logits.shape)
 
@@ -208,8 +210,8 @@ def _cross_entropy_setup(ctx, inputs, output):
 def _cross_entropy_grad(ctx, grad_loss, _dz, _dacc, _dlse):
     if not ctx.needs_input_grad[0]:
         return (None,) * 10
-    logits, target, class_weight, num_items, lse = ctx.saved_tensors
-    dx = _cross_entropy_backward(grad_loss, logits, target, class_weight, num_items, lse, *ctx.scalars)
+    logits, target, class_weight, num_items, stats = ctx.saved_tensors
+    dx = _cross_entropy_backward(grad_loss, logits, target, class_weight, num_items, stats, *ctx.scalars)
     return (dx,) + (None,) * 9
 
 

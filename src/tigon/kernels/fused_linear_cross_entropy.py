@@ -15,7 +15,7 @@ logits buffer ever exists. Per chunk:
 
 For a scalar loss (mean / sum) the gradients are computed during the forward (3 matmuls in all) for an
 upstream gradient of 1 and scaled by the real upstream scalar in backward. For ``reduction="none"`` only the
-per-token lse is saved; the backward recomputes the logits chunk by chunk and applies the per-token upstream
+per-token row statistics (max, log-sum) are saved; the backward recomputes the logits chunk by chunk and applies the per-token upstream
 gradient (4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is
 computed. The caller's tensors are never written.
 
@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
 from .loss_rows import (
-    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses,
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
 )
 
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
@@ -322,7 +322,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
 
     ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``halves``: see
     :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`).
-    Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), lse (N,) fp32, grads (gh, gw, gb) or None).
+    Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), stats (N, 2) fp32 (the rows' max and log-sum:
+    :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
     """
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -334,7 +335,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     # the gradients' scale is needed before the chunks (the loss itself is reduced after them)
     scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3] if precompute else None
     f32 = dict(dtype=torch.float32, device=dev)
-    loss_rows, z_rows, lse = torch.empty(n, **f32), torch.empty(n, **f32), torch.empty(n, **f32)
+    loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize)
@@ -346,7 +347,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             lg, hs = buf[: e - s], h[s:e]
             mm.logits(lg, hs, w, b)
             ce_rows_forward(
-                lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], lse[s:e],
+                lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
                 correct[s:e] if correct is not None else None,
                 grad_scales=scale, grad_out=lg,
             )
@@ -354,10 +355,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
                                     correct, zero_acc=True)
-    return loss, z, acc, lse, ((gh, gw, gb) if precompute else None)
+    return loss, z, acc, stats, ((gh, gw, gb) if precompute else None)
 
 
-def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, lse, opts: LossOptions,
+def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, stats, opts: LossOptions,
                        cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False):
     """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
     ``lean``, ``halves``: as :func:`flce_forward`.
@@ -379,7 +380,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, ls
             e = min(s + rows, n)
             lg, hs = buf[: e - s], h[s:e]
             mm.logits(lg, hs, w, b)
-            ce_rows_backward(lg, target[s:e], cw, cw_sum, lse[s:e], opts, coef[s:e], lg)
+            ce_rows_backward(lg, target[s:e], cw, cw_sum, stats[s:e], opts, coef[s:e], lg)
             mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
     return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
             finish_grad(gb, None, bias.dtype if bias is not None else None))
@@ -395,12 +396,12 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
                 lean=False):
-        loss, z, acc, lse, grads = flce_forward(
+        loss, z, acc, stats, grads = flce_forward(
             hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True)
         ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and reduction == "none" and any(need):
-            ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, lse)
+            ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, stats)
         ctx.mark_non_differentiable(z, acc)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
         ctx.set_materialize_grads(False)
@@ -421,8 +422,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             grads, ctx.grads = ctx.grads, None
             gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
         else:
-            hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
-            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, ctx.opts,
+            hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
+            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, ctx.opts,
                                             ctx.cd, ctx.need, ctx.lean, True)
         return (gh, gw, None, gb) + none[:8]
 
@@ -435,11 +436,11 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
           softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
           need_weight: bool, need_bias: bool, want_acc: bool,
           lean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, accuracy, lse, grad_hidden, grad_weight, grad_bias).
+    """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias).
 
     loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
-    lse: (N,) fp32. For a scalar reduction with a gradient needed, the gradients of the loss for an upstream
-    gradient of 1, computed during the forward as in eager mode (the backward only scales and casts them):
+    stats: (N, 2) fp32 (row max, log-sum). For a scalar reduction with a gradient needed, the gradients of the
+    loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward only scales and casts them):
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
     ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
@@ -447,10 +448,10 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     """
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
     need = (need_hidden, need_weight, need_bias)
-    loss, z, acc, lse, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
+    loss, z, acc, stats, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
                                             cd, need, want_acc, lean)
     gh, gw, gb = grads if grads is not None else (None, None, None)
-    return loss, z, acc, lse, or_empty(gh, lse), or_empty(gw, lse), or_empty(gb, lse)
+    return loss, z, acc, stats, or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flce.register_fake
@@ -467,27 +468,27 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
     else:
         grads = [empty, empty.new_empty((0,)), empty.new_empty((0,))]
     return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32), hidden.new_empty((), **f32),
-            hidden.new_empty((n,), **f32), *grads)
+            hidden.new_empty((n, 2), **f32), *grads)
 
 
 @torch.library.custom_op("tigon::fused_linear_cross_entropy_backward_rows", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-                        class_weight: Optional[Tensor], lse: Tensor, ignore_index: int, label_smoothing: float,
+                        class_weight: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                         lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
                         need_hidden: bool, need_weight: bool, need_bias: bool,
                         lean: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
     the inputs' shapes and dtypes, (0,) where not needed."""
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
-    gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, lse, opts,
+    gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, stats, opts,
                                     cd, (need_hidden, need_weight, need_bias), lean)
-    return or_empty(gh, lse), or_empty(gw, lse), or_empty(gb, lse)
+    return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flce_backward_rows.register_fake
-def _(grad_rows, hidden, weight, target, bias, class_weight, lse, ignore_index, label_smoothing, lse_square_scale,
+def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, lse_square_scale,
       softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean):
-    empty = lse.new_empty((0,))
+    empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
             bias.new_empty(bias.shape) if need_bias and bias is not None else empty.new_empty((0,)))
@@ -515,8 +516,8 @@ def _flce_grad(ctx, grad_loss, *_unused):
         saved = [t if wanted else None for t, wanted in zip(ctx.saved_tensors, ctx.need)]
         gh, gw, gb = scale_grads(saved, grad_loss, ctx.dtypes, inplace=False)
     else:
-        hidden, weight, target, bias, class_weight, lse = ctx.saved_tensors
-        outs = _flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, lse, *ctx.scalars)
+        hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
+        outs = _flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, *ctx.scalars)
         gh, gw, gb = (if_wanted(t, wanted) for t, wanted in zip(outs, ctx.need))
     return (gh, gw, None, gb) + nones
 

@@ -8,10 +8,16 @@ weights, PaLM z-loss, Gemma 2 soft-capping, plus a ``logit_scale`` used by the f
 Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V``
 columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
 Gimelshein 2018), the weighted logit sum needed by label smoothing and the running argmax. It writes per-row
-loss, z-loss, lse and a correct-prediction flag (N floats each). With ``WRITE_GRAD`` it makes a second pass over
-the row and writes ``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
+loss, z-loss, the row's statistics ``(m, log s)``: its max and the log of its sum of exp(x - m), lse = m + log s
+((N, 2) fp32), and a correct-prediction flag. With ``WRITE_GRAD`` it makes a second pass over the row and writes
+``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
 
-Backward (one read, one write of the logits): recomputes the softmax from the saved lse with the per-token
+Accuracy: the loss is formed as (m - x_t) + log s and the probabilities as exp((x - m) - log s), the max subtracted
+first as in torch's log_softmax, so a confident token's loss (far below the logits) carries an error of its own
+size. Forming lse - x_t and exp(x - lse) cost an ulp of lse instead: 37x torch's fp32 error on the loss and 16x on
+the gradient for logits (30, 38) (tests/test_properties.py, the confident-token test).
+
+Backward (one read, one write of the logits): recomputes the softmax from the saved row statistics with the per-token
 upstream gradient (a 0-d tensor broadcast with stride 0 for mean/sum, an (N,) tensor for reduction="none").
 
 Gradient per row, with p = softmax(x), a the upstream coefficient, eps the smoothing, w class weights, s the
@@ -98,11 +104,11 @@ def _grad_coefs(a, az, wt, wsum, lse, V, label_smoothing, lse_square_scale):
 
 @triton.jit
 def _grad_tile(
-    x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+    x, cols, cmask, t_safe, m, logs, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
 ):
     """a * d loss_row / d raw_logits on a [rows, cols] tile of transformed logits ``x`` (fp32)."""
-    p = tl.exp(x - lse[:, None])
+    p = tl.exp((x - m[:, None]) - logs[:, None])
     g = coef_p[:, None] * p - tl.where(cols[None, :] == t_safe[:, None], coef_t[:, None], 0.0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
@@ -118,7 +124,7 @@ def _grad_tile(
 
 @triton.jit
 def _grad_pass(
-    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
+    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
     label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
     REVERSE: tl.constexpr,
@@ -130,7 +136,7 @@ def _grad_pass(
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
-    coef_p, coef_t, coef_s = _grad_coefs(a, az, wt, wsum, lse, V, label_smoothing, lse_square_scale)
+    coef_p, coef_t, coef_s = _grad_coefs(a, az, wt, wsum, m + logs, V, label_smoothing, lse_square_scale)
     last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
     for i in range(0, V, BLOCK_V):
         start = last - i if REVERSE else i
@@ -138,7 +144,7 @@ def _grad_pass(
         cmask = cols < V
         raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
-        g = _grad_tile(x, cols, cmask, t_safe, lse, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
+        g = _grad_tile(x, cols, cmask, t_safe, m, logs, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
                        HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
         tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
@@ -161,10 +167,13 @@ def _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING: tl.constexpr):
-    """(loss incl. z, z) of rows from their lse, target logit, target weight and smoothing sum (0 if ignored)."""
+def _row_loss(m, logs, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale,
+              HAS_SMOOTHING: tl.constexpr):
+    """(loss incl. z, z) of rows from their max and log-sum (lse = m + logs), target logit, target weight and
+    smoothing sum (0 if ignored). The loss is (m - x_t) + logs: exact to its own size for a confident token."""
     eps = label_smoothing
-    nll = lse - xt
+    nll = (m - xt) + logs
+    lse = m + logs
     loss = (1.0 - eps) * wt * nll
     if HAS_SMOOTHING:
         loss += eps / V * (wsum * nll - sw)
@@ -184,7 +193,7 @@ def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(
-    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, LSE, CORRECT, BAD,
+    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, BAD,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -218,18 +227,19 @@ def _ce_fwd_kernel(
         m = m_new
         if HAS_SMOOTHING:
             sw += _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT)
-    lse = m + tl.log(s)
+    logs = tl.log(s)
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
-    loss, z = _row_loss(lse, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
+    loss, z = _row_loss(m, logs, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
     tl.store(LOSS + rows, loss, mask=rmask)
     tl.store(ZLOSS + rows, z, mask=rmask)
-    tl.store(LSE + rows, lse, mask=rmask)
+    tl.store(STATS + 2 * rows, m, mask=rmask)
+    tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
     if COMPUTE_ACC:
         tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
     if WRITE_GRAD:
         a = tl.where(valid, tl.load(SCALES), 0.0)
         az = tl.where(valid, tl.load(SCALES + 1), 0.0)
-        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
+        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
 
@@ -253,14 +263,15 @@ def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.
 
 @triton.jit
 def _ce_bwd_kernel(
-    X, stride_x, T, CW, CWSUM, LSE, COEF, stride_coef, SCALES, DX, stride_dx,
+    X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
-    lse = tl.load(LSE + rows, mask=rmask, other=0.0)
+    m = tl.load(STATS + 2 * rows, mask=rmask, other=0.0)
+    logs = tl.load(STATS + 2 * rows + 1, mask=rmask, other=0.0)
     a = tl.load(COEF + rows * stride_coef, mask=rmask, other=0.0).to(tl.float32)
     a = tl.where(valid, a, 0.0)
     if HAS_SCALE:
@@ -269,7 +280,7 @@ def _ce_bwd_kernel(
     else:
         az = a
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
-    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, lse, a, az, wsum, V,
+    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
                HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, False)
 
@@ -371,15 +382,17 @@ def class_weight_args(class_weight: torch.Tensor | None, device: torch.device):
 
 def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
-    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_lse: torch.Tensor,
+    opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_stats: torch.Tensor,
     out_correct: torch.Tensor | None, grad_scales: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
     block: tuple[int, int, bool] | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
-    Writes per-row loss (incl. z), z, lse and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the
-    (n,) fp32 outputs. With ``grad_scales`` (the (2,) fp32 scales of :func:`reduce_losses`), also writes
-    ``d loss / d x`` of the reduced loss into ``grad_out`` (n, V), which may be ``x`` itself (in place).
+    Writes per-row loss (incl. z), z and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the (n,) fp32
+    outputs, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
+    contiguous; :func:`row_stats` allocates it, :func:`lse_of` reads the lse from it). With ``grad_scales`` (the
+    (2,) fp32 scales of :func:`reduce_losses`), also writes ``d loss / d x`` of the reduced loss into ``grad_out``
+    (n, V), which may be ``x`` itself (in place).
     First raises for a bad target an earlier launch recorded (:func:`tigon.kernels.target_check.raise_if_seen`).
     ``block``: (vocabulary block, num_warps, reverse: the gradient's pass goes last block first, see
     :func:`_grad_pass`), one row per program, for rows at least that wide (narrower rows: the default blocks, by
@@ -397,15 +410,25 @@ def ce_rows_forward(
     write_grad = grad_scales is not None
     dx = grad_out if write_grad else x
     _ce_fwd_kernel[(cdiv(n, block_m),)](
-        x, x.stride(0), target, cw if cw is not None else out_lse, cw_sum if cw_sum is not None else out_lse,
-        grad_scales if write_grad else out_lse, dx, dx.stride(0),
-        out_loss, out_z, out_lse, out_correct if out_correct is not None else out_loss, target_check.buffer(x.device),
+        x, x.stride(0), target, cw if cw is not None else out_stats, cw_sum if cw_sum is not None else out_stats,
+        grad_scales if write_grad else out_stats, dx, dx.stride(0),
+        out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss, target_check.buffer(x.device),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
         BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), num_warps=warps,
     )
+
+
+def row_stats(n: int, device: torch.device) -> torch.Tensor:
+    """An uninitialised (n, 2) fp32 buffer for :func:`ce_rows_forward`'s row statistics (max, log-sum)."""
+    return torch.empty((n, 2), dtype=torch.float32, device=device)
+
+
+def lse_of(stats: torch.Tensor) -> torch.Tensor:
+    """The log-sum-exp (n,) fp32 of rows from their statistics (n, 2): m + log s."""
+    return stats[:, 0] + stats[:, 1]
 
 
 def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -422,9 +445,10 @@ def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 def ce_rows_backward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
-    lse: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
+    stats: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
 ) -> None:
-    """Launch the backward: ``dx = coef * d loss / d x`` for rows ``x`` (n, V), using the saved ``lse``.
+    """Launch the backward: ``dx = coef * d loss / d x`` for rows ``x`` (n, V), using the saved row statistics
+    ``stats`` ((n, 2) fp32 of the forward).
 
     ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale``: the (2,)
     fp32 scales of :func:`reduce_losses` for a scalar reduction (None for per-token losses); ``dx`` may be ``x``
@@ -436,8 +460,8 @@ def ce_rows_backward(
     target_check.raise_if_seen()
     block_m, block_v, warps = _blocks(n, vocab, x.device)
     _ce_bwd_kernel[(cdiv(n, block_m),)](
-        x, x.stride(0), target, cw if cw is not None else lse, cw_sum if cw_sum is not None else lse,
-        lse, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else lse, dx, dx.stride(0),
+        x, x.stride(0), target, cw if cw is not None else stats, cw_sum if cw_sum is not None else stats,
+        stats, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else stats, dx, dx.stride(0),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
