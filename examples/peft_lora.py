@@ -2,8 +2,9 @@
 
     python examples/peft_lora.py --steps 5
 
-Order does not matter: patch first and let PEFT wrap the patched model (as here), or wrap first and call
-``tigon.patch(peft_model)``. The fused LM-head loss uses the weight PEFT actually trains: for ``modules_to_save``
+Patch first and let PEFT wrap the patched model (as here), or wrap first and call ``tigon.patch(peft_model)``; the
+latter also fuses each LoRA layer's base projection and adapter (report kind ``lora``; after patching first, call
+``tigon.patch(peft_model)`` once more for that). The fused LM-head loss uses the weight PEFT actually trains: for ``modules_to_save``
 that is the active adapter's copy of ``lm_head``. A LoRA adapter *on* ``lm_head`` cannot be expressed as one weight;
 then the original head runs (materialised logits) and Tigon says so once.
 """
@@ -42,6 +43,7 @@ def main():
                                            "down_proj"])
     model = peft.get_peft_model(model, lora)
     model.print_trainable_parameters()
+    print(tigon.patch(model))  # the LoRA layers now exist: fuse them (the rest is already patched)
     model.train()
 
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr)

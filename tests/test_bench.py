@@ -104,6 +104,8 @@ def test_sweep_writes_a_png_per_op(tmp_path):
         (["bench", "--e2e", "--providers", "original,eager"], "unknown provider 'eager' for --e2e"),
         (["bench", "--attn-implementation", "eager"], "--attn-implementation needs --e2e"),
         (["bench", "--e2e", "--attn-implementation", "fast"], "--attn-implementation 'fast': unknown attention"),
+        (["bench", "--lora", "16"], "--lora needs --e2e"),
+        (["bench", "--e2e", "--lora", "0"], "--lora must be an integer >= 1"),
         (["bench", "--csv", "/no/such/dir/b.csv"], "does not exist"),
         (["bench", "--sweep", "vocab"], "invalid choice"),
     ],
@@ -235,6 +237,21 @@ def test_e2e_tigon_lean_and_attn_implementation(monkeypatch):
         resolve_e2e(E2EConfig(attn_implementation="fast"))
     for name in (None, "eager", "sdpa", "kernels-community/flash-attn"):
         assert resolve_e2e(E2EConfig(attn_implementation=name)).attn_implementation == name
+
+
+def test_e2e_lora_wraps_every_provider_and_tigon_fuses_the_lora_layers():
+    """--lora R: PEFT LoRA on q/k/v/o/gate/up/down for every provider, head frozen; tigon also fuses the LoRA layers."""
+    pytest.importorskip("peft")
+    from tigon.workflows.e2e import E2EConfig, run_e2e
+
+    r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="float32",
+                          providers=["original,tigon"], lora_rank=4))
+    rows = {x.provider: x for x in r.rows}
+    for p in ("original", "tigon"):
+        assert rows[p].status == "ok", rows[p].note
+    assert rows["tigon"].patch["lora"] == 7 and rows["tigon"].backends["lora_linear"]
+    assert rows["tigon"].losses[0] == pytest.approx(rows["original"].losses[0], rel=1e-4)
+    assert r.as_dict()["config"]["lora_rank"] == 4 and any("LoRA r=4" in n for n in r.notes)
 
 
 def test_cuda_graph_timing_needs_cuda():

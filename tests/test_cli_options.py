@@ -26,6 +26,7 @@ OPTIONS = {
     ("bench", ("--e2e",), False, None),
     ("bench", ("--json",), None, None),
     ("bench", ("--layers",), None, None),
+    ("bench", ("--lora",), None, None),
     ("bench", ("--model",), None, None),
     ("bench", ("--op",), None, None),
     ("bench", ("--plot-dir",), None, None),

@@ -6,6 +6,7 @@ trains the same model with and without Tigon and compares the losses step by ste
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib
 import warnings
@@ -46,11 +47,16 @@ def build(patched: bool, seed: int = 0, **overrides):
     return model.float().to(DEVICE)
 
 
-def lora(model, targets=LORA_TARGETS, modules_to_save=("lm_head",)):
+def lora(model, targets=LORA_TARGETS, modules_to_save=("lm_head",), **options):
     torch.manual_seed(1)  # LoRA init
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets),
-                          modules_to_save=list(modules_to_save) or None)
+    cfg = peft.LoraConfig(**{**dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets),
+                                    modules_to_save=list(modules_to_save) or None), **options})
     return peft.get_peft_model(model, cfg)
+
+
+OTHER_KINDS_OFF = dict(rms_norm=False, rope=False, mlp=False, layer_norm=False, fused_add_rms_norm=False,
+                       fused_linear_cross_entropy=False)
+"""tigon.patch options that leave only the LoRA layers to patch."""
 
 
 def batches(steps: int, seed: int = 3):
@@ -109,8 +115,8 @@ def test_lora_with_trainable_head_matches_unpatched(order):
     else:
         model = lora(build(False))
         report = tigon.patch(model)
-        assert report.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "mlp": 2, "rope": 2, "lm_head_loss": 1}, \
-            report
+        assert report.counts == {"rms_norm": 5, "fused_add_rms_norm": 2, "mlp": 2, "rope": 2, "lm_head_loss": 1,
+                                 "lora": 14}, report
     support.backend_usage(reset=True)
     got, mat = train(model)
     assert not any(mat), "the fused head must run on the modules_to_save copy (logits=None)"
@@ -185,8 +191,14 @@ def test_hf_trainer_two_steps(tmp_path):
 
 def test_hf_trainer_with_lora(tmp_path):
     ref = _trainer_losses(lora(build(False)), tmp_path / "ref")
-    got = _trainer_losses(lora(build(True)), tmp_path / "tigon")
+    got = _trainer_losses(lora(build(True)), tmp_path / "tigon")  # patched before PEFT: LoRA layers are PEFT's
     assert_losses_match(got, ref)
+    model = lora(build(False))
+    assert tigon.patch(model).counts["lora"] == 14  # patched after PEFT: fused LoRA layers too
+    support.backend_usage(reset=True)
+    got = _trainer_losses(model, tmp_path / "fused")
+    assert_losses_match(got, ref)
+    assert "lora_linear" in support.backend_usage()
 
 
 def byte_tokenizer():
@@ -247,3 +259,131 @@ def test_auto_model_options_and_from_pretrained(tmp_path):
     assert any("turned off" in n for n in loaded.tigon_report.notes)
     with pytest.raises(OSError, match="from_pretrained"):
         tigon.AutoModelForCausalLM()
+
+
+# ---- fused LoRA layers (tigon.functional.lora_linear) ---------------------------------------------------------------
+def _trainable_grads(model):
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_fused_lora_loss_and_every_adapter_gradient_match_peft():
+    # random B (init_lora_weights=False): with PEFT's B = 0 every gradient of A would be zero
+    ref = lora(build(False), modules_to_save=(), init_lora_weights=False)
+    model = copy.deepcopy(ref)
+    report = tigon.patch(model)
+    assert report.counts["lora"] == 14 and not report.skipped, report
+    ids = batches(1)[0]
+    support.backend_usage(reset=True)
+    losses = []
+    for m in (ref, model):
+        m.train()
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        losses.append(out.loss.item())
+    assert sum(support.backend_usage()["lora_linear"].values()) == 14
+    assert_losses_match([losses[1]], [losses[0]])
+    want, got = _trainable_grads(ref), _trainable_grads(model)
+    assert len(want) == 28 and set(got) == set(want)  # A and B of 7 projections x 2 layers
+    for name in want:
+        assert rel_l2(got[name], want[name]) < 1e-5, name
+    # the frozen LM head (no modules_to_save): the fused loss forms no weight gradient
+    assert model.base_model.model.lm_head.weight.grad is None
+
+
+def test_fused_lora_20_steps_on_text_match_peft():
+    ref, _ = train(lora(build(False), modules_to_save=()), steps=20)
+    model = lora(build(False), modules_to_save=())
+    assert tigon.patch(model, **OTHER_KINDS_OFF).counts == {"lora": 14}
+    support.backend_usage(reset=True)
+    got, _ = train(model, steps=20)
+    assert_losses_match(got, ref)
+    assert sum(support.backend_usage()["lora_linear"].values()) == 14 * 20
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"lora_dropout": 0.1}, "lora_dropout=0.1"),
+    ({"use_dora": True}, "DoRA"),
+])
+def test_lora_layers_that_are_not_fused_are_reported(options, reason):
+    model = lora(build(False), modules_to_save=(), **options)
+    report = tigon.patch(model, **OTHER_KINDS_OFF)
+    assert report.skipped_counts == {"lora": 14} and not report.replaced
+    assert all(reason in e.detail for e in report.skipped), report
+
+
+def test_several_active_adapters_are_reported_one_active_is_fused():
+    model = lora(build(False), modules_to_save=())
+    model.add_adapter("other", peft.LoraConfig(r=2, target_modules=list(LORA_TARGETS)))
+    assert tigon.patch(model, **OTHER_KINDS_OFF).counts == {"lora": 14}  # two loaded, "default" active
+    tigon.unpatch(model)
+    model.base_model.set_adapter(["default", "other"])
+    report = tigon.patch(model, **OTHER_KINDS_OFF)
+    assert report.skipped_counts == {"lora": 14}
+    assert "2 active adapters (default, other)" in report.skipped[0].detail
+
+
+def test_merge_unmerge_disable_save_and_merge_and_unload(tmp_path):
+    model = lora(build(False), modules_to_save=(), init_lora_weights=False)
+    ref = copy.deepcopy(model).eval()
+    tigon.patch(model, **OTHER_KINDS_OFF)
+    model.eval()
+    ids = batches(1)[0]
+
+    def logits(m):
+        with torch.no_grad():
+            return m(input_ids=ids).logits
+
+    def fused_calls():
+        return sum(support.backend_usage(reset=True).get("lora_linear", {}).values())
+
+    want = logits(ref)
+    support.backend_usage(reset=True)
+    torch.testing.assert_close(logits(model), want, rtol=1e-5, atol=1e-5)
+    assert fused_calls() == 14
+    model.base_model.merge_adapter()  # merged: PEFT's forward (base layer alone)
+    torch.testing.assert_close(logits(model), want, rtol=1e-4, atol=1e-4)
+    assert fused_calls() == 0
+    model.base_model.unmerge_adapter()  # fused again
+    torch.testing.assert_close(logits(model), want, rtol=1e-4, atol=1e-4)
+    assert fused_calls() == 14
+    with ref.disable_adapter():
+        base = logits(ref)
+    with model.disable_adapter():
+        torch.testing.assert_close(logits(model), base, rtol=1e-5, atol=1e-5)
+        assert fused_calls() == 0
+    # save_pretrained writes the adapters alone, exactly PEFT's, and they load into an unpatched model
+    model.save_pretrained(tmp_path / "patched")
+    ref.save_pretrained(tmp_path / "ref")
+    loaded = peft.PeftModel.from_pretrained(build(False), tmp_path / "patched").eval()
+    torch.testing.assert_close(logits(loaded), want, rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "patched").iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    # merge_and_unload: plain nn.Linear layers with the adapters merged in, the patch gone with the LoRA layers
+    merged = model.merge_and_unload()
+    assert not any(isinstance(m, peft.tuners.lora.LoraLayer) for m in merged.modules())
+    torch.testing.assert_close(logits(merged), want, rtol=1e-4, atol=1e-4)
+    assert fused_calls() == 0
+
+
+def test_unpatch_restores_peft_forward():
+    model = lora(build(False), modules_to_save=())
+    tigon.patch(model)
+    restored = tigon.unpatch(model)
+    assert sum(e.kind == "lora" for e in restored.replaced) == 14
+    assert not any("forward" in vars(m) for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer))
+
+
+def test_fused_lora_with_gradient_checkpointing():
+    def prepared(patched):
+        model = build(False)
+        enable_checkpointing(model)
+        model = lora(model)
+        if patched:
+            assert tigon.patch(model).counts["lora"] == 14
+        return model
+
+    ref, _ = train(prepared(False))
+    support.backend_usage(reset=True)
+    got, _ = train(prepared(True))
+    assert_losses_match(got, ref)
+    # 14 layers x 3 steps, once in the forward and once more in the backward's recomputation
+    assert sum(support.backend_usage()["lora_linear"].values()) == 14 * 3 * 2

@@ -27,6 +27,7 @@ from .ops.glu import geglu
 from .ops.glu import glu_linear
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .ops.lora import lora_linear
 from .reference.cross_entropy import LossOutput
 
 OPS = tuple(name for name, obj in list(globals().items())

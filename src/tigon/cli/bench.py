@@ -69,6 +69,9 @@ def add_parser(sub) -> None:
     g.add_argument("--attn-implementation", metavar="NAME",
                    help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
                         "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
+    g.add_argument("--lora", type=int, metavar="R",
+                   help="LoRA fine-tuning: wrap every provider's model with PEFT LoRA of rank R on "
+                        "q/k/v/o/gate/up/down (alpha 2R, dropout 0, LM head frozen; needs peft)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, problem)
     e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
-                               ("--attn-implementation", args.attn_implementation))
+                               ("--attn-implementation", args.attn_implementation), ("--lora", args.lora))
                 if v is not None]
     ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
                                ("--csv", args.csv), ("--plot-dir", args.plot_dir),
@@ -196,7 +199,7 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
                        dtype=args.dtype, device=args.device, seed=args.seed,
-                       attn_implementation=args.attn_implementation)
+                       attn_implementation=args.attn_implementation, lora_rank=args.lora)
     try:
         resolve_e2e(config)
         result = _run_staged(run_e2e, config, args.quiet)

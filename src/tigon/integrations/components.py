@@ -8,6 +8,7 @@ A new kind of replacement (a new :class:`~tigon.integrations.families.FamilySpec
 from __future__ import annotations
 
 from . import forwards as fw
+from . import lora
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
 from .families import FamilySpec
 
@@ -41,6 +42,8 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
         return fw.mlp_forward(comp, family, original)
     if kind == "fused_add_rms_norm":
         return fw.decoder_layer_forward(comp, family, original)
+    if kind == "lora":
+        return lora.lora_forward(comp, family, original)
     return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
 
 
@@ -54,6 +57,8 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
         return fw.describe_mlp(module, comp)
     if kind == "fused_add_rms_norm":
         return fw.describe_decoder_layer(comp)
+    if kind == "lora":
+        return lora.describe_lora(module)
     parts = []
     if opts["fused"]:
         args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
@@ -70,6 +75,8 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
         return (kind,)
     if kind == "mlp":
         return fw.mlp_ops(module, comp)
+    if kind == "lora":
+        return ("lora_linear",)
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
 
 
@@ -81,6 +88,8 @@ def problem(kind: str, comp, module, opts) -> str | None:
         return fw.mlp_problem(module, comp)
     if kind == "fused_add_rms_norm":
         return fw.decoder_layer_problem(module, comp)
+    if kind == "lora":
+        return lora.lora_problem(module)
     if opts["fused"]:
         p = head_problem(module, comp)
         if p is None or not opts["ce"] or not uses_default_loss(module):

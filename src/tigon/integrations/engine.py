@@ -27,6 +27,11 @@ How rope is scoped at instance level
     original global is put back. A patched attention instance the switch does not know (a ``copy.deepcopy`` or
     ``torch.load`` of a patched model) registers itself on its first forward (:class:`RopeTarget`).
 
+Adapters (PEFT LoRA, :mod:`tigon.integrations.lora`) are matched at instance level in any model, beside the family's
+(or the generic matcher's) parts: ``tigon.patch(model)`` after ``get_peft_model``. Patched before PEFT wraps the
+model, its LoRA layers do not exist yet: call ``tigon.patch`` again after ``get_peft_model`` (the second call adds
+them and lists the rest as already patched). Class-level patches never touch the adapter library's classes.
+
 Copies: instance-level patches survive ``copy.deepcopy`` and pickling (:mod:`tigon.integrations.persist`).
 
 Refusals are per model, with the reason in the report: a rotary layout other than rotate-half over the full head
@@ -43,6 +48,7 @@ problem (the plan is checked before anything is applied).
 from __future__ import annotations
 
 import importlib
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,13 +63,14 @@ from . import rotary_calls
 from .causal_lm import check_accum_dtype, flce_options, loss_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
+from .lora import adapter_matches
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeSwitch, RopeTarget, switch
 
 _MISSING = object()
 
-OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss")
+OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss", "lora")
 
 # ---- rotary switch (tigon.integrations.rotary_switch) ----------------------------------------------------
 def release_unused() -> list[str]:
@@ -397,6 +404,7 @@ def patch(
     fused_add_rms_norm: bool = True,
     fused_linear_cross_entropy: bool | Mapping = True,
     cross_entropy: bool = False,
+    lora: bool = True,
     strict: bool = False,
     family: str | None = None,
 ) -> PatchReport:
@@ -427,6 +435,11 @@ def patch(
             entry shows the options.
         cross_entropy: when logits are materialised with labels (eval, or the fused path off), compute the loss
             with :func:`tigon.functional.cross_entropy` instead of torch.
+        lora: (a model wrapped by PEFT, ``get_peft_model``) compute each LoRA linear layer's base projection and
+            adapter as one :func:`tigon.functional.lora_linear` node; layers it cannot take (dropout > 0, several
+            active adapters, DoRA, quantised bases, ...) are skipped with the reason, and calls it does not cover
+            (merged or disabled adapters, ``adapter_names``) run PEFT's forward (:mod:`tigon.integrations.lora`).
+            Instance level only: a class-level patch notes that it leaves LoRA layers alone.
         strict: raise instead of skipping anything requested that cannot be patched; nothing is changed then.
         family: for a model, the family spec to apply instead of detecting it from the model's classes; ``"generic"``
             forces the generic matcher (:mod:`tigon.integrations.generic`). Models of no registered family use the
@@ -454,7 +467,7 @@ def patch(
     """
     for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
                        ("fused_add_rms_norm", fused_add_rms_norm), ("cross_entropy", cross_entropy),
-                       ("strict", strict)):
+                       ("lora", lora), ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
                             + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
@@ -464,20 +477,27 @@ def patch(
     if level == "instance":
         check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
-               "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy)}
+               "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy), "lora": lora}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
     with _LOCK:
         release_unused()
+        adapters = []
+        if level == "instance" and enabled["lora"]:
+            adapters = _plan_matches(adapter_matches(model_or_family), name, opts, report)
+        elif enabled["lora"] and "peft" in sys.modules:
+            report.notes.append("lora: PEFT's LoRA layers are patched per model, never at class level: call "
+                                "tigon.patch(model) after get_peft_model")
         if spec is None:
             actions = _plan_generic(model_or_family, enabled, opts, report)
-            if not actions and not report.already_patched and any(enabled.values()):
+            if not actions and not adapters and not report.already_patched and any(enabled.values()):
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
         else:
             actions = _plan_class(spec, enabled, opts, report)
+        actions += adapters
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
             raise ValueError(f"tigon.patch(strict=True) cannot patch {len(report.skipped)} target(s) of family "

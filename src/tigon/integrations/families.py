@@ -175,6 +175,32 @@ class FamilySpec:
     decoder_layers: tuple[DecoderLayerSpec, ...] = ()
 
 
+@dataclass(frozen=True)
+class AdapterSpec:
+    """An adapter library's layer class whose ``forward`` becomes a Tigon op, in any model that contains it.
+
+    Adapters are not part of a model family: PEFT wraps the family's ``nn.Linear`` modules after the model is built,
+    so the engine matches these classes in every model at instance level (``tigon.patch(model)`` after
+    ``get_peft_model``), beside the family's (or the generic matcher's) parts.
+
+    kind: the patch kind (``"lora"``). module: the library module holding the classes (``"peft.tuners.lora.layer"``);
+    the model can hold such layers only once it is imported, so it is looked up in ``sys.modules`` and never
+    imported by Tigon. cls: the class that is fused (PEFT's ``Linear``). base_class: the class of every adapter layer
+    of the method (PEFT's ``LoraLayer``); layers of it that are not ``cls`` (Embedding, Conv, quantised linears)
+    are reported as skipped.
+    """
+
+    kind: str
+    module: str
+    cls: str
+    base_class: str
+
+
+PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer")
+ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
+"""The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
+
+
 # HF activation names (``transformers.activations.ACT2FN`` keys) -> (Tigon gated op, gelu approximation).
 # gelu_new / gelu_fast / gelu_pytorch_tanh are the same tanh approximation written three ways.
 ACTIVATIONS: dict[str, tuple[str, str | None]] = {
@@ -331,7 +357,8 @@ def kind_op(kind: str, config) -> str | None:
     config or its dict), or None for a kind that runs no single op.
 
     ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it
-    names none Tigon has), ``lm_head_loss`` the fused linear cross-entropy; the norm and rotary kinds are their ops.
+    names none Tigon has), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the LoRA linear; the norm and
+    rotary kinds are their ops.
     """
     if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
@@ -341,6 +368,8 @@ def kind_op(kind: str, config) -> str | None:
         return ACTIVATIONS.get(act, ("swiglu", None))[0]
     if kind == "lm_head_loss":
         return "fused_linear_cross_entropy"
+    if kind == "lora":
+        return "lora_linear"
     return None
 
 

@@ -153,8 +153,9 @@ def foldable_linear(module) -> bool:
 
 def _outputs_private(*modules) -> bool:
     """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
-    could keep them), so that the backward may write gradients into them."""
-    return all(_hook_problem(m) is None for m in modules)
+    could keep them), so that the backward may write gradients into them. Tigon's own forwards (a patched PEFT LoRA
+    projection) return a fresh tensor that nothing keeps, as ``nn.Linear`` does."""
+    return all(_hook_problem(m, tigon_forward_ok=True) is None for m in modules)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ MODES = ("fwd", "fwd_bwd")
 """The modes ``min_bytes`` and ``flops`` are asked for: the forward, and the forward plus the backward (``bwd``
 is their difference)."""
 
-CATEGORIES = ("norm", "rotary", "activation", "lm_head_loss")
+CATEGORIES = ("norm", "rotary", "activation", "lm_head_loss", "lora")
 """What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``)."""
 
 
@@ -159,7 +159,7 @@ class OpSpec:
     bench_notes: provider -> what a reader of its ``tigon bench`` rows should know (printed when it ran), e.g.
         which memory an in-place variant writes.
     category: what ``tigon profile`` calls the step's time this op replaces (``"norm"``, ``"rotary"``,
-        ``"activation"``, ``"lm_head_loss"``).
+        ``"activation"``, ``"lm_head_loss"``, ``"lora"``).
     sweeps: the bench sweep axes that apply (``"tokens"``, the default; ``"hidden"`` also for ops whose shape has a
         ``hidden`` entry that the sweep replaces: the row-wise norms).
     under_compile: what the op runs inside a ``torch.compile`` graph in compile mode ``"auto"``

@@ -37,6 +37,12 @@ median step time with its 20/80 percentiles (ms), the peak memory of the run in 
 see :mod:`tigon.workflows._train`) and the per-step losses. A provider that fails (out of memory, an unsupported
 family, Liger not installed) gets a row with ``status`` "failed" / "skipped" and a note; the others still run.
 
+LoRA (``--lora R``, :attr:`E2EConfig.lora_rank`): every provider's model is wrapped after its patch (Liger's) by
+PEFT's ``get_peft_model`` with LoRA of rank R (``lora_alpha`` 2R, no dropout) on q/k/v/o/gate/up/down, the adapters
+in the model's dtype (``autocast_adapter_dtype=False``); base weights, embeddings and the LM head are frozen, so the
+optimizer updates the adapters only. The Tigon providers then call :func:`tigon.patch` on the PEFT model, which also
+fuses the LoRA layers (:func:`tigon.functional.lora_linear`).
+
 Precision: ``bfloat16`` (the CUDA default) is pure bf16 training as in ``tigon compare``: weights, gradients and
 AdamW state all bf16; ``float32`` is the CPU default.
 """
@@ -81,7 +87,8 @@ class E2EConfig:
         all but the compiled ones). dtype: "bfloat16" or
         "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
         attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
-        "org/repo", ...); None: transformers' default.
+        "org/repo", ...); None: transformers' default. lora_rank: wrap every provider's model with PEFT LoRA of
+        this rank (see the module docstring); None: full fine-tuning.
     """
 
     model: str | None = None
@@ -96,6 +103,25 @@ class E2EConfig:
     lr: float = 1e-4
     seed: int = 0
     attn_implementation: str | None = None
+    lora_rank: int | None = None
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The projections ``--lora`` puts adapters on (the names of Llama-style decoders)."""
+
+
+def with_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """``model`` wrapped by PEFT's ``get_peft_model``: LoRA of ``rank`` (alpha 2 x rank, dropout 0) on
+    :data:`LORA_TARGETS`, adapters in the model's dtype; every other parameter frozen (the LM head included).
+
+    Raises:
+        ImportError: peft is not installed.
+    """
+    import peft
+
+    cfg = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+                          bias="none")
+    return peft.get_peft_model(model, cfg, autocast_adapter_dtype=False)
 
 
 @dataclass
@@ -386,6 +412,9 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         if p not in E2E_PROVIDERS:
             raise ConfigError(f"unknown provider {p!r} for --e2e (choose from {', '.join(E2E_PROVIDERS)})")
     cfg.providers = list(dict.fromkeys(providers))
+    _positive("lora", cfg.lora_rank)
+    if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
+        raise ConfigError("--lora needs peft (pip install peft)")
     return cfg
 
 
@@ -428,14 +457,16 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
             model.train()
             info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
+            if provider == "liger":
+                held["guard"] = _GlobalsGuard([type(model).__module__, "torch.nn.functional",
+                                               "transformers.loss.loss_utils"])
+                held["liger"] = apply_liger(model)
+            if cfg.lora_rank is not None:
+                model = with_lora(model, cfg.lora_rank)
             if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
                 held["report"] = tigon.patch(model)
             elif provider == "tigon_lean":
                 held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
-            elif provider == "liger":
-                held["guard"] = _GlobalsGuard([type(model).__module__, "torch.nn.functional",
-                                               "transformers.loss.loss_utils"])
-                held["liger"] = apply_liger(model)
             held["model"] = model
             if provider.endswith(("_compile", "_compile_kernels")):
                 if provider in COMPILE_MODE:
@@ -498,6 +529,10 @@ def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes
         memory[r.provider] = (r.peak_memory_bytes / base.peak_memory_bytes
                               if ok and r.peak_memory_bytes and base.peak_memory_bytes else None)
     notes = list(notes)
+    if cfg.lora_rank is not None:
+        notes.insert(0, f"LoRA r={cfg.lora_rank} (alpha {2 * cfg.lora_rank}, dropout 0) on {', '.join(LORA_TARGETS)} "
+                        "via PEFT get_peft_model(autocast_adapter_dtype=False), adapters in the model dtype; base "
+                        "weights, embeddings and LM head frozen; Tigon patches after PEFT wraps the model.")
     notes.insert(0, f"tokens/s: batch_size * seq_len = {cfg.batch_size * cfg.seq_len} tokens over the median of "
                     f"{cfg.steps} step(s) after {cfg.warmup} warm-up step(s); a step is forward, backward, "
                     "AdamW step and zero_grad.")
