@@ -9,6 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tigon.cli import main
 from tigon.workflows import profile as P
@@ -128,3 +129,24 @@ def test_cli_profile_json_and_bad_model(tmp_path, capsys):
     rc = main(["profile", "tiny", "--attn-implementation", "fast"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "--attn-implementation 'fast'" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="kernel time and host time need CUDA")
+def test_cuda_rows_are_kernel_time_and_fit_the_step(tmp_path):
+    """On CUDA: no time counted twice (the ranges' device-side copies were: the optimizer at 365% of the step), the
+    host's and the device's time measured, each op's host and kernel time > 0, and the prediction made."""
+    r = P.run_profile(P.ProfileConfig(model="tiny", layers=2, batch_size=2, seq_len=64, steps=2, warmup=1,
+                                      device="cuda", dtype="bfloat16")).as_dict()
+    step = r["profiled_step_ms"]
+    assert sum(c["ms"] for c in r["categories"]) == pytest.approx(step, rel=1e-9)
+    assert all(0 <= c["ms"] <= step and c["pct"] <= 100 + 1e-9 for c in r["categories"])
+    assert r["attribution_scale"] > 0.99, "kernel time attributed twice"
+    lim = r["limits"]["original"]
+    assert 0 < lim["host_ms"] and 0 < lim["device_ms"] <= step
+    assert 0 <= lim["optimizer_device_ms"] <= lim["device_ms"] and 0 <= lim["optimizer_host_ms"] <= lim["host_ms"]
+    for o in r["ops"]:
+        for side in ("original", "tigon"):
+            assert o[side]["host_ms"] > 0 and o[side]["device_ms"] > 0, (o["kind"], side)
+    assert r["predicted_step_ms_patched"] > 0 and r["step_ms_patched"] > 0
+    assert r["limits"]["patched"]["host_ms"] > 0

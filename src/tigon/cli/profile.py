@@ -73,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _dump_report(args.json, report)
     if args.quiet:
+        lim, err = report["limits"]["original"], report["prediction_error_pct"]
         print(f"step_ms original={_num(report['step_ms_original'])} "
               f"predicted={_num(report['predicted_step_ms_patched'])} patched={_num(report['step_ms_patched'])} "
-              f"device={report['device']}")
+              f"error={'' if err is None else f'{err:+.1f}%'} host={_num(lim['host_ms'])} "
+              f"busy={_num(lim['device_ms'])} bound={lim['bound']} "
+              f"advice={(report['advice'] or {}).get('best_call', '')!r} device={report['device']}")
     else:
         _render_profile(report, [p for p in [args.json, *report["traces"]] if p])
     return 0
