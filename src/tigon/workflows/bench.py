@@ -306,19 +306,17 @@ def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device
 
     Returns:
         ``{"host_ms", "device_ms", "host_p20", "host_p80"}``: on CUDA the host's time to issue one call
-        (:func:`~tigon.workflows.timing.host_time`) and its kernel time (a CUDA-graph replay; providers that wait
-        on the host, their kernels' summed durations); on CPU the call's wall time as ``host_ms`` and 0 device ms.
-        Exceptions of the provider propagate.
+        (:func:`~tigon.workflows.timing.host_time`) and its kernels' summed durations
+        (:func:`~tigon.workflows.timing.kernel_time`: what the call adds to the device's busy time, the quantity
+        ``tigon profile`` measures for the step; any provider, host syncs or not); on CPU the call's wall time as
+        ``host_ms`` and 0 device ms. Exceptions of the provider propagate.
     """
     _, fwd_bwd, _, _, _, leaves = _calls(spec, provider, shape, dtype, device, {})
     if device.type != "cuda":
         ms, p20, p80 = time_call(fwd_bwd, device, grad_to_none=leaves)
         return {"host_ms": ms, "device_ms": 0.0, "host_p20": p20, "host_p80": p80}
     host, p20, p80 = host_time(fwd_bwd, device, grad_to_none=leaves)
-    if provider in spec.host_syncs:
-        dev = kernel_time(fwd_bwd, grad_to_none=leaves)[0]
-    else:
-        dev = time_call(fwd_bwd, device, grad_to_none=leaves, cuda_graph=True)[0]
+    dev = kernel_time(fwd_bwd, grad_to_none=leaves, reps=10)[0]
     return {"host_ms": host, "device_ms": dev, "host_p20": p20, "host_p80": p80}
 
 

@@ -19,7 +19,7 @@
    :data:`HOST_BATCH` tokens, where every kernel is short, timed until the step's Python returns (the device
    not waited for) without the profiler; on CPU everything is host time (``H = T``, ``D = 0``).
 4. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's:
-   the host's time to issue one forward + backward and its kernel time (CUDA-graph replay)
+   the host's time to issue one forward + backward and its kernels' summed time
    (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
    weightless copy of the model.
 5. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
