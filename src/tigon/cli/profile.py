@@ -18,8 +18,11 @@ def add_parser(sub) -> None:
         description=(
             "Profile the original training step with torch.profiler and group its time (device time on CUDA, "
             "self CPU time on CPU) into matmul, attention, norm, rotary, activation, LM head + loss, optimizer "
-            "and other; mark the categories Tigon replaces, predict the patched step from the replaced ops' "
-            "measured tigon/eager speed at this model's shapes, then measure the patched step."
+            "and other, plus kernels linked to no op and the device's idle time; measure what limits the step "
+            "(the host's time to issue it, the device's busy time); measure each replaced op's host and device "
+            "time (original and Tigon) at this model's shapes; predict the patched step from both, say which "
+            "replacements would slow it and the tigon.patch call that leaves them out; then measure the patched "
+            "step."
         ),
     )
     p.add_argument("model", nargs="?", metavar="MODEL",
@@ -38,7 +41,8 @@ def add_parser(sub) -> None:
                         "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
     p.add_argument("--trace", metavar="PATH",
                    help="write the original step's Chrome trace (and the patched one as <name>.patched<ext>)")
-    p.add_argument("--no-predict", action="store_true", help="skip the op bench and the prediction")
+    p.add_argument("--no-predict", action="store_true",
+                   help="skip the op measurements, the prediction and the advice")
     p.add_argument("--no-patched", action="store_true", help="do not run the patched model")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress and no tables; one summary line")
@@ -69,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _dump_report(args.json, report)
     if args.quiet:
+        lim, err = report["limits"]["original"], report["prediction_error_pct"]
         print(f"step_ms original={_num(report['step_ms_original'])} "
               f"predicted={_num(report['predicted_step_ms_patched'])} patched={_num(report['step_ms_patched'])} "
-              f"device={report['device']}")
+              f"error={'' if err is None else f'{err:+.1f}%'} host={_num(lim['host_ms'])} "
+              f"busy={_num(lim['device_ms'])} bound={lim['bound']} "
+              f"advice={(report['advice'] or {}).get('best_call', '')!r} device={report['device']}")
     else:
         _render_profile(report, [p for p in [args.json, *report["traces"]] if p])
     return 0
@@ -84,19 +91,33 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     cfg, model = r["config"], r["model"]
     table = Table(title=f"tigon profile: {model['source']} ({_layers(model)}), "
                         f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
-                  title_justify="left", caption=f"ms per step: {r['time_basis']}")
-    for col in ("category", "original ms", "%", "Tigon op", "tigon/eager", "predicted ms", "patched ms"):
+                  title_justify="left", caption=f"ms per profiled step; {r['time_basis']}")
+    for col in ("category", "ms", "%", "Tigon op", "predicted ms", "patched ms"):
         table.add_column(col, justify="left" if col in ("category", "Tigon op") else "right", overflow="fold")
     for c in r["categories"]:
         name = f"[bold]{c['label']}[/]" if c["replaced"] else c["label"]
         table.add_row(name, _num(c["ms"]), f"{c['pct']:.1f}", c["tigon_op"] or "",
-                      f"{c['bench_ratio']:.2f}" if c["bench_ratio"] is not None else "",
                       _num(c["predicted_ms"]) if c["predicted_ms"] is not None else "",
                       _num(c["patched_ms"]) if c["patched_ms"] is not None else "")
     table.add_section()
-    table.add_row("profiled step", _num(r["profiled_step_ms"]), "100", "", "", "",
+    table.add_row("profiled step", _num(r["profiled_step_ms"]), "100", "", "",
                   _num(r["profiled_step_ms_patched"]) if r["profiled_step_ms_patched"] else "")
     console.print(table)
+    _render_limits(console, r)
+    if r["ops"]:
+        ops = Table(title="Replaced ops: per forward + backward call (host = time to issue it, device = its "
+                          "kernels), and per step", title_justify="left")
+        for col in ("patch kind", "op", "calls", "original host / device ms", "Tigon host / device ms",
+                    "step: host / device ms", "step without it", "advice"):
+            ops.add_column(col, justify="left" if col in ("patch kind", "op", "advice") else "right",
+                           overflow="fold")
+        for o in r["ops"]:
+            ops.add_row(o["kind"], o["op"], str(o["calls"]),
+                        f"{o['original']['host_ms']:.3f} / {o['original']['device_ms']:.3f}",
+                        f"{o['tigon']['host_ms']:.3f} / {o['tigon']['device_ms']:.3f}",
+                        f"{o['host_delta_ms']:+.1f} / {o['device_delta_ms']:+.1f}", _num(o["step_ms_without"]),
+                        f"[bold]slows the step: {o['patch_call']}[/]" if o["slows_step"] else "keep")
+        console.print(ops)
     summary = Table(title="Step time (unprofiled, median)", title_justify="left", show_header=False)
     summary.add_column(style="bold")
     summary.add_column(overflow="fold")
@@ -108,10 +129,16 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
         err = r["prediction_error_pct"]
         summary.add_row("patched, measured", f"{_num(r['step_ms_patched'])} ms "
                                              f"({r['step_ms_original'] / r['step_ms_patched']:.2f}x)"
-                        + (f"; prediction off by {err:+.0f}%" if err is not None else ""))
-    if r["bench"]:
-        summary.add_row("op bench (fwd+bwd)", "; ".join(
-            f"{op}: eager {_num(b['eager_ms'])} ms, tigon {_num(b['tigon_ms'])} ms" for op, b in r["bench"].items()))
+                        + (f"; prediction off by {err:+.1f}%" if err is not None else ""))
+    if r["advice"]:
+        best = r["advice"]
+        if best["replace_nothing"]:
+            text = "leave the model unpatched: every replacement is predicted to slow the step"
+        elif best["best_keywords"]:
+            text = f"{best['best_call']}: predicted {_num(best['best_step_ms'])} ms"
+        else:
+            text = f"{best['best_call']} (every replacement is predicted to help)"
+        summary.add_row("advice", text)
     summary.add_row("patch", ", ".join(f"{k} x{v}" for k, v in r["patch"].items()) or "nothing replaced")
     if r["backend"]:
         summary.add_row("backend", r["backend"])
@@ -120,3 +147,17 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("device", f"{r['device']} ({r['device_name']})")
     console.print(summary)
     _print_footer(console, r["notes"], written)
+
+
+def _render_limits(console, r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title="What limits the step (ms): host = time to issue it, device = busy time", title_justify="left")
+    for col in ("", "step", "host", "device", "bound"):
+        t.add_column(col, justify="left" if col in ("", "bound") else "right")
+    for key, label in (("original", "original, measured"), ("predicted", "patched, predicted"),
+                       ("patched", "patched, measured")):
+        lim = r["limits"].get(key)
+        if lim:
+            t.add_row(label, _num(lim["step_ms"]), _num(lim["host_ms"]), _num(lim["device_ms"]), lim["bound"])
+    console.print(t)

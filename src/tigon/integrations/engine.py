@@ -71,6 +71,8 @@ from .rotary_switch import SWITCHES, RopeSwitch, RopeTarget, switch
 _MISSING = object()
 
 OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss", "lora")
+PATCH_KEYWORDS = {**{k: k for k in OPTION_KINDS}, "lm_head_loss": "fused_linear_cross_entropy"}
+"""Patch kind -> the :func:`patch` keyword that turns it on or off (``patch(model, mlp=False)``)."""
 
 # ---- rotary switch (tigon.integrations.rotary_switch) ----------------------------------------------------
 def release_unused() -> list[str]:

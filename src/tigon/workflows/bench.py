@@ -49,8 +49,8 @@ from ..ops import OpSpec
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
-    BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, differentiable_outputs, kernel_time, measure_ceilings,
-    rotation_sets, set_bytes, time_backward, time_call,
+    BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, differentiable_outputs, host_time, kernel_time,
+    measure_ceilings, rotation_sets, set_bytes, time_backward, time_call,
 )
 
 PROVIDERS = _ops.providers()
@@ -212,13 +212,10 @@ def _make(spec: OpSpec, shape: dict, dtype: torch.dtype, device: torch.device) -
     return inputs
 
 
-def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device,
-              ceilings: dict, compiled: dict, modes=MODES, cuda_graph: bool = False) -> list[BenchRow]:
-    """Time one (op, provider, shape) in each of ``modes`` and measure its peak extra memory.
-
-    Returns one :class:`BenchRow` per mode (ms, GB/s or TFLOP/s against ``ceilings``; the ``fwd_bwd`` row holds
-    the peak extra bytes on CUDA). Exceptions of the provider propagate (:func:`run_bench` records them).
-    """
+def _calls(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device, compiled: dict):
+    """(fwd, fwd_bwd, inputs, douts, leaves, all_leaves) for timing ``provider`` on ``spec`` at ``shape``: the two
+    calls rotate among enough input sets that consecutive calls miss the L2 cache; ``inputs``, ``douts`` and
+    ``leaves`` are the first set, ``all_leaves`` every set's gradient inputs."""
     fn = _fn_for(spec, provider, compiled)
     inputs = _make(spec, shape, dtype, device)
     leaves = [inputs[k] for k in spec.grad_inputs]
@@ -243,6 +240,18 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
         ins, ds = next(turn)
         backward(differentiable_outputs(fn(**ins)), ds, [ins[k] for k in spec.grad_inputs])
 
+    return fwd, fwd_bwd, inputs, douts, leaves, all_leaves
+
+
+def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device,
+              ceilings: dict, compiled: dict, modes=MODES, cuda_graph: bool = False) -> list[BenchRow]:
+    """Time one (op, provider, shape) in each of ``modes`` and measure its peak extra memory.
+
+    Returns one :class:`BenchRow` per mode (ms, GB/s or TFLOP/s against ``ceilings``; the ``fwd_bwd`` row holds
+    the peak extra bytes on CUDA). Exceptions of the provider propagate (:func:`run_bench` records them).
+    """
+    fwd, fwd_bwd, inputs, douts, leaves, all_leaves = _calls(spec, provider, shape, dtype, device, compiled)
+    fn = _fn_for(spec, provider, compiled)
     results: dict[str, tuple[float, float, float]] = {}
     by_kernels = cuda_graph and device.type == "cuda" and provider in spec.host_syncs
 
@@ -289,6 +298,26 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
                 row.pct_matmul = 100.0 * row.tflops / ceilings["matmul_tflops"]
         rows.append(row)
     return rows
+
+
+def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device) -> dict:
+    """What one forward + backward of ``provider`` on ``spec`` at ``shape`` costs the host and the device, for
+    ``tigon profile``'s prediction (:mod:`tigon.workflows.predict`).
+
+    Returns:
+        ``{"host_ms", "device_ms", "host_p20", "host_p80"}``: on CUDA the host's time to issue one call
+        (:func:`~tigon.workflows.timing.host_time`) and its kernels' summed durations
+        (:func:`~tigon.workflows.timing.kernel_time`: what the call adds to the device's busy time, the quantity
+        ``tigon profile`` measures for the step; any provider, host syncs or not); on CPU the call's wall time as
+        ``host_ms`` and 0 device ms. Exceptions of the provider propagate.
+    """
+    _, fwd_bwd, _, _, _, leaves = _calls(spec, provider, shape, dtype, device, {})
+    if device.type != "cuda":
+        ms, p20, p80 = time_call(fwd_bwd, device, grad_to_none=leaves)
+        return {"host_ms": ms, "device_ms": 0.0, "host_p20": p20, "host_p80": p80}
+    host, p20, p80 = host_time(fwd_bwd, device, grad_to_none=leaves)
+    dev = kernel_time(fwd_bwd, grad_to_none=leaves, reps=10)[0]
+    return {"host_ms": host, "device_ms": dev, "host_p20": p20, "host_p80": p80}
 
 
 def plan(ops, shapes: dict[str, list[dict]], providers, registry: dict[str, OpSpec] | None = None

@@ -1,37 +1,40 @@
-"""Where a training step's time goes, what Tigon replaces, and what patching should save (``tigon profile``).
+"""Where a training step's time goes, what limits it, and what patching it will do (``tigon profile``).
 
 1. **Profile the original step.** A Hugging Face causal LM (preset / config, random weights from the seed) runs
    ``warmup`` untimed steps, then one profiler warm-up step and ``steps`` profiled steps under
    :mod:`torch.profiler` (CPU and, on CUDA, CUDA activities). A step is forward with labels, backward, AdamW step,
-   zero_grad.
-2. **Attribute time to categories**: matmul, attention, norm, rotary, activation, LM head + loss, optimizer,
-   other. Forward hooks open a ``record_function`` range around norm modules (``*RMSNorm`` / ``*LayerNorm``),
-   attention modules (``*Attention``), MLP modules (``*MLP``), the decoder backbone and the whole causal LM (so
-   what runs in the LM but outside the backbone is the LM head + loss); the family's module-global rotary
-   function (``apply_rotary_pos_emb``) is wrapped in a range while profiling; the optimizer step and zero_grad run
-   in a range too. Each profiled op goes to its innermost range, refined by its name (matmuls in an attention or
-   MLP module count as matmul, ``scaled_dot_product_attention`` as attention, the rest of an MLP as activation).
-   Backward ops are attributed through the autograd sequence number linking each backward node to the forward
-   op that created it. Time is device (kernel) time on CUDA and self CPU time on CPU, per step in ms; what no op
-   covers (idle device, Python and launch overhead) is the row ``unattributed``, so the rows add up to the
-   profiled step time.
-3. **Mark what Tigon replaces** (:func:`tigon.patch` on a weightless copy: the op each replacement runs and its
-   record's profile category, :func:`tigon.ops.registry`) and **predict**
-   the patched step: each replaced category's time is scaled by the op's measured tigon / eager fwd+bwd time ratio
-   at this model's shapes (:func:`tigon.workflows.bench.run_bench`), and the saving is subtracted from the
-   unprofiled original step time (on CPU the saving is first scaled by unprofiled / profiled step time, since the
-   profiler's overhead inflates CPU op times).
-4. **Measure** the patched step (unprofiled; and profiled, for a per-category comparison) and report prediction
+   zero_grad. The same steps are timed without the profiler (median: the step ``T`` the user sees).
+2. **Attribute the device's time to categories** (:mod:`tigon.workflows.profile_events`): matmul, attention,
+   norm, rotary, activation, LM head + loss, optimizer, other. Forward hooks open a ``record_function`` range
+   around norm modules, attention modules, MLP modules, the decoder backbone and the whole causal LM (what runs in
+   the LM outside the backbone is the LM head + loss); the family's rotary function and the optimizer step run in
+   a range too. Each op's kernels go to its innermost range, refined by its name (matmuls in an attention or MLP
+   module count as matmul, ``scaled_dot_product_attention`` as attention, the rest of an MLP as activation);
+   backward ops follow the forward op that created their autograd node (sequence numbers). Times are kernel time
+   per step on CUDA (self CPU time on CPU); kernels linked to no op and the device's idle time (it waits for the
+   host) get their own rows, so the rows add up to the profiled step and none exceeds it
+   (:func:`tigon.workflows.predict.step_table`).
+3. **Measure what limits the step**: the device's busy time ``D`` (the union of its kernels' intervals in the
+   profiled steps) and the host's time to issue a step ``H``: on CUDA the same model's steps at
+   :data:`HOST_BATCH` tokens, where every kernel is short, timed until the step's Python returns (the device
+   not waited for) without the profiler; on CPU everything is host time (``H = T``, ``D = 0``).
+4. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's:
+   the host's time to issue one forward + backward and its kernels' summed time
+   (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
+   weightless copy of the model.
+5. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
+   ``T' = T - max(H, D) + max(H', D')``) and **advise** per op: which replacements are predicted to slow the step,
+   the ``tigon.patch`` call that leaves them out and its predicted step (:func:`tigon.workflows.predict.advise`).
+6. **Measure** the patched step (unprofiled; profiled, for its categories, ``D'`` and ``H'``) and report prediction
    vs measurement.
 
-On CPU Tigon's kernels run in Triton's interpreter: the patched step and the bench ratios then measure the
+On CPU Tigon's kernels run in Triton's interpreter: the patched step and the op costs then measure the
 interpreter, and the prediction only shows that the pipeline works.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import os
 import statistics
@@ -42,31 +45,26 @@ from typing import Any
 
 import torch
 
-from ..ops import CATEGORIES as OP_CATEGORIES
+from . import predict as PR
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DTYPES, build_model, hf_config, model_info, random_batches
+from .profile_events import CATEGORIES, RANGE, Annotator, categorize, device_busy_us  # noqa: F401 (re-exported)
 
-CATEGORIES = ("matmul", "attention", *OP_CATEGORIES, "optimizer", "other")
-"""The step's categories: the ones Tigon's ops replace (:data:`tigon.ops.CATEGORIES`) and the rest."""
 LABELS = {"matmul": "matmul", "attention": "attention", "norm": "norm", "rotary": "rotary",
           "activation": "activation", "lm_head_loss": "LM head + loss", "optimizer": "optimizer", "other": "other",
-          "unattributed": "unattributed (idle / host overhead)"}
+          "unlinked": "kernels linked to no op", "idle": "device idle (waiting on the host)"}
+CPU_LABELS = {"unlinked": "kernels linked to no op", "idle": "outside any op (Python, hooks, profiler)"}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
     "cuda": dict(model="llama3-8b", layers=2, batch_size=4, seq_len=2048, steps=5, warmup=3, dtype="bfloat16"),
 }
+HOST_BATCH = (1, 32)
+"""(batch, seq_len) of the steps that measure the host's time of a step on CUDA (at most the run's seq_len)."""
+HOST_STEPS = (2, 5)
+"""(untimed, timed) steps of that measurement."""
 ProgressFn = Callable[[str], None]
-"""``progress(stage)``: called when a stage starts (e.g. "profile original", "bench tigon vs eager")."""
-
-_RANGE = "tigon.cat/"
-_BWD = "autograd::engine::evaluate_function: "
-_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm",
-               "aten::addmv", "aten::mv", "aten::_scaled_mm", "aten::addbmm"}
-_MATMUL_NODES = ("MmBackward", "AddmmBackward", "BmmBackward", "LinearBackward", "MvBackward", "BaddbmmBackward",
-                 "AddmvBackward", "MatmulBackward")
-_ATTENTION_KEYS = ("scaled_dot_product", "scaleddotproduct", "flash_attention", "flashattention",
-                   "efficient_attention", "efficientattention", "cudnn_attention", "cudnnattention")
+"""``progress(stage)``: called when a stage starts (e.g. "profile original step")."""
 
 
 @dataclass
@@ -100,22 +98,23 @@ class ProfileConfig:
 
 @dataclass
 class CategoryRow:
-    """One category of the step.
+    """One row of the step's table.
 
-    name / label: category key and display name. ms: per-step time of the original step (device time on CUDA,
-    self CPU time on CPU), ms. pct: share of the profiled original step, %. replaced: Tigon replaces this
-    category's code; tigon_op: by which op. bench_ratio: tigon / eager fwd+bwd time of that op at this model's
-    shapes (< 1 is faster). predicted_ms: ms * bench_ratio (profiled units). patched_ms: the category's measured
-    time in the profiled patched step.
+    name / label: key and display name (the categories, then ``unlinked`` and ``idle``). ms: per-step time in the
+    profiled original step, ms; basis: what it measures (``"kernel"``: the kernels' time, self CPU time on CPU;
+    ``"wall"``: the step's time the device was idle). pct: share of the profiled step, %. replaced: Tigon replaces
+    code of this category; tigon_op: by which op(s). predicted_ms: the category's predicted time in the patched
+    step (ms + the replaced calls' kernel-time change; host time on CPU). patched_ms: its time in the profiled
+    patched step.
     """
 
     name: str
     label: str
     ms: float
     pct: float
+    basis: str = "kernel"
     replaced: bool = False
     tigon_op: str | None = None
-    bench_ratio: float | None = None
     predicted_ms: float | None = None
     patched_ms: float | None = None
 
@@ -124,13 +123,20 @@ class CategoryRow:
 class ProfileResult:
     """The outcome of :func:`run_profile`; :meth:`as_dict` is the JSON report.
 
-    categories: :class:`CategoryRow` per category plus ``unattributed``; their ``ms`` sum to
-    ``profiled_step_ms``. time_basis: what the category times measure. profiled_step_ms /
-    profiled_step_ms_patched: mean wall time of a profiled step (ms). step_ms_original / step_ms_patched: median
-    unprofiled step (ms). predicted_step_ms_patched: the prediction (ms); prediction_error_pct:
-    100 * (predicted - measured) / measured. bench: op -> {"eager_ms", "tigon_ms", "ratio"} (fwd+bwd).
-    patch: what tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files
-    written.
+    categories: :class:`CategoryRow` per category plus ``unlinked`` and ``idle``; their ``ms`` add up to
+    ``profiled_step_ms``. time_basis: what the category times measure. attribution_scale: < 1 when the categories
+    held more kernel time than the device was busy and were scaled down (:func:`tigon.workflows.predict.step_table`).
+    profiled_step_ms / profiled_step_ms_patched: mean wall time of a profiled step. step_ms_original /
+    step_ms_patched: median unprofiled step. limits: ``{"original"|"predicted"|"patched": {"step_ms", "host_ms",
+    "device_ms", "optimizer_host_ms", "optimizer_device_ms", "model_ms", "bound"}}``: the step, the host's time to
+    issue it, the device's busy time, the optimizer's part of each, and the model's step
+    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms.
+    predicted_step_ms_patched: the prediction; prediction_error_pct: 100 * (predicted - measured) / measured.
+    ops: per replaced kind, its calls per step, the per-call host and device ms of the original code and of Tigon's
+    op, what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
+    leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
+    (:func:`tigon.workflows.predict.advise`). patch: what
+    tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.
     """
 
     config: dict[str, Any]
@@ -141,11 +147,14 @@ class ProfileResult:
     categories: list[CategoryRow]
     profiled_step_ms: float
     step_ms_original: float
+    attribution_scale: float = 1.0
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
     profiled_step_ms_patched: float | None = None
     step_ms_patched: float | None = None
     predicted_step_ms_patched: float | None = None
     prediction_error_pct: float | None = None
-    bench: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    advice: dict[str, Any] = field(default_factory=dict)
     patch: dict[str, int] = field(default_factory=dict)
     backend: str | None = None
     traces: list[str] = field(default_factory=list)
@@ -157,170 +166,18 @@ class ProfileResult:
         return dataclasses.asdict(self)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# annotation: record_function ranges around modules, the rotary function and the optimizer
+@dataclass
+class StepProfile:
+    """What :func:`profile_steps` measured, per step: ``categories`` (ms of each category, :func:`categorize`),
+    ``step_ms`` (mean wall time of a profiled step), ``busy_ms`` (the device's busy time; on CPU the ops' summed
+    self CPU time), ``host_ms`` (the host's time to issue a step at the host batches' size, unprofiled; None when
+    not measured) and ``host_optimizer_ms`` (its optimizer step and zero_grad)."""
 
-
-class _Annotator:
-    """Forward hooks that open a ``tigon.cat/<category>`` range around the model's parts; ``remove()`` undoes."""
-
-    def __init__(self, model: torch.nn.Module):
-        self._stack: list = []
-        self._handles = []
-        self._rotary: tuple | None = None
-        backbone = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        for m in model.modules():
-            if m is model:
-                cat = "lm_head_loss"   # the LM's own forward minus the backbone: LM head, logits cast, loss
-            elif m is backbone:
-                cat = "model"
-            elif m is head:
-                cat = "lm_head_loss"
-            else:
-                cat = _module_category(m)
-            if cat:
-                self._hook(m, cat)
-        self._wrap_rotary(model)
-
-    def _hook(self, m: torch.nn.Module, cat: str) -> None:
-        def pre(module, args, cat=cat):
-            rf = torch.profiler.record_function(_RANGE + cat)
-            rf.__enter__()
-            self._stack.append(rf)
-
-        def post(module, args, output):
-            if self._stack:
-                self._stack.pop().__exit__(None, None, None)
-
-        self._handles.append(m.register_forward_pre_hook(pre))
-        try:
-            self._handles.append(m.register_forward_hook(post, always_call=True))
-        except TypeError:  # older torch: no always_call
-            self._handles.append(m.register_forward_hook(post))
-
-    def _wrap_rotary(self, model: torch.nn.Module) -> None:
-        from ..integrations.families import rotary_function
-
-        found = rotary_function(model)
-        if found is None:
-            return
-        mod, name = found
-        orig = getattr(mod, name, None)
-        if callable(orig):
-            @functools.wraps(orig)
-            def rotary(*args, __orig=orig, **kwargs):
-                with torch.profiler.record_function(_RANGE + "rotary"):
-                    return __orig(*args, **kwargs)
-
-            setattr(mod, name, rotary)
-            self._rotary = (mod, name, orig, rotary)
-
-    def close_open_ranges(self) -> None:
-        while self._stack:
-            self._stack.pop().__exit__(None, None, None)
-
-    def remove(self) -> None:
-        self.close_open_ranges()
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self._rotary is not None:
-            mod, name, orig, wrapper = self._rotary
-            if getattr(mod, name) is wrapper:
-                setattr(mod, name, orig)
-            self._rotary = None
-
-
-def _module_category(m: torch.nn.Module) -> str | None:
-    name = type(m).__name__
-    if name.endswith(("RMSNorm", "LayerNorm")) or isinstance(m, (torch.nn.LayerNorm, getattr(torch.nn, "RMSNorm",
-                                                                                             torch.nn.LayerNorm))):
-        return "norm"
-    if name.endswith("Attention"):
-        return "attention"
-    if name.endswith("MLP"):
-        return "mlp"
-    return None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# classification of profiler events
-
-
-def _is_matmul(names: list[str]) -> bool:
-    return any(n in _MATMUL_OPS or n.startswith(_MATMUL_NODES) for n in names)
-
-
-def _is_attention(names: list[str]) -> bool:
-    return any(k in n.lower() for n in names for k in _ATTENTION_KEYS)
-
-
-def _category(range_cat: str | None, names: list[str]) -> str:
-    if range_cat in ("lm_head_loss", "optimizer", "norm", "rotary"):
-        return range_cat
-    if _is_matmul(names):
-        return "matmul"
-    if _is_attention(names):
-        return "attention"
-    if range_cat == "mlp":
-        return "activation"
-    if range_cat == "attention":
-        return "attention"
-    return "other"
-
-
-def _self_time_us(e, cuda: bool) -> float:
-    if cuda:
-        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
-    return float(e.self_cpu_time_total or 0)
-
-
-def categorize(events, cuda: bool) -> dict[str, float]:
-    """Total self time (µs) per category of profiler ``events`` (``prof.events()``), see the module docstring.
-
-    CPU-side events only; on CUDA each op's ``self_device_time_total`` (its kernels), on CPU its self CPU time.
-    """
-    cpu_events = [e for e in events if str(getattr(e, "device_type", "DeviceType.CPU")).endswith("CPU")]
-    cpu_events.sort(key=lambda e: e.time_range.start)
-
-    def info(e):
-        """(backward node event or None, innermost range category or None, names from e up to the range)."""
-        names, node, rng = [], None, None
-        p = e
-        while p is not None:
-            n = p.name
-            if n.startswith(_BWD):
-                node = p
-                break
-            if n.startswith(_RANGE):
-                rng = rng or n[len(_RANGE):]
-                if rng:
-                    break
-            names.append(n)
-            p = p.cpu_parent
-        return node, rng, names
-
-    fwd_seq: dict[int, str | None] = {}
-    infos = []
-    for e in cpu_events:
-        node, rng, names = info(e)
-        infos.append((e, node, rng, names))
-        if node is None and getattr(e, "sequence_nr", -1) is not None and e.sequence_nr >= 0 \
-                and not e.name.startswith(_RANGE):
-            fwd_seq[e.sequence_nr] = rng  # the last op with this number is the one that created the node
-    totals = {c: 0.0 for c in CATEGORIES}
-    for e, node, rng, names in infos:
-        t = _self_time_us(e, cuda)
-        if t <= 0:
-            continue
-        if node is not None:
-            node_name = node.name[len(_BWD):]
-            cat = _category(fwd_seq.get(node.sequence_nr), [node_name, *names])
-        else:
-            cat = _category(rng if rng != "model" else None, names)
-        totals[cat] += t
-    return totals
+    categories: dict[str, float]
+    step_ms: float
+    busy_ms: float
+    host_ms: float | None = None
+    host_optimizer_ms: float = 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -333,30 +190,37 @@ def _sync(device: torch.device) -> None:
 
 
 def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device: torch.device, lr: float,
-                  warmup: int, trace: str | None = None) -> tuple[dict[str, float], float]:
-    """Profile training steps of ``model``: (per-step ms per category incl. "unattributed", mean step ms).
+                  warmup: int, trace: str | None = None, host_batches: list[torch.Tensor] | None = None
+                  ) -> StepProfile:
+    """Profile training steps of ``model`` (see the module docstring) and return a :class:`StepProfile`.
 
     ``batches[:warmup]`` run unprofiled, the next one is the profiler's warm-up, the rest are profiled. Writes a
-    Chrome trace of the profiled steps to ``trace`` when given.
+    Chrome trace of the profiled steps to ``trace`` when given. Then, with the ranges removed and no profiler,
+    ``host_batches`` run as steps timed until their Python returns (the first ``HOST_STEPS[0]`` untimed):
+    the median is ``host_ms``.
+
+    Raises:
+        ValueError: fewer than ``warmup + 2`` batches.
     """
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    annot = _Annotator(model)
+    annot = Annotator(model)
     active = len(batches) - warmup - 1
     if active < 1:
         raise ValueError("profile_steps needs warmup + 2 batches at least")
 
-    def step(batch):
-        batch = batch.to(device, non_blocking=True)
+    def step(batch) -> float:
         loss = model(input_ids=batch, labels=batch, use_cache=False).loss
         loss.backward()
-        with record_function(_RANGE + "optimizer"):
+        t = time.perf_counter()
+        with record_function(RANGE + "optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
         annot.close_open_ranges()
+        return t
 
     held: dict[str, Any] = {}
 
@@ -369,25 +233,37 @@ def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device
     times = []
     try:
         for b in batches[:warmup]:
-            step(b)
+            step(b.to(device))
         _sync(device)
         with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
                      on_trace_ready=ready) as prof:
             for i, b in enumerate(batches[warmup:]):
                 _sync(device)
                 t0 = time.perf_counter()
-                step(b)
+                step(b.to(device, non_blocking=True))
                 _sync(device)
                 if i >= 1:
                     times.append((time.perf_counter() - t0) * 1e3)
                 prof.step()
     finally:
         annot.remove()
-    totals = categorize(held.get("events") or [], cuda)
-    per_step = {c: us / 1e3 / active for c, us in totals.items()}
-    step_ms = statistics.fmean(times)
-    per_step["unattributed"] = max(0.0, step_ms - sum(per_step.values()))
-    return per_step, step_ms
+    events = held.get("events") or []
+    cats = {c: us / 1e3 / active for c, us in categorize(events, cuda).items()}
+    busy = device_busy_us(events) / 1e3 / active if cuda else sum(cats.values())
+    issue, tail = [], []
+    for i, b in enumerate(host_batches or []):
+        b = b.to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        t_opt = step(b)
+        t1 = time.perf_counter()
+        if i >= HOST_STEPS[0]:
+            issue.append((t1 - t0) * 1e3)
+            tail.append((t1 - t_opt) * 1e3)
+        _sync(device)
+    if not issue:
+        return StepProfile(cats, statistics.fmean(times), busy)
+    return StepProfile(cats, statistics.fmean(times), busy, statistics.median(issue), statistics.median(tail))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -409,56 +285,82 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
     return cfg
 
 
-def _replaced_categories(hfc) -> tuple[dict[str, str], dict[str, int], list[str]]:
-    """(category -> Tigon op, patch counts, notes) from tigon.patch's dry run on a weightless copy of the model."""
+def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int], list[str]]:
+    """What tigon.patch replaces, from its dry run on a weightless copy of the model: (kinds, category -> Tigon ops,
+    patch counts, notes). kinds: ``{"kind", "op", "keyword", "calls", "bypasses"}`` per replaced kind that runs an
+    op of the registry; calls = the modules it patches (each runs once per step); bypasses: kind -> patched modules
+    of that kind the replacement no longer calls (the mark's ``bypasses`` children)."""
+    from ..integrations.engine import PATCH_KEYWORDS
     from ..integrations.families import kind_op
+    from ..integrations.forwards import tigon_mark
     from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
     from .dry_run import PatchRejected, dry_run
 
+    bypass: dict[str, dict[str, int]] = {}
     try:
-        with dry_run(hfc) as (_, report):
-            counts = report.counts
-            skipped = list(report.skipped)
+        with dry_run(hfc) as (model, report):
+            counts, skipped = report.counts, list(report.skipped)
+            kind_of = {e.target: e.kind for e in report.replaced}
+            for e in report.replaced:
+                try:
+                    m = model.get_submodule(e.target)
+                except AttributeError:
+                    continue
+                for child in (tigon_mark(m.__dict__.get("forward")) or {}).get("bypasses", ()):
+                    if (k := kind_of.get(f"{e.target}.{child}")) is not None:
+                        bypass.setdefault(e.kind, {})[k] = bypass.get(e.kind, {}).get(k, 0) + 1
     except PatchRejected as e:
-        return {}, {}, [f"nothing is replaced: {e}"]
+        return [], {}, {}, [f"nothing is replaced: {e}"]
     specs = registry()
-    ops: dict[str, str] = {}
     order = list(KIND_CATEGORIES)
+    kinds, cats = [], {}
     for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
         op = kind_op(kind, hfc)
-        if op in specs:  # one op per category, in the kinds' order: the plain norm before the fused add + norm
-            ops.setdefault(specs[op].category, op)
+        if op in specs:
+            kinds.append({"kind": kind, "op": op, "keyword": PATCH_KEYWORDS.get(kind, kind), "calls": counts[kind],
+                          "bypasses": bypass.get(kind, {})})
+            cats.setdefault(specs[op].category, []).append(op)
     notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in skipped]
-    return ops, counts, notes
+    return kinds, cats, counts, notes
 
 
-def _bench_ratios(hfc, ops: dict[str, str], cfg: ProfileConfig, device, dtype) -> dict[str, dict]:
-    from .bench import run_bench, shapes_from_config
+def _op_costs(hfc, ops: list[str], cfg: ProfileConfig, device, dtype, notes: list[str]) -> dict[str, dict]:
+    """op -> {"eager": cost, "tigon": cost} at this model's shapes (:func:`tigon.workflows.bench.op_cost`); an op
+    whose measurement fails is left out with a note."""
+    from ..ops import registry
+    from .bench import op_cost, shapes_from_config
 
     cfg_dict = hfc.to_dict()
     cfg_dict.setdefault("head_dim", getattr(hfc, "head_dim", None))
     shapes = shapes_from_config(cfg_dict, tokens=cfg.batch_size * cfg.seq_len, batch=cfg.batch_size)
-    names = sorted(set(ops.values()))
-    res = run_bench(names, {op: [shapes[op]] for op in names}, ["eager", "tigon"], dtype, device, ceilings={},
-                    modes=("fwd_bwd",))
-    out = {}
-    for op in names:
-        ms = {r.provider: r.ms for r in res.rows if r.op == op and r.mode == "fwd_bwd"}
-        e, t = ms.get("eager"), ms.get("tigon")
-        out[op] = {"eager_ms": e, "tigon_ms": t, "ratio": t / e if e and t else None}
+    specs, out = registry(), {}
+    for op in dict.fromkeys(ops):
+        try:
+            out[op] = {p: op_cost(specs[op], p, shapes[op], dtype, device) for p in ("eager", "tigon")}
+        except Exception as e:  # the prediction is optional: record why an op is missing from it
+            notes.append(f"measuring {op} failed, left out of the prediction: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}")
+        _free(device)
     return out
 
 
+def _limits(step: PR.StepCost) -> dict[str, Any]:
+    return {"step_ms": step.step_ms, "host_ms": step.host_ms, "device_ms": step.device_ms,
+            "optimizer_host_ms": step.tail_host_ms, "optimizer_device_ms": step.tail_device_ms,
+            "model_ms": step.pipeline_ms, "bound": step.bound}
+
+
 def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
-    """Profile the original training step by category, predict and measure the Tigon-patched step.
+    """Profile the original training step, measure what limits it, predict the Tigon-patched step and advise per
+    op, then measure the patched step (see the module docstring).
 
     Args:
         config: what to run; ``None`` fields take the device's defaults.
         progress: optional ``progress(stage)`` at the start of each stage.
 
     Returns:
-        a :class:`ProfileResult` (see the module docstring for the method).
+        a :class:`ProfileResult`.
 
     Raises:
         ConfigError: bad configuration or an unreadable model config.
@@ -468,13 +370,15 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
     cfg = resolve_profile(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    cuda = device.type == "cuda"
     hfc, source = hf_config(cfg.model, cfg.layers)
     info = model_info(hfc, source)
     info["dtype"] = cfg.dtype
     vocab = int(hfc.vocab_size)
-    n_timed = cfg.warmup + cfg.steps
-    timed_batches = random_batches(vocab, n_timed, cfg.batch_size, cfg.seq_len, cfg.seed)
+    timed_batches = random_batches(vocab, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
     prof_batches = random_batches(vocab, cfg.warmup + 1 + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
+    host_batches = (random_batches(vocab, sum(HOST_STEPS), HOST_BATCH[0], min(cfg.seq_len, HOST_BATCH[1]),
+                                   cfg.seed + 2) if cuda else None)
     notes: list[str] = []
     say = progress or (lambda stage: None)
 
@@ -499,55 +403,71 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         timed = stats.step_times_s[cfg.warmup:] or stats.step_times_s
         return statistics.median(timed) * 1e3, support.describe_backend(stats.backend_usage)
 
-    def profiled(patch: bool, trace: str | None) -> tuple[dict[str, float], float]:
+    def profiled(patch: bool, trace: str | None) -> StepProfile:
         model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
         try:
             if patch:
                 tigon.patch(model)
-            return profile_steps(model, prof_batches, device=device, lr=cfg.lr, warmup=cfg.warmup, trace=trace)
+            return profile_steps(model, prof_batches, device=device, lr=cfg.lr, warmup=cfg.warmup, trace=trace,
+                                 host_batches=host_batches)
         finally:
             if patch:
                 tigon.unpatch(model)
             del model
             _free(device)
 
+    def step_cost(t_ms: float, p: StepProfile) -> PR.StepCost:
+        if not cuda or p.host_ms is None:  # everything is host time on a CPU
+            return PR.StepCost(t_ms, t_ms, 0.0)
+        host, busy = p.host_ms, min(p.busy_ms, p.step_ms)
+        return PR.StepCost(t_ms, host, busy, min(p.host_optimizer_ms, host), min(p.categories["optimizer"], busy))
+
     say("time original step")
     step_orig, _ = median_step(False)
     say("profile original step")
     traces = []
-    cats, prof_ms = profiled(False, cfg.trace)
+    prof = profiled(False, cfg.trace)
     if cfg.trace:
         traces.append(cfg.trace)
-    replaced, counts, patch_notes = _replaced_categories(hfc)
+    step = step_cost(step_orig, prof)
+    kinds, replaced, counts, patch_notes = _replacements(hfc)
     notes += patch_notes
-    bench: dict[str, dict] = {}
-    if cfg.predict and replaced:
-        say("bench replaced ops (tigon vs eager)")
-        try:
-            bench = _bench_ratios(hfc, replaced, cfg, device, dtype)
-        except Exception as e:  # the prediction is optional: record why it is missing
-            notes.append(f"bench for the prediction failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
-    rows = []
-    for c in (*CATEGORIES, "unattributed"):
-        ms = cats.get(c, 0.0)
-        row = CategoryRow(c, LABELS[c], ms, 100.0 * ms / prof_ms if prof_ms > 0 else 0.0)
-        if c in replaced:
-            row.replaced, row.tigon_op = True, replaced[c]
-            ratio = bench.get(replaced[c], {}).get("ratio")
-            if ratio is not None:
-                row.bench_ratio, row.predicted_ms = ratio, ms * ratio
-        rows.append(row)
-    predicted = None
-    if bench and any(r.predicted_ms is not None for r in rows):
-        saved = sum(r.ms - r.predicted_ms for r in rows if r.predicted_ms is not None)
-        scale = 1.0 if device.type == "cuda" else (step_orig / prof_ms if prof_ms > 0 else 1.0)
-        predicted = max(1e-6, step_orig - scale * saved)
+    costs: dict[str, dict] = {}
+    if cfg.predict and kinds:
+        say("measure replaced ops (host and device time, original and Tigon)")
+        costs = _op_costs(hfc, [k["op"] for k in kinds], cfg, device, dtype, notes)
+    changes = [PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"], PR.OpCost(**_cost(costs[k["op"]]["eager"])),
+                           PR.OpCost(**_cost(costs[k["op"]]["tigon"])), k["bypasses"])
+               for k in kinds if k["op"] in costs]
+    table, scale = PR.step_table(prof.categories, prof.busy_ms, prof.step_ms)
+    labels = {**LABELS, **({} if cuda else CPU_LABELS)}
+    rows = [CategoryRow(r.name, labels[r.name], r.ms, r.pct, r.basis) for r in table]
+    calls = PR.calls_per_kind(changes, [c.kind for c in changes])
+    for row in rows:
+        ops = replaced.get(row.name)
+        if ops:
+            row.replaced, row.tigon_op = True, ", ".join(ops)
+            mine = [c for c in changes if c.op in ops]
+            if mine:
+                delta = sum(calls[c.kind] * ((c.tigon.device_ms - c.original.device_ms) if cuda
+                                             else (c.tigon.host_ms - c.original.host_ms)) for c in mine)
+                row.predicted_ms = max(0.0, row.ms + delta)
     result = ProfileResult(
         config=dataclasses.asdict(cfg), model=info, device=_device_str(device), device_name=_device_name(device),
-        time_basis=("CUDA kernel time (self device time of each op)" if device.type == "cuda"
-                    else "self CPU time (inflated by the profiler's overhead)"),
-        categories=rows, profiled_step_ms=prof_ms, step_ms_original=step_orig, bench=bench, patch=counts,
-        predicted_step_ms_patched=predicted, traces=traces, versions=versions(), notes=notes)
+        time_basis=("kernel time (the ops' CUDA kernels) per step; 'device idle' is wall time" if cuda
+                    else "self CPU time per step (inflated by the profiler's overhead)"),
+        categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=step_orig, attribution_scale=scale,
+        limits={"original": _limits(step)}, patch=counts, traces=traces, versions=versions(), notes=notes)
+    if changes:
+        pred, adv = PR.predict(step, changes), PR.advise(step, changes)
+        result.predicted_step_ms_patched = pred.step_ms
+        result.limits["predicted"] = _limits(pred)
+        for c, a in zip(changes, adv.kinds):
+            result.ops.append({**dataclasses.asdict(a), "original": dataclasses.asdict(c.original),
+                               "tigon": dataclasses.asdict(c.tigon), "bypasses": dict(c.bypasses)})
+        result.advice = {"best_call": adv.best_call, "best_keywords": adv.best_keywords,
+                         "best_step_ms": adv.best_step_ms, "replace_nothing": adv.replace_nothing,
+                         "slower": [a.kind for a in adv.kinds if a.slows_step]}
     if cfg.patched and counts:
         say("time patched step")
         result.step_ms_patched, result.backend = median_step(True)
@@ -556,15 +476,24 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         if cfg.trace:
             stem, ext = os.path.splitext(cfg.trace)
             trace_p = f"{stem}.patched{ext or '.json'}"
-        cats_p, result.profiled_step_ms_patched = profiled(True, trace_p)
+        prof_p = profiled(True, trace_p)
+        result.profiled_step_ms_patched = prof_p.step_ms
+        result.limits["patched"] = _limits(step_cost(result.step_ms_patched, prof_p))
         if trace_p:
             traces.append(trace_p)
+        table_p, _ = PR.step_table(prof_p.categories, prof_p.busy_ms, prof_p.step_ms)
+        patched = {r.name: r.ms for r in table_p}
         for row in rows:
-            row.patched_ms = cats_p.get(row.name, 0.0)
-        if predicted is not None and result.step_ms_patched:
-            result.prediction_error_pct = 100.0 * (predicted - result.step_ms_patched) / result.step_ms_patched
+            row.patched_ms = patched.get(row.name, 0.0)
+        if result.predicted_step_ms_patched is not None and result.step_ms_patched:
+            result.prediction_error_pct = 100.0 * (result.predicted_step_ms_patched - result.step_ms_patched) \
+                / result.step_ms_patched
     _add_notes(result, device)
     return result
+
+
+def _cost(c: dict) -> dict:
+    return {"host_ms": c["host_ms"], "device_ms": c["device_ms"]}
 
 
 def _free(device: torch.device) -> None:
@@ -575,15 +504,32 @@ def _free(device: torch.device) -> None:
 
 def _add_notes(r: ProfileResult, device: torch.device) -> None:
     steps = r.config["steps"]
-    r.notes.insert(0, f"categories: {r.time_basis} per step, mean of {steps} profiled step(s); 'unattributed' is "
-                      "the profiled step's wall time not covered by any op (idle device, host overhead, kernels the "
-                      "profiler could not link to an op), so the rows add up to the profiled step.")
-    r.notes.append("prediction: original step - sum over replaced categories of time * (1 - tigon/eager fwd+bwd "
-                   "ratio of the op at this model's shapes)" + (", savings scaled by unprofiled/profiled step time"
-                                                                if device.type == "cpu" else ""))
+    r.notes.insert(0, f"categories: {r.time_basis}, mean of {steps} profiled step(s); with 'kernels linked to no op' "
+                      "and the device's idle time they add up to the profiled step.")
+    if r.attribution_scale < 0.999:
+        r.notes.append(f"the categories held {100 / r.attribution_scale - 100:.1f}% more kernel time than the device "
+                       "was busy (time counted twice) and were scaled down to its busy time.")
+    lim = r.limits["original"]
+    if device.type == "cuda":
+        r.notes.append(f"limits: host = the host's time to issue one step (the model's steps at {HOST_BATCH[0]} x "
+                       f"{min(r.config['seq_len'], HOST_BATCH[1])} tokens, unprofiled, timed until the step's Python "
+                       "returns); device = its busy time in the profiled steps. The original step is "
+                       f"{lim['bound']}-bound (host {lim['host_ms']:.1f} ms, device {lim['device_ms']:.1f} ms, step "
+                       f"{lim['step_ms']:.1f} ms).")
+    r.notes.append("prediction: T' = T - pipeline(H, D) + pipeline(H', D'), pipeline = max(D, H - optimizer's host + "
+                   "optimizer's device, H) (the forward and backward overlap host and device, the optimizer ends the "
+                   "step); H' and D' add the replaced calls' change (calls per step x (Tigon - original) per forward "
+                   "+ backward at this model's shapes): a host-bound step pays the replacements' host cost.")
+    for op in r.ops:
+        if op["slows_step"]:
+            r.notes.append(f"{op['kind']} ({op['op']}): replacing it is predicted to slow the step (host "
+                           f"{op['host_delta_ms']:+.1f} ms, device {op['device_delta_ms']:+.1f} ms per step); "
+                           f"{op['patch_call']} leaves it out: predicted {op['step_ms_without']:.1f} ms.")
+    if r.advice and r.advice["best_keywords"]:
+        r.notes.append(f"fastest predicted: {r.advice['best_call']} at {r.advice['best_step_ms']:.1f} ms "
+                       f"(everything: {r.predicted_step_ms_patched:.1f} ms)"
+                       + ("; that replaces nothing: leave the model unpatched." if r.advice["replace_nothing"]
+                          else "."))
     if device.type == "cpu":
-        r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the bench ratios and "
-                       "the prediction measure the interpreter; run on a CUDA GPU for real numbers.")
-    elif r.step_ms_original and r.profiled_step_ms and r.profiled_step_ms > 1.5 * r.step_ms_original:
-        r.notes.append("the profiled step is much slower than the unprofiled one: the step may be bound by the "
-                       "host (launch overhead), where device-time savings do not shorten the step.")
+        r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the op costs and the "
+                       "prediction measure the interpreter; run on a CUDA GPU for real numbers.")

@@ -63,9 +63,38 @@ def kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             call()
             torch.cuda.synchronize()
-        samples.append(sum(e.time_range.elapsed_us() for e in prof.events()
-                           if e.device_type == torch.autograd.DeviceType.CUDA) * 1e-3)
+        samples.append(sum(e.time_range.elapsed_us() for e in prof.events()  # ranges' device copies left out
+                           if e.device_type == torch.autograd.DeviceType.CUDA
+                           and not getattr(e, "is_user_annotation", False)) * 1e-3)
     q = statistics.quantiles(samples, n=5, method="inclusive")  # the 20th, 40th, 60th and 80th percentiles
+    return statistics.median(samples), q[0], q[3]
+
+
+def host_time(fn: Callable[[], object], device: torch.device, grad_to_none=None, calls: int = 8,
+              rounds: int = 7) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms over ``rounds`` of the host's time to issue one call of ``fn()``: the device is
+    synchronised, then ``calls`` calls run back to back without waiting for it, and the wall time until the last
+    returns is divided by ``calls``. So it is the Python, dispatch, autograd and launch cost of a call whatever
+    its kernels take (while the launch queue has room: a few calls of a few dozen launches), the part of a call
+    that a host-bound training step pays. On CPU, where nothing runs asynchronously, the call's wall time."""
+    def call():
+        for t in grad_to_none or ():
+            t.grad = None
+        fn()
+
+    for _ in range(3):
+        call()
+    samples = []
+    for _ in range(rounds):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        samples.append((time.perf_counter() - t0) * 1e3 / calls)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    q = statistics.quantiles(samples, n=5, method="inclusive")
     return statistics.median(samples), q[0], q[3]
 
 

@@ -1,0 +1,238 @@
+"""The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, and the attribution of profiler
+events (tigon.workflows.profile_events) on synthetic events: no model, no profiler, no GPU."""
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tigon.workflows import predict as PR
+from tigon.workflows import profile_events as PE
+
+
+def change(kind, calls, orig, tigon, keyword=None, bypasses=None):
+    return PR.OpChange(kind, kind, keyword or kind, calls, PR.OpCost(*orig), PR.OpCost(*tigon), bypasses or {})
+
+
+# ---- the prediction ---------------------------------------------------------------------------------------------
+def test_host_bound_step_pays_the_replacements_host_cost():
+    # Qwen2.5-0.5B-like: the host issues the step slower than the device runs it; Tigon's MLP call has faster
+    # kernels but costs more host time to issue, so the step gets slower by exactly that host time.
+    step = PR.StepCost(step_ms=102.0, host_ms=100.0, device_ms=60.0)
+    mlp = change("mlp", 24, (0.30, 0.20), (0.75, 0.10))
+    p = PR.predict(step, [mlp])
+    assert p.host_ms == pytest.approx(100.0 + 24 * 0.45)
+    assert p.device_ms == pytest.approx(60.0 - 24 * 0.10)
+    assert p.step_ms == pytest.approx(102.0 + 24 * 0.45)
+    assert p.bound == "host"
+
+
+def test_device_bound_step_gains_the_kernel_savings():
+    # Qwen2-7B-like: the device is the limit; the fused loss saves 15 ms of kernels and adds host time the queue hides.
+    step = PR.StepCost(step_ms=171.0, host_ms=40.0, device_ms=165.0)
+    flce = change("lm_head_loss", 1, (1.0, 30.0), (1.2, 15.0), keyword="fused_linear_cross_entropy")
+    p = PR.predict(step, [flce])
+    assert p.step_ms == pytest.approx(171.0 - 15.0)
+    assert p.bound == "device"
+
+
+def test_mixed_step_changes_side():
+    # Device-bound before (D 80 > H 70); the replacement saves 10 ms of kernels and costs 5 ms of host time:
+    # the step becomes host-bound at H' = 75, so it gains 5 ms, not 10.
+    step = PR.StepCost(step_ms=82.0, host_ms=70.0, device_ms=80.0)
+    p = PR.predict(step, [change("rms_norm", 10, (0.2, 1.5), (0.7, 0.5))])
+    assert (p.host_ms, p.device_ms) == (pytest.approx(75.0), pytest.approx(70.0))
+    assert p.step_ms == pytest.approx(82.0 - 80.0 + 75.0)
+    assert p.bound == "host"
+    # Balanced the other way: kernel savings are worth nothing to a host-bound step, host costs all of their value.
+    step = PR.StepCost(step_ms=85.0, host_ms=80.0, device_ms=78.0)
+    assert PR.predict(step, [change("rope", 10, (0.2, 1.5), (0.2, 0.5))]).step_ms == pytest.approx(85.0)
+    assert PR.predict(step, [change("rope", 10, (0.2, 1.5), (0.7, 0.5))]).step_ms == pytest.approx(90.0)
+
+
+def test_optimizer_tail_is_not_overlapped():
+    # The optimizer ends the step: its 10 ms of kernels follow the forward and backward's host time (58 ms).
+    step = PR.StepCost(step_ms=75.0, host_ms=60.0, device_ms=70.0, tail_host_ms=2.0, tail_device_ms=10.0)
+    assert step.pipeline_ms == pytest.approx(70.0) and step.stall_ms == pytest.approx(5.0)
+    p = PR.predict(step, [change("mlp", 10, (0.1, 0.0), (0.6, 0.0))])  # +5 ms host
+    assert p.pipeline_ms == pytest.approx(max(70.0, 65.0 - 2.0 + 10.0, 65.0))
+    assert p.step_ms == pytest.approx(75.0 - 70.0 + 73.0)
+    assert (p.tail_host_ms, p.tail_device_ms) == (2.0, 10.0)
+    # Without the tail the same numbers would predict no change (max(H', D') = max(65, 70) = 70).
+    flat = PR.StepCost(step_ms=75.0, host_ms=60.0, device_ms=70.0)
+    assert PR.predict(flat, [change("mlp", 10, (0.1, 0.0), (0.6, 0.0))]).step_ms == pytest.approx(75.0)
+
+
+def test_no_change_predicts_the_measured_step():
+    for step in (PR.StepCost(50.0, 70.0, 40.0), PR.StepCost(50.0, 10.0, 45.0, 1.0, 5.0), PR.StepCost(1.0, 1.0, 0.0)):
+        assert PR.predict(step, []).step_ms == pytest.approx(step.step_ms)
+        noop = change("mlp", 3, (0.5, 0.5), (0.5, 0.5))
+        assert PR.predict(step, [noop]).step_ms == pytest.approx(step.step_ms)
+
+
+def test_cpu_step_is_all_host():
+    step = PR.StepCost(step_ms=40.0, host_ms=40.0, device_ms=0.0)
+    p = PR.predict(step, [change("rms_norm", 3, (0.1, 0.0), (2.0, 0.0))])
+    assert p.step_ms == pytest.approx(40.0 + 3 * 1.9)
+
+
+def test_a_fused_layer_bypasses_the_norm_calls_it_absorbs():
+    norms = change("rms_norm", 5, (0.3, 0.1), (0.5, 0.05))   # 2 per layer + the final norm, 2 layers
+    fused = change("fused_add_rms_norm", 2, (0.4, 0.2), (0.5, 0.1), bypasses={"rms_norm": 2})
+    assert PR.calls_per_kind([norms, fused], ["rms_norm", "fused_add_rms_norm"]) == \
+        {"rms_norm": 3, "fused_add_rms_norm": 2}
+    assert PR.calls_per_kind([norms, fused], ["rms_norm"]) == {"rms_norm": 5}
+    assert PR.calls_per_kind([norms, fused], ["fused_add_rms_norm"]) == {"fused_add_rms_norm": 2}
+    step = PR.StepCost(step_ms=20.0, host_ms=20.0, device_ms=5.0)
+    both = PR.predict(step, [norms, fused])
+    assert both.host_ms == pytest.approx(20.0 + 3 * 0.2 + 2 * 0.1)
+    assert PR.predict(step, [norms, fused], ["rms_norm"]).host_ms == pytest.approx(20.0 + 5 * 0.2)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="host_ms"):
+        PR.OpCost(-1.0, 0.0)
+    with pytest.raises(ValueError, match="step_ms"):
+        PR.StepCost(0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="tail"):
+        PR.StepCost(10.0, 5.0, 5.0, tail_host_ms=6.0)
+    with pytest.raises(ValueError, match="calls"):
+        change("mlp", -1, (0, 0), (0, 0))
+    with pytest.raises(ValueError, match="one change per kind"):
+        PR.advise(PR.StepCost(1.0, 1.0, 1.0), [change("mlp", 1, (0, 0), (0, 0))] * 2)
+
+
+# ---- the advice -------------------------------------------------------------------------------------------------
+def test_advice_names_the_replacement_that_slows_a_host_bound_step():
+    step = PR.StepCost(step_ms=102.0, host_ms=100.0, device_ms=60.0)
+    mlp = change("mlp", 24, (0.30, 0.20), (0.75, 0.10))                      # +10.8 ms host
+    flce = change("lm_head_loss", 1, (2.0, 9.0), (1.0, 6.0), keyword="fused_linear_cross_entropy")  # -1 ms host
+    adv = PR.advise(step, [mlp, flce])
+    assert adv.step_ms_all == pytest.approx(102.0 + 10.8 - 1.0)
+    by = {a.kind: a for a in adv.kinds}
+    assert by["mlp"].slows_step and not by["lm_head_loss"].slows_step
+    assert by["mlp"].step_ms_without == pytest.approx(101.0)
+    assert by["mlp"].patch_call == "tigon.patch(model, mlp=False)"
+    assert by["mlp"].host_delta_ms == pytest.approx(10.8) and by["mlp"].device_delta_ms == pytest.approx(-2.4)
+    assert by["lm_head_loss"].patch_call == "tigon.patch(model, fused_linear_cross_entropy=False)"
+    assert adv.best_keywords == ["mlp"] and adv.best_step_ms == pytest.approx(101.0)
+    assert adv.best_call == "tigon.patch(model, mlp=False)" and not adv.replace_nothing
+
+
+def test_advice_keeps_everything_on_a_device_bound_step():
+    step = PR.StepCost(step_ms=171.0, host_ms=40.0, device_ms=165.0)
+    adv = PR.advise(step, [change("mlp", 4, (0.3, 2.0), (0.75, 1.5)),
+                           change("rope", 4, (0.3, 1.0), (0.5, 0.6))])
+    assert adv.best_keywords == [] and adv.best_call == "tigon.patch(model)"
+    assert not any(a.slows_step for a in adv.kinds)
+    assert adv.best_step_ms == pytest.approx(171.0 - 2.0 - 1.6)
+
+
+def test_advice_says_replace_nothing_when_every_replacement_slows():
+    step = PR.StepCost(step_ms=50.0, host_ms=50.0, device_ms=10.0)
+    adv = PR.advise(step, [change("mlp", 4, (0.1, 0.1), (0.5, 0.1)), change("rope", 4, (0.1, 0.1), (0.3, 0.1))])
+    assert adv.replace_nothing and sorted(adv.best_keywords) == ["mlp", "rope"]
+    assert adv.best_call == "tigon.patch(model, mlp=False, rope=False)" and adv.best_step_ms == pytest.approx(50.0)
+
+
+def test_advice_finds_interactions_through_the_max():
+    # Each replacement alone is worth nothing (the other side limits), both together save: the best set is both.
+    step = PR.StepCost(step_ms=100.0, host_ms=100.0, device_ms=100.0)
+    host_saver = change("rms_norm", 10, (1.0, 0.5), (0.0, 0.5))
+    dev_saver = change("mlp", 10, (0.5, 1.0), (0.5, 0.0))
+    adv = PR.advise(step, [host_saver, dev_saver])
+    assert adv.step_ms_all == pytest.approx(90.0) and adv.best_keywords == []
+    assert all(a.step_ms_without == pytest.approx(100.0) for a in adv.kinds)
+
+
+# ---- the step's table -------------------------------------------------------------------------------------------
+def _check_table(rows, step_ms):
+    assert sum(r.ms for r in rows) == pytest.approx(step_ms, rel=1e-9, abs=1e-9)
+    for r in rows:
+        assert 0.0 <= r.ms <= step_ms * (1 + 1e-9), r
+        assert 0.0 <= r.pct <= 100.0 + 1e-6, r
+
+
+def test_table_adds_up_with_idle_and_unlinked_rows():
+    rows, scale = PR.step_table({"matmul": 50.0, "optimizer": 20.0}, device_busy_ms=80.0, step_ms=100.0)
+    assert scale == 1.0
+    by = {r.name: r for r in rows}
+    assert by["unlinked"].ms == pytest.approx(10.0) and by["idle"].ms == pytest.approx(20.0)
+    assert by["idle"].basis == "wall" and by["matmul"].basis == "kernel"
+    _check_table(rows, 100.0)
+
+
+def test_table_scales_double_counted_kernel_time_down():
+    # The Qwen2-7B report: "optimizer 631 ms, 365.7%" in a 173 ms step. Rows cannot exceed the step.
+    rows, scale = PR.step_table({"matmul": 100.0, "optimizer": 631.0}, device_busy_ms=165.0, step_ms=173.0)
+    assert scale == pytest.approx(165.0 / 731.0)
+    _check_table(rows, 173.0)
+    assert {r.name: r.ms for r in rows}["idle"] == pytest.approx(8.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(PE.CATEGORIES), st.floats(0, 1e4), max_size=len(PE.CATEGORIES)),
+       st.floats(0, 1e4), st.floats(1e-3, 1e4))
+def test_table_invariants(kernel_ms, busy, step_ms):
+    rows, scale = PR.step_table(kernel_ms, busy, step_ms)
+    assert 0.0 <= scale <= 1.0
+    _check_table(rows, step_ms)
+
+
+def test_table_rejects_bad_input():
+    with pytest.raises(ValueError, match="step_ms"):
+        PR.step_table({}, 0.0, 0.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        PR.step_table({"matmul": -1.0}, 0.0, 1.0)
+
+
+# ---- profiler events --------------------------------------------------------------------------------------------
+def _cpu(name, parent=None, t=0.0, end=None, kernels=(), annotation=False, seq=-1):
+    return SimpleNamespace(name=name, cpu_parent=parent, sequence_nr=seq, device_type="DeviceType.CPU",
+                           time_range=SimpleNamespace(start=t, end=t + 1 if end is None else end),
+                           self_cpu_time_total=1.0, is_user_annotation=annotation,
+                           kernels=[SimpleNamespace(name=n, duration=d) for n, d in kernels])
+
+
+def _gpu(name, start, end, annotation=False):
+    return SimpleNamespace(name=name, device_type="DeviceType.CUDA", time_range=SimpleNamespace(start=start, end=end),
+                           is_user_annotation=annotation)
+
+
+def test_ranges_never_count_device_time():
+    # On CUDA a record_function range is linked to its device-side copy, a "kernel" as long as the range's span
+    # on the device; nested ranges (tigon.cat/optimizer > Optimizer.step#AdamW.step) would count it again.
+    step = _cpu("ProfilerStep#1", t=0, end=200, annotation=True, kernels=[("ProfilerStep#1", 180.0)])
+    rng = _cpu("tigon.cat/optimizer", step, t=100, end=150, annotation=True, kernels=[("tigon.cat/optimizer", 40.0)])
+    inner = _cpu("Optimizer.step#AdamW.step", rng, t=101, end=149, kernels=[("Optimizer.step#AdamW.step", 39.0)])
+    ops = [_cpu("aten::_foreach_mul_", inner, t=102, kernels=[("multi_tensor_apply_kernel", 10.0)]),
+           _cpu("aten::_foreach_add_", inner, t=110, kernels=[("multi_tensor_apply_kernel", 12.0)])]
+    mm = _cpu("aten::mm", step, t=10, kernels=[("sm90_xmma_gemm", 50.0)])
+    events = [step, rng, inner, *ops, mm]
+    totals = PE.categorize(events, cuda=True)
+    assert totals["optimizer"] == pytest.approx(22.0)
+    assert totals["matmul"] == pytest.approx(50.0)
+    assert sum(totals.values()) == pytest.approx(72.0)
+    assert PE.own_time_us(inner, cuda=True) == 0.0 and PE.own_time_us(step, cuda=False) == 0.0
+
+
+def test_device_busy_time_is_the_union_of_kernel_intervals():
+    events = [_cpu("tigon.cat/norm", annotation=True),
+              _gpu("k1", 0, 10), _gpu("k2", 5, 12), _gpu("k3", 20, 25),        # overlapping streams: 12 + 5
+              _gpu("tigon.cat/norm", 0, 25, annotation=True),                    # a range's device-side copy
+              _gpu("ProfilerStep#3", 0, 30)]
+    assert PE.device_busy_us(events) == pytest.approx(17.0)
+    assert PE.device_busy_us([]) == 0.0
+
+
+def test_patch_keywords_are_tigon_patch_arguments():
+    import inspect
+
+    import tigon
+    from tigon.integrations.engine import OPTION_KINDS, PATCH_KEYWORDS
+
+    params = inspect.signature(tigon.patch).parameters
+    assert set(PATCH_KEYWORDS) == set(OPTION_KINDS)
+    for kind, keyword in PATCH_KEYWORDS.items():
+        assert keyword in params and params[keyword].default is True, kind
