@@ -9,6 +9,10 @@ allocator state and monkey-patches never leak between providers), writing ``e2e-
 into ``--out-dir``. The merged table prints tokens/s, step time, peak memory and each provider's ratio to
 ``original`` and to ``original_compile``; ``--png`` (default ``<out-dir>/e2e_<model>_<gpu>_<date>.png``) plots
 tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process.
+
+Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment:
+``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``, picked
+at import, hence its own process). ``--lora R`` wraps every provider's model in PEFT LoRA (``tigon bench --lora``).
 """
 
 from __future__ import annotations
@@ -22,22 +26,41 @@ import subprocess
 import sys
 
 
+VARIANTS = {"liger_cutedsl": ("liger", {"LIGER_KERNEL_IMPL": "cutedsl"})}
+"""Table provider -> (``tigon bench --e2e`` provider, extra environment of its process)."""
+
+
+def _relabel(path: str, name: str) -> None:
+    """Name the rows of a variant's JSON report after the variant."""
+    with open(path) as f:
+        report = json.load(f)
+    for r in report["rows"]:
+        r["provider"] = name
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def run_providers(args) -> list[str]:
     """Run each provider in its own process; returns the JSON paths written."""
     os.makedirs(args.out_dir, exist_ok=True)
     paths = []
     for p in args.providers.split(","):
         path = os.path.join(args.out_dir, f"e2e-{p}_{args.tag}.json")
-        cmd = [sys.executable, "-m", "tigon.cli", "bench", "--e2e", "--model", args.model, "--providers", p,
+        base, env = VARIANTS.get(p, (p, {}))
+        cmd = [sys.executable, "-m", "tigon.cli", "bench", "--e2e", "--model", args.model, "--providers", base,
                "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--quiet", "--json", path]
         if args.layers:
             cmd += ["--layers", str(args.layers)]
+        if args.lora:
+            cmd += ["--lora", str(args.lora)]
         try:
-            subprocess.run(cmd, timeout=args.timeout, check=False)
+            subprocess.run(cmd, timeout=args.timeout, check=False, env={**os.environ, **env})
         except subprocess.TimeoutExpired:
             print(f"{p}: timed out after {args.timeout} s", file=sys.stderr)
         if os.path.exists(path):
+            if base != p:
+                _relabel(path, p)
             paths.append(path)
     return paths
 
@@ -99,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--lora", type=int, help="PEFT LoRA rank for every provider's model (tigon bench --lora)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
@@ -111,7 +135,8 @@ def main() -> None:
     ap.add_argument("--png", help="the plot's path")
     args = ap.parse_args()
     date = datetime.date.today().strftime("%Y%m%d")
-    args.tag = f"{args.model}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
+    lora = f"-lora{args.lora}" if args.lora else ""
+    args.tag = f"{args.model}{lora}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
     paths = sorted(glob.glob(os.path.join(args.from_dir, "e2e-*.json"))) if args.from_dir else run_providers(args)
     rows = merge(paths)
     print(table(rows))
