@@ -6,23 +6,24 @@ pointwise term ``l(x, y)`` of the input ``x`` and the target ``y`` at one positi
 each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V`` columns (int64 row offsets, any V),
 evaluating in fp32 the term and its two partial derivatives (:func:`_terms`, a ``KIND`` constexpr picks the formula).
 
-Passes (scalar reductions: jsd always, kl_div / tvd with "sum", "mean", "batchmean"):
+Passes. jsd (``grad_in_forward``): the forward reads x and y once and writes the per-row loss sums (N fp32) and,
+when the input (and / or the target) needs a gradient, ``scale * d l / d x`` (``d l / d y``) in the same pass, in
+the input's dtype (Liger-Kernel's scheme); ``scale`` is the reduction's factor (1 / kept rows), a 0-d fp32 tensor
+computed on the device from the labels (no host synchronisation). Its backward multiplies the saved gradient by the
+upstream gradient in place (:func:`tigon.kernels.loss_rows.scale_rows_`, which reads the upstream on the device and
+writes nothing when it is 1, as for ``loss.backward()``). Minimal bytes (N x V, element size e): forward 2 N V e,
+forward + backward 3 N V e with upstream 1, against 5 N V e for a forward and a recomputing backward. With an
+upstream other than 1 the gradient is rounded to the input's dtype twice (forward, then after scaling): in bf16
+about 1.4x the error of one rounding, far inside the error of the same formula evaluated in bf16 (what plain PyTorch
+code runs), which is the baseline.
 
-* forward, one read of x and y: per-row loss sums (N fp32) and, when the input (and / or the target) needs a
-  gradient, ``scale * d l / d x`` (``d l / d y``) written in the same pass, in the input's dtype (Liger-Kernel's
-  scheme). ``scale`` is the reduction's factor (1 / rows kept, ...), a 0-d fp32 tensor computed on the device from
-  the labels: no host synchronisation.
-* backward: multiplies the saved gradient by the upstream gradient in place (:func:`tigon.kernels.loss_rows.scale_rows_`,
-  which reads the upstream on the device and writes nothing when it is 1, as for ``loss.backward()``).
-
-Minimal bytes (N x V, element size e): forward 2 N V e, forward + backward with the input's gradient 3 N V e (with
-upstream 1), as the unfused computation's forward alone (read both, plus the gradient's write). With an upstream
-other than 1 the gradient is rounded to the input's dtype twice (forward, then after scaling): in bf16 within
-about twice the error of one rounding, far inside the error of the same formula evaluated in bf16.
-
-``reduction="none"`` (kl_div, tvd): the forward writes the (N, V) fp32 pointwise losses; the backward reads x, y and
-the (N, V) upstream gradient (any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes the
-gradients.
+kl_div and tvd: the forward writes the row sums (or, for ``reduction="none"``, the (N, V) fp32 pointwise losses);
+the backward reads y, x (not for kl_div's input gradient, -y or -exp(y)) and the upstream gradient (0-d, or (N, V)
+with any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes ``upstream * scale * d l``, rounded
+once. Their baseline is torch's own kl_div (and a
+|p - q| whose gradient is one rounding of a scalar), whose bf16 gradient a forward-formed one, rounded twice for an
+upstream other than 1, would not match (1.4x measured). Forward + backward: kl_div 4 N V e (as Liger's with
+upstream 1), tvd 5 N V e (Liger's 3 with upstream 1, plus 2 otherwise).
 
 Rows whose label equals ``ignore_index`` are never read: their loss and gradients are 0.
 """
@@ -101,7 +102,7 @@ def _divergence_kernel(
     DY, stride_dy,  # (n, V) gradient of the target (WRITE_DY), contiguous
     n_rows, V, ignore_index, beta, eps,
     KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_LOSS: tl.constexpr, ELEMENTWISE: tl.constexpr,
-    WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr,
+    WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr, LOAD_X: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -116,7 +117,10 @@ def _divergence_kernel(
         cols = start + tl.arange(0, BLOCK_V)
         in_cols = (cols < V)[None, :]
         read = keep[:, None] & in_cols  # skipped rows are never read
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        if LOAD_X:
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        else:  # (kl_div's input gradient depends on the target alone)
+            x = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
         y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=read, other=0.0).to(tl.float32)
         loss, dx, dy = _terms(x, y, beta, eps, KIND)
         loss = tl.where(read, loss, 0.0)
@@ -174,6 +178,7 @@ def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=Fals
         return
     block_m, block_v, warps = _blocks(n, vocab, x.device)
     dummy = scale
+    load_x = loss is not None or dy is not None or opts.kind not in (KL_LOG, KL_PROB)
     _divergence_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), y, y.stride(0), labels if labels is not None else dummy, scale,
         g if g is not None else dummy, g.stride(0) if g is not None else 0, g.stride(1) if g is not None else 0,
@@ -183,7 +188,7 @@ def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=Fals
         n, vocab, int(opts.ignore_index), float(opts.beta), float(opts.eps),
         KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_LOSS=loss is not None, ELEMENTWISE=elementwise,
         WRITE_DX=dx is not None, WRITE_DY=dy is not None, HAS_G=g is not None,
-        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        LOAD_X=load_x, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
 
 
@@ -206,50 +211,52 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 # ---- autograd -----------------------------------------------------------------------------------------------------
 class DivergenceFunction(torch.autograd.Function):
-    """``apply(input, target, labels, opts, reduction) -> loss`` for (N, V) input and target (float32 / bfloat16 /
-    float16, any strides), labels (N,) integers or None, ``opts`` a :class:`Divergence`, ``reduction`` one of "sum",
-    "mean", "batchmean" (a 0-d fp32 loss) or "none" ((N, V) fp32).
+    """``apply(input, target, labels, opts, reduction, grad_in_forward) -> loss`` for (N, V) input and target
+    (float32 / bfloat16 / float16, any strides), labels (N,) integers or None, ``opts`` a :class:`Divergence`,
+    ``reduction`` one of "sum", "mean", "batchmean" (a 0-d fp32 loss) or "none" ((N, V) fp32).
 
-    Gradients flow to the input and to the target (each written only when it is needed), in their dtypes. A scalar
-    reduction forms them in the forward and scales them in place in the backward: a second backward through the
-    same graph raises.
+    Gradients flow to the input and to the target (each written only when it is needed), in their dtypes. With
+    ``grad_in_forward`` a scalar reduction forms them in the forward and scales them in place in the backward (a
+    second backward through the same graph then raises); otherwise the backward reads the inputs again and writes
+    ``upstream * scale * d l`` rounded once, as the unfused computation does.
     """
 
     @staticmethod
-    def forward(ctx, input, target, labels, opts, reduction):
+    def forward(ctx, input, target, labels, opts, reduction, grad_in_forward):
         x, y = _rows(input), _rows(target)
         labels = labels.contiguous() if labels is not None else None
         n, vocab = x.shape
         scale = reduction_scale(labels, opts.ignore_index, n, vocab, reduction, x.device)
         want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.opts, ctx.reduction, ctx.consumed = opts, reduction, False
+        ctx.opts, ctx.consumed = opts, False
+        ctx.formed = grad_in_forward and reduction != "none" and (want_dx or want_dy)
         if reduction == "none":
             loss = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
             launch(x, y, labels, scale, opts, loss=loss, elementwise=True)
-            ctx.save_for_backward(x, y, labels, scale)
-            return loss
-        rows = torch.empty(n, dtype=torch.float32, device=x.device)
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
-        dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
-        launch(x, y, labels, scale, opts, loss=rows, dx=dx, dy=dy)
-        ctx.save_for_backward(dx, dy)
-        return rows.sum() * scale
+        else:
+            rows = torch.empty(n, dtype=torch.float32, device=x.device)
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if ctx.formed and want_dx else None
+            dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if ctx.formed and want_dy else None
+            launch(x, y, labels, scale, opts, loss=rows, dx=dx, dy=dy)
+            loss = rows.sum() * scale
+        ctx.save_for_backward(*((dx, dy) if ctx.formed else (x, y, labels, scale)))
+        return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        if ctx.reduction == "none":
-            x, y, labels, scale = ctx.saved_tensors
-            want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
-            dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
-            launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad)
-            return dx, dy, None, None, None
-        if ctx.consumed:
-            raise RuntimeError("tigon's divergence losses form their gradients in the forward and scale them in place "
-                               "in the backward: a second backward through the same loss is not possible")
-        ctx.consumed = True
-        dx, dy = ctx.saved_tensors
-        g = grad.to(torch.float32)
-        return (None if dx is None else scale_rows_(dx, g), None if dy is None else scale_rows_(dy, g),
-                None, None, None)
+        if ctx.formed:
+            if ctx.consumed:
+                raise RuntimeError("tigon.jsd forms its gradients in the forward and scales them in place in the "
+                                   "backward: a second backward through the same loss is not possible")
+            ctx.consumed = True
+            dx, dy = ctx.saved_tensors
+            g = grad.to(torch.float32)
+            return (None if dx is None else scale_rows_(dx, g), None if dy is None else scale_rows_(dy, g),
+                    None, None, None, None)
+        x, y, labels, scale = ctx.saved_tensors
+        want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+        dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
+        launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape))  # 0-d upstream: strides 0
+        return dx, dy, None, None, None, None
