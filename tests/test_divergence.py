@@ -328,3 +328,50 @@ def test_bf16_gradient_error_measured(device):
         fn(x, inputs["target"].to(dtype), inputs["shift_labels"]).backward()
         grads[name] = x.grad
     assert rel_l2(grads["tigon"], grads["truth"]) < 0.5 * rel_l2(grads["plain"], grads["truth"])
+
+
+# ---- torch.compile: the kernels as custom ops (tests/test_compile.py's checks, for this family) --------------------
+def _opcheck_cases():
+    import tigon.kernels.divergence  # noqa: F401  (registers the custom ops)
+
+    ops = torch.ops.tigon
+    x, y = torch.randn(6, 70).log_softmax(-1), torch.randn(6, 70).log_softmax(-1)
+    labels = torch.tensor([1, -100, 3, 4, -100, 69])
+    return {
+        "jsd": (ops.divergence, (x, y, labels, kdiv.JSD, 0.3, 0.0, -100, "batchmean")),
+        "kl_prob_mean": (ops.divergence, (x, y.exp(), None, kdiv.KL_PROB, 0.5, 1e-10, -100, "mean")),
+        "tvd_none": (ops.divergence, (x.exp(), y.exp(), labels, kdiv.TVD, 0.5, 0.0, -100, "none")),
+        "backward": (ops.divergence_backward, (torch.tensor(0.7), x, y, labels, kdiv.KL_LOG, 0.5, 0.0, -100, "sum",
+                                               True, False)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_opcheck_cases()))
+def test_custom_op_opcheck(case, device):
+    op, args = _opcheck_cases()[case]
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    differentiable = "backward" not in case
+    grad_args = tuple(a.clone().requires_grad_(differentiable) if isinstance(a, torch.Tensor)
+                      and a.is_floating_point() else a for a in args)
+    torch.library.opcheck(op, grad_args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                                     "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("op, options", [("jsd", {"beta": 0.3}), ("kl_div", {"reduction": "batchmean"}),
+                                         ("tvd", {"reduction": "none"})])
+def test_compiles_without_graph_breaks(device, op, options, monkeypatch):
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "kernels")
+    torch._dynamo.reset()
+    inputs = _inputs(op, 7, 90, device, **options)
+    fn = getattr(F, op)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    leaves = [{k: (v.clone().requires_grad_() if k in ("input", "target") else v) for k, v in inputs.items()}
+              for _ in range(2)]
+    outs = [f(**ins) for f, ins in ((fn, leaves[0]), (compiled, leaves[1]))]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-7)
+    g = torch.randn_like(outs[0])
+    for o in outs:
+        (o * g).sum().backward()
+    for k in ("input", "target"):
+        torch.testing.assert_close(leaves[1][k].grad, leaves[0][k].grad, rtol=1e-6, atol=1e-7)
+    torch._dynamo.reset()

@@ -30,13 +30,16 @@ Rows whose label equals ``ignore_index`` are never read: their loss and gradient
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
-from ._common import cdiv, compiled_cuda, next_pow2, once_differentiable, warps_for
+from ._common import (
+    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty, warps_for,
+)
 from .loss_rows import scale_rows_
 
 # ---- the pointwise terms ------------------------------------------------------------------------------------------
@@ -260,3 +263,75 @@ class DivergenceFunction(torch.autograd.Function):
         dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
         launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape))  # 0-d upstream: strides 0
         return dx, dy, None, None, None, None
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launcher as the autograd.Function above, as torch.library custom ops (see tigon.kernels). Under compile
+# every loss takes the recomputing backward: a custom op may not return a buffer it saved (its outputs never alias its
+# inputs), so jsd's forward-formed gradient would be copied once more; recomputing moves the same 3 N V e.
+@torch.library.custom_op("tigon::divergence", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _divergence(input: Tensor, target: Tensor, labels: Optional[Tensor], kind: int, beta: float, eps: float,
+                ignore_index: int, reduction: str) -> Tensor:
+    """The loss: 0-d fp32, or (N, V) fp32 for ``reduction="none"``."""
+    x, y = _rows(input), _rows(target)
+    labels = labels.contiguous() if labels is not None else None
+    n, vocab = x.shape
+    opts = Divergence(kind, beta, eps, ignore_index)
+    scale = reduction_scale(labels, ignore_index, n, vocab, reduction, x.device)
+    if reduction == "none":
+        loss = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
+        launch(x, y, labels, scale, opts, loss=loss, elementwise=True)
+        return loss
+    rows = torch.empty(n, dtype=torch.float32, device=x.device)
+    launch(x, y, labels, scale, opts, loss=rows)
+    return rows.sum() * scale
+
+
+@_divergence.register_fake
+def _(input, target, labels, kind, beta, eps, ignore_index, reduction):
+    return input.new_empty(input.shape if reduction == "none" else (), dtype=torch.float32)
+
+
+@torch.library.custom_op("tigon::divergence_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _divergence_backward(grad: Tensor, input: Tensor, target: Tensor, labels: Optional[Tensor], kind: int,
+                         beta: float, eps: float, ignore_index: int, reduction: str, want_dx: bool,
+                         want_dy: bool) -> tuple[Tensor, Tensor]:
+    """(d loss / d input, d loss / d target) times ``grad`` (0-d, or (N, V) for "none"); (0,) where not wanted."""
+    x, y = _rows(input), _rows(target)
+    labels = labels.contiguous() if labels is not None else None
+    n, vocab = x.shape
+    scale = reduction_scale(labels, ignore_index, n, vocab, reduction, x.device)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
+    launch(x, y, labels, scale, Divergence(kind, beta, eps, ignore_index), dx=dx, dy=dy, g=grad.expand(x.shape))
+    return or_empty(dx, x), or_empty(dy, y)
+
+
+@_divergence_backward.register_fake
+def _(grad, input, target, labels, kind, beta, eps, ignore_index, reduction, want_dx, want_dy):
+    return (input.new_empty(input.shape if want_dx else (0,)), target.new_empty(target.shape if want_dy else (0,)))
+
+
+def _divergence_setup(ctx, inputs, output):
+    input, target, labels, *scalars = inputs
+    ctx.save_for_backward(input, target, labels)
+    ctx.scalars = scalars  # kind, beta, eps, ignore_index, reduction
+
+
+def _divergence_grad(ctx, grad):
+    input, target, labels = ctx.saved_tensors
+    want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (want_dx or want_dy):
+        return (None,) * 8
+    dx, dy = _divergence_backward(grad, input, target, labels, *ctx.scalars, want_dx, want_dy)
+    return (if_wanted(dx, want_dx), if_wanted(dy, want_dy)) + (None,) * 6
+
+
+_divergence.register_autograd(_divergence_grad, setup_context=_divergence_setup)
+
+
+def compiled_divergence(input, target, labels, opts: Divergence, reduction, grad_in_forward=False):
+    """``DivergenceFunction.apply`` as the ``tigon::divergence`` custom op (``grad_in_forward`` is ignored: the
+    backward recomputes, see above)."""
+    return _divergence(input, target, labels, int(opts.kind), float(opts.beta), float(opts.eps),
+                       int(opts.ignore_index), reduction)

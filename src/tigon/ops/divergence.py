@@ -25,7 +25,8 @@ from ._record import Case, OpSpec, liger, randn, sizes, targets
 def _kernel(input, target, labels, opts, reduction, grad_in_forward=False):
     from ..kernels import divergence as k
 
-    return k.DivergenceFunction.apply(input, target, labels, k.Divergence(*opts), reduction, grad_in_forward)
+    run = k.compiled_divergence if torch.compiler.is_compiling() else k.DivergenceFunction.apply
+    return run(input, target, labels, k.Divergence(*opts), reduction, grad_in_forward)
 
 
 def jsd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | None = None, beta: float = 0.5,
