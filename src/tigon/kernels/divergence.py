@@ -104,7 +104,8 @@ def _divergence_kernel(
     Y, stride_y,  # (n, V) target rows, unit column stride
     LABELS,  # (n,) integer labels (HAS_LABELS): rows labelled ignore_index are skipped
     SCALE,  # 0-d fp32: the reduction's factor, multiplies the gradients (not the row losses)
-    G, stride_gm, stride_gv,  # (n, V) upstream gradient of reduction="none" (HAS_G), any strides
+    G, stride_gm, stride_gv,  # (n, V) upstream gradient (HAS_G), any strides: reduction="none"'s, or a 0-d one
+    #                           expanded (strides 0) for a recomputing backward
     LOSS, stride_loss,  # (n,) fp32 row sums, or (n, V) fp32 pointwise losses (ELEMENTWISE)
     DX, stride_dx,  # (n, V) gradient of the input (WRITE_DX), contiguous
     DY, stride_dy,  # (n, V) gradient of the target (WRITE_DY), contiguous
