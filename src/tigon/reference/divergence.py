@@ -13,10 +13,10 @@ others):
                         divergence of Lin 1991, "Divergence measures based on the Shannon entropy")
     jsd, beta = 0:      l_iv = P * (log P - log Q)                 forward KL(P || Q)   (GKD / TRL / Liger convention:
     jsd, beta = 1:      l_iv = Q * (log Q - log P)                 reverse KL(Q || P)    not the limits of the above)
-    kl_div:             l_iv = t * (log max(t, eps) - x)             (t = target probabilities, x = input log-probs)
-                        l_iv = exp(t) * (t - x)                     (log_target=True)
-                        torch.nn.functional.kl_div's pointwise loss, with Liger-Kernel's eps clamp inside the log
-    tvd:                l_iv = |p - q| / 2                          (p = input, q = target, probabilities)
+    kl_div:             l_iv = t * (log max(t, eps) - x)          t = target probabilities, x = input log-probs
+                        l_iv = exp(t) * (t - x)                   log_target=True
+                        (torch.nn.functional.kl_div's pointwise loss, with Liger-Kernel's eps clamp inside the log)
+    tvd:                l_iv = |p - q| / 2                        p = input, q = target, probabilities
 
 Terms with a zero probability are 0 (``0 * log 0 = 0``), so -inf log-probabilities (a masked vocabulary) give finite
 losses and gradients where the divergence is finite.
@@ -27,8 +27,8 @@ rows, all N rows without labels): jsd returns ``sum_iv l_iv / n`` (Liger's only 
 the ignored rows 0). An empty divisor (every row ignored, or N = 0) gives loss 0 and zero gradients, not NaN.
 
 The losses are computed in the inputs' dtype promoted to at least float32, so a float64 call is the float64 truth;
-:func:`plain_jsd`, :func:`plain_kl_div` and :func:`plain_tvd` evaluate them at the input dtype (what plain PyTorch code such as TRL's GKD loss runs:
-verify's error baseline).
+:func:`plain_jsd`, :func:`plain_kl_div` and :func:`plain_tvd` evaluate them at the input dtype (what plain PyTorch
+code such as TRL's GKD loss runs: verify's error baseline).
 """
 
 from __future__ import annotations
