@@ -59,7 +59,7 @@ def _opcheck_cases():
     import importlib
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
-                 "fused_linear_cross_entropy"):
+                 "fused_linear_cross_entropy", "divergence"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -72,6 +72,8 @@ def _opcheck_cases():
     hidden, head, hb = torch.randn(7, 16), torch.randn(50, 16), torch.randn(50)
     ce = (-100, 0.1, 1e-4, 30.0)
     stats = torch.stack([torch.randn(7), torch.rand(7) + 1.0], 1)  # the rows' (max, log-sum) of a loss forward
+    logq, logp = torch.randn(7, 50).log_softmax(-1), torch.randn(7, 50).log_softmax(-1)
+    div = importlib.import_module("tigon.kernels.divergence")  # the loss kinds
     return {
         "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0, "llama")),
         "rms_norm_gemma": (ops.rms_norm, (x.to(torch.bfloat16), w, 1e-6, 1.0, "gemma")),
@@ -101,6 +103,11 @@ def _opcheck_cases():
         "flce_none": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
                        False, False)),
+        "divergence_jsd": (ops.divergence, (logq, logp, target, div.JSD, 0.3, 0.0, -100, "batchmean")),
+        "divergence_kl_mean": (ops.divergence, (logq, logp.exp(), None, div.KL_PROB, 0.5, 1e-10, -100, "mean")),
+        "divergence_tvd_none": (ops.divergence, (logq.exp(), logp.exp(), target, div.TVD, 0.5, 0.0, -100, "none")),
+        "divergence_backward": (ops.divergence_backward, (torch.tensor(0.7), logq, logp, target, div.KL_LOG, 0.5,
+                                                          0.0, -100, "sum", True, False)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False)),
@@ -165,6 +172,17 @@ def test_cross_entropy_compile(device, reduction):
     target[2] = -100
     _check_same(lambda lg: TF.cross_entropy(lg, target, reduction=reduction, label_smoothing=0.1,
                                             lse_square_scale=1e-4, softcap=20.0, return_accuracy=True), (logits,))
+
+
+@pytest.mark.parametrize("op, options", [("jsd", {"beta": 0.3}), ("kl_div", {"reduction": "batchmean"}),
+                                         ("tvd", {"reduction": "none"})])
+def test_divergence_compile(device, op, options):
+    x, y = torch.randn(7, 90, device=device).log_softmax(-1), torch.randn(7, 90, device=device).log_softmax(-1)
+    if op == "tvd":
+        x, y = x.exp(), y.exp()
+    labels = torch.tensor([1, -100, 3, 4, 5, -100, 89], device=device)
+    extra = {} if op == "kl_div" else {"shift_labels": labels}
+    _check_same(lambda a, b: getattr(TF, op)(a, b, **extra, **options), (x, y))
 
 
 @pytest.mark.parametrize("reduction, num_items", [("mean", None), ("sum", 5), ("none", None)])

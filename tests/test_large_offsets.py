@@ -17,6 +17,7 @@ import torch
 from tigon import functional as F
 from tigon.numerics import rel_l2
 from tigon.reference import cross_entropy as ref_ce
+from tigon.reference import divergence as ref_div
 from tigon.reference import fused_add_rms_norm as ref_fadd
 from tigon.reference import fused_linear_cross_entropy as ref_flce
 from tigon.reference import glu as ref_glu
@@ -204,3 +205,36 @@ def test_fused_linear_cross_entropy_past_2_31_hidden_elements():
     _check_rows("flce dhidden", hid.grad, ht.grad, r0)
     _zero_before("flce dhidden", hid.grad, r0)
     assert rel_l2(w.grad, wt.grad) < TOL
+
+
+def test_divergences_past_2_31_elements():
+    # jsd (its gradient formed in the forward; the rows before the boundary ignored, so their gradient is zero) and
+    # tvd with reduction="none" (the pointwise losses and the recomputing backward with an (N, V) upstream)
+    v = 128256
+    n = (PAST + MORE) // v
+    r0 = _first_row(v)
+    x = torch.randn(n, v, **BF16).log_softmax(-1)
+    y = (torch.randn(n, v, **BF16) * 2).log_softmax(-1)
+    labels = torch.randint(0, v, (n,), device="cuda")
+    labels[:r0] = -100
+    labels[r0 + 2] = -100
+    leaf = x.clone().requires_grad_(True)
+    F.jsd(leaf, y, labels, beta=0.3).backward()
+    xt = _leaf(x[r0:])
+    ref_div.jsd(xt, y[r0:].double(), labels[r0:], beta=0.3).backward()
+    _check_rows("jsd dinput", leaf.grad, xt.grad, r0)
+    _zero_before("jsd dinput", leaf.grad, r0)
+    del leaf, xt
+    p, q = x.exp(), y.exp()
+    del x, y
+    leaf = p.clone().requires_grad_(True)
+    rows = F.tvd(leaf, q, reduction="none")
+    up = torch.randn(n, v, device="cuda")
+    up[:r0] = 0
+    rows.backward(up)
+    pt = _leaf(p[r0:])
+    ref_rows = ref_div.tvd(pt, q[r0:].double(), reduction="none")
+    (ref_rows * up[r0:].double()).sum().backward()
+    _check_rows("tvd loss", rows.detach(), ref_rows.detach(), r0)
+    _check_rows("tvd dinput", leaf.grad, pt.grad, r0)
+    _zero_before("tvd dinput", leaf.grad, r0)

@@ -28,6 +28,9 @@ from .ops.glu import glu_linear
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.lora import lora_linear
+from .ops.divergence import jsd
+from .ops.divergence import kl_div
+from .ops.divergence import tvd
 from .reference.cross_entropy import LossOutput
 
 OPS = tuple(name for name, obj in list(globals().items())

@@ -1,0 +1,343 @@
+"""The distillation losses (generalised JSD, KL divergence, total variation distance) of two (N, V) tables: one
+row-loop kernel for the family, its launcher and the autograd.Function.
+
+Formulas and semantics: :mod:`tigon.reference.divergence`. Every loss here is a sum over the vocabulary of a
+pointwise term ``l(x, y)`` of the input ``x`` and the target ``y`` at one position, so one kernel serves all of them:
+each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V`` columns (int64 row offsets, any V),
+evaluating in fp32 the term and its two partial derivatives (:func:`_terms`, a ``KIND`` constexpr picks the formula).
+
+Passes. jsd (``grad_in_forward``): the forward reads x and y once and writes the per-row loss sums (N fp32) and,
+when the input (and / or the target) needs a gradient, ``scale * d l / d x`` (``d l / d y``) in the same pass, in
+the input's dtype (Liger-Kernel's scheme); ``scale`` is the reduction's factor (1 / kept rows), a 0-d fp32 tensor
+computed on the device from the labels (no host synchronisation). Its backward multiplies the saved gradient by the
+upstream gradient in place (:func:`tigon.kernels.loss_rows.scale_rows_`, which reads the upstream on the device and
+writes nothing when it is 1, as for ``loss.backward()``). Minimal bytes (N x V, element size e): forward 2 N V e,
+forward + backward 3 N V e with upstream 1, against 5 N V e for a forward and a recomputing backward. With an
+upstream other than 1 the gradient is rounded to the input's dtype twice (forward, then after scaling): in bf16
+about 1.4x the error of one rounding, far inside the error of the same formula evaluated in bf16 (what plain PyTorch
+code runs), which is the baseline.
+
+kl_div and tvd: the forward writes the row sums (or, for ``reduction="none"``, the (N, V) fp32 pointwise losses);
+the backward reads y, x (not for kl_div's input gradient, -y or -exp(y)) and the upstream gradient (0-d, or (N, V)
+with any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes ``upstream * scale * d l``, rounded
+once. Their baseline is torch's own kl_div (and a
+|p - q| whose gradient is one rounding of a scalar), whose bf16 gradient a forward-formed one, rounded twice for an
+upstream other than 1, would not match (1.4x measured). Forward + backward: kl_div 4 N V e (as Liger's with
+upstream 1), tvd 5 N V e (Liger's 3 with upstream 1, plus 2 otherwise).
+
+Rows whose label equals ``ignore_index`` are never read: their loss and gradients are 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import (
+    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty, warps_for,
+)
+from .loss_rows import scale_rows_
+
+# ---- the pointwise terms ------------------------------------------------------------------------------------------
+KL_LOG = 0  # exp(y) (y - x): KL(P || Q), y = log P, x = log Q (kl_div log_target=True; jsd beta=0)
+KL_LOG_REVERSE = 1  # exp(x) (x - y): KL(Q || P) (jsd beta=1)
+JSD = 2  # beta P (log P - log M) + (1 - beta) Q (log Q - log M), M = beta P + (1 - beta) Q (jsd 0 < beta < 1)
+KL_PROB = 3  # y (log max(y, eps) - x), y a probability (kl_div log_target=False)
+TVD = 4  # |x - y| / 2, both probabilities
+
+MAX_BLOCK_V = 4096
+"""Widest vocabulary block (columns) a program loads per step; tests lower it to walk the loop."""
+
+
+@triton.jit
+def _terms(x, y, beta, eps, KIND: tl.constexpr):
+    """(l, d l / d x, d l / d y) of fp32 tiles x, y. A term with a zero probability is 0 (with zero derivative in
+    the input that carries it), so -inf log-probabilities give no NaN."""
+    if KIND == 0:
+        p = tl.exp(y)
+        d = tl.where(p > 0, y - x, 0.0)
+        loss = p * d
+        dx = -p
+        dy = loss + p
+    elif KIND == 1:
+        q = tl.exp(x)
+        d = tl.where(q > 0, x - y, 0.0)
+        loss = q * d
+        dx = loss + q
+        dy = -q
+    elif KIND == 2:
+        # log M = m + log(beta e^(y - m) + (1 - beta) e^(x - m)), m = max(x, y): no underflow of M to 0 where both
+        # probabilities are tiny. One of e^(y - m), e^(x - m) is 1 and the other e^-|x - y|, and P, Q are e^m times
+        # them: three transcendentals per element instead of five (at 8192 x 128256 five would take about as long
+        # as the memory traffic on an H200's special-function units)
+        m = tl.maximum(x, y)
+        em = tl.exp(m)  # 0 where both are -inf: P = Q = 0
+        e = tl.exp(-tl.abs(x - y))
+        ey = tl.where(y >= x, 1.0, e)
+        ex = tl.where(x >= y, 1.0, e)
+        log_m = tl.where(m == float("-inf"), 0.0, m) + tl.log(beta * ey + (1.0 - beta) * ex)
+        p = em * ey
+        q = em * ex
+        dy = tl.where(p > 0, beta * p * (y - log_m), 0.0)  # d l / d y = beta P (log P - log M): the log M terms cancel
+        dx = tl.where(q > 0, (1.0 - beta) * q * (x - log_m), 0.0)
+        loss = dx + dy
+    elif KIND == 3:
+        live = y != 0
+        d = tl.where(live, tl.log(tl.maximum(y, eps)) - x, 0.0)
+        loss = y * d
+        dx = -y
+        dy = tl.where(live, d + tl.where(y >= eps, 1.0, 0.0), 0.0)
+    else:
+        loss = 0.5 * tl.abs(x - y)
+        dx = tl.where(x > y, 0.5, tl.where(x < y, -0.5, 0.0))
+        dy = -dx
+    return loss, dx, dy
+
+
+@triton.jit
+def _divergence_kernel(
+    X, stride_x,  # (n, V) input rows, unit column stride; row r starts at X + r * stride_x
+    Y, stride_y,  # (n, V) target rows, unit column stride
+    LABELS,  # (n,) integer labels (HAS_LABELS): rows labelled ignore_index are skipped
+    SCALE,  # 0-d fp32: the reduction's factor, multiplies the gradients (not the row losses)
+    G, stride_gm, stride_gv,  # (n, V) upstream gradient (HAS_G), any strides: reduction="none"'s, or a 0-d one
+    #                           expanded (strides 0) for a recomputing backward
+    LOSS, stride_loss,  # (n,) fp32 row sums, or (n, V) fp32 pointwise losses (ELEMENTWISE)
+    DX, stride_dx,  # (n, V) gradient of the input (WRITE_DX), contiguous
+    DY, stride_dy,  # (n, V) gradient of the target (WRITE_DY), contiguous
+    n_rows, V, ignore_index, beta, eps,
+    KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_LOSS: tl.constexpr, ELEMENTWISE: tl.constexpr,
+    WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr, LOAD_X: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    in_rows = rows < n_rows
+    keep = in_rows
+    if HAS_LABELS:
+        label = tl.load(LABELS + rows, mask=in_rows, other=ignore_index)
+        keep = in_rows & (label != ignore_index)
+    scale = tl.load(SCALE)
+    acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        in_cols = (cols < V)[None, :]
+        read = keep[:, None] & in_cols  # skipped rows are never read
+        if LOAD_X:
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        else:  # (kl_div's input gradient depends on the target alone)
+            x = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+        y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        loss, dx, dy = _terms(x, y, beta, eps, KIND)
+        loss = tl.where(read, loss, 0.0)
+        if WRITE_LOSS:
+            if ELEMENTWISE:
+                tl.store(LOSS + rows[:, None] * stride_loss + cols[None, :], loss, mask=in_rows[:, None] & in_cols)
+            else:
+                acc += tl.sum(loss, axis=1)
+        if WRITE_DX or WRITE_DY:
+            coef = scale
+            if HAS_G:
+                coef = tl.load(G + rows[:, None] * stride_gm + cols[None, :].to(tl.int64) * stride_gv, mask=read,
+                               other=0.0).to(tl.float32) * scale
+            out = in_rows[:, None] & in_cols
+            if WRITE_DX:
+                tl.store(DX + rows[:, None] * stride_dx + cols[None, :],
+                         tl.where(read, dx * coef, 0.0).to(DX.dtype.element_ty), mask=out)
+            if WRITE_DY:
+                tl.store(DY + rows[:, None] * stride_dy + cols[None, :],
+                         tl.where(read, dy * coef, 0.0).to(DY.dtype.element_ty), mask=out)
+    if WRITE_LOSS and not ELEMENTWISE:
+        tl.store(LOSS + rows * stride_loss, acc, mask=in_rows)
+
+
+# ---- launcher -----------------------------------------------------------------------------------------------------
+class Divergence(NamedTuple):
+    """Which loss and its scalar options: ``kind`` (:data:`KL_LOG` ... :data:`TVD`), ``beta`` (JSD), ``eps``
+    (KL_PROB), ``ignore_index`` (rows of that label are skipped)."""
+
+    kind: int
+    beta: float = 0.5
+    eps: float = 1e-10
+    ignore_index: int = -100
+
+
+def _blocks(n: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_V, num_warps). A vocabulary block of up to :data:`MAX_BLOCK_V` columns (4096: two fp32 tiles
+    of 16 KB for x and y per step, 8 warps); narrower rows are stacked so a tile holds about 4096 elements (64k under
+    the interpreter, where each program costs Python time)."""
+    block_v = min(next_pow2(vocab), MAX_BLOCK_V)
+    target = 4096 if compiled_cuda(device) else 1 << 16
+    block_m = max(1, min(64, target // block_v, next_pow2(n)))
+    return block_m, block_v, warps_for(block_m * block_v)
+
+
+def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=False, dx=None, dy=None, g=None):
+    """Run :func:`_divergence_kernel` on rows ``x``, ``y`` (n, V) (unit column stride).
+
+    labels: (n,) contiguous integers or None. scale: 0-d fp32 tensor. loss: (n,) or, ``elementwise``, (n, V) fp32
+    output, or None. dx, dy: (n, V) contiguous gradient outputs or None. g: (n, V) upstream gradient (any strides) or
+    None (the gradients are ``scale * d l``).
+    """
+    n, vocab = x.shape
+    if n == 0:
+        return
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    dummy = scale
+    load_x = loss is not None or dy is not None or opts.kind not in (KL_LOG, KL_PROB)
+    _divergence_kernel[(cdiv(n, block_m),)](
+        x, x.stride(0), y, y.stride(0), labels if labels is not None else dummy, scale,
+        g if g is not None else dummy, g.stride(0) if g is not None else 0, g.stride(1) if g is not None else 0,
+        loss if loss is not None else dummy, loss.stride(0) if loss is not None else 0,
+        dx if dx is not None else x, dx.stride(0) if dx is not None else 0,
+        dy if dy is not None else x, dy.stride(0) if dy is not None else 0,
+        n, vocab, int(opts.ignore_index), float(opts.beta), float(opts.eps),
+        KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_LOSS=loss is not None, ELEMENTWISE=elementwise,
+        WRITE_DX=dx is not None, WRITE_DY=dy is not None, HAS_G=g is not None,
+        LOAD_X=load_x, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+def reduction_scale(labels, ignore_index: int, n: int, vocab: int, reduction: str, device) -> torch.Tensor:
+    """The reduction's factor as a 0-d fp32 tensor on ``device``, computed there (no host sync): 1 for "sum" /
+    "none", 1 / kept rows for "batchmean", 1 / (kept rows * V) for "mean"; 0 when nothing is kept."""
+    f32 = dict(dtype=torch.float32, device=device)
+    if reduction in ("sum", "none"):
+        return torch.ones((), **f32)
+    per_row = vocab if reduction == "mean" else 1
+    if labels is None:
+        return torch.full((), 1.0 / (n * per_row) if n else 0.0, **f32)
+    kept = (labels != ignore_index).sum().to(torch.float32) * per_row
+    return torch.where(kept > 0, 1.0 / torch.where(kept > 0, kept, torch.ones_like(kept)), torch.zeros_like(kept))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# ---- autograd -----------------------------------------------------------------------------------------------------
+class DivergenceFunction(torch.autograd.Function):
+    """``apply(input, target, labels, opts, reduction, grad_in_forward) -> loss`` for (N, V) input and target
+    (float32 / bfloat16 / float16, any strides), labels (N,) integers or None, ``opts`` a :class:`Divergence`,
+    ``reduction`` one of "sum", "mean", "batchmean" (a 0-d fp32 loss) or "none" ((N, V) fp32).
+
+    Gradients flow to the input and to the target (each written only when it is needed), in their dtypes. With
+    ``grad_in_forward`` a scalar reduction forms them in the forward and scales them in place in the backward (a
+    second backward through the same graph then raises); otherwise the backward reads the inputs again and writes
+    ``upstream * scale * d l`` rounded once, as the unfused computation does.
+    """
+
+    @staticmethod
+    def forward(ctx, input, target, labels, opts, reduction, grad_in_forward):
+        x, y = _rows(input), _rows(target)
+        labels = labels.contiguous() if labels is not None else None
+        n, vocab = x.shape
+        scale = reduction_scale(labels, opts.ignore_index, n, vocab, reduction, x.device)
+        want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.opts, ctx.consumed = opts, False
+        ctx.formed = grad_in_forward and reduction != "none" and (want_dx or want_dy)
+        if reduction == "none":
+            loss = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
+            launch(x, y, labels, scale, opts, loss=loss, elementwise=True)
+        else:
+            rows = torch.empty(n, dtype=torch.float32, device=x.device)
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if ctx.formed and want_dx else None
+            dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if ctx.formed and want_dy else None
+            launch(x, y, labels, scale, opts, loss=rows, dx=dx, dy=dy)
+            loss = rows.sum() * scale
+        ctx.save_for_backward(*((dx, dy) if ctx.formed else (x, y, labels, scale)))
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        if ctx.formed:
+            if ctx.consumed:
+                raise RuntimeError("tigon.jsd forms its gradients in the forward and scales them in place in the "
+                                   "backward: a second backward through the same loss is not possible")
+            ctx.consumed = True
+            dx, dy = ctx.saved_tensors
+            g = grad.to(torch.float32)
+            return (None if dx is None else scale_rows_(dx, g), None if dy is None else scale_rows_(dy, g),
+                    None, None, None, None)
+        x, y, labels, scale = ctx.saved_tensors
+        want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+        dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
+        launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape))  # 0-d upstream: strides 0
+        return dx, dy, None, None, None, None
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launcher as the autograd.Function above, as torch.library custom ops (see tigon.kernels). Under compile
+# every loss takes the recomputing backward: a custom op may not return a buffer it saved (its outputs never alias its
+# inputs), so jsd's forward-formed gradient would be copied once more; recomputing moves the same 3 N V e.
+@torch.library.custom_op("tigon::divergence", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _divergence(input: Tensor, target: Tensor, labels: Optional[Tensor], kind: int, beta: float, eps: float,
+                ignore_index: int, reduction: str) -> Tensor:
+    """The loss: 0-d fp32, or (N, V) fp32 for ``reduction="none"``."""
+    x, y = _rows(input), _rows(target)
+    labels = labels.contiguous() if labels is not None else None
+    n, vocab = x.shape
+    opts = Divergence(kind, beta, eps, ignore_index)
+    scale = reduction_scale(labels, ignore_index, n, vocab, reduction, x.device)
+    if reduction == "none":
+        loss = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
+        launch(x, y, labels, scale, opts, loss=loss, elementwise=True)
+        return loss
+    rows = torch.empty(n, dtype=torch.float32, device=x.device)
+    launch(x, y, labels, scale, opts, loss=rows)
+    return rows.sum() * scale
+
+
+@_divergence.register_fake
+def _(input, target, labels, kind, beta, eps, ignore_index, reduction):
+    return input.new_empty(input.shape if reduction == "none" else (), dtype=torch.float32)
+
+
+@torch.library.custom_op("tigon::divergence_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _divergence_backward(grad: Tensor, input: Tensor, target: Tensor, labels: Optional[Tensor], kind: int,
+                         beta: float, eps: float, ignore_index: int, reduction: str, want_dx: bool,
+                         want_dy: bool) -> tuple[Tensor, Tensor]:
+    """(d loss / d input, d loss / d target) times ``grad`` (0-d, or (N, V) for "none"); (0,) where not wanted."""
+    x, y = _rows(input), _rows(target)
+    labels = labels.contiguous() if labels is not None else None
+    n, vocab = x.shape
+    scale = reduction_scale(labels, ignore_index, n, vocab, reduction, x.device)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
+    launch(x, y, labels, scale, Divergence(kind, beta, eps, ignore_index), dx=dx, dy=dy, g=grad.expand(x.shape))
+    return or_empty(dx, x), or_empty(dy, y)
+
+
+@_divergence_backward.register_fake
+def _(grad, input, target, labels, kind, beta, eps, ignore_index, reduction, want_dx, want_dy):
+    return (input.new_empty(input.shape if want_dx else (0,)), target.new_empty(target.shape if want_dy else (0,)))
+
+
+def _divergence_setup(ctx, inputs, output):
+    input, target, labels, *scalars = inputs
+    ctx.save_for_backward(input, target, labels)
+    ctx.scalars = scalars  # kind, beta, eps, ignore_index, reduction
+
+
+def _divergence_grad(ctx, grad):
+    input, target, labels = ctx.saved_tensors
+    want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (want_dx or want_dy):
+        return (None,) * 8
+    dx, dy = _divergence_backward(grad, input, target, labels, *ctx.scalars, want_dx, want_dy)
+    return (if_wanted(dx, want_dx), if_wanted(dy, want_dy)) + (None,) * 6
+
+
+_divergence.register_autograd(_divergence_grad, setup_context=_divergence_setup)
+
+
+def compiled_divergence(input, target, labels, opts: Divergence, reduction, grad_in_forward=False):
+    """``DivergenceFunction.apply`` as the ``tigon::divergence`` custom op (``grad_in_forward`` is ignored: the
+    backward recomputes, see above)."""
+    return _divergence(input, target, labels, int(opts.kind), float(opts.beta), float(opts.eps),
+                       int(opts.ignore_index), reduction)
