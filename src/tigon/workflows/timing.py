@@ -43,13 +43,8 @@ def time_call(fn: Callable[[], object], device: torch.device, grad_to_none=None,
     return statistics.median(samples), samples[0], samples[-1]
 
 
-def kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> tuple[float, float, float]:
-    """(median, p20, p80) in ms over ``reps`` calls of the GPU time of one call of ``fn()``: the durations of the
-    kernels and memory operations it runs, summed (``torch.profiler``, one profile per call). For code that waits
-    on the host and so cannot be captured in a CUDA graph: like a graph replay, it leaves out the host's time
-    between launches (and, unlike one, the gaps between kernels: it can only flatter the code it times)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _warmed(fn: Callable[[], object], grad_to_none) -> Callable[[], None]:
+    """``fn`` with the gradients of ``grad_to_none`` cleared before each call, after three warm-up calls."""
     def call():
         for t in grad_to_none or ():
             t.grad = None
@@ -57,6 +52,17 @@ def kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> 
 
     for _ in range(3):
         call()
+    return call
+
+
+def kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms over ``reps`` calls of the GPU time of one call of ``fn()``: the durations of the
+    kernels and memory operations it runs, summed (``torch.profiler``, one profile per call). For code that waits
+    on the host and so cannot be captured in a CUDA graph: like a graph replay, it leaves out the host's time
+    between launches (and, unlike one, the gaps between kernels: it can only flatter the code it times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call = _warmed(fn, grad_to_none)
     torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
@@ -77,13 +83,7 @@ def host_time(fn: Callable[[], object], device: torch.device, grad_to_none=None,
     returns is divided by ``calls``. So it is the Python, dispatch, autograd and launch cost of a call whatever
     its kernels take (while the launch queue has room: a few calls of a few dozen launches), the part of a call
     that a host-bound training step pays. On CPU, where nothing runs asynchronously, the call's wall time."""
-    def call():
-        for t in grad_to_none or ():
-            t.grad = None
-        fn()
-
-    for _ in range(3):
-        call()
+    call = _warmed(fn, grad_to_none)
     samples = []
     for _ in range(rounds):
         if device.type == "cuda":
