@@ -99,10 +99,10 @@ def _opcheck_cases():
                                     stats, *ce, "sum")),
         "flce_mean": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, hb, None, None, *ce, 1.0, "mean", torch.float32, True, True, True,
-                       True, False)),
+                       True, False, -1)),
         "flce_none": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
-                       False, False)),
+                       False, False, 4096)),
         "divergence_jsd": (ops.divergence, (logq, logp, target, div.JSD, 0.3, 0.0, -100, "batchmean")),
         "divergence_kl_mean": (ops.divergence, (logq, logp.exp(), None, div.KL_PROB, 0.5, 1e-10, -100, "mean")),
         "divergence_tvd_none": (ops.divergence, (logq.exp(), logp.exp(), target, div.TVD, 0.5, 0.0, -100, "none")),
@@ -110,7 +110,7 @@ def _opcheck_cases():
                                                           0.0, -100, "sum", True, False)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
-                                torch.float32, True, False, True, False)),
+                                torch.float32, True, False, True, False, 2048)),
     }
 
 

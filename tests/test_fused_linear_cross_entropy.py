@@ -376,3 +376,67 @@ def test_flce_row_halves_cast_in_place(device, dtype, vh, scaled):
     assert torch.equal(got, want)
     assert (got.data_ptr() == first) == (dtype != torch.float32)
     assert acc.a is None and acc.b is None
+
+
+# ---- memory= (issue 28 goal 4): "auto", "low" or a budget in bytes -----------------------------------------------
+def test_memory_plan_and_chunk_rows_follow_the_budget():
+    from tigon.ops.fused_linear_cross_entropy import memory_plan
+
+    w = torch.empty(1000, 64, dtype=torch.bfloat16)
+    acc = 4 * 1000 * 64  # the fp32 grad_weight accumulator, bytes
+    assert memory_plan("auto", None, w) == (False, -1)
+    assert memory_plan("auto", torch.bfloat16, w) == (True, -1)
+    assert memory_plan("low", None, w) == (True, -1)
+    assert memory_plan(acc + 64 * 1000 * 2, None, w) == (False, acc + 64 * 1000 * 2)  # exact fits beside 64 rows
+    assert memory_plan(acc, None, w) == (True, acc)  # it does not: the weight's dtype, whole budget to chunks
+    assert memory_plan(acc, torch.float32, w) == (False, acc)  # an explicit accum_dtype wins
+    cpu = torch.device("cpu")
+    # exact: 64 rows of bf16 logits beside the accumulator; lean: all of it to the chunks; the floor is 16 rows
+    assert flce_ops.chunk_rows(1000, 1000, 64, cpu, False, True, 2, acc + 64 * 1000 * 2) == 64
+    assert flce_ops.chunk_rows(1000, 1000, 64, cpu, True, False, 2, 96 * 1000 * 2) == cdiv_rows(1000, 96)
+    assert flce_ops.chunk_rows(1000, 1000, 64, cpu, True, False, 2, 0) == 16
+
+
+def cdiv_rows(n, max_rows):
+    """Rows per chunk when ``n`` tokens are balanced over chunks of at most ``max_rows``, as chunk_rows does."""
+    chunks = -(-n // max_rows)
+    rows = -(-n // chunks)
+    return -(-rows // 16) * 16 if -(-rows // 16) * 16 <= max_rows else rows
+
+
+@pytest.mark.parametrize("memory", ["low", 0, 4 * 37 * 16 + 16 * 37 * 4, 10**9])
+def test_memory_budgets_give_the_default_results_in_fp32(memory):
+    # fp32 weights: the weight's dtype is fp32, so every plan is exact; only the chunking differs (budget 0 and the
+    # one of exactly 16 rows beside the accumulator force chunks of 16 rows over 50 tokens)
+    h = torch.randn(50, 16, requires_grad=True)
+    w = torch.randn(37, 16, requires_grad=True)
+    t = torch.randint(0, 37, (50,))
+    t[::7] = -100
+    want = F.fused_linear_cross_entropy(h, w, t, lse_square_scale=1e-3)
+    gh, gw = torch.autograd.grad(want, (h, w))
+    got = F.fused_linear_cross_entropy(h, w, t, lse_square_scale=1e-3, memory=memory)
+    gh2, gw2 = torch.autograd.grad(got, (h, w))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    for a, b in ((gh2, gh), (gw2, gw)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_memory_low_is_the_lean_accumulation_in_bf16():
+    h = torch.randn(40, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(37, 16) * 0.3).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 37, (40,))
+    results = []
+    for kw in ({"memory": "low"}, {"accum_dtype": torch.bfloat16}):
+        loss = F.fused_linear_cross_entropy(h, w, t, **kw)
+        results.append((loss, *torch.autograd.grad(loss, (h, w))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_memory_bad_values_raise():
+    h, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 0])
+    for bad in ("lots", -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="memory must be"):
+            F.fused_linear_cross_entropy(h, w, t, memory=bad)
+    with pytest.raises(ValueError, match="memory='low'"):
+        F.fused_linear_cross_entropy(h, w, t, memory="low", accum_dtype=torch.float32)

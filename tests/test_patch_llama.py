@@ -389,6 +389,34 @@ def test_fused_loss_accum_dtype_of_the_weight_bf16(monkeypatch):
     assert rel_l2(grads["lm_head.weight"].float(), ref_grads["lm_head.weight"].float()) < 2e-2
 
 
+def test_fused_loss_memory_option(monkeypatch):
+    import tigon.functional as TF
+
+    seen, real = [], TF.fused_linear_cross_entropy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("memory", "absent"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(TF, "fused_linear_cross_entropy", spy)
+    model = build()
+    ids, labels = batch()
+    ref, ref_grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    report = tigon.patch(model, fused_linear_cross_entropy={"memory": 1 << 20})
+    try:
+        [head] = [e for e in report.replaced if e.kind == "lm_head_loss"]
+        assert "memory=1048576" in head.detail
+        out, grads = loss_and_grads(model, input_ids=ids, labels=labels)
+    finally:
+        tigon.unpatch(model)
+    assert seen == [1 << 20] and out.logits is None
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+    assert max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads) < 1e-4
+    for bad in ("lots", -5, 2.0):
+        with pytest.raises(ValueError, match="'memory'"):
+            tigon.patch(model, fused_linear_cross_entropy={"memory": bad})
+
+
 def test_fused_loss_options_at_class_level(monkeypatch):
     seen = _spy_flce(monkeypatch)
     report = tigon.patch("llama", fused_linear_cross_entropy={"accum_dtype": torch.float32})

@@ -260,8 +260,9 @@ def _return_dict(model, arguments: dict) -> bool:
 def loss_options(fused: bool, ce: bool, flce) -> dict:
     """The LM-head-loss options a patched forward was built with, as shown to users and compared on re-patching
     (a new dict per call). ``accum_dtype`` None and torch.float32 mean the same (fp32 accumulation): both are left
-    out, so that options with the same meaning compare equal."""
-    extra = {k: v for k, v in dict(flce).items() if not (k == "accum_dtype" and v in (None, torch.float32))}
+    out, as is ``memory="auto"``, so that options with the same meaning compare equal."""
+    extra = {k: v for k, v in dict(flce).items()
+             if not (k == "accum_dtype" and v in (None, torch.float32)) and not (k == "memory" and v == "auto")}
     return {"fused_linear_cross_entropy": extra if fused and extra else bool(fused), "cross_entropy": bool(ce)}
 
 
@@ -366,7 +367,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
 
 # ---- tigon.patch(fused_linear_cross_entropy=...) ------------------------------------------------------------
 # Keys of ``patch(fused_linear_cross_entropy={...})``, forwarded to tigon.functional.fused_linear_cross_entropy.
-FLCE_OPTIONS = ("accum_dtype",)
+FLCE_OPTIONS = ("accum_dtype", "memory")
 
 
 def flce_options(value) -> tuple[bool, tuple]:
@@ -378,7 +379,8 @@ def flce_options(value) -> tuple[bool, tuple]:
 
     Raises:
         TypeError: neither a bool nor a mapping (e.g. None or a string).
-        ValueError: an unknown key, or an ``accum_dtype`` that is not None or a floating-point torch.dtype.
+        ValueError: an unknown key, an ``accum_dtype`` that is not None or a floating-point torch.dtype, or a
+            ``memory`` other than "auto", "low" or an int >= 0 (bytes).
     """
     if isinstance(value, bool):
         return value, ()
@@ -393,6 +395,11 @@ def flce_options(value) -> tuple[bool, tuple]:
     if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
         raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'accum_dtype' must be None or a "
                          f"floating-point torch.dtype (torch.float32, or the LM head's dtype), got {dt!r}")
+    mem = value.get("memory", "auto")
+    if not (mem in ("auto", "low") if isinstance(mem, str) else
+            isinstance(mem, int) and not isinstance(mem, bool) and mem >= 0):
+        raise ValueError(f"tigon.patch: fused_linear_cross_entropy option 'memory' must be 'auto', 'low' or a "
+                         f"budget in bytes (an int >= 0), got {mem!r}")
     return True, tuple(sorted(value.items()))
 
 

@@ -433,8 +433,9 @@ def patch(
             keyword options for that function; the allowed keys are :data:`~tigon.integrations.causal_lm.FLCE_OPTIONS`: ``accum_dtype``
             (``None`` / ``torch.float32``: grad_weight accumulated in fp32, the default; the LM head's dtype, e.g.
             ``{"accum_dtype": torch.bfloat16}``: accumulated in that dtype, less memory, slightly less accurate
-            gradients; a dtype other than those raises ValueError in the training forward). The report's LM-head
-            entry shows the options.
+            gradients; a dtype other than those raises ValueError in the training forward) and ``memory``
+            (``"auto"``, ``"low"``: Liger-level memory, or a budget in bytes; see the function). The report's
+            LM-head entry shows the options.
         cross_entropy: when logits are materialised with labels (eval, or the fused path off), compute the loss
             with :func:`tigon.functional.cross_entropy` instead of torch.
         lora: (a model wrapped by PEFT, ``get_peft_model``) compute each LoRA linear layer's base projection and

@@ -83,12 +83,17 @@ LEAN_MIN_ROWS = 128
 
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-               fp32_weight_grad: bool = False, elem_bytes: int = 2) -> int:
+               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
-    of 16 if possible."""
-    if compiled_cuda(device):
+    of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
+    fit in it instead, on any device, down to a floor of 16 rows."""
+    if budget >= 0:
+        spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
+        max_rows = max(16, spare // max(vocab * elem_bytes, 1))
+        max_rows = max(16, max_rows // 16 * 16)
+    elif compiled_cuda(device):
         if lean:
             max_rows = max(LEAN_MIN_ROWS, max(LEAN_CHUNK_ELEMS, n * hidden) // max(vocab, 1))
         else:
@@ -317,10 +322,11 @@ def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: 
 
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
-                 halves: bool = False):
+                 halves: bool = False, budget: int = -1):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
 
-    ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``halves``: see
+    ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``budget``: bytes for
+    the chunk buffer and the fp32 accumulator (-1: the default rule; :func:`chunk_rows`); ``halves``: see
     :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`).
     Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), stats (N, 2) fp32 (the rows' max and log-sum:
     :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
@@ -338,7 +344,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
-    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize)
+    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize,
+                      budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -359,9 +366,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
 
 
 def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, stats, opts: LossOptions,
-                       cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False):
+                       cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False,
+                       budget: int = -1):
     """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
-    ``lean``, ``halves``: as :func:`flce_forward`.
+    ``lean``, ``halves``, ``budget``: as :func:`flce_forward`.
 
     Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
     """
@@ -372,7 +380,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
     cw, cw_sum = class_weight_args(class_weight, dev)
     coef = grad_rows.to(torch.float32)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -395,10 +403,12 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
-                lean=False):
+                lean=False, budget=-1):
         loss, z, acc, stats, grads = flce_forward(
-            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True)
+            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True,
+            budget)
         ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
+        ctx.budget = budget
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, stats)
@@ -412,7 +422,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_z, _grad_acc):
         none = (None,) * 9
         if not any(ctx.need) or grad_loss is None:
-            return (None, None, None, None) + none[:8]
+            return (None, None, None, None) + none
         if ctx.done:
             raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph; "
                                "for a mean/sum loss the gradients are formed once in the forward and released by "
@@ -424,8 +434,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         else:
             hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
             gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, ctx.opts,
-                                            ctx.cd, ctx.need, ctx.lean, True)
-        return (gh, gw, None, gb) + none[:8]
+                                            ctx.cd, ctx.need, ctx.lean, True, ctx.budget)
+        return (gh, gw, None, gb) + none
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
@@ -434,13 +444,14 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], class_weight: Optional[Tensor],
           num_items: Optional[Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
           softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
-          need_weight: bool, need_bias: bool, want_acc: bool,
-          lean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          need_weight: bool, need_bias: bool, want_acc: bool, lean: bool,
+          budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias).
 
     loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
     stats: (N, 2) fp32 (row max, log-sum). For a scalar reduction with a gradient needed, the gradients of the
-    loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward only scales and casts them):
+    loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward only scales
+    and casts them):
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
     ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
@@ -449,14 +460,14 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
     need = (need_hidden, need_weight, need_bias)
     loss, z, acc, stats, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
-                                            cd, need, want_acc, lean)
+                                              cd, need, want_acc, lean, budget=budget)
     gh, gw, gb = grads if grads is not None else (None, None, None)
     return loss, z, acc, stats, or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flce.register_fake
 def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean):
+      softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean, budget):
     n = hidden.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -475,19 +486,19 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
 def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
                         class_weight: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                         lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
-                        need_hidden: bool, need_weight: bool, need_bias: bool,
-                        lean: bool) -> tuple[Tensor, Tensor, Tensor]:
+                        need_hidden: bool, need_weight: bool, need_bias: bool, lean: bool,
+                        budget: int) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
     the inputs' shapes and dtypes, (0,) where not needed."""
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
     gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, stats, opts,
-                                    cd, (need_hidden, need_weight, need_bias), lean)
+                                    cd, (need_hidden, need_weight, need_bias), lean, budget=budget)
     return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flce_backward_rows.register_fake
 def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean):
+      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget):
     empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
@@ -496,8 +507,8 @@ def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index
 
 def _flce_setup(ctx, inputs, output):
     (hidden, weight, target, bias, class_weight, _num_items, *scalars) = inputs
-    ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean \
-        = scalars
+    (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean,
+     budget) = scalars
     ctx.need = (nh, nw, nb)
     ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
     ctx.scalar = grads_in_forward(reduction, ctx.need)
@@ -505,11 +516,12 @@ def _flce_setup(ctx, inputs, output):
         ctx.save_for_backward(*output[4:])
     else:
         ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[3])
-        ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean)
+        ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean,
+                       budget)
 
 
 def _flce_grad(ctx, grad_loss, *_unused):
-    nones = (None,) * 14
+    nones = (None,) * 15
     if not any(ctx.need):
         return (None,) * 4 + nones
     if ctx.scalar:
@@ -526,11 +538,11 @@ _flce.register_autograd(_flce_grad, setup_context=_flce_setup)
 
 
 def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction, num_items,
-                               cd, need, want_acc, lean=False):
+                               cd, need, want_acc, lean=False, budget=-1):
     """``FusedLinearCrossEntropyFunction.apply`` as the ``tigon::fused_linear_cross_entropy`` custom op:
     (loss, z_loss, accuracy)."""
     loss, z, acc, *_ = _flce(
         hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
         opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, reduction, cd, need[0],
-        need[1], need[2], want_acc, lean)
+        need[1], need[2], want_acc, lean, budget)
     return loss, z.detach(), acc.detach()

@@ -36,6 +36,7 @@ def fused_linear_cross_entropy(
     return_z_loss: bool = False,
     return_accuracy: bool = False,
     accum_dtype: torch.dtype | None = None,
+    memory: str | int = "auto",
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -72,6 +73,16 @@ def fused_linear_cross_entropy(
             rows: measured 1.08x the unfused bf16 computation's error on uniformly random labels at Llama-3-8B
             shapes (32 chunks, H200; benchmarks/results/h200/flce_h200.json), 4.2x in a CPU simulation where every
             chunk hits every row (benchmarks/results/cpu/lean_accum_sim.txt).
+        memory: how much memory the op may hold beside its inputs and the gradients it returns (the logits chunk
+            buffer and the fp32 grad_weight accumulator). ``"auto"`` (default): exact accumulation (unless
+            ``accum_dtype`` says otherwise) with chunks filling a 3 GiB budget (fewer, larger matmuls).
+            ``"low"``: grad_weight accumulated in the weight's dtype with Liger-Kernel's chunk rule (the
+            approximation described under ``accum_dtype``; Liger's peak). An int: a budget in bytes for the chunk
+            buffer plus, when it fits with at least 16 rows of logits, the exact fp32 accumulator (4 * V * H
+            bytes); otherwise the accumulation switches to the weight's dtype (unless ``accum_dtype`` is given)
+            and the whole budget goes to the chunks. Chunks never go below 16 rows, so a budget under 16 * V
+            logits is exceeded by that much. Chunk sizes trade memory for speed: each chunk re-reads the
+            gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for
@@ -80,7 +91,8 @@ def fused_linear_cross_entropy(
     Raises:
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
-            None, torch.float32 or the weight's dtype.
+            None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
+            (or "low" with ``accum_dtype=torch.float32``).
     """
     ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
@@ -88,6 +100,7 @@ def fused_linear_cross_entropy(
     if accum_dtype not in (None, torch.float32, weight.dtype):
         raise ValueError(f"accum_dtype must be None, torch.float32 or the weight's dtype ({weight.dtype}), "
                          f"got {accum_dtype!r}")
+    lean, budget = memory_plan(memory, accum_dtype, weight)
     dev_type = hidden.device.type
     if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):  # (meta, ...: no autocast to ask)
         cd = torch.get_autocast_dtype(dev_type)
@@ -113,10 +126,29 @@ def fused_linear_cross_entropy(
            else k.FusedLinearCrossEntropyFunction.apply)
     loss, z_loss, accuracy = run(
         hidden, weight, target, bias, class_weight, opts, reduction, num_items_in_batch, cd, need,
-        bool(return_accuracy), accum_dtype not in (None, torch.float32))
+        bool(return_accuracy), lean, budget)
     if not (return_z_loss or return_accuracy):
         return loss
     return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)
+
+
+def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:
+    """``(lean, budget)`` for :func:`fused_linear_cross_entropy`'s ``memory`` and ``accum_dtype``: lean = grad_weight
+    accumulated in the weight's dtype; budget = bytes for the chunk buffer and the accumulator (-1: the default rule
+    of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows`). Raises ValueError for a bad ``memory``."""
+    lean = accum_dtype not in (None, torch.float32)
+    if isinstance(memory, str) and memory == "auto":
+        return lean, -1
+    if isinstance(memory, str) and memory == "low":
+        if accum_dtype == torch.float32:
+            raise ValueError("memory='low' accumulates grad_weight in the weight's dtype; accum_dtype=torch.float32 "
+                             "asks for the exact fp32 accumulator: pass one or the other")
+        return True, -1
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+        raise ValueError(f"memory must be 'auto', 'low' or a budget in bytes (an int >= 0), got {memory!r}")
+    vocab, hidden = weight.shape[0], weight.shape[-1]
+    exact_fits = memory >= 4 * vocab * hidden + 16 * vocab * weight.element_size()
+    return (lean if accum_dtype is not None else not exact_fits), int(memory)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
