@@ -59,7 +59,7 @@ def _opcheck_cases():
     import importlib
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
-                 "fused_linear_cross_entropy", "divergence"):
+                 "fused_linear_cross_entropy", "divergence", "relu_squared"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -108,6 +108,8 @@ def _opcheck_cases():
         "divergence_tvd_none": (ops.divergence, (logq.exp(), logp.exp(), target, div.TVD, 0.5, 0.0, -100, "none")),
         "divergence_backward": (ops.divergence_backward, (torch.tensor(0.7), logq, logp, target, div.KL_LOG, 0.5,
                                                           0.0, -100, "sum", True, False)),
+        "relu_squared": (ops.relu_squared, (x[..., 3:],)),
+        "relu_squared_backward": (ops.relu_squared_backward, (torch.randn(3, 5, 32), x)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False, 2048)),
@@ -163,6 +165,12 @@ def test_glu_compile(device):
     gate_up = torch.randn(3, 5, 2 * 40, device=device)
     _check_same(lambda gu: TF.swiglu(*gu.chunk(2, -1)), (gate_up,))
     _check_same(lambda gu: TF.geglu(*gu.chunk(2, -1), approximate="none", inplace_backward=True), (gate_up,))
+
+
+def test_liger_ops_compile(device):
+    # the ops of Liger's list beyond the Llama ones: relu_squared (elementwise), on a strided slice
+    x = torch.randn(3, 7, 40, device=device)
+    _check_same(lambda x: TF.relu_squared(x[..., 1:]), (x,))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

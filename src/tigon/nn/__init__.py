@@ -1,16 +1,17 @@
 """``torch.nn.Module`` drop-ins backed by :mod:`tigon.functional`.
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
-``LigerFusedAddRMSNorm`` / ``LigerJSD`` / ``LigerKLDIVLoss`` / ``LigerTVDLoss``, ``torch.nn.LayerNorm``), so state
+``LigerFusedAddRMSNorm`` / ``LigerReLUSquared`` / ``LigerJSD`` / ``LigerKLDIVLoss`` / ``LigerTVDLoss``, ``torch.nn.LayerNorm``), so state
 dicts load unchanged.
 """
 
 from __future__ import annotations
 
+from .activation import ReLUSquared
 from .divergence import JSD, KLDivLoss, TVDLoss
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
-           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss"]
+           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared"]

@@ -1,0 +1,232 @@
+"""Dynamic Tanh (Zhu et al. 2025, "Transformers without Normalization"): Triton forward and backward.
+
+``y = gamma * t + beta`` with ``t = tanh(alpha x)``: alpha one scalar, gamma and beta (N,) per column. With ``g =
+dy * gamma``, the backward is
+
+    dx = alpha * g * (1 - t^2)      dgamma = sum_rows(dy * t)      dbeta = sum_rows(dy)
+    dalpha = sum_all(x * g * (1 - t^2))
+
+Forward: element-wise over the (M, N) rows of x (:mod:`tigon.kernels.elementwise`'s tile and launch shape, rows of
+any row stride read in place), fp32 in registers, one rounding to x's dtype. ``tanh(u) = 2 sigmoid(2u) - 1`` (no
+libdevice call; absolute error about one fp32 ulp of 1, 6e-8, below every storage dtype's rounding).
+
+Backward: a persistent grid, one program per (column block, range of rows): each walks its rows a [BLOCK_M, BLOCK_N]
+tile at a time, writes dx and accumulates dgamma / dbeta / dalpha in fp32 registers; it writes one (N,) partial row
+for dgamma and dbeta and one scalar for dalpha, which a second launch (the norms' ``_sum_partials``,
+:mod:`tigon.kernels.norm`) and a sum of (programs x column blocks) scalars reduce in a fixed order: no atomics,
+deterministic (the norms' two-stage reduction).
+
+Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 M N e (read dy, x; write dx).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+import triton
+import triton.language as tl
+
+from ._common import (
+    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, num_programs_hint, once_differentiable, or_empty, rows,
+    rows_per_program, warps_for,
+)
+from .elementwise import launch_shape, tile
+from .norm import _sum_partials
+
+
+@triton.jit
+def _tanh(u):
+    """tanh(u) in fp32 as 2 sigmoid(2u) - 1 (exact limits: +-1 for large |u|)."""
+    return 2.0 * tl.sigmoid(2.0 * u) - 1.0
+
+
+@triton.jit
+def _dyt_fwd(X, ALPHA, GAMMA, BETA, Y, M, N, stride_x, HAS_BETA: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """Y (M, N) contiguous = GAMMA * tanh(ALPHA * X) [+ BETA]; X rows of stride stride_x; ALPHA one element;
+    GAMMA, BETA (N,) unit stride."""
+    rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
+    cmask = cols < N
+    alpha = tl.load(ALPHA).to(tl.float32)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = _tanh(alpha * x) * tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BETA:
+        y += tl.load(BETA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dyt_bwd(DY, X, ALPHA, GAMMA, DX, DG_PART, DB_PART, DA_PART, M, N, stride_dy, stride_x, rows_per_prog,
+             HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DX (M, N) contiguous; DG_PART / DB_PART (programs along axis 1, N) fp32 partial sums of dy*t / dy over this
+    program's rows; DA_PART (programs along axis 1, column blocks) fp32 partial sums of x * g * (1 - t^2)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    alpha = tl.load(ALPHA).to(tl.float32)
+    gamma = tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)
+    dg = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    da = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_start = pid_m * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    for r in range(row_start, row_end, BLOCK_M):
+        rows = (r + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask = (rows < row_end)[:, None] & cmask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        t = _tanh(alpha * x)
+        tmp = dy * gamma[None, :] * (1.0 - t * t)
+        tl.store(DX + rows[:, None] * N + cols[None, :], (alpha * tmp).to(DX.dtype.element_ty), mask=mask)
+        dg += dy * t
+        da += x * tmp
+        if HAS_DB:
+            db += dy
+    part = pid_m.to(tl.int64) * N + cols
+    tl.store(DG_PART + part, tl.sum(dg, axis=0), mask=cmask)
+    if HAS_DB:
+        tl.store(DB_PART + part, tl.sum(db, axis=0), mask=cmask)
+    tl.store(DA_PART + pid_m * tl.num_programs(0) + pid_n, tl.sum(tl.sum(da, axis=1), axis=0))
+
+
+def _unit(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A parameter as the kernels read it: unit stride (a strided or expanded one is copied)."""
+    return p if p is None or p.stride(-1) == 1 else p.contiguous()
+
+
+def dyt_forward(x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None):
+    """``gamma * tanh(alpha x) + beta`` for x (..., N) (any strides). Returns (y: x's shape and dtype, contiguous;
+    x2: x as the kernel read it, x itself or its (M, N) rows view (a copy for a strided last dimension), what the
+    backward should read)."""
+    y = torch.empty(size=x.shape, dtype=x.dtype, device=x.device)
+    x2, M, sx = rows(x, "x")
+    N = x.shape[-1]
+    if M == 0:
+        return y, x2
+    block_m, block_n, warps, grid = launch_shape(M, N, x.device)
+    _dyt_fwd[grid](x2, alpha, _unit(gamma), _unit(beta) if beta is not None else x2, y, M, N, sx,
+                   HAS_BETA=beta is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return y, x2
+
+
+def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, row programs, num_warps) of the backward.
+
+    Columns in blocks of at most 1024 (3 fp32 accumulators of a [4, 1024] tile: 48 registers a thread at 8 warps),
+    about 4096 elements a tile (:func:`rows_per_program`, the norms' choice), and one program per SM slot of
+    :func:`num_programs_hint` split between the column blocks. Not measured on a GPU yet: the norms' backward
+    (``kernels/norm.py`` ``bwd_config``), whose partial-row reduction this shares, reached 52-79% of copy bandwidth
+    with this kind of layout.
+    """
+    block_n = min(next_pow2(N), 1024 if compiled_cuda(device) else 1 << 14)
+    block_m = rows_per_program(block_n, device, target_elems=4096)
+    col_blocks = cdiv(N, block_n)
+    progs = max(1, min(num_programs_hint(device) // col_blocks, cdiv(M, block_m)))
+    return block_m, block_n, progs, warps_for(block_m * block_n)
+
+
+def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, has_beta: bool,
+                 x_shape: tuple[int, ...] | None = None):
+    """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
+
+    Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dalpha: alpha's shape and dtype; dgamma:
+    (N,) in gamma's dtype; dbeta: (N,) in gamma's dtype, or None unless ``has_beta``).
+    """
+    x2, M, sx = rows(x, "x")
+    N = x.shape[-1]
+    dy2, _, sdy = rows(dy, "grad_output")
+    dev = x.device
+    dx = torch.empty(size=x_shape or x.shape, dtype=x.dtype, device=dev)
+    if M == 0:
+        z = torch.zeros(N, dtype=gamma.dtype, device=dev)
+        return dx, torch.zeros_like(alpha), z, (z.clone() if has_beta else None)
+    block_m, block_n, progs, warps = bwd_config(M, N, dev)
+    per_prog = cdiv(cdiv(M, progs), block_m) * block_m
+    progs = cdiv(M, per_prog)
+    col_blocks = cdiv(N, block_n)
+    dg_part = torch.empty(progs, N, dtype=torch.float32, device=dev)
+    db_part = torch.empty(progs, N, dtype=torch.float32, device=dev) if has_beta else dg_part
+    da_part = torch.empty(progs * col_blocks, dtype=torch.float32, device=dev)
+    _dyt_bwd[(col_blocks, progs)](dy2, x2, alpha, _unit(gamma), dx, dg_part, db_part, da_part, M, N, sdy, sx,
+                                  per_prog, HAS_DB=has_beta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    dgamma = torch.empty(N, dtype=gamma.dtype, device=dev)
+    dbeta = torch.empty(N, dtype=gamma.dtype, device=dev) if has_beta else dgamma
+    block_cols = min(next_pow2(N), 32)  # as the norms: N/32 programs, each summing a [progs, 32] slab
+    _sum_partials[(cdiv(N, block_cols),)](dg_part, db_part, dgamma, dbeta, progs, N, HAS_DW=True, HAS_DB=has_beta,
+                                          BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
+    dalpha = da_part.sum().to(alpha.dtype).reshape(alpha.shape)
+    return dx, dalpha, dgamma, (dbeta if has_beta else None)
+
+
+class DyTFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(x, alpha, gamma, beta)`` with x (..., N), alpha one element, gamma (N,), beta (N,)
+    or None. Saves x (as the kernel read it), alpha and gamma; t = tanh(alpha x) is recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, alpha, gamma, beta):
+        y, x2 = dyt_forward(x, alpha, gamma, beta)
+        ctx.save_for_backward(x2, alpha, gamma)
+        ctx.x_shape, ctx.has_beta = x.shape, beta is not None
+        ctx.beta_dtype = beta.dtype if beta is not None else None
+        return y
+
+    @staticmethod
+    @once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dy):
+        x2, alpha, gamma = ctx.saved_tensors
+        dx, dalpha, dgamma, dbeta = dyt_backward(dy, x2, alpha, gamma, ctx.has_beta, ctx.x_shape)
+        need = ctx.needs_input_grad
+        return (dx if need[0] else None, dalpha if need[1] else None, dgamma if need[2] else None,
+                dbeta.to(ctx.beta_dtype) if dbeta is not None and need[3] else None)
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::dyt", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _dyt(x: Tensor, alpha: Tensor, gamma: Tensor, beta: Tensor | None) -> Tensor:
+    """``gamma * tanh(alpha x) + beta``: x's shape and dtype, contiguous."""
+    return dyt_forward(x, alpha, gamma, beta)[0]
+
+
+@_dyt.register_fake
+def _(x, alpha, gamma, beta):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("tigon::dyt_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _dyt_backward(dy: Tensor, x: Tensor, alpha: Tensor, gamma: Tensor,
+                  has_beta: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx: x's shape and dtype; dalpha: alpha's shape and dtype; dgamma, dbeta: (N,) in gamma's dtype, dbeta (0,)
+    unless ``has_beta``)."""
+    dx, dalpha, dgamma, dbeta = dyt_backward(dy, x, alpha, gamma, has_beta)
+    return dx, dalpha, dgamma, or_empty(dbeta, gamma)
+
+
+@_dyt_backward.register_fake
+def _(dy, x, alpha, gamma, has_beta):
+    return (x.new_empty(x.shape), alpha.new_empty(alpha.shape), gamma.new_empty(gamma.shape),
+            gamma.new_empty(gamma.shape if has_beta else (0,)))
+
+
+def _dyt_setup(ctx, inputs, output):
+    x, alpha, gamma, beta = inputs
+    ctx.save_for_backward(x, alpha, gamma)
+    ctx.has_beta = beta is not None
+    ctx.beta_dtype = beta.dtype if beta is not None else None
+
+
+def _dyt_grad(ctx, dy):
+    x, alpha, gamma = ctx.saved_tensors
+    dx, dalpha, dgamma, dbeta = _dyt_backward(dy, x, alpha, gamma, ctx.has_beta)
+    need = ctx.needs_input_grad
+    return (if_wanted(dx, need[0]), if_wanted(dalpha, need[1]), if_wanted(dgamma, need[2]),
+            dbeta.to(ctx.beta_dtype) if ctx.has_beta and need[3] else None)
+
+
+_dyt.register_autograd(_dyt_grad, setup_context=_dyt_setup)
+
+
+def compiled_dyt(x, alpha, gamma, beta):
+    """``DyTFunction.apply`` as the ``tigon::dyt`` custom op."""
+    return _dyt(x, alpha, gamma, beta)
