@@ -59,7 +59,7 @@ def _opcheck_cases():
     import importlib
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
-                 "fused_linear_cross_entropy", "divergence", "relu_squared"):
+                 "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -110,6 +110,9 @@ def _opcheck_cases():
                                                           0.0, -100, "sum", True, False)),
         "relu_squared": (ops.relu_squared, (x[..., 3:],)),
         "relu_squared_backward": (ops.relu_squared_backward, (torch.randn(3, 5, 32), x)),
+        "dyt": (ops.dyt, (x, torch.tensor([0.7]), w, b)),
+        "dyt_no_beta": (ops.dyt, (x.to(torch.bfloat16), torch.tensor([0.7]), w, None)),
+        "dyt_backward": (ops.dyt_backward, (torch.randn(3, 5, 32), x, torch.tensor([0.7]), w, True)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False, 2048)),
@@ -171,6 +174,9 @@ def test_liger_ops_compile(device):
     # the ops of Liger's list beyond the Llama ones: relu_squared (elementwise), on a strided slice
     x = torch.randn(3, 7, 40, device=device)
     _check_same(lambda x: TF.relu_squared(x[..., 1:]), (x,))
+    a, g, b = torch.tensor([0.6], device=device), torch.rand(40, device=device) + 0.5, torch.randn(40, device=device)
+    _check_same(lambda x, a, g, b: TF.dyt(x, a, g, b), (x, a, g, b))
+    _check_same(lambda x, a, g: TF.dyt(x.transpose(0, 1), a, g, None), (x, a, g))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 from .ops.rms_norm import rms_norm
 from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
+from .ops.dyt import dyt
 from .ops.rope import rope
 from .ops.glu import swiglu
 from .ops.glu import geglu

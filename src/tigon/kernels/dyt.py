@@ -7,8 +7,9 @@ dy * gamma``, the backward is
     dalpha = sum_all(x * g * (1 - t^2))
 
 Forward: element-wise over the (M, N) rows of x (:mod:`tigon.kernels.elementwise`'s tile and launch shape, rows of
-any row stride read in place), fp32 in registers, one rounding to x's dtype. ``tanh(u) = 2 sigmoid(2u) - 1`` (no
-libdevice call; absolute error about one fp32 ulp of 1, 6e-8, below every storage dtype's rounding).
+any row stride read in place), fp32 in registers, one rounding to x's dtype. tanh from one ``exp(-2|u|)`` (no
+libdevice call; see ``_tanh``: absolute error about one fp32 ulp of 1, below every storage dtype's rounding, and
+``1 - t^2`` accurate relative to itself).
 
 Backward: a persistent grid, one program per (column block, range of rows): each walks its rows a [BLOCK_M, BLOCK_N]
 tile at a time, writes dx and accumulates dgamma / dbeta / dalpha in fp32 registers; it writes one (N,) partial row
@@ -36,8 +37,13 @@ from .norm import _sum_partials
 
 @triton.jit
 def _tanh(u):
-    """tanh(u) in fp32 as 2 sigmoid(2u) - 1 (exact limits: +-1 for large |u|)."""
-    return 2.0 * tl.sigmoid(2.0 * u) - 1.0
+    """(tanh(u), 1 - tanh(u)^2) in fp32 from e = exp(-2|u|) in (0, 1]: ``tanh(u) = sign(u) (1 - e) / (1 + e)`` and
+    ``1 - tanh(u)^2 = 4 e / (1 + e)^2``, the second accurate to a few ulps relative even where tanh saturates (1 - t*t
+    from a rounded t loses its digits there: dalpha, a sum of such terms that cancel, was 1e-5 off in fp32)."""
+    e = tl.exp(-2.0 * tl.abs(u))
+    r = 1.0 / (1.0 + e)
+    t = (1.0 - e) * r
+    return tl.where(u < 0, -t, t), 4.0 * e * r * r
 
 
 @triton.jit
@@ -49,7 +55,8 @@ def _dyt_fwd(X, ALPHA, GAMMA, BETA, Y, M, N, stride_x, HAS_BETA: tl.constexpr, B
     cmask = cols < N
     alpha = tl.load(ALPHA).to(tl.float32)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = _tanh(alpha * x) * tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    t, _ = _tanh(alpha * x)
+    y = t * tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if HAS_BETA:
         y += tl.load(BETA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -76,8 +83,8 @@ def _dyt_bwd(DY, X, ALPHA, GAMMA, DX, DG_PART, DB_PART, DA_PART, M, N, stride_dy
         mask = (rows < row_end)[:, None] & cmask[None, :]
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        t = _tanh(alpha * x)
-        tmp = dy * gamma[None, :] * (1.0 - t * t)
+        t, dt = _tanh(alpha * x)
+        tmp = dy * gamma[None, :] * dt
         tl.store(DX + rows[:, None] * N + cols[None, :], (alpha * tmp).to(DX.dtype.element_ty), mask=mask)
         dg += dy * t
         da += x * tmp

@@ -1,5 +1,6 @@
 """Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible), FusedAddRMSNorm (the residual add and
-the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm) and LayerNorm (torch compatible)."""
+the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm), LayerNorm (torch compatible) and DyT (Dynamic
+Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT)."""
 
 from __future__ import annotations
 
@@ -143,3 +144,42 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return TF.layer_norm(input, self.weight, self.bias, self.eps)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh, ``gamma * tanh(alpha * x) + beta`` (Zhu et al. 2025, "Transformers without Normalization"),
+    via :func:`tigon.functional.dyt`: the element-wise replacement of a norm layer.
+
+    Drop-in for Liger-Kernel's ``LigerDyT(hidden_size, beta=True, init_alpha=0.5)``: the same constructor arguments
+    (then ``device`` and ``dtype``), parameters ``alpha`` (1,) = init_alpha, ``gamma`` (hidden_size,) = 1 and
+    ``beta`` (hidden_size,) = 0 (None with ``beta=False``), so its state dict loads as is.
+
+    Args:
+        hidden_size: size of the last dimension.
+        beta: whether there is a shift ``beta`` (True).
+        init_alpha: alpha's initial value (0.5, the paper's default for LLMs' non-attention norms).
+        device, dtype: of the parameters.
+
+    Shapes and dtypes:
+        input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path; output: same shape, the input's
+        dtype.
+
+    Raises:
+        ValueError: a last dimension other than hidden_size (forward).
+    """
+
+    def __init__(self, hidden_size: int, beta: bool = True, init_alpha: float = 0.5, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.init_alpha = init_alpha
+        kw = {"device": device, "dtype": dtype}
+        self.alpha = nn.Parameter(torch.full((1,), float(init_alpha), **kw))
+        self.gamma = nn.Parameter(torch.ones(hidden_size, **kw))
+        self.beta = nn.Parameter(torch.zeros(hidden_size, **kw)) if beta else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TF.dyt(x, self.alpha, self.gamma, self.beta)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, init_alpha={self.init_alpha}, beta={self.beta is not None}"
