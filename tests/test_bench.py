@@ -94,7 +94,7 @@ def test_sweep_writes_a_png_per_op(tmp_path):
 @pytest.mark.parametrize(
     "args, match",
     [
-        (["bench", "--op", "softmax"], "unknown op 'softmax'"),
+        (["bench", "--op", "no_such_op"], "unknown op 'no_such_op'"),
         (["bench", "--providers", "eager,triton"], "unknown provider 'triton'"),
         (["bench", "--sweep", "hidden", "--op", "swiglu"], "row-wise ops only"),
         (["bench", "--model", "no-such-model"], "neither a preset"),

@@ -27,6 +27,7 @@ from .ops.glu import swiglu
 from .ops.glu import geglu
 from .ops.glu import glu_linear
 from .ops.relu_squared import relu_squared
+from .ops.softmax import softmax
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.lora import lora_linear

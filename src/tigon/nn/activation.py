@@ -1,5 +1,5 @@
 """Parameter-free activation modules with Liger-Kernel's constructors: ``LigerReLUSquared`` is
-:class:`ReLUSquared`."""
+:class:`ReLUSquared`, ``LigerSoftmax`` is :class:`Softmax`."""
 
 from __future__ import annotations
 
@@ -21,3 +21,17 @@ class ReLUSquared(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return TF.relu_squared(x)
+
+
+class Softmax(nn.Module):
+    """Softmax over the last dimension, via :func:`tigon.functional.softmax`.
+
+    Drop-in for Liger-Kernel's ``LigerSoftmax()`` (no arguments: always the last dimension, as
+    ``torch.nn.Softmax(dim=-1)``; no parameters).
+
+    Shapes and dtypes:
+        input (..., N), float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TF.softmax(x)
