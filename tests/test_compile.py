@@ -59,7 +59,8 @@ def _opcheck_cases():
     import importlib
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
-                 "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax"):
+                 "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
+                 "poly_norm"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -115,6 +116,9 @@ def _opcheck_cases():
         "dyt_backward": (ops.dyt_backward, (torch.randn(3, 5, 32), x, torch.tensor([0.7]), w, True)),
         "softmax": (ops.softmax, (x.transpose(0, 1),)),
         "softmax_backward": (ops.softmax_backward, (torch.randn(3, 5, 32), x.softmax(-1))),
+        "poly_norm": (ops.poly_norm, (x, torch.rand(3), torch.tensor(0.5), 1e-6)),
+        "poly_norm_backward": (ops.poly_norm_backward, (torch.randn(3, 5, 32), x, torch.rand(3), torch.tensor(0.5),
+                                                        torch.rand(15, 3) + 0.5)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False, 2048)),
@@ -174,13 +178,15 @@ def test_glu_compile(device):
 
 def test_liger_ops_compile(device):
     # the ops of Liger's list beyond the Llama ones: relu_squared (elementwise, on a strided slice), dyt (with and
-    # without beta), softmax
+    # without beta), softmax, poly_norm (in_place is ignored under compile)
     x = torch.randn(3, 7, 40, device=device)
     _check_same(lambda x: TF.relu_squared(x[..., 1:]), (x,))
     a, g, b = torch.tensor([0.6], device=device), torch.rand(40, device=device) + 0.5, torch.randn(40, device=device)
     _check_same(lambda x, a, g, b: TF.dyt(x, a, g, b), (x, a, g, b))
     _check_same(lambda x, a, g: TF.dyt(x.transpose(0, 1), a, g, None), (x, a, g))
     _check_same(lambda x: TF.softmax(x * 2.0), (x,))
+    w, b0 = torch.rand(3, device=device), torch.tensor(0.5, device=device)
+    _check_same(lambda x, w, b0: TF.poly_norm(x, w, b0, 1e-6, True), (x, w, b0))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -66,6 +66,15 @@ def test_dyt_non_contiguous_and_not_mutated(device):
     assert all(torch.equal(inputs[k], before[k]) for k in inputs)
 
 
+def test_dyt_strided_parameters(device):
+    # gamma and beta views of every other element (compare() clones its inputs dense, so the op gets the views here)
+    inputs = make((5, 40), torch.float32, device)
+    buf = torch.zeros(2, 80, device=device)
+    buf[0, ::2], buf[1, ::2] = inputs["gamma"], inputs["beta"]
+    strided = dict(inputs, gamma=buf[0, ::2], beta=buf[1, ::2])
+    torch.testing.assert_close(F.dyt(**strided), F.dyt(**inputs))
+
+
 def test_dyt_several_programs_and_column_blocks(device, monkeypatch):
     # The backward's persistent grid with several row programs (a partial last one) and column blocks, so every
     # partial reduction (dgamma, dbeta rows; dalpha scalars) sums more than one program; small forward tiles too.

@@ -22,6 +22,7 @@ from .ops.rms_norm import rms_norm
 from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
 from .ops.dyt import dyt
+from .ops.poly_norm import poly_norm
 from .ops.rope import rope
 from .ops.glu import swiglu
 from .ops.glu import geglu

@@ -1,8 +1,8 @@
 """``torch.nn.Module`` drop-ins backed by :mod:`tigon.functional`.
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
-``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` / ``LigerKLDIVLoss``
-/ ``LigerTVDLoss``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
+``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` /
+``LigerKLDIVLoss`` / ``LigerTVDLoss``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from .activation import ReLUSquared, Softmax
 from .divergence import JSD, KLDivLoss, TVDLoss
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
-from .norm import DyT, FusedAddRMSNorm, LayerNorm, RMSNorm
+from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
-           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT"]
+           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm"]

@@ -1,6 +1,6 @@
 """Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible), FusedAddRMSNorm (the residual add and
-the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm), LayerNorm (torch compatible) and DyT (Dynamic
-Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT)."""
+the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm), LayerNorm (torch compatible), DyT (Dynamic
+Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT) and PolyNorm (Liger-Kernel's LigerPolyNorm)."""
 
 from __future__ import annotations
 
@@ -183,3 +183,37 @@ class DyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, init_alpha={self.init_alpha}, beta={self.beta is not None}"
+
+
+class PolyNorm(nn.Module):
+    """PolyNorm, ``weight[0] norm(x^3) + weight[1] norm(x^2) + weight[2] norm(x) + bias`` with ``norm(u) = u /
+    sqrt(mean(u^2) + eps)`` (Zhuo et al. 2024, "Polynomial Composition Activations"), via
+    :func:`tigon.functional.poly_norm`.
+
+    Drop-in for Liger-Kernel's ``LigerPolyNorm(eps=1e-6, in_place=True)``: the same constructor arguments (then
+    ``device`` and ``dtype``), parameters ``weight`` (3,) = 1/3 and ``bias`` 0-d = 1.0 (PolyCom's initialisation) and
+    attribute ``variance_epsilon``, so its state dict loads as is. One difference: ``in_place`` defaults to False
+    (see :func:`tigon.functional.poly_norm`: with True the backward overwrites the output's incoming gradient).
+
+    Args:
+        eps: added to each mean square.
+        in_place: the backward writes the input's gradient over the output's incoming gradient (False).
+        device, dtype: of the parameters.
+
+    Shapes and dtypes:
+        input (..., N), N <= 65536, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+    """
+
+    def __init__(self, eps: float = 1e-6, in_place: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.full((3,), 1.0 / 3.0, **kw))
+        self.bias = nn.Parameter(torch.tensor(1.0, **kw))
+        self.variance_epsilon = eps
+        self.in_place = in_place
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return TF.poly_norm(hidden_states, self.weight, self.bias, self.variance_epsilon, self.in_place)
+
+    def extra_repr(self) -> str:
+        return f"weight_shape={tuple(self.weight.shape)}, eps={self.variance_epsilon}, in_place={self.in_place}"
