@@ -18,12 +18,16 @@ from tigon import functional as F
 from tigon.numerics import rel_l2
 from tigon.reference import cross_entropy as ref_ce
 from tigon.reference import divergence as ref_div
+from tigon.reference import dyt as ref_dyt
 from tigon.reference import fused_add_rms_norm as ref_fadd
 from tigon.reference import fused_linear_cross_entropy as ref_flce
 from tigon.reference import glu as ref_glu
 from tigon.reference import layer_norm as ref_ln
+from tigon.reference import poly_norm as ref_poly_norm
+from tigon.reference import relu_squared as ref_relu_squared
 from tigon.reference import rms_norm as ref_rms
 from tigon.reference import rope as ref_rope
+from tigon.reference import softmax as ref_softmax
 
 PAST = 2**31
 MORE = 2**24  # elements past the boundary
@@ -126,6 +130,34 @@ def test_glu_past_2_31_elements(op):
         _zero_before(f"{op} {name}", got, r0)
     if op == "glu_linear":
         assert rel_l2(wd.grad, wt.grad) < TOL
+
+
+@pytest.mark.parametrize("hidden", [4096, 256])
+@pytest.mark.parametrize("op", ["relu_squared", "softmax", "dyt", "poly_norm"])
+def test_liger_ops_past_2_31_elements(op, hidden):
+    # The ops of Liger's list beyond the Llama ones: x (M, hidden) past 2**31 elements, their parameters' gradients
+    # from the checked rows alone (the upstream gradient is zero before them).
+    m = (PAST + MORE) // hidden
+    r0 = _first_row(hidden)
+    x = torch.randn(m, hidden, **BF16).requires_grad_(True)
+    params = {"relu_squared": [], "softmax": [],
+              "dyt": [torch.tensor([0.6], **BF16), (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16),
+                      torch.randn(hidden, **BF16)],
+              "poly_norm": [torch.tensor([0.3, 0.3, 0.4], **BF16), torch.tensor(0.5, **BF16)]}[op]
+    params = [p.requires_grad_(True) for p in params]
+    ref = {"relu_squared": ref_relu_squared.relu_squared, "softmax": ref_softmax.softmax, "dyt": ref_dyt.dyt,
+           "poly_norm": ref_poly_norm.poly_norm}[op]
+    out = getattr(F, op)(x, *params)
+    dy = _upstream_after(out.shape, r0)
+    out.backward(dy)
+    xt, pt = _leaf(x.detach()[r0:]), [_leaf(p.detach()) for p in params]
+    want = ref(xt, *pt)
+    want.backward(dy[r0:].double())
+    _check_rows(f"{op} output", out.detach(), want, r0)
+    _check_rows(f"{op} dx", x.grad, xt.grad, r0)
+    _zero_before(f"{op} dx", x.grad, r0)
+    for p, q in zip(params, pt):
+        assert rel_l2(p.grad, q.grad) < TOL, f"{op}: parameter gradient {rel_l2(p.grad, q.grad):.2e}"
 
 
 def _rope_inputs(hq, d, t):
