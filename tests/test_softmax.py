@@ -59,7 +59,7 @@ def test_softmax_masked_entries_and_extremes(device):
 
 
 def test_softmax_non_contiguous_and_not_mutated(device):
-    base = torch.randn(64, 6, 130, device=device) * 2
+    base = torch.randn(16, 6, 130, device=device) * 2
     for x in (base.transpose(0, 1), base[..., 3:-2], base.transpose(1, 2)):  # strided rows; a strided last dim
         before = x.clone()
         assert_close_to_truth(compare(F.softmax, ref_softmax, dict(x=x), ["x"]))
