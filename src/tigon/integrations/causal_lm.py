@@ -280,7 +280,8 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
 
     With labels and HF's default loss:
       * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
-        :func:`causal_lm_loss`; the output's ``logits`` is None.
+        :func:`causal_lm_loss`; the output's ``logits`` is None. A head that is its own FSDP2 unit is read inside
+        that unit's forward hooks (:mod:`tigon.integrations.sharded_head`).
       * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
     Everything else (no labels, eval without ``ce``, a custom loss, an LM head that is not a plain Linear, arguments
     that do not bind) runs ``original`` unchanged. Every argument except ``head_only_args`` and ``return_dict``
