@@ -4,14 +4,16 @@ Run by the test as 2 processes with the gloo backend on the CPU (``python distri
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set). For every scenario of :data:`SCENARIOS` (or those named) it
 trains the unpatched model and the patched one under the same wrapper from the same weights on the same batches
 (each rank its own), and compares this rank's losses, local gradients (FSDP2: the rank's shards) and parameters.
-It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or ``RESULT <name> FAIL <reason>``,
-then ``DONE``.
+Under FSDP2 the patched run must also issue exactly as many all-gathers as the original (the fused loss adds no
+gather of its own). It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or
+``RESULT <name> FAIL <reason>``, then ``DONE``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -45,7 +47,8 @@ class Scenario:
     wrapper: "ddp" or "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root).
     head: (fsdp) "root": the LM head in the root unit; "unit": its own unit; "group": ``fully_shard([norm, head])``
         (torchtitan's wrapping). tied: tied input and output embeddings. checkpointing: HF gradient checkpointing
-        (non-reentrant). param_dtype: FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``. patch_after_wrap: call
+        (non-reentrant). param_dtype: FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's
+        unit's ``reshard_after_forward`` (False: kept unsharded until the backward, torchtitan's default there). patch_after_wrap: call
         ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on the losses' relative
         difference and on the rel. L2 difference of each gradient and parameter.
     """
@@ -55,6 +58,7 @@ class Scenario:
     tied: bool = False
     checkpointing: bool = False
     param_dtype: torch.dtype | None = None
+    head_reshard: bool = True
     patch_after_wrap: bool = False
     rtol: float = 1e-5
 
@@ -64,6 +68,7 @@ SCENARIOS = {
     "ddp_tied": Scenario("ddp", tied=True),
     "fsdp": Scenario("fsdp"),
     "fsdp_head_unit": Scenario("fsdp", head="unit"),
+    "fsdp_head_unit_kept": Scenario("fsdp", head="unit", head_reshard=False),
     "fsdp_norm_head_group": Scenario("fsdp", head="group"),
     "fsdp_tied": Scenario("fsdp", tied=True),
     "fsdp_head_unit_checkpointing": Scenario("fsdp", head="unit", checkpointing=True),
@@ -97,10 +102,32 @@ def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     for layer in model.model.layers:
         fully_shard(layer, **kw)
     if sc.head == "unit":
-        fully_shard(model.lm_head, **kw)
+        fully_shard(model.lm_head, reshard_after_forward=sc.head_reshard, **kw)
     elif sc.head == "group":
-        fully_shard([model.model.norm, model.lm_head], **kw)
+        fully_shard([model.model.norm, model.lm_head], reshard_after_forward=sc.head_reshard, **kw)
     return fully_shard(model, **kw)
+
+
+def _count_all_gathers() -> list[int]:
+    """A counter of FSDP2's all-gathers (a wrapper around its private foreach_all_gather; empty if it moved)."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_module
+    except ImportError:
+        return []
+    original = getattr(group_module, "foreach_all_gather", None)
+    if original is None:
+        return []
+    count = [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    group_module.foreach_all_gather = counting
+    return count
+
+
+ALL_GATHERS = _count_all_gathers()
 
 
 def batch(step: int):
@@ -126,6 +153,7 @@ def train(sc: Scenario, patched: bool) -> dict:
         assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
+    gathers = ALL_GATHERS[0] if ALL_GATHERS else 0
     for step in range(STEPS):
         ids, labels = batch(step)
         out = wrapped(input_ids=ids, labels=labels)
@@ -138,7 +166,7 @@ def train(sc: Scenario, patched: bool) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
     run["params"] = {n: _local(p) for n, p in wrapped.named_parameters()}
-    run["sharded_grads"] = sc.wrapper == "fsdp"  # (FSDP2: gradients checked to be DTensors below)
+    run["all_gathers"] = (ALL_GATHERS[0] - gathers) if ALL_GATHERS else None
     return run
 
 
@@ -148,7 +176,12 @@ def check(name: str, sc: Scenario) -> str:
     assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
     assert not any(ref["fused"])
     if sc.wrapper == "fsdp" and sc.head in ("unit", "group"):
-        assert all(got["head_resharded"]), "the head's weight stayed unsharded after the forward"
+        # nothing kept: resharded after the forward unless the unit says otherwise, as the original
+        assert got["head_resharded"] == ref["head_resharded"] == [sc.head_reshard] * STEPS, \
+            f"head sharded after the forward: patched {got['head_resharded']}, original {ref['head_resharded']}"
+    if sc.wrapper == "fsdp":
+        assert got["all_gathers"] == ref["all_gathers"], \
+            f"{got['all_gathers']} FSDP all-gathers, the original {ref['all_gathers']}"
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
     for step, (a, b) in enumerate(zip(got["losses"], ref["losses"])):
         worst["loss"] = max(worst["loss"], abs(a - b) / abs(b))
@@ -163,7 +196,7 @@ def check(name: str, sc: Scenario) -> str:
         d = rel_l2(got["params"][n], r)
         worst["param"] = max(worst["param"], d)
         assert d <= sc.rtol, f"param {n} after {STEPS} steps: rel L2 {d:.2e}"
-    return " ".join(f"{k}={v:.1e}" for k, v in worst.items())
+    return " ".join(f"{k}={v:.1e}" for k, v in worst.items()) + f" all_gathers={got['all_gathers']}"
 
 
 def check_tensor_parallel_head_is_skipped() -> str:
@@ -184,8 +217,10 @@ def main(names: list[str]) -> None:
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
     checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
     for name in names or list(checks):
+        start = time.perf_counter()
         try:
-            print(f"RESULT {name} OK {checks[name]()}", flush=True)
+            detail = checks[name]()
+            print(f"RESULT {name} OK {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
             tb = traceback.format_exc(limit=-3).replace("\n", " | ")
             print(f"RESULT {name} FAIL {type(e).__name__}: {e} | {tb}", flush=True)

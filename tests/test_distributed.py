@@ -5,8 +5,9 @@ scenario, unpatched and patched under the same wrapper: DDP (untied and tied emb
 in the root unit, as its own unit, grouped with the final norm (torchtitan's ``fully_shard([norm, output])``), with
 tied embeddings, with gradient checkpointing, patched after wrapping, and under a bf16 mixed-precision policy. Each
 rank compares its losses, its local gradients (FSDP2: its shards, reduce-scattered by FSDP) and its parameters; the
-fused LM-head loss must have run (no logits returned) and, for a head that is its own unit, left the weight sharded
-after the forward. A DTensor LM-head weight outside FSDP2 (tensor parallel) must be skipped with a reason.
+fused LM-head loss must have run (no logits returned), FSDP2 must have all-gathered as often as for the original
+(no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
+original's is (``reshard_after_forward`` True, or False: kept). A DTensor LM-head weight outside FSDP2 (tensor parallel) must be skipped with a reason.
 
 Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism beyond that refusal.
 """
@@ -25,7 +26,7 @@ from ranks import run_ranks  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 WORLD = 2
-CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_norm_head_group", "fsdp_tied",
+CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group", "fsdp_tied",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "tensor_parallel_head_skipped"]
 
