@@ -48,9 +48,9 @@ class Scenario:
     head: (fsdp) "root": the LM head in the root unit; "unit": its own unit; "group": ``fully_shard([norm, head])``
         (torchtitan's wrapping). tied: tied input and output embeddings. checkpointing: HF gradient checkpointing
         (non-reentrant). param_dtype: FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's
-        unit's ``reshard_after_forward`` (False: kept unsharded until the backward, torchtitan's default there). patch_after_wrap: call
-        ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on the losses' relative
-        difference and on the rel. L2 difference of each gradient and parameter.
+        unit's ``reshard_after_forward`` (False: kept unsharded until the backward, torchtitan's default there).
+        patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on
+        the losses' relative difference and on the rel. L2 difference of each gradient and parameter.
     """
 
     wrapper: str

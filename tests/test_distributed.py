@@ -7,7 +7,8 @@ tied embeddings, with gradient checkpointing, patched after wrapping, and under 
 rank compares its losses, its local gradients (FSDP2: its shards, reduce-scattered by FSDP) and its parameters; the
 fused LM-head loss must have run (no logits returned), FSDP2 must have all-gathered as often as for the original
 (no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
-original's is (``reshard_after_forward`` True, or False: kept). A DTensor LM-head weight outside FSDP2 (tensor parallel) must be skipped with a reason.
+original's is (``reshard_after_forward`` True, or False: kept). A DTensor LM-head weight outside FSDP2 (tensor
+parallel) and a DeepSpeed ZeRO-3 one must be skipped with the reason.
 
 Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism beyond that refusal.
 """
