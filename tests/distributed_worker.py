@@ -70,7 +70,7 @@ SCENARIOS = {
     "fsdp_head_unit": Scenario("fsdp", head="unit"),
     "fsdp_head_unit_kept": Scenario("fsdp", head="unit", head_reshard=False),
     "fsdp_norm_head_group": Scenario("fsdp", head="group"),
-    "fsdp_tied": Scenario("fsdp", tied=True),
+    "fsdp_tied_patched_after_wrap": Scenario("fsdp", tied=True, patch_after_wrap=True),
     "fsdp_head_unit_checkpointing": Scenario("fsdp", head="unit", checkpointing=True),
     "fsdp_head_unit_patched_after_wrap": Scenario("fsdp", head="unit", patch_after_wrap=True),
     # bf16 parameters and activations: the patched kernels compute in fp32 where torch rounds to bf16 in between

@@ -2,8 +2,9 @@
 
 One launch of tests/distributed_worker.py (2 ranks, Triton's interpreter) trains a tiny Llama for a few steps in every
 scenario, unpatched and patched under the same wrapper: DDP (untied and tied embeddings) and FSDP2 with the LM head
-in the root unit, as its own unit, grouped with the final norm (torchtitan's ``fully_shard([norm, output])``), with
-tied embeddings, with gradient checkpointing, patched after wrapping, and under a bf16 mixed-precision policy. Each
+in the root unit, as its own unit (resharded after the forward, or kept), grouped with the final norm (torchtitan's
+``fully_shard([norm, output])``), with tied embeddings (patched after wrapping), with gradient checkpointing, the
+head's unit patched after wrapping, and under a bf16 mixed-precision policy. Each
 rank compares its losses, its local gradients (FSDP2: its shards, reduce-scattered by FSDP) and its parameters; the
 fused LM-head loss must have run (no logits returned), FSDP2 must have all-gathered as often as for the original
 (no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
@@ -27,7 +28,8 @@ from ranks import run_ranks  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 WORLD = 2
-CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group", "fsdp_tied",
+CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group",
+          "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "tensor_parallel_head_skipped"]
 
