@@ -2,37 +2,20 @@
 tensor subclasses are refused before any kernel sees them; meta / fake tensors pass through with their shapes."""
 
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from ranks import run_ranks
 from tigon import functional as F
 
 WORKER = os.path.join(os.path.dirname(__file__), "dtensor_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(world: int, device: str) -> None:
-    port = str(_free_port())
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port, TIGON_TEST_DEVICE=device)
-        if device == "cpu" and not torch.cuda.is_available():
-            env["TRITON_INTERPRET"] = "1"  # the kernels, interpreted, on each rank's local shard (as conftest)
-        procs.append(subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and "OK" in out, f"rank {rank}:\n{out[-4000:]}"
+    outs = run_ranks(WORKER, world, env={"TIGON_TEST_DEVICE": device})
+    for rank, out in enumerate(outs):
+        assert "OK" in out, f"rank {rank}:\n{out[-4000:]}"
 
 
 def test_dtensor_row_wise_ops_two_cpu_ranks():

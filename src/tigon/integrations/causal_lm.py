@@ -23,6 +23,7 @@ import torch
 from .. import functional as TF
 from .families import CausalLMSpec
 from .forwards import mark
+from .sharded_head import fsdp_unit, run_in_unit, sharding_problem
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None,
@@ -187,13 +188,16 @@ def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
 
 
 def head_problem(model, spec: CausalLMSpec) -> str | None:
-    """Why the fused head cannot replace ``model``'s LM head, or None when it can (see :func:`effective_head`)."""
+    """Why the fused head cannot replace ``model``'s LM head, or None when it can (see :func:`effective_head`, and
+    :func:`~tigon.integrations.sharded_head.sharding_problem` for weights sharded by FSDP2, DeepSpeed or DTensor)."""
     head = getattr(model, spec.lm_head, None)
     linear, why = effective_head(head)
     if linear is None:
         return why
     if not linear.weight.is_floating_point():
         return f"{spec.lm_head}.weight has dtype {linear.weight.dtype}"
+    if (why := sharding_problem(head, linear)) is not None:
+        return why
     if getattr(model, spec.backbone, None) is None:
         return f"no backbone attribute {spec.backbone!r}"
     if not uses_default_loss(model):
@@ -276,7 +280,8 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
 
     With labels and HF's default loss:
       * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
-        :func:`causal_lm_loss`; the output's ``logits`` is None.
+        :func:`causal_lm_loss`; the output's ``logits`` is None. A head that is its own FSDP2 unit is read inside
+        that unit's forward hooks (:mod:`tigon.integrations.sharded_head`).
       * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
     Everything else (no labels, eval without ``ce``, a custom loss, an LM head that is not a plain Linear, arguments
     that do not bind) runs ``original`` unchanged. Every argument except ``head_only_args`` and ``return_dict``
@@ -302,16 +307,21 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
         hidden = slice_to_keep(hidden, logits_to_keep)
-        head, _ = effective_head(getattr(self, spec.lm_head))
-        loss = causal_lm_loss(
-            hidden, head.weight, labels, head.bias,
-            shift_labels=arguments.get("shift_labels"),
-            ignore_index=arguments.get("ignore_index", -100),
-            num_items_in_batch=arguments.get("num_items_in_batch"),
-            softcap=_config_value(self, spec.softcap_attr),
-            logit_scale=_logit_scale(self, spec),
-            flce_options=dict(flce_options),
-        )
+        outer = getattr(self, spec.lm_head)
+        head, _ = effective_head(outer)
+
+        def head_loss(h):  # reads the head's parameters when called: inside its FSDP2 unit's hooks, if it is one
+            return causal_lm_loss(
+                h, head.weight, labels, head.bias,
+                shift_labels=arguments.get("shift_labels"),
+                ignore_index=arguments.get("ignore_index", -100),
+                num_items_in_batch=arguments.get("num_items_in_batch"),
+                softcap=_config_value(self, spec.softcap_attr),
+                logit_scale=_logit_scale(self, spec),
+                flce_options=dict(flce_options),
+            )
+
+        loss = run_in_unit(fsdp_unit(outer, head), head_loss, hidden)
         cls = output_class(family_module, spec.output_class)
         # The class's field table, not dataclasses.fields(cls): dynamo cannot trace the latter on a class (graph
         # break under torch.compile); ModelOutput classes have no ClassVar / InitVar pseudo-fields to filter out.

@@ -39,7 +39,8 @@ dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), a
 another rotary function instead for its configuration (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` under
 ``rope_interleave``; read from its source, :mod:`tigon.integrations.rotary_calls`), NoPE layers (nothing to patch), the
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
-used), activations without a kernel, custom losses.
+used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2, a DeepSpeed ZeRO-3 parameter; an FSDP2
+unit is read inside its hooks: :mod:`tigon.integrations.sharded_head`), activations without a kernel, custom losses.
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
 problem (the plan is checked before anything is applied).
