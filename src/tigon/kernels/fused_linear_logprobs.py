@@ -26,12 +26,15 @@ Ignored rows are never read (their outputs are 0, their gradient rows written as
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from . import target_check
-from ._common import cdiv, once_differentiable
+from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
 from .fused_linear_cross_entropy import (
     _Matmuls, _operands, chunk_rows, finish_grad, flce_backward_rows, grad_buffers,
 )
@@ -225,6 +228,14 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
             finish_grad(gb, None, bias.dtype if bias is not None else None))
 
 
+def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool):
+    """(logp, entropy or None, lse, stats): :func:`logprobs_forward` plus the lse (0 at ignored tokens); shared by
+    the autograd.Function and the custom op."""
+    logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy)
+    lse = torch.where(target != opts.ignore_index, stats[:, 0] + stats[:, 1], 0.0)
+    return logp, ent, lse, stats
+
+
 class FusedLinearLogProbsFunction(torch.autograd.Function):
     """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy)`` -> (logp, entropy,
     lse), each (N,) fp32 and differentiable (entropy is an empty (0,) tensor unless ``want_entropy``). ``need`` =
@@ -233,9 +244,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy):
         target = target.contiguous()
-        logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy)
-        valid = target != opts.ignore_index
-        lse = torch.where(valid, stats[:, 0] + stats[:, 1], 0.0)
+        logp, ent, lse, stats = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy)
         ctx.opts, ctx.cd, ctx.need = opts, cd, need
         if any(need):
             ctx.save_for_backward(hidden, weight, target, bias, stats, ent)
@@ -260,3 +269,78 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
                                        ctx.cd, ctx.need)
         return (gh if ctx.need[0] else None, gw if ctx.need[1] else None, None,
                 gb if ctx.need[2] else None) + none
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::fused_linear_logprobs", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flp(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
+         softcap: Optional[float], logit_scale: float, cd: torch.dtype, want_entropy: bool, need_hidden: bool,
+         need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32. The need flags only
+    tell the autograd formula which gradients to form."""
+    opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
+    logp, ent, lse, stats = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy)
+    return logp, or_empty(ent, stats), lse, stats
+
+
+@_flp.register_fake
+def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, need_hidden, need_weight,
+      need_bias):
+    n = hidden.shape[0]
+    f32 = dict(dtype=torch.float32)
+    return (hidden.new_empty((n,), **f32), hidden.new_empty((n,) if want_entropy else (0,), **f32),
+            hidden.new_empty((n,), **f32), hidden.new_empty((n, 2), **f32))
+
+
+@torch.library.custom_op("tigon::fused_linear_logprobs_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flp_backward(g_lp: Tensor, g_ent: Optional[Tensor], g_lse: Optional[Tensor], hidden: Tensor, weight: Tensor,
+                  target: Tensor, bias: Optional[Tensor], stats: Tensor, ent: Tensor, ignore_index: int,
+                  softcap: Optional[float], logit_scale: float, cd: torch.dtype, need_hidden: bool, need_weight: bool,
+                  need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_hidden, grad_weight, grad_bias) in the inputs' shapes and dtypes, (0,) where not needed; ``g_ent`` None
+    unless the forward returned an entropy (``ent``)."""
+    opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
+    gh, gw, gb = logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target.contiguous(), bias, stats,
+                                   ent if g_ent is not None else None, opts, cd,
+                                   (need_hidden, need_weight, need_bias))
+    return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
+
+
+@_flp_backward.register_fake
+def _(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ignore_index, softcap, logit_scale, cd,
+      need_hidden, need_weight, need_bias):
+    empty = stats.new_empty((0,))
+    return (hidden.new_empty(hidden.shape) if need_hidden else empty,
+            weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
+            bias.new_empty(bias.shape) if need_bias and bias is not None else empty.new_empty((0,)))
+
+
+def _flp_setup(ctx, inputs, output):
+    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb = inputs
+    ctx.need, ctx.want_entropy = (nh, nw, nb), want_entropy
+    ctx.scalars = (ignore_index, softcap, logit_scale, cd, nh, nw, nb)
+    ctx.save_for_backward(hidden, weight, target, bias, output[3], output[1])
+
+
+def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats):
+    nones = (None,) * 8
+    if not any(ctx.need):
+        return (None,) * 4 + nones
+    hidden, weight, target, bias, stats, ent = ctx.saved_tensors
+    if g_lp is None:
+        g_lp = torch.zeros(target.shape[0], dtype=torch.float32, device=target.device)
+    outs = _flp_backward(g_lp, g_ent if ctx.want_entropy else None, g_lse, hidden, weight, target, bias, stats, ent,
+                         *ctx.scalars)
+    gh, gw, gb = (if_wanted(t, wanted) for t, wanted in zip(outs, ctx.need))
+    return (gh, gw, None, gb) + nones
+
+
+_flp.register_autograd(_flp_grad, setup_context=_flp_setup)
+
+
+def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy):
+    """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse)."""
+    logp, ent, lse, _stats = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap, opts.logit_scale, cd,
+                                  want_entropy, *need)
+    return logp, ent, lse

@@ -41,7 +41,8 @@ def fused_linear_logprobs(
     chunk by chunk (4 matmuls in all, as ``fused_linear_cross_entropy(reduction="none")``), for any upstream
     gradient on the log-probabilities, the entropy and the lse. Under ``torch.no_grad`` only the forward runs.
     Under ``torch.autocast`` the matmuls run in the autocast dtype. The caller's tensors are never written. Inside
-    a ``torch.compile`` graph the reference runs (traced by Inductor; the logits are then materialised).
+    a ``torch.compile`` graph the kernels run as the custom ops ``tigon::fused_linear_logprobs`` (and its
+    backward), one opaque node each.
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first; any
@@ -75,8 +76,7 @@ def fused_linear_logprobs(
     else:
         cd = torch.promote_types(hidden.dtype, weight.dtype)
     backend = select_backend("fused_linear_logprobs", hidden)
-    if (backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16)
-            or torch.compiler.is_compiling()):
+    if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
         return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                                          ignore_index=ignore_index, return_entropy=return_entropy,
                                          return_lse=return_lse)
@@ -90,8 +90,9 @@ def fused_linear_logprobs(
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
-    logp, ent, lse = k.FusedLinearLogProbsFunction.apply(hidden, weight, target, bias, opts, cd, need,
-                                                         bool(return_entropy))
+    run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
+           else k.FusedLinearLogProbsFunction.apply)
+    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy))
     if not (return_entropy or return_lse):
         return logp
     return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
