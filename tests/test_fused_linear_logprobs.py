@@ -326,3 +326,17 @@ def test_fullgraph_compile_matches_eager(device, kw, monkeypatch):
     assert calls  # traced through the custom op
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_autocast_bf16_with_fp32_parameters(device):
+    # under autocast the matmuls run in bf16 (as F.linear would) and the gradients come back in fp32
+    hidden, weight, target, bias = _problem(device, torch.float32, bias=True, ignore_every=3)
+    up = _upstream(hidden.shape[0], 2, device)
+    kw = dict(return_entropy=True, temperature=0.8)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        got, g_got = _run(F.fused_linear_logprobs, hidden, weight, target, bias, up, **kw)
+        plain, g_plain = _run(trl_linear_logprobs, hidden, weight, target, bias, up, **kw)
+    truth, g_truth = _run(ref_logprobs, hidden, weight, target, bias, up, dtype=torch.float64, **kw)
+    assert all(g.dtype == torch.float32 for g in g_got) and got[0].dtype == torch.float32
+    for a, p, t in zip([*got[:2], *g_got], [*plain[:2], *g_plain], [*truth[:2], *g_truth]):
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (rel_l2(a, t), rel_l2(p, t))
