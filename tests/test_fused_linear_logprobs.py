@@ -284,14 +284,15 @@ def test_custom_op_opcheck(device, case):
     opts = (-100, 3.0, 0.5, torch.float32)
     if case.startswith("forward"):
         args = (hidden.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), *opts,
-                case == "forward_entropy", True, True, True)
+                case == "forward_entropy", True, True, True, False, -1)
         op = torch.ops.tigon.fused_linear_logprobs
     else:
         ent = case == "backward_entropy"
-        _, e, _, stats = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True)
+        _, e, _, stats = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
         n = hidden.shape[0]
         args = (torch.randn(n, device=device), torch.randn(n, device=device) if ent else None,
-                torch.randn(n, device=device), hidden, weight, target, bias, stats, e, *opts, True, True, False)
+                torch.randn(n, device=device), hidden, weight, target, bias, stats, e, *opts, True, True, False,
+                ent, 4096)
         op = torch.ops.tigon.fused_linear_logprobs_backward
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                                 "test_aot_dispatch_dynamic"))
@@ -340,3 +341,19 @@ def test_autocast_bf16_with_fp32_parameters(device):
     assert all(g.dtype == torch.float32 for g in g_got) and got[0].dtype == torch.float32
     for a, p, t in zip([*got[:2], *g_got], [*plain[:2], *g_plain], [*truth[:2], *g_truth]):
         assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (rel_l2(a, t), rel_l2(p, t))
+
+
+@pytest.mark.parametrize("memory", ["low", 0, 1 << 30])
+def test_memory_option(device, memory, monkeypatch):
+    # fp32: "low" (grad_weight accumulated in the weight's dtype, fp32 here) and byte budgets give the default
+    # results; the budget sets the chunks (0: the 16-row floor)
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 1 << 18)
+    hidden, weight, target, bias = _problem(device, torch.float32, n=40, bias=True, ignore_every=3)
+    up = _upstream(hidden.shape[0], 2, device)
+    for kw in (dict(), dict(return_entropy=True)):
+        got, g_got = _run(F.fused_linear_logprobs, hidden, weight, target, bias, up, memory=memory, **kw)
+        want, g_want = _run(F.fused_linear_logprobs, hidden, weight, target, bias, up, **kw)
+        for a, b in zip([*got[:2], *g_got], [*want[:2], *g_want]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="memory"):
+        F.fused_linear_logprobs(hidden, weight, target, memory="lots")

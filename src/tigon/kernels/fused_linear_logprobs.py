@@ -165,9 +165,11 @@ def rows_backward(x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, en
 # ----------------------------------------------------------------------------------------------- chunk loops
 
 
-def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool):
+def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
+                     lean: bool = False, budget: int = -1):
     """(logp (N,), entropy (N,) or None, stats (N, 2)) fp32 over chunks of tokens (no gradient is formed here: the
-    backward recomputes the logits). ``cd``: the matmul dtype; ``target`` contiguous."""
+    backward recomputes the logits). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the
+    chunk rule of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows` (the ``memory`` option)."""
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -176,7 +178,7 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
     logp, stats = torch.empty(n, **f32), row_stats(n, dev)
     ent = torch.empty(n, **f32) if want_entropy else None
     z = None if want_entropy else torch.empty(n, **f32)  # the cross-entropy kernel's z-loss rows (all 0 here)
-    rows = chunk_rows(n, vocab, hdim, dev, elem_bytes=cd.itemsize)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, False, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -194,13 +196,15 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
 
 
 def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, opts: LossOptions,
-                      cd: torch.dtype, need: tuple[bool, bool, bool]):
+                      cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False,
+                      budget: int = -1):
     """(grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed) for upstream gradients
     (N,) on log p, the entropy and the lse (None for none). Log p alone: the cross-entropy rows' backward with
-    coefficient -g_lp."""
+    coefficient -g_lp. ``lean``, ``halves``, ``budget``: as
+    :func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`."""
     if g_ent is None and g_lse is None:
         return flce_backward_rows(-g_lp.to(torch.float32), hidden, weight, target, bias, None, stats, opts, cd, need,
-                                  False, True)
+                                  lean, halves, budget)
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -211,8 +215,8 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     g_lp = coef(g_lp) if g_lp is not None else torch.zeros(n, dtype=torch.float32, device=dev)
     g_ent, g_lse = coef(g_ent), coef(g_lse)
     h, w, b = _operands(hidden, weight, bias, cd)
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, False, False, True)
-    rows = chunk_rows(n, vocab, hdim, dev, False, need[1], cd.itemsize)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -228,24 +232,26 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
             finish_grad(gb, None, bias.dtype if bias is not None else None))
 
 
-def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool):
+def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
+                     lean: bool = False, budget: int = -1):
     """(logp, entropy or None, lse, stats): :func:`logprobs_forward` plus the lse (0 at ignored tokens); shared by
     the autograd.Function and the custom op."""
-    logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy)
+    logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
     lse = torch.where(target != opts.ignore_index, stats[:, 0] + stats[:, 1], 0.0)
     return logp, ent, lse, stats
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
-    """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy)`` -> (logp, entropy,
-    lse), each (N,) fp32 and differentiable (entropy is an empty (0,) tensor unless ``want_entropy``). ``need`` =
-    (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype."""
+    """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget)`` ->
+    (logp, entropy, lse), each (N,) fp32 and differentiable (entropy is an empty (0,) tensor unless
+    ``want_entropy``). ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype;
+    ``lean``, ``budget``: the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy):
+    def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1):
         target = target.contiguous()
-        logp, ent, lse, stats = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy)
-        ctx.opts, ctx.cd, ctx.need = opts, cd, need
+        logp, ent, lse, stats = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
+        ctx.opts, ctx.cd, ctx.need, ctx.lean, ctx.budget = opts, cd, need, lean, budget
         if any(need):
             ctx.save_for_backward(hidden, weight, target, bias, stats, ent)
         if ent is None:
@@ -257,7 +263,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, g_lp, g_ent, g_lse):
-        none = (None,) * 4
+        none = (None,) * 6
         if not any(ctx.need) or (g_lp is None and g_ent is None and g_lse is None):
             return (None,) * 4 + none
         hidden, weight, target, bias, stats, ent = ctx.saved_tensors
@@ -266,7 +272,7 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
         if g_lp is None:
             g_lp = torch.zeros(target.shape[0], dtype=torch.float32, device=target.device)
         gh, gw, gb = logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ctx.opts,
-                                       ctx.cd, ctx.need)
+                                       ctx.cd, ctx.need, ctx.lean, True, ctx.budget)
         return (gh if ctx.need[0] else None, gw if ctx.need[1] else None, None,
                 gb if ctx.need[2] else None) + none
 
@@ -276,17 +282,18 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
 @torch.library.custom_op("tigon::fused_linear_logprobs", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _flp(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
          softcap: Optional[float], logit_scale: float, cd: torch.dtype, want_entropy: bool, need_hidden: bool,
-         need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+         need_weight: bool, need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32. The need flags only
     tell the autograd formula which gradients to form."""
     opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
-    logp, ent, lse, stats = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy)
+    logp, ent, lse, stats = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy, lean,
+                                             budget)
     return logp, or_empty(ent, stats), lse, stats
 
 
 @_flp.register_fake
 def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, need_hidden, need_weight,
-      need_bias):
+      need_bias, lean, budget):
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32)
     return (hidden.new_empty((n,), **f32), hidden.new_empty((n,) if want_entropy else (0,), **f32),
@@ -297,19 +304,19 @@ def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want
 def _flp_backward(g_lp: Tensor, g_ent: Optional[Tensor], g_lse: Optional[Tensor], hidden: Tensor, weight: Tensor,
                   target: Tensor, bias: Optional[Tensor], stats: Tensor, ent: Tensor, ignore_index: int,
                   softcap: Optional[float], logit_scale: float, cd: torch.dtype, need_hidden: bool, need_weight: bool,
-                  need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_hidden, grad_weight, grad_bias) in the inputs' shapes and dtypes, (0,) where not needed; ``g_ent`` None
     unless the forward returned an entropy (``ent``)."""
     opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
     gh, gw, gb = logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target.contiguous(), bias, stats,
                                    ent if g_ent is not None else None, opts, cd,
-                                   (need_hidden, need_weight, need_bias))
+                                   (need_hidden, need_weight, need_bias), lean, budget=budget)
     return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flp_backward.register_fake
 def _(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ignore_index, softcap, logit_scale, cd,
-      need_hidden, need_weight, need_bias):
+      need_hidden, need_weight, need_bias, lean, budget):
     empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
@@ -317,14 +324,14 @@ def _(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ignore_index
 
 
 def _flp_setup(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb = inputs
+    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb, lean, budget = inputs
     ctx.need, ctx.want_entropy = (nh, nw, nb), want_entropy
-    ctx.scalars = (ignore_index, softcap, logit_scale, cd, nh, nw, nb)
+    ctx.scalars = (ignore_index, softcap, logit_scale, cd, nh, nw, nb, lean, budget)
     ctx.save_for_backward(hidden, weight, target, bias, output[3], output[1])
 
 
 def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats):
-    nones = (None,) * 8
+    nones = (None,) * 10
     if not any(ctx.need):
         return (None,) * 4 + nones
     hidden, weight, target, bias, stats, ent = ctx.saved_tensors
@@ -339,8 +346,9 @@ def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats):
 _flp.register_autograd(_flp_grad, setup_context=_flp_setup)
 
 
-def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy):
+def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy,
+                                   lean=False, budget=-1):
     """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse)."""
     logp, ent, lse, _stats = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap, opts.logit_scale, cd,
-                                  want_entropy, *need)
+                                  want_entropy, *need, lean, budget)
     return logp, ent, lse

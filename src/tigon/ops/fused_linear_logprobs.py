@@ -17,6 +17,7 @@ from ..reference import fused_linear_logprobs as ref
 from ..reference.fused_linear_logprobs import LogProbsOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, targets
+from .fused_linear_cross_entropy import memory_plan
 
 
 def fused_linear_logprobs(
@@ -30,6 +31,7 @@ def fused_linear_logprobs(
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_lse: bool = False,
+    memory: str | int = "auto",
 ):
     """Per-token ``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[target]`` without the logits.
 
@@ -55,6 +57,10 @@ def fused_linear_logprobs(
         ignore_index: target value of tokens to skip: 0 in every output, no gradient (padding, prompt tokens).
         return_entropy: also return each token's entropy ``-sum_v p_v log p_v`` (nats).
         return_lse: also return each token's log-sum-exp of the scaled logits.
+        memory: the memory the op may hold beside its inputs and the gradients it returns, as in
+            :func:`fused_linear_cross_entropy`: ``"auto"`` (default: chunk buffer and the backward's fp32 grad_weight
+            accumulator within 3 GiB on CUDA), ``"low"`` (grad_weight accumulated in the weight's dtype, chunks of
+            Liger-Kernel's size: about 64 MiB of logits), or a budget in bytes.
 
     Returns:
         (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy`` or
@@ -64,12 +70,13 @@ def fused_linear_logprobs(
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices, temperature (must be finite and > 0), softcap or
-            ignore_index (:func:`tigon.reference.fused_linear_logprobs.check_inputs`); ValueError for a target
-            outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets, without
-            a host sync, at the next loss-kernel launch, the affected outputs being NaN).
+            ignore_index (:func:`tigon.reference.fused_linear_logprobs.check_inputs`) and ``memory``; ValueError for
+            a target outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets,
+            without a host sync, at the next loss-kernel launch, the affected outputs being NaN).
     """
     ref.check_inputs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                      ignore_index=ignore_index)
+    lean, budget = memory_plan(memory, None, weight)
     dev_type = hidden.device.type
     if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):
         cd = torch.get_autocast_dtype(dev_type)
@@ -92,7 +99,7 @@ def fused_linear_logprobs(
             grad_on and bias is not None and bias.requires_grad)
     run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
            else k.FusedLinearLogProbsFunction.apply)
-    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy))
+    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget)
     if not (return_entropy or return_lse):
         return logp
     return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
