@@ -156,6 +156,10 @@ RECORDS = (OpSpec(
     # forward: the logits (1 matmul); backward: the logits again, grad_hidden and grad_weight (3)
     flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
     bench_inputs={"ignore_every": 10},
+    bench_notes={"tigon_entropy": "return_entropy=True: log-probabilities and entropies (eager / compile compute the "
+                                  "log-probabilities only; the entropy adds a pass over each chunk's logits)",
+                 "tigon_lean": "memory='low': grad_weight accumulated in the weight's dtype, chunks of about 64 MiB "
+                               "of logits"},
     cases=(
         Case(),
         Case("temperature=0.7", options={"temperature": 0.7}, inputs={"ignore_every": 4}),
@@ -164,5 +168,8 @@ RECORDS = (OpSpec(
         Case("entropy", options={"return_entropy": True}, variants=("model",)),
         Case("softcap=5.0 temperature=0.7", options={"softcap": 5.0, "temperature": 0.7}, variants=("model",)),
         Case("bias", inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
+        Case("bench: return_entropy", options={"return_entropy": True}, tags=frozenset({"bench"}),
+             provider="tigon_entropy"),
+        Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
     ),
 ),)
