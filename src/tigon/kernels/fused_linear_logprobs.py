@@ -124,6 +124,10 @@ def _logprob_bwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------- launchers
+# Blocks: the cross-entropy rows' (tigon.kernels.loss_rows._blocks: vocabulary blocks of up to MAX_BLOCK_V = 8192,
+# one row per program at LM vocabularies, 8 warps), measured there for the cross-entropy forward and backward on an
+# H200 (3.3 / 3.7 TB/s at N=8192, V=128256 bf16); these two kernels read and write the same bytes with a few more
+# flops per element, and are not re-measured (no GPU in this session).
 
 
 def rows_forward_entropy(x: torch.Tensor, target: torch.Tensor, opts: LossOptions, out_logp: torch.Tensor,
