@@ -31,14 +31,16 @@ from .ops.relu_squared import relu_squared
 from .ops.softmax import softmax
 from .ops.cross_entropy import cross_entropy
 from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from .ops.fused_linear_logprobs import fused_linear_logprobs
 from .ops.lora import lora_linear
 from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd
 from .reference.cross_entropy import LossOutput
+from .reference.fused_linear_logprobs import LogProbsOutput
 
 OPS = tuple(name for name, obj in list(globals().items())
             if callable(obj) and getattr(obj, "__module__", "").startswith("tigon.ops."))
 """The exported ops' names, in the order of the lines above (the order the tools list them)."""
 
-__all__ = [*OPS, "LossOutput"]
+__all__ = [*OPS, "LogProbsOutput", "LossOutput"]

@@ -62,12 +62,12 @@ def _run(fn, inputs, grad_names, upstream):
               for k, v in inputs.items()}
     outs = _as_tuple(fn(**leaves))
     grads: dict[str, torch.Tensor] = {}
-    diff = [(o, u) for o, u in zip(outs, upstream) if o.requires_grad and u is not None]
+    diff = [(o, u) for o, u in zip(outs, upstream) if o is not None and o.requires_grad and u is not None]
     if grad_names and diff:
         wrt = [leaves[k] for k in grad_names]
         gs = torch.autograd.grad([o for o, _ in diff], wrt, [u.to(o.dtype) for o, u in diff], allow_unused=True)
         grads = {k: (g if g is not None else torch.zeros_like(leaves[k])) for k, g in zip(grad_names, gs)}
-    return [o.detach() for o in outs], grads
+    return [o.detach() if o is not None else None for o in outs], grads
 
 
 def compare(
@@ -105,7 +105,7 @@ def compare(
     gen = torch.Generator(device="cpu").manual_seed(upstream_seed)
     upstream = []
     for i, o in enumerate(probe):
-        use = o.is_floating_point() and (differentiable_outputs is None or i in differentiable_outputs)
+        use = o is not None and o.is_floating_point() and (differentiable_outputs is None or i in differentiable_outputs)
         if not use:
             upstream.append(None)
         elif unit_upstream:

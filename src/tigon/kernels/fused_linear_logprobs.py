@@ -1,0 +1,358 @@
+"""Fused linear log-probabilities: per-token log p(target) (and entropy, log-sum-exp) of ``hidden @ weight.T``
+without the (N, V) logits; the primitive of the post-training losses (DPO family, GRPO).
+
+Formula and semantics: :mod:`tigon.reference.fused_linear_logprobs`. The temperature and the soft-cap are the
+cross-entropy kernels' ``logit_scale`` and ``softcap``: ``c tanh(z / c) / T = c' tanh(s z / c')`` with ``s = 1 / T``
+and ``c' = c / T``, so :class:`tigon.kernels.loss_rows.LossOptions` carries them unchanged.
+
+Chunks of tokens as in :mod:`tigon.kernels.fused_linear_cross_entropy` (its ``chunk_rows``, ``_Matmuls``,
+``grad_buffers``, ``finish_grad``): per chunk the logits go into one preallocated (rows, V) buffer by cuBLAS, then a
+row kernel reads them.
+
+* Log-probabilities alone: log p_t is minus the cross-entropy row loss (``reduction="none"``), formed as
+  ``-((m - x_t) + log s)``; the forward is :func:`tigon.kernels.loss_rows.ce_rows_forward` and the backward, for an
+  upstream ``a`` per token, is the cross-entropy row gradient with coefficient ``-a``
+  (:func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`: logits recomputed, 4 matmuls in all).
+* With the entropy (or a gradient on the lse): the kernels below. The forward keeps, beside the online
+  log-sum-exp's running max m and sum s = sum exp(x - m), the sum u = sum exp(x - m) (m - x), rescaled with s when
+  m grows (u' = e^(m - m') (u + (m' - m) s)); then H = u / s + log s: two non-negative terms, no cancellation (the
+  form lse - sum p x loses the entropy of a confident token to an ulp of lse). The backward writes, per element,
+  ``p_v (coef_p + h ((m - x_v) + log s)) - a [v = t]`` with coef_p = l - a - h H (module docstring of the
+  reference), times the soft-cap and scale derivative, over the chunk buffer in place.
+
+Minimal bytes per chunk: forward reads the logits once (N*V*2 for bf16), backward reads and writes them once.
+Ignored rows are never read (their outputs are 0, their gradient rows written as zeros).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import target_check
+from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
+from .fused_linear_cross_entropy import (
+    _Matmuls, _operands, chunk_rows, finish_grad, flce_backward_rows, grad_buffers,
+)
+from .loss_rows import LossOptions, _blocks, _row_setup, _target_logit, _transform, ce_rows_forward, row_stats
+
+
+@triton.jit
+def _logprob_entropy_fwd_kernel(
+    X, stride_x,      # logits rows (n, V), unit column stride; stride_x: elements between rows
+    T,                # (n,) int targets, contiguous
+    LOGP, ENT,        # (n,) fp32 outputs: log p(target), entropy (0 at ignored rows)
+    STATS,            # (n, 2) fp32 output: row max m and log s (lse = m + log s)
+    BAD,              # the target_check buffer (a target outside [0, V) is recorded there)
+    n_rows, V, ignore_index, logit_scale, softcap,
+    HAS_SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, in_range, t_safe, _wt = _row_setup(T, T, rows, n_rows, V, ignore_index, False)
+    tl.store(BAD + rows * 0, tl.load(T + rows, mask=rmask, other=0).to(tl.int64), mask=valid & (~in_range))
+    x_row = X + rows.to(tl.int64) * stride_x
+    xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    u = tl.zeros([BLOCK_M], tl.float32)  # sum_v exp(x_v - m) (m - x_v)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        x = tl.where(cmask[None, :], x, float("-inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m - m_ref)
+        shift = tl.where(m > float("-inf"), m_ref - m, 0.0)  # (s = u = 0 while m = -inf)
+        e = tl.exp(x - m_ref[:, None])
+        d = tl.where(cmask[None, :], m_ref[:, None] - x, 0.0)
+        u = alpha * (u + shift * s) + tl.sum(e * d, axis=1)
+        s = alpha * s + tl.sum(e, axis=1)
+        m = m_new
+    logs = tl.log(s)
+    tl.store(LOGP + rows, tl.where(valid, (xt - m) - logs, 0.0), mask=rmask)
+    tl.store(ENT + rows, tl.where(valid, u / s + logs, 0.0), mask=rmask)
+    tl.store(STATS + 2 * rows, m, mask=rmask)
+    tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
+
+
+@triton.jit
+def _logprob_bwd_kernel(
+    X, stride_x,      # logits rows (n, V) (recomputed), unit column stride
+    T, STATS, ENT,    # targets (n,), the forward's row statistics (n, 2) and entropy (n,) (read with HAS_ENT_GRAD)
+    GLP, GENT, GLSE,  # (n,) fp32 upstream gradients on log p, entropy, lse (GENT / GLSE read only when flagged)
+    DX, stride_dx,    # (n, V) output d/d raw logits (may be X: in place)
+    n_rows, V, ignore_index, logit_scale, softcap,
+    HAS_SOFTCAP: tl.constexpr, HAS_ENT_GRAD: tl.constexpr, HAS_LSE_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask, valid, _in_range, t_safe, _wt = _row_setup(T, T, rows, n_rows, V, ignore_index, False)
+    m = tl.load(STATS + 2 * rows, mask=rmask, other=0.0)
+    logs = tl.load(STATS + 2 * rows + 1, mask=rmask, other=0.0)
+    a = tl.where(valid, tl.load(GLP + rows, mask=rmask, other=0.0), 0.0)
+    coef_p = -a
+    h = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_LSE_GRAD:
+        coef_p += tl.where(valid, tl.load(GLSE + rows, mask=rmask, other=0.0), 0.0)
+    if HAS_ENT_GRAD:
+        h = tl.where(valid, tl.load(GENT + rows, mask=rmask, other=0.0), 0.0)
+        coef_p -= h * tl.load(ENT + rows, mask=rmask, other=0.0)
+    rows64 = rows.to(tl.int64)
+    x_row = X + rows64 * stride_x
+    dx_row = DX + rows64 * stride_dx
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        p = tl.exp((x - m[:, None]) - logs[:, None])
+        c = coef_p[:, None]
+        if HAS_ENT_GRAD:
+            c = c + h[:, None] * ((m[:, None] - x) + logs[:, None])
+        g = c * p + tl.where(cols[None, :] == t_safe[:, None], a[:, None], 0.0)
+        if HAS_SOFTCAP:
+            th = x / softcap
+            g = g * (1.0 - th * th)
+        g = g * logit_scale
+        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+# Blocks: the cross-entropy rows' (tigon.kernels.loss_rows._blocks: vocabulary blocks of up to MAX_BLOCK_V = 8192,
+# one row per program at LM vocabularies, 8 warps), measured there for the cross-entropy forward and backward on an
+# H200 (3.3 / 3.7 TB/s at N=8192, V=128256 bf16); these two kernels read and write the same bytes with a few more
+# flops per element, and are not re-measured (no GPU in this session).
+
+
+def rows_forward_entropy(x: torch.Tensor, target: torch.Tensor, opts: LossOptions, out_logp: torch.Tensor,
+                         out_ent: torch.Tensor, out_stats: torch.Tensor) -> None:
+    """Log-probabilities, entropies and row statistics of rows ``x`` (n, V) (unit column stride), targets (n,)
+    contiguous, into (n,) / (n,) / (n, 2) fp32 outputs. Raises first for a bad target an earlier launch recorded."""
+    n, vocab = x.shape
+    if n == 0:
+        return
+    target_check.raise_if_seen()
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _logprob_entropy_fwd_kernel[(cdiv(n, block_m),)](
+        x, x.stride(0), target, out_logp, out_ent, out_stats, target_check.buffer(x.device),
+        n, vocab, int(opts.ignore_index), float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_SOFTCAP=opts.softcap is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+def rows_backward(x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, ent: torch.Tensor | None,
+                  g_lp: torch.Tensor, g_ent: torch.Tensor | None, g_lse: torch.Tensor | None, opts: LossOptions,
+                  dx: torch.Tensor) -> None:
+    """``dx`` = the gradient on rows ``x`` (n, V) for the upstream gradients on log p (``g_lp``), the entropy
+    (``g_ent``, with the forward's ``ent``) and the lse (``g_lse``): (n,) fp32 contiguous, None for none (g_lp
+    required). ``dx`` may be ``x`` (in place)."""
+    n, vocab = x.shape
+    if n == 0:
+        return
+    target_check.raise_if_seen()
+    block_m, block_v, warps = _blocks(n, vocab, x.device)
+    _logprob_bwd_kernel[(cdiv(n, block_m),)](
+        x, x.stride(0), target, stats, ent if g_ent is not None else stats, g_lp,
+        g_ent if g_ent is not None else g_lp, g_lse if g_lse is not None else g_lp, dx, dx.stride(0),
+        n, vocab, int(opts.ignore_index), float(opts.logit_scale), float(opts.softcap or 1.0),
+        HAS_SOFTCAP=opts.softcap is not None, HAS_ENT_GRAD=g_ent is not None, HAS_LSE_GRAD=g_lse is not None,
+        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- chunk loops
+
+
+def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
+                     lean: bool = False, budget: int = -1):
+    """(logp (N,), entropy (N,) or None, stats (N, 2)) fp32 over chunks of tokens (no gradient is formed here: the
+    backward recomputes the logits). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the
+    chunk rule of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows` (the ``memory`` option)."""
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    h, w, b = _operands(hidden, weight, bias, cd)
+    f32 = dict(dtype=torch.float32, device=dev)
+    logp, stats = torch.empty(n, **f32), row_stats(n, dev)
+    ent = torch.empty(n, **f32) if want_entropy else None
+    z = None if want_entropy else torch.empty(n, **f32)  # the cross-entropy kernel's z-loss rows (all 0 here)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, False, cd.itemsize, budget)
+    buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
+    with torch.autocast(dev.type, enabled=False):
+        mm = _Matmuls(dev, cd)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg = buf[: e - s]
+            mm.logits(lg, h[s:e], w, b)
+            if want_entropy:
+                rows_forward_entropy(lg, target[s:e], opts, logp[s:e], ent[s:e], stats[s:e])
+            else:
+                ce_rows_forward(lg, target[s:e], None, None, opts, logp[s:e], z[s:e], stats[s:e], None)
+    if not want_entropy:
+        logp.neg_().add_(0.0)  # the cross-entropy row loss is -log p (+0.0, not -0.0, at ignored rows)
+    return logp, ent, stats
+
+
+def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, opts: LossOptions,
+                      cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False,
+                      budget: int = -1):
+    """(grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed) for upstream gradients
+    (N,) on log p, the entropy and the lse (None for none). Log p alone: the cross-entropy rows' backward with
+    coefficient -g_lp. ``lean``, ``halves``, ``budget``: as
+    :func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`."""
+    if g_ent is None and g_lse is None:
+        return flce_backward_rows(-g_lp.to(torch.float32), hidden, weight, target, bias, None, stats, opts, cd, need,
+                                  lean, halves, budget)
+    n, hdim = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+
+    def coef(g):
+        return None if g is None else g.to(torch.float32).contiguous()
+
+    g_lp = coef(g_lp) if g_lp is not None else torch.zeros(n, dtype=torch.float32, device=dev)
+    g_ent, g_lse = coef(g_ent), coef(g_lse)
+    h, w, b = _operands(hidden, weight, bias, cd)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
+    buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
+    with torch.autocast(dev.type, enabled=False):
+        mm = _Matmuls(dev, cd)
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            lg, hs = buf[: e - s], h[s:e]
+            mm.logits(lg, hs, w, b)
+            rows_backward(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
+                          g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None,
+                          opts, lg)
+            mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+    return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
+            finish_grad(gb, None, bias.dtype if bias is not None else None))
+
+
+def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
+                     lean: bool = False, budget: int = -1):
+    """(logp, entropy or None, lse, stats): :func:`logprobs_forward` plus the lse (0 at ignored tokens); shared by
+    the autograd.Function and the custom op."""
+    logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
+    lse = torch.where(target != opts.ignore_index, stats[:, 0] + stats[:, 1], 0.0)
+    return logp, ent, lse, stats
+
+
+class FusedLinearLogProbsFunction(torch.autograd.Function):
+    """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget)`` ->
+    (logp, entropy, lse), each (N,) fp32 and differentiable (entropy is an empty (0,) tensor unless
+    ``want_entropy``). ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype;
+    ``lean``, ``budget``: the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1):
+        target = target.contiguous()
+        logp, ent, lse, stats = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
+        ctx.opts, ctx.cd, ctx.need, ctx.lean, ctx.budget = opts, cd, need, lean, budget
+        if any(need):
+            ctx.save_for_backward(hidden, weight, target, bias, stats, ent)
+        if ent is None:
+            ent = logp.new_empty((0,))
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        return logp, ent, lse
+
+    @staticmethod
+    @once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, g_lp, g_ent, g_lse):
+        none = (None,) * 6
+        if not any(ctx.need) or (g_lp is None and g_ent is None and g_lse is None):
+            return (None,) * 4 + none
+        hidden, weight, target, bias, stats, ent = ctx.saved_tensors
+        if ent is None:
+            g_ent = None
+        if g_lp is None:
+            g_lp = torch.zeros(target.shape[0], dtype=torch.float32, device=target.device)
+        gh, gw, gb = logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ctx.opts,
+                                       ctx.cd, ctx.need, ctx.lean, True, ctx.budget)
+        return (gh if ctx.need[0] else None, gw if ctx.need[1] else None, None,
+                gb if ctx.need[2] else None) + none
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+@torch.library.custom_op("tigon::fused_linear_logprobs", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flp(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
+         softcap: Optional[float], logit_scale: float, cd: torch.dtype, want_entropy: bool, need_hidden: bool,
+         need_weight: bool, need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32. The need flags only
+    tell the autograd formula which gradients to form."""
+    opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
+    logp, ent, lse, stats = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy, lean,
+                                             budget)
+    return logp, or_empty(ent, stats), lse, stats
+
+
+@_flp.register_fake
+def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, need_hidden, need_weight,
+      need_bias, lean, budget):
+    n = hidden.shape[0]
+    f32 = dict(dtype=torch.float32)
+    return (hidden.new_empty((n,), **f32), hidden.new_empty((n,) if want_entropy else (0,), **f32),
+            hidden.new_empty((n,), **f32), hidden.new_empty((n, 2), **f32))
+
+
+@torch.library.custom_op("tigon::fused_linear_logprobs_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _flp_backward(g_lp: Tensor, g_ent: Optional[Tensor], g_lse: Optional[Tensor], hidden: Tensor, weight: Tensor,
+                  target: Tensor, bias: Optional[Tensor], stats: Tensor, ent: Tensor, ignore_index: int,
+                  softcap: Optional[float], logit_scale: float, cd: torch.dtype, need_hidden: bool, need_weight: bool,
+                  need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_hidden, grad_weight, grad_bias) in the inputs' shapes and dtypes, (0,) where not needed; ``g_ent`` None
+    unless the forward returned an entropy (``ent``)."""
+    opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
+    gh, gw, gb = logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target.contiguous(), bias, stats,
+                                   ent if g_ent is not None else None, opts, cd,
+                                   (need_hidden, need_weight, need_bias), lean, budget=budget)
+    return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
+
+
+@_flp_backward.register_fake
+def _(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ignore_index, softcap, logit_scale, cd,
+      need_hidden, need_weight, need_bias, lean, budget):
+    empty = stats.new_empty((0,))
+    return (hidden.new_empty(hidden.shape) if need_hidden else empty,
+            weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
+            bias.new_empty(bias.shape) if need_bias and bias is not None else empty.new_empty((0,)))
+
+
+def _flp_setup(ctx, inputs, output):
+    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb, lean, budget = inputs
+    ctx.need, ctx.want_entropy = (nh, nw, nb), want_entropy
+    ctx.scalars = (ignore_index, softcap, logit_scale, cd, nh, nw, nb, lean, budget)
+    ctx.save_for_backward(hidden, weight, target, bias, output[3], output[1])
+
+
+def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats):
+    nones = (None,) * 10
+    if not any(ctx.need):
+        return (None,) * 4 + nones
+    hidden, weight, target, bias, stats, ent = ctx.saved_tensors
+    if g_lp is None:
+        g_lp = torch.zeros(target.shape[0], dtype=torch.float32, device=target.device)
+    outs = _flp_backward(g_lp, g_ent if ctx.want_entropy else None, g_lse, hidden, weight, target, bias, stats, ent,
+                         *ctx.scalars)
+    gh, gw, gb = (if_wanted(t, wanted) for t, wanted in zip(outs, ctx.need))
+    return (gh, gw, None, gb) + nones
+
+
+_flp.register_autograd(_flp_grad, setup_context=_flp_setup)
+
+
+def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy,
+                                   lean=False, budget=-1):
+    """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse)."""
+    logp, ent, lse, _stats = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap, opts.logit_scale, cd,
+                                  want_entropy, *need, lean, budget)
+    return logp, ent, lse

@@ -1,0 +1,175 @@
+"""Fused LM head + per-token log-probabilities (optionally entropy and log-sum-exp) without materialising the
+(tokens, vocab) logits: the primitive under the post-training losses (DPO / ORPO / CPO / SimPO / KTO, GRPO). The
+public op and its record.
+
+Kernels: :mod:`tigon.kernels.fused_linear_logprobs` (the fused cross-entropy's token chunks and row kernels, plus an
+entropy forward and a general backward). Specification: :mod:`tigon.reference.fused_linear_logprobs`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..reference import cross_entropy as ref_ce
+from ..reference import fused_linear_logprobs as ref
+from ..reference.fused_linear_logprobs import LogProbsOutput
+from ..support import TORCH_CODE, select_backend
+from ._record import Case, OpSpec, randn, targets
+from .fused_linear_cross_entropy import memory_plan
+
+
+def fused_linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    return_lse: bool = False,
+    memory: str | int = "auto",
+):
+    """Per-token ``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[target]`` without the logits.
+
+    What TRL's DPO / GRPO trainers compute from a model's logits (``selective_log_softmax`` of the logits divided by
+    the temperature; ``entropy_from_logits``), and what Liger-Kernel's chunked losses recompute inside each loss,
+    here as one differentiable primitive: tokens are processed in chunks so that only a bounded (rows, V) block of
+    logits exists at a time (the chunking of :func:`fused_linear_cross_entropy`), with fp32 math per row (online
+    log-sum-exp, Milakov & Gimelshein 2018). The forward holds no gradient; the backward recomputes the logits
+    chunk by chunk (4 matmuls in all, as ``fused_linear_cross_entropy(reduction="none")``), for any upstream
+    gradient on the log-probabilities, the entropy and the lse. Under ``torch.no_grad`` only the forward runs.
+    Under ``torch.autocast`` the matmuls run in the autocast dtype. The caller's tensors are never written. Inside
+    a ``torch.compile`` graph the kernels run as the custom ops ``tigon::fused_linear_logprobs`` (and its
+    backward), one opaque node each.
+
+    Args:
+        hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first; any
+            strides).
+        weight: (V, H) LM-head weight, same dtype as hidden (or any float dtype under autocast).
+        target: (N,) integer token ids in [0, V), or ``ignore_index``.
+        bias: optional (V,) LM-head bias.
+        temperature: divides the logits (after the soft-cap); a finite float > 0 (TRL's ``temperature``).
+        softcap: final-logit soft-cap ``c`` (Gemma 2: ``c * tanh(z / c)``), or None.
+        ignore_index: target value of tokens to skip: 0 in every output, no gradient (padding, prompt tokens).
+        return_entropy: also return each token's entropy ``-sum_v p_v log p_v`` (nats).
+        return_lse: also return each token's log-sum-exp of the scaled logits.
+        memory: the memory the op may hold beside its inputs and the gradients it returns, as in
+            :func:`fused_linear_cross_entropy`: ``"auto"`` (default: chunk buffer and the backward's fp32 grad_weight
+            accumulator within 3 GiB on CUDA), ``"low"`` (grad_weight accumulated in the weight's dtype, chunks of
+            Liger-Kernel's size: about 64 MiB of logits), or a budget in bytes.
+
+    Returns:
+        (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy`` or
+        ``return_lse``, ``LogProbsOutput(logprobs, entropy, lse)`` ((N,) float32 each; None for what was not
+        requested). Every returned tensor is differentiable w.r.t. hidden, weight and bias; the gradients have
+        their dtypes and shapes. float64 inputs run the reference (float64 outputs).
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes, devices, temperature (must be finite and > 0), softcap or
+            ignore_index (:func:`tigon.reference.fused_linear_logprobs.check_inputs`) and ``memory``; ValueError for
+            a target outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets,
+            without a host sync, at the next loss-kernel launch, the affected outputs being NaN).
+    """
+    ref.check_inputs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
+                     ignore_index=ignore_index)
+    lean, budget = memory_plan(memory, None, weight)
+    dev_type = hidden.device.type
+    if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):
+        cd = torch.get_autocast_dtype(dev_type)
+    else:
+        cd = torch.promote_types(hidden.dtype, weight.dtype)
+    backend = select_backend("fused_linear_logprobs", hidden)
+    if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
+        return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
+                                         ignore_index=ignore_index, return_entropy=return_entropy,
+                                         return_lse=return_lse)
+    if target.device.type == "cpu":
+        ref_ce.check_target_range(target, weight.shape[0], ignore_index)
+    from ..kernels import fused_linear_logprobs as k
+    from ..kernels.loss_rows import LossOptions
+
+    t = float(temperature)
+    opts = LossOptions(int(ignore_index), 0.0, 0.0, None if softcap is None else float(softcap) / t, 1.0 / t)
+    grad_on = torch.is_grad_enabled()
+    need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+            grad_on and bias is not None and bias.requires_grad)
+    run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
+           else k.FusedLinearLogProbsFunction.apply)
+    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget)
+    if not (return_entropy or return_lse):
+        return logp
+    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
+
+
+# ---- the record ----------------------------------------------------------------------------------------------------
+def _inputs(s: dict, dtype, device, gen, ignore_every: int = 0, bias: bool = False) -> dict:
+    """hidden (tokens, hidden), an LM-head weight (vocab, hidden) scaled so the logits have std ~2, targets (every
+    ``ignore_every``-th -100), with ``bias`` a (vocab,) bias; the model's final-logit softcap when it has one."""
+    w = randn(gen, (s["vocab"], s["hidden"]), dtype, device, 2.0 / math.sqrt(s["hidden"]))
+    extra = {"softcap": s["softcap"]} if s.get("softcap") else {}
+    if bias:
+        extra["bias"] = randn(gen, (s["vocab"],), dtype, device, 0.5)
+    return dict(hidden=randn(gen, (s["tokens"], s["hidden"]), dtype, device), weight=w,
+                target=targets(gen, s["tokens"], s["vocab"], device, ignore_every), **extra)
+
+
+def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
+                        return_entropy=False, return_lse=False):
+    """TRL's computation on a model's logits: the LM head (``F.linear``) in the input dtype, the logits upcast to
+    fp32 (at least) and soft-capped as the model does, divided by the temperature, then log-softmax gathered at the
+    targets (``selective_log_softmax``), the entropy from the same logits (``entropy_from_logits``) and their
+    logsumexp; 0 at ignored tokens (TRL's masking)."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    valid = target != ignore_index
+    safe = torch.where(valid, target, 0)
+    logsm = torch.log_softmax(logits, dim=-1)
+    logp = logsm.gather(-1, safe[:, None]).squeeze(-1).masked_fill(~valid, 0.0)
+    if not (return_entropy or return_lse):
+        return logp
+    ent = -(logsm.exp() * logsm).sum(-1).masked_fill(~valid, 0.0) if return_entropy else None
+    lse = torch.logsumexp(logits, dim=-1).masked_fill(~valid, 0.0) if return_lse else None
+    return LogProbsOutput(logp, ent, lse)
+
+
+RECORDS = (OpSpec(
+    name="fused_linear_logprobs",
+    summary="LM head + per-token log-probabilities (entropy, lse) without materialising the (tokens, vocab) logits",
+    fn=fused_linear_logprobs,
+    reference=ref.fused_linear_logprobs,
+    original=trl_linear_logprobs,
+    original_name="TRL: HF LM head (F.linear in the input dtype), fp32 logits / temperature, log-softmax gathered",
+    make_inputs=_inputs,
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "vocab": m.vocab, "softcap": m.softcap},
+    size_format="tokens x hidden x vocab",
+    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}" + (f" softcap {s['softcap']}"
+                                                                         if s.get("softcap") else ""),
+    grad_inputs=("hidden", "weight"),
+    category="lm_head_loss",
+    # forward: the logits (1 matmul); backward: the logits again, grad_hidden and grad_weight (3)
+    flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
+    bench_inputs={"ignore_every": 10},
+    bench_notes={"tigon_entropy": "return_entropy=True: log-probabilities and entropies (eager / compile compute the "
+                                  "log-probabilities only; the entropy adds a pass over each chunk's logits)",
+                 "tigon_lean": "memory='low': grad_weight accumulated in the weight's dtype, chunks of about 64 MiB "
+                               "of logits"},
+    cases=(
+        Case(),
+        Case("temperature=0.7", options={"temperature": 0.7}, inputs={"ignore_every": 4}),
+        Case("entropy+lse", options={"return_entropy": True, "return_lse": True, "temperature": 0.9},
+             inputs={"ignore_every": 4}),
+        Case("entropy", options={"return_entropy": True}, variants=("model",)),
+        Case("softcap=5.0 temperature=0.7", options={"softcap": 5.0, "temperature": 0.7}, variants=("model",)),
+        Case("bias", inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
+        Case("bench: return_entropy", options={"return_entropy": True}, tags=frozenset({"bench"}),
+             provider="tigon_entropy"),
+        Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
+    ),
+),)

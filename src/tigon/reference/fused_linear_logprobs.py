@@ -1,0 +1,138 @@
+"""Fused linear log-probabilities reference: materialise the logits, then log-softmax and gather.
+
+The specification of :func:`tigon.functional.fused_linear_logprobs`. Per token ``i`` with target ``t = target[i]``
+(tokens whose target equals ``ignore_index`` give 0 in every output and receive no gradient), temperature ``T`` and
+final-logit soft-cap ``c``:
+
+    z_i   = hidden_i @ weight.T + bias                         the LM head's logits
+    x_i   = c * tanh(z_i / c) / T      (or z_i / T without a soft-cap)
+    lse_i = logsumexp_v x_iv
+    logp_i = x_it - lse_i                                      log-probability of the target
+    H_i   = -sum_v p_iv log p_iv = lse_i - sum_v p_iv x_iv     entropy (nats), p_i = softmax(x_i)
+
+This is what TRL's trainers compute from a model's logits (``trl.trainer.utils.selective_log_softmax``: the logits
+divided by the temperature, then log-softmax gathered at the target; ``entropy_from_logits`` on the same scaled
+logits; Gemma 2's soft-cap is applied inside the model, before the temperature). Computed in the inputs' dtype
+promoted to at least float32 (float64 inputs give a float64 truth).
+
+Gradients (what the Triton path implements; here autograd derives them): for upstream gradients ``a`` (on logp),
+``h`` (on H) and ``l`` (on lse),
+    d/dx_iv = a (1[v = t] - p_v) + h p_v ((lse - x_v) - H) + l p_v
+then times the soft-cap and temperature derivative ``(1 - tanh^2(z / c)) / T``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+
+from .. import _checks
+from .cross_entropy import check_target_range
+
+
+class LogProbsOutput(NamedTuple):
+    """Returned by :func:`fused_linear_logprobs` when ``return_entropy`` or ``return_lse`` is set.
+
+    logprobs: (N,) float32 (float64 for float64 inputs) log-probability of each target, 0 at ignored tokens.
+    entropy: (N,) entropy of each token's distribution in nats, 0 at ignored tokens; None unless requested.
+    lse: (N,) log-sum-exp of each token's scaled logits (``x`` of the module docstring), 0 at ignored tokens;
+        None unless requested. All three are differentiable.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+
+def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_index) -> None:
+    """Validate :func:`fused_linear_logprobs`'s tensors and options.
+
+    Raises:
+        TypeError: hidden / weight / bias not floating, target not an integer tensor, ignore_index not an int.
+        ValueError: hidden not (N, H), weight not (V, H) with V >= 1, target not (N,), bias not (V,), devices
+            differ, temperature not a finite float > 0, softcap not None or a finite float > 0.
+    """
+    _checks.tensor("hidden", hidden, floating=True, ndim=2)
+    _checks.tensor("weight", weight, floating=True, ndim=2)
+    _checks.tensor("target", target, integer=True, ndim=1)
+    if bias is not None:
+        _checks.tensor("bias", bias, floating=True, ndim=1)
+    _checks.same_device(hidden=hidden, weight=weight, target=target, bias=bias)
+    n, h = hidden.shape
+    v = weight.shape[0]
+    if weight.shape[1] != h:
+        raise ValueError(f"weight must have shape (V, {h}) to match hidden {tuple(hidden.shape)}, "
+                         f"got {tuple(weight.shape)}")
+    if v == 0:
+        raise ValueError("weight must have at least one row (vocabulary size V >= 1)")
+    if target.shape[0] != n:
+        raise ValueError(f"target must have shape ({n},) to match hidden {tuple(hidden.shape)}, "
+                         f"got {tuple(target.shape)}")
+    if bias is not None and bias.shape[0] != v:
+        raise ValueError(f"bias must have shape ({v},) to match weight {tuple(weight.shape)}, "
+                         f"got {tuple(bias.shape)}")
+    if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
+            or not math.isfinite(float(temperature)) or not float(temperature) > 0.0):
+        raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
+    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
+                                or not math.isfinite(float(softcap)) or not float(softcap) > 0.0):
+        raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
+
+
+def fused_linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    return_lse: bool = False,
+):
+    """Per-token ``log softmax(softcap(hidden @ weight.T + bias) / temperature)[target]``; see the module docstring.
+
+    Args:
+        hidden: (N, H) float tensor (final hidden states, batch and sequence flattened).
+        weight: (V, H) LM-head weight.
+        target: (N,) integer token ids in [0, V), or ``ignore_index``.
+        bias: optional (V,) LM-head bias.
+        temperature: divides the (soft-capped) logits; finite, > 0 (TRL's ``temperature``).
+        softcap: final-logit soft-cap ``c`` (Gemma 2), applied before the temperature; None for none.
+        ignore_index: target value of tokens to skip (0 in every output, no gradient).
+        return_entropy, return_lse: also return each token's entropy / log-sum-exp (:class:`LogProbsOutput`).
+
+    Returns:
+        The (N,) log-probabilities in the inputs' dtype promoted to at least float32, or
+        ``LogProbsOutput(logprobs, entropy, lse)`` (None for what was not requested).
+
+    Raises:
+        TypeError, ValueError: see :func:`check_inputs`; ValueError for a target outside [0, V) other than
+            ``ignore_index``.
+    """
+    check_inputs(hidden, weight, target, bias, temperature=temperature, softcap=softcap, ignore_index=ignore_index)
+    check_target_range(target, weight.shape[0], ignore_index)
+    ct = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
+    x = hidden.to(ct) @ weight.to(ct).t()
+    if bias is not None:
+        x = x + bias.to(ct)
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    if temperature != 1.0:
+        x = x / temperature
+    valid = target != ignore_index
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    logsm = torch.log_softmax(x, dim=-1)
+    safe = torch.where(valid, target, torch.zeros_like(target)).long()
+    logp = torch.where(valid, logsm.gather(1, safe[:, None]).squeeze(1), zero)
+    if not (return_entropy or return_lse):
+        return logp
+    ent = torch.where(valid, -(logsm.exp() * logsm).sum(-1), zero) if return_entropy else None
+    lse = torch.where(valid, torch.logsumexp(x, dim=-1), zero) if return_lse else None
+    return LogProbsOutput(logp, ent, lse)
