@@ -15,12 +15,11 @@ Minimal bytes (n elements of e bytes): forward 2 n e (read x, write y); backward
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, once_differentiable
 from .elementwise import as_2d, launch_shape, tile
+from .unary import unary_op
 
 
 @triton.jit
@@ -63,57 +62,6 @@ def relu_squared_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return dx
 
 
-class ReLUSquaredFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x)``. Saves x (as given); the backward recomputes relu(x)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return relu_squared_forward(x)
-
-    @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return relu_squared_backward(dy, x)
-
-
-# ---------------------------------------------------------------------- torch.compile: custom ops
-# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
-@torch.library.custom_op("tigon::relu_squared", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _relu_squared(x: Tensor) -> Tensor:
-    """``relu(x)^2``: x's shape and dtype, contiguous."""
-    return relu_squared_forward(x)
-
-
-@_relu_squared.register_fake
-def _(x):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("tigon::relu_squared_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _relu_squared_backward(dy: Tensor, x: Tensor) -> Tensor:
-    """``2 relu(x) dy``: x's shape and dtype, contiguous."""
-    return relu_squared_backward(dy, x)
-
-
-@_relu_squared_backward.register_fake
-def _(dy, x):
-    return x.new_empty(x.shape)
-
-
-def _relu_squared_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _relu_squared_grad(ctx, dy):
-    (x,) = ctx.saved_tensors
-    return _relu_squared_backward(dy, x)
-
-
-_relu_squared.register_autograd(_relu_squared_grad, setup_context=_relu_squared_setup)
-
-
-def compiled_relu_squared(x):
-    """``ReLUSquaredFunction.apply`` as the ``tigon::relu_squared`` custom op."""
-    return _relu_squared(x)
+# Eager autograd and the torch.compile custom ops tigon::relu_squared(_backward): see tigon.kernels.unary.
+ReLUSquaredFunction, compiled_relu_squared = unary_op("relu_squared", relu_squared_forward, relu_squared_backward,
+                                                     saves="input")

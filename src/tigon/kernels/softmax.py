@@ -18,12 +18,12 @@ Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, next_pow2, once_differentiable, rows, warps_for
+from ._common import cdiv, next_pow2, rows, warps_for
 from .norm import fwd_config
+from .unary import unary_op
 
 # Rows whose block (N rounded up to a power of two) exceeds this many elements take the chunked kernels, in chunks of
 # WIDE_CHUNK. 32768 fp32 values are 32 a thread at 32 warps, the norms' REGISTER_ROW (kernels/norm.py), measured
@@ -140,58 +140,5 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return dx
 
 
-class SoftmaxFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x)``. Saves the output y (x's dtype), as torch's softmax does."""
-
-    @staticmethod
-    def forward(ctx, x):
-        y = softmax_forward(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        return softmax_backward(dy, y)
-
-
-# ---------------------------------------------------------------------- torch.compile: custom ops
-# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
-@torch.library.custom_op("tigon::softmax", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _softmax(x: Tensor) -> Tensor:
-    """Softmax over the last dimension: x's shape and dtype, contiguous."""
-    return softmax_forward(x)
-
-
-@_softmax.register_fake
-def _(x):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("tigon::softmax_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
-    """``y * (dy - sum(dy * y, -1))``: y's shape and dtype, contiguous."""
-    return softmax_backward(dy, y)
-
-
-@_softmax_backward.register_fake
-def _(dy, y):
-    return y.new_empty(y.shape)
-
-
-def _softmax_setup(ctx, inputs, output):
-    ctx.save_for_backward(output)
-
-
-def _softmax_grad(ctx, dy):
-    (y,) = ctx.saved_tensors
-    return _softmax_backward(dy, y)
-
-
-_softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
-
-
-def compiled_softmax(x):
-    """``SoftmaxFunction.apply`` as the ``tigon::softmax`` custom op."""
-    return _softmax(x)
+# Eager autograd and the torch.compile custom ops tigon::softmax(_backward): see tigon.kernels.unary.
+SoftmaxFunction, compiled_softmax = unary_op("softmax", softmax_forward, softmax_backward, saves="output")
