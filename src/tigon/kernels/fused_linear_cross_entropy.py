@@ -373,12 +373,26 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
 
     Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
     """
+    cw, cw_sum = class_weight_args(class_weight, hidden.device)
+    coef = grad_rows.to(torch.float32)
+
+    def rows_grad(lg, s, e):
+        ce_rows_backward(lg, target[s:e], cw, cw_sum, stats[s:e], opts, coef[s:e], lg)
+
+    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
+
+
+def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
+                         halves: bool, budget: int, rows_grad) -> tuple:
+    """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
+    ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
+    the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
+    ``lean``, ``halves``, ``budget``: as :func:`flce_forward`. Returns (grad_hidden, grad_weight, grad_bias) in the
+    inputs' dtypes (None where ``need`` says not)."""
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
-    cw, cw_sum = class_weight_args(class_weight, dev)
-    coef = grad_rows.to(torch.float32)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
     rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
@@ -388,7 +402,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
             e = min(s + rows, n)
             lg, hs = buf[: e - s], h[s:e]
             mm.logits(lg, hs, w, b)
-            ce_rows_backward(lg, target[s:e], cw, cw_sum, stats[s:e], opts, coef[s:e], lg)
+            rows_grad(lg, s, e)
             mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
     return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
             finish_grad(gb, None, bias.dtype if bias is not None else None))

@@ -36,7 +36,7 @@ from torch import Tensor
 from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
 from .fused_linear_cross_entropy import (
-    _Matmuls, _operands, chunk_rows, finish_grad, flce_backward_rows, grad_buffers,
+    _Matmuls, _operands, backward_over_chunks, chunk_rows, flce_backward_rows,
 )
 from .loss_rows import LossOptions, _blocks, _row_setup, _target_logit, _transform, ce_rows_forward, row_stats
 
@@ -209,31 +209,19 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     if g_ent is None and g_lse is None:
         return flce_backward_rows(-g_lp.to(torch.float32), hidden, weight, target, bias, None, stats, opts, cd, need,
                                   lean, halves, budget)
-    n, hdim = hidden.shape
-    vocab = weight.shape[0]
-    dev = hidden.device
+    n = hidden.shape[0]
 
     def coef(g):
         return None if g is None else g.to(torch.float32).contiguous()
 
-    g_lp = coef(g_lp) if g_lp is not None else torch.zeros(n, dtype=torch.float32, device=dev)
+    g_lp = coef(g_lp) if g_lp is not None else torch.zeros(n, dtype=torch.float32, device=hidden.device)
     g_ent, g_lse = coef(g_ent), coef(g_lse)
-    h, w, b = _operands(hidden, weight, bias, cd)
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
-    buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
-    with torch.autocast(dev.type, enabled=False):
-        mm = _Matmuls(dev, cd)
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
-            lg, hs = buf[: e - s], h[s:e]
-            mm.logits(lg, hs, w, b)
-            rows_backward(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
-                          g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None,
-                          opts, lg)
-            mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
-    return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
-            finish_grad(gb, None, bias.dtype if bias is not None else None))
+
+    def rows_grad(lg, s, e):
+        rows_backward(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
+                      g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None, opts, lg)
+
+    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
 
 
 def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
