@@ -150,8 +150,12 @@ def test_rope_bad_input():
         F.rope(q, k, cos[:, :2], sin)
     with pytest.raises(ValueError, match="sin must have shape"):
         F.rope(q, k, cos, torch.randn(3, 3, 8))
-    with pytest.raises(ValueError, match="head dimension must be even"):
+    with pytest.raises(ValueError, match="must be even, positive and at most"):
         F.rope(q[..., :7], k[..., :7], cos[..., :7], sin[..., :7])
+    with pytest.raises(ValueError, match="must be even, positive and at most"):
+        F.rope(q, k, torch.randn(1, 3, 10), torch.randn(1, 3, 10))  # wider than the head
+    with pytest.raises(ValueError, match=r"sin must have shape \(1 or 1, 3, 4\)"):
+        F.rope(q, k, cos[..., :4], sin)  # partial cos, full sin
     with pytest.raises(ValueError, match="k must match"):
         F.rope(q, k[:, :, :2], cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim"):
@@ -160,6 +164,30 @@ def test_rope_bad_input():
         F.rope(q, k.double(), cos, sin)
     with pytest.raises(TypeError, match="cos must be a floating-point"):
         F.rope(q, k, cos.long(), sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim, unsqueeze_dim", [(12, 1), (24, 1), (12, 2)])
+def test_partial_rotary(device, dtype, rotary_dim, unsqueeze_dim):
+    # GPT-NeoX / Pythia (rotary_pct 0.25), phi-2 (0.4), StableLM: cos / sin of rotary_dim < head_dim columns rotate
+    # the first rotary_dim dims; the rest pass through exactly (values and gradients).
+    q, k = hf_layout(4, 2, 40, dtype, device)
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = hf_tables(B, T, rotary_dim, dtype, device)
+    inputs = dict(q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=unsqueeze_dim)
+    assert_close_to_truth(compare(F.rope, ref_rope, inputs, ["q", "k"]))
+    qe, ke = F.rope(**inputs)
+    assert torch.equal(qe[..., rotary_dim:], q[..., rotary_dim:]) and torch.equal(ke[..., rotary_dim:], k[..., rotary_dim:])
+
+
+@pytest.mark.slow
+def test_reference_is_hf_partial_apply_rotary_pos_emb():
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    q, k = hf_layout(4, 2, 48, torch.float32, "cpu")
+    cos, sin = hf_tables(B, T, 12, torch.float32, "cpu")
+    for ours, theirs in zip(ref_rope(q, k, cos, sin), neox.apply_rotary_pos_emb(q, k, cos, sin)):
+        assert torch.equal(ours, theirs)
 
 
 @pytest.mark.slow
@@ -188,13 +216,14 @@ def test_rope_row_groups(device, monkeypatch, need):
 
 
 @pytest.mark.parametrize("backward", [False, True])
-def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward):
+@pytest.mark.parametrize("rotary_dim", [32, 8])
+def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward, rotary_dim):
     # rope_apply(inplace=True) (the tuning script's in-place timing) writes the same values over q and k.
     from tigon.kernels import rope as rope_op
 
     monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
     q, k = hf_layout(5, 3, 32, torch.float32, device)
-    cos, sin = hf_tables(B, T, 32, torch.float32, device)
+    cos, sin = hf_tables(B, T, rotary_dim, torch.float32, device)
     qo, ko = rope_op.rope_apply(q, k, cos, sin, 1, backward)
     qi, ki = q.clone(), k.clone()
     qr, kr = rope_op.rope_apply(qi, ki, cos, sin, 1, backward, inplace=True)
