@@ -23,6 +23,9 @@ DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
+DROP = object()
+"""An override value that removes the key from TINY (Falcon derives head_dim and has no setter for it)."""
+
 FULL = {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}
 QK_NORMS = {**FULL, "rms_norm": 4 * L + 1}  # + q_norm / k_norm per layer (Qwen3, OLMo 2) or pre/post FF (Gemma 2)
 ADD = {"fused_add_rms_norm": L}  # decoder layers of Llama's pre-norm form: residual add fused into the next norm
@@ -56,8 +59,6 @@ CASES = {
     "generic-glm": ("glm", {}, "generic", {"rms_norm": 2 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
 }
 
-DROP = object()
-"""An override value that removes the key from TINY (Falcon derives head_dim and has no setter for it)."""
 _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
             v_head_dim=16, n_group=1, topk_group=1)
@@ -97,6 +98,10 @@ GENERIC = {
     # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
     "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
                {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
+}
+
+
+LAYER_NORM_VARIANTS = {
 }
 
 
