@@ -53,6 +53,10 @@ CASES = {
     "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
     # layer 1 is a NoPE layer: one rotary attention to patch
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
+    # LayerNorm families: torch.nn.LayerNorm instances (per model), non-gated MLPs left alone (no Tigon op), partial
+    # rotary (GPT-NeoX 25%: the rotary function rotates cos.shape[-1] dims; phi 50% and StableLM 25%: the attention
+    # passes the rotated slice); phi's LM head has a bias
+    "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
@@ -76,7 +80,6 @@ _DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
 
 GENERIC = {
     # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
-    "gpt_neox": ("gpt_neox", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
     "phi": ("phi", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
     "stablelm": ("stablelm", {}, "generic", {"mlp": L, "lm_head_loss": 1}, {"rope": L}, None),
     "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
@@ -102,6 +105,10 @@ GENERIC = {
 
 
 LAYER_NORM_VARIANTS = {
+    # configurations of the LayerNorm families beyond CASES' defaults (tests/test_families.py checks loss and
+    # gradients of one step, and the dry run): sequential residual (two norms per layer)
+    "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
+                            {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
 }
 
 
