@@ -57,6 +57,7 @@ CASES = {
     # rotary (GPT-NeoX 25%: the rotary function rotates cos.shape[-1] dims; phi 50% and StableLM 25%: the attention
     # passes the rotated slice); phi's LM head has a bias
     "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
@@ -80,7 +81,6 @@ _DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
 
 GENERIC = {
     # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
-    "phi": ("phi", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
     "stablelm": ("stablelm", {}, "generic", {"mlp": L, "lm_head_loss": 1}, {"rope": L}, None),
     "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
     # the vision tower's rotary function is another interface: left alone, said so
@@ -109,6 +109,9 @@ LAYER_NORM_VARIANTS = {
     # gradients of one step, and the dry run): sequential residual (two norms per layer)
     "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
                             {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # q / k LayerNorms over the head dim (torch.nn.LayerNorm): one more pair per layer
+    "phi-qk_layernorm": ("phi", dict(qk_layernorm=True), "phi", {"layer_norm": 3 * L + 1, "rope": L,
+                                                                  "lm_head_loss": 1}, {"mlp": L}),
 }
 
 
