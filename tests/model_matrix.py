@@ -58,6 +58,7 @@ CASES = {
     # passes the rotated slice); phi's LM head has a bias
     "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    "stablelm": ("stablelm", {}, "stablelm", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
@@ -81,7 +82,6 @@ _DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
 
 GENERIC = {
     # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
-    "stablelm": ("stablelm", {}, "generic", {"mlp": L, "lm_head_loss": 1}, {"rope": L}, None),
     "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
     # the vision tower's rotary function is another interface: left alone, said so
     "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
@@ -112,6 +112,10 @@ LAYER_NORM_VARIANTS = {
     # q / k LayerNorms over the head dim (torch.nn.LayerNorm): one more pair per layer
     "phi-qk_layernorm": ("phi", dict(qk_layernorm=True), "phi", {"layer_norm": 3 * L + 1, "rope": L,
                                                                   "lm_head_loss": 1}, {"mlp": L}),
+    # per-head q / k LayerNorms (StableLmLayerNormPerHead: 4 + 2 torch.nn.LayerNorm per layer), parallel residual
+    # (no post-attention norm)
+    "stablelm-qk_layernorm": ("stablelm", dict(qk_layernorm=True, use_parallel_residual=True), "stablelm",
+                              {"layer_norm": 7 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
 }
 
 
