@@ -59,6 +59,9 @@ CASES = {
     "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     "stablelm": ("stablelm", {}, "stablelm", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # parallel attention + MLP after one norm; full rotary (Falcon derives head_dim from hidden / heads)
+    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "falcon", {"layer_norm": L + 1, "rope": L,
+                                                                         "lm_head_loss": 1}, {"mlp": L}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
@@ -81,8 +84,6 @@ def _deepseek_head() -> tuple[dict, dict]:
 _DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
 
 GENERIC = {
-    # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
-    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
     # the vision tower's rotary function is another interface: left alone, said so
     "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
@@ -116,6 +117,12 @@ LAYER_NORM_VARIANTS = {
     # (no post-attention norm)
     "stablelm-qk_layernorm": ("stablelm", dict(qk_layernorm=True, use_parallel_residual=True), "stablelm",
                               {"layer_norm": 7 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # Falcon-40B's layout: ln_attn and ln_mlp per layer, grouped kv heads
+    "falcon-new_decoder": ("falcon", dict(head_dim=DROP, num_kv_heads=2, new_decoder_architecture=True), "falcon",
+                           {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # ALiBi instead of rotary (config.alibi): no rotary to patch (a note, not a skip)
+    "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
+                     {"mlp": L}),
 }
 
 

@@ -336,7 +336,7 @@ FALCON = _layer_norm_family(  # config.alibi: ALiBi instead of rotary; MLP act f
 
 FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
     LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3,
-    GPT_NEOX, PHI, STABLELM)}
+    GPT_NEOX, PHI, STABLELM, FALCON)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:
