@@ -230,3 +230,21 @@ def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward,
     assert qr is qi and kr is ki
     torch.testing.assert_close(qi, qo, rtol=0, atol=0)
     torch.testing.assert_close(ki, ko, rtol=0, atol=0)
+
+
+def test_record_inputs_follow_partial_rotary():
+    # tigon verify / bench --model of a partial-rotary model (Pythia's config.json: rotary_pct) time and check the
+    # rope the model runs: cos / sin of rotary_dim columns, also in verify's odd shapes
+    from tigon.ops.rope import RECORDS
+    from tigon.workflows.model_shapes import shapes_from_config
+
+    spec = RECORDS[0]
+    shapes, _ = shapes_from_config({"model_type": "gpt_neox", "hidden_size": 128, "intermediate_size": 512,
+                                    "num_attention_heads": 4, "vocab_size": 300, "rotary_pct": 0.25}, 6, batch=2)
+    assert (shapes.head_dim, shapes.rotary_dim) == (32, 8)
+    for m in (shapes, shapes.odd()):
+        s = spec.shape_of(m)
+        inputs = spec.make_inputs(s, torch.float32, "cpu", torch.Generator().manual_seed(0))
+        assert inputs["cos"].shape[-1] == m.rotary_dim < inputs["q"].shape[-1] == m.head_dim
+        assert m.rotary_dim % 2 == 0 and "rotary" in spec.size_label(s)
+        assert_close_to_truth(compare(F.rope, ref_rope, inputs, ["q", "k"]))

@@ -141,13 +141,14 @@ def rope_problem(spec: FamilySpec, mod) -> str | None:
 
 
 def partial_rotary_factor(config) -> float:
-    """The fraction of the head dim that is rotated (``partial_rotary_factor`` in the config or its
-    ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
-    for holder in (config, getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
-        if isinstance(holder, dict):
-            v = holder.get("partial_rotary_factor")
-        else:
-            v = getattr(holder, "partial_rotary_factor", None) if holder is not None else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+    """The fraction of the head dim that is rotated (``partial_rotary_factor``, or GPT-NeoX's ``rotary_pct``, in the
+    config (object or dict) or its ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
+    get = (lambda h, k: h.get(k)) if isinstance(config, dict) else (lambda h, k: getattr(h, k, None))
+    for holder in (config, get(config, "rope_parameters"), get(config, "rope_scaling")):
+        if holder is None:
+            continue
+        for key in ("partial_rotary_factor", "rotary_pct"):
+            v = holder.get(key) if isinstance(holder, dict) else getattr(holder, key, None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
     return 1.0

@@ -87,15 +87,17 @@ def rope(
 # ---- the record ----------------------------------------------------------------------------------------------------
 def _shape(m) -> dict:
     return {"tokens": m.batch * m.seq, "batch": m.batch, "seq": m.seq, "heads": m.heads, "kv_heads": m.kv_heads,
-            "head_dim": m.head_dim, "theta": m.rope_theta}
+            "head_dim": m.head_dim, "rotary_dim": m.rotary_dim or m.head_dim, "theta": m.rope_theta}
 
 
 def _inputs(s: dict, dtype, device, gen) -> dict:
     """q (B, heads, T, head_dim) and k (B, kv_heads, T, head_dim) as HF attention makes them (transposed views of
-    the (B, T, H * D) projections), cos / sin (1, T, head_dim) HF tables for the model's theta, in the input dtype."""
+    the (B, T, H * D) projections), cos / sin (1, T, rotary_dim) HF tables for the model's theta (rotary_dim: the
+    head dim, or fewer for partial rotary), in the input dtype."""
     b, t, d = s["batch"], s["seq"], s["head_dim"]
     q = randn(gen, (b, t, s["heads"] * d), dtype, device).view(b, t, s["heads"], d).transpose(1, 2)
     k = randn(gen, (b, t, s["kv_heads"] * d), dtype, device).view(b, t, s["kv_heads"], d).transpose(1, 2)
+    d = s.get("rotary_dim", d)
     inv_freq = 1.0 / s.get("theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     emb = torch.cat((torch.arange(t, dtype=torch.float32)[:, None] * inv_freq,) * 2, dim=-1)[None]
     return dict(q=q, k=k, cos=emb.cos().to(device, dtype), sin=emb.sin().to(device, dtype))
@@ -111,7 +113,8 @@ RECORDS = (OpSpec(
     make_inputs=_inputs,
     shape_of=_shape,
     size_format="batch x seq x (q heads + kv heads) x head_dim",
-    size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}",
+    size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}"
+    + (f" (rotary {s['rotary_dim']})" if s.get("rotary_dim", s["head_dim"]) != s["head_dim"] else ""),
     grad_inputs=("q", "k"),
     category="rotary",
     under_compile="inductor",  # under torch.compile Inductor fuses it with the q / k projections' layout ops
