@@ -164,6 +164,19 @@ def test_layer_norm_family_class_level():
     assert mm.GPTNeoXForCausalLM.forward is head_forward and torch.nn.LayerNorm.forward is ln_forward
 
 
+def test_older_lm_head_name():
+    """GPT-NeoX's head is ``embed_out`` in transformers before 5.2x (``lm_head`` since): the fused loss finds either."""
+    from tigon.integrations.causal_lm import head_attr, head_problem
+
+    spec = FAMILIES["gpt_neox"].causal_lm
+    model = build("gpt_neox", {})
+    assert head_attr(model, spec) == "lm_head"
+    older = torch.nn.Module()
+    older.gpt_neox, older.embed_out = torch.nn.Identity(), torch.nn.Linear(4, 8, bias=False)
+    assert head_attr(older, spec) == "embed_out"
+    assert head_problem(older, spec) == "the model has a custom loss_function / loss_type; its loss is kept"
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_spec_resolves_in_this_transformers(name):
     """Every class and function a spec names exists, so no family silently patches nothing."""

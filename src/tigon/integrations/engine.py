@@ -269,7 +269,10 @@ def _note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchRep
     """Say why a family's residual adds stay unfused, or that the post-attention norms stay patched beside them."""
     if not enabled["fused_add_rms_norm"]:
         return
-    if spec is None or not spec.decoder_layers:
+    if spec is not None and spec.norms and all(n.kind == "layer_norm" for n in spec.norms):
+        report.notes.append(f"fused_add_rms_norm: the {spec.name} family normalises with LayerNorm (the fused residual "
+                            "add is an RMSNorm op); their residual adds run as before")
+    elif spec is None or not spec.decoder_layers:
         who = f"the {spec.name} family's" if spec is not None else "these"
         report.notes.append(f"fused_add_rms_norm: {who} decoder layers are not declared of Llama's pre-norm form "
                             "(a DecoderLayerSpec); their residual adds run as before")
