@@ -119,6 +119,8 @@ def test_layer_norm_family_loss_and_every_gradient(case):
     original, patched = build(model_type, overrides), build(model_type, overrides)
     report = tigon.patch(patched)
     assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
+    if overrides.get("alibi"):  # no rotary call: said in a note, neither replaced nor skipped
+        assert any(n.startswith("rope: config.alibi is set") for n in report.notes), str(report)
     dry = inspect_config(config(model_type, overrides)).patch
     assert (dry["family"], dry["counts"]) == (family, counts)
     assert sorted((e["kind"], e["target"]) for e in dry["skipped"]) == sorted((e.kind, e.target)

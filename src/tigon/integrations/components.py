@@ -32,7 +32,7 @@ def resolve_class(mod, name: str):
         return None
 
 
-def class_level_problem(kind: str, comp, cls: type, spec: FamilySpec) -> str | None:
+def class_level_problem(kind: str, comp, cls: type) -> str | None:
     """Why a class-level patch leaves the class ``cls`` of a component alone (None when it patches it): a shared
     class outside the family's modeling module (a dotted name in the spec), or a non-gated MLP."""
     if "." in getattr(comp, "cls", ""):

@@ -168,7 +168,8 @@ def _check_same_options(mk: dict, target: str, opts: dict, class_level: bool) ->
 def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     """Turn matches into actions (or skipped / already-patched entries); nothing is changed here."""
     actions: list[_Action] = []
-    no_rope = rope_off = 0
+    no_rope = 0
+    rope_off: dict[str, int] = {}  # RopeSpec.off_config_attr -> attention modules it turns rotary off in
     for path, m, match in matches:
         kind, cls, comp = match.kind, match.cls, match.comp
         target = path or f"({type(m).__name__})"
@@ -208,7 +209,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 continue
             config = getattr(m, "config", None)
             if components.rope_off(comp, config):
-                rope_off += 1
+                rope_off[comp.off_config_attr] = rope_off.get(comp.off_config_attr, 0) + 1
                 continue
             factor = components.partial_rotary_factor(config)
             if factor < 1.0 and not comp.partial_rotary:
@@ -238,9 +239,9 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
-    if rope_off:
-        report.notes.append(f"rope: {rope_off} attention module(s) use no rotary embedding (the config's "
-                            "off_config_attr, e.g. Falcon's alibi: ALiBi biases instead); nothing to patch there")
+    for attr, n in rope_off.items():
+        report.notes.append(f"rope: config.{attr} is set: {n} attention module(s) use no rotary embedding (e.g. "
+                            "Falcon's ALiBi biases instead); nothing to patch there")
     rope_globals = sorted({f"{mt.family_module}.{mt.comp.function}" for _, _, mt in matches
                            if mt.kind == "rope" and mt.problem is None})
     if any(a.entry.kind == "rope" for a in actions):
@@ -317,7 +318,7 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
         if cls is None:
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
             continue
-        if (problem := components.class_level_problem(kind, comp, cls, spec)) is not None:
+        if (problem := components.class_level_problem(kind, comp, cls)) is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:

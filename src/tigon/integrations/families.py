@@ -310,11 +310,12 @@ SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary 
 TORCH_LAYER_NORM = NormSpec("torch.nn.LayerNorm", kind="layer_norm", eps_attr="eps")
 
 
-def _layer_norm_family(name: str, prefix: str, *, mlp: MLPSpec, rope: RopeSpec, causal_lm: CausalLMSpec | None = None,
-                       module: str | None = None) -> FamilySpec:
-    return FamilySpec(name=name, module=module or f"transformers.models.{name}.modeling_{name}",
-                      norms=(TORCH_LAYER_NORM,), mlps=(mlp,), rope=rope,
-                      causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"))
+def _layer_norm_family(name: str, prefix: str, *, mlp: MLPSpec, rope: RopeSpec,
+                       causal_lm: CausalLMSpec | None = None) -> FamilySpec:
+    """A decoder family normalised by ``torch.nn.LayerNorm`` (:data:`TORCH_LAYER_NORM`), with its MLP, rotary and
+    ``<Prefix>ForCausalLM`` (overridable); no :class:`DecoderLayerSpec` (fused_add_rms_norm is an RMSNorm op)."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
+                      mlps=(mlp,), rope=rope, causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"))
 
 
 GPT_NEOX = _layer_norm_family(  # Pythia; apply_rotary_pos_emb rotates the first cos.shape[-1] dims (rotary_pct)
