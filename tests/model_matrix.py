@@ -106,7 +106,7 @@ GENERIC = {
 
 
 LAYER_NORM_VARIANTS = {
-    # configurations of the LayerNorm families beyond CASES' defaults (tests/test_families.py checks loss and
+    # configurations of the LayerNorm families (and partial rotary) beyond CASES' defaults (tests/test_families.py checks loss and
     # gradients of one step, and the dry run): sequential residual (two norms per layer)
     "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
                             {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
@@ -120,6 +120,8 @@ LAYER_NORM_VARIANTS = {
     # Falcon-40B's layout: ln_attn and ln_mlp per layer, grouped kv heads
     "falcon-new_decoder": ("falcon", dict(head_dim=DROP, num_kv_heads=2, new_decoder_architecture=True), "falcon",
                            {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # not a LayerNorm family, but the same partial rotary as GPT-NeoX inside apply_rotary_pos_emb (Phi-4-mini: 0.75)
+    "phi3-partial_rotary": ("phi3", dict(partial_rotary_factor=0.5), "phi3", FULL, {}),
     # ALiBi instead of rotary (config.alibi): no rotary to patch (a note, not a skip)
     "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
                      {"mlp": L}),

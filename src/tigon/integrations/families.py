@@ -292,8 +292,9 @@ GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
     pre_norm_layer=False)
-PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary refused per model
-    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"), pre_norm_layer=False)  # residual dropout
+PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
+    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
+    rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
 GRANITE = _dense(  # logits / config.logits_scaling
     "granite", "Granite", causal_lm=CausalLMSpec("GraniteForCausalLM", logit_divisor_attr="logits_scaling"),
     pre_norm_layer=False)  # residual_multiplier
