@@ -106,8 +106,8 @@ GENERIC = {
 
 
 LAYER_NORM_VARIANTS = {
-    # configurations of the LayerNorm families (and partial rotary) beyond CASES' defaults (tests/test_families.py checks loss and
-    # gradients of one step, and the dry run): sequential residual (two norms per layer)
+    # configurations of the LayerNorm families (and partial rotary) beyond CASES' defaults (tests/test_families.py
+    # checks loss and gradients of one step, and the dry run). GPT-NeoX with a sequential residual (two norms per layer)
     "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
                             {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     # q / k LayerNorms over the head dim (torch.nn.LayerNorm): one more pair per layer

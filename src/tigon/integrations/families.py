@@ -377,9 +377,9 @@ def family_ops(config: dict) -> set[str] | None:
     """The :mod:`tigon.functional` ops a patched model of this config runs, or None for a family Tigon does not know.
 
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
-    config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary function,
-    ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops (the fused
-    LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
+    config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
+    function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
     """
     model_type = config.get("model_type")
     spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)

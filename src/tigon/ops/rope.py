@@ -43,8 +43,8 @@ def rope(
             strides (the transposed view of a projection is read in place).
         k: the same layout and dtype as q with Hkv heads (any Hkv, e.g. GQA with Hq a multiple of Hkv).
         cos, sin: (1 or B, T, R) with R even and 0 < R <= D (R < D: partial rotary), any float dtype; the usual HF
-            tables ``cat(freqs, freqs)``, but any values are rotated exactly. Treated as constants: they receive no gradient (HF builds them under
-            ``torch.no_grad``).
+            tables ``cat(freqs, freqs)``, but any values are rotated exactly. Treated as constants: they receive no
+            gradient (HF builds them under ``torch.no_grad``).
         unsqueeze_dim: 1 or 2, where the head axis of q and k is.
 
     Returns:
