@@ -23,6 +23,9 @@ DTYPE = getattr(torch, os.environ.get("TIGON_FAMILY_DTYPE", "float32"))
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=V, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
+DROP = object()
+"""An override value that removes the key from TINY (Falcon derives head_dim and has no setter for it)."""
+
 FULL = {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}
 QK_NORMS = {**FULL, "rms_norm": 4 * L + 1}  # + q_norm / k_norm per layer (Qwen3, OLMo 2) or pre/post FF (Gemma 2)
 ADD = {"fused_add_rms_norm": L}  # decoder layers of Llama's pre-norm form: residual add fused into the next norm
@@ -50,14 +53,21 @@ CASES = {
     "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
     # layer 1 is a NoPE layer: one rotary attention to patch
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
+    # LayerNorm families: torch.nn.LayerNorm instances (per model), non-gated MLPs left alone (no Tigon op), partial
+    # rotary (GPT-NeoX 25%: the rotary function rotates cos.shape[-1] dims; phi 50% and StableLM 25%: the attention
+    # passes the rotated slice); phi's LM head has a bias
+    "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    "stablelm": ("stablelm", {}, "stablelm", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # parallel attention + MLP after one norm; full rotary (Falcon derives head_dim from hidden / heads)
+    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "falcon", {"layer_norm": L + 1, "rope": L,
+                                                                         "lm_head_loss": 1}, {"mlp": L}),
     # not registered: the generic matcher, everything probed
     "generic-ministral": ("ministral", {}, "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
     "generic-glm": ("glm", {}, "generic", {"rms_norm": 2 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
 }
 
-DROP = object()
-"""An override value that removes the key from TINY (Falcon derives head_dim and has no setter for it)."""
 _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
             v_head_dim=16, n_group=1, topk_group=1)
@@ -74,11 +84,6 @@ def _deepseek_head() -> tuple[dict, dict]:
 _DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
 
 GENERIC = {
-    # partial rotary (25% / 50% of the head dim): refused per attention module; LayerNorm models: nothing else
-    "gpt_neox": ("gpt_neox", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
-    "phi": ("phi", {}, "generic", {"lm_head_loss": 1}, {"rope": L}, None),
-    "stablelm": ("stablelm", {}, "generic", {"mlp": L, "lm_head_loss": 1}, {"rope": L}, None),
-    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "generic", {"rope": L, "lm_head_loss": 1}, {}, None),
     # the vision tower's rotary function is another interface: left alone, said so
     "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
@@ -97,6 +102,29 @@ GENERIC = {
     # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
     "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
                {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
+}
+
+
+LAYER_NORM_VARIANTS = {
+    # configurations of the LayerNorm families (and partial rotary) beyond CASES' defaults (tests/test_families.py
+    # checks loss and gradients of one step, and the dry run). GPT-NeoX with a sequential residual (two norms per layer)
+    "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
+                            {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # q / k LayerNorms over the head dim (torch.nn.LayerNorm): one more pair per layer
+    "phi-qk_layernorm": ("phi", dict(qk_layernorm=True), "phi", {"layer_norm": 3 * L + 1, "rope": L,
+                                                                  "lm_head_loss": 1}, {"mlp": L}),
+    # per-head q / k LayerNorms (StableLmLayerNormPerHead: 4 + 2 torch.nn.LayerNorm per layer), parallel residual
+    # (no post-attention norm)
+    "stablelm-qk_layernorm": ("stablelm", dict(qk_layernorm=True, use_parallel_residual=True), "stablelm",
+                              {"layer_norm": 7 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # Falcon-40B's layout: ln_attn and ln_mlp per layer, grouped kv heads
+    "falcon-new_decoder": ("falcon", dict(head_dim=DROP, num_kv_heads=2, new_decoder_architecture=True), "falcon",
+                           {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # not a LayerNorm family, but the same partial rotary as GPT-NeoX inside apply_rotary_pos_emb (Phi-4-mini: 0.75)
+    "phi3-partial_rotary": ("phi3", dict(partial_rotary_factor=0.5), "phi3", FULL, {}),
+    # ALiBi instead of rotary (config.alibi): no rotary to patch (a note, not a skip)
+    "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
+                     {"mlp": L}),
 }
 
 

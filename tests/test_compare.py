@@ -107,8 +107,9 @@ def test_local_checkpoint_without_tokenizer_uses_bytes(tmp_path):
 
 @pytest.mark.parametrize("model_type", ["gpt_neox", "phi"])
 def test_precheck_accepts_what_patch_accepts(model_type):
-    # GPT-NeoX / phi-2: partial rotary is skipped, the LM head replaced; the pre-check on the weightless model (the
-    # engine's own dry run) used to reject them ("nothing matched") while tigon.patch on the loaded model worked
+    # GPT-NeoX / phi-2 (LayerNorm families, partial rotary, non-gated MLPs skipped): the pre-check on the weightless
+    # model (the engine's own dry run) used to reject them ("nothing matched") while tigon.patch on the loaded model
+    # worked
     import tigon
     from transformers import AutoConfig
 

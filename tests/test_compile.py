@@ -91,6 +91,8 @@ def _opcheck_cases():
         "layer_norm_no_affine": (ops.layer_norm, (x, None, None, 1e-5)),
         "rope": (ops.rope, (q, k, cos, sin, 1, False, True, True)),
         "rope_backward_k_only": (ops.rope, (q, k, cos, sin, 1, True, False, True)),
+        "rope_partial": (ops.rope, (q, k, cos[..., :cos.shape[-1] // 2], sin[..., :sin.shape[-1] // 2], 1, False,
+                                    True, True)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
         "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True)),
@@ -156,13 +158,13 @@ def test_fused_add_rms_norm_compile(device):
     _check_same(lambda x, r, w: TF.fused_add_rms_norm(x * 1.0, r, w)[0], (x, r, w))
 
 
-@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
-def test_rope_compile(device, unsqueeze_dim):
+@pytest.mark.parametrize("unsqueeze_dim, rotary_dim", [(1, 16), (2, 16), (1, 8)])
+def test_rope_compile(device, unsqueeze_dim, rotary_dim):
     q = torch.randn(2, 6, 4, 16, device=device)
     k = torch.randn(2, 6, 2, 16, device=device)
     if unsqueeze_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-    cos, sin = torch.randn(1, 6, 16, device=device), torch.randn(1, 6, 16, device=device)
+    cos, sin = torch.randn(1, 6, rotary_dim, device=device), torch.randn(1, 6, rotary_dim, device=device)
 
     def fn(q, k):  # q, k as non-leaf views in the HF layout
         return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim)

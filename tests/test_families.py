@@ -27,7 +27,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
-from model_matrix import CASES, DEVICE, DTYPE, assert_report_runs, build  # noqa: E402
+from model_matrix import CASES, DEVICE, DTYPE, LAYER_NORM_VARIANTS, assert_report_runs, build, config  # noqa: E402
 from tigon import data, support  # noqa: E402
 from tigon.integrations import FAMILIES, patched_state  # noqa: E402
 from tigon.integrations.engine import release_unused  # noqa: E402
@@ -103,9 +103,87 @@ def test_family_trains_like_the_original(case):
     assert all("forward" not in m.__dict__ and "_apply_gate" not in m.__dict__ for m in patched.modules())
 
 
+LAYER_NORM_CASES = {**{k: v for k, v in CASES.items() if k in ("gpt_neox", "phi", "stablelm", "falcon")},
+                    **LAYER_NORM_VARIANTS}
+
+
+@pytest.mark.skipif(DTYPE != torch.float32, reason="exact-gradient check: fp32 only")
+@pytest.mark.parametrize("case", list(LAYER_NORM_CASES))
+def test_layer_norm_family_loss_and_every_gradient(case):
+    """GPT-NeoX, phi, StableLM, Falcon (and variants of their configs): one training step on real text gives the
+    original's loss and every parameter gradient within 1e-5 relative (fp32); the report counts what ran; the dry
+    run of ``tigon inspect`` (meta device) decides the same entries."""
+    from tigon.workflows.inspect import inspect_config
+
+    model_type, overrides, family, counts, skipped = LAYER_NORM_CASES[case]
+    original, patched = build(model_type, overrides), build(model_type, overrides)
+    report = tigon.patch(patched)
+    assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
+    if overrides.get("alibi"):  # no rotary call: said in a note, neither replaced nor skipped
+        assert any(n.startswith("rope: config.alibi is set") for n in report.notes), str(report)
+    dry = inspect_config(config(model_type, overrides)).patch
+    assert (dry["family"], dry["counts"]) == (family, counts)
+    assert sorted((e["kind"], e["target"]) for e in dry["skipped"]) == sorted((e.kind, e.target)
+                                                                               for e in report.skipped)
+    ids = text_batches(1)[0]
+    loss_ref = original(input_ids=ids, labels=ids).loss
+    loss_ref.backward()
+    support.backend_usage(reset=True)
+    loss = patched(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert_report_runs(report, support.backend_usage())
+    assert abs(loss.item() - loss_ref.item()) <= 1e-5 * abs(loss_ref.item())
+    grads = {n: p.grad for n, p in patched.named_parameters()}
+    # per tensor, relative to its own norm; a gradient that is rounding noise in both (k bias: softmax is
+    # shift-invariant) is measured against 1e-3 of the largest gradient norm instead
+    floor = 1e-3 * max(p.grad.norm().item() for p in original.parameters())
+    for n, p in original.named_parameters():
+        err = (grads[n] - p.grad).norm().item()
+        assert err <= 1e-5 * max(p.grad.norm().item(), floor), f"{n}: |diff| {err:.2e}, |grad| {p.grad.norm():.2e}"
+
+
+def test_layer_norm_family_class_level():
+    """``tigon.patch("gpt_neox")``: the rotary function (partial rotary included) and the LM head for every model of
+    the family; torch.nn.LayerNorm (shared by every model) and the non-gated MLP are reported and left alone."""
+    import transformers.models.gpt_neox.modeling_gpt_neox as mm
+
+    ln_forward, head_forward = torch.nn.LayerNorm.forward, mm.GPTNeoXForCausalLM.forward
+    try:
+        report = tigon.patch("gpt_neox")
+        assert report.counts == {"rope": 1, "lm_head_loss": 1}, str(report)
+        skipped = {e.kind: e for e in report.skipped}
+        assert set(skipped) == {"layer_norm", "mlp"}
+        assert skipped["layer_norm"].target == "torch.nn.LayerNorm.forward"
+        assert "never changes it" in skipped["layer_norm"].detail and "non-gated" in skipped["mlp"].detail
+        assert torch.nn.LayerNorm.forward is ln_forward
+        model = build("gpt_neox", {})
+        ids = text_batches(1)[0]
+        support.backend_usage(reset=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert set(support.backend_usage()) == {"rope", "fused_linear_cross_entropy"}
+    finally:
+        tigon.unpatch("gpt_neox")
+    assert mm.GPTNeoXForCausalLM.forward is head_forward and torch.nn.LayerNorm.forward is ln_forward
+
+
+def test_older_lm_head_name():
+    """GPT-NeoX's head is ``embed_out`` in transformers before 5.2x (``lm_head`` since): the fused loss finds either."""
+    from tigon.integrations.causal_lm import head_attr, head_problem
+
+    spec = FAMILIES["gpt_neox"].causal_lm
+    model = build("gpt_neox", {})  # lm_head in this transformers, embed_out in older ones
+    assert getattr(model, head_attr(model, spec)) is model.get_output_embeddings()
+    older = torch.nn.Module()
+    older.gpt_neox, older.embed_out = torch.nn.Identity(), torch.nn.Linear(4, 8, bias=False)
+    assert head_attr(older, spec) == "embed_out"
+    assert head_problem(older, spec) == "the model has a custom loss_function / loss_type; its loss is kept"
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_spec_resolves_in_this_transformers(name):
     """Every class and function a spec names exists, so no family silently patches nothing."""
+    from tigon.integrations.components import resolve_class
+
     spec = FAMILIES[name]
     mod = importlib.import_module(spec.module)
     names = [n.cls for n in spec.norms] + [m.cls for m in spec.mlps]
@@ -113,7 +191,7 @@ def test_every_spec_resolves_in_this_transformers(name):
         names.append(spec.causal_lm.cls)
     if spec.rope is not None:
         names += list(spec.rope.attention_classes) + [spec.rope.function]
-    missing = [n for n in names if not hasattr(mod, n)]
+    missing = [n for n in names if resolve_class(mod, n) is None]
     assert not missing, f"{spec.module} lacks {missing}"
 
 

@@ -150,8 +150,12 @@ def test_rope_bad_input():
         F.rope(q, k, cos[:, :2], sin)
     with pytest.raises(ValueError, match="sin must have shape"):
         F.rope(q, k, cos, torch.randn(3, 3, 8))
-    with pytest.raises(ValueError, match="head dimension must be even"):
+    with pytest.raises(ValueError, match="must be even, positive and at most"):
         F.rope(q[..., :7], k[..., :7], cos[..., :7], sin[..., :7])
+    with pytest.raises(ValueError, match="must be even, positive and at most"):
+        F.rope(q, k, torch.randn(1, 3, 10), torch.randn(1, 3, 10))  # wider than the head
+    with pytest.raises(ValueError, match=r"sin must have shape \(1 or 1, 3, 4\)"):
+        F.rope(q, k, cos[..., :4], sin)  # partial cos, full sin
     with pytest.raises(ValueError, match="k must match"):
         F.rope(q, k[:, :, :2], cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim"):
@@ -160,6 +164,31 @@ def test_rope_bad_input():
         F.rope(q, k.double(), cos, sin)
     with pytest.raises(TypeError, match="cos must be a floating-point"):
         F.rope(q, k, cos.long(), sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim, unsqueeze_dim", [(12, 1), (24, 1), (12, 2)])
+def test_partial_rotary(device, dtype, rotary_dim, unsqueeze_dim):
+    # GPT-NeoX / Pythia (rotary_pct 0.25), phi-2 (0.4), StableLM: cos / sin of rotary_dim < head_dim columns rotate
+    # the first rotary_dim dims; the rest pass through exactly (values and gradients).
+    q, k = hf_layout(4, 2, 40, dtype, device)
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = hf_tables(B, T, rotary_dim, dtype, device)
+    inputs = dict(q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=unsqueeze_dim)
+    assert_close_to_truth(compare(F.rope, ref_rope, inputs, ["q", "k"]))
+    qe, ke = F.rope(**inputs)
+    assert torch.equal(qe[..., rotary_dim:], q[..., rotary_dim:])
+    assert torch.equal(ke[..., rotary_dim:], k[..., rotary_dim:])
+
+
+@pytest.mark.slow
+def test_reference_is_hf_partial_apply_rotary_pos_emb():
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    q, k = hf_layout(4, 2, 48, torch.float32, "cpu")
+    cos, sin = hf_tables(B, T, 12, torch.float32, "cpu")
+    for ours, theirs in zip(ref_rope(q, k, cos, sin), neox.apply_rotary_pos_emb(q, k, cos, sin)):
+        assert torch.equal(ours, theirs)
 
 
 @pytest.mark.slow
@@ -188,16 +217,35 @@ def test_rope_row_groups(device, monkeypatch, need):
 
 
 @pytest.mark.parametrize("backward", [False, True])
-def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward):
+@pytest.mark.parametrize("rotary_dim", [32, 8])
+def test_rope_apply_in_place_matches_out_of_place(device, monkeypatch, backward, rotary_dim):
     # rope_apply(inplace=True) (the tuning script's in-place timing) writes the same values over q and k.
     from tigon.kernels import rope as rope_op
 
     monkeypatch.setattr(rope_op, "_rows_config", lambda block_half, dev: (4, 1))
     q, k = hf_layout(5, 3, 32, torch.float32, device)
-    cos, sin = hf_tables(B, T, 32, torch.float32, device)
+    cos, sin = hf_tables(B, T, rotary_dim, torch.float32, device)
     qo, ko = rope_op.rope_apply(q, k, cos, sin, 1, backward)
     qi, ki = q.clone(), k.clone()
     qr, kr = rope_op.rope_apply(qi, ki, cos, sin, 1, backward, inplace=True)
     assert qr is qi and kr is ki
     torch.testing.assert_close(qi, qo, rtol=0, atol=0)
     torch.testing.assert_close(ki, ko, rtol=0, atol=0)
+
+
+def test_record_inputs_follow_partial_rotary():
+    # tigon verify / bench --model of a partial-rotary model (Pythia's config.json: rotary_pct) time and check the
+    # rope the model runs: cos / sin of rotary_dim columns, also in verify's odd shapes
+    from tigon.ops.rope import RECORDS
+    from tigon.workflows.model_shapes import shapes_from_config
+
+    spec = RECORDS[0]
+    shapes, _ = shapes_from_config({"model_type": "gpt_neox", "hidden_size": 128, "intermediate_size": 512,
+                                    "num_attention_heads": 4, "vocab_size": 300, "rotary_pct": 0.25}, 6, batch=2)
+    assert (shapes.head_dim, shapes.rotary_dim) == (32, 8)
+    for m in (shapes, shapes.odd()):
+        s = spec.shape_of(m)
+        inputs = spec.make_inputs(s, torch.float32, "cpu", torch.Generator().manual_seed(0))
+        assert inputs["cos"].shape[-1] == m.rotary_dim < inputs["q"].shape[-1] == m.head_dim
+        assert m.rotary_dim % 2 == 0 and "rotary" in spec.size_label(s)
+        assert_close_to_truth(compare(F.rope, ref_rope, inputs, ["q", "k"]))

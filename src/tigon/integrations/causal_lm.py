@@ -187,15 +187,24 @@ def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
     return None, f"the LM head is {name}, not a plain torch.nn.Linear (e.g. quantised or wrapped)"
 
 
+def head_attr(model, spec: CausalLMSpec) -> str:
+    """The attribute of ``model`` holding its output projection: ``spec.lm_head``, or ``spec.older_lm_head`` when
+    the model has only that (an older transformers)."""
+    if spec.older_lm_head is not None and not hasattr(model, spec.lm_head) and hasattr(model, spec.older_lm_head):
+        return spec.older_lm_head
+    return spec.lm_head
+
+
 def head_problem(model, spec: CausalLMSpec) -> str | None:
     """Why the fused head cannot replace ``model``'s LM head, or None when it can (see :func:`effective_head`, and
     :func:`~tigon.integrations.sharded_head.sharding_problem` for weights sharded by FSDP2, DeepSpeed or DTensor)."""
-    head = getattr(model, spec.lm_head, None)
+    name = head_attr(model, spec)
+    head = getattr(model, name, None)
     linear, why = effective_head(head)
     if linear is None:
         return why
     if not linear.weight.is_floating_point():
-        return f"{spec.lm_head}.weight has dtype {linear.weight.dtype}"
+        return f"{name}.weight has dtype {linear.weight.dtype}"
     if (why := sharding_problem(head, linear)) is not None:
         return why
     if getattr(model, spec.backbone, None) is None:
@@ -307,7 +316,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
         hidden = slice_to_keep(hidden, logits_to_keep)
-        outer = getattr(self, spec.lm_head)
+        outer = getattr(self, head_attr(self, spec))
         head, _ = effective_head(outer)
 
         def head_loss(h):  # reads the head's parameters when called: inside its FSDP2 unit's hooks, if it is one

@@ -7,6 +7,8 @@ A new kind of replacement (a new :class:`~tigon.integrations.families.FamilySpec
 
 from __future__ import annotations
 
+import importlib
+
 from . import forwards as fw
 from . import lora
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
@@ -16,6 +18,30 @@ from .families import FamilySpec
 def attr(comp) -> str:
     """The attribute a component's replacement is set on: ``forward``, or ``_apply_gate`` for MoE experts."""
     return getattr(comp, "patch_attr", "forward")
+
+
+def resolve_class(mod, name: str):
+    """The class ``name`` names for a spec of the modeling module ``mod``: ``mod.<name>``, or for a dotted name
+    (``"torch.nn.LayerNorm"``) that shared class; None when it does not exist."""
+    if "." not in name:
+        return getattr(mod, name, None)
+    where, _, attr_name = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(where), attr_name, None)
+    except ImportError:
+        return None
+
+
+def class_level_problem(kind: str, comp, cls: type) -> str | None:
+    """Why a class-level patch leaves the class ``cls`` of a component alone (None when it patches it): a shared
+    class outside the family's modeling module (a dotted name in the spec), or a non-gated MLP."""
+    if "." in getattr(comp, "cls", ""):
+        return (f"{cls.__module__}.{cls.__qualname__} is not the family's own class (every model uses it): a "
+                "class-level patch never changes it; patch a built model (tigon.patch(model)) to replace its "
+                "instances there")
+    if kind == "mlp" and not comp.gated:
+        return fw.mlp_problem(None, comp)
+    return None
 
 
 def components(spec: FamilySpec, enabled: dict[str, bool]):
@@ -98,6 +124,12 @@ def problem(kind: str, comp, module, opts) -> str | None:
     return None if uses_default_loss(module) else "the model has a custom loss_function / loss_type; its loss is kept"
 
 
+def rope_off(comp, config) -> bool:
+    """Whether the model of ``config`` replaces rotary altogether (the spec's ``off_config_attr``, Falcon's
+    ``alibi``)."""
+    return comp.off_config_attr is not None and bool(getattr(config, comp.off_config_attr, False))
+
+
 def rope_problem(spec: FamilySpec, mod) -> str | None:
     """Why the family's rotary function (in its modeling module ``mod``) cannot be routed to Tigon, or None."""
     if spec.rope.layout != "rotate_half":
@@ -109,13 +141,14 @@ def rope_problem(spec: FamilySpec, mod) -> str | None:
 
 
 def partial_rotary_factor(config) -> float:
-    """The fraction of the head dim that is rotated (``partial_rotary_factor`` in the config or its
-    ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
-    for holder in (config, getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
-        if isinstance(holder, dict):
-            v = holder.get("partial_rotary_factor")
-        else:
-            v = getattr(holder, "partial_rotary_factor", None) if holder is not None else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+    """The fraction of the head dim that is rotated (``partial_rotary_factor``, or GPT-NeoX's ``rotary_pct``, in the
+    config (object or dict) or its ``rope_parameters`` / ``rope_scaling``), 1.0 when absent."""
+    get = (lambda h, k: h.get(k)) if isinstance(config, dict) else (lambda h, k: getattr(h, k, None))
+    for holder in (config, get(config, "rope_parameters"), get(config, "rope_scaling")):
+        if holder is None:
+            continue
+        for key in ("partial_rotary_factor", "rotary_pct"):
+            v = holder.get(key) if isinstance(holder, dict) else getattr(holder, key, None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
     return 1.0

@@ -27,6 +27,9 @@ How rope is scoped at instance level
     original global is put back. A patched attention instance the switch does not know (a ``copy.deepcopy`` or
     ``torch.load`` of a patched model) registers itself on its first forward (:class:`RopeTarget`).
 
+Shared classes (``torch.nn.LayerNorm`` in the LayerNorm families, named by a dotted name in the spec) are patched per
+model only: their instances inside the model, never the class.
+
 Adapters (PEFT LoRA, :mod:`tigon.integrations.lora`) are matched at instance level in any model, beside the family's
 (or the generic matcher's) parts: ``tigon.patch(model)`` after ``get_peft_model``. Patched before PEFT wraps the
 model, its LoRA layers do not exist yet: call ``tigon.patch`` again after ``get_peft_model`` (the second call adds
@@ -34,13 +37,15 @@ them and lists the rest as already patched). Class-level patches never touch the
 
 Copies: instance-level patches survive ``copy.deepcopy`` and pickling (:mod:`tigon.integrations.persist`).
 
-Refusals are per model, with the reason in the report: a rotary layout other than rotate-half over the full head
-dim (GLM's interleaved pairs), partial rotary (``partial_rotary_factor < 1``), an attention module whose forward calls
+Refusals are per model, with the reason in the report: a rotary layout other than rotate-half (GLM's interleaved
+pairs), partial rotary (``partial_rotary_factor < 1``) in a family not declared to handle it
+(:attr:`~tigon.integrations.families.RopeSpec.partial_rotary`), an attention module whose forward calls
 another rotary function instead for its configuration (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` under
 ``rope_interleave``; read from its source, :mod:`tigon.integrations.rotary_calls`), NoPE layers (nothing to patch), the
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
 used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2, a DeepSpeed ZeRO-3 parameter; an FSDP2
-unit is read inside its hooks: :mod:`tigon.integrations.sharded_head`), activations without a kernel, custom losses.
+unit is read inside its hooks: :mod:`tigon.integrations.sharded_head`), activations without a kernel, non-gated MLPs
+(no Tigon op), custom losses.
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
 problem (the plan is checked before anything is applied).
@@ -118,7 +123,7 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
     mod = _import_family(spec)
     classes = []
     for kind, name, comp in components.components(spec, enabled):
-        cls = getattr(mod, name, None)
+        cls = components.resolve_class(mod, name)
         if cls is None:
             report.skipped.append(PatchEntry(kind, f"{spec.module}.{name}", "class not found in this transformers"))
         else:
@@ -164,6 +169,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     """Turn matches into actions (or skipped / already-patched entries); nothing is changed here."""
     actions: list[_Action] = []
     no_rope = 0
+    rope_off: dict[str, int] = {}  # RopeSpec.off_config_attr -> attention modules it turns rotary off in
     for path, m, match in matches:
         kind, cls, comp = match.kind, match.cls, match.comp
         target = path or f"({type(m).__name__})"
@@ -201,10 +207,15 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                     f"{type(m).__name__}.forward calls {', '.join(sorted(reached.called))} here, not "
                     f"{comp.function} ({why}); tigon.functional.rope replaces only {comp.function}, left alone")))
                 continue
-            factor = components.partial_rotary_factor(getattr(m, "config", None))
-            if factor < 1.0:
+            config = getattr(m, "config", None)
+            if components.rope_off(comp, config):
+                rope_off[comp.off_config_attr] = rope_off.get(comp.off_config_attr, 0) + 1
+                continue
+            factor = components.partial_rotary_factor(config)
+            if factor < 1.0 and not comp.partial_rotary:
                 report.skipped.append(PatchEntry(kind, target, f"partial rotary (partial_rotary_factor={factor:g}): "
-                                                 "tigon.functional.rope rotates the full head dim"))
+                                                 f"the {family} family's rotary code is not declared to handle it "
+                                                 "as tigon.functional.rope does (RopeSpec.partial_rotary)"))
                 continue
             sw = SWITCHES.get((match.family_module, comp.function))
             if sw is not None and sw.class_level:
@@ -212,7 +223,10 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 continue
             fn = persist.build(persist.Recipe("forward", kind, comp, family, match.family_module), type(m).forward)
             detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
-            rope = RopeTarget(match.family_module, comp.function, family)
+            if factor < 1.0:
+                detail += (f"; partial rotary (partial_rotary_factor={factor:g}): the first rotary_dim dims of each "
+                           "head rotated, the rest passed through, in the same kernel")
+            rope = RopeTarget(match.family_module, comp.function, family, comp.partial_rotary)
             actions.append(_Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
@@ -225,6 +239,9 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
+    for attr, n in rope_off.items():
+        report.notes.append(f"rope: config.{attr} is set: {n} attention module(s) use no rotary embedding (e.g. "
+                            "Falcon's ALiBi biases instead); nothing to patch there")
     rope_globals = sorted({f"{mt.family_module}.{mt.comp.function}" for _, _, mt in matches
                            if mt.kind == "rope" and mt.problem is None})
     if any(a.entry.kind == "rope" for a in actions):
@@ -253,7 +270,10 @@ def _note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchRep
     """Say why a family's residual adds stay unfused, or that the post-attention norms stay patched beside them."""
     if not enabled["fused_add_rms_norm"]:
         return
-    if spec is None or not spec.decoder_layers:
+    if spec is not None and spec.norms and all(n.kind == "layer_norm" for n in spec.norms):
+        report.notes.append(f"fused_add_rms_norm: the {spec.name} family normalises with LayerNorm (the fused residual "
+                            "add is an RMSNorm op); their residual adds run as before")
+    elif spec is None or not spec.decoder_layers:
         who = f"the {spec.name} family's" if spec is not None else "these"
         report.notes.append(f"fused_add_rms_norm: {who} decoder layers are not declared of Llama's pre-norm form "
                             "(a DecoderLayerSpec); their residual adds run as before")
@@ -292,11 +312,14 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
     mod = _import_family(spec)
     actions: list[_Action] = []
     for kind, name, comp in components.components(spec, enabled):
-        cls = getattr(mod, name, None)
+        cls = components.resolve_class(mod, name)
         attr = components.attr(comp)
-        target = f"{spec.module}.{name}.{attr}"
+        target = f"{name if '.' in name else spec.module + '.' + name}.{attr}"
         if cls is None:
             report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
+            continue
+        if (problem := components.class_level_problem(kind, comp, cls)) is not None:
+            report.skipped.append(PatchEntry(kind, target, problem))
             continue
         if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:
             _check_same_options(mk, target, opts, class_level=True)
@@ -323,8 +346,10 @@ def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport
         elif sw is not None and sw.class_level:
             report.already_patched.append(PatchEntry("rope", target, "class level"))
         else:
-            actions.append(_Action(PatchEntry("rope", target, "tigon.functional.rope for every model of the family "
-                                              "(calls with partial rotary run the original)", ("rope",)),
+            partial = ("calls with partial rotary rotate the first cos.shape[-1] dims" if spec.rope.partial_rotary
+                       else "calls with partial rotary run the original")
+            actions.append(_Action(PatchEntry("rope", target, f"tigon.functional.rope for every model of the family "
+                                              f"({partial})", ("rope",)),
                                    _class_rope_apply(spec, mod)))
     _note_residual_adds(spec, enabled, report)
     return actions
@@ -341,7 +366,7 @@ def _class_apply(family: str, cls: type, attr: str, fn, kind: str):
 def _class_rope_apply(spec: FamilySpec, mod):
     def apply():
         state = _CLASS_STATE.setdefault(spec.name, _ClassState())
-        sw = switch(mod, spec.rope.function, spec.name)
+        sw = switch(mod, spec.rope.function, spec.name, spec.rope.partial_rotary)
         sw.class_level = True
         sw.install()
         state.rope = sw
@@ -422,7 +447,8 @@ def patch(
         rms_norm, layer_norm: replace the family's norm forwards by :func:`tigon.functional.rms_norm` /
             :func:`tigon.functional.layer_norm` (with the module's own weight, bias and epsilon).
         mlp: replace gated MLP forwards by ``down(swiglu|geglu(gate(x), up(x)))``, chosen by the config's
-            activation; activations without a kernel are skipped (instance) or run the original (class).
+            activation; activations without a kernel are skipped (instance) or run the original (class); non-gated
+            MLPs (GPT-NeoX, phi, Falcon) are reported and left alone.
         rope: route the family's rotary function to :func:`tigon.functional.rope` (scoping: see the module docs).
         fused_add_rms_norm: in decoder layers of Llama's pre-norm form (the family's
             :class:`~tigon.integrations.families.DecoderLayerSpec`, checked against the layer's source), compute the

@@ -18,10 +18,14 @@ from dataclasses import dataclass
 class NormSpec:
     """A normalisation class whose ``forward`` becomes a Tigon op.
 
-    cls: class name in the family module.
+    cls: class name in the family module, or the dotted name of a shared class outside it (``"torch.nn.LayerNorm"``,
+        what GPT-NeoX, phi, StableLM and Falcon use). A shared class is patched per model only (instance level:
+        its instances inside a model of the family); a class-level patch leaves it alone and says so, because
+        Tigon never changes ``torch.nn`` or classes other models use.
     kind: ``"rms_norm"`` (:func:`tigon.functional.rms_norm`) or ``"layer_norm"`` (:func:`tigon.functional.layer_norm`).
     casting_mode, offset: passed to rms_norm (``"llama"``/0.0 for Llama; ``"gemma"``/1.0 for Gemma's ``1 + w``).
-    eps_attr: the instance attribute holding epsilon (``variance_epsilon`` in Llama, ``eps`` in Gemma).
+    eps_attr: the instance attribute holding epsilon (``variance_epsilon`` in Llama, ``eps`` in Gemma and
+        ``torch.nn.LayerNorm``).
     weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
     """
 
@@ -38,12 +42,17 @@ class NormSpec:
 class MLPSpec:
     """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu.
 
+    A non-gated MLP ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon: ``gate=None``) is declared so that the report names
+    it, and is left alone: Tigon's MLP ops are gated, and a lone GELU is one elementwise pass that PyTorch already
+    runs as one kernel (nothing to fuse it with that a kernel of Tigon's would save).
+
     cls: class name in the family module.
     act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
         use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
     activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
         matcher sets it from its numerical probe.
-    gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...).
+    gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
+        ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
     gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
         when set, ``gate`` and ``up`` are not used and the kernel reads the two halves in place.
     experts: the class is a Hugging Face v5 MoE experts module (``@use_experts_implementation``: 3-D
@@ -63,6 +72,11 @@ class MLPSpec:
     experts: bool = False
 
     @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (``gate`` or ``gate_up`` set): only gated MLPs have a Tigon op."""
+        return self.gate is not None or self.gate_up is not None
+
+    @property
     def patch_attr(self) -> str:
         """The attribute the engine replaces: ``"_apply_gate"`` for experts modules, else ``"forward"``."""
         return "_apply_gate" if self.experts else "forward"
@@ -80,16 +94,24 @@ class RopeSpec:
         enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
     enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
         ``use_rope``; its NoPE layers have it False and are left alone), or None when every layer does.
-
-    Partial rotary (``config.partial_rotary_factor`` or ``config.rope_parameters["partial_rotary_factor"]`` below 1,
-    i.e. only the first part of the head dimension is rotated) is refused per model at instance level; at class
-    level the dispatcher runs the original function for any call whose cos/sin do not span the full head dim.
+    off_config_attr: a config attribute that, when true, replaces rotary in the whole model (Falcon's ``alibi``:
+        ALiBi biases, no rotary call); such models have no rotary to patch (noted), or None.
+    partial_rotary: the family's code handles partial rotary (``partial_rotary_factor`` / ``rotary_pct`` below 1:
+        only the first ``rotary_dim`` dims of each head are rotated) in a way :func:`tigon.functional.rope`
+        reproduces: its rotary function rotates the first ``cos.shape[-1]`` dims and passes the rest (GPT-NeoX), or
+        its attention passes only the rotated slice of q and k to it (phi, StableLM). Then partial-rotary models are
+        patched, and the dispatcher sends calls with cos / sin narrower than the head to Tigon (which rotates the
+        first ``cos.shape[-1]`` dims, passing the rest). False: partial rotary is refused per model at instance
+        level, and at class level the dispatcher runs the original function for any call whose cos / sin do not
+        span the full head dim.
     """
 
     function: str = "apply_rotary_pos_emb"
     layout: str = "rotate_half"
     attention_classes: tuple[str, ...] = ()
     enabled_attr: str | None = None
+    off_config_attr: str | None = None
+    partial_rotary: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +153,8 @@ class CausalLMSpec:
     cls: class name in the family module.
     backbone, lm_head: attribute names of the decoder (called with every forward argument except
         ``head_only_args`` and ``return_dict``) and of the output projection (an ``nn.Linear``).
+    older_lm_head: the output projection's name in older transformers, used when the model has no ``lm_head``
+        attribute (GPT-NeoX's ``embed_out``, renamed ``lm_head`` in transformers 5.2x), or None.
     output_class: the ModelOutput class the original forward returns (looked up in the family module first,
         then in ``transformers.modeling_outputs``).
     head_only_args: forward arguments consumed by the head/loss and not passed to the backbone.
@@ -152,6 +176,7 @@ class CausalLMSpec:
     logit_scale_attr: str | None = None
     logit_divisor_attr: str | None = None
     router_aux_loss: str | None = None
+    older_lm_head: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,8 +292,9 @@ GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
     pre_norm_layer=False)
-PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary refused per model
-    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"), pre_norm_layer=False)  # residual dropout
+PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
+    "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
+    rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
 GRANITE = _dense(  # logits / config.logits_scaling
     "granite", "Granite", causal_lm=CausalLMSpec("GraniteForCausalLM", logit_divisor_attr="logits_scaling"),
     pre_norm_layer=False)  # residual_multiplier
@@ -280,8 +306,39 @@ GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
+# LayerNorm families: their norms are torch.nn.LayerNorm itself (patched per model, never at class level), their
+# decoder layers are not Llama's pre-norm RMSNorm form (no fused_add_rms_norm).
+TORCH_LAYER_NORM = NormSpec("torch.nn.LayerNorm", kind="layer_norm", eps_attr="eps")
+
+
+def _layer_norm_family(name: str, prefix: str, *, mlp: MLPSpec, rope: RopeSpec,
+                       causal_lm: CausalLMSpec | None = None) -> FamilySpec:
+    """A decoder family normalised by ``torch.nn.LayerNorm`` (:data:`TORCH_LAYER_NORM`), with its MLP, rotary and
+    ``<Prefix>ForCausalLM`` (overridable); no :class:`DecoderLayerSpec` (fused_add_rms_norm is an RMSNorm op)."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
+                      mlps=(mlp,), rope=rope, causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"))
+
+
+GPT_NEOX = _layer_norm_family(  # Pythia; apply_rotary_pos_emb rotates the first cos.shape[-1] dims (rotary_pct)
+    "gpt_neox", "GPTNeoX", mlp=MLPSpec("GPTNeoXMLP", gate=None, up="dense_h_to_4h", down="dense_4h_to_h"),
+    rope=RopeSpec(attention_classes=("GPTNeoXAttention",), partial_rotary=True),
+    causal_lm=CausalLMSpec("GPTNeoXForCausalLM", backbone="gpt_neox", older_lm_head="embed_out"))
+PHI = _layer_norm_family(  # phi-1 / phi-2: the attention rotates q[..., :rotary_ndims]; lm_head has a bias
+    "phi", "Phi", mlp=MLPSpec("PhiMLP", gate=None, up="fc1", down="fc2"),
+    rope=RopeSpec(attention_classes=("PhiAttention",), partial_rotary=True))
+STABLELM = _layer_norm_family(  # gated SiLU MLP; the attention rotates q[..., :rotary_ndims]; per-head q/k LayerNorms
+    "stablelm", "StableLm", mlp=MLPSpec("StableLmMLP"),
+    rope=RopeSpec(attention_classes=("StableLmAttention",), partial_rotary=True))
+FALCON = _layer_norm_family(  # config.alibi: ALiBi instead of rotary; MLP act from config.activation
+    "falcon", "Falcon", mlp=MLPSpec("FalconMLP", act_config_attr="activation", gate=None, up="dense_h_to_4h",
+                                    down="dense_4h_to_h"),
+    rope=RopeSpec(attention_classes=("FalconAttention",), off_config_attr="alibi"),
+    causal_lm=CausalLMSpec("FalconForCausalLM", backbone="transformer",
+                           output_class="CausalLMOutputWithCrossAttentions"))
+
 FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
-    LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3)}
+    LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3,
+    GPT_NEOX, PHI, STABLELM, FALCON)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:
@@ -319,10 +376,10 @@ def family_by_module(module_name: str) -> FamilySpec | None:
 def family_ops(config: dict) -> set[str] | None:
     """The :mod:`tigon.functional` ops a patched model of this config runs, or None for a family Tigon does not know.
 
-    From the family spec: its norms' kinds, the gated op of its MLPs' activation (:data:`ACTIVATIONS`; the config's
-    activation attribute, else the transformers config class's default), ``rope`` when it has a rotary function,
-    ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops (the fused
-    LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
+    From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
+    config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
+    function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
     """
     model_type = config.get("model_type")
     spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)
@@ -330,6 +387,8 @@ def family_ops(config: dict) -> set[str] | None:
         return None
     ops = {n.kind for n in spec.norms}
     for m in spec.mlps:
+        if not m.gated:
+            continue  # left alone (no Tigon op)
         act = m.activation or config.get(m.act_config_attr) or _config_default(model_type, m.act_config_attr)
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])

@@ -225,7 +225,11 @@ def default_experts_gate():
 
 
 def mlp_problem(module, spec: MLPSpec) -> str | None:
-    """Why ``module`` cannot take the Tigon MLP forward (or experts hook), or None when it can."""
+    """Why ``module`` cannot take the Tigon MLP forward (or experts hook), or None when it can. A non-gated MLP
+    never can (``module`` may be None then: the reason is the spec's)."""
+    if not spec.gated:
+        return (f"non-gated MLP {spec.down}(act({spec.up}(x))): Tigon's MLP ops are gated (swiglu / geglu); a lone "
+                "activation is one elementwise pass PyTorch already runs as one kernel, so the MLP is left alone")
     if spec.experts:
         hook = getattr(type(module), "_apply_gate", None)
         default = default_experts_gate()
@@ -300,14 +304,15 @@ def rope_dispatcher(original, family: str, switch):
     """A drop-in for the module-global rotary function that routes to :func:`tigon.functional.rope` when
     ``switch.class_level`` is set or a patched attention instance is running on this thread, else to ``original``.
 
-    Calls it cannot serve (extra positional arguments such as the old ``position_ids``, partial rotary dims) go
-    to ``original`` as well.
+    Calls it cannot serve (extra positional arguments such as the old ``position_ids``; cos / sin narrower than the
+    head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
+    rope does) go to ``original`` as well.
     """
 
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if (switch.class_level or _rope_scope_active()) and not args and set(kwargs) <= {"unsqueeze_dim"} \
-                and cos.shape[-1] == q.shape[-1] == k.shape[-1]:
+                and q.shape[-1] == k.shape[-1] and (cos.shape[-1] == q.shape[-1] or switch.partial):
             return TF.rope(q, k, cos, sin, **kwargs)
         return original(q, k, cos, sin, *args, **kwargs)
 

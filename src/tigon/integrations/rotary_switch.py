@@ -17,10 +17,11 @@ LOCK = threading.RLock()
 class RopeSwitch:
     """The dispatcher installed as ``module.<function>`` and the reasons to keep it there."""
 
-    def __init__(self, module, name: str, family: str):
+    def __init__(self, module, name: str, family: str, partial: bool = False):
         self.module, self.name = module, name
         self.original = getattr(module, name)
         self.class_level = False
+        self.partial = partial  # the function rotates the first cos.shape[-1] dims (RopeSpec.partial_rotary)
         self.live: weakref.WeakSet = weakref.WeakSet()
         self.dispatcher = fw.rope_dispatcher(self.original, family, self)
 
@@ -47,18 +48,21 @@ class RopeSwitch:
 SWITCHES: dict[tuple[str, str], RopeSwitch] = {}
 
 
-def switch(module, name: str, family: str) -> RopeSwitch:
-    """The switch of ``module.<name>`` (one per modeling module and function), created on first use."""
+def switch(module, name: str, family: str, partial: bool = False) -> RopeSwitch:
+    """The switch of ``module.<name>`` (one per modeling module and function), created on first use; ``partial``:
+    calls with cos / sin narrower than the head go to Tigon too (:attr:`RopeSpec.partial_rotary
+    <tigon.integrations.families.RopeSpec.partial_rotary>`)."""
     key = (module.__name__, name)
     sw = SWITCHES.get(key)
     if sw is None:
-        sw = SWITCHES[key] = RopeSwitch(module, name, family)
+        sw = SWITCHES[key] = RopeSwitch(module, name, family, partial)
     return sw
 
 
 @dataclass(frozen=True)
 class RopeTarget:
-    """The rotary global a patched attention module needs: ``<module_name>.<function>``, dispatched for ``family``.
+    """The rotary global a patched attention module needs: ``<module_name>.<function>``, dispatched for ``family``
+    (``partial``: see :func:`switch`).
 
     Its :meth:`ensure` runs at the start of every patched attention forward (eagerly; not inside ``torch.compile``),
     so that attention modules that were never registered at patch time (copies made by ``copy.deepcopy``, models
@@ -69,6 +73,7 @@ class RopeTarget:
     module_name: str
     function: str
     family: str
+    partial: bool = False
 
     def ensure(self, attention) -> None:
         """Register ``attention`` (a module) as live and install the dispatcher when either is missing.
@@ -80,6 +85,6 @@ class RopeTarget:
         if sw is not None and attention in sw.live and getattr(sw.module, sw.name) is sw.dispatcher:
             return
         with LOCK:
-            sw = switch(importlib.import_module(self.module_name), self.function, self.family)
+            sw = switch(importlib.import_module(self.module_name), self.function, self.family, self.partial)
             sw.live.add(attention)
             sw.install()

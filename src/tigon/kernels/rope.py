@@ -20,6 +20,10 @@ torch.compile's generated kernel does). One launch covers q's rows then k's. q a
 four strides, so the HF layout (``view(B, T, H, D).transpose(1, 2)`` of a projection) is read in place, and
 there consecutive rows are contiguous in memory.
 
+Partial rotary (GPT-NeoX / Pythia, phi-2, StableLM: cos/sin of R < D columns) rotates the first R dims as above
+(HALF = R/2) and copies the other D - R of each row in the same program (the rotation and its transpose are the
+identity there), so the output needs no separate concatenation.
+
 Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
 """
 
@@ -38,10 +42,12 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, 
 def _rotate_rows(
     X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
-    ROW64: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr,
 ):
     # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
+    # PASS: the head dims after the 2 * HALF rotated ones (partial rotary), copied unchanged (the rotation is the
+    # identity there, forward and backward).
     # ROW64: 2**31 rows or more (head dims of 16 and less at > 32 GiB), where the int32 row index would wrap.
     if ROW64:
         r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -67,14 +73,21 @@ def _rotate_rows(
     else:
         sa = -s1
         sb = s2
-    xp = X + (b * sx_b + t * sx_t + h * sx_h)[:, None] + d[None, :] * sx_d
+    xrow = X + (b * sx_b + t * sx_t + h * sx_h)[:, None]
+    yrow = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None]
+    xp = xrow + d[None, :] * sx_d
     x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
     y1 = x1 * c1 + x2 * sa
     y2 = x2 * c2 + x1 * sb
-    yp = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None] + d[None, :] * sy_d
+    yp = yrow + d[None, :] * sy_d
     tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
     tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+    if PASS > 0:
+        e = 2 * HALF + tl.arange(0, BLOCK_PASS)
+        pmask = rmask[:, None] & (e < 2 * HALF + PASS)[None, :]
+        xt = tl.load(xrow + e[None, :] * sx_d, mask=pmask, other=0.0)
+        tl.store(yrow + e[None, :] * sy_d, xt.to(Y.dtype.element_ty), mask=pmask)
 
 
 @triton.jit
@@ -83,17 +96,18 @@ def _rope_kernel(
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
-    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr,
-    ROW64: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr,
 ):
     # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
     pid = tl.program_id(0)
     if pid < PROGS_Q:
         _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
-                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
+                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R, BACKWARD, ROW64)
     else:
         _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
-                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, BLOCK_R, BACKWARD, ROW64)
+                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R,
+                     BACKWARD, ROW64)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -133,7 +147,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
                inplace: bool = False):
     """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
 
-    q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, D).
+    q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, R), R even
+    and at most D: the first R head dims are rotated, the other D - R copied (partial rotary; R = D: all rotated).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
     (each row is read before it is written, by the same program), which are returned; q and k must then be
@@ -147,7 +162,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     sko = _heads_first(ko, unsqueeze_dim)[1] if need_k else sk
     if B * T == 0 or (qo is None and ko is None):
         return qo, ko
-    half = D // 2
+    half = cos.shape[-1] // 2
+    rest = 0 if inplace else D - 2 * half  # in place, the passed-through dims are already where they belong
     block_half = next_pow2(half)
     block_r, warps = _rows_config(block_half, q.device)
     nq = B * T * HQ if need_q else 0
@@ -157,7 +173,7 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     _rope_kernel[(progs_q + cdiv(nk, block_r),)](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
         0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2],
-        HALF=half, BLOCK_HALF=block_half, BLOCK_R=block_r, BACKWARD=backward,
+        HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,
         ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
     )
     return qo, ko

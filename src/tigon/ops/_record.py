@@ -34,8 +34,9 @@ class ModelShapes:
 
     tokens (batch x sequence, flattened), batch (the rotary op's batch; seq = tokens // batch), hidden, intermediate,
     heads (query heads), kv_heads, head_dim, vocab: counts. rms_eps, rms_casting_mode, rms_offset: the family's
-    RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. softcap: the final logit soft-cap (Gemma 2),
-    or None. Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. rotary_dim: the rotated dims of each head
+    under partial rotary (GPT-NeoX / Pythia, phi, StableLM), None when the whole head is rotated. softcap: the final
+    logit soft-cap (Gemma 2), or None. Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
     """
 
     tokens: int
@@ -51,6 +52,7 @@ class ModelShapes:
     rms_offset: float = 0.0
     rope_theta: float = 10000.0
     softcap: float | None = None
+    rotary_dim: int | None = None
 
     @property
     def seq(self) -> int:
@@ -59,10 +61,13 @@ class ModelShapes:
 
     def odd(self) -> ModelShapes:
         """The "odd" variant of verify: hidden, intermediate, vocab -> ``(3n/4) | 1``; head_dim -> an even size that
-        is not a power of two; tokens -> odd when more than 2 (batch 1)."""
+        is not a power of two (a partial rotary_dim scaled with it, kept even); tokens -> odd when more than 2
+        (batch 1)."""
         tokens = self.tokens - 1 if self.tokens % 2 == 0 and self.tokens > 2 else self.tokens
+        head_dim = _even_not_pow2(self.head_dim)
+        rotary = None if self.rotary_dim is None else max(2, self.rotary_dim * head_dim // self.head_dim // 2 * 2)
         return dataclasses.replace(self, tokens=tokens, batch=1, hidden=_odd(self.hidden),
-                                   intermediate=_odd(self.intermediate), head_dim=_even_not_pow2(self.head_dim),
+                                   intermediate=_odd(self.intermediate), head_dim=head_dim, rotary_dim=rotary,
                                    vocab=_odd(self.vocab))
 
 

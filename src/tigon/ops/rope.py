@@ -31,18 +31,20 @@ def rope(
     """Rotary position embedding, HF rotate-half convention (RoFormer, Su et al. 2021; HF ``apply_rotary_pos_emb``).
 
     ``q_embed = q * cos + rotate_half(q) * sin`` (and the same for k), where ``rotate_half(x) = cat(-x2, x1)``
-    of the two halves of the head dimension and cos/sin get a head axis inserted at ``unsqueeze_dim``. Math in
+    of the two halves of the head dimension and cos/sin get a head axis inserted at ``unsqueeze_dim``. Partial
+    rotary (GPT-NeoX / Pythia's ``apply_rotary_pos_emb``): cos / sin of R < D columns rotate the first R dims of
+    each head (rotary_dim = R) and pass the other D - R through unchanged, in the same launch. Math in
     fp32; one launch rotates the rows (batch, position, head) of q and k in tiles, each row gathering its
     position's cos/sin (read from memory once, then from cache by the position's other heads).
 
     Args:
         q: (B, Hq, T, D) for ``unsqueeze_dim=1`` (HF's layout after ``.transpose(1, 2)``) or (B, T, Hq, D) for
             ``unsqueeze_dim=2``; float32 / bfloat16 / float16 (other float dtypes run the reference); any
-            strides (the transposed view of a projection is read in place); D even.
+            strides (the transposed view of a projection is read in place).
         k: the same layout and dtype as q with Hkv heads (any Hkv, e.g. GQA with Hq a multiple of Hkv).
-        cos, sin: (1 or B, T, D), any float dtype; the usual HF tables ``cat(freqs, freqs)``, but any values
-            are rotated exactly. Treated as constants: they receive no gradient (HF builds them under
-            ``torch.no_grad``).
+        cos, sin: (1 or B, T, R) with R even and 0 < R <= D (R < D: partial rotary), any float dtype; the usual HF
+            tables ``cat(freqs, freqs)``, but any values are rotated exactly. Treated as constants: they receive no
+            gradient (HF builds them under ``torch.no_grad``).
         unsqueeze_dim: 1 or 2, where the head axis of q and k is.
 
     Returns:
@@ -51,8 +53,8 @@ def rope(
 
     Raises:
         TypeError: a non-floating tensor, or q and k of different dtypes.
-        ValueError: wrong ranks, mismatched B / T / D between q, k, cos and sin, odd D, devices differ, or
-            unsqueeze_dim not in (1, 2).
+        ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) with R even and
+            0 < R <= D, devices differ, or unsqueeze_dim not in (1, 2).
     """
     _checks.tensor("q", q, floating=True, ndim=4)
     _checks.tensor("k", k, floating=True, ndim=4)
@@ -64,14 +66,16 @@ def rope(
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     t_axis = 2 if unsqueeze_dim == 1 else 1
     B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
-    if D == 0 or D % 2:
-        raise ValueError(f"q's head dimension must be even and positive, got shape {tuple(q.shape)}")
+    R = cos.shape[-1]
+    if R == 0 or R % 2 or R > D:
+        raise ValueError(f"cos's last dimension (the rotated dims) must be even, positive and at most q's head "
+                         f"dimension {D}, got cos {tuple(cos.shape)} for q {tuple(q.shape)}")
     if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
         raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
                          f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
     for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != D:
-            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {D}), got {tuple(t.shape)}")
+        if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != R:
+            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {R}) (cos's rotated dims), got {tuple(t.shape)}")
     if select_backend("rope", q) in TORCH_CODE:
         return ref.rope(q, k, cos, sin, unsqueeze_dim)
     from ..kernels import rope as kr
@@ -83,15 +87,17 @@ def rope(
 # ---- the record ----------------------------------------------------------------------------------------------------
 def _shape(m) -> dict:
     return {"tokens": m.batch * m.seq, "batch": m.batch, "seq": m.seq, "heads": m.heads, "kv_heads": m.kv_heads,
-            "head_dim": m.head_dim, "theta": m.rope_theta}
+            "head_dim": m.head_dim, "rotary_dim": m.rotary_dim or m.head_dim, "theta": m.rope_theta}
 
 
 def _inputs(s: dict, dtype, device, gen) -> dict:
     """q (B, heads, T, head_dim) and k (B, kv_heads, T, head_dim) as HF attention makes them (transposed views of
-    the (B, T, H * D) projections), cos / sin (1, T, head_dim) HF tables for the model's theta, in the input dtype."""
+    the (B, T, H * D) projections), cos / sin (1, T, rotary_dim) HF tables for the model's theta (rotary_dim: the
+    head dim, or fewer for partial rotary), in the input dtype."""
     b, t, d = s["batch"], s["seq"], s["head_dim"]
     q = randn(gen, (b, t, s["heads"] * d), dtype, device).view(b, t, s["heads"], d).transpose(1, 2)
     k = randn(gen, (b, t, s["kv_heads"] * d), dtype, device).view(b, t, s["kv_heads"], d).transpose(1, 2)
+    d = s.get("rotary_dim", d)
     inv_freq = 1.0 / s.get("theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     emb = torch.cat((torch.arange(t, dtype=torch.float32)[:, None] * inv_freq,) * 2, dim=-1)[None]
     return dict(q=q, k=k, cos=emb.cos().to(device, dtype), sin=emb.sin().to(device, dtype))
@@ -107,7 +113,8 @@ RECORDS = (OpSpec(
     make_inputs=_inputs,
     shape_of=_shape,
     size_format="batch x seq x (q heads + kv heads) x head_dim",
-    size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}",
+    size_label=lambda s: f"{s['batch']}x{s['seq']}x({s['heads']}+{s['kv_heads']})x{s['head_dim']}"
+    + (f" (rotary {s['rotary_dim']})" if s.get("rotary_dim", s["head_dim"]) != s["head_dim"] else ""),
     grad_inputs=("q", "k"),
     category="rotary",
     under_compile="inductor",  # under torch.compile Inductor fuses it with the q / k projections' layout ops

@@ -21,10 +21,14 @@ def rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q * cos + rotate_half(q) * sin`` and the same for ``k`` (HF ``apply_rotary_pos_emb``).
 
+    Partial rotary (cos / sin narrower than the head dim, R < D; GPT-NeoX's ``apply_rotary_pos_emb``): the first R
+    dims of each head are rotated as above and the other D - R passed through unchanged.
+
     Args:
-        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` or (B, T, Hq, D) for ``unsqueeze_dim=2``; D even.
+        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` or (B, T, Hq, D) for ``unsqueeze_dim=2``.
         k: the same layout with Hkv heads (any head count; GQA has Hq a multiple of Hkv).
-        cos, sin: (1 or B, T, D), any float dtype; inserted a head axis at ``unsqueeze_dim``.
+        cos, sin: (1 or B, T, R), R even and at most D (R = D: the whole head is rotated), any float dtype;
+            inserted a head axis at ``unsqueeze_dim``.
         unsqueeze_dim: where the head axis is in q and k (1 or 2).
 
     Returns:
@@ -34,6 +38,10 @@ def rope(
     cos and sin are treated as constants: they receive no gradient (HF builds them under ``torch.no_grad``),
     which the Triton path matches.
     """
+    r = cos.shape[-1]
+    if r < q.shape[-1]:
+        q_rot, k_rot = rope(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim)
+        return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
     cos = cos.detach().unsqueeze(unsqueeze_dim)
     sin = sin.detach().unsqueeze(unsqueeze_dim)
     q_embed = (q * cos + rotate_half(q) * sin).to(q.dtype)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..integrations.components import partial_rotary_factor
 from ..integrations.families import rms_semantics
 from ..ops import ModelShapes
 
@@ -41,7 +42,8 @@ def shapes_from_config(config, tokens: int, batch: int = 1,
     Args:
         config: a transformers config or its dict (``config.json``); multimodal configs give their text decoder's.
             Reads hidden_size, intermediate_size, num_attention_heads, vocab_size (required), num_key_value_heads,
-            head_dim, rms_norm_eps, rope_parameters / rope_theta, final_logit_softcapping, model_type (for the
+            head_dim, rms_norm_eps, rope_parameters / rope_theta, partial_rotary_factor / rotary_pct (the rotated
+            part of each head), final_logit_softcapping, model_type (for the
             family's RMSNorm casting and offset, :mod:`tigon.integrations.families`).
         tokens: tokens in all (>= 1); batch: sequences among them (the rotary op's batch), at most ``tokens``.
         max_vocab: cap on the vocabulary (None or 0: no cap).
@@ -65,9 +67,12 @@ def shapes_from_config(config, tokens: int, batch: int = 1,
                     "--max-vocab changes the cap)")
         vocab = max_vocab
     batch = max(1, min(batch, tokens))
+    head_dim = _get(config, "head_dim", hidden // heads)
+    rotary_dim = int(head_dim * partial_rotary_factor(config))  # HF's rotary dim (its int() rounding)
     shapes = ModelShapes(
         tokens=tokens, batch=batch, hidden=hidden, intermediate=_get(config, "intermediate_size"), heads=heads,
-        kv_heads=_get(config, "num_key_value_heads", heads), head_dim=_get(config, "head_dim", hidden // heads),
+        kv_heads=_get(config, "num_key_value_heads", heads), head_dim=head_dim,
+        rotary_dim=rotary_dim if 0 < rotary_dim < head_dim else None,
         vocab=vocab, rms_eps=float(_get(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting, rms_offset=offset,
         rope_theta=float(theta), softcap=_get(config, "final_logit_softcapping"))
     return shapes, caps
