@@ -53,12 +53,9 @@ problem (the plan is checked before anything is applied).
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -66,15 +63,15 @@ from . import components
 from . import forwards as fw
 from . import persist
 from . import rotary_calls
-from .causal_lm import check_accum_dtype, flce_options, loss_options
+from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
 from .generic import Match, generic_matches
+from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
+from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
-from .rotary_switch import SWITCHES, RopeSwitch, RopeTarget, switch
-
-_MISSING = object()
+from .rotary_switch import SWITCHES, RopeTarget
 
 OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss", "lora")
 PATCH_KEYWORDS = {**{k: k for k in OPTION_KINDS}, "lm_head_loss": "fused_linear_cross_entropy"}
@@ -88,39 +85,14 @@ def release_unused() -> list[str]:
         return [sw.qualname for sw in list(SWITCHES.values()) if sw.release()]
 
 
-
-# ---- class-level state -----------------------------------------------------------------------------------------
-@dataclass
-class _ClassState:
-    saved: list[tuple[type, str, object, str]] = field(default_factory=list)  # (class, attr, original|_MISSING, kind)
-    rope: RopeSwitch | None = None
-
-
-_CLASS_STATE: dict[str, _ClassState] = {}
-
-
 # ---- planning --------------------------------------------------------------------------------------------------
-@dataclass
-class _Action:
-    entry: PatchEntry
-    apply: Callable[[], None]
-
-
 # Attributes the engine ever sets on instances / classes (unpatch looks for Tigon marks on exactly these).
 PATCH_ATTRS = ("forward", "_apply_gate")
 
 
-def _import_family(spec: FamilySpec):
-    try:
-        return importlib.import_module(spec.module)
-    except ImportError as e:
-        raise ImportError(f"tigon.patch: cannot import {spec.module} for family {spec.name!r} "
-                          f"(is transformers installed? {e})") from e
-
-
 def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, report: PatchReport):
     """Matches of the spec's classes in ``model`` (class-not-found and rope problems go to the report)."""
-    mod = _import_family(spec)
+    mod = import_family(spec)
     classes = []
     for kind, name, comp in components.components(spec, enabled):
         cls = components.resolve_class(mod, name)
@@ -153,21 +125,9 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
     return matches, wanted
 
 
-def _check_same_options(mk: dict, target: str, opts: dict, class_level: bool) -> None:
-    """A target already patched with other LM-head-loss options: raise rather than silently keep the old ones."""
-    if mk.get("kind") != "lm_head_loss" or "options" not in mk:
-        return
-    wanted = loss_options(opts["fused"], opts["ce"], opts["flce"])
-    if mk["options"] != wanted:
-        how = (f"it is patched at class level: call tigon.unpatch({mk['family']!r}) first" if class_level
-               else "call tigon.unpatch(model) first")
-        raise ValueError(f"tigon.patch: {target} is already patched with {mk['options']}, not the requested {wanted}; "
-                         f"to change the options, {how}")
-
-
 def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     """Turn matches into actions (or skipped / already-patched entries); nothing is changed here."""
-    actions: list[_Action] = []
+    actions: list[Action] = []
     no_rope = 0
     rope_off: dict[str, int] = {}  # RopeSpec.off_config_attr -> attention modules it turns rotary off in
     for path, m, match in matches:
@@ -182,12 +142,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
         if (mk := fw.tigon_mark(getattr(type(m), attr, None))) is not None:
-            _check_same_options(mk, target, opts, class_level=True)
+            check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
             if (mk := fw.tigon_mark(current)) is not None:
-                _check_same_options(mk, target, opts, class_level=False)
+                check_same_options(mk, target, opts, class_level=False)
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
                 report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
@@ -227,7 +187,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 detail += (f"; partial rotary (partial_rotary_factor={factor:g}): the first rotary_dim dims of each "
                            "head rotated, the rest passed through, in the same kernel")
             rope = RopeTarget(match.family_module, comp.function, family, comp.partial_rotary)
-            actions.append(_Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, rope)))
+            actions.append(Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
         if problem is not None:
@@ -235,7 +195,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             continue
         fn = persist.build(persist.Recipe(attr, kind, comp, family, match.family_module, opts), getattr(type(m), attr))
         entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts))
-        actions.append(_Action(entry, _bind(m, attr, fn)))
+        actions.append(Action(entry, _bind(m, attr, fn)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -262,26 +222,8 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
     seen = {mt.kind for _, _, mt in matches}
     for kind in sorted(wanted - seen):
         report.notes.append(f"{kind}: no matching module in this model")
-    _note_residual_adds(spec, enabled, report)
+    note_residual_adds(spec, enabled, report)
     return actions
-
-
-def _note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchReport) -> None:
-    """Say why a family's residual adds stay unfused, or that the post-attention norms stay patched beside them."""
-    if not enabled["fused_add_rms_norm"]:
-        return
-    if spec is not None and spec.norms and all(n.kind == "layer_norm" for n in spec.norms):
-        report.notes.append(f"fused_add_rms_norm: the {spec.name} family normalises with LayerNorm (the fused residual "
-                            "add is an RMSNorm op); their residual adds run as before")
-    elif spec is None or not spec.decoder_layers:
-        who = f"the {spec.name} family's" if spec is not None else "these"
-        report.notes.append(f"fused_add_rms_norm: {who} decoder layers are not declared of Llama's pre-norm form "
-                            "(a DecoderLayerSpec); their residual adds run as before")
-    elif enabled["rms_norm"]:
-        report.notes.append("fused_add_rms_norm: the post-attention norms stay patched as rms_norm too; a fused layer "
-                            "computes them with its residual add, and calls them itself only when it falls back "
-                            "(hooks on the norm; residual and attention output of different dtypes, as under "
-                            "autocast with fp32 weights)")
 
 
 def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: PatchReport):
@@ -291,7 +233,7 @@ def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: Pat
     actions = _plan_matches(result.matches, "generic", opts, report)
     report.notes.append("generic matcher: each module was replaced only after a numerical probe against the "
                         "original (see tigon.integrations.generic)")
-    _note_residual_adds(None, enabled, report)
+    note_residual_adds(None, enabled, report)
     return actions
 
 
@@ -305,71 +247,6 @@ def _rope_instance_apply(module, fn, rope: RopeTarget):
     def apply():
         rope.ensure(module)
         module.forward = types.MethodType(fn, module)
-    return apply
-
-
-def _plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport):
-    mod = _import_family(spec)
-    actions: list[_Action] = []
-    for kind, name, comp in components.components(spec, enabled):
-        cls = components.resolve_class(mod, name)
-        attr = components.attr(comp)
-        target = f"{name if '.' in name else spec.module + '.' + name}.{attr}"
-        if cls is None:
-            report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
-            continue
-        if (problem := components.class_level_problem(kind, comp, cls)) is not None:
-            report.skipped.append(PatchEntry(kind, target, problem))
-            continue
-        if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:
-            _check_same_options(mk, target, opts, class_level=True)
-            report.already_patched.append(PatchEntry(kind, target, "class level"))
-            continue
-        if kind == "mlp" and comp.experts:
-            hook, default = getattr(cls, attr, None), fw.default_experts_gate()
-            if hook is None or hook is not default:
-                report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
-                continue
-        if kind == "fused_add_rms_norm" and (problem := fw.decoder_layer_problem(cls, comp)) is not None:
-            report.skipped.append(PatchEntry(kind, target, problem))
-            continue
-        fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
-        actions.append(_Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts),
-                                          components.ops(kind, comp, None, opts)),
-                               _class_apply(spec.name, cls, attr, fn, kind)))
-    if enabled["rope"] and spec.rope is not None:
-        target = f"{spec.module}.{spec.rope.function}"
-        sw = SWITCHES.get((spec.module, spec.rope.function))
-        problem = components.rope_problem(spec, mod)
-        if problem is not None:
-            report.skipped.append(PatchEntry("rope", target, problem))
-        elif sw is not None and sw.class_level:
-            report.already_patched.append(PatchEntry("rope", target, "class level"))
-        else:
-            partial = ("calls with partial rotary rotate the first cos.shape[-1] dims" if spec.rope.partial_rotary
-                       else "calls with partial rotary run the original")
-            actions.append(_Action(PatchEntry("rope", target, f"tigon.functional.rope for every model of the family "
-                                              f"({partial})", ("rope",)),
-                                   _class_rope_apply(spec, mod)))
-    _note_residual_adds(spec, enabled, report)
-    return actions
-
-
-def _class_apply(family: str, cls: type, attr: str, fn, kind: str):
-    def apply():
-        state = _CLASS_STATE.setdefault(family, _ClassState())
-        state.saved.append((cls, attr, cls.__dict__.get(attr, _MISSING), kind))
-        setattr(cls, attr, fn)
-    return apply
-
-
-def _class_rope_apply(spec: FamilySpec, mod):
-    def apply():
-        state = _CLASS_STATE.setdefault(spec.name, _ClassState())
-        sw = switch(mod, spec.rope.function, spec.name, spec.rope.partial_rotary)
-        sw.class_level = True
-        sw.install()
-        state.rope = sw
     return apply
 
 
@@ -526,7 +403,7 @@ def patch(
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
         else:
-            actions = _plan_class(spec, enabled, opts, report)
+            actions = plan_class(spec, enabled, opts, report)
         actions += adapters
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
@@ -580,7 +457,7 @@ def unpatch(model_or_family) -> PatchReport:
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
         else:
-            state = _CLASS_STATE.pop(spec.name, None)
+            state = CLASS_STATE.pop(spec.name, None)
             if state is None:
                 report.notes.append(f"family {spec.name!r} was not patched at class level")
                 return report
@@ -589,7 +466,7 @@ def unpatch(model_or_family) -> PatchReport:
                 if fw.tigon_mark(cls.__dict__.get(attr)) is None:
                     report.skipped.append(PatchEntry(kind, target, "changed by someone else since; left alone"))
                     continue
-                if original is _MISSING:
+                if original is MISSING:
                     delattr(cls, attr)
                 else:
                     setattr(cls, attr, original)
@@ -608,7 +485,7 @@ def patched_state() -> dict:
     with _LOCK:
         return {
             "class_level": {name: sorted({k for _, _, _, k in st.saved} | ({"rope"} if st.rope else set()))
-                            for name, st in _CLASS_STATE.items()},
+                            for name, st in CLASS_STATE.items()},
             "rope_dispatchers": {sw.qualname: {"class_level": sw.class_level, "patched_attention_modules": len(sw.live)}
                                  for sw in SWITCHES.values()},
         }

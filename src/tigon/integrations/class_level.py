@@ -1,0 +1,92 @@
+"""Class-level patching (``tigon.patch("llama")``): the plan over a family's classes and rotary function, and the
+state :func:`tigon.integrations.engine.unpatch` restores from (what each class defined before, the rotary switch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import components
+from . import forwards as fw
+from .families import FamilySpec
+from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
+from .report import PatchEntry, PatchReport
+from .rotary_switch import SWITCHES, RopeSwitch, switch
+
+
+@dataclass
+class ClassState:
+    """A family's class-level patch: (class, attribute, original or MISSING, kind) per replaced attribute, and its
+    rotary switch."""
+
+    saved: list[tuple[type, str, object, str]] = field(default_factory=list)  # (class, attr, original|MISSING, kind)
+    rope: RopeSwitch | None = None
+
+
+CLASS_STATE: dict[str, ClassState] = {}
+
+
+def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport) -> list[Action]:
+    """Actions patching the family's classes (and rotary function) for every model of it; problems go to the
+    report. Nothing is changed until an action is applied."""
+    mod = import_family(spec)
+    actions: list[Action] = []
+    for kind, name, comp in components.components(spec, enabled):
+        cls = components.resolve_class(mod, name)
+        attr = components.attr(comp)
+        target = f"{name if '.' in name else spec.module + '.' + name}.{attr}"
+        if cls is None:
+            report.skipped.append(PatchEntry(kind, target, "class not found in this transformers"))
+            continue
+        if (problem := components.class_level_problem(kind, comp, cls)) is not None:
+            report.skipped.append(PatchEntry(kind, target, problem))
+            continue
+        if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:
+            check_same_options(mk, target, opts, class_level=True)
+            report.already_patched.append(PatchEntry(kind, target, "class level"))
+            continue
+        if kind == "mlp" and comp.experts:
+            hook, default = getattr(cls, attr, None), fw.default_experts_gate()
+            if hook is None or hook is not default:
+                report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
+                continue
+        if kind == "fused_add_rms_norm" and (problem := fw.decoder_layer_problem(cls, comp)) is not None:
+            report.skipped.append(PatchEntry(kind, target, problem))
+            continue
+        fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
+        actions.append(Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts),
+                                          components.ops(kind, comp, None, opts)),
+                               class_apply(spec.name, cls, attr, fn, kind)))
+    if enabled["rope"] and spec.rope is not None:
+        target = f"{spec.module}.{spec.rope.function}"
+        sw = SWITCHES.get((spec.module, spec.rope.function))
+        problem = components.rope_problem(spec, mod)
+        if problem is not None:
+            report.skipped.append(PatchEntry("rope", target, problem))
+        elif sw is not None and sw.class_level:
+            report.already_patched.append(PatchEntry("rope", target, "class level"))
+        else:
+            partial = ("calls with partial rotary rotate the first cos.shape[-1] dims" if spec.rope.partial_rotary
+                       else "calls with partial rotary run the original")
+            actions.append(Action(PatchEntry("rope", target, f"tigon.functional.rope for every model of the family "
+                                              f"({partial})", ("rope",)),
+                                   class_rope_apply(spec, mod)))
+    note_residual_adds(spec, enabled, report)
+    return actions
+
+
+def class_apply(family: str, cls: type, attr: str, fn, kind: str):
+    def apply():
+        state = CLASS_STATE.setdefault(family, ClassState())
+        state.saved.append((cls, attr, cls.__dict__.get(attr, MISSING), kind))
+        setattr(cls, attr, fn)
+    return apply
+
+
+def class_rope_apply(spec: FamilySpec, mod):
+    def apply():
+        state = CLASS_STATE.setdefault(spec.name, ClassState())
+        sw = switch(mod, spec.rope.function, spec.name, spec.rope.partial_rotary)
+        sw.class_level = True
+        sw.install()
+        state.rope = sw
+    return apply
