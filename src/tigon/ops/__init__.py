@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ._record import CATEGORIES, Case, ModelShapes, OpSpec
+from ._record import CATEGORIES, CATEGORY_LABELS, Case, ModelShapes, OpSpec
 
 PEER_MODULES = {"liger": "liger_kernel", "quack": "quack", "cce": "cut_cross_entropy"}
 """The peer implementations an :attr:`OpSpec.peers` entry may name, and the package each needs."""
@@ -65,5 +65,5 @@ def providers() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*BASE_PROVIDERS, *variants, *peers]))
 
 
-__all__ = ["CATEGORIES", "Case", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS", "get", "providers",
+__all__ = ["CATEGORIES", "CATEGORY_LABELS", "Case", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS", "get", "providers",
            "registry"]

@@ -23,8 +23,11 @@ MODES = ("fwd", "fwd_bwd")
 """The modes ``min_bytes`` and ``flops`` are asked for: the forward, and the forward plus the backward (``bwd``
 is their difference)."""
 
-CATEGORIES = ("norm", "rotary", "activation", "lm_head_loss", "lora")
-"""What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``)."""
+CATEGORY_LABELS = {"norm": "norm", "rotary": "rotary", "activation": "activation", "lm_head_loss": "LM head + loss",
+                   "lora": "LoRA adapters"}
+"""What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``) ->
+the label of its row in profile's table. A new category is added here and nowhere else."""
+CATEGORIES = tuple(CATEGORY_LABELS)
 
 
 

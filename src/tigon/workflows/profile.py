@@ -45,15 +45,14 @@ from typing import Any
 
 import torch
 
+from ..ops import CATEGORY_LABELS
 from . import predict as PR
 from ._train import train
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DTYPES, build_model, hf_config, model_info, random_batches
 from .profile_events import CATEGORIES, RANGE, Annotator, categorize, device_busy_us  # noqa: F401 (re-exported)
 
-LABELS = {"matmul": "matmul", "attention": "attention", "norm": "norm", "rotary": "rotary",
-          "activation": "activation", "lm_head_loss": "LM head + loss", "lora": "LoRA adapters", "optimizer": "optimizer",
-          "other": "other",
+LABELS = {"matmul": "matmul", "attention": "attention", **CATEGORY_LABELS, "optimizer": "optimizer", "other": "other",
           "unlinked": "kernels linked to no op", "idle": "device idle (waiting on the host)"}
 CPU_LABELS = {"unlinked": "kernels linked to no op", "idle": "outside any op (Python, hooks, profiler)"}
 DEFAULTS = {
