@@ -38,7 +38,9 @@ from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_em
 from .fused_linear_cross_entropy import (
     _Matmuls, _operands, backward_over_chunks, chunk_rows, flce_backward_rows,
 )
-from .loss_rows import LossOptions, _blocks, _row_setup, _target_logit, _transform, ce_rows_forward, row_stats
+from .loss_rows import (
+    LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_forward, row_stats,
+)
 
 
 @triton.jit
@@ -53,7 +55,7 @@ def _logprob_entropy_fwd_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, _wt = _row_setup(T, T, rows, n_rows, V, ignore_index, False)
-    tl.store(BAD + rows * 0, tl.load(T + rows, mask=rmask, other=0).to(tl.int64), mask=valid & (~in_range))
+    _record_bad_targets(BAD, T, rows, rmask, valid, in_range)
     x_row = X + rows.to(tl.int64) * stride_x
     xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)

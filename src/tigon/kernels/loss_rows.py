@@ -150,6 +150,13 @@ def _grad_pass(
 
 
 @triton.jit
+def _record_bad_targets(BAD, T, rows, rmask, valid, in_range):
+    """Store a target outside [0, V) other than ignore_index into the host-visible buffer of
+    :mod:`tigon.kernels.target_check` (raised at the next loss launch)."""
+    tl.store(BAD + rows * 0, tl.load(T + rows, mask=rmask, other=0).to(tl.int64), mask=valid & (~in_range))
+
+
+@triton.jit
 def _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
     """The transformed target logit of rows; NaN for a target outside [0, V) (never read out of bounds)."""
     xt = tl.load(x_row + t_safe, mask=in_range, other=0.0).to(tl.float32)
@@ -201,8 +208,7 @@ def _ce_fwd_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
-    # a target outside [0, V) other than ignore_index: recorded for the host (tigon.kernels.target_check)
-    tl.store(BAD + rows * 0, tl.load(T + rows, mask=rmask, other=0).to(tl.int64), mask=valid & (~in_range))
+    _record_bad_targets(BAD, T, rows, rmask, valid, in_range)
     x_row = X + rows.to(tl.int64) * stride_x
     xt = _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFTCAP)
 

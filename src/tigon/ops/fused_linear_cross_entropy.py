@@ -197,6 +197,15 @@ def _lean(**inputs):
     return fused_linear_cross_entropy(**inputs, accum_dtype=inputs["weight"].dtype)
 
 
+HEAD_SIZES = dict(
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "vocab": m.vocab, "softcap": m.softcap},
+    size_format="tokens x hidden x vocab",
+    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}" + (f" softcap {s['softcap']}"
+                                                                         if s.get("softcap") else ""),
+)
+"""The size fields of an LM-head op's record (tokens x hidden x vocab, and the model's softcap)."""
+
+
 RECORDS = (OpSpec(
     name="fused_linear_cross_entropy",
     summary="LM head + cross-entropy without materialising the (tokens, vocab) logits",
@@ -206,10 +215,7 @@ RECORDS = (OpSpec(
     original_name="HF LM head (F.linear in the input dtype) + the loss on fp32-upcast logits",
     eager=eager_linear_cross_entropy,
     make_inputs=_inputs,
-    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "vocab": m.vocab, "softcap": m.softcap},
-    size_format="tokens x hidden x vocab",
-    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}" + (f" softcap {s['softcap']}"
-                                                                         if s.get("softcap") else ""),
+    **HEAD_SIZES,
     grad_inputs=("hidden", "weight"),
     category="lm_head_loss",
     flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"],  # 1 or 3 matmuls

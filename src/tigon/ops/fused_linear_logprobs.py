@@ -17,7 +17,7 @@ from ..reference import fused_linear_logprobs as ref
 from ..reference.fused_linear_logprobs import LogProbsOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, targets
-from .fused_linear_cross_entropy import memory_plan
+from .fused_linear_cross_entropy import HEAD_SIZES, memory_plan
 
 
 def fused_linear_logprobs(
@@ -147,10 +147,7 @@ RECORDS = (OpSpec(
     original=trl_linear_logprobs,
     original_name="TRL: HF LM head (F.linear in the input dtype), fp32 logits / temperature, log-softmax gathered",
     make_inputs=_inputs,
-    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "vocab": m.vocab, "softcap": m.softcap},
-    size_format="tokens x hidden x vocab",
-    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}" + (f" softcap {s['softcap']}"
-                                                                         if s.get("softcap") else ""),
+    **HEAD_SIZES,
     grad_inputs=("hidden", "weight"),
     category="lm_head_loss",
     # forward: the logits (1 matmul); backward: the logits again, grad_hidden and grad_weight (3)

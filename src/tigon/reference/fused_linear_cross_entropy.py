@@ -16,22 +16,23 @@ from .. import _checks
 from .cross_entropy import check_loss_options, cross_entropy
 
 
-def check_inputs(hidden, weight, target, bias, class_weight, *, logit_scale, **options) -> None:
-    """Validate :func:`fused_linear_cross_entropy`'s tensors and options.
+def check_head(hidden, weight, target, bias, **per_class) -> None:
+    """Validate an LM head's operands: hidden (N, H), weight (V, H) with V >= 1, integer target (N,), optional bias
+    and the named per-class tensors (``class_weight=...``), each (V,); all floating except target, on one device.
+    Shared by the fused linear losses' checks.
 
     Raises:
-        TypeError: hidden / weight / bias / class_weight not floating, target not an integer tensor.
-        ValueError: hidden not (N, H), weight not (V, H), target not (N,), bias or class_weight not (V,),
-            devices differ, logit_scale not finite and non-zero, or a bad option (see check_loss_options).
+        TypeError: a float tensor not floating, target not an integer tensor.
+        ValueError: a shape as above not met, or devices differ.
     """
     _checks.tensor("hidden", hidden, floating=True, ndim=2)
     _checks.tensor("weight", weight, floating=True, ndim=2)
     _checks.tensor("target", target, integer=True, ndim=1)
-    if bias is not None:
-        _checks.tensor("bias", bias, floating=True, ndim=1)
-    if class_weight is not None:
-        _checks.tensor("class_weight", class_weight, floating=True, ndim=1)
-    _checks.same_device(hidden=hidden, weight=weight, target=target, bias=bias, class_weight=class_weight)
+    vectors = {"bias": bias, **per_class}
+    for name, t in vectors.items():
+        if t is not None:
+            _checks.tensor(name, t, floating=True, ndim=1)
+    _checks.same_device(hidden=hidden, weight=weight, target=target, **vectors)
     n, h = hidden.shape
     v = weight.shape[0]
     if weight.shape[1] != h:
@@ -42,10 +43,21 @@ def check_inputs(hidden, weight, target, bias, class_weight, *, logit_scale, **o
     if target.shape[0] != n:
         raise ValueError(f"target must have shape ({n},) to match hidden {tuple(hidden.shape)}, "
                          f"got {tuple(target.shape)}")
-    if bias is not None and bias.shape[0] != v:
-        raise ValueError(f"bias must have shape ({v},), got {tuple(bias.shape)}")
-    if class_weight is not None and class_weight.shape[0] != v:
-        raise ValueError(f"class_weight must have shape ({v},), got {tuple(class_weight.shape)}")
+    for name, t in vectors.items():
+        if t is not None and t.shape[0] != v:
+            raise ValueError(f"{name} must have shape ({v},) to match weight {tuple(weight.shape)}, "
+                             f"got {tuple(t.shape)}")
+
+
+def check_inputs(hidden, weight, target, bias, class_weight, *, logit_scale, **options) -> None:
+    """Validate :func:`fused_linear_cross_entropy`'s tensors and options.
+
+    Raises:
+        TypeError: hidden / weight / bias / class_weight not floating, target not an integer tensor.
+        ValueError: hidden not (N, H), weight not (V, H), target not (N,), bias or class_weight not (V,),
+            devices differ, logit_scale not finite and non-zero, or a bad option (see check_loss_options).
+    """
+    check_head(hidden, weight, target, bias, class_weight=class_weight)
     if (not isinstance(logit_scale, numbers.Real) or isinstance(logit_scale, bool) or logit_scale == 0
             or logit_scale != logit_scale or abs(logit_scale) == float("inf")):
         raise ValueError(f"logit_scale must be a finite non-zero float, got {logit_scale!r}")

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _checks
 from .cross_entropy import check_target_range
+from .fused_linear_cross_entropy import check_head
 
 
 class LogProbsOutput(NamedTuple):
@@ -55,25 +55,7 @@ def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_i
         ValueError: hidden not (N, H), weight not (V, H) with V >= 1, target not (N,), bias not (V,), devices
             differ, temperature not a finite float > 0, softcap not None or a finite float > 0.
     """
-    _checks.tensor("hidden", hidden, floating=True, ndim=2)
-    _checks.tensor("weight", weight, floating=True, ndim=2)
-    _checks.tensor("target", target, integer=True, ndim=1)
-    if bias is not None:
-        _checks.tensor("bias", bias, floating=True, ndim=1)
-    _checks.same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    n, h = hidden.shape
-    v = weight.shape[0]
-    if weight.shape[1] != h:
-        raise ValueError(f"weight must have shape (V, {h}) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(weight.shape)}")
-    if v == 0:
-        raise ValueError("weight must have at least one row (vocabulary size V >= 1)")
-    if target.shape[0] != n:
-        raise ValueError(f"target must have shape ({n},) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(target.shape)}")
-    if bias is not None and bias.shape[0] != v:
-        raise ValueError(f"bias must have shape ({v},) to match weight {tuple(weight.shape)}, "
-                         f"got {tuple(bias.shape)}")
+    check_head(hidden, weight, target, bias)
     if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
             or not math.isfinite(float(temperature)) or not float(temperature) > 0.0):
         raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
