@@ -396,7 +396,7 @@ def ce_rows_forward(
 
     Writes per-row loss (incl. z), z and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the (n,) fp32
     outputs, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
-    contiguous; :func:`row_stats` allocates it, :func:`lse_of` reads the lse from it). With ``grad_scales`` (the
+    contiguous; :func:`row_stats` allocates it; lse = the sum of a row's two). With ``grad_scales`` (the
     (2,) fp32 scales of :func:`reduce_losses`), also writes ``d loss / d x`` of the reduced loss into ``grad_out``
     (n, V), which may be ``x`` itself (in place).
     First raises for a bad target an earlier launch recorded (:func:`tigon.kernels.target_check.raise_if_seen`).
@@ -430,11 +430,6 @@ def ce_rows_forward(
 def row_stats(n: int, device: torch.device) -> torch.Tensor:
     """An uninitialised (n, 2) fp32 buffer for :func:`ce_rows_forward`'s row statistics (max, log-sum)."""
     return torch.empty((n, 2), dtype=torch.float32, device=device)
-
-
-def lse_of(stats: torch.Tensor) -> torch.Tensor:
-    """The log-sum-exp (n,) fp32 of rows from their statistics (n, 2): m + log s."""
-    return stats[:, 0] + stats[:, 1]
 
 
 def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
