@@ -440,3 +440,29 @@ def test_memory_bad_values_raise():
             F.fused_linear_cross_entropy(h, w, t, memory=bad)
     with pytest.raises(ValueError, match="memory='low'"):
         F.fused_linear_cross_entropy(h, w, t, memory="low", accum_dtype=torch.float32)
+
+
+def test_memory_reaches_the_chunk_rule(monkeypatch):
+    # the option must arrive at the kernels' chunk rule (forward and, for reduction="none", the backward): a stub that
+    # dropped it would still give the default results above
+    seen, real = [], flce_ops.chunk_rows
+
+    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1):
+        seen.append((lean, fp32_weight_grad, budget))
+        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget)
+
+    monkeypatch.setattr(flce_ops, "chunk_rows", spy)
+    h = torch.randn(50, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(37, 16, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, 37, (50,))
+    F.fused_linear_cross_entropy(h, w, t, memory=3000).backward()
+    assert seen == [(True, False, 3000)]  # 4 * 37 * 16 + 16 rows * 37 * 2 = 3552 bytes do not fit: bf16 accumulation
+    seen.clear()
+    F.fused_linear_cross_entropy(h, w, t, memory=3552).backward()
+    assert seen == [(False, True, 3552)]  # they fit: exact, the fp32 accumulator beside 16-row chunks
+    seen.clear()
+    F.fused_linear_cross_entropy(h, w, t, reduction="none", memory=10**6).sum().backward()
+    assert seen == [(False, False, 10**6), (False, True, 10**6)]  # forward (no grads formed), backward (exact)
+    seen.clear()
+    F.fused_linear_cross_entropy(h, w, t, memory="low").backward()
+    assert seen == [(True, False, -1)]
