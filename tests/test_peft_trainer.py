@@ -387,3 +387,32 @@ def test_fused_lora_with_gradient_checkpointing():
     assert_losses_match(got, ref)
     # 14 layers x 3 steps, once in the forward and once more in the backward's recomputation
     assert sum(support.backend_usage()["lora_linear"].values()) == 14 * 3 * 2
+
+
+def _saved_activation_bytes(model, ids) -> int:
+    """Bytes of the distinct storages autograd saves in one training forward, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen.setdefault(ptr, t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(seen.values())
+
+
+def test_fused_lora_layers_save_no_more_activations_than_peft():
+    ids = batches(1)[0]
+    sizes = {}
+    for fuse in (False, True):
+        model = lora(build(False), modules_to_save=())
+        tigon.patch(model, lora=fuse)
+        support.backend_usage(reset=True)
+        sizes[fuse] = _saved_activation_bytes(model, ids)
+        assert ("lora_linear" in support.backend_usage()) == fuse
+    # each fused layer keeps x (shared with its neighbours) and the r-wide x A^T, as PEFT's layers do between them
+    assert sizes[True] <= sizes[False], sizes
