@@ -17,6 +17,9 @@ class ReLUSquared(nn.Module):
 
     Shapes and dtypes:
         input any shape, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+
+    Raises:
+        As :func:`tigon.functional.relu_squared`, at the forward, for bad inputs.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,6 +34,9 @@ class Softmax(nn.Module):
 
     Shapes and dtypes:
         input (..., N), float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+
+    Raises:
+        As :func:`tigon.functional.softmax`, at the forward, for bad inputs.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

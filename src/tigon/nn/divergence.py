@@ -62,6 +62,9 @@ class KLDivLoss(nn.KLDivLoss):
         ``loss(y_pred, y_true)``: y_pred log-probabilities (N, V) or (..., V), y_true probabilities
         (log-probabilities with ``log_target``) of the same shape. Returns a float32 loss: 0-d, or y_pred's shape
         for ``"none"``.
+
+    Raises:
+        As :func:`tigon.functional.kl_div`, at the forward, for bad inputs.
     """
 
     def __init__(self, eps: float = 1e-10, *args, **kwargs):
@@ -85,6 +88,9 @@ class TVDLoss(nn.Module):
     Forward:
         ``loss(p, q, shift_labels=None)``: p, q probabilities (N, V) or (..., V); shift_labels (N,) or (...)
         integers. Returns a float32 loss: 0-d, or p's shape for ``"none"``.
+
+    Raises:
+        As :func:`tigon.functional.tvd`, at the forward, for bad inputs.
     """
 
     def __init__(self, reduction: str = "batchmean", ignore_index: int = -100):

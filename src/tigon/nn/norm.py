@@ -202,6 +202,9 @@ class PolyNorm(nn.Module):
 
     Shapes and dtypes:
         input (..., N), N <= 65536, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+
+    Raises:
+        As :func:`tigon.functional.poly_norm`, at the forward, for bad inputs.
     """
 
     def __init__(self, eps: float = 1e-6, in_place: bool = False, device=None, dtype=None) -> None:
