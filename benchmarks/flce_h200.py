@@ -3,7 +3,8 @@ Tigon's two accumulation modes, and their numerics against float64. One device c
 --out, rewritten after each part.
 
     PYTHONPATH=src python3 benchmarks/flce_h200.py --out $OUT/flce_llama3-8b_h200_<date>.json \
-        [--providers eager,compile,tigon,tigon_lean,liger,cce] [--skip-sweep] [--skip-numerics]
+        [--providers eager,compile,tigon,tigon_lean,liger,cce] [--skip-sweep] [--skip-numerics] \
+        [--memory auto,low,67108864,...] [--skip-shapes]
 
 Shapes: Llama-3-8B's LM head (H=4096, V=128256) at N=8192 and N=32768 tokens, Gemma-2-9B's (H=3584, V=256000,
 final-logit softcap 30) at N=8192; bf16, 10% of the labels ignored; timed as ``tigon bench --op
@@ -13,6 +14,8 @@ the default mode (fp32 grad_weight accumulator) with chunks of 1024 .. 8192 rows
 the rows are the ones asked for), and the lean mode (``accum_dtype=bf16``) with 2**24 .. 2**27-logit chunks; each
 point sets the constants of tigon.kernels.fused_linear_cross_entropy for its run. Numerics: relative L2 error of
 loss, grad_hidden and grad_weight against float64 for eager bf16 and both Tigon modes, upstream gradient 1.
+``--memory``: the ``memory=`` option's points (``"auto"``, ``"low"``, or a budget in bytes), each timed and its peak
+measured as a Tigon provider at Llama N=8192 and Gemma-2 N=8192, beside the providers' rows of those shapes.
 Results: benchmarks/results/h200/flce_h200.json (an earlier version of this script; see the results README).
 """
 
@@ -62,6 +65,31 @@ def chunk_sweep(flce) -> list[dict]:
     return out
 
 
+def memory_sweep(values: list[str]) -> list[dict]:
+    """fwd+bwd time and peak extra memory of each ``memory=`` value (``"auto"``, ``"low"`` or bytes) at the Llama
+    and Gemma-2 shapes of N=8192, timed as the ``tigon_lean`` provider with its case's options replaced."""
+    import dataclasses
+
+    import tigon.ops.fused_linear_cross_entropy as rec_mod
+    from tigon.ops import Case
+
+    spec = rec_mod.RECORDS[0]
+    out = []
+    for model in ("llama3-8b", "gemma2-9b"):
+        for raw in values:
+            memory = raw if raw in ("auto", "low") else int(raw)
+            case = Case(f"bench: memory={raw}", options={"memory": memory}, tags=frozenset({"bench"}),
+                        provider="tigon_lean")
+            cases = tuple(c for c in spec.cases if c.provider != "tigon_lean") + (case,)
+            with mock.patch.object(rec_mod, "RECORDS", (dataclasses.replace(spec, cases=cases),)):
+                rows, _ = bench(["tigon_lean"], model, 8192)
+            rec = dict(model=model, memory=raw, ms=rows[0]["ms"], peak_extra_bytes=rows[0]["peak_extra_bytes"],
+                       note=rows[0]["note"])
+            out.append(rec)
+            print("memory", rec, flush=True)
+    return out
+
+
 def numerics(n, h, v, softcap, device) -> dict:
     """Relative L2 errors of loss, grad_hidden and grad_weight against float64, per computation."""
     torch.manual_seed(0)
@@ -102,19 +130,21 @@ def main(argv=None) -> int:
     ap.add_argument("--providers", default="eager,compile,tigon,tigon_lean,liger,cce")
     ap.add_argument("--skip-sweep", action="store_true", help="no chunk-size sweep")
     ap.add_argument("--skip-numerics", action="store_true", help="no float64 comparison")
+    ap.add_argument("--skip-shapes", action="store_true", help="no providers' rows at the issue's shapes")
+    ap.add_argument("--memory", help="comma-separated memory= values to time (auto, low, or bytes)")
     args = ap.parse_args(argv)
     import tigon.kernels.fused_linear_cross_entropy as flce
 
     t0 = time.time()
     command = "PYTHONPATH=src python3 benchmarks/flce_h200.py " + " ".join(sys.argv[1:] if argv is None else argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": None, "command": command,
-           "rows": [], "chunk_sweep": [], "numerics": {}}
+           "rows": [], "chunk_sweep": [], "memory_sweep": [], "numerics": {}}
 
     def save():
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
 
-    for model, tokens in SHAPES:
+    for model, tokens in () if args.skip_shapes else SHAPES:
         rows, ceilings = bench(args.providers.split(","), model, tokens)
         res["ceilings"] = res["ceilings"] or ceilings
         res["rows"] += rows
@@ -122,6 +152,9 @@ def main(argv=None) -> int:
             ms = f"{r['ms']:8.2f} ms {r['pct_matmul'] or 0:5.1f}%" if r["ms"] else r["note"][:80]
             print(f"{model:10s} {tokens:6d} {r['provider']:11s} {ms} "
                   f"{(r['peak_extra_bytes'] or 0) / 2**30:6.2f} GiB  [{time.time() - t0:.0f}s]", flush=True)
+        save()
+    if args.memory:
+        res["memory_sweep"] = memory_sweep(args.memory.split(","))
         save()
     if not args.skip_sweep:
         res["chunk_sweep"] = chunk_sweep(flce)
