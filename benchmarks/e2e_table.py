@@ -12,7 +12,14 @@ tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's pro
 
 Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment:
 ``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``, picked
-at import, hence its own process). ``--lora R`` wraps every provider's model in PEFT LoRA (``tigon bench --lora``).
+at import, hence its own process). ``--lora R`` wraps every provider's model in PEFT LoRA (``tigon bench --lora``),
+``--gradient-checkpointing`` turns on HF's checkpointing in every provider's model, ``--kernel-summary`` profiles each
+provider's last step and prints its GPU time by kernel kind (the JSON rows hold the top kernels by name). MFU is
+printed next to tokens/s (CUDA; ``tigon.workflows.e2e``).
+
+    PYTHONPATH=src python3 benchmarks/e2e_table.py --model llama3-8b --batch-size 4 --seq-len 2048 \
+        --gradient-checkpointing non_reentrant --kernel-summary --steps 4 --warmup 2 \
+        --providers original,tigon,liger --out-dir $OUT     # issue 26's full-depth row
 """
 
 from __future__ import annotations
@@ -54,6 +61,10 @@ def run_providers(args) -> list[str]:
             cmd += ["--layers", str(args.layers)]
         if args.lora:
             cmd += ["--lora", str(args.lora)]
+        if args.gradient_checkpointing:
+            cmd += ["--gradient-checkpointing", args.gradient_checkpointing]
+        if args.kernel_summary:
+            cmd += ["--kernel-summary"]
         try:
             subprocess.run(cmd, timeout=args.timeout, check=False, env={**os.environ, **env})
         except subprocess.TimeoutExpired:
@@ -84,15 +95,28 @@ def table(rows: list[dict]) -> str:
         b = by.get(base)
         return f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b and r.get("tokens_per_s") else "-"
 
-    lines = [f"{'provider':24s} {'tok/s':>9s} {'step ms':>8s} {'peak GiB':>9s} {'vs original':>12s} "
-             f"{'vs orig+compile':>16s}"]
+    lines = [f"{'provider':24s} {'tok/s':>9s} {'step ms':>8s} {'MFU':>6s} {'peak GiB':>9s} {'vs original':>12s} "
+             f"{'vs orig+compile':>16s} {'vs liger':>9s}"]
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"{r['provider']:24s} {r['status']}: {r['note'][:80]}")
             continue
-        lines.append(f"{r['provider']:24s} {r['tokens_per_s']:9,.0f} {r['step_ms']:8.2f} "
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
+        lines.append(f"{r['provider']:24s} {r['tokens_per_s']:9,.0f} {r['step_ms']:8.2f} {mfu:>6s} "
                      f"{r['peak_memory_bytes'] / 2**30:9.2f} {ratio(r, 'original'):>12s} "
-                     f"{ratio(r, 'original_compile'):>16s}")
+                     f"{ratio(r, 'original_compile'):>16s} {ratio(r, 'liger'):>9s}")
+    return "\n".join(lines)
+
+
+def kernel_table(rows: list[dict]) -> str:
+    """Per provider with a kernel summary (``--kernel-summary``): the profiled step's GPU ms by kernel kind."""
+    sums = [(r["provider"], r["kernel_summary"]) for r in rows if r.get("kernel_summary")]
+    if not sums:
+        return ""
+    kinds = sorted({k for _, s in sums for k in s["by_kind"]})
+    lines = [f"{'GPU ms of one step':24s} {'total':>8s} " + " ".join(f"{k:>10s}" for k in kinds)]
+    for p, s in sums:
+        lines.append(f"{p:24s} {s['device_ms']:8.1f} " + " ".join(f"{s['by_kind'].get(k, 0):10.1f}" for k in kinds))
     return "\n".join(lines)
 
 
@@ -123,6 +147,10 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--lora", type=int, help="PEFT LoRA rank for every provider's model (tigon bench --lora)")
+    ap.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant"),
+                    help="tigon bench --gradient-checkpointing for every provider")
+    ap.add_argument("--kernel-summary", action="store_true",
+                    help="tigon bench --kernel-summary: each provider's last step profiled, kernels by kind printed")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
@@ -136,10 +164,13 @@ def main() -> None:
     args = ap.parse_args()
     date = datetime.date.today().strftime("%Y%m%d")
     lora = f"-lora{args.lora}" if args.lora else ""
-    args.tag = f"{args.model}{lora}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
+    layers = f"-{args.layers}l" if args.layers else ""
+    gc = "-gc" if args.gradient_checkpointing else ""
+    args.tag = f"{args.model}{lora}{layers}{gc}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
     paths = sorted(glob.glob(os.path.join(args.from_dir, "e2e-*.json"))) if args.from_dir else run_providers(args)
     rows = merge(paths)
     print(table(rows))
+    print(kernel_table(rows))
     png = args.png or os.path.join(args.from_dir or args.out_dir, f"e2e_{args.tag}.png")
     if rows:
         plot(rows, png)

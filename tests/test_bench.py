@@ -254,6 +254,63 @@ def test_e2e_lora_wraps_every_provider_and_tigon_fuses_the_lora_layers():
     assert r.as_dict()["config"]["lora_rank"] == 4 and any("LoRA r=4" in n for n in r.notes)
 
 
+def test_e2e_gradient_checkpointing_is_enabled_before_the_patch():
+    """--gradient-checkpointing: HF's checkpointing on every provider's model (here the original: the patched model
+    under checkpointing is tests/test_checkpointing.py's), recorded in the config and the notes; bad values raise."""
+    from tigon.workflows import _train
+    from tigon.workflows.compare import ConfigError
+    from tigon.workflows.e2e import E2EConfig, resolve_e2e, run_e2e
+
+    seen, real = [], _train.enable_checkpointing
+
+    def spy(model, reentrant):
+        seen.append(reentrant)
+        real(model, reentrant)
+        assert model.is_gradient_checkpointing
+
+    import tigon.workflows.e2e as e2e
+
+    e2e.enable_checkpointing, saved = spy, e2e.enable_checkpointing
+    try:
+        r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="float32",
+                              providers=["original"], gradient_checkpointing="reentrant"))
+    finally:
+        e2e.enable_checkpointing = saved
+    row = r.rows[0]
+    assert row.status == "ok", row.note
+    assert seen == [True] and row.mfu is None and row.kernel_summary is None  # CPU: no matmul ceiling, no profile
+    assert r.as_dict()["config"]["gradient_checkpointing"] == "reentrant"
+    assert any("gradient checkpointing (reentrant)" in n for n in r.notes)
+    with pytest.raises(ConfigError, match="--gradient-checkpointing must be one of"):
+        resolve_e2e(E2EConfig(gradient_checkpointing="yes"))
+    with pytest.raises(ConfigError, match="--kernel-summary needs a CUDA device"):
+        resolve_e2e(E2EConfig(device="cpu", kernel_summary=True))
+
+
+def test_step_trace_sums_kernels_by_name_and_kind():
+    """The kernel summary of a profiled step: CUDA kernels summed by name, sorted, grouped by kind; CPU events and
+    user annotations left out."""
+    from types import SimpleNamespace
+
+    from tigon.workflows.step_trace import kind_of, summarize
+
+    def ev(name, us, device="DeviceType.CUDA", annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [ev("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 900.0), ev("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+              100.0), ev("_norm_fwd", 50.0), ev("flash_fwd_kernel", 300.0),
+              ev("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 10.0),
+              ev("void at::native::reduce_kernel<512, 1>", 20.0), ev("aten::mm", 5000.0, device="DeviceType.CPU"),
+              ev("step", 9999.0, annotation=True)]
+    s = summarize(events, top=3)
+    assert s["device_ms"] == pytest.approx(1.38)
+    assert s["by_kind"] == pytest.approx({"matmul": 1.0, "triton": 0.05, "attention": 0.3, "copy_fill": 0.01,
+                                          "other": 0.02})
+    assert [r["name"][:5] for r in s["top"]] == ["nvjet", "flash", "_norm"] and s["top"][0]["calls"] == 2
+    assert kind_of("_rms_norm_forward_kernel") == "triton" and kind_of("triton_poi_fused_add_0") == "triton"
+
+
 def test_cuda_graph_timing_needs_cuda():
     import torch
 

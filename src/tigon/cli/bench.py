@@ -72,6 +72,11 @@ def add_parser(sub) -> None:
     g.add_argument("--lora", type=int, metavar="R",
                    help="LoRA fine-tuning: wrap every provider's model with PEFT LoRA of rank R on "
                         "q/k/v/o/gate/up/down (alpha 2R, dropout 0, LM head frozen; needs peft)")
+    g.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant"),
+                   help="enable Hugging Face's gradient checkpointing (use_reentrant False / True) on every "
+                        "provider's model before its patch")
+    g.add_argument("--kernel-summary", action="store_true",
+                   help="profile each provider's last step (not timed) and report its GPU kernels by name and kind")
     p.set_defaults(func=run)
 
 
@@ -87,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, problem)
     e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
-                               ("--attn-implementation", args.attn_implementation), ("--lora", args.lora))
+                               ("--attn-implementation", args.attn_implementation), ("--lora", args.lora),
+                               ("--gradient-checkpointing", args.gradient_checkpointing),
+                               ("--kernel-summary", args.kernel_summary or None))
                 if v is not None]
     ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
                                ("--csv", args.csv), ("--plot-dir", args.plot_dir),
@@ -199,7 +206,8 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
                        dtype=args.dtype, device=args.device, seed=args.seed,
-                       attn_implementation=args.attn_implementation, lora_rank=args.lora)
+                       attn_implementation=args.attn_implementation, lora_rank=args.lora,
+                       gradient_checkpointing=args.gradient_checkpointing, kernel_summary=args.kernel_summary)
     try:
         resolve_e2e(config)
         result = _run_staged(run_e2e, config, args.quiet)
@@ -229,20 +237,21 @@ def _render_e2e(r: dict[str, Any], written: str | None) -> None:
     table = Table(title=f"tigon bench --e2e: {model['source']} ({_layers(model)}), "
                         f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
                   title_justify="left")
-    for col in ("provider", "tokens/s", "step ms (p20-p80)", "speed-up", "peak memory", "memory", "loss (first)",
-                "backend / patch"):
+    for col in ("provider", "tokens/s", "step ms (p20-p80)", "speed-up", "MFU", "peak memory", "memory",
+                "loss (first)", "backend / patch"):
         table.add_column(col, justify="left" if col in ("provider", "backend / patch") else "right",
                          overflow="fold")
     for row in r["rows"]:
         p = row["provider"]
         if row["status"] != "ok":
-            table.add_row(p, f"[yellow]{row['status']}[/]", "", "", "", "", "", escape(row["note"]))
+            table.add_row(p, f"[yellow]{row['status']}[/]", "", "", "", "", "", "", escape(row["note"]))
             continue
         sp, mem = r["speedup"].get(p), r["memory_ratio"].get(p)
         patch = ", ".join(f"{k} x{v}" for k, v in row["patch"].items()) if row["patch"] else ""
         table.add_row(p, _num(row["tokens_per_s"]),
                       f"{_num(row['step_ms'])} ({_num(row['step_ms_p20'])}-{_num(row['step_ms_p80'])})",
-                      f"{sp:.2f}x" if sp else "-", _fmt_bytes(row["peak_memory_bytes"]),
+                      f"{sp:.2f}x" if sp else "-", f"{row['mfu']:.1%}" if row.get("mfu") else "-",
+                      _fmt_bytes(row["peak_memory_bytes"]),
                       f"{mem:.2f}x" if mem else "-", f"{row['losses'][0]:.4f}" if row["losses"] else "-",
                       escape(f"{row['backend']}" + (f"; {patch}" if patch else "")))
     console.print(table)

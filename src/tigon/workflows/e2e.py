@@ -23,7 +23,7 @@ One Hugging Face causal LM, built from a preset / config (random weights from th
     the same model after Liger-Kernel's ``_apply_liger_kernel_to_instance(model=...)`` (or its model-type specific
     ``apply_liger_kernel_to_<type>(model=...)``) when ``liger_kernel`` is installed. Liger also rebinds globals of
     the transformers modeling module and class attributes (e.g. the causal LM's ``forward``); they are put back
-    after the run (:class:`_GlobalsGuard`) so that later runs in the process see the original code.
+    after the run (:class:`GlobalsGuard`) so that later runs in the process see the original code.
 
 Providers run in the order of :data:`E2E_PROVIDERS` (Liger last, since it rebinds globals; dynamo's caches are
 reset after each compiled provider).
@@ -43,6 +43,20 @@ in the model's dtype (``autocast_adapter_dtype=False``); base weights, embedding
 optimizer updates the adapters only. The Tigon providers then call :func:`tigon.patch` on the PEFT model, which also
 fuses the LoRA layers (:func:`tigon.functional.lora_linear`).
 
+Gradient checkpointing (``--gradient-checkpointing non_reentrant|reentrant``, :attr:`E2EConfig.gradient_checkpointing`):
+every provider's model gets Hugging Face's activation checkpointing (``use_reentrant`` False / True;
+:func:`tigon.workflows._train.enable_checkpointing`) right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a user's script
+does before handing the model to a trainer.
+
+MFU (CUDA): model FLOPs per token ``6 x parameters`` (the forward and backward matmuls of every weight; attention's
+own FLOPs left out, the PaLM paper's convention without its attention term) times tokens/s, over the bf16 matmul rate
+measured at the start of the same run (:func:`tigon.workflows.timing.measure_ceilings`). With gradient
+checkpointing the recomputed forward is not counted (it is overhead, not model FLOPs).
+
+``--kernel-summary`` (:attr:`E2EConfig.kernel_summary`): the last step of each provider runs under
+``torch.profiler`` and is left out of the timing; the row carries its kernels summed by name and kind
+(:mod:`tigon.workflows.step_trace`), so that providers can be compared kernel by kernel.
+
 Precision: ``bfloat16`` (the CUDA default) is pure bf16 training as in ``tigon compare``: weights, gradients and
 AdamW state all bf16; ``float32`` is the CPU default.
 """
@@ -53,20 +67,23 @@ import dataclasses
 import gc
 import importlib.util
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ._train import train
+from ._train import enable_checkpointing, train
+from .liger_patch import GlobalsGuard, apply_liger
+from .step_trace import StepTracer
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
                  "liger")
 COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
 """Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
+MODEL_FLOPS_PER_PARAM = 6
+"""Model FLOPs per token per parameter of a training step (forward 2, backward 4): the MFU numerator."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
@@ -88,7 +105,9 @@ class E2EConfig:
         "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
         attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
         "org/repo", ...); None: transformers' default. lora_rank: wrap every provider's model with PEFT LoRA of
-        this rank (see the module docstring); None: full fine-tuning.
+        this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
+        :data:`CHECKPOINTING` or None (off). kernel_summary: profile each provider's last step (needs steps >= 2;
+        that step is left out of the timing).
     """
 
     model: str | None = None
@@ -104,7 +123,12 @@ class E2EConfig:
     seed: int = 0
     attn_implementation: str | None = None
     lora_rank: int | None = None
+    gradient_checkpointing: str | None = None
+    kernel_summary: bool = False
 
+
+CHECKPOINTING = ("non_reentrant", "reentrant")
+"""The values of :attr:`E2EConfig.gradient_checkpointing` (HF's ``use_reentrant`` False / True)."""
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections ``--lora`` puts adapters on (the names of Llama-style decoders)."""
@@ -136,6 +160,8 @@ class E2ERow:
     "mixed", "none"); backends: per op, the calls per backend (``tigon.support.backend_usage``; under
     torch.compile one count per compiled graph).
     patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
+    mfu: model FLOPs utilisation (0..1, CUDA; see the module docstring), or None. kernel_summary: with
+    ``--kernel-summary``, :func:`tigon.workflows.step_trace.summarize` of the provider's last step.
     """
 
     provider: str
@@ -152,6 +178,8 @@ class E2ERow:
     backends: dict[str, dict[str, int]] = field(default_factory=dict)
     patch: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    mfu: float | None = None
+    kernel_summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -270,104 +298,6 @@ def _pct(values: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Liger
-
-
-class _GlobalsGuard:
-    """Snapshot of module globals and class attributes that a monkey-patching library may rebind; ``restore()``.
-
-    Covers the given modules' ``__dict__`` and, for every class defined in them, its ``__dict__``, ``__name__``
-    and ``__qualname__``.
-    """
-
-    def __init__(self, module_names):
-        self._mods = []
-        for name in module_names:
-            mod = sys.modules.get(name)
-            if mod is None:
-                continue
-            classes = [(c, dict(vars(c)), c.__name__, c.__qualname__) for c in list(vars(mod).values())
-                       if isinstance(c, type) and c.__module__ == name]
-            self._mods.append((mod, dict(vars(mod)), classes))
-
-    def restore(self) -> list[str]:
-        """Put everything back; returns the names that had changed."""
-        changed = []
-        for mod, saved, classes in self._mods:
-            changed += _restore_dict(mod, saved, vars(mod), setattr, delattr, mod.__name__)
-            for cls, cdict, name, qual in classes:
-                changed += _restore_dict(cls, cdict, vars(cls), type.__setattr__, type.__delattr__,
-                                         f"{mod.__name__}.{name}")
-                if cls.__name__ != name or cls.__qualname__ != qual:
-                    cls.__name__, cls.__qualname__ = name, qual
-                    changed.append(f"{mod.__name__}.{name}.__name__")
-        return changed
-
-
-def _restore_dict(obj, saved: dict, current, set_, del_, label: str) -> list[str]:
-    changed = []
-    for k in [k for k in list(current) if k not in saved]:
-        try:
-            del_(obj, k)
-            changed.append(f"{label}.{k}")
-        except (AttributeError, TypeError):
-            pass
-    for k, v in saved.items():
-        if k in ("__dict__", "__weakref__"):
-            continue
-        if current.get(k, _MISSING) is not v:
-            try:
-                set_(obj, k, v)
-                changed.append(f"{label}.{k}")
-            except (AttributeError, TypeError):
-                pass
-    return changed
-
-
-_MISSING = object()
-
-
-def apply_liger(model: torch.nn.Module) -> dict[str, Any]:
-    """Apply Liger-Kernel to ``model`` (instance); returns ``{"function", "patched_modules"}``.
-
-    Tries ``liger_kernel.transformers._apply_liger_kernel_to_instance(model=model)``, then
-    ``apply_liger_kernel_to_<model_type>(model=model)``.
-
-    ``patched_modules`` counts the submodules that got their own ``forward`` (0 can also mean that this Liger
-    version patches classes instead; the run's speed tells).
-
-    Raises:
-        ImportError: liger_kernel is not installed. RuntimeError: no apply function fits this model type.
-    """
-    import liger_kernel.transformers as lt
-
-    before = _forward_overrides(model)
-    fn = getattr(lt, "_apply_liger_kernel_to_instance", None)
-    if fn is None:
-        try:
-            from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance as fn
-        except ImportError:
-            fn = None
-    used = None
-    if fn is not None:
-        fn(model=model)
-        used = "_apply_liger_kernel_to_instance"
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if _forward_overrides(model) == before and model_type:
-        specific = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
-        if specific is not None:
-            specific(model=model)
-            used = f"apply_liger_kernel_to_{model_type}"
-    if used is None:
-        raise RuntimeError(f"liger_kernel has no apply function for model type {model_type!r}")
-    return {"function": used, "patched_modules": _forward_overrides(model) - before}
-
-
-def _forward_overrides(model: torch.nn.Module) -> int:
-    return sum(1 for m in model.modules() if "forward" in vars(m))
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # the workflow
 
 
@@ -412,6 +342,13 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         if p not in E2E_PROVIDERS:
             raise ConfigError(f"unknown provider {p!r} for --e2e (choose from {', '.join(E2E_PROVIDERS)})")
     cfg.providers = list(dict.fromkeys(providers))
+    if cfg.gradient_checkpointing is not None and cfg.gradient_checkpointing not in CHECKPOINTING:
+        raise ConfigError(f"--gradient-checkpointing must be one of {', '.join(CHECKPOINTING)}, got "
+                          f"{cfg.gradient_checkpointing!r}")
+    if cfg.kernel_summary and cfg.device != "cuda":
+        raise ConfigError("--kernel-summary needs a CUDA device (it sums the GPU kernels of a profiled step)")
+    if cfg.kernel_summary and cfg.steps < 2:
+        raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("lora", cfg.lora_rank)
     if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("--lora needs peft (pip install peft)")
@@ -441,6 +378,10 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     info["dtype"] = cfg.dtype
     batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    if device.type == "cuda":
+        from .timing import measure_ceilings
+
+        info["matmul_tflops"] = measure_ceilings(device)["matmul_tflops"]
     rows: list[E2ERow] = []
     method = ""
     notes: list[str] = []
@@ -457,8 +398,10 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
             model.train()
             info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
+            if cfg.gradient_checkpointing is not None:
+                enable_checkpointing(model, reentrant=cfg.gradient_checkpointing == "reentrant")
             if provider == "liger":
-                held["guard"] = _GlobalsGuard([type(model).__module__, "torch.nn.functional",
+                held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
                                                "transformers.loss.loss_utils"])
                 held["liger"] = apply_liger(model)
             if cfg.lora_rank is not None:
@@ -475,13 +418,18 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                 return torch.compile(model)
             return model
 
-        def on_step(name, step, total, loss, provider=provider):
+        tracer = StepTracer(at=cfg.warmup + cfg.steps) if cfg.kernel_summary else None
+
+        def on_step(name, step, total, loss, provider=provider, tracer=tracer):
+            if tracer is not None:
+                tracer.after_step(step)
             if progress is not None:
                 progress(provider, step, total)
 
         try:
             stats = train(make_model, batches, lr=cfg.lr, device=device, name=provider, progress=on_step)
-            timed = [t * 1e3 for t in stats.step_times_s[cfg.warmup:]] or [t * 1e3 for t in stats.step_times_s]
+            end = len(stats.step_times_s) - (1 if tracer is not None else 0)  # the profiled step is not timed
+            timed = [t * 1e3 for t in stats.step_times_s[cfg.warmup:end]] or [t * 1e3 for t in stats.step_times_s]
             row.step_times_ms = [t * 1e3 for t in stats.step_times_s]
             row.step_ms = statistics.median(timed)
             row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
@@ -490,6 +438,10 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             row.losses = stats.losses
             row.backend = support.describe_backend(stats.backend_usage)
             row.backends = stats.backend_usage
+            if row.tokens_per_s and info.get("matmul_tflops"):
+                row.mfu = row.tokens_per_s * MODEL_FLOPS_PER_PARAM * info["num_parameters"] / (
+                    info["matmul_tflops"] * 1e12)
+            row.kernel_summary = tracer.summary if tracer is not None else None
             method = method or stats.peak_memory_method
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
             row.status = "failed"
@@ -533,6 +485,9 @@ def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes
         notes.insert(0, f"LoRA r={cfg.lora_rank} (alpha {2 * cfg.lora_rank}, dropout 0) on {', '.join(LORA_TARGETS)} "
                         "via PEFT get_peft_model(autocast_adapter_dtype=False), adapters in the model dtype; base "
                         "weights, embeddings and LM head frozen; Tigon patches after PEFT wraps the model.")
+    if cfg.gradient_checkpointing is not None:
+        notes.insert(0, f"gradient checkpointing ({cfg.gradient_checkpointing}) enabled on every provider's model "
+                        "before its patch (gradient_checkpointing_enable).")
     notes.insert(0, f"tokens/s: batch_size * seq_len = {cfg.batch_size * cfg.seq_len} tokens over the median of "
                     f"{cfg.steps} step(s) after {cfg.warmup} warm-up step(s); a step is forward, backward, "
                     "AdamW step and zero_grad.")
