@@ -225,6 +225,7 @@ def test_device_busy_time_is_the_union_of_kernel_intervals():
               _gpu("ProfilerStep#3", 0, 30)]
     assert PE.device_busy_us(events) == pytest.approx(17.0)
     assert PE.device_busy_us([]) == 0.0
+    assert PE.device_op_count(events) == 3  # the launches: the range's copy and the step are none
 
 
 def test_patch_keywords_are_tigon_patch_arguments():
@@ -361,3 +362,16 @@ def test_issue_time_on_a_cpu_is_the_wall_time_and_a_changed_split_raises():
     run = parts_run(SimpleNamespace(launch=None), lambda: [(f"p{k}", []) for k in range(next(n))])
     with pytest.raises(RuntimeError, match="3 parts, first in 2"):
         T.issue_time(run, T.DeviceHold(torch.device("cpu")))
+
+
+def test_step_cost_takes_the_optimizer_part_as_the_tail():
+    from tigon.workflows.profile import step_cost
+
+    parts = [T.Segment("forward: embedding", 1.0, 2.0), T.Segment("backward: layer 0", 50.0, 40.0),
+             T.Segment("optimizer", 8.0, 6.0)]
+    issue = T.IssueTime(parts, 59.0, 48.0, 70.0, 10.0, 3, held=True)
+    s = step_cost(62.0, issue)
+    assert (s.step_ms, s.host_ms, s.device_ms, s.tail_host_ms, s.tail_device_ms) == (62.0, 59.0, 48.0, 8.0, 6.0)
+    assert s.pipeline_ms == pytest.approx(59.0) and s.bound == "host"
+    cpu = step_cost(62.0, None)  # nothing runs asynchronously: H = T, D = 0
+    assert (cpu.host_ms, cpu.device_ms) == (62.0, 0.0)
