@@ -167,20 +167,13 @@ def test_the_step_is_timed_in_parts_per_layer():
     holds: the embedding, each decoder layer's forward and backward (in the autograd thread's order), the
     optimizer. On CPU nothing is held: wall time, no device time."""
     from tigon.workflows.e2e import build_model, hf_config, random_batches
-    from tigon.workflows.profile_events import StepParts, make_step, step_issue
+    from tigon.workflows.profile_events import step_issue
 
     hfc, _ = hf_config("tiny", 2)
     model = build_model(hfc, torch.float32, torch.device("cpu"), 0)
-    batches = random_batches(int(hfc.vocab_size), 2, 1, 8, 0)
-    labels = []
-    timer = SimpleNamespace(start=labels.append, mark=labels.append, stop=lambda: labels.append("stop"))
-    parts = StepParts(model)
-    parts.timer = timer
-    make_step(model, 1e-3)(batches[0], timer)
-    parts.remove()
-    assert labels == ["forward: embedding", "forward: layer 0", "forward: layer 1", "backward: layer 1",
-                      "backward: layer 0", "optimizer", "stop"]
-    t, syncs = step_issue(model, batches, device=torch.device("cpu"), lr=1e-3, warmup=1, rounds=2)
-    assert [s.label for s in t.segments] == labels[:-1] and syncs == []
-    assert not t.held and t.waited == [] and t.device_ms == 0 and t.host_ms > 0
-    assert all(not hasattr(m, "_forward_pre_hooks") or not m._forward_pre_hooks for m in model.modules())
+    batches = random_batches(int(hfc.vocab_size), 1, 1, 8, 0)
+    t, syncs = step_issue(model, batches, device=torch.device("cpu"), lr=1e-3, warmup=0, rounds=2)
+    assert [s.label for s in t.segments] == ["forward: embedding", "forward: layer 0", "forward: layer 1",
+                                             "backward: layer 1", "backward: layer 0", "optimizer"]
+    assert syncs == [] and not t.held and t.waited == [] and t.device_ms == 0 and t.host_ms > 0
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())  # hooks removed

@@ -128,11 +128,15 @@ class ProfileResult:
     profiled_step_ms / profiled_step_ms_patched: mean wall time of a profiled step. step_ms_original /
     step_ms_patched: median unprofiled step. limits: ``{"original"|"predicted"|"patched": {"step_ms", "host_ms",
     "device_ms", "optimizer_host_ms", "optimizer_device_ms", "model_ms", "bound"}}``: the step, the host's time to
-    issue it, the device's busy time, the optimizer's part of each, and the model's step
-    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms.
+    issue it, the device's time to run it, the optimizer's part of each, and the model's step
+    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms; on CUDA the measured rows also hold
+    ``host_natural_ms`` (the parts' time without the sleep), ``host_parts``, ``host_waited`` (parts where the host
+    waited for the device anyway), ``hold_ms`` (the longest sleep), ``syncs`` (:func:`tigon.workflows.timing.
+    sync_points`), ``parts`` (label, host_ms, device_ms, waited per part) and ``device_ops`` (launches per
+    profiled step).
     predicted_step_ms_patched: the prediction; prediction_error_pct: 100 * (predicted - measured) / measured.
-    ops: per replaced kind, its calls per step, the per-call host and device ms of the original code and of Tigon's
-    op, what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
+    ops: per replaced kind, its calls per step, the per-call costs of the original code and of Tigon's op
+    (:func:`tigon.workflows.timing.call_cost`: host and device ms, ...), what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
     leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
     (:func:`tigon.workflows.predict.advise`). patch: what
     tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.

@@ -1,5 +1,6 @@
-"""The profiler side of ``tigon profile``: ``record_function`` ranges around a model's parts, and the
-classification of the profiled events into the step's categories (see :mod:`tigon.workflows.profile`).
+"""The instrumentation of ``tigon profile``'s training step: ``record_function`` ranges around a model's parts and
+the classification of the profiled events into the step's categories; and the step split into parts
+(:class:`StepParts`) for the host's issue time (:func:`step_issue`). See :mod:`tigon.workflows.profile`.
 
 Device time is read from the kernels each op launched (``FunctionEvent.kernels``), never from a
 ``record_function`` range: on CUDA a range also gets a device-side copy (a ``gpu_user_annotation`` spanning the
@@ -331,7 +332,8 @@ def step_issue(model: torch.nn.Module, batches: list[torch.Tensor], *, device: t
     synchronisation inside; its device time the CUDA events' time after the sleep. A part where the host catches
     up with the device whatever the sleep waits for it (a sync inside the step, a full launch queue): it is
     reported (``IssueTime.waited``) and counted with its wall time without the sleep. The step's syncs are also
-    named by ``torch.cuda.set_sync_debug_mode("warn")`` during one untimed step (the second value). CUDA only.
+    named by ``torch.cuda.set_sync_debug_mode("warn")`` during one untimed step (the second value). On a CPU
+    nothing is held: the parts' wall time, no device time, no syncs.
 
     Returns:
         (:class:`~tigon.workflows.timing.IssueTime` in ms, the sync warnings as ``"file:line: message"``).
