@@ -84,6 +84,8 @@ def test_op_costs_prediction_advice_and_measurement(report):
         100 * (report["predicted_step_ms_patched"] - report["step_ms_patched"]) / report["step_ms_patched"])
     assert all(c["patched_ms"] is not None and c["patched_ms"] >= 0 for c in report["categories"])
     assert report["backend"] in ("interpreter", "triton")
+    assert list(report["stage_s"])[0].startswith("time original step") and all(
+        v >= 0 for v in report["stage_s"].values()) and "profile patched step" in report["stage_s"]
 
 
 def test_traces_are_written(report):

@@ -140,6 +140,7 @@ class ProfileResult:
     leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
     (:func:`tigon.workflows.predict.advise`). patch: what
     tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.
+    stage_s: seconds each stage took (its progress label -> s).
     """
 
     config: dict[str, Any]
@@ -163,6 +164,7 @@ class ProfileResult:
     traces: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -376,7 +378,17 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     prof_batches = random_batches(vocab, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size,
                                   cfg.seq_len, cfg.seed + 1)
     notes: list[str] = []
-    say = progress or (lambda stage: None)
+    stage_s: dict[str, float] = {}
+    clock = [time.perf_counter(), None]
+
+    def say(stage: str) -> None:
+        """Start ``stage`` ("" at the end): the previous one's seconds go to ``stage_s``."""
+        now = time.perf_counter()
+        if clock[1] is not None:
+            stage_s[clock[1]] = now - clock[0]
+        clock[:] = [now, stage]
+        if progress is not None and stage:
+            progress(stage)
 
     def timed(provider: str):
         """The e2e bench's row of ``provider`` and, on CUDA, its step's issue measurement on the trained model."""
@@ -472,6 +484,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         if result.predicted_step_ms_patched is not None and result.step_ms_patched:
             result.prediction_error_pct = 100.0 * (result.predicted_step_ms_patched - result.step_ms_patched) \
                 / result.step_ms_patched
+    say("")  # the last stage's seconds
+    result.stage_s = stage_s
     _add_notes(result, device)
     return result
 
