@@ -1,6 +1,7 @@
 """The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, and the attribution of profiler
 events (tigon.workflows.profile_events) on synthetic events: no model, no profiler, no GPU."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -375,3 +376,24 @@ def test_step_cost_takes_the_optimizer_part_as_the_tail():
     assert s.pipeline_ms == pytest.approx(59.0) and s.bound == "host"
     cpu = step_cost(62.0, None)  # nothing runs asynchronously: H = T, D = 0
     assert (cpu.host_ms, cpu.device_ms) == (62.0, 0.0)
+
+
+def test_notes_report_waits_syncs_the_launch_queue_and_a_host_time_above_the_step():
+    import torch
+
+    from tigon.workflows import profile as P
+
+    lim = {"step_ms": 100.0, "host_ms": 110.0, "device_ms": 50.0, "bound": "host", "host_parts": 6,
+           "host_waited": ["optimizer"], "syncs": ["modeling.py:3: called a synchronizing CUDA operation"],
+           "device_ops": 4000.0}
+    r = P.ProfileResult(config={"steps": 10, "warmup": 3}, model={}, device="cuda", device_name="", time_basis="",
+                        categories=[], profiled_step_ms=100.0, step_ms_original=100.0, limits={"original": lim})
+    P._add_notes(r, torch.device("cuda"))
+    text = "\n".join(r.notes)
+    assert "host waited for the device" in text and "modeling.py:3" in text
+    assert "4000 kernels" in text and "near the queue's depth" in text
+    assert "exceeds the step" in text and "suspect" in text
+    clean = dict(lim, host_ms=90.0, host_waited=[], syncs=[], device_ops=500.0)
+    r = dataclasses.replace(r, limits={"original": clean}, notes=[])
+    P._add_notes(r, torch.device("cuda"))
+    assert not any(k in "\n".join(r.notes) for k in ("waited", "kernels, copies", "suspect", "synchronises"))

@@ -395,8 +395,13 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         held: dict[str, Any] = {}
 
         def then(model):
-            if cuda:
+            if not cuda:
+                return
+            try:
                 held["issue"], held["syncs"] = step_issue(model, timed_batches[:2], device=device, lr=cfg.lr)
+            except Exception as e:  # keep the step's time and the profile; say why H and D are missing
+                notes.append(f"measuring the {provider} step's host and device time failed, so H = T and D = 0 "
+                             f"for it: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
         row, _ = run_provider(provider, hfc, cfg, timed_batches, info=info, then=then)
         return row, held.get("issue"), held.get("syncs", [])
@@ -565,7 +570,9 @@ def _issue_notes(r: ProfileResult, key: str) -> None:
     if ops > LAUNCH_QUEUE_DEPTH:
         r.notes.append(f"{key} step: {ops:.0f} kernels, copies and sets per step, more than the ~{LAUNCH_QUEUE_DEPTH} "
                        f"the launch queue holds: one sleep could not hide the device for the whole step, hence the "
-                       f"{lim['host_parts']} parts (about {ops / lim['host_parts']:.0f} launches each).")
+                       f"{lim['host_parts']} parts (about {ops / lim['host_parts']:.0f} launches each)"
+                       + ("; that is near the queue's depth: parts above it wait (see host_waited)."
+                          if ops / lim["host_parts"] > LAUNCH_QUEUE_DEPTH / 2 else "."))
     if lim["host_ms"] > 1.02 * lim["step_ms"]:
         r.notes.append(f"{key} step: the host time ({lim['host_ms']:.1f} ms) exceeds the step "
                        f"({lim['step_ms']:.1f} ms) it should bound: the host measurement is suspect.")
