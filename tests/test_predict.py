@@ -1,5 +1,6 @@
-"""The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, and the attribution of profiler
-events (tigon.workflows.profile_events) on synthetic events: no model, no profiler, no GPU."""
+"""The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, the attribution of profiler events
+(tigon.workflows.profile_events) on synthetic events, and the host's issue time (tigon.workflows.timing.issue_time)
+on a simulated stream: no model, no profiler, no GPU."""
 
 import dataclasses
 from types import SimpleNamespace
