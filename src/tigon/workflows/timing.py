@@ -327,7 +327,13 @@ class IssueTimer:
             self._arm(label)
 
     def stop(self) -> list[Segment]:
-        """End the last part, wait for the device and return the parts (also kept as ``segments``)."""
+        """End the last part, wait for the device and return the parts (also kept as ``segments``).
+
+        Raises:
+            RuntimeError: no part is open (``start`` was not called, or ``stop`` was already).
+        """
+        if self._open is None:
+            raise RuntimeError("IssueTimer.stop: no part is open; call start(label) first")
         self._close()
         self.hold.sync()
         self.segments = [Segment(label, ms, self.hold.elapsed_ms(a, b), waited)
