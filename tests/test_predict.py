@@ -1,6 +1,8 @@
-"""The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, and the attribution of profiler
-events (tigon.workflows.profile_events) on synthetic events: no model, no profiler, no GPU."""
+"""The arithmetic of tigon profile (tigon.workflows.predict) on synthetic steps, the attribution of profiler events
+(tigon.workflows.profile_events) on synthetic events, and the host's issue time (tigon.workflows.timing.issue_time)
+on a simulated stream: no model, no profiler, no GPU."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from tigon.workflows import predict as PR
 from tigon.workflows import profile_events as PE
+from tigon.workflows import timing as T
 
 
 def change(kind, calls, orig, tigon, keyword=None, bypasses=None):
@@ -224,6 +227,7 @@ def test_device_busy_time_is_the_union_of_kernel_intervals():
               _gpu("ProfilerStep#3", 0, 30)]
     assert PE.device_busy_us(events) == pytest.approx(17.0)
     assert PE.device_busy_us([]) == 0.0
+    assert PE.device_op_count(events) == 3  # the launches: the range's copy and the step are none
 
 
 def test_patch_keywords_are_tigon_patch_arguments():
@@ -236,3 +240,161 @@ def test_patch_keywords_are_tigon_patch_arguments():
     assert set(PATCH_KEYWORDS) == set(OPTION_KINDS)
     for kind, keyword in PATCH_KEYWORDS.items():
         assert keyword in params and params[keyword].default is True, kind
+
+
+# ---- the host's issue time (tigon.workflows.timing.issue_time) on a simulated device -----------------------------
+class FakeGPU:
+    """A CUDA stream and a host clock (ms) with DeviceHold's interface: work runs in order, each piece once the host
+    has queued it and the previous one has ended; an event is its completion time; a launch blocks the host while
+    ``depth`` pieces are pending (the launch queue)."""
+
+    active = True
+
+    def __init__(self, depth=1024):
+        self.now, self.ends, self.depth = 0.0, [], depth
+
+    def clock(self):
+        return self.now / 1e3
+
+    def _queue(self, ms):
+        pending = [e for e in self.ends if e > self.now]
+        if len(pending) >= self.depth:  # the queue is full: the host waits until a slot frees
+            self.now = pending[len(pending) - self.depth]
+        self.ends.append(max(self.ends[-1] if self.ends else 0.0, self.now) + ms)
+        return self.ends[-1]
+
+    def launch(self, host_ms, device_ms):
+        self.now += host_ms
+        self._queue(device_ms)
+
+    def sync(self):
+        self.now = max([self.now, *self.ends])
+
+    def hold(self, ms):
+        if ms > 0:
+            self._queue(ms)
+        return self.record()
+
+    def record(self):
+        return self._queue(0.0)
+
+    def done(self, event):
+        return event <= self.now
+
+    def elapsed_ms(self, start, end):
+        return end - start
+
+
+def parts_run(gpu, parts):
+    """run(timer) for issue_time: ``parts`` is a list of (label, [(host_ms, device_ms) | "sync", ...]) or a callable
+    returning it (called per run)."""
+    def run(timer):
+        todo = parts() if callable(parts) else parts
+        for k, (label, work) in enumerate(todo):
+            (timer.mark if k else timer.start)(label)
+            for w in work:
+                gpu.sync() if w == "sync" else gpu.launch(*w)
+        timer.stop()
+    return run
+
+
+def test_issue_time_is_the_host_time_however_slow_the_device():
+    # Device-bound parts (10 launches of 0.1 ms host, 0.5 ms device each): behind the sleep the host never waits,
+    # so each part's host time is exactly its 1 ms of issue, and its device time its 5 ms of kernels.
+    gpu = FakeGPU()
+    t = T.issue_time(parts_run(gpu, [(f"part {k}", [(0.1, 0.5)] * 10) for k in range(4)]), gpu, clock=gpu.clock)
+    assert t.held and t.waited == [] and t.rounds == 3
+    assert t.host_ms == pytest.approx(4.0) and t.device_ms == pytest.approx(20.0)
+    assert [s.host_ms for s in t.segments] == pytest.approx([1.0] * 4)
+    assert t.hold_ms == pytest.approx(2 * 1.0 + 1.0)  # calibrated: margin x the part's time without a hold + floor
+
+
+def test_a_sync_inside_the_step_is_reported_not_hidden():
+    # Part 1 reads the loss (loss.item(): the host waits for every kernel so far); no sleep can hide that wait.
+    gpu = FakeGPU()
+    parts = [("forward", [(0.1, 0.5)] * 10), ("loss.item", [(0.1, 0.5)] * 5 + ["sync"] + [(0.1, 0.5)] * 5),
+             ("optimizer", [(0.2, 1.0)] * 3)]
+    t = T.issue_time(parts_run(gpu, parts), gpu, clock=gpu.clock)
+    assert t.waited == ["loss.item"]
+    seg = {s.label: s for s in t.segments}
+    assert seg["forward"].host_ms == pytest.approx(1.0) and seg["optimizer"].host_ms == pytest.approx(0.6)
+    # Counted with its time without the sleep: 1 ms of issue, plus the wait for its first 5 kernels (2.6 ms from
+    # its start) less the 0.5 ms issued before it; the sleep had grown twice (x 4) before it was reported.
+    assert seg["loss.item"].host_ms == pytest.approx(3.1)
+    assert t.hold_ms == pytest.approx(16 * (2 * 3.1 + 1.0))
+
+
+def test_a_full_launch_queue_is_reported():
+    # 40 launches into a queue of 16 behind the sleep: the host blocks until the device runs some, however long
+    # the sleep; with room for them the same part times cleanly.
+    parts = [("layer", [(0.05, 0.5)] * 40)]
+    small = FakeGPU(depth=16)
+    t = T.issue_time(parts_run(small, parts), small, clock=small.clock)
+    assert t.waited == ["layer"]
+    big = FakeGPU()
+    t = T.issue_time(parts_run(big, parts), big, clock=big.clock)
+    assert t.waited == [] and t.host_ms == pytest.approx(2.0)
+
+
+def test_the_sleep_grows_when_the_host_catches_up():
+    # The first run (no sleep, the calibration) issues in 0.2 ms, later runs take 3 ms: the 1.4 ms sleep ends
+    # before the part does, the part is timed again behind a 4x longer sleep and comes out clean.
+    gpu, runs = FakeGPU(), []
+
+    def parts():
+        runs.append(1)
+        return [("part", [(0.2 if len(runs) == 1 else 3.0, 0.1)])]
+
+    t = T.issue_time(parts_run(gpu, parts), gpu, clock=gpu.clock, rounds=2)
+    assert t.waited == [] and t.host_ms == pytest.approx(3.0) and t.natural_ms == pytest.approx(0.2)
+    assert t.hold_ms == pytest.approx(4 * (2 * 0.2 + 1.0))
+    assert len(runs) == 1 + 3  # calibration, one caught-up run, two clean ones
+
+
+def test_issue_time_on_a_cpu_is_the_wall_time_and_a_changed_split_raises():
+    import torch
+
+    clock = iter(range(100))
+    hold = T.DeviceHold(torch.device("cpu"))
+    run = parts_run(SimpleNamespace(sync=lambda: None, launch=lambda h, d: None), [("a", [(0, 0)]), ("b", [])])
+    t = T.issue_time(run, hold, clock=lambda: next(clock) * 1e-3, rounds=2)
+    assert not t.held and t.device_ms == 0.0 and t.waited == []
+    assert [s.host_ms for s in t.segments] == pytest.approx([1.0, 1.0])  # one clock tick per part
+    n = iter([2, 3])
+    run = parts_run(SimpleNamespace(launch=None), lambda: [(f"p{k}", []) for k in range(next(n))])
+    with pytest.raises(RuntimeError, match="3 parts, first in 2"):
+        T.issue_time(run, T.DeviceHold(torch.device("cpu")))
+
+
+def test_step_cost_takes_the_optimizer_part_as_the_tail():
+    from tigon.workflows.profile import step_cost
+
+    parts = [T.Segment("forward: embedding", 1.0, 2.0), T.Segment("backward: layer 0", 50.0, 40.0),
+             T.Segment("optimizer", 8.0, 6.0)]
+    issue = T.IssueTime(parts, 59.0, 48.0, 70.0, 10.0, 3, held=True)
+    s = step_cost(62.0, issue)
+    assert (s.step_ms, s.host_ms, s.device_ms, s.tail_host_ms, s.tail_device_ms) == (62.0, 59.0, 48.0, 8.0, 6.0)
+    assert s.pipeline_ms == pytest.approx(59.0) and s.bound == "host"
+    cpu = step_cost(62.0, None)  # nothing runs asynchronously: H = T, D = 0
+    assert (cpu.host_ms, cpu.device_ms) == (62.0, 0.0)
+
+
+def test_notes_report_waits_syncs_the_launch_queue_and_a_host_time_above_the_step():
+    import torch
+
+    from tigon.workflows import profile as P
+
+    lim = {"step_ms": 100.0, "host_ms": 110.0, "device_ms": 50.0, "bound": "host", "host_parts": 6,
+           "host_waited": ["optimizer"], "syncs": ["modeling.py:3: called a synchronizing CUDA operation"],
+           "device_ops": 4000.0}
+    r = P.ProfileResult(config={"steps": 10, "warmup": 3}, model={}, device="cuda", device_name="", time_basis="",
+                        categories=[], profiled_step_ms=100.0, step_ms_original=100.0, limits={"original": lim})
+    P._add_notes(r, torch.device("cuda"))
+    text = "\n".join(r.notes)
+    assert "host waited for the device" in text and "modeling.py:3" in text
+    assert "4000 kernels" in text and "near the queue's depth" in text
+    assert "exceeds the step" in text and "suspect" in text
+    clean = dict(lim, host_ms=90.0, host_waited=[], syncs=[], device_ops=500.0)
+    r = dataclasses.replace(r, limits={"original": clean}, notes=[])
+    P._add_notes(r, torch.device("cuda"))
+    assert not any(k in "\n".join(r.notes) for k in ("waited", "kernels, copies", "suspect", "synchronises"))

@@ -84,6 +84,8 @@ def test_op_costs_prediction_advice_and_measurement(report):
         100 * (report["predicted_step_ms_patched"] - report["step_ms_patched"]) / report["step_ms_patched"])
     assert all(c["patched_ms"] is not None and c["patched_ms"] >= 0 for c in report["categories"])
     assert report["backend"] in ("interpreter", "triton")
+    assert list(report["stage_s"])[0].startswith("time original step") and all(
+        v >= 0 for v in report["stage_s"].values()) and "profile patched step" in report["stage_s"]
 
 
 def test_traces_are_written(report):
@@ -151,9 +153,29 @@ def test_cuda_rows_are_kernel_time_and_fit_the_step(tmp_path):
     assert r["attribution_scale"] > 0.99, "kernel time attributed twice"
     lim = r["limits"]["original"]
     assert 0 < lim["host_ms"] and 0 < lim["device_ms"] <= step
+    # The host's issue time at full size, in parts (embedding, 2 layers x forward and backward, optimizer), bounds
+    # the step it issues; the step measured by profile is the e2e bench's.
+    assert lim["host_parts"] == 6 and lim["host_ms"] <= 1.05 * lim["step_ms"], lim
     assert 0 <= lim["optimizer_device_ms"] <= lim["device_ms"] and 0 <= lim["optimizer_host_ms"] <= lim["host_ms"]
     for o in r["ops"]:
         for side in ("original", "tigon"):
             assert o[side]["host_ms"] > 0 and o[side]["device_ms"] > 0, (o["kind"], side)
     assert r["predicted_step_ms_patched"] > 0 and r["step_ms_patched"] > 0
     assert r["limits"]["patched"]["host_ms"] > 0
+
+
+def test_the_step_is_timed_in_parts_per_layer():
+    """The host's issue time of a step is measured in parts that each launch fewer kernels than the launch queue
+    holds: the embedding, each decoder layer's forward and backward (in the autograd thread's order), the
+    optimizer. On CPU nothing is held: wall time, no device time."""
+    from tigon.workflows.e2e import build_model, hf_config, random_batches
+    from tigon.workflows.profile_events import step_issue
+
+    hfc, _ = hf_config("tiny", 2)
+    model = build_model(hfc, torch.float32, torch.device("cpu"), 0)
+    batches = random_batches(int(hfc.vocab_size), 1, 1, 8, 0)
+    t, syncs = step_issue(model, batches, device=torch.device("cpu"), lr=1e-3, warmup=0, rounds=2)
+    assert [s.label for s in t.segments] == ["forward: embedding", "forward: layer 0", "forward: layer 1",
+                                             "backward: layer 1", "backward: layer 0", "optimizer"]
+    assert syncs == [] and not t.held and t.waited == [] and t.device_ms == 0 and t.host_ms > 0
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())  # hooks removed

@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
             "Profile the original training step with torch.profiler and group its time (device time on CUDA, "
             "self CPU time on CPU) into matmul, attention, norm, rotary, activation, LM head + loss, optimizer "
             "and other, plus kernels linked to no op and the device's idle time; measure what limits the step "
-            "(the host's time to issue it, the device's busy time); measure each replaced op's host and device "
+            "(the host's time to issue it at full size, with the device held busy by a sleep kernel so the host "
+            "never waits, and the device's time to run it); measure each replaced op's host and device "
             "time (original and Tigon) at this model's shapes; predict the patched step from both, say which "
             "replacements would slow it and the tigon.patch call that leaves them out; then measure the patched "
             "step."
@@ -31,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers")
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
-    p.add_argument("--steps", type=int, metavar="N", help="profiled and timed steps (2 on CPU, 5 on CUDA)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="timed steps, as tigon bench --e2e (2 on CPU, 10 on CUDA); at most 3 of them are profiled")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], help="bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
@@ -152,12 +154,19 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
 def _render_limits(console, r: dict[str, Any]) -> None:
     from rich.table import Table
 
-    t = Table(title="What limits the step (ms): host = time to issue it, device = busy time", title_justify="left")
+    orig = r["limits"]["original"]
+    caption = (f"host: the time to issue a full step, in {orig['host_parts']} parts each behind a sleep kernel that "
+               "keeps the device busy (no waits); device: the CUDA-event time of those parts; * = the host waited "
+               "for the device in some part (see the notes)" if "host_parts" in orig
+               else "CPU: nothing runs asynchronously, so host = the step time and device = 0")
+    t = Table(title="What limits the step (ms): host = time to issue it, device = time to run it",
+              title_justify="left", caption=caption)
     for col in ("", "step", "host", "device", "bound"):
         t.add_column(col, justify="left" if col in ("", "bound") else "right")
     for key, label in (("original", "original, measured"), ("predicted", "patched, predicted"),
                        ("patched", "patched, measured")):
         lim = r["limits"].get(key)
         if lim:
-            t.add_row(label, _num(lim["step_ms"]), _num(lim["host_ms"]), _num(lim["device_ms"]), lim["bound"])
+            t.add_row(label, _num(lim["step_ms"]), _num(lim["host_ms"]) + ("*" if lim.get("host_waited") else ""),
+                      _num(lim["device_ms"]), lim["bound"])
     console.print(t)

@@ -49,7 +49,7 @@ from ..ops import OpSpec
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
-    BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, differentiable_outputs, host_time, kernel_time,
+    BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, call_cost, differentiable_outputs, kernel_time,
     measure_ceilings, rotation_sets, set_bytes, time_backward, time_call,
 )
 
@@ -305,19 +305,14 @@ def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device
     ``tigon profile``'s prediction (:mod:`tigon.workflows.predict`).
 
     Returns:
-        ``{"host_ms", "device_ms", "host_p20", "host_p80"}``: on CUDA the host's time to issue one call
-        (:func:`~tigon.workflows.timing.host_time`) and its kernels' summed durations
-        (:func:`~tigon.workflows.timing.kernel_time`: what the call adds to the device's busy time, the quantity
-        ``tigon profile`` measures for the step; any provider, host syncs or not); on CPU the call's wall time as
-        ``host_ms`` and 0 device ms. Exceptions of the provider propagate.
+        :func:`tigon.workflows.timing.call_cost`'s dict: ``host_ms`` the host's time to issue one call (the device
+        held busy by a sleep kernel, so the host never waits for it), ``device_ms`` the device's time to run it
+        (CUDA events, its kernels back to back), ``natural_ms``, ``waited``, ``hold_ms``; on CPU the call's wall
+        time as ``host_ms`` and 0 device ms. No profiler runs (it would slow the host afterwards). Exceptions of
+        the provider propagate.
     """
     _, fwd_bwd, _, _, _, leaves = _calls(spec, provider, shape, dtype, device, {})
-    if device.type != "cuda":
-        ms, p20, p80 = time_call(fwd_bwd, device, grad_to_none=leaves)
-        return {"host_ms": ms, "device_ms": 0.0, "host_p20": p20, "host_p80": p80}
-    host, p20, p80 = host_time(fwd_bwd, device, grad_to_none=leaves)
-    dev = kernel_time(fwd_bwd, grad_to_none=leaves, reps=10)[0]
-    return {"host_ms": host, "device_ms": dev, "host_p20": p20, "host_p80": p80}
+    return call_cost(fwd_bwd, device, grad_to_none=leaves)
 
 
 def plan(ops, shapes: dict[str, list[dict]], providers, registry: dict[str, OpSpec] | None = None

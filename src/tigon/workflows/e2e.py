@@ -355,6 +355,97 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     return cfg
 
 
+def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: dict | None = None,
+                 progress=None, notes: list[str] | None = None,
+                 then: Callable[[torch.nn.Module], None] | None = None,
+                 untimed_last: bool = False) -> tuple[E2ERow, str]:
+    """Train one provider's model on ``batches`` and time its steps: the measurement of ``tigon bench --e2e``, which
+    ``tigon profile`` shares so that the two agree for the same model, batch and provider.
+
+    The model (``cfg``'s dtype, device, seed, attn_implementation and lora_rank; :data:`E2E_PROVIDERS` says what
+    each provider does to it) trains ``len(batches)`` AdamW steps in :func:`tigon.workflows._train.train`; the
+    row's step time is the median (20th / 80th percentiles) of the steps after ``cfg.warmup``, ms. ``then(model)``,
+    when given, runs after the training on the still-patched model (before :func:`tigon.unpatch` and cleanup).
+    ``info`` gets the model's ``attn_implementation``; ``notes`` a line when Liger's rebinding was undone.
+    ``cfg.gradient_checkpointing`` (when the config has it) turns on HF's checkpointing before any patch;
+    ``untimed_last``: the last step (profiled by the caller) is left out of the timing.
+    ``progress(name, step, total, loss)`` after each step.
+
+    Returns:
+        (an :class:`E2ERow` with status "ok", how peak memory was measured); a failing provider raises.
+
+    Raises:
+        whatever building, patching or training the model raises (out of memory, an unsupported family).
+    """
+    import tigon
+    from .. import support
+
+    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    row, held = E2ERow(provider), {}
+
+    def make_model():
+        model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
+        model.train()
+        if info is not None:
+            info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
+        if getattr(cfg, "gradient_checkpointing", None) is not None:
+            enable_checkpointing(model, reentrant=cfg.gradient_checkpointing == "reentrant")
+        if provider == "liger":
+            held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
+                                           "transformers.loss.loss_utils"])
+            held["liger"] = apply_liger(model)
+        if getattr(cfg, "lora_rank", None) is not None:
+            model = with_lora(model, cfg.lora_rank)
+        if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
+            held["report"] = tigon.patch(model)
+        elif provider == "tigon_lean":
+            held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
+        held["model"] = model
+        if provider.endswith(("_compile", "_compile_kernels")):
+            if provider in COMPILE_MODE:
+                held["mode"] = support.compile_mode()
+                support.set_compile_mode(COMPILE_MODE[provider])
+            return torch.compile(model)
+        return model
+
+    try:
+        stats = train(make_model, batches, lr=cfg.lr, device=device, name=provider, progress=progress)
+        end = len(stats.step_times_s) - (1 if untimed_last else 0)
+        timed = [t * 1e3 for t in stats.step_times_s[cfg.warmup:end]] or [t * 1e3 for t in stats.step_times_s]
+        row.step_times_ms = [t * 1e3 for t in stats.step_times_s]
+        row.step_ms = statistics.median(timed)
+        row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
+        row.tokens_per_s = batches[0].numel() / (row.step_ms * 1e-3) if row.step_ms > 0 else None
+        row.peak_memory_bytes, row.peak_requested_bytes = stats.peak_memory_bytes, stats.peak_requested_bytes
+        row.losses = stats.losses
+        row.backend = support.describe_backend(stats.backend_usage)
+        row.backends = stats.backend_usage
+        if then is not None:
+            then(held["model"])
+    finally:
+        model = held.pop("model", None)
+        if provider.startswith("tigon") and model is not None:
+            tigon.unpatch(model)
+        if "_compile" in provider:
+            torch._dynamo.reset()
+        if "mode" in held:
+            support.set_compile_mode(held.pop("mode"))
+        if "guard" in held:
+            changed = held.pop("guard").restore()
+            if changed and notes is not None:
+                notes.append(f"liger rebound {len(changed)} module globals / class attributes; restored after its run")
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if "report" in held:
+        row.patch = held["report"].as_dict().get("counts", {})
+    if "liger" in held:
+        row.patch = {"modules with a Liger forward": held["liger"]["patched_modules"]}
+        row.note = f"liger_kernel.transformers.{held['liger']['function']}(model=...)"
+    return row, stats.peak_memory_method
+
+
 def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     """Time ``warmup + steps`` training steps of one model per provider (see the module docstring).
 
@@ -368,16 +459,12 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     Raises:
         ConfigError: a bad configuration or an unreadable model config.
     """
-    import tigon
-    from .. import support
-
     cfg = resolve_e2e(config)
-    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    device = torch.device(cfg.device)
     hfc, source = hf_config(cfg.model, cfg.layers)
     info = model_info(hfc, source)
     info["dtype"] = cfg.dtype
     batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
-    tokens_per_step = cfg.batch_size * cfg.seq_len
     if device.type == "cuda":
         from .timing import measure_ceilings
 
@@ -387,36 +474,9 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     notes: list[str] = []
     order = [p for p in E2E_PROVIDERS if p in cfg.providers]  # liger last: it rebinds globals
     for provider in order:
-        row = E2ERow(provider)
         if provider == "liger" and importlib.util.find_spec("liger_kernel") is None:
-            row.status, row.note = "skipped", "liger_kernel is not installed"
-            rows.append(row)
+            rows.append(E2ERow(provider, status="skipped", note="liger_kernel is not installed"))
             continue
-        held: dict[str, Any] = {}
-
-        def make_model(provider=provider, held=held):
-            model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
-            model.train()
-            info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
-            if cfg.gradient_checkpointing is not None:
-                enable_checkpointing(model, reentrant=cfg.gradient_checkpointing == "reentrant")
-            if provider == "liger":
-                held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
-                                               "transformers.loss.loss_utils"])
-                held["liger"] = apply_liger(model)
-            if cfg.lora_rank is not None:
-                model = with_lora(model, cfg.lora_rank)
-            if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
-                held["report"] = tigon.patch(model)
-            elif provider == "tigon_lean":
-                held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
-            held["model"] = model
-            if provider.endswith(("_compile", "_compile_kernels")):
-                if provider in COMPILE_MODE:
-                    held["mode"] = support.compile_mode()
-                    support.set_compile_mode(COMPILE_MODE[provider])
-                return torch.compile(model)
-            return model
 
         tracer = StepTracer(at=cfg.warmup + cfg.steps) if cfg.kernel_summary else None
 
@@ -427,47 +487,15 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                 progress(provider, step, total)
 
         try:
-            stats = train(make_model, batches, lr=cfg.lr, device=device, name=provider, progress=on_step)
-            end = len(stats.step_times_s) - (1 if tracer is not None else 0)  # the profiled step is not timed
-            timed = [t * 1e3 for t in stats.step_times_s[cfg.warmup:end]] or [t * 1e3 for t in stats.step_times_s]
-            row.step_times_ms = [t * 1e3 for t in stats.step_times_s]
-            row.step_ms = statistics.median(timed)
-            row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
-            row.tokens_per_s = tokens_per_step / (row.step_ms * 1e-3) if row.step_ms > 0 else None
-            row.peak_memory_bytes, row.peak_requested_bytes = stats.peak_memory_bytes, stats.peak_requested_bytes
-            row.losses = stats.losses
-            row.backend = support.describe_backend(stats.backend_usage)
-            row.backends = stats.backend_usage
+            row, used = run_provider(provider, hfc, cfg, batches, info=info, progress=on_step, notes=notes,
+                                     untimed_last=tracer is not None)
             if row.tokens_per_s and info.get("matmul_tflops"):
                 row.mfu = row.tokens_per_s * MODEL_FLOPS_PER_PARAM * info["num_parameters"] / (
                     info["matmul_tflops"] * 1e12)
             row.kernel_summary = tracer.summary if tracer is not None else None
-            method = method or stats.peak_memory_method
+            method = method or used
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
-            row.status = "failed"
-            row.note = f"{type(e).__name__}: {error_text(e, 600)}"
-        finally:
-            model = held.pop("model", None)
-            if provider.startswith("tigon") and model is not None:
-                tigon.unpatch(model)
-            if "_compile" in provider:
-                torch._dynamo.reset()
-            if "mode" in held:
-                support.set_compile_mode(held.pop("mode"))
-            if "guard" in held:
-                changed = held.pop("guard").restore()
-                if changed:
-                    notes.append(f"liger rebound {len(changed)} module globals / class attributes; restored after "
-                                 "its run")
-            del model
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        if "report" in held:
-            row.patch = held["report"].as_dict().get("counts", {})
-        if "liger" in held:
-            row.patch = {"modules with a Liger forward": held["liger"]["patched_modules"]}
-            row.note = f"liger_kernel.transformers.{held['liger']['function']}(model=...)"
+            row = E2ERow(provider, status="failed", note=f"{type(e).__name__}: {error_text(e, 600)}")
         rows.append(row)
     return _result(cfg, device, info, rows, method, notes)
 

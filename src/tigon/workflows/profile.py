@@ -1,32 +1,34 @@
 """Where a training step's time goes, what limits it, and what patching it will do (``tigon profile``).
 
-1. **Profile the original step.** A Hugging Face causal LM (preset / config, random weights from the seed) runs
-   ``warmup`` untimed steps, then one profiler warm-up step and ``steps`` profiled steps under
-   :mod:`torch.profiler` (CPU and, on CUDA, CUDA activities). A step is forward with labels, backward, AdamW step,
-   zero_grad. The same steps are timed without the profiler (median: the step ``T`` the user sees).
-2. **Attribute the device's time to categories** (:mod:`tigon.workflows.profile_events`): matmul, attention,
-   norm, rotary, activation, LM head + loss, optimizer, other. Forward hooks open a ``record_function`` range
-   around norm modules, attention modules, MLP modules, the decoder backbone and the whole causal LM (what runs in
-   the LM outside the backbone is the LM head + loss); the family's rotary function and the optimizer step run in
-   a range too. Each op's kernels go to its innermost range, refined by its name (matmuls in an attention or MLP
-   module count as matmul, ``scaled_dot_product_attention`` as attention, the rest of an MLP as activation);
-   backward ops follow the forward op that created their autograd node (sequence numbers). Times are kernel time
-   per step on CUDA (self CPU time on CPU); kernels linked to no op and the device's idle time (it waits for the
-   host) get their own rows, so the rows add up to the profiled step and none exceeds it
-   (:func:`tigon.workflows.predict.step_table`).
-3. **Measure what limits the step**: the device's busy time ``D`` (the union of its kernels' intervals in the
-   profiled steps) and the host's time to issue a step ``H``: on CUDA the same model's steps at
-   :data:`HOST_BATCH` tokens, where every kernel is short, timed until the step's Python returns (the device
-   not waited for) without the profiler; on CPU everything is host time (``H = T``, ``D = 0``).
-4. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's:
-   the host's time to issue one forward + backward and its kernels' summed time
+1. **Time the original step** as ``tigon bench --e2e`` does (:func:`tigon.workflows.e2e.run_provider`: the same
+   code, model, batches and AdamW): the median of ``steps`` unprofiled steps after ``warmup`` is the step ``T`` the
+   user sees. A step is forward with labels, backward, AdamW step, zero_grad(set_to_none=True).
+2. **Measure what limits it**, on the same trained model (:func:`tigon.workflows.profile_events.step_issue`): the
+   host's time to issue a full-size step ``H`` and the device's time to run it ``D``. The step is split into
+   parts (embedding, each decoder layer's forward and backward, optimizer), each of fewer launches than the
+   launch queue holds, and each issued behind a ``torch.cuda._sleep`` that keeps the device busy, so the host
+   never waits for it: ``H`` is the parts' ``time.perf_counter`` time, ``D`` their CUDA-event time. Parts where the
+   host waits anyway (a sync inside the step, a full launch queue) are reported. On CPU everything is host time
+   (``H = T``, ``D = 0``).
+3. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's,
+   the same way: the host's time to issue one forward + backward and the device's time to run it
    (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
    weightless copy of the model.
-5. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
-   ``T' = T - max(H, D) + max(H', D')``) and **advise** per op: which replacements are predicted to slow the step,
-   the ``tigon.patch`` call that leaves them out and its predicted step (:func:`tigon.workflows.predict.advise`).
-6. **Measure** the patched step (unprofiled; profiled, for its categories, ``D'`` and ``H'``) and report prediction
-   vs measurement.
+4. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
+   ``T' = T - pipeline(H, D) + pipeline(H', D')``) and **advise** per op: which replacements are predicted to
+   slow the step, the ``tigon.patch`` call that leaves them out and its predicted step
+   (:func:`tigon.workflows.predict.advise`).
+5. **Measure** the patched step as in 1 and 2, for the comparison.
+6. **Profile** the original and the patched step (at most :data:`PROFILED_STEPS` steps under
+   :mod:`torch.profiler`, after everything unprofiled: a profiler session leaves CUPTI attached, which slows
+   later launches) and **attribute the device's time to categories**
+   (:mod:`tigon.workflows.profile_events`): matmul, attention, norm, rotary, activation, LM head + loss,
+   optimizer, other. Forward hooks open a ``record_function`` range around norm, attention and MLP modules, the
+   decoder backbone and the whole causal LM (what runs outside the backbone is the LM head + loss); the family's
+   rotary function and the optimizer step run in a range too. Each op's kernels go to its innermost range,
+   refined by its name; backward ops follow the forward op that created their autograd node. Times are kernel
+   time per step on CUDA (self CPU time on CPU); kernels linked to no op and the device's idle time get their own
+   rows, so the rows add up to the profiled step (:func:`tigon.workflows.predict.step_table`).
 
 On CPU Tigon's kernels run in Triton's interpreter: the patched step and the op costs then measure the
 interpreter, and the prediction only shows that the pipeline works.
@@ -47,22 +49,17 @@ import torch
 
 from ..ops import CATEGORY_LABELS
 from . import predict as PR
-from ._train import train
 from .compare import ConfigError, _device_name, _device_str, versions
-from .e2e import DTYPES, build_model, hf_config, model_info, random_batches
-from .profile_events import CATEGORIES, RANGE, Annotator, categorize, device_busy_us  # noqa: F401 (re-exported)
+from .e2e import DEFAULTS, DTYPES, build_model, hf_config, model_info, random_batches, run_provider
+from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
+                             device_busy_us, device_op_count, make_step, step_issue)
+from .timing import LAUNCH_QUEUE_DEPTH, IssueTime
 
 LABELS = {"matmul": "matmul", "attention": "attention", **CATEGORY_LABELS, "optimizer": "optimizer", "other": "other",
           "unlinked": "kernels linked to no op", "idle": "device idle (waiting on the host)"}
 CPU_LABELS = {"unlinked": "kernels linked to no op", "idle": "outside any op (Python, hooks, profiler)"}
-DEFAULTS = {
-    "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
-    "cuda": dict(model="llama3-8b", layers=2, batch_size=4, seq_len=2048, steps=5, warmup=3, dtype="bfloat16"),
-}
-HOST_BATCH = (1, 32)
-"""(batch, seq_len) of the steps that measure the host's time of a step on CUDA (at most the run's seq_len)."""
-HOST_STEPS = (2, 5)
-"""(untimed, timed) steps of that measurement."""
+PROFILED_STEPS = 3
+"""At most this many steps run under the profiler (the timed steps are ``steps``, as ``tigon bench --e2e``)."""
 ProgressFn = Callable[[str], None]
 """``progress(stage)``: called when a stage starts (e.g. "profile original step")."""
 
@@ -129,14 +126,19 @@ class ProfileResult:
     profiled_step_ms / profiled_step_ms_patched: mean wall time of a profiled step. step_ms_original /
     step_ms_patched: median unprofiled step. limits: ``{"original"|"predicted"|"patched": {"step_ms", "host_ms",
     "device_ms", "optimizer_host_ms", "optimizer_device_ms", "model_ms", "bound"}}``: the step, the host's time to
-    issue it, the device's busy time, the optimizer's part of each, and the model's step
-    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms.
+    issue it, the device's time to run it, the optimizer's part of each, and the model's step
+    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms; on CUDA the measured rows also hold
+    ``host_natural_ms`` (the parts' time without the sleep), ``host_parts``, ``host_waited`` (parts where the host
+    waited for the device anyway), ``hold_ms`` (the longest sleep), ``syncs`` (:func:`tigon.workflows.timing.
+    sync_points`), ``parts`` (label, host_ms, device_ms, waited per part) and ``device_ops`` (launches per
+    profiled step).
     predicted_step_ms_patched: the prediction; prediction_error_pct: 100 * (predicted - measured) / measured.
-    ops: per replaced kind, its calls per step, the per-call host and device ms of the original code and of Tigon's
-    op, what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
+    ops: per replaced kind, its calls per step, the per-call costs of the original code and of Tigon's op
+    (:func:`tigon.workflows.timing.call_cost`: host and device ms, ...), what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
     leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
     (:func:`tigon.workflows.predict.advise`). patch: what
     tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.
+    stage_s: seconds each stage took (its progress label -> s).
     """
 
     config: dict[str, Any]
@@ -160,6 +162,7 @@ class ProfileResult:
     traces: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -170,14 +173,12 @@ class ProfileResult:
 class StepProfile:
     """What :func:`profile_steps` measured, per step: ``categories`` (ms of each category, :func:`categorize`),
     ``step_ms`` (mean wall time of a profiled step), ``busy_ms`` (the device's busy time; on CPU the ops' summed
-    self CPU time), ``host_ms`` (the host's time to issue a step at the host batches' size, unprofiled; None when
-    not measured) and ``host_optimizer_ms`` (its optimizer step and zero_grad)."""
+    self CPU time) and ``device_ops`` (kernels, copies and sets the device ran: launches)."""
 
     categories: dict[str, float]
     step_ms: float
     busy_ms: float
-    host_ms: float | None = None
-    host_optimizer_ms: float = 0.0
+    device_ops: float = 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -190,14 +191,11 @@ def _sync(device: torch.device) -> None:
 
 
 def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device: torch.device, lr: float,
-                  warmup: int, trace: str | None = None, host_batches: list[torch.Tensor] | None = None
-                  ) -> StepProfile:
+                  warmup: int, trace: str | None = None) -> StepProfile:
     """Profile training steps of ``model`` (see the module docstring) and return a :class:`StepProfile`.
 
     ``batches[:warmup]`` run unprofiled, the next one is the profiler's warm-up, the rest are profiled. Writes a
-    Chrome trace of the profiled steps to ``trace`` when given. Then, with the ranges removed and no profiler,
-    ``host_batches`` run as steps timed until their Python returns (the first ``HOST_STEPS[0]`` untimed):
-    the median is ``host_ms``.
+    Chrome trace of the profiled steps to ``trace`` when given.
 
     Raises:
         ValueError: fewer than ``warmup + 2`` batches.
@@ -205,22 +203,16 @@ def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     cuda = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     annot = Annotator(model)
     active = len(batches) - warmup - 1
     if active < 1:
         raise ValueError("profile_steps needs warmup + 2 batches at least")
+    train_step = make_step(model, lr, lambda: record_function(RANGE + "optimizer"))
 
-    def step(batch) -> float:
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
-        loss.backward()
-        t = time.perf_counter()
-        with record_function(RANGE + "optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    def step(batch) -> None:
+        train_step(batch)
         annot.close_open_ranges()
-        return t
 
     held: dict[str, Any] = {}
 
@@ -250,20 +242,7 @@ def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device
     events = held.get("events") or []
     cats = {c: us / 1e3 / active for c, us in categorize(events, cuda).items()}
     busy = device_busy_us(events) / 1e3 / active if cuda else sum(cats.values())
-    issue, tail = [], []
-    for i, b in enumerate(host_batches or []):
-        b = b.to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        t_opt = step(b)
-        t1 = time.perf_counter()
-        if i >= HOST_STEPS[0]:
-            issue.append((t1 - t0) * 1e3)
-            tail.append((t1 - t_opt) * 1e3)
-        _sync(device)
-    if not issue:
-        return StepProfile(cats, statistics.fmean(times), busy)
-    return StepProfile(cats, statistics.fmean(times), busy, statistics.median(issue), statistics.median(tail))
+    return StepProfile(cats, statistics.fmean(times), busy, device_op_count(events) / active if cuda else 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -345,15 +324,34 @@ def _op_costs(hfc, ops: list[str], cfg: ProfileConfig, device, dtype, notes: lis
     return out
 
 
-def _limits(step: PR.StepCost) -> dict[str, Any]:
-    return {"step_ms": step.step_ms, "host_ms": step.host_ms, "device_ms": step.device_ms,
-            "optimizer_host_ms": step.tail_host_ms, "optimizer_device_ms": step.tail_device_ms,
-            "model_ms": step.pipeline_ms, "bound": step.bound}
+def step_cost(step_ms: float, issue: IssueTime | None) -> PR.StepCost:
+    """The :class:`~tigon.workflows.predict.StepCost` of a step of ``step_ms`` (ms) whose issue was measured as
+    ``issue`` (:func:`step_issue`; its last part is the optimizer, the step's tail). Without a held device (None,
+    or a CPU) everything is host time: ``H = T``, ``D = 0``."""
+    if issue is None or not issue.held:
+        return PR.StepCost(step_ms, step_ms, 0.0)
+    opt = issue.segments[-1]
+    return PR.StepCost(step_ms, issue.host_ms, issue.device_ms, min(opt.host_ms, issue.host_ms),
+                       min(opt.device_ms, issue.device_ms))
+
+
+def _limits(step: PR.StepCost, issue: IssueTime | None = None, syncs: list[str] | None = None) -> dict[str, Any]:
+    out = {"step_ms": step.step_ms, "host_ms": step.host_ms, "device_ms": step.device_ms,
+           "optimizer_host_ms": step.tail_host_ms, "optimizer_device_ms": step.tail_device_ms,
+           "model_ms": step.pipeline_ms, "bound": step.bound}
+    if issue is not None and issue.held:
+        out.update(host_natural_ms=issue.natural_ms, host_parts=len(issue.segments), host_waited=issue.waited,
+                   hold_ms=issue.hold_ms, syncs=list(syncs or []),
+                   parts=[dataclasses.asdict(s) for s in issue.segments])
+    return out
 
 
 def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
-    """Profile the original training step, measure what limits it, predict the Tigon-patched step and advise per
-    op, then measure the patched step (see the module docstring).
+    """Time the original training step, measure what limits it, predict the Tigon-patched step and advise per op,
+    measure the patched step, then profile both (see the module docstring).
+
+    Every unprofiled measurement runs before the first profiler session: after one, CUPTI stays attached to the
+    process and slows every later kernel launch (pytorch/pytorch#144455), which made the host look slower.
 
     Args:
         config: what to run; ``None`` fields take the device's defaults.
@@ -366,7 +364,6 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         ConfigError: bad configuration or an unreadable model config.
     """
     import tigon
-    from .. import support
 
     cfg = resolve_profile(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
@@ -376,66 +373,67 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     info["dtype"] = cfg.dtype
     vocab = int(hfc.vocab_size)
     timed_batches = random_batches(vocab, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
-    prof_batches = random_batches(vocab, cfg.warmup + 1 + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed + 1)
-    host_batches = (random_batches(vocab, sum(HOST_STEPS), HOST_BATCH[0], min(cfg.seq_len, HOST_BATCH[1]),
-                                   cfg.seed + 2) if cuda else None)
+    prof_batches = random_batches(vocab, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size,
+                                  cfg.seq_len, cfg.seed + 1)
     notes: list[str] = []
-    say = progress or (lambda stage: None)
+    stage_s: dict[str, float] = {}
+    clock = [time.perf_counter(), None]
 
-    def median_step(patch: bool) -> tuple[float, str]:
+    def say(stage: str) -> None:
+        """Start ``stage`` ("" at the end): the previous one's seconds go to ``stage_s``."""
+        now = time.perf_counter()
+        if clock[1] is not None:
+            stage_s[clock[1]] = now - clock[0]
+        clock[:] = [now, stage]
+        if progress is not None and stage:
+            progress(stage)
+
+    def timed(provider: str):
+        """The e2e bench's row of ``provider`` and, on CUDA, its step's issue measurement on the trained model."""
         held: dict[str, Any] = {}
 
-        def make():
-            model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
-            if patch:
-                tigon.patch(model)
-            held["model"] = model
-            return model
+        def then(model):
+            if not cuda:
+                return
+            try:
+                held["issue"], held["syncs"] = step_issue(model, timed_batches[:2], device=device, lr=cfg.lr)
+            except Exception as e:  # keep the step's time and the profile; say why H and D are missing
+                notes.append(f"measuring the {provider} step's host and device time failed, so H = T and D = 0 "
+                             f"for it: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
-        try:
-            stats = train(make, timed_batches, lr=cfg.lr, device=device, name="patched" if patch else "original")
-        finally:
-            model = held.pop("model", None)
-            if patch and model is not None:
-                tigon.unpatch(model)
-            del model
-            _free(device)
-        timed = stats.step_times_s[cfg.warmup:] or stats.step_times_s
-        return statistics.median(timed) * 1e3, support.describe_backend(stats.backend_usage)
+        row, _ = run_provider(provider, hfc, cfg, timed_batches, info=info, then=then)
+        return row, held.get("issue"), held.get("syncs", [])
 
     def profiled(patch: bool, trace: str | None) -> StepProfile:
         model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
         try:
             if patch:
                 tigon.patch(model)
-            return profile_steps(model, prof_batches, device=device, lr=cfg.lr, warmup=cfg.warmup, trace=trace,
-                                 host_batches=host_batches)
+            return profile_steps(model, prof_batches, device=device, lr=cfg.lr, warmup=cfg.warmup, trace=trace)
         finally:
             if patch:
                 tigon.unpatch(model)
             del model
             _free(device)
 
-    def step_cost(t_ms: float, p: StepProfile) -> PR.StepCost:
-        if not cuda or p.host_ms is None:  # everything is host time on a CPU
-            return PR.StepCost(t_ms, t_ms, 0.0)
-        host, busy = p.host_ms, min(p.busy_ms, p.step_ms)
-        return PR.StepCost(t_ms, host, busy, min(p.host_optimizer_ms, host), min(p.categories["optimizer"], busy))
-
-    say("time original step")
-    step_orig, _ = median_step(False)
-    say("profile original step")
-    traces = []
-    prof = profiled(False, cfg.trace)
-    if cfg.trace:
-        traces.append(cfg.trace)
-    step = step_cost(step_orig, prof)
+    say("time original step (as tigon bench --e2e), then its host and device time")
+    row_o, issue_o, syncs_o = timed("original")
+    step = step_cost(row_o.step_ms, issue_o)
     kinds, replaced, counts, patch_notes = _replacements(hfc)
     notes += patch_notes
     costs: dict[str, dict] = {}
     if cfg.predict and kinds:
         say("measure replaced ops (host and device time, original and Tigon)")
         costs = _op_costs(hfc, [k["op"] for k in kinds], cfg, device, dtype, notes)
+    row_p = None
+    if cfg.patched and counts:
+        say("time patched step (as tigon bench --e2e), then its host and device time")
+        row_p, issue_p, syncs_p = timed("tigon")
+    say("profile original step")
+    traces = []
+    prof = profiled(False, cfg.trace)
+    if cfg.trace:
+        traces.append(cfg.trace)
     changes = [PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"], PR.OpCost(**_cost(costs[k["op"]]["eager"])),
                            PR.OpCost(**_cost(costs[k["op"]]["tigon"])), k["bypasses"])
                for k in kinds if k["op"] in costs]
@@ -452,25 +450,25 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
                 delta = sum(calls[c.kind] * ((c.tigon.device_ms - c.original.device_ms) if cuda
                                              else (c.tigon.host_ms - c.original.host_ms)) for c in mine)
                 row.predicted_ms = max(0.0, row.ms + delta)
+    limits = {"original": {**_limits(step, issue_o, syncs_o), "device_ops": prof.device_ops}}
     result = ProfileResult(
         config=dataclasses.asdict(cfg), model=info, device=_device_str(device), device_name=_device_name(device),
         time_basis=("kernel time (the ops' CUDA kernels) per step; 'device idle' is wall time" if cuda
                     else "self CPU time per step (inflated by the profiler's overhead)"),
-        categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=step_orig, attribution_scale=scale,
-        limits={"original": _limits(step)}, patch=counts, traces=traces, versions=versions(), notes=notes)
+        categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=row_o.step_ms, attribution_scale=scale,
+        limits=limits, patch=counts, traces=traces, versions=versions(), notes=notes)
     if changes:
         pred, adv = PR.predict(step, changes), PR.advise(step, changes)
         result.predicted_step_ms_patched = pred.step_ms
         result.limits["predicted"] = _limits(pred)
         for c, a in zip(changes, adv.kinds):
-            result.ops.append({**dataclasses.asdict(a), "original": dataclasses.asdict(c.original),
-                               "tigon": dataclasses.asdict(c.tigon), "bypasses": dict(c.bypasses)})
+            result.ops.append({**dataclasses.asdict(a), "original": costs[c.op]["eager"],
+                               "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses)})
         result.advice = {"best_call": adv.best_call, "best_keywords": adv.best_keywords,
                          "best_step_ms": adv.best_step_ms, "replace_nothing": adv.replace_nothing,
                          "slower": [a.kind for a in adv.kinds if a.slows_step]}
-    if cfg.patched and counts:
-        say("time patched step")
-        result.step_ms_patched, result.backend = median_step(True)
+    if row_p is not None:
+        result.step_ms_patched, result.backend = row_p.step_ms, row_p.backend
         say("profile patched step")
         trace_p = None
         if cfg.trace:
@@ -478,7 +476,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
             trace_p = f"{stem}.patched{ext or '.json'}"
         prof_p = profiled(True, trace_p)
         result.profiled_step_ms_patched = prof_p.step_ms
-        result.limits["patched"] = _limits(step_cost(result.step_ms_patched, prof_p))
+        result.limits["patched"] = {**_limits(step_cost(row_p.step_ms, issue_p), issue_p, syncs_p),
+                                    "device_ops": prof_p.device_ops}
         if trace_p:
             traces.append(trace_p)
         table_p, _ = PR.step_table(prof_p.categories, prof_p.busy_ms, prof_p.step_ms)
@@ -488,6 +487,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         if result.predicted_step_ms_patched is not None and result.step_ms_patched:
             result.prediction_error_pct = 100.0 * (result.predicted_step_ms_patched - result.step_ms_patched) \
                 / result.step_ms_patched
+    say("")  # the last stage's seconds
+    result.stage_s = stage_s
     _add_notes(result, device)
     return result
 
@@ -503,24 +504,39 @@ def _free(device: torch.device) -> None:
 
 
 def _add_notes(r: ProfileResult, device: torch.device) -> None:
-    steps = r.config["steps"]
-    r.notes.insert(0, f"categories: {r.time_basis}, mean of {steps} profiled step(s); with 'kernels linked to no op' "
-                      "and the device's idle time they add up to the profiled step.")
+    cfg = r.config
+    r.notes.insert(0, f"categories: {r.time_basis}, mean of {min(cfg['steps'], PROFILED_STEPS)} profiled step(s); "
+                      "with 'kernels linked to no op' and the device's idle time they add up to the profiled step.")
+    r.notes.insert(1, f"step times: median of {cfg['steps']} unprofiled step(s) after {cfg['warmup']} warm-up "
+                      "step(s), measured as tigon bench --e2e measures them (the same code, model, batches and "
+                      "optimizer), before any profiler ran.")
     if r.attribution_scale < 0.999:
         r.notes.append(f"the categories held {100 / r.attribution_scale - 100:.1f}% more kernel time than the device "
                        "was busy (time counted twice) and were scaled down to its busy time.")
     lim = r.limits["original"]
     if device.type == "cuda":
-        r.notes.append(f"limits: host = the host's time to issue one step (the model's steps at {HOST_BATCH[0]} x "
-                       f"{min(r.config['seq_len'], HOST_BATCH[1])} tokens, unprofiled, timed until the step's Python "
-                       "returns); device = its busy time in the profiled steps. The original step is "
-                       f"{lim['bound']}-bound (host {lim['host_ms']:.1f} ms, device {lim['device_ms']:.1f} ms, step "
-                       f"{lim['step_ms']:.1f} ms).")
+        r.notes.append(f"limits: host = the host's time to issue one full step, in {lim.get('host_parts', 0)} parts "
+                       "(embedding, each decoder layer's forward and backward, optimizer), each issued with the "
+                       "device held busy by a sleep kernel so the host never waits for it, timed until the part "
+                       "ends (time.perf_counter); device = the device's time to run those parts (CUDA events). The "
+                       f"original step is {lim['bound']}-bound (host {lim['host_ms']:.1f} ms, device "
+                       f"{lim['device_ms']:.1f} ms, step {lim['step_ms']:.1f} ms).")
+        for key in ("original", "patched"):
+            _issue_notes(r, key)
+    else:
+        r.notes.append("limits: on a CPU nothing runs asynchronously, so the host time is the step time (H = T, "
+                       "D = 0).")
     r.notes.append("prediction: T' = T - pipeline(H, D) + pipeline(H', D'), pipeline = max(D, H - optimizer's host + "
                    "optimizer's device, H) (the forward and backward overlap host and device, the optimizer ends the "
                    "step); H' and D' add the replaced calls' change (calls per step x (Tigon - original) per forward "
-                   "+ backward at this model's shapes): a host-bound step pays the replacements' host cost.")
+                   "+ backward at this model's shapes, each measured like the step): a host-bound step pays the "
+                   "replacements' host cost.")
     for op in r.ops:
+        waited = [side for side in ("original", "tigon") if op[side].get("waited")]
+        if waited:
+            r.notes.append(f"{op['kind']} ({op['op']}): the host waited for the device during the {' and '.join(waited)}"
+                           " call(s) however long the sleep (a sync inside, or too many launches); their host time "
+                           "is the wall time without the sleep.")
         if op["slows_step"]:
             r.notes.append(f"{op['kind']} ({op['op']}): replacing it is predicted to slow the step (host "
                            f"{op['host_delta_ms']:+.1f} ms, device {op['device_delta_ms']:+.1f} ms per step); "
@@ -533,3 +549,28 @@ def _add_notes(r: ProfileResult, device: torch.device) -> None:
     if device.type == "cpu":
         r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the op costs and the "
                        "prediction measure the interpreter; run on a CUDA GPU for real numbers.")
+
+
+def _issue_notes(r: ProfileResult, key: str) -> None:
+    """Notes on the host measurement of ``r.limits[key]``: waits for the device, syncs, launches, H > T."""
+    lim = r.limits.get(key)
+    if not lim or "host_parts" not in lim:
+        return
+    if lim["host_waited"]:
+        r.notes.append(f"{key} step: in {len(lim['host_waited'])} part(s) ({', '.join(lim['host_waited'][:4])}"
+                       f"{', ...' if len(lim['host_waited']) > 4 else ''}) the host waited for the device however "
+                       "long the sleep: a sync inside the step (" + ("; ".join(lim["syncs"][:3]) or "none named by "
+                       "torch.cuda.set_sync_debug_mode") + ") or more launches than the queue holds; those parts "
+                       "count with their wall time without the sleep, so H includes the wait.")
+    elif lim["syncs"]:
+        r.notes.append(f"{key} step synchronises ({'; '.join(lim['syncs'][:3])}) outside the timed parts.")
+    ops = lim.get("device_ops") or 0
+    if ops > LAUNCH_QUEUE_DEPTH:
+        r.notes.append(f"{key} step: {ops:.0f} kernels, copies and sets per step, more than the ~{LAUNCH_QUEUE_DEPTH} "
+                       f"the launch queue holds: one sleep could not hide the device for the whole step, hence the "
+                       f"{lim['host_parts']} parts (about {ops / lim['host_parts']:.0f} launches each)"
+                       + ("; that is near the queue's depth: parts above it wait (see host_waited)."
+                          if ops / lim["host_parts"] > LAUNCH_QUEUE_DEPTH / 2 else "."))
+    if lim["host_ms"] > 1.02 * lim["step_ms"]:
+        r.notes.append(f"{key} step: the host time ({lim['host_ms']:.1f} ms) exceeds the step "
+                       f"({lim['step_ms']:.1f} ms) it should bound: the host measurement is suspect.")

@@ -1,5 +1,6 @@
-"""The profiler side of ``tigon profile``: ``record_function`` ranges around a model's parts, and the
-classification of the profiled events into the step's categories (see :mod:`tigon.workflows.profile`).
+"""The instrumentation of ``tigon profile``'s training step: ``record_function`` ranges around a model's parts and
+the classification of the profiled events into the step's categories; and the step split into parts
+(:class:`StepParts`) for the host's issue time (:func:`step_issue`). See :mod:`tigon.workflows.profile`.
 
 Device time is read from the kernels each op launched (``FunctionEvent.kernels``), never from a
 ``record_function`` range: on CUDA a range also gets a device-side copy (a ``gpu_user_annotation`` spanning the
@@ -10,11 +11,19 @@ device time" counts its kernels a second time (nested ranges, e.g. ``tigon.cat/o
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..ops import CATEGORIES as OP_CATEGORIES
+from .timing import DeviceHold, IssueTime, issue_time, sync_points
+
+HOST_ROUNDS = 3
+"""Clean rounds of the instrumented steps that measure the host's issue time (:func:`step_issue`)."""
 
 CATEGORIES = ("matmul", "attention", *OP_CATEGORIES, "optimizer", "other")
 """The step's categories: the ones Tigon's ops replace (:data:`tigon.ops.CATEGORIES`) and the rest."""
@@ -100,6 +109,53 @@ class Annotator:
             self._rotary = None
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a causal LM: its backbone's ``layers`` (``get_decoder()``), else its largest
+    ``nn.ModuleList`` ([] when it has none)."""
+    backbone = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(backbone, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return list(layers)
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+class StepParts:
+    """Splits a training step into parts for :class:`tigon.workflows.timing.IssueTimer`, so that no part
+    launches more kernels than the launch queue holds: while ``timer`` is set, each decoder layer's forward
+    begins a part (``"forward: layer i"``, a forward pre-hook) and so does its backward (``"backward: layer i"``,
+    a hook on the gradient of the layer's output, which autograd runs right before the layer's backward). The
+    step marks its own first part and the optimizer's. ``remove()`` undoes the hooks."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.timer = None
+        self.layers = decoder_layers(model)
+        self._handles = []
+        for i, layer in enumerate(self.layers):
+            self._handles.append(layer.register_forward_pre_hook(functools.partial(self._forward, i)))
+            self._handles.append(layer.register_forward_hook(functools.partial(self._output, i)))
+
+    def _mark(self, label: str) -> None:
+        if self.timer is not None:
+            self.timer.mark(label)
+
+    def _forward(self, i, module, args) -> None:
+        self._mark(f"forward: layer {i}")
+
+    def _output(self, i, module, args, output) -> None:
+        if self.timer is None:
+            return
+        out = output if isinstance(output, torch.Tensor) else next(
+            (t for t in (output if isinstance(output, (tuple, list)) else ()) if isinstance(t, torch.Tensor)), None)
+        if out is not None and out.requires_grad:
+            out.register_hook(lambda grad: self._mark(f"backward: layer {i}"))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
 def _module_category(m: torch.nn.Module) -> str | None:
     name = type(m).__name__
     if name.endswith(("RMSNorm", "LayerNorm")) or isinstance(m, (torch.nn.LayerNorm, getattr(torch.nn, "RMSNorm",
@@ -162,20 +218,30 @@ def own_time_us(e, cuda: bool) -> float:
     return float(sum(k.duration for k in getattr(e, "kernels", ()) or () if k.name != e.name))
 
 
+def _device_spans(events) -> list[tuple[float, float]]:
+    """The (start, end) intervals of the device's kernels, copies and sets in ``events``, sorted (ranges'
+    device-side copies left out)."""
+    ranges = {e.name for e in events if not _is_device(e) and is_annotation(e)}
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if _is_device(e) and not getattr(e, "is_user_annotation", False) and e.name not in ranges
+                  and not e.name.startswith(ANNOTATION_PREFIXES))
+
+
 def device_busy_us(events) -> float:
     """The device's busy time in ``events`` (``prof.events()``), µs: the union of the intervals of its kernels,
     copies and sets (ranges' device-side copies left out), so work on overlapping streams counts once."""
-    ranges = {e.name for e in events if not _is_device(e) and is_annotation(e)}
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if _is_device(e) and not getattr(e, "is_user_annotation", False) and e.name not in ranges
-                   and not e.name.startswith(ANNOTATION_PREFIXES))
     busy, end = 0.0, float("-inf")
-    for s, t in spans:
+    for s, t in _device_spans(events):
         if t <= end:
             continue
         busy += t - max(s, end)
         end = t
     return busy
+
+
+def device_op_count(events) -> int:
+    """How many kernels, copies and sets the device ran in ``events``: each took a slot of the launch queue."""
+    return len(_device_spans(events))
 
 
 def categorize(events, cuda: bool) -> dict[str, float]:
@@ -225,3 +291,69 @@ def categorize(events, cuda: bool) -> dict[str, float]:
     return totals
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# the training step, as the workflows run it, and its issue time
+
+
+def make_step(model: torch.nn.Module, lr: float, optimizer_range: Callable[[], Any] | None = None):
+    """``step(batch, timer=None)``: one training step of ``model`` as :func:`tigon.workflows._train.train` runs it
+    (forward with labels, backward, AdamW step, zero_grad with ``set_to_none``), on a new AdamW; the optimizer runs
+    inside ``optimizer_range()`` when given (a context manager); ``timer`` (an
+    :class:`~tigon.workflows.timing.IssueTimer`) gets the parts ``"forward: embedding"`` (first) and
+    ``"optimizer"`` (last, stopped)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step(batch, timer=None) -> None:
+        if timer is not None:
+            timer.start("forward: embedding")
+        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss.backward()
+        if timer is not None:
+            timer.mark("optimizer")
+        with optimizer_range() if optimizer_range is not None else contextlib.nullcontext():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if timer is not None:
+            timer.stop()
+
+    return step
+
+
+def step_issue(model: torch.nn.Module, batches: list[torch.Tensor], *, device: torch.device, lr: float,
+               warmup: int = 2, rounds: int = HOST_ROUNDS) -> tuple[IssueTime, list[str]]:
+    """The host's time to issue a training step of ``model`` at full size, and the device's time to run it.
+
+    Method (:func:`tigon.workflows.timing.issue_time`): the step (as :func:`tigon.workflows._train.train` runs it,
+    on a new AdamW, after ``warmup`` untimed steps) is split into parts that each launch fewer kernels than the
+    launch queue holds (:class:`tigon.workflows.profile_events.StepParts`: each decoder layer's forward and
+    backward, the embedding, the optimizer); before each part the device is synchronised and held busy by a
+    ``torch.cuda._sleep`` that outlasts the part's issue (calibrated from a run without it, grown when the host
+    catches up). A part's host time is the wall time (``time.perf_counter``) until the next part begins, with no
+    synchronisation inside; its device time the CUDA events' time after the sleep. A part where the host catches
+    up with the device whatever the sleep waits for it (a sync inside the step, a full launch queue): it is
+    reported (``IssueTime.waited``) and counted with its wall time without the sleep. The step's syncs are also
+    named by ``torch.cuda.set_sync_debug_mode("warn")`` during one untimed step (the second value). On a CPU
+    nothing is held: the parts' wall time, no device time, no syncs.
+
+    Returns:
+        (:class:`~tigon.workflows.timing.IssueTime` in ms, the sync warnings as ``"file:line: message"``).
+    """
+    step, hold = make_step(model, lr), DeviceHold(device)
+    turn = itertools.cycle([b.to(device) for b in batches])
+    for _ in range(warmup):
+        step(next(turn))
+    hold.sync()
+    syncs = sync_points(lambda: step(next(turn)), device)
+    parts = StepParts(model)
+
+    def run(timer) -> None:
+        parts.timer = timer
+        try:
+            step(next(turn), timer)
+        finally:
+            parts.timer = None
+
+    try:
+        return issue_time(run, hold, rounds=rounds), syncs
+    finally:
+        parts.remove()

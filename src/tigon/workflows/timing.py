@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -43,14 +44,14 @@ def time_call(fn: Callable[[], object], device: torch.device, grad_to_none=None,
     return statistics.median(samples), samples[0], samples[-1]
 
 
-def _warmed(fn: Callable[[], object], grad_to_none) -> Callable[[], None]:
-    """``fn`` with the gradients of ``grad_to_none`` cleared before each call, after three warm-up calls."""
+def _warmed(fn: Callable[[], object], grad_to_none, warmup: int = 3) -> Callable[[], None]:
+    """``fn`` with the gradients of ``grad_to_none`` cleared before each call, after ``warmup`` warm-up calls."""
     def call():
         for t in grad_to_none or ():
             t.grad = None
         fn()
 
-    for _ in range(3):
+    for _ in range(warmup):
         call()
     return call
 
@@ -73,28 +74,6 @@ def kernel_time(fn: Callable[[], object], grad_to_none=None, reps: int = 20) -> 
                            if e.device_type == torch.autograd.DeviceType.CUDA
                            and not getattr(e, "is_user_annotation", False)) * 1e-3)
     q = statistics.quantiles(samples, n=5, method="inclusive")  # the 20th, 40th, 60th and 80th percentiles
-    return statistics.median(samples), q[0], q[3]
-
-
-def host_time(fn: Callable[[], object], device: torch.device, grad_to_none=None, calls: int = 8,
-              rounds: int = 7) -> tuple[float, float, float]:
-    """(median, p20, p80) in ms over ``rounds`` of the host's time to issue one call of ``fn()``: the device is
-    synchronised, then ``calls`` calls run back to back without waiting for it, and the wall time until the last
-    returns is divided by ``calls``. So it is the Python, dispatch, autograd and launch cost of a call whatever
-    its kernels take (while the launch queue has room: a few calls of a few dozen launches), the part of a call
-    that a host-bound training step pays. On CPU, where nothing runs asynchronously, the call's wall time."""
-    call = _warmed(fn, grad_to_none)
-    samples = []
-    for _ in range(rounds):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        samples.append((time.perf_counter() - t0) * 1e3 / calls)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    q = statistics.quantiles(samples, n=5, method="inclusive")
     return statistics.median(samples), q[0], q[3]
 
 
@@ -218,3 +197,282 @@ def backward(outs: list[torch.Tensor], douts: list[torch.Tensor], inputs: list[t
     uncopied; timing that copy would charge the op with autograd's leaf bookkeeping.
     """
     torch.autograd.grad(outs, inputs, douts, allow_unused=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the host's issue time: the device held busy by a sleep kernel, so that the host never waits for it
+
+LAUNCH_QUEUE_DEPTH = 1024
+"""About this many kernel launches can be pending on a CUDA stream; past it a launch blocks the host until the
+device has run some. Code is therefore timed in parts that each launch fewer (:class:`IssueTimer`)."""
+MAX_HOLD_MS = 4000.0
+"""The longest sleep :func:`issue_time` queues before one part of the code (ms)."""
+
+
+class DeviceHold:
+    """Holds ``device`` busy while the host issues work: :meth:`hold` queues ``torch.cuda._sleep`` for about
+    ``ms`` on the current stream and records a CUDA event after it. The work issued next waits behind the sleep,
+    so neither a full device nor a short kernel makes the host wait, unless the code synchronises (``.item()``,
+    ``nonzero``, a copy to the host, the allocator freeing cached blocks) or fills the launch queue
+    (:data:`LAUNCH_QUEUE_DEPTH`); then the event has completed when the code returns (:meth:`done`).
+
+    The sleep's clock cycles per ms are measured once per device with CUDA events. On a CPU device
+    (``active`` False) nothing is held: every method is a no-op and the code's time is its wall time.
+    """
+
+    _cycles_per_ms: dict[int, float] = {}
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.active = device.type == "cuda"
+        if self.active:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            if index not in self._cycles_per_ms:
+                self._cycles_per_ms[index] = self._calibrate()
+            self.cycles_per_ms = self._cycles_per_ms[index]
+
+    def _calibrate(self) -> float:
+        torch.cuda.synchronize(self.device)
+        torch.cuda._sleep(1000)  # first launch: module loading
+        n = 20_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(n)
+        end.record()
+        end.synchronize()
+        return n / max(start.elapsed_time(end), 1e-3)
+
+    def sync(self) -> None:
+        """Wait until the device has run everything queued."""
+        if self.active:
+            torch.cuda.synchronize(self.device)
+
+    def hold(self, ms: float):
+        """Queue a sleep of about ``ms`` (none for 0) and return an event recorded after it (None on a CPU)."""
+        if not self.active:
+            return None
+        if ms > 0:
+            torch.cuda._sleep(int(ms * self.cycles_per_ms))
+        return self.record()
+
+    def record(self):
+        """An event recorded now on the current stream (None on a CPU)."""
+        if not self.active:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    @staticmethod
+    def done(event) -> bool:
+        """Whether the device has reached ``event`` (False for None)."""
+        return event is not None and event.query()
+
+    @staticmethod
+    def elapsed_ms(start, end) -> float:
+        """Device time between two events of :meth:`record`, ms (0 on a CPU); both must be done."""
+        return 0.0 if start is None else float(start.elapsed_time(end))
+
+
+@dataclass
+class Segment:
+    """One part of code timed by :class:`IssueTimer`: ``label``; ``host_ms`` the host's time from its start to the
+    next mark (ms); ``device_ms`` the device's time from the end of the hold before it to the work issued up to
+    that mark (ms; its kernels back to back when the hold outlasted the issue, 0 on a CPU); ``waited``: the hold
+    had ended when the part's issue ended, so the host may have waited for the device inside it."""
+
+    label: str
+    host_ms: float
+    device_ms: float
+    waited: bool = False
+
+
+class IssueTimer:
+    """Times the parts of some code between marks, with the device held busy before each part
+    (:class:`DeviceHold`): ``start(label)``, then ``mark(label)`` wherever a new part begins (from hooks too, e.g.
+    in the autograd thread), then ``stop()``. Before each part the device is synchronised (untimed) and a sleep of
+    ``holds_ms[k]`` ms (part k; the last value for later parts, 0: no hold) is queued, so that a part launching
+    fewer than :data:`LAUNCH_QUEUE_DEPTH` kernels is issued without the host ever waiting: its host time is the
+    wall time (``clock``, seconds) until the next mark, its device time the events' time after the hold.
+    """
+
+    def __init__(self, hold: DeviceHold, holds_ms=(0.0,), clock: Callable[[], float] = time.perf_counter):
+        self.hold, self.holds, self.clock = hold, list(holds_ms) or [0.0], clock
+        self._open: tuple | None = None
+        self._parts: list[tuple] = []
+        self.segments: list[Segment] = []
+
+    def _arm(self, label: str) -> None:
+        self.hold.sync()
+        ms = self.holds[min(len(self._parts), len(self.holds) - 1)]
+        ev = self.hold.hold(ms)
+        self._open = (label, ev, ms > 0, self.clock())
+
+    def _close(self) -> None:
+        t = self.clock()
+        label, ev, held, t0 = self._open
+        waited = held and self.hold.done(ev)
+        self._parts.append((label, (t - t0) * 1e3, ev, self.hold.record(), waited))
+        self._open = None
+
+    def start(self, label: str) -> None:
+        """Begin the first part, ``label``."""
+        self._parts.clear()
+        self._arm(label)
+
+    def mark(self, label: str) -> None:
+        """End the current part and begin the next, ``label`` (ignored outside start/stop)."""
+        if self._open is not None:
+            self._close()
+            self._arm(label)
+
+    def stop(self) -> list[Segment]:
+        """End the last part, wait for the device and return the parts (also kept as ``segments``).
+
+        Raises:
+            RuntimeError: no part is open (``start`` was not called, or ``stop`` was already).
+        """
+        if self._open is None:
+            raise RuntimeError("IssueTimer.stop: no part is open; call start(label) first")
+        self._close()
+        self.hold.sync()
+        self.segments = [Segment(label, ms, self.hold.elapsed_ms(a, b), waited)
+                         for label, ms, a, b, waited in self._parts]
+        return self.segments
+
+
+@dataclass
+class IssueTime:
+    """What :func:`issue_time` measured. segments: per part, the median over the clean rounds (``waited``: the
+    host waited for the device in every attempt; its ``host_ms`` is then its time without a hold, which includes
+    that wait). host_ms / device_ms: their sums, ms. natural_ms: the parts' wall time without a hold, summed (the
+    host's time including any waits for the device). hold_ms: the longest hold used. rounds: clean rounds per
+    part (at least). held: False on a CPU (host time = wall time, device 0)."""
+
+    segments: list[Segment]
+    host_ms: float
+    device_ms: float
+    natural_ms: float
+    hold_ms: float
+    rounds: int
+    held: bool
+
+    @property
+    def waited(self) -> list[str]:
+        """Labels of the parts where the host waited for the device despite the hold."""
+        return [s.label for s in self.segments if s.waited]
+
+
+def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: int = 3, retries: int = 2,
+               margin: float = 2.0, floor_ms: float = 1.0, grow: float = 4.0,
+               clock: Callable[[], float] = time.perf_counter, max_hold_ms: float = MAX_HOLD_MS) -> IssueTime:
+    """The host's issue time and the device's time of code split into parts by an :class:`IssueTimer`.
+
+    ``run(timer)`` runs the code once, calling ``timer.start`` / ``mark`` / ``stop`` itself (it must split it
+    into the same parts every time). Method: one run without a hold gives each part's wall time; then runs with
+    each part behind a sleep of ``margin`` x that time + ``floor_ms`` (the calibration); a part whose sleep had
+    ended when its issue ended gets ``grow`` x the sleep (at most ``retries`` times, at most ``max_hold_ms``) and
+    is timed again, in up to ``retries`` more runs; a part that still catches up waits for the device whatever the
+    hold (a sync inside it, or more pending launches than the queue holds) and is reported ``waited``. On a CPU (``hold.active``
+    False) the ``rounds`` runs' wall times are the host time and the device time is 0.
+
+    Returns:
+        an :class:`IssueTime` (ms).
+
+    Raises:
+        RuntimeError: ``run`` split the code into a different number of parts than in its first run.
+    """
+    def once(holds) -> list[Segment]:
+        timer = IssueTimer(hold, holds, clock)
+        run(timer)
+        return timer.stop() if timer._open is not None else timer.segments
+
+    natural = once([0.0])
+    n = len(natural)
+    if not hold.active:  # nothing to hold: every run is a sample of the wall time
+        samples, holds, runs = [[s] for s in natural], [0.0], rounds - 1
+    else:
+        samples = [[] for _ in range(n)]
+        holds, runs = [min(max_hold_ms, margin * s.host_ms + floor_ms) for s in natural], rounds + retries
+    last, grown = list(natural), [0] * n
+    for _ in range(runs):
+        segs = once(holds)
+        if len(segs) != n:
+            raise RuntimeError(f"issue_time: the code ran in {len(segs)} parts, first in {n}")
+        for k, s in enumerate(segs):
+            last[k] = s
+            if not s.waited:
+                samples[k].append(s)
+            elif grown[k] < retries:
+                holds[k], grown[k] = min(max_hold_ms, holds[k] * grow), grown[k] + 1
+        if all(len(x) >= rounds for x in samples):
+            break
+    out = []
+    for k in range(n):
+        if samples[k]:
+            out.append(Segment(natural[k].label, statistics.median(s.host_ms for s in samples[k]),
+                               statistics.median(s.device_ms for s in samples[k])))
+        else:  # the host waits for the device here whatever the hold: its own wall time, wait included
+            out.append(Segment(natural[k].label, natural[k].host_ms,
+                               min(natural[k].device_ms, last[k].device_ms), waited=True))
+    return IssueTime(out, sum(s.host_ms for s in out), sum(s.device_ms for s in out),
+                     sum(s.host_ms for s in natural), max(holds), min(len(x) for x in samples), hold.active)
+
+
+def call_cost(fn: Callable[[], object], device: torch.device, grad_to_none=None, calls: int = 4,
+              groups: int = 5, rounds: int = 2) -> dict:
+    """The host's time to issue one call of ``fn()`` and the device's time to run it, ms: what the call costs
+    each side of a training step that overlaps them (``tigon profile``'s prediction).
+
+    Method (:func:`issue_time`): ``groups`` groups of ``calls`` back-to-back calls, each group issued behind a
+    sleep kernel that outlasts it, timed with ``time.perf_counter`` until the last call returns (host) and with
+    CUDA events from the sleep's end to the last call's work (device: its kernels back to back, launch gaps
+    included); medians over the groups of ``rounds`` rounds, divided by ``calls``. Gradients of ``grad_to_none``
+    are reset before every call; three warm-up calls first. On a CPU: the call's wall time as host time (one
+    warm-up call, then ``rounds`` calls), 0 device time.
+
+    Returns:
+        ``{"host_ms", "device_ms", "natural_ms" (the call's time without the sleep, the host's waits
+        included), "waited" (the host waited for the device behind the sleep too: the call synchronises or
+        launches more than the queue holds), "hold_ms"}``. Exceptions of ``fn`` propagate.
+    """
+    cuda = device.type == "cuda"
+    call = _warmed(fn, grad_to_none, 3 if cuda else 1)
+    calls, groups = (calls, groups) if cuda else (1, 1)
+
+    def run(timer: IssueTimer) -> None:
+        for g in range(groups):
+            (timer.mark if g else timer.start)(f"group {g}")
+            for _ in range(calls):
+                call()
+        timer.stop()
+
+    t = issue_time(run, DeviceHold(device), rounds=rounds)
+    clean = [s for s in t.segments if not s.waited] or t.segments
+    return {"host_ms": statistics.median(s.host_ms for s in clean) / calls,
+            "device_ms": statistics.median(s.device_ms for s in clean) / calls,
+            "natural_ms": t.natural_ms / (calls * groups), "waited": bool(t.waited), "hold_ms": t.hold_ms}
+
+
+def sync_points(fn: Callable[[], object], device: torch.device) -> list[str]:
+    """Where ``fn()`` makes the host wait for the device, as ``torch.cuda.set_sync_debug_mode("warn")`` reports
+    it: ``"file:line: message"`` per distinct warning ([] on a CPU, or when nothing synchronises). Runs ``fn``
+    once. Waits the debug mode cannot see (the allocator freeing cached blocks, a full launch queue) are left to
+    :func:`issue_time`'s ``waited``."""
+    import os
+    import warnings
+
+    if device.type != "cuda":
+        fn()
+        return []
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    found = (f"{os.path.basename(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:120]}" for w in caught
+             if "synchroniz" in str(w.message))
+    return list(dict.fromkeys(found))
