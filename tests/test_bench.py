@@ -309,6 +309,11 @@ def test_step_trace_sums_kernels_by_name_and_kind():
                                           "other": 0.02})
     assert [r["name"][:5] for r in s["top"]] == ["nvjet", "flash", "_norm"] and s["top"][0]["calls"] == 2
     assert kind_of("_rms_norm_forward_kernel") == "triton" and kind_of("triton_poi_fused_add_0") == "triton"
+    k = SimpleNamespace(name="nvjet_tst", duration=400.0)
+    mm = SimpleNamespace(name="aten::mm", input_shapes=[[8, 4], [4, 3]], kernels=[k], device_type="DeviceType.CPU",
+                         is_user_annotation=False, time_range=SimpleNamespace(elapsed_us=lambda: 1.0))
+    ops = summarize([mm, mm])["matmul_ops"]
+    assert ops == [{"op": "aten::mm", "shapes": "[[8, 4], [4, 3]]", "calls": 2, "ms": 0.8, "kernels": ["nvjet_tst"]}]
 
 
 def test_cuda_graph_timing_needs_cuda():

@@ -54,8 +54,8 @@ measured at the start of the same run (:func:`tigon.workflows.timing.measure_cei
 checkpointing the recomputed forward is not counted (it is overhead, not model FLOPs).
 
 ``--kernel-summary`` (:attr:`E2EConfig.kernel_summary`): the last step of each provider runs under
-``torch.profiler`` and is left out of the timing; the row carries its kernels summed by name and kind
-(:mod:`tigon.workflows.step_trace`), so that providers can be compared kernel by kernel.
+``torch.profiler`` and is left out of the timing; the row carries its kernels summed by name and kind, and per
+matmul op and input shapes (:mod:`tigon.workflows.step_trace`), so that providers can be compared kernel by kernel.
 
 Precision: ``bfloat16`` (the CUDA default) is pure bf16 training as in ``tigon compare``: weights, gradients and
 AdamW state all bf16; ``float32`` is the CPU default.

@@ -32,11 +32,23 @@ def kind_of(name: str) -> str:
     return "triton"
 
 
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"})
+"""The ATen ops whose kernels :func:`summarize` also sums per input shapes (``matmul_ops``)."""
+
+
 def summarize(events, top: int = 25) -> dict[str, Any]:
-    """``{"device_ms", "by_kind": {kind: ms}, "top": [{"name", "kind", "calls", "ms"}]}`` of the CUDA kernel
-    events of a profile (``prof.events()``), kernels summed by name, the ``top`` longest first. Times in ms."""
+    """``{"device_ms", "by_kind": {kind: ms}, "top": [{"name", "kind", "calls", "ms"}], "matmul_ops": [{"op",
+    "shapes", "calls", "ms", "kernels"}]}`` of a profile's events (``prof.events()``): the CUDA kernels summed by
+    name, the ``top`` longest first; and, when the profile recorded CPU ops with their shapes, the kernels each matmul
+    op (:data:`MATMUL_OPS`) launched, summed per (op, input shapes), longest first. Times in ms."""
     per = defaultdict(lambda: [0, 0.0])
+    mm = defaultdict(lambda: [0, 0.0, set()])
     for e in events:
+        if getattr(e, "name", None) in MATMUL_OPS and getattr(e, "kernels", None):
+            slot = mm[(e.name, str(getattr(e, "input_shapes", "")))]
+            slot[0] += 1
+            slot[1] += sum(k.duration for k in e.kernels) * 1e-3
+            slot[2].update(k.name[:60] for k in e.kernels)
         if getattr(e, "device_type", None) is None or str(e.device_type).split(".")[-1] != "CUDA":
             continue
         if getattr(e, "is_user_annotation", False):
@@ -49,8 +61,10 @@ def summarize(events, top: int = 25) -> dict[str, Any]:
         by_kind[kind_of(name)] += ms
     rows = sorted(({"name": n[:120], "kind": kind_of(n), "calls": c, "ms": round(ms, 3)}
                    for n, (c, ms) in per.items()), key=lambda r: -r["ms"])
+    ops = sorted(({"op": op, "shapes": shapes, "calls": c, "ms": round(ms, 3), "kernels": sorted(names)}
+                  for (op, shapes), (c, ms, names) in mm.items()), key=lambda r: -r["ms"])
     return {"device_ms": round(sum(by_kind.values()), 3), "by_kind": {k: round(v, 3) for k, v in by_kind.items()},
-            "top": rows[:top]}
+            "top": rows[:top], "matmul_ops": ops}
 
 
 class StepTracer:
@@ -67,7 +81,7 @@ class StepTracer:
         from torch.profiler import ProfilerActivity, profile
 
         if step == self.at - 1 and self._prof is None:
-            self._prof = profile(activities=[ProfilerActivity.CUDA])
+            self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
             self._prof.start()
         elif step == self.at and self._prof is not None:
             import torch
