@@ -149,15 +149,16 @@ def build(model_type: str, overrides: dict, seed: int = 0, cls: str | None = Non
     return model.to(DEVICE, DTYPE).train()
 
 
-def assert_report_runs(report, used: dict, steps: int = 1) -> None:
+def assert_report_runs(report, used: dict, steps: int = 1, checkpointed: bool = False) -> None:
     """The replacements of a patch ``report`` are what ran in ``steps`` training steps (forward and backward with
     labels) of the patched model: ``used`` (:func:`tigon.support.backend_usage`) holds exactly the ops the replaced
     entries declare (:attr:`~tigon.integrations.PatchEntry.ops`), each called at least once per replaced module and
     step. A fused decoder layer computes its post-attention norm inside ``fused_add_rms_norm``: those norms (one per
-    fused layer) stay patched for the layer's fallback and are not counted as calls."""
+    fused layer) stay patched for the layer's fallback and are not counted as calls. ``checkpointed``: the steps ran
+    under non-reentrant activation checkpointing, where an entry runs its ``checkpoint_ops`` when it has any."""
     from collections import Counter
 
-    declared = Counter(op for e in report.replaced for op in e.ops)
+    declared = Counter(op for e in report.replaced for op in ((checkpointed and e.checkpoint_ops) or e.ops))
     assert set(used) == set(declared), f"ops that ran {sorted(used)} != ops the report declares {dict(declared)}"
     bypassed = report.counts.get("fused_add_rms_norm", 0)
     for op, n in declared.items():

@@ -106,6 +106,14 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
 
 
+def checkpoint_ops(kind: str, comp, module=None) -> tuple[str, ...]:
+    """The op(s) the replacement runs instead inside a non-reentrant activation checkpoint (see
+    :attr:`~tigon.integrations.report.PatchEntry.checkpoint_ops`); () when they are :func:`ops`'s."""
+    if kind == "mlp" and fw.mlp_ops(module, comp) == ("glu_linear",):
+        return (fw.mlp_activation(module, comp)[0],)
+    return ()
+
+
 def problem(kind: str, comp, module, opts) -> str | None:
     """Why ``module`` cannot take the replacement of a component of ``kind`` (None when it can)."""
     if kind in ("rms_norm", "layer_norm"):

@@ -194,7 +194,8 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         fn = persist.build(persist.Recipe(attr, kind, comp, family, match.family_module, opts), getattr(type(m), attr))
-        entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts))
+        entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts),
+                           components.checkpoint_ops(kind, comp, m))
         actions.append(Action(entry, _bind(m, attr, fn)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "

@@ -158,6 +158,24 @@ def _outputs_private(*modules) -> bool:
     return all(_hook_problem(m, tigon_forward_ok=True) is None for m in modules)
 
 
+def under_checkpoint() -> bool:
+    """Whether this call runs inside a non-reentrant activation checkpoint (``torch.utils.checkpoint``, as Hugging
+    Face's gradient checkpointing uses by default): its saved-tensor hooks are the innermost ones, in the first
+    forward and in the recomputation alike (so both take the same path, as checkpointing requires).
+
+    There the fold of the down projection into :func:`tigon.functional.glu_linear` saves no memory (nothing in the
+    region is kept) and costs a matmul: the recomputation stops as soon as the last tensor to save is packed, which
+    for ``nn.Linear`` happens before its matmul runs and for an ``autograd.Function`` only after its forward (the
+    down projection's matmul, recomputed for nothing: 32 x (8192 x 14336 x 4096) per step, 50 ms of 905, on a
+    Llama-3-8B step on the H200). Not asked under torch.compile (the compiler decides what is saved there).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(False) if top is not None else None
+    return bool(hooks) and getattr(hooks[0], "__module__", None) == "torch.utils.checkpoint"
+
+
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
@@ -171,7 +189,8 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     projection is a plain ``nn.Linear`` (:func:`foldable_linear`) it runs inside :func:`tigon.functional.glu_linear`,
     which in eager mode does not keep the (tokens, intermediate) product for the backward (recomputed there): one such
     tensor less per layer among the activations (under torch.compile the compiler's partitioner decides what is
-    saved); otherwise (LoRA, quantised or hooked layers) the module is called on the product.
+    saved); otherwise (LoRA, quantised or hooked layers, or inside a non-reentrant activation checkpoint:
+    :func:`under_checkpoint`) the module is called on the product.
     """
 
     @functools.wraps(original)
@@ -187,7 +206,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = proj[0](x), proj[1](x)
         inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
-        if foldable_linear(down):
+        if foldable_linear(down) and not under_checkpoint():
             return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
                                  inplace_backward=inplace)
         return down(_glu(act, gate, up, inplace=inplace))
@@ -286,7 +305,9 @@ def describe_mlp(module, spec: MLPSpec) -> str:
         fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
                 + ("once its weights are loaded (on the meta device now) " if problem else "")
                 + "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored; checked "
-                "again at every call: hooks or an instance-level forward added later make it call the layer)")
+                "again at every call: hooks or an instance-level forward added later make it call the layer; inside a "
+                "non-reentrant activation checkpoint it calls the layer too, so that the recomputation stops before "
+                "that matmul)")
     else:
         fold = f"; {spec.down} is called on the product ({problem})"
     return f"{spec.down}({name}({inner})){fold}"

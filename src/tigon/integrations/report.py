@@ -40,12 +40,16 @@ class PatchEntry:
     ops: for a replacement, the :mod:`tigon.functional` op(s) it runs (``("glu_linear",)`` for an MLP whose down
         projection is folded in, ``("fused_linear_cross_entropy",)`` for the LM head in training); empty for
         skipped entries, restorations, and class-level MLPs (the activation is read from each model's config).
+    checkpoint_ops: the op(s) it runs instead inside a non-reentrant activation checkpoint (HF's gradient
+        checkpointing), where they differ from ``ops``: ``("swiglu",)`` for such an MLP, whose down projection then
+        runs as the module's own ``nn.Linear`` (:func:`tigon.integrations.forwards.under_checkpoint`); empty: ``ops``.
     """
 
     kind: str
     target: str
     detail: str = ""
     ops: tuple[str, ...] = ()
+    checkpoint_ops: tuple[str, ...] = ()
 
 
 @dataclass
