@@ -254,12 +254,20 @@ def _router_aux_loss(model, spec: CausalLMSpec, family_module: str, router_logit
     return fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)
 
 
-def output_class(family_module: str, name: str):
-    """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``."""
-    cls = getattr(_module(family_module), name, None)
-    if cls is None:
-        cls = getattr(_module("transformers.modeling_outputs"), name)
-    return cls
+def output_class(family_module: str, name: str | tuple[str, ...]):
+    """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``; for a tuple
+    of names (one per transformers version), the first that exists.
+
+    Raises:
+        AttributeError: none of the names exists in either module.
+    """
+    names = (name,) if isinstance(name, str) else name
+    for where in (_module(family_module), _module("transformers.modeling_outputs")):
+        for n in names:
+            cls = getattr(where, n, None)
+            if cls is not None:
+                return cls
+    raise AttributeError(f"no output class {' / '.join(names)} in {family_module} or transformers.modeling_outputs")
 
 
 def _return_dict(model, arguments: dict) -> bool:

@@ -55,8 +55,10 @@ def norm_forward(spec: NormSpec, family: str, original):
         def forward(self, hidden_states, *args, **kwargs):
             if args or kwargs:
                 return original(self, hidden_states, *args, **kwargs)
-            return TF.layer_norm(hidden_states, getattr(self, spec.weight_attr, None),
-                                 getattr(self, spec.bias_attr, None), getattr(self, spec.eps_attr))
+            weight = getattr(self, spec.weight_attr, None)
+            if spec.offset and weight is not None:
+                weight = weight + spec.offset  # Nemotron's LayerNorm1P: (1 + w), a (hidden,) add
+            return TF.layer_norm(hidden_states, weight, getattr(self, spec.bias_attr, None), getattr(self, spec.eps_attr))
 
     else:
         raise ValueError(f"NormSpec.kind must be 'rms_norm' or 'layer_norm', got {spec.kind!r}")
