@@ -12,6 +12,7 @@ and for GENERIC a sixth field: the transformers class to build when ``AutoModelF
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -74,11 +75,6 @@ _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, mo
 _MOE = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm", output_router_logits=True)
 
 GENERIC = {
-    # the vision tower's rotary function is another interface: left alone, said so
-    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)),
-        "generic", FULL, {"rope": 1}, "Qwen2VLForConditionalGeneration"),
     # layer 0 has activation sparsity (its MLP is not a plain gated MLP), layer 1 not; softcapped head
     "gemma3n": ("gemma3n_text", dict(num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"],
                                      activation_sparsity_pattern=[0.95, 0.0], vocab_size_per_layer_input=V,
@@ -125,6 +121,80 @@ MORE_FAMILIES = {
                                       linear_value_head_dim=16), "qwen3_next",
                    {"rms_norm": 7, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
 }
+
+
+_ROPE3 = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # mRoPE sections of head_dim 16
+_QWEN_VL_IDS = dict(image_token_id=5, video_token_id=6, vision_start_token_id=4)
+_QWEN_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
+                 temporal_patch_size=1)
+_VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4)
+IMAGE_TOKEN = 5
+
+VISION_LANGUAGE = {
+    # vision-language models (not AutoModelForCausalLM: built from their class): the text tower, the vision tower's
+    # norms and MLPs, the LM head of the conditional-generation class; one 8x8 image (or 2x2 patches) with its image
+    # tokens among the text. Entry: (model_type, config overrides, class, family, replaced counts, skipped counts).
+    # Qwen-VL: the text rotary runs on cos / sin already assembled from the mRoPE sections; the vision rotary is
+    # another interface (skipped); vision MLPs non-gated (Qwen2-VL, Qwen3-VL) or gated (Qwen2.5-VL)
+    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS, vision_config=dict(
+        depth=1, embed_dim=32, num_heads=2, hidden_size=64, patch_size=2, temporal_patch_size=1)),
+        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, "layer_norm": 2 + 1}, {"mlp": 1, "rope": 1}),
+    "qwen2_5_vl": ("qwen2_5_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS,
+                                      vision_config=dict(_QWEN_VIS, fullatt_block_indexes=[0])),
+                   "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3,
+                                                                         "mlp": L + 1}, {"rope": 1}),
+    "qwen3_vl": ("qwen3_vl", dict(text_config=dict(TINY, rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
+                                  **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
+                                                                     deepstack_visual_indexes=[0])),
+                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4},
+                 {"mlp": 1, "rope": 1}),
+    # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
+    "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
+                            vision_config=dict(_VIT, model_type="clip_vision_model")),
+              "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+    # Gemma language model, SigLIP vision tower (its pooling head's LayerNorm and MLP too)
+    "paligemma": ("paligemma", dict(text_config=dict(TINY, model_type="gemma"), image_token_id=IMAGE_TOKEN,
+                                    projection_dim=64, vision_config=dict(_VIT, model_type="siglip_vision_model",
+                                                                          projection_dim=64)),
+                  "PaliGemmaForConditionalGeneration", "paligemma", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+    # the projector's soft-embedding RMSNorm beside the text tower's; SigLIP vision tower
+    "gemma3": ("gemma3", dict(text_config=dict(TINY, model_type="gemma3_text"), image_token_id=IMAGE_TOKEN,
+                              mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4,
+                              vision_config=dict(_VIT, model_type="siglip_vision_model", patch_size=2)),
+               "Gemma3ForConditionalGeneration", "gemma3", {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4},
+               {"mlp": 2}),
+    # layer 1 is a cross-attention layer (its q / k norms; no rotary); LayerNorm ViT with a global transformer
+    "mllama": ("mllama", dict(text_config=dict(TINY, cross_attention_layers=[1]), image_token_index=IMAGE_TOKEN,
+                              vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_global_layers=1, attention_heads=2, image_size=8, patch_size=4,
+                                                 max_num_tiles=1, vision_output_dim=64, intermediate_layers_indices=[0],
+                                                 supported_aspect_ratios=[[1, 1]])),
+               "MllamaForConditionalGeneration", "mllama", {**FULL, "rms_norm": 2 * L + 3, "rope": 1, "layer_norm": 6},
+               {"mlp": 2}),
+}
+
+
+def image_inputs(case: str, seq: int = 10) -> dict:
+    """``input_ids`` (text tokens 8..249 from a fixed seed, with the image's tokens) and the image inputs for a
+    VISION_LANGUAGE case: one random image in the layout its model takes."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(8, 250, (1, seq), generator=gen)
+    model_type = VISION_LANGUAGE[case][0]
+    if model_type.startswith("qwen"):  # 2x2 patches of 2x2 pixels, merged into one image token after a vision start
+        ids[0, 2], ids[0, 3] = 4, IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(4, 3 * 2 * 2, generator=gen), image_grid_thw=torch.tensor([[1, 2, 2]]))
+        cls = getattr(transformers, VISION_LANGUAGE[case][2])
+        if "mm_token_type_ids" in inspect.signature(cls.forward).parameters:  # transformers 5.2x: 1 marks an image
+            out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
+    elif model_type == "mllama":  # one tile; the image token is attended by the cross-attention layer
+        ids[0, 1] = IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(1, 1, 1, 3, 8, 8, generator=gen), aspect_ratio_ids=torch.tensor([[1]]),
+                   aspect_ratio_mask=torch.ones(1, 1, 1, dtype=torch.long),
+                   cross_attention_mask=torch.ones(1, seq, 1, 1, dtype=torch.long))
+    else:  # one 8x8 image -> 4 image tokens (llava, paligemma: 4x4 patches; gemma3: 4 tokens per image)
+        ids[0, 1:5] = IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=gen))
+    return {k: v.to(DEVICE) for k, v in {"input_ids": ids, **out}.items()}
 
 
 LAYER_NORM_VARIANTS = {

@@ -28,7 +28,8 @@ transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
 from model_matrix import (  # noqa: E402
-    CASES, DEVICE, DTYPE, LAYER_NORM_VARIANTS, MORE_FAMILIES, assert_report_runs, build, config, require_family)
+    CASES, DEVICE, DTYPE, LAYER_NORM_VARIANTS, MORE_FAMILIES, VISION_LANGUAGE, assert_report_runs, build, config,
+    image_inputs, require_family)
 from tigon import data, support  # noqa: E402
 from tigon.integrations import FAMILIES, patched_state  # noqa: E402
 from tigon.integrations.engine import release_unused  # noqa: E402
@@ -160,6 +161,28 @@ def assert_same_step(original, patched, report, **inputs) -> None:
             continue
         err = (grads[n] - p.grad).norm().item()
         assert err <= 1e-5 * max(p.grad.norm().item(), floor), f"{n}: |diff| {err:.2e}, |grad| {p.grad.norm():.2e}"
+
+
+@pytest.mark.skipif(DTYPE != torch.float32, reason="exact-gradient check: fp32 only")
+@pytest.mark.parametrize("case", list(VISION_LANGUAGE))
+def test_vision_language_loss_and_every_gradient(case):
+    """A vision-language model (not an AutoModelForCausalLM) is found and patched whole: its text tower, the vision
+    tower's LayerNorms / RMSNorms and gated MLPs (non-gated ones and the vision rotary are reported skipped), the
+    conditional-generation head's fused loss; towers of other families (Llava's Llama and CLIP, PaliGemma's Gemma and
+    SigLIP) by their own specs. One step with an image: the same loss and every gradient (fp32, 1e-5), the report
+    counts what ran, and the engine decides the same entries on the model built on the meta device."""
+    model_type, overrides, cls, family, counts, skipped = VISION_LANGUAGE[case]
+    require_family(model_type)
+    original, patched = build(model_type, overrides, cls=cls), build(model_type, overrides, cls=cls)
+    report = tigon.patch(patched)
+    assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
+    with torch.device("meta"):
+        meta = getattr(transformers, cls)(config(model_type, overrides))
+    dry = tigon.patch(meta)
+    tigon.unpatch(meta)
+    assert sorted((e.kind, e.target) for e in dry.replaced) == sorted((e.kind, e.target) for e in report.replaced)
+    assert sorted((e.kind, e.target) for e in dry.skipped) == sorted((e.kind, e.target) for e in report.skipped)
+    assert_same_step(original, patched, report, **image_inputs(case))
 
 
 def test_layer_norm_family_class_level():

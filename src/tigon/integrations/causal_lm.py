@@ -224,14 +224,20 @@ def _warn_once(family: str, why: str) -> None:
         warnings.warn(f"tigon ({family}): fused LM-head loss not used, {why}", stacklevel=4)
 
 
-def _config_value(model, attr: str | None):
-    return None if attr is None else getattr(getattr(model, "config", None), attr, None)
+def _config_value(model, attr: str | None, text: bool = False):
+    """``model.config.<attr>`` (of ``config.get_text_config()`` with ``text``), None when absent or ``attr`` is None."""
+    if attr is None:
+        return None
+    config = getattr(model, "config", None)
+    if text and config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, attr, None)
 
 
 def _logit_scale(model, spec: CausalLMSpec) -> float:
     scale = 1.0
-    mult = _config_value(model, spec.logit_scale_attr)
-    div = _config_value(model, spec.logit_divisor_attr)
+    mult = _config_value(model, spec.logit_scale_attr, spec.text_config_attrs)
+    div = _config_value(model, spec.logit_divisor_attr, spec.text_config_attrs)
     if mult is not None:
         scale *= float(mult)
     if div is not None:
@@ -333,7 +339,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                 shift_labels=arguments.get("shift_labels"),
                 ignore_index=arguments.get("ignore_index", -100),
                 num_items_in_batch=arguments.get("num_items_in_batch"),
-                softcap=_config_value(self, spec.softcap_attr),
+                softcap=_config_value(self, spec.softcap_attr, spec.text_config_attrs),
                 logit_scale=_logit_scale(self, spec),
                 flce_options=dict(flce_options),
             )

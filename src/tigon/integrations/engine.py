@@ -231,7 +231,7 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
         actions += _plan_matches(matches, sp.name, opts, report)
         seen |= {mt.kind for _, _, mt in matches}
         wanted |= want
-        if sp is spec or sp.rope is not None or sp.decoder_layers:  # not for vision towers / containers
+        if sp.rope is not None or sp.decoder_layers:  # no residual-add note for vision towers / containers
             note_residual_adds(sp, enabled, report)
     for kind in sorted(wanted - seen):
         report.notes.append(f"{kind}: no matching module in this model")

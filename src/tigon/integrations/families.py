@@ -77,10 +77,11 @@ GEMMA = _dense("gemma", "Gemma", norm=_gemma_norm("Gemma"))  # (1 + w) in fp32, 
 GEMMA2 = _dense(  # pre/post feed-forward norms (same class), config.hidden_activation, final logit softcapping
     "gemma2", "Gemma2", norm=_gemma_norm("Gemma2"), mlp=MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"), pre_norm_layer=False)
-GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM
+GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM, and the vision-language
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
-    pre_norm_layer=False)
+    pre_norm_layer=False,  # Gemma3ForConditionalGeneration (no final softcapping in its head; SigLIP vision tower)
+    extra_heads=(CausalLMSpec("Gemma3ForConditionalGeneration", output_class="Gemma3CausalLMOutputWithPast"),))
 PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
     "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
     rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
@@ -163,10 +164,71 @@ NEMOTRON = _layer_norm_family(  # LayerNorm1P: LayerNorm with (1 + w); non-gated
     mlp=MLPSpec("NemotronMLP", gate=None), rope=RopeSpec(attention_classes=("NemotronAttention",),
                                                          partial_rotary=True))
 
+
+# Vision-language models: tigon.patch applies every registered family a model contains, so the text tower of another
+# family (Llava's Llama, PaliGemma's Gemma) and the vision encoder (CLIP, SigLIP) are patched by their own specs; the
+# specs below hold the container (its LM head + loss, its projector) or, where one modeling module holds both towers
+# (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mllama, Gemma 3), every part.
+_VISION_ROPE = ("the vision tower's rotary (apply_rotary_pos_emb_vision on (patches, heads, head_dim) with cos / sin "
+                "of (patches, head_dim), computed in fp32): another interface than apply_rotary_pos_emb, left alone")
+_MULTIMODAL_OUTPUT = "MultimodalCausalLMOutputWithPast"  # transformers 5.2x; each family's own class before
+
+
+def _vision(name: str, mlp: str) -> FamilySpec:
+    """A ViT vision encoder (CLIP, SigLIP): torch.nn.LayerNorm and a non-gated ``fc2(act(fc1(x)))`` MLP."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
+                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2"),))
+
+
+def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
+             vision_attention: str) -> FamilySpec:
+    """A Qwen-VL family: text decoder and vision tower in one modeling module; the text rotary is rotate-half on cos /
+    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x; earlier versions call
+    ``apply_multimodal_rotary_pos_emb`` instead, which is then reported as skipped)."""
+    return FamilySpec(
+        name=name, module=f"transformers.models.{name}.modeling_{name}", norms=norms, mlps=mlps,
+        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",)),
+        causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
+                               output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
+        decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
+        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),))
+
+
+CLIP = _vision("clip", "CLIPMLP")
+SIGLIP = _vision("siglip", "SiglipMLP")
+LLAVA = FamilySpec(  # the language model and the vision tower are other families (Llama, CLIP by default)
+    name="llava", module="transformers.models.llava.modeling_llava",
+    mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
+                  down="linear_2"),),
+    causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"))
+PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
+    name="paligemma", module="transformers.models.paligemma.modeling_paligemma",
+    causal_lm=CausalLMSpec("PaliGemmaForConditionalGeneration", output_class="PaliGemmaCausalLMOutputWithPast",
+                           softcap_attr="final_logit_softcapping", text_config_attrs=True))
+QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp
+    "qwen2_vl", "Qwen2VL", text="", norms=(NormSpec("Qwen2VLRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2")), vision_attention="VisionAttention")
+QWEN2_5_VL = _qwen_vl(  # vision: the same RMSNorm, a gated MLP with biases (activation from its act_fn)
+    "qwen2_5_vl", "Qwen2_5_VL", text="", norms=(NormSpec("Qwen2_5_VLRMSNorm"),),
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("Qwen2_5_VLMLP")), vision_attention="Qwen2_5_VLVisionAttention")
+QWEN3_VL = _qwen_vl(  # per-head q_norm / k_norm; vision: torch.nn.LayerNorm, non-gated MLP
+    "qwen3_vl", "Qwen3VL", text="Text", norms=(NormSpec("Qwen3VLTextRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("Qwen3VLTextMLP"), MLPSpec("Qwen3VLVisionMLP", gate=None, up="linear_fc1", down="linear_fc2")),
+    vision_attention="Qwen3VLVisionAttention")
+MLLAMA = FamilySpec(  # Llama 3.2 Vision: self-attention layers, gated cross-attention layers, a LayerNorm ViT
+    name="mllama", module="transformers.models.mllama.modeling_mllama",
+    norms=(NormSpec("MllamaTextRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("MllamaTextMLP"), MLPSpec("MllamaVisionMLP", gate=None, up="fc1", down="fc2")),
+    rope=RopeSpec(attention_classes=("MllamaTextSelfAttention",)),
+    causal_lm=CausalLMSpec("MllamaForCausalLM"),
+    extra_heads=(CausalLMSpec("MllamaForConditionalGeneration",
+                              output_class=(_MULTIMODAL_OUTPUT, "CausalLMOutputWithPast")),))
+
 FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
     LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3,
     GPT_NEOX, PHI, STABLELM, FALCON, OLMO3, EXAONE4, HUNYUAN_V1_DENSE, MINISTRAL, NEMOTRON, FALCON_H1, OLMOE,
-    HUNYUAN_V1_MOE, DEEPSEEK_V3, GPT_OSS, QWEN3_NEXT)}
+    HUNYUAN_V1_MOE, DEEPSEEK_V3, GPT_OSS, QWEN3_NEXT, CLIP, SIGLIP, LLAVA, PALIGEMMA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL,
+    MLLAMA)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:

@@ -168,6 +168,9 @@ class CausalLMSpec:
     softcap_attr: config attribute with the final logit softcap (``final_logit_softcapping`` in Gemma 2), or None.
     logit_scale_attr: config attribute that multiplies the logits (Cohere's ``logit_scale``), or None.
     logit_divisor_attr: config attribute that divides the logits (Granite's ``logits_scaling``), or None.
+    text_config_attrs: read ``softcap_attr`` / ``logit_scale_attr`` / ``logit_divisor_attr`` from
+        ``config.get_text_config()`` (a vision-language model whose head applies its text config's softcapping, as
+        PaliGemma's does) instead of ``config``.
     router_aux_loss: for MoE families, the name of the family-module function computing the router
         load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
         ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
@@ -184,6 +187,7 @@ class CausalLMSpec:
     logit_divisor_attr: str | None = None
     router_aux_loss: str | None = None
     older_lm_head: str | None = None
+    text_config_attrs: bool = False
 
 
 @dataclass(frozen=True)
