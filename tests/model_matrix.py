@@ -1,13 +1,17 @@
 """The test matrix of Hugging Face models: every registered family and the generic models, as tiny configs.
 
-``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per registered family plus two
-architectures the generic matcher handles; ``GENERIC`` holds more architectures of no registered family, each with
-something the engine must leave alone and say so (partial or interleaved rotary, a rotary function of another
-interface, a softcapped head, an LM head without a usable backbone attribute).
+``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per family registered before
+issue 20 plus two architectures the generic matcher handles; ``MORE_FAMILIES`` the families added for Liger-Kernel
+0.8.5's list (dense, MoE, hybrid) and ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
+image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
+holds more architectures of no registered family, each with something the engine must leave alone and say so
+(partial or interleaved rotary, a rotary function of another interface, a softcapped head, an LM head without a
+usable backbone attribute).
 
-Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``,
-and for GENERIC a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config
-(Qwen2-VL), else None. Mini models: 2 layers, hidden 64, vocab 300, fp32, eager attention.
+Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``;
+GENERIC adds a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config,
+else None; VISION_LANGUAGE has the class third. Mini models: 2 layers, hidden 64, vocab 300 (byte tokens of real
+text), fp32, eager attention; MoE models route 4 experts, top 2, with the router loss on.
 """
 
 from __future__ import annotations
@@ -218,6 +222,20 @@ LAYER_NORM_VARIANTS = {
     "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
                      {"mlp": L}),
 }
+LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
+"""The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
+
+
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "qwen3_next", "qwen2_vl", "llava", "paligemma"}
+"""MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
+against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts,
+partial rotary with a hybrid decoder, one-module and multi-family vision-language models, the text config's
+softcap). The others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
+
+
+def check_step(case: str) -> bool:
+    """Whether the test of ``case`` runs its training step here (see :data:`CPU_STEP`)."""
+    return DEVICE == "cuda" or case in CPU_STEP or os.environ.get("TIGON_FAMILY_ALL") == "1" or case in LAYER_NORM
 
 
 def require_family(model_type: str) -> None:

@@ -269,17 +269,26 @@ def family_ops(config: dict) -> set[str] | None:
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
     config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
     function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
-    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
+    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
+    vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
     model_type = config.get("model_type")
     spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)
     if spec is None:
         return None
-    ops = {n.kind for n in spec.norms}
+    ops = set()
+    for key in ("text_config", "vision_config"):
+        sub = config.get(key)
+        tower = _tower_type(sub["model_type"]) if isinstance(sub, dict) and sub.get("model_type") else None
+        if tower is not None and tower not in (spec.name, *spec.aliases):  # another family's tower
+            ops |= family_ops({**sub, "model_type": tower}) or set()
+    ops |= {n.kind for n in spec.norms}
     for m in spec.mlps:
         if not m.gated:
             continue  # left alone (no Tigon op)
-        act = m.activation or config.get(m.act_config_attr) or _config_default(model_type, m.act_config_attr)
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        act = (m.activation or config.get(m.act_config_attr) or text.get(m.act_config_attr)
+               or _config_default(model_type, m.act_config_attr))
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:
@@ -289,6 +298,14 @@ def family_ops(config: dict) -> set[str] | None:
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
         ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
     return ops | {"cross_entropy", "fused_linear_cross_entropy"}
+
+
+def _tower_type(model_type: str) -> str:
+    """The family name of a tower's config type (``clip_vision_model`` -> ``clip``)."""
+    for suffix in ("_vision_model", "_text_model", "_vision", "_text"):
+        if model_type.endswith(suffix) and model_type[: -len(suffix)] in FAMILIES:
+            return model_type[: -len(suffix)]
+    return model_type
 
 
 def _config_default(model_type: str | None, attr: str):
