@@ -267,3 +267,24 @@ def test_family_aliases_and_class_level_report():
         for name in ("gemma3", "glm4", "mixtral"):
             tigon.unpatch(name)
     assert mm.MixtralExperts.__dict__["_apply_gate"] is hook
+
+
+@pytest.mark.parametrize("name, skipped", [("falcon_h1", {"mlp": 1, "rms_norm": 1}), ("gpt_oss", {"mlp": 1, "rope": 1}),
+                                           ("llava", {"mlp": 1})])
+def test_class_level_unsupported_parts_and_containers(name, skipped):
+    """``tigon.patch("<family>")``: the classes a family declares unsupported (Falcon-H1's multiplier MLP and gated
+    norm, GPT-OSS's clamped SwiGLU experts) and an unsupported rotary layout are skipped with their reason and left
+    unchanged; a vision-language container (Llava) says its towers are other families'; unpatch restores all."""
+    spec = FAMILIES[name]
+    mod = pytest.importorskip(spec.module)
+    before = {n: vars(c).get("forward") for n, c in vars(mod).items() if isinstance(c, type)}
+    try:
+        report = tigon.patch(name)
+        assert report.skipped_counts == skipped, str(report)
+        reasons = {u.reason for u in spec.unsupported}
+        assert reasons <= {e.detail for e in report.skipped}
+        if name == "llava":
+            assert any("classes of other families" in n for n in report.notes), str(report)
+    finally:
+        tigon.unpatch(name)
+    assert {n: vars(c).get("forward") for n, c in vars(mod).items() if isinstance(c, type)} == before

@@ -34,7 +34,10 @@ def resolve_class(mod, name: str):
 
 def class_level_problem(kind: str, comp, cls: type) -> str | None:
     """Why a class-level patch leaves the class ``cls`` of a component alone (None when it patches it): a shared
-    class outside the family's modeling module (a dotted name in the spec), or a non-gated MLP."""
+    class outside the family's modeling module (a dotted name in the spec), a non-gated MLP, or a class the family
+    declares unsupported (:class:`~tigon.integrations.family_spec.Unsupported`: its reason)."""
+    if isinstance(comp, Unsupported):
+        return comp.reason
     if "." in getattr(comp, "cls", ""):
         return (f"{cls.__module__}.{cls.__qualname__} is not the family's own class (every model uses it): a "
                 "class-level patch never changes it; patch a built model (tigon.patch(model)) to replace its "
