@@ -77,6 +77,8 @@ _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, mo
             first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
             v_head_dim=16, n_group=1, topk_group=1, experts_implementation="batched_mm")
 _MOE = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm", output_router_logits=True)
+_LINEAR_ATTENTION = dict(layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+                         linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)  # Gated DeltaNet
 
 GENERIC = {
     # layer 0 has activation sparsity (its MLP is not a plain gated MLP), layer 1 not; softcapped head
@@ -119,11 +121,15 @@ MORE_FAMILIES = {
     "deepseek_v3-interleave": ("deepseek_v3", dict(_MLA, rope_interleave=True), "deepseek_v3",
                                {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD}, {"rope": L}),
     # layer 0 Gated DeltaNet (its gated RMSNorm skipped) with a dense MLP, layer 1 attention (partial rotary) + MoE
-    "qwen3_next": ("qwen3_next", dict(_MOE, layer_types=["linear_attention", "full_attention"], mlp_only_layers=[0],
-                                      moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                                      linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
-                                      linear_value_head_dim=16), "qwen3_next",
+    "qwen3_next": ("qwen3_next", dict(_MOE, **_LINEAR_ATTENTION, mlp_only_layers=[0], moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=32), "qwen3_next",
                    {"rms_norm": 7, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+    # Qwen3.5 (dense, MoE): Qwen3-Next's hybrid text decoder (see there); their vision-language form below
+    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 7, "mlp": L, "rope": 1, "lm_head_loss": 1},
+                {"rms_norm": 1}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", dict(_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=32), "qwen3_5_moe",
+                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
 }
 
 
@@ -152,6 +158,17 @@ VISION_LANGUAGE = {
                                                                      deepstack_visual_indexes=[0])),
                  "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4},
                  {"mlp": 1, "rope": 1}),
+    # Qwen3.5-MoE: the hybrid MoE text decoder and a Qwen3-VL-like vision tower; its head keeps the router loss, with
+    # the router settings read from the text config
+    "qwen3_5_moe": ("qwen3_5_moe", dict(text_config=dict(TINY, **_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
+                                                         shared_expert_intermediate_size=32,
+                                                         rope_parameters=dict(_ROPE3, mrope_interleaved=True,
+                                                                              partial_rotary_factor=0.5)),
+                                        **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
+                                                                           deepstack_visual_indexes=[])),
+                    "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
+                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"rms_norm": 1, "mlp": 1, "rope": 1}),
     # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
     "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
                             vision_config=dict(_VIT, model_type="clip_vision_model")),

@@ -255,9 +255,18 @@ def _module(name: str):
     return mod if mod is not None else importlib.import_module(name)
 
 
+def _moe_value(model, spec: CausalLMSpec, name: str):
+    """An MoE head's ``num_experts`` / ``num_experts_per_tok`` / ``router_aux_loss_coef``: the head's attribute, or
+    with ``spec.text_config_attrs`` the text config's (a vision-language MoE head keeps them there)."""
+    if spec.text_config_attrs:
+        return _config_value(model, name, True)
+    return getattr(model, name)
+
+
 def _router_aux_loss(model, spec: CausalLMSpec, family_module: str, router_logits, attention_mask):
     fn = getattr(_module(family_module), spec.router_aux_loss)
-    return fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)
+    return fn(router_logits, _moe_value(model, spec, "num_experts"), _moe_value(model, spec, "num_experts_per_tok"),
+              attention_mask)
 
 
 def output_class(family_module: str, name: str | tuple[str, ...]):
@@ -325,7 +334,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         if spec.router_aux_loss is not None:
             router = backbone_args.get("output_router_logits")
             if router is None:
-                router = bool(getattr(self.config, "output_router_logits", False))
+                router = bool(_config_value(self, "output_router_logits", spec.text_config_attrs))
             backbone_args["output_router_logits"] = router
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
@@ -352,7 +361,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                  if name not in ("loss", "logits", "aux_loss") and hasattr(outputs, name)}
         if router:
             aux = _router_aux_loss(self, spec, family_module, outputs.router_logits, arguments.get("attention_mask"))
-            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * aux.to(loss.device)
             extra["aux_loss"] = aux
         out = cls(loss=loss, logits=None, **extra)
         return out if return_dict else out.to_tuple()
@@ -368,7 +377,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             num_items_in_batch=arguments.get("num_items_in_batch"),
         )
         if spec.router_aux_loss is not None and getattr(out, "aux_loss", None) is not None:
-            loss = loss + self.router_aux_loss_coef * out.aux_loss.to(loss.device)
+            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * out.aux_loss.to(loss.device)
         out = type(out)(**{**{k: v for k, v in out.items()}, "loss": loss})
         return out if return_dict else out.to_tuple()
 

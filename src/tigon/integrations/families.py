@@ -96,6 +96,12 @@ GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
+def _gated_norm(cls: str, where: str) -> Unsupported:
+    """A gated RMSNorm (``norm(x) * silu(gate)``, a second input) of ``where``: no Tigon op takes the gate."""
+    return Unsupported("rms_norm", cls, f"{where}'s gated RMSNorm (norm(x) * silu(gate)): a gated rms_norm variant is "
+                       "needed")
+
+
 # Dense families added for Liger-Kernel 0.8.5's list (issue 20); each checked with tigon inspect on a tiny config.
 OLMO3 = _dense(  # OLMo 2's layout (post-attention / post-MLP norms, q_norm / k_norm over the projection) + sliding
     "olmo3", "Olmo3", norm=NormSpec("Olmo3RMSNorm", casting_mode="gemma"), pre_norm_layer=False)  # window layers
@@ -108,8 +114,7 @@ FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, l
     causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier"),
     unsupported=(Unsupported("mlp", "FalconH1MLP", "down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier "
                              "(config.mlp_multipliers): a SwiGLU variant with multipliers is needed"),
-                 Unsupported("rms_norm", "FalconH1RMSNormGated", "the Mamba mixer's gated RMSNorm (norm(x) * "
-                             "silu(gate)): a gated rms_norm variant is needed")))
+                 _gated_norm("FalconH1RMSNormGated", "the Mamba mixer")))
 
 # MoE families: experts through the _apply_gate hook, the head keeps the router loss (and aux_loss) where HF adds it.
 OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection
@@ -126,8 +131,7 @@ GPT_OSS = _moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch
 QWEN3_NEXT = _moe(  # hybrid Gated DeltaNet + attention layers; (1 + w) norms; partial rotary (0.25) in
     "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # apply_rotary_pos_emb, as GPT-NeoX's
     norm=_gemma_norm("Qwen3Next"), rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True),
-    unsupported=(Unsupported("rms_norm", "Qwen3NextRMSNormGated", "the Gated DeltaNet's gated RMSNorm (norm(x) * "
-                             "silu(gate)): a gated rms_norm variant is needed"),))
+    unsupported=(_gated_norm("Qwen3NextRMSNormGated", "the Gated DeltaNet"),))
 
 # LayerNorm families: their norms are torch.nn.LayerNorm itself (patched per model, never at class level), their
 # decoder layers are not Llama's pre-norm RMSNorm form (no fused_add_rms_norm).
@@ -224,11 +228,35 @@ MLLAMA = FamilySpec(  # Llama 3.2 Vision: self-attention layers, gated cross-att
     extra_heads=(CausalLMSpec("MllamaForConditionalGeneration",
                               output_class=(_MULTIMODAL_OUTPUT, "CausalLMOutputWithPast")),))
 
+
+def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
+    """Qwen3.5 (dense or MoE): Qwen3-Next's hybrid text decoder (Gated DeltaNet + attention layers, (1 + w) norms,
+    partial rotary) and a Qwen3-VL-like vision tower in one module; the text head and the vision-language head (its
+    MoE router settings in the text config)."""
+    moe_head = dict(output_class="MoeCausalLMOutputWithPast", router_aux_loss="load_balancing_loss_func")
+    vlm_output = (f"{prefix}CausalLMOutputWithPast",) if moe else (_MULTIMODAL_OUTPUT,)
+    return FamilySpec(
+        name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",),
+        norms=(_gemma_norm(prefix), TORCH_LAYER_NORM),
+        mlps=(MLPSpec(f"{prefix}MLP"),) + ((MLPSpec(f"{prefix}Experts", experts=True),) if moe else ())
+        + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2"),),
+        rope=RopeSpec(attention_classes=(f"{prefix}Attention",), partial_rotary=True),
+        causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", **(moe_head if moe else {})),
+        extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
+                                                                          "output_class": vlm_output},
+                                  text_config_attrs=True),),
+        unsupported=(_gated_norm(f"{prefix}RMSNormGated", "the Gated DeltaNet"),
+                     Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
+
+
+QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)
+QWEN3_5_MOE = _qwen3_5("qwen3_5_moe", "Qwen3_5Moe", moe=True)
+
 FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
     LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3,
     GPT_NEOX, PHI, STABLELM, FALCON, OLMO3, EXAONE4, HUNYUAN_V1_DENSE, MINISTRAL, NEMOTRON, FALCON_H1, OLMOE,
     HUNYUAN_V1_MOE, DEEPSEEK_V3, GPT_OSS, QWEN3_NEXT, CLIP, SIGLIP, LLAVA, PALIGEMMA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL,
-    MLLAMA)}
+    MLLAMA, QWEN3_5, QWEN3_5_MOE)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:

@@ -168,9 +168,10 @@ class CausalLMSpec:
     softcap_attr: config attribute with the final logit softcap (``final_logit_softcapping`` in Gemma 2), or None.
     logit_scale_attr: config attribute that multiplies the logits (Cohere's ``logit_scale``), or None.
     logit_divisor_attr: config attribute that divides the logits (Granite's ``logits_scaling``), or None.
-    text_config_attrs: read ``softcap_attr`` / ``logit_scale_attr`` / ``logit_divisor_attr`` from
-        ``config.get_text_config()`` (a vision-language model whose head applies its text config's softcapping, as
-        PaliGemma's does) instead of ``config``.
+    text_config_attrs: read ``softcap_attr`` / ``logit_scale_attr`` / ``logit_divisor_attr`` and the MoE router
+        settings (``output_router_logits``, ``num_experts``, ``num_experts_per_tok``, ``router_aux_loss_coef``) from
+        ``config.get_text_config()`` (a vision-language head that takes them from its text config, as PaliGemma's
+        softcapping and Qwen3.5-MoE's router loss do) instead of ``config`` and the head's attributes.
     router_aux_loss: for MoE families, the name of the family-module function computing the router
         load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
         ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
