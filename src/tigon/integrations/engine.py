@@ -6,9 +6,11 @@ instance (``patch(model)``)
     For every submodule that is an instance of a spec'd class (and does not override the replaced attribute), an
     instance attribute is set to the Tigon function bound to that module: ``forward``, or for v5 MoE experts
     modules the ``_apply_gate`` hook. Nothing outside the model changes, except the rotary function (below).
-    ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. A model of no
-    registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same machinery,
-    with per-module specs found by numerical probes instead of class names.
+    ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. Every registered
+    family whose classes the model contains is applied (a vision-language model's container, language model and
+    vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost.
+    A model of no registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same
+    machinery, with per-module specs found by numerical probes instead of class names.
 
 class (``patch("llama")``)
     The spec'd classes of the family's modeling module get ``forward`` (``_apply_gate``) replaced on the class
@@ -45,7 +47,8 @@ another rotary function instead for its configuration (DeepSeek-V3's ``apply_rot
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
 used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2, a DeepSpeed ZeRO-3 parameter; an FSDP2
 unit is read inside its hooks: :mod:`tigon.integrations.sharded_head`), activations without a kernel, non-gated MLPs
-(no Tigon op), custom losses.
+(no Tigon op), custom losses, and the classes a family declares unsupported with the reason
+(:class:`~tigon.integrations.family_spec.Unsupported`: GPT-OSS's clamped SwiGLU experts, gated RMSNorms, ...).
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
 problem (the plan is checked before anything is applied).
