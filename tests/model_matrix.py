@@ -137,7 +137,8 @@ _ROPE3 = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3,
 _QWEN_VL_IDS = dict(image_token_id=5, video_token_id=6, vision_start_token_id=4)
 _QWEN_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
                  temporal_patch_size=1)
-_VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4)
+_VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8,
+            patch_size=4)
 IMAGE_TOKEN = 5
 
 VISION_LANGUAGE = {

@@ -121,8 +121,8 @@ def test_family_loss_and_every_gradient(case):
     """The report replaces and skips exactly the expected parts, and the dry run of ``tigon inspect`` (meta device)
     decides the same entries; one training step on real text gives the original's loss and every parameter gradient
     within 1e-5 relative (fp32), MoE router losses included (``output_router_logits``), and the report counts what ran
-    (on CPU for the cases of ``model_matrix.CPU_STEP`` only, see there). Skipped where this transformers lacks the family (the
-    GPU image's 5.17 may lack the newest)."""
+    (on CPU for the cases of ``model_matrix.CPU_STEP`` only, see there). Skipped where this transformers lacks the
+    family (the GPU image's 5.17 may lack the newest)."""
     from tigon.workflows.inspect import inspect_config
 
     model_type, overrides, family, counts, skipped = GRADIENT_CASES[case]

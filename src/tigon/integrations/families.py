@@ -14,10 +14,10 @@ import sys
 
 from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
     ACTIVATIONS,
-    ADAPTERS,
-    PEFT_LORA,
-    ROPE_LAYOUTS,
-    AdapterSpec,
+    ADAPTERS,  # noqa: F401
+    PEFT_LORA,  # noqa: F401
+    ROPE_LAYOUTS,  # noqa: F401
+    AdapterSpec,  # noqa: F401
     CausalLMSpec,
     DecoderLayerSpec,
     FamilySpec,
@@ -211,7 +211,8 @@ PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; 
                            softcap_attr="final_logit_softcapping", text_config_attrs=True))
 QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp
     "qwen2_vl", "Qwen2VL", text="", norms=(NormSpec("Qwen2VLRMSNorm"), TORCH_LAYER_NORM),
-    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2")), vision_attention="VisionAttention")
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2")),
+    vision_attention="VisionAttention")
 QWEN2_5_VL = _qwen_vl(  # vision: the same RMSNorm, a gated MLP with biases (activation from its act_fn)
     "qwen2_5_vl", "Qwen2_5_VL", text="", norms=(NormSpec("Qwen2_5_VLRMSNorm"),),
     mlps=(MLPSpec("Qwen2MLP"), MLPSpec("Qwen2_5_VLMLP")), vision_attention="Qwen2_5_VLVisionAttention")

@@ -58,7 +58,8 @@ def norm_forward(spec: NormSpec, family: str, original):
             weight = getattr(self, spec.weight_attr, None)
             if spec.offset and weight is not None:
                 weight = weight + spec.offset  # Nemotron's LayerNorm1P: (1 + w), a (hidden,) add
-            return TF.layer_norm(hidden_states, weight, getattr(self, spec.bias_attr, None), getattr(self, spec.eps_attr))
+            return TF.layer_norm(hidden_states, weight, getattr(self, spec.bias_attr, None),
+                                 getattr(self, spec.eps_attr))
 
     else:
         raise ValueError(f"NormSpec.kind must be 'rms_norm' or 'layer_norm', got {spec.kind!r}")
