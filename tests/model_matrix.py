@@ -1,17 +1,22 @@
 """The test matrix of Hugging Face models: every registered family and the generic models, as tiny configs.
 
-``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per registered family plus two
-architectures the generic matcher handles; ``GENERIC`` holds more architectures of no registered family, each with
-something the engine must leave alone and say so (partial or interleaved rotary, a rotary function of another
-interface, a softcapped head, an LM head without a usable backbone attribute).
+``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per family registered before
+issue 20 plus two architectures the generic matcher handles; ``MORE_FAMILIES`` the families added for Liger-Kernel
+0.8.5's list (dense, MoE, hybrid) and ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
+image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
+holds more architectures of no registered family, each with something the engine must leave alone and say so
+(partial or interleaved rotary, a rotary function of another interface, a softcapped head, an LM head without a
+usable backbone attribute).
 
-Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``,
-and for GENERIC a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config
-(Qwen2-VL), else None. Mini models: 2 layers, hidden 64, vocab 300, fp32, eager attention.
+Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``;
+GENERIC adds a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config,
+else None; VISION_LANGUAGE has the class third. Mini models: 2 layers, hidden 64, vocab 300 (byte tokens of real
+text), fp32, eager attention; MoE models route 4 experts, top 2, with the router loss on.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -62,47 +67,156 @@ CASES = {
     # parallel attention + MLP after one norm; full rotary (Falcon derives head_dim from hidden / heads)
     "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "falcon", {"layer_norm": L + 1, "rope": L,
                                                                          "lm_head_loss": 1}, {"mlp": L}),
-    # not registered: the generic matcher, everything probed
-    "generic-ministral": ("ministral", {}, "generic", FULL, {}),
+    # not registered: the generic matcher, everything probed (dropout off: the runs must be deterministic)
+    "generic-seed_oss": ("seed_oss", dict(attention_dropout=0.0, residual_dropout=0.0), "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
     "generic-glm": ("glm", {}, "generic", {"rms_norm": 2 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
 }
 
 _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
-            v_head_dim=16, n_group=1, topk_group=1)
-
-def _deepseek_head() -> tuple[dict, dict]:
-    """(replaced, skipped) for DeepSeek-V3's LM head: transformers 5.2x return an MoE output (an aux_loss field),
-    which the generic head probe refuses; 5.17 returns CausalLMOutputWithPast, which it accepts."""
-    import transformers.models.deepseek_v3.modeling_deepseek_v3 as ds
-
-    head = {"lm_head_loss": 1}
-    return ({}, head) if hasattr(ds, "MoeCausalLMOutputWithPast") else (head, {})
-
-
-_DS_HEAD, _DS_HEAD_SKIPPED = _deepseek_head()
+            v_head_dim=16, n_group=1, topk_group=1, experts_implementation="batched_mm")
+_MOE = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm", output_router_logits=True)
+_LINEAR_ATTENTION = dict(layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+                         linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)  # Gated DeltaNet
 
 GENERIC = {
-    # the vision tower's rotary function is another interface: left alone, said so
-    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters={
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)),
-        "generic", FULL, {"rope": 1}, "Qwen2VLForConditionalGeneration"),
     # layer 0 has activation sparsity (its MLP is not a plain gated MLP), layer 1 not; softcapped head
     "gemma3n": ("gemma3n_text", dict(num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"],
                                      activation_sparsity_pattern=[0.95, 0.0], vocab_size_per_layer_input=V,
                                      hidden_size_per_layer_input=16, laurel_rank=8),
                 "generic", {"rms_norm": 20, "mlp": 1}, {"rope": 1, "mlp": 1, "lm_head_loss": 1}, None),
-    # rope_interleave (the default): the attention calls apply_rotary_pos_emb_interleave, not apply_rotary_pos_emb
-    "deepseek_v3": ("deepseek_v3", dict(_MLA, rope_interleave=True), "generic", {"rms_norm": 7, "mlp": L, **_DS_HEAD},
-                    {"rope": L, **_DS_HEAD_SKIPPED}, None),
-    "deepseek_v3-rotate_half": ("deepseek_v3", dict(_MLA, rope_interleave=False), "generic",
-                                {"rms_norm": 7, "mlp": L, "rope": L, **_DS_HEAD}, _DS_HEAD_SKIPPED, None),
     # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
     "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
                {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
 }
+
+
+MORE_FAMILIES = {
+    # families declared for Liger-Kernel 0.8.5's list (issue 20); tests/test_families.py checks loss and every gradient
+    # of one step against the original (fp32, 1e-5), that the ops the report declares ran, and the dry run
+    "olmo3": ("olmo3", {}, "olmo3", QK_NORMS, {}),
+    # under a sliding window only the sliding layers apply rotary: the full-attention layer is NoPE (a note)
+    "exaone4": ("exaone4", dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]), "exaone4",
+                {**QK_NORMS, "rope": 1}, {}),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", {}, "hunyuan_v1_dense", {**QK_NORMS, **ADD}, {}),
+    "ministral": ("ministral", {}, "ministral", {**FULL, **ADD}, {}),
+    # LayerNorm1P (1 + w), partial rotary 0.5; the relu2 MLP is non-gated
+    "nemotron": ("nemotron", {}, "nemotron", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # logits * lm_head_multiplier; the MLP's multipliers need a kernel variant (skipped); small Mamba-2 mixers
+    "falcon_h1": ("falcon_h1", dict(lm_head_multiplier=0.5, mlp_multipliers=[1.5, 0.5], mamba_d_ssm=32,
+                                    mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
+                  "falcon_h1", {"rms_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # MoE: the router load-balancing loss (output_router_logits) stays in the fused loss
+    "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
+                       {**QK_NORMS, **ADD, "mlp": 2 * L}, {}),  # shared MLP + experts per layer
+    # clamped SwiGLU experts and half-width rotary need kernel variants: skipped with the reason
+    "gpt_oss": ("gpt_oss", dict(_MOE, num_local_experts=4), "gpt_oss", {"rms_norm": 2 * L + 1, "lm_head_loss": 1},
+                {"rope": 1, "mlp": L}),
+    # layer 0 dense, layer 1 MoE (experts + shared expert); MLA: rotary on the rope slice
+    "deepseek_v3": ("deepseek_v3", dict(_MLA, rope_interleave=False), "deepseek_v3",
+                    {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD}, {}),
+    # rope_interleave (the default): the attention calls apply_rotary_pos_emb_interleave, not apply_rotary_pos_emb
+    "deepseek_v3-interleave": ("deepseek_v3", dict(_MLA, rope_interleave=True), "deepseek_v3",
+                               {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD}, {"rope": L}),
+    # layer 0 Gated DeltaNet (its gated RMSNorm skipped) with a dense MLP, layer 1 attention (partial rotary) + MoE
+    "qwen3_next": ("qwen3_next", dict(_MOE, **_LINEAR_ATTENTION, mlp_only_layers=[0], moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=32), "qwen3_next",
+                   {"rms_norm": 7, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+    # Qwen3.5 (dense, MoE): Qwen3-Next's hybrid text decoder (see there); their vision-language form below
+    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 7, "mlp": L, "rope": 1, "lm_head_loss": 1},
+                {"rms_norm": 1}),
+    "qwen3_5_moe": ("qwen3_5_moe_text", dict(_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=32), "qwen3_5_moe",
+                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+}
+
+
+_ROPE3 = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # mRoPE sections of head_dim 16
+_QWEN_VL_IDS = dict(image_token_id=5, video_token_id=6, vision_start_token_id=4)
+_QWEN_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
+                 temporal_patch_size=1)
+_VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8,
+            patch_size=4)
+IMAGE_TOKEN = 5
+
+VISION_LANGUAGE = {
+    # vision-language models (not AutoModelForCausalLM: built from their class): the text tower, the vision tower's
+    # norms and MLPs, the LM head of the conditional-generation class; one 8x8 image (or 2x2 patches) with its image
+    # tokens among the text. Entry: (model_type, config overrides, class, family, replaced counts, skipped counts).
+    # Qwen-VL: the text rotary runs on cos / sin already assembled from the mRoPE sections; the vision rotary is
+    # another interface (skipped); vision MLPs non-gated (Qwen2-VL, Qwen3-VL) or gated (Qwen2.5-VL)
+    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS, vision_config=dict(
+        depth=1, embed_dim=32, num_heads=2, hidden_size=64, patch_size=2, temporal_patch_size=1)),
+        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, "layer_norm": 2 + 1}, {"mlp": 1, "rope": 1}),
+    "qwen2_5_vl": ("qwen2_5_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS,
+                                      vision_config=dict(_QWEN_VIS, fullatt_block_indexes=[0])),
+                   "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3,
+                                                                         "mlp": L + 1}, {"rope": 1}),
+    "qwen3_vl": ("qwen3_vl", dict(text_config=dict(TINY, rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
+                                  **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
+                                                                     deepstack_visual_indexes=[0])),
+                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4},
+                 {"mlp": 1, "rope": 1}),
+    # Qwen3.5-MoE: the hybrid MoE text decoder and a Qwen3-VL-like vision tower; its head keeps the router loss, with
+    # the router settings read from the text config
+    "qwen3_5_moe": ("qwen3_5_moe", dict(text_config=dict(TINY, **_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
+                                                         shared_expert_intermediate_size=32,
+                                                         rope_parameters=dict(_ROPE3, mrope_interleaved=True,
+                                                                              partial_rotary_factor=0.5)),
+                                        **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
+                                                                           deepstack_visual_indexes=[])),
+                    "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
+                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"rms_norm": 1, "mlp": 1, "rope": 1}),
+    # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
+    "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
+                            vision_config=dict(_VIT, model_type="clip_vision_model")),
+              "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+    # Gemma language model, SigLIP vision tower (its pooling head's LayerNorm and MLP too)
+    "paligemma": ("paligemma", dict(text_config=dict(TINY, model_type="gemma"), image_token_id=IMAGE_TOKEN,
+                                    projection_dim=64, vision_config=dict(_VIT, model_type="siglip_vision_model",
+                                                                          projection_dim=64)),
+                  "PaliGemmaForConditionalGeneration", "paligemma", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+    # the projector's soft-embedding RMSNorm beside the text tower's; SigLIP vision tower
+    "gemma3": ("gemma3", dict(text_config=dict(TINY, model_type="gemma3_text"), image_token_id=IMAGE_TOKEN,
+                              mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4,
+                              vision_config=dict(_VIT, model_type="siglip_vision_model", patch_size=2)),
+               "Gemma3ForConditionalGeneration", "gemma3", {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4},
+               {"mlp": 2}),
+    # layer 1 is a cross-attention layer (its q / k norms; no rotary); LayerNorm ViT with a global transformer
+    "mllama": ("mllama", dict(text_config=dict(TINY, cross_attention_layers=[1]), image_token_index=IMAGE_TOKEN,
+                              vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_global_layers=1, attention_heads=2, image_size=8, patch_size=4,
+                                                 max_num_tiles=1, vision_output_dim=64, intermediate_layers_indices=[0],
+                                                 supported_aspect_ratios=[[1, 1]])),
+               "MllamaForConditionalGeneration", "mllama", {**FULL, "rms_norm": 2 * L + 3, "rope": 1, "layer_norm": 6},
+               {"mlp": 2}),
+}
+
+
+def image_inputs(case: str, seq: int = 10) -> dict:
+    """``input_ids`` (text tokens 8..249 from a fixed seed, with the image's tokens) and the image inputs for a
+    VISION_LANGUAGE case: one random image in the layout its model takes."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(8, 250, (1, seq), generator=gen)
+    model_type = VISION_LANGUAGE[case][0]
+    if model_type.startswith("qwen"):  # 2x2 patches of 2x2 pixels, merged into one image token after a vision start
+        ids[0, 2], ids[0, 3] = 4, IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(4, 3 * 2 * 2, generator=gen), image_grid_thw=torch.tensor([[1, 2, 2]]))
+        cls = getattr(transformers, VISION_LANGUAGE[case][2])
+        if "mm_token_type_ids" in inspect.signature(cls.forward).parameters:  # transformers 5.2x: 1 marks an image
+            out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
+    elif model_type == "mllama":  # one tile; the image token is attended by the cross-attention layer
+        ids[0, 1] = IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(1, 1, 1, 3, 8, 8, generator=gen), aspect_ratio_ids=torch.tensor([[1]]),
+                   aspect_ratio_mask=torch.ones(1, 1, 1, dtype=torch.long),
+                   cross_attention_mask=torch.ones(1, seq, 1, 1, dtype=torch.long))
+    else:  # one 8x8 image -> 4 image tokens (llava, paligemma: 4x4 patches; gemma3: 4 tokens per image)
+        ids[0, 1:5] = IMAGE_TOKEN
+        out = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=gen))
+    return {k: v.to(DEVICE) for k, v in {"input_ids": ids, **out}.items()}
 
 
 LAYER_NORM_VARIANTS = {
@@ -126,6 +240,29 @@ LAYER_NORM_VARIANTS = {
     "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
                      {"mlp": L}),
 }
+LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
+"""The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
+
+
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "qwen3_next", "qwen2_vl", "llava", "paligemma"}
+"""MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
+against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts,
+partial rotary with a hybrid decoder, one-module and multi-family vision-language models, the text config's
+softcap). The others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
+
+
+def check_step(case: str) -> bool:
+    """Whether the test of ``case`` runs its training step here (see :data:`CPU_STEP`)."""
+    return DEVICE == "cuda" or case in CPU_STEP or os.environ.get("TIGON_FAMILY_ALL") == "1" or case in LAYER_NORM
+
+
+def require_family(model_type: str) -> None:
+    """Skip the calling test when the installed transformers has no ``model_type`` (the GPU image's transformers 5.17
+    may lack families newer than it)."""
+    import pytest
+
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type!r} models")
 
 
 def config(model_type: str, overrides: dict):

@@ -74,7 +74,7 @@ def test_run_inspect_raises_config_error(tmp_path):
 def test_inspect_generic_family_on_meta(tmp_path):
     # A family without a spec goes through the generic matcher, whose probes cannot run on the meta device: modules
     # are probed on CPU stand-ins, the LM head on a stand-in of the causal-LM module (random hidden states).
-    cfg = {"architectures": ["MinistralForCausalLM"], "model_type": "ministral", "hidden_size": 64,
+    cfg = {"architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss", "hidden_size": 64,
            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 16, "vocab_size": 300}
     (tmp_path / "config.json").write_text(json.dumps(cfg))

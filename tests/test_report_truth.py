@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
-from model_matrix import CASES, GENERIC, assert_report_runs, build, config  # noqa: E402
+from model_matrix import CASES, GENERIC, MORE_FAMILIES, assert_report_runs, build, config  # noqa: E402
 from tigon import support  # noqa: E402
 from tigon.integrations import patched_state  # noqa: E402
 from tigon.integrations.engine import release_unused  # noqa: E402
@@ -79,7 +79,7 @@ def test_generic_report_counts_what_runs(case):
 
 def test_interleaved_rotary_is_skipped_with_the_reason():
     """DeepSeek-V3 with rope_interleave: the attention never calls apply_rotary_pos_emb, so rope is not counted."""
-    model_type, overrides, *_ = GENERIC["deepseek_v3"]
+    model_type, overrides, *_ = MORE_FAMILIES["deepseek_v3-interleave"]
     report = tigon.patch(build(model_type, overrides))
     reasons = {e.detail for e in report.skipped if e.kind == "rope"}
     assert len(reasons) == 1

@@ -27,6 +27,7 @@ from .families import (
     MLPSpec,
     NormSpec,
     RopeSpec,
+    Unsupported,
     family_by_name,
     register_family,
 )
@@ -34,7 +35,8 @@ from .report import PatchEntry, PatchReport
 
 __all__ = [
     "patch", "unpatch", "PatchReport", "PatchEntry", "patched_state",
-    "FamilySpec", "NormSpec", "MLPSpec", "RopeSpec", "CausalLMSpec", "DecoderLayerSpec", "FAMILIES", "ACTIVATIONS",
+    "FamilySpec", "NormSpec", "MLPSpec", "RopeSpec", "CausalLMSpec", "DecoderLayerSpec", "Unsupported", "FAMILIES",
+    "ACTIVATIONS",
     "register_family", "family_by_name", "generic_matches",
     "causal_lm_loss", "causal_lm_loss_from_logits", "shifted_targets", "slice_to_keep",
 ]

@@ -224,14 +224,20 @@ def _warn_once(family: str, why: str) -> None:
         warnings.warn(f"tigon ({family}): fused LM-head loss not used, {why}", stacklevel=4)
 
 
-def _config_value(model, attr: str | None):
-    return None if attr is None else getattr(getattr(model, "config", None), attr, None)
+def _config_value(model, attr: str | None, text: bool = False):
+    """``model.config.<attr>`` (of ``config.get_text_config()`` with ``text``), None when absent or ``attr`` is None."""
+    if attr is None:
+        return None
+    config = getattr(model, "config", None)
+    if text and config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, attr, None)
 
 
 def _logit_scale(model, spec: CausalLMSpec) -> float:
     scale = 1.0
-    mult = _config_value(model, spec.logit_scale_attr)
-    div = _config_value(model, spec.logit_divisor_attr)
+    mult = _config_value(model, spec.logit_scale_attr, spec.text_config_attrs)
+    div = _config_value(model, spec.logit_divisor_attr, spec.text_config_attrs)
     if mult is not None:
         scale *= float(mult)
     if div is not None:
@@ -249,17 +255,34 @@ def _module(name: str):
     return mod if mod is not None else importlib.import_module(name)
 
 
+def _moe_value(model, spec: CausalLMSpec, name: str):
+    """An MoE head's ``num_experts`` / ``num_experts_per_tok`` / ``router_aux_loss_coef``: the head's attribute, or
+    with ``spec.text_config_attrs`` the text config's (a vision-language MoE head keeps them there)."""
+    if spec.text_config_attrs:
+        return _config_value(model, name, True)
+    return getattr(model, name)
+
+
 def _router_aux_loss(model, spec: CausalLMSpec, family_module: str, router_logits, attention_mask):
     fn = getattr(_module(family_module), spec.router_aux_loss)
-    return fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)
+    return fn(router_logits, _moe_value(model, spec, "num_experts"), _moe_value(model, spec, "num_experts_per_tok"),
+              attention_mask)
 
 
-def output_class(family_module: str, name: str):
-    """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``."""
-    cls = getattr(_module(family_module), name, None)
-    if cls is None:
-        cls = getattr(_module("transformers.modeling_outputs"), name)
-    return cls
+def output_class(family_module: str, name: str | tuple[str, ...]):
+    """The ModelOutput class ``name`` from the family module, else from ``transformers.modeling_outputs``; for a tuple
+    of names (one per transformers version), the first that exists.
+
+    Raises:
+        AttributeError: none of the names exists in either module.
+    """
+    names = (name,) if isinstance(name, str) else name
+    for where in (_module(family_module), _module("transformers.modeling_outputs")):
+        for n in names:
+            cls = getattr(where, n, None)
+            if cls is not None:
+                return cls
+    raise AttributeError(f"no output class {' / '.join(names)} in {family_module} or transformers.modeling_outputs")
 
 
 def _return_dict(model, arguments: dict) -> bool:
@@ -311,7 +334,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         if spec.router_aux_loss is not None:
             router = backbone_args.get("output_router_logits")
             if router is None:
-                router = bool(getattr(self.config, "output_router_logits", False))
+                router = bool(_config_value(self, "output_router_logits", spec.text_config_attrs))
             backbone_args["output_router_logits"] = router
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
@@ -325,7 +348,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                 shift_labels=arguments.get("shift_labels"),
                 ignore_index=arguments.get("ignore_index", -100),
                 num_items_in_batch=arguments.get("num_items_in_batch"),
-                softcap=_config_value(self, spec.softcap_attr),
+                softcap=_config_value(self, spec.softcap_attr, spec.text_config_attrs),
                 logit_scale=_logit_scale(self, spec),
                 flce_options=dict(flce_options),
             )
@@ -338,7 +361,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                  if name not in ("loss", "logits", "aux_loss") and hasattr(outputs, name)}
         if router:
             aux = _router_aux_loss(self, spec, family_module, outputs.router_logits, arguments.get("attention_mask"))
-            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * aux.to(loss.device)
             extra["aux_loss"] = aux
         out = cls(loss=loss, logits=None, **extra)
         return out if return_dict else out.to_tuple()
@@ -354,7 +377,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             num_items_in_batch=arguments.get("num_items_in_batch"),
         )
         if spec.router_aux_loss is not None and getattr(out, "aux_loss", None) is not None:
-            loss = loss + self.router_aux_loss_coef * out.aux_loss.to(loss.device)
+            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * out.aux_loss.to(loss.device)
         out = type(out)(**{**{k: v for k, v in out.items()}, "loss": loss})
         return out if return_dict else out.to_tuple()
 

@@ -70,7 +70,12 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             actions.append(Action(PatchEntry("rope", target, f"tigon.functional.rope for every model of the family "
                                               f"({partial})", ("rope",)),
                                    class_rope_apply(spec, mod)))
-    note_residual_adds(spec, enabled, report)
+    if spec.heads and spec.rope is None and not spec.decoder_layers:  # a container (Llava, PaliGemma)
+        report.notes.append(f"{spec.name}: its language model and vision tower are classes of other families; a "
+                            "class-level patch of this family leaves them alone (patch those families by name too, "
+                            "or patch a built model: tigon.patch(model) applies every family it contains)")
+    else:
+        note_residual_adds(spec, enabled, report)
     return actions
 
 

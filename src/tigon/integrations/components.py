@@ -12,7 +12,7 @@ import importlib
 from . import forwards as fw
 from . import lora
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
-from .families import FamilySpec
+from .families import ROPE_LAYOUTS, FamilySpec, Unsupported
 
 
 def attr(comp) -> str:
@@ -34,7 +34,10 @@ def resolve_class(mod, name: str):
 
 def class_level_problem(kind: str, comp, cls: type) -> str | None:
     """Why a class-level patch leaves the class ``cls`` of a component alone (None when it patches it): a shared
-    class outside the family's modeling module (a dotted name in the spec), or a non-gated MLP."""
+    class outside the family's modeling module (a dotted name in the spec), a non-gated MLP, or a class the family
+    declares unsupported (:class:`~tigon.integrations.family_spec.Unsupported`: its reason)."""
+    if isinstance(comp, Unsupported):
+        return comp.reason
     if "." in getattr(comp, "cls", ""):
         return (f"{cls.__module__}.{cls.__qualname__} is not the family's own class (every model uses it): a "
                 "class-level patch never changes it; patch a built model (tigon.patch(model)) to replace its "
@@ -45,7 +48,8 @@ def class_level_problem(kind: str, comp, cls: type) -> str | None:
 
 
 def components(spec: FamilySpec, enabled: dict[str, bool]):
-    """(kind, class name, component spec) for each enabled class-based part of the spec."""
+    """(kind, class name, component spec) for each enabled class-based part of the spec, the classes it declares
+    unsupported (:class:`~tigon.integrations.family_spec.Unsupported`, reported as skipped) last."""
     out = []
     for ns in spec.norms:
         out.append((ns.kind, ns.cls, ns))
@@ -53,8 +57,10 @@ def components(spec: FamilySpec, enabled: dict[str, bool]):
         out.append(("mlp", ms.cls, ms))
     for ds in spec.decoder_layers:
         out.append(("fused_add_rms_norm", ds.cls, ds))
-    if spec.causal_lm is not None:
-        out.append(("lm_head_loss", spec.causal_lm.cls, spec.causal_lm))
+    for hs in spec.heads:
+        out.append(("lm_head_loss", hs.cls, hs))
+    for us in spec.unsupported:
+        out.append((us.kind, us.cls, us))
     return [c for c in out if enabled[c[0]]]
 
 
@@ -78,7 +84,7 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "rms_norm":
         return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
     if kind == "layer_norm":
-        return "tigon.functional.layer_norm"
+        return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
         return fw.describe_mlp(module, comp)
     if kind == "fused_add_rms_norm":
@@ -141,8 +147,8 @@ def rope_off(comp, config) -> bool:
 def rope_problem(spec: FamilySpec, mod) -> str | None:
     """Why the family's rotary function (in its modeling module ``mod``) cannot be routed to Tigon, or None."""
     if spec.rope.layout != "rotate_half":
-        return (f"layout {spec.rope.layout!r} is not supported (tigon.functional.rope is rotate-half over the full "
-                "head dim); the family's rotary function is left alone")
+        why = ROPE_LAYOUTS.get(spec.rope.layout, "tigon.functional.rope is rotate-half over the rotated dims")
+        return f"layout {spec.rope.layout!r} is not supported ({why}); the family's rotary function is left alone"
     if not callable(getattr(mod, spec.rope.function, None)):
         return "function not found in this transformers"
     return None

@@ -6,9 +6,11 @@ instance (``patch(model)``)
     For every submodule that is an instance of a spec'd class (and does not override the replaced attribute), an
     instance attribute is set to the Tigon function bound to that module: ``forward``, or for v5 MoE experts
     modules the ``_apply_gate`` hook. Nothing outside the model changes, except the rotary function (below).
-    ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. A model of no
-    registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same machinery,
-    with per-module specs found by numerical probes instead of class names.
+    ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. Every registered
+    family whose classes the model contains is applied (a vision-language model's container, language model and
+    vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost.
+    A model of no registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same
+    machinery, with per-module specs found by numerical probes instead of class names.
 
 class (``patch("llama")``)
     The spec'd classes of the family's modeling module get ``forward`` (``_apply_gate``) replaced on the class
@@ -45,7 +47,8 @@ another rotary function instead for its configuration (DeepSeek-V3's ``apply_rot
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
 used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2, a DeepSpeed ZeRO-3 parameter; an FSDP2
 unit is read inside its hooks: :mod:`tigon.integrations.sharded_head`), activations without a kernel, non-gated MLPs
-(no Tigon op), custom losses.
+(no Tigon op), custom losses, and the classes a family declares unsupported with the reason
+(:class:`~tigon.integrations.family_spec.Unsupported`: GPT-OSS's clamped SwiGLU experts, gated RMSNorms, ...).
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
 problem (the plan is checked before anything is applied).
@@ -64,7 +67,7 @@ from . import forwards as fw
 from . import persist
 from . import rotary_calls
 from .causal_lm import check_accum_dtype, flce_options
-from .families import FAMILIES, FamilySpec, family_by_module, family_by_name
+from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
@@ -116,7 +119,8 @@ def _family_matches(model: torch.nn.Module, spec: FamilySpec, enabled: dict, rep
     for path, m in model.named_modules():
         hit = next(((k, c, comp) for k, c, comp in classes if isinstance(m, c)), None)
         if hit is not None:
-            matches.append((path, m, Match(hit[0], hit[1], hit[2], spec.module)))
+            why = hit[2].reason if isinstance(hit[2], Unsupported) else None
+            matches.append((path, m, Match(hit[0], hit[1], hit[2], spec.module, why)))
             continue
         cls = next((c for c in attn_classes if isinstance(m, c)), None)
         if cls is not None:
@@ -157,6 +161,10 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             if comp.enabled_attr is not None and not getattr(m, comp.enabled_attr, True):
                 no_rope += 1
                 continue
+            config = getattr(m, "config", None)
+            if components.rope_off(comp, config):
+                rope_off[comp.off_config_attr] = rope_off.get(comp.off_config_attr, 0) + 1
+                continue
             reached = rotary_calls.reach(m, comp.function)
             if reached is not None and comp.function not in reached.called:
                 if not reached.called:  # a NoPE layer: no rotary call at all
@@ -166,10 +174,6 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 report.skipped.append(PatchEntry(kind, target, (
                     f"{type(m).__name__}.forward calls {', '.join(sorted(reached.called))} here, not "
                     f"{comp.function} ({why}); tigon.functional.rope replaces only {comp.function}, left alone")))
-                continue
-            config = getattr(m, "config", None)
-            if components.rope_off(comp, config):
-                rope_off[comp.off_config_attr] = rope_off.get(comp.off_config_attr, 0) + 1
                 continue
             factor = components.partial_rotary_factor(config)
             if factor < 1.0 and not comp.partial_rotary:
@@ -214,17 +218,45 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
 
 def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport,
                    forced: bool = False):
-    matches, wanted = _family_matches(model, spec, enabled, report)
-    if forced and not matches and any(enabled.values()):
-        raise TypeError(f"tigon.patch: family {spec.name!r} matched nothing in {type(model).__name__} (from "
-                        f"{type(model).__module__}): none of its module classes is in it; leave family= unset to "
-                        "detect the family, or use family='generic'")
-    actions = _plan_matches(matches, spec.name, opts, report)
-    seen = {mt.kind for _, _, mt in matches}
+    """The actions of an instance-level patch with ``spec`` and, unless ``forced`` (``family=`` given), of every other
+    registered family whose classes the model contains (the towers of a vision-language model: the language model's
+    family, the vision encoder's). Each module is matched by the first family that claims it."""
+    specs = [spec] if forced else [spec] + [s for s in _find_families(model) if s is not spec]
+    seen_modules: set[int] = set()
+    actions, seen, wanted = [], set(), set()
+    for sp in specs:
+        matches, want = _family_matches(model, sp, enabled, report)
+        matches = [mt for mt in matches if id(mt[1]) not in seen_modules]
+        seen_modules.update(id(mt[1]) for mt in matches)
+        if forced and not matches and any(enabled.values()):
+            raise TypeError(f"tigon.patch: family {sp.name!r} matched nothing in {type(model).__name__} (from "
+                            f"{type(model).__module__}): none of its module classes is in it; leave family= unset "
+                            "to detect the family, or use family='generic'")
+        actions += _plan_matches(matches, sp.name, opts, report)
+        seen |= {mt.kind for _, _, mt in matches}
+        wanted |= want
+        if sp.rope is not None or sp.decoder_layers:  # no residual-add note for vision towers / containers
+            note_residual_adds(sp, enabled, report)
     for kind in sorted(wanted - seen):
         report.notes.append(f"{kind}: no matching module in this model")
-    note_residual_adds(spec, enabled, report)
+    if len(specs) > 1:
+        where = {sp.name: _family_paths(model, sp) for sp in specs}
+        report.notes.append("families: " + "; ".join(f"{name} ({', '.join(paths) or 'no module'})"
+                                                     for name, paths in where.items()))
     return actions
+
+
+def _family_paths(model: torch.nn.Module, spec: FamilySpec, limit: int = 3) -> list[str]:
+    """The outermost module paths of ``model`` whose classes come from the family's modeling module (at most
+    ``limit``; ``"(root)"`` for the model itself)."""
+    paths: list[str] = []
+    for path, m in model.named_modules():
+        if type(m).__module__ != spec.module or "" in paths or any(path.startswith(p + ".") for p in paths):
+            continue
+        paths.append(path)
+        if len(paths) == limit:
+            break
+    return [p or "(root)" for p in paths]
 
 
 def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: PatchReport):
@@ -252,12 +284,19 @@ def _rope_instance_apply(module, fn, rope: RopeTarget):
 
 
 # ---- public entry points ---------------------------------------------------------------------------------------
-def _find_family(model: torch.nn.Module) -> FamilySpec | None:
+def _find_families(model: torch.nn.Module) -> list[FamilySpec]:
+    """The registered families whose classes ``model`` contains, in module order (the model's own first)."""
+    found: list[FamilySpec] = []
     for m in model.modules():
         spec = family_by_module(type(m).__module__)
-        if spec is not None:
-            return spec
-    return None
+        if spec is not None and spec not in found:
+            found.append(spec)
+    return found
+
+
+def _find_family(model: torch.nn.Module) -> FamilySpec | None:
+    """The family of the outermost module of a registered family (the model's family), or None."""
+    return next(iter(_find_families(model)), None)
 
 
 def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | None, str]:

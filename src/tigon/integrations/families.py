@@ -11,249 +11,42 @@ Nothing here imports transformers: specs are strings until the engine resolves t
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class NormSpec:
-    """A normalisation class whose ``forward`` becomes a Tigon op.
-
-    cls: class name in the family module, or the dotted name of a shared class outside it (``"torch.nn.LayerNorm"``,
-        what GPT-NeoX, phi, StableLM and Falcon use). A shared class is patched per model only (instance level:
-        its instances inside a model of the family); a class-level patch leaves it alone and says so, because
-        Tigon never changes ``torch.nn`` or classes other models use.
-    kind: ``"rms_norm"`` (:func:`tigon.functional.rms_norm`) or ``"layer_norm"`` (:func:`tigon.functional.layer_norm`).
-    casting_mode, offset: passed to rms_norm (``"llama"``/0.0 for Llama; ``"gemma"``/1.0 for Gemma's ``1 + w``).
-    eps_attr: the instance attribute holding epsilon (``variance_epsilon`` in Llama, ``eps`` in Gemma and
-        ``torch.nn.LayerNorm``).
-    weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
-    """
-
-    cls: str
-    kind: str = "rms_norm"
-    casting_mode: str = "llama"
-    offset: float = 0.0
-    eps_attr: str = "variance_epsilon"
-    weight_attr: str = "weight"
-    bias_attr: str = "bias"
-
-
-@dataclass(frozen=True)
-class MLPSpec:
-    """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu.
-
-    A non-gated MLP ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon: ``gate=None``) is declared so that the report names
-    it, and is left alone: Tigon's MLP ops are gated, and a lone GELU is one elementwise pass that PyTorch already
-    runs as one kernel (nothing to fuse it with that a kernel of Tigon's would save).
-
-    cls: class name in the family module.
-    act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
-        use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
-    activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
-        matcher sets it from its numerical probe.
-    gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
-        ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
-    gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
-        when set, ``gate`` and ``up`` are not used and the kernel reads the two halves in place.
-    experts: the class is a Hugging Face v5 MoE experts module (``@use_experts_implementation``: 3-D
-        ``gate_up_proj`` / ``down_proj`` parameters). Its expert loop is not replaced; its ``_apply_gate(gate_up_out)``
-        hook (``act(gate) * up`` on the chunked halves, called by the ``grouped_mm`` / ``batched_mm`` experts
-        implementations) becomes swiglu / geglu. The ``eager`` experts implementation computes ``act(gate) * up``
-        inline and is left alone (reported).
-    """
-
-    cls: str
-    act_config_attr: str = "hidden_act"
-    activation: str | None = None
-    gate: str = "gate_proj"
-    up: str = "up_proj"
-    down: str = "down_proj"
-    gate_up: str | None = None
-    experts: bool = False
-
-    @property
-    def gated(self) -> bool:
-        """Whether the MLP is gated (``gate`` or ``gate_up`` set): only gated MLPs have a Tigon op."""
-        return self.gate is not None or self.gate_up is not None
-
-    @property
-    def patch_attr(self) -> str:
-        """The attribute the engine replaces: ``"_apply_gate"`` for experts modules, else ``"forward"``."""
-        return "_apply_gate" if self.experts else "forward"
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """The module-global rotary function called by the family's attention classes.
-
-    function: its name in the family module (``apply_rotary_pos_emb``); signature ``(q, k, cos, sin, unsqueeze_dim=1)``.
-    layout: ``"rotate_half"`` (HF/NeoX halves over the full head dimension, what :func:`tigon.functional.rope`
-        implements); anything else (e.g. ``"interleaved"``, GLM's pairs of neighbours) is reported as unsupported
-        and the family's rotary function is left alone.
-    attention_classes: the classes whose forward calls ``function``; at instance level the rotary kernel is
-        enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
-    enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
-        ``use_rope``; its NoPE layers have it False and are left alone), or None when every layer does.
-    off_config_attr: a config attribute that, when true, replaces rotary in the whole model (Falcon's ``alibi``:
-        ALiBi biases, no rotary call); such models have no rotary to patch (noted), or None.
-    partial_rotary: the family's code handles partial rotary (``partial_rotary_factor`` / ``rotary_pct`` below 1:
-        only the first ``rotary_dim`` dims of each head are rotated) in a way :func:`tigon.functional.rope`
-        reproduces: its rotary function rotates the first ``cos.shape[-1]`` dims and passes the rest (GPT-NeoX), or
-        its attention passes only the rotated slice of q and k to it (phi, StableLM). Then partial-rotary models are
-        patched, and the dispatcher sends calls with cos / sin narrower than the head to Tigon (which rotates the
-        first ``cos.shape[-1]`` dims, passing the rest). False: partial rotary is refused per model at instance
-        level, and at class level the dispatcher runs the original function for any call whose cos / sin do not
-        span the full head dim.
-    """
-
-    function: str = "apply_rotary_pos_emb"
-    layout: str = "rotate_half"
-    attention_classes: tuple[str, ...] = ()
-    enabled_attr: str | None = None
-    off_config_attr: str | None = None
-    partial_rotary: bool = False
-
-
-@dataclass(frozen=True)
-class DecoderLayerSpec:
-    """A pre-norm decoder layer whose first residual add runs fused with the norm after it.
-
-    The layer's ``forward`` must be exactly Hugging Face Llama's (checked against its source at patch time, see
-    :func:`tigon.integrations.forwards.decoder_layer_problem`)::
-
-        residual = hidden_states
-        hidden_states = self.<input_norm>(hidden_states)
-        hidden_states, _ = self.<attention>(hidden_states=hidden_states, <every other argument by name>)
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.<post_norm>(hidden_states)
-        hidden_states = self.<mlp>(hidden_states)
-        hidden_states = residual + hidden_states
-        return hidden_states
-
-    The patched forward computes the add and ``post_norm`` as one :func:`tigon.functional.fused_add_rms_norm`
-    (with the post norm's own weight and epsilon): one pass over the hidden states instead of two.
-
-    cls: class name in the family module. norm: the :class:`NormSpec` of ``post_norm`` (casting mode, offset,
-    weight / epsilon attributes). input_norm, attention, post_norm, mlp: attribute names of the four parts.
-    """
-
-    cls: str
-    norm: NormSpec
-    input_norm: str = "input_layernorm"
-    attention: str = "self_attn"
-    post_norm: str = "post_attention_layernorm"
-    mlp: str = "mlp"
-
-
-@dataclass(frozen=True)
-class CausalLMSpec:
-    """The causal-LM class whose forward gets the fused LM head + loss in training.
-
-    cls: class name in the family module.
-    backbone, lm_head: attribute names of the decoder (called with every forward argument except
-        ``head_only_args`` and ``return_dict``) and of the output projection (an ``nn.Linear``).
-    older_lm_head: the output projection's name in older transformers, used when the model has no ``lm_head``
-        attribute (GPT-NeoX's ``embed_out``, renamed ``lm_head`` in transformers 5.2x), or None.
-    output_class: the ModelOutput class the original forward returns (looked up in the family module first,
-        then in ``transformers.modeling_outputs``).
-    head_only_args: forward arguments consumed by the head/loss and not passed to the backbone.
-    softcap_attr: config attribute with the final logit softcap (``final_logit_softcapping`` in Gemma 2), or None.
-    logit_scale_attr: config attribute that multiplies the logits (Cohere's ``logit_scale``), or None.
-    logit_divisor_attr: config attribute that divides the logits (Granite's ``logits_scaling``), or None.
-    router_aux_loss: for MoE families, the name of the family-module function computing the router
-        load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
-        ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
-        ``model.router_aux_loss_coef`` and returned as ``aux_loss``. None for dense families.
-    """
-
-    cls: str
-    backbone: str = "model"
-    lm_head: str = "lm_head"
-    output_class: str = "CausalLMOutputWithPast"
-    head_only_args: tuple[str, ...] = ("labels", "logits_to_keep")
-    softcap_attr: str | None = None
-    logit_scale_attr: str | None = None
-    logit_divisor_attr: str | None = None
-    router_aux_loss: str | None = None
-    older_lm_head: str | None = None
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    """Everything Tigon replaces in one model family.
-
-    name: the family name accepted by :func:`tigon.patch` (``"llama"``); aliases: other accepted names.
-    module: the modeling module (``"transformers.models.llama.modeling_llama"``); models are matched to a family
-        by the module of their submodules' classes.
-    norms, mlps, rope, causal_lm, decoder_layers: the parts above; empty / None where the family has no such part
-        (decoder_layers: only families whose layer is Llama's pre-norm form, see :class:`DecoderLayerSpec`).
-    """
-
-    name: str
-    module: str
-    norms: tuple[NormSpec, ...] = ()
-    mlps: tuple[MLPSpec, ...] = ()
-    rope: RopeSpec | None = None
-    causal_lm: CausalLMSpec | None = None
-    aliases: tuple[str, ...] = ()
-    decoder_layers: tuple[DecoderLayerSpec, ...] = ()
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """An adapter library's layer class whose ``forward`` becomes a Tigon op, in any model that contains it.
-
-    Adapters are not part of a model family: PEFT wraps the family's ``nn.Linear`` modules after the model is built,
-    so the engine matches these classes in every model at instance level (``tigon.patch(model)`` after
-    ``get_peft_model``), beside the family's (or the generic matcher's) parts.
-
-    kind: the patch kind (``"lora"``). module: the library module holding the classes (``"peft.tuners.lora.layer"``);
-    the model can hold such layers only once it is imported, so it is looked up in ``sys.modules`` and never
-    imported by Tigon. cls: the class that is fused (PEFT's ``Linear``). base_class: the class of every adapter layer
-    of the method (PEFT's ``LoraLayer``); layers of it that are not ``cls`` (Embedding, Conv, quantised linears)
-    are reported as skipped.
-    """
-
-    kind: str
-    module: str
-    cls: str
-    base_class: str
-
-
-PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer")
-ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
-"""The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
-
-
-# HF activation names (``transformers.activations.ACT2FN`` keys) -> (Tigon gated op, gelu approximation).
-# gelu_new / gelu_fast / gelu_pytorch_tanh are the same tanh approximation written three ways.
-ACTIVATIONS: dict[str, tuple[str, str | None]] = {
-    "silu": ("swiglu", None),
-    "swish": ("swiglu", None),
-    "gelu": ("geglu", "none"),
-    "gelu_pytorch_tanh": ("geglu", "tanh"),
-    "gelu_new": ("geglu", "tanh"),
-    "gelu_fast": ("geglu", "tanh"),
-}
+from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
+    ACTIVATIONS,
+    ADAPTERS,  # noqa: F401
+    PEFT_LORA,  # noqa: F401
+    ROPE_LAYOUTS,  # noqa: F401
+    AdapterSpec,  # noqa: F401
+    CausalLMSpec,
+    DecoderLayerSpec,
+    FamilySpec,
+    MLPSpec,
+    NormSpec,
+    RopeSpec,
+    Unsupported,
+)
 
 
 def _dense(name: str, prefix: str, *, norm: NormSpec | None = None, mlp: MLPSpec | None = None,
-           rope: RopeSpec | None = None, causal_lm: CausalLMSpec | None = None,
-           aliases: tuple[str, ...] = (), pre_norm_layer: bool = True) -> FamilySpec:
+           mlps: tuple[MLPSpec, ...] | None = None, rope: RopeSpec | None = None,
+           causal_lm: CausalLMSpec | None = None, aliases: tuple[str, ...] = (), pre_norm_layer: bool = True,
+           **more) -> FamilySpec:
     """The usual shape of a decoder family: ``<Prefix>RMSNorm``, ``<Prefix>MLP``, ``apply_rotary_pos_emb`` called by
     ``<Prefix>Attention``, ``<Prefix>ForCausalLM``, and (``pre_norm_layer``) a ``<Prefix>DecoderLayer`` of Llama's
-    pre-norm form, each overridable."""
+    pre-norm form, each overridable (``mlps`` replaces the one ``mlp``); ``more``: other :class:`FamilySpec` fields
+    (``extra_heads``, ``unsupported``)."""
     norm = norm or NormSpec(f"{prefix}RMSNorm")
     return FamilySpec(
         name=name,
         module=f"transformers.models.{name}.modeling_{name}",
         norms=(norm,),
-        mlps=(mlp or MLPSpec(f"{prefix}MLP"),),
+        mlps=mlps if mlps is not None else (mlp or MLPSpec(f"{prefix}MLP"),),
         rope=rope or RopeSpec(attention_classes=(f"{prefix}Attention",)),
         causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"),
         aliases=aliases,
         decoder_layers=(DecoderLayerSpec(f"{prefix}DecoderLayer", norm),) if pre_norm_layer else (),
+        **more,
     )
 
 
@@ -261,21 +54,17 @@ def _gemma_norm(prefix: str) -> NormSpec:  # (1 + w), everything in fp32, cast a
     return NormSpec(f"{prefix}RMSNorm", casting_mode="gemma", offset=1.0, eps_attr="eps")
 
 
-def _moe(name: str, prefix: str, *, dense_mlp: bool) -> FamilySpec:
-    """A v5 MoE family: the experts' ``_apply_gate`` hook (and the dense MLP of non-MoE layers where the family has
-    one); the MoE causal-LM output with the router load-balancing loss."""
+def _moe(name: str, prefix: str, *, dense_mlp: bool, aux_loss: bool = True, experts: bool = True,
+         pre_norm_layer: bool = True, **more) -> FamilySpec:
+    """A v5 MoE family: the experts' ``_apply_gate`` hook (``experts``), the dense MLP of non-MoE layers or shared
+    experts (``dense_mlp``: ``<Prefix>MLP``), and the MoE causal-LM output, with the router load-balancing loss where
+    the family's head adds it (``aux_loss``: HunYuan-MoE and DeepSeek-V3 return router logits but add no loss).
+    ``more``: :func:`_dense`'s overrides (``norm``, ``rope``, ``unsupported``, ...)."""
     dense = (MLPSpec(f"{prefix}MLP"),) if dense_mlp else ()
-    norm = NormSpec(f"{prefix}RMSNorm")
-    return FamilySpec(
-        name=name,
-        module=f"transformers.models.{name}.modeling_{name}",
-        norms=(norm,),
-        decoder_layers=(DecoderLayerSpec(f"{prefix}DecoderLayer", norm),),
-        mlps=dense + (MLPSpec(f"{prefix}Experts", experts=True),),
-        rope=RopeSpec(attention_classes=(f"{prefix}Attention",)),
-        causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", output_class="MoeCausalLMOutputWithPast",
-                               router_aux_loss="load_balancing_loss_func"),
-    )
+    head = CausalLMSpec(f"{prefix}ForCausalLM", output_class="MoeCausalLMOutputWithPast",
+                        router_aux_loss="load_balancing_loss_func" if aux_loss else None)
+    mlps = dense + ((MLPSpec(f"{prefix}Experts", experts=True),) if experts else ())
+    return _dense(name, prefix, mlps=mlps, causal_lm=head, pre_norm_layer=pre_norm_layer, **more)
 
 
 LLAMA = _dense("llama", "Llama")
@@ -288,10 +77,11 @@ GEMMA = _dense("gemma", "Gemma", norm=_gemma_norm("Gemma"))  # (1 + w) in fp32, 
 GEMMA2 = _dense(  # pre/post feed-forward norms (same class), config.hidden_activation, final logit softcapping
     "gemma2", "Gemma2", norm=_gemma_norm("Gemma2"), mlp=MLPSpec("Gemma2MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma2ForCausalLM", softcap_attr="final_logit_softcapping"), pre_norm_layer=False)
-GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM
+GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3ForCausalLM, and the vision-language
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
-    pre_norm_layer=False)
+    pre_norm_layer=False,  # Gemma3ForConditionalGeneration (no final softcapping in its head; SigLIP vision tower)
+    extra_heads=(CausalLMSpec("Gemma3ForConditionalGeneration", output_class="Gemma3CausalLMOutputWithPast"),))
 PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
     "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
     rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
@@ -306,16 +96,54 @@ GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
+def _gated_norm(cls: str, where: str) -> Unsupported:
+    """A gated RMSNorm (``norm(x) * silu(gate)``, a second input) of ``where``: no Tigon op takes the gate."""
+    return Unsupported("rms_norm", cls, f"{where}'s gated RMSNorm (norm(x) * silu(gate)): a gated rms_norm variant is "
+                       "needed")
+
+
+# Dense families added for Liger-Kernel 0.8.5's list (issue 20); each checked with tigon inspect on a tiny config.
+OLMO3 = _dense(  # OLMo 2's layout (post-attention / post-MLP norms, q_norm / k_norm over the projection) + sliding
+    "olmo3", "Olmo3", norm=NormSpec("Olmo3RMSNorm", casting_mode="gemma"), pre_norm_layer=False)  # window layers
+EXAONE4 = _dense(  # post-norm layers with q_norm / k_norm; under a sliding window only sliding layers apply rotary
+    "exaone4", "Exaone4", pre_norm_layer=False)  # (the full-attention layers are NoPE: a note)
+HUNYUAN_V1_DENSE = _dense("hunyuan_v1_dense", "HunYuanDenseV1")  # per-head query / key layernorm after the rotary
+MINISTRAL = _dense("ministral", "Ministral")  # Mistral with interleaved sliding-window layers
+FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, logits * config.lm_head_multiplier
+    "falcon_h1", "FalconH1", pre_norm_layer=False, mlps=(),
+    causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier"),
+    unsupported=(Unsupported("mlp", "FalconH1MLP", "down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier "
+                             "(config.mlp_multipliers): a SwiGLU variant with multipliers is needed"),
+                 _gated_norm("FalconH1RMSNormGated", "the Mamba mixer")))
+
+# MoE families: experts through the _apply_gate hook, the head keeps the router loss (and aux_loss) where HF adds it.
+OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection
+HUNYUAN_V1_MOE = _moe("hunyuan_v1_moe", "HunYuanMoEV1", dense_mlp=True, aux_loss=False)  # shared_mlp per layer
+DEEPSEEK_V3 = _moe(  # MLA attention: rotary on the rope slice; rope_interleave (the default) calls
+    "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False)  # apply_rotary_pos_emb_interleave: left alone
+GPT_OSS = _moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch
+    "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,  # mlp returns (out, router scores)
+    norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
+    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",)),
+    unsupported=(Unsupported("mlp", "GptOssExperts", "clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate) on "
+                             "clamped, interleaved halves, config.swiglu_limit): a GPT-OSS SwiGLU kernel variant is "
+                             "needed"),))
+QWEN3_NEXT = _moe(  # hybrid Gated DeltaNet + attention layers; (1 + w) norms; partial rotary (0.25) in
+    "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # apply_rotary_pos_emb, as GPT-NeoX's
+    norm=_gemma_norm("Qwen3Next"), rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True),
+    unsupported=(_gated_norm("Qwen3NextRMSNormGated", "the Gated DeltaNet"),))
+
 # LayerNorm families: their norms are torch.nn.LayerNorm itself (patched per model, never at class level), their
 # decoder layers are not Llama's pre-norm RMSNorm form (no fused_add_rms_norm).
 TORCH_LAYER_NORM = NormSpec("torch.nn.LayerNorm", kind="layer_norm", eps_attr="eps")
 
 
 def _layer_norm_family(name: str, prefix: str, *, mlp: MLPSpec, rope: RopeSpec,
-                       causal_lm: CausalLMSpec | None = None) -> FamilySpec:
-    """A decoder family normalised by ``torch.nn.LayerNorm`` (:data:`TORCH_LAYER_NORM`), with its MLP, rotary and
-    ``<Prefix>ForCausalLM`` (overridable); no :class:`DecoderLayerSpec` (fused_add_rms_norm is an RMSNorm op)."""
-    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
+                       causal_lm: CausalLMSpec | None = None, norm: NormSpec = TORCH_LAYER_NORM) -> FamilySpec:
+    """A decoder family normalised by a LayerNorm (``torch.nn.LayerNorm``, :data:`TORCH_LAYER_NORM`, unless ``norm``),
+    with its MLP, rotary and ``<Prefix>ForCausalLM`` (overridable); no :class:`DecoderLayerSpec` (fused_add_rms_norm
+    is an RMSNorm op)."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(norm,),
                       mlps=(mlp,), rope=rope, causal_lm=causal_lm or CausalLMSpec(f"{prefix}ForCausalLM"))
 
 
@@ -335,10 +163,101 @@ FALCON = _layer_norm_family(  # config.alibi: ALiBi instead of rotary; MLP act f
     rope=RopeSpec(attention_classes=("FalconAttention",), off_config_attr="alibi"),
     causal_lm=CausalLMSpec("FalconForCausalLM", backbone="transformer",
                            output_class="CausalLMOutputWithCrossAttentions"))
+NEMOTRON = _layer_norm_family(  # LayerNorm1P: LayerNorm with (1 + w); non-gated relu2 MLP; partial rotary (0.5)
+    "nemotron", "Nemotron", norm=NormSpec("NemotronLayerNorm1P", kind="layer_norm", offset=1.0, eps_attr="eps"),
+    mlp=MLPSpec("NemotronMLP", gate=None), rope=RopeSpec(attention_classes=("NemotronAttention",),
+                                                         partial_rotary=True))
+
+
+# Vision-language models: tigon.patch applies every registered family a model contains, so the text tower of another
+# family (Llava's Llama, PaliGemma's Gemma) and the vision encoder (CLIP, SigLIP) are patched by their own specs; the
+# specs below hold the container (its LM head + loss, its projector) or, where one modeling module holds both towers
+# (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Mllama, Gemma 3), every part.
+_VISION_ROPE = ("the vision tower's rotary (apply_rotary_pos_emb_vision on (patches, heads, head_dim) with cos / sin "
+                "of (patches, head_dim), computed in fp32): another interface than apply_rotary_pos_emb, left alone")
+_MULTIMODAL_OUTPUT = "MultimodalCausalLMOutputWithPast"  # transformers 5.2x; each family's own class before
+
+
+def _vision(name: str, mlp: str) -> FamilySpec:
+    """A ViT vision encoder (CLIP, SigLIP): torch.nn.LayerNorm and a non-gated ``fc2(act(fc1(x)))`` MLP."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
+                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2"),))
+
+
+def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
+             vision_attention: str) -> FamilySpec:
+    """A Qwen-VL family: text decoder and vision tower in one modeling module; the text rotary is rotate-half on cos /
+    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x; earlier versions call
+    ``apply_multimodal_rotary_pos_emb`` instead, which is then reported as skipped)."""
+    return FamilySpec(
+        name=name, module=f"transformers.models.{name}.modeling_{name}", norms=norms, mlps=mlps,
+        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",)),
+        causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
+                               output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
+        decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
+        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),))
+
+
+CLIP = _vision("clip", "CLIPMLP")
+SIGLIP = _vision("siglip", "SiglipMLP")
+LLAVA = FamilySpec(  # the language model and the vision tower are other families (Llama, CLIP by default)
+    name="llava", module="transformers.models.llava.modeling_llava",
+    mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
+                  down="linear_2"),),
+    causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"))
+PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
+    name="paligemma", module="transformers.models.paligemma.modeling_paligemma",
+    causal_lm=CausalLMSpec("PaliGemmaForConditionalGeneration", output_class="PaliGemmaCausalLMOutputWithPast",
+                           softcap_attr="final_logit_softcapping", text_config_attrs=True))
+QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp
+    "qwen2_vl", "Qwen2VL", text="", norms=(NormSpec("Qwen2VLRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2")),
+    vision_attention="VisionAttention")
+QWEN2_5_VL = _qwen_vl(  # vision: the same RMSNorm, a gated MLP with biases (activation from its act_fn)
+    "qwen2_5_vl", "Qwen2_5_VL", text="", norms=(NormSpec("Qwen2_5_VLRMSNorm"),),
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("Qwen2_5_VLMLP")), vision_attention="Qwen2_5_VLVisionAttention")
+QWEN3_VL = _qwen_vl(  # per-head q_norm / k_norm; vision: torch.nn.LayerNorm, non-gated MLP
+    "qwen3_vl", "Qwen3VL", text="Text", norms=(NormSpec("Qwen3VLTextRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("Qwen3VLTextMLP"), MLPSpec("Qwen3VLVisionMLP", gate=None, up="linear_fc1", down="linear_fc2")),
+    vision_attention="Qwen3VLVisionAttention")
+MLLAMA = FamilySpec(  # Llama 3.2 Vision: self-attention layers, gated cross-attention layers, a LayerNorm ViT
+    name="mllama", module="transformers.models.mllama.modeling_mllama",
+    norms=(NormSpec("MllamaTextRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("MllamaTextMLP"), MLPSpec("MllamaVisionMLP", gate=None, up="fc1", down="fc2")),
+    rope=RopeSpec(attention_classes=("MllamaTextSelfAttention",)),
+    causal_lm=CausalLMSpec("MllamaForCausalLM"),
+    extra_heads=(CausalLMSpec("MllamaForConditionalGeneration",
+                              output_class=(_MULTIMODAL_OUTPUT, "CausalLMOutputWithPast")),))
+
+
+def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
+    """Qwen3.5 (dense or MoE): Qwen3-Next's hybrid text decoder (Gated DeltaNet + attention layers, (1 + w) norms,
+    partial rotary) and a Qwen3-VL-like vision tower in one module; the text head and the vision-language head (its
+    MoE router settings in the text config)."""
+    moe_head = dict(output_class="MoeCausalLMOutputWithPast", router_aux_loss="load_balancing_loss_func")
+    vlm_output = (f"{prefix}CausalLMOutputWithPast",) if moe else (_MULTIMODAL_OUTPUT,)
+    return FamilySpec(
+        name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",),
+        norms=(_gemma_norm(prefix), TORCH_LAYER_NORM),
+        mlps=(MLPSpec(f"{prefix}MLP"),) + ((MLPSpec(f"{prefix}Experts", experts=True),) if moe else ())
+        + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2"),),
+        rope=RopeSpec(attention_classes=(f"{prefix}Attention",), partial_rotary=True),
+        causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", **(moe_head if moe else {})),
+        extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
+                                                                          "output_class": vlm_output},
+                                  text_config_attrs=True),),
+        unsupported=(_gated_norm(f"{prefix}RMSNormGated", "the Gated DeltaNet"),
+                     Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
+
+
+QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)
+QWEN3_5_MOE = _qwen3_5("qwen3_5_moe", "Qwen3_5Moe", moe=True)
 
 FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
     LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, GLM4, SMOLLM3,
-    GPT_NEOX, PHI, STABLELM, FALCON)}
+    GPT_NEOX, PHI, STABLELM, FALCON, OLMO3, EXAONE4, HUNYUAN_V1_DENSE, MINISTRAL, NEMOTRON, FALCON_H1, OLMOE,
+    HUNYUAN_V1_MOE, DEEPSEEK_V3, GPT_OSS, QWEN3_NEXT, CLIP, SIGLIP, LLAVA, PALIGEMMA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL,
+    MLLAMA, QWEN3_5, QWEN3_5_MOE)}
 
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:
@@ -379,17 +298,26 @@ def family_ops(config: dict) -> set[str] | None:
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
     config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
     function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
-    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``).
+    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
+    vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
     model_type = config.get("model_type")
     spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)
     if spec is None:
         return None
-    ops = {n.kind for n in spec.norms}
+    ops = set()
+    for key in ("text_config", "vision_config"):
+        sub = config.get(key)
+        tower = _tower_type(sub["model_type"]) if isinstance(sub, dict) and sub.get("model_type") else None
+        if tower is not None and tower not in (spec.name, *spec.aliases):  # another family's tower
+            ops |= family_ops({**sub, "model_type": tower}) or set()
+    ops |= {n.kind for n in spec.norms}
     for m in spec.mlps:
         if not m.gated:
             continue  # left alone (no Tigon op)
-        act = m.activation or config.get(m.act_config_attr) or _config_default(model_type, m.act_config_attr)
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        act = (m.activation or config.get(m.act_config_attr) or text.get(m.act_config_attr)
+               or _config_default(model_type, m.act_config_attr))
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:
@@ -399,6 +327,14 @@ def family_ops(config: dict) -> set[str] | None:
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
         ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
     return ops | {"cross_entropy", "fused_linear_cross_entropy"}
+
+
+def _tower_type(model_type: str) -> str:
+    """The family name of a tower's config type (``clip_vision_model`` -> ``clip``)."""
+    for suffix in ("_vision_model", "_text_model", "_vision", "_text"):
+        if model_type.endswith(suffix) and model_type[: -len(suffix)] in FAMILIES:
+            return model_type[: -len(suffix)]
+    return model_type
 
 
 def _config_default(model_type: str | None, attr: str):

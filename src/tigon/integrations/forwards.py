@@ -55,8 +55,11 @@ def norm_forward(spec: NormSpec, family: str, original):
         def forward(self, hidden_states, *args, **kwargs):
             if args or kwargs:
                 return original(self, hidden_states, *args, **kwargs)
-            return TF.layer_norm(hidden_states, getattr(self, spec.weight_attr, None),
-                                 getattr(self, spec.bias_attr, None), getattr(self, spec.eps_attr))
+            weight = getattr(self, spec.weight_attr, None)
+            if spec.offset and weight is not None:
+                weight = weight + spec.offset  # Nemotron's LayerNorm1P: (1 + w), a (hidden,) add
+            return TF.layer_norm(hidden_states, weight, getattr(self, spec.bias_attr, None),
+                                 getattr(self, spec.eps_attr))
 
     else:
         raise ValueError(f"NormSpec.kind must be 'rms_norm' or 'layer_norm', got {spec.kind!r}")
@@ -86,13 +89,30 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
     else:
         config = getattr(module, "config", None)
         name = getattr(config, spec.act_config_attr, None) if config is not None else None
+        where = f"config.{spec.act_config_attr}"
+        if name is None and config is None:  # a module without config (Qwen2.5-VL's vision MLP): its act_fn's class
+            name, where = _activation_name(getattr(module, "act_fn", None)), "the class of its act_fn"
         if name is None:
             return f"cannot read config.{spec.act_config_attr} from the module"
-        where = f"config.{spec.act_config_attr}"
     act = ACTIVATIONS.get(name) if isinstance(name, str) else None
     if act is None:
         return f"activation {name!r} ({where}) has no Tigon kernel; supported: " + ", ".join(ACTIVATIONS)
     return act
+
+
+def _activation_name(act_fn) -> str | None:
+    """The :data:`ACTIVATIONS` name of an activation module built by ``transformers.activations.ACT2FN``, when its
+    class alone identifies one Tigon op (entries built with options, e.g. ``gelu_10``'s clipping, are not
+    considered: their class does not tell the options); else None."""
+    if act_fn is None:
+        return None
+    try:
+        from transformers.activations import ACT2CLS
+    except ImportError:
+        return None
+    names = [n for n, cls in ACT2CLS.items() if not isinstance(cls, tuple) and type(act_fn) is cls]
+    ops = {ACTIVATIONS.get(n) for n in names}
+    return names[0] if names and len(ops) == 1 and None not in ops else None
 
 
 def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False) -> torch.Tensor:

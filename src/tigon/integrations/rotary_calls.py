@@ -9,7 +9,9 @@ class forward's syntax tree and takes, at every ``if`` whose test reads only att
 branches (it depends on the call's arguments).
 
 Rotary functions are the module-global functions with ``rotary`` or ``rope`` among the ``_``-separated words of
-their names (``apply_rotary_pos_emb``, ``apply_rotary_emb``, ``apply_rope``).
+their names (``apply_rotary_pos_emb``, ``apply_rotary_emb``, ``apply_rope``); a function that transformers'
+``use_kernel_forward_from_hub`` turned into a callable module object (with the ``kernels`` package installed) counts
+as one too.
 """
 
 from __future__ import annotations
@@ -50,8 +52,14 @@ def rotary_functions(cls: type) -> frozenset[str]:
     code = getattr(_forward(cls), "__code__", None)
     if module is None or code is None:
         return frozenset()
-    return frozenset(n for n in code.co_names if _is_rotary(n) and isinstance(getattr(module, n, None),
-                                                                              types.FunctionType))
+    return frozenset(n for n in code.co_names if _is_rotary(n) and _is_function(getattr(module, n, None)))
+
+
+def _is_function(obj) -> bool:
+    """A plain function, or a callable object standing for one (not a class): transformers 5.2x with ``kernels``
+    installed wraps ``apply_rotary_pos_emb`` in a ``Func`` module instance (``use_kernel_forward_from_hub``)."""
+    return isinstance(obj, types.FunctionType) or (callable(obj) and not isinstance(obj, type)
+                                                   and not isinstance(obj, types.ModuleType))
 
 
 def _is_rotary(name: str) -> bool:

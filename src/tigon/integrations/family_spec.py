@@ -1,0 +1,274 @@
+"""The vocabulary of model-family data: the dataclasses a :class:`FamilySpec` is made of, the adapter specs and the
+activation table. The families themselves are in :mod:`tigon.integrations.families`.
+
+Nothing here imports transformers: specs are strings until the engine resolves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A normalisation class whose ``forward`` becomes a Tigon op.
+
+    cls: class name in the family module, or the dotted name of a shared class outside it (``"torch.nn.LayerNorm"``,
+        what GPT-NeoX, phi, StableLM and Falcon use). A shared class is patched per model only (instance level:
+        its instances inside a model of the family); a class-level patch leaves it alone and says so, because
+        Tigon never changes ``torch.nn`` or classes other models use.
+    kind: ``"rms_norm"`` (:func:`tigon.functional.rms_norm`) or ``"layer_norm"`` (:func:`tigon.functional.layer_norm`).
+    casting_mode, offset: passed to rms_norm (``"llama"``/0.0 for Llama; ``"gemma"``/1.0 for Gemma's ``1 + w``);
+        for layer_norm, ``offset`` is added to the weight before the op (Nemotron's ``LayerNorm1P``: ``1 + w``).
+    eps_attr: the instance attribute holding epsilon (``variance_epsilon`` in Llama, ``eps`` in Gemma and
+        ``torch.nn.LayerNorm``).
+    weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
+    """
+
+    cls: str
+    kind: str = "rms_norm"
+    casting_mode: str = "llama"
+    offset: float = 0.0
+    eps_attr: str = "variance_epsilon"
+    weight_attr: str = "weight"
+    bias_attr: str = "bias"
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu.
+
+    A non-gated MLP ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon: ``gate=None``) is declared so that the report names
+    it, and is left alone: Tigon's MLP ops are gated, and a lone GELU is one elementwise pass that PyTorch already
+    runs as one kernel (nothing to fuse it with that a kernel of Tigon's would save).
+
+    cls: class name in the family module.
+    act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
+        use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
+    activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
+        matcher sets it from its numerical probe.
+    gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
+        ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
+    gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
+        when set, ``gate`` and ``up`` are not used and the kernel reads the two halves in place.
+    experts: the class is a Hugging Face v5 MoE experts module (``@use_experts_implementation``: 3-D
+        ``gate_up_proj`` / ``down_proj`` parameters). Its expert loop is not replaced; its ``_apply_gate(gate_up_out)``
+        hook (``act(gate) * up`` on the chunked halves, called by the ``grouped_mm`` / ``batched_mm`` experts
+        implementations) becomes swiglu / geglu. The ``eager`` experts implementation computes ``act(gate) * up``
+        inline and is left alone (reported).
+    """
+
+    cls: str
+    act_config_attr: str = "hidden_act"
+    activation: str | None = None
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    gate_up: str | None = None
+    experts: bool = False
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (``gate`` or ``gate_up`` set): only gated MLPs have a Tigon op."""
+        return self.gate is not None or self.gate_up is not None
+
+    @property
+    def patch_attr(self) -> str:
+        """The attribute the engine replaces: ``"_apply_gate"`` for experts modules, else ``"forward"``."""
+        return "_apply_gate" if self.experts else "forward"
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """The module-global rotary function called by the family's attention classes.
+
+    function: its name in the family module (``apply_rotary_pos_emb``); signature ``(q, k, cos, sin, unsqueeze_dim=1)``.
+    layout: ``"rotate_half"`` (HF/NeoX halves over the full head dimension, what :func:`tigon.functional.rope`
+        implements); any other layout (:data:`ROPE_LAYOUTS`: GLM's interleaved pairs, GPT-OSS's half-width cos / sin)
+        is reported as unsupported, with the layout's reason, and the family's rotary function is left alone.
+    attention_classes: the classes whose forward calls ``function``; at instance level the rotary kernel is
+        enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
+    enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
+        ``use_rope``; its NoPE layers have it False and are left alone), or None when every layer does.
+    off_config_attr: a config attribute that, when true, replaces rotary in the whole model (Falcon's ``alibi``:
+        ALiBi biases, no rotary call); such models have no rotary to patch (noted), or None.
+    partial_rotary: the family's code handles partial rotary (``partial_rotary_factor`` / ``rotary_pct`` below 1:
+        only the first ``rotary_dim`` dims of each head are rotated) in a way :func:`tigon.functional.rope`
+        reproduces: its rotary function rotates the first ``cos.shape[-1]`` dims and passes the rest (GPT-NeoX), or
+        its attention passes only the rotated slice of q and k to it (phi, StableLM). Then partial-rotary models are
+        patched, and the dispatcher sends calls with cos / sin narrower than the head to Tigon (which rotates the
+        first ``cos.shape[-1]`` dims, passing the rest). False: partial rotary is refused per model at instance
+        level, and at class level the dispatcher runs the original function for any call whose cos / sin do not
+        span the full head dim.
+    """
+
+    function: str = "apply_rotary_pos_emb"
+    layout: str = "rotate_half"
+    attention_classes: tuple[str, ...] = ()
+    enabled_attr: str | None = None
+    off_config_attr: str | None = None
+    partial_rotary: bool = False
+
+
+ROPE_LAYOUTS: dict[str, str] = {
+    "interleaved": "interleaved pairs (x[2i], x[2i+1]) rotated together: an interleaved rotary kernel variant is "
+                   "needed (tigon.functional.rope rotates halves)",
+    "half_width": "cos / sin of head_dim / 2 columns, one per rotated pair (GPT-OSS's _apply_rotary_emb): "
+                  "tigon.functional.rope takes cos / sin of the rotated width and would rotate only the first half",
+}
+"""Rotary layouts other than rotate-half that families declare -> why :func:`tigon.functional.rope` does not take
+them (the report's reason)."""
+
+
+@dataclass(frozen=True)
+class DecoderLayerSpec:
+    """A pre-norm decoder layer whose first residual add runs fused with the norm after it.
+
+    The layer's ``forward`` must be exactly Hugging Face Llama's (checked against its source at patch time, see
+    :func:`tigon.integrations.forwards.decoder_layer_problem`)::
+
+        residual = hidden_states
+        hidden_states = self.<input_norm>(hidden_states)
+        hidden_states, _ = self.<attention>(hidden_states=hidden_states, <every other argument by name>)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.<post_norm>(hidden_states)
+        hidden_states = self.<mlp>(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+    The patched forward computes the add and ``post_norm`` as one :func:`tigon.functional.fused_add_rms_norm`
+    (with the post norm's own weight and epsilon): one pass over the hidden states instead of two.
+
+    cls: class name in the family module. norm: the :class:`NormSpec` of ``post_norm`` (casting mode, offset,
+    weight / epsilon attributes). input_norm, attention, post_norm, mlp: attribute names of the four parts.
+    """
+
+    cls: str
+    norm: NormSpec
+    input_norm: str = "input_layernorm"
+    attention: str = "self_attn"
+    post_norm: str = "post_attention_layernorm"
+    mlp: str = "mlp"
+
+
+@dataclass(frozen=True)
+class CausalLMSpec:
+    """The causal-LM class whose forward gets the fused LM head + loss in training.
+
+    cls: class name in the family module.
+    backbone, lm_head: attribute names of the decoder (called with every forward argument except
+        ``head_only_args`` and ``return_dict``) and of the output projection (an ``nn.Linear``).
+    older_lm_head: the output projection's name in older transformers, used when the model has no ``lm_head``
+        attribute (GPT-NeoX's ``embed_out``, renamed ``lm_head`` in transformers 5.2x), or None.
+    output_class: the ModelOutput class the original forward returns (looked up in the family module first,
+        then in ``transformers.modeling_outputs``); a tuple names the class of each transformers version, the first
+        that exists is used (vision-language models return ``MultimodalCausalLMOutputWithPast`` in 5.2x, a class of
+        their own before).
+    head_only_args: forward arguments consumed by the head/loss and not passed to the backbone.
+    softcap_attr: config attribute with the final logit softcap (``final_logit_softcapping`` in Gemma 2), or None.
+    logit_scale_attr: config attribute that multiplies the logits (Cohere's ``logit_scale``), or None.
+    logit_divisor_attr: config attribute that divides the logits (Granite's ``logits_scaling``), or None.
+    text_config_attrs: read ``softcap_attr`` / ``logit_scale_attr`` / ``logit_divisor_attr`` and the MoE router
+        settings (``output_router_logits``, ``num_experts``, ``num_experts_per_tok``, ``router_aux_loss_coef``) from
+        ``config.get_text_config()`` (a vision-language head that takes them from its text config, as PaliGemma's
+        softcapping and Qwen3.5-MoE's router loss do) instead of ``config`` and the head's attributes.
+    router_aux_loss: for MoE families, the name of the family-module function computing the router
+        load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
+        ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
+        ``model.router_aux_loss_coef`` and returned as ``aux_loss``. None for dense families.
+    """
+
+    cls: str
+    backbone: str = "model"
+    lm_head: str = "lm_head"
+    output_class: str | tuple[str, ...] = "CausalLMOutputWithPast"
+    head_only_args: tuple[str, ...] = ("labels", "logits_to_keep")
+    softcap_attr: str | None = None
+    logit_scale_attr: str | None = None
+    logit_divisor_attr: str | None = None
+    router_aux_loss: str | None = None
+    older_lm_head: str | None = None
+    text_config_attrs: bool = False
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A class of the family that Tigon leaves alone, with the reason: each instance in a model is listed under the
+    report's ``skipped`` (and a class-level patch lists the class), so the report says what was not replaced and why.
+
+    kind: the report kind it would be (``"rms_norm"``, ``"mlp"``, ...). cls: class name in the family module (or a
+    dotted name). reason: why there is no Tigon replacement (e.g. the kernel variant it would need).
+    """
+
+    kind: str
+    cls: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything Tigon replaces in one model family.
+
+    name: the family name accepted by :func:`tigon.patch` (``"llama"``); aliases: other accepted names.
+    module: the modeling module (``"transformers.models.llama.modeling_llama"``); models are matched to a family
+        by the module of their submodules' classes.
+    norms, mlps, rope, causal_lm, decoder_layers: the parts above; empty / None where the family has no such part
+        (decoder_layers: only families whose layer is Llama's pre-norm form, see :class:`DecoderLayerSpec`).
+    extra_heads: more LM-head classes of the same module (Gemma 3's ``Gemma3ForConditionalGeneration`` beside
+        ``Gemma3ForCausalLM``); :attr:`heads` is all of them.
+    unsupported: classes of the family left alone, each with the reason (:class:`Unsupported`).
+    """
+
+    name: str
+    module: str
+    norms: tuple[NormSpec, ...] = ()
+    mlps: tuple[MLPSpec, ...] = ()
+    rope: RopeSpec | None = None
+    causal_lm: CausalLMSpec | None = None
+    aliases: tuple[str, ...] = ()
+    decoder_layers: tuple[DecoderLayerSpec, ...] = ()
+    extra_heads: tuple[CausalLMSpec, ...] = ()
+    unsupported: tuple[Unsupported, ...] = ()
+
+    @property
+    def heads(self) -> tuple[CausalLMSpec, ...]:
+        """Every LM-head class of the family: ``causal_lm`` (when set) and ``extra_heads``."""
+        return ((self.causal_lm,) if self.causal_lm is not None else ()) + self.extra_heads
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """An adapter library's layer class whose ``forward`` becomes a Tigon op, in any model that contains it.
+
+    Adapters are not part of a model family: PEFT wraps the family's ``nn.Linear`` modules after the model is built,
+    so the engine matches these classes in every model at instance level (``tigon.patch(model)`` after
+    ``get_peft_model``), beside the family's (or the generic matcher's) parts.
+
+    kind: the patch kind (``"lora"``). module: the library module holding the classes (``"peft.tuners.lora.layer"``);
+    the model can hold such layers only once it is imported, so it is looked up in ``sys.modules`` and never
+    imported by Tigon. cls: the class that is fused (PEFT's ``Linear``). base_class: the class of every adapter layer
+    of the method (PEFT's ``LoraLayer``); layers of it that are not ``cls`` (Embedding, Conv, quantised linears)
+    are reported as skipped.
+    """
+
+    kind: str
+    module: str
+    cls: str
+    base_class: str
+
+
+PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer")
+ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
+"""The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
+
+
+# HF activation names (``transformers.activations.ACT2FN`` keys) -> (Tigon gated op, gelu approximation).
+# gelu_new / gelu_fast / gelu_pytorch_tanh are the same tanh approximation written three ways.
+ACTIVATIONS: dict[str, tuple[str, str | None]] = {
+    "silu": ("swiglu", None),
+    "swish": ("swiglu", None),
+    "gelu": ("geglu", "none"),
+    "gelu_pytorch_tanh": ("geglu", "tanh"),
+    "gelu_new": ("geglu", "tanh"),
+    "gelu_fast": ("geglu", "tanh"),
+}
