@@ -1,0 +1,93 @@
+"""Preference-loss modules with Liger-Kernel's (0.8.5) constructors and call signatures: a Liger user swaps
+``LigerFusedLinearDPOLoss`` for :class:`FusedLinearDPOLoss` (and SimPO, CPO, ORPO) and keeps every call.
+
+Each forward is ``loss_fn(lin_weight, _input, target, bias=None, ...)`` with ``_input`` (B, T, H) hidden states of
+the chosen then the rejected sequences, ``target`` (B, T), and returns Liger's ``(loss, aux_outputs)``: ``aux_outputs
+= (chosen_logps, rejected_logps, chosen_logits_mean, rejected_logits_mean, nll_loss, chosen_rewards,
+rejected_rewards[, log_odds_ratio, log_odds_chosen])``. The work is the functional ops of
+:mod:`tigon.ops.preference`. Liger's ``compiled`` and ``chunk_size`` are accepted and have no effect (the primitive
+sizes its own chunks; ``memory`` sets its budget).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as TF
+from ..reference import preference as ref
+from ..reference.pairs import liger_tuple
+
+
+class _PreferenceLoss(nn.Module):
+    def __init__(self, ignore_index: int, compiled: bool, chunk_size: int, memory):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.compiled = compiled
+        self.chunk_size = chunk_size
+        self.memory = memory
+
+    def _liger(self, out) -> tuple:
+        return liger_tuple(out)
+
+
+class FusedLinearDPOLoss(_PreferenceLoss):
+    """DPO on the LM head without its logits: :func:`tigon.functional.fused_linear_dpo_loss` (Liger's
+    ``LigerFusedLinearDPOLoss``).
+
+    Args:
+        ignore_index, beta, alpha, compute_nll_loss, average_log_prob, loss_type, label_smoothing, discopop_tau:
+            Liger's, with the meaning of the functional op; loss_type takes every TRL 1.16 DPO loss type (Liger's ten
+            plus ``ipo``, ``aot``, ``aot_unpaired``, ``sft``, ``sigmoid_norm``) or a list of them.
+        compiled, chunk_size: accepted for Liger compatibility; no effect.
+        use_ref_model: whether the loss uses a reference model (given as ``ref_input`` / ``ref_weight`` /
+            ``ref_bias``, or as ``ref_chosen_logps`` / ``ref_rejected_logps``); False: reference log-probs are 0.
+        loss_weights, f_divergence_type, f_alpha_divergence_coef: TRL's options (keyword only).
+        memory: the primitive's memory budget (``"auto"``, ``"low"`` or bytes).
+
+    Forward:
+        ``loss_fn(lin_weight, _input, target, bias=None, ref_input=None, ref_weight=None, ref_bias=None, *,
+        ref_chosen_logps=None, ref_rejected_logps=None)``: lin_weight (V, H); _input (B, T, H) float32 / bfloat16 /
+        float16, chosen rows first; target (B, T) integer ids; ref_input (B, T, H_ref), ref_weight (V, H_ref),
+        ref_bias (V,); ref_chosen_logps / ref_rejected_logps (B / 2,). Returns Liger's ``(loss, aux_outputs)``
+        (float32; only the loss has a gradient).
+
+    Raises:
+        ValueError, TypeError: options out of range at construction (as the functional op); at the forward, bad
+            inputs (as the functional op), or ``use_ref_model`` without a reference model or reference log-probs.
+    """
+
+    def __init__(self, ignore_index: int = -100, beta: float = 0.1, alpha: float = 1.0, compute_nll_loss: bool = False,
+                 compiled: bool = True, use_ref_model: bool = True, average_log_prob: bool = False,
+                 chunk_size: int = 1, loss_type="sigmoid", label_smoothing: float = 0.0, discopop_tau: float = 0.05,
+                 *, loss_weights=None, f_divergence_type: str = "reverse_kl", f_alpha_divergence_coef: float = 0.5,
+                 memory="auto"):
+        super().__init__(ignore_index, compiled, chunk_size, memory)
+        ref.check_dpo_options(beta, loss_type, loss_weights, label_smoothing, discopop_tau, f_divergence_type,
+                              f_alpha_divergence_coef)
+        self.beta, self.alpha, self.compute_nll_loss = beta, alpha, compute_nll_loss
+        self.use_ref_model, self.average_log_prob = use_ref_model, average_log_prob
+        self.loss_type, self.loss_weights, self.label_smoothing = loss_type, loss_weights, label_smoothing
+        self.discopop_tau = discopop_tau
+        self.f_divergence_type, self.f_alpha_divergence_coef = f_divergence_type, f_alpha_divergence_coef
+
+    def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None, ref_input: torch.Tensor | None = None,
+                ref_weight: torch.Tensor | None = None, ref_bias: torch.Tensor | None = None, *,
+                ref_chosen_logps: torch.Tensor | None = None, ref_rejected_logps: torch.Tensor | None = None):
+        if not self.use_ref_model:
+            ref_input = ref_weight = ref_bias = ref_chosen_logps = ref_rejected_logps = None
+        elif ref_input is None and ref_chosen_logps is None:
+            raise ValueError("use_ref_model=True needs the reference model (ref_input, ref_weight) or its "
+                             "log-probabilities (ref_chosen_logps, ref_rejected_logps); pass use_ref_model=False "
+                             "for a reference-free loss")
+        return self._liger(TF.fused_linear_dpo_loss(
+            _input, lin_weight, target, bias, ref_input, ref_weight, ref_bias, ref_chosen_logps=ref_chosen_logps,
+            ref_rejected_logps=ref_rejected_logps, ignore_index=self.ignore_index, beta=self.beta,
+            loss_type=self.loss_type, loss_weights=self.loss_weights, label_smoothing=self.label_smoothing,
+            discopop_tau=self.discopop_tau, f_divergence_type=self.f_divergence_type,
+            f_alpha_divergence_coef=self.f_alpha_divergence_coef, compute_nll_loss=self.compute_nll_loss,
+            alpha=self.alpha, average_log_prob=self.average_log_prob, memory=self.memory))
+
+    def extra_repr(self) -> str:
+        return f"loss_type={self.loss_type!r}, beta={self.beta}, use_ref_model={self.use_ref_model}"
