@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .. import functional as TF
+from ..ops import preference as P
 from ..reference import preference as ref
 from ..reference.pairs import liger_tuple
 
@@ -91,3 +92,100 @@ class FusedLinearDPOLoss(_PreferenceLoss):
 
     def extra_repr(self) -> str:
         return f"loss_type={self.loss_type!r}, beta={self.beta}, use_ref_model={self.use_ref_model}"
+
+
+class FusedLinearCPOLoss(_PreferenceLoss):
+    """CPO on the LM head without its logits: :func:`tigon.ops.preference.fused_linear_cpo_loss` (Liger's
+    ``LigerFusedLinearCPOLoss``; TRL's CPOTrainer loss types through ``loss_type`` / ``gamma``, keyword only).
+
+    Args:
+        ignore_index, beta, alpha, label_smoothing, compute_nll_loss, average_log_prob: Liger's (NLL term on,
+            summed log-probs by default). compiled, chunk_size: no effect. loss_type (``"sigmoid"``, ``"hinge"``,
+            ``"ipo"``, ``"simpo"``), gamma, memory: keyword only.
+
+    Forward:
+        ``loss_fn(lin_weight, _input, target, bias=None)``: as :class:`FusedLinearDPOLoss` without a reference
+        model. Returns Liger's ``(loss, aux_outputs)`` (rewards ``beta * logp``).
+
+    Raises:
+        ValueError, TypeError: options out of range at construction, bad inputs at the forward.
+    """
+
+    def __init__(self, ignore_index: int = -100, beta: float = 0.1, alpha: float = 1.0,
+                 label_smoothing: float = 0.0, compute_nll_loss: bool = True, compiled: bool = True,
+                 average_log_prob: bool = False, chunk_size: int = 1, *, loss_type: str = "sigmoid",
+                 gamma: float = 0.5, memory="auto"):
+        super().__init__(ignore_index, compiled, chunk_size, memory)
+        ref.check_cpo_options(beta, loss_type, label_smoothing, gamma)
+        self.beta, self.alpha, self.label_smoothing, self.gamma = beta, alpha, label_smoothing, gamma
+        self.compute_nll_loss, self.average_log_prob, self.loss_type = compute_nll_loss, average_log_prob, loss_type
+
+    def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None):
+        return self._liger(P.fused_linear_cpo_loss(
+            _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta,
+            loss_type=self.loss_type, label_smoothing=self.label_smoothing, gamma=self.gamma,
+            compute_nll_loss=self.compute_nll_loss, alpha=self.alpha, average_log_prob=self.average_log_prob,
+            memory=self.memory))
+
+
+class FusedLinearSimPOLoss(_PreferenceLoss):
+    """SimPO on the LM head without its logits: :func:`tigon.ops.preference.fused_linear_simpo_loss` (Liger's
+    ``LigerFusedLinearSimPOLoss``: averaged log-probs, NLL term on).
+
+    Args:
+        ignore_index, beta, alpha, label_smoothing, compute_nll_loss, gamma: Liger's. compiled, chunk_size: no
+            effect. memory: keyword only.
+
+    Forward:
+        ``loss_fn(lin_weight, _input, target, bias=None)``; returns Liger's ``(loss, aux_outputs)``.
+
+    Raises:
+        ValueError, TypeError: options out of range at construction, bad inputs at the forward.
+    """
+
+    def __init__(self, ignore_index: int = -100, beta: float = 0.1, alpha: float = 1.0,
+                 label_smoothing: float = 0.0, compute_nll_loss: bool = True, compiled: bool = True,
+                 gamma: float = 0.5, chunk_size: int = 1, *, memory="auto"):
+        super().__init__(ignore_index, compiled, chunk_size, memory)
+        ref.check_cpo_options(beta, "simpo", label_smoothing, gamma)
+        self.beta, self.alpha, self.label_smoothing, self.gamma = beta, alpha, label_smoothing, gamma
+        self.compute_nll_loss = compute_nll_loss
+
+    def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None):
+        return self._liger(P.fused_linear_simpo_loss(
+            _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta, gamma=self.gamma,
+            label_smoothing=self.label_smoothing, compute_nll_loss=self.compute_nll_loss, alpha=self.alpha,
+            memory=self.memory))
+
+
+class FusedLinearORPOLoss(_PreferenceLoss):
+    """ORPO on the LM head without its logits: :func:`tigon.ops.preference.fused_linear_orpo_loss` (Liger's
+    ``LigerFusedLinearORPOLoss``: averaged log-probs, NLL term on).
+
+    Args:
+        ignore_index, beta, compute_nll_loss: Liger's. compiled, chunk_size: no effect. memory: keyword only.
+
+    Forward:
+        ``loss_fn(lin_weight, _input, target, bias=None, nll_target=None)``; returns Liger's ``(loss, aux_outputs)``
+        with ``log_odds_ratio`` and ``log_odds_chosen`` last.
+
+    Raises:
+        ValueError, TypeError: options out of range at construction, bad inputs at the forward; ValueError for an
+            ``nll_target`` (a separate NLL target, not supported: it would need a second pass over the chosen rows).
+    """
+
+    def __init__(self, ignore_index: int = -100, beta: float = 0.1, compute_nll_loss: bool = True,
+                 compiled: bool = True, chunk_size: int = 1, *, memory="auto"):
+        super().__init__(ignore_index, compiled, chunk_size, memory)
+        ref.check_cpo_options(beta)
+        self.beta, self.compute_nll_loss = beta, compute_nll_loss
+
+    def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None, nll_target: torch.Tensor | None = None):
+        if nll_target is not None:
+            raise ValueError("nll_target is not supported: the NLL term is taken on target's chosen rows")
+        return self._liger(P.fused_linear_orpo_loss(
+            _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta,
+            compute_nll_loss=self.compute_nll_loss, memory=self.memory))

@@ -181,7 +181,7 @@ def _original(fn, formula: str, **fixed):
 
 # ---- the records ---------------------------------------------------------------------------------------------------
 def _inputs(s: dict, dtype, device, gen, pairs: int = 2, ignore_every: int = 0, bias: bool = False,
-            reference: str = "model") -> dict:
+            reference: str = "logps") -> dict:
     """A preference batch: ``pairs`` chosen then ``pairs`` rejected sequences of ``tokens // (2 pairs)`` positions
     (at least 1), hidden (B, T, hidden), an LM head (vocab, hidden) with logits of std ~2, targets (every
     ``ignore_every``-th -100); ``reference`` ``"model"``: a reference model near the policy (hidden states and head
@@ -203,7 +203,7 @@ def _inputs(s: dict, dtype, device, gen, pairs: int = 2, ignore_every: int = 0, 
     return out
 
 
-def _record(fn, formula: str, summary: str, cases: tuple, fixed=None, **extra) -> OpSpec:
+def _record(fn, formula: str, summary: str, cases: tuple, fixed=None, bench_inputs=(), **extra) -> OpSpec:
     name = fn.__name__
     return OpSpec(
         name=name, summary=summary, fn=fn, reference=getattr(ref, name),
@@ -215,7 +215,7 @@ def _record(fn, formula: str, summary: str, cases: tuple, fixed=None, **extra) -
         **sizes("tokens", "hidden", "vocab"),
         grad_inputs=("hidden", "weight"),
         category="lm_head_loss",
-        bench_inputs={"ignore_every": 10},
+        bench_inputs={"ignore_every": 10, **bench_inputs},
         cases=cases,
         **extra,
     )
@@ -237,13 +237,15 @@ RECORDS = (
         # fused_linear_logprobs); the reference model: one forward
         flops=lambda s, mode: (4 if mode == "fwd" else 10) * s["tokens"] * s["hidden"] * s["vocab"],
         peers={"liger": _liger_dpo},
+        bench_inputs={"reference": "model"},  # issue 29's row: the reference model in the same pass
         cases=(
             Case(),
+            Case("reference model", inputs={"reference": "model", "ignore_every": 5}),
             Case("ipo, averaged, bias", options={"loss_type": "ipo", "average_log_prob": True},
                  inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
-            Case("robust + nll, given ref logps", options={"loss_type": "robust", "label_smoothing": 0.1,
-                                                           "compute_nll_loss": True},
-                 inputs={"reference": "logps", "ignore_every": 4}, variants=("model",)),
+            Case("robust + nll, reference-free", options={"loss_type": "robust", "label_smoothing": 0.1,
+                                                          "compute_nll_loss": True},
+                 inputs={"reference": "none", "ignore_every": 4}, variants=("model",)),
             Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
         ),
     ),
