@@ -14,6 +14,7 @@ from tigon import functional as TF
 from tigon import nn as tnn
 from tigon.numerics import assert_close_to_truth, compare, rel_l2
 from tigon.ops import preference as P
+from tigon.reference import kto as ref_kto
 from tigon.reference import preference as ref
 from tigon.reference.fused_linear_logprobs import fused_linear_logprobs as ref_token_logps
 from tigon.reference.pairs import PreferenceOutput
@@ -21,8 +22,10 @@ from tigon.reference.pairs import PreferenceOutput
 H, V = 16, 40
 
 
-def _batch(pairs=2, t=5, h=H, v=V, dtype=torch.float32, bias=False, reference="model", seed=0, prompt=2):
-    """A batch of ``pairs`` chosen then rejected sequences: the first ``prompt`` positions and some padding ignored."""
+def _batch(pairs=2, t=5, h=H, v=V, dtype=torch.float32, bias=False, reference="model", seed=0, prompt=2,
+           labels=False):
+    """A batch of ``pairs`` chosen then rejected sequences: the first ``prompt`` positions and some padding ignored;
+    with ``labels``, KTO's preference labels (desirable: rows 0, 2, 3)."""
     gen = torch.Generator().manual_seed(seed)
     s = {"tokens": 2 * pairs * t, "hidden": h, "vocab": v}
     inp = P._inputs(s, dtype, "cpu", gen, pairs=pairs, bias=bias, reference=reference)
@@ -30,6 +33,8 @@ def _batch(pairs=2, t=5, h=H, v=V, dtype=torch.float32, bias=False, reference="m
     target[:, :prompt] = -100
     target[1, -1] = -100  # a shorter completion
     inp["target"] = target
+    if labels:
+        inp["preference_labels"] = torch.tensor([True, False, True, True] * pairs)[: 2 * pairs]
     return inp
 
 
@@ -138,6 +143,32 @@ def test_orpo_reference_is_trl_orpo_trainer():
                                                                                    rel=1e-6)
 
 
+@pytest.mark.parametrize("loss_type", ref_kto.KTO_LOSS_TYPES)
+def test_kto_reference_is_trl_kto_formula(loss_type):
+    # TRL 1.16 KTOTrainer._compute_loss (inline there): losses of the desirable then the undesirable sequences,
+    # weighted, concatenated, averaged; rewards beta * log-ratio
+    inp = _batch(labels=True, bias=True)
+    x = {k: (v.double() if v.is_floating_point() else v) for k, v in inp.items()}
+    got = ref_kto.fused_linear_kto_loss(**x, kl=torch.tensor(0.2, dtype=torch.float64), beta=0.3, loss_type=loss_type,
+                                        desirable_weight=0.7, undesirable_weight=1.3)
+    b, t = x["target"].shape
+
+    def logps(hidden, weight, bias=None):
+        return ref_token_logps(hidden.reshape(b * t, -1), weight, x["target"].reshape(-1), bias).reshape(b, t).sum(1)
+
+    u = logps(x["hidden"], x["weight"], x["bias"]) - logps(x["ref_hidden"], x["ref_weight"])
+    good = x["preference_labels"]
+    if loss_type == "kto":
+        chosen, rejected = 1 - torch.sigmoid(0.3 * (u[good] - 0.2)), 1 - torch.sigmoid(0.3 * (0.2 - u[~good]))
+    else:
+        chosen, rejected = 1 - torch.sigmoid(0.3 * u[good]), torch.sigmoid(0.3 * u[~good])
+    want = torch.cat([0.7 * chosen, 1.3 * rejected]).mean()
+    assert got.loss.item() == pytest.approx(want.item(), rel=1e-12)
+    assert got.chosen_rewards_sum.item() == pytest.approx((0.3 * u[good]).sum().item(), rel=1e-12)
+    logits = x["hidden"] @ x["weight"].T + x["bias"]
+    assert got.rejected_logits_sum.item() == pytest.approx(logits[~good].sum().item(), rel=1e-12)
+
+
 def test_sequence_logps_nll_and_logits_means_are_liger_s_definitions():
     inp = _batch(bias=True, reference="none")
     x = {k: (v.double() if v.is_floating_point() else v) for k, v in inp.items()}
@@ -161,6 +192,7 @@ FUSED = {
     "simpo": (P.fused_linear_simpo_loss, dict(reference="none", bias=True), {}),
     "cpo hinge": (P.fused_linear_cpo_loss, dict(reference="none"), dict(loss_type="hinge")),
     "orpo": (P.fused_linear_orpo_loss, dict(reference="none", t=4), {}),
+    "kto, reference model, bias": (P.fused_linear_kto_loss, dict(labels=True, bias=True), dict(kl=torch.tensor(0.3))),
 }
 
 
@@ -169,7 +201,8 @@ def test_fused_loss_and_gradients_match_float64(label):
     fn, batch, opts = FUSED[label]
     inp = _batch(**batch)
     truth = _leaves(inp, torch.float64)
-    want = getattr(ref, fn.__name__)(**truth, **{k: v for k, v in opts.items() if k != "memory"})
+    spec = ref_kto if fn is P.fused_linear_kto_loss else ref
+    want = getattr(spec, fn.__name__)(**truth, **{k: v for k, v in opts.items() if k != "memory"})
     want.loss.backward()
     got_in = _leaves(inp)
     got = fn(**got_in, **opts)
@@ -223,6 +256,10 @@ def test_other_modules_have_liger_s_defaults():
     orpo = tnn.FusedLinearORPOLoss(beta=0.3)(w, x, t)
     assert len(orpo[1]) == 9
     assert orpo[0].item() == pytest.approx(P.fused_linear_orpo_loss(x, w, t, beta=0.3).loss.item())
+    labels = torch.tensor([True, False, False, True])
+    kto = tnn.FusedLinearKTOLoss(beta=0.3)(x, w, t, preference_labels=labels)  # Liger's order: the input first
+    assert len(kto[1]) == 6
+    assert kto[0].item() == pytest.approx(P.fused_linear_kto_loss(x, w, t, labels, beta=0.3).loss.item())
 
 
 LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -232,13 +269,18 @@ LIGER = importlib.util.find_spec("liger_kernel") is not None
 @pytest.mark.parametrize("name, opts", [("DPO", dict(loss_type="sigmoid", compute_nll_loss=True)),
                                         ("DPO", dict(loss_type="nca_pair", average_log_prob=True)),
                                         ("SimPO", dict(gamma=0.3)), ("CPO", dict(label_smoothing=0.1)),
-                                        ("ORPO", dict(beta=0.2))])
+                                        ("ORPO", dict(beta=0.2)),
+                                        ("KTO", dict(use_ref_model=True, average_log_prob=True))])
 def test_modules_match_liger(name, opts):
     import liger_kernel.chunked_loss as lc
 
-    inp = _batch(bias=True, reference="model" if name == "DPO" else "none")
+    inp = _batch(bias=True, reference="model" if name in ("DPO", "KTO") else "none")
     args = [inp["weight"], inp["hidden"], inp["target"], inp["bias"]]
     args += [inp["ref_hidden"], inp["ref_weight"]] if name == "DPO" else []
+    if name == "KTO":
+        labels = torch.tensor([True, False, True, True])
+        args = [inp["hidden"], inp["weight"], inp["target"], inp["bias"], labels, inp["ref_hidden"],
+                inp["ref_weight"], None, torch.tensor(0.1)]
     theirs = getattr(lc, f"LigerFusedLinear{name}Loss")(compiled=False, **opts)(*args)
     ours = getattr(tnn, f"FusedLinear{name}Loss")(**opts)(*args)
     assert ours[0].item() == pytest.approx(theirs[0].item(), rel=1e-5)
@@ -281,3 +323,27 @@ def test_module_errors():
         tnn.FusedLinearDPOLoss()(inp["weight"], inp["hidden"], inp["target"])
     with pytest.raises(ValueError, match="nll_target"):
         tnn.FusedLinearORPOLoss()(inp["weight"], inp["hidden"], inp["target"], nll_target=inp["target"])
+
+
+# ---- GPU: a model-sized batch (compiled kernels) -------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled kernels)")
+def test_dpo_at_model_size_on_gpu():
+    # 4 pairs x 512 positions, hidden 2048, vocab 32000, bf16, reference model in the same call: loss and gradients
+    # no worse than the plain PyTorch computation (both against float64), and the peak memory the op adds stays
+    # below the float32 logits it does not build (memory="low": ~64 MiB chunks).
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inp = P._inputs({"tokens": 4096, "hidden": 2048, "vocab": 32000}, torch.bfloat16, "cuda", gen, pairs=4,
+                    ignore_every=7, reference="model")
+    spec = P.RECORDS[0]
+    assert_close_to_truth(compare(spec.fn, spec.original, inp, ("hidden", "weight"), factor=2.0,
+                                  unit_upstream=True, differentiable_outputs=(0,)))
+    x = _leaves(inp, grads=("hidden", "weight"))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    TF.fused_linear_dpo_loss(**x, memory="low").loss.backward()
+    torch.cuda.synchronize()
+    grads = x["hidden"].numel() * 2 + x["weight"].numel() * 2
+    extra = torch.cuda.max_memory_allocated() - base - grads
+    assert extra < 4096 * 32000 * 4 / 2, f"{extra / 2**20:.0f} MiB beyond the inputs and gradients"

@@ -13,8 +13,10 @@ from .divergence import JSD, KLDivLoss, TVDLoss
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
-from .preference import FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearORPOLoss, FusedLinearSimPOLoss
+from .preference import (FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearKTOLoss, FusedLinearORPOLoss,
+                         FusedLinearSimPOLoss)
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
-           "FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss", "FusedLinearORPOLoss"]
+           "FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss", "FusedLinearORPOLoss",
+           "FusedLinearKTOLoss"]

@@ -1,7 +1,8 @@
 """Preference-loss modules with Liger-Kernel's (0.8.5) constructors and call signatures: a Liger user swaps
-``LigerFusedLinearDPOLoss`` for :class:`FusedLinearDPOLoss` (and SimPO, CPO, ORPO) and keeps every call.
+``LigerFusedLinearDPOLoss`` for :class:`FusedLinearDPOLoss` (and SimPO, CPO, ORPO, KTO) and keeps every call.
 
-Each forward is ``loss_fn(lin_weight, _input, target, bias=None, ...)`` with ``_input`` (B, T, H) hidden states of
+Each paired loss's forward is ``loss_fn(lin_weight, _input, target, bias=None, ...)`` (KTO: Liger's
+``loss_fn(_input, lin_weight, target, ...)``) with ``_input`` (B, T, H) hidden states of
 the chosen then the rejected sequences, ``target`` (B, T), and returns Liger's ``(loss, aux_outputs)``: ``aux_outputs
 = (chosen_logps, rejected_logps, chosen_logits_mean, rejected_logits_mean, nll_loss, chosen_rewards,
 rejected_rewards[, log_odds_ratio, log_odds_chosen])``. The work is the functional ops of
@@ -17,6 +18,7 @@ from torch import nn
 from .. import functional as TF
 from ..ops import preference as P
 from ..reference import preference as ref
+from ..reference.kto import check_kto_options
 from ..reference.pairs import liger_tuple
 
 
@@ -189,3 +191,48 @@ class FusedLinearORPOLoss(_PreferenceLoss):
         return self._liger(P.fused_linear_orpo_loss(
             _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta,
             compute_nll_loss=self.compute_nll_loss, memory=self.memory))
+
+
+class FusedLinearKTOLoss(_PreferenceLoss):
+    """KTO on the LM head without its logits: :func:`tigon.ops.preference.fused_linear_kto_loss` (Liger's
+    ``LigerFusedLinearKTOLoss``).
+
+    Args:
+        ignore_index, beta, use_ref_model, average_log_prob: Liger's (no reference model by default). compiled,
+            chunk_size: no effect. loss_type, desirable_weight, undesirable_weight (TRL's), memory: keyword only.
+
+    Forward:
+        ``loss_fn(_input, lin_weight, target, bias=None, preference_labels=None, ref_input=None, ref_weight=None,
+        ref_bias=None, kl=None)`` (Liger's order: the input first here): _input (B, T, H), preference_labels (B,)
+        bool, kl the KL estimate. Returns Liger's ``(loss, (chosen_logps_sum, rejected_logps_sum,
+        chosen_logits_sum, rejected_logits_sum, chosen_rewards_sum, rejected_rewards_sum))``.
+
+    Raises:
+        ValueError, TypeError: options out of range at construction; at the forward, bad inputs, no
+            preference_labels, or ``use_ref_model`` without ref_input / ref_weight.
+    """
+
+    def __init__(self, ignore_index: int = -100, beta: float = 0.1, compiled: bool = True,
+                 use_ref_model: bool = False, average_log_prob: bool = False, chunk_size: int = 1, *,
+                 loss_type: str = "kto", desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+                 memory="auto"):
+        super().__init__(ignore_index, compiled, chunk_size, memory)
+        check_kto_options(beta, loss_type, desirable_weight, undesirable_weight)
+        self.beta, self.use_ref_model, self.average_log_prob = beta, use_ref_model, average_log_prob
+        self.loss_type, self.desirable_weight, self.undesirable_weight = loss_type, desirable_weight, undesirable_weight
+
+    def forward(self, _input: torch.Tensor, lin_weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None, preference_labels: torch.Tensor | None = None,
+                ref_input: torch.Tensor | None = None, ref_weight: torch.Tensor | None = None,
+                ref_bias: torch.Tensor | None = None, kl: torch.Tensor | None = None):
+        if preference_labels is None:
+            raise ValueError("preference_labels is required: a (B,) bool tensor, True for a desirable completion")
+        if not self.use_ref_model:
+            ref_input = ref_weight = ref_bias = None
+        elif ref_input is None or ref_weight is None:
+            raise ValueError("use_ref_model=True needs ref_input and ref_weight")
+        return self._liger(P.fused_linear_kto_loss(
+            _input, lin_weight, target, preference_labels, bias, ref_input, ref_weight, ref_bias, kl=kl,
+            ignore_index=self.ignore_index, beta=self.beta, loss_type=self.loss_type,
+            desirable_weight=self.desirable_weight, undesirable_weight=self.undesirable_weight,
+            average_log_prob=self.average_log_prob, memory=self.memory))

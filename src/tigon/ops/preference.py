@@ -1,5 +1,6 @@
-"""Paired preference losses on an LM head without its logits: the public ops :func:`fused_linear_dpo_loss`,
-:func:`fused_linear_simpo_loss`, :func:`fused_linear_cpo_loss`, :func:`fused_linear_orpo_loss` and their records.
+"""Preference losses on an LM head without its logits: the public ops :func:`fused_linear_dpo_loss` (and its record),
+:func:`fused_linear_simpo_loss`, :func:`fused_linear_cpo_loss`, :func:`fused_linear_orpo_loss` and the unpaired
+:func:`fused_linear_kto_loss`.
 
 Each is one call of the fused linear log-prob primitive (:func:`tigon.functional.fused_linear_logprobs`) over the
 policy's chosen and rejected sequences, one more under ``torch.no_grad`` for a reference model (DPO), then the
@@ -19,7 +20,9 @@ import math
 import torch
 
 from .. import _checks
+from ..reference import kto as ref_kto
 from ..reference import preference as ref
+from ..reference.kto import KTOOutput
 from ..reference.pairs import PreferenceOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes, targets
@@ -30,14 +33,19 @@ _MEMORY = """memory: the memory the primitive may hold beside its inputs and gra
             :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes)."""
 
 
-def _run(op: str, formula: str, opts: dict, **fixed) -> PreferenceOutput:
-    """The body of the public ops: the reference on the PyTorch backends, else the formula on the fused primitive."""
+def _run(op: str, formula: str, opts: dict, **fixed):
+    """The body of the public ops: the reference on the PyTorch backends, else the loss (``formula`` of
+    :data:`tigon.reference.preference.LOSSES`, or ``"kto"``) on the fused primitive."""
     memory = opts.pop("memory")
     _checks.tensor("hidden", opts["hidden"], floating=True, ndim=3)
+    spec = ref_kto if formula == "kto" else ref
     if select_backend(op, opts["hidden"]) in TORCH_CODE:
-        return getattr(ref, op)(**opts)
+        return getattr(spec, op)(**opts)
     memory_plan(memory, None, opts["weight"])  # a bad memory fails before any pass
-    return ref.loss_with(formula, functools.partial(fused_linear_logprobs, memory=memory), **fixed, **opts)
+    token_logps = functools.partial(fused_linear_logprobs, memory=memory)
+    if formula == "kto":
+        return ref_kto.kto_with(token_logps, **opts)
+    return ref.loss_with(formula, token_logps, **fixed, **opts)
 
 
 def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None, *,
@@ -157,7 +165,38 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: i
     return _run("fused_linear_orpo_loss", "orpo", dict(locals()))
 
 
-for _f in (fused_linear_dpo_loss, fused_linear_cpo_loss, fused_linear_simpo_loss, fused_linear_orpo_loss):
+def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, ref_hidden=None, ref_weight=None,
+                          ref_bias=None, *, ref_logps=None, kl=None, ignore_index: int = -100, beta: float = 0.1,
+                          loss_type: str = "kto", desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+                          average_log_prob: bool = False, memory: str | int = "auto") -> KTOOutput:
+    """Kahneman-Tversky Optimization loss (unpaired) from the LM head's hidden states, without logits.
+
+    Ethayarajh et al. 2024, "KTO", eq. 7, and TRL 1.16's ``KTOTrainer`` loss types (``kto``,
+    ``apo_zero_unpaired``); Liger's ``LigerFusedLinearKTOLoss`` metrics (formulas: :mod:`tigon.reference.kto`).
+
+    Args:
+        hidden: (B, T, H) float32 / bfloat16 / float16 policy final hidden states (any B >= 1, any order).
+        weight, target, bias, ref_hidden, ref_weight, ref_bias, ignore_index, average_log_prob: as
+            :func:`fused_linear_dpo_loss`.
+        preference_labels: (B,) bool, True for a desirable completion.
+        ref_logps: (B,) precomputed reference log-probabilities, or None (0 without a reference model either).
+        kl: the KL estimate ``z`` (0-d or broadcastable (B,); no gradient), or None for 0.
+        beta: > 0; loss_type: ``"kto"`` or ``"apo_zero_unpaired"``; desirable_weight, undesirable_weight: >= 0.
+        {memory}
+
+    Returns:
+        :class:`tigon.reference.kto.KTOOutput`: the 0-d loss (mean over the B sequences; differentiable w.r.t.
+        hidden, weight, bias), then Liger's sums of log-probs, logits and rewards per group, detached.
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes, devices, labels not a (B,) bool tensor, options out of range
+            (:func:`tigon.reference.kto.check_kto_options`), a bad ``memory``.
+    """
+    return _run("fused_linear_kto_loss", "kto", dict(locals()))
+
+
+for _f in (fused_linear_dpo_loss, fused_linear_cpo_loss, fused_linear_simpo_loss, fused_linear_orpo_loss,
+           fused_linear_kto_loss):
     _f.__doc__ = _f.__doc__.replace("{memory}", _MEMORY)
 
 

@@ -106,8 +106,9 @@ log-probabilities of the targets, 0 at ignored tokens."""
 
 
 def check_batch(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None,
-                ref_chosen_logps=None, ref_rejected_logps=None) -> None:
-    """Validate a preference batch: chosen then rejected sequences and an LM head (and a reference model's).
+                ref_chosen_logps=None, ref_rejected_logps=None, *, paired: bool = True) -> None:
+    """Validate a preference batch: chosen then rejected sequences (``paired``; else any B > 0 sequences) and an LM
+    head (and a reference model's).
 
     Raises:
         TypeError: a float tensor not floating, target not an integer tensor.
@@ -119,7 +120,7 @@ def check_batch(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=N
     _checks.tensor("hidden", hidden, floating=True, ndim=3)
     _checks.tensor("target", target, integer=True, ndim=2)
     b, t, h = hidden.shape
-    if b == 0 or b % 2:
+    if b == 0 or (paired and b % 2):
         raise ValueError(f"hidden must hold the chosen then the rejected sequences: an even batch B > 0, got shape "
                          f"{tuple(hidden.shape)}")
     if tuple(target.shape) != (b, t):
@@ -159,7 +160,7 @@ def check_batch(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=N
                         ref_bias=ref_bias, ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
 
 
-def _sequence_logps(token_logps: TokenLogps, hidden, weight, target, bias, ignore_index: int):
+def sequence_logps(token_logps: TokenLogps, hidden, weight, target, bias, ignore_index: int):
     """(B, T) per-token log-probabilities of ``target`` (0 where ignored) and (B,) counts of scored tokens."""
     b, t, h = hidden.shape
     lp = token_logps(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, ignore_index=ignore_index)
@@ -190,7 +191,7 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
     """
     check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     p = hidden.shape[0] // 2
-    lp, n = _sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
+    lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
     per_seq = lp.sum(-1)
     length = n.clamp(min=1)
     if average_log_prob:
@@ -199,7 +200,7 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
     ref_c = ref_r = None
     if ref_hidden is not None:
         with torch.no_grad():
-            rlp, _ = _sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
+            rlp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
             ref_seq = rlp.sum(-1).to(per_seq.dtype)
             if average_log_prob:
                 ref_seq = ref_seq / length
@@ -210,18 +211,22 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
     return PairLogps(per_seq[:p], per_seq[p:], ref_c, ref_r, n[:p], n[p:], nll, bool(average_log_prob))
 
 
-def logits_means(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
-    """(chosen, rejected) 0-d mean of the logits ``hidden @ weight.T + bias`` over each half's (P, T) positions and
-    the V classes, in ``dtype``, without the logits: per half ``(sum_bt hidden_bt) . (sum_v weight_v) + P T sum_v
-    bias_v`` over ``P T V``. No gradient."""
+def row_logit_sums(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+    """(B,) sum of the logits ``hidden @ weight.T + bias`` of each sequence over its T positions and the V classes, in
+    ``dtype``, without the logits: ``(sum_t hidden_bt) . (sum_v weight_v) + T sum_v bias_v``. No gradient."""
     with torch.no_grad():
-        b, t, _ = hidden.shape
-        p, v = b // 2, weight.shape[0]
-        w_sum = weight.sum(0, dtype=dtype)
-        b_sum = bias.sum(dtype=dtype) if bias is not None else torch.zeros((), dtype=dtype, device=weight.device)
-        denom = max(p * t * v, 1)
-        halves = (hidden[:p], hidden[p:])
-        return tuple((hh.sum((0, 1), dtype=dtype) @ w_sum + p * t * b_sum) / denom for hh in halves)
+        t = hidden.shape[1]
+        out = hidden.sum(1, dtype=dtype) @ weight.sum(0, dtype=dtype)
+        return out + t * bias.sum(dtype=dtype) if bias is not None else out
+
+
+def logits_means(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+    """(chosen, rejected) 0-d mean of the logits over each half's (P, T) positions and the V classes (Liger's
+    ``chosen_logits_mean``), from :func:`row_logit_sums`. No gradient."""
+    b, t, _ = hidden.shape
+    sums = row_logit_sums(hidden, weight, bias, dtype)
+    denom = max(b // 2 * t * weight.shape[0], 1)
+    return sums[: b // 2].sum() / denom, sums[b // 2:].sum() / denom
 
 
 def preference_output(pairs: PairLogps, hidden, weight, bias, loss: torch.Tensor, chosen_rewards: torch.Tensor,
