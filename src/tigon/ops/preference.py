@@ -84,8 +84,9 @@ def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, re
     Returns:
         :class:`tigon.reference.pairs.PreferenceOutput` (float32; float64 for float64 inputs): the 0-d loss (mean
         over pairs; differentiable w.r.t. hidden, weight and bias), then Liger's aux outputs (chosen / rejected
-        log-probs, logits means, NLL, rewards ``beta (logp - ref_logp)``), detached. ``tigon.reference.pairs.liger_tuple`` gives
-        Liger's ``(loss, aux)`` tuple. The caller's tensors are never written.
+        log-probs, logits means, NLL, rewards ``beta (logp - ref_logp)``), detached;
+        ``tigon.reference.pairs.liger_tuple`` gives Liger's ``(loss, aux)`` tuple. The caller's tensors are never
+        written.
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices (:func:`tigon.reference.pairs.check_batch`), a target
@@ -224,7 +225,8 @@ def _inputs(s: dict, dtype, device, gen, pairs: int = 2, ignore_every: int = 0, 
     """A preference batch: ``pairs`` chosen then ``pairs`` rejected sequences of ``tokens // (2 pairs)`` positions
     (at least 1), hidden (B, T, hidden), an LM head (vocab, hidden) with logits of std ~2, targets (every
     ``ignore_every``-th -100); ``reference`` ``"model"``: a reference model near the policy (hidden states and head
-    perturbed by 10% and 5%), ``"logps"``: given reference log-probabilities, ``"none"``: neither."""
+    perturbed by 50% and 30%: far enough that the rewards, differences of the two, are no cancellation),
+    ``"logps"``: given reference log-probabilities, ``"none"``: neither."""
     b, h, v = 2 * pairs, s["hidden"], s["vocab"]
     t = max(1, s["tokens"] // b)
     hidden = randn(gen, (b, t, h), torch.float32, device)
@@ -234,8 +236,8 @@ def _inputs(s: dict, dtype, device, gen, pairs: int = 2, ignore_every: int = 0, 
     if bias:
         out["bias"] = randn(gen, (v,), dtype, device, 0.5)
     if reference == "model":
-        out["ref_hidden"] = (hidden + randn(gen, (b, t, h), torch.float32, device, 0.1)).to(dtype)
-        out["ref_weight"] = (w * (1 + randn(gen, (v, h), torch.float32, device, 0.05))).to(dtype)
+        out["ref_hidden"] = (hidden + randn(gen, (b, t, h), torch.float32, device, 0.5)).to(dtype)
+        out["ref_weight"] = (w * (1 + randn(gen, (v, h), torch.float32, device, 0.3))).to(dtype)
     elif reference == "logps":
         out["ref_chosen_logps"] = randn(gen, (pairs,), torch.float32, device, 1.0, -2.0 * t)
         out["ref_rejected_logps"] = randn(gen, (pairs,), torch.float32, device, 1.0, -2.0 * t)

@@ -268,7 +268,8 @@ def orpo(pairs: PairLogps, *, beta: float = 0.1):
 
 
 # ---- the specification of the public ops ---------------------------------------------------------------------------
-LOSSES = {"dpo": (dpo, check_dpo_options), "cpo": (cpo, check_cpo_options), "orpo": (orpo, lambda beta=0.1: _beta(beta))}
+LOSSES = {"dpo": (dpo, check_dpo_options), "cpo": (cpo, check_cpo_options),
+          "orpo": (orpo, lambda beta=0.1: _beta(beta))}
 """Formula name -> (formula, its option check)."""
 
 
