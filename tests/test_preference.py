@@ -347,3 +347,17 @@ def test_dpo_at_model_size_on_gpu():
     grads = x["hidden"].numel() * 2 + x["weight"].numel() * 2
     extra = torch.cuda.max_memory_allocated() - base - grads
     assert extra < 4096 * 32000 * 4 / 2, f"{extra / 2**20:.0f} MiB beyond the inputs and gradients"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled kernels)")
+def test_dpo_compiles_in_one_graph_on_gpu():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inp = P._inputs({"tokens": 512, "hidden": 256, "vocab": 1000}, torch.bfloat16, "cuda", gen, pairs=2,
+                    ignore_every=5, reference="model")
+    x, y = _leaves(inp, grads=("hidden", "weight")), _leaves(inp, grads=("hidden", "weight"))
+    compiled = torch.compile(lambda **kw: TF.fused_linear_dpo_loss(**kw).loss, fullgraph=True)
+    compiled(**x).backward()
+    TF.fused_linear_dpo_loss(**y).loss.backward()
+    for k in ("hidden", "weight"):
+        assert rel_l2(x[k].grad.float(), y[k].grad.float()) < 1e-2, k
