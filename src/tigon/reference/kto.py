@@ -1,4 +1,4 @@
-"""Kahneman-Tversky Optimization on an LM head: the specification of :func:`tigon.ops.kto.fused_linear_kto_loss`.
+"""Kahneman-Tversky Optimization on an LM head: the specification of :func:`tigon.ops.preference.fused_linear_kto_loss`.
 
 KTO is unpaired: each of the B sequences carries its own label (desirable, ``preference_labels[b] = True``, or
 undesirable). With the sequence log-probabilities of :mod:`tigon.reference.pairs` (sums, or averages with
@@ -24,7 +24,7 @@ import torch
 
 from .. import _checks
 from .fused_linear_logprobs import fused_linear_logprobs as _token_logps
-from .pairs import check_batch, row_logit_sums, sequence_logps
+from .pairs import check_batch, policy_and_reference, row_logit_sums
 
 KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 """TRL 1.16 ``KTOConfig.loss_type``'s values, both covered."""
@@ -86,16 +86,10 @@ def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, 
     _checks.same_device(hidden=hidden, preference_labels=preference_labels, ref_logps=ref_logps, kl=kl)
     if not isinstance(average_log_prob, (bool, int)):
         raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")
-    lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
-    logps = lp.sum(-1) / n.clamp(min=1) if average_log_prob else lp.sum(-1)
-    ref_seq = torch.zeros_like(logps)
-    if ref_hidden is not None:
-        with torch.no_grad():
-            rlp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
-            ref_seq = rlp.sum(-1).to(logps.dtype)
-            ref_seq = ref_seq / n.clamp(min=1) if average_log_prob else ref_seq
-    elif ref_logps is not None:
-        ref_seq = ref_logps.detach().to(logps.dtype)
+    _, _, logps, ref_seq = policy_and_reference(token_logps, hidden, weight, target, bias, ref_hidden, ref_weight,
+                                                ref_bias, ignore_index, bool(average_log_prob))
+    if ref_seq is None:
+        ref_seq = ref_logps.detach().to(logps.dtype) if ref_logps is not None else torch.zeros_like(logps)
     z = kl.detach().to(logps.dtype) if kl is not None else torch.zeros((), dtype=logps.dtype, device=logps.device)
     u = logps - ref_seq
     good = preference_labels
@@ -115,7 +109,7 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
                           ref_bias=None, *, ref_logps=None, kl=None, ignore_index: int = -100, beta: float = 0.1,
                           loss_type: str = "kto", desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
                           average_log_prob: bool = False) -> KTOOutput:
-    """KTO with the logits materialised: the specification of :func:`tigon.ops.kto.fused_linear_kto_loss` (same
+    """KTO with the logits materialised: the specification of :func:`tigon.ops.preference.fused_linear_kto_loss` (same
     arguments, less ``memory``)."""
     return kto_with(_token_logps, **locals())
 

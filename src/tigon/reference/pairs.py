@@ -167,6 +167,23 @@ def sequence_logps(token_logps: TokenLogps, hidden, weight, target, bias, ignore
     return lp.reshape(b, t), (target != ignore_index).sum(-1).to(lp.dtype)
 
 
+def policy_and_reference(token_logps: TokenLogps, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
+                         ignore_index: int, average_log_prob: bool):
+    """The policy's (B, T) per-token log-probabilities, (B,) counts of scored tokens and (B,) sequence log-probs (sums,
+    or averages with ``average_log_prob``), and the reference model's (B,) sequence log-probs on the same scale
+    (computed under ``torch.no_grad``), or None without ``ref_hidden``. Inputs checked by the caller."""
+    lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
+    length = n.clamp(min=1)
+    seq = lp.sum(-1) / length if average_log_prob else lp.sum(-1)
+    ref_seq = None
+    if ref_hidden is not None:
+        with torch.no_grad():
+            rlp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
+            ref_seq = rlp.sum(-1).to(seq.dtype)
+            ref_seq = ref_seq / length if average_log_prob else ref_seq
+    return lp, n, seq, ref_seq
+
+
 def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None,
                ref_bias=None, ref_chosen_logps=None, ref_rejected_logps=None, *, ignore_index: int = -100,
                average_log_prob: bool = False) -> PairLogps:
@@ -191,19 +208,11 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
     """
     check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     p = hidden.shape[0] // 2
-    lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
-    per_seq = lp.sum(-1)
-    length = n.clamp(min=1)
-    if average_log_prob:
-        per_seq = per_seq / length
+    lp, n, per_seq, ref_seq = policy_and_reference(token_logps, hidden, weight, target, bias, ref_hidden, ref_weight,
+                                                   ref_bias, ignore_index, average_log_prob)
     nll = -lp[:p].sum() / n[:p].sum().clamp(min=1)
     ref_c = ref_r = None
-    if ref_hidden is not None:
-        with torch.no_grad():
-            rlp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
-            ref_seq = rlp.sum(-1).to(per_seq.dtype)
-            if average_log_prob:
-                ref_seq = ref_seq / length
+    if ref_seq is not None:
         ref_c, ref_r = ref_seq[:p], ref_seq[p:]
     elif ref_chosen_logps is not None:
         ref_c = ref_chosen_logps.detach().to(per_seq.dtype)
