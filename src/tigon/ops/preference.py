@@ -278,7 +278,8 @@ RECORDS = (
         # fused_linear_logprobs); the reference model: one forward
         flops=lambda s, mode: (4 if mode == "fwd" else 10) * s["tokens"] * s["hidden"] * s["vocab"],
         peers={"liger": _liger_dpo},
-        bench_inputs={"reference": "model"},  # issue 29's row: the reference model in the same pass
+        # issue 29's row (--tokens 8192: 4 pairs x 1024 positions): the reference model in the same call
+        bench_inputs={"reference": "model", "pairs": 4},
         cases=(
             Case(),
             Case("reference model", inputs={"reference": "model", "ignore_every": 5}),
