@@ -12,6 +12,8 @@ from .divergence import JSD, KLDivLoss, TVDLoss
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
+from .grpo import FusedLinearGRPOLoss
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
-           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm"]
+           "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
+           "FusedLinearGRPOLoss"]
