@@ -37,6 +37,7 @@ from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd
 from .ops.fused_linear_grpo import fused_linear_grpo
+from .ops.fused_linear_jsd import fused_linear_jsd
 from .reference.cross_entropy import LossOutput
 from .reference.fused_linear_logprobs import LogProbsOutput
 from .reference.fused_linear_grpo import GRPOOutput

@@ -1,0 +1,107 @@
+"""Fused linear generalised JSD: the distillation loss of a student's and a teacher's LM heads without the (N, V)
+logits of either model.
+
+Formula and semantics: :mod:`tigon.reference.fused_linear_jsd`. Chunks of tokens as the fused cross-entropy's
+(:func:`tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`: its chunk rule and ``memory`` budget, its
+matmuls and fp32 accumulators), with the gradient formed in the forward (the loss is a scalar, so its backward only
+scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
+
+1. ``z_s = h_s W_s^T (+ b_s)`` into the chunk buffer (compute dtype), ``z_t = h_t W_t^T (+ b_t)`` into a second one;
+2. ``x = log_softmax(z_s / T)``, ``y = log_softmax(z_t / T)`` in fp32 (torch);
+3. the divergence kernel of :mod:`tigon.kernels.divergence` (the one :func:`tigon.functional.jsd` runs) writes the
+   rows' JSD and ``g = scale * d JSD / d x`` (scale = 1 / kept rows), in place over ``y``;
+4. the gradient w.r.t. the student's logits, ``(g - softmax(z_s / T) * sum_v g) / T`` (the log-softmax's
+   backward), goes into the chunk buffer, and the loop's matmuls add ``grad_hidden = G W_s`` and ``grad_W += G^T h_s``
+   (and ``grad_b += sum G``).
+
+Memory per chunk row: the two logits rows in the compute dtype and two fp32 rows (x, y), plus torch's fp32
+temporaries of the log-softmax (:data:`ELEM_BYTES_FP32` per logit on top of the compute dtype's two). The teacher
+gets no gradient. Matmuls: 2 for the logits, 2 for the student's gradients (4 N H V x 2 FLOPs in all).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import once_differentiable
+from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, launch, reduction_scale
+from .fused_linear_cross_entropy import _operands, backward_over_chunks, scale_grads
+
+ELEM_BYTES_FP32 = 16
+"""fp32 bytes a chunk holds per logit besides the two logits buffers: x and y (4 + 4) and the log-softmax's
+temporaries (up to 8 while one is formed)."""
+
+
+def _kind(beta: float) -> int:
+    return KL_LOG if beta == 0.0 else KL_LOG_REVERSE if beta == 1.0 else JSD
+
+
+def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
+                beta: float, ignore_index: int, temperature: float, cd: torch.dtype, need, lean: bool = False,
+                budget: int = -1):
+    """(loss 0-d fp32, (gh, gw, gb) unscaled accumulators for :func:`scale_grads`, None where not needed) of the
+    batch-mean JSD over the rows whose label is not ``ignore_index`` (all rows when ``labels`` is None)."""
+    n = student_input.shape[0]
+    vocab = student_weight.shape[0]
+    dev = student_input.device
+    labels = labels.contiguous() if labels is not None else None
+    scale = reduction_scale(labels, ignore_index, n, vocab, "batchmean", dev)
+    opts = Divergence(_kind(beta), beta, 0.0, ignore_index)
+    loss_rows = torch.zeros(n, dtype=torch.float32, device=dev)
+    ht, wt, bt = _operands(teacher_input.detach(), teacher_weight.detach(),
+                           None if teacher_bias is None else teacher_bias.detach(), cd)
+    want_grad = any(need)
+    inv_t = 1.0 / temperature
+    teacher_buf: list[torch.Tensor] = []
+
+    def rows_grad(lg, s, e):
+        if not teacher_buf:  # one (rows, V) buffer for the teacher's logits, the size of the student's
+            teacher_buf.append(torch.empty_like(lg))
+        tz = teacher_buf[0][: e - s]
+        if bt is None:
+            torch.mm(ht[s:e], wt.t(), out=tz)
+        else:
+            torch.addmm(bt, ht[s:e], wt.t(), out=tz)
+        x = torch.log_softmax(lg.float().mul_(inv_t), dim=-1)
+        y = torch.log_softmax(tz.float().mul_(inv_t), dim=-1)
+        launch(x, y, labels[s:e] if labels is not None else None, scale, opts, loss=loss_rows[s:e],
+               dx=y if want_grad else None)  # each program reads its block of y before writing g over it
+        if want_grad:
+            g = y
+            g.sub_(x.exp_().mul_(g.sum(dim=-1, keepdim=True))).mul_(inv_t)
+            lg.copy_(g)
+
+    grads = backward_over_chunks(student_input, student_weight, student_bias, cd, need, lean, True, budget, rows_grad,
+                                 elem_bytes=2 * cd.itemsize + ELEM_BYTES_FP32, scalar=True)
+    return loss_rows.sum() * scale, grads
+
+
+class FusedLinearJSDFunction(torch.autograd.Function):
+    """``apply(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, beta,
+    ignore_index, temperature, cd, need, lean, budget) -> loss``: 0-d fp32, gradients formed in the forward for
+    ``need`` = (student_input, student_weight, student_bias) and scaled by the upstream gradient in the backward (a
+    second backward through the same graph raises)."""
+
+    @staticmethod
+    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1):
+        loss, grads = jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                                  teacher_bias, beta, ignore_index, temperature, cd, need, lean, budget)
+        ctx.grads, ctx.need = grads, need
+        ctx.dtypes = (student_input.dtype, student_weight.dtype,
+                      student_bias.dtype if student_bias is not None else None)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        none = (None,) * 8
+        if not any(ctx.need):
+            return (None,) * 6 + none
+        if ctx.grads is None:
+            raise RuntimeError("tigon.fused_linear_jsd forms its gradients in the forward and scales them in the "
+                               "backward: a second backward through the same loss is not possible")
+        grads, ctx.grads = ctx.grads, None
+        gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
+        return (gh if ctx.need[0] else None, gw if ctx.need[1] else None, None, None, None,
+                gb if ctx.need[2] else None) + none
