@@ -13,7 +13,8 @@ from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
 from .grpo import FusedLinearGRPOLoss
+from .fused_linear_jsd import FusedLinearJSD, FusedLinearJSDLoss
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
-           "FusedLinearGRPOLoss"]
+           "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearJSDLoss"]
