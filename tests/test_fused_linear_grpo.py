@@ -24,10 +24,12 @@ BUILD = RECORDS[0].make_inputs
 
 
 @pytest.fixture(autouse=True)
-def small_blocks(monkeypatch):
-    # vocabulary blocks of 16 and chunks of 5 tokens: the kernels' loops run several times
-    monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 16)
-    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 5 * 37)
+def small_blocks(request, monkeypatch):
+    # vocabulary blocks of 16 and chunks of 8 tokens: the kernels' loops run several times (not for the GPU sizes)
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 16)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 8 * 37)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 8 * 37)
 
 
 class _Accelerator:
@@ -54,12 +56,15 @@ def _trl_loss(inputs, opts: dict, dtype):
 
     def logps(h, w, bias, grad=True):
         with torch.set_grad_enabled(grad):
-            logits = torch.nn.functional.linear(h.reshape(b * t, -1), w, bias).float() / temp
+            logits = torch.nn.functional.linear(h.reshape(b * t, -1), w, bias)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temp  # TRL: fp32 logits
             lp = trl_utils.selective_log_softmax(logits, inputs["selected_token_ids"].reshape(-1))
             return lp.reshape(b, t), trl_utils.entropy_from_logits(logits).reshape(b, t)
 
     lp, ent = logps(leaves["_input"], leaves["weight"], leaves.get("bias"))
-    batch = {"prompt_ids": torch.zeros(b, 0, dtype=torch.long), "prompt_mask": torch.zeros(b, 0, dtype=torch.long),
+    dev = inputs["selected_token_ids"].device
+    batch = {"prompt_ids": torch.zeros(b, 0, dtype=torch.long, device=dev),
+             "prompt_mask": torch.zeros(b, 0, dtype=torch.long, device=dev),
              "completion_ids": inputs["selected_token_ids"], "completion_mask": inputs["attention_mask"],
              "advantages": inputs["advantages"], "num_items_in_batch": inputs["attention_mask"].sum()}
     for k in ("old_per_token_logps", "ref_per_token_logps"):
@@ -119,22 +124,22 @@ CASES = {
 }
 
 
-def _inputs(dtype, build: dict, seed=0):
+def _inputs(dtype, build: dict, seed=0, device="cpu", shape=SHAPE):
     build = dict(build)
     ratio = build.pop("ratio", False)
     gen = torch.Generator().manual_seed(seed)
-    out = BUILD(SHAPE, dtype, torch.device("cpu"), gen, **build)
+    out = BUILD(shape, dtype, torch.device(device), gen, **build)
     if ratio:
-        out["vllm_is_ratio"] = torch.rand(out["selected_token_ids"].shape, generator=gen) + 0.5
+        out["vllm_is_ratio"] = (torch.rand(out["selected_token_ids"].shape, generator=gen) + 0.5).to(device)
     return out
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_loss_grads_and_metrics_match_trl_in_fp32(case):
+def test_loss_grads_and_metrics_match_trl_in_fp32(case, device):
     # loss and the gradients of hidden, weight (and bias) within 1e-5 of TRL's computation in float64; every metric
     # TRL logs equal to its value (fp32) within 1e-5
     opts, build = CASES[case]
-    inputs = _inputs(torch.float32, build)
+    inputs = _inputs(torch.float32, build, device=device)
     loss, grads, metrics = _tigon_loss(inputs, opts, torch.float32)
     want, want_grads, want_metrics = _trl_loss(inputs, opts, torch.float64)
     assert loss.dtype == torch.float32 and loss.shape == ()
@@ -148,11 +153,11 @@ def test_loss_grads_and_metrics_match_trl_in_fp32(case):
 
 
 @pytest.mark.parametrize("case", ["dapo", "grpo clipped", "delta, bias-corrected KL, bias"])
-def test_bf16_no_worse_than_trl_plain(case):
+def test_bf16_no_worse_than_trl_plain(case, device):
     # bf16 hidden states and heads: Tigon's loss and gradients no further from TRL's float64 value than TRL's own
     # computation in bf16 (LM head in bf16, fp32 log-softmax), up to rounding ties (1.05)
     opts, build = CASES[case]
-    inputs = _inputs(torch.bfloat16, build, seed=1)
+    inputs = _inputs(torch.bfloat16, build, seed=1, device=device)
     loss, grads, _ = _tigon_loss(inputs, opts, torch.bfloat16)
     plain, plain_grads, _ = _trl_loss(inputs, opts, torch.bfloat16)
     truth, truth_grads, _ = _trl_loss(inputs, opts, torch.float64)
@@ -162,9 +167,9 @@ def test_bf16_no_worse_than_trl_plain(case):
         assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
 
 
-def test_liger_metrics_tuple_and_defaults():
+def test_liger_metrics_tuple_and_defaults(device):
     # Liger's return: (loss, (kl, clip_ratio)) with beta != 0, (loss, (clip_ratio,)) with beta = 0; Liger's defaults
-    inputs = _inputs(torch.float32, dict(old=True))
+    inputs = _inputs(torch.float32, dict(old=True), device=device)
     args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
     loss, metrics = tnn.FusedLinearGRPOLoss()(*args, ref_per_token_logps=inputs["ref_per_token_logps"],
                                               old_per_token_logps=inputs["old_per_token_logps"])
@@ -176,8 +181,8 @@ def test_liger_metrics_tuple_and_defaults():
     assert len(metrics) == 1 and float(metrics[0]) == 0.0
 
 
-def test_ref_input_is_the_same_as_its_log_probs_and_gets_no_gradient():
-    inputs = _inputs(torch.float32, dict(ref="input"))
+def test_ref_input_is_the_same_as_its_log_probs_and_gets_no_gradient(device):
+    inputs = _inputs(torch.float32, dict(ref="input"), device=device)
     ref_in = inputs["ref_input"].clone().requires_grad_()
     inputs["_input"].requires_grad_()
     args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
@@ -190,8 +195,8 @@ def test_ref_input_is_the_same_as_its_log_probs_and_gets_no_gradient():
     assert ref_in.grad is None
 
 
-def test_bad_input_is_refused_with_a_clear_error():
-    inputs = _inputs(torch.float32, dict())
+def test_bad_input_is_refused_with_a_clear_error(device):
+    inputs = _inputs(torch.float32, dict(), device=device)
     args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
     with pytest.raises(ValueError, match="loss_type must be one of"):
         tnn.FusedLinearGRPOLoss(loss_type="ppo")
@@ -207,3 +212,19 @@ def test_bad_input_is_refused_with_a_clear_error():
         F.fused_linear_grpo(*args, ref_input=inputs["_input"])
     with pytest.raises(ValueError, match="advantages must be"):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("case", ["dapo", "grpo clipped", "bnpo ref_input temperature"])
+def test_gpu_llm_head_sizes_bf16_no_worse_than_trl_plain(case):
+    # 8 completions x 512 tokens, hidden 1024, vocabulary 128256 (several chunks, 8192-column blocks), bf16
+    opts, build = CASES[case]
+    inputs = _inputs(torch.bfloat16, build, seed=2, device="cuda",
+                     shape={"tokens": 4096, "batch": 8, "hidden": 1024, "vocab": 128256})
+    loss, grads, metrics = _tigon_loss(inputs, opts, torch.bfloat16)
+    plain, plain_grads, plain_metrics = _trl_loss(inputs, opts, torch.bfloat16)
+    truth, truth_grads, _ = _trl_loss(inputs, opts, torch.float64)
+    for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
+    assert set(metrics.trl) == set(plain_metrics)

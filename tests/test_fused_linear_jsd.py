@@ -25,28 +25,36 @@ with warnings.catch_warnings():
 N, H, HT, V = 13, 16, 24, 37
 
 
+KERNEL_BACKEND = "triton" if torch.cuda.is_available() else "interpreter"
+
+
 @pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    # chunks of 4 rows and vocabulary blocks of 16 columns: both loops run several times
-    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 4 * V)
-    monkeypatch.setattr(divergence, "MAX_BLOCK_V", 16)
+def small_chunks(request, monkeypatch):
+    # chunks of 4 rows and vocabulary blocks of 16 columns: both loops run several times (not at the GPU sizes, where
+    # the chunk rule itself makes several)
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 4 * V)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 4 * V)
+        monkeypatch.setattr(divergence, "MAX_BLOCK_V", 16)
 
 
-def _problem(dtype, ignore_every=3, labels=True, bias=False, seed=0):
+def _problem(dtype, ignore_every=3, labels=True, bias=False, seed=0, device="cpu", n=N, h=H, ht=HT, v=V):
+    """Student (n, h), (v, h) and teacher (n, ht), (v, ht) hidden states and heads (logits of std ~2), labels with
+    every ``ignore_every``-th ignored, optional biases; built on the CPU from ``seed``, moved to ``device``."""
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(V, H, generator=g) * 2 / H**0.5
-    out = dict(student_input=torch.randn(N, H, generator=g).to(dtype), student_weight=w.to(dtype),
-               teacher_input=torch.randn(N, HT, generator=g).to(dtype),
-               teacher_weight=(torch.randn(V, HT, generator=g) * 2 / HT**0.5).to(dtype))
+    out = dict(student_input=torch.randn(n, h, generator=g), student_weight=torch.randn(v, h, generator=g) * 2 / h**0.5,
+               teacher_input=torch.randn(n, ht, generator=g),
+               teacher_weight=torch.randn(v, ht, generator=g) * 2 / ht**0.5)
+    if bias:
+        out["student_bias"] = torch.randn(v, generator=g) * 0.5
+        out["teacher_bias"] = torch.randn(v, generator=g) * 0.5
+    out = {k: t.to(dtype) for k, t in out.items()}
     if labels:
-        lab = torch.randint(0, V, (N,), generator=g)
+        lab = torch.randint(0, v, (n,), generator=g)
         if ignore_every:
             lab[::ignore_every] = -100
         out["shift_labels"] = lab
-    if bias:
-        out["student_bias"] = (torch.randn(V, generator=g) * 0.5).to(dtype)
-        out["teacher_bias"] = (torch.randn(V, generator=g) * 0.5).to(dtype)
-    return out
+    return {k: t.to(device) for k, t in out.items()}
 
 
 def _run(fn, p, dtype=None, upstream=1.0, **kw):
@@ -77,13 +85,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_trl_gkd_loss_and_float64_reference_in_fp32(case):
+def test_matches_trl_gkd_loss_and_float64_reference_in_fp32(case, device):
     # loss and gradients within 1e-5 of TRL's GKD loss on float64 logits; the float64 reference is that same value
     kw, build = CASES[case]
-    p = _problem(torch.float32, **build)
+    p = _problem(torch.float32, device=device, **build)
     support.backend_usage(reset=True)
     loss, grads = _run(F.fused_linear_jsd, p, **kw)
-    assert support.backend_usage()["fused_linear_jsd"] == {"interpreter": 1}
+    assert support.backend_usage()["fused_linear_jsd"] == {KERNEL_BACKEND: 1}
     want, want_grads = _run(_trl, p, torch.float64, **kw)
     ref, ref_grads = _run(ref_jsd, p, torch.float64, **kw)
     assert loss.dtype == torch.float32 and loss.shape == ()
@@ -94,11 +102,11 @@ def test_matches_trl_gkd_loss_and_float64_reference_in_fp32(case):
 
 
 @pytest.mark.parametrize("case", ["beta=0.5, ignored rows", "beta=1, temperature=0.7"])
-def test_bf16_no_worse_than_the_plain_computation(case):
+def test_bf16_no_worse_than_the_plain_computation(case, device):
     # bf16 heads: error against float64 at most the plain computation's (LM heads in bf16, fp32 log-softmax and
     # JSD), up to rounding ties (1.05)
     kw, build = CASES[case]
-    p = _problem(torch.bfloat16, seed=1, **build)
+    p = _problem(torch.bfloat16, seed=1, device=device, **build)
     loss, grads = _run(F.fused_linear_jsd, p, **kw)
     plain, plain_grads = _run(plain_linear_jsd, p, **kw)
     truth, truth_grads = _run(ref_jsd, p, torch.float64, **kw)
@@ -107,8 +115,8 @@ def test_bf16_no_worse_than_the_plain_computation(case):
     assert [g.dtype for g in grads] == [torch.bfloat16] * 2
 
 
-def test_upstream_scaling_memory_budget_and_a_second_backward():
-    p = _problem(torch.float32)
+def test_upstream_scaling_memory_budget_and_a_second_backward(device):
+    p = _problem(torch.float32, device=device)
     loss, grads = _run(F.fused_linear_jsd, p)
     _, grads3 = _run(F.fused_linear_jsd, p, upstream=3.0)
     _, grads_small = _run(F.fused_linear_jsd, p, memory=16 * V * 40)  # a budget under the 16-row floor
@@ -123,8 +131,8 @@ def test_upstream_scaling_memory_budget_and_a_second_backward():
         loss.backward()
 
 
-def test_teacher_gets_no_gradient_and_inputs_are_not_written():
-    p = _problem(torch.float32, bias=True)
+def test_teacher_gets_no_gradient_and_inputs_are_not_written(device):
+    p = _problem(torch.float32, bias=True, device=device)
     before = {k: v.clone() for k, v in p.items()}
     t_in = p["teacher_input"].requires_grad_()
     x = p["student_input"].requires_grad_()
@@ -134,15 +142,15 @@ def test_teacher_gets_no_gradient_and_inputs_are_not_written():
     assert all(torch.equal(p[k].detach(), v) for k, v in before.items())
 
 
-def test_all_rows_ignored_gives_zero_loss_and_gradients():
-    p = _problem(torch.float32, ignore_every=1)
+def test_all_rows_ignored_gives_zero_loss_and_gradients(device):
+    p = _problem(torch.float32, ignore_every=1, device=device)
     loss, grads = _run(F.fused_linear_jsd, p)
     assert float(loss) == 0.0 and all(float(g.abs().max()) == 0.0 for g in grads)
 
 
-def test_modules_are_liger_drop_ins():
+def test_modules_are_liger_drop_ins(device):
     # LigerFusedLinearJSD's arguments; LigerFusedLinearJSDLoss's hard (CE on raw logits) + soft (JSD / T) mix
-    p = _problem(torch.float32, bias=True)
+    p = _problem(torch.float32, bias=True, device=device)
     args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
     module = tnn.FusedLinearJSD(jsd_beta=0.2, temperature=1.5)
     assert torch.equal(module(*args, p["shift_labels"]), F.fused_linear_jsd(*args, p["shift_labels"], 0.2,
@@ -159,8 +167,8 @@ def test_modules_are_liger_drop_ins():
     assert rel_l2(loss, 0.3 * want_hard + 0.7 * want_soft) <= 1e-5
 
 
-def test_bad_input_is_refused_with_a_clear_error():
-    p = _problem(torch.float32)
+def test_bad_input_is_refused_with_a_clear_error(device):
+    p = _problem(torch.float32, device=device)
     args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
     with pytest.raises(ValueError, match="jsd_beta must be in"):
         F.fused_linear_jsd(*args, jsd_beta=1.5)
@@ -174,3 +182,29 @@ def test_bad_input_is_refused_with_a_clear_error():
         F.fused_linear_jsd(*args, p["shift_labels"][:-1])
     with pytest.raises(ValueError, match="accum_dtype must be"):
         F.fused_linear_jsd(*args, accum_dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_gpu_llm_head_sizes_bf16_no_worse_than_plain_and_less_memory(beta):
+    # 4096 tokens, student hidden 1024, teacher hidden 2048, vocabulary 128256, bf16, 10% of the rows ignored, a
+    # 1 GiB budget (several chunks): error against float64 at most the plain computation's; peak extra memory under
+    # the plain computation's (which holds both models' (N, V) logits)
+    p = _problem(torch.bfloat16, ignore_every=10, seed=3, device="cuda", n=4096, h=1024, ht=2048, v=128256)
+    kw = dict(jsd_beta=beta, temperature=2.0)
+
+    def peak(fn, **extra):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = _run(fn, p, **kw, **extra)
+        torch.cuda.synchronize()
+        return out, torch.cuda.max_memory_allocated() - base
+
+    (loss, grads), mem = peak(F.fused_linear_jsd, memory=1 << 30)
+    (plain, plain_grads), plain_mem = peak(plain_linear_jsd)
+    truth, truth_grads = _run(ref_jsd, p, torch.float64, **kw)
+    for name, a, b, t in [("loss", loss, plain, truth), *zip(("input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(b, t), 1e-6), (name, rel_l2(a, t), rel_l2(b, t))
+    assert mem < plain_mem, (mem, plain_mem)
