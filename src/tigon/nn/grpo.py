@@ -60,24 +60,25 @@ class FusedLinearGRPOLoss(nn.Module):
                  vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0, *,
                  entropy_coef: float = 0.0, compute_entropy: bool = False, memory: str | int = "auto"):
         super().__init__()
-        self.options = GRPOOptions(beta, epsilon_low, epsilon_high, loss_type, max_completion_length,
-                                   importance_sampling_level, sapo_temperature_pos, sapo_temperature_neg, delta,
-                                   use_bias_correction_kl, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
-                                   vespo_lambda_neg, entropy_coef)
-        self.temperature = temperature
+        self.beta, self.epsilon_low, self.epsilon_high, self.loss_type = beta, epsilon_low, epsilon_high, loss_type
+        self.max_completion_length = max_completion_length
+        self.importance_sampling_level = importance_sampling_level
+        self.sapo_temperature_pos, self.sapo_temperature_neg = sapo_temperature_pos, sapo_temperature_neg
+        self.temperature, self.delta, self.use_bias_correction_kl = temperature, delta, use_bias_correction_kl
+        self.vespo_k_pos, self.vespo_lambda_pos = vespo_k_pos, vespo_lambda_pos
+        self.vespo_k_neg, self.vespo_lambda_neg = vespo_k_neg, vespo_lambda_neg
         self.compiled, self.use_ref_model, self.chunk_size = compiled, use_ref_model, chunk_size
-        self.compute_entropy, self.memory = compute_entropy, memory
+        self.entropy_coef, self.compute_entropy, self.memory = entropy_coef, compute_entropy, memory
+        self.options()  # bad options raise here
 
-    def __getattr__(self, name):  # Liger's attributes (self.beta, self.loss_type, ...) read the options
-        options = self.__dict__.get("options")
-        if options is not None and name in GRPOOptions.__dataclass_fields__:
-            return getattr(options, name)
-        return super().__getattr__(name)
+    def options(self) -> GRPOOptions:
+        """The loss options of the module's attributes (Liger's names; set them between calls as with Liger)."""
+        return GRPOOptions(**{k: getattr(self, k) for k in GRPOOptions.__dataclass_fields__})
 
     def forward(self, _input, lin_weight, selected_token_ids, attention_mask, advantages, bias=None,
                 ref_per_token_logps=None, old_per_token_logps=None, ref_input=None, ref_weight=None, ref_bias=None,
                 vllm_is_ratio=None, num_items_in_batch=None):
-        o = self.options
+        o = self.options()
         loss, metrics = TF.fused_linear_grpo(
             _input, lin_weight, selected_token_ids, attention_mask, advantages, bias, ref_per_token_logps,
             old_per_token_logps, ref_input, ref_weight, ref_bias, o.beta, o.epsilon_low, o.epsilon_high, o.loss_type,
@@ -89,7 +90,6 @@ class FusedLinearGRPOLoss(nn.Module):
         return loss, GRPOMetrics(liger_metrics(o, metrics, loss), metrics)
 
     def extra_repr(self) -> str:
-        o = self.options
-        return (f"loss_type={o.loss_type!r}, beta={o.beta}, epsilon_low={o.epsilon_low}, "
-                f"epsilon_high={o.epsilon_high}, importance_sampling_level={o.importance_sampling_level!r}, "
+        return (f"loss_type={self.loss_type!r}, beta={self.beta}, epsilon_low={self.epsilon_low}, "
+                f"epsilon_high={self.epsilon_high}, importance_sampling_level={self.importance_sampling_level!r}, "
                 f"temperature={self.temperature}")
