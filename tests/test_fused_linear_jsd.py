@@ -208,3 +208,30 @@ def test_gpu_llm_head_sizes_bf16_no_worse_than_plain_and_less_memory(beta):
     for name, a, b, t in [("loss", loss, plain, truth), *zip(("input", "weight"), grads, plain_grads, truth_grads)]:
         assert rel_l2(a, t) <= max(1.05 * rel_l2(b, t), 1e-6), (name, rel_l2(a, t), rel_l2(b, t))
     assert mem < plain_mem, (mem, plain_mem)
+
+
+def test_custom_op_and_compile(device):
+    # the custom op's schema, fake and autograd registration; a compiled call equals the eager one
+    import tigon.kernels.fused_linear_jsd  # noqa: F401 (registers the custom op)
+
+    p = _problem(torch.float32, bias=True, device=device)
+    args = [p[k].clone().requires_grad_(k.startswith("student")) for k in
+            ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    torch.library.opcheck(torch.ops.tigon.fused_linear_jsd,
+                          (*args, p["shift_labels"], p["student_bias"].clone().requires_grad_(), p["teacher_bias"],
+                           0.3, -100, 1.5, torch.float32, True, True, True, False, -1),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+    def fn(x, w):
+        return F.fused_linear_jsd(x, w, p["teacher_input"], p["teacher_weight"], p["shift_labels"], 0.3,
+                                  temperature=1.5)
+
+    x, w = p["student_input"].clone().requires_grad_(), p["student_weight"].clone().requires_grad_()
+    want = fn(x, w)
+    want_grads = torch.autograd.grad(want * 2.0, (x, w))
+    support.backend_usage(reset=True)
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w)
+    assert support.backend_usage()["fused_linear_jsd"] == {KERNEL_BACKEND: 1}  # the custom op, not the reference
+    got_grads = torch.autograd.grad(got * 2.0, (x, w))
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-8) for a, b in zip(got_grads, want_grads))

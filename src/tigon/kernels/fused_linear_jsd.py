@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import torch
 
-from ._common import once_differentiable
+from typing import Optional
+
+from torch import Tensor
+
+from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty
 from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, launch, reduction_scale
-from .fused_linear_cross_entropy import _operands, backward_over_chunks, scale_grads
+from .fused_linear_cross_entropy import _operands, backward_over_chunks, grad_buffers, scale_grads
 
 ELEM_BYTES_FP32 = 16
 """fp32 bytes a chunk holds per logit besides the two logits buffers: x and y (4 + 4) and the log-softmax's
@@ -38,9 +42,10 @@ def _kind(beta: float) -> int:
 
 def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
                 beta: float, ignore_index: int, temperature: float, cd: torch.dtype, need, lean: bool = False,
-                budget: int = -1):
+                budget: int = -1, halves: bool = True):
     """(loss 0-d fp32, (gh, gw, gb) unscaled accumulators for :func:`scale_grads`, None where not needed) of the
-    batch-mean JSD over the rows whose label is not ``ignore_index`` (all rows when ``labels`` is None)."""
+    batch-mean JSD over the rows whose label is not ``ignore_index`` (all rows when ``labels`` is None). ``halves``:
+    grad_weight as a :class:`~tigon.kernels.fused_linear_cross_entropy.RowHalves` (eager calls)."""
     n = student_input.shape[0]
     vocab = student_weight.shape[0]
     dev = student_input.device
@@ -71,7 +76,7 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
             g.sub_(x.exp_().mul_(g.sum(dim=-1, keepdim=True))).mul_(inv_t)
             lg.copy_(g)
 
-    grads = backward_over_chunks(student_input, student_weight, student_bias, cd, need, lean, True, budget, rows_grad,
+    grads = backward_over_chunks(student_input, student_weight, student_bias, cd, need, lean, halves, budget, rows_grad,
                                  elem_bytes=2 * cd.itemsize + ELEM_BYTES_FP32, scalar=True)
     return loss_rows.sum() * scale, grads
 
@@ -105,3 +110,54 @@ class FusedLinearJSDFunction(torch.autograd.Function):
         gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
         return (gh if ctx.need[0] else None, gw if ctx.need[1] else None, None, None, None,
                 gb if ctx.need[2] else None) + none
+
+
+# ---------------------------------------------------------------------- torch.compile: custom ops
+# The same loop as the autograd.Function above, as a torch.library custom op (see tigon.kernels): the gradients are
+# outputs formed in the forward (as the fused cross-entropy's scalar path returns them), so that the compiled graph
+# saves them like any activation; its backward only scales them.
+@torch.library.custom_op("tigon::fused_linear_jsd", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _fljsd(student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor,
+           labels: Optional[Tensor], student_bias: Optional[Tensor], teacher_bias: Optional[Tensor], beta: float,
+           ignore_index: int, temperature: float, cd: torch.dtype, need_input: bool, need_weight: bool,
+           need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss 0-d fp32, grad_input, grad_weight, grad_bias) for an upstream gradient of 1, in the dtypes of
+    :func:`~tigon.kernels.fused_linear_cross_entropy.grad_buffers`' scalar path; (0,) where not needed."""
+    loss, grads = jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                              teacher_bias, beta, ignore_index, temperature, cd, (need_input, need_weight, need_bias),
+                              lean, budget, halves=False)
+    return (loss, *(or_empty(g, loss) for g in grads))
+
+
+@_fljsd.register_fake
+def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, beta,
+      ignore_index, temperature, cd, need_input, need_weight, need_bias, lean, budget):
+    loss = student_input.new_empty((), dtype=torch.float32)
+    need = (need_input, need_weight, need_bias)
+    # the real allocator on fake tensors: the kernel path's shapes and dtypes by construction
+    grads = grad_buffers(student_input.shape[0], student_input, student_weight, cd, need, lean, True)
+    return (loss, *(or_empty(g, loss) for g in grads))
+
+
+def _fljsd_setup(ctx, inputs, output):
+    student_input, student_weight, _ti, _tw, _labels, student_bias, *_rest = inputs
+    ctx.need = tuple(inputs[11:14])
+    ctx.dtypes = (student_input.dtype, student_weight.dtype, student_bias.dtype if student_bias is not None else None)
+    ctx.save_for_backward(*output[1:])
+
+
+def _fljsd_grad(ctx, grad_loss, *_unused):
+    saved = [t if wanted else None for t, wanted in zip(ctx.saved_tensors, ctx.need)]
+    gh, gw, gb = scale_grads(saved, grad_loss, ctx.dtypes, inplace=False)
+    return (if_wanted(gh, ctx.need[0]), if_wanted(gw, ctx.need[1]), None, None, None,
+            if_wanted(gb, ctx.need[2])) + (None,) * 10
+
+
+_fljsd.register_autograd(_fljsd_grad, setup_context=_fljsd_setup)
+
+
+def compiled_fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                              teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1):
+    """``FusedLinearJSDFunction.apply`` as the ``tigon::fused_linear_jsd`` custom op: the loss."""
+    return _fljsd(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
+                  float(beta), int(ignore_index), float(temperature), cd, *need, lean, budget)[0]

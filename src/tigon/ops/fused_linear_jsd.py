@@ -45,8 +45,9 @@ def fused_linear_jsd(
     the Triton kernel of :func:`tigon.functional.jsd` (fp32 math), and the student's gradients are accumulated, so
     only a (rows, V) block of each model's logits exists at a time. The gradients are formed in the forward (a
     second backward through the same loss raises) and accumulated in fp32. The teacher gets no gradient. Under
-    ``torch.autocast`` the matmuls run in the autocast dtype. Inside a ``torch.compile`` graph the reference runs
-    (Inductor traces it; it materialises the logits). The caller's tensors are never written.
+    ``torch.autocast`` the matmuls run in the autocast dtype. Inside a ``torch.compile`` graph it runs as the custom
+    op ``tigon::fused_linear_jsd`` (one opaque node; there a second backward does not raise). The caller's tensors
+    are never written.
 
     Args:
         student_input: (N, H) student hidden states, float32 / bfloat16 / float16 (flatten batch and sequence).
@@ -86,8 +87,7 @@ def fused_linear_jsd(
     else:
         cd = torch.promote_types(student_input.dtype, student_weight.dtype)
     backend = select_backend("fused_linear_jsd", student_input)
-    if (backend in TORCH_CODE or torch.compiler.is_compiling()
-            or cd not in (torch.float32, torch.bfloat16, torch.float16)):
+    if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
         return ref.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
                                     jsd_beta, ignore_index, temperature, accum_dtype, student_bias=student_bias,
                                     teacher_bias=teacher_bias)
@@ -96,9 +96,9 @@ def fused_linear_jsd(
     grad_on = torch.is_grad_enabled()
     need = (grad_on and student_input.requires_grad, grad_on and student_weight.requires_grad,
             grad_on and student_bias is not None and student_bias.requires_grad)
-    return k.FusedLinearJSDFunction.apply(student_input, student_weight, teacher_input, teacher_weight,
-                                          shift_labels, student_bias, teacher_bias, beta, int(ignore_index),
-                                          float(temperature), cd, need, lean, budget)
+    run = k.compiled_fused_linear_jsd if torch.compiler.is_compiling() else k.FusedLinearJSDFunction.apply
+    return run(student_input, student_weight, teacher_input, teacher_weight, shift_labels, student_bias, teacher_bias,
+               beta, int(ignore_index), float(temperature), cd, need, lean, budget)
 
 
 def plain_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
