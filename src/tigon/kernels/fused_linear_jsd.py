@@ -27,13 +27,22 @@ from typing import Optional
 
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, compiled_cuda, if_wanted, once_differentiable, or_empty
 from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, launch, reduction_scale
-from .fused_linear_cross_entropy import _operands, backward_over_chunks, grad_buffers, scale_grads
+from .fused_linear_cross_entropy import (
+    FLCE_BUDGET_BYTES_CUDA, _operands, backward_over_chunks, grad_buffers, scale_grads,
+)
 
 ELEM_BYTES_FP32 = 16
 """fp32 bytes a chunk holds per logit besides the two logits buffers: x and y (4 + 4) and the log-softmax's
 temporaries (up to 8 while one is formed)."""
+
+# Chunk rows. The fused cross-entropy's default rule keeps at least H/2 rows per chunk (fewer passes over the fp32
+# grad_weight accumulator); at 2 + 2 + 16 bytes per logit that floor would hold 2048 x 128256 x 20 B = 5.3 GB at
+# Llama-3-8B's head, beside the 2.1 GB accumulator. So memory="auto" here is the budget FLCE_BUDGET_BYTES_CUDA (3 GiB)
+# for the chunk and the accumulator together (:func:`chunk_rows`' budget rule: 432 rows there, 19 chunks at 8192
+# tokens, each re-reading and re-writing the accumulator: about 80 GB of traffic, ~19 ms at 4.3 TB/s; estimated, not
+# measured). A larger ``memory=`` budget trades memory for fewer chunks; "low" accumulates in the weight's dtype.
 
 
 def _kind(beta: float) -> int:
@@ -56,6 +65,8 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
     ht, wt, bt = _operands(teacher_input.detach(), teacher_weight.detach(),
                            None if teacher_bias is None else teacher_bias.detach(), cd)
     want_grad = any(need)
+    if budget < 0 and not lean and compiled_cuda(dev):
+        budget = FLCE_BUDGET_BYTES_CUDA  # the chunk rows' comment above
     inv_t = 1.0 / temperature
     teacher_buf: list[torch.Tensor] = []
 

@@ -63,9 +63,10 @@ def fused_linear_jsd(
             (rounded once per chunk, less memory), as :func:`tigon.functional.fused_linear_cross_entropy`'s. Note:
             Liger accumulates in the weight's dtype when it is None.
         student_bias, teacher_bias: optional (V,) LM-head biases (the student's gets a gradient).
-        memory: as :func:`tigon.functional.fused_linear_cross_entropy`'s (``"auto"``, ``"low"`` or bytes), the
+        memory: as :func:`tigon.functional.fused_linear_cross_entropy`'s (``"low"`` or a budget in bytes), the
             chunk rows sized with each row's two logits rows and fp32 log-probabilities
-            (:data:`tigon.kernels.fused_linear_jsd.ELEM_BYTES_FP32`).
+            (:data:`tigon.kernels.fused_linear_jsd.ELEM_BYTES_FP32`); ``"auto"`` (default) is a 3 GiB budget for the
+            chunk and the fp32 accumulator on CUDA (about 430-row chunks at Llama-3-8B's head; speed not measured).
 
     Returns:
         The 0-d float32 loss (float64 for float64 inputs); 0 when every row is skipped or N = 0.
