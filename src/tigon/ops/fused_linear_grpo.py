@@ -141,7 +141,8 @@ from the cases' delta (1.7), so that rounding in bf16 does not move a token acro
 def _true_logps(h, w, ids, rows: int = 1024):
     """fp32 log-probabilities of the builder's tokens (no gradient), ``rows`` tokens at a time (no (N, V) buffer)."""
     with torch.no_grad():
-        return torch.cat([ref_lp.fused_linear_logprobs(h[s:s + rows].float(), w.float(), ids[s:s + rows])
+        w32 = w.float()
+        return torch.cat([ref_lp.fused_linear_logprobs(h[s:s + rows].float(), w32, ids[s:s + rows])
                           for s in range(0, h.shape[0], rows)])
 
 
