@@ -70,9 +70,10 @@ def fused_linear_grpo(
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
     formulas in :mod:`tigon.losses.grpo`. The per-token log-probabilities are
     :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens, logits recomputed in the backward);
-    masked tokens are never scored. Differences from Liger: the loss is not divided by anything Liger does not
-    divide by; the clip-ratio metric of sequence-level sampling is TRL's (a mean over sequences, where Liger
-    averages over tokens); ``luspo`` is TRL 1.16's (masked); ``use_ref_model`` only matters when ``beta != 0``.
+    masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
+    sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
+    by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo normalizer is clamped to 1 before the division
+    by the processes; and ``use_ref_model`` only asks for a reference when ``beta != 0``.
 
     Args:
         _input: (B, T, H) (or (B * T, H)) policy hidden states at the completion positions, float32 / bfloat16 /
