@@ -193,7 +193,8 @@ def test_ref_input_is_the_same_as_its_log_probs_and_gets_no_gradient(device):
     ids = torch.where(inputs["attention_mask"] != 0, inputs["selected_token_ids"], -100).reshape(-1)
     ref_lp = F.fused_linear_logprobs(inputs["ref_input"].reshape(-1, 16), inputs["ref_weight"], ids).reshape(3, 4)
     b = F.fused_linear_grpo(*args, ref_per_token_logps=ref_lp)
-    assert torch.allclose(a, b, rtol=1e-6, atol=0)
+    flat = F.fused_linear_grpo(args[0].reshape(12, 16), *args[1:], ref_per_token_logps=ref_lp)  # (B * T, H) too
+    assert torch.allclose(a, b, rtol=1e-6, atol=0) and torch.equal(b, flat)
     a.backward()
     assert ref_in.grad is None
 
