@@ -128,6 +128,7 @@ def trl_grpo(*args, **kwargs):
     """TRL's computation: the log-probabilities from a model's logits (:func:`trl_linear_logprobs`: the LM head in
     the input dtype, fp32 logits / temperature, log-softmax gathered), then the same per-token loss; the arguments
     of :func:`fused_linear_grpo` (without ``memory``)."""
+    kwargs.pop("memory", None)  # (Tigon's option: a bench case's, which the original runs without)
     bound = inspect.signature(ref.fused_linear_grpo).bind(*args, **kwargs)
     bound.apply_defaults()
     return ref.grpo_pipeline(trl_linear_logprobs, dict(bound.arguments))
@@ -209,6 +210,8 @@ RECORDS = (OpSpec(
     flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
     peers={"liger": _liger},
     host_syncs=("liger",),
+    bench_notes={"tigon_lean": "memory='low': the log-probabilities' grad_weight accumulated in the weight's dtype, "
+                               "chunks of about 64 MiB of logits"},
     cases=(
         Case(),
         Case("grpo, clipped", options={"loss_type": "grpo"}, inputs={"old": True}, variants=("model",)),
@@ -226,5 +229,6 @@ RECORDS = (OpSpec(
              variants=("model",), tags=PROPERTY_ONLY),
         Case("delta=1.7, bias-corrected KL, bias", options={"delta": 1.7, "use_bias_correction_kl": True},
              inputs={"old": True, "bias": True}, variants=("model",), tags=PROPERTY_ONLY),
+        Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
     ),
 ),)

@@ -153,6 +153,8 @@ RECORDS = (OpSpec(
     peers={"liger": liger("liger_fused_linear_jsd", "student_input", "student_weight", "teacher_input",
                           "teacher_weight", shift_labels="shift_labels")},
     host_syncs=("liger",),  # Liger reads the count of kept rows with .item()
+    bench_notes={"tigon_lean": "memory='low': grad_weight accumulated in the weight's dtype (Liger's default), "
+                               "Liger's chunk rule"},
     cases=(
         Case(),
         Case("ignored rows, temperature=2", options={"temperature": 2.0}, inputs={"ignore_every": 3}),
@@ -162,5 +164,6 @@ RECORDS = (OpSpec(
              variants=("model",), tags=VERIFY_ONLY),
         Case("biases, temperature=0.7", options={"temperature": 0.7}, inputs={"bias": True}, variants=("model",),
              tags=VERIFY_ONLY),
+        Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
     ),
 ),)
