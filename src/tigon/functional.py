@@ -37,12 +37,15 @@ from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd
 from .ops.preference import fused_linear_dpo_loss
+from .ops.fused_linear_grpo import fused_linear_grpo
+from .ops.fused_linear_jsd import fused_linear_jsd
 from .reference.cross_entropy import LossOutput
 from .reference.fused_linear_logprobs import LogProbsOutput
+from .reference.fused_linear_grpo import GRPOOutput
 from .reference.pairs import PreferenceOutput
 
 OPS = tuple(name for name, obj in list(globals().items())
             if callable(obj) and getattr(obj, "__module__", "").startswith("tigon.ops."))
 """The exported ops' names, in the order of the lines above (the order the tools list them)."""
 
-__all__ = [*OPS, "LogProbsOutput", "LossOutput", "PreferenceOutput"]
+__all__ = [*OPS, "LogProbsOutput", "LossOutput", "PreferenceOutput", "GRPOOutput"]

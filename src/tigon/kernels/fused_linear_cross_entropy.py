@@ -383,18 +383,24 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
 
 
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
-                         halves: bool, budget: int, rows_grad) -> tuple:
+                         halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
+                         scalar: bool = False) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
     ``lean``, ``halves``, ``budget``: as :func:`flce_forward`. Returns (grad_hidden, grad_weight, grad_bias) in the
-    inputs' dtypes (None where ``need`` says not)."""
+    inputs' dtypes (None where ``need`` says not).
+
+    A loss whose gradient is formed in its forward (the fused linear JSD) runs this loop there: ``rows_grad`` then
+    also writes the chunk's loss, ``scalar`` returns the unscaled accumulators of :func:`grad_buffers`' scalar path
+    (for :func:`scale_grads`), and ``elem_bytes`` (default: the compute dtype's size) is what each logit of a chunk
+    costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included."""
     n, hdim = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, False, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, cd.itemsize, budget)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, elem_bytes or cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -404,6 +410,8 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
             mm.logits(lg, hs, w, b)
             rows_grad(lg, s, e)
             mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+    if scalar:
+        return gh, gw, gb
     return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
             finish_grad(gb, None, bias.dtype if bias is not None else None))
 

@@ -15,8 +15,10 @@ from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
 from .preference import (FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearKTOLoss, FusedLinearORPOLoss,
                          FusedLinearSimPOLoss)
+from .grpo import FusedLinearGRPOLoss
+from .fused_linear_jsd import FusedLinearJSD, FusedLinearJSDLoss
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
            "FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss", "FusedLinearORPOLoss",
-           "FusedLinearKTOLoss"]
+           "FusedLinearKTOLoss", "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearJSDLoss"]

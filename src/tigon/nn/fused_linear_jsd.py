@@ -1,0 +1,106 @@
+"""Distillation through both LM heads without their logits: Liger-Kernel's ``LigerFusedLinearJSD`` (its
+``transformers`` module) and ``LigerFusedLinearJSDLoss`` (its ``chunked_loss`` module) under Tigon's names, with their
+constructor and forward arguments, computed by :func:`tigon.functional.fused_linear_jsd` (and, for the latter's hard
+loss, :func:`tigon.functional.fused_linear_cross_entropy`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as TF
+
+
+class FusedLinearJSD(nn.Module):
+    """Generalised JSD of the student's and the teacher's next-token distributions from their hidden states and LM
+    heads (Liger's ``LigerFusedLinearJSD``): :func:`tigon.functional.fused_linear_jsd`.
+
+    Args:
+        jsd_beta: in [0, 1]; 0 forward KL(teacher || student), 1 reverse KL, 0.5 JSD.
+        ignore_index: the label of the rows that are skipped.
+        temperature: divides both models' logits (> 0).
+        accum_dtype: None / torch.float32 (exact fp32 grad_weight accumulation, Tigon's default) or the student
+            weight's dtype (less memory; Liger's default when None).
+
+    Forward:
+        ``loss(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None)``: (N, H) and (V, H)
+        for the student, (N, H') and (V, H') for the teacher, (N,) integer labels. Returns a 0-d float32 loss
+        averaged over the kept rows; gradients to student_input and student_weight.
+
+    Raises:
+        TypeError, ValueError: bad inputs or options, at the forward (from the functional op).
+    """
+
+    def __init__(self, jsd_beta: float = 0.5, ignore_index: int = -100, temperature: float = 1.0,
+                 accum_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.jsd_beta = jsd_beta
+        self.ignore_index = ignore_index
+        self.temperature = temperature
+        self.accum_dtype = accum_dtype
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight, shift_labels=None):
+        return TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                                   self.jsd_beta, self.ignore_index, self.temperature, self.accum_dtype)
+
+    def extra_repr(self) -> str:
+        return f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
+
+
+class FusedLinearJSDLoss(nn.Module):
+    """Distillation loss ``weight_hard_loss * CE(student, labels) + weight_soft_loss * JSD(student, teacher)``
+    (Liger's chunked ``LigerFusedLinearJSDLoss``), without either model's logits.
+
+    The hard loss is the student's cross-entropy on its raw logits (no temperature), averaged over the labels that
+    are not ``ignore_index`` (:func:`tigon.functional.fused_linear_cross_entropy`); the soft loss the generalised JSD
+    of the temperature-scaled distributions averaged over the same rows (:func:`tigon.functional.fused_linear_jsd`),
+    as Liger's ``LigerFusedLinearDistillationBase`` computes them. The two run as two passes over the student's head
+    (the hard one skipped when ``weight_hard_loss == 0`` and ``return_soft_hard_loss`` is off, as Liger skips it).
+
+    Args (Liger 0.8.5's):
+        weight_hard_loss, weight_soft_loss: the two weights.
+        beta: the JSD's beta in [0, 1] (0 forward KL(teacher || student), 1 reverse KL).
+        ignore_index: the label of the rows that are skipped (in both losses).
+        temperature: divides both models' logits in the soft loss (> 0).
+        compiled, chunk_size: accepted, not read (Liger's torch.compile switch and chunk size).
+        return_soft_hard_loss: return ``(loss, soft_loss, hard_loss)``.
+
+    Forward:
+        ``loss(student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
+        teacher_bias=None)``: (N, H), (V, H), (N, H'), (V, H'), (N,) integer labels, optional (V,) biases. Returns a
+        0-d float32 loss (or the triple); gradients to student_input, student_weight and student_bias. Unlike
+        Liger, the two vocabularies must be equal (Liger pads a smaller student vocabulary with zero logits).
+
+    Raises:
+        TypeError, ValueError: bad inputs or options, at the forward (from the functional ops).
+    """
+
+    def __init__(self, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
+                 ignore_index: int = -100, temperature: float = 1.0, compiled: bool = True, chunk_size: int = 1024,
+                 return_soft_hard_loss: bool = False):
+        super().__init__()
+        self.weight_hard_loss = weight_hard_loss
+        self.weight_soft_loss = weight_soft_loss
+        self.beta = beta
+        self.ignore_index = ignore_index
+        self.temperature = temperature
+        self.compiled = compiled
+        self.chunk_size = chunk_size
+        self.return_soft_hard_loss = return_soft_hard_loss
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
+                teacher_bias=None):
+        soft = TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, true_labels,
+                                   self.beta, self.ignore_index, self.temperature, student_bias=student_bias,
+                                   teacher_bias=teacher_bias)
+        loss = self.weight_soft_loss * soft
+        hard = None
+        if self.weight_hard_loss != 0 or self.return_soft_hard_loss:
+            hard = TF.fused_linear_cross_entropy(student_input, student_weight, true_labels, student_bias,
+                                                 ignore_index=self.ignore_index)
+            loss = loss + self.weight_hard_loss * hard
+        return (loss, soft, hard) if self.return_soft_hard_loss else loss
+
+    def extra_repr(self) -> str:
+        return (f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
+                f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}")

@@ -1,0 +1,234 @@
+"""Fused LM head + the GRPO family's loss (TRL's GRPOTrainer, Liger-Kernel's ``LigerFusedLinearGRPOLoss``): the public
+op and its record.
+
+The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs in
+:func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
+:mod:`tigon.losses.grpo` in plain PyTorch (autograd carries its gradient back into the log-probabilities' backward).
+Specification: :mod:`tigon.reference.fused_linear_grpo`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+from ..reference import fused_linear_grpo as ref
+from ..reference import fused_linear_logprobs as ref_lp
+from ..support import TORCH_CODE, select_backend
+from ._record import Case, OpSpec, randn
+from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
+
+
+def fused_linear_grpo(
+    _input: torch.Tensor,
+    weight: torch.Tensor,
+    selected_token_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ref_per_token_logps: torch.Tensor | None = None,
+    old_per_token_logps: torch.Tensor | None = None,
+    ref_input: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    ref_bias: torch.Tensor | None = None,
+    beta: float = 0.04,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    loss_type: str = "dapo",
+    max_completion_length: int | None = None,
+    importance_sampling_level: str = "token",
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    temperature: float = 1.0,
+    compiled: bool = True,
+    use_ref_model: bool = True,
+    chunk_size: int = 1,
+    vllm_is_ratio: torch.Tensor | None = None,
+    delta: float | None = None,
+    use_bias_correction_kl: bool = False,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    num_items_in_batch=None,
+    *,
+    entropy_coef: float = 0.0,
+    compute_entropy: bool = False,
+    return_metrics: bool = False,
+    memory: str | int = "auto",
+):
+    """The GRPO-family loss of completions, from the policy's final hidden states and LM head, without the logits.
+
+    Liger-Kernel 0.8.5's ``liger_fused_linear_grpo`` arguments, in its order (``compiled`` and ``chunk_size`` are
+    accepted and not read: the chunks follow ``memory``). The loss is TRL 1.16's ``GRPOTrainer._compute_loss`` on
+    ``log_softmax((_input @ weight.T + bias) / temperature)`` at the sampled tokens: every ``loss_type`` of TRL
+    (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo), clipping ``epsilon_low`` / ``epsilon_high`` and
+    INTELLECT-2's two-sided ``delta``, the k3 KL to a reference model (``beta``; its log-probabilities given, or
+    computed here from ``ref_input`` / ``ref_weight`` without gradient), token- or sequence-level importance
+    sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
+    formulas in :mod:`tigon.losses.grpo`. The per-token log-probabilities are
+    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens, logits recomputed in the backward);
+    masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
+    sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
+    by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo normalizer is clamped to 1 before the division
+    by the processes; and ``use_ref_model`` only asks for a reference when ``beta != 0``.
+
+    Args:
+        _input: (B, T, H) (or (B * T, H)) policy hidden states at the completion positions, float32 / bfloat16 /
+            float16. Gets a gradient.
+        weight: (V, H) LM-head weight (gets a gradient); bias: optional (V,) LM-head bias (gets one).
+        selected_token_ids: (B, T) integer sampled token ids (in [0, V) where ``attention_mask`` is set).
+        attention_mask: (B, T) completion mask (0 / 1, any dtype): the tokens that count.
+        advantages: (B,) (or (B, T)) float advantages.
+        ref_per_token_logps: (B, T) reference-model log-probabilities, or None.
+        old_per_token_logps: (B, T) log-probabilities of the sampling policy, or None (this policy's, detached).
+        ref_input, ref_weight, ref_bias: the reference model's hidden states (B, T, H') and LM head (V, H'), (V,),
+            used when beta != 0 and ``ref_per_token_logps`` is None (no gradient).
+        beta: KL coefficient (0: no reference model). epsilon_low, epsilon_high: the clip range of the importance
+            weight (for cispo, epsilon_high is its cap). loss_type: see above (TRL's default "dapo").
+        max_completion_length: the dr_grpo normalizer (required for it).
+        importance_sampling_level: "token" or "sequence" (GSPO).
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures (> 0).
+        temperature: divides the logits (the sampling temperature), finite and > 0.
+        compiled, chunk_size: Liger's, ignored. use_ref_model: with beta != 0, require a reference.
+        vllm_is_ratio: (B, T), (B, 1) or (B,) sampler importance-sampling ratio (TRL's ``importance_sampling_ratio``).
+        delta: upper clamp of the importance weight in the clipped surrogate (None: off; > 0).
+        use_bias_correction_kl: multiply the KL term by the importance weight.
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO's gamma weights.
+        num_items_in_batch: completion tokens of the whole generation batch, over all processes (dapo, cispo,
+            vespo); None: the mask's tokens (summed over the processes when torch.distributed is initialised).
+        entropy_coef: subtracts this times the masked mean entropy (TRL's entropy bonus; the entropy then has a
+            gradient). compute_entropy: compute the entropies for the ``"entropy"`` metric (one more pass over each
+            chunk's logits). return_metrics: return ``GRPOOutput(loss, metrics)``.
+        memory: the log-probabilities' ``memory`` option (:func:`tigon.functional.fused_linear_logprobs`).
+
+    Returns:
+        The 0-d float32 loss (float64 for float64 inputs), or with ``return_metrics`` a
+        :class:`~tigon.reference.fused_linear_grpo.GRPOOutput` ``(loss, metrics)``, metrics a dict of 0-d detached
+        tensors under TRL's logging keys (``"kl"``, ``"entropy"``, ``"clip_ratio/low_mean"``, ...;
+        :func:`tigon.losses.grpo.grpo_loss`). No host synchronisation (unless torch.distributed sums the mask).
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes or devices (:func:`tigon.reference.fused_linear_grpo.check_inputs`,
+            and the LM heads' checks of :func:`tigon.functional.fused_linear_logprobs`); bad options
+            (:class:`tigon.losses.grpo.GRPOOptions`: unknown ``loss_type`` / ``importance_sampling_level``, dr_grpo
+            without ``max_completion_length``, temperatures or delta not > 0); ``use_ref_model`` with beta != 0 and
+            no reference; ``entropy_coef`` is validated likewise.
+    """
+    args = dict(locals())
+    memory = args.pop("memory")
+    if select_backend("fused_linear_grpo", _input) in TORCH_CODE:
+        return ref.grpo_pipeline(ref_lp.fused_linear_logprobs, args)
+    return ref.grpo_pipeline(fused_linear_logprobs, args, memory=memory)
+
+
+def trl_grpo(*args, **kwargs):
+    """TRL's computation: the log-probabilities from a model's logits (:func:`trl_linear_logprobs`: the LM head in
+    the input dtype, fp32 logits / temperature, log-softmax gathered), then the same per-token loss; the arguments
+    of :func:`fused_linear_grpo` (without ``memory``)."""
+    kwargs.pop("memory", None)  # (Tigon's option: a bench case's, which the original runs without)
+    bound = inspect.signature(ref.fused_linear_grpo).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return ref.grpo_pipeline(trl_linear_logprobs, dict(bound.arguments))
+
+
+# ---- the record ----------------------------------------------------------------------------------------------------
+RATIOS = (0.5, 0.7, 0.95, 1.0, 1.05, 1.4, 2.0)
+"""Importance weights the builder gives the tokens (``old``): at least 0.05 from the clip range's ends (0.8, 1.2) and
+from the cases' delta (1.7), so that rounding in bf16 does not move a token across a kink of the loss."""
+
+
+def _true_logps(h, w, ids, rows: int = 1024):
+    """fp32 log-probabilities of the builder's tokens (no gradient), ``rows`` tokens at a time (no (N, V) buffer)."""
+    with torch.no_grad():
+        w32 = w.float()
+        return torch.cat([ref_lp.fused_linear_logprobs(h[s:s + rows].float(), w32, ids[s:s + rows])
+                          for s in range(0, h.shape[0], rows)])
+
+
+def _inputs(s: dict, dtype, device, gen, ref: str = "logps", old: bool = False, bias: bool = False) -> dict:
+    """B = the model's batch (1 when it does not divide the tokens) sequences of T tokens: hidden (B, T, H), an LM
+    head with logits of std ~2, sampled ids, a completion mask ending each sequence i in ``i % 3`` padding tokens,
+    (B,) advantages; ``ref``: ``"logps"`` (ref_per_token_logps, the policy's plus noise of std 0.1) or ``"input"``
+    (a reference model's hidden states and head, the policy's perturbed); ``old``: old_per_token_logps giving the
+    tokens importance weights from :data:`RATIOS`; ``bias``: an LM-head bias."""
+    b = s["batch"] if s["tokens"] % s["batch"] == 0 else 1
+    t, hd, v = s["tokens"] // b, s["hidden"], s["vocab"]
+    h = randn(gen, (b, t, hd), dtype, device)
+    w = randn(gen, (v, hd), dtype, device, 2.0 / math.sqrt(hd))
+    ids = torch.randint(0, v, (b, t), generator=gen, device=gen.device).to(device)
+    mask = torch.ones(b, t, dtype=torch.int64, device=device)
+    for i in range(b):
+        mask[i, t - min(i % 3, t - 1):] = 0
+    out = dict(_input=h, weight=w, selected_token_ids=ids, attention_mask=mask,
+               advantages=randn(gen, (b,), torch.float32, device))
+    if bias:
+        out["bias"] = randn(gen, (v,), dtype, device, 0.5)
+    logp = _true_logps(h.reshape(b * t, hd), w, ids.reshape(-1)).reshape(b, t)
+    if ref == "logps":
+        out["ref_per_token_logps"] = logp + randn(gen, (b, t), torch.float32, device, 0.1)
+    elif ref == "input":
+        out["ref_input"] = (h.float() + randn(gen, (b, t, hd), torch.float32, device, 0.1)).to(dtype)
+        out["ref_weight"] = (w.float() + randn(gen, (v, hd), torch.float32, device, 0.1 / math.sqrt(hd))).to(dtype)
+    if old:
+        pick = torch.randint(0, len(RATIOS), (b, t), generator=gen, device=gen.device).to(device)
+        out["old_per_token_logps"] = logp - torch.tensor(RATIOS, device=device).log()[pick]
+    return out
+
+
+def _liger(**inputs):
+    from liger_kernel.chunked_loss.functional import liger_fused_linear_grpo
+
+    names = list(inspect.signature(ref.fused_linear_grpo).parameters)[:11]
+    return liger_fused_linear_grpo(*(inputs.get(k) for k in names))[0]
+
+
+_liger.__qualname__ = "liger_kernel.chunked_loss.functional.liger_fused_linear_grpo"
+
+PROPERTY_ONLY = frozenset()
+"""Cases without a verify row or a quick test, drawn by the property tests only (they draw from every case): the loss
+types are checked against TRL's own code in tests/test_fused_linear_grpo.py, and each row costs interpreted kernels
+on the CPU suite."""
+
+RECORDS = (OpSpec(
+    name="fused_linear_grpo",
+    summary="LM head + the GRPO family's loss (TRL's loss types, clipping, KL, importance sampling), no logits kept",
+    fn=fused_linear_grpo,
+    reference=ref.fused_linear_grpo,
+    original=trl_grpo,
+    original_name="TRL 1.16 GRPOTrainer._compute_loss on log-probs from HF logits (LM head in the input dtype, fp32 "
+                  "log-softmax)",
+    make_inputs=_inputs,
+    shape_of=lambda m: {"tokens": m.tokens, "batch": m.batch, "hidden": m.hidden, "vocab": m.vocab},
+    size_format="tokens x hidden x vocab",
+    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}",
+    grad_inputs=("_input", "weight"),
+    category="lm_head_loss",
+    # the policy's log-probabilities: 1 matmul forward, 3 more backward (logits recomputed, two gradients)
+    flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
+    peers={"liger": _liger},
+    host_syncs=("liger",),
+    bench_notes={"tigon_lean": "memory='low': the log-probabilities' grad_weight accumulated in the weight's dtype, "
+                               "chunks of about 64 MiB of logits"},
+    cases=(
+        Case(),
+        Case("grpo, clipped", options={"loss_type": "grpo"}, inputs={"old": True}, variants=("model",)),
+        Case("bnpo, ref_input, temperature=0.7", options={"loss_type": "bnpo", "temperature": 0.7},
+             inputs={"ref": "input"}, variants=("model",)),
+        Case("dr_grpo, sequence level", options={"loss_type": "dr_grpo", "max_completion_length": 8,
+                                                 "importance_sampling_level": "sequence"}, inputs={"old": True},
+             tags=PROPERTY_ONLY),
+        Case("cispo", options={"loss_type": "cispo", "epsilon_high": 1.3}, inputs={"old": True},
+             variants=("model",), tags=PROPERTY_ONLY),
+        Case("sapo", options={"loss_type": "sapo", "beta": 0.0}, inputs={"old": True, "ref": "none"},
+             variants=("model",), tags=PROPERTY_ONLY),
+        Case("vespo", options={"loss_type": "vespo"}, inputs={"old": True}, variants=("model",), tags=PROPERTY_ONLY),
+        Case("luspo, sequence level", options={"loss_type": "luspo", "importance_sampling_level": "sequence"},
+             variants=("model",), tags=PROPERTY_ONLY),
+        Case("delta=1.7, bias-corrected KL, bias", options={"delta": 1.7, "use_bias_correction_kl": True},
+             inputs={"old": True, "bias": True}, variants=("model",), tags=PROPERTY_ONLY),
+        Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
+    ),
+),)

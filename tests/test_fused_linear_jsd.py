@@ -1,0 +1,237 @@
+"""fused_linear_jsd / nn.FusedLinearJSD / nn.FusedLinearJSDLoss: the distillation loss of two LM heads in chunks,
+against TRL's GKD loss (``GKDTrainer.generalized_jsd_loss``) on float64 logits, the float64 reference and the plain
+computation's own bf16 error."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import tigon.kernels.divergence as divergence
+import tigon.kernels.fused_linear_cross_entropy as flce_ops
+from tigon import functional as F
+from tigon import nn as tnn
+from tigon import support
+from tigon.numerics import rel_l2
+from tigon.ops.fused_linear_jsd import plain_linear_jsd
+from tigon.reference.fused_linear_jsd import fused_linear_jsd as ref_jsd
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    gkd = pytest.importorskip("trl.experimental.gkd.gkd_trainer")
+
+N, H, HT, V = 13, 16, 24, 37
+
+
+KERNEL_BACKEND = "triton" if torch.cuda.is_available() else "interpreter"
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(request, monkeypatch):
+    # chunks of 4 rows and vocabulary blocks of 16 columns: both loops run several times (not at the GPU sizes, where
+    # the chunk rule itself makes several)
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 4 * V)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 4 * V)
+        monkeypatch.setattr(divergence, "MAX_BLOCK_V", 16)
+
+
+def _problem(dtype, ignore_every=3, labels=True, bias=False, seed=0, device="cpu", n=N, h=H, ht=HT, v=V):
+    """Student (n, h), (v, h) and teacher (n, ht), (v, ht) hidden states and heads (logits of std ~2), labels with
+    every ``ignore_every``-th ignored, optional biases; built on the CPU from ``seed``, moved to ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    out = dict(student_input=torch.randn(n, h, generator=g), student_weight=torch.randn(v, h, generator=g) * 2 / h**0.5,
+               teacher_input=torch.randn(n, ht, generator=g),
+               teacher_weight=torch.randn(v, ht, generator=g) * 2 / ht**0.5)
+    if bias:
+        out["student_bias"] = torch.randn(v, generator=g) * 0.5
+        out["teacher_bias"] = torch.randn(v, generator=g) * 0.5
+    out = {k: t.to(dtype) for k, t in out.items()}
+    if labels:
+        lab = torch.randint(0, v, (n,), generator=g)
+        if ignore_every:
+            lab[::ignore_every] = -100
+        out["shift_labels"] = lab
+    return {k: t.to(device) for k, t in out.items()}
+
+
+def _run(fn, p, dtype=None, upstream=1.0, **kw):
+    """(loss, grads of student_input / student_weight (/ student_bias)) of ``fn`` on leaf copies cast to ``dtype``."""
+    cast = (lambda t: t.to(dtype)) if dtype is not None else (lambda t: t)
+    p = {k: cast(v) if v.is_floating_point() else v for k, v in p.items()}
+    grads_of = [k for k in ("student_input", "student_weight", "student_bias") if k in p]
+    for k in grads_of:
+        p[k] = p[k].detach().clone().requires_grad_()
+    loss = fn(**p, **kw)
+    grads = torch.autograd.grad(loss * upstream, [p[k] for k in grads_of])
+    return loss.detach(), grads
+
+
+def _trl(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
+         temperature=1.0, student_bias=None, teacher_bias=None, **_):
+    zs = torch.nn.functional.linear(student_input, student_weight, student_bias)
+    zt = torch.nn.functional.linear(teacher_input, teacher_weight, teacher_bias)
+    return gkd.GKDTrainer.generalized_jsd_loss(zs, zt, shift_labels, beta=jsd_beta, temperature=temperature)
+
+
+CASES = {
+    "beta=0.5, ignored rows": (dict(), dict()),
+    "beta=0, temperature=2": (dict(jsd_beta=0.0, temperature=2.0), dict()),
+    "beta=1, temperature=0.7": (dict(jsd_beta=1.0, temperature=0.7), dict(ignore_every=4)),
+    "beta=0.1, no labels, biases": (dict(jsd_beta=0.1), dict(labels=False, bias=True)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_trl_gkd_loss_and_float64_reference_in_fp32(case, device):
+    # loss and gradients within 1e-5 of TRL's GKD loss on float64 logits; the float64 reference is that same value
+    kw, build = CASES[case]
+    p = _problem(torch.float32, device=device, **build)
+    support.backend_usage(reset=True)
+    loss, grads = _run(F.fused_linear_jsd, p, **kw)
+    assert support.backend_usage()["fused_linear_jsd"] == {KERNEL_BACKEND: 1}
+    want, want_grads = _run(_trl, p, torch.float64, **kw)
+    ref, ref_grads = _run(ref_jsd, p, torch.float64, **kw)
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    assert rel_l2(ref, want) <= 1e-12 and rel_l2(loss, want) <= 1e-5, (rel_l2(loss, want))
+    for g, w, r in zip(grads, want_grads, ref_grads):
+        assert g.dtype == torch.float32 and rel_l2(g, w) <= 1e-5, rel_l2(g, w)
+        assert rel_l2(r, w) <= 1e-12
+
+
+@pytest.mark.parametrize("case", ["beta=0.5, ignored rows", "beta=1, temperature=0.7"])
+def test_bf16_no_worse_than_the_plain_computation(case, device):
+    # bf16 heads: error against float64 at most the plain computation's (LM heads in bf16, fp32 log-softmax and
+    # JSD), up to rounding ties (1.05)
+    kw, build = CASES[case]
+    p = _problem(torch.bfloat16, seed=1, device=device, **build)
+    loss, grads = _run(F.fused_linear_jsd, p, **kw)
+    plain, plain_grads = _run(plain_linear_jsd, p, **kw)
+    truth, truth_grads = _run(ref_jsd, p, torch.float64, **kw)
+    for name, a, b, t in [("loss", loss, plain, truth), *zip(("input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(b, t), 1e-6), (name, rel_l2(a, t), rel_l2(b, t))
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 2
+
+
+def test_upstream_scaling_memory_budget_and_a_second_backward(device):
+    p = _problem(torch.float32, device=device)
+    loss, grads = _run(F.fused_linear_jsd, p)
+    _, grads3 = _run(F.fused_linear_jsd, p, upstream=3.0)
+    _, grads_small = _run(F.fused_linear_jsd, p, memory=16 * V * 40)  # a budget under the 16-row floor
+    _, grads_lean = _run(F.fused_linear_jsd, p, memory="low")
+    for g, g3, gs, gl in zip(grads, grads3, grads_small, grads_lean):
+        assert torch.allclose(3 * g, g3, rtol=1e-6, atol=0)
+        assert torch.allclose(g, gs, rtol=1e-5, atol=1e-7) and torch.allclose(g, gl, rtol=1e-5, atol=1e-7)
+    x = p["student_input"].clone().requires_grad_()
+    loss = F.fused_linear_jsd(x, p["student_weight"], p["teacher_input"], p["teacher_weight"], p["shift_labels"])
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_teacher_gets_no_gradient_and_inputs_are_not_written(device):
+    p = _problem(torch.float32, bias=True, device=device)
+    before = {k: v.clone() for k, v in p.items()}
+    t_in = p["teacher_input"].requires_grad_()
+    x = p["student_input"].requires_grad_()
+    F.fused_linear_jsd(x, p["student_weight"], t_in, p["teacher_weight"], p["shift_labels"],
+                       student_bias=p["student_bias"], teacher_bias=p["teacher_bias"]).backward()
+    assert t_in.grad is None and x.grad is not None
+    assert all(torch.equal(p[k].detach(), v) for k, v in before.items())
+
+
+def test_all_rows_ignored_gives_zero_loss_and_gradients(device):
+    p = _problem(torch.float32, ignore_every=1, device=device)
+    loss, grads = _run(F.fused_linear_jsd, p)
+    assert float(loss) == 0.0 and all(float(g.abs().max()) == 0.0 for g in grads)
+
+
+def test_modules_are_liger_drop_ins(device):
+    # LigerFusedLinearJSD's arguments; LigerFusedLinearJSDLoss's hard (CE on raw logits) + soft (JSD / T) mix
+    p = _problem(torch.float32, bias=True, device=device)
+    args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    module = tnn.FusedLinearJSD(jsd_beta=0.2, temperature=1.5)
+    assert torch.equal(module(*args, p["shift_labels"]), F.fused_linear_jsd(*args, p["shift_labels"], 0.2,
+                                                                          temperature=1.5))
+    loss_fn = tnn.FusedLinearJSDLoss(weight_hard_loss=0.3, weight_soft_loss=0.7, beta=0.2, temperature=1.5,
+                                     return_soft_hard_loss=True)
+    loss, soft, hard = loss_fn(*args, p["shift_labels"], p["student_bias"], p["teacher_bias"])
+    with torch.no_grad():
+        want_soft = _trl(*[a.double() for a in args], p["shift_labels"], 0.2, 1.5, p["student_bias"].double(),
+                         p["teacher_bias"].double())
+        logits = torch.nn.functional.linear(args[0].double(), args[1].double(), p["student_bias"].double())
+        want_hard = torch.nn.functional.cross_entropy(logits, p["shift_labels"])
+    assert rel_l2(soft, want_soft) <= 1e-5 and rel_l2(hard, want_hard) <= 1e-5
+    assert rel_l2(loss, 0.3 * want_hard + 0.7 * want_soft) <= 1e-5
+
+
+def test_bad_input_is_refused_with_a_clear_error(device):
+    p = _problem(torch.float32, device=device)
+    args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    with pytest.raises(ValueError, match="jsd_beta must be in"):
+        F.fused_linear_jsd(*args, jsd_beta=1.5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        F.fused_linear_jsd(*args, temperature=0.0)
+    with pytest.raises(ValueError, match="one vocabulary size"):
+        F.fused_linear_jsd(*args[:3], args[3][:-1])
+    with pytest.raises(ValueError, match="teacher_weight must have shape"):
+        F.fused_linear_jsd(*args[:3], args[1])
+    with pytest.raises(ValueError, match="shift_labels must have shape"):
+        F.fused_linear_jsd(*args, p["shift_labels"][:-1])
+    with pytest.raises(ValueError, match="accum_dtype must be"):
+        F.fused_linear_jsd(*args, accum_dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_gpu_llm_head_sizes_bf16_no_worse_than_plain_and_less_memory(beta):
+    # 4096 tokens, student hidden 1024, teacher hidden 2048, vocabulary 128256, bf16, 10% of the rows ignored, a
+    # 1 GiB budget (several chunks): error against float64 at most the plain computation's; peak extra memory under
+    # the plain computation's (which holds both models' (N, V) logits)
+    p = _problem(torch.bfloat16, ignore_every=10, seed=3, device="cuda", n=4096, h=1024, ht=2048, v=128256)
+    kw = dict(jsd_beta=beta, temperature=2.0)
+
+    def peak(fn, **extra):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = _run(fn, p, **kw, **extra)
+        torch.cuda.synchronize()
+        return out, torch.cuda.max_memory_allocated() - base
+
+    (loss, grads), mem = peak(F.fused_linear_jsd, memory=1 << 30)
+    (plain, plain_grads), plain_mem = peak(plain_linear_jsd)
+    truth, truth_grads = _run(ref_jsd, p, torch.float64, **kw)
+    for name, a, b, t in [("loss", loss, plain, truth), *zip(("input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(b, t), 1e-6), (name, rel_l2(a, t), rel_l2(b, t))
+    assert mem < plain_mem, (mem, plain_mem)
+
+
+def test_custom_op_and_compile(device):
+    # the custom op's schema, fake and autograd registration; a compiled call equals the eager one
+    import tigon.kernels.fused_linear_jsd  # noqa: F401 (registers the custom op)
+
+    p = _problem(torch.float32, bias=True, device=device)
+    args = [p[k].clone().requires_grad_(k.startswith("student")) for k in
+            ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    torch.library.opcheck(torch.ops.tigon.fused_linear_jsd,
+                          (*args, p["shift_labels"], p["student_bias"].clone().requires_grad_(), p["teacher_bias"],
+                           0.3, -100, 1.5, torch.float32, True, True, True, False, -1),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+    def fn(x, w):
+        return F.fused_linear_jsd(x, w, p["teacher_input"], p["teacher_weight"], p["shift_labels"], 0.3,
+                                  temperature=1.5)
+
+    x, w = p["student_input"].clone().requires_grad_(), p["student_weight"].clone().requires_grad_()
+    want = fn(x, w)
+    want_grads = torch.autograd.grad(want * 2.0, (x, w))
+    support.backend_usage(reset=True)
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w)
+    assert support.backend_usage()["fused_linear_jsd"] == {KERNEL_BACKEND: 1}  # the custom op, not the reference
+    got_grads = torch.autograd.grad(got * 2.0, (x, w))
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-8) for a, b in zip(got_grads, want_grads))
