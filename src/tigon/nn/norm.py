@@ -25,6 +25,9 @@ class RMSNorm(nn.Module):
         offset: added to the weight in the forward.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"`` (see :func:`tigon.reference.rms_norm.rms_norm`).
         device, dtype: of the weight.
+        elementwise_affine: False: no weight (``self.weight`` is None, as in Liger-Kernel's
+            ``LigerRMSNorm(elementwise_affine=False)``), ``y = x / sqrt(mean(x**2) + eps)`` in the input's dtype;
+            ``offset`` is then unused. A keyword argument: it comes after ``device`` and ``dtype`` here.
 
     Shapes and dtypes:
         input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path (other float dtypes run the
@@ -32,15 +35,24 @@ class RMSNorm(nn.Module):
 
     Raises:
         ValueError: unknown casting_mode (at construction), or a last dimension other than hidden_size (forward).
+        TypeError: elementwise_affine is not a bool (at construction).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, elementwise_affine: bool = True) -> None:
         super().__init__()
         if casting_mode not in ("llama", "gemma", "none"):
             raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
+        if not isinstance(elementwise_affine, bool):
+            raise TypeError(f"elementwise_affine must be a bool, got {type(elementwise_affine).__name__} "
+                            f"{elementwise_affine!r}")
+        self.hidden_size = hidden_size
+        self.elementwise_affine = elementwise_affine
         init = torch.zeros if offset != 0.0 else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        if elementwise_affine:
+            self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
         self.variance_epsilon = eps
         self.offset = offset
         self.casting_mode = casting_mode
@@ -55,11 +67,15 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = value
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.weight is None and hidden_states.shape[-1:] != (self.hidden_size,):
+            raise ValueError(f"hidden_states' last dimension must be hidden_size {self.hidden_size}, got shape "
+                             f"{tuple(hidden_states.shape)}")
         return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
 
     def extra_repr(self) -> str:
-        return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
-                f"casting_mode={self.casting_mode!r}")
+        affine = "" if self.elementwise_affine else ", elementwise_affine=False"
+        return (f"({self.hidden_size},), eps={self.variance_epsilon}, offset={self.offset}, "
+                f"casting_mode={self.casting_mode!r}{affine}")
 
 
 class FusedAddRMSNorm(RMSNorm):
