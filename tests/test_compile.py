@@ -60,7 +60,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm"):
+                 "poly_norm", "group_norm"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -124,6 +124,13 @@ def _opcheck_cases():
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
                                 torch.float32, True, False, True, False, 2048)),
+        "rms_norm_no_weight": (ops.rms_norm, (x, None, 1e-6, 0.0, "llama")),
+        "rms_norm_backward_no_weight": (ops.rms_norm_backward, (torch.randn(3, 5, 32), x, None,
+                                                                torch.rand(15) + 0.5, 0.0, False)),
+        "group_norm": (ops.group_norm, (x.transpose(1, 2), w, b, 8, 1e-6)),
+        "group_norm_bias_only": (ops.group_norm, (torch.randn(4, 6), None, b[:6], 3, 1e-5)),
+        "group_norm_backward": (ops.group_norm_backward, (torch.randn(3, 32, 5), x.transpose(1, 2), w, b,
+                                                          torch.randn(3, 8), torch.rand(3, 8) + 0.5, True, False)),
     }
 
 

@@ -36,6 +36,7 @@ from .ops.lora import lora_linear
 from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd
+from .ops.group_norm import group_norm
 from .reference.cross_entropy import LossOutput
 from .reference.fused_linear_logprobs import LogProbsOutput
 

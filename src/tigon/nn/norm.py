@@ -1,6 +1,7 @@
 """Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible), FusedAddRMSNorm (the residual add and
 the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm), LayerNorm (torch compatible), DyT (Dynamic
-Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT) and PolyNorm (Liger-Kernel's LigerPolyNorm)."""
+Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT), PolyNorm (Liger-Kernel's LigerPolyNorm) and
+GroupNorm (Liger-Kernel's LigerGroupNorm)."""
 
 from __future__ import annotations
 
@@ -236,3 +237,60 @@ class PolyNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"weight_shape={tuple(self.weight.shape)}, eps={self.variance_epsilon}, in_place={self.in_place}"
+
+
+class GroupNorm(nn.Module):
+    """Group normalisation over (B, num_channels, *) (Wu & He 2018, "Group Normalization"), via
+    :func:`tigon.functional.group_norm`.
+
+    Drop-in for Liger-Kernel's ``LigerGroupNorm(num_channels, num_groups, eps=1e-6, bias=False, init_fn="ones")``:
+    the same constructor arguments (then ``device`` and ``dtype``), parameters ``weight`` (num_channels,) (ones, or
+    zeros with ``init_fn="zeros"``) and ``bias`` (num_channels,), and attribute ``variance_epsilon``, so its state
+    dict loads as is. As in Liger's module the bias is a learnable parameter either way: zeros with ``bias=False``,
+    a standard normal draw with ``bias=True`` (torch.nn.GroupNorm starts it at zeros).
+
+    Args:
+        num_channels: C, the input's dimension 1.
+        num_groups: G, dividing C.
+        eps: added to the variance.
+        bias: whether the bias starts from a standard normal draw (True) or zeros (False).
+        init_fn: ``"ones"`` or ``"zeros"``, the weight's initial value.
+        device, dtype: of the parameters.
+
+    Shapes and dtypes:
+        input (B, num_channels, *) with at least 3 dimensions (as Liger's module requires), float32 / bfloat16 /
+        float16 on the kernel path; output: same shape and dtype.
+
+    Raises:
+        ValueError: num_groups does not divide num_channels or init_fn is unknown (at construction); an input of
+            fewer than 3 dimensions, or as :func:`tigon.functional.group_norm` (forward).
+    """
+
+    def __init__(self, num_channels: int, num_groups: int, eps: float = 1e-6, bias: bool = False,
+                 init_fn: str = "ones", device=None, dtype=None) -> None:
+        super().__init__()
+        if init_fn not in ("ones", "zeros"):
+            raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"num_groups must be a positive divisor of num_channels ({num_channels}), got "
+                             f"{num_groups}")
+        kw = {"device": device, "dtype": dtype}
+        self.num_channels, self.num_groups = num_channels, num_groups
+        self.weight = nn.Parameter((torch.ones if init_fn == "ones" else torch.zeros)(num_channels, **kw))
+        self.bias = nn.Parameter(torch.randn(num_channels, **kw) if bias else torch.zeros(num_channels, **kw))
+        self.variance_epsilon = eps
+
+    @property
+    def eps(self) -> float:
+        """Alias of ``variance_epsilon`` (Liger's module has both)."""
+        return self.variance_epsilon
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() < 3:
+            raise ValueError(f"hidden_states must be (B, num_channels, *) with at least 3 dimensions, got shape "
+                             f"{tuple(hidden_states.shape)}")
+        return TF.group_norm(hidden_states, self.weight, self.bias, self.num_channels, self.num_groups,
+                             self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"num_channels={self.num_channels}, num_groups={self.num_groups}, eps={self.variance_epsilon}"
