@@ -60,7 +60,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm", "group_norm"):
+                 "poly_norm", "group_norm", "sparsemax"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -131,6 +131,8 @@ def _opcheck_cases():
         "group_norm_bias_only": (ops.group_norm, (torch.randn(4, 6), None, b[:6], 3, 1e-5)),
         "group_norm_backward": (ops.group_norm_backward, (torch.randn(3, 32, 5), x.transpose(1, 2), w, b,
                                                           torch.randn(3, 8), torch.rand(3, 8) + 0.5, True, False)),
+        "sparsemax": (ops.sparsemax, (x.transpose(0, 1),)),
+        "sparsemax_backward": (ops.sparsemax_backward, (torch.randn(3, 5, 32), torch.relu(x))),
     }
 
 

@@ -37,6 +37,7 @@ from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd
 from .ops.group_norm import group_norm
+from .ops.sparsemax import sparsemax
 from .reference.cross_entropy import LossOutput
 from .reference.fused_linear_logprobs import LogProbsOutput
 

@@ -21,7 +21,8 @@ from .norm import norm_backward, norm_forward
 def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype | None, casting_mode: str) -> torch.dtype:
     """The dtype of y: x's for ``"gemma"`` or without a weight (``w_dtype`` None), else the promotion of x's and
     weight's dtypes."""
-    if casting_mode == "gemma" or w_dtype is None or x_dtype == w_dtype:  # (no promote_types call, a dispatcher op, when equal)
+    # (no promote_types call, a dispatcher op, when equal)
+    if casting_mode == "gemma" or w_dtype is None or x_dtype == w_dtype:
         return x_dtype
     return torch.promote_types(x_dtype, w_dtype)
 

@@ -2,7 +2,8 @@
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
 ``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` /
-``LigerKLDIVLoss`` / ``LigerTVDLoss`` / ``LigerGroupNorm``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
+``LigerKLDIVLoss`` / ``LigerTVDLoss`` / ``LigerGroupNorm`` / ``LigerSparsemax``, ``torch.nn.LayerNorm``), so state
+dicts load unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .mlp import GeGLUMLP, SwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
 from .norm import GroupNorm
+from .activation import Sparsemax
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
-           "GroupNorm"]
+           "GroupNorm", "Sparsemax"]

@@ -95,8 +95,8 @@ def _inputs(s: dict, dtype, device, gen) -> dict:
 RECORDS = (OpSpec(
     name="group_norm",
     summary="GroupNorm over (B, C, *): channel groups normalised per batch row, per-channel affine",
-    fn=group_norm, reference=ref.group_norm, original=ref.group_norm_original,
-    original_name="torch.nn.functional.group_norm at the input dtype (torch.nn.GroupNorm)",
+    fn=group_norm, reference=ref.group_norm, original=ref.group_norm,
+    original_name="torch.nn.GroupNorm's math in fp32, rounded to the input dtype (tigon.reference.group_norm)",
     make_inputs=_inputs, shape_of=_shape,
     size_format="batch x channels x hidden",
     size_label=lambda s: f"{s['batch']}x{s['channels']}x{s['hidden']} ({s['groups']} groups)",

@@ -4,7 +4,6 @@ Liger-Kernel's ``liger_group_norm`` argument order)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def group_norm(
@@ -15,7 +14,7 @@ def group_norm(
     group g are taken over its ``num_channels / num_groups`` channels and all their positions, per batch row.
 
     Computed in the promotion of X's dtype, the parameters' and float32 (float64 stays float64, the truth of the
-    tests), then rounded once to X's dtype.
+    tests), then rounded once to X's dtype, as torch's group_norm kernels accumulate in fp32 for bfloat16 / float16.
 
     Args:
         X: (B, num_channels, *) any float dtype (the trailing dimensions, possibly none, are the positions).
@@ -32,16 +31,15 @@ def group_norm(
     for p in (affine_scaling_weight, affine_shifting_bias):
         if p is not None:
             ct = torch.promote_types(ct, p.dtype)
-    cast = (lambda t: None if t is None else t.to(ct))
-    return group_norm_original(X.to(ct), cast(affine_scaling_weight), cast(affine_shifting_bias), num_channels,
-                               num_groups, eps).to(X.dtype)
-
-
-def group_norm_original(X, affine_scaling_weight, affine_shifting_bias, num_channels, num_groups, eps=1e-6):
-    """``torch.nn.functional.group_norm`` at X's dtype (what ``torch.nn.GroupNorm`` runs; verify's error baseline).
-
-    A bias without a weight is given a weight of ones (the same function): torch 2.13's backward of group_norm with
-    ``weight=None`` and a bias raises "tensor does not have a device"."""
-    if affine_scaling_weight is None and affine_shifting_bias is not None:
-        affine_scaling_weight = torch.ones(num_channels, dtype=affine_shifting_bias.dtype, device=X.device)
-    return F.group_norm(X, num_groups, affine_scaling_weight, affine_shifting_bias, eps)
+    # torch.nn.functional.group_norm's math in plain tensor operations (it equals F.group_norm; its own CPU kernel
+    # threads even tiny inputs, and its backward fails for a bias without a weight in torch 2.13)
+    xs = X.to(ct).reshape(X.shape[0], num_groups, -1)
+    mean = xs.mean(-1, keepdim=True)
+    xc = xs - mean
+    y = (xc * torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)).reshape(X.shape)
+    per_channel = (num_channels,) + (1,) * (X.dim() - 2)
+    if affine_scaling_weight is not None:
+        y = y * affine_scaling_weight.to(ct).reshape(per_channel)
+    if affine_shifting_bias is not None:
+        y = y + affine_shifting_bias.to(ct).reshape(per_channel)
+    return y.to(X.dtype)
