@@ -76,11 +76,12 @@ def group_norm(
 
 # ---- the record ----------------------------------------------------------------------------------------------------
 def _shape(m) -> dict:
-    """Liger's benchmark shape (benchmark_group_norm.py: batch x channels x hidden, 4 channels a group) from a model's
-    sizes: tokens / 512 batch rows of 128 channels of ``hidden`` positions; small models (the tests' shapes) take 6
-    channels in 3 groups."""
+    """Liger's benchmark layout (benchmark_group_norm.py: batch x channels x hidden, 4 channels a group) with a norm's
+    element count: ``tokens / channels`` batch rows of 128 channels of ``hidden`` positions (tokens x hidden elements,
+    as rms_norm at the same sizes); small models (the tests' shapes) take 6 channels in 3 groups."""
     channels, groups = (128, 32) if m.hidden >= 512 else (6, 3)
-    return {"batch": max(1, m.tokens // 512), "channels": channels, "groups": groups, "hidden": m.hidden}
+    return {"tokens": m.tokens, "batch": max(1, m.tokens // channels), "channels": channels, "groups": groups,
+            "hidden": m.hidden}
 
 
 def _inputs(s: dict, dtype, device, gen) -> dict:
