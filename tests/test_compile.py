@@ -102,7 +102,7 @@ def _opcheck_cases():
                                     stats, *ce, "sum")),
         "flce_mean": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, hb, None, None, *ce, 1.0, "mean", torch.float32, True, True, True,
-                       True, False, -1)),
+                       True, False, -1, True)),  # the last: want_pred (the predicted tokens)
         "flce_none": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
                        False, False, 4096)),

@@ -76,3 +76,26 @@ def test_rope_refuses_odd_rotated_width_and_bad_tables(device):
         F.rope(q, k, cos[0], sin[0, :3])
     with pytest.raises(ValueError, match="cos must have 2 or 3 dimensions"):
         F.rope(q, k, cos[0, 0], sin[0, 0])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="none", softcap=4.0), dict(logit_scale=-0.5, bias=True)],
+                         ids=["mean", "none_softcap", "negative_scale_bias"])
+def test_flce_return_predicted_tokens(device, kw):
+    # Liger's return_predicted_tokens: each token's argmax class without the logits, -1 where ignored; the loss and
+    # the gradients are those of the call without it
+    from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+
+    kw = dict(kw)
+    h = torch.randn(9, 16, device=device)
+    w = torch.randn(40, 16, device=device) / 2
+    b = torch.randn(40, device=device) if kw.pop("bias", False) else None
+    t = torch.randint(0, 40, (9,), device=device)
+    t[[2, 5]] = -100
+    out = F.fused_linear_cross_entropy(h, w, t, b, return_predicted_tokens=True, **kw)
+    want = ref_flce(h.double(), w.double(), t, None if b is None else b.double(), return_predicted_tokens=True, **kw)
+    assert out.predicted_tokens.dtype == torch.int64 and out.z_loss is None and out.accuracy is None
+    assert torch.equal(out.predicted_tokens, want.predicted_tokens)
+    assert out.predicted_tokens[2] == out.predicted_tokens[5] == -1
+    assert torch.equal(out.loss, F.fused_linear_cross_entropy(h, w, t, b, **kw))
+    with pytest.raises(TypeError, match="return_predicted_tokens must be a bool"):
+        F.fused_linear_cross_entropy(h, w, t, return_predicted_tokens=1)

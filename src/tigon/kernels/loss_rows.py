@@ -200,11 +200,11 @@ def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(
-    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, BAD,
+    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, PRED, BAD,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    REVERSE: tl.constexpr,
+    REVERSE: tl.constexpr, STORE_PRED: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -224,7 +224,7 @@ def _ce_fwd_kernel(
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
-        if COMPUTE_ACC:
+        if COMPUTE_ACC or STORE_PRED:
             bidx = tl.argmax(x, axis=1).to(tl.int32)
             best = tl.where(bmax > m, start + bidx, best)  # strict: keeps the first maximum, like torch.argmax
         m_new = tl.maximum(m, bmax)
@@ -242,6 +242,8 @@ def _ce_fwd_kernel(
     tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
     if COMPUTE_ACC:
         tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
+    if STORE_PRED:  # the argmax class of each row (-1 for an ignored one, which read no logits)
+        tl.store(PRED + rows, tl.where(valid, best, -1).to(tl.int64), mask=rmask)
     if WRITE_GRAD:
         a = tl.where(valid, tl.load(SCALES), 0.0)
         az = tl.where(valid, tl.load(SCALES + 1), 0.0)
@@ -390,12 +392,13 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_stats: torch.Tensor,
     out_correct: torch.Tensor | None, grad_scales: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
-    block: tuple[int, int, bool] | None = None,
+    block: tuple[int, int, bool] | None = None, out_pred: torch.Tensor | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the (n,) fp32
-    outputs, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
+    outputs, (if ``out_pred`` is given) each row's argmax class (the first maximum of the transformed logits, -1 for
+    an ignored row) into that (n,) int64 tensor, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
     contiguous; :func:`row_stats` allocates it; lse = the sum of a row's two). With ``grad_scales`` (the
     (2,) fp32 scales of :func:`reduce_losses`), also writes ``d loss / d x`` of the reduced loss into ``grad_out``
     (n, V), which may be ``x`` itself (in place).
@@ -418,12 +421,14 @@ def ce_rows_forward(
     _ce_fwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else out_stats, cw_sum if cw_sum is not None else out_stats,
         grad_scales if write_grad else out_stats, dx, dx.stride(0),
-        out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss, target_check.buffer(x.device),
+        out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss,
+        out_pred if out_pred is not None else target, target_check.buffer(x.device),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), STORE_PRED=out_pred is not None,
+        num_warps=warps,
     )
 
 

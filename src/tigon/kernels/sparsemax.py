@@ -41,13 +41,13 @@ def _sparsemax_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
     rmask = rows < M
     mask = rmask[:, None] & (cols < N)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-    hi = tl.where(rmask, tl.max(x, axis=1), 0.0)
-    lo = hi - 1.0
+    lo = tl.where(rmask, tl.max(x, axis=1), 0.0) - 1.0
+    half = lo * 0.0 + 0.5  # tau in [lo, lo + 2 * half]; a tensor, as it is carried through the loop
     for _ in range(BISECT):
-        mid = (lo + hi) * 0.5
+        mid = lo + half
         f = tl.sum(tl.where(x > mid[:, None], x - mid[:, None], 0.0), axis=1)
         lo = tl.where(f >= 1.0, mid, lo)
-        hi = tl.where(f >= 1.0, hi, mid)
+        half = half * 0.5
     for _ in range(2):  # Michelot's step from the lower bound lo
         supp = x > lo[:, None]
         k = tl.sum(tl.where(supp, 1.0, 0.0), axis=1)
@@ -82,13 +82,13 @@ def _sparsemax_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr):
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + offs
         m = tl.maximum(m, tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32))
-    hi = tl.max(m, axis=0)
-    lo = hi - 1.0
+    lo = tl.max(m, axis=0) - 1.0
+    half = lo * 0.0 + 0.5
     for _ in range(BISECT):
-        mid = (lo + hi) * 0.5
+        mid = lo + half
         f, _k, _s = _excess(X, row, N, stride_x, mid, BLOCK_N)
         lo = tl.where(f >= 1.0, mid, lo)
-        hi = tl.where(f >= 1.0, hi, mid)
+        half = half * 0.5
     for _ in range(2):
         _e, k, s = _excess(X, row, N, stride_x, lo, BLOCK_N)
         lo = (s - 1.0) / k

@@ -37,6 +37,7 @@ def fused_linear_cross_entropy(
     return_accuracy: bool = False,
     accum_dtype: torch.dtype | None = None,
     memory: str | int = "auto",
+    return_predicted_tokens: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -84,16 +85,24 @@ def fused_linear_cross_entropy(
             logits is exceeded by that much. Chunk sizes trade memory for speed: each chunk re-reads the
             gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
 
+        return_predicted_tokens: also return each token's predicted class, the argmax of its logits, as (N,) int64
+            with -1 for ignored tokens (``LossOutput.predicted_tokens``; Liger-Kernel's option of the same name),
+            taken in the same pass as the loss: no logits are kept.
+
     Returns:
-        As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for
-        hidden / weight / bias have their dtypes and shapes.
+        As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput`` (with
+        ``predicted_tokens`` when asked for). Gradients for hidden / weight / bias have their dtypes and shapes.
 
     Raises:
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
-            (or "low" with ``accum_dtype=torch.float32``).
+            (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` that is not
+            a bool.
     """
+    if not isinstance(return_predicted_tokens, bool):
+        raise TypeError(f"return_predicted_tokens must be a bool, got {type(return_predicted_tokens).__name__} "
+                        f"{return_predicted_tokens!r}")
     ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
                      num_items_in_batch=num_items_in_batch)
@@ -112,7 +121,8 @@ def fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
             logit_scale=logit_scale, class_weight=class_weight, num_items_in_batch=num_items_in_batch,
-            return_z_loss=return_z_loss, return_accuracy=return_accuracy)
+            return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+            return_predicted_tokens=return_predicted_tokens)
     if target.device.type == "cpu":
         ref_ce.check_target_range(target, weight.shape[0], ignore_index)
     from ..kernels import cross_entropy as kc, fused_linear_cross_entropy as k
@@ -124,12 +134,13 @@ def fused_linear_cross_entropy(
             grad_on and bias is not None and bias.requires_grad)
     run = (k.compiled_fused_linear_cross_entropy if torch.compiler.is_compiling()
            else k.FusedLinearCrossEntropyFunction.apply)
-    loss, z_loss, accuracy = run(
+    loss, z_loss, accuracy, pred = run(
         hidden, weight, target, bias, class_weight, opts, reduction, num_items_in_batch, cd, need,
-        bool(return_accuracy), lean, budget)
-    if not (return_z_loss or return_accuracy):
+        bool(return_accuracy), lean, budget, return_predicted_tokens)
+    if not (return_z_loss or return_accuracy or return_predicted_tokens):
         return loss
-    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)
+    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
+                      pred if return_predicted_tokens else None)
 
 
 def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:

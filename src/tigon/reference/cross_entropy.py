@@ -41,11 +41,14 @@ class LossOutput(NamedTuple):
     loss: scalar (or (N,) for reduction="none"), float32, includes the z-loss term.
     z_loss: the z-loss part alone (``lse_square_scale * lse**2``, reduced like loss), or None.
     accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32), or None.
+    predicted_tokens: each token's argmax class, (N,) int64 with -1 for ignored tokens (the fused linear
+        cross-entropy's ``return_predicted_tokens``, Liger-Kernel's), or None.
     """
 
     loss: torch.Tensor
     z_loss: torch.Tensor | None = None
     accuracy: torch.Tensor | None = None
+    predicted_tokens: torch.Tensor | None = None
 
 
 def _real(v) -> bool:

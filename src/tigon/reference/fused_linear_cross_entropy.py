@@ -13,7 +13,7 @@ import numbers
 import torch
 
 from .. import _checks
-from .cross_entropy import check_loss_options, cross_entropy
+from .cross_entropy import LossOutput, check_loss_options, cross_entropy
 
 
 def check_head(hidden, weight, target, bias, **per_class) -> None:
@@ -80,6 +80,7 @@ def fused_linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     return_z_loss: bool = False,
     return_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
 ):
     """``cross_entropy(logit_scale * (hidden @ weight.T + bias), target, class_weight, ...)``.
 
@@ -91,10 +92,12 @@ def fused_linear_cross_entropy(
         logit_scale: multiplies the logits before ``softcap`` (Cohere's ``logit_scale``, Granite's
             ``1 / logits_scaling``).
         class_weight: optional (V,) class weights (``weight`` of :func:`cross_entropy`).
+        return_predicted_tokens: also return each token's argmax class (of the scaled logits; a soft-cap keeps it),
+            (N,) int64, -1 where the target is ``ignore_index``, in the ``LossOutput``'s ``predicted_tokens``.
         Other arguments: as :func:`tigon.reference.cross_entropy.cross_entropy`.
 
     Returns:
-        As :func:`tigon.reference.cross_entropy.cross_entropy`. The matmul runs in the inputs' dtype promoted
+        As :func:`tigon.reference.cross_entropy.cross_entropy`, with ``predicted_tokens`` as above. The matmul runs in the inputs' dtype promoted
         to at least float32 (under ``torch.autocast`` the autocast dtype applies, as for ``F.linear``).
 
     Raises:
@@ -110,8 +113,12 @@ def fused_linear_cross_entropy(
     logits = logits.to(ct)
     if logit_scale != 1.0:
         logits = logits * logit_scale
-    return cross_entropy(
+    out = cross_entropy(
         logits, target, class_weight, ignore_index, reduction, label_smoothing,
         lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
         return_z_loss=return_z_loss, return_accuracy=return_accuracy,
     )
+    if not return_predicted_tokens:
+        return out
+    pred = torch.where(target == ignore_index, -1, logits.detach().argmax(-1))
+    return (out if isinstance(out, LossOutput) else LossOutput(out))._replace(predicted_tokens=pred)
