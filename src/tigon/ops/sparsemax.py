@@ -50,9 +50,10 @@ def sparsemax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return ref.sparsemax(input, dim)
     from ..kernels import sparsemax as k
 
-    x = input.transpose(dim, -1)
+    last = dim in (-1, input.dim() - 1)
+    x = input if last else input.transpose(dim, -1)
     y = k.compiled_sparsemax(x) if torch.compiler.is_compiling() else k.SparsemaxFunction.apply(x)
-    return y.transpose(dim, -1)
+    return y if last else y.transpose(dim, -1)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
