@@ -99,3 +99,13 @@ def test_flce_return_predicted_tokens(device, kw):
     assert torch.equal(out.loss, F.fused_linear_cross_entropy(h, w, t, b, **kw))
     with pytest.raises(TypeError, match="return_predicted_tokens must be a bool"):
         F.fused_linear_cross_entropy(h, w, t, return_predicted_tokens=1)
+
+
+def test_flce_module_predicted_tokens_in_target_shape(device):
+    loss_fn = tnn.FusedLinearCrossEntropyLoss(reduction="none", return_predicted_tokens=True)
+    h, w = torch.randn(2, 3, 8, device=device), torch.randn(20, 8, device=device)
+    t = torch.randint(0, 20, (2, 3), device=device)
+    t[1, 2] = -100
+    out = loss_fn(h, w, t)
+    assert out.loss.shape == out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[1, 2] == -1
+    assert torch.equal(out.predicted_tokens[0], (h[0] @ w.T).argmax(-1))
