@@ -74,9 +74,10 @@ class RMSNorm(nn.Module):
         return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
 
     def extra_repr(self) -> str:
-        affine = "" if self.elementwise_affine else ", elementwise_affine=False"
-        return (f"({self.hidden_size},), eps={self.variance_epsilon}, offset={self.offset}, "
-                f"casting_mode={self.casting_mode!r}{affine}")
+        shape, affine = ((self.hidden_size,), ", elementwise_affine=False") if self.weight is None else \
+            (tuple(self.weight.shape), "")
+        return (f"{shape}, eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
+                f"{affine}")
 
 
 class FusedAddRMSNorm(RMSNorm):
