@@ -105,7 +105,7 @@ def _opcheck_cases():
                        True, False, -1, True)),  # the last: want_pred (the predicted tokens)
         "flce_none": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
-                       False, False, 4096)),
+                       False, False, 4096, False, True)),  # the last two: want_pred, token_scaling
         "divergence_jsd": (ops.divergence, (logq, logp, target, div.JSD, 0.3, 0.0, -100, "batchmean")),
         "divergence_kl_mean": (ops.divergence, (logq, logp.exp(), None, div.KL_PROB, 0.5, 1e-10, -100, "mean")),
         "divergence_tvd_none": (ops.divergence, (logq.exp(), logp.exp(), target, div.TVD, 0.5, 0.0, -100, "none")),
@@ -123,7 +123,7 @@ def _opcheck_cases():
                                                         torch.rand(15, 3) + 0.5)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
-                                torch.float32, True, False, True, False, 2048)),
+                                torch.float32, True, False, True, False, 2048, True)),  # the last: token_scaling
         "rms_norm_no_weight": (ops.rms_norm, (x, None, 1e-6, 0.0, "llama")),
         "rms_norm_backward_no_weight": (ops.rms_norm_backward, (torch.randn(3, 5, 32), x, None,
                                                                 torch.rand(15) + 0.5, 0.0, False)),

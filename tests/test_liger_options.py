@@ -109,3 +109,25 @@ def test_flce_module_predicted_tokens_in_target_shape(device):
     out = loss_fn(h, w, t)
     assert out.loss.shape == out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[1, 2] == -1
     assert torch.equal(out.predicted_tokens[0], (h[0] @ w.T).argmax(-1))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="none", softcap=3.0, lse_square_scale=1e-2),
+                                dict(label_smoothing=0.1, class_weight=True)], ids=["mean", "none_z", "smoothing"])
+def test_flce_use_token_scaling(device, kw):
+    # Liger's use_token_scaling: each token's loss times its target's detached probability, then the reduction
+    from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+
+    kw = dict(kw, class_weight=torch.rand(40, device=device) + 0.5 if kw.get("class_weight") else None)
+    t = torch.randint(0, 40, (9,), device=device)
+    t[3] = -100
+    inputs = dict(hidden=torch.randn(9, 16, device=device), weight=torch.randn(40, 16, device=device) / 2, target=t)
+    checks = compare(lambda **a: F.fused_linear_cross_entropy(**a, use_token_scaling=True, **kw),
+                     lambda **a: ref_flce(**a, use_token_scaling=True, **kw), inputs, ["hidden", "weight"])
+    assert_close_to_truth(checks)
+    # the reference is Liger's definition: the per-token losses times the target's probability
+    h, w = inputs["hidden"].double(), inputs["weight"].double()
+    p = torch.softmax(h @ w.T, -1).gather(1, t.clamp_min(0)[:, None]).squeeze(1) * (t != -100)
+    torch.testing.assert_close(ref_flce(h, w, t, reduction="none", use_token_scaling=True),
+                               ref_flce(h, w, t, reduction="none") * p)
+    with pytest.raises(TypeError, match="use_token_scaling must be a bool"):
+        F.fused_linear_cross_entropy(inputs["hidden"], inputs["weight"], t, use_token_scaling="yes")

@@ -460,8 +460,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], class_weight: Optional[Tensor],
           num_items: Optional[Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
           softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
-          need_weight: bool, need_bias: bool, want_acc: bool, lean: bool, budget: int,
-          want_pred: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          need_weight: bool, need_bias: bool, want_acc: bool, lean: bool, budget: int, want_pred: bool = False,
+          token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias, predicted tokens).
 
     loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
@@ -472,9 +472,9 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
     saves them for its backward like any activation. Predicted tokens: (N,) int64 (each token's argmax class, -1
-    where ignored) with ``want_pred``, else (0,).
+    where ignored) with ``want_pred``, else (0,). ``token_scaling``: :class:`LossOptions`'.
     """
-    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     need = (need_hidden, need_weight, need_bias)
     pred = target.new_empty((hidden.shape[0] if want_pred else 0,), dtype=torch.int64)
     loss, z, acc, stats, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
@@ -487,7 +487,7 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
 @_flce.register_fake
 def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
       softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean, budget,
-      want_pred=False):
+      want_pred=False, token_scaling=False):
     n = hidden.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -507,10 +507,10 @@ def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, targe
                         class_weight: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                         lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
                         need_hidden: bool, need_weight: bool, need_bias: bool, lean: bool,
-                        budget: int) -> tuple[Tensor, Tensor, Tensor]:
+                        budget: int, token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
     the inputs' shapes and dtypes, (0,) where not needed."""
-    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, stats, opts,
                                     cd, (need_hidden, need_weight, need_bias), lean, budget=budget)
     return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
@@ -518,7 +518,7 @@ def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, targe
 
 @_flce_backward_rows.register_fake
 def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget):
+      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget, token_scaling=False):
     empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
@@ -528,7 +528,8 @@ def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index
 def _flce_setup(ctx, inputs, output):
     (hidden, weight, target, bias, class_weight, _num_items, *scalars) = inputs
     (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean,
-     budget, *_pred) = scalars
+     budget, *extra) = scalars
+    token_scaling = bool(extra[1]) if len(extra) > 1 else False
     ctx.need = (nh, nw, nb)
     ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
     ctx.scalar = grads_in_forward(reduction, ctx.need)
@@ -537,11 +538,11 @@ def _flce_setup(ctx, inputs, output):
     else:
         ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[3])
         ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean,
-                       budget)
+                       budget, token_scaling)
 
 
 def _flce_grad(ctx, grad_loss, *_unused):
-    nones = (None,) * 16
+    nones = (None,) * 17
     if not any(ctx.need):
         return (None,) * 4 + nones
     if ctx.scalar:
@@ -564,5 +565,5 @@ def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weig
     loss, z, acc, *_, pred = _flce(
         hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
         opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, reduction, cd, need[0],
-        need[1], need[2], want_acc, lean, budget, want_pred)
+        need[1], need[2], want_acc, lean, budget, want_pred, opts.token_scaling)
     return loss, z.detach(), acc.detach(), pred

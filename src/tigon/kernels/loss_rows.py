@@ -165,6 +165,13 @@ def _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFT
 
 
 @triton.jit
+def _target_prob(xt, m, logs, valid):
+    """Per row: the probability of the target, ``exp(x_t - lse)`` (0 for an ignored row): ``use_token_scaling``'s
+    factor, a constant of the loss (no gradient flows through it)."""
+    return tl.where(valid, tl.exp(xt - m - logs), 0.0)
+
+
+@triton.jit
 def _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT: tl.constexpr):
     """Per row of a tile: sum_c w_c * (x_c - x_t) over its valid columns (label smoothing's extra term)."""
     d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
@@ -204,7 +211,7 @@ def _ce_fwd_kernel(
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    REVERSE: tl.constexpr, STORE_PRED: tl.constexpr = False,
+    REVERSE: tl.constexpr, STORE_PRED: tl.constexpr = False, TOKEN_SCALING: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -236,6 +243,10 @@ def _ce_fwd_kernel(
     logs = tl.log(s)
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     loss, z = _row_loss(m, logs, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
+    if TOKEN_SCALING:
+        p = _target_prob(xt, m, logs, valid)
+        loss = loss * p
+        z = z * p
     tl.store(LOSS + rows, loss, mask=rmask)
     tl.store(ZLOSS + rows, z, mask=rmask)
     tl.store(STATS + 2 * rows, m, mask=rmask)
@@ -247,6 +258,9 @@ def _ce_fwd_kernel(
     if WRITE_GRAD:
         a = tl.where(valid, tl.load(SCALES), 0.0)
         az = tl.where(valid, tl.load(SCALES + 1), 0.0)
+        if TOKEN_SCALING:
+            a = a * p
+            az = az * p
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
@@ -274,7 +288,7 @@ def _ce_bwd_kernel(
     X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, TOKEN_SCALING: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -287,6 +301,12 @@ def _ce_bwd_kernel(
         a = a * tl.load(SCALES)
     else:
         az = a
+    if TOKEN_SCALING:  # the forward's factor, from the (recomputed) target logit and the saved statistics
+        xt = _target_logit(X + rows.to(tl.int64) * stride_x, t_safe, in_range, valid, logit_scale, softcap,
+                           HAS_SOFTCAP)
+        p = _target_prob(xt, m, logs, valid)
+        a = a * p
+        az = az * p
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
@@ -370,6 +390,7 @@ class LossOptions:
     lse_square_scale: float = 0.0
     softcap: float | None = None
     logit_scale: float = 1.0
+    token_scaling: bool = False  # each row's loss times its target's (detached) probability: Liger's use_token_scaling
 
 
 def _blocks(n_rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
@@ -428,7 +449,7 @@ def ce_rows_forward(
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
         BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), STORE_PRED=out_pred is not None,
-        num_warps=warps,
+        TOKEN_SCALING=opts.token_scaling, num_warps=warps,
     )
 
 
@@ -471,7 +492,8 @@ def ce_rows_backward(
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
-        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, TOKEN_SCALING=opts.token_scaling,
+        num_warps=warps,
     )
 
 

@@ -113,6 +113,8 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             rounding per token chunk); see :func:`tigon.functional.fused_linear_cross_entropy`.
         return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
             -1 where ignored; Liger-Kernel's option of the same name).
+        use_token_scaling: each token's loss times its target's detached probability (Liger-Kernel's option; see
+            :func:`tigon.functional.fused_linear_cross_entropy`).
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -129,8 +131,9 @@ class FusedLinearCrossEntropyLoss(nn.Module):
                  lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
                  class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
                  return_accuracy: bool = False, accum_dtype: torch.dtype | None = None,
-                 return_predicted_tokens: bool = False):
+                 return_predicted_tokens: bool = False, use_token_scaling: bool = False):
         super().__init__()
+        self.use_token_scaling = use_token_scaling
         self.register_buffer("class_weight", class_weight)
         self.accum_dtype = accum_dtype
         self.return_predicted_tokens = return_predicted_tokens
@@ -151,7 +154,7 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
             logit_scale=self.logit_scale, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy, accum_dtype=self.accum_dtype,
-            return_predicted_tokens=self.return_predicted_tokens,
+            return_predicted_tokens=self.return_predicted_tokens, use_token_scaling=self.use_token_scaling,
         )
         return _restore(out, lead, self.reduction)
 

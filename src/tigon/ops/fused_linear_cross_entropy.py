@@ -38,6 +38,7 @@ def fused_linear_cross_entropy(
     accum_dtype: torch.dtype | None = None,
     memory: str | int = "auto",
     return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -88,6 +89,9 @@ def fused_linear_cross_entropy(
         return_predicted_tokens: also return each token's predicted class, the argmax of its logits, as (N,) int64
             with -1 for ignored tokens (``LossOutput.predicted_tokens``; Liger-Kernel's option of the same name),
             taken in the same pass as the loss: no logits are kept.
+        use_token_scaling: multiply each token's loss (z-loss included) by its target's probability under the
+            (scaled, soft-capped) logits, a constant of the gradient (detached), before the reduction; the mean's
+            denominator is unchanged (Liger-Kernel's option of the same name).
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput`` (with
@@ -97,12 +101,12 @@ def fused_linear_cross_entropy(
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
-            (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` that is not
-            a bool.
+            (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
+            ``use_token_scaling`` that is not a bool.
     """
-    if not isinstance(return_predicted_tokens, bool):
-        raise TypeError(f"return_predicted_tokens must be a bool, got {type(return_predicted_tokens).__name__} "
-                        f"{return_predicted_tokens!r}")
+    for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
                      num_items_in_batch=num_items_in_batch)
@@ -122,13 +126,13 @@ def fused_linear_cross_entropy(
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
             logit_scale=logit_scale, class_weight=class_weight, num_items_in_batch=num_items_in_batch,
             return_z_loss=return_z_loss, return_accuracy=return_accuracy,
-            return_predicted_tokens=return_predicted_tokens)
+            return_predicted_tokens=return_predicted_tokens, use_token_scaling=use_token_scaling)
     if target.device.type == "cpu":
         ref_ce.check_target_range(target, weight.shape[0], ignore_index)
     from ..kernels import cross_entropy as kc, fused_linear_cross_entropy as k
 
     opts = kc.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
-                                            None if softcap is None else float(softcap), float(logit_scale))
+                          None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)

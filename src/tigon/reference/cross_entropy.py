@@ -147,6 +147,7 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool = False,
+    _token_scaling: bool = False,
 ):
     """Cross-entropy of ``logits`` against class indices ``target``; see the module docstring for the formula.
 
@@ -165,6 +166,8 @@ def cross_entropy(
         return_z_loss, return_accuracy: return a :class:`LossOutput` instead of the loss.
         inplace_backward, grad_in_forward: accepted for signature parity; the reference never writes into
             ``logits``.
+        _token_scaling: the fused linear cross-entropy's ``use_token_scaling`` (its reference's use only): each
+            token's loss and z term times its target's probability, detached, before the reduction.
 
     Returns:
         The loss: 0-d, or (N,) for ``reduction="none"``; float32 (float64 for float64 logits). With
@@ -198,6 +201,9 @@ def cross_entropy(
     else:
         per_token = nll
     z = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
+    if _token_scaling:
+        p = torch.where(valid, logp.detach().gather(1, safe_t[:, None]).squeeze(1).exp(), torch.zeros_like(lse))
+        per_token, z = per_token * p, z * p
 
     def reduce(t: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
         if num_items_in_batch is not None:

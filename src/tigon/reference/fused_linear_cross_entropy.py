@@ -81,6 +81,7 @@ def fused_linear_cross_entropy(
     return_z_loss: bool = False,
     return_accuracy: bool = False,
     return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
 ):
     """``cross_entropy(logit_scale * (hidden @ weight.T + bias), target, class_weight, ...)``.
 
@@ -94,6 +95,8 @@ def fused_linear_cross_entropy(
         class_weight: optional (V,) class weights (``weight`` of :func:`cross_entropy`).
         return_predicted_tokens: also return each token's argmax class (of the scaled logits; a soft-cap keeps it),
             (N,) int64, -1 where the target is ``ignore_index``, in the ``LossOutput``'s ``predicted_tokens``.
+        use_token_scaling: each token's loss (and z term) times its target's probability under the transformed
+            logits, detached, before the reduction (Liger-Kernel's option; the mean's denominator is unchanged).
         Other arguments: as :func:`tigon.reference.cross_entropy.cross_entropy`.
 
     Returns:
@@ -116,7 +119,7 @@ def fused_linear_cross_entropy(
     out = cross_entropy(
         logits, target, class_weight, ignore_index, reduction, label_smoothing,
         lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
-        return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+        return_z_loss=return_z_loss, return_accuracy=return_accuracy, _token_scaling=use_token_scaling,
     )
     if not return_predicted_tokens:
         return out
