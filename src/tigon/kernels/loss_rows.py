@@ -9,8 +9,14 @@ Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks t
 columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
 Gimelshein 2018), the weighted logit sum needed by label smoothing and the running argmax. It writes per-row
 loss, z-loss, the row's statistics ``(m, log s)``: its max and the log of its sum of exp(x - m), lse = m + log s
-((N, 2) fp32), and a correct-prediction flag. With ``WRITE_GRAD`` it makes a second pass over the row and writes
+((N, 2) fp32), and a correct-prediction flag; with ``STORE_PRED`` also the argmax class itself (int64, -1 for an
+ignored row: Liger-Kernel's predicted tokens). With ``WRITE_GRAD`` it makes a second pass over the row and writes
 ``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
+
+Token scaling (``TOKEN_SCALING``, Liger-Kernel's ``use_token_scaling``): the row's loss and z term are multiplied by
+the target's probability ``p_t = exp(x_t - lse)``, a constant of the gradient (detached), so the gradient below is
+multiplied by p_t too (a and a_z scaled per row, in the forward's gradient pass and in the backward, which recomputes
+p_t from the target logit and the saved statistics).
 
 Accuracy: the loss is formed as (m - x_t) + log s and the probabilities as exp((x - m) - log s), the max subtracted
 first as in torch's log_softmax, so a confident token's loss (far below the logits) carries an error of its own
