@@ -95,7 +95,7 @@ def _opcheck_cases():
                                     True, True)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
-        "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True)),
+        "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True, True)),  # want_pred
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
         "cross_entropy_backward": (ops.cross_entropy_backward,
                                    (torch.tensor(1.0), logits, target, None, torch.tensor(5.0),

@@ -101,14 +101,14 @@ def test_flce_return_predicted_tokens(device, kw):
         F.fused_linear_cross_entropy(h, w, t, return_predicted_tokens=1)
 
 
-def test_flce_module_predicted_tokens_in_target_shape(device):
-    loss_fn = tnn.FusedLinearCrossEntropyLoss(reduction="none", return_predicted_tokens=True)
+def test_loss_modules_predicted_tokens_in_target_shape(device):
     h, w = torch.randn(2, 3, 8, device=device), torch.randn(20, 8, device=device)
     t = torch.randint(0, 20, (2, 3), device=device)
     t[1, 2] = -100
-    out = loss_fn(h, w, t)
-    assert out.loss.shape == out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[1, 2] == -1
-    assert torch.equal(out.predicted_tokens[0], (h[0] @ w.T).argmax(-1))
+    for out in (tnn.FusedLinearCrossEntropyLoss(reduction="none", return_predicted_tokens=True)(h, w, t),
+                tnn.CrossEntropyLoss(reduction="none", return_predicted_tokens=True)(h @ w.T, t)):
+        assert out.loss.shape == out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[1, 2] == -1
+        assert torch.equal(out.predicted_tokens[0], (h[0] @ w.T).argmax(-1))
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(reduction="none", softcap=3.0, lse_square_scale=1e-2),
@@ -131,3 +131,18 @@ def test_flce_use_token_scaling(device, kw):
                                ref_flce(h, w, t, reduction="none") * p)
     with pytest.raises(TypeError, match="use_token_scaling must be a bool"):
         F.fused_linear_cross_entropy(inputs["hidden"], inputs["weight"], t, use_token_scaling="yes")
+
+
+@pytest.mark.parametrize("kw", [dict(reduction="none", softcap=2.0), dict(grad_in_forward=True)],
+                         ids=["none_softcap", "grad_in_forward"])
+def test_cross_entropy_return_predicted_tokens(device, kw):
+    from tigon.reference.cross_entropy import cross_entropy as ref_ce
+
+    x = torch.randn(7, 30, device=device)
+    t = torch.randint(0, 30, (7,), device=device)
+    t[1] = -100
+    logits = (x * 1.0).requires_grad_() if kw.get("grad_in_forward") else x  # grad_in_forward: a non-leaf
+    out = F.cross_entropy(logits * 1.0 if logits.requires_grad else logits, t, return_predicted_tokens=True, **kw)
+    want = ref_ce(x.double(), t, return_predicted_tokens=True,
+                  **{k: v for k, v in kw.items() if k != "grad_in_forward"})
+    assert torch.equal(out.predicted_tokens, want.predicted_tokens) and out.predicted_tokens[1] == -1

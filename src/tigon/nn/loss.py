@@ -50,6 +50,8 @@ class CrossEntropyLoss(nn.Module):
             must not be used after the forward; scalar reductions, no float16). Only in training mode
             (``self.training``): an evaluation pass leaves the logits alone. See
             :func:`tigon.functional.cross_entropy`.
+        return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
+            -1 where ignored; Liger-Kernel's option of the same name).
 
     Forward:
         ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
@@ -65,9 +67,10 @@ class CrossEntropyLoss(nn.Module):
     def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
                  return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False,
-                 grad_in_forward: bool = False):
+                 grad_in_forward: bool = False, return_predicted_tokens: bool = False):
         super().__init__()
         self.register_buffer("weight", weight)
+        self.return_predicted_tokens = return_predicted_tokens
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -86,6 +89,7 @@ class CrossEntropyLoss(nn.Module):
             lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
             inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
+            return_predicted_tokens=self.return_predicted_tokens,
         )
         return _restore(out, lead, self.reduction)
 

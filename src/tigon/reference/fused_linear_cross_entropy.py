@@ -13,7 +13,7 @@ import numbers
 import torch
 
 from .. import _checks
-from .cross_entropy import LossOutput, check_loss_options, cross_entropy
+from .cross_entropy import check_loss_options, cross_entropy
 
 
 def check_head(hidden, weight, target, bias, **per_class) -> None:
@@ -116,12 +116,9 @@ def fused_linear_cross_entropy(
     logits = logits.to(ct)
     if logit_scale != 1.0:
         logits = logits * logit_scale
-    out = cross_entropy(
+    return cross_entropy(
         logits, target, class_weight, ignore_index, reduction, label_smoothing,
         lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
-        return_z_loss=return_z_loss, return_accuracy=return_accuracy, _token_scaling=use_token_scaling,
+        return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+        return_predicted_tokens=return_predicted_tokens, _token_scaling=use_token_scaling,
     )
-    if not return_predicted_tokens:
-        return out
-    pred = torch.where(target == ignore_index, -1, logits.detach().argmax(-1))
-    return (out if isinstance(out, LossOutput) else LossOutput(out))._replace(predicted_tokens=pred)
