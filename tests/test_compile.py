@@ -60,7 +60,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm"):
+                 "poly_norm", "group_norm", "sparsemax"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -95,17 +95,17 @@ def _opcheck_cases():
                                     True, True)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
-        "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True)),
+        "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True, True)),  # want_pred
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
         "cross_entropy_backward": (ops.cross_entropy_backward,
                                    (torch.tensor(1.0), logits, target, None, torch.tensor(5.0),
                                     stats, *ce, "sum")),
         "flce_mean": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, hb, None, None, *ce, 1.0, "mean", torch.float32, True, True, True,
-                       True, False, -1)),
+                       True, False, -1, True)),  # the last: want_pred (the predicted tokens)
         "flce_none": (ops.fused_linear_cross_entropy,
                       (hidden, head, target, None, None, None, *ce, 0.5, "none", torch.float32, True, True, False,
-                       False, False, 4096)),
+                       False, False, 4096, False, True)),  # the last two: want_pred, token_scaling
         "divergence_jsd": (ops.divergence, (logq, logp, target, div.JSD, 0.3, 0.0, -100, "batchmean")),
         "divergence_kl_mean": (ops.divergence, (logq, logp.exp(), None, div.KL_PROB, 0.5, 1e-10, -100, "mean")),
         "divergence_tvd_none": (ops.divergence, (logq.exp(), logp.exp(), target, div.TVD, 0.5, 0.0, -100, "none")),
@@ -123,7 +123,16 @@ def _opcheck_cases():
                                                         torch.rand(15, 3) + 0.5)),
         "flce_backward_rows": (ops.fused_linear_cross_entropy_backward_rows,
                                (torch.randn(7), hidden, head, target, hb, None, stats, *ce, 1.0,
-                                torch.float32, True, False, True, False, 2048)),
+                                torch.float32, True, False, True, False, 2048, True)),  # the last: token_scaling
+        "rms_norm_no_weight": (ops.rms_norm, (x, None, 1e-6, 0.0, "llama")),
+        "rms_norm_backward_no_weight": (ops.rms_norm_backward, (torch.randn(3, 5, 32), x, None,
+                                                                torch.rand(15) + 0.5, 0.0, False)),
+        "group_norm": (ops.group_norm, (x.transpose(1, 2), w, b, 8, 1e-6)),
+        "group_norm_bias_only": (ops.group_norm, (torch.randn(4, 6), None, b[:6], 3, 1e-5)),
+        "group_norm_backward": (ops.group_norm_backward, (torch.randn(3, 32, 5), x.transpose(1, 2), w, b,
+                                                          torch.randn(3, 8), torch.rand(3, 8) + 0.5, True, False)),
+        "sparsemax": (ops.sparsemax, (x.transpose(0, 1),)),
+        "sparsemax_backward": (ops.sparsemax_backward, (torch.randn(3, 5, 32), torch.relu(x))),
     }
 
 

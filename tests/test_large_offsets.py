@@ -28,6 +28,8 @@ from tigon.reference import relu_squared as ref_relu_squared
 from tigon.reference import rms_norm as ref_rms
 from tigon.reference import rope as ref_rope
 from tigon.reference import softmax as ref_softmax
+from tigon.reference import group_norm as ref_group_norm
+from tigon.reference import sparsemax as ref_sparsemax
 
 PAST = 2**31
 MORE = 2**24  # elements past the boundary
@@ -78,7 +80,7 @@ def _leaf(t):
 
 
 @pytest.mark.parametrize("hidden", [4096, 256])
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "fused_add_rms_norm", "rms_norm_no_weight"])
 def test_norms_past_2_31_elements(op, hidden):
     m = (PAST + MORE) // hidden
     r0 = _first_row(hidden)
@@ -88,6 +90,8 @@ def test_norms_past_2_31_elements(op, hidden):
     r = torch.randn(m, hidden, **BF16).requires_grad_(True)
     if op == "rms_norm":
         outs, refs = (F.rms_norm(x, w),), lambda xt, rt, wt, bt: (ref_rms.rms_norm(xt, wt),)
+    elif op == "rms_norm_no_weight":
+        outs, refs = (F.rms_norm(x, None),), lambda xt, rt, wt, bt: (ref_rms.rms_norm(xt, None),)
     elif op == "layer_norm":
         outs, refs = (F.layer_norm(x, w, b),), lambda xt, rt, wt, bt: (ref_ln.layer_norm(xt, wt, bt),)
     else:
@@ -101,7 +105,8 @@ def test_norms_past_2_31_elements(op, hidden):
         _check_rows(f"{op} output {i}", o.detach(), ro, r0)
     _check_rows(f"{op} dx", x.grad, xt.grad, r0)
     _zero_before(f"{op} dx", x.grad, r0)
-    assert rel_l2(w.grad, wt.grad) < TOL
+    if op != "rms_norm_no_weight":
+        assert rel_l2(w.grad, wt.grad) < TOL
     if op == "layer_norm":
         assert rel_l2(b.grad, bt.grad) < TOL
     if op == "fused_add_rms_norm":
@@ -133,20 +138,20 @@ def test_glu_past_2_31_elements(op):
 
 
 @pytest.mark.parametrize("hidden", [4096, 256])
-@pytest.mark.parametrize("op", ["relu_squared", "softmax", "dyt", "poly_norm"])
+@pytest.mark.parametrize("op", ["relu_squared", "softmax", "dyt", "poly_norm", "sparsemax"])
 def test_liger_ops_past_2_31_elements(op, hidden):
     # The ops of Liger's list beyond the Llama ones: x (M, hidden) past 2**31 elements, their parameters' gradients
     # from the checked rows alone (the upstream gradient is zero before them).
     m = (PAST + MORE) // hidden
     r0 = _first_row(hidden)
     x = torch.randn(m, hidden, **BF16).requires_grad_(True)
-    params = {"relu_squared": [], "softmax": [],
+    params = {"relu_squared": [], "softmax": [], "sparsemax": [],
               "dyt": [torch.tensor([0.6], **BF16), (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16),
                       torch.randn(hidden, **BF16)],
               "poly_norm": [torch.tensor([0.3, 0.3, 0.4], **BF16), torch.tensor(0.5, **BF16)]}[op]
     params = [p.requires_grad_(True) for p in params]
     ref = {"relu_squared": ref_relu_squared.relu_squared, "softmax": ref_softmax.softmax, "dyt": ref_dyt.dyt,
-           "poly_norm": ref_poly_norm.poly_norm}[op]
+           "poly_norm": ref_poly_norm.poly_norm, "sparsemax": ref_sparsemax.sparsemax}[op]
     out = getattr(F, op)(x, *params)
     dy = _upstream_after(out.shape, r0)
     out.backward(dy)
@@ -270,3 +275,26 @@ def test_divergences_past_2_31_elements():
     _check_rows("tvd loss", rows.detach(), ref_rows.detach(), r0)
     _check_rows("tvd dinput", leaf.grad, pt.grad, r0)
     _zero_before("tvd dinput", leaf.grad, r0)
+
+
+@pytest.mark.parametrize("positions", [4096, 3])
+def test_group_norm_past_2_31_elements(positions):
+    # X (B, 128 channels, positions) past 2**31 elements, 32 groups; the check starts at the batch row holding element
+    # 2**31 - 1 (minus one), whole groups; the weight / bias gradients come from those rows alone
+    c, g = 128, 32
+    per_row = c * positions
+    b = (PAST + MORE) // per_row
+    b0 = _first_row(per_row)
+    x = torch.randn(b, c, positions, **BF16).requires_grad_(True)
+    w = (torch.rand(c, device="cuda") + 0.5).to(torch.bfloat16).requires_grad_(True)
+    bias = torch.randn(c, **BF16).requires_grad_(True)
+    out = F.group_norm(x, w, bias, c, g)
+    dy = _upstream_after(out.shape, b0)
+    out.backward(dy)
+    xt, wt, bt = _leaf(x.detach()[b0:]), _leaf(w.detach()), _leaf(bias.detach())
+    want = ref_group_norm.group_norm(xt, wt, bt, c, g)
+    want.backward(dy[b0:].double())
+    _check_rows("group_norm output", out.detach().view(b, per_row), want.reshape(-1, per_row), b0)
+    _check_rows("group_norm dx", x.grad.view(b, per_row), xt.grad.reshape(-1, per_row), b0)
+    _zero_before("group_norm dx", x.grad, b0)
+    assert rel_l2(w.grad, wt.grad) < TOL and rel_l2(bias.grad, bt.grad) < TOL

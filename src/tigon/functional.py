@@ -39,6 +39,8 @@ from .ops.divergence import tvd
 from .ops.preference import fused_linear_dpo_loss
 from .ops.fused_linear_grpo import fused_linear_grpo
 from .ops.fused_linear_jsd import fused_linear_jsd
+from .ops.group_norm import group_norm
+from .ops.sparsemax import sparsemax
 from .reference.cross_entropy import LossOutput
 from .reference.fused_linear_logprobs import LogProbsOutput
 from .reference.fused_linear_grpo import GRPOOutput

@@ -30,23 +30,24 @@ def grad_in_forward_block(device: torch.device) -> tuple[int, int, bool] | None:
 
 
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
-               grad_out: torch.Tensor | None = None):
+               grad_out: torch.Tensor | None = None, pred: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
     :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), the row statistics
     stats (n, 2) fp32 (max, log-sum: :func:`tigon.kernels.loss_rows.row_stats`),
     scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op below.
     ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
-    right after its loss, by the program that read it."""
+    right after its loss, by the program that read it. ``pred``: an (n,) int64 tensor to write each row's argmax
+    class into (-1 for ignored rows), or None."""
     n, vocab = x.shape
     f32 = dict(dtype=torch.float32, device=x.device)
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, x.device)
     correct = torch.empty(n, **f32) if want_acc else None
     if grad_out is None:
-        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, stats, correct)
+        ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, stats, correct, out_pred=pred)
     else:
         scales = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items)[3]
         ce_rows_forward(x, target, cw, cw_sum, opts, loss_rows, z_rows, stats, correct, grad_scales=scales,
-                        grad_out=grad_out, block=grad_in_forward_block(x.device))
+                        grad_out=grad_out, block=grad_in_forward_block(x.device), out_pred=pred)
     loss, z, acc, scale = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items,
                                         loss_rows, z_rows, correct, zero_acc=True)
     return loss, z, acc, stats, scale
@@ -74,10 +75,12 @@ def saved_tensor_hooks_active() -> bool:
 
 
 class CrossEntropyFunction(torch.autograd.Function):
-    """autograd wrapper: ``apply(logits, target, class_weight, opts, reduction, num_items, want_acc, inplace)``.
+    """autograd wrapper: ``apply(logits, target, class_weight, opts, reduction, num_items, want_acc, inplace,
+    want_pred)``.
 
-    Returns (loss, z_loss, accuracy); z_loss and accuracy are non-differentiable (accuracy is a dummy zero
-    when ``want_acc`` is False). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
+    Returns (loss, z_loss, accuracy, predicted tokens); the last three are non-differentiable (accuracy is a dummy
+    zero when ``want_acc`` is False; the predicted tokens, (N,) int64 with -1 where ignored, are (0,) unless
+    ``want_pred``). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
     ``inplace``: False, True (the backward writes over the logits) or ``"forward"`` (grad_in_forward: when the
     logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
     it by the upstream gradient, a no-op when that is 1).
@@ -103,7 +106,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace):
+    def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace, want_pred=False):
         ctx.grad_formed = (inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
                            and not saved_tensor_hooks_active())
         # Written in place (either way) only where every element has its own memory (rows sharing memory, e.g. an
@@ -116,8 +119,10 @@ class CrossEntropyFunction(torch.autograd.Function):
         if ctx.grad_formed and x is logits:
             # anything that saved the logits for its own backward now raises there instead of reading gradients
             torch.autograd.graph.increment_version(logits)
+        pred = target.new_empty((target.shape[0] if want_pred else 0,), dtype=torch.int64)
         loss, z, acc, stats, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
-                                              grad_out=x if ctx.grad_formed else None)
+                                              grad_out=x if ctx.grad_formed else None,
+                                              pred=pred if want_pred else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
         # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
         if ctx.grad_formed:
@@ -125,16 +130,16 @@ class CrossEntropyFunction(torch.autograd.Function):
         else:
             ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, stats, scale)
         ctx.opts, ctx.inplace, ctx.consumed = opts, inplace is True, False
-        ctx.mark_non_differentiable(z, acc)
+        ctx.mark_non_differentiable(z, acc, pred)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
         ctx.set_materialize_grads(False)
-        return loss, z, acc
+        return loss, z, acc, pred
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, grad_loss, _grad_z, _grad_acc):
+    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
         if not ctx.needs_input_grad[0] or grad_loss is None:
-            return (None,) * 8
+            return (None,) * 9
         if ctx.consumed:
             raise RuntimeError("tigon.cross_entropy(inplace_backward=True or grad_in_forward=True) wrote its "
                                "gradient into the logits buffer and handed it to the first backward; a second "
@@ -142,7 +147,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         if ctx.grad_formed:
             (x,) = ctx.saved_tensors
             ctx.consumed = True
-            return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None
+            return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None, None
         x, target, cw, cw_sum, stats, scale = ctx.saved_tensors
         dx = ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))
@@ -151,7 +156,7 @@ class CrossEntropyFunction(torch.autograd.Function):
             # when its backward unpacks them, instead of reading gradients as logits (x shares their version)
             torch.autograd.graph.increment_version(x)
         ctx.consumed = ctx.inplace
-        return dx, None, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
@@ -159,26 +164,30 @@ class CrossEntropyFunction(torch.autograd.Function):
 @torch.library.custom_op("tigon::cross_entropy", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _cross_entropy(logits: Tensor, target: Tensor, class_weight: Optional[Tensor], num_items: Optional[Tensor],
                    ignore_index: int, label_smoothing: float, lse_square_scale: float, softcap: Optional[float],
-                   reduction: str, want_acc: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, accuracy, stats): loss and z_loss fp32, 0-d (or (N,) for ``reduction="none"``); accuracy
-    0-d fp32 (0 unless ``want_acc``); stats (N, 2) fp32, the rows' max and log-sum
-    (:func:`tigon.kernels.loss_rows.row_stats`), kept for the backward."""
+                   reduction: str, want_acc: bool, want_pred: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                                                     Tensor]:
+    """(loss, z_loss, accuracy, stats, predicted tokens): loss and z_loss fp32, 0-d (or (N,) for
+    ``reduction="none"``); accuracy 0-d fp32 (0 unless ``want_acc``); stats (N, 2) fp32, the rows' max and log-sum
+    (:func:`tigon.kernels.loss_rows.row_stats`), kept for the backward; predicted tokens (N,) int64 (-1 where
+    ignored) with ``want_pred``, else (0,)."""
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, x.device)
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, 1.0)
-    loss, z, acc, stats, _ = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc)
-    return loss, z, acc, stats
+    pred = target.new_empty((target.shape[0] if want_pred else 0,), dtype=torch.int64)
+    loss, z, acc, stats, _ = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
+                                        pred=pred if want_pred else None)
+    return loss, z, acc, stats, pred
 
 
 @_cross_entropy.register_fake
 def _(logits, target, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale, softcap,
-      reduction, want_acc):
+      reduction, want_acc, want_pred=False):
     n = logits.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
     return (logits.new_empty(loss_shape, **f32), logits.new_empty(loss_shape, **f32), logits.new_empty((), **f32),
-            logits.new_empty((n, 2), **f32))
+            logits.new_empty((n, 2), **f32), target.new_empty((n if want_pred else 0,), dtype=torch.int64))
 
 
 @torch.library.custom_op("tigon::cross_entropy_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
@@ -202,28 +211,30 @@ def _(grad_loss, logits, target, class_weight, num_items, stats, ignore_index, l
 
 
 def _cross_entropy_setup(ctx, inputs, output):
-    logits, target, class_weight, num_items, *scalars, _want_acc = inputs
+    logits, target, class_weight, num_items, *scalars = inputs
     ctx.save_for_backward(logits, target, class_weight, num_items, output[3])
-    ctx.scalars = scalars  # ignore_index, label_smoothing, lse_square_scale, softcap, reduction
+    ctx.scalars = scalars[:5]  # ignore_index, label_smoothing, lse_square_scale, softcap, reduction (not the flags)
 
 
-def _cross_entropy_grad(ctx, grad_loss, _dz, _dacc, _dlse):
+def _cross_entropy_grad(ctx, grad_loss, _dz, _dacc, _dlse, _dpred):
     if not ctx.needs_input_grad[0]:
-        return (None,) * 10
+        return (None,) * 11
     logits, target, class_weight, num_items, stats = ctx.saved_tensors
     dx = _cross_entropy_backward(grad_loss, logits, target, class_weight, num_items, stats, *ctx.scalars)
-    return (dx,) + (None,) * 9
+    return (dx,) + (None,) * 10
 
 
 _cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
 
 
-def compiled_cross_entropy(logits, target, class_weight, opts: LossOptions, reduction, num_items, want_acc, inplace=False):
-    """``CrossEntropyFunction.apply`` as the ``tigon::cross_entropy`` custom op: (loss, z_loss, accuracy).
+def compiled_cross_entropy(logits, target, class_weight, opts: LossOptions, reduction, num_items, want_acc, inplace=False,
+                           want_pred=False):
+    """``CrossEntropyFunction.apply`` as the ``tigon::cross_entropy`` custom op: (loss, z_loss, accuracy, predicted
+    tokens).
 
     ``inplace`` is ignored (see the module docstring).
     """
-    loss, z, acc, _ = _cross_entropy(
+    loss, z, acc, _, pred = _cross_entropy(
         logits, target, class_weight, num_items_tensor(num_items, logits.device), opts.ignore_index,
-        opts.label_smoothing, opts.lse_square_scale, opts.softcap, reduction, want_acc)
-    return loss, z.detach(), acc.detach()
+        opts.label_smoothing, opts.lse_square_scale, opts.softcap, reduction, want_acc, want_pred)
+    return loss, z.detach(), acc.detach(), pred

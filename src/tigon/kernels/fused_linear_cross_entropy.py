@@ -322,8 +322,9 @@ def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: 
 
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
-                 halves: bool = False, budget: int = -1):
+                 halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
+    ``pred``: an (N,) int64 tensor to write each token's argmax class into (-1 for ignored tokens), or None.
 
     ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``budget``: bytes for
     the chunk buffer and the fp32 accumulator (-1: the default rule; :func:`chunk_rows`); ``halves``: see
@@ -356,7 +357,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             ce_rows_forward(
                 lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
                 correct[s:e] if correct is not None else None,
-                grad_scales=scale, grad_out=lg,
+                grad_scales=scale, grad_out=lg, out_pred=pred[s:e] if pred is not None else None,
             )
             if precompute:
                 mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
@@ -418,31 +419,32 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd,
-    need, want_acc)``. ``need`` = (grad for hidden, weight, bias) decided by the caller (grad mode and
-    requires_grad), ``cd`` the matmul dtype. Returns (loss, z_loss, accuracy-or-zero), the last two
-    non-differentiable.
+    need, want_acc, lean, budget, want_pred)``. ``need`` = (grad for hidden, weight, bias) decided by the caller (grad
+    mode and requires_grad), ``cd`` the matmul dtype. Returns (loss, z_loss, accuracy-or-zero, predicted tokens: (N,)
+    int64 with ``want_pred``, else (0,)), the last three non-differentiable.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
-                lean=False, budget=-1):
+                lean=False, budget=-1, want_pred=False):
+        pred = target.new_empty((hidden.shape[0] if want_pred else 0,), dtype=torch.int64)
         loss, z, acc, stats, grads = flce_forward(
             hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True,
-            budget)
+            budget, pred if want_pred else None)
         ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
         ctx.budget = budget
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, stats)
-        ctx.mark_non_differentiable(z, acc)
+        ctx.mark_non_differentiable(z, acc, pred)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
         ctx.set_materialize_grads(False)
-        return loss, z, acc
+        return loss, z, acc, pred
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, grad_loss, _grad_z, _grad_acc):
-        none = (None,) * 9
+    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
+        none = (None,) * 10
         if not any(ctx.need) or grad_loss is None:
             return (None, None, None, None) + none
         if ctx.done:
@@ -466,9 +468,9 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], class_weight: Optional[Tensor],
           num_items: Optional[Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
           softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
-          need_weight: bool, need_bias: bool, want_acc: bool, lean: bool,
-          budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias).
+          need_weight: bool, need_bias: bool, want_acc: bool, lean: bool, budget: int, want_pred: bool = False,
+          token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias, predicted tokens).
 
     loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
     stats: (N, 2) fp32 (row max, log-sum). For a scalar reduction with a gradient needed, the gradients of the
@@ -477,19 +479,23 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
     ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
-    saves them for its backward like any activation.
+    saves them for its backward like any activation. Predicted tokens: (N,) int64 (each token's argmax class, -1
+    where ignored) with ``want_pred``, else (0,). ``token_scaling``: :class:`LossOptions`'.
     """
-    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     need = (need_hidden, need_weight, need_bias)
+    pred = target.new_empty((hidden.shape[0] if want_pred else 0,), dtype=torch.int64)
     loss, z, acc, stats, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
-                                              cd, need, want_acc, lean, budget=budget)
+                                              cd, need, want_acc, lean, budget=budget,
+                                              pred=pred if want_pred else None)
     gh, gw, gb = grads if grads is not None else (None, None, None)
-    return loss, z, acc, stats, or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
+    return loss, z, acc, stats, or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats), pred
 
 
 @_flce.register_fake
 def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean, budget):
+      softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean, budget,
+      want_pred=False, token_scaling=False):
     n = hidden.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -501,7 +507,7 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
     else:
         grads = [empty, empty.new_empty((0,)), empty.new_empty((0,))]
     return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32), hidden.new_empty((), **f32),
-            hidden.new_empty((n, 2), **f32), *grads)
+            hidden.new_empty((n, 2), **f32), *grads, target.new_empty((n if want_pred else 0,), dtype=torch.int64))
 
 
 @torch.library.custom_op("tigon::fused_linear_cross_entropy_backward_rows", mutates_args=(), tags=CUSTOM_OP_TAGS)
@@ -509,10 +515,10 @@ def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, targe
                         class_weight: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                         lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
                         need_hidden: bool, need_weight: bool, need_bias: bool, lean: bool,
-                        budget: int) -> tuple[Tensor, Tensor, Tensor]:
+                        budget: int, token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
     the inputs' shapes and dtypes, (0,) where not needed."""
-    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale)
+    opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, stats, opts,
                                     cd, (need_hidden, need_weight, need_bias), lean, budget=budget)
     return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
@@ -520,7 +526,7 @@ def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, targe
 
 @_flce_backward_rows.register_fake
 def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget):
+      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget, token_scaling=False):
     empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
@@ -530,20 +536,21 @@ def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index
 def _flce_setup(ctx, inputs, output):
     (hidden, weight, target, bias, class_weight, _num_items, *scalars) = inputs
     (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean,
-     budget) = scalars
+     budget, *extra) = scalars
+    token_scaling = bool(extra[1]) if len(extra) > 1 else False
     ctx.need = (nh, nw, nb)
     ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
     ctx.scalar = grads_in_forward(reduction, ctx.need)
     if ctx.scalar:
-        ctx.save_for_backward(*output[4:])
+        ctx.save_for_backward(*output[4:7])
     else:
         ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[3])
         ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean,
-                       budget)
+                       budget, token_scaling)
 
 
 def _flce_grad(ctx, grad_loss, *_unused):
-    nones = (None,) * 15
+    nones = (None,) * 17
     if not any(ctx.need):
         return (None,) * 4 + nones
     if ctx.scalar:
@@ -560,11 +567,11 @@ _flce.register_autograd(_flce_grad, setup_context=_flce_setup)
 
 
 def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction, num_items,
-                               cd, need, want_acc, lean=False, budget=-1):
+                               cd, need, want_acc, lean=False, budget=-1, want_pred=False):
     """``FusedLinearCrossEntropyFunction.apply`` as the ``tigon::fused_linear_cross_entropy`` custom op:
-    (loss, z_loss, accuracy)."""
-    loss, z, acc, *_ = _flce(
+    (loss, z_loss, accuracy, predicted tokens)."""
+    loss, z, acc, *_, pred = _flce(
         hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
         opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, reduction, cd, need[0],
-        need[1], need[2], want_acc, lean, budget)
-    return loss, z.detach(), acc.detach()
+        need[1], need[2], want_acc, lean, budget, want_pred, opts.token_scaling)
+    return loss, z.detach(), acc.detach(), pred

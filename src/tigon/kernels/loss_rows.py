@@ -9,8 +9,14 @@ Forward (one read of the logits): each program owns ``BLOCK_M`` rows and walks t
 columns, keeping a running max and rescaled sum of exponentials (the online log-sum-exp of Milakov &
 Gimelshein 2018), the weighted logit sum needed by label smoothing and the running argmax. It writes per-row
 loss, z-loss, the row's statistics ``(m, log s)``: its max and the log of its sum of exp(x - m), lse = m + log s
-((N, 2) fp32), and a correct-prediction flag. With ``WRITE_GRAD`` it makes a second pass over the row and writes
+((N, 2) fp32), and a correct-prediction flag; with ``STORE_PRED`` also the argmax class itself (int64, -1 for an
+ignored row: Liger-Kernel's predicted tokens). With ``WRITE_GRAD`` it makes a second pass over the row and writes
 ``coef * d loss_row / d logits`` (the fused linear op uses this on its chunk buffer, in place).
+
+Token scaling (``TOKEN_SCALING``, Liger-Kernel's ``use_token_scaling``): the row's loss and z term are multiplied by
+the target's probability ``p_t = exp(x_t - lse)``, a constant of the gradient (detached), so the gradient below is
+multiplied by p_t too (a and a_z scaled per row, in the forward's gradient pass and in the backward, which recomputes
+p_t from the target logit and the saved statistics).
 
 Accuracy: the loss is formed as (m - x_t) + log s and the probabilities as exp((x - m) - log s), the max subtracted
 first as in torch's log_softmax, so a confident token's loss (far below the logits) carries an error of its own
@@ -165,6 +171,13 @@ def _target_logit(x_row, t_safe, in_range, valid, logit_scale, softcap, HAS_SOFT
 
 
 @triton.jit
+def _target_prob(xt, m, logs, valid):
+    """Per row: the probability of the target, ``exp(x_t - lse)`` (0 for an ignored row): ``use_token_scaling``'s
+    factor, a constant of the loss (no gradient flows through it)."""
+    return tl.where(valid, tl.exp(xt - m - logs), 0.0)
+
+
+@triton.jit
 def _smoothing_sum(x, xt, cols, cmask, CW, HAS_WEIGHT: tl.constexpr):
     """Per row of a tile: sum_c w_c * (x_c - x_t) over its valid columns (label smoothing's extra term)."""
     d = tl.where(cmask[None, :], x - xt[:, None], 0.0)
@@ -200,11 +213,11 @@ def _weight_sum(CW, CWSUM, V, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _ce_fwd_kernel(
-    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, BAD,
+    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, PRED, BAD,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    REVERSE: tl.constexpr,
+    REVERSE: tl.constexpr, STORE_PRED: tl.constexpr = False, TOKEN_SCALING: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -224,7 +237,7 @@ def _ce_fwd_kernel(
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
-        if COMPUTE_ACC:
+        if COMPUTE_ACC or STORE_PRED:
             bidx = tl.argmax(x, axis=1).to(tl.int32)
             best = tl.where(bmax > m, start + bidx, best)  # strict: keeps the first maximum, like torch.argmax
         m_new = tl.maximum(m, bmax)
@@ -236,15 +249,24 @@ def _ce_fwd_kernel(
     logs = tl.log(s)
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     loss, z = _row_loss(m, logs, xt, wt, wsum, sw, valid, V, label_smoothing, lse_square_scale, HAS_SMOOTHING)
+    if TOKEN_SCALING:
+        p = _target_prob(xt, m, logs, valid)
+        loss = loss * p
+        z = z * p
     tl.store(LOSS + rows, loss, mask=rmask)
     tl.store(ZLOSS + rows, z, mask=rmask)
     tl.store(STATS + 2 * rows, m, mask=rmask)
     tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
     if COMPUTE_ACC:
         tl.store(CORRECT + rows, tl.where(valid & (best == t_safe) & in_range, 1.0, 0.0), mask=rmask)
+    if STORE_PRED:  # the argmax class of each row (-1 for an ignored one, which read no logits)
+        tl.store(PRED + rows, tl.where(valid, best, -1).to(tl.int64), mask=rmask)
     if WRITE_GRAD:
         a = tl.where(valid, tl.load(SCALES), 0.0)
         az = tl.where(valid, tl.load(SCALES + 1), 0.0)
+        if TOKEN_SCALING:
+            a = a * p
+            az = az * p
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
@@ -272,7 +294,7 @@ def _ce_bwd_kernel(
     X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
     n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, TOKEN_SCALING: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
@@ -285,6 +307,12 @@ def _ce_bwd_kernel(
         a = a * tl.load(SCALES)
     else:
         az = a
+    if TOKEN_SCALING:  # the forward's factor, from the (recomputed) target logit and the saved statistics
+        xt = _target_logit(X + rows.to(tl.int64) * stride_x, t_safe, in_range, valid, logit_scale, softcap,
+                           HAS_SOFTCAP)
+        p = _target_prob(xt, m, logs, valid)
+        a = a * p
+        az = az * p
     wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
     _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
                label_smoothing, lse_square_scale, logit_scale, softcap,
@@ -368,6 +396,7 @@ class LossOptions:
     lse_square_scale: float = 0.0
     softcap: float | None = None
     logit_scale: float = 1.0
+    token_scaling: bool = False  # each row's loss times its target's (detached) probability: Liger's use_token_scaling
 
 
 def _blocks(n_rows: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
@@ -390,12 +419,13 @@ def ce_rows_forward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     opts: LossOptions, out_loss: torch.Tensor, out_z: torch.Tensor, out_stats: torch.Tensor,
     out_correct: torch.Tensor | None, grad_scales: torch.Tensor | None = None, grad_out: torch.Tensor | None = None,
-    block: tuple[int, int, bool] | None = None,
+    block: tuple[int, int, bool] | None = None, out_pred: torch.Tensor | None = None,
 ) -> None:
     """Launch the forward on rows ``x`` (n, V) (unit column stride) with targets (n,) (contiguous).
 
     Writes per-row loss (incl. z), z and (if ``out_correct`` is given) 1.0/0.0 argmax hits into the (n,) fp32
-    outputs, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
+    outputs, (if ``out_pred`` is given) each row's argmax class (the first maximum of the transformed logits, -1 for
+    an ignored row) into that (n,) int64 tensor, and the rows' statistics (max, log-sum; see the module docstring) into ``out_stats`` ((n, 2) fp32,
     contiguous; :func:`row_stats` allocates it; lse = the sum of a row's two). With ``grad_scales`` (the
     (2,) fp32 scales of :func:`reduce_losses`), also writes ``d loss / d x`` of the reduced loss into ``grad_out``
     (n, V), which may be ``x`` itself (in place).
@@ -418,12 +448,14 @@ def ce_rows_forward(
     _ce_fwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else out_stats, cw_sum if cw_sum is not None else out_stats,
         grad_scales if write_grad else out_stats, dx, dx.stride(0),
-        out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss, target_check.buffer(x.device),
+        out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss,
+        out_pred if out_pred is not None else target, target_check.buffer(x.device),
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
-        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), STORE_PRED=out_pred is not None,
+        TOKEN_SCALING=opts.token_scaling, num_warps=warps,
     )
 
 
@@ -466,7 +498,8 @@ def ce_rows_backward(
         n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
         float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
-        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, TOKEN_SCALING=opts.token_scaling,
+        num_warps=warps,
     )
 
 

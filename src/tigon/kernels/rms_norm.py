@@ -18,15 +18,17 @@ from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, r
 from .norm import norm_backward, norm_forward
 
 
-def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str) -> torch.dtype:
-    """The dtype of y: x's for ``"gemma"``, else the promotion of x's and weight's dtypes."""
-    if casting_mode == "gemma" or x_dtype == w_dtype:  # (no promote_types call, a dispatcher op, when equal)
+def output_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype | None, casting_mode: str) -> torch.dtype:
+    """The dtype of y: x's for ``"gemma"`` or without a weight (``w_dtype`` None), else the promotion of x's and
+    weight's dtypes."""
+    # (no promote_types call, a dispatcher op, when equal)
+    if casting_mode == "gemma" or w_dtype is None or x_dtype == w_dtype:
         return x_dtype
     return torch.promote_types(x_dtype, w_dtype)
 
 
-def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
-    """Normalise x (..., N) (any strides) with weight (N,).
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str):
+    """Normalise x (..., N) (any strides) with weight (N,), or none (``weight`` None: ``offset`` is unused).
 
     Returns (y: x's shape, contiguous, :func:`output_dtype`; x2: x as the kernel read it (x itself when contiguous or
     already (M, N) rows with unit column stride, else its (M, N) rows view, a copy for a strided last dimension);
@@ -34,24 +36,29 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: 
     """
     y, _, rstd, _, x2 = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
                                      round_xhat=casting_mode == "llama",
-                                     out_dtype=output_dtype(x.dtype, weight.dtype, casting_mode))
+                                     out_dtype=output_dtype(x.dtype, _dtype(weight), casting_mode))
     return y, x2, rstd
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-                      need_dw: bool, x_shape: tuple[int, ...] | None = None):
+def _dtype(weight: torch.Tensor | None) -> torch.dtype | None:
+    return None if weight is None else weight.dtype
+
+
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                      offset: float, need_dw: bool, x_shape: tuple[int, ...] | None = None):
     """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
 
     Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dw: (N,) in weight's dtype, or None
-    unless ``need_dw``).
+    unless ``need_dw`` (and without a weight)).
     """
+    need_dw = need_dw and weight is not None
     dx, dw, _ = norm_backward(dy, x, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, dx_shape=x_shape,
-                              dw_dtype=weight.dtype)
+                              dw_dtype=weight.dtype if need_dw else torch.float32)
     return dx, dw
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode)`` with x (..., N), weight (N,).
+    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode)`` with x (..., N), weight (N,) or None.
 
     casting_mode ``"llama"`` rounds the normalised value to x's dtype before the weight multiply and returns the
     promotion of x's and weight's dtypes; ``"gemma"`` returns x's dtype; ``"none"`` the promotion. Statistics and
@@ -77,7 +84,7 @@ class RMSNormFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
 @torch.library.custom_op("tigon::rms_norm", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
+def _rms_norm(x: Tensor, weight: Tensor | None, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
     """(y: x's shape, contiguous, :func:`~tigon.kernels.rms_norm.output_dtype`; rstd: (M,) fp32)."""
     y, _, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
     return y, rstd
@@ -85,20 +92,22 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode
 
 @_rms_norm.register_fake
 def _(x, weight, eps, offset, casting_mode):
-    return (x.new_empty(x.shape, dtype=output_dtype(x.dtype, weight.dtype, casting_mode)),
+    return (x.new_empty(x.shape, dtype=output_dtype(x.dtype, _dtype(weight), casting_mode)),
             x.new_empty((rows_of(x),), dtype=torch.float32))
 
 
 @torch.library.custom_op("tigon::rms_norm_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float,
+def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor, offset: float,
                        need_dw: bool) -> tuple[Tensor, Tensor]:
-    """(dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or (0,) unless ``need_dw``)."""
+    """(dx: x's shape and dtype, contiguous; dw: (N,) in weight's dtype, or (0,) unless ``need_dw`` and a weight)."""
     dx, dw = rms_norm_backward(dy, x, weight, rstd, offset, need_dw)
-    return dx, or_empty(dw, weight)
+    return dx, or_empty(dw, x if weight is None else weight)
 
 
 @_rms_norm_backward.register_fake
 def _(dy, x, weight, rstd, offset, need_dw):
+    if weight is None:
+        return x.new_empty(x.shape), x.new_empty((0,))
     return x.new_empty(x.shape), weight.new_empty(weight.shape if need_dw else (0,))
 
 
@@ -110,7 +119,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_grad(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    need_dw = ctx.needs_input_grad[1]
+    need_dw = ctx.needs_input_grad[1] and weight is not None
     dx, dw = _rms_norm_backward(dy, x, weight, rstd, ctx.offset, need_dw)
     return dx, if_wanted(dw, need_dw), None, None, None
 

@@ -2,8 +2,8 @@
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
 ``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` /
-``LigerKLDIVLoss`` / ``LigerTVDLoss``, the chunked preference losses ``LigerFusedLinearDPOLoss`` ...,
-``torch.nn.LayerNorm``), so state dicts load unchanged.
+``LigerKLDIVLoss`` / ``LigerTVDLoss`` / ``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses
+``LigerFusedLinearDPOLoss`` ..., ``torch.nn.LayerNorm``), so state dicts load unchanged.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from .preference import (FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearKTOL
                          FusedLinearSimPOLoss)
 from .grpo import FusedLinearGRPOLoss
 from .fused_linear_jsd import FusedLinearJSD, FusedLinearJSDLoss
+from .norm import GroupNorm
+from .activation import Sparsemax
 
 __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "CrossEntropyLoss",
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
            "FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss", "FusedLinearORPOLoss",
-           "FusedLinearKTOLoss", "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearJSDLoss"]
+           "FusedLinearKTOLoss", "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearJSDLoss", "GroupNorm",
+           "Sparsemax"]

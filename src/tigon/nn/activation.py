@@ -1,5 +1,5 @@
 """Parameter-free activation modules with Liger-Kernel's constructors: ``LigerReLUSquared`` is
-:class:`ReLUSquared`, ``LigerSoftmax`` is :class:`Softmax`."""
+:class:`ReLUSquared`, ``LigerSoftmax`` is :class:`Softmax`, ``LigerSparsemax`` is :class:`Sparsemax`."""
 
 from __future__ import annotations
 
@@ -41,3 +41,31 @@ class Softmax(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return TF.softmax(x)
+
+
+class Sparsemax(nn.Module):
+    """Sparsemax along ``dim`` (Martins & Astudillo 2016, "From Softmax to Sparsemax"), via
+    :func:`tigon.functional.sparsemax`: the Euclidean projection onto the probability simplex (sparse probabilities).
+
+    Drop-in for Liger-Kernel's ``LigerSparsemax(dim=-1)`` (same constructor, no parameters).
+
+    Args:
+        dim: the dimension to normalise (the last by default).
+
+    Shapes and dtypes:
+        input any shape with a non-empty ``dim``, float32 / bfloat16 / float16 on the kernel path; output: same
+        shape and dtype.
+
+    Raises:
+        As :func:`tigon.functional.sparsemax`, at the forward, for bad inputs.
+    """
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TF.sparsemax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"

@@ -19,12 +19,17 @@ def _flatten(x: torch.Tensor, target: torch.Tensor, what: str):
 
 
 def _restore(out, lead, reduction: str):
-    if lead is None or reduction != "none":
+    """The per-token outputs (the losses of ``"none"``, the predicted tokens) in target's shape ``lead``."""
+    if lead is None:
         return out
     if isinstance(out, TF.LossOutput):
-        return out._replace(loss=out.loss.reshape(lead),
-                            z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
-    return out.reshape(lead)
+        if reduction == "none":
+            out = out._replace(loss=out.loss.reshape(lead),
+                               z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
+        if out.predicted_tokens is not None:
+            out = out._replace(predicted_tokens=out.predicted_tokens.reshape(lead))
+        return out
+    return out.reshape(lead) if reduction == "none" else out
 
 
 class CrossEntropyLoss(nn.Module):
@@ -45,6 +50,8 @@ class CrossEntropyLoss(nn.Module):
             must not be used after the forward; scalar reductions, no float16). Only in training mode
             (``self.training``): an evaluation pass leaves the logits alone. See
             :func:`tigon.functional.cross_entropy`.
+        return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
+            -1 where ignored; Liger-Kernel's option of the same name).
 
     Forward:
         ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
@@ -60,9 +67,10 @@ class CrossEntropyLoss(nn.Module):
     def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
                  return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False,
-                 grad_in_forward: bool = False):
+                 grad_in_forward: bool = False, return_predicted_tokens: bool = False):
         super().__init__()
         self.register_buffer("weight", weight)
+        self.return_predicted_tokens = return_predicted_tokens
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -81,6 +89,7 @@ class CrossEntropyLoss(nn.Module):
             lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
             inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
+            return_predicted_tokens=self.return_predicted_tokens,
         )
         return _restore(out, lead, self.reduction)
 
@@ -106,6 +115,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
         accum_dtype: None / torch.float32 (exact grad_weight accumulation) or the weight's dtype (low memory, one
             rounding per token chunk); see :func:`tigon.functional.fused_linear_cross_entropy`.
+        return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
+            -1 where ignored; Liger-Kernel's option of the same name).
+        use_token_scaling: each token's loss times its target's detached probability (Liger-Kernel's option; see
+            :func:`tigon.functional.fused_linear_cross_entropy`).
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -121,10 +134,13 @@ class FusedLinearCrossEntropyLoss(nn.Module):
     def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
                  lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
                  class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
-                 return_accuracy: bool = False, accum_dtype: torch.dtype | None = None):
+                 return_accuracy: bool = False, accum_dtype: torch.dtype | None = None,
+                 return_predicted_tokens: bool = False, use_token_scaling: bool = False):
         super().__init__()
+        self.use_token_scaling = use_token_scaling
         self.register_buffer("class_weight", class_weight)
         self.accum_dtype = accum_dtype
+        self.return_predicted_tokens = return_predicted_tokens
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -142,6 +158,7 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
             logit_scale=self.logit_scale, class_weight=self.class_weight, num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy, accum_dtype=self.accum_dtype,
+            return_predicted_tokens=self.return_predicted_tokens, use_token_scaling=self.use_token_scaling,
         )
         return _restore(out, lead, self.reduction)
 

@@ -1,6 +1,7 @@
 """Normalisation modules: RMSNorm (HF LlamaRMSNorm / GemmaRMSNorm compatible), FusedAddRMSNorm (the residual add and
 the norm of HF decoder layers; Liger-Kernel's LigerFusedAddRMSNorm), LayerNorm (torch compatible), DyT (Dynamic
-Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT) and PolyNorm (Liger-Kernel's LigerPolyNorm)."""
+Tanh, the element-wise replacement of a norm; Liger-Kernel's LigerDyT), PolyNorm (Liger-Kernel's LigerPolyNorm) and
+GroupNorm (Liger-Kernel's LigerGroupNorm)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class RMSNorm(nn.Module):
         offset: added to the weight in the forward.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"`` (see :func:`tigon.reference.rms_norm.rms_norm`).
         device, dtype: of the weight.
+        elementwise_affine: False: no weight (``self.weight`` is None, as in Liger-Kernel's
+            ``LigerRMSNorm(elementwise_affine=False)``), ``y = x / sqrt(mean(x**2) + eps)`` in the input's dtype;
+            ``offset`` is then unused. A keyword argument: it comes after ``device`` and ``dtype`` here.
 
     Shapes and dtypes:
         input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path (other float dtypes run the
@@ -32,15 +36,24 @@ class RMSNorm(nn.Module):
 
     Raises:
         ValueError: unknown casting_mode (at construction), or a last dimension other than hidden_size (forward).
+        TypeError: elementwise_affine is not a bool (at construction).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, elementwise_affine: bool = True) -> None:
         super().__init__()
         if casting_mode not in ("llama", "gemma", "none"):
             raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
+        if not isinstance(elementwise_affine, bool):
+            raise TypeError(f"elementwise_affine must be a bool, got {type(elementwise_affine).__name__} "
+                            f"{elementwise_affine!r}")
+        self.hidden_size = hidden_size
+        self.elementwise_affine = elementwise_affine
         init = torch.zeros if offset != 0.0 else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        if elementwise_affine:
+            self.weight = nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
         self.variance_epsilon = eps
         self.offset = offset
         self.casting_mode = casting_mode
@@ -55,11 +68,16 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = value
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.weight is None and hidden_states.shape[-1:] != (self.hidden_size,):
+            raise ValueError(f"hidden_states' last dimension must be hidden_size {self.hidden_size}, got shape "
+                             f"{tuple(hidden_states.shape)}")
         return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
 
     def extra_repr(self) -> str:
-        return (f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, offset={self.offset}, "
-                f"casting_mode={self.casting_mode!r}")
+        shape, affine = ((self.hidden_size,), ", elementwise_affine=False") if self.weight is None else \
+            (tuple(self.weight.shape), "")
+        return (f"{shape}, eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
+                f"{affine}")
 
 
 class FusedAddRMSNorm(RMSNorm):
@@ -220,3 +238,60 @@ class PolyNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"weight_shape={tuple(self.weight.shape)}, eps={self.variance_epsilon}, in_place={self.in_place}"
+
+
+class GroupNorm(nn.Module):
+    """Group normalisation over (B, num_channels, *) (Wu & He 2018, "Group Normalization"), via
+    :func:`tigon.functional.group_norm`.
+
+    Drop-in for Liger-Kernel's ``LigerGroupNorm(num_channels, num_groups, eps=1e-6, bias=False, init_fn="ones")``:
+    the same constructor arguments (then ``device`` and ``dtype``), parameters ``weight`` (num_channels,) (ones, or
+    zeros with ``init_fn="zeros"``) and ``bias`` (num_channels,), and attribute ``variance_epsilon``, so its state
+    dict loads as is. As in Liger's module the bias is a learnable parameter either way: zeros with ``bias=False``,
+    a standard normal draw with ``bias=True`` (torch.nn.GroupNorm starts it at zeros).
+
+    Args:
+        num_channels: C, the input's dimension 1.
+        num_groups: G, dividing C.
+        eps: added to the variance.
+        bias: whether the bias starts from a standard normal draw (True) or zeros (False).
+        init_fn: ``"ones"`` or ``"zeros"``, the weight's initial value.
+        device, dtype: of the parameters.
+
+    Shapes and dtypes:
+        input (B, num_channels, *) with at least 3 dimensions (as Liger's module requires), float32 / bfloat16 /
+        float16 on the kernel path; output: same shape and dtype.
+
+    Raises:
+        ValueError: num_groups does not divide num_channels or init_fn is unknown (at construction); an input of
+            fewer than 3 dimensions, or as :func:`tigon.functional.group_norm` (forward).
+    """
+
+    def __init__(self, num_channels: int, num_groups: int, eps: float = 1e-6, bias: bool = False,
+                 init_fn: str = "ones", device=None, dtype=None) -> None:
+        super().__init__()
+        if init_fn not in ("ones", "zeros"):
+            raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"num_groups must be a positive divisor of num_channels ({num_channels}), got "
+                             f"{num_groups}")
+        kw = {"device": device, "dtype": dtype}
+        self.num_channels, self.num_groups = num_channels, num_groups
+        self.weight = nn.Parameter((torch.ones if init_fn == "ones" else torch.zeros)(num_channels, **kw))
+        self.bias = nn.Parameter(torch.randn(num_channels, **kw) if bias else torch.zeros(num_channels, **kw))
+        self.variance_epsilon = eps
+
+    @property
+    def eps(self) -> float:
+        """Alias of ``variance_epsilon`` (Liger's module has both)."""
+        return self.variance_epsilon
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() < 3:
+            raise ValueError(f"hidden_states must be (B, num_channels, *) with at least 3 dimensions, got shape "
+                             f"{tuple(hidden_states.shape)}")
+        return TF.group_norm(hidden_states, self.weight, self.bias, self.num_channels, self.num_groups,
+                             self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"num_channels={self.num_channels}, num_groups={self.num_groups}, eps={self.variance_epsilon}"

@@ -29,6 +29,7 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool = False,
+    return_predicted_tokens: bool = False,
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
 
@@ -55,6 +56,8 @@ def cross_entropy(
             gradient-accumulation convention; overrides "mean"/"sum", not allowed with "none").
         return_z_loss: also return the z part alone, reduced like the loss (detached, for logging).
         return_accuracy: also return the fraction of non-ignored tokens whose argmax equals the target.
+        return_predicted_tokens: also return each token's argmax class, (N,) int64 with -1 for ignored tokens, in
+            ``LossOutput.predicted_tokens`` (Liger-Kernel's option of the same name; from the loss's own pass).
         inplace_backward: if True the backward writes the gradient into the logits buffer instead of a new
             (N, V) tensor (saves that memory), as Liger-Kernel does. Only safe when nothing else needs those
             logits afterwards (no other op saved them for its backward, the caller does not read them); a second
@@ -78,8 +81,8 @@ def cross_entropy(
 
     Returns:
         The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
-        ``return_z_loss`` or ``return_accuracy``: ``LossOutput(loss, z_loss, accuracy)`` (unrequested fields
-        None).
+        ``return_z_loss``, ``return_accuracy`` or ``return_predicted_tokens``: ``LossOutput(loss, z_loss, accuracy,
+        predicted_tokens)`` (unrequested fields None).
 
     Raises:
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
@@ -109,7 +112,8 @@ def cross_entropy(
         return ref.cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
             softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
-            return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward)
+            return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward,
+            return_predicted_tokens=return_predicted_tokens)
     if target.is_cpu:  # CUDA: recorded by the kernel, raised at the next launch (no sync)
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k
@@ -117,13 +121,14 @@ def cross_entropy(
     opts = k.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
                            None if softcap is None else float(softcap), 1.0)
     run = k.compiled_cross_entropy if torch.compiler.is_compiling() else k.CrossEntropyFunction.apply
-    loss, z_loss, accuracy = run(
+    loss, z_loss, accuracy, pred = run(
         logits, target, weight, opts, reduction, num_items_in_batch, bool(return_accuracy),
         "forward" if grad_in_forward and logits.requires_grad and torch.is_grad_enabled()
-        else bool(inplace_backward))
-    if not (return_z_loss or return_accuracy):
+        else bool(inplace_backward), return_predicted_tokens)
+    if not (return_z_loss or return_accuracy or return_predicted_tokens):
         return loss
-    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)
+    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
+                      pred if return_predicted_tokens else None)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

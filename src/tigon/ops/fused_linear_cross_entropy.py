@@ -37,6 +37,8 @@ def fused_linear_cross_entropy(
     return_accuracy: bool = False,
     accum_dtype: torch.dtype | None = None,
     memory: str | int = "auto",
+    return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -84,16 +86,27 @@ def fused_linear_cross_entropy(
             logits is exceeded by that much. Chunk sizes trade memory for speed: each chunk re-reads the
             gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
 
+        return_predicted_tokens: also return each token's predicted class, the argmax of its logits, as (N,) int64
+            with -1 for ignored tokens (``LossOutput.predicted_tokens``; Liger-Kernel's option of the same name),
+            taken in the same pass as the loss: no logits are kept.
+        use_token_scaling: multiply each token's loss (z-loss included) by its target's probability under the
+            (scaled, soft-capped) logits, a constant of the gradient (detached), before the reduction; the mean's
+            denominator is unchanged (Liger-Kernel's option of the same name).
+
     Returns:
-        As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput``. Gradients for
-        hidden / weight / bias have their dtypes and shapes.
+        As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput`` (with
+        ``predicted_tokens`` when asked for). Gradients for hidden / weight / bias have their dtypes and shapes.
 
     Raises:
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
-            (or "low" with ``accum_dtype=torch.float32``).
+            (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
+            ``use_token_scaling`` that is not a bool.
     """
+    for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
                      num_items_in_batch=num_items_in_batch)
@@ -112,24 +125,26 @@ def fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
             logit_scale=logit_scale, class_weight=class_weight, num_items_in_batch=num_items_in_batch,
-            return_z_loss=return_z_loss, return_accuracy=return_accuracy)
+            return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+            return_predicted_tokens=return_predicted_tokens, use_token_scaling=use_token_scaling)
     if target.device.type == "cpu":
         ref_ce.check_target_range(target, weight.shape[0], ignore_index)
     from ..kernels import cross_entropy as kc, fused_linear_cross_entropy as k
 
     opts = kc.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
-                                            None if softcap is None else float(softcap), float(logit_scale))
+                          None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
     run = (k.compiled_fused_linear_cross_entropy if torch.compiler.is_compiling()
            else k.FusedLinearCrossEntropyFunction.apply)
-    loss, z_loss, accuracy = run(
+    loss, z_loss, accuracy, pred = run(
         hidden, weight, target, bias, class_weight, opts, reduction, num_items_in_batch, cd, need,
-        bool(return_accuracy), lean, budget)
-    if not (return_z_loss or return_accuracy):
+        bool(return_accuracy), lean, budget, return_predicted_tokens)
+    if not (return_z_loss or return_accuracy or return_predicted_tokens):
         return loss
-    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None)
+    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
+                      pred if return_predicted_tokens else None)
 
 
 def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:

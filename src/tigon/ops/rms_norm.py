@@ -17,21 +17,25 @@ from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 @accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim))
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
 ) -> torch.Tensor:
     """Root-mean-square layer norm over the last dimension (Zhang & Sennrich 2019; HF LlamaRMSNorm).
 
-    ``y = x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``, statistics in fp32.
+    ``y = x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``, statistics in fp32. Drop-in for Liger-Kernel's
+    ``liger_rms_norm(X, W, eps, offset, casting_mode)`` (its ``in_place`` is not taken: the gradient of x is never
+    written over the caller's incoming gradient), ``W=None`` included.
 
     Args:
         x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
-        weight: (hidden,) float tensor on x's device.
+        weight: (hidden,) float tensor on x's device, or None: no weight, ``y = x / sqrt(mean(x**2) + eps)`` in x's
+            dtype (Liger-Kernel's ``elementwise_affine=False``; ``offset`` is then unused, as there).
         eps: variance epsilon (HF ``rms_norm_eps``).
         offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
 
     Returns:
-        (..., hidden): dtype of x for ``"gemma"``, else the promotion of x's and weight's dtypes.
+        (..., hidden): dtype of x for ``"gemma"`` or without a weight, else the promotion of x's and weight's
+        dtypes.
 
     Raises:
         TypeError: x or weight is not a floating tensor; eps or offset is not a number.
@@ -39,13 +43,14 @@ def rms_norm(
             finite, or offset is not finite.
     """
     _checks.tensor("x", x, floating=True)
-    _checks.tensor("weight", weight, floating=True, ndim=1)
+    if weight is not None:
+        _checks.tensor("weight", weight, floating=True, ndim=1)
     _checks.same_device(x=x, weight=weight)
     _checks.choice("casting_mode", casting_mode, ref.CASTING_MODES)
     eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
-    if weight.shape[0] != x.shape[-1]:
+    if weight is not None and weight.shape[0] != x.shape[-1]:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     if select_backend("rms_norm", x) in TORCH_CODE:

@@ -42,9 +42,13 @@ def rope(
             ``unsqueeze_dim=2``; float32 / bfloat16 / float16 (other float dtypes run the reference); any
             strides (the transposed view of a projection is read in place).
         k: the same layout and dtype as q with Hkv heads (any Hkv, e.g. GQA with Hq a multiple of Hkv).
-        cos, sin: (1 or B, T, R) with R even and 0 < R <= D (R < D: partial rotary), any float dtype; the usual HF
-            tables ``cat(freqs, freqs)``, but any values are rotated exactly. Treated as constants: they receive no
-            gradient (HF builds them under ``torch.no_grad``).
+        cos, sin: (1 or B, T, R) or (T, R) (one table for every batch row, as Liger-Kernel's ``liger_rope`` takes
+            it) with R even and 0 < R <= D (R < D: partial rotary), any float dtype; the usual HF tables
+            ``cat(freqs, freqs)``, but any values are rotated exactly. Treated as constants: they receive no
+            gradient (HF builds them under ``torch.no_grad``). An odd head dim D is rotated only partially (an
+            even R < D): rotate-half pairs dim i with dim i + R/2, so an odd R has a dim without a partner, and
+            HF's ``rotate_half`` on it is no rotation (it does not preserve the norm); it is refused, where
+            Liger-Kernel silently rotates the first R - 1 dims with the first (R - 1)/2 columns of cos / sin.
         unsqueeze_dim: 1 or 2, where the head axis of q and k is.
 
     Returns:
@@ -53,13 +57,13 @@ def rope(
 
     Raises:
         TypeError: a non-floating tensor, or q and k of different dtypes.
-        ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) with R even and
-            0 < R <= D, devices differ, or unsqueeze_dim not in (1, 2).
+        ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) or (T, R) with
+            R even and 0 < R <= D, devices differ, or unsqueeze_dim not in (1, 2).
     """
     _checks.tensor("q", q, floating=True, ndim=4)
     _checks.tensor("k", k, floating=True, ndim=4)
-    _checks.tensor("cos", cos, floating=True, ndim=3)
-    _checks.tensor("sin", sin, floating=True, ndim=3)
+    _checks.tensor("cos", cos, floating=True, ndim=(2, 3))
+    _checks.tensor("sin", sin, floating=True, ndim=(2, 3))
     _checks.same_device(q=q, k=k, cos=cos, sin=sin)
     _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
     if k.dtype != q.dtype:
@@ -68,14 +72,20 @@ def rope(
     B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
     R = cos.shape[-1]
     if R == 0 or R % 2 or R > D:
-        raise ValueError(f"cos's last dimension (the rotated dims) must be even, positive and at most q's head "
-                         f"dimension {D}, got cos {tuple(cos.shape)} for q {tuple(q.shape)}")
+        raise ValueError(f"cos's last dimension (the rotated dims R) must be even, positive and at most q's head "
+                         f"dimension {D}, got cos {tuple(cos.shape)} for q {tuple(q.shape)} (rotate-half pairs dim i "
+                         "with i + R/2; an odd head dim can only be rotated partially, by an even R < D)")
     if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
         raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
                          f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
     for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape[0] not in (1, B) or t.shape[1] != T or t.shape[2] != R:
-            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {R}) (cos's rotated dims), got {tuple(t.shape)}")
+        if t.shape[:-2] not in ((), (1,), (B,)) or t.shape[-2] != T or t.shape[-1] != R:
+            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {R}) or ({T}, {R}) (cos's rotated dims), got "
+                             f"{tuple(t.shape)}")
+    if cos.dim() == 2:  # (T, R): one table for the whole batch
+        cos = cos.unsqueeze(0)
+    if sin.dim() == 2:
+        sin = sin.unsqueeze(0)
     if select_backend("rope", q) in TORCH_CODE:
         return ref.rope(q, k, cos, sin, unsqueeze_dim)
     from ..kernels import rope as kr

@@ -41,11 +41,14 @@ class LossOutput(NamedTuple):
     loss: scalar (or (N,) for reduction="none"), float32, includes the z-loss term.
     z_loss: the z-loss part alone (``lse_square_scale * lse**2``, reduced like loss), or None.
     accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32), or None.
+    predicted_tokens: each token's argmax class, (N,) int64 with -1 for ignored tokens (the fused linear
+        cross-entropy's ``return_predicted_tokens``, Liger-Kernel's), or None.
     """
 
     loss: torch.Tensor
     z_loss: torch.Tensor | None = None
     accuracy: torch.Tensor | None = None
+    predicted_tokens: torch.Tensor | None = None
 
 
 def _real(v) -> bool:
@@ -144,6 +147,8 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool = False,
+    return_predicted_tokens: bool = False,
+    _token_scaling: bool = False,
 ):
     """Cross-entropy of ``logits`` against class indices ``target``; see the module docstring for the formula.
 
@@ -160,8 +165,12 @@ def cross_entropy(
         softcap: if given, ``logits := softcap * tanh(logits / softcap)`` first (Gemma 2 final soft-capping).
         num_items_in_batch: if given (int or 0-d tensor), loss = summed loss / num_items_in_batch.
         return_z_loss, return_accuracy: return a :class:`LossOutput` instead of the loss.
+        return_predicted_tokens: also return each token's argmax class (of the soft-capped logits), (N,) int64, -1
+            where the target is ``ignore_index``, in the LossOutput (Liger-Kernel's option of the same name).
         inplace_backward, grad_in_forward: accepted for signature parity; the reference never writes into
             ``logits``.
+        _token_scaling: the fused linear cross-entropy's ``use_token_scaling`` (its reference's use only): each
+            token's loss and z term times its target's probability, detached, before the reduction.
 
     Returns:
         The loss: 0-d, or (N,) for ``reduction="none"``; float32 (float64 for float64 logits). With
@@ -195,6 +204,9 @@ def cross_entropy(
     else:
         per_token = nll
     z = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
+    if _token_scaling:
+        p = torch.where(valid, logp.detach().gather(1, safe_t[:, None]).squeeze(1).exp(), torch.zeros_like(lse))
+        per_token, z = per_token * p, z * p
 
     def reduce(t: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
         if num_items_in_batch is not None:
@@ -210,12 +222,13 @@ def cross_entropy(
 
     n_valid = valid.sum().to(ct)
     loss = reduce(per_token, w_t.sum()) + reduce(z, n_valid)  # z-loss: per non-ignored token, unweighted
-    if not (return_z_loss or return_accuracy):
+    if not (return_z_loss or return_accuracy or return_predicted_tokens):
         return loss
     z_out = reduce(z, n_valid).detach() if return_z_loss else None
+    pred = torch.where(valid, x.detach().argmax(-1), -1) if return_predicted_tokens else None
     acc = None
     if return_accuracy:
         with torch.no_grad():
             hit = (x.argmax(dim=-1) == target) & valid
             acc = (hit.sum().to(torch.float32) / valid.sum().clamp_min(1).to(torch.float32))
-    return LossOutput(loss, z_out, acc)
+    return LossOutput(loss, z_out, acc, pred)

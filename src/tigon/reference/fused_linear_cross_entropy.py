@@ -80,6 +80,8 @@ def fused_linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     return_z_loss: bool = False,
     return_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    use_token_scaling: bool = False,
 ):
     """``cross_entropy(logit_scale * (hidden @ weight.T + bias), target, class_weight, ...)``.
 
@@ -91,10 +93,14 @@ def fused_linear_cross_entropy(
         logit_scale: multiplies the logits before ``softcap`` (Cohere's ``logit_scale``, Granite's
             ``1 / logits_scaling``).
         class_weight: optional (V,) class weights (``weight`` of :func:`cross_entropy`).
+        return_predicted_tokens: also return each token's argmax class (of the scaled logits; a soft-cap keeps it),
+            (N,) int64, -1 where the target is ``ignore_index``, in the ``LossOutput``'s ``predicted_tokens``.
+        use_token_scaling: each token's loss (and z term) times its target's probability under the transformed
+            logits, detached, before the reduction (Liger-Kernel's option; the mean's denominator is unchanged).
         Other arguments: as :func:`tigon.reference.cross_entropy.cross_entropy`.
 
     Returns:
-        As :func:`tigon.reference.cross_entropy.cross_entropy`. The matmul runs in the inputs' dtype promoted
+        As :func:`tigon.reference.cross_entropy.cross_entropy`, with ``predicted_tokens`` as above. The matmul runs in the inputs' dtype promoted
         to at least float32 (under ``torch.autocast`` the autocast dtype applies, as for ``F.linear``).
 
     Raises:
@@ -114,4 +120,5 @@ def fused_linear_cross_entropy(
         logits, target, class_weight, ignore_index, reduction, label_smoothing,
         lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
         return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+        return_predicted_tokens=return_predicted_tokens, _token_scaling=use_token_scaling,
     )

@@ -8,13 +8,15 @@ CASTING_MODES = ("llama", "gemma", "none")
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
 ) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + weight), over the last dimension.
 
     Args:
         x: (..., hidden), any float dtype.
-        weight: (hidden,).
+        weight: (hidden,), or None for a norm without a weight (``y = x / sqrt(mean(x^2) + eps)``, Liger-Kernel's
+            ``LigerRMSNorm(elementwise_affine=False)``, HF Gemma3n's ``with_scale=False``): ``offset`` is then
+            unused, as in Liger-Kernel, and the output has x's dtype in every casting mode.
         eps: added to the mean square before the reciprocal square root.
         offset: added to the weight (1.0 for Gemma's ``(1 + w)``).
         casting_mode: ``"llama"`` (normalise in fp32, cast to x.dtype, then multiply by the weight, as HF
@@ -27,6 +29,11 @@ def rms_norm(
         (..., hidden) tensor.
     """
     ct = torch.promote_types(x.dtype, torch.float32)
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    if weight is None:
+        xf = x if casting_mode == "none" else x.to(ct)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     if casting_mode == "llama":
         xf = x.to(ct)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -36,7 +43,5 @@ def rms_norm(
         xf = x.to(ct)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return (xf * (offset + weight.to(ct))).to(x.dtype)
-    if casting_mode == "none":
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        return y * (offset + weight)
-    raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # "none"
+    return y * (offset + weight)

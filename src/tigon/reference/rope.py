@@ -27,8 +27,9 @@ def rope(
     Args:
         q: (B, Hq, T, D) for ``unsqueeze_dim=1`` or (B, T, Hq, D) for ``unsqueeze_dim=2``.
         k: the same layout with Hkv heads (any head count; GQA has Hq a multiple of Hkv).
-        cos, sin: (1 or B, T, R), R even and at most D (R = D: the whole head is rotated), any float dtype;
-            inserted a head axis at ``unsqueeze_dim``.
+        cos, sin: (1 or B, T, R) or (T, R) (read as (1, T, R): one table for every batch row, as Liger-Kernel's
+            ``liger_rope``), R even and at most D (R = D: the whole head is rotated), any float dtype; inserted a
+            head axis at ``unsqueeze_dim``.
         unsqueeze_dim: where the head axis is in q and k (1 or 2).
 
     Returns:
@@ -38,6 +39,8 @@ def rope(
     cos and sin are treated as constants: they receive no gradient (HF builds them under ``torch.no_grad``),
     which the Triton path matches.
     """
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     r = cos.shape[-1]
     if r < q.shape[-1]:
         q_rot, k_rot = rope(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon import nn as TN
+from tigon import support
+from tigon.numerics import assert_close_to_truth, compare
+from tigon.reference.group_norm import group_norm as ref_group_norm
+
+GRADS = ["X", "affine_scaling_weight", "affine_shifting_bias"]
+
+
+def make(shape, groups, dtype, device, affine=(True, True)):
+    c = shape[1]
+    return dict(X=torch.randn(shape, device=device, dtype=dtype) * 3 + 0.5,
+                affine_scaling_weight=(torch.rand(c, device=device) + 0.5).to(dtype) if affine[0] else None,
+                affine_shifting_bias=torch.randn(c, device=device).to(dtype) if affine[1] else None,
+                num_channels=c, num_groups=groups, eps=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,groups", [((3, 6, 5), 3), ((2, 12), 2), ((2, 4, 3, 7), 1)])
+def test_group_norm_matches_float64(device, dtype, shape, groups):
+    # (B, C, S), no positions (B, C), two position dimensions
+    inputs = make(shape, groups, dtype, device)
+    checks = compare(F.group_norm, ref_group_norm, inputs, GRADS, factor=2.0)  # verify's rule
+    assert {c.tensor for c in checks} == {"out", *(f"grad_{g}" for g in GRADS)}
+    assert_close_to_truth(checks)
+    # and no worse than torch's own group_norm at the input dtype
+    assert_close_to_truth(compare(F.group_norm, lambda X, affine_scaling_weight, affine_shifting_bias, num_groups,
+                                  eps, **_: torch.nn.functional.group_norm(X, num_groups, affine_scaling_weight,
+                                                                           affine_shifting_bias, eps),
+                                  inputs, GRADS, factor=2.0))
+
+
+def test_group_norm_reference_is_torch_group_norm(device):
+    x = torch.randn(2, 6, 5, 3, dtype=torch.float64, device=device)
+    w, b = torch.rand(6, dtype=torch.float64, device=device), torch.randn(6, dtype=torch.float64, device=device)
+    for ww, bb in ((w, b), (None, None), (w, None)):
+        torch.testing.assert_close(ref_group_norm(x, ww, bb, 6, 2, 1e-5),
+                                   torch.nn.functional.group_norm(x, 2, ww, bb, 1e-5), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
+def test_group_norm_without_weight_or_bias(device, affine):
+    inputs = make((2, 6, 9), 2, torch.float32, device, affine)
+    grads = ["X"] + [g for g, on in zip(GRADS[1:], affine) if on]
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads))
+
+
+def test_group_norm_chunked_rows_and_strided_input(device, monkeypatch):
+    # channel rows wider than a step of _channel_sums (forced small here): its two-pass loop; a channels-last view
+    # (copied once) and a non-contiguous batch; the caller's tensors are left as they were
+    from tigon.kernels import group_norm as k
+
+    monkeypatch.setattr(k, "CHUNK", 8)
+    monkeypatch.setattr(k, "INTERPRET_CHUNK", 8)
+    base = torch.randn(2, 5, 5, 6, device=device) * 2 + 3  # (B, H, W, C)
+    x = base.permute(0, 3, 1, 2)  # (B, C, H, W) channels-last
+    inputs = dict(make((2, 6, 5, 5), 3, torch.float32, device), X=x)
+    before = {n: t.clone() for n, t in inputs.items() if isinstance(t, torch.Tensor)}
+    support.backend_usage(reset=True)
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, GRADS))
+    assert set(support.backend_usage()["group_norm"]) == {"triton" if device == "cuda" else "interpreter"}
+    assert all(torch.equal(inputs[n], t) for n, t in before.items())
+    wide = torch.randn(6, 3, 40, device=device)[::2]  # strided batch
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, dict(make((3, 3, 40), 3, torch.float32, device),
+                                                                      X=wide), GRADS))
+
+
+def test_group_norm_module(device):
+    m = TN.GroupNorm(6, 3, eps=1e-5).to(device)
+    assert set(m.state_dict()) == {"weight", "bias"} and torch.equal(m.bias.detach(), torch.zeros(6, device=device))
+    x = torch.randn(2, 6, 4, device=device)
+    torch.testing.assert_close(m(x), torch.nn.functional.group_norm(x, 3, m.weight, m.bias, 1e-5))
+    assert "num_groups=3" in repr(m) and m.eps == 1e-5
+    with pytest.raises(ValueError, match="at least 3 dimensions"):
+        m(torch.randn(2, 6, device=device))
+    with pytest.raises(ValueError, match="positive divisor"):
+        TN.GroupNorm(6, 4)
+    with pytest.raises(ValueError, match="init_fn"):
+        TN.GroupNorm(6, 3, init_fn="randn")
+
+
+def test_group_norm_bad_input(device):
+    x = torch.randn(2, 6, 3, device=device)
+    w = torch.ones(6, device=device)
+    with pytest.raises(ValueError, match=r"X's dimension 1 \(6\) must equal num_channels \(4\)"):
+        F.group_norm(x, None, None, 4, 2)
+    with pytest.raises(ValueError, match="positive divisor of num_channels"):
+        F.group_norm(x, w, w, 6, 4)
+    with pytest.raises(ValueError, match=r"affine_shifting_bias must have shape \(6,\)"):
+        F.group_norm(x, w, w[:5], 6, 3)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        F.group_norm(x[0, 0], None, None, 3, 1)
+    with pytest.raises(TypeError, match="num_groups must be an int"):
+        F.group_norm(x, w, w, 6, 3.0)
+    with pytest.raises(TypeError, match="X must be a floating-point tensor"):
+        F.group_norm(x.long(), w, w, 6, 3)
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        F.group_norm(x, w, w, 6, 3, -1.0)

@@ -1,0 +1,148 @@
+"""Liger-Kernel's options on ops Tigon already has (issue 21): RMSNorm without a weight (``W=None``,
+``LigerRMSNorm(elementwise_affine=False)``) and RoPE with a 2-D (T, R) cos / sin table; an odd rotated width is
+refused (rotate-half has no partner for its last dim)."""
+
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon import nn as tnn
+from tigon import support
+from tigon.numerics import assert_close_to_truth, compare
+from tigon.reference.rms_norm import rms_norm as ref_rms_norm
+from tigon.reference.rope import rope as ref_rope
+
+FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.1, torch.float16: 1.1}  # as tests/test_rms_norm.py
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("casting_mode", ["llama", "gemma", "none"])
+def test_rms_norm_without_weight_matches_float64(device, dtype, casting_mode):
+    x = torch.randn(3, 5, 40, device=device, dtype=dtype) * 3 + 0.5
+    inputs = dict(x=x, weight=None, eps=1e-6, offset=1.0, casting_mode=casting_mode)  # offset: unused, as Liger's
+    checks = compare(F.rms_norm, ref_rms_norm, inputs, ["x"], factor=FACTOR[dtype])
+    assert {c.tensor for c in checks} == {"out", "grad_x"}
+    assert_close_to_truth(checks)
+    assert F.rms_norm(x, None, casting_mode=casting_mode).dtype == dtype
+
+
+def test_rms_norm_without_weight_non_contiguous_runs_a_kernel(device):
+    x = torch.randn(40, 6, device=device).t()  # (6, 40) with a strided last dimension
+    before = x.clone()
+    support.backend_usage(reset=True)
+    assert_close_to_truth(compare(F.rms_norm, ref_rms_norm, dict(x=x, weight=None), ["x"]))
+    assert set(support.backend_usage()["rms_norm"]) == {"triton" if device == "cuda" else "interpreter"}
+    assert torch.equal(x, before)
+
+
+def test_rms_norm_module_without_weight(device):
+    m = tnn.RMSNorm(24, eps=1e-5, elementwise_affine=False).to(device)
+    assert m.weight is None and list(m.state_dict()) == [] and "elementwise_affine=False" in repr(m)
+    x = torch.randn(2, 3, 24, device=device)
+    torch.testing.assert_close(m(x), ref_rms_norm(x.double(), None, 1e-5).float(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="hidden_size 24"):
+        m(torch.randn(2, 25, device=device))
+    with pytest.raises(TypeError, match="elementwise_affine must be a bool"):
+        tnn.RMSNorm(24, elementwise_affine=0)
+
+
+def _tables(batch, t, r, dtype, device):
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    pos = torch.arange(t, dtype=torch.float64)[None, :] + 3.0 * torch.arange(batch, dtype=torch.float64)[:, None]
+    emb = torch.cat((pos[..., None] * inv_freq,) * 2, dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,r", [(16, 16), (13, 8)], ids=["full", "odd_head_dim_partial"])
+def test_rope_two_dim_tables(device, dtype, d, r):
+    # (T, R) cos / sin (Liger's liger_rope takes them) mean the (1, T, R) table: every batch row the same positions
+    q = torch.randn(2, 5, 3 * d, device=device, dtype=dtype).view(2, 5, 3, d).transpose(1, 2)
+    k = torch.randn(2, 5, 1 * d, device=device, dtype=dtype).view(2, 5, 1, d).transpose(1, 2)
+    cos, sin = _tables(1, 5, r, dtype, device)
+    checks = compare(F.rope, ref_rope, dict(q=q, k=k, cos=cos[0], sin=sin[0]), ["q", "k"])
+    assert_close_to_truth(checks)
+    for got, want in zip(F.rope(q, k, cos[0], sin[0]), F.rope(q, k, cos, sin)):
+        assert torch.equal(got, want)
+
+
+def test_rope_refuses_odd_rotated_width_and_bad_tables(device):
+    q = torch.randn(1, 2, 4, 7, device=device)
+    k = torch.randn(1, 1, 4, 7, device=device)
+    cos, sin = _tables(1, 4, 6, torch.float32, device)
+    with pytest.raises(ValueError, match="must be even.*odd head dim can only be rotated partially"):
+        F.rope(q, k, torch.ones(4, 7, device=device), torch.zeros(4, 7, device=device))
+    with pytest.raises(ValueError, match=r"sin must have shape \(1 or 1, 4, 6\) or \(4, 6\)"):
+        F.rope(q, k, cos[0], sin[0, :3])
+    with pytest.raises(ValueError, match="cos must have 2 or 3 dimensions"):
+        F.rope(q, k, cos[0, 0], sin[0, 0])
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="none", softcap=4.0), dict(logit_scale=-0.5, bias=True)],
+                         ids=["mean", "none_softcap", "negative_scale_bias"])
+def test_flce_return_predicted_tokens(device, kw):
+    # Liger's return_predicted_tokens: each token's argmax class without the logits, -1 where ignored; the loss and
+    # the gradients are those of the call without it
+    from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+
+    kw = dict(kw)
+    h = torch.randn(9, 16, device=device)
+    w = torch.randn(40, 16, device=device) / 2
+    b = torch.randn(40, device=device) if kw.pop("bias", False) else None
+    t = torch.randint(0, 40, (9,), device=device)
+    t[[2, 5]] = -100
+    out = F.fused_linear_cross_entropy(h, w, t, b, return_predicted_tokens=True, **kw)
+    want = ref_flce(h.double(), w.double(), t, None if b is None else b.double(), return_predicted_tokens=True, **kw)
+    assert out.predicted_tokens.dtype == torch.int64 and out.z_loss is None and out.accuracy is None
+    assert torch.equal(out.predicted_tokens, want.predicted_tokens)
+    assert out.predicted_tokens[2] == out.predicted_tokens[5] == -1
+    assert torch.equal(out.loss, F.fused_linear_cross_entropy(h, w, t, b, **kw))
+    with pytest.raises(TypeError, match="return_predicted_tokens must be a bool"):
+        F.fused_linear_cross_entropy(h, w, t, return_predicted_tokens=1)
+
+
+def test_loss_modules_predicted_tokens_in_target_shape(device):
+    h, w = torch.randn(2, 3, 8, device=device), torch.randn(20, 8, device=device)
+    t = torch.randint(0, 20, (2, 3), device=device)
+    t[1, 2] = -100
+    for out in (tnn.FusedLinearCrossEntropyLoss(reduction="none", return_predicted_tokens=True)(h, w, t),
+                tnn.CrossEntropyLoss(reduction="none", return_predicted_tokens=True)(h @ w.T, t)):
+        assert out.loss.shape == out.predicted_tokens.shape == (2, 3) and out.predicted_tokens[1, 2] == -1
+        assert torch.equal(out.predicted_tokens[0], (h[0] @ w.T).argmax(-1))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="none", softcap=3.0, lse_square_scale=1e-2),
+                                dict(label_smoothing=0.1, class_weight=True)], ids=["mean", "none_z", "smoothing"])
+def test_flce_use_token_scaling(device, kw):
+    # Liger's use_token_scaling: each token's loss times its target's detached probability, then the reduction
+    from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+
+    kw = dict(kw, class_weight=torch.rand(40, device=device) + 0.5 if kw.get("class_weight") else None)
+    t = torch.randint(0, 40, (9,), device=device)
+    t[3] = -100
+    inputs = dict(hidden=torch.randn(9, 16, device=device), weight=torch.randn(40, 16, device=device) / 2, target=t)
+    checks = compare(lambda **a: F.fused_linear_cross_entropy(**a, use_token_scaling=True, **kw),
+                     lambda **a: ref_flce(**a, use_token_scaling=True, **kw), inputs, ["hidden", "weight"])
+    assert_close_to_truth(checks)
+    # the reference is Liger's definition: the per-token losses times the target's probability
+    h, w = inputs["hidden"].double(), inputs["weight"].double()
+    p = torch.softmax(h @ w.T, -1).gather(1, t.clamp_min(0)[:, None]).squeeze(1) * (t != -100)
+    torch.testing.assert_close(ref_flce(h, w, t, reduction="none", use_token_scaling=True),
+                               ref_flce(h, w, t, reduction="none") * p)
+    with pytest.raises(TypeError, match="use_token_scaling must be a bool"):
+        F.fused_linear_cross_entropy(inputs["hidden"], inputs["weight"], t, use_token_scaling="yes")
+
+
+@pytest.mark.parametrize("kw", [dict(reduction="none", softcap=2.0), dict(grad_in_forward=True)],
+                         ids=["none_softcap", "grad_in_forward"])
+def test_cross_entropy_return_predicted_tokens(device, kw):
+    from tigon.reference.cross_entropy import cross_entropy as ref_ce
+
+    x = torch.randn(7, 30, device=device)
+    t = torch.randint(0, 30, (7,), device=device)
+    t[1] = -100
+    logits = (x * 1.0).requires_grad_() if kw.get("grad_in_forward") else x  # grad_in_forward: a non-leaf
+    out = F.cross_entropy(logits * 1.0 if logits.requires_grad else logits, t, return_predicted_tokens=True, **kw)
+    want = ref_ce(x.double(), t, return_predicted_tokens=True,
+                  **{k: v for k, v in kw.items() if k != "grad_in_forward"})
+    assert torch.equal(out.predicted_tokens, want.predicted_tokens) and out.predicted_tokens[1] == -1
