@@ -48,7 +48,7 @@ def _trl_dpo_loss(inp: dict, loss_types, weights=None, beta=0.1, label_smoothing
                   f_divergence_type="reverse_kl", f_alpha=0.5, dtype=torch.float64):
     """TRL 1.16's DPOTrainer._compute_loss on float64 copies, with a stand-in model whose fused LM head returns the
     per-token log-probabilities of ``inp``'s hidden states, and the reference log-probabilities precomputed."""
-    from trl.trainer.dpo_trainer import DPOTrainer
+    DPOTrainer = pytest.importorskip("trl.trainer.dpo_trainer").DPOTrainer
 
     x = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inp.items()}
     target = x["target"]
@@ -113,7 +113,7 @@ def _trainer_stub(**attrs):
 
 @pytest.mark.parametrize("loss_type", ref.CPO_LOSS_TYPES)
 def test_cpo_and_simpo_references_are_trl_cpo_trainer(loss_type):
-    from trl.experimental.cpo.cpo_trainer import CPOTrainer
+    CPOTrainer = pytest.importorskip("trl.experimental.cpo.cpo_trainer").CPOTrainer
 
     inp = _batch(reference="none")
     x = {k: (v.double() if v.is_floating_point() else v) for k, v in inp.items()}
@@ -130,7 +130,7 @@ def test_cpo_and_simpo_references_are_trl_cpo_trainer(loss_type):
 
 
 def test_orpo_reference_is_trl_orpo_trainer():
-    from trl.experimental.orpo.orpo_trainer import ORPOTrainer
+    ORPOTrainer = pytest.importorskip("trl.experimental.orpo.orpo_trainer").ORPOTrainer
 
     inp = _batch(reference="none", t=4)
     x = {k: (v.double() if v.is_floating_point() else v) for k, v in inp.items()}
