@@ -4,6 +4,9 @@
         [--out host-overhead_tiny_cpu_<date>.json]
     python3 benchmarks/host_overhead.py --merge run1.json run2.json ... --out medians.json
 
+Also the patched modules (a tiny Llama's MLP and RMSNorm after ``tigon.patch``, against Hugging Face's): the
+integration layer's per-call checks on top of the ops' own cost.
+
 What the GPU hides only when its kernels run longer than this: at small batches the ops are host-bound (the
 cross-entropy at 1-2k tokens, benchmarks/results/h200/session8/sweep9c_ce_plain_small.json). On the GPU, the host's
 share shows as the difference between ``tigon bench`` without and with ``--cuda-graph``. Measured on tiny CPU tensors under the interpreter backend (the
@@ -103,6 +106,23 @@ def _ops(i, eager: bool = False):
         "fused_add_rms_norm": (lambda: fadd(i["x"], i["g"], i["w"]), [i["x"], i["g"], i["w"]]),
         "layer_norm": (lambda: ln(i["x"], i["w"], i["b"]), [i["x"], i["w"], i["b"]]),
     }
+
+
+def _patched_modules():
+    """(HF LlamaMLP, the same MLP after ``tigon.patch``, HF LlamaRMSNorm, the patched one, an (8, 64) leaf): the
+    integration layer's own cost per call (its checks for hooks, the config's activation, checkpointing) on top of
+    the ops', from one tiny Llama patched and one not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import tigon
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128)
+    torch.manual_seed(0)
+    hf, patched = LlamaForCausalLM(cfg), LlamaForCausalLM(cfg)
+    tigon.patch(patched)
+    a, b = hf.model.layers[0], patched.model.layers[0]
+    return a.mlp, b.mlp, a.input_layernorm, b.input_layernorm, torch.randn(8, 64, requires_grad=True)
 
 
 def count_launches(eager: bool = False) -> dict:
@@ -237,6 +257,13 @@ def main():
         "swiglu fwd+bwd": lambda: ops["swiglu"][0]().sum().backward(),
         "torch.sum fwd+bwd (floor: autograd + one op)": lambda: x.sum().backward(),
     }
+    hf_mlp, mlp, hf_norm, norm, h = _patched_modules()
+    cases.update({
+        "HF LlamaMLP fwd+bwd": lambda: hf_mlp(h).sum().backward(),
+        "patched LlamaMLP fwd+bwd (tigon.patch)": lambda: mlp(h).sum().backward(),
+        "HF LlamaRMSNorm fwd+bwd": lambda: hf_norm(h).sum().backward(),
+        "patched LlamaRMSNorm fwd+bwd (tigon.patch)": lambda: norm(h).sum().backward(),
+    })
     del t
     if args.callgrind:
         run_for_callgrind(cases, args.callgrind)

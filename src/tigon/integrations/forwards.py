@@ -87,8 +87,10 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
     if spec.activation is not None:
         name, where = spec.activation, "probed activation"
     else:
-        config = getattr(module, "config", None)
-        name = getattr(config, spec.act_config_attr, None) if config is not None else None
+        config = module.__dict__.get("config") or getattr(module, "config", None)
+        # the config's own dict first: PretrainedConfig.__getattribute__ (attribute_map aliases) costs ~1 us a read
+        name = (config.__dict__.get(spec.act_config_attr) or getattr(config, spec.act_config_attr, None)
+                if config is not None else None)
         where = f"config.{spec.act_config_attr}"
         if name is None and config is None:  # a module without config (Qwen2.5-VL's vision MLP): its act_fn's class
             name, where = _activation_name(getattr(module, "act_fn", None)), "the class of its act_fn"
@@ -127,19 +129,27 @@ _GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", (
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_MODULE = torch.nn.modules.module
+
+
+def _global_hooks() -> bool:
+    """Whether global module hooks are registered (``torch.nn.modules.module.register_module_forward_hook`` ...)."""
+    return bool(_MODULE._global_forward_hooks or _MODULE._global_forward_pre_hooks
+                or _MODULE._global_backward_hooks or _MODULE._global_backward_pre_hooks)
 
 
 def _hook_problem(module, tigon_forward_ok: bool = False) -> str | None:
     """Why calls of ``module`` may not be bypassed or their outputs reused: hooks of its own or global ones, or a
     ``forward`` replaced on the instance (accelerate's offload / device-map hooks do that; with ``tigon_forward_ok``
-    Tigon's own patched forward is fine); None if neither."""
-    if any(getattr(module, h, None) for h in _HOOKS):
+    Tigon's own patched forward is fine); None if neither. Asked at every call of a patched MLP: plain attribute
+    and dict reads only (a few hundred ns)."""
+    d = module.__dict__
+    if d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]:
         return "it has hooks"
-    own = vars(module).get("forward")
+    own = d.get("forward")
     if own is not None and not (tigon_forward_ok and tigon_mark(own) is not None):
         return "its forward is replaced on the instance (e.g. accelerate offloading)"
-    glob = torch.nn.modules.module
-    if any(getattr(glob, "_global" + h, None) for h in _HOOKS):
+    if _global_hooks():
         return "global module hooks are registered"
     return None
 
@@ -155,11 +165,13 @@ def fold_problem(module) -> str | None:
     problem = _hook_problem(module)
     if problem is not None:
         return problem
-    params = [p for p in (module.weight, module.bias) if p is not None]
-    if not all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params):
-        return "its parameters are tensor subclasses (DTensor, quantised)"
-    if any(p.is_meta for p in params):
-        return _META_PROBLEM
+    for p in module.__dict__["_parameters"].values():
+        if p is None:
+            continue
+        if type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor:
+            return "its parameters are tensor subclasses (DTensor, quantised)"
+        if p.is_meta:
+            return _META_PROBLEM
     return None
 
 
