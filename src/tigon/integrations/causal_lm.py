@@ -324,6 +324,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
     self_name = params[0].name
     var_kw = next((p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
     bindable = not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    takes_router = "output_router_logits" in sig.parameters
 
     def _fused(self, arguments: dict):
         return_dict = _return_dict(self, arguments)
@@ -333,8 +334,9 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         router = False
         if spec.router_aux_loss is not None:
             router = backbone_args.get("output_router_logits")
-            if router is None:
-                router = bool(_config_value(self, "output_router_logits", spec.text_config_attrs))
+            if router is None:  # the original's default: the config's, where its forward takes the argument (an
+                # original that only reads it from **kwargs, as transformers 5.17's Qwen3.5-MoE, adds no aux loss then)
+                router = takes_router and bool(_config_value(self, "output_router_logits", spec.text_config_attrs))
             backbone_args["output_router_logits"] = router
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
