@@ -12,7 +12,7 @@ import tigon.kernels.fused_linear_cross_entropy as flce_ops
 import tigon.kernels.loss_rows as loss_rows
 from tigon import functional as F
 from tigon import nn as tnn
-from tigon.losses.grpo import GRPOOptions
+from tigon.reference.grpo import GRPOOptions
 from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
 

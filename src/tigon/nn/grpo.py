@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from .. import functional as TF
-from ..losses.grpo import GRPOOptions, liger_metrics
+from ..reference.grpo import GRPOOptions, liger_metrics
 
 
 class GRPOMetrics(tuple):
     """Liger's metrics tuple, ``(kl, clip_ratio)`` when beta != 0 else ``(clip_ratio,)`` (0-d detached tensors; see
-    :func:`tigon.losses.grpo.liger_metrics`), carrying every metric TRL logs as ``.trl`` (a dict under TRL's keys:
+    :func:`tigon.reference.grpo.liger_metrics`), carrying every metric TRL logs as ``.trl`` (a dict under TRL's keys:
     ``"kl"``, ``"entropy"``, ``"clip_ratio/low_mean"``, ``"clip_ratio/high_mean"``, ``"clip_ratio/region_mean"``,
     ``"clip_ratio/low_min"``, ``"clip_ratio/high_max"``, ``"cispo_clip_ratio"``, ``"vespo/phi_seq_mean"``, those that
     apply)."""
@@ -48,7 +48,7 @@ class FusedLinearGRPOLoss(nn.Module):
         :class:`GRPOMetrics`.
 
     Raises:
-        ValueError: bad options at construction (:class:`tigon.losses.grpo.GRPOOptions`); TypeError, ValueError for
+        ValueError: bad options at construction (:class:`tigon.reference.grpo.GRPOOptions`); TypeError, ValueError for
             bad inputs at the forward (from the functional op).
     """
 

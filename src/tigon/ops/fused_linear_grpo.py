@@ -3,7 +3,7 @@ op and its record.
 
 The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs in
 :func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
-:mod:`tigon.losses.grpo` in plain PyTorch (autograd carries its gradient back into the log-probabilities' backward).
+:mod:`tigon.reference.grpo` in plain PyTorch (autograd carries its gradient back into the log-probabilities' backward).
 Specification: :mod:`tigon.reference.fused_linear_grpo`.
 """
 
@@ -68,7 +68,7 @@ def fused_linear_grpo(
     INTELLECT-2's two-sided ``delta``, the k3 KL to a reference model (``beta``; its log-probabilities given, or
     computed here from ``ref_input`` / ``ref_weight`` without gradient), token- or sequence-level importance
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
-    formulas in :mod:`tigon.losses.grpo`. The per-token log-probabilities are
+    formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are
     :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens, logits recomputed in the backward);
     masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
     sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
@@ -108,12 +108,12 @@ def fused_linear_grpo(
         The 0-d float32 loss (float64 for float64 inputs), or with ``return_metrics`` a
         :class:`~tigon.reference.fused_linear_grpo.GRPOOutput` ``(loss, metrics)``, metrics a dict of 0-d detached
         tensors under TRL's logging keys (``"kl"``, ``"entropy"``, ``"clip_ratio/low_mean"``, ...;
-        :func:`tigon.losses.grpo.grpo_loss`). No host synchronisation (unless torch.distributed sums the mask).
+        :func:`tigon.reference.grpo.grpo_loss`). No host synchronisation (unless torch.distributed sums the mask).
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes or devices (:func:`tigon.reference.fused_linear_grpo.check_inputs`,
             and the LM heads' checks of :func:`tigon.functional.fused_linear_logprobs`); bad options
-            (:class:`tigon.losses.grpo.GRPOOptions`: unknown ``loss_type`` / ``importance_sampling_level``, dr_grpo
+            (:class:`tigon.reference.grpo.GRPOOptions`: unknown ``loss_type`` / ``importance_sampling_level``, dr_grpo
             without ``max_completion_length``, temperatures or delta not > 0); ``use_ref_model`` with beta != 0 and
             no reference; ``entropy_coef`` is validated likewise.
     """

@@ -1,6 +1,6 @@
 """Fused linear GRPO loss reference: the policy's (and the reference model's) per-token log-probabilities from
 materialised logits (:func:`tigon.reference.fused_linear_logprobs.fused_linear_logprobs`), then the per-token GRPO
-formulas of :mod:`tigon.losses.grpo` (TRL 1.16's ``GRPOTrainer._compute_loss``).
+formulas of :mod:`tigon.reference.grpo` (TRL 1.16's ``GRPOTrainer._compute_loss``).
 
 The specification of :func:`tigon.functional.fused_linear_grpo` (which runs the same pipeline with the fused
 log-probabilities). Computed in the inputs' dtype promoted to at least float32; float64 inputs give the float64
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _checks
-from ..losses.grpo import GRPOOptions, grpo_loss
+from .grpo import GRPOOptions, grpo_loss
 from .fused_linear_logprobs import fused_linear_logprobs as ref_logprobs
 
 IGNORE = -100
@@ -24,7 +24,7 @@ IGNORE = -100
 
 class GRPOOutput(NamedTuple):
     """Returned by :func:`fused_linear_grpo` with ``return_metrics=True``: the 0-d float32 loss, and a dict of 0-d
-    detached metrics under TRL's logging keys (:func:`tigon.losses.grpo.grpo_loss`)."""
+    detached metrics under TRL's logging keys (:func:`tigon.reference.grpo.grpo_loss`)."""
 
     loss: torch.Tensor
     metrics: dict
@@ -80,7 +80,7 @@ OPTION_NAMES = ("beta", "epsilon_low", "epsilon_high", "loss_type", "max_complet
                 "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg", "delta",
                 "use_bias_correction_kl", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
                 "entropy_coef")
-"""The arguments of :func:`fused_linear_grpo` that are :class:`tigon.losses.grpo.GRPOOptions` fields."""
+"""The arguments of :func:`fused_linear_grpo` that are :class:`tigon.reference.grpo.GRPOOptions` fields."""
 
 
 def grpo_pipeline(logprobs, args: dict, **logprob_options):
