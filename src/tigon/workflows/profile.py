@@ -13,7 +13,9 @@
 3. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's,
    the same way: the host's time to issue one forward + backward and the device's time to run it
    (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
-   weightless copy of the model.
+   weightless copy of the model. The host side is also measured inside the original and the patched step (the
+   self time of each replaced module, forward and backward: :func:`tigon.workflows.profile_attrib.in_step_host`),
+   which the prediction uses: it holds the backward within one autograd pass and the integration layer's Python.
 4. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
    ``T' = T - pipeline(H, D) + pipeline(H', D')``) and **advise** per op: which replacements are predicted to
    slow the step, the ``tigon.patch`` call that leaves them out and its predicted step
