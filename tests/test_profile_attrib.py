@@ -156,3 +156,23 @@ def test_hook_overhead_is_measured():
     assert over.own_forward_ms >= 0 and over.own_backward_ms >= 0
     assert over.parent_forward_ms >= 0 and over.parent_backward_ms >= 0
     assert over.own_forward_ms < 1.0  # ms per call: far below any module's
+
+
+def test_in_step_host_on_a_model():
+    """The patch report's targets of a tiny Llama, timed in its training step; the hooks are gone afterwards."""
+    from tigon.workflows.e2e import build_model, hf_config, random_batches
+
+    hfc, _ = hf_config("tiny", 1)
+    model = build_model(hfc, torch.float32, torch.device("cpu"), 0)
+    targets = {"(LlamaForCausalLM)": "lm_head_loss", "model.layers.0": "fused_add_rms_norm",
+               "model.layers.0.self_attn": "rope", "model.layers.0.mlp": "mlp",
+               "model.layers.0.input_layernorm": "rms_norm", "model.layers.0.post_attention_layernorm": "rms_norm",
+               "model.norm": "rms_norm"}
+    got = PA.in_step_host(model, random_batches(int(hfc.vocab_size), 1, 1, 8, 0), targets,
+                          device=torch.device("cpu"), lr=1e-3,
+                          bypassed={"model.layers.0.post_attention_layernorm": "fused_add_rms_norm"}, rounds=1)
+    assert got.steps == 1
+    assert {k: v.calls for k, v in got.kinds.items()} == {"lm_head_loss": 1, "fused_add_rms_norm": 1, "rope": 1,
+                                                         "mlp": 1, "rms_norm": 2}
+    assert all(v.forward_ms > 0 and v.backward_ms > 0 for v in got.kinds.values())
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
