@@ -70,6 +70,8 @@ def test_op_costs_prediction_advice_and_measurement(report):
             s = o["in_step"][side]
             assert s["per_call_ms"] == pytest.approx((s["forward_ms"] + s["backward_ms"]) / s["calls"])
         assert o["host_delta_ms"] == pytest.approx(o["calls"] * (per_call["tigon"] - per_call["original"]))
+        assert o["host_delta_ms_isolated"] == pytest.approx(
+            o["calls"] * (o["tigon"]["host_ms"] - o["original"]["host_ms"]))
         assert o["patch_call"] == f"tigon.patch(model, {o['keyword']}=False)" and o["step_ms_without"] > 0
     assert set(report["host_in_step"]) == {"original", "patched"}
     assert all(v["steps"] >= 1 and v["overhead"]["own_forward_ms"] >= 0 for v in report["host_in_step"].values())

@@ -144,8 +144,8 @@ class ProfileResult:
     stage_s: seconds each stage took (its progress label -> s). host_in_step: ``{"original"|"patched":
     {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
     (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
-    time, original and Tigon, and ``host_basis`` says which host time the prediction used (``"in_step"`` or
-    ``"isolated"``).
+    time, original and Tigon, ``host_basis`` says which host time the prediction used (``"in_step"`` or
+    ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls.
     """
 
     config: dict[str, Any]
@@ -493,6 +493,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
             result.ops.append({**dataclasses.asdict(a), "original": costs[c.op]["eager"],
                                "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses),
                                "host_basis": "in_step" if c.kind in host else "isolated",
+                               "host_delta_ms_isolated": a.calls * (costs[c.op]["tigon"]["host_ms"]
+                                                                    - costs[c.op]["eager"]["host_ms"]),
                                "in_step": PA.kind_report(c.kind, in_step.get("original"), in_step.get("tigon"))})
         result.advice = {"best_call": adv.best_call, "best_keywords": adv.best_keywords,
                          "best_step_ms": adv.best_step_ms, "replace_nothing": adv.replace_nothing,
