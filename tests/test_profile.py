@@ -62,8 +62,19 @@ def test_op_costs_prediction_advice_and_measurement(report):
             assert o["original"]["device_ms"] == 0 == o["tigon"]["device_ms"]
         else:
             assert o["original"]["device_ms"] > 0 and o["tigon"]["device_ms"] > 0
-        assert o["host_delta_ms"] == pytest.approx(o["calls"] * (o["tigon"]["host_ms"] - o["original"]["host_ms"]))
+        # the host change per call: the modules' host time inside the step (original vs patched step), else the
+        # isolated calls'
+        assert o["host_basis"] == "in_step" and o["in_step"]["original"]["calls"] > 0, o["kind"]
+        per_call = {side: o["in_step"][side]["per_call_ms"] for side in ("original", "tigon")}
+        for side in ("original", "tigon"):
+            s = o["in_step"][side]
+            assert s["per_call_ms"] == pytest.approx((s["forward_ms"] + s["backward_ms"]) / s["calls"])
+        assert o["host_delta_ms"] == pytest.approx(o["calls"] * (per_call["tigon"] - per_call["original"]))
+        assert o["host_delta_ms_isolated"] == pytest.approx(
+            o["calls"] * (o["tigon"]["host_ms"] - o["original"]["host_ms"]))
         assert o["patch_call"] == f"tigon.patch(model, {o['keyword']}=False)" and o["step_ms_without"] > 0
+    assert set(report["host_in_step"]) == {"original", "patched"}
+    assert all(v["steps"] >= 1 and v["overhead"]["own_forward_ms"] >= 0 for v in report["host_in_step"].values())
     lim = report["limits"]
     if report["device"] == "cpu":  # host-bound by construction: H = T, D = 0, the prediction adds the host deltas
         assert lim["original"]["host_ms"] == lim["original"]["step_ms"] == report["step_ms_original"]

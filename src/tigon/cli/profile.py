@@ -108,16 +108,19 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     _render_limits(console, r)
     if r["ops"]:
         ops = Table(title="Replaced ops: per forward + backward call (host = time to issue it, device = its "
-                          "kernels), and per step", title_justify="left")
+                          "kernels; alone, and the host's inside the step), and per step", title_justify="left",
+                    caption="in step: the host's self time in the replaced modules during the step (forward + "
+                            "backward per call, the hooks' own cost subtracted); a step host change with * uses "
+                            "it (the isolated calls' in parentheses)")
         for col in ("patch kind", "op", "calls", "original host / device ms", "Tigon host / device ms",
-                    "step: host / device ms", "step without it", "advice"):
+                    "in step: original / Tigon host ms", "step: host / device ms", "step without it", "advice"):
             ops.add_column(col, justify="left" if col in ("patch kind", "op", "advice") else "right",
                            overflow="fold")
         for o in r["ops"]:
             ops.add_row(o["kind"], o["op"], str(o["calls"]),
                         f"{o['original']['host_ms']:.3f} / {o['original']['device_ms']:.3f}",
-                        f"{o['tigon']['host_ms']:.3f} / {o['tigon']['device_ms']:.3f}",
-                        f"{o['host_delta_ms']:+.1f} / {o['device_delta_ms']:+.1f}", _num(o["step_ms_without"]),
+                        f"{o['tigon']['host_ms']:.3f} / {o['tigon']['device_ms']:.3f}", _in_step(o["in_step"]),
+                        _step_delta(o), _num(o["step_ms_without"]),
                         f"[bold]slows the step: {o['patch_call']}[/]" if o["slows_step"] else "keep")
         console.print(ops)
     summary = Table(title="Step time (unprofiled, median)", title_justify="left", show_header=False)
@@ -149,6 +152,19 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("device", f"{r['device']} ({r['device_name']})")
     console.print(summary)
     _print_footer(console, r["notes"], written)
+
+
+def _in_step(s: dict[str, Any]) -> str:
+    """``"original / Tigon"`` in-step host ms per call of one kind (``-`` for a side not measured)."""
+    return " / ".join(f"{v['per_call_ms']:.3f}" if v else "-" for v in (s["original"], s["tigon"]))
+
+
+def _step_delta(o: dict[str, Any]) -> str:
+    """The step's host / device change of one kind, ms: ``"+1.0* (-2.0) / -4.5"``, * = from the in-step host time,
+    in parentheses the isolated calls'."""
+    if o["host_basis"] != "in_step":
+        return f"{o['host_delta_ms']:+.1f} / {o['device_delta_ms']:+.1f}"
+    return f"{o['host_delta_ms']:+.1f}* ({o['host_delta_ms_isolated']:+.1f}) / {o['device_delta_ms']:+.1f}"
 
 
 def _render_limits(console, r: dict[str, Any]) -> None:

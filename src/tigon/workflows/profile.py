@@ -13,7 +13,9 @@
 3. **Measure each replaced op** at this model's shapes, the code it replaces (the record's ``eager``) and Tigon's,
    the same way: the host's time to issue one forward + backward and the device's time to run it
    (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
-   weightless copy of the model.
+   weightless copy of the model. The host side is also measured inside the original and the patched step (the
+   self time of each replaced module, forward and backward: :func:`tigon.workflows.profile_attrib.in_step_host`),
+   which the prediction uses: it holds the backward within one autograd pass and the integration layer's Python.
 4. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
    ``T' = T - pipeline(H, D) + pipeline(H', D')``) and **advise** per op: which replacements are predicted to
    slow the step, the ``tigon.patch`` call that leaves them out and its predicted step
@@ -53,13 +55,14 @@ from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DEFAULTS, DTYPES, build_model, hf_config, model_info, random_batches, run_provider
 from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
                              device_busy_us, device_op_count, make_step, step_issue)
-from .timing import LAUNCH_QUEUE_DEPTH, IssueTime
+from . import profile_attrib as PA
+from .profile_attrib import in_step_host
+from .profile_notes import PROFILED_STEPS, add_notes as _add_notes  # noqa: F401 (re-exported)
+from .timing import IssueTime
 
 LABELS = {"matmul": "matmul", "attention": "attention", **CATEGORY_LABELS, "optimizer": "optimizer", "other": "other",
           "unlinked": "kernels linked to no op", "idle": "device idle (waiting on the host)"}
 CPU_LABELS = {"unlinked": "kernels linked to no op", "idle": "outside any op (Python, hooks, profiler)"}
-PROFILED_STEPS = 3
-"""At most this many steps run under the profiler (the timed steps are ``steps``, as ``tigon bench --e2e``)."""
 ProgressFn = Callable[[str], None]
 """``progress(stage)``: called when a stage starts (e.g. "profile original step")."""
 
@@ -138,7 +141,11 @@ class ProfileResult:
     leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
     (:func:`tigon.workflows.predict.advise`). patch: what
     tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.
-    stage_s: seconds each stage took (its progress label -> s).
+    stage_s: seconds each stage took (its progress label -> s). host_in_step: ``{"original"|"patched":
+    {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
+    (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
+    time, original and Tigon, ``host_basis`` says which host time the prediction used (``"in_step"`` or
+    ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls.
     """
 
     config: dict[str, Any]
@@ -163,6 +170,7 @@ class ProfileResult:
     versions: dict[str, str | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
+    host_in_step: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -264,11 +272,13 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
     return cfg
 
 
-def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int], list[str]]:
+def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int], list[str], dict]:
     """What tigon.patch replaces, from its dry run on a weightless copy of the model: (kinds, category -> Tigon ops,
-    patch counts, notes). kinds: ``{"kind", "op", "keyword", "calls", "bypasses"}`` per replaced kind that runs an
-    op of the registry; calls = the modules it patches (each runs once per step); bypasses: kind -> patched modules
-    of that kind the replacement no longer calls (the mark's ``bypasses`` children)."""
+    patch counts, notes, paths). kinds: ``{"kind", "op", "keyword", "calls", "bypasses"}`` per replaced kind that
+    runs an op of the registry; calls = the modules it patches (each runs once per step); bypasses: kind -> patched
+    modules of that kind the replacement no longer calls (the mark's ``bypasses`` children). paths: ``{"targets":
+    {module path: kind}, "bypassed": {path of a bypassed module: the kind that bypasses it}}`` (for
+    :func:`tigon.workflows.profile_attrib.in_step_host`)."""
     from ..integrations.engine import PATCH_KEYWORDS
     from ..integrations.families import kind_op
     from ..integrations.forwards import tigon_mark
@@ -277,10 +287,12 @@ def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int]
     from .dry_run import PatchRejected, dry_run
 
     bypass: dict[str, dict[str, int]] = {}
+    paths: dict[str, dict[str, str]] = {"targets": {}, "bypassed": {}}
     try:
         with dry_run(hfc) as (model, report):
             counts, skipped = report.counts, list(report.skipped)
             kind_of = {e.target: e.kind for e in report.replaced}
+            paths["targets"] = dict(kind_of)
             for e in report.replaced:
                 try:
                     m = model.get_submodule(e.target)
@@ -288,9 +300,10 @@ def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int]
                     continue
                 for child in (tigon_mark(m.__dict__.get("forward")) or {}).get("bypasses", ()):
                     if (k := kind_of.get(f"{e.target}.{child}")) is not None:
+                        paths["bypassed"][f"{e.target}.{child}"] = e.kind
                         bypass.setdefault(e.kind, {})[k] = bypass.get(e.kind, {}).get(k, 0) + 1
     except PatchRejected as e:
-        return [], {}, {}, [f"nothing is replaced: {e}"]
+        return [], {}, {}, [f"nothing is replaced: {e}"], paths
     specs = registry()
     order = list(KIND_CATEGORIES)
     kinds, cats = [], {}
@@ -301,7 +314,7 @@ def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int]
                           "bypasses": bypass.get(kind, {})})
             cats.setdefault(specs[op].category, []).append(op)
     notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in skipped]
-    return kinds, cats, counts, notes
+    return kinds, cats, counts, notes, paths
 
 
 def _op_costs(hfc, ops: list[str], cfg: ProfileConfig, device, dtype, notes: list[str]) -> dict[str, dict]:
@@ -389,19 +402,29 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
             progress(stage)
 
     def timed(provider: str):
-        """The e2e bench's row of ``provider`` and, on CUDA, its step's issue measurement on the trained model."""
+        """The e2e bench's row of ``provider`` and, on CUDA, its step's issue measurement on the trained model;
+        then, for the prediction, the host's time in the replaced modules inside the step (``in_step``)."""
         held: dict[str, Any] = {}
 
         def then(model):
-            if not cuda:
-                return
-            try:
-                held["issue"], held["syncs"] = step_issue(model, timed_batches[:2], device=device, lr=cfg.lr)
-            except Exception as e:  # keep the step's time and the profile; say why H and D are missing
-                notes.append(f"measuring the {provider} step's host and device time failed, so H = T and D = 0 "
-                             f"for it: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            if cuda:
+                try:
+                    held["issue"], held["syncs"] = step_issue(model, timed_batches[:2], device=device, lr=cfg.lr)
+                except Exception as e:  # keep the step's time and the profile; say why H and D are missing
+                    notes.append(f"measuring the {provider} step's host and device time failed, so H = T and D = 0 "
+                                 f"for it: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            if cfg.predict and paths["targets"]:
+                try:
+                    held["in_step"] = in_step_host(
+                        model, timed_batches[:2], paths["targets"], device=device, lr=cfg.lr, rounds=3 if cuda else 1,
+                        bypassed=paths["bypassed"], patched=provider != "original")
+                except Exception as e:  # the prediction falls back on the isolated calls' host time
+                    notes.append(f"measuring the replaced modules' host time inside the {provider} step failed, so "
+                                 f"the prediction uses their isolated calls': {type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:300]}")
 
         row, _ = run_provider(provider, hfc, cfg, timed_batches, info=info, then=then)
+        in_step[provider] = held.get("in_step")
         return row, held.get("issue"), held.get("syncs", [])
 
     def profiled(patch: bool, trace: str | None) -> StepProfile:
@@ -416,11 +439,12 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
             del model
             _free(device)
 
+    kinds, replaced, counts, patch_notes, paths = _replacements(hfc)
+    notes += patch_notes
+    in_step: dict[str, Any] = {}
     say("time original step (as tigon bench --e2e), then its host and device time")
     row_o, issue_o, syncs_o = timed("original")
     step = step_cost(row_o.step_ms, issue_o)
-    kinds, replaced, counts, patch_notes = _replacements(hfc)
-    notes += patch_notes
     costs: dict[str, dict] = {}
     if cfg.predict and kinds:
         say("measure replaced ops (host and device time, original and Tigon)")
@@ -434,8 +458,11 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     prof = profiled(False, cfg.trace)
     if cfg.trace:
         traces.append(cfg.trace)
-    changes = [PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"], PR.OpCost(**_cost(costs[k["op"]]["eager"])),
-                           PR.OpCost(**_cost(costs[k["op"]]["tigon"])), k["bypasses"])
+    host = PA.host_costs(in_step.get("original"), in_step.get("tigon"))
+    changes = [PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"],
+                           PR.OpCost(**_cost(costs[k["op"]]["eager"], host.get(k["kind"], (None,))[0])),
+                           PR.OpCost(**_cost(costs[k["op"]]["tigon"], host.get(k["kind"], (None, None))[1])),
+                           k["bypasses"])
                for k in kinds if k["op"] in costs]
     table, scale = PR.step_table(prof.categories, prof.busy_ms, prof.step_ms)
     labels = {**LABELS, **({} if cuda else CPU_LABELS)}
@@ -456,14 +483,19 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         time_basis=("kernel time (the ops' CUDA kernels) per step; 'device idle' is wall time" if cuda
                     else "self CPU time per step (inflated by the profiler's overhead)"),
         categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=row_o.step_ms, attribution_scale=scale,
-        limits=limits, patch=counts, traces=traces, versions=versions(), notes=notes)
+        limits=limits, patch=counts, traces=traces, versions=versions(), notes=notes,
+        host_in_step={("patched" if p == "tigon" else p): PA.overhead_report(m) for p, m in in_step.items() if m})
     if changes:
         pred, adv = PR.predict(step, changes), PR.advise(step, changes)
         result.predicted_step_ms_patched = pred.step_ms
         result.limits["predicted"] = _limits(pred)
         for c, a in zip(changes, adv.kinds):
             result.ops.append({**dataclasses.asdict(a), "original": costs[c.op]["eager"],
-                               "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses)})
+                               "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses),
+                               "host_basis": "in_step" if c.kind in host else "isolated",
+                               "host_delta_ms_isolated": a.calls * (costs[c.op]["tigon"]["host_ms"]
+                                                                    - costs[c.op]["eager"]["host_ms"]),
+                               "in_step": PA.kind_report(c.kind, in_step.get("original"), in_step.get("tigon"))})
         result.advice = {"best_call": adv.best_call, "best_keywords": adv.best_keywords,
                          "best_step_ms": adv.best_step_ms, "replace_nothing": adv.replace_nothing,
                          "slower": [a.kind for a in adv.kinds if a.slows_step]}
@@ -493,84 +525,13 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     return result
 
 
-def _cost(c: dict) -> dict:
-    return {"host_ms": c["host_ms"], "device_ms": c["device_ms"]}
+def _cost(c: dict, host_ms: float | None = None) -> dict:
+    """The :class:`~tigon.workflows.predict.OpCost` fields of an isolated call's cost ``c``; ``host_ms`` (the
+    in-step host time per call) replaces its host time when given."""
+    return {"host_ms": c["host_ms"] if host_ms is None else host_ms, "device_ms": c["device_ms"]}
 
 
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _add_notes(r: ProfileResult, device: torch.device) -> None:
-    cfg = r.config
-    r.notes.insert(0, f"categories: {r.time_basis}, mean of {min(cfg['steps'], PROFILED_STEPS)} profiled step(s); "
-                      "with 'kernels linked to no op' and the device's idle time they add up to the profiled step.")
-    r.notes.insert(1, f"step times: median of {cfg['steps']} unprofiled step(s) after {cfg['warmup']} warm-up "
-                      "step(s), measured as tigon bench --e2e measures them (the same code, model, batches and "
-                      "optimizer), before any profiler ran.")
-    if r.attribution_scale < 0.999:
-        r.notes.append(f"the categories held {100 / r.attribution_scale - 100:.1f}% more kernel time than the device "
-                       "was busy (time counted twice) and were scaled down to its busy time.")
-    lim = r.limits["original"]
-    if device.type == "cuda":
-        r.notes.append(f"limits: host = the host's time to issue one full step, in {lim.get('host_parts', 0)} parts "
-                       "(embedding, each decoder layer's forward and backward, optimizer), each issued with the "
-                       "device held busy by a sleep kernel so the host never waits for it, timed until the part "
-                       "ends (time.perf_counter); device = the device's time to run those parts (CUDA events). The "
-                       f"original step is {lim['bound']}-bound (host {lim['host_ms']:.1f} ms, device "
-                       f"{lim['device_ms']:.1f} ms, step {lim['step_ms']:.1f} ms).")
-        for key in ("original", "patched"):
-            _issue_notes(r, key)
-    else:
-        r.notes.append("limits: on a CPU nothing runs asynchronously, so the host time is the step time (H = T, "
-                       "D = 0).")
-    r.notes.append("prediction: T' = T - pipeline(H, D) + pipeline(H', D'), pipeline = max(D, H - optimizer's host + "
-                   "optimizer's device, H) (the forward and backward overlap host and device, the optimizer ends the "
-                   "step); H' and D' add the replaced calls' change (calls per step x (Tigon - original) per forward "
-                   "+ backward at this model's shapes, each measured like the step): a host-bound step pays the "
-                   "replacements' host cost.")
-    for op in r.ops:
-        waited = [side for side in ("original", "tigon") if op[side].get("waited")]
-        if waited:
-            r.notes.append(f"{op['kind']} ({op['op']}): the host waited for the device during the {' and '.join(waited)}"
-                           " call(s) however long the sleep (a sync inside, or too many launches); their host time "
-                           "is the wall time without the sleep.")
-        if op["slows_step"]:
-            r.notes.append(f"{op['kind']} ({op['op']}): replacing it is predicted to slow the step (host "
-                           f"{op['host_delta_ms']:+.1f} ms, device {op['device_delta_ms']:+.1f} ms per step); "
-                           f"{op['patch_call']} leaves it out: predicted {op['step_ms_without']:.1f} ms.")
-    if r.advice and r.advice["best_keywords"]:
-        r.notes.append(f"fastest predicted: {r.advice['best_call']} at {r.advice['best_step_ms']:.1f} ms "
-                       f"(everything: {r.predicted_step_ms_patched:.1f} ms)"
-                       + ("; that replaces nothing: leave the model unpatched." if r.advice["replace_nothing"]
-                          else "."))
-    if device.type == "cpu":
-        r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the op costs and the "
-                       "prediction measure the interpreter; run on a CUDA GPU for real numbers.")
-
-
-def _issue_notes(r: ProfileResult, key: str) -> None:
-    """Notes on the host measurement of ``r.limits[key]``: waits for the device, syncs, launches, H > T."""
-    lim = r.limits.get(key)
-    if not lim or "host_parts" not in lim:
-        return
-    if lim["host_waited"]:
-        r.notes.append(f"{key} step: in {len(lim['host_waited'])} part(s) ({', '.join(lim['host_waited'][:4])}"
-                       f"{', ...' if len(lim['host_waited']) > 4 else ''}) the host waited for the device however "
-                       "long the sleep: a sync inside the step (" + ("; ".join(lim["syncs"][:3]) or "none named by "
-                       "torch.cuda.set_sync_debug_mode") + ") or more launches than the queue holds; those parts "
-                       "count with their wall time without the sleep, so H includes the wait.")
-    elif lim["syncs"]:
-        r.notes.append(f"{key} step synchronises ({'; '.join(lim['syncs'][:3])}) outside the timed parts.")
-    ops = lim.get("device_ops") or 0
-    if ops > LAUNCH_QUEUE_DEPTH:
-        r.notes.append(f"{key} step: {ops:.0f} kernels, copies and sets per step, more than the ~{LAUNCH_QUEUE_DEPTH} "
-                       f"the launch queue holds: one sleep could not hide the device for the whole step, hence the "
-                       f"{lim['host_parts']} parts (about {ops / lim['host_parts']:.0f} launches each)"
-                       + ("; that is near the queue's depth: parts above it wait (see host_waited)."
-                          if ops / lim["host_parts"] > LAUNCH_QUEUE_DEPTH / 2 else "."))
-    if lim["host_ms"] > 1.02 * lim["step_ms"]:
-        r.notes.append(f"{key} step: the host time ({lim['host_ms']:.1f} ms) exceeds the step "
-                       f"({lim['step_ms']:.1f} ms) it should bound: the host measurement is suspect.")
