@@ -5,8 +5,8 @@ issue 20 plus two architectures the generic matcher handles; ``MORE_FAMILIES`` t
 0.8.5's list (dense, MoE, hybrid) and ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
 image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
 holds more architectures of no registered family, each with something the engine must leave alone and say so
-(partial or interleaved rotary, a rotary function of another interface, a softcapped head, an LM head without a
-usable backbone attribute).
+(a rotary function the probe rejects, a softcapped head; tests/test_report_truth.py runs Llama 4 under
+``family="generic"`` for a rotary function of another interface and an LM head without a usable backbone attribute).
 
 Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``;
 GENERIC adds a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config,
@@ -86,9 +86,6 @@ GENERIC = {
                                      activation_sparsity_pattern=[0.95, 0.0], vocab_size_per_layer_input=V,
                                      hidden_size_per_layer_input=16, laurel_rank=8),
                 "generic", {"rms_norm": 20, "mlp": 1}, {"rope": 1, "mlp": 1, "lm_head_loss": 1}, None),
-    # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
-    "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
-               {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
 }
 
 
