@@ -89,6 +89,11 @@ GENERIC = {
 }
 
 
+_GEMMA4 = dict(_MOE, hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, num_kv_shared_layers=0,
+               layer_types=["sliding_attention", "full_attention"], enable_moe_block=True, top_k_experts=2,
+               moe_intermediate_size=32, final_logit_softcapping=30.0, initializer_range=0.01, rms_norm_eps=1e-5)
+
+
 MORE_FAMILIES = {
     # families declared for Liger-Kernel 0.8.5's list (issue 20); tests/test_families.py checks loss and every gradient
     # of one step against the original (fp32, 1e-5), that the ops the report declares ran, and the dry run
@@ -131,11 +136,8 @@ MORE_FAMILIES = {
     # block beside the MLP; its one-tensor rotary is another interface (skipped). Smaller initial weights and eps
     # 1e-5: with HF's attention scale 1.0 the defaults make the step so ill-conditioned that HF's own fp32 gradients
     # are 2.8e-5 from float64 (Tigon's 1.5e-5)
-    "gemma4": ("gemma4_text", dict(_MOE, hidden_size_per_layer_input=16, vocab_size_per_layer_input=V,
-                                   num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"],
-                                   enable_moe_block=True, top_k_experts=2, moe_intermediate_size=32,
-                                   final_logit_softcapping=30.0, initializer_range=0.01, rms_norm_eps=1e-5), "gemma4",
-               {"rms_norm": 12 * L + 2, "mlp": 2 * L, "lm_head_loss": 1}, {"rope": L}),
+    "gemma4": ("gemma4_text", _GEMMA4, "gemma4", {"rms_norm": 12 * L + 2, "mlp": 2 * L, "lm_head_loss": 1},
+               {"rope": L}),
     # DeepSeek-V3's layout with complex-form rotary (skipped)
     "deepseek_v2": ("deepseek_v2", _MLA, "deepseek_v2", {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD},
                     {"rope": L}),
@@ -241,6 +243,14 @@ VISION_LANGUAGE = {
     "smolvlm": ("smolvlm", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN, scale_factor=2,
                                 vision_config=dict(_VIT, patch_size=2, model_type="smolvlm_vision")),
                 "SmolVLMForConditionalGeneration", "smolvlm", {**FULL, **ADD, "layer_norm": 3}, {"mlp": 1}),
+    # Gemma 4: the text decoder above and a vision tower of the same module (its RMSNorms, v_norm without weight, and
+    # gated MLP; its multidimensional rotary skipped); 16 patches of 2x2 pixels pooled 2x2 into 4 image tokens
+    "gemma4": ("gemma4", dict(text_config=dict(TINY, **_GEMMA4), image_token_id=IMAGE_TOKEN, boi_token_id=3,
+                              eoi_token_id=4, video_token_id=6, audio_token_id=7,
+                              vision_config=dict(_VIT, num_key_value_heads=2, head_dim=16, patch_size=2,
+                                                 pooling_kernel_size=2, position_embedding_size=8)),
+               "Gemma4ForConditionalGeneration", "gemma4", {"rms_norm": 12 * L + 2 + 8, "mlp": 2 * L + 1,
+                                                            "lm_head_loss": 1}, {"rope": L + 1}),
     # Pixtral vision encoder in a Llava container with a Mistral text tower
     "pixtral": ("llava", dict(text_config=dict(TINY, model_type="mistral"), image_token_id=IMAGE_TOKEN,
                               vision_feature_select_strategy="full", vision_feature_layer=-1,
@@ -270,6 +280,10 @@ def image_inputs(case: str, seq: int = 10) -> dict:
     else:  # one 8x8 image -> 4 image tokens (llava, paligemma: 4x4 patches; gemma3: 4 tokens per image)
         ids[0, 1:5] = IMAGE_TOKEN
         out = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=gen))
+        if model_type == "gemma4":  # the image as 16 patches of 2x2 pixels, flattened, with their (x, y) positions
+            pos = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="xy"), -1).reshape(1, 16, 2)
+            out = dict(pixel_values=torch.rand(1, 16, 3 * 2 * 2, generator=gen), image_position_ids=pos,
+                       mm_token_type_ids=(ids == IMAGE_TOKEN).long())
         if model_type == "smolvlm":  # (batch, images, channels, height, width)
             out["pixel_values"] = out["pixel_values"][:, None]
         if VISION_LANGUAGE[case][1].get("vision_config", {}).get("model_type") == "pixtral":
