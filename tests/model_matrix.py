@@ -5,8 +5,8 @@ issue 20 plus two architectures the generic matcher handles; ``MORE_FAMILIES`` t
 0.8.5's list (dense, MoE, hybrid) and ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
 image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
 holds more architectures of no registered family, each with something the engine must leave alone and say so
-(partial or interleaved rotary, a rotary function of another interface, a softcapped head, an LM head without a
-usable backbone attribute).
+(a rotary function the probe rejects, a softcapped head; tests/test_report_truth.py runs Llama 4 under
+``family="generic"`` for a rotary function of another interface and an LM head without a usable backbone attribute).
 
 Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``;
 GENERIC adds a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config,
@@ -86,10 +86,12 @@ GENERIC = {
                                      activation_sparsity_pattern=[0.95, 0.0], vocab_size_per_layer_input=V,
                                      hidden_size_per_layer_input=16, laurel_rank=8),
                 "generic", {"rms_norm": 20, "mlp": 1}, {"rope": 1, "mlp": 1, "lm_head_loss": 1}, None),
-    # complex-valued rotary (apply_rotary_emb); base_model_prefix "language_model" is not the backbone attribute
-    "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "generic",
-               {"rms_norm": 2 * L + 1, "mlp": L}, {"rope": 1, "lm_head_loss": 1}, None),
 }
+
+
+_GEMMA4 = dict(_MOE, hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, num_kv_shared_layers=0,
+               layer_types=["sliding_attention", "full_attention"], enable_moe_block=True, top_k_experts=2,
+               moe_intermediate_size=32, final_logit_softcapping=30.0, initializer_range=0.01, rms_norm_eps=1e-5)
 
 
 MORE_FAMILIES = {
@@ -130,6 +132,23 @@ MORE_FAMILIES = {
     "qwen3_5_moe": ("qwen3_5_moe_text", dict(_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=32), "qwen3_5_moe",
                     {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+    # families_more.py. Gemma 4 text: sandwich norms, v_norm / router norm without weight, per-layer inputs, the MoE
+    # block beside the MLP; its one-tensor rotary is another interface (skipped). Smaller initial weights and eps
+    # 1e-5: with HF's attention scale 1.0 the defaults make the step so ill-conditioned that HF's own fp32 gradients
+    # are 2.8e-5 from float64 (Tigon's 1.5e-5)
+    "gemma4": ("gemma4_text", _GEMMA4, "gemma4", {"rms_norm": 12 * L + 2, "mlp": 2 * L, "lm_head_loss": 1},
+               {"rope": L}),
+    # DeepSeek-V3's layout with complex-form rotary (skipped)
+    "deepseek_v2": ("deepseek_v2", _MLA, "deepseek_v2", {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD},
+                    {"rope": L}),
+    # Llama 4 text: MoE layers (shared expert patched, bmm experts skipped), weightless q / k norm; complex rotary
+    "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "llama4",
+               {"rms_norm": 3 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": L, "mlp": L}),
+    # Granite's multipliers (logits / logits_scaling) with MoE layers. The router loss stays off: transformers 5.17's
+    # original head fails with output_router_logits (no router logits collected, aux_loss the int 0)
+    "granitemoe": ("granitemoe", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm",
+                                      logits_scaling=4.0, residual_multiplier=0.5),
+                   "granitemoe", FULL, {}),
 }
 
 
@@ -140,6 +159,11 @@ _QWEN_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out
 _VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=8,
             patch_size=4)
 IMAGE_TOKEN = 5
+_GLM_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
+_GLM_IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=6, image_start_token_id=4, image_end_token_id=7,
+                video_start_token_id=3, video_end_token_id=3)
+_GLM_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
+                temporal_patch_size=1, image_size=4)
 
 VISION_LANGUAGE = {
     # vision-language models (not AutoModelForCausalLM: built from their class): the text tower, the vision tower's
@@ -193,6 +217,46 @@ VISION_LANGUAGE = {
                                                  supported_aspect_ratios=[[1, 1]])),
                "MllamaForConditionalGeneration", "mllama", {**FULL, "rms_norm": 2 * L + 3, "rope": 1, "layer_norm": 6},
                {"mlp": 2}),
+    # families_more.py. Qwen3-VL with MoE text layers (layer 0 dense): the router loss with the text config's settings
+    "qwen3_vl_moe": ("qwen3_vl_moe", dict(text_config=dict(TINY, **_MOE, moe_intermediate_size=32, mlp_only_layers=[0],
+                                                           rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
+                                          **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
+                                                                             deepstack_visual_indexes=[0])),
+                     "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, "layer_norm": 4},
+                     {"mlp": 1, "rope": 1}),
+    # GLM-4V: GLM-4 text layers (interleaved partial rotary: skipped), gated vision MLPs, the merger left alone
+    "glm4v": ("glm4v", dict(text_config=dict(TINY, rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
+              "Glm4vForConditionalGeneration", "glm4v", {"rms_norm": 4 * L + 1 + 4, "mlp": L + 1, "layer_norm": 1,
+                                                         "lm_head_loss": 1}, {"rope": 2, "mlp": 1}),
+    # GLM-4V-MoE: pre-norm MoE text layers with partial rotate-half rotary (patched), router loss
+    "glm4v_moe": ("glm4v_moe", dict(text_config=dict(TINY, **_MOE, n_routed_experts=4, moe_intermediate_size=32,
+                                                    first_k_dense_replace=1, n_group=1, topk_group=1,
+                                                    rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
+                  "Glm4vMoeForConditionalGeneration", "glm4v_moe", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 4, "mlp": 4,
+                                                                "layer_norm": 1}, {"rope": 1, "mlp": 1}),
+    # InternVL: InternViT (LayerNorms) + LayerNorm projector, Qwen2 text tower
+    "internvl": ("internvl", dict(text_config=dict(TINY, model_type="qwen2"), image_token_id=IMAGE_TOKEN,
+                                  image_seq_length=4, vision_config=dict(_VIT, image_size=[8, 8], patch_size=[2, 2],
+                                                                         model_type="internvl_vision")),
+                 "InternVLForConditionalGeneration", "internvl", {**FULL, **ADD, "layer_norm": 3}, {"mlp": 2}),
+    # SmolVLM: its own SigLIP-like vision tower, Llama text tower
+    "smolvlm": ("smolvlm", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN, scale_factor=2,
+                                vision_config=dict(_VIT, patch_size=2, model_type="smolvlm_vision")),
+                "SmolVLMForConditionalGeneration", "smolvlm", {**FULL, **ADD, "layer_norm": 3}, {"mlp": 1}),
+    # Gemma 4: the text decoder above and a vision tower of the same module (its RMSNorms, v_norm without weight, and
+    # gated MLP; its multidimensional rotary skipped); 16 patches of 2x2 pixels pooled 2x2 into 4 image tokens
+    "gemma4": ("gemma4", dict(text_config=dict(TINY, **_GEMMA4), image_token_id=IMAGE_TOKEN, boi_token_id=3,
+                              eoi_token_id=4, video_token_id=6, audio_token_id=7,
+                              vision_config=dict(_VIT, num_key_value_heads=2, head_dim=16, patch_size=2,
+                                                 pooling_kernel_size=2, position_embedding_size=8)),
+               "Gemma4ForConditionalGeneration", "gemma4", {"rms_norm": 12 * L + 2 + 8, "mlp": 2 * L + 1,
+                                                            "lm_head_loss": 1}, {"rope": L + 1}),
+    # Pixtral vision encoder in a Llava container with a Mistral text tower
+    "pixtral": ("llava", dict(text_config=dict(TINY, model_type="mistral"), image_token_id=IMAGE_TOKEN,
+                              vision_feature_select_strategy="full", vision_feature_layer=-1,
+                              vision_config=dict(_VIT, head_dim=16, model_type="pixtral")),
+                "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3, "mlp": L + 1},
+                {"mlp": 1, "rope": 1}),
 }
 
 
@@ -202,8 +266,8 @@ def image_inputs(case: str, seq: int = 10) -> dict:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(8, 250, (1, seq), generator=gen)
     model_type = VISION_LANGUAGE[case][0]
-    if model_type.startswith("qwen"):  # 2x2 patches of 2x2 pixels, merged into one image token after a vision start
-        ids[0, 2], ids[0, 3] = 4, IMAGE_TOKEN
+    if model_type.startswith(("qwen", "glm4v")):  # 2x2 patches of 2x2 pixels, merged into one image token after a
+        ids[0, 2], ids[0, 3] = 4, IMAGE_TOKEN  # vision start (GLM-4V: image start) token
         out = dict(pixel_values=torch.randn(4, 3 * 2 * 2, generator=gen), image_grid_thw=torch.tensor([[1, 2, 2]]))
         cls = getattr(transformers, VISION_LANGUAGE[case][2])
         if "mm_token_type_ids" in inspect.signature(cls.forward).parameters:  # transformers 5.2x: 1 marks an image
@@ -216,6 +280,14 @@ def image_inputs(case: str, seq: int = 10) -> dict:
     else:  # one 8x8 image -> 4 image tokens (llava, paligemma: 4x4 patches; gemma3: 4 tokens per image)
         ids[0, 1:5] = IMAGE_TOKEN
         out = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=gen))
+        if model_type == "gemma4":  # the image as 16 patches of 2x2 pixels, flattened, with their (x, y) positions
+            pos = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="xy"), -1).reshape(1, 16, 2)
+            out = dict(pixel_values=torch.rand(1, 16, 3 * 2 * 2, generator=gen), image_position_ids=pos,
+                       mm_token_type_ids=(ids == IMAGE_TOKEN).long())
+        if model_type == "smolvlm":  # (batch, images, channels, height, width)
+            out["pixel_values"] = out["pixel_values"][:, None]
+        if VISION_LANGUAGE[case][1].get("vision_config", {}).get("model_type") == "pixtral":
+            out["image_sizes"] = torch.tensor([[8, 8]])
     return {k: v.to(DEVICE) for k, v in {"input_ids": ids, **out}.items()}
 
 
@@ -244,11 +316,12 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "qwen3_next", "qwen2_vl", "llava", "paligemma"}
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "qwen3_next", "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts,
 partial rotary with a hybrid decoder, one-module and multi-family vision-language models, the text config's
-softcap). The others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
+softcap, a weightless RMSNorm beside skipped experts, a vision encoder of another family in a Llava container). The
+others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
 
 
 def check_step(case: str) -> bool:

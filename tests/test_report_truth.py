@@ -88,9 +88,12 @@ def test_interleaved_rotary_is_skipped_with_the_reason():
 
 
 def test_llama4_rope_and_head_are_reported_skipped():
-    """Llama-4: its complex-valued rotary function and its LM head are recognised and left alone, with the reason."""
-    model_type, overrides, *_ = GENERIC["llama4"]
-    report = tigon.patch(build(model_type, overrides))
+    """Llama-4 under the generic matcher (``family="generic"``; its family spec patches the head): its
+    complex-valued rotary function and its LM head are recognised and left alone, with the reason."""
+    model_type, overrides, *_ = MORE_FAMILIES["llama4"]
+    report = tigon.patch(build(model_type, overrides), family="generic")
+    assert (report.family, report.counts, report.skipped_counts) == (
+        "generic", {"rms_norm": 5, "mlp": 2}, {"rope": 1, "lm_head_loss": 1}), str(report)
     skipped = {e.kind: e for e in report.skipped}
     assert skipped["rope"].target.endswith("modeling_llama4.apply_rotary_emb")
     assert "Llama4TextAttention" in skipped["rope"].detail

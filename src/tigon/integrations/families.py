@@ -259,6 +259,10 @@ FAMILIES: dict[str, FamilySpec] = {s.name: s for s in (
     HUNYUAN_V1_MOE, DEEPSEEK_V3, GPT_OSS, QWEN3_NEXT, CLIP, SIGLIP, LLAVA, PALIGEMMA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL,
     MLLAMA, QWEN3_5, QWEN3_5_MOE)}
 
+from .families_more import SPECS as _MORE_SPECS  # noqa: E402  (declared there with the helpers above)
+
+FAMILIES.update({s.name: s for s in _MORE_SPECS})
+
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:
     """Make ``spec`` available to :func:`tigon.patch` (by name and by model matching).

@@ -20,17 +20,21 @@ class NormSpec:
     casting_mode, offset: passed to rms_norm (``"llama"``/0.0 for Llama; ``"gemma"``/1.0 for Gemma's ``1 + w``);
         for layer_norm, ``offset`` is added to the weight before the op (Nemotron's ``LayerNorm1P``: ``1 + w``).
     eps_attr: the instance attribute holding epsilon (``variance_epsilon`` in Llama, ``eps`` in Gemma and
-        ``torch.nn.LayerNorm``).
+        ``torch.nn.LayerNorm``), or a tuple of names, the first an instance has (a class that renamed it between
+        transformers versions: Gemma 4's and Llama 4's norms have ``eps`` in 5.17, ``variance_epsilon`` in 5.2x).
     weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
+    optional_weight: an instance without ``weight_attr`` normalises without a weight (rms_norm's ``weight=None``):
+        Llama-4's weightless q / k norm, Gemma 4's ``with_scale=False`` norms. False: such an instance is skipped.
     """
 
     cls: str
     kind: str = "rms_norm"
     casting_mode: str = "llama"
     offset: float = 0.0
-    eps_attr: str = "variance_epsilon"
+    eps_attr: str | tuple[str, ...] = "variance_epsilon"
     weight_attr: str = "weight"
     bias_attr: str = "bias"
+    optional_weight: bool = False
 
 
 @dataclass(frozen=True)

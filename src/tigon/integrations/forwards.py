@@ -46,8 +46,8 @@ def norm_forward(spec: NormSpec, family: str, original):
         def forward(self, hidden_states, *args, **kwargs):
             if args or kwargs:
                 return original(self, hidden_states, *args, **kwargs)
-            return TF.rms_norm(hidden_states, getattr(self, spec.weight_attr), getattr(self, spec.eps_attr),
-                               spec.offset, spec.casting_mode)
+            weight = getattr(self, spec.weight_attr, None) if spec.optional_weight else getattr(self, spec.weight_attr)
+            return TF.rms_norm(hidden_states, weight, norm_eps(self, spec), spec.offset, spec.casting_mode)
 
     elif spec.kind == "layer_norm":
 
@@ -59,21 +59,28 @@ def norm_forward(spec: NormSpec, family: str, original):
             if spec.offset and weight is not None:
                 weight = weight + spec.offset  # Nemotron's LayerNorm1P: (1 + w), a (hidden,) add
             return TF.layer_norm(hidden_states, weight, getattr(self, spec.bias_attr, None),
-                                 getattr(self, spec.eps_attr))
+                                 norm_eps(self, spec))
 
     else:
         raise ValueError(f"NormSpec.kind must be 'rms_norm' or 'layer_norm', got {spec.kind!r}")
     return mark(forward, spec.kind, family)
 
 
+def norm_eps(module, spec: NormSpec):
+    """The module's epsilon: its attribute ``spec.eps_attr``, or of a tuple of names the first it has (None if none)."""
+    if isinstance(spec.eps_attr, str):
+        return getattr(module, spec.eps_attr, None)
+    return next((v for v in (getattr(module, n, None) for n in spec.eps_attr) if v is not None), None)
+
+
 def norm_problem(module, spec: NormSpec) -> str | None:
     """Why ``module`` cannot take the Tigon norm forward, or None when it can."""
     w = getattr(module, spec.weight_attr, None)
-    if spec.kind == "rms_norm" and not isinstance(w, torch.Tensor):
+    if spec.kind == "rms_norm" and not isinstance(w, torch.Tensor) and not (spec.optional_weight and w is None):
         return f"no tensor attribute {spec.weight_attr!r} (RMSNorm without weight is not supported)"
     if isinstance(w, torch.Tensor) and w.dim() != 1:
         return f"{spec.weight_attr} has shape {tuple(w.shape)}, expected 1-D"
-    if not isinstance(getattr(module, spec.eps_attr, None), (int, float)):
+    if not isinstance(norm_eps(module, spec), (int, float)):
         return f"no numeric epsilon attribute {spec.eps_attr!r}"
     return None
 
@@ -423,7 +430,7 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
             hidden_states = post(hidden_states)
         else:
             hidden_states, residual = TF.fused_add_rms_norm(
-                hidden_states, residual, getattr(post, norm.weight_attr), getattr(post, norm.eps_attr), norm.offset,
+                hidden_states, residual, getattr(post, norm.weight_attr), norm_eps(post, norm), norm.offset,
                 norm.casting_mode)
         hidden_states = getattr(self, spec.mlp)(hidden_states)
         return residual + hidden_states

@@ -35,10 +35,14 @@ CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 def config_summary(config) -> dict[str, Any]:
-    """The shape-relevant fields of a transformers config (absent ones left out), plus ``model_type``."""
+    """The shape-relevant fields of a transformers config (absent ones left out), plus ``model_type``. A field that
+    varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) is left out too."""
     out: dict[str, Any] = {"model_type": getattr(config, "model_type", None)}
     for name in CONFIG_FIELDS:
-        value = getattr(config, name, None)
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
+            value = None
         if value is not None:
             out[name] = value
     return out

@@ -1,0 +1,135 @@
+"""More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
+Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, Llama 4 and Granite-MoE.
+
+The same vocabulary and helpers as :mod:`tigon.integrations.families` (which registers :data:`SPECS` in ``FAMILIES``);
+each spec was written after running ``tigon inspect`` / ``tigon.patch`` on a tiny config of the family (see
+``tests/model_matrix.py``). Parts left alone are declared :class:`Unsupported` with the reason, so the report lists
+them. Nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .families import (
+    _MULTIMODAL_OUTPUT,
+    _VISION_ROPE,
+    TORCH_LAYER_NORM,
+    _moe,
+)
+from .family_spec import CausalLMSpec, DecoderLayerSpec, FamilySpec, MLPSpec, NormSpec, RopeSpec, Unsupported
+
+_COMPLEX_ROPE = ("complex-form rotary (apply_rotary_emb: q and k viewed as complex pairs (x[2i], x[2i+1]) times "
+                 "freqs_cis): an interleaved rotary kernel variant taking freqs_cis is needed (tigon.functional.rope "
+                 "rotates halves with cos / sin)")
+
+_EPS = ("variance_epsilon", "eps")  # the epsilon's name in transformers 5.2x, in 5.17 (Gemma 4, Llama 4)
+
+# ---- text families -------------------------------------------------------------------------------------------------
+DEEPSEEK_V2 = replace(  # DeepSeek-V3's layout (MLA, kv_a_layernorm, dense layers then MoE with shared experts; HF's
+    _moe("deepseek_v2", "DeepseekV2", dense_mlp=True, aux_loss=False),  # head adds no router loss), complex rotary
+    rope=None, unsupported=(Unsupported("rope", "DeepseekV2Attention", _COMPLEX_ROPE),))
+
+LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared expert) or dense MLPs, NoPE layers
+    name="llama4", module="transformers.models.llama4.modeling_llama4", aliases=("llama4_text",),
+    norms=(NormSpec("Llama4TextRMSNorm", eps_attr=_EPS),  # the weightless q / k norm: Llama4TextL2Norm (in 5.2x an
+           NormSpec("Llama4TextL2Norm", eps_attr=_EPS, optional_weight=True)),  # alias of Llama4TextWeightlessRMSNorm)
+    mlps=(MLPSpec("Llama4TextMLP"),),
+    causal_lm=CausalLMSpec("Llama4ForCausalLM", output_class="MoeCausalLMOutputWithPast"),  # no router loss in HF
+    unsupported=(
+        Unsupported("rope", "Llama4TextAttention", _COMPLEX_ROPE),
+        Unsupported("mlp", "Llama4TextExperts", "experts as one bmm over (experts, tokens, hidden) with "
+                    "up * act(gate) inline in their forward (no _apply_gate hook, not transformers' MoE experts "
+                    "interface): an experts forward of this layout is needed"),
+    ))
+
+GRANITEMOE = replace(  # Granite's multipliers (residual, embedding, attention, logits / logits_scaling), every layer
+    _moe("granitemoe", "GraniteMoe", dense_mlp=False, pre_norm_layer=False),  # MoE; the head keeps the router loss
+    causal_lm=CausalLMSpec("GraniteMoeForCausalLM", output_class="MoeCausalLMOutputWithPast",
+                           router_aux_loss="load_balancing_loss_func", logit_divisor_attr="logits_scaling"))
+
+# Gemma 4's RMSNorm: w (not 1 + w) in fp32, cast at the end; with_scale=False instances have no weight
+_GEMMA4_NORM = NormSpec("Gemma4RMSNorm", casting_mode="gemma", eps_attr=_EPS, optional_weight=True)
+GEMMA4 = FamilySpec(  # Gemma 4: text decoder (sandwich norms, per-layer inputs, optional MoE block), vision and audio
+    name="gemma4", module="transformers.models.gemma4.modeling_gemma4", aliases=("gemma4_text",),  # towers
+    norms=(_GEMMA4_NORM,),
+    mlps=(MLPSpec("Gemma4TextMLP", act_config_attr="hidden_activation"),
+          MLPSpec("Gemma4TextExperts", act_config_attr="hidden_activation", experts=True),
+          MLPSpec("Gemma4VisionMLP", act_config_attr="hidden_activation")),
+    causal_lm=CausalLMSpec("Gemma4ForCausalLM", output_class="Gemma4CausalLMOutputWithPast",
+                           softcap_attr="final_logit_softcapping"),
+    extra_heads=(CausalLMSpec("Gemma4ForConditionalGeneration", output_class="Gemma4CausalLMOutputWithPast",
+                              softcap_attr="final_logit_softcapping", text_config_attrs=True),),
+    unsupported=(
+        Unsupported("rope", "Gemma4TextAttention", "apply_rotary_pos_emb(x, cos, sin) rotates one tensor per call (q "
+                    "and k separately, after their norms): another interface than (q, k, cos, sin), left alone"),
+        Unsupported("rope", "Gemma4VisionAttention", "the vision tower's multidimensional rotary "
+                    "(apply_multidimensional_rope: one rotation per spatial axis on slices of the head): another "
+                    "interface, left alone"),
+    ))
+
+# ---- vision-language families ------------------------------------------------------------------------------------
+PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers): RMSNorms, gated MLPs, 2-D rotary
+    name="pixtral", module="transformers.models.pixtral.modeling_pixtral",
+    norms=(NormSpec("PixtralRMSNorm"),), mlps=(MLPSpec("PixtralMLP"),),
+    unsupported=(Unsupported("rope", "PixtralAttention", "2-D rotary over patches: cos / sin of (patches, head_dim) "
+                             "broadcast with unsqueeze_dim=0; tigon.functional.rope takes the head axis at 1 or 2"),))
+
+SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text tower (its own family), linear connector
+    name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm",
+    norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2"),),
+    causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"))
+
+INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) + a LayerNorm projector, Qwen2 text tower
+    name="internvl", module="transformers.models.internvl.modeling_internvl",
+    norms=(NormSpec("InternVLVisionRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("InternVLVisionMLP", gate=None, up="fc1", down="fc2"),
+          MLPSpec("InternVLMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
+                  down="linear_2")),
+    causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"))
+
+
+def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: RopeSpec,
+           head: CausalLMSpec, experts: tuple[MLPSpec, ...] = ()) -> FamilySpec:
+    """GLM-4V (dense or MoE): a GLM text decoder and a vision tower of RMSNorms and gated MLPs in one module; the
+    vision patch merger (projection, LayerNorm and GELU before a gated MLP in one forward) keeps its forward. The MoE
+    form's text layers are Llama's pre-norm form (``experts``: a :class:`DecoderLayerSpec`), the dense form's GLM-4's
+    post-norm layers."""
+    text_norm = f"{prefix}TextRMSNorm" if experts else f"{prefix}RMSNorm"
+    norms = tuple(NormSpec(c) for c in dict.fromkeys((text_norm, f"{prefix}RMSNorm"))) + (TORCH_LAYER_NORM,)
+    return FamilySpec(
+        name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",), norms=norms,
+        mlps=(text_mlp, *experts, MLPSpec(vision_mlp)), rope=rope, causal_lm=head,
+        decoder_layers=(DecoderLayerSpec(f"{prefix}TextDecoderLayer", norms[0]),) if experts else (),
+        unsupported=(Unsupported("mlp", f"{prefix}VisionPatchMerger", "projection, LayerNorm and GELU before its gated "
+                                 "MLP in one forward: not a plain gated MLP (its LayerNorm is replaced)"),
+                     Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
+
+
+GLM4V = _glm4v(  # GLM-4 text layers (post-attention / post-MLP norms); text rotary on interleaved pairs: left alone
+    "glm4v", "Glm4v", text_mlp=MLPSpec("Glm4vTextMLP", gate_up="gate_up_proj"), vision_mlp="Glm4VisionMlp",
+    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4vTextAttention",)),
+    head=CausalLMSpec("Glm4vForConditionalGeneration",
+                      output_class=(_MULTIMODAL_OUTPUT, "Glm4vCausalLMOutputWithPast")))
+GLM4V_MOE = _glm4v(  # pre-norm MoE text layers; partial rotate-half rotary (the first cos.shape[-1] dims)
+    "glm4v_moe", "Glm4vMoe", text_mlp=MLPSpec("Glm4vMoeTextMLP"), vision_mlp="Glm4vMoeisionMlp",
+    experts=(MLPSpec("Glm4vMoeTextExperts", experts=True),),
+    rope=RopeSpec(attention_classes=("Glm4vMoeTextAttention",), partial_rotary=True),
+    head=CausalLMSpec("Glm4vMoeForConditionalGeneration", router_aux_loss="load_balancing_loss_func",
+                      output_class=("MultimodalMoeCausalLMOutputWithPast", "Glm4vMoeCausalLMOutputWithPast"),
+                      text_config_attrs=True))
+
+QWEN3_VL_MOE = FamilySpec(  # Qwen3-VL with MoE text layers (mlp_only_layers dense), router loss from the text config
+    name="qwen3_vl_moe", module="transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+    aliases=("qwen3_vl_moe_text",), norms=(NormSpec("Qwen3VLMoeTextRMSNorm"), TORCH_LAYER_NORM),
+    mlps=(MLPSpec("Qwen3VLMoeTextMLP"), MLPSpec("Qwen3VLMoeTextExperts", experts=True),
+          MLPSpec("Qwen3VLMoeVisionMLP", gate=None, up="linear_fc1", down="linear_fc2")),
+    rope=RopeSpec(attention_classes=("Qwen3VLMoeTextAttention",)),
+    decoder_layers=(DecoderLayerSpec("Qwen3VLMoeTextDecoderLayer", NormSpec("Qwen3VLMoeTextRMSNorm")),),
+    causal_lm=CausalLMSpec("Qwen3VLMoeForConditionalGeneration", router_aux_loss="load_balancing_loss_func",
+                           output_class="Qwen3VLMoeCausalLMOutputWithPast", text_config_attrs=True),
+    unsupported=(Unsupported("rope", "Qwen3VLMoeVisionAttention", _VISION_ROPE),))
+
+SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
+                                 LLAMA4, GRANITEMOE)
+"""The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""
