@@ -6,12 +6,12 @@ training step pays per call, free of the kernels' own time and of plain ``do_ben
         --providers eager,tigon,liger,quack --out $OUT/host-ops_h200_<date>.json [--launch-probe]
     LIGER_KERNEL_IMPL=cutedsl PYTHONPATH=src python3 benchmarks/host_issue.py ... --providers liger --out ...
 
-Method: ``torch.cuda._sleep`` (about 0.1 s of GPU cycles) is queued first, then ``--calls`` steps (the op's forward
-and ``torch.autograd.grad`` with given output gradients) are issued and timed with ``time.perf_counter``; a round
-whose sleep had already ended when the host finished (an event recorded after the sleep has completed: the host
-waited, e.g. on a synchronising call) is void and counted in ``void_rounds``. Median of 9 rounds, in us per call,
-at two sizes: Qwen2.5-0.5B's at 1024 tokens (launch-bound) and Llama-3-8B's at 16384. Also, for Tigon, the
-synchronising CUDA calls of one step (``torch.cuda.set_sync_debug_mode("warn")``): none expected.
+Method: :func:`tigon.workflows.timing.call_cost` (the one ``tigon profile`` uses): groups of calls, each issued
+behind a GPU sleep that outlasts it and timed with ``time.perf_counter`` until the last call returns; a group whose
+sleep ended first (the host waited: a synchronising call, a full launch queue) is reported as ``waited``. A call is
+the op's forward and ``torch.autograd.grad`` with given output gradients, in us, at two sizes: Qwen2.5-0.5B's at
+1024 tokens (launch-bound) and Llama-3-8B's at 16384. For Tigon also the synchronising CUDA calls of one step
+(:func:`tigon.workflows.timing.sync_points`): none expected.
 ``--launch-probe``: the host cost of one Triton launch through ``JITFunction.__getitem__`` against a direct call of
 the compiled kernel's launcher, an empty ``torch.autograd.Function``'s forward + backward, ``torch.empty`` and
 one ATen op, as ``launch_probe`` in the JSON.
@@ -19,32 +19,18 @@ one ATen op, as ``launch_probe`` in the JSON.
 
 import argparse
 import json
-import statistics
-import time
-import warnings
 
 import torch
 
 SIZES = (("qwen2.5-0.5b", 1024), ("llama3-8b", 16384))
 
 
-def issue_us(fn, calls: int, rounds: int = 9, sleep_cycles: int = 200_000_000) -> tuple[float | None, int]:
-    """(median host time per call in us over the valid rounds, void rounds) of ``calls`` calls of ``fn`` issued
-    behind a GPU sleep."""
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(sleep_cycles)
-        done = torch.cuda.Event()
-        done.record()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        dt = (time.perf_counter() - t0) / calls * 1e6
-        samples.append(None if done.query() else dt)  # the sleep ended first: the host waited, the round is void
-        torch.cuda.synchronize()
-    ok = [s for s in samples if s is not None]
-    return (round(statistics.median(ok), 1) if ok else None), len(samples) - len(ok)
+def issue_us(fn, calls: int) -> tuple[float, bool]:
+    """(host us per call of ``fn``, whether the host waited) by :func:`tigon.workflows.timing.call_cost`."""
+    from tigon.workflows.timing import call_cost
+
+    c = call_cost(fn, torch.device("cuda"), calls=calls)
+    return round(c["host_ms"] * 1e3, 1), c["waited"]
 
 
 def launch_probe() -> dict:
@@ -77,12 +63,12 @@ def launch_probe() -> dict:
     g0 = torch.randn(1024, 896, device=dev)
     return {
         "triton": triton.__version__, "torch": torch.__version__,
-        "launch_jit_us": issue_us(lambda: k[(1,)](*args, X=True, Y=False, BLOCK=1024, num_warps=4), 400)[0],
+        "launch_jit_us": issue_us(lambda: k[(1,)](*args, X=True, Y=False, BLOCK=1024, num_warps=4), 100)[0],
         "launch_direct_us": issue_us(lambda: ck.run(1, 1, 1, raw(0), ck.function, ck.packed_metadata, None, None,
-                                                    None, *full), 400)[0],
-        "torch_empty_us": issue_us(lambda: torch.empty(size=(1024, 896), dtype=torch.bfloat16, device=dev), 400)[0],
-        "aten_add_us": issue_us(lambda: x.detach().add(1.0), 400)[0],
-        "autograd_empty_function_fwd_bwd_us": issue_us(lambda: torch.autograd.grad(Empty.apply(x), (x,), g0), 100)[0],
+                                                    None, *full), 100)[0],
+        "torch_empty_us": issue_us(lambda: torch.empty(size=(1024, 896), dtype=torch.bfloat16, device=dev), 100)[0],
+        "aten_add_us": issue_us(lambda: x.detach().add(1.0), 100)[0],
+        "autograd_empty_function_fwd_bwd_us": issue_us(lambda: torch.autograd.grad(Empty.apply(x), (x,), g0), 20)[0],
     }
 
 
@@ -97,6 +83,7 @@ def main(argv=None) -> None:
     from tigon.presets import build_config
     from tigon.workflows.bench import op_providers
     from tigon.workflows.model_shapes import shapes_from_config
+    from tigon.workflows.timing import sync_points
 
     dev = torch.device("cuda")
     res = {"device": torch.cuda.get_device_name(), "rows": [], "syncs": {}}
@@ -127,20 +114,11 @@ def main(argv=None) -> None:
                     def step():
                         torch.autograd.grad(diff(fn(**inputs)), leaves, douts, allow_unused=True)
 
-                    for _ in range(10):
-                        step()
-                    calls = 40 if tokens <= 1024 else 20
-                    row["host_fwd_bwd_us"], row["void_rounds"] = issue_us(step, calls)
+                    calls = 10 if tokens <= 1024 else 4
+                    row["host_fwd_bwd_us"], row["waited"] = issue_us(step, calls)
                     row["host_fwd_us"] = issue_us(lambda: fn(**inputs), calls)[0]
                     if p == "tigon":
-                        torch.cuda.synchronize()
-                        torch.cuda.set_sync_debug_mode("warn")
-                        with warnings.catch_warnings(record=True) as w:
-                            warnings.simplefilter("always")
-                            step()
-                        torch.cuda.set_sync_debug_mode(0)
-                        res["syncs"][f"{op}:{tokens}"] = [str(x.message)[:200] for x in w
-                                                          if "synchroniz" in str(x.message)]
+                        res["syncs"][f"{op}:{tokens}"] = sync_points(step, dev)
                 except Exception as e:  # a peer failing on a shape is recorded, not fatal
                     row["error"] = repr(e)[:200]
                 print(row, flush=True)
