@@ -442,7 +442,7 @@ def test_memory_bad_values_raise():
         F.fused_linear_cross_entropy(h, w, t, memory="low", accum_dtype=torch.float32)
 
 
-def test_memory_reaches_the_chunk_rule(monkeypatch):
+def test_memory_reaches_the_chunk_rule(monkeypatch, device):
     # the option must arrive at the kernels' chunk rule (forward and, for reduction="none", the backward): a stub that
     # dropped it would still give the default results above
     seen, real = [], flce_ops.chunk_rows
@@ -452,9 +452,10 @@ def test_memory_reaches_the_chunk_rule(monkeypatch):
         return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget)
 
     monkeypatch.setattr(flce_ops, "chunk_rows", spy)
-    h = torch.randn(50, 16, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(37, 16, dtype=torch.bfloat16, requires_grad=True)
-    t = torch.randint(0, 37, (50,))
+    # on the test device: CPU tensors on a CUDA machine run the reference, which never reaches the chunk rule
+    h = torch.randn(50, 16, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w = torch.randn(37, 16, dtype=torch.bfloat16, device=device, requires_grad=True)
+    t = torch.randint(0, 37, (50,), device=device)
     F.fused_linear_cross_entropy(h, w, t, memory=3000).backward()
     assert seen == [(True, False, 3000)]  # 4 * 37 * 16 + 16 rows * 37 * 2 = 3552 bytes do not fit: bf16 accumulation
     seen.clear()
