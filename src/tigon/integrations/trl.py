@@ -173,7 +173,7 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
     except ImportError as e:
         raise ImportError("tigon.integrations.trl.patch_trainer needs TRL (pip install trl)") from e
     names = _class_names(trainer)
-    kind = next((n for n in FUSED_HEAD_TRAINERS + GKD_TRAINERS if n in names), None)
+    kind = next((n for n in GKD_TRAINERS + FUSED_HEAD_TRAINERS if n in names), None)  # GKDTrainer is an SFTTrainer
     if kind is None:
         raise TypeError(f"patch_trainer: trainer must be one of {FUSED_HEAD_TRAINERS + GKD_TRAINERS} (or a subclass); "
                         f"got {type(trainer).__name__}")
