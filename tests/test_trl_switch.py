@@ -123,19 +123,29 @@ def common_args(out, **kw):
 # ---- the head itself ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("temperature, scale", [(1.0, None), (0.7, 4.0)])
-def test_fused_head_outputs_match_trls(temperature, scale):
-    """Every field of TRL's FusedCausalLMOutput, and the gradients of a loss on them, equal TRL's own head."""
-    outputs = ("log_probs", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs")
-    ref = tiny_model(**({} if scale is None else {"logits_scaling": 1 / scale}))
-    ref.lm_head.bias = None
+ALL_OUTPUTS = ("log_probs", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs")
+
+
+class BareSFT(trl.SFTTrainer):
+    """An SFTTrainer that holds only a model: the switch reads nothing else off a trainer of this kind."""
+
+    def __init__(self, model):
+        self.model = model
+
+
+@pytest.mark.parametrize("temperature, extra, outputs", [
+    (1.0, {}, ALL_OUTPUTS),
+    (0.7, {"logits_scaling": 0.25}, ALL_OUTPUTS),
+    (0.9, {"final_logit_softcapping": 3.0}, ("log_probs", "entropy", "is_top1", "log_sum_sq_probs")),
+])
+def test_fused_head_outputs_match_trls(temperature, extra, outputs):
+    """Every field of TRL's FusedCausalLMOutput, and the gradients of a loss on them, equal TRL's own head (with its
+    temperature, a logit scale (Granite's logits_scaling), a final-logit soft-cap)."""
+    ref = tiny_model(**extra)
     got = copy.deepcopy(ref)
     for m in (ref, got):
         trl_utils.add_fused_lm_head(m, temperature=temperature, outputs=outputs)
-
-    class Trainer(trl.SFTTrainer):  # the switch reads only the models off the trainer
-        def __init__(self, model):
-            self.model = model
+    Trainer = BareSFT
 
     report = tigon_trl.patch_trainer(Trainer(got), strict=True)
     assert report.ok and "fused_linear_logprobs" in str(report)
@@ -154,13 +164,46 @@ def test_fused_head_outputs_match_trls(temperature, scale):
     assert {"fused_linear_logprobs", "fused_linear_cross_entropy"} <= set(used), used
     assert torch.equal(o_got.label_mask, o_ref.label_mask)
     assert torch.equal(o_got.is_top1, o_ref.is_top1)
-    for f in ("loss", "log_probs", "entropy", "mean_logits", "log_sum_sq_probs"):
+    for f in ("loss",) + tuple(o for o in outputs if o != "is_top1"):
         torch.testing.assert_close(getattr(o_got, f), getattr(o_ref, f), rtol=RTOL, atol=1e-6, msg=f)
     for n in g_ref:
         torch.testing.assert_close(g_got[n], g_ref[n], rtol=RTOL, atol=1e-6, msg=n)
     # the plain forward (generation, evaluation) is the model's own
     torch.testing.assert_close(got(input_ids=ids).logits, ref(input_ids=ids).logits)
     assert tigon_trl.unpatch_trainer(Trainer.__new__(Trainer)) is False
+
+
+def test_fallbacks_warn_once_and_strict_raises():
+    plain = tiny_model()  # no TRL fused head on it
+    with pytest.warns(support.TigonFallbackWarning, match="add_fused_lm_head"):
+        report = tigon_trl.patch_trainer(BareSFT(plain))
+    assert not report.ok and report.fallbacks and "fallback" in str(report)
+    with pytest.raises(support.UnsupportedError, match="add_fused_lm_head"):
+        tigon_trl.patch_trainer(BareSFT(tiny_model()), strict=True)
+
+    capped = tiny_model(final_logit_softcapping=3.0)  # TRL's mean_logits under a soft-cap needs the logits
+    trl_utils.add_fused_lm_head(capped, outputs=ALL_OUTPUTS)
+    with pytest.warns(support.TigonFallbackWarning, match="soft-cap"):
+        report = tigon_trl.patch_trainer(BareSFT(capped))
+    assert report.switched == [] and "soft-cap" in report.fallbacks[0]
+
+    with pytest.raises(TypeError, match="trainer must be one of"):
+        tigon_trl.patch_trainer(object())
+    with pytest.raises(ValueError, match="memory"):
+        tigon_trl.patch_trainer(BareSFT(capped), memory="lots")
+
+
+def test_unpatch_restores_trls_head_and_patching_twice_is_a_no_op():
+    model = tiny_model()
+    trl_utils.add_fused_lm_head(model)
+    trl_forward = model.forward
+    trainer = BareSFT(model)
+    report = tigon_trl.patch_trainer(trainer)
+    assert report.ok and tigon_trl.is_switched(trainer) and model.forward != trl_forward
+    assert tigon_trl.patch_trainer(trainer) is report and "already switched" in report.notes[-1]
+    assert report.as_dict()["ok"] is True
+    assert tigon_trl.unpatch_trainer(trainer) is True and model.forward == trl_forward
+    assert not tigon_trl.is_switched(trainer) and tigon_trl.unpatch_trainer(trainer) is False
 
 
 # ---- the trainers, ten steps each ------------------------------------------------------------------------------------
