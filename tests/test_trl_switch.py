@@ -81,13 +81,13 @@ TIMING = ("runtime", "per_second", "step_time")
 """Logged keys that measure time, not the training."""
 
 
-def assert_same_run(got, ref, metrics):
+def assert_same_run(got, ref, metrics, steps=STEPS):
     """Every logged value of every step equal: losses within RTOL, gradient norms within PARAM_RTOL, the trainer's
     other metrics (rewards, log-probabilities, entropy, token accuracy, KL, clip ratios ...) within RTOL (absolute
     1e-6 near 0); every parameter tensor within PARAM_RTOL of its norm. ``metrics``: keys that must be logged."""
     (hg, pg), (hr, pr) = got, ref
-    steps = [h for h in hr if "loss" in h and "train_loss" not in h]
-    assert len(hg) == len(hr) and len(steps) == STEPS, (hg, hr)
+    logged = [h for h in hr if "loss" in h and "train_loss" not in h]
+    assert len(hg) == len(hr) and len(logged) == steps, (hg, hr)
     for g, r in zip(hg, hr):
         assert set(g) == set(r), (g, r)
         for k, b in r.items():
@@ -95,7 +95,7 @@ def assert_same_run(got, ref, metrics):
                 continue
             rtol = PARAM_RTOL if k == "grad_norm" else RTOL
             assert g[k] == pytest.approx(b, rel=rtol, abs=1e-6 if k != "loss" else 1e-7), (k, g, r)
-    assert all(k in h for h in steps for k in metrics), (metrics, steps[0])
+    assert all(k in h for h in logged for k in metrics), (metrics, logged[0])
     for name, p in pr.items():
         err = (pg[name] - p).norm() / p.norm().clamp(min=1e-12)
         assert err <= PARAM_RTOL, (name, float(err))
@@ -116,8 +116,8 @@ def train(trainer, switch):
 
 
 def common_args(out, **kw):
-    return dict(output_dir=str(out), max_steps=STEPS, logging_steps=1, report_to=[], save_strategy="no",
-                use_cpu=DEVICE == "cpu", seed=0, bf16=False, disable_tqdm=True, learning_rate=1e-3, **kw)
+    return {**dict(output_dir=str(out), max_steps=STEPS, logging_steps=1, report_to=[], save_strategy="no",
+                   use_cpu=DEVICE == "cpu", seed=0, bf16=False, disable_tqdm=True, learning_rate=1e-3), **kw}
 
 
 # ---- the head itself ------------------------------------------------------------------------------------------------
@@ -243,6 +243,28 @@ def test_dpo_trainer_ten_steps_with_reference_model(tmp_path, loss_type):
 
     assert_same_run(run(True), run(False), ("rewards/chosen", "rewards/margins", "logps/rejected", "logits/chosen",
                                             "mean_token_accuracy", "entropy"))
+
+
+def test_dpo_trainer_ten_steps_with_lora_and_no_reference_model(tmp_path):
+    """PEFT LoRA without a reference model: TRL scores the reference through the policy with its adapters disabled,
+    so through the policy's (switched) head. Four steps (CI time)."""
+    peft = pytest.importorskip("peft")
+    tok = byte_tokenizer()
+    ds = preference_data()
+
+    def run(switch):
+        args = trl.DPOConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=24,
+                                           loss_type=["sigmoid"], beta=0.1, learning_rate=1e-2, max_steps=4))
+        torch.manual_seed(1)
+        lora = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+        trainer = trl.DPOTrainer(model=tiny_model(), args=args, train_dataset=ds, processing_class=tok,
+                                 peft_config=lora)
+        out, report = train(trainer, switch)
+        if switch:
+            assert [s.split(":")[0] for s in report.switched] == ["model"], str(report)
+        return out
+
+    assert_same_run(run(True), run(False), ("rewards/chosen", "rewards/margins", "logps/rejected"), steps=4)
 
 
 def distinct_share(completions, **_):
