@@ -245,7 +245,7 @@ def test_dpo_trainer_ten_steps_with_reference_model(tmp_path, loss_type):
                                             "mean_token_accuracy", "entropy"))
 
 
-def test_dpo_trainer_ten_steps_with_lora_and_no_reference_model(tmp_path):
+def test_dpo_trainer_with_lora_and_no_reference_model(tmp_path):
     """PEFT LoRA without a reference model: TRL scores the reference through the policy with its adapters disabled,
     so through the policy's (switched) head. Four steps (CI time)."""
     peft = pytest.importorskip("peft")
