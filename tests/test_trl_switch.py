@@ -318,6 +318,10 @@ def test_gkd_trainer_ten_steps(tmp_path):
         out, report = train(trainer, switch)
         if switch:
             assert report.switched[0].startswith("compute_loss:"), str(report)
+            batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+            with pytest.raises(support.UnsupportedError, match="return_outputs"):  # strict: no silent fallback
+                trainer.compute_loss(trainer.model, batch, return_outputs=True)
+            assert tigon_trl.unpatch_trainer(trainer) and "compute_loss" not in trainer.__dict__
         return out
 
     assert_same_run(run(True), run(False), ())

@@ -25,7 +25,7 @@ Everything else falls back to TRL's own path with one :class:`tigon.TigonFallbac
 listed in the report), or raises :class:`tigon.UnsupportedError` with ``strict=True``: a TRL without
 ``add_fused_lm_head`` (older than 1.x), a model whose head cannot be found, per-token outputs the switch does not
 compute, MoE router logits (load-balancing loss), FSDP2 DTensor heads, devices other than CPU / CUDA, GKD with a
-final-logit soft-cap or asked for its outputs (``prediction_step`` of evaluation), and trainers of other kinds
+final-logit soft-cap, asked for its outputs (``prediction_step`` of evaluation) or run by several processes, and trainers of other kinds
 (``DistillationTrainer`` already computes a chunked JSD of its own and logs the student entropy from it).
 """
 
@@ -212,8 +212,9 @@ def _switch_gkd(trainer, report: TrainerSwitchReport, strict: bool, memory, seen
 
         if return_outputs:
             return trl_path("the student's outputs (logits) were asked for (return_outputs=True)")
-        if self.accelerator.num_processes > 1 and not hasattr(self, "_forward_redirection"):
-            return trl_path("several processes without Trainer._forward_redirection")
+        if self.accelerator.num_processes > 1 or getattr(self, "is_deepspeed_enabled", False):
+            return trl_path("several processes or DeepSpeed (the backbones would be called past the DDP / FSDP / "
+                            "DeepSpeed wrapper's forward)")
         student = trl_heads.causal_lm_parts(self.accelerator.unwrap_model(model))
         teacher = trl_heads.causal_lm_parts(self.accelerator.unwrap_model(self.teacher_model))
         for who, parts in (("student", student), ("teacher", teacher)):
