@@ -193,6 +193,12 @@ def test_fallbacks_warn_once_and_strict_raises():
         tigon_trl.patch_trainer(BareSFT(capped), memory="lots")
 
 
+def test_without_trl_the_switch_says_so(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "trl", None)  # as if TRL were not installed
+    with pytest.raises(ImportError, match="needs TRL"):
+        tigon_trl.patch_trainer(object())
+
+
 def test_unpatch_restores_trls_head_and_patching_twice_is_a_no_op():
     model = tiny_model()
     trl_utils.add_fused_lm_head(model)
@@ -210,11 +216,14 @@ def test_unpatch_restores_trls_head_and_patching_twice_is_a_no_op():
 
 
 def test_sft_trainer_ten_steps(tmp_path):
+    """Two micro-batches per step: TRL divides the summed per-token loss by num_items_in_batch, the scored tokens of
+    the whole step; entropy and token accuracy come from the switched head's per-token values."""
     tok = byte_tokenizer()
-    ds = datasets.Dataset.from_dict({"text": snippets(20, 24)})
+    ds = datasets.Dataset.from_dict({"text": snippets(40, 24)})
 
     def run(switch):
-        args = trl.SFTConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=16))
+        args = trl.SFTConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=16,
+                                           gradient_accumulation_steps=2))
         trainer = trl.SFTTrainer(model=tiny_model(), args=args, train_dataset=ds, processing_class=tok)
         return train(trainer, switch)[0]
 
