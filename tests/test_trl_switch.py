@@ -21,7 +21,6 @@ trl_utils = importlib.import_module("trl.trainer.utils")
 if not hasattr(trl_utils, "add_fused_lm_head"):
     pytest.skip("TRL without add_fused_lm_head (older than 1.x): the switch falls back there", allow_module_level=True)
 
-import tigon  # noqa: E402
 from tigon import data, support  # noqa: E402
 from tigon.integrations import trl as tigon_trl  # noqa: E402
 
@@ -284,7 +283,8 @@ def distinct_share(completions, **_):
 def test_grpo_trainer_ten_steps_with_generation_and_kl(tmp_path, loss_type="dapo"):
     """Generation on CPU, a fake reward, the k3 KL to a reference model (beta 0.04), two optimisation passes per
     generation (importance ratios and clipping away from 1). One loss type: the switch computes the per-token
-    log-probabilities and entropies, and every loss type is TRL's formula on them (test_fused_head_outputs_match_trls)."""
+    log-probabilities and entropies, and every loss type is TRL's formula on them
+    (test_fused_head_outputs_match_trls)."""
     tok = byte_tokenizer()
     tiny_model().save_pretrained(tmp_path / "policy")  # GRPO builds its reference model (beta > 0) from a path
     tok.save_pretrained(tmp_path / "policy")

@@ -25,8 +25,9 @@ Everything else falls back to TRL's own path with one :class:`tigon.TigonFallbac
 listed in the report), or raises :class:`tigon.UnsupportedError` with ``strict=True``: a TRL without
 ``add_fused_lm_head`` (older than 1.x), a model whose head cannot be found, per-token outputs the switch does not
 compute, MoE router logits (load-balancing loss), FSDP2 DTensor heads, devices other than CPU / CUDA, GKD with a
-final-logit soft-cap, asked for its outputs (``prediction_step`` of evaluation) or run by several processes, and trainers of other kinds
-(``DistillationTrainer`` already computes a chunked JSD of its own and logs the student entropy from it).
+final-logit soft-cap, asked for its outputs (``prediction_step`` of evaluation) or run by several processes. Trainers
+of other kinds raise TypeError (``DistillationTrainer`` is not switched: it already computes a chunked JSD of its own
+and logs the student entropy from the same pass).
 """
 
 from __future__ import annotations
