@@ -2,7 +2,8 @@
 
 Tiny fp32 Llama models built from a config (no downloads), a byte-level tokenizer built in memory, English text from
 ``pydoc_data.topics`` (tigon.data). Each trainer test trains the same model ten steps with and without the switch and
-compares every logged loss (1e-5 relative) and every parameter at the end. Skipped as a whole without TRL 1.x.
+compares every logged value (losses 1e-5 relative) and every parameter at the end; more options and trainers run three
+steps each on CUDA, or on CPU with TIGON_TRL_ALL=1. Skipped as a whole without TRL 1.x (the GPU image has no TRL).
 """
 
 from __future__ import annotations
@@ -334,3 +335,65 @@ def test_gkd_trainer_ten_steps(tmp_path):
         return out
 
     assert_same_run(run(True), run(False), ())
+
+
+# ---- more options and trainers, three steps each: on CUDA, or on CPU with TIGON_TRL_ALL=1 (about a minute) -------
+
+OPTION_STEPS = 3
+ALL = DEVICE == "cuda" or __import__("os").environ.get("TIGON_TRL_ALL") == "1"
+
+
+def _sft(tmp, tok, switch, **kw):
+    ds = datasets.Dataset.from_dict({"text": snippets(40, 24)})
+    args = trl.SFTConfig(**common_args(tmp, per_device_train_batch_size=2, max_length=16, max_steps=OPTION_STEPS,
+                                       **kw))
+    return trl.SFTTrainer(model=tiny_model(), args=args, train_dataset=ds, processing_class=tok)
+
+
+def _dpo(tmp, tok, switch, **kw):
+    args = trl.DPOConfig(**common_args(tmp, per_device_train_batch_size=2, max_length=24, max_steps=OPTION_STEPS,
+                                       beta=0.1, **kw))
+    return trl.DPOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args, train_dataset=preference_data(),
+                          processing_class=tok)
+
+
+def _online(cls, cfg):
+    def build(tmp, tok, switch, **kw):
+        if not (tmp.parent / "policy").exists():
+            tiny_model().save_pretrained(tmp.parent / "policy")
+            tok.save_pretrained(tmp.parent / "policy")
+        args = cfg(**common_args(tmp, per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
+                                 max_steps=OPTION_STEPS, **kw))
+        return cls(model=str(tmp.parent / "policy"), reward_funcs=distinct_share, args=args,
+                   train_dataset=datasets.Dataset.from_dict({"prompt": snippets(OPTION_STEPS * 2, 6)}),
+                   processing_class=tok)
+    return build
+
+
+def _kto(tmp, tok, switch, **kw):
+    n = 16
+    ds = datasets.Dataset.from_dict({"prompt": snippets(n, 8), "completion": snippets(n, 10, start=3000),
+                                     "label": [i % 2 == 0 for i in range(n)]})
+    args = trl.KTOConfig(**common_args(tmp, per_device_train_batch_size=4, max_length=24, max_steps=OPTION_STEPS,
+                                       **kw))
+    return trl.KTOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args, train_dataset=ds,
+                          processing_class=tok)
+
+
+@pytest.mark.skipif(not ALL, reason="more TRL options: on CUDA, or on CPU with TIGON_TRL_ALL=1")
+@pytest.mark.parametrize("build, options", [
+    (_sft, dict(packing=True, padding_free=True)),
+    (_sft, dict(loss_type="dft")),
+    (_dpo, dict(use_weighting=True)),  # WPO: log_sum_sq_probs
+    (_dpo, dict(precompute_ref_log_probs=True)),
+    (_dpo, dict(ld_alpha=0.5, loss_type=["hinge"])),
+    (_online(trl.GRPOTrainer, trl.GRPOConfig), dict(cast_lm_head_to_fp32=True, beta=0.04, loss_type="bnpo")),
+    (_online(trl.GRPOTrainer, trl.GRPOConfig), dict(loss_type="sapo", temperature=0.8)),
+    (_online(trl.RLOOTrainer, trl.RLOOConfig), dict(beta=0.04)),
+    (_kto, dict()),
+], ids=["sft-packing-padding-free", "sft-dft", "dpo-wpo", "dpo-precomputed-ref", "dpo-ld-alpha-hinge",
+        "grpo-fp32-head-bnpo", "grpo-sapo", "rloo-kl", "kto"])
+def test_more_trainer_options_three_steps(tmp_path, build, options):
+    tok = byte_tokenizer()
+    runs = [train(build(tmp_path / str(switch), tok, switch, **options), switch)[0] for switch in (True, False)]
+    assert_same_run(*runs, (), steps=OPTION_STEPS)
