@@ -10,7 +10,9 @@
 See :mod:`tigon.integrations.families` for the specs (adding a family is adding data there),
 :mod:`tigon.integrations.engine` for how patches are applied and how the rotary function is scoped, and
 :mod:`tigon.integrations.generic` for models of no registered family (numerical probes per module).
-Importing this package does not import transformers; patching does.
+TRL's trainers: :func:`tigon.integrations.trl.patch_trainer` (``from tigon.integrations.trl import patch_trainer``)
+switches a built trainer's loss to the fused LM-head kernels. Importing this package does not import transformers;
+patching does (and the TRL switch imports TRL when called).
 """
 
 from __future__ import annotations
