@@ -250,6 +250,7 @@ def test_e2e_lora_wraps_every_provider_and_tigon_fuses_the_lora_layers():
     for p in ("original", "tigon"):
         assert rows[p].status == "ok", rows[p].note
     assert rows["tigon"].patch["lora"] == 7 and rows["tigon"].backends["lora_linear"]
+    assert rows["tigon"].backends["lora_glu_mlp"]  # the MLP with its three LoRA projections as one node
     assert rows["tigon"].losses[0] == pytest.approx(rows["original"].losses[0], rel=1e-4)
     assert r.as_dict()["config"]["lora_rank"] == 4 and any("LoRA r=4" in n for n in r.notes)
 

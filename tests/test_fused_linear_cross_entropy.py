@@ -269,6 +269,11 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
     assert flce_ops.chunk_rows(16384, 128256, 4096, cuda, fp32_weight_grad=True) == 4096  # 4 chunks
     # a small head (Qwen2.5-0.5B, 896 -> 151936): rows as the budget allows, not rows = H (see the module notes)
     assert flce_ops.chunk_rows(4096, 151936, 896, cuda, fp32_weight_grad=True) == 4096  # one chunk
+    # a frozen head (no weight gradient): chunks of at most 2**27 logits, 4 x 1024 rows at Llama-3's head
+    assert flce_ops.chunk_rows(4096, 128256, 4096, cuda) == 4096
+    assert flce_ops.chunk_rows(4096, 128256, 4096, cuda, frozen_weight=True) == 1024
+    assert flce_ops.chunk_rows(4096, 1 << 20, 4096, cuda, frozen_weight=True) == 256  # at least MIN_CHUNK_ROWS_CUDA
+    assert flce_ops.chunk_rows(4096, 128256, 4096, cuda, budget=3 << 30, frozen_weight=True) == 4096  # memory=
     monkeypatch.setattr(flce_ops, "FLCE_BUDGET_BYTES_CUDA", 1 << 20)
     assert flce_ops.chunk_rows(5000, 32000, 64, cuda) == 256  # a tiny budget: at least MIN_CHUNK_ROWS_CUDA
     assert flce_ops.chunk_rows(5, 10, 8, cpu) == 5
@@ -447,9 +452,9 @@ def test_memory_reaches_the_chunk_rule(monkeypatch, device):
     # dropped it would still give the default results above
     seen, real = [], flce_ops.chunk_rows
 
-    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1):
+    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1, **kw):
         seen.append((lean, fp32_weight_grad, budget))
-        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget)
+        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget, **kw)
 
     monkeypatch.setattr(flce_ops, "chunk_rows", spy)
     # on the test device: CPU tensors on a CUDA machine run the reference, which never reaches the chunk rule

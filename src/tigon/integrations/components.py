@@ -86,7 +86,7 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
-        return fw.describe_mlp(module, comp)
+        return fw.describe_mlp(module, comp, (opts or {}).get("lora", True))
     if kind == "fused_add_rms_norm":
         return fw.describe_decoder_layer(comp)
     if kind == "lora":
@@ -106,17 +106,20 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm", "rope"):
         return (kind,)
     if kind == "mlp":
-        return fw.mlp_ops(module, comp)
+        return fw.mlp_ops(module, comp, (opts or {}).get("lora", True))
     if kind == "lora":
         return ("lora_linear",)
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
 
 
-def checkpoint_ops(kind: str, comp, module=None) -> tuple[str, ...]:
+def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     """The op(s) the replacement runs instead inside a non-reentrant activation checkpoint (see
     :attr:`~tigon.integrations.report.PatchEntry.checkpoint_ops`); () when they are :func:`ops`'s."""
-    if kind == "mlp" and fw.mlp_ops(module, comp) == ("glu_linear",):
+    run = fw.mlp_ops(module, comp, (opts or {}).get("lora", True)) if kind == "mlp" else ()
+    if run == ("glu_linear",):
         return (fw.mlp_activation(module, comp)[0],)
+    if run == ("lora_glu_mlp",):
+        return ("lora_linear", fw.mlp_activation(module, comp)[0])
     return ()
 
 

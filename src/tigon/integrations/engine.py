@@ -199,7 +199,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             continue
         fn = persist.build(persist.Recipe(attr, kind, comp, family, match.family_module, opts), getattr(type(m), attr))
         entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts),
-                           components.checkpoint_ops(kind, comp, m))
+                           components.checkpoint_ops(kind, comp, m, opts))
         actions.append(Action(entry, _bind(m, attr, fn)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
@@ -425,7 +425,7 @@ def patch(
         check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
                "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy), "lora": lora}
-    opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce}
+    opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce, "lora": lora}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
     with _LOCK:

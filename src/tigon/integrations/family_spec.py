@@ -252,16 +252,18 @@ class AdapterSpec:
     the model can hold such layers only once it is imported, so it is looked up in ``sys.modules`` and never
     imported by Tigon. cls: the class that is fused (PEFT's ``Linear``). base_class: the class of every adapter layer
     of the method (PEFT's ``LoraLayer``); layers of it that are not ``cls`` (Embedding, Conv, quantised linears)
-    are reported as skipped.
+    are reported as skipped. mlp_op: the :mod:`tigon.functional` op that runs a patched gated MLP whose gate, up and
+    down projections are all fused layers of this kind as one node (:mod:`tigon.integrations.lora_mlp`), or None.
     """
 
     kind: str
     module: str
     cls: str
     base_class: str
+    mlp_op: str | None = None
 
 
-PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer")
+PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer", mlp_op="lora_glu_mlp")
 ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
 """The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
 

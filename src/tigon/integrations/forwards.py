@@ -215,6 +215,13 @@ def under_checkpoint() -> bool:
     return bool(hooks) and getattr(hooks[0], "__module__", None) == "torch.utils.checkpoint"
 
 
+def _lora_mlp():
+    """:mod:`tigon.integrations.lora_mlp`, imported at its first use (it imports this module)."""
+    from . import lora_mlp
+
+    return lora_mlp
+
+
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
@@ -229,7 +236,9 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     which in eager mode does not keep the (tokens, intermediate) product for the backward (recomputed there): one such
     tensor less per layer among the activations (under torch.compile the compiler's partitioner decides what is
     saved); otherwise (LoRA, quantised or hooked layers, or inside a non-reentrant activation checkpoint:
-    :func:`under_checkpoint`) the module is called on the product.
+    :func:`under_checkpoint`) the module is called on the product. When gate, up and down are adapter layers that
+    :func:`tigon.patch` fused (PEFT LoRA), the whole MLP may run as one node instead
+    (:func:`tigon.integrations.lora_mlp.fused_call`).
     """
 
     @functools.wraps(original)
@@ -242,6 +251,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = proj[0](x).chunk(2, dim=-1)
         else:
             proj = (getattr(self, spec.gate), getattr(self, spec.up))
+            adapter = (tigon_mark(proj[0].__dict__.get("forward")) or {}).get("adapter")
+            if adapter is not None and adapter.mlp_op is not None:
+                out = _lora_mlp().fused_call(self, spec, act, x)
+                if out is not None:
+                    return out
             gate, up = proj[0](x), proj[1](x)
         inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
@@ -318,23 +332,31 @@ def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
     return problem is None or problem == _META_PROBLEM, problem
 
 
-def mlp_ops(module, spec: MLPSpec) -> tuple[str, ...]:
-    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``glu_linear`` when its down
-    projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a
-    class-level patch: the activation comes from each model's config) or its activation has no kernel."""
+def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]:
+    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` when its
+    projections are fused LoRA layers taken in with it, ``glu_linear`` when its down projection is folded in, else
+    ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
+    from each model's config) or its activation has no kernel."""
     act = mlp_activation(module, spec) if module is not None else None
     if not isinstance(act, tuple):
         return ()
+    if _lora_mlp().mlp_adapter(module, spec) is not None and _lora_mlp().mlp_problem(module, spec, lora_enabled) is None:
+        return ("lora_glu_mlp",)
     return ("glu_linear",) if not spec.experts and _folds(module, spec)[0] else (act[0],)
 
 
-def describe_mlp(module, spec: MLPSpec) -> str:
-    """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``."""
+def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
+    """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``; for
+    projections that are adapter layers, whether they run with it as one node and why not
+    (:func:`tigon.integrations.lora_mlp.describe`)."""
     act = mlp_activation(module, spec) if module is not None else None
     if act is None or isinstance(act, str):
         name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
     else:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
+    lora = _lora_mlp().describe(module, spec, act[0] if isinstance(act, tuple) else "act", lora_enabled)
+    if lora is not None and not lora.startswith("its adapter layers are not"):
+        return lora
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
@@ -349,7 +371,7 @@ def describe_mlp(module, spec: MLPSpec) -> str:
                 "that matmul)")
     else:
         fold = f"; {spec.down} is called on the product ({problem})"
-    return f"{spec.down}({name}({inner})){fold}"
+    return f"{spec.down}({name}({inner})){fold}" + (f"; {lora}" if lora is not None else "")
 
 
 # ---- rotary embedding ----------------------------------------------------------------------------------------

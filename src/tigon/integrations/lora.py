@@ -141,7 +141,7 @@ def lora_forward(spec: AdapterSpec, family: str, original):
         return TF.lora_linear(x, base.weight, self.lora_A[name].weight, self.lora_B[name].weight, base.bias,
                               scaling=self.scaling[name])
 
-    return mark(forward, spec.kind, family)
+    return mark(forward, spec.kind, family, adapter=spec)
 
 
 def describe_lora(module) -> str:

@@ -74,8 +74,18 @@ from .loss_rows import (
 # Measured (same file, N=8K, H=4K, V=128K): 2**24 / 2**25 / 2**26 / 2**27 logits (128 .. 1024 rows) ->
 # 91.9 / 55.4 / 45.7 / 41.9 ms, peak extra 1.07 / 1.10 / 1.16 / 1.29 GiB: every chunk re-reads and re-writes the
 # whole bf16 grad_weight, so small chunks are bandwidth-bound.
+# A frozen head (LoRA fine-tuning: the LM head gets no gradient) has no accumulator to re-read per chunk, so the
+# argument for big chunks above is gone: a chunk costs its two matmuls (logits, and grad_hidden = grad_logits W),
+# which stay matmul-bound at a few hundred rows (2 x rows x H x V FLOPs each; 1024 x 4096 x 128256 is 1.1 TFLOP),
+# and one elementwise pass over its logits, the same bytes in total however the tokens are cut. The budget's
+# 3 GiB then only holds the chunk buffer, one chunk of every token (1.0 GB at 4096 x 128256 in bf16: Tigon's
+# 0.84 GiB over Liger-Kernel's peak in the LoRA row of issue 25, whose chunks are ~128 rows). Chunks of a frozen
+# head hold at most FROZEN_CHUNK_ELEMS_CUDA logits (256 MiB in bf16: 4 chunks of 1024 rows at 4096 x 128256), and
+# at least MIN_CHUNK_ROWS_CUDA rows. Not yet timed on the H200 against one chunk (the memory= option reproduces the
+# old rule: memory=3 << 30).
 MAX_CHUNK_ELEMS_CUDA = 1 << 30
 FLCE_BUDGET_BYTES_CUDA = 3 << 30
+FROZEN_CHUNK_ELEMS_CUDA = 1 << 27
 MIN_CHUNK_ROWS_CUDA = 256
 MAX_CHUNK_ELEMS_CPU = 1 << 18
 LEAN_CHUNK_ELEMS = 1 << 25
@@ -83,12 +93,14 @@ LEAN_MIN_ROWS = 128
 
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1) -> int:
+               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, *,
+               frozen_weight: bool = False) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
     of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
-    fit in it instead, on any device, down to a floor of 16 rows."""
+    fit in it instead, on any device, down to a floor of 16 rows. ``frozen_weight``: no weight gradient is formed
+    (a frozen head), so the default rule on CUDA caps a chunk at FROZEN_CHUNK_ELEMS_CUDA logits (see above)."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
         max_rows = max(16, spare // max(vocab * elem_bytes, 1))
@@ -102,6 +114,8 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
             floor = max(hidden // 2, MIN_CHUNK_ROWS_CUDA)
             max_rows = max(floor, spare // max(vocab * elem_bytes, 1))
             max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+            if frozen_weight:
+                max_rows = min(max_rows, max(MIN_CHUNK_ROWS_CUDA, FROZEN_CHUNK_ELEMS_CUDA // max(vocab, 1)))
         max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
     else:
         max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
@@ -346,7 +360,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     correct = torch.empty(n, **f32) if want_acc else None
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize,
-                      budget)
+                      budget, frozen_weight=not need[1])
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
@@ -401,7 +415,8 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, elem_bytes or cd.itemsize, budget)
+    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, elem_bytes or cd.itemsize, budget,
+                      frozen_weight=not need[1])
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)

@@ -77,7 +77,8 @@ def fused_linear_cross_entropy(
             chunk hits every row (benchmarks/results/cpu/lean_accum_sim.txt).
         memory: how much memory the op may hold beside its inputs and the gradients it returns (the logits chunk
             buffer and the fp32 grad_weight accumulator). ``"auto"`` (default): exact accumulation (unless
-            ``accum_dtype`` says otherwise) with chunks filling a 3 GiB budget (fewer, larger matmuls).
+            ``accum_dtype`` says otherwise) with chunks filling a 3 GiB budget (fewer, larger matmuls); with a
+            weight that gets no gradient (a frozen head) chunks of at most 2**27 logits (no accumulator to re-read).
             ``"low"``: grad_weight accumulated in the weight's dtype with Liger-Kernel's chunk rule (the
             approximation described under ``accum_dtype``; Liger's peak). An int: a budget in bytes for the chunk
             buffer plus, when it fits with at least 16 rows of logits, the exact fp32 accumulator (4 * V * H

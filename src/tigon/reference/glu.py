@@ -63,10 +63,17 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     Raises:
         ValueError: unknown ``activation``.
     """
+    return F.linear(glu_product(gate, up, activation), weight, bias)
+
+
+def glu_product(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` for an activation named as :func:`glu_linear`'s: :func:`swiglu` or :func:`geglu`.
+
+    Raises:
+        ValueError: unknown ``activation``.
+    """
     if activation == "silu":
-        product = swiglu(gate, up)
-    elif activation in ("gelu", "gelu_tanh"):
-        product = geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none")
-    else:
-        raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")
-    return F.linear(product, weight, bias)
+        return swiglu(gate, up)
+    if activation in ("gelu", "gelu_tanh"):
+        return geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none")
+    raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")

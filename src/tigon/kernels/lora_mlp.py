@@ -1,0 +1,165 @@
+"""A gated MLP whose gate, up and down projections carry LoRA adapters, as one autograd node (LoRA, Hu et al. 2021;
+GLU variants, Shazeer 2020): cuBLAS matmuls around Tigon's GLU kernels (:mod:`tigon.kernels.glu`).
+
+Forward, for x (M, H), frozen base weights W_g, W_u (I, H) and W_d (H, I), adapters A_g (r_g, H), B_g (I, r_g),
+A_u (r_u, H), B_u (I, r_u), A_d (r_d, I), B_d (H, r_d) and scalings s_g, s_u, s_d::
+
+    A_gu = [A_g; A_u]                    (r_g + r_u, H)   stacked: x is read once for both low-rank inputs
+    xa   = x A_gu^T                      (M, r_g + r_u)   saved
+    gate = x W_g^T;  gate += s_g xa_g B_g^T               (M, I) saved
+    up   = x W_u^T;  up   += s_u xa_u B_u^T               (M, I) saved
+    p    = act(gate) * up                (M, I)           Triton, freed at the end of the forward
+    pa   = p A_d^T                       (M, r_d)         saved
+    out  = p W_d^T;  out  += s_d pa B_d^T                 (M, H)
+
+Backward, for dout (M, H)::
+
+    dpb  = dout (s_d B_d)                (M, r_d);  dB_d = dout^T (s_d pa)
+    dp   = dout W_d;  dp += dpb A_d                        (M, I), the backward's one new (M, I) buffer
+    d_gate, d_up, p = one Triton pass over dp, gate, up:   d_gate = dp up act'(gate) and d_up = dp act(gate) written
+                                         over gate and up (nothing else holds them), p = act(gate) up over dp
+    dA_d = dpb^T p
+    dxb  = [d_gate (s_g B_g), d_up (s_u B_u)]              (M, r_g + r_u)
+    dA_gu = dxb^T x  (one matmul for both A's);  dB_g = d_gate^T (s_g xa_g);  dB_u = d_up^T (s_u xa_u)
+    dx   = d_gate W_g;  dx += d_up W_u;  dx += dxb A_gu     (M, H)
+
+Base weights that require grad get ``dW = dy^T input`` (PEFT freezes them: no matmul then).
+
+Against PEFT's three layers under Tigon's per-layer fusion (gate and up as :func:`tigon.functional.lora_linear`,
+``swiglu`` / ``geglu``, down as ``lora_linear``), per MLP and step, M tokens, in the compute dtype's element size e:
+
+- **saved for the backward**: x, gate, up, and the r-wide xa and pa: M (H + 2 I + r_g + r_u + r_d) e, against
+  M (H + 3 I + r_g + r_u + r_d) e there (the down layer keeps p, its input): M I e less, 112 MiB a layer at
+  Llama-3-8B's I = 14336 for 4096 bf16 tokens, 0.875 GiB over 8 layers, 3.5 GiB over 32.
+- **passes over (M, I) tensors** (each read or write of one whole tensor; a matmul's output counts one write, an
+  in-place ``addmm_`` a read and a write): forward 11 in both (gate and up: a write and an ``addmm_`` each, 6; the
+  GLU reads 2, writes 1; the down matmul and ``p A_d^T`` read p, 2). Backward 16 here against 15 there: the same
+  dp (a write and an ``addmm_``), GLU pass (3 reads, 2 writes), ``dA_d`` (a read of p) and six reads of d_gate /
+  d_up (their B products, B gradients and dx), plus the one write of the recomputed p: a (M, I) write for a
+  (M, I) tensor of memory. The autograd nodes: one instead of four, and the two A products of gate and up as
+  one matmul each way.
+- **not done**: the frozen [W_g; W_u] concatenated into one matmul (it would copy 2 I H weights at every call or
+  keep that copy, 448 MiB a Llama-3-8B layer; two matmuls over the same x cost the same FLOPs), and the low-rank
+  adds folded into the GLU pass (it would save the four ``addmm_`` passes over gate and up; a Triton dot of
+  width r inside the elementwise kernel, left for later).
+
+The matmuls run in the compute dtype ``cd`` (x's dtype, or the autocast dtype under autocast, as ``F.linear``);
+gradients come back in each input's own dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .glu import _saved_gate_up, glu_backward, glu_forward
+from .lora import lora_forward
+
+N_TENSORS = 13
+"""The tensor inputs of :class:`LoRAGLUMLPFunction` (x, the 9 weights and adapters, the 3 biases)."""
+
+
+def _linear(x2: torch.Tensor, weight: torch.Tensor, bias, cd: torch.dtype) -> torch.Tensor:
+    w_t = weight.to(cd).t()
+    return torch.mm(x2, w_t) if bias is None else torch.addmm(bias.to(cd), x2, w_t)
+
+
+def gate_up_forward(x2, gate_weight, gate_a, gate_b, gate_bias, up_weight, up_a, up_b, up_bias, s_g: float,
+                    s_u: float, cd: torch.dtype):
+    """``(gate, up, xa, a_gu)`` for x2 (M, H) in ``cd``: the two LoRA projections with one stacked A product."""
+    with torch.autocast(x2.device.type, enabled=False):
+        a_gu = torch.cat([gate_a.to(cd), up_a.to(cd)])
+        xa = torch.mm(x2, a_gu.t())
+        r_g = gate_a.shape[0]
+        gate = _linear(x2, gate_weight, gate_bias, cd)
+        gate.addmm_(xa[:, :r_g], gate_b.to(cd).t(), alpha=s_g)
+        up = _linear(x2, up_weight, up_bias, cd)
+        up.addmm_(xa[:, r_g:], up_b.to(cd).t(), alpha=s_u)
+    return gate, up, xa, a_gu
+
+
+class LoRAGLUMLPFunction(torch.autograd.Function):
+    """autograd node; ``apply(x, gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,
+    gate_bias, up_bias, down_bias, s_g, s_u, s_d, activation, cd)`` with x (..., H): out (..., H) in ``cd``.
+
+    Saves x (in ``cd``), gate, up, xa, pa, the stacked A_gu and the parameters (by reference); see the module
+    docstring. The backward writes d_gate / d_up over the saved gate / up, so a second backward through the same
+    graph (``retain_graph=True``) raises."""
+
+    @staticmethod
+    def forward(ctx, x, gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,
+                gate_bias, up_bias, down_bias, s_g, s_u, s_d, activation, cd):
+        x2 = x.reshape(-1, x.shape[-1]).to(cd)
+        gate, up, xa, a_gu = gate_up_forward(x2, gate_weight, gate_a, gate_b, gate_bias, up_weight, up_a, up_b,
+                                             up_bias, s_g, s_u, cd)
+        product = glu_forward(gate, up, activation)
+        out, pa = lora_forward(product, down_weight, down_a, down_b, down_bias, s_d, cd)
+        ctx.save_for_backward(x2, gate, up, xa, pa, a_gu, gate_weight, gate_b, up_weight, up_b, down_weight,
+                              down_a, down_b)
+        ctx.scalings, ctx.activation, ctx.cd, ctx.x_shape, ctx.x_dtype = (s_g, s_u, s_d), activation, cd, x.shape, x.dtype
+        ctx.inplace, ctx.consumed = True, False
+        ctx.dtypes = tuple(t.dtype if t is not None else None
+                           for t in (gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,
+                                     gate_bias, up_bias, down_bias))
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    @once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dout):
+        need = ctx.needs_input_grad[:N_TENSORS]
+        need_gate_side = any(need[i] for i in (0, 1, 2, 3, 4, 5, 6, 10, 11))
+        (x2, gate, up, xa, pa, a_gu, gate_weight, gate_b, up_weight, up_b, down_weight, down_a,
+         down_b) = _saved_gate_up(ctx, "lora_glu_mlp", need_gate_side)
+        s_g, s_u, s_d = ctx.scalings
+        cd = ctx.cd
+        g = [None] * N_TENSORS
+        with torch.autocast(dout.device.type, enabled=False):
+            d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
+            # the down projection and the GLU
+            if need_gate_side or need[8]:
+                dpb = torch.mm(d2, down_b.to(cd) * s_d)
+            if need[9]:
+                g[9] = torch.mm(d2.t(), pa * s_d)
+            if need[12]:
+                g[12] = d2.sum(0)
+            need_p = need[7] or need[8]
+            if need_gate_side:
+                dp = torch.mm(d2, down_weight.to(cd))
+                dp.addmm_(dpb, down_a.to(cd))
+                dgate, dup = glu_backward(dp, gate, up, ctx.activation, inplace=True, store_product=need_p)
+                product = dp
+            else:
+                product = glu_forward(gate, up, ctx.activation) if need_p else None
+            if need[8]:
+                g[8] = torch.mm(dpb.t(), product)
+            if need[7]:
+                g[7] = torch.mm(d2.t(), product)
+            del product
+            # gate and up
+            if need_gate_side:
+                r_g = gate_b.shape[1]
+                dxb = torch.cat([torch.mm(dgate, gate_b.to(cd) * s_g), torch.mm(dup, up_b.to(cd) * s_u)], dim=1)
+                if need[2] or need[5]:
+                    da_gu = torch.mm(dxb.t(), x2)
+                    g[2], g[5] = da_gu[:r_g], da_gu[r_g:]
+                if need[3]:
+                    g[3] = torch.mm(dgate.t(), xa[:, :r_g] * s_g)
+                if need[6]:
+                    g[6] = torch.mm(dup.t(), xa[:, r_g:] * s_u)
+                if need[1]:
+                    g[1] = torch.mm(dgate.t(), x2)
+                if need[4]:
+                    g[4] = torch.mm(dup.t(), x2)
+                if need[10]:
+                    g[10] = dgate.sum(0)
+                if need[11]:
+                    g[11] = dup.sum(0)
+                if need[0]:
+                    dx = torch.mm(dgate, gate_weight.to(cd))
+                    dx.addmm_(dup, up_weight.to(cd))
+                    dx.addmm_(dxb, a_gu)
+                    g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
+        for i in range(1, N_TENSORS):
+            if g[i] is not None:
+                g[i] = g[i].to(ctx.dtypes[i - 1])
+        return (*g, None, None, None, None, None)
