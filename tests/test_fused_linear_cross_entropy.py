@@ -269,9 +269,9 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
     assert flce_ops.chunk_rows(16384, 128256, 4096, cuda, fp32_weight_grad=True) == 4096  # 4 chunks
     # a small head (Qwen2.5-0.5B, 896 -> 151936): rows as the budget allows, not rows = H (see the module notes)
     assert flce_ops.chunk_rows(4096, 151936, 896, cuda, fp32_weight_grad=True) == 4096  # one chunk
-    # a frozen head (no weight gradient): chunks of at most 2**27 logits, 4 x 1024 rows at Llama-3's head
+    # a frozen head (no weight gradient): chunks of at most 2**28 logits, 2 x 2048 rows at Llama-3's head
     assert flce_ops.chunk_rows(4096, 128256, 4096, cuda) == 4096
-    assert flce_ops.chunk_rows(4096, 128256, 4096, cuda, frozen_weight=True) == 1024
+    assert flce_ops.chunk_rows(4096, 128256, 4096, cuda, frozen_weight=True) == 2048
     assert flce_ops.chunk_rows(4096, 1 << 20, 4096, cuda, frozen_weight=True) == 256  # at least MIN_CHUNK_ROWS_CUDA
     assert flce_ops.chunk_rows(4096, 128256, 4096, cuda, budget=3 << 30, frozen_weight=True) == 4096  # memory=
     monkeypatch.setattr(flce_ops, "FLCE_BUDGET_BYTES_CUDA", 1 << 20)

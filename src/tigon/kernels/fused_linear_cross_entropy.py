@@ -80,12 +80,13 @@ from .loss_rows import (
 # and one elementwise pass over its logits, the same bytes in total however the tokens are cut. The budget's
 # 3 GiB then only holds the chunk buffer, one chunk of every token (1.0 GB at 4096 x 128256 in bf16: Tigon's
 # 0.84 GiB over Liger-Kernel's peak in the LoRA row of issue 25, whose chunks are ~128 rows). Chunks of a frozen
-# head hold at most FROZEN_CHUNK_ELEMS_CUDA logits (256 MiB in bf16: 4 chunks of 1024 rows at 4096 x 128256), and
-# at least MIN_CHUNK_ROWS_CUDA rows. Not yet timed on the H200 against one chunk (the memory= option reproduces the
-# old rule: memory=3 << 30).
+# head hold at most FROZEN_CHUNK_ELEMS_CUDA logits (512 MiB in bf16: 2 chunks of 2048 rows at 4096 x 128256), and
+# at least MIN_CHUNK_ROWS_CUDA rows. H200, 8192 x 4096 -> 128256 frozen, fwd + bwd (the memory= option reproduces
+# the old rule: memory=3 << 30): one chunk 26.0 ms / 2.43 GiB extra; 1 << 27 logits a chunk 27.0-30.1 ms / 0.62 GiB
+# (LoRA row: 1.09x Liger at 9.06 GiB against its 9.81); 1 << 28 splits the difference.
 MAX_CHUNK_ELEMS_CUDA = 1 << 30
 FLCE_BUDGET_BYTES_CUDA = 3 << 30
-FROZEN_CHUNK_ELEMS_CUDA = 1 << 27
+FROZEN_CHUNK_ELEMS_CUDA = 1 << 28
 MIN_CHUNK_ROWS_CUDA = 256
 MAX_CHUNK_ELEMS_CPU = 1 << 18
 LEAN_CHUNK_ELEMS = 1 << 25

@@ -48,10 +48,13 @@ every provider's model gets Hugging Face's activation checkpointing (``use_reent
 :func:`tigon.workflows._train.enable_checkpointing`) right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a user's script
 does before handing the model to a trainer.
 
-MFU (CUDA): model FLOPs per token ``6 x parameters`` (the forward and backward matmuls of every weight; attention's
-own FLOPs left out, the PaLM paper's convention without its attention term) times tokens/s, over the bf16 matmul rate
-measured at the start of the same run (:func:`tigon.workflows.timing.measure_ceilings`). With gradient
-checkpointing the recomputed forward is not counted (it is overhead, not model FLOPs).
+MFU (CUDA): model FLOPs per token ``6 x matmul parameters`` (the forward and backward matmuls of every weight that
+multiplies activations: the input embedding, a lookup, is left out unless tied to the head; attention's own FLOPs
+left out, the PaLM paper's convention without its attention term) times tokens/s, over the bf16 matmul rate
+measured at the start of the same run (:func:`tigon.workflows.timing.measure_ceilings`). With LoRA the frozen
+weights count ``4 x`` (forward and the input gradient; no weight gradient) and the adapters' own FLOPs (about
+``6 r (d_in + d_out)`` per projection) are left out. With gradient checkpointing the recomputed forward is not
+counted (it is overhead, not model FLOPs).
 
 ``--kernel-summary`` (:attr:`E2EConfig.kernel_summary`): the last step of each provider runs under
 ``torch.profiler`` and is left out of the timing; the row carries its kernels summed by name and kind, and per
@@ -84,6 +87,8 @@ COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
 """Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
 MODEL_FLOPS_PER_PARAM = 6
 """Model FLOPs per token per parameter of a training step (forward 2, backward 4): the MFU numerator."""
+FROZEN_FLOPS_PER_PARAM = 4
+"""The same for a frozen weight (LoRA's base weights): forward 2, input gradient 2, no weight gradient."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULTS = {
     "cpu": dict(model="tiny", layers=None, batch_size=2, seq_len=32, steps=2, warmup=1, dtype="float32"),
@@ -285,7 +290,18 @@ def model_info(config, source: str) -> dict[str, Any]:
     m = build_meta_model(config)  # ConfigError for a config transformers cannot build, before any run
     info["architecture"] = type(m).__name__
     info["num_parameters"] = sum(p.numel() for p in m.parameters())
+    info["matmul_parameters"] = matmul_parameters(m)
     return info
+
+
+def matmul_parameters(model: torch.nn.Module) -> int:
+    """Parameters of ``model`` that multiply activations in a training step: all of them but the input embedding
+    (a lookup), which counts when it is tied to the LM head (the head's matmul uses it). The MFU numerator's count."""
+    n = sum(p.numel() for p in model.parameters())
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (out is None or out.weight is not emb.weight):
+        n -= emb.weight.numel()
+    return n
 
 
 def _positive(name: str, value, minimum: int = 1) -> None:
@@ -490,8 +506,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             row, used = run_provider(provider, hfc, cfg, batches, info=info, progress=on_step, notes=notes,
                                      untimed_last=tracer is not None)
             if row.tokens_per_s and info.get("matmul_tflops"):
-                row.mfu = row.tokens_per_s * MODEL_FLOPS_PER_PARAM * info["num_parameters"] / (
-                    info["matmul_tflops"] * 1e12)
+                per_param = FROZEN_FLOPS_PER_PARAM if cfg.lora_rank else MODEL_FLOPS_PER_PARAM
+                row.mfu = row.tokens_per_s * per_param * info["matmul_parameters"] / (info["matmul_tflops"] * 1e12)
             row.kernel_summary = tracer.summary if tracer is not None else None
             method = method or used
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
