@@ -146,3 +146,53 @@ def test_cross_entropy_return_predicted_tokens(device, kw):
     want = ref_ce(x.double(), t, return_predicted_tokens=True,
                   **{k: v for k, v in kw.items() if k != "grad_in_forward"})
     assert torch.equal(out.predicted_tokens, want.predicted_tokens) and out.predicted_tokens[1] == -1
+
+
+def _norm_grads(x, w, in_place, tail):
+    """x's and w's gradients of ``tail(rms_norm(x, w))``, and whether x's gradient is y's incoming one."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    seen = []
+    y = F.rms_norm(x, w, in_place=in_place)
+    y.register_hook(lambda g: seen.append(g.data_ptr()))  # keeps no reference to g
+    tail(y).backward()
+    return x.grad, w.grad, x.grad.data_ptr() == seen[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_in_place_backward(device, dtype):
+    # Liger's in_place: dx written over dy, only where nothing else reads dy; values never depend on it
+    x = torch.randn(5, 3, 24, device=device, dtype=dtype)
+    w = torch.rand(24, device=device, dtype=dtype) + 0.5
+    c = torch.randn(5, 3, 24, device=device, dtype=dtype)
+    want = _norm_grads(x, w, False, lambda y: (y * c).sum())
+    got = _norm_grads(x, w, True, lambda y: (y * c).sum())  # dy: MulBackward's fresh tensor, owned
+    assert got[2] and not want[2]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_close_to_truth(compare(lambda **a: F.rms_norm(**a, in_place=True), ref_rms_norm, dict(x=x, weight=w),
+                                  ["x", "weight"], factor=FACTOR[dtype]))
+    # y's gradient shared with r's branch, which runs after the norm's backward (Gemma-2's sandwich norms)
+    r = torch.randn_like(x, requires_grad=True)
+    r2 = r * 1.0
+    shared = _norm_grads(x, w, True, lambda y: ((y + r2) * c).sum())
+    assert not shared[2] and torch.equal(shared[0], want[0]) and torch.equal(r.grad, c)
+    # a gradient the caller passed, or kept from a hook, is never written
+    g = torch.randn_like(x)
+    g0 = g.clone()
+    xg = x.detach().requires_grad_()
+    torch.autograd.grad(F.rms_norm(xg, w), xg, g)
+    kept = []
+    y = F.rms_norm(xg, w)
+    y.register_hook(kept.append)
+    (y * c).sum().backward()
+    assert torch.equal(g, g0) and torch.equal(kept[0], c)
+
+
+def test_rms_norm_in_place_argument(device):
+    m = tnn.RMSNorm(8, in_place=False).to(device)
+    assert "in_place=False" in repr(m) and tnn.RMSNorm(8).in_place is True
+    x = torch.randn(3, 8, device=device)
+    torch.testing.assert_close(m(x), F.rms_norm(x, m.weight, 1e-6, 0.0, "llama", True))
+    with pytest.raises(TypeError, match="in_place must be a bool"):
+        F.rms_norm(x, m.weight, in_place=1)
+    with pytest.raises(TypeError, match="in_place must be a bool"):
+        tnn.RMSNorm(8, in_place="no")
