@@ -196,3 +196,71 @@ def test_rms_norm_in_place_argument(device):
         F.rms_norm(x, m.weight, in_place=1)
     with pytest.raises(TypeError, match="in_place must be a bool"):
         tnn.RMSNorm(8, in_place="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", ["swiglu", "geglu", "glu_linear"])
+def test_glu_gate_and_down_multipliers(device, dtype, op):
+    # HF FalconH1MLP's muP multipliers: act(gate * gm) * up * dm, the multipliers as kernel scalars; odd sizes, gate
+    # and up read in place from one fused (tokens, 2 I) projection (a strided, non-contiguous view)
+    from tigon.reference import glu as ref_glu
+
+    gate_up = torch.randn(7, 2 * 13, device=device, dtype=dtype) * 2
+    inputs = dict(gate=gate_up[:, :13], up=gate_up[:, 13:])
+    if op == "glu_linear":
+        inputs.update(weight=torch.randn(9, 13, device=device, dtype=dtype) / 4)
+    mult = dict(gate_multiplier=1.5, down_multiplier=0.25)
+    fn = getattr(F, op)
+    checks = compare(lambda **a: fn(**a, **mult), lambda **a: getattr(ref_glu, op)(**a, **mult), inputs,
+                     [k for k in inputs if k != "up"] + ["up"], factor=FACTOR[dtype])
+    assert_close_to_truth(checks)
+    # the multipliers are what FalconH1MLP computes (down_proj without bias: dm moves into the product)
+    g, u = inputs["gate"].double(), inputs["up"].double()
+    want = u * torch.nn.functional.silu(g * 1.5) * 0.25
+    if op == "swiglu":
+        torch.testing.assert_close(ref_glu.swiglu(g, u, **mult), want)
+    with pytest.raises(TypeError, match="gate_multiplier must be a real number"):
+        fn(**inputs, gate_multiplier="2")
+    with pytest.raises(ValueError, match="down_multiplier must be a finite number"):
+        fn(**inputs, down_multiplier=float("inf"))
+
+
+def test_gemma4_double_wide_mlp_is_patched(device):
+    # Gemma 4's use_double_wide_mlp: KV-sharing layers have MLPs of twice config.intermediate_size; the patched
+    # forward runs on the module's own projections, so the wide MLP is replaced and exact like the others
+    transformers = pytest.importorskip("transformers")
+    if "gemma4_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4")
+    import tigon
+
+    cfg = transformers.AutoConfig.for_model(
+        "gemma4_text", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_kv_shared_layers=1, use_double_wide_mlp=True,
+        layer_types=["full_attention"] * 2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device)
+    wide = model.model.layers[1].mlp
+    assert wide.up_proj.out_features == 2 * cfg.intermediate_size
+    x = torch.randn(2, 3, 32, device=device)
+    truth = [t.double() for t in (x, wide.gate_proj.weight, wide.up_proj.weight, wide.down_proj.weight)]
+
+    def run(mlp, xx):
+        xx = xx.detach().requires_grad_()
+        out = mlp(xx)
+        out.pow(2).sum().backward()
+        return out.detach(), xx.grad
+
+    want = run(_with_weights(type(wide)(cfg, 1).to(device, torch.float64), truth[1:]), truth[0])  # float64 truth
+    report = tigon.patch(model)
+    assert report.counts["mlp"] == 2, str(report)
+    got = run(wide, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-6)
+    tigon.unpatch(model)
+
+
+def _with_weights(mlp, weights):
+    with torch.no_grad():
+        for lin, w in zip((mlp.gate_proj, mlp.up_proj, mlp.down_proj), weights):
+            lin.weight.copy_(w)
+    return mlp
