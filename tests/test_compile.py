@@ -94,6 +94,7 @@ def _opcheck_cases():
         "rope_partial": (ops.rope, (q, k, cos[..., :cos.shape[-1] // 2], sin[..., :sin.shape[-1] // 2], 1, False,
                                     True, True)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
+        "glu_multipliers": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu", 1.5, 0.25)),  # Falcon-H1's
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
         "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True, True)),  # want_pred
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),

@@ -246,26 +246,26 @@ class GLULinearFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
 @torch.library.custom_op("tigon::glu", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _glu(gate: Tensor, up: Tensor, activation: str, gm: float, dm: float) -> Tensor:
+def _glu(gate: Tensor, up: Tensor, activation: str, gm: float = 1.0, dm: float = 1.0) -> Tensor:
     """``act(gm * gate) * up * dm``: gate's shape and dtype, contiguous (activation in
     ``tigon.kernels.glu.ACTIVATIONS``)."""
     return glu_forward(gate, up, activation, gm, dm)
 
 
 @_glu.register_fake
-def _(gate, up, activation, gm, dm):
+def _(gate, up, activation, gm=1.0, dm=1.0):
     return gate.new_empty(gate.shape)
 
 
 @torch.library.custom_op("tigon::glu_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _glu_backward(dy: Tensor, gate: Tensor, up: Tensor, activation: str, gm: float,
-                  dm: float) -> tuple[Tensor, Tensor]:
+def _glu_backward(dy: Tensor, gate: Tensor, up: Tensor, activation: str, gm: float = 1.0,
+                  dm: float = 1.0) -> tuple[Tensor, Tensor]:
     """(d_gate, d_up): new contiguous tensors shaped like gate, in its dtype."""
     return glu_backward(dy, gate, up, activation, False, gm=gm, dm=dm)
 
 
 @_glu_backward.register_fake
-def _(dy, gate, up, activation, gm, dm):
+def _(dy, gate, up, activation, gm=1.0, dm=1.0):
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
