@@ -177,7 +177,7 @@ def test_rope_compile(device, unsqueeze_dim, rotary_dim):
     cos, sin = torch.randn(1, 6, rotary_dim, device=device), torch.randn(1, 6, rotary_dim, device=device)
 
     def fn(q, k):  # q, k as non-leaf views in the HF layout
-        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim)
+        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     _check_same(fn, (q, k))
 

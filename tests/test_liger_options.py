@@ -264,3 +264,35 @@ def _with_weights(mlp, weights):
         for lin, w in zip((mlp.gate_proj, mlp.up_proj, mlp.down_proj), weights):
             lin.weight.copy_(w)
     return mlp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,r,ids_shape", [(16, 16, (2, 6)), (13, 8, (6,))], ids=["full", "odd_head_dim_1d_ids"])
+def test_rope_position_ids(device, dtype, d, r, ids_shape):
+    # Liger's liger_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1): with a 2-D table of every position
+    # (P, R) the ids pick its rows (HF's cos[position_ids] before 4.38): packed sequences restart their positions
+    q = torch.randn(2, 6, 3 * d, device=device, dtype=dtype).view(2, 6, 3, d).transpose(1, 2)
+    k = torch.randn(2, 6, 1 * d, device=device, dtype=dtype).view(2, 6, 1, d).transpose(1, 2)
+    table_cos, table_sin = (t[0] for t in _tables(1, 9, r, dtype, device))  # (P=9, R): positions 0..8
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2], [4, 5, 6, 7, 8, 0]], device=device)[: 2 if len(ids_shape) == 2 else 1]
+    pos = pos.reshape(ids_shape)
+    inputs = dict(q=q, k=k, cos=table_cos, sin=table_sin, position_ids=pos)
+    assert_close_to_truth(compare(F.rope, ref_rope, inputs, ["q", "k"], factor=FACTOR[dtype]))
+    rows = pos if pos.dim() == 2 else pos[None]
+    for got, want in zip(F.rope(**inputs), F.rope(q, k, table_cos[rows], table_sin[rows])):
+        assert torch.equal(got, want)
+    # per-position (3-D) tables: position_ids is not read (as Liger); Liger's positional order
+    cos3, sin3 = table_cos[rows], table_sin[rows]
+    for got, want in zip(F.rope(q, k, cos3, sin3, pos, 1), F.rope(q, k, cos3, sin3)):
+        assert torch.equal(got, want)
+
+
+def test_rope_position_ids_errors(device):
+    q, k = torch.randn(1, 2, 4, 8, device=device), torch.randn(1, 1, 4, 8, device=device)
+    cos, sin = _tables(1, 4, 8, torch.float32, device)
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor or None.*unsqueeze_dim by keyword"):
+        F.rope(q, k, cos, sin, 2)
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor"):
+        F.rope(q, k, cos, sin, torch.zeros(1, 4, device=device))
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(1 or 1, 4\) or \(4,\)"):
+        F.rope(q, k, cos[0], sin[0], torch.zeros(1, 5, dtype=torch.long, device=device))
