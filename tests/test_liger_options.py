@@ -296,3 +296,54 @@ def test_rope_position_ids_errors(device):
         F.rope(q, k, cos, sin, torch.zeros(1, 4, device=device))
     with pytest.raises(ValueError, match=r"position_ids must have shape \(1 or 1, 4\) or \(4,\)"):
         F.rope(q, k, cos[0], sin[0], torch.zeros(1, 5, dtype=torch.long, device=device))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(class_weight=True), dict(use_token_scaling=True, softcap=3.0)],
+                         ids=["plain", "class_weight", "token_scaling"])
+def test_flce_per_token_losses_and_z_loss(device, kw):
+    # Liger's reduction="none" with return_z_loss: per-token losses (z part included) and each token's z-loss
+    # lse_square_scale * lse**2 as a separate, detached output, 0 where ignored; "mean" averages z over the
+    # non-ignored tokens, unweighted
+    from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+
+    kw = dict(kw, class_weight=torch.rand(40, device=device) + 0.5 if kw.get("class_weight") else None)
+    h, w = torch.randn(11, 16, device=device), torch.randn(40, 16, device=device) / 2
+    t = torch.randint(0, 40, (11,), device=device)
+    t[[0, 7]] = -100
+    z = dict(lse_square_scale=1e-2, return_z_loss=True)
+    checks = compare(lambda **a: F.fused_linear_cross_entropy(**a, reduction="none", **z, **kw).loss,
+                     lambda **a: ref_flce(**a, reduction="none", **z, **kw).loss,
+                     dict(hidden=h, weight=w, target=t), ["hidden", "weight"])
+    assert_close_to_truth(checks)
+    out = F.fused_linear_cross_entropy(h, w, t, reduction="none", **z, **kw)
+    hd, wd = h.double(), w.double()
+    x = hd @ wd.T
+    if kw.get("softcap"):
+        x = kw["softcap"] * torch.tanh(x / kw["softcap"])
+    zt = 1e-2 * torch.logsumexp(x, -1) ** 2 * (t != -100)
+    if kw.get("use_token_scaling"):
+        zt = zt * torch.softmax(x, -1).gather(1, t.clamp_min(0)[:, None]).squeeze(1)
+    assert out.z_loss.shape == out.loss.shape == (11,) and not out.z_loss.requires_grad
+    torch.testing.assert_close(out.z_loss.double(), zt, rtol=1e-5, atol=1e-7)
+    assert out.z_loss[0] == out.loss[0] == 0
+    mean = F.fused_linear_cross_entropy(h, w, t, **z, **kw)
+    torch.testing.assert_close(mean.z_loss.double(), zt.sum() / (t != -100).sum(), rtol=1e-5, atol=1e-7)
+
+
+def test_flce_liger_names(device):
+    # ce_weight / return_token_accuracy (Liger's names), LossOutput.token_accuracy, Liger's forward order refused
+    h, w = torch.randn(2, 3, 8, device=device), torch.randn(20, 8, device=device)
+    t = torch.randint(0, 20, (2, 3), device=device)
+    cw = torch.rand(20, device=device) + 0.5
+    got = tnn.FusedLinearCrossEntropyLoss(reduction="none", ce_weight=cw, return_token_accuracy=True,
+                                          lse_square_scale=1e-3, return_z_loss=True)(h, w, t)
+    want = tnn.FusedLinearCrossEntropyLoss(reduction="none", class_weight=cw, return_accuracy=True,
+                                           lse_square_scale=1e-3, return_z_loss=True)(h, w, t)
+    assert got.loss.shape == got.z_loss.shape == (2, 3) and torch.equal(got.loss, want.loss)
+    assert got.token_accuracy is got.accuracy and torch.equal(got.accuracy, want.accuracy)
+    flat = F.fused_linear_cross_entropy(h[0], w, t[0], ce_weight=cw, return_token_accuracy=True)
+    assert torch.equal(flat.loss, F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, return_accuracy=True).loss)
+    with pytest.raises(TypeError, match="class_weight or ce_weight"):
+        F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, ce_weight=cw)
+    with pytest.raises(ValueError, match="Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes"):
+        F.fused_linear_cross_entropy(w, h[0], torch.zeros(3, dtype=torch.long, device=device))

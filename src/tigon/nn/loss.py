@@ -119,6 +119,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             -1 where ignored; Liger-Kernel's option of the same name).
         use_token_scaling: each token's loss times its target's detached probability (Liger-Kernel's option; see
             :func:`tigon.functional.fused_linear_cross_entropy`).
+        ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy``.
+
+    Unlike Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss.forward(lin_weight, _input, target, bias)`` the forward
+    takes hidden first (a call in Liger's order raises, naming it, unless N == V).
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -135,8 +139,12 @@ class FusedLinearCrossEntropyLoss(nn.Module):
                  lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
                  class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
                  return_accuracy: bool = False, accum_dtype: torch.dtype | None = None,
-                 return_predicted_tokens: bool = False, use_token_scaling: bool = False):
+                 return_predicted_tokens: bool = False, use_token_scaling: bool = False,
+                 ce_weight: torch.Tensor | None = None, return_token_accuracy: bool = False):
         super().__init__()
+        from ..ops.fused_linear_cross_entropy import liger_aliases
+
+        class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
         self.use_token_scaling = use_token_scaling
         self.register_buffer("class_weight", class_weight)
         self.accum_dtype = accum_dtype

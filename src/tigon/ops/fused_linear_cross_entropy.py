@@ -39,6 +39,8 @@ def fused_linear_cross_entropy(
     memory: str | int = "auto",
     return_predicted_tokens: bool = False,
     use_token_scaling: bool = False,
+    ce_weight: torch.Tensor | None = None,
+    return_token_accuracy: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -92,6 +94,12 @@ def fused_linear_cross_entropy(
         use_token_scaling: multiply each token's loss (z-loss included) by its target's probability under the
             (scaled, soft-capped) logits, a constant of the gradient (detached), before the reduction; the mean's
             denominator is unchanged (Liger-Kernel's option of the same name).
+        ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy`` (give
+            one name of each pair).
+
+    ``return_z_loss`` returns the z-loss as a separate output, as Liger's: with ``reduction="none"`` each token's
+    ``lse_square_scale * lse**2`` ((N,), 0 where ignored) beside the per-token losses that include it; with "mean"
+    averaged over the non-ignored tokens, unweighted (see :class:`~tigon.functional.LossOutput`).
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput`` (with
@@ -102,8 +110,9 @@ def fused_linear_cross_entropy(
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
             (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
-            ``use_token_scaling`` that is not a bool.
+            ``use_token_scaling`` that is not a bool, or for both names of one option given.
     """
+    class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
     for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
@@ -164,6 +173,24 @@ def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:
     vocab, hidden = weight.shape[0], weight.shape[-1]
     exact_fits = memory >= 4 * vocab * hidden + 16 * vocab * weight.element_size()
     return (lean if accum_dtype is not None else not exact_fits), int(memory)
+
+
+def liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy):
+    """(class_weight, return_accuracy) from Tigon's or Liger-Kernel's names (``ce_weight``,
+    ``return_token_accuracy``).
+
+    Raises:
+        TypeError: both names of one option given.
+    """
+    if ce_weight is not None:
+        if class_weight is not None:
+            raise TypeError("give class_weight or ce_weight (Liger-Kernel's name for it), not both")
+        class_weight = ce_weight
+    if return_token_accuracy is not False:
+        if return_accuracy is not False:
+            raise TypeError("give return_accuracy or return_token_accuracy (Liger-Kernel's name for it), not both")
+        return_accuracy = return_token_accuracy
+    return class_weight, return_accuracy
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
