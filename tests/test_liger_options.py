@@ -347,3 +347,21 @@ def test_flce_liger_names(device):
         F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, ce_weight=cw)
     with pytest.raises(ValueError, match="Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes"):
         F.fused_linear_cross_entropy(w, h[0], torch.zeros(3, dtype=torch.long, device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("upstream", [1.0, 0.37], ids=["unit", "scaled"])
+def test_tvd_gradient_formed_in_forward_is_rounded_once(device, dtype, upstream):
+    # tvd forms sign(p - q) * round(scale / 2) in the forward (Liger's scheme); an upstream other than 1 rescales it
+    # by g * c / round(c), so each element is one rounding of g * c, as the recomputing backward's
+    from tigon.reference.divergence import tvd as ref_tvd
+
+    p = torch.softmax(torch.randn(7, 33, device=device), -1).to(dtype)
+    q = torch.softmax(torch.randn(7, 33, device=device), -1).to(dtype)
+    labels = torch.tensor([0, -100, 2, 3, -100, 5, 6], device=device)
+    for reduction in ("mean", "batchmean"):
+        x = p.clone().requires_grad_()
+        (F.tvd(x, q, labels, reduction) * upstream).backward()
+        xr = p.double().requires_grad_()
+        (ref_tvd(xr, q.double(), labels, reduction) * upstream).backward()
+        assert torch.equal(x.grad, xr.grad.to(dtype)), reduction  # one rounding of the exact gradient
