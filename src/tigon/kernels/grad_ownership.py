@@ -57,6 +57,15 @@ def _record(dy: torch.Tensor) -> None:  # the same depth as owns_grad's call of 
     _Probe.seen = _counts(dy)
 
 
+def prepare() -> None:
+    """Measure the baseline :func:`owns_grad` compares with, once per process: a tiny CPU forward and backward
+    through :class:`_Probe`. Call it from the op's forward (eager, outside any backward: a backward run from inside
+    another, on an accelerator's autograd thread, is best avoided); until it has run :func:`owns_grad` says False."""
+    global _BASELINE
+    if _BASELINE is None:
+        _BASELINE = _calibrate()
+
+
 def _calibrate() -> tuple[int, int]:
     try:
         with torch.enable_grad():
@@ -75,10 +84,9 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
 
     Call it directly from ``backward(ctx, dy)`` (decorated with :func:`tigon.kernels._common.once_differentiable`),
     with ``dy`` the backward's own argument and no other local name bound to it: the Python reference count it
-    compares is that call path's.
+    compares is that call path's. False until :func:`prepare` has run.
     """
-    global _BASELINE
-    if (dy.dtype != dtype or not dy.is_contiguous() or dy.storage_offset() != 0 or dy.requires_grad
+    if _BASELINE is None or (dy.dtype != dtype or not dy.is_contiguous() or dy.storage_offset() != 0 or dy.requires_grad
             or torch.compiler.is_compiling() or not hasattr(dy, "_use_count")
             or not hasattr(torch._C, "_storage_Use_Count")):
         return False
@@ -86,6 +94,4 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
         return False
     if dy.untyped_storage().nbytes() != dy.numel() * dy.element_size():
         return False
-    if _BASELINE is None:
-        _BASELINE = _calibrate()
     return _counts(dy) == _BASELINE

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
-from .grad_ownership import owns_grad
+from .grad_ownership import owns_grad, prepare
 from .norm import norm_backward, norm_forward
 
 
@@ -76,6 +76,8 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode, in_place=False):
+        if in_place:
+            prepare()  # (once per process)
         y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.offset, ctx.in_place = offset, in_place
