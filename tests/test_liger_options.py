@@ -365,3 +365,25 @@ def test_tvd_gradient_formed_in_forward_is_rounded_once(device, dtype, upstream)
         xr = p.double().requires_grad_()
         (ref_tvd(xr, q.double(), labels, reduction) * upstream).backward()
         assert torch.equal(x.grad, xr.grad.to(dtype)), reduction  # one rounding of the exact gradient
+
+
+def test_rms_norm_in_place_in_a_patched_model(device, monkeypatch):
+    # Gemma 2's sandwich norms: the post-attention / post-MLP norms' output gradient is shared with the residual
+    # branch (left as it is), the others' is their own (written over); the step's gradients are the original's
+    import tigon
+    from model_matrix import build, require_family
+    from tigon.kernels import rms_norm as krms
+
+    require_family("gemma2")
+    over_dy = []
+    backward = krms.rms_norm_backward
+    monkeypatch.setattr(krms, "rms_norm_backward", lambda *a: over_dy.append(a[-1]) or backward(*a))
+    original, patched = build("gemma2", {}), build("gemma2", {})
+    tigon.patch(patched)
+    ids = torch.randint(0, 100, (1, 8), device=device)
+    for m in (original, patched):
+        m(input_ids=ids, labels=ids).loss.backward()
+    assert 0 < sum(over_dy) < len(over_dy), over_dy
+    for (name, p), q in zip(patched.named_parameters(), original.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    tigon.unpatch(patched)
