@@ -62,7 +62,7 @@ def prepare() -> None:
     through :class:`_Probe`. Call it from the op's forward (eager, outside any backward: a backward run from inside
     another, on an accelerator's autograd thread, is best avoided); until it has run :func:`owns_grad` says False."""
     global _BASELINE
-    if _BASELINE is None:
+    if _BASELINE is None and not torch.is_inference_mode_enabled():  # (no autograd there to probe)
         _BASELINE = _calibrate()
 
 
