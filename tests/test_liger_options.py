@@ -387,3 +387,16 @@ def test_rms_norm_in_place_in_a_patched_model(device, monkeypatch):
     for (name, p), q in zip(patched.named_parameters(), original.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
     tigon.unpatch(patched)
+
+
+def test_tvd_target_gradient_in_its_own_dtype(device):
+    # the forward-formed gradients of a bf16 input and an fp32 target are each rescaled for their own rounding
+    from tigon.reference.divergence import tvd as ref_tvd
+
+    p = torch.softmax(torch.randn(5, 21, device=device), -1).to(torch.bfloat16).requires_grad_()
+    q = torch.softmax(torch.randn(5, 21, device=device), -1).requires_grad_()
+    (F.tvd(p, q) * 0.3).backward()
+    pr, qr = p.detach().double().requires_grad_(), q.detach().double().requires_grad_()
+    (ref_tvd(pr, qr) * 0.3).backward()
+    assert torch.equal(p.grad, pr.grad.to(torch.bfloat16))
+    torch.testing.assert_close(q.grad, qr.grad.float(), rtol=1e-6, atol=0)  # (fp32: its scale is an fp32 number)

@@ -266,10 +266,11 @@ class DivergenceFunction(torch.autograd.Function):
             ctx.consumed = True
             dx, dy, scale = ctx.saved_tensors
             g = grad.to(torch.float32)
-            if ctx.opts.kind == TVD:  # every gradient is +-round(c) or 0: rescale to one rounding of g * c
-                g = _tvd_factor(g, scale, (dx if dx is not None else dy).dtype)
-            return (None if dx is None else scale_rows_(dx, g), None if dy is None else scale_rows_(dy, g),
-                    None, None, None, None)
+            tvd = ctx.opts.kind == TVD  # every gradient is +-round(c) or 0: rescale to one rounding of g * c
+
+            def scaled(d):  # (per tensor: the input's and the target's dtypes may differ)
+                return None if d is None else scale_rows_(d, _tvd_factor(g, scale, d.dtype) if tvd else g)
+            return scaled(dx), scaled(dy), None, None, None, None
         x, y, labels, scale = ctx.saved_tensors
         want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
