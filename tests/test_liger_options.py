@@ -343,6 +343,12 @@ def test_flce_liger_names(device):
     assert got.token_accuracy is got.accuracy and torch.equal(got.accuracy, want.accuracy)
     flat = F.fused_linear_cross_entropy(h[0], w, t[0], ce_weight=cw, return_token_accuracy=True)
     assert torch.equal(flat.loss, F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, return_accuracy=True).loss)
+    logits = h[0] @ w.T
+    ce = tnn.CrossEntropyLoss(return_token_accuracy=True)(logits, t[0])
+    assert torch.equal(ce.token_accuracy, F.cross_entropy(logits, t[0], return_accuracy=True).accuracy)
+    assert torch.equal(F.cross_entropy(logits, t[0], return_token_accuracy=True).accuracy, ce.accuracy)
+    with pytest.raises(TypeError, match="return_accuracy or return_token_accuracy"):
+        F.cross_entropy(logits, t[0], return_accuracy=True, return_token_accuracy=True)
     with pytest.raises(TypeError, match="class_weight or ce_weight"):
         F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, ce_weight=cw)
     with pytest.raises(ValueError, match="Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes"):

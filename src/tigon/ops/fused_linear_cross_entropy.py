@@ -16,7 +16,7 @@ from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, targets
-from .cross_entropy import LOSS_CASES
+from .cross_entropy import LOSS_CASES, liger_aliases
 
 
 def fused_linear_cross_entropy(
@@ -173,24 +173,6 @@ def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:
     vocab, hidden = weight.shape[0], weight.shape[-1]
     exact_fits = memory >= 4 * vocab * hidden + 16 * vocab * weight.element_size()
     return (lean if accum_dtype is not None else not exact_fits), int(memory)
-
-
-def liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy):
-    """(class_weight, return_accuracy) from Tigon's or Liger-Kernel's names (``ce_weight``,
-    ``return_token_accuracy``).
-
-    Raises:
-        TypeError: both names of one option given.
-    """
-    if ce_weight is not None:
-        if class_weight is not None:
-            raise TypeError("give class_weight or ce_weight (Liger-Kernel's name for it), not both")
-        class_weight = ce_weight
-    if return_token_accuracy is not False:
-        if return_accuracy is not False:
-            raise TypeError("give return_accuracy or return_token_accuracy (Liger-Kernel's name for it), not both")
-        return_accuracy = return_token_accuracy
-    return class_weight, return_accuracy
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
