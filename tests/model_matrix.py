@@ -105,10 +105,10 @@ MORE_FAMILIES = {
     "ministral": ("ministral", {}, "ministral", {**FULL, **ADD}, {}),
     # LayerNorm1P (1 + w), partial rotary 0.5; the relu2 MLP is non-gated
     "nemotron": ("nemotron", {}, "nemotron", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
-    # logits * lm_head_multiplier; the MLP's multipliers need a kernel variant (skipped); small Mamba-2 mixers
+    # logits * lm_head_multiplier; the MLP's multipliers as the GLU kernel's scalars; small Mamba-2 mixers
     "falcon_h1": ("falcon_h1", dict(lm_head_multiplier=0.5, mlp_multipliers=[1.5, 0.5], mamba_d_ssm=32,
                                     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
-                  "falcon_h1", {"rms_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+                  "falcon_h1", {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # MoE: the router load-balancing loss (output_router_logits) stays in the fused loss
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",

@@ -94,6 +94,7 @@ def _opcheck_cases():
         "rope_partial": (ops.rope, (q, k, cos[..., :cos.shape[-1] // 2], sin[..., :sin.shape[-1] // 2], 1, False,
                                     True, True)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
+        "glu_multipliers": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu", 1.5, 0.25)),  # Falcon-H1's
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
         "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True, True)),  # want_pred
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
@@ -176,7 +177,7 @@ def test_rope_compile(device, unsqueeze_dim, rotary_dim):
     cos, sin = torch.randn(1, 6, rotary_dim, device=device), torch.randn(1, 6, rotary_dim, device=device)
 
     def fn(q, k):  # q, k as non-leaf views in the HF layout
-        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim)
+        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
     _check_same(fn, (q, k))
 

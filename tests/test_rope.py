@@ -27,7 +27,7 @@ def hf_layout(hq, hkv, d, dtype, device):
 def tigon_rope_checked(q, k, cos, sin, unsqueeze_dim=1):
     # compare() clones its inputs; clone keeps the dense transposed layout, so the kernel sees real strides.
     assert not q.is_contiguous() and not k.is_contiguous()
-    return F.rope(q, k, cos, sin, unsqueeze_dim)
+    return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

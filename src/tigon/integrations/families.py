@@ -109,12 +109,11 @@ EXAONE4 = _dense(  # post-norm layers with q_norm / k_norm; under a sliding wind
     "exaone4", "Exaone4", pre_norm_layer=False)  # (the full-attention layers are NoPE: a note)
 HUNYUAN_V1_DENSE = _dense("hunyuan_v1_dense", "HunYuanDenseV1")  # per-head query / key layernorm after the rotary
 MINISTRAL = _dense("ministral", "Ministral")  # Mistral with interleaved sliding-window layers
-FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, logits * config.lm_head_multiplier
-    "falcon_h1", "FalconH1", pre_norm_layer=False, mlps=(),
+FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, logits * config.lm_head_multiplier;
+    "falcon_h1", "FalconH1", pre_norm_layer=False,  # the MLP's gate / down multipliers as the GLU kernel's scalars
+    mlp=MLPSpec("FalconH1MLP", multipliers=("gate_multiplier", "down_multiplier")),
     causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier"),
-    unsupported=(Unsupported("mlp", "FalconH1MLP", "down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier "
-                             "(config.mlp_multipliers): a SwiGLU variant with multipliers is needed"),
-                 _gated_norm("FalconH1RMSNormGated", "the Mamba mixer")))
+    unsupported=(_gated_norm("FalconH1RMSNormGated", "the Mamba mixer"),))
 
 # MoE families: experts through the _apply_gate hook, the head keeps the router loss (and aux_loss) where HF adds it.
 OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection

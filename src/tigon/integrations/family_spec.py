@@ -59,6 +59,9 @@ class MLPSpec:
         hook (``act(gate) * up`` on the chunked halves, called by the ``grouped_mm`` / ``batched_mm`` experts
         implementations) becomes swiglu / geglu. The ``eager`` experts implementation computes ``act(gate) * up``
         inline and is left alone (reported).
+    multipliers: attribute names of the module's gate and down multipliers (HF FalconH1MLP: ``("gate_multiplier",
+        "down_multiplier")``, its forward ``down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier``), read
+        at each call and passed to the op as kernel scalars; None: no multipliers.
     """
 
     cls: str
@@ -69,6 +72,7 @@ class MLPSpec:
     down: str = "down_proj"
     gate_up: str | None = None
     experts: bool = False
+    multipliers: tuple[str, str] | None = None
 
     @property
     def gated(self) -> bool:

@@ -124,12 +124,22 @@ def _activation_name(act_fn) -> str | None:
     return names[0] if names and len(ops) == 1 and None not in ops else None
 
 
-def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """swiglu / geglu of ``act``; ``inplace``: the backward writes d_gate / d_up into gate's / up's memory."""
+def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False,
+         gm: float = 1.0, dm: float = 1.0) -> torch.Tensor:
+    """swiglu / geglu of ``act`` (``act(gm * gate) * up * dm``); ``inplace``: the backward writes d_gate / d_up into
+    gate's / up's memory."""
     op, approximate = act
     if op == "swiglu":
-        return TF.swiglu(gate, up, inplace_backward=inplace)
-    return TF.geglu(gate, up, approximate=approximate, inplace_backward=inplace)
+        return TF.swiglu(gate, up, gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
+    return TF.geglu(gate, up, approximate=approximate, gate_multiplier=gm, down_multiplier=dm,
+                    inplace_backward=inplace)
+
+
+def mlp_multipliers(module, spec: MLPSpec) -> tuple[float, float]:
+    """The module's (gate, down) multipliers named by ``spec.multipliers``; (1.0, 1.0) without."""
+    if spec.multipliers is None:
+        return 1.0, 1.0
+    return float(getattr(module, spec.multipliers[0])), float(getattr(module, spec.multipliers[1]))
 
 
 _GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
@@ -226,6 +236,10 @@ def _lora_mlp():
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
 
+    With ``spec.multipliers`` (Falcon-H1): ``down(op(gate(x) * gm, up(x))) * dm``, gm and dm the op's kernel scalars
+    (dm scales the product: the same as scaling ``down``'s output for a projection without bias; with a bias the
+    output is scaled after ``down``).
+
     With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
     original forward. gate and up are this forward's own projection outputs, used by nothing else (unless the
@@ -259,10 +273,13 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = proj[0](x), proj[1](x)
         inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
+        gm, dm = mlp_multipliers(self, spec)
+        if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
+            return down(_glu(act, gate, up, inplace, gm)) * dm
         if foldable_linear(down) and not under_checkpoint():
             return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
-                                 inplace_backward=inplace)
-        return down(_glu(act, gate, up, inplace=inplace))
+                                 gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
+        return down(_glu(act, gate, up, inplace, gm, dm))
 
     return mark(forward, "mlp", family)
 
@@ -321,6 +338,10 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
         for attr in names:
             if not callable(getattr(module, attr, None)):
                 return f"no callable attribute {attr!r}"
+        for attr in spec.multipliers or ():
+            value = getattr(module, attr, None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"multiplier attribute {attr!r} is not a number ({type(value).__name__})"
     act = mlp_activation(module, spec)
     return act if isinstance(act, str) else None
 

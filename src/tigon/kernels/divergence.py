@@ -17,13 +17,18 @@ upstream other than 1 the gradient is rounded to the input's dtype twice (forwar
 about 1.4x the error of one rounding, far inside the error of the same formula evaluated in bf16 (what plain PyTorch
 code runs), which is the baseline.
 
-kl_div and tvd: the forward writes the row sums (or, for ``reduction="none"``, the (N, V) fp32 pointwise losses);
-the backward reads y, x (not for kl_div's input gradient, -y or -exp(y)) and the upstream gradient (0-d, or (N, V)
-with any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes ``upstream * scale * d l``, rounded
-once. Their baseline is torch's own kl_div (and a
-|p - q| whose gradient is one rounding of a scalar), whose bf16 gradient a forward-formed one, rounded twice for an
-upstream other than 1, would not match (1.4x measured). Forward + backward: kl_div 4 N V e (as Liger's with
-upstream 1), tvd 5 N V e (Liger's 3 with upstream 1, plus 2 otherwise).
+tvd (``grad_in_forward`` too, as Liger-Kernel's): its gradient takes three values, ``+-c`` and 0 with ``c = scale /
+2``, so the forward writes ``sign(x - y) * round(c)`` and the backward, for an upstream g other than 1, multiplies
+by ``g * c / round(c)`` (a 0-d fp32 factor formed on the device): each element is then ``round(g * c)`` up to fp32
+error, one rounding as the recomputing backward gives, not two. Forward + backward 3 N V e with upstream 1 (Liger's),
+5 N V e otherwise.
+
+kl_div: the forward writes the row sums (or, for ``reduction="none"``, the (N, V) fp32 pointwise losses); the
+backward reads y (its input gradient is -y or -exp(y) times the upstream and scale) and the upstream gradient (0-d,
+or (N, V) with any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes ``upstream * scale * d l``,
+rounded once. Its baseline is torch's own kl_div, whose bf16 gradient a forward-formed one, rounded twice for an
+upstream other than 1, would not match (1.4x measured). Forward + backward: 4 N V e (as Liger's with upstream 1).
+tvd's ``reduction="none"`` takes this recomputing backward too (5 N V e).
 
 Rows whose label equals ``ignore_index`` are never read: their loss and gradients are 0.
 """
@@ -248,7 +253,7 @@ class DivergenceFunction(torch.autograd.Function):
             dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if ctx.formed and want_dy else None
             launch(x, y, labels, scale, opts, loss=rows, dx=dx, dy=dy)
             loss = rows.sum() * scale
-        ctx.save_for_backward(*((dx, dy) if ctx.formed else (x, y, labels, scale)))
+        ctx.save_for_backward(*((dx, dy, scale) if ctx.formed else (x, y, labels, scale)))
         return loss
 
     @staticmethod
@@ -256,19 +261,32 @@ class DivergenceFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.formed:
             if ctx.consumed:
-                raise RuntimeError("tigon.jsd forms its gradients in the forward and scales them in place in the "
-                                   "backward: a second backward through the same loss is not possible")
+                raise RuntimeError("tigon.jsd and tigon.tvd form their gradients in the forward and scale them in "
+                                   "place in the backward: a second backward through the same loss is not possible")
             ctx.consumed = True
-            dx, dy = ctx.saved_tensors
+            dx, dy, scale = ctx.saved_tensors
             g = grad.to(torch.float32)
-            return (None if dx is None else scale_rows_(dx, g), None if dy is None else scale_rows_(dy, g),
-                    None, None, None, None)
+            tvd = ctx.opts.kind == TVD  # every gradient is +-round(c) or 0: rescale to one rounding of g * c
+
+            def scaled(d):  # (per tensor: the input's and the target's dtypes may differ)
+                return None if d is None else scale_rows_(d, _tvd_factor(g, scale, d.dtype) if tvd else g)
+            return scaled(dx), scaled(dy), None, None, None, None
         x, y, labels, scale = ctx.saved_tensors
         want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
         dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
         launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape))  # 0-d upstream: strides 0
         return dx, dy, None, None, None, None
+
+
+def _tvd_factor(g: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 0-d fp32 factor that turns tvd's forward-formed gradient ``+-round(c)`` (``c = scale / 2`` rounded to
+    ``dtype``) into ``+-g * c``: 1 where g is 1 (nothing is written then), else ``g * c / round(c)`` (``g`` where
+    round(c) is 0: every gradient is 0)."""
+    c = scale * 0.5
+    rc = c.to(dtype).to(torch.float32)
+    return torch.where(g == 1, torch.ones_like(g), g * torch.where(rc != 0, c / torch.where(rc != 0, rc, c),
+                                                                   torch.ones_like(c)))
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops

@@ -1,10 +1,11 @@
 """SwiGLU and GeGLU: Triton forward and backward (GLU variants, Shazeer 2020).
 
-``out = act(gate) * up`` elementwise, with ``act`` chosen by the constexpr ``ACTIVATION``: SiLU, exact GELU
-(erf) or tanh-GELU. The backward recomputes ``act(gate)`` and ``act'(gate)`` from gate instead of storing an
-activation, and writes both input gradients in one pass:
+``out = act(gm * gate) * up * dm`` elementwise, with ``act`` chosen by the constexpr ``ACTIVATION``: SiLU, exact
+GELU (erf) or tanh-GELU, and the scalars gm, dm (the gate and down multipliers of HF FalconH1MLP; 1.0 elsewhere,
+where the multiplications are exact). The backward recomputes ``act(gm * gate)`` and its derivative from gate
+instead of storing an activation, and writes both input gradients in one pass:
 
-    d_gate = dy * up * act'(gate)        d_up = dy * act(gate)
+    d_gate = dy * up * dm * act'(gm * gate) * gm        d_up = dy * act(gm * gate) * dm
 
 The tanh-GELU is written through the logistic function, ``0.5 * (1 + tanh(u)) = sigmoid(2u)`` and
 ``1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u))``, so no tanh (libdevice) is needed.
@@ -67,55 +68,59 @@ def _act_and_grad(g, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _glu_fwd(
-    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o,
+    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm,  # gm, dm: fp32 gate and down multipliers
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    out = _act(g, ACTIVATION) * u
+    out = _act(g * gm, ACTIVATION) * u * dm
     tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _glu_bwd(
-    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du,
+    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du, gm, dm,
     ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """d_gate, d_up; with STORE_PRODUCT also ``act(gate) * up`` written over dy (each element read first, by the
-    same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
+    """d_gate, d_up; with STORE_PRODUCT also the forward's output ``act(gm * gate) * up * dm`` written over dy (each
+    element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    a, da = _act_and_grad(g, ACTIVATION)
-    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da).to(DGATE.dtype.element_ty), mask=mask)
+    a, da = _act_and_grad(g * gm, ACTIVATION)
+    dy = dy * dm
+    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da * gm).to(DGATE.dtype.element_ty),
+             mask=mask)
     tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
     if STORE_PRODUCT:
-        tl.store(dy_ptrs, (a * u).to(DY.dtype.element_ty), mask=mask)
+        tl.store(dy_ptrs, (a * u * dm).to(DY.dtype.element_ty), mask=mask)
 
 
-def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``act(gate) * up`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that shape."""
+def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float = 1.0,
+                dm: float = 1.0) -> torch.Tensor:
+    """``act(gm * gate) * up * dm`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that
+    shape."""
     out = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
     M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_fwd[grid](
-        g2, u2, o2, M, N, sg, su, so,
+        g2, u2, o2, M, N, sg, su, so, float(gm), float(dm),
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
     return out
 
 
 def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False,
-                 store_product: bool = False):
-    """Returns (d_gate, d_up) shaped like gate and in gate's (= up's) dtype: new contiguous tensors, or with
-    ``inplace`` gate and up themselves (each element is read before it is overwritten, by the same program).
-    ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's shape and dtype) with
-    ``act(gate) * up``, the forward's output, recomputed."""
+                 store_product: bool = False, gm: float = 1.0, dm: float = 1.0):
+    """Returns (d_gate, d_up) of ``act(gm * gate) * up * dm``, shaped like gate and in gate's (= up's) dtype: new
+    contiguous tensors, or with ``inplace`` gate and up themselves (each element is read before it is overwritten,
+    by the same program). ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's
+    shape and dtype) with the forward's output, recomputed."""
     if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
         raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
     if gate.numel() == 0:
@@ -137,7 +142,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_bwd[grid](
-        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu,
+        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm),
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,
     )
@@ -145,23 +150,25 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
 
 
 class GLUFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, activation, inplace)`` with activation in :data:`ACTIVATIONS`.
+    """autograd wrapper; ``apply(gate, up, activation, inplace, gm=1.0, dm=1.0)`` with activation in
+    :data:`ACTIVATIONS`: ``act(gm * gate) * up * dm``.
 
     Saves only gate and up (as given); the activation is recomputed in the backward. With ``inplace`` the
     gradients are written into gate's and up's storage (see :func:`tigon.functional.swiglu`).
     """
 
     @staticmethod
-    def forward(ctx, gate, up, activation, inplace=False):
+    def forward(ctx, gate, up, activation, inplace=False, gm=1.0, dm=1.0):
         _save_gate_up(ctx, gate, up, activation, inplace)
-        return glu_forward(gate, up, activation)
+        ctx.gm, ctx.dm = gm, dm
+        return glu_forward(gate, up, activation, gm, dm)
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
-        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace)
-        return dgate, dup, None, None
+        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm)
+        return dgate, dup, None, None, None, None
 
 
 def _save_gate_up(ctx, gate, up, activation: str, inplace: bool, *more) -> None:
@@ -182,15 +189,17 @@ def _saved_gate_up(ctx, name: str, writes: bool):
     return ctx.saved_tensors
 
 
-def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype) -> torch.Tensor:
-    """``linear(act(gate) * up, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast dtype)."""
-    y = glu_forward(gate, up, activation)
+def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype, gm: float = 1.0,
+                       dm: float = 1.0) -> torch.Tensor:
+    """``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast
+    dtype)."""
+    y = glu_forward(gate, up, activation, gm, dm)
     with torch.autocast(gate.device.type, enabled=False):
         return torch.nn.functional.linear(y.to(cd), weight.to(cd), bias.to(cd) if bias is not None else None)
 
 
 def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype, need: tuple[bool, bool, bool, bool],
-                        inplace: bool):
+                        inplace: bool, gm: float = 1.0, dm: float = 1.0):
     """Gradients (d_gate, d_up, d_weight, d_bias) of :func:`glu_linear_forward` (None where ``need`` is False).
 
     ``dy = dout @ weight`` (cuBLAS), then one elementwise pass reads dy, gate and up, writes d_gate and d_up
@@ -203,75 +212,78 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
     with torch.autocast(gate.device.type, enabled=False):
         if need_g or need_u:
             dy = torch.mm(d2, weight.to(cd)).to(gate.dtype).view(gate.shape)
-            dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w)
+            dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
             product = dy
         else:
             dgate = dup = None
-            product = glu_forward(gate, up, activation) if need_w else None
+            product = glu_forward(gate, up, activation, gm, dm) if need_w else None
         dw = torch.mm(d2.t(), product.reshape(d2.shape[0], gate.shape[-1]).to(cd)).to(weight.dtype) if need_w else None
     db = d2.sum(0) if need_b else None
     return (dgate if need_g else None), (dup if need_u else None), dw, db
 
 
 class GLULinearFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace)``: a gated MLP's
-    ``down_proj(act(gate) * up)`` that saves gate, up and the weight but not the (tokens, I) product, recomputed in
-    the backward by the pass that forms d_gate and d_up (see :func:`glu_linear_backward`)."""
+    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace, gm=1.0, dm=1.0)``: a gated MLP's
+    ``down_proj(act(gm * gate) * up * dm)`` that saves gate, up and the weight but not the (tokens, I) product,
+    recomputed in the backward by the pass that forms d_gate and d_up (see :func:`glu_linear_backward`)."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False):
+    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False, gm=1.0, dm=1.0):
         _save_gate_up(ctx, gate, up, activation, inplace, weight)
-        ctx.cd, ctx.bias_dtype = cd, (bias.dtype if bias is not None else None)
-        return glu_linear_forward(gate, up, weight, bias, activation, cd)
+        ctx.cd, ctx.bias_dtype, ctx.gm, ctx.dm = cd, (bias.dtype if bias is not None else None), gm, dm
+        return glu_linear_forward(gate, up, weight, bias, activation, cd, gm, dm)
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
         need = tuple(ctx.needs_input_grad[:4])
         gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])
-        dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace)
-        return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None
+        dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace,
+                                                 ctx.gm, ctx.dm)
+        return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
 @torch.library.custom_op("tigon::glu", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _glu(gate: Tensor, up: Tensor, activation: str) -> Tensor:
-    """``act(gate) * up``: gate's shape and dtype, contiguous (activation in ``tigon.kernels.glu.ACTIVATIONS``)."""
-    return glu_forward(gate, up, activation)
+def _glu(gate: Tensor, up: Tensor, activation: str, gm: float = 1.0, dm: float = 1.0) -> Tensor:
+    """``act(gm * gate) * up * dm``: gate's shape and dtype, contiguous (activation in
+    ``tigon.kernels.glu.ACTIVATIONS``)."""
+    return glu_forward(gate, up, activation, gm, dm)
 
 
 @_glu.register_fake
-def _(gate, up, activation):
+def _(gate, up, activation, gm=1.0, dm=1.0):
     return gate.new_empty(gate.shape)
 
 
 @torch.library.custom_op("tigon::glu_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _glu_backward(dy: Tensor, gate: Tensor, up: Tensor, activation: str) -> tuple[Tensor, Tensor]:
+def _glu_backward(dy: Tensor, gate: Tensor, up: Tensor, activation: str, gm: float = 1.0,
+                  dm: float = 1.0) -> tuple[Tensor, Tensor]:
     """(d_gate, d_up): new contiguous tensors shaped like gate, in its dtype."""
-    return glu_backward(dy, gate, up, activation, False)
+    return glu_backward(dy, gate, up, activation, False, gm=gm, dm=dm)
 
 
 @_glu_backward.register_fake
-def _(dy, gate, up, activation):
+def _(dy, gate, up, activation, gm=1.0, dm=1.0):
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
 def _glu_setup(ctx, inputs, output):
-    gate, up, activation = inputs
+    gate, up, activation, gm, dm = inputs
     ctx.save_for_backward(gate, up)
-    ctx.activation = activation
+    ctx.activation, ctx.gm, ctx.dm = activation, gm, dm
 
 
 def _glu_grad(ctx, dy):
     gate, up = ctx.saved_tensors
-    dgate, dup = _glu_backward(dy, gate, up, ctx.activation)
-    return dgate, dup, None
+    dgate, dup = _glu_backward(dy, gate, up, ctx.activation, ctx.gm, ctx.dm)
+    return dgate, dup, None, None, None
 
 
 _glu.register_autograd(_glu_grad, setup_context=_glu_setup)
 
 
-def compiled_glu(gate, up, activation, inplace=False):
-    """``GLUFunction.apply`` as the ``tigon::glu`` custom op (``inplace`` is ignored, see the module docstring)."""
-    return _glu(gate, up, activation)
+def compiled_glu(gate, up, activation, gm=1.0, dm=1.0):
+    """``GLUFunction.apply`` as the ``tigon::glu`` custom op (no ``inplace``: a custom op does not write its inputs)."""
+    return _glu(gate, up, activation, float(gm), float(dm))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
+from .grad_ownership import owns_grad, prepare
 from .norm import norm_backward, norm_forward
 
 
@@ -45,31 +46,41 @@ def _dtype(weight: torch.Tensor | None) -> torch.dtype | None:
 
 
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                      offset: float, need_dw: bool, x_shape: tuple[int, ...] | None = None):
+                      offset: float, need_dw: bool, x_shape: tuple[int, ...] | None = None, over_dy: bool = False):
     """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
 
-    Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous; dw: (N,) in weight's dtype, or None
-    unless ``need_dw`` (and without a weight)).
+    ``over_dy``: write dx into dy's memory (dy must then be contiguous and in x's dtype; the kernel reads each
+    element of dy before it writes dx there); the caller decides that nothing else reads dy
+    (:func:`tigon.kernels.grad_ownership.owns_grad`).
+
+    Returns (dx: ``x_shape`` (default x's shape) and x's dtype, contiguous (dy itself, viewed so, with
+    ``over_dy``); dw: (N,) in weight's dtype, or None unless ``need_dw`` (and without a weight)).
     """
     need_dw = need_dw and weight is not None
     dx, dw, _ = norm_backward(dy, x, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, dx_shape=x_shape,
-                              dw_dtype=weight.dtype if need_dw else torch.float32)
+                              dx=dy if over_dy else None, dw_dtype=weight.dtype if need_dw else torch.float32)
+    if over_dy and x_shape is not None:
+        dx = dx.view(x_shape)
     return dx, dw
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode)`` with x (..., N), weight (N,) or None.
+    """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode, in_place=False)`` with x (..., N), weight (N,)
+    or None.
 
     casting_mode ``"llama"`` rounds the normalised value to x's dtype before the weight multiply and returns the
     promotion of x's and weight's dtypes; ``"gemma"`` returns x's dtype; ``"none"`` the promotion. Statistics and
-    gradients are computed in fp32 in every mode.
+    gradients are computed in fp32 in every mode. ``in_place``: the backward writes dx over its incoming gradient dy
+    when it owns dy (:func:`~tigon.kernels.grad_ownership.owns_grad`), else into a new tensor.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, eps, offset, casting_mode):
+    def forward(ctx, x, weight, eps, offset, casting_mode, in_place=False):
+        if in_place and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            prepare()  # (once per process)
         y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
         ctx.save_for_backward(x2, weight, rstd)
-        ctx.offset = offset
+        ctx.offset, ctx.in_place = offset, in_place
         ctx.x_shape = x.shape
         return y
 
@@ -77,12 +88,14 @@ class RMSNormFunction(torch.autograd.Function):
     @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1], ctx.x_shape)
-        return dx, dw, None, None, None
+        over_dy = ctx.in_place and owns_grad(dy, x2.dtype)  # dy: no other local name (owns_grad counts references)
+        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1], ctx.x_shape, over_dy)
+        return dx, dw, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
-# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
+# The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels). ``in_place``
+# is not taken here (a custom op may not return its input's memory); Inductor plans the backward's buffers itself.
 @torch.library.custom_op("tigon::rms_norm", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _rms_norm(x: Tensor, weight: Tensor | None, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
     """(y: x's shape, contiguous, :func:`~tigon.kernels.rms_norm.output_dtype`; rstd: (M,) fp32)."""
@@ -127,6 +140,6 @@ def _rms_norm_grad(ctx, dy, _drstd):
 _rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
 
 
-def compiled_rms_norm(x, weight, eps, offset, casting_mode):
-    """``RMSNormFunction.apply`` as the ``tigon::rms_norm`` custom op: y (x's shape)."""
+def compiled_rms_norm(x, weight, eps, offset, casting_mode, in_place=False):
+    """``RMSNormFunction.apply`` as the ``tigon::rms_norm`` custom op: y (x's shape); ``in_place`` is not taken."""
     return _rms_norm(x, weight, eps, offset, casting_mode)[0]

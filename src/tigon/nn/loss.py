@@ -52,6 +52,7 @@ class CrossEntropyLoss(nn.Module):
             :func:`tigon.functional.cross_entropy`.
         return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
             -1 where ignored; Liger-Kernel's option of the same name).
+        return_token_accuracy: Liger-Kernel's name of ``return_accuracy``.
 
     Forward:
         ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
@@ -67,8 +68,12 @@ class CrossEntropyLoss(nn.Module):
     def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
                  return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False,
-                 grad_in_forward: bool = False, return_predicted_tokens: bool = False):
+                 grad_in_forward: bool = False, return_predicted_tokens: bool = False,
+                 return_token_accuracy: bool = False):
         super().__init__()
+        from ..ops.cross_entropy import liger_aliases
+
+        _, return_accuracy = liger_aliases(None, None, return_accuracy, return_token_accuracy)
         self.register_buffer("weight", weight)
         self.return_predicted_tokens = return_predicted_tokens
         self.ignore_index = ignore_index
@@ -119,6 +124,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             -1 where ignored; Liger-Kernel's option of the same name).
         use_token_scaling: each token's loss times its target's detached probability (Liger-Kernel's option; see
             :func:`tigon.functional.fused_linear_cross_entropy`).
+        ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy``.
+
+    Unlike Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss.forward(lin_weight, _input, target, bias)`` the forward
+    takes hidden first (a call in Liger's order raises, naming it, unless N == V).
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -135,8 +144,12 @@ class FusedLinearCrossEntropyLoss(nn.Module):
                  lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
                  class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
                  return_accuracy: bool = False, accum_dtype: torch.dtype | None = None,
-                 return_predicted_tokens: bool = False, use_token_scaling: bool = False):
+                 return_predicted_tokens: bool = False, use_token_scaling: bool = False,
+                 ce_weight: torch.Tensor | None = None, return_token_accuracy: bool = False):
         super().__init__()
+        from ..ops.cross_entropy import liger_aliases
+
+        class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
         self.use_token_scaling = use_token_scaling
         self.register_buffer("class_weight", class_weight)
         self.accum_dtype = accum_dtype

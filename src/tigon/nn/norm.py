@@ -29,6 +29,9 @@ class RMSNorm(nn.Module):
         elementwise_affine: False: no weight (``self.weight`` is None, as in Liger-Kernel's
             ``LigerRMSNorm(elementwise_affine=False)``), ``y = x / sqrt(mean(x**2) + eps)`` in the input's dtype;
             ``offset`` is then unused. A keyword argument: it comes after ``device`` and ``dtype`` here.
+        in_place: Liger-Kernel's ``LigerRMSNorm(in_place=True)`` (same default, keyword here): the backward writes
+            the input's gradient over the output's incoming gradient where autograd shows nothing else reads it;
+            see :func:`tigon.functional.rms_norm` for when, and the bytes it saves.
 
     Shapes and dtypes:
         input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path (other float dtypes run the
@@ -36,18 +39,21 @@ class RMSNorm(nn.Module):
 
     Raises:
         ValueError: unknown casting_mode (at construction), or a last dimension other than hidden_size (forward).
-        TypeError: elementwise_affine is not a bool (at construction).
+        TypeError: elementwise_affine or in_place is not a bool (at construction).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama",
-                 device=None, dtype=None, elementwise_affine: bool = True) -> None:
+                 device=None, dtype=None, elementwise_affine: bool = True, in_place: bool = True) -> None:
         super().__init__()
         if casting_mode not in ("llama", "gemma", "none"):
             raise ValueError(f"casting_mode must be one of ('llama', 'gemma', 'none'), got {casting_mode!r}")
         if not isinstance(elementwise_affine, bool):
             raise TypeError(f"elementwise_affine must be a bool, got {type(elementwise_affine).__name__} "
                             f"{elementwise_affine!r}")
+        if not isinstance(in_place, bool):
+            raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
         self.hidden_size = hidden_size
+        self.in_place = in_place
         self.elementwise_affine = elementwise_affine
         init = torch.zeros if offset != 0.0 else torch.ones
         if elementwise_affine:
@@ -71,13 +77,14 @@ class RMSNorm(nn.Module):
         if self.weight is None and hidden_states.shape[-1:] != (self.hidden_size,):
             raise ValueError(f"hidden_states' last dimension must be hidden_size {self.hidden_size}, got shape "
                              f"{tuple(hidden_states.shape)}")
-        return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode)
+        return TF.rms_norm(hidden_states, self.weight, self.variance_epsilon, self.offset, self.casting_mode,
+                           self.in_place)
 
     def extra_repr(self) -> str:
         shape, affine = ((self.hidden_size,), ", elementwise_affine=False") if self.weight is None else \
             (tuple(self.weight.shape), "")
         return (f"{shape}, eps={self.variance_epsilon}, offset={self.offset}, casting_mode={self.casting_mode!r}"
-                f"{affine}")
+                f"{affine}, in_place={self.in_place}")
 
 
 class FusedAddRMSNorm(RMSNorm):
@@ -128,8 +135,6 @@ class FusedAddRMSNorm(RMSNorm):
         return TF.fused_add_rms_norm(hidden_states, residual, self.weight, self.variance_epsilon, self.offset,
                                      self.casting_mode, self.in_place)
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, in_place={self.in_place}"
 
 
 class LayerNorm(nn.LayerNorm):

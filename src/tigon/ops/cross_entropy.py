@@ -30,6 +30,7 @@ def cross_entropy(
     inplace_backward: bool = False,
     grad_in_forward: bool = False,
     return_predicted_tokens: bool = False,
+    return_token_accuracy: bool = False,
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
 
@@ -82,7 +83,8 @@ def cross_entropy(
     Returns:
         The loss, float32 (float64 for float64 logits): 0-d, or (N,) for ``reduction="none"``. With
         ``return_z_loss``, ``return_accuracy`` or ``return_predicted_tokens``: ``LossOutput(loss, z_loss, accuracy,
-        predicted_tokens)`` (unrequested fields None).
+        predicted_tokens)`` (unrequested fields None). ``return_token_accuracy`` is Liger-Kernel's name of
+        ``return_accuracy`` (give one of the two).
 
     Raises:
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
@@ -94,6 +96,8 @@ def cross_entropy(
             NaN, nothing is read out of bounds) and the next launch of a loss kernel raises, naming it, usually
             this call's backward (:mod:`tigon.kernels.target_check`).
     """
+    if return_token_accuracy is not False:
+        _, return_accuracy = liger_aliases(None, None, return_accuracy, return_token_accuracy)
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
                      lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
     if grad_in_forward and reduction == "none":
@@ -129,6 +133,24 @@ def cross_entropy(
         return loss
     return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
                       pred if return_predicted_tokens else None)
+
+
+def liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy):
+    """(class_weight, return_accuracy) from Tigon's or Liger-Kernel's names (``ce_weight``,
+    ``return_token_accuracy``).
+
+    Raises:
+        TypeError: both names of one option given.
+    """
+    if ce_weight is not None:
+        if class_weight is not None:
+            raise TypeError("give class_weight or ce_weight (Liger-Kernel's name for it), not both")
+        class_weight = ce_weight
+    if return_token_accuracy is not False:
+        if return_accuracy is not False:
+            raise TypeError("give return_accuracy or return_token_accuracy (Liger-Kernel's name for it), not both")
+        return_accuracy = return_token_accuracy
+    return class_weight, return_accuracy
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

@@ -108,7 +108,10 @@ def tvd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | 
 
     Args:
         input: (N, V) probabilities p, float32 / bfloat16 / float16 (other float dtypes run the reference); any
-            strides. Gets a gradient (``sign(p - q) / 2``, 0 where p = q, times the reduction's factor).
+            strides. Gets a gradient (``sign(p - q) / 2``, 0 where p = q, times the reduction's factor), formed in
+            the forward pass for a scalar reduction (Liger-Kernel's scheme: the backward then writes nothing for an
+            upstream gradient of 1, and rescales it otherwise, still with one rounding); a second backward through
+            the same loss then raises.
         target: (N, V) probabilities q, any float dtype; gets a gradient too if it requires one (Liger: none).
         shift_labels: optional (N,) integer labels; rows whose label equals ``ignore_index`` are skipped (loss and
             gradients 0) and not counted by "mean" / "batchmean".
@@ -131,7 +134,7 @@ def tvd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | 
         return ref.tvd(input, target, shift_labels, reduction, ignore_index)
     from ..kernels.divergence import TVD
 
-    return _kernel(input, target, shift_labels, (TVD, 0.5, 0.0, int(ignore_index)), reduction)
+    return _kernel(input, target, shift_labels, (TVD, 0.5, 0.0, int(ignore_index)), reduction, True)
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -166,8 +169,9 @@ def _tvd_inputs(s: dict, dtype, device, gen, ignore_every: int = 0, labels: bool
 
 
 def _read2_write1(s: dict, e: int, mode: str) -> float:
-    """Read input and target; forward + backward also writes the input's gradient (the floor: jsd's kernels move
-    that with upstream 1, kl_div's and tvd's read the target (and the input) again in the backward)."""
+    """Read input and target; forward + backward also writes the input's gradient (the floor: jsd's and tvd's
+    kernels move that with upstream 1, forming the gradient in the forward; kl_div's reads the target again in the
+    backward)."""
     return (2 if mode == "fwd" else 3) * s["tokens"] * s["vocab"] * e
 
 
@@ -225,7 +229,7 @@ RECORDS = (
         fn=tvd, reference=ref.tvd, original=ref.plain_tvd,
         original_name="|p - q| / 2 in plain PyTorch at the input dtype (tigon.reference.divergence.plain_tvd)",
         make_inputs=_tvd_inputs,
-        grads_in_forward=("liger",),
+        grads_in_forward=("tigon", "liger"),
         bench_inputs={"ignore_every": 10},
         peers={"liger": liger("liger_tvd", "input", "target", shift_labels="shift_labels")},
         cases=(

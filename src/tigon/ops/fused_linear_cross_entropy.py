@@ -16,7 +16,7 @@ from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, targets
-from .cross_entropy import LOSS_CASES
+from .cross_entropy import LOSS_CASES, liger_aliases
 
 
 def fused_linear_cross_entropy(
@@ -39,6 +39,8 @@ def fused_linear_cross_entropy(
     memory: str | int = "auto",
     return_predicted_tokens: bool = False,
     use_token_scaling: bool = False,
+    ce_weight: torch.Tensor | None = None,
+    return_token_accuracy: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -93,6 +95,12 @@ def fused_linear_cross_entropy(
         use_token_scaling: multiply each token's loss (z-loss included) by its target's probability under the
             (scaled, soft-capped) logits, a constant of the gradient (detached), before the reduction; the mean's
             denominator is unchanged (Liger-Kernel's option of the same name).
+        ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy`` (give
+            one name of each pair).
+
+    ``return_z_loss`` returns the z-loss as a separate output, as Liger's: with ``reduction="none"`` each token's
+    ``lse_square_scale * lse**2`` ((N,), 0 where ignored) beside the per-token losses that include it; with "mean"
+    averaged over the non-ignored tokens, unweighted (see :class:`~tigon.functional.LossOutput`).
 
     Returns:
         As :func:`cross_entropy`: the float32 loss (0-d, or (N,) for "none"), or ``LossOutput`` (with
@@ -103,8 +111,9 @@ def fused_linear_cross_entropy(
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
             (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
-            ``use_token_scaling`` that is not a bool.
+            ``use_token_scaling`` that is not a bool, or for both names of one option given.
     """
+    class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
     for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")

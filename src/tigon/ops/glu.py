@@ -17,13 +17,14 @@ from ._dtensor import DTensorRule, accepts_dtensor, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
 
-def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward: bool) -> torch.Tensor:
-    """``act(gate) * up`` on the kernels (eager: the autograd.Function; compiled: the custom op)."""
+def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward: bool, gm: float,
+         dm: float) -> torch.Tensor:
+    """``act(gm * gate) * up * dm`` on the kernels (eager: the autograd.Function; compiled: the custom op)."""
     from ..kernels import glu as k
 
     if torch.compiler.is_compiling():
-        return k.compiled_glu(gate, up, activation)
-    return k.GLUFunction.apply(gate, up, activation, _writable(inplace_backward, gate, up))
+        return k.compiled_glu(gate, up, activation, gm, dm)
+    return k.GLUFunction.apply(gate, up, activation, _writable(inplace_backward, gate, up), gm, dm)
 
 
 def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
@@ -42,6 +43,11 @@ def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
     return True
 
 
+def _multipliers(gate_multiplier, down_multiplier) -> tuple[float, float]:
+    """The two multipliers as finite floats (TypeError / ValueError naming the argument otherwise)."""
+    return _checks.number("gate_multiplier", gate_multiplier), _checks.number("down_multiplier", down_multiplier)
+
+
 def _check_glu(gate, up) -> None:
     _checks.tensor("gate", gate, floating=True)
     _checks.tensor("up", up, floating=True)
@@ -57,16 +63,24 @@ GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_
 
 
 @accepts_dtensor(GLU_DTENSOR)
-def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = False) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
+           inplace_backward: bool = False) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
-    The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``. Math in fp32; the backward recomputes
-    ``silu(gate)`` from gate (nothing but gate and up is saved).
+    The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``; with multipliers
+    ``silu(gate_multiplier * gate) * up * down_multiplier``, HF FalconH1MLP's (see below). Drop-in for Liger-Kernel's
+    ``liger_swiglu(a, b)`` (gate, up). Math in fp32, one rounding; the backward recomputes the activation from gate
+    (nothing but gate and up is saved).
 
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
             slice of a fused gate-up projection is read in place when its rows have unit stride).
         up: the same shape and dtype as gate.
+        gate_multiplier: scales gate before the activation (HF FalconH1MLP's ``gate_multiplier``,
+            ``config.mlp_multipliers[0]``); a kernel scalar in fp32, so no (..., I) tensor is formed for it.
+        down_multiplier: scales the product (FalconH1MLP's ``down_multiplier``, ``config.mlp_multipliers[1]``, which
+            HF applies to the down projection's output: the same when that projection has no bias, as in Falcon-H1's
+            ``mlp_bias=False``, since a linear map commutes with the scalar; one rounding fewer than HF's).
         inplace_backward: if True the backward writes d_gate into gate's storage and d_up into up's (no new
             (..., I) buffers: saves 2 x gate's bytes at the peak of the backward). Only for gate/up that nothing
             else reads after the backward (the outputs of the MLP's projections are such); a second backward
@@ -77,18 +91,19 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, inplace_backward: bool = Fal
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
     Raises:
-        TypeError: a non-floating tensor, or gate and up of different dtypes.
-        ValueError: shapes differ, or devices differ.
+        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
+        ValueError: shapes differ, devices differ, or a multiplier is not finite.
     """
     _check_glu(gate, up)
+    gm, dm = _multipliers(gate_multiplier, down_multiplier)
     if select_backend("swiglu", gate) in TORCH_CODE:
-        return ref.swiglu(gate, up)
-    return _glu(gate, up, "silu", inplace_backward)
+        return ref.swiglu(gate, up, gm, dm)
+    return _glu(gate, up, "silu", inplace_backward, gm, dm)
 
 
 @accepts_dtensor(GLU_DTENSOR)
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
-          inplace_backward: bool = False) -> torch.Tensor:
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0, inplace_backward: bool = False) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
 
     :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
@@ -104,23 +119,27 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *,
             through the same graph then raises; ignored by the reference path, and where gate or up has elements
             that share memory (an expanded tensor: new buffers then). Default False: the inputs are never written.
         approximate: ``"tanh"`` or ``"none"``.
+        gate_multiplier, down_multiplier: as :func:`swiglu`'s: ``gelu(gate_multiplier * gate) * up *
+            down_multiplier``.
 
     Returns:
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
     Raises:
-        TypeError: a non-floating tensor, or gate and up of different dtypes.
-        ValueError: shapes differ, devices differ, or approximate is unknown.
+        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
+        ValueError: shapes differ, devices differ, approximate is unknown, or a multiplier is not finite.
     """
     _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
+    gm, dm = _multipliers(gate_multiplier, down_multiplier)
     if select_backend("geglu", gate) in TORCH_CODE:
-        return ref.geglu(gate, up, approximate)
-    return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward)
+        return ref.geglu(gate, up, approximate, gm, dm)
+    return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward, gm, dm)
 
 
 def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-               activation: str = "silu", inplace_backward: bool = False) -> torch.Tensor:
+               activation: str = "silu", gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
+               inplace_backward: bool = False) -> torch.Tensor:
     """A gated MLP's down projection of its gated product, ``linear(act(gate) * up, weight, bias)``, without
     keeping the (..., I) product for the backward.
 
@@ -141,16 +160,18 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         bias: (H,) or None.
         activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU, HF
             ``gelu_pytorch_tanh``).
+        gate_multiplier, down_multiplier: as :func:`swiglu`'s, in the product: ``linear(act(gate_multiplier * gate) *
+            up * down_multiplier, weight, bias)`` (HF FalconH1MLP's forward when bias is None).
         inplace_backward: as :func:`swiglu`: d_gate and d_up are written into gate's and up's memory.
 
     Returns:
         (..., H) in gate's dtype, or the autocast dtype under autocast.
 
     Raises:
-        TypeError: a non-floating tensor, gate and up of different dtypes, or (outside autocast) weight / bias of
-            another dtype than gate's.
-        ValueError: gate is 0-d, shapes differ (weight must be (H, I), bias (H,)), devices differ, or activation
-            is unknown.
+        TypeError: a non-floating tensor, gate and up of different dtypes, a multiplier that is not a number, or
+            (outside autocast) weight / bias of another dtype than gate's.
+        ValueError: gate is 0-d, shapes differ (weight must be (H, I), bias (H,)), devices differ, activation
+            is unknown, or a multiplier is not finite.
 
     The memory saving is eager mode's: under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up),
     weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
@@ -158,6 +179,7 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     """
     _check_glu(gate, up)
     _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
+    gm, dm = _multipliers(gate_multiplier, down_multiplier)
     _checks.tensor("weight", weight, floating=True, ndim=2)
     if gate.dim() == 0:
         raise ValueError("gate must have at least one dimension (..., I), got a 0-d tensor")
@@ -175,12 +197,13 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         raise TypeError(f"weight and bias must have gate's dtype {gate.dtype} outside autocast, got "
                         f"{weight.dtype} and {bias.dtype if bias is not None else None}")
     if select_backend("glu_linear", gate) in TORCH_CODE:
-        return ref.glu_linear(gate, up, weight, bias, activation)
+        return ref.glu_linear(gate, up, weight, bias, activation, gm, dm)
     from ..kernels import glu as k
 
     if torch.compiler.is_compiling():
-        return torch.nn.functional.linear(k.compiled_glu(gate, up, activation), weight, bias)
-    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, _writable(inplace_backward, gate, up))
+        return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm), weight, bias)
+    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, _writable(inplace_backward, gate, up),
+                                     gm, dm)
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -211,6 +234,8 @@ def _gate_shape(m) -> dict:
     return {"tokens": m.tokens, "intermediate": m.intermediate}
 
 
+_FALCON_H1 = Case("multipliers=1.5,0.5", options={"gate_multiplier": 1.5, "down_multiplier": 0.5})
+"""HF FalconH1MLP's gate and down multipliers (config.mlp_multipliers), as kernel scalars."""
 _INPLACE = Case("inplace_backward=True", options={"inplace_backward": True}, tags=frozenset({"bench"}),
                 provider="tigon_inplace")
 _NOTES = {"tigon_inplace": ("inplace_backward=True: the backward writes the gradients of gate and up into their memory "
@@ -225,7 +250,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_swiglu", "gate", "up")},
-        cases=(Case(), _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
+        cases=(Case(), _FALCON_H1, _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
     OpSpec(
         name="geglu",
@@ -255,6 +280,8 @@ RECORDS = (
         peers={"liger": _liger_linear},
         cases=(Case("activation=silu", options={"activation": "silu"}),
                Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
+               Case("silu, multipliers=1.5,0.5", options={"activation": "silu", "gate_multiplier": 1.5,
+                                                          "down_multiplier": 0.5}),
                _INPLACE),
         bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),

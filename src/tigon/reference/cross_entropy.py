@@ -38,8 +38,15 @@ REDUCTIONS = ("mean", "sum", "none")
 class LossOutput(NamedTuple):
     """Returned by the cross-entropy ops when an extra output is requested.
 
-    loss: scalar (or (N,) for reduction="none"), float32, includes the z-loss term.
-    z_loss: the z-loss part alone (``lse_square_scale * lse**2``, reduced like loss), or None.
+    Liger-Kernel's ``CrossEntropyOutput(loss, z_loss, token_accuracy, predicted_tokens)`` in the same order
+    (``token_accuracy`` is an alias of ``accuracy`` here).
+
+    loss: scalar (or (N,) for reduction="none": each token's loss, z part included, 0 where ignored), float32,
+        includes the z-loss term.
+    z_loss: the z-loss part alone, detached (a logging output; its gradient flows through ``loss``): for
+        reduction="none" each token's ``lse_square_scale * lse**2`` ((N,), 0 where ignored, times the target's
+        probability with token scaling); for "mean" their sum over the non-ignored tokens divided by their count
+        (unweighted by class weights, Tigon's rule, as Liger's), for "sum" the sum; or None.
     accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32), or None.
     predicted_tokens: each token's argmax class, (N,) int64 with -1 for ignored tokens (the fused linear
         cross-entropy's ``return_predicted_tokens``, Liger-Kernel's), or None.
@@ -49,6 +56,11 @@ class LossOutput(NamedTuple):
     z_loss: torch.Tensor | None = None
     accuracy: torch.Tensor | None = None
     predicted_tokens: torch.Tensor | None = None
+
+    @property
+    def token_accuracy(self) -> torch.Tensor | None:
+        """``accuracy`` under Liger-Kernel's name (its ``CrossEntropyOutput.token_accuracy``)."""
+        return self.accuracy
 
 
 def _real(v) -> bool:

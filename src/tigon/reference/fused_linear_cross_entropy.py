@@ -41,8 +41,10 @@ def check_head(hidden, weight, target, bias, **per_class) -> None:
     if v == 0:
         raise ValueError("weight must have at least one row (vocabulary size V >= 1)")
     if target.shape[0] != n:
+        swapped = (" (Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes (lin_weight, _input, target); Tigon's "
+                   "takes (hidden, weight, target))") if target.shape[0] == v else ""
         raise ValueError(f"target must have shape ({n},) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(target.shape)}")
+                         f"got {tuple(target.shape)}{swapped}")
     for name, t in vectors.items():
         if t is not None and t.shape[0] != v:
             raise ValueError(f"{name} must have shape ({v},) to match weight {tuple(weight.shape)}, "

@@ -12,25 +12,39 @@ import torch.nn.functional as F
 GELU_APPROXIMATIONS = ("tanh", "none")
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` with ``silu(x) = x * sigmoid(x)``, elementwise.
+def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
+    return x if multiplier == 1.0 else x * multiplier
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, gate_multiplier: float = 1.0,
+           down_multiplier: float = 1.0) -> torch.Tensor:
+    """``silu(gate_multiplier * gate) * up * down_multiplier`` with ``silu(x) = x * sigmoid(x)``, elementwise.
+
+    The multipliers are HF FalconH1MLP's (``config.mlp_multipliers``): its forward is ``down_proj(up_proj(x) *
+    act(gate_proj(x) * gate_multiplier)) * down_multiplier``, which equals ``down_proj`` of this product when the
+    down projection has no bias (a linear map commutes with the scalar). At 1.0 (every other model) they are not
+    applied, and this is ``silu(gate) * up`` exactly.
 
     Args:
         gate, up: tensors of one shape (..., I) and one float dtype.
+        gate_multiplier, down_multiplier: real numbers.
 
     Returns:
         tensor of that shape and dtype.
     """
-    return F.silu(gate) * up
+    return _scaled(F.silu(_scaled(gate, gate_multiplier)) * up, down_multiplier)
 
 
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """``gelu(gate, approximate) * up``, elementwise, with :func:`torch.nn.functional.gelu` semantics.
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", gate_multiplier: float = 1.0,
+          down_multiplier: float = 1.0) -> torch.Tensor:
+    """``gelu(gate_multiplier * gate, approximate) * up * down_multiplier``, elementwise, with
+    :func:`torch.nn.functional.gelu` semantics.
 
     Args:
         gate, up: tensors of one shape (..., I) and one float dtype.
         approximate: ``"tanh"`` (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, HF
             ``gelu_pytorch_tanh``) or ``"none"`` (the exact ``x * Phi(x)`` with the normal CDF via erf).
+        gate_multiplier, down_multiplier: as :func:`swiglu`'s (not applied at 1.0).
 
     Returns:
         tensor of that shape and dtype.
@@ -40,22 +54,24 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh") -> to
     """
     if approximate not in GELU_APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
-    return F.gelu(gate, approximate=approximate) * up
+    return _scaled(F.gelu(_scaled(gate, gate_multiplier), approximate=approximate) * up, down_multiplier)
 
 
 GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
 def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               activation: str = "silu") -> torch.Tensor:
-    """A gated MLP's down projection of its gated product: ``linear(act(gate) * up, weight, bias)``.
+               activation: str = "silu", gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
+    """A gated MLP's down projection of its gated product: ``linear(act(gm * gate) * up * dm, weight, bias)``.
 
-    HF LlamaMLP's ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` from the projections' outputs on.
+    HF LlamaMLP's ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` from the projections' outputs on (gm = dm = 1);
+    HF FalconH1MLP's, multipliers included, when the down projection has no bias.
 
     Args:
         gate, up: (..., I), one float dtype.
         weight: (H, I) (``nn.Linear`` layout); bias: (H,) or None.
         activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU).
+        gate_multiplier, down_multiplier: gm and dm, as :func:`swiglu`'s (scaling the product, before the bias).
 
     Returns:
         (..., H) in torch's type-promotion result of the product and the weight (under autocast, its dtype).
@@ -63,17 +79,19 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     Raises:
         ValueError: unknown ``activation``.
     """
-    return F.linear(glu_product(gate, up, activation), weight, bias)
+    return F.linear(glu_product(gate, up, activation, gate_multiplier, down_multiplier), weight, bias)
 
 
-def glu_product(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """``act(gate) * up`` for an activation named as :func:`glu_linear`'s: :func:`swiglu` or :func:`geglu`.
+def glu_product(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu", gate_multiplier: float = 1.0,
+                down_multiplier: float = 1.0) -> torch.Tensor:
+    """``act(gm * gate) * up * dm`` for an activation named as :func:`glu_linear`'s: :func:`swiglu` or
+    :func:`geglu` (gm, dm: the multipliers, 1 by default).
 
     Raises:
         ValueError: unknown ``activation``.
     """
     if activation == "silu":
-        return swiglu(gate, up)
+        return swiglu(gate, up, gate_multiplier, down_multiplier)
     if activation in ("gelu", "gelu_tanh"):
-        return geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none")
+        return geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none", gate_multiplier, down_multiplier)
     raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")

@@ -8,7 +8,8 @@ CASTING_MODES = ("llama", "gemma", "none")
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0, casting_mode: str = "llama"
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
+    casting_mode: str = "llama", in_place: bool = True,
 ) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * (offset + weight), over the last dimension.
 
@@ -24,6 +25,8 @@ def rms_norm(
             to x.dtype at the end, as HF GemmaRMSNorm), ``"none"`` (no casts: computed in x.dtype). "fp32" is
             the promotion of x.dtype and float32: float64 x is normalised in float64 (HF would downcast it), so
             that float64 inputs give the float64 truth the tests and ``tigon verify`` compare with.
+        in_place: accepted for the kernels' signature and ignored: it only says where the kernels' backward stores
+            x's gradient (see :func:`tigon.functional.rms_norm`); values are the same either way.
 
     Returns:
         (..., hidden) tensor.

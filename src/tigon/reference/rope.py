@@ -16,8 +16,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def gather_positions(cos: torch.Tensor, sin: torch.Tensor,
+                     position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the (P, R) tables of every position at ``position_ids`` ((B or 1, T) or (T,)): (B or 1, T, R)
+    each (HF ``apply_rotary_pos_emb`` before transformers 4.38: ``cos[position_ids]``)."""
+    ids = position_ids if position_ids.dim() == 2 else position_ids[None]
+    return cos[ids], sin[ids]
+
+
 def rope(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
+    unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q * cos + rotate_half(q) * sin`` and the same for ``k`` (HF ``apply_rotary_pos_emb``).
 
@@ -30,6 +39,9 @@ def rope(
         cos, sin: (1 or B, T, R) or (T, R) (read as (1, T, R): one table for every batch row, as Liger-Kernel's
             ``liger_rope``), R even and at most D (R = D: the whole head is rotated), any float dtype; inserted a
             head axis at ``unsqueeze_dim``.
+        position_ids: None, or (B or 1, T) / (T,) integer positions: with 2-D cos / sin, those are the (P, R) tables
+            of every position and their rows at the ids are used (:func:`gather_positions`); with 3-D tables
+            (already per position, as Liger-Kernel's ``liger_rope`` expects) it is not used.
         unsqueeze_dim: where the head axis is in q and k (1 or 2).
 
     Returns:
@@ -40,10 +52,10 @@ def rope(
     which the Triton path matches.
     """
     if cos.dim() == 2:
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+        cos, sin = gather_positions(cos, sin, position_ids) if position_ids is not None else (cos[None], sin[None])
     r = cos.shape[-1]
     if r < q.shape[-1]:
-        q_rot, k_rot = rope(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim)
+        q_rot, k_rot = rope(q[..., :r], k[..., :r], cos, sin, None, unsqueeze_dim)
         return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
     cos = cos.detach().unsqueeze(unsqueeze_dim)
     sin = sin.detach().unsqueeze(unsqueeze_dim)
