@@ -98,7 +98,7 @@ def _trl_loss(inputs, opts: dict, dtype):
     return loss.detach(), grads, metrics
 
 
-def _tigon_loss(inputs, opts: dict, dtype):
+def _tigon_loss(inputs, opts: dict, dtype, upstream=1.0):
     leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight", "bias") if k in inputs}
     rest = {k: (v.to(dtype) if k in ("ref_input", "ref_weight") else v) for k, v in inputs.items() if k not in leaves}
     module_opts = {k: v for k, v in opts.items() if k != "num_items"}
@@ -106,7 +106,7 @@ def _tigon_loss(inputs, opts: dict, dtype):
     loss, metrics = loss_fn(leaves["_input"], leaves["weight"], rest.pop("selected_token_ids"),
                             rest.pop("attention_mask"), rest.pop("advantages"), leaves.get("bias"), **rest,
                             num_items_in_batch=inputs["attention_mask"].sum())
-    grads = torch.autograd.grad(loss, list(leaves.values()))
+    grads = torch.autograd.grad(loss * upstream, list(leaves.values()))
     return loss.detach(), grads, metrics
 
 
@@ -216,6 +216,56 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args, ref_input=inputs["_input"])
     with pytest.raises(ValueError, match="advantages must be"):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
+
+
+def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0):
+    """(matmul FLOPs of a forward and backward through the loss, in units of 2 N H V (one head matmul), grads)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class MatmulFlops(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default,
+                        torch.ops.aten.addmm.out, torch.ops.aten.addmm_.default):
+                a, b = args[-2], args[-1]
+                MatmulFlops.total += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            return func(*args, **(kwargs or {}))
+
+    with MatmulFlops():
+        _, grads, _ = _tigon_loss(inputs, opts, dtype, upstream)
+    n, h = inputs["_input"].reshape(-1, inputs["_input"].shape[-1]).shape
+    return MatmulFlops.total / (2 * n * h * inputs["weight"].shape[0]), grads
+
+
+@pytest.mark.parametrize("case", ["dapo", "bnpo ref_input temperature", "gspo (grpo, sequence)", "vespo vllm ratio",
+                                  "vllm ratio, entropy bonus"])
+def test_gradients_formed_in_the_forward_take_three_head_matmuls(case, device, monkeypatch):
+    # the policy's head: 3 matmuls (logits, grad_hidden, grad_weight), plus 1 for a reference model's log-probs; the
+    # coupled losses (sequence level, vespo) with sequences longer than a chunk take the recomputing path (4), with
+    # the same gradients; an upstream gradient scales them
+    opts, build = CASES[case]
+    inputs = _inputs(torch.float32, build, device=device)
+    ref = 1 if "ref_input" in inputs else 0
+    flops, grads = _head_flops(inputs, opts)
+    assert flops == 3 + ref, flops
+    _, grads3 = _head_flops(inputs, opts, upstream=3.0)
+    assert all(torch.allclose(3 * g, g3, rtol=1e-6, atol=1e-9) for g, g3 in zip(grads, grads3))
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 3 * 37)  # chunks of 3 tokens, sequences of 4
+    flops, grads_small = _head_flops(inputs, opts)
+    coupled = opts.get("importance_sampling_level") == "sequence" or opts.get("loss_type") == "vespo"
+    assert flops == (4 if coupled else 3) + ref, flops
+    assert all(torch.allclose(g, gs, rtol=1e-5, atol=1e-8) for g, gs in zip(grads, grads_small))
+
+
+def test_a_second_backward_through_formed_gradients_raises(device):
+    inputs = _inputs(torch.float32, dict(), device=device)
+    x = inputs["_input"].clone().requires_grad_()
+    args = [inputs[k] for k in ("weight", "selected_token_ids", "attention_mask", "advantages")]
+    loss = F.fused_linear_grpo(x, *args, ref_per_token_logps=inputs["ref_per_token_logps"])
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
 
 
 @pytest.mark.gpu

@@ -383,9 +383,22 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
     return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
 
 
+def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int,
+              elem_bytes: int | None = None, align: int = 1) -> int:
+    """The rows per chunk :func:`backward_over_chunks` takes for these arguments (:func:`chunk_rows`), rounded down
+    to a multiple of ``align`` (chunks that hold whole sequences of ``align`` tokens); 0 when one such group of rows
+    exceeds the chunk rule (the caller then needs another plan)."""
+    n, hdim = hidden.shape
+    rows = chunk_rows(n, weight.shape[0], hdim, hidden.device, lean, need[1] and not lean, elem_bytes or cd.itemsize,
+                      budget)
+    if align > 1:
+        rows = rows // align * align if n > align else (n if rows >= n else 0)
+    return rows
+
+
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
-                         scalar: bool = False) -> tuple:
+                         scalar: bool = False, align: int = 1) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -395,13 +408,14 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     A loss whose gradient is formed in its forward (the fused linear JSD) runs this loop there: ``rows_grad`` then
     also writes the chunk's loss, ``scalar`` returns the unscaled accumulators of :func:`grad_buffers`' scalar path
     (for :func:`scale_grads`), and ``elem_bytes`` (default: the compute dtype's size) is what each logit of a chunk
-    costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included."""
-    n, hdim = hidden.shape
+    costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
+    holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0)."""
+    n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, elem_bytes or cd.itemsize, budget)
+    rows = max(1, loop_rows(hidden, weight, cd, need, lean, budget, elem_bytes, align))
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)

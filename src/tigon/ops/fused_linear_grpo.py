@@ -9,6 +9,7 @@ Specification: :mod:`tigon.reference.fused_linear_grpo`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -16,9 +17,10 @@ import torch
 
 from ..reference import fused_linear_grpo as ref
 from ..reference import fused_linear_logprobs as ref_lp
+from ..reference.grpo import GRPOOptions, couples_tokens, grpo_loss, per_row_inputs, reduce_loss, token_losses
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
-from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
+from .fused_linear_logprobs import fused_linear_logprobs, logprob_plan, trl_linear_logprobs
 
 
 def fused_linear_grpo(
@@ -121,7 +123,87 @@ def fused_linear_grpo(
     memory = args.pop("memory")
     if select_backend("fused_linear_grpo", _input) in TORCH_CODE:
         return ref.grpo_pipeline(ref_lp.fused_linear_logprobs, args)
-    return ref.grpo_pipeline(fused_linear_logprobs, args, memory=memory)
+    formed = functools.partial(formed_policy_loss, memory=memory)
+    return ref.grpo_pipeline(fused_linear_logprobs, args, formed, memory=memory)
+
+
+def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: int, want_entropy: bool, args: dict,
+                       memory="auto"):
+    """The policy's part of :func:`fused_linear_grpo` with its gradients formed in the forward: ``(loss, metrics)``,
+    or None where that is not possible here (then the log-probabilities' path runs: logits recomputed in the backward).
+
+    Why it works: the loss is :func:`tigon.reference.grpo.reduce_loss` of :func:`~tigon.reference.grpo.token_losses`;
+    the reduction is linear with coefficients that depend on the mask alone (taken once by autograd on zeros), and the
+    per-token losses of a token depend on its own log-probability (token-level importance sampling, every loss type
+    but vespo) or on its sequence's (sequence level, vespo: then each chunk holds whole sequences). So as soon as a
+    chunk's log-probabilities are known, autograd through ``token_losses`` on that chunk gives the loss's gradient
+    w.r.t. them, and :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into the
+    gradients of hidden, weight and bias in the same pass over the chunk: 3 matmuls per token instead of 4, no
+    (tokens, vocab) tensor. The loss value and metrics then come from :func:`tigon.reference.grpo.grpo_loss` on the
+    log-probabilities (no autograd), plus the zero that carries the gradients
+    (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+
+    None when: no gradient is wanted (grad mode off, no input requires one), inside ``torch.compile`` (the custom
+    ops of the log-probabilities run instead), a PyTorch backend or a matmul dtype the kernels do not take, or a
+    coupled loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer than a chunk.
+    """
+    a = args
+    weight, bias = a["weight"], a["bias"]
+    if torch.compiler.is_compiling():
+        return None
+    plan = logprob_plan(hidden, weight, ids, bias, temperature=a["temperature"], memory=memory)
+    if plan is None or not any(plan.need):
+        return None
+    from ..kernels import fused_linear_cross_entropy as kflce
+    from ..kernels import fused_linear_logprobs as klp
+
+    coupled = couples_tokens(options)
+    align = t if coupled else 1
+    if coupled and kflce.loop_rows(hidden, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) == 0:
+        return None
+    f32 = torch.float32
+    mask = a["attention_mask"]
+    keep = mask != 0
+    adv, ratio = per_row_inputs(a["advantages"], a["vllm_is_ratio"], f32)
+    old = a["old_per_token_logps"]
+    with torch.enable_grad():  # the reduction's coefficients: its gradient at zero per-token losses (it is linear)
+        zeros = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True)
+        ent0 = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True) if want_entropy else None
+        wanted = [zeros] + ([ent0] if options.entropy_coef != 0.0 else [])
+        coefs = torch.autograd.grad(reduce_loss(zeros, keep.to(f32), ent0, a["num_items_in_batch"], options), wanted)
+    w_tok = coefs[0].reshape(-1)
+    w_ent = coefs[1].reshape(-1).contiguous() if len(coefs) > 1 else None
+
+    def chunk(x, s, e):
+        """The chunk [s, e) of a (B, T), (B, 1) or None per-token input: whole sequences (b', t) when coupled, else a
+        (1, e - s) run of tokens."""
+        if x is None:
+            return None
+        if coupled:
+            return x[s // t: e // t]
+        return x.expand(b, t).reshape(1, -1)[:, s:e]
+
+    def token_grads(s, e, logp, ent):
+        with torch.enable_grad():
+            lp = logp.detach().reshape(-1, t) if coupled else logp.detach().reshape(1, -1)
+            lp.requires_grad_()
+            per_token = token_losses(lp, chunk(keep, s, e), chunk(adv, s, e), chunk(ref_logps, s, e),
+                                     chunk(old, s, e), chunk(ratio, s, e), options)[0]
+            (g,) = torch.autograd.grad((per_token.reshape(-1) * w_tok[s:e]).sum(), lp)
+        return g.reshape(-1).contiguous(), (w_ent[s:e] if w_ent is not None else None)
+
+    def run():
+        logp, ent, grads = klp.logprobs_grads_in_forward(hidden, weight, ids.contiguous(), bias, plan.opts, plan.cd,
+                                                         plan.need, want_entropy, token_grads, plan.lean, plan.budget,
+                                                         align)
+        return (logp, ent if ent is not None else logp.new_empty((0,))), grads
+
+    anchor, logp, ent = klp.FormedGradsFunction.apply(hidden, weight, bias, run)
+    with torch.no_grad():
+        loss, metrics = grpo_loss(logp.reshape(b, t), mask, a["advantages"], ref_logps, old,
+                                  ent.reshape(b, t) if want_entropy else None, a["vllm_is_ratio"],
+                                  a["num_items_in_batch"], options)
+    return loss + anchor, metrics
 
 
 def trl_grpo(*args, **kwargs):
