@@ -1,9 +1,12 @@
 """Fused LM head + the GRPO family's loss (TRL's GRPOTrainer, Liger-Kernel's ``LigerFusedLinearGRPOLoss``): the public
 op and its record.
 
-The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs in
-:func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
-:mod:`tigon.reference.grpo` in plain PyTorch (autograd carries its gradient back into the log-probabilities' backward).
+The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs on the kernels
+of :func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
+:mod:`tigon.reference.grpo` in plain PyTorch. When gradients are wanted, the loss's gradient w.r.t. each chunk's
+log-probabilities is taken as soon as they are known and the head's gradients are formed in the same pass
+(:func:`formed_policy_loss`: 3 head matmuls); otherwise (and where that is not possible) autograd carries the loss's
+gradient back into the log-probabilities' backward, which recomputes the logits (4).
 Specification: :mod:`tigon.reference.fused_linear_grpo`.
 """
 
@@ -70,9 +73,11 @@ def fused_linear_grpo(
     INTELLECT-2's two-sided ``delta``, the k3 KL to a reference model (``beta``; its log-probabilities given, or
     computed here from ``ref_input`` / ``ref_weight`` without gradient), token- or sequence-level importance
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
-    formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are
-    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens, logits recomputed in the backward);
-    masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
+    formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are those of
+    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens); with gradients wanted they are formed in
+    the forward, 3 head matmuls in all (:func:`formed_policy_loss`; a second backward through the loss then raises),
+    except inside ``torch.compile`` and for sequence-coupled losses whose sequences do not fit a chunk, where the
+    backward recomputes the logits (4). Masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
     sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
     by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo normalizer is clamped to 1 before the division
     by the processes; and ``use_ref_model`` only asks for a reference when ``beta != 0``.
@@ -288,8 +293,10 @@ RECORDS = (OpSpec(
     size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}",
     grad_inputs=("_input", "weight"),
     category="lm_head_loss",
-    # the policy's log-probabilities: 1 matmul forward, 3 more backward (logits recomputed, two gradients)
-    flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
+    # the floor: the policy's logits (1 matmul), with the gradients 2 more (grad_hidden, grad_weight); Tigon forms
+    # them in the forward (formed_policy_loss), so its forward does all 3 when the inputs need gradients
+    flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"],
+    grads_in_forward=("tigon", "tigon_lean"),
     peers={"liger": _liger},
     host_syncs=("liger",),
     bench_notes={"tigon_lean": "memory='low': the log-probabilities' grad_weight accumulated in the weight's dtype, "
