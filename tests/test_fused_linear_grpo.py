@@ -15,6 +15,7 @@ from tigon import nn as tnn
 from tigon.reference.grpo import GRPOOptions
 from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
+from matmul_count import head_matmuls
 
 trl = pytest.importorskip("trl")
 if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
@@ -219,23 +220,12 @@ def test_bad_input_is_refused_with_a_clear_error(device):
 
 
 def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0):
-    """(matmul FLOPs of a forward and backward through the loss, in units of 2 N H V (one head matmul), grads)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class MatmulFlops(TorchDispatchMode):
-        total = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default,
-                        torch.ops.aten.addmm.out, torch.ops.aten.addmm_.default):
-                a, b = args[-2], args[-1]
-                MatmulFlops.total += 2 * a.shape[0] * a.shape[1] * b.shape[1]
-            return func(*args, **(kwargs or {}))
-
-    with MatmulFlops():
-        _, grads, _ = _tigon_loss(inputs, opts, dtype, upstream)
+    """(matmul work of a forward and backward through the loss in head matmuls (2 N H V FLOPs each), grads)."""
+    out = []
     n, h = inputs["_input"].reshape(-1, inputs["_input"].shape[-1]).shape
-    return MatmulFlops.total / (2 * n * h * inputs["weight"].shape[0]), grads
+    count = head_matmuls(lambda: out.append(_tigon_loss(inputs, opts, dtype, upstream)[1]), n, h,
+                         inputs["weight"].shape[0])
+    return count, out[0]
 
 
 @pytest.mark.parametrize("case", ["dapo", "bnpo ref_input temperature", "gspo (grpo, sequence)", "vespo vllm ratio",

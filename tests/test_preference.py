@@ -216,6 +216,40 @@ def test_fused_loss_and_gradients_match_float64(label):
     assert "ref_hidden" not in got_in or got_in["ref_hidden"].grad is None
 
 
+PAIRWISE = {
+    "dpo sigmoid, reference model": (TF.fused_linear_dpo_loss, dict(), {}, 4),
+    "dpo ipo + sft, averaged, nll": (TF.fused_linear_dpo_loss, dict(reference="logps", bias=True),
+                                     dict(loss_type=["ipo", "sft"], compute_nll_loss=True, average_log_prob=True), 3),
+    "dpo aot (couples pairs), reference model": (TF.fused_linear_dpo_loss, dict(),
+                                                 dict(loss_type="aot", label_smoothing=0.1), 5),
+    "orpo": (P.fused_linear_orpo_loss, dict(reference="none"), {}, 3),
+}
+
+
+@pytest.mark.parametrize("label", list(PAIRWISE))
+def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(label, monkeypatch):
+    # chunks of one pair (2 x 5 tokens of 3 pairs): the policy's gradients are formed in the forward, pair by pair,
+    # 3 head matmuls (+1 for a reference model); AOT sorts the batch, so with the batch over several chunks it takes
+    # the recomputing path (4 + 1); loss, metrics and gradients within 1e-5 of float64 either way
+    import tigon.kernels.fused_linear_cross_entropy as flce_ops
+    from matmul_count import head_matmuls
+
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 10 * V)
+    fn, batch, opts, matmuls = PAIRWISE[label]
+    inp = _batch(pairs=3, **batch)
+    truth = _leaves(inp, torch.float64)
+    want = getattr(ref, fn.__name__)(**truth, **opts)
+    want.loss.backward()
+    got_in = _leaves(inp)
+    out = []
+    assert head_matmuls(lambda: out.append(fn(**got_in, **opts)) or out[0].loss.backward(), 30, H, V) == matmuls
+    for i, (a, b) in enumerate(zip(out[0], want)):
+        assert rel_l2(a.double(), b) < 1e-5, (type(want)._fields[i], rel_l2(a.double(), b))
+    for k in ("hidden", "weight", "bias"):
+        if k in got_in:
+            assert rel_l2(got_in[k].grad.double(), truth[k].grad) < 1e-5, k
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_no_worse_than_plain_pytorch(dtype):
     inp = _batch(dtype=dtype, bias=True, t=6)

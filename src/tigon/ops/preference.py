@@ -2,11 +2,12 @@
 :func:`fused_linear_simpo_loss`, :func:`fused_linear_cpo_loss`, :func:`fused_linear_orpo_loss` and the unpaired
 :func:`fused_linear_kto_loss`.
 
-Each is one call of the fused linear log-prob primitive (:func:`tigon.functional.fused_linear_logprobs`) over the
-policy's chosen and rejected sequences, one more under ``torch.no_grad`` for a reference model (DPO), then the
+Each runs the fused linear log-prob primitive's kernels (:func:`tigon.functional.fused_linear_logprobs`) over the
+policy's chosen and rejected sequences, once more under ``torch.no_grad`` for a reference model (DPO), then the
 loss's formula on the per-sequence log-probabilities (:mod:`tigon.reference.preference`; the shared batch logic in
-:mod:`tigon.reference.pairs`). Autograd differentiates the formula; the primitive's backward recomputes the logits
-chunk by chunk, so no (tokens, vocab) tensor is ever held. Liger-Kernel's ``LigerFusedLinear{DPO,SimPO,CPO,ORPO}Loss``
+:mod:`tigon.reference.pairs`). With gradients wanted, the paired losses form the policy's gradients in the forward,
+pair by pair (:func:`formed_pair_loss`: 3 policy matmuls); otherwise (and KTO) autograd differentiates the formula and
+the primitive's backward recomputes the logits chunk by chunk (4). No (tokens, vocab) tensor is ever held. Liger-Kernel's ``LigerFusedLinear{DPO,SimPO,CPO,ORPO}Loss``
 (0.8.5) compute the same losses with ``torch.func`` over chunks of ``chunk_size`` pairs, materialising each chunk's
 logits in fp32.
 """
@@ -23,11 +24,11 @@ from .. import _checks
 from ..reference import kto as ref_kto
 from ..reference import preference as ref
 from ..reference.kto import KTOOutput
-from ..reference.pairs import PreferenceOutput
+from ..reference.pairs import PreferenceOutput, check_batch, pair_logps, preference_output, sequence_logps
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes, targets
 from .fused_linear_cross_entropy import memory_plan
-from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
+from .fused_linear_logprobs import fused_linear_logprobs, logprob_plan, trl_linear_logprobs
 
 _MEMORY = """memory: the memory the primitive may hold beside its inputs and gradients, as in
             :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes)."""
@@ -45,7 +46,94 @@ def _run(op: str, formula: str, opts: dict, **fixed):
     token_logps = functools.partial(fused_linear_logprobs, memory=memory)
     if formula == "kto":
         return ref_kto.kto_with(token_logps, **opts)
-    return ref.loss_with(formula, token_logps, **fixed, **opts)
+    options = {**fixed, **opts}
+    formed = functools.partial(formed_pair_loss, coupled=ref.couples_pairs(formula, options), memory=memory)
+    return ref.loss_with(formula, token_logps, **options, formed=formed)
+
+
+def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
+                     ref_chosen_logps, ref_rejected_logps, *, ignore_index: int, average_log_prob: bool,
+                     compute_nll_loss: bool, alpha: float, coupled: bool, memory="auto", **options):
+    """A paired preference loss (:func:`tigon.reference.pairs.run`'s arguments; ``coupled``:
+    :func:`tigon.reference.preference.couples_pairs`) with the policy's gradients formed in its forward: the
+    :class:`~tigon.reference.pairs.PreferenceOutput`, or None where that is not possible here (then the
+    log-probabilities' path runs, its backward recomputing the logits).
+
+    Why it works: every formula is a mean over pairs of a function of the pair's own sequence log-probabilities, plus
+    the NLL term, linear in the chosen tokens' log-probabilities with a coefficient that depends on the targets alone
+    (AOT, which sorts the batch, is the exception: ``coupled``). So the rows are reordered pair by pair (chosen i,
+    then rejected i: one copy of the hidden states, undone by autograd in the backward), chunks hold whole pairs (the
+    whole batch when ``coupled``), and as soon as a chunk's log-probabilities are known, autograd through the
+    formula on a batch whose other pairs hold placeholders (-1: they do not reach the chunk's gradient) gives the
+    loss's gradient w.r.t. them; :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into
+    the head's gradients in the same pass: 3 policy matmuls instead of 4 (plus one for a reference model, run first
+    under ``torch.no_grad``). The outputs then come from the formula on the log-probabilities without autograd, the
+    loss plus the zero that carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+
+    None when: no gradient is wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do
+    not take, or the unit of rows (a pair, or the batch when ``coupled``) does not fit a chunk.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    b, t, h = hidden.shape
+    check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
+    plan = logprob_plan(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, ignore_index=ignore_index,
+                        memory=memory)
+    if plan is None or not any(plan.need):
+        return None
+    from ..kernels import fused_linear_cross_entropy as kflce
+    from ..kernels import fused_linear_logprobs as klp
+
+    p = b // 2
+    align = b * t if coupled else 2 * t
+    if kflce.loop_rows(hidden.reshape(b * t, h), weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) == 0:
+        return None
+
+    def by_pairs(x):  # (2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair
+        return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(b * t, *x.shape[2:])
+
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    ref_lp = None
+    if ref_hidden is not None:
+        with torch.no_grad():
+            ref_lp = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)[0]
+    kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
+    refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
+    base = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=torch.zeros((b, t), **f32), ref_lp=ref_lp,
+                      **kw)
+    lengths = torch.stack((base.chosen_tokens, base.rejected_tokens), 1).clamp(min=1)
+    chosen_total = base.chosen_tokens.sum().clamp(min=1)
+    fill = torch.full((p,), -1.0, **f32)
+
+    def token_grads(s, e, logp, _ent):
+        i, k = s // (2 * t), (e - s) // (2 * t)
+        with torch.enable_grad():
+            lp = logp.detach().reshape(k, 2, t).requires_grad_()
+            seq = lp.sum(-1) / lengths[i: i + k] if average_log_prob else lp.sum(-1)
+            nll = -lp[:, 0].sum() / chosen_total
+            pairs = base._replace(chosen=torch.cat((fill[:i], seq[:, 0], fill[i + k:])),
+                                  rejected=torch.cat((fill[:i], seq[:, 1], fill[i + k:])), nll=nll)
+            loss = formula(pairs, **options)[0]
+            if compute_nll_loss:
+                loss = loss + alpha * nll
+            (g,) = torch.autograd.grad(loss, lp, allow_unused=True)
+        return (torch.zeros_like(logp) if g is None else g.reshape(-1).contiguous()), None
+
+    hidden_pairs = by_pairs(hidden)
+
+    def run():
+        logp, _, grads = klp.logprobs_grads_in_forward(hidden_pairs, weight, by_pairs(target).contiguous(), bias,
+                                                       plan.opts, plan.cd, plan.need, False, token_grads, plan.lean,
+                                                       plan.budget, align)
+        return (logp,), grads
+
+    anchor, logp = klp.FormedGradsFunction.apply(hidden_pairs, weight, bias, run)
+    with torch.no_grad():
+        lp = logp.reshape(p, 2, t).transpose(0, 1).reshape(b, t)
+        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=lp, ref_lp=ref_lp, **kw)
+        out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
+                                compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
+    return out._replace(loss=out.loss + anchor)
 
 
 def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None, *,
@@ -274,9 +362,11 @@ RECORDS = (
     _record(
         fused_linear_dpo_loss, "dpo",
         "DPO (every TRL loss_type) on an LM head, policy and reference in one call, without the logits",
-        # policy: logits forward, then in the backward the logits again, grad_hidden, grad_weight (4 matmuls, as
-        # fused_linear_logprobs); the reference model: one forward
-        flops=lambda s, mode: (4 if mode == "fwd" else 10) * s["tokens"] * s["hidden"] * s["vocab"],
+        # the floor: the reference model's logits and the policy's (2 matmuls), with the gradients 2 more
+        # (grad_hidden, grad_weight); Tigon forms them in the forward (formed_pair_loss), so its forward does all 4
+        # when the inputs need gradients
+        flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
+        grads_in_forward=("tigon", "tigon_lean"),
         peers={"liger": _liger_dpo},
         # issue 29's row (--tokens 8192: 4 pairs x 1024 positions): the reference model in the same call
         bench_inputs={"reference": "model", "pairs": 4},
