@@ -122,6 +122,7 @@ CASES = {
     "sapo beta=0": (dict(loss_type="sapo", beta=0.0), dict(old=True, ref="none")),
     "vespo vllm ratio": (dict(loss_type="vespo"), dict(old=True, ratio=True)),
     "luspo sequence": (dict(loss_type="luspo", importance_sampling_level="sequence"), dict(old=True)),
+    "gspo beta=0": (dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.0), dict(old=True, ref="none")),
     "delta, bias-corrected KL, bias": (dict(delta=1.7, use_bias_correction_kl=True, epsilon_high=0.28),
                                        dict(old=True, bias=True)),
     "vllm ratio, entropy bonus": (dict(entropy_coef=0.05), dict(old=True, ratio=True)),
@@ -228,7 +229,7 @@ def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0):
     return count, out[0]
 
 
-@pytest.mark.parametrize("case", ["dapo", "bnpo ref_input temperature", "gspo (grpo, sequence)", "vespo vllm ratio",
+@pytest.mark.parametrize("case", ["dapo", "bnpo ref_input temperature", "gspo beta=0", "vespo vllm ratio",
                                   "vllm ratio, entropy bonus"])
 def test_gradients_formed_in_the_forward_take_three_head_matmuls(case, device, monkeypatch):
     # the policy's head: 3 matmuls (logits, grad_hidden, grad_weight), plus 1 for a reference model's log-probs; the

@@ -194,7 +194,9 @@ def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: 
             lp.requires_grad_()
             per_token = token_losses(lp, chunk(keep, s, e), chunk(adv, s, e), chunk(ref_logps, s, e),
                                      chunk(old, s, e), chunk(ratio, s, e), options)[0]
-            (g,) = torch.autograd.grad((per_token.reshape(-1) * w_tok[s:e]).sum(), lp)
+            # (a sequence-level loss without a per-token term is (b', 1): it broadcasts over the tokens, as in the
+            # reduction)
+            (g,) = torch.autograd.grad((per_token.expand_as(lp).reshape(-1) * w_tok[s:e]).sum(), lp)
         return g.reshape(-1).contiguous(), (w_ent[s:e] if w_ent is not None else None)
 
     def run():
