@@ -15,7 +15,7 @@ from tigon import nn as tnn
 from tigon.reference.grpo import GRPOOptions
 from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
-from matmul_count import head_matmuls
+from tigon.workflows.timing import head_matmuls
 
 trl = pytest.importorskip("trl")
 if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):

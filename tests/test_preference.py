@@ -232,7 +232,7 @@ def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(lab
     # 3 head matmuls (+1 for a reference model); AOT sorts the batch, so with the batch over several chunks it takes
     # the recomputing path (4 + 1); loss, metrics and gradients within 1e-5 of float64 either way
     import tigon.kernels.fused_linear_cross_entropy as flce_ops
-    from matmul_count import head_matmuls
+    from tigon.workflows.timing import head_matmuls
 
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 10 * V)
     fn, batch, opts, matmuls = PAIRWISE[label]
