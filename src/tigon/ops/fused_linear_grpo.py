@@ -74,13 +74,14 @@ def fused_linear_grpo(
     computed here from ``ref_input`` / ``ref_weight`` without gradient), token- or sequence-level importance
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
     formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are those of
-    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens); with gradients wanted they are formed in
-    the forward, 3 head matmuls in all (:func:`formed_policy_loss`; a second backward through the loss then raises),
-    except inside ``torch.compile`` and for sequence-coupled losses whose sequences do not fit a chunk, where the
-    backward recomputes the logits (4). Masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
-    sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
-    by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo normalizer is clamped to 1 before the division
-    by the processes; and ``use_ref_model`` only asks for a reference when ``beta != 0``.
+    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens); with gradients wanted they are formed
+    in the forward, 3 head matmuls in all (:func:`formed_policy_loss`; a second backward through the loss then
+    raises), except inside ``torch.compile`` and for sequence-coupled losses whose sequences do not fit a chunk,
+    where the backward recomputes the logits (4). Masked tokens are never scored. Where Liger differs, this follows
+    TRL: the clip-ratio metric of sequence-level sampling is a mean over sequences (Liger's over tokens); ``luspo``
+    masks the per-token losses before weighting by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo
+    normalizer is clamped to 1 before the division by the processes; and ``use_ref_model`` only asks for a reference
+    when ``beta != 0``.
 
     Args:
         _input: (B, T, H) (or (B * T, H)) policy hidden states at the completion positions, float32 / bfloat16 /

@@ -3,13 +3,13 @@
 :func:`fused_linear_kto_loss`.
 
 Each runs the fused linear log-prob primitive's kernels (:func:`tigon.functional.fused_linear_logprobs`) over the
-policy's chosen and rejected sequences, once more under ``torch.no_grad`` for a reference model (DPO), then the
-loss's formula on the per-sequence log-probabilities (:mod:`tigon.reference.preference`; the shared batch logic in
+policy's chosen and rejected sequences, once more under ``torch.no_grad`` for a reference model (DPO), then the loss's
+formula on the per-sequence log-probabilities (:mod:`tigon.reference.preference`; the shared batch logic in
 :mod:`tigon.reference.pairs`). With gradients wanted, the paired losses form the policy's gradients in the forward,
 pair by pair (:func:`formed_pair_loss`: 3 policy matmuls); otherwise (and KTO) autograd differentiates the formula and
-the primitive's backward recomputes the logits chunk by chunk (4). No (tokens, vocab) tensor is ever held. Liger-Kernel's ``LigerFusedLinear{DPO,SimPO,CPO,ORPO}Loss``
-(0.8.5) compute the same losses with ``torch.func`` over chunks of ``chunk_size`` pairs, materialising each chunk's
-logits in fp32.
+the primitive's backward recomputes the logits chunk by chunk (4). No (tokens, vocab) tensor is ever held.
+Liger-Kernel's ``LigerFusedLinear{DPO,SimPO,CPO,ORPO}Loss`` (0.8.5) compute the same losses with ``torch.func`` over
+chunks of ``chunk_size`` pairs, materialising each chunk's logits in fp32.
 """
 
 from __future__ import annotations
