@@ -250,13 +250,19 @@ def test_gradients_formed_in_the_forward_take_three_head_matmuls(case, device, m
 
 
 def test_a_second_backward_through_formed_gradients_raises(device):
+    # (and given log-probabilities that require a gradient get one: then the recomputing path runs)
     inputs = _inputs(torch.float32, dict(), device=device)
     x = inputs["_input"].clone().requires_grad_()
     args = [inputs[k] for k in ("weight", "selected_token_ids", "attention_mask", "advantages")]
     loss = F.fused_linear_grpo(x, *args, ref_per_token_logps=inputs["ref_per_token_logps"])
     loss.backward(retain_graph=True)
+    formed = x.grad.clone()
     with pytest.raises(RuntimeError, match="second backward"):
         loss.backward()
+    ref = inputs["ref_per_token_logps"].clone().requires_grad_()
+    x.grad = None
+    F.fused_linear_grpo(x, *args, ref_per_token_logps=ref).backward()
+    assert ref.grad is not None and torch.allclose(x.grad, formed, rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.gpu

@@ -150,13 +150,17 @@ def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: 
     (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
 
     None when: no gradient is wanted (grad mode off, no input requires one), inside ``torch.compile`` (the custom
-    ops of the log-probabilities run instead), a PyTorch backend or a matmul dtype the kernels do not take, or a
-    coupled loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer than a chunk.
+    ops of the log-probabilities run instead), a PyTorch backend or a matmul dtype the kernels do not take, a coupled
+    loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer than a chunk, or advantages, given
+    log-probabilities or the sampler's ratio that require a gradient themselves.
     """
     a = args
     weight, bias = a["weight"], a["bias"]
     if torch.compiler.is_compiling():
         return None
+    others = (a["advantages"], ref_logps, a["old_per_token_logps"], a["vllm_is_ratio"])
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in others):
+        return None  # autograd's path gives them their gradients too
     plan = logprob_plan(hidden, weight, ids, bias, temperature=a["temperature"], memory=memory)
     if plan is None or not any(plan.need):
         return None
