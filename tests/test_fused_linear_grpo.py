@@ -17,11 +17,15 @@ from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
 from tigon.workflows.timing import head_matmuls
 
-trl = pytest.importorskip("trl")
-if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
-    pytest.skip("the tests reproduce TRL 1.16's GRPOTrainer._compute_loss", allow_module_level=True)
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-trl_utils = pytest.importorskip("trl.trainer.utils")
+
+
+def _trl():
+    """TRL's GRPO trainer and utils modules; the tests that compare with TRL skip without TRL 1.16 (the others run,
+    on the GPU image too, which has no TRL)."""
+    trl = pytest.importorskip("trl")
+    if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
+        pytest.skip("the tests reproduce TRL 1.16's GRPOTrainer._compute_loss")
+    return pytest.importorskip("trl.trainer.grpo_trainer"), pytest.importorskip("trl.trainer.utils")
 
 SHAPE = {"tokens": 12, "batch": 3, "hidden": 16, "vocab": 37}
 BUILD = RECORDS[0].make_inputs
@@ -53,6 +57,7 @@ def _trl_loss(inputs, opts: dict, dtype):
     """(loss, grads of _input / weight / bias, metrics) of TRL's ``_compute_loss`` on leaf copies of the inputs in
     ``dtype``, its log-probabilities and entropies from the plain logits (TRL's selective_log_softmax and
     entropy_from_logits)."""
+    trl_grpo, trl_utils = _trl()
     o = GRPOOptions(**{k: v for k, v in opts.items() if k in GRPOOptions.__dataclass_fields__})
     temp = opts.get("temperature", 1.0)
     leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight", "bias") if k in inputs}
@@ -279,3 +284,30 @@ def test_gpu_llm_head_sizes_bf16_no_worse_than_trl_plain(case):
     for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
         assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
     assert set(metrics.trl) == set(plain_metrics)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("case", ["dapo", "gspo (grpo, sequence)"])
+def test_gpu_formed_gradients_at_head_size_in_three_matmuls(case):
+    # 8 completions x 512 tokens, hidden 1024, vocabulary 128256, bf16 (no TRL needed): the gradients formed in the
+    # forward take 3 head matmuls, and loss and gradients are no further from the float64 reference than the plain
+    # computation's (RECORDS[0].original: the LM head in bf16, fp32 log-softmax, the same per-token loss)
+    from tigon.reference.fused_linear_grpo import fused_linear_grpo as ref_grpo
+
+    opts, build = CASES[case]
+    shape = {"tokens": 4096, "batch": 8, "hidden": 1024, "vocab": 128256}
+    inputs = _inputs(torch.bfloat16, build, seed=2, device="cuda", shape=shape)
+
+    def run(fn, dtype):
+        leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight")}
+        rest = {k: v for k, v in inputs.items() if k not in leaves}
+        loss = fn(leaves["_input"], leaves["weight"], **rest, **opts)
+        return loss.detach(), torch.autograd.grad(loss, list(leaves.values()))
+
+    out = []
+    assert head_matmuls(lambda: out.append(run(F.fused_linear_grpo, torch.bfloat16)), 4096, 1024, 128256) == 3
+    (loss, grads), (plain, plain_grads) = out[0], run(RECORDS[0].original, torch.bfloat16)
+    truth, truth_grads = run(ref_grpo, torch.float64)
+    for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
