@@ -4,6 +4,7 @@ model), the fused path against float64 (loss and every gradient), bf16 against t
 modules' Liger-Kernel call signatures (and Liger itself when installed), and the errors."""
 
 import collections
+import functools
 import importlib.util
 import types
 
@@ -372,6 +373,15 @@ def test_dpo_at_model_size_on_gpu():
     spec = P.RECORDS[0]
     assert_close_to_truth(compare(spec.fn, spec.original, inp, ("hidden", "weight"), factor=2.0,
                                   unit_upstream=True, differentiable_outputs=(0,)))
+    # a budget of one pair per chunk (the fp32 grad_weight accumulator and 2 x 512 rows of logits): the gradients
+    # formed pair by pair, 3 policy matmuls + 1 for the reference model
+    from tigon.workflows.timing import head_matmuls
+
+    one_pair = functools.partial(spec.fn, memory=4 * 32000 * 2048 + 2 * 1024 * 32000 + (1 << 20))
+    assert_close_to_truth(compare(one_pair, spec.original, inp, ("hidden", "weight"), factor=2.0,
+                                  unit_upstream=True, differentiable_outputs=(0,)))
+    y = _leaves(inp, grads=("hidden", "weight"))
+    assert head_matmuls(lambda: one_pair(**y).loss.backward(), 4096, 2048, 32000) == 4
     x = _leaves(inp, grads=("hidden", "weight"))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
