@@ -83,12 +83,13 @@ LEAN_MIN_ROWS = 128
 
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1) -> int:
+               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, align: int = 1) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
     of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
-    fit in it instead, on any device, down to a floor of 16 rows."""
+    fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
+    (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
         max_rows = max(16, spare // max(vocab * elem_bytes, 1))
@@ -108,6 +109,9 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     max_rows = max(1, max_rows)
     if n <= max_rows:
         return max(n, 1)
+    if align > 1:
+        groups, per_chunk = cdiv(n, align), max_rows // align
+        return cdiv(groups, cdiv(groups, per_chunk)) * align if per_chunk else 0
     rows = cdiv(n, cdiv(n, max_rows))
     rows16 = cdiv(rows, 16) * 16
     return rows16 if rows16 <= max_rows else rows
@@ -385,15 +389,12 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
 
 def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int,
               elem_bytes: int | None = None, align: int = 1) -> int:
-    """The rows per chunk :func:`backward_over_chunks` takes for these arguments (:func:`chunk_rows`), rounded down
-    to a multiple of ``align`` (chunks that hold whole sequences of ``align`` tokens); 0 when one such group of rows
-    exceeds the chunk rule (the caller then needs another plan)."""
+    """The rows per chunk :func:`backward_over_chunks` takes for these arguments (:func:`chunk_rows`), whole groups of
+    ``align`` rows (chunks that hold whole sequences of ``align`` tokens); 0 when one such group exceeds the chunk
+    rule (the caller then needs another plan)."""
     n, hdim = hidden.shape
-    rows = chunk_rows(n, weight.shape[0], hdim, hidden.device, lean, need[1] and not lean, elem_bytes or cd.itemsize,
-                      budget)
-    if align > 1:
-        rows = rows // align * align if n > align else (n if rows >= n else 0)
-    return rows
+    return chunk_rows(n, weight.shape[0], hdim, hidden.device, lean, need[1] and not lean, elem_bytes or cd.itemsize,
+                      budget, align)
 
 
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
