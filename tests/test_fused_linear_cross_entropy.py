@@ -447,9 +447,9 @@ def test_memory_reaches_the_chunk_rule(monkeypatch):
     # dropped it would still give the default results above
     seen, real = [], flce_ops.chunk_rows
 
-    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1):
+    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1, align=1):
         seen.append((lean, fp32_weight_grad, budget))
-        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget)
+        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget, align)
 
     monkeypatch.setattr(flce_ops, "chunk_rows", spy)
     h = torch.randn(50, 16, dtype=torch.bfloat16, requires_grad=True)
