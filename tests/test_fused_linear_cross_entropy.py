@@ -267,6 +267,10 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
     # with the fp32 accumulator (4VH = 2 GiB at 128256 x 4096): the rest of the budget, 4384 rows (cap lifted)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 1 << 30)
     assert flce_ops.chunk_rows(16384, 128256, 4096, cuda, fp32_weight_grad=True) == 4096  # 4 chunks
+    # whole sequences (align, the post-training losses'): the fewest chunks that hold them, balanced; 0: none fits
+    assert flce_ops.chunk_rows(6 * 1500, 128256, 4096, cuda, fp32_weight_grad=True, align=1500) == 3000
+    assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, fp32_weight_grad=True, align=2048) == 4096
+    assert flce_ops.chunk_rows(2 * 8192, 128256, 4096, cuda, fp32_weight_grad=True, align=8192) == 0
     # a small head (Qwen2.5-0.5B, 896 -> 151936): rows as the budget allows, not rows = H (see the module notes)
     assert flce_ops.chunk_rows(4096, 151936, 896, cuda, fp32_weight_grad=True) == 4096  # one chunk
     monkeypatch.setattr(flce_ops, "FLCE_BUDGET_BYTES_CUDA", 1 << 20)
