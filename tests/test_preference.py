@@ -224,12 +224,15 @@ PAIRWISE = {
     "dpo aot (couples pairs), reference model": (TF.fused_linear_dpo_loss, dict(),
                                                  dict(loss_type="aot", label_smoothing=0.1), 5),
     "orpo": (P.fused_linear_orpo_loss, dict(reference="none"), {}, 3),
+    "kto, reference model, bias (unpaired: chunks of one sequence)": (
+        P.fused_linear_kto_loss, dict(labels=True, bias=True), dict(kl=torch.tensor(0.3), average_log_prob=True), 4),
 }
 
 
 @pytest.mark.parametrize("label", list(PAIRWISE))
 def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(label, monkeypatch):
-    # chunks of one pair (2 x 5 tokens of 3 pairs): the policy's gradients are formed in the forward, pair by pair,
+    # chunks of one pair (2 x 5 tokens of 3 pairs; KTO: of whole sequences): the policy's gradients are formed in the
+    # forward, pair by pair,
     # 3 head matmuls (+1 for a reference model); AOT sorts the batch, so with the batch over several chunks it takes
     # the recomputing path (4 + 1); loss, metrics and gradients within 1e-5 of float64 either way
     import tigon.kernels.fused_linear_cross_entropy as flce_ops
@@ -239,7 +242,7 @@ def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(lab
     fn, batch, opts, matmuls = PAIRWISE[label]
     inp = _batch(pairs=3, **batch)
     truth = _leaves(inp, torch.float64)
-    want = getattr(ref, fn.__name__)(**truth, **opts)
+    want = getattr(ref_kto if fn is P.fused_linear_kto_loss else ref, fn.__name__)(**truth, **opts)
     want.loss.backward()
     got_in = _leaves(inp)
     out = []
