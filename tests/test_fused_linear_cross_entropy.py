@@ -267,6 +267,10 @@ def test_flce_chunk_rows_heuristic(monkeypatch):
     # with the fp32 accumulator (4VH = 2 GiB at 128256 x 4096): the rest of the budget, 4384 rows (cap lifted)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 1 << 30)
     assert flce_ops.chunk_rows(16384, 128256, 4096, cuda, fp32_weight_grad=True) == 4096  # 4 chunks
+    # whole sequences (align, the post-training losses'): the fewest chunks that hold them, balanced; 0: none fits
+    assert flce_ops.chunk_rows(6 * 1500, 128256, 4096, cuda, fp32_weight_grad=True, align=1500) == 3000
+    assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, fp32_weight_grad=True, align=2048) == 4096
+    assert flce_ops.chunk_rows(2 * 8192, 128256, 4096, cuda, fp32_weight_grad=True, align=8192) == 0
     # a small head (Qwen2.5-0.5B, 896 -> 151936): rows as the budget allows, not rows = H (see the module notes)
     assert flce_ops.chunk_rows(4096, 151936, 896, cuda, fp32_weight_grad=True) == 4096  # one chunk
     # a frozen head (no weight gradient): chunks of at most 2**28 logits, 2 x 2048 rows at Llama-3's head
@@ -452,9 +456,9 @@ def test_memory_reaches_the_chunk_rule(monkeypatch, device):
     # dropped it would still give the default results above
     seen, real = [], flce_ops.chunk_rows
 
-    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1, **kw):
+    def spy(n, vocab, hidden, device, lean=False, fp32_weight_grad=False, elem_bytes=2, budget=-1, align=1, **kw):
         seen.append((lean, fp32_weight_grad, budget))
-        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget, **kw)
+        return real(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget, align, **kw)
 
     monkeypatch.setattr(flce_ops, "chunk_rows", spy)
     # on the test device: CPU tensors on a CUDA machine run the reference, which never reaches the chunk rule

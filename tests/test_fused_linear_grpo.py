@@ -15,12 +15,17 @@ from tigon import nn as tnn
 from tigon.reference.grpo import GRPOOptions
 from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
+from tigon.workflows.timing import head_matmuls
 
-trl = pytest.importorskip("trl")
-if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
-    pytest.skip("the tests reproduce TRL 1.16's GRPOTrainer._compute_loss", allow_module_level=True)
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-trl_utils = pytest.importorskip("trl.trainer.utils")
+
+
+def _trl():
+    """TRL's GRPO trainer and utils modules; the tests that compare with TRL skip without TRL 1.16 (the others run,
+    on the GPU image too, which has no TRL)."""
+    trl = pytest.importorskip("trl")
+    if tuple(int(x) for x in trl.__version__.split(".")[:2]) < (1, 16):
+        pytest.skip("the tests reproduce TRL 1.16's GRPOTrainer._compute_loss")
+    return pytest.importorskip("trl.trainer.grpo_trainer"), pytest.importorskip("trl.trainer.utils")
 
 SHAPE = {"tokens": 12, "batch": 3, "hidden": 16, "vocab": 37}
 BUILD = RECORDS[0].make_inputs
@@ -52,6 +57,7 @@ def _trl_loss(inputs, opts: dict, dtype):
     """(loss, grads of _input / weight / bias, metrics) of TRL's ``_compute_loss`` on leaf copies of the inputs in
     ``dtype``, its log-probabilities and entropies from the plain logits (TRL's selective_log_softmax and
     entropy_from_logits)."""
+    trl_grpo, trl_utils = _trl()
     o = GRPOOptions(**{k: v for k, v in opts.items() if k in GRPOOptions.__dataclass_fields__})
     temp = opts.get("temperature", 1.0)
     leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight", "bias") if k in inputs}
@@ -98,15 +104,15 @@ def _trl_loss(inputs, opts: dict, dtype):
     return loss.detach(), grads, metrics
 
 
-def _tigon_loss(inputs, opts: dict, dtype):
+def _tigon_loss(inputs, opts: dict, dtype, upstream=1.0, entropy=True):
     leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight", "bias") if k in inputs}
     rest = {k: (v.to(dtype) if k in ("ref_input", "ref_weight") else v) for k, v in inputs.items() if k not in leaves}
     module_opts = {k: v for k, v in opts.items() if k != "num_items"}
-    loss_fn = tnn.FusedLinearGRPOLoss(**module_opts, compute_entropy=True)
+    loss_fn = tnn.FusedLinearGRPOLoss(**module_opts, compute_entropy=entropy)
     loss, metrics = loss_fn(leaves["_input"], leaves["weight"], rest.pop("selected_token_ids"),
                             rest.pop("attention_mask"), rest.pop("advantages"), leaves.get("bias"), **rest,
                             num_items_in_batch=inputs["attention_mask"].sum())
-    grads = torch.autograd.grad(loss, list(leaves.values()))
+    grads = torch.autograd.grad(loss * upstream, list(leaves.values()))
     return loss.detach(), grads, metrics
 
 
@@ -121,6 +127,7 @@ CASES = {
     "sapo beta=0": (dict(loss_type="sapo", beta=0.0), dict(old=True, ref="none")),
     "vespo vllm ratio": (dict(loss_type="vespo"), dict(old=True, ratio=True)),
     "luspo sequence": (dict(loss_type="luspo", importance_sampling_level="sequence"), dict(old=True)),
+    "gspo beta=0": (dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.0), dict(old=True, ref="none")),
     "delta, bias-corrected KL, bias": (dict(delta=1.7, use_bias_correction_kl=True, epsilon_high=0.28),
                                        dict(old=True, bias=True)),
     "vllm ratio, entropy bonus": (dict(entropy_coef=0.05), dict(old=True, ratio=True)),
@@ -218,6 +225,51 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
 
 
+def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0, entropy=True):
+    """(matmul work of a forward and backward through the loss in head matmuls (2 N H V FLOPs each), grads)."""
+    out = []
+    n, h = inputs["_input"].reshape(-1, inputs["_input"].shape[-1]).shape
+    count = head_matmuls(lambda: out.append(_tigon_loss(inputs, opts, dtype, upstream, entropy)[1]), n, h,
+                         inputs["weight"].shape[0])
+    return count, out[0]
+
+
+@pytest.mark.parametrize("case", ["dapo", "bnpo ref_input temperature", "gspo beta=0", "vespo vllm ratio",
+                                  "vllm ratio, entropy bonus"])
+def test_gradients_formed_in_the_forward_take_three_head_matmuls(case, device, monkeypatch):
+    # the policy's head: 3 matmuls (logits, grad_hidden, grad_weight), plus 1 for a reference model's log-probs; the
+    # coupled losses (sequence level, vespo) with sequences longer than a chunk take the recomputing path (4), with
+    # the same gradients (also without the entropy kernel); an upstream gradient scales them
+    opts, build = CASES[case]
+    inputs = _inputs(torch.float32, build, device=device)
+    ref = 1 if "ref_input" in inputs else 0
+    flops, grads = _head_flops(inputs, opts)
+    assert flops == 3 + ref, flops
+    _, grads3 = _head_flops(inputs, opts, upstream=3.0)
+    assert all(torch.allclose(3 * g, g3, rtol=1e-6, atol=1e-9) for g, g3 in zip(grads, grads3))
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 3 * 37)  # chunks of 3 tokens, sequences of 4
+    flops, grads_small = _head_flops(inputs, opts, entropy=False)
+    coupled = opts.get("importance_sampling_level") == "sequence" or opts.get("loss_type") == "vespo"
+    assert flops == (4 if coupled else 3) + ref, flops
+    assert all(torch.allclose(g, gs, rtol=1e-5, atol=1e-8) for g, gs in zip(grads, grads_small))
+
+
+def test_a_second_backward_through_formed_gradients_raises(device):
+    # (and given log-probabilities that require a gradient get one: then the recomputing path runs)
+    inputs = _inputs(torch.float32, dict(), device=device)
+    x = inputs["_input"].clone().requires_grad_()
+    args = [inputs[k] for k in ("weight", "selected_token_ids", "attention_mask", "advantages")]
+    loss = F.fused_linear_grpo(x, *args, ref_per_token_logps=inputs["ref_per_token_logps"])
+    loss.backward(retain_graph=True)
+    formed = x.grad.clone()
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+    ref = inputs["ref_per_token_logps"].clone().requires_grad_()
+    x.grad = None
+    F.fused_linear_grpo(x, *args, ref_per_token_logps=ref).backward()
+    assert ref.grad is not None and torch.allclose(x.grad, formed, rtol=1e-5, atol=1e-8)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
 @pytest.mark.parametrize("case", ["dapo", "grpo clipped", "bnpo ref_input temperature"])
@@ -232,3 +284,30 @@ def test_gpu_llm_head_sizes_bf16_no_worse_than_trl_plain(case):
     for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
         assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
     assert set(metrics.trl) == set(plain_metrics)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("case", ["dapo", "gspo (grpo, sequence)"])
+def test_gpu_formed_gradients_at_head_size_in_three_matmuls(case):
+    # 8 completions x 512 tokens, hidden 1024, vocabulary 128256, bf16 (no TRL needed): the gradients formed in the
+    # forward take 3 head matmuls, and loss and gradients are no further from the float64 reference than the plain
+    # computation's (RECORDS[0].original: the LM head in bf16, fp32 log-softmax, the same per-token loss)
+    from tigon.reference.fused_linear_grpo import fused_linear_grpo as ref_grpo
+
+    opts, build = CASES[case]
+    shape = {"tokens": 4096, "batch": 8, "hidden": 1024, "vocab": 128256}
+    inputs = _inputs(torch.bfloat16, build, seed=2, device="cuda", shape=shape)
+
+    def run(fn, dtype):
+        leaves = {k: inputs[k].detach().to(dtype).requires_grad_() for k in ("_input", "weight")}
+        rest = {k: v for k, v in inputs.items() if k not in leaves}
+        loss = fn(leaves["_input"], leaves["weight"], **rest, **opts)
+        return loss.detach(), torch.autograd.grad(loss, list(leaves.values()))
+
+    out = []
+    assert head_matmuls(lambda: out.append(run(F.fused_linear_grpo, torch.bfloat16)), 4096, 1024, 128256) == 3
+    (loss, grads), (plain, plain_grads) = out[0], run(RECORDS[0].original, torch.bfloat16)
+    truth, truth_grads = run(ref_grpo, torch.float64)
+    for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
+        assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))

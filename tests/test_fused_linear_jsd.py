@@ -121,8 +121,14 @@ def test_bf16_no_worse_than_the_plain_computation(case, device):
 
 
 def test_upstream_scaling_memory_budget_and_a_second_backward(device):
+    # also: a forward and backward runs the student's logits and two gradients (3 head matmuls) and the teacher's
+    # logits (HT / H of one: its head is wider)
+    from tigon.workflows.timing import head_matmuls
+
     p = _problem(torch.float32, device=device)
-    loss, grads = _run(F.fused_linear_jsd, p)
+    out = []
+    assert head_matmuls(lambda: out.append(_run(F.fused_linear_jsd, p)), N, H, V) == 3 + HT / H
+    loss, grads = out[0]
     _, grads3 = _run(F.fused_linear_jsd, p, upstream=3.0)
     _, grads_small = _run(F.fused_linear_jsd, p, memory=16 * V * 40)  # a budget under the 16-row floor
     _, grads_lean = _run(F.fused_linear_jsd, p, memory="low")

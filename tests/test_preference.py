@@ -4,6 +4,7 @@ model), the fused path against float64 (loss and every gradient), bf16 against t
 modules' Liger-Kernel call signatures (and Liger itself when installed), and the errors."""
 
 import collections
+import functools
 import importlib.util
 import types
 
@@ -216,6 +217,43 @@ def test_fused_loss_and_gradients_match_float64(label):
     assert "ref_hidden" not in got_in or got_in["ref_hidden"].grad is None
 
 
+PAIRWISE = {
+    "dpo sigmoid, reference model": (TF.fused_linear_dpo_loss, dict(), {}, 4),
+    "dpo ipo + sft, averaged, nll": (TF.fused_linear_dpo_loss, dict(reference="logps", bias=True),
+                                     dict(loss_type=["ipo", "sft"], compute_nll_loss=True, average_log_prob=True), 3),
+    "dpo aot (couples pairs), reference model": (TF.fused_linear_dpo_loss, dict(),
+                                                 dict(loss_type="aot", label_smoothing=0.1), 5),
+    "orpo": (P.fused_linear_orpo_loss, dict(reference="none"), {}, 3),
+    "kto, reference model, bias (unpaired: chunks of one sequence)": (
+        P.fused_linear_kto_loss, dict(labels=True, bias=True), dict(kl=torch.tensor(0.3), average_log_prob=True), 4),
+}
+
+
+@pytest.mark.parametrize("label", list(PAIRWISE))
+def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(label, monkeypatch):
+    # chunks of one pair (2 x 5 tokens of 3 pairs; KTO: of whole sequences): the policy's gradients are formed in the
+    # forward, pair by pair,
+    # 3 head matmuls (+1 for a reference model); AOT sorts the batch, so with the batch over several chunks it takes
+    # the recomputing path (4 + 1); loss, metrics and gradients within 1e-5 of float64 either way
+    import tigon.kernels.fused_linear_cross_entropy as flce_ops
+    from tigon.workflows.timing import head_matmuls
+
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 10 * V)
+    fn, batch, opts, matmuls = PAIRWISE[label]
+    inp = _batch(pairs=3, **batch)
+    truth = _leaves(inp, torch.float64)
+    want = getattr(ref_kto if fn is P.fused_linear_kto_loss else ref, fn.__name__)(**truth, **opts)
+    want.loss.backward()
+    got_in = _leaves(inp)
+    out = []
+    assert head_matmuls(lambda: out.append(fn(**got_in, **opts)) or out[0].loss.backward(), 30, H, V) == matmuls
+    for i, (a, b) in enumerate(zip(out[0], want)):
+        assert rel_l2(a.double(), b) < 1e-5, (type(want)._fields[i], rel_l2(a.double(), b))
+    for k in ("hidden", "weight", "bias"):
+        if k in got_in:
+            assert rel_l2(got_in[k].grad.double(), truth[k].grad) < 1e-5, k
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_no_worse_than_plain_pytorch(dtype):
     inp = _batch(dtype=dtype, bias=True, t=6)
@@ -338,6 +376,15 @@ def test_dpo_at_model_size_on_gpu():
     spec = P.RECORDS[0]
     assert_close_to_truth(compare(spec.fn, spec.original, inp, ("hidden", "weight"), factor=2.0,
                                   unit_upstream=True, differentiable_outputs=(0,)))
+    # a budget of one pair per chunk (the fp32 grad_weight accumulator and 2 x 512 rows of logits): the gradients
+    # formed pair by pair, 3 policy matmuls + 1 for the reference model
+    from tigon.workflows.timing import head_matmuls
+
+    one_pair = functools.partial(spec.fn, memory=4 * 32000 * 2048 + 2 * 1024 * 32000 + (1 << 20))
+    assert_close_to_truth(compare(one_pair, spec.original, inp, ("hidden", "weight"), factor=2.0,
+                                  unit_upstream=True, differentiable_outputs=(0,)))
+    y = _leaves(inp, grads=("hidden", "weight"))
+    assert head_matmuls(lambda: one_pair(**y).loss.backward(), 4096, 2048, 32000) == 4
     x = _leaves(inp, grads=("hidden", "weight"))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -94,14 +94,16 @@ LEAN_MIN_ROWS = 128
 
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, *,
+               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, align: int = 1, *,
                frozen_weight: bool = False) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
     of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
-    fit in it instead, on any device, down to a floor of 16 rows. ``frozen_weight``: no weight gradient is formed
-    (a frozen head), so the default rule on CUDA caps a chunk at FROZEN_CHUNK_ELEMS_CUDA logits (see above)."""
+    fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
+    (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
+    ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
+    FROZEN_CHUNK_ELEMS_CUDA logits (see above)."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
         max_rows = max(16, spare // max(vocab * elem_bytes, 1))
@@ -123,6 +125,9 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     max_rows = max(1, max_rows)
     if n <= max_rows:
         return max(n, 1)
+    if align > 1:
+        groups, per_chunk = cdiv(n, align), max_rows // align
+        return cdiv(groups, cdiv(groups, per_chunk)) * align if per_chunk else 0
     rows = cdiv(n, cdiv(n, max_rows))
     rows16 = cdiv(rows, 16) * 16
     return rows16 if rows16 <= max_rows else rows
@@ -398,9 +403,19 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
     return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
 
 
+def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int,
+              elem_bytes: int | None = None, align: int = 1) -> int:
+    """The rows per chunk :func:`backward_over_chunks` takes for these arguments (:func:`chunk_rows`), whole groups of
+    ``align`` rows (chunks that hold whole sequences of ``align`` tokens); 0 when one such group exceeds the chunk
+    rule (the caller then needs another plan)."""
+    n, hdim = hidden.shape
+    return chunk_rows(n, weight.shape[0], hdim, hidden.device, lean, need[1] and not lean, elem_bytes or cd.itemsize,
+                      budget, align, frozen_weight=not need[1])
+
+
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
-                         scalar: bool = False) -> tuple:
+                         scalar: bool = False, align: int = 1) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -410,14 +425,14 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     A loss whose gradient is formed in its forward (the fused linear JSD) runs this loop there: ``rows_grad`` then
     also writes the chunk's loss, ``scalar`` returns the unscaled accumulators of :func:`grad_buffers`' scalar path
     (for :func:`scale_grads`), and ``elem_bytes`` (default: the compute dtype's size) is what each logit of a chunk
-    costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included."""
-    n, hdim = hidden.shape
+    costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
+    holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0)."""
+    n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves)
-    rows = chunk_rows(n, vocab, hdim, dev, lean, need[1] and not lean, elem_bytes or cd.itemsize, budget,
-                      frozen_weight=not need[1])
+    rows = max(1, loop_rows(hidden, weight, cd, need, lean, budget, elem_bytes, align))
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)

@@ -11,14 +11,19 @@ row kernel reads them.
 
 * Log-probabilities alone: log p_t is minus the cross-entropy row loss (``reduction="none"``), formed as
   ``-((m - x_t) + log s)``; the forward is :func:`tigon.kernels.loss_rows.ce_rows_forward` and the backward, for an
-  upstream ``a`` per token, is the cross-entropy row gradient with coefficient ``-a``
-  (:func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`: logits recomputed, 4 matmuls in all).
+  upstream ``a`` per token, is the cross-entropy row gradient with coefficient ``-a`` (logits recomputed by
+  :func:`tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`, 4 matmuls in all).
 * With the entropy (or a gradient on the lse): the kernels below. The forward keeps, beside the online
   log-sum-exp's running max m and sum s = sum exp(x - m), the sum u = sum exp(x - m) (m - x), rescaled with s when
   m grows (u' = e^(m - m') (u + (m' - m) s)); then H = u / s + log s: two non-negative terms, no cancellation (the
   form lse - sum p x loses the entropy of a confident token to an ulp of lse). The backward writes, per element,
   ``p_v (coef_p + h ((m - x_v) + log s)) - a [v = t]`` with coef_p = l - a - h H (module docstring of the
   reference), times the soft-cap and scale derivative, over the chunk buffer in place.
+
+* Gradients formed in the forward (:func:`logprobs_grads_in_forward`, 3 matmuls in all): for a loss whose gradient
+  w.r.t. each log p is known as soon as its chunk's log-probabilities are (the GRPO family's), each chunk runs the
+  forward kernel, asks the loss for its per-token gradients, then the backward kernel over the same buffer, and the
+  chunk's gradient matmuls; :class:`FormedGradsFunction` carries the result to the leaves.
 
 Minimal bytes per chunk: forward reads the logits once (N*V*2 for bf16), backward reads and writes them once.
 Ignored rows are never read (their outputs are 0, their gradient rows written as zeros).
@@ -35,11 +40,10 @@ from torch import Tensor
 
 from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
-from .fused_linear_cross_entropy import (
-    _Matmuls, _operands, backward_over_chunks, chunk_rows, flce_backward_rows,
-)
+from .fused_linear_cross_entropy import _Matmuls, _operands, backward_over_chunks, chunk_rows, scale_grads
 from .loss_rows import (
-    LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_forward, row_stats,
+    LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
+    row_stats,
 )
 
 
@@ -171,6 +175,30 @@ def rows_backward(x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, en
 # ----------------------------------------------------------------------------------------------- chunk loops
 
 
+def rows_forward(lg: torch.Tensor, target: torch.Tensor, opts: LossOptions, logp: torch.Tensor,
+                 ent: torch.Tensor | None, z: torch.Tensor | None, stats: torch.Tensor) -> None:
+    """Log-probabilities (and, with ``ent``, entropies) and row statistics of one chunk of logits ``lg`` (n, V)
+    into the (n,) / (n, 2) fp32 slices ``logp``, ``ent``, ``stats``. Without the entropy it is the cross-entropy row
+    forward, whose loss rows (-log p, negated here) and z rows (``z``, (n,) fp32 scratch) it writes."""
+    if ent is not None:
+        rows_forward_entropy(lg, target, opts, logp, ent, stats)
+    else:
+        ce_rows_forward(lg, target, None, None, opts, logp, z, stats, None)
+        logp.neg_().add_(0.0)  # the cross-entropy row loss is -log p (+0.0, not -0.0, at ignored rows)
+
+
+def rows_grad_(lg: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, ent: torch.Tensor | None,
+               g_lp: torch.Tensor, g_ent: torch.Tensor | None, g_lse: torch.Tensor | None,
+               opts: LossOptions) -> None:
+    """Overwrite one chunk of logits ``lg`` (n, V) with the gradient for the upstream gradients (n,) fp32 on log p,
+    the entropy and the lse (None for none): log p alone through the cross-entropy rows' backward (coefficient
+    -g_lp), else :func:`rows_backward`."""
+    if g_ent is None and g_lse is None:
+        ce_rows_backward(lg, target, None, None, stats, opts, -g_lp, lg)
+    else:
+        rows_backward(lg, target, stats, ent, g_lp, g_ent, g_lse, opts, lg)
+
+
 def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
                      lean: bool = False, budget: int = -1):
     """(logp (N,), entropy (N,) or None, stats (N, 2)) fp32 over chunks of tokens (no gradient is formed here: the
@@ -192,12 +220,8 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
             e = min(s + rows, n)
             lg = buf[: e - s]
             mm.logits(lg, h[s:e], w, b)
-            if want_entropy:
-                rows_forward_entropy(lg, target[s:e], opts, logp[s:e], ent[s:e], stats[s:e])
-            else:
-                ce_rows_forward(lg, target[s:e], None, None, opts, logp[s:e], z[s:e], stats[s:e], None)
-    if not want_entropy:
-        logp.neg_().add_(0.0)  # the cross-entropy row loss is -log p (+0.0, not -0.0, at ignored rows)
+            rows_forward(lg, target[s:e], opts, logp[s:e], ent[s:e] if want_entropy else None,
+                         None if want_entropy else z[s:e], stats[s:e])
     return logp, ent, stats
 
 
@@ -205,12 +229,9 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
                       cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False,
                       budget: int = -1):
     """(grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed) for upstream gradients
-    (N,) on log p, the entropy and the lse (None for none). Log p alone: the cross-entropy rows' backward with
-    coefficient -g_lp. ``lean``, ``halves``, ``budget``: as
-    :func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`."""
-    if g_ent is None and g_lse is None:
-        return flce_backward_rows(-g_lp.to(torch.float32), hidden, weight, target, bias, None, stats, opts, cd, need,
-                                  lean, halves, budget)
+    (N,) on log p, the entropy and the lse (None for none; g_lp may be None too), the logits recomputed chunk by
+    chunk (:func:`tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`). ``lean``, ``halves``,
+    ``budget``: as :func:`tigon.kernels.fused_linear_cross_entropy.flce_backward_rows`."""
     n = hidden.shape[0]
 
     def coef(g):
@@ -220,10 +241,70 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     g_ent, g_lse = coef(g_ent), coef(g_lse)
 
     def rows_grad(lg, s, e):
-        rows_backward(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
-                      g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None, opts, lg)
+        rows_grad_(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
+                   g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None, opts)
 
     return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
+
+
+def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype,
+                              need: tuple[bool, bool, bool], want_entropy: bool, token_grads, lean: bool = False,
+                              budget: int = -1, align: int = 1, halves: bool = True):
+    """Log-probabilities and the gradients of a loss of them formed in one pass (3 matmuls per chunk: logits,
+    grad_hidden, grad_weight), for a loss whose gradient w.r.t. each token's log p (and entropy) is known once the
+    chunk's log-probabilities are (a per-token function of them, or of whole sequences when chunks hold whole
+    sequences: ``align``, see :func:`tigon.kernels.fused_linear_cross_entropy.loop_rows`).
+
+    Per chunk [s, e): the logits, :func:`rows_forward`, then ``token_grads(s, e, logp, ent)`` (the chunk's (e - s,)
+    fp32 log-probabilities and entropies or None) returns ``(g_lp, g_ent)``, (e - s,) fp32 contiguous (g_ent may be
+    None), the loss's gradient w.r.t. them; :func:`rows_grad_` turns them into the logits' gradient in place, and the
+    loop's matmuls accumulate it. Returns (logp (N,), entropy (N,) or None, (gh, gw, gb)): the unscaled accumulators
+    of :func:`tigon.kernels.fused_linear_cross_entropy.grad_buffers`' scalar path, for
+    :func:`~tigon.kernels.fused_linear_cross_entropy.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
+    ``halves``: as :func:`logprobs_backward`."""
+    n = hidden.shape[0]
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    logp, stats = torch.empty(n, **f32), row_stats(n, hidden.device)
+    ent = torch.empty(n, **f32) if want_entropy else None
+    z = None if want_entropy else torch.empty(n, **f32)
+
+    def rows_grad(lg, s, e):
+        ent_c = ent[s:e] if ent is not None else None
+        rows_forward(lg, target[s:e], opts, logp[s:e], ent_c, z[s:e] if z is not None else None, stats[s:e])
+        g_lp, g_ent = token_grads(s, e, logp[s:e], ent_c)
+        rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp, g_ent, None, opts)
+
+    grads = backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, scalar=True,
+                                 align=align)
+    return logp, ent, grads
+
+
+class FormedGradsFunction(torch.autograd.Function):
+    """Carries gradients formed in a forward to their leaves: ``apply(hidden, weight, bias, run)`` calls ``run()``,
+    which returns ``(outputs, (gh, gw, gb))``: a tuple of tensors and the unscaled accumulators of
+    :func:`logprobs_grads_in_forward` for an upstream gradient of 1 (None where not needed), and returns
+    ``(anchor, *outputs)``: ``anchor`` a 0-d fp32 zero, the only differentiable output. A loss computed from the
+    outputs without autograd, plus the anchor, has the formed gradients times its upstream scalar (the backward
+    scales and casts them, :func:`~tigon.kernels.fused_linear_cross_entropy.scale_grads`). A second backward
+    through the same graph raises (the gradients are released by the first)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, run):
+        outputs, grads = run()
+        ctx.grads = grads
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.mark_non_differentiable(*outputs)
+        return (hidden.new_zeros((), dtype=torch.float32), *outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_anchor, *_unused):
+        if ctx.grads is None:
+            raise RuntimeError("tigon: this loss forms its gradients in the forward and scales them in the backward: "
+                               "a second backward through the same graph is not possible")
+        grads, ctx.grads = ctx.grads, None
+        gh, gw, gb = scale_grads(grads, grad_anchor, ctx.dtypes, inplace=True)
+        return gh, gw, gb, None
 
 
 def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,

@@ -1,14 +1,18 @@
 """Fused LM head + the GRPO family's loss (TRL's GRPOTrainer, Liger-Kernel's ``LigerFusedLinearGRPOLoss``): the public
 op and its record.
 
-The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs in
-:func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
-:mod:`tigon.reference.grpo` in plain PyTorch (autograd carries its gradient back into the log-probabilities' backward).
+The heavy part, the policy's per-token log-probabilities (and entropies) and the reference model's, runs on the kernels
+of :func:`tigon.functional.fused_linear_logprobs` without the (tokens, vocab) logits; the per-token loss on them is
+:mod:`tigon.reference.grpo` in plain PyTorch. When gradients are wanted, the loss's gradient w.r.t. each chunk's
+log-probabilities is taken as soon as they are known and the head's gradients are formed in the same pass
+(:func:`formed_policy_loss`: 3 head matmuls); otherwise (and where that is not possible) autograd carries the loss's
+gradient back into the log-probabilities' backward, which recomputes the logits (4).
 Specification: :mod:`tigon.reference.fused_linear_grpo`.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -16,9 +20,10 @@ import torch
 
 from ..reference import fused_linear_grpo as ref
 from ..reference import fused_linear_logprobs as ref_lp
+from ..reference.grpo import GRPOOptions, couples_tokens, grpo_loss, per_row_inputs, reduce_loss, token_losses
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
-from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
+from .fused_linear_logprobs import fused_linear_logprobs, logprob_plan, trl_linear_logprobs
 
 
 def fused_linear_grpo(
@@ -68,12 +73,15 @@ def fused_linear_grpo(
     INTELLECT-2's two-sided ``delta``, the k3 KL to a reference model (``beta``; its log-probabilities given, or
     computed here from ``ref_input`` / ``ref_weight`` without gradient), token- or sequence-level importance
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
-    formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are
-    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens, logits recomputed in the backward);
-    masked tokens are never scored. Where Liger differs, this follows TRL: the clip-ratio metric of sequence-level
-    sampling is a mean over sequences (Liger's over tokens); ``luspo`` masks the per-token losses before weighting
-    by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo normalizer is clamped to 1 before the division
-    by the processes; and ``use_ref_model`` only asks for a reference when ``beta != 0``.
+    formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are those of
+    :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens); with gradients wanted they are formed
+    in the forward, 3 head matmuls in all (:func:`formed_policy_loss`; a second backward through the loss then
+    raises), except inside ``torch.compile`` and for sequence-coupled losses whose sequences do not fit a chunk,
+    where the backward recomputes the logits (4). Masked tokens are never scored. Where Liger differs, this follows
+    TRL: the clip-ratio metric of sequence-level sampling is a mean over sequences (Liger's over tokens); ``luspo``
+    masks the per-token losses before weighting by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo
+    normalizer is clamped to 1 before the division by the processes; and ``use_ref_model`` only asks for a reference
+    when ``beta != 0``.
 
     Args:
         _input: (B, T, H) (or (B * T, H)) policy hidden states at the completion positions, float32 / bfloat16 /
@@ -121,7 +129,93 @@ def fused_linear_grpo(
     memory = args.pop("memory")
     if select_backend("fused_linear_grpo", _input) in TORCH_CODE:
         return ref.grpo_pipeline(ref_lp.fused_linear_logprobs, args)
-    return ref.grpo_pipeline(fused_linear_logprobs, args, memory=memory)
+    formed = functools.partial(formed_policy_loss, memory=memory)
+    return ref.grpo_pipeline(fused_linear_logprobs, args, formed, memory=memory)
+
+
+def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: int, want_entropy: bool, args: dict,
+                       memory="auto"):
+    """The policy's part of :func:`fused_linear_grpo` with its gradients formed in the forward: ``(loss, metrics)``,
+    or None where that is not possible here (then the log-probabilities' path runs: logits recomputed in the backward).
+
+    Why it works: the loss is :func:`tigon.reference.grpo.reduce_loss` of :func:`~tigon.reference.grpo.token_losses`;
+    the reduction is linear with coefficients that depend on the mask alone (taken once by autograd on zeros), and the
+    per-token losses of a token depend on its own log-probability (token-level importance sampling, every loss type
+    but vespo) or on its sequence's (sequence level, vespo: then each chunk holds whole sequences). So as soon as a
+    chunk's log-probabilities are known, autograd through ``token_losses`` on that chunk gives the loss's gradient
+    w.r.t. them, and :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into the
+    gradients of hidden, weight and bias in the same pass over the chunk: 3 matmuls per token instead of 4, no
+    (tokens, vocab) tensor. The loss value and metrics then come from :func:`tigon.reference.grpo.grpo_loss` on the
+    log-probabilities (no autograd), plus the zero that carries the gradients
+    (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+
+    None when: no gradient is wanted (grad mode off, no input requires one), inside ``torch.compile`` (the custom
+    ops of the log-probabilities run instead), a PyTorch backend or a matmul dtype the kernels do not take, a coupled
+    loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer than a chunk, or advantages, given
+    log-probabilities or the sampler's ratio that require a gradient themselves.
+    """
+    a = args
+    weight, bias = a["weight"], a["bias"]
+    if torch.compiler.is_compiling():
+        return None
+    others = (a["advantages"], ref_logps, a["old_per_token_logps"], a["vllm_is_ratio"])
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in others):
+        return None  # autograd's path gives them their gradients too
+    plan = logprob_plan(hidden, weight, ids, bias, temperature=a["temperature"], memory=memory)
+    if plan is None or not any(plan.need):
+        return None
+    from ..kernels import fused_linear_cross_entropy as kflce
+    from ..kernels import fused_linear_logprobs as klp
+
+    coupled = couples_tokens(options)
+    align = t if coupled else 1
+    if coupled and kflce.loop_rows(hidden, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) == 0:
+        return None
+    f32 = torch.float32
+    mask = a["attention_mask"]
+    keep = mask != 0
+    adv, ratio = per_row_inputs(a["advantages"], a["vllm_is_ratio"], f32)
+    old = a["old_per_token_logps"]
+    with torch.enable_grad():  # the reduction's coefficients: its gradient at zero per-token losses (it is linear)
+        zeros = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True)
+        ent0 = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True) if want_entropy else None
+        wanted = [zeros] + ([ent0] if options.entropy_coef != 0.0 else [])
+        coefs = torch.autograd.grad(reduce_loss(zeros, keep.to(f32), ent0, a["num_items_in_batch"], options), wanted)
+    w_tok = coefs[0].reshape(-1)
+    w_ent = coefs[1].reshape(-1).contiguous() if len(coefs) > 1 else None
+
+    def chunk(x, s, e):
+        """The chunk [s, e) of a (B, T), (B, 1) or None per-token input: whole sequences (b', t) when coupled, else a
+        (1, e - s) run of tokens."""
+        if x is None:
+            return None
+        if coupled:
+            return x[s // t: e // t]
+        return x.expand(b, t).reshape(1, -1)[:, s:e]
+
+    def token_grads(s, e, logp, ent):
+        with torch.enable_grad():
+            lp = logp.detach().reshape(-1, t) if coupled else logp.detach().reshape(1, -1)
+            lp.requires_grad_()
+            per_token = token_losses(lp, chunk(keep, s, e), chunk(adv, s, e), chunk(ref_logps, s, e),
+                                     chunk(old, s, e), chunk(ratio, s, e), options)[0]
+            # (a sequence-level loss without a per-token term is (b', 1): it broadcasts over the tokens, as in the
+            # reduction)
+            (g,) = torch.autograd.grad((per_token.expand_as(lp).reshape(-1) * w_tok[s:e]).sum(), lp)
+        return g.reshape(-1).contiguous(), (w_ent[s:e] if w_ent is not None else None)
+
+    def run():
+        logp, ent, grads = klp.logprobs_grads_in_forward(hidden, weight, ids.contiguous(), bias, plan.opts, plan.cd,
+                                                         plan.need, want_entropy, token_grads, plan.lean, plan.budget,
+                                                         align)
+        return (logp, ent if ent is not None else logp.new_empty((0,))), grads
+
+    anchor, logp, ent = klp.FormedGradsFunction.apply(hidden, weight, bias, run)
+    with torch.no_grad():
+        loss, metrics = grpo_loss(logp.reshape(b, t), mask, a["advantages"], ref_logps, old,
+                                  ent.reshape(b, t) if want_entropy else None, a["vllm_is_ratio"],
+                                  a["num_items_in_batch"], options)
+    return loss + anchor, metrics
 
 
 def trl_grpo(*args, **kwargs):
@@ -206,8 +300,10 @@ RECORDS = (OpSpec(
     size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['vocab']}",
     grad_inputs=("_input", "weight"),
     category="lm_head_loss",
-    # the policy's log-probabilities: 1 matmul forward, 3 more backward (logits recomputed, two gradients)
-    flops=lambda s, mode: (2 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
+    # the floor: the policy's logits (1 matmul), with the gradients 2 more (grad_hidden, grad_weight); Tigon forms
+    # them in the forward (formed_policy_loss), so its forward does all 3 when the inputs need gradients
+    flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"],
+    grads_in_forward=("tigon", "tigon_lean"),
     peers={"liger": _liger},
     host_syncs=("liger",),
     bench_notes={"tigon_lean": "memory='low': the log-probabilities' grad_weight accumulated in the weight's dtype, "

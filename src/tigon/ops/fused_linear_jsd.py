@@ -41,8 +41,9 @@ def fused_linear_jsd(
     jsd_beta)`` with ``z = input @ weight.T (+ bias)``, the GKD divergence (Agarwal et al. 2024) of
     :func:`tigon.functional.jsd` averaged over the rows not ignored; definition in
     :mod:`tigon.reference.fused_linear_jsd`. Rows are processed in chunks (the fused cross-entropy's chunk rule and
-    ``memory`` budget): per chunk both heads' logits are formed (cuBLAS), the rows' divergence and its gradient by
-    the Triton kernel of :func:`tigon.functional.jsd` (fp32 math), and the student's gradients are accumulated, so
+    ``memory`` budget): per chunk both heads' logits are formed (cuBLAS), the rows' divergence and the gradient w.r.t. the
+    student's logits by one Triton kernel over both chunks (fp32 math, the pointwise terms of
+    :func:`tigon.functional.jsd`), and the student's gradients are accumulated, so
     only a (rows, V) block of each model's logits exists at a time. The gradients are formed in the forward (a
     second backward through the same loss raises) and accumulated in fp32. The teacher gets no gradient. Under
     ``torch.autocast`` the matmuls run in the autocast dtype. Inside a ``torch.compile`` graph it runs as the custom
@@ -64,9 +65,9 @@ def fused_linear_jsd(
             Liger accumulates in the weight's dtype when it is None.
         student_bias, teacher_bias: optional (V,) LM-head biases (the student's gets a gradient).
         memory: as :func:`tigon.functional.fused_linear_cross_entropy`'s (``"low"`` or a budget in bytes), the
-            chunk rows sized with each row's two logits rows and fp32 log-probabilities
-            (:data:`tigon.kernels.fused_linear_jsd.ELEM_BYTES_FP32`); ``"auto"`` (default) is a 3 GiB budget for the
-            chunk and the fp32 accumulator on CUDA (about 430-row chunks at Llama-3-8B's head; speed not measured).
+            chunk rows sized with each row's two logits rows (the student's and the teacher's, nothing else per
+            logit); ``"auto"`` (default) is a 3 GiB budget for the chunk and the fp32 accumulator on CUDA (2048-row
+            chunks at Llama-3-8B's head and 8192 tokens).
 
     Returns:
         The 0-d float32 loss (float64 for float64 inputs); 0 when every row is skipped or N = 0.

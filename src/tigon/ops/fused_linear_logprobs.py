@@ -9,6 +9,7 @@ entropy forward and a general backward). Specification: :mod:`tigon.reference.fu
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -74,6 +75,45 @@ def fused_linear_logprobs(
             a target outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets,
             without a host sync, at the next loss-kernel launch, the affected outputs being NaN).
     """
+    plan = logprob_plan(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
+                        ignore_index=ignore_index, memory=memory)
+    if plan is None:
+        return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
+                                         ignore_index=ignore_index, return_entropy=return_entropy,
+                                         return_lse=return_lse)
+    from ..kernels import fused_linear_logprobs as k
+
+    opts, cd, need, lean, budget = plan
+    run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
+           else k.FusedLinearLogProbsFunction.apply)
+    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget)
+    if not (return_entropy or return_lse):
+        return logp
+    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
+
+
+class LogProbPlan(NamedTuple):
+    """How :func:`fused_linear_logprobs`' kernels run a call: the row kernels' options
+    (:class:`tigon.kernels.loss_rows.LossOptions`: ``logit_scale`` 1 / temperature, the soft-cap over the
+    temperature), the matmul dtype ``cd``, ``need`` (gradients for hidden, weight, bias: grad mode and
+    requires_grad), and the ``memory`` option's ``lean`` and ``budget``."""
+
+    opts: object
+    cd: torch.dtype
+    need: tuple[bool, bool, bool]
+    lean: bool
+    budget: int
+
+
+def logprob_plan(hidden, weight, target, bias=None, *, temperature: float = 1.0, softcap: float | None = None,
+                 ignore_index: int = -100, memory: str | int = "auto") -> LogProbPlan | None:
+    """Check the arguments of :func:`fused_linear_logprobs` (same meaning) and plan its kernels: a
+    :class:`LogProbPlan`, or None where the reference runs (a PyTorch backend, or a matmul dtype other than float32 /
+    bfloat16 / float16). Shared with the losses that drive the kernels themselves (the GRPO family).
+
+    Raises:
+        TypeError, ValueError: as :func:`fused_linear_logprobs` (bad inputs, memory, CPU targets out of range).
+    """
     ref.check_inputs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                      ignore_index=ignore_index)
     lean, budget = memory_plan(memory, None, weight)
@@ -84,12 +124,9 @@ def fused_linear_logprobs(
         cd = torch.promote_types(hidden.dtype, weight.dtype)
     backend = select_backend("fused_linear_logprobs", hidden)
     if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
-        return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
-                                         ignore_index=ignore_index, return_entropy=return_entropy,
-                                         return_lse=return_lse)
+        return None
     if target.device.type == "cpu":
         ref_ce.check_target_range(target, weight.shape[0], ignore_index)
-    from ..kernels import fused_linear_logprobs as k
     from ..kernels.loss_rows import LossOptions
 
     t = float(temperature)
@@ -97,12 +134,7 @@ def fused_linear_logprobs(
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
-    run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
-           else k.FusedLinearLogProbsFunction.apply)
-    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget)
-    if not (return_entropy or return_lse):
-        return logp
-    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
+    return LogProbPlan(opts, cd, need, lean, budget)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

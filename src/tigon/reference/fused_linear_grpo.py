@@ -83,11 +83,16 @@ OPTION_NAMES = ("beta", "epsilon_low", "epsilon_high", "loss_type", "max_complet
 """The arguments of :func:`fused_linear_grpo` that are :class:`tigon.reference.grpo.GRPOOptions` fields."""
 
 
-def grpo_pipeline(logprobs, args: dict, **logprob_options):
+def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
     """:func:`fused_linear_grpo` for its arguments ``args`` (name -> value, every parameter) with the
     log-probabilities of ``logprobs`` (a function with :func:`tigon.functional.fused_linear_logprobs`' signature;
     ``logprob_options`` go to it): the fused op, this module's reference, or the plain TRL computation (the record's
-    original). Masked tokens are not scored. ``compiled`` and ``chunk_size`` (Liger's) are not read."""
+    original). Masked tokens are not scored. ``compiled`` and ``chunk_size`` (Liger's) are not read.
+
+    ``formed``: None, or a function ``formed(hidden (B * T, H), ids (B * T,), ref (B, T) or None, options, b, t,
+    want_entropy, args)`` returning ``(loss, metrics)`` (the fused op's gradients formed in its forward,
+    :func:`tigon.ops.fused_linear_grpo.formed_policy_loss`), or None where it cannot, for the log-probabilities'
+    path below."""
     a = args
     options = GRPOOptions(**{k: a[k] for k in OPTION_NAMES})
     b, t = check_inputs(a["_input"], a["weight"], a["selected_token_ids"], a["attention_mask"], a["advantages"],
@@ -100,9 +105,6 @@ def grpo_pipeline(logprobs, args: dict, **logprob_options):
 
     entropy = a["compute_entropy"] or options.entropy_coef != 0.0
     temperature = a["temperature"]
-    out = logprobs(rows(a["_input"]), a["weight"], ids, a["bias"], temperature=temperature, return_entropy=entropy,
-                   **logprob_options)
-    logp, ent = (out.logprobs, out.entropy) if entropy else (out, None)
     ref = None
     if options.beta != 0.0:
         ref_input, ref_weight, ref_bias = a["ref_input"], a["ref_weight"], a["ref_bias"]
@@ -118,9 +120,15 @@ def grpo_pipeline(logprobs, args: dict, **logprob_options):
                                **logprob_options).reshape(b, t)
         elif a["use_ref_model"]:
             raise ValueError("use_ref_model=True with beta != 0 needs ref_per_token_logps or ref_input / ref_weight")
-    loss, metrics = grpo_loss(logp.reshape(b, t), a["attention_mask"], a["advantages"], ref,
-                              a["old_per_token_logps"], None if ent is None else ent.reshape(b, t),
-                              a["vllm_is_ratio"], a["num_items_in_batch"], options)
+    out = None if formed is None else formed(rows(a["_input"]), ids, ref, options, b, t, entropy, a)
+    if out is None:
+        lp = logprobs(rows(a["_input"]), a["weight"], ids, a["bias"], temperature=temperature,
+                      return_entropy=entropy, **logprob_options)
+        logp, ent = (lp.logprobs, lp.entropy) if entropy else (lp, None)
+        out = grpo_loss(logp.reshape(b, t), a["attention_mask"], a["advantages"], ref, a["old_per_token_logps"],
+                        None if ent is None else ent.reshape(b, t), a["vllm_is_ratio"], a["num_items_in_batch"],
+                        options)
+    loss, metrics = out
     return GRPOOutput(loss, metrics) if a["return_metrics"] else loss
 
 

@@ -200,15 +200,43 @@ def grpo_loss(
     dt = logp.dtype
     keep = attention_mask != 0
     mask = keep.to(dt)
+    adv, ratio = per_row_inputs(advantages, vllm_is_ratio, dt)
+    per_token, coef_1, kl, phi = token_losses(logp, keep, adv, ref_per_token_logps, old_per_token_logps, ratio, o)
+    loss = reduce_loss(per_token, mask, entropies, num_items_in_batch, o)
+    with torch.no_grad():
+        metrics = _metrics(o, mask, adv, coef_1, kl, entropies, phi)
+    return loss, metrics
+
+
+def per_row_inputs(advantages: torch.Tensor, vllm_is_ratio: torch.Tensor | None, dt: torch.dtype):
+    """(advantages, vllm_is_ratio) in ``dt``, a (B,) one as (B, 1) (broadcast over the tokens)."""
     adv = advantages.to(dt)
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-    same = logp.detach()
-    # masked tokens: ratio 1 and zero KL, so that a log-probability left at 0 there gives no inf * 0
-    old = same if old_per_token_logps is None else torch.where(keep, old_per_token_logps.to(dt), same)
     ratio = None
     if vllm_is_ratio is not None:
         ratio = vllm_is_ratio.to(dt)
         ratio = ratio.unsqueeze(-1) if ratio.dim() == 1 else ratio
+    return adv, ratio
+
+
+def couples_tokens(o: GRPOOptions) -> bool:
+    """Whether a token's loss depends on other tokens' log-probabilities (of its own sequence): sequence-level
+    importance sampling (the sequence's mean log-ratio) and vespo (its gamma weight of the sequence's summed
+    log-ratio). Otherwise :func:`token_losses` is elementwise in the log-probabilities."""
+    return o.importance_sampling_level == "sequence" or o.loss_type == "vespo"
+
+
+def token_losses(logp, keep, adv, ref_per_token_logps, old_per_token_logps, ratio, o: GRPOOptions):
+    """The per-token losses before the reduction (formulas: module docstring): ``(per_token, coef_1, kl, phi)``,
+    (b, t) tensors in ``logp``'s dtype (kl None when beta == 0, phi None unless vespo) for (b, t) log-probabilities,
+    the bool mask ``keep``, advantages and ``ratio`` (b, 1) or (b, t) (:func:`per_row_inputs`), reference and old
+    log-probabilities (b, t) or None. Rows are whole sequences (the sequence-level terms reduce over dim -1); where
+    :func:`couples_tokens` is False any (1, t) run of tokens works too."""
+    dt = logp.dtype
+    mask = keep.to(dt)
+    same = logp.detach()
+    # masked tokens: ratio 1 and zero KL, so that a log-probability left at 0 there gives no inf * 0
+    old = same if old_per_token_logps is None else torch.where(keep, old_per_token_logps.to(dt), same)
     log_ratio = logp - old
     if o.importance_sampling_level == "token":
         log_w = log_ratio
@@ -240,6 +268,13 @@ def grpo_loss(
         per_token = per_token * ratio
     if kl is not None:
         per_token = per_token + o.beta * kl
+    return per_token, coef_1, kl, phi
+
+
+def reduce_loss(per_token, mask, entropies, num_items_in_batch, o: GRPOOptions) -> torch.Tensor:
+    """The loss from the (B, T) per-token losses of :func:`token_losses`, the (B, T) float mask and, for the entropy
+    bonus, the (B, T) entropies: linear in both, with coefficients that depend on the mask alone (the loss type's
+    normalizer), so its gradient is known before the log-probabilities are."""
     masked = per_token * mask
     if o.loss_type in ("grpo", "sapo"):
         loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
@@ -255,9 +290,7 @@ def grpo_loss(
         if entropies is None:
             raise ValueError("entropy_coef != 0 needs the per-token entropies")
         loss = loss - o.entropy_coef * ((entropies * mask).sum() / mask.sum().clamp(min=1.0))
-    with torch.no_grad():
-        metrics = _metrics(o, mask, adv, coef_1, kl, entropies, phi)
-    return loss, metrics
+    return loss
 
 
 def _metrics(o: GRPOOptions, mask, adv, coef_1, kl, entropies, phi) -> dict[str, torch.Tensor]:

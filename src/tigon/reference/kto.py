@@ -58,12 +58,33 @@ def check_kto_options(beta=0.1, loss_type="kto", desirable_weight=1.0, undesirab
     _checks.number("undesirable_weight", undesirable_weight, minimum=0.0)
 
 
+def kto_losses(logps, ref_seq, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
+               undesirable_weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (B,) weighted per-sequence losses (module docstring; their mean is the loss) and the (B,) log-ratios ``u``
+    from the policy's (B,) sequence log-probabilities ``logps`` and the reference's: ``ref_seq`` (the model's, or
+    None), else ``ref_logps`` (given), else 0. Each sequence's loss depends on its own log-probability alone."""
+    if ref_seq is None:
+        ref_seq = ref_logps.detach().to(logps.dtype) if ref_logps is not None else torch.zeros_like(logps)
+    z = kl.detach().to(logps.dtype) if kl is not None else torch.zeros((), dtype=logps.dtype, device=logps.device)
+    u = logps - ref_seq
+    good = preference_labels
+    if loss_type == "kto":
+        losses = torch.where(good, 1 - torch.sigmoid(beta * (u - z)), 1 - torch.sigmoid(beta * (z - u)))
+    else:
+        losses = torch.where(good, 1 - torch.sigmoid(beta * u), torch.sigmoid(beta * u))
+    return losses * torch.full_like(losses, float(undesirable_weight)).masked_fill(good, float(desirable_weight)), u
+
+
 def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, ref_hidden=None, ref_weight=None,
              ref_bias=None, *, ref_logps=None, kl=None, ignore_index: int = -100, beta: float = 0.1,
              loss_type: str = "kto", desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
-             average_log_prob: bool = False) -> KTOOutput:
+             average_log_prob: bool = False, policy_lp=None, ref_lp=None, formed=None) -> KTOOutput:
     """KTO with the per-token log-prob function ``token_logps`` (see :data:`tigon.reference.pairs.TokenLogps`):
     the body of the public op (Tigon's kernels), of :func:`fused_linear_kto_loss` and of TRL's plain computation.
+    ``policy_lp``, ``ref_lp``: (B, T) per-token log-probabilities computed already
+    (:func:`tigon.reference.pairs.policy_and_reference`). ``formed``: None, or a function of this one's arguments
+    (less these three) returning the output with the policy's gradients formed in its forward
+    (:func:`tigon.ops.preference.formed_kto_loss`), or None where it cannot.
 
     Raises:
         As :func:`fused_linear_kto_loss`.
@@ -86,18 +107,18 @@ def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, 
     _checks.same_device(hidden=hidden, preference_labels=preference_labels, ref_logps=ref_logps, kl=kl)
     if not isinstance(average_log_prob, (bool, int)):
         raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")
+    if formed is not None:
+        out = formed(token_logps, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight, ref_bias,
+                     ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+                     desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
+                     average_log_prob=average_log_prob)
+        if out is not None:
+            return out
     _, _, logps, ref_seq = policy_and_reference(token_logps, hidden, weight, target, bias, ref_hidden, ref_weight,
-                                                ref_bias, ignore_index, bool(average_log_prob))
-    if ref_seq is None:
-        ref_seq = ref_logps.detach().to(logps.dtype) if ref_logps is not None else torch.zeros_like(logps)
-    z = kl.detach().to(logps.dtype) if kl is not None else torch.zeros((), dtype=logps.dtype, device=logps.device)
-    u = logps - ref_seq
+                                                ref_bias, ignore_index, bool(average_log_prob), policy_lp, ref_lp)
+    losses, u = kto_losses(logps, ref_seq, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
+                           undesirable_weight)
     good = preference_labels
-    if loss_type == "kto":
-        losses = torch.where(good, 1 - torch.sigmoid(beta * (u - z)), 1 - torch.sigmoid(beta * (z - u)))
-    else:
-        losses = torch.where(good, 1 - torch.sigmoid(beta * u), torch.sigmoid(beta * u))
-    losses = losses * torch.full_like(losses, float(undesirable_weight)).masked_fill(good, float(desirable_weight))
     rewards = (beta * u).detach()
     sums = row_logit_sums(hidden, weight, bias, logps.dtype)
     bad = ~good
@@ -114,4 +135,4 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
     return kto_with(_token_logps, **locals())
 
 
-__all__ = ["KTOOutput", "KTO_LOSS_TYPES", "check_kto_options", "fused_linear_kto_loss", "kto_with"]
+__all__ = ["KTOOutput", "KTO_LOSS_TYPES", "check_kto_options", "fused_linear_kto_loss", "kto_losses", "kto_with"]

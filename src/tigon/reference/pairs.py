@@ -168,25 +168,31 @@ def sequence_logps(token_logps: TokenLogps, hidden, weight, target, bias, ignore
 
 
 def policy_and_reference(token_logps: TokenLogps, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
-                         ignore_index: int, average_log_prob: bool):
+                         ignore_index: int, average_log_prob: bool, policy_lp=None, ref_lp=None):
     """The policy's (B, T) per-token log-probabilities, (B,) counts of scored tokens and (B,) sequence log-probs (sums,
     or averages with ``average_log_prob``), and the reference model's (B,) sequence log-probs on the same scale
-    (computed under ``torch.no_grad``), or None without ``ref_hidden``. Inputs checked by the caller."""
-    lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
+    (computed under ``torch.no_grad``), or None without ``ref_hidden``. ``policy_lp``, ``ref_lp``: (B, T) per-token
+    log-probabilities computed already (``token_logps`` is then not called for that model). Inputs checked by the
+    caller."""
+    if policy_lp is None:
+        lp, n = sequence_logps(token_logps, hidden, weight, target, bias, ignore_index)
+    else:
+        lp, n = policy_lp, (target != ignore_index).sum(-1).to(policy_lp.dtype)
     length = n.clamp(min=1)
     seq = lp.sum(-1) / length if average_log_prob else lp.sum(-1)
     ref_seq = None
     if ref_hidden is not None:
         with torch.no_grad():
-            rlp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
-            ref_seq = rlp.sum(-1).to(seq.dtype)
+            if ref_lp is None:
+                ref_lp, _ = sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
+            ref_seq = ref_lp.sum(-1).to(seq.dtype)
             ref_seq = ref_seq / length if average_log_prob else ref_seq
     return lp, n, seq, ref_seq
 
 
 def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None,
                ref_bias=None, ref_chosen_logps=None, ref_rejected_logps=None, *, ignore_index: int = -100,
-               average_log_prob: bool = False) -> PairLogps:
+               average_log_prob: bool = False, policy_lp=None, ref_lp=None) -> PairLogps:
     """The sequence-level log-probabilities of a preference batch (see the module docstring), one ``token_logps``
     call for the policy and, with a reference model, one under ``torch.no_grad`` for it.
 
@@ -199,6 +205,8 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
         ref_chosen_logps, ref_rejected_logps: (B/2,) given reference log-probabilities, or None.
         ignore_index: target value of unscored tokens.
         average_log_prob: per-token averages instead of sums.
+        policy_lp, ref_lp: (B, T) per-token log-probabilities of the policy / the reference model computed already
+            (as :func:`policy_and_reference` takes them), or None.
 
     Returns:
         :class:`PairLogps`.
@@ -209,7 +217,7 @@ def pair_logps(token_logps: TokenLogps, hidden, weight, target, bias=None, ref_h
     check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     p = hidden.shape[0] // 2
     lp, n, per_seq, ref_seq = policy_and_reference(token_logps, hidden, weight, target, bias, ref_hidden, ref_weight,
-                                                   ref_bias, ignore_index, average_log_prob)
+                                                   ref_bias, ignore_index, average_log_prob, policy_lp, ref_lp)
     nll = -lp[:p].sum() / n[:p].sum().clamp(min=1)
     ref_c = ref_r = None
     if ref_seq is not None:
@@ -254,11 +262,21 @@ def preference_output(pairs: PairLogps, hidden, weight, bias, loss: torch.Tensor
 
 def run(token_logps: TokenLogps, formula: Callable, hidden, weight, target, bias=None, ref_hidden=None,
         ref_weight=None, ref_bias=None, ref_chosen_logps=None, ref_rejected_logps=None, *, ignore_index: int,
-        average_log_prob: bool, compute_nll_loss: bool, alpha: float, **options) -> PreferenceOutput:
+        average_log_prob: bool, compute_nll_loss: bool, alpha: float, formed=None, **options) -> PreferenceOutput:
     """A paired preference loss: :func:`pair_logps` with ``token_logps``, then ``formula(pairs, **options) -> (loss,
     chosen_rewards, rejected_rewards, *extra)``, then :func:`preference_output`. The one body of every
-    ``fused_linear_*_loss`` (Tigon's, the reference and TRL's plain computation differ only in ``token_logps``)."""
+    ``fused_linear_*_loss`` (Tigon's, the reference and TRL's plain computation differ only in ``token_logps``).
+
+    ``formed``: None, or a function taking this function's arguments (less ``formed``) that returns the same output
+    with the policy's gradients formed in its forward (:func:`tigon.ops.preference.formed_pair_loss`), or None where it
+    cannot (then the path above runs)."""
     _checks.number("alpha", alpha)
+    if formed is not None:
+        out = formed(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
+                     ref_chosen_logps, ref_rejected_logps, ignore_index=ignore_index,
+                     average_log_prob=average_log_prob, compute_nll_loss=compute_nll_loss, alpha=alpha, **options)
+        if out is not None:
+            return out
     pairs = pair_logps(token_logps, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps,
                        ref_rejected_logps, ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
     return preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),

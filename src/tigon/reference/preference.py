@@ -273,18 +273,34 @@ LOSSES = {"dpo": (dpo, check_dpo_options), "cpo": (cpo, check_cpo_options),
 """Formula name -> (formula, its option check)."""
 
 
+BATCH_COUPLED = frozenset({"aot", "aot_unpaired"})
+"""The DPO loss types whose pair losses depend on other pairs (AOT sorts the batch). Every other formula here is a
+mean over pairs of a function of the pair's own log-probabilities (plus the NLL, linear in the tokens'), so its
+gradient w.r.t. a pair's tokens is known once that pair's log-probabilities are."""
+
+
+def couples_pairs(name: str, options: dict) -> bool:
+    """Whether the loss ``name`` of :data:`LOSSES` with ``options`` couples pairs (:data:`BATCH_COUPLED`)."""
+    if name != "dpo":
+        return False
+    types, _ = dpo_loss_types(options.get("loss_type", "sigmoid"), options.get("loss_weights"))
+    return bool(BATCH_COUPLED & set(types))
+
+
 def loss_with(name: str, token_logps, hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None,
               ref_bias=None, ref_chosen_logps=None, ref_rejected_logps=None, *, ignore_index: int = -100,
-              compute_nll_loss: bool, average_log_prob: bool, alpha: float = 1.0, **options) -> PreferenceOutput:
+              compute_nll_loss: bool, average_log_prob: bool, alpha: float = 1.0, formed=None,
+              **options) -> PreferenceOutput:
     """The paired preference loss ``name`` of :data:`LOSSES` with the per-token log-prob function ``token_logps``:
     the body of the public ops (``token_logps`` Tigon's kernels), of their references here (the materialised-logits
-    reference) and of their originals (TRL's plain computation). Options are checked before any pass."""
+    reference) and of their originals (TRL's plain computation). Options are checked before any pass. ``formed``:
+    :func:`tigon.reference.pairs.run`'s, called with ``coupled`` (:func:`couples_pairs`) bound by the caller."""
     formula, check = LOSSES[name]
     _check_flags(compute_nll_loss=compute_nll_loss, average_log_prob=average_log_prob)
     check(**options)
     return run(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
                ref_chosen_logps, ref_rejected_logps, ignore_index=ignore_index, average_log_prob=average_log_prob,
-               compute_nll_loss=compute_nll_loss, alpha=alpha, **options)
+               compute_nll_loss=compute_nll_loss, alpha=alpha, formed=formed, **options)
 
 
 def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None, *,

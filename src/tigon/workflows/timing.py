@@ -476,3 +476,41 @@ def sync_points(fn: Callable[[], object], device: torch.device) -> list[str]:
     found = (f"{os.path.basename(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:120]}" for w in caught
              if "synchroniz" in str(w.message))
     return list(dict.fromkeys(found))
+
+
+_MATMUL_COUNTER: list = []
+
+
+def _matmul_counter():
+    """The counting ``TorchDispatchMode`` class of :func:`head_matmuls`, defined once (per-call classes were seen to
+    stop counting after a few uses)."""
+    if not _MATMUL_COUNTER:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        aten = torch.ops.aten
+        matmuls = (aten.mm.default, aten.mm.out, aten.addmm.default, aten.addmm.out, aten.addmm_.default)
+
+        class MatmulFlops(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.flops = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in matmuls:
+                    a, b = args[-2], args[-1]
+                    self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+                return func(*args, **(kwargs or {}))
+
+        _MATMUL_COUNTER.append(MatmulFlops)
+    return _MATMUL_COUNTER[0]
+
+
+def head_matmuls(fn: Callable[[], object], tokens: int, hidden: int, vocab: int) -> float:
+    """The matmul work ``fn()`` runs (forward and whatever backward it calls), in units of one LM-head matmul of
+    ``2 * tokens * hidden * vocab`` FLOPs: 2 m n k summed over every 2-D aten matmul (mm, addmm, in place or not),
+    seen by a ``TorchDispatchMode`` below autograd, so the backward's matmuls count too. What the fused LM-head
+    losses' tests and ``benchmarks/posttrain_breakdown.py`` use to check how many head matmuls a loss takes (3 for a
+    loss whose gradient is formed in its forward, 4 when its backward recomputes the logits)."""
+    with _matmul_counter()() as count:
+        fn()
+    return count.flops / (2 * tokens * hidden * vocab)
