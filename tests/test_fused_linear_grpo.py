@@ -251,7 +251,10 @@ def test_gradients_formed_in_the_forward_take_three_head_matmuls(case, device, m
     flops, grads_small = _head_flops(inputs, opts, entropy=False)
     coupled = opts.get("importance_sampling_level") == "sequence" or opts.get("loss_type") == "vespo"
     assert flops == (4 if coupled else 3) + ref, flops
-    assert all(torch.allclose(g, gs, rtol=1e-5, atol=1e-8) for g, gs in zip(grads, grads_small))
+    # other chunks sum in another order: fp32 rounding, measured on each gradient's norm (elementwise, the
+    # smallest entries miss rtol 1e-5 by rounding alone: 2.4e-7 absolute on a gradient of max 0.55, 1 thread)
+    assert all((g - gs).norm() <= 1e-5 * g.norm() for g, gs in zip(grads, grads_small)), \
+        [((g - gs).norm().item(), g.norm().item()) for g, gs in zip(grads, grads_small)]
 
 
 def test_a_second_backward_through_formed_gradients_raises(device):
