@@ -24,6 +24,8 @@ from .ops.layer_norm import layer_norm
 from .ops.dyt import dyt
 from .ops.poly_norm import poly_norm
 from .ops.rope import rope
+from .ops.rope import rope_interleaved
+from .ops.rope import mrope
 from .ops.glu import swiglu
 from .ops.glu import geglu
 from .ops.glu import glu_linear

@@ -1,0 +1,101 @@
+"""The rotary layout variants: interleaved pairs (GLM, DeepSeek-V3's deinterleaving form) and multimodal sections
+(Qwen2-VL's mRoPE), each against the Hugging Face function it replaces (fp32 and bf16, error no worse than HF's own
+against float64), odd head sizes, non-contiguous q / k, both head layouts, and bad input."""
+
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon.numerics import assert_close_to_truth, compare
+from tigon.reference import rope as R
+
+B, T = 2, 5
+
+
+def tables(lead, t, r, dtype, device, base=10000.0):
+    """HF cos / sin ``cat(freqs, freqs)`` of r columns, positions offset per leading index."""
+    inv = 1.0 / base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    pos = torch.arange(t, dtype=torch.float64) + 3.0 * torch.arange(lead, dtype=torch.float64)[:, None]
+    emb = torch.cat((pos[..., None] * inv,) * 2, dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def qk(hq, hkv, d, dtype, device):
+    """q, k as HF attention makes them (transposed views of the projections: non-contiguous)."""
+    q = torch.randn(B, T, hq * d, device=device, dtype=dtype).view(B, T, hq, d).transpose(1, 2)
+    k = torch.randn(B, T, hkv * d, device=device, dtype=dtype).view(B, T, hkv, d).transpose(1, 2)
+    return q, k
+
+
+def hf(module: str, name: str):
+    mod = pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
+    return getattr(mod, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d, r", [(20, 10), (18, 18)], ids=["partial", "full"])
+def test_glm_interleaved_matches_hf(device, dtype, d, r):
+    """GLM-4's apply_rotary_pos_emb: interleaved pairs over the first r dims (odd pair count 5 / 9), rest passed."""
+    original = hf("glm4", "apply_rotary_pos_emb")
+    q, k = qk(3, 2, d, dtype, device)
+    cos, sin = tables(1, T, r, dtype, device)
+    inputs = dict(q=q, k=k, cos=cos, sin=sin)
+    # the reference is HF's function to the bit (fp32)
+    assert all(torch.equal(a, b) for a, b in zip(R.rope_interleaved(q, k, cos, sin), original(q, k, cos, sin)))
+    assert_close_to_truth(compare(lambda **a: F.rope_interleaved(**a), original, inputs, ["q", "k"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_v3_interleave_matches_hf(device, dtype):
+    """DeepSeek-V3's apply_rotary_pos_emb_interleave: interleaved pairs in, halves out (its rope slice: R = D)."""
+    original = hf("deepseek_v3", "apply_rotary_pos_emb_interleave")
+    q, k = qk(2, 1, 14, dtype, device)
+    cos, sin = tables(B, T, 14, dtype, device)
+    inputs = dict(q=q, k=k, cos=cos, sin=sin)
+    assert_close_to_truth(compare(lambda **a: F.rope_interleaved(**a, deinterleave=True), original, inputs,
+                                  ["q", "k"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mrope_matches_reference_and_assembled_tables(device, dtype):
+    """mRoPE (sections 1, 2, 3 of a 12-dim head; 3 position axes that differ) against the reference, and the
+    reference against rotate-half rope on the tables assembled as HF's apply_multimodal_rotary_pos_emb does."""
+    q, k = qk(3, 1, 12, dtype, device)
+    cos, sin = tables(3, T, 12, dtype, device)
+    cos, sin = cos[:, None], sin[:, None]  # (3, 1, T, 12)
+    inputs = dict(q=q, k=k, cos=cos, sin=sin, mrope_section=[1, 2, 3])
+    assert_close_to_truth(compare(F.mrope, R.mrope, inputs, ["q", "k"]))
+    pick = torch.tensor([0, 1, 1, 2, 2, 2] * 2, device=device)
+    c = cos.gather(0, pick.view(1, 1, 1, 12).expand(1, *cos.shape[1:]))[0]
+    s = sin.gather(0, pick.view(1, 1, 1, 12).expand(1, *sin.shape[1:]))[0]
+    assert all(torch.equal(a, b) for a, b in zip(R.mrope(q, k, cos, sin, [1, 2, 3]), R.rope(q, k, c, s)))
+
+
+def test_variants_head_axis_2_and_batch_tables(device):
+    """(B, T, H, D) layout (unsqueeze_dim=2), per-batch tables, contiguous inputs: interleaved and mRoPE."""
+    q = torch.randn(B, T, 2, 8, device=device)
+    k = torch.randn(B, T, 1, 8, device=device)
+    cos, sin = tables(B, T, 8, torch.float32, device)
+    for deinterleave in (False, True):
+        inputs = dict(q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=2, deinterleave=deinterleave)
+        assert_close_to_truth(compare(F.rope_interleaved, R.rope_interleaved, inputs, ["q", "k"]))
+    c3, s3 = tables(3 * B, T, 8, torch.float32, device)
+    inputs = dict(q=q, k=k, cos=c3.view(3, B, T, 8), sin=s3.view(3, B, T, 8), mrope_section=(2, 1, 1),
+                  unsqueeze_dim=2)
+    assert_close_to_truth(compare(F.mrope, R.mrope, inputs, ["q", "k"]))
+
+
+def test_variants_bad_input(device):
+    q, k = qk(2, 1, 8, torch.float32, device)
+    cos, sin = tables(1, T, 8, torch.float32, device)
+    with pytest.raises(TypeError, match="deinterleave must be a bool"):
+        F.rope_interleaved(q, k, cos, sin, 1, "yes")
+    with pytest.raises(ValueError, match="cos's last dimension"):
+        F.rope_interleaved(q, k, cos[..., :3], sin[..., :3])
+    with pytest.raises(ValueError, match=r"cos must have shape \(3, 1 or 2"):
+        F.mrope(q, k, cos[None].expand(2, -1, -1, -1), sin[None].expand(2, -1, -1, -1), [1, 1, 2])
+    c3, s3 = cos[None].expand(3, -1, -1, -1), sin[None].expand(3, -1, -1, -1)
+    with pytest.raises(ValueError, match="mrope_section must be three non-negative ints summing to"):
+        F.mrope(q, k, c3, s3, [1, 1, 1])
+    with pytest.raises(ValueError, match="mrope_section"):
+        F.mrope(q, k, c3, s3, 4)
