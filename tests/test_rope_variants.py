@@ -99,3 +99,37 @@ def test_variants_bad_input(device):
         F.mrope(q, k, c3, s3, [1, 1, 1])
     with pytest.raises(ValueError, match="mrope_section"):
         F.mrope(q, k, c3, s3, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glm4v_expanded_tables_match_hf(device, dtype):
+    """GLM-4V's apply_rotary_pos_emb (transformers 5.2x): interleaved pairs on repeat-interleaved tables (one column
+    per rotated dim; arbitrary values, so c[2i] != c[2i+1] is rotated as HF does), partial."""
+    original = hf("glm4v", "apply_rotary_pos_emb")
+    if "repeat_interleave" in __import__("inspect").getsource(original):
+        pytest.skip("this transformers' GLM-4V function expands the tables itself (the 'interleaved' layout)")
+    q, k = qk(2, 2, 14, dtype, device)
+    cos, sin = (torch.randn(1, T, 10, device=device, dtype=dtype) for _ in range(2))
+    inputs = dict(q=q, k=k, cos=cos, sin=sin)
+    assert_close_to_truth(compare(lambda **a: F.rope_interleaved(**a, expanded_tables=True), original, inputs,
+                                  ["q", "k"]))
+
+
+def test_dispatch_layouts_match_hf(device):
+    """The engine's adapters (tigon.integrations.rotary_layouts): GPT-OSS's half-width tables and the complex form
+    of Llama 4 (heads at axis 2) and DeepSeek-V2 (axis 1) against their HF functions; calls of another form -> None."""
+    from tigon.integrations.rotary_layouts import tigon_call
+
+    q, k = qk(2, 1, 8, torch.float32, device)
+    cos, sin = tables(1, T, 8, torch.float32, device)
+    gpt_oss = hf("gpt_oss", "apply_rotary_pos_emb")
+    half = (cos[..., :4], sin[..., :4])
+    for a, b in zip(tigon_call("half_width", False, 1, (q, k, *half), {}), gpt_oss(q, k, *half)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert tigon_call("half_width", False, 1, (q, k, cos, sin), {}) is None  # full-width tables: not its form
+    freqs = torch.polar(torch.ones(B, T, 4, device=device), torch.randn(B, T, 4, device=device))
+    for axis, module in ((2, "llama4"), (1, "deepseek_v2")):
+        x = (q.transpose(1, 2), k.transpose(1, 2)) if axis == 2 else (q, k)
+        for a, b in zip(tigon_call("complex", False, axis, (*x, freqs), {}), hf(module, "apply_rotary_emb")(*x, freqs)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert tigon_call("rotate_half", False, 1, (q, k, cos, sin, None), {}) is None  # an old position_ids argument

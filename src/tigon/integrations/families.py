@@ -90,9 +90,10 @@ GRANITE = _dense(  # logits / config.logits_scaling
     pre_norm_layer=False)  # residual_multiplier
 OLMO2 = _dense(  # norms after attention / MLP, q_norm / k_norm over the whole projection; (w * x).to(dtype) casting
     "olmo2", "Olmo2", norm=NormSpec("Olmo2RMSNorm", casting_mode="gemma"), pre_norm_layer=False)
-GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial head dim -> left alone
+GLM4 = _dense(  # fused gate_up_proj; rotary on interleaved pairs over a partial head dim (rope_interleaved)
     "glm4", "Glm4", mlp=MLPSpec("Glm4MLP", gate_up="gate_up_proj"),
-    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",)), pre_norm_layer=False)
+    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",), partial_rotary=True),
+    pre_norm_layer=False)
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
@@ -120,11 +121,13 @@ FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, l
 OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection
 HUNYUAN_V1_MOE = _moe("hunyuan_v1_moe", "HunYuanMoEV1", dense_mlp=True, aux_loss=False)  # shared_mlp per layer
 DEEPSEEK_V3 = _moe(  # MLA attention: rotary on the rope slice; rope_interleave (the default) calls
-    "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False)  # apply_rotary_pos_emb_interleave: left alone
+    "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False,  # apply_rotary_pos_emb_interleave (pairs in,
+    rope=RopeSpec(attention_classes=("DeepseekV3Attention",),  # halves out: rope_interleaved(deinterleave=True))
+                  alternatives=(("apply_rotary_pos_emb_interleave", "deinterleave"),)))
 GPT_OSS = _moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch
     "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,  # mlp returns (out, router scores)
     norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
-    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",)),
+    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",)),  # cos / sin of one column per pair
     unsupported=(Unsupported("mlp", "GptOssExperts", "clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate) on "
                              "clamped, interleaved halves, config.swiglu_limit): a GPT-OSS SwiGLU kernel variant is "
                              "needed"),))
@@ -187,11 +190,12 @@ def _vision(name: str, mlp: str) -> FamilySpec:
 def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
              vision_attention: str) -> FamilySpec:
     """A Qwen-VL family: text decoder and vision tower in one modeling module; the text rotary is rotate-half on cos /
-    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x; earlier versions call
-    ``apply_multimodal_rotary_pos_emb`` instead, which is then reported as skipped)."""
+    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x), or, in earlier
+    versions, ``apply_multimodal_rotary_pos_emb`` with ``mrope_section`` (:func:`tigon.functional.mrope`)."""
     return FamilySpec(
         name=name, module=f"transformers.models.{name}.modeling_{name}", norms=norms, mlps=mlps,
-        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",)),
+        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",),
+                      alternatives=(("apply_multimodal_rotary_pos_emb", "mrope"),)),
         causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
                                output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
         decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
@@ -301,7 +305,7 @@ def family_ops(config: dict) -> set[str] | None:
 
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
     config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
-    function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    function (or ``rope_interleaved`` / ``mrope`` for its layout), ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
     (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
@@ -324,8 +328,10 @@ def family_ops(config: dict) -> set[str] | None:
                or _config_default(model_type, m.act_config_attr))
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
-    if spec.rope is not None:
-        ops.add("rope")
+    if spec.rope is not None:  # the op of each rotary function's layout
+        from .rotary_layouts import ROPE_OPS
+
+        ops |= {ROPE_OPS.get(c.layout, "rope") for c in spec.rope.candidates()}
     if spec.decoder_layers:
         ops.add("fused_add_rms_norm")
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):

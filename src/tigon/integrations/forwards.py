@@ -361,20 +361,24 @@ def _rope_scope_active() -> bool:
 
 
 def rope_dispatcher(original, family: str, switch):
-    """A drop-in for the module-global rotary function that routes to :func:`tigon.functional.rope` when
-    ``switch.class_level`` is set or a patched attention instance is running on this thread, else to ``original``.
+    """A drop-in for the module-global rotary function that routes to Tigon's rotary op of the function's layout
+    (``switch.layout``, see :mod:`tigon.integrations.rotary_layouts`: :func:`tigon.functional.rope`,
+    ``rope_interleaved`` or ``mrope``) when ``switch.class_level`` is set or a patched attention instance is running
+    on this thread, else to ``original``.
 
     Calls it cannot serve (extra positional arguments such as the old ``position_ids``; cos / sin narrower than the
     head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
-    rope does) go to ``original`` as well.
+    ops do; tables of another shape than the layout's) go to ``original`` as well.
     """
+    from .rotary_layouts import tigon_call
 
     @functools.wraps(original)
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if (switch.class_level or _rope_scope_active()) and not args and set(kwargs) <= {"unsqueeze_dim"} \
-                and q.shape[-1] == k.shape[-1] and (cos.shape[-1] == q.shape[-1] or switch.partial):
-            return TF.rope(q, k, cos, sin, **kwargs)
-        return original(q, k, cos, sin, *args, **kwargs)
+    def apply_rotary_pos_emb(*args, **kwargs):
+        if switch.class_level or _rope_scope_active():
+            out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
+            if out is not None:
+                return out
+        return original(*args, **kwargs)
 
     return mark(apply_rotary_pos_emb, "rope", family)
 

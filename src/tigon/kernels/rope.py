@@ -32,6 +32,8 @@ Layout variants (constexpr switches of the same kernel):
   backward, reads halves and writes pairs, so the backward swaps the two flags.
 - ``SHARED``: one angle per pair, ``c2 = c1`` and ``s2 = s1`` read from the first half of the table (the interleaved
   forms use ``cos[..., :R/2]`` of HF's ``cat(freqs, freqs)`` table).
+- ``TABLE_PAIRS``: the table is laid out like the pairs, ``c1, c2 = cos[2i], cos[2i + 1]`` (GLM-4V's repeat-interleaved
+  tables in transformers 5.2x) instead of ``cos[i], cos[i + R/2]``.
 - ``SEC0``, ``SEC1`` > 0: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos / sin are
   (3, B, T, R) tables, one per position axis (temporal, height, width), and column i of each half reads the table of
   its section: 0 for i < SEC0, 1 for i < SEC0 + SEC1, else 2 (``mrope_section``; its strides ``sc_s``, ``ss_s``).
@@ -56,7 +58,7 @@ def _rotate_rows(
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
-    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr,
+    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
 ):
     # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
     # PASS: the head dims after the 2 * HALF rotated ones (partial rotary), copied unchanged (the rotation is the
@@ -75,8 +77,14 @@ def _rotate_rows(
     d = tl.arange(0, BLOCK_HALF)
     mask = rmask[:, None] & (d < HALF)[None, :]
     # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
-    cp = COS + (b * sc_b + t * sc_t)[:, None] + d[None, :] * sc_d
-    sp = SIN + (b * ss_b + t * ss_t)[:, None] + d[None, :] * ss_d
+    if TABLE_PAIRS:  # pair i reads columns 2i and 2i + 1 of the table
+        cd = 2 * d
+        c_next = 1
+    else:  # pair i reads columns i and i + HALF
+        cd = d
+        c_next = HALF
+    cp = COS + (b * sc_b + t * sc_t)[:, None] + cd[None, :] * sc_d
+    sp = SIN + (b * ss_b + t * ss_t)[:, None] + cd[None, :] * ss_d
     if SEC0 > 0:  # mRoPE: column i of each half reads the table of its section (0, 1 or 2)
         sec = ((d >= SEC0).to(tl.int64) + (d >= SEC0 + SEC1).to(tl.int64))[None, :]
         cp += sec * sc_s
@@ -87,8 +95,8 @@ def _rotate_rows(
         c2 = c1
         s2 = s1
     else:
-        c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(cp + c_next * sc_d, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sp + c_next * ss_d, mask=mask, other=0.0).to(tl.float32)
     if BACKWARD:
         sa = s2
         sb = -s1
@@ -130,18 +138,18 @@ def _rope_kernel(
     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
-    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr,
+    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
 ):
     # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
     pid = tl.program_id(0)
     if pid < PROGS_Q:
         _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
                      sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R,
-                     BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1)
+                     BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS)
     else:
         _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
                      sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS,
-                     BLOCK_R, BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1)
+                     BLOCK_R, BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -177,9 +185,10 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     return max(1, HALF_TILE // block_half), TILE_WARPS
 
 
-PAIRS_HALVES, PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE = 0, 1, 2
+PAIRS_HALVES, PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE, PAIRS_EXPANDED = 0, 1, 2, 3
 """``pairs`` of :func:`rope_apply`: rotate-half in and out; interleaved pairs in and out (GLM, the complex form);
-interleaved pairs in, halves out (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``)."""
+interleaved pairs in, halves out (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``); interleaved pairs in and out
+with tables of one column per rotated dim, ``cos[2i], cos[2i + 1]`` for pair i (GLM-4V in transformers 5.2x)."""
 
 
 def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
@@ -189,8 +198,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, R), R even
     and at most D: the first R head dims are rotated, the other D - R copied (partial rotary; R = D: all rotated).
     pairs: :data:`PAIRS_HALVES` (pair i is dims i and i + R/2), :data:`PAIRS_INTERLEAVED` (dims 2i and 2i + 1, one
-    angle per pair from ``cos[..., :R/2]``) or :data:`PAIRS_DEINTERLEAVE` (interleaved in, halves out; the backward
-    reads halves and writes pairs). sections: () or mRoPE's (s0, s1, s2) with s0 + s1 + s2 = R/2, cos / sin then
+    angle per pair from ``cos[..., :R/2]``), :data:`PAIRS_DEINTERLEAVE` (interleaved in, halves out; the backward
+    reads halves and writes pairs) or :data:`PAIRS_EXPANDED` (interleaved, pair i reading columns 2i and 2i + 1). sections: () or mRoPE's (s0, s1, s2) with s0 + s1 + s2 = R/2, cos / sin then
     (3, 1 or B, T, R).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
@@ -216,15 +225,16 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     if sections:  # the strides of one section's (1 or B, T, R) table
         cos, sin = cos[0], sin[0]
     sc, ss = cos.stride(), sin.stride()
-    pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs == PAIRS_INTERLEAVED
+    pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs in (PAIRS_INTERLEAVED, PAIRS_EXPANDED)
     if backward:  # the transpose reads the output's layout and writes the input's
         pairs_in, pairs_out = pairs_out, pairs_in
     _rope_kernel[(progs_q + cdiv(nk, block_r),)](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
         0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2], sc_s, ss_s,
         HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,
-        ROW64=max(nq, nk) + block_r >= 2**31, X_PAIRS=pairs_in, Y_PAIRS=pairs_out, SHARED=pairs != PAIRS_HALVES,
-        SEC0=sections[0] if sections else 0, SEC1=sections[1] if sections else 0, num_warps=warps,
+        ROW64=max(nq, nk) + block_r >= 2**31, X_PAIRS=pairs_in, Y_PAIRS=pairs_out,
+        SHARED=pairs in (PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE), SEC0=sections[0] if sections else 0,
+        SEC1=sections[1] if sections else 0, TABLE_PAIRS=pairs == PAIRS_EXPANDED, num_warps=warps,
     )
     return qo, ko
 

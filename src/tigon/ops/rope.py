@@ -105,7 +105,7 @@ def rope(
                              mixed_dims=rope_mixed_dims))
 def rope_interleaved(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-    deinterleave: bool = False,
+    deinterleave: bool = False, expanded_tables: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding on interleaved pairs ``(x[2i], x[2i + 1])``, one angle per pair (RoFormer, Su et al.
     2021, eq. 34): GLM / GLM-4's ``apply_rotary_pos_emb`` (``modeling_glm4.py``), DeepSeek-V3's
@@ -125,29 +125,36 @@ def rope_interleaved(
             read. Constants: no gradient.
         unsqueeze_dim: 1 or 2, where the head axis of q and k is.
         deinterleave: output the rotated dims as halves (evens, then odds) instead of pairs.
+        expanded_tables: cos / sin hold one column per rotated dim, dims 2i and 2i+1 reading columns 2i and 2i+1
+            (GLM-4V's repeat-interleaved tables in transformers 5.2x, its ``apply_rotary_pos_emb``); all R columns
+            are read. Not with ``deinterleave``.
 
     Returns:
         (q_embed, k_embed): shapes and dtypes of q and k.
 
     Raises:
-        TypeError: a non-floating tensor, q and k of different dtypes, or deinterleave not a bool.
-        ValueError: as :func:`rope` (ranks, mismatched sizes, cos / sin shapes, devices, unsqueeze_dim).
+        TypeError: a non-floating tensor, q and k of different dtypes, or deinterleave / expanded_tables not a bool.
+        ValueError: as :func:`rope` (ranks, mismatched sizes, cos / sin shapes, devices, unsqueeze_dim), or both
+            deinterleave and expanded_tables.
     """
     cos, sin = _checked(q, k, cos, sin, unsqueeze_dim)
-    if not isinstance(deinterleave, bool):
-        raise TypeError(f"deinterleave must be a bool, got {deinterleave!r}")
+    for name, flag in (("deinterleave", deinterleave), ("expanded_tables", expanded_tables)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if deinterleave and expanded_tables:
+        raise ValueError("deinterleave and expanded_tables cannot both be set (no Hugging Face function does both)")
     if select_backend("rope_interleaved", q) in TORCH_CODE:
-        return ref.rope_interleaved(q, k, cos, sin, unsqueeze_dim, deinterleave)
+        return ref.rope_interleaved(q, k, cos, sin, unsqueeze_dim, deinterleave, expanded_tables)
     from ..kernels import rope as kr
 
-    pairs = kr.PAIRS_DEINTERLEAVE if deinterleave else kr.PAIRS_INTERLEAVED
+    pairs = kr.PAIRS_DEINTERLEAVE if deinterleave else kr.PAIRS_EXPANDED if expanded_tables else kr.PAIRS_INTERLEAVED
     run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
     return run(q, k, cos, sin, unsqueeze_dim, pairs)
 
 
 def mrope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mrope_section,
-    unsqueeze_dim: int = 1,
+    unsqueeze_dim: int = 1, interleaved: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multimodal rotary position embedding (mRoPE, Qwen2-VL: Wang et al. 2024, section 2.1; HF
     ``apply_multimodal_rotary_pos_emb`` of ``modeling_qwen2_vl.py`` / ``modeling_qwen2_5_vl.py`` in transformers
@@ -160,12 +167,14 @@ def mrope(
             rest of each head passes through). Constants: no gradient.
         mrope_section: three non-negative ints (t, h, w) summing to R / 2 (a list or tuple, as the config holds it).
         unsqueeze_dim: 1 or 2, where the head axis of q and k is.
+        interleaved: rotate interleaved pairs (:func:`rope_interleaved`'s layout) with the assembled tables, as
+            GLM-4V's ``apply_multimodal_rotary_pos_emb`` before transformers 5.2x does.
 
     Returns:
         (q_embed, k_embed): shapes and dtypes of q and k.
 
     Raises:
-        TypeError: a non-floating tensor, q and k of different dtypes.
+        TypeError: a non-floating tensor, q and k of different dtypes, interleaved not a bool.
         ValueError: as :func:`rope`, cos / sin not (3, 1 or B, T, R), or mrope_section not three non-negative ints
             summing to R / 2.
     """
@@ -175,12 +184,14 @@ def mrope(
             or 2 * sum(section) != cos.shape[-1]:
         raise ValueError(f"mrope_section must be three non-negative ints summing to cos.shape[-1] / 2 = "
                          f"{cos.shape[-1] // 2}, got {mrope_section!r}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
     if select_backend("mrope", q) in TORCH_CODE:
-        return ref.mrope(q, k, cos, sin, section, unsqueeze_dim)
+        return ref.mrope(q, k, cos, sin, section, unsqueeze_dim, interleaved)
     from ..kernels import rope as kr
 
     run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
-    return run(q, k, cos, sin, unsqueeze_dim, kr.PAIRS_HALVES, section)
+    return run(q, k, cos, sin, unsqueeze_dim, kr.PAIRS_INTERLEAVED if interleaved else kr.PAIRS_HALVES, section)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
@@ -253,7 +264,8 @@ RECORDS = (
         original=ref.rope_interleaved,
         original_name="HF GLM apply_rotary_pos_emb / DeepSeek-V3 apply_rotary_pos_emb_interleave "
                       "(tigon.reference.rope.rope_interleaved)",
-        cases=(Case(), Case("deinterleave=True", options={"deinterleave": True})),
+        cases=(Case(), Case("deinterleave=True", options={"deinterleave": True}),
+               Case("expanded_tables=True", options={"expanded_tables": True})),
         **_COMMON,
     ),
     OpSpec(
@@ -262,8 +274,8 @@ RECORDS = (
         fn=mrope,
         reference=ref.mrope,
         original=ref.mrope,
-        original_name="HF apply_multimodal_rotary_pos_emb (tigon.reference.rope.mrope)",
-        cases=(Case(),),
+        original_name="HF Qwen2-VL / GLM-4V apply_multimodal_rotary_pos_emb (tigon.reference.rope.mrope)",
+        cases=(Case(), Case("interleaved=True", options={"interleaved": True})),
         **{**_COMMON, "make_inputs": _mrope_inputs},
     ),
 )
