@@ -44,7 +44,11 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
-        if kind == "mlp" and comp.experts:
+        if kind == "mlp" and comp.experts and comp.activation == "clamped_swiglu":
+            if (problem := fw.clamped_hook_problem(cls)) is not None:
+                report.skipped.append(PatchEntry(kind, target, problem))
+                continue
+        elif kind == "mlp" and comp.experts:
             hook, default = getattr(cls, attr, None), fw.default_experts_gate()
             if hook is None or hook is not default:
                 report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))

@@ -11,6 +11,7 @@ Nothing here imports transformers: specs are strings until the engine resolves t
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
     ACTIVATIONS,
@@ -124,13 +125,11 @@ DEEPSEEK_V3 = _moe(  # MLA attention: rotary on the rope slice; rope_interleave 
     "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False,  # apply_rotary_pos_emb_interleave (pairs in,
     rope=RopeSpec(attention_classes=("DeepseekV3Attention",),  # halves out: rope_interleaved(deinterleave=True))
                   alternatives=(("apply_rotary_pos_emb_interleave", "deinterleave"),)))
-GPT_OSS = _moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch
-    "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,  # mlp returns (out, router scores)
+GPT_OSS = replace(_moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch; mlp returns (out, router scores)
+    "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,
     norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
-    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",)),  # cos / sin of one column per pair
-    unsupported=(Unsupported("mlp", "GptOssExperts", "clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate) on "
-                             "clamped, interleaved halves, config.swiglu_limit): a GPT-OSS SwiGLU kernel variant is "
-                             "needed"),))
+    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",))),  # cos / sin of one column per pair
+    mlps=(MLPSpec("GptOssExperts", experts=True, activation="clamped_swiglu"),))  # its _apply_gate: clamped_swiglu
 QWEN3_NEXT = _moe(  # hybrid Gated DeltaNet + attention layers; (1 + w) norms; partial rotary (0.25) in
     "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # apply_rotary_pos_emb, as GPT-NeoX's
     norm=_gemma_norm("Qwen3Next"), rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True),

@@ -49,7 +49,9 @@ class MLPSpec:
     act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
         use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
     activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
-        matcher sets it from its numerical probe.
+        matcher sets it from its numerical probe. ``"clamped_swiglu"`` with ``experts``: GPT-OSS's experts, whose own
+        ``_apply_gate`` (clamped SwiGLU on interleaved gate / up, the module's ``alpha`` / ``limit``) becomes
+        :func:`tigon.functional.clamped_swiglu`.
     gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
         ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
     gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
@@ -288,4 +290,6 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
     "gelu_pytorch_tanh": ("geglu", "tanh"),
     "gelu_new": ("geglu", "tanh"),
     "gelu_fast": ("geglu", "tanh"),
+    # not an HF activation name: GPT-OSS's experts hook (MLPSpec.activation), clamp / alpha / +1 on up
+    "clamped_swiglu": ("clamped_swiglu", None),
 }

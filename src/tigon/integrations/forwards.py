@@ -255,7 +255,8 @@ def mlp_forward(spec: MLPSpec, family: str, original):
 
 @functools.lru_cache(maxsize=None)
 def experts_gate(spec: MLPSpec, family: str, original):
-    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module.
+    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module, or
+    ``clamped_swiglu(gate_up_out, self.alpha, self.limit)`` for GPT-OSS's (``spec.activation`` ``"clamped_swiglu"``).
 
     ``gate_up_out``: (S, 2 * I) output of the experts' fused gate-up projection for S routed (token, expert) pairs;
     returns (S, I) in its dtype. An activation without a kernel runs ``original`` (the class's hook).
@@ -266,6 +267,8 @@ def experts_gate(spec: MLPSpec, family: str, original):
         act = mlp_activation(self, spec)
         if args or kwargs or isinstance(act, str):
             return original(self, gate_up_out, *args, **kwargs)
+        if act[0] == "clamped_swiglu":  # GPT-OSS: interleaved gate / up, the module's alpha and limit
+            return TF.clamped_swiglu(gate_up_out, self.alpha, self.limit)
         gate, up = gate_up_out.chunk(2, dim=-1)
         return _glu(act, gate, up)
 
@@ -288,6 +291,8 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
     if not spec.gated:
         return (f"non-gated MLP {spec.down}(act({spec.up}(x))): Tigon's MLP ops are gated (swiglu / geglu); a lone "
                 "activation is one elementwise pass PyTorch already runs as one kernel, so the MLP is left alone")
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return clamped_experts_problem(module)
     if spec.experts:
         hook = getattr(type(module), "_apply_gate", None)
         default = default_experts_gate()
@@ -309,6 +314,37 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
                 return f"no callable attribute {attr!r}"
     act = mlp_activation(module, spec)
     return act if isinstance(act, str) else None
+
+
+def clamped_experts_problem(module) -> str | None:
+    """Why GPT-OSS's experts ``module`` cannot take :func:`tigon.functional.clamped_swiglu` as its ``_apply_gate``,
+    or None: its class must have the hook (transformers 5.2x; its own forward and the grouped_mm / batched_mm
+    experts call it), written as GPT-OSS's clamped SwiGLU on ``self.alpha`` / ``self.limit``, and the module numbers
+    for both."""
+    problem = clamped_hook_problem(type(module))
+    if problem is not None:
+        return problem
+    for name in ("alpha", "limit"):
+        v = getattr(module, name, None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{type(module).__name__}.{name} is not a number ({v!r})"
+    return None
+
+
+def clamped_hook_problem(cls: type) -> str | None:
+    """Why the class ``cls`` has no ``_apply_gate`` that is GPT-OSS's clamped SwiGLU (read from its source), or None."""
+    hook = getattr(cls, "_apply_gate", None)
+    if hook is None:
+        return "no _apply_gate hook in this transformers: its forward computes the clamped SwiGLU inline"
+    if tigon_mark(hook) is None:
+        try:
+            source = inspect.getsource(hook)
+        except (OSError, TypeError):
+            source = ""
+        if not all(word in source for word in ("self.alpha", "self.limit", "clamp", "sigmoid", "1::2")):
+            return (f"{cls.__name__}._apply_gate is not GPT-OSS's clamped SwiGLU on interleaved gate / up "
+                    "(self.alpha, self.limit) as its source reads; left alone")
+    return None
 
 
 def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
@@ -335,6 +371,8 @@ def describe_mlp(module, spec: MLPSpec) -> str:
         name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
     else:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return f"_apply_gate(gate_up) = {name}(gate_up, self.alpha, self.limit) (interleaved gate / up)"
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
