@@ -123,16 +123,17 @@ MORE_FAMILIES = {
     # deinterleave=True) instead of apply_rotary_pos_emb
     "deepseek_v3-interleave": ("deepseek_v3", dict(_MLA, rope_interleave=True), "deepseek_v3",
                                {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD}, {}),
-    # layer 0 Gated DeltaNet (its gated RMSNorm skipped) with a dense MLP, layer 1 attention (partial rotary) + MoE
+    # layer 0 Gated DeltaNet (its gated RMSNorm: rms_norm_gated) with a dense MLP, layer 1 attention (partial rotary)
+    # + MoE
     "qwen3_next": ("qwen3_next", dict(_MOE, **_LINEAR_ATTENTION, mlp_only_layers=[0], moe_intermediate_size=32,
                                       shared_expert_intermediate_size=32), "qwen3_next",
-                   {"rms_norm": 7, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+                   {"rms_norm": 8, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {}),
     # Qwen3.5 (dense, MoE): Qwen3-Next's hybrid text decoder (see there); their vision-language form below
-    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 7, "mlp": L, "rope": 1, "lm_head_loss": 1},
-                {"rms_norm": 1}),
+    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 8, "mlp": L, "rope": 1, "lm_head_loss": 1},
+                {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", dict(_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=32), "qwen3_5_moe",
-                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+                    {"rms_norm": 8, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {}),
     # families_more.py. Gemma 4 text: sandwich norms, v_norm / router norm without weight, per-layer inputs, the MoE
     # block beside the MLP; its one-tensor rotary is another interface (skipped). Smaller initial weights and eps
     # 1e-5: with HF's attention scale 1.0 the defaults make the step so ill-conditioned that HF's own fp32 gradients
@@ -194,8 +195,8 @@ VISION_LANGUAGE = {
                                         **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                            deepstack_visual_indexes=[])),
                     "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
-                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
-                    {"rms_norm": 1, "mlp": 1, "rope": 1}),
+                    {"rms_norm": 8, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"mlp": 1, "rope": 1}),
     # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
     "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
                             vision_config=dict(_VIT, model_type="clip_vision_model")),

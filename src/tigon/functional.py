@@ -19,6 +19,7 @@ is ``tigon.functional.X``.
 from __future__ import annotations
 
 from .ops.rms_norm import rms_norm
+from .ops.rms_norm_gated import rms_norm_gated
 from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
 from .ops.dyt import dyt

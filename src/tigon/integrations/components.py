@@ -82,7 +82,8 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
 def describe(kind: str, comp, module=None, opts=None) -> str:
     """What the replacement of a component of ``kind`` computes, for the report."""
     if kind == "rms_norm":
-        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
+        op = "rms_norm_gated" if comp.gated else "rms_norm"
+        return f"tigon.functional.{op}(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
@@ -105,6 +106,8 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     :attr:`~tigon.integrations.report.PatchEntry.ops`)."""
     if kind == "rope":
         return (rope_op(comp),)
+    if kind == "rms_norm" and comp.gated:
+        return ("rms_norm_gated",)
     if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm"):
         return (kind,)
     if kind == "mlp":

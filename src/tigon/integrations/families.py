@@ -98,10 +98,10 @@ GLM4 = _dense(  # fused gate_up_proj; rotary on interleaved pairs over a partial
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
-def _gated_norm(cls: str, where: str) -> Unsupported:
-    """A gated RMSNorm (``norm(x) * silu(gate)``, a second input) of ``where``: no Tigon op takes the gate."""
-    return Unsupported("rms_norm", cls, f"{where}'s gated RMSNorm (norm(x) * silu(gate)): a gated rms_norm variant is "
-                       "needed")
+def _gated_norm(cls: str, casting_mode: str = "llama") -> NormSpec:
+    """A gated RMSNorm, ``norm(x) * silu(gate)`` (the Gated DeltaNet's / Mamba mixer's output norm): rms_norm_gated
+    (Qwen3-Next's rounds the normalised value before the weight, ``"llama"``; Falcon-H1's is all fp32, ``"gemma"``)."""
+    return NormSpec(cls, casting_mode=casting_mode, gated=True)
 
 
 # Dense families added for Liger-Kernel 0.8.5's list (issue 20); each checked with tigon inspect on a tiny config.
@@ -111,12 +111,12 @@ EXAONE4 = _dense(  # post-norm layers with q_norm / k_norm; under a sliding wind
     "exaone4", "Exaone4", pre_norm_layer=False)  # (the full-attention layers are NoPE: a note)
 HUNYUAN_V1_DENSE = _dense("hunyuan_v1_dense", "HunYuanDenseV1")  # per-head query / key layernorm after the rotary
 MINISTRAL = _dense("ministral", "Ministral")  # Mistral with interleaved sliding-window layers
-FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, logits * config.lm_head_multiplier
-    "falcon_h1", "FalconH1", pre_norm_layer=False, mlps=(),
+FALCON_H1 = replace(_dense(  # hybrid attention + Mamba-2 (its gated output norm: rms_norm_gated); muP multipliers
+    "falcon_h1", "FalconH1", pre_norm_layer=False, mlps=(),  # everywhere, logits * config.lm_head_multiplier
     causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier"),
     unsupported=(Unsupported("mlp", "FalconH1MLP", "down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier "
-                             "(config.mlp_multipliers): a SwiGLU variant with multipliers is needed"),
-                 _gated_norm("FalconH1RMSNormGated", "the Mamba mixer")))
+                             "(config.mlp_multipliers): a SwiGLU variant with multipliers is needed"),)),
+    norms=(NormSpec("FalconH1RMSNorm"), _gated_norm("FalconH1RMSNormGated", "gemma")))
 
 # MoE families: experts through the _apply_gate hook, the head keeps the router loss (and aux_loss) where HF adds it.
 OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection
@@ -130,10 +130,10 @@ GPT_OSS = replace(_moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTo
     norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
     rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",))),  # cos / sin of one column per pair
     mlps=(MLPSpec("GptOssExperts", experts=True, activation="clamped_swiglu"),))  # its _apply_gate: clamped_swiglu
-QWEN3_NEXT = _moe(  # hybrid Gated DeltaNet + attention layers; (1 + w) norms; partial rotary (0.25) in
-    "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # apply_rotary_pos_emb, as GPT-NeoX's
-    norm=_gemma_norm("Qwen3Next"), rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True),
-    unsupported=(_gated_norm("Qwen3NextRMSNormGated", "the Gated DeltaNet"),))
+QWEN3_NEXT = replace(_moe(  # hybrid Gated DeltaNet (gated output norm: rms_norm_gated) + attention layers; (1 + w)
+    "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # norms; partial rotary (0.25) in
+    rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True)),  # apply_rotary_pos_emb
+    norms=(_gemma_norm("Qwen3Next"), _gated_norm("Qwen3NextRMSNormGated")))
 
 # LayerNorm families: their norms are torch.nn.LayerNorm itself (patched per model, never at class level), their
 # decoder layers are not Llama's pre-norm RMSNorm form (no fused_add_rms_norm).
@@ -241,7 +241,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
     vlm_output = (f"{prefix}CausalLMOutputWithPast",) if moe else (_MULTIMODAL_OUTPUT,)
     return FamilySpec(
         name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",),
-        norms=(_gemma_norm(prefix), TORCH_LAYER_NORM),
+        norms=(_gemma_norm(prefix), _gated_norm(f"{prefix}RMSNormGated"), TORCH_LAYER_NORM),
         mlps=(MLPSpec(f"{prefix}MLP"),) + ((MLPSpec(f"{prefix}Experts", experts=True),) if moe else ())
         + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2"),),
         rope=RopeSpec(attention_classes=(f"{prefix}Attention",), partial_rotary=True),
@@ -249,8 +249,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
         extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
                                                                           "output_class": vlm_output},
                                   text_config_attrs=True),),
-        unsupported=(_gated_norm(f"{prefix}RMSNormGated", "the Gated DeltaNet"),
-                     Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
+        unsupported=(Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE),))
 
 
 QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)
