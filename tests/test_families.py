@@ -253,13 +253,26 @@ def test_every_spec_resolves_in_this_transformers(name):
 
 
 def test_family_aliases_and_class_level_report():
+    """Aliases, GLM-4's interleaved rotary and Mixtral's experts at class level; DeepSeek-V3's two rotary functions
+    (rotate-half and, under rope_interleave, the deinterleaving form) both dispatched and both restored."""
+    import transformers.models.deepseek_v3.modeling_deepseek_v3 as dm
     import transformers.models.mixtral.modeling_mixtral as mm
+
+    ropes = (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave)
+    try:
+        report = tigon.patch("deepseek_v3")
+        rotary = {e.target.rsplit(".", 1)[-1]: e.ops for e in report.replaced if e.kind == "rope"}
+        assert rotary == {"apply_rotary_pos_emb": ("rope",), "apply_rotary_pos_emb_interleave": ("rope_interleaved",)}
+        assert (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave) != ropes
+    finally:
+        tigon.unpatch("deepseek_v3")
+    assert (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave) == ropes
 
     hook = mm.MixtralExperts.__dict__["_apply_gate"]
     try:
         assert tigon.patch("gemma3_text").family == "gemma3"
-        report = tigon.patch("glm4")
-        assert report.skipped_counts == {"rope": 1} and "interleaved" in report.skipped[0].detail
+        report = tigon.patch("glm4")  # its interleaved rotary: rope_interleaved
+        assert report.skipped_counts == {} and any("rope_interleaved" in e.detail for e in report.replaced)
         experts = tigon.patch("mixtral")
         assert any(e.target.endswith("MixtralExperts._apply_gate") for e in experts.replaced)
         assert mm.MixtralExperts.__dict__["_apply_gate"] is not hook

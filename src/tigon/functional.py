@@ -19,11 +19,11 @@ is ``tigon.functional.X``.
 from __future__ import annotations
 
 from .ops.rms_norm import rms_norm
-from .ops.rms_norm_gated import rms_norm_gated
 from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
 from .ops.dyt import dyt
 from .ops.poly_norm import poly_norm
+from .ops.rms_norm_gated import rms_norm_gated
 from .ops.rope import rope
 from .ops.rope import rope_interleaved
 from .ops.rope import mrope
