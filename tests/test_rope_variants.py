@@ -133,3 +133,11 @@ def test_dispatch_layouts_match_hf(device):
         for a, b in zip(tigon_call("complex", False, axis, (*x, freqs), {}), hf(module, "apply_rotary_emb")(*x, freqs)):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert tigon_call("rotate_half", False, 1, (q, k, cos, sin, None), {}) is None  # an old position_ids argument
+
+
+def test_mrope_empty_first_section(device):
+    """A zero-width temporal section (found by the property tests: the kernel once read such tables as plain rope)."""
+    q, k = qk(1, 1, 4, torch.float32, device)
+    cos, sin = tables(3, T, 4, torch.float32, device)
+    inputs = dict(q=q, k=k, cos=cos[:, None], sin=sin[:, None], mrope_section=[0, 1, 1])
+    assert_close_to_truth(compare(F.mrope, R.mrope, inputs, ["q", "k"]))

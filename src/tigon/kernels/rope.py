@@ -34,7 +34,7 @@ Layout variants (constexpr switches of the same kernel):
   forms use ``cos[..., :R/2]`` of HF's ``cat(freqs, freqs)`` table).
 - ``TABLE_PAIRS``: the table is laid out like the pairs, ``c1, c2 = cos[2i], cos[2i + 1]`` (GLM-4V's repeat-interleaved
   tables in transformers 5.2x) instead of ``cos[i], cos[i + R/2]``.
-- ``SEC0``, ``SEC1`` > 0: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos / sin are
+- ``MROPE`` with ``SEC0``, ``SEC1``: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos / sin are
   (3, B, T, R) tables, one per position axis (temporal, height, width), and column i of each half reads the table of
   its section: 0 for i < SEC0, 1 for i < SEC0 + SEC1, else 2 (``mrope_section``; its strides ``sc_s``, ``ss_s``).
 
@@ -59,6 +59,7 @@ def _rotate_rows(
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
     Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
+    MROPE: tl.constexpr,
 ):
     # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
     # PASS: the head dims after the 2 * HALF rotated ones (partial rotary), copied unchanged (the rotation is the
@@ -85,7 +86,7 @@ def _rotate_rows(
         c_next = HALF
     cp = COS + (b * sc_b + t * sc_t)[:, None] + cd[None, :] * sc_d
     sp = SIN + (b * ss_b + t * ss_t)[:, None] + cd[None, :] * ss_d
-    if SEC0 > 0:  # mRoPE: column i of each half reads the table of its section (0, 1 or 2)
+    if MROPE:  # column i of each half reads the table of its section (0, 1 or 2)
         sec = ((d >= SEC0).to(tl.int64) + (d >= SEC0 + SEC1).to(tl.int64))[None, :]
         cp += sec * sc_s
         sp += sec * ss_s
@@ -139,17 +140,18 @@ def _rope_kernel(
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
     BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
     Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
+    MROPE: tl.constexpr,
 ):
     # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
     pid = tl.program_id(0)
     if pid < PROGS_Q:
         _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
                      sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R,
-                     BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS)
+                     BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS, MROPE)
     else:
         _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
                      sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS,
-                     BLOCK_R, BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS)
+                     BLOCK_R, BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS, MROPE)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -234,7 +236,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
         HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,
         ROW64=max(nq, nk) + block_r >= 2**31, X_PAIRS=pairs_in, Y_PAIRS=pairs_out,
         SHARED=pairs in (PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE), SEC0=sections[0] if sections else 0,
-        SEC1=sections[1] if sections else 0, TABLE_PAIRS=pairs == PAIRS_EXPANDED, num_warps=warps,
+        SEC1=sections[1] if sections else 0, TABLE_PAIRS=pairs == PAIRS_EXPANDED, MROPE=bool(sections),
+        num_warps=warps,
     )
     return qo, ko
 
