@@ -54,8 +54,8 @@ CASES = {
     "granite": ("granite", dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5),
                 "granite", FULL, {}),
     "olmo2": ("olmo2", {}, "olmo2", QK_NORMS, {}),
-    # interleaved partial rotary: left alone; post-attention / post-MLP norms
-    "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
+    # interleaved partial rotary (rope_interleaved); post-attention / post-MLP norms
+    "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # layer 1 is a NoPE layer: one rotary attention to patch
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
     # LayerNorm families: torch.nn.LayerNorm instances (per model), non-gated MLPs left alone (no Tigon op), partial
@@ -113,37 +113,40 @@ MORE_FAMILIES = {
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
                        {**QK_NORMS, **ADD, "mlp": 2 * L}, {}),  # shared MLP + experts per layer
-    # clamped SwiGLU experts and half-width rotary need kernel variants: skipped with the reason
-    "gpt_oss": ("gpt_oss", dict(_MOE, num_local_experts=4), "gpt_oss", {"rms_norm": 2 * L + 1, "lm_head_loss": 1},
-                {"rope": 1, "mlp": L}),
+    # half-width rotary (rope on cat(cos, cos)); the experts' clamped SwiGLU hook (clamped_swiglu)
+    "gpt_oss": ("gpt_oss", dict(_MOE, num_local_experts=4), "gpt_oss",
+                {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # layer 0 dense, layer 1 MoE (experts + shared expert); MLA: rotary on the rope slice
     "deepseek_v3": ("deepseek_v3", dict(_MLA, rope_interleave=False), "deepseek_v3",
                     {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD}, {}),
-    # rope_interleave (the default): the attention calls apply_rotary_pos_emb_interleave, not apply_rotary_pos_emb
+    # rope_interleave (the default): the attention calls apply_rotary_pos_emb_interleave (rope_interleaved,
+    # deinterleave=True) instead of apply_rotary_pos_emb
     "deepseek_v3-interleave": ("deepseek_v3", dict(_MLA, rope_interleave=True), "deepseek_v3",
-                               {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD}, {"rope": L}),
-    # layer 0 Gated DeltaNet (its gated RMSNorm skipped) with a dense MLP, layer 1 attention (partial rotary) + MoE
+                               {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD}, {}),
+    # layer 0 Gated DeltaNet (its gated RMSNorm: rms_norm_gated) with a dense MLP, layer 1 attention (partial rotary)
+    # + MoE
     "qwen3_next": ("qwen3_next", dict(_MOE, **_LINEAR_ATTENTION, mlp_only_layers=[0], moe_intermediate_size=32,
                                       shared_expert_intermediate_size=32), "qwen3_next",
-                   {"rms_norm": 7, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+                   {"rms_norm": 8, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {}),
     # Qwen3.5 (dense, MoE): Qwen3-Next's hybrid text decoder (see there); their vision-language form below
-    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 7, "mlp": L, "rope": 1, "lm_head_loss": 1},
-                {"rms_norm": 1}),
+    "qwen3_5": ("qwen3_5_text", _LINEAR_ATTENTION, "qwen3_5", {"rms_norm": 8, "mlp": L, "rope": 1, "lm_head_loss": 1},
+                {}),
     "qwen3_5_moe": ("qwen3_5_moe_text", dict(_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=32), "qwen3_5_moe",
-                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {"rms_norm": 1}),
+                    {"rms_norm": 8, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1}, {}),
     # families_more.py. Gemma 4 text: sandwich norms, v_norm / router norm without weight, per-layer inputs, the MoE
     # block beside the MLP; its one-tensor rotary is another interface (skipped). Smaller initial weights and eps
     # 1e-5: with HF's attention scale 1.0 the defaults make the step so ill-conditioned that HF's own fp32 gradients
     # are 2.8e-5 from float64 (Tigon's 1.5e-5)
     "gemma4": ("gemma4_text", _GEMMA4, "gemma4", {"rms_norm": 12 * L + 2, "mlp": 2 * L, "lm_head_loss": 1},
                {"rope": L}),
-    # DeepSeek-V3's layout with complex-form rotary (skipped)
-    "deepseek_v2": ("deepseek_v2", _MLA, "deepseek_v2", {"rms_norm": 7, "mlp": 3, "lm_head_loss": 1, **ADD},
-                    {"rope": L}),
+    # DeepSeek-V3's layout with complex-form rotary (rope_interleaved on freqs_cis' real / imaginary parts)
+    "deepseek_v2": ("deepseek_v2", _MLA, "deepseek_v2", {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD},
+                    {}),
     # Llama 4 text: MoE layers (shared expert patched, bmm experts skipped), weightless q / k norm; complex rotary
+    # (rope_interleaved) on the RoPE layers, NoPE every fourth (none of these two)
     "llama4": ("llama4_text", dict(intermediate_size_mlp=128, num_local_experts=2), "llama4",
-               {"rms_norm": 3 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": L, "mlp": L}),
+               {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
     # Granite's multipliers (logits / logits_scaling) with MoE layers. The router loss stays off: transformers 5.17's
     # original head fails with output_router_logits (no router logits collected, aux_loss the int 0)
     "granitemoe": ("granitemoe", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm",
@@ -192,8 +195,8 @@ VISION_LANGUAGE = {
                                         **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                            deepstack_visual_indexes=[])),
                     "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
-                    {"rms_norm": 7, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
-                    {"rms_norm": 1, "mlp": 1, "rope": 1}),
+                    {"rms_norm": 8, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"mlp": 1, "rope": 1}),
     # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
     "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
                             vision_config=dict(_VIT, model_type="clip_vision_model")),
@@ -224,10 +227,11 @@ VISION_LANGUAGE = {
                                                                              deepstack_visual_indexes=[0])),
                      "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, "layer_norm": 4},
                      {"mlp": 1, "rope": 1}),
-    # GLM-4V: GLM-4 text layers (interleaved partial rotary: skipped), gated vision MLPs, the merger left alone
+    # GLM-4V: GLM-4 text layers (interleaved partial rotary on mRoPE tables: rope_interleaved), gated vision MLPs, the
+    # merger left alone
     "glm4v": ("glm4v", dict(text_config=dict(TINY, rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
               "Glm4vForConditionalGeneration", "glm4v", {"rms_norm": 4 * L + 1 + 4, "mlp": L + 1, "layer_norm": 1,
-                                                         "lm_head_loss": 1}, {"rope": 2, "mlp": 1}),
+                                                         "rope": L, "lm_head_loss": 1}, {"rope": 1, "mlp": 1}),
     # GLM-4V-MoE: pre-norm MoE text layers with partial rotate-half rotary (patched), router loss
     "glm4v_moe": ("glm4v_moe", dict(text_config=dict(TINY, **_MOE, n_routed_experts=4, moe_intermediate_size=32,
                                                     first_k_dense_replace=1, n_group=1, topk_group=1,

@@ -60,7 +60,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm", "group_norm", "sparsemax"):
+                 "poly_norm", "group_norm", "sparsemax", "rms_norm_gated"):
         importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
 
     ops = torch.ops.tigon
@@ -93,6 +93,15 @@ def _opcheck_cases():
         "rope_backward_k_only": (ops.rope, (q, k, cos, sin, 1, True, False, True)),
         "rope_partial": (ops.rope, (q, k, cos[..., :cos.shape[-1] // 2], sin[..., :sin.shape[-1] // 2], 1, False,
                                     True, True)),
+        "rope_interleaved": (ops.rope, (q, k, cos, sin, 1, False, True, True, 1)),
+        "rope_deinterleave_backward": (ops.rope, (q, k, cos, sin, 1, True, True, True, 2)),
+        "mrope": (ops.rope, (q, k, torch.randn(3, 1, 8, 16), torch.randn(3, 1, 8, 16), 1, False, True, True, 0,
+                             [2, 3, 3])),
+        "rms_norm_gated": (ops.rms_norm_gated, (x, torch.randn(3, 5, 32), w, 1e-6, 0.0, "llama")),
+        "rms_norm_gated_backward": (ops.rms_norm_gated_backward, (torch.randn(3, 5, 32), x, torch.randn(3, 5, 32), w,
+                                                                  torch.rand(15) + 0.5, 0.0, True)),
+        "clamped_swiglu": (ops.clamped_swiglu, (gate_up * 4, 1.702, 7.0)),
+        "clamped_swiglu_backward": (ops.clamped_swiglu_backward, (torch.randn(6, 24), gate_up * 4, 1.702, 7.0)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
         "glu_multipliers": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu", 1.5, 0.25)),  # Falcon-H1's
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),

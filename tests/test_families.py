@@ -284,13 +284,26 @@ def test_every_spec_resolves_in_this_transformers(name):
 
 
 def test_family_aliases_and_class_level_report():
+    """Aliases, GLM-4's interleaved rotary and Mixtral's experts at class level; DeepSeek-V3's two rotary functions
+    (rotate-half and, under rope_interleave, the deinterleaving form) both dispatched and both restored."""
+    import transformers.models.deepseek_v3.modeling_deepseek_v3 as dm
     import transformers.models.mixtral.modeling_mixtral as mm
+
+    ropes = (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave)
+    try:
+        report = tigon.patch("deepseek_v3")
+        rotary = {e.target.rsplit(".", 1)[-1]: e.ops for e in report.replaced if e.kind == "rope"}
+        assert rotary == {"apply_rotary_pos_emb": ("rope",), "apply_rotary_pos_emb_interleave": ("rope_interleaved",)}
+        assert (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave) != ropes
+    finally:
+        tigon.unpatch("deepseek_v3")
+    assert (dm.apply_rotary_pos_emb, dm.apply_rotary_pos_emb_interleave) == ropes
 
     hook = mm.MixtralExperts.__dict__["_apply_gate"]
     try:
         assert tigon.patch("gemma3_text").family == "gemma3"
-        report = tigon.patch("glm4")
-        assert report.skipped_counts == {"rope": 1} and "interleaved" in report.skipped[0].detail
+        report = tigon.patch("glm4")  # its interleaved rotary: rope_interleaved
+        assert report.skipped_counts == {} and any("rope_interleaved" in e.detail for e in report.replaced)
         experts = tigon.patch("mixtral")
         assert any(e.target.endswith("MixtralExperts._apply_gate") for e in experts.replaced)
         assert mm.MixtralExperts.__dict__["_apply_gate"] is not hook
@@ -300,12 +313,12 @@ def test_family_aliases_and_class_level_report():
     assert mm.MixtralExperts.__dict__["_apply_gate"] is hook
 
 
-@pytest.mark.parametrize("name, skipped", [("falcon_h1", {"rms_norm": 1}), ("gpt_oss", {"mlp": 1, "rope": 1}),
-                                           ("llava", {"mlp": 1}), ("llama4", {"mlp": 1, "rope": 1})])
+@pytest.mark.parametrize("name, skipped", [("falcon_h1", {}), ("gpt_oss", {}),
+                                           ("llava", {"mlp": 1}), ("llama4", {"mlp": 1})])
 def test_class_level_unsupported_parts_and_containers(name, skipped):
-    """``tigon.patch("<family>")``: the classes a family declares unsupported (Falcon-H1's gated
-    norm, GPT-OSS's clamped SwiGLU experts, Llama 4's bmm experts and complex rotary) and an unsupported rotary layout
-    are skipped with their reason and left unchanged; a vision-language container (Llava) says its towers are other families'; unpatch restores all."""
+    """``tigon.patch("<family>")``: the classes a family declares unsupported (Llama 4's bmm experts) are skipped
+    with their reason and left unchanged; a vision-language container (Llava) says its towers are other families';
+    unpatch restores all."""
     spec = FAMILIES[name]
     mod = pytest.importorskip(spec.module)
     before = {n: vars(c).get("forward") for n, c in vars(mod).items() if isinstance(c, type)}

@@ -77,9 +77,21 @@ def test_generic_report_counts_what_runs(case):
     tigon.unpatch(model)
 
 
-def test_interleaved_rotary_is_skipped_with_the_reason():
-    """DeepSeek-V3 with rope_interleave: the attention never calls apply_rotary_pos_emb, so rope is not counted."""
+def test_interleaved_rotary_is_routed_or_skipped_with_the_reason(monkeypatch):
+    """DeepSeek-V3 with rope_interleave: the attention calls apply_rotary_pos_emb_interleave (read from its source),
+    which runs rope_interleaved(deinterleave=True); a spec without that alternative skips it, with the reason (the
+    attention never calls apply_rotary_pos_emb, so rope is not counted)."""
+    from dataclasses import replace
+
+    from tigon.integrations.families import FAMILIES
+
     model_type, overrides, *_ = MORE_FAMILIES["deepseek_v3-interleave"]
+    report = tigon.patch(build(model_type, overrides))
+    rope = [e for e in report.replaced if e.kind == "rope"]
+    assert rope and all(e.ops == ("rope_interleaved",) and "apply_rotary_pos_emb_interleave" in e.detail
+                        for e in rope), str(report)
+    spec = FAMILIES["deepseek_v3"]
+    monkeypatch.setitem(FAMILIES, "deepseek_v3", replace(spec, rope=replace(spec.rope, alternatives=())))
     report = tigon.patch(build(model_type, overrides))
     reasons = {e.detail for e in report.skipped if e.kind == "rope"}
     assert len(reasons) == 1

@@ -23,10 +23,14 @@ from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm
 from .ops.dyt import dyt
 from .ops.poly_norm import poly_norm
+from .ops.rms_norm_gated import rms_norm_gated
 from .ops.rope import rope
+from .ops.rope import rope_interleaved
+from .ops.rope import mrope
 from .ops.glu import swiglu
 from .ops.glu import geglu
 from .ops.glu import glu_linear
+from .ops.clamped_swiglu import clamped_swiglu
 from .ops.relu_squared import relu_squared
 from .ops.softmax import softmax
 from .ops.cross_entropy import cross_entropy

@@ -16,10 +16,10 @@ from .rotary_switch import SWITCHES, RopeSwitch, switch
 @dataclass
 class ClassState:
     """A family's class-level patch: (class, attribute, original or MISSING, kind) per replaced attribute, and its
-    rotary switch."""
+    rotary switches (one per rotary function: DeepSeek-V3 has two)."""
 
     saved: list[tuple[type, str, object, str]] = field(default_factory=list)  # (class, attr, original|MISSING, kind)
-    rope: RopeSwitch | None = None
+    ropes: list[RopeSwitch] = field(default_factory=list)
 
 
 CLASS_STATE: dict[str, ClassState] = {}
@@ -44,7 +44,11 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
-        if kind == "mlp" and comp.experts:
+        if kind == "mlp" and comp.experts and comp.activation == "clamped_swiglu":
+            if (problem := fw.clamped_hook_problem(cls)) is not None:
+                report.skipped.append(PatchEntry(kind, target, problem))
+                continue
+        elif kind == "mlp" and comp.experts:
             hook, default = getattr(cls, attr, None), fw.default_experts_gate()
             if hook is None or hook is not default:
                 report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
@@ -57,19 +61,21 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
                                           components.ops(kind, comp, None, opts)),
                                class_apply(spec.name, cls, attr, fn, kind)))
     if enabled["rope"] and spec.rope is not None:
-        target = f"{spec.module}.{spec.rope.function}"
-        sw = SWITCHES.get((spec.module, spec.rope.function))
         problem = components.rope_problem(spec, mod)
         if problem is not None:
-            report.skipped.append(PatchEntry("rope", target, problem))
-        elif sw is not None and sw.class_level:
-            report.already_patched.append(PatchEntry("rope", target, "class level"))
-        else:
-            partial = ("calls with partial rotary rotate the first cos.shape[-1] dims" if spec.rope.partial_rotary
+            report.skipped.append(PatchEntry("rope", f"{spec.module}.{spec.rope.function}", problem))
+        for rope in () if problem is not None else components.rope_candidates(spec.rope, mod):
+            target = f"{spec.module}.{rope.function}"
+            sw = SWITCHES.get((spec.module, rope.function))
+            if sw is not None and sw.class_level:
+                report.already_patched.append(PatchEntry("rope", target, "class level"))
+                continue
+            op = components.rope_op(rope)
+            partial = ("calls with partial rotary rotate the first cos.shape[-1] dims" if rope.partial_rotary
                        else "calls with partial rotary run the original")
-            actions.append(Action(PatchEntry("rope", target, f"tigon.functional.rope for every model of the family "
-                                              f"({partial})", ("rope",)),
-                                   class_rope_apply(spec, mod)))
+            actions.append(Action(PatchEntry("rope", target, f"tigon.functional.{op} for every model of the family "
+                                              f"({partial})", (op,)),
+                                   class_rope_apply(spec, mod, rope)))
     if spec.heads and spec.rope is None and not spec.decoder_layers:  # a container (Llava, PaliGemma)
         report.notes.append(f"{spec.name}: its language model and vision tower are classes of other families; a "
                             "class-level patch of this family leaves them alone (patch those families by name too, "
@@ -87,11 +93,12 @@ def class_apply(family: str, cls: type, attr: str, fn, kind: str):
     return apply
 
 
-def class_rope_apply(spec: FamilySpec, mod):
+def class_rope_apply(spec: FamilySpec, mod, rope):
+    """Install the dispatcher of ``rope`` (one of the family's single-function rotary specs) at class level."""
     def apply():
         state = CLASS_STATE.setdefault(spec.name, ClassState())
-        sw = switch(mod, spec.rope.function, spec.name, spec.rope.partial_rotary)
+        sw = switch(mod, rope.function, spec.name, rope.partial_rotary, rope.layout, rope.head_axis)
         sw.class_level = True
         sw.install()
-        state.rope = sw
+        state.ropes.append(sw)
     return apply

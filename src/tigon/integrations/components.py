@@ -82,7 +82,8 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
 def describe(kind: str, comp, module=None, opts=None) -> str:
     """What the replacement of a component of ``kind`` computes, for the report."""
     if kind == "rms_norm":
-        return f"tigon.functional.rms_norm(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
+        op = "rms_norm_gated" if comp.gated else "rms_norm"
+        return f"tigon.functional.{op}(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
@@ -103,7 +104,11 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
 def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     """The :mod:`tigon.functional` op(s) the replacement of a component of ``kind`` runs (see
     :attr:`~tigon.integrations.report.PatchEntry.ops`)."""
-    if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm", "rope"):
+    if kind == "rope":
+        return (rope_op(comp),)
+    if kind == "rms_norm" and comp.gated:
+        return ("rms_norm_gated",)
+    if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm"):
         return (kind,)
     if kind == "mlp":
         return fw.mlp_ops(module, comp, (opts or {}).get("lora", True))
@@ -148,13 +153,44 @@ def rope_off(comp, config) -> bool:
 
 
 def rope_problem(spec: FamilySpec, mod) -> str | None:
-    """Why the family's rotary function (in its modeling module ``mod``) cannot be routed to Tigon, or None."""
-    if spec.rope.layout != "rotate_half":
-        why = ROPE_LAYOUTS.get(spec.rope.layout, "tigon.functional.rope is rotate-half over the rotated dims")
-        return f"layout {spec.rope.layout!r} is not supported ({why}); the family's rotary function is left alone"
-    if not callable(getattr(mod, spec.rope.function, None)):
+    """Why the family's rotary function (in its modeling module ``mod``) cannot be routed to Tigon, or None: a
+    layout no Tigon op takes, or none of its functions (:meth:`RopeSpec.candidates`) in this transformers."""
+    from .rotary_layouts import ROPE_OPS
+
+    for c in spec.rope.candidates():
+        if c.layout not in ROPE_OPS:
+            why = ROPE_LAYOUTS.get(c.layout, f"no Tigon rotary op takes layout {c.layout!r}")
+            return f"layout {c.layout!r} is not supported ({why}); the family's rotary function is left alone"
+    if not rope_candidates(spec.rope, mod):
         return "function not found in this transformers"
     return None
+
+
+def rope_candidates(rope, mod) -> tuple:
+    """The single-function specs of ``rope`` (:meth:`RopeSpec.candidates`) whose function ``mod`` has."""
+    return tuple(c for c in rope.candidates() if callable(getattr(mod, c.function, None)))
+
+
+def rope_for(rope, module, mod):
+    """The single-function spec of ``rope`` that the attention instance ``module`` calls: among those ``mod`` (its
+    modeling module) has, the first its forward calls for this instance (:func:`rotary_calls.reach`), else the
+    first (the engine then reports what the forward calls instead)."""
+    from . import rotary_calls
+
+    found = rope_candidates(rope, mod) or (rope,)
+    if len(found) > 1:
+        for c in found:
+            reached = rotary_calls.reach(module, c.function)
+            if reached is not None and c.function in reached.called:
+                return c
+    return found[0]
+
+
+def rope_op(rope) -> str:
+    """The :mod:`tigon.functional` op a single-function rotary spec's calls run."""
+    from .rotary_layouts import ROPE_OPS
+
+    return ROPE_OPS.get(rope.layout, "rope")
 
 
 def partial_rotary_factor(config) -> float:

@@ -134,6 +134,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     actions: list[Action] = []
     no_rope = 0
     rope_off: dict[str, int] = {}  # RopeSpec.off_config_attr -> attention modules it turns rotary off in
+    rope_globals: set[str] = set()  # the rotary globals the planned rope actions dispatch
     for path, m, match in matches:
         kind, cls, comp = match.kind, match.cls, match.comp
         target = path or f"({type(m).__name__})"
@@ -158,6 +159,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                                                  "library (e.g. accelerate hooks)"))
             continue
         if kind == "rope":
+            comp = components.rope_for(comp, m, sys.modules.get(match.family_module))
             if comp.enabled_attr is not None and not getattr(m, comp.enabled_attr, True):
                 no_rope += 1
                 continue
@@ -173,7 +175,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 why = "; ".join(reached.decided) or "as its source reads"
                 report.skipped.append(PatchEntry(kind, target, (
                     f"{type(m).__name__}.forward calls {', '.join(sorted(reached.called))} here, not "
-                    f"{comp.function} ({why}); tigon.functional.rope replaces only {comp.function}, left alone")))
+                    f"{comp.function} ({why}); Tigon's rotary ops replace only {comp.function}, left alone")))
                 continue
             factor = components.partial_rotary_factor(config)
             if factor < 1.0 and not comp.partial_rotary:
@@ -186,12 +188,15 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 report.already_patched.append(PatchEntry(kind, target, "class level"))
                 continue
             fn = persist.build(persist.Recipe("forward", kind, comp, family, match.family_module), type(m).forward)
-            detail = f"{comp.function} -> tigon.functional.rope inside this module (scoped dispatcher)"
+            op = components.rope_op(comp)
+            detail = f"{comp.function} -> tigon.functional.{op} inside this module (scoped dispatcher)"
             if factor < 1.0:
                 detail += (f"; partial rotary (partial_rotary_factor={factor:g}): the first rotary_dim dims of each "
                            "head rotated, the rest passed through, in the same kernel")
-            rope = RopeTarget(match.family_module, comp.function, family, comp.partial_rotary)
-            actions.append(Action(PatchEntry(kind, target, detail, ("rope",)), _rope_instance_apply(m, fn, rope)))
+            rope = RopeTarget(match.family_module, comp.function, family, comp.partial_rotary, comp.layout,
+                              comp.head_axis)
+            rope_globals.add(f"{match.family_module}.{comp.function}")
+            actions.append(Action(PatchEntry(kind, target, detail, (op,)), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
         if problem is not None:
@@ -207,12 +212,10 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     for attr, n in rope_off.items():
         report.notes.append(f"rope: config.{attr} is set: {n} attention module(s) use no rotary embedding (e.g. "
                             "Falcon's ALiBi biases instead); nothing to patch there")
-    rope_globals = sorted({f"{mt.family_module}.{mt.comp.function}" for _, _, mt in matches
-                           if mt.kind == "rope" and mt.problem is None})
-    if any(a.entry.kind == "rope" for a in actions):
+    if rope_globals:
         report.notes.append(
-            f"rope: {', '.join(rope_globals)} is a dispatcher while patched models are alive; it runs "
-            "tigon.functional.rope only inside patched attention modules, other models get the original")
+            f"rope: {', '.join(sorted(rope_globals))} is a dispatcher while patched models are alive; it runs "
+            "Tigon's rotary op only inside patched attention modules, other models get the original")
     return actions
 
 
@@ -511,12 +514,12 @@ def unpatch(model_or_family) -> PatchReport:
                 else:
                     setattr(cls, attr, original)
                 report.replaced.append(PatchEntry(kind, target, f"original {attr}"))
-            if state.rope is not None:
-                state.rope.class_level = False
-                if state.rope.release():
-                    report.replaced.append(PatchEntry("rope", state.rope.qualname, "original module global"))
+            for sw in state.ropes:
+                sw.class_level = False
+                if sw.release():
+                    report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
                 else:
-                    report.notes.append(f"rope: {state.rope.qualname} stays a dispatcher for instance-patched models")
+                    report.notes.append(f"rope: {sw.qualname} stays a dispatcher for instance-patched models")
     return report
 
 
@@ -524,7 +527,7 @@ def patched_state() -> dict:
     """Diagnostics: families patched at class level and rotary globals currently dispatched (for ``tigon inspect``)."""
     with _LOCK:
         return {
-            "class_level": {name: sorted({k for _, _, _, k in st.saved} | ({"rope"} if st.rope else set()))
+            "class_level": {name: sorted({k for _, _, _, k in st.saved} | ({"rope"} if st.ropes else set()))
                             for name, st in CLASS_STATE.items()},
             "rope_dispatchers": {sw.qualname: {"class_level": sw.class_level, "patched_attention_modules": len(sw.live)}
                                  for sw in SWITCHES.values()},

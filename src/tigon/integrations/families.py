@@ -11,6 +11,7 @@ Nothing here imports transformers: specs are strings until the engine resolves t
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
     ACTIVATIONS,
@@ -90,16 +91,17 @@ GRANITE = _dense(  # logits / config.logits_scaling
     pre_norm_layer=False)  # residual_multiplier
 OLMO2 = _dense(  # norms after attention / MLP, q_norm / k_norm over the whole projection; (w * x).to(dtype) casting
     "olmo2", "Olmo2", norm=NormSpec("Olmo2RMSNorm", casting_mode="gemma"), pre_norm_layer=False)
-GLM4 = _dense(  # fused gate_up_proj; rotary is interleaved pairs over a partial head dim -> left alone
+GLM4 = _dense(  # fused gate_up_proj; rotary on interleaved pairs over a partial head dim (rope_interleaved)
     "glm4", "Glm4", mlp=MLPSpec("Glm4MLP", gate_up="gate_up_proj"),
-    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",)), pre_norm_layer=False)
+    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4Attention",), partial_rotary=True),
+    pre_norm_layer=False)
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
-def _gated_norm(cls: str, where: str) -> Unsupported:
-    """A gated RMSNorm (``norm(x) * silu(gate)``, a second input) of ``where``: no Tigon op takes the gate."""
-    return Unsupported("rms_norm", cls, f"{where}'s gated RMSNorm (norm(x) * silu(gate)): a gated rms_norm variant is "
-                       "needed")
+def _gated_norm(cls: str, casting_mode: str = "llama") -> NormSpec:
+    """A gated RMSNorm, ``norm(x) * silu(gate)`` (the Gated DeltaNet's / Mamba mixer's output norm): rms_norm_gated
+    (Qwen3-Next's rounds the normalised value before the weight, ``"llama"``; Falcon-H1's is all fp32, ``"gemma"``)."""
+    return NormSpec(cls, casting_mode=casting_mode, gated=True)
 
 
 # Dense families added for Liger-Kernel 0.8.5's list (issue 20); each checked with tigon inspect on a tiny config.
@@ -109,28 +111,28 @@ EXAONE4 = _dense(  # post-norm layers with q_norm / k_norm; under a sliding wind
     "exaone4", "Exaone4", pre_norm_layer=False)  # (the full-attention layers are NoPE: a note)
 HUNYUAN_V1_DENSE = _dense("hunyuan_v1_dense", "HunYuanDenseV1")  # per-head query / key layernorm after the rotary
 MINISTRAL = _dense("ministral", "Ministral")  # Mistral with interleaved sliding-window layers
-FALCON_H1 = _dense(  # hybrid attention + Mamba-2; muP multipliers everywhere, logits * config.lm_head_multiplier;
-    "falcon_h1", "FalconH1", pre_norm_layer=False,  # the MLP's gate / down multipliers as the GLU kernel's scalars
-    mlp=MLPSpec("FalconH1MLP", multipliers=("gate_multiplier", "down_multiplier")),
-    causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier"),
-    unsupported=(_gated_norm("FalconH1RMSNormGated", "the Mamba mixer"),))
+FALCON_H1 = replace(_dense(  # hybrid attention + Mamba-2 (its gated output norm: rms_norm_gated); muP multipliers
+    "falcon_h1", "FalconH1", pre_norm_layer=False,  # everywhere, logits * config.lm_head_multiplier; the MLP's gate /
+    mlp=MLPSpec("FalconH1MLP", multipliers=("gate_multiplier", "down_multiplier")),  # down ones: GLU kernel scalars
+    causal_lm=CausalLMSpec("FalconH1ForCausalLM", logit_scale_attr="lm_head_multiplier")),
+    norms=(NormSpec("FalconH1RMSNorm"), _gated_norm("FalconH1RMSNormGated", "gemma")))
 
 # MoE families: experts through the _apply_gate hook, the head keeps the router loss (and aux_loss) where HF adds it.
 OLMOE = _moe("olmoe", "Olmoe", dense_mlp=False, pre_norm_layer=False)  # q_norm / k_norm over the projection
 HUNYUAN_V1_MOE = _moe("hunyuan_v1_moe", "HunYuanMoEV1", dense_mlp=True, aux_loss=False)  # shared_mlp per layer
 DEEPSEEK_V3 = _moe(  # MLA attention: rotary on the rope slice; rope_interleave (the default) calls
-    "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False)  # apply_rotary_pos_emb_interleave: left alone
-GPT_OSS = _moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch
-    "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,  # mlp returns (out, router scores)
+    "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False,  # apply_rotary_pos_emb_interleave (pairs in,
+    rope=RopeSpec(attention_classes=("DeepseekV3Attention",),  # halves out: rope_interleaved(deinterleave=True))
+                  alternatives=(("apply_rotary_pos_emb_interleave", "deinterleave"),)))
+GPT_OSS = replace(_moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch; mlp returns (out, router scores)
+    "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,
     norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
-    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",)),
-    unsupported=(Unsupported("mlp", "GptOssExperts", "clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate) on "
-                             "clamped, interleaved halves, config.swiglu_limit): a GPT-OSS SwiGLU kernel variant is "
-                             "needed"),))
-QWEN3_NEXT = _moe(  # hybrid Gated DeltaNet + attention layers; (1 + w) norms; partial rotary (0.25) in
-    "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # apply_rotary_pos_emb, as GPT-NeoX's
-    norm=_gemma_norm("Qwen3Next"), rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True),
-    unsupported=(_gated_norm("Qwen3NextRMSNormGated", "the Gated DeltaNet"),))
+    rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",))),  # cos / sin of one column per pair
+    mlps=(MLPSpec("GptOssExperts", experts=True, activation="clamped_swiglu"),))  # its _apply_gate: clamped_swiglu
+QWEN3_NEXT = replace(_moe(  # hybrid Gated DeltaNet (gated output norm: rms_norm_gated) + attention layers; (1 + w)
+    "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # norms; partial rotary (0.25) in
+    rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True)),  # apply_rotary_pos_emb
+    norms=(_gemma_norm("Qwen3Next"), _gated_norm("Qwen3NextRMSNormGated")))
 
 # LayerNorm families: their norms are torch.nn.LayerNorm itself (patched per model, never at class level), their
 # decoder layers are not Llama's pre-norm RMSNorm form (no fused_add_rms_norm).
@@ -186,11 +188,12 @@ def _vision(name: str, mlp: str) -> FamilySpec:
 def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
              vision_attention: str) -> FamilySpec:
     """A Qwen-VL family: text decoder and vision tower in one modeling module; the text rotary is rotate-half on cos /
-    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x; earlier versions call
-    ``apply_multimodal_rotary_pos_emb`` instead, which is then reported as skipped)."""
+    sin that the rotary embedding already assembled from the mRoPE sections (transformers 5.2x), or, in earlier
+    versions, ``apply_multimodal_rotary_pos_emb`` with ``mrope_section`` (:func:`tigon.functional.mrope`)."""
     return FamilySpec(
         name=name, module=f"transformers.models.{name}.modeling_{name}", norms=norms, mlps=mlps,
-        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",)),
+        rope=RopeSpec(attention_classes=(f"{prefix}{text}Attention",),
+                      alternatives=(("apply_multimodal_rotary_pos_emb", "mrope"),)),
         causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
                                output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
         decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
@@ -237,7 +240,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
     vlm_output = (f"{prefix}CausalLMOutputWithPast",) if moe else (_MULTIMODAL_OUTPUT,)
     return FamilySpec(
         name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",),
-        norms=(_gemma_norm(prefix), TORCH_LAYER_NORM),
+        norms=(_gemma_norm(prefix), _gated_norm(f"{prefix}RMSNormGated"), TORCH_LAYER_NORM),
         mlps=(MLPSpec(f"{prefix}MLP"),) + ((MLPSpec(f"{prefix}Experts", experts=True),) if moe else ())
         + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2"),),
         rope=RopeSpec(attention_classes=(f"{prefix}Attention",), partial_rotary=True),
@@ -245,8 +248,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
         extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
                                                                           "output_class": vlm_output},
                                   text_config_attrs=True),),
-        unsupported=(_gated_norm(f"{prefix}RMSNormGated", "the Gated DeltaNet"),
-                     Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
+        unsupported=(Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE),))
 
 
 QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)
@@ -300,7 +302,7 @@ def family_ops(config: dict) -> set[str] | None:
 
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
     config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
-    function, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    function (or ``rope_interleaved`` / ``mrope`` for its layout), ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
     (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
@@ -323,8 +325,10 @@ def family_ops(config: dict) -> set[str] | None:
                or _config_default(model_type, m.act_config_attr))
         if act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
-    if spec.rope is not None:
-        ops.add("rope")
+    if spec.rope is not None:  # the op of each rotary function's layout
+        from .rotary_layouts import ROPE_OPS
+
+        ops |= {ROPE_OPS.get(c.layout, "rope") for c in spec.rope.candidates()}
     if spec.decoder_layers:
         ops.add("fused_add_rms_norm")
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):

@@ -19,16 +19,15 @@ from .families import (
 )
 from .family_spec import CausalLMSpec, DecoderLayerSpec, FamilySpec, MLPSpec, NormSpec, RopeSpec, Unsupported
 
-_COMPLEX_ROPE = ("complex-form rotary (apply_rotary_emb: q and k viewed as complex pairs (x[2i], x[2i+1]) times "
-                 "freqs_cis): an interleaved rotary kernel variant taking freqs_cis is needed (tigon.functional.rope "
-                 "rotates halves with cos / sin)")
+# Llama 4 / DeepSeek-V2: apply_rotary_emb(xq, xk, freqs_cis), interleaved pairs times complex freqs_cis
+_COMPLEX = dict(function="apply_rotary_emb", layout="complex")
 
 _EPS = ("variance_epsilon", "eps")  # the epsilon's name in transformers 5.2x, in 5.17 (Gemma 4, Llama 4)
 
 # ---- text families -------------------------------------------------------------------------------------------------
 DEEPSEEK_V2 = replace(  # DeepSeek-V3's layout (MLA, kv_a_layernorm, dense layers then MoE with shared experts; HF's
     _moe("deepseek_v2", "DeepseekV2", dense_mlp=True, aux_loss=False),  # head adds no router loss), complex rotary
-    rope=None, unsupported=(Unsupported("rope", "DeepseekV2Attention", _COMPLEX_ROPE),))
+    rope=RopeSpec(attention_classes=("DeepseekV2Attention",), **_COMPLEX))  # on (B, H, T, D)
 
 LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared expert) or dense MLPs, NoPE layers
     name="llama4", module="transformers.models.llama4.modeling_llama4", aliases=("llama4_text",),
@@ -36,8 +35,8 @@ LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared 
            NormSpec("Llama4TextL2Norm", eps_attr=_EPS, optional_weight=True)),  # alias of Llama4TextWeightlessRMSNorm)
     mlps=(MLPSpec("Llama4TextMLP"),),
     causal_lm=CausalLMSpec("Llama4ForCausalLM", output_class="MoeCausalLMOutputWithPast"),  # no router loss in HF
+    rope=RopeSpec(attention_classes=("Llama4TextAttention",), head_axis=2, **_COMPLEX),  # on (B, T, H, D)
     unsupported=(
-        Unsupported("rope", "Llama4TextAttention", _COMPLEX_ROPE),
         Unsupported("mlp", "Llama4TextExperts", "experts as one bmm over (experts, tokens, hidden) with "
                     "up * act(gate) inline in their forward (no _apply_gate hook, not transformers' MoE experts "
                     "interface): an experts forward of this layout is needed"),
@@ -106,9 +105,11 @@ def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: 
                      Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
 
 
-GLM4V = _glm4v(  # GLM-4 text layers (post-attention / post-MLP norms); text rotary on interleaved pairs: left alone
+GLM4V = _glm4v(  # GLM-4 text layers (post-attention / post-MLP norms); text rotary on interleaved pairs of the
     "glm4v", "Glm4v", text_mlp=MLPSpec("Glm4vTextMLP", gate_up="gate_up_proj"), vision_mlp="Glm4VisionMlp",
-    rope=RopeSpec(layout="interleaved", attention_classes=("Glm4vTextAttention",)),
+    rope=RopeSpec(layout="interleaved_expanded", attention_classes=("Glm4vTextAttention",),  # mRoPE tables,
+                  partial_rotary=True,  # repeat-interleaved (5.2x); assembled in the rotary function before 5.2x
+                  alternatives=(("apply_multimodal_rotary_pos_emb", "mrope_pairs"),)),
     head=CausalLMSpec("Glm4vForConditionalGeneration",
                       output_class=(_MULTIMODAL_OUTPUT, "Glm4vCausalLMOutputWithPast")))
 GLM4V_MOE = _glm4v(  # pre-norm MoE text layers; partial rotate-half rotary (the first cos.shape[-1] dims)

@@ -6,7 +6,7 @@ Nothing here imports transformers: specs are strings until the engine resolves t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class NormSpec:
@@ -25,6 +25,9 @@ class NormSpec:
     weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
     optional_weight: an instance without ``weight_attr`` normalises without a weight (rms_norm's ``weight=None``):
         Llama-4's weightless q / k norm, Gemma 4's ``with_scale=False`` norms. False: such an instance is skipped.
+    gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` (norm
+        before gate): :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's
+        Mamba norm; an instance with ``n_groups`` other than 1 or ``norm_before_gate`` False is skipped).
     """
 
     cls: str
@@ -35,6 +38,7 @@ class NormSpec:
     weight_attr: str = "weight"
     bias_attr: str = "bias"
     optional_weight: bool = False
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,9 @@ class MLPSpec:
     act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
         use ``hidden_activation``). See :data:`ACTIVATIONS` for the supported names.
     activation: a fixed activation name (an :data:`ACTIVATIONS` key) instead of reading the config; the generic
-        matcher sets it from its numerical probe.
+        matcher sets it from its numerical probe. ``"clamped_swiglu"`` with ``experts``: GPT-OSS's experts, whose own
+        ``_apply_gate`` (clamped SwiGLU on interleaved gate / up, the module's ``alpha`` / ``limit``) becomes
+        :func:`tigon.functional.clamped_swiglu`.
     gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
         ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
     gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
@@ -89,10 +95,15 @@ class MLPSpec:
 class RopeSpec:
     """The module-global rotary function called by the family's attention classes.
 
-    function: its name in the family module (``apply_rotary_pos_emb``); signature ``(q, k, cos, sin, unsqueeze_dim=1)``.
-    layout: ``"rotate_half"`` (HF/NeoX halves over the full head dimension, what :func:`tigon.functional.rope`
-        implements); any other layout (:data:`ROPE_LAYOUTS`: GLM's interleaved pairs, GPT-OSS's half-width cos / sin)
-        is reported as unsupported, with the layout's reason, and the family's rotary function is left alone.
+    function: its name in the family module (``apply_rotary_pos_emb``).
+    layout: the function's layout and signature, which picks the Tigon op its calls run
+        (:data:`tigon.integrations.rotary_layouts.ROPE_OPS`): ``"rotate_half"`` (HF/NeoX halves,
+        ``(q, k, cos, sin, unsqueeze_dim=1)``: :func:`tigon.functional.rope`), ``"interleaved"`` (GLM's pairs
+        ``(x[2i], x[2i+1])``: ``rope_interleaved``), ``"deinterleave"`` (DeepSeek-V3's
+        ``apply_rotary_pos_emb_interleave``: pairs in, halves out), ``"half_width"`` (GPT-OSS: cos / sin of one
+        column per pair), ``"mrope"`` (Qwen2-VL's ``apply_multimodal_rotary_pos_emb`` with ``mrope_section``:
+        ``mrope``), ``"complex"`` (Llama 4 / DeepSeek-V2's ``apply_rotary_emb(xq, xk, freqs_cis)``). Any other
+        layout (:data:`ROPE_LAYOUTS`) is reported as unsupported, with its reason, and left alone.
     attention_classes: the classes whose forward calls ``function``; at instance level the rotary kernel is
         enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
     enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
@@ -100,13 +111,19 @@ class RopeSpec:
     off_config_attr: a config attribute that, when true, replaces rotary in the whole model (Falcon's ``alibi``:
         ALiBi biases, no rotary call); such models have no rotary to patch (noted), or None.
     partial_rotary: the family's code handles partial rotary (``partial_rotary_factor`` / ``rotary_pct`` below 1:
-        only the first ``rotary_dim`` dims of each head are rotated) in a way :func:`tigon.functional.rope`
-        reproduces: its rotary function rotates the first ``cos.shape[-1]`` dims and passes the rest (GPT-NeoX), or
-        its attention passes only the rotated slice of q and k to it (phi, StableLM). Then partial-rotary models are
-        patched, and the dispatcher sends calls with cos / sin narrower than the head to Tigon (which rotates the
-        first ``cos.shape[-1]`` dims, passing the rest). False: partial rotary is refused per model at instance
-        level, and at class level the dispatcher runs the original function for any call whose cos / sin do not
-        span the full head dim.
+        only the first ``rotary_dim`` dims of each head are rotated) in a way Tigon's rotary ops reproduce: its
+        rotary function rotates the first ``cos.shape[-1]`` dims and passes the rest (GPT-NeoX, GLM), or its
+        attention passes only the rotated slice of q and k to it (phi, StableLM). Then partial-rotary models are
+        patched, and the dispatcher sends calls with cos / sin narrower than the head to Tigon. False: partial
+        rotary is refused per model at instance level, and at class level the dispatcher runs the original function
+        for any call whose cos / sin do not span the full head dim.
+    alternatives: ``(function, layout)`` of other module-global rotary functions the same attention classes call
+        instead for some configurations or transformers versions (DeepSeek-V3's
+        ``apply_rotary_pos_emb_interleave`` under ``config.rope_interleave``; Qwen2-VL's
+        ``apply_multimodal_rotary_pos_emb`` before transformers 5.2x); per attention instance the engine routes the
+        one its forward calls (:mod:`tigon.integrations.rotary_calls`), and those absent from the module are ignored.
+    head_axis: where the heads are in q and k for a layout whose function does not say (``"complex"``: 1 for
+        DeepSeek-V2's (B, H, T, D), 2 for Llama 4's (B, T, H, D)).
     """
 
     function: str = "apply_rotary_pos_emb"
@@ -115,16 +132,18 @@ class RopeSpec:
     enabled_attr: str | None = None
     off_config_attr: str | None = None
     partial_rotary: bool = False
+    alternatives: tuple[tuple[str, str], ...] = ()
+    head_axis: int = 1
+
+    def candidates(self) -> tuple[RopeSpec, ...]:
+        """This spec's function, then each of :attr:`alternatives`, as single-function specs."""
+        return (replace(self, alternatives=()),) + tuple(replace(self, function=f, layout=lay, alternatives=())
+                                                         for f, lay in self.alternatives)
 
 
-ROPE_LAYOUTS: dict[str, str] = {
-    "interleaved": "interleaved pairs (x[2i], x[2i+1]) rotated together: an interleaved rotary kernel variant is "
-                   "needed (tigon.functional.rope rotates halves)",
-    "half_width": "cos / sin of head_dim / 2 columns, one per rotated pair (GPT-OSS's _apply_rotary_emb): "
-                  "tigon.functional.rope takes cos / sin of the rotated width and would rotate only the first half",
-}
-"""Rotary layouts other than rotate-half that families declare -> why :func:`tigon.functional.rope` does not take
-them (the report's reason)."""
+ROPE_LAYOUTS: dict[str, str] = {}
+"""Rotary layouts families may declare that no Tigon op takes -> why (the report's reason). Empty since the
+interleaved, half-width, mRoPE and complex layouts have ops (:mod:`tigon.integrations.rotary_layouts`)."""
 
 
 @dataclass(frozen=True)
@@ -281,4 +300,6 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
     "gelu_pytorch_tanh": ("geglu", "tanh"),
     "gelu_new": ("geglu", "tanh"),
     "gelu_fast": ("geglu", "tanh"),
+    # not an HF activation name: GPT-OSS's experts hook (MLPSpec.activation), clamp / alpha / +1 on up
+    "clamped_swiglu": ("clamped_swiglu", None),
 }

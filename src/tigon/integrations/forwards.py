@@ -39,8 +39,18 @@ def tigon_mark(fn) -> dict | None:
 # ---- norms ---------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def norm_forward(spec: NormSpec, family: str, original):
-    """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon."""
-    if spec.kind == "rms_norm":
+    """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon;
+    ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original)."""
+    if spec.kind == "rms_norm" and spec.gated:
+
+        @functools.wraps(original)
+        def forward(self, hidden_states, gate=None, *args, **kwargs):
+            if gate is None or args or kwargs:
+                return original(self, hidden_states, gate, *args, **kwargs)
+            return TF.rms_norm_gated(hidden_states, gate, getattr(self, spec.weight_attr), norm_eps(self, spec),
+                                     spec.offset, spec.casting_mode)
+
+    elif spec.kind == "rms_norm":
 
         @functools.wraps(original)
         def forward(self, hidden_states, *args, **kwargs):
@@ -82,6 +92,11 @@ def norm_problem(module, spec: NormSpec) -> str | None:
         return f"{spec.weight_attr} has shape {tuple(w.shape)}, expected 1-D"
     if not isinstance(norm_eps(module, spec), (int, float)):
         return f"no numeric epsilon attribute {spec.eps_attr!r}"
+    if spec.gated and getattr(module, "n_groups", 1) != 1:
+        return (f"grouped gated RMSNorm (n_groups={module.n_groups}): statistics per group, rms_norm_gated takes the "
+                "whole row")
+    if spec.gated and getattr(module, "norm_before_gate", True) is not True:
+        return "gate before the norm (norm_before_gate=False): rms_norm_gated normalises first"
     return None
 
 
@@ -286,7 +301,8 @@ def mlp_forward(spec: MLPSpec, family: str, original):
 
 @functools.lru_cache(maxsize=None)
 def experts_gate(spec: MLPSpec, family: str, original):
-    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module.
+    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module, or
+    ``clamped_swiglu(gate_up_out, self.alpha, self.limit)`` for GPT-OSS's (``spec.activation`` ``"clamped_swiglu"``).
 
     ``gate_up_out``: (S, 2 * I) output of the experts' fused gate-up projection for S routed (token, expert) pairs;
     returns (S, I) in its dtype. An activation without a kernel runs ``original`` (the class's hook).
@@ -297,6 +313,8 @@ def experts_gate(spec: MLPSpec, family: str, original):
         act = mlp_activation(self, spec)
         if args or kwargs or isinstance(act, str):
             return original(self, gate_up_out, *args, **kwargs)
+        if act[0] == "clamped_swiglu":  # GPT-OSS: interleaved gate / up, the module's alpha and limit
+            return TF.clamped_swiglu(gate_up_out, self.alpha, self.limit)
         gate, up = gate_up_out.chunk(2, dim=-1)
         return _glu(act, gate, up)
 
@@ -319,6 +337,8 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
     if not spec.gated:
         return (f"non-gated MLP {spec.down}(act({spec.up}(x))): Tigon's MLP ops are gated (swiglu / geglu); a lone "
                 "activation is one elementwise pass PyTorch already runs as one kernel, so the MLP is left alone")
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return clamped_experts_problem(module)
     if spec.experts:
         hook = getattr(type(module), "_apply_gate", None)
         default = default_experts_gate()
@@ -344,6 +364,37 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
                 return f"multiplier attribute {attr!r} is not a number ({type(value).__name__})"
     act = mlp_activation(module, spec)
     return act if isinstance(act, str) else None
+
+
+def clamped_experts_problem(module) -> str | None:
+    """Why GPT-OSS's experts ``module`` cannot take :func:`tigon.functional.clamped_swiglu` as its ``_apply_gate``,
+    or None: its class must have the hook (transformers 5.2x; its own forward and the grouped_mm / batched_mm
+    experts call it), written as GPT-OSS's clamped SwiGLU on ``self.alpha`` / ``self.limit``, and the module numbers
+    for both."""
+    problem = clamped_hook_problem(type(module))
+    if problem is not None:
+        return problem
+    for name in ("alpha", "limit"):
+        v = getattr(module, name, None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{type(module).__name__}.{name} is not a number ({v!r})"
+    return None
+
+
+def clamped_hook_problem(cls: type) -> str | None:
+    """Why the class ``cls`` has no ``_apply_gate`` that is GPT-OSS's clamped SwiGLU (read from its source), or None."""
+    hook = getattr(cls, "_apply_gate", None)
+    if hook is None:
+        return "no _apply_gate hook in this transformers: its forward computes the clamped SwiGLU inline"
+    if tigon_mark(hook) is None:
+        try:
+            source = inspect.getsource(hook)
+        except (OSError, TypeError):
+            source = ""
+        if not all(word in source for word in ("self.alpha", "self.limit", "clamp", "sigmoid", "1::2")):
+            return (f"{cls.__name__}._apply_gate is not GPT-OSS's clamped SwiGLU on interleaved gate / up "
+                    "(self.alpha, self.limit) as its source reads; left alone")
+    return None
 
 
 def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
@@ -375,6 +426,8 @@ def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
         name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
     else:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return f"_apply_gate(gate_up) = {name}(gate_up, self.alpha, self.limit) (interleaved gate / up)"
     lora = _lora_mlp().describe(module, spec, act[0] if isinstance(act, tuple) else "act", lora_enabled)
     if lora is not None and not lora.startswith("its adapter layers are not"):
         return lora
@@ -404,20 +457,24 @@ def _rope_scope_active() -> bool:
 
 
 def rope_dispatcher(original, family: str, switch):
-    """A drop-in for the module-global rotary function that routes to :func:`tigon.functional.rope` when
-    ``switch.class_level`` is set or a patched attention instance is running on this thread, else to ``original``.
+    """A drop-in for the module-global rotary function that routes to Tigon's rotary op of the function's layout
+    (``switch.layout``, see :mod:`tigon.integrations.rotary_layouts`: :func:`tigon.functional.rope`,
+    ``rope_interleaved`` or ``mrope``) when ``switch.class_level`` is set or a patched attention instance is running
+    on this thread, else to ``original``.
 
     Calls it cannot serve (extra positional arguments such as the old ``position_ids``; cos / sin narrower than the
     head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
-    rope does) go to ``original`` as well.
+    ops do; tables of another shape than the layout's) go to ``original`` as well.
     """
+    from .rotary_layouts import tigon_call
 
     @functools.wraps(original)
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if (switch.class_level or _rope_scope_active()) and not args and set(kwargs) <= {"unsqueeze_dim"} \
-                and q.shape[-1] == k.shape[-1] and (cos.shape[-1] == q.shape[-1] or switch.partial):
-            return TF.rope(q, k, cos, sin, **kwargs)
-        return original(q, k, cos, sin, *args, **kwargs)
+    def apply_rotary_pos_emb(*args, **kwargs):
+        if switch.class_level or _rope_scope_active():
+            out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
+            if out is not None:
+                return out
+        return original(*args, **kwargs)
 
     return mark(apply_rotary_pos_emb, "rope", family)
 

@@ -53,7 +53,8 @@ class Recipe:
 def build(recipe: Recipe, original):
     """The Tigon function that replaces ``original`` (the class's attribute ``recipe.attr``), carrying ``recipe``."""
     if recipe.kind == "rope":
-        target = RopeTarget(recipe.family_module, recipe.comp.function, recipe.family, recipe.comp.partial_rotary)
+        c = recipe.comp
+        target = RopeTarget(recipe.family_module, c.function, recipe.family, c.partial_rotary, c.layout, c.head_axis)
         fn = fw.attention_forward(recipe.family, original, target)
     else:
         fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts)

@@ -17,11 +17,13 @@ LOCK = threading.RLock()
 class RopeSwitch:
     """The dispatcher installed as ``module.<function>`` and the reasons to keep it there."""
 
-    def __init__(self, module, name: str, family: str, partial: bool = False):
+    def __init__(self, module, name: str, family: str, partial: bool = False, layout: str = "rotate_half",
+                 head_axis: int = 1):
         self.module, self.name = module, name
         self.original = getattr(module, name)
         self.class_level = False
         self.partial = partial  # the function rotates the first cos.shape[-1] dims (RopeSpec.partial_rotary)
+        self.layout, self.head_axis = layout, head_axis  # RopeSpec.layout / head_axis: which Tigon op, how called
         self.live: weakref.WeakSet = weakref.WeakSet()
         self.dispatcher = fw.rope_dispatcher(self.original, family, self)
 
@@ -48,21 +50,23 @@ class RopeSwitch:
 SWITCHES: dict[tuple[str, str], RopeSwitch] = {}
 
 
-def switch(module, name: str, family: str, partial: bool = False) -> RopeSwitch:
+def switch(module, name: str, family: str, partial: bool = False, layout: str = "rotate_half",
+           head_axis: int = 1) -> RopeSwitch:
     """The switch of ``module.<name>`` (one per modeling module and function), created on first use; ``partial``:
     calls with cos / sin narrower than the head go to Tigon too (:attr:`RopeSpec.partial_rotary
-    <tigon.integrations.families.RopeSpec.partial_rotary>`)."""
+    <tigon.integrations.families.RopeSpec.partial_rotary>`); ``layout``, ``head_axis``: the function's
+    :attr:`RopeSpec.layout <tigon.integrations.families.RopeSpec.layout>` and ``head_axis``."""
     key = (module.__name__, name)
     sw = SWITCHES.get(key)
     if sw is None:
-        sw = SWITCHES[key] = RopeSwitch(module, name, family, partial)
+        sw = SWITCHES[key] = RopeSwitch(module, name, family, partial, layout, head_axis)
     return sw
 
 
 @dataclass(frozen=True)
 class RopeTarget:
     """The rotary global a patched attention module needs: ``<module_name>.<function>``, dispatched for ``family``
-    (``partial``: see :func:`switch`).
+    (``partial``, ``layout``, ``head_axis``: see :func:`switch`).
 
     Its :meth:`ensure` runs at the start of every patched attention forward (eagerly; not inside ``torch.compile``),
     so that attention modules that were never registered at patch time (copies made by ``copy.deepcopy``, models
@@ -74,6 +78,8 @@ class RopeTarget:
     function: str
     family: str
     partial: bool = False
+    layout: str = "rotate_half"
+    head_axis: int = 1
 
     def ensure(self, attention) -> None:
         """Register ``attention`` (a module) as live and install the dispatcher when either is missing.
@@ -85,6 +91,7 @@ class RopeTarget:
         if sw is not None and attention in sw.live and getattr(sw.module, sw.name) is sw.dispatcher:
             return
         with LOCK:
-            sw = switch(importlib.import_module(self.module_name), self.function, self.family, self.partial)
+            sw = switch(importlib.import_module(self.module_name), self.function, self.family, self.partial,
+                        self.layout, self.head_axis)
             sw.live.add(attention)
             sw.install()

@@ -13,6 +13,16 @@ The tanh-GELU is written through the logistic function, ``0.5 * (1 + tanh(u)) = 
 Inputs are viewed as rows (M, N) with unit column stride and any row stride (:mod:`tigon.kernels.elementwise`), so
 a gate/up pair sliced out of one fused projection (``gate_up[..., :I]``, ``gate_up[..., I:]``) is read in place.
 
+GPT-OSS's clamped SwiGLU (``ACTIVATION`` 3; transformers ``modeling_gpt_oss.py`` ``GptOssExperts._apply_gate``) on
+its fused projection's interleaved columns (gate ``gate_up[..., 0::2]``, up ``gate_up[..., 1::2]``: ``COL`` = 2, the
+column stride of gate, up and their gradients):
+
+    g = min(gate, limit)    u = clamp(up, -limit, limit)    out = (u + 1) * g * sigmoid(alpha * g)
+    d_gate = dy * (u + 1) * (s + alpha * g * s * (1 - s)) * [gate <= limit]    (s = sigmoid(alpha * g))
+    d_up = dy * g * s * [-limit <= up <= limit]
+
+(the clamps' gradients as torch's: 1 inside the closed interval, 0 outside).
+
 Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
 up; write d_gate, d_up).
 """
@@ -28,7 +38,7 @@ import triton.language as tl
 from ._common import CUSTOM_OP_TAGS, once_differentiable
 from .elementwise import as_2d, launch_shape, tile
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3}
 
 # Constants are written as literals inside the kernels (globals would have to be constexpr, whose arithmetic
 # with tensors the interpreter mishandles): 0.7071067811865476 = 1/sqrt(2), 0.3989422804014327 = 1/sqrt(2 pi);
@@ -37,10 +47,12 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
 
 @triton.jit
-def _act(g, ACTIVATION: tl.constexpr):
-    """act(g) in fp32."""
+def _act(g, alpha, ACTIVATION: tl.constexpr):
+    """act(g) in fp32 (``alpha``: the clamped SiLU's slope, read only by it)."""
     if ACTIVATION == 0:
         a = g * tl.sigmoid(g)
+    elif ACTIVATION == 3:
+        a = g * tl.sigmoid(alpha * g)
     elif ACTIVATION == 1:
         a = g * (0.5 + 0.5 * tl.erf(g * 0.7071067811865476))
     else:  # 0.5 * (1 + tanh(u)) == sigmoid(2u), u = sqrt(2/pi) * (g + 0.044715 g^3)
@@ -49,12 +61,16 @@ def _act(g, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _act_and_grad(g, ACTIVATION: tl.constexpr):
+def _act_and_grad(g, alpha, ACTIVATION: tl.constexpr):
     """(act(g), act'(g)) in fp32."""
     if ACTIVATION == 0:
         s = tl.sigmoid(g)
         a = g * s
         da = s * (1.0 + g * (1.0 - s))
+    elif ACTIVATION == 3:
+        s = tl.sigmoid(alpha * g)
+        a = g * s
+        da = s * (1.0 + alpha * g * (1.0 - s))
     elif ACTIVATION == 1:
         cdf = 0.5 + 0.5 * tl.erf(g * 0.7071067811865476)
         a = g * cdf
@@ -68,33 +84,49 @@ def _act_and_grad(g, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _glu_fwd(
-    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm,  # gm, dm: fp32 gate and down multipliers
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm, alpha, limit,
+    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL: tl.constexpr = 1,
 ):
+    # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp; COL: gate's and up's column stride.
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    out = _act(g * gm, ACTIVATION) * u * dm
+    # gm, dm: fp32 gate and down multipliers (Falcon-H1's; 1 otherwise)
+    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    if ACTIVATION == 3:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+    out = _act(g * gm, alpha, ACTIVATION) * u * dm
     tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _glu_bwd(
-    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du, gm, dm,
+    DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    COL: tl.constexpr = 1,
 ):
     """d_gate, d_up; with STORE_PRODUCT also the forward's output ``act(gm * gate) * up * dm`` written over dy (each
-    element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`)."""
+    element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`).
+    gm, dm, alpha, limit, COL: as :func:`_glu_fwd` (COL also the gradients' column stride; the clamped activation
+    runs with gm = dm = 1)."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    a, da = _act_and_grad(g * gm, ACTIVATION)
+    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    if ACTIVATION == 3:  # the clamps pass gradient inside their closed intervals (torch.clamp's backward)
+        a, da = _act_and_grad(tl.minimum(g, limit), alpha, ACTIVATION)
+        da = tl.where(g <= limit, da, 0.0)
+        in_u = (u >= -limit) & (u <= limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+        a_up = tl.where(in_u, a, 0.0)
+    else:
+        a, da = _act_and_grad(g * gm, alpha, ACTIVATION)
+        a_up = a
     dy = dy * dm
-    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da * gm).to(DGATE.dtype.element_ty),
+    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :] * COL, (dy * u * da * gm).to(DGATE.dtype.element_ty),
              mask=mask)
-    tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a).to(DUP.dtype.element_ty), mask=mask)
+    tl.store(DUP + rows[:, None] * stride_du + cols[None, :] * COL, (dy * a_up).to(DUP.dtype.element_ty), mask=mask)
     if STORE_PRODUCT:
         tl.store(dy_ptrs, (a * u * dm).to(DY.dtype.element_ty), mask=mask)
 
@@ -109,7 +141,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
     M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_fwd[grid](
-        g2, u2, o2, M, N, sg, su, so, float(gm), float(dm),
+        g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
     return out
@@ -142,11 +174,61 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
     _glu_bwd[grid](
-        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm),
+        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,
     )
     return dgate, dup
+
+
+def _pairs_2d(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gate_up`` (..., 2I) as (M, 2I) rows with unit column stride (a copy only when it has none)."""
+    gu = gate_up if gate_up.stride(-1) == 1 else gate_up.contiguous()
+    return gu.reshape(-1, gu.shape[-1])
+
+
+def clamped_swiglu_forward(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU of interleaved (..., 2I) ``gate_up``: a new contiguous (..., I) tensor in its dtype."""
+    out = gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+    if out.numel() == 0:
+        return out
+    gu = _pairs_2d(gate_up)
+    M, N = gu.shape[0], out.shape[-1]
+    block_m, block_n, warps, grid = launch_shape(M, N, gate_up.device)
+    _glu_fwd[grid](gu, gu[:, 1:], out, M, N, gu.stride(0), gu.stride(0), N, 1.0, 1.0, float(alpha), float(limit),
+                   ACTIVATION=3, BLOCK_M=block_m, BLOCK_N=block_n, COL=2, num_warps=warps)
+    return out
+
+
+def clamped_swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """d_gate_up: a new contiguous tensor shaped like ``gate_up``, interleaved as it is, in its dtype."""
+    dgu = torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+    if dgu.numel() == 0:
+        return dgu
+    gu, d2 = _pairs_2d(gate_up), dgu.view(-1, dgu.shape[-1])
+    dy2 = dy.reshape(-1, dy.shape[-1]) if dy.stride(-1) == 1 else dy.contiguous().view(-1, dy.shape[-1])
+    M, N = gu.shape[0], dy.shape[-1]
+    block_m, block_n, warps, grid = launch_shape(M, N, gate_up.device)
+    _glu_bwd[grid](dy2, gu, gu[:, 1:], d2, d2[:, 1:], M, N, dy2.stride(0), gu.stride(0), gu.stride(0), 2 * N, 2 * N,
+                   1.0, 1.0, float(alpha), float(limit), ACTIVATION=3, STORE_PRODUCT=False, BLOCK_M=block_m,
+                   BLOCK_N=block_n, COL=2, num_warps=warps)
+    return dgu
+
+
+class ClampedSwiGLUFunction(torch.autograd.Function):
+    """autograd wrapper; ``apply(gate_up, alpha, limit)``: saves gate_up, recomputes the activation backward."""
+
+    @staticmethod
+    def forward(ctx, gate_up, alpha, limit):
+        ctx.save_for_backward(gate_up)
+        ctx.alpha, ctx.limit = alpha, limit
+        return clamped_swiglu_forward(gate_up, alpha, limit)
+
+    @staticmethod
+    @once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dy):
+        (gate_up,) = ctx.saved_tensors
+        return clamped_swiglu_backward(dy, gate_up, ctx.alpha, ctx.limit), None, None
 
 
 class GLUFunction(torch.autograd.Function):
@@ -282,6 +364,47 @@ def _glu_grad(ctx, dy):
 
 
 _glu.register_autograd(_glu_grad, setup_context=_glu_setup)
+
+
+@torch.library.custom_op("tigon::clamped_swiglu", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _clamped_swiglu(gate_up: Tensor, alpha: float, limit: float) -> Tensor:
+    """GPT-OSS's clamped SwiGLU: (..., I) contiguous, gate_up's dtype."""
+    return clamped_swiglu_forward(gate_up, alpha, limit)
+
+
+@_clamped_swiglu.register_fake
+def _(gate_up, alpha, limit):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+@torch.library.custom_op("tigon::clamped_swiglu_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
+def _clamped_swiglu_backward(dy: Tensor, gate_up: Tensor, alpha: float, limit: float) -> Tensor:
+    """d_gate_up: contiguous, gate_up's shape and dtype."""
+    return clamped_swiglu_backward(dy, gate_up, alpha, limit)
+
+
+@_clamped_swiglu_backward.register_fake
+def _(dy, gate_up, alpha, limit):
+    return torch.empty(gate_up.shape, dtype=gate_up.dtype, device=gate_up.device)
+
+
+def _clamped_setup(ctx, inputs, output):
+    gate_up, alpha, limit = inputs
+    ctx.save_for_backward(gate_up)
+    ctx.alpha, ctx.limit = alpha, limit
+
+
+def _clamped_grad(ctx, dy):
+    (gate_up,) = ctx.saved_tensors
+    return _clamped_swiglu_backward(dy, gate_up, ctx.alpha, ctx.limit), None, None
+
+
+_clamped_swiglu.register_autograd(_clamped_grad, setup_context=_clamped_setup)
+
+
+def compiled_clamped_swiglu(gate_up, alpha, limit):
+    """``ClampedSwiGLUFunction.apply`` as the ``tigon::clamped_swiglu`` custom op."""
+    return _clamped_swiglu(gate_up, alpha, limit)
 
 
 def compiled_glu(gate, up, activation, gm=1.0, dm=1.0):

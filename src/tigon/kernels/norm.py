@@ -26,6 +26,11 @@ adds two tensors of one dtype) held in registers, and writes s next to y. Its ba
 plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = rstd * (g - shat * mean(g * shat))
 + ds``, which is the gradient of both x and r.
 
+Gated RMSNorm (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm; HAS_GATE): ``y = yn * silu(gate)``
+with ``yn = xhat * (offset + w)``; the backward writes ``d_gate = dy * yn * silu'(gate)`` and runs the norm's backward
+on ``dy * silu(gate)``. Forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x, gate, dy; write
+dx, d_gate).
+
 Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx). With the residual
 add: forward 4*M*N*2 (read x, r; write y, s); backward 4*M*N*2 (read dy, ds, s; write ds_total once).
 """
@@ -63,8 +68,10 @@ DS_PREFETCH = True
 def _norm_fwd(
     X, R, W, B, Y, S, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_s, eps, offset,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G=None, stride_g=0,
+    HAS_GATE: tl.constexpr = False,
 ):
+    # HAS_GATE: y is multiplied by silu(G) (the gated RMSNorm; G has x's row layout, row stride stride_g).
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -93,6 +100,9 @@ def _norm_fwd(
         y = y * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
     if HAS_B:
         y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_GATE:
+        gt = tl.load(G + rows64[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = y * gt * tl.sigmoid(gt)
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
@@ -125,8 +135,11 @@ def _norm_bwd(
     DY, DS, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, M, N, stride_dy, stride_ds, stride_x, stride_dx, rows_per_prog,
     offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-    W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr,
+    W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr, G=None, DG=None, stride_g=0, stride_dg=0,
+    HAS_GATE: tl.constexpr = False,
 ):
+    # HAS_GATE (the gated RMSNorm, y = yn * silu(gate), yn = xhat * (offset + w)): each tile's gate is loaded where it
+    # is used, d_gate = dy * yn * silu'(gate) is written to DG, and the norm's backward below runs on dy * silu(gate).
     # HAS_DS: DS holds a second gradient of X itself (the output s of the residual add), added to dx. DX may be DY's
     # own memory (the fused add + RMSNorm's in_place): each tile of DY (and DS) is loaded before this program stores the
     # same tile of DX, and no other program touches those rows.
@@ -158,6 +171,16 @@ def _norm_bwd(
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
         xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_GATE:
+            gt = _load_tile(G, rows, row_end, cols, cmask, stride_g).to(tl.float32)
+            sg = tl.sigmoid(gt)
+            if HAS_W:
+                yn = xhat * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+            else:
+                yn = xhat
+            tl.store(DG + rows.to(tl.int64)[:, None] * stride_dg + cols[None, :],
+                     (dyf * yn * sg * (1.0 + gt * (1.0 - sg))).to(DG.dtype.element_ty), mask=mask)
+            dyf = dyf * gt * sg
         if HAS_W:
             if W_HOLD == 0:
                 g = dyf * w[None, :]
@@ -334,8 +357,11 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
-                 round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None):
+                 round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
+                 gate: torch.Tensor | None = None):
     """Launch the forward on the rows of ``x`` (..., N) (any strides: read as :func:`rows` gives them).
+
+    ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm).
 
     ``residual``: x's shape and dtype (any strides), or None. Given, the rows normalised are ``s = x + residual``
     (rounded to x's dtype, as torch adds), and s is written too (the fused add + RMSNorm).
@@ -366,12 +392,14 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     block_n = next_pow2(N)
     block_m, warps = fwd_config(block_n, dev)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
+    g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N
     _norm_fwd[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
-        HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, G=g2, stride_g=sg, HAS_GATE=gate is not None,
+        num_warps=warps,
     )
     return y, mean, rstd, s, x2
 
@@ -379,8 +407,11 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
 def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
                   ds: torch.Tensor | None = None, dx: torch.Tensor | None = None,
                   dx_shape: tuple[int, ...] | None = None, dw_dtype: torch.dtype = torch.float32,
-                  db_dtype: torch.dtype = torch.float32):
+                  db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None):
     """Launch the backward for dy and x (..., N), any strides (x as given to the forward, or the x2 it returned).
+
+    ``gate``: the forward's gate (x's shape, any strides), or None; given, the fourth value returned is d_gate (new,
+    contiguous, gate's shape and dtype), and rows wider than REGISTER_ROW are refused (ValueError).
 
     ``ds``: a second incoming gradient of x itself (the fused add + RMSNorm's output s), x's shape, added to dx; None:
     zero (nothing is read). ``dx``: x's dtype and M * N elements read as rows without a copy (contiguous, or 2-D with
@@ -388,7 +419,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     overwritten); None: a new contiguous one, of shape ``dx_shape`` (default x's). ``dw_dtype`` / ``db_dtype``: the
     dtypes dw and db are returned in (summed in fp32, rounded once when written: no separate cast kernel).
 
-    Returns (dx, dw (N,) or None, db (N,) or None).
+    Returns (dx, dw (N,) or None, db (N,) or None[, d_gate]).
     """
     x2, M, sx = rows(x, "x")
     N = x.shape[-1]
@@ -408,9 +439,11 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
         ds, m_ds, sds = rows(ds, "grad_s")
         if m_ds != M or ds.shape[-1] != N:
             raise ValueError(f"ds must have x's shape {tuple(x.shape)}, got {tuple(ds.shape)}")
+    dgate = torch.empty(size=gate.shape, dtype=gate.dtype, device=dev) if gate is not None else None
     if M == 0:
         z = torch.zeros(N, dtype=torch.float32, device=dev)
-        return dx, z.to(dw_dtype) if need_dw else None, z.to(db_dtype) if need_db else None
+        out = dx, z.to(dw_dtype) if need_dw else None, z.to(db_dtype) if need_db else None
+        return out if gate is None else (*out, dgate)
     # Measured on an H200 (bf16, N = 768 .. 8192): 8192-element tiles, one persistent program per SM, 8 warps
     # (16 for rows of 8192) and the prefetching loop gave 52-79% of the copy bandwidth, against 41-66% with
     # 2048-element tiles, 2 programs per SM and no prefetch. Wider rows no longer fit in registers next to their
@@ -434,13 +467,17 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
             mean if mean is not None else rstd, rstd, dx, dw_part if need_dw else dx, db_part if need_db else dx,
             M, N, sdy, sds if ds is not None else 0, sx, sdx, per_prog, offset)
     flags = dict(IS_RMS=is_rms, HAS_DS=ds is not None, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
+    if wide and gate is not None:
+        raise ValueError(f"gated RMSNorm: rows of {N} elements are wider than the kernel's {REGISTER_ROW}")
     if wide:
         chunk = min(4096, block_n)
         _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
+        g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
         _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
-                            num_warps=warps)
+                            G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
+                            HAS_GATE=gate is not None, num_warps=warps)
     dw = torch.empty(N, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(N, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
@@ -451,4 +488,4 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
             BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
     if db_cols:
         db = dy.reshape(M, N).sum(0, dtype=torch.float32).to(db_dtype)
-    return dx, dw, db
+    return (dx, dw, db) if gate is None else (dx, dw, db, dgate)

@@ -24,6 +24,20 @@ Partial rotary (GPT-NeoX / Pythia, phi-2, StableLM: cos/sin of R < D columns) ro
 (HALF = R/2) and copies the other D - R of each row in the same program (the rotation and its transpose are the
 identity there), so the output needs no separate concatenation.
 
+Layout variants (constexpr switches of the same kernel):
+
+- ``X_PAIRS`` / ``Y_PAIRS``: the input / output holds the rotated pairs interleaved, ``x1 = x[2i]``, ``x2 = x[2i + 1]``
+  (GLM's ``apply_rotary_pos_emb``, the complex form of Llama 4 / DeepSeek-V2) instead of in halves. DeepSeek-V3's
+  ``apply_rotary_pos_emb_interleave`` reads interleaved pairs and writes halves (``X_PAIRS`` only); its transpose, the
+  backward, reads halves and writes pairs, so the backward swaps the two flags.
+- ``SHARED``: one angle per pair, ``c2 = c1`` and ``s2 = s1`` read from the first half of the table (the interleaved
+  forms use ``cos[..., :R/2]`` of HF's ``cat(freqs, freqs)`` table).
+- ``TABLE_PAIRS``: the table is laid out like the pairs, ``c1, c2 = cos[2i], cos[2i + 1]`` (GLM-4V's repeat-interleaved
+  tables in transformers 5.2x) instead of ``cos[i], cos[i + R/2]``.
+- ``MROPE`` with ``SEC0``, ``SEC1``: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos / sin are
+  (3, B, T, R) tables, one per position axis (temporal, height, width), and column i of each half reads the table of
+  its section: 0 for i < SEC0, 1 for i < SEC0 + SEC1, else 2 (``mrope_section``; its strides ``sc_s``, ``ss_s``).
+
 Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
 """
 
@@ -41,14 +55,17 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, 
 @triton.jit
 def _rotate_rows(
     X, Y, COS, SIN, pid, n_rows, H, T, sx_b, sx_h, sx_t, sx_d, sy_b, sy_h, sy_t, sy_d,
-    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
+    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr,
+    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
+    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
+    MROPE: tl.constexpr,
 ):
     # Rows r = (b * T + t) * H + h of one tensor (q or k); this program rotates rows [pid * BLOCK_R, + BLOCK_R).
     # PASS: the head dims after the 2 * HALF rotated ones (partial rotary), copied unchanged (the rotation is the
     # identity there, forward and backward).
     # ROW64: 2**31 rows or more (head dims of 16 and less at > 32 GiB), where the int32 row index would wrap.
+    # X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1: the layout variants of the module docstring.
     if ROW64:
         r = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     else:
@@ -61,12 +78,26 @@ def _rotate_rows(
     d = tl.arange(0, BLOCK_HALF)
     mask = rmask[:, None] & (d < HALF)[None, :]
     # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
-    cp = COS + (b * sc_b + t * sc_t)[:, None] + d[None, :] * sc_d
-    sp = SIN + (b * ss_b + t * ss_t)[:, None] + d[None, :] * ss_d
+    if TABLE_PAIRS:  # pair i reads columns 2i and 2i + 1 of the table
+        cd = 2 * d
+        c_next = 1
+    else:  # pair i reads columns i and i + HALF
+        cd = d
+        c_next = HALF
+    cp = COS + (b * sc_b + t * sc_t)[:, None] + cd[None, :] * sc_d
+    sp = SIN + (b * ss_b + t * ss_t)[:, None] + cd[None, :] * ss_d
+    if MROPE:  # column i of each half reads the table of its section (0, 1 or 2)
+        sec = ((d >= SEC0).to(tl.int64) + (d >= SEC0 + SEC1).to(tl.int64))[None, :]
+        cp += sec * sc_s
+        sp += sec * ss_s
     c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
-    c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
-    s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
+    if SHARED:  # one angle per pair, from the first half of the table
+        c2 = c1
+        s2 = s1
+    else:
+        c2 = tl.load(cp + c_next * sc_d, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sp + c_next * ss_d, mask=mask, other=0.0).to(tl.float32)
     if BACKWARD:
         sa = s2
         sb = -s1
@@ -75,14 +106,24 @@ def _rotate_rows(
         sb = s2
     xrow = X + (b * sx_b + t * sx_t + h * sx_h)[:, None]
     yrow = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None]
-    xp = xrow + d[None, :] * sx_d
+    if X_PAIRS:  # pair i is (x[2i], x[2i + 1])
+        xp = xrow + (2 * d)[None, :] * sx_d
+        xp2 = xp + sx_d
+    else:  # pair i is (x[i], x[i + HALF])
+        xp = xrow + d[None, :] * sx_d
+        xp2 = xp + HALF * sx_d
     x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xp2, mask=mask, other=0.0).to(tl.float32)
     y1 = x1 * c1 + x2 * sa
     y2 = x2 * c2 + x1 * sb
-    yp = yrow + d[None, :] * sy_d
+    if Y_PAIRS:
+        yp = yrow + (2 * d)[None, :] * sy_d
+        yp2 = yp + sy_d
+    else:
+        yp = yrow + d[None, :] * sy_d
+        yp2 = yp + HALF * sy_d
     tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
-    tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
+    tl.store(yp2, y2.to(Y.dtype.element_ty), mask=mask)
     if PASS > 0:
         e = 2 * HALF + tl.arange(0, BLOCK_PASS)
         pmask = rmask[:, None] & (e < 2 * HALF + PASS)[None, :]
@@ -95,19 +136,22 @@ def _rope_kernel(
     Q, K, QO, KO, COS, SIN, T, HQ, HKV, NQ, NK, PROGS_Q,
     sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
     sqo_b, sqo_h, sqo_t, sqo_d, sko_b, sko_h, sko_t, sko_d,
-    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d,
+    sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr,
+    BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr, ROW64: tl.constexpr, X_PAIRS: tl.constexpr,
+    Y_PAIRS: tl.constexpr, SHARED: tl.constexpr, SEC0: tl.constexpr, SEC1: tl.constexpr, TABLE_PAIRS: tl.constexpr,
+    MROPE: tl.constexpr,
 ):
     # The first PROGS_Q programs rotate q's NQ rows, the others k's NK rows.
     pid = tl.program_id(0)
     if pid < PROGS_Q:
         _rotate_rows(Q, QO, COS, SIN, pid, NQ, HQ, T, sq_b, sq_h, sq_t, sq_d, sqo_b, sqo_h, sqo_t, sqo_d,
-                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R, BACKWARD, ROW64)
+                     sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R,
+                     BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS, MROPE)
     else:
         _rotate_rows(K, KO, COS, SIN, pid - PROGS_Q, NK, HKV, T, sk_b, sk_h, sk_t, sk_d, sko_b, sko_h, sko_t,
-                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, HALF, BLOCK_HALF, PASS, BLOCK_PASS, BLOCK_R,
-                     BACKWARD, ROW64)
+                     sko_d, sc_b, sc_t, sc_d, ss_b, ss_t, ss_d, sc_s, ss_s, HALF, BLOCK_HALF, PASS, BLOCK_PASS,
+                     BLOCK_R, BACKWARD, ROW64, X_PAIRS, Y_PAIRS, SHARED, SEC0, SEC1, TABLE_PAIRS, MROPE)
 
 
 def _heads_first(x: torch.Tensor, unsqueeze_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -143,12 +187,22 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     return max(1, HALF_TILE // block_half), TILE_WARPS
 
 
+PAIRS_HALVES, PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE, PAIRS_EXPANDED = 0, 1, 2, 3
+"""``pairs`` of :func:`rope_apply`: rotate-half in and out; interleaved pairs in and out (GLM, the complex form);
+interleaved pairs in, halves out (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``); interleaved pairs in and out
+with tables of one column per rotated dim, ``cos[2i], cos[2i + 1]`` for pair i (GLM-4V in transformers 5.2x)."""
+
+
 def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
-               inplace: bool = False):
+               inplace: bool = False, pairs: int = PAIRS_HALVES, sections=()):
     """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, R), R even
     and at most D: the first R head dims are rotated, the other D - R copied (partial rotary; R = D: all rotated).
+    pairs: :data:`PAIRS_HALVES` (pair i is dims i and i + R/2), :data:`PAIRS_INTERLEAVED` (dims 2i and 2i + 1, one
+    angle per pair from ``cos[..., :R/2]``), :data:`PAIRS_DEINTERLEAVE` (interleaved in, halves out; the backward
+    reads halves and writes pairs) or :data:`PAIRS_EXPANDED` (interleaved, pair i reading columns 2i and 2i + 1). sections: () or mRoPE's (s0, s1, s2) with s0 + s1 + s2 = R/2, cos / sin then
+    (3, 1 or B, T, R).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
     (each row is read before it is written, by the same program), which are returned; q and k must then be
@@ -169,24 +223,34 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
     progs_q = cdiv(nq, block_r)
+    sc_s, ss_s = (cos.stride(0), sin.stride(0)) if sections else (0, 0)
+    if sections:  # the strides of one section's (1 or B, T, R) table
+        cos, sin = cos[0], sin[0]
     sc, ss = cos.stride(), sin.stride()
+    pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs in (PAIRS_INTERLEAVED, PAIRS_EXPANDED)
+    if backward:  # the transpose reads the output's layout and writes the input's
+        pairs_in, pairs_out = pairs_out, pairs_in
     _rope_kernel[(progs_q + cdiv(nk, block_r),)](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
-        0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2],
+        0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2], sc_s, ss_s,
         HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,
-        ROW64=max(nq, nk) + block_r >= 2**31, num_warps=warps,
+        ROW64=max(nq, nk) + block_r >= 2**31, X_PAIRS=pairs_in, Y_PAIRS=pairs_out,
+        SHARED=pairs in (PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE), SEC0=sections[0] if sections else 0,
+        SEC1=sections[1] if sections else 0, TABLE_PAIRS=pairs == PAIRS_EXPANDED, MROPE=bool(sections),
+        num_warps=warps,
     )
     return qo, ko
 
 
 class RoPEFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(q, k, cos, sin, unsqueeze_dim)``. cos and sin receive no gradient (None)."""
+    """autograd wrapper; ``apply(q, k, cos, sin, unsqueeze_dim, pairs=0, sections=())`` (see :func:`rope_apply`).
+    cos and sin receive no gradient (None)."""
 
     @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
-        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False)
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, pairs=PAIRS_HALVES, sections=()):
+        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False, pairs=pairs, sections=sections)
         ctx.save_for_backward(cos, sin)
-        ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.unsqueeze_dim, ctx.pairs, ctx.sections = unsqueeze_dim, pairs, sections
         return q_embed, k_embed
 
     @staticmethod
@@ -195,46 +259,49 @@ class RoPEFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dq, dk = rope_apply(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, backward=True,
-                            need_q=need_q, need_k=need_k)
-        return dq, dk, None, None, None
+                            need_q=need_q, need_k=need_k, pairs=ctx.pairs, sections=ctx.sections)
+        return dq, dk, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
 @torch.library.custom_op("tigon::rope", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, backward: bool, need_q: bool,
-          need_k: bool) -> tuple[Tensor, Tensor]:
-    """The rotation of q and k (``backward=False``) or its transpose (``backward=True``).
+          need_k: bool, pairs: int = 0, sections: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """The rotation of q and k (``backward=False``) or its transpose (``backward=True``); ``pairs`` and
+    ``sections``: the layout variants of :func:`rope_apply`.
 
     Returns outputs shaped, typed and (when dense) strided like q and k (``torch.empty_like``); (0,) for an output
     whose ``need_*`` is False. The transpose of the transpose is the rotation, so this op is its own backward.
     """
-    qo, ko = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=backward, need_q=need_q, need_k=need_k)
+    qo, ko = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=backward, need_q=need_q, need_k=need_k,
+                        pairs=pairs, sections=tuple(sections or ()))
     return or_empty(qo, q), or_empty(ko, k)
 
 
 @_rope.register_fake
-def _(q, k, cos, sin, unsqueeze_dim, backward, need_q, need_k):
+def _(q, k, cos, sin, unsqueeze_dim, backward, need_q, need_k, pairs=0, sections=None):
     return (torch.empty_like(q) if need_q else q.new_empty((0,)),
             torch.empty_like(k) if need_k else k.new_empty((0,)))
 
 
 def _rope_setup(ctx, inputs, output):
-    _q, _k, cos, sin, unsqueeze_dim, backward, _nq, _nk = inputs
+    _q, _k, cos, sin, unsqueeze_dim, backward, _nq, _nk, pairs, sections = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.unsqueeze_dim, ctx.backward = unsqueeze_dim, backward
+    ctx.unsqueeze_dim, ctx.backward, ctx.pairs, ctx.sections = unsqueeze_dim, backward, pairs, sections
 
 
 def _rope_grad(ctx, dq, dk):
     cos, sin = ctx.saved_tensors
     need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    gq, gk = _rope(dq, dk, cos, sin, ctx.unsqueeze_dim, not ctx.backward, need_q, need_k)
-    return if_wanted(gq, need_q), if_wanted(gk, need_k), None, None, None, None, None, None
+    gq, gk = _rope(dq, dk, cos, sin, ctx.unsqueeze_dim, not ctx.backward, need_q, need_k, ctx.pairs,
+                   ctx.sections)
+    return if_wanted(gq, need_q), if_wanted(gk, need_k), None, None, None, None, None, None, None, None
 
 
 _rope.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 
-def compiled_rope(q, k, cos, sin, unsqueeze_dim):
+def compiled_rope(q, k, cos, sin, unsqueeze_dim, pairs=PAIRS_HALVES, sections=()):
     """``RoPEFunction.apply`` as the ``tigon::rope`` custom op: (q_embed, k_embed)."""
-    return _rope(q, k, cos, sin, unsqueeze_dim, False, True, True)
+    return _rope(q, k, cos, sin, unsqueeze_dim, False, True, True, pairs, list(sections) or None)

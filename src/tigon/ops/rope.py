@@ -23,6 +23,53 @@ def rope_mixed_dims(args, ndim: int) -> tuple[int, ...]:
     return (ndim - 1, positions, *batch)
 
 
+def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=None):
+    """The argument checks shared by the rotary ops; returns cos and sin as (1 or B, T, R) (``tables=3``: mRoPE's
+    (3, 1 or B, T, R), returned as given). ``position_ids`` (:func:`rope`'s, Liger's argument): with a 2-D table of
+    every position, its rows at the ids are returned."""
+    _checks.tensor("q", q, floating=True, ndim=4)
+    _checks.tensor("k", k, floating=True, ndim=4)
+    _checks.tensor("cos", cos, floating=True, ndim=4 if tables else (2, 3))
+    _checks.tensor("sin", sin, floating=True, ndim=4 if tables else (2, 3))
+    _checks.same_device(q=q, k=k, cos=cos, sin=sin)
+    _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
+    if position_ids is not None and not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be an integer tensor or None, got {type(position_ids).__name__} "
+                        f"{position_ids!r} (rope takes Liger's order (q, k, cos, sin, position_ids, unsqueeze_dim): "
+                        "pass unsqueeze_dim by keyword)")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    t_axis = 2 if unsqueeze_dim == 1 else 1
+    B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
+    R = cos.shape[-1]
+    if R == 0 or R % 2 or R > D:
+        raise ValueError(f"cos's last dimension (the rotated dims R) must be even, positive and at most q's head "
+                         f"dimension {D}, got cos {tuple(cos.shape)} for q {tuple(q.shape)} (rotate-half pairs dim i "
+                         "with i + R/2; an odd head dim can only be rotated partially, by an even R < D)")
+    if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
+        raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
+                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if position_ids is not None:
+        _checks.tensor("position_ids", position_ids, integer=True, ndim=(1, 2))
+        _checks.same_device(q=q, position_ids=position_ids)
+        if position_ids.shape[:-1] not in ((), (1,), (B,)) or position_ids.shape[-1] != T:
+            raise ValueError(f"position_ids must have shape (1 or {B}, {T}) or ({T},), got {tuple(position_ids.shape)}")
+        if cos.dim() == 2 and not tables:  # the table of every position: its rows at the ids
+            if sin.shape != cos.shape:
+                raise ValueError(f"sin must have cos's shape {tuple(cos.shape)} (the table of every position), got "
+                                 f"{tuple(sin.shape)}")
+            cos, sin = ref.gather_positions(cos, sin, position_ids)
+    for name, t in (("cos", cos), ("sin", sin)):
+        lead = t.shape[1:-2] if tables else t.shape[:-2]
+        if (tables and t.shape[0] != tables) or lead not in ((), (1,), (B,)) or t.shape[-2] != T \
+                or t.shape[-1] != R:
+            want = f"({tables}, 1 or {B}, {T}, {R})" if tables else f"(1 or {B}, {T}, {R}) or ({T}, {R})"
+            raise ValueError(f"{name} must have shape {want} (cos's rotated dims), got {tuple(t.shape)}")
+    if tables:
+        return cos, sin
+    return (cos.unsqueeze(0) if cos.dim() == 2 else cos), (sin.unsqueeze(0) if sin.dim() == 2 else sin)
+
+
 @accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
                              mixed_dims=rope_mixed_dims))
 def rope(
@@ -75,52 +122,106 @@ def rope(
             position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,), devices differ,
             or unsqueeze_dim not in (1, 2).
     """
-    _checks.tensor("q", q, floating=True, ndim=4)
-    _checks.tensor("k", k, floating=True, ndim=4)
-    _checks.tensor("cos", cos, floating=True, ndim=(2, 3))
-    _checks.tensor("sin", sin, floating=True, ndim=(2, 3))
-    _checks.same_device(q=q, k=k, cos=cos, sin=sin)
-    _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
-    if position_ids is not None and not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"position_ids must be an integer tensor or None, got {type(position_ids).__name__} "
-                        f"{position_ids!r} (rope takes Liger's order (q, k, cos, sin, position_ids, unsqueeze_dim): "
-                        "pass unsqueeze_dim by keyword)")
-    if k.dtype != q.dtype:
-        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
-    t_axis = 2 if unsqueeze_dim == 1 else 1
-    B, T, D = q.shape[0], q.shape[t_axis], q.shape[-1]
-    R = cos.shape[-1]
-    if R == 0 or R % 2 or R > D:
-        raise ValueError(f"cos's last dimension (the rotated dims R) must be even, positive and at most q's head "
-                         f"dimension {D}, got cos {tuple(cos.shape)} for q {tuple(q.shape)} (rotate-half pairs dim i "
-                         "with i + R/2; an odd head dim can only be rotated partially, by an even R < D)")
-    if k.shape[0] != B or k.shape[t_axis] != T or k.shape[-1] != D:
-        raise ValueError(f"k must match q's batch, positions and head dim (unsqueeze_dim={unsqueeze_dim}), "
-                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if position_ids is not None:
-        _checks.tensor("position_ids", position_ids, integer=True, ndim=(1, 2))
-        _checks.same_device(q=q, position_ids=position_ids)
-        if position_ids.shape[:-1] not in ((), (1,), (B,)) or position_ids.shape[-1] != T:
-            raise ValueError(f"position_ids must have shape (1 or {B}, {T}) or ({T},), got {tuple(position_ids.shape)}")
-        if cos.dim() == 2:  # the table of every position: its rows at the ids
-            if sin.shape != cos.shape:
-                raise ValueError(f"sin must have cos's shape {tuple(cos.shape)} (the table of every position), got "
-                                 f"{tuple(sin.shape)}")
-            cos, sin = ref.gather_positions(cos, sin, position_ids)
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape[:-2] not in ((), (1,), (B,)) or t.shape[-2] != T or t.shape[-1] != R:
-            raise ValueError(f"{name} must have shape (1 or {B}, {T}, {R}) or ({T}, {R}) (cos's rotated dims), got "
-                             f"{tuple(t.shape)}")
-    if cos.dim() == 2:  # (T, R): one table for the whole batch
-        cos = cos.unsqueeze(0)
-    if sin.dim() == 2:
-        sin = sin.unsqueeze(0)
+    cos, sin = _checked(q, k, cos, sin, unsqueeze_dim, position_ids=position_ids)
     if select_backend("rope", q) in TORCH_CODE:
         return ref.rope(q, k, cos, sin, None, unsqueeze_dim)
     from ..kernels import rope as kr
 
     run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
     return run(q, k, cos, sin, unsqueeze_dim)
+
+
+@accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
+                             mixed_dims=rope_mixed_dims))
+def rope_interleaved(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
+    deinterleave: bool = False, expanded_tables: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding on interleaved pairs ``(x[2i], x[2i + 1])``, one angle per pair (RoFormer, Su et al.
+    2021, eq. 34): GLM / GLM-4's ``apply_rotary_pos_emb`` (``modeling_glm4.py``), DeepSeek-V3's
+    ``apply_rotary_pos_emb_interleave`` (``deinterleave=True``, ``modeling_deepseek_v3.py``) and, with
+    ``cos = cat(freqs_cis.real, freqs_cis.real)``, the complex form (Llama 4, DeepSeek-V2 ``apply_rotary_emb``).
+
+    ``y[2i] = x[2i] c_i - x[2i+1] s_i``, ``y[2i+1] = x[2i+1] c_i + x[2i] s_i`` with c / s the first R/2 columns of
+    cos / sin (HF's ``cat(freqs, freqs)`` tables); dims R..D of each head pass through (GLM's partial rotary).
+    ``deinterleave=True`` writes the rotated pairs as halves, ``cat(y[0::2], y[1::2])``, as DeepSeek-V3 does. The
+    same kernel as :func:`rope` (its pair-layout switches), math in fp32, one launch for q and k.
+
+    Args:
+        q: (B, Hq, T, D) for ``unsqueeze_dim=1`` or (B, T, Hq, D) for ``unsqueeze_dim=2``; float32 / bfloat16 /
+            float16 (other float dtypes run the reference); any strides.
+        k: the same layout and dtype as q with Hkv heads.
+        cos, sin: (1 or B, T, R) or (T, R), R even and 0 < R <= D, any float dtype; only the first R/2 columns are
+            read. Constants: no gradient.
+        unsqueeze_dim: 1 or 2, where the head axis of q and k is.
+        deinterleave: output the rotated dims as halves (evens, then odds) instead of pairs.
+        expanded_tables: cos / sin hold one column per rotated dim, dims 2i and 2i+1 reading columns 2i and 2i+1
+            (GLM-4V's repeat-interleaved tables in transformers 5.2x, its ``apply_rotary_pos_emb``); all R columns
+            are read. Not with ``deinterleave``.
+
+    Returns:
+        (q_embed, k_embed): shapes and dtypes of q and k.
+
+    Raises:
+        TypeError: a non-floating tensor, q and k of different dtypes, or deinterleave / expanded_tables not a bool.
+        ValueError: as :func:`rope` (ranks, mismatched sizes, cos / sin shapes, devices, unsqueeze_dim), or both
+            deinterleave and expanded_tables.
+    """
+    cos, sin = _checked(q, k, cos, sin, unsqueeze_dim)
+    for name, flag in (("deinterleave", deinterleave), ("expanded_tables", expanded_tables)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if deinterleave and expanded_tables:
+        raise ValueError("deinterleave and expanded_tables cannot both be set (no Hugging Face function does both)")
+    if select_backend("rope_interleaved", q) in TORCH_CODE:
+        return ref.rope_interleaved(q, k, cos, sin, unsqueeze_dim, deinterleave, expanded_tables)
+    from ..kernels import rope as kr
+
+    pairs = kr.PAIRS_DEINTERLEAVE if deinterleave else kr.PAIRS_EXPANDED if expanded_tables else kr.PAIRS_INTERLEAVED
+    run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
+    return run(q, k, cos, sin, unsqueeze_dim, pairs)
+
+
+def mrope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mrope_section,
+    unsqueeze_dim: int = 1, interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotary position embedding (mRoPE, Qwen2-VL: Wang et al. 2024, section 2.1; HF
+    ``apply_multimodal_rotary_pos_emb`` of ``modeling_qwen2_vl.py`` / ``modeling_qwen2_5_vl.py`` in transformers
+    before 5.2x): rotate-half rope where column i of each half of cos / sin comes from the table of its section
+    (temporal, height, width: ``mrope_section``), gathered in the kernel instead of assembling the tables first.
+
+    Args:
+        q, k: as :func:`rope`.
+        cos, sin: (3, 1 or B, T, R), one HF table per position axis, R = 2 * sum(mrope_section) <= D (R < D: the
+            rest of each head passes through). Constants: no gradient.
+        mrope_section: three non-negative ints (t, h, w) summing to R / 2 (a list or tuple, as the config holds it).
+        unsqueeze_dim: 1 or 2, where the head axis of q and k is.
+        interleaved: rotate interleaved pairs (:func:`rope_interleaved`'s layout) with the assembled tables, as
+            GLM-4V's ``apply_multimodal_rotary_pos_emb`` before transformers 5.2x does.
+
+    Returns:
+        (q_embed, k_embed): shapes and dtypes of q and k.
+
+    Raises:
+        TypeError: a non-floating tensor, q and k of different dtypes, interleaved not a bool.
+        ValueError: as :func:`rope`, cos / sin not (3, 1 or B, T, R), or mrope_section not three non-negative ints
+            summing to R / 2.
+    """
+    cos, sin = _checked(q, k, cos, sin, unsqueeze_dim, tables=3)
+    section = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else None
+    if section is None or len(section) != 3 or not all(isinstance(v, int) and v >= 0 for v in section) \
+            or 2 * sum(section) != cos.shape[-1]:
+        raise ValueError(f"mrope_section must be three non-negative ints summing to cos.shape[-1] / 2 = "
+                         f"{cos.shape[-1] // 2}, got {mrope_section!r}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    if select_backend("mrope", q) in TORCH_CODE:
+        return ref.mrope(q, k, cos, sin, section, unsqueeze_dim, interleaved)
+    from ..kernels import rope as kr
+
+    run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
+    return run(q, k, cos, sin, unsqueeze_dim, kr.PAIRS_INTERLEAVED if interleaved else kr.PAIRS_HALVES, section)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
@@ -150,13 +251,23 @@ def _inputs(s: dict, dtype, device, gen, position_table: bool = False) -> dict:
     return {**out, "position_ids": pos.to(device)}
 
 
-RECORDS = (OpSpec(
-    name="rope",
-    summary="rotary position embedding of q and k (HF rotate-half layout)",
-    fn=rope,
-    reference=ref.rope,
-    original=ref.rope,
-    original_name="HF apply_rotary_pos_emb (tigon.reference.rope)",
+def _mrope_inputs(s: dict, dtype, device, gen) -> dict:
+    """:func:`_inputs`' q and k, cos / sin (3, 1, T, rotary_dim): the three position axes of an image patch grid
+    (t constant, h and w over a square grid, as Qwen2-VL's ``get_rope_index``), and mrope_section splitting the
+    rotary_dim / 2 columns about 1/4, 3/8, 3/8 (Qwen2-VL's [16, 24, 24] of 64)."""
+    out = _inputs(s, dtype, device, gen)
+    t, d = s["seq"], s.get("rotary_dim", s["head_dim"])
+    side = max(1, round(t ** 0.5))
+    pos = torch.stack((torch.zeros(t), torch.arange(t) // side, torch.arange(t) % side)).float()  # (3, T)
+    inv_freq = 1.0 / s.get("theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    emb = torch.cat((pos[..., None] * inv_freq,) * 2, dim=-1)[:, None]  # (3, 1, T, d)
+    h = d // 2
+    t_sec = h // 4
+    section = [t_sec, (h - t_sec) // 2, h - t_sec - (h - t_sec) // 2]
+    return dict(out, cos=emb.cos().to(device, dtype), sin=emb.sin().to(device, dtype), mrope_section=section)
+
+
+_COMMON = dict(
     make_inputs=_inputs,
     shape_of=_shape,
     size_format="batch x seq x (q heads + kv heads) x head_dim",
@@ -168,8 +279,42 @@ RECORDS = (OpSpec(
     # read q, k, write both; backward: read dq, dk, write both (cos / sin come from cache)
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 4) * s["batch"] * s["seq"] * s["head_dim"]
     * (s["heads"] + s["kv_heads"]) * e,
-    peers={"liger": liger("liger_rope", "q", "k", "cos", "sin")},
-    # Liger's position_ids (accepted there, never read) over HF's old table of every position: rows gathered
-    cases=(Case(), Case("position_ids, (P, R) table", inputs={"position_table": True})),
-    bench_notes={"liger": "rotates q and k in place when their layout allows"},
-),)
+)
+
+RECORDS = (
+    OpSpec(
+        name="rope",
+        summary="rotary position embedding of q and k (HF rotate-half layout)",
+        fn=rope,
+        reference=ref.rope,
+        original=ref.rope,
+        original_name="HF apply_rotary_pos_emb (tigon.reference.rope)",
+        peers={"liger": liger("liger_rope", "q", "k", "cos", "sin")},
+        bench_notes={"liger": "rotates q and k in place when their layout allows"},
+        # Liger's position_ids (accepted there, never read) over HF's old table of every position: rows gathered
+        cases=(Case(), Case("position_ids, (P, R) table", inputs={"position_table": True})),
+        **_COMMON,
+    ),
+    OpSpec(
+        name="rope_interleaved",
+        summary="rotary position embedding on interleaved pairs (GLM; DeepSeek-V3 with deinterleave=True)",
+        fn=rope_interleaved,
+        reference=ref.rope_interleaved,
+        original=ref.rope_interleaved,
+        original_name="HF GLM apply_rotary_pos_emb / DeepSeek-V3 apply_rotary_pos_emb_interleave "
+                      "(tigon.reference.rope.rope_interleaved)",
+        cases=(Case(), Case("deinterleave=True", options={"deinterleave": True}),
+               Case("expanded_tables=True", options={"expanded_tables": True})),
+        **_COMMON,
+    ),
+    OpSpec(
+        name="mrope",
+        summary="multimodal rotary position embedding (Qwen2-VL mRoPE sections, rotate-half)",
+        fn=mrope,
+        reference=ref.mrope,
+        original=ref.mrope,
+        original_name="HF Qwen2-VL / GLM-4V apply_multimodal_rotary_pos_emb (tigon.reference.rope.mrope)",
+        cases=(Case(), Case("interleaved=True", options={"interleaved": True})),
+        **{**_COMMON, "make_inputs": _mrope_inputs},
+    ),
+)

@@ -95,3 +95,24 @@ def glu_product(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu", 
     if activation in ("gelu", "gelu_tanh"):
         return geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none", gate_multiplier, down_multiplier)
     raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU on its experts' fused, interleaved gate-up projection (transformers
+    ``modeling_gpt_oss.py``, ``GptOssExperts._apply_gate``; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card"):
+
+        gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
+        out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),   g = clamp(gate, max=limit)
+
+    Args:
+        gate_up: (..., 2I) float, gate and up interleaved column by column.
+        alpha: the sigmoid's slope (``config.swiglu_alpha``, 1.702 in GPT-OSS).
+        limit: the clamp (``config.swiglu_limit``, 7.0).
+
+    Returns:
+        (..., I) in gate_up's dtype, computed in it as HF does.
+    """
+    gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

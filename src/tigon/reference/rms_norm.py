@@ -48,3 +48,39 @@ def rms_norm(
         return (xf * (offset + weight.to(ct))).to(x.dtype)
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # "none"
     return y * (offset + weight)
+
+
+def rms_norm_gated(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> torch.Tensor:
+    """Gated RMSNorm, norm before gate: ``rmsnorm(x) * silu(gate)`` (Mamba-2's gated norm, Dao & Gu 2024,
+    "Transformers are SSMs"; transformers' ``Qwen3NextRMSNormGated`` / ``Qwen3_5RMSNormGated`` of
+    ``modeling_qwen3_next.py``, and ``FalconH1RMSNormGated`` of ``modeling_falcon_h1.py`` with one group and
+    ``norm_before_gate``).
+
+    ``yn`` as :func:`rms_norm` forms it before its final cast (``"llama"``: ``(offset + w) * xhat.to(x.dtype)``, as
+    Qwen3-Next; ``"gemma"``: ``xhat * (offset + w)`` in fp32, as Falcon-H1; ``"none"``: in x's dtype), then
+    ``(yn * silu(gate.to(fp32))).to(x.dtype)``.
+
+    Args:
+        x, gate: (..., hidden), one shape, float dtypes.
+        weight: (hidden,) or None; eps, offset, casting_mode: as :func:`rms_norm`.
+
+    Returns:
+        (..., hidden) in x's dtype.
+    """
+    ct = torch.promote_types(x.dtype, torch.float32)
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    xf = x if casting_mode == "none" else x.to(ct)
+    xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        yn = xhat
+    elif casting_mode == "llama":
+        yn = (weight + offset if offset != 0.0 else weight) * xhat.to(x.dtype)
+    elif casting_mode == "gemma":
+        yn = xhat * (offset + weight.to(ct))
+    else:
+        yn = xhat * (offset + weight)
+    return (yn * torch.nn.functional.silu(gate.to(ct))).to(x.dtype)

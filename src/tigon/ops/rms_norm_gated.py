@@ -1,0 +1,99 @@
+"""Gated RMSNorm, ``rmsnorm(x) * silu(gate)`` (Qwen3-Next / Qwen3.5's Gated DeltaNet output norm, Falcon-H1's Mamba
+norm): the public op and its record.
+
+Kernels: :mod:`tigon.kernels.rms_norm_gated` (the shared norm kernels' ``HAS_GATE`` switch). Specification:
+:func:`tigon.reference.rms_norm.rms_norm_gated`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _checks
+from ..reference import rms_norm as ref
+from ..support import TORCH_CODE, select_backend
+from ._record import Case, OpSpec, rand, randn, sizes
+
+WIDEST_ROW = 32768
+"""Rows wider than this run the reference (the norm kernels' chunked backward for wider rows has no gate)."""
+
+
+def rms_norm_gated(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> torch.Tensor:
+    """Gated RMSNorm, norm before gate: ``rmsnorm(x) * silu(gate)`` over the last dimension (Mamba-2's gated norm,
+    Dao & Gu 2024; transformers ``Qwen3NextRMSNormGated`` (``"llama"`` casting) and ``FalconH1RMSNormGated`` with one
+    group and ``norm_before_gate`` (``"gemma"``)).
+
+    One pass normalises x and multiplies by ``silu(gate)``; the backward forms d_gate in the pass that forms dx (the
+    norm's backward on ``dy * silu(gate)``), with dW from the same persistent-grid partials as :func:`rms_norm`.
+    Statistics and math in fp32, one rounding at the store.
+
+    Args:
+        x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
+        gate: x's shape, any float dtype on x's device; any strides.
+        weight: (hidden,) float tensor, or None (no weight).
+        eps: variance epsilon; offset: added to weight (Gemma-style ``1 + w``); casting_mode: ``"llama"`` |
+            ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm_gated`.
+
+    Returns:
+        (..., hidden) in x's dtype (contiguous).
+
+    Raises:
+        TypeError: x, gate or weight not a floating tensor; eps or offset not a number.
+        ValueError: gate's shape differs from x's, weight is not (hidden,), devices differ, casting_mode unknown, eps
+            negative or not finite, offset not finite.
+    """
+    _checks.tensor("x", x, floating=True)
+    _checks.tensor("gate", gate, floating=True)
+    if weight is not None:
+        _checks.tensor("weight", weight, floating=True, ndim=1)
+    _checks.same_device(x=x, gate=gate, weight=weight)
+    _checks.choice("casting_mode", casting_mode, ref.CASTING_MODES)
+    eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if gate.shape != x.shape:
+        raise ValueError(f"gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
+    if weight is not None and weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
+                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if select_backend("rms_norm_gated", x) in TORCH_CODE or x.shape[-1] > WIDEST_ROW:
+        return ref.rms_norm_gated(x, gate, weight, eps, offset, casting_mode)
+    from ..kernels import rms_norm_gated as k
+
+    run = k.compiled_rms_norm_gated if torch.compiler.is_compiling() else k.RMSNormGatedFunction.apply
+    return run(x, gate, weight, eps, offset, casting_mode)
+
+
+# ---- the record ----------------------------------------------------------------------------------------------------
+def _inputs(s: dict, dtype, device, gen) -> dict:
+    """x (tokens, hidden) with std 3 and mean 0.5, gate (tokens, hidden) with std 2, weight in [0.5, 1.5), the
+    family's eps / offset / casting mode (the shapes of the model's hidden size: a Gated DeltaNet normalises
+    heads of head_v_dim, Falcon-H1 its Mamba width)."""
+    return dict(x=randn(gen, (s["tokens"], s["hidden"]), dtype, device, 3.0, 0.5),
+                gate=randn(gen, (s["tokens"], s["hidden"]), dtype, device, 2.0),
+                weight=rand(gen, (s["hidden"],), dtype, device), eps=s.get("eps", 1e-6),
+                offset=s.get("offset", 0.0), casting_mode=s.get("casting_mode", "llama"))
+
+
+RECORDS = (OpSpec(
+    name="rms_norm_gated",
+    summary="gated RMSNorm, rmsnorm(x) * silu(gate) (Qwen3-Next, Falcon-H1)",
+    fn=rms_norm_gated,
+    reference=ref.rms_norm_gated,
+    original=ref.rms_norm_gated,
+    original_name="HF Qwen3NextRMSNormGated / FalconH1RMSNormGated math (tigon.reference.rms_norm.rms_norm_gated)",
+    make_inputs=_inputs,
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "eps": m.rms_eps, "offset": 0.0,
+                        "casting_mode": "llama"},
+    **sizes("tokens", "hidden"),
+    grad_inputs=("x", "gate", "weight"),
+    category="norm",
+    # read x, gate, write y; backward: read x, gate, dy, write dx, d_gate
+    min_bytes=lambda s, e, mode: (3 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * e,
+    sweeps=("tokens", "hidden"),
+    leading_dims=("x", "gate"),
+    cases=(Case(), Case("casting_mode=gemma", options={"casting_mode": "gemma"})),
+),)
