@@ -50,7 +50,7 @@ ROPE_OPS: dict[str, str] = {"rotate_half": "rope", "interleaved": "rope_interlea
 
 def _rotate_half(q, k, cos, sin, *, unsqueeze_dim=1, partial):
     if cos.dim() in (2, 3) and (cos.shape[-1] == q.shape[-1] or partial):
-        return TF.rope(q, k, cos, sin, unsqueeze_dim)
+        return TF.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     return None
 
 
@@ -74,7 +74,8 @@ def _deinterleave(q, k, cos, sin, position_ids=None, *, unsqueeze_dim=1, partial
 
 def _half_width(q, k, cos, sin, *, unsqueeze_dim=1, partial):
     if cos.dim() in (2, 3) and 2 * cos.shape[-1] == q.shape[-1]:
-        return TF.rope(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1), unsqueeze_dim)
+        return TF.rope(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
+                       unsqueeze_dim=unsqueeze_dim)
     return None
 
 

@@ -140,4 +140,4 @@ def mrope(
     sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(split, dim=-1))], dim=-1)
     if interleaved:
         return rope_interleaved(q, k, cos, sin, unsqueeze_dim)
-    return rope(q, k, cos, sin, unsqueeze_dim)
+    return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
