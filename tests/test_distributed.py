@@ -31,7 +31,7 @@ WORLD = 2
 CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group",
           "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
-          "tensor_parallel_head_skipped"]
+          "tensor_parallel_head_skipped", "vocab_parallel_functional", "tensor_parallel_head"]
 
 
 @pytest.fixture(scope="module")

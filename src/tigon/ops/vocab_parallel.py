@@ -415,8 +415,8 @@ def vocab_parallel_fused_linear_cross_entropy(
     logits).
 
     Args:
-        hidden: (N, H) float32 / bfloat16 / float16 hidden states, the same on every rank (a plain tensor, or a
-            Replicate DTensor on the weight's mesh).
+        hidden: (N, H) float32 / bfloat16 / float16 hidden states, the same on every rank: a plain tensor, or a
+            DTensor (redistributed to Replicate first when sharded, e.g. sequence parallel: an all-gather).
         weight: this rank's head rows (Vl, H) with ``vocab_start``; or a DTensor (V, H) sharded ``Shard(0)`` over a
             1-D mesh (torch's ColwiseParallel); or a list of every shard (all in this process, local reductions).
         target: (N,) global class ids in [0, V) or ``ignore_index``, the same on every rank.
@@ -443,8 +443,11 @@ def vocab_parallel_fused_linear_cross_entropy(
         bs = [bias]
     if len(bs) != len(ws):
         raise ValueError(f"bias must have one shard per weight shard ({len(ws)}), got {len(bs)}")
-    if _checks.is_dtensor(hidden):
-        hidden = hidden.to_local()  # Replicate on the head's mesh: every rank holds it whole
+    if _checks.is_dtensor(hidden):  # every rank needs all rows (as ColwiseParallel's Replicate input)
+        from torch.distributed.tensor import Replicate
+
+        rep = (Replicate(),) * hidden.device_mesh.ndim
+        hidden = (hidden if tuple(hidden.placements) == rep else hidden.redistribute(hidden.device_mesh, rep)).to_local()
     from ..reference import fused_linear_cross_entropy as ref_flce
 
     for w, b in zip(ws, bs):
