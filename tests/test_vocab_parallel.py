@@ -108,7 +108,8 @@ def test_bf16_head_on_shards_matches_the_unsharded_fused_loss():
     h.grad = w.grad = None
     ref = F.fused_linear_cross_entropy(h, w, t)
     ref.backward()
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    # bf16 logits from matmuls of other shapes (cuBLAS may round them differently): bf16-level agreement
+    torch.testing.assert_close(loss, ref, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(gh.float(), h.grad.float(), rtol=2e-2, atol=2e-3)
     torch.testing.assert_close(gw.float(), w.grad.float(), rtol=2e-2, atol=2e-3)
 

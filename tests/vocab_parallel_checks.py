@@ -47,7 +47,8 @@ def functional() -> str:
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(0)  # the same whole tensors on every rank
     logits = torch.randn(N, V, generator=g) * 3
-    hidden, weight, bias = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) / 2, torch.randn(V, generator=g)
+    hidden, weight = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) / 2
+    bias = torch.randn(V, generator=g)
     target = torch.randint(0, V, (N,), generator=g)
     target[1] = -100
     cuts = [int(c[0]) for c in torch.arange(V).tensor_split(world)] + [V]
@@ -72,7 +73,9 @@ def functional() -> str:
         h64, w64, b64 = (t.double().requires_grad_() for t in (hidden, weight, bias))
         want = ref_flce(h64, w64, target, b64, **kw)
         (want * up).sum().backward()
-        h = hidden.clone().requires_grad_()
+        # hidden plain, or (reduction="none") sequence parallel: a Shard(0) DTensor, all-gathered first
+        h = (distribute_tensor(hidden, mesh, [Shard(0)]) if kw.get("reduction") == "none" else hidden.clone())
+        h.requires_grad_()
         dw = distribute_tensor(weight, mesh, [Shard(0)]).requires_grad_()
         db = distribute_tensor(bias, mesh, [Shard(0)]).requires_grad_()
         loss = F.vocab_parallel_fused_linear_cross_entropy(h, dw, target, db, **kw)
@@ -100,6 +103,7 @@ def tensor_parallel_head(build, steps: int = 2) -> str:
         if patched:
             report = tigon.patch(model, rms_norm=False, rope=False, mlp=False)  # the head alone: faster
             assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
+            assert "vocab_parallel_fused_linear_cross_entropy" in str(report), str(report)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         run = {"losses": [], "grads": [], "fused": []}
         for _ in range(steps):

@@ -447,7 +447,9 @@ def vocab_parallel_fused_linear_cross_entropy(
         from torch.distributed.tensor import Replicate
 
         rep = (Replicate(),) * hidden.device_mesh.ndim
-        hidden = (hidden if tuple(hidden.placements) == rep else hidden.redistribute(hidden.device_mesh, rep)).to_local()
+        if tuple(hidden.placements) != rep:
+            hidden = hidden.redistribute(hidden.device_mesh, rep)
+        hidden = hidden.to_local()
     from ..reference import fused_linear_cross_entropy as ref_flce
 
     for w, b in zip(ws, bs):
