@@ -19,7 +19,8 @@ process (``group=None``): then the all-reduces are local sums over the list. The
 the reduction done in-process, for tests on one device.
 
 Not supported on shards: class weights, accuracy / predicted tokens (an argmax across ranks), ``grad_in_forward`` /
-``inplace_backward``, token scaling.
+``inplace_backward``, token scaling, ``accum_dtype`` / ``memory`` (the fp32 accumulator and the default chunk rule of
+the fused loss apply). Eager mode: there is no torch.library custom op for these yet, and torch.compile is untested.
 """
 
 from __future__ import annotations
@@ -84,19 +85,20 @@ class _Plan:
             local_stats = ref_vp.local_stats
         return local_stats(x, target, start, self.ignore_index, self.logit_scale, self.softcap, self.eps > 0)
 
-    def grad_(self, x, t_local, gstats, coef):
-        """``x`` (a shard's logits) overwritten with ``coef * d loss / d x``."""
+    def grad_(self, x, t_local, gstats, coef, out=None):
+        """``coef * d loss / d x`` for a shard's logits ``x``, written into ``out`` (default: over ``x``)."""
+        out = x if out is None else out
         if self.kernels:
             from ..kernels.loss_rows import LossOptions, ce_rows_backward
 
             opts = LossOptions(self.ignore_index, self.eps, self.zs, self.softcap, self.logit_scale)
-            ce_rows_backward(x, t_local, None, None, gstats, opts, coef, x, None, n_classes=self.n_classes or 1)
+            ce_rows_backward(x, t_local, None, None, gstats, opts, coef, out, None, n_classes=self.n_classes or 1)
         else:
-            x.copy_(ref_vp.shard_grad(x, t_local, gstats, coef, ignore_index=self.ignore_index,
-                                      label_smoothing=self.eps, lse_square_scale=self.zs,
-                                      logit_scale=self.logit_scale, softcap=self.softcap,
-                                      n_classes=self.n_classes or 1))
-        return x
+            out.copy_(ref_vp.shard_grad(x, t_local, gstats, coef, ignore_index=self.ignore_index,
+                                        label_smoothing=self.eps, lse_square_scale=self.zs,
+                                        logit_scale=self.logit_scale, softcap=self.softcap,
+                                        n_classes=self.n_classes or 1))
+        return out
 
     def scale(self, valid: torch.Tensor) -> torch.Tensor | None:
         """0-d fp32: per-token losses -> the reduced loss (None for "none"); the z-loss shares it (no class
@@ -175,7 +177,7 @@ class _VocabParallelCE(torch.autograd.Function):
                 grads.append(None)
                 continue
             t_local = plan.local_targets(target, start, x.shape[1])
-            grads.append(plan.grad_(torch.empty_like(x).copy_(x), t_local, gstats, coef))
+            grads.append(plan.grad_(x, t_local, gstats, coef, out=torch.empty_like(x)))
         return (None, None, *grads)
 
 
@@ -210,6 +212,9 @@ def _shards(arg, name: str, dim: int, group, vocab_start, vocab_size):
             raise ValueError(f"vocab_size={vocab_size} but the shards of {name} hold {pos} classes")
         return list(arg), starts, _LocalReduce(), pos
     if _checks.is_dtensor(arg):
+        if group is not None or vocab_start is not None:
+            raise ValueError(f"{name} is a DTensor: its mesh gives the group and its placement the shard's start; "
+                             "group and vocab_start must be None")
         local, start, total, grp = _dtensor_shard(arg, dim if arg.ndim == 2 else 0, name)
         return [local], [start], _GroupReduce(grp), total
     if vocab_start is None:
