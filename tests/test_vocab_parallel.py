@@ -95,6 +95,22 @@ def test_reference_backend_gives_the_kernels_result(device):
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bf16_head_shards_match_the_plain_fused_loss(reduction, device):
+    # bf16 parameters: the weight gradient is cast in its fp32 accumulator's memory (RowHalves) on both paths
+    h = torch.randn(20, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(50, 16, device=device) / 4).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 50, (20,), device=device)
+    loss = F.vocab_parallel_fused_linear_cross_entropy(h, [w[:30], w[30:]], t, reduction=reduction)
+    loss.sum().backward()
+    gh, gw = h.grad, w.grad
+    h.grad = w.grad = None
+    F.fused_linear_cross_entropy(h, w, t, reduction=reduction).sum().backward()
+    assert gh.dtype == gw.dtype == torch.bfloat16
+    torch.testing.assert_close(gh, h.grad, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=2e-3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on shards: compiled kernels only")
 @pytest.mark.gpu
 def test_bf16_head_on_shards_matches_the_unsharded_fused_loss():

@@ -317,7 +317,8 @@ class _VocabParallelFLCE(torch.autograd.Function):
         t_locals = [plan.local_targets(target, s, w.shape[0]) for s, w in zip(plan.starts, ws)]
         rows = chunk_rows(n, max(w.shape[0] for w in ws), hdim, dev, False, scalar and need[1], cd.itemsize)
         bufs = [torch.empty((rows, w.shape[0]), dtype=cd, device=dev) for w in ws]
-        grads = [grad_buffers(n, hidden, w, cd, (need[0], need[1], need[2] and b is not None), False, True)
+        # halves: a 2-byte weight's gradient is cast in its fp32 accumulator's memory (no second (Vl, H) buffer)
+        grads = [grad_buffers(n, hidden, w, cd, (need[0], need[1], need[2] and b is not None), False, True, True)
                  if scalar else (None, None, None) for w, b in zip(ws, bs)]
         ce, z = torch.empty(n, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.float32, device=dev)
         gstats = torch.empty((n, 2), dtype=torch.float32, device=dev)
@@ -380,7 +381,7 @@ class _VocabParallelFLCE(torch.autograd.Function):
                     plan.grad_(lg, t_local[s:e], gstats[s:e], coef[s:e])
 
                 need = (ctx.need[0], ctx.need[1], ctx.need[2] and b is not None)
-                out = backward_over_chunks(hidden, w, b, ctx.cd, need, False, False, -1, rows_grad, scalar=True)
+                out = backward_over_chunks(hidden, w, b, ctx.cd, need, False, True, -1, rows_grad, scalar=True)
                 outs.append(out)
                 ghs.append(out[0])
             if ctx.need[0]:
