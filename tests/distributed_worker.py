@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import tigon  # noqa: E402
+import vocab_parallel_checks  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
 V, B, T, STEPS = 128, 2, 8, 2
@@ -200,15 +201,16 @@ def check(name: str, sc: Scenario) -> str:
 
 
 def check_tensor_parallel_head_is_skipped() -> str:
-    """A DTensor LM-head weight outside FSDP2 (as tensor parallelism leaves it): the fused loss is skipped with the
-    reason in the report, nothing raises."""
+    """A DTensor LM-head weight outside FSDP2 sharded other than by vocabulary rows (row-wise, Shard(1)): the fused
+    loss is skipped with the reason in the report, nothing raises (Shard(0), ColwiseParallel, runs
+    vocabulary-parallel: vocab_parallel_checks.tensor_parallel_head)."""
     model = build(Scenario("none"))
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model.lm_head.weight = torch.nn.Parameter(distribute_tensor(model.lm_head.weight.data, mesh, [Shard(0)]))
+    model.lm_head.weight = torch.nn.Parameter(distribute_tensor(model.lm_head.weight.data, mesh, [Shard(1)]))
     report = tigon.patch(model)
     skipped = [e for e in report.skipped if e.kind == "lm_head_loss"]
     assert "lm_head_loss" not in report.counts and skipped, str(report)
-    assert "DTensor" in skipped[0].detail and "outside an FSDP2 unit" in skipped[0].detail, skipped[0].detail
+    assert "DTensor" in skipped[0].detail and "other than by vocabulary rows" in skipped[0].detail, skipped[0].detail
     return "skipped: " + skipped[0].detail[:60]
 
 
@@ -216,6 +218,8 @@ def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
     checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
+    checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
+    checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
     for name in names or list(checks):
         start = time.perf_counter()
         try:

@@ -8,10 +8,12 @@ head's unit patched after wrapping, and under a bf16 mixed-precision policy. Eac
 rank compares its losses, its local gradients (FSDP2: its shards, reduce-scattered by FSDP) and its parameters; the
 fused LM-head loss must have run (no logits returned), FSDP2 must have all-gathered as often as for the original
 (no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
-original's is (``reshard_after_forward`` True, or False: kept). A DTensor LM-head weight outside FSDP2 (tensor
-parallel) and a DeepSpeed ZeRO-3 one must be skipped with the reason.
+original's is (``reshard_after_forward`` True, or False: kept). Tensor parallelism by vocabulary
+(tests/vocab_parallel_checks.py): the vocabulary-parallel losses on each rank's shard equal the plain loss, and a
+``ColwiseParallel`` LM head trains patched as unpatched. A DTensor LM-head weight outside FSDP2 sharded otherwise
+(row-wise) and a DeepSpeed ZeRO-3 one must be skipped with the reason.
 
-Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism beyond that refusal.
+Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism of the decoder layers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ WORLD = 2
 CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group",
           "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
-          "tensor_parallel_head_skipped"]
+          "tensor_parallel_head_skipped", "vocab_parallel_functional", "tensor_parallel_head"]
 
 
 @pytest.fixture(scope="module")

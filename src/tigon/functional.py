@@ -55,4 +55,10 @@ OPS = tuple(name for name, obj in list(globals().items())
             if callable(obj) and getattr(obj, "__module__", "").startswith("tigon.ops."))
 """The exported ops' names, in the order of the lines above (the order the tools list them)."""
 
-__all__ = [*OPS, "LogProbsOutput", "LossOutput", "PreferenceOutput", "GRPOOutput"]
+# Distributed ops (the vocabulary split over ranks): exported after OPS, so not in the registry that verify / bench /
+# profile iterate (those run single-process ops); tests/test_vocab_parallel.py checks them against cross_entropy.
+from .ops.vocab_parallel import vocab_parallel_cross_entropy  # noqa: E402
+from .ops.vocab_parallel import vocab_parallel_fused_linear_cross_entropy  # noqa: E402
+
+__all__ = [*OPS, "vocab_parallel_cross_entropy", "vocab_parallel_fused_linear_cross_entropy", "LogProbsOutput",
+           "LossOutput", "PreferenceOutput", "GRPOOutput"]

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from .. import functional as TF
+from .._checks import is_dtensor
 from .families import CausalLMSpec
 from .forwards import mark
 from .sharded_head import fsdp_unit, run_in_unit, sharding_problem
@@ -89,7 +90,9 @@ def causal_lm_loss(
 
     Args:
         hidden: (..., H) final hidden states (already sliced by ``logits_to_keep``), any float dtype.
-        weight: (V, H) LM-head weight (possibly tied to the input embedding); bias: (V,) or None.
+        weight: (V, H) LM-head weight (possibly tied to the input embedding); bias: (V,) or None. A DTensor
+            weight (and bias) sharded by vocabulary rows (tensor parallel, ``ColwiseParallel``) runs
+            :func:`tigon.functional.vocab_parallel_fused_linear_cross_entropy` (``flce_options`` do not apply).
         labels: (...) token ids with the same leading shape as ``hidden``; shifted by one here. Ignored when
             ``shift_labels`` is given.
         shift_labels: pre-shifted targets with hidden's leading shape (HF's ``shift_labels`` kwarg).
@@ -112,6 +115,11 @@ def causal_lm_loss(
         raise ValueError(f"causal LM loss: {h.shape[0]} hidden positions but {target.numel()} targets "
                          "(labels must match the positions kept by logits_to_keep)")
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    if is_dtensor(weight):  # tensor parallel by vocabulary rows (sharded_head.vocab_sharded): no whole weight
+        loss = TF.vocab_parallel_fused_linear_cross_entropy(h, weight, target, bias, ignore_index=ignore_index,
+                                                            reduction=reduction, softcap=softcap,
+                                                            logit_scale=logit_scale)
+        return _divide(_first(loss), num_items_in_batch)
     loss = TF.fused_linear_cross_entropy(h, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
                                          softcap=softcap, logit_scale=logit_scale, **(flce_options or {}))
     return _divide(_first(loss), num_items_in_batch)

@@ -79,6 +79,17 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
     return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
 
 
+def _vocab_sharded_head(module, comp) -> bool:
+    """Whether ``module`` (a built causal LM; a class at class level) has an LM head split by vocabulary rows."""
+    from .causal_lm import effective_head, head_attr
+    from .sharded_head import vocab_sharded
+
+    if module is None or isinstance(module, type) or not hasattr(comp, "lm_head"):
+        return False
+    linear, _ = effective_head(getattr(module, head_attr(module, comp), None))
+    return linear is not None and vocab_sharded(linear.weight)
+
+
 def describe(kind: str, comp, module=None, opts=None) -> str:
     """What the replacement of a component of ``kind`` computes, for the report."""
     if kind == "rms_norm":
@@ -95,7 +106,11 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     parts = []
     if opts["fused"]:
         args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
-        parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
+        if _vocab_sharded_head(module, comp):
+            parts.append("training with labels: tigon.functional.vocab_parallel_fused_linear_cross_entropy (the LM "
+                         "head is split by vocabulary rows, ColwiseParallel: no logits gathered; logits=None)")
+        else:
+            parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
     if opts["ce"]:
         parts.append("materialised logits with labels: tigon.functional.cross_entropy")
     return "; ".join(parts) + "; otherwise the original forward"

@@ -23,8 +23,15 @@ FSDP2, the head its own unit (torchtitan wraps its ``output`` layer so; also ``f
     gradient in the forward); ``reshard_after_forward=False`` on the head's unit (torchtitan's default for its last
     unit) avoids that gather.
 
+Tensor parallelism: the weight a DTensor sharded ``Shard(0)`` (by vocabulary rows) over a 1-D mesh, outside FSDP2
+    As torch's ``ColwiseParallel`` leaves ``lm_head``. The loss runs vocabulary-parallel
+    (:func:`tigon.functional.vocab_parallel_fused_linear_cross_entropy`, chosen by
+    :func:`tigon.integrations.causal_lm.causal_lm_loss` for a DTensor weight): each rank's rows, the row statistics
+    all-reduced, the logits never gathered (the original head all-gathers them when its output is Replicate).
+
 Not handled: the fused loss is skipped with the reason (:func:`sharding_problem`) and the original forward runs
-    A DTensor weight outside an FSDP2 unit (tensor parallelism), a DeepSpeed ZeRO-3 partitioned weight (an empty
+    A DTensor weight outside an FSDP2 unit placed otherwise (e.g. ``Shard(1)``, row-wise parallel, or a 2-D
+    mesh), a DeepSpeed ZeRO-3 partitioned weight (an empty
     placeholder outside the head's own forward), and a head wrapped by FSDP1 (``FullyShardedDataParallel``: not a
     plain Linear, refused by :func:`tigon.integrations.causal_lm.effective_head`).
 
@@ -75,8 +82,8 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
 
     Returns:
         None for a plain weight, a head that is (or is inside) an FSDP2 unit, or an FSDP2 unit whose hooks this
-        torch provides; else the reason (a DeepSpeed ZeRO-3 parameter, a DTensor weight outside FSDP2, an FSDP2
-        whose internals changed).
+        torch provides, or a vocabulary-sharded DTensor weight (:func:`vocab_sharded`); else the reason (a DeepSpeed
+        ZeRO-3 parameter, a DTensor weight outside FSDP2 sharded otherwise, an FSDP2 whose internals changed).
     """
     weight = linear.weight
     if hasattr(weight, "ds_id"):
@@ -92,9 +99,22 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
     if dtensor is not None and isinstance(weight, dtensor):
         if getattr(linear, "_is_fsdp_managed_module", False):
             return None  # sharded between steps; unsharded plain tensors inside the enclosing unit's forward
+        if vocab_sharded(weight) and (linear.bias is None or vocab_sharded(linear.bias)):
+            return None  # tensor parallel by vocabulary rows: the vocabulary-parallel fused loss
         return (f"the LM head weight is a DTensor ({', '.join(map(str, weight.placements))}) outside an FSDP2 unit, "
-                "e.g. tensor parallel: the fused loss needs the whole weight on each rank; the original forward runs")
+                "sharded other than by vocabulary rows (Shard(0) over a 1-D mesh, ColwiseParallel): the fused loss "
+                "needs the whole weight or its vocabulary rows on each rank; the original forward runs")
     return None
+
+
+def vocab_sharded(t) -> bool:
+    """Whether ``t`` is a DTensor split by its first dimension (the vocabulary of a head weight or bias) over a 1-D
+    mesh: ``Shard(0)``, as torch's ``ColwiseParallel`` places ``lm_head``."""
+    dtensor = _dtensor_class()
+    if dtensor is None or not isinstance(t, dtensor) or t.device_mesh.ndim != 1:
+        return False
+    p = t.placements[0]
+    return type(p).__name__ == "Shard" and p.dim % t.ndim == 0
 
 
 def run_in_unit(unit, fn, hidden: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,7 @@ def _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT: tl.constexpr):
     t = tl.load(T + rows, mask=rmask, other=ignore_index)
     valid = rmask & (t != ignore_index)
     in_range = valid & (t >= 0) & (t < V)
-    t_safe = tl.where(in_range, t, 0).to(tl.int32)
+    t_safe = tl.where(in_range, t, -1).to(tl.int32)  # -1: matches no column (a vocabulary shard's other rows)
     if HAS_WEIGHT:
         wt = tl.load(CW + t_safe, mask=in_range, other=0.0).to(tl.float32)
     else:
@@ -130,19 +130,20 @@ def _grad_tile(
 
 @triton.jit
 def _grad_pass(
-    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
+    X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V, n_classes,
     label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
     REVERSE: tl.constexpr,
 ):
     """Write a * d loss_row / d raw_logits for each row (``az``: the z-loss term's coefficient, see the module
     docstring; zero rows where a == az == 0; ignored rows, not ``valid``, are
-    written without being read), block by block: first block first, or with REVERSE last block first (the blocks a
+    written without being read), block by block (``n_classes``: the vocabulary size label smoothing divides by, V
+    except on a vocabulary shard): first block first, or with REVERSE last block first (the blocks a
     forward read last are the likeliest still in L2)."""
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
-    coef_p, coef_t, coef_s = _grad_coefs(a, az, wt, wsum, m + logs, V, label_smoothing, lse_square_scale)
+    coef_p, coef_t, coef_s = _grad_coefs(a, az, wt, wsum, m + logs, n_classes, label_smoothing, lse_square_scale)
     last = (tl.cdiv(V, BLOCK_V) - 1) * BLOCK_V
     for i in range(0, V, BLOCK_V):
         start = last - i if REVERSE else i
@@ -267,7 +268,7 @@ def _ce_fwd_kernel(
         if TOKEN_SCALING:
             a = a * p
             az = az * p
-        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
+        _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
                    HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
 
@@ -292,7 +293,7 @@ def _scale_kernel(X, stride_x, n_rows, V, G, BLOCK_M: tl.constexpr, BLOCK_V: tl.
 @triton.jit
 def _ce_bwd_kernel(
     X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
-    n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    n_rows, V, n_classes, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, TOKEN_SCALING: tl.constexpr = False,
 ):
@@ -313,8 +314,8 @@ def _ce_bwd_kernel(
         p = _target_prob(xt, m, logs, valid)
         a = a * p
         az = az * p
-    wsum = _weight_sum(CW, CWSUM, V, HAS_WEIGHT)
-    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V,
+    wsum = _weight_sum(CW, CWSUM, n_classes, HAS_WEIGHT)
+    _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V, n_classes,
                label_smoothing, lse_square_scale, logit_scale, softcap,
                HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, False)
 
@@ -479,6 +480,7 @@ def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def ce_rows_backward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     stats: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
+    n_classes: int | None = None,
 ) -> None:
     """Launch the backward: ``dx = coef * d loss / d x`` for rows ``x`` (n, V), using the saved row statistics
     ``stats`` ((n, 2) fp32 of the forward).
@@ -486,6 +488,11 @@ def ce_rows_backward(
     ``coef`` is a 0-d tensor (broadcast) or an (n,) tensor of any stride, any float dtype; ``scale``: the (2,)
     fp32 scales of :func:`reduce_losses` for a scalar reduction (None for per-token losses); ``dx`` may be ``x``
     (in place). First raises for a bad target an earlier forward recorded.
+
+    Vocabulary shard (:mod:`tigon.kernels.vocab_parallel`): ``x`` holds classes [v0, v0 + V) of ``n_classes``,
+    ``stats`` the global (max, log-sum), ``target`` the local class (t - v0), or any value outside [0, V) other
+    than ignore_index for a row whose target another shard holds (no target term there); label smoothing divides
+    by ``n_classes`` (no class weights on a shard).
     """
     n, vocab = x.shape
     if n == 0:
@@ -495,8 +502,8 @@ def ce_rows_backward(
     _ce_bwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else stats, cw_sum if cw_sum is not None else stats,
         stats, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else stats, dx, dx.stride(0),
-        n, vocab, int(opts.ignore_index), float(opts.label_smoothing), float(opts.lse_square_scale),
-        float(opts.logit_scale), float(opts.softcap or 1.0),
+        n, vocab, int(vocab if n_classes is None else n_classes), int(opts.ignore_index),
+        float(opts.label_smoothing), float(opts.lse_square_scale), float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
         HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, TOKEN_SCALING=opts.token_scaling,
         num_warps=warps,

@@ -18,7 +18,7 @@ row-wise ops instead unwrap it here, as Liger-Kernel does for its RMSNorm and Sw
 
 The outputs are DTensors with the rows' placements. Gradients flow through ``to_local`` / ``from_local``, which
 are differentiable. Ops that reduce across rows (the cross-entropy losses) and :func:`tigon.functional.glu_linear`
-take no DTensor: TypeError.
+take no DTensor: TypeError; logits or an LM head sharded by vocabulary go to :mod:`tigon.ops.vocab_parallel`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,149 @@
+"""Vocabulary-parallel cross-entropy (tigon.ops.vocab_parallel), shards simulated in one process: the logits (or the
+LM head's rows) split into unequal shards passed as a list, so the all-reduces are local reductions over the list
+(the same code path as across ranks otherwise). Loss and every gradient against the plain float64 reference on the
+concatenated logits, fp32 within 1e-5. Runs compiled on CUDA (the single-GPU part of issue 22) and interpreted on the
+CPU; the two-rank gloo run is in tests/test_distributed.py (scenario ``vocab_parallel``)."""
+
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon.kernels import fused_linear_cross_entropy as kflce
+from tigon.reference.cross_entropy import cross_entropy as ref_ce
+from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
+from tigon.support import force_reference
+
+N, V, H = 9, 37, 8
+CUTS = (0, 16, 29, V)  # three shards of 16, 13 and 8 classes (unequal, none a power of two)
+
+OPTIONS = {
+    "mean": {},
+    "label_smoothing": {"label_smoothing": 0.1},
+    "z_loss": {"lse_square_scale": 1e-3},
+    "softcap": {"softcap": 4.0},
+    "none": {"reduction": "none"},
+    "sum_all": {"reduction": "sum", "label_smoothing": 0.2, "lse_square_scale": 1e-2, "softcap": 3.0},
+    "num_items": {"num_items_in_batch": 5},
+}
+
+
+def _targets(device):
+    t = torch.randint(0, V, (N,), device=device)
+    t[[1, 4]] = -100
+    t[2], t[3] = CUTS[1] - 1, CUTS[1]  # the last class of one shard, the first of the next
+    return t
+
+
+def _split(x, dim):
+    return [x.narrow(dim, a, b - a) for a, b in zip(CUTS, CUTS[1:])]
+
+
+def _upstream(ref):
+    return torch.randn_like(ref) if ref.dim() else torch.tensor(1.5, dtype=ref.dtype, device=ref.device)
+
+
+def _close(got, want, what):
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_cross_entropy_on_shards_equals_the_plain_loss(name, device):
+    kw = OPTIONS[name]
+    x = (torch.randn(N, V, device=device) * 3).requires_grad_()
+    t = _targets(device)
+    loss = F.vocab_parallel_cross_entropy(_split(x, 1), t, **kw)
+    x64 = x.detach().double().requires_grad_()
+    want = ref_ce(x64, t, **kw)
+    up = _upstream(want)
+    _close(loss, want.detach(), "loss")
+    (loss * up.float()).sum().backward()
+    (want * up).sum().backward()
+    _close(x.grad, x64.grad, "grad logits")
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_fused_linear_on_shards_equals_the_plain_loss(name, device, monkeypatch):
+    monkeypatch.setattr(kflce, "MAX_CHUNK_ELEMS_CPU", 4 * 16)  # several token chunks on the CPU
+    kw = dict(OPTIONS[name], logit_scale=0.8)
+    h = torch.randn(N, H, device=device, requires_grad=True)
+    w = (torch.randn(V, H, device=device) / 2).requires_grad_()
+    b = torch.randn(V, device=device, requires_grad=True)
+    t = _targets(device)
+    out = F.vocab_parallel_fused_linear_cross_entropy(h, _split(w, 0), t, _split(b, 0), return_z_loss=True, **kw)
+    h64, w64, b64 = (p.detach().double().requires_grad_() for p in (h, w, b))
+    want = ref_flce(h64, w64, t, b64, return_z_loss=True, **kw)
+    _close(out.loss, want.loss.detach(), "loss")
+    _close(out.z_loss, want.z_loss, "z_loss")
+    up = _upstream(want.loss)
+    (out.loss * up.float()).sum().backward()
+    (want.loss * up).sum().backward()
+    for got, ref, what in ((h.grad, h64.grad, "hidden"), (w.grad, w64.grad, "weight"), (b.grad, b64.grad, "bias")):
+        _close(got, ref, f"grad {what}")
+
+
+def test_reference_backend_gives_the_kernels_result(device):
+    x = torch.randn(N, V, device=device) * 3
+    t = _targets(device)
+    kw = OPTIONS["sum_all"]
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = F.vocab_parallel_cross_entropy(_split(xa, 1), t, **kw)
+    with force_reference():
+        ref = F.vocab_parallel_cross_entropy(_split(xb, 1), t, **kw)
+    got.backward()
+    ref.backward()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bf16_head_shards_match_the_plain_fused_loss(reduction, device):
+    # bf16 parameters: the weight gradient is cast in its fp32 accumulator's memory (RowHalves) on both paths
+    h = torch.randn(20, 16, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(50, 16, device=device) / 4).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 50, (20,), device=device)
+    loss = F.vocab_parallel_fused_linear_cross_entropy(h, [w[:30], w[30:]], t, reduction=reduction)
+    loss.sum().backward()
+    gh, gw = h.grad, w.grad
+    h.grad = w.grad = None
+    F.fused_linear_cross_entropy(h, w, t, reduction=reduction).sum().backward()
+    assert gh.dtype == gw.dtype == torch.bfloat16
+    torch.testing.assert_close(gh, h.grad, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on shards: compiled kernels only")
+@pytest.mark.gpu
+def test_bf16_head_on_shards_matches_the_unsharded_fused_loss():
+    h = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(1000, 256, device="cuda") / 16).to(torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    cuts = (0, 500, 1000)
+    loss = F.vocab_parallel_fused_linear_cross_entropy(h, [w[a:b] for a, b in zip(cuts, cuts[1:])], t)
+    loss.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    ref = F.fused_linear_cross_entropy(h, w, t)
+    ref.backward()
+    # bf16 logits from matmuls of other shapes (cuBLAS may round them differently): bf16-level agreement
+    torch.testing.assert_close(loss, ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(gh.float(), h.grad.float(), rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(gw.float(), w.grad.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_bad_arguments_name_the_argument():
+    x, t = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="vocab_start"):
+        F.vocab_parallel_cross_entropy(x, t)
+    with pytest.raises(ValueError, match="vocab_start must be an int >= 0"):
+        F.vocab_parallel_cross_entropy(x, t, vocab_start=-1)
+    with pytest.raises(ValueError, match="group and vocab_start must be None"):
+        F.vocab_parallel_cross_entropy([x], t, vocab_start=0)
+    with pytest.raises(ValueError, match=r"target values must be in \[0, 15\)"):
+        F.vocab_parallel_cross_entropy([x, torch.randn(4, 5)], torch.tensor([0, 1, 15, 2]))
+    with pytest.raises(ValueError, match="vocab_size=12 but the shards of logits hold 10"):
+        F.vocab_parallel_cross_entropy([x], t, vocab_size=12)
+    with pytest.raises(ValueError, match="target must have shape"):
+        F.vocab_parallel_cross_entropy([x], t[:3])
+    with pytest.raises(ValueError, match="bias must have one shard per weight shard"):
+        F.vocab_parallel_fused_linear_cross_entropy(torch.randn(4, 3), [torch.randn(5, 3), torch.randn(5, 3)], t,
+                                                    [torch.randn(10)])
