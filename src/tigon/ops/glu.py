@@ -34,6 +34,8 @@ def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
     if not inplace_backward:
         return False
     for t in tensors:
+        if t.is_contiguous():  # owns each of its elements (and skips the sort: ~2 us of host time a tensor)
+            continue
         extent = 1
         for size, stride in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
             if stride < extent:
