@@ -107,3 +107,14 @@ def test_an_unexpected_triton_turns_it_off_with_a_warning(direct):
 
 def test_launch_hooks_read_from_triton():
     assert _common._launch_hooks_active() is False
+
+
+def test_launcher_is_the_kernel_itself_while_off(monkeypatch, direct):
+    k = FakeKernel()
+    via = _common.launcher(k)
+    assert via is not k
+    via[(3,)](5, 6, BLOCK=4)
+    via[(3,)](5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit", "direct"]
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "0")
+    assert _common.launcher(k) is k  # the launch sites index and call the kernel as before: no extra layer

@@ -117,7 +117,8 @@ def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int =
 # ---- launching a Triton kernel -------------------------------------------------------------------------------
 # ``kernel[grid](*args)`` costs ~22 us of host time per launch on the H200 with triton 3.6 (benchmarks/host_issue.py
 # --launch-probe), the compiled kernel's own launcher ~10 us: the rest is JITFunction.run's per-call Python (knob and
-# environment reads, the cache key's str(options), the launch-hook metadata). :func:`launch` can skip it: it binds
+# environment reads, the cache key's str(options), the launch-hook metadata). :func:`launch` (what
+# ``launcher(kernel)[grid](...)`` calls at the launch sites when it is on) can skip it: it binds
 # and specializes the arguments with the kernel's own binder (the function JITFunction.run calls, so the
 # specialization is Triton's exactly: dtypes, 16-byte alignment, ints equal to 1 or divisible by 16), looks the
 # compiled kernel up by that specialization and the launch options, and calls its launcher as JITFunction.run does,
@@ -162,6 +163,29 @@ def _launch_hooks_active() -> bool:
     rt = _knobs_runtime[0]
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return bool(getattr(enter, "calls", enter is not None) or getattr(leave, "calls", leave is not None))
+
+
+def launcher(kernel):
+    """What a launch site indexes and calls, ``launcher(kernel)[grid](*args, **kwargs)``: ``kernel`` itself, or with
+    direct launching on (:func:`direct_launch_enabled`) a stand-in launched the same way through :func:`launch`.
+    Off, this costs one call and one environment read (a wrapper taking the arguments would repack them: ~1.5 us
+    of host time per launch)."""
+    if _env("TIGON_DIRECT_LAUNCH", "0") != "1" or not direct_launch_enabled():
+        return kernel
+    return _DirectLauncher(kernel)
+
+
+class _DirectLauncher:
+    """``kernel[grid](*args, **kwargs)`` through :func:`launch`."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        kernel = self.kernel
+        return lambda *args, **kwargs: launch(kernel, grid, *args, **kwargs)
 
 
 def launch(kernel, grid: tuple, *args, **kwargs):

@@ -24,7 +24,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, launch, once_differentiable
+from ._common import CUSTOM_OP_TAGS, launcher, once_differentiable
 from .elementwise import as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
@@ -103,7 +103,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
         return out
     M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
-    launch(_glu_fwd, grid,
+    launcher(_glu_fwd)[grid](
         g2, u2, o2, M, N, sg, su, so,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
@@ -136,7 +136,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
-    launch(_glu_bwd, grid,
+    launcher(_glu_bwd)[grid](
         dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    cdiv, check_row_width, compiled_cuda, launch, next_pow2, num_programs_hint, rows, rows_per_program, sm_count,
+    cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program, sm_count,
     warps_for,
 )
 
@@ -368,7 +368,7 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     block_m, warps = fwd_config(block_n, dev)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     # y and s are contiguous: their row stride is N
-    launch(_norm_fwd, (cdiv(M, block_m),),
+    launcher(_norm_fwd)[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
@@ -437,16 +437,16 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     flags = dict(IS_RMS=is_rms, HAS_DS=ds is not None, HAS_W=weight is not None, HAS_DW=need_dw, HAS_DB=need_db)
     if wide:
         chunk = min(4096, block_n)
-        launch(_norm_bwd_wide, (progs,), *args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
+        launcher(_norm_bwd_wide)[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
-        launch(_norm_bwd, (progs,), *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+        launcher(_norm_bwd)[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             num_warps=warps)
     dw = torch.empty(N, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(N, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         block_cols = min(next_pow2(N), 32)  # many programs: N/32 of them, each summing a [progs, 32] slab
-        launch(_sum_partials, (cdiv(N, block_cols),),
+        launcher(_sum_partials)[(cdiv(N, block_cols),)](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
