@@ -41,7 +41,9 @@ def _mlp_step(mlp, x):
 def test_small_calls_run_the_original_mlp_on_the_gpu(monkeypatch, limit):
     # The record's default (2^23) and an override of 240 elements cover the 6 x 40 call: the original forward runs
     # (bit for bit HF's, and no Tigon op); 239 and 0 (off) leave it to the kernels.
-    if limit is not None:
+    if limit is None:  # the record's (conftest sets 0: the kernels, for every other test)
+        monkeypatch.delenv("TIGON_HOST_BOUND_ELEMENTS", raising=False)
+    else:
         monkeypatch.setenv("TIGON_HOST_BOUND_ELEMENTS", limit)
     monkeypatch.setattr(forwards, "_on_compiled_gpu", lambda x: True)
     hf, patched, _ = _models()
@@ -69,6 +71,7 @@ def test_off_the_gpu_the_kernels_run(monkeypatch):
 
 
 def test_threshold_is_the_records_and_reported(monkeypatch):
+    monkeypatch.delenv("TIGON_HOST_BOUND_ELEMENTS", raising=False)
     assert ops.get("swiglu").host_bound_elements == ops.get("geglu").host_bound_elements == 1 << 23
     _, _, report = _models()
     detail = {e.target: e.detail for e in report.replaced}
@@ -88,6 +91,8 @@ def test_bad_threshold_raises(monkeypatch):
     monkeypatch.setenv("TIGON_HOST_BOUND_ELEMENTS", "7")
     assert support.host_bound_elements(5) == 7
     monkeypatch.delenv("TIGON_HOST_BOUND_ELEMENTS")
+    assert support.host_bound_elements(5) == 5
+    monkeypatch.setenv("TIGON_HOST_BOUND_ELEMENTS", "")  # empty: unset
     assert support.host_bound_elements(5) == 5
 
 
