@@ -60,7 +60,9 @@ def test_off_by_default_and_under_the_interpreter(monkeypatch):
     _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2)
     assert [e[0] for e in k.log] == ["jit", "jit"]
     monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "1")
-    assert not _common.direct_launch_enabled()  # TRITON_INTERPRET=1 in these tests (or no CUDA): no launcher
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: True)
+    assert not _common.direct_launch_enabled()  # under the interpreter there is no compiled launcher
+    assert _common.launcher(k) is k
 
 
 def test_first_launch_compiles_then_the_launcher_is_called(direct):
