@@ -13,8 +13,16 @@ the op's forward and ``torch.autograd.grad`` with given output gradients, in us,
 1024 tokens (launch-bound) and Llama-3-8B's at 16384. For Tigon also the synchronising CUDA calls of one step
 (:func:`tigon.workflows.timing.sync_points`): none expected.
 ``--launch-probe``: the host cost of one Triton launch through ``JITFunction.__getitem__`` against a direct call of
-the compiled kernel's launcher, an empty ``torch.autograd.Function``'s forward + backward, ``torch.empty`` and
-one ATen op, as ``launch_probe`` in the JSON.
+the compiled kernel's launcher and against ``tigon.kernels._common.launch`` with ``TIGON_DIRECT_LAUNCH=1`` (its
+cached direct path), an empty ``torch.autograd.Function``'s forward + backward, ``torch.empty`` and one ATen op, as
+``launch_probe`` in the JSON.
+``--modules``: the patched modules, as ``modules`` rows: a one-layer model of each size, bf16, its MLP and input
+RMSNorm called on (4, tokens / 4, hidden) forward + backward, Hugging Face's (``hf``) against ``tigon.patch``'s
+(``tigon``: the default host-bound threshold, ``TIGON_HOST_BOUND_ELEMENTS`` unset; ``tigon_kernels``: threshold 0,
+the kernels at every size); run once with and once without ``TIGON_DIRECT_LAUNCH=1`` to see the launcher's share.
+
+    PYTHONPATH=src python3 benchmarks/host_issue.py --ops rms_norm,swiglu --providers eager,tigon --modules \
+        --launch-probe --out $OUT/host-modules_h200_<date>.json
 """
 
 import argparse
@@ -61,7 +69,17 @@ def launch_probe() -> dict:
 
     x = torch.randn(1024, 896, device=dev, requires_grad=True)
     g0 = torch.randn(1024, 896, device=dev)
+    import os
+
+    from tigon.kernels._common import launch
+
+    os.environ["TIGON_DIRECT_LAUNCH"] = "1"
+    try:
+        launch_tigon = issue_us(lambda: launch(k, (1,), *args, X=True, Y=False, BLOCK=1024, num_warps=4), 100)[0]
+    finally:
+        del os.environ["TIGON_DIRECT_LAUNCH"]
     return {
+        "launch_tigon_direct_us": launch_tigon,
         "triton": triton.__version__, "torch": torch.__version__,
         "launch_jit_us": issue_us(lambda: k[(1,)](*args, X=True, Y=False, BLOCK=1024, num_warps=4), 100)[0],
         "launch_direct_us": issue_us(lambda: ck.run(1, 1, 1, raw(0), ck.function, ck.packed_metadata, None, None,
@@ -72,12 +90,54 @@ def launch_probe() -> dict:
     }
 
 
+def module_rows(model: str, tokens: int) -> list[dict]:
+    """Host us per forward + backward of a one-layer ``model``'s MLP and input RMSNorm at ``tokens`` (batch 4):
+    Hugging Face's, patched (default host-bound threshold) and patched with the kernels at every size."""
+    import copy
+    import os
+
+    import tigon
+    from tigon.presets import build_config
+    from transformers import AutoModelForCausalLM
+
+    cfg = build_config(model, num_hidden_layers=1)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16)
+    patched = copy.deepcopy(hf)
+    tigon.patch(patched)
+    layer_hf, layer_tg = hf.model.layers[0], patched.model.layers[0]
+    x = torch.randn(4, tokens // 4, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    rows = []
+    for part in ("mlp", "input_layernorm"):
+        for provider, layer, limit in (("hf", layer_hf, None), ("tigon", layer_tg, None),
+                                       ("tigon_kernels", layer_tg, "0")):
+            mod = getattr(layer, part)
+            params = [p for p in mod.parameters()]
+            dout = torch.randn_like(mod(x))
+
+            def step():
+                torch.autograd.grad(mod(x), [x, *params], dout)
+
+            if limit is not None:
+                os.environ["TIGON_HOST_BOUND_ELEMENTS"] = limit
+            try:
+                us, waited = issue_us(step, 10 if tokens <= 1024 else 4)
+            finally:
+                os.environ.pop("TIGON_HOST_BOUND_ELEMENTS", None)
+            row = dict(module=part, size=f"{model}:{tokens}", provider=provider, host_fwd_bwd_us=us, waited=waited,
+                       direct_launch=os.environ.get("TIGON_DIRECT_LAUNCH", "0"))
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", default="rms_norm,swiglu,fused_add_rms_norm")
     ap.add_argument("--providers", default="eager,tigon,liger")
     ap.add_argument("--out", required=True)
     ap.add_argument("--launch-probe", action="store_true")
+    ap.add_argument("--modules", action="store_true", help="also the patched MLP and RMSNorm against HF's")
     args = ap.parse_args(argv)
     from tigon import ops
     from tigon.presets import build_config
@@ -90,6 +150,8 @@ def main(argv=None) -> None:
     if args.launch_probe:
         res["launch_probe"] = launch_probe()
         print(res["launch_probe"], flush=True)
+    if args.modules:
+        res["modules"] = [r for model, tokens in SIZES for r in module_rows(model, tokens)]
     for model, tokens in SIZES:
         shapes = shapes_from_config(build_config(model), tokens, batch=4)[0]
         for op in args.ops.split(","):

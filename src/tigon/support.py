@@ -87,6 +87,26 @@ def _env(name: str, default: str) -> str:
     return default if value is None else os.environ.decodevalue(value)
 
 
+def host_bound_elements(default: int) -> int:
+    """The host-bound threshold of a patched module (:attr:`tigon.ops.OpSpec.host_bound_elements`): ``default`` (the
+    op record's), or ``TIGON_HOST_BOUND_ELEMENTS`` when set (read per call: a run can sweep it; 0 turns the
+    choice off).
+
+    Raises:
+        ValueError: ``TIGON_HOST_BOUND_ELEMENTS`` is not an integer >= 0.
+    """
+    value = _env("TIGON_HOST_BOUND_ELEMENTS", "")
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"TIGON_HOST_BOUND_ELEMENTS must be an integer >= 0 (elements), got {value!r}")
+    return n
+
+
 def _strict_default() -> bool:
     return _env("TIGON_STRICT", "0") not in ("", "0", "false", "False")
 

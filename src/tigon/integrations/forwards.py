@@ -19,6 +19,7 @@ import threading
 import torch
 
 from .. import functional as TF
+from .. import support
 from .families import ACTIVATIONS, DecoderLayerSpec, MLPSpec, NormSpec
 
 MARK = "__tigon_patch__"
@@ -247,6 +248,55 @@ def _lora_mlp():
     return lora_mlp
 
 
+def _on_compiled_gpu(x: torch.Tensor) -> bool:
+    """Whether the kernels would run compiled on a CUDA GPU for ``x`` in eager mode (where the host-bound choice of
+    :func:`host_bound` applies; under the interpreter or torch.compile the kernels' host cost is not what it
+    saves)."""
+    return x.is_cuda and not torch.compiler.is_compiling() and not support.interpreter_enabled()
+
+
+def _intermediate(module, spec: MLPSpec) -> int | None:
+    """The MLP's intermediate size, from its gate (or fused gate-up) projection's ``out_features`` (None if absent)."""
+    if spec.gate_up is not None:
+        n = getattr(getattr(module, spec.gate_up), "out_features", None)
+        return n // 2 if isinstance(n, int) else None
+    n = getattr(getattr(module, spec.gate), "out_features", None)
+    return n if isinstance(n, int) else None
+
+
+def host_bound(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tensor) -> bool:
+    """Whether the patched MLP ``module`` runs its original forward for input ``x``: on a CUDA GPU in eager mode,
+    when its product has at most the ``host_bound_elements`` of its op's record (swiglu / geglu; see
+    :attr:`tigon.ops.OpSpec.host_bound_elements`) tokens x intermediate elements."""
+    if not _on_compiled_gpu(x):
+        return False
+    limit = support.host_bound_elements(_host_bound_default(act[0]))
+    if not limit or not x.dim():
+        return False
+    inter = _intermediate(module, spec)
+    return inter is not None and x.numel() // max(x.shape[-1], 1) * inter <= limit
+
+
+@functools.lru_cache(maxsize=None)
+def _host_bound_default(op: str) -> int:
+    """The record's :attr:`~tigon.ops.OpSpec.host_bound_elements` of ``op`` (read once)."""
+    from .. import ops
+
+    return ops.get(op).host_bound_elements
+
+
+def describe_host_bound(module, spec: MLPSpec) -> str:
+    """The patch report's sentence on the host-bound choice of a patched MLP ("" when its threshold is 0)."""
+    act = mlp_activation(module, spec) if module is not None else None
+    op = act[0] if isinstance(act, tuple) else "swiglu"
+    limit = support.host_bound_elements(_host_bound_default(op))
+    if not limit or spec.experts:
+        return ""
+    return (f"; on a CUDA GPU in eager mode, a call of at most {limit} tokens x intermediate elements runs the "
+            "original forward (ATen: less host time at sizes where the step waits on the host; the original's "
+            f"numerics; tigon.ops.get({op!r}).host_bound_elements, TIGON_HOST_BOUND_ELEMENTS overrides it)")
+
+
 @functools.lru_cache(maxsize=None)
 def mlp_forward(spec: MLPSpec, family: str, original):
     """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
@@ -267,13 +317,14 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     saved); otherwise (LoRA, quantised or hooked layers, or inside a non-reentrant activation checkpoint:
     :func:`under_checkpoint`) the module is called on the product. When gate, up and down are adapter layers that
     :func:`tigon.patch` fused (PEFT LoRA), the whole MLP may run as one node instead
-    (:func:`tigon.integrations.lora_mlp.fused_call`).
+    (:func:`tigon.integrations.lora_mlp.fused_call`). On a CUDA GPU, small calls run the original forward
+    (:func:`host_bound`).
     """
 
     @functools.wraps(original)
     def forward(self, x, *args, **kwargs):
         act = mlp_activation(self, spec)
-        if args or kwargs or isinstance(act, str):
+        if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x):
             return original(self, x, *args, **kwargs)
         if spec.gate_up is not None:
             proj = (getattr(self, spec.gate_up),)
@@ -445,7 +496,8 @@ def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
                 "that matmul)")
     else:
         fold = f"; {spec.down} is called on the product ({problem})"
-    return f"{spec.down}({name}({inner})){fold}" + (f"; {lora}" if lora is not None else "")
+    lora_note = f"; {lora}" if lora is not None else ""
+    return f"{spec.down}({name}({inner})){fold}{describe_host_bound(module, spec)}{lora_note}"
 
 
 # ---- rotary embedding ----------------------------------------------------------------------------------------

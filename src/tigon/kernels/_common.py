@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..support import interpreter_enabled
+from ..support import _env, interpreter_enabled
 
 # Largest row a single program holds in registers (elements). Rows longer than this are rejected by the
 # row-wise ops with a clear error rather than spilling catastrophically.
@@ -112,6 +112,133 @@ def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int =
     if not compiled_cuda(device):
         target_elems = 1 << 16
     return max(1, min(64, target_elems // n_cols_pow2))
+
+
+# ---- launching a Triton kernel -------------------------------------------------------------------------------
+# ``kernel[grid](*args)`` costs ~22 us of host time per launch on the H200 with triton 3.6 (benchmarks/host_issue.py
+# --launch-probe), the compiled kernel's own launcher ~10 us: the rest is JITFunction.run's per-call Python (knob and
+# environment reads, the cache key's str(options), the launch-hook metadata). :func:`launch` (what
+# ``launcher(kernel)[grid](...)`` calls at the launch sites when it is on) can skip it: it binds
+# and specializes the arguments with the kernel's own binder (the function JITFunction.run calls, so the
+# specialization is Triton's exactly: dtypes, 16-byte alignment, ints equal to 1 or divisible by 16), looks the
+# compiled kernel up by that specialization and the launch options, and calls its launcher as JITFunction.run does,
+# without launch hooks. The first launch of each specialization, and every launch while a launch hook (a profiler
+# such as proton) or a pre-run hook is registered, goes through ``kernel[grid]`` itself. Triton's debug and
+# instrumentation knobs must then not change while the process runs (they are part of Triton's key, not of this
+# one). The objects it relies on are private (``JITFunction.device_caches``, the binder, ``CompiledKernel.run``;
+# their shape is the same in triton 3.6 and 3.9): any difference found on the first launch turns the direct path off
+# for the process, with a warning, and ``kernel[grid]`` runs. Off by default: ``TIGON_DIRECT_LAUNCH=1`` turns it on
+# (compiled CUDA kernels only; under the interpreter there is no compiled launcher).
+_DIRECT_ATTR = "_tigon_direct_launchers"
+"""The attribute of a JITFunction holding its direct launchers: {(device, specialization, options): (launcher,
+function, packed metadata)} (on the kernel: a JITFunction's own hash hashes its source)."""
+_direct_broken: list[str] = []
+"""Why the direct path was turned off for this process (empty while it is usable)."""
+
+
+def direct_launch_enabled() -> bool:
+    """Whether :func:`launch` calls compiled kernels' launchers directly (``TIGON_DIRECT_LAUNCH=1``, Triton's
+    interpreter off, and no incompatibility found in this Triton)."""
+    return _env("TIGON_DIRECT_LAUNCH", "0") == "1" and not _direct_broken and not interpreter_enabled()
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+def _current_stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+_knobs_runtime: list = []
+
+
+def _launch_hooks_active() -> bool:
+    """Whether a Triton launch hook is registered (a profiler): those launches go through ``kernel[grid]``. Hooks are
+    ``HookChain`` objects in triton 3.6 and 3.9 (registered: a non-empty ``calls``), None or a function before."""
+    if not _knobs_runtime:
+        from triton import knobs
+
+        _knobs_runtime.append(knobs.runtime)
+    rt = _knobs_runtime[0]
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool(getattr(enter, "calls", enter is not None) or getattr(leave, "calls", leave is not None))
+
+
+def launcher(kernel):
+    """What a launch site indexes and calls, ``launcher(kernel)[grid](*args, **kwargs)``: ``kernel`` itself, or with
+    direct launching on (:func:`direct_launch_enabled`) a stand-in launched the same way through :func:`launch`.
+    Off, this costs one call and one environment read (a wrapper taking the arguments would repack them: ~1.5 us
+    of host time per launch)."""
+    if _env("TIGON_DIRECT_LAUNCH", "0") != "1" or not direct_launch_enabled():
+        return kernel
+    return _DirectLauncher(kernel)
+
+
+class _DirectLauncher:
+    """``kernel[grid](*args, **kwargs)`` through :func:`launch`."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        kernel = self.kernel
+        return lambda *args, **kwargs: launch(kernel, grid, *args, **kwargs)
+
+
+def launch(kernel, grid: tuple, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``: a Triton kernel launch, through its compiled launcher directly when
+    :func:`direct_launch_enabled` (see the comment above; the same kernel, arguments and grid either way).
+
+    ``grid``: a tuple of one to three ints. Returns what ``kernel[grid]`` returns, or None from the direct path.
+    """
+    if not direct_launch_enabled() or type(grid) is not tuple or getattr(kernel, "pre_run_hooks", True):
+        return kernel[grid](*args, **kwargs)
+    try:
+        device = _current_device()
+        bound, spec, options = kernel.device_caches[device][-1](*args, **kwargs)
+        key = (device, tuple(spec), tuple(options.items()))
+        cache = kernel.__dict__.get(_DIRECT_ATTR)
+        entry = cache.get(key) if cache is not None else None
+    except Exception as e:  # noqa: BLE001 - any difference in Triton's private objects: the public path from now on
+        _turn_off_direct(f"binding the arguments failed ({type(e).__name__}: {e})")
+        return kernel[grid](*args, **kwargs)
+    if entry is None or _launch_hooks_active():
+        compiled = kernel[grid](*args, **kwargs)
+        if entry is None:
+            _remember(kernel, key, compiled)
+        return compiled
+    run, function, metadata = entry
+    n = len(grid)
+    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _current_stream(device), function, metadata,
+        None, None, None, *bound.values())
+    return None
+
+
+def _remember(kernel, key, compiled) -> None:
+    """Cache the launcher of ``compiled`` (what ``kernel[grid]`` returned on a first launch) under ``key``."""
+    try:
+        if hasattr(compiled, "result"):  # (an asynchronous compilation's future, triton 3.6)
+            compiled = compiled.result()
+        entry = (compiled.run, compiled.function, compiled.packed_metadata)
+        if not callable(entry[0]) or entry[1] is None:
+            raise TypeError("no loaded launcher / function on the compiled kernel")
+        hash(key)
+    except Exception as e:  # noqa: BLE001
+        _turn_off_direct(f"the compiled kernel has no usable launcher ({type(e).__name__}: {e})")
+        return
+    kernel.__dict__.setdefault(_DIRECT_ATTR, {})[key] = entry
+
+
+def _turn_off_direct(reason: str) -> None:
+    import warnings
+
+    if not _direct_broken:
+        _direct_broken.append(reason)
+        warnings.warn(f"TIGON_DIRECT_LAUNCH: {reason}; Triton kernels are launched through kernel[grid] from now on",
+                      RuntimeWarning, stacklevel=3)
 
 
 def once_differentiable(backward):

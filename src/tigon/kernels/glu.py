@@ -35,7 +35,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, once_differentiable
+from ._common import CUSTOM_OP_TAGS, launcher, once_differentiable
 from .elementwise import as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3}
@@ -140,7 +140,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
         return out
     M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
-    _glu_fwd[grid](
+    launcher(_glu_fwd)[grid](
         g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
@@ -173,7 +173,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
     block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
-    _glu_bwd[grid](
+    launcher(_glu_bwd)[grid](
         dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,
@@ -271,13 +271,28 @@ def _saved_gate_up(ctx, name: str, writes: bool):
     return ctx.saved_tensors
 
 
+def _in(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t.to(dtype)``, without the call when it already has that dtype (``Tensor.to`` costs ~0.5 us of host time
+    even when it returns ``t`` itself)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is enabled for ``device``'s type: only then do the matmuls below need an
+    ``autocast(enabled=False)`` region (entering and leaving one costs ~5 us of host time)."""
+    dev = device.type
+    return dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)
+
+
 def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype, gm: float = 1.0,
                        dm: float = 1.0) -> torch.Tensor:
     """``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast
     dtype)."""
     y = glu_forward(gate, up, activation, gm, dm)
+    if not _autocast_on(gate.device):
+        return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
     with torch.autocast(gate.device.type, enabled=False):
-        return torch.nn.functional.linear(y.to(cd), weight.to(cd), bias.to(cd) if bias is not None else None)
+        return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
 
 
 def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype, need: tuple[bool, bool, bool, bool],
@@ -290,18 +305,29 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
     backward allocates no more than the unfused one (dy).
     """
     need_g, need_u, need_w, need_b = need
-    d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
-    with torch.autocast(gate.device.type, enabled=False):
-        if need_g or need_u:
-            dy = torch.mm(d2, weight.to(cd)).to(gate.dtype).view(gate.shape)
-            dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
-            product = dy
-        else:
-            dgate = dup = None
-            product = glu_forward(gate, up, activation, gm, dm) if need_w else None
-        dw = torch.mm(d2.t(), product.reshape(d2.shape[0], gate.shape[-1]).to(cd)).to(weight.dtype) if need_w else None
+    d2 = _in(dout.reshape(-1, dout.shape[-1]), cd)
+    if _autocast_on(gate.device):  # (a backward run on the caller's thread, as on CPU, sees its autocast state)
+        with torch.autocast(gate.device.type, enabled=False):
+            dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
+    else:
+        dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
     db = d2.sum(0) if need_b else None
     return (dgate if need_g else None), (dup if need_u else None), dw, db
+
+
+def _glu_linear_grads(d2, gate, up, weight, activation: str, cd: torch.dtype, need, inplace: bool, gm: float = 1.0,
+                      dm: float = 1.0):
+    """(d_gate, d_up, d_weight) of :func:`glu_linear_backward`, from ``d2`` = dout as (tokens, H) rows in ``cd``."""
+    need_g, need_u, need_w, _ = need
+    if need_g or need_u:
+        dy = _in(torch.mm(d2, _in(weight, cd)), gate.dtype).view(gate.shape)
+        dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
+        product = dy
+    else:
+        dgate = dup = None
+        product = glu_forward(gate, up, activation, gm, dm) if need_w else None
+    dw = _in(torch.mm(d2.t(), _in(product.reshape(d2.shape[0], gate.shape[-1]), cd)), weight.dtype) if need_w else None
+    return dgate, dup, dw
 
 
 class GLULinearFunction(torch.autograd.Function):

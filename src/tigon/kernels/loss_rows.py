@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from . import target_check
-from ._common import cdiv, next_pow2, rows_per_program, warps_for
+from ._common import cdiv, launcher, next_pow2, rows_per_program, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -446,7 +446,7 @@ def ce_rows_forward(
     target_check.raise_if_seen()
     write_grad = grad_scales is not None
     dx = grad_out if write_grad else x
-    _ce_fwd_kernel[(cdiv(n, block_m),)](
+    launcher(_ce_fwd_kernel)[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else out_stats, cw_sum if cw_sum is not None else out_stats,
         grad_scales if write_grad else out_stats, dx, dx.stride(0),
         out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss,
@@ -472,8 +472,8 @@ def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return x
     block_m, block_v, warps = _blocks(n, vocab, x.device)
-    _scale_kernel[(cdiv(n, block_m),)](x, x.stride(0), n, vocab, g.reshape(()), BLOCK_M=block_m, BLOCK_V=block_v,
-                                       num_warps=warps)
+    launcher(_scale_kernel)[(cdiv(n, block_m),)](x, x.stride(0), n, vocab, g.reshape(()), BLOCK_M=block_m,
+                                                 BLOCK_V=block_v, num_warps=warps)
     return x
 
 
@@ -499,7 +499,7 @@ def ce_rows_backward(
         return
     target_check.raise_if_seen()
     block_m, block_v, warps = _blocks(n, vocab, x.device)
-    _ce_bwd_kernel[(cdiv(n, block_m),)](
+    launcher(_ce_bwd_kernel)[(cdiv(n, block_m),)](
         x, x.stride(0), target, cw if cw is not None else stats, cw_sum if cw_sum is not None else stats,
         stats, coef, coef.stride(0) if coef.dim() else 0, scale if scale is not None else stats, dx, dx.stride(0),
         n, vocab, int(vocab if n_classes is None else n_classes), int(opts.ignore_index),
@@ -544,7 +544,7 @@ def reduce_losses(
         any_t = next(t for t in (scale, acc) if t is not None)
         n = target.shape[0]
         block = min(max(next_pow2(n), 16), 4096)  # one program: 65,536 tokens are 16 steps
-        _reduce_kernel[(1,)](
+        launcher(_reduce_kernel)[(1,)](
             target, cw if cw is not None else any_t,
             num_items_in_batch.reshape(()) if items_tensor else any_t,
             loss_rows if sums else any_t, z_rows if sums else any_t, correct if correct is not None else any_t,

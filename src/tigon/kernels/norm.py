@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    cdiv, check_row_width, compiled_cuda, next_pow2, num_programs_hint, rows, rows_per_program, sm_count, warps_for,
+    cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program, sm_count,
+    warps_for,
 )
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
@@ -394,7 +395,7 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N
-    _norm_fwd[(cdiv(M, block_m),)](
+    launcher(_norm_fwd)[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
@@ -471,10 +472,10 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
         raise ValueError(f"gated RMSNorm: rows of {N} elements are wider than the kernel's {REGISTER_ROW}")
     if wide:
         chunk = min(4096, block_n)
-        _norm_bwd_wide[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
+        launcher(_norm_bwd_wide)[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
         g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
-        _norm_bwd[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+        launcher(_norm_bwd)[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
                             HAS_GATE=gate is not None, num_warps=warps)
@@ -482,7 +483,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     db = torch.empty(N, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         block_cols = min(next_pow2(N), 32)  # many programs: N/32 of them, each summing a [progs, 32] slab
-        _sum_partials[(cdiv(N, block_cols),)](
+        launcher(_sum_partials)[(cdiv(N, block_cols),)](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)

@@ -49,7 +49,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, launcher, next_pow2, once_differentiable, or_empty
 
 
 @triton.jit
@@ -230,7 +230,7 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs in (PAIRS_INTERLEAVED, PAIRS_EXPANDED)
     if backward:  # the transpose reads the output's layout and writes the input's
         pairs_in, pairs_out = pairs_out, pairs_in
-    _rope_kernel[(progs_q + cdiv(nk, block_r),)](
+    launcher(_rope_kernel)[(progs_q + cdiv(nk, block_r),)](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
         0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2], sc_s, ss_s,
         HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,

@@ -176,6 +176,13 @@ class OpSpec:
         ops, whose kernel is a fusion barrier that costs more than it saves there).
     leading_dims: the inputs that take any leading dimensions, (..., N) for the (tokens, N) that ``make_inputs``
         builds (the norms' x, the GLUs' gate and up); the property tests view their tokens as (batch, seq, N).
+    host_bound_elements: the size (elements of the op's first input: the GLUs' tokens x intermediate) at or below
+        which a module patched by ``tigon.patch`` runs on a CUDA GPU the original module's own code (its ATen ops,
+        whose C++ autograd nodes cost the host less than the op's Python ``autograd.Function`` and Triton launches)
+        instead of the kernels: sizes where a training step waits on the host, not on the kernels, so the original's
+        extra memory passes cost less than the host time saved. The original's numerics exactly, as unpatched.
+        0: always the kernels. ``TIGON_HOST_BOUND_ELEMENTS`` overrides it for every op (0 turns it off), for
+        measuring; the patch report states the threshold.
     """
 
     name: str
@@ -202,8 +209,11 @@ class OpSpec:
     sweeps: tuple[str, ...] = ("tokens",)
     under_compile: str = "kernel"
     leading_dims: tuple[str, ...] = ()
+    host_bound_elements: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.host_bound_elements, int) or self.host_bound_elements < 0:
+            raise ValueError(f"{self.name}: host_bound_elements must be an int >= 0, got {self.host_bound_elements!r}")
         if self.under_compile not in UNDER_COMPILE:
             raise ValueError(f"{self.name}: under_compile must be one of {UNDER_COMPILE}, got {self.under_compile!r}")
         if (self.min_bytes is None) == (self.flops is None):

@@ -35,6 +35,8 @@ def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
     if not inplace_backward:
         return False
     for t in tensors:
+        if t.is_contiguous():  # owns each of its elements (and skips the sort: ~2 us of host time a tensor)
+            continue
         extent = 1
         for size, stride in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
             if stride < extent:
@@ -242,6 +244,16 @@ _NOTES = {"tigon_inplace": ("inplace_backward=True: the backward writes the grad
                             "(as in a model, where they replace the projections' outputs); repeated calls run on "
                             "overwritten inputs (same work, other values)")}
 
+HOST_BOUND_GLU = 1 << 23
+"""The GLU records' :attr:`~tigon.ops.OpSpec.host_bound_elements`: a patched MLP whose product has at most 2^23
+elements (tokens x intermediate: 1024 tokens of Llama-3.2-1B's 8192, 1724 of Qwen2.5-0.5B's 4864) runs the
+original MLP on a CUDA GPU. H200, host issue time per forward + backward at 1024 x 4864 (benchmarks/host_issue.py):
+eager silu * up 110 us, Tigon's swiglu 202 us (an autograd.Function, 88.5 us empty, and two Triton launches); the
+kernel saves 6 of eager's 14 passes over (tokens, intermediate) bf16 tensors, 6 x 2 x 2^23 B / 4.3 TB/s = 23 us
+of GPU time at this size, a quarter of the host time it costs: below it a step that waits on the host gains,
+and one that waits on the GPU loses little. (The break-even of the op alone is near 2^25.) To be tuned on the GPU
+with ``TIGON_HOST_BOUND_ELEMENTS`` (e2e rows of small models)."""
+
 RECORDS = (
     OpSpec(
         name="swiglu",
@@ -251,6 +263,7 @@ RECORDS = (
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_swiglu", "gate", "up")},
         cases=(Case(), _FALCON_H1, _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
+        host_bound_elements=HOST_BOUND_GLU,
     ),
     OpSpec(
         name="geglu",
@@ -261,7 +274,7 @@ RECORDS = (
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_geglu", "gate", "up")},  # Liger's geglu is the tanh GELU
         cases=(Case("approximate=tanh", options={"approximate": "tanh"}), _INPLACE), bench_notes=_NOTES,
-        leading_dims=("gate", "up"),
+        leading_dims=("gate", "up"), host_bound_elements=HOST_BOUND_GLU,
     ),
     # The patched MLP's down projection of the product: matmul-bound; eager / Liger keep the (tokens, intermediate)
     # product for the backward, Tigon recomputes it (the peak memory shows it).

@@ -1,0 +1,122 @@
+"""tigon.kernels._common.launch: the cached direct launch of compiled Triton kernels (``TIGON_DIRECT_LAUNCH=1``).
+
+There is no compiled launcher under the interpreter, so these tests drive the cache and fallback logic with a fake
+kernel shaped like Triton's JITFunction (its ``device_caches`` binder, ``kernel[grid]`` returning a compiled kernel
+with ``run`` / ``function`` / ``packed_metadata``); the launch itself is checked on the GPU (benchmarks/host_issue.py
+and the test-suite with ``TIGON_DIRECT_LAUNCH=1``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tigon.kernels import _common
+
+
+class FakeCompiled:
+    def __init__(self, log):
+        self.log, self.function, self.packed_metadata = log, "fn", "meta"
+
+    def run(self, *a):
+        self.log.append(("direct", a))
+
+
+class FakeKernel:
+    """Specializes on whether each int argument is 1 and on the constexprs' values, as Triton's binder does (a
+    coarse stand-in)."""
+
+    def __init__(self):
+        self.log, self.pre_run_hooks = [], []
+        self.compiled = FakeCompiled(self.log)
+
+        def binder(*args, **kwargs):
+            opts = {k: v for k, v in kwargs.items() if k == "num_warps"}
+            params = {**{f"a{i}": a for i, a in enumerate(args)}, **{k: v for k, v in kwargs.items() if k not in opts}}
+            consts = [("constexpr", v) for k, v in kwargs.items() if k not in opts]
+            return params, [("i32", "1" if a == 1 else None) for a in args] + consts, opts
+
+        self.device_caches = {0: ({}, {}, None, None, binder)}
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("jit", grid, args))
+            return self.compiled
+        return run
+
+
+@pytest.fixture
+def direct(monkeypatch):
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(_common, "_current_device", lambda: 0)
+    monkeypatch.setattr(_common, "_current_stream", lambda device: 77)
+    monkeypatch.setattr(_common, "_direct_broken", [])
+    monkeypatch.setattr(_common, "_launch_hooks_active", lambda: False)
+
+
+def test_off_by_default_and_under_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TIGON_DIRECT_LAUNCH", raising=False)
+    k = FakeKernel()
+    _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2)
+    _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2)
+    assert [e[0] for e in k.log] == ["jit", "jit"]
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: True)
+    assert not _common.direct_launch_enabled()  # under the interpreter there is no compiled launcher
+    assert _common.launcher(k) is k
+
+
+def test_first_launch_compiles_then_the_launcher_is_called(direct):
+    k = FakeKernel()
+    assert _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2) is k.compiled
+    assert _common.launch(k, (3, 2), 7, 8, BLOCK=4, num_warps=2) is None  # same specialization: direct
+    assert k.log[0] == ("jit", (3,), (5, 6))
+    assert k.log[1] == ("direct", (3, 2, 1, 77, "fn", "meta", None, None, None, 7, 8, 4))
+    _common.launch(k, (3,), 1, 6, BLOCK=4, num_warps=2)  # another specialization (an int equal to 1): compiles
+    _common.launch(k, (3,), 5, 6, BLOCK=8, num_warps=2)  # another constexpr
+    _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=4)  # another option
+    assert [e[0] for e in k.log[2:]] == ["jit", "jit", "jit"]
+    _common.launch(k, (1, 1, 9), 1, 6, BLOCK=4, num_warps=2)
+    assert k.log[-1] == ("direct", (1, 1, 9, 77, "fn", "meta", None, None, None, 1, 6, 4))
+
+
+def test_hooks_and_callable_grids_take_kernel_grid(direct, monkeypatch):
+    k = FakeKernel()
+    _common.launch(k, (3,), 5, 6, BLOCK=4)
+    monkeypatch.setattr(_common, "_launch_hooks_active", lambda: True)  # a profiler's launch hook
+    _common.launch(k, (3,), 5, 6, BLOCK=4)
+    monkeypatch.setattr(_common, "_launch_hooks_active", lambda: False)
+    _common.launch(k, lambda meta: (3,), 5, 6, BLOCK=4)
+    k.pre_run_hooks.append(print)
+    _common.launch(k, (3,), 5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit"] * 4
+
+
+def test_an_unexpected_triton_turns_it_off_with_a_warning(direct):
+    k = FakeKernel()
+    k.device_caches = {}  # private layout changed
+    with pytest.warns(RuntimeWarning, match="TIGON_DIRECT_LAUNCH: binding the arguments failed"):
+        _common.launch(k, (3,), 5, 6, BLOCK=4)
+    assert not _common.direct_launch_enabled()
+    _common.launch(k, (3,), 5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit", "jit"]
+    k2 = FakeKernel()
+    k2.compiled.function = None  # no loaded function on the compiled kernel
+    _common._direct_broken.clear()
+    with pytest.warns(RuntimeWarning, match="no usable launcher"):
+        _common.launch(k2, (3,), 5, 6, BLOCK=4)
+    assert not _common.direct_launch_enabled()
+
+
+def test_launch_hooks_read_from_triton():
+    assert _common._launch_hooks_active() is False
+
+
+def test_launcher_is_the_kernel_itself_while_off(monkeypatch, direct):
+    k = FakeKernel()
+    via = _common.launcher(k)
+    assert via is not k
+    via[(3,)](5, 6, BLOCK=4)
+    via[(3,)](5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit", "direct"]
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "0")
+    assert _common.launcher(k) is k  # the launch sites index and call the kernel as before: no extra layer
