@@ -76,8 +76,9 @@ def test_dyt_strided_parameters(device):
 
 
 def test_dyt_several_programs_and_column_blocks(device, monkeypatch):
-    # The backward's persistent grid with several row programs (a partial last one) and column blocks, so every
-    # partial reduction (dgamma, dbeta rows; dalpha scalars) sums more than one program; small forward tiles too.
+    # The backward's persistent grid with several row programs (a partial last one) each walking several column
+    # chunks (and prefetching past its last row), so every partial column (dgamma, dbeta, dalpha) sums more than one
+    # program; small forward tiles too.
     from tigon.kernels import dyt, elementwise
 
     monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev: (2, 32, 3, 4))
