@@ -48,6 +48,28 @@ def test_group_norm_without_weight_or_bias(device, affine):
     assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads))
 
 
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
+def test_group_norm_flags_bf16_and_no_positions(device, affine):
+    # the kernels' HAS_W / HAS_B flags (w = 1, b = 0 without a materialised tensor) in bf16, against torch's own
+    # group_norm at that dtype, and a (B, C) input (one position a channel row, several groups a tile)
+    grads = ["X"] + [g for g, on in zip(GRADS[1:], affine) if on]
+    for shape, groups in (((3, 8, 10), 4), ((5, 12), 3)):
+        inputs = make(shape, groups, torch.bfloat16, device, affine)
+        assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=2.0))
+
+
+def test_group_norm_many_channels_a_group_few_positions(device, monkeypatch):
+    # tiles of many channel rows of few positions, in groups wider than the tile allows (``_cap_rows`` lowers the
+    # rows a tile so that each row's read of its group's Cg sums stays bounded): rows of one tile in several groups
+    from tigon.kernels import elementwise, group_norm as k
+
+    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
+    monkeypatch.setattr(k, "tile_elems", lambda dev: 64)
+    assert k._cap_rows(64, 32, torch.device(device)) == 2
+    inputs = make((2, 96, 3), 3, torch.float32, device)
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, GRADS))
+
+
 def test_group_norm_chunked_rows_and_strided_input(device, monkeypatch):
     # channel rows wider than a step of _channel_sums (forced small here): its two-pass loop; a channels-last view
     # (copied once) and a non-contiguous batch; the caller's tensors are left as they were
