@@ -38,7 +38,7 @@ from unittest import mock
 FIELDS = {
     "fwd_rows": ("fwd_config", 0), "fwd_warps": ("fwd_config", 1),
     "bwd_rows": ("bwd_config", 0), "bwd_progs": ("bwd_config", 1), "bwd_warps": ("bwd_config", 2),
-    "bwd_db_by_columns": ("bwd_config", 3),
+    "bwd_db_by_columns": ("bwd_config", 3), "bwd_block_n": ("bwd_config", 3),  # (norm's; dyt's)
 }
 
 
@@ -92,6 +92,11 @@ SPACE: dict[str, list[Study]] = {
         Study("backward of rows of 16384: warps x dB by a separate column sum", "norm",
               (llama(16384, hidden_size=16384),), {"bwd_warps": (8, 16, 32), "bwd_db_by_columns": (False, True)},
               kernel="_norm_bwd"),
+    ],
+    "dyt": [
+        Study("backward at Llama-3 rows of 4096 (one pass over x and dy, the next tile prefetched): persistent "
+              "programs x rows per tile x warps", "dyt", (llama(16384),),
+              {"bwd_progs": (132, 264, 528), "bwd_rows": (1, 2), "bwd_warps": (4, 8, 16)}, kernel="_dyt_bwd"),
     ],
     "rope": [
         Study("row tiles at Llama-3 heads (32 q / 8 kv, D=128): elements per half-tile x warps", "rope",

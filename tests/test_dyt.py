@@ -81,7 +81,7 @@ def test_dyt_several_programs_and_column_blocks(device, monkeypatch):
     # program; small forward tiles too.
     from tigon.kernels import dyt, elementwise
 
-    monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev: (2, 32, 3, 4))
+    monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev: (2, 3, 4, 32))
     monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
     for shape in [(11, 100), (2, 5, 40)]:
         assert_close_to_truth(compare(F.dyt, ref.dyt_original, make(shape, torch.float32, device), GRADS))

@@ -144,7 +144,8 @@ def dyt_forward(x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta:
 
 
 def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, programs, num_warps) of the backward.
+    """(BLOCK_M, programs, num_warps, BLOCK_N) of the backward (the norms' order, so that benchmarks/tune.py's
+    ``bwd_rows`` / ``bwd_progs`` / ``bwd_warps`` knobs set them; ``bwd_block_n`` the last).
 
     Rows of up to 4096 columns whole (wider ones in 4096-column chunks that each program walks in turn: no second
     grid dimension, so one dalpha partial per program), about 4096 elements a tile (:func:`rows_per_program`, the
@@ -157,7 +158,7 @@ def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int
     block_n = min(next_pow2(N), 4096 if compiled_cuda(device) else 1 << 14)
     block_m = rows_per_program(block_n, device, target_elems=4096)
     progs = max(1, min(num_programs_hint(device), cdiv(M, 8 * block_m)))
-    return block_m, block_n, progs, warps_for(block_m * block_n)
+    return block_m, progs, warps_for(block_m * block_n), block_n
 
 
 def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, has_beta: bool,
@@ -177,7 +178,7 @@ def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: 
     if M == 0:
         return (dx, torch.zeros_like(alpha), torch.zeros(N, dtype=gamma.dtype, device=dev),
                 torch.zeros(N, dtype=db_dtype, device=dev) if has_beta else None)
-    block_m, block_n, progs, warps = bwd_config(M, N, dev)
+    block_m, progs, warps, block_n = bwd_config(M, N, dev)
     per_prog = cdiv(cdiv(M, progs), block_m) * block_m
     progs = cdiv(M, per_prog)
     W = (2 if has_beta else 1) * N + 1  # [dgamma | dbeta | dalpha] partials, one row per program
