@@ -95,8 +95,9 @@ SPACE: dict[str, list[Study]] = {
     ],
     "dyt": [
         Study("backward at Llama-3 rows of 4096 (one pass over x and dy, the next tile prefetched): persistent "
-              "programs x rows per tile x warps", "dyt", (llama(16384),),
-              {"bwd_progs": (132, 264, 528), "bwd_rows": (1, 2), "bwd_warps": (4, 8, 16)}, kernel="_dyt_bwd"),
+              "programs x columns a tile x warps", "dyt", (llama(16384),),
+              {"bwd_progs": (132, 264, 396), "bwd_block_n": (1024, 2048, 4096), "bwd_warps": (4, 8, 16)},
+              kernel="_dyt_bwd"),
     ],
     "rope": [
         Study("row tiles at Llama-3 heads (32 q / 8 kv, D=128): elements per half-tile x warps", "rope",

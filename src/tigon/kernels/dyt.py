@@ -147,18 +147,19 @@ def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int
     """(BLOCK_M, programs, num_warps, BLOCK_N) of the backward (the norms' order, so that benchmarks/tune.py's
     ``bwd_rows`` / ``bwd_progs`` / ``bwd_warps`` knobs set them; ``bwd_block_n`` the last).
 
-    Rows of up to 4096 columns whole (wider ones in 4096-column chunks that each program walks in turn: no second
-    grid dimension, so one dalpha partial per program), about 4096 elements a tile (:func:`rows_per_program`, the
-    norms' choice; with the prefetched tile and the three fp32 accumulators that is ~130 registers a thread at 8
-    warps), and the persistent grid of :func:`num_programs_hint` (2 per SM), fewer when each would get fewer than 8
-    tiles (each program's partial row costs a (W,) write and read). Not measured on a GPU yet: the norms' backward
-    with this layout (prefetch, persistent grid) reached 52-79% of copy bandwidth; the previous layout here (column
-    blocks of 1024, no prefetch) ran the H200 bf16 16384 x 4096 backward in 0.396 ms (Liger 0.275).
+    Rows of up to 2048 columns whole, wider ones in 2048-column chunks that each program walks in turn (no second
+    grid dimension, so one dalpha partial per program); tiles of about 2048 elements (:func:`rows_per_program`) at 8
+    warps, i.e. 8 elements a thread: with the prefetched tile and the three fp32 accumulators that compiles to ~80
+    registers (sm_90, bf16; 16 elements a thread take ~170, which leaves room for one program of 8 warps per SM: the
+    previous layout here, [4, 1024] tiles at 8 warps without the prefetch, 182 registers, ran the H200 bf16 16384 x
+    4096 backward in 0.396 ms against Liger's 0.275). The persistent grid of :func:`num_programs_hint` (2 per SM, 16
+    warps), fewer when each would get fewer than 8 tiles (each program's partial row costs a (W,) write and read).
+    Not measured on a GPU yet (benchmarks/tune.py's dyt study sweeps programs, BLOCK_N and warps).
     """
-    block_n = min(next_pow2(N), 4096 if compiled_cuda(device) else 1 << 14)
-    block_m = rows_per_program(block_n, device, target_elems=4096)
+    block_n = min(next_pow2(N), 2048 if compiled_cuda(device) else 1 << 14)
+    block_m = rows_per_program(block_n, device, target_elems=2048)
     progs = max(1, min(num_programs_hint(device), cdiv(M, 8 * block_m)))
-    return block_m, progs, warps_for(block_m * block_n), block_n
+    return block_m, progs, 8, block_n
 
 
 def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, has_beta: bool,
