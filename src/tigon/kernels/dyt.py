@@ -116,7 +116,7 @@ def _dyt_sum_partials(PART, DG, DB, DA, P, N, W, HAS_DB: tl.constexpr, BLOCK_P: 
     """The column sums of PART (P, W) fp32 (``_dyt_bwd``'s partial rows), each rounded once: columns [0, N) into DG
     (N,), [N, 2N) into DB (N,) (HAS_DB), W - 1 into DA (one element); in their dtypes."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    s = _column_sums(PART, P, W, cols, cols < W, BLOCK_P)
+    s = _column_sums(PART, P, W, cols, cols < W, BLOCK_P, BLOCK_N)
     tl.store(DG + cols, s.to(DG.dtype.element_ty), mask=cols < N)
     if HAS_DB:
         tl.store(DB + (cols - N), s.to(DB.dtype.element_ty), mask=(cols >= N) & (cols < 2 * N))

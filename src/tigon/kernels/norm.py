@@ -258,10 +258,10 @@ def _norm_bwd_wide(
 
 
 @triton.jit
-def _column_sums(PART, P, N, cols, cmask, BLOCK_P: tl.constexpr):
-    """fp32 sums over the P rows of PART (P, N) fp32 (row stride N) at ``cols`` (masked by ``cmask``), the rows added
-    BLOCK_P at a time in a fixed order (deterministic)."""
-    acc = tl.zeros(cols.shape, dtype=tl.float32)
+def _column_sums(PART, P, N, cols, cmask, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """fp32 sums over the P rows of PART (P, N) fp32 (row stride N) at ``cols`` ([BLOCK_N], masked by ``cmask``), the
+    rows added BLOCK_P at a time in a fixed order (deterministic)."""
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         ps = p0 + tl.arange(0, BLOCK_P)
         mask = (ps < P)[:, None] & cmask[None, :]
@@ -277,9 +277,11 @@ def _sum_partials(DW_PART, DB_PART, DW, DB, P, N, HAS_DW: tl.constexpr, HAS_DB: 
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     if HAS_DW:  # fp32 sums, rounded once to dW's dtype (the weight's)
-        tl.store(DW + cols, _column_sums(DW_PART, P, N, cols, cmask, BLOCK_P).to(DW.dtype.element_ty), mask=cmask)
+        dw = _column_sums(DW_PART, P, N, cols, cmask, BLOCK_P, BLOCK_N)
+        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=cmask)
     if HAS_DB:
-        tl.store(DB + cols, _column_sums(DB_PART, P, N, cols, cmask, BLOCK_P).to(DB.dtype.element_ty), mask=cmask)
+        db = _column_sums(DB_PART, P, N, cols, cmask, BLOCK_P, BLOCK_N)
+        tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=cmask)
 
 
 def _persistent_programs(device: torch.device) -> int:
