@@ -9,7 +9,9 @@ row b holds the Cg = C / G channel rows ``b*C + g*Cg .. + Cg``, so N = Cg * S el
     dw[c] = sum_{b, positions} dy * xhat        db[c] = sum_{b, positions} dy
 
 Both directions are two passes over the channel rows, each a kernel of this module, and nothing else but the
-backward's dw / db sum: a forward is 2 launches, a backward 3, and no small tensor operations between them.
+backward's dw / db sum: a forward is 2 launches, a backward 3, and no small tensor operations between them. A
+forward whose groups fit one tile (``FUSED_GROUP`` elements) is one launch instead, ``_group_fwd``: a program per
+group holds it in registers, forms the channel statistics (stored for the backward), the group's, and writes y.
 
 1. ``_channel_sums``: per channel row, forward its mean and the sum of squared deviations from it (two passes over
    the row, or one from registers when the row fits one tile), backward ``sum(dy)`` and ``sum(dy * xhat)``. These
@@ -26,10 +28,10 @@ dw and db are the (B, C) backward sums reduced over B by the norms' partial-sum 
 (:func:`tigon.kernels.norm._sum_partials`: fixed order, deterministic, no atomics).
 
 Bytes (M x N of e bytes): forward reads x twice (once when S fits a tile of ``_channel_sums``, whose second pass
-then reads registers) and writes y: 3 M N e against the 2 M N e floor; backward reads x and dy twice and writes dx,
-5 M N e against 3; plus 2 Cg fp32 values a tile row (4 Cg in the backward's affine pass) read from cache. H200, bf16
+then reads registers) and writes y: 3 M N e against the 2 M N e floor (2 M N e by ``_group_fwd``); backward reads x
+and dy twice and writes dx, 5 M N e against 3; plus 2 Cg fp32 values a tile row (4 Cg in the backward's affine pass) read from cache. H200, bf16
 128 x 128 x 4096 fwd+bwd, 32 groups, before the statistics moved into the kernels (5 launches and ~35 small ATen
-ops): kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392, torch.compile 0.312), host-inclusive 1.783 ms
+ops, two-launch forward): kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392, torch.compile 0.312), host-inclusive 1.783 ms
 (Liger 1.036, torch.compile 0.707).
 """
 
@@ -54,6 +56,12 @@ from .norm import _sum_partials
 # GPU: 4096 is the norms' and softmax's wide-row chunk (kernels/softmax.py's WIDE_CHUNK).
 CHUNK = 4096
 INTERPRET_CHUNK = 1 << 16
+# Groups of at most FUSED_GROUP elements (Cg and S each rounded up to a power of two) take the one-launch forward
+# ``_group_fwd`` (the group in registers: x read once); the interpreter's limit is larger (fewer, larger programs).
+# 16384 elements at 16 warps is 32 fp32 values a thread, as the norms' forward of rows of 16384 (kernels/norm.py). Not
+# measured on a GPU yet.
+FUSED_GROUP = 16384
+INTERPRET_FUSED_GROUP = 1 << 16
 
 
 @triton.jit
@@ -71,6 +79,36 @@ def _group_stats(MEAN_C, M2_C, rows, rmask, Cg, S, eps, CG_BLOCK: tl.constexpr):
     m2 = tl.sum(tl.load(M2_C + idx, mask=gmask, other=0.0), axis=1) + S * tl.sum(d * d, axis=1)
     rstd = tl.rsqrt(m2 / S / Cg + eps)  # / S / Cg: Cg * S may pass 2^31
     return mean, rstd, idx, gmask
+
+
+@triton.jit
+def _group_fwd(X, Y, W, B, MEAN_C, M2_C, S, C, Cg, eps, stride_x, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+               CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The forward of one group per program, its Cg channel rows of S positions (row stride stride_x) held in one
+    [CG_BLOCK, BLOCK_S] tile: Y (rows of S, contiguous) = (x - mean_g) * rstd_g * w + b, and each channel row's
+    mean and sum of squared deviations into MEAN_C, M2_C (the backward's statistics), the group's combined from them
+    as ``_group_stats`` does (Chan et al.). W, B (C,) read only under HAS_W / HAS_B."""
+    j = tl.arange(0, CG_BLOCK)
+    offs = tl.arange(0, BLOCK_S)
+    rows = tl.program_id(0).to(tl.int64) * Cg + j
+    rmask = j < Cg
+    mask = rmask[:, None] & (offs < S)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean_c = tl.sum(x, axis=1) / S
+    d = tl.where(mask, x - mean_c[:, None], 0.0)
+    m2_c = tl.sum(d * d, axis=1)
+    tl.store(MEAN_C + rows, mean_c, mask=rmask)
+    tl.store(M2_C + rows, m2_c, mask=rmask)
+    mean = tl.sum(mean_c, axis=0) / Cg  # (masked rows hold 0)
+    dm = tl.where(rmask, mean_c - mean, 0.0)
+    rstd = tl.rsqrt((tl.sum(m2_c, axis=0) + S * tl.sum(dm * dm, axis=0)) / S / Cg + eps)
+    k1 = tl.zeros([CG_BLOCK], dtype=tl.float32) + rstd
+    if HAS_W:
+        k1 = k1 * tl.load(W + rows % C, mask=rmask, other=0.0).to(tl.float32)
+    y = (x - mean) * k1[:, None]
+    if HAS_B:
+        y += tl.load(B + rows % C, mask=rmask, other=0.0).to(tl.float32)[:, None]
+    tl.store(Y + rows[:, None] * S + offs[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -214,7 +252,8 @@ def _unit(p: torch.Tensor | None) -> torch.Tensor | None:
 def group_norm_forward(x: torch.Tensor, weight, bias, num_groups: int, eps: float):
     """GroupNorm of x (B, C, *) (any strides). Returns (y: x's shape and dtype, contiguous; x2: the (B*C, S) channel
     rows as the kernels read them (x itself when contiguous), what the backward should read; mean_c, m2_c: (B*C,)
-    fp32, each channel row's mean and sum of squared deviations, the statistics the backward takes). Two launches."""
+    fp32, each channel row's mean and sum of squared deviations, the statistics the backward takes). One launch when
+    a group fits a tile (``FUSED_GROUP``), else two."""
     C = x.shape[1]
     cg = C // num_groups
     y = torch.empty(size=x.shape, dtype=x.dtype, device=x.device)
@@ -222,8 +261,17 @@ def group_norm_forward(x: torch.Tensor, weight, bias, num_groups: int, eps: floa
     if M == 0:
         z = torch.empty(0, dtype=torch.float32, device=x.device)
         return y, x2, z, z.clone()
+    weight, bias = _unit(weight), _unit(bias)
+    cg_block, block_s = next_pow2(cg), next_pow2(S)
+    if cg_block * block_s <= (FUSED_GROUP if compiled_cuda(x.device) else INTERPRET_FUSED_GROUP):
+        mean_c = torch.empty(M, dtype=torch.float32, device=x.device)
+        m2_c = torch.empty(M, dtype=torch.float32, device=x.device)
+        _group_fwd[(M // cg,)](x2, y, weight if weight is not None else mean_c, bias if bias is not None else mean_c,
+                               mean_c, m2_c, S, C, cg, eps, sx, HAS_W=weight is not None, HAS_B=bias is not None,
+                               CG_BLOCK=cg_block, BLOCK_S=block_s, num_warps=warps_for(cg_block * block_s))
+        return y, x2, mean_c, m2_c
     mean_c, m2_c = _sums(x2, None, None, None, M, S, sx, 0, cg, eps)
-    _affine(x2, None, y, mean_c, m2_c, None, None, _unit(weight), _unit(bias), M, S, C, cg, eps, sx, 0)
+    _affine(x2, None, y, mean_c, m2_c, None, None, weight, bias, M, S, C, cg, eps, sx, 0)
     return y, x2, mean_c, m2_c
 
 
