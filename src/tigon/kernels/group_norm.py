@@ -29,10 +29,10 @@ dw and db are the (B, C) backward sums reduced over B by the norms' partial-sum 
 
 Bytes (M x N of e bytes): forward reads x twice (once when S fits a tile of ``_channel_sums``, whose second pass
 then reads registers) and writes y: 3 M N e against the 2 M N e floor (2 M N e by ``_group_fwd``); backward reads x
-and dy twice and writes dx, 5 M N e against 3; plus 2 Cg fp32 values a tile row (4 Cg in the backward's affine pass) read from cache. H200, bf16
-128 x 128 x 4096 fwd+bwd, 32 groups, before the statistics moved into the kernels (5 launches and ~35 small ATen
-ops, two-launch forward): kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392, torch.compile 0.312), host-inclusive 1.783 ms
-(Liger 1.036, torch.compile 0.707).
+and dy twice and writes dx, 5 M N e against 3; plus 2 Cg fp32 values a tile row (4 Cg in the backward's affine pass)
+read from cache. H200, bf16 128 x 128 x 4096 fwd+bwd, 32 groups, before the statistics moved into the kernels (5
+launches and ~35 small ATen ops, the two-launch forward): kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392,
+torch.compile 0.312), host-inclusive 1.783 ms (Liger 1.036, torch.compile 0.707).
 """
 
 from __future__ import annotations
