@@ -99,6 +99,12 @@ SPACE: dict[str, list[Study]] = {
               {"bwd_progs": (132, 264, 396), "bwd_block_n": (1024, 2048, 4096), "bwd_warps": (4, 8, 16)},
               kernel="_dyt_bwd"),
     ],
+    "group_norm": [
+        Study("groups of 4 x 4096 (Liger's layout at Llama-3 sizes): one launch a direction (FUSED_GROUP 16384) or the "
+              "channel sums + affine passes (0) x elements a thread of the one-launch backward", "group_norm",
+              (llama(16384),), {"FUSED_GROUP": (0, 16384), "GROUP_BWD_ELEMS_PER_THREAD": (8, 16, 32)},
+              kernel="_group_bwd"),
+    ],
     "rope": [
         Study("row tiles at Llama-3 heads (32 q / 8 kv, D=128): elements per half-tile x warps", "rope",
               tuple(llama(n) for n in (1024, 8192, 65536)),

@@ -45,19 +45,24 @@ def test_group_norm_matches_float64(device, dtype, shape, groups):
                                   inputs, GRADS, factor=2.0))
 
 
-def test_group_norm_one_launch_forward_matches_two(device, monkeypatch):
-    # the one-launch forward (a group in one tile) against the channel sums + affine pass: the same output and channel
-    # statistics up to fp32 summation order
+def test_group_norm_one_launch_matches_two(device, monkeypatch):
+    # the one-launch forward and backward (a group in one tile) against the channel sums + affine passes: the same
+    # output, channel statistics and gradients up to fp32 summation order
     from tigon.kernels import group_norm as k
 
     x = torch.randn(3, 12, 5, 7, device=device) * 2 + 1
+    dy = torch.randn(3, 12, 5, 7, device=device)
     w, b = torch.rand(12, device=device) + 0.5, torch.randn(12, device=device)
-    one = k.group_norm_forward(x, w, b, 4, 1e-6)
+
+    def run():
+        y, x2, mean_c, m2_c = k.group_norm_forward(x, w, b, 4, 1e-6)
+        return (y, mean_c, m2_c) + k.group_norm_backward(dy, x2, w, b, mean_c, m2_c, x.shape, 4, 1e-6, True, True)
+
+    one = run()
     monkeypatch.setattr(k, "FUSED_GROUP", 0)
     monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
-    two = k.group_norm_forward(x, w, b, 4, 1e-6)
-    for a, c in zip(one[:1] + one[2:], two[:1] + two[2:]):
-        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+    for a, c in zip(one, run()):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
 
 
 def test_group_norm_reference_is_torch_group_norm(device):
@@ -155,12 +160,12 @@ def test_group_norm_bad_input(device):
 
 @pytest.mark.parametrize("affine", [(True, True), (False, False)])
 def test_group_norm_issues_only_its_kernels(device, fused, kernel_count, affine):
-    # a forward is 1 Triton launch (a group in one tile) or 2 and a backward 3 (2 without weight and bias), and no
-    # ATen operation runs a kernel between them: the group statistics, c1 / c2 and the missing weight / bias
+    # a forward is 1 Triton launch (a group in one tile) or 2, a backward 2 or 3 (one less without weight and bias),
+    # and no ATen operation runs a kernel between them: the group statistics, c1 / c2 and the missing weight / bias
     # (constexpr flags) are formed in the kernels (before: 18 + 26 with ~35 small ATen ops)
     from tigon.kernels import group_norm as k
 
-    kernel_count.stub(k, "_group_fwd", "_channel_sums", "_channel_affine", "_sum_partials")
+    kernel_count.stub(k, "_group_fwd", "_group_bwd", "_channel_sums", "_channel_affine", "_sum_partials")
     inputs = make((2, 8, 16), 4, torch.bfloat16, device, affine)
     leaves = [t.requires_grad_() for t in inputs.values() if isinstance(t, torch.Tensor)]
     with kernel_count as c:
@@ -170,4 +175,5 @@ def test_group_norm_issues_only_its_kernels(device, fused, kernel_count, affine)
     with kernel_count as c:
         torch.autograd.grad(y, leaves, dy)
     assert c.aten == []
-    assert c.launches == ["_channel_sums", "_channel_affine"] + (["_sum_partials"] if affine[0] else [])
+    assert c.launches == (["_group_bwd"] if fused else ["_channel_sums", "_channel_affine"]) + (
+        ["_sum_partials"] if affine[0] else [])

@@ -9,9 +9,8 @@ row b holds the Cg = C / G channel rows ``b*C + g*Cg .. + Cg``, so N = Cg * S el
     dw[c] = sum_{b, positions} dy * xhat        db[c] = sum_{b, positions} dy
 
 Both directions are two passes over the channel rows, each a kernel of this module, and nothing else but the
-backward's dw / db sum: a forward is 2 launches, a backward 3, and no small tensor operations between them. A
-forward whose groups fit one tile (``FUSED_GROUP`` elements) is one launch instead, ``_group_fwd``: a program per
-group holds it in registers, forms the channel statistics (stored for the backward), the group's, and writes y.
+backward's dw / db sum: a forward is 2 launches, a backward 3, and no small tensor operations between them (1 and 2
+when a group fits a tile, below).
 
 1. ``_channel_sums``: per channel row, forward its mean and the sum of squared deviations from it (two passes over
    the row, or one from registers when the row fits one tile), backward ``sum(dy)`` and ``sum(dy * xhat)``. These
@@ -24,15 +23,20 @@ group holds it in registers, forms the channel statistics (stored for the backwa
    tiled over rows and positions (:mod:`tigon.kernels.elementwise`). The backward's ``_channel_sums`` forms mean_g /
    rstd_g the same way. No weight / no bias are constexpr flags (w = 1, b = 0), not materialised tensors.
 
+Groups that fit one tile (``FUSED_GROUP`` elements) take one launch a direction instead: ``_group_fwd`` and
+``_group_bwd``, a program per group holding it in registers (x, and dy), forming the channel statistics / sums, the
+group's (``_combine``, the same combination) and writing y / dx; the backward then sums dw / db as above.
+
 dw and db are the (B, C) backward sums reduced over B by the norms' partial-sum kernel
 (:func:`tigon.kernels.norm._sum_partials`: fixed order, deterministic, no atomics).
 
 Bytes (M x N of e bytes): forward reads x twice (once when S fits a tile of ``_channel_sums``, whose second pass
-then reads registers) and writes y: 3 M N e against the 2 M N e floor (2 M N e by ``_group_fwd``); backward reads x
-and dy twice and writes dx, 5 M N e against 3; plus 2 Cg fp32 values a tile row (4 Cg in the backward's affine pass)
-read from cache. H200, bf16 128 x 128 x 4096 fwd+bwd, 32 groups, before the statistics moved into the kernels (5
-launches and ~35 small ATen ops, the two-launch forward): kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392,
-torch.compile 0.312), host-inclusive 1.783 ms (Liger 1.036, torch.compile 0.707).
+then reads registers) and writes y: 3 M N e against the 2 M N e floor; backward reads x and dy twice and writes dx,
+5 M N e against 3 (``_group_fwd`` / ``_group_bwd``: 2 and 3, the floors); plus 2 Cg fp32 values a tile row (4 Cg
+in the backward's affine pass) read from cache. H200, bf16 128 x 128 x 4096 fwd+bwd, 32 groups, before the
+statistics moved into the kernels (5 launches and ~35 small ATen ops, the two-pass kernels in both directions):
+kernel time (CUDA graphs, batch 64) 0.211 ms (Liger 0.392, torch.compile 0.312), host-inclusive 1.783 ms (Liger
+1.036, torch.compile 0.707).
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ INTERPRET_CHUNK = 1 << 16
 # measured on a GPU yet.
 FUSED_GROUP = 16384
 INTERPRET_FUSED_GROUP = 1 << 16
+# Elements a thread of the one-launch backward ``_group_bwd`` holds (x, dy and their products): 16 compiles to 56-64
+# registers (sm_90, bf16, groups of 8192 / 16384 at 16 / 32 warps), 32 to 98-116, so that 16 warps of it fill an SM's
+# registers (ptxas -v of the Triton 3.9 build, no spills either way). Not timed on a GPU yet.
+GROUP_BWD_ELEMS_PER_THREAD = 16
 
 
 @triton.jit
@@ -82,6 +90,16 @@ def _group_stats(MEAN_C, M2_C, rows, rmask, Cg, S, eps, CG_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _combine(mean_c, m2_c, rmask, Cg, S, eps):
+    """(mean_g, rstd_g) fp32 scalars of one group from its channels' means and sums of squared deviations ([CG_BLOCK],
+    rows beyond Cg masked by ``rmask``; S positions each): Chan et al.'s pairwise combination, as ``_group_stats``."""
+    mean = tl.sum(tl.where(rmask, mean_c, 0.0), axis=0) / Cg
+    dm = tl.where(rmask, mean_c - mean, 0.0)
+    m2 = tl.sum(tl.where(rmask, m2_c, 0.0), axis=0) + S * tl.sum(dm * dm, axis=0)
+    return mean, tl.rsqrt(m2 / S / Cg + eps)
+
+
+@triton.jit
 def _group_fwd(X, Y, W, B, MEAN_C, M2_C, S, C, Cg, eps, stride_x, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
     """The forward of one group per program, its Cg channel rows of S positions (row stride stride_x) held in one
@@ -99,9 +117,7 @@ def _group_fwd(X, Y, W, B, MEAN_C, M2_C, S, C, Cg, eps, stride_x, HAS_W: tl.cons
     m2_c = tl.sum(d * d, axis=1)
     tl.store(MEAN_C + rows, mean_c, mask=rmask)
     tl.store(M2_C + rows, m2_c, mask=rmask)
-    mean = tl.sum(mean_c, axis=0) / Cg  # (masked rows hold 0)
-    dm = tl.where(rmask, mean_c - mean, 0.0)
-    rstd = tl.rsqrt((tl.sum(m2_c, axis=0) + S * tl.sum(dm * dm, axis=0)) / S / Cg + eps)
+    mean, rstd = _combine(mean_c, m2_c, rmask, Cg, S, eps)
     k1 = tl.zeros([CG_BLOCK], dtype=tl.float32) + rstd
     if HAS_W:
         k1 = k1 * tl.load(W + rows % C, mask=rmask, other=0.0).to(tl.float32)
@@ -109,6 +125,38 @@ def _group_fwd(X, Y, W, B, MEAN_C, M2_C, S, C, Cg, eps, stride_x, HAS_W: tl.cons
     if HAS_B:
         y += tl.load(B + rows % C, mask=rmask, other=0.0).to(tl.float32)[:, None]
     tl.store(Y + rows[:, None] * S + offs[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_bwd(X, DY, DX, W, MEAN_C, M2_C, SUM_DY, SUM_DYX, S, C, Cg, eps, stride_x, stride_dy, HAS_W: tl.constexpr,
+               CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The backward of one group per program, its Cg channel rows of S positions of X and DY (row strides stride_x,
+    stride_dy) held in one [CG_BLOCK, BLOCK_S] tile: DX (rows of S, contiguous) = rstd_g * (dy * w - xhat * c1_g -
+    c2_g), and each channel row's sum(dy), sum(dy * xhat) into SUM_DY, SUM_DYX (M,) (dw / db's partials); mean_g,
+    rstd_g from the forward's MEAN_C, M2_C (``_combine``). W (C,) read only under HAS_W."""
+    j = tl.arange(0, CG_BLOCK)
+    offs = tl.arange(0, BLOCK_S)
+    rows = tl.program_id(0).to(tl.int64) * Cg + j
+    rmask = j < Cg
+    mask = rmask[:, None] & (offs < S)[None, :]
+    mean, rstd = _combine(tl.load(MEAN_C + rows, mask=rmask, other=0.0), tl.load(M2_C + rows, mask=rmask, other=0.0),
+                          rmask, Cg, S, eps)
+    x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+    s_dy = tl.sum(dy, axis=1)
+    s_dyx = tl.sum(dy * xhat, axis=1)
+    tl.store(SUM_DY + rows, s_dy, mask=rmask)
+    tl.store(SUM_DYX + rows, s_dyx, mask=rmask)
+    if HAS_W:
+        w = tl.load(W + rows % C, mask=rmask, other=0.0).to(tl.float32)
+        s_dy = s_dy * w
+        s_dyx = s_dyx * w
+        dy = dy * w[:, None]
+    c1 = tl.sum(s_dyx, axis=0) / S / Cg
+    c2 = tl.sum(s_dy, axis=0) / S / Cg
+    dx = rstd * (dy - xhat * c1 - c2)
+    tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -280,7 +328,7 @@ def group_norm_backward(dy, x2, weight, bias, mean_c, m2_c, x_shape, num_groups:
     """Gradients of GroupNorm for dy (``x_shape``, any strides), the channel rows x2 (B*C, S) (or x itself, any
     strides) and the forward's per-channel statistics mean_c, m2_c (B*C,) fp32. Returns (dx: ``x_shape`` in x's
     dtype, contiguous; dw, db: (C,) in the weight's / bias's dtype, or None unless ``need_dw`` / ``need_db``).
-    Three launches (two without dw and db)."""
+    Three launches (two without dw and db), one less when a group fits a tile (``FUSED_GROUP``)."""
     B, C = x_shape[0], x_shape[1]
     cg = C // num_groups
     dev = x2.device
@@ -297,8 +345,17 @@ def group_norm_backward(dy, x2, weight, bias, mean_c, m2_c, x_shape, num_groups:
         return (dx, torch.zeros(C, dtype=weight.dtype, device=dev) if need_dw else None,
                 torch.zeros(C, dtype=bias.dtype, device=dev) if need_db else None)
     weight = _unit(weight)
-    sum_dy, sum_dy_xhat = _sums(x2, dy2, mean_c, m2_c, M, S, sx, sdy, cg, eps)
-    _affine(x2, dy2, dx, mean_c, m2_c, sum_dy, sum_dy_xhat, weight, None, M, S, C, cg, eps, sx, sdy)
+    cg_block, block_s = next_pow2(cg), next_pow2(S)
+    if cg_block * block_s <= (FUSED_GROUP if compiled_cuda(dev) else INTERPRET_FUSED_GROUP):
+        sum_dy = torch.empty(M, dtype=torch.float32, device=dev)
+        sum_dy_xhat = torch.empty(M, dtype=torch.float32, device=dev)
+        _group_bwd[(M // cg,)](x2, dy2, dx, weight if weight is not None else mean_c, mean_c, m2_c, sum_dy,
+                               sum_dy_xhat, S, C, cg, eps, sx, sdy, HAS_W=weight is not None, CG_BLOCK=cg_block,
+                               BLOCK_S=block_s,
+                               num_warps=max(4, min(32, cg_block * block_s // (32 * GROUP_BWD_ELEMS_PER_THREAD))))
+    else:
+        sum_dy, sum_dy_xhat = _sums(x2, dy2, mean_c, m2_c, M, S, sx, sdy, cg, eps)
+        _affine(x2, dy2, dx, mean_c, m2_c, sum_dy, sum_dy_xhat, weight, None, M, S, C, cg, eps, sx, sdy)
     dw = torch.empty(C, dtype=weight.dtype, device=dev) if need_dw else None
     db = torch.empty(C, dtype=bias.dtype, device=dev) if need_db else None
     if need_dw or need_db:
