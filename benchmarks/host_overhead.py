@@ -56,9 +56,9 @@ def _mock_launches():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from tigon.kernels import glu, loss_rows, norm, rope  # the modules whose kernels are launched
+    from tigon.kernels import dyt, glu, group_norm, loss_rows, norm, rope  # the modules whose kernels are launched
 
-    for mod in (loss_rows, glu, norm, rope):
+    for mod in (loss_rows, glu, norm, rope, group_norm, dyt):
         for name in dir(mod):
             if isinstance(getattr(mod, name), (JITFunction, InterpretedFunction)):
                 setattr(mod, name, _NoLaunch(name))  # only launched ones matter; helpers are never called from Python
@@ -84,7 +84,9 @@ def _inputs(dtype=torch.float32):
     return dict(x=leaf(8, 64), w=torch.ones(64, dtype=dtype, requires_grad=True), t=torch.randint(0, 64, (8,)),
                 q=leaf(1, 4, 8, 16), k=leaf(1, 2, 8, 16), cos=torch.randn(1, 8, 16, dtype=dtype),
                 sin=torch.randn(1, 8, 16, dtype=dtype), g=leaf(8, 64), u=leaf(8, 64),
-                b=torch.zeros(64, dtype=dtype, requires_grad=True))
+                b=torch.zeros(64, dtype=dtype, requires_grad=True), X=leaf(2, 8, 16),
+                gw=torch.ones(8, dtype=dtype, requires_grad=True), gb=torch.zeros(8, dtype=dtype, requires_grad=True),
+                alpha=torch.full((1,), 0.5, dtype=dtype, requires_grad=True))
 
 
 def _ops(i, eager: bool = False):
@@ -96,8 +98,8 @@ def _ops(i, eager: bool = False):
     def fn(name):
         return ops.get(name).eager_fn if eager else getattr(F, name)
 
-    ce, rms, rope, swiglu, fadd, ln = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu", "fused_add_rms_norm",
-                                               "layer_norm"))
+    ce, rms, rope, swiglu, fadd, ln, gn, dyt = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu",
+                                                        "fused_add_rms_norm", "layer_norm", "group_norm", "dyt"))
     return {
         "cross_entropy": (lambda: ce(i["x"], i["t"]), [i["x"]]),
         "rms_norm": (lambda: rms(i["x"], i["w"]), [i["x"], i["w"]]),
@@ -105,6 +107,9 @@ def _ops(i, eager: bool = False):
         "swiglu": (lambda: swiglu(i["g"], i["u"]), [i["g"], i["u"]]),
         "fused_add_rms_norm": (lambda: fadd(i["x"], i["g"], i["w"]), [i["x"], i["g"], i["w"]]),
         "layer_norm": (lambda: ln(i["x"], i["w"], i["b"]), [i["x"], i["w"], i["b"]]),
+        "group_norm": (lambda: gn(i["X"], i["gw"], i["gb"], 8, 4), [i["X"], i["gw"], i["gb"]]),
+        "group_norm_no_affine": (lambda: gn(i["X"], None, None, 8, 4), [i["X"]]),
+        "dyt": (lambda: dyt(i["x"], i["alpha"], i["w"], i["b"]), [i["x"], i["alpha"], i["w"], i["b"]]),
     }
 
 

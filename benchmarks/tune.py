@@ -38,7 +38,7 @@ from unittest import mock
 FIELDS = {
     "fwd_rows": ("fwd_config", 0), "fwd_warps": ("fwd_config", 1),
     "bwd_rows": ("bwd_config", 0), "bwd_progs": ("bwd_config", 1), "bwd_warps": ("bwd_config", 2),
-    "bwd_db_by_columns": ("bwd_config", 3),
+    "bwd_db_by_columns": ("bwd_config", 3), "bwd_block_n": ("bwd_config", 3),  # (norm's; dyt's)
 }
 
 
@@ -92,6 +92,18 @@ SPACE: dict[str, list[Study]] = {
         Study("backward of rows of 16384: warps x dB by a separate column sum", "norm",
               (llama(16384, hidden_size=16384),), {"bwd_warps": (8, 16, 32), "bwd_db_by_columns": (False, True)},
               kernel="_norm_bwd"),
+    ],
+    "dyt": [
+        Study("backward at Llama-3 rows of 4096 (one pass over x and dy, the next tile prefetched): persistent "
+              "programs x columns a tile x warps", "dyt", (llama(16384),),
+              {"bwd_progs": (132, 264, 396), "bwd_block_n": (1024, 2048, 4096), "bwd_warps": (4, 8, 16)},
+              kernel="_dyt_bwd"),
+    ],
+    "group_norm": [
+        Study("groups of 4 x 4096 (Liger's layout at Llama-3 sizes): one launch a direction (FUSED_GROUP 16384) or the "
+              "channel sums + affine passes (0) x elements a thread of the one-launch backward", "group_norm",
+              (llama(16384),), {"FUSED_GROUP": (0, 16384), "GROUP_BWD_ELEMS_PER_THREAD": (8, 16, 32)},
+              kernel="_group_bwd"),
     ],
     "rope": [
         Study("row tiles at Llama-3 heads (32 q / 8 kv, D=128): elements per half-tile x warps", "rope",

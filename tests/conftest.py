@@ -29,3 +29,51 @@ def _fresh_seed(request):
     # Fresh random inputs per test, but reproducible from the test's name when a failure must be replayed.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+class KernelCount:
+    """Counts, while active, the Triton launches of the kernels stubbed with :meth:`stub` (they do not run) and the
+    ATen operations that would run a kernel (views, allocations and detach aside): what one call of an op issues."""
+
+    FREE = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
+            "lift_fresh")
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch, self.launches, self.aten = monkeypatch, [], []
+
+    def stub(self, module, *names):
+        for name in names:
+            self.monkeypatch.setattr(module, name, self._Stub(name, self.launches))
+
+    class _Stub:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: self.log.append(self.name)
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        aten, free = self.aten, self.FREE
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not func.is_view and func.overloadpacket.__name__ not in free:
+                    aten.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.launches.clear()
+        self.aten.clear()
+        self.mode = Count()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+@pytest.fixture
+def kernel_count(monkeypatch) -> KernelCount:
+    """A :class:`KernelCount` whose stubs are undone after the test."""
+    return KernelCount(monkeypatch)

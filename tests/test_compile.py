@@ -140,7 +140,8 @@ def _opcheck_cases():
         "group_norm": (ops.group_norm, (x.transpose(1, 2), w, b, 8, 1e-6)),
         "group_norm_bias_only": (ops.group_norm, (torch.randn(4, 6), None, b[:6], 3, 1e-5)),
         "group_norm_backward": (ops.group_norm_backward, (torch.randn(3, 32, 5), x.transpose(1, 2), w, b,
-                                                          torch.randn(3, 8), torch.rand(3, 8) + 0.5, True, False)),
+                                                          torch.randn(96), torch.rand(96) + 0.5, 8, 1e-6, True,
+                                                          False)),
         "sparsemax": (ops.sparsemax, (x.transpose(0, 1),)),
         "sparsemax_backward": (ops.sparsemax_backward, (torch.randn(3, 5, 32), torch.relu(x))),
     }
@@ -199,7 +200,7 @@ def test_glu_compile(device):
 
 def test_liger_ops_compile(device):
     # the ops of Liger's list beyond the Llama ones: relu_squared (elementwise, on a strided slice), dyt (with and
-    # without beta), softmax, poly_norm (in_place is ignored under compile)
+    # without beta), softmax, poly_norm (in_place is ignored under compile), group_norm
     x = torch.randn(3, 7, 40, device=device)
     _check_same(lambda x: TF.relu_squared(x[..., 1:]), (x,))
     a, g, b = torch.tensor([0.6], device=device), torch.rand(40, device=device) + 0.5, torch.randn(40, device=device)
@@ -208,6 +209,9 @@ def test_liger_ops_compile(device):
     _check_same(lambda x: TF.softmax(x * 2.0), (x,))
     w, b0 = torch.rand(3, device=device), torch.tensor(0.5, device=device)
     _check_same(lambda x, w, b0: TF.poly_norm(x, w, b0, 1e-6, True), (x, w, b0))
+    # group_norm without a bias (its constexpr flag) through the custom ops
+    xg, wg = torch.randn(2, 8, 5, device=device), torch.rand(8, device=device) + 0.5
+    _check_same(lambda x, w: TF.group_norm(x, w, None, 8, 4), (xg, wg))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -76,11 +76,12 @@ def test_dyt_strided_parameters(device):
 
 
 def test_dyt_several_programs_and_column_blocks(device, monkeypatch):
-    # The backward's persistent grid with several row programs (a partial last one) and column blocks, so every
-    # partial reduction (dgamma, dbeta rows; dalpha scalars) sums more than one program; small forward tiles too.
+    # The backward's persistent grid with several row programs (a partial last one) each walking several column
+    # chunks (and prefetching past its last row), so every partial column (dgamma, dbeta, dalpha) sums more than one
+    # program; small forward tiles too.
     from tigon.kernels import dyt, elementwise
 
-    monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev: (2, 32, 3, 4))
+    monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev: (2, 3, 4, 32))
     monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
     for shape in [(11, 100), (2, 5, 40)]:
         assert_close_to_truth(compare(F.dyt, ref.dyt_original, make(shape, torch.float32, device), GRADS))
@@ -139,3 +140,20 @@ def test_dyt_double_backward_raises(device):
     (dx,) = torch.autograd.grad(F.dyt(**leaves).pow(2).sum(), leaves["x"], create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dx.sum(), leaves["gamma"])
+
+
+def test_dyt_issues_only_its_kernels(device, kernel_count):
+    # the forward is 1 Triton launch, the backward 2 (the pass over x and dy, the partial rows' sum into dalpha, dgamma
+    # and dbeta), and no ATen operation runs a kernel (before: dalpha's sum and cast, 2 more)
+    from tigon.kernels import dyt as k
+
+    kernel_count.stub(k, "_dyt_fwd", "_dyt_bwd", "_dyt_sum_partials")
+    inputs = make((6, 40), torch.bfloat16, device)
+    leaves = [t.requires_grad_() for t in inputs.values()]
+    with kernel_count as c:
+        y = F.dyt(**inputs)
+    assert (c.launches, c.aten) == (["_dyt_fwd"], [])
+    dy = torch.ones_like(y)
+    with kernel_count as c:
+        torch.autograd.grad(y, leaves, dy)
+    assert (c.launches, c.aten) == (["_dyt_bwd", "_dyt_sum_partials"], [])

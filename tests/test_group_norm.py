@@ -18,6 +18,18 @@ def make(shape, groups, dtype, device, affine=(True, True)):
                 num_channels=c, num_groups=groups, eps=1e-6)
 
 
+@pytest.fixture(params=[True, False], ids=["one_launch", "two_launches"])
+def fused(request, monkeypatch):
+    """Both forwards: groups that fit a tile in one launch (``_group_fwd``), and (FUSED_GROUP 0) the channel sums then
+    the affine pass."""
+    from tigon.kernels import group_norm as k
+
+    if not request.param:
+        monkeypatch.setattr(k, "FUSED_GROUP", 0)
+        monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,groups", [((3, 6, 5), 3), ((2, 12), 2), ((2, 4, 3, 7), 1)])
 def test_group_norm_matches_float64(device, dtype, shape, groups):
@@ -33,6 +45,26 @@ def test_group_norm_matches_float64(device, dtype, shape, groups):
                                   inputs, GRADS, factor=2.0))
 
 
+def test_group_norm_one_launch_matches_two(device, monkeypatch):
+    # the one-launch forward and backward (a group in one tile) against the channel sums + affine passes: the same
+    # output, channel statistics and gradients up to fp32 summation order
+    from tigon.kernels import group_norm as k
+
+    x = torch.randn(3, 12, 5, 7, device=device) * 2 + 1
+    dy = torch.randn(3, 12, 5, 7, device=device)
+    w, b = torch.rand(12, device=device) + 0.5, torch.randn(12, device=device)
+
+    def run():
+        y, x2, mean_c, m2_c = k.group_norm_forward(x, w, b, 4, 1e-6)
+        return (y, mean_c, m2_c) + k.group_norm_backward(dy, x2, w, b, mean_c, m2_c, x.shape, 4, 1e-6, True, True)
+
+    one = run()
+    monkeypatch.setattr(k, "FUSED_GROUP", 0)
+    monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
+    for a, c in zip(one, run()):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
 def test_group_norm_reference_is_torch_group_norm(device):
     x = torch.randn(2, 6, 5, 3, dtype=torch.float64, device=device)
     w, b = torch.rand(6, dtype=torch.float64, device=device), torch.randn(6, dtype=torch.float64, device=device)
@@ -42,13 +74,38 @@ def test_group_norm_reference_is_torch_group_norm(device):
 
 
 @pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
-def test_group_norm_without_weight_or_bias(device, affine):
+def test_group_norm_without_weight_or_bias(device, fused, affine):
     inputs = make((2, 6, 9), 2, torch.float32, device, affine)
     grads = ["X"] + [g for g, on in zip(GRADS[1:], affine) if on]
     assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads))
 
 
-def test_group_norm_chunked_rows_and_strided_input(device, monkeypatch):
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
+def test_group_norm_flags_bf16_and_no_positions(device, fused, affine):
+    # the kernels' HAS_W / HAS_B flags (w = 1, b = 0 without a materialised tensor) in bf16, against torch's own
+    # group_norm at that dtype, and a (B, C) input (one position a channel row, several groups a tile)
+    grads = ["X"] + [g for g, on in zip(GRADS[1:], affine) if on]
+    for shape, groups in (((3, 8, 10), 4), ((5, 12), 3)):
+        inputs = make(shape, groups, torch.bfloat16, device, affine)
+        assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=2.0))
+
+
+def test_group_norm_many_channels_a_group_few_positions(device, monkeypatch):
+    # (the two-launch forward: groups of 96 elements would fit one tile)
+    # tiles of many channel rows of few positions, in groups wider than the tile allows (``_cap_rows`` lowers the
+    # rows a tile so that each row's read of its group's Cg sums stays bounded): rows of one tile in several groups
+    from tigon.kernels import elementwise, group_norm as k
+
+    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
+    monkeypatch.setattr(k, "tile_elems", lambda dev: 64)
+    monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
+    monkeypatch.setattr(k, "FUSED_GROUP", 0)
+    assert k._cap_rows(64, 32, torch.device(device)) == 2
+    inputs = make((2, 96, 3), 3, torch.float32, device)
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, GRADS))
+
+
+def test_group_norm_chunked_rows_and_strided_input(device, fused, monkeypatch):
     # channel rows wider than a step of _channel_sums (forced small here): its two-pass loop; a channels-last view
     # (copied once) and a non-contiguous batch; the caller's tensors are left as they were
     from tigon.kernels import group_norm as k
@@ -99,3 +156,24 @@ def test_group_norm_bad_input(device):
         F.group_norm(x.long(), w, w, 6, 3)
     with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         F.group_norm(x, w, w, 6, 3, -1.0)
+
+
+@pytest.mark.parametrize("affine", [(True, True), (False, False)])
+def test_group_norm_issues_only_its_kernels(device, fused, kernel_count, affine):
+    # a forward is 1 Triton launch (a group in one tile) or 2, a backward 2 or 3 (one less without weight and bias),
+    # and no ATen operation runs a kernel between them: the group statistics, c1 / c2 and the missing weight / bias
+    # (constexpr flags) are formed in the kernels (before: 18 + 26 with ~35 small ATen ops)
+    from tigon.kernels import group_norm as k
+
+    kernel_count.stub(k, "_group_fwd", "_group_bwd", "_channel_sums", "_channel_affine", "_sum_partials")
+    inputs = make((2, 8, 16), 4, torch.bfloat16, device, affine)
+    leaves = [t.requires_grad_() for t in inputs.values() if isinstance(t, torch.Tensor)]
+    with kernel_count as c:
+        y = F.group_norm(**inputs)
+    assert (c.launches, c.aten) == (["_group_fwd"] if fused else ["_channel_sums", "_channel_affine"], [])
+    dy = torch.ones_like(y)
+    with kernel_count as c:
+        torch.autograd.grad(y, leaves, dy)
+    assert c.aten == []
+    assert c.launches == (["_group_bwd"] if fused else ["_channel_sums", "_channel_affine"]) + (
+        ["_sum_partials"] if affine[0] else [])
