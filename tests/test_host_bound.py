@@ -17,6 +17,16 @@ from tigon.integrations import forwards  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+_PATCHED = []  # the models _models patched in the running test, unpatched after it (no rotary dispatcher left behind)
+
+
+@pytest.fixture(autouse=True)
+def _unpatch_after():
+    yield
+    while _PATCHED:
+        tigon.unpatch(_PATCHED.pop())
+
+
 def _models():
     """(HF LlamaForCausalLM, the same weights patched, report): 1 layer, 6 tokens x 40 intermediate (240 elements)."""
     cfg = transformers.LlamaConfig(hidden_size=16, intermediate_size=40, num_hidden_layers=1, num_attention_heads=2,
@@ -25,7 +35,9 @@ def _models():
     hf = transformers.LlamaForCausalLM(cfg).to(DEVICE)
     patched = transformers.LlamaForCausalLM(cfg).to(DEVICE)
     patched.load_state_dict(hf.state_dict())
-    return hf, patched, tigon.patch(patched)
+    report = tigon.patch(patched)
+    _PATCHED.append(patched)
+    return hf, patched, report
 
 
 def _mlp_step(mlp, x):
