@@ -341,8 +341,9 @@ def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.
 class FusedLinearLogProbsFunction(torch.autograd.Function):
     """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget,
     want_top1)`` -> (logp, entropy, lse, top1): (N,) fp32 each and differentiable (entropy is an empty (0,) tensor
-    unless ``want_entropy``), and top1 (N,) bool, not differentiable (an empty (0,) tensor unless ``want_top1``). ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype;
-    ``lean``, ``budget``: the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
+    unless ``want_entropy``), and top1 (N,) bool, not differentiable (an empty (0,) tensor unless ``want_top1``).
+    ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype; ``lean``, ``budget``:
+    the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1,
