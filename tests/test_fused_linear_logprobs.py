@@ -146,7 +146,7 @@ def test_ignored_and_all_ignored_tokens(device):
         b = bias.clone().requires_grad_()
         out = F.fused_linear_logprobs(h, w, t, b, return_entropy=True, return_lse=True)
         ignored = t == -100
-        for o in out:
+        for o in out[:3]:
             assert torch.isfinite(o).all() and (o[ignored] == 0).all() and not torch.signbit(o[ignored]).any()
         (out.logprobs.sum() + out.entropy.sum() + out.lse.sum()).backward()
         assert (h.grad[ignored] == 0).all()
@@ -234,11 +234,40 @@ def test_no_grad_and_frozen_weight(device):
 
 def test_the_fallback_is_the_reference_exactly(device):
     hidden, weight, target, bias = _problem(device, torch.float32, bias=True, ignore_every=3)
-    kw = dict(temperature=0.8, softcap=5.0, return_entropy=True, return_lse=True)
+    kw = dict(temperature=0.8, softcap=5.0, return_entropy=True, return_lse=True, return_is_top1=True)
     with support.force_reference():
         got = F.fused_linear_logprobs(hidden, weight, target, bias, **kw)
     want = ref_logprobs(hidden, weight, target, bias, **kw)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(return_entropy=True), dict(temperature=0.7, softcap=5.0),
+                                dict(return_entropy=True, return_lse=True, temperature=1.3, softcap=4.0)])
+def test_is_top1_is_the_first_argmax_of_float64_logits(device, kw):
+    # integer-valued hidden states and weights: exact logits, so rows have exact ties (also across the 32-column
+    # vocabulary blocks), which follow torch.argmax's first-maximum rule; targets are the first maximum, the last one
+    # (False where tied), random, or ignored (False)
+    gen = torch.Generator().manual_seed(3)
+    n, v = 40, 101
+    hidden = torch.randint(-1, 2, (n, H), generator=gen).float().to(device)
+    weight = torch.randint(-1, 2, (v, H), generator=gen).float().to(device)
+    weight[70] = weight[5]  # a tie across blocks in every row
+    logits = hidden.double() @ weight.double().T
+    top = logits == logits.max(-1, keepdim=True).values
+    cols = torch.arange(v, device=device)
+    target = torch.randint(0, v, (n,), generator=gen).to(device)
+    target[1::4] = logits.argmax(-1)[1::4]
+    target[2::4] = torch.where(top, cols, -1).max(-1).values[2::4]
+    target[::4] = -100
+    assert (top.sum(-1)[2::4] > 1).any()  # some targets are a later tied maximum
+    got = F.fused_linear_logprobs(hidden.requires_grad_(), weight, target, return_is_top1=True, **kw)
+    want = ref_logprobs(hidden.double(), weight.double(), target, return_is_top1=True, **kw)
+    assert got.is_top1.dtype == torch.bool and not got.is_top1.requires_grad
+    assert torch.equal(got.is_top1, want.is_top1)
+    assert torch.equal(want.is_top1, (target >= 0) & (logits.argmax(-1) == target))
+    assert want.is_top1[1::4].all() and not want.is_top1[::4].any() and want.is_top1.sum() < n
+    got.logprobs.sum().backward()  # the log-probabilities stay differentiable beside it
+    assert hidden.grad is not None
 
 
 def test_runs_a_kernel(device, monkeypatch):
@@ -277,7 +306,7 @@ def test_bad_input(bad, error, match):
 
 
 # ---- torch.compile: the custom ops ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["forward", "forward_entropy", "backward", "backward_entropy"])
+@pytest.mark.parametrize("case", ["forward", "forward_entropy", "forward_top1", "backward", "backward_entropy"])
 def test_custom_op_opcheck(device, case):
     import tigon.kernels.fused_linear_logprobs as k  # registers the custom ops
 
@@ -285,11 +314,11 @@ def test_custom_op_opcheck(device, case):
     opts = (-100, 3.0, 0.5, torch.float32)
     if case.startswith("forward"):
         args = (hidden.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), *opts,
-                case == "forward_entropy", True, True, True, False, -1)
+                case == "forward_entropy", True, True, True, False, -1, case == "forward_top1")
         op = torch.ops.tigon.fused_linear_logprobs
     else:
         ent = case == "backward_entropy"
-        _, e, _, stats = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
+        _, e, _, stats, _ = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
         n = hidden.shape[0]
         args = (torch.randn(n, device=device), torch.randn(n, device=device) if ent else None,
                 torch.randn(n, device=device), hidden, weight, target, bias, stats, e, *opts, True, True, False,
@@ -299,7 +328,8 @@ def test_custom_op_opcheck(device, case):
                                                 "test_aot_dispatch_dynamic"))
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(return_entropy=True, return_lse=True, softcap=3.0, temperature=0.7)])
+@pytest.mark.parametrize("kw", [dict(), dict(return_entropy=True, return_lse=True, return_is_top1=True, softcap=3.0,
+                                     temperature=0.7)])
 def test_fullgraph_compile_matches_eager(device, kw, monkeypatch):
     # the compiled graph calls the custom op (the kernels), one node, and gives the eager results
     import tigon.kernels.fused_linear_logprobs as k
@@ -311,7 +341,7 @@ def test_fullgraph_compile_matches_eager(device, kw, monkeypatch):
 
     def fn(h, w, b):
         out = F.fused_linear_logprobs(h, w, target, b, **kw)
-        return tuple(out) if isinstance(out, tuple) else (out,)
+        return tuple(o for o in out if o is not None) if isinstance(out, tuple) else (out,)
 
     torch._dynamo.reset()
     try:

@@ -161,7 +161,7 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
         res.append((o, {n: p.grad.clone() for n, p in m.named_parameters()}))
     (o_ref, g_ref), (o_got, g_got) = res
     used = support.backend_usage()
-    assert {"fused_linear_logprobs", "fused_linear_cross_entropy"} <= set(used), used
+    assert set(used) == {"fused_linear_logprobs"}, used  # is_top1 too: no fused_linear_cross_entropy pass
     assert torch.equal(o_got.label_mask, o_ref.label_mask)
     assert torch.equal(o_got.is_top1, o_ref.is_top1)
     for f in ("loss",) + tuple(o for o in outputs if o != "is_top1"):
@@ -171,6 +171,26 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
     # the plain forward (generation, evaluation) is the model's own
     torch.testing.assert_close(got(input_ids=ids).logits, ref(input_ids=ids).logits)
     assert tigon_trl.unpatch_trainer(Trainer.__new__(Trainer)) is False
+
+
+def test_switched_sft_head_runs_the_head_matmul_once_in_forward():
+    """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy): one pass over the LM head, the
+    scored tokens' logits once (tigon.workflows.timing.head_matmuls, every 2-D matmul counted, the backbone's
+    subtracted)."""
+    from tigon.workflows.timing import head_matmuls
+
+    model = tiny_model()
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    assert tigon_trl.patch_trainer(BareSFT(model), strict=True).ok
+    ids = torch.randint(0, 256, (2, 12), device=DEVICE)
+    labels = ids.clone()
+    labels[0, :5] = -100
+    scored, dims = int((labels[:, 1:] != -100).sum()), (model.config.hidden_size, V)
+    out = []
+    total = head_matmuls(lambda: out.append(model(input_ids=ids, labels=labels, fused_lm_head=True)), scored, *dims)
+    backbone = head_matmuls(lambda: model.model(input_ids=ids, use_cache=False), scored, *dims)
+    assert out[0].is_top1 is not None and out[0].is_top1.dtype == torch.bool
+    assert total - backbone == pytest.approx(1.0)
 
 
 def test_fallbacks_warn_once_and_strict_raises():

@@ -14,9 +14,9 @@ metrics run unchanged on Tigon's numbers:
 * ``mean_logits`` (no gradient): the vocabulary mean of the logits is linear in the hidden state,
   ``mean_v (h . W_v + b_v) = h . mean_v W_v + mean_v b_v``: one matrix-vector product. Not linear under a final-logit
   soft-cap: such models fall back (:func:`unsupported_outputs`).
-* ``is_top1`` (no gradient): the argmax of each token's logits from
-  :func:`tigon.functional.fused_linear_cross_entropy` (``return_predicted_tokens``), one more forward pass over the
-  head (2 x tokens x hidden x vocab FLOPs, a third of the fused head's forward + backward).
+* ``is_top1`` (no gradient): ``fused_linear_logprobs(..., return_is_top1=True)``, from the same pass as the
+  log-probabilities (the row kernel keeps each row's first argmax beside its max): no extra head work.
+  ``torch.argmax``'s tie rule, as TRL's (a target tied with an earlier column is not top-1).
 * ``log_sum_sq_probs`` (no gradient; DPO's WPO weights): ``log sum_v p_v^2 = lse(2 z) - 2 lse(z)`` with ``z`` the
   temperature-scaled logits, so the lse of a second no-gradient pass at half the temperature.
 
@@ -125,18 +125,13 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
     h, t = hidden[mask], labels[mask]  # only the scored positions go through the head
     with ctx:
         res = F.fused_linear_logprobs(h, weight, t, bias, temperature=temperature, softcap=softcap,
-                                      return_entropy="entropy" in outputs, return_lse=True, memory=memory)
+                                      return_entropy="entropy" in outputs, return_lse=True,
+                                      return_is_top1="is_top1" in outputs, memory=memory)
         extra = {}
         with torch.no_grad():
             if "mean_logits" in outputs:
                 m = h.detach().float() @ weight.detach().float().mean(0)
                 extra["mean_logits"] = (m if bias is None else m + bias.detach().float().mean()) / temperature
-            if "is_top1" in outputs:
-                pred = F.fused_linear_cross_entropy(
-                    h.detach(), weight.detach(), t, None if bias is None else bias.detach(), reduction="none",
-                    logit_scale=1.0 / temperature, softcap=None if softcap is None else softcap / temperature,
-                    return_predicted_tokens=True, memory=memory).predicted_tokens
-                extra["is_top1"] = pred == t
             if "log_sum_sq_probs" in outputs:
                 lse2 = F.fused_linear_logprobs(h.detach(), weight.detach(), t, None if bias is None else bias.detach(),
                                                temperature=temperature / 2, softcap=softcap, return_lse=True,
@@ -151,7 +146,7 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
     return FusedCausalLMOutput(
         loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=scatter(res.entropy),
         log_sum_sq_probs=scatter(extra.get("log_sum_sq_probs")), mean_logits=scatter(extra.get("mean_logits")),
-        is_top1=scatter(extra.get("is_top1")), label_mask=mask, aux_loss=None)
+        is_top1=scatter(res.is_top1), label_mask=mask, aux_loss=None)
 
 
 def fallback(reason: str, where: str, strict: bool, seen: set, log: list) -> None:

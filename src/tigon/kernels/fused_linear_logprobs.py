@@ -25,6 +25,12 @@ row kernel reads them.
   forward kernel, asks the loss for its per-token gradients, then the backward kernel over the same buffer, and the
   chunk's gradient matmuls; :class:`FormedGradsFunction` carries the result to the leaves.
 
+* Top-1 flags (``return_is_top1``, TRL's token accuracy): both forwards keep, beside the running max, the column of
+  the row's first maximum (a block's ``tl.argmax`` takes its first maximum; a later block replaces the running one
+  only when its max is strictly larger), and write 1.0 where it is the target (the cross-entropy kernel's
+  ``COMPUTE_ACC`` hit flags, in the log-probability-only path): ``torch.argmax``'s tie rule, in the same read of the
+  logits. Comparing the target logit with the row max alone would count a target tied with an earlier column.
+
 Minimal bytes per chunk: forward reads the logits once (N*V*2 for bf16), backward reads and writes them once.
 Ignored rows are never read (their outputs are 0, their gradient rows written as zeros).
 """
@@ -53,9 +59,10 @@ def _logprob_entropy_fwd_kernel(
     T,                # (n,) int targets, contiguous
     LOGP, ENT,        # (n,) fp32 outputs: log p(target), entropy (0 at ignored rows)
     STATS,            # (n, 2) fp32 output: row max m and log s (lse = m + log s)
+    TOP1,             # (n,) fp32 output with COMPUTE_TOP1: 1.0 where the target is the row's first argmax, else 0.0
     BAD,              # the target_check buffer (a target outside [0, V) is recorded there)
     n_rows, V, ignore_index, logit_scale, softcap,
-    HAS_SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, COMPUTE_TOP1: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, _wt = _row_setup(T, T, rows, n_rows, V, ignore_index, False)
@@ -65,13 +72,18 @@ def _logprob_entropy_fwd_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_M], tl.float32)
     u = tl.zeros([BLOCK_M], tl.float32)  # sum_v exp(x_v - m) (m - x_v)
+    best = tl.zeros([BLOCK_M], tl.int32)  # column of the first maximum so far
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
-        m_new = tl.maximum(m, tl.max(x, axis=1))
+        bmax = tl.max(x, axis=1)
+        if COMPUTE_TOP1:
+            bidx = tl.argmax(x, axis=1, tie_break_left=True).to(tl.int32)
+            best = tl.where(bmax > m, start + bidx, best)  # strict: an equal later maximum keeps the first
+        m_new = tl.maximum(m, bmax)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
         alpha = tl.exp(m - m_ref)
         shift = tl.where(m > float("-inf"), m_ref - m, 0.0)  # (s = u = 0 while m = -inf)
@@ -85,6 +97,8 @@ def _logprob_entropy_fwd_kernel(
     tl.store(ENT + rows, tl.where(valid, u / s + logs, 0.0), mask=rmask)
     tl.store(STATS + 2 * rows, m, mask=rmask)
     tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
+    if COMPUTE_TOP1:
+        tl.store(TOP1 + rows, tl.where(valid & in_range & (best == t_safe), 1.0, 0.0), mask=rmask)
 
 
 @triton.jit
@@ -137,18 +151,21 @@ def _logprob_bwd_kernel(
 
 
 def rows_forward_entropy(x: torch.Tensor, target: torch.Tensor, opts: LossOptions, out_logp: torch.Tensor,
-                         out_ent: torch.Tensor, out_stats: torch.Tensor) -> None:
+                         out_ent: torch.Tensor, out_stats: torch.Tensor, out_top1: torch.Tensor | None = None) -> None:
     """Log-probabilities, entropies and row statistics of rows ``x`` (n, V) (unit column stride), targets (n,)
-    contiguous, into (n,) / (n,) / (n, 2) fp32 outputs. Raises first for a bad target an earlier launch recorded."""
+    contiguous, into (n,) / (n,) / (n, 2) fp32 outputs; with ``out_top1`` ((n,) fp32) also 1.0 / 0.0 where the
+    target is / is not the row's first argmax (0.0 at ignored rows). Raises first for a bad target an earlier launch
+    recorded."""
     n, vocab = x.shape
     if n == 0:
         return
     target_check.raise_if_seen()
     block_m, block_v, warps = _blocks(n, vocab, x.device)
     _logprob_entropy_fwd_kernel[(cdiv(n, block_m),)](
-        x, x.stride(0), target, out_logp, out_ent, out_stats, target_check.buffer(x.device),
-        n, vocab, int(opts.ignore_index), float(opts.logit_scale), float(opts.softcap or 1.0),
-        HAS_SOFTCAP=opts.softcap is not None, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        x, x.stride(0), target, out_logp, out_ent, out_stats, out_top1 if out_top1 is not None else out_logp,
+        target_check.buffer(x.device), n, vocab, int(opts.ignore_index), float(opts.logit_scale),
+        float(opts.softcap or 1.0), HAS_SOFTCAP=opts.softcap is not None, BLOCK_M=block_m, BLOCK_V=block_v,
+        num_warps=warps, COMPUTE_TOP1=out_top1 is not None,
     )
 
 
@@ -176,14 +193,16 @@ def rows_backward(x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, en
 
 
 def rows_forward(lg: torch.Tensor, target: torch.Tensor, opts: LossOptions, logp: torch.Tensor,
-                 ent: torch.Tensor | None, z: torch.Tensor | None, stats: torch.Tensor) -> None:
+                 ent: torch.Tensor | None, z: torch.Tensor | None, stats: torch.Tensor,
+                 top1: torch.Tensor | None = None) -> None:
     """Log-probabilities (and, with ``ent``, entropies) and row statistics of one chunk of logits ``lg`` (n, V)
-    into the (n,) / (n, 2) fp32 slices ``logp``, ``ent``, ``stats``. Without the entropy it is the cross-entropy row
-    forward, whose loss rows (-log p, negated here) and z rows (``z``, (n,) fp32 scratch) it writes."""
+    into the (n,) / (n, 2) fp32 slices ``logp``, ``ent``, ``stats``; with ``top1`` ((n,) fp32) the 1.0 / 0.0 flags
+    of a target that is its row's first argmax, from the same read. Without the entropy it is the cross-entropy row
+    forward, whose loss rows (-log p, negated here), z rows (``z``, (n,) fp32 scratch) and hit flags it writes."""
     if ent is not None:
-        rows_forward_entropy(lg, target, opts, logp, ent, stats)
+        rows_forward_entropy(lg, target, opts, logp, ent, stats, top1)
     else:
-        ce_rows_forward(lg, target, None, None, opts, logp, z, stats, None)
+        ce_rows_forward(lg, target, None, None, opts, logp, z, stats, top1)
         logp.neg_().add_(0.0)  # the cross-entropy row loss is -log p (+0.0, not -0.0, at ignored rows)
 
 
@@ -200,9 +219,10 @@ def rows_grad_(lg: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, ent:
 
 
 def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
-                     lean: bool = False, budget: int = -1):
-    """(logp (N,), entropy (N,) or None, stats (N, 2)) fp32 over chunks of tokens (no gradient is formed here: the
-    backward recomputes the logits). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the
+                     lean: bool = False, budget: int = -1, want_top1: bool = False):
+    """(logp (N,), entropy (N,) or None, stats (N, 2), top1) fp32 over chunks of tokens (no gradient is formed here:
+    the backward recomputes the logits), top1 (N,) bool or None: with ``want_top1``, whether the target is its row's
+    first argmax (False at ignored tokens). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the
     chunk rule of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows` (the ``memory`` option)."""
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -212,6 +232,7 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
     logp, stats = torch.empty(n, **f32), row_stats(n, dev)
     ent = torch.empty(n, **f32) if want_entropy else None
     z = None if want_entropy else torch.empty(n, **f32)  # the cross-entropy kernel's z-loss rows (all 0 here)
+    top1 = torch.empty(n, **f32) if want_top1 else None
     rows = chunk_rows(n, vocab, hdim, dev, lean, False, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with torch.autocast(dev.type, enabled=False):
@@ -221,8 +242,8 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
             lg = buf[: e - s]
             mm.logits(lg, h[s:e], w, b)
             rows_forward(lg, target[s:e], opts, logp[s:e], ent[s:e] if want_entropy else None,
-                         None if want_entropy else z[s:e], stats[s:e])
-    return logp, ent, stats
+                         None if want_entropy else z[s:e], stats[s:e], top1[s:e] if want_top1 else None)
+    return logp, ent, stats, (top1 != 0 if want_top1 else None)
 
 
 def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, opts: LossOptions,
@@ -308,37 +329,44 @@ class FormedGradsFunction(torch.autograd.Function):
 
 
 def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
-                     lean: bool = False, budget: int = -1):
-    """(logp, entropy or None, lse, stats): :func:`logprobs_forward` plus the lse (0 at ignored tokens); shared by
-    the autograd.Function and the custom op."""
-    logp, ent, stats = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
+                     lean: bool = False, budget: int = -1, want_top1: bool = False):
+    """(logp, entropy or None, lse, stats, top1 or None): :func:`logprobs_forward` plus the lse (0 at ignored
+    tokens); shared by the autograd.Function and the custom op."""
+    logp, ent, stats, top1 = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget,
+                                              want_top1)
     lse = torch.where(target != opts.ignore_index, stats[:, 0] + stats[:, 1], 0.0)
-    return logp, ent, lse, stats
+    return logp, ent, lse, stats, top1
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
-    """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget)`` ->
-    (logp, entropy, lse), each (N,) fp32 and differentiable (entropy is an empty (0,) tensor unless
-    ``want_entropy``). ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype;
-    ``lean``, ``budget``: the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
+    """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget,
+    want_top1)`` -> (logp, entropy, lse, top1): (N,) fp32 each and differentiable (entropy is an empty (0,) tensor
+    unless ``want_entropy``), and top1 (N,) bool, not differentiable (an empty (0,) tensor unless ``want_top1``).
+    ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype; ``lean``, ``budget``:
+    the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1):
+    def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1,
+                want_top1=False):
         target = target.contiguous()
-        logp, ent, lse, stats = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget)
+        logp, ent, lse, stats, top1 = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy, lean,
+                                                       budget, want_top1)
         ctx.opts, ctx.cd, ctx.need, ctx.lean, ctx.budget = opts, cd, need, lean, budget
         if any(need):
             ctx.save_for_backward(hidden, weight, target, bias, stats, ent)
         if ent is None:
             ent = logp.new_empty((0,))
             ctx.mark_non_differentiable(ent)
+        if top1 is None:
+            top1 = torch.empty((0,), dtype=torch.bool, device=logp.device)
+        ctx.mark_non_differentiable(top1)
         ctx.set_materialize_grads(False)
-        return logp, ent, lse
+        return logp, ent, lse, top1
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, g_lp, g_ent, g_lse):
-        none = (None,) * 6
+    def backward(ctx, g_lp, g_ent, g_lse, _g_top1):
+        none = (None,) * 7
         if not any(ctx.need) or (g_lp is None and g_ent is None and g_lse is None):
             return (None,) * 4 + none
         hidden, weight, target, bias, stats, ent = ctx.saved_tensors
@@ -357,22 +385,26 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
 @torch.library.custom_op("tigon::fused_linear_logprobs", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _flp(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
          softcap: Optional[float], logit_scale: float, cd: torch.dtype, want_entropy: bool, need_hidden: bool,
-         need_weight: bool, need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32. The need flags only
-    tell the autograd formula which gradients to form."""
+         need_weight: bool, need_bias: bool, lean: bool, budget: int,
+         want_top1: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32, and top1 (N,) bool
+    or (0,) unless ``want_top1``. The need flags only tell the autograd formula which gradients to form."""
     opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
-    logp, ent, lse, stats = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy, lean,
-                                             budget)
-    return logp, or_empty(ent, stats), lse, stats
+    logp, ent, lse, stats, top1 = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd, want_entropy,
+                                                   lean, budget, want_top1)
+    if top1 is None:
+        top1 = torch.empty((0,), dtype=torch.bool, device=logp.device)
+    return logp, or_empty(ent, stats), lse, stats, top1
 
 
 @_flp.register_fake
 def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, need_hidden, need_weight,
-      need_bias, lean, budget):
+      need_bias, lean, budget, want_top1=False):
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32)
     return (hidden.new_empty((n,), **f32), hidden.new_empty((n,) if want_entropy else (0,), **f32),
-            hidden.new_empty((n,), **f32), hidden.new_empty((n, 2), **f32))
+            hidden.new_empty((n,), **f32), hidden.new_empty((n, 2), **f32),
+            hidden.new_empty((n,) if want_top1 else (0,), dtype=torch.bool))
 
 
 @torch.library.custom_op("tigon::fused_linear_logprobs_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
@@ -399,14 +431,15 @@ def _(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, ignore_index
 
 
 def _flp_setup(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb, lean, budget = inputs
-    ctx.need, ctx.want_entropy = (nh, nw, nb), want_entropy
+    hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, nh, nw, nb, lean = inputs[:13]
+    budget = inputs[13]
+    ctx.need, ctx.want_entropy, ctx.n_inputs = (nh, nw, nb), want_entropy, len(inputs)
     ctx.scalars = (ignore_index, softcap, logit_scale, cd, nh, nw, nb, lean, budget)
     ctx.save_for_backward(hidden, weight, target, bias, output[3], output[1])
 
 
-def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats):
-    nones = (None,) * 10
+def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats, _g_top1):
+    nones = (None,) * (ctx.n_inputs - 4)
     if not any(ctx.need):
         return (None,) * 4 + nones
     hidden, weight, target, bias, stats, ent = ctx.saved_tensors
@@ -422,8 +455,9 @@ _flp.register_autograd(_flp_grad, setup_context=_flp_setup)
 
 
 def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy,
-                                   lean=False, budget=-1):
-    """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse)."""
-    logp, ent, lse, _stats = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap, opts.logit_scale, cd,
-                                  want_entropy, *need, lean, budget)
-    return logp, ent, lse
+                                   lean=False, budget=-1, want_top1=False):
+    """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse,
+    top1)."""
+    logp, ent, lse, _stats, top1 = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap,
+                                        opts.logit_scale, cd, want_entropy, *need, lean, budget, want_top1)
+    return logp, ent, lse, top1

@@ -32,6 +32,7 @@ def fused_linear_logprobs(
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_lse: bool = False,
+    return_is_top1: bool = False,
     memory: str | int = "auto",
 ):
     """Per-token ``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[target]`` without the logits.
@@ -58,16 +59,20 @@ def fused_linear_logprobs(
         ignore_index: target value of tokens to skip: 0 in every output, no gradient (padding, prompt tokens).
         return_entropy: also return each token's entropy ``-sum_v p_v log p_v`` (nats).
         return_lse: also return each token's log-sum-exp of the scaled logits.
+        return_is_top1: also return whether each target is its row's argmax (TRL's token accuracy), from the same
+            read of each chunk's logits: ``torch.argmax``'s tie rule (the first maximum wins, so a target tied with
+            an earlier column is not top-1), on the fp32 transformed logits of the matmul dtype.
         memory: the memory the op may hold beside its inputs and the gradients it returns, as in
             :func:`fused_linear_cross_entropy`: ``"auto"`` (default: chunk buffer and the backward's fp32 grad_weight
             accumulator within 3 GiB on CUDA), ``"low"`` (grad_weight accumulated in the weight's dtype, chunks of
             Liger-Kernel's size: about 64 MiB of logits), or a budget in bytes.
 
     Returns:
-        (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy`` or
-        ``return_lse``, ``LogProbsOutput(logprobs, entropy, lse)`` ((N,) float32 each; None for what was not
-        requested). Every returned tensor is differentiable w.r.t. hidden, weight and bias; the gradients have
-        their dtypes and shapes. float64 inputs run the reference (float64 outputs).
+        (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy``,
+        ``return_lse`` or ``return_is_top1``, ``LogProbsOutput(logprobs, entropy, lse, is_top1)`` ((N,) float32
+        each, ``is_top1`` (N,) bool, False at ignored tokens; None for what was not requested). The float outputs are
+        differentiable w.r.t. hidden, weight and bias (the gradients have their dtypes and shapes); ``is_top1`` is
+        not (no grad_fn). float64 inputs run the reference (float64 outputs).
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices, temperature (must be finite and > 0), softcap or
@@ -80,16 +85,18 @@ def fused_linear_logprobs(
     if plan is None:
         return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                                          ignore_index=ignore_index, return_entropy=return_entropy,
-                                         return_lse=return_lse)
+                                         return_lse=return_lse, return_is_top1=return_is_top1)
     from ..kernels import fused_linear_logprobs as k
 
     opts, cd, need, lean, budget = plan
     run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
            else k.FusedLinearLogProbsFunction.apply)
-    logp, ent, lse = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget)
-    if not (return_entropy or return_lse):
+    logp, ent, lse, top1 = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget,
+                               bool(return_is_top1))
+    if not (return_entropy or return_lse or return_is_top1):
         return logp
-    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None)
+    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None,
+                          top1 if return_is_top1 else None)
 
 
 class LogProbPlan(NamedTuple):

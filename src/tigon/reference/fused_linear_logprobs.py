@@ -9,6 +9,11 @@ final-logit soft-cap ``c``:
     lse_i = logsumexp_v x_iv
     logp_i = x_it - lse_i                                      log-probability of the target
     H_i   = -sum_v p_iv log p_iv = lse_i - sum_v p_iv x_iv     entropy (nats), p_i = softmax(x_i)
+    is_top1_i = (argmax_v x_iv == t)                           the target is the row's top-1 (no gradient)
+
+``is_top1`` follows ``torch.argmax``'s tie rule: among equal maxima the first index wins, so a target tied with an
+earlier column is not top-1 (TRL's token accuracy, ``argmax == label``). It is taken on the transformed logits ``x``
+(a soft-cap may round two distinct logits to one value; the temperature never reorders them).
 
 This is what TRL's trainers compute from a model's logits (``trl.trainer.utils.selective_log_softmax``: the logits
 divided by the temperature, then log-softmax gathered at the target; ``entropy_from_logits`` on the same scaled
@@ -39,12 +44,15 @@ class LogProbsOutput(NamedTuple):
     logprobs: (N,) float32 (float64 for float64 inputs) log-probability of each target, 0 at ignored tokens.
     entropy: (N,) entropy of each token's distribution in nats, 0 at ignored tokens; None unless requested.
     lse: (N,) log-sum-exp of each token's scaled logits (``x`` of the module docstring), 0 at ignored tokens;
-        None unless requested. All three are differentiable.
+        None unless requested. These three are differentiable.
+    is_top1: (N,) bool, whether the target is the first argmax of its row's logits (TRL's token accuracy), False at
+        ignored tokens; not differentiable (detached); None unless requested.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     lse: torch.Tensor | None = None
+    is_top1: torch.Tensor | None = None
 
 
 def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_index) -> None:
@@ -77,6 +85,7 @@ def fused_linear_logprobs(
     ignore_index: int = -100,
     return_entropy: bool = False,
     return_lse: bool = False,
+    return_is_top1: bool = False,
 ):
     """Per-token ``log softmax(softcap(hidden @ weight.T + bias) / temperature)[target]``; see the module docstring.
 
@@ -89,10 +98,11 @@ def fused_linear_logprobs(
         softcap: final-logit soft-cap ``c`` (Gemma 2), applied before the temperature; None for none.
         ignore_index: target value of tokens to skip (0 in every output, no gradient).
         return_entropy, return_lse: also return each token's entropy / log-sum-exp (:class:`LogProbsOutput`).
+        return_is_top1: also return whether each target is its row's argmax ((N,) bool, False where ignored).
 
     Returns:
         The (N,) log-probabilities in the inputs' dtype promoted to at least float32, or
-        ``LogProbsOutput(logprobs, entropy, lse)`` (None for what was not requested).
+        ``LogProbsOutput(logprobs, entropy, lse, is_top1)`` (None for what was not requested).
 
     Raises:
         TypeError, ValueError: see :func:`check_inputs`; ValueError for a target outside [0, V) other than
@@ -113,8 +123,9 @@ def fused_linear_logprobs(
     logsm = torch.log_softmax(x, dim=-1)
     safe = torch.where(valid, target, torch.zeros_like(target)).long()
     logp = torch.where(valid, logsm.gather(1, safe[:, None]).squeeze(1), zero)
-    if not (return_entropy or return_lse):
+    if not (return_entropy or return_lse or return_is_top1):
         return logp
     ent = torch.where(valid, -(logsm.exp() * logsm).sum(-1), zero) if return_entropy else None
     lse = torch.where(valid, torch.logsumexp(x, dim=-1), zero) if return_lse else None
-    return LogProbsOutput(logp, ent, lse)
+    top1 = (valid & (x.detach().argmax(-1) == target)) if return_is_top1 else None
+    return LogProbsOutput(logp, ent, lse, top1)
