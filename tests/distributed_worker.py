@@ -214,12 +214,29 @@ def check_tensor_parallel_head_is_skipped() -> str:
     return "skipped: " + skipped[0].detail[:60]
 
 
+def check_compare(parallel: str) -> str:
+    """``tigon compare --nproc 2 --parallel PARALLEL`` on the tiny default model, 2 steps: the rank side
+    (tigon.workflows.compare_dist.rank_main, as torch.distributed.run starts it) in this process group; rank 0
+    writes the report to $TIGON_COMPARE_JSON_DIR/compare_<parallel>.json, which the test reads."""
+    import json
+
+    from tigon.workflows import compare_dist
+
+    out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}.json")
+    config = json.dumps({"preset": "tiny", "steps": 2, "nproc": dist.get_world_size(), "parallel": parallel})
+    status = compare_dist.rank_main(["--config", config, "--out", out])
+    assert status == 0, f"rank_main exited with {status}"
+    return "report written by rank 0"
+
+
 def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
     checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
     checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
     checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
+    checks["compare_ddp"] = lambda: check_compare("ddp")
+    checks["compare_fsdp2"] = lambda: check_compare("fsdp2")
     for name in names or list(checks):
         start = time.perf_counter()
         try:

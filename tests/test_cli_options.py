@@ -48,6 +48,8 @@ OPTIONS = {
     ("compare", ("--layers",), None, None),
     ("compare", ("--lr",), None, None),
     ("compare", ("--model",), None, None),
+    ("compare", ("--nproc",), 1, None),
+    ("compare", ("--parallel",), "ddp", ("ddp", "fsdp2")),
     ("compare", ("--plot",), None, None),
     ("compare", ("--preset",), None, None),
     ("compare", ("--quiet",), False, None),
