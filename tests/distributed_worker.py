@@ -229,6 +229,22 @@ def check_compare(parallel: str) -> str:
     return "report written by rank 0"
 
 
+def check_bench_e2e() -> str:
+    """``tigon bench --e2e --nproc 2 --parallel fsdp2 --providers original,tigon --steps 1`` on the tiny default model
+    (FSDP2 here, DDP in the compare check, one launch each would cost more than CI has to spare): the rank
+    side in this process group; rank 0 writes $TIGON_COMPARE_JSON_DIR/bench_e2e.json, which the test reads."""
+    import json
+
+    from tigon.workflows import compare_dist
+
+    out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], "bench_e2e.json")
+    config = json.dumps({"providers": ["original", "tigon"], "steps": 1, "nproc": dist.get_world_size(),
+                         "parallel": "fsdp2"})
+    status = compare_dist.rank_main(["--workflow", "e2e", "--config", config, "--out", out])
+    assert status == 0, f"rank_main exited with {status}"
+    return "report written by rank 0"
+
+
 def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
@@ -236,7 +252,7 @@ def main(names: list[str]) -> None:
     checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
     checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
     checks["compare_ddp"] = lambda: check_compare("ddp")
-    checks["compare_fsdp2"] = lambda: check_compare("fsdp2")
+    checks["bench_e2e_fsdp2"] = check_bench_e2e
     for name in names or list(checks):
         start = time.perf_counter()
         try:

@@ -56,6 +56,8 @@ def test_bad_preset_is_one_line_exit_2():
         (["bench", "--e2e", "--model", "tiny", "--layers", "9"], "between 1 and the model's 2 layers"),
         (["compare", "--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
         (["compare", "--nproc", "2", "--parallel", "zero3"], "argument --parallel: invalid choice: 'zero3'"),
+        (["bench", "--e2e", "--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
+        (["bench", "--nproc", "2"], "--nproc needs --e2e"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):

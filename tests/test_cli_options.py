@@ -28,6 +28,8 @@ OPTIONS = {
     ("bench", ("--json",), None, None),
     ("bench", ("--kernel-summary",), False, None),
     ("bench", ("--layers",), None, None),
+    ("bench", ("--nproc",), None, None),
+    ("bench", ("--parallel",), None, ("ddp", "fsdp2")),
     ("bench", ("--lora",), None, None),
     ("bench", ("--model",), None, None),
     ("bench", ("--op",), None, None),

@@ -168,6 +168,6 @@ def test_nproc_launches_through_torchrun():
     cfg = resolve_config(CompareConfig(preset="tiny", steps=2, nproc=3, parallel="fsdp2", device="cpu"))
     cmd = torchrun_command(cfg, "/tmp/r.json", progress=True)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]
-    assert cmd[5:7] == ["-m", "tigon.workflows.compare_dist"] and cmd[-3:] == ["--out", "/tmp/r.json", "--progress"]
+    assert cmd[5:7] == ["-m", "tigon.workflows._nproc_rank"] and cmd[-3:] == ["--out", "/tmp/r.json", "--progress"]
     sent = json.loads(cmd[cmd.index("--config") + 1])
     assert CompareConfig(**sent) == cfg  # the ranks get the resolved configuration

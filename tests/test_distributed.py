@@ -14,8 +14,9 @@ original's is (``reshard_after_forward`` True, or False: kept). Tensor paralleli
 (row-wise) and a DeepSpeed ZeRO-3 one must be skipped with the reason.
 
 ``tigon compare --nproc 2`` (the rank side, tigon.workflows.compare_dist.rank_main, run in the same two processes
-under DDP and FSDP2, on the tiny default model for 2 steps): the JSON report has both ranks' peak memory and tokens/s,
+under DDP, on the tiny default model for 2 steps): the JSON report has both ranks' peak memory and tokens/s,
 the reported losses are the ranks' mean, and the patched losses agree with the original ones as in tests/test_compare.py.
+``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and tokens/s.
 
 Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism of the decoder layers.
 """
@@ -38,7 +39,7 @@ CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "f
           "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "tensor_parallel_head_skipped", "vocab_parallel_functional", "tensor_parallel_head",
-          "compare_ddp", "compare_fsdp2"]
+          "compare_ddp", "bench_e2e_fsdp2"]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_deepspeed_zero3_head_is_skipped_and_the_original_runs():
     assert out.logits is not None and torch.isfinite(out.loss)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("parallel", ["ddp"])
 def test_compare_nproc_2_reports_each_rank(results, compare_dir, parallel):
     import json
     import math
@@ -124,3 +125,24 @@ def test_compare_nproc_renders_the_ranks_table(results, compare_dir, capsys):
     out = capsys.readouterr().out
     assert "Ranks" in out and "peak memory patched" in out and "global batch 4" in out
     assert _summary_line(report).endswith("nproc=2 parallel=ddp")
+
+
+def test_bench_e2e_nproc_2_reports_each_rank(results, compare_dir, capsys):
+    import json
+
+    from tigon.cli.bench import _render_e2e
+
+    report = json.loads((compare_dir / "bench_e2e.json").read_text())
+    assert report["config"]["nproc"] == WORLD and report["distributed"]["parallel"] == "fsdp2"
+    assert report["distributed"]["global_batch_size"] == WORLD * report["config"]["batch_size"]
+    assert [row["provider"] for row in report["rows"]] == ["original", "tigon"]
+    for row in report["rows"]:
+        assert row["status"] == "ok", row
+        assert [r["rank"] for r in row["ranks"]] == list(range(WORLD))
+        assert all(isinstance(r["peak_memory_bytes"], int) and r["tokens_per_s"] > 0 for r in row["ranks"]), row
+        assert row["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in row["ranks"])
+        assert row["step_ms"] == max(r["step_ms"] for r in row["ranks"])  # one timed step: the slowest rank's
+    original, tigon_row = report["rows"]
+    assert abs(original["losses"][0] - tigon_row["losses"][0]) <= 1e-5 * abs(original["losses"][0])
+    _render_e2e(report, None)
+    assert "Ranks: peak memory" in capsys.readouterr().out

@@ -37,6 +37,7 @@ import torch
 
 from .. import data as _data
 from .. import presets as _presets
+from . import compare_dist
 from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .errors import ConfigError, error_text
 from .model_source import ModelSource, model_config, resolve_source
@@ -46,7 +47,6 @@ AUTOCAST_DTYPES = ("float16",)  # trained as autocast over fp32 weights with a G
 PRECISION = {"float32": "float32", "bfloat16": "pure bfloat16 (weights, gradients, AdamW state)",
              "float16": "float16 autocast over float32 weights, torch.amp.GradScaler"}
 DEVICES = ("auto", "cpu", "cuda")
-PARALLEL = ("ddp", "fsdp2")  # how each rank wraps its model when nproc > 1
 
 # Defaults filled in per device when a CompareConfig field is None. The CPU default must finish well under two
 # minutes on a 2-core machine with the patched run interpreted; a CUDA machine gets a bigger model.
@@ -227,10 +227,7 @@ def _validate(cfg: CompareConfig) -> None:
         raise ConfigError(f"--lr must be a positive number, got {cfg.lr!r}")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
-    if not isinstance(cfg.nproc, int) or isinstance(cfg.nproc, bool) or cfg.nproc < 1:
-        raise ConfigError(f"--nproc must be an integer >= 1, got {cfg.nproc!r}")
-    if cfg.parallel not in PARALLEL:
-        raise ConfigError(f"unknown --parallel {cfg.parallel!r} (choose from {', '.join(PARALLEL)})")
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, "cpu")
 
 
 def _hf_config(cfg: CompareConfig) -> tuple[Any, ModelSource]:
@@ -314,11 +311,7 @@ def resolve_config(config: CompareConfig) -> CompareConfig:
     device = _resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
-    if device.type == "cuda" and cfg.nproc > torch.cuda.device_count():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise ConfigError(f"--nproc {cfg.nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
-                          + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
-                          + ": one process per GPU")
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
     source = resolve_source(cfg.model, "--model") if cfg.model is not None else None
     if source is not None and source.kind == "preset":
         cfg.preset, cfg.model, source = cfg.model, None, None
@@ -362,8 +355,6 @@ def run_compare(
     cfg = resolve_config(config)
     rank = world = None
     if cfg.nproc > 1:
-        from . import compare_dist
-
         if not compare_dist.in_process_group():
             return compare_dist.launch(cfg, progress)  # N ranks through torch.distributed.run, rank 0's result
         rank, world = compare_dist.rank_and_world(cfg.nproc)

@@ -1,7 +1,7 @@
 """``tigon compare --nproc N``: the comparison on N processes, launched through ``torch.distributed.run``.
 
 :func:`tigon.workflows.compare.run_compare` with ``nproc`` > 1 calls :func:`launch` when no process group exists:
-it runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m tigon.workflows.compare_dist ...``
+it runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m tigon.workflows._nproc_rank ...``
 (gloo on CPU, NCCL on CUDA with one GPU per rank, ``LOCAL_RANK``), and each rank (:func:`rank_main`) calls
 ``run_compare`` again, now inside the group. There every rank builds the same model from the seed, wraps its copy
 (:func:`wrap`: ``DistributedDataParallel``, or FSDP2's ``fully_shard`` on each decoder layer and the root), trains
@@ -33,32 +33,70 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._train import ProgressFn, RunStats
+from ._train import RunStats
 from .errors import ConfigError
 
 PROGRESS_MARK = "tigon-compare-progress "
-"""Prefix of rank 0's progress lines on stdout: the mark, then JSON ``[run, step, steps, loss]``."""
+"""Prefix of rank 0's progress lines on stdout: the mark, then the JSON list of the progress call's arguments."""
 
 
 class DistributedRunError(RuntimeError):
     """The ranks launched by :func:`launch` failed without a report (a crash, a lost rank); their output was shown."""
 
 
+PARALLEL = ("ddp", "fsdp2")
+"""How each rank wraps its model when nproc > 1 (:func:`wrap`)."""
+
+
+def check_nproc(nproc, parallel, device_type: str) -> None:
+    """Check ``--nproc`` and ``--parallel`` for a run on ``device_type`` ("cpu" or "cuda").
+
+    Raises:
+        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of :data:`PARALLEL`, or (CUDA) ``nproc``
+            exceeds the visible GPUs (one process per GPU).
+    """
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ConfigError(f"--nproc must be an integer >= 1, got {nproc!r}")
+    if parallel not in PARALLEL:
+        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+    if device_type == "cuda" and nproc > torch.cuda.device_count():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
+                          + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+                          + ": one process per GPU")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the launching side
 
 
-def torchrun_command(cfg, out_path: str, *, progress: bool = False) -> list[str]:
-    """The command line that runs ``cfg`` (a resolved CompareConfig with ``nproc`` > 1) on ``cfg.nproc`` ranks and
-    has rank 0 write the JSON report to ``out_path``."""
+WORKFLOWS = ("compare", "e2e")
+"""What :func:`launch` can run on N ranks: ``tigon compare`` (:func:`tigon.workflows.compare.run_compare`) and
+``tigon bench --e2e`` (:func:`tigon.workflows.e2e.run_e2e`)."""
+
+
+def torchrun_command(cfg, out_path: str, *, progress: bool = False, workflow: str = "compare") -> list[str]:
+    """The command line that runs ``cfg`` (a resolved CompareConfig, or E2EConfig for ``workflow="e2e"``, with
+    ``nproc`` > 1) on ``cfg.nproc`` ranks and has rank 0 write the JSON report to ``out_path``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc}",
-           "-m", __name__, "--config", json.dumps(dataclasses.asdict(cfg)), "--out", out_path]
-    return cmd + (["--progress"] if progress else [])
+           "-m", "tigon.workflows._nproc_rank", "--config", json.dumps(dataclasses.asdict(cfg)), "--out", out_path]
+    return cmd + (["--workflow", workflow] if workflow != "compare" else []) + (["--progress"] if progress else [])
 
 
-def launch(cfg, progress: ProgressFn | None = None):
-    """Run the comparison ``cfg`` (resolved, ``nproc`` > 1) on ``cfg.nproc`` processes through torch.distributed.run
-    and return rank 0's :class:`~tigon.workflows.compare.CompareResult`.
+def _result_from_json(report: dict[str, Any], workflow: str):
+    if workflow == "e2e":
+        from .e2e import E2ERow, E2EResult
+
+        return E2EResult(**dict(report, rows=[E2ERow(**row) for row in report["rows"]]))
+    from .compare import CompareResult
+
+    return CompareResult(**report)
+
+
+def launch(cfg, progress: Callable | None = None, *, workflow: str = "compare"):
+    """Run ``cfg`` (resolved, ``nproc`` > 1) on ``cfg.nproc`` processes through torch.distributed.run and return rank
+    0's result: a :class:`~tigon.workflows.compare.CompareResult`, or for ``workflow="e2e"`` an
+    :class:`~tigon.workflows.e2e.E2EResult`. ``progress`` gets rank 0's progress calls (the workflow's arguments).
 
     The ranks inherit this process's environment, with this Tigon first on ``PYTHONPATH`` and ``OMP_NUM_THREADS=1``
     unless set (torchrun's default); their stderr is this process's, their stdout comes here (rank 0's progress lines
@@ -68,8 +106,6 @@ def launch(cfg, progress: ProgressFn | None = None):
         ConfigError: a rank rejected the configuration (the message is rank 0's).
         DistributedRunError: the ranks exited without a report.
     """
-    from .compare import CompareResult
-
     import tigon
 
     env = dict(os.environ)
@@ -78,7 +114,7 @@ def launch(cfg, progress: ProgressFn | None = None):
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="tigon-compare-") as tmp:
         out_path = os.path.join(tmp, "report.json")
-        cmd = torchrun_command(cfg, out_path, progress=progress is not None)
+        cmd = torchrun_command(cfg, out_path, progress=progress is not None, workflow=workflow)
         with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
             for line in proc.stdout:
                 if line.startswith(PROGRESS_MARK):
@@ -96,7 +132,7 @@ def launch(cfg, progress: ProgressFn | None = None):
     if rc != 0 or report is None:
         raise DistributedRunError(f"torch.distributed.run with --nproc-per-node={cfg.nproc} exited with status {rc} "
                                   "and no report (the ranks' output is above)")
-    return CompareResult(**report)
+    return _result_from_json(report, workflow)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,7 +183,7 @@ def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torc
         for module in [m for m in model.modules() if type(m).__name__ in names]:
             fully_shard(module, mesh=mesh)
         return fully_shard(model, mesh=mesh)
-    raise ConfigError(f"unknown --parallel {parallel!r} (choose from ddp, fsdp2)")
+    raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
 
 
 def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[dict[str, Any]]:
@@ -216,20 +252,32 @@ def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
         "tokens/s the global tokens per second of the slowest rank's step times, peak memory the largest rank's.")
 
 
+def _print_progress(*args) -> None:
+    """Rank 0's progress call, as a line on stdout for :func:`launch`."""
+    print(PROGRESS_MARK + json.dumps(list(args)), flush=True)
+
+
 def rank_main(argv: list[str] | None = None) -> int:
-    """One rank of :func:`launch` (``python -m tigon.workflows.compare_dist --config JSON --out PATH [--progress]``
+    """One rank of :func:`launch` (``python -m tigon.workflows._nproc_rank --config JSON --out PATH [--workflow e2e]
+    [--progress]``
     under torch.distributed.run): run the comparison in the process group (set up here, gloo or NCCL, unless one
     exists) and have rank 0 write the report, or ``{"error": message}`` for a rejected configuration, to PATH.
     Returns the exit status (2 for a rejected configuration)."""
     from ..support import UnsupportedError
-    from .compare import CompareConfig, run_compare
 
-    parser = argparse.ArgumentParser(prog="python -m tigon.workflows.compare_dist")
-    parser.add_argument("--config", required=True, help="the resolved CompareConfig as JSON")
+    parser = argparse.ArgumentParser(prog="python -m tigon.workflows._nproc_rank")
+    parser.add_argument("--config", required=True, help="the resolved CompareConfig (E2EConfig) as JSON")
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON report")
+    parser.add_argument("--workflow", default="compare", choices=WORKFLOWS, help="default: compare")
     parser.add_argument("--progress", action="store_true", help="rank 0 prints progress lines on stdout")
     args = parser.parse_args(argv)
-    cfg = CompareConfig(**json.loads(args.config))
+    if args.workflow == "e2e":
+        from .e2e import E2EConfig as Config
+        from .e2e import run_e2e as run_workflow
+    else:
+        from .compare import CompareConfig as Config
+        from .compare import run_compare as run_workflow
+    cfg = Config(**json.loads(args.config))
     own_group = not in_process_group()
     if own_group:
         if cfg.device == "cuda":
@@ -242,16 +290,13 @@ def rank_main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
-    progress: Callable | None = None
-    if args.progress:
-        def progress(run, step, steps, loss):
-            print(PROGRESS_MARK + json.dumps([run, step, steps, loss]), flush=True)
+    progress = _print_progress if args.progress else None
     status, report = 0, None
     try:
         with warnings.catch_warnings():
             # as the CLI: the interpreter's numpy warnings on overflow; such a run is reported non-finite or diverged
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"(numpy|triton)\.")
-            report = run_compare(cfg, progress).as_dict()
+            report = run_workflow(cfg, progress).as_dict()
     except (ConfigError, UnsupportedError) as e:
         status, report = 2, {"error": str(e)}
     if dist.get_rank() == 0:
@@ -261,6 +306,3 @@ def rank_main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(rank_main())
