@@ -226,6 +226,16 @@ def check_compare(parallel: str) -> str:
     config = json.dumps({"preset": "tiny", "steps": 2, "nproc": dist.get_world_size(), "parallel": parallel})
     status = compare_dist.rank_main(["--config", config, "--out", out])
     assert status == 0, f"rank_main exited with {status}"
+    # a configuration every rank rejects: exit 0 on every rank (torchrun would end rank 0 before it writes otherwise),
+    # rank 0 writes the error for the launcher to raise
+    bad = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}_error.json")
+    config = json.dumps({"preset": "tiny", "steps": 2, "seq_len": 100_000, "nproc": dist.get_world_size()})
+    assert compare_dist.rank_main(["--config", config, "--out", bad]) == 0
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with open(bad) as f:
+            error = json.load(f)["error"]
+        assert "--seq-len 100000 exceeds the model's max_position_embeddings" in error, error
     return "report written by rank 0"
 
 

@@ -171,3 +171,29 @@ def test_nproc_launches_through_torchrun():
     assert cmd[5:7] == ["-m", "tigon.workflows._nproc_rank"] and cmd[-3:] == ["--out", "/tmp/r.json", "--progress"]
     sent = json.loads(cmd[cmd.index("--config") + 1])
     assert CompareConfig(**sent) == cfg  # the ranks get the resolved configuration
+
+
+@pytest.mark.parametrize("script, error", [
+    ("json.dump({'error': 'bad --seq-len'}, open(out, 'w'))", "bad --seq-len"),  # every rank rejected the config
+    ("sys.exit(3)", "exited with status 3 and no report"),  # a rank crashed
+])
+def test_nproc_launch_relays_progress_and_errors(monkeypatch, script, error):
+    # launch() with the ranks replaced by a small script: rank 0's marked progress lines reach the callback, a
+    # rejected configuration is a ConfigError, ranks that end without a report a DistributedRunError
+    import sys
+
+    from tigon.workflows import compare_dist
+    from tigon.workflows.compare import resolve_config
+
+    def command(cfg, out, progress=False, workflow="compare"):
+        code = (f"import json, sys; out = {out!r}; "
+                f"print({compare_dist.PROGRESS_MARK!r} + json.dumps(['original', 1, 2, 5.5]), flush=True); {script}")
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(compare_dist, "torchrun_command", command)
+    calls = []
+    cfg = resolve_config(CompareConfig(preset="tiny", nproc=2, device="cpu"))
+    kind = ConfigError if "error" in script else compare_dist.DistributedRunError
+    with pytest.raises(kind, match=error):
+        compare_dist.launch(cfg, lambda *a: calls.append(a))
+    assert calls == [("original", 1, 2, 5.5)]

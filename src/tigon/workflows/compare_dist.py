@@ -262,7 +262,8 @@ def rank_main(argv: list[str] | None = None) -> int:
     [--progress]``
     under torch.distributed.run): run the comparison in the process group (set up here, gloo or NCCL, unless one
     exists) and have rank 0 write the report, or ``{"error": message}`` for a rejected configuration, to PATH.
-    Returns the exit status (2 for a rejected configuration)."""
+    Returns the exit status: 0, also for a rejected configuration (the report says so; a non-zero status would have
+    torchrun end the other ranks, rank 0 perhaps before it wrote the report)."""
     from ..support import UnsupportedError
 
     parser = argparse.ArgumentParser(prog="python -m tigon.workflows._nproc_rank")
@@ -281,8 +282,9 @@ def rank_main(argv: list[str] | None = None) -> int:
     own_group = not in_process_group()
     if own_group:
         if cfg.device == "cuda":
-            rank_device()
-        dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+            dist.init_process_group("nccl", device_id=rank_device())  # bound to this rank's GPU
+        else:
+            dist.init_process_group("gloo")
     try:
         from transformers.utils import logging as hf_logging
 
@@ -291,18 +293,19 @@ def rank_main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         pass
     progress = _print_progress if args.progress else None
-    status, report = 0, None
+    report = None
     try:
         with warnings.catch_warnings():
             # as the CLI: the interpreter's numpy warnings on overflow; such a run is reported non-finite or diverged
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"(numpy|triton)\.")
             report = run_workflow(cfg, progress).as_dict()
     except (ConfigError, UnsupportedError) as e:
-        status, report = 2, {"error": str(e)}
+        # every rank rejects the same configuration; exiting 0 keeps torchrun from killing rank 0 before it writes
+        report = {"error": str(e)}
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
     if own_group:
         dist.destroy_process_group()
-    return status
+    return 0
 
