@@ -223,13 +223,16 @@ def check_compare(parallel: str) -> str:
     from tigon.workflows import compare_dist
 
     out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}.json")
-    config = json.dumps({"preset": "tiny", "steps": 2, "nproc": dist.get_world_size(), "parallel": parallel})
+    # on the CPU also on a machine with GPUs (this group is gloo, and one GPU cannot hold two ranks)
+    config = json.dumps({"preset": "tiny", "steps": 2, "nproc": dist.get_world_size(), "parallel": parallel,
+                         "device": "cpu"})
     status = compare_dist.rank_main(["--config", config, "--out", out])
     assert status == 0, f"rank_main exited with {status}"
     # a configuration every rank rejects: exit 0 on every rank (torchrun would end rank 0 before it writes otherwise),
     # rank 0 writes the error for the launcher to raise
     bad = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}_error.json")
-    config = json.dumps({"preset": "tiny", "steps": 2, "seq_len": 100_000, "nproc": dist.get_world_size()})
+    config = json.dumps({"preset": "tiny", "steps": 2, "seq_len": 100_000, "nproc": dist.get_world_size(),
+                         "device": "cpu"})
     assert compare_dist.rank_main(["--config", config, "--out", bad]) == 0
     dist.barrier()
     if dist.get_rank() == 0:
@@ -249,7 +252,7 @@ def check_bench_e2e() -> str:
 
     out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], "bench_e2e.json")
     config = json.dumps({"providers": ["original", "tigon"], "steps": 1, "nproc": dist.get_world_size(),
-                         "parallel": "fsdp2"})
+                         "parallel": "fsdp2", "device": "cpu"})
     status = compare_dist.rank_main(["--workflow", "e2e", "--config", config, "--out", out])
     assert status == 0, f"rank_main exited with {status}"
     return "report written by rank 0"

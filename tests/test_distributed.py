@@ -111,7 +111,8 @@ def test_compare_nproc_2_reports_each_rank(results, compare_dir, parallel):
         for step, value in enumerate(report[key]):
             assert math.isclose(value, sum(r[key][step] for r in ranks) / WORLD, rel_tol=1e-12)
     assert report["max_rel_loss_diff"] < 1e-3  # fp32, as the single-process compare test
-    assert report["backend"] in ("interpreter", "triton")
+    # the ranks run on the CPU; their kernels are interpreted where no GPU makes run_ranks leave TRITON_INTERPRET unset
+    assert report["backend"] == "interpreter" or (torch.cuda.is_available() and report["backend"] == "reference")
 
 
 
