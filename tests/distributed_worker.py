@@ -214,12 +214,58 @@ def check_tensor_parallel_head_is_skipped() -> str:
     return "skipped: " + skipped[0].detail[:60]
 
 
+def check_compare(parallel: str) -> str:
+    """``tigon compare --nproc 2 --parallel PARALLEL`` on the tiny default model, 2 steps: the rank side
+    (tigon.workflows.compare_dist.rank_main, as torch.distributed.run starts it) in this process group; rank 0
+    writes the report to $TIGON_COMPARE_JSON_DIR/compare_<parallel>.json, which the test reads."""
+    import json
+
+    from tigon.workflows import compare_dist
+
+    out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}.json")
+    # on the CPU also on a machine with GPUs (this group is gloo, and one GPU cannot hold two ranks)
+    config = json.dumps({"preset": "tiny", "steps": 2, "nproc": dist.get_world_size(), "parallel": parallel,
+                         "device": "cpu"})
+    status = compare_dist.rank_main(["--config", config, "--out", out])
+    assert status == 0, f"rank_main exited with {status}"
+    # a configuration every rank rejects: exit 0 on every rank (torchrun would end rank 0 before it writes otherwise),
+    # rank 0 writes the error for the launcher to raise
+    bad = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], f"compare_{parallel}_error.json")
+    config = json.dumps({"preset": "tiny", "steps": 2, "seq_len": 100_000, "nproc": dist.get_world_size(),
+                         "device": "cpu"})
+    assert compare_dist.rank_main(["--config", config, "--out", bad]) == 0
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with open(bad) as f:
+            error = json.load(f)["error"]
+        assert "--seq-len 100000 exceeds the model's max_position_embeddings" in error, error
+    return "report written by rank 0"
+
+
+def check_bench_e2e() -> str:
+    """``tigon bench --e2e --nproc 2 --parallel fsdp2 --providers original,tigon --steps 1`` on the tiny default model
+    (FSDP2 here, DDP in the compare check, one launch each would cost more than CI has to spare): the rank
+    side in this process group; rank 0 writes $TIGON_COMPARE_JSON_DIR/bench_e2e.json, which the test reads."""
+    import json
+
+    from tigon.workflows import compare_dist
+
+    out = os.path.join(os.environ["TIGON_COMPARE_JSON_DIR"], "bench_e2e.json")
+    config = json.dumps({"providers": ["original", "tigon"], "steps": 1, "nproc": dist.get_world_size(),
+                         "parallel": "fsdp2", "device": "cpu"})
+    status = compare_dist.rank_main(["--workflow", "e2e", "--config", config, "--out", out])
+    assert status == 0, f"rank_main exited with {status}"
+    return "report written by rank 0"
+
+
 def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
     checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
     checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
     checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
+    checks["compare_ddp"] = lambda: check_compare("ddp")
+    checks["bench_e2e_fsdp2"] = check_bench_e2e
     for name in names or list(checks):
         start = time.perf_counter()
         try:

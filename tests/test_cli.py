@@ -27,6 +27,7 @@ def test_compare_writes_json_and_png(tmp_path, capsys):
     assert all(math.isfinite(x) for x in report["loss_original"] + report["loss_patched"])
     assert report["max_rel_loss_diff"] < 1e-3
     assert report["config"]["seq_len"] == 16
+    assert report["config"]["nproc"] == 1 and report["distributed"] is None and report["ranks"] is None  # one process
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert f"backend={report['backend']}" in out
@@ -53,6 +54,10 @@ def test_bad_preset_is_one_line_exit_2():
         (["compare", "--preset", "tiny", "--layers", "3"], "between 1 and the model's 2 layers"),
         (["compare", "--plot", "/tmp/curves.txt"], "unsupported image format 'txt'"),
         (["bench", "--e2e", "--model", "tiny", "--layers", "9"], "between 1 and the model's 2 layers"),
+        (["compare", "--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
+        (["compare", "--nproc", "2", "--parallel", "zero3"], "argument --parallel: invalid choice: 'zero3'"),
+        (["bench", "--e2e", "--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
+        (["bench", "--nproc", "2"], "--nproc needs --e2e"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):

@@ -74,6 +74,8 @@ def test_batches_depend_only_on_the_seed():
         (dict(preset="tiny", model="/tmp"), "not both"),
         (dict(dtype="float64"), "dtype"),
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
+        (dict(nproc=0), "--nproc must be an integer >= 1"),
+        (dict(nproc=2, parallel="zero3"), "unknown --parallel 'zero3' \\(choose from ddp, fsdp2\\)"),
     ],
 )
 def test_bad_config_raises_config_error(kwargs, match):
@@ -147,3 +149,51 @@ def test_loss_status_rejects_a_bad_vocab():
 
     with pytest.raises(ValueError, match="vocab must be an integer >= 2"):
         loss_status([1.0], 1)
+
+
+def test_nproc_beyond_the_visible_gpus_is_a_config_error(monkeypatch):
+    from tigon.workflows.compare import resolve_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="--nproc 2 exceeds the 1 visible CUDA device"):
+        resolve_config(CompareConfig(device="cuda", nproc=2))
+    assert resolve_config(CompareConfig(device="cuda", nproc=1)).nproc == 1
+
+
+def test_nproc_launches_through_torchrun():
+    from tigon.workflows.compare import resolve_config
+    from tigon.workflows.compare_dist import torchrun_command
+
+    cfg = resolve_config(CompareConfig(preset="tiny", steps=2, nproc=3, parallel="fsdp2", device="cpu"))
+    cmd = torchrun_command(cfg, "/tmp/r.json", progress=True)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3"]
+    assert cmd[5:7] == ["-m", "tigon.workflows._nproc_rank"] and cmd[-3:] == ["--out", "/tmp/r.json", "--progress"]
+    sent = json.loads(cmd[cmd.index("--config") + 1])
+    assert CompareConfig(**sent) == cfg  # the ranks get the resolved configuration
+
+
+@pytest.mark.parametrize("script, error", [
+    ("json.dump({'error': 'bad --seq-len'}, open(out, 'w'))", "bad --seq-len"),  # every rank rejected the config
+    ("sys.exit(3)", "exited with status 3 and no report"),  # a rank crashed
+])
+def test_nproc_launch_relays_progress_and_errors(monkeypatch, script, error):
+    # launch() with the ranks replaced by a small script: rank 0's marked progress lines reach the callback, a
+    # rejected configuration is a ConfigError, ranks that end without a report a DistributedRunError
+    import sys
+
+    from tigon.workflows import compare_dist
+    from tigon.workflows.compare import resolve_config
+
+    def command(cfg, out, progress=False, workflow="compare"):
+        code = (f"import json, sys; out = {out!r}; "
+                f"print({compare_dist.PROGRESS_MARK!r} + json.dumps(['original', 1, 2, 5.5]), flush=True); {script}")
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(compare_dist, "torchrun_command", command)
+    calls = []
+    cfg = resolve_config(CompareConfig(preset="tiny", nproc=2, device="cpu"))
+    kind = ConfigError if "error" in script else compare_dist.DistributedRunError
+    with pytest.raises(kind, match=error):
+        compare_dist.launch(cfg, lambda *a: calls.append(a))
+    assert calls == [("original", 1, 2, 5.5)]

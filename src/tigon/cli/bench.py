@@ -77,6 +77,13 @@ def add_parser(sub) -> None:
                         "provider's model before its patch")
     g.add_argument("--kernel-summary", action="store_true",
                    help="profile each provider's last step (not timed) and report its GPU kernels by name and kind")
+    g.add_argument("--nproc", type=int, metavar="N",
+                   help="processes: N > 1 launches N ranks through torch.distributed.run (gloo on CPU, NCCL on CUDA, "
+                        "one GPU each), each on its own --batch-size sequences; per-rank peak memory, global tokens/s "
+                        "(default: 1)")
+    g.add_argument("--parallel", choices=("ddp", "fsdp2"),
+                   help="with --nproc > 1: DistributedDataParallel, or FSDP2 fully_shard on each decoder layer and "
+                        "the root (default: ddp)")
     p.set_defaults(func=run)
 
 
@@ -94,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
                                ("--attn-implementation", args.attn_implementation), ("--lora", args.lora),
                                ("--gradient-checkpointing", args.gradient_checkpointing),
-                               ("--kernel-summary", args.kernel_summary or None))
+                               ("--kernel-summary", args.kernel_summary or None), ("--nproc", args.nproc),
+                               ("--parallel", args.parallel))
                 if v is not None]
     ops_only = [f for f, v in (("--op", args.op), ("--sweep", args.sweep), ("--tokens", args.tokens),
                                ("--csv", args.csv), ("--plot-dir", args.plot_dir),
@@ -201,18 +209,22 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
 
 def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
     from ..workflows.compare import ConfigError
+    from ..workflows.compare_dist import DistributedRunError
     from ..workflows.e2e import E2EConfig, resolve_e2e, run_e2e
 
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
                        dtype=args.dtype, device=args.device, seed=args.seed,
                        attn_implementation=args.attn_implementation, lora_rank=args.lora,
-                       gradient_checkpointing=args.gradient_checkpointing, kernel_summary=args.kernel_summary)
+                       gradient_checkpointing=args.gradient_checkpointing, kernel_summary=args.kernel_summary,
+                       nproc=1 if args.nproc is None else args.nproc, parallel=args.parallel or "ddp")
     try:
         resolve_e2e(config)
         result = _run_staged(run_e2e, config, args.quiet)
     except (ConfigError, ValueError) as e:
         return _fail(prog, str(e))
+    except DistributedRunError as e:  # --nproc N: the ranks crashed (their output was shown)
+        return _fail(prog, str(e), 1)
     report = result.as_dict()
     if args.json:
         _dump_report(args.json, report)
@@ -235,7 +247,9 @@ def _render_e2e(r: dict[str, Any], written: str | None) -> None:
     console = _console()
     cfg, model = r["config"], r["model"]
     table = Table(title=f"tigon bench --e2e: {model['source']} ({_layers(model)}), "
-                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}",
+                        f"{cfg['batch_size']} x {cfg['seq_len']} tokens, {cfg['dtype']}, {r['device']}"
+                        + (f", {r['distributed']['nproc']} ranks ({r['distributed']['parallel']}, "
+                           f"{r['distributed']['backend']}): per rank" if r.get("distributed") else ""),
                   title_justify="left")
     for col in ("provider", "tokens/s", "step ms (p20-p80)", "speed-up", "MFU", "peak memory", "memory",
                 "loss (first)", "backend / patch"):
@@ -255,6 +269,19 @@ def _render_e2e(r: dict[str, Any], written: str | None) -> None:
                       f"{mem:.2f}x" if mem else "-", f"{row['losses'][0]:.4f}" if row["losses"] else "-",
                       escape(f"{row['backend']}" + (f"; {patch}" if patch else "")))
     console.print(table)
+    if r.get("distributed"):
+        ranks = Table(title="Ranks: peak memory, tokens/s", title_justify="left",
+                      caption="the table above: the largest rank's memory, all ranks' tokens/s over the slowest "
+                              "rank's step times")
+        ranks.add_column("provider")
+        n = r["distributed"]["nproc"]
+        for i in range(n):
+            ranks.add_column(f"rank {i}", justify="right")
+        for row in r["rows"]:
+            if row.get("ranks"):
+                ranks.add_row(row["provider"], *(f"{_fmt_bytes(x['peak_memory_bytes'])}, {_num(x['tokens_per_s'])}"
+                                                 for x in row["ranks"]))
+        console.print(ranks)
     console.print(f"model: {model.get('architecture')}, {model.get('num_parameters') or 0:,} parameters, hidden "
                   f"{model.get('hidden_size')}, vocab {model.get('vocab_size')}, attention "
                   f"{model.get('attn_implementation') or 'default'}; device {r['device_name']}; "

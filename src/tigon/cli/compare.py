@@ -49,6 +49,13 @@ def add_parser(sub) -> None:
                         "weights with a GradScaler (default: float32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (CUDA if any)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the weights and the batches (default: 0)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes: N > 1 launches N ranks through torch.distributed.run (gloo on CPU, NCCL on CUDA, "
+                        "one GPU each), each training on its own --batch-size sequences; reports per-rank peak "
+                        "memory and global tokens/s (default: 1, one process)")
+    p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2"],
+                   help="with --nproc > 1: DistributedDataParallel, or FSDP2 fully_shard on each decoder layer and "
+                        "the root (default: ddp)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
@@ -59,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``tigon compare`` with the parsed ``args``; returns the exit status."""
     from ..support import UnsupportedError
     from ..workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
+    from ..workflows.compare_dist import DistributedRunError
 
     prog = "tigon compare"
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
@@ -75,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                                f"(use one of {', '.join(sorted(formats))})")
     config = CompareConfig(
         preset=args.preset, model=args.model, layers=args.layers, steps=args.steps, batch_size=args.batch_size,
-        seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device, seed=args.seed,
+        seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device, seed=args.seed, nproc=args.nproc,
+        parallel=args.parallel,
     )
     try:
         config = resolve_config(config)  # bad arguments fail here, before any progress display
@@ -96,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, str(e))
     except UnsupportedError as e:  # strict mode (TIGON_STRICT=1) and no Triton path
         return _fail(prog, str(e))
+    except DistributedRunError as e:  # --nproc N: the ranks crashed (their output was shown)
+        return _fail(prog, str(e), 1)
     report = result.as_dict()
     if args.json:
         with open(args.json, "w") as f:
@@ -156,9 +167,11 @@ def _status_text(r: dict[str, Any]) -> str:
 def _summary_line(r: dict[str, Any]) -> str:
     tps = r["tokens_per_s"]
     status = "ok" if r["ok"] else ",".join(f"{run}:{s}" for run, s in r["status"].items() if s != "ok")
-    return (f"status={status} max_rel_loss_diff={_fmt_rel(r['max_rel_loss_diff'])} "
+    line = (f"status={status} max_rel_loss_diff={_fmt_rel(r['max_rel_loss_diff'])} "
             f"tokens_per_s original={tps['original']:.0f} patched={tps['patched']:.0f} device={r['device']} "
             f"backend={r['backend']}")
+    dist = r.get("distributed")
+    return line + (f" nproc={dist['nproc']} parallel={dist['parallel']}" if dist else "")
 
 
 def _render_compare(r: dict[str, Any], written: list[str]) -> None:
@@ -190,8 +203,8 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     runs.add_column("original", justify="right")
     runs.add_column("patched", justify="right")
     for label, key, fmt in (
-        ("tokens/s", "tokens_per_s", lambda v: f"{v:,.0f}"),
-        ("peak memory", "peak_memory_bytes", _fmt_bytes),
+        ("tokens/s" + (" (global)" if r.get("distributed") else ""), "tokens_per_s", lambda v: f"{v:,.0f}"),
+        ("peak memory" + (" (largest rank)" if r.get("distributed") else ""), "peak_memory_bytes", _fmt_bytes),
         ("wall time (s)", "wall_time_s", lambda v: f"{v:.1f}"),
     ):
         runs.add_row(label, fmt(r[key]["original"]), fmt(r[key]["patched"]))
@@ -204,6 +217,8 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     runs.add_row("status", *(s if s == "ok" else f"[bold red]{s.upper()}[/]" for s in
                              (r["status"]["original"], r["status"]["patched"])))
     console.print(runs)
+    if r.get("ranks"):
+        console.print(_ranks_table(r))
 
     summary = Table(title="Summary", title_justify="left", show_header=False)
     summary.add_column(style="bold")
@@ -218,12 +233,34 @@ def _render_compare(r: dict[str, Any], written: list[str]) -> None:
     summary.add_row("model", f"{model['source']}: {model['architecture']}, {model['num_parameters']:,} parameters, "
                              f"{model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
                              f"vocab {model['vocab_size']}, weights {model['weights']}, {model['precision']}")
-    summary.add_row("training", f"{n} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens, AdamW lr {cfg['lr']:g}, "
-                                f"seed {cfg['seed']}")
+    summary.add_row("training", f"{n} steps x {cfg['batch_size']} x {cfg['seq_len']} tokens"
+                                + (" per rank" if r.get("distributed") else "")
+                                + f", AdamW lr {cfg['lr']:g}, seed {cfg['seed']}")
+    if r.get("distributed"):
+        d = r["distributed"]
+        summary.add_row("processes", f"{d['nproc']} ({d['parallel']}, {d['backend']}, {d['launcher']}); global "
+                                     f"batch {d['global_batch_size']} x {cfg['seq_len']} tokens; losses: the ranks' "
+                                     "mean")
     summary.add_row("data", f"{data['corpus']} ({data['corpus_tokens']:,} tokens, {data['tokenizer']})")
     summary.add_row("versions", ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))
     console.print(summary)
     _print_footer(console, r["notes"], written)
+
+
+def _ranks_table(r: dict[str, Any]):
+    """Per rank: device, peak memory and tokens/s of each run (``tigon compare --nproc N``)."""
+    from rich.table import Table
+
+    table = Table(title="Ranks", title_justify="left")
+    for name in ("rank", "device", "peak memory original", "peak memory patched", "tokens/s original",
+                 "tokens/s patched"):
+        table.add_column(name, justify="left" if name == "device" else "right")
+    for rank in r["ranks"]:
+        mem, tps = rank["peak_memory_bytes"], rank["tokens_per_s"]
+        table.add_row(str(rank["rank"]), rank["device"], _fmt_bytes(mem["original"]), _fmt_bytes(mem["patched"]),
+                      f"{tps['original']:,.0f}", f"{tps['patched']:,.0f}")
+    table.caption = "tokens/s in the Runs table: all ranks' tokens per second of the slowest rank's step times"
+    return table
 
 
 def _patch_summary(patch: dict[str, Any]) -> str:

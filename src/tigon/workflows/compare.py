@@ -37,6 +37,7 @@ import torch
 
 from .. import data as _data
 from .. import presets as _presets
+from . import compare_dist
 from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .errors import ConfigError, error_text
 from .model_source import ModelSource, model_config, resolve_source
@@ -73,6 +74,12 @@ class CompareConfig:
         docstring.
     device: "auto" (CUDA if available), "cpu" or "cuda".
     seed: seeds the weights and the batches.
+    nproc: processes (ranks), >= 1. 1: one process, as always. N > 1: :func:`run_compare` launches N ranks through
+        ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA, one GPU per rank), each trains its copy wrapped as
+        ``parallel`` says on its own ``batch_size`` sequences (the global batch is N x ``batch_size``), and rank 0
+        gathers the result (:mod:`tigon.workflows.compare_dist`).
+    parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``) or "fsdp2" (``fully_shard`` on
+        each decoder layer, then on the root). Ignored when ``nproc`` is 1.
     """
 
     preset: str | None = None
@@ -85,6 +92,8 @@ class CompareConfig:
     dtype: str = "float32"
     device: str = "auto"
     seed: int = 0
+    nproc: int = 1
+    parallel: str = "ddp"
 
 
 @dataclass
@@ -107,6 +116,12 @@ class CompareResult:
         when ok. ok: both runs ok (the CLI exits 1 otherwise: such losses say nothing about the kernels).
     grad_scaler: float16 only (else None): {"original", "patched"} -> {"final_scale", "skipped_steps"}, the
         GradScaler's scale after the run and the 1-based steps it skipped (gradients with inf / NaN).
+    distributed: ``nproc`` > 1 only (else None): {"nproc", "parallel", "backend" (gloo / nccl), "launcher",
+        "per_rank_batch_size", "global_batch_size"}. Then the losses are the mean over ranks of each rank's loss,
+        tokens_per_s the global tokens per second of the slowest rank's step times, step_time_s per step the slowest
+        rank's, peak_memory_bytes the largest rank's, backend_usage the calls of all ranks.
+    ranks: ``nproc`` > 1 only (else None): per rank {"rank", "device", "peak_memory_bytes", "tokens_per_s",
+        "wall_time_s", "loss_original", "loss_patched"} ({"original", "patched"} where both runs are meant).
     """
 
     config: dict[str, Any]
@@ -134,6 +149,8 @@ class CompareResult:
     status_detail: dict[str, str] = field(default_factory=dict)
     ok: bool = True
     notes: list[str] = field(default_factory=list)
+    distributed: dict[str, Any] | None = None
+    ranks: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field (non-finite floats stay NaN/inf)."""
@@ -210,6 +227,7 @@ def _validate(cfg: CompareConfig) -> None:
         raise ConfigError(f"--lr must be a positive number, got {cfg.lr!r}")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, "cpu")
 
 
 def _hf_config(cfg: CompareConfig) -> tuple[Any, ModelSource]:
@@ -293,6 +311,7 @@ def resolve_config(config: CompareConfig) -> CompareConfig:
     device = _resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
     source = resolve_source(cfg.model, "--model") if cfg.model is not None else None
     if source is not None and source.kind == "preset":
         cfg.preset, cfg.model, source = cfg.model, None, None
@@ -334,7 +353,16 @@ def run_compare(
             rejects (it raised ValueError or TypeError).
     """
     cfg = resolve_config(config)
+    rank = world = None
+    if cfg.nproc > 1:
+        if not compare_dist.in_process_group():
+            return compare_dist.launch(cfg, progress)  # N ranks through torch.distributed.run, rank 0's result
+        rank, world = compare_dist.rank_and_world(cfg.nproc)
+        if rank != 0:
+            progress = None
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    if rank is not None and device.type == "cuda":
+        device = compare_dist.rank_device()
     autocast = dtype if cfg.dtype in AUTOCAST_DTYPES else None
     if patch_fn is None or unpatch_fn is None:
         import tigon
@@ -367,12 +395,17 @@ def run_compare(
     if int(tokens.max()) >= vocab:
         raise ConfigError(f"the tokenizer produces id {int(tokens.max())} but the model's vocabulary is {vocab}")
     try:
-        batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+        # N ranks: the global batch of N x batch_size sequences is drawn from the seed, each rank takes its slice
+        batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if rank is not None:
+        batches = [b[rank * cfg.batch_size:(rank + 1) * cfg.batch_size] for b in batches]
+    wrap = (lambda model: model) if rank is None else functools.partial(compare_dist.wrap, parallel=cfg.parallel,
+                                                                         device=device)
 
     def make_original():
-        return copy.deepcopy(base).to(device)
+        return wrap(copy.deepcopy(base).to(device))
 
     patched: dict[str, Any] = {}
 
@@ -385,7 +418,7 @@ def run_compare(
 
             raise rejected(e) from e
         patched["model"] = model
-        return model
+        return wrap(model)
 
     with frozen_heap():  # fast gc.collect() around the runs
         run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
@@ -410,8 +443,15 @@ def run_compare(
             if "model" in patched:
                 unpatch_fn(patched.pop("model"))
 
-    return _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
-                   patched["report"], support, vocab)
+    per_rank = None
+    if rank is not None:  # every rank gets every rank's measurements, and reports their aggregate
+        per_rank = compare_dist.gather(device, original, patched_stats)
+        original, patched_stats = (compare_dist.aggregate([r["stats"][i] for r in per_rank]) for i in (0, 1))
+    result = _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
+                     patched["report"], support, vocab)
+    if per_rank is not None:
+        compare_dist.annotate(result, per_rank, cfg)
+    return result
 
 
 def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original: RunStats,

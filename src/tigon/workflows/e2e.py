@@ -67,6 +67,7 @@ AdamW state all bf16; ``float32`` is the CPU default.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import importlib.util
 import statistics
@@ -79,6 +80,7 @@ import torch
 from ._train import enable_checkpointing, train
 from .liger_patch import GlobalsGuard, apply_liger
 from .step_trace import StepTracer
+from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
@@ -113,6 +115,10 @@ class E2EConfig:
         this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
         :data:`CHECKPOINTING` or None (off). kernel_summary: profile each provider's last step (needs steps >= 2;
         that step is left out of the timing).
+        nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
+        one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
+        :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
+        own ``batch_size`` sequences (:func:`run_e2e`).
     """
 
     model: str | None = None
@@ -130,6 +136,8 @@ class E2EConfig:
     lora_rank: int | None = None
     gradient_checkpointing: str | None = None
     kernel_summary: bool = False
+    nproc: int = 1
+    parallel: str = "ddp"
 
 
 CHECKPOINTING = ("non_reentrant", "reentrant")
@@ -167,6 +175,9 @@ class E2ERow:
     patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
     mfu: model FLOPs utilisation (0..1, CUDA; see the module docstring), or None. kernel_summary: with
     ``--kernel-summary``, :func:`tigon.workflows.step_trace.summarize` of the provider's last step.
+    ranks: ``nproc`` > 1 only (else None): per rank {"rank", "device", "peak_memory_bytes", "tokens_per_s" (the rank's
+    own tokens over its own median step), "step_ms"}; then the row's step times are the slowest rank's, tokens_per_s
+    global (all ranks' tokens over that median), peak memory the largest rank's, losses the ranks' mean.
     """
 
     provider: str
@@ -185,6 +196,7 @@ class E2ERow:
     note: str = ""
     mfu: float | None = None
     kernel_summary: dict[str, Any] | None = None
+    ranks: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -194,6 +206,8 @@ class E2EResult:
     config: the resolved configuration. model: source, architecture, parameters, sizes. rows: one
     :class:`E2ERow` per provider. speedup: provider -> original step_ms / provider step_ms. memory_ratio:
     provider -> peak memory / original peak memory. peak_memory_method: how memory was measured.
+    distributed: ``nproc`` > 1 only (else None): {"nproc", "parallel", "backend", "per_rank_batch_size",
+    "global_batch_size"}.
     """
 
     config: dict[str, Any]
@@ -206,6 +220,7 @@ class E2EResult:
     peak_memory_method: str
     versions: dict[str, str | None]
     notes: list[str] = field(default_factory=list)
+    distributed: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -366,6 +381,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("lora", cfg.lora_rank)
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
     if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("--lora needs peft (pip install peft)")
     return cfg
@@ -374,7 +390,8 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
 def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: dict | None = None,
                  progress=None, notes: list[str] | None = None,
                  then: Callable[[torch.nn.Module], None] | None = None,
-                 untimed_last: bool = False) -> tuple[E2ERow, str]:
+                 untimed_last: bool = False,
+                 wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> tuple[E2ERow, str]:
     """Train one provider's model on ``batches`` and time its steps: the measurement of ``tigon bench --e2e``, which
     ``tigon profile`` shares so that the two agree for the same model, batch and provider.
 
@@ -385,7 +402,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     ``info`` gets the model's ``attn_implementation``; ``notes`` a line when Liger's rebinding was undone.
     ``cfg.gradient_checkpointing`` (when the config has it) turns on HF's checkpointing before any patch;
     ``untimed_last``: the last step (profiled by the caller) is left out of the timing.
-    ``progress(name, step, total, loss)`` after each step.
+    ``progress(name, step, total, loss)`` after each step. ``wrap(model)``, when given, wraps the model for
+    data-parallel training after its patch and before torch.compile (``tigon bench --e2e --nproc N``).
 
     Returns:
         (an :class:`E2ERow` with status "ok", how peak memory was measured); a failing provider raises.
@@ -417,6 +435,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
         elif provider == "tigon_lean":
             held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
         held["model"] = model
+        if wrap is not None:
+            model = wrap(model)
         if provider.endswith(("_compile", "_compile_kernels")):
             if provider in COMPILE_MODE:
                 held["mode"] = support.compile_mode()
@@ -477,10 +497,24 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     """
     cfg = resolve_e2e(config)
     device = torch.device(cfg.device)
+    rank = world = wrap = None
+    if cfg.nproc > 1:
+        if not compare_dist.in_process_group():
+            return compare_dist.launch(cfg, progress, workflow="e2e")  # N ranks, rank 0's result
+        rank, world = compare_dist.rank_and_world(cfg.nproc)
+        if device.type == "cuda":
+            device = compare_dist.rank_device()
+        wrap = functools.partial(compare_dist.wrap, parallel=cfg.parallel, device=device)
+        if rank != 0:
+            progress = None
     hfc, source = hf_config(cfg.model, cfg.layers)
     info = model_info(hfc, source)
     info["dtype"] = cfg.dtype
-    batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+    # N ranks: each step's global batch of N x batch_size sequences from the seed, rank r takes its own rows
+    batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size * (world or 1),
+                             cfg.seq_len, cfg.seed)
+    if rank is not None:
+        batches = [b[rank * cfg.batch_size:(rank + 1) * cfg.batch_size] for b in batches]
     if device.type == "cuda":
         from .timing import measure_ceilings
 
@@ -504,7 +538,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
 
         try:
             row, used = run_provider(provider, hfc, cfg, batches, info=info, progress=on_step, notes=notes,
-                                     untimed_last=tracer is not None)
+                                     untimed_last=tracer is not None, wrap=wrap)
             if row.tokens_per_s and info.get("matmul_tflops"):
                 per_param = FROZEN_FLOPS_PER_PARAM if cfg.lora_rank else MODEL_FLOPS_PER_PARAM
                 row.mfu = row.tokens_per_s * per_param * info["matmul_parameters"] / (info["matmul_tflops"] * 1e12)
@@ -513,7 +547,53 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
             row = E2ERow(provider, status="failed", note=f"{type(e).__name__}: {error_text(e, 600)}")
         rows.append(row)
-    return _result(cfg, device, info, rows, method, notes)
+    if rank is None:
+        return _result(cfg, device, info, rows, method, notes)
+    per_rank: list[Any] = [None] * world
+    torch.distributed.all_gather_object(per_rank, (_device_str(device), rows))
+    rows = [_aggregate_rows(cfg, [(d, r[i]) for d, r in per_rank], info) for i in range(len(rows))]
+    result = _result(cfg, device, info, rows, method + "; the largest rank's (each rank's under the row's ranks)",
+                     notes)
+    result.distributed = {"nproc": world, "parallel": cfg.parallel, "backend": torch.distributed.get_backend(),
+                          "per_rank_batch_size": cfg.batch_size, "global_batch_size": cfg.batch_size * world}
+    result.notes.insert(1, f"{world} processes ({cfg.parallel}), each on its own {cfg.batch_size} sequences: a step's "
+                           "time is the slowest rank's, tokens/s counts all ranks' tokens, peak memory is the largest "
+                           "rank's, the losses are the ranks' mean; each rank's own under ranks.")
+    return result
+
+
+def _aggregate_rows(cfg: E2EConfig, ranked: list[tuple[str, E2ERow]], info: dict) -> E2ERow:
+    """One provider's row over all ranks (``ranked``: each rank's device and row, in rank order)."""
+    bad = [(i, r) for i, (_, r) in enumerate(ranked) if r.status != "ok"]
+    if bad:
+        i, r = bad[0]
+        return dataclasses.replace(r, note=f"rank {i}: {r.note}")
+    rows = [r for _, r in ranked]
+    first, world = rows[0], len(rows)
+    out = dataclasses.replace(first)
+    out.step_times_ms = [max(r.step_times_ms[s] for r in rows) for s in range(len(first.step_times_ms))]
+    end = len(out.step_times_ms) - (1 if cfg.kernel_summary else 0)
+    timed = out.step_times_ms[cfg.warmup:end] or out.step_times_ms
+    out.step_ms = statistics.median(timed)
+    out.step_ms_p20, out.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
+    out.tokens_per_s = world * cfg.batch_size * cfg.seq_len / (out.step_ms * 1e-3) if out.step_ms > 0 else None
+    peaks = [r.peak_memory_bytes for r in rows]
+    out.peak_memory_bytes = None if None in peaks else max(peaks)
+    requested = [r.peak_requested_bytes for r in rows]
+    out.peak_requested_bytes = None if None in requested else max(requested)
+    out.losses = [sum(r.losses[s] for r in rows) / world for s in range(len(first.losses))]
+    backends: dict[str, dict[str, int]] = {}
+    for r in rows:
+        for op, per in r.backends.items():
+            for name, calls in per.items():
+                backends.setdefault(op, {})[name] = backends.get(op, {}).get(name, 0) + calls
+    out.backends = backends
+    if out.mfu is not None and out.tokens_per_s and info.get("matmul_tflops"):  # over the ceiling of every GPU
+        per_param = FROZEN_FLOPS_PER_PARAM if cfg.lora_rank else MODEL_FLOPS_PER_PARAM
+        out.mfu = out.tokens_per_s * per_param * info["matmul_parameters"] / (world * info["matmul_tflops"] * 1e12)
+    out.ranks = [{"rank": i, "device": d, "peak_memory_bytes": r.peak_memory_bytes, "tokens_per_s": r.tokens_per_s,
+                  "step_ms": r.step_ms} for i, (d, r) in enumerate(ranked)]
+    return out
 
 
 def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes: list[str]) -> E2EResult:
