@@ -3,6 +3,7 @@ import torch
 
 import tigon.kernels.loss_rows as loss_rows
 import tigon.kernels.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.head_grads as head_grads
 from tigon import functional as F
 from tigon import support
 from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2
@@ -47,7 +48,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 128)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 8 * 1000)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 8 * 1000)
-    monkeypatch.setattr(flce_ops.RowHalves, "FIRST", 64)  # the in-place cast runs several doubling ranges
+    monkeypatch.setattr(head_grads.RowHalves, "FIRST", 64)  # the in-place cast runs several doubling ranges
 
 
 def _problem(device, dtype, n=36, v=389, bias=True, ignore_every=0):
@@ -374,7 +375,7 @@ def test_flce_row_halves_cast_in_place(device, dtype, vh, scaled):
     # The fp32 grad_weight accumulator (two row blocks) cast to the weight's dtype: equal to a plain cast of the
     # whole (odd V included), and for 2-byte dtypes written into the first block's own memory (no new (V, H) tensor).
     v, h = vh
-    acc = flce_ops.RowHalves(v, h, torch.device(device))
+    acc = head_grads.RowHalves(v, h, torch.device(device))
     acc.a.normal_()
     acc.b.normal_()
     whole, first = torch.cat((acc.a, acc.b)), acc.a.data_ptr()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tigon.kernels.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.head_grads as head_grads
 import tigon.kernels.loss_rows as loss_rows
 from tigon import functional as F
 from tigon import support
@@ -23,7 +24,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 32)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 8 * 101)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", 8 * 101)
-    monkeypatch.setattr(flce_ops.RowHalves, "FIRST", 64)
+    monkeypatch.setattr(head_grads.RowHalves, "FIRST", 64)
 
 
 def _problem(device, dtype, n=21, v=101, bias=False, ignore_every=0, std=2.0):

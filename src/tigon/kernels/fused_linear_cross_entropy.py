@@ -25,11 +25,7 @@ accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), an
 ``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB, as
 Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
 
-Matmul precision: chunks run in the compute dtype (the inputs' dtype, or the autocast dtype). Products that
-are accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scalar path) go to fp32
-buffers: on CUDA through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU
-through fp32 copies of the operands (one small allocation per chunk), otherwise through a low-precision
-temporary added into the fp32 buffer (one extra rounding per chunk).
+Matmul precision and the fp32 accumulators: :mod:`tigon.kernels.head_grads`.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
+from .head_grads import _Matmuls, _operands, finish_grad, grad_buffers, scale_grads
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
 )
@@ -133,211 +130,11 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     return rows16 if rows16 <= max_rows else rows
 
 
-_FP32_OUT: dict[str, bool] = {}
-
-
-def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``torch.mm/addmm(..., out_dtype=torch.float32, out=...)`` works for ``dtype`` inputs here.
-
-    Probed once per (device, dtype) on a 16x16 product (one host sync), since the dtype overloads of mm/addmm
-    exist on CUDA only and only in recent torch releases.
-    """
-    key = f"{device}/{dtype}"
-    if key not in _FP32_OUT:
-        ok = False
-        if compiled_cuda(device):
-            try:
-                a = torch.ones(16, 16, device=device, dtype=dtype)
-                acc = torch.ones(16, 16, device=device, dtype=torch.float32)
-                torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
-                res = torch.empty(16, 16, device=device, dtype=torch.float32)
-                torch.mm(a, a, out_dtype=torch.float32, out=res)
-                ok = bool((acc == 17).all()) and bool((res == 16).all())
-            except (RuntimeError, TypeError, NotImplementedError):
-                ok = False
-        _FP32_OUT[key] = ok
-    return _FP32_OUT[key]
-
-
-class _Matmuls:
-    """The chunk matmuls, writing into preallocated buffers (see the module docstring for the precision)."""
-
-    def __init__(self, device: torch.device, cd: torch.dtype):
-        self.low = cd != torch.float32
-        self.out_dtype = self.low and _fp32_out_supported(device, cd)
-        self.upcast = self.low and not self.out_dtype and device.type != "cuda"
-        self.tmp: dict[tuple, torch.Tensor] = {}
-
-    def _scratch(self, shape, like):
-        key = (tuple(shape), like.dtype)
-        t = self.tmp.get(key)
-        if t is None:
-            t = self.tmp[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        return t
-
-    def logits(self, out, h, w, b):
-        if b is None:
-            torch.mm(h, w.t(), out=out)
-        else:
-            torch.addmm(b, h, w.t(), out=out)
-
-    def mm(self, out, a, b):
-        """out = a @ b, where out may be fp32 while a, b are in the compute dtype."""
-        if out.dtype == a.dtype:
-            torch.mm(a, b, out=out)
-        elif self.out_dtype:
-            torch.mm(a, b, out_dtype=torch.float32, out=out)
-        elif self.upcast:
-            torch.mm(a.float(), b.float(), out=out)
-        else:
-            out.copy_(torch.mm(a, b, out=self._scratch(out.shape, a)))
-
-    def addmm_(self, acc, a, b):
-        """acc += a @ b, acc fp32 or (lean accumulation) in a's dtype."""
-        if not self.low or acc.dtype == a.dtype:
-            acc.addmm_(a, b)
-        elif self.out_dtype:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-        elif self.upcast:
-            acc.addmm_(a.float(), b.float())
-        else:
-            acc.add_(torch.mm(a, b, out=self._scratch(acc.shape, a)))
-
-    def colsum_(self, acc, g):
-        """acc (fp32, (V,)) += g.sum(0) in fp32."""
-        acc.add_(torch.sum(g, dim=0, dtype=torch.float32, out=self._scratch(acc.shape, acc)))
-
-    def chunk_grads(self, g, hs, w, gh_rows, gw, gb, first: bool):
-        """One chunk's share of the gradients from its logits gradient ``g`` (rows, V) and hidden rows ``hs``:
-        ``gh_rows = g @ w``, ``gw += g.T @ hs``, ``gb += g.sum(0)`` (each skipped when its buffer is None).
-        ``first``: the first chunk, which writes gw instead of adding to it (gw starts uninitialised: no zero fill
-        and no read of zeros, 2 x 4VH bytes; about 1 ms at Llama-3's head by bytes over copy bandwidth, not timed on
-        its own)."""
-        if gh_rows is not None:
-            self.mm(gh_rows, g, w)
-        if isinstance(gw, RowHalves):
-            gw.addmm_(self, g, hs, first)
-        elif gw is not None:
-            (self.mm if first else self.addmm_)(gw, g.t(), hs)
-        if gb is not None:
-            self.colsum_(gb, g)
-
-
-class RowHalves:
-    """The fp32 (V, H) grad_weight accumulator held as two row blocks (rows [0, Va) and [Va, V), Va = ceil(V/2)
-    rounded up to a multiple of 8), so that :meth:`finish` can write the 2-byte result into the first block's own
-    memory (Va >= V/2 rows of fp32 hold V rows of bf16): the result then costs no allocation, where a plain cast
-    holds the fp32 buffer and the new (V, H) tensor at once (4VH + 2VH bytes; 2VH saved, 1.7 GiB for Gemma-2's
-    256k x 3584 head). Eager path only (the compiled graph plans its own buffers)."""
-
-    FIRST = 1 << 20  # elements cast through a copy before the doubling ranges (tests lower it)
-
-    def __init__(self, vocab: int, hidden: int, device: torch.device, zero: bool = True):
-        """``zero=False``: uninitialised blocks (the first chunk writes them, see :meth:`_Matmuls.chunk_grads`)."""
-        # ceil(V/2) rounded up to 8 rows: the second block's columns of a bf16 logits chunk start 16-byte aligned
-        self.split = min(vocab, ((vocab + 1) // 2 + 7) // 8 * 8)
-        self.shape = (vocab, hidden)
-        new = torch.zeros if zero else torch.empty
-        self.a = new((self.split, hidden), dtype=torch.float32, device=device)
-        self.b = new((vocab - self.split, hidden), dtype=torch.float32, device=device)
-
-    def addmm_(self, mm: "_Matmuls", g: torch.Tensor, hs: torch.Tensor, first: bool) -> None:
-        """``+= g.T @ hs`` (``first``: ``=``) for a logits-gradient chunk ``g`` (rows, V) and its hidden rows ``hs``
-        (rows, H)."""
-        op = mm.mm if first else mm.addmm_
-        op(self.a, g[:, : self.split].t(), hs)
-        op(self.b, g[:, self.split:].t(), hs)
-
-    def finish(self, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """``(accumulator * scale).to(dtype)`` as a contiguous (V, H) tensor in block a's memory (2-byte ``dtype``);
-        the accumulator is consumed. fp32 ``dtype``: a new tensor (the two blocks concatenated).
-
-        Element i of the result occupies bytes [2i, 2i + 2) of a, whose fp32 element i sits at [4i, 4i + 4): ranges
-        [lo, 2 lo) are written after every element below lo was read, and read bytes [4 lo, 8 lo) that the write
-        [2 lo, 4 lo) does not touch; block b then goes to bytes [4 Va H / 2, ...) of a, all read already.
-        """
-        a, b = self.a.view(-1), self.b.view(-1)
-        self.a = self.b = None
-        if dtype.itemsize != 2:
-            out = torch.cat((a, b)).view(self.shape)
-            return (out.mul_(scale) if scale is not None else out).to(dtype)
-        out = a.view(dtype)
-
-        def put(dst, src):
-            if scale is None:
-                dst.copy_(src)
-            else:
-                torch.mul(src, scale, out=dst)
-
-        n = a.numel()
-        lo = min(n, self.FIRST)
-        put(out[:lo], a[:lo].clone())  # the first range overlaps itself: through a small copy
-        while lo < n:
-            hi = min(2 * lo, n)
-            put(out[lo:hi], a[lo:hi])
-            lo = hi
-        put(out[n: n + b.numel()], b)
-        del b
-        return out[: self.shape[0] * self.shape[1]].view(self.shape)
-
-
-def _operands(hidden, weight, bias, cd: torch.dtype):
-    """hidden (contiguous), weight and bias in the matmul dtype ``cd`` (no copy when already so)."""
-    h = hidden.to(cd)
-    return (h if h.is_contiguous() else h.contiguous(), weight.to(cd),
-            bias.to(cd) if bias is not None else None)
-
-
 def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
     """Whether :func:`flce_forward` forms the gradients (for an upstream gradient of 1): for a scalar loss
     (``reduction`` "mean" / "sum"; num_items_in_batch is only accepted with those) when any of ``need`` (grad
     for hidden, weight, bias) is set. The one statement of that rule, for the eager and the compiled paths."""
     return reduction != "none" and any(need)
-
-
-def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
-    """The forward-formed gradients ``grads`` (gh, gw, gb; None where absent) times the upstream scalar
-    ``grad_loss``, cast to ``dtypes`` (hidden's, weight's, bias's; a no-op cast where already so). ``inplace``
-    scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
-    tensors and passes False."""
-    g = grad_loss.to(torch.float32).reshape(())
-    return tuple(finish_grad(t, g, dt, inplace) for t, dt in zip(grads, dtypes))
-
-
-def finish_grad(t, scale: torch.Tensor | None, dtype: torch.dtype, inplace: bool = True):
-    """An accumulated gradient (a tensor, a :class:`RowHalves` or None) times ``scale`` (0-d fp32, or None for no
-    scaling), cast to ``dtype``; ``inplace`` scales the tensor itself (a RowHalves is always consumed)."""
-    if t is None or isinstance(t, RowHalves):
-        return t if t is None else t.finish(scale, dtype)
-    if scale is not None:
-        t = t.mul_(scale) if inplace else t.mul(scale)
-    return t.to(dtype)
-
-
-def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: bool = False):
-    """(gh, gw, gb) accumulators (None where not needed).
-
-    Default: fp32 (one rounding to the parameters' dtypes at the end; grad_hidden stays fp32 only on the scalar
-    path, where it is scaled later). ``lean``: grad_hidden and grad_weight directly in the parameters' dtypes
-    when those equal the compute dtype ``cd`` (no (V, H) fp32 buffer; one rounding per chunk for grad_weight);
-    grad_bias, (V,), always fp32. ``halves`` (eager calls): an fp32 grad_weight for a 2-byte weight is a
-    :class:`RowHalves`, cast in place at the end.
-    """
-    need_h, need_w, need_b = need
-    dev = hidden.device
-    f32 = dict(dtype=torch.float32, device=dev)
-    low_h = hidden.dtype == cd and (lean or not scalar)
-    gh = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype if low_h else torch.float32, device=dev) \
-        if need_h else None
-    gw = None
-    if need_w and halves and not (lean and weight.dtype == cd) and weight.element_size() == 2:
-        gw = RowHalves(weight.shape[0], weight.shape[1], dev, zero=n == 0)
-    elif need_w:
-        # Uninitialised when a chunk will write it (see _Matmuls.chunk_grads); zeros for an empty batch.
-        gw = (torch.zeros if n == 0 else torch.empty)(
-            weight.shape, dtype=weight.dtype if lean and weight.dtype == cd else torch.float32, device=dev)
-    gb = torch.zeros((weight.shape[0],), **f32) if need_b else None
-    return gh, gw, gb
 
 
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
@@ -508,7 +305,7 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward only scales
     and casts them):
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
-    ``tigon.kernels.fused_linear_cross_entropy.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
+    ``tigon.kernels.head_grads.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
     saves them for its backward like any activation. Predicted tokens: (N,) int64 (each token's argmax class, -1
     where ignored) with ``want_pred``, else (0,). ``token_scaling``: :class:`LossOptions`'.

@@ -38,9 +38,8 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, once_differentiable, or_empty
 from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, _blocks, _terms, reduction_scale
-from .fused_linear_cross_entropy import (
-    FLCE_BUDGET_BYTES_CUDA, _operands, backward_over_chunks, grad_buffers, scale_grads,
-)
+from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
+from .head_grads import _operands, grad_buffers, scale_grads
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
@@ -153,7 +152,7 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
                 budget: int = -1, halves: bool = True):
     """(loss 0-d fp32, (gh, gw, gb) unscaled accumulators for :func:`scale_grads`, None where not needed) of the
     batch-mean JSD over the rows whose label is not ``ignore_index`` (all rows when ``labels`` is None). ``halves``:
-    grad_weight as a :class:`~tigon.kernels.fused_linear_cross_entropy.RowHalves` (eager calls)."""
+    grad_weight as a :class:`~tigon.kernels.head_grads.RowHalves` (eager calls)."""
     n = student_input.shape[0]
     vocab = student_weight.shape[0]
     dev = student_input.device
@@ -225,7 +224,7 @@ def _fljsd(student_input: Tensor, student_weight: Tensor, teacher_input: Tensor,
            ignore_index: int, temperature: float, cd: torch.dtype, need_input: bool, need_weight: bool,
            need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss 0-d fp32, grad_input, grad_weight, grad_bias) for an upstream gradient of 1, in the dtypes of
-    :func:`~tigon.kernels.fused_linear_cross_entropy.grad_buffers`' scalar path; (0,) where not needed."""
+    :func:`~tigon.kernels.head_grads.grad_buffers`' scalar path; (0,) where not needed."""
     loss, grads = jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
                               teacher_bias, beta, ignore_index, temperature, cd, (need_input, need_weight, need_bias),
                               lean, budget, halves=False)

@@ -5,8 +5,8 @@ Formula and semantics: :mod:`tigon.reference.fused_linear_logprobs`. The tempera
 cross-entropy kernels' ``logit_scale`` and ``softcap``: ``c tanh(z / c) / T = c' tanh(s z / c')`` with ``s = 1 / T``
 and ``c' = c / T``, so :class:`tigon.kernels.loss_rows.LossOptions` carries them unchanged.
 
-Chunks of tokens as in :mod:`tigon.kernels.fused_linear_cross_entropy` (its ``chunk_rows``, ``_Matmuls``,
-``grad_buffers``, ``finish_grad``): per chunk the logits go into one preallocated (rows, V) buffer by cuBLAS, then a
+Chunks of tokens as in :mod:`tigon.kernels.fused_linear_cross_entropy` (its ``chunk_rows``; ``_Matmuls``,
+``grad_buffers``, ``finish_grad`` of :mod:`tigon.kernels.head_grads`): per chunk the logits go into one preallocated (rows, V) buffer by cuBLAS, then a
 row kernel reads them.
 
 * Log-probabilities alone: log p_t is minus the cross-entropy row loss (``reduction="none"``), formed as
@@ -46,7 +46,8 @@ from torch import Tensor
 
 from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
-from .fused_linear_cross_entropy import _Matmuls, _operands, backward_over_chunks, chunk_rows, scale_grads
+from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
+from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
     LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
     row_stats,
@@ -280,8 +281,8 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     fp32 log-probabilities and entropies or None) returns ``(g_lp, g_ent)``, (e - s,) fp32 contiguous (g_ent may be
     None), the loss's gradient w.r.t. them; :func:`rows_grad_` turns them into the logits' gradient in place, and the
     loop's matmuls accumulate it. Returns (logp (N,), entropy (N,) or None, (gh, gw, gb)): the unscaled accumulators
-    of :func:`tigon.kernels.fused_linear_cross_entropy.grad_buffers`' scalar path, for
-    :func:`~tigon.kernels.fused_linear_cross_entropy.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
+    of :func:`tigon.kernels.head_grads.grad_buffers`' scalar path, for
+    :func:`~tigon.kernels.head_grads.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
     ``halves``: as :func:`logprobs_backward`."""
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
@@ -306,7 +307,7 @@ class FormedGradsFunction(torch.autograd.Function):
     :func:`logprobs_grads_in_forward` for an upstream gradient of 1 (None where not needed), and returns
     ``(anchor, *outputs)``: ``anchor`` a 0-d fp32 zero, the only differentiable output. A loss computed from the
     outputs without autograd, plus the anchor, has the formed gradients times its upstream scalar (the backward
-    scales and casts them, :func:`~tigon.kernels.fused_linear_cross_entropy.scale_grads`). A second backward
+    scales and casts them, :func:`~tigon.kernels.head_grads.scale_grads`). A second backward
     through the same graph raises (the gradients are released by the first)."""
 
     @staticmethod

@@ -303,7 +303,8 @@ class _VocabParallelFLCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, target, plan: _Plan, cd, need, n_shards, *params):
-        from ..kernels.fused_linear_cross_entropy import _Matmuls, _operands, chunk_rows, grad_buffers
+        from ..kernels.fused_linear_cross_entropy import chunk_rows
+        from ..kernels.head_grads import _Matmuls, _operands, grad_buffers
 
         ws, bs = list(params[:n_shards]), list(params[n_shards:])
         n, hdim = hidden.shape
@@ -353,7 +354,8 @@ class _VocabParallelFLCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_z):
-        from ..kernels.fused_linear_cross_entropy import backward_over_chunks, finish_grad, scale_grads
+        from ..kernels.fused_linear_cross_entropy import backward_over_chunks
+        from ..kernels.head_grads import finish_grad, scale_grads
 
         plan, n_sh = ctx.plan, ctx.n_shards
         h_dtype, w_dtypes, b_dtypes = ctx.dtypes
