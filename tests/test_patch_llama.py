@@ -646,7 +646,7 @@ def test_a_decoder_layer_of_another_form_is_skipped_with_the_reason():
             return hidden_states
 
     from tigon.integrations.families import LLAMA
-    from tigon.integrations.forwards import decoder_layer_problem
+    from tigon.integrations.decoder_layer import decoder_layer_problem
 
     spec = LLAMA.decoder_layers[0]
     assert decoder_layer_problem(M.LlamaDecoderLayer, spec) is None

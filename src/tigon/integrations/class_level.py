@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import components
+from . import decoder_layer as dl
 from . import forwards as fw
 from .families import FamilySpec
 from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
@@ -53,7 +54,7 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             if hook is None or hook is not default:
                 report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
                 continue
-        if kind == "fused_add_rms_norm" and (problem := fw.decoder_layer_problem(cls, comp)) is not None:
+        if kind == "fused_add_rms_norm" and (problem := dl.decoder_layer_problem(cls, comp)) is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)

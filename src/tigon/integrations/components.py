@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from . import decoder_layer as dl
 from . import forwards as fw
 from . import lora
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
@@ -73,7 +74,7 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
             return fw.experts_gate(comp, family, original)
         return fw.mlp_forward(comp, family, original)
     if kind == "fused_add_rms_norm":
-        return fw.decoder_layer_forward(comp, family, original)
+        return dl.decoder_layer_forward(comp, family, original)
     if kind == "lora":
         return lora.lora_forward(comp, family, original)
     return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
@@ -100,7 +101,7 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "mlp":
         return fw.describe_mlp(module, comp, (opts or {}).get("lora", True))
     if kind == "fused_add_rms_norm":
-        return fw.describe_decoder_layer(comp)
+        return dl.describe_decoder_layer(comp)
     if kind == "lora":
         return lora.describe_lora(module)
     parts = []
@@ -150,7 +151,7 @@ def problem(kind: str, comp, module, opts) -> str | None:
     if kind == "mlp":
         return fw.mlp_problem(module, comp)
     if kind == "fused_add_rms_norm":
-        return fw.decoder_layer_problem(module, comp)
+        return dl.decoder_layer_problem(module, comp)
     if kind == "lora":
         return lora.lora_problem(module)
     if opts["fused"]:

@@ -151,7 +151,7 @@ class DecoderLayerSpec:
     """A pre-norm decoder layer whose first residual add runs fused with the norm after it.
 
     The layer's ``forward`` must be exactly Hugging Face Llama's (checked against its source at patch time, see
-    :func:`tigon.integrations.forwards.decoder_layer_problem`)::
+    :func:`tigon.integrations.decoder_layer.decoder_layer_problem`)::
 
         residual = hidden_states
         hidden_states = self.<input_norm>(hidden_states)

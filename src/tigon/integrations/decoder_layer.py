@@ -1,0 +1,129 @@
+"""Replacement ``forward`` of pre-norm decoder layers: the residual add fused into the next norm
+(:func:`tigon.functional.fused_add_rms_norm`), the check that a layer's forward has the form it replaces, and the
+report's description. Functions are marked as :mod:`tigon.integrations.forwards`' are.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+
+import torch
+
+from .. import functional as TF
+from .families import DecoderLayerSpec
+from .forwards import _hook_problem, mark, norm_eps, norm_problem
+
+
+@functools.lru_cache(maxsize=None)
+def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
+    """``forward(self, hidden_states, **kwargs)`` of a pre-norm decoder layer (see :class:`DecoderLayerSpec`) with
+    ``residual + attention output`` and the post-attention norm computed by one
+    :func:`tigon.functional.fused_add_rms_norm`. The attention gets the caller's keyword arguments as the original
+    passes them (by name; checked by :func:`decoder_layer_problem`). Positional extra arguments, a norm with hooks
+    or another library's instance forward, and residual / attention outputs of different dtypes (autocast with fp32
+    weights: the add promotes) run the original computation.
+
+    Gradient checkpointing: transformers versions whose ``GradientCheckpointingLayer`` checkpoints the class's
+    ``forward`` (a ``forward_with_checkpointing`` wrapper, 5.2x) would lose it with a replaced forward, so when
+    ``original`` is that wrapper this forward does what it does around the fused body (caching off, then
+    ``self._gradient_checkpointing_func(partial(body, self, **kwargs), hidden_states)``); older versions checkpoint
+    in ``__call__``, around any forward.
+    """
+    norm = spec.norm
+    checkpoints_forward = getattr(getattr(original, "__code__", None), "co_name", "") == "forward_with_checkpointing"
+
+    def body(self, hidden_states, **kwargs):
+        post = getattr(self, spec.post_norm)
+        residual = hidden_states
+        hidden_states = getattr(self, spec.input_norm)(hidden_states)
+        hidden_states, _ = getattr(self, spec.attention)(hidden_states=hidden_states, **kwargs)
+        if hidden_states.dtype != residual.dtype:
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = post(hidden_states)
+        else:
+            hidden_states, residual = TF.fused_add_rms_norm(
+                hidden_states, residual, getattr(post, norm.weight_attr), norm_eps(post, norm), norm.offset,
+                norm.casting_mode)
+        hidden_states = getattr(self, spec.mlp)(hidden_states)
+        return residual + hidden_states
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, *args, **kwargs):
+        if args or _hook_problem(getattr(self, spec.post_norm), tigon_forward_ok=True) is not None:
+            return original(self, hidden_states, *args, **kwargs)
+        if (checkpoints_forward and getattr(self, "gradient_checkpointing", False) and self.training
+                and torch.is_grad_enabled()):
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if not getattr(self, "_can_checkpoint_with_cache", False):
+                for name in ("cache", "past_key_values", "layer_past"):
+                    if kwargs.get(name) is not None:
+                        kwargs[name] = None
+            return self._gradient_checkpointing_func(functools.partial(body, self, **kwargs), hidden_states)
+        return body(self, hidden_states, **kwargs)
+
+    # bypasses: the children whose forward the patched layer no longer calls (tigon profile counts calls by it)
+    return mark(forward, "fused_add_rms_norm", family, bypasses=(spec.post_norm,))
+
+
+def _layer_template(spec: DecoderLayerSpec) -> list[str]:
+    return ["residual = hidden_states", f"hidden_states = self.{spec.input_norm}(hidden_states)",
+            f"hidden_states, _ = self.{spec.attention}(...)", "hidden_states = residual + hidden_states",
+            "residual = hidden_states", f"hidden_states = self.{spec.post_norm}(hidden_states)",
+            f"hidden_states = self.{spec.mlp}(hidden_states)", "hidden_states = residual + hidden_states",
+            "return hidden_states"]
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_form_problem(forward, spec: DecoderLayerSpec) -> str | None:
+    """Why ``forward``'s source is not the pre-norm form of ``spec`` (None when it is)."""
+    try:
+        fn = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return "its forward's source cannot be read, so its form cannot be checked"
+    if not isinstance(fn, ast.FunctionDef):
+        return "its forward is not a plain function"
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    lines = [ast.unparse(s) for s in body]
+    call = None
+    for i, line in enumerate(lines):
+        head = f"hidden_states, _ = self.{spec.attention}("
+        if line.startswith(head):
+            call, lines[i] = body[i].value, f"hidden_states, _ = self.{spec.attention}(...)"
+    if lines != _layer_template(spec) or call is None:
+        return ("its forward is not the pre-norm form residual + attention, norm, residual + mlp (transformers "
+                "changed it?); left alone")
+    args = fn.args
+    params = [a.arg for a in args.args[1:] + args.kwonlyargs]
+    passed = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg is not None}
+    if (call.args or params[:1] != ["hidden_states"] or any(passed.get(p) != p for p in params)
+            or set(passed) != set(params) or args.kwarg is None
+            or not any(k.arg is None and ast.unparse(k.value) == args.kwarg.arg for k in call.keywords)):
+        return "its attention call does not pass every argument by name; left alone"
+    return None
+
+
+def decoder_layer_problem(module, spec: DecoderLayerSpec) -> str | None:
+    """Why ``module`` (a decoder layer, or its class for a class-level patch) cannot take the fused forward, or
+    None: its class's forward must be the pre-norm form of ``spec`` (read from its source), and an instance needs
+    the four parts, a post-attention norm with a 1-D weight tensor and a numeric epsilon."""
+    cls = module if isinstance(module, type) else type(module)
+    problem = _forward_form_problem(cls.forward, spec)
+    if problem is not None or isinstance(module, type):
+        return problem
+    for attr in (spec.input_norm, spec.attention, spec.post_norm, spec.mlp):
+        if not callable(getattr(module, attr, None)):
+            return f"no callable attribute {attr!r}"
+    return norm_problem(getattr(module, spec.post_norm), spec.norm)
+
+
+def describe_decoder_layer(spec: DecoderLayerSpec) -> str:
+    """What the patched layer computes, e.g. ``residual + self_attn(...) and post_attention_layernorm as
+    tigon.functional.fused_add_rms_norm(...)``."""
+    n = spec.norm
+    return (f"residual + {spec.attention}(...) and {spec.post_norm} as one tigon.functional.fused_add_rms_norm"
+            f"(casting_mode={n.casting_mode!r}, offset={n.offset:g})")
