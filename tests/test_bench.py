@@ -432,7 +432,7 @@ def test_e2e_compiled_providers(monkeypatch):
 def test_mfu_counts_matmul_parameters():
     # the input embedding is a lookup: left out of the MFU numerator unless tied to the head (Qwen2.5-0.5B)
     from tigon.presets import build_config
-    from tigon.workflows.e2e import model_info
+    from tigon.workflows.e2e_models import model_info
 
     llama, qwen = model_info(build_config("llama3-8b"), "preset"), model_info(build_config("qwen2.5-0.5b"), "preset")
     assert llama["num_parameters"] - llama["matmul_parameters"] == 128256 * 4096

@@ -179,7 +179,7 @@ def test_the_step_is_timed_in_parts_per_layer():
     """The host's issue time of a step is measured in parts that each launch fewer kernels than the launch queue
     holds: the embedding, each decoder layer's forward and backward (in the autograd thread's order), the
     optimizer. On CPU nothing is held: wall time, no device time."""
-    from tigon.workflows.e2e import build_model, hf_config, random_batches
+    from tigon.workflows.e2e_models import build_model, hf_config, random_batches
     from tigon.workflows.profile_events import step_issue
 
     hfc, _ = hf_config("tiny", 2)

@@ -160,7 +160,7 @@ def test_hook_overhead_is_measured():
 
 def test_in_step_host_on_a_model():
     """The patch report's targets of a tiny Llama, timed in its training step; the hooks are gone afterwards."""
-    from tigon.workflows.e2e import build_model, hf_config, random_batches
+    from tigon.workflows.e2e_models import build_model, hf_config, random_batches
 
     hfc, _ = hf_config("tiny", 1)
     model = build_model(hfc, torch.float32, torch.device("cpu"), 0)

@@ -82,6 +82,7 @@ from .liger_patch import GlobalsGuard, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
+from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, random_batches
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
                  "liger")
@@ -225,98 +226,6 @@ class E2EResult:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
         return dataclasses.asdict(self)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# model configs and building (shared with tigon.workflows.profile)
-
-
-def hf_config(model: str, layers: int | None = None):
-    """The ``transformers`` config of ``model`` (a preset name, a config.json file, a checkpoint directory or a Hub id
-    in the local cache: :func:`tigon.workflows.model_source.load_model_config`), keeping ``layers`` decoder layers,
-    and a description of the source (the preset name, the absolute path or the Hub id).
-
-    Raises:
-        ConfigError: ``model`` cannot be found or read, or ``layers`` is out of range.
-    """
-    from .model_source import model_config
-
-    config, source = model_config(model, layers, "--model")
-    return config, source.hub_id or source.path
-
-
-def build_model(config, dtype: torch.dtype, device: torch.device, seed: int,
-                attn_implementation: str | None = None) -> torch.nn.Module:
-    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``.
-
-    ``attn_implementation`` ("eager", "sdpa", ...) goes to ``AutoModelForCausalLM.from_config`` when not None.
-    """
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
-
-
-def attn_implementations() -> list[str]:
-    """The attention implementation names transformers knows here: "eager" and its attention registry's keys."""
-    try:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError:  # pragma: no cover - older transformers
-        return ["eager", "sdpa", "flash_attention_2", "flex_attention"]
-    keys = ALL_ATTENTION_FUNCTIONS.valid_keys() if hasattr(ALL_ATTENTION_FUNCTIONS, "valid_keys") \
-        else list(ALL_ATTENTION_FUNCTIONS)
-    return list(dict.fromkeys(["eager", *keys]))
-
-
-def check_attn_implementation(name: str | None) -> None:
-    """Raise :class:`ConfigError` (naming ``--attn-implementation``) unless ``name`` is None, a name of
-    :func:`attn_implementations` or a Hub kernel repository ``"org/repo"`` (transformers loads it, e.g.
-    ``"kernels-community/flash-attn"``)."""
-    if name is None:
-        return
-    names = attn_implementations()
-    if not isinstance(name, str) or not (name in names or name.count("/") == 1 and all(name.split("/"))):
-        raise ConfigError(f"--attn-implementation {name!r}: unknown attention implementation (choose from "
-                          f"{', '.join(names)}, or a Hub kernel 'org/repo')")
-
-
-def random_batches(vocab: int, n: int, batch_size: int, seq_len: int, seed: int) -> list[torch.Tensor]:
-    """``n`` (batch_size, seq_len) int64 batches of uniform random token ids in [0, vocab), CPU, from ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (batch_size, seq_len), generator=g) for _ in range(n)]
-
-
-def model_info(config, source: str) -> dict[str, Any]:
-    """Description of a model config (no weights needed): architecture, sizes and parameter count.
-
-    Raises:
-        ConfigError: transformers cannot build a causal LM from ``config``.
-    """
-    info = {"source": source, "model_type": getattr(config, "model_type", None),
-            "architecture": (getattr(config, "architectures", None) or [None])[0],
-            "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-            "hidden_size": getattr(config, "hidden_size", None),
-            "intermediate_size": getattr(config, "intermediate_size", None),
-            "vocab_size": getattr(config, "vocab_size", None)}
-    from .dry_run import build_meta_model
-
-    m = build_meta_model(config)  # ConfigError for a config transformers cannot build, before any run
-    info["architecture"] = type(m).__name__
-    info["num_parameters"] = sum(p.numel() for p in m.parameters())
-    info["matmul_parameters"] = matmul_parameters(m)
-    return info
-
-
-def matmul_parameters(model: torch.nn.Module) -> int:
-    """Parameters of ``model`` that multiply activations in a training step: all of them but the input embedding
-    (a lookup), which counts when it is tied to the LM head (the head's matmul uses it). The MFU numerator's count."""
-    n = sum(p.numel() for p in model.parameters())
-    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
-    if emb is not None and (out is None or out.weight is not emb.weight):
-        n -= emb.weight.numel()
-    return n
 
 
 def _positive(name: str, value, minimum: int = 1) -> None:

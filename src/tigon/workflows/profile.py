@@ -52,7 +52,8 @@ import torch
 from ..ops import CATEGORY_LABELS
 from . import predict as PR
 from .compare import ConfigError, _device_name, _device_str, versions
-from .e2e import DEFAULTS, DTYPES, build_model, hf_config, model_info, random_batches, run_provider
+from .e2e import DEFAULTS, DTYPES, run_provider
+from .e2e_models import build_model, hf_config, model_info, random_batches
 from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
                              device_busy_us, device_op_count, make_step, step_issue)
 from . import profile_attrib as PA
