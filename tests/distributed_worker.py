@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import tigon  # noqa: E402
+import ranks  # noqa: E402
 import vocab_parallel_checks  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
@@ -274,14 +275,7 @@ def main(names: list[str]) -> None:
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
             tb = traceback.format_exc(limit=-3).replace("\n", " | ")
             print(f"RESULT {name} FAIL {type(e).__name__}: {e} | {tb}", flush=True)
-    dist.destroy_process_group()
-    print("DONE", flush=True)
-    # Every check is reported: leave without the interpreter's shutdown. A rank that had passed every check (the
-    # DDP compare among them) was seen to abort there once in CI ("terminate called without an active exception":
-    # a C++ thread of torch.distributed still joinable at exit), failing the whole launch after DONE.
-    sys.stderr.flush()
-    os._exit(0)
-
+    ranks.finish("DONE")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

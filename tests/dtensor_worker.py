@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+import ranks  # noqa: E402
 from tigon import functional as F  # noqa: E402
 
 DEVICE = os.environ.get("TIGON_TEST_DEVICE", "cpu")
@@ -84,8 +85,7 @@ def main():
         raise AssertionError("cross_entropy took a DTensor")
     except TypeError as e:
         assert "logits is a torch.distributed.tensor" in str(e), str(e)
-    dist.destroy_process_group()
-    print("OK", checks)
+    ranks.finish(f"OK {checks}")
 
 
 if __name__ == "__main__":
