@@ -65,8 +65,11 @@ def test_flce_reports_tflops_and_failures_are_recorded():
     registry = dict(ops.registry(), swiglu=dataclasses.replace(ops.get("swiglu"), fn=boom))
     shapes = B.shapes_from_config({"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 2,
                                    "vocab_size": 64}, tokens=16)
+    seen = []  # on_rows sees the rows so far after each (op, provider, shape), failures included
     res = B.run_bench(["fused_linear_cross_entropy", "swiglu"], {op: [shapes[op]] for op in shapes},
-                      ["eager", "tigon"], dtype=B.DTYPES["float32"], device="cpu", registry=registry)
+                      ["eager", "tigon"], dtype=B.DTYPES["float32"], device="cpu", registry=registry,
+                      on_rows=lambda r: seen.append(len(r.rows)))
+    assert len(seen) == 4 and seen == sorted(seen) and seen[-1] == len(res.rows)
     flce = [r for r in res.rows if r.op == "fused_linear_cross_entropy" and r.mode == "fwd_bwd"]
     assert {r.provider for r in flce} == {"eager", "tigon"}
     assert all(r.tflops > 0 and r.pct_matmul > 0 and r.gbps is None for r in flce)
@@ -437,3 +440,19 @@ def test_mfu_counts_matmul_parameters():
     llama, qwen = model_info(build_config("llama3-8b"), "preset"), model_info(build_config("qwen2.5-0.5b"), "preset")
     assert llama["num_parameters"] - llama["matmul_parameters"] == 128256 * 4096
     assert qwen["matmul_parameters"] == qwen["num_parameters"]
+
+
+def test_view_inputs_become_leaves_of_their_own():
+    # q / k are drawn as views of a projection's layout; CUDA-graph timing detaches its leaves in place, which a view
+    # refuses ("Can't detach views in-place"): the bench gives them storage of their own, strides kept.
+    spec = ops.get("rope_interleaved")
+    shape = B.shapes_from_config({"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+                                  "vocab_size": 64}, tokens=16)["rope_interleaved"]
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    drawn = spec.make_inputs(shape, torch.float32, torch.device("cpu"), gen, **spec.bench_inputs)
+    made = B._make(spec, shape, torch.float32, torch.device("cpu"))
+    for k in spec.grad_inputs:
+        assert drawn[k]._is_view() and not made[k]._is_view() and made[k].is_leaf and made[k].requires_grad
+        assert made[k].stride() == drawn[k].stride()
+        made[k].detach_()

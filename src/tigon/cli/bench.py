@@ -4,6 +4,7 @@ or with --e2e whole training steps per provider (:mod:`tigon.workflows.e2e`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -125,7 +126,9 @@ def _bench_ops(args: argparse.Namespace, prog: str) -> int:
     try:
         resolved, shapes, _, _ = resolve_bench(config)
         total = len(plan(resolved.ops, shapes, available_providers(resolved.providers)[0]))
-        result = _run_staged(run_op_bench, config, args.quiet, total)
+        # The JSON is rewritten after every (op, provider, shape): a run cut short by a time limit keeps its rows.
+        run = functools.partial(run_op_bench, on_rows=(lambda r: r.write_json(args.json)) if args.json else None)
+        result = _run_staged(run, config, args.quiet, total)
     except (ConfigError, ValueError) as e:
         return _fail(prog, str(e))
     report = result.as_dict()

@@ -208,7 +208,13 @@ def _make(spec: OpSpec, shape: dict, dtype: torch.dtype, device: torch.device) -
     gen.seed()
     inputs = spec.make_inputs(shape, dtype, device, gen, **spec.bench_inputs)
     for k in spec.grad_inputs:
-        inputs[k].requires_grad_(True)
+        t = inputs[k]
+        if t._is_view():
+            # A view (e.g. q / k sliced from a qkv projection's layout) cannot be a leaf that CUDA-graph timing
+            # detaches in place (triton's do_bench_cudagraph): the same values and strides in storage of its own.
+            own = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            inputs[k] = t = own.copy_(t)
+        t.requires_grad_(True)
     return inputs
 
 
@@ -324,7 +330,8 @@ def plan(ops, shapes: dict[str, list[dict]], providers, registry: dict[str, OpSp
 
 def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat16, device=None,
               progress: Callable[[str], None] | None = None, ceilings: dict | None = None,
-              modes=MODES, cuda_graph: bool = False, registry: dict[str, OpSpec] | None = None) -> BenchResult:
+              modes=MODES, cuda_graph: bool = False, registry: dict[str, OpSpec] | None = None,
+              on_rows: Callable[[BenchResult], None] | None = None) -> BenchResult:
     """Benchmark ``ops`` x ``providers`` x shapes. ``shapes[op]`` is a list of shape dicts (a sweep).
 
     Args:
@@ -338,6 +345,8 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         modes: subset of :data:`MODES`.
         cuda_graph: time fwd and fwd_bwd as CUDA-graph replays (kernel time without host overhead; CUDA only).
         registry: the op records to draw from (default :func:`tigon.ops.registry`).
+        on_rows: called with the result so far after each (op, provider, shape), e.g. to write it to disk so that
+            a run stopped by a time limit keeps what it measured.
 
     Returns:
         a :class:`BenchResult`; a provider that raises on a shape gets one ``fwd_bwd`` row with ``ms=None`` and
@@ -368,6 +377,8 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
             result.rows.append(BenchRow(op, p, dict(shape), str(dtype).replace("torch.", ""), "fwd_bwd",
                                         note=f"failed: {type(e).__name__}: {error_text(e)}",
                                         size=specs[op].size_label(shape)))
+        if on_rows:
+            on_rows(result)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -535,8 +546,10 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     return resolved, shapes, desc, notes
 
 
-def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchResult:
-    """``tigon bench``: resolve ``config`` (:func:`resolve_bench`) and run :func:`run_bench` on the model's shapes.
+def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = None,
+                 on_rows: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """``tigon bench``: resolve ``config`` (:func:`resolve_bench`) and run :func:`run_bench` on the model's shapes
+    (``on_rows``: see :func:`run_bench`; it sees the rows and ceilings, not yet the model and notes).
 
     Returns:
         a :class:`BenchResult` with ``model``, ``sweep``, ``config`` and ``notes`` filled in.
@@ -554,7 +567,7 @@ def run_op_bench(config: BenchConfig, progress: Callable[[str], None] | None = N
         raise ConfigError("none of the requested providers can run " + ", ".join(cfg.ops) + ": "
                           + ("; ".join(missing) if missing else f"{', '.join(cfg.providers)} implement none of them"))
     result = run_bench(cfg.ops, shapes, cfg.providers, DTYPES[cfg.dtype], torch.device(cfg.device), progress,
-                       cuda_graph=cfg.cuda_graph)
+                       cuda_graph=cfg.cuda_graph, on_rows=on_rows)
     result.model, result.sweep, result.config = desc, cfg.sweep, asdict(cfg)
     result.notes = notes + result.notes
     ran = {(r.op, r.provider) for r in result.rows}
