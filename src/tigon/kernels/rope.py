@@ -77,27 +77,34 @@ def _rotate_rows(
     t = (bt % T).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     mask = rmask[:, None] & (d < HALF)[None, :]
+    # Interleaved pairs are read and written as whole contiguous rows [BLOCK_R, 2 * BLOCK_HALF] and split into / joined
+    # from (evens, odds): two stride-2 accesses per row would be scalar, unvectorised loads and stores (8x the
+    # instructions of the rotate-half layout's).
+    e = tl.arange(0, 2 * BLOCK_HALF)
+    emask = rmask[:, None] & (e < 2 * HALF)[None, :]
     # cos/sin rows are gathered per row: the H rows of a position read the same (cached) values.
+    crow = COS + (b * sc_b + t * sc_t)[:, None]
+    srow = SIN + (b * ss_b + t * ss_t)[:, None]
     if TABLE_PAIRS:  # pair i reads columns 2i and 2i + 1 of the table
-        cd = 2 * d
-        c_next = 1
+        cc = tl.load(crow + e[None, :] * sc_d, mask=emask, other=0.0).to(tl.float32)
+        ss = tl.load(srow + e[None, :] * ss_d, mask=emask, other=0.0).to(tl.float32)
+        c1, c2 = tl.split(tl.reshape(cc, [BLOCK_R, BLOCK_HALF, 2]))
+        s1, s2 = tl.split(tl.reshape(ss, [BLOCK_R, BLOCK_HALF, 2]))
     else:  # pair i reads columns i and i + HALF
-        cd = d
-        c_next = HALF
-    cp = COS + (b * sc_b + t * sc_t)[:, None] + cd[None, :] * sc_d
-    sp = SIN + (b * ss_b + t * ss_t)[:, None] + cd[None, :] * ss_d
-    if MROPE:  # column i of each half reads the table of its section (0, 1 or 2)
-        sec = ((d >= SEC0).to(tl.int64) + (d >= SEC0 + SEC1).to(tl.int64))[None, :]
-        cp += sec * sc_s
-        sp += sec * ss_s
-    c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
-    s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
-    if SHARED:  # one angle per pair, from the first half of the table
-        c2 = c1
-        s2 = s1
-    else:
-        c2 = tl.load(cp + c_next * sc_d, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(sp + c_next * ss_d, mask=mask, other=0.0).to(tl.float32)
+        cp = crow + d[None, :] * sc_d
+        sp = srow + d[None, :] * ss_d
+        if MROPE:  # column i of each half reads the table of its section (0, 1 or 2)
+            sec = ((d >= SEC0).to(tl.int64) + (d >= SEC0 + SEC1).to(tl.int64))[None, :]
+            cp += sec * sc_s
+            sp += sec * ss_s
+        c1 = tl.load(cp, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(sp, mask=mask, other=0.0).to(tl.float32)
+        if SHARED:  # one angle per pair, from the first half of the table
+            c2 = c1
+            s2 = s1
+        else:
+            c2 = tl.load(cp + HALF * sc_d, mask=mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sp + HALF * ss_d, mask=mask, other=0.0).to(tl.float32)
     if BACKWARD:
         sa = s2
         sb = -s1
@@ -107,23 +114,21 @@ def _rotate_rows(
     xrow = X + (b * sx_b + t * sx_t + h * sx_h)[:, None]
     yrow = Y + (b * sy_b + t * sy_t + h * sy_h)[:, None]
     if X_PAIRS:  # pair i is (x[2i], x[2i + 1])
-        xp = xrow + (2 * d)[None, :] * sx_d
-        xp2 = xp + sx_d
+        xx = tl.load(xrow + e[None, :] * sx_d, mask=emask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(xx, [BLOCK_R, BLOCK_HALF, 2]))
     else:  # pair i is (x[i], x[i + HALF])
         xp = xrow + d[None, :] * sx_d
-        xp2 = xp + HALF * sx_d
-    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp2, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xp + HALF * sx_d, mask=mask, other=0.0).to(tl.float32)
     y1 = x1 * c1 + x2 * sa
     y2 = x2 * c2 + x1 * sb
     if Y_PAIRS:
-        yp = yrow + (2 * d)[None, :] * sy_d
-        yp2 = yp + sy_d
+        yy = tl.reshape(tl.join(y1, y2), [BLOCK_R, 2 * BLOCK_HALF])
+        tl.store(yrow + e[None, :] * sy_d, yy.to(Y.dtype.element_ty), mask=emask)
     else:
         yp = yrow + d[None, :] * sy_d
-        yp2 = yp + HALF * sy_d
-    tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
-    tl.store(yp2, y2.to(Y.dtype.element_ty), mask=mask)
+        tl.store(yp, y1.to(Y.dtype.element_ty), mask=mask)
+        tl.store(yp + HALF * sy_d, y2.to(Y.dtype.element_ty), mask=mask)
     if PASS > 0:
         e = 2 * HALF + tl.arange(0, BLOCK_PASS)
         pmask = rmask[:, None] & (e < 2 * HALF + PASS)[None, :]
