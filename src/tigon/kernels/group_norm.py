@@ -68,8 +68,10 @@ FUSED_GROUP = 16384
 INTERPRET_FUSED_GROUP = 1 << 16
 # Elements a thread of the one-launch backward ``_group_bwd`` holds (x, dy and their products): 16 compiles to 56-64
 # registers (sm_90, bf16, groups of 8192 / 16384 at 16 / 32 warps), 32 to 98-116, so that 16 warps of it fill an SM's
-# registers (ptxas -v of the Triton 3.9 build, no spills either way). Not timed on a GPU yet.
-GROUP_BWD_ELEMS_PER_THREAD = 16
+# registers (ptxas -v of the Triton 3.9 build, no spills either way). H200, bf16, 128 x 128 x 4096 in 32 groups, fwd +
+# bwd CUDA-graph replays (benchmarks/results/h200/session14/tune_dyt-group_norm_llama3-8b_h200_20261204.json): 32
+# elements 211.5 us (75.2% of copy bandwidth), 8 and 16 223.4 us; the two-launch path (FUSED_GROUP 0) 16.9 ms.
+GROUP_BWD_ELEMS_PER_THREAD = 32
 
 
 @triton.jit
