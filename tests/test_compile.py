@@ -224,6 +224,7 @@ def test_cross_entropy_compile(device, reduction):
 
 
 @pytest.mark.parametrize("op, options", [("jsd", {"beta": 0.3}), ("kl_div", {"reduction": "batchmean"}),
+                                         ("kl_div", {"reduction": "sum", "log_target": True}),
                                          ("tvd", {"reduction": "none"})])
 def test_divergence_compile(device, op, options):
     x, y = torch.randn(7, 90, device=device).log_softmax(-1), torch.randn(7, 90, device=device).log_softmax(-1)

@@ -241,7 +241,7 @@ def test_target_gradient_only_when_required_and_no_grad(device):
 
 
 def test_second_backward(device):
-    # jsd and tvd scale the gradient their forward formed in place: a second backward raises; kl_div recomputes
+    # jsd and tvd scale the gradient their forward formed in place: a second backward raises
     for op in ("jsd", "tvd"):
         inputs = _inputs(op, 5, 40, device)
         x = inputs["input"].clone().requires_grad_()
@@ -249,14 +249,68 @@ def test_second_backward(device):
         loss.backward(retain_graph=True)
         with pytest.raises(RuntimeError, match="second backward"):
             loss.backward()
-    for op in ("kl_div",):
-        inputs = _inputs(op, 5, 40, device)
-        x = inputs["input"].clone().requires_grad_()
-        loss = getattr(F, op)(**{**inputs, "input": x})
-        loss.backward(retain_graph=True)
-        first = x.grad.clone()
-        loss.backward()
-        torch.testing.assert_close(x.grad, 2 * first)
+    # kl_div forms its gradients in the forward too but rewrites them from the inputs (for an upstream other than 1),
+    # and a second backward recomputes them: any upstream, in any order
+    for log_target in (False, True):
+        inputs = _inputs("kl_div", 5, 40, device, reduction="batchmean", log_target=log_target)
+        x, y = inputs["input"].clone().requires_grad_(), inputs["target"].clone().requires_grad_()
+        loss = F.kl_div(**{**inputs, "input": x, "target": y})
+        want = [t.grad for t in _kl_leaves(inputs, 1.0)]
+        total = 0.0
+        for g in (0.5, 1.0, 3.0):
+            (loss * g).backward(retain_graph=True)
+            total += g
+            torch.testing.assert_close(x.grad, total * want[0])
+            torch.testing.assert_close(y.grad, total * want[1])
+    # mixed dtypes (bf16 input, fp32 target): each gradient keeps its tensor's dtype in every backward
+    inputs = _inputs("kl_div", 5, 40, device, reduction="sum")
+    x = inputs["input"].to(torch.bfloat16).requires_grad_()
+    loss = F.kl_div(x, inputs["target"], reduction="sum")
+    for _ in range(2):
+        (loss * 0.37).backward(retain_graph=True)
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad.float(), -0.74 * inputs["target"], rtol=2e-2, atol=1e-6)
+
+
+def _kl_leaves(inputs: dict, upstream: float, dtype=None, fn=None):
+    """(input, target) leaves, at ``dtype``, after ``(upstream * kl_div(input, target, ...)).backward()`` (Tigon's
+    kl_div, or ``fn``); their .grad holds the gradients."""
+    dtype = dtype or inputs["input"].dtype
+    x, y = (inputs[k].detach().to(dtype).clone().requires_grad_() for k in ("input", "target"))
+    ((fn or F.kl_div)(**{**inputs, "input": x, "target": y}) * upstream).backward()
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("options", [{}, {"reduction": "batchmean", "log_target": True}, {"reduction": "sum"}],
+                         ids=["mean", "batchmean-log_target", "sum"])
+def test_kl_div_gradients_upstream_1_and_037(device, dtype, options):
+    # the forward writes round(scale * d l); the backward writes nothing for an upstream of 1 and rewrites
+    # round(g * scale * d l) from the inputs otherwise (never a rounded value rescaled). Both gradients (input and
+    # target), against float64, no worse than torch's own kl_div at the dtype (fp32: the FLOOR, ~1e-5)
+    inputs = _inputs("kl_div", 24, 259, device, dtype, **options)
+    for upstream in (1.0, 0.37):
+        truth = _kl_leaves(inputs, upstream, torch.float64, R.plain_kl_div)
+        torch_ = _kl_leaves(inputs, upstream, fn=R.plain_kl_div)
+        ours = _kl_leaves(inputs, upstream)
+        for name, t, o, r in zip(("input", "target"), ours, torch_, truth):
+            err, torch_err = rel_l2(t.grad, r.grad), rel_l2(o.grad, r.grad)
+            assert t.grad.dtype == dtype and err <= max(torch_err, FLOOR[torch.float32]), (name, upstream, err,
+                                                                                          torch_err)
+
+
+def test_kl_div_backward_writes_nothing_for_an_upstream_of_1(device):
+    # the backward's launch reads the 0-d upstream on the device (no host sync): at 1 it leaves the forward's
+    # gradient as it is (poisoned here to see it), otherwise it rewrites it
+    inputs = _inputs("kl_div", 6, 150, device, torch.bfloat16)
+    x, y = inputs["input"], inputs["target"]
+    scale = kdiv.reduction_scale(None, -100, 6, 150, "batchmean", x.device)
+    opts = kdiv.Divergence(kdiv.KL_PROB)
+    for g, want in ((1.0, None), (0.37, (-y.float() * (0.37 / 6)).to(torch.bfloat16))):
+        dx = torch.full_like(x, 7.0)
+        upstream = torch.tensor(g, device=device)
+        kdiv.launch(y, y, None, scale, opts, dx=dx, g=upstream.expand(x.shape), skip_unit_g=True)
+        torch.testing.assert_close(dx, torch.full_like(x, 7.0) if want is None else want, rtol=0, atol=0)
 
 
 def test_runs_a_kernel(device):

@@ -15,7 +15,8 @@ writes nothing when it is 1, as for ``loss.backward()``). Minimal bytes (N x V, 
 forward + backward 3 N V e with upstream 1, against 5 N V e for a forward and a recomputing backward. With an
 upstream other than 1 the gradient is rounded to the input's dtype twice (forward, then after scaling): in bf16
 about 1.4x the error of one rounding, far inside the error of the same formula evaluated in bf16 (what plain PyTorch
-code runs), which is the baseline.
+code runs), which is the baseline. (jsd at beta=0 is kl_div's term and takes kl_div's backward below: one
+rounding.)
 
 tvd (``grad_in_forward`` too, as Liger-Kernel's): its gradient takes three values, ``+-c`` and 0 with ``c = scale /
 2``, so the forward writes ``sign(x - y) * round(c)`` and the backward, for an upstream g other than 1, multiplies
@@ -23,12 +24,24 @@ by ``g * c / round(c)`` (a 0-d fp32 factor formed on the device): each element i
 error, one rounding as the recomputing backward gives, not two. Forward + backward 3 N V e with upstream 1 (Liger's),
 5 N V e otherwise.
 
-kl_div: the forward writes the row sums (or, for ``reduction="none"``, the (N, V) fp32 pointwise losses); the
-backward reads y (its input gradient is -y or -exp(y) times the upstream and scale) and the upstream gradient (0-d,
-or (N, V) with any strides, e.g. the stride-0 expansion of ``loss.sum()``'s) and writes ``upstream * scale * d l``,
-rounded once. Its baseline is torch's own kl_div, whose bf16 gradient a forward-formed one, rounded twice for an
-upstream other than 1, would not match (1.4x measured). Forward + backward: 4 N V e (as Liger's with upstream 1).
-tvd's ``reduction="none"`` takes this recomputing backward too (5 N V e).
+kl_div (``grad_in_forward`` too, and jsd at beta=0, the same term: :data:`KL_KINDS`): its input gradient, ``-y`` or
+``-exp(y)`` times scale and the upstream g, depends on the target alone. The forward reads x and y and writes the row
+sums and ``round(scale * d l)`` (the target's gradient too when it is wanted: ``d l / d y`` depends on x as well,
+``log max(y, eps) - x + 1`` or ``exp(y) (y - x + 1)``, and the forward holds both). The backward reads g on the
+device (no host sync): where g == 1 it reads and writes nothing (the gradients are the forward's); otherwise it
+rewrites them from the inputs, ``round(g * scale * d l)``, reading y (and x for the target's gradient): one rounding
+for every upstream, as torch's own kl_div's backward (its baseline), never a rounded value rescaled (that costs 1.4x
+torch's bf16 error, measured). Bytes with the input's gradient alone: forward 3 N V e, forward + backward 3 N V e
+with upstream 1 (the floor: read x and y, write dx), 5 N V e otherwise (Liger's kl_div: 4 N V e with upstream 1, its
+backward reads the target again); with the target's gradient too, 4 N V e with upstream 1 (x and y read, dx and dy
+written), 8 N V e otherwise. The rewrite moves what scaling in place would (it reads y, or x and y, where scaling
+reads dx, or dx and dy), so it costs nothing over it. The gradients formed in the forward are held from the forward
+to the backward (N V e each, as jsd's). A second backward through the same loss (``retain_graph``) recomputes them
+into new tensors, so any sequence of upstreams is exact.
+
+Other reductions: ``reduction="none"`` (every kind) writes the (N, V) fp32 pointwise losses in the forward, and its
+backward reads the inputs and the (N, V) upstream gradient (any strides, e.g. the stride-0 expansion of
+``loss.sum()``'s) and writes ``upstream * scale * d l``, rounded once (tvd's: 5 N V e).
 
 Rows whose label equals ``ignore_index`` are never read: their loss and gradients are 0.
 """
@@ -53,6 +66,9 @@ KL_LOG_REVERSE = 1  # exp(x) (x - y): KL(Q || P) (jsd beta=1)
 JSD = 2  # beta P (log P - log M) + (1 - beta) Q (log Q - log M), M = beta P + (1 - beta) Q (jsd 0 < beta < 1)
 KL_PROB = 3  # y (log max(y, eps) - x), y a probability (kl_div log_target=False)
 TVD = 4  # |x - y| / 2, both probabilities
+KL_KINDS = (KL_LOG, KL_PROB)
+"""The kinds whose input gradient depends on the target alone (kl_div's, and jsd's at beta=0): a backward after
+a forward that formed the gradients rewrites them from the inputs for an upstream other than 1 (see above)."""
 
 MAX_BLOCK_V = 4096
 """Widest vocabulary block (columns) a program loads per step; tests lower it to walk the loop."""
@@ -117,8 +133,10 @@ def _divergence_kernel(
     n_rows, V, ignore_index, beta, eps,
     KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_LOSS: tl.constexpr, ELEMENTWISE: tl.constexpr,
     WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr, LOAD_X: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    SKIP_UNIT_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
+    # SKIP_UNIT_G: G is a 0-d upstream gradient (expanded, strides 0), read here on the device; where it is 1 the
+    # program reads and writes nothing (kl_div's backward after a forward that wrote the gradient for g = 1)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     in_rows = rows < n_rows
     keep = in_rows
@@ -127,6 +145,24 @@ def _divergence_kernel(
         keep = in_rows & (label != ignore_index)
     scale = tl.load(SCALE)
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    run = True
+    if SKIP_UNIT_G:
+        run = tl.load(G).to(tl.float32) != 1.0
+    if run:
+        acc = _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
+                    rows, in_rows, keep, scale, acc, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE, WRITE_DX, WRITE_DY,
+                    HAS_G, LOAD_X, BLOCK_M, BLOCK_V)
+    if WRITE_LOSS and not ELEMENTWISE:
+        tl.store(LOSS + rows * stride_loss, acc, mask=in_rows)
+
+
+@triton.jit
+def _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
+          rows, in_rows, keep, scale, acc, V, beta, eps, KIND: tl.constexpr, WRITE_LOSS: tl.constexpr,
+          ELEMENTWISE: tl.constexpr, WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr,
+          LOAD_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    """:func:`_divergence_kernel`'s walk over the vocabulary of its rows: returns ``acc`` plus the row sums of the
+    losses (when they are summed)."""
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         in_cols = (cols < V)[None, :]
@@ -155,8 +191,7 @@ def _divergence_kernel(
             if WRITE_DY:
                 tl.store(DY + rows[:, None] * stride_dy + cols[None, :],
                          tl.where(read, dy * coef, 0.0).to(DY.dtype.element_ty), mask=out)
-    if WRITE_LOSS and not ELEMENTWISE:
-        tl.store(LOSS + rows * stride_loss, acc, mask=in_rows)
+    return acc
 
 
 # ---- launcher -----------------------------------------------------------------------------------------------------
@@ -180,14 +215,19 @@ def _blocks(n: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
     return block_m, block_v, warps_for(block_m * block_v)
 
 
-def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=False, dx=None, dy=None, g=None):
+def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=False, dx=None, dy=None, g=None,
+           skip_unit_g=False):
     """Run :func:`_divergence_kernel` on rows ``x``, ``y`` (n, V) (unit column stride).
 
     labels: (n,) contiguous integers or None. scale: 0-d fp32 tensor. loss: (n,) or, ``elementwise``, (n, V) fp32
     output, or None. dx, dy: (n, V) contiguous gradient outputs or None. g: (n, V) upstream gradient (any strides) or
-    None (the gradients are ``scale * d l``).
+    None (the gradients are ``scale * d l``). skip_unit_g: ``g`` is a 0-d tensor expanded (strides 0) and the kernel
+    writes nothing where it is 1 (no loss then). ``x`` is never read when only kl_div's input gradient is written:
+    any (n, V) tensor (the target) may stand in for it.
     """
     n, vocab = x.shape
+    if skip_unit_g and (g is None or g.stride() != (0, 0) or loss is not None):
+        raise ValueError("skip_unit_g needs a 0-d upstream gradient g expanded to (n, V) and no loss output")
     if n == 0:
         return
     block_m, block_v, warps = _blocks(n, vocab, x.device)
@@ -201,8 +241,8 @@ def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=Fals
         dy if dy is not None else x, dy.stride(0) if dy is not None else 0,
         n, vocab, int(opts.ignore_index), float(opts.beta), float(opts.eps),
         KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_LOSS=loss is not None, ELEMENTWISE=elementwise,
-        WRITE_DX=dx is not None, WRITE_DY=dy is not None, HAS_G=g is not None,
-        LOAD_X=load_x, BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        WRITE_DX=dx is not None, WRITE_DY=dy is not None, HAS_G=g is not None, LOAD_X=load_x,
+        SKIP_UNIT_G=bool(skip_unit_g), BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
 
 
@@ -230,9 +270,11 @@ class DivergenceFunction(torch.autograd.Function):
     ``reduction`` one of "sum", "mean", "batchmean" (a 0-d fp32 loss) or "none" ((N, V) fp32).
 
     Gradients flow to the input and to the target (each written only when it is needed), in their dtypes. With
-    ``grad_in_forward`` a scalar reduction forms them in the forward and scales them in place in the backward (a
-    second backward through the same graph then raises); otherwise the backward reads the inputs again and writes
-    ``upstream * scale * d l`` rounded once, as the unfused computation does.
+    ``grad_in_forward`` a scalar reduction forms them in the forward; the backward keeps them for an upstream of 1 and
+    otherwise scales them in place (jsd, tvd: a second backward through the same graph then raises) or, for
+    :data:`KL_KINDS`, rewrites them from the inputs (one rounding; a second backward recomputes them). Without it the
+    backward reads the inputs again and writes ``upstream * scale * d l`` rounded once, as the unfused computation
+    does.
     """
 
     @staticmethod
@@ -244,6 +286,8 @@ class DivergenceFunction(torch.autograd.Function):
         want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.opts, ctx.consumed = opts, False
         ctx.formed = grad_in_forward and reduction != "none" and (want_dx or want_dy)
+        # kl_div: the backward rewrites the formed gradients from the inputs where the upstream is not 1
+        ctx.rewrite = ctx.formed and opts.kind in KL_KINDS
         if reduction == "none":
             loss = torch.empty((n, vocab), dtype=torch.float32, device=x.device)
             launch(x, y, labels, scale, opts, loss=loss, elementwise=True)
@@ -253,16 +297,25 @@ class DivergenceFunction(torch.autograd.Function):
             dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if ctx.formed and want_dy else None
             launch(x, y, labels, scale, opts, loss=rows, dx=dx, dy=dy)
             loss = rows.sum() * scale
-        ctx.save_for_backward(*((dx, dy, scale) if ctx.formed else (x, y, labels, scale)))
+        if ctx.rewrite:  # x is read only for the target's gradient: the target stands in for it otherwise
+            ctx.save_for_backward(dx, dy, x if want_dy else y, y, labels, scale)
+        else:
+            ctx.save_for_backward(*((dx, dy, scale) if ctx.formed else (x, y, labels, scale)))
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        if ctx.formed:
+        if ctx.rewrite and not ctx.consumed:  # kl_div: one rounding of g * scale * d l for every upstream g
+            ctx.consumed = True
+            dx, dy, x, y, labels, scale = ctx.saved_tensors
+            launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape), skip_unit_g=True)
+            return dx, dy, None, None, None, None
+        if ctx.formed and not ctx.rewrite:
             if ctx.consumed:
-                raise RuntimeError("tigon.jsd and tigon.tvd form their gradients in the forward and scale them in "
-                                   "place in the backward: a second backward through the same loss is not possible")
+                raise RuntimeError("tigon.jsd (0 < beta <= 1) and tigon.tvd form their gradients in the forward and "
+                                   "scale them in place in the backward: a second backward through the same loss is "
+                                   "not possible")
             ctx.consumed = True
             dx, dy, scale = ctx.saved_tensors
             g = grad.to(torch.float32)
@@ -271,10 +324,15 @@ class DivergenceFunction(torch.autograd.Function):
             def scaled(d):  # (per tensor: the input's and the target's dtypes may differ)
                 return None if d is None else scale_rows_(d, _tvd_factor(g, scale, d.dtype) if tvd else g)
             return scaled(dx), scaled(dy), None, None, None, None
-        x, y, labels, scale = ctx.saved_tensors
-        want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
-        dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
+        if ctx.rewrite:  # a second backward of kl_div's (retained graph) recomputes: the first one's gradients are
+            # the caller's now (x may be the target standing in: the formed gradients have the dtypes)
+            formed_dx, formed_dy, x, y, labels, scale = ctx.saved_tensors
+            dx, dy = (None if d is None else torch.empty_like(d) for d in (formed_dx, formed_dy))
+        else:
+            x, y, labels, scale = ctx.saved_tensors
+            want_dx, want_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+            dy = torch.empty(y.shape, dtype=y.dtype, device=y.device) if want_dy else None
         launch(x, y, labels, scale, ctx.opts, dx=dx, dy=dy, g=grad.expand(x.shape))  # 0-d upstream: strides 0
         return dx, dy, None, None, None, None
 
@@ -292,7 +350,8 @@ def _tvd_factor(g: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launcher as the autograd.Function above, as torch.library custom ops (see tigon.kernels). Under compile
 # every loss takes the recomputing backward: a custom op may not return a buffer it saved (its outputs never alias its
-# inputs), so jsd's forward-formed gradient would be copied once more; recomputing moves the same 3 N V e.
+# inputs), so jsd's forward-formed gradient would be copied once more; recomputing moves the same 3 N V e. (kl_div:
+# forward 2 N V e + backward 2 N V e, one rounding for every upstream, as the autograd.Function's.)
 @torch.library.custom_op("tigon::divergence", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _divergence(input: Tensor, target: Tensor, labels: Optional[Tensor], kind: int, beta: float, eps: float,
                 ignore_index: int, reduction: str) -> Tensor:

@@ -76,9 +76,11 @@ def kl_div(input: torch.Tensor, target: torch.Tensor, size_average: bool = True,
 
     Args:
         input: (N, V) log-probabilities, float32 / bfloat16 / float16 (other float dtypes run the reference); any
-            strides. Gets a gradient.
+            strides. Gets a gradient (``-target`` or ``-exp(target)`` times the reduction's factor), formed in the
+            forward pass for a scalar reduction: the backward then writes nothing for an upstream gradient of 1
+            (``loss.backward()``) and rewrites it from the target otherwise, rounded once either way.
         target: (N, V) probabilities (log-probabilities with ``log_target``), any float dtype; gets a gradient too if
-            it requires one (Liger: none).
+            it requires one (Liger: none), formed the same way (it depends on the input too: rewritten from both).
         size_average, reduce: ignored (torch's deprecated arguments; Liger-Kernel ignores them too).
         reduction: ``"mean"`` (the sum over all N * V elements divided by N * V, torch's), ``"batchmean"`` (divided
             by N: the KL divergence per row), ``"sum"``, or ``"none"`` ((N, V) pointwise losses).
@@ -99,7 +101,7 @@ def kl_div(input: torch.Tensor, target: torch.Tensor, size_average: bool = True,
         return ref.kl_div(input, target, size_average, reduce, reduction, log_target, eps)
     from ..kernels.divergence import KL_LOG, KL_PROB
 
-    return _kernel(input, target, None, (KL_LOG if log_target else KL_PROB, 0.5, e, -100), reduction)
+    return _kernel(input, target, None, (KL_LOG if log_target else KL_PROB, 0.5, e, -100), reduction, True)
 
 
 def tvd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | None = None, reduction: str = "mean",
@@ -169,9 +171,9 @@ def _tvd_inputs(s: dict, dtype, device, gen, ignore_every: int = 0, labels: bool
 
 
 def _read2_write1(s: dict, e: int, mode: str) -> float:
-    """Read input and target; forward + backward also writes the input's gradient (the floor: jsd's and tvd's
-    kernels move that with upstream 1, forming the gradient in the forward; kl_div's reads the target again in the
-    backward)."""
+    """Read input and target; forward + backward also writes the input's gradient (the floor, 3 N V e: jsd's, tvd's
+    and kl_div's kernels move exactly that with upstream 1, forming the gradient in the forward; Liger's kl_div moves
+    4 N V e, its backward reading the target again)."""
     return (2 if mode == "fwd" else 3) * s["tokens"] * s["vocab"] * e
 
 
@@ -213,6 +215,7 @@ RECORDS = (
         fn=kl_div, reference=ref.kl_div, original=ref.plain_kl_div,
         original_name="torch.nn.functional.kl_div at the input dtype",
         make_inputs=_kl_inputs,
+        grads_in_forward=("tigon",),  # (Liger's kl_div forms it in its backward, from the target)
         peers={"liger": liger("liger_kl_div", "input", "target")},
         cases=(
             Case(),
