@@ -141,6 +141,7 @@ def test_cli_profile_json_and_bad_model(tmp_path, capsys):
     r = json.loads(js.read_text())
     assert r["config"]["attn_implementation"] == "eager"
     assert r["step_ms_patched"] is None and r["predicted_step_ms_patched"] is None and r["ops"] == []
+    assert r["peak_memory_bytes_patched"] is None and "peak_memory_bytes_original" in r
     assert sum(c["ms"] for c in r["categories"]) == pytest.approx(r["profiled_step_ms"], rel=1e-9)
     assert "step_ms original=" in capsys.readouterr().out
     rc = main(["profile", "no-such-model"])
@@ -190,3 +191,16 @@ def test_the_step_is_timed_in_parts_per_layer():
                                              "backward: layer 1", "backward: layer 0", "optimizer"]
     assert syncs == [] and not t.held and t.waited == [] and t.device_ms == 0 and t.host_ms > 0
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())  # hooks removed
+
+
+def test_advice_names_the_memory_a_left_out_kind_gives_back():
+    # The memory side of the advice (issue 24): leaving a kind out for speed costs its memory saving.
+    from tigon.cli.profile import _peak_pair
+    from tigon.workflows.profile_notes import _memory_cost
+
+    op = {"original": {"peak_extra_bytes": 96 * 2**20}, "tigon": {"peak_extra_bytes": 32 * 2**20}}
+    assert _memory_cost(op) == ", at 64 MiB more per call at its peak (96 against 32)"
+    assert _peak_pair(op) == "96 / 32"
+    cpu = {"original": {"host_ms": 1.0}, "tigon": {"host_ms": 0.5}}
+    assert _memory_cost(cpu) == "" and _peak_pair(cpu) == ""
+    assert _memory_cost({"original": {"peak_extra_bytes": 1}, "tigon": {"peak_extra_bytes": 2}}) == ""

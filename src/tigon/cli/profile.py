@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._render import (_check_output, _console, _dump_report, _fail, _layers, _num, _print_footer, _quiet_transformers,
-                      _run_staged)
+from ._render import (_check_output, _console, _dump_report, _fail, _fmt_bytes, _layers, _num, _print_footer,
+                      _quiet_transformers, _run_staged)
 
 
 def add_parser(sub) -> None:
@@ -113,14 +113,15 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
                             "backward per call, the hooks' own cost subtracted); a step host change with * uses "
                             "it (the isolated calls' in parentheses)")
         for col in ("patch kind", "op", "calls", "original host / device ms", "Tigon host / device ms",
-                    "in step: original / Tigon host ms", "step: host / device ms", "step without it", "advice"):
+                    "in step: original / Tigon host ms", "step: host / device ms", "step without it",
+                    "peak MiB a call: original / Tigon", "advice"):
             ops.add_column(col, justify="left" if col in ("patch kind", "op", "advice") else "right",
                            overflow="fold")
         for o in r["ops"]:
             ops.add_row(o["kind"], o["op"], str(o["calls"]),
                         f"{o['original']['host_ms']:.3f} / {o['original']['device_ms']:.3f}",
                         f"{o['tigon']['host_ms']:.3f} / {o['tigon']['device_ms']:.3f}", _in_step(o["in_step"]),
-                        _step_delta(o), _num(o["step_ms_without"]),
+                        _step_delta(o), _num(o["step_ms_without"]), _peak_pair(o),
                         f"[bold]slows the step: {o['patch_call']}[/]" if o["slows_step"] else "keep")
         console.print(ops)
     summary = Table(title="Step time (unprofiled, median)", title_justify="left", show_header=False)
@@ -135,6 +136,10 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
         summary.add_row("patched, measured", f"{_num(r['step_ms_patched'])} ms "
                                              f"({r['step_ms_original'] / r['step_ms_patched']:.2f}x)"
                         + (f"; prediction off by {err:+.1f}%" if err is not None else ""))
+    for side in ("original", "patched"):
+        peak = r.get(f"peak_memory_bytes_{side}")
+        if peak is not None:
+            summary.add_row(f"peak memory, {side}", _fmt_bytes(peak))
     if r["advice"]:
         best = r["advice"]
         if best["replace_nothing"]:
@@ -186,3 +191,9 @@ def _render_limits(console, r: dict[str, Any]) -> None:
             t.add_row(label, _num(lim["step_ms"]), _num(lim["host_ms"]) + ("*" if lim.get("host_waited") else ""),
                       _num(lim["device_ms"]), lim["bound"])
     console.print(t)
+
+
+def _peak_pair(o: dict) -> str:
+    """``"original / Tigon"`` peak extra MiB of one isolated call, or ``""`` when not measured (CPU)."""
+    a, b = o["original"].get("peak_extra_bytes"), o["tigon"].get("peak_extra_bytes")
+    return "" if a is None or b is None else f"{a / 2**20:.0f} / {b / 2**20:.0f}"

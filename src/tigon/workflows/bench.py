@@ -272,17 +272,7 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
         results["fwd_bwd"] = timed(fwd_bwd)
     if "bwd" in modes:
         results["bwd"] = time_backward(lambda: fn(**inputs), douts, device, leaves, results["fwd_bwd"][0])
-    peak = None
-    if device.type == "cuda":
-        for t in leaves:
-            t.grad = None
-        gc.collect()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fwd_bwd()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(device) - base
+    peak = peak_extra_bytes(fwd_bwd, leaves, device)
     elem = torch.finfo(dtype).bits // 8
     rows = []
     for mode in modes:
@@ -306,6 +296,22 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
     return rows
 
 
+def peak_extra_bytes(fwd_bwd: Callable[[], object], leaves, device: torch.device) -> int | None:
+    """Bytes one ``fwd_bwd()`` allocates above what is allocated before it (its peak, gradients of ``leaves``
+    cleared first); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    for t in leaves:
+        t.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fwd_bwd()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device) -> dict:
     """What one forward + backward of ``provider`` on ``spec`` at ``shape`` costs the host and the device, for
     ``tigon profile``'s prediction (:mod:`tigon.workflows.predict`).
@@ -315,10 +321,11 @@ def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device
         held busy by a sleep kernel, so the host never waits for it), ``device_ms`` the device's time to run it
         (CUDA events, its kernels back to back), ``natural_ms``, ``waited``, ``hold_ms``; on CPU the call's wall
         time as ``host_ms`` and 0 device ms. No profiler runs (it would slow the host afterwards). Exceptions of
-        the provider propagate.
+        the provider propagate. Also ``peak_extra_bytes``: what one call allocates at its peak above its inputs
+        (:func:`peak_extra_bytes`; None off CUDA).
     """
-    _, fwd_bwd, _, _, _, leaves = _calls(spec, provider, shape, dtype, device, {})
-    return call_cost(fwd_bwd, device, grad_to_none=leaves)
+    _, fwd_bwd, _, _, first, leaves = _calls(spec, provider, shape, dtype, device, {})
+    return {**call_cost(fwd_bwd, device, grad_to_none=leaves), "peak_extra_bytes": peak_extra_bytes(fwd_bwd, first, device)}
 
 
 def plan(ops, shapes: dict[str, list[dict]], providers, registry: dict[str, OpSpec] | None = None

@@ -146,7 +146,10 @@ class ProfileResult:
     {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
     (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
     time, original and Tigon, ``host_basis`` says which host time the prediction used (``"in_step"`` or
-    ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls.
+    ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls; its
+    ``original`` / ``tigon`` costs hold ``peak_extra_bytes``, what one isolated call allocates at its peak (CUDA).
+    peak_memory_bytes_original / peak_memory_bytes_patched: the measured steps' peak memory (bytes, as ``tigon bench
+    --e2e``), the memory side of the advice: a kind left out for speed gives back its memory saving.
     """
 
     config: dict[str, Any]
@@ -172,6 +175,8 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
     host_in_step: dict[str, Any] = field(default_factory=dict)
+    peak_memory_bytes_original: int | None = None
+    peak_memory_bytes_patched: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -485,7 +490,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
                     else "self CPU time per step (inflated by the profiler's overhead)"),
         categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=row_o.step_ms, attribution_scale=scale,
         limits=limits, patch=counts, traces=traces, versions=versions(), notes=notes,
-        host_in_step={("patched" if p == "tigon" else p): PA.overhead_report(m) for p, m in in_step.items() if m})
+        host_in_step={("patched" if p == "tigon" else p): PA.overhead_report(m) for p, m in in_step.items() if m},
+        peak_memory_bytes_original=row_o.peak_memory_bytes)
     if changes:
         pred, adv = PR.predict(step, changes), PR.advise(step, changes)
         result.predicted_step_ms_patched = pred.step_ms
@@ -502,6 +508,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
                          "slower": [a.kind for a in adv.kinds if a.slows_step]}
     if row_p is not None:
         result.step_ms_patched, result.backend = row_p.step_ms, row_p.backend
+        result.peak_memory_bytes_patched = row_p.peak_memory_bytes
         say("profile patched step")
         trace_p = None
         if cfg.trace:

@@ -62,7 +62,8 @@ def add_notes(r: Any, device: torch.device) -> None:
         if op["slows_step"]:
             r.notes.append(f"{op['kind']} ({op['op']}): replacing it is predicted to slow the step (host "
                            f"{op['host_delta_ms']:+.1f} ms, device {op['device_delta_ms']:+.1f} ms per step); "
-                           f"{op['patch_call']} leaves it out: predicted {op['step_ms_without']:.1f} ms.")
+                           f"{op['patch_call']} leaves it out: predicted {op['step_ms_without']:.1f} ms"
+                           + _memory_cost(op) + ".")
     if r.advice and r.advice["best_keywords"]:
         r.notes.append(f"fastest predicted: {r.advice['best_call']} at {r.advice['best_step_ms']:.1f} ms "
                        f"(everything: {r.predicted_step_ms_patched:.1f} ms)"
@@ -71,6 +72,15 @@ def add_notes(r: Any, device: torch.device) -> None:
     if device.type == "cpu":
         r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the op costs and the "
                        "prediction measure the interpreter; run on a CUDA GPU for real numbers.")
+
+
+def _memory_cost(op: dict) -> str:
+    """``", at X MiB more per call at its peak"``: what leaving a kind out costs in memory (its isolated calls' peak
+    extra bytes, original minus Tigon), or ``""`` when not measured or not more."""
+    o, t = op["original"].get("peak_extra_bytes"), op["tigon"].get("peak_extra_bytes")
+    if o is None or t is None or o <= t:
+        return ""
+    return f", at {(o - t) / 2**20:.0f} MiB more per call at its peak ({o / 2**20:.0f} against {t / 2**20:.0f})"
 
 
 def _issue_notes(r: Any, key: str) -> None:
