@@ -175,6 +175,8 @@ def test_plan_and_its_errors():
     assert [lp.kept for lp in p.layers] == [[], [q]] and p.bytes == q.bytes and p.flops == q.flops
     assert "layer 1 keep self_attn.q_proj" in p.describe() and p.as_dict()["kept_bytes"] == q.bytes
     assert checkpointing.plan(model, "full").bytes == 0
+    auto = checkpointing.plan(model, batch=(B, T))  # no budget: the layers' gradient room (auto_budget)
+    assert auto.budget_bytes == checkpointing.auto_budget(model, (B, T)) > 0 and 0 < auto.bytes <= auto.budget_bytes
     with pytest.raises(ValueError, match="policy"):
         checkpointing.plan(model, "everything")
     with pytest.raises(ValueError, match="reentrant"):

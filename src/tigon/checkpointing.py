@@ -215,17 +215,24 @@ def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int,
 
 def auto_budget(model: torch.nn.Module, batch: tuple[int, int]) -> int:
     """The bytes a selective checkpoint may keep without raising the step's peak, when that peak is at the end of the
-    backward / the optimizer step (a full fine-tune whose gradients are freed between steps: ``zero_grad(set_to_none=
-    True)``, no accumulation): the backward allocates each layer's parameter gradients as it frees that layer's
-    activations, so the decoder layers' trainable parameter bytes are room the activations can use before it; less
-    the layers' checkpointed inputs (``tokens * hidden * element size`` each) and one layer's gradients of slack
-    (the recomputation's working set). 0 when nothing is trainable there (LoRA): plain checkpointing."""
+    backward / the optimizer step, as in a full fine-tune with Tigon's fused LM-head loss (no logits) whose gradients
+    are freed between steps (``zero_grad(set_to_none=True)``, no accumulation).
+
+    The backward allocates each layer's parameter gradients as it frees that layer's activations, so the decoder
+    layers' trainable parameter bytes are room that the activations can use before it; less the layers'
+    checkpointed inputs (``tokens * hidden * element size`` each), the fused loss's fp32 buffer of the LM head's
+    gradient (formed in the forward: alive at its end together with every kept output; 2 GiB for Llama-3-8B's
+    head) and one layer's gradients of slack (the recomputation's working set). 0 when that is negative or nothing
+    is trainable in the layers (LoRA): plain checkpointing."""
     layers = decoder_layers(model)
     grads = [sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for _, m in layers]
     hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
     size = next((p.element_size() for p in model.parameters()), 2)
     inputs = len(layers) * batch[0] * batch[1] * hidden * size
-    return max(0, sum(grads) - inputs - max(grads, default=0))
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(head, "weight", None)
+    head_grad = weight.numel() * 4 if isinstance(weight, torch.Tensor) and weight.requires_grad else 0
+    return max(0, sum(grads) - inputs - head_grad - max(grads, default=0))
 
 
 def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int | None = None,
