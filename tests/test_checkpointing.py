@@ -84,7 +84,8 @@ def train(model, batches, counts: list | None = None):
 
 
 def sdpa_llama():
-    """The tiny Llama of the model matrix with PyTorch's fused attention (sdpa), which a selective checkpoint can keep."""
+    """The tiny Llama of the model matrix with PyTorch's fused attention (sdpa), whose output a selective checkpoint
+    can keep."""
     model_type, overrides, *_ = CASES["llama"]
     model = build(model_type, overrides)
     model.config._attn_implementation = "sdpa"

@@ -158,7 +158,7 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-# ---- the model's layers and what they could keep -------------------------------------------------------------------
+# ---- the model's layers and what they could keep -----------------------------------------------------------
 def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The (name, module) of every decoder layer Hugging Face checkpoints (``GradientCheckpointingLayer``), in model
     order.
@@ -289,7 +289,7 @@ def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int
     return CheckpointPlan(policy, reentrant, batch, budget_bytes, plans)
 
 
-# ---- turning it on ---------------------------------------------------------------------------------------------------
+# ---- turning it on ---------------------------------------------------------------------------------------------
 def hf_enable(model: torch.nn.Module, reentrant: bool) -> None:
     """Hugging Face's activation (gradient) checkpointing on ``model``, ``use_reentrant=reentrant``: through
     ``activation_checkpointing_enable`` where transformers has it (the newer name), else
@@ -331,7 +331,7 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
     return p
 
 
-# ---- the policy --------------------------------------------------------------------------------------------------------
+# ---- the policy ------------------------------------------------------------------------------------------------
 def attention_ops() -> frozenset:
     """The fused attention ops a layer that keeps ``"attention"`` saves: PyTorch's scaled-dot-product kernels (flash,
     memory-efficient, cuDNN, CPU flash) and flash-attn's forward when that package has registered it."""

@@ -45,13 +45,12 @@ fuses the LoRA layers (:func:`tigon.functional.lora_linear`).
 
 Gradient checkpointing (``--gradient-checkpointing non_reentrant|reentrant|selective``,
 :attr:`E2EConfig.gradient_checkpointing`): every provider's model gets activation checkpointing through
-:func:`tigon.checkpointing.enable` right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a user's
-script does before handing the model to a trainer: Hugging Face's (``use_reentrant`` False / True), or
+:func:`tigon.checkpointing.enable` right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a
+user's script does before handing the model to a trainer: Hugging Face's (``use_reentrant`` False / True), or
 ``selective``: non-reentrant, each layer keeping the matmul and attention outputs that
 :func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
-default :func:`tigon.checkpointing.auto_budget`: the decoder layers' gradient bytes less their checkpointed inputs,
-room that a full fine-tune's peak, at the optimizer step, does not use; with ``--lora`` give the budget, the plan is
-made before PEFT freezes the base weights). The row's ``checkpointing`` says what was kept and the recompute avoided.
+default :func:`tigon.checkpointing.auto_budget`: the room a full fine-tune's peak, at the optimizer step, leaves the
+activations before it; with ``--lora`` give the budget, the plan is made before PEFT freezes the base weights). The row's ``checkpointing`` says what was kept and the recompute avoided.
 
 MFU (CUDA): model FLOPs per token ``6 x matmul parameters`` (the forward and backward matmuls of every weight that
 multiplies activations: the input embedding, a lookup, is left out unless tied to the head; attention's own FLOPs
@@ -121,8 +120,8 @@ class E2EConfig:
         "org/repo", ...); None: transformers' default. lora_rank: wrap every provider's model with PEFT LoRA of
         this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
         :data:`CHECKPOINTING` or None (off). checkpoint_budget_gb: with ``"selective"``, the GiB its layers may keep
-        over plain checkpointing (None: :func:`tigon.checkpointing.auto_budget`). kernel_summary: profile each provider's last step (needs steps >= 2;
-        that step is left out of the timing).
+        over plain checkpointing (None: :func:`tigon.checkpointing.auto_budget`). kernel_summary: profile each
+        provider's last step (needs steps >= 2; that step is left out of the timing).
         nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
         one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
         :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
