@@ -12,8 +12,8 @@ tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's pro
 
 Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment or
 arguments: ``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``,
-picked at import, hence its own process); ``tigon_sac``, ``liger_sac`` and ``original_sac`` are ``tigon``, ``liger``
-and ``original`` under ``--gradient-checkpointing selective`` (:mod:`tigon.checkpointing`: each layer keeps the
+picked at import, hence its own process); ``tigon_sac`` and ``original_sac`` are ``tigon`` and ``original`` under
+``--gradient-checkpointing selective`` (:mod:`tigon.checkpointing`: each layer keeps the
 matmul and attention outputs that fit ``--checkpoint-budget-gb``), whatever ``--gradient-checkpointing`` the other
 providers run with, so that one table holds Hugging Face's checkpointing and the selective one (a line per such
 provider says what its layers kept and the recompute avoided). ``--lora R`` wraps every provider's model in PEFT
@@ -23,7 +23,7 @@ top kernels by name). MFU is printed next to tokens/s (CUDA; ``tigon.workflows.e
 
     PYTHONPATH=src python3 benchmarks/e2e_table.py --model llama3-8b --batch-size 4 --seq-len 2048 \
         --gradient-checkpointing non_reentrant --kernel-summary --steps 4 --warmup 2 \
-        --providers original,tigon,liger,tigon_sac,liger_sac --out-dir $OUT     # issue 26's full-depth rows
+        --providers original,liger,tigon,original_sac,tigon_sac --out-dir $OUT     # issue 26's full-depth rows
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 
 SELECTIVE = ("--gradient-checkpointing", "selective")
 VARIANTS = {"liger_cutedsl": ("liger", {"LIGER_KERNEL_IMPL": "cutedsl"}, ()),
-            **{f"{p}_sac": (p, {}, SELECTIVE) for p in ("tigon", "liger", "original")}}
+            **{f"{p}_sac": (p, {}, SELECTIVE) for p in ("tigon", "original")}}  # not liger: its RoPE works in place
 """Table provider -> (``tigon bench --e2e`` provider, extra environment of its process, arguments that replace the
 table's own for it)."""
 

@@ -38,7 +38,11 @@ policy) are recomputed, as are the ATen ops inside them: the policy only keeps `
 their ``out=`` forms, whose cached value would skip the write into the given buffer) on the weights of the layer's
 kept projections, and the attention ops of :func:`attention_ops`. The patched MLP's in-place backward writes its
 gradients into gate's and up's memory, kept or not, after the recomputation has handed the kept tensors back: the
-cached tensors are not read again. Under ``torch.compile`` the policy is applied by the compiler's partitioner to the
+cached tensors are not read again. A kept output must not be overwritten in the forward by an op that reads it,
+which a Triton kernel does without PyTorch noticing (no version-counter bump, so the selective checkpoint's own
+mutation check cannot see it): Tigon's RoPE writes new tensors, but Liger-Kernel's rotates q and k in place in the
+projections' outputs, so under Liger a kept q_proj / k_proj would be rotated twice by the recomputation (wrong
+gradients, no error). Do not combine this policy with Liger-Kernel's RoPE. Under ``torch.compile`` the policy is applied by the compiler's partitioner to the
 traced graph, where weights are fake tensors: the matmuls are then matched by shape ((in, out) of a kept projection,
 so a kept q_proj also keeps o_proj of the same shape).
 

@@ -51,6 +51,8 @@ user's script does before handing the model to a trainer: Hugging Face's (``use_
 :func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
 default :func:`tigon.checkpointing.auto_budget`: the room a full fine-tune's peak, at the optimizer step, leaves the
 activations before it; with ``--lora`` give the budget, the plan is made before PEFT freezes the base weights). The row's ``checkpointing`` says what was kept and the recompute avoided.
+``liger`` fails under ``selective``: Liger-Kernel's RoPE rotates the kept q / k projections' outputs in place
+(see :mod:`tigon.checkpointing`).
 
 MFU (CUDA): model FLOPs per token ``6 x matmul parameters`` (the forward and backward matmuls of every weight that
 multiplies activations: the input embedding, a lookup, is left out unless tied to the head; attention's own FLOPs
@@ -353,6 +355,10 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
         if getattr(cfg, "gradient_checkpointing", None) is not None:
             held["checkpointing"] = enable_checkpointing(model, cfg.gradient_checkpointing, batch,
                                                          getattr(cfg, "checkpoint_budget_gb", None))
+        if provider == "liger" and getattr(cfg, "gradient_checkpointing", None) == "selective":
+            raise ValueError("--gradient-checkpointing selective with liger: Liger-Kernel's RoPE rotates q and k in "
+                             "place in the projections' outputs that the selective checkpoint keeps, so its "
+                             "recomputation would rotate them twice (wrong gradients); run liger under non_reentrant")
         if provider == "liger":
             held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
                                            "transformers.loss.loss_utils"])
