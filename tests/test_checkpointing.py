@@ -190,3 +190,28 @@ def test_plan_and_its_errors():
         checkpointing.plan(model, "full", budget_bytes=0)
     with pytest.raises(ValueError, match="model"):
         checkpointing.plan(torch.nn.Linear(2, 2), batch=(B, T))
+
+
+def test_selective_checkpointing_of_a_patched_peft_model():
+    """PEFT LoRA on every projection, patched (Tigon's fused LoRA adds the low-rank product into the base matmul's
+    output in place): the plan keeps no LoRA projection, only the attention, and one step's loss and adapter gradients
+    equal the unpatched PEFT model's without checkpointing."""
+    peft = pytest.importorskip("peft")
+    batches = [b.to(DEVICE) for b in data.fixed_batches(data.byte_tokens(data.corpus_text()), 1, B, T, seed=0)]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    def lora_model():
+        torch.manual_seed(1)  # random B (init_lora_weights=False): with B = 0 every gradient of A would be zero
+        config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False)
+        return peft.get_peft_model(sdpa_llama(), config)
+
+    ref_losses, ref_grads = train(lora_model(), batches)
+    model = lora_model()
+    assert tigon.patch(model).counts.get("lora")
+    plan = checkpointing.enable(model, "selective", batch=(B, T), budget_bytes=2**30)
+    assert all([k.name for k in lp.kept] == ["attention"] for lp in plan.layers), plan.describe()
+    losses, grads = train(model, batches)
+    assert abs(losses[0] - ref_losses[0]) <= RTOL * abs(ref_losses[0])
+    assert set(grads[0]) == set(ref_grads[0]) and len(grads[0]) == 2 * 7 * model.config.num_hidden_layers
+    for name, g in grads[0].items():
+        assert rel_l2(g, ref_grads[0][name]) <= RTOL, name

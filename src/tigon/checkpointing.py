@@ -180,11 +180,12 @@ def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def _projections(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
-    """The layer's ``nn.Linear`` projections that plain checkpointing recomputes: all but the last registered one
-    (the MLP's down projection, which the recomputation stops before) and PEFT's small LoRA matrices."""
-    linears = [(n, m) for n, m in layer.named_modules()
-               if isinstance(m, torch.nn.Linear) and "lora_" not in n]
-    return linears[:-1]
+    """The layer's ``nn.Linear`` projections whose outputs a selective checkpoint may keep: those plain checkpointing
+    recomputes, all but the last registered one (the MLP's down projection, which the recomputation stops before),
+    without PEFT's LoRA layers (their small A / B matrices, and their base layers: Tigon's fused LoRA adds the
+    low-rank product into the base matmul's output in place, which a kept output must not be)."""
+    linears = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
+    return [(n, m) for n, m in linears[:-1] if "lora_" not in n and not n.endswith("base_layer")]
 
 
 def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:

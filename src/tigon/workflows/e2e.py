@@ -50,7 +50,8 @@ user's script does before handing the model to a trainer: Hugging Face's (``use_
 ``selective``: non-reentrant, each layer keeping the matmul and attention outputs that
 :func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
 default :func:`tigon.checkpointing.auto_budget`: the room a full fine-tune's peak, at the optimizer step, leaves the
-activations before it; with ``--lora`` give the budget, the plan is made before PEFT freezes the base weights). The row's ``checkpointing`` says what was kept and the recompute avoided.
+activations before it; with ``--lora`` it is enabled on the PEFT model, whose LoRA projections it does not keep).
+The row's ``checkpointing`` says what was kept and the recompute avoided.
 ``liger`` fails under ``selective``: Liger-Kernel's RoPE rotates the kept q / k projections' outputs in place
 (see :mod:`tigon.checkpointing`).
 
@@ -352,10 +353,11 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
         model.train()
         if info is not None:
             info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
-        if getattr(cfg, "gradient_checkpointing", None) is not None:
-            held["checkpointing"] = enable_checkpointing(model, cfg.gradient_checkpointing, batch,
-                                                         getattr(cfg, "checkpoint_budget_gb", None))
-        if provider == "liger" and getattr(cfg, "gradient_checkpointing", None) == "selective":
+        mode, budget = getattr(cfg, "gradient_checkpointing", None), getattr(cfg, "checkpoint_budget_gb", None)
+        lora = getattr(cfg, "lora_rank", None) is not None
+        if mode is not None and not (lora and mode == "selective"):
+            held["checkpointing"] = enable_checkpointing(model, mode, batch, budget)
+        if provider == "liger" and mode == "selective":
             raise ValueError("--gradient-checkpointing selective with liger: Liger-Kernel's RoPE rotates q and k in "
                              "place in the projections' outputs that the selective checkpoint keeps, so its "
                              "recomputation would rotate them twice (wrong gradients); run liger under non_reentrant")
@@ -363,8 +365,10 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
             held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
                                            "transformers.loss.loss_utils"])
             held["liger"] = apply_liger(model)
-        if getattr(cfg, "lora_rank", None) is not None:
+        if lora:
             model = with_lora(model, cfg.lora_rank)
+            if mode == "selective":  # planned on the PEFT model: its frozen base weights, its LoRA layers left out
+                held["checkpointing"] = enable_checkpointing(model, mode, batch, budget)
         if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
             held["report"] = tigon.patch(model)
         elif provider == "tigon_lean":
