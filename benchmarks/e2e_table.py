@@ -10,16 +10,20 @@ into ``--out-dir``. The merged table prints tokens/s, step time, peak memory and
 ``original`` and to ``original_compile``; ``--png`` (default ``<out-dir>/e2e_<model>_<gpu>_<date>.png``) plots
 tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process.
 
-Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment:
-``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``, picked
-at import, hence its own process). ``--lora R`` wraps every provider's model in PEFT LoRA (``tigon bench --lora``),
-``--gradient-checkpointing`` turns on HF's checkpointing in every provider's model, ``--kernel-summary`` profiles each
-provider's last step and prints its GPU time by kernel kind (the JSON rows hold the top kernels by name). MFU is
-printed next to tokens/s (CUDA; ``tigon.workflows.e2e``).
+Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment or
+arguments: ``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``,
+picked at import, hence its own process); ``tigon_sac`` and ``original_sac`` are ``tigon`` and ``original`` under
+``--gradient-checkpointing selective`` (:mod:`tigon.checkpointing`: each layer keeps the
+matmul and attention outputs that fit ``--checkpoint-budget-gb``), whatever ``--gradient-checkpointing`` the other
+providers run with, so that one table holds Hugging Face's checkpointing and the selective one (a line per such
+provider says what its layers kept and the recompute avoided). ``--lora R`` wraps every provider's model in PEFT
+LoRA (``tigon bench --lora``), ``--gradient-checkpointing`` turns on checkpointing in every provider's model,
+``--kernel-summary`` profiles each provider's last step and prints its GPU time by kernel kind (the JSON rows hold the
+top kernels by name). MFU is printed next to tokens/s (CUDA; ``tigon.workflows.e2e``).
 
     PYTHONPATH=src python3 benchmarks/e2e_table.py --model llama3-8b --batch-size 4 --seq-len 2048 \
         --gradient-checkpointing non_reentrant --kernel-summary --steps 4 --warmup 2 \
-        --providers original,tigon,liger --out-dir $OUT     # issue 26's full-depth row
+        --providers original,liger,tigon,original_sac,tigon_sac --out-dir $OUT     # issue 26's full-depth rows
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ import subprocess
 import sys
 
 
-VARIANTS = {"liger_cutedsl": ("liger", {"LIGER_KERNEL_IMPL": "cutedsl"})}
-"""Table provider -> (``tigon bench --e2e`` provider, extra environment of its process)."""
+SELECTIVE = ("--gradient-checkpointing", "selective")
+VARIANTS = {"liger_cutedsl": ("liger", {"LIGER_KERNEL_IMPL": "cutedsl"}, ()),
+            **{f"{p}_sac": (p, {}, SELECTIVE) for p in ("tigon", "original")}}  # not liger: its RoPE works in place
+"""Table provider -> (``tigon bench --e2e`` provider, extra environment of its process, arguments that replace the
+table's own for it)."""
 
 
 def _relabel(path: str, name: str) -> None:
@@ -53,7 +60,7 @@ def run_providers(args) -> list[str]:
     paths = []
     for p in args.providers.split(","):
         path = os.path.join(args.out_dir, f"e2e-{p}_{args.tag}.json")
-        base, env = VARIANTS.get(p, (p, {}))
+        base, env, own = VARIANTS.get(p, (p, {}, ()))
         cmd = [sys.executable, "-m", "tigon.cli", "bench", "--e2e", "--model", args.model, "--providers", base,
                "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--quiet", "--json", path]
@@ -61,8 +68,11 @@ def run_providers(args) -> list[str]:
             cmd += ["--layers", str(args.layers)]
         if args.lora:
             cmd += ["--lora", str(args.lora)]
-        if args.gradient_checkpointing:
-            cmd += ["--gradient-checkpointing", args.gradient_checkpointing]
+        checkpointing = "selective" if own == SELECTIVE else args.gradient_checkpointing
+        if checkpointing:
+            cmd += ["--gradient-checkpointing", checkpointing]
+        if checkpointing == "selective" and args.checkpoint_budget_gb is not None:
+            cmd += ["--checkpoint-budget-gb", str(args.checkpoint_budget_gb)]
         if args.kernel_summary:
             cmd += ["--kernel-summary"]
         try:
@@ -108,6 +118,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def checkpoint_lines(rows: list[dict]) -> str:
+    """Per provider under selective checkpointing: the GiB its layers kept and the recompute avoided."""
+    lines = []
+    for r in rows:
+        c = r.get("checkpointing")
+        if c and c.get("policy") == "selective":
+            lines.append(f"{r['provider']:24s} kept {c['kept_bytes'] / 2**30:.2f} GiB of budget "
+                         f"{c['budget_bytes'] / 2**30:.2f}, recompute avoided {c['flops_avoided'] / 1e12:.1f} TFLOP "
+                         f"= {c['ms_avoided']:.1f} ms/step at {c['tflops']:.0f} TFLOP/s")
+    return "\n".join(lines)
+
+
 def kernel_table(rows: list[dict]) -> str:
     """Per provider with a kernel summary (``--kernel-summary``): the profiled step's GPU ms by kernel kind."""
     sums = [(r["provider"], r["kernel_summary"]) for r in rows if r.get("kernel_summary")]
@@ -147,8 +169,10 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--lora", type=int, help="PEFT LoRA rank for every provider's model (tigon bench --lora)")
-    ap.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant"),
-                    help="tigon bench --gradient-checkpointing for every provider")
+    ap.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant", "selective"),
+                    help="tigon bench --gradient-checkpointing for every provider (the *_sac variants: selective)")
+    ap.add_argument("--checkpoint-budget-gb", type=float,
+                    help="tigon bench --checkpoint-budget-gb for the providers under selective checkpointing")
     ap.add_argument("--kernel-summary", action="store_true",
                     help="tigon bench --kernel-summary: each provider's last step profiled, kernels by kind printed")
     ap.add_argument("--batch-size", type=int, default=4)
@@ -170,6 +194,7 @@ def main() -> None:
     paths = sorted(glob.glob(os.path.join(args.from_dir, "e2e-*.json"))) if args.from_dir else run_providers(args)
     rows = merge(paths)
     print(table(rows))
+    print(checkpoint_lines(rows))
     print(kernel_table(rows))
     png = args.png or os.path.join(args.from_dir or args.out_dir, f"e2e_{args.tag}.png")
     if rows:

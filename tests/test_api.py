@@ -6,7 +6,7 @@ import tigon
 
 PUBLIC = {"patch", "unpatch", "PatchReport", "AutoModelForCausalLM", "force_reference", "set_strict",
           "UnsupportedError", "TigonFallbackWarning", "functional", "nn", "support", "integrations", "reference",
-          "ops", "numerics", "presets", "workflows", "__version__"}
+          "ops", "numerics", "presets", "workflows", "checkpointing", "__version__"}
 
 
 def test_dir_lists_the_lazy_names_without_loading_them(monkeypatch):

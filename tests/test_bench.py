@@ -259,34 +259,48 @@ def test_e2e_lora_wraps_every_provider_and_tigon_fuses_the_lora_layers():
 
 
 def test_e2e_gradient_checkpointing_is_enabled_before_the_patch():
-    """--gradient-checkpointing: HF's checkpointing on every provider's model (here the original: the patched model
-    under checkpointing is tests/test_checkpointing.py's), recorded in the config and the notes; bad values raise."""
-    from tigon.workflows import _train
+    """--gradient-checkpointing: checkpointing on every provider's model (here the original: the patched model under
+    checkpointing is tests/test_checkpointing.py's), recorded in the config, the row and the notes; the selective
+    policy within --checkpoint-budget-gb; bad values raise."""
     from tigon.workflows.compare import ConfigError
     from tigon.workflows.e2e import E2EConfig, resolve_e2e, run_e2e
 
-    seen, real = [], _train.enable_checkpointing
-
-    def spy(model, reentrant):
-        seen.append(reentrant)
-        real(model, reentrant)
-        assert model.is_gradient_checkpointing
-
     import tigon.workflows.e2e as e2e
 
-    e2e.enable_checkpointing, saved = spy, e2e.enable_checkpointing
+    seen, real = [], e2e.enable_checkpointing
+
+    def spy(model, mode, batch, budget_gb=None):
+        seen.append((mode, batch, budget_gb))
+        plan = real(model, mode, batch, budget_gb)
+        assert model.is_gradient_checkpointing
+        return plan
+
+    e2e.enable_checkpointing = spy
     try:
         r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="float32",
                               providers=["original"], gradient_checkpointing="reentrant"))
+        s = run_e2e(E2EConfig(model="tiny", layers=2, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="float32",
+                              providers=["original"], gradient_checkpointing="selective", checkpoint_budget_gb=1.0))
     finally:
-        e2e.enable_checkpointing = saved
+        e2e.enable_checkpointing = real
     row = r.rows[0]
     assert row.status == "ok", row.note
-    assert seen == [True] and row.mfu is None and row.kernel_summary is None  # CPU: no matmul ceiling, no profile
+    assert seen == [("reentrant", (1, 8), None), ("selective", (1, 8), 1.0)]
+    assert row.mfu is None and row.kernel_summary is None  # CPU: no matmul ceiling, no profile
     assert r.as_dict()["config"]["gradient_checkpointing"] == "reentrant"
+    assert row.checkpointing["policy"] == "full" and row.checkpointing["reentrant"] is True
     assert any("gradient checkpointing (reentrant)" in n for n in r.notes)
+    sel = s.rows[0]
+    assert sel.status == "ok", sel.note
+    # 1 GiB is plenty: both layers keep every projection but the down projection, and the attention (sdpa)
+    assert [len(lp["kept"]) for lp in sel.checkpointing["layers"]] == [7, 7] and sel.checkpointing["kept_bytes"] > 0
+    assert any("gradient checkpointing (selective)" in n and "keep self_attn.q_proj" in n for n in s.notes)
     with pytest.raises(ConfigError, match="--gradient-checkpointing must be one of"):
         resolve_e2e(E2EConfig(gradient_checkpointing="yes"))
+    with pytest.raises(ConfigError, match="--checkpoint-budget-gb"):
+        resolve_e2e(E2EConfig(gradient_checkpointing="non_reentrant", checkpoint_budget_gb=1.0))
+    with pytest.raises(ConfigError, match="--checkpoint-budget-gb"):
+        resolve_e2e(E2EConfig(gradient_checkpointing="selective", checkpoint_budget_gb=-1))
     with pytest.raises(ConfigError, match="--kernel-summary needs a CUDA device"):
         resolve_e2e(E2EConfig(device="cpu", kernel_summary=True))
 

@@ -1,10 +1,13 @@
-"""A patched model under Hugging Face's gradient checkpointing, in both of its modes, trains like the original.
+"""A patched model under Hugging Face's gradient checkpointing, in both of its modes, and under Tigon's selective
+checkpointing (:mod:`tigon.checkpointing`), trains like the original without checkpointing.
 
 Activation checkpointing runs each decoder layer's forward twice (once without saving, once during the backward) and,
 in PyTorch's non-reentrant mode, through saved-tensor hooks; the reentrant mode re-runs the forward inside an
-autograd Function's backward. Tigon's ops that save less (in-place backward of the MLP, gradients formed in the
-forward of the fused loss, the fused decoder layer's add + norm) must give the same losses, gradients and
-parameters in both modes as the unpatched model in the same mode (issue 26: checkpointing as a first-class case).
+autograd Function's backward; the selective mode keeps some ops' outputs from the forward and hands them back to the
+recomputation instead of running those ops again. Tigon's ops that save less (in-place backward of the MLP, gradients
+formed in the forward of the fused loss, the fused decoder layer's add + norm) must give the same losses, gradients
+and parameters in every mode as the unpatched model without checkpointing, and the selective mode must recompute
+exactly the matmuls and attention kernels its plan does not keep (issue 26: checkpointing as a first-class case).
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import pytest
 import torch
 
 import tigon
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from model_matrix import CASES, DEVICE, DTYPE, assert_report_runs, build
-from tigon import data, support
+from tigon import checkpointing, data, support
 from tigon.integrations.engine import release_unused
 from tigon.numerics import rel_l2
 
 STEPS = 2 if DEVICE == "cpu" else 5
 B, T = 2, 12
-RTOL = 1e-4 if DTYPE == torch.float32 else 2e-2
+RTOL = (1e-5 if DEVICE == "cpu" else 1e-4) if DTYPE == torch.float32 else 2e-2
+MODES = ("non_reentrant", "reentrant", "selective", "selective_partial")
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +51,31 @@ def checkpointed(model, reentrant: bool):
     return model
 
 
-def train(model, batches):
+class CountOps(TorchDispatchMode):
+    """Counts the ATen matmuls (``mm`` / ``addmm``) and fused attention forwards that run while active: in a
+    checkpointed model's backward, the gradients' matmuls plus whatever the recomputation runs again."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmuls = self.attention = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.matmuls += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        self.attention += func in checkpointing.attention_ops()
+        return func(*args, **(kwargs or {}))
+
+
+def train(model, batches, counts: list | None = None):
+    """``len(batches)`` AdamW steps; per step the loss and the gradients; ``counts`` gets each backward's
+    :class:`CountOps`."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses, grads = [], []
     for ids in batches:
         out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
+        with CountOps() as c:
+            out.loss.backward()
+        if counts is not None:
+            counts.append(c)
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -58,34 +83,135 @@ def train(model, batches):
     return losses, grads
 
 
-@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
-def test_patched_model_trains_like_the_original_under_checkpointing(reentrant):
+def sdpa_llama():
+    """The tiny Llama of the model matrix with PyTorch's fused attention (sdpa), whose output a selective checkpoint
+    can keep."""
     model_type, overrides, *_ = CASES["llama"]
+    model = build(model_type, overrides)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The batches, and the unpatched model's losses, gradients and final parameters without checkpointing."""
     tokens = data.byte_tokens(data.corpus_text())
     batches = [b.to(DEVICE) for b in data.fixed_batches(tokens, STEPS, B, T, seed=0)]
-    ref_model = checkpointed(build(model_type, overrides), reentrant)
-    ref_losses, ref_grads = train(ref_model, batches)
-
-    model = build(model_type, overrides)
-    report = tigon.patch(model)
-    checkpointed(model, reentrant)
-    support.backend_usage(reset=True)
+    model = sdpa_llama()
     losses, grads = train(model, batches)
-    used = support.backend_usage()
-    assert_report_runs(report, used, steps=STEPS, checkpointed=not reentrant)
-    # the layers ran twice per step (forward, then recomputed in the backward): checkpointing did run
-    layers = model.config.num_hidden_layers
-    assert sum(used["rope"].values()) == 2 * layers * STEPS, used["rope"]
-    # non-reentrant: inside the checkpoint the MLP runs swiglu then the down projection (nn.Linear), so that the
-    # recomputation stops before the down projection's matmul (forwards.under_checkpoint); reentrant keeps the fold
-    folded = sum(used.get("glu_linear", {}).values())
-    assert (folded == 0) if not reentrant else (folded == 2 * layers * STEPS), used
+    return batches, losses, grads, [p.detach().clone() for p in model.parameters()]
 
+
+def assert_trains_like(model, losses, grads, reference):
+    _, ref_losses, ref_grads, ref_params = reference
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         assert abs(a - b) <= RTOL * abs(b), f"step {step}: {a} vs {b}"
     for step, (g, ref) in enumerate(zip(grads, ref_grads)):
         assert set(g) == set(ref), f"step {step}: parameters with a gradient differ"
         worst = max(ref, key=lambda n: rel_l2(g[n], ref[n]))
         assert rel_l2(g[worst], ref[worst]) <= RTOL, f"step {step}: {worst} {rel_l2(g[worst], ref[worst]):.2e}"
-    for (n, p), q in zip(model.named_parameters(), ref_model.parameters()):
+    for (n, p), q in zip(model.named_parameters(), ref_params):
         assert rel_l2(p, q) <= RTOL, n
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_patched_model_trains_like_the_original_under_checkpointing(mode, reference):
+    """Every mode against the unpatched model without checkpointing; the backward's recomputation runs the layers'
+    matmuls and attention again except what the selective plan keeps: everything ("selective", a budget that fits
+    it all), or the top layer's projections and the first layer's q / k / v ("selective_partial": the outputs with
+    the most FLOPs per byte first, from the top layer down)."""
+    batches = reference[0]
+    model = sdpa_llama()
+    report = tigon.patch(model)
+    layers = model.config.num_hidden_layers
+    kept_mm = kept_attention = 0
+    if mode.startswith("selective"):
+        stack = [layer for _, layer in checkpointing.decoder_layers(model)]
+        projections = [n for n, _ in checkpointing._projections(stack[0])]
+        assert projections == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                               "mlp.gate_proj", "mlp.up_proj"]  # not mlp.down_proj: never recomputed
+        every = [checkpointing.candidates(model, layer, (B, T)) for layer in stack]
+        budget = (sum(k.bytes for c in every for k in c) if mode == "selective"
+                  else sum(k.bytes for k in every[-1][:6]) + sum(k.bytes for k in every[0][:3]))
+        plan = checkpointing.enable(model, "selective", batch=(B, T), budget_bytes=budget)
+        want = ([projections + ["attention"]] * layers if mode == "selective"
+                else [projections[:3]] + [[]] * (layers - 2) + [projections])
+        assert [[k.name for k in lp.kept] for lp in plan.layers] == want, plan.describe()
+        kept_mm = sum(k.name != "attention" for lp in plan.layers for k in lp.kept)
+        kept_attention = sum(k.name == "attention" for lp in plan.layers for k in lp.kept)
+        assert model.is_gradient_checkpointing
+    else:
+        checkpointed(model, mode == "reentrant")
+    support.backend_usage(reset=True)
+    counts: list[CountOps] = []
+    losses, grads = train(model, batches, counts)
+    used = support.backend_usage()
+    assert_report_runs(report, used, steps=STEPS, checkpointed=mode != "reentrant")
+    # the layers ran twice per step (forward, then recomputed in the backward): checkpointing did run
+    assert sum(used["rope"].values()) == 2 * layers * STEPS, used["rope"]
+    # non-reentrant: inside the checkpoint the MLP runs swiglu then the down projection (nn.Linear), so that the
+    # recomputation stops before the down projection's matmul (forwards.under_checkpoint); reentrant keeps the fold
+    folded = sum(used.get("glu_linear", {}).values())
+    assert (folded == 0) if mode != "reentrant" else (folded == 2 * layers * STEPS), used
+    # the backward's matmuls: each projection's two gradients (the fused LM head forms its gradients in the forward)
+    # plus the recomputed q, k, v, o, gate, up of every layer, less what the selective plan keeps; the attention
+    # forward of every layer, less the kept ones
+    if mode != "reentrant":  # (the reentrant recomputation runs under the backward's grad mode: counted the same, but
+        for c in counts:     # its fold runs glu_linear's matmul too)
+            assert (c.matmuls, c.attention) == (2 * 7 * layers + 6 * layers - kept_mm, layers - kept_attention), mode
+    assert_trains_like(model, losses, grads, reference)
+
+
+def test_plan_and_its_errors():
+    """The plan's arithmetic at the tiny shape, the budget's order (FLOPs per byte, top layer first) and the argument
+    checks, each naming the argument."""
+    model = sdpa_llama()
+    cand = checkpointing.candidates(model, checkpointing.decoder_layers(model)[0][1], (B, T))
+    tokens, hidden = B * T, model.config.hidden_size
+    q = cand[0]
+    assert (q.name, q.bytes, q.flops) == ("self_attn.q_proj", tokens * 64 * 4, 2.0 * tokens * hidden * 64)
+    attention = cand[-1]
+    assert attention.bytes == tokens * 4 * 16 * 4 + B * 4 * T * 4 and attention.flops == 2.0 * B * 4 * T * (T + 1) * 16
+    p = checkpointing.plan(model, batch=(B, T), budget_bytes=q.bytes)  # one q-sized output: the top layer's q_proj
+    assert [lp.kept for lp in p.layers] == [[], [q]] and p.bytes == q.bytes and p.flops == q.flops
+    assert "layer 1 keep self_attn.q_proj" in p.describe() and p.as_dict()["kept_bytes"] == q.bytes
+    assert checkpointing.plan(model, "full").bytes == 0
+    auto = checkpointing.plan(model, batch=(B, T))  # no budget: the layers' gradient room (auto_budget)
+    assert auto.budget_bytes == checkpointing.auto_budget(model, (B, T)) > 0 and 0 < auto.bytes <= auto.budget_bytes
+    with pytest.raises(ValueError, match="policy"):
+        checkpointing.plan(model, "everything")
+    with pytest.raises(ValueError, match="reentrant"):
+        checkpointing.plan(model, batch=(B, T), reentrant=True)
+    with pytest.raises(ValueError, match="batch"):
+        checkpointing.plan(model)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        checkpointing.plan(model, batch=(B, T), budget_bytes=-1)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        checkpointing.plan(model, "full", budget_bytes=0)
+    with pytest.raises(ValueError, match="model"):
+        checkpointing.plan(torch.nn.Linear(2, 2), batch=(B, T))
+
+
+def test_selective_checkpointing_of_a_patched_peft_model():
+    """PEFT LoRA on every projection, patched (Tigon's fused LoRA adds the low-rank product into the base matmul's
+    output in place): the plan keeps no LoRA projection, only the attention, and one step's loss and adapter gradients
+    equal the unpatched PEFT model's without checkpointing."""
+    peft = pytest.importorskip("peft")
+    batches = [b.to(DEVICE) for b in data.fixed_batches(data.byte_tokens(data.corpus_text()), 1, B, T, seed=0)]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    def lora_model():
+        torch.manual_seed(1)  # random B (init_lora_weights=False): with B = 0 every gradient of A would be zero
+        config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False)
+        return peft.get_peft_model(sdpa_llama(), config)
+
+    ref_losses, ref_grads = train(lora_model(), batches)
+    model = lora_model()
+    assert tigon.patch(model).counts.get("lora")
+    plan = checkpointing.enable(model, "selective", batch=(B, T), budget_bytes=2**30)
+    assert all([k.name for k in lp.kept] == ["attention"] for lp in plan.layers), plan.describe()
+    losses, grads = train(model, batches)
+    assert abs(losses[0] - ref_losses[0]) <= RTOL * abs(ref_losses[0])
+    assert set(grads[0]) == set(ref_grads[0]) and len(grads[0]) == 2 * 7 * model.config.num_hidden_layers
+    for name, g in grads[0].items():
+        assert rel_l2(g, ref_grads[0][name]) <= RTOL, name

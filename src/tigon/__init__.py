@@ -3,8 +3,8 @@
 The public API is :data:`__all__` (``dir(tigon)`` lists it too): ``patch`` / ``unpatch`` / ``PatchReport`` and
 ``AutoModelForCausalLM`` (Hugging Face integration), the backend switches ``force_reference`` / ``set_strict`` and
 their exceptions and warning, and the public subpackages (``functional``, ``nn``, ``support``, ``integrations``,
-``reference``, ``ops``, ``numerics``, ``presets``, ``workflows``). Everything that needs transformers or more than
-torch is loaded on first access, so ``import tigon`` stays light.
+``reference``, ``ops``, ``numerics``, ``presets``, ``workflows``, ``checkpointing``). Everything that needs
+transformers or more than torch is loaded on first access, so ``import tigon`` stays light.
 """
 
 __version__ = "0.1.0"
@@ -20,7 +20,8 @@ _LAZY = {  # name -> (module, attribute or None for the module itself); loaded o
     "PatchReport": ("tigon.integrations", "PatchReport"),
     "AutoModelForCausalLM": ("tigon.auto", "AutoModelForCausalLM"),
     **{name: (f"tigon.{name}", None)
-       for name in ("nn", "integrations", "reference", "ops", "numerics", "presets", "workflows")},
+       for name in ("nn", "integrations", "reference", "ops", "numerics", "presets", "workflows",
+                    "checkpointing")},
 }
 
 __all__ = ["__version__", "patch", "unpatch", "PatchReport", "AutoModelForCausalLM", "force_reference", "set_strict",

@@ -73,9 +73,14 @@ def add_parser(sub) -> None:
     g.add_argument("--lora", type=int, metavar="R",
                    help="LoRA fine-tuning: wrap every provider's model with PEFT LoRA of rank R on "
                         "q/k/v/o/gate/up/down (alpha 2R, dropout 0, LM head frozen; needs peft)")
-    g.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant"),
-                   help="enable Hugging Face's gradient checkpointing (use_reentrant False / True) on every "
-                        "provider's model before its patch")
+    g.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant", "selective"),
+                   help="activation checkpointing on every provider's model before its patch: Hugging Face's "
+                        "(use_reentrant False / True), or selective: non-reentrant, each layer keeping the matmul "
+                        "and attention outputs that fit --checkpoint-budget-gb (tigon.checkpointing)")
+    g.add_argument("--checkpoint-budget-gb", type=float, metavar="GB",
+                   help="with --gradient-checkpointing selective: GiB the layers may keep over plain checkpointing "
+                        "(default: the room a full fine-tune's peak at the optimizer step leaves: "
+                        "tigon.checkpointing.auto_budget)")
     g.add_argument("--kernel-summary", action="store_true",
                    help="profile each provider's last step (not timed) and report its GPU kernels by name and kind")
     g.add_argument("--nproc", type=int, metavar="N",
@@ -102,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
                                ("--attn-implementation", args.attn_implementation), ("--lora", args.lora),
                                ("--gradient-checkpointing", args.gradient_checkpointing),
+                               ("--checkpoint-budget-gb", args.checkpoint_budget_gb),
                                ("--kernel-summary", args.kernel_summary or None), ("--nproc", args.nproc),
                                ("--parallel", args.parallel))
                 if v is not None]
@@ -219,7 +225,8 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
                        steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
                        dtype=args.dtype, device=args.device, seed=args.seed,
                        attn_implementation=args.attn_implementation, lora_rank=args.lora,
-                       gradient_checkpointing=args.gradient_checkpointing, kernel_summary=args.kernel_summary,
+                       gradient_checkpointing=args.gradient_checkpointing,
+                       checkpoint_budget_gb=args.checkpoint_budget_gb, kernel_summary=args.kernel_summary,
                        nproc=1 if args.nproc is None else args.nproc, parallel=args.parallel or "ddp")
     try:
         resolve_e2e(config)

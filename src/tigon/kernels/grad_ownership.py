@@ -22,6 +22,7 @@ that failed, or ``torch.compile`` tracing (compiled autograd) all answer False.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 import torch
@@ -63,7 +64,20 @@ def prepare() -> None:
     another, on an accelerator's autograd thread, is best avoided); until it has run :func:`owns_grad` says False."""
     global _BASELINE
     if _BASELINE is None and not torch.is_inference_mode_enabled():  # (no autograd there to probe)
-        _BASELINE = _calibrate()
+        _BASELINE = _isolated(_calibrate)
+
+
+def _isolated(fn):
+    """``fn()`` run on a thread of its own, so that none of the caller's thread-local autograd state sees the probe:
+    the first call often comes from inside an activation checkpoint, whose saved-tensor hooks would take the probe's
+    saved tensors (and its backward, run inside the checkpointed forward, would start a recomputation), and whose
+    selective-checkpoint dispatch mode would count its ops (issue 26: the first checkpointed step of a process failed
+    with "A different number of tensors was saved during the original forward and recomputation")."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()), name="tigon-grad-ownership-probe")
+    thread.start()
+    thread.join()
+    return out[0] if out else (-1, -1)
 
 
 def _calibrate() -> tuple[int, int]:

@@ -280,14 +280,3 @@ def train(
     del model
     gc.collect()
     return stats
-
-
-def enable_checkpointing(model: torch.nn.Module, reentrant: bool) -> None:
-    """Hugging Face's activation (gradient) checkpointing on ``model``, ``use_reentrant=reentrant``: through
-    ``activation_checkpointing_enable`` where transformers has it (the newer name), else
-    ``gradient_checkpointing_enable``."""
-    kwargs = {"use_reentrant": reentrant}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

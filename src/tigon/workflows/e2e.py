@@ -43,10 +43,17 @@ in the model's dtype (``autocast_adapter_dtype=False``); base weights, embedding
 optimizer updates the adapters only. The Tigon providers then call :func:`tigon.patch` on the PEFT model, which also
 fuses the LoRA layers (:func:`tigon.functional.lora_linear`).
 
-Gradient checkpointing (``--gradient-checkpointing non_reentrant|reentrant``, :attr:`E2EConfig.gradient_checkpointing`):
-every provider's model gets Hugging Face's activation checkpointing (``use_reentrant`` False / True;
-:func:`tigon.workflows._train.enable_checkpointing`) right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a user's script
-does before handing the model to a trainer.
+Gradient checkpointing (``--gradient-checkpointing non_reentrant|reentrant|selective``,
+:attr:`E2EConfig.gradient_checkpointing`): every provider's model gets activation checkpointing through
+:func:`tigon.checkpointing.enable` right after it is built, before any patch (Liger's, PEFT's, Tigon's), as a
+user's script does before handing the model to a trainer: Hugging Face's (``use_reentrant`` False / True), or
+``selective``: non-reentrant, each layer keeping the matmul and attention outputs that
+:func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
+default :func:`tigon.checkpointing.auto_budget`: the room a full fine-tune's peak, at the optimizer step, leaves the
+activations before it; with ``--lora`` it is enabled on the PEFT model, whose LoRA projections it does not keep).
+The row's ``checkpointing`` says what was kept and the recompute avoided.
+``liger`` fails under ``selective``: Liger-Kernel's RoPE rotates the kept q / k projections' outputs in place
+(see :mod:`tigon.checkpointing`).
 
 MFU (CUDA): model FLOPs per token ``6 x matmul parameters`` (the forward and backward matmuls of every weight that
 multiplies activations: the input embedding, a lookup, is left out unless tied to the head; attention's own FLOPs
@@ -77,12 +84,13 @@ from typing import Any
 
 import torch
 
-from ._train import enable_checkpointing, train
+from ._train import train
 from .liger_patch import GlobalsGuard, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, random_batches
+from ..checkpointing import DEFAULT_TFLOPS
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
                  "liger")
@@ -114,8 +122,9 @@ class E2EConfig:
         attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
         "org/repo", ...); None: transformers' default. lora_rank: wrap every provider's model with PEFT LoRA of
         this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
-        :data:`CHECKPOINTING` or None (off). kernel_summary: profile each provider's last step (needs steps >= 2;
-        that step is left out of the timing).
+        :data:`CHECKPOINTING` or None (off). checkpoint_budget_gb: with ``"selective"``, the GiB its layers may keep
+        over plain checkpointing (None: :func:`tigon.checkpointing.auto_budget`). kernel_summary: profile each
+        provider's last step (needs steps >= 2; that step is left out of the timing).
         nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
         one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
         :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
@@ -136,13 +145,15 @@ class E2EConfig:
     attn_implementation: str | None = None
     lora_rank: int | None = None
     gradient_checkpointing: str | None = None
+    checkpoint_budget_gb: float | None = None
     kernel_summary: bool = False
     nproc: int = 1
     parallel: str = "ddp"
 
 
-CHECKPOINTING = ("non_reentrant", "reentrant")
-"""The values of :attr:`E2EConfig.gradient_checkpointing` (HF's ``use_reentrant`` False / True)."""
+CHECKPOINTING = ("non_reentrant", "reentrant", "selective")
+"""The values of :attr:`E2EConfig.gradient_checkpointing`: HF's ``use_reentrant`` False / True, or Tigon's selective
+policy (:func:`tigon.checkpointing.enable`)."""
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The projections ``--lora`` puts adapters on (the names of Llama-style decoders)."""
@@ -176,6 +187,9 @@ class E2ERow:
     patch: what the provider's patch replaced (counts per kind), when known. note: caveats or the error.
     mfu: model FLOPs utilisation (0..1, CUDA; see the module docstring), or None. kernel_summary: with
     ``--kernel-summary``, :func:`tigon.workflows.step_trace.summarize` of the provider's last step.
+    checkpointing: with ``--gradient-checkpointing``, :meth:`tigon.checkpointing.CheckpointPlan.as_dict` of the
+    provider's model (what each layer kept, bytes, recompute FLOPs and ms avoided at the measured matmul rate) and
+    its ``describe`` text.
     ranks: ``nproc`` > 1 only (else None): per rank {"rank", "device", "peak_memory_bytes", "tokens_per_s" (the rank's
     own tokens over its own median step), "step_ms"}; then the row's step times are the slowest rank's, tokens_per_s
     global (all ranks' tokens over that median), peak memory the largest rank's, losses the ranks' mean.
@@ -198,6 +212,7 @@ class E2ERow:
     mfu: float | None = None
     kernel_summary: dict[str, Any] | None = None
     ranks: list[dict[str, Any]] | None = None
+    checkpointing: dict[str, Any] | None = None
 
 
 @dataclass
@@ -285,6 +300,11 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.gradient_checkpointing is not None and cfg.gradient_checkpointing not in CHECKPOINTING:
         raise ConfigError(f"--gradient-checkpointing must be one of {', '.join(CHECKPOINTING)}, got "
                           f"{cfg.gradient_checkpointing!r}")
+    budget = cfg.checkpoint_budget_gb
+    if budget is not None and (cfg.gradient_checkpointing != "selective" or isinstance(budget, bool)
+                               or not isinstance(budget, (int, float)) or budget < 0):
+        raise ConfigError(f"--checkpoint-budget-gb must be a number >= 0 with --gradient-checkpointing selective, got "
+                          f"{budget!r} with --gradient-checkpointing {cfg.gradient_checkpointing}")
     if cfg.kernel_summary and cfg.device != "cuda":
         raise ConfigError("--kernel-summary needs a CUDA device (it sums the GPU kernels of a profiled step)")
     if cfg.kernel_summary and cfg.steps < 2:
@@ -309,7 +329,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     row's step time is the median (20th / 80th percentiles) of the steps after ``cfg.warmup``, ms. ``then(model)``,
     when given, runs after the training on the still-patched model (before :func:`tigon.unpatch` and cleanup).
     ``info`` gets the model's ``attn_implementation``; ``notes`` a line when Liger's rebinding was undone.
-    ``cfg.gradient_checkpointing`` (when the config has it) turns on HF's checkpointing before any patch;
+    ``cfg.gradient_checkpointing`` (when the config has it) turns on checkpointing before any patch
+    (:func:`enable_checkpointing`; the row's ``checkpointing`` says what it keeps);
     ``untimed_last``: the last step (profiled by the caller) is left out of the timing.
     ``progress(name, step, total, loss)`` after each step. ``wrap(model)``, when given, wraps the model for
     data-parallel training after its patch and before torch.compile (``tigon bench --e2e --nproc N``).
@@ -324,6 +345,7 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     from .. import support
 
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    batch = tuple(batches[0].shape[:2])
     row, held = E2ERow(provider), {}
 
     def make_model():
@@ -331,14 +353,22 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
         model.train()
         if info is not None:
             info.setdefault("attn_implementation", getattr(model.config, "_attn_implementation", None))
-        if getattr(cfg, "gradient_checkpointing", None) is not None:
-            enable_checkpointing(model, reentrant=cfg.gradient_checkpointing == "reentrant")
+        mode, budget = getattr(cfg, "gradient_checkpointing", None), getattr(cfg, "checkpoint_budget_gb", None)
+        lora = getattr(cfg, "lora_rank", None) is not None
+        if mode is not None and not (lora and mode == "selective"):
+            held["checkpointing"] = enable_checkpointing(model, mode, batch, budget)
+        if provider == "liger" and mode == "selective":
+            raise ValueError("--gradient-checkpointing selective with liger: Liger-Kernel's RoPE rotates q and k in "
+                             "place in the projections' outputs that the selective checkpoint keeps, so its "
+                             "recomputation would rotate them twice (wrong gradients); run liger under non_reentrant")
         if provider == "liger":
             held["guard"] = GlobalsGuard([type(model).__module__, "torch.nn.functional",
                                            "transformers.loss.loss_utils"])
             held["liger"] = apply_liger(model)
-        if getattr(cfg, "lora_rank", None) is not None:
+        if lora:
             model = with_lora(model, cfg.lora_rank)
+            if mode == "selective":  # planned on the PEFT model: its frozen base weights, its LoRA layers left out
+                held["checkpointing"] = enable_checkpointing(model, mode, batch, budget)
         if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
             held["report"] = tigon.patch(model)
         elif provider == "tigon_lean":
@@ -388,7 +418,24 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     if "liger" in held:
         row.patch = {"modules with a Liger forward": held["liger"]["patched_modules"]}
         row.note = f"liger_kernel.transformers.{held['liger']['function']}(model=...)"
+    if "checkpointing" in held:
+        tflops = (info or {}).get("matmul_tflops") or DEFAULT_TFLOPS
+        plan = held["checkpointing"]
+        row.checkpointing = {**plan.as_dict(tflops), "describe": plan.describe(tflops)}
     return row, stats.peak_memory_method
+
+
+def enable_checkpointing(model: torch.nn.Module, mode: str, batch: tuple[int, int],
+                         budget_gb: float | None = None):
+    """Activation checkpointing of ``mode`` (one of :data:`CHECKPOINTING`) on ``model`` through
+    :func:`tigon.checkpointing.enable`, at ``batch`` = (rows, sequence length) for the selective plan, within
+    ``budget_gb`` GiB (None: its automatic budget); returns the :class:`tigon.checkpointing.CheckpointPlan`."""
+    from .. import checkpointing
+
+    if mode == "selective":
+        budget = None if budget_gb is None else int(budget_gb * 2**30)
+        return checkpointing.enable(model, "selective", batch=batch, budget_bytes=budget)
+    return checkpointing.enable(model, "full", reentrant=mode == "reentrant")
 
 
 def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
@@ -519,8 +566,9 @@ def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes
                         "via PEFT get_peft_model(autocast_adapter_dtype=False), adapters in the model dtype; base "
                         "weights, embeddings and LM head frozen; Tigon patches after PEFT wraps the model.")
     if cfg.gradient_checkpointing is not None:
+        plan = next((r.checkpointing["describe"] for r in rows if r.checkpointing), None)
         notes.insert(0, f"gradient checkpointing ({cfg.gradient_checkpointing}) enabled on every provider's model "
-                        "before its patch (gradient_checkpointing_enable).")
+                        "before its patch (tigon.checkpointing.enable" + (f"): {plan}" if plan else ")."))
     notes.insert(0, f"tokens/s: batch_size * seq_len = {cfg.batch_size * cfg.seq_len} tokens over the median of "
                     f"{cfg.steps} step(s) after {cfg.warmup} warm-up step(s); a step is forward, backward, "
                     "AdamW step and zero_grad.")

@@ -1,0 +1,384 @@
+"""Activation checkpointing as a first-class case (issue 26): Hugging Face's checkpointing in both of its modes, and a
+selective policy that keeps, within each checkpointed decoder layer, the outputs that are dear to recompute.
+
+Plain checkpointing keeps each decoder layer's input and runs the layer's forward again in the backward: every
+projection's matmul but the last one (the MLP's down projection: the recomputation stops as soon as the last tensor
+the backward needs has been saved again, which for ``nn.Linear`` happens before its matmul runs) and the attention
+kernel, on top of the memory-bound ops (norms, RoPE, the GLU product, the residual add). The memory-bound ops are
+cheap to recompute, Tigon's kernels all the more; the matmuls and the attention are not. Per layer of Llama-3-8B at
+4 x 2048 tokens in bf16, a projection's output of width ``n`` costs ``tokens * n * 2`` bytes to keep and saves
+``2 * tokens * k * n`` FLOPs (``k`` the input width), that is ``k`` FLOPs per kept byte, 4096 for q / k / v / o /
+gate / up; the attention's output (and its log-sum-exp) saves ``2 * B * heads * T * (T + 1) * head_dim`` FLOPs
+(causal), ``T`` FLOPs per kept byte (2048 at T = 2048, more than the matmuls past T = 4096):
+
+======================  ==========  ===================  ========================
+kept output             MiB         recompute avoided    ms at 700 TFLOP/s
+======================  ==========  ===================  ========================
+q_proj, o_proj          64 each     275 GFLOP each       0.39 each
+k_proj, v_proj          16 each     69 GFLOP each        0.10 each
+gate_proj, up_proj      224 each    962 GFLOP each       1.37 each
+attention (+ lse)       65          137 GFLOP            0.20 (more: the kernel runs below the matmul rate)
+all six projections     608         2.61 TFLOP           3.7
+======================  ==========  ===================  ========================
+
+Not checkpointing a layer at all costs about 0.9 GiB more per layer with Tigon (its inputs of the norms, q / k / v,
+attention, o, the sum, gate and up) for about 4 ms: fewer milliseconds per kept byte than keeping its projections.
+
+:func:`enable` turns on Hugging Face's checkpointing (``policy="full"``, either mode) or, with
+``policy="selective"``, non-reentrant checkpointing whose per-layer ``context_fn`` is a
+``torch.utils.checkpoint.create_selective_checkpoint_contexts`` policy: ``aten.mm`` / ``aten.addmm`` on a kept
+projection's weight and the attention kernel of a layer that keeps it are saved (``MUST_SAVE``), everything else is
+recomputed. What is kept comes from a budget of bytes (:func:`plan`): the outputs with the most FLOPs per byte
+first, from the last layer down (the backward frees the top layers' activations first, while the gradients of the
+layers it has done accumulate, so extra activations on the top layers are freed before the gradients that take their
+place grow), until the budget is spent.
+
+Tigon's ops (autograd Functions that launch Triton kernels, invisible to the dispatch mode that implements the
+policy) are recomputed, as are the ATen ops inside them: the policy only keeps ``aten.mm`` / ``aten.addmm`` (never
+their ``out=`` forms, whose cached value would skip the write into the given buffer) on the weights of the layer's
+kept projections, and the attention ops of :func:`attention_ops`. The patched MLP's in-place backward writes its
+gradients into gate's and up's memory, kept or not, after the recomputation has handed the kept tensors back: the
+cached tensors are not read again. A kept output must not be overwritten in the forward by an op that reads it,
+which a Triton kernel does without PyTorch noticing (no version-counter bump, so the selective checkpoint's own
+mutation check cannot see it): Tigon's RoPE writes new tensors, but Liger-Kernel's rotates q and k in place in the
+projections' outputs, so under Liger a kept q_proj / k_proj would be rotated twice by the recomputation (wrong
+gradients, no error). Do not combine this policy with Liger-Kernel's RoPE. Under ``torch.compile`` the policy is applied by the compiler's partitioner to the
+traced graph, where weights are fake tensors: the matmuls are then matched by shape ((in, out) of a kept projection,
+so a kept q_proj also keeps o_proj of the same shape).
+
+Hugging Face's API keeps working: ``model.gradient_checkpointing_enable()`` is plain checkpointing; :func:`enable`
+calls it and then replaces the checkpoint function of the layers that keep something.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+POLICIES = ("full", "selective")
+"""The values of :func:`enable`'s ``policy``: ``"full"`` is Hugging Face's checkpointing of every layer,
+``"selective"`` keeps the outputs :func:`plan` chooses within each checkpointed layer."""
+
+DEFAULT_TFLOPS = 700.0
+"""The bf16 matmul rate (TFLOP/s) at which :class:`CheckpointPlan` turns FLOPs into ms unless told (an H200 runs
+Llama-3-8B's projections at about 650-750)."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One output a selective checkpoint keeps: ``name`` (the projection's path in the layer, e.g.
+    ``self_attn.q_proj``, or ``"attention"``), ``bytes`` it holds from the forward to the backward at the plan's batch,
+    and the recompute ``flops`` it saves per step."""
+
+    name: str
+    bytes: int
+    flops: float
+
+
+@dataclass
+class LayerPlan:
+    """What one decoder layer keeps: ``index`` among the decoder layers, ``name`` (its path in the model), ``kept``."""
+
+    index: int
+    name: str
+    kept: list[Kept] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(k.bytes for k in self.kept)
+
+    @property
+    def flops(self) -> float:
+        return sum(k.flops for k in self.kept)
+
+
+@dataclass
+class CheckpointPlan:
+    """What :func:`enable` set up. policy: one of :data:`POLICIES`; reentrant: Hugging Face's ``use_reentrant``;
+    batch: (batch size, sequence length) the bytes and FLOPs are counted at (None for ``"full"``); budget_bytes: the
+    budget the kept outputs were chosen within; layers: one :class:`LayerPlan` per decoder layer, in model order."""
+
+    policy: str
+    reentrant: bool
+    batch: tuple[int, int] | None
+    budget_bytes: int | None
+    layers: list[LayerPlan]
+
+    @property
+    def bytes(self) -> int:
+        """Bytes kept over plain checkpointing, all layers (at ``batch``)."""
+        return sum(lp.bytes for lp in self.layers)
+
+    @property
+    def flops(self) -> float:
+        """Recompute FLOPs avoided per step, all layers (at ``batch``)."""
+        return sum(lp.flops for lp in self.layers)
+
+    def ms(self, tflops: float = DEFAULT_TFLOPS) -> float:
+        """The recompute avoided per step, ms, at ``tflops`` (matmul and attention alike: a lower bound)."""
+        return self.flops / (tflops * 1e12) * 1e3
+
+    def as_dict(self, tflops: float = DEFAULT_TFLOPS) -> dict:
+        """A JSON-serialisable summary: the fields, the totals and each layer's kept outputs."""
+        return {"policy": self.policy, "reentrant": self.reentrant, "batch": self.batch,
+                "budget_bytes": self.budget_bytes, "kept_bytes": self.bytes, "flops_avoided": self.flops,
+                "ms_avoided": self.ms(tflops), "tflops": tflops,
+                "layers": [dataclasses.asdict(lp) for lp in self.layers]}
+
+    def describe(self, tflops: float = DEFAULT_TFLOPS) -> str:
+        """Lines saying what each run of layers keeps and the totals, e.g. ``layers 20-31 keep self_attn.q_proj, ...:
+        608.0 MiB, 2.61 TFLOP each``."""
+        mode = "reentrant" if self.reentrant else "non-reentrant"
+        if self.policy == "full":
+            return f"full checkpointing ({mode}) of {len(self.layers)} layers: each keeps its input only"
+        lines = [f"selective checkpointing of {len(self.layers)} layers at batch {self.batch[0]} x {self.batch[1]}, "
+                 f"budget {_gib(self.budget_bytes)}:"]
+        runs: list[list[LayerPlan]] = []
+        for lp in self.layers:
+            if runs and [k.name for k in runs[-1][-1].kept] == [k.name for k in lp.kept]:
+                runs[-1].append(lp)
+            else:
+                runs.append([lp])
+        for run in runs:
+            first, last = run[0], run[-1]
+            span = f"layer {first.index}" if first is last else f"layers {first.index}-{last.index}"
+            if not first.kept:
+                lines.append(f"  {span}: input only (plain checkpointing)")
+            else:
+                names = ", ".join(k.name for k in first.kept)
+                lines.append(f"  {span} keep {names}: {first.bytes / 2**20:.1f} MiB, {first.flops / 1e12:.3f} TFLOP "
+                             "each")
+        lines.append(f"  in all: {_gib(self.bytes)} kept over plain checkpointing, {self.flops / 1e12:.2f} TFLOP of "
+                     f"recompute avoided per step = {self.ms(tflops):.1f} ms at {tflops:g} TFLOP/s")
+        return "\n".join(lines)
+
+    __str__ = describe
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+# ---- the model's layers and what they could keep -----------------------------------------------------------
+def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The (name, module) of every decoder layer Hugging Face checkpoints (``GradientCheckpointingLayer``), in model
+    order.
+
+    Raises:
+        ValueError: the model has none (not a transformers model, or one without checkpointing support).
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"model: {type(model).__name__} has no decoder layers that Hugging Face checkpoints "
+                         "(transformers.modeling_layers.GradientCheckpointingLayer)")
+    return layers
+
+
+def _projections(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    """The layer's ``nn.Linear`` projections whose outputs a selective checkpoint may keep: those plain checkpointing
+    recomputes, all but the last registered one (the MLP's down projection, which the recomputation stops before),
+    without PEFT's LoRA layers (their small A / B matrices, and their base layers: Tigon's fused LoRA adds the
+    low-rank product into the base matmul's output in place, which a kept output must not be)."""
+    linears = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
+    return [(n, m) for n, m in linears[:-1] if "lora_" not in n and not n.endswith("base_layer")]
+
+
+def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:
+    """(query heads, head dim) from the model's config when its attention runs a fused kernel (not "eager"), else
+    None."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    heads = getattr(cfg, "num_attention_heads", None)
+    if not isinstance(heads, int) or getattr(cfg, "_attn_implementation", "eager") in (None, "eager"):
+        return None
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return heads, int(head_dim)
+
+
+def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int, int]) -> list[Kept]:
+    """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: each projection of
+    :func:`_projections` (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``) and, when the model's
+    attention is a fused kernel, ``"attention"`` (its output and fp32 log-sum-exp; causal FLOPs
+    ``2 * B * heads * T * (T + 1) * head_dim``)."""
+    b, t = batch
+    tokens = b * t
+    out = [Kept(n, tokens * m.out_features * m.weight.element_size(), 2.0 * tokens * m.in_features * m.out_features)
+           for n, m in _projections(layer)]
+    shape = _attention_shape(model)
+    if shape is not None:
+        heads, head_dim = shape
+        size = next((m.weight.element_size() for _, m in _projections(layer)), 2)
+        out.append(Kept("attention", tokens * heads * head_dim * size + b * heads * t * 4,
+                        2.0 * b * heads * t * (t + 1) * head_dim))
+    return out
+
+
+def auto_budget(model: torch.nn.Module, batch: tuple[int, int]) -> int:
+    """The bytes a selective checkpoint may keep without raising the step's peak, when that peak is at the end of the
+    backward / the optimizer step, as in a full fine-tune with Tigon's fused LM-head loss (no logits) whose gradients
+    are freed between steps (``zero_grad(set_to_none=True)``, no accumulation).
+
+    The backward allocates each layer's parameter gradients as it frees that layer's activations, so the decoder
+    layers' trainable parameter bytes are room that the activations can use before it; less the layers'
+    checkpointed inputs (``tokens * hidden * element size`` each), the fused loss's fp32 buffer of the LM head's
+    gradient (formed in the forward: alive at its end together with every kept output; 2 GiB for Llama-3-8B's
+    head) and one layer's gradients of slack (the recomputation's working set). 0 when that is negative or nothing
+    is trainable in the layers (LoRA): plain checkpointing."""
+    layers = decoder_layers(model)
+    grads = [sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for _, m in layers]
+    hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
+    size = next((p.element_size() for p in model.parameters()), 2)
+    inputs = len(layers) * batch[0] * batch[1] * hidden * size
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(head, "weight", None)
+    head_grad = weight.numel() * 4 if isinstance(weight, torch.Tensor) and weight.requires_grad else 0
+    return max(0, sum(grads) - inputs - head_grad - max(grads, default=0))
+
+
+def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int | None = None,
+         batch: tuple[int, int] | None = None, reentrant: bool = False) -> CheckpointPlan:
+    """What :func:`enable` would keep, without changing the model (see the module docstring).
+
+    ``"selective"``: every candidate output of every layer (:func:`candidates`) ordered by FLOPs per byte, then from
+    the last layer down, then in forward order, taken while it fits the budget (one that does not fit is skipped
+    and smaller ones after it may still be taken).
+
+    Args:
+        model: a Hugging Face model (patched by Tigon or not).
+        policy: one of :data:`POLICIES`.
+        budget_bytes: bytes to keep over plain checkpointing, all layers, at ``batch``; None: :func:`auto_budget`.
+        batch: (batch size, sequence length) of a micro-batch; needed by ``"selective"`` (bytes scale with it).
+        reentrant: Hugging Face's ``use_reentrant`` (``"full"`` only: the selective policy needs the non-reentrant
+            mode).
+
+    Raises:
+        ValueError: unknown ``policy``; ``"selective"`` with ``reentrant=True`` or without ``batch``; a negative
+            ``budget_bytes``; a model without decoder layers.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if not isinstance(reentrant, bool):
+        raise TypeError(f"reentrant must be a bool, got {type(reentrant).__name__}")
+    layers = decoder_layers(model)
+    plans = [LayerPlan(i, name) for i, (name, _) in enumerate(layers)]
+    if policy == "full":
+        if budget_bytes is not None:
+            raise ValueError("budget_bytes applies to policy='selective' only (full checkpointing keeps nothing extra)")
+        return CheckpointPlan(policy, reentrant, batch, None, plans)
+    if reentrant:
+        raise ValueError("reentrant=True: policy='selective' needs non-reentrant checkpointing (torch's selective "
+                         "checkpoint contexts); use reentrant=False, or policy='full' for the reentrant mode")
+    if (not isinstance(batch, (tuple, list)) or len(batch) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in batch)):
+        raise ValueError(f"batch must be (batch size, sequence length), two positive ints, for policy='selective' "
+                         f"(the kept bytes scale with it), got {batch!r}")
+    batch = (int(batch[0]), int(batch[1]))
+    if budget_bytes is None:
+        budget_bytes = auto_budget(model, batch)
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be an int >= 0 (bytes) or None, got {budget_bytes!r}")
+    items = [(lp, j, k) for lp, (_, layer) in zip(plans, layers) for j, k in enumerate(candidates(model, layer, batch))]
+    items.sort(key=lambda it: (-it[2].flops / max(it[2].bytes, 1), -it[0].index, it[1]))
+    left, chosen = budget_bytes, set()
+    for lp, j, k in items:
+        if k.bytes <= left:
+            left -= k.bytes
+            chosen.add((lp.index, j))
+    for lp, (_, layer) in zip(plans, layers):
+        lp.kept = [k for j, k in enumerate(candidates(model, layer, batch)) if (lp.index, j) in chosen]
+    return CheckpointPlan(policy, reentrant, batch, budget_bytes, plans)
+
+
+# ---- turning it on ---------------------------------------------------------------------------------------------
+def hf_enable(model: torch.nn.Module, reentrant: bool) -> None:
+    """Hugging Face's activation (gradient) checkpointing on ``model``, ``use_reentrant=reentrant``: through
+    ``activation_checkpointing_enable`` where transformers has it (the newer name), else
+    ``gradient_checkpointing_enable``."""
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int | None = None,
+           batch: tuple[int, int] | None = None, reentrant: bool = False) -> CheckpointPlan:
+    """Turn on activation checkpointing of every decoder layer of ``model`` (a Hugging Face model, patched by Tigon
+    before or after, or not at all) and return what each layer keeps.
+
+    ``"full"``: Hugging Face's checkpointing (``use_reentrant=reentrant``), the same as
+    ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})``.
+    ``"selective"``: the same non-reentrant checkpointing, then each layer that :func:`plan` gives outputs to keep
+    gets ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` with a selective-checkpoint
+    policy keeping exactly those (see the module docstring). Arguments and errors: :func:`plan`. Call
+    ``model.gradient_checkpointing_disable()`` to turn it off.
+    """
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    p = plan(model, policy, budget_bytes=budget_bytes, batch=batch, reentrant=reentrant)
+    hf_enable(model, reentrant)
+    if policy == "full":
+        return p
+    ops = attention_ops()
+    for lp, (_, layer) in zip(p.layers, decoder_layers(model)):
+        if not lp.kept:
+            continue
+        names = {k.name for k in lp.kept}
+        kept = tuple(m for n, m in _projections(layer) if n in names)
+        context = functools.partial(create_selective_checkpoint_contexts,
+                                    _policy(kept, ops if "attention" in names else frozenset()))
+        layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False, context_fn=context)
+    return p
+
+
+# ---- the policy ------------------------------------------------------------------------------------------------
+def attention_ops() -> frozenset:
+    """The fused attention ops a layer that keeps ``"attention"`` saves: PyTorch's scaled-dot-product kernels (flash,
+    memory-efficient, cuDNN, CPU flash) and flash-attn's forward when that package has registered it."""
+    names = [("aten", "_scaled_dot_product_flash_attention"), ("aten", "_scaled_dot_product_efficient_attention"),
+             ("aten", "_scaled_dot_product_cudnn_attention"), ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
+             ("flash_attn", "_flash_attn_forward"), ("flash_attn", "_flash_attn_varlen_forward")]
+    ops = set()
+    for ns, name in names:
+        try:
+            ops.add(getattr(getattr(torch.ops, ns), name).default)
+        except (AttributeError, RuntimeError):
+            pass
+    return frozenset(ops)
+
+
+def _policy(kept: tuple[torch.nn.Linear, ...], attention: frozenset):
+    """The selective-checkpoint policy of one layer: ``MUST_SAVE`` for ``aten.mm`` / ``aten.addmm`` whose weight
+    operand is the weight of one of the ``kept`` projections (read at each call, so that moving the model later is
+    fine; the same storage, by shape under tracing) and for the ops in ``attention``,
+    ``PREFER_RECOMPUTE`` for everything else. The same answer for the same op in the forward and in the
+    recomputation (older torch asks again there)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    mm, addmm = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+
+    def policy(ctx, func, *args, **kwargs):
+        if func is mm or func is addmm:
+            weights = tuple(m.weight for m in kept)
+            return save if _is_one_of(args[1] if func is mm else args[2], weights) else recompute
+        return save if func in attention else recompute
+
+    return policy
+
+
+def _is_one_of(operand: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
+    """Whether the matmul operand (a projection's transposed weight) is one of ``weights``: the same storage, or under
+    tracing (fake tensors, no storage) the transposed shape of one."""
+    try:
+        ptr = operand.untyped_storage().data_ptr()
+        if ptr:
+            return any(w.untyped_storage().data_ptr() == ptr for w in weights)
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass
+    return operand.dim() == 2 and any(tuple(operand.shape) == (w.shape[1], w.shape[0]) for w in weights)
