@@ -247,22 +247,15 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     the chunk more, nothing allocated beyond three (N,) vectors). Returns (anchor, logp (N,), ref_logp (N,) or None):
     anchor and logp are :class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`'s."""
     from ..kernels import fused_linear_logprobs as klp
-    from ..kernels.head_grads import _Matmuls
-    from ..kernels.loss_rows import row_stats
 
     rows = math.prod(unit)
     n = hidden2d.shape[0]
     target2d = target2d.contiguous()
-    ref_lp = before = None
+    ref_lp = reference_rows = None
     if ref is not None:
-        ref_rows, ref_w, ref_b = ref
         f32 = dict(dtype=torch.float32, device=hidden2d.device)
-        ref_lp, ref_z, ref_stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, hidden2d.device)
-        mm = _Matmuls(hidden2d.device, plan.cd)
-
-        def before(lg, s, e):
-            mm.logits(lg, ref_rows(s, e), ref_w, ref_b)
-            klp.rows_forward(lg, target2d[s:e], plan.opts, ref_lp[s:e], None, ref_z[s:e], ref_stats[s:e])
+        ref_lp = torch.empty(n, **f32)
+        reference_rows = _reference_rows(ref, target2d, plan, ref_lp)
 
     def token_grads(s, e, logp, _ent):
         ref_c = None if ref_lp is None else ref_lp[s:e].reshape(-1, *unit)
@@ -274,11 +267,31 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     def run():
         logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd,
                                                        plan.need, False, token_grads, plan.lean, plan.budget, align,
-                                                       before=before)
+                                                       before=reference_rows)
         return (logp,), grads
 
     anchor, logp = klp.FormedGradsFunction.apply(hidden2d, weight, bias, run)
     return anchor, logp, ref_lp
+
+
+def _reference_rows(ref, target2d, plan, ref_lp):
+    """The ``before`` hook of :func:`_formed_pass`' chunk loop for a reference model ``ref`` (its ``(rows, weight,
+    bias)``): the chunk's reference logits into the chunk's buffer, then their log-probabilities into ``ref_lp``
+    ((N,) fp32), before the policy's logits overwrite the buffer."""
+    from ..kernels import fused_linear_logprobs as klp
+    from ..kernels.head_grads import _Matmuls
+    from ..kernels.loss_rows import row_stats
+
+    ref_rows, ref_w, ref_b = ref
+    n, dev = ref_lp.shape[0], ref_lp.device
+    z, stats = torch.empty(n, dtype=torch.float32, device=dev), row_stats(n, dev)
+    mm = _Matmuls(dev, plan.cd)
+
+    def before(lg, s, e):
+        mm.logits(lg, ref_rows(s, e), ref_w, ref_b)
+        klp.rows_forward(lg, target2d[s:e], plan.opts, ref_lp[s:e], None, z[s:e], stats[s:e])
+
+    return before
 
 
 def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None, *,
@@ -513,9 +526,9 @@ RECORDS = (
         flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
         grads_in_forward=("tigon", "tigon_lean", "tigon_1gib", "tigon_3gib"),
         peers={"liger": _liger_dpo},
-        bench_notes={"tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not fit, "
-                                   "so it accumulates in the weight's dtype (as Liger-Kernel's DPO), in 2 chunks of 2 "
-                                   "pairs",
+        bench_notes={"tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not "
+                                   "fit, so it accumulates in the weight's dtype (as Liger-Kernel's DPO), in 2 chunks "
+                                   "of 2 pairs",
                      "tigon_3gib": "memory=3 << 30: the fused cross-entropy's 3 GiB rule (before issue 29: 2 chunks "
                                    "of 2 pairs at Llama-3-8B's head and 8192 tokens, 0.49 GiB more than 'auto')"},
         # issue 29's row (--tokens 8192: 4 pairs x 1024 positions): the reference model in the same call
