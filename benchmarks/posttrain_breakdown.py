@@ -52,11 +52,11 @@ from tigon.workflows.timing import (  # noqa: E402
 PHASES = (
     # (module, attribute ("Class.method" for a method), label); a name imported into another module is wrapped
     # where it is called from
-    ("tigon.ops.preference", "_formed_plan", "plan (checks, chunk rule)"),
-    ("tigon.ops.preference", "_reference", "reference model: setup (or its own pass)"),
-    ("tigon.ops.preference", "pair_logps", "pair_logps (sequence sums, checks)"),
-    ("tigon.ops.preference", "preference_output", "outputs (formula, logits means)"),
-    ("tigon.ops.preference", "_formed_pass", "formed pass (chunk loop + Function)"),
+    ("tigon.ops.preference_formed", "_formed_plan", "plan (checks, chunk rule)"),
+    ("tigon.ops.preference_formed", "_reference", "reference model: setup (or its own pass)"),
+    ("tigon.ops.preference_formed", "pair_logps", "pair_logps (sequence sums, checks)"),
+    ("tigon.ops.preference_formed", "preference_output", "outputs (formula, logits means)"),
+    ("tigon.ops.preference_formed", "_formed_pass", "formed pass (chunk loop + Function)"),
     ("tigon.kernels.fused_linear_logprobs", "backward_over_chunks", "chunk loop"),
     ("tigon.kernels.fused_linear_jsd", "backward_over_chunks", "chunk loop"),
     ("tigon.kernels.fused_linear_logprobs", "logprobs_forward", "log-probs forward pass (no gradient)"),

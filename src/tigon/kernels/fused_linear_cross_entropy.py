@@ -225,7 +225,7 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
     holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0).
     ``before(chunk, s, e)``: called with each chunk's buffer before its logits are formed there, for work that may use
-    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference.formed_pair_loss`)."""
+    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference_formed.formed_pair_loss`)."""
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
