@@ -60,7 +60,7 @@ PHASES = (
     ("tigon.kernels.fused_linear_logprobs", "backward_over_chunks", "chunk loop"),
     ("tigon.kernels.fused_linear_jsd", "backward_over_chunks", "chunk loop"),
     ("tigon.kernels.fused_linear_logprobs", "logprobs_forward", "log-probs forward pass (no gradient)"),
-    ("tigon.kernels.head_grads", "_Matmuls.logits", "logits matmul (policy, reference)"),
+    ("tigon.kernels.head_grads", "_Matmuls.logits", "logits matmul (policy / student, reference / teacher)"),
     ("tigon.kernels.head_grads", "_Matmuls.chunk_grads", "gradient matmuls (grad_hidden, grad_weight)"),
     ("tigon.kernels.fused_linear_logprobs", "rows_forward", "log-prob row kernel"),
     ("tigon.kernels.fused_linear_logprobs", "rows_grad_", "logits-gradient row kernel"),
@@ -68,9 +68,8 @@ PHASES = (
     ("tigon.kernels.fused_linear_logprobs", "scale_grads", "backward: scale and cast the formed gradients"),
     ("tigon.kernels.fused_linear_jsd", "scale_grads", "backward: scale and cast the formed gradients"),
 )
-"""Where ``phases`` puts its ranges. What runs in a chunk loop but outside these (the teacher's logits matmul of the
-JSD, the loss formula's autograd per chunk of the formed losses) shows as the loop's device / host time less its
-children's."""
+"""Where ``phases`` puts its ranges. What runs in a chunk loop but outside these (the loss formula's autograd per chunk
+of the formed losses) shows as the loop's device / host time less its children's."""
 
 MATMUL_NAMES = ("gemm", "cutlass", "nvjet", "sm90_xmma", "sm80_xmma", "cublas", "splitk", "aten::mm", "aten::addmm")
 """Substrings of the CUDA kernel names counted as matmuls (cuBLAS / CUTLASS / nvJet kernels)."""
