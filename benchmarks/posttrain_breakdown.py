@@ -18,6 +18,9 @@ For each op (its registry record's bench inputs, at ``--tokens`` x ``--hidden`` 
 * ``host_ms`` / ``device_ms``: the host's issue time and the device's time of one call measured behind a GPU sleep
   (:func:`tigon.workflows.timing.call_cost`): host_ms > device_ms means the call is host-bound; ``syncs``: where the
   call makes the host wait (:func:`tigon.workflows.timing.sync_points`; [] expected);
+* ``allocator``: per call in steady state, the caching allocator's device allocations and frees (cudaMalloc /
+  cudaFree: a free synchronises the device), its out-of-memory retries (cached blocks released: a synchronisation)
+  and ``torch.cuda.synchronize``-like waits it made, from ``torch.cuda.memory_stats`` over 5 calls (all 0 expected);
 * ``phases``: per phase of the fused losses' code (:data:`PHASES`, ``record_function`` ranges put around those
   functions for one profiled call, removed after): calls, host ms and device ms (the kernels launched inside,
   nested phases included: the chunk loop holds the matmuls and row kernels). Printed as a table under each row.
@@ -138,13 +141,29 @@ def phases(step, cuda: bool) -> dict:
     return out
 
 
+ALLOCATOR_STATS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def allocator_churn(step, calls: int = 5) -> dict:
+    """Per call of ``step()`` (after a warm-up call), the increase of :data:`ALLOCATOR_STATS` in
+    ``torch.cuda.memory_stats()`` (the keys this torch has)."""
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    for _ in range(calls):
+        step()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    return {k: (after[k] - before.get(k, 0)) / calls for k in ALLOCATOR_STATS if k in after}
+
+
 def print_phases(row: dict) -> None:
     """The row's phases as a table on stdout."""
     if not row.get("phases"):
         return
-    print(f"  {'phase':<52} {'calls':>5} {'host ms':>9} {'device ms':>10}")
+    print(f"  {'phase':<56} {'calls':>5} {'host ms':>9} {'device ms':>10}")
     for label, p in sorted(row["phases"].items(), key=lambda kv: -kv[1]["device_ms"] - kv[1]["host_ms"] / 1e3):
-        print(f"  {label:<52} {p['calls']:>5} {p['host_ms']:>9.3f} {p['device_ms']:>10.3f}")
+        print(f"  {label:<56} {p['calls']:>5} {p['host_ms']:>9.3f} {p['device_ms']:>10.3f}")
 
 
 def breakdown(name: str, provider: str, shape: dict, reps: int, tflops: float, top: int,
@@ -193,6 +212,7 @@ def breakdown(name: str, provider: str, shape: dict, reps: int, tflops: float, t
     wall = time_call(step, device)
     cost = call_cost(step, device, calls=2, groups=3) if cuda else {}
     syncs = sync_points(step, device)
+    churn = allocator_churn(step) if cuda else {}
     by_phase = phases(step, cuda)
     mid = sorted(calls, key=lambda c: sum(c.values()))[len(calls) // 2]
     mm = sum(ms for k, ms in mid.items() if any(s in k.lower() for s in MATMUL_NAMES))
@@ -204,6 +224,7 @@ def breakdown(name: str, provider: str, shape: dict, reps: int, tflops: float, t
             "peak_extra_gib": peak,
             "wall_ms": [round(x, 3) for x in wall],
             "host_ms": cost.get("host_ms"), "device_ms": cost.get("device_ms"), "syncs": syncs,
+            "allocator": churn,
             "phases": by_phase,
             "top": [[k[:120], round(ms, 3)] for k, ms in mid.most_common(top)]}
 
