@@ -176,9 +176,9 @@ def scaled_cast_(dst: torch.Tensor, src: torch.Tensor, scale: torch.Tensor | Non
     """``dst[:] = src * scale`` (``scale`` a 0-d fp32 tensor, or None for 1) rounded to ``dst``'s dtype (to nearest,
     ties to even: torch's cast), for 1-D contiguous ``dst``, ``src`` of one length that do not overlap (they may share
     a storage: :meth:`RowHalves.finish`). On compiled CUDA one Triton launch with vector loads and stores (torch's
-    mul with an output of another dtype runs a scalar casting loop: the 3 bytes per element of grad_weight's final
-    cast measured about 40% of copy bandwidth in the formed losses' backward, 2.2-2.6 ms at Llama-3-8B's head);
-    elsewhere torch."""
+    mul into an output of another dtype takes its dynamic-casting loop; the formed losses' whole backward, mostly this
+    cast, about 3.7 GB at Llama-3-8B's head, measured 2.2-2.6 ms on an H200: about 40% of copy bandwidth; this kernel
+    not yet measured); elsewhere torch."""
     if not compiled_cuda(dst.device):
         if scale is None:
             dst.copy_(src)
