@@ -389,3 +389,20 @@ def test_memory_option(device, memory, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="memory"):
         F.fused_linear_logprobs(hidden, weight, target, memory="lots")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_row_halves_cast_through_the_scaled_cast_kernel(monkeypatch, dtype, scaled):
+    # RowHalves.finish's compiled-CUDA path (head_grads.scaled_cast_: one Triton launch per doubling range), run here
+    # through the interpreter: bitwise torch's cast (ties to even included), in the accumulator's own memory
+    monkeypatch.setattr(head_grads, "compiled_cuda", lambda device: True)
+    acc = head_grads.RowHalves(389, 48, torch.device("cpu"))
+    acc.a.normal_()
+    acc.b.normal_()
+    acc.a.view(-1)[:4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, -(1 + 3 * 2**-11)])  # halfway values
+    whole, first = torch.cat((acc.a, acc.b)), acc.a.data_ptr()
+    scale = torch.tensor(0.37) if scaled else None
+    got = acc.finish(scale, dtype)
+    want = (whole * scale if scaled else whole).to(dtype)
+    assert got.shape == (389, 48) and torch.equal(got, want) and got.data_ptr() == first

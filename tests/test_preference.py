@@ -254,6 +254,29 @@ def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(lab
             assert rel_l2(got_in[k].grad.double(), truth[k].grad) < 1e-5, k
 
 
+@pytest.mark.parametrize("label", ["dpo sigmoid, reference model", "dpo aot (couples pairs), reference model",
+                                   "kto, reference model, bias (unpaired: chunks of one sequence)"])
+def test_reference_model_runs_in_the_policy_s_chunk_loop(label, monkeypatch):
+    # the reference model's logits of a chunk's rows go into the policy's chunk buffer before the policy's (issue
+    # 29): no forward pass of its own (the log-probabilities' forward never runs), chunks of one pair (AOT: the batch)
+    import tigon.kernels.fused_linear_cross_entropy as flce_ops
+    import tigon.kernels.fused_linear_logprobs as klp
+
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 10 * V if "aot" not in label else 40 * V)
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the reference model ran a pass of its own")
+
+    monkeypatch.setattr(klp, "logprobs_forward", no_pass)
+    fn, batch, opts, _ = PAIRWISE[label]
+    inp = _batch(pairs=3, **batch)
+    truth = _leaves(inp, torch.float64)
+    want = getattr(ref_kto if fn is P.fused_linear_kto_loss else ref, fn.__name__)(**truth, **opts)
+    got = fn(**_leaves(inp), **opts)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert rel_l2(a.double(), b) < 1e-5, (type(want)._fields[i], rel_l2(a.double(), b))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_no_worse_than_plain_pytorch(dtype):
     inp = _batch(dtype=dtype, bias=True, t=6)

@@ -212,7 +212,7 @@ def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], le
 
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
-                         scalar: bool = False, align: int = 1) -> tuple:
+                         scalar: bool = False, align: int = 1, before=None) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -223,7 +223,9 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     also writes the chunk's loss, ``scalar`` returns the unscaled accumulators of :func:`grad_buffers`' scalar path
     (for :func:`scale_grads`), and ``elem_bytes`` (default: the compute dtype's size) is what each logit of a chunk
     costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
-    holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0)."""
+    holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0).
+    ``before(chunk, s, e)``: called with each chunk's buffer before its logits are formed there, for work that may use
+    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference_formed.formed_pair_loss`)."""
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
@@ -236,6 +238,8 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
         for s in range(0, n, rows):
             e = min(s + rows, n)
             lg, hs = buf[: e - s], h[s:e]
+            if before is not None:
+                before(lg, s, e)
             mm.logits(lg, hs, w, b)
             rows_grad(lg, s, e)
             mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)

@@ -39,14 +39,17 @@ from torch import Tensor
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, once_differentiable, or_empty
 from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, _blocks, _terms, reduction_scale
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
-from .head_grads import _operands, grad_buffers, scale_grads
+from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
 # FLCE_BUDGET_BYTES_CUDA (3 GiB) for both buffers and the fp32 accumulator (:func:`chunk_rows`' budget rule): at
-# Llama-3-8B's head (4096 x 128256) 2.1 GB of accumulator leave 2180 rows, so 8192 tokens run in 4 chunks of 2048
-# (peak extra about 3.3 GB with the fp32 grad_hidden; not yet measured). A larger ``memory=`` budget trades memory for
-# fewer chunks; "low" accumulates in the weight's dtype.
+# Llama-3-8B's head (4096 x 128256) 2.1 GB of accumulator leave 2180 rows, so 8192 tokens run in 4 chunks of 2048:
+# peak extra 1.96 GiB of accumulator + 2 x 0.49 of logits + 0.125 of fp32 grad_hidden = 3.06 GiB (measured 3.06 on an
+# H200, session 13; Liger-Kernel 2.14, whose grad_weight is bf16: with the exact fp32 accumulator alone at 1.96 GiB,
+# its footprint leaves no room for both heads' chunks). A larger ``memory=`` budget trades memory for fewer chunks; a
+# budget below the accumulator (e.g. 1 << 30: the same 2048-row chunks, about 2.0 GiB) accumulates in the weight's
+# dtype, as Liger does; "low" does too, with Liger's small chunks.
 
 
 @triton.jit
@@ -166,15 +169,13 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
     if budget < 0 and not lean and compiled_cuda(dev):
         budget = FLCE_BUDGET_BYTES_CUDA  # the chunk rows' comment above
     teacher_buf: list[torch.Tensor] = []
+    mm = _Matmuls(dev, cd)
 
     def rows_grad(lg, s, e):
         if not teacher_buf:  # one (rows, V) buffer for the teacher's logits, the size of the student's
             teacher_buf.append(torch.empty_like(lg))
         tz = teacher_buf[0][: e - s]
-        if bt is None:
-            torch.mm(ht[s:e], wt.t(), out=tz)
-        else:
-            torch.addmm(bt, ht[s:e], wt.t(), out=tz)
+        mm.logits(tz, ht[s:e], wt, bt)
         jsd_rows(lg, tz, labels[s:e] if labels is not None else None, scale, opts, 1.0 / temperature,
                  loss_rows[s:e], want_grad)
 

@@ -271,7 +271,7 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
 
 def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype,
                               need: tuple[bool, bool, bool], want_entropy: bool, token_grads, lean: bool = False,
-                              budget: int = -1, align: int = 1, halves: bool = True):
+                              budget: int = -1, align: int = 1, halves: bool = True, before=None):
     """Log-probabilities and the gradients of a loss of them formed in one pass (3 matmuls per chunk: logits,
     grad_hidden, grad_weight), for a loss whose gradient w.r.t. each token's log p (and entropy) is known once the
     chunk's log-probabilities are (a per-token function of them, or of whole sequences when chunks hold whole
@@ -283,7 +283,8 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     loop's matmuls accumulate it. Returns (logp (N,), entropy (N,) or None, (gh, gw, gb)): the unscaled accumulators
     of :func:`tigon.kernels.head_grads.grad_buffers`' scalar path, for
     :func:`~tigon.kernels.head_grads.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
-    ``halves``: as :func:`logprobs_backward`."""
+    ``halves``: as :func:`logprobs_backward`; ``before``: as
+    :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' (each chunk's buffer before its logits)."""
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
     logp, stats = torch.empty(n, **f32), row_stats(n, hidden.device)
@@ -297,7 +298,7 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
         rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp, g_ent, None, opts)
 
     grads = backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, scalar=True,
-                                 align=align)
+                                 align=align, before=before)
     return logp, ent, grads
 
 

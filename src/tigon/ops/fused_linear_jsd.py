@@ -150,12 +150,15 @@ RECORDS = (OpSpec(
     # forward: the two heads' logits (2 matmuls); with the gradients, formed in the forward: 2 more
     flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
     bench_inputs={"ignore_every": 10},
-    grads_in_forward=("tigon", "liger"),
+    grads_in_forward=("tigon", "tigon_lean", "tigon_1gib", "liger"),
     peers={"liger": liger("liger_fused_linear_jsd", "student_input", "student_weight", "teacher_input",
                           "teacher_weight", shift_labels="shift_labels")},
     host_syncs=("liger",),  # Liger reads the count of kept rows with .item()
     bench_notes={"tigon_lean": "memory='low': grad_weight accumulated in the weight's dtype (Liger's default), "
-                               "Liger's chunk rule"},
+                               "Liger's chunk rule",
+                 "tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not fit, "
+                               "so it accumulates in the weight's dtype (Liger's default), in 4 chunks of 2048 rows "
+                               "(both heads' logits)"},
     cases=(
         Case(),
         Case("ignored rows, temperature=2", options={"temperature": 2.0}, inputs={"ignore_every": 3}),
@@ -166,5 +169,6 @@ RECORDS = (OpSpec(
         Case("biases, temperature=0.7", options={"temperature": 0.7}, inputs={"bias": True}, variants=("model",),
              tags=VERIFY_ONLY),
         Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
+        Case("bench: memory=1 GiB", options={"memory": 1 << 30}, tags=frozenset({"bench"}), provider="tigon_1gib"),
     ),
 ),)

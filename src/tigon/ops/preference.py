@@ -3,11 +3,13 @@
 :func:`fused_linear_kto_loss`.
 
 Each runs the fused linear log-prob primitive's kernels (:func:`tigon.functional.fused_linear_logprobs`) over the
-policy's chosen and rejected sequences, once more under ``torch.no_grad`` for a reference model (DPO), then the loss's
-formula on the per-sequence log-probabilities (:mod:`tigon.reference.preference`; the shared batch logic in
+policy's chosen and rejected sequences (and a reference model's, without gradient: DPO, KTO), then the loss's formula
+on the per-sequence log-probabilities (:mod:`tigon.reference.preference`; the shared batch logic in
 :mod:`tigon.reference.pairs`). With gradients wanted, the paired losses form the policy's gradients in the forward,
-pair by pair (KTO sequence by sequence; :func:`formed_pair_loss`, :func:`formed_kto_loss`: 3 policy matmuls);
-otherwise autograd differentiates the formula and the primitive's backward recomputes the logits chunk by chunk (4).
+pair by pair (KTO sequence by sequence; :mod:`tigon.ops.preference_formed`: 3 policy matmuls, the reference model's
+logits in the same chunk loop and buffer: 1 more); otherwise the reference model runs a forward pass of its own under
+``torch.no_grad``, autograd differentiates the formula and the primitive's backward recomputes the logits chunk by
+chunk (4 policy matmuls).
 No (tokens, vocab) tensor is ever held. Liger-Kernel's ``LigerFusedLinear{DPO,SimPO,CPO,ORPO}Loss`` (0.8.5) compute
 the same losses with ``torch.func`` over chunks of ``chunk_size`` pairs, materialising each chunk's logits in fp32.
 """
@@ -24,16 +26,19 @@ from .. import _checks
 from ..reference import kto as ref_kto
 from ..reference import preference as ref
 from ..reference.kto import KTOOutput
-from ..reference.pairs import (
-    PreferenceOutput, check_batch, pair_logps, policy_and_reference, preference_output, sequence_logps,
-)
+from ..reference.pairs import PreferenceOutput
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes, targets
 from .fused_linear_cross_entropy import memory_plan
-from .fused_linear_logprobs import fused_linear_logprobs, logprob_plan, trl_linear_logprobs
+from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
+from .preference_formed import formed_kto_loss, formed_pair_loss
 
 _MEMORY = """memory: the memory the primitive may hold beside its inputs and gradients, as in
-            :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes)."""
+            :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes). With the gradients
+            formed in the forward, ``"auto"`` on CUDA holds chunks of at most 2**28 logits (at least one pair or
+            sequence) beside the fp32 grad_weight accumulator (:data:`tigon.ops.preference_formed.PAIR_CHUNK_LOGITS_CUDA`;
+            about 2.6 GiB at Llama-3-8B's head), and a budget below that accumulator accumulates grad_weight in the
+            weight's dtype (Liger-Kernel's way) in chunks as large as the budget allows."""
 
 
 def _run(op: str, formula: str, opts: dict, **fixed):
@@ -51,154 +56,6 @@ def _run(op: str, formula: str, opts: dict, **fixed):
     options = {**fixed, **opts}
     formed = functools.partial(formed_pair_loss, coupled=ref.couples_pairs(formula, options), memory=memory)
     return ref.loss_with(formula, token_logps, **options, formed=formed)
-
-
-def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
-                     ref_chosen_logps, ref_rejected_logps, *, ignore_index: int, average_log_prob: bool,
-                     compute_nll_loss: bool, alpha: float, coupled: bool, memory="auto", **options):
-    """A paired preference loss (:func:`tigon.reference.pairs.run`'s arguments; ``coupled``:
-    :func:`tigon.reference.preference.couples_pairs`) with the policy's gradients formed in its forward: the
-    :class:`~tigon.reference.pairs.PreferenceOutput`, or None where that is not possible here (then the
-    log-probabilities' path runs, its backward recomputing the logits).
-
-    Why it works: every formula is a mean over pairs of a function of the pair's own sequence log-probabilities, plus
-    the NLL term, linear in the chosen tokens' log-probabilities with a coefficient that depends on the targets alone
-    (AOT, which sorts the batch, is the exception: ``coupled``). So the rows are reordered pair by pair (chosen i,
-    then rejected i: one copy of the hidden states, undone by autograd in the backward), chunks hold whole pairs (the
-    whole batch when ``coupled``), and as soon as a chunk's log-probabilities are known, autograd through the
-    formula on a batch whose other pairs hold placeholders (-1: they do not reach the chunk's gradient) gives the
-    loss's gradient w.r.t. them; :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into
-    the head's gradients in the same pass: 3 policy matmuls instead of 4 (plus one for a reference model, run first
-    under ``torch.no_grad``). The outputs then come from the formula on the log-probabilities without autograd, the
-    loss plus the zero that carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
-
-    None when: no gradient is wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do
-    not take, or the unit of rows (a pair, or the batch when ``coupled``) does not fit a chunk.
-    """
-    b, t, h = hidden.shape
-    check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
-    align = b * t if coupled else 2 * t
-    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, align)
-    if plan is None:
-        return None
-    p = b // 2
-
-    def by_pairs(x):  # (2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair
-        return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(b * t, *x.shape[2:])
-
-    f32 = dict(dtype=torch.float32, device=hidden.device)
-    ref_lp = _reference_token_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
-    kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
-    refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
-    base = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=torch.zeros((b, t), **f32), ref_lp=ref_lp,
-                      **kw)
-    lengths = torch.stack((base.chosen_tokens, base.rejected_tokens), 1).clamp(min=1)
-    chosen_total = base.chosen_tokens.sum().clamp(min=1)
-    fill = torch.full((p,), -1.0, **f32)
-
-    def chunk_loss(lp, i, k):  # lp (k pairs, 2, T): pairs i .. i + k - 1
-        seq = lp.sum(-1) / lengths[i: i + k] if average_log_prob else lp.sum(-1)
-        nll = -lp[:, 0].sum() / chosen_total
-        pairs = base._replace(chosen=torch.cat((fill[:i], seq[:, 0], fill[i + k:])),
-                              rejected=torch.cat((fill[:i], seq[:, 1], fill[i + k:])), nll=nll)
-        loss = formula(pairs, **options)[0]
-        return loss + alpha * nll if compute_nll_loss else loss
-
-    anchor, logp = _formed_pass(by_pairs(hidden), weight, by_pairs(target), bias, plan, (2, t), align, chunk_loss)
-    with torch.no_grad():
-        lp = logp.reshape(p, 2, t).transpose(0, 1).reshape(b, t)
-        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=lp, ref_lp=ref_lp, **kw)
-        out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
-                                compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
-    return out._replace(loss=out.loss + anchor)
-
-
-def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight, ref_bias, *,
-                    ref_logps, kl, ignore_index: int, beta: float, loss_type: str, desirable_weight: float,
-                    undesirable_weight: float, average_log_prob: bool, memory="auto"):
-    """KTO (:func:`tigon.reference.kto.kto_with`'s arguments, checked there) with the policy's gradients formed in its
-    forward, as :func:`formed_pair_loss` does for the paired losses: each sequence's loss depends on its own
-    log-probability alone (the KL estimate ``kl`` is a given constant), so chunks of whole sequences suffice (no
-    reordering). The :class:`~tigon.reference.kto.KTOOutput`, or None where not possible (as there)."""
-    b, t, h = hidden.shape
-    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t)
-    if plan is None:
-        return None
-    f32 = dict(dtype=torch.float32, device=hidden.device)
-    ref_lp = _reference_token_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)
-    kw = dict(ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
-              desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
-              average_log_prob=average_log_prob)
-    refs = (ref_hidden, ref_weight, ref_bias)
-    _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, *refs, ignore_index,
-                                            bool(average_log_prob), torch.zeros((b, t), **f32), ref_lp)
-    length = n.clamp(min=1)
-    fill = torch.full((b,), -1.0, **f32)
-
-    def chunk_loss(lp, i, k):  # lp (k sequences, T): sequences i .. i + k - 1
-        seq = lp.sum(-1) / length[i: i + k] if average_log_prob else lp.sum(-1)
-        full = torch.cat((fill[:i], seq, fill[i + k:]))
-        return ref_kto.kto_losses(full, ref_seq, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
-                                  undesirable_weight)[0].mean()
-
-    anchor, logp = _formed_pass(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, plan, (t,), t,
-                                chunk_loss)
-    with torch.no_grad():
-        out = ref_kto.kto_with(None, hidden, weight, target, preference_labels, bias, *refs,
-                               policy_lp=logp.reshape(b, t), ref_lp=ref_lp, **kw)
-    return out._replace(loss=out.loss + anchor)
-
-
-def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
-    """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
-    whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
-    gradient wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do not take, or
-    ``align`` rows exceed a chunk."""
-    if torch.compiler.is_compiling():
-        return None
-    b, t, h = hidden.shape
-    plan = logprob_plan(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, ignore_index=ignore_index,
-                        memory=memory)
-    if plan is None or not any(plan.need):
-        return None
-    from ..kernels.fused_linear_cross_entropy import loop_rows
-
-    return plan if loop_rows(hidden.reshape(b * t, h), weight, plan.cd, plan.need, plan.lean, plan.budget,
-                             align=align) else None
-
-
-def _reference_token_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int):
-    """The reference model's (B, T) per-token log-probabilities (no gradient), or None without one."""
-    if ref_hidden is None:
-        return None
-    with torch.no_grad():
-        return sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)[0]
-
-
-def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int, chunk_loss):
-    """The policy's chunk loop with the gradients formed in the forward
-    (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`) for rows ``hidden2d`` (N, H) grouped in
-    units of ``unit`` (e.g. (2, T): a pair of sequences), chunks of whole groups of ``align`` rows (a multiple of the
-    unit's), ``chunk_loss(lp, i, k)`` the loss as a function of the
-    log-probabilities ``lp`` (k, *unit) of units i .. i + k - 1 (the others' held fixed; autograd differentiates it).
-    Returns (anchor, logp (N,)): :class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`'s."""
-    from ..kernels import fused_linear_logprobs as klp
-
-    rows = math.prod(unit)
-
-    def token_grads(s, e, logp, _ent):
-        with torch.enable_grad():
-            lp = logp.detach().reshape(-1, *unit).requires_grad_()
-            (g,) = torch.autograd.grad(chunk_loss(lp, s // rows, (e - s) // rows), lp, allow_unused=True)
-        return (torch.zeros_like(logp) if g is None else g.reshape(-1).contiguous()), None
-
-    def run():
-        logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d.contiguous(), bias, plan.opts,
-                                                       plan.cd, plan.need, False, token_grads, plan.lean, plan.budget,
-                                                       align)
-        return (logp,), grads
-
-    return klp.FormedGradsFunction.apply(hidden2d, weight, bias, run)
 
 
 def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=None, ref_bias=None, *,
@@ -431,8 +288,13 @@ RECORDS = (
         # (grad_hidden, grad_weight); Tigon forms them in the forward (formed_pair_loss), so its forward does all 4
         # when the inputs need gradients
         flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
-        grads_in_forward=("tigon", "tigon_lean"),
+        grads_in_forward=("tigon", "tigon_lean", "tigon_1gib", "tigon_3gib"),
         peers={"liger": _liger_dpo},
+        bench_notes={"tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not "
+                                   "fit, so it accumulates in the weight's dtype (as Liger-Kernel's DPO), in 2 chunks "
+                                   "of 2 pairs",
+                     "tigon_3gib": "memory=3 << 30: the fused cross-entropy's 3 GiB rule (before issue 29: 2 chunks "
+                                   "of 2 pairs at Llama-3-8B's head and 8192 tokens, 0.49 GiB more than 'auto')"},
         # issue 29's row (--tokens 8192: 4 pairs x 1024 positions): the reference model in the same call
         bench_inputs={"reference": "model", "pairs": 4},
         cases=(
@@ -444,6 +306,10 @@ RECORDS = (
                                                           "compute_nll_loss": True},
                  inputs={"reference": "none", "ignore_every": 4}, variants=("model",)),
             Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
+            Case("bench: memory=1 GiB", options={"memory": 1 << 30}, tags=frozenset({"bench"}),
+                 provider="tigon_1gib"),
+            Case("bench: memory=3 GiB", options={"memory": 3 << 30}, tags=frozenset({"bench"}),
+                 provider="tigon_3gib"),
         ),
     ),
 )

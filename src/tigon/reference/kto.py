@@ -84,7 +84,7 @@ def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, 
     ``policy_lp``, ``ref_lp``: (B, T) per-token log-probabilities computed already
     (:func:`tigon.reference.pairs.policy_and_reference`). ``formed``: None, or a function of this one's arguments
     (less these three) returning the output with the policy's gradients formed in its forward
-    (:func:`tigon.ops.preference.formed_kto_loss`), or None where it cannot.
+    (:func:`tigon.ops.preference_formed.formed_kto_loss`), or None where it cannot.
 
     Raises:
         As :func:`fused_linear_kto_loss`.

@@ -8,7 +8,8 @@ Providers (:data:`PROVIDERS`): ``eager`` (the original PyTorch code, as Hugging 
 ``eager``), ``compile`` (torch.compile of eager), ``tigon``, Tigon's variants (the records' cases tagged
 ``"bench"``: ``tigon_inplace`` = ``inplace_backward=True``, the gradients written into the inputs' memory as
 Liger always does; ``tigon_fwdgrad`` = the cross-entropy's ``grad_in_forward=True``, Liger's scheme; ``tigon_lean`` =
-the fused linear cross-entropy's ``accum_dtype`` = the weight's dtype, Liger's memory) and the peers of
+the fused linear cross-entropy's ``accum_dtype`` = the weight's dtype, Liger's memory; ``tigon_1gib`` /
+``tigon_3gib`` = the post-training losses' ``memory=1 << 30`` / ``3 << 30``, a chunk budget in bytes) and the peers of
 :data:`tigon.ops.PEER_MODULES` (``liger``, ``cce``) when installed; missing ones are skipped with a note. A
 provider that fails on a shape (out of memory, unsupported dtype, a signature change) is recorded as a row with
 ``note="failed: ..."`` and the run goes on.

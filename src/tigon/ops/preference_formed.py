@@ -1,0 +1,257 @@
+"""The preference losses' policy gradients formed in the forward (:mod:`tigon.ops.preference`'s fast path):
+:func:`formed_pair_loss` (DPO, SimPO, CPO, ORPO: chunks of whole pairs), :func:`formed_kto_loss` (KTO: chunks of whole
+sequences), both with a reference model's log-probabilities computed in the policy's chunk loop.
+
+Per chunk (:func:`_formed_pass`): the reference model's logits of the chunk's rows into the chunk buffer and the
+log-prob kernel over them (:func:`_reference_rows`), the policy's logits into the same buffer, the log-prob kernel,
+the loss's gradient w.r.t. the chunk's log-probabilities by autograd through the formula, the logits-gradient kernel
+in place, then grad_hidden and grad_weight (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`):
+3 policy matmuls + 1 for the reference, one (rows, V) buffer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..reference import kto as ref_kto
+from ..reference.pairs import check_batch, pair_logps, policy_and_reference, preference_output, sequence_logps
+from .fused_linear_logprobs import logprob_plan
+
+
+def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
+                     ref_chosen_logps, ref_rejected_logps, *, ignore_index: int, average_log_prob: bool,
+                     compute_nll_loss: bool, alpha: float, coupled: bool, memory="auto", **options):
+    """A paired preference loss (:func:`tigon.reference.pairs.run`'s arguments; ``coupled``:
+    :func:`tigon.reference.preference.couples_pairs`) with the policy's gradients formed in its forward: the
+    :class:`~tigon.reference.pairs.PreferenceOutput`, or None where that is not possible here (then the
+    log-probabilities' path runs, its backward recomputing the logits).
+
+    Why it works: every formula is a mean over pairs of a function of the pair's own sequence log-probabilities, plus
+    the NLL term, linear in the chosen tokens' log-probabilities with a coefficient that depends on the targets alone
+    (AOT, which sorts the batch, is the exception: ``coupled``). So the rows are reordered pair by pair (chosen i,
+    then rejected i: one copy of the hidden states, undone by autograd in the backward), chunks hold whole pairs (the
+    whole batch when ``coupled``), and as soon as a chunk's log-probabilities are known, autograd through the
+    formula on a batch whose other pairs hold placeholders (they do not reach the chunk's gradient) gives the
+    loss's gradient w.r.t. them; :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into
+    the head's gradients in the same pass: 3 policy matmuls instead of 4. A reference model runs in the same chunk
+    loop (:func:`_formed_pass`' ``ref``: its logits of the chunk's rows go into the chunk's buffer first, so the
+    chunk's pairs have their reference log-probabilities before the formula runs): one more matmul, no buffer or pass
+    of its own. The outputs then come from the formula on the log-probabilities without autograd, the loss plus the
+    zero that carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+
+    None when: no gradient is wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do
+    not take, or the unit of rows (a pair, or the batch when ``coupled``) does not fit a chunk.
+    """
+    b, t, h = hidden.shape
+    check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
+    align = b * t if coupled else 2 * t
+    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, align)
+    if plan is None:
+        return None
+    p = b // 2
+
+    def by_pairs(x):  # (2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair
+        return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(b * t, *x.shape[2:])
+
+    def unpair(x):  # (P * 2 * T,) pair by pair -> (2P, T)
+        return x.reshape(p, 2, t).transpose(0, 1).reshape(b, t)
+
+    def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), copied chunk by chunk
+        return lambda s, e: r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
+
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
+                             lambda rh: ref_rows(rh.reshape(2, p, t, rh.shape[-1])))
+    kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
+    refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
+    zeros = torch.zeros((b, t), **f32)
+    base = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=zeros,
+                      ref_lp=zeros if ref is not None else ref_lp, **kw)
+    lengths = torch.stack((base.chosen_tokens, base.rejected_tokens), 1).clamp(min=1)
+    chosen_total = base.chosen_tokens.sum().clamp(min=1)
+    fill, zero = torch.full((p,), -1.0, **f32), torch.zeros((p,), **f32)
+
+    def chunk_loss(lp, ref_c, i, k):  # lp, ref_c (k pairs, 2, T): pairs i .. i + k - 1 (ref_c None: no model)
+        def seq(x):
+            return x.sum(-1) / lengths[i: i + k] if average_log_prob else x.sum(-1)
+
+        s = seq(lp)
+        nll = -lp[:, 0].sum() / chosen_total
+        pairs = base._replace(chosen=torch.cat((fill[:i], s[:, 0], fill[i + k:])),
+                              rejected=torch.cat((fill[:i], s[:, 1], fill[i + k:])), nll=nll)
+        if ref_c is not None:  # the chunk's reference log-probabilities, 0 for the other pairs (unused)
+            r = seq(ref_c)
+            pairs = pairs._replace(ref_chosen=torch.cat((zero[:i], r[:, 0], zero[i + k:])),
+                                   ref_rejected=torch.cat((zero[:i], r[:, 1], zero[i + k:])))
+        loss = formula(pairs, **options)[0]
+        return loss + alpha * nll if compute_nll_loss else loss
+
+    anchor, logp, ref_logp = _formed_pass(by_pairs(hidden), weight, by_pairs(target), bias, plan, (2, t), align,
+                                          chunk_loss, ref)
+    with torch.no_grad():
+        if ref_logp is not None:
+            ref_lp = unpair(ref_logp)
+        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=unpair(logp), ref_lp=ref_lp, **kw)
+        out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
+                                compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
+    return out._replace(loss=out.loss + anchor)
+
+
+def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight, ref_bias, *,
+                    ref_logps, kl, ignore_index: int, beta: float, loss_type: str, desirable_weight: float,
+                    undesirable_weight: float, average_log_prob: bool, memory="auto"):
+    """KTO (:func:`tigon.reference.kto.kto_with`'s arguments, checked there) with the policy's gradients formed in its
+    forward, as :func:`formed_pair_loss` does for the paired losses (a reference model in the same chunk loop too):
+    each sequence's loss depends on its own log-probability alone (the KL estimate ``kl`` is a given constant), so
+    chunks of whole sequences suffice (no reordering). The :class:`~tigon.reference.kto.KTOOutput`, or None where
+    not possible (as there)."""
+    b, t, h = hidden.shape
+    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t)
+    if plan is None:
+        return None
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
+                             lambda rh: (lambda s, e, r2=rh.reshape(b * t, rh.shape[-1]): r2[s:e]))
+    kw = dict(ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+              desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
+              average_log_prob=average_log_prob)
+    refs = (ref_hidden, ref_weight, ref_bias)
+    zeros = torch.zeros((b, t), **f32)
+    _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, *refs, ignore_index,
+                                            bool(average_log_prob), zeros, zeros if ref is not None else ref_lp)
+    length = n.clamp(min=1)
+    fill, zero = torch.full((b,), -1.0, **f32), torch.zeros((b,), **f32)
+
+    def chunk_loss(lp, ref_c, i, k):  # lp, ref_c (k sequences, T): sequences i .. i + k - 1 (ref_c None: no model)
+        def seq(x):
+            return x.sum(-1) / length[i: i + k] if average_log_prob else x.sum(-1)
+
+        full = torch.cat((fill[:i], seq(lp), fill[i + k:]))
+        rs = ref_seq if ref_c is None else torch.cat((zero[:i], seq(ref_c), zero[i + k:]))
+        return ref_kto.kto_losses(full, rs, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
+                                  undesirable_weight)[0].mean()
+
+    anchor, logp, ref_logp = _formed_pass(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, plan, (t,),
+                                          t, chunk_loss, ref)
+    with torch.no_grad():
+        if ref_logp is not None:
+            ref_lp = ref_logp.reshape(b, t)
+        out = ref_kto.kto_with(None, hidden, weight, target, preference_labels, bias, *refs,
+                               policy_lp=logp.reshape(b, t), ref_lp=ref_lp, **kw)
+    return out._replace(loss=out.loss + anchor)
+
+
+PAIR_CHUNK_LOGITS_CUDA = 1 << 28
+"""Logits per chunk of the formed path's default plan on CUDA (``memory="auto"``, a head that gets a gradient): the
+chunk buffer beside the fp32 grad_weight accumulator, at least one unit of rows (a pair, a sequence). 2**28 bf16
+logits are 512 MiB: at Llama-3-8B's head (4096 x 128256) and 4 pairs of 1024 tokens, 4 chunks of one pair, peak
+extra about 1.96 GiB of accumulator + 0.49 of chunk + 0.19 of fp32 grad_hidden and reordered hidden states (2.6 GiB;
+Liger-Kernel's DPO 2.54, whose chunks are one pair too, with a bf16 grad_weight); the fused cross-entropy's 3 GiB
+rule gave 2 chunks of two pairs (3.12 GiB measured). Each chunk beyond the minimum costs one more read and write of
+the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule."""
+
+
+def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
+    """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
+    whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
+    gradient wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do not take, or
+    ``align`` rows exceed a chunk. ``memory="auto"`` on CUDA: chunks of :data:`PAIR_CHUNK_LOGITS_CUDA` logits."""
+    if torch.compiler.is_compiling():
+        return None
+    b, t, h = hidden.shape
+    h2 = hidden.reshape(b * t, h)
+    plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)
+    if plan is None or not any(plan.need):
+        return None
+    from ..kernels._common import compiled_cuda
+    from ..kernels.fused_linear_cross_entropy import loop_rows
+
+    if plan.budget < 0 and not plan.lean and plan.need[1] and compiled_cuda(hidden.device):
+        v = weight.shape[0]
+        tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
+        if loop_rows(h2, weight, tight.cd, tight.need, tight.lean, tight.budget, align=align):
+            return tight
+    return plan if loop_rows(h2, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) else None
+
+
+def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan, rows_of):
+    """How a formed path gets the reference model's log-probabilities: ``(ref_lp, ref)``, both None without a
+    reference model; else ``ref`` for :func:`_formed_pass` (the reference in the policy's chunk loop; ``rows_of(
+    ref_hidden in the matmul dtype)`` gives its ``rows(s, e)``) with ``ref_lp`` None, when its matmul dtype is the
+    policy's (the buffer's) and its kernels run; otherwise ``ref_lp`` (B, T), computed by a pass of its own under
+    ``torch.no_grad``, and ``ref`` None."""
+    if ref_hidden is None:
+        return None, None
+    b, t, hr = ref_hidden.shape
+    with torch.no_grad():
+        ref_plan = logprob_plan(ref_hidden.reshape(b * t, hr), ref_weight, target.reshape(b * t), ref_bias,
+                                ignore_index=ignore_index, memory=memory)
+        if ref_plan is None or ref_plan.cd != plan.cd:
+            return sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)[0], None
+        cd = plan.cd
+        rh = ref_hidden.detach().to(cd)
+        return None, (rows_of(rh), ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd))
+
+
+def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int, chunk_loss, ref=None):
+    """The policy's chunk loop with the gradients formed in the forward
+    (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`) for rows ``hidden2d`` (N, H) grouped in
+    units of ``unit`` (e.g. (2, T): a pair of sequences), chunks of whole groups of ``align`` rows (a multiple of the
+    unit's), ``chunk_loss(lp, ref_lp, i, k)`` the loss as a function of the log-probabilities ``lp`` (k, *unit) of
+    units i .. i + k - 1 (the others' held fixed; autograd differentiates it), ``ref_lp`` the reference model's of the
+    same rows (no gradient) or None.
+
+    ``ref``: None, or a reference model ``(rows, weight, bias)`` run in the same loop: ``rows(s, e)`` its (e - s,
+    H_ref) hidden states for rows s .. e of ``hidden2d``, and its head, in the matmul dtype ``plan.cd``. Each chunk's
+    buffer first takes the reference's logits of its rows and the log-probability kernel reads them (the log-prob
+    kernel of :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of
+    the chunk more, nothing allocated beyond three (N,) vectors). Returns (anchor, logp (N,), ref_logp (N,) or None):
+    anchor and logp are :class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`'s."""
+    from ..kernels import fused_linear_logprobs as klp
+
+    rows = math.prod(unit)
+    n = hidden2d.shape[0]
+    target2d = target2d.contiguous()
+    ref_lp = reference_rows = None
+    if ref is not None:
+        f32 = dict(dtype=torch.float32, device=hidden2d.device)
+        ref_lp = torch.empty(n, **f32)
+        reference_rows = _reference_rows(ref, target2d, plan, ref_lp)
+
+    def token_grads(s, e, logp, _ent):
+        ref_c = None if ref_lp is None else ref_lp[s:e].reshape(-1, *unit)
+        with torch.enable_grad():
+            lp = logp.detach().reshape(-1, *unit).requires_grad_()
+            (g,) = torch.autograd.grad(chunk_loss(lp, ref_c, s // rows, (e - s) // rows), lp, allow_unused=True)
+        return (torch.zeros_like(logp) if g is None else g.reshape(-1).contiguous()), None
+
+    def run():
+        logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd,
+                                                       plan.need, False, token_grads, plan.lean, plan.budget, align,
+                                                       before=reference_rows)
+        return (logp,), grads
+
+    anchor, logp = klp.FormedGradsFunction.apply(hidden2d, weight, bias, run)
+    return anchor, logp, ref_lp
+
+
+def _reference_rows(ref, target2d, plan, ref_lp):
+    """The ``before`` hook of :func:`_formed_pass`' chunk loop for a reference model ``ref`` (its ``(rows, weight,
+    bias)``): the chunk's reference logits into the chunk's buffer, then their log-probabilities into ``ref_lp``
+    ((N,) fp32), before the policy's logits overwrite the buffer."""
+    from ..kernels import fused_linear_logprobs as klp
+    from ..kernels.head_grads import _Matmuls
+    from ..kernels.loss_rows import row_stats
+
+    ref_rows, ref_w, ref_b = ref
+    n, dev = ref_lp.shape[0], ref_lp.device
+    z, stats = torch.empty(n, dtype=torch.float32, device=dev), row_stats(n, dev)
+    mm = _Matmuls(dev, plan.cd)
+
+    def before(lg, s, e):
+        mm.logits(lg, ref_rows(s, e), ref_w, ref_b)
+        klp.rows_forward(lg, target2d[s:e], plan.opts, ref_lp[s:e], None, z[s:e], stats[s:e])
+
+    return before
