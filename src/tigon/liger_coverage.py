@@ -2,10 +2,11 @@
 
 :data:`LIGER_OPS` names every ``liger_kernel.transformers.functional.liger_*`` function and every op module that
 ``liger_kernel.transformers`` and ``liger_kernel.chunked_loss`` export (Liger-Kernel 0.8.x, read from its source:
-``transformers/functional.py``, ``transformers/*.py``, ``chunked_loss/__init__.py``); model-level classes such as ``AutoLigerKernelForCausalLM`` and the
-``apply_liger_kernel_to_*`` patches are ``tigon.patch``'s business and not listed). ``tigon env`` reports it, the
-README's "Not (yet) in Tigon" paragraph gives the same reasons, and ``tests/test_liger_coverage.py`` checks that
-every target exists, every skipped name is in the README, and, where Liger is installed, that no name is missing.
+``transformers/functional.py``, ``transformers/*.py``, ``chunked_loss/__init__.py``; model-level classes such as
+``AutoLigerKernelForCausalLM`` and the ``apply_liger_kernel_to_*`` patches are ``tigon.patch``'s business and not
+listed). ``tigon env`` reports it, the README's "Not (yet) in Tigon" paragraph gives the same reasons, and
+``tests/test_liger_coverage.py`` checks that every target exists, every skipped name is in the README, and, where
+Liger is installed, that no name is missing.
 """
 
 from __future__ import annotations

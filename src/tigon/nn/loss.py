@@ -101,7 +101,8 @@ class CrossEntropyLoss(nn.Module):
         logits, tgt, lead = _flatten(input, target, "input")
         out = TF.cross_entropy(
             logits, tgt, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
-            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
+            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+            num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
             inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
             return_predicted_tokens=self.return_predicted_tokens,

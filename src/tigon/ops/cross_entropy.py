@@ -130,9 +130,9 @@ def cross_entropy(
     if select_backend("cross_entropy", logits) in TORCH_CODE:
         return ref.cross_entropy(
             logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
-            lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
-            return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward,
-            return_predicted_tokens=return_predicted_tokens)
+            lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
+            return_z_loss=return_z_loss, return_accuracy=return_accuracy, inplace_backward=inplace_backward,
+            grad_in_forward=grad_in_forward, return_predicted_tokens=return_predicted_tokens)
     if target.is_cpu:  # CUDA: recorded by the kernel, raised at the next launch (no sync)
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k

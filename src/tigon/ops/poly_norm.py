@@ -20,8 +20,8 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
     over the last dimension (Zhuo et al. 2024, arXiv:2411.03884, github.com/BryceZhuo/PolyCom).
 
     Drop-in for Liger-Kernel's ``liger_poly_norm(X, W, B, eps=1e-6, in_place=True)``: the same arguments in the same
-    order, with the same defaults. Math in fp32, one rounding to X's dtype; the three mean squares are kept per row (M x 3 fp32) for the backward, which returns the gradients
-    of X, W and B.
+    order, with the same defaults. Math in fp32, one rounding to X's dtype; the three mean squares are kept per row
+    (M x 3 fp32) for the backward, which returns the gradients of X, W and B.
 
     Args:
         X: (..., N) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides; N <= 65536
@@ -43,8 +43,8 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
 
     Raises:
         TypeError: X, W or B is not a floating-point tensor; eps is not a number; in_place is not a bool.
-        ValueError: X is 0-d or (on the kernel path) wider than 65536, W is not (3,), B has not exactly one element, eps is negative or
-            not finite, or the tensors are on different devices.
+        ValueError: X is 0-d or (on the kernel path) wider than 65536, W is not (3,), B has not exactly one
+            element, eps is negative or not finite, or the tensors are on different devices.
     """
     _checks.tensor("X", X, floating=True)
     _checks.tensor("W", W, floating=True, ndim=1)
