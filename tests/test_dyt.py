@@ -29,8 +29,8 @@ def test_dyt_matches_float64(device, dtype, shape):
     checks = compare(F.dyt, ref.dyt_original, inputs, GRADS, factor=FACTOR[dtype])
     assert {c.tensor for c in checks} == {"out"} | {f"grad_{g}" for g in GRADS}
     assert_close_to_truth(checks)
-    if dtype == torch.float32:
-        assert all(c.tigon_err < 1e-6 for c in checks), checks
+    if dtype == torch.float32:  # the policy's fp32 bar: dalpha sums x * dy over every element (a few 1e-6 on a GPU)
+        assert all(c.tigon_err < 1e-5 for c in checks), checks
 
 
 def test_dyt_without_beta(device):

@@ -159,24 +159,76 @@ def _run(inputs, in_place, dy, ds=None):
 
 
 @pytest.mark.parametrize("with_ds", [True, False])
-def test_in_place_writes_only_the_gradient_into_dy(device, with_ds):
+def test_in_place_never_writes_the_callers_gradients(device, with_ds):
     inputs = _inputs((2, 7, 96), device, torch.bfloat16)
     before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     dy0 = torch.randn(2, 7, 96, device=device, dtype=torch.bfloat16)
     ds0 = torch.randn_like(dy0)
-    ds = ds0.clone() if with_ds else None
-    # default: nothing the caller holds is written
-    dy = dy0.clone()
-    (x, r, w), _ = _run(inputs, False, dy, ds)
-    assert torch.equal(dy, dy0)
-    # in_place: the same values, and the caller's dy now holds the gradient of x and residual
-    dy = dy0.clone()
-    (xi, ri, wi), _ = _run(inputs, True, dy, ds)
-    assert torch.equal(xi.grad, x.grad) and torch.equal(ri.grad, r.grad) and torch.equal(wi.grad, w.grad)
-    assert torch.equal(dy, x.grad)
-    if ds is not None:
-        assert torch.equal(ds, ds0)  # s's incoming gradient is only read
+    grads = []
+    for in_place in (False, True):
+        dy, ds = dy0.clone(), ds0.clone() if with_ds else None
+        (x, r, w), _ = _run(inputs, in_place, dy, ds)
+        grads.append((x.grad, r.grad, w.grad))
+        assert torch.equal(dy, dy0) and (ds is None or torch.equal(ds, ds0))  # only read, in either mode
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
     assert all(torch.equal(inputs[k], before[k]) for k in before)  # the forward writes no input, either way
+
+
+def _grads(inputs, in_place, tail):
+    """x's, residual's and weight's gradients of ``tail(y, s)``, and whether their gradient is the memory of y's
+    incoming one (written over it: the (..., hidden) buffer in_place saves)."""
+    x, r, w = (inputs[k].clone().requires_grad_(True) for k in ("x", "residual", "weight"))
+    seen = []
+    y, s = F.fused_add_rms_norm(x, r, w, inputs["eps"], inputs["offset"], inputs["casting_mode"], in_place)
+    y.register_hook(lambda g: seen.append(g.data_ptr()))  # keeps no reference to g
+    tail(y, s).backward()
+    # x and residual get one tensor; autograd keeps it as one leaf's .grad and copies it for the other
+    return [x.grad, r.grad, w.grad], seen[0] in (x.grad.data_ptr(), r.grad.data_ptr())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_only_over_an_owned_gradient(device, dtype):
+    # Liger's in_place (its functional's default, and Tigon's): written over y's gradient only where nothing else
+    # reads it; values never depend on it
+    inputs = _inputs((3, 5, 64), device, dtype)
+    c, d = torch.randn(2, 3, 5, 64, device=device, dtype=dtype)
+    for tail in (lambda y, s: (y * c).sum(), lambda y, s: (y * c).sum() + (s * d).sum()):
+        want, over = _grads(inputs, False, tail)
+        got, over_in_place = _grads(inputs, True, tail)  # y's gradient: MulBackward's fresh tensor, owned
+        assert over_in_place and not over
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # y's gradient shared with t's branch, which runs after this op's backward, or also s's: never written
+    t = torch.randn_like(c, requires_grad=True)
+    t2 = t * 1.0
+    shared, over_shared = _grads(inputs, True, lambda y, s: ((y + t2) * c).sum())
+    want, _ = _grads(inputs, False, lambda y, s: (y * c).sum())
+    assert not over_shared and all(torch.equal(a, b) for a, b in zip(shared, want)) and torch.equal(t.grad, c)
+    both, over_both = _grads(inputs, True, lambda y, s: ((y + s) * c).sum())
+    want, _ = _grads(inputs, False, lambda y, s: ((y + s) * c).sum())
+    assert not over_both and all(torch.equal(a, b) for a, b in zip(both, want))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured with the CUDA allocator's stats")
+def test_in_place_saves_one_buffer():
+    # the backward's peak is one (M, hidden) buffer lower with in_place (CPU: the data_ptr checks above show it)
+    inputs = _inputs((4096, 1024), "cuda", torch.bfloat16)
+    c = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def peak(in_place):
+        x = inputs["x"].clone().requires_grad_()
+        y, _ = F.fused_add_rms_norm(x, inputs["residual"], inputs["weight"], in_place=in_place)
+        z = (y * c).sum()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        z.backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    peak(True)  # (calibrates grad_ownership, warms the kernels)
+    saved = peak(False) - peak(True)
+    buffer = inputs["x"].numel() * inputs["x"].element_size()
+    assert buffer * 0.9 <= saved <= buffer * 1.1, (saved, buffer)
 
 
 def test_in_place_only_where_dy_can_hold_the_gradient(device):

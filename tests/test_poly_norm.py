@@ -50,19 +50,72 @@ def test_poly_norm_matches_float64(device, dtype, shape):
 
 @pytest.mark.parametrize("in_place", [False, True])
 def test_poly_norm_in_place_and_b_shapes(device, in_place):
-    # in_place writes dX over the incoming gradient (same result); B may be 0-d (Liger's module) or (1,).
+    # B may be 0-d (Liger's module) or (1,); in_place changes no value
     inputs = make((5, 3, 50), torch.float32, device)
     for b in (inputs["B"], inputs["B"].reshape(1)):
         checks = compare(lambda **kw: F.poly_norm(**kw, in_place=in_place), ref_poly_norm, dict(inputs, B=b), GRADS)
         assert_close_to_truth(checks)
+
+
+def _grads(inputs, in_place, tail):
+    """X's, W's and B's gradients of ``tail(poly_norm(X, W, B))``, and whether X's gradient is the memory of the
+    output's incoming one (dX written over dY: the (..., N) buffer in_place saves)."""
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+    seen = []
+    y = F.poly_norm(**leaves, in_place=in_place)
+    y.register_hook(lambda g: seen.append(g.data_ptr()))  # keeps no reference to g
+    tail(y).backward()
+    return [leaves[k].grad for k in GRADS], leaves["X"].grad.data_ptr() == seen[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_poly_norm_in_place_only_over_an_owned_gradient(device, dtype):
+    # Liger's in_place (its default, and Tigon's): dX over dY, but only where nothing else reads dY
+    inputs = make((5, 3, 50), dtype, device)
+    c = torch.randn(5, 3, 50, device=device, dtype=dtype)
+    want, over = _grads(inputs, False, lambda y: (y * c).sum())
+    got, over_in_place = _grads(inputs, True, lambda y: (y * c).sum())  # dY: MulBackward's fresh tensor, owned
+    assert over_in_place and not over
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # dY shared with r's branch, which runs after this op's backward: never written
+    r = torch.randn_like(c, requires_grad=True)
+    r2 = r * 1.0
+    shared, over_shared = _grads(inputs, True, lambda y: ((y + r2) * c).sum())
+    assert not over_shared and all(torch.equal(a, b) for a, b in zip(shared, want)) and torch.equal(r.grad, c)
+    # a gradient the caller passes (backward or autograd.grad), or keeps from a hook, is never written
+    g = torch.randn_like(c)
+    g0 = g.clone()
     x = inputs["X"].clone().requires_grad_()
-    y = F.poly_norm(x, inputs["W"], inputs["B"], in_place=in_place)
-    g = torch.randn_like(y)
-    g_before = g.clone()
-    y.backward(g)
-    assert torch.equal(g, g_before) != in_place  # True: the caller's gradient now holds dX
-    if in_place:
-        assert torch.equal(g, x.grad)
+    F.poly_norm(x, inputs["W"], inputs["B"], in_place=True).backward(g)
+    torch.autograd.grad(F.poly_norm(x, inputs["W"], inputs["B"]), x, g)
+    kept = []
+    y = F.poly_norm(x, inputs["W"], inputs["B"])
+    y.register_hook(kept.append)
+    (y * c).sum().backward()
+    assert torch.equal(g, g0) and torch.equal(kept[0], c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured with the CUDA allocator's stats")
+def test_poly_norm_in_place_saves_one_buffer():
+    # the backward's peak is one (M, N) buffer lower with in_place (CPU: the data_ptr check above shows the reuse)
+    inputs = make((4096, 1024), torch.bfloat16, "cuda")
+    c = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def peak(in_place):
+        x = inputs["X"].clone().requires_grad_()
+        y = F.poly_norm(x, inputs["W"], inputs["B"], in_place=in_place)
+        z = (y * c).sum()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        z.backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    peak(True)  # (calibrates grad_ownership, warms the kernels)
+    saved = peak(False) - peak(True)
+    buffer = inputs["X"].numel() * inputs["X"].element_size()
+    assert buffer * 0.9 <= saved <= buffer * 1.1, (saved, buffer)
 
 
 def test_poly_norm_non_contiguous_and_not_mutated(device):
@@ -102,7 +155,7 @@ def test_poly_norm_module_matches_liger_layout(device):
     assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
     assert torch.allclose(m.weight.detach(), torch.full((3,), 1 / 3))
     assert m.bias.shape == () and float(m.bias.detach()) == 1.0
-    assert m.variance_epsilon == 1e-6 and m.in_place is False
+    assert m.variance_epsilon == 1e-6 and m.in_place is True  # Liger's defaults
     m = m.to(device)
     x = torch.randn(3, 4, 48, device=device)
     torch.testing.assert_close(m(x), ref_poly_norm(x, m.weight, m.bias))
@@ -120,24 +173,25 @@ def test_poly_norm_runs_a_kernel(device):
     assert set(support.backend_usage()["poly_norm"]) == {"triton" if device == "cuda" else "interpreter"}
 
 
-def test_poly_norm_bad_input():
-    x, w, b = torch.randn(2, 8), torch.ones(3), torch.tensor(0.5)
+def test_poly_norm_bad_input(device):
+    x, w, b = torch.randn(2, 8, device=device), torch.ones(3, device=device), torch.tensor(0.5, device=device)
     with pytest.raises(ValueError, match=r"W must have shape \(3,\)"):
-        F.poly_norm(x, torch.ones(4), b)
+        F.poly_norm(x, torch.ones(4, device=device), b)
     with pytest.raises(ValueError, match="W must have 1 dimension"):
-        F.poly_norm(x, torch.ones(1, 3), b)
+        F.poly_norm(x, torch.ones(1, 3, device=device), b)
     with pytest.raises(ValueError, match="B must have exactly one element"):
-        F.poly_norm(x, w, torch.ones(2))
+        F.poly_norm(x, w, torch.ones(2, device=device))
     with pytest.raises(ValueError, match="X must have at least one dimension"):
-        F.poly_norm(torch.tensor(1.0), w, b)
+        F.poly_norm(torch.tensor(1.0, device=device), w, b)
     with pytest.raises(TypeError, match="X must be a floating-point"):
         F.poly_norm(x.long(), w, b)
     with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         F.poly_norm(x, w, b, eps=-1.0)
     with pytest.raises(TypeError, match="in_place must be a bool"):
         F.poly_norm(x, w, b, in_place=1)
+    # the kernel path's limit (a CUDA tensor, or a CPU one under the interpreter), as the norms' (norm_forward)
     with pytest.raises(ValueError, match="exceeds the fused-row limit"):
-        F.poly_norm(torch.randn(1, 65537), w, b)
+        F.poly_norm(torch.randn(1, 65537, device=device), w, b)
 
 
 def test_poly_norm_double_backward_raises(device):

@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
         description=(
             "Print the accelerator and its compute capability (or 'none: CPU'), the Python / torch / triton / "
             "transformers versions, whether Triton's interpreter is on, and for every op x dtype (float32, "
-            "bfloat16, float16) which backend Tigon would take and why. Runs no kernel. Paste it into bug reports."
+            "bfloat16, float16) which backend Tigon would take and why, and the Liger-Kernel ops Tigon has no "
+            "replacement for, with the reason. Runs no kernel. Paste it into bug reports."
         ),
     )
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -89,4 +90,23 @@ def _render_env(r: dict[str, Any], written: str | None) -> None:
         grid.caption = f"why: {escape(next(iter(reasons)))}"
     grid.caption_justify = "left"
     console.print(grid)
+    _render_liger(console, r["liger"])
     _print_footer(console, r["notes"], written)
+
+
+def _render_liger(console, rows: list[dict[str, Any]]) -> None:
+    """The Liger-Kernel names without a Tigon replacement, grouped by reason (the JSON has every name)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    why: dict[str, list[str]] = {}
+    for row in rows:
+        if row["tigon"] is None:
+            why.setdefault(row["note"], []).append(row["liger"])
+    table = Table(title=f"Liger-Kernel ops: {len(rows) - sum(map(len, why.values()))} of {len(rows)} names replaced "
+                        "(tigon env --json lists each); not in Tigon:", title_justify="left")
+    table.add_column("Liger-Kernel", overflow="fold")
+    table.add_column("why not", overflow="fold")
+    for note, names in why.items():
+        table.add_row(", ".join(names), escape(note))
+    console.print(table)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
+from .grad_ownership import owns_grad, prepare
 from .norm import norm_backward, norm_forward
 from .rms_norm import output_dtype
 
@@ -43,17 +44,18 @@ def fused_add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: 
 
 
 def fused_add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
-                                rstd: torch.Tensor, offset: float, need_dw: bool, in_place: bool = False):
+                                rstd: torch.Tensor, offset: float, need_dw: bool, over_dy: bool = False):
     """The gradient of x and residual (one tensor: both are ``ds_total``) and of the weight.
 
     dy: y's gradient (..., N), any strides; ds: s's gradient (s's shape, any strides), or None for zero; s, rstd: as
-    the forward returned them. ``in_place``: write ds_total into dy's memory instead of a new tensor, where dy can
-    hold it (contiguous, in s's dtype); otherwise, and always without ``in_place``, a new tensor.
+    the forward returned them. ``over_dy``: write ds_total into dy's memory instead of a new tensor, where dy can
+    hold it (contiguous, in s's dtype; the kernel reads each tile of dy, and of ds when it is dy, before writing
+    it); the caller decides that nothing else reads dy (:func:`tigon.kernels.grad_ownership.owns_grad`).
 
     Returns (ds_total: s's shape and dtype, contiguous (dy itself when written in place); dw: (N,) in weight's dtype,
     or None unless ``need_dw``).
     """
-    out = dy if in_place and dy.is_contiguous() and dy.dtype == s.dtype else None
+    out = dy if over_dy and dy.is_contiguous() and dy.dtype == s.dtype else None
     return norm_backward(dy, s, weight, None, rstd, need_dw, False, is_rms=True, offset=offset, ds=ds, dx=out,
                          dw_dtype=weight.dtype)[:2]
 
@@ -65,11 +67,15 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
     Casting modes as :class:`~tigon.kernels.rms_norm.RMSNormFunction` (for y); s is in x's dtype. Saves s, the
     weight and rstd (nothing of x or the residual). A gradient that does not reach an output is not materialised:
     without one for s nothing more than RMSNorm's backward runs, and without one for y the gradient of x and the
-    residual is s's own (no kernel). ``in_place``: see :func:`fused_add_rms_norm_backward`.
+    residual is s's own (no kernel). ``in_place``: the backward writes ds_total over y's incoming gradient dy when
+    it owns dy (:func:`~tigon.kernels.grad_ownership.owns_grad`: not when dy is also s's gradient, the caller's, or
+    another branch's), else into a new tensor.
     """
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, casting_mode, in_place=False):
+        if in_place and any(ctx.needs_input_grad[:3]):
+            prepare()  # (once per process)
         y, s, rstd = fused_add_rms_norm_forward(x, residual, weight, eps, offset, casting_mode)
         ctx.save_for_backward(s, weight, rstd)
         ctx.set_materialize_grads(False)
@@ -83,7 +89,8 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         need_x, need_r, need_w = ctx.needs_input_grad[:3]
         if dy is None:  # y unused: s = x + residual passes s's gradient (possibly None too) to both
             return ds, ds, None, None, None, None, None
-        dsum, dw = fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_w, ctx.in_place)
+        over_dy = ctx.in_place and owns_grad(dy, s.dtype)  # dy: no other local name (owns_grad counts references)
+        dsum, dw = fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_w, over_dy)
         return if_wanted(dsum, need_x), if_wanted(dsum, need_r), dw, None, None, None, None
 
 

@@ -11,7 +11,8 @@ Backward, with ``S_p = sum(dy * x^p)`` over the row (d(x^p r_p)/dx^p is the RMSN
 
 on a persistent grid (each program a contiguous range of rows, a [BLOCK_M, BLOCK_N] tile a step), with the four
 scalar partial sums per program reduced by one small sum afterwards: no atomics, deterministic. With ``in_place``
-dx is written over dy (each tile read before it is written, by the same program), as Liger-Kernel does.
+dx is written over dy (each tile read before it is written, by the same program), as Liger-Kernel does, but only
+where the backward owns dy (:func:`tigon.kernels.grad_ownership.owns_grad`; Liger writes unconditionally).
 
 Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 M N e (read dy, x; write dx).
 """
@@ -27,6 +28,7 @@ from ._common import (
     CUSTOM_OP_TAGS, cdiv, check_row_width, if_wanted, next_pow2, num_programs_hint, once_differentiable, rows,
     rows_of, rows_per_program, warps_for,
 )
+from .grad_ownership import owns_grad, prepare
 from .norm import fwd_config
 
 
@@ -131,18 +133,21 @@ def bwd_config(M: int, block_n: int, device: torch.device) -> tuple[int, int, in
 
 
 def poly_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor,
-                       in_place: bool = False, x_shape: tuple[int, ...] | None = None):
+                       over_dy: bool = False, x_shape: tuple[int, ...] | None = None):
     """Gradients for dy and x (..., N) (any strides; x as given to, or x2 as returned by, the forward).
 
-    Returns (dx: ``x_shape`` (default x's shape) and x's dtype: dy itself with ``in_place`` when dy is a contiguous
-    tensor of that shape and dtype, else a new contiguous one; dw: (3,) in w's dtype; db: b's shape and dtype).
+    ``over_dy``: write dx into dy's memory where dy can hold it (a contiguous tensor of dx's shape and dtype; else a
+    new tensor); the caller decides that nothing else reads dy (:func:`tigon.kernels.grad_ownership.owns_grad`).
+
+    Returns (dx: ``x_shape`` (default x's shape) and x's dtype: dy itself when written over, else a new contiguous
+    tensor; dw: (3,) in w's dtype; db: b's shape and dtype).
     """
     x2, M, sx = rows(x, "X")
     N = x.shape[-1]
     shape = x_shape or x.shape
     dev = x.device
     dy2, _, sdy = rows(dy, "grad_output")
-    if in_place and dy.is_contiguous() and dy.dtype == x.dtype and dy.shape == shape:
+    if over_dy and dy.is_contiguous() and dy.dtype == x.dtype and dy.shape == shape:
         dx, dx2, sdx = dy, dy2, sdy
     else:
         dx = torch.empty(size=shape, dtype=x.dtype, device=dev)
@@ -161,10 +166,13 @@ def poly_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: to
 
 class PolyNormFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(x, w, b, eps, in_place)`` with x (..., N), w (3,), b one element. Saves x (as the
-    kernel read it), w and the (M, 3) fp32 r_p; with ``in_place`` the backward writes dx into dy's memory."""
+    kernel read it), w and the (M, 3) fp32 r_p; with ``in_place`` the backward writes dx into dy's memory when it
+    owns dy (:func:`~tigon.kernels.grad_ownership.owns_grad`), else into a new tensor."""
 
     @staticmethod
     def forward(ctx, x, w, b, eps, in_place):
+        if in_place and any(ctx.needs_input_grad[:3]):
+            prepare()  # (once per process)
         y, x2, rstd = poly_norm_forward(x, w, b, eps)
         ctx.save_for_backward(x2, w, b, rstd)
         ctx.x_shape, ctx.in_place = x.shape, in_place
@@ -174,7 +182,8 @@ class PolyNormFunction(torch.autograd.Function):
     @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
         x2, w, b, rstd = ctx.saved_tensors
-        dx, dw, db = poly_norm_backward(dy, x2, w, b, rstd, ctx.in_place, ctx.x_shape)
+        over_dy = ctx.in_place and owns_grad(dy, x2.dtype)  # dy: no other local name (owns_grad counts references)
+        dx, dw, db = poly_norm_backward(dy, x2, w, b, rstd, over_dy, ctx.x_shape)
         need = ctx.needs_input_grad
         return dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None, None
 

@@ -38,6 +38,10 @@ class CrossEntropyLoss(nn.Module):
     Layout: the class dimension is the LAST one (language-model logits (batch, seq, V)), not torch's dim 1
     ((N, C, d1, ...)). For 2-D (N, V) input the two agree; for more dimensions move the class axis last first.
 
+    Constructor arguments in Liger-Kernel's ``LigerCrossEntropyLoss`` positional order (weight, ignore_index,
+    lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, return_token_accuracy,
+    return_predicted_tokens); Tigon's own options are keyword-only.
+
     Args:
         weight: optional (V,) class weights (a buffer, as in torch).
         ignore_index, reduction (``"mean"`` | ``"sum"`` | ``"none"``), label_smoothing: torch semantics.
@@ -61,18 +65,24 @@ class CrossEntropyLoss(nn.Module):
         scalar (``"none"``: per-token losses in target's shape), or a LossOutput.
 
     Raises:
+        TypeError: at construction, lse_square_scale is a string (a call in Tigon's former positional order, which
+            had reduction third), or both names of one option are given.
         ValueError: target's shape does not match input's leading dimensions, or invalid options (from the
             functional op).
     """
 
-    def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0, softcap: float | None = None,
-                 return_z_loss: bool = False, return_accuracy: bool = False, inplace_backward: bool = False,
-                 grad_in_forward: bool = False, return_predicted_tokens: bool = False,
-                 return_token_accuracy: bool = False):
+    def __init__(self, weight: torch.Tensor | None = None, ignore_index: int = -100, lse_square_scale: float = 0.0,
+                 label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
+                 return_z_loss: bool = False, return_token_accuracy: bool = False,
+                 return_predicted_tokens: bool = False, *, return_accuracy: bool = False,
+                 inplace_backward: bool = False, grad_in_forward: bool = False):
         super().__init__()
         from ..ops.cross_entropy import liger_aliases
 
+        if isinstance(lse_square_scale, str):
+            raise TypeError(f"lse_square_scale must be a number, got str {lse_square_scale!r}: the third positional "
+                            "argument is lse_square_scale (Liger-Kernel's order), reduction is the fifth; pass "
+                            "reduction by keyword")
         _, return_accuracy = liger_aliases(None, None, return_accuracy, return_token_accuracy)
         self.register_buffer("weight", weight)
         self.return_predicted_tokens = return_predicted_tokens
@@ -90,8 +100,9 @@ class CrossEntropyLoss(nn.Module):
                 num_items_in_batch: int | torch.Tensor | None = None):
         logits, tgt, lead = _flatten(input, target, "input")
         out = TF.cross_entropy(
-            logits, tgt, self.weight, self.ignore_index, self.reduction, self.label_smoothing,
-            lse_square_scale=self.lse_square_scale, softcap=self.softcap, num_items_in_batch=num_items_in_batch,
+            logits, tgt, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+            label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+            num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
             inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
             return_predicted_tokens=self.return_predicted_tokens,
@@ -110,6 +121,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
     Wraps :func:`tigon.functional.fused_linear_cross_entropy`: the LM head and the loss in one op, memory
     O(chunk * V) instead of O(N * V). The module holds only the options; the LM-head weight is an argument, so a
     weight tied to the embedding just works.
+
+    Constructor arguments in Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` positional order (ce_weight,
+    ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, accum_dtype,
+    use_token_scaling, return_token_accuracy, return_predicted_tokens); Tigon's own options are keyword-only.
 
     Args:
         ignore_index, reduction (``"mean"`` | ``"sum"`` | ``"none"``), label_smoothing: torch semantics.
@@ -136,19 +151,25 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         LossOutput. Gradients flow to hidden, weight and bias.
 
     Raises:
+        TypeError: at construction, ce_weight is neither None nor a tensor (a call in Tigon's former positional
+            order, which began with ignore_index), or both names of one option are given.
         ValueError: target's shape does not match hidden's leading dimensions, or invalid options (from the
             functional op).
     """
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
-                 lse_square_scale: float = 0.0, softcap: float | None = None, logit_scale: float = 1.0,
-                 class_weight: torch.Tensor | None = None, return_z_loss: bool = False,
-                 return_accuracy: bool = False, accum_dtype: torch.dtype | None = None,
-                 return_predicted_tokens: bool = False, use_token_scaling: bool = False,
-                 ce_weight: torch.Tensor | None = None, return_token_accuracy: bool = False):
+    def __init__(self, ce_weight: torch.Tensor | None = None, ignore_index: int = -100,
+                 lse_square_scale: float = 0.0, label_smoothing: float = 0.0, reduction: str = "mean",
+                 softcap: float | None = None, return_z_loss: bool = False, accum_dtype: torch.dtype | None = None,
+                 use_token_scaling: bool = False, return_token_accuracy: bool = False,
+                 return_predicted_tokens: bool = False, *, logit_scale: float = 1.0,
+                 class_weight: torch.Tensor | None = None, return_accuracy: bool = False):
         super().__init__()
         from ..ops.cross_entropy import liger_aliases
 
+        if ce_weight is not None and not isinstance(ce_weight, torch.Tensor):
+            raise TypeError(f"ce_weight must be None or a (V,) tensor, got {type(ce_weight).__name__} {ce_weight!r}: "
+                            "the first positional argument is ce_weight (Liger-Kernel's order), ignore_index the "
+                            "second; pass ignore_index by keyword")
         class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
         self.use_token_scaling = use_token_scaling
         self.register_buffer("class_weight", class_weight)

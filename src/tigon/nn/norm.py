@@ -105,9 +105,9 @@ class FusedAddRMSNorm(RMSNorm):
         init_fn: ``"ones"`` or ``"zeros"``, the weight's initial value; None (default): zeros when offset is
             non-zero (so ``(offset + w)`` starts at 1, as GemmaRMSNorm), else ones, as :class:`RMSNorm`. (Liger's
             default is ``"ones"`` whatever the offset.)
-        in_place: the backward writes the gradient of hidden_states and residual into the memory of the first
-            output's incoming gradient (see :func:`tigon.functional.fused_add_rms_norm`, which says when that is
-            safe). Default False: no tensor is written.
+        in_place: the backward writes the gradient of hidden_states and residual over the first output's incoming
+            gradient where nothing else reads it (see :func:`tigon.functional.fused_add_rms_norm`). Default False,
+            as Liger's module (the functional's default is True, as Liger's).
         device, dtype: of the weight.
 
     Shapes and dtypes:
@@ -215,23 +215,26 @@ class PolyNorm(nn.Module):
 
     Drop-in for Liger-Kernel's ``LigerPolyNorm(eps=1e-6, in_place=True)``: the same constructor arguments (then
     ``device`` and ``dtype``), parameters ``weight`` (3,) = 1/3 and ``bias`` 0-d = 1.0 (PolyCom's initialisation) and
-    attribute ``variance_epsilon``, so its state dict loads as is. One difference: ``in_place`` defaults to False
-    (see :func:`tigon.functional.poly_norm`: with True the backward overwrites the output's incoming gradient).
+    attribute ``variance_epsilon``, so its state dict loads as is.
 
     Args:
         eps: added to each mean square.
-        in_place: the backward writes the input's gradient over the output's incoming gradient (False).
+        in_place: the backward writes the input's gradient over the output's incoming gradient where nothing else
+            reads it (see :func:`tigon.functional.poly_norm`; True, as Liger's).
         device, dtype: of the parameters.
 
     Shapes and dtypes:
-        input (..., N), N <= 65536, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+        input (..., N), N <= 65536 on the kernel path, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
 
     Raises:
+        TypeError: in_place is not a bool (at construction).
         As :func:`tigon.functional.poly_norm`, at the forward, for bad inputs.
     """
 
-    def __init__(self, eps: float = 1e-6, in_place: bool = False, device=None, dtype=None) -> None:
+    def __init__(self, eps: float = 1e-6, in_place: bool = True, device=None, dtype=None) -> None:
         super().__init__()
+        if not isinstance(in_place, bool):
+            raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.full((3,), 1.0 / 3.0, **kw))
         self.bias = nn.Parameter(torch.tensor(1.0, **kw))

@@ -6,6 +6,8 @@ Kernels: :mod:`tigon.kernels.cross_entropy` (online log-sum-exp over vocabulary 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..reference import cross_entropy as ref
@@ -18,21 +20,27 @@ def cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
     weight: torch.Tensor | None = None,
+    size_average: bool | None = None,
     ignore_index: int = -100,
+    reduce: bool | None = None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
-    *,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
-    num_items_in_batch: int | torch.Tensor | None = None,
     return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    *,
+    num_items_in_batch: int | torch.Tensor | None = None,
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool = False,
-    return_predicted_tokens: bool = False,
-    return_token_accuracy: bool = False,
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
+
+    Positional order: Liger-Kernel's ``liger_cross_entropy(input, target, weight, size_average, ignore_index,
+    reduce, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss, return_token_accuracy,
+    return_predicted_tokens)`` (its first eight are torch's); Tigon's own options are keyword-only.
 
     Per non-ignored token: ``loss_i = (1-eps) * w_t * (lse - x_t) + eps/V * sum_c w_c * (lse - x_c) + z_i`` with
     ``x = softcap * tanh(logits / softcap)`` (Gemma 2) or the logits, ``lse = logsumexp(x)`` and the PaLM z-loss
@@ -43,6 +51,10 @@ def cross_entropy(
         logits: (N, V) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
         target: (N,) integer class indices in [0, V), or ``ignore_index``.
         weight: optional (V,) class weights, torch's ``weight`` (treated as constants: no gradient).
+        size_average, reduce: torch's deprecated options, None or a bool: when either is given, ``reduction`` is
+            what torch makes of them (``reduce=False``: "none"; else ``size_average=False``: "sum"; else "mean"),
+            with torch's deprecation warning. (Liger-Kernel accepts and ignores them; torch's meaning is taken
+            here so that a call asking for per-token losses gets them.)
         ignore_index: target value of tokens that are skipped (loss 0, gradient 0). The kernels never read an
             ignored token's row of logits, so NaN / inf there gives gradient 0 (torch's gives NaN for NaN rows).
         reduction: ``"mean"`` (the cross-entropy divided by the sum of the target weights of the non-ignored
@@ -87,7 +99,8 @@ def cross_entropy(
         ``return_accuracy`` (give one of the two).
 
     Raises:
-        TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type.
+        TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type,
+            size_average or reduce neither None nor a bool (the hint names the positional order that changed).
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
             [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
             grad_in_forward with reduction="none", float16 logits or (with grad enabled) leaf logits that require
@@ -96,6 +109,8 @@ def cross_entropy(
             NaN, nothing is read out of bounds) and the next launch of a loss kernel raises, naming it, usually
             this call's backward (:mod:`tigon.kernels.target_check`).
     """
+    if size_average is not None or reduce is not None:
+        reduction = legacy_reduction(size_average, reduce)
     if return_token_accuracy is not False:
         _, return_accuracy = liger_aliases(None, None, return_accuracy, return_token_accuracy)
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
@@ -114,10 +129,10 @@ def cross_entropy(
                          "inplace_backward=True")
     if select_backend("cross_entropy", logits) in TORCH_CODE:
         return ref.cross_entropy(
-            logits, target, weight, ignore_index, reduction, label_smoothing, lse_square_scale=lse_square_scale,
-            softcap=softcap, num_items_in_batch=num_items_in_batch, return_z_loss=return_z_loss,
-            return_accuracy=return_accuracy, inplace_backward=inplace_backward, grad_in_forward=grad_in_forward,
-            return_predicted_tokens=return_predicted_tokens)
+            logits, target, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
+            return_z_loss=return_z_loss, return_accuracy=return_accuracy, inplace_backward=inplace_backward,
+            grad_in_forward=grad_in_forward, return_predicted_tokens=return_predicted_tokens)
     if target.is_cpu:  # CUDA: recorded by the kernel, raised at the next launch (no sync)
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k
@@ -133,6 +148,26 @@ def cross_entropy(
         return loss
     return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
                       pred if return_predicted_tokens else None)
+
+
+def legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
+    """The ``reduction`` torch makes of its deprecated ``size_average`` / ``reduce`` (None counts as True):
+    ``reduce=False`` -> "none", else ``size_average=False`` -> "sum", else "mean"; warns as torch does.
+
+    Raises:
+        TypeError: either is neither None nor a bool. Tigon's cross_entropy took ignore_index and reduction as its
+            4th and 5th positional arguments before it took Liger-Kernel's (torch's) order; the message says so.
+    """
+    for name, value, moved in (("size_average", size_average, "ignore_index is the 5th"),
+                               ("reduce", reduce, "reduction is the 7th")):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be None or a bool (torch's deprecated option, positional in torch's and "
+                            f"Liger-Kernel's order), got {type(value).__name__} {value!r}: {moved} positional "
+                            "argument in that order; pass ignore_index / reduction by keyword")
+    reduction = "none" if reduce is False else ("sum" if size_average is False else "mean")
+    warnings.warn(f"size_average and reduce are deprecated (as in torch); use reduction={reduction!r} instead",
+                  UserWarning, stacklevel=3)
+    return reduction
 
 
 def liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy):

@@ -23,13 +23,14 @@ from .rms_norm import quack_rms_norm
                              mixed_dims=last_dim))
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = False,
+    casting_mode: str = "llama", in_place: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``, then RMSNorm of s: returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)``.
 
     The step between a decoder layer's blocks (HF LlamaDecoderLayer: ``hidden_states = residual + hidden_states;
     residual = hidden_states; hidden_states = norm(hidden_states)``) in one pass over the rows; Liger-Kernel's
-    ``liger_fused_add_rms_norm``. s is added in x's dtype (one rounding, as torch adds), and y is exactly
+    ``liger_fused_add_rms_norm(X, R, W, eps, offset=0.0, casting_mode="llama", in_place=True)`` (the same order
+    and defaults; eps defaults to 1e-6 here). s is added in x's dtype (one rounding, as torch adds), and y is exactly
     :func:`tigon.functional.rms_norm` of s (statistics in fp32). The gradient of x and of residual is one tensor,
     ``rstd * (g - shat * mean(g * shat)) + ds`` with ``g = dy * (offset + weight)``, ``shat = s * rstd`` and ds the
     gradient reaching s (zero when s is not used).
@@ -42,17 +43,17 @@ def fused_add_rms_norm(
         eps: variance epsilon (HF ``rms_norm_eps``).
         offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
-        in_place: what Liger-Kernel's ``in_place`` means: if True, the backward writes the gradient of x and residual
-            into the memory of y's incoming gradient (the tensor autograd hands this op's backward for y) instead of
-            a new (..., hidden) tensor, saving one such buffer at the backward's peak. That gradient tensor is the
-            only thing written, once, during the backward; x, residual, weight and the outputs never are, in either
-            mode. It takes effect only where y's gradient is contiguous and in x's dtype (otherwise a new tensor,
-            as with False), and not on the reference path or under ``torch.compile``. Use it only when nothing
-            reads y's gradient after this backward: true when y feeds layers whose backward forms a fresh gradient
-            for it (a decoder's projections); false when you pass your own tensor to ``y.backward(grad)`` and read
-            it afterwards (it then holds x's gradient), or when y's gradient is shared with another tensor (y in
-            ``y + t`` with t requiring grad: the add hands both one gradient tensor). Default False: no tensor you
-            hold is ever written (Liger's functional defaults to True, its module to False).
+        in_place: Liger-Kernel's option (same default): the backward writes the gradient of x and residual over
+            y's incoming gradient (the tensor autograd hands this op's backward for y) instead of a new
+            (..., hidden) tensor, saving ``x.numel() * x.element_size()`` bytes at the backward's peak. Unlike
+            Liger's, it writes only where autograd's own bookkeeping shows that nothing else can read that gradient
+            (:func:`tigon.kernels.grad_ownership.owns_grad`, as :func:`tigon.functional.rms_norm`'s ``in_place``),
+            so values never depend on it: where y's gradient is also s's (``y + s``), is shared with another branch
+            (y in ``y + t``), is a tensor you passed to ``backward`` / ``grad_outputs`` or kept from a hook, or is
+            not contiguous or not in x's dtype (``"llama"`` casting with an fp32 weight and bf16 x), the gradient
+            goes to a new tensor as with False. x, residual, weight and the outputs are never written. Not taken on
+            the reference path nor under ``torch.compile`` (Inductor plans the backward's buffers itself).
+            (:class:`tigon.nn.FusedAddRMSNorm` defaults to False, as Liger's module.)
 
     Returns:
         (y, s): y (..., hidden), dtype of x for ``"gemma"``, else the promotion of x's and weight's dtypes; s
@@ -90,7 +91,7 @@ def fused_add_rms_norm(
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
-def hf_fused_add_rms_norm(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama", in_place=False):
+def hf_fused_add_rms_norm(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama", in_place=True):
     """What HF decoder layers run: ``hidden_states = residual + hidden_states; residual = hidden_states``, then the
     RMSNorm (:func:`tigon.reference.rms_norm.rms_norm`). Returns (normed, residual)."""
     s = residual + x
@@ -130,8 +131,6 @@ RECORDS = (OpSpec(
            "quack": quack_rms_norm},
     sweeps=("tokens", "hidden"),
     leading_dims=("x", "residual"),
-    bench_notes={"tigon_inplace": "in_place=True: the backward writes the gradient of x and residual into the "
-                                  "memory of y's incoming gradient (Liger's default, as the liger row runs)"},
-    cases=(Case(),
-           Case("in_place=True", options={"in_place": True}, tags=frozenset({"bench"}), provider="tigon_inplace")),
+    # (no in_place bench case: the bench hands the backward its own upstream gradient, which in_place never writes)
+    cases=(Case(),),
 ),)

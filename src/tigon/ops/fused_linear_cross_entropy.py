@@ -24,25 +24,29 @@ def fused_linear_cross_entropy(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
-    *,
+    ce_weight: torch.Tensor | None = None,
     ignore_index: int = -100,
-    reduction: str = "mean",
-    label_smoothing: float = 0.0,
     lse_square_scale: float = 0.0,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
     softcap: float | None = None,
+    return_z_loss: bool = False,
+    accum_dtype: torch.dtype | None = None,
+    use_token_scaling: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
+    *,
     logit_scale: float = 1.0,
     class_weight: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
-    return_z_loss: bool = False,
     return_accuracy: bool = False,
-    accum_dtype: torch.dtype | None = None,
     memory: str | int = "auto",
-    return_predicted_tokens: bool = False,
-    use_token_scaling: bool = False,
-    ce_weight: torch.Tensor | None = None,
-    return_token_accuracy: bool = False,
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
+
+    Positional order: Liger-Kernel's ``liger_fused_linear_cross_entropy(input, weight, target, bias, ce_weight,
+    ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, accum_dtype,
+    use_token_scaling, return_token_accuracy, return_predicted_tokens)``; Tigon's own options are keyword-only.
 
     The LM-head loss of a language model, computed chunk by chunk over the tokens so that only a bounded
     (rows, V) block of logits exists at a time (Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024;

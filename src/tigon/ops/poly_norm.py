@@ -15,34 +15,36 @@ from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
 def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e-6,
-              in_place: bool = False) -> torch.Tensor:
+              in_place: bool = True) -> torch.Tensor:
     """PolyNorm, ``W[0] norm(X^3) + W[1] norm(X^2) + W[2] norm(X) + B`` with ``norm(u) = u / sqrt(mean(u^2) + eps)``
     over the last dimension (Zhuo et al. 2024, arXiv:2411.03884, github.com/BryceZhuo/PolyCom).
 
     Drop-in for Liger-Kernel's ``liger_poly_norm(X, W, B, eps=1e-6, in_place=True)``: the same arguments in the same
-    order, with one deliberate difference, ``in_place``'s default (False here; see below). Math in fp32, one rounding
-    to X's dtype; the three mean squares are kept per row (M x 3 fp32) for the backward, which returns the gradients
-    of X, W and B.
+    order, with the same defaults. Math in fp32, one rounding to X's dtype; the three mean squares are kept per row
+    (M x 3 fp32) for the backward, which returns the gradients of X, W and B.
 
     Args:
-        X: (..., N) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides; N <= 65536.
+        X: (..., N) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides; N <= 65536
+            on the kernel path (the norms' one-pass row limit; the reference has none).
         W: (3,) float tensor on X's device, the weights of the cubic, square and linear terms.
         B: a one-element float tensor (0-d as Liger's module's, or (1,)), the bias.
         eps: added to each mean square (>= 0).
-        in_place: if True the backward writes X's gradient into the memory of the incoming gradient of the output
-            (when it is a contiguous tensor of X's shape and dtype), saving one (..., N) buffer, as Liger-Kernel
-            does. Only for an output whose gradient nothing else reads (an MLP activation's, which comes from the
-            next projection's matmul); a gradient handed to ``backward(gradient)`` by the caller is overwritten.
-            Ignored under ``torch.compile`` and by the reference. Default False (Liger's is True): Tigon never writes
-            a tensor the caller may still hold unless asked to, as ``fused_add_rms_norm``'s ``in_place``.
+        in_place: Liger-Kernel's option (same default): the backward writes X's gradient over the output's incoming
+            gradient instead of a new (..., N) tensor, saving ``X.numel() * X.element_size()`` bytes at the
+            backward's peak. Unlike Liger's, only where autograd's own bookkeeping shows that nothing else can read
+            that gradient (:func:`tigon.kernels.grad_ownership.owns_grad`, as :func:`tigon.functional.rms_norm`'s
+            ``in_place``), so values never depend on it: a gradient shared with another branch, passed by you to
+            ``backward`` / ``grad_outputs``, kept from a hook, not contiguous or not in X's dtype goes untouched (dX
+            in a new tensor, as with False). X, W and B are never written. Not taken on the reference path nor
+            under ``torch.compile``.
 
     Returns:
         (..., N) in X's dtype (contiguous); gradients in their inputs' dtypes and shapes.
 
     Raises:
         TypeError: X, W or B is not a floating-point tensor; eps is not a number; in_place is not a bool.
-        ValueError: X is 0-d or wider than 65536, W is not (3,), B has not exactly one element, eps is negative or
-            not finite, or the tensors are on different devices.
+        ValueError: X is 0-d or (on the kernel path) wider than 65536, W is not (3,), B has not exactly one
+            element, eps is negative or not finite, or the tensors are on different devices.
     """
     _checks.tensor("X", X, floating=True)
     _checks.tensor("W", W, floating=True, ndim=1)
@@ -74,8 +76,6 @@ def _inputs(s: dict, dtype, device, gen) -> dict:
                 B=randn(gen, (), dtype, device), eps=1e-6)
 
 
-_INPLACE = Case("in_place=True", options={"in_place": True}, tags=frozenset({"bench"}), provider="tigon_inplace")
-
 RECORDS = (OpSpec(
     name="poly_norm",
     summary="W0 norm(x^3) + W1 norm(x^2) + W2 norm(x) + B, PolyNorm (PolyCom)",
@@ -88,7 +88,6 @@ RECORDS = (OpSpec(
     min_bytes=lambda s, e, mode: (2 if mode == "fwd" else 5) * s["tokens"] * s["hidden"] * e,
     under_compile="inductor",  # row-wise: Inductor fuses it with its neighbours, as the norms
     peers={"liger": liger("liger_poly_norm", "X", "W", "B", "eps")},
-    bench_notes={"tigon_inplace": "in_place=True: X's gradient is written over the output's incoming gradient, as "
-                                  "Liger's default does"},
-    sweeps=("tokens", "hidden"), cases=(Case(), _INPLACE), leading_dims=("X",),
+    # (no in_place bench case: the bench hands the backward its own upstream gradient, which in_place never writes)
+    sweeps=("tokens", "hidden"), cases=(Case(),), leading_dims=("X",),
 ),)

@@ -148,10 +148,10 @@ def cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
     weight: torch.Tensor | None = None,
+    *,
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
-    *,
     lse_square_scale: float = 0.0,
     softcap: float | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
@@ -163,6 +163,9 @@ def cross_entropy(
     _token_scaling: bool = False,
 ):
     """Cross-entropy of ``logits`` against class indices ``target``; see the module docstring for the formula.
+
+    The options are keyword-only (the public op takes them positionally in Liger-Kernel's order, with torch's
+    deprecated ``size_average`` / ``reduce``, which the op turns into ``reduction`` before calling this).
 
     Computed in ``logits.dtype`` promoted to at least float32 (so float64 inputs give a float64 truth).
 

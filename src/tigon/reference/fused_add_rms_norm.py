@@ -15,7 +15,7 @@ __all__ = ["CASTING_MODES", "fused_add_rms_norm"]
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = False,
+    casting_mode: str = "llama", in_place: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual`` in x's dtype, then ``y = rms_norm(s, weight, eps, offset, casting_mode)``.
 

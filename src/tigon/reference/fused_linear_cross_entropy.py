@@ -119,7 +119,7 @@ def fused_linear_cross_entropy(
     if logit_scale != 1.0:
         logits = logits * logit_scale
     return cross_entropy(
-        logits, target, class_weight, ignore_index, reduction, label_smoothing,
+        logits, target, class_weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing,
         lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch,
         return_z_loss=return_z_loss, return_accuracy=return_accuracy,
         return_predicted_tokens=return_predicted_tokens, _token_scaling=use_token_scaling,

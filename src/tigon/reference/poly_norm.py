@@ -7,7 +7,7 @@ import torch
 
 
 def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e-6,
-              in_place: bool = False) -> torch.Tensor:
+              in_place: bool = True) -> torch.Tensor:
     """``y = W[0] norm(X^3) + W[1] norm(X^2) + W[2] norm(X) + B`` with ``norm(u) = u / sqrt(mean(u^2, -1) + eps)``
     over the last dimension, computed in fp32 (the promotion of X's dtype and float32: float64 stays float64) and
     rounded once to X's dtype, as Liger-Kernel's benchmark module of PolyCom's layer.

@@ -7,7 +7,9 @@
 - whether Triton's interpreter is on (``TRITON_INTERPRET=1``) and the Tigon switches (``TIGON_STRICT``,
   ``TIGON_DISABLE``);
 - for every op of the registry (:func:`tigon.ops.registry`) and every dtype in :data:`DTYPES`, the backend
-  :func:`tigon.support.decide` picks for tensors on the default device (CUDA device 0 if any, else CPU) and why.
+  :func:`tigon.support.decide` picks for tensors on the default device (CUDA device 0 if any, else CPU) and why;
+- every Liger-Kernel op name with what replaces it in Tigon, or why nothing does
+  (:data:`tigon.liger_coverage.LIGER_OPS`).
 
 The result is meant to be pasted into a bug report (``tigon env``, or ``tigon env --json env.json``).
 """
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import support
+from ..liger_coverage import LIGER_OPS
 from ..ops import registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,6 +61,8 @@ class EnvResult:
         disabled: ``TIGON_DISABLE=1``: every op runs the PyTorch reference.
         env: the values of the environment variables that steer Tigon (None when unset).
         backends: one :class:`BackendRow` per op x dtype.
+        liger: one ``{"liger", "tigon", "note"}`` per Liger-Kernel name (:data:`tigon.liger_coverage.LIGER_OPS`);
+            ``tigon`` None where Tigon has nothing, ``note`` then says why.
         notes: remarks for reading the table.
     """
 
@@ -73,6 +78,7 @@ class EnvResult:
     disabled: bool
     env: dict[str, str | None]
     backends: list[BackendRow] = field(default_factory=list)
+    liger: list[dict[str, str | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -156,5 +162,6 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
         disabled=disabled,
         env={k: os.environ.get(k) for k in ENV_VARS},
         backends=rows,
+        liger=[dataclasses.asdict(op) for op in LIGER_OPS],
         notes=notes,
     )

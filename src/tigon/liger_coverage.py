@@ -1,0 +1,139 @@
+"""Liger-Kernel's public ops and op modules, each with what replaces it in Tigon or why nothing does (issue 21).
+
+:data:`LIGER_OPS` names every ``liger_kernel.transformers.functional.liger_*`` function and every op module that
+``liger_kernel.transformers`` and ``liger_kernel.chunked_loss`` export (Liger-Kernel 0.8.x, read from its source:
+``transformers/functional.py``, ``transformers/*.py``, ``chunked_loss/__init__.py``; model-level classes such as
+``AutoLigerKernelForCausalLM`` and the ``apply_liger_kernel_to_*`` patches are ``tigon.patch``'s business and not
+listed). ``tigon env`` reports it, the README's "Not (yet) in Tigon" paragraph gives the same reasons, and
+``tests/test_liger_coverage.py`` checks that every target exists, every skipped name is in the README, and, where
+Liger is installed, that no name is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LigerOp:
+    """One Liger-Kernel name: ``tigon`` is what replaces it (``"F.x"`` = ``tigon.functional.x``, ``"nn.X"`` =
+    ``tigon.nn.X``, or a family patch of ``tigon.patch``), None when Tigon has nothing; ``note`` says why not, or
+    what differs."""
+
+    liger: str
+    tigon: str | None
+    note: str = ""
+
+
+_MHC = ("mHC (manifold-constrained hyper-connections: a widened residual stream mixed by Sinkhorn-projected "
+        "matrices) changes the model's architecture; no transformers model uses it; not done yet")
+_TILED = ("a memory option (the MLP run over sequence tiles, recomputed in the backward) rather than a kernel; "
+          "activation checkpointing gives the same trade; not done yet")
+_MTA = ("an attention variant (Golovneva et al. 2025: a convolution over the score matrix) that no transformers "
+        "model uses; attention is left to SDPA / FlashAttention; not done yet")
+_NA = ("neighborhood (local-window) attention for vision models (NATTEN's); attention is left to SDPA / FlashAttention "
+       "and no causal LM Tigon patches uses it; not done yet")
+_MODULATED = ("adaLN-style (1 + scale) * rms_norm(x) + shift with broadcast scale / shift, used by diffusion "
+              "transformers, none of the causal-LM families Tigon patches; not done yet")
+_LLAMA4 = ("Llama-4's rotary (text and vision) takes complex freqs_cis, another interface than cos / sin; the llama4 "
+           "family declares it unsupported and leaves it to PyTorch")
+_MOE = "the MoE families' experts patch (tigon.patch: mixtral, qwen3_moe, ...: the experts' _apply_gate hook)"
+
+LIGER_OPS: tuple[LigerOp, ...] = (
+    # functional
+    LigerOp("liger_cross_entropy", "F.cross_entropy"),
+    LigerOp("liger_fused_linear_cross_entropy", "F.fused_linear_cross_entropy"),
+    LigerOp("liger_fused_linear_jsd", "F.fused_linear_jsd"),
+    LigerOp("liger_geglu", "F.geglu"),
+    LigerOp("liger_group_norm", "F.group_norm"),
+    LigerOp("liger_jsd", "F.jsd"),
+    LigerOp("liger_kl_div", "F.kl_div"),
+    LigerOp("liger_tvd", "F.tvd"),
+    LigerOp("liger_sparsemax", "F.sparsemax"),
+    LigerOp("liger_layer_norm", "F.layer_norm"),
+    LigerOp("liger_qwen2vl_mrope", "F.mrope"),
+    LigerOp("liger_relu_squared", "F.relu_squared"),
+    LigerOp("liger_rms_norm", "F.rms_norm"),
+    LigerOp("liger_poly_norm", "F.poly_norm"),
+    LigerOp("liger_fused_add_rms_norm", "F.fused_add_rms_norm"),
+    LigerOp("liger_rope", "F.rope"),
+    LigerOp("liger_rotary_pos_emb", "F.rope"),
+    LigerOp("liger_swiglu", "F.swiglu"),
+    LigerOp("liger_softmax", "F.softmax"),
+    LigerOp("liger_dyt", "F.dyt"),
+    LigerOp("liger_multi_token_attention", None, _MTA),
+    LigerOp("liger_fused_neighborhood_attention", None, _NA),
+    LigerOp("liger_modulated_rms_norm", None, _MODULATED),
+    LigerOp("liger_mhc_coeffs", None, _MHC),
+    LigerOp("liger_mhc_pre", None, _MHC),
+    LigerOp("liger_mhc_post_res", None, _MHC),
+    LigerOp("liger_mhc_apply", None, _MHC),
+    LigerOp("liger_mhc_forward", None, _MHC),
+    LigerOp("liger_attn_res", None,
+            "attention residuals (Kimi, arXiv:2603.15031: softmax attention over the outputs of earlier blocks "
+            "instead of the residual add) change the model's architecture; no transformers model uses them; not "
+            "done yet"),
+    LigerOp("liger_llama4_text_rotary_pos_emb", None, _LLAMA4),
+    LigerOp("liger_llama4_vision_rotary_pos_emb", None, _LLAMA4),
+    # modules
+    LigerOp("LigerCrossEntropyLoss", "nn.CrossEntropyLoss"),
+    LigerOp("LigerFusedLinearCrossEntropyLoss", "nn.FusedLinearCrossEntropyLoss",
+            "forward(hidden, weight, target, bias): hidden first (Liger: lin_weight first)"),
+    LigerOp("LigerFusedLinearJSD", "nn.FusedLinearJSD"),
+    LigerOp("LigerJSD", "nn.JSD"),
+    LigerOp("LigerKLDIVLoss", "nn.KLDivLoss"),
+    LigerOp("LigerTVDLoss", "nn.TVDLoss"),
+    LigerOp("LigerDyT", "nn.DyT"),
+    LigerOp("LigerLayerNorm", "nn.LayerNorm"),
+    LigerOp("LigerRMSNorm", "nn.RMSNorm"),
+    LigerOp("LigerFusedAddRMSNorm", "nn.FusedAddRMSNorm"),
+    LigerOp("LigerPolyNorm", "nn.PolyNorm"),
+    LigerOp("LigerReLUSquared", "nn.ReLUSquared"),
+    LigerOp("LigerSoftmax", "nn.Softmax"),
+    LigerOp("LigerSparsemax", "nn.Sparsemax"),
+    LigerOp("LigerGEGLUMLP", "nn.GeGLUMLP"),
+    LigerOp("LigerSwiGLUMLP", "nn.SwiGLUMLP"),
+    LigerOp("LigerMLP", "nn.SwiGLUMLP", "the patched MLP runs F.glu_linear (down projection fused with the product)"),
+    LigerOp("LigerPhi3SwiGLUMLP", "the phi3 family patch", "the fused gate_up projection's halves"),
+    LigerOp("LigerFalconH1MLP", "the falcon_h1 family patch", "F.swiglu's gate / down multipliers"),
+    LigerOp("LigerFalconH1SwiGLUMLP", "the falcon_h1 family patch", "F.swiglu's gate / down multipliers"),
+    LigerOp("LigerBlockSparseTop2MLP", _MOE),
+    LigerOp("LigerExperts", _MOE),
+    LigerOp("LigerQwen3MoeSwiGLUMLP", _MOE),
+    LigerOp("LigerVocabParallelCrossEntropy", "F.vocab_parallel_cross_entropy"),
+    LigerOp("LigerGroupNorm", "nn.GroupNorm"),
+    LigerOp("LigerTiledGEGLUMLP", None, _TILED),
+    LigerOp("LigerTiledSwiGLUMLP", None, _TILED),
+    LigerOp("LigerMultiTokenAttention", None, _MTA),
+    LigerOp("LigerModulatedRMSNorm", None, _MODULATED),
+    LigerOp("LigerMHC", None, _MHC),
+    LigerOp("LigerFusedNeighborhoodAttention", None, _NA),
+    LigerOp("LigerExpertParallelFusedMoe", None,
+            "an expert-parallel fused MoE through NVSHMEM (Liger's CuTe kernels package): communication and "
+            "grouped GEMMs, outside Tigon's single-device Triton kernels; not done yet"),
+    LigerOp("triton_grpo_loss", "F.fused_linear_grpo",
+            "through the LM head from the hidden states (Liger's takes the logits); TRL's GRPO trainer via "
+            "tigon.integrations.trl.patch_trainer"),
+    # chunked losses (liger_kernel.chunked_loss)
+    LigerOp("LigerFusedLinearDPOLoss", "nn.FusedLinearDPOLoss"),
+    LigerOp("LigerFusedLinearCPOLoss", "nn.FusedLinearCPOLoss"),
+    LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss"),
+    LigerOp("LigerFusedLinearSimPOLoss", "nn.FusedLinearSimPOLoss"),
+    LigerOp("LigerFusedLinearKTOLoss", "nn.FusedLinearKTOLoss"),
+    LigerOp("LigerFusedLinearGRPOLoss", "nn.FusedLinearGRPOLoss"),
+    LigerOp("LigerFusedLinearJSDLoss", "nn.FusedLinearJSDLoss"),
+    LigerOp("LigerFusedLinearCosineSimilarityLoss", None,
+            "a distillation loss, 1 - cosine similarity of the student's and teacher's logits, that no TRL trainer "
+            "uses; Tigon's fused distillation is the JSD one; not done yet"),
+)
+"""Every Liger-Kernel name this module knows: functional, then ``liger_kernel.transformers``' modules, then the
+chunked losses."""
+
+
+def missing() -> dict[str, list[str]]:
+    """The Liger-Kernel names Tigon has nothing for, grouped by their reason: reason -> names (Liger's order)."""
+    out: dict[str, list[str]] = {}
+    for op in LIGER_OPS:
+        if op.tigon is None:
+            out.setdefault(op.note, []).append(op.liger)
+    return out
