@@ -13,7 +13,8 @@ at a tiny head in one chunk (as at Qwen2.5-0.5B's head at 4096 tokens on the H20
 choices emulated (``torch.mm / addmm(..., out_dtype=torch.float32)``, which CPU torch lacks, computed by the
 counting mode and counted as the one op they are on CUDA) and the grad_weight halves' cast cut into as many
 ranges as at Qwen's head (:class:`tigon.kernels.head_grads.RowHalves`: 9 ATen ops there); beside it Hugging
-Face's ``lm_head`` + fp32 cross-entropy (``hf``).
+Face's ``lm_head`` + fp32 cross-entropy (``hf``); and in 4 chunks whose buffer is smaller than grad_weight (the
+halves and their ranged cast, as at Llama-3-8B's head at 16384 tokens).
 
 ``layer``: one decoder layer of a tiny Qwen2 and a tiny Llama (bf16, (2, 16) tokens), Hugging Face's against
 ``tigon.patch``'s with the kernels at every size (``TIGON_HOST_BOUND_ELEMENTS=0``: the MLP takes the kernels as at
@@ -167,7 +168,7 @@ plus the first range's copy and block b: 9 casts)."""
 
 def flce_cases() -> dict:
     import tigon.functional as F
-    from tigon.kernels import head_grads
+    from tigon.kernels import fused_linear_cross_entropy as k, head_grads
 
     n, hdim, vocab = 64, 32, 512
     emulate_fp32_out_matmuls()
@@ -190,8 +191,16 @@ def flce_cases() -> dict:
         torch.nn.functional.cross_entropy(logits, t).backward()
         h.grad = w.grad = None
 
+    def tigon_chunks():  # 4 chunks of 16 rows: the grad_weight halves kept (as at Llama-3-8B's head at 16k tokens)
+        cap, k.MAX_CHUNK_ELEMS_CPU = k.MAX_CHUNK_ELEMS_CPU, 16 * vocab
+        try:
+            tigon_step()
+        finally:
+            k.MAX_CHUNK_ELEMS_CPU = cap
+
     return {"flce tigon fwd+bwd": tigon_step, "flce hf fwd+bwd": hf_step,
-            "flce tigon fwd": lambda: F.fused_linear_cross_entropy(h, w, t)}
+            "flce tigon fwd": lambda: F.fused_linear_cross_entropy(h, w, t),
+            "flce tigon 4 chunks fwd+bwd": tigon_chunks}
 
 
 def _layer(family: str, patched: bool):
