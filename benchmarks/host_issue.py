@@ -16,8 +16,9 @@ the op's forward and ``torch.autograd.grad`` with given output gradients, in us,
 the compiled kernel's launcher and against ``tigon.kernels._common.launch`` with ``TIGON_DIRECT_LAUNCH=1`` (its
 cached direct path), an empty ``torch.autograd.Function``'s forward + backward, ``torch.empty`` and one ATen op, as
 ``launch_probe`` in the JSON.
-``--modules``: the patched modules, as ``modules`` rows: a one-layer model of each size, bf16, its MLP and input
-RMSNorm called on (4, tokens / 4, hidden) forward + backward, Hugging Face's (``hf``) against ``tigon.patch``'s
+``--modules``: the patched modules, as ``modules`` rows: a one-layer model of each size, bf16, its MLP, input
+RMSNorm and whole decoder layer (``layer``: the patched layer's work outside its replaced modules included) called on
+(4, tokens / 4, hidden) forward + backward, Hugging Face's (``hf``) against ``tigon.patch``'s
 (``tigon``: the default host-bound threshold, ``TIGON_HOST_BOUND_ELEMENTS`` unset; ``tigon_kernels``: threshold 0,
 the kernels at every size); run once with and once without ``TIGON_DIRECT_LAUNCH=1`` to see the launcher's share.
 
@@ -91,8 +92,9 @@ def launch_probe() -> dict:
 
 
 def module_rows(model: str, tokens: int) -> list[dict]:
-    """Host us per forward + backward of a one-layer ``model``'s MLP and input RMSNorm at ``tokens`` (batch 4):
-    Hugging Face's, patched (default host-bound threshold) and patched with the kernels at every size."""
+    """Host us per forward + backward of a one-layer ``model``'s MLP, input RMSNorm and whole decoder layer (its
+    rotary tables given, no mask) at ``tokens`` (batch 4): Hugging Face's, patched (default host-bound threshold) and
+    patched with the kernels at every size."""
     import copy
     import os
 
@@ -107,16 +109,23 @@ def module_rows(model: str, tokens: int) -> list[dict]:
     tigon.patch(patched)
     layer_hf, layer_tg = hf.model.layers[0], patched.model.layers[0]
     x = torch.randn(4, tokens // 4, cfg.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pos = torch.arange(tokens // 4, device="cuda")[None].expand(4, -1)
+    emb = hf.model.rotary_emb(x, pos)
     rows = []
-    for part in ("mlp", "input_layernorm"):
+    for part in ("mlp", "input_layernorm", "layer"):
         for provider, layer, limit in (("hf", layer_hf, None), ("tigon", layer_tg, None),
                                        ("tigon_kernels", layer_tg, "0")):
-            mod = getattr(layer, part)
+            mod = layer if part == "layer" else getattr(layer, part)
             params = [p for p in mod.parameters()]
-            dout = torch.randn_like(mod(x))
+
+            def call(mod=mod, part=part):
+                out = mod(x, position_embeddings=emb, attention_mask=None) if part == "layer" else mod(x)
+                return out[0] if isinstance(out, tuple) else out
+
+            dout = torch.randn_like(call())
 
             def step():
-                torch.autograd.grad(mod(x), [x, *params], dout)
+                torch.autograd.grad(call(), [x, *params], dout)
 
             if limit is not None:
                 os.environ["TIGON_HOST_BOUND_ELEMENTS"] = limit

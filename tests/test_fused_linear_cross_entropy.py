@@ -388,6 +388,37 @@ def test_flce_row_halves_cast_in_place(device, dtype, vh, scaled):
     assert acc.a is None and acc.b is None
 
 
+def test_flce_one_chunk_takes_the_plain_accumulator(device, monkeypatch):
+    """A chunk buffer that holds more than a plain cast of grad_weight adds (a small head, Qwen2.5-0.5B's at 4096
+    tokens): the fp32 accumulator is one tensor (no RowHalves: fewer host ops), the rows are not sliced, and the
+    loss and gradients are the multi-chunk, in-place-cast path's (bf16, unit upstream as in training)."""
+    hidden, weight, target, bias = _problem(device, torch.bfloat16, n=80, v=200, ignore_every=3)
+    v, h = weight.shape
+    assert not head_grads.cast_in_place_pays(weight, 80 * v * 2, 80 * h * 2)  # 2VH + 2NH <= the chunk's bytes
+    assert head_grads.cast_in_place_pays(weight, 16 * v * 2) and head_grads.cast_in_place_pays(weight, None)
+    kinds = []
+    real = head_grads.grad_buffers
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        kinds.append(type(out[1]).__name__)
+        return out
+
+    monkeypatch.setattr(flce_ops, "grad_buffers", spy)
+    runs = []
+    for cap in (1 << 20, 16 * v):  # one chunk (plain accumulator), then chunks of 16 rows (RowHalves)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", cap)
+        monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", cap)
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        loss = F.fused_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2])
+        loss.backward()
+        runs.append([loss.detach()] + [t.grad for t in leaves])
+    assert kinds == ["Tensor", "RowHalves"]
+    for one, many in zip(*runs):
+        assert one.dtype == many.dtype
+        torch.testing.assert_close(one.float(), many.float(), rtol=1e-2, atol=1e-5)
+
+
 # ---- memory= (issue 28 goal 4): "auto", "low" or a budget in bytes -----------------------------------------------
 def test_memory_plan_and_chunk_rows_follow_the_budget():
     from tigon.ops.fused_linear_cross_entropy import memory_plan

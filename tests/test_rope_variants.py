@@ -133,6 +133,16 @@ def test_dispatch_layouts_match_hf(device):
         for a, b in zip(tigon_call("complex", False, axis, (*x, freqs), {}), hf(module, "apply_rotary_emb")(*x, freqs)):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert tigon_call("rotate_half", False, 1, (q, k, cos, sin, None), {}) is None  # an old position_ids argument
+    # the binding is decided once per call form (cached): every form gives the positional call's result
+    want = tigon_call("rotate_half", False, 1, (q, k, cos, sin), {})
+    for args, kwargs in (((q, k, cos, sin), {"unsqueeze_dim": 1}), ((q,), dict(k=k, cos=cos, sin=sin)),
+                         ((), dict(q=q, k=k, cos=cos, sin=sin))):
+        for _ in range(2):
+            for a, b in zip(tigon_call("rotate_half", False, 1, args, kwargs), want):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for _ in range(2):  # arguments its function does not take
+        assert tigon_call("rotate_half", False, 1, (q, k, cos, sin), {"partial": True}) is None
+        assert tigon_call("rotate_half", False, 1, (q, k, cos), {}) is None
 
 
 def test_mrope_empty_first_section(device):

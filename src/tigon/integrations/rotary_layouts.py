@@ -105,16 +105,39 @@ _ADAPTERS = {"rotate_half": _rotate_half, "interleaved": _interleaved, "interlea
 _SIGNATURES = {name: inspect.signature(fn) for name, fn in _ADAPTERS.items()}
 
 
+_BINDS: dict[tuple, bool] = {}
+"""Whether a call of a layout's function binds, by (layout, number of positional arguments, keyword names): binding
+depends on nothing else, so :func:`tigon_call` asks ``inspect.Signature.bind`` (~45 Python calls, a few us of host
+time per attention forward) once per call form; a handful of entries per process."""
+
+
+def _binds(layout: str, n_args: int, names: tuple) -> bool:
+    key = (layout, n_args, names)
+    ok = _BINDS.get(key)
+    if ok is None:
+        try:
+            _SIGNATURES[layout].bind(*(None,) * n_args, **dict.fromkeys(names), partial=False)
+            ok = True
+        except TypeError:
+            ok = False
+        _BINDS[key] = ok
+    return ok
+
+
 def tigon_call(layout: str, partial: bool, head_axis: int, args: tuple, kwargs: dict):
     """The Tigon result of a call ``fn(*args, **kwargs)`` of a rotary function of ``layout``, or None when the call
     is not one Tigon serves (arguments the HF function does not take, tables of another shape, q and k of different
     head dims): the caller then runs the original. ``partial``: cos / sin narrower than the head are served (the
     family's code rotates the first ``cos.shape[-1]`` dims, :attr:`RopeSpec.partial_rotary`); ``head_axis``: where
     the heads are in q and k for layouts whose function does not say (``complex``)."""
-    try:
-        bound = _SIGNATURES[layout].bind(*args, **kwargs, partial=partial)
-    except TypeError:
+    if not _binds(layout, len(args), tuple(kwargs)):
         return None
+    if len(args) >= 2 and layout != "complex":  # q and k positional (Hugging Face's calls): no binding needed
+        q, k = args[0], args[1]
+        if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.shape[-1] != k.shape[-1]:
+            return None
+        return _ADAPTERS[layout](*args, **kwargs, partial=partial)
+    bound = _SIGNATURES[layout].bind(*args, **kwargs, partial=partial)
     q, k = tuple(bound.arguments.values())[:2]
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.shape[-1] != k.shape[-1]:
         return None

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
-from .head_grads import _Matmuls, _operands, finish_grad, grad_buffers, scale_grads
+from .head_grads import _Matmuls, _operands, finish_grad, grad_buffers, no_autocast, scale_grads
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
 )
@@ -46,7 +46,8 @@ from .loss_rows import (
 # byte. The H200 needs ~200 FLOP/B to stay matmul-bound, so chunks should hold ~1000 tokens. We take as many rows
 # as a memory budget allows, and at least H/2 (and MIN_CHUNK_ROWS_CUDA): the loss's peak extra memory is the fp32
 # accumulator plus the chunk buffer (4VH + rows*V*2 bytes in bf16; the cast at the end writes into the
-# accumulator's own memory, see RowHalves), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at
+# accumulator's own memory, see RowHalves, where a new tensor would add to that peak:
+# head_grads.cast_in_place_pays), and FLCE_BUDGET_BYTES_CUDA (3 GiB, torch.compile's peak extra memory at
 # Llama-3-8B's head) bounds the sum; where the accumulator alone exceeds it, chunks shrink to H/2 rows and no
 # further, since every chunk beyond the minimum costs one more read and write of the accumulator (8VH bytes: about
 # 1.7 ms at Gemma-2's 256k x 3584 head). At 8192 tokens: Llama-3 (128k vocabulary) 2 chunks, Qwen2 (152k) 3,
@@ -161,25 +162,29 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, True, halves) if precompute else (None,) * 3
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize,
                       budget, frozen_weight=not need[1])
+    gh, gw, gb = (grad_buffers(n, hidden, weight, cd, need, lean, True, halves, rows * vocab * cd.itemsize)
+                  if precompute else (None,) * 3)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
-    with torch.autocast(dev.type, enabled=False):
+    with no_autocast(dev):
         mm = _Matmuls(dev, cd)
         for s in range(0, n, rows):
             e = min(s + rows, n)
-            lg, hs = buf[: e - s], h[s:e]
+            if e - s == n:  # one chunk: the tensors themselves (slice ops cost a few us of host time each)
+                hs, tg, lr, zr, st, cr, pr, gr = h, target, loss_rows, z_rows, stats, correct, pred, gh
+            else:
+                hs, tg, lr, zr, st = h[s:e], target[s:e], loss_rows[s:e], z_rows[s:e], stats[s:e]
+                cr = correct[s:e] if correct is not None else None
+                pr = pred[s:e] if pred is not None else None
+                gr = gh[s:e] if gh is not None else None
+            lg = buf if e - s == rows else buf[: e - s]
             mm.logits(lg, hs, w, b)
-            ce_rows_forward(
-                lg, target[s:e], cw, cw_sum, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
-                correct[s:e] if correct is not None else None,
-                grad_scales=scale, grad_out=lg, out_pred=pred[s:e] if pred is not None else None,
-            )
+            ce_rows_forward(lg, tg, cw, cw_sum, opts, lr, zr, st, cr, grad_scales=scale, grad_out=lg, out_pred=pr)
             if precompute:
-                mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+                mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
-                                    correct, zero_acc=True)
+                                    correct, zero_acc=True, scale_out=scale)
     return loss, z, acc, stats, ((gh, gw, gb) if precompute else None)
 
 
@@ -230,21 +235,23 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves)
     rows = max(1, loop_rows(hidden, weight, cd, need, lean, budget, elem_bytes, align))
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves, rows * vocab * cd.itemsize)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
-    with torch.autocast(dev.type, enabled=False):
+    with no_autocast(dev):
         mm = _Matmuls(dev, cd)
         for s in range(0, n, rows):
             e = min(s + rows, n)
-            lg, hs = buf[: e - s], h[s:e]
+            one = e - s == n  # one chunk: no slice ops
+            lg, hs = buf if e - s == rows else buf[: e - s], h if one else h[s:e]
             if before is not None:
                 before(lg, s, e)
             mm.logits(lg, hs, w, b)
             rows_grad(lg, s, e)
-            mm.chunk_grads(lg, hs, w, gh[s:e] if gh is not None else None, gw, gb, s == 0)
+            mm.chunk_grads(lg, hs, w, gh if one or gh is None else gh[s:e], gw, gb, s == 0)
     if scalar:
         return gh, gw, gb
+    buf = lg = None  # the chunk buffer is free before the casts (grad_buffers counted on it)
     return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
             finish_grad(gb, None, bias.dtype if bias is not None else None))
 

@@ -6,7 +6,8 @@ accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scal
 through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU through fp32 copies of
 the operands (one small allocation per chunk), otherwise through a low-precision temporary added into the fp32
 buffer (one extra rounding per chunk). An fp32 grad_weight for a 2-byte weight in eager calls is a
-:class:`RowHalves`, cast in its own memory at the end.
+:class:`RowHalves`, cast in its own memory at the end, unless the loss's chunk buffer already held more memory than a
+plain cast adds (:func:`cast_in_place_pays`: small heads, where the plain accumulator costs fewer host ops).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton.language as tl
 
 from ._common import cdiv, compiled_cuda
 
-_FP32_OUT: dict[str, bool] = {}
+_FP32_OUT: dict[tuple, bool] = {}
 
 
 def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -26,7 +27,7 @@ def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
     Probed once per (device, dtype) on a 16x16 product (one host sync), since the dtype overloads of mm/addmm
     exist on CUDA only and only in recent torch releases.
     """
-    key = f"{device}/{dtype}"
+    key = (device, dtype)  # (not a formatted string: this runs at every call of the losses)
     if key not in _FP32_OUT:
         ok = False
         if compiled_cuda(device):
@@ -41,6 +42,28 @@ def _fp32_out_supported(device: torch.device, dtype: torch.dtype) -> bool:
                 ok = False
         _FP32_OUT[key] = ok
     return _FP32_OUT[key]
+
+
+def no_autocast(device: torch.device):
+    """``torch.autocast(device.type, enabled=False)`` while autocast is on for ``device``, else a context that does
+    nothing (torch.autocast's Python ``__init__`` / ``__enter__`` / ``__exit__`` cost host time at every call): the
+    chunk loops' matmuls run in the compute dtype they were given either way."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return _NOTHING
+
+
+class _Nothing:
+    __slots__ = ()
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
 
 
 class _Matmuls:
@@ -204,28 +227,49 @@ def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
     ``grad_loss``, cast to ``dtypes`` (hidden's, weight's, bias's; a no-op cast where already so). ``inplace``
     scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
     tensors and passes False."""
-    g = grad_loss.to(torch.float32).reshape(())
+    g = grad_loss.to(torch.float32)
+    g = g if g.dim() == 0 else g.reshape(())
     return tuple(finish_grad(t, g, dt, inplace) for t, dt in zip(grads, dtypes))
 
 
 def finish_grad(t, scale: torch.Tensor | None, dtype: torch.dtype, inplace: bool = True):
     """An accumulated gradient (a tensor, a :class:`RowHalves` or None) times ``scale`` (0-d fp32, or None for no
-    scaling), cast to ``dtype``; ``inplace`` scales the tensor itself (a RowHalves is always consumed)."""
+    scaling), cast to ``dtype``; ``inplace`` (eager calls) scales the tensor itself, or, with a cast, writes the
+    scaled product straight into the new tensor: one ``torch.mul(..., out=)``, rounded once to ``dtype`` as
+    ``t.mul(scale).to(dtype)`` is (one kernel and one op instead of two). A RowHalves is always consumed."""
     if t is None or isinstance(t, RowHalves):
         return t if t is None else t.finish(scale, dtype)
-    if scale is not None:
-        t = t.mul_(scale) if inplace else t.mul(scale)
+    if scale is None:
+        return t.to(dtype)
+    if inplace and t.dtype != dtype:
+        return torch.mul(t, scale, out=torch.empty(t.shape, dtype=dtype, device=t.device))
+    t = t.mul_(scale) if inplace else t.mul(scale)
     return t.to(dtype)
 
 
-def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: bool = False):
+def cast_in_place_pays(weight: torch.Tensor, chunk_bytes: int | None, grad_hidden_bytes: int = 0) -> bool:
+    """Whether grad_weight's fp32 accumulator is worth holding as a :class:`RowHalves` (cast in its own memory at the
+    end) for a 2-byte ``weight``. A plain cast adds a new (V, H) tensor (2VH bytes) at the end, when the (rows, V)
+    chunk buffer of ``chunk_bytes`` that the loss held beside the same accumulator is free again; the end may also
+    hold grad_hidden in its own dtype beside its fp32 accumulator (``grad_hidden_bytes``). When both fit in the
+    chunk buffer's bytes, the plain cast cannot raise the op's peak, and the plain fp32 accumulator costs fewer ops
+    per call (one matmul per chunk instead of two, and one scaled cast instead of ~log2(VH / 2**20) ranges: 9 ATen
+    ops at Qwen2.5-0.5B's head, whose 4096-token chunk (1.2 GB) takes the plain one; Llama-3-8B's and Gemma-2's
+    heads keep the halves). ``chunk_bytes`` None: unknown, cast in place."""
+    new_bytes = weight.numel() * weight.element_size() + grad_hidden_bytes
+    return chunk_bytes is None or new_bytes > chunk_bytes
+
+
+def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: bool = False,
+                 chunk_bytes: int | None = None):
     """(gh, gw, gb) accumulators (None where not needed).
 
     Default: fp32 (one rounding to the parameters' dtypes at the end; grad_hidden stays fp32 only on the scalar
     path, where it is scaled later). ``lean``: grad_hidden and grad_weight directly in the parameters' dtypes
     when those equal the compute dtype ``cd`` (no (V, H) fp32 buffer; one rounding per chunk for grad_weight);
     grad_bias, (V,), always fp32. ``halves`` (eager calls): an fp32 grad_weight for a 2-byte weight is a
-    :class:`RowHalves`, cast in place at the end.
+    :class:`RowHalves`, cast in place at the end, unless :func:`cast_in_place_pays` says the chunk buffer of
+    ``chunk_bytes`` already held as much memory.
     """
     need_h, need_w, need_b = need
     dev = hidden.device
@@ -234,7 +278,8 @@ def grad_buffers(n, hidden, weight, cd, need, lean: bool, scalar: bool, halves: 
     gh = torch.empty((n, hidden.shape[1]), dtype=hidden.dtype if low_h else torch.float32, device=dev) \
         if need_h else None
     gw = None
-    if need_w and halves and not (lean and weight.dtype == cd) and weight.element_size() == 2:
+    if (need_w and halves and not (lean and weight.dtype == cd) and weight.element_size() == 2
+            and cast_in_place_pays(weight, chunk_bytes, n * hidden.shape[1] * hidden.element_size())):
         gw = RowHalves(weight.shape[0], weight.shape[1], dev, zero=n == 0)
     elif need_w:
         # Uninitialised when a chunk will write it (see _Matmuls.chunk_grads); zeros for an empty batch.

@@ -513,9 +513,11 @@ def ce_rows_backward(
 def reduce_losses(
     target: torch.Tensor, cw: torch.Tensor | None, ignore_index: int, vocab: int, reduction: str, num_items_in_batch,
     loss_rows: torch.Tensor | None = None, z_rows: torch.Tensor | None = None, correct: torch.Tensor | None = None,
-    zero_acc: bool = False,
+    zero_acc: bool = False, scale_out: torch.Tensor | None = None,
 ):
     """Per-token values -> (loss, z_loss, accuracy, scales), in one kernel launch and without a host sync.
+    ``scale_out``: a (2,) fp32 tensor to write the scales into (a scale-only call's, rewritten with the same values)
+    instead of a new one.
 
     ``scales`` (a (2,) fp32 tensor; None for "none") turn summed per-token values into the reduced loss: element 0
     for the cross-entropy part, element 1 for the z-loss. mean: 1 / the sum of the target weights of non-ignored
@@ -535,7 +537,7 @@ def reduce_losses(
     else:
         mode = _REDUCTION_MODES[reduction]
     sums = loss_rows is not None and mode != _NONE
-    scale = None if mode == _NONE else torch.empty(2, **f32)
+    scale = None if mode == _NONE else scale_out if scale_out is not None else torch.empty(2, **f32)
     loss = torch.empty(size=(), **f32) if sums else None
     z = torch.empty(size=(), **f32) if sums else None
     # the zero accuracy is written by the kernel when it runs anyway (a scalar reduction), else filled by torch

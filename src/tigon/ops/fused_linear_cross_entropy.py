@@ -131,8 +131,8 @@ def fused_linear_cross_entropy(
     dev_type = hidden.device.type
     if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):  # (meta, ...: no autocast to ask)
         cd = torch.get_autocast_dtype(dev_type)
-    else:
-        cd = torch.promote_types(hidden.dtype, weight.dtype)
+    else:  # (promote_types is an op call: skipped for the usual equal dtypes)
+        cd = hidden.dtype if hidden.dtype == weight.dtype else torch.promote_types(hidden.dtype, weight.dtype)
     backend = select_backend("fused_linear_cross_entropy", hidden)
     if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
         return ref_flce.fused_linear_cross_entropy(
