@@ -185,7 +185,7 @@ def _rows_config(block_half: int, device: torch.device) -> tuple[int, int]:
     329.4 in the same run. At Gemma-2's D=256 the same tiles (4 rows) were within 1% of the best of 512..2048 x 1..4
     warps at 16k and 64k tokens, and fwd+bwd 197 us at 16k against 212 for the per-position kernel
     (session6/tune6_rope_gemma2.json). The interpreter pays per program, so there a program takes 65,536 elements per
-    half.
+    half (rope_apply caps its rows at q's or k's rows there: the interpreter pays for every element of a tile too).
     """
     if not compiled_cuda(device):
         return max(1, (1 << 16) // block_half), 4
@@ -227,6 +227,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     block_r, warps = _rows_config(block_half, q.device)
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
+    if not compiled_cuda(q.device):  # the interpreter computes the whole tile: no more rows than q or k has
+        block_r = min(block_r, next_pow2(max(nq, nk, 1)))
     progs_q = cdiv(nq, block_r)
     sc_s, ss_s = (cos.stride(0), sin.stride(0)) if sections else (0, 0)
     if sections:  # the strides of one section's (1 or B, T, R) table
