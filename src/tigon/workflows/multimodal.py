@@ -23,6 +23,10 @@ the placeholder tokens set to -100 (ignored by the loss); text ids that equal on
     LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM: one image of the vision config's
     ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (SmolVLM ``(batch, 1, ...)``, Pixtral with
     ``image_sizes``); the image-token count follows from the config (:func:`square_image_tokens`).
+``patches``
+    Gemma 4: one image of ``h x w`` patches, flattened (``pixel_values`` ``(batch, h * w, channels * patch_size**2)``,
+    uniform in [0, 1] as its processor gives them) with their ``(x, y)`` positions (``image_position_ids``), pooled
+    ``pooling_kernel_size**2`` to an image token; ``mm_token_type_ids`` marks the image tokens.
 ``tiles``
     Mllama: one image of one tile (padded to ``max_num_tiles``), a single ``<|image|>`` token that the
     cross-attention layers attend from every position (``cross_attention_mask`` all ones).
@@ -39,8 +43,9 @@ from .errors import ConfigError
 
 IGNORE_INDEX = -100
 """The label of the image's placeholder tokens (transformers' loss ignores it)."""
-LAYOUTS = ("grid", "square", "tiles")
+LAYOUTS = ("grid", "square", "patches", "tiles")
 _SQUARE = ("llava", "paligemma", "gemma3", "internvl", "smolvlm")
+_PATCHES = ("gemma4",)
 
 
 def is_vision_language(config) -> bool:
@@ -104,8 +109,10 @@ def image_layout(config) -> str:
         return "tiles"
     if model_type in _SQUARE:
         return "square"
+    if model_type in _PATCHES:
+        return "patches"
     raise ConfigError(f"no image inputs for model_type {model_type!r} yet (supported: the Qwen-VL / GLM-4V grid "
-                      f"families, {', '.join(_SQUARE)}, mllama)")
+                      f"families, {', '.join(_SQUARE + _PATCHES)}, mllama)")
 
 
 def square_image_tokens(config) -> int:
@@ -167,8 +174,8 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
     Args:
         input_ids: (batch, seq) int64 token ids (CPU); not modified.
         config: a vision-language transformers config (:func:`is_vision_language`).
-        image_tokens: image tokens per image wanted for the ``grid`` layout (default ``seq // 4``); the other
-            layouts' count is fixed by the config.
+        image_tokens: image tokens per image wanted for the ``grid`` and ``patches`` layouts (default
+            ``seq // 4``); the other layouts' count is fixed by the config.
         seed: seeds the pixels.
 
     Returns:
@@ -198,6 +205,13 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
         extra["pixel_values"] = pixels[:, None] if config.model_type == "smolvlm" else pixels
         if getattr(vision, "model_type", None) == "pixtral":
             extra["image_sizes"] = torch.tensor([[size, size]] * batch)
+    elif layout == "patches":
+        pool, patch = int(vision.pooling_kernel_size), _side(vision.patch_size)
+        h, w = grid_size(seq // 4 if image_tokens is None else image_tokens, pool)
+        n = h * w // pool ** 2
+        extra["pixel_values"] = torch.rand(batch, h * w, channels * patch ** 2, generator=gen)
+        xy = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy"), -1).reshape(1, h * w, 2)
+        extra["image_position_ids"] = xy.expand(batch, -1, -1).clone()
     else:  # tiles
         n, tiles, size = 1, int(vision.max_num_tiles), int(vision.image_size)
         extra["pixel_values"] = torch.randn(batch, 1, tiles, channels, size, size, generator=gen)
@@ -218,8 +232,8 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
     ids[:, 1:1 + len(span)] = torch.tensor(span)
     image = ids == image_token_id(config)
     cls = model_class(config)
-    if layout == "grid" and cls is not None and "mm_token_type_ids" in inspect.signature(cls.forward).parameters:
-        extra["mm_token_type_ids"] = image.long()  # transformers 5.2x: 1 marks an image token (M-RoPE positions)
+    if cls is not None and "mm_token_type_ids" in inspect.signature(cls.forward).parameters:
+        extra["mm_token_type_ids"] = image.long()  # 1 marks an image token (Qwen-VL's M-RoPE positions: 5.2x)
     return {"input_ids": ids, "labels": ids.masked_fill(image, IGNORE_INDEX), **extra}
 
 
@@ -227,8 +241,10 @@ def vision_positions(batch: dict, config) -> int:
     """Positions the vision encoder runs on per sequence of a :func:`with_images` batch: the image's patches (grid:
     before the merge; Mllama: every tile, padded ones too)."""
     layout, vision = image_layout(config), config.vision_config
-    if layout == "grid":
+    if layout == "grid":  # every image's patches, one after the other
         return batch["pixel_values"].shape[0] // batch["input_ids"].shape[0]
+    if layout == "patches":  # (batch, patches, values)
+        return batch["pixel_values"].shape[1]
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     return patches * (int(vision.max_num_tiles) if layout == "tiles" else 1)
 
