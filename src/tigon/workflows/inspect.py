@@ -57,9 +57,11 @@ def config_summary(config) -> dict[str, Any]:
     if text is not config:
         out.update(_fields(config, ("tie_word_embeddings",)))
         vision = getattr(config, "vision_config", None)
-        if vision is not None:
-            out.update({f"vision_{k}": v for k, v in _fields(vision, ("model_type", "num_hidden_layers",
-                                                                       "hidden_size", "embed_dim")).items()})
+        if vision is not None:  # Qwen-VL's vision layers are `depth` (aliased `num_hidden_layers` in 5.2x only)
+            fields = _fields(vision, ("model_type", "num_hidden_layers", "depth", "hidden_size", "embed_dim"))
+            fields.setdefault("num_hidden_layers", fields.get("depth"))
+            fields.pop("depth", None)
+            out.update({f"vision_{k}": v for k, v in fields.items() if v is not None})
     return out
 
 
