@@ -68,7 +68,7 @@ def test_one_step_with_an_image_equals_the_original(name):
 def test_compare_runs_end_to_end():
     from tigon.workflows.compare import CompareConfig, run_compare
 
-    r = run_compare(CompareConfig(preset="qwen2.5-vl-tiny", steps=1, batch_size=1, seq_len=16, device="cpu"))
+    r = run_compare(CompareConfig(preset="qwen2.5-vl-tiny", steps=1, batch_size=1, seq_len=16, device=DEVICE))
     assert r.ok and r.max_rel_loss_diff < 1e-5 and r.model["architecture"] == "Qwen2_5_VLForConditionalGeneration"
     assert r.data["image_tokens_per_sequence"] == 4 and r.model["hidden_size"] == 128
     assert {"rms_norm", "rope", "glu_linear", "fused_linear_cross_entropy"} <= set(r.backend_usage)
@@ -79,7 +79,7 @@ def test_verify_model_picks_the_vision_language_ops():
 
     assert "layer_norm" in model_ops("qwen2-vl-tiny")  # the Qwen2-VL vision tower's LayerNorms
     r = run_verify(VerifyConfig(model="qwen2-vl-tiny", ops=["layer_norm"], dtypes=["float32"], tokens=8,
-                                device="cpu"))
+                                device=DEVICE))
     assert r.passed and r.config["ops"] == ["layer_norm"] and r.model["vision_model_type"] == "qwen2_vl_vision"
 
 
@@ -87,7 +87,7 @@ def test_e2e_bench_row():
     from tigon.workflows.e2e import E2EConfig, run_e2e
 
     r = run_e2e(E2EConfig(model="qwen2-vl-tiny", providers=["original", "tigon"], steps=1, warmup=0, batch_size=1,
-                          seq_len=16, device="cpu"))
+                          seq_len=16, device=DEVICE, dtype="float32"))
     assert [row.status for row in r.rows] == ["ok", "ok"], [row.note for row in r.rows]
     assert abs(r.rows[0].losses[0] - r.rows[1].losses[0]) <= 1e-5 * r.rows[0].losses[0]
     assert r.model["image_tokens_per_sequence"] == 4 and r.model["vision_positions_per_sequence"] == 16
@@ -129,5 +129,10 @@ def test_errors_name_the_problem():
 
     with pytest.raises(ConfigError, match="not a vision-language model"):
         multimodal.image_layout(presets.build_config("tiny"))
+    with pytest.raises(ValueError, match="input_ids must be a"):
+        multimodal.with_images(torch.zeros(4), presets.build_config("qwen2-vl-tiny"))
+    with pytest.raises(ValueError, match="image_tokens must be"):
+        multimodal.with_images(torch.zeros(1, 8, dtype=torch.long), presets.build_config("qwen2-vl-tiny"),
+                               image_tokens=0)
     with pytest.raises(ConfigError, match="--seq-len 3 is too short"):
         multimodal.with_images(torch.zeros(1, 3, dtype=torch.long), presets.build_config("qwen2-vl-tiny"))

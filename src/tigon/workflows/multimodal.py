@@ -183,9 +183,16 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
         every tensor's first dimension is a multiple of the batch (:func:`take` slices them per sequence).
 
     Raises:
+        ValueError: ``input_ids`` is not a (batch, seq) integer tensor, or ``image_tokens`` < 1.
         ConfigError: an unsupported family (:func:`image_layout`), or ``seq`` too short for the image's tokens
             (the message names ``--seq-len``).
     """
+    if not (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.dtype == torch.long):
+        raise ValueError(f"input_ids must be a (batch, seq) int64 tensor, got "
+                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} of shape "
+                         f"{tuple(getattr(input_ids, 'shape', ()))}")
+    if image_tokens is not None and (not isinstance(image_tokens, int) or image_tokens < 1):
+        raise ValueError(f"image_tokens must be an integer >= 1 or None, got {image_tokens!r}")
     layout = image_layout(config)
     vision = config.vision_config
     batch, seq = input_ids.shape
@@ -193,10 +200,10 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
     channels = int(_get(vision, "num_channels", "in_channels", "in_chans", default=3))
     extra: dict[str, torch.Tensor] = {}
     if layout == "grid":
-        merge, patch = int(vision.spatial_merge_size), int(vision.patch_size)
+        merge, patch = int(vision.spatial_merge_size), _side(vision.patch_size)
         h, w = grid_size(seq // 4 if image_tokens is None else image_tokens, merge)
         n = h * w // merge ** 2
-        extra["pixel_values"] = torch.randn(batch * h * w, channels * int(vision.temporal_patch_size) * patch ** 2,
+        extra["pixel_values"] = torch.randn(batch * h * w, channels * _side(vision.temporal_patch_size) * patch ** 2,
                                             generator=gen)
         extra["image_grid_thw"] = torch.tensor([[1, h, w]] * batch)
     elif layout == "square":
