@@ -87,10 +87,10 @@ def test_e2e_bench_row():
     from tigon.workflows.e2e import E2EConfig, run_e2e
 
     r = run_e2e(E2EConfig(model="qwen2-vl-tiny", providers=["original", "tigon"], steps=1, warmup=0, batch_size=1,
-                          seq_len=16, device=DEVICE, dtype="float32"))
+                          seq_len=16, image_tokens=2, device=DEVICE, dtype="float32"))
     assert [row.status for row in r.rows] == ["ok", "ok"], [row.note for row in r.rows]
     assert abs(r.rows[0].losses[0] - r.rows[1].losses[0]) <= 1e-5 * r.rows[0].losses[0]
-    assert r.model["image_tokens_per_sequence"] == 4 and r.model["vision_positions_per_sequence"] == 16
+    assert r.model["image_tokens_per_sequence"] == 2 and r.model["vision_positions_per_sequence"] == 8  # 2x4 patches
     assert 0 < r.model["vision_parameters"] < r.model["num_parameters"]
 
 

@@ -123,6 +123,8 @@ class E2EConfig:
         this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
         :data:`CHECKPOINTING` or None (off). kernel_summary: profile each provider's last step (needs steps >= 2;
         that step is left out of the timing).
+        image_tokens: a vision-language model's image tokens per sequence for the families whose image size is
+        free (:func:`tigon.workflows.multimodal.with_images`); None: ``seq_len // 4``.
         nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
         one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
         :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
@@ -146,6 +148,7 @@ class E2EConfig:
     kernel_summary: bool = False
     nproc: int = 1
     parallel: str = "ddp"
+    image_tokens: int | None = None
 
 
 CHECKPOINTING = ("non_reentrant", "reentrant")
@@ -297,6 +300,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("lora", cfg.lora_rank)
+    _positive("image_tokens", cfg.image_tokens)
     compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
     if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("--lora needs peft (pip install peft)")
@@ -425,7 +429,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
             progress = None
     hfc, source = hf_config(cfg.model, cfg.layers)
     # N ranks: each step's global batch of N x batch_size sequences from the seed, rank r takes its own rows
-    batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed)
+    batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed,
+                           cfg.image_tokens)
     if rank is not None:
         batches = [take_rows(b, rank * cfg.batch_size, (rank + 1) * cfg.batch_size) for b in batches]
     info = model_info(hfc, source, batches[0])
