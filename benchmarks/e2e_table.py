@@ -24,6 +24,9 @@ top kernels by name). MFU is printed next to tokens/s (CUDA; ``tigon.workflows.e
     PYTHONPATH=src python3 benchmarks/e2e_table.py --model llama3-8b --batch-size 4 --seq-len 2048 \
         --gradient-checkpointing non_reentrant --kernel-summary --steps 4 --warmup 2 \
         --providers original,liger,tigon,original_sac,tigon_sac --out-dir $OUT     # issue 26's full-depth rows
+    PYTHONPATH=src python3 benchmarks/e2e_table.py --model qwen2.5-vl-7b --layers 4 --batch-size 4 --seq-len 2048 \
+        --providers original,original_compile,tigon,tigon_compile,tigon_lean,liger --timeout 900 --out-dir $OUT
+                                                        # a vision-language row: text + one image per sequence
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def run_providers(args) -> list[str]:
                "--warmup", str(args.warmup), "--quiet", "--json", path]
         if args.layers:
             cmd += ["--layers", str(args.layers)]
+        if args.image_tokens:
+            cmd += ["--image-tokens", str(args.image_tokens)]
         if args.lora:
             cmd += ["--lora", str(args.lora)]
         checkpointing = "selective" if own == SELECTIVE else args.gradient_checkpointing
@@ -168,6 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--image-tokens", type=int, help="a vision-language model's image tokens per sequence")
     ap.add_argument("--lora", type=int, help="PEFT LoRA rank for every provider's model (tigon bench --lora)")
     ap.add_argument("--gradient-checkpointing", choices=("non_reentrant", "reentrant", "selective"),
                     help="tigon bench --gradient-checkpointing for every provider (the *_sac variants: selective)")

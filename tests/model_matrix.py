@@ -16,7 +16,6 @@ text), fp32, eager attention; MoE models route 4 experts, top 2, with the router
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
@@ -265,34 +264,15 @@ VISION_LANGUAGE = {
 
 
 def image_inputs(case: str, seq: int = 10) -> dict:
-    """``input_ids`` (text tokens 8..249 from a fixed seed, with the image's tokens) and the image inputs for a
-    VISION_LANGUAGE case: one random image in the layout its model takes."""
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(8, 250, (1, seq), generator=gen)
-    model_type = VISION_LANGUAGE[case][0]
-    if model_type.startswith(("qwen", "glm4v")):  # 2x2 patches of 2x2 pixels, merged into one image token after a
-        ids[0, 2], ids[0, 3] = 4, IMAGE_TOKEN  # vision start (GLM-4V: image start) token
-        out = dict(pixel_values=torch.randn(4, 3 * 2 * 2, generator=gen), image_grid_thw=torch.tensor([[1, 2, 2]]))
-        cls = getattr(transformers, VISION_LANGUAGE[case][2])
-        if "mm_token_type_ids" in inspect.signature(cls.forward).parameters:  # transformers 5.2x: 1 marks an image
-            out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
-    elif model_type == "mllama":  # one tile; the image token is attended by the cross-attention layer
-        ids[0, 1] = IMAGE_TOKEN
-        out = dict(pixel_values=torch.randn(1, 1, 1, 3, 8, 8, generator=gen), aspect_ratio_ids=torch.tensor([[1]]),
-                   aspect_ratio_mask=torch.ones(1, 1, 1, dtype=torch.long),
-                   cross_attention_mask=torch.ones(1, seq, 1, 1, dtype=torch.long))
-    else:  # one 8x8 image -> 4 image tokens (llava, paligemma: 4x4 patches; gemma3: 4 tokens per image)
-        ids[0, 1:5] = IMAGE_TOKEN
-        out = dict(pixel_values=torch.randn(1, 3, 8, 8, generator=gen))
-        if model_type == "gemma4":  # the image as 16 patches of 2x2 pixels, flattened, with their (x, y) positions
-            pos = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="xy"), -1).reshape(1, 16, 2)
-            out = dict(pixel_values=torch.rand(1, 16, 3 * 2 * 2, generator=gen), image_position_ids=pos,
-                       mm_token_type_ids=(ids == IMAGE_TOKEN).long())
-        if model_type == "smolvlm":  # (batch, images, channels, height, width)
-            out["pixel_values"] = out["pixel_values"][:, None]
-        if VISION_LANGUAGE[case][1].get("vision_config", {}).get("model_type") == "pixtral":
-            out["image_sizes"] = torch.tensor([[8, 8]])
-    return {k: v.to(DEVICE) for k, v in {"input_ids": ids, **out}.items()}
+    """``input_ids`` (text tokens 8..249 from a fixed seed, with the image's tokens), ``labels`` (the image tokens
+    ignored) and the image inputs for a VISION_LANGUAGE case: one random image in the layout its model takes, built
+    from its config as the tools build it (:func:`tigon.workflows.multimodal.with_images`; the grid and patch
+    families' image spans 2x2 patches, one image token after the merge / pooling)."""
+    from tigon.workflows.multimodal import with_images
+
+    ids = torch.randint(8, 250, (1, seq), generator=torch.Generator().manual_seed(0))
+    model_type, overrides = VISION_LANGUAGE[case][:2]
+    return {k: v.to(DEVICE) for k, v in with_images(ids, config(model_type, overrides), image_tokens=1).items()}
 
 
 LAYER_NORM_VARIANTS = {

@@ -39,6 +39,7 @@ OPTIONS = {
     ("bench", ("--quiet",), False, None),
     ("bench", ("--seed",), 0, None),
     ("bench", ("--seq-len",), None, None),
+    ("bench", ("--image-tokens",), None, None),
     ("bench", ("--steps",), None, None),
     ("bench", ("--sweep",), None, ("tokens", "hidden")),
     ("bench", ("--tokens",), None, None),

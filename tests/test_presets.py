@@ -15,16 +15,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def test_preset_names():
     assert presets.preset_names() == ["tiny", "small", "llama3-8b", "llama3.2-1b", "qwen2-7b", "qwen2.5-0.5b",
-                                      "smollm2-360m", "gemma2-9b"]
+                                      "smollm2-360m", "gemma2-9b", "qwen2-vl-7b", "qwen2.5-vl-7b", "qwen2-vl-tiny",
+                                      "qwen2.5-vl-tiny"]
     for name in presets.preset_names():
         p = presets.get_preset(name)
-        assert set(p) == {"model_type", "description", "lr", "config"} and p["config"]["vocab_size"] >= 256
+        text = p["config"].get("text_config", p["config"])  # a vision-language preset's text decoder
+        assert set(p) == {"model_type", "description", "lr", "config"} and text["vocab_size"] >= 256
 
 
 @pytest.mark.parametrize("name", presets.preset_names())
 def test_every_preset_builds_a_config_with_2_layers(name):
     cfg = presets.build_config(name, 2)
-    assert cfg.model_type == presets.PRESETS[name]["model_type"] and cfg.num_hidden_layers == 2
+    assert cfg.model_type == presets.PRESETS[name]["model_type"]
+    cfg = cfg.get_text_config()  # a vision-language preset keeps 2 layers of its text decoder
+    assert cfg.num_hidden_layers == 2
     for value in vars(cfg).values():  # per-layer lists cut to the kept layers
         if isinstance(value, list) and value and isinstance(value[0], str) and "attention" in value[0]:
             assert len(value) == 2

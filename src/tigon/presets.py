@@ -5,6 +5,11 @@ keyword arguments for that family's ``PretrainedConfig``, a one-line ``descripti
 learning rate ``lr`` for training it from scratch. Token ids in
 ``tigon compare`` are UTF-8 bytes (0..255), valid for every preset here since each vocabulary has >= 256 entries.
 
+Vision-language presets (``qwen2-vl-7b``, ``qwen2.5-vl-7b`` and their ``-tiny`` CPU forms) give ``text_config`` and
+``vision_config``; the tools build them with ``AutoModelForImageTextToText`` and feed them an image per sequence
+(:mod:`tigon.workflows.multimodal`). The tiny ones use the byte vocabulary with their special tokens at 250..253,
+bytes that never occur in UTF-8 text.
+
 Add a preset by adding a dict entry; :func:`build_config` turns it into a ``transformers`` config.
 """
 
@@ -14,6 +19,17 @@ import copy
 from typing import Any
 
 _LLAMA3_ROPE = {"rope_type": "default", "rope_theta": 500000.0}
+_QWEN_VL_IDS = dict(vision_start_token_id=151652, vision_end_token_id=151653, image_token_id=151655,
+                    video_token_id=151656)
+_QWEN_VL_TEXT = dict(  # Qwen2-VL-7B / Qwen2.5-VL-7B's text decoder: Qwen2 7B with M-RoPE sections (t, h, w)
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, rms_norm_eps=1e-6, hidden_act="silu",
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+_TINY_VL_IDS = dict(vision_start_token_id=250, vision_end_token_id=251, image_token_id=252, video_token_id=253)
+_TINY_VL_TEXT = dict(  # the "tiny" preset's decoder with M-RoPE sections of its head dim 32
+    vocab_size=256, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=254,
+    eos_token_id=255, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -102,6 +118,54 @@ PRESETS: dict[str, dict[str, Any]] = {
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
         ),
     },
+    "qwen2-vl-7b": {
+        "model_type": "qwen2_vl",
+        "description": "Qwen2-VL 7B shapes: Qwen2 7B text decoder (M-RoPE), 32-block ViT (1280, patch 14, 2x2 merge); "
+                       "--layers cuts the text decoder",
+        "lr": 3e-4,
+        "config": dict(
+            text_config=dict(_QWEN_VL_TEXT, max_position_embeddings=32768), **_QWEN_VL_IDS, tie_word_embeddings=False,
+            vision_config=dict(depth=32, embed_dim=1280, hidden_size=3584, hidden_act="quick_gelu", mlp_ratio=4,
+                               num_heads=16, in_channels=3, patch_size=14, spatial_merge_size=2,
+                               temporal_patch_size=2),
+        ),
+    },
+    "qwen2.5-vl-7b": {
+        "model_type": "qwen2_5_vl",
+        "description": "Qwen2.5-VL 7B shapes: Qwen2 7B text decoder (M-RoPE), 32-block windowed ViT (1280, RMSNorm, "
+                       "gated SiLU MLP); --layers cuts the text decoder",
+        "lr": 3e-4,
+        "config": dict(
+            text_config=dict(_QWEN_VL_TEXT, max_position_embeddings=128000), **_QWEN_VL_IDS, tie_word_embeddings=False,
+            vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                               hidden_act="silu", in_channels=3, patch_size=14, spatial_merge_size=2,
+                               temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
+                               tokens_per_second=2),
+        ),
+    },
+    "qwen2-vl-tiny": {
+        "model_type": "qwen2_vl",
+        "description": "Qwen2-VL layout at the tiny preset's size: 2-layer text decoder, 2-block ViT, byte vocabulary "
+                       "(CPU)",
+        "lr": 1e-3,
+        "config": dict(
+            text_config=dict(_TINY_VL_TEXT), **_TINY_VL_IDS, tie_word_embeddings=False,
+            vision_config=dict(depth=2, embed_dim=32, hidden_size=128, mlp_ratio=2, num_heads=2, patch_size=2,
+                               spatial_merge_size=2, temporal_patch_size=2),
+        ),
+    },
+    "qwen2.5-vl-tiny": {
+        "model_type": "qwen2_5_vl",
+        "description": "Qwen2.5-VL layout at the tiny preset's size: 2-layer text decoder, 2-block windowed ViT, byte "
+                       "vocabulary (CPU)",
+        "lr": 1e-3,
+        "config": dict(
+            text_config=dict(_TINY_VL_TEXT), **_TINY_VL_IDS, tie_word_embeddings=False,
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
+                               patch_size=2, spatial_merge_size=2, temporal_patch_size=2, window_size=8,
+                               fullatt_block_indexes=[1]),
+        ),
+    },
 }
 
 
@@ -124,12 +188,18 @@ def get_preset(name: str) -> dict[str, Any]:
 def keep_layers(config, layers: int | None):
     """Keep the first ``layers`` decoder layers of a transformers ``config`` (in place; returns it).
 
-    Per-layer lists of the config (``layer_types``, sliding-window or NoPE flags...) are cut to match.
+    Per-layer lists of the config (``layer_types``, sliding-window or NoPE flags...) are cut to match. A
+    vision-language config keeps ``layers`` layers of its text decoder (``config.get_text_config()``); its vision
+    encoder stays whole.
 
     Raises:
         ValueError: ``layers`` < 1 or more than the config's ``num_hidden_layers``.
     """
     if layers is None:
+        return config
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    if text is not config:
+        keep_layers(text, layers)
         return config
     total = getattr(config, "num_hidden_layers", None)
     if layers < 1 or (total is not None and layers > total):

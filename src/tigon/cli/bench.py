@@ -64,6 +64,9 @@ def add_parser(sub) -> None:
     g.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers (default on CUDA: llama3-8b, 2)")
     g.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
     g.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
+    g.add_argument("--image-tokens", type=int, metavar="N",
+                   help="a vision-language model's image tokens per sequence (Qwen-VL, GLM-4V, Gemma 4: the image's "
+                        "size; default --seq-len / 4; the other families' count is fixed by their config)")
     g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
@@ -104,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         return _fail(prog, problem)
     e2e_only = [f for f, v in (("--layers", args.layers), ("--batch-size", args.batch_size),
-                               ("--seq-len", args.seq_len), ("--steps", args.steps), ("--warmup", args.warmup),
+                               ("--seq-len", args.seq_len), ("--image-tokens", args.image_tokens),
+                               ("--steps", args.steps), ("--warmup", args.warmup),
                                ("--attn-implementation", args.attn_implementation), ("--lora", args.lora),
                                ("--gradient-checkpointing", args.gradient_checkpointing),
                                ("--checkpoint-budget-gb", args.checkpoint_budget_gb),
@@ -222,7 +226,7 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
     from ..workflows.e2e import E2EConfig, resolve_e2e, run_e2e
 
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
-                       steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
+                       image_tokens=args.image_tokens, steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
                        dtype=args.dtype, device=args.device, seed=args.seed,
                        attn_implementation=args.attn_implementation, lora_rank=args.lora,
                        gradient_checkpointing=args.gradient_checkpointing,

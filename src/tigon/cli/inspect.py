@@ -63,7 +63,8 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
     head.add_row("family", r["family"])
     shape_keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "hidden_activation",
-                  "tie_word_embeddings", "final_logit_softcapping")
+                  "tie_word_embeddings", "final_logit_softcapping", "vision_model_type", "vision_num_hidden_layers",
+                  "vision_hidden_size", "vision_embed_dim")
     head.add_row("config", ", ".join(f"{k}={cfg[k]}" for k in shape_keys if k in cfg))
     cats = r["categories"]
     labels = {"mlp_activation": "MLP activation", "lm_head_loss": "LM head + loss",

@@ -200,6 +200,28 @@ class RunStats:
     skipped_steps: list[int] = field(default_factory=list)
 
 
+def step_inputs(batch, device: torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    """The forward arguments of one training step on ``batch``, moved to ``device`` (None: where they are): a
+    (batch, seq) int64 tensor of token ids is both ``input_ids`` and ``labels`` (Hugging Face shifts the labels); a
+    dict (a vision-language batch, :func:`tigon.workflows.multimodal.with_images`) is taken as it is, its floating
+    tensors (pixels) cast to ``dtype`` when given."""
+    if isinstance(batch, torch.Tensor):
+        batch = batch.to(device, non_blocking=True)
+        return {"input_ids": batch, "labels": batch}
+    return {k: v.to(device, dtype if dtype is not None and v.is_floating_point() else None, non_blocking=True)
+            for k, v in batch.items()}
+
+
+def batch_tokens(batch) -> int:
+    """Text tokens (image placeholder tokens included) of a batch as :func:`step_inputs` takes it."""
+    return int((batch if isinstance(batch, torch.Tensor) else batch["input_ids"]).numel())
+
+
+def param_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of ``model``'s first floating-point parameter (what its pixel inputs are cast to), or None."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -218,15 +240,17 @@ def train(
     """Train the model ``make_model()`` returns for ``len(batches)`` AdamW steps and measure it.
 
     ``make_model`` runs inside the measured region, so the model's weights count towards peak memory; it must
-    return the model on ``device`` in its training dtype. Each step: ``model(input_ids=b, labels=b,
-    use_cache=False)`` (Hugging Face shifts the labels), ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``.
+    return the model on ``device`` in its training dtype. Each step: ``model(**step_inputs(b), use_cache=False)``
+    (token ids: ``input_ids=b, labels=b``, Hugging Face shifts the labels; a vision-language batch: its dict),
+    ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``.
     With ``autocast`` the forward runs under ``torch.autocast(device.type, dtype=autocast)``; for torch.float16 the
     loss is scaled by a ``torch.amp.GradScaler`` (``scaler.scale(loss).backward()``, ``scaler.step``,
     ``scaler.update``), which skips the steps whose gradients overflow.
 
     Args:
         make_model: builds (or moves) the model; called once.
-        batches: (batch, seq) int64 token ids, one per step (CPU; moved to ``device`` per step).
+        batches: one per step (CPU; moved to ``device`` per step): (batch, seq) int64 token ids, or dicts of forward
+            arguments (:func:`step_inputs`).
         lr: AdamW learning rate (other AdamW settings are PyTorch's defaults).
         device: where the run happens.
         name: the run's name passed to ``progress``.
@@ -236,7 +260,7 @@ def train(
     """
     from tigon import support
 
-    stats = RunStats(tokens_per_step=int(batches[0].numel()) if batches else 0)
+    stats = RunStats(tokens_per_step=batch_tokens(batches[0]) if batches else 0)
     support.backend_usage(reset=True)
     start = time.perf_counter()
     with PeakMemory(device) as mem:
@@ -244,12 +268,13 @@ def train(
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         scaler = torch.amp.GradScaler(device.type) if autocast == torch.float16 else None
+        dtype = param_dtype(model)
         for step, batch in enumerate(batches, start=1):
-            batch = batch.to(device, non_blocking=True)
+            inputs = step_inputs(batch, device, dtype)
             _sync(device)
             t0 = time.perf_counter()
             with torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext():
-                loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+                loss = model(**inputs, use_cache=False).loss
             if scaler is None:
                 loss.backward()
                 optimizer.step()

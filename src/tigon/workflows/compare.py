@@ -10,6 +10,10 @@ Model: a preset (random weights from the seed), or ``model``: a ``config.json`` 
 Hub id already in the local Hugging Face cache (:mod:`tigon.workflows.model_source`; never downloaded). A directory or
 cached snapshot with weights is fine-tuned from them; a config without weights gets random weights from the seed.
 
+A vision-language model (Qwen2-VL, Qwen2.5-VL, LLaVA ...: :mod:`tigon.workflows.multimodal`) is built with
+``AutoModelForImageTextToText``; each sequence of its batches holds one random image after its first token (the
+grid families' image takes ``seq_len // 4`` tokens), whose placeholder tokens the labels ignore.
+
 Precision: ``dtype="float32"`` trains in fp32. ``dtype="bfloat16"`` is pure bf16: weights, gradients and AdamW
 state are all bf16 (no autocast, no fp32 master weights); simple, but expect larger loss differences than fp32.
 ``dtype="float16"`` is mixed precision: fp32 weights and AdamW state, the forward under
@@ -40,7 +44,10 @@ from .. import presets as _presets
 from . import compare_dist
 from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .errors import ConfigError, error_text
+from .e2e_models import take_rows
+from .model_shapes import text_config
 from .model_source import ModelSource, model_config, resolve_source
+from .multimodal import is_vision_language, with_images
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTOCAST_DTYPES = ("float16",)  # trained as autocast over fp32 weights with a GradScaler; the others as pure dtype
@@ -240,17 +247,18 @@ def _hf_config(cfg: CompareConfig) -> tuple[Any, ModelSource]:
 
 def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource):
     """(base model on CPU in ``dtype``, tokenizer or None, description dict); weights from disk when ``source`` has
-    any, else random from ``cfg.seed``."""
-    from transformers import AutoModelForCausalLM
+    any, else random from ``cfg.seed``. Built by ``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a
+    vision-language config (:func:`tigon.workflows.multimodal.auto_class`)."""
+    from .multimodal import auto_class
 
+    auto = auto_class(hf_config)
     torch.manual_seed(cfg.seed)
     if not source.has_weights:
-        base = AutoModelForCausalLM.from_config(hf_config).to(dtype)
+        base = auto.from_config(hf_config).to(dtype)
         weights = f"random (seed {cfg.seed})"
     else:
         try:
-            base = AutoModelForCausalLM.from_pretrained(source.path, config=hf_config, local_files_only=True,
-                                                        dtype=dtype)
+            base = auto.from_pretrained(source.path, config=hf_config, local_files_only=True, dtype=dtype)
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {error_text(e)}") from e
         weights = "from the checkpoint"
@@ -372,14 +380,14 @@ def run_compare(
     from .. import support
 
     hf_config, source = _hf_config(cfg)
-    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    max_pos = getattr(text_config(hf_config), "max_position_embeddings", None)
     if isinstance(max_pos, int) and cfg.seq_len > max_pos:
         raise ConfigError(f"--seq-len {cfg.seq_len} exceeds the model's max_position_embeddings ({max_pos})")
     _probe_patch(hf_config, patch_fn, unpatch_fn)
     base, tokenizer, model_info = _load(cfg, hf_config, torch.float32 if autocast else dtype, source)
 
     out_emb = base.get_output_embeddings()
-    vocab = int(out_emb.weight.shape[0]) if out_emb is not None else int(hf_config.vocab_size)
+    vocab = int(out_emb.weight.shape[0]) if out_emb is not None else int(text_config(hf_config).vocab_size)
     text = _data.corpus_text()
     tokens, tok_name = None, "utf-8 bytes"
     if tokenizer is not None:
@@ -399,8 +407,10 @@ def run_compare(
         batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if is_vision_language(hf_config):  # one random image per sequence, its placeholder tokens ignored by the loss
+        batches = [with_images(b, hf_config, seed=cfg.seed + i) for i, b in enumerate(batches)]
     if rank is not None:
-        batches = [b[rank * cfg.batch_size:(rank + 1) * cfg.batch_size] for b in batches]
+        batches = [take_rows(b, rank * cfg.batch_size, (rank + 1) * cfg.batch_size) for b in batches]
     wrap = (lambda model: model) if rank is None else functools.partial(compare_dist.wrap, parallel=cfg.parallel,
                                                                          device=device)
 
@@ -451,6 +461,11 @@ def run_compare(
                      patched["report"], support, vocab)
     if per_rank is not None:
         compare_dist.annotate(result, per_rank, cfg)
+    if isinstance(batches[0], dict):
+        n = int((batches[0]["labels"][0] == -100).sum())
+        result.data["image_tokens_per_sequence"] = n
+        result.notes.append(f"vision-language model: each sequence holds one random image ({n} image tokens, "
+                            "ignored by the loss) after its first token; tokens/s counts them as tokens.")
     return result
 
 
@@ -465,13 +480,14 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         max_rel = rel[max_step - 1]
     backend = support.describe_backend(patched.backend_usage)
     reason = support.decide(device, dtype).reason
+    text = text_config(hf_config)  # a vision-language model's sizes are its text decoder's
     model_info.update(
         model_type=getattr(hf_config, "model_type", None),
         architecture=type(base).__name__,
         num_parameters=sum(p.numel() for p in base.parameters()),
-        hidden_size=getattr(hf_config, "hidden_size", None),
-        num_hidden_layers=getattr(hf_config, "num_hidden_layers", None),
-        vocab_size=getattr(hf_config, "vocab_size", None),
+        hidden_size=getattr(text, "hidden_size", None),
+        num_hidden_layers=getattr(text, "num_hidden_layers", None),
+        vocab_size=getattr(text, "vocab_size", None),
         dtype=cfg.dtype,
         precision=PRECISION[cfg.dtype],
     )
@@ -505,7 +521,7 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
             notes.append(f"the {run} run is {status}: {detail}; losses of such a run say nothing about the kernels "
                          "(lower --lr, or train in float32).")
     return CompareResult(
-        config=dict(dataclasses.asdict(cfg), layers=getattr(hf_config, "num_hidden_layers", cfg.layers)),
+        config=dict(dataclasses.asdict(cfg), layers=getattr(text, "num_hidden_layers", cfg.layers)),
         model=model_info,
         data={"corpus": _data.CORPUS_NAME, "tokenizer": tok_name, "corpus_tokens": int(tokens.numel()),
               "tokens_per_step": original.tokens_per_step},

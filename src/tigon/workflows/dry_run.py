@@ -29,16 +29,17 @@ def rejected(e: Exception) -> PatchRejected:
 
 
 def build_meta_model(config) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory, no weights).
+    """``AutoModelForCausalLM.from_config(config)`` on the meta device (no memory, no weights);
+    ``AutoModelForImageTextToText`` for a vision-language config (:func:`tigon.workflows.multimodal.auto_class`).
 
     Raises:
         ConfigError: the config does not describe a causal language model transformers can build.
     """
-    from transformers import AutoModelForCausalLM
+    from .multimodal import auto_class
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            return auto_class(config).from_config(config)
     except Exception as e:  # ValueError, AssertionError (a pad_token_id beyond the vocabulary), RuntimeError ...
         raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): "
                           f"{type(e).__name__}: {error_text(e)}") from e

@@ -31,6 +31,13 @@ reset after each compiled provider).
 provider ("eager", "sdpa", "flash_attention_2", ...; ``None``: transformers' default; the implementation the
 model got is recorded in the result's ``model``).
 
+A vision-language model (a config with a ``vision_config``: Qwen2.5-VL, LLaVA ...) is built with
+``AutoModelForImageTextToText`` and each sequence of its batches holds one random image
+(:func:`tigon.workflows.e2e_models.step_batches`; the grid families' image takes ``seq_len // 4`` of the sequence's
+tokens); ``--layers`` keeps that many layers of its text decoder, the vision encoder stays whole; tokens/s counts
+the sequences' tokens, image tokens included; the MFU counts the vision encoder's parameters for the image's patches
+only (:func:`tigon.workflows.e2e_models.model_info`).
+
 Per provider: tokens/s (batch * seq_len tokens over the median step time of the steps after the warm-up), the
 median step time with its 20/80 percentiles (ms), the peak memory of the run in bytes (CUDA:
 ``torch.cuda.max_memory_allocated``, weights + gradients + AdamW state + activations; CPU: resident-set growth,
@@ -84,12 +91,12 @@ from typing import Any
 
 import torch
 
-from ._train import train
+from ._train import batch_tokens, train
 from .liger_patch import GlobalsGuard, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
-from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, random_batches
+from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, step_batches, take_rows
 from ..checkpointing import DEFAULT_TFLOPS
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
@@ -125,6 +132,8 @@ class E2EConfig:
         :data:`CHECKPOINTING` or None (off). checkpoint_budget_gb: with ``"selective"``, the GiB its layers may keep
         over plain checkpointing (None: :func:`tigon.checkpointing.auto_budget`). kernel_summary: profile each
         provider's last step (needs steps >= 2; that step is left out of the timing).
+        image_tokens: a vision-language model's image tokens per sequence for the families whose image size is
+        free (:func:`tigon.workflows.multimodal.with_images`); None: ``seq_len // 4``.
         nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
         one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
         :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
@@ -149,6 +158,7 @@ class E2EConfig:
     kernel_summary: bool = False
     nproc: int = 1
     parallel: str = "ddp"
+    image_tokens: int | None = None
 
 
 CHECKPOINTING = ("non_reentrant", "reentrant", "selective")
@@ -310,6 +320,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("lora", cfg.lora_rank)
+    _positive("image_tokens", cfg.image_tokens)
     compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
     if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("--lora needs peft (pip install peft)")
@@ -390,7 +401,7 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
         row.step_times_ms = [t * 1e3 for t in stats.step_times_s]
         row.step_ms = statistics.median(timed)
         row.step_ms_p20, row.step_ms_p80 = _pct(timed, 0.2), _pct(timed, 0.8)
-        row.tokens_per_s = batches[0].numel() / (row.step_ms * 1e-3) if row.step_ms > 0 else None
+        row.tokens_per_s = batch_tokens(batches[0]) / (row.step_ms * 1e-3) if row.step_ms > 0 else None
         row.peak_memory_bytes, row.peak_requested_bytes = stats.peak_memory_bytes, stats.peak_requested_bytes
         row.losses = stats.losses
         row.backend = support.describe_backend(stats.backend_usage)
@@ -464,20 +475,25 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
         if rank != 0:
             progress = None
     hfc, source = hf_config(cfg.model, cfg.layers)
-    info = model_info(hfc, source)
-    info["dtype"] = cfg.dtype
     # N ranks: each step's global batch of N x batch_size sequences from the seed, rank r takes its own rows
-    batches = random_batches(int(hfc.vocab_size), cfg.warmup + cfg.steps, cfg.batch_size * (world or 1),
-                             cfg.seq_len, cfg.seed)
+    batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed,
+                           cfg.image_tokens)
     if rank is not None:
-        batches = [b[rank * cfg.batch_size:(rank + 1) * cfg.batch_size] for b in batches]
+        batches = [take_rows(b, rank * cfg.batch_size, (rank + 1) * cfg.batch_size) for b in batches]
+    info = model_info(hfc, source, batches[0])
+    info["dtype"] = cfg.dtype
+    notes: list[str] = []
+    if isinstance(batches[0], dict):  # a vision-language model: one image per sequence
+        info["image_tokens_per_sequence"] = n = int((batches[0]["labels"][0] == -100).sum())
+        notes.append(f"vision-language model: each sequence holds one random image ({n} image tokens, ignored by the "
+                     f"loss; {info['vision_positions_per_sequence']} patches through the vision encoder); tokens/s "
+                     "counts the image tokens as tokens.")
     if device.type == "cuda":
         from .timing import measure_ceilings
 
         info["matmul_tflops"] = measure_ceilings(device)["matmul_tflops"]
     rows: list[E2ERow] = []
     method = ""
-    notes: list[str] = []
     order = [p for p in E2E_PROVIDERS if p in cfg.providers]  # liger last: it rebinds globals
     for provider in order:
         if provider == "liger" and importlib.util.find_spec("liger_kernel") is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .compare import ConfigError
+from .errors import ConfigError
 
 
 def hf_config(model: str, layers: int | None = None):
@@ -26,16 +26,18 @@ def hf_config(model: str, layers: int | None = None):
 
 def build_model(config, dtype: torch.dtype, device: torch.device, seed: int,
                 attn_implementation: str | None = None) -> torch.nn.Module:
-    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``.
+    """A causal LM of ``config`` with random weights from ``seed``, built directly on ``device`` in ``dtype``
+    (``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language config:
+    :func:`tigon.workflows.multimodal.auto_class`).
 
-    ``attn_implementation`` ("eager", "sdpa", ...) goes to ``AutoModelForCausalLM.from_config`` when not None.
+    ``attn_implementation`` ("eager", "sdpa", ...) goes to ``from_config`` when not None.
     """
-    from transformers import AutoModelForCausalLM
+    from .multimodal import auto_class
 
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     torch.manual_seed(seed)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+        return auto_class(config).from_config(config, dtype=dtype, **kwargs)
 
 
 def attn_implementations() -> list[str]:
@@ -67,24 +69,68 @@ def random_batches(vocab: int, n: int, batch_size: int, seq_len: int, seed: int)
     return [torch.randint(0, vocab, (batch_size, seq_len), generator=g) for _ in range(n)]
 
 
-def model_info(config, source: str) -> dict[str, Any]:
-    """Description of a model config (no weights needed): architecture, sizes and parameter count.
+def step_batches(config, n: int, batch_size: int, seq_len: int, seed: int, image_tokens: int | None = None) -> list:
+    """The ``n`` training batches of a model: :func:`random_batches` over its text vocabulary; for a vision-language
+    config each with one random image per sequence (:func:`tigon.workflows.multimodal.with_images`; ``image_tokens``
+    per image for the grid families, default ``seq_len // 4``), a dict of forward arguments.
+
+    Raises:
+        ConfigError: a vision-language family without image inputs, or ``seq_len`` too short for its image.
+    """
+    from .model_shapes import text_config
+    from .multimodal import is_vision_language, with_images
+
+    batches = random_batches(int(text_config(config).vocab_size), n, batch_size, seq_len, seed)
+    if not is_vision_language(config):
+        return batches
+    return [with_images(b, config, image_tokens=image_tokens, seed=seed + i) for i, b in enumerate(batches)]
+
+
+def take_rows(batch, start: int, stop: int):
+    """Sequences ``start:stop`` of a batch of :func:`step_batches` (a rank's share of the global batch)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    from .multimodal import take
+
+    return take(batch, start, stop)
+
+
+def model_info(config, source: str, batch=None) -> dict[str, Any]:
+    """Description of a model config (no weights needed): architecture, sizes (a vision-language model's text
+    decoder's) and parameter count, and ``matmul_parameters`` (:func:`matmul_parameters`; the MFU numerator's count
+    per token). For a vision-language model and one of its batches (``batch``, :func:`step_batches`), the vision
+    encoder's parameters (``vision_parameters``: all but the text decoder, the LM head and the input embedding)
+    count in ``matmul_parameters`` in proportion to the positions they run on: their patches per sequence over the
+    sequence's tokens.
 
     Raises:
         ConfigError: transformers cannot build a causal LM from ``config``.
     """
+    from .model_shapes import text_config
+
+    text = text_config(config)  # a vision-language model's sizes are its text decoder's
     info = {"source": source, "model_type": getattr(config, "model_type", None),
             "architecture": (getattr(config, "architectures", None) or [None])[0],
-            "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-            "hidden_size": getattr(config, "hidden_size", None),
-            "intermediate_size": getattr(config, "intermediate_size", None),
-            "vocab_size": getattr(config, "vocab_size", None)}
+            "num_hidden_layers": getattr(text, "num_hidden_layers", None),
+            "hidden_size": getattr(text, "hidden_size", None),
+            "intermediate_size": getattr(text, "intermediate_size", None),
+            "vocab_size": getattr(text, "vocab_size", None)}
     from .dry_run import build_meta_model
 
     m = build_meta_model(config)  # ConfigError for a config transformers cannot build, before any run
     info["architecture"] = type(m).__name__
     info["num_parameters"] = sum(p.numel() for p in m.parameters())
     info["matmul_parameters"] = matmul_parameters(m)
+    if isinstance(batch, dict):
+        from .multimodal import vision_positions
+
+        text_part = {id(p) for p in m.get_decoder().parameters()} | {id(p) for p in m.get_output_embeddings()
+                                                                     .parameters()}
+        text_part |= {id(p) for p in m.get_input_embeddings().parameters()}
+        vision = sum(p.numel() for p in m.parameters() if id(p) not in text_part)
+        positions, seq = vision_positions(batch, config), batch["input_ids"].shape[1]
+        info.update(vision_parameters=vision, vision_positions_per_sequence=positions,
+                    matmul_parameters=int(info["matmul_parameters"] - vision + vision * positions / seq))
     return info
 
 

@@ -27,6 +27,7 @@ from ..integrations.report import DRY_RUN_SILENT_NOTES, KIND_NOTES
 from ..integrations.report import KIND_CATEGORIES as CATEGORIES  # patch kind -> category
 from .dry_run import dry_run
 from .errors import ConfigError, error_text
+from .model_shapes import text_config
 from .model_source import load_model_config
 
 CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -34,17 +35,33 @@ CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
                  "rms_norm_eps", "tie_word_embeddings", "final_logit_softcapping")
 
 
-def config_summary(config) -> dict[str, Any]:
-    """The shape-relevant fields of a transformers config (absent ones left out), plus ``model_type``. A field that
-    varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) is left out too."""
-    out: dict[str, Any] = {"model_type": getattr(config, "model_type", None)}
-    for name in CONFIG_FIELDS:
+def _fields(config, names) -> dict[str, Any]:
+    out = {}
+    for name in names:
         try:
             value = getattr(config, name, None)
         except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
             value = None
         if value is not None:
             out[name] = value
+    return out
+
+
+def config_summary(config) -> dict[str, Any]:
+    """The shape-relevant fields of a transformers config (absent ones left out), plus ``model_type``. A field that
+    varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) is left out too. A
+    vision-language config gives its text decoder's fields, ``tie_word_embeddings`` from the outer config, and its
+    vision encoder's as ``vision_model_type``, ``vision_num_hidden_layers``, ``vision_hidden_size``."""
+    text = text_config(config)
+    out: dict[str, Any] = {"model_type": getattr(config, "model_type", None), **_fields(text, CONFIG_FIELDS)}
+    if text is not config:
+        out.update(_fields(config, ("tie_word_embeddings",)))
+        vision = getattr(config, "vision_config", None)
+        if vision is not None:  # Qwen-VL's vision layers are `depth` (aliased `num_hidden_layers` in 5.2x only)
+            fields = _fields(vision, ("model_type", "num_hidden_layers", "depth", "hidden_size", "embed_dim"))
+            fields.setdefault("num_hidden_layers", fields.get("depth"))
+            fields.pop("depth", None)
+            out.update({f"vision_{k}": v for k, v in fields.items() if v is not None})
     return out
 
 

@@ -51,9 +51,10 @@ import torch
 
 from ..ops import CATEGORY_LABELS
 from . import predict as PR
+from ._train import param_dtype, step_inputs
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DEFAULTS, DTYPES, run_provider
-from .e2e_models import build_model, hf_config, model_info, random_batches
+from .e2e_models import build_model, hf_config, model_info, step_batches
 from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
                              device_busy_us, device_op_count, make_step, step_issue)
 from . import profile_attrib as PA
@@ -223,6 +224,7 @@ def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device
     if active < 1:
         raise ValueError("profile_steps needs warmup + 2 batches at least")
     train_step = make_step(model, lr, lambda: record_function(RANGE + "optimizer"))
+    dtype = param_dtype(model)
 
     def step(batch) -> None:
         train_step(batch)
@@ -239,14 +241,14 @@ def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device
     times = []
     try:
         for b in batches[:warmup]:
-            step(b.to(device))
+            step(step_inputs(b, device, dtype))
         _sync(device)
         with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
                      on_trace_ready=ready) as prof:
             for i, b in enumerate(batches[warmup:]):
                 _sync(device)
                 t0 = time.perf_counter()
-                step(b.to(device, non_blocking=True))
+                step(step_inputs(b, device, dtype))
                 _sync(device)
                 if i >= 1:
                     times.append((time.perf_counter() - t0) * 1e3)
@@ -388,12 +390,11 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     cuda = device.type == "cuda"
     hfc, source = hf_config(cfg.model, cfg.layers)
-    info = model_info(hfc, source)
+    timed_batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+    prof_batches = step_batches(hfc, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size, cfg.seq_len,
+                                cfg.seed + 1)
+    info = model_info(hfc, source, timed_batches[0])
     info["dtype"] = cfg.dtype
-    vocab = int(hfc.vocab_size)
-    timed_batches = random_batches(vocab, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
-    prof_batches = random_batches(vocab, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size,
-                                  cfg.seq_len, cfg.seed + 1)
     notes: list[str] = []
     stage_s: dict[str, float] = {}
     clock = [time.perf_counter(), None]

@@ -380,7 +380,9 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
     from .timing import DeviceHold, issue_time
 
     step, hold = make_step(model, lr), DeviceHold(device)
-    data = [b.to(device) for b in batches]
+    from ._train import param_dtype, step_inputs
+
+    data = [step_inputs(b, device, param_dtype(model)) for b in batches]
     for i in range(warmup):
         step(data[i % len(data)])
     overhead = hook_overhead(device)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..ops import CATEGORIES as OP_CATEGORIES
+from ._train import param_dtype, step_inputs
 from .timing import DeviceHold, IssueTime, issue_time, sync_points
 
 HOST_ROUNDS = 3
@@ -297,7 +298,8 @@ def categorize(events, cuda: bool) -> dict[str, float]:
 
 def make_step(model: torch.nn.Module, lr: float, optimizer_range: Callable[[], Any] | None = None):
     """``step(batch, timer=None)``: one training step of ``model`` as :func:`tigon.workflows._train.train` runs it
-    (forward with labels, backward, AdamW step, zero_grad with ``set_to_none``), on a new AdamW; the optimizer runs
+    (forward with labels, backward, AdamW step, zero_grad with ``set_to_none``) on a batch already on the model's
+    device (token ids, or :func:`tigon.workflows._train.step_inputs`' dict), on a new AdamW; the optimizer runs
     inside ``optimizer_range()`` when given (a context manager); ``timer`` (an
     :class:`~tigon.workflows.timing.IssueTimer`) gets the parts ``"forward: embedding"`` (first) and
     ``"optimizer"`` (last, stopped)."""
@@ -306,7 +308,7 @@ def make_step(model: torch.nn.Module, lr: float, optimizer_range: Callable[[], A
     def step(batch, timer=None) -> None:
         if timer is not None:
             timer.start("forward: embedding")
-        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss = model(**step_inputs(batch), use_cache=False).loss
         loss.backward()
         if timer is not None:
             timer.mark("optimizer")
@@ -339,7 +341,7 @@ def step_issue(model: torch.nn.Module, batches: list[torch.Tensor], *, device: t
         (:class:`~tigon.workflows.timing.IssueTime` in ms, the sync warnings as ``"file:line: message"``).
     """
     step, hold = make_step(model, lr), DeviceHold(device)
-    turn = itertools.cycle([b.to(device) for b in batches])
+    turn = itertools.cycle([step_inputs(b, device, param_dtype(model)) for b in batches])
     for _ in range(warmup):
         step(next(turn))
     hold.sync()

@@ -471,6 +471,9 @@ def run_verify(
                      "shapes are scaled down on CPU (tokens, vocabulary cap).")
     elif backend == "reference":
         notes.append("no kernel ran: every Tigon op fell back to the PyTorch reference (see backends).")
+    if getattr(hf_config, "vision_config", None) is not None:
+        notes.append("vision-language model: the shapes are its text decoder's; the vision encoder's ops (its norms, "
+                     "MLPs) run the same kernels at its own width.")
     if cfg.model_ops:
         notes.append(f"ops: those tigon.patch runs in {cfg.model} ({', '.join(cfg.ops)}); run without --model to "
                      "verify every op.")

@@ -1,0 +1,138 @@
+"""Vision-language models in the tools (:mod:`tigon.workflows.multimodal`): ``tigon inspect`` equals ``tigon.patch``
+on the real model, one training step with an image equals the unpatched model's (loss and every gradient, fp32 1e-5),
+and ``tigon compare``, ``tigon verify --model`` and ``tigon bench --e2e`` run end to end, on the tiny Qwen2-VL and
+Qwen2.5-VL presets; the image batches fit every vision-language family of the test matrix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tigon  # noqa: E402
+from model_matrix import DEVICE, VISION_LANGUAGE, config, require_family  # noqa: E402
+from test_families import assert_same_step  # noqa: E402
+from tigon import presets  # noqa: E402
+from tigon.workflows import multimodal  # noqa: E402
+
+TINY = ["qwen2-vl-tiny", "qwen2.5-vl-tiny"]
+
+
+def tiny_model(name: str, seed: int = 0):
+    cfg = presets.build_config(name)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return cfg, multimodal.auto_class(cfg).from_config(cfg).to(DEVICE).train()
+
+
+def tiny_batch(cfg, seq: int = 12) -> dict:
+    ids = torch.randint(0, 250, (1, seq), generator=torch.Generator().manual_seed(0))
+    return {k: v.to(DEVICE) for k, v in multimodal.with_images(ids, cfg, image_tokens=1).items()}
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_inspect_equals_patch(name):
+    """The dry run of ``tigon inspect`` (meta device, from the config) decides what tigon.patch does to the model."""
+    from tigon.workflows.inspect import run_inspect
+
+    cfg, model = tiny_model(name)
+    report = tigon.patch(model)
+    tigon.unpatch(model)
+    got = run_inspect(name)
+    assert got.architecture == type(model).__name__ and got.family == report.family == cfg.model_type
+    assert got.counts == report.counts and got.patch["skipped_counts"] == report.skipped_counts
+    for kind in ("replaced", "skipped"):
+        assert sorted((e["kind"], e["target"]) for e in got.patch[kind]) == \
+            sorted((e.kind, e.target) for e in getattr(report, kind))
+    assert {"rms_norm", "mlp", "rope", "lm_head_loss"} <= set(report.counts)
+    assert any(e.target.startswith("model.visual.") for e in report.replaced)  # the vision tower's norms
+    assert got.config["vision_num_hidden_layers"] == 2 and got.config["hidden_size"] == 128
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_one_step_with_an_image_equals_the_original(name):
+    """Loss and every gradient of one step on text + image (the image tokens ignored by the loss), fp32 1e-5; the
+    report's ops are those that ran."""
+    cfg, original = tiny_model(name)
+    _, patched = tiny_model(name)
+    report = tigon.patch(patched)
+    try:
+        batch = tiny_batch(cfg)
+        assert (batch["labels"] == -100).sum() == 1
+        assert_same_step(original, patched, report, **batch)
+    finally:
+        tigon.unpatch(patched)
+
+
+def test_compare_runs_end_to_end():
+    from tigon.workflows.compare import CompareConfig, run_compare
+
+    r = run_compare(CompareConfig(preset="qwen2.5-vl-tiny", steps=1, batch_size=1, seq_len=16, device=DEVICE))
+    assert r.ok and r.max_rel_loss_diff < 1e-5 and r.model["architecture"] == "Qwen2_5_VLForConditionalGeneration"
+    assert r.data["image_tokens_per_sequence"] == 4 and r.model["hidden_size"] == 128
+    assert {"rms_norm", "rope", "glu_linear", "fused_linear_cross_entropy"} <= set(r.backend_usage)
+
+
+def test_verify_model_picks_the_vision_language_ops():
+    from tigon.workflows.verify import VerifyConfig, model_ops, run_verify
+
+    assert "layer_norm" in model_ops("qwen2-vl-tiny")  # the Qwen2-VL vision tower's LayerNorms
+    r = run_verify(VerifyConfig(model="qwen2-vl-tiny", ops=["layer_norm"], dtypes=["float32"], tokens=8,
+                                device=DEVICE))
+    assert r.passed and r.config["ops"] == ["layer_norm"] and r.model["vision_model_type"] == "qwen2_vl_vision"
+
+
+def test_e2e_bench_row():
+    from tigon.workflows.e2e import E2EConfig, run_e2e
+
+    r = run_e2e(E2EConfig(model="qwen2-vl-tiny", providers=["original", "tigon"], steps=1, warmup=0, batch_size=1,
+                          seq_len=16, image_tokens=2, device=DEVICE, dtype="float32"))
+    assert [row.status for row in r.rows] == ["ok", "ok"], [row.note for row in r.rows]
+    assert abs(r.rows[0].losses[0] - r.rows[1].losses[0]) <= 1e-5 * r.rows[0].losses[0]
+    assert r.model["image_tokens_per_sequence"] == 2 and r.model["vision_positions_per_sequence"] == 8  # 2x4 patches
+    assert 0 < r.model["vision_parameters"] < r.model["num_parameters"]
+
+
+def test_cli_inspect_json(tmp_path):
+    import json
+
+    from tigon.cli import main
+
+    assert main(["inspect", "qwen2.5-vl-tiny", "--json", str(tmp_path / "r.json")]) == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["architecture"] == "Qwen2_5_VLForConditionalGeneration" and r["counts"]["lm_head_loss"] == 1
+
+
+@pytest.mark.parametrize("case", list(VISION_LANGUAGE))
+def test_image_batch_fits_every_family(case):
+    """:func:`with_images` builds inputs each vision-language family's model takes, from its config alone: one image
+    per sequence, its placeholder tokens (and only those) ignored by the loss; :func:`take` slices per sequence."""
+    model_type, overrides, cls, *_ = VISION_LANGUAGE[case]
+    require_family(model_type)
+    cfg = config(model_type, overrides)
+    assert multimodal.model_class(cfg).__name__ == cls
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = multimodal.with_images(ids, cfg, image_tokens=1)
+    image = batch["input_ids"] == multimodal.image_token_id(cfg)
+    assert torch.equal(batch["labels"] == -100, image) and len(set(image.sum(1).tolist())) == 1
+    torch.manual_seed(0)
+    model = multimodal.auto_class(cfg).from_config(cfg)
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch, use_cache=False).loss)
+    halves = [multimodal.take(batch, 0, 1), multimodal.take(batch, 1, 2)]
+    assert all(torch.equal(torch.cat([h[k] for h in halves]), v) for k, v in batch.items())
+
+
+def test_errors_name_the_problem():
+    from tigon.workflows.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a vision-language model"):
+        multimodal.image_layout(presets.build_config("tiny"))
+    with pytest.raises(ValueError, match="input_ids must be a"):
+        multimodal.with_images(torch.zeros(4), presets.build_config("qwen2-vl-tiny"))
+    with pytest.raises(ValueError, match="image_tokens must be"):
+        multimodal.with_images(torch.zeros(1, 8, dtype=torch.long), presets.build_config("qwen2-vl-tiny"),
+                               image_tokens=0)
+    with pytest.raises(ConfigError, match="--seq-len 3 is too short"):
+        multimodal.with_images(torch.zeros(1, 3, dtype=torch.long), presets.build_config("qwen2-vl-tiny"))
