@@ -356,7 +356,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     from .. import support
 
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
-    batch = tuple(batches[0].shape[:2])
+    ids = batches[0] if isinstance(batches[0], torch.Tensor) else batches[0]["input_ids"]  # a VLM's batch: a dict
+    batch = tuple(ids.shape[:2])
     row, held = E2ERow(provider), {}
 
     def make_model():
