@@ -118,3 +118,33 @@ def test_liger_peer_gives_the_same_gradients(device, monkeypatch):
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(t.grad is None for t in ts.values())  # taken, not left behind
+
+
+def test_tiled_mlp_under_torch_compile_is_the_untiled_mlp(device):
+    # traced without a graph break: the untiled glu_linear (same values, no tiling saving; documented)
+    inputs = _inputs(device, torch.float32, (2, 5))
+    ts = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    f = torch.compile(lambda **kw: F.tiled_mlp(**kw, num_shards=3), backend="aot_eager", fullgraph=True)
+    out = f(**ts)
+    grads = torch.autograd.grad(out, list(ts.values()), torch.ones_like(out))
+    ref = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    want = gated_mlp(**ref)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, torch.autograd.grad(want, list(ref.values()), torch.ones_like(want))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak memory is measured on a CUDA GPU")
+def test_tiled_mlp_peak_memory_is_below_the_untiled_mlp():
+    inputs = _inputs("cuda", torch.bfloat16, (4096,), hidden=256, inter=2048)
+
+    def peak(fn):
+        ts = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn(**ts)
+        torch.autograd.grad(out, list(ts.values()), torch.ones_like(out))
+        return torch.cuda.max_memory_allocated() - base
+
+    assert peak(lambda **kw: F.tiled_mlp(**kw, num_shards=8)) < 0.6 * peak(gated_mlp)

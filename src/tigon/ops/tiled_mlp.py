@@ -11,6 +11,7 @@ Specification: :func:`tigon.reference.glu.gated_mlp` (tiling changes no value).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -99,17 +100,9 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     rows = max(1, math.ceil(x2.shape[0] / num_shards))
-    with torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else _nothing():
+    with torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else contextlib.nullcontext():
         out = _TiledMLP.apply(x2, gate_weight, up_weight, down_weight, activation, rows)
     return out.view(*x.shape[:-1], hidden)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _TiledMLP(torch.autograd.Function):
@@ -128,6 +121,7 @@ class _TiledMLP(torch.autograd.Function):
             xt = x2[s:s + rows]
             h = k.glu_forward(xt @ wg.t(), xt @ wu.t(), activation)
             torch.matmul(h, wd.t(), out=out[s:s + rows])
+            del h  # freed before the next tile's gate and up are formed
         return out
 
     @staticmethod
@@ -153,6 +147,7 @@ class _TiledMLP(torch.autograd.Function):
                 dwu.addmm_(du.t(), xt)
             if nx:
                 torch.mm(dg, wg, out=dx[s:s + ctx.rows]).addmm_(du, wu)
+            del dg, du  # freed before the next tile's d_product is formed
         return dx, dwg, dwu, dwd, None, None
 
 
