@@ -12,6 +12,7 @@ Specification: :func:`tigon.reference.glu.gated_mlp` (tiling changes no value).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -211,7 +212,7 @@ RECORDS = (OpSpec(
     # the MLP's three matmuls; the backward's recompute of gate and up is not counted (useful work only)
     flops=lambda s, mode: (6 if mode == "fwd" else 18) * s["tokens"] * s["intermediate"] * s["hidden"],
     under_compile="inductor",
-    peers={"liger": _liger},
+    peers={"liger": functools.partial(_liger, **_SHARDS.options)},  # bench calls peers without the case options
     cases=(_SHARDS, Case("num_shards=3, gelu_tanh", options={"num_shards": 3, "activation": "gelu_tanh"})),
     leading_dims=("x",),
 ),)
