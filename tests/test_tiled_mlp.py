@@ -13,8 +13,9 @@ from tigon.numerics import assert_close_to_truth, compare
 from tigon.reference.glu import gated_mlp
 
 GRADS = ["x", "gate_weight", "up_weight", "down_weight"]
-# bf16: the tiles' weight gradients accumulate with one rounding each (addmm_), the eager MLP's with one in all;
-# 1.5 bounds that extra rounding at the tests' few tiles (fp32: within the floor).
+# bf16, default accum_dtype: the tiles' weight gradients accumulate in bf16 with one rounding per tile (addmm_), the
+# eager MLP's with one in all: measured up to 1.2x its error at 3-4 tiles, bounded by 1.5 (Liger: two per tile).
+# accum_dtype=float32: one rounding of each tile's product, the sum in fp32: within the sampling noise (1.1).
 FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.5}
 
 
@@ -36,6 +37,14 @@ def test_tiled_mlp_matches_float64(device, dtype, shards, shape):
     assert_close_to_truth(checks)
     if dtype == torch.float32:
         assert all(c.tigon_err <= 1e-5 for c in checks), checks
+
+
+@pytest.mark.parametrize("shards", [3, 4])
+def test_tiled_mlp_fp32_accumulation_matches_the_eager_bf16_error(device, shards):
+    inputs = _inputs(device, torch.bfloat16, (2, 33), hidden=32, inter=96)
+    checks = compare(lambda **kw: F.tiled_mlp(**kw, num_shards=shards, accum_dtype=torch.float32), gated_mlp,
+                     inputs, GRADS, factor=1.1)
+    assert_close_to_truth(checks)
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
@@ -71,6 +80,8 @@ def test_tiled_mlp_errors(device):
         F.tiled_mlp(**dict(kw, up_weight=kw["up_weight"].double()))
     with pytest.raises(ValueError, match="activation"):
         F.tiled_mlp(**kw, activation="relu")
+    with pytest.raises(ValueError, match="accum_dtype"):
+        F.tiled_mlp(**kw, accum_dtype=torch.float16)
 
 
 def _config(act="silu"):

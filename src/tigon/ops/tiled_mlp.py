@@ -30,7 +30,8 @@ def default_shards(x: torch.Tensor) -> int:
 
 
 def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
-              activation: str = "silu", num_shards: int | None = None) -> torch.Tensor:
+              activation: str = "silu", num_shards: int | None = None, *,
+              accum_dtype: torch.dtype | None = None) -> torch.Tensor:
     """A bias-free gated MLP, ``down_proj(act(gate_proj(x)) * up_proj(x))`` (HF LlamaMLP / GemmaMLP; GLU variants,
     Shazeer 2020), over ``num_shards`` tiles of tokens (DeepSpeed TiledMLP; Liger-Kernel ``apply_tiled_mlp`` /
     ``LigerTiledSwiGLUMLP``), recomputed in the backward.
@@ -57,13 +58,19 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
         activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh GELU, HF
             ``gelu_pytorch_tanh``).
         num_shards: tile count, an int >= 1; None: Liger's default ``ceil(seq / H)``, seq = ``x.shape[-2]``.
+        accum_dtype: the weight gradients' accumulator across tiles. None (default): the weights' dtype, ``addmm_``
+            in place (one rounding per tile; Liger rounds twice per tile, its per-tile gradient then ``.grad +=``),
+            no extra memory. ``torch.float32``: each tile's product (rounded once, relative to the tile) is added
+            into fp32 accumulators, cast once at the end: a bf16 / fp16 MLP's weight gradients as accurate as the
+            untiled MLP's, for 2 x the weights' bytes of accumulators (fp32 weights: no difference).
 
     Returns:
         (..., H) in x's dtype (the autocast dtype under autocast), contiguous; gradients in their inputs' dtypes.
 
     Raises:
         TypeError: a non-floating tensor, dtypes differ outside autocast, or num_shards not an int.
-        ValueError: x is 0-d, shapes disagree, devices differ, unknown activation, or num_shards < 1.
+        ValueError: x is 0-d, shapes disagree, devices differ, unknown activation, num_shards < 1, or accum_dtype
+            neither None, float32 nor the weights' dtype.
     """
     _checks.tensor("x", x, floating=True)
     for name, w in (("gate_weight", gate_weight), ("up_weight", up_weight), ("down_weight", down_weight)):
@@ -100,9 +107,12 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
     x2 = x.reshape(-1, hidden)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
+    if accum_dtype not in (None, torch.float32) and accum_dtype != gate_weight.dtype:
+        raise ValueError(f"accum_dtype must be None, torch.float32 or the weights' dtype, got {accum_dtype!r}")
     rows = max(1, math.ceil(x2.shape[0] / num_shards))
     with torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else contextlib.nullcontext():
-        out = _TiledMLP.apply(x2, gate_weight, up_weight, down_weight, activation, rows)
+        out = _TiledMLP.apply(x2, gate_weight, up_weight, down_weight, activation, rows,
+                               accum_dtype or gate_weight.dtype)
     return out.view(*x.shape[:-1], hidden)
 
 
@@ -112,11 +122,11 @@ class _TiledMLP(torch.autograd.Function):
     gate, d_up over up and the product over d_product (three (rows, I) buffers at its peak)."""
 
     @staticmethod
-    def forward(ctx, x2, wg, wu, wd, activation, rows):
+    def forward(ctx, x2, wg, wu, wd, activation, rows, accum):
         from ..kernels import glu as k
 
         ctx.save_for_backward(x2, wg, wu, wd)
-        ctx.activation, ctx.rows = activation, rows
+        ctx.activation, ctx.rows, ctx.accum = activation, rows, accum
         out = x2.new_empty(x2.shape[0], wd.shape[0])
         for s in range(0, x2.shape[0], rows):
             xt = x2[s:s + rows]
@@ -134,22 +144,29 @@ class _TiledMLP(torch.autograd.Function):
         nx, ng, nu, nd = ctx.needs_input_grad[:4]
         dout = dout.contiguous()
         dx = torch.empty_like(x2) if nx else None
-        dwg, dwu, dwd = (torch.zeros_like(w) if need else None for w, need in ((wg, ng), (wu, nu), (wd, nd)))
+        dwg, dwu, dwd = (torch.zeros_like(w, dtype=ctx.accum) if need else None
+                         for w, need in ((wg, ng), (wu, nu), (wd, nd)))
+
+        def acc(buf, a, b):  # buf += a @ b: in place in the weights' dtype, else the product added into fp32
+            buf.addmm_(a, b) if buf.dtype == a.dtype else buf.add_(a @ b)
+
         for s in range(0, x2.shape[0], ctx.rows):
             xt, dyt = x2[s:s + ctx.rows], dout[s:s + ctx.rows]
             h = dyt @ wd  # d_product, then (after the pass) the product
             dg, du = k.glu_backward(h, xt @ wg.t(), xt @ wu.t(), ctx.activation, inplace=True, store_product=True)
             if nd:
-                dwd.addmm_(dyt.t(), h)
+                acc(dwd, dyt.t(), h)
             del h
             if ng:
-                dwg.addmm_(dg.t(), xt)
+                acc(dwg, dg.t(), xt)
             if nu:
-                dwu.addmm_(du.t(), xt)
+                acc(dwu, du.t(), xt)
             if nx:
                 torch.mm(dg, wg, out=dx[s:s + ctx.rows]).addmm_(du, wu)
             del dg, du  # freed before the next tile's d_product is formed
-        return dx, dwg, dwu, dwd, None, None
+        dwg, dwu, dwd = (g if g is None or g.dtype == w.dtype else g.to(w.dtype)
+                         for g, w in ((dwg, wg), (dwu, wu), (dwd, wd)))
+        return dx, dwg, dwu, dwd, None, None, None
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
