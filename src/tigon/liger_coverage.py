@@ -27,8 +27,8 @@ class LigerOp:
 
 _MHC = ("mHC (manifold-constrained hyper-connections: a widened residual stream mixed by Sinkhorn-projected "
         "matrices) changes the model's architecture; no transformers model uses it; not done yet")
-_TILED = ("a memory option (the MLP run over sequence tiles, recomputed in the backward) rather than a kernel; "
-          "activation checkpointing gives the same trade; not done yet")
+_TILED = ("F.tiled_mlp under it (bias-free gate/up/down, the fused GLU kernels per tile, weight gradients accumulated "
+          "in place); hidden_act 'gelu' is the exact GELU (Liger runs the tanh GELU)")
 _MTA = ("an attention variant (Golovneva et al. 2025: a convolution over the score matrix) that no transformers "
         "model uses; attention is left to SDPA / FlashAttention; not done yet")
 _NA = ("neighborhood (local-window) attention for vision models (NATTEN's); attention is left to SDPA / FlashAttention "
@@ -102,8 +102,8 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerQwen3MoeSwiGLUMLP", _MOE),
     LigerOp("LigerVocabParallelCrossEntropy", "F.vocab_parallel_cross_entropy"),
     LigerOp("LigerGroupNorm", "nn.GroupNorm"),
-    LigerOp("LigerTiledGEGLUMLP", None, _TILED),
-    LigerOp("LigerTiledSwiGLUMLP", None, _TILED),
+    LigerOp("LigerTiledGEGLUMLP", "nn.TiledGEGLUMLP", _TILED),
+    LigerOp("LigerTiledSwiGLUMLP", "nn.TiledSwiGLUMLP", _TILED),
     LigerOp("LigerMultiTokenAttention", None, _MTA),
     LigerOp("LigerModulatedRMSNorm", None, _MODULATED),
     LigerOp("LigerMHC", None, _MHC),

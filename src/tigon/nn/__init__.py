@@ -3,7 +3,7 @@
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
 ``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` /
 ``LigerKLDIVLoss`` / ``LigerTVDLoss`` / ``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses
-``LigerFusedLinearDPOLoss`` ..., ``torch.nn.LayerNorm``), so state dicts load unchanged.
+``LigerFusedLinearDPOLoss`` ..., ``LigerTiledSwiGLUMLP`` / ``LigerTiledGEGLUMLP``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from .activation import ReLUSquared, Softmax
 from .divergence import JSD, KLDivLoss, TVDLoss
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
-from .mlp import GeGLUMLP, SwiGLUMLP
+from .mlp import GeGLUMLP, SwiGLUMLP, TiledGEGLUMLP, TiledSwiGLUMLP
 from .norm import DyT, FusedAddRMSNorm, LayerNorm, PolyNorm, RMSNorm
 from .preference import (FusedLinearCPOLoss, FusedLinearDPOLoss, FusedLinearKTOLoss, FusedLinearORPOLoss,
                          FusedLinearSimPOLoss)
@@ -24,4 +24,4 @@ __all__ = ["RMSNorm", "FusedAddRMSNorm", "LayerNorm", "SwiGLUMLP", "GeGLUMLP", "
            "FusedLinearCrossEntropyLoss", "JSD", "KLDivLoss", "TVDLoss", "ReLUSquared", "Softmax", "DyT", "PolyNorm",
            "FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss", "FusedLinearORPOLoss",
            "FusedLinearKTOLoss", "FusedLinearGRPOLoss", "FusedLinearJSD", "FusedLinearJSDLoss", "GroupNorm",
-           "Sparsemax"]
+           "Sparsemax", "TiledSwiGLUMLP", "TiledGEGLUMLP"]

@@ -116,3 +116,19 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7
     gate = gate.clamp(min=None, max=limit)
     up = up.clamp(min=-limit, max=limit)
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor, down_weight: torch.Tensor,
+              activation: str = "silu", num_shards: int | None = None) -> torch.Tensor:
+    """HF LlamaMLP's ``down_proj(act(gate_proj(x)) * up_proj(x))`` (bias-free), untiled: the specification of
+    :func:`tigon.functional.tiled_mlp` (tiling over tokens changes no value; ``num_shards`` is accepted and unused).
+
+    Args:
+        x: (..., H); gate_weight, up_weight: (I, H); down_weight: (H, I); one float dtype.
+        activation: as :func:`glu_linear`'s.
+
+    Returns:
+        (..., H) in x's dtype.
+    """
+    lin = torch.nn.functional.linear
+    return glu_linear(lin(x, gate_weight), lin(x, up_weight), down_weight, None, activation)
