@@ -134,3 +134,18 @@ def test_former_positional_order_is_refused_naming_it(device):
         tnn.CrossEntropyLoss(None, -100, "sum")
     with pytest.raises(TypeError, match="ce_weight must be None or a .V,. tensor.*ignore_index the second"):
         tnn.FusedLinearCrossEntropyLoss(-100, "sum")
+
+
+def test_chunk_mem_const_is_checked_and_changes_nothing():
+    # Liger 0.8.5's 16th positional argument: taken for drop-in calls; Tigon's chunks follow `memory`.
+    import torch
+    from tigon import functional as TF
+
+    h, w = torch.randn(6, 8, requires_grad=True), torch.randn(11, 8)
+    t = torch.tensor([1, 2, -100, 4, 5, 10])
+    base = TF.fused_linear_cross_entropy(h, w, t)
+    assert torch.equal(TF.fused_linear_cross_entropy(h, w, t, None, None, -100, 0.0, 0.0, "mean", None, False, None,
+                                                     False, False, False, 4), base)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="chunk_mem_const must be a positive int"):
+            TF.fused_linear_cross_entropy(h, w, t, chunk_mem_const=bad)

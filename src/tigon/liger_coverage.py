@@ -35,8 +35,20 @@ _NA = ("neighborhood (local-window) attention for vision models (NATTEN's); atte
        "and no causal LM Tigon patches uses it; not done yet")
 _MODULATED = ("adaLN-style (1 + scale) * rms_norm(x) + shift with broadcast scale / shift, used by diffusion "
               "transformers, none of the causal-LM families Tigon patches; not done yet")
-_LLAMA4 = ("Llama-4's rotary (text and vision) takes complex freqs_cis, another interface than cos / sin; the llama4 "
-           "family declares it unsupported and leaves it to PyTorch")
+_LLAMA4_TEXT = ("not as a function of complex freqs_cis (another interface than cos / sin); tigon.patch does rotate "
+                "Llama-4's text attention (the llama4 family: F.rope_interleaved on freqs_cis's real and imaginary "
+                "parts)")
+_LLAMA4_VISION = ("complex freqs_cis, another interface than cos / sin; Llama-4's vision tower is not patched, its "
+                  "rotary left to PyTorch; not done yet")
+_FLKL = ("not done yet: a fused linear KL against a given (N, V) target distribution; Tigon's fused distillation loss, "
+         "F.fused_linear_jsd, takes the teacher's head instead (its beta gives either KL at the ends)")
+_TP_SCALED = ("not done yet as such: F.vocab_parallel_fused_linear_cross_entropy is the vocabulary-sharded fused loss "
+              "(temperature as logit_scale = 1 / temperature), without the per-token entropy output")
+_CETVD = ("not done yet as one module: per-token cross-entropy and total variation distance against a given teacher "
+          "distribution, unreduced (F.cross_entropy with reduction='none' and F.tvd give the two terms)")
+_MUSE = ("MuseGlimmer is not a transformers family Tigon patches (not in transformers 5.17 / 5.25); nn.RMSNorm with "
+         "casting_mode='gemma' (and offset=1.0 for the centered norm) / nn.SwiGLUMLP compute the same; not done as "
+         "named classes")
 _MOE = "the MoE families' experts patch (tigon.patch: mixtral, qwen3_moe, ...: the experts' _apply_gate hook)"
 
 LIGER_OPS: tuple[LigerOp, ...] = (
@@ -44,6 +56,8 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("liger_cross_entropy", "F.cross_entropy"),
     LigerOp("liger_fused_linear_cross_entropy", "F.fused_linear_cross_entropy"),
     LigerOp("liger_fused_linear_jsd", "F.fused_linear_jsd"),
+    LigerOp("liger_fused_linear_kl_div", None, _FLKL),
+    LigerOp("liger_fused_linear_scaled_cross_entropy_tp", None, _TP_SCALED),
     LigerOp("liger_geglu", "F.geglu"),
     LigerOp("liger_group_norm", "F.group_norm"),
     LigerOp("liger_jsd", "F.jsd"),
@@ -73,13 +87,15 @@ LIGER_OPS: tuple[LigerOp, ...] = (
             "attention residuals (Kimi, arXiv:2603.15031: softmax attention over the outputs of earlier blocks "
             "instead of the residual add) change the model's architecture; no transformers model uses them; not "
             "done yet"),
-    LigerOp("liger_llama4_text_rotary_pos_emb", None, _LLAMA4),
-    LigerOp("liger_llama4_vision_rotary_pos_emb", None, _LLAMA4),
+    LigerOp("liger_llama4_text_rotary_pos_emb", None, _LLAMA4_TEXT),
+    LigerOp("liger_llama4_vision_rotary_pos_emb", None, _LLAMA4_VISION),
     # modules
     LigerOp("LigerCrossEntropyLoss", "nn.CrossEntropyLoss"),
     LigerOp("LigerFusedLinearCrossEntropyLoss", "nn.FusedLinearCrossEntropyLoss",
             "forward(hidden, weight, target, bias): hidden first (Liger: lin_weight first)"),
     LigerOp("LigerFusedLinearJSD", "nn.FusedLinearJSD"),
+    LigerOp("LigerFusedLinearKLDivLoss", None, _FLKL),
+    LigerOp("LigerFusedCETVDLoss", None, _CETVD),
     LigerOp("LigerJSD", "nn.JSD"),
     LigerOp("LigerKLDIVLoss", "nn.KLDivLoss"),
     LigerOp("LigerTVDLoss", "nn.TVDLoss"),
@@ -93,6 +109,9 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerSparsemax", "nn.Sparsemax"),
     LigerOp("LigerGEGLUMLP", "nn.GeGLUMLP"),
     LigerOp("LigerSwiGLUMLP", "nn.SwiGLUMLP"),
+    LigerOp("LigerSwiGLUMLPForMuseGlimmer", None, _MUSE),
+    LigerOp("LigerRMSNormForMuseGlimmer", None, _MUSE),
+    LigerOp("LigerRMSNormForMuseGlimmerTextCentered", None, _MUSE),
     LigerOp("LigerMLP", "nn.SwiGLUMLP", "the patched MLP runs F.glu_linear (down projection fused with the product)"),
     LigerOp("LigerPhi3SwiGLUMLP", "the phi3 family patch", "the fused gate_up projection's halves"),
     LigerOp("LigerFalconH1MLP", "the falcon_h1 family patch", "F.swiglu's gate / down multipliers"),

@@ -35,6 +35,7 @@ def fused_linear_cross_entropy(
     use_token_scaling: bool = False,
     return_token_accuracy: bool = False,
     return_predicted_tokens: bool = False,
+    chunk_mem_const: int = 1,
     *,
     logit_scale: float = 1.0,
     class_weight: torch.Tensor | None = None,
@@ -46,7 +47,8 @@ def fused_linear_cross_entropy(
 
     Positional order: Liger-Kernel's ``liger_fused_linear_cross_entropy(input, weight, target, bias, ce_weight,
     ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, accum_dtype,
-    use_token_scaling, return_token_accuracy, return_predicted_tokens)``; Tigon's own options are keyword-only.
+    use_token_scaling, return_token_accuracy, return_predicted_tokens, chunk_mem_const)`` (0.8.5); Tigon's own
+    options are keyword-only.
 
     The LM-head loss of a language model, computed chunk by chunk over the tokens so that only a bounded
     (rows, V) block of logits exists at a time (Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024;
@@ -99,6 +101,9 @@ def fused_linear_cross_entropy(
         use_token_scaling: multiply each token's loss (z-loss included) by its target's probability under the
             (scaled, soft-capped) logits, a constant of the gradient (detached), before the reduction; the mean's
             denominator is unchanged (Liger-Kernel's option of the same name).
+        chunk_mem_const: Liger-Kernel 0.8.5's chunk-size multiplier (its logits chunks hold chunk_mem_const * N * H
+            elements), a positive int, accepted for drop-in calls and checked; Tigon sizes its chunks by ``memory``,
+            so it changes neither the result nor the chunks.
         ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy`` (give
             one name of each pair).
 
@@ -115,12 +120,16 @@ def fused_linear_cross_entropy(
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
             (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
-            ``use_token_scaling`` that is not a bool, or for both names of one option given.
+            ``use_token_scaling`` that is not a bool, or for both names of one option given; ValueError for a
+            ``chunk_mem_const`` that is not a positive int.
     """
     class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
     for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if isinstance(chunk_mem_const, bool) or not isinstance(chunk_mem_const, int) or chunk_mem_const < 1:
+        raise ValueError(f"chunk_mem_const must be a positive int (Liger-Kernel's chunk-size multiplier), got "
+                         f"{chunk_mem_const!r}")
     ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
                      label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
                      num_items_in_batch=num_items_in_batch)
