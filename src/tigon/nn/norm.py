@@ -220,7 +220,7 @@ class PolyNorm(nn.Module):
     Args:
         eps: added to each mean square.
         in_place: the backward writes the input's gradient over the output's incoming gradient where nothing else
-            reads it (see :func:`tigon.functional.poly_norm`; True, as Liger's).
+            reads it (see :func:`tigon.functional.poly_norm`; False here, True in Liger's: opt-in until its CUDA tests pass).
         device, dtype: of the parameters.
 
     Shapes and dtypes:
@@ -231,7 +231,7 @@ class PolyNorm(nn.Module):
         As :func:`tigon.functional.poly_norm`, at the forward, for bad inputs.
     """
 
-    def __init__(self, eps: float = 1e-6, in_place: bool = True, device=None, dtype=None) -> None:
+    def __init__(self, eps: float = 1e-6, in_place: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         if not isinstance(in_place, bool):
             raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")

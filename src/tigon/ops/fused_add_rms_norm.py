@@ -23,7 +23,7 @@ from .rms_norm import quack_rms_norm
                              mixed_dims=last_dim))
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = True,
+    casting_mode: str = "llama", in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``, then RMSNorm of s: returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)``.
 
@@ -43,7 +43,7 @@ def fused_add_rms_norm(
         eps: variance epsilon (HF ``rms_norm_eps``).
         offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
-        in_place: Liger-Kernel's option (same default): the backward writes the gradient of x and residual over
+        in_place: Liger-Kernel's option (default False here, True in Liger: the in-place backward's CUDA tests did not pass on the H200 on 2026-12-04 (their report was lost; benchmarks/results/h200/README.md, fourteenth run), so it is opt-in until they do): the backward writes the gradient of x and residual over
             y's incoming gradient (the tensor autograd hands this op's backward for y) instead of a new
             (..., hidden) tensor, saving ``x.numel() * x.element_size()`` bytes at the backward's peak. Unlike
             Liger's, it writes only where autograd's own bookkeeping shows that nothing else can read that gradient
@@ -91,7 +91,7 @@ def fused_add_rms_norm(
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
-def hf_fused_add_rms_norm(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama", in_place=True):
+def hf_fused_add_rms_norm(x, residual, weight, eps=1e-6, offset=0.0, casting_mode="llama", in_place=False):
     """What HF decoder layers run: ``hidden_states = residual + hidden_states; residual = hidden_states``, then the
     RMSNorm (:func:`tigon.reference.rms_norm.rms_norm`). Returns (normed, residual)."""
     s = residual + x
