@@ -51,7 +51,7 @@ from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
     BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, call_cost, differentiable_outputs, kernel_time,
-    measure_ceilings, rotation_sets, set_bytes, time_backward, time_call,
+    measure_ceilings, peak_extra_bytes, rotation_sets, set_bytes, time_backward, time_call,
 )
 
 PROVIDERS = _ops.providers()
@@ -295,22 +295,6 @@ def bench_one(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, devi
                 row.pct_matmul = 100.0 * row.tflops / ceilings["matmul_tflops"]
         rows.append(row)
     return rows
-
-
-def peak_extra_bytes(fwd_bwd: Callable[[], object], leaves, device: torch.device) -> int | None:
-    """Bytes one ``fwd_bwd()`` allocates above what is allocated before it (its peak, gradients of ``leaves``
-    cleared first); None off CUDA."""
-    if device.type != "cuda":
-        return None
-    for t in leaves:
-        t.grad = None
-    gc.collect()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fwd_bwd()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated(device) - base
 
 
 def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device: torch.device) -> dict:

@@ -7,6 +7,7 @@ All times are milliseconds; ``(median, p20, p80)`` triples.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -525,3 +526,19 @@ def head_matmuls(fn: Callable[[], object], tokens: int, hidden: int, vocab: int)
     with _matmul_counter()() as count:
         fn()
     return count.flops / (2 * tokens * hidden * vocab)
+
+
+def peak_extra_bytes(fwd_bwd: Callable[[], object], leaves, device: torch.device) -> int | None:
+    """Bytes one ``fwd_bwd()`` allocates above what is allocated before it (its peak, gradients of ``leaves``
+    cleared first); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    for t in leaves:
+        t.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fwd_bwd()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(device) - base
