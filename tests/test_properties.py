@@ -30,6 +30,7 @@ picks one by hand.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -437,8 +438,27 @@ def record_examples(spec: OpSpec, profile: settings = PROFILE) -> int:
     """The examples of ``spec``'s property test, over all its cases (see the budget above)."""
     if profile is not settings.get_profile("ci"):
         return profile.max_examples
-    share = CI_BUDGET / len(NAMES)
-    return max(MIN_RECORD_EXAMPLES, min(profile.max_examples, round(share / cost_class(spec))))
+    return _ci_shares(profile.max_examples).get(spec.name, MIN_RECORD_EXAMPLES)
+
+
+@functools.cache
+def _ci_shares(max_examples: int) -> dict[str, int]:
+    """Each record's ci examples: the budget shared equally in cost units, except that a record whose share would
+    fall under MIN_RECORD_EXAMPLES gets that floor and its cost comes out of the others' shares (water-filling), so
+    that expensive records' floors do not push the file over its budget as records are added."""
+    left, names, out = float(CI_BUDGET), list(NAMES), {}
+    while names:
+        share = left / len(names)
+        floored = [n for n in names if share / cost_class(ops.get(n)) < MIN_RECORD_EXAMPLES]
+        if not floored:
+            break
+        for n in floored:
+            out[n] = MIN_RECORD_EXAMPLES
+            left -= MIN_RECORD_EXAMPLES * cost_class(ops.get(n))
+            names.remove(n)
+    for n in names:
+        out[n] = max(MIN_RECORD_EXAMPLES, min(max_examples, round(left / len(names) / cost_class(ops.get(n)))))
+    return out
 
 
 def case_examples(spec: OpSpec, total: int) -> int:
