@@ -212,9 +212,15 @@ def step_inputs(batch, device: torch.device | None = None, dtype: torch.dtype | 
             for k, v in batch.items()}
 
 
+def batch_ids(batch) -> torch.Tensor:
+    """The (B, T) token ids of a batch as :func:`step_inputs` takes it: the tensor itself, or a vision-language
+    model's dict's ``input_ids`` (image placeholder tokens included)."""
+    return batch if isinstance(batch, torch.Tensor) else batch["input_ids"]
+
+
 def batch_tokens(batch) -> int:
     """Text tokens (image placeholder tokens included) of a batch as :func:`step_inputs` takes it."""
-    return int((batch if isinstance(batch, torch.Tensor) else batch["input_ids"]).numel())
+    return int(batch_ids(batch).numel())
 
 
 def param_dtype(model: torch.nn.Module) -> torch.dtype | None:

@@ -91,7 +91,7 @@ from typing import Any
 
 import torch
 
-from ._train import batch_tokens, train
+from ._train import batch_ids, batch_tokens, train
 from .liger_patch import GlobalsGuard, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
@@ -356,8 +356,7 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
     from .. import support
 
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
-    ids = batches[0] if isinstance(batches[0], torch.Tensor) else batches[0]["input_ids"]  # a VLM's batch: a dict
-    batch = tuple(ids.shape[:2])
+    batch = tuple(batch_ids(batches[0]).shape[:2])
     row, held = E2ERow(provider), {}
 
     def make_model():
