@@ -192,6 +192,33 @@ def test_plan_and_its_errors():
         checkpointing.plan(torch.nn.Linear(2, 2), batch=(B, T))
 
 
+def test_optimizer_step_room_in_the_automatic_budget():
+    """The foreach AdamW step's temporary (one buffer the size of the trainable parameters) is room for kept
+    activations; the fused step and the single-tensor path (the largest parameter) leave less; bad names and classes
+    are refused by name."""
+    model = sdpa_llama()
+    params = [p for p in model.parameters() if p.requires_grad]
+    total, largest = (f([p.numel() * p.element_size() for p in params]) for f in (sum, max))
+    foreach = total if DEVICE != "cpu" else largest  # PyTorch's default: foreach on an accelerator
+    assert checkpointing.step_workspace_bytes(model, "adamw_torch") == foreach
+    assert checkpointing.step_workspace_bytes(model, "adamw_torch_fused") == 0
+    assert checkpointing.step_workspace_bytes(model, None) == 0
+    assert checkpointing.step_workspace_bytes(model, torch.optim.AdamW(params, foreach=True)) == total
+    assert checkpointing.step_workspace_bytes(model, torch.optim.Adam(params, foreach=False)) == largest
+    base = checkpointing.auto_budget(model, (B, T))
+    assert checkpointing.auto_budget(model, (B, T), "adamw_torch") == base + foreach
+    p = checkpointing.plan(model, batch=(B, T), optimizer=torch.optim.AdamW(params, foreach=True))
+    assert p.budget_bytes == base + total
+    with pytest.raises(ValueError, match="optimizer"):
+        checkpointing.step_workspace_bytes(model, "sgd")
+    with pytest.raises(TypeError, match="optimizer"):
+        checkpointing.step_workspace_bytes(model, torch.optim.SGD(params, lr=0.1))
+    with pytest.raises(ValueError, match="optimizer"):
+        checkpointing.plan(model, batch=(B, T), budget_bytes=0, optimizer="adamw_torch")
+    with pytest.raises(ValueError, match="optimizer"):
+        checkpointing.plan(model, "full", optimizer="adamw_torch")
+
+
 def test_selective_checkpointing_of_a_patched_peft_model():
     """PEFT LoRA on every projection, patched (Tigon's fused LoRA adds the low-rank product into the base matmul's
     output in place): the plan keeps no LoRA projection, only the attention, and one step's loss and adapter gradients

@@ -86,6 +86,16 @@ PRESETS: dict[str, dict[str, Any]] = {
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
         ),
     },
+    "qwen2.5-7b": {
+        "model_type": "qwen2",
+        "description": "Qwen2.5 7B shapes (28 layers, q/k/v bias, vocab 152064; Qwen2-7B's shapes)",
+        "lr": 3e-4,
+        "config": dict(
+            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
+        ),
+    },
     "qwen2.5-0.5b": {
         "model_type": "qwen2",
         "description": "Qwen2.5 0.5B shapes (24 layers, hidden 896, q/k/v bias, tied embeddings, vocab 151936)",

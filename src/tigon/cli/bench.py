@@ -82,8 +82,8 @@ def add_parser(sub) -> None:
                         "and attention outputs that fit --checkpoint-budget-gb (tigon.checkpointing)")
     g.add_argument("--checkpoint-budget-gb", type=float, metavar="GB",
                    help="with --gradient-checkpointing selective: GiB the layers may keep over plain checkpointing "
-                        "(default: the room a full fine-tune's peak at the optimizer step leaves: "
-                        "tigon.checkpointing.auto_budget)")
+                        "(default: the room a full fine-tune's peak at the optimizer step leaves, the run's foreach "
+                        "AdamW temporary included: tigon.checkpointing.auto_budget)")
     g.add_argument("--kernel-summary", action="store_true",
                    help="profile each provider's last step (not timed) and report its GPU kernels by name and kind")
     g.add_argument("--nproc", type=int, metavar="N",

@@ -56,8 +56,8 @@ Gradient checkpointing (``--gradient-checkpointing non_reentrant|reentrant|selec
 user's script does before handing the model to a trainer: Hugging Face's (``use_reentrant`` False / True), or
 ``selective``: non-reentrant, each layer keeping the matmul and attention outputs that
 :func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
-default :func:`tigon.checkpointing.auto_budget`: the room a full fine-tune's peak, at the optimizer step, leaves the
-activations before it; with ``--lora`` it is enabled on the PEFT model, whose LoRA projections it does not keep).
+default :func:`tigon.checkpointing.auto_budget` with ``optimizer="adamw_torch"``, the AdamW the run steps: the room a
+full fine-tune's peak, at the optimizer step, leaves the activations before it; with ``--lora`` it is enabled on the PEFT model, whose LoRA projections it does not keep).
 The row's ``checkpointing`` says what was kept and the recompute avoided.
 ``liger`` fails under ``selective``: Liger-Kernel's RoPE rotates the kept q / k projections' outputs in place
 (see :mod:`tigon.checkpointing`).
@@ -445,7 +445,9 @@ def enable_checkpointing(model: torch.nn.Module, mode: str, batch: tuple[int, in
 
     if mode == "selective":
         budget = None if budget_gb is None else int(budget_gb * 2**30)
-        return checkpointing.enable(model, "selective", batch=batch, budget_bytes=budget)
+        # the optimizer _train.train builds: torch.optim.AdamW with PyTorch's default implementation
+        return checkpointing.enable(model, "selective", batch=batch, budget_bytes=budget,
+                                    optimizer="adamw_torch" if budget is None else None)
     return checkpointing.enable(model, "full", reentrant=mode == "reentrant")
 
 
