@@ -235,7 +235,8 @@ def test_no_grad_and_frozen_weight(device):
 
 def test_the_fallback_is_the_reference_exactly(device):
     hidden, weight, target, bias = _problem(device, torch.float32, bias=True, ignore_every=3)
-    kw = dict(temperature=0.8, softcap=5.0, return_entropy=True, return_lse=True, return_is_top1=True)
+    kw = dict(temperature=0.8, softcap=5.0, return_entropy=True, return_lse=True, return_is_top1=True,
+              return_log_sum_sq_probs=True)
     with support.force_reference():
         got = F.fused_linear_logprobs(hidden, weight, target, bias, **kw)
     want = ref_logprobs(hidden, weight, target, bias, **kw)
@@ -269,6 +270,78 @@ def test_is_top1_is_the_first_argmax_of_float64_logits(device, kw):
     assert want.is_top1[1::4].all() and not want.is_top1[::4].any() and want.is_top1.sum() < n
     got.logprobs.sum().backward()  # the log-probabilities stay differentiable beside it
     assert hidden.grad is not None
+
+
+SQ_CASES = {
+    "temperature": dict(temperature=0.7),
+    "softcap+temperature+bias": dict(softcap=3.0, temperature=1.4, bias=True),
+    "entropy+top1": dict(return_entropy=True, return_is_top1=True, temperature=0.6),
+    "entropy+lse+softcap": dict(return_entropy=True, return_lse=True, softcap=2.0, temperature=0.8),
+}
+
+
+def _sq_error(out, want):
+    return rel_l2(out.log_sum_sq_probs, want.log_sum_sq_probs)
+
+
+@pytest.mark.parametrize("v", [101, 157])
+@pytest.mark.parametrize("case", list(SQ_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log_sum_sq_probs_matches_float64(device, dtype, case, v):
+    # log sum_v p_v^2 from the same pass as the log-probabilities (the vocabulary in 32-column blocks: 4 or 5 of them,
+    # the last one partial; 21 tokens in chunks of 8), against the float64 reference lse(2x) - 2 lse(x): fp32 within
+    # 1e-5, bf16 no worse than TRL's plain computation (lse(2x) - 2 lse(x) of its fp32 logits) up to rounding-tie
+    # flips (1.05), every 3rd token ignored (0 there); detached; the other outputs and the gradient of the
+    # log-probabilities as without it
+    kw = dict(SQ_CASES[case])
+    build = {"bias": kw.pop("bias", False)}
+    hidden, weight, target, bias = _problem(device, dtype, v=v, ignore_every=3, **build)
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
+    got = F.fused_linear_logprobs(*leaves[:2], target, leaves[2], return_log_sum_sq_probs=True, **kw)
+    f64 = [t.double() if t is not None else None for t in (hidden, weight, bias)]
+    want = ref_logprobs(f64[0], f64[1], target, f64[2], return_log_sum_sq_probs=True, **kw)
+    sq = got.log_sum_sq_probs
+    assert sq.dtype == torch.float32 and sq.shape == target.shape and not sq.requires_grad
+    ignored = target == -100
+    assert (sq[ignored] == 0).all() and not torch.signbit(sq[ignored]).any()
+    assert (sq[~ignored] <= 0).all() and (sq[~ignored] >= -torch.log(torch.tensor(float(v))) - 1e-5).all()
+    if dtype == torch.float32:
+        assert _sq_error(got, want) <= 1e-5, _sq_error(got, want)
+    else:
+        plain = trl_linear_logprobs(hidden, weight, target, bias, temperature=kw.get("temperature", 1.0),
+                                    softcap=kw.get("softcap"), return_log_sum_sq_probs=True)
+        assert _sq_error(got, want) <= max(1.05 * _sq_error(plain, want), 1e-6), (_sq_error(got, want),
+                                                                                  _sq_error(plain, want))
+    base = F.fused_linear_logprobs(*leaves[:2], target, leaves[2], **kw)
+    base = base if isinstance(base, tuple) else LogProbsOutput(base)
+    for a, b in zip(got[:4], base):
+        assert (a is None) == (b is None)
+        if a is not None:  # entropy off: the entropy kernel without its sum against the cross-entropy kernel
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    up = torch.randn_like(got.logprobs)
+    g_got = torch.autograd.grad(got.logprobs, leaves[:2], up)
+    g_base = torch.autograd.grad(base.logprobs, leaves[:2], up)
+    for a, b in zip(g_got, g_base):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_log_sum_sq_probs_of_all_ignored_empty_and_one_hot_rows(device):
+    hidden, weight, target, _ = _problem(device, torch.float32)
+    out = F.fused_linear_logprobs(hidden, weight, torch.full_like(target, -100), return_log_sum_sq_probs=True)
+    assert (out.log_sum_sq_probs == 0).all() and (out.logprobs == 0).all()
+    out = F.fused_linear_logprobs(hidden[:0], weight, target[:0], return_log_sum_sq_probs=True)
+    assert out.log_sum_sq_probs.shape == (0,)
+    # a near one-hot row (log sum p^2 ~ 0) and a uniform one (-log V): the running max moving across blocks
+    v = 70
+    logits = torch.zeros(3, v, device=device)
+    logits[0, 65] = 40.0
+    logits[1, 3], logits[1, 40] = 5.0, 9.0
+    hidden, weight = logits, torch.eye(v, device=device)
+    target = torch.tensor([65, 3, 0], device=device)
+    got = F.fused_linear_logprobs(hidden, weight, target, return_log_sum_sq_probs=True).log_sum_sq_probs
+    want = ref_logprobs(hidden.double(), weight.double(), target, return_log_sum_sq_probs=True).log_sum_sq_probs
+    assert rel_l2(got, want) <= 1e-6 and abs(float(got[2]) + torch.log(torch.tensor(70.0))) <= 1e-6
+    assert -1e-6 <= float(got[0]) <= 0
 
 
 def test_runs_a_kernel(device, monkeypatch):
@@ -307,7 +380,8 @@ def test_bad_input(bad, error, match):
 
 
 # ---- torch.compile: the custom ops ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["forward", "forward_entropy", "forward_top1", "backward", "backward_entropy"])
+@pytest.mark.parametrize("case", ["forward", "forward_entropy", "forward_top1", "forward_sq", "backward",
+                                  "backward_entropy"])
 def test_custom_op_opcheck(device, case):
     import tigon.kernels.fused_linear_logprobs as k  # registers the custom ops
 
@@ -315,11 +389,11 @@ def test_custom_op_opcheck(device, case):
     opts = (-100, 3.0, 0.5, torch.float32)
     if case.startswith("forward"):
         args = (hidden.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), *opts,
-                case == "forward_entropy", True, True, True, False, -1, case == "forward_top1")
+                case == "forward_entropy", True, True, True, False, -1, case == "forward_top1", case == "forward_sq")
         op = torch.ops.tigon.fused_linear_logprobs
     else:
         ent = case == "backward_entropy"
-        _, e, _, stats, _ = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
+        _, e, _, stats, _, _ = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
         n = hidden.shape[0]
         args = (torch.randn(n, device=device), torch.randn(n, device=device) if ent else None,
                 torch.randn(n, device=device), hidden, weight, target, bias, stats, e, *opts, True, True, False,
@@ -330,7 +404,7 @@ def test_custom_op_opcheck(device, case):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(return_entropy=True, return_lse=True, return_is_top1=True, softcap=3.0,
-                                     temperature=0.7)])
+                                     temperature=0.7, return_log_sum_sq_probs=True)])
 def test_fullgraph_compile_matches_eager(device, kw, monkeypatch):
     # the compiled graph calls the custom op (the kernels), one node, and gives the eager results
     import tigon.kernels.fused_linear_logprobs as k

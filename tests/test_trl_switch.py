@@ -173,14 +173,18 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
     assert tigon_trl.unpatch_trainer(Trainer.__new__(Trainer)) is False
 
 
-def test_switched_sft_head_runs_the_head_matmul_once_in_forward():
-    """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy): one pass over the LM head, the
-    scored tokens' logits once (tigon.workflows.timing.head_matmuls, every 2-D matmul counted, the backbone's
-    subtracted)."""
+@pytest.mark.parametrize("outputs", [("log_probs", "entropy", "is_top1"), ALL_OUTPUTS],
+                         ids=["sft", "dpo-use_weighting"])
+def test_switched_head_runs_the_head_matmul_once_in_forward(outputs):
+    """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy) and DPO's with WPO weights
+    (``use_weighting=True``: also mean_logits, a matrix-vector product, and log_sum_sq_probs, from the same row pass):
+    one pass over the LM head, the scored tokens' logits once (tigon.workflows.timing.head_matmuls, every 2-D matmul
+    counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half the
+    temperature before: 2 head matmuls."""
     from tigon.workflows.timing import head_matmuls
 
     model = tiny_model()
-    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    trl_utils.add_fused_lm_head(model, temperature=0.9, outputs=outputs)
     assert tigon_trl.patch_trainer(BareSFT(model), strict=True).ok
     ids = torch.randint(0, 256, (2, 12), device=DEVICE)
     labels = ids.clone()
@@ -190,6 +194,9 @@ def test_switched_sft_head_runs_the_head_matmul_once_in_forward():
     total = head_matmuls(lambda: out.append(model(input_ids=ids, labels=labels, fused_lm_head=True)), scored, *dims)
     backbone = head_matmuls(lambda: model.model(input_ids=ids, use_cache=False), scored, *dims)
     assert out[0].is_top1 is not None and out[0].is_top1.dtype == torch.bool
+    if "log_sum_sq_probs" in outputs:
+        sq = out[0].log_sum_sq_probs
+        assert sq is not None and not sq.requires_grad and (sq[~out[0].label_mask] == 0).all()
     assert total - backbone == pytest.approx(1.0)
 
 

@@ -98,9 +98,8 @@ def _head_detail(settings: dict) -> str:
     extra = []
     if "mean_logits" in outs:
         extra.append("mean_logits = h . mean(W)")
-    if "log_sum_sq_probs" in outs:
-        extra.append("log_sum_sq_probs from a second lse pass at T/2 (no grad)")
-    got = ", ".join(o for o in outs if o in ("log_probs", "entropy", "is_top1"))  # is_top1: same pass, no grad
+    # is_top1, log_sum_sq_probs: from the same pass, no grad
+    got = ", ".join(o for o in outs if o in ("log_probs", "entropy", "is_top1", "log_sum_sq_probs"))
     return (f"TRL's fused LM head -> tigon.functional.fused_linear_logprobs ({got}; temperature "
             f"{settings['temperature']})" + ("; " + "; ".join(extra) if extra else ""))
 

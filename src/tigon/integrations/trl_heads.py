@@ -17,8 +17,10 @@ metrics run unchanged on Tigon's numbers:
 * ``is_top1`` (no gradient): ``fused_linear_logprobs(..., return_is_top1=True)``, from the same pass as the
   log-probabilities (the row kernel keeps each row's first argmax beside its max): no extra head work.
   ``torch.argmax``'s tie rule, as TRL's (a target tied with an earlier column is not top-1).
-* ``log_sum_sq_probs`` (no gradient; DPO's WPO weights): ``log sum_v p_v^2 = lse(2 z) - 2 lse(z)`` with ``z`` the
-  temperature-scaled logits, so the lse of a second no-gradient pass at half the temperature.
+* ``log_sum_sq_probs`` (no gradient; DPO's WPO weights): ``fused_linear_logprobs(...,
+  return_log_sum_sq_probs=True)``, ``log sum_v p_v^2 = lse(2 z) - 2 lse(z)`` with ``z`` the temperature-scaled logits,
+  from the same pass as the log-probabilities (the row kernel sums ``exp(2 (z - m))`` beside ``exp(z - m)``): no
+  second head matmul.
 
 TRL's transform of the logits is ``z = softcap(logit_scale * (h W^T + b)) / T``; ``logit_scale`` is applied here to
 ``h`` and ``b`` (the same product), the soft-cap and temperature by the op.
@@ -126,17 +128,13 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
     with ctx:
         res = F.fused_linear_logprobs(h, weight, t, bias, temperature=temperature, softcap=softcap,
                                       return_entropy="entropy" in outputs, return_lse=True,
-                                      return_is_top1="is_top1" in outputs, memory=memory)
+                                      return_is_top1="is_top1" in outputs,
+                                      return_log_sum_sq_probs="log_sum_sq_probs" in outputs, memory=memory)
         extra = {}
         with torch.no_grad():
             if "mean_logits" in outputs:
                 m = h.detach().float() @ weight.detach().float().mean(0)
                 extra["mean_logits"] = (m if bias is None else m + bias.detach().float().mean()) / temperature
-            if "log_sum_sq_probs" in outputs:
-                lse2 = F.fused_linear_logprobs(h.detach(), weight.detach(), t, None if bias is None else bias.detach(),
-                                               temperature=temperature / 2, softcap=softcap, return_lse=True,
-                                               memory=memory).lse
-                extra["log_sum_sq_probs"] = lse2 - 2 * res.lse.detach()
 
     def scatter(x):
         return None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x)
@@ -145,7 +143,7 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
     denom = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
     return FusedCausalLMOutput(
         loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=scatter(res.entropy),
-        log_sum_sq_probs=scatter(extra.get("log_sum_sq_probs")), mean_logits=scatter(extra.get("mean_logits")),
+        log_sum_sq_probs=scatter(res.log_sum_sq_probs), mean_logits=scatter(extra.get("mean_logits")),
         is_top1=scatter(res.is_top1), label_mask=mask, aux_loss=None)
 
 

@@ -33,6 +33,7 @@ def fused_linear_logprobs(
     return_entropy: bool = False,
     return_lse: bool = False,
     return_is_top1: bool = False,
+    return_log_sum_sq_probs: bool = False,
     memory: str | int = "auto",
 ):
     """Per-token ``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[target]`` without the logits.
@@ -62,6 +63,11 @@ def fused_linear_logprobs(
         return_is_top1: also return whether each target is its row's argmax (TRL's token accuracy), from the same
             read of each chunk's logits: ``torch.argmax``'s tie rule (the first maximum wins, so a target tied with
             an earlier column is not top-1), on the fp32 transformed logits of the matmul dtype.
+        return_log_sum_sq_probs: also return each token's ``log sum_v p_v^2`` (p the softmax of the scaled
+            logits; TRL's WPO weights), from the same read of each chunk's logits: the row kernel keeps beside the
+            online log-sum-exp's sum ``s = sum exp(x - m)`` the sum ``s2 = sum exp(2 (x - m))`` (rescaled by
+            ``exp(2 (m_old - m))`` when the max moves), and returns ``log s2 - 2 log s`` (= ``lse(2 x) - 2 lse(x)``):
+            no second pass over the head. Not differentiable (detached, as TRL uses it).
         memory: the memory the op may hold beside its inputs and the gradients it returns, as in
             :func:`fused_linear_cross_entropy`: ``"auto"`` (default: chunk buffer and the backward's fp32 grad_weight
             accumulator within 3 GiB on CUDA), ``"low"`` (grad_weight accumulated in the weight's dtype, chunks of
@@ -69,10 +75,11 @@ def fused_linear_logprobs(
 
     Returns:
         (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy``,
-        ``return_lse`` or ``return_is_top1``, ``LogProbsOutput(logprobs, entropy, lse, is_top1)`` ((N,) float32
-        each, ``is_top1`` (N,) bool, False at ignored tokens; None for what was not requested). The float outputs are
-        differentiable w.r.t. hidden, weight and bias (the gradients have their dtypes and shapes); ``is_top1`` is
-        not (no grad_fn). float64 inputs run the reference (float64 outputs).
+        ``return_lse``, ``return_is_top1`` or ``return_log_sum_sq_probs``, ``LogProbsOutput(logprobs, entropy, lse,
+        is_top1, log_sum_sq_probs)`` ((N,) float32 each, ``is_top1`` (N,) bool, False at ignored tokens; None for
+        what was not requested). ``logprobs``, ``entropy`` and ``lse`` are differentiable w.r.t. hidden, weight and
+        bias (the gradients have their dtypes and shapes); ``is_top1`` and ``log_sum_sq_probs`` are not (no
+        grad_fn). float64 inputs run the reference (float64 outputs).
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices, temperature (must be finite and > 0), softcap or
@@ -85,18 +92,19 @@ def fused_linear_logprobs(
     if plan is None:
         return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                                          ignore_index=ignore_index, return_entropy=return_entropy,
-                                         return_lse=return_lse, return_is_top1=return_is_top1)
+                                         return_lse=return_lse, return_is_top1=return_is_top1,
+                                         return_log_sum_sq_probs=return_log_sum_sq_probs)
     from ..kernels import fused_linear_logprobs as k
 
     opts, cd, need, lean, budget = plan
     run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
            else k.FusedLinearLogProbsFunction.apply)
-    logp, ent, lse, top1 = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget,
-                               bool(return_is_top1))
-    if not (return_entropy or return_lse or return_is_top1):
+    logp, ent, lse, top1, sq = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget,
+                                   bool(return_is_top1), bool(return_log_sum_sq_probs))
+    if not (return_entropy or return_lse or return_is_top1 or return_log_sum_sq_probs):
         return logp
     return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None,
-                          top1 if return_is_top1 else None)
+                          top1 if return_is_top1 else None, sq if return_log_sum_sq_probs else None)
 
 
 class LogProbPlan(NamedTuple):
@@ -157,11 +165,11 @@ def _inputs(s: dict, dtype, device, gen, ignore_every: int = 0, bias: bool = Fal
 
 
 def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
-                        return_entropy=False, return_lse=False):
+                        return_entropy=False, return_lse=False, return_log_sum_sq_probs=False):
     """TRL's computation on a model's logits: the LM head (``F.linear``) in the input dtype, the logits upcast to
     fp32 (at least) and soft-capped as the model does, divided by the temperature, then log-softmax gathered at the
-    targets (``selective_log_softmax``), the entropy from the same logits (``entropy_from_logits``) and their
-    logsumexp; 0 at ignored tokens (TRL's masking)."""
+    targets (``selective_log_softmax``), the entropy from the same logits (``entropy_from_logits``), their
+    logsumexp and ``log sum p^2 = lse(2 x) - 2 lse(x)`` (detached); 0 at ignored tokens (TRL's masking)."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if softcap is not None:
@@ -171,11 +179,15 @@ def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, s
     safe = torch.where(valid, target, 0)
     logsm = torch.log_softmax(logits, dim=-1)
     logp = logsm.gather(-1, safe[:, None]).squeeze(-1).masked_fill(~valid, 0.0)
-    if not (return_entropy or return_lse):
+    if not (return_entropy or return_lse or return_log_sum_sq_probs):
         return logp
     ent = -(logsm.exp() * logsm).sum(-1).masked_fill(~valid, 0.0) if return_entropy else None
     lse = torch.logsumexp(logits, dim=-1).masked_fill(~valid, 0.0) if return_lse else None
-    return LogProbsOutput(logp, ent, lse)
+    sq = None
+    if return_log_sum_sq_probs:
+        x = logits.detach()
+        sq = (torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1)).masked_fill(~valid, 0.0)
+    return LogProbsOutput(logp, ent, lse, None, sq)
 
 
 RECORDS = (OpSpec(
@@ -194,6 +206,8 @@ RECORDS = (OpSpec(
     bench_inputs={"ignore_every": 10},
     bench_notes={"tigon_entropy": "return_entropy=True: log-probabilities and entropies (eager / compile compute the "
                                   "log-probabilities only; the entropy adds a pass over each chunk's logits)",
+                 "tigon_wpo": "return_entropy=True, return_log_sum_sq_probs=True (TRL's DPO with WPO weights): "
+                              "tigon_entropy plus log sum p^2 from the same pass (one multiply-add per logit)",
                  "tigon_lean": "memory='low': grad_weight accumulated in the weight's dtype, chunks of about 64 MiB "
                                "of logits"},
     cases=(
@@ -204,8 +218,13 @@ RECORDS = (OpSpec(
         Case("entropy", options={"return_entropy": True}, variants=("model",)),
         Case("softcap=5.0 temperature=0.7", options={"softcap": 5.0, "temperature": 0.7}, variants=("model",)),
         Case("bias", inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
+        Case("log_sum_sq_probs softcap=5.0 temperature=0.7", options={"return_log_sum_sq_probs": True, "softcap": 5.0,
+                                                                      "temperature": 0.7}, inputs={"ignore_every": 4}),
         Case("bench: return_entropy", options={"return_entropy": True}, tags=frozenset({"bench"}),
              provider="tigon_entropy"),
+        Case("bench: return_entropy + return_log_sum_sq_probs",
+             options={"return_entropy": True, "return_log_sum_sq_probs": True}, tags=frozenset({"bench"}),
+             provider="tigon_wpo"),
         Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
     ),
 ),)

@@ -10,6 +10,11 @@ final-logit soft-cap ``c``:
     logp_i = x_it - lse_i                                      log-probability of the target
     H_i   = -sum_v p_iv log p_iv = lse_i - sum_v p_iv x_iv     entropy (nats), p_i = softmax(x_i)
     is_top1_i = (argmax_v x_iv == t)                           the target is the row's top-1 (no gradient)
+    sq_i  = log sum_v p_iv^2 = lse(2 x_i) - 2 lse_i            log of the collision probability (no gradient)
+
+``sq`` (``log_sum_sq_probs``) is TRL's name and use: DPO's WPO weights (Zhou et al. 2024, "WPO: Enhancing RLHF with
+Weighted Preference Optimization", Eq. 2) subtract it from each token's log-probability under ``torch.no_grad``, so it
+is returned detached, as TRL's fused head returns it.
 
 ``is_top1`` follows ``torch.argmax``'s tie rule: among equal maxima the first index wins, so a target tied with an
 earlier column is not top-1 (TRL's token accuracy, ``argmax == label``). It is taken on the transformed logits ``x``
@@ -47,12 +52,15 @@ class LogProbsOutput(NamedTuple):
         None unless requested. These three are differentiable.
     is_top1: (N,) bool, whether the target is the first argmax of its row's logits (TRL's token accuracy), False at
         ignored tokens; not differentiable (detached); None unless requested.
+    log_sum_sq_probs: (N,) ``log sum_v p_v^2`` of each token's distribution (<= 0; in [-log V, 0]), 0 at ignored
+        tokens; not differentiable (detached; TRL's WPO weights); None unless requested.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     is_top1: torch.Tensor | None = None
+    log_sum_sq_probs: torch.Tensor | None = None
 
 
 def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_index) -> None:
@@ -86,6 +94,7 @@ def fused_linear_logprobs(
     return_entropy: bool = False,
     return_lse: bool = False,
     return_is_top1: bool = False,
+    return_log_sum_sq_probs: bool = False,
 ):
     """Per-token ``log softmax(softcap(hidden @ weight.T + bias) / temperature)[target]``; see the module docstring.
 
@@ -99,10 +108,11 @@ def fused_linear_logprobs(
         ignore_index: target value of tokens to skip (0 in every output, no gradient).
         return_entropy, return_lse: also return each token's entropy / log-sum-exp (:class:`LogProbsOutput`).
         return_is_top1: also return whether each target is its row's argmax ((N,) bool, False where ignored).
+        return_log_sum_sq_probs: also return each token's ``log sum_v p_v^2`` (detached; 0 where ignored).
 
     Returns:
         The (N,) log-probabilities in the inputs' dtype promoted to at least float32, or
-        ``LogProbsOutput(logprobs, entropy, lse, is_top1)`` (None for what was not requested).
+        ``LogProbsOutput(logprobs, entropy, lse, is_top1, log_sum_sq_probs)`` (None for what was not requested).
 
     Raises:
         TypeError, ValueError: see :func:`check_inputs`; ValueError for a target outside [0, V) other than
@@ -123,9 +133,13 @@ def fused_linear_logprobs(
     logsm = torch.log_softmax(x, dim=-1)
     safe = torch.where(valid, target, torch.zeros_like(target)).long()
     logp = torch.where(valid, logsm.gather(1, safe[:, None]).squeeze(1), zero)
-    if not (return_entropy or return_lse or return_is_top1):
+    if not (return_entropy or return_lse or return_is_top1 or return_log_sum_sq_probs):
         return logp
     ent = torch.where(valid, -(logsm.exp() * logsm).sum(-1), zero) if return_entropy else None
     lse = torch.where(valid, torch.logsumexp(x, dim=-1), zero) if return_lse else None
     top1 = (valid & (x.detach().argmax(-1) == target)) if return_is_top1 else None
-    return LogProbsOutput(logp, ent, lse, top1)
+    sq = None
+    if return_log_sum_sq_probs:
+        xd = x.detach()
+        sq = torch.where(valid, torch.logsumexp(2 * xd, dim=-1) - 2 * torch.logsumexp(xd, dim=-1), zero)
+    return LogProbsOutput(logp, ent, lse, top1, sq)
