@@ -11,14 +11,16 @@ fused LM-head loss must have run (no logits returned), FSDP2 must have all-gathe
 original's is (``reshard_after_forward`` True, or False: kept). Tensor parallelism by vocabulary
 (tests/vocab_parallel_checks.py): the vocabulary-parallel losses on each rank's shard equal the plain loss, and a
 ``ColwiseParallel`` LM head trains patched as unpatched. A DTensor LM-head weight outside FSDP2 sharded otherwise
-(row-wise) and a DeepSpeed ZeRO-3 one must be skipped with the reason.
+(row-wise) must be skipped with the reason; a DeepSpeed ZeRO-3 one (a stand-in here: a ``ds_id`` and a lookup
+recorder in place of DeepSpeed's) is read only inside the head's call, where DeepSpeed's hooks gather it.
 
 ``tigon compare --nproc 2`` (the rank side, tigon.workflows.compare_dist.rank_main, run in the same two processes
 under DDP, on the tiny default model for 2 steps): the JSON report has both ranks' peak memory and tokens/s,
 the reported losses are the ranks' mean, and the patched losses agree with the original ones as in tests/test_compare.py.
 ``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and tokens/s.
 
-Not covered here: NCCL on several GPUs, DeepSpeed, tensor parallelism of the decoder layers.
+Not covered here: NCCL on several GPUs, DeepSpeed itself (tests/test_deepspeed.py, where it is installed), tensor
+parallelism of the decoder layers.
 """
 
 from __future__ import annotations
@@ -71,19 +73,72 @@ def test_every_worker_check_is_listed(results):
     assert set(results[0]) == set(CHECKS)
 
 
-def test_deepspeed_zero3_head_is_skipped_and_the_original_runs():
-    # A ZeRO-3 parameter is an empty placeholder outside its module's forward; DeepSpeed marks it with ds_id.
+class _InCallLookups(dict):
+    """A stand-in for DeepSpeed ZeRO-3's ``ZeROOrderedDict`` (a module's ``_parameters``): DeepSpeed gathers a
+    partitioned parameter when it is looked up outside the call of the module that owns it, and keeps it gathered
+    for the rest of the model's forward and backward. Records whether each lookup came inside the module's call."""
+
+    def __init__(self, module, params):
+        super().__init__(params)
+        self.inside, self.lookups = False, []
+        module.register_forward_pre_hook(lambda m, args: setattr(self, "inside", True))
+        module.register_forward_hook(lambda m, args, out: setattr(self, "inside", False))
+
+    def __getitem__(self, key):
+        self.lookups.append((key, self.inside))
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_deepspeed_zero3_head_loss_runs_inside_the_head_call(tied):
+    # A ZeRO-3 parameter (DeepSpeed marks it with ds_id) is an empty placeholder outside its module's call; DeepSpeed's
+    # hooks on the module gather it. The fused loss runs as lm_head's forward, so those hooks run around it and it
+    # reads the weight only inside the call. (tests/test_deepspeed.py trains under DeepSpeed itself where installed.)
+    import copy
+
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=tied)
     cfg._attn_implementation = "eager"
     model = transformers.LlamaForCausalLM(cfg).train()
-    model.lm_head.weight.ds_id = 0
+    ref = copy.deepcopy(model)
+    head = model.lm_head
+    head.weight.ds_id = 0
     report = tigon.patch(model)
-    skipped = [e for e in report.skipped if e.kind == "lm_head_loss"]
-    assert skipped and "DeepSpeed ZeRO-3" in skipped[0].detail, str(report)
-    ids = torch.randint(0, 64, (2, 6))
-    out = model(input_ids=ids, labels=ids)
-    assert out.logits is not None and torch.isfinite(out.loss)
+    entry = next(e for e in report.replaced if e.kind == "lm_head_loss")
+    assert "ZeRO-3" in entry.detail and not [e for e in report.skipped if e.kind == "lm_head_loss"], str(report)
+    outputs = []
+    head.register_forward_hook(lambda m, args, out: outputs.append(out))
+    head._parameters = lookups = _InCallLookups(head, head._parameters)
+    ids = torch.randint(0, 64, (2, 7))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    out = model(input_ids=ids, labels=labels)
+    assert out.logits is None and len(outputs) == 1 and outputs[0].dim() == 0  # the head's call returned the loss
+    assert lookups.lookups and all(inside for _, inside in lookups.lookups), lookups.lookups
+    assert "forward" not in vars(head)  # the head's own forward is back
+    expected = ref(input_ids=ids, labels=labels)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=0)
+    out.loss.backward()
+    expected.loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_run_as_forward_restores_the_module_forward():
+    from tigon.integrations.sharded_head import run_as_forward
+
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    assert run_as_forward(lin, lambda h: h.sum() * 2, x) == x.sum() * 2
+    assert "forward" not in vars(lin)
+    own = vars(lin)["forward"] = lambda h: h  # an instance-level forward set by someone else (e.g. accelerate)
+
+    def fails(h):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_as_forward(lin, fails, x)
+    assert vars(lin)["forward"] is own
 
 
 @pytest.mark.parametrize("parallel", ["ddp"])

@@ -24,7 +24,7 @@ from .. import functional as TF
 from .._checks import is_dtensor
 from .families import CausalLMSpec
 from .forwards import mark
-from .sharded_head import fsdp_unit, run_in_unit, sharding_problem
+from .sharded_head import run_gathered, sharding_problem, stored_param
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None,
@@ -211,8 +211,9 @@ def head_problem(model, spec: CausalLMSpec) -> str | None:
     linear, why = effective_head(head)
     if linear is None:
         return why
-    if not linear.weight.is_floating_point():
-        return f"{name}.weight has dtype {linear.weight.dtype}"
+    weight = stored_param(linear, "weight")  # not linear.weight: DeepSpeed ZeRO-3 would gather it here
+    if not weight.is_floating_point():
+        return f"{name}.weight has dtype {weight.dtype}"
     if (why := sharding_problem(head, linear)) is not None:
         return why
     if getattr(model, spec.backbone, None) is None:
@@ -321,7 +322,8 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
     With labels and HF's default loss:
       * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
         :func:`causal_lm_loss`; the output's ``logits`` is None. A head that is its own FSDP2 unit is read inside
-        that unit's forward hooks (:mod:`tigon.integrations.sharded_head`).
+        that unit's forward hooks, a DeepSpeed ZeRO-3 head inside its own call
+        (:func:`~tigon.integrations.sharded_head.run_gathered`).
       * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
     Everything else (no labels, eval without ``ce``, a custom loss, an LM head that is not a plain Linear, arguments
     that do not bind) runs ``original`` unchanged. Every argument except ``head_only_args`` and ``return_dict``
@@ -352,7 +354,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         outer = getattr(self, head_attr(self, spec))
         head, _ = effective_head(outer)
 
-        def head_loss(h):  # reads the head's parameters when called: inside its FSDP2 unit's hooks, if it is one
+        def head_loss(h):  # reads the head's parameters when called: inside the engine's hooks that gather them
             return causal_lm_loss(
                 h, head.weight, labels, head.bias,
                 shift_labels=arguments.get("shift_labels"),
@@ -363,7 +365,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                 flce_options=dict(flce_options),
             )
 
-        loss = run_in_unit(fsdp_unit(outer, head), head_loss, hidden)
+        loss = run_gathered(outer, head, head_loss, hidden)
         cls = output_class(family_module, spec.output_class)
         # The class's field table, not dataclasses.fields(cls): dynamo cannot trace the latter on a class (graph
         # break under torch.compile); ModelOutput classes have no ClassVar / InitVar pseudo-fields to filter out.

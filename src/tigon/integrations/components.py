@@ -80,15 +80,17 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
     return causal_lm_forward(comp, family, family_module, original, opts["fused"], opts["ce"], opts["flce"])
 
 
-def _vocab_sharded_head(module, comp) -> bool:
-    """Whether ``module`` (a built causal LM; a class at class level) has an LM head split by vocabulary rows."""
+def _head_weight(module, comp):
+    """The weight of ``module``'s LM head Linear (``module`` a built causal LM), or None (a class at class level, no
+    plain Linear head)."""
     from .causal_lm import effective_head, head_attr
-    from .sharded_head import vocab_sharded
 
     if module is None or isinstance(module, type) or not hasattr(comp, "lm_head"):
-        return False
+        return None
+    from .sharded_head import stored_param
+
     linear, _ = effective_head(getattr(module, head_attr(module, comp), None))
-    return linear is not None and vocab_sharded(linear.weight)
+    return None if linear is None else stored_param(linear, "weight")
 
 
 def describe(kind: str, comp, module=None, opts=None) -> str:
@@ -107,9 +109,16 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     parts = []
     if opts["fused"]:
         args = f"({', '.join(f'{k}={v}' for k, v in opts['flce'])})" if opts["flce"] else ""
-        if _vocab_sharded_head(module, comp):
+        from .sharded_head import vocab_sharded, zero3_param
+
+        weight = _head_weight(module, comp)
+        if weight is not None and vocab_sharded(weight):
             parts.append("training with labels: tigon.functional.vocab_parallel_fused_linear_cross_entropy (the LM "
                          "head is split by vocabulary rows, ColwiseParallel: no logits gathered; logits=None)")
+        elif weight is not None and zero3_param(weight):
+            parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} run as the LM "
+                         "head Linear's forward, so DeepSpeed ZeRO-3's hooks gather its partitioned weight for the "
+                         "loss and its backward, as for lm_head(hidden) (logits=None)")
         else:
             parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
     if opts["ce"]:

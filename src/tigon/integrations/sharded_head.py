@@ -23,6 +23,23 @@ FSDP2, the head its own unit (torchtitan wraps its ``output`` layer so; also ``f
     gradient in the forward); ``reshard_after_forward=False`` on the head's unit (torchtitan's default for its last
     unit) avoids that gather.
 
+DeepSpeed ZeRO-3 (the weight a partitioned parameter, marked by DeepSpeed with ``ds_id``)
+    Outside the call of a module that owns it the weight is an empty placeholder. DeepSpeed hooks every submodule:
+    its pre-forward hook gathers the module's own parameters (``parameters(recurse=False)``), its post-forward hook
+    releases them and wraps the outputs in an autograd function whose backward gathers them again, and a hook on the
+    inputs releases them once the inputs' gradients are formed. :func:`run_as_forward` calls the head's
+    ``nn.Linear`` with the loss as its forward, so those hooks run around the loss as around ``lm_head(hidden)``:
+    the same all-gathers as the original head (the backward one too, which the fused loss does not need: it formed
+    the weight's gradient in the forward), the weight released after the loss as the original's, its gradient
+    reduce-scattered by DeepSpeed's gradient hooks like any other. Tied embeddings: the one parameter is in the
+    head's and the embedding's own parameters; the head's call gathers it, as for the original head. A PEFT
+    ``modules_to_save`` head: the call of the trained copy (hooked like every submodule). The weight must not be
+    looked up outside that call: DeepSpeed's parameter mapping gathers a partitioned parameter looked up during the
+    model's forward and registers it with the module running (the whole model), which then keeps it gathered through
+    its forward and its backward; the checks at the start of the patched forward read it with :func:`stored_param`.
+    Nothing of DeepSpeed is imported: ``ds_id`` and the module's ordinary hooks are all that is used (tested with
+    DeepSpeed 0.19.8). ZeRO-1 and 2 do not partition parameters (no ``ds_id``): the plain path.
+
 Tensor parallelism: the weight a DTensor sharded ``Shard(0)`` (by vocabulary rows) over a 1-D mesh, outside FSDP2
     As torch's ``ColwiseParallel`` leaves ``lm_head``. The loss runs vocabulary-parallel
     (:func:`tigon.functional.vocab_parallel_fused_linear_cross_entropy`, chosen by
@@ -31,8 +48,7 @@ Tensor parallelism: the weight a DTensor sharded ``Shard(0)`` (by vocabulary row
 
 Not handled: the fused loss is skipped with the reason (:func:`sharding_problem`) and the original forward runs
     A DTensor weight outside an FSDP2 unit placed otherwise (e.g. ``Shard(1)``, row-wise parallel, or a 2-D
-    mesh), a DeepSpeed ZeRO-3 partitioned weight (an empty
-    placeholder outside the head's own forward), and a head wrapped by FSDP1 (``FullyShardedDataParallel``: not a
+    mesh), and a head wrapped by FSDP1 (``FullyShardedDataParallel``: not a
     plain Linear, refused by :func:`tigon.integrations.causal_lm.effective_head`).
 
 torch.distributed is never imported here: a model that uses it has imported it already.
@@ -81,14 +97,14 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
         linear: the plain ``nn.Linear`` the head applies (:func:`~tigon.integrations.causal_lm.effective_head`).
 
     Returns:
-        None for a plain weight, a head that is (or is inside) an FSDP2 unit, or an FSDP2 unit whose hooks this
-        torch provides, or a vocabulary-sharded DTensor weight (:func:`vocab_sharded`); else the reason (a DeepSpeed
-        ZeRO-3 parameter, a DTensor weight outside FSDP2 sharded otherwise, an FSDP2 whose internals changed).
+        None for a plain weight, a DeepSpeed ZeRO-3 parameter (read inside the head's call, :func:`run_as_forward`),
+        a head that is (or is inside) an FSDP2 unit whose hooks this torch provides, or a vocabulary-sharded DTensor
+        weight (:func:`vocab_sharded`); else the reason (a DTensor weight outside FSDP2 sharded otherwise, an FSDP2
+        whose internals changed).
     """
-    weight = linear.weight
-    if hasattr(weight, "ds_id"):
-        return ("the LM head weight is a DeepSpeed ZeRO-3 partitioned parameter (gathered only inside the head's own "
-                "forward); the fused loss does not gather it yet, the original forward runs")
+    weight, bias = stored_param(linear, "weight"), stored_param(linear, "bias")
+    if zero3_param(weight):
+        return None  # gathered by DeepSpeed's hooks on the head Linear, around its call (run_gathered)
     unit = fsdp_unit(head, linear)
     if unit is not None:
         if _has_hooks(unit):
@@ -99,12 +115,33 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
     if dtensor is not None and isinstance(weight, dtensor):
         if getattr(linear, "_is_fsdp_managed_module", False):
             return None  # sharded between steps; unsharded plain tensors inside the enclosing unit's forward
-        if vocab_sharded(weight) and (linear.bias is None or vocab_sharded(linear.bias)):
+        if vocab_sharded(weight) and (bias is None or vocab_sharded(bias)):
             return None  # tensor parallel by vocabulary rows: the vocabulary-parallel fused loss
         return (f"the LM head weight is a DTensor ({', '.join(map(str, weight.placements))}) outside an FSDP2 unit, "
                 "sharded other than by vocabulary rows (Shard(0) over a 1-D mesh, ColwiseParallel): the fused loss "
                 "needs the whole weight or its vocabulary rows on each rank; the original forward runs")
     return None
+
+
+_ABSENT = object()
+
+
+def stored_param(module: torch.nn.Module, name: str):
+    """``module``'s parameter ``name`` as stored, read without an engine's gather: DeepSpeed ZeRO-3 replaces
+    ``module._parameters`` by a mapping whose item lookup all-gathers a partitioned parameter read during the
+    model's forward and keeps it gathered as an "external parameter" of the module running (the whole model) until
+    that module's backward ends. The checks that run at the start of the patched forward must not do that. A name
+    that is not a registered parameter (a plain tensor attribute) is read with ``getattr``."""
+    params = vars(module).get("_parameters")
+    # dict's own lookup, not the subclass's __getitem__
+    value = dict.get(params, name, _ABSENT) if isinstance(params, dict) else _ABSENT
+    return getattr(module, name, None) if value is _ABSENT else value
+
+
+def zero3_param(t) -> bool:
+    """Whether ``t`` is a DeepSpeed ZeRO-3 partitioned parameter (DeepSpeed gives each one a ``ds_id``; ZeRO-1 and 2
+    leave parameters plain)."""
+    return isinstance(t, torch.Tensor) and hasattr(t, "ds_id")
 
 
 def vocab_sharded(t) -> bool:
@@ -145,3 +182,47 @@ def run_in_unit(unit, fn, hidden: torch.Tensor) -> torch.Tensor:
             return out
     res = state._post_forward(unit, args, out)
     return res if res.dtype == out.dtype else res.to(out.dtype)
+
+
+def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.Tensor:
+    """``fn(hidden)`` called as ``module``'s forward, through ``module(hidden)``: every hook of ``module`` runs around
+    it (DeepSpeed ZeRO-3's gather and release of the module's own parameters, and its backward hooks on the output
+    and input), and they see ``fn``'s result as the module's output.
+
+    Args:
+        module: the LM head's ``nn.Linear`` (its own ``forward`` is restored afterwards, also on an error, including
+            an instance-level ``forward`` that was set before).
+        fn: reads the module's parameters when called, returns a tensor (the loss).
+        hidden: the module's input.
+
+    Returns:
+        ``fn``'s result as the module's hooks return it (DeepSpeed returns it through an autograd function that
+        gathers the parameters again before its backward).
+    """
+    own = module.__dict__.get("forward", _ABSENT)
+    module.forward = fn
+    try:
+        return module(hidden)
+    finally:
+        if own is _ABSENT:
+            del module.forward
+        else:
+            module.forward = own
+
+
+def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: torch.Tensor) -> torch.Tensor:
+    """``fn(hidden)`` where ``linear``'s parameters are whole: inside the FSDP2 unit's hooks when ``head`` or
+    ``linear`` is one (:func:`run_in_unit`), inside ``linear``'s call under DeepSpeed ZeRO-3 (:func:`run_as_forward`),
+    else called as it is.
+
+    Args:
+        head: the model's LM-head attribute; linear: the plain Linear it applies
+            (:func:`~tigon.integrations.causal_lm.effective_head`).
+        fn, hidden: as for :func:`run_in_unit`.
+    """
+    unit = fsdp_unit(head, linear)
+    if unit is not None:
+        return run_in_unit(unit, fn, hidden)
+    if zero3_param(stored_param(linear, "weight")):
+        return run_as_forward(linear, fn, hidden)
+    return fn(hidden)
