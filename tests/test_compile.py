@@ -140,7 +140,7 @@ def _opcheck_cases():
         "group_norm": (ops.group_norm, (x.transpose(1, 2), w, b, 8, 1e-6)),
         "group_norm_bias_only": (ops.group_norm, (torch.randn(4, 6), None, b[:6], 3, 1e-5)),
         "group_norm_backward": (ops.group_norm_backward, (torch.randn(3, 32, 5), x.transpose(1, 2), w, b,
-                                                          torch.randn(96), torch.rand(96) + 0.5, 8, 1e-6, True,
+                                                          torch.randn(24), torch.rand(24) + 0.5, 8, 1e-6, True,
                                                           False)),
         "sparsemax": (ops.sparsemax, (x.transpose(0, 1),)),
         "sparsemax_backward": (ops.sparsemax_backward, (torch.randn(3, 5, 32), torch.relu(x))),

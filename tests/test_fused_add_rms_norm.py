@@ -9,6 +9,8 @@ from tigon import support
 from tigon.numerics import assert_close_to_truth, compare
 from tigon.reference.fused_add_rms_norm import fused_add_rms_norm as ref_fadd
 
+from _memory import in_place_saving
+
 # As tests/test_rms_norm.py: bf16/fp16 errors are dominated by the final rounding, which Tigon shares with the
 # original; 1.1 absorbs the sampling noise of a relative-L2 estimate.
 FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.1, torch.float16: 1.1}
@@ -214,19 +216,12 @@ def test_in_place_saves_one_buffer():
     inputs = _inputs((4096, 1024), "cuda", torch.bfloat16)
     c = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
 
-    def peak(in_place):
+    def loss_of(in_place):
         x = inputs["x"].clone().requires_grad_()
         y, _ = F.fused_add_rms_norm(x, inputs["residual"], inputs["weight"], in_place=in_place)
-        z = (y * c).sum()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        z.backward()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+        return (y * c).sum()
 
-    peak(True)  # (calibrates grad_ownership, warms the kernels)
-    saved = peak(False) - peak(True)
+    saved = in_place_saving(loss_of)
     buffer = inputs["x"].numel() * inputs["x"].element_size()
     assert buffer * 0.9 <= saved <= buffer * 1.1, (saved, buffer)
 

@@ -20,8 +20,8 @@ def make(shape, groups, dtype, device, affine=(True, True)):
 
 @pytest.fixture(params=[True, False], ids=["one_launch", "two_launches"])
 def fused(request, monkeypatch):
-    """Both forwards: groups that fit a tile in one launch (``_group_fwd``), and (FUSED_GROUP 0) the channel sums then
-    the affine pass."""
+    """Both paths: groups that fit a tile in one launch a direction (``_group_fwd`` / ``_group_bwd``), and
+    (FUSED_GROUP 0) the split path (tile partials, a reduction a group, the affine pass)."""
     from tigon.kernels import group_norm as k
 
     if not request.param:
@@ -46,8 +46,8 @@ def test_group_norm_matches_float64(device, dtype, shape, groups):
 
 
 def test_group_norm_one_launch_matches_two(device, monkeypatch):
-    # the one-launch forward and backward (a group in one tile) against the channel sums + affine passes: the same
-    # output, channel statistics and gradients up to fp32 summation order
+    # the one-launch forward and backward (a group in one tile) against the split path: the same output, group
+    # statistics and gradients up to fp32 summation order
     from tigon.kernels import group_norm as k
 
     x = torch.randn(3, 12, 5, 7, device=device) * 2 + 1
@@ -55,8 +55,8 @@ def test_group_norm_one_launch_matches_two(device, monkeypatch):
     w, b = torch.rand(12, device=device) + 0.5, torch.randn(12, device=device)
 
     def run():
-        y, x2, mean_c, m2_c = k.group_norm_forward(x, w, b, 4, 1e-6)
-        return (y, mean_c, m2_c) + k.group_norm_backward(dy, x2, w, b, mean_c, m2_c, x.shape, 4, 1e-6, True, True)
+        y, x2, mean_g, rstd_g = k.group_norm_forward(x, w, b, 4, 1e-6)
+        return (y, mean_g, rstd_g) + k.group_norm_backward(dy, x2, w, b, mean_g, rstd_g, x.shape, 4, 1e-6, True, True)
 
     one = run()
     monkeypatch.setattr(k, "FUSED_GROUP", 0)
@@ -90,28 +90,62 @@ def test_group_norm_flags_bf16_and_no_positions(device, fused, affine):
         assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=2.0))
 
 
-def test_group_norm_many_channels_a_group_few_positions(device, monkeypatch):
-    # (the two-launch forward: groups of 96 elements would fit one tile)
-    # tiles of many channel rows of few positions, in groups wider than the tile allows (``_cap_rows`` lowers the
-    # rows a tile so that each row's read of its group's Cg sums stays bounded): rows of one tile in several groups
-    from tigon.kernels import elementwise, group_norm as k
+def _split(monkeypatch, tile, reduce_block=None):
+    """The split path with tiles of ``tile`` elements (and reduction steps of ``reduce_block`` partials)."""
+    from tigon.kernels import group_norm as k
 
-    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
-    monkeypatch.setattr(k, "tile_elems", lambda dev: 64)
-    monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
     monkeypatch.setattr(k, "FUSED_GROUP", 0)
-    assert k._cap_rows(64, 32, torch.device(device)) == 2
+    monkeypatch.setattr(k, "INTERPRET_FUSED_GROUP", 0)
+    monkeypatch.setattr(k, "tile_elems", lambda dev: tile)
+    if reduce_block:
+        monkeypatch.setattr(k, "REDUCE_BLOCK", reduce_block)
+    return k
+
+
+def test_group_norm_many_channels_a_group_few_positions(device, monkeypatch):
+    # tiles of many channel rows of few positions, several row tiles a group (and the backward's reduction over a
+    # group's channel rows in steps)
+    k = _split(monkeypatch, 64, reduce_block=8)
+    assert k._tile_shape(32, 3, torch.device(device)) == (16, 4, 1, 2)  # (BLOCK_R, BLOCK_S, n_tc, T)
     inputs = make((2, 96, 3), 3, torch.float32, device)
     assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, GRADS))
 
 
+@pytest.mark.parametrize("dtype,affine", [(torch.float32, (True, True)), (torch.bfloat16, (False, False)),
+                                          (torch.float32, (True, False))])
+def test_group_norm_large_groups_split_across_programs(device, monkeypatch, dtype, affine):
+    # groups larger than a tile (forced to 16 elements): partial moments / gradient sums per tile, reduced a group at
+    # a time in steps of 4 partials (several steps), odd sizes (last tiles partly masked), one group of 6 x 37
+    # positions (18 tiles of 16), a non-contiguous input, the weight / bias flags; deterministic (two runs bitwise
+    # equal)
+    k = _split(monkeypatch, 16, reduce_block=4)
+    assert k._tile_shape(6, 37, torch.device(device)) == (1, 16, 3, 18)
+    grads = ["X"] + [g for g, on in zip(GRADS[1:], affine) if on]
+    factor = 2.0 if dtype != torch.float32 else 1.0
+    for shape, groups in (((2, 6, 37), 1), ((3, 4, 5, 7), 2), ((5, 12), 3)):
+        inputs = make(shape, groups, dtype, device, affine)
+        assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=factor))
+    wide = (torch.randn(6, 8, 19, device=device) * 2 + 1)[::2, :, 1:].to(dtype)  # strided batch and positions
+    inputs = dict(make((3, 8, 18), 2, dtype, device, affine), X=wide)
+    before = wide.clone()
+    assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=factor))
+    assert torch.equal(wide, before)
+    x = torch.randn(2, 6, 37, device=device, requires_grad=True)
+    w = torch.rand(6, device=device, requires_grad=True)
+    runs = []
+    for _ in range(2):
+        y = F.group_norm(x, w, None, 6, 1)
+        runs.append((y,) + torch.autograd.grad(y, (x, w), torch.ones_like(y) + x.detach()))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_group_norm_chunked_rows_and_strided_input(device, fused, monkeypatch):
-    # channel rows wider than a step of _channel_sums (forced small here): its two-pass loop; a channels-last view
-    # (copied once) and a non-contiguous batch; the caller's tensors are left as they were
+    # channel rows wider than a tile (forced small here on the split path: several column tiles a row, the last
+    # partly masked); a channels-last view (copied once) and a non-contiguous batch; the caller's tensors are left as
+    # they were
     from tigon.kernels import group_norm as k
 
-    monkeypatch.setattr(k, "CHUNK", 8)
-    monkeypatch.setattr(k, "INTERPRET_CHUNK", 8)
+    monkeypatch.setattr(k, "tile_elems", lambda dev: 8)
     base = torch.randn(2, 5, 5, 6, device=device) * 2 + 3  # (B, H, W, C)
     x = base.permute(0, 3, 1, 2)  # (B, C, H, W) channels-last
     inputs = dict(make((2, 6, 5, 5), 3, torch.float32, device), X=x)
@@ -160,20 +194,39 @@ def test_group_norm_bad_input(device):
 
 @pytest.mark.parametrize("affine", [(True, True), (False, False)])
 def test_group_norm_issues_only_its_kernels(device, fused, kernel_count, affine):
-    # a forward is 1 Triton launch (a group in one tile) or 2, a backward 2 or 3 (one less without weight and bias),
-    # and no ATen operation runs a kernel between them: the group statistics, c1 / c2 and the missing weight / bias
-    # (constexpr flags) are formed in the kernels (before: 18 + 26 with ~35 small ATen ops)
+    # a forward is 1 Triton launch (a group in one tile) or 3 (split: tile moments, their reduction a group, the
+    # affine pass), a backward 1 or 3 and the dw / db sum (none without weight and bias), and no ATen operation runs a
+    # kernel between them: the group statistics, c1 / c2 and the missing weight / bias (constexpr flags) are formed
+    # in the kernels (before: 18 + 26 with ~35 small ATen ops)
     from tigon.kernels import group_norm as k
 
-    kernel_count.stub(k, "_group_fwd", "_group_bwd", "_channel_sums", "_channel_affine", "_sum_partials")
+    kernel_count.stub(k, "_group_fwd", "_group_bwd", "_tile_moments", "_group_moments", "_tile_grad_sums",
+                      "_group_grad_sums", "_tile_affine", "_sum_partials")
     inputs = make((2, 8, 16), 4, torch.bfloat16, device, affine)
     leaves = [t.requires_grad_() for t in inputs.values() if isinstance(t, torch.Tensor)]
     with kernel_count as c:
         y = F.group_norm(**inputs)
-    assert (c.launches, c.aten) == (["_group_fwd"] if fused else ["_channel_sums", "_channel_affine"], [])
+    assert (c.launches, c.aten) == (["_group_fwd"] if fused else ["_tile_moments", "_group_moments", "_tile_affine"],
+                                    [])
     dy = torch.ones_like(y)
     with kernel_count as c:
         torch.autograd.grad(y, leaves, dy)
     assert c.aten == []
-    assert c.launches == (["_group_bwd"] if fused else ["_channel_sums", "_channel_affine"]) + (
+    assert c.launches == (["_group_bwd"] if fused else ["_tile_grad_sums", "_group_grad_sums", "_tile_affine"]) + (
         ["_sum_partials"] if affine[0] else [])
+
+
+def test_group_norm_bench_groups_override(monkeypatch):
+    # TIGON_BENCH_GROUP_NORM_GROUPS: the bench's groups (1: groups of 2^19 elements at Llama-3 sizes, the split path)
+    from types import SimpleNamespace
+
+    from tigon.ops import group_norm as op
+
+    llama = SimpleNamespace(tokens=16384, hidden=4096)
+    assert op._shape(llama)["groups"] == 32
+    monkeypatch.setenv(op.GROUPS_ENV, "1")
+    assert op._shape(llama) == dict(tokens=16384, batch=128, channels=128, groups=1, hidden=4096)
+    for bad in ("3", "0", "x"):
+        monkeypatch.setenv(op.GROUPS_ENV, bad)
+        with pytest.raises(ValueError, match="TIGON_BENCH_GROUP_NORM_GROUPS must be a positive divisor"):
+            op._shape(llama)

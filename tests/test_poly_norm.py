@@ -7,6 +7,8 @@ from tigon import support
 from tigon.numerics import assert_close_to_truth, compare
 from tigon.reference.poly_norm import poly_norm as ref_poly_norm
 
+from _memory import in_place_saving
+
 # The original (PolyCom's layer as Liger's benchmark runs it: fp32 math, cast to the input dtype) and the kernel do the
 # same fp32 math and round once: bf16 / fp16 errors agree but for the summation order; 1.1 absorbs that noise.
 FACTOR = {torch.float32: 1.0, torch.bfloat16: 1.1, torch.float16: 1.1}
@@ -101,19 +103,11 @@ def test_poly_norm_in_place_saves_one_buffer():
     inputs = make((4096, 1024), torch.bfloat16, "cuda")
     c = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
 
-    def peak(in_place):
-        x = inputs["X"].clone().requires_grad_()
-        y = F.poly_norm(x, inputs["W"], inputs["B"], in_place=in_place)
-        z = (y * c).sum()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        z.backward()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+    def loss_of(in_place):
+        y = F.poly_norm(inputs["X"].clone().requires_grad_(), inputs["W"], inputs["B"], in_place=in_place)
+        return (y * c).sum()
 
-    peak(True)  # (calibrates grad_ownership, warms the kernels)
-    saved = peak(False) - peak(True)
+    saved = in_place_saving(loss_of)
     buffer = inputs["X"].numel() * inputs["X"].element_size()
     assert buffer * 0.9 <= saved <= buffer * 1.1, (saved, buffer)
 

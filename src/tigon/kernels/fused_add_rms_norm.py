@@ -75,7 +75,7 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, casting_mode, in_place=False):
         if in_place and any(ctx.needs_input_grad[:3]):
-            prepare()  # (once per process)
+            prepare(x.device)  # (once per process and device type)
         y, s, rstd = fused_add_rms_norm_forward(x, residual, weight, eps, offset, casting_mode)
         ctx.save_for_backward(s, weight, rstd)
         ctx.set_materialize_grads(False)

@@ -7,13 +7,23 @@ caller's; a tensor hook may have kept it. Autograd itself has the same question 
 ``.grad`` without a copy (AccumulateGrad "steals" the buffer when its C++ use count shows no other owner), and
 :func:`owns_grad` asks it the same way, from Python:
 
-- the TensorImpl has one C++ owner (``Tensor._use_count() == 1``: the Python object autograd handed us; another
-  graph node's pending input buffer or the engine's root gradient would be a second);
-- the Python object has only the references autograd's call path itself holds (``sys.getrefcount``, compared with
-  the count a probe backward sees on the same path, measured once: a hook's list or a caller's variable adds one);
-  no weak references;
+- the TensorImpl, the Python object and the storage have exactly the owners they have when a probe backward on the
+  same call path, whose incoming gradient is known to be exclusively owned, looks at its own: C++ use counts
+  (``Tensor._use_count()``, the storage's) and the Python reference count (``sys.getrefcount``), measured once per
+  device type (see :func:`prepare`). Anything else that holds the gradient (another graph node's pending input
+  buffer, the engine's root gradient, a caller's variable, a hook's list) adds at least one to one of them; no weak
+  references;
 - the storage is this tensor's alone and exactly its size (no view into a larger gradient whose other parts or
   base someone reads), contiguous, at offset 0.
+
+The counts are measured rather than assumed because autograd's own share changes between releases: from torch 2.12
+(pytorch/pytorch#177837) ``PyNode::apply`` drops its C++ list of the incoming gradients before calling the Python
+backward, so the Python object is the tensor's one C++ owner there; in torch 2.11 and earlier the list keeps a second
+reference for the whole call. A use count of 1 written as a constant (as here until 2026-12-05) answers "not owned"
+to every gradient on torch 2.11, the GPU image's release: read from the two releases' sources, this is why
+poly_norm's in-place tests saved nothing on the H200. The probe also runs on the op's own device type, so that a
+difference between the CPU and an accelerator's backward path (a device thread, stream bookkeeping) cannot make
+the two disagree.
 
 Every check errs towards "not owned" (a new buffer, as without ``in_place``): a missing private API, a calibration
 that failed, or ``torch.compile`` tracing (compiled autograd) all answer False.
@@ -29,19 +39,22 @@ import torch
 
 from ._common import once_differentiable
 
-_BASELINE: tuple[int, int] | None = None  # (Python refcount, storage use count) on autograd's path; (-1, -1): never
+_BASELINES: dict[str, tuple[int, int, int]] = {}
+"""Per device type: (Python refcount, tensor use count, storage use count) of an exclusively owned incoming gradient
+on autograd's call path, as :func:`_counts` sees it; (-1, -1, -1): the probe failed, never write in place."""
+_NEVER = (-1, -1, -1)
 
 
-def _counts(t: torch.Tensor) -> tuple[int, int]:
+def _counts(t: torch.Tensor) -> tuple[int, int, int]:
     storage = t.untyped_storage()
-    return sys.getrefcount(t), torch._C._storage_Use_Count(storage._cdata)
+    return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(storage._cdata)
 
 
 class _Probe(torch.autograd.Function):
     """A backward on the same call path as the ops' (``once_differentiable``, then ``owns_grad(dy)``), whose
     incoming gradient is known to be exclusively owned (the fresh product of a MulBackward)."""
 
-    seen: tuple[int, int] | None = None
+    seen: tuple[int, int, int] | None = None
 
     @staticmethod
     def forward(ctx, x):
@@ -54,17 +67,26 @@ class _Probe(torch.autograd.Function):
         return dy
 
 
-def _record(dy: torch.Tensor) -> None:  # the same depth as owns_grad's call of _counts
+def _record(dy: torch.Tensor) -> None:
+    # owns_grad's steps before its call of _counts, at the same depth (the storage's Python object is made by the
+    # size check first there, and kept by the storage while the tensor holds it)
+    dy.untyped_storage().nbytes()
     _Probe.seen = _counts(dy)
 
 
-def prepare() -> None:
-    """Measure the baseline :func:`owns_grad` compares with, once per process: a tiny CPU forward and backward
-    through :class:`_Probe`. Call it from the op's forward (eager, outside any backward: a backward run from inside
-    another, on an accelerator's autograd thread, is best avoided); until it has run :func:`owns_grad` says False."""
-    global _BASELINE
-    if _BASELINE is None and not torch.is_inference_mode_enabled():  # (no autograd there to probe)
-        _BASELINE = _isolated(_calibrate)
+def prepare(device: torch.device) -> None:
+    """Measure the baseline :func:`owns_grad` compares with, once per process and device type: a tiny forward and
+    backward through :class:`_Probe` on ``device`` (the op's input's). Call it from the op's forward (eager, outside
+    any backward: a backward run from inside another, on an accelerator's autograd thread, is best avoided); until it
+    has run for dy's device type :func:`owns_grad` says False. Not measured under inference mode (no autograd to
+    probe), while a CUDA graph is being captured (the probe's allocations and launches would join or break the
+    capture) or while tracing: a later eager forward measures it."""
+    kind = device.type
+    if kind in _BASELINES or torch.is_inference_mode_enabled() or torch.compiler.is_compiling():
+        return
+    if kind == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    _BASELINES[kind] = _isolated(lambda: _calibrate(device))
 
 
 def _isolated(fn):
@@ -77,18 +99,19 @@ def _isolated(fn):
     thread = threading.Thread(target=lambda: out.append(fn()), name="tigon-grad-ownership-probe")
     thread.start()
     thread.join()
-    return out[0] if out else (-1, -1)
+    return out[0] if out else _NEVER
 
 
-def _calibrate() -> tuple[int, int]:
+def _calibrate(device: torch.device) -> tuple[int, int, int]:
     try:
         with torch.enable_grad():
-            x = torch.zeros(2, requires_grad=True)
-            (_Probe.apply(x) * torch.ones(2)).sum().backward()
+            x = torch.zeros(2, device=device, requires_grad=True)
+            (_Probe.apply(x) * torch.ones(2, device=device)).sum().backward()
         seen = _Probe.seen
     except Exception:  # a platform where the probe cannot run: never write in place
         seen = None
-    return seen if seen is not None else (-1, -1)
+    _Probe.seen = None
+    return seen if seen is not None else _NEVER
 
 
 def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -97,15 +120,17 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
     of exactly its size, and of ``dtype``.
 
     Call it directly from ``backward(ctx, dy)`` (decorated with :func:`tigon.kernels._common.once_differentiable`),
-    with ``dy`` the backward's own argument and no other local name bound to it: the Python reference count it
-    compares is that call path's. False until :func:`prepare` has run.
+    with ``dy`` the backward's own argument and no other local name bound to it (no view, reshape or
+    ``.contiguous()`` of it kept either): the reference counts it compares are that call path's. False until
+    :func:`prepare` has run for dy's device type.
     """
-    if _BASELINE is None or (dy.dtype != dtype or not dy.is_contiguous() or dy.storage_offset() != 0 or dy.requires_grad
-            or torch.compiler.is_compiling() or not hasattr(dy, "_use_count")
+    base = _BASELINES.get(dy.device.type)
+    if base is None or base == _NEVER or (dy.dtype != dtype or not dy.is_contiguous() or dy.storage_offset() != 0
+            or dy.requires_grad or torch.compiler.is_compiling() or not hasattr(dy, "_use_count")
             or not hasattr(torch._C, "_storage_Use_Count")):
         return False
-    if dy._use_count() != 1 or weakref.getweakrefs(dy):
+    if weakref.getweakrefs(dy):
         return False
     if dy.untyped_storage().nbytes() != dy.numel() * dy.element_size():
         return False
-    return _counts(dy) == _BASELINE
+    return _counts(dy) == base

@@ -172,7 +172,7 @@ class PolyNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, eps, in_place):
         if in_place and any(ctx.needs_input_grad[:3]):
-            prepare()  # (once per process)
+            prepare(x.device)  # (once per process and device type)
         y, x2, rstd = poly_norm_forward(x, w, b, eps)
         ctx.save_for_backward(x2, w, b, rstd)
         ctx.x_shape, ctx.in_place = x.shape, in_place

@@ -77,7 +77,7 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode, in_place=False):
         if in_place and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
-            prepare()  # (once per process)
+            prepare(x.device)  # (once per process and device type)
         y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.offset, ctx.in_place = offset, in_place

@@ -6,6 +6,8 @@ Kernels: :mod:`tigon.kernels.group_norm`. Specification: :mod:`tigon.reference.g
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import _checks
@@ -75,13 +77,36 @@ def group_norm(
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
+GROUPS_ENV = "TIGON_BENCH_GROUP_NORM_GROUPS"
+"""Environment variable: the number of groups of the record's shapes (``tigon bench`` / ``verify``), instead of 32
+(3 on small models). 1 makes each batch row one group of 128 x hidden elements (2^19 at hidden 4096): the split path
+of :mod:`tigon.kernels.group_norm` (groups larger than a tile) at the default shape's bytes, every provider on the
+same inputs."""
+
+
+def _groups(default: int, channels: int) -> int:
+    """``default``, or :data:`GROUPS_ENV` when set.
+
+    Raises:
+        ValueError: the variable is not a positive divisor of ``channels``.
+    """
+    value = os.environ.get(GROUPS_ENV, "").strip()
+    if not value:
+        return default
+    groups = int(value) if value.isdigit() else 0
+    if groups < 1 or channels % groups:
+        raise ValueError(f"{GROUPS_ENV} must be a positive divisor of the bench's {channels} channels, got {value!r}")
+    return groups
+
+
 def _shape(m) -> dict:
     """Liger's benchmark layout (benchmark_group_norm.py: batch x channels x hidden, 4 channels a group) with a norm's
     element count: ``tokens / channels`` batch rows of 128 channels of ``hidden`` positions (tokens x hidden elements,
-    as rms_norm at the same sizes); small models (the tests' shapes) take 6 channels in 3 groups."""
+    as rms_norm at the same sizes); small models (the tests' shapes) take 6 channels in 3 groups. :data:`GROUPS_ENV`
+    sets the number of groups (e.g. 1: groups of 2^19 elements at hidden 4096, the large-group path)."""
     channels, groups = (128, 32) if m.hidden >= 512 else (6, 3)
-    return {"tokens": m.tokens, "batch": max(1, m.tokens // channels), "channels": channels, "groups": groups,
-            "hidden": m.hidden}
+    return {"tokens": m.tokens, "batch": max(1, m.tokens // channels), "channels": channels,
+            "groups": _groups(groups, channels), "hidden": m.hidden}
 
 
 def _inputs(s: dict, dtype, device, gen) -> dict:
