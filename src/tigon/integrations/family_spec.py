@@ -27,7 +27,8 @@ class NormSpec:
         Llama-4's weightless q / k norm, Gemma 4's ``with_scale=False`` norms. False: such an instance is skipped.
     gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` (norm
         before gate): :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's
-        Mamba norm; an instance with ``n_groups`` other than 1 or ``norm_before_gate`` False is skipped).
+        Mamba norm, its ``n_groups`` groups of statistics as rms_norm_gated's ``group_size``; an instance with
+        ``norm_before_gate`` False is skipped).
     """
 
     cls: str

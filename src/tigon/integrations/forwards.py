@@ -39,15 +39,18 @@ def tigon_mark(fn) -> dict | None:
 @functools.lru_cache(maxsize=None)
 def norm_forward(spec: NormSpec, family: str, original):
     """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon;
-    ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original)."""
+    ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original; the
+    instance's ``n_groups`` groups of statistics, Falcon-H1's, as ``group_size``)."""
     if spec.kind == "rms_norm" and spec.gated:
 
         @functools.wraps(original)
         def forward(self, hidden_states, gate=None, *args, **kwargs):
             if gate is None or args or kwargs:
                 return original(self, hidden_states, gate, *args, **kwargs)
+            n_groups = getattr(self, "n_groups", 1)
             return TF.rms_norm_gated(hidden_states, gate, getattr(self, spec.weight_attr), norm_eps(self, spec),
-                                     spec.offset, spec.casting_mode)
+                                     spec.offset, spec.casting_mode,
+                                     hidden_states.shape[-1] // n_groups if n_groups != 1 else None)
 
     elif spec.kind == "rms_norm":
 
@@ -91,9 +94,10 @@ def norm_problem(module, spec: NormSpec) -> str | None:
         return f"{spec.weight_attr} has shape {tuple(w.shape)}, expected 1-D"
     if not isinstance(norm_eps(module, spec), (int, float)):
         return f"no numeric epsilon attribute {spec.eps_attr!r}"
-    if spec.gated and getattr(module, "n_groups", 1) != 1:
-        return (f"grouped gated RMSNorm (n_groups={module.n_groups}): statistics per group, rms_norm_gated takes the "
-                "whole row")
+    n_groups = getattr(module, "n_groups", 1) if spec.gated else 1
+    if not isinstance(n_groups, int) or n_groups < 1 or (isinstance(w, torch.Tensor) and w.shape[0] % n_groups):
+        return (f"grouped gated RMSNorm: n_groups={n_groups!r} is not a positive divisor of its width "
+                f"{tuple(w.shape) if isinstance(w, torch.Tensor) else w}")
     if spec.gated and getattr(module, "norm_before_gate", True) is not True:
         return "gate before the norm (norm_before_gate=False): rms_norm_gated normalises first"
     return None

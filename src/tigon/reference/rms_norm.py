@@ -52,12 +52,16 @@ def rms_norm(
 
 def rms_norm_gated(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama",
+    casting_mode: str = "llama", group_size: int | None = None,
 ) -> torch.Tensor:
     """Gated RMSNorm, norm before gate: ``rmsnorm(x) * silu(gate)`` (Mamba-2's gated norm, Dao & Gu 2024,
     "Transformers are SSMs"; transformers' ``Qwen3NextRMSNormGated`` / ``Qwen3_5RMSNormGated`` of
-    ``modeling_qwen3_next.py``, and ``FalconH1RMSNormGated`` of ``modeling_falcon_h1.py`` with one group and
+    ``modeling_qwen3_next.py``, and ``FalconH1RMSNormGated`` of ``modeling_falcon_h1.py`` with
     ``norm_before_gate``).
+
+    ``group_size``: the statistics are those of each group of ``group_size`` contiguous channels (``hidden //
+    group_size`` groups; ``FalconH1RMSNormGated`` with ``n_groups`` groups: ``hidden // n_groups``, the argument of
+    mamba_ssm's ``rmsnorm_fn`` and transformers' ``Mamba2RMSNormGated``); None: the whole last dimension.
 
     ``yn`` as :func:`rms_norm` forms it before its final cast (``"llama"``: ``(offset + w) * xhat.to(x.dtype)``, as
     Qwen3-Next; ``"gemma"``: ``xhat * (offset + w)`` in fp32, as Falcon-H1; ``"none"``: in x's dtype), then
@@ -66,6 +70,7 @@ def rms_norm_gated(
     Args:
         x, gate: (..., hidden), one shape, float dtypes.
         weight: (hidden,) or None; eps, offset, casting_mode: as :func:`rms_norm`.
+        group_size: channels per group, a divisor of hidden; None (or hidden): one group.
 
     Returns:
         (..., hidden) in x's dtype.
@@ -74,7 +79,11 @@ def rms_norm_gated(
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
     xf = x if casting_mode == "none" else x.to(ct)
-    xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if group_size is None or group_size == x.shape[-1]:
+        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        xg = xf.unflatten(-1, (x.shape[-1] // group_size, group_size))  # (..., groups, group_size)
+        xhat = (xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
     if weight is None:
         yn = xhat
     elif casting_mode == "llama":
