@@ -104,12 +104,6 @@ def _inputs(s: dict, dtype, device, gen, n_groups: int = 1) -> dict:
                 group_size=None if n_groups == 1 else n // n_groups)
 
 
-def _eight_groups(x, gate, weight, eps=1e-6, offset=0.0, casting_mode="llama", group_size=None):
-    """The op with 8 groups of statistics (a Mamba-2 checkpoint's usual ``n_groups``): ``tigon bench``'s
-    ``tigon_groups8`` provider, the same bytes as ``tigon``'s one group."""
-    return rms_norm_gated(x, gate, weight, eps, offset, casting_mode, x.shape[-1] // 8)
-
-
 RECORDS = (OpSpec(
     name="rms_norm_gated",
     summary="gated RMSNorm, rmsnorm(x) * silu(gate), statistics per row or per group (Qwen3-Next, Falcon-H1)",
@@ -128,6 +122,5 @@ RECORDS = (OpSpec(
     sweeps=("tokens", "hidden"),
     leading_dims=("x", "gate"),
     cases=(Case(), Case("casting_mode=gemma", options={"casting_mode": "gemma"}),
-           Case("n_groups=4", inputs={"n_groups": 4}),  # Falcon-H1's / Mamba-2's grouped statistics
-           Case("bench: n_groups=8", fn=_eight_groups, tags=frozenset({"bench"}), provider="tigon_groups8")),
+           Case("n_groups=4", inputs={"n_groups": 4})),  # Falcon-H1's / Mamba-2's grouped statistics
 ),)
