@@ -112,11 +112,11 @@ MORE_FAMILIES = {
     "falcon_h1-groups": ("falcon_h1", dict(mamba_rms_norm=True, mamba_n_groups=2, mamba_d_ssm=32, mamba_n_heads=4,
                                            mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
                          "falcon_h1", {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
-    # the gate before the norm (mamba_norm_before_gate=False): not rms_norm_gated's order, skipped
-    "falcon_h1-gate_first": ("falcon_h1", dict(mamba_rms_norm=True, mamba_norm_before_gate=False, mamba_d_ssm=32,
-                                               mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
-                             "falcon_h1", {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1},
-                             {"rms_norm": L}),
+    # the gate before the norm (mamba_norm_before_gate=False), 4 groups: rms_norm_gated(norm_before_gate=False)
+    "falcon_h1-gate_first": ("falcon_h1", dict(mamba_rms_norm=True, mamba_norm_before_gate=False, mamba_n_groups=4,
+                                               mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                                               mamba_chunk_size=16),
+                             "falcon_h1", {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # MoE: the router load-balancing loss (output_router_logits) stays in the fused loss
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
@@ -309,13 +309,14 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "qwen3_next", "qwen2_vl", "llava", "paligemma",
-            "llama4", "pixtral"}
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "qwen3_next", "qwen2_vl",
+            "llava", "paligemma", "llama4", "pixtral"}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
-grouped gated RMSNorm, partial rotary with a hybrid decoder, one-module and multi-family vision-language models, the
-text config's softcap, a weightless RMSNorm beside skipped experts, a vision encoder of another family in a Llava
-container). The others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
+grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family
+vision-language models, the text config's softcap, a weightless RMSNorm beside skipped experts, a vision encoder of
+another family in a Llava container). The others check their report and dry run on CPU; their step runs on CUDA or
+with TIGON_FAMILY_ALL=1."""
 
 
 def check_step(case: str) -> bool:

@@ -25,10 +25,10 @@ class NormSpec:
     weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
     optional_weight: an instance without ``weight_attr`` normalises without a weight (rms_norm's ``weight=None``):
         Llama-4's weightless q / k norm, Gemma 4's ``with_scale=False`` norms. False: such an instance is skipped.
-    gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` (norm
-        before gate): :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's
-        Mamba norm, its ``n_groups`` groups of statistics as rms_norm_gated's ``group_size``; an instance with
-        ``norm_before_gate`` False is skipped).
+    gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` (or,
+        with an instance attribute ``norm_before_gate`` False, ``rmsnorm(hidden_states * silu(gate))``):
+        :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm, its
+        ``n_groups`` groups of statistics as rms_norm_gated's ``group_size``).
     """
 
     cls: str

@@ -40,7 +40,7 @@ def tigon_mark(fn) -> dict | None:
 def norm_forward(spec: NormSpec, family: str, original):
     """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon;
     ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original; the
-    instance's ``n_groups`` groups of statistics, Falcon-H1's, as ``group_size``)."""
+    instance's ``n_groups`` groups of statistics, Falcon-H1's, as ``group_size``, and its ``norm_before_gate``)."""
     if spec.kind == "rms_norm" and spec.gated:
 
         @functools.wraps(original)
@@ -50,7 +50,8 @@ def norm_forward(spec: NormSpec, family: str, original):
             n_groups = getattr(self, "n_groups", 1)
             return TF.rms_norm_gated(hidden_states, gate, getattr(self, spec.weight_attr), norm_eps(self, spec),
                                      spec.offset, spec.casting_mode,
-                                     hidden_states.shape[-1] // n_groups if n_groups != 1 else None)
+                                     hidden_states.shape[-1] // n_groups if n_groups != 1 else None,
+                                     getattr(self, "norm_before_gate", True))
 
     elif spec.kind == "rms_norm":
 
@@ -98,8 +99,8 @@ def norm_problem(module, spec: NormSpec) -> str | None:
     if not isinstance(n_groups, int) or n_groups < 1 or (isinstance(w, torch.Tensor) and w.shape[0] % n_groups):
         return (f"grouped gated RMSNorm: n_groups={n_groups!r} is not a positive divisor of its width "
                 f"{tuple(w.shape) if isinstance(w, torch.Tensor) else w}")
-    if spec.gated and getattr(module, "norm_before_gate", True) is not True:
-        return "gate before the norm (norm_before_gate=False): rms_norm_gated normalises first"
+    if spec.gated and not isinstance(getattr(module, "norm_before_gate", True), bool):
+        return f"norm_before_gate={module.norm_before_gate!r} is not a bool"
     return None
 
 

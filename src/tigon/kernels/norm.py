@@ -28,7 +28,9 @@ plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = 
 
 Gated RMSNorm (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm; HAS_GATE): ``y = yn * silu(gate)``
 with ``yn = xhat * (offset + w)``; the backward writes ``d_gate = dy * yn * silu'(gate)`` and runs the norm's backward
-on ``dy * silu(gate)``. Forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x, gate, dy; write
+on ``dy * silu(gate)``. GATE_FIRST (Mamba-2's ``norm_before_gate=False``): the row normalised is ``u = x * silu(gate)``
+(fp32), ``y = uhat * (offset + w)``; the backward forms the norm's ``du`` and writes ``dx = du * silu(gate)``,
+``d_gate = du * x * silu'(gate)``. Forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x, gate, dy; write
 dx, d_gate).
 
 Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx). With the residual
@@ -93,9 +95,10 @@ def _norm_fwd(
     X, R, W, B, Y, S, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_s, eps, offset,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr,
     HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G=None, stride_g=0,
-    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False,
+    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False, GATE_FIRST: tl.constexpr = False,
 ):
-    # HAS_GATE: y is multiplied by silu(G) (the gated RMSNorm; G has x's row layout, row stride stride_g).
+    # HAS_GATE: y is multiplied by silu(G) (the gated RMSNorm; G has x's row layout, row stride stride_g); with
+    # GATE_FIRST, x is, before the statistics.
     # GROUPED: the M rows are groups of N elements, n_groups to a row of X and G (see _row_starts); Y is contiguous.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -111,6 +114,10 @@ def _norm_fwd(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
         tl.store(S + rows64[:, None] * stride_s + cols[None, :], x, mask=mask)
     x = x.to(tl.float32)
+    if HAS_GATE and GATE_FIRST:
+        gt = tl.load(G + _row_starts(rows64, stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        x = x * gt * tl.sigmoid(gt)
     if IS_RMS:
         xc = x
     else:
@@ -125,7 +132,7 @@ def _norm_fwd(
         y = y * _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED)
     if HAS_B:
         y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_GATE:
+    if HAS_GATE and not GATE_FIRST:
         gt = tl.load(G + _row_starts(rows64, stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         y = y * gt * tl.sigmoid(gt)
@@ -164,8 +171,9 @@ def _norm_bwd(
     offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
     W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr, G=None, DG=None, stride_g=0, stride_dg=0,
-    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False,
+    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False, GATE_FIRST: tl.constexpr = False,
 ):
+    # GATE_FIRST: the gate multiplies x before the norm (see the module docstring); xhat is then u's.
     # GROUPED (the grouped gated RMSNorm): the M rows are groups of N elements, n_groups to a row of X, DY and G (see
     # _row_starts; DX and DG are contiguous); the host makes BLOCK_M and rows_per_prog multiples of n_groups, so the
     # dW accumulator's row i always holds group i % n_groups, and the whole [BLOCK_M, N] accumulator is stored: the
@@ -202,11 +210,16 @@ def _norm_bwd(
                 ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds)
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
-        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        xf = x.to(tl.float32)
         if HAS_GATE:
             gt = tl.load(G + _row_starts(rows.to(tl.int64), stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :],
                          mask=mask, other=0.0).to(tl.float32)
             sg = tl.sigmoid(gt)
+        if HAS_GATE and GATE_FIRST:
+            xhat = tl.where(mask, xf * gt * sg * rstd[:, None], 0.0)  # u's (RMS: no mean)
+        else:
+            xhat = tl.where(mask, (xf - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_GATE and not GATE_FIRST:
             if HAS_W:
                 yn = xhat * _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED)
             else:
@@ -227,6 +240,10 @@ def _norm_bwd(
         else:
             c2 = tl.sum(g, axis=1) / N
             dx = rstd[:, None] * (g - xhat * c1[:, None] - c2[:, None])
+        if HAS_GATE and GATE_FIRST:  # dx so far is du, u = x * silu(gate)
+            tl.store(DG + rows.to(tl.int64)[:, None] * stride_dg + cols[None, :],
+                     (dx * xf * sg * (1.0 + gt * (1.0 - sg))).to(DG.dtype.element_ty), mask=mask)
+            dx = dx * gt * sg
         if HAS_DS:
             # Prefetched with the row tiles (sm_90 builds, bf16, rows of 1024 / 4096 / 8192: no spills, as without
             # it). Without the prefetch (wide rows) loaded here, where it is used, not with the next row's x and dy,
@@ -402,10 +419,11 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
 
 def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
-                 gate: torch.Tensor | None = None, n_groups: int = 1):
+                 gate: torch.Tensor | None = None, n_groups: int = 1, gate_first: bool = False):
     """Launch the forward on the rows of ``x`` (..., N) (any strides: read as :func:`rows` gives them).
 
-    ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm).
+    ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm);
+    ``gate_first``: x is, before the statistics (RMSNorm only; rstd is then that of ``x * silu(gate)``).
 
     ``n_groups``: the statistics are those of each of n_groups groups of N / n_groups contiguous elements (a divisor
     of N; RMSNorm without residual only): rstd is then (M * n_groups,), one per group.
@@ -444,6 +462,8 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     grouped = dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}
+    if gate_first:  # keyword only when set: the other norms' launches keep their arguments
+        grouped["GATE_FIRST"] = _gate_first(gate, is_rms)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
     launcher(_norm_fwd)[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
@@ -453,6 +473,13 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
         num_warps=warps, **grouped,
     )
     return y, mean, rstd, s, x2
+
+
+def _gate_first(gate, is_rms: bool) -> bool:
+    """True, or ValueError when the gate-first form does not apply (no gate, or LayerNorm)."""
+    if gate is None or not is_rms:
+        raise ValueError("gate_first is for the gated RMSNorm only (a gate, is_rms)")
+    return True
 
 
 def _check_groups(n: int, n_groups: int, supported: bool) -> None:
@@ -482,10 +509,11 @@ GROUPED_TILE = 16384
 def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
                   ds: torch.Tensor | None = None, dx: torch.Tensor | None = None,
                   dx_shape: tuple[int, ...] | None = None, dw_dtype: torch.dtype = torch.float32,
-                  db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None, n_groups: int = 1):
+                  db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None, n_groups: int = 1,
+                  gate_first: bool = False):
     """Launch the backward for dy and x (..., N), any strides (x as given to the forward, or the x2 it returned).
 
-    ``n_groups``: as given to :func:`norm_forward` (rstd (M * n_groups,)); the rows must satisfy
+    ``gate_first``, ``n_groups``: as given to :func:`norm_forward` (rstd (M * n_groups,)); the rows must satisfy
     :func:`grouped_backward_fits` (ValueError), ``ds`` and ``dx`` must be None.
 
     ``gate``: the forward's gate (x's shape, any strides), or None; given, the fourth value returned is d_gate (new,
@@ -567,7 +595,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
                             HAS_GATE=gate is not None, num_warps=warps,
-                            **(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}))
+                            **(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}),
+                            **(dict(GATE_FIRST=_gate_first(gate, is_rms)) if gate_first else {}))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:

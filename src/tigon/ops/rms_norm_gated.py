@@ -1,5 +1,5 @@
-"""Gated RMSNorm, ``rmsnorm(x) * silu(gate)`` (Qwen3-Next / Qwen3.5's Gated DeltaNet output norm, Falcon-H1's Mamba
-norm): the public op and its record.
+"""Gated RMSNorm, ``rmsnorm(x) * silu(gate)`` or ``rmsnorm(x * silu(gate))`` (Qwen3-Next / Qwen3.5's Gated DeltaNet
+output norm, Falcon-H1's and Mamba-2's Mamba norm), statistics per row or per group: the public op and its record.
 
 Kernels: :mod:`tigon.kernels.rms_norm_gated` (the shared norm kernels' ``HAS_GATE`` switch). Specification:
 :func:`tigon.reference.rms_norm.rms_norm_gated`.
@@ -20,12 +20,13 @@ WIDEST_ROW = 32768
 
 def rms_norm_gated(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", group_size: int | None = None,
+    casting_mode: str = "llama", group_size: int | None = None, norm_before_gate: bool = True,
 ) -> torch.Tensor:
-    """Gated RMSNorm, norm before gate: ``rmsnorm(x) * silu(gate)`` over the last dimension, or over each group of
-    ``group_size`` channels (Mamba-2's gated norm, Dao & Gu 2024; transformers ``Qwen3NextRMSNormGated`` (``"llama"``
-    casting) and ``FalconH1RMSNormGated`` with ``norm_before_gate`` (``"gemma"``; its ``n_groups`` groups:
-    ``group_size = hidden // n_groups``)).
+    """Gated RMSNorm, ``rmsnorm(x) * silu(gate)`` (norm before gate) or ``rmsnorm(x * silu(gate))``, statistics over
+    the last dimension or over each group of ``group_size`` channels (Mamba-2's gated norm, Dao & Gu 2024;
+    transformers ``Qwen3NextRMSNormGated`` (``"llama"`` casting), ``FalconH1RMSNormGated`` (``"gemma"``; its
+    ``n_groups`` groups: ``group_size = hidden // n_groups``; its ``norm_before_gate``), ``Mamba2RMSNormGated``
+    (``"llama"``, ``norm_before_gate=False``, its ``group_size``)).
 
     One pass normalises x and multiplies by ``silu(gate)``; the backward forms d_gate in the pass that forms dx (the
     norm's backward on ``dy * silu(gate)``), with dW from the same persistent-grid partials as :func:`rms_norm`.
@@ -42,12 +43,15 @@ def rms_norm_gated(
         group_size: channels per group of the statistics (mamba_ssm's ``rmsnorm_fn`` / transformers'
             ``Mamba2RMSNormGated`` argument), a positive divisor of hidden; None (the default) or hidden: the whole
             last dimension.
+        norm_before_gate: True (the default): the gate multiplies the normalised row; False: it multiplies x before
+            the statistics (mamba_ssm's ``rmsnorm_fn`` argument, Falcon-H1's ``mamba_norm_before_gate``).
 
     Returns:
         (..., hidden) in x's dtype (contiguous).
 
     Raises:
-        TypeError: x, gate or weight not a floating tensor; eps or offset not a number; group_size not an int.
+        TypeError: x, gate or weight not a floating tensor; eps or offset not a number; group_size not an int;
+            norm_before_gate not a bool.
         ValueError: gate's shape differs from x's, weight is not (hidden,), devices differ, casting_mode unknown, eps
             negative or not finite, offset not finite, group_size not a positive divisor of hidden.
     """
@@ -66,15 +70,18 @@ def rms_norm_gated(
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     n_groups = _groups(group_size, x.shape[-1])
+    if not isinstance(norm_before_gate, bool):
+        raise TypeError(f"norm_before_gate must be a bool, got {type(norm_before_gate).__name__}")
+    args = (x, gate, weight, eps, offset, casting_mode)
     if select_backend("rms_norm_gated", x) in TORCH_CODE or x.shape[-1] > WIDEST_ROW:
-        return ref.rms_norm_gated(x, gate, weight, eps, offset, casting_mode, group_size)
+        return ref.rms_norm_gated(*args, group_size, norm_before_gate)
     from ..kernels import rms_norm_gated as k
     from ..kernels.norm import grouped_backward_fits
 
     if n_groups != 1 and not grouped_backward_fits(x.shape[-1], n_groups):
-        return ref.rms_norm_gated(x, gate, weight, eps, offset, casting_mode, group_size)
+        return ref.rms_norm_gated(*args, group_size, norm_before_gate)
     run = k.compiled_rms_norm_gated if torch.compiler.is_compiling() else k.RMSNormGatedFunction.apply
-    return run(x, gate, weight, eps, offset, casting_mode, n_groups)
+    return run(*args, n_groups, norm_before_gate)
 
 
 def _groups(group_size, hidden: int) -> int:
@@ -106,7 +113,7 @@ def _inputs(s: dict, dtype, device, gen, n_groups: int = 1) -> dict:
 
 RECORDS = (OpSpec(
     name="rms_norm_gated",
-    summary="gated RMSNorm, rmsnorm(x) * silu(gate), statistics per row or per group (Qwen3-Next, Falcon-H1)",
+    summary="gated RMSNorm, rmsnorm(x) * silu(gate) or rmsnorm(x * silu(gate)), per row or group (Falcon-H1)",
     fn=rms_norm_gated,
     reference=ref.rms_norm_gated,
     original=ref.rms_norm_gated,
@@ -122,5 +129,6 @@ RECORDS = (OpSpec(
     sweeps=("tokens", "hidden"),
     leading_dims=("x", "gate"),
     cases=(Case(), Case("casting_mode=gemma", options={"casting_mode": "gemma"}),
-           Case("n_groups=4", inputs={"n_groups": 4})),  # Falcon-H1's / Mamba-2's grouped statistics
+           Case("n_groups=4", inputs={"n_groups": 4}),  # Falcon-H1's / Mamba-2's grouped statistics
+           Case("norm_before_gate=False", options={"norm_before_gate": False})),  # Mamba-2's gate first
 ),)
