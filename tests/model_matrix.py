@@ -117,6 +117,11 @@ MORE_FAMILIES = {
                                                mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
                                                mamba_chunk_size=16),
                              "falcon_h1", {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # Mamba-2 hybrid: layer 0 a Mamba mixer (its norm gates first, 2 groups of statistics), layer 1 attention with
+    # partial rotary (0.5)
+    "bamba": ("bamba", dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8,
+                            mamba_chunk_size=16), "bamba", {"rms_norm": 2 * L + 2, "mlp": L, "rope": 1,
+                                                            "lm_head_loss": 1}, {}),
     # MoE: the router load-balancing loss (output_router_logits) stays in the fused loss
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
@@ -309,8 +314,8 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "qwen3_next", "qwen2_vl",
-            "llava", "paligemma", "llama4", "pixtral"}
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "bamba", "qwen3_next",
+            "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
 grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family
