@@ -30,8 +30,9 @@ Gated RMSNorm (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm; 
 with ``yn = xhat * (offset + w)``; the backward writes ``d_gate = dy * yn * silu'(gate)`` and runs the norm's backward
 on ``dy * silu(gate)``. GATE_FIRST (Mamba-2's ``norm_before_gate=False``): the row normalised is ``u = x * silu(gate)``
 (fp32), ``y = uhat * (offset + w)``; the backward forms the norm's ``du`` and writes ``dx = du * silu(gate)``,
-``d_gate = du * x * silu'(gate)``. Forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x, gate, dy; write
-dx, d_gate).
+``d_gate = du * x * silu'(gate)``. Either: forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x,
+gate, dy; write dx, d_gate). GROUPED (Mamba-2's ``group_size``): statistics per group of contiguous channels, the
+kernels' rows being the groups (see ``_row_starts``, ``_weight``), the same bytes.
 
 Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx). With the residual
 add: forward 4*M*N*2 (read x, r; write y, s); backward 4*M*N*2 (read dy, ds, s; write ds_total once).
@@ -461,25 +462,24 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     block_m, warps = fwd_config(block_n, dev)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
-    grouped = dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}
-    if gate_first:  # keyword only when set: the other norms' launches keep their arguments
-        grouped["GATE_FIRST"] = _gate_first(gate, is_rms)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
     launcher(_norm_fwd)[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
         HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, G=g2, stride_g=sg, HAS_GATE=gate is not None,
-        num_warps=warps, **grouped,
+        num_warps=warps, **_gated_flags(gate, is_rms, n_groups, gate_first),
     )
     return y, mean, rstd, s, x2
 
 
-def _gate_first(gate, is_rms: bool) -> bool:
-    """True, or ValueError when the gate-first form does not apply (no gate, or LayerNorm)."""
-    if gate is None or not is_rms:
+def _gated_flags(gate, is_rms: bool, n_groups: int, gate_first: bool) -> dict:
+    """The kernels' GROUPED / GATE_FIRST keywords, only those set (the other norms' launches keep their arguments);
+    ValueError for gate_first without a gate or for LayerNorm."""
+    if gate_first and (gate is None or not is_rms):
         raise ValueError("gate_first is for the gated RMSNorm only (a gate, is_rms)")
-    return True
+    return {**(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}),
+            **(dict(GATE_FIRST=True) if gate_first else {})}
 
 
 def _check_groups(n: int, n_groups: int, supported: bool) -> None:
@@ -490,20 +490,18 @@ def _check_groups(n: int, n_groups: int, supported: bool) -> None:
         raise ValueError(f"n_groups must be a positive divisor of the last dimension ({n}), got {n_groups}")
 
 
+GROUPED_TILE = 16384  # the largest tile the grouped backward raises BLOCK_M to (not measured; ungrouped: 8192)
+
+
 def grouped_backward_fits(n: int, n_groups: int) -> bool:
     """Whether :func:`norm_backward` takes rows of ``n`` elements in ``n_groups`` groups: n_groups a power of two
-    (its dW partial rows hold whole row tiles of the groups, BLOCK_M a multiple of n_groups), groups of at most
-    WIDE_ROW elements (rounded up to a power of two) and row tiles of n_groups groups of at most GROUPED_TILE
-    elements. Otherwise the caller runs its reference."""
+    (a row tile holds whole rows of groups, BLOCK_M a multiple of n_groups), groups of at most WIDE_ROW elements
+    (rounded up to a power of two), tiles of n_groups groups of at most GROUPED_TILE. Else the caller runs its
+    reference."""
     if n_groups < 1 or n % n_groups or n_groups & (n_groups - 1):
         return False
     block_n = next_pow2(n // n_groups)
     return block_n <= WIDE_ROW and n_groups * block_n <= GROUPED_TILE
-
-
-GROUPED_TILE = 16384
-"""The largest row tile (elements) the grouped backward raises BLOCK_M to, so that a tile holds whole rows of groups
-(not measured: the prefetched tiles of 8192 elements are the ungrouped backward's)."""
 
 
 def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
@@ -595,8 +593,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
                             HAS_GATE=gate is not None, num_warps=warps,
-                            **(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}),
-                            **(dict(GATE_FIRST=_gate_first(gate, is_rms)) if gate_first else {}))
+                            **_gated_flags(gate, is_rms, n_groups, gate_first))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
