@@ -28,8 +28,9 @@ def rms_norm_gated(
     ``n_groups`` groups: ``group_size = hidden // n_groups``; its ``norm_before_gate``), ``Mamba2RMSNormGated``
     (``"llama"``, ``norm_before_gate=False``, its ``group_size``)).
 
-    One pass normalises x and multiplies by ``silu(gate)``; the backward forms d_gate in the pass that forms dx (the
-    norm's backward on ``dy * silu(gate)``), with dW from the same persistent-grid partials as :func:`rms_norm`.
+    One pass normalises x and multiplies by ``silu(gate)`` (gate first: normalises ``x * silu(gate)``); the backward
+    forms d_gate in the pass that forms dx (the norm's backward on ``dy * silu(gate)``; gate first: on dy, then the
+    chain rule through ``x * silu(gate)``), with dW from the same persistent-grid partials as :func:`rms_norm`.
     Statistics and math in fp32, one rounding at the store. With groups the kernels' rows are the groups (the weight
     read at each group's channels, dW still per channel); a group count that is not a power of two, or groups too wide
     for the grouped backward's row tiles (:func:`tigon.kernels.norm.grouped_backward_fits`), run the reference.
