@@ -108,6 +108,20 @@ MORE_FAMILIES = {
     "falcon_h1": ("falcon_h1", dict(lm_head_multiplier=0.5, mlp_multipliers=[1.5, 0.5], mamba_d_ssm=32,
                                     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
                   "falcon_h1", {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # the Mamba mixers' gated output norm (mamba_rms_norm) with 2 groups of statistics: rms_norm_gated's group_size
+    "falcon_h1-groups": ("falcon_h1", dict(mamba_rms_norm=True, mamba_n_groups=2, mamba_d_ssm=32, mamba_n_heads=4,
+                                           mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
+                         "falcon_h1", {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # the gate before the norm (mamba_norm_before_gate=False), 4 groups: rms_norm_gated(norm_before_gate=False)
+    "falcon_h1-gate_first": ("falcon_h1", dict(mamba_rms_norm=True, mamba_norm_before_gate=False, mamba_n_groups=4,
+                                               mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                                               mamba_chunk_size=16),
+                             "falcon_h1", {"rms_norm": 3 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    # Mamba-2 hybrid: layer 0 a Mamba mixer (its norm gates first, 2 groups of statistics), layer 1 attention with
+    # partial rotary (0.5)
+    "bamba": ("bamba", dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8,
+                            mamba_chunk_size=16), "bamba", {"rms_norm": 2 * L + 2, "mlp": L, "rope": 1,
+                                                            "lm_head_loss": 1}, {}),
     # MoE: the router load-balancing loss (output_router_logits) stays in the fused loss
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
@@ -300,12 +314,14 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "qwen3_next", "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
+CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "bamba", "qwen3_next",
+            "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
-against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts,
-partial rotary with a hybrid decoder, one-module and multi-family vision-language models, the text config's
-softcap, a weightless RMSNorm beside skipped experts, a vision encoder of another family in a Llava container). The
-others check their report and dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
+against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
+grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family
+vision-language models, the text config's softcap, a weightless RMSNorm beside skipped experts, a vision encoder of
+another family in a Llava container). The others check their report and dry run on CPU; their step runs on CUDA or
+with TIGON_FAMILY_ALL=1."""
 
 
 def check_step(case: str) -> bool:

@@ -97,9 +97,14 @@ def _opcheck_cases():
         "rope_deinterleave_backward": (ops.rope, (q, k, cos, sin, 1, True, True, True, 2)),
         "mrope": (ops.rope, (q, k, torch.randn(3, 1, 8, 16), torch.randn(3, 1, 8, 16), 1, False, True, True, 0,
                              [2, 3, 3])),
-        "rms_norm_gated": (ops.rms_norm_gated, (x, torch.randn(3, 5, 32), w, 1e-6, 0.0, "llama")),
+        "rms_norm_gated": (ops.rms_norm_gated, (x, torch.randn(3, 5, 32), w, 1e-6, 0.0, "llama", 1, True)),
         "rms_norm_gated_backward": (ops.rms_norm_gated_backward, (torch.randn(3, 5, 32), x, torch.randn(3, 5, 32), w,
-                                                                  torch.rand(15) + 0.5, 0.0, True)),
+                                                                  torch.rand(15) + 0.5, 0.0, True, 1, True)),
+        # 4 groups of 8 channels, the gate before the norm (Falcon-H1's / Mamba-2's norm)
+        "rms_norm_gated_groups": (ops.rms_norm_gated, (x, torch.randn(3, 5, 32), w, 1e-6, 0.0, "gemma", 4, False)),
+        "rms_norm_gated_backward_groups": (ops.rms_norm_gated_backward, (torch.randn(3, 5, 32), x,
+                                                                         torch.randn(3, 5, 32), w,
+                                                                         torch.rand(60) + 0.5, 0.0, True, 4, False)),
         "clamped_swiglu": (ops.clamped_swiglu, (gate_up * 4, 1.702, 7.0)),
         "clamped_swiglu_backward": (ops.clamped_swiglu_backward, (torch.randn(6, 24), gate_up * 4, 1.702, 7.0)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
@@ -212,6 +217,9 @@ def test_liger_ops_compile(device):
     # group_norm without a bias (its constexpr flag) through the custom ops
     xg, wg = torch.randn(2, 8, 5, device=device), torch.rand(8, device=device) + 0.5
     _check_same(lambda x, w: TF.group_norm(x, w, None, 8, 4), (xg, wg))
+    # the gated RMSNorm with 4 groups of 10 channels (Falcon-H1's n_groups) on a strided gate, the gate first
+    gate = torch.randn(3, 7, 80, device=device)[..., 40:]
+    _check_same(lambda x, gate, w: TF.rms_norm_gated(x, gate, w, 1e-6, 0.0, "gemma", 10, False), (x, gate, g))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

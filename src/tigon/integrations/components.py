@@ -97,7 +97,11 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     """What the replacement of a component of ``kind`` computes, for the report."""
     if kind == "rms_norm":
         op = "rms_norm_gated" if comp.gated else "rms_norm"
-        return f"tigon.functional.{op}(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
+        text = f"tigon.functional.{op}(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
+        if comp.gated:  # the instance's groups and gate order (forwards.gated_options)
+            order = "norm_before_gate" if comp.norm_before_gate else "norm_before_gate (default False)"
+            text += f", group_size and {order} from the module"
+        return text
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":

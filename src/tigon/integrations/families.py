@@ -98,10 +98,11 @@ GLM4 = _dense(  # fused gate_up_proj; rotary on interleaved pairs over a partial
 SMOLLM3 = _dense(  # NoPE layers (config.no_rope_layers[i] == 0) have no rotary to patch
     "smollm3", "SmolLM3", rope=RopeSpec(attention_classes=("SmolLM3Attention",), enabled_attr="use_rope"))
 
-def _gated_norm(cls: str, casting_mode: str = "llama") -> NormSpec:
+def _gated_norm(cls: str, casting_mode: str = "llama", norm_before_gate: bool = True) -> NormSpec:
     """A gated RMSNorm, ``norm(x) * silu(gate)`` (the Gated DeltaNet's / Mamba mixer's output norm): rms_norm_gated
-    (Qwen3-Next's rounds the normalised value before the weight, ``"llama"``; Falcon-H1's is all fp32, ``"gemma"``)."""
-    return NormSpec(cls, casting_mode=casting_mode, gated=True)
+    (Qwen3-Next's rounds the normalised value before the weight, ``"llama"``; Falcon-H1's is all fp32, ``"gemma"``;
+    ``norm_before_gate=False``: Mamba-2's copies, ``norm(x * silu(gate))``, whose instances do not say)."""
+    return NormSpec(cls, casting_mode=casting_mode, gated=True, norm_before_gate=norm_before_gate)
 
 
 # Dense families added for Liger-Kernel 0.8.5's list (issue 20); each checked with tigon inspect on a tiny config.

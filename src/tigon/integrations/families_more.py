@@ -1,5 +1,6 @@
 """More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
-Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, Llama 4 and Granite-MoE.
+Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, Llama 4 and Granite-MoE; and Bamba (a
+Mamba-2 hybrid: its grouped, gate-first Mamba norm).
 
 The same vocabulary and helpers as :mod:`tigon.integrations.families` (which registers :data:`SPECS` in ``FAMILIES``);
 each spec was written after running ``tigon inspect`` / ``tigon.patch`` on a tiny config of the family (see
@@ -15,6 +16,8 @@ from .families import (
     _MULTIMODAL_OUTPUT,
     _VISION_ROPE,
     TORCH_LAYER_NORM,
+    _dense,
+    _gated_norm,
     _moe,
 )
 from .family_spec import CausalLMSpec, DecoderLayerSpec, FamilySpec, MLPSpec, NormSpec, RopeSpec, Unsupported
@@ -131,6 +134,11 @@ QWEN3_VL_MOE = FamilySpec(  # Qwen3-VL with MoE text layers (mlp_only_layers den
                            output_class="Qwen3VLMoeCausalLMOutputWithPast", text_config_attrs=True),
     unsupported=(Unsupported("rope", "Qwen3VLMoeVisionAttention", _VISION_ROPE),))
 
+BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_layernorm: not Llama's layer form);
+    _dense("bamba", "Bamba", pre_norm_layer=False,  # partial rotary (0.5) in apply_rotary_pos_emb; the mixer's norm
+           rope=RopeSpec(attention_classes=("BambaAttention",), partial_rotary=True)),  # gates first, per group of
+    norms=(NormSpec("BambaRMSNorm"), _gated_norm("BambaRMSNormGated", "llama", norm_before_gate=False)))  # group_size
+
 SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
-                                 LLAMA4, GRANITEMOE)
+                                 LLAMA4, GRANITEMOE, BAMBA)
 """The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""

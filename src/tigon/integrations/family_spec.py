@@ -25,9 +25,13 @@ class NormSpec:
     weight_attr, bias_attr: instance attributes holding the affine parameters (bias only for layer_norm).
     optional_weight: an instance without ``weight_attr`` normalises without a weight (rms_norm's ``weight=None``):
         Llama-4's weightless q / k norm, Gemma 4's ``with_scale=False`` norms. False: such an instance is skipped.
-    gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` (norm
-        before gate): :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's
-        Mamba norm; an instance with ``n_groups`` other than 1 or ``norm_before_gate`` False is skipped).
+    gated: a gated RMSNorm, ``forward(hidden_states, gate)`` returning ``rmsnorm(hidden_states) * silu(gate)`` or
+        ``rmsnorm(hidden_states * silu(gate))``: :func:`tigon.functional.rms_norm_gated` (Qwen3-Next / Qwen3.5's
+        ``RMSNormGated``, Falcon-H1's and Mamba-2's Mamba norms), statistics per group where the instance says so
+        (an attribute ``n_groups``, Falcon-H1's, or ``group_size``, Mamba-2's copies), the gate order its attribute
+        ``norm_before_gate`` says, else ``norm_before_gate`` here.
+    norm_before_gate: a gated norm's gate order when its instances carry no ``norm_before_gate`` attribute (False:
+        Mamba-2's ``MambaRMSNormGated`` copies, which gate first).
     """
 
     cls: str
@@ -39,6 +43,7 @@ class NormSpec:
     bias_attr: str = "bias"
     optional_weight: bool = False
     gated: bool = False
+    norm_before_gate: bool = True
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,18 @@ def tigon_mark(fn) -> dict | None:
 @functools.lru_cache(maxsize=None)
 def norm_forward(spec: NormSpec, family: str, original):
     """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon;
-    ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original)."""
+    ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original; the
+    instance's groups of statistics and gate order, :func:`gated_options`)."""
     if spec.kind == "rms_norm" and spec.gated:
 
         @functools.wraps(original)
         def forward(self, hidden_states, gate=None, *args, **kwargs):
             if gate is None or args or kwargs:
                 return original(self, hidden_states, gate, *args, **kwargs)
+            n_groups, before = gated_options(self, spec)
             return TF.rms_norm_gated(hidden_states, gate, getattr(self, spec.weight_attr), norm_eps(self, spec),
-                                     spec.offset, spec.casting_mode)
+                                     spec.offset, spec.casting_mode,
+                                     hidden_states.shape[-1] // n_groups if n_groups != 1 else None, before)
 
     elif spec.kind == "rms_norm":
 
@@ -82,6 +85,23 @@ def norm_eps(module, spec: NormSpec):
     return next((v for v in (getattr(module, n, None) for n in spec.eps_attr) if v is not None), None)
 
 
+def gated_options(module, spec: NormSpec) -> tuple:
+    """(n_groups, norm_before_gate) of a gated norm instance: its ``n_groups`` (Falcon-H1's), or its width over its
+    ``group_size`` (Mamba-2's copies), else 1; its ``norm_before_gate``, else the spec's. Unchecked values
+    (:func:`norm_problem` checks them)."""
+    n_groups = getattr(module, "n_groups", None)
+    if n_groups is None:
+        size, w = getattr(module, "group_size", None), getattr(module, spec.weight_attr, None)
+        if size is None:
+            n_groups = 1
+        elif (isinstance(size, int) and size > 0 and isinstance(w, torch.Tensor) and w.dim() == 1
+              and w.shape[0] % size == 0):
+            n_groups = w.shape[0] // size
+        else:
+            n_groups = f"group_size={size!r}"  # not an int: norm_problem says why
+    return n_groups, getattr(module, "norm_before_gate", spec.norm_before_gate)
+
+
 def norm_problem(module, spec: NormSpec) -> str | None:
     """Why ``module`` cannot take the Tigon norm forward, or None when it can."""
     w = getattr(module, spec.weight_attr, None)
@@ -91,11 +111,12 @@ def norm_problem(module, spec: NormSpec) -> str | None:
         return f"{spec.weight_attr} has shape {tuple(w.shape)}, expected 1-D"
     if not isinstance(norm_eps(module, spec), (int, float)):
         return f"no numeric epsilon attribute {spec.eps_attr!r}"
-    if spec.gated and getattr(module, "n_groups", 1) != 1:
-        return (f"grouped gated RMSNorm (n_groups={module.n_groups}): statistics per group, rms_norm_gated takes the "
-                "whole row")
-    if spec.gated and getattr(module, "norm_before_gate", True) is not True:
-        return "gate before the norm (norm_before_gate=False): rms_norm_gated normalises first"
+    n_groups, before = gated_options(module, spec) if spec.gated else (1, True)
+    if not isinstance(n_groups, int) or n_groups < 1 or (isinstance(w, torch.Tensor) and w.shape[0] % n_groups):
+        return (f"grouped gated RMSNorm: its groups (n_groups / group_size: {n_groups}) do not split its width "
+                f"{tuple(w.shape) if isinstance(w, torch.Tensor) else w}")
+    if not isinstance(before, bool):
+        return f"norm_before_gate={before!r} is not a bool"
     return None
 
 

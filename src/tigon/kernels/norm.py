@@ -28,8 +28,11 @@ plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = 
 
 Gated RMSNorm (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm; HAS_GATE): ``y = yn * silu(gate)``
 with ``yn = xhat * (offset + w)``; the backward writes ``d_gate = dy * yn * silu'(gate)`` and runs the norm's backward
-on ``dy * silu(gate)``. Forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x, gate, dy; write
-dx, d_gate).
+on ``dy * silu(gate)``. GATE_FIRST (Mamba-2's ``norm_before_gate=False``): the row normalised is ``u = x * silu(gate)``
+(fp32), ``y = uhat * (offset + w)``; the backward forms the norm's ``du`` and writes ``dx = du * silu(gate)``,
+``d_gate = du * x * silu'(gate)``. Either: forward 3*M*N*2 bytes (read x, gate; write y), backward 5*M*N*2 (read x,
+gate, dy; write dx, d_gate). GROUPED (Mamba-2's ``group_size``): statistics per group of contiguous channels, the
+kernels' rows being the groups (see ``_row_starts``, ``_weight``), the same bytes.
 
 Minimal bytes (bf16): forward 2*M*N*2 (read x, write y); backward 3*M*N*2 (read x, dy; write dx). With the residual
 add: forward 4*M*N*2 (read x, r; write y, s); backward 4*M*N*2 (read dy, ds, s; write ds_total once).
@@ -66,20 +69,45 @@ DS_PREFETCH = True
 
 
 @triton.jit
+def _row_starts(rows64, stride, N, n_groups, GROUPED: tl.constexpr):
+    """Element offsets of the rows' first elements: ``rows * stride``; GROUPED (the grouped gated RMSNorm), row r is
+    group ``r % n_groups`` (N elements) of the tensor's row ``r // n_groups`` (row stride ``stride``)."""
+    if GROUPED:
+        starts = (rows64 // n_groups) * stride + (rows64 % n_groups) * N
+    else:
+        starts = rows64 * stride
+    return starts
+
+
+@triton.jit
+def _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED: tl.constexpr):
+    """``offset + w`` in fp32 for a [rows, cols] tile: [1, BLOCK_N]; GROUPED [BLOCK_M, BLOCK_N], row r's group
+    ``r % n_groups`` reading the weight's columns ``(r % n_groups) * N + cols``."""
+    if GROUPED:
+        w = tl.load(W + ((rows % n_groups) * N)[:, None] + cols[None, :], mask=cmask[None, :], other=0.0)
+        w = w.to(tl.float32) + offset
+    else:
+        w = (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+    return w
+
+
+@triton.jit
 def _norm_fwd(
     X, R, W, B, Y, S, MEAN, RSTD, M, N, stride_x, stride_r, stride_y, stride_s, eps, offset,
     IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_XHAT: tl.constexpr, HAS_W: tl.constexpr,
     HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G=None, stride_g=0,
-    HAS_GATE: tl.constexpr = False,
+    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False, GATE_FIRST: tl.constexpr = False,
 ):
-    # HAS_GATE: y is multiplied by silu(G) (the gated RMSNorm; G has x's row layout, row stride stride_g).
+    # HAS_GATE: y is multiplied by silu(G) (the gated RMSNorm; G has x's row layout, row stride stride_g); with
+    # GATE_FIRST, x is, before the statistics.
+    # GROUPED: the M rows are groups of N elements, n_groups to a row of X and G (see _row_starts); Y is contiguous.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(X + _row_starts(rows64, stride_x, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # s = x + r in x's dtype (torch's add of two such tensors: fp32 sum, one rounding); the statistics below are
         # those of s as stored, which stays in registers.
@@ -87,6 +115,10 @@ def _norm_fwd(
         x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
         tl.store(S + rows64[:, None] * stride_s + cols[None, :], x, mask=mask)
     x = x.to(tl.float32)
+    if HAS_GATE and GATE_FIRST:
+        gt = tl.load(G + _row_starts(rows64, stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        x = x * gt * tl.sigmoid(gt)
     if IS_RMS:
         xc = x
     else:
@@ -98,24 +130,27 @@ def _norm_fwd(
     if ROUND_XHAT:
         y = y.to(X.dtype.element_ty).to(tl.float32)
     if HAS_W:
-        y = y * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+        y = y * _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED)
     if HAS_B:
         y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_GATE:
-        gt = tl.load(G + rows64[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_GATE and not GATE_FIRST:
+        gt = tl.load(G + _row_starts(rows64, stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
         y = y * gt * tl.sigmoid(gt)
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 
 @triton.jit
-def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_dy, IS_RMS: tl.constexpr):
+def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_dy, IS_RMS: tl.constexpr, N, n_groups,
+               GROUPED: tl.constexpr):
     """x and dy tiles (storage dtype), mean (0 for RMS) and rstd of ``rows``; rows >= row_end read as zeros."""
     rmask = rows < row_end
     mask = rmask[:, None] & cmask[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(X + _row_starts(rows64, stride_x, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + _row_starts(rows64, stride_dy, N, n_groups, GROUPED)[:, None] + cols[None, :], mask=mask,
+                 other=0.0)
     if IS_RMS:
         mean = tl.zeros_like(rows).to(tl.float32)
     else:
@@ -137,8 +172,13 @@ def _norm_bwd(
     offset, IS_RMS: tl.constexpr, HAS_DS: tl.constexpr, HAS_W: tl.constexpr, HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
     W_HOLD: tl.constexpr, DS_PREFETCH: tl.constexpr, G=None, DG=None, stride_g=0, stride_dg=0,
-    HAS_GATE: tl.constexpr = False,
+    HAS_GATE: tl.constexpr = False, n_groups=1, GROUPED: tl.constexpr = False, GATE_FIRST: tl.constexpr = False,
 ):
+    # GATE_FIRST: the gate multiplies x before the norm (see the module docstring); xhat is then u's.
+    # GROUPED (the grouped gated RMSNorm): the M rows are groups of N elements, n_groups to a row of X, DY and G (see
+    # _row_starts; DX and DG are contiguous); the host makes BLOCK_M and rows_per_prog multiples of n_groups, so the
+    # dW accumulator's row i always holds group i % n_groups, and the whole [BLOCK_M, N] accumulator is stored: the
+    # partials are then (programs * BLOCK_M / n_groups) rows of the weight's n_groups * N columns.
     # HAS_GATE (the gated RMSNorm, y = yn * silu(gate), yn = xhat * (offset + w)): each tile's gate is loaded where it
     # is used, d_gate = dy * yn * silu'(gate) is written to DG, and the norm's backward below runs on dy * silu(gate).
     # HAS_DS: DS holds a second gradient of X itself (the output s of the residual add), added to dx. DX may be DY's
@@ -149,7 +189,7 @@ def _norm_bwd(
     cmask = cols < N
     # W_HOLD (the registers the weight row takes between rows): 0 fp32 (+ offset), 2 none (re-read every row,
     # from L1/L2).
-    if HAS_W and W_HOLD == 0:
+    if HAS_W and W_HOLD == 0 and not GROUPED:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
     # dW/dB accumulate per tile position and are reduced over rows once at the end, not per step.
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -159,34 +199,40 @@ def _norm_bwd(
     # Software pipelining by hand (PREFETCH): the next tile's loads are in flight while this one is reduced. Wide
     # rows skip it: two tiles of x and dy no longer fit in registers next to the dW/dB accumulators.
     x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
-                                   stride_x, stride_dy, IS_RMS)
+                                   stride_x, stride_dy, IS_RMS, N, n_groups, GROUPED)
     if HAS_DS and PREFETCH and DS_PREFETCH:
         ds = _load_tile(DS, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask, stride_ds)
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
         if PREFETCH:
             x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols,
-                                                               cmask, stride_x, stride_dy, IS_RMS)
+                                                               cmask, stride_x, stride_dy, IS_RMS, N, n_groups, GROUPED)
             if HAS_DS and DS_PREFETCH:
                 ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds)
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
-        xhat = tl.where(mask, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+        xf = x.to(tl.float32)
         if HAS_GATE:
-            gt = _load_tile(G, rows, row_end, cols, cmask, stride_g).to(tl.float32)
+            gt = tl.load(G + _row_starts(rows.to(tl.int64), stride_g, N, n_groups, GROUPED)[:, None] + cols[None, :],
+                         mask=mask, other=0.0).to(tl.float32)
             sg = tl.sigmoid(gt)
+        if HAS_GATE and GATE_FIRST:
+            xhat = tl.where(mask, xf * gt * sg * rstd[:, None], 0.0)  # u's (RMS: no mean)
+        else:
+            xhat = tl.where(mask, (xf - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_GATE and not GATE_FIRST:
             if HAS_W:
-                yn = xhat * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+                yn = xhat * _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED)
             else:
                 yn = xhat
             tl.store(DG + rows.to(tl.int64)[:, None] * stride_dg + cols[None, :],
                      (dyf * yn * sg * (1.0 + gt * (1.0 - sg))).to(DG.dtype.element_ty), mask=mask)
             dyf = dyf * gt * sg
         if HAS_W:
-            if W_HOLD == 0:
+            if W_HOLD == 0 and not GROUPED:
                 g = dyf * w[None, :]
             else:
-                g = dyf * (tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset)[None, :]
+                g = dyf * _weight(W, rows, cols, cmask, N, n_groups, offset, GROUPED)
         else:
             g = dyf
         c1 = tl.sum(g * xhat, axis=1) / N
@@ -195,6 +241,10 @@ def _norm_bwd(
         else:
             c2 = tl.sum(g, axis=1) / N
             dx = rstd[:, None] * (g - xhat * c1[:, None] - c2[:, None])
+        if HAS_GATE and GATE_FIRST:  # dx so far is du, u = x * silu(gate)
+            tl.store(DG + rows.to(tl.int64)[:, None] * stride_dg + cols[None, :],
+                     (dx * xf * sg * (1.0 + gt * (1.0 - sg))).to(DG.dtype.element_ty), mask=mask)
+            dx = dx * gt * sg
         if HAS_DS:
             # Prefetched with the row tiles (sm_90 builds, bf16, rows of 1024 / 4096 / 8192: no spills, as without
             # it). Without the prefetch (wide rows) loaded here, where it is used, not with the next row's x and dy,
@@ -215,11 +265,18 @@ def _norm_bwd(
                 ds = ds_next
         else:
             x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols, cmask, stride_x,
-                                           stride_dy, IS_RMS)
-    if HAS_DW:
-        tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw, axis=0), mask=cmask)
-    if HAS_DB:
-        tl.store(DB_PART + pid.to(tl.int64) * N + cols, tl.sum(db, axis=0), mask=cmask)
+                                           stride_dy, IS_RMS, N, n_groups, GROUPED)
+    if GROUPED:
+        parts = (pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * N + cols[None, :]
+        if HAS_DW:
+            tl.store(DW_PART + parts, dw, mask=cmask[None, :])
+        if HAS_DB:
+            tl.store(DB_PART + parts, db, mask=cmask[None, :])
+    else:
+        if HAS_DW:
+            tl.store(DW_PART + pid.to(tl.int64) * N + cols, tl.sum(dw, axis=0), mask=cmask)
+        if HAS_DB:
+            tl.store(DB_PART + pid.to(tl.int64) * N + cols, tl.sum(db, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -363,10 +420,14 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
 
 def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
-                 gate: torch.Tensor | None = None):
+                 gate: torch.Tensor | None = None, n_groups: int = 1, gate_first: bool = False):
     """Launch the forward on the rows of ``x`` (..., N) (any strides: read as :func:`rows` gives them).
 
-    ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm).
+    ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm);
+    ``gate_first``: x is, before the statistics (RMSNorm only; rstd is then that of ``x * silu(gate)``).
+
+    ``n_groups``: the statistics are those of each of n_groups groups of N / n_groups contiguous elements (a divisor
+    of N; RMSNorm without residual only): rstd is then (M * n_groups,), one per group.
 
     ``residual``: x's shape and dtype (any strides), or None. Given, the rows normalised are ``s = x + residual``
     (rounded to x's dtype, as torch adds), and s is written too (the fused add + RMSNorm).
@@ -380,6 +441,9 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     weight, bias = _unit_stride(weight), _unit_stride(bias)
     name = ("fused add + RMSNorm" if residual is not None else "RMSNorm") if is_rms else "LayerNorm"
     check_row_width(N, name)
+    if n_groups != 1:
+        _check_groups(N, n_groups, is_rms and residual is None and bias is None)
+        M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
     if residual is not None:
         r2, m_r, sr = rows(residual, "residual")
         if m_r != M or residual.shape[-1] != N or residual.dtype != x.dtype:
@@ -398,22 +462,57 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     block_m, warps = fwd_config(block_n, dev)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
-    # y and s are contiguous: their row stride is N
+    # y and s are contiguous: their row stride is N (a group's, when grouped)
     launcher(_norm_fwd)[(cdiv(M, block_m),)](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
         HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, G=g2, stride_g=sg, HAS_GATE=gate is not None,
-        num_warps=warps,
+        num_warps=warps, **_gated_flags(gate, is_rms, n_groups, gate_first),
     )
     return y, mean, rstd, s, x2
+
+
+def _gated_flags(gate, is_rms: bool, n_groups: int, gate_first: bool) -> dict:
+    """The kernels' GROUPED / GATE_FIRST keywords, only those set (the other norms' launches keep their arguments);
+    ValueError for gate_first without a gate or for LayerNorm."""
+    if gate_first and (gate is None or not is_rms):
+        raise ValueError("gate_first is for the gated RMSNorm only (a gate, is_rms)")
+    return {**(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}),
+            **(dict(GATE_FIRST=True) if gate_first else {})}
+
+
+def _check_groups(n: int, n_groups: int, supported: bool) -> None:
+    """Raise ValueError unless rows of ``n`` elements split into ``n_groups`` groups the kernels can normalise."""
+    if not supported:
+        raise ValueError("grouped statistics (n_groups != 1) are for the RMSNorm without residual or bias only")
+    if n_groups < 1 or n % n_groups:
+        raise ValueError(f"n_groups must be a positive divisor of the last dimension ({n}), got {n_groups}")
+
+
+GROUPED_TILE = 16384  # the largest tile the grouped backward raises BLOCK_M to (not measured; ungrouped: 8192)
+
+
+def grouped_backward_fits(n: int, n_groups: int) -> bool:
+    """Whether :func:`norm_backward` takes rows of ``n`` elements in ``n_groups`` groups: n_groups a power of two
+    (a row tile holds whole rows of groups, BLOCK_M a multiple of n_groups), groups of at most WIDE_ROW elements
+    (rounded up to a power of two), tiles of n_groups groups of at most GROUPED_TILE. Else the caller runs its
+    reference."""
+    if n_groups < 1 or n % n_groups or n_groups & (n_groups - 1):
+        return False
+    block_n = next_pow2(n // n_groups)
+    return block_n <= WIDE_ROW and n_groups * block_n <= GROUPED_TILE
 
 
 def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is_rms: bool, offset: float = 0.0,
                   ds: torch.Tensor | None = None, dx: torch.Tensor | None = None,
                   dx_shape: tuple[int, ...] | None = None, dw_dtype: torch.dtype = torch.float32,
-                  db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None):
+                  db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None, n_groups: int = 1,
+                  gate_first: bool = False):
     """Launch the backward for dy and x (..., N), any strides (x as given to the forward, or the x2 it returned).
+
+    ``gate_first``, ``n_groups``: as given to :func:`norm_forward` (rstd (M * n_groups,)); the rows must satisfy
+    :func:`grouped_backward_fits` (ValueError), ``ds`` and ``dx`` must be None.
 
     ``gate``: the forward's gate (x's shape, any strides), or None; given, the fourth value returned is d_gate (new,
     contiguous, gate's shape and dtype), and rows wider than REGISTER_ROW are refused (ValueError).
@@ -431,6 +530,13 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     weight = _unit_stride(weight)
     dy, _, sdy = rows(dy, "grad_output")
     dev = x.device
+    n_full = N  # the weight's size
+    if n_groups != 1:
+        _check_groups(N, n_groups, is_rms and ds is None and dx is None and not need_db)
+        if not grouped_backward_fits(N, n_groups):
+            raise ValueError(f"grouped RMSNorm backward: {n_groups} groups of {N // n_groups} elements are not "
+                             "supported (see grouped_backward_fits)")
+        M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
     if dx is None:
         dx = torch.empty(size=dx_shape or x.shape, dtype=x.dtype, device=dev)
         sdx = N
@@ -446,7 +552,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
             raise ValueError(f"ds must have x's shape {tuple(x.shape)}, got {tuple(ds.shape)}")
     dgate = torch.empty(size=gate.shape, dtype=gate.dtype, device=dev) if gate is not None else None
     if M == 0:
-        z = torch.zeros(N, dtype=torch.float32, device=dev)
+        z = torch.zeros(n_full, dtype=torch.float32, device=dev)
         out = dx, z.to(dw_dtype) if need_dw else None, z.to(db_dtype) if need_db else None
         return out if gate is None else (*out, dgate)
     # Measured on an H200 (bf16, N = 768 .. 8192): 8192-element tiles, one persistent program per SM, 8 warps
@@ -461,13 +567,17 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     wide = block_n > REGISTER_ROW
     prefetch = block_n <= WIDE_ROW
     block_m, progs, warps, db_by_columns = bwd_config(M, block_n, dev, is_rms)
+    if n_groups != 1 and block_m < n_groups:  # a tile holds whole rows of groups (grouped_backward_fits)
+        block_m, warps = n_groups, max(warps, warps_for(n_groups * block_n))
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
     per_prog = cdiv(cdiv(M, progs), block_m) * block_m
     progs = cdiv(M, per_prog)
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
-    dw_part = alloc(progs, N, dtype=torch.float32, device=dev) if need_dw else None
-    db_part = alloc(progs, N, dtype=torch.float32, device=dev) if need_db else None
+    # grouped: the kernel stores its [block_m, N] accumulator, (progs * block_m / n_groups) rows of the weight's size
+    parts = (progs, N) if n_groups == 1 else (progs * block_m // n_groups, n_full)
+    dw_part = alloc(parts, dtype=torch.float32, device=dev) if need_dw else None
+    db_part = alloc(parts, dtype=torch.float32, device=dev) if need_db else None
     args = (dy, ds if ds is not None else dy, x2, weight if weight is not None else x2,
             mean if mean is not None else rstd, rstd, dx, dw_part if need_dw else dx, db_part if need_db else dx,
             M, N, sdy, sds if ds is not None else 0, sx, sdx, per_prog, offset)
@@ -482,15 +592,17 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
         launcher(_norm_bwd)[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
-                            HAS_GATE=gate is not None, num_warps=warps)
-    dw = torch.empty(N, dtype=dw_dtype, device=dev) if need_dw else None
-    db = torch.empty(N, dtype=db_dtype, device=dev) if need_db else None
+                            HAS_GATE=gate is not None, num_warps=warps,
+                            **_gated_flags(gate, is_rms, n_groups, gate_first))
+    dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
+    db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
-        block_cols = min(next_pow2(N), 32)  # many programs: N/32 of them, each summing a [progs, 32] slab
-        launcher(_sum_partials)[(cdiv(N, block_cols),)](
+        n_parts = parts[0]
+        block_cols = min(next_pow2(n_full), 32)  # many programs: N/32 of them, each summing a [parts, 32] slab
+        launcher(_sum_partials)[(cdiv(n_full, block_cols),)](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
-            db if need_db else dw, progs, N, HAS_DW=need_dw, HAS_DB=need_db,
-            BLOCK_P=min(next_pow2(progs), 128), BLOCK_N=block_cols, num_warps=4)
+            db if need_db else dw, n_parts, n_full, HAS_DW=need_dw, HAS_DB=need_db,
+            BLOCK_P=min(next_pow2(n_parts), 128), BLOCK_N=block_cols, num_warps=4)
     if db_cols:
         db = dy.reshape(M, N).sum(0, dtype=torch.float32).to(db_dtype)
     return (dx, dw, db) if gate is None else (dx, dw, db, dgate)

@@ -52,20 +52,28 @@ def rms_norm(
 
 def rms_norm_gated(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama",
+    casting_mode: str = "llama", group_size: int | None = None, norm_before_gate: bool = True,
 ) -> torch.Tensor:
-    """Gated RMSNorm, norm before gate: ``rmsnorm(x) * silu(gate)`` (Mamba-2's gated norm, Dao & Gu 2024,
-    "Transformers are SSMs"; transformers' ``Qwen3NextRMSNormGated`` / ``Qwen3_5RMSNormGated`` of
-    ``modeling_qwen3_next.py``, and ``FalconH1RMSNormGated`` of ``modeling_falcon_h1.py`` with one group and
-    ``norm_before_gate``).
+    """Gated RMSNorm: ``rmsnorm(x) * silu(gate)`` (norm before gate), or ``rmsnorm(x * silu(gate))`` (Mamba-2's gated
+    norm, Dao & Gu 2024, "Transformers are SSMs", mamba_ssm's ``rmsnorm_fn``; transformers' ``Qwen3NextRMSNormGated``
+    / ``Qwen3_5RMSNormGated`` of ``modeling_qwen3_next.py`` (before), ``FalconH1RMSNormGated`` of
+    ``modeling_falcon_h1.py`` (either, its ``norm_before_gate``), ``Mamba2RMSNormGated`` of ``modeling_mamba2.py``
+    (gate first, "llama" casting)).
+
+    ``group_size``: the statistics are those of each group of ``group_size`` contiguous channels (``hidden //
+    group_size`` groups; ``FalconH1RMSNormGated`` with ``n_groups`` groups: ``hidden // n_groups``, the argument of
+    mamba_ssm's ``rmsnorm_fn`` and transformers' ``Mamba2RMSNormGated``); None: the whole last dimension.
 
     ``yn`` as :func:`rms_norm` forms it before its final cast (``"llama"``: ``(offset + w) * xhat.to(x.dtype)``, as
     Qwen3-Next; ``"gemma"``: ``xhat * (offset + w)`` in fp32, as Falcon-H1; ``"none"``: in x's dtype), then
-    ``(yn * silu(gate.to(fp32))).to(x.dtype)``.
+    ``(yn * silu(gate.to(fp32))).to(x.dtype)``. ``norm_before_gate=False``: the row normalised is
+    ``x.to(fp32) * silu(gate.to(fp32))`` (in x's dtype for ``"none"``), then ``yn.to(x.dtype)``.
 
     Args:
         x, gate: (..., hidden), one shape, float dtypes.
         weight: (hidden,) or None; eps, offset, casting_mode: as :func:`rms_norm`.
+        group_size: channels per group, a divisor of hidden; None (or hidden): one group.
+        norm_before_gate: True: the gate multiplies the normalised row; False: x, before the statistics.
 
     Returns:
         (..., hidden) in x's dtype.
@@ -74,7 +82,14 @@ def rms_norm_gated(
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
     xf = x if casting_mode == "none" else x.to(ct)
-    xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    silu = torch.nn.functional.silu(gate.to(ct))
+    if not norm_before_gate:
+        xf = xf * silu.to(xf.dtype)
+    if group_size is None or group_size == x.shape[-1]:
+        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        xg = xf.unflatten(-1, (x.shape[-1] // group_size, group_size))  # (..., groups, group_size)
+        xhat = (xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
     if weight is None:
         yn = xhat
     elif casting_mode == "llama":
@@ -83,4 +98,4 @@ def rms_norm_gated(
         yn = xhat * (offset + weight.to(ct))
     else:
         yn = xhat * (offset + weight)
-    return (yn * torch.nn.functional.silu(gate.to(ct))).to(x.dtype)
+    return (yn * silu if norm_before_gate else yn).to(x.dtype)
