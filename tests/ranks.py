@@ -52,6 +52,22 @@ def run_ranks(worker: str, world: int, *, args: tuple[str, ...] = (), env: dict 
     return outs
 
 
+def check_results(worker: str, world: int, *, env: dict | None = None, timeout: float = 300) -> list[dict[str, str]]:
+    """Run ``worker`` as ``world`` ranks (:func:`run_ranks`) and read each rank's ``RESULT <check> <status>`` lines:
+    per rank, check name -> status ("OK <differences>", "FAIL <reason>" or "SKIP <reason>").
+
+    Raises:
+        AssertionError: a rank did not print ``DONE`` (its last 4000 characters of output in the message), or as
+            :func:`run_ranks`.
+    """
+    per_rank = []
+    for rank, out in enumerate(run_ranks(worker, world, env=env, timeout=timeout)):
+        assert "DONE" in out, f"rank {rank} did not finish:\n{out[-4000:]}"
+        lines = [line.split(" ", 2) for line in out.splitlines() if line.startswith("RESULT ")]
+        per_rank.append({name: status for _, name, status in lines})
+    return per_rank
+
+
 def finish(line: str) -> None:
     """End a worker rank: destroy its process group, print ``line`` (the marker the test reads) and leave without the
     interpreter's shutdown. Ranks that had passed every check were seen to abort there in CI ("terminate called

@@ -42,15 +42,9 @@ CHECKS = ["zero3", "zero3_tied", "zero3_checkpointing", "zero3_tied_patched_afte
 def results() -> list[dict[str, str]]:
     """Per rank: check name -> "OK <differences>" or "FAIL <reason>" (one process-group startup for the module)."""
     pytest.importorskip("transformers")
-    from ranks import run_ranks
+    from ranks import check_results
 
-    outs = run_ranks(WORKER, WORLD, timeout=300)
-    per_rank = []
-    for rank, out in enumerate(outs):
-        assert "DONE" in out, f"rank {rank} did not finish:\n{out[-4000:]}"
-        lines = [line.split(" ", 2) for line in out.splitlines() if line.startswith("RESULT ")]
-        per_rank.append({name: status for _, name, status in lines})
-    return per_rank
+    return check_results(WORKER, WORLD, timeout=300)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -33,7 +33,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
-from ranks import run_ranks  # noqa: E402
+from ranks import check_results  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 WORLD = 2
@@ -53,13 +53,7 @@ def compare_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results(compare_dir) -> list[dict[str, str]]:
     """Per rank: check name -> "OK <differences>" or "FAIL <reason>" (one process-group startup for the module)."""
-    outs = run_ranks(WORKER, WORLD, timeout=240, env={"TIGON_COMPARE_JSON_DIR": str(compare_dir)})
-    per_rank = []
-    for rank, out in enumerate(outs):
-        assert "DONE" in out, f"rank {rank} did not finish:\n{out[-4000:]}"
-        lines = [line.split(" ", 2) for line in out.splitlines() if line.startswith("RESULT ")]
-        per_rank.append({name: status for _, name, status in lines})
-    return per_rank
+    return check_results(WORKER, WORLD, timeout=240, env={"TIGON_COMPARE_JSON_DIR": str(compare_dir)})
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -31,6 +31,13 @@ _TINY_VL_TEXT = dict(  # the "tiny" preset's decoder with M-RoPE sections of its
     num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=254,
     eos_token_id=255, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
 
+_QWEN2_7B = dict(
+    vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+    num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
+)
+"""Qwen2-7B's and Qwen2.5-7B's shapes (the same architecture and sizes)."""
+
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "model_type": "llama",
@@ -80,21 +87,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model_type": "qwen2",
         "description": "Qwen2 7B shapes (28 layers, q/k/v bias, vocab 152064)",
         "lr": 3e-4,
-        "config": dict(
-            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
-        ),
+        "config": dict(_QWEN2_7B),
     },
     "qwen2.5-7b": {
         "model_type": "qwen2",
         "description": "Qwen2.5 7B shapes (28 layers, q/k/v bias, vocab 152064; Qwen2-7B's shapes)",
         "lr": 3e-4,
-        "config": dict(
-            vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
-        ),
+        "config": dict(_QWEN2_7B),
     },
     "qwen2.5-0.5b": {
         "model_type": "qwen2",
