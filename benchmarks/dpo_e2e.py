@@ -21,7 +21,8 @@ step, bf16 on CUDA):
 * Data: English text of :func:`tigon.data.corpus_text` (kept to ASCII), one token a byte
   (:func:`tigon.data.byte_tokenizer`): each example is a ``--prompt-len`` prompt and two ``--completion-len``
   completions (chosen: the text that follows the prompt; rejected: text from elsewhere), plus the EOS TRL appends, so
-  every sequence is ``prompt + completion + 1`` tokens (1024 by default), none padded.
+  every sequence is ``prompt + completion + 1`` tokens (1024 by default), none padded. The corpus is the running
+  Python's, so losses compare across providers of one machine, not across Python versions.
 * Providers: ``hf`` is TRL as shipped (its own chunked LM head: ``trl.trainer.utils.add_fused_lm_head``; Hugging
   Face's layers); ``liger`` is ``DPOConfig(use_liger_kernel=True)``, which in TRL 1.16 applies Liger's layer kernels
   (RMSNorm, RoPE, SwiGLU) to the policy and keeps TRL's chunked head (TRL forbids Liger's fused linear CE there), plus
