@@ -64,6 +64,16 @@ def test_batches_depend_only_on_the_seed():
     assert a[0].shape == (2, 16) and int(a[0].max()) < 256
 
 
+def test_byte_tokenizer_ids_are_the_utf8_bytes():
+    pytest.importorskip("tokenizers")
+    tok = data.byte_tokenizer()
+    text = data.corpus_text()[:300] + " naïve façade \u00ff\n\t end"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids == data.byte_tokens(text).tolist() and tok.decode(ids) == text
+    assert (tok.pad_token_id, tok.eos_token_id, len(tok)) == (data.BYTE_PAD_ID, data.BYTE_EOS_ID, 256)
+    assert tok("ab" + tok.eos_token)["input_ids"] == [97, 98, 255]
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
