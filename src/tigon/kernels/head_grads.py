@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, compiled_cuda
+from ..support import interpreter_enabled
+from ._common import cdiv, compiled_cuda, launcher
 
 _FP32_OUT: dict[tuple, bool] = {}
 
@@ -186,33 +187,83 @@ class RowHalves:
 
 
 @triton.jit
-def _scaled_cast_kernel(SRC, DST, SCALE, n, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _cast_part(SRC, DST, SCALE, n, blk, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(SRC + offs, mask=mask, other=0.0)
     if HAS_SCALE:
-        x = x * tl.load(SCALE)
+        x = x * tl.load(SCALE).to(tl.float32)
     tl.store(DST + offs, x.to(DST.dtype.element_ty), mask=mask)
 
 
-def scaled_cast_(dst: torch.Tensor, src: torch.Tensor, scale: torch.Tensor | None) -> None:
-    """``dst[:] = src * scale`` (``scale`` a 0-d fp32 tensor, or None for 1) rounded to ``dst``'s dtype (to nearest,
-    ties to even: torch's cast), for 1-D contiguous ``dst``, ``src`` of one length that do not overlap (they may share
-    a storage: :meth:`RowHalves.finish`). On compiled CUDA one Triton launch with vector loads and stores (torch's
-    mul into an output of another dtype takes its dynamic-casting loop; the formed losses' whole backward, mostly this
-    cast, about 3.7 GB at Llama-3-8B's head, measured 2.2-2.6 ms on an H200: about 40% of copy bandwidth; this kernel
-    not yet measured); elsewhere torch."""
-    if not compiled_cuda(dst.device):
-        if scale is None:
-            dst.copy_(src)
-        else:
-            torch.mul(src, scale, out=dst)
+@triton.jit
+def _scaled_casts_kernel(S0, D0, n0, S1, D1, n1, S2, D2, n2, SCALE, start1, start2, HAS_SCALE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    # up to three (source, destination) pairs in one grid: programs [0, start1) the first, [start1, start2) the
+    # second, the rest the third
+    pid = tl.program_id(0)
+    if pid < start1:
+        _cast_part(S0, D0, SCALE, n0, pid, HAS_SCALE, BLOCK)
+    elif pid < start2:
+        _cast_part(S1, D1, SCALE, n1, pid - start1, HAS_SCALE, BLOCK)
+    else:
+        _cast_part(S2, D2, SCALE, n2, pid - start2, HAS_SCALE, BLOCK)
+
+
+CAST_BLOCK = 2048
+"""Elements per program of :func:`scaled_casts_` on CUDA (16 per thread at 4 warps: 16-byte vector accesses)."""
+CAST_BLOCK_INTERPRETED = 1 << 16
+"""The same under Triton's interpreter, where each program costs Python time."""
+
+
+def _triton_casts(device: torch.device) -> bool:
+    """Whether :func:`scaled_casts_` launches its kernel for tensors on ``device``: compiled CUDA, or Triton's
+    interpreter (the tests' CPU backend, so that they run the launch the GPU runs)."""
+    return compiled_cuda(device) or interpreter_enabled()
+
+
+def scaled_casts_(pairs, scale: torch.Tensor | None) -> None:
+    """``dst[:] = src * scale`` rounded to ``dst``'s dtype (to nearest, ties to even: torch's cast; the product in
+    fp32, as torch's ``mul`` computes a 2-byte one) for each ``(dst, src)`` of ``pairs``: contiguous tensors of one
+    number of elements each, not overlapping one another unless ``dst`` is ``src`` (in place) or ``dst`` lies below
+    ``src`` in one storage (:meth:`RowHalves.finish`: element i written after it was read). ``scale``: a
+    one-element float tensor read on the device (no host sync; e.g. the upstream gradient of a scalar loss), or None
+    for 1.
+
+    On compiled CUDA and under Triton's interpreter: up to three pairs in ONE Triton launch with vector loads and
+    stores (torch's mul into an output of another dtype takes its dynamic-casting loop, one launch a tensor: the
+    formed losses' whole backward, mostly these casts, about 3.7 GB at Llama-3-8B's head, measured 2.2-2.6 ms on an
+    H200, about 40% of copy bandwidth; this kernel not yet measured alone); more pairs, or other devices: torch, one
+    op a pair."""
+    pairs = [(d, s) for d, s in pairs if d.numel()]
+    if not pairs:
         return
-    n = dst.numel()
-    if n:
-        block = 2048
-        _scaled_cast_kernel[(cdiv(n, block),)](src, dst, scale if scale is not None else src, n,
-                                               HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
+    dev = pairs[0][0].device
+    if len(pairs) > 3 or not _triton_casts(dev):
+        for dst, src in pairs:
+            if scale is None:
+                dst.copy_(src)
+            else:
+                torch.mul(src, scale.to(torch.float32).reshape(()), out=dst)
+        return
+    block = CAST_BLOCK if compiled_cuda(dev) else CAST_BLOCK_INTERPRETED
+    d0, s0 = pairs[0]
+    d1, s1 = pairs[1] if len(pairs) > 1 else pairs[0]
+    d2, s2 = pairs[2] if len(pairs) > 2 else pairs[0]
+    n0 = d0.numel()
+    n1 = d1.numel() if len(pairs) > 1 else 0
+    n2 = d2.numel() if len(pairs) > 2 else 0
+    start1 = cdiv(n0, block)
+    start2 = start1 + cdiv(n1, block)
+    launcher(_scaled_casts_kernel)[(start2 + cdiv(n2, block),)](
+        s0, d0, n0, s1, d1, n1, s2, d2, n2, scale if scale is not None else s0, start1, start2,
+        HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
+
+
+def scaled_cast_(dst: torch.Tensor, src: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """``dst[:] = src * scale`` rounded to ``dst``'s dtype: :func:`scaled_casts_` for one pair (1-D contiguous
+    ``dst``, ``src`` of one length that do not overlap; they may share a storage: :meth:`RowHalves.finish`)."""
+    scaled_casts_(((dst, src),), scale)
 
 
 def _operands(hidden, weight, bias, cd: torch.dtype):
@@ -225,11 +276,38 @@ def _operands(hidden, weight, bias, cd: torch.dtype):
 def scale_grads(grads, grad_loss: torch.Tensor, dtypes, inplace: bool):
     """The forward-formed gradients ``grads`` (gh, gw, gb; None where absent) times the upstream scalar
     ``grad_loss``, cast to ``dtypes`` (hidden's, weight's, bias's; a no-op cast where already so). ``inplace``
-    scales the buffers themselves (eager: they are not needed afterwards); the compiled path may not mutate saved
-    tensors and passes False."""
+    (eager: the buffers are not needed afterwards): :func:`finish_grads`, one launch for all of them, the scalar read
+    on the device; the compiled path may not mutate saved tensors and passes False (torch ops, one a gradient)."""
+    if inplace:
+        return finish_grads(grads, grad_loss, dtypes)
     g = grad_loss.to(torch.float32)
     g = g if g.dim() == 0 else g.reshape(())
     return tuple(finish_grad(t, g, dt, inplace) for t, dt in zip(grads, dtypes))
+
+
+def finish_grads(grads, scale: torch.Tensor | None, dtypes) -> tuple:
+    """Eager calls: accumulated gradients ``grads`` (each a tensor, a :class:`RowHalves` or None) times ``scale`` (a
+    one-element float tensor read on the device, or None for no scaling), in ``dtypes`` (one per gradient). The
+    tensors by ONE :func:`scaled_casts_` launch, each into a new tensor of its dtype, or in place where its dtype is
+    already that (nothing at all then without a scale); a RowHalves by :meth:`RowHalves.finish`. The accumulators
+    are consumed. Same values as :func:`finish_grad` (the product in fp32, rounded once)."""
+    pairs, out = [], []
+    for t, dt in zip(grads, dtypes):
+        if t is None:
+            out.append(None)
+        elif isinstance(t, RowHalves):
+            out.append(t.finish(scale, dt))
+        elif t.dtype == dt and scale is None:
+            out.append(t)
+        else:
+            dst = t if t.dtype == dt else torch.empty(t.shape, dtype=dt, device=t.device)
+            if t.is_contiguous():
+                pairs.append((dst, t))
+            else:  # (not one of the accumulators: they are allocated contiguous)
+                scaled_casts_(((dst, t.contiguous()),), scale)
+            out.append(dst)
+    scaled_casts_(pairs, scale)
+    return tuple(out)
 
 
 def finish_grad(t, scale: torch.Tensor | None, dtype: torch.dtype, inplace: bool = True):
