@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..support import interpreter_enabled
-from ._common import cdiv, compiled_cuda, launcher
+from ._common import compiled_cuda, launcher
 
 _FP32_OUT: dict[tuple, bool] = {}
 
@@ -235,29 +235,34 @@ def scaled_casts_(pairs, scale: torch.Tensor | None) -> None:
     formed losses' whole backward, mostly these casts, about 3.7 GB at Llama-3-8B's head, measured 2.2-2.6 ms on an
     H200, about 40% of copy bandwidth; this kernel not yet measured alone); more pairs, or other devices: torch, one
     op a pair."""
-    pairs = [(d, s) for d, s in pairs if d.numel()]
     if not pairs:
         return
     dev = pairs[0][0].device
-    if len(pairs) > 3 or not _triton_casts(dev):
+    cuda = compiled_cuda(dev)
+    if len(pairs) > 3 or not (cuda or interpreter_enabled()):
         for dst, src in pairs:
             if scale is None:
                 dst.copy_(src)
             else:
                 torch.mul(src, scale.to(torch.float32).reshape(()), out=dst)
         return
-    block = CAST_BLOCK if compiled_cuda(dev) else CAST_BLOCK_INTERPRETED
-    d0, s0 = pairs[0]
-    d1, s1 = pairs[1] if len(pairs) > 1 else pairs[0]
-    d2, s2 = pairs[2] if len(pairs) > 2 else pairs[0]
+    block = CAST_BLOCK if cuda else CAST_BLOCK_INTERPRETED
+    (d0, s0), n1, n2 = pairs[0], 0, 0
+    d1, s1 = d2, s2 = d0, s0  # (unused pairs: no programs)
+    if len(pairs) > 1:
+        d1, s1 = pairs[1]
+        n1 = d1.numel()
+        if len(pairs) > 2:
+            d2, s2 = pairs[2]
+            n2 = d2.numel()
     n0 = d0.numel()
-    n1 = d1.numel() if len(pairs) > 1 else 0
-    n2 = d2.numel() if len(pairs) > 2 else 0
-    start1 = cdiv(n0, block)
-    start2 = start1 + cdiv(n1, block)
-    launcher(_scaled_casts_kernel)[(start2 + cdiv(n2, block),)](
-        s0, d0, n0, s1, d1, n1, s2, d2, n2, scale if scale is not None else s0, start1, start2,
-        HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
+    start1 = -(-n0 // block)
+    start2 = start1 - (-n1 // block)
+    programs = start2 - (-n2 // block)
+    if programs:
+        launcher(_scaled_casts_kernel)[(programs,)](
+            s0, d0, n0, s1, d1, n1, s2, d2, n2, scale if scale is not None else s0, start1, start2,
+            HAS_SCALE=scale is not None, BLOCK=block, num_warps=4)
 
 
 def scaled_cast_(dst: torch.Tensor, src: torch.Tensor, scale: torch.Tensor | None) -> None:
