@@ -145,3 +145,37 @@ def test_flce_cached_options_still_refuse_bad_values(device):
     b = F.fused_linear_cross_entropy(h, w, t, ce_weight=cw * 2)
     c = F.fused_linear_cross_entropy(h, w, t, class_weight=cw * 2)
     assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed"])
+@pytest.mark.parametrize("vh", [(7, 3), (389, 48), (4097, 30)])
+@pytest.mark.parametrize("blocks", ["interpreter", "cuda"])
+def test_row_halves_cast_in_one_launch(monkeypatch, order, vh, blocks):
+    # RowHalves.finish on the Triton path: one copy of the first elements and ONE launch of the in-place kernel,
+    # bitwise torch's scaled cast, in the accumulator's own memory. Programs run one after another here, so a
+    # program that wrote over elements another still had to read shows in one of the two orders.
+    from triton.runtime import interpreter
+
+    if not head_grads._triton_casts(torch.device("cpu")):
+        pytest.skip("the interpreter runs the kernel on CPU tensors")
+    builder = interpreter.interpreter_builder
+    if order == "reversed":
+        real_idx = builder.set_grid_idx
+        monkeypatch.setattr(builder, "set_grid_idx", lambda x, y, z: real_idx(builder.grid_dim[0] - 1 - x, y, z))
+    if blocks == "cuda":  # CUDA's block of 2048, 4 programs
+        monkeypatch.setattr(head_grads, "compiled_cuda", lambda device: True)
+        monkeypatch.setattr(head_grads.RowHalves, "FIRST", 4 * head_grads.CAST_BLOCK)
+    else:  # the interpreter's: 4 programs of 256
+        monkeypatch.setattr(head_grads.RowHalves, "FIRST", 1024)
+    counter = _CountLaunches(head_grads._halves_cast_kernel)
+    monkeypatch.setattr(head_grads, "_halves_cast_kernel", counter)
+    v, h = vh
+    for dtype, scale in ((torch.bfloat16, torch.tensor(0.37)), (torch.float16, None)):
+        acc = head_grads.RowHalves(v, h, torch.device("cpu"))
+        acc.a.normal_()
+        acc.b.normal_()
+        whole, first = torch.cat((acc.a, acc.b)), acc.a.data_ptr()
+        got = acc.finish(scale, dtype)
+        want = (whole * scale if scale is not None else whole).to(dtype)
+        assert got.shape == (v, h) and got.data_ptr() == first and torch.equal(got, want)
+    assert counter.calls == 2
