@@ -1,5 +1,6 @@
 """The fused linear cross-entropy's host path (issue 28: host-bound small models): the backward's scaled casts in one
-launch, the options' cache, and only the outputs asked for allocated. Numerics: tests/test_fused_linear_cross_entropy.py."""
+launch, the options' cache, and only the outputs asked for allocated. Numerics:
+tests/test_fused_linear_cross_entropy.py."""
 
 import pytest
 import torch

@@ -6,8 +6,9 @@ accumulated or scaled later (grad_weight, grad_bias, and grad_hidden on the scal
 through ``torch.mm/addmm(..., out_dtype=torch.float32)`` when this torch supports it, on CPU through fp32 copies of
 the operands (one small allocation per chunk), otherwise through a low-precision temporary added into the fp32
 buffer (one extra rounding per chunk). An fp32 grad_weight for a 2-byte weight in eager calls is a
-:class:`RowHalves`, cast in its own memory at the end (one launch), unless the loss's chunk buffer already held more memory than a
-plain cast adds (:func:`cast_in_place_pays`: small heads, where the plain accumulator costs fewer host ops).
+:class:`RowHalves`, cast in its own memory at the end (one launch), unless the loss's chunk buffer already held more
+memory than a plain cast adds (:func:`cast_in_place_pays`: small heads, where the plain accumulator costs fewer host
+ops).
 """
 
 from __future__ import annotations

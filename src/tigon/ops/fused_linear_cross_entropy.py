@@ -125,14 +125,17 @@ def fused_linear_cross_entropy(
     """
     # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
     # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
-    key = (ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,
-           type(lse_square_scale), softcap, type(softcap), logit_scale, type(logit_scale), reduction, type(reduction),
-           use_token_scaling, type(use_token_scaling), return_predicted_tokens, type(return_predicted_tokens),
-           chunk_mem_const, type(chunk_mem_const), memory, type(memory), accum_dtype, weight.dtype, weight.shape,
-           return_accuracy, type(return_accuracy), return_token_accuracy, type(return_token_accuracy),
-           ce_weight is None, class_weight is None)
+    # Not while dynamo traces (its graph holds the checks' outcome; symbolic shapes stay out of a dict key).
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else (
+        ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,
+        type(lse_square_scale), softcap, type(softcap), logit_scale, type(logit_scale), reduction, type(reduction),
+        use_token_scaling, type(use_token_scaling), return_predicted_tokens, type(return_predicted_tokens),
+        chunk_mem_const, type(chunk_mem_const), memory, type(memory), accum_dtype, weight.dtype, weight.shape,
+        return_accuracy, type(return_accuracy), return_token_accuracy, type(return_token_accuracy),
+        ce_weight is None, class_weight is None)
     try:
-        call = _CALLS.get(key)
+        call = None if compiling else _CALLS.get(key)
     except TypeError:  # an unhashable option: the checks below name it
         call = key = None
     if call is None or num_items_in_batch is not None:
@@ -168,7 +171,7 @@ def fused_linear_cross_entropy(
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
-    run = _compiled_run() if torch.compiler.is_compiling() else _APPLY[0]
+    run = _compiled_run() if compiling else _APPLY[0]
     out = run(hidden, weight, target, bias, class_weight, num_items_in_batch, cd, need, call)
     if len(out) == 2 and not return_z_loss:
         return out[0]
