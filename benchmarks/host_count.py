@@ -11,10 +11,11 @@ Cases:
 ``flce``: :func:`tigon.functional.fused_linear_cross_entropy` (bf16, mean loss, hidden and weight requiring grad)
 at a tiny head in one chunk (as at Qwen2.5-0.5B's head at 4096 tokens on the H200), with the CUDA path's matmul
 choices emulated (``torch.mm / addmm(..., out_dtype=torch.float32)``, which CPU torch lacks, computed by the
-counting mode and counted as the one op they are on CUDA) and the grad_weight halves' cast cut into as many
-ranges as at Qwen's head (:class:`tigon.kernels.head_grads.RowHalves`: 9 ATen ops there); beside it Hugging
-Face's ``lm_head`` + fp32 cross-entropy (``hf``); and in 4 chunks whose buffer is smaller than grad_weight (the
-halves and their ranged cast, as at Llama-3-8B's head at 16384 tokens).
+counting mode and counted as the one op they are on CUDA) and the grad_weight halves' copy of their first elements
+sized as at Qwen's head (:class:`tigon.kernels.head_grads.RowHalves`; their cast is one launch on the Triton path,
+ranges of torch ops elsewhere); beside it Hugging Face's ``lm_head`` + fp32 cross-entropy (``hf``); and in 4
+chunks whose buffer is smaller than grad_weight (the halves and their in-place cast, as at Llama-3-8B's head at
+16384 tokens).
 
 ``layer``: one decoder layer of a tiny Qwen2 and a tiny Llama (bf16, (2, 16) tokens), Hugging Face's against
 ``tigon.patch``'s with the kernels at every size (``TIGON_HOST_BOUND_ELEMENTS=0``: the MLP takes the kernels as at
@@ -163,7 +164,7 @@ def cpu_us(fn, reps: int = 200) -> float:
 # ---- cases ---------------------------------------------------------------------------------------------------------
 QWEN_HEAD_CAST_RANGES = 7
 """RowHalves' doubling ranges at Qwen2.5-0.5B's head: Va x H = 75968 x 896 elements from FIRST = 2**20 (7 ranges,
-plus the first range's copy and block b: 9 casts)."""
+plus the first range's copy and block b: 9 casts on torch's path; one copy and one launch on the Triton path)."""
 
 
 def flce_cases() -> dict:

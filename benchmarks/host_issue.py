@@ -24,6 +24,13 @@ the kernels at every size); run once with and once without ``TIGON_DIRECT_LAUNCH
 
     PYTHONPATH=src python3 benchmarks/host_issue.py --ops rms_norm,swiglu --providers eager,tigon --modules \
         --launch-probe --out $OUT/host-modules_h200_<date>.json
+
+``--sizes MODEL:TOKENS,...`` replaces the two sizes (e.g. ``qwen2.5-0.5b:4096``, the fused linear cross-entropy's
+host-bound case of issue 28: one call there is a few ms of kernels, where Llama-3-8B's 16384 tokens are ~80 ms a call
+and the module rows of ``--modules`` alone ran past 40 s):
+
+    PYTHONPATH=src python3 benchmarks/host_issue.py --ops fused_linear_cross_entropy --providers eager,tigon \
+        --sizes qwen2.5-0.5b:4096 --out $OUT/host-flce_qwen-4k_h200_<date>.json
 """
 
 import argparse
@@ -147,7 +154,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--launch-probe", action="store_true")
     ap.add_argument("--modules", action="store_true", help="also the patched MLP and RMSNorm against HF's")
+    ap.add_argument("--sizes", help="MODEL:TOKENS[,MODEL:TOKENS...] instead of " +
+                    ",".join(f"{m}:{t}" for m, t in SIZES))
     args = ap.parse_args(argv)
+    sizes = SIZES if not args.sizes else tuple(
+        (part.rsplit(":", 1)[0], int(part.rsplit(":", 1)[1])) for part in args.sizes.split(","))
     from tigon import ops
     from tigon.presets import build_config
     from tigon.workflows.bench import op_providers
@@ -160,8 +171,8 @@ def main(argv=None) -> None:
         res["launch_probe"] = launch_probe()
         print(res["launch_probe"], flush=True)
     if args.modules:
-        res["modules"] = [r for model, tokens in SIZES for r in module_rows(model, tokens)]
-    for model, tokens in SIZES:
+        res["modules"] = [r for model, tokens in sizes for r in module_rows(model, tokens)]
+    for model, tokens in sizes:
         shapes = shapes_from_config(build_config(model), tokens, batch=4)[0]
         for op in args.ops.split(","):
             spec = ops.get(op)

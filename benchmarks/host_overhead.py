@@ -62,7 +62,8 @@ def _inputs(dtype=torch.float32):
                 sin=torch.randn(1, 8, 16, dtype=dtype), g=leaf(8, 64), u=leaf(8, 64),
                 b=torch.zeros(64, dtype=dtype, requires_grad=True), X=leaf(2, 8, 16),
                 gw=torch.ones(8, dtype=dtype, requires_grad=True), gb=torch.zeros(8, dtype=dtype, requires_grad=True),
-                alpha=torch.full((1,), 0.5, dtype=dtype, requires_grad=True))
+                alpha=torch.full((1,), 0.5, dtype=dtype, requires_grad=True),
+                lw=(torch.randn(96, 64, dtype=dtype) / 8).requires_grad_(), lt=torch.randint(0, 96, (8,)))
 
 
 def _ops(i, eager: bool = False):
@@ -74,8 +75,9 @@ def _ops(i, eager: bool = False):
     def fn(name):
         return ops.get(name).eager_fn if eager else getattr(F, name)
 
-    ce, rms, rope, swiglu, fadd, ln, gn, dyt = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu",
-                                                        "fused_add_rms_norm", "layer_norm", "group_norm", "dyt"))
+    ce, rms, rope, swiglu, fadd, ln, gn, dyt, flce = map(fn, ("cross_entropy", "rms_norm", "rope", "swiglu",
+                                                              "fused_add_rms_norm", "layer_norm", "group_norm", "dyt",
+                                                              "fused_linear_cross_entropy"))
     return {
         "cross_entropy": (lambda: ce(i["x"], i["t"]), [i["x"]]),
         "rms_norm": (lambda: rms(i["x"], i["w"]), [i["x"], i["w"]]),
@@ -86,6 +88,9 @@ def _ops(i, eager: bool = False):
         "group_norm": (lambda: gn(i["X"], i["gw"], i["gb"], 8, 4), [i["X"], i["gw"], i["gb"]]),
         "group_norm_no_affine": (lambda: gn(i["X"], None, None, 8, 4), [i["X"]]),
         "dyt": (lambda: dyt(i["x"], i["alpha"], i["w"], i["b"]), [i["x"], i["alpha"], i["w"], i["b"]]),
+        # an (8, 64) -> 96 LM head, mean loss, one chunk (on CPU the bf16 matmuls upcast their operands; the CUDA
+        # path's choices are emulated by host_count.py's flce cases)
+        "fused_linear_cross_entropy": (lambda: flce(i["x"], i["lw"], i["lt"]), [i["x"], i["lw"]]),
     }
 
 
@@ -236,6 +241,7 @@ def main():
         "rms_norm fwd+bwd": lambda: ops["rms_norm"][0]().sum().backward(),
         "rope fwd+bwd": lambda: sum(o.sum() for o in ops["rope"][0]()).backward(),
         "swiglu fwd+bwd": lambda: ops["swiglu"][0]().sum().backward(),
+        "fused_linear_cross_entropy fwd+bwd": lambda: ops["fused_linear_cross_entropy"][0]().backward(),
         "torch.sum fwd+bwd (floor: autograd + one op)": lambda: x.sum().backward(),
     }
     hf_mlp, mlp, hf_norm, norm, h = _patched_modules()

@@ -30,13 +30,13 @@ Matmul precision and the fp32 accumulators: :mod:`tigon.kernels.head_grads`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
-from .head_grads import _Matmuls, _operands, finish_grad, grad_buffers, no_autocast, scale_grads
+from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
 )
@@ -140,9 +140,10 @@ def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
 
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
-                 halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None):
+                 halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None, zero_acc: bool = True):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
     ``pred``: an (N,) int64 tensor to write each token's argmax class into (-1 for ignored tokens), or None.
+    ``zero_acc=False``: accuracy None (not a 0-d zero) unless ``want_acc`` (one allocation fewer).
 
     ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``budget``: bytes for
     the chunk buffer and the fp32 accumulator (-1: the default rule; :func:`chunk_rows`); ``halves``: see
@@ -184,7 +185,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
             if precompute:
                 mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
-                                    correct, zero_acc=True, scale_out=scale)
+                                    correct, zero_acc=zero_acc, scale_out=scale)
     return loss, z, acc, stats, ((gh, gw, gb) if precompute else None)
 
 
@@ -252,52 +253,70 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     if scalar:
         return gh, gw, gb
     buf = lg = None  # the chunk buffer is free before the casts (grad_buffers counted on it)
-    return (finish_grad(gh, None, hidden.dtype), finish_grad(gw, None, weight.dtype),
-            finish_grad(gb, None, bias.dtype if bias is not None else None))
+    return finish_grads((gh, gw, gb), None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
+
+
+class FlceCall(NamedTuple):
+    """The scalar options of one fused linear cross-entropy call, built once per distinct set of options and reused
+    by every call with the same ones (:func:`tigon.ops.fused_linear_cross_entropy.fused_linear_cross_entropy`'s
+    cache): fewer arguments for autograd to unpack, no option objects built per call."""
+
+    opts: LossOptions
+    reduction: str
+    want_acc: bool
+    lean: bool
+    budget: int
+    want_pred: bool
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd,
-    need, want_acc, lean, budget, want_pred)``. ``need`` = (grad for hidden, weight, bias) decided by the caller (grad
-    mode and requires_grad), ``cd`` the matmul dtype. Returns (loss, z_loss, accuracy-or-zero, predicted tokens: (N,)
-    int64 with ``want_pred``, else (0,)), the last three non-differentiable.
+    """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, num_items, cd, need, call)``. ``need`` =
+    (grad for hidden, weight, bias) decided by the caller (grad mode and requires_grad), ``cd`` the matmul dtype,
+    ``call`` a :class:`FlceCall`. Returns (loss, z_loss), then the accuracy (0-d fp32) with ``call.want_acc``, then
+    the predicted tokens ((N,) int64) with ``call.want_pred``: only the outputs asked for are allocated; all but
+    the loss non-differentiable.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc,
-                lean=False, budget=-1, want_pred=False):
-        pred = target.new_empty((hidden.shape[0] if want_pred else 0,), dtype=torch.int64)
+    def forward(ctx, hidden, weight, target, bias, class_weight, num_items, cd, need, call: FlceCall):
+        want_pred = call.want_pred
+        pred = target.new_empty((hidden.shape[0],), dtype=torch.int64) if want_pred else None
         loss, z, acc, stats, grads = flce_forward(
-            hidden, weight, target, bias, class_weight, opts, reduction, num_items, cd, need, want_acc, lean, True,
-            budget, pred if want_pred else None)
-        ctx.opts, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.lean = opts, cd, need, grads, False, lean
-        ctx.budget = budget
+            hidden, weight, target, bias, class_weight, call.opts, call.reduction, num_items, cd, need, call.want_acc,
+            call.lean, True, call.budget, pred, zero_acc=False)
+        ctx.call, ctx.cd, ctx.need, ctx.grads, ctx.done = call, cd, need, grads, False
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        if grads is None and reduction == "none" and any(need):
+        if grads is None and call.reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, stats)
-        ctx.mark_non_differentiable(z, acc, pred)
+        out = (loss, z)
+        if acc is not None:
+            out += (acc,)
+        if want_pred:
+            out += (pred,)
+        ctx.mark_non_differentiable(*out[1:])
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
         ctx.set_materialize_grads(False)
-        return loss, z, acc, pred
+        return out
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, grad_loss, _grad_z, _grad_acc, _grad_pred):
-        none = (None,) * 10
-        if not any(ctx.need) or grad_loss is None:
+    def backward(ctx, grad_loss, *_unused):
+        none = (None,) * 5
+        if grad_loss is None or not any(ctx.need):
             return (None, None, None, None) + none
         if ctx.done:
             raise RuntimeError("tigon.fused_linear_cross_entropy: backward was already run through this graph; "
                                "for a mean/sum loss the gradients are formed once in the forward and released by "
                                "the first backward, so retain_graph=True cannot replay it")
-        if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward
+        if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward (one launch, no sync)
             ctx.done = True
             grads, ctx.grads = ctx.grads, None
-            gh, gw, gb = scale_grads(grads, grad_loss, ctx.dtypes, inplace=True)
+            gh, gw, gb = finish_grads(grads, grad_loss, ctx.dtypes)
         else:
             hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
-            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, ctx.opts,
-                                            ctx.cd, ctx.need, ctx.lean, True, ctx.budget)
+            call = ctx.call
+            gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, call.opts,
+                                            ctx.cd, ctx.need, call.lean, True, call.budget)
         return (gh, gw, None, gb) + none
 
 
@@ -405,12 +424,13 @@ def _flce_grad(ctx, grad_loss, *_unused):
 _flce.register_autograd(_flce_grad, setup_context=_flce_setup)
 
 
-def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction, num_items,
-                               cd, need, want_acc, lean=False, budget=-1, want_pred=False):
-    """``FusedLinearCrossEntropyFunction.apply`` as the ``tigon::fused_linear_cross_entropy`` custom op:
-    (loss, z_loss, accuracy, predicted tokens)."""
+def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weight, num_items, cd, need,
+                                        call: FlceCall):
+    """``FusedLinearCrossEntropyFunction.apply`` as the ``tigon::fused_linear_cross_entropy`` custom op: the same
+    outputs ((loss, z_loss), the accuracy with ``call.want_acc``, the predicted tokens with ``call.want_pred``)."""
+    opts = call.opts
     loss, z, acc, *_, pred = _flce(
         hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
-        opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, reduction, cd, need[0],
-        need[1], need[2], want_acc, lean, budget, want_pred, opts.token_scaling)
-    return loss, z.detach(), acc.detach(), pred
+        opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, call.reduction, cd, need[0],
+        need[1], need[2], call.want_acc, call.lean, call.budget, call.want_pred, opts.token_scaling)
+    return (loss, z.detach()) + ((acc.detach(),) if call.want_acc else ()) + ((pred,) if call.want_pred else ())

@@ -543,7 +543,7 @@ def reduce_losses(
     # the zero accuracy is written by the kernel when it runs anyway (a scalar reduction), else filled by torch
     acc = torch.empty(size=(), **f32) if correct is not None or (zero_acc and scale is not None) else None
     if scale is not None or acc is not None:
-        any_t = next(t for t in (scale, acc) if t is not None)
+        any_t = scale if scale is not None else acc
         n = target.shape[0]
         block = min(max(next_pow2(n), 16), 4096)  # one program: 65,536 tokens are 16 steps
         launcher(_reduce_kernel)[(1,)](

@@ -123,20 +123,36 @@ def fused_linear_cross_entropy(
             ``use_token_scaling`` that is not a bool, or for both names of one option given; ValueError for a
             ``chunk_mem_const`` that is not a positive int.
     """
-    class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy, return_token_accuracy)
-    for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
-    if isinstance(chunk_mem_const, bool) or not isinstance(chunk_mem_const, int) or chunk_mem_const < 1:
-        raise ValueError(f"chunk_mem_const must be a positive int (Liger-Kernel's chunk-size multiplier), got "
-                         f"{chunk_mem_const!r}")
-    ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale, reduction=reduction,
-                     label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
-                     num_items_in_batch=num_items_in_batch)
-    if accum_dtype not in (None, torch.float32, weight.dtype):
-        raise ValueError(f"accum_dtype must be None, torch.float32 or the weight's dtype ({weight.dtype}), "
-                         f"got {accum_dtype!r}")
-    lean, budget = memory_plan(memory, accum_dtype, weight)
+    # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
+    # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
+    # Not while dynamo traces (its graph holds the checks' outcome; symbolic shapes stay out of a dict key).
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else (
+        ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,
+        type(lse_square_scale), softcap, type(softcap), logit_scale, type(logit_scale), reduction, type(reduction),
+        use_token_scaling, type(use_token_scaling), return_predicted_tokens, type(return_predicted_tokens),
+        chunk_mem_const, type(chunk_mem_const), memory, type(memory), accum_dtype, weight.dtype, weight.shape,
+        return_accuracy, type(return_accuracy), return_token_accuracy, type(return_token_accuracy),
+        ce_weight is None, class_weight is None)
+    try:
+        call = None if compiling else _CALLS.get(key)
+    except TypeError:  # an unhashable option: the checks below name it
+        call = key = None
+    if call is None or num_items_in_batch is not None:
+        class_weight, return_accuracy = liger_aliases(class_weight, ce_weight, return_accuracy,
+                                                      return_token_accuracy)
+        ref_flce.check_inputs(hidden, weight, target, bias, class_weight, logit_scale=logit_scale,
+                              reduction=reduction, label_smoothing=label_smoothing,
+                              lse_square_scale=lse_square_scale, softcap=softcap,
+                              num_items_in_batch=num_items_in_batch)
+        if call is None:
+            call = _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale,
+                                 reduction, use_token_scaling, return_predicted_tokens, chunk_mem_const, memory,
+                                 accum_dtype, return_accuracy)
+    else:
+        if ce_weight is not None:  # (both given raised on the call that cached these options)
+            class_weight = ce_weight
+        ref_flce.check_head(hidden, weight, target, bias, class_weight=class_weight)
     dev_type = hidden.device.type
     if dev_type in ("cpu", "cuda") and torch.is_autocast_enabled(dev_type):  # (meta, ...: no autocast to ask)
         cd = torch.get_autocast_dtype(dev_type)
@@ -148,26 +164,67 @@ def fused_linear_cross_entropy(
             hidden, weight, target, bias, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing, lse_square_scale=lse_square_scale, softcap=softcap,
             logit_scale=logit_scale, class_weight=class_weight, num_items_in_batch=num_items_in_batch,
-            return_z_loss=return_z_loss, return_accuracy=return_accuracy,
+            return_z_loss=return_z_loss, return_accuracy=call.want_acc,
             return_predicted_tokens=return_predicted_tokens, use_token_scaling=use_token_scaling)
     if target.device.type == "cpu":
         ref_ce.check_target_range(target, weight.shape[0], ignore_index)
-    from ..kernels import cross_entropy as kc, fused_linear_cross_entropy as k
-
-    opts = kc.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
-                          None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
-    run = (k.compiled_fused_linear_cross_entropy if torch.compiler.is_compiling()
-           else k.FusedLinearCrossEntropyFunction.apply)
-    loss, z_loss, accuracy, pred = run(
-        hidden, weight, target, bias, class_weight, opts, reduction, num_items_in_batch, cd, need,
-        bool(return_accuracy), lean, budget, return_predicted_tokens)
-    if not (return_z_loss or return_accuracy or return_predicted_tokens):
-        return loss
-    return LossOutput(loss, z_loss if return_z_loss else None, accuracy if return_accuracy else None,
-                      pred if return_predicted_tokens else None)
+    run = _compiled_run() if compiling else _APPLY[0]
+    out = run(hidden, weight, target, bias, class_weight, num_items_in_batch, cd, need, call)
+    if len(out) == 2 and not return_z_loss:
+        return out[0]
+    return LossOutput(out[0], out[1] if return_z_loss else None, out[2] if call.want_acc else None,
+                      out[-1] if return_predicted_tokens else None)
+
+
+_CALLS: dict = {}
+"""The :class:`~tigon.kernels.fused_linear_cross_entropy.FlceCall` of each set of scalar options seen (with their
+types, the weight's dtype and shape: ``memory``'s plan reads them), so that a training loop's calls skip the options'
+checks and objects. At most :data:`_MAX_CALLS` entries (cleared when full)."""
+_MAX_CALLS = 256
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.Size)
+_APPLY: list = []
+"""``[FusedLinearCrossEntropyFunction.apply]`` once :func:`_call_options` has imported the kernels (on the first
+call: importing them with Tigon would import Triton's language before ``TRITON_INTERPRET`` may be set)."""
+
+
+def _compiled_run():
+    from ..kernels import fused_linear_cross_entropy as k
+
+    return k.compiled_fused_linear_cross_entropy
+
+
+def _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction,
+                  use_token_scaling, return_predicted_tokens, chunk_mem_const, memory, accum_dtype, return_accuracy):
+    """The rest of :func:`fused_linear_cross_entropy`'s option checks (after ``check_inputs``) and its
+    :class:`~tigon.kernels.fused_linear_cross_entropy.FlceCall`, cached under ``key`` when every option is a plain
+    value (``key`` None: not cached). Raises as that function documents."""
+    for name, flag in (("return_predicted_tokens", return_predicted_tokens), ("use_token_scaling", use_token_scaling)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if isinstance(chunk_mem_const, bool) or not isinstance(chunk_mem_const, int) or chunk_mem_const < 1:
+        raise ValueError(f"chunk_mem_const must be a positive int (Liger-Kernel's chunk-size multiplier), got "
+                         f"{chunk_mem_const!r}")
+    if accum_dtype not in (None, torch.float32, weight.dtype):
+        raise ValueError(f"accum_dtype must be None, torch.float32 or the weight's dtype ({weight.dtype}), "
+                         f"got {accum_dtype!r}")
+    lean, budget = memory_plan(memory, accum_dtype, weight)
+    from ..kernels.cross_entropy import LossOptions
+    from ..kernels.fused_linear_cross_entropy import FlceCall, FusedLinearCrossEntropyFunction
+
+    if not _APPLY:
+        _APPLY.append(FusedLinearCrossEntropyFunction.apply)
+
+    opts = LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
+                       None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
+    call = FlceCall(opts, reduction, bool(return_accuracy), lean, budget, return_predicted_tokens)
+    if key is not None and all(type(v) in _PLAIN for v in key[0:20:2] + key[20:24] + key[25:26]):
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[key] = call
+    return call
 
 
 def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:
