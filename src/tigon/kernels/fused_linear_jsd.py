@@ -177,15 +177,17 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
         lt = lt * LN2
         loss_unit = 1.0
         g_unit = 1.0
-    # pass 2: the row's divergence and sum_v d l / d x_v
+    # pass 2: the row's divergence and sum_v d l / d x_v, last block first (the blocks pass 1 read last are the
+    # likeliest still in L2; pass 3 then starts where this one ends, as the cross-entropy's gradient pass does:
+    # tigon.kernels.loss_rows.GRAD_IN_FORWARD_BLOCK)
     acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     gacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
-    for start in range(0, full, BLOCK_V):
-        acc, gacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc,
-                               KIND, FAST, False, BLOCK_V)
     if full < V:
         acc, gacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c, ms, ls, mt, lt, beta, acc, gacc,
                                KIND, FAST, True, BLOCK_V)
+    for i in range(0, full, BLOCK_V):
+        acc, gacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full - BLOCK_V - i, V, c, ms, ls, mt, lt, beta,
+                               acc, gacc, KIND, FAST, False, BLOCK_V)
     tl.store(LOSS + rows, tl.sum(acc, axis=1) * loss_unit, mask=in_rows)
     if WRITE_GRAD:
         # pass 3: d loss / d z_s = scale / T (d l / d x - Q sum_v d l / d x_v); skipped rows get zeros (the
