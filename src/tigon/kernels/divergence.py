@@ -9,7 +9,8 @@ jsd's in :func:`_jsd_parts`). Wide rows (V >= 4096) take one row per program: a 
 reading anything, a kept one is walked with no row mask and no column mask but in its last block.
 
 Arithmetic (jsd is compute-bound, not memory-bound, unless its term is cheap): per element, forward with the
-gradient formed, compiled for sm_90 (SASS of the vocabulary loop, bf16, counted offline with Triton's ptxas): jsd
+gradient formed, compiled for sm_90 (SASS of the vocabulary loop, bf16, counted offline by
+``benchmarks/sass_mix.py``): jsd
 three special-function ops (2^(c x), 2^(c y), log2 M; ``ex2.approx.ftz`` and ``lg2.approx.ftz``) and about 22
 instructions in all, where the previous form (P, Q from e^max and e^-|x - y|, M's log through ``tl.log``, selects
 for zero probabilities) took 2 ``ex2`` with subnormal fix-ups, a ~25-instruction precise log and about 70

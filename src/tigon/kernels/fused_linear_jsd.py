@@ -8,7 +8,8 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
 
 1. ``z_s = h_s W_s^T (+ b_s)`` into the chunk buffer (compute dtype), ``z_t = h_t W_t^T (+ b_t)`` into a second one;
 2. one Triton kernel (:func:`_jsd_logits_kernel`) reads both rows of logits in the compute dtype and, in fp32
-   registers: (pass 1) both rows' online log-sum-exp of ``z / T`` (the max of the raw logits, the sum in bits);
+   registers: (pass 1) both rows' online log-sum-exp of ``z / T`` (the max of the raw logits, the sum in bits; in
+   partial accumulators of 8 columns each, merged once, so no reduction across threads per block);
    (pass 2) ``x = log_softmax(z_s / T)``, ``y = log_softmax(z_t / T)`` per element (in bits for jsd), the
    divergence's pointwise term and its derivative ``g = d l / d x`` (:func:`tigon.kernels.divergence._jsd_parts`
    and ``_terms``, the formulas :func:`tigon.functional.jsd` runs), summed per row; (pass 3) the gradient w.r.t.
@@ -22,12 +23,15 @@ per chunk: three reads of both rows and one write of the student's (7 x rows x V
 128256 on an H200 by copy bandwidth). The teacher gets no gradient. Matmuls: 2 for the logits, 2 for the student's
 gradients (4 N H V x 2 FLOPs in all).
 
-Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline): 8
-special-function ops (pass 1: 2 ``ex2``; passes 2 and 3: 2 ``ex2`` + 1 ``lg2`` each) and about 64 instructions,
+Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
+``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
+3: 2 ``ex2`` + 1 ``lg2`` each) and about 60 instructions (16 + 23 + 21; beta 0 / 1: 47 / 50, 5.25 / 4.25
+``ex2``),
 where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise logs (the "9
 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was issue-bound (about 7 ms
 by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the matmul floor) against about
-3.4 ms of memory traffic, which now bounds it.
+3.4 ms of memory traffic, which should bound it now (about 2.3 ms of issue and of special-function work: to
+be measured).
 
 History: until this kernel, step 2 was torch on fp32 copies (``log_softmax`` of both chunks, the divergence kernel,
 then the log-softmax backward in five more torch passes): about 20 fp32 passes over each (rows, V) chunk and 16
@@ -82,25 +86,37 @@ def _load(Z, rows, stride, cols, read):
 
 
 @triton.jit
-def _online_lse2(m, s, z, c2):
-    """One step of the online log-sum-exp (Milakov & Gimelshein 2018) over a [rows, cols] tile ``z`` of raw logits
-    (-inf where masked): the running max ``m`` of z and sum ``s`` of 2^(c2 (z - m)) per row (c2 = log2 e / T: one
-    ``ex2`` per element). The max is of the raw logits, so that ``z - m`` is exact (0 at the max) and rounded only
-    once scaled: a confident token's log-probability carries no rounding of a scaled max (``c2 z - c2 m`` would
-    carry an ulp of c2 m, 1e-5 at logits of 100)."""
-    m_new = tl.maximum(m, tl.max(z, axis=1))
-    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows all -inf so far keep s = 0
-    s = s * tl.math.exp2((m - m_ref) * c2) + tl.sum(tl.math.exp2((z - m_ref[:, None]) * c2), axis=1)
+def _online_lse2(m, s, z, c2, LANES: tl.constexpr):
+    """One step of the online log-sum-exp (Milakov & Gimelshein 2018) over a [BLOCK_M, BLOCK_V] tile ``z`` of raw
+    logits (-inf where masked), in ``LANES`` partial accumulators per row: the running max ``m`` of z and sum ``s``
+    of 2^(c2 (z - m)), both [BLOCK_M, LANES] (c2 = log2 e / T: one ``ex2`` per element). The tile is viewed as
+    [BLOCK_M, LANES, BLOCK_V / LANES] in whatever order keeps each lane's elements in one thread (``can_reorder``:
+    max and sum do not care), so a step reduces within threads only, no shuffle or barrier per block;
+    :func:`_lse_rows` merges the lanes once. The max is of the raw logits, so that ``z - m`` is exact (0 at the
+    max) and rounded only once scaled: a confident token's log-probability carries no rounding of a scaled max
+    (``c2 z - c2 m`` would carry an ulp of c2 m, 1e-5 at logits of 100)."""
+    z3 = tl.reshape(z, [z.shape[0], LANES, z.shape[1] // LANES])
+    m_new = tl.maximum(m, tl.max(z3, axis=2))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # lanes all -inf so far keep s = 0
+    s = s * tl.math.exp2((m - m_ref) * c2) + tl.sum(tl.math.exp2((z3 - m_ref[:, :, None]) * c2), axis=2)
     return m_new, s
 
 
 @triton.jit
+def _lse_rows(m, s, c2):
+    """The rows' (max of z, sum of 2^(c2 (z - max))) from :func:`_online_lse2`'s [BLOCK_M, LANES] lanes."""
+    m_row = tl.max(m, axis=1)
+    m_ref = tl.where(m_row > float("-inf"), m_row, 0.0)
+    return m_row, tl.sum(s * tl.math.exp2((m - m_ref[:, None]) * c2), axis=1)
+
+
+@triton.jit
 def _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, RAGGED: tl.constexpr,
-                BLOCK_V: tl.constexpr):
-    """Pass 1 over one block: both rows' online log-sum-exp of ``z / T`` (max in logits, sum in bits)."""
+                LANES: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pass 1 over one block: both rows' online log-sum-exp of ``z / T`` (max in logits, sum in bits), per lane."""
     cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    ms, ss = _online_lse2(ms, ss, _load(ZS, rows, stride_s, cols, read), c2)
-    mt, st = _online_lse2(mt, st, _load(ZT, rows, stride_t, cols, read), c2)
+    ms, ss = _online_lse2(ms, ss, _load(ZS, rows, stride_s, cols, read), c2, LANES)
+    mt, st = _online_lse2(mt, st, _load(ZT, rows, stride_t, cols, read), c2, LANES)
     return ms, ss, mt, st
 
 
@@ -153,16 +169,19 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
     full = V - V % BLOCK_V
     # pass 1: both rows' log-sum-exp of z / T (the max in logits, the log-sum in bits)
     c2 = inv_t * LOG2E
-    ms = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    mt = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    st = tl.zeros([BLOCK_M], tl.float32)
+    lanes: tl.constexpr = max(BLOCK_V // 8, 1)  # 8 contiguous columns: one 16-byte bf16 load of one thread
+    ms = tl.full([BLOCK_M, lanes], float("-inf"), tl.float32)
+    mt = tl.full([BLOCK_M, lanes], float("-inf"), tl.float32)
+    ss = tl.zeros([BLOCK_M, lanes], tl.float32)
+    st = tl.zeros([BLOCK_M, lanes], tl.float32)
     for start in range(0, full, BLOCK_V):
         ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, False,
-                                     BLOCK_V)
+                                     lanes, BLOCK_V)
     if full < V:
         ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c2, ms, ss, mt, st, True,
-                                     BLOCK_V)
+                                     lanes, BLOCK_V)
+    ms, ss = _lse_rows(ms, ss, c2)
+    mt, st = _lse_rows(mt, st, c2)
     ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics (their tiles are -inf: every piece is 0)
     mt = tl.where(keep, mt, 0.0)
     ls = tl.math.log2(tl.where(keep, ss, 1.0))  # log2 sum 2^(c2 (z - m)): the log-sum in bits
