@@ -25,13 +25,12 @@ gradients (4 N H V x 2 FLOPs in all).
 
 Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
 ``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
-3: 2 ``ex2`` + 1 ``lg2`` each) and about 60 instructions (16 + 23 + 21; beta 0 / 1: 47 / 50, 5.25 / 4.25
-``ex2``),
-where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise logs (the "9
-transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was issue-bound (about 7 ms
-by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the matmul floor) against about
-3.4 ms of memory traffic, which should bound it now (about 2.3 ms of issue and of special-function work: to
-be measured).
+3: 2 ``ex2`` + 1 ``lg2`` each) and about 60 instructions (16 + 23 + 21; beta 0 / 1: 47 / 50 instructions, 5.25 /
+4.25 ``ex2``), where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise
+logs (the "9 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was
+issue-bound (about 7 ms by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the
+matmul floor) against about 3.4 ms of memory traffic, which should bound it now (about 2.3 ms of issue and of
+special-function work: to be measured).
 
 History: until this kernel, step 2 was torch on fp32 copies (``log_softmax`` of both chunks, the divergence kernel,
 then the log-softmax backward in five more torch passes): about 20 fp32 passes over each (rows, V) chunk and 16
