@@ -115,6 +115,17 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _exp(x, FAST: tl.constexpr):
+    """exp of an fp32 tile. FAST (compiled on an NVIDIA GPU): ``2^(x log2 e)``, one ``ex2.approx.ftz`` (results
+    under 2^-126 flush to 0; ``tl.exp`` compiles to the same op plus three instructions that keep them); otherwise
+    ``tl.exp`` (the interpreter's is numpy's, correctly rounded)."""
+    if FAST:
+        return tl.math.exp2(x * LOG2E)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
     """``(gx, gy, Q)`` of the generalised JSD (0 < beta < 1) for fp32 tiles of the student's and the teacher's
     log-probabilities ``x = log Q``, ``y = log P`` in the unit of ``1 / c`` (``c = log2 e``: nats; 1: bits):
@@ -142,22 +153,20 @@ def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
 
 
 @triton.jit
-def _terms(x, y, eps, KIND: tl.constexpr):
+def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
     """(l, d l / d x, d l / d y, Q) of fp32 tiles x, y for the kinds other than JSD (:func:`_jsd_parts`); Q =
     exp(x) for the log-probability kinds KL_LOG and KL_LOG_REVERSE (x otherwise; the compiler drops what a caller
     does not use). A term with a zero probability is 0 (with zero derivative in the input that carries it), so -inf
-    log-probabilities give no NaN. Exponentials as ``exp2(x log2 e)``: one special-function op, where ``tl.exp``
-    adds three instructions for subnormal results (probabilities under 2^-126, whose terms are under 1e-36, flush to
-    0 instead)."""
+    log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU)."""
     if KIND == 0:
-        p = tl.math.exp2(y * LOG2E)
+        p = _exp(y, FAST)
         d = tl.where(p > 0, y - x, 0.0)
         loss = p * d
         dx = -p
         dy = loss + p
-        q = tl.math.exp2(x * LOG2E)
+        q = _exp(x, FAST)
     elif KIND == 1:
-        q = tl.math.exp2(x * LOG2E)
+        q = _exp(x, FAST)
         d = tl.where(q > 0, x - y, 0.0)
         loss = q * d
         dx = loss + q
@@ -286,7 +295,7 @@ def _step(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, 
         dx = gx * (wx * coef)
         dy = gy * (wy * coef)
     else:
-        loss, dx, dy, _q = _terms(x, y, eps, KIND)
+        loss, dx, dy, _q = _terms(x, y, eps, KIND, FAST)
         loss = tl.where(read, loss, 0.0)
         if WRITE_LOSS and not ELEMENTWISE:
             acc += loss

@@ -25,7 +25,7 @@ gradients (4 N H V x 2 FLOPs in all).
 
 Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
 ``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
-3: 2 ``ex2`` + 1 ``lg2`` each) and about 60 instructions (16 + 23 + 21; beta 0 / 1: 47 / 50 instructions, 5.25 /
+3: 2 ``ex2`` + 1 ``lg2`` each) and about 61 instructions (16 + 24 + 21; beta 0 / 1: 50 / 51 instructions, 6.25 /
 4.25 ``ex2``), where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise
 logs (the "9 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was
 issue-bound (about 7 ms by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the
@@ -122,31 +122,30 @@ def _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt
 @triton.jit
 def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND: tl.constexpr,
             FAST: tl.constexpr):
-    """Per element of a block, with x = log_softmax(z_s / T), y = log_softmax(z_t / T) formed as ``c (z - m) -
-    logs`` (``z - m`` exact: the max subtracted first, as torch's log_softmax; then one FMA; -inf where not read,
-    which makes every piece 0):
-    ``(u, v, g, Q)`` with the pointwise loss ``u + v``, g proportional to d l / d x and Q = exp(x). jsd (KIND ==
-    JSD): c, m, logs in bits and :func:`tigon.kernels.divergence._jsd_parts`' ``u = (1 - beta) gx``, ``v = beta
-    gy``, ``g = gx`` (the loss and the gradient take a factor ln2, ln2 (1 - beta)); the KL kinds in nats (u = l,
-    v = 0, g = d l / d x)."""
+    """Per element of a block: ``(u, v, g, Q)`` with the pointwise loss ``ln2 (u + v)`` (jsd) or ``u + v`` (the KL
+    kinds), g proportional to d l / d x and Q = exp(x). x = log_softmax(z_s / T), y = log_softmax(z_t / T) formed as
+    ``c (z - m) - logs`` (``z - m`` exact: the max subtracted first, as torch's log_softmax; then one FMA; -inf
+    where not read, which makes every piece 0), in bits for jsd (c = log2 e / T: :func:`tigon.kernels.divergence.
+    _jsd_parts`' ``u = (1 - beta) gx``, ``v = beta gy``, ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for
+    the KL kinds (c = 1 / T: ``_terms``' u = l, v = 0, g = d l / d x)."""
     x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
     y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
     if KIND == 2:
         gx, gy, q = _jsd_parts(x, y, 1.0, beta, FAST)
         return (1.0 - beta) * gx, beta * gy, gx, q
     else:
-        loss, dx, _dy, q = _terms(x, y, 0.0, KIND)
+        loss, dx, _dy, q = _terms(x, y, 0.0, KIND, FAST)
         return loss, 0.0, dx, q
 
 
 @triton.jit
-def _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc,
+def _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc, qacc,
                KIND: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Pass 2 over one block: adds the pointwise losses to ``acc`` and g to ``gacc`` ([BLOCK_M, BLOCK_V] fp32
-    tiles, summed per row after the walk: no reduction per block)."""
+    """Pass 2 over one block: adds the pointwise losses to ``acc``, g to ``gacc`` and Q to ``qacc`` ([BLOCK_M,
+    BLOCK_V] fp32 tiles, summed per row after the walk: no reduction per block)."""
     cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    u, v, g, _q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
-    return acc + u + v, gacc + g
+    u, v, g, q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
+    return acc + u + v, gacc + g, qacc + q
 
 
 @triton.jit
@@ -183,16 +182,18 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
     mt, st = _lse_rows(mt, st, c2)
     ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics (their tiles are -inf: every piece is 0)
     mt = tl.where(keep, mt, 0.0)
-    ls = tl.math.log2(tl.where(keep, ss, 1.0))  # log2 sum 2^(c2 (z - m)): the log-sum in bits
-    lt = tl.math.log2(tl.where(keep, st, 1.0))
+    ss = tl.where(keep, ss, 1.0)
+    st = tl.where(keep, st, 1.0)
     if KIND == 2:  # jsd in bits (the loss and g take ln2 and ln2 (1 - beta): _pieces)
         c = c2
+        ls = tl.math.log2(ss)
+        lt = tl.math.log2(st)
         loss_unit = LN2
         g_unit = LN2 * (1.0 - beta)
     else:  # the KL kinds in nats
         c = inv_t
-        ls = ls * LN2
-        lt = lt * LN2
+        ls = tl.log(ss)
+        lt = tl.log(st)
         loss_unit = 1.0
         g_unit = 1.0
     # pass 2: the row's divergence and sum_v d l / d x_v, last block first (the blocks pass 1 read last are the
@@ -200,19 +201,22 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
     # tigon.kernels.loss_rows.GRAD_IN_FORWARD_BLOCK)
     acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     gacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+    qacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     if full < V:
-        acc, gacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c, ms, ls, mt, lt, beta, acc, gacc,
-                               KIND, FAST, True, BLOCK_V)
+        acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c, ms, ls, mt, lt, beta, acc,
+                                     gacc, qacc, KIND, FAST, True, BLOCK_V)
     for i in range(0, full, BLOCK_V):
-        acc, gacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full - BLOCK_V - i, V, c, ms, ls, mt, lt, beta,
-                               acc, gacc, KIND, FAST, False, BLOCK_V)
+        acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full - BLOCK_V - i, V, c, ms, ls, mt,
+                                     lt, beta, acc, gacc, qacc, KIND, FAST, False, BLOCK_V)
     tl.store(LOSS + rows, tl.sum(acc, axis=1) * loss_unit, mask=in_rows)
     if WRITE_GRAD:
         # pass 3: d loss / d z_s = scale / T (d l / d x - Q sum_v d l / d x_v); skipped rows get zeros (the
-        # matmuls read them)
+        # matmuls read them). Q normalised by its computed sum (1 up to the roundings of the row's log-sum, common to
+        # every Q of the row): the gradient's row sum is 0 up to its own roundings, as the exact one
         coef = tl.load(SCALE) * inv_t
         cg = tl.full([BLOCK_M], 1.0, tl.float32) * (coef * g_unit)
-        cq = tl.sum(gacc, axis=1) * (coef * g_unit)
+        q_sum = tl.sum(qacc, axis=1)
+        cq = tl.sum(gacc, axis=1) * (coef * g_unit) / tl.where(q_sum > 0, q_sum, 1.0)
         for start in range(0, full, BLOCK_V):
             _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq,
                        KIND, FAST, False, BLOCK_V)
