@@ -89,8 +89,9 @@ def _online_lse2(m, s, z, c2, LANES: tl.constexpr):
     """One step of the online log-sum-exp (Milakov & Gimelshein 2018) over a [BLOCK_M, BLOCK_V] tile ``z`` of raw
     logits (-inf where masked), in ``LANES`` partial accumulators per row: the running max ``m`` of z and sum ``s``
     of 2^(c2 (z - m)), both [BLOCK_M, LANES] (c2 = log2 e / T: one ``ex2`` per element). The tile is viewed as
-    [BLOCK_M, LANES, BLOCK_V / LANES] in whatever order keeps each lane's elements in one thread (``can_reorder``:
-    max and sum do not care), so a step reduces within threads only, no shuffle or barrier per block;
+    [BLOCK_M, LANES, BLOCK_V / LANES]; with LANES = BLOCK_V / 8 a lane's 8 contiguous columns are one thread's
+    16-byte load of bf16 logits, so a step reduces within threads only (no shuffle or barrier per block; SASS:
+    20 -> 16 instructions a logit, a rescale ``ex2`` per 8 logits more);
     :func:`_lse_rows` merges the lanes once. The max is of the raw logits, so that ``z - m`` is exact (0 at the
     max) and rounded only once scaled: a confident token's log-probability carries no rounding of a scaled max
     (``c2 z - c2 m`` would carry an ulp of c2 m, 1e-5 at logits of 100)."""
@@ -161,23 +162,24 @@ def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms,
 
 @triton.jit
 def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND: tl.constexpr,
-              WRITE_GRAD: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+              WRITE_GRAD: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+              LANES: tl.constexpr):
     """:func:`_jsd_logits_kernel`'s three passes over its rows (``in_rows``: those that exist, ``keep``: those read);
-    each walks the whole blocks with no column mask, then the ragged last one."""
+    each walks the whole blocks with no column mask, then the ragged last one. LANES: pass 1's partial accumulators
+    per row (:func:`_online_lse2`)."""
     full = V - V % BLOCK_V
     # pass 1: both rows' log-sum-exp of z / T (the max in logits, the log-sum in bits)
     c2 = inv_t * LOG2E
-    lanes: tl.constexpr = max(BLOCK_V // 8, 1)  # 8 contiguous columns: one 16-byte bf16 load of one thread
-    ms = tl.full([BLOCK_M, lanes], float("-inf"), tl.float32)
-    mt = tl.full([BLOCK_M, lanes], float("-inf"), tl.float32)
-    ss = tl.zeros([BLOCK_M, lanes], tl.float32)
-    st = tl.zeros([BLOCK_M, lanes], tl.float32)
+    ms = tl.full([BLOCK_M, LANES], float("-inf"), tl.float32)
+    mt = tl.full([BLOCK_M, LANES], float("-inf"), tl.float32)
+    ss = tl.zeros([BLOCK_M, LANES], tl.float32)
+    st = tl.zeros([BLOCK_M, LANES], tl.float32)
     for start in range(0, full, BLOCK_V):
         ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, False,
-                                     lanes, BLOCK_V)
+                                     LANES, BLOCK_V)
     if full < V:
         ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c2, ms, ss, mt, st, True,
-                                     lanes, BLOCK_V)
+                                     LANES, BLOCK_V)
     ms, ss = _lse_rows(ms, ss, c2)
     mt, st = _lse_rows(mt, st, c2)
     ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics (their tiles are -inf: every piece is 0)
@@ -234,7 +236,7 @@ def _jsd_logits_kernel(
     LOSS,            # (n,) fp32 output: each row's divergence (0 for a skipped row)
     n_rows, V, ignore_index, inv_t, beta,
     KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_GRAD: tl.constexpr, FAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LANES: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     in_rows = rows < n_rows
@@ -247,7 +249,7 @@ def _jsd_logits_kernel(
         if tl.max(keep.to(tl.int32), axis=0) != 0:
             every = tl.full([BLOCK_M], 1, tl.int1)
             _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, every, every, V, inv_t, beta, KIND, WRITE_GRAD,
-                      FAST, BLOCK_M, BLOCK_V)
+                      FAST, BLOCK_M, BLOCK_V, LANES)
         else:
             tl.store(LOSS + rows, tl.zeros([BLOCK_M], tl.float32))
             if WRITE_GRAD:
@@ -257,7 +259,7 @@ def _jsd_logits_kernel(
                              tl.zeros([BLOCK_M, BLOCK_V], ZS.dtype.element_ty), mask=(cols < V)[None, :])
     else:
         _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND, WRITE_GRAD,
-                  FAST, BLOCK_M, BLOCK_V)
+                  FAST, BLOCK_M, BLOCK_V, LANES)
 
 
 def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, scale: torch.Tensor, opts: Divergence,
@@ -273,7 +275,7 @@ def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, sc
         zs, zs.stride(0), zt, zt.stride(0), labels if labels is not None else scale, scale, loss,
         n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta),
         KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, FAST=fast_math(zs.device),
-        BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps,
     )
 
 
