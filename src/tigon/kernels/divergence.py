@@ -4,7 +4,18 @@ row-loop kernel for the family, its launcher and the autograd.Function.
 Formulas and semantics: :mod:`tigon.reference.divergence`. Every loss here is a sum over the vocabulary of a
 pointwise term ``l(x, y)`` of the input ``x`` and the target ``y`` at one position, so one kernel serves all of them:
 each program owns ``BLOCK_M`` rows and walks the vocabulary in ``BLOCK_V`` columns (int64 row offsets, any V),
-evaluating in fp32 the term and its two partial derivatives (:func:`_terms`, a ``KIND`` constexpr picks the formula).
+evaluating in fp32 the term and its two partial derivatives (:func:`_terms`, a ``KIND`` constexpr picks the formula;
+jsd's in :func:`_jsd_parts`). Wide rows (V >= 4096) take one row per program: a skipped row writes its zeros without
+reading anything, a kept one is walked with no row mask and no column mask but in its last block.
+
+Arithmetic (jsd is compute-bound, not memory-bound, unless its term is cheap): per element, forward with the
+gradient formed, compiled for sm_90 (SASS of the vocabulary loop, bf16, counted offline by
+``benchmarks/sass_mix.py``): jsd
+three special-function ops (2^(c x), 2^(c y), log2 M; ``ex2.approx.ftz`` and ``lg2.approx.ftz``) and about 22
+instructions in all, where the previous form (P, Q from e^max and e^-|x - y|, M's log through ``tl.log``, selects
+for zero probabilities) took 2 ``ex2`` with subnormal fix-ups, a ~25-instruction precise log and about 70
+instructions (at 16384 x 128256 on an H200: 7.47 ms fwd + bwd, 40% of copy bandwidth, issue-bound). The KL kinds
+take one ``ex2`` each.
 
 Passes. jsd (``grad_in_forward``): the forward reads x and y once and writes the per-row loss sums (N fp32) and,
 when the input (and / or the target) needs a gradient, ``scale * d l / d x`` (``d l / d y``) in the same pass, in
@@ -54,6 +65,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import libdevice
 
 from ._common import (
     CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty, warps_for,
@@ -73,50 +85,105 @@ a forward that formed the gradients rewrites them from the inputs for an upstrea
 MAX_BLOCK_V = 4096
 """Widest vocabulary block (columns) a program loads per step; tests lower it to walk the loop."""
 
+TILE = 4096
+INTERPRETER_TILE = 1 << 16
+"""Elements of a program's [BLOCK_M, BLOCK_V] tile (compiled, and under Triton's interpreter, where each program
+costs Python time): narrow rows are stacked up to it. Tests set both to :data:`MAX_BLOCK_V` to run one row per
+program, the path of wide rows (a skipped row only writes zeros, a kept one is read with no row mask)."""
+
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+NEG_BIG = tl.constexpr(-1e30)
+"""Where a base-2 log-probability is clamped from below (-inf, a masked token, becomes this): exp2 of it is 0 and a
+difference with it stays finite, so 0 * log 0 terms give 0 without a select per term."""
+FP32_TINY = tl.constexpr(1.1754943508222875e-38)
+"""The smallest normal fp32 (2^-126): the floor of the mixture M before its logarithm (below it lg2.approx.ftz, like
+any flush-to-zero op, would read 0)."""
+
 
 @triton.jit
-def _terms(x, y, beta, eps, KIND: tl.constexpr):
-    """(l, d l / d x, d l / d y) of fp32 tiles x, y. A term with a zero probability is 0 (with zero derivative in
-    the input that carries it), so -inf log-probabilities give no NaN."""
+def _log2(x, FAST: tl.constexpr):
+    """log2 of an fp32 tile of positive normal numbers. FAST (compiled on an NVIDIA GPU): one special-function op,
+    ``lg2.approx.ftz.f32`` (libdevice's ``fast_log2f``; PTX ISA: absolute error about 2^-22 of the result), where
+    ``tl.math.log2`` compiles to a precise ~25-instruction polynomial; otherwise (Triton's interpreter, other
+    backends) ``tl.math.log2``."""
+    if FAST:
+        return libdevice.fast_log2f(x)
+    else:
+        return tl.math.log2(x)
+
+
+@triton.jit
+def _exp(x, FAST: tl.constexpr):
+    """exp of an fp32 tile. FAST (compiled on an NVIDIA GPU): ``2^(x log2 e)``, one ``ex2.approx.ftz`` (results
+    under 2^-126 flush to 0; ``tl.exp`` compiles to the same op plus three instructions that keep them); otherwise
+    ``tl.exp`` (the interpreter's is numpy's, correctly rounded)."""
+    if FAST:
+        return tl.math.exp2(x * LOG2E)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
+    """``(gx, gy, Q)`` of the generalised JSD (0 < beta < 1) for fp32 tiles of the student's and the teacher's
+    log-probabilities ``x = log Q``, ``y = log P`` in the unit of ``1 / c`` (``c = log2 e``: nats; 1: bits):
+    ``gx = Q (log2 Q - log2 M)``, ``gy = P (log2 P - log2 M)``, M = beta P + (1 - beta) Q. In nats:
+
+        l = ln2 ((1 - beta) gx + beta gy),  d l / d log Q = ln2 (1 - beta) gx,  d l / d log P = ln2 beta gy
+
+    (``l = beta P (log P - log M) + (1 - beta) Q (log Q - log M)``; in d l / d log Q the log M terms, through M,
+    give ``-(beta P + (1 - beta) Q) (1 - beta) Q / M = -(1 - beta) Q``, which cancels the ``+(1 - beta) Q`` of
+    d(Q log Q)). Callers fold the weights and ln2 into their accumulator and their gradient's factor (per-row
+    constants), so the term costs three special-function ops (Q = 2^(c x) and P = 2^(c y): ``ex2.approx.ftz``; log2 M:
+    :func:`_log2`) and about a dozen arithmetic ones. ``c x - log2 M`` is one FMA (the product is not rounded before
+    the difference: plain PyTorch's fp32 error where student and teacher nearly agree, not 1.4x it).
+
+    P and Q are at most 1 (log-probabilities): nothing overflows. M is floored at 2^-126 (both probabilities below
+    that: P = Q = 0 on the GPU, terms under 1e-36 anyway) and x, y at :data:`NEG_BIG`, so -inf log-probabilities
+    (masked tokens, skipped rows, columns past V) give 0 * finite = 0: finite wherever the divergence is
+    (0 < beta < 1), with no select per element. NaN inputs propagate."""
+    x = tl.maximum(x, NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
+    y = tl.maximum(y, NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
+    q = tl.math.exp2(x * c)
+    p = tl.math.exp2(y * c)
+    log2_m = _log2(tl.maximum(beta * p + (1.0 - beta) * q, FP32_TINY), FAST)
+    return q * tl.fma(x, c, -log2_m), p * tl.fma(y, c, -log2_m), q
+
+
+@triton.jit
+def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
+    """(l, d l / d x, d l / d y, Q) of fp32 tiles x, y for the kinds other than JSD (:func:`_jsd_parts`); Q =
+    exp(x) for the log-probability kinds KL_LOG and KL_LOG_REVERSE (x otherwise; the compiler drops what a caller
+    does not use). A term with a zero probability is 0 (with zero derivative in the input that carries it), so -inf
+    log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU)."""
     if KIND == 0:
-        p = tl.exp(y)
+        p = _exp(y, FAST)
         d = tl.where(p > 0, y - x, 0.0)
         loss = p * d
         dx = -p
         dy = loss + p
+        q = _exp(x, FAST)
     elif KIND == 1:
-        q = tl.exp(x)
+        q = _exp(x, FAST)
         d = tl.where(q > 0, x - y, 0.0)
         loss = q * d
         dx = loss + q
         dy = -q
-    elif KIND == 2:
-        # log M = m + log(beta e^(y - m) + (1 - beta) e^(x - m)), m = max(x, y): no underflow of M to 0 where both
-        # probabilities are tiny. One of e^(y - m), e^(x - m) is 1 and the other e^-|x - y|, and P, Q are e^m times
-        # them: three transcendentals per element instead of five (at 8192 x 128256 five would take about as long
-        # as the memory traffic on an H200's special-function units)
-        m = tl.maximum(x, y)
-        em = tl.exp(m)  # 0 where both are -inf: P = Q = 0
-        e = tl.exp(-tl.abs(x - y))
-        ey = tl.where(y >= x, 1.0, e)
-        ex = tl.where(x >= y, 1.0, e)
-        log_m = tl.where(m == float("-inf"), 0.0, m) + tl.log(beta * ey + (1.0 - beta) * ex)
-        p = em * ey
-        q = em * ex
-        dy = tl.where(p > 0, beta * p * (y - log_m), 0.0)  # d l / d y = beta P (log P - log M): the log M terms cancel
-        dx = tl.where(q > 0, (1.0 - beta) * q * (x - log_m), 0.0)
-        loss = dx + dy
     elif KIND == 3:
         live = y != 0
         d = tl.where(live, tl.log(tl.maximum(y, eps)) - x, 0.0)
         loss = y * d
         dx = -y
         dy = tl.where(live, d + tl.where(y >= eps, 1.0, 0.0), 0.0)
+        q = x
     else:
         loss = 0.5 * tl.abs(x - y)
         dx = tl.where(x > y, 0.5, tl.where(x < y, -0.5, 0.0))
         dy = -dx
-    return loss, dx, dy
+        q = x
+    return loss, dx, dy, q
 
 
 @triton.jit
@@ -133,7 +200,7 @@ def _divergence_kernel(
     n_rows, V, ignore_index, beta, eps,
     KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_LOSS: tl.constexpr, ELEMENTWISE: tl.constexpr,
     WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr, LOAD_X: tl.constexpr,
-    SKIP_UNIT_G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    SKIP_UNIT_G: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     # SKIP_UNIT_G: G is a 0-d upstream gradient (expanded, strides 0), read here on the device; where it is 1 the
     # program reads and writes nothing (kl_div's backward after a forward that wrote the gradient for g = 1)
@@ -143,55 +210,124 @@ def _divergence_kernel(
     if HAS_LABELS:
         label = tl.load(LABELS + rows, mask=in_rows, other=ignore_index)
         keep = in_rows & (label != ignore_index)
-    scale = tl.load(SCALE)
-    acc = tl.zeros([BLOCK_M], dtype=tl.float32)
     run = True
     if SKIP_UNIT_G:
         run = tl.load(G).to(tl.float32) != 1.0
     if run:
-        acc = _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
-                    rows, in_rows, keep, scale, acc, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE, WRITE_DX, WRITE_DY,
-                    HAS_G, LOAD_X, BLOCK_M, BLOCK_V)
-    if WRITE_LOSS and not ELEMENTWISE:
-        tl.store(LOSS + rows * stride_loss, acc, mask=in_rows)
+        if BLOCK_M == 1:
+            # one row (wide rows: the grid has exactly n programs): a skipped row only writes its zeros, a kept one
+            # is walked with no row mask (every load, store and select of the walk unmasked but the last block's)
+            if tl.max(keep.to(tl.int32), axis=0) != 0:
+                every = tl.full([BLOCK_M], 1, tl.int1)
+                _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY,
+                      stride_dy, SCALE, rows, every, every, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE, WRITE_DX,
+                      WRITE_DY, HAS_G, LOAD_X, FAST, BLOCK_M, BLOCK_V)
+            else:
+                _zero_row(LOSS, stride_loss, DX, stride_dx, DY, stride_dy, rows, V, WRITE_LOSS, ELEMENTWISE,
+                          WRITE_DX, WRITE_DY, BLOCK_M, BLOCK_V)
+        else:
+            _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
+                  SCALE, rows, in_rows, keep, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE, WRITE_DX, WRITE_DY, HAS_G,
+                  LOAD_X, FAST, BLOCK_M, BLOCK_V)
 
 
 @triton.jit
-def _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
-          rows, in_rows, keep, scale, acc, V, beta, eps, KIND: tl.constexpr, WRITE_LOSS: tl.constexpr,
+def _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy, SCALE,
+          rows, in_rows, keep, V, beta, eps, KIND: tl.constexpr, WRITE_LOSS: tl.constexpr, ELEMENTWISE: tl.constexpr,
+          WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr, LOAD_X: tl.constexpr,
+          FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    """:func:`_divergence_kernel`'s walk over the vocabulary of its rows (``in_rows``: the rows that exist,
+    ``keep``: those read): whole blocks with no column mask, then the ragged last one. The row sums of the losses
+    are accumulated per element in a [BLOCK_M, BLOCK_V] fp32 tile (one add per element, no reduction per block) and
+    stored at the end."""
+    scale = tl.load(SCALE)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    full = V - V % BLOCK_V
+    for start in range(0, full, BLOCK_V):
+        acc = _step(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY,
+                    stride_dy, rows, in_rows, keep, scale, acc, start, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE,
+                    WRITE_DX, WRITE_DY, HAS_G, LOAD_X, FAST, False, BLOCK_M, BLOCK_V)
+    if full < V:
+        acc = _step(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY,
+                    stride_dy, rows, in_rows, keep, scale, acc, full, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE,
+                    WRITE_DX, WRITE_DY, HAS_G, LOAD_X, FAST, True, BLOCK_M, BLOCK_V)
+    if WRITE_LOSS and not ELEMENTWISE:
+        tl.store(LOSS + rows * stride_loss, tl.sum(acc, axis=1), mask=in_rows)
+
+
+@triton.jit
+def _step(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, DX, stride_dx, DY, stride_dy,
+          rows, in_rows, keep, scale, acc, start, V, beta, eps, KIND: tl.constexpr, WRITE_LOSS: tl.constexpr,
           ELEMENTWISE: tl.constexpr, WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, HAS_G: tl.constexpr,
-          LOAD_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
-    """:func:`_divergence_kernel`'s walk over the vocabulary of its rows: returns ``acc`` plus the row sums of the
-    losses (when they are summed)."""
-    for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
+          LOAD_X: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_V: tl.constexpr):
+    """One vocabulary block (columns ``start`` ...) of :func:`_walk`: writes what it writes there and returns
+    ``acc`` plus the block's losses (when they are summed). RAGGED: the block runs past V (its columns are masked;
+    the other blocks need no column mask)."""
+    cols = start + tl.arange(0, BLOCK_V)
+    if RAGGED:
         in_cols = (cols < V)[None, :]
-        read = keep[:, None] & in_cols  # skipped rows are never read
-        if LOAD_X:
-            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=read, other=0.0).to(tl.float32)
-        else:  # (kl_div's input gradient depends on the target alone)
-            x = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
-        y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=read, other=0.0).to(tl.float32)
-        loss, dx, dy = _terms(x, y, beta, eps, KIND)
-        loss = tl.where(read, loss, 0.0)
+    else:
+        in_cols = tl.full([1, BLOCK_V], 1, tl.int1)
+    read = keep[:, None] & in_cols  # skipped rows are never read
+    # jsd: -inf where nothing is read makes its terms and derivatives exactly 0 there (see _jsd_parts); the other
+    # kinds read 0 there and select
+    fill = float("-inf") if KIND == 2 else 0.0
+    if LOAD_X:
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=read, other=fill).to(tl.float32)
+    else:  # (kl_div's input gradient depends on the target alone)
+        x = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=read, other=fill).to(tl.float32)
+    coef = scale
+    if HAS_G:
+        coef = tl.load(G + rows[:, None] * stride_gm + cols[None, :].to(tl.int64) * stride_gv, mask=read,
+                       other=0.0).to(tl.float32) * scale
+    if KIND == 2:
+        # jsd in bits: ln2 and the weights folded into the accumulation (two FMAs) and the gradients' factors
+        gx, gy, _q = _jsd_parts(x, y, LOG2E, beta, FAST)
+        wx = (1.0 - beta) * LN2
+        wy = beta * LN2
         if WRITE_LOSS:
             if ELEMENTWISE:
-                tl.store(LOSS + rows[:, None] * stride_loss + cols[None, :], loss, mask=in_rows[:, None] & in_cols)
+                loss = wx * gx + wy * gy
             else:
-                acc += tl.sum(loss, axis=1)
-        if WRITE_DX or WRITE_DY:
-            coef = scale
-            if HAS_G:
-                coef = tl.load(G + rows[:, None] * stride_gm + cols[None, :].to(tl.int64) * stride_gv, mask=read,
-                               other=0.0).to(tl.float32) * scale
-            out = in_rows[:, None] & in_cols
-            if WRITE_DX:
-                tl.store(DX + rows[:, None] * stride_dx + cols[None, :],
-                         tl.where(read, dx * coef, 0.0).to(DX.dtype.element_ty), mask=out)
-            if WRITE_DY:
-                tl.store(DY + rows[:, None] * stride_dy + cols[None, :],
-                         tl.where(read, dy * coef, 0.0).to(DY.dtype.element_ty), mask=out)
+                acc = acc + wx * gx + wy * gy
+        dx = gx * (wx * coef)
+        dy = gy * (wy * coef)
+    else:
+        loss, dx, dy, _q = _terms(x, y, eps, KIND, FAST)
+        loss = tl.where(read, loss, 0.0)
+        if WRITE_LOSS and not ELEMENTWISE:
+            acc += loss
+        dx = tl.where(read, dx * coef, 0.0)
+        dy = tl.where(read, dy * coef, 0.0)
+    out = in_rows[:, None] & in_cols
+    if WRITE_LOSS and ELEMENTWISE:
+        tl.store(LOSS + rows[:, None] * stride_loss + cols[None, :], loss, mask=out)
+    if WRITE_DX:
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=out)
+    if WRITE_DY:
+        tl.store(DY + rows[:, None] * stride_dy + cols[None, :], dy.to(DY.dtype.element_ty), mask=out)
     return acc
+
+
+@triton.jit
+def _zero_row(LOSS, stride_loss, DX, stride_dx, DY, stride_dy, rows, V, WRITE_LOSS: tl.constexpr,
+              ELEMENTWISE: tl.constexpr, WRITE_DX: tl.constexpr, WRITE_DY: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_V: tl.constexpr):
+    """A skipped row's outputs: its zeros (loss sum, pointwise losses, gradients), nothing read."""
+    zero = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        out = (cols < V)[None, :]
+        if WRITE_LOSS and ELEMENTWISE:
+            tl.store(LOSS + rows[:, None] * stride_loss + cols[None, :], zero, mask=out)
+        if WRITE_DX:
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], zero.to(DX.dtype.element_ty), mask=out)
+        if WRITE_DY:
+            tl.store(DY + rows[:, None] * stride_dy + cols[None, :], zero.to(DY.dtype.element_ty), mask=out)
+    if WRITE_LOSS and not ELEMENTWISE:
+        tl.store(LOSS + rows * stride_loss, tl.sum(zero, axis=1))
 
 
 # ---- launcher -----------------------------------------------------------------------------------------------------
@@ -205,12 +341,19 @@ class Divergence(NamedTuple):
     ignore_index: int = -100
 
 
+def fast_math(device: torch.device) -> bool:
+    """The ``FAST`` constexpr of the kernels here (:func:`_log2`): compiled on an NVIDIA GPU (not ROCm, not the
+    interpreter)."""
+    return compiled_cuda(device) and torch.version.hip is None
+
+
 def _blocks(n: int, vocab: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_V, num_warps). A vocabulary block of up to :data:`MAX_BLOCK_V` columns (4096: two fp32 tiles
-    of 16 KB for x and y per step, 8 warps); narrower rows are stacked so a tile holds about 4096 elements (64k under
-    the interpreter, where each program costs Python time)."""
+    of 16 KB for x and y per step, 8 warps); narrower rows are stacked so a tile holds about :data:`TILE` elements
+    (:data:`INTERPRETER_TILE` under the interpreter). One row per program (BLOCK_M = 1) is the kernels' wide-row
+    path (see :func:`_divergence_kernel`)."""
     block_v = min(next_pow2(vocab), MAX_BLOCK_V)
-    target = 4096 if compiled_cuda(device) else 1 << 16
+    target = TILE if compiled_cuda(device) else INTERPRETER_TILE
     block_m = max(1, min(64, target // block_v, next_pow2(n)))
     return block_m, block_v, warps_for(block_m * block_v)
 
@@ -242,7 +385,7 @@ def launch(x, y, labels, scale, opts: Divergence, *, loss=None, elementwise=Fals
         n, vocab, int(opts.ignore_index), float(opts.beta), float(opts.eps),
         KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_LOSS=loss is not None, ELEMENTWISE=elementwise,
         WRITE_DX=dx is not None, WRITE_DY=dy is not None, HAS_G=g is not None, LOAD_X=load_x,
-        SKIP_UNIT_G=bool(skip_unit_g), BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
+        SKIP_UNIT_G=bool(skip_unit_g), FAST=fast_math(x.device), BLOCK_M=block_m, BLOCK_V=block_v, num_warps=warps,
     )
 
 

@@ -8,17 +8,29 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
 
 1. ``z_s = h_s W_s^T (+ b_s)`` into the chunk buffer (compute dtype), ``z_t = h_t W_t^T (+ b_t)`` into a second one;
 2. one Triton kernel (:func:`_jsd_logits_kernel`) reads both rows of logits in the compute dtype and, in fp32
-   registers: (pass 1) both rows' online log-sum-exp of ``z / T``; (pass 2) ``x = log_softmax(z_s / T)``,
-   ``y = log_softmax(z_t / T)`` per element, the divergence's pointwise term and its derivative ``g = d l / d x``
-   (:func:`tigon.kernels.divergence._terms`, the formula :func:`tigon.functional.jsd` runs), summed per row;
-   (pass 3) the gradient w.r.t. the student's logits, ``scale (g - softmax(z_s / T) sum_v g) / T`` (the
-   log-softmax's backward; scale = 1 / kept rows), written over the student's chunk buffer in place;
+   registers: (pass 1) both rows' online log-sum-exp of ``z / T`` (the max of the raw logits, the sum in bits; in
+   partial accumulators of 8 columns each, merged once, so no reduction across threads per block);
+   (pass 2) ``x = log_softmax(z_s / T)``, ``y = log_softmax(z_t / T)`` per element (in bits for jsd), the
+   divergence's pointwise term and its derivative ``g = d l / d x`` (:func:`tigon.kernels.divergence._jsd_parts`
+   and ``_terms``, the formulas :func:`tigon.functional.jsd` runs), summed per row; (pass 3) the gradient w.r.t.
+   the student's logits, ``scale (g - softmax(z_s / T) sum_v g) / T`` (the log-softmax's backward; scale = 1 /
+   kept rows; softmax(z_s / T) = Q, which the term already formed), written over the student's chunk buffer in
+   place;
 3. the loop's matmuls add ``grad_hidden = G W_s`` and ``grad_W += G^T h_s`` (and ``grad_b += sum G``).
 
 Memory per chunk row: the two logits rows in the compute dtype, nothing else (no fp32 (rows, V) temporaries). Bytes
 per chunk: three reads of both rows and one write of the student's (7 x rows x V x 2 in bf16: about 4 ms at 8192 x
 128256 on an H200 by copy bandwidth). The teacher gets no gradient. Matmuls: 2 for the logits, 2 for the student's
 gradients (4 N H V x 2 FLOPs in all).
+
+Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
+``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
+3: 2 ``ex2`` + 1 ``lg2`` each) and about 61 instructions (16 + 24 + 21; beta 0 / 1: 50 / 51 instructions, 6.25 /
+4.25 ``ex2``), where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise
+logs (the "9 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was
+issue-bound (about 7 ms by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the
+matmul floor) against about 3.4 ms of memory traffic, which should bound it now (about 2.3 ms of issue and of
+special-function work: to be measured).
 
 History: until this kernel, step 2 was torch on fp32 copies (``log_softmax`` of both chunks, the divergence kernel,
 then the log-softmax backward in five more torch passes): about 20 fp32 passes over each (rows, V) chunk and 16
@@ -37,7 +49,9 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, once_differentiable, or_empty
-from .divergence import JSD, KL_LOG, KL_LOG_REVERSE, Divergence, _blocks, _terms, reduction_scale
+from .divergence import (
+    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _terms, fast_math, reduction_scale,
+)
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 
@@ -53,21 +67,164 @@ from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 
 
 @triton.jit
-def _online_lse(m, s, x):
-    """One step of the online log-sum-exp (Milakov & Gimelshein 2018) over a [rows, cols] tile ``x`` (-inf where
-    masked): the running max ``m`` and sum ``s`` of exp(x - m), per row."""
-    m_new = tl.maximum(m, tl.max(x, axis=1))
-    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows all -inf so far keep s = 0
-    s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), axis=1)
+def _block(rows, keep, start, V, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(cols, in_cols, read) of the vocabulary block at ``start``: its columns, those inside V ([1, BLOCK_V]; all
+    of them, no mask, unless RAGGED) and the elements read ([BLOCK_M, BLOCK_V]: kept rows' columns inside V)."""
+    cols = start + tl.arange(0, BLOCK_V)
+    if RAGGED:
+        in_cols = (cols < V)[None, :]
+    else:
+        in_cols = tl.full([1, BLOCK_V], 1, tl.int1)
+    return cols, in_cols, keep[:, None] & in_cols
+
+
+@triton.jit
+def _load(Z, rows, stride, cols, read):
+    """A [BLOCK_M, BLOCK_V] tile of logits in fp32, -inf where not ``read``."""
+    return tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _online_lse2(m, s, z, c2, LANES: tl.constexpr):
+    """One step of the online log-sum-exp (Milakov & Gimelshein 2018) over a [BLOCK_M, BLOCK_V] tile ``z`` of raw
+    logits (-inf where masked), in ``LANES`` partial accumulators per row: the running max ``m`` of z and sum ``s``
+    of 2^(c2 (z - m)), both [BLOCK_M, LANES] (c2 = log2 e / T: one ``ex2`` per element). The tile is viewed as
+    [BLOCK_M, LANES, BLOCK_V / LANES]; with LANES = BLOCK_V / 8 a lane's 8 contiguous columns are one thread's
+    16-byte load of bf16 logits, so a step reduces within threads only (no shuffle or barrier per block; SASS:
+    20 -> 16 instructions a logit, a rescale ``ex2`` per 8 logits more);
+    :func:`_lse_rows` merges the lanes once. The max is of the raw logits, so that ``z - m`` is exact (0 at the
+    max) and rounded only once scaled: a confident token's log-probability carries no rounding of a scaled max
+    (``c2 z - c2 m`` would carry an ulp of c2 m, 1e-5 at logits of 100)."""
+    z3 = tl.reshape(z, [z.shape[0], LANES, z.shape[1] // LANES])
+    m_new = tl.maximum(m, tl.max(z3, axis=2))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # lanes all -inf so far keep s = 0
+    s = s * tl.math.exp2((m - m_ref) * c2) + tl.sum(tl.math.exp2((z3 - m_ref[:, :, None]) * c2), axis=2)
     return m_new, s
 
 
 @triton.jit
-def _log_probs(Z, rows64, stride, cols, read, inv_t, m, logs):
-    """log_softmax(z / T) of a tile of raw logits from the row's max ``m`` and log-sum ``logs`` of z / T: (z / T - m) -
-    logs, the max subtracted first as torch's log_softmax does; -inf where not ``read``."""
-    z = tl.load(Z + rows64[:, None] * stride + cols[None, :], mask=read, other=0.0).to(tl.float32) * inv_t
-    return tl.where(read, (z - m[:, None]) - logs[:, None], float("-inf"))
+def _lse_rows(m, s, c2):
+    """The rows' (max of z, sum of 2^(c2 (z - max))) from :func:`_online_lse2`'s [BLOCK_M, LANES] lanes."""
+    m_row = tl.max(m, axis=1)
+    m_ref = tl.where(m_row > float("-inf"), m_row, 0.0)
+    return m_row, tl.sum(s * tl.math.exp2((m - m_ref[:, None]) * c2), axis=1)
+
+
+@triton.jit
+def _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, RAGGED: tl.constexpr,
+                LANES: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pass 1 over one block: both rows' online log-sum-exp of ``z / T`` (max in logits, sum in bits), per lane."""
+    cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
+    ms, ss = _online_lse2(ms, ss, _load(ZS, rows, stride_s, cols, read), c2, LANES)
+    mt, st = _online_lse2(mt, st, _load(ZT, rows, stride_t, cols, read), c2, LANES)
+    return ms, ss, mt, st
+
+
+@triton.jit
+def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND: tl.constexpr,
+            FAST: tl.constexpr):
+    """Per element of a block: ``(u, v, g, Q)`` with the pointwise loss ``ln2 (u + v)`` (jsd) or ``u + v`` (the KL
+    kinds), g proportional to d l / d x and Q = exp(x). x = log_softmax(z_s / T), y = log_softmax(z_t / T) formed as
+    ``c (z - m) - logs`` (``z - m`` exact: the max subtracted first, as torch's log_softmax; then one FMA; -inf
+    where not read, which makes every piece 0), in bits for jsd (c = log2 e / T: :func:`tigon.kernels.divergence.
+    _jsd_parts`' ``u = (1 - beta) gx``, ``v = beta gy``, ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for
+    the KL kinds (c = 1 / T: ``_terms``' u = l, v = 0, g = d l / d x)."""
+    x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
+    y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
+    if KIND == 2:
+        gx, gy, q = _jsd_parts(x, y, 1.0, beta, FAST)
+        return (1.0 - beta) * gx, beta * gy, gx, q
+    else:
+        loss, dx, _dy, q = _terms(x, y, 0.0, KIND, FAST)
+        return loss, 0.0, dx, q
+
+
+@triton.jit
+def _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc, qacc,
+               KIND: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pass 2 over one block: adds the pointwise losses to ``acc``, g to ``gacc`` and Q to ``qacc`` ([BLOCK_M,
+    BLOCK_V] fp32 tiles, summed per row after the walk: no reduction per block)."""
+    cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
+    u, v, g, q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
+    return acc + u + v, gacc + g, qacc + q
+
+
+@triton.jit
+def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq,
+               KIND: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pass 3 over one block: ``cg g - cq Q`` (per-row factors) over the student's logits, in place."""
+    cols, in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
+    _u, _v, g, q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
+    grad = g * cg[:, None] - q * cq[:, None]
+    tl.store(ZS + rows[:, None] * stride_s + cols[None, :], grad.to(ZS.dtype.element_ty),
+             mask=in_rows[:, None] & in_cols)
+
+
+@triton.jit
+def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND: tl.constexpr,
+              WRITE_GRAD: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+              LANES: tl.constexpr):
+    """:func:`_jsd_logits_kernel`'s three passes over its rows (``in_rows``: those that exist, ``keep``: those read);
+    each walks the whole blocks with no column mask, then the ragged last one. LANES: pass 1's partial accumulators
+    per row (:func:`_online_lse2`)."""
+    full = V - V % BLOCK_V
+    # pass 1: both rows' log-sum-exp of z / T (the max in logits, the log-sum in bits)
+    c2 = inv_t * LOG2E
+    ms = tl.full([BLOCK_M, LANES], float("-inf"), tl.float32)
+    mt = tl.full([BLOCK_M, LANES], float("-inf"), tl.float32)
+    ss = tl.zeros([BLOCK_M, LANES], tl.float32)
+    st = tl.zeros([BLOCK_M, LANES], tl.float32)
+    for start in range(0, full, BLOCK_V):
+        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, False,
+                                     LANES, BLOCK_V)
+    if full < V:
+        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c2, ms, ss, mt, st, True,
+                                     LANES, BLOCK_V)
+    ms, ss = _lse_rows(ms, ss, c2)
+    mt, st = _lse_rows(mt, st, c2)
+    ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics (their tiles are -inf: every piece is 0)
+    mt = tl.where(keep, mt, 0.0)
+    ss = tl.where(keep, ss, 1.0)
+    st = tl.where(keep, st, 1.0)
+    if KIND == 2:  # jsd in bits (the loss and g take ln2 and ln2 (1 - beta): _pieces)
+        c = c2
+        ls = tl.math.log2(ss)
+        lt = tl.math.log2(st)
+        loss_unit = LN2
+        g_unit = LN2 * (1.0 - beta)
+    else:  # the KL kinds in nats
+        c = inv_t
+        ls = tl.log(ss)
+        lt = tl.log(st)
+        loss_unit = 1.0
+        g_unit = 1.0
+    # pass 2: the row's divergence and sum_v d l / d x_v, last block first (the blocks pass 1 read last are the
+    # likeliest still in L2; pass 3 then starts where this one ends, as the cross-entropy's gradient pass does:
+    # tigon.kernels.loss_rows.GRAD_IN_FORWARD_BLOCK)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+    gacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+    qacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+    if full < V:
+        acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c, ms, ls, mt, lt, beta, acc,
+                                     gacc, qacc, KIND, FAST, True, BLOCK_V)
+    for i in range(0, full, BLOCK_V):
+        acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full - BLOCK_V - i, V, c, ms, ls, mt,
+                                     lt, beta, acc, gacc, qacc, KIND, FAST, False, BLOCK_V)
+    tl.store(LOSS + rows, tl.sum(acc, axis=1) * loss_unit, mask=in_rows)
+    if WRITE_GRAD:
+        # pass 3: d loss / d z_s = scale / T (d l / d x - Q sum_v d l / d x_v); skipped rows get zeros (the
+        # matmuls read them). Q normalised by its computed sum (1 up to the roundings of the row's log-sum, common to
+        # every Q of the row): the gradient's row sum is 0 up to its own roundings, as the exact one
+        coef = tl.load(SCALE) * inv_t
+        cg = tl.full([BLOCK_M], 1.0, tl.float32) * (coef * g_unit)
+        q_sum = tl.sum(qacc, axis=1)
+        cq = tl.sum(gacc, axis=1) * (coef * g_unit) / tl.where(q_sum > 0, q_sum, 1.0)
+        for start in range(0, full, BLOCK_V):
+            _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq,
+                       KIND, FAST, False, BLOCK_V)
+        if full < V:
+            _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, full, V, c, ms, ls, mt, lt, beta, cg, cq,
+                       KIND, FAST, True, BLOCK_V)
 
 
 @triton.jit
@@ -78,55 +235,31 @@ def _jsd_logits_kernel(
     SCALE,           # 0-d fp32: the reduction's factor (1 / kept rows), multiplies the gradient
     LOSS,            # (n,) fp32 output: each row's divergence (0 for a skipped row)
     n_rows, V, ignore_index, inv_t, beta,
-    KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_GRAD: tl.constexpr, FAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LANES: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     in_rows = rows < n_rows
     keep = in_rows
     if HAS_LABELS:
         keep = in_rows & (tl.load(LABELS + rows, mask=in_rows, other=ignore_index) != ignore_index)
-    # pass 1: both rows' log-sum-exp of z / T
-    ms = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    mt = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    st = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        read = keep[:, None] & (cols < V)[None, :]
-        zs = tl.load(ZS + rows[:, None] * stride_s + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
-        zt = tl.load(ZT + rows[:, None] * stride_t + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
-        ms, ss = _online_lse(ms, ss, zs * inv_t)
-        mt, st = _online_lse(mt, st, zt * inv_t)
-    ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics, never used
-    mt = tl.where(keep, mt, 0.0)
-    logs_s = tl.log(tl.where(keep, ss, 1.0))
-    logs_t = tl.log(tl.where(keep, st, 1.0))
-    # pass 2: the row's divergence and sum_v d l / d x_v
-    acc = tl.zeros([BLOCK_M], tl.float32)
-    gsum = tl.zeros([BLOCK_M], tl.float32)
-    for start in range(0, V, BLOCK_V):
-        cols = start + tl.arange(0, BLOCK_V)
-        read = keep[:, None] & (cols < V)[None, :]
-        x = _log_probs(ZS, rows, stride_s, cols, read, inv_t, ms, logs_s)
-        y = _log_probs(ZT, rows, stride_t, cols, read, inv_t, mt, logs_t)
-        loss, dx, _dy = _terms(x, y, beta, 0.0, KIND)
-        acc += tl.sum(tl.where(read, loss, 0.0), axis=1)
-        gsum += tl.sum(tl.where(read, dx, 0.0), axis=1)
-    tl.store(LOSS + rows, acc, mask=in_rows)
-    if WRITE_GRAD:
-        # pass 3: d loss / d z_s = scale / T (g - p_s sum_v g); skipped rows get zeros (the matmuls read them)
-        coef = tl.load(SCALE) * inv_t
-        for start in range(0, V, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            cmask = (cols < V)[None, :]
-            read = keep[:, None] & cmask
-            x = _log_probs(ZS, rows, stride_s, cols, read, inv_t, ms, logs_s)
-            y = _log_probs(ZT, rows, stride_t, cols, read, inv_t, mt, logs_t)
-            _loss, dx, _dy = _terms(x, y, beta, 0.0, KIND)
-            g = tl.where(read, (dx - tl.exp(x) * gsum[:, None]) * coef, 0.0)
-            tl.store(ZS + rows[:, None] * stride_s + cols[None, :], g.to(ZS.dtype.element_ty),
-                     mask=in_rows[:, None] & cmask)
+    if BLOCK_M == 1:
+        # one row (wide rows: exactly n programs): a kept one is walked with no row mask, a skipped one only writes
+        # its zeros
+        if tl.max(keep.to(tl.int32), axis=0) != 0:
+            every = tl.full([BLOCK_M], 1, tl.int1)
+            _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, every, every, V, inv_t, beta, KIND, WRITE_GRAD,
+                      FAST, BLOCK_M, BLOCK_V, LANES)
+        else:
+            tl.store(LOSS + rows, tl.zeros([BLOCK_M], tl.float32))
+            if WRITE_GRAD:
+                for start in range(0, V, BLOCK_V):
+                    cols = start + tl.arange(0, BLOCK_V)
+                    tl.store(ZS + rows[:, None] * stride_s + cols[None, :],
+                             tl.zeros([BLOCK_M, BLOCK_V], ZS.dtype.element_ty), mask=(cols < V)[None, :])
+    else:
+        _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND, WRITE_GRAD,
+                  FAST, BLOCK_M, BLOCK_V, LANES)
 
 
 def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, scale: torch.Tensor, opts: Divergence,
@@ -141,8 +274,8 @@ def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, sc
     _jsd_logits_kernel[(cdiv(n, block_m),)](
         zs, zs.stride(0), zt, zt.stride(0), labels if labels is not None else scale, scale, loss,
         n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta),
-        KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, BLOCK_M=block_m, BLOCK_V=block_v,
-        num_warps=warps,
+        KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, FAST=fast_math(zs.device),
+        BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps,
     )
 
 
