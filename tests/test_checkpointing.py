@@ -219,6 +219,24 @@ def test_optimizer_step_room_in_the_automatic_budget():
         checkpointing.plan(model, "full", optimizer="adamw_torch")
 
 
+def test_bad_arguments_refused_when_nothing_in_the_layers_is_trainable():
+    """Layers frozen (the budget is then 0: plain checkpointing): an optimizer typo or class and a bad batch still
+    raise, naming the argument, instead of being ignored because the budget came out 0 early."""
+    model = sdpa_llama()
+    for _, layer in checkpointing.decoder_layers(model):
+        layer.requires_grad_(False)
+    assert checkpointing.auto_budget(model, (B, T), "adamw_torch") == 0
+    with pytest.raises(ValueError, match="optimizer"):
+        checkpointing.plan(model, batch=(B, T), optimizer="adamw_troch")
+    with pytest.raises(TypeError, match="optimizer"):
+        checkpointing.enable(model, batch=(B, T), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="optimizer"):
+        checkpointing.step_workspace_bytes(model, "adam")
+    with pytest.raises(ValueError, match="batch"):
+        checkpointing.auto_budget(model, B * T)
+
+
 def test_selective_checkpointing_of_a_patched_peft_model():
     """PEFT LoRA on every projection, patched (Tigon's fused LoRA adds the low-rank product into the base matmul's
     output in place): the plan keeps no LoRA projection, only the attention, and one step's loss and adapter gradients

@@ -225,6 +225,30 @@ allocates one temporary the size of the second moments, ``torch._foreach_sqrt(ex
 is ``AdamW(fused=True)`` (no temporary)."""
 
 
+def _optimizer_mode(optimizer) -> tuple[bool, bool | None]:
+    """(fused, foreach) of an optimizer name of :data:`OPTIMIZERS` or an Adam / AdamW instance (its first param
+    group's settings); raises as :func:`step_workspace_bytes` says."""
+    if isinstance(optimizer, str):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, an Adam / AdamW instance or None, "
+                             f"got {optimizer!r}")
+        return optimizer == "adamw_torch_fused", None
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        group = optimizer.param_groups[0] if optimizer.param_groups else {}
+        return bool(group.get("fused")), group.get("foreach")
+    raise TypeError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, a torch.optim.Adam / AdamW instance or "
+                    f"None, got {type(optimizer).__name__}")
+
+
+def _check_batch(batch) -> tuple[int, int]:
+    """``batch`` as (batch size, sequence length), two positive ints, or ValueError naming it."""
+    if (not isinstance(batch, (tuple, list)) or len(batch) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in batch)):
+        raise ValueError(f"batch must be (batch size, sequence length), two positive ints, for policy='selective' "
+                         f"(the kept bytes scale with it), got {batch!r}")
+    return int(batch[0]), int(batch[1])
+
+
 def step_workspace_bytes(model: torch.nn.Module, optimizer=None) -> int:
     """Bytes the optimizer's step allocates on top of the weights, gradients and optimizer state: the room that step's
     peak leaves the activations of the forward and backward before it.
@@ -245,20 +269,10 @@ def step_workspace_bytes(model: torch.nn.Module, optimizer=None) -> int:
     """
     if optimizer is None:
         return 0
+    fused, foreach = _optimizer_mode(optimizer)  # checked even when nothing is trainable: a typo is still a typo
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return 0
-    if isinstance(optimizer, str):
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, an Adam / AdamW instance or None, "
-                             f"got {optimizer!r}")
-        fused, foreach = optimizer == "adamw_torch_fused", None
-    elif isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        group = optimizer.param_groups[0] if optimizer.param_groups else {}
-        fused, foreach = bool(group.get("fused")), group.get("foreach")
-    else:
-        raise TypeError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, a torch.optim.Adam / AdamW instance or "
-                        f"None, got {type(optimizer).__name__}")
     if fused:
         return 0
     if foreach is None:  # PyTorch's default: foreach when every parameter is on an accelerator
@@ -288,7 +302,13 @@ def auto_budget(model: torch.nn.Module, batch: tuple[int, int], optimizer=None) 
     Args:
         model: a Hugging Face model. batch: (batch size, sequence length). optimizer: see
             :func:`step_workspace_bytes` (None: no room assumed from the step).
+
+    Raises:
+        ValueError: ``batch`` not two positive ints; a model without decoder layers; an unknown optimizer name
+            (TypeError for an optimizer of another class), even when nothing is trainable.
     """
+    batch = _check_batch(batch)
+    workspace = step_workspace_bytes(model, optimizer)
     layers = decoder_layers(model)
     grads = [sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for _, m in layers]
     if not any(grads):
@@ -299,7 +319,7 @@ def auto_budget(model: torch.nn.Module, batch: tuple[int, int], optimizer=None) 
     head = getattr(model, "get_output_embeddings", lambda: None)()
     weight = getattr(head, "weight", None)
     head_grad = weight.numel() * 4 if isinstance(weight, torch.Tensor) and weight.requires_grad else 0
-    room = sum(grads) + step_workspace_bytes(model, optimizer)
+    room = sum(grads) + workspace
     return max(0, room - inputs - head_grad - max(grads, default=0))
 
 
@@ -341,11 +361,7 @@ def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int
     if reentrant:
         raise ValueError("reentrant=True: policy='selective' needs non-reentrant checkpointing (torch's selective "
                          "checkpoint contexts); use reentrant=False, or policy='full' for the reentrant mode")
-    if (not isinstance(batch, (tuple, list)) or len(batch) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in batch)):
-        raise ValueError(f"batch must be (batch size, sequence length), two positive ints, for policy='selective' "
-                         f"(the kept bytes scale with it), got {batch!r}")
-    batch = (int(batch[0]), int(batch[1]))
+    batch = _check_batch(batch)
     if budget_bytes is None:
         budget_bytes = auto_budget(model, batch, optimizer)
     elif optimizer is not None:
