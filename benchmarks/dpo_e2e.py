@@ -8,7 +8,7 @@
     python3 benchmarks/dpo_e2e.py --table $OUT                # merge the JSON files, print ratios (any machine)
 
     PYTHONPATH=src python3 benchmarks/dpo_e2e.py --provider hf --model tiny --layers 2 --pairs 2 --prompt-len 12 \\
-        --completion-len 11 --steps 3 --warmup 1 --out /tmp/dpo-hf.json           # CPU, seconds
+        --completion-len 11 --steps 3 --warmup 1 --out /tmp/dpo-e2e-hf.json       # CPU, seconds
 
 The run (issue 29's end-to-end row; defaults: Llama-3-8B shapes cut to 4 layers, 4 preference pairs of 1024 tokens a
 step, bf16 on CUDA):

@@ -175,6 +175,8 @@ def test_plan_and_its_errors():
     p = checkpointing.plan(model, batch=(B, T), budget_bytes=q.bytes)  # one q-sized output: the top layer's q_proj
     assert [lp.kept for lp in p.layers] == [[], [q]] and p.bytes == q.bytes and p.flops == q.flops
     assert "layer 1 keep self_attn.q_proj" in p.describe() and p.as_dict()["kept_bytes"] == q.bytes
+    text = p.describe()  # a tiny plan in units that show it (KiB / MFLOP), not "0.00 GiB, 0.000 TFLOP"
+    assert "0.00 GiB" not in text and " 0.000 " not in text and f"{q.bytes / 2**10:.2f} KiB" in text, text
     assert checkpointing.plan(model, "full").bytes == 0
     auto = checkpointing.plan(model, batch=(B, T))  # no budget: the layers' gradient room (auto_budget)
     assert auto.budget_bytes == checkpointing.auto_budget(model, (B, T)) > 0 and 0 < auto.bytes <= auto.budget_bytes

@@ -130,7 +130,7 @@ class CheckpointPlan:
 
     def describe(self, tflops: float = DEFAULT_TFLOPS) -> str:
         """Lines saying what each run of layers keeps and the totals, e.g. ``layers 20-31 keep self_attn.q_proj, ...:
-        608.0 MiB, 2.61 TFLOP each``."""
+        608.00 MiB, 2.61 TFLOP each`` (bytes and FLOPs in the unit that suits their size)."""
         mode = "reentrant" if self.reentrant else "non-reentrant"
         if self.policy == "full":
             return f"full checkpointing ({mode}) of {len(self.layers)} layers: each keeps its input only"
@@ -149,17 +149,31 @@ class CheckpointPlan:
                 lines.append(f"  {span}: input only (plain checkpointing)")
             else:
                 names = ", ".join(k.name for k in first.kept)
-                lines.append(f"  {span} keep {names}: {first.bytes / 2**20:.1f} MiB, {first.flops / 1e12:.3f} TFLOP "
-                             "each")
-        lines.append(f"  in all: {_gib(self.bytes)} kept over plain checkpointing, {self.flops / 1e12:.2f} TFLOP of "
-                     f"recompute avoided per step = {self.ms(tflops):.1f} ms at {tflops:g} TFLOP/s")
+                lines.append(f"  {span} keep {names}: {_gib(first.bytes)}, {_flop(first.flops)} each")
+        lines.append(f"  in all: {_gib(self.bytes)} kept over plain checkpointing, {_flop(self.flops)} of "
+                     f"recompute avoided per step = {self.ms(tflops):.3g} ms at {tflops:g} TFLOP/s")
         return "\n".join(lines)
 
     __str__ = describe
 
 
 def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+    """Bytes in the largest binary unit (GiB, MiB, KiB) that keeps the number at least 1: a tiny model's plan does
+    not print ``0.00 GiB`` for a budget it spends."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def _flop(f: float) -> str:
+    """FLOPs in the largest decimal unit (TFLOP, GFLOP, MFLOP) that keeps the number at least 1."""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(f) >= scale:
+            return f"{f / scale:.2f} {unit}"
+    return f"{f:.0f} FLOP"
 
 
 # ---- the model's layers and what they could keep -----------------------------------------------------------
