@@ -84,6 +84,7 @@ import dataclasses
 import functools
 import gc
 import importlib.util
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -311,10 +312,13 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         raise ConfigError(f"--gradient-checkpointing must be one of {', '.join(CHECKPOINTING)}, got "
                           f"{cfg.gradient_checkpointing!r}")
     budget = cfg.checkpoint_budget_gb
-    if budget is not None and (cfg.gradient_checkpointing != "selective" or isinstance(budget, bool)
-                               or not isinstance(budget, (int, float)) or budget < 0):
-        raise ConfigError(f"--checkpoint-budget-gb must be a number >= 0 with --gradient-checkpointing selective, got "
-                          f"{budget!r} with --gradient-checkpointing {cfg.gradient_checkpointing}")
+    if budget is not None and cfg.gradient_checkpointing != "selective":
+        given = "not given" if cfg.gradient_checkpointing is None else repr(cfg.gradient_checkpointing)
+        raise ConfigError(f"--checkpoint-budget-gb applies to --gradient-checkpointing selective only (the other modes "
+                          f"keep nothing extra), got --gradient-checkpointing {given}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not math.isfinite(budget) or budget < 0):
+        raise ConfigError(f"--checkpoint-budget-gb must be a finite number >= 0 (GiB), got {budget!r}")
     if cfg.kernel_summary and cfg.device != "cuda":
         raise ConfigError("--kernel-summary needs a CUDA device (it sums the GPU kernels of a profiled step)")
     if cfg.kernel_summary and cfg.steps < 2:
