@@ -20,7 +20,7 @@ import torch
 import tigon
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model_matrix import CASES, DEVICE, DTYPE, assert_report_runs, build
+from model_matrix import CASES, DEVICE, DTYPE, MORE_FAMILIES, assert_report_runs, build
 from tigon import checkpointing, data, support
 from tigon.integrations.engine import release_unused
 from tigon.numerics import rel_l2
@@ -219,6 +219,19 @@ def test_optimizer_step_room_in_the_automatic_budget():
         checkpointing.plan(model, batch=(B, T), budget_bytes=0, optimizer="adamw_torch")
     with pytest.raises(ValueError, match="optimizer"):
         checkpointing.plan(model, "full", optimizer="adamw_torch")
+
+
+def test_no_attention_output_counted_in_a_hybrid_models_linear_attention_layers():
+    """Qwen3-Next alternates Gated DeltaNet layers (no softmax attention kernel) with attention layers: only the
+    latter offer the attention's output, so the plan spends no budget on, and claims no recompute avoided by, an
+    attention output the policy could never save."""
+    model_type, overrides, *_ = MORE_FAMILIES["qwen3_next"]
+    model = build(model_type, overrides)
+    model.config._attn_implementation = "sdpa"
+    kinds = model.config.layer_types
+    for (_, layer), kind in zip(checkpointing.decoder_layers(model), kinds, strict=True):
+        names = [k.name for k in checkpointing.candidates(model, layer, (B, T))]
+        assert ("attention" in names) == (kind == "full_attention"), (kind, names)
 
 
 def test_bad_arguments_refused_when_nothing_in_the_layers_is_trainable():

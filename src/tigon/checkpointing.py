@@ -214,17 +214,26 @@ def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:
     return heads, int(head_dim)
 
 
+def _has_attention(layer: torch.nn.Module) -> bool:
+    """Whether the decoder layer holds a softmax attention module (transformers' attention modules carry
+    ``is_causal``; their classes end in ``Attention``): a hybrid model's linear-attention (Gated DeltaNet) or Mamba
+    layers have none, so they have no attention kernel output to keep."""
+    return any(hasattr(m, "is_causal") or type(m).__name__.endswith("Attention") for m in layer.modules()
+               if m is not layer)
+
+
 def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int, int]) -> list[Kept]:
     """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: each projection of
     :func:`_projections` (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``) and, when the model's
-    attention is a fused kernel, ``"attention"`` (its output and fp32 log-sum-exp; causal FLOPs
+    attention is a fused kernel and the layer has an attention module (not a hybrid's linear-attention or Mamba
+    layer), ``"attention"`` (its output and fp32 log-sum-exp; causal FLOPs
     ``2 * B * heads * T * (T + 1) * head_dim``)."""
     b, t = batch
     tokens = b * t
     out = [Kept(n, tokens * m.out_features * m.weight.element_size(), 2.0 * tokens * m.in_features * m.out_features)
            for n, m in _projections(layer)]
     shape = _attention_shape(model)
-    if shape is not None:
+    if shape is not None and _has_attention(layer):
         heads, head_dim = shape
         size = next((m.weight.element_size() for _, m in _projections(layer)), 2)
         out.append(Kept("attention", tokens * heads * head_dim * size + b * heads * t * 4,
