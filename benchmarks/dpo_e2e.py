@@ -316,6 +316,13 @@ def parse_args(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 <= args.warmup < args.steps:
         ap.error(f"--warmup must be in [0, --steps), got {args.warmup} with --steps {args.steps}")
+    if args.provider is not None:  # an unknown preset or too many layers: a usage error, not a traceback later
+        from tigon import presets
+
+        try:
+            presets.build_config(args.model, args.layers)
+        except (KeyError, ValueError) as e:
+            ap.error(f"--model {args.model} --layers {args.layers}: {e.args[0] if e.args else e}")
     return args
 
 

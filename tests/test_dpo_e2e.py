@@ -50,3 +50,7 @@ def test_arguments_are_checked():
         dpo.parse_args(["--model", "tiny"])  # neither --provider nor --table
     with pytest.raises(SystemExit):
         dpo.parse_args(["--provider", "hf", "--steps", "2", "--warmup", "2"])
+    with pytest.raises(SystemExit):
+        dpo.parse_args(["--provider", "hf", "--model", "no-such-preset"])  # a usage error, not a KeyError later
+    with pytest.raises(SystemExit):
+        dpo.parse_args(["--provider", "hf", "--model", "tiny", "--layers", "100"])
