@@ -211,6 +211,16 @@ def test_optimizer_step_room_in_the_automatic_budget():
     assert checkpointing.auto_budget(model, (B, T), "adamw_torch") == base + foreach
     p = checkpointing.plan(model, batch=(B, T), optimizer=torch.optim.AdamW(params, foreach=True))
     assert p.budget_bytes == base + total
+    # an instance counts its own groups, one at a time (HF's Trainer: decay / no-decay groups) and its own parameters
+    half = len(params) // 2
+    groups = [{"params": params[:half]}, {"params": params[half:], "weight_decay": 0.0}]
+    sizes = [sum(p.numel() * p.element_size() for p in g["params"]) for g in groups]
+    assert checkpointing.step_workspace_bytes(model, torch.optim.AdamW(groups, foreach=True)) == max(sizes) < total
+    first = params[0].numel() * params[0].element_size()
+    assert checkpointing.step_workspace_bytes(model, torch.optim.AdamW(params[:1], foreach=True)) == first
+    largest_first_half = max(p.numel() * p.element_size() for p in params[:half])
+    mixed = torch.optim.AdamW([{"params": params[:half], "foreach": False}, {"params": params[half:], "foreach": True}])
+    assert checkpointing.step_workspace_bytes(model, mixed) == max(largest_first_half, sizes[1])
     with pytest.raises(ValueError, match="optimizer"):
         checkpointing.step_workspace_bytes(model, "sgd")
     with pytest.raises(TypeError, match="optimizer"):

@@ -248,17 +248,16 @@ allocates one temporary the size of the second moments, ``torch._foreach_sqrt(ex
 is ``AdamW(fused=True)`` (no temporary)."""
 
 
-def _optimizer_mode(optimizer) -> tuple[bool, bool | None]:
-    """(fused, foreach) of an optimizer name of :data:`OPTIMIZERS` or an Adam / AdamW instance (its first param
-    group's settings); raises as :func:`step_workspace_bytes` says."""
+def _check_optimizer(optimizer) -> None:
+    """ValueError / TypeError naming ``optimizer`` unless it is None, a name of :data:`OPTIMIZERS` or an Adam / AdamW
+    instance."""
+    if optimizer is None or isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return
     if isinstance(optimizer, str):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, an Adam / AdamW instance or None, "
                              f"got {optimizer!r}")
-        return optimizer == "adamw_torch_fused", None
-    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        group = optimizer.param_groups[0] if optimizer.param_groups else {}
-        return bool(group.get("fused")), group.get("foreach")
+        return
     raise TypeError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, a torch.optim.Adam / AdamW instance or "
                     f"None, got {type(optimizer).__name__}")
 
@@ -279,9 +278,11 @@ def step_workspace_bytes(model: torch.nn.Module, optimizer=None) -> int:
     Args:
         model: the model whose trainable parameters (``requires_grad``) the optimizer updates.
         optimizer: None (0: nothing assumed), one of :data:`OPTIMIZERS`, or a ``torch.optim.Adam`` / ``AdamW``
-            instance (its ``fused`` / ``foreach`` settings read from its first param group). PyTorch's ``foreach``
-            Adam(W) forms ``sqrt(exp_avg_sq)`` for all parameters of a device and dtype at once (one buffer the size
-            of the trainable parameters, in their dtype); the single-tensor path does it a parameter at a time (the
+            instance (its own param groups, each with its ``fused`` / ``foreach`` settings; a name stands for one
+            group of the model's trainable parameters). PyTorch's ``foreach`` Adam(W) forms ``sqrt(exp_avg_sq)`` for
+            all parameters of a param group of one device and dtype at once (one buffer their size, freed before the
+            next group: the largest such group counts, the lower and so safe side of the room where one group mixes
+            devices or dtypes); the single-tensor path does it a parameter at a time (the
             largest parameter); the fused kernel allocates none. Source: ``torch/optim/adam.py``
             (``_multi_tensor_adam``, ``_single_tensor_adam``, ``_fused_adam``). On a CPU the default is the
             single-tensor path.
@@ -290,18 +291,28 @@ def step_workspace_bytes(model: torch.nn.Module, optimizer=None) -> int:
         ValueError: an optimizer name not in :data:`OPTIMIZERS`.
         TypeError: an optimizer instance other than ``torch.optim.Adam`` / ``AdamW``.
     """
+    _check_optimizer(optimizer)  # even when nothing is trainable: a typo is still a typo
     if optimizer is None:
         return 0
-    fused, foreach = _optimizer_mode(optimizer)  # checked even when nothing is trainable: a typo is still a typo
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        return 0
-    if fused:
-        return 0
-    if foreach is None:  # PyTorch's default: foreach when every parameter is on an accelerator
-        foreach = all(p.device.type != "cpu" for p in params)
-    sizes = [p.numel() * p.element_size() for p in params]
-    return sum(sizes) if foreach else max(sizes)
+    if isinstance(optimizer, str):  # one param group: the model's trainable parameters
+        groups = [([p for p in model.parameters() if p.requires_grad], optimizer == "adamw_torch_fused", None)]
+    else:  # the instance's own groups, each with its own settings
+        groups = [([p for p in g["params"] if p.requires_grad], bool(g.get("fused")), g.get("foreach"))
+                  for g in optimizer.param_groups]
+    out = 0
+    for params, fused, foreach in groups:
+        if not params or fused:
+            continue
+        if foreach is None:  # PyTorch's default: foreach when every parameter is on an accelerator
+            foreach = all(p.device.type != "cpu" for p in params)
+        if not foreach:
+            out = max(out, max(p.numel() * p.element_size() for p in params))
+            continue
+        by_kind: dict = {}  # the foreach step runs per param group, and in it per (device, dtype)
+        for p in params:
+            by_kind[(p.device, p.dtype)] = by_kind.get((p.device, p.dtype), 0) + p.numel() * p.element_size()
+        out = max(out, max(by_kind.values()))
+    return out
 
 
 def auto_budget(model: torch.nn.Module, batch: tuple[int, int], optimizer=None) -> int:
