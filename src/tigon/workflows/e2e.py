@@ -84,7 +84,6 @@ import dataclasses
 import functools
 import gc
 import importlib.util
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -313,11 +312,10 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
                           f"{cfg.gradient_checkpointing!r}")
     budget = cfg.checkpoint_budget_gb
     if budget is not None and cfg.gradient_checkpointing != "selective":
-        given = "not given" if cfg.gradient_checkpointing is None else repr(cfg.gradient_checkpointing)
-        raise ConfigError(f"--checkpoint-budget-gb applies to --gradient-checkpointing selective only (the other modes "
-                          f"keep nothing extra), got --gradient-checkpointing {given}")
+        raise ConfigError("--checkpoint-budget-gb applies to --gradient-checkpointing selective only, got "
+                          f"--gradient-checkpointing {cfg.gradient_checkpointing or 'not given'}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not math.isfinite(budget) or budget < 0):
+                               or not 0 <= budget < float("inf")):  # nan fails both comparisons
         raise ConfigError(f"--checkpoint-budget-gb must be a finite number >= 0 (GiB), got {budget!r}")
     if cfg.kernel_summary and cfg.device != "cuda":
         raise ConfigError("--kernel-summary needs a CUDA device (it sums the GPU kernels of a profiled step)")
