@@ -1,9 +1,10 @@
-"""tigon.kernels._common.launch: the cached direct launch of compiled Triton kernels (``TIGON_DIRECT_LAUNCH=1``).
+"""tigon.kernels._common.launch: the cached direct launch of compiled Triton kernels (on by default;
+``TIGON_DIRECT_LAUNCH=0`` turns it off).
 
 There is no compiled launcher under the interpreter, so these tests drive the cache and fallback logic with a fake
 kernel shaped like Triton's JITFunction (its ``device_caches`` binder, ``kernel[grid]`` returning a compiled kernel
 with ``run`` / ``function`` / ``packed_metadata``); the launch itself is checked on the GPU (benchmarks/host_issue.py
-and the test-suite with ``TIGON_DIRECT_LAUNCH=1``)."""
+and every kernel test on CUDA, where it is the default)."""
 
 from __future__ import annotations
 
@@ -53,13 +54,19 @@ def direct(monkeypatch):
     monkeypatch.setattr(_common, "_launch_hooks_active", lambda: False)
 
 
-def test_off_by_default_and_under_the_interpreter(monkeypatch):
+def test_on_by_default_off_by_env_and_under_the_interpreter(monkeypatch):
     monkeypatch.delenv("TIGON_DIRECT_LAUNCH", raising=False)
+    monkeypatch.setattr(_common, "_direct_broken", [])
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: False)
+    assert _common.direct_launch_enabled()  # the default on compiled kernels
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "0")
+    assert not _common.direct_launch_enabled()
     k = FakeKernel()
+    assert _common.launcher(k) is k
     _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2)
     _common.launch(k, (3,), 5, 6, BLOCK=4, num_warps=2)
     assert [e[0] for e in k.log] == ["jit", "jit"]
-    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "1")
+    monkeypatch.delenv("TIGON_DIRECT_LAUNCH")
     monkeypatch.setattr(_common, "interpreter_enabled", lambda: True)
     assert not _common.direct_launch_enabled()  # under the interpreter there is no compiled launcher
     assert _common.launcher(k) is k

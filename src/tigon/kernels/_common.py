@@ -127,8 +127,9 @@ def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int =
 # instrumentation knobs must then not change while the process runs (they are part of Triton's key, not of this
 # one). The objects it relies on are private (``JITFunction.device_caches``, the binder, ``CompiledKernel.run``;
 # their shape is the same in triton 3.6 and 3.9): any difference found on the first launch turns the direct path off
-# for the process, with a warning, and ``kernel[grid]`` runs. Off by default: ``TIGON_DIRECT_LAUNCH=1`` turns it on
-# (compiled CUDA kernels only; under the interpreter there is no compiled launcher).
+# for the process, with a warning, and ``kernel[grid]`` runs. On by default for compiled kernels (under the interpreter
+# there is no compiled launcher); ``TIGON_DIRECT_LAUNCH=0`` turns it off. Validated on the H200 (triton 3.6) with the
+# kernel test files run through it before it became the default.
 _DIRECT_ATTR = "_tigon_direct_launchers"
 """The attribute of a JITFunction holding its direct launchers: {(device, specialization, options): (launcher,
 function, packed metadata)} (on the kernel: a JITFunction's own hash hashes its source)."""
@@ -137,9 +138,9 @@ _direct_broken: list[str] = []
 
 
 def direct_launch_enabled() -> bool:
-    """Whether :func:`launch` calls compiled kernels' launchers directly (``TIGON_DIRECT_LAUNCH=1``, Triton's
+    """Whether :func:`launch` calls compiled kernels' launchers directly (unless ``TIGON_DIRECT_LAUNCH=0``; Triton's
     interpreter off, and no incompatibility found in this Triton)."""
-    return _env("TIGON_DIRECT_LAUNCH", "0") == "1" and not _direct_broken and not interpreter_enabled()
+    return _env("TIGON_DIRECT_LAUNCH", "1") != "0" and not _direct_broken and not interpreter_enabled()
 
 
 def _current_device() -> int:
@@ -170,7 +171,7 @@ def launcher(kernel):
     direct launching on (:func:`direct_launch_enabled`) a stand-in launched the same way through :func:`launch`.
     Off, this costs one call and one environment read (a wrapper taking the arguments would repack them: ~1.5 us
     of host time per launch)."""
-    if _env("TIGON_DIRECT_LAUNCH", "0") != "1" or not direct_launch_enabled():
+    if not direct_launch_enabled():
         return kernel
     return _DirectLauncher(kernel)
 

@@ -83,15 +83,37 @@ def _act_and_grad(g, alpha, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _pair_cols(rows, M, N, BLOCK_N: tl.constexpr):
+    """Columns (int64) and mask of this program's [BLOCK_M, 2 BLOCK_N] tile of interleaved (gate, up) pairs: the pairs
+    of :func:`tigon.kernels.elementwise.tile`'s [BLOCK_M, BLOCK_N] tile of (M, N) outputs."""
+    block = (tl.program_id(0) % tl.cdiv(N, BLOCK_N)).to(tl.int64)
+    cols2 = block * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+    return cols2, (rows < M)[:, None] & (cols2 < 2 * N)[None, :]
+
+
+@triton.jit
+def _load_pairs(GU, rows, stride, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(gate, up) in fp32, each [BLOCK_M, BLOCK_N], from interleaved rows of ``GU`` (gate the even columns): one
+    contiguous load split in registers (two stride-2 loads would each fetch every sector for half its bytes)."""
+    cols2, mask2 = _pair_cols(rows, M, N, BLOCK_N)
+    gu = tl.load(GU + rows[:, None] * stride + cols2[None, :], mask=mask2, other=0.0).to(tl.float32)
+    return tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N, 2]))
+
+
+@triton.jit
 def _glu_fwd(
     GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL: tl.constexpr = 1,
 ):
-    # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp; COL: gate's and up's column stride.
+    # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp; COL 2: gate and up interleaved in GATE's rows
+    # (UP unused), else separate tensors with unit column stride.
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     # gm, dm: fp32 gate and down multipliers (Falcon-H1's; 1 otherwise)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    if COL == 2:
+        g, u = _load_pairs(GATE, rows, stride_g, M, N, BLOCK_M, BLOCK_N)
+    else:
+        g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if ACTIVATION == 3:
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
@@ -107,13 +129,16 @@ def _glu_bwd(
 ):
     """d_gate, d_up; with STORE_PRODUCT also the forward's output ``act(gm * gate) * up * dm`` written over dy (each
     element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`).
-    gm, dm, alpha, limit, COL: as :func:`_glu_fwd` (COL also the gradients' column stride; the clamped activation
-    runs with gm = dm = 1)."""
+    gm, dm, alpha, limit, COL: as :func:`_glu_fwd` (COL 2: the gradients interleaved in DGATE, DUP unused; the
+    clamped activation runs with gm = dm = 1)."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(UP + rows[:, None] * stride_u + cols[None, :] * COL, mask=mask, other=0.0).to(tl.float32)
+    if COL == 2:
+        g, u = _load_pairs(GATE, rows, stride_g, M, N, BLOCK_M, BLOCK_N)
+    else:
+        g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if ACTIVATION == 3:  # the clamps pass gradient inside their closed intervals (torch.clamp's backward)
         a, da = _act_and_grad(tl.minimum(g, limit), alpha, ACTIVATION)
         da = tl.where(g <= limit, da, 0.0)
@@ -124,9 +149,14 @@ def _glu_bwd(
         a, da = _act_and_grad(g * gm, alpha, ACTIVATION)
         a_up = a
     dy = dy * dm
-    tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :] * COL, (dy * u * da * gm).to(DGATE.dtype.element_ty),
-             mask=mask)
-    tl.store(DUP + rows[:, None] * stride_du + cols[None, :] * COL, (dy * a_up).to(DUP.dtype.element_ty), mask=mask)
+    if COL == 2:  # the pair joined back: one contiguous [BLOCK_M, 2 BLOCK_N] store, interleaved as gate_up is
+        cols2, mask2 = _pair_cols(rows, M, N, BLOCK_N)
+        d = tl.reshape(tl.join(dy * u * da * gm, dy * a_up), [BLOCK_M, 2 * BLOCK_N])
+        tl.store(DGATE + rows[:, None] * stride_dg + cols2[None, :], d.to(DGATE.dtype.element_ty), mask=mask2)
+    else:
+        tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da * gm).to(DGATE.dtype.element_ty),
+                 mask=mask)
+        tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a_up).to(DUP.dtype.element_ty), mask=mask)
     if STORE_PRODUCT:
         tl.store(dy_ptrs, (a * u * dm).to(DY.dtype.element_ty), mask=mask)
 
@@ -195,7 +225,7 @@ def clamped_swiglu_forward(gate_up: torch.Tensor, alpha: float, limit: float) ->
     gu = _pairs_2d(gate_up)
     M, N = gu.shape[0], out.shape[-1]
     block_m, block_n, warps, grid = launch_shape(M, N, gate_up.device)
-    _glu_fwd[grid](gu, gu[:, 1:], out, M, N, gu.stride(0), gu.stride(0), N, 1.0, 1.0, float(alpha), float(limit),
+    launcher(_glu_fwd)[grid](gu, gu, out, M, N, gu.stride(0), gu.stride(0), N, 1.0, 1.0, float(alpha), float(limit),
                    ACTIVATION=3, BLOCK_M=block_m, BLOCK_N=block_n, COL=2, num_warps=warps)
     return out
 
@@ -209,7 +239,7 @@ def clamped_swiglu_backward(dy: torch.Tensor, gate_up: torch.Tensor, alpha: floa
     dy2 = dy.reshape(-1, dy.shape[-1]) if dy.stride(-1) == 1 else dy.contiguous().view(-1, dy.shape[-1])
     M, N = gu.shape[0], dy.shape[-1]
     block_m, block_n, warps, grid = launch_shape(M, N, gate_up.device)
-    _glu_bwd[grid](dy2, gu, gu[:, 1:], d2, d2[:, 1:], M, N, dy2.stride(0), gu.stride(0), gu.stride(0), 2 * N, 2 * N,
+    launcher(_glu_bwd)[grid](dy2, gu, gu, d2, d2, M, N, dy2.stride(0), gu.stride(0), gu.stride(0), 2 * N, 2 * N,
                    1.0, 1.0, float(alpha), float(limit), ACTIVATION=3, STORE_PRODUCT=False, BLOCK_M=block_m,
                    BLOCK_N=block_n, COL=2, num_warps=warps)
     return dgu
