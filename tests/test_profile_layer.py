@@ -23,12 +23,21 @@ class _Layer(torch.nn.Module):
         self.mlp = mlp()
 
 
+class _Typed(torch.nn.Module):
+    def __init__(self, layer_type):
+        super().__init__()
+        self.layer_type = layer_type
+
+
 def test_layer_groups_tell_alike_layers_apart():
     # Gemma-2-like: sliding and global attention alternate; a MoE-like model: a dense first layer, sparse after.
     gemma = [_Layer("sliding_attention" if i % 2 == 0 else "full_attention") for i in range(6)]
     groups = PL.layer_groups(gemma)
     assert [(g.index, g.count) for g in groups] == [(0, 3), (1, 3)]
     assert "sliding_attention" in groups[0].key and "full_attention" in groups[1].key
+    # transformers' Gemma-2 keeps the type on the attention module
+    attn = [_Layer(mlp=lambda t=t: _Typed(t)) for t in ("sliding_attention", "full_attention") * 2]
+    assert [(g.index, g.count) for g in PL.layer_groups(attn)] == [(0, 2), (1, 2)]
     moe = [_Layer(mlp=torch.nn.Identity)] + [_Layer(mlp=torch.nn.ReLU) for _ in range(5)]
     assert [(g.index, g.count) for g in PL.layer_groups(moe)] == [(0, 1), (1, 5)]
     # past the cap, the later groups' layers count with the largest group

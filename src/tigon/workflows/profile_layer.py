@@ -74,7 +74,10 @@ class LayerGroup:
 
 
 def _signature(layer: torch.nn.Module) -> str:
-    kind = getattr(layer, "attention_type", None) or getattr(layer, "layer_type", None)
+    """The class, the attention / layer type (the layer's own ``attention_type`` / ``layer_type``, else its
+    children's: Gemma-2 keeps it on the attention module) and the children's classes of ``layer``."""
+    kind = next((str(t) for m in (layer, *layer.children()) for a in ("attention_type", "layer_type")
+                 if isinstance(t := getattr(m, a, None), str)), None)
     children = ",".join(type(c).__name__ for c in layer.children())
     return f"{type(layer).__name__}" + (f"[{kind}]" if kind else "") + f"({children})"
 
@@ -109,19 +112,27 @@ def _detach(obj):
     return obj
 
 
+class _Captured(Exception):
+    """Raised by :func:`capture_layer_inputs`' hook to end the forward once every layer's inputs are kept."""
+
+
 def capture_layer_inputs(model: torch.nn.Module, batch, indices: list[int]) -> dict[int, tuple[tuple, dict]]:
     """The arguments the model passes to its decoder layers ``indices`` in a forward on ``batch`` (token ids or
     :func:`tigon.workflows._train.step_inputs`' dict), detached: layer index -> (args, kwargs). The forward runs
-    without gradients and its result is dropped."""
+    without gradients and stops once every layer of ``indices`` was reached (no LM head, no loss)."""
     layers, held, handles = decoder_layers(model), {}, []
     for i in indices:
         def keep(module, args, kwargs, i=i):
             held.setdefault(i, (_detach(args), _detach(dict(kwargs))))
+            if len(held) == len(indices):
+                raise _Captured
         handles.append(layers[i].register_forward_pre_hook(keep, with_kwargs=True))
     device = next(model.parameters()).device
     try:
         with torch.no_grad():
             model(**step_inputs(batch, device, param_dtype(model)), use_cache=False)
+    except _Captured:
+        pass
     finally:
         for h in handles:
             h.remove()

@@ -44,8 +44,9 @@ def add_notes(r: Any, device: torch.device) -> None:
                    "where measured (else the calls'): a host-bound step pays the replacements' host cost.")
     pred = r.limits.get("predicted", {})
     if pred.get("host_basis") == "layers":
-        groups = ", ".join(f"{g['count']} x layer {g['index']}" for g in r.layers.get("groups", []))
-        r.notes.append(f"host prediction from whole parts: H' = H + ({groups}) x (patched - original layer) + "
+        groups = " + ".join(f"{g['count']} x (patched - original layer {g['index']})"
+                            for g in r.layers.get("groups", []))
+        r.notes.append(f"host prediction from whole parts: H' = H + {groups} + "
                        f"(patched - original rest of the model), one forward + backward of each timed like H "
                        f"(behind a sleep kernel): {r.layers['host_delta_ms'].get('patched', 0.0):+.1f} ms per step; "
                        f"adding the per-op host changes instead predicts {pred['step_ms_per_op']:.1f} ms "
