@@ -90,7 +90,9 @@ def test_op_costs_prediction_advice_and_measurement(report):
         assert lim["original"]["host_ms"] > 0 and lim["original"]["device_ms"] > 0
         assert lim["original"]["bound"] in ("host", "device")
     assert lim["predicted"]["step_ms"] == report["predicted_step_ms_patched"]
-    assert lim["predicted"]["host_basis"] == "layers"
+    assert lim["predicted"]["host_basis"] == "layers" and lim["predicted"]["host_side"] == "host_ms"
+    alt = lim["predicted"]["alternative"]  # the prediction from the parts' host time with the device not held
+    assert alt["host_side"] == "unheld_ms" and alt["step_ms"] > 0
     adv = report["advice"]
     assert set(adv) == {"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower"}
     assert adv["best_step_ms"] <= report["predicted_step_ms_patched"] + 1e-9

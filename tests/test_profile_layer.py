@@ -82,6 +82,7 @@ def test_measure_variants_on_a_tiny_model():
     for side in ("original", "patched"):
         v = costs.variants[side]
         assert v.layers[0]["host_ms"] > 0 and v.rest["host_ms"] > 0, side
+        assert v.layers[0]["unheld_ms"] > 0 and v.rest["unheld_ms"] > 0, side
         assert v.layers[0]["device_ms"] == 0 == v.rest["device_ms"]  # CPU: everything is host time
     # a variant re-measures only the parts where its kind has targets: the LM head + loss is outside the layers,
     # the MLP inside, the norms both (the final norm)
@@ -98,10 +99,20 @@ def test_measure_variants_on_a_tiny_model():
     d = json.loads(json.dumps(costs.as_dict()))
     assert d["variants"]["original"]["layers"]["0"]["host_ms"] > 0 and d["variants"]["patched"]["rest"]["host_ms"] > 0
     assert d["host_delta_ms"]["patched"] == pytest.approx(costs.delta_ms("patched"))
+    assert d["unheld_delta_ms"]["patched"] == pytest.approx(costs.delta_ms("patched", "unheld_ms"))
     assert d["groups"] == [{"key": costs.groups[0].key, "index": 0, "count": 2}]
     hm = PL.host_model(costs, keywords)
     assert isinstance(hm, PR.HostModel) and hm.delta_ms == pytest.approx(costs.delta_ms("patched"))
     assert set(hm.without_ms) == set(keywords)
+    unheld = PL.host_model(costs, keywords, "unheld_ms")
+    assert unheld.delta_ms == pytest.approx(costs.delta_ms("patched", "unheld_ms"))
+    step = PR.StepCost(10.0, 10.0, 0.0)
+    changes = [PR.OpChange(k, k, kw, 1, PR.OpCost(0.1, 0.0), PR.OpCost(0.2, 0.0)) for k, kw in keywords.items()]
+    host, extra = PL.prediction(step, changes, costs)
+    assert host == hm and extra["host_basis"] == "layers" and extra["alternative"]["host_side"] == "unheld_ms"
+    assert extra["alternative"]["step_ms"] == pytest.approx(PR.predict(step, changes, host=unheld).step_ms)
+    assert extra["step_ms_per_op"] == pytest.approx(10.0 + 0.1 * len(keywords))
+    assert PL.prediction(step, changes, None)[0] is None
     # the model is left unpatched and unhooked, its gradients cleared
     assert all(tigon_mark(m.__dict__.get("forward")) is None for m in model.modules())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())

@@ -156,7 +156,8 @@ class ProfileResult:
     {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
     (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
     time, original and Tigon, ``host_basis`` says which host time the prediction used (``"layers"``,
-    ``"in_step"`` or ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls; its
+    ``"in_step"`` or ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated
+    calls; its
     ``original`` / ``tigon`` costs hold ``peak_extra_bytes``, what one isolated call allocates at its peak (CUDA).
     peak_memory_bytes_original / peak_memory_bytes_patched: the measured steps' peak memory (bytes, as ``tigon bench
     --e2e``), the memory side of the advice: a kind left out for speed gives back its memory saving.
@@ -164,7 +165,9 @@ class ProfileResult:
     as_dict`: per variant each layer group's and the rest's cost per forward + backward, and each variant's
     ``host_delta_ms`` / ``device_delta_ms`` per step); ``limits["predicted"]`` then says ``host_basis``
     (``"layers"`` or ``"per_op"``) and holds the per-op prediction beside it (``host_ms_per_op``,
-    ``step_ms_per_op``) and ``device_ms_layers`` (D + the parts' device change); each op's ``host_delta_ms`` is its
+    ``step_ms_per_op``), ``host_side`` (the parts' host time used: :data:`tigon.workflows.profile_layer.
+    HOST_SIDE`), ``alternative`` (``{"host_side", "host_ms", "step_ms"}``: the prediction from the parts' other host
+    time) and ``device_ms_layers`` (D + the parts' device change); each op's ``host_delta_ms`` is its
     marginal host change from the parts (``host_basis`` ``"layers"``), its ``host_delta_ms_per_op`` the per-op
     one (``host_basis_per_op``: ``"in_step"`` or ``"isolated"``).
     """
@@ -522,16 +525,11 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     if layer_costs:
         result.layers = layer_costs[0].as_dict()
         notes += [f"layers: {n}" for n in layer_costs[0].notes]
-    hm = PL.host_model(layer_costs[0], {c.kind: c.keyword for c in changes}) if layer_costs else None
     if changes:
+        hm, extra = PL.prediction(step, changes, layer_costs[0] if layer_costs else None)
         pred, adv = PR.predict(step, changes, host=hm), PR.advise(step, changes, hm)
         result.predicted_step_ms_patched = pred.step_ms
-        per_op = PR.predict(step, changes)
-        result.limits["predicted"] = {**_limits(pred), "host_basis": "layers" if hm else "per_op",
-                                      "host_ms_per_op": per_op.host_ms, "step_ms_per_op": per_op.step_ms}
-        if hm is not None and result.layers["device_delta_ms"].get(PL.PATCHED) is not None:
-            result.limits["predicted"]["device_ms_layers"] = step.device_ms + result.layers["device_delta_ms"][
-                PL.PATCHED]
+        result.limits["predicted"] = {**_limits(pred), **extra}
         calls_all = PR.calls_per_kind(changes, [c.kind for c in changes])
         for c, a in zip(changes, adv.kinds):
             per_op_basis = "in_step" if c.kind in host else "isolated"

@@ -26,19 +26,21 @@ step is little more than its layers and the rest.
   ``ModuleList`` (:func:`without_layers`).
 * Timing: :func:`tigon.workflows.timing.call_cost`, the way the step's ``H`` and ``D`` are measured: groups of
   back-to-back calls, each group issued behind a ``torch.cuda._sleep`` so the host never waits for the device;
-  host time ``time.perf_counter``, device time CUDA events. On a CPU: wall time, no device time. The same code runs
-  on both.
+  host time ``time.perf_counter``, device time CUDA events. Also the host time with the device not held
+  (:func:`unheld_ms`: behind a sleep every launch of a group is pending at once, in a host-bound step almost none
+  is; the report holds the prediction from it beside the default's, :data:`HOST_SIDE`). On a CPU: wall time, no
+  device time. The same code runs on both.
 * Variants (:func:`measure_variants`): the original model, the model under ``tigon.patch(model)``, and for each
   patch keyword ``tigon.patch(model, keyword=False)`` (the per-op advice: what leaving that kind out gives), each
   patched in place and unpatched after; a variant re-measures only the parts where its kind has targets.
 
-**Cost.** One part's measurement is at most ``3 + calls x groups x (1 + rounds + retries)`` forward + backward
-calls of it (:func:`tigon.workflows.timing.call_cost` with :data:`LAYER_CALLS` calls x :data:`LAYER_GROUPS` groups,
-2 rounds, 2 retries: 53 calls; on a CPU 3). Parts measured: ``(groups + 1) x 2`` for the original and the patched
-model, plus, per patch keyword, the groups when its kind has targets in the layers and the rest when it has any
-outside them: for a Llama-like model (one group; rms_norm, rope, mlp, fused_add_rms_norm, the LM head + loss)
-4 + 6 = 10 parts, about 500 layer-sized calls, ~2 s at Qwen2.5-0.5B's 4 x 1024 and ~15 s at Llama-3-8B's 4 x 2048
-on an H200 (the training step itself runs ~50 and ~900 ms).
+**Cost.** One part's measurement is at most ``3 + calls x groups x (2 + rounds + retries)`` forward + backward calls
+of it (:func:`tigon.workflows.timing.call_cost` with :data:`LAYER_CALLS` calls x :data:`LAYER_GROUPS` groups, 2
+rounds, 2 retries, then :func:`unheld_ms`'s groups: 63 calls; on a CPU 13). Parts measured: ``(groups + 1) x 2`` for
+the original and the patched model, plus, per patch keyword, the groups when its kind has targets in the layers and
+the rest when it has any outside them: for a Llama-like model (one group; rms_norm, rope, mlp, fused_add_rms_norm,
+the LM head + loss) 4 + 6 = 10 parts, about 600 layer-sized calls, ~2 s at Qwen2.5-0.5B's 4 x 1024 and ~15 s at
+Llama-3-8B's 4 x 2048 on an H200 (the training step itself runs ~50 and ~900 ms).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ LAYER_CALLS, LAYER_GROUPS, LAYER_ROUNDS = 2, 5, 2
 """:func:`tigon.workflows.timing.call_cost`'s calls per group, groups and rounds for one part: 2 layer calls
 launch a few hundred kernels, well inside the launch queue."""
 ORIGINAL, PATCHED = "original", "patched"
+HOST_SIDE = "host_ms"
+"""Which host time of the parts the prediction uses: ``"host_ms"``, issued behind a sleep kernel as the step's
+``H`` is (the default), or ``"unheld_ms"``, issued with the device running along (:func:`unheld_ms`); the report
+holds the prediction from the other beside it."""
 
 
 @dataclass
@@ -200,10 +206,39 @@ def rest_call(model: torch.nn.Module, batch) -> tuple[Callable[[], None], list[t
     return fn, [p for p in model.parameters() if p.requires_grad]
 
 
+def unheld_ms(fn: Callable[[], None], leaves, device: torch.device, calls: int = LAYER_CALLS,
+              groups: int = LAYER_GROUPS) -> float:
+    """The host's time per call of ``fn()`` with the device *not* held, ms: ``groups`` groups of ``calls``
+    back-to-back calls, each group started on an idle device (synchronised before, untimed) and timed until its
+    last call returns, without waiting for the device; the median over the groups. The device runs along, so the
+    launch queue stays as short as the device keeps it (in a host-bound part, nearly empty, as in the step);
+    behind a sleep (``host_ms``) every launch of a group is pending at once. Gradients of ``leaves`` are cleared
+    before every call, as :func:`tigon.workflows.timing.call_cost` does."""
+    import statistics
+    import time
+
+    samples = []
+    for _ in range(groups):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            for t in leaves:
+                t.grad = None
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e3 / calls)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return statistics.median(samples)
+
+
 def _cost(fn, leaves, device: torch.device) -> dict:
+    """:func:`tigon.workflows.timing.call_cost`'s dict of one part, with ``unheld_ms`` (:func:`unheld_ms`)."""
     try:
-        return call_cost(fn, device, grad_to_none=leaves, calls=LAYER_CALLS, groups=LAYER_GROUPS,
-                         rounds=LAYER_ROUNDS)
+        out = call_cost(fn, device, grad_to_none=leaves, calls=LAYER_CALLS, groups=LAYER_GROUPS,
+                        rounds=LAYER_ROUNDS)
+        out["unheld_ms"] = unheld_ms(fn, leaves, device)
+        return out
     finally:
         for t in leaves:
             t.grad = None
@@ -250,8 +285,8 @@ class LayerCosts:
 
     def delta_ms(self, variant: str, side: str = "host_ms") -> float | None:
         """What ``variant`` changes in the step against the original, ms per step: the layer groups' change
-        times their layers plus the rest's change, on ``side`` (``"host_ms"`` or ``"device_ms"``); None when a
-        part is missing."""
+        times their layers plus the rest's change, on ``side`` (a cost's key: ``"host_ms"``, ``"unheld_ms"`` or
+        ``"device_ms"``); None when a part is missing."""
         o, v = self.variants.get(ORIGINAL), self.variants.get(variant)
         if o is None or v is None or o.rest is None:
             return None
@@ -267,12 +302,14 @@ class LayerCosts:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON: ``{"groups": [{"key", "index", "count"}], "variants": {name: {"layers": {index: cost},
-        "rest": cost}}, "host_delta_ms" / "device_delta_ms": {variant: ms per step}, "notes"}``."""
+        "rest": cost}}, "host_delta_ms" / "unheld_delta_ms" / "device_delta_ms": {variant: ms per step}, "notes"}``
+        (host behind a sleep, host with the device not held, device)."""
         names = [n for n in self.variants if n != ORIGINAL]
         return {"groups": [vars(g) for g in self.groups],
                 "variants": {n: {"layers": {str(k): c for k, c in v.layers.items()}, "rest": v.rest}
                              for n, v in self.variants.items()},
                 "host_delta_ms": {n: self.delta_ms(n) for n in names},
+                "unheld_delta_ms": {n: self.delta_ms(n, "unheld_ms") for n in names},
                 "device_delta_ms": {n: self.delta_ms(n, "device_ms") for n in names},
                 "notes": list(self.notes)}
 
@@ -331,19 +368,48 @@ def measure_variants(model: torch.nn.Module, batch, device: torch.device, *, tar
     return out
 
 
-def host_model(costs: LayerCosts, keywords: Mapping[str, str]):
+def host_model(costs: LayerCosts, keywords: Mapping[str, str], side: str = HOST_SIDE):
     """The :class:`tigon.workflows.predict.HostModel` of ``costs``: ``delta_ms`` the patched variant's host change,
     ``without_ms`` per kind (``keywords``: kind -> its patch keyword) the ``"without <keyword>"`` variant's, for
-    the kinds whose keyword is theirs alone; None when the patched variant's change is missing."""
+    the kinds whose keyword is theirs alone; None when the patched variant's change is missing. ``side``: which
+    host time of the parts (``"host_ms"``, behind a sleep; ``"unheld_ms"``, the device not held)."""
     from .predict import HostModel
 
-    delta = costs.delta_ms(PATCHED)
+    delta = costs.delta_ms(PATCHED, side)
     if delta is None:
         return None
     shared = {kw for kw in keywords.values() if list(keywords.values()).count(kw) > 1}
     without = {}
     for kind, kw in keywords.items():
-        w = costs.delta_ms(f"without {kw}") if f"without {kw}" in costs.variants and kw not in shared else None
+        w = costs.delta_ms(f"without {kw}", side) if f"without {kw}" in costs.variants and kw not in shared \
+            else None
         if w is not None:
             without[kind] = w
     return HostModel(delta, without)
+
+
+def prediction(step, changes: list, costs: LayerCosts | None) -> tuple[Any, dict[str, Any]]:
+    """``(host, extra)`` for ``tigon profile``'s prediction of ``step`` (a :class:`tigon.workflows.predict.
+    StepCost`) under ``changes`` (:class:`~tigon.workflows.predict.OpChange` s): ``host`` the
+    :class:`~tigon.workflows.predict.HostModel` of ``costs`` on :data:`HOST_SIDE` (None without ``costs`` or their
+    patched variant: the per-op host changes then); ``extra`` the keys of its report beside the predicted step:
+    ``host_basis`` (``"layers"`` or ``"per_op"``), ``host_side``, ``host_ms_per_op`` / ``step_ms_per_op`` (the
+    per-op prediction), ``alternative`` (``{"host_side", "host_ms", "step_ms"}``: from the parts' other host time)
+    and ``device_ms_layers`` (D + the parts' device change)."""
+    from . import predict as PR
+
+    kws = {c.kind: c.keyword for c in changes}
+    host = host_model(costs, kws) if costs is not None else None
+    per_op = PR.predict(step, changes)
+    extra: dict[str, Any] = {"host_basis": "layers" if host else "per_op", "host_side": HOST_SIDE if host else None,
+                             "host_ms_per_op": per_op.host_ms, "step_ms_per_op": per_op.step_ms}
+    if host is not None:
+        other = "unheld_ms" if HOST_SIDE == "host_ms" else "host_ms"
+        alt = host_model(costs, kws, other)
+        if alt is not None:
+            a = PR.predict(step, changes, host=alt)
+            extra["alternative"] = {"host_side": other, "host_ms": a.host_ms, "step_ms": a.step_ms}
+        d = costs.delta_ms(PATCHED, "device_ms")
+        if d is not None:
+            extra["device_ms_layers"] = step.device_ms + d
+    return host, extra

@@ -50,8 +50,11 @@ def add_notes(r: Any, device: torch.device) -> None:
                        f"(patched - original rest of the model), one forward + backward of each timed like H "
                        f"(behind a sleep kernel): {r.layers['host_delta_ms'].get('patched', 0.0):+.1f} ms per step; "
                        f"adding the per-op host changes instead predicts {pred['step_ms_per_op']:.1f} ms "
-                       f"(H' {pred['host_ms_per_op']:.1f} ms). A kind's host change is what leaving it out of the "
-                       "patched parts gives back (tigon.patch(model, kind=False), measured).")
+                       f"(H' {pred['host_ms_per_op']:.1f} ms)"
+                       + (f"; the parts' host time with the device not held (no sleep, the launch queue short) "
+                          f"predicts {pred['alternative']['step_ms']:.1f} ms" if pred.get("alternative") else "")
+                       + ". A kind's host change is what leaving it out of the patched parts gives back "
+                       "(tigon.patch(model, kind=False), measured).")
     in_step = [o["kind"] for o in r.ops if o.get("host_basis") == "in_step"]
     if in_step:
         over = r.host_in_step.get("original", {}).get("overhead", {})
