@@ -149,6 +149,82 @@ def test_advice_finds_interactions_through_the_max():
     assert all(a.step_ms_without == pytest.approx(100.0) for a in adv.kinds)
 
 
+# ---- the host side from whole parts (layers + rest) -------------------------------------------------------------
+def qwen05b_like():
+    """The H200's Qwen2.5-0.5B row in round numbers: host-bound (H 98, D 60), the isolated calls say every kind
+    saves host time, the whole layers say the patched layer costs 0.65 ms more host time (24 layers)."""
+    step = PR.StepCost(step_ms=99.0, host_ms=98.0, device_ms=60.0)
+    changes = [change("rms_norm", 25, (0.30, 0.10), (0.20, 0.05)),
+               change("mlp", 24, (0.40, 0.60), (0.35, 0.40)),
+               change("lm_head_loss", 1, (1.0, 6.0), (0.9, 5.0), keyword="fused_linear_cross_entropy")]
+    host = PR.HostModel(delta_ms=24 * 0.65 + 0.5, without_ms={"rms_norm": 24 * 0.5 + 0.5, "mlp": 24 * 0.2 + 0.5,
+                                                               "lm_head_loss": 24 * 0.65})
+    return step, changes, host
+
+
+def test_whole_parts_give_the_host_side_of_a_host_bound_step():
+    step, changes, host = qwen05b_like()
+    per_op = PR.predict(step, changes)
+    assert per_op.host_ms == pytest.approx(98.0 - 25 * 0.1 - 24 * 0.05 - 0.1) and per_op.step_ms < step.step_ms
+    p = PR.predict(step, changes, host=host)
+    assert p.host_ms == pytest.approx(98.0 + 16.1) and p.bound == "host"
+    # D' is the calls' kernel-time change either way
+    assert p.device_ms == pytest.approx(per_op.device_ms) == pytest.approx(60.0 - 25 * 0.05 - 24 * 0.2 - 1.0)
+    assert p.step_ms == pytest.approx(99.0 - 98.0 + 114.1)  # the stall kept
+
+
+def test_whole_parts_on_a_device_bound_step_change_nothing_the_host_hides():
+    step = PR.StepCost(step_ms=171.0, host_ms=40.0, device_ms=165.0)
+    mlp = change("mlp", 4, (0.3, 2.0), (0.2, 1.5))
+    p = PR.predict(step, [mlp], host=PR.HostModel(delta_ms=+8.0, without_ms={"mlp": 0.0}))
+    assert p.host_ms == pytest.approx(48.0) and p.bound == "device"
+    assert p.step_ms == pytest.approx(171.0 - 2.0)
+
+
+def test_whole_parts_can_turn_a_mixed_step_host_bound():
+    # D 80 > H 70: the kernels save 10 ms, the layers cost 15 ms more host time: host-bound at 85.
+    step = PR.StepCost(step_ms=82.0, host_ms=70.0, device_ms=80.0)
+    mlp = change("mlp", 10, (0.2, 1.5), (0.1, 0.5))  # the isolated calls: host -1 ms, a 10 ms gain predicted
+    assert PR.predict(step, [mlp]).step_ms == pytest.approx(82.0 - 80.0 + 70.0)
+    p = PR.predict(step, [mlp], host=PR.HostModel(15.0, {"mlp": 0.0}))
+    assert (p.host_ms, p.device_ms, p.bound) == (pytest.approx(85.0), pytest.approx(70.0), "host")
+    assert p.step_ms == pytest.approx(82.0 - 80.0 + 85.0)
+
+
+def test_leaving_kinds_out_takes_back_their_measured_marginal():
+    step, changes, host = qwen05b_like()
+    kinds = [c.kind for c in changes]
+    assert host.marginal_ms("mlp") == pytest.approx(24 * 0.45) and host.marginal_ms("rope") is None
+    # one kind out: exactly the measured variant
+    for k in kinds:
+        on = [x for x in kinds if x != k]
+        assert PR.host_delta(changes, on, host) == pytest.approx(host.without_ms[k])
+    # nothing on: the original step, whatever the marginals add up to
+    assert PR.predict(step, changes, [], host).step_ms == pytest.approx(step.step_ms)
+    assert PR.host_delta(changes, [], host) == 0.0
+    # two out: both marginals taken back (an approximation: kinds' host costs assumed independent)
+    assert PR.host_delta(changes, ["lm_head_loss"], host) == pytest.approx(
+        host.delta_ms - host.marginal_ms("mlp") - host.marginal_ms("rms_norm"))
+    # a kind without a measured variant: its per-op host change is taken back
+    partial = PR.HostModel(host.delta_ms, {"mlp": host.without_ms["mlp"]})
+    assert PR.host_delta(changes, ["mlp", "lm_head_loss"], partial) == pytest.approx(host.delta_ms + 25 * 0.1)
+
+
+def test_advice_from_whole_parts_names_the_kinds_that_slow_the_step():
+    step, changes, host = qwen05b_like()
+    adv = PR.advise(step, changes, host)
+    by = {a.kind: a for a in adv.kinds}
+    assert adv.step_ms_all == pytest.approx(PR.predict(step, changes, host=host).step_ms)
+    assert by["mlp"].host_delta_ms == pytest.approx(24 * 0.45) and by["mlp"].slows_step
+    assert by["rms_norm"].host_delta_ms == pytest.approx(24 * 0.15) and by["rms_norm"].slows_step
+    assert by["lm_head_loss"].host_delta_ms == pytest.approx(0.5)
+    # the best predicted step is never slower than the original step, nor than every kind replaced: here each
+    # kind costs the host-bound step more host time than its kernels save, so the best is to replace nothing
+    assert adv.best_step_ms <= min(step.step_ms, adv.step_ms_all) + 1e-9
+    assert adv.replace_nothing and adv.best_step_ms == pytest.approx(step.step_ms)
+    assert not PR.advise(step, changes).kinds[1].slows_step  # the per-op host changes saw none of it
+
+
 # ---- the step's table -------------------------------------------------------------------------------------------
 def _check_table(rows, step_ms):
     assert sum(r.ms for r in rows) == pytest.approx(step_ms, rel=1e-9, abs=1e-9)

@@ -62,14 +62,17 @@ def test_op_costs_prediction_advice_and_measurement(report):
             assert o["original"]["device_ms"] == 0 == o["tigon"]["device_ms"]
         else:
             assert o["original"]["device_ms"] > 0 and o["tigon"]["device_ms"] > 0
-        # the host change per call: the modules' host time inside the step (original vs patched step), else the
-        # isolated calls'
-        assert o["host_basis"] == "in_step" and o["in_step"]["original"]["calls"] > 0, o["kind"]
+        # the host change: what leaving the kind out of the patched whole parts gives back (layers, rest)
+        assert o["host_basis"] == "layers", o["kind"]
+        without = report["layers"]["host_delta_ms"][f"without {o['keyword']}"]
+        assert o["host_delta_ms"] == pytest.approx(report["layers"]["host_delta_ms"]["patched"] - without)
+        # per op (kept beside it): the modules' host time inside the step (original vs patched step)
+        assert o["host_basis_per_op"] == "in_step" and o["in_step"]["original"]["calls"] > 0, o["kind"]
         per_call = {side: o["in_step"][side]["per_call_ms"] for side in ("original", "tigon")}
         for side in ("original", "tigon"):
             s = o["in_step"][side]
             assert s["per_call_ms"] == pytest.approx((s["forward_ms"] + s["backward_ms"]) / s["calls"])
-        assert o["host_delta_ms"] == pytest.approx(o["calls"] * (per_call["tigon"] - per_call["original"]))
+        assert o["host_delta_ms_per_op"] == pytest.approx(o["calls"] * (per_call["tigon"] - per_call["original"]))
         assert o["host_delta_ms_isolated"] == pytest.approx(
             o["calls"] * (o["tigon"]["host_ms"] - o["original"]["host_ms"]))
         assert o["patch_call"] == f"tigon.patch(model, {o['keyword']}=False)" and o["step_ms_without"] > 0
@@ -80,11 +83,16 @@ def test_op_costs_prediction_advice_and_measurement(report):
         assert lim["original"]["host_ms"] == lim["original"]["step_ms"] == report["step_ms_original"]
         assert lim["original"]["device_ms"] == 0 and lim["original"]["bound"] == "host"
         assert report["predicted_step_ms_patched"] == pytest.approx(
-            report["step_ms_original"] + sum(o["host_delta_ms"] for o in ops.values()))
+            report["step_ms_original"] + report["layers"]["host_delta_ms"]["patched"])
+        assert lim["predicted"]["step_ms_per_op"] == pytest.approx(
+            report["step_ms_original"] + sum(o["host_delta_ms_per_op"] for o in ops.values()))
     else:
         assert lim["original"]["host_ms"] > 0 and lim["original"]["device_ms"] > 0
         assert lim["original"]["bound"] in ("host", "device")
     assert lim["predicted"]["step_ms"] == report["predicted_step_ms_patched"]
+    assert lim["predicted"]["host_basis"] == "layers" and lim["predicted"]["host_side"] == "host_ms"
+    alt = lim["predicted"]["alternative"]  # the prediction from the parts' host time with the device not held
+    assert alt["host_side"] == "unheld_ms" and alt["step_ms"] > 0
     adv = report["advice"]
     assert set(adv) == {"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower"}
     assert adv["best_step_ms"] <= report["predicted_step_ms_patched"] + 1e-9

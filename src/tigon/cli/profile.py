@@ -110,8 +110,9 @@ def _render_profile(r: dict[str, Any], written: list[str]) -> None:
         ops = Table(title="Replaced ops: per forward + backward call (host = time to issue it, device = its "
                           "kernels; alone, and the host's inside the step), and per step", title_justify="left",
                     caption="in step: the host's self time in the replaced modules during the step (forward + "
-                            "backward per call, the hooks' own cost subtracted); a step host change with * uses "
-                            "it (the isolated calls' in parentheses)")
+                            "backward per call, the hooks' own cost subtracted); a step host change with L is "
+                            "what leaving the kind out of the whole layers and the rest gives back (the per-op "
+                            "change in parentheses), with * the in-step one (the isolated calls' in parentheses)")
         for col in ("patch kind", "op", "calls", "original host / device ms", "Tigon host / device ms",
                     "in step: original / Tigon host ms", "step: host / device ms", "step without it",
                     "peak MiB a call: original / Tigon", "advice"):
@@ -165,8 +166,12 @@ def _in_step(s: dict[str, Any]) -> str:
 
 
 def _step_delta(o: dict[str, Any]) -> str:
-    """The step's host / device change of one kind, ms: ``"+1.0* (-2.0) / -4.5"``, * = from the in-step host time,
-    in parentheses the isolated calls'."""
+    """The step's host / device change of one kind, ms: ``"+1.0L (-2.0) / -4.5"``, L = from the whole layers and
+    the rest measured with the kind left out (in parentheses the per-op host change), * = from the in-step host
+    time (in parentheses the isolated calls')."""
+    if o["host_basis"] == "layers":
+        return (f"{o['host_delta_ms']:+.1f}L ({o.get('host_delta_ms_per_op', o['host_delta_ms_isolated']):+.1f})"
+                f" / {o['device_delta_ms']:+.1f}")
     if o["host_basis"] != "in_step":
         return f"{o['host_delta_ms']:+.1f} / {o['device_delta_ms']:+.1f}"
     return f"{o['host_delta_ms']:+.1f}* ({o['host_delta_ms_isolated']:+.1f}) / {o['device_delta_ms']:+.1f}"
@@ -190,6 +195,13 @@ def _render_limits(console, r: dict[str, Any]) -> None:
         if lim:
             t.add_row(label, _num(lim["step_ms"]), _num(lim["host_ms"]) + ("*" if lim.get("host_waited") else ""),
                       _num(lim["device_ms"]), lim["bound"])
+            if key == "predicted" and lim.get("host_basis") == "layers":
+                t.add_row("  per-op host changes instead", _num(lim["step_ms_per_op"]), _num(lim["host_ms_per_op"]),
+                          _num(lim["device_ms"]), "")
+                if lim.get("alternative"):
+                    alt = lim["alternative"]
+                    t.add_row(f"  layers' {alt['host_side']} instead", _num(alt["step_ms"]), _num(alt["host_ms"]),
+                              _num(lim["device_ms"]), "")
     console.print(t)
 
 

@@ -15,10 +15,18 @@
    (:func:`tigon.workflows.bench.op_cost`); the calls per step are the modules :func:`tigon.patch` replaces on a
    weightless copy of the model. The host side is also measured inside the original and the patched step (the
    self time of each replaced module, forward and backward: :func:`tigon.workflows.profile_attrib.in_step_host`),
-   which the prediction uses: it holds the backward within one autograd pass and the integration layer's Python.
+   (kept in the report, and the per-op host change where the whole parts below are missing).
+   **Measure whole parts** on the trained original model (:mod:`tigon.workflows.profile_layer`): one forward +
+   backward of a decoder layer (one per group of alike layers) and of the rest of the model (embedding, final
+   norm, LM head + loss), host and device time as for ``H``, unpatched, under ``tigon.patch(model)`` and under
+   ``tigon.patch(model, keyword=False)`` per patch keyword (about 10 parts of ~53 calls each for a Llama-like
+   model). They hold what isolated ops miss: autograd's bookkeeping of custom Functions, the integration layer's
+   Python, the code between replaced modules.
 4. **Predict** the patched step from both sides (:func:`tigon.workflows.predict.predict`:
-   ``T' = T - pipeline(H, D) + pipeline(H', D')``) and **advise** per op: which replacements are predicted to
-   slow the step, the ``tigon.patch`` call that leaves them out and its predicted step
+   ``T' = T - pipeline(H, D) + pipeline(H', D')``, ``H'`` = ``H`` + layers x the layer's host change + the rest's
+   (:class:`tigon.workflows.predict.HostModel`), ``D'`` = ``D`` + the replaced calls' kernel-time change) and
+   **advise** per op: which replacements are predicted to slow the step (from the whole parts measured with that
+   kind left out), the ``tigon.patch`` call that leaves them out and its predicted step
    (:func:`tigon.workflows.predict.advise`).
 5. **Measure** the patched step as in 1 and 2, for the comparison.
 6. **Profile** the original and the patched step (at most :data:`PROFILED_STEPS` steps under
@@ -58,6 +66,7 @@ from .e2e_models import build_model, hf_config, model_info, step_batches
 from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
                              device_busy_us, device_op_count, make_step, step_issue)
 from . import profile_attrib as PA
+from . import profile_layer as PL
 from .profile_attrib import in_step_host
 from .profile_notes import PROFILED_STEPS, add_notes as _add_notes  # noqa: F401 (re-exported)
 from .timing import IssueTime
@@ -146,11 +155,21 @@ class ProfileResult:
     stage_s: seconds each stage took (its progress label -> s). host_in_step: ``{"original"|"patched":
     {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
     (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
-    time, original and Tigon, ``host_basis`` says which host time the prediction used (``"in_step"`` or
-    ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated calls; its
+    time, original and Tigon, ``host_basis`` says which host time the prediction used (``"layers"``,
+    ``"in_step"`` or ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated
+    calls; its
     ``original`` / ``tigon`` costs hold ``peak_extra_bytes``, what one isolated call allocates at its peak (CUDA).
     peak_memory_bytes_original / peak_memory_bytes_patched: the measured steps' peak memory (bytes, as ``tigon bench
     --e2e``), the memory side of the advice: a kind left out for speed gives back its memory saving.
+    layers: the whole parts measured for the host prediction (:meth:`tigon.workflows.profile_layer.LayerCosts.
+    as_dict`: per variant each layer group's and the rest's cost per forward + backward, and each variant's
+    ``host_delta_ms`` / ``device_delta_ms`` per step); ``limits["predicted"]`` then says ``host_basis``
+    (``"layers"`` or ``"per_op"``) and holds the per-op prediction beside it (``host_ms_per_op``,
+    ``step_ms_per_op``), ``host_side`` (the parts' host time used: :data:`tigon.workflows.profile_layer.
+    HOST_SIDE`), ``alternative`` (``{"host_side", "host_ms", "step_ms"}``: the prediction from the parts' other host
+    time) and ``device_ms_layers`` (D + the parts' device change); each op's ``host_delta_ms`` is its
+    marginal host change from the parts (``host_basis`` ``"layers"``), its ``host_delta_ms_per_op`` the per-op
+    one (``host_basis_per_op``: ``"in_step"`` or ``"isolated"``).
     """
 
     config: dict[str, Any]
@@ -178,6 +197,7 @@ class ProfileResult:
     host_in_step: dict[str, Any] = field(default_factory=dict)
     peak_memory_bytes_original: int | None = None
     peak_memory_bytes_patched: int | None = None
+    layers: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
@@ -429,6 +449,14 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
                     notes.append(f"measuring the replaced modules' host time inside the {provider} step failed, so "
                                  f"the prediction uses their isolated calls': {type(e).__name__}: "
                                  f"{' '.join(str(e).split())[:300]}")
+            if cfg.predict and kinds and provider == "original":
+                say("measure whole decoder layers and the rest of the model, original and patched")
+                try:
+                    layer_costs.append(PL.measure_variants(model, timed_batches[0], device, targets=paths["targets"],
+                                                           keywords={k["kind"]: k["keyword"] for k in kinds}))
+                except Exception as e:  # the prediction falls back on the per-op host changes
+                    notes.append(f"measuring whole decoder layers failed, so the host prediction adds the per-op "
+                                 f"host changes: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
 
         row, _ = run_provider(provider, hfc, cfg, timed_batches, info=info, then=then)
         in_step[provider] = held.get("in_step")
@@ -449,6 +477,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     kinds, replaced, counts, patch_notes, paths = _replacements(hfc)
     notes += patch_notes
     in_step: dict[str, Any] = {}
+    layer_costs: list[PL.LayerCosts] = []
     say("time original step (as tigon bench --e2e), then its host and device time")
     row_o, issue_o, syncs_o = timed("original")
     step = step_cost(row_o.step_ms, issue_o)
@@ -493,14 +522,23 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         limits=limits, patch=counts, traces=traces, versions=versions(), notes=notes,
         host_in_step={("patched" if p == "tigon" else p): PA.overhead_report(m) for p, m in in_step.items() if m},
         peak_memory_bytes_original=row_o.peak_memory_bytes)
+    if layer_costs:
+        result.layers = layer_costs[0].as_dict()
+        notes += [f"layers: {n}" for n in layer_costs[0].notes]
     if changes:
-        pred, adv = PR.predict(step, changes), PR.advise(step, changes)
+        hm, extra = PL.prediction(step, changes, layer_costs[0] if layer_costs else None)
+        pred, adv = PR.predict(step, changes, host=hm), PR.advise(step, changes, hm)
         result.predicted_step_ms_patched = pred.step_ms
-        result.limits["predicted"] = _limits(pred)
+        result.limits["predicted"] = {**_limits(pred), **extra}
+        calls_all = PR.calls_per_kind(changes, [c.kind for c in changes])
         for c, a in zip(changes, adv.kinds):
+            per_op_basis = "in_step" if c.kind in host else "isolated"
             result.ops.append({**dataclasses.asdict(a), "original": costs[c.op]["eager"],
                                "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses),
-                               "host_basis": "in_step" if c.kind in host else "isolated",
+                               "host_basis": "layers" if hm and hm.marginal_ms(c.kind) is not None else per_op_basis,
+                               "host_delta_ms_per_op": calls_all.get(c.kind, 0) * (c.tigon.host_ms
+                                                                                   - c.original.host_ms),
+                               "host_basis_per_op": per_op_basis,
                                "host_delta_ms_isolated": a.calls * (costs[c.op]["tigon"]["host_ms"]
                                                                     - costs[c.op]["eager"]["host_ms"]),
                                "in_step": PA.kind_report(c.kind, in_step.get("original"), in_step.get("tigon"))})

@@ -39,9 +39,22 @@ def add_notes(r: Any, device: torch.device) -> None:
                        "D = 0).")
     r.notes.append("prediction: T' = T - pipeline(H, D) + pipeline(H', D'), pipeline = max(D, H - optimizer's host + "
                    "optimizer's device, H) (the forward and backward overlap host and device, the optimizer ends the "
-                   "step); H' and D' add the replaced calls' change (calls per step x (Tigon - original) per forward "
-                   "+ backward at this model's shapes, each measured like the step): a host-bound step pays the "
-                   "replacements' host cost.")
+                   "step); D' adds the replaced calls' change (calls per step x (Tigon - original) per forward "
+                   "+ backward at this model's shapes, each measured like the step), H' the whole parts' change "
+                   "where measured (else the calls'): a host-bound step pays the replacements' host cost.")
+    pred = r.limits.get("predicted", {})
+    if pred.get("host_basis") == "layers":
+        groups = " + ".join(f"{g['count']} x (patched - original layer {g['index']})"
+                            for g in r.layers.get("groups", []))
+        r.notes.append(f"host prediction from whole parts: H' = H + {groups} + "
+                       f"(patched - original rest of the model), one forward + backward of each timed like H "
+                       f"(behind a sleep kernel): {r.layers['host_delta_ms'].get('patched', 0.0):+.1f} ms per step; "
+                       f"adding the per-op host changes instead predicts {pred['step_ms_per_op']:.1f} ms "
+                       f"(H' {pred['host_ms_per_op']:.1f} ms)"
+                       + (f"; the parts' host time with the device not held (no sleep, the launch queue short) "
+                          f"predicts {pred['alternative']['step_ms']:.1f} ms" if pred.get("alternative") else "")
+                       + ". A kind's host change is what leaving it out of the patched parts gives back "
+                       "(tigon.patch(model, kind=False), measured).")
     in_step = [o["kind"] for o in r.ops if o.get("host_basis") == "in_step"]
     if in_step:
         over = r.host_in_step.get("original", {}).get("overhead", {})
