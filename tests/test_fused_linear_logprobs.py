@@ -480,3 +480,12 @@ def test_row_halves_cast_through_the_scaled_cast_kernel(monkeypatch, dtype, scal
     got = acc.finish(scale, dtype)
     want = (whole * scale if scaled else whole).to(dtype)
     assert got.shape == (389, 48) and torch.equal(got, want) and got.data_ptr() == first
+
+
+@pytest.mark.parametrize("flag", ["return_entropy", "return_lse", "return_is_top1", "return_log_sum_sq_probs"])
+@pytest.mark.parametrize("value", [1, None, "yes"])
+def test_return_flags_must_be_bools(flag, value):
+    """A truthy stand-in (1, "yes") would pick a path silently: each return_* flag must be a bool."""
+    h, w, t = torch.randn(3, 8), torch.randn(5, 8), torch.tensor([0, 4, 2])
+    with pytest.raises(TypeError, match=f"{flag} must be a bool, got"):
+        F.fused_linear_logprobs(h, w, t, **{flag: value})

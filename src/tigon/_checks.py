@@ -60,6 +60,14 @@ def choice(name: str, value, allowed) -> None:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
 
 
+def flag(name: str, value) -> bool:
+    """``value`` itself when it is a bool. Raises TypeError naming ``name`` otherwise (1, None or a tensor is not a
+    flag: a truthy stand-in would silently pick a path)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
 def number(name: str, value, *, minimum: float | None = None) -> float:
     """``value`` as a finite float (at least ``minimum``).
 

@@ -71,8 +71,7 @@ def fused_add_rms_norm(
     _checks.same_device(x=x, residual=residual, weight=weight)
     _checks.choice("casting_mode", casting_mode, ref.CASTING_MODES)
     eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
-    if not isinstance(in_place, bool):
-        raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
+    _checks.flag("in_place", in_place)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
     if residual.shape != x.shape:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _checks
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_logprobs as ref
 from ..reference.fused_linear_logprobs import LogProbsOutput
@@ -82,11 +83,15 @@ def fused_linear_logprobs(
         grad_fn). float64 inputs run the reference (float64 outputs).
 
     Raises:
+        TypeError: a ``return_*`` flag that is not a bool.
         TypeError, ValueError: bad shapes, dtypes, devices, temperature (must be finite and > 0), softcap or
             ignore_index (:func:`tigon.reference.fused_linear_logprobs.check_inputs`) and ``memory``; ValueError for
             a target outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets,
             without a host sync, at the next loss-kernel launch, the affected outputs being NaN).
     """
+    for name, value in (("return_entropy", return_entropy), ("return_lse", return_lse),
+                        ("return_is_top1", return_is_top1), ("return_log_sum_sq_probs", return_log_sum_sq_probs)):
+        _checks.flag(name, value)
     plan = logprob_plan(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                         ignore_index=ignore_index, memory=memory)
     if plan is None:

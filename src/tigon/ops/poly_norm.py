@@ -51,8 +51,7 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
     _checks.tensor("B", B, floating=True)
     _checks.same_device(X=X, W=W, B=B)
     eps = _checks.number("eps", eps, minimum=0.0)
-    if not isinstance(in_place, bool):
-        raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
+    _checks.flag("in_place", in_place)
     if X.dim() == 0:
         raise ValueError("X must have at least one dimension (..., N), got a 0-d tensor")
     if W.shape[0] != 3:

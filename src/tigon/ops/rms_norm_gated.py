@@ -71,8 +71,7 @@ def rms_norm_gated(
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     n_groups = _groups(group_size, x.shape[-1])
-    if not isinstance(norm_before_gate, bool):
-        raise TypeError(f"norm_before_gate must be a bool, got {type(norm_before_gate).__name__}")
+    _checks.flag("norm_before_gate", norm_before_gate)
     args = (x, gate, weight, eps, offset, casting_mode)
     if select_backend("rms_norm_gated", x) in TORCH_CODE or x.shape[-1] > WIDEST_ROW:
         return ref.rms_norm_gated(*args, group_size, norm_before_gate)

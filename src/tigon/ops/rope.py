@@ -168,9 +168,7 @@ def rope_interleaved(
             deinterleave and expanded_tables.
     """
     cos, sin = _checked(q, k, cos, sin, unsqueeze_dim)
-    for name, flag in (("deinterleave", deinterleave), ("expanded_tables", expanded_tables)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    _checks.flag("deinterleave", deinterleave), _checks.flag("expanded_tables", expanded_tables)
     if deinterleave and expanded_tables:
         raise ValueError("deinterleave and expanded_tables cannot both be set (no Hugging Face function does both)")
     if select_backend("rope_interleaved", q) in TORCH_CODE:
@@ -214,8 +212,7 @@ def mrope(
             or 2 * sum(section) != cos.shape[-1]:
         raise ValueError(f"mrope_section must be three non-negative ints summing to cos.shape[-1] / 2 = "
                          f"{cos.shape[-1] // 2}, got {mrope_section!r}")
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    _checks.flag("interleaved", interleaved)
     if select_backend("mrope", q) in TORCH_CODE:
         return ref.mrope(q, k, cos, sin, section, unsqueeze_dim, interleaved)
     from ..kernels import rope as kr
