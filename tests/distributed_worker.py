@@ -26,14 +26,14 @@ if "TRITON_INTERPRET" not in os.environ:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import tigon  # noqa: E402
 import ranks  # noqa: E402
+import tensor_parallel_checks as tp  # noqa: E402
 import vocab_parallel_checks  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
@@ -79,6 +79,17 @@ SCENARIOS = {
     # (norms, SwiGLU, the logits before the loss), so the runs differ by bf16 rounding (eps 7.8e-3), not by 1e-5:
     # measured 1.3e-2 on the gradients, 4e-3 on the parameters, 7e-5 on the losses.
     "fsdp_head_unit_bf16": Scenario("fsdp", head="unit", param_dtype=torch.bfloat16, rtol=3e-2),
+}
+
+
+TENSOR_PARALLEL = {  # check name -> function of tests/tensor_parallel_checks.py, called with the model builder
+    "tensor_parallel_head": "head",
+    "tensor_parallel_head_loss_parallel": "head_loss_parallel",
+    "tensor_parallel_head_tied": "head_tied",
+    "tensor_parallel_rowwise_head_skipped": "rowwise_head_skipped",
+    "tensor_parallel_model": "model",
+    "tensor_parallel_model_sequence_parallel": "model_sequence_parallel",
+    "tensor_parallel_model_transformers_plan": "model_transformers_plan",
 }
 
 
@@ -201,20 +212,6 @@ def check(name: str, sc: Scenario) -> str:
     return " ".join(f"{k}={v:.1e}" for k, v in worst.items()) + f" all_gathers={got['all_gathers']}"
 
 
-def check_tensor_parallel_head_is_skipped() -> str:
-    """A DTensor LM-head weight outside FSDP2 sharded other than by vocabulary rows (row-wise, Shard(1)): the fused
-    loss is skipped with the reason in the report, nothing raises (Shard(0), ColwiseParallel, runs
-    vocabulary-parallel: vocab_parallel_checks.tensor_parallel_head)."""
-    model = build(Scenario("none"))
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model.lm_head.weight = torch.nn.Parameter(distribute_tensor(model.lm_head.weight.data, mesh, [Shard(1)]))
-    report = tigon.patch(model)
-    skipped = [e for e in report.skipped if e.kind == "lm_head_loss"]
-    assert "lm_head_loss" not in report.counts and skipped, str(report)
-    assert "DTensor" in skipped[0].detail and "other than by vocabulary rows" in skipped[0].detail, skipped[0].detail
-    return "skipped: " + skipped[0].detail[:60]
-
-
 def check_compare(parallel: str) -> str:
     """``tigon compare --nproc 2 --parallel PARALLEL`` on the tiny default model, 2 steps: the rank side
     (tigon.workflows.compare_dist.rank_main, as torch.distributed.run starts it) in this process group; rank 0
@@ -262,16 +259,19 @@ def check_bench_e2e() -> str:
 def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
-    checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
     checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
-    checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
+    tp_build = lambda tied=False: build(Scenario("none", tied=tied))  # noqa: E731
+    for name in TENSOR_PARALLEL:
+        checks[name] = lambda fn=getattr(tp, TENSOR_PARALLEL[name]): fn(tp_build)
     checks["compare_ddp"] = lambda: check_compare("ddp")
     checks["bench_e2e_fsdp2"] = check_bench_e2e
     for name in names or list(checks):
         start = time.perf_counter()
         try:
             detail = checks[name]()
-            print(f"RESULT {name} OK {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
+            status = "SKIP" if detail.startswith("SKIP ") else "OK"
+            detail = detail.removeprefix("SKIP ")
+            print(f"RESULT {name} {status} {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
             tb = traceback.format_exc(limit=-3).replace("\n", " | ")
             print(f"RESULT {name} FAIL {type(e).__name__}: {e} | {tb}", flush=True)

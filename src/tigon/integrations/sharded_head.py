@@ -41,10 +41,19 @@ DeepSpeed ZeRO-3 (the weight a partitioned parameter, marked by DeepSpeed with `
     DeepSpeed 0.19.8). ZeRO-1 and 2 do not partition parameters (no ``ds_id``): the plain path.
 
 Tensor parallelism: the weight a DTensor sharded ``Shard(0)`` (by vocabulary rows) over a 1-D mesh, outside FSDP2
-    As torch's ``ColwiseParallel`` leaves ``lm_head``. The loss runs vocabulary-parallel
+    As torch's ``ColwiseParallel`` leaves ``lm_head`` (``parallelize_module``; transformers' ``tp_plan`` styles
+    ``colwise_gather_output`` / ``colwise_rep`` / ``colwise`` do the same). The loss runs vocabulary-parallel
     (:func:`tigon.functional.vocab_parallel_fused_linear_cross_entropy`, chosen by
     :func:`tigon.integrations.causal_lm.causal_lm_loss` for a DTensor weight): each rank's rows, the row statistics
-    all-reduced, the logits never gathered (the original head all-gathers them when its output is Replicate).
+    all-reduced, the logits never formed whole (the original head all-gathers them for ``output_layouts``
+    Replicate, or leaves them sharded, ``Shard(-1)``, for ``loss_parallel()``; either way the loss is the same
+    whole-vocabulary cross-entropy). The hidden states reach it as they reach the head: :func:`run_tensor_parallel`
+    runs the head's forward pre-hooks on them (torch's ``ColwiseParallel`` input preparation: a plain tensor is
+    taken as its ``input_layouts`` says, e.g. this rank's tokens for ``Shard(1)``, sequence parallel, and
+    redistributed to Replicate); the gradient of the replicated hidden states is each rank's partial product,
+    all-reduced over the group (Megatron's column-parallel input gradient). Tied embeddings: the one ``Shard(0)``
+    parameter (a ``RowwiseParallel`` embedding shards its rows the same way) gets the head's rows' gradient here and
+    the embedding's through the embedding, as in the original.
 
 Not handled: the fused loss is skipped with the reason (:func:`sharding_problem`) and the original forward runs
     A DTensor weight outside an FSDP2 unit placed otherwise (e.g. ``Shard(1)``, row-wise parallel, or a 2-D
@@ -118,9 +127,24 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
         if vocab_sharded(weight) and (bias is None or vocab_sharded(bias)):
             return None  # tensor parallel by vocabulary rows: the vocabulary-parallel fused loss
         return (f"the LM head weight is a DTensor ({', '.join(map(str, weight.placements))}) outside an FSDP2 unit, "
-                "sharded other than by vocabulary rows (Shard(0) over a 1-D mesh, ColwiseParallel): the fused loss "
-                "needs the whole weight or its vocabulary rows on each rank; the original forward runs")
+                f"{_layout_problem(weight, bias)}: the fused loss needs the whole weight or its vocabulary rows on "
+                "each rank (Shard(0) over a 1-D mesh, ColwiseParallel: vocab-parallel); the original forward runs")
     return None
+
+
+def _layout_problem(weight, bias) -> str:
+    """What is unsupported about a DTensor head weight (and bias) that :func:`vocab_sharded` refuses."""
+    if weight.device_mesh.ndim != 1:
+        return (f"placed over a {weight.device_mesh.ndim}-D mesh (a tensor-parallel head is vocab-parallel over one "
+                "mesh dimension; FSDP2 + TP: fully_shard the head so that FSDP2 gathers it)")
+    p = weight.placements[0]
+    if type(p).__name__ == "Shard" and p.dim % weight.ndim == 1:
+        return ("sharded other than by vocabulary rows: split by the hidden dimension (row-wise parallel, "
+                "RowwiseParallel), where each rank's logits are a partial sum that must be all-reduced whole (V "
+                "values per token) before the softmax")
+    if bias is not None and not vocab_sharded(bias):
+        return "sharded by vocabulary rows but its bias is not (a Shard(0) bias is needed)"
+    return f"sharded other than by vocabulary rows ({p})"
 
 
 _ABSENT = object()
@@ -212,8 +236,9 @@ def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.T
 
 def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: torch.Tensor) -> torch.Tensor:
     """``fn(hidden)`` where ``linear``'s parameters are whole: inside the FSDP2 unit's hooks when ``head`` or
-    ``linear`` is one (:func:`run_in_unit`), inside ``linear``'s call under DeepSpeed ZeRO-3 (:func:`run_as_forward`),
-    else called as it is.
+    ``linear`` is one (:func:`run_in_unit`), inside ``linear``'s call under DeepSpeed ZeRO-3 (:func:`run_as_forward`);
+    for a vocabulary-sharded head (tensor parallel) on the hidden states as the head's input hooks lay them out
+    (:func:`run_tensor_parallel`); else called as it is.
 
     Args:
         head: the model's LM-head attribute; linear: the plain Linear it applies
@@ -223,6 +248,35 @@ def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: tor
     unit = fsdp_unit(head, linear)
     if unit is not None:
         return run_in_unit(unit, fn, hidden)
-    if zero3_param(stored_param(linear, "weight")):
+    weight = stored_param(linear, "weight")
+    if zero3_param(weight):
         return run_as_forward(linear, fn, hidden)
+    if vocab_sharded(weight):
+        return run_tensor_parallel(linear, fn, hidden)
     return fn(hidden)
+
+
+def run_tensor_parallel(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.Tensor:
+    """``fn(hidden)`` with ``hidden`` prepared as ``module``'s input: ``module``'s forward pre-hooks run on it first
+    (torch's ``ColwiseParallel`` registers one that makes a plain tensor a DTensor with the style's
+    ``input_layouts`` and redistributes it to Replicate), its forward hooks do not (``fn`` returns the loss, not the
+    logits those would lay out). With no pre-hook (transformers' tensor-parallel styles replace ``forward`` instead
+    and take a plain input as Replicate) ``hidden`` is passed as it is.
+
+    Args:
+        module: the LM head's ``nn.Linear``, its weight a vocabulary-sharded DTensor (:func:`vocab_sharded`).
+        fn: the loss of the (DTensor or replicated plain) hidden states.
+        hidden: (..., H) the hidden states reaching the head.
+    """
+    args, kwargs = (hidden,), {}
+    with_kwargs = getattr(module, "_forward_pre_hooks_with_kwargs", {})
+    for hook_id, hook in list(module._forward_pre_hooks.items()):
+        if hook_id in with_kwargs:
+            res = hook(module, args, kwargs)
+            if res is not None:
+                args, kwargs = res
+        else:
+            res = hook(module, args)
+            if res is not None:
+                args = res if isinstance(res, tuple) else (res,)
+    return fn(args[0])
