@@ -1,12 +1,13 @@
-"""One rank of tests/test_distributed.py: a tiny Llama trained a few steps under DDP and FSDP2, patched and not.
+"""One rank of tests/test_distributed.py: a tiny Llama trained a few steps under DDP, FSDP2, FSDP1 and tensor
+parallelism (tests/tensor_parallel_checks.py), patched and not.
 
 Run by the test as 2 processes with the gloo backend on the CPU (``python distributed_worker.py [SCENARIO ...]`` with
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set). For every scenario of :data:`SCENARIOS` (or those named) it
 trains the unpatched model and the patched one under the same wrapper from the same weights on the same batches
 (each rank its own), and compares this rank's losses, local gradients (FSDP2: the rank's shards) and parameters.
-Under FSDP2 the patched run must also issue exactly as many all-gathers as the original (the fused loss adds no
-gather of its own). It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or
-``RESULT <name> FAIL <reason>``, then ``DONE``.
+Under FSDP2 and FSDP1 the patched run must also issue exactly as many all-gathers as the original (the fused loss
+adds no gather of its own). It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or
+``RESULT <name> FAIL <reason>`` (or ``SKIP <reason>`` where a check cannot run here), then ``DONE``.
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ TINY = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layer
 class Scenario:
     """How the model is wrapped and trained.
 
-    wrapper: "ddp" or "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root).
-    head: (fsdp) "root": the LM head in the root unit; "unit": its own unit; "group": ``fully_shard([norm, head])``
-        (torchtitan's wrapping). tied: tied input and output embeddings. checkpointing: HF gradient checkpointing
-        (non-reentrant). param_dtype: FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's
-        unit's ``reshard_after_forward`` (False: kept unsharded until the backward, torchtitan's default there).
+    wrapper: "ddp", "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root) or "fsdp1"
+        (``FullyShardedDataParallel``, ``use_orig_params=True``: :func:`wrap_fsdp1`).
+    head: (fsdp, fsdp1) "root": the LM head in the root unit; "unit": its own unit; (fsdp) "group":
+        ``fully_shard([norm, head])`` (torchtitan's wrapping). tied: tied input and output embeddings.
+        checkpointing: HF gradient checkpointing (non-reentrant). param_dtype: FSDP2
+        ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's unit's ``reshard_after_forward`` (False:
+        kept unsharded until the backward, torchtitan's default there).
         patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on
         the losses' relative difference and on the rel. L2 difference of each gradient and parameter.
     """
@@ -79,6 +82,9 @@ SCENARIOS = {
     # (norms, SwiGLU, the logits before the loss), so the runs differ by bf16 rounding (eps 7.8e-3), not by 1e-5:
     # measured 1.3e-2 on the gradients, 4e-3 on the parameters, 7e-5 on the losses.
     "fsdp_head_unit_bf16": Scenario("fsdp", head="unit", param_dtype=torch.bfloat16, rtol=3e-2),
+    "fsdp1": Scenario("fsdp1"),
+    "fsdp1_head_unit": Scenario("fsdp1", head="unit"),
+    "fsdp1_head_unit_patched_after_wrap": Scenario("fsdp1", head="unit", patch_after_wrap=True),
 }
 
 
@@ -111,6 +117,8 @@ def build(sc: Scenario) -> torch.nn.Module:
 def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     if sc.wrapper == "ddp":
         return DistributedDataParallel(model)
+    if sc.wrapper == "fsdp1":
+        return wrap_fsdp1(model, sc)
     kw = {} if sc.param_dtype is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=sc.param_dtype)}
     for layer in model.model.layers:
         fully_shard(layer, **kw)
@@ -119,6 +127,25 @@ def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     elif sc.head == "group":
         fully_shard([model.model.norm, model.lm_head], reshard_after_forward=sc.head_reshard, **kw)
     return fully_shard(model, **kw)
+
+
+def wrap_fsdp1(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``, full sharding): one unit per decoder layer
+    (``ModuleWrapPolicy``, as accelerate's transformer-layer policy), the head its own unit with ``head="unit"``, the
+    rest in the root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    classes = {type(model.model.layers[0])} | ({torch.nn.Linear} if sc.head == "unit" else set())
+    if sc.head == "unit":  # only the head among the Linears: the others are inside a layer's unit already
+        policy = lambda module, recurse, nonwrapped_numel: recurse or module is model.lm_head or isinstance(  # noqa
+            module, type(model.model.layers[0]))
+    else:
+        policy = ModuleWrapPolicy(classes)
+    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=policy, use_orig_params=True,
+                                       device_id=torch.device("cpu"))
+    assert isinstance(model.lm_head, FullyShardedDataParallel) == (sc.head == "unit"), model.lm_head
+    return wrapped
 
 
 def _count_all_gathers() -> list[int]:
@@ -141,6 +168,34 @@ def _count_all_gathers() -> list[int]:
 
 
 ALL_GATHERS = _count_all_gathers()
+
+
+def _count_fsdp1_all_gathers() -> list[int]:
+    """A counter of FSDP1's all-gathers of flat parameters (a wrapper around its private
+    FlatParamHandle._all_gather_flat_param; empty if it moved)."""
+    try:
+        from torch.distributed.fsdp._flat_param import FlatParamHandle
+    except ImportError:
+        return []
+    original = getattr(FlatParamHandle, "_all_gather_flat_param", None)
+    if original is None:
+        return []
+    count = [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    FlatParamHandle._all_gather_flat_param = counting
+    return count
+
+
+FSDP1_ALL_GATHERS = _count_fsdp1_all_gathers()
+
+
+def _sharded(weight: torch.Tensor) -> bool:
+    """Whether the head's weight is sharded now: an FSDP2 DTensor, or an FSDP1 view of this rank's shard."""
+    return isinstance(weight, DTensor) or weight.numel() < V * TINY["hidden_size"]
 
 
 def batch(step: int):
@@ -166,20 +221,21 @@ def train(sc: Scenario, patched: bool) -> dict:
         assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
-    gathers = ALL_GATHERS[0] if ALL_GATHERS else 0
+    counter = FSDP1_ALL_GATHERS if sc.wrapper == "fsdp1" else ALL_GATHERS
+    gathers = counter[0] if counter else 0
     for step in range(STEPS):
         ids, labels = batch(step)
         out = wrapped(input_ids=ids, labels=labels)
         run["fused"].append(out.logits is None)
         # nothing kept after the loss: a head that is its own unit is sharded again right after the forward
-        run["head_resharded"].append(isinstance(model.lm_head.weight, DTensor))
+        run["head_resharded"].append(_sharded(model.lm_head.weight))
         out.loss.backward()
         run["losses"].append(out.loss.item())
         run["grads"].append({n: _local(p.grad) for n, p in wrapped.named_parameters() if p.grad is not None})
         opt.step()
         opt.zero_grad(set_to_none=True)
     run["params"] = {n: _local(p) for n, p in wrapped.named_parameters()}
-    run["all_gathers"] = (ALL_GATHERS[0] - gathers) if ALL_GATHERS else None
+    run["all_gathers"] = (counter[0] - gathers) if counter else None
     return run
 
 
@@ -188,11 +244,11 @@ def check(name: str, sc: Scenario) -> str:
     got = train(sc, patched=True)
     assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
     assert not any(ref["fused"])
-    if sc.wrapper == "fsdp" and sc.head in ("unit", "group"):
+    if sc.wrapper in ("fsdp", "fsdp1") and sc.head in ("unit", "group"):
         # nothing kept: resharded after the forward unless the unit says otherwise, as the original
         assert got["head_resharded"] == ref["head_resharded"] == [sc.head_reshard] * STEPS, \
             f"head sharded after the forward: patched {got['head_resharded']}, original {ref['head_resharded']}"
-    if sc.wrapper == "fsdp":
+    if sc.wrapper in ("fsdp", "fsdp1"):
         assert got["all_gathers"] == ref["all_gathers"], \
             f"{got['all_gathers']} FSDP all-gathers, the original {ref['all_gathers']}"
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
