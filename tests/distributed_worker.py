@@ -48,13 +48,14 @@ class Scenario:
     """How the model is wrapped and trained.
 
     wrapper: "ddp", "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root) or "fsdp1"
-        (``FullyShardedDataParallel``, ``use_orig_params=True``: :func:`wrap_fsdp1`).
+        (``FullyShardedDataParallel``: :func:`wrap_fsdp1`).
     head: (fsdp, fsdp1) "root": the LM head in the root unit; "unit": its own unit; (fsdp) "group":
         ``fully_shard([norm, head])`` (torchtitan's wrapping). tied: tied input and output embeddings.
         checkpointing: HF gradient checkpointing (non-reentrant). param_dtype: FSDP2
         ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's unit's ``reshard_after_forward`` (False:
         kept unsharded until the backward, torchtitan's default there).
-        patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on
+        patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. orig_params: (fsdp1)
+        ``use_orig_params``. rtol: the bound on
         the losses' relative difference and on the rel. L2 difference of each gradient and parameter.
     """
 
@@ -65,6 +66,7 @@ class Scenario:
     param_dtype: torch.dtype | None = None
     head_reshard: bool = True
     patch_after_wrap: bool = False
+    orig_params: bool = True
     rtol: float = 1e-5
 
 
@@ -85,6 +87,7 @@ SCENARIOS = {
     "fsdp1": Scenario("fsdp1"),
     "fsdp1_head_unit": Scenario("fsdp1", head="unit"),
     "fsdp1_head_unit_patched_after_wrap": Scenario("fsdp1", head="unit", patch_after_wrap=True),
+    "fsdp1_head_unit_flat_params": Scenario("fsdp1", head="unit", orig_params=False),
 }
 
 
@@ -130,20 +133,22 @@ def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
 
 
 def wrap_fsdp1(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
-    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``, full sharding): one unit per decoder layer
-    (``ModuleWrapPolicy``, as accelerate's transformer-layer policy), the head its own unit with ``head="unit"``, the
-    rest in the root."""
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params`` as ``sc.orig_params`` says, full sharding): one unit
+    per decoder layer (``ModuleWrapPolicy``, as accelerate's transformer-layer policy), the head its own unit with
+    ``head="unit"``, the rest in the root."""
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    classes = {type(model.model.layers[0])} | ({torch.nn.Linear} if sc.head == "unit" else set())
-    if sc.head == "unit":  # only the head among the Linears: the others are inside a layer's unit already
-        policy = lambda module, recurse, nonwrapped_numel: recurse or module is model.lm_head or isinstance(  # noqa
-            module, type(model.model.layers[0]))
+    layer, head = type(model.model.layers[0]), model.lm_head
+    if sc.head == "unit":  # the head too, not the other Linears (inside a layer's unit already)
+        def policy(module, recurse, nonwrapped_numel):
+            return recurse or module is head or isinstance(module, layer)
     else:
-        policy = ModuleWrapPolicy(classes)
-    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=policy, use_orig_params=True,
+        policy = ModuleWrapPolicy({layer})
+    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=policy, use_orig_params=sc.orig_params,
                                        device_id=torch.device("cpu"))
+    units = [type(m._fsdp_wrapped_module) for m in FullyShardedDataParallel.fsdp_modules(wrapped)]
+    assert units.count(layer) == len(model.model.layers), units
     assert isinstance(model.lm_head, FullyShardedDataParallel) == (sc.head == "unit"), model.lm_head
     return wrapped
 
@@ -193,9 +198,14 @@ def _count_fsdp1_all_gathers() -> list[int]:
 FSDP1_ALL_GATHERS = _count_fsdp1_all_gathers()
 
 
-def _sharded(weight: torch.Tensor) -> bool:
-    """Whether the head's weight is sharded now: an FSDP2 DTensor, or an FSDP1 view of this rank's shard."""
-    return isinstance(weight, DTensor) or weight.numel() < V * TINY["hidden_size"]
+def _sharded(head: torch.nn.Module) -> bool:
+    """Whether the head's weight is sharded now: an FSDP2 DTensor, or for an FSDP1 unit its flat parameter holding
+    this rank's shard (FSDP1's private FlatParamHandle; with use_orig_params=False ``head.weight`` is a stale view)."""
+    handle = getattr(head, "_handle", None)
+    if handle is not None:
+        flat = handle.flat_param
+        return flat.data_ptr() == flat._local_shard.data_ptr()
+    return isinstance(head.weight, DTensor)
 
 
 def batch(step: int):
@@ -228,7 +238,7 @@ def train(sc: Scenario, patched: bool) -> dict:
         out = wrapped(input_ids=ids, labels=labels)
         run["fused"].append(out.logits is None)
         # nothing kept after the loss: a head that is its own unit is sharded again right after the forward
-        run["head_resharded"].append(_sharded(model.lm_head.weight))
+        run["head_resharded"].append(_sharded(model.lm_head))
         out.loss.backward()
         run["losses"].append(out.loss.item())
         run["grads"].append({n: _local(p.grad) for n, p in wrapped.named_parameters() if p.grad is not None})
