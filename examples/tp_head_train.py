@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 examples/tp_head_train.py --plan model          # the whole decoder: torch's TP plan
     torchrun --nproc-per-node 2 examples/tp_head_train.py --plan sequence-parallel
     torchrun --nproc-per-node 2 examples/tp_head_train.py --plan transformers   # transformers' own model.tp_plan
+    torchrun --nproc-per-node 2 examples/tp_head_train.py --plan model --original  # unpatched: the same losses
 
 ``--plan``: ``head`` (the default) splits only the head; ``model`` also splits every decoder layer (colwise q/k/v,
 gate/up; rowwise o/down; the embedding rowwise); ``sequence-parallel`` adds ``SequenceParallel`` norms (the
@@ -59,6 +60,7 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--plan", choices=("head", "model", "sequence-parallel", "transformers"), default="head")
+    p.add_argument("--original", action="store_true", help="do not patch (the same steps' losses, to compare)")
     args = p.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -75,9 +77,10 @@ def main():
         apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(model.tp_plan))
     else:
         parallelize_module(model, mesh, plan(model, args.plan))
-    report = tigon.patch(model)  # the head's loss: vocabulary-parallel
-    if dist.get_rank() == 0:
-        print(report)
+    if not args.original:
+        report = tigon.patch(model)  # the head's loss: vocabulary-parallel
+        if dist.get_rank() == 0:
+            print(report)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step, ids in enumerate(_tiny.byte_batches(args.steps, seed=0)):  # the same batches on every rank
         loss = model(input_ids=ids, labels=ids).loss  # identical on every rank

@@ -206,3 +206,17 @@ def test_bench_e2e_nproc_2_reports_each_rank(results, compare_dir, capsys):
     assert abs(original["losses"][0] - tigon_row["losses"][0]) <= 1e-5 * abs(original["losses"][0])
     _render_e2e(report, None)
     assert "Ranks: peak memory" in capsys.readouterr().out
+
+
+def test_run_tensor_parallel_applies_the_head_input_hooks():
+    # A tensor-parallel head's input is laid out by its forward pre-hooks (torch's ColwiseParallel registers one);
+    # the loss sees the hidden states as the head's forward would, its forward hooks (the logits' layout) do not run.
+    from tigon.integrations.sharded_head import run_tensor_parallel
+
+    lin = torch.nn.Linear(4, 3)
+    lin.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    lin.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] + 1,), kwargs), with_kwargs=True)
+    lin.register_forward_hook(lambda m, args, out: pytest.fail("the forward hook ran"))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(run_tensor_parallel(lin, lambda h: h, x), x * 2 + 1)
+    assert run_tensor_parallel(torch.nn.Linear(4, 3), lambda h: h, x) is x  # no hook: as it is
