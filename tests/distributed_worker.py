@@ -88,6 +88,7 @@ SCENARIOS = {
     "fsdp1_head_unit": Scenario("fsdp1", head="unit"),
     "fsdp1_head_unit_patched_after_wrap": Scenario("fsdp1", head="unit", patch_after_wrap=True),
     "fsdp1_head_unit_flat_params": Scenario("fsdp1", head="unit", orig_params=False),
+    "fsdp1_flat_params_patched_after_wrap": Scenario("fsdp1", orig_params=False, patch_after_wrap=True),
 }
 
 

@@ -64,10 +64,10 @@ def _layer_plan(n_layers: int, sequence_parallel: bool) -> dict:
     plan = {}
     for i in range(n_layers):
         p = f"model.layers.{i}."
-        plan.update({p + "self_attn.q_proj": ColwiseParallel(**sp_in), p + "self_attn.k_proj": ColwiseParallel(**sp_in),
-                     p + "self_attn.v_proj": ColwiseParallel(**sp_in), p + "self_attn.o_proj": RowwiseParallel(**sp_out),
-                     p + "mlp.gate_proj": ColwiseParallel(**sp_in), p + "mlp.up_proj": ColwiseParallel(**sp_in),
-                     p + "mlp.down_proj": RowwiseParallel(**sp_out)})
+        plan.update({p + name: ColwiseParallel(**sp_in)
+                     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                                  "mlp.up_proj")})
+        plan.update({p + "self_attn.o_proj": RowwiseParallel(**sp_out), p + "mlp.down_proj": RowwiseParallel(**sp_out)})
         if sequence_parallel:
             plan.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel()})
     return plan
