@@ -115,7 +115,11 @@ def transformers_plan(model):
     if not hasattr(model, "_expand_parallel_plan") or not getattr(model, "tp_plan", None):
         raise Unavailable("this transformers' model has no tp_plan / _expand_parallel_plan")
     assert model.tp_plan.get("lm_head", "").startswith("colwise"), model.tp_plan
-    apply_tensor_parallelism(model, _mesh(), model._expand_parallel_plan(model.tp_plan))
+    try:
+        plan = model._expand_parallel_plan(model.tp_plan)
+        apply_tensor_parallelism(model, _mesh(), plan)
+    except (TypeError, AttributeError) as e:  # another transformers' private signatures (before tigon.patch runs)
+        raise Unavailable(f"this transformers' apply_tensor_parallelism / _expand_parallel_plan differ: {e}") from None
     return model
 
 
