@@ -1,12 +1,13 @@
-"""One rank of tests/test_distributed.py: a tiny Llama trained a few steps under DDP and FSDP2, patched and not.
+"""One rank of tests/test_distributed.py: a tiny Llama trained a few steps under DDP, FSDP2, FSDP1 and tensor
+parallelism (tests/tensor_parallel_checks.py), patched and not.
 
 Run by the test as 2 processes with the gloo backend on the CPU (``python distributed_worker.py [SCENARIO ...]`` with
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set). For every scenario of :data:`SCENARIOS` (or those named) it
 trains the unpatched model and the patched one under the same wrapper from the same weights on the same batches
 (each rank its own), and compares this rank's losses, local gradients (FSDP2: the rank's shards) and parameters.
-Under FSDP2 the patched run must also issue exactly as many all-gathers as the original (the fused loss adds no
-gather of its own). It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or
-``RESULT <name> FAIL <reason>``, then ``DONE``.
+Under FSDP2 and FSDP1 the patched run must also issue exactly as many all-gathers as the original (the fused loss
+adds no gather of its own). It prints one line per scenario, ``RESULT <name> OK <measured differences>`` or
+``RESULT <name> FAIL <reason>`` (or ``SKIP <reason>`` where a check cannot run here), then ``DONE``.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ if "TRITON_INTERPRET" not in os.environ:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import tigon  # noqa: E402
 import ranks  # noqa: E402
+import tensor_parallel_checks as tp  # noqa: E402
 import vocab_parallel_checks  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
@@ -46,12 +47,15 @@ TINY = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layer
 class Scenario:
     """How the model is wrapped and trained.
 
-    wrapper: "ddp" or "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root).
-    head: (fsdp) "root": the LM head in the root unit; "unit": its own unit; "group": ``fully_shard([norm, head])``
-        (torchtitan's wrapping). tied: tied input and output embeddings. checkpointing: HF gradient checkpointing
-        (non-reentrant). param_dtype: FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's
-        unit's ``reshard_after_forward`` (False: kept unsharded until the backward, torchtitan's default there).
-        patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. rtol: the bound on
+    wrapper: "ddp", "fsdp" (``fully_shard`` on each decoder layer, then as ``head`` says, then the root) or "fsdp1"
+        (``FullyShardedDataParallel``: :func:`wrap_fsdp1`).
+    head: (fsdp, fsdp1) "root": the LM head in the root unit; "unit": its own unit; (fsdp) "group":
+        ``fully_shard([norm, head])`` (torchtitan's wrapping). tied: tied input and output embeddings.
+        checkpointing: HF gradient checkpointing (non-reentrant). param_dtype: FSDP2
+        ``MixedPrecisionPolicy(param_dtype=...)``. head_reshard: the head's unit's ``reshard_after_forward`` (False:
+        kept unsharded until the backward, torchtitan's default there).
+        patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. orig_params: (fsdp1)
+        ``use_orig_params``. rtol: the bound on
         the losses' relative difference and on the rel. L2 difference of each gradient and parameter.
     """
 
@@ -62,6 +66,7 @@ class Scenario:
     param_dtype: torch.dtype | None = None
     head_reshard: bool = True
     patch_after_wrap: bool = False
+    orig_params: bool = True
     rtol: float = 1e-5
 
 
@@ -79,6 +84,22 @@ SCENARIOS = {
     # (norms, SwiGLU, the logits before the loss), so the runs differ by bf16 rounding (eps 7.8e-3), not by 1e-5:
     # measured 1.3e-2 on the gradients, 4e-3 on the parameters, 7e-5 on the losses.
     "fsdp_head_unit_bf16": Scenario("fsdp", head="unit", param_dtype=torch.bfloat16, rtol=3e-2),
+    "fsdp1": Scenario("fsdp1"),
+    "fsdp1_head_unit": Scenario("fsdp1", head="unit"),
+    "fsdp1_head_unit_patched_after_wrap": Scenario("fsdp1", head="unit", patch_after_wrap=True),
+    "fsdp1_head_unit_flat_params": Scenario("fsdp1", head="unit", orig_params=False),
+    "fsdp1_flat_params_patched_after_wrap": Scenario("fsdp1", orig_params=False, patch_after_wrap=True),
+}
+
+
+TENSOR_PARALLEL = {  # check name -> function of tests/tensor_parallel_checks.py, called with the model builder
+    "tensor_parallel_head": "head",
+    "tensor_parallel_head_loss_parallel": "head_loss_parallel",
+    "tensor_parallel_head_tied": "head_tied",
+    "tensor_parallel_rowwise_head_skipped": "rowwise_head_skipped",
+    "tensor_parallel_model": "model",
+    "tensor_parallel_model_sequence_parallel": "model_sequence_parallel",
+    "tensor_parallel_model_transformers_plan": "model_transformers_plan",
 }
 
 
@@ -100,6 +121,8 @@ def build(sc: Scenario) -> torch.nn.Module:
 def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     if sc.wrapper == "ddp":
         return DistributedDataParallel(model)
+    if sc.wrapper == "fsdp1":
+        return wrap_fsdp1(model, sc)
     kw = {} if sc.param_dtype is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=sc.param_dtype)}
     for layer in model.model.layers:
         fully_shard(layer, **kw)
@@ -108,6 +131,27 @@ def wrap(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     elif sc.head == "group":
         fully_shard([model.model.norm, model.lm_head], reshard_after_forward=sc.head_reshard, **kw)
     return fully_shard(model, **kw)
+
+
+def wrap_fsdp1(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params`` as ``sc.orig_params`` says, full sharding): one unit
+    per decoder layer (``ModuleWrapPolicy``, as accelerate's transformer-layer policy), the head its own unit with
+    ``head="unit"``, the rest in the root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    layer, head = type(model.model.layers[0]), model.lm_head
+    if sc.head == "unit":  # the head too, not the other Linears (inside a layer's unit already)
+        def policy(module, recurse, nonwrapped_numel):
+            return recurse or module is head or isinstance(module, layer)
+    else:
+        policy = ModuleWrapPolicy({layer})
+    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=policy, use_orig_params=sc.orig_params,
+                                       device_id=torch.device("cpu"))
+    units = [type(m._fsdp_wrapped_module) for m in FullyShardedDataParallel.fsdp_modules(wrapped)]
+    assert units.count(layer) == len(model.model.layers), units
+    assert isinstance(model.lm_head, FullyShardedDataParallel) == (sc.head == "unit"), model.lm_head
+    return wrapped
 
 
 def _count_all_gathers() -> list[int]:
@@ -130,6 +174,39 @@ def _count_all_gathers() -> list[int]:
 
 
 ALL_GATHERS = _count_all_gathers()
+
+
+def _count_fsdp1_all_gathers() -> list[int]:
+    """A counter of FSDP1's all-gathers of flat parameters (a wrapper around its private
+    FlatParamHandle._all_gather_flat_param; empty if it moved)."""
+    try:
+        from torch.distributed.fsdp._flat_param import FlatParamHandle
+    except ImportError:
+        return []
+    original = getattr(FlatParamHandle, "_all_gather_flat_param", None)
+    if original is None:
+        return []
+    count = [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    FlatParamHandle._all_gather_flat_param = counting
+    return count
+
+
+FSDP1_ALL_GATHERS = _count_fsdp1_all_gathers()
+
+
+def _sharded(head: torch.nn.Module) -> bool:
+    """Whether the head's weight is sharded now: an FSDP2 DTensor, or for an FSDP1 unit its flat parameter holding
+    this rank's shard (FSDP1's private FlatParamHandle; with use_orig_params=False ``head.weight`` is a stale view)."""
+    handle = getattr(head, "_handle", None)
+    if handle is not None:
+        flat = handle.flat_param
+        return flat.data_ptr() == flat._local_shard.data_ptr()
+    return isinstance(head.weight, DTensor)
 
 
 def batch(step: int):
@@ -155,20 +232,21 @@ def train(sc: Scenario, patched: bool) -> dict:
         assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
-    gathers = ALL_GATHERS[0] if ALL_GATHERS else 0
+    counter = FSDP1_ALL_GATHERS if sc.wrapper == "fsdp1" else ALL_GATHERS
+    gathers = counter[0] if counter else 0
     for step in range(STEPS):
         ids, labels = batch(step)
         out = wrapped(input_ids=ids, labels=labels)
         run["fused"].append(out.logits is None)
         # nothing kept after the loss: a head that is its own unit is sharded again right after the forward
-        run["head_resharded"].append(isinstance(model.lm_head.weight, DTensor))
+        run["head_resharded"].append(_sharded(model.lm_head))
         out.loss.backward()
         run["losses"].append(out.loss.item())
         run["grads"].append({n: _local(p.grad) for n, p in wrapped.named_parameters() if p.grad is not None})
         opt.step()
         opt.zero_grad(set_to_none=True)
     run["params"] = {n: _local(p) for n, p in wrapped.named_parameters()}
-    run["all_gathers"] = (ALL_GATHERS[0] - gathers) if ALL_GATHERS else None
+    run["all_gathers"] = (counter[0] - gathers) if counter else None
     return run
 
 
@@ -177,11 +255,11 @@ def check(name: str, sc: Scenario) -> str:
     got = train(sc, patched=True)
     assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
     assert not any(ref["fused"])
-    if sc.wrapper == "fsdp" and sc.head in ("unit", "group"):
+    if sc.wrapper in ("fsdp", "fsdp1") and sc.head in ("unit", "group"):
         # nothing kept: resharded after the forward unless the unit says otherwise, as the original
         assert got["head_resharded"] == ref["head_resharded"] == [sc.head_reshard] * STEPS, \
             f"head sharded after the forward: patched {got['head_resharded']}, original {ref['head_resharded']}"
-    if sc.wrapper == "fsdp":
+    if sc.wrapper in ("fsdp", "fsdp1"):
         assert got["all_gathers"] == ref["all_gathers"], \
             f"{got['all_gathers']} FSDP all-gathers, the original {ref['all_gathers']}"
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
@@ -199,20 +277,6 @@ def check(name: str, sc: Scenario) -> str:
         worst["param"] = max(worst["param"], d)
         assert d <= sc.rtol, f"param {n} after {STEPS} steps: rel L2 {d:.2e}"
     return " ".join(f"{k}={v:.1e}" for k, v in worst.items()) + f" all_gathers={got['all_gathers']}"
-
-
-def check_tensor_parallel_head_is_skipped() -> str:
-    """A DTensor LM-head weight outside FSDP2 sharded other than by vocabulary rows (row-wise, Shard(1)): the fused
-    loss is skipped with the reason in the report, nothing raises (Shard(0), ColwiseParallel, runs
-    vocabulary-parallel: vocab_parallel_checks.tensor_parallel_head)."""
-    model = build(Scenario("none"))
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model.lm_head.weight = torch.nn.Parameter(distribute_tensor(model.lm_head.weight.data, mesh, [Shard(1)]))
-    report = tigon.patch(model)
-    skipped = [e for e in report.skipped if e.kind == "lm_head_loss"]
-    assert "lm_head_loss" not in report.counts and skipped, str(report)
-    assert "DTensor" in skipped[0].detail and "other than by vocabulary rows" in skipped[0].detail, skipped[0].detail
-    return "skipped: " + skipped[0].detail[:60]
 
 
 def check_compare(parallel: str) -> str:
@@ -262,16 +326,19 @@ def check_bench_e2e() -> str:
 def main(names: list[str]) -> None:
     dist.init_process_group("gloo")
     checks = {name: (lambda sc=sc, name=name: check(name, sc)) for name, sc in SCENARIOS.items()}
-    checks["tensor_parallel_head_skipped"] = check_tensor_parallel_head_is_skipped
     checks["vocab_parallel_functional"] = vocab_parallel_checks.functional
-    checks["tensor_parallel_head"] = lambda: vocab_parallel_checks.tensor_parallel_head(lambda: build(Scenario("none")))
+    tp_build = lambda tied=False: build(Scenario("none", tied=tied))  # noqa: E731
+    for name in TENSOR_PARALLEL:
+        checks[name] = lambda fn=getattr(tp, TENSOR_PARALLEL[name]): fn(tp_build)
     checks["compare_ddp"] = lambda: check_compare("ddp")
     checks["bench_e2e_fsdp2"] = check_bench_e2e
     for name in names or list(checks):
         start = time.perf_counter()
         try:
             detail = checks[name]()
-            print(f"RESULT {name} OK {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
+            status = "SKIP" if detail.startswith("SKIP ") else "OK"
+            detail = detail.removeprefix("SKIP ")
+            print(f"RESULT {name} {status} {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
         except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
             tb = traceback.format_exc(limit=-3).replace("\n", " | ")
             print(f"RESULT {name} FAIL {type(e).__name__}: {e} | {tb}", flush=True)

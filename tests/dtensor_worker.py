@@ -57,6 +57,29 @@ def run(name, fn, rows, params, placements, consts=(), param_pl=None, warns=Fals
         _close(d.grad, p.grad, f"{name} grad {i}")
 
 
+def async_collective_input(mesh, x, w, residual):
+    """A plain tensor that is a collective's result not waited for yet (AsyncCollectiveTensor, as torch's
+    RowwiseParallel returns with use_local_output=True) reaches the row-wise ops: waited for, the op runs on its
+    tensor, and the gradient flows back through the collective."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    world = dist.get_world_size()
+    ref_x, ref_r = x.to(DEVICE).clone().requires_grad_(), residual.to(DEVICE).clone().requires_grad_()
+    ref = F.fused_add_rms_norm(F.rms_norm(ref_x, w.to(DEVICE), 1e-6), ref_r, w.to(DEVICE), 1e-6)
+    up = torch.randn_like(ref[0])
+    (ref[0] * up).sum().backward()
+    d = distribute_tensor(x.to(DEVICE), mesh, [Shard(0)]).requires_grad_()
+    local = d.redistribute(mesh, [Replicate()], async_op=True).to_local()
+    assert world == 1 or isinstance(local, AsyncCollectiveTensor), type(local)
+    r = residual.to(DEVICE).clone().requires_grad_()
+    got = F.fused_add_rms_norm(F.rms_norm(local, w.to(DEVICE), 1e-6), r, w.to(DEVICE), 1e-6)
+    assert type(got[0]) is torch.Tensor, type(got[0])
+    (got[0] * up).sum().backward()
+    _close(got[0], ref[0].detach(), "rms_norm of an AsyncCollectiveTensor")
+    _close(d.grad, ref_x.grad, "grad through the AsyncCollectiveTensor")
+    _close(r.grad, ref_r.grad, "grad of the residual")
+
+
 def main():
     dist.init_process_group("gloo" if DEVICE == "cpu" else "nccl")
     if DEVICE == "cuda":
@@ -79,6 +102,7 @@ def main():
     for pl, warns in (([Shard(1)], False), ([Shard(2)], world > 1)):
         run(f"rope {pl}", F.rope, [q, k], [], pl, consts=[ang.cos(), ang.sin()], warns=warns)
     mesh = init_device_mesh(DEVICE, (world,))
+    async_collective_input(mesh, x, w, torch.randn(b, t, h))
     logits = distribute_tensor(torch.randn(4 * world, 10).to(DEVICE), mesh, [Shard(0)])
     try:
         F.cross_entropy(logits, torch.zeros(4 * world, dtype=torch.long, device=DEVICE))

@@ -1,5 +1,7 @@
-"""DTensor inputs (tigon.ops._dtensor): row-wise ops run on local shards and agree with the whole-tensor op; other
-tensor subclasses are refused before any kernel sees them; meta / fake tensors pass through with their shapes."""
+"""DTensor inputs (tigon.ops._dtensor): row-wise ops run on local shards and agree with the whole-tensor op; an
+AsyncCollectiveTensor (a collective's result not waited for, as torch's tensor-parallel styles return) is waited for
+and differentiated through; other tensor subclasses are refused before any kernel sees them; meta / fake tensors
+pass through with their shapes."""
 
 import os
 

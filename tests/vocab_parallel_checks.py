@@ -6,10 +6,7 @@ its columns of the logits (plain shard with ``vocab_start``, and a ``Shard(1)`` 
 float64 reference on the whole tensors: the loss and every gradient (each rank's shard of the logits' / weight's /
 bias's, the hidden states' whole) within 1e-5. V = 37 classes: unequal shards.
 
-``tensor_parallel_head``: a tiny Llama whose ``lm_head`` is ``ColwiseParallel(output_layouts=Replicate())`` (the
-original gathers the logits), patched and not, trained two SGD steps on the same batch on every rank: losses, each
-rank's gradients (its rows of the head) and parameters equal within 1e-5; the patched one (its LM-head loss only)
-returns no logits.
+A model trained with a vocabulary-parallel head: tests/tensor_parallel_checks.py.
 """
 
 from __future__ import annotations
@@ -17,12 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-import tigon
 from tigon import functional as F
-from tigon.numerics import rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
 from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
 
@@ -87,51 +81,3 @@ def functional() -> str:
     loss = F.vocab_parallel_fused_linear_cross_entropy(hidden, w, target, vocab_start=cuts[rank], **kw)
     worst = max(worst, _close(loss, ref_flce(hidden.double(), weight.double(), target, **kw), "fused, plain shard"))
     return f"max abs diff {worst:.1e}"
-
-
-def tensor_parallel_head(build, steps: int = 2) -> str:
-    """``build()``: the tiny fp32 Llama, the same weights on every rank."""
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    g = torch.Generator().manual_seed(5)  # one batch for every rank (tensor parallel: the ranks share the data)
-    ids = torch.randint(0, build().config.vocab_size, (2, 8), generator=g)
-    labels = ids.clone()
-    labels[0, :2] = -100
-    runs = []
-    for patched in (False, True):
-        model = build()
-        parallelize_module(model, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
-        if patched:
-            report = tigon.patch(model, rms_norm=False, rope=False, mlp=False)  # the head alone: faster
-            assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
-            assert "vocab_parallel_fused_linear_cross_entropy" in str(report), str(report)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        run = {"losses": [], "grads": [], "fused": []}
-        for _ in range(steps):
-            out = model(input_ids=ids, labels=labels)
-            run["fused"].append(out.logits is None)
-            out.loss.backward()
-            run["losses"].append(out.loss.item())
-            run["grads"].append({n: (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).clone()
-                                 for n, p in model.named_parameters() if p.grad is not None})
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        run["params"] = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone()
-                         for n, p in model.named_parameters()}
-        runs.append(run)
-    ref, got = runs
-    assert all(got["fused"]) and not any(ref["fused"]), (got["fused"], ref["fused"])
-    worst = 0.0
-    for a, b in zip(got["losses"], ref["losses"]):
-        assert abs(a - b) <= 1e-5 * abs(b), f"loss {a} vs {b}"
-        worst = max(worst, abs(a - b) / abs(b))
-    for gs, rs in zip(got["grads"], ref["grads"]):
-        assert gs.keys() == rs.keys(), sorted(gs.keys() ^ rs.keys())
-        for n in rs:
-            d = rel_l2(gs[n], rs[n])
-            assert d <= 1e-5, f"grad {n}: rel L2 {d:.2e}"
-            worst = max(worst, d)
-    for n, r in ref["params"].items():
-        d = rel_l2(got["params"][n], r)
-        assert d <= 1e-5, f"param {n}: rel L2 {d:.2e}"
-    head = got["grads"][0]["lm_head.weight"].shape[0]
-    return f"worst rel {worst:.1e}, head rows on this rank {head}"

@@ -24,7 +24,7 @@ from .. import functional as TF
 from .._checks import is_dtensor
 from .families import CausalLMSpec
 from .forwards import mark
-from .sharded_head import run_gathered, sharding_problem, stored_param
+from .sharded_head import fsdp1_wrapper, run_gathered, sharding_problem, stored_param
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None,
@@ -166,7 +166,8 @@ def _is_modules_to_save(module) -> bool:
 def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
     """The plain ``nn.Linear`` whose weight (and bias) ``head(x)`` applies, looking through wrappers.
 
-    A PEFT ``ModulesToSaveWrapper`` (a trainable LM head via ``modules_to_save``) resolves to the copy of the active
+    An FSDP1 unit (``FullyShardedDataParallel`` around the head) resolves to the Linear it wraps. A PEFT
+    ``ModulesToSaveWrapper`` (a trainable LM head via ``modules_to_save``) resolves to the copy of the active
     adapter, or to the original module when adapters are disabled or none of it is active, exactly as its forward
     dispatches. Anything else that is not a plain Linear (a LoRA layer on the head, a quantised Linear, a hooked
     module) cannot be expressed as one weight.
@@ -177,6 +178,9 @@ def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
     for _ in range(4):  # wrappers nest at most a few levels
         if isinstance(head, torch.nn.Linear) and type(head).forward is torch.nn.Linear.forward:
             return head, ""
+        if fsdp1_wrapper(head):  # FSDP1 unit around the head: its hooks gather the weight (sharded_head.run_gathered)
+            head = head._fsdp_wrapped_module
+            continue
         if _is_modules_to_save(head):
             active = list(head.active_adapters or ())
             known = getattr(head, "_adapters", head.modules_to_save.keys())
@@ -212,7 +216,9 @@ def head_problem(model, spec: CausalLMSpec) -> str | None:
     if linear is None:
         return why
     weight = stored_param(linear, "weight")  # not linear.weight: DeepSpeed ZeRO-3 would gather it here
-    if not weight.is_floating_point():
+    if weight is None and fsdp1_wrapper(head):
+        pass  # FSDP1 without use_orig_params: the weight is an attribute set by FSDP around the unit's forward only
+    elif not weight.is_floating_point():
         return f"{name}.weight has dtype {weight.dtype}"
     if (why := sharding_problem(head, linear)) is not None:
         return why

@@ -93,6 +93,19 @@ def _head_weight(module, comp):
     return None if linear is None else stored_param(linear, "weight")
 
 
+def _tied_note(module, weight) -> str:
+    """For a vocabulary-sharded head weight that is also the input embedding's: a note for the report."""
+    get = getattr(module, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except (AttributeError, NotImplementedError):
+        emb = None
+    if emb is not None and getattr(emb, "weight", None) is weight:
+        return ("; tied to the input embedding, whose rows are split the same way: each rank's rows get the loss's "
+                "gradient and the embedding's")
+    return ""
+
+
 def describe(kind: str, comp, module=None, opts=None) -> str:
     """What the replacement of a component of ``kind`` computes, for the report."""
     if kind == "rms_norm":
@@ -117,8 +130,9 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
 
         weight = _head_weight(module, comp)
         if weight is not None and vocab_sharded(weight):
-            parts.append("training with labels: tigon.functional.vocab_parallel_fused_linear_cross_entropy (the LM "
-                         "head is split by vocabulary rows, ColwiseParallel: no logits gathered; logits=None)")
+            parts.append(f"training with labels: tigon.functional.vocab_parallel_fused_linear_cross_entropy, "
+                         f"vocab-parallel over {weight.device_mesh.size()} ranks (the LM head is split by vocabulary "
+                         f"rows, ColwiseParallel: no logits gathered; logits=None{_tied_note(module, weight)})")
         elif weight is not None and zero3_param(weight):
             parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} run as the LM "
                          "head Linear's forward, so DeepSpeed ZeRO-3's hooks gather its partitioned weight for the "

@@ -40,16 +40,34 @@ DeepSpeed ZeRO-3 (the weight a partitioned parameter, marked by DeepSpeed with `
     Nothing of DeepSpeed is imported: ``ds_id`` and the module's ordinary hooks are all that is used (tested with
     DeepSpeed 0.19.8). ZeRO-1 and 2 do not partition parameters (no ``ds_id``): the plain path.
 
+FSDP1 (``FullyShardedDataParallel``), the head its own unit (the head attribute is the FSDP1 wrapper)
+    Outside the unit's forward the head's weight is (a view of) this rank's shard of the unit's flat parameter. The
+    loss runs as the wrapped Linear's forward through the wrapper's call (:func:`run_as_forward` with ``call`` the
+    wrapper): FSDP1's forward all-gathers the flat parameter before it (casting the hidden states under a
+    ``MixedPrecision`` policy), reshards it after (``FULL_SHARD``) and registers its pre-backward hook on the loss
+    (it gathers the weight again for the backward, as for the original head: the fused loss formed the weight's
+    gradient in the forward and does not need it); the gradient reaches the flat parameter through the Linear's
+    unsharded views and FSDP1 reduce-scatters it. A head inside a larger FSDP1 unit (the root) reads the unsharded
+    parameters during that unit's forward: nothing to do.
+
 Tensor parallelism: the weight a DTensor sharded ``Shard(0)`` (by vocabulary rows) over a 1-D mesh, outside FSDP2
-    As torch's ``ColwiseParallel`` leaves ``lm_head``. The loss runs vocabulary-parallel
+    As torch's ``ColwiseParallel`` leaves ``lm_head`` (``parallelize_module``; transformers' ``tp_plan`` styles
+    ``colwise_gather_output`` / ``colwise_rep`` / ``colwise`` do the same). The loss runs vocabulary-parallel
     (:func:`tigon.functional.vocab_parallel_fused_linear_cross_entropy`, chosen by
     :func:`tigon.integrations.causal_lm.causal_lm_loss` for a DTensor weight): each rank's rows, the row statistics
-    all-reduced, the logits never gathered (the original head all-gathers them when its output is Replicate).
+    all-reduced, the logits never formed whole (the original head all-gathers them for ``output_layouts``
+    Replicate, or leaves them sharded, ``Shard(-1)``, for ``loss_parallel()``; either way the loss is the same
+    whole-vocabulary cross-entropy). The hidden states reach it as they reach the head: :func:`run_tensor_parallel`
+    runs the head's forward pre-hooks on them (torch's ``ColwiseParallel`` input preparation: a plain tensor is
+    taken as its ``input_layouts`` says, e.g. this rank's tokens for ``Shard(1)``, sequence parallel, and
+    redistributed to Replicate); the gradient of the replicated hidden states is each rank's partial product,
+    all-reduced over the group (Megatron's column-parallel input gradient). Tied embeddings: the one ``Shard(0)``
+    parameter (a ``RowwiseParallel`` embedding shards its rows the same way) gets the head's rows' gradient here and
+    the embedding's through the embedding, as in the original.
 
 Not handled: the fused loss is skipped with the reason (:func:`sharding_problem`) and the original forward runs
     A DTensor weight outside an FSDP2 unit placed otherwise (e.g. ``Shard(1)``, row-wise parallel, or a 2-D
-    mesh), and a head wrapped by FSDP1 (``FullyShardedDataParallel``: not a
-    plain Linear, refused by :func:`tigon.integrations.causal_lm.effective_head`).
+    mesh).
 
 torch.distributed is never imported here: a model that uses it has imported it already.
 """
@@ -69,6 +87,13 @@ def _fsdp_module_class():
 def _dtensor_class():
     mod = sys.modules.get("torch.distributed.tensor")
     return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def fsdp1_wrapper(module) -> bool:
+    """Whether ``module`` is an FSDP1 unit (``torch.distributed.fsdp.FullyShardedDataParallel``)."""
+    mod = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(mod, "FullyShardedDataParallel", None) if mod is not None else None
+    return cls is not None and isinstance(module, cls)
 
 
 def fsdp_unit(*modules: torch.nn.Module | None):
@@ -103,6 +128,8 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
         whose internals changed).
     """
     weight, bias = stored_param(linear, "weight"), stored_param(linear, "bias")
+    if fsdp1_wrapper(head):
+        return None  # gathered by the FSDP1 unit's forward, around the loss run as the Linear's forward
     if zero3_param(weight):
         return None  # gathered by DeepSpeed's hooks on the head Linear, around its call (run_gathered)
     unit = fsdp_unit(head, linear)
@@ -118,9 +145,24 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
         if vocab_sharded(weight) and (bias is None or vocab_sharded(bias)):
             return None  # tensor parallel by vocabulary rows: the vocabulary-parallel fused loss
         return (f"the LM head weight is a DTensor ({', '.join(map(str, weight.placements))}) outside an FSDP2 unit, "
-                "sharded other than by vocabulary rows (Shard(0) over a 1-D mesh, ColwiseParallel): the fused loss "
-                "needs the whole weight or its vocabulary rows on each rank; the original forward runs")
+                f"{_layout_problem(weight, bias)}: the fused loss needs the whole weight or its vocabulary rows on "
+                "each rank (Shard(0) over a 1-D mesh, ColwiseParallel: vocab-parallel); the original forward runs")
     return None
+
+
+def _layout_problem(weight, bias) -> str:
+    """What is unsupported about a DTensor head weight (and bias) that :func:`vocab_sharded` refuses."""
+    if weight.device_mesh.ndim != 1:
+        return (f"placed over a {weight.device_mesh.ndim}-D mesh (a tensor-parallel head is vocab-parallel over one "
+                "mesh dimension; FSDP2 + TP: fully_shard the head so that FSDP2 gathers it)")
+    p = weight.placements[0]
+    if type(p).__name__ == "Shard" and p.dim % weight.ndim == 1:
+        return ("sharded other than by vocabulary rows: split by the hidden dimension (row-wise parallel, "
+                "RowwiseParallel), where each rank's logits are a partial sum that must be all-reduced whole (V "
+                "values per token) before the softmax")
+    if bias is not None and not vocab_sharded(bias):
+        return "sharded by vocabulary rows but its bias is not (a Shard(0) bias is needed)"
+    return f"sharded other than by vocabulary rows ({p})"
 
 
 _ABSENT = object()
@@ -184,7 +226,7 @@ def run_in_unit(unit, fn, hidden: torch.Tensor) -> torch.Tensor:
     return res if res.dtype == out.dtype else res.to(out.dtype)
 
 
-def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.Tensor:
+def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor, call=None) -> torch.Tensor:
     """``fn(hidden)`` called as ``module``'s forward, through ``module(hidden)``: every hook of ``module`` runs around
     it (DeepSpeed ZeRO-3's gather and release of the module's own parameters, and its backward hooks on the output
     and input), and they see ``fn``'s result as the module's output.
@@ -194,6 +236,8 @@ def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.T
             an instance-level ``forward`` that was set before).
         fn: reads the module's parameters when called, returns a tensor (the loss).
         hidden: the module's input.
+        call: the module called instead of ``module`` (a wrapper whose forward calls ``module``, e.g. an FSDP1 unit);
+            None: ``module``.
 
     Returns:
         ``fn``'s result as the module's hooks return it (DeepSpeed returns it through an autograd function that
@@ -202,7 +246,7 @@ def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.T
     own = module.__dict__.get("forward", _ABSENT)
     module.forward = fn
     try:
-        return module(hidden)
+        return (module if call is None else call)(hidden)
     finally:
         if own is _ABSENT:
             del module.forward
@@ -212,8 +256,10 @@ def run_as_forward(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.T
 
 def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: torch.Tensor) -> torch.Tensor:
     """``fn(hidden)`` where ``linear``'s parameters are whole: inside the FSDP2 unit's hooks when ``head`` or
-    ``linear`` is one (:func:`run_in_unit`), inside ``linear``'s call under DeepSpeed ZeRO-3 (:func:`run_as_forward`),
-    else called as it is.
+    ``linear`` is one (:func:`run_in_unit`), inside ``linear``'s call under DeepSpeed ZeRO-3 (:func:`run_as_forward`)
+    or through an FSDP1 unit's call when ``head`` is one;
+    for a vocabulary-sharded head (tensor parallel) on the hidden states as the head's input hooks lay them out
+    (:func:`run_tensor_parallel`); else called as it is.
 
     Args:
         head: the model's LM-head attribute; linear: the plain Linear it applies
@@ -223,6 +269,37 @@ def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: tor
     unit = fsdp_unit(head, linear)
     if unit is not None:
         return run_in_unit(unit, fn, hidden)
-    if zero3_param(stored_param(linear, "weight")):
+    if fsdp1_wrapper(head):
+        return run_as_forward(linear, fn, hidden, call=head)
+    weight = stored_param(linear, "weight")
+    if zero3_param(weight):
         return run_as_forward(linear, fn, hidden)
+    if vocab_sharded(weight):
+        return run_tensor_parallel(linear, fn, hidden)
     return fn(hidden)
+
+
+def run_tensor_parallel(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.Tensor:
+    """``fn(hidden)`` with ``hidden`` prepared as ``module``'s input: ``module``'s forward pre-hooks run on it first
+    (torch's ``ColwiseParallel`` registers one that makes a plain tensor a DTensor with the style's
+    ``input_layouts`` and redistributes it to Replicate), its forward hooks do not (``fn`` returns the loss, not the
+    logits those would lay out). With no pre-hook (transformers' tensor-parallel styles replace ``forward`` instead
+    and take a plain input as Replicate) ``hidden`` is passed as it is.
+
+    Args:
+        module: the LM head's ``nn.Linear``, its weight a vocabulary-sharded DTensor (:func:`vocab_sharded`).
+        fn: the loss of the (DTensor or replicated plain) hidden states.
+        hidden: (..., H) the hidden states reaching the head.
+    """
+    args, kwargs = (hidden,), {}
+    with_kwargs = getattr(module, "_forward_pre_hooks_with_kwargs", {})
+    for hook_id, hook in list(module._forward_pre_hooks.items()):
+        if hook_id in with_kwargs:
+            res = hook(module, args, kwargs)
+            if res is not None:
+                args, kwargs = res
+        else:
+            res = hook(module, args)
+            if res is not None:
+                args = res if isinstance(res, tuple) else (res,)
+    return fn(args[0])

@@ -16,6 +16,10 @@ row-wise ops instead unwrap it here, as Liger-Kernel does for its RMSNorm and Sw
   mesh dimensions that shard the rows, so autograd sums it across ranks when it reaches the parameter.
 - **Constants** (``cos``, ``sin``) are read whole (``full_tensor()``).
 
+An ``AsyncCollectiveTensor`` (the plain result of a collective not waited for yet, which torch's tensor-parallel
+styles return with ``use_local_output=True``, e.g. a ``RowwiseParallel`` projection's all-reduced output) is waited
+for and passed on as the plain tensor it holds (:func:`waited`, differentiable, no copy).
+
 The outputs are DTensors with the rows' placements. Gradients flow through ``to_local`` / ``from_local``, which
 are differentiable. Ops that reduce across rows (the cross-entropy losses) and :func:`tigon.functional.glu_linear`
 take no DTensor: TypeError; logits or an LM head sharded by vocabulary go to :mod:`tigon.ops.vocab_parallel`.
@@ -68,14 +72,43 @@ call costs one tuple membership test per argument, no generator, no import of to
 
 
 def _any_dtensor(args, kwargs) -> bool:
+    """Whether an argument is a DTensor or an AsyncCollectiveTensor (both unwrapped by the slow path)."""
     for a in args:
-        if type(a) not in _PLAIN and is_dtensor(a):
+        if type(a) not in _PLAIN and (is_dtensor(a) or is_async_collective(a)):
             return True
     if kwargs:
         for a in kwargs.values():
-            if type(a) not in _PLAIN and is_dtensor(a):
+            if type(a) not in _PLAIN and (is_dtensor(a) or is_async_collective(a)):
                 return True
     return False
+
+
+def is_async_collective(t) -> bool:
+    """Whether ``t`` is a ``torch.distributed._functional_collectives.AsyncCollectiveTensor`` (without importing
+    torch.distributed when it is not loaded)."""
+    import sys
+
+    mod = sys.modules.get("torch.distributed._functional_collectives")
+    cls = getattr(mod, "AsyncCollectiveTensor", None) if mod is not None else None
+    return cls is not None and isinstance(t, cls)
+
+
+class _Wait(torch.autograd.Function):
+    """The plain tensor an AsyncCollectiveTensor holds, once its collective is done; the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.trigger_wait().view_as(t)  # a view of the held tensor: no copy, and not the holder's own object
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def waited(t):
+    """``t`` itself, or for an AsyncCollectiveTensor the plain tensor it holds after waiting for its collective
+    (differentiable: the gradient reaches ``t`` unchanged). Anything else is returned as it is."""
+    return _Wait.apply(t) if is_async_collective(t) else t
 
 
 def accepts_dtensor(rule: DTensorRule):
@@ -87,6 +120,10 @@ def accepts_dtensor(rule: DTensorRule):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            if not _any_dtensor(args, kwargs):
+                return fn(*args, **kwargs)
+            args = tuple(waited(a) for a in args)
+            kwargs = {k: waited(v) for k, v in kwargs.items()}
             if not _any_dtensor(args, kwargs):
                 return fn(*args, **kwargs)
             return _run_local(fn, fn.__name__, rule, sig.bind(*args, **kwargs))
@@ -155,7 +192,7 @@ def _run_local(fn, op: str, rule: DTensorRule, bound: inspect.BoundArguments):
         if tuple(t.placements) != run_pl:
             t = t.redistribute(mesh, run_pl)
         dt[name] = t
-        args[name] = t.to_local()
+        args[name] = waited(t.to_local())  # a redistributed DTensor's local tensor may be one not waited for
     # a parameter's local gradient is this rank's rows' share: Partial where the rows are sharded
     grad_pl = tuple(Partial() if isinstance(p, Shard) else Replicate() for p in run_pl)
     for name in rule.params:
@@ -165,11 +202,11 @@ def _run_local(fn, op: str, rule: DTensorRule, bound: inspect.BoundArguments):
                 raise ValueError(f"tigon.{op}: {name} and {rule.rows[0]} must be on one device mesh")
             whole = p if all(isinstance(q, Replicate) for q in p.placements) else \
                 p.redistribute(mesh, (Replicate(),) * mesh.ndim)
-            args[name] = whole.to_local(grad_placements=grad_pl)
+            args[name] = waited(whole.to_local(grad_placements=grad_pl))
     for name in rule.constants:
         c = args.get(name)
         if isinstance(c, DTensor):
-            args[name] = c.full_tensor()
+            args[name] = waited(c.full_tensor())
     out = fn(*bound.args, **bound.kwargs)
 
     def wrap(local, like):

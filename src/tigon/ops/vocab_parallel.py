@@ -32,6 +32,7 @@ from ..reference import cross_entropy as ref_ce
 from ..reference import vocab_parallel as ref_vp
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
+from ._dtensor import waited
 
 
 # ---- reductions across the shards ----------------------------------------------------------------------------------
@@ -424,7 +425,8 @@ def vocab_parallel_fused_linear_cross_entropy(
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 hidden states, the same on every rank: a plain tensor, or a
-            DTensor (redistributed to Replicate first when sharded, e.g. sequence parallel: an all-gather).
+            DTensor (redistributed to Replicate first when sharded, e.g. sequence parallel: an all-gather); an
+            AsyncCollectiveTensor (a collective's result not waited for yet) is waited for.
         weight: this rank's head rows (Vl, H) with ``vocab_start``; or a DTensor (V, H) sharded ``Shard(0)`` over a
             1-D mesh (torch's ColwiseParallel); or a list of every shard (all in this process, local reductions).
         target: (N,) global class ids in [0, V) or ``ignore_index``, the same on every rank.
@@ -458,6 +460,7 @@ def vocab_parallel_fused_linear_cross_entropy(
         if tuple(hidden.placements) != rep:
             hidden = hidden.redistribute(hidden.device_mesh, rep)
         hidden = hidden.to_local()
+    hidden = waited(hidden)  # a collective's result not waited for yet (AsyncCollectiveTensor): its plain tensor
     from ..reference import fused_linear_cross_entropy as ref_flce
 
     for w, b in zip(ws, bs):
