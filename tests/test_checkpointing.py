@@ -127,14 +127,15 @@ def test_patched_model_trains_like_the_original_under_checkpointing(mode, refere
     kept_mm = kept_attention = 0
     if mode.startswith("selective"):
         stack = [layer for _, layer in checkpointing.decoder_layers(model)]
-        projections = [n for n, _ in checkpointing._projections(stack[0])]
-        assert projections == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                               "mlp.gate_proj", "mlp.up_proj"]  # not mlp.down_proj: never recomputed
         every = [checkpointing.candidates(model, layer, (B, T)) for layer in stack]
+        offered = [k.name for k in every[0]]  # in forward order
+        assert offered == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "attention", "self_attn.o_proj",
+                           "mlp.gate_proj", "mlp.up_proj"]  # not mlp.down_proj: never recomputed
+        projections = [n for n in offered if n != "attention"]
         budget = (sum(k.bytes for c in every for k in c) if mode == "selective"
-                  else sum(k.bytes for k in every[-1][:6]) + sum(k.bytes for k in every[0][:3]))
+                  else sum(k.bytes for k in every[-1] if k.name != "attention") + sum(k.bytes for k in every[0][:3]))
         plan = checkpointing.enable(model, "selective", batch=(B, T), budget_bytes=budget)
-        want = ([projections + ["attention"]] * layers if mode == "selective"
+        want = ([offered] * layers if mode == "selective"
                 else [projections[:3]] + [[]] * (layers - 2) + [projections])
         assert [[k.name for k in lp.kept] for lp in plan.layers] == want, plan.describe()
         kept_mm = sum(k.name != "attention" for lp in plan.layers for k in lp.kept)
@@ -170,7 +171,7 @@ def test_plan_and_its_errors():
     tokens, hidden = B * T, model.config.hidden_size
     q = cand[0]
     assert (q.name, q.bytes, q.flops) == ("self_attn.q_proj", tokens * 64 * 4, 2.0 * tokens * hidden * 64)
-    attention = cand[-1]
+    attention = next(k for k in cand if k.name == "attention")
     assert attention.bytes == tokens * 4 * 16 * 4 + B * 4 * T * 4 and attention.flops == 2.0 * B * 4 * T * (T + 1) * 16
     p = checkpointing.plan(model, batch=(B, T), budget_bytes=q.bytes)  # one q-sized output: the top layer's q_proj
     assert [lp.kept for lp in p.layers] == [[], [q]] and p.bytes == q.bytes and p.flops == q.flops
