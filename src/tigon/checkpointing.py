@@ -75,11 +75,12 @@ Llama-3-8B's projections at about 650-750)."""
 class Kept:
     """One output a selective checkpoint keeps: ``name`` (the projection's path in the layer, e.g.
     ``self_attn.q_proj``, or ``"attention"``), ``bytes`` it holds from the forward to the backward at the plan's batch,
-    and the recompute ``flops`` it saves per step."""
+    the recompute ``flops`` it saves per step, both over its ``calls`` per forward."""
 
     name: str
     bytes: int
     flops: float
+    calls: int = 1
 
 
 @dataclass
@@ -238,12 +239,13 @@ def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int, int],
-               recomputed: list[str] | None = None) -> list[Kept]:
+               recomputed: dict[str, int] | None = None) -> list[Kept]:
     """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: the outputs whose
-    keeping saves recompute, ``recomputed`` (names from :func:`tigon.recompute.recomputed_outputs`, which runs the
-    model once to find them when None): each projection (bytes ``tokens * out * element size``, FLOPs
-    ``2 * tokens * in * out``) and ``"attention"`` (its output and fp32 log-sum-exp at the config's query heads and
-    head dim; causal FLOPs ``2 * B * heads * T * (T + 1) * head_dim``). Nothing else is offered: not a layer's last
+    keeping saves recompute, ``recomputed`` (names and calls per forward from
+    :func:`tigon.recompute.recomputed_outputs`, which runs the model once to find them when None): each projection
+    (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``, per call) and ``"attention"`` (its
+    output and fp32 log-sum-exp at the config's query heads and head dim; causal FLOPs
+    ``2 * B * heads * T * (T + 1) * head_dim``, per call). Nothing else is offered: not a layer's last
     projection that nothing after it saves (recomputation stops before its matmul), not a hybrid's linear-attention
     or Mamba layer's attention, not an MoE block's experts or router (no ``nn.Linear``), not the attention of a model
     whose attention is "eager" (no fused kernel to save)."""
@@ -257,16 +259,16 @@ def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int,
     tokens = b * t
     modules = dict(recompute.linears(layer))
     out = []
-    for name in recomputed:
+    for name, calls in recomputed.items():
         if name in modules:
             m = modules[name]
-            out.append(Kept(name, tokens * m.out_features * m.weight.element_size(),
-                            2.0 * tokens * m.in_features * m.out_features))
+            out.append(Kept(name, calls * tokens * m.out_features * m.weight.element_size(),
+                            calls * 2.0 * tokens * m.in_features * m.out_features, calls))
         elif name == "attention" and _attention_shape(model) is not None:
             heads, head_dim = _attention_shape(model)
             size = next((m.weight.element_size() for m in modules.values()), 2)
-            out.append(Kept("attention", tokens * heads * head_dim * size + b * heads * t * 4,
-                            2.0 * b * heads * t * (t + 1) * head_dim))
+            out.append(Kept("attention", calls * (tokens * heads * head_dim * size + b * heads * t * 4),
+                            calls * 2.0 * b * heads * t * (t + 1) * head_dim, calls))
     return out
 
 

@@ -67,11 +67,12 @@ def linears(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
             if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("base_layer")]
 
 
-def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]]) -> list[list[str]]:
+def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Module]]) -> list[dict[str, int]]:
     """Per decoder layer of ``layers`` (:func:`tigon.checkpointing.decoder_layers`), in forward order, the names of
     its projections (:func:`linears`) whose matmul the recomputation of a non-reentrant checkpoint runs again, and
     ``"attention"`` when it runs a fused attention op (:func:`attention_ops`) again: the outputs whose keeping saves
-    recompute.
+    recompute, each with the number of times it runs per forward (Gemma 3n's AltUp router runs twice: keeping it
+    keeps, and saves, both outputs).
 
     Runs ``model(input_ids=...)`` once on :data:`PROBE_TOKENS` tokens in training mode with every layer checkpointed
     (``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, the recomputation under a dispatch mode that records
@@ -87,10 +88,10 @@ def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.
     from torch.utils.checkpoint import checkpoint
 
     attention = attention_ops()
-    found: list[list[str]] = [[] for _ in layers]
+    found: list[dict[str, int]] = [{} for _ in layers]
 
     class Record(TorchDispatchMode):
-        """Appends to ``names`` the layer's projections and attention as their ops run."""
+        """Counts in ``names`` the layer's projections and attention as their ops run."""
 
         def __init__(self, named, names):
             super().__init__()
@@ -100,8 +101,8 @@ def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.
             weight = matmul_weight(func, args)
             name = ("attention" if func in attention else None) if weight is None else next(
                 (n for n, m in self.named if is_one_of(weight, (m.weight,))), None)
-            if name is not None and name not in self.names:
-                self.names.append(name)
+            if name is not None:
+                self.names[name] = self.names.get(name, 0) + 1
             return func(*args, **(kwargs or {}))
 
     def recorder(i: int, layer: torch.nn.Module):
