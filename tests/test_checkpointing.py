@@ -421,3 +421,16 @@ def test_enable_in_both_of_hugging_faces_modes_trains_like_no_checkpointing(poli
             assert rel_l2(g, ref_grads[name]) <= RTOL, (frozen, name)
     with pytest.raises(ValueError, match="reentrant"):
         checkpointing.enable(sdpa_llama(), "selective", batch=(B, T), reentrant=True)
+
+
+def test_a_model_whose_forward_fails_is_refused_naming_it():
+    """The plan runs the model once to find what its layers recompute: a model whose forward fails there (Gemma 2's
+    softcap under sdpa) gets a ValueError naming ``model`` with the cause, and keeps its checkpointing settings and
+    training flag."""
+    model_type, overrides, *_ = CASES["gemma2"]
+    model = build(model_type, overrides).eval()
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="model: .*softcap"):
+        checkpointing.plan(model, batch=(B, T), budget_bytes=0)
+    assert not model.training and not any(layer.gradient_checkpointing
+                                          for _, layer in checkpointing.decoder_layers(model))

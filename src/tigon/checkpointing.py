@@ -478,7 +478,10 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
     ``model.gradient_checkpointing_enable`` set before: the same non-reentrant checkpointing, then each layer that :func:`plan` gives outputs to keep
     gets ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` with a selective-checkpoint
     policy keeping exactly those (see the module docstring). Arguments and errors: :func:`plan`. Call
-    ``model.gradient_checkpointing_disable()`` to turn it off.
+    ``model.gradient_checkpointing_disable()`` to turn it off. Any later ``gradient_checkpointing_enable`` /
+    ``activation_checkpointing_enable`` replaces the selective policy by plain checkpointing, silently: with Hugging
+    Face's ``Trainer`` leave ``TrainingArguments.gradient_checkpointing`` (``activation_checkpointing``) off, or its
+    ``use_reentrant=True`` kwargs, since the Trainer calls it again at the start of training.
     """
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
