@@ -13,6 +13,7 @@ exactly the matmuls and attention kernels its plan does not keep (issue 26: chec
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import torch
 import tigon
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model_matrix import CASES, DEVICE, DTYPE, MORE_FAMILIES, assert_report_runs, build
+from model_matrix import CASES, DEVICE, DTYPE, GENERIC, MORE_FAMILIES, assert_report_runs, build, require_family
 from tigon import checkpointing, data, support
 from tigon.integrations.engine import release_unused
 from tigon.numerics import rel_l2
@@ -127,14 +128,15 @@ def test_patched_model_trains_like_the_original_under_checkpointing(mode, refere
     kept_mm = kept_attention = 0
     if mode.startswith("selective"):
         stack = [layer for _, layer in checkpointing.decoder_layers(model)]
-        projections = [n for n, _ in checkpointing._projections(stack[0])]
-        assert projections == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                               "mlp.gate_proj", "mlp.up_proj"]  # not mlp.down_proj: never recomputed
         every = [checkpointing.candidates(model, layer, (B, T)) for layer in stack]
+        offered = [k.name for k in every[0]]  # in forward order
+        assert offered == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "attention", "self_attn.o_proj",
+                           "mlp.gate_proj", "mlp.up_proj"]  # not mlp.down_proj: never recomputed
+        projections = [n for n in offered if n != "attention"]
         budget = (sum(k.bytes for c in every for k in c) if mode == "selective"
-                  else sum(k.bytes for k in every[-1][:6]) + sum(k.bytes for k in every[0][:3]))
+                  else sum(k.bytes for k in every[-1] if k.name != "attention") + sum(k.bytes for k in every[0][:3]))
         plan = checkpointing.enable(model, "selective", batch=(B, T), budget_bytes=budget)
-        want = ([projections + ["attention"]] * layers if mode == "selective"
+        want = ([offered] * layers if mode == "selective"
                 else [projections[:3]] + [[]] * (layers - 2) + [projections])
         assert [[k.name for k in lp.kept] for lp in plan.layers] == want, plan.describe()
         kept_mm = sum(k.name != "attention" for lp in plan.layers for k in lp.kept)
@@ -170,7 +172,7 @@ def test_plan_and_its_errors():
     tokens, hidden = B * T, model.config.hidden_size
     q = cand[0]
     assert (q.name, q.bytes, q.flops) == ("self_attn.q_proj", tokens * 64 * 4, 2.0 * tokens * hidden * 64)
-    attention = cand[-1]
+    attention = next(k for k in cand if k.name == "attention")
     assert attention.bytes == tokens * 4 * 16 * 4 + B * 4 * T * 4 and attention.flops == 2.0 * B * 4 * T * (T + 1) * 16
     p = checkpointing.plan(model, batch=(B, T), budget_bytes=q.bytes)  # one q-sized output: the top layer's q_proj
     assert [lp.kept for lp in p.layers] == [[], [q]] and p.bytes == q.bytes and p.flops == q.flops
@@ -285,3 +287,150 @@ def test_selective_checkpointing_of_a_patched_peft_model():
     assert set(grads[0]) == set(ref_grads[0]) and len(grads[0]) == 2 * 7 * model.config.num_hidden_layers
     for name, g in grads[0].items():
         assert rel_l2(g, ref_grads[0][name]) <= RTOL, name
+
+
+TEXT_MATRIX = {**CASES, **MORE_FAMILIES, **{k: v for k, v in GENERIC.items() if v[5] is None}}
+EAGER_ONLY = {"gemma2", "gemma4"}  # sdpa refuses their config (softcap; per-layer head_dim): no attention kernel to keep
+CPU_MATRIX = {"mixtral", "qwen3_next", "falcon_h1", "bamba", "gemma3", "gemma2", "deepseek_v3", "gemma3n"}
+"""The cases the CPU run checks the recompute counts of, one per layout (dense, MoE, linear-attention hybrid with a
+shared expert, parallel Mamba + attention, Mamba layers, post-norms, eager attention, fused q / k / v and gate / up,
+parallel residual, MLA, a projection run twice per forward); all of them on CUDA or with TIGON_FAMILY_ALL=1."""
+
+
+def matrix_model(case: str):
+    """The matrix's tiny ``case`` with PyTorch's fused attention where the family's config allows it (skipped on
+    CPU outside :data:`CPU_MATRIX` unless TIGON_FAMILY_ALL=1)."""
+    if DEVICE == "cpu" and case not in CPU_MATRIX and os.environ.get("TIGON_FAMILY_ALL") != "1":
+        pytest.skip("checked on CUDA or with TIGON_FAMILY_ALL=1 (CPU_MATRIX: one case per layout)")
+    model_type, overrides, *_ = TEXT_MATRIX[case]
+    require_family(model_type)
+    model = build(model_type, overrides)
+    model.config._attn_implementation = "eager" if case in EAGER_ONLY else "sdpa"
+    return model
+
+
+def backward_counts(model, ids) -> tuple[CountOps, float, dict]:
+    """One forward and backward of ``model`` on ``ids``: the backward's op counts, the loss and every gradient."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    with CountOps() as c:
+        out.loss.backward()
+    return c, out.loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("case", sorted(TEXT_MATRIX))
+def test_every_offered_output_saves_its_recompute_on_the_matrix(case):
+    """On every family of the matrix: a plan that keeps everything :func:`candidates` offers removes from the
+    backward exactly one matmul per kept projection and one attention kernel per kept attention, against plain
+    non-reentrant checkpointing of the same model (so no offered output is useless: each one's op did run again), and
+    the loss and every gradient stay those of plain checkpointing (fp32, 1e-5)."""
+    model = matrix_model(case)
+    ids = data.fixed_batches(data.byte_tokens(data.corpus_text()), 1, 1, T, seed=0)[0].to(DEVICE)
+    checkpointing.hf_enable(model, False)
+    plain, ref_loss, ref_grads = backward_counts(model, ids)
+    p = checkpointing.enable(model, "selective", batch=(1, T), budget_bytes=2**40)
+    assert all(lp.kept == lp.offered for lp in p.layers), p.describe()
+    kept = [k for lp in p.layers for k in lp.kept]
+    assert kept, f"{case}: nothing offered\n{p.describe()}"
+    sel, loss, grads = backward_counts(model, ids)
+    n_attention = sum(k.calls for k in kept if k.name == "attention")  # a projection run twice is kept twice
+    n_matmuls = sum(k.calls for k in kept if k.name != "attention")
+    assert (plain.matmuls - sel.matmuls, plain.attention - sel.attention) == (n_matmuls, n_attention), p.describe()
+    assert abs(loss - ref_loss) <= RTOL * abs(ref_loss)
+    assert set(grads) == set(ref_grads)
+    for name, g in grads.items():
+        assert rel_l2(g, ref_grads[name]) <= RTOL, name
+
+
+def offered(model) -> list[list[str]]:
+    return [[k.name for k in checkpointing.candidates(model, layer, (B, T))]
+            for _, layer in checkpointing.decoder_layers(model)]
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "olmoe", "qwen3_next", "gpt_oss", "granitemoe"])
+def test_moe_layers_offer_and_keep_the_attention_output_projection(case):
+    """An MoE block's experts and router hold bare parameters (no ``nn.Linear``), so the layer's last ``nn.Linear``
+    is the attention's o_proj, whose output the recomputation needs (the MoE block runs after it): it is offered in
+    every attention layer and kept once the budget fits the top layer's outputs (registration order dropped it:
+    never kept)."""
+    model = matrix_model(case)
+    names = offered(model)
+    attention_layers = [i for i, n in enumerate(names) if "attention" in n]
+    assert attention_layers and all("self_attn.o_proj" in names[i] for i in attention_layers), names
+    top = checkpointing.candidates(model, checkpointing.decoder_layers(model)[-1][1], (B, T))
+    p = checkpointing.plan(model, batch=(B, T), budget_bytes=sum(k.bytes for k in top))
+    assert "self_attn.o_proj" in [k.name for k in p.layers[-1].kept], p.describe()
+
+
+@pytest.mark.parametrize("case", ["falcon_h1", "bamba"])
+def test_hybrid_layers_offer_no_output_the_recomputation_stops_before(case):
+    """Falcon-H1 and Bamba register the MLP before the mixers it runs after: their last projection run is the MLP's
+    down_proj (scaled by a number and added to the residual: nothing saves its output, the recomputation stops before
+    its matmul), never offered; the mixers' output projections (o_proj, mamba.out_proj) are."""
+    names = offered(matrix_model(case))
+    assert all("feed_forward.down_proj" not in n for n in names), names
+    assert all("self_attn.o_proj" in n or "mamba.out_proj" in n for n in names), names
+
+
+@pytest.mark.parametrize("case", ["gemma3", "olmo2", "glm4"])
+def test_a_down_projection_followed_by_a_norm_is_offered(case):
+    """A post-feed-forward norm saves the down projection's output: the recomputation runs that matmul again, so
+    keeping it saves recompute (the rule is what runs again, not the layer's last projection)."""
+    names = offered(matrix_model(case))
+    assert all("mlp.down_proj" in n for n in names), names
+
+
+def test_plan_table_states_units_and_why_layers_keep_less():
+    """The printed plan gives bytes in a binary unit, ms at a stated rate, and for a layer that keeps less than it
+    was offered why: the budget was spent (what was left, with its size) or nothing in it is worth keeping."""
+    model = sdpa_llama()
+    every = offered(model)
+    first = checkpointing.candidates(model, checkpointing.decoder_layers(model)[-1][1], (B, T))
+    p = checkpointing.plan(model, batch=(B, T), budget_bytes=first[0].bytes)
+    text = p.describe()
+    assert "layer 1 keep self_attn.q_proj" in text and " ms" in text and "TFLOP/s" in text, text
+    assert "budget exhausted" in text and "KiB" in text, text
+    line0 = next(line for line in text.splitlines() if line.startswith("  layer 0"))
+    assert "input only (budget exhausted" in line0 and all(n in line0 for n in every[0]), text
+    empty = checkpointing.CheckpointPlan("selective", False, (B, T), 2**20, [checkpointing.LayerPlan(0, "layers.0")])
+    assert "nothing worth keeping" in empty.describe(), empty.describe()
+
+
+@pytest.mark.parametrize("policy,reentrant", [("full", True), ("full", False), ("selective", False)])
+def test_enable_in_both_of_hugging_faces_modes_trains_like_no_checkpointing(policy, reentrant):
+    """:func:`enable` in Hugging Face's reentrant and non-reentrant modes (full) and selective: the loss and every
+    gradient equal the un-checkpointed model's (fp32, 1e-5), also after HF's own reentrant checkpointing was turned on
+    first (selective replaces it); with frozen input embeddings (LoRA-like) the reentrant mode still gives the layers
+    their gradients; selective with reentrant=True is refused, naming the argument."""
+    ids = data.fixed_batches(data.byte_tokens(data.corpus_text()), 1, B, T, seed=0)[0].to(DEVICE)
+    for frozen in (False, True):
+        ref = sdpa_llama()
+        model = sdpa_llama()
+        for m in (ref, model):
+            m.get_input_embeddings().requires_grad_(not frozen)
+        _, ref_loss, ref_grads = backward_counts(ref, ids)
+        if policy == "selective":  # HF's reentrant mode first, as a Trainer with use_reentrant=True would set it
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        p = checkpointing.enable(model, policy, reentrant=reentrant, **(
+            {"batch": (B, T), "budget_bytes": 2**20} if policy == "selective" else {}))
+        assert p.reentrant is reentrant and model.is_gradient_checkpointing
+        _, loss, grads = backward_counts(model, ids)
+        assert abs(loss - ref_loss) <= RTOL * abs(ref_loss), (frozen, loss, ref_loss)
+        assert set(grads) == set(ref_grads), (frozen, set(ref_grads) - set(grads))
+        for name, g in grads.items():
+            assert rel_l2(g, ref_grads[name]) <= RTOL, (frozen, name)
+    with pytest.raises(ValueError, match="reentrant"):
+        checkpointing.enable(sdpa_llama(), "selective", batch=(B, T), reentrant=True)
+
+
+def test_a_model_whose_forward_fails_is_refused_naming_it():
+    """The plan runs the model once to find what its layers recompute: a model whose forward fails there (Gemma 2's
+    softcap under sdpa) gets a ValueError naming ``model`` with the cause, and keeps its checkpointing settings and
+    training flag."""
+    model_type, overrides, *_ = CASES["gemma2"]
+    model = build(model_type, overrides).eval()
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="model: .*softcap"):
+        checkpointing.plan(model, batch=(B, T), budget_bytes=0)
+    assert not model.training and not any(layer.gradient_checkpointing
+                                          for _, layer in checkpointing.decoder_layers(model))

@@ -2,9 +2,10 @@
 selective policy that keeps, within each checkpointed decoder layer, the outputs that are dear to recompute.
 
 Plain checkpointing keeps each decoder layer's input and runs the layer's forward again in the backward: every
-projection's matmul but the last one (the MLP's down projection: the recomputation stops as soon as the last tensor
-the backward needs has been saved again, which for ``nn.Linear`` happens before its matmul runs) and the attention
-kernel, on top of the memory-bound ops (norms, RoPE, the GLU product, the residual add). The memory-bound ops are
+projection's matmul but those after the last tensor the backward needs (the recomputation stops as soon as that one
+has been saved again, which for ``nn.Linear`` happens before its matmul runs: a pre-norm layer's down projection is
+not recomputed, one followed by a post-feed-forward norm is; :mod:`tigon.recompute` finds which by running the model
+once) and the attention kernel, on top of the memory-bound ops (norms, RoPE, the GLU product, the residual add). The memory-bound ops are
 cheap to recompute, Tigon's kernels all the more; the matmuls and the attention are not. Per layer of Llama-3-8B at
 4 x 2048 tokens in bf16, a projection's output of width ``n`` costs ``tokens * n * 2`` bytes to keep and saves
 ``2 * tokens * k * n`` FLOPs (``k`` the input width), that is ``k`` FLOPs per kept byte, 4096 for q / k / v / o /
@@ -58,6 +59,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import recompute
+from .recompute import attention_ops
+
 POLICIES = ("full", "selective")
 """The values of :func:`enable`'s ``policy``: ``"full"`` is Hugging Face's checkpointing of every layer,
 ``"selective"`` keeps the outputs :func:`plan` chooses within each checkpointed layer."""
@@ -71,20 +75,29 @@ Llama-3-8B's projections at about 650-750)."""
 class Kept:
     """One output a selective checkpoint keeps: ``name`` (the projection's path in the layer, e.g.
     ``self_attn.q_proj``, or ``"attention"``), ``bytes`` it holds from the forward to the backward at the plan's batch,
-    and the recompute ``flops`` it saves per step."""
+    the recompute ``flops`` it saves per step, both over its ``calls`` per forward."""
 
     name: str
     bytes: int
     flops: float
+    calls: int = 1
 
 
 @dataclass
 class LayerPlan:
-    """What one decoder layer keeps: ``index`` among the decoder layers, ``name`` (its path in the model), ``kept``."""
+    """What one decoder layer keeps: ``index`` among the decoder layers, ``name`` (its path in the model), ``kept``
+    (in forward order), out of ``offered`` (:func:`candidates`: the outputs whose keeping saves recompute)."""
 
     index: int
     name: str
     kept: list[Kept] = field(default_factory=list)
+    offered: list[Kept] = field(default_factory=list)
+
+    @property
+    def left(self) -> list[Kept]:
+        """The offered outputs the budget did not reach."""
+        kept = {k.name for k in self.kept}
+        return [k for k in self.offered if k.name not in kept]
 
     @property
     def bytes(self) -> int:
@@ -129,32 +142,52 @@ class CheckpointPlan:
                 "layers": [dataclasses.asdict(lp) for lp in self.layers]}
 
     def describe(self, tflops: float = DEFAULT_TFLOPS) -> str:
-        """Lines saying what each run of layers keeps and the totals, e.g. ``layers 20-31 keep self_attn.q_proj, ...:
-        608.00 MiB, 2.61 TFLOP each`` (bytes and FLOPs in the unit that suits their size)."""
+        """A table, a line per run of layers that keep the same outputs: what they keep, its bytes (over plain
+        checkpointing, in the binary unit that suits their size: KiB, MiB, GiB), the recompute FLOPs it avoids per
+        step and those in ms at ``tflops``, per layer, e.g. ``layers 20-31 keep self_attn.q_proj, ...: 608.00 MiB,
+        2.61 TFLOP = 3.73 ms each``; then, for a layer that keeps less than it was offered, why: ``budget
+        exhausted`` (and what was left, with its bytes) or ``nothing worth keeping`` (no output of the layer would
+        be recomputed: :func:`candidates`); last the totals."""
         mode = "reentrant" if self.reentrant else "non-reentrant"
         if self.policy == "full":
             return f"full checkpointing ({mode}) of {len(self.layers)} layers: each keeps its input only"
-        lines = [f"selective checkpointing of {len(self.layers)} layers at batch {self.batch[0]} x {self.batch[1]}, "
-                 f"budget {_gib(self.budget_bytes)}:"]
+        ms = 1e3 / (tflops * 1e12)
+        lines = [f"selective checkpointing of {len(self.layers)} layers at batch {self.batch[0]} x {self.batch[1]} "
+                 f"tokens, budget {_gib(self.budget_bytes)} (bytes kept over plain checkpointing; recompute avoided "
+                 f"per step, ms at {tflops:g} TFLOP/s):"]
         runs: list[list[LayerPlan]] = []
         for lp in self.layers:
-            if runs and [k.name for k in runs[-1][-1].kept] == [k.name for k in lp.kept]:
+            if runs and _same(runs[-1][-1], lp):
                 runs[-1].append(lp)
             else:
                 runs.append([lp])
         for run in runs:
             first, last = run[0], run[-1]
             span = f"layer {first.index}" if first is last else f"layers {first.index}-{last.index}"
+            each = "" if first is last else " each"
+            if not first.offered:
+                lines.append(f"  {span}: input only (nothing worth keeping: no projection or attention output that "
+                             "the recomputation runs again)")
+                continue
+            left = ", ".join(f"{k.name} ({_gib(k.bytes)})" for k in first.left)
             if not first.kept:
-                lines.append(f"  {span}: input only (plain checkpointing)")
-            else:
-                names = ", ".join(k.name for k in first.kept)
-                lines.append(f"  {span} keep {names}: {_gib(first.bytes)}, {_flop(first.flops)} each")
+                lines.append(f"  {span}: input only (budget exhausted; not kept{each}: {left})")
+                continue
+            names = ", ".join(k.name for k in first.kept)
+            line = (f"  {span} keep {names}: {_gib(first.bytes)}, {_flop(first.flops)} = "
+                    f"{first.flops * ms:.3g} ms{each}")
+            lines.append(line + (f"; budget exhausted, not kept: {left}" if left else ""))
         lines.append(f"  in all: {_gib(self.bytes)} kept over plain checkpointing, {_flop(self.flops)} of "
                      f"recompute avoided per step = {self.ms(tflops):.3g} ms at {tflops:g} TFLOP/s")
         return "\n".join(lines)
 
     __str__ = describe
+
+
+def _same(a: LayerPlan, b: LayerPlan) -> bool:
+    """Whether two layers' plans print as one line: the same outputs kept and left, of the same sizes."""
+    return ([(k.name, k.bytes) for k in a.kept], [(k.name, k.bytes) for k in a.left]) == \
+        ([(k.name, k.bytes) for k in b.kept], [(k.name, k.bytes) for k in b.left])
 
 
 def _gib(n: int | None) -> str:
@@ -193,15 +226,6 @@ def decoder_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return layers
 
 
-def _projections(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
-    """The layer's ``nn.Linear`` projections whose outputs a selective checkpoint may keep: those plain checkpointing
-    recomputes, all but the last registered one (the MLP's down projection, which the recomputation stops before),
-    without PEFT's LoRA layers (their small A / B matrices, and their base layers: Tigon's fused LoRA adds the
-    low-rank product into the base matmul's output in place, which a kept output must not be)."""
-    linears = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
-    return [(n, m) for n, m in linears[:-1] if "lora_" not in n and not n.endswith("base_layer")]
-
-
 def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:
     """(query heads, head dim) from the model's config when its attention runs a fused kernel (not "eager"), else
     None."""
@@ -214,30 +238,37 @@ def _attention_shape(model: torch.nn.Module) -> tuple[int, int] | None:
     return heads, int(head_dim)
 
 
-def _has_attention(layer: torch.nn.Module) -> bool:
-    """Whether the decoder layer holds a softmax attention module (transformers' attention modules carry
-    ``is_causal``; their classes end in ``Attention``): a hybrid model's linear-attention (Gated DeltaNet) or Mamba
-    layers have none, so they have no attention kernel output to keep."""
-    return any(hasattr(m, "is_causal") or type(m).__name__.endswith("Attention") for m in layer.modules()
-               if m is not layer)
-
-
-def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int, int]) -> list[Kept]:
-    """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: each projection of
-    :func:`_projections` (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``) and, when the model's
-    attention is a fused kernel and the layer has an attention module (not a hybrid's linear-attention or Mamba
-    layer), ``"attention"`` (its output and fp32 log-sum-exp; causal FLOPs
-    ``2 * B * heads * T * (T + 1) * head_dim``)."""
+def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int, int],
+               recomputed: dict[str, int] | None = None) -> list[Kept]:
+    """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: the outputs whose
+    keeping saves recompute, ``recomputed`` (names and calls per forward from
+    :func:`tigon.recompute.recomputed_outputs`, which runs the model once to find them when None): each projection
+    (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``, per call) and ``"attention"`` (its
+    output and fp32 log-sum-exp at the config's query heads and head dim; causal FLOPs
+    ``2 * B * heads * T * (T + 1) * head_dim``, per call). Nothing else is offered: not a layer's last
+    projection that nothing after it saves (recomputation stops before its matmul), not a hybrid's linear-attention
+    or Mamba layer's attention, not an MoE block's experts or router (no ``nn.Linear``), not the attention of a model
+    whose attention is "eager" (no fused kernel to save)."""
+    if recomputed is None:
+        layers = decoder_layers(model)
+        index = next((i for i, (_, m) in enumerate(layers) if m is layer), None)
+        if index is None:
+            raise ValueError(f"layer: a {type(layer).__name__} that is not one of the model's decoder layers")
+        recomputed = recompute.recomputed_outputs(model, layers)[index]
     b, t = batch
     tokens = b * t
-    out = [Kept(n, tokens * m.out_features * m.weight.element_size(), 2.0 * tokens * m.in_features * m.out_features)
-           for n, m in _projections(layer)]
-    shape = _attention_shape(model)
-    if shape is not None and _has_attention(layer):
-        heads, head_dim = shape
-        size = next((m.weight.element_size() for _, m in _projections(layer)), 2)
-        out.append(Kept("attention", tokens * heads * head_dim * size + b * heads * t * 4,
-                        2.0 * b * heads * t * (t + 1) * head_dim))
+    modules = dict(recompute.linears(layer))
+    out = []
+    for name, calls in recomputed.items():
+        if name in modules:
+            m = modules[name]
+            out.append(Kept(name, calls * tokens * m.out_features * m.weight.element_size(),
+                            calls * 2.0 * tokens * m.in_features * m.out_features, calls))
+        elif name == "attention" and _attention_shape(model) is not None:
+            heads, head_dim = _attention_shape(model)
+            size = next((m.weight.element_size() for m in modules.values()), 2)
+            out.append(Kept("attention", calls * (tokens * heads * head_dim * size + b * heads * t * 4),
+                            calls * 2.0 * b * heads * t * (t + 1) * head_dim, calls))
     return out
 
 
@@ -402,15 +433,18 @@ def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int
         raise ValueError("optimizer sizes the automatic budget: give budget_bytes or optimizer, not both")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
         raise ValueError(f"budget_bytes must be an int >= 0 (bytes) or None, got {budget_bytes!r}")
-    items = [(lp, j, k) for lp, (_, layer) in zip(plans, layers) for j, k in enumerate(candidates(model, layer, batch))]
+    found = recompute.recomputed_outputs(model, layers)
+    for lp, (_, layer), names in zip(plans, layers, found):
+        lp.offered = candidates(model, layer, batch, names)
+    items = [(lp, j, k) for lp in plans for j, k in enumerate(lp.offered)]
     items.sort(key=lambda it: (-it[2].flops / max(it[2].bytes, 1), -it[0].index, it[1]))
     left, chosen = budget_bytes, set()
     for lp, j, k in items:
         if k.bytes <= left:
             left -= k.bytes
             chosen.add((lp.index, j))
-    for lp, (_, layer) in zip(plans, layers):
-        lp.kept = [k for j, k in enumerate(candidates(model, layer, batch)) if (lp.index, j) in chosen]
+    for lp in plans:
+        lp.kept = [k for j, k in enumerate(lp.offered) if (lp.index, j) in chosen]
     return CheckpointPlan(policy, reentrant, batch, budget_bytes, plans)
 
 
@@ -418,12 +452,18 @@ def plan(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int
 def hf_enable(model: torch.nn.Module, reentrant: bool) -> None:
     """Hugging Face's activation (gradient) checkpointing on ``model``, ``use_reentrant=reentrant``: through
     ``activation_checkpointing_enable`` where transformers has it (the newer name), else
-    ``gradient_checkpointing_enable``."""
+    ``gradient_checkpointing_enable``. Reentrant with frozen input embeddings (LoRA), also
+    ``model.enable_input_require_grads()``: the reentrant checkpoint runs a layer's backward only when one of its
+    inputs requires grad, else the layers' trainable parameters get no gradient (PyTorch warns, nothing fails)."""
     kwargs = {"use_reentrant": reentrant}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    weight = getattr(embeddings, "weight", None)
+    if reentrant and isinstance(weight, torch.Tensor) and not weight.requires_grad:
+        model.enable_input_require_grads()
 
 
 def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: int | None = None,
@@ -432,11 +472,16 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
     before or after, or not at all) and return what each layer keeps.
 
     ``"full"``: Hugging Face's checkpointing (``use_reentrant=reentrant``), the same as
-    ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})``.
-    ``"selective"``: the same non-reentrant checkpointing, then each layer that :func:`plan` gives outputs to keep
+    ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})`` (see
+    :func:`hf_enable`). ``"selective"`` refuses ``reentrant=True`` (ValueError naming it: torch's selective
+    checkpoint contexts run under the non-reentrant checkpoint only) and replaces a reentrant checkpointing that
+    ``model.gradient_checkpointing_enable`` set before: the same non-reentrant checkpointing, then each layer that :func:`plan` gives outputs to keep
     gets ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` with a selective-checkpoint
     policy keeping exactly those (see the module docstring). Arguments and errors: :func:`plan`. Call
-    ``model.gradient_checkpointing_disable()`` to turn it off.
+    ``model.gradient_checkpointing_disable()`` to turn it off. Any later ``gradient_checkpointing_enable`` /
+    ``activation_checkpointing_enable`` replaces the selective policy by plain checkpointing, silently: with Hugging
+    Face's ``Trainer`` leave ``TrainingArguments.gradient_checkpointing`` (``activation_checkpointing``) off, or its
+    ``use_reentrant=True`` kwargs, since the Trainer calls it again at the start of training.
     """
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
@@ -449,7 +494,7 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
         if not lp.kept:
             continue
         names = {k.name for k in lp.kept}
-        kept = tuple(m for n, m in _projections(layer) if n in names)
+        kept = tuple(m for n, m in recompute.linears(layer) if n in names)
         context = functools.partial(create_selective_checkpoint_contexts,
                                     _policy(kept, ops if "attention" in names else frozenset()))
         layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False, context_fn=context)
@@ -457,21 +502,6 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
 
 
 # ---- the policy ------------------------------------------------------------------------------------------------
-def attention_ops() -> frozenset:
-    """The fused attention ops a layer that keeps ``"attention"`` saves: PyTorch's scaled-dot-product kernels (flash,
-    memory-efficient, cuDNN, CPU flash) and flash-attn's forward when that package has registered it."""
-    names = [("aten", "_scaled_dot_product_flash_attention"), ("aten", "_scaled_dot_product_efficient_attention"),
-             ("aten", "_scaled_dot_product_cudnn_attention"), ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
-             ("flash_attn", "_flash_attn_forward"), ("flash_attn", "_flash_attn_varlen_forward")]
-    ops = set()
-    for ns, name in names:
-        try:
-            ops.add(getattr(getattr(torch.ops, ns), name).default)
-        except (AttributeError, RuntimeError):
-            pass
-    return frozenset(ops)
-
-
 def _policy(kept: tuple[torch.nn.Linear, ...], attention: frozenset):
     """The selective-checkpoint policy of one layer: ``MUST_SAVE`` for ``aten.mm`` / ``aten.addmm`` whose weight
     operand is the weight of one of the ``kept`` projections (read at each call, so that moving the model later is
@@ -480,25 +510,12 @@ def _policy(kept: tuple[torch.nn.Linear, ...], attention: frozenset):
     recomputation (older torch asks again there)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    mm, addmm = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
-    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    save, recompute_ = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
 
     def policy(ctx, func, *args, **kwargs):
-        if func is mm or func is addmm:
-            weights = tuple(m.weight for m in kept)
-            return save if _is_one_of(args[1] if func is mm else args[2], weights) else recompute
-        return save if func in attention else recompute
+        weight = recompute.matmul_weight(func, args)
+        if weight is not None:
+            return save if recompute.is_one_of(weight, tuple(m.weight for m in kept)) else recompute_
+        return save if func in attention else recompute_
 
     return policy
-
-
-def _is_one_of(operand: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
-    """Whether the matmul operand (a projection's transposed weight) is one of ``weights``: the same storage, or under
-    tracing (fake tensors, no storage) the transposed shape of one."""
-    try:
-        ptr = operand.untyped_storage().data_ptr()
-        if ptr:
-            return any(w.untyped_storage().data_ptr() == ptr for w in weights)
-    except (RuntimeError, NotImplementedError, TypeError):
-        pass
-    return operand.dim() == 2 and any(tuple(operand.shape) == (w.shape[1], w.shape[0]) for w in weights)
