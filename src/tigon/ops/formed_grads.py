@@ -13,7 +13,10 @@ tensors (its other inputs, no gradient), ``plan`` a :class:`tigon.ops.fused_line
 * Under ``torch.compile``: the same family runs inside the ``tigon::formed_head_grads`` custom op, which returns the
   per-token log-probabilities and the unscaled gradients as tensors (the compiled graph saves them for its backward
   like any activation, as ``tigon::fused_linear_cross_entropy`` does); its autograd formula scales them by the
-  upstream (:func:`tigon.kernels.head_grads.scale_grads`, out of place). The options travel as one string
+  upstream (:func:`tigon.kernels.head_grads.scale_grads`, out of place, in the ``tigon::formed_head_grads_backward``
+  custom op, which runs once per forward: a second backward through a retained graph raises, as eager; the forward's
+  token that says so is a CPU tensor, so no device synchronisation, but ``mode="reduce-overhead"`` skips CUDA graphs
+  for a graph holding it). The options travel as one string
   (:func:`encode`: dynamo folds it to a constant, the op's schema takes no dict), the family's name as another.
   Dynamo traces the rest of the loss (its value and metrics from the log-probabilities) as plain PyTorch.
 
