@@ -197,7 +197,7 @@ def test_options_string_round_trips():
 def test_opcheck_formed_head_grads(device):
     # schema, fake implementation against the real one, autograd registration (the outputs' values are not compared
     # across runs by these checks: each call's token is new)
-    from tigon.ops.formed_grads import _formed_op
+    from tigon.kernels.formed_grads import _formed_op
     from tigon.ops.fused_linear_logprobs import logprob_plan
 
     inputs = _grpo_inputs(device)
@@ -237,3 +237,41 @@ def test_bench_times_tigon_compiled_next_to_compiled_eager(monkeypatch):
     assert {r.provider for r in res.rows} == {"tigon", ops.TIGON_COMPILE}
     assert all(r.ms is not None and r.ms > 0 for r in res.rows), [r.note for r in res.rows]
     assert len(seen) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="LM-head sizes need a GPU (compiled kernels)")
+@pytest.mark.parametrize("kind", ["grpo", "dpo"])
+def test_gpu_compiled_formed_loss_at_head_size(kind, monkeypatch):
+    # bf16 at an LM head's size (vocabulary 128256, several chunks), the real chunk rules: compiled (aot_eager) takes
+    # 3 head matmuls (+1 for DPO's reference model) as eager, with eager's loss and gradients (eager casts an fp32
+    # grad_weight in place, the compiled op out of place: the same rounding, so only the chunks' fp32 sums' order
+    # could differ; 1e-3 relative is bf16's half ulp)
+    monkeypatch.undo()
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "kernels")
+    if kind == "grpo":
+        shape = {"tokens": 4096, "batch": 8, "hidden": 1024, "vocab": 128256}
+        gen = torch.Generator(device="cpu").manual_seed(3)
+        inputs = GRPO_RECORDS[0].make_inputs(shape, torch.bfloat16, "cuda", gen)
+
+        def fn(**kw):
+            out = F.fused_linear_grpo(**kw, return_metrics=True)
+            return (out.loss, *out.metrics.values())
+        dims, extra = (4096, 1024, 128256), 0
+    else:
+        gen = torch.Generator(device="cpu").manual_seed(3)
+        inputs = P._inputs({"tokens": 4096, "hidden": 1024, "vocab": 128256}, torch.bfloat16, "cuda", gen, pairs=4,
+                           ignore_every=10, reference="model")
+
+        def fn(**kw):
+            return tuple(F.fused_linear_dpo_loss(**kw))
+        dims, extra = (4096, 1024, 128256), 1
+    eager, eager_grads, eager_mm = _run(fn, inputs, count=True, dims=dims)
+    compiled = _compiled(fn)
+    _run(compiled, inputs)
+    got, grads, mm = _run(compiled, inputs, count=True, dims=dims)
+    assert eager_mm == pytest.approx(3 + extra) and mm == pytest.approx(3 + extra), (eager_mm, mm)
+    for i, (a, b) in enumerate(zip(got, eager)):
+        assert rel_l2(a.double(), b.double()) <= 1e-3, i
+    for k in eager_grads:
+        assert rel_l2(grads[k].double(), eager_grads[k].double()) <= 1e-3, k
