@@ -55,8 +55,7 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
     if plan is None:
         return None
     p = b // 2
-    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
-                             None)
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
     spec = dict(options, loss=loss, coupled=bool(coupled), ignore_index=int(ignore_index),
                 average_log_prob=bool(average_log_prob), compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
     tensors = [hidden, target, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps,
@@ -149,8 +148,7 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
     plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t)
     if plan is None:
         return None
-    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
-                             None)
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
     given_kl = isinstance(kl, torch.Tensor)
     spec = dict(beta=beta, loss_type=loss_type, desirable_weight=desirable_weight,
                 undesirable_weight=undesirable_weight, average_log_prob=bool(average_log_prob),
@@ -237,7 +235,7 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
     return plan if loop_rows(h2, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) else None
 
 
-def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan, _unused=None):
+def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan):
     """How a formed path gets the reference model's log-probabilities: ``(ref_lp, in_loop)``: (None, False) without a
     reference model; (None, True) when its matmul dtype is the policy's (the buffer's) and its kernels run: it then
     runs in the policy's chunk loop (:func:`_in_loop`); otherwise ``(ref_lp (B, T), False)``, computed by a pass of its
