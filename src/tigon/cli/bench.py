@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
                    help="preset name, config.json, checkpoint directory or cached Hub id; only its config is read "
                         "(default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST", type=_names,
-                   help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile on CPU); "
-                        f"with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
+                   help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile, tigon_compile on "
+                        f"CPU); with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
                         "in the model's dtype in the fused LM-head loss)")
     p.add_argument("--sweep", choices=SWEEPS,
                    help="tokens: 1k..64k tokens on CUDA (powers of two), tiny sizes on CPU; hidden: the norms at "

@@ -33,5 +33,6 @@ Schema conventions (custom ops return tensors, never None, and outputs never ali
   input's memory as a gradient; inductor plans the backward's buffers itself); the results are the same.
 * A second backward through a compiled graph is not detected as it is in eager mode (mean/sum fused linear
   cross-entropy forms its gradients in the forward; retain_graph then scales the same saved gradients again,
-  which is correct, not an error).
+  which is correct, not an error). The post-training losses' ``tigon::formed_head_grads``
+  (:mod:`tigon.kernels.formed_grads`) does raise there, as their eager path does.
 """

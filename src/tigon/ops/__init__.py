@@ -21,6 +21,9 @@ PEER_MODULES = {"liger": "liger_kernel", "quack": "quack", "cce": "cut_cross_ent
 BASE_PROVIDERS = ("eager", "compile", "tigon")
 """The providers every op has in ``tigon bench``: its eager PyTorch code, torch.compile of it, and Tigon."""
 
+TIGON_COMPILE = "tigon_compile"
+"""The provider of Tigon's call under torch.compile, for the records with :attr:`OpSpec.tigon_compile`."""
+
 
 def registry() -> dict[str, OpSpec]:
     """Every public op's record by name, in the order :mod:`tigon.functional` exports them.
@@ -58,12 +61,14 @@ def get(name: str) -> OpSpec:
 
 def providers() -> tuple[str, ...]:
     """Every ``tigon bench`` provider name: :data:`BASE_PROVIDERS`, then the Tigon variants of the ops' bench
-    cases (``tigon_inplace`` ...), then the peers, each in the registry's order of first appearance."""
+    cases (``tigon_inplace`` ...) and :data:`TIGON_COMPILE`, then the peers, each in the registry's order of first
+    appearance."""
     specs = registry().values()
     variants = [c.provider for s in specs for c in s.cases_tagged("bench")]
+    variants += [TIGON_COMPILE] if any(s.tigon_compile for s in specs) else []
     peers = [p for s in specs for p in s.peers]
     return tuple(dict.fromkeys([*BASE_PROVIDERS, *variants, *peers]))
 
 
-__all__ = ["CATEGORIES", "CATEGORY_LABELS", "Case", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS", "get", "providers",
-           "registry"]
+__all__ = ["CATEGORIES", "CATEGORY_LABELS", "Case", "ModelShapes", "OpSpec", "PEER_MODULES", "BASE_PROVIDERS",
+           "TIGON_COMPILE", "get", "providers", "registry"]

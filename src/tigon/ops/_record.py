@@ -164,6 +164,10 @@ class OpSpec:
     peers: other implementations to time, ``{"liger": fn(**inputs)}``; see :data:`tigon.ops.PEER_MODULES`.
     host_syncs: bench providers that wait on the host during a call (no CUDA graph can capture them).
     grads_in_forward: bench providers whose forward forms the gradient (their ``bwd`` row gets no GB/s).
+    tigon_compile: ``tigon bench`` also times ``tigon_compile``: the ``tigon`` provider's call under
+        ``torch.compile`` (next to ``compile``, the original's), for ops whose call a compiled training step traces
+        with its host-side code (the post-training losses, whose gradients formed in the forward are then the
+        ``tigon::formed_head_grads`` custom op).
     bench_notes: provider -> what a reader of its ``tigon bench`` rows should know (printed when it ran), e.g.
         which memory an in-place variant writes.
     category: what ``tigon profile`` calls the step's time this op replaces (``"norm"``, ``"rotary"``,
@@ -205,6 +209,7 @@ class OpSpec:
     peers: Mapping[str, Callable] = field(default_factory=dict)
     host_syncs: tuple[str, ...] = ()
     grads_in_forward: tuple[str, ...] = ()
+    tigon_compile: bool = False
     bench_notes: Mapping[str, str] = field(default_factory=dict)
     sweeps: tuple[str, ...] = ("tokens",)
     under_compile: str = "kernel"

@@ -20,9 +20,11 @@ import torch
 
 from ..reference import fused_linear_grpo as ref
 from ..reference import fused_linear_logprobs as ref_lp
+from ..reference.fused_linear_grpo import OPTION_NAMES
 from ..reference.grpo import GRPOOptions, couples_tokens, grpo_loss, per_row_inputs, reduce_loss, token_losses
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
+from .formed_grads import family, run_formed
 from .fused_linear_logprobs import fused_linear_logprobs, logprob_plan, trl_linear_logprobs
 
 
@@ -75,8 +77,8 @@ def fused_linear_grpo(
     sampling, the vLLM importance-sampling correction, DeepSeek-V3.2's bias-corrected KL and the entropy bonus;
     formulas in :mod:`tigon.reference.grpo`. The per-token log-probabilities are those of
     :func:`tigon.functional.fused_linear_logprobs` (fp32, chunks of tokens); with gradients wanted they are formed
-    in the forward, 3 head matmuls in all (:func:`formed_policy_loss`; a second backward through the loss then
-    raises), except inside ``torch.compile`` and for sequence-coupled losses whose sequences do not fit a chunk,
+    in the forward, 3 head matmuls in all (:func:`formed_policy_loss`, eager and inside ``torch.compile``; a second
+    backward through the loss then raises), except for sequence-coupled losses whose sequences do not fit a chunk,
     where the backward recomputes the logits (4). Masked tokens are never scored. Where Liger differs, this follows
     TRL: the clip-ratio metric of sequence-level sampling is a mean over sequences (Liger's over tokens); ``luspo``
     masks the per-token losses before weighting by the lengths (TRL 1.16; Liger weights unmasked ones); the dapo
@@ -147,17 +149,16 @@ def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: 
     gradients of hidden, weight and bias in the same pass over the chunk: 3 matmuls per token instead of 4, no
     (tokens, vocab) tensor. The loss value and metrics then come from :func:`tigon.reference.grpo.grpo_loss` on the
     log-probabilities (no autograd), plus the zero that carries the gradients
-    (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+    (:func:`tigon.ops.formed_grads.run_formed`: :class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`
+    eager, the ``tigon::formed_head_grads`` custom op inside ``torch.compile``, the chunk loop :func:`_policy_pass`
+    either way).
 
-    None when: no gradient is wanted (grad mode off, no input requires one), inside ``torch.compile`` (the custom
-    ops of the log-probabilities run instead), a PyTorch backend or a matmul dtype the kernels do not take, a coupled
-    loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer than a chunk, or advantages, given
-    log-probabilities or the sampler's ratio that require a gradient themselves.
+    None when: no gradient is wanted (grad mode off, no input requires one), a PyTorch backend or a matmul dtype the
+    kernels do not take, a coupled loss (:func:`tigon.reference.grpo.couples_tokens`) whose sequences are longer
+    than a chunk, or advantages, given log-probabilities or the sampler's ratio that require a gradient themselves.
     """
     a = args
     weight, bias = a["weight"], a["bias"]
-    if torch.compiler.is_compiling():
-        return None
     others = (a["advantages"], ref_logps, a["old_per_token_logps"], a["vllm_is_ratio"])
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in others):
         return None  # autograd's path gives them their gradients too
@@ -165,22 +166,45 @@ def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: 
     if plan is None or not any(plan.need):
         return None
     from ..kernels import fused_linear_cross_entropy as kflce
+
+    if couples_tokens(options) and kflce.loop_rows(hidden, weight, plan.cd, plan.need, plan.lean, plan.budget,
+                                                   align=t) == 0:
+        return None
+    mask, old, num_items = a["attention_mask"], a["old_per_token_logps"], a["num_items_in_batch"]
+    spec = {k: getattr(options, k) for k in OPTION_NAMES}
+    given = isinstance(num_items, torch.Tensor)
+    spec.update(want_entropy=bool(want_entropy), num_items=None if given else num_items)
+    tensors = [ids, mask, a["advantages"], ref_logps, old, a["vllm_is_ratio"], num_items if given else None]
+    anchor, logp, ent, _ = run_formed("grpo", spec, hidden, weight, bias, tensors, plan, want_entropy)
+    with torch.no_grad():
+        loss, metrics = grpo_loss(logp.reshape(b, t), mask, a["advantages"], ref_logps, old,
+                                  ent.reshape(b, t) if want_entropy else None, a["vllm_is_ratio"], num_items, options)
+    return loss + anchor, metrics
+
+
+@family("grpo")
+def _policy_pass(spec: dict, tensors: list, hidden, weight, bias, plan, halves: bool):
+    """The policy's chunk loop of :func:`formed_policy_loss` (its ``spec``: the :class:`GRPOOptions` fields,
+    ``want_entropy`` and a non-tensor ``num_items``; ``tensors``: ids (B * T,), mask (B, T), advantages, the given
+    reference and old log-probabilities, the sampler's ratio, a tensor ``num_items_in_batch``, None where absent):
+    ``((logp (B * T,), entropy or None, None), unscaled gradients)``, eager or inside the custom op
+    (:func:`tigon.ops.formed_grads.run_formed`)."""
     from ..kernels import fused_linear_logprobs as klp
 
+    options = GRPOOptions(**{k: spec[k] for k in OPTION_NAMES})
+    want_entropy = spec["want_entropy"]
+    ids, mask, advantages, ref_logps, old, vllm_ratio, num_items = tensors
+    num_items = spec["num_items"] if num_items is None else num_items
+    b, t = mask.shape
     coupled = couples_tokens(options)
-    align = t if coupled else 1
-    if coupled and kflce.loop_rows(hidden, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) == 0:
-        return None
     f32 = torch.float32
-    mask = a["attention_mask"]
     keep = mask != 0
-    adv, ratio = per_row_inputs(a["advantages"], a["vllm_is_ratio"], f32)
-    old = a["old_per_token_logps"]
+    adv, ratio = per_row_inputs(advantages, vllm_ratio, f32)
     with torch.enable_grad():  # the reduction's coefficients: its gradient at zero per-token losses (it is linear)
         zeros = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True)
         ent0 = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True) if want_entropy else None
         wanted = [zeros] + ([ent0] if options.entropy_coef != 0.0 else [])
-        coefs = torch.autograd.grad(reduce_loss(zeros, keep.to(f32), ent0, a["num_items_in_batch"], options), wanted)
+        coefs = torch.autograd.grad(reduce_loss(zeros, keep.to(f32), ent0, num_items, options), wanted)
     w_tok = coefs[0].reshape(-1)
     w_ent = coefs[1].reshape(-1).contiguous() if len(coefs) > 1 else None
 
@@ -204,18 +228,10 @@ def formed_policy_loss(hidden, ids, ref_logps, options: GRPOOptions, b: int, t: 
             (g,) = torch.autograd.grad((per_token.expand_as(lp).reshape(-1) * w_tok[s:e]).sum(), lp)
         return g.reshape(-1).contiguous(), (w_ent[s:e] if w_ent is not None else None)
 
-    def run():
-        logp, ent, grads = klp.logprobs_grads_in_forward(hidden, weight, ids.contiguous(), bias, plan.opts, plan.cd,
-                                                         plan.need, want_entropy, token_grads, plan.lean, plan.budget,
-                                                         align)
-        return (logp, ent if ent is not None else logp.new_empty((0,))), grads
-
-    anchor, logp, ent = klp.FormedGradsFunction.apply(hidden, weight, bias, run)
-    with torch.no_grad():
-        loss, metrics = grpo_loss(logp.reshape(b, t), mask, a["advantages"], ref_logps, old,
-                                  ent.reshape(b, t) if want_entropy else None, a["vllm_is_ratio"],
-                                  a["num_items_in_batch"], options)
-    return loss + anchor, metrics
+    logp, ent, grads = klp.logprobs_grads_in_forward(hidden, weight, ids.contiguous(), bias, plan.opts, plan.cd,
+                                                     plan.need, want_entropy, token_grads, plan.lean, plan.budget,
+                                                     t if coupled else 1, halves)
+    return (logp, ent, None), grads
 
 
 def trl_grpo(*args, **kwargs):
@@ -303,7 +319,8 @@ RECORDS = (OpSpec(
     # the floor: the policy's logits (1 matmul), with the gradients 2 more (grad_hidden, grad_weight); Tigon forms
     # them in the forward (formed_policy_loss), so its forward does all 3 when the inputs need gradients
     flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["hidden"] * s["vocab"],
-    grads_in_forward=("tigon", "tigon_lean"),
+    grads_in_forward=("tigon", "tigon_lean", "tigon_compile"),
+    tigon_compile=True,  # a compiled training step: the gradients still formed in the forward (formed_grads)
     peers={"liger": _liger},
     host_syncs=("liger",),
     bench_notes={"tigon_lean": "memory='low': the log-probabilities' grad_weight accumulated in the weight's dtype, "

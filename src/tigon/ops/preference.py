@@ -54,7 +54,8 @@ def _run(op: str, formula: str, opts: dict, **fixed):
     if formula == "kto":
         return ref_kto.kto_with(token_logps, **opts, formed=functools.partial(formed_kto_loss, memory=memory))
     options = {**fixed, **opts}
-    formed = functools.partial(formed_pair_loss, coupled=ref.couples_pairs(formula, options), memory=memory)
+    formed = functools.partial(formed_pair_loss, coupled=ref.couples_pairs(formula, options), memory=memory,
+                               loss=formula)
     return ref.loss_with(formula, token_logps, **options, formed=formed)
 
 
@@ -288,7 +289,8 @@ RECORDS = (
         # (grad_hidden, grad_weight); Tigon forms them in the forward (formed_pair_loss), so its forward does all 4
         # when the inputs need gradients
         flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
-        grads_in_forward=("tigon", "tigon_lean", "tigon_1gib", "tigon_3gib"),
+        grads_in_forward=("tigon", "tigon_lean", "tigon_1gib", "tigon_3gib", "tigon_compile"),
+        tigon_compile=True,  # a compiled training step: the gradients still formed in the forward (formed_grads)
         peers={"liger": _liger_dpo},
         bench_notes={"tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not "
                                    "fit, so it accumulates in the weight's dtype (as Liger-Kernel's DPO), in 2 chunks "

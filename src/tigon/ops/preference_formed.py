@@ -17,12 +17,15 @@ import torch
 
 from ..reference import kto as ref_kto
 from ..reference.pairs import check_batch, pair_logps, policy_and_reference, preference_output, sequence_logps
+from ..reference.preference import LOSSES
+from .formed_grads import family, run_formed
 from .fused_linear_logprobs import logprob_plan
 
 
 def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
                      ref_chosen_logps, ref_rejected_logps, *, ignore_index: int, average_log_prob: bool,
-                     compute_nll_loss: bool, alpha: float, coupled: bool, memory="auto", **options):
+                     compute_nll_loss: bool, alpha: float, coupled: bool, memory="auto", loss: str = "dpo",
+                     **options):
     """A paired preference loss (:func:`tigon.reference.pairs.run`'s arguments; ``coupled``:
     :func:`tigon.reference.preference.couples_pairs`) with the policy's gradients formed in its forward: the
     :class:`~tigon.reference.pairs.PreferenceOutput`, or None where that is not possible here (then the
@@ -41,8 +44,9 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
     of its own. The outputs then come from the formula on the log-probabilities without autograd, the loss plus the
     zero that carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
 
-    None when: no gradient is wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do
-    not take, or the unit of rows (a pair, or the batch when ``coupled``) does not fit a chunk.
+    Eager or inside ``torch.compile`` (:func:`tigon.ops.formed_grads.run_formed`; the chunk loop :func:`_pair_pass`
+    either way). None when: no gradient is wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
+    the unit of rows (a pair, or the batch when ``coupled``) does not fit a chunk.
     """
     b, t, h = hidden.shape
     check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
@@ -51,20 +55,58 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
     if plan is None:
         return None
     p = b // 2
-
-    def by_pairs(x):  # (2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair
-        return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(b * t, *x.shape[2:])
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
+    spec = dict(options, loss=loss, coupled=bool(coupled), ignore_index=int(ignore_index),
+                average_log_prob=bool(average_log_prob), compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
+    tensors = [hidden, target, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps,
+               None if ref else ref_lp]
+    anchor, logp, _, ref_logp = run_formed("pairs", spec, _by_pairs(hidden, p, t), weight, bias, tensors, plan,
+                                           want_ref=bool(ref))
 
     def unpair(x):  # (P * 2 * T,) pair by pair -> (2P, T)
         return x.reshape(p, 2, t).transpose(0, 1).reshape(b, t)
+
+    kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
+    refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
+    with torch.no_grad():
+        if ref_logp is not None:
+            ref_lp = unpair(ref_logp)
+        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=unpair(logp), ref_lp=ref_lp, **kw)
+        out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
+                                compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
+    return out._replace(loss=out.loss + anchor)
+
+
+def _by_pairs(x, p: int, t: int):
+    """(2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair."""
+    return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(2 * p * t, *x.shape[2:])
+
+
+@family("pairs")
+def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: bool):
+    """The policy's chunk loop of :func:`formed_pair_loss` (``spec``: the formula's name ``loss`` and options, and
+    the call's flags; ``tensors``: the (B, T, H) hidden states, targets, the reference model's hidden states / head /
+    bias, the given reference log-probabilities, and the reference model's (B, T) log-probabilities when computed
+    apart; ``hidden2d`` the hidden states pair by pair): ``((logp (N,), None, ref_logp (N,) or None), unscaled
+    gradients)``, eager or inside the custom op (:func:`tigon.ops.formed_grads.run_formed`)."""
+    options = dict(spec)
+    name, ignore_index, average_log_prob = options.pop("loss"), options.pop("ignore_index"), options.pop(
+        "average_log_prob")
+    coupled, compute_nll_loss, alpha = options.pop("coupled"), options.pop("compute_nll_loss"), options.pop("alpha")
+    formula = LOSSES[name][0]
+    hidden, target, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps, ref_lp = tensors
+    b, t, _ = hidden.shape
+    p = b // 2
 
     def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), copied chunk by chunk
         return lambda s, e: r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
 
     f32 = dict(dtype=torch.float32, device=hidden.device)
-    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
-                             lambda rh: ref_rows(rh.reshape(2, p, t, rh.shape[-1])))
-    kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
+    ref = None
+    if ref_hidden is not None and ref_lp is None:  # the reference model in the policy's chunk loop
+        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd,
+                       lambda rh: ref_rows(rh.reshape(2, p, t, rh.shape[-1])))
+    kw = dict(ignore_index=ignore_index, average_log_prob=average_log_prob)
     refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     zeros = torch.zeros((b, t), **f32)
     base = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=zeros,
@@ -88,15 +130,10 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
         loss = formula(pairs, **options)[0]
         return loss + alpha * nll if compute_nll_loss else loss
 
-    anchor, logp, ref_logp = _formed_pass(by_pairs(hidden), weight, by_pairs(target), bias, plan, (2, t), align,
-                                          chunk_loss, ref)
-    with torch.no_grad():
-        if ref_logp is not None:
-            ref_lp = unpair(ref_logp)
-        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=unpair(logp), ref_lp=ref_lp, **kw)
-        out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
-                                compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
-    return out._replace(loss=out.loss + anchor)
+    align = b * t if coupled else 2 * t
+    logp, ref_logp, grads = _formed_pass(hidden2d, weight, _by_pairs(target, p, t), bias, plan, (2, t), align,
+                                         chunk_loss, ref, halves)
+    return (logp, None, ref_logp), grads
 
 
 def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight, ref_bias, *,
@@ -111,16 +148,45 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
     plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t)
     if plan is None:
         return None
-    f32 = dict(dtype=torch.float32, device=hidden.device)
-    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan,
-                             lambda rh: (lambda s, e, r2=rh.reshape(b * t, rh.shape[-1]): r2[s:e]))
+    ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
+    given_kl = isinstance(kl, torch.Tensor)
+    spec = dict(beta=beta, loss_type=loss_type, desirable_weight=desirable_weight,
+                undesirable_weight=undesirable_weight, average_log_prob=bool(average_log_prob),
+                ignore_index=int(ignore_index), kl=None if given_kl else kl)
+    tensors = [hidden, target, preference_labels, ref_hidden, ref_weight, ref_bias, ref_logps,
+               kl if given_kl else None, None if ref else ref_lp]
+    anchor, logp, _, ref_logp = run_formed("kto", spec, hidden.reshape(b * t, h), weight, bias, tensors, plan,
+                                           want_ref=bool(ref))
     kw = dict(ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
               desirable_weight=desirable_weight, undesirable_weight=undesirable_weight,
               average_log_prob=average_log_prob)
-    refs = (ref_hidden, ref_weight, ref_bias)
+    with torch.no_grad():
+        if ref_logp is not None:
+            ref_lp = ref_logp.reshape(b, t)
+        out = ref_kto.kto_with(None, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight,
+                               ref_bias, policy_lp=logp.reshape(b, t), ref_lp=ref_lp, **kw)
+    return out._replace(loss=out.loss + anchor)
+
+
+@family("kto")
+def _kto_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: bool):
+    """The policy's chunk loop of :func:`formed_kto_loss` (``spec``: its options, a non-tensor ``kl``; ``tensors``:
+    the (B, T, H) hidden states, targets, labels, the reference model's hidden states / head / bias, the given
+    reference log-probabilities, a tensor ``kl``, the reference model's (B, T) log-probabilities when computed apart),
+    as :func:`_pair_pass`."""
+    hidden, target, labels, ref_hidden, ref_weight, ref_bias, ref_logps, kl, ref_lp = tensors
+    kl = spec["kl"] if kl is None else kl
+    average_log_prob = spec["average_log_prob"]
+    b, t, _ = hidden.shape
+    f32 = dict(dtype=torch.float32, device=hidden.device)
+    ref = None
+    if ref_hidden is not None and ref_lp is None:  # the reference model in the policy's chunk loop
+        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd,
+                       lambda rh: (lambda s, e, r2=rh.reshape(b * t, rh.shape[-1]): r2[s:e]))
     zeros = torch.zeros((b, t), **f32)
-    _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, *refs, ignore_index,
-                                            bool(average_log_prob), zeros, zeros if ref is not None else ref_lp)
+    _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
+                                            spec["ignore_index"], average_log_prob, zeros,
+                                            zeros if ref is not None else ref_lp)
     length = n.clamp(min=1)
     fill, zero = torch.full((b,), -1.0, **f32), torch.zeros((b,), **f32)
 
@@ -130,17 +196,12 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
 
         full = torch.cat((fill[:i], seq(lp), fill[i + k:]))
         rs = ref_seq if ref_c is None else torch.cat((zero[:i], seq(ref_c), zero[i + k:]))
-        return ref_kto.kto_losses(full, rs, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
-                                  undesirable_weight)[0].mean()
+        return ref_kto.kto_losses(full, rs, ref_logps, kl, labels, spec["beta"], spec["loss_type"],
+                                  spec["desirable_weight"], spec["undesirable_weight"])[0].mean()
 
-    anchor, logp, ref_logp = _formed_pass(hidden.reshape(b * t, h), weight, target.reshape(b * t), bias, plan, (t,),
-                                          t, chunk_loss, ref)
-    with torch.no_grad():
-        if ref_logp is not None:
-            ref_lp = ref_logp.reshape(b, t)
-        out = ref_kto.kto_with(None, hidden, weight, target, preference_labels, bias, *refs,
-                               policy_lp=logp.reshape(b, t), ref_lp=ref_lp, **kw)
-    return out._replace(loss=out.loss + anchor)
+    logp, ref_logp, grads = _formed_pass(hidden2d, weight, target.reshape(b * t), bias, plan, (t,), t, chunk_loss,
+                                         ref, halves)
+    return (logp, None, ref_logp), grads
 
 
 PAIR_CHUNK_LOGITS_CUDA = 1 << 28
@@ -156,10 +217,8 @@ the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
     """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
     whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
-    gradient wanted, inside ``torch.compile``, a PyTorch backend or a matmul dtype the kernels do not take, or
+    gradient wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
     ``align`` rows exceed a chunk. ``memory="auto"`` on CUDA: chunks of :data:`PAIR_CHUNK_LOGITS_CUDA` logits."""
-    if torch.compiler.is_compiling():
-        return None
     b, t, h = hidden.shape
     h2 = hidden.reshape(b * t, h)
     plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)
@@ -176,26 +235,32 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
     return plan if loop_rows(h2, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) else None
 
 
-def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan, rows_of):
-    """How a formed path gets the reference model's log-probabilities: ``(ref_lp, ref)``, both None without a
-    reference model; else ``ref`` for :func:`_formed_pass` (the reference in the policy's chunk loop; ``rows_of(
-    ref_hidden in the matmul dtype)`` gives its ``rows(s, e)``) with ``ref_lp`` None, when its matmul dtype is the
-    policy's (the buffer's) and its kernels run; otherwise ``ref_lp`` (B, T), computed by a pass of its own under
-    ``torch.no_grad``, and ``ref`` None."""
+def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan):
+    """How a formed path gets the reference model's log-probabilities: ``(ref_lp, in_loop)``: (None, False) without a
+    reference model; (None, True) when its matmul dtype is the policy's (the buffer's) and its kernels run: it then
+    runs in the policy's chunk loop (:func:`_in_loop`); otherwise ``(ref_lp (B, T), False)``, computed by a pass of its
+    own under ``torch.no_grad``."""
     if ref_hidden is None:
-        return None, None
+        return None, False
     b, t, hr = ref_hidden.shape
     with torch.no_grad():
         ref_plan = logprob_plan(ref_hidden.reshape(b * t, hr), ref_weight, target.reshape(b * t), ref_bias,
                                 ignore_index=ignore_index, memory=memory)
         if ref_plan is None or ref_plan.cd != plan.cd:
-            return sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)[0], None
-        cd = plan.cd
+            return sequence_logps(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index)[0], False
+        return None, True
+
+
+def _in_loop(ref_hidden, ref_weight, ref_bias, cd, rows_of):
+    """The reference model for :func:`_formed_pass`' ``ref``: ``(rows, weight, bias)`` in the matmul dtype ``cd``,
+    ``rows_of(ref_hidden in cd)`` giving its ``rows(s, e)``."""
+    with torch.no_grad():
         rh = ref_hidden.detach().to(cd)
-        return None, (rows_of(rh), ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd))
+        return rows_of(rh), ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd)
 
 
-def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int, chunk_loss, ref=None):
+def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int, chunk_loss, ref=None,
+                 halves: bool = True):
     """The policy's chunk loop with the gradients formed in the forward
     (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`) for rows ``hidden2d`` (N, H) grouped in
     units of ``unit`` (e.g. (2, T): a pair of sequences), chunks of whole groups of ``align`` rows (a multiple of the
@@ -207,8 +272,8 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     H_ref) hidden states for rows s .. e of ``hidden2d``, and its head, in the matmul dtype ``plan.cd``. Each chunk's
     buffer first takes the reference's logits of its rows and the log-probability kernel reads them (the log-prob
     kernel of :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of
-    the chunk more, nothing allocated beyond three (N,) vectors). Returns (anchor, logp (N,), ref_logp (N,) or None):
-    anchor and logp are :class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`'s."""
+    the chunk more, nothing allocated beyond three (N,) vectors). Returns (logp (N,), ref_logp (N,) or None, the
+    unscaled gradients); ``halves``: :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s."""
     from ..kernels import fused_linear_logprobs as klp
 
     rows = math.prod(unit)
@@ -227,14 +292,10 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
             (g,) = torch.autograd.grad(chunk_loss(lp, ref_c, s // rows, (e - s) // rows), lp, allow_unused=True)
         return (torch.zeros_like(logp) if g is None else g.reshape(-1).contiguous()), None
 
-    def run():
-        logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd,
-                                                       plan.need, False, token_grads, plan.lean, plan.budget, align,
-                                                       before=reference_rows)
-        return (logp,), grads
-
-    anchor, logp = klp.FormedGradsFunction.apply(hidden2d, weight, bias, run)
-    return anchor, logp, ref_lp
+    logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd, plan.need,
+                                                   False, token_grads, plan.lean, plan.budget, align, halves,
+                                                   before=reference_rows)
+    return logp, ref_lp, grads
 
 
 def _reference_rows(ref, target2d, plan, ref_lp):

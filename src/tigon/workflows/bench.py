@@ -5,7 +5,8 @@ its original PyTorch code is, how many bytes or FLOPs one call must move, and wh
 names no op.
 
 Providers (:data:`PROVIDERS`): ``eager`` (the original PyTorch code, as Hugging Face writes it: the record's
-``eager``), ``compile`` (torch.compile of eager), ``tigon``, Tigon's variants (the records' cases tagged
+``eager``), ``compile`` (torch.compile of eager), ``tigon``, ``tigon_compile`` (torch.compile of Tigon's call, for
+the records with ``tigon_compile``: the post-training losses), Tigon's variants (the records' cases tagged
 ``"bench"``: ``tigon_inplace`` = ``inplace_backward=True``, the gradients written into the inputs' memory as
 Liger always does; ``tigon_fwdgrad`` = the cross-entropy's ``grad_in_forward=True``, Liger's scheme; ``tigon_lean`` =
 the fused linear cross-entropy's ``accum_dtype`` = the weight's dtype, Liger's memory; ``tigon_1gib`` /
@@ -56,6 +57,8 @@ from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of th
 
 PROVIDERS = _ops.providers()
 """Every provider name: eager, compile, tigon, Tigon's variants, then the peers (see the module docstring)."""
+COMPILED = ("compile", _ops.TIGON_COMPILE)
+"""The providers that run their call under ``torch.compile`` (``dynamic=False``, one compile per op and shape)."""
 MODES = ("fwd", "bwd", "fwd_bwd")
 SWEEPS = ("tokens", "hidden")
 
@@ -152,10 +155,13 @@ class BenchResult:
 # ----------------------------------------------------------------------------------------------- providers
 def op_providers(spec: OpSpec) -> dict[str, Callable[..., object]]:
     """The providers that implement ``spec``, name -> ``callable(**inputs)``: eager and compile (the record's eager
-    code), tigon (the op with its first case's options), each bench case's Tigon variant, and the peers."""
+    code), tigon (the op with its first case's options; with :attr:`OpSpec.tigon_compile` also ``tigon_compile``,
+    the same call compiled), each bench case's Tigon variant, and the peers."""
     base = dict(spec.cases[0].options)
     eager = partial(spec.eager_fn, **base) if base else spec.eager_fn
     out = {"eager": eager, "compile": eager, "tigon": partial(spec.fn, **base) if base else spec.fn}
+    if spec.tigon_compile:
+        out[_ops.TIGON_COMPILE] = out["tigon"]
     for case in spec.cases_tagged("bench"):
         opts = {**base, **case.options}
         fn = case.fn or spec.fn
@@ -195,11 +201,11 @@ def _raise_recompile_limit() -> None:
 
 def _fn_for(spec: OpSpec, provider: str, compiled: dict):
     fn = op_providers(spec)[provider]
-    if provider == "compile":
-        if spec.name not in compiled:
+    if provider in COMPILED:
+        if (spec.name, provider) not in compiled:
             _raise_recompile_limit()
-            compiled[spec.name] = torch.compile(fn, dynamic=False)
-        fn = compiled[spec.name]
+            compiled[spec.name, provider] = torch.compile(fn, dynamic=False)
+        fn = compiled[spec.name, provider]
     return fn
 
 
@@ -499,9 +505,10 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     if config.providers:
         providers = [p for item in config.providers for p in item.split(",") if p]
     else:
-        providers = [p for p in PROVIDERS if not (device.type == "cpu" and p == "compile")]
+        providers = [p for p in PROVIDERS if not (device.type == "cpu" and p in COMPILED)]
         if device.type == "cpu":
-            notes.append("compile: not run by default on CPU (inductor compile time); ask with --providers")
+            notes.append(f"{', '.join(COMPILED)}: not run by default on CPU (inductor compile time); ask with "
+                         "--providers")
     for p in providers:
         if p not in PROVIDERS:
             raise ConfigError(f"unknown provider {p!r} (choose from {', '.join(PROVIDERS)})")

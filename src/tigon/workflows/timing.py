@@ -517,15 +517,41 @@ def _matmul_counter():
     return _MATMUL_COUNTER[0]
 
 
-def head_matmuls(fn: Callable[[], object], tokens: int, hidden: int, vocab: int) -> float:
+def head_matmuls(fn: Callable[[], object], tokens: int, hidden: int, vocab: int, compiled: bool = False) -> float:
     """The matmul work ``fn()`` runs (forward and whatever backward it calls), in units of one LM-head matmul of
     ``2 * tokens * hidden * vocab`` FLOPs: 2 m n k summed over every 2-D aten matmul (mm, addmm, in place or not),
     seen by a ``TorchDispatchMode`` below autograd, so the backward's matmuls count too. What the fused LM-head
     losses' tests and ``benchmarks/posttrain_breakdown.py`` use to check how many head matmuls a loss takes (3 for a
-    loss whose gradient is formed in its forward, 4 when its backward recomputes the logits)."""
+    loss whose gradient is formed in its forward, 4 when its backward recomputes the logits).
+
+    ``compiled``: ``fn`` calls a ``torch.compile``'d function. Dynamo does not run compiled frames under a Python
+    dispatch mode (and a mode does not see inside a custom op), so the matmuls are read from the ``torch.profiler``
+    events instead (their recorded shapes; a matmul inside another one's event is not counted twice)."""
+    if compiled:
+        return _profiled_matmul_flops(fn) / (2 * tokens * hidden * vocab)
     with _matmul_counter()() as count:
         fn()
     return count.flops / (2 * tokens * hidden * vocab)
+
+
+def _profiled_matmul_flops(fn: Callable[[], object]) -> int:
+    """2 m n k summed over the outermost aten mm / addmm events of a ``torch.profiler`` run of ``fn()``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = {"aten::mm": 0, "aten::addmm": 1, "aten::addmm_": 1}  # -> index of the first operand in input_shapes
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    flops = 0
+    for e in prof.events():
+        if e.name not in names:
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name not in names:
+            parent = parent.cpu_parent
+        if parent is None:
+            a, b = e.input_shapes[names[e.name]: names[e.name] + 2]
+            flops += 2 * a[0] * a[1] * b[1]
+    return flops
 
 
 def peak_extra_bytes(fwd_bwd: Callable[[], object], leaves, device: torch.device) -> int | None:
