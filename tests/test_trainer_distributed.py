@@ -8,16 +8,16 @@ relative; measured at most 9e-8 on the losses, 7e-8 on the gradient norms, 1e-7 
 
 - ``ddp``: ``torchrun --nproc-per-node 2 train.py``, ``TrainingArguments(use_cpu=True)``: accelerate's MULTI_CPU,
   the Trainer wraps with DDP.
-- ``fsdp2``: ``accelerate launch --config_file fsdp2.yaml train.py``, the config written here as users write it
-  (``distributed_type: FSDP``, ``fsdp_version: 2``, ``TRANSFORMER_BASED_WRAP`` on ``LlamaDecoderLayer``):
+- ``fsdp2``: ``accelerate launch --config_file examples/configs/fsdp2.yaml train.py`` (``distributed_type: FSDP``, ``fsdp_version: 2``, ``TRANSFORMER_BASED_WRAP`` on ``LlamaDecoderLayer``):
   accelerate's own ``fully_shard`` wrapping (each decoder layer a unit; accelerate 1.16 also makes the LM head, the
   embedding and the final norm units of their own). accelerate runs FSDP only on GPU-like devices (its
   ``AcceleratorState`` ignores the FSDP plugin on MULTI_CPU ranks and wraps with DDP), so on the CPU the worker
   turns the state accelerate built from the launcher's settings into an FSDP one (``allow_fsdp_on_cpu``, a test-only
   shim); everything else is accelerate's code. On GPUs the same command runs without it.
-- ``deepspeed``: ``torchrun --nproc-per-node 2 train.py`` with ``TrainingArguments(deepspeed="zero3.json")`` then
-  ``"zero2.json"`` (``"auto"`` batch size, accumulation and clipping, the Trainer's optimizer; ZeRO-3 with every
-  parameter partitioned, so the LM head's weight is an empty placeholder outside its call): DeepSpeed's CPU
+- ``deepspeed``: ``torchrun --nproc-per-node 2 train.py`` with ``TrainingArguments(deepspeed=...)``,
+  examples/configs/zero3.json then zero2.json (``"auto"`` batch size, accumulation and clipping, the Trainer's
+  optimizer; ZeRO-3 here with every parameter partitioned, so the LM head's weight is an empty placeholder outside
+  its call): DeepSpeed's CPU
   accelerator (``DS_ACCELERATOR=cpu``), ``use_cpu`` left False (accelerate drops DeepSpeed when ``cpu`` is set).
   Without a GPU accelerate finds no backend for the DeepSpeed run and counts one process (each rank would train on
   the same batches); the worker gives it gloo (``split_data_under_deepspeed_on_cpu``, a test-only shim), so each
@@ -51,32 +51,12 @@ SRC = os.path.join(HERE, "..", "src")
 WORLD = 2
 DEEPSPEED_PATHS = [p for p in os.environ.get("TIGON_DEEPSPEED_PATH", "/tmp/dspkgs").split(os.pathsep) if p]
 
-FSDP2_YAML = f"""\
-compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-num_machines: 1
-num_processes: {WORLD}
-machine_rank: 0
-mixed_precision: 'no'
-use_cpu: false
-fsdp_config:
-  fsdp_version: 2
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
-  fsdp_reshard_after_forward: true
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-  fsdp_cpu_ram_efficient_loading: false
-  fsdp_offload_params: false
-"""
-
-ZERO = {  # "auto": filled in by the Trainer from TrainingArguments
-    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-    "zero_allow_untested_optimizer": True, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
-}
-ZERO3 = {**ZERO, "zero_optimization": {  # every parameter partitioned (the tiny model's would all stay whole)
-    "stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0,
-    "stage3_max_reuse_distance": 0}}
-ZERO2 = {**ZERO, "zero_optimization": {"stage": 2}}
+CONFIGS = os.path.join(HERE, "..", "examples", "configs")  # the README's config files, as users write them
+FSDP2_YAML = os.path.join(CONFIGS, "fsdp2.yaml")
+# ZeRO-3 with every parameter partitioned: the tiny model's would all stay whole under the default persistence
+# threshold (1e5 elements), and the head's weight is to be an empty placeholder outside its call
+ZERO3_TINY = {"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0,
+              "stage3_max_reuse_distance": 0}
 
 
 def _deepspeed_pythonpath() -> str | None:
@@ -121,11 +101,9 @@ def ddp(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fsdp2(tmp_path_factory) -> dict[str, str]:
-    config = tmp_path_factory.mktemp("accelerate") / "fsdp2.yaml"
-    config.write_text(FSDP2_YAML)
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                "--main_process_port", str(free_port())]
-    return launch(launcher, ["fsdp2"], config.parent)
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP2_YAML,
+                "--num_processes", str(WORLD), "--main_process_port", str(free_port())]
+    return launch(launcher, ["fsdp2"], tmp_path_factory.mktemp("fsdp2"))
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +118,11 @@ def deepspeed(tmp_path_factory) -> dict[str, str]:
         pytest.skip("with CUDA the two ranks need a GPU each (NCCL)")
     d = tmp_path_factory.mktemp("deepspeed")
     specs = []
-    for name, config in (("zero3", ZERO3), ("zero2", ZERO2)):
+    for name in ("zero3", "zero2"):
+        with open(os.path.join(CONFIGS, f"{name}.json")) as f:
+            config = json.load(f)
+        if name == "zero3":
+            config["zero_optimization"].update(ZERO3_TINY)
         (d / f"{name}.json").write_text(json.dumps(config))
         specs.append(f"{name}={d / f'{name}.json'}")
     env = {} if torch.cuda.is_available() else {"DS_ACCELERATOR": "cpu"}
@@ -177,5 +159,5 @@ def test_engines_agree(ddp, fsdp2):
 
 
 @pytest.mark.parametrize("stage", ["zero3", "zero2"])
-def test_deepspeed_agrees_with_ddp(ddp, deepspeed, stage):
+def test_deepspeed_agrees_with_ddp(deepspeed, ddp, stage):
     assert _losses(deepspeed[stage]) == pytest.approx(_losses(ddp["ddp"]), rel=1e-5)
