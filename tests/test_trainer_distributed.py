@@ -45,6 +45,9 @@ pytest.importorskip("accelerate")
 
 from ranks import free_port  # noqa: E402
 
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                                reason="with CUDA the two ranks need a GPU each (NCCL)")
+
 HERE = os.path.dirname(__file__)
 WORKER = os.path.join(HERE, "trainer_worker.py")
 SRC = os.path.join(HERE, "..", "src")
@@ -141,7 +144,11 @@ def test_trainer_ddp_torchrun(ddp):
 
 def test_trainer_fsdp2_accelerate_launch(fsdp2):
     _assert_ok(fsdp2, "fsdp2")
-    assert "FSDPLlamaDecoderLayer" in fsdp2["fsdp2"]  # accelerate's transformer-layer policy wrapped each layer
+    units = fsdp2["fsdp2"].split("[")[1].split("]")[0].split(",")
+    assert "model.layers.*" in units  # accelerate's transformer-layer policy wrapped each decoder layer
+    # accelerate 1.16 also makes the LM head a unit of its own (the fused loss runs inside its FSDP hooks); an
+    # accelerate that leaves it in the root unit is the other tested case of tests/test_distributed.py
+    print("FSDP2 units:", units)
 
 
 @pytest.mark.parametrize("stage", ["zero3", "zero2"])

@@ -13,6 +13,7 @@ $TIGON_TRAINER_RESULTS/rank<R>.txt where set).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import time
@@ -144,7 +145,8 @@ def train(patched: bool, scenario: str, ds_config: str | None) -> dict:
 
 
 def engine(trainer) -> str:
-    """What wrapped the model: the wrapper's class, and under FSDP2 the classes of its units (``fully_shard``)."""
+    """What wrapped the model: the wrapper's class, and under FSDP2 the names of its units below the root
+    (``fully_shard``; ``model.layers.*``: every decoder layer)."""
     wrapped = trainer.model_wrapped
     name = type(wrapped).__name__
     if trainer.is_deepspeed_enabled:  # the stage, and under ZeRO-3 whether the head's weight is partitioned
@@ -156,8 +158,8 @@ def engine(trainer) -> str:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return name
-    units = sorted({type(m).__name__ for m in wrapped.modules() if isinstance(m, FSDPModule)} - {name})
-    return name + (f"[{','.join(units)}]" if units else "")
+    units = {re.sub(r"\.\d+\b", ".*", n) for n, m in wrapped.named_modules() if n and isinstance(m, FSDPModule)}
+    return name + (f"[{','.join(sorted(units))}]" if units else "")
 
 
 def check(scenario: str, ds_config: str | None) -> str:
@@ -171,15 +173,14 @@ def check(scenario: str, ds_config: str | None) -> str:
     if scenario.startswith("zero"):
         assert got["engine"] == expected, got["engine"]
     if scenario.startswith("fsdp"):  # each decoder layer a unit (the config's transformer-layer policy)
-        assert "FSDPLlamaDecoderLayer" in got["engine"], got["engine"]
+        assert "model.layers.*" in got["engine"], got["engine"]
     assert len(got["losses"]) == len(ref["losses"]) == STEPS, (got["losses"], ref["losses"])
     worst = {"loss": 0.0, "grad_norm": 0.0, "param": 0.0}
     for step, (a, b) in enumerate(zip(got["losses"], ref["losses"])):
         worst["loss"] = max(worst["loss"], abs(a - b) / abs(b))
         assert abs(a - b) <= RTOL * abs(b), f"step {step + 1} loss {a} vs {b}"
+    assert None not in got["grad_norms"] + ref["grad_norms"], (got["grad_norms"], ref["grad_norms"])
     for step, (a, b) in enumerate(zip(got["grad_norms"], ref["grad_norms"])):
-        if a is None and b is None:
-            continue
         worst["grad_norm"] = max(worst["grad_norm"], abs(a - b) / abs(b))
         assert abs(a - b) <= RTOL * abs(b), f"step {step + 1} grad norm {a} vs {b}"
     assert got["params"].keys() == ref["params"].keys(), sorted(got["params"].keys() ^ ref["params"].keys())
