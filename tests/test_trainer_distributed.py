@@ -27,7 +27,10 @@ relative; measured at most 9e-8 on the losses, 7e-8 on the gradient norms, 1e-7 
 The three engines see the same batches and the same SGD steps: their losses agree too (``test_engines_agree``,
 ``test_deepspeed_agrees_with_ddp``).
 
-Not covered: FSDP1 through accelerate (tests/test_distributed.py wraps FSDP1 directly), mixed precision, NCCL.
+Not covered: mixed precision, NCCL; FSDP1 through accelerate (``fsdp_version: 1``; tests/test_distributed.py wraps
+FSDP1 directly): on CPU ranks accelerate 1.16 refuses FSDP1's ``sync_module_states`` and passes
+``device_id=cpu:<rank>``, which FSDP1 rejects ("Inconsistent compute device and `device_id`"); on 2 GPUs:
+``accelerate launch --config_file examples/configs/fsdp2.yaml --fsdp_version 1 examples/hf_trainer.py``.
 """
 
 from __future__ import annotations
