@@ -384,3 +384,16 @@ def test_patch_report_says_what_runs_under_compile(tiny_models, monkeypatch):
     note = next(n for n in tigon.patch(model).notes if n.startswith("under torch.compile"))
     assert "rms_norm, rope leave their code to Inductor" in note and "fused_linear_cross_entropy run" in note
     tigon.unpatch(model)
+
+
+def test_no_locals_call_in_the_library():
+    """torch 2.11's Dynamo (the GPU image's) cannot trace ``locals()`` ("Failed to trace builtin operator"): a public
+    function that gathers its arguments with it breaks every compiled caller there (found by the post-training losses
+    under torch.compile on an H100). Arguments are gathered explicitly instead."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "tigon"
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\blocals\(\)", line)]
+    assert not found, f"locals() breaks torch 2.11's Dynamo: {found}"

@@ -104,7 +104,12 @@ def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, re
             outside [0, V) other than ``ignore_index``, an unknown loss_type or f_divergence_type, options out of
             range (:func:`tigon.reference.preference.check_dpo_options`), a bad ``memory``.
     """
-    return _run("fused_linear_dpo_loss", "dpo", dict(locals()))
+    return _run("fused_linear_dpo_loss", "dpo", dict(hidden=hidden, weight=weight, target=target, bias=bias,
+        ref_hidden=ref_hidden, ref_weight=ref_weight, ref_bias=ref_bias, ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+        loss_weights=loss_weights, label_smoothing=label_smoothing, discopop_tau=discopop_tau,
+        f_divergence_type=f_divergence_type, f_alpha_divergence_coef=f_alpha_divergence_coef,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob, memory=memory))
 
 
 def fused_linear_cpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
@@ -130,7 +135,9 @@ def fused_linear_cpo_loss(hidden, weight, target, bias=None, *, ignore_index: in
     Raises:
         TypeError, ValueError: as :func:`fused_linear_dpo_loss` (options: ``check_cpo_options``).
     """
-    return _run("fused_linear_cpo_loss", "cpo", dict(locals()))
+    return _run("fused_linear_cpo_loss", "cpo", dict(hidden=hidden, weight=weight, target=target, bias=bias,
+        ignore_index=ignore_index, beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, gamma=gamma,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob, memory=memory))
 
 
 def fused_linear_simpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
@@ -152,7 +159,10 @@ def fused_linear_simpo_loss(hidden, weight, target, bias=None, *, ignore_index: 
     Raises:
         TypeError, ValueError: as :func:`fused_linear_cpo_loss`.
     """
-    return _run("fused_linear_simpo_loss", "cpo", dict(locals()), loss_type="simpo")
+    return _run("fused_linear_simpo_loss", "cpo", dict(hidden=hidden, weight=weight, target=target, bias=bias,
+        ignore_index=ignore_index, beta=beta, gamma=gamma, label_smoothing=label_smoothing,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob, memory=memory),
+        loss_type="simpo")
 
 
 def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
@@ -174,7 +184,9 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: i
     Raises:
         TypeError, ValueError: as :func:`fused_linear_dpo_loss`.
     """
-    return _run("fused_linear_orpo_loss", "orpo", dict(locals()))
+    return _run("fused_linear_orpo_loss", "orpo", dict(hidden=hidden, weight=weight, target=target, bias=bias,
+        ignore_index=ignore_index, beta=beta, compute_nll_loss=compute_nll_loss, average_log_prob=average_log_prob,
+        memory=memory))
 
 
 def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, ref_hidden=None, ref_weight=None,
@@ -204,7 +216,11 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
         TypeError, ValueError: bad shapes, dtypes, devices, labels not a (B,) bool tensor, options out of range
             (:func:`tigon.reference.kto.check_kto_options`), a bad ``memory``.
     """
-    return _run("fused_linear_kto_loss", "kto", dict(locals()))
+    return _run("fused_linear_kto_loss", "kto", dict(hidden=hidden, weight=weight, target=target,
+        preference_labels=preference_labels, bias=bias, ref_hidden=ref_hidden, ref_weight=ref_weight,
+        ref_bias=ref_bias, ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+        desirable_weight=desirable_weight, undesirable_weight=undesirable_weight, average_log_prob=average_log_prob,
+        memory=memory))
 
 
 for _f in (fused_linear_dpo_loss, fused_linear_cpo_loss, fused_linear_simpo_loss, fused_linear_orpo_loss,

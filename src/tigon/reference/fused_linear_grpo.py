@@ -170,4 +170,14 @@ def fused_linear_grpo(
     return_metrics: bool = False,
 ):
     """Reference of :func:`tigon.functional.fused_linear_grpo` (same arguments and semantics; no ``memory``)."""
-    return grpo_pipeline(ref_logprobs, dict(locals()))
+    return grpo_pipeline(ref_logprobs, dict(_input=_input, weight=weight, selected_token_ids=selected_token_ids,
+        attention_mask=attention_mask, advantages=advantages, bias=bias, ref_per_token_logps=ref_per_token_logps,
+        old_per_token_logps=old_per_token_logps, ref_input=ref_input, ref_weight=ref_weight, ref_bias=ref_bias,
+        beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, loss_type=loss_type,
+        max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg, temperature=temperature,
+        compiled=compiled, use_ref_model=use_ref_model, chunk_size=chunk_size, vllm_is_ratio=vllm_is_ratio,
+        delta=delta, use_bias_correction_kl=use_bias_correction_kl, vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg,
+        num_items_in_batch=num_items_in_batch, entropy_coef=entropy_coef, compute_entropy=compute_entropy,
+        return_metrics=return_metrics))

@@ -132,7 +132,10 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
                           average_log_prob: bool = False) -> KTOOutput:
     """KTO with the logits materialised: the specification of :func:`tigon.ops.preference.fused_linear_kto_loss` (same
     arguments, less ``memory``)."""
-    return kto_with(_token_logps, **locals())
+    return kto_with(_token_logps, hidden=hidden, weight=weight, target=target,
+        preference_labels=preference_labels, bias=bias, ref_hidden=ref_hidden, ref_weight=ref_weight,
+        ref_bias=ref_bias, ref_logps=ref_logps, kl=kl, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+        desirable_weight=desirable_weight, undesirable_weight=undesirable_weight, average_log_prob=average_log_prob)
 
 
 __all__ = ["KTOOutput", "KTO_LOSS_TYPES", "check_kto_options", "fused_linear_kto_loss", "kto_losses", "kto_with"]

@@ -311,7 +311,12 @@ def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, re
                           average_log_prob: bool = False) -> PreferenceOutput:
     """DPO on an LM head with the logits materialised: the specification of
     :func:`tigon.functional.fused_linear_dpo_loss` (same arguments, less ``memory``)."""
-    return loss_with("dpo", _token_logps, **locals())
+    return loss_with("dpo", _token_logps, hidden=hidden, weight=weight, target=target, bias=bias,
+        ref_hidden=ref_hidden, ref_weight=ref_weight, ref_bias=ref_bias, ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps, ignore_index=ignore_index, beta=beta, loss_type=loss_type,
+        loss_weights=loss_weights, label_smoothing=label_smoothing, discopop_tau=discopop_tau,
+        f_divergence_type=f_divergence_type, f_alpha_divergence_coef=f_alpha_divergence_coef,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob)
 
 
 def fused_linear_cpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
@@ -319,17 +324,22 @@ def fused_linear_cpo_loss(hidden, weight, target, bias=None, *, ignore_index: in
                           compute_nll_loss: bool = True, alpha: float = 1.0,
                           average_log_prob: bool = False) -> PreferenceOutput:
     """CPO with the logits materialised: the specification of :func:`tigon.functional.fused_linear_cpo_loss`."""
-    return loss_with("cpo", _token_logps, **locals())
+    return loss_with("cpo", _token_logps, hidden=hidden, weight=weight, target=target, bias=bias,
+        ignore_index=ignore_index, beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, gamma=gamma,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob)
 
 
 def fused_linear_simpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
                             gamma: float = 0.5, label_smoothing: float = 0.0, compute_nll_loss: bool = True,
                             alpha: float = 1.0, average_log_prob: bool = True) -> PreferenceOutput:
     """SimPO with the logits materialised: the specification of :func:`tigon.functional.fused_linear_simpo_loss`."""
-    return loss_with("cpo", _token_logps, loss_type="simpo", **locals())
+    return loss_with("cpo", _token_logps, loss_type="simpo", hidden=hidden, weight=weight, target=target,
+        bias=bias, ignore_index=ignore_index, beta=beta, gamma=gamma, label_smoothing=label_smoothing,
+        compute_nll_loss=compute_nll_loss, alpha=alpha, average_log_prob=average_log_prob)
 
 
 def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: int = -100, beta: float = 0.1,
                            compute_nll_loss: bool = True, average_log_prob: bool = True) -> PreferenceOutput:
     """ORPO with the logits materialised: the specification of :func:`tigon.functional.fused_linear_orpo_loss`."""
-    return loss_with("orpo", _token_logps, **locals())
+    return loss_with("orpo", _token_logps, hidden=hidden, weight=weight, target=target, bias=bias,
+        ignore_index=ignore_index, beta=beta, compute_nll_loss=compute_nll_loss, average_log_prob=average_log_prob)
