@@ -201,7 +201,9 @@ def _hook_problem(module, tigon_forward_ok: bool = False) -> str | None:
     own = d.get("forward")
     if own is not None and not (tigon_forward_ok and tigon_mark(own) is not None):
         return "its forward is replaced on the instance (e.g. accelerate offloading)"
-    if _global_hooks():
+    m = _MODULE  # (_global_hooks(), inline)
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
         return "global module hooks are registered"
     return None
 
@@ -239,7 +241,10 @@ def _outputs_private(*modules) -> bool:
     """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
     could keep them), so that the backward may write gradients into them. Tigon's own forwards (a patched PEFT LoRA
     projection) return a fresh tensor that nothing keeps, as ``nn.Linear`` does."""
-    return all(_hook_problem(m, tigon_forward_ok=True) is None for m in modules)
+    for m in modules:  # (a loop, not all() of a generator: one Python frame less per module)
+        if _hook_problem(m, True) is not None:
+            return False
+    return True
 
 
 def under_checkpoint() -> bool:

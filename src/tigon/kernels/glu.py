@@ -320,6 +320,8 @@ def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype,
     dtype)."""
     y = glu_forward(gate, up, activation, gm, dm)
     if not _autocast_on(gate.device):
+        if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
+            return torch.nn.functional.linear(y, weight, bias)
         return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
     with torch.autocast(gate.device.type, enabled=False):
         return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
@@ -335,7 +337,9 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
     backward allocates no more than the unfused one (dy).
     """
     need_g, need_u, need_w, need_b = need
-    d2 = _in(dout.reshape(-1, dout.shape[-1]), cd)
+    d2 = dout.reshape(-1, dout.shape[-1])
+    if d2.dtype != cd:
+        d2 = d2.to(cd)
     if _autocast_on(gate.device):  # (a backward run on the caller's thread, as on CPU, sees its autocast state)
         with torch.autocast(gate.device.type, enabled=False):
             dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
@@ -349,14 +353,18 @@ def _glu_linear_grads(d2, gate, up, weight, activation: str, cd: torch.dtype, ne
                       dm: float = 1.0):
     """(d_gate, d_up, d_weight) of :func:`glu_linear_backward`, from ``d2`` = dout as (tokens, H) rows in ``cd``."""
     need_g, need_u, need_w, _ = need
+    same = weight.dtype == cd == gate.dtype  # (no cast anywhere: _in's tests, once)
     if need_g or need_u:
-        dy = _in(torch.mm(d2, _in(weight, cd)), gate.dtype).view(gate.shape)
+        dy = (torch.mm(d2, weight) if same else _in(torch.mm(d2, _in(weight, cd)), gate.dtype)).view(gate.shape)
         dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
         product = dy
     else:
         dgate = dup = None
         product = glu_forward(gate, up, activation, gm, dm) if need_w else None
-    dw = _in(torch.mm(d2.t(), _in(product.reshape(d2.shape[0], gate.shape[-1]), cd)), weight.dtype) if need_w else None
+    if not need_w:
+        return dgate, dup, None
+    product = product.reshape(d2.shape[0], gate.shape[-1])
+    dw = torch.mm(d2.t(), product) if same else _in(torch.mm(d2.t(), _in(product, cd)), weight.dtype)
     return dgate, dup, dw
 
 

@@ -87,8 +87,12 @@ def accepts_dtensor(rule: DTensorRule):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if not _any_dtensor(args, kwargs):
-                return fn(*args, **kwargs)
+            for a in args:  # (_any_dtensor, inline for the positional arguments: a plain call is one loop)
+                if type(a) not in _PLAIN and is_dtensor(a):
+                    break
+            else:
+                if not kwargs or not _any_dtensor((), kwargs):
+                    return fn(*args, **kwargs)
             return _run_local(fn, fn.__name__, rule, sig.bind(*args, **kwargs))
 
         wrapper.dtensor_rule = rule
