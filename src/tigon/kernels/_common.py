@@ -219,9 +219,9 @@ class _DirectLauncher:
         self.kernel = kernel
 
     def __getitem__(self, grid):
-        kernel = self.kernel
-        # (:func:`launcher` checked that direct launching is on: not asked again per launch)
-        return lambda *args, **kwargs: _launch_direct(kernel, grid, args, kwargs)
+        # (:func:`launcher` checked that direct launching is on: not asked again per launch; a partial, not a lambda:
+        # no Python frame of its own)
+        return functools.partial(_launch_direct, self.kernel, grid)
 
 
 def launch(kernel, grid: tuple, *args, **kwargs):
@@ -232,10 +232,10 @@ def launch(kernel, grid: tuple, *args, **kwargs):
     """
     if not direct_launch_enabled():
         return kernel[grid](*args, **kwargs)
-    return _launch_direct(kernel, grid, args, kwargs)
+    return _launch_direct(kernel, grid, *args, **kwargs)
 
 
-def _launch_direct(kernel, grid, args: tuple, kwargs: dict):
+def _launch_direct(kernel, grid, *args, **kwargs):
     """:func:`launch` with direct launching on."""
     if type(grid) is not tuple or getattr(kernel, "pre_run_hooks", True):
         return kernel[grid](*args, **kwargs)

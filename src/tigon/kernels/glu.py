@@ -307,6 +307,14 @@ def _in(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
+def _any_autocast() -> bool:
+    return True  # (a torch without torch._C._is_any_autocast_enabled: ask _autocast_on)
+
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", _any_autocast)
+"""Whether autocast is on for any device type (one C call; only then is :func:`_autocast_on` asked)."""
+
+
 def _autocast_on(device: torch.device) -> bool:
     """Whether autocast is enabled for ``device``'s type: only then do the matmuls below need an
     ``autocast(enabled=False)`` region (entering and leaving one costs ~5 us of host time)."""
@@ -319,7 +327,7 @@ def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype,
     """``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast
     dtype)."""
     y = glu_forward(gate, up, activation, gm, dm)
-    if not _autocast_on(gate.device):
+    if not _ANY_AUTOCAST() or not _autocast_on(gate.device):
         if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
             return torch.nn.functional.linear(y, weight, bias)
         return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
@@ -340,7 +348,8 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
     d2 = dout.reshape(-1, dout.shape[-1])
     if d2.dtype != cd:
         d2 = d2.to(cd)
-    if _autocast_on(gate.device):  # (a backward run on the caller's thread, as on CPU, sees its autocast state)
+    # (a backward run on the caller's thread, as on CPU, sees its autocast state)
+    if _ANY_AUTOCAST() and _autocast_on(gate.device):
         with torch.autocast(gate.device.type, enabled=False):
             dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
     else:

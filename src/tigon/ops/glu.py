@@ -21,12 +21,23 @@ def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward
          dm: float) -> torch.Tensor:
     """``act(gm * gate) * up * dm`` on the kernels (eager: the autograd.Function; compiled: the custom op)."""
     from ..kernels import glu as k
-    from ..kernels._common import fast_apply
 
     if torch.compiler.is_compiling():
         return k.compiled_glu(gate, up, activation, gm, dm)
-    writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous() or _writable(True, gate, up))
-    return fast_apply(k.GLUFunction)(gate, up, activation, writable, gm, dm)
+    return _glu_apply()(gate, up, activation, _writable_fast(inplace_backward, gate, up), gm, dm)
+
+
+def _glu_apply():
+    """:class:`tigon.kernels.glu.GLUFunction`'s apply (:func:`tigon.kernels._common.fast_apply`)."""
+    from ..kernels import glu as k
+    from ..kernels._common import fast_apply
+
+    return fast_apply(k.GLUFunction)
+
+
+def _writable_fast(inplace_backward, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """:func:`_writable` of gate and up, without its call for contiguous ones."""
+    return bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous() or _writable(True, gate, up))
 
 
 def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
@@ -108,14 +119,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
         USAGE[hit[1]] += 1
-        gm, dm = hit[0]
-        return _glu(gate, up, "silu", inplace_backward, gm, dm)
+        gm, dm, run = hit[0]
+        writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
+                                               or _writable(True, gate, up))
+        return run(gate, up, "silu", writable, gm, dm)
     _check_glu(gate, up)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
     backend = select_backend("swiglu", gate)
     if backend in TORCH_CODE:
         return ref.swiglu(gate, up, gm, dm)
-    remember_call(_CALLS, key, "swiglu", backend, (gm, dm))
+    if not torch.compiler.is_compiling():
+        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, _glu_apply()))
     return _glu(gate, up, "silu", inplace_backward, gm, dm)
 
 
@@ -157,15 +171,17 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         key = hit = None
     if hit is not None:
         USAGE[hit[1]] += 1
-        gm, dm = hit[0]
-        return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward, gm, dm)
+        gm, dm, run = hit[0]
+        return run(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu",
+                   _writable_fast(inplace_backward, gate, up), gm, dm)
     _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
     backend = select_backend("geglu", gate)
     if backend in TORCH_CODE:
         return ref.geglu(gate, up, approximate, gm, dm)
-    remember_call(_CALLS, key, "geglu", backend, (gm, dm))
+    if not torch.compiler.is_compiling():
+        remember_call(_CALLS, key, "geglu", backend, (gm, dm, _glu_apply()))
     return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward, gm, dm)
 
 
@@ -223,7 +239,7 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         USAGE[hit[1]] += 1
         gm, dm, cd, run = hit[0]
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
-                                               or _writable(True, gate, up))
+                                               or _writable(True, gate, up))  # (_writable_fast, inline)
         return run(gate, up, weight, bias, activation, cd, writable, gm, dm)
     _check_glu(gate, up)
     _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
@@ -254,14 +270,14 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm), weight, bias)
     run = fast_apply(k.GLULinearFunction)
     remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, run))
-    return run(gate, up, weight, bias, activation, cd, _writable(inplace_backward, gate, up), gm, dm)
+    return run(gate, up, weight, bias, activation, cd, _writable_fast(inplace_backward, gate, up), gm, dm)
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 _CALLS: dict = {}
 """Validated calls of swiglu, geglu and glu_linear (:func:`tigon.support.remember_call`): everything their checks read
 (the tensors' types, dtypes, devices and shapes; the options, the multipliers with their types; glu_linear outside
-autocast only) and the backend's switches -> (gm, dm as floats[, glu_linear's matmul dtype and apply])."""
+autocast only) and the backend's switches -> (gm, dm as floats[, glu_linear's matmul dtype], the apply)."""
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
