@@ -40,8 +40,6 @@ add: forward 4*M*N*2 (read x, r; write y, s); backward 4*M*N*2 (read dy, ds, s; 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -51,6 +49,7 @@ from ._common import (
     sm_count,
     warps_for,
 )
+from .norm_launch import bwd_launch, fwd_launch, sum_launch
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
 # tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
@@ -466,7 +465,7 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
         return y, mean, rstd, s, x2
-    block_n, block_m, warps, grid = _fwd_launch(M, N, dev, compiled_cuda(dev), fwd_config, rows_per_program)
+    block_n, block_m, warps, grid = fwd_launch(M, N, dev, compiled_cuda(dev), fwd_config, rows_per_program)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
@@ -481,41 +480,6 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
 
 
 _NO_FLAGS: dict = {}
-
-
-@functools.lru_cache(maxsize=1024)
-def _fwd_launch(M: int, N: int, device: torch.device, compiled: bool, *heuristics) -> tuple[int, int, int, tuple[int]]:
-    """(BLOCK_N, rows per program, num_warps, grid) of the forward over M rows of N elements (:func:`fwd_config`),
-    cached per shape, device, whether the kernels run compiled (``compiled_cuda(device)``, which they depend on) and
-    ``heuristics``: this module's functions it calls, passed by the caller so that replacing one (a test's
-    monkeypatch) is a new key."""
-    block_n = next_pow2(N)
-    block_m, warps = fwd_config(block_n, device)
-    return block_n, block_m, warps, (cdiv(M, block_m),)
-
-
-@functools.lru_cache(maxsize=1024)
-def _bwd_launch(M: int, N: int, device: torch.device, compiled: bool, is_rms: bool, n_groups: int,
-                *heuristics) -> tuple:
-    """(block_n, wide, prefetch, block_m, progs, warps, db_by_columns, rows per program) of :func:`norm_backward`
-    over M rows of N elements (the kernel's rows: the groups, when grouped), cached as :func:`_fwd_launch` (with the
-    row-width limits among ``heuristics``)."""
-    block_n = next_pow2(N)
-    wide = block_n > REGISTER_ROW
-    prefetch = block_n <= WIDE_ROW
-    block_m, progs, warps, db_by_columns = bwd_config(M, block_n, device, is_rms)
-    if n_groups != 1 and block_m < n_groups:  # a tile holds whole rows of groups (grouped_backward_fits)
-        block_m, warps = n_groups, max(warps, warps_for(n_groups * block_n))
-    per_prog = cdiv(cdiv(M, progs), block_m) * block_m
-    return block_n, wide, prefetch, block_m, cdiv(M, per_prog), warps, db_by_columns, per_prog
-
-
-@functools.lru_cache(maxsize=1024)
-def _sum_launch(n_full: int, n_parts: int) -> tuple[int, tuple[int], int]:
-    """(BLOCK_N, grid, BLOCK_P) of the dW / dB partials' sum: many programs, N/32 of them, each summing a
-    [parts, 32] slab."""
-    block_cols = min(next_pow2(n_full), 32)
-    return block_cols, (cdiv(n_full, block_cols),), min(next_pow2(n_parts), 128)
 
 
 def _gated_flags(gate, is_rms: bool, n_groups: int, gate_first: bool) -> dict:
@@ -609,9 +573,9 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # to REGISTER_ROW run one whole row per step without the prefetch: N=16384 fwd+bwd RMSNorm 0.83 ms, LayerNorm
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
-    block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = _bwd_launch(
-        M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, rows_per_program, num_programs_hint, WIDE_ROW,
-        REGISTER_ROW)
+    block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
+        M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
+        num_programs_hint)
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
@@ -640,7 +604,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         n_parts = parts[0]
-        block_cols, grid, block_p = _sum_launch(n_full, n_parts)
+        block_cols, grid, block_p = sum_launch(n_full, n_parts)
         launcher(_sum_partials)[grid](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, n_parts, n_full, HAS_DW=need_dw, HAS_DB=need_db,
