@@ -17,6 +17,12 @@ Every public op in :mod:`tigon.functional` asks :func:`select_backend` which pat
 check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
 report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``, FakeTensorMode) take the
 reference silently: it carries their shapes and dtypes.
+
+The ops on a small model's hot path (rms_norm, fused_add_rms_norm, swiglu / geglu / glu_linear, rope) keep the calls
+they validated and sent to the kernels (:func:`remember_call`), keyed by everything their checks read and by
+:func:`switches`: a call like one seen before skips the checks and this choice (it is still counted), any other runs
+them in full, so a bad argument raises as before and a change of ``TRITON_INTERPRET`` / ``TIGON_DISABLE`` /
+:func:`force_reference` is seen on the next call.
 """
 
 from __future__ import annotations

@@ -196,13 +196,13 @@ def launcher(kernel):
     wrapper taking the arguments would repack them: ~1.5 us of host time per launch)."""
     data = support._ENV_DATA
     if interpreter_enabled is not _INTERPRETER_ENABLED or data is None or support.os.environ is not support._ENVIRON:
-        return _DirectLauncher(kernel) if direct_launch_enabled() else kernel
-    if _direct_broken or data.get(support._K_DIRECT) == support._ZERO or data.get(support._K_INTERPRET) == support._ONE:
+        if not direct_launch_enabled():
+            return kernel
+    elif _direct_broken or data.get(support._K_DIRECT) == support._ZERO or data.get(support._K_INTERPRET) == support._ONE:
         return kernel
     via = kernel.__dict__.get(_VIA_ATTR)
     if via is None:
-        via = _DirectLauncher(kernel)
-        setattr(kernel, _VIA_ATTR, via)
+        via = kernel.__dict__[_VIA_ATTR] = _DirectLauncher(kernel)
     return via
 
 
