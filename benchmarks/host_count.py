@@ -30,6 +30,10 @@ instructions each case executes per call, as ``host_overhead.py --callgrind`` (w
     TRITON_INTERPRET=1 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=cg.%p \
         python3 benchmarks/host_count.py --callgrind 50
     python3 benchmarks/host_overhead.py --callgrind-read cg.<pid>.* --calls 50
+
+or ``python3 benchmarks/host_count.py --callgrind-read cg.<pid>.* --calls 50``: the same totals and, beside them, the
+instructions less the CPU's own matmul and attention arithmetic (:data:`CPU_MATH`, which both layers run alike and
+which on a GPU is kernel work), which is what the host path of the layer costs.
 """
 
 from __future__ import annotations
@@ -243,6 +247,38 @@ def layer_cases() -> dict:
     return out
 
 
+CPU_MATH = ("at::native::addmm_impl_cpu_(", "void at::native::(anonymous namespace)::cpu_flash_attention<",
+            "void at::native::(anonymous namespace)::cpu_flash_attention_backward<")
+"""The CPU's own arithmetic of the layer cases (inclusive instructions): every mm / addmm of the projections (both
+reach ``addmm_impl_cpu_``) and the scaled-dot-product attention's forward and backward kernels. Hugging Face's
+layer and the patched one run the same matmuls and attention; on a GPU that work is the kernels', not the host's."""
+
+
+def read_callgrind(paths, n: int) -> dict:
+    """{case: {"instructions": per call, "host_instructions": per call less :data:`CPU_MATH`}} from the dumps of a
+    ``--callgrind n`` run (``callgrind_annotate --inclusive=yes`` reads the functions' inclusive counts)."""
+    import subprocess
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from host_overhead import read_callgrind as totals
+
+    out = {}
+    for path in paths:
+        total = totals([path], n)
+        if not total:
+            continue
+        (name, per_call), = total.items()
+        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
+                              capture_output=True, text=True, check=True).stdout
+        math = 0
+        for prefix in CPU_MATH:  # the largest inclusive count of each (the outermost frame of that function)
+            counts = [int(line.split()[0].replace(",", "")) for line in text.splitlines()
+                      if f"???:{prefix}" in line and line.strip()[:1].isdigit()]
+            math += max(counts, default=0)
+        out[name] = {"instructions": per_call, "host_instructions": per_call - math // n}
+    return out
+
+
 def diff_functions(a: Counter, b: Counter, top: int) -> list[tuple[str, int, int]]:
     """The functions whose call counts differ most between ``a`` (HF) and ``b`` (Tigon): (name, a, b)."""
     keys = set(a) | set(b)
@@ -260,7 +296,19 @@ def main(argv=None) -> None:
     ap.add_argument("--callgrind", type=int, metavar="N",
                     help="under valgrind --tool=callgrind: N calls of each case, a dump after each (then read the "
                          "instructions per call with host_overhead.py --callgrind-read DUMPS --calls N)")
+    ap.add_argument("--callgrind-read", nargs="+", metavar="DUMP",
+                    help="the instructions per call in these dumps of a --callgrind N run (N from --calls), in all "
+                         "and less the CPU's matmul / attention arithmetic (CPU_MATH)")
+    ap.add_argument("--calls", type=int, default=20, help="the N of the --callgrind run read (default 20)")
     args = ap.parse_args(argv)
+    if args.callgrind_read:
+        res = read_callgrind(args.callgrind_read, args.calls)
+        for name, c in res.items():
+            print(f"{name:32s} {c['instructions']:10d} instructions, {c['host_instructions']:10d} less CPU_MATH")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"note": args.note, "calls": args.calls, "cpu_math": CPU_MATH, "per_call": res}, f, indent=1)
+        return
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (the CPU machines' backend; launches are stubbed anyway)")
     stub_launches()

@@ -127,3 +127,12 @@ def test_launcher_is_the_kernel_itself_while_off(monkeypatch, direct):
     assert [e[0] for e in k.log] == ["jit", "direct"]
     monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "0")
     assert _common.launcher(k) is k  # the launch sites index and call the kernel as before: no extra layer
+
+
+def test_one_stand_in_per_kernel(direct):
+    k, k2 = FakeKernel(), FakeKernel()
+    via = _common.launcher(k)
+    assert _common.launcher(k) is via and _common.launcher(k2) is not via  # made once per kernel
+    via[(3,)](5, 6, BLOCK=4)
+    via[(2,)](5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit", "direct"] and k.log[1][1][:3] == (2, 1, 1)

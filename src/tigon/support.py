@@ -17,6 +17,12 @@ Every public op in :mod:`tigon.functional` asks :func:`select_backend` which pat
 check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
 report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``, FakeTensorMode) take the
 reference silently: it carries their shapes and dtypes.
+
+The ops on a small model's hot path (rms_norm, fused_add_rms_norm, swiglu / geglu / glu_linear, rope) keep the calls
+they validated and sent to the kernels (:func:`remember_call`), keyed by everything their checks read and by
+:func:`switches`: a call like one seen before skips the checks and this choice (it is still counted), any other runs
+them in full, so a bad argument raises as before and a change of ``TRITON_INTERPRET`` / ``TIGON_DISABLE`` /
+:func:`force_reference` is seen on the next call.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ _state = threading.local()
 _forced_contexts = 0  # force_reference contexts open in any thread: while 0, no thread-local is read per call
 _forced_lock = threading.Lock()
 _usage: Counter = Counter()
+USAGE = _usage
 _warned: set[str] = set()
 
 # os.environ.get costs ~1 us per variable (str -> bytes of the key, a KeyError raised and caught for a variable that
@@ -85,6 +92,19 @@ def _env(name: str, default: str) -> str:
         key = _ENV_KEYS[name] = os.environ.encodekey(name)
     value = _ENV_DATA.get(key)
     return default if value is None else os.environ.decodevalue(value)
+
+
+def _raw_key(name: str):
+    """``name`` as CPython's encoded mapping stores it (None without one)."""
+    return os.environ.encodekey(name) if _ENV_DATA is not None else None
+
+
+_K_INTERPRET, _K_DISABLE = _raw_key("TRITON_INTERPRET"), _raw_key("TIGON_DISABLE")
+_K_DIRECT = _raw_key("TIGON_DIRECT_LAUNCH")
+_ONE = _raw_key("1")  # (keys and values are encoded alike)
+_ZERO = _raw_key("0")
+"""The switches read on every op call, as stored in the encoded mapping: compared there without decoding the value
+(a decode is a Python-level call, ~0.3 us), the same answers as :func:`_env`'s decoded strings."""
 
 
 def host_bound_elements(default: int) -> int:
@@ -177,8 +197,43 @@ def _forced() -> bool:
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton's interpreter is on (``TRITON_INTERPRET=1`` in the environment)."""
-    return _env("TRITON_INTERPRET", "0") == "1"
+    """True when Triton's interpreter is on (``TRITON_INTERPRET=1`` in the environment; read per call, without
+    decoding the value)."""
+    if _ENV_DATA is None or os.environ is not _ENVIRON:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _ENV_DATA.get(_K_INTERPRET) == _ONE
+
+
+def switches():
+    """Everything at run time that :func:`select_backend`'s answer for a tensor depends on besides its device and
+    dtype, as one hashable value for an op's cache of validated calls (see :func:`remember_call`):
+    ``(TRITON_INTERPRET, TIGON_DISABLE)`` as stored in the environment, read per call (so a change of either is a new
+    key). None where a call must take its full path instead: under torch.compile (dynamo traces the op; the choice
+    is made once per trace), while a :func:`force_reference` context is open in any thread, or with ``os.environ``
+    replaced (a test's mock)."""
+    if torch.compiler.is_compiling() or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON:
+        return None
+    return _ENV_DATA.get(_K_INTERPRET), _ENV_DATA.get(_K_DISABLE)
+
+
+MAX_CALLS = 512
+"""Entries per op cache of validated calls before it is emptied (keys hold shapes: a run with many sequence lengths
+must not grow it without bound)."""
+
+
+def remember_call(cache: dict, key, op: str, backend: str, value) -> None:
+    """Store ``value`` (what the op's checks returned: its normalised options) under ``key`` in ``cache`` (an op's
+    validated calls, keyed by everything its checks read and :func:`switches`) when ``backend``, which
+    :func:`select_backend` chose for this call (and counted), runs the kernels; a call that falls back to the
+    reference is never cached (its warning, strict-mode error and count happen on every call, as before). A hit is
+    ``(value, usage key)``: the op counts the call with ``USAGE[usage key] += 1``, as :func:`select_backend` does."""
+    if key is None or backend in TORCH_CODE:
+        return
+    if len(cache) >= MAX_CALLS:
+        cache.clear()
+    cache[key] = (value, (op, backend))
+
+
 
 
 def triton_version() -> str | None:
@@ -206,7 +261,11 @@ def decide(device: torch.device, dtype: torch.dtype) -> Decision:
 
     Pure: no warning, no counting. See the module docstring for the rules. Memoised (see ``_decisions``).
     """
-    key = (device, dtype, _forced(), _env("TIGON_DISABLE", "0") == "1", interpreter_enabled())
+    if _ENV_DATA is None or os.environ is not _ENVIRON:
+        disabled = os.environ.get("TIGON_DISABLE", "0") == "1"
+    else:
+        disabled = _ENV_DATA.get(_K_DISABLE) == _ONE
+    key = (device, dtype, _forced(), disabled, interpreter_enabled())
     d = _decisions.get(key)
     if d is None:
         d = _decide(device, dtype, *key[2:])

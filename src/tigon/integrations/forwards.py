@@ -41,6 +41,7 @@ def norm_forward(spec: NormSpec, family: str, original):
     """``forward(self, x)`` running rms_norm / layer_norm with the instance's own weight (and bias) and epsilon;
     ``forward(self, x, gate)`` running rms_norm_gated for a gated norm (``spec.gated``; no gate: the original; the
     instance's groups of statistics and gate order, :func:`gated_options`)."""
+    eps_attr = spec.eps_attr if isinstance(spec.eps_attr, str) else None  # (one name: read inline)
     if spec.kind == "rms_norm" and spec.gated:
 
         @functools.wraps(original)
@@ -59,7 +60,8 @@ def norm_forward(spec: NormSpec, family: str, original):
             if args or kwargs:
                 return original(self, hidden_states, *args, **kwargs)
             weight = getattr(self, spec.weight_attr, None) if spec.optional_weight else getattr(self, spec.weight_attr)
-            return TF.rms_norm(hidden_states, weight, norm_eps(self, spec), spec.offset, spec.casting_mode)
+            eps = getattr(self, eps_attr, None) if eps_attr is not None else norm_eps(self, spec)  # (norm_eps inline)
+            return TF.rms_norm(hidden_states, weight, eps, spec.offset, spec.casting_mode)
 
     elif spec.kind == "layer_norm":
 
@@ -201,7 +203,9 @@ def _hook_problem(module, tigon_forward_ok: bool = False) -> str | None:
     own = d.get("forward")
     if own is not None and not (tigon_forward_ok and tigon_mark(own) is not None):
         return "its forward is replaced on the instance (e.g. accelerate offloading)"
-    if _global_hooks():
+    m = _MODULE  # (_global_hooks(), inline)
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
         return "global module hooks are registered"
     return None
 
@@ -239,7 +243,10 @@ def _outputs_private(*modules) -> bool:
     """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
     could keep them), so that the backward may write gradients into them. Tigon's own forwards (a patched PEFT LoRA
     projection) return a fresh tensor that nothing keeps, as ``nn.Linear`` does."""
-    return all(_hook_problem(m, tigon_forward_ok=True) is None for m in modules)
+    for m in modules:  # (a loop, not all() of a generator: one Python frame less per module)
+        if _hook_problem(m, True) is not None:
+            return False
+    return True
 
 
 def under_checkpoint() -> bool:
@@ -358,10 +365,10 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             gate, up = proj[0](x), proj[1](x)
         inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
-        gm, dm = mlp_multipliers(self, spec)
+        gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
             return down(_glu(act, gate, up, inplace, gm)) * dm
-        if foldable_linear(down) and not under_checkpoint():
+        if fold_problem(down) is None and not under_checkpoint():  # (foldable_linear)
             return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
         return down(_glu(act, gate, up, inplace, gm, dm))

@@ -50,7 +50,7 @@ ROPE_OPS: dict[str, str] = {"rotate_half": "rope", "interleaved": "rope_interlea
 
 def _rotate_half(q, k, cos, sin, *, unsqueeze_dim=1, partial):
     if cos.dim() in (2, 3) and (cos.shape[-1] == q.shape[-1] or partial):
-        return TF.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        return TF.rope(q, k, cos, sin, None, unsqueeze_dim)  # (positional: no keyword for the DTensor check to read)
     return None
 
 
@@ -130,7 +130,8 @@ def tigon_call(layout: str, partial: bool, head_axis: int, args: tuple, kwargs: 
     head dims): the caller then runs the original. ``partial``: cos / sin narrower than the head are served (the
     family's code rotates the first ``cos.shape[-1]`` dims, :attr:`RopeSpec.partial_rotary`); ``head_axis``: where
     the heads are in q and k for layouts whose function does not say (``complex``)."""
-    if not _binds(layout, len(args), tuple(kwargs)):
+    ok = _BINDS.get((layout, len(args), tuple(kwargs)))  # (_binds' cache, read inline)
+    if not (ok if ok is not None else _binds(layout, len(args), tuple(kwargs))):
         return None
     if len(args) >= 2 and layout != "complex":  # q and k positional (Hugging Face's calls): no binding needed
         q, k = args[0], args[1]

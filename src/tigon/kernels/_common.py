@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from .. import support
 from ..support import _env, interpreter_enabled
 
 # Largest row a single program holds in registers (elements). Rows longer than this are rejected by the
@@ -78,7 +79,17 @@ def compiled_cuda(device: torch.device) -> bool:
     cuda = _IS_CUDA.get(device)
     if cuda is None:
         cuda = _IS_CUDA[device] = device.type == "cuda"
-    return cuda and not interpreter_enabled()
+    if not cuda:
+        return False
+    data = support._ENV_DATA
+    if interpreter_enabled is not _INTERPRETER_ENABLED or data is None or support.os.environ is not support._ENVIRON:
+        return not interpreter_enabled()
+    return data.get(support._K_INTERPRET) != support._ONE  # (interpreter_enabled(), inline)
+
+
+_INTERPRETER_ENABLED = interpreter_enabled
+"""support.interpreter_enabled, which :func:`compiled_cuda` and :func:`launcher` read inline unless this module's
+name for it was replaced (a test's monkeypatch): then they call the replacement."""
 
 
 def sm_count(device: torch.device) -> int:
@@ -140,11 +151,23 @@ _direct_broken: list[str] = []
 def direct_launch_enabled() -> bool:
     """Whether :func:`launch` calls compiled kernels' launchers directly (unless ``TIGON_DIRECT_LAUNCH=0``; Triton's
     interpreter off, and no incompatibility found in this Triton)."""
-    return _env("TIGON_DIRECT_LAUNCH", "1") != "0" and not _direct_broken and not interpreter_enabled()
+    return not _direct_broken and not _direct_off() and not interpreter_enabled()
+
+
+def _direct_off() -> bool:
+    """Whether ``TIGON_DIRECT_LAUNCH=0`` (read per call, without decoding the value)."""
+    data = support._ENV_DATA
+    if data is None or support.os.environ is not support._ENVIRON:
+        return _env("TIGON_DIRECT_LAUNCH", "1") == "0"
+    return data.get(support._K_DIRECT) == support._ZERO
+
+
+_CUDA_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)  # (absent from CPU builds)
 
 
 def _current_device() -> int:
-    return torch.cuda.current_device()
+    # torch.cuda.current_device() without its _lazy_init call: launches run on CUDA tensors, so CUDA is initialised
+    return _CUDA_GET_DEVICE() if _CUDA_GET_DEVICE is not None else torch.cuda.current_device()
 
 
 def _current_stream(device: int) -> int:
@@ -169,11 +192,22 @@ def _launch_hooks_active() -> bool:
 def launcher(kernel):
     """What a launch site indexes and calls, ``launcher(kernel)[grid](*args, **kwargs)``: ``kernel`` itself, or with
     direct launching on (:func:`direct_launch_enabled`) a stand-in launched the same way through :func:`launch`.
-    Off, this costs one call and one environment read (a wrapper taking the arguments would repack them: ~1.5 us
-    of host time per launch)."""
-    if not direct_launch_enabled():
+    Off, this costs one call and two dictionary reads of the environment (:func:`direct_launch_enabled`, inline; a
+    wrapper taking the arguments would repack them: ~1.5 us of host time per launch)."""
+    data = support._ENV_DATA
+    if interpreter_enabled is not _INTERPRETER_ENABLED or data is None or support.os.environ is not support._ENVIRON:
+        if not direct_launch_enabled():
+            return kernel
+    elif _direct_broken or data.get(support._K_DIRECT) == support._ZERO or data.get(support._K_INTERPRET) == support._ONE:
         return kernel
-    return _DirectLauncher(kernel)
+    via = kernel.__dict__.get(_VIA_ATTR)
+    if via is None:
+        via = kernel.__dict__[_VIA_ATTR] = _DirectLauncher(kernel)
+    return via
+
+
+_VIA_ATTR = "_tigon_direct_via"
+"""The attribute of a kernel holding its stand-in (made once; on the kernel, as :data:`_DIRECT_ATTR`)."""
 
 
 class _DirectLauncher:
@@ -185,8 +219,9 @@ class _DirectLauncher:
         self.kernel = kernel
 
     def __getitem__(self, grid):
-        kernel = self.kernel
-        return lambda *args, **kwargs: launch(kernel, grid, *args, **kwargs)
+        # (:func:`launcher` checked that direct launching is on: not asked again per launch; a partial, not a lambda:
+        # no Python frame of its own)
+        return functools.partial(_launch_direct, self.kernel, grid)
 
 
 def launch(kernel, grid: tuple, *args, **kwargs):
@@ -195,7 +230,14 @@ def launch(kernel, grid: tuple, *args, **kwargs):
 
     ``grid``: a tuple of one to three ints. Returns what ``kernel[grid]`` returns, or None from the direct path.
     """
-    if not direct_launch_enabled() or type(grid) is not tuple or getattr(kernel, "pre_run_hooks", True):
+    if not direct_launch_enabled():
+        return kernel[grid](*args, **kwargs)
+    return _launch_direct(kernel, grid, *args, **kwargs)
+
+
+def _launch_direct(kernel, grid, *args, **kwargs):
+    """:func:`launch` with direct launching on."""
+    if type(grid) is not tuple or getattr(kernel, "pre_run_hooks", True):
         return kernel[grid](*args, **kwargs)
     try:
         device = _current_device()
@@ -240,6 +282,35 @@ def _turn_off_direct(reason: str) -> None:
         _direct_broken.append(reason)
         warnings.warn(f"TIGON_DIRECT_LAUNCH: {reason}; Triton kernels are launched through kernel[grid] from now on",
                       RuntimeWarning, stacklevel=3)
+
+
+@functools.lru_cache(maxsize=None)
+def fast_apply(function: type) -> "callable":
+    """``function.apply`` (a ``torch.autograd.Function`` without ``setup_context``, called with positional
+    arguments) without the Python layers of ``Function.apply`` around torch's C++ ``apply``: the setup-context
+    check, and the generator that unwraps dead functorch wrappers (one Python frame per argument: 10 of the 15 Python
+    calls of an apply of 6 arguments). Here the same unwrapping (``torch._C._functorch.unwrap_if_dead`` of each
+    tensor argument) runs in a plain loop, and while a functorch transform (vmap, grad...) is active the call goes
+    through ``function.apply`` itself. Same results and autograd graph as ``function.apply``."""
+    if getattr(function, "setup_context", None) is not torch.autograd.Function.setup_context:
+        return function.apply
+    base = super(torch.autograd.Function, function).apply  # torch._C._FunctionBase.apply, bound to the class
+    active = torch._C._are_functorch_transforms_active
+    unwrap = getattr(torch._C._functorch, "unwrap_if_dead", None)
+    slow = function.apply
+    tensor = torch.Tensor
+    if unwrap is None:  # pragma: no cover - another torch layout
+        return slow
+
+    def apply(*args):
+        if active():
+            return slow(*args)
+        for a in args:
+            if isinstance(a, tensor) and unwrap(a) is not a:  # a dead wrapper (rare): unwrap them all
+                return base(*[unwrap(b) if isinstance(b, tensor) else b for b in args])
+        return base(*args)
+
+    return apply
 
 
 def once_differentiable(backward):

@@ -8,6 +8,8 @@ avoids padding waste for odd N.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -34,7 +36,10 @@ def as_2d(**tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list[i
     copying only a tensor whose last dimension is strided).
     """
     ts = list(tensors.values())
-    if all(t.is_contiguous() for t in ts):
+    for t in ts:  # (a loop, not all() of a generator: one Python frame less per tensor)
+        if not t.is_contiguous():
+            break
+    else:
         n = ts[0].numel()
         return 1, n, ts, [n] * len(ts)
     views = [as_rows(t, name) for name, t in tensors.items()]
@@ -55,7 +60,12 @@ def launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, t
     realistic size. Rows shorter than the tile are stacked (BLOCK_M > 1). Under the interpreter each program
     costs Python overhead, so tiles are 16x larger there.
     """
-    target = tile_elems(device)
+    return _launch_shape(M, N, tile_elems(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_shape(M: int, N: int, target: int) -> tuple[int, int, int, tuple[int]]:
+    """:func:`launch_shape` for tiles of ``target`` elements, cached per (M, N, target)."""
     block_n = min(next_pow2(N), target)
     block_m = min(next_pow2(M), max(1, target // block_n))
     grid = (cdiv(M, block_m) * cdiv(N, block_n),)

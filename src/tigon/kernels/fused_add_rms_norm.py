@@ -39,7 +39,8 @@ def fused_add_rms_norm_forward(x: torch.Tensor, residual: torch.Tensor, weight: 
     """
     y, _, rstd, s, _ = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
                                     round_xhat=casting_mode == "llama",
-                                    out_dtype=output_dtype(x.dtype, weight.dtype, casting_mode), residual=residual)
+                                    out_dtype=x.dtype if weight.dtype == x.dtype else output_dtype(
+                                        x.dtype, weight.dtype, casting_mode), residual=residual)
     return y, s, rstd
 
 
@@ -91,7 +92,7 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
             return ds, ds, None, None, None, None, None
         over_dy = ctx.in_place and owns_grad(dy, s.dtype)  # dy: no other local name (owns_grad counts references)
         dsum, dw = fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_w, over_dy)
-        return if_wanted(dsum, need_x), if_wanted(dsum, need_r), dw, None, None, None, None
+        return dsum if need_x else None, dsum if need_r else None, dw, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops

@@ -307,6 +307,14 @@ def _in(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
+def _any_autocast() -> bool:
+    return True  # (a torch without torch._C._is_any_autocast_enabled: ask _autocast_on)
+
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", _any_autocast)
+"""Whether autocast is on for any device type (one C call; only then is :func:`_autocast_on` asked)."""
+
+
 def _autocast_on(device: torch.device) -> bool:
     """Whether autocast is enabled for ``device``'s type: only then do the matmuls below need an
     ``autocast(enabled=False)`` region (entering and leaving one costs ~5 us of host time)."""
@@ -319,7 +327,9 @@ def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype,
     """``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast
     dtype)."""
     y = glu_forward(gate, up, activation, gm, dm)
-    if not _autocast_on(gate.device):
+    if not _ANY_AUTOCAST() or not _autocast_on(gate.device):
+        if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
+            return torch.nn.functional.linear(y, weight, bias)
         return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
     with torch.autocast(gate.device.type, enabled=False):
         return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
@@ -335,8 +345,11 @@ def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype
     backward allocates no more than the unfused one (dy).
     """
     need_g, need_u, need_w, need_b = need
-    d2 = _in(dout.reshape(-1, dout.shape[-1]), cd)
-    if _autocast_on(gate.device):  # (a backward run on the caller's thread, as on CPU, sees its autocast state)
+    d2 = dout.reshape(-1, dout.shape[-1])
+    if d2.dtype != cd:
+        d2 = d2.to(cd)
+    # (a backward run on the caller's thread, as on CPU, sees its autocast state)
+    if _ANY_AUTOCAST() and _autocast_on(gate.device):
         with torch.autocast(gate.device.type, enabled=False):
             dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
     else:
@@ -349,14 +362,18 @@ def _glu_linear_grads(d2, gate, up, weight, activation: str, cd: torch.dtype, ne
                       dm: float = 1.0):
     """(d_gate, d_up, d_weight) of :func:`glu_linear_backward`, from ``d2`` = dout as (tokens, H) rows in ``cd``."""
     need_g, need_u, need_w, _ = need
+    same = weight.dtype == cd == gate.dtype  # (no cast anywhere: _in's tests, once)
     if need_g or need_u:
-        dy = _in(torch.mm(d2, _in(weight, cd)), gate.dtype).view(gate.shape)
+        dy = (torch.mm(d2, weight) if same else _in(torch.mm(d2, _in(weight, cd)), gate.dtype)).view(gate.shape)
         dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
         product = dy
     else:
         dgate = dup = None
         product = glu_forward(gate, up, activation, gm, dm) if need_w else None
-    dw = _in(torch.mm(d2.t(), _in(product.reshape(d2.shape[0], gate.shape[-1]), cd)), weight.dtype) if need_w else None
+    if not need_w:
+        return dgate, dup, None
+    product = product.reshape(d2.shape[0], gate.shape[-1])
+    dw = torch.mm(d2.t(), product) if same else _in(torch.mm(d2.t(), _in(product, cd)), weight.dtype)
     return dgate, dup, dw
 
 

@@ -45,9 +45,11 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program, sm_count,
+    MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program,
+    sm_count,
     warps_for,
 )
+from .norm_launch import bwd_launch, fwd_launch, sum_launch
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
 # tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
@@ -438,9 +440,14 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     """
     x2, M, sx = rows(x, "x")
     N = x.shape[-1]
-    weight, bias = _unit_stride(weight), _unit_stride(bias)
+    if weight is not None and weight.stride(-1) != 1:  # (_unit_stride, inline)
+        weight = weight.contiguous()
+    if bias is not None and bias.stride(-1) != 1:
+        bias = bias.contiguous()
     name = ("fused add + RMSNorm" if residual is not None else "RMSNorm") if is_rms else "LayerNorm"
-    check_row_width(N, name)
+    if N > MAX_FUSED_ROW:
+        check_row_width(N, name)
+    gated = gate is not None or n_groups != 1 or gate_first
     if n_groups != 1:
         _check_groups(N, n_groups, is_rms and residual is None and bias is None)
         M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
@@ -458,19 +465,21 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
         return y, mean, rstd, s, x2
-    block_n = next_pow2(N)
-    block_m, warps = fwd_config(block_n, dev)
+    block_n, block_m, warps, grid = fwd_launch(M, N, dev, compiled_cuda(dev), fwd_config, rows_per_program)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
-    launcher(_norm_fwd)[(cdiv(M, block_m),)](
+    launcher(_norm_fwd)[grid](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
         HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, G=g2, stride_g=sg, HAS_GATE=gate is not None,
-        num_warps=warps, **_gated_flags(gate, is_rms, n_groups, gate_first),
+        num_warps=warps, **(_gated_flags(gate, is_rms, n_groups, gate_first) if gated else _NO_FLAGS),
     )
     return y, mean, rstd, s, x2
+
+
+_NO_FLAGS: dict = {}
 
 
 def _gated_flags(gate, is_rms: bool, n_groups: int, gate_first: bool) -> dict:
@@ -527,7 +536,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     """
     x2, M, sx = rows(x, "x")
     N = x.shape[-1]
-    weight = _unit_stride(weight)
+    if weight is not None and weight.stride(-1) != 1:  # (_unit_stride, inline)
+        weight = weight.contiguous()
     dy, _, sdy = rows(dy, "grad_output")
     dev = x.device
     n_full = N  # the weight's size
@@ -563,16 +573,11 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # to REGISTER_ROW run one whole row per step without the prefetch: N=16384 fwd+bwd RMSNorm 0.83 ms, LayerNorm
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
-    block_n = next_pow2(N)
-    wide = block_n > REGISTER_ROW
-    prefetch = block_n <= WIDE_ROW
-    block_m, progs, warps, db_by_columns = bwd_config(M, block_n, dev, is_rms)
-    if n_groups != 1 and block_m < n_groups:  # a tile holds whole rows of groups (grouped_backward_fits)
-        block_m, warps = n_groups, max(warps, warps_for(n_groups * block_n))
+    block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
+        M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
+        num_programs_hint)
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
-    per_prog = cdiv(cdiv(M, progs), block_m) * block_m
-    progs = cdiv(M, per_prog)
     alloc = torch.zeros if wide else torch.empty  # the wide kernel accumulates into its partial row in place
     # grouped: the kernel stores its [block_m, N] accumulator, (progs * block_m / n_groups) rows of the weight's size
     parts = (progs, N) if n_groups == 1 else (progs * block_m // n_groups, n_full)
@@ -593,16 +598,17 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
                             HAS_GATE=gate is not None, num_warps=warps,
-                            **_gated_flags(gate, is_rms, n_groups, gate_first))
+                            **(_gated_flags(gate, is_rms, n_groups, gate_first)
+                               if gate is not None or n_groups != 1 or gate_first else _NO_FLAGS))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         n_parts = parts[0]
-        block_cols = min(next_pow2(n_full), 32)  # many programs: N/32 of them, each summing a [parts, 32] slab
-        launcher(_sum_partials)[(cdiv(n_full, block_cols),)](
+        block_cols, grid, block_p = sum_launch(n_full, n_parts)
+        launcher(_sum_partials)[grid](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, n_parts, n_full, HAS_DW=need_dw, HAS_DB=need_db,
-            BLOCK_P=min(next_pow2(n_parts), 128), BLOCK_N=block_cols, num_warps=4)
+            BLOCK_P=block_p, BLOCK_N=block_cols, num_warps=4)
     if db_cols:
         db = dy.reshape(M, N).sum(0, dtype=torch.float32).to(db_dtype)
     return (dx, dw, db) if gate is None else (dx, dw, db, dgate)

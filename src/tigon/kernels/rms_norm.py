@@ -37,7 +37,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, o
     """
     y, _, rstd, _, x2 = norm_forward(x, weight, None, eps, is_rms=True, offset=offset,
                                      round_xhat=casting_mode == "llama",
-                                     out_dtype=output_dtype(x.dtype, _dtype(weight), casting_mode))
+                                     out_dtype=x.dtype if weight is None or weight.dtype == x.dtype else output_dtype(
+                                         x.dtype, weight.dtype, casting_mode))
     return y, x2, rstd
 
 

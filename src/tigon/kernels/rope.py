@@ -43,6 +43,8 @@ Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 p
 
 from __future__ import annotations
 
+import functools
+
 
 import torch
 from torch import Tensor
@@ -213,23 +215,26 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     (each row is read before it is written, by the same program), which are returned; q and k must then be
     separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
     """
-    (B, HQ, T, D), sq = _heads_first(q, unsqueeze_dim)
-    (_, HKV, _, _), sk = _heads_first(k, unsqueeze_dim)
     qo = (q if inplace else torch.empty_like(q)) if need_q else None
     ko = (k if inplace else torch.empty_like(k)) if need_k else None
-    sqo = _heads_first(qo, unsqueeze_dim)[1] if need_q else sq
-    sko = _heads_first(ko, unsqueeze_dim)[1] if need_k else sk
+    if unsqueeze_dim == 1:  # (B, H, T, D) already: _heads_first's shapes and strides, inline
+        (B, HQ, T, D), sq = q.shape, q.stride()
+        HKV, sk = k.shape[1], k.stride()
+        sqo = qo.stride() if need_q else sq
+        sko = ko.stride() if need_k else sk
+    else:
+        (B, HQ, T, D), sq = _heads_first(q, unsqueeze_dim)
+        (_, HKV, _, _), sk = _heads_first(k, unsqueeze_dim)
+        sqo = _heads_first(qo, unsqueeze_dim)[1] if need_q else sq
+        sko = _heads_first(ko, unsqueeze_dim)[1] if need_k else sk
     if B * T == 0 or (qo is None and ko is None):
         return qo, ko
     half = cos.shape[-1] // 2
     rest = 0 if inplace else D - 2 * half  # in place, the passed-through dims are already where they belong
-    block_half = next_pow2(half)
-    block_r, warps = _rows_config(block_half, q.device)
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
-    if not compiled_cuda(q.device):  # the interpreter computes the whole tile: no more rows than q or k has
-        block_r = min(block_r, next_pow2(max(nq, nk, 1)))
-    progs_q = cdiv(nq, block_r)
+    dev = q.device
+    block_half, block_r, warps, progs_q, grid = _launch(half, nq, nk, dev, compiled_cuda(dev), _rows_config)
     sc_s, ss_s = (cos.stride(0), sin.stride(0)) if sections else (0, 0)
     if sections:  # the strides of one section's (1 or B, T, R) table
         cos, sin = cos[0], sin[0]
@@ -237,16 +242,30 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs in (PAIRS_INTERLEAVED, PAIRS_EXPANDED)
     if backward:  # the transpose reads the output's layout and writes the input's
         pairs_in, pairs_out = pairs_out, pairs_in
-    launcher(_rope_kernel)[(progs_q + cdiv(nk, block_r),)](
+    launcher(_rope_kernel)[grid](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
         0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2], sc_s, ss_s,
-        HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest), BLOCK_R=block_r, BACKWARD=backward,
+        HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest) if rest else 1, BLOCK_R=block_r,
+        BACKWARD=backward,
         ROW64=max(nq, nk) + block_r >= 2**31, X_PAIRS=pairs_in, Y_PAIRS=pairs_out,
         SHARED=pairs in (PAIRS_INTERLEAVED, PAIRS_DEINTERLEAVE), SEC0=sections[0] if sections else 0,
         SEC1=sections[1] if sections else 0, TABLE_PAIRS=pairs == PAIRS_EXPANDED, MROPE=bool(sections),
         num_warps=warps,
     )
     return qo, ko
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch(half: int, nq: int, nk: int, device: torch.device, compiled: bool, rows_config) -> tuple:
+    """(BLOCK_HALF, BLOCK_R, num_warps, q's programs, grid) of :func:`rope_apply` for ``nq`` / ``nk`` rows of q / k,
+    cached per sizes, device, whether the kernels run compiled and ``rows_config`` (:func:`_rows_config`, passed by
+    the caller so that replacing it, as tests do, is a new key)."""
+    block_half = next_pow2(half)
+    block_r, warps = rows_config(block_half, device)
+    if not compiled:  # the interpreter computes the whole tile: no more rows than q or k has
+        block_r = min(block_r, next_pow2(max(nq, nk, 1)))
+    progs_q = cdiv(nq, block_r)
+    return block_half, block_r, warps, progs_q, (progs_q + cdiv(nk, block_r),)
 
 
 class RoPEFunction(torch.autograd.Function):

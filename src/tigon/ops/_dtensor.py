@@ -120,8 +120,12 @@ def accepts_dtensor(rule: DTensorRule):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if not _any_dtensor(args, kwargs):
-                return fn(*args, **kwargs)
+            for a in args:  # (_any_dtensor, inline for the positional arguments: a plain call is one loop)
+                if type(a) not in _PLAIN and (is_dtensor(a) or is_async_collective(a)):
+                    break
+            else:
+                if not kwargs or not _any_dtensor((), kwargs):
+                    return fn(*args, **kwargs)
             args = tuple(waited(a) for a in args)
             kwargs = {k: waited(v) for k, v in kwargs.items()}
             if not _any_dtensor(args, kwargs):

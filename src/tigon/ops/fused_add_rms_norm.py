@@ -13,7 +13,7 @@ import torch
 from .. import _checks
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
-from ..support import TORCH_CODE, select_backend
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
 from ._dtensor import DTensorRule, accepts_dtensor, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 from .rms_norm import quack_rms_norm
@@ -65,6 +65,40 @@ def fused_add_rms_norm(
         ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d or its last dimension is empty,
             devices differ, casting_mode is unknown, eps is negative or not finite, or offset is not finite.
     """
+    state = switches()
+    try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
+        key = None if state is None else (
+            type(x), x.dtype, x.device, x.shape, type(residual), residual.dtype, residual.device, residual.shape,
+            type(weight), weight.dtype, weight.device, weight.shape, type(eps), eps, type(offset), offset,
+            casting_mode, type(in_place), in_place, state)
+        hit = _CALLS.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
+        USAGE[hit[1]] += 1
+        eps, offset, run = hit[0]
+        return run(x, residual, weight, eps, offset, casting_mode, in_place)
+    eps, offset = _check(x, residual, weight, eps, offset, casting_mode, in_place)
+    backend = select_backend("fused_add_rms_norm", x)
+    if backend in TORCH_CODE:
+        return ref.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
+    from ..kernels import fused_add_rms_norm as k
+    from ..kernels._common import fast_apply
+
+    run = k.compiled_fused_add_rms_norm if torch.compiler.is_compiling() else fast_apply(k.FusedAddRMSNormFunction)
+    remember_call(_CALLS, key, "fused_add_rms_norm", backend, (eps, offset, run))
+    return run(x, residual, weight, eps, offset, casting_mode, in_place)
+
+
+_CALLS: dict = {}
+"""Validated calls (:func:`tigon.support.remember_call`): everything :func:`_check` reads (the tensors' types, dtypes,
+devices and shapes; the options with their types) and the backend's switches -> (eps, offset as floats, the
+autograd.Function's apply)."""
+
+
+def _check(x, residual, weight, eps, offset, casting_mode, in_place) -> tuple[float, float]:
+    """:func:`fused_add_rms_norm`'s argument checks (the errors its docstring lists); returns eps and offset as
+    floats."""
     _checks.tensor("x", x, floating=True)
     _checks.tensor("residual", residual, floating=True)
     _checks.tensor("weight", weight, floating=True, ndim=1)
@@ -81,12 +115,7 @@ def fused_add_rms_norm(
     if weight.shape[0] != x.shape[-1]:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")
-    if select_backend("fused_add_rms_norm", x) in TORCH_CODE:
-        return ref.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
-    from ..kernels import fused_add_rms_norm as k
-
-    run = k.compiled_fused_add_rms_norm if torch.compiler.is_compiling() else k.FusedAddRMSNormFunction.apply
-    return run(x, residual, weight, eps, offset, casting_mode, in_place)
+    return eps, offset
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from .. import _checks
 from ..reference import glu as ref
-from ..support import TORCH_CODE, select_backend
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
 from ._dtensor import DTensorRule, accepts_dtensor, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
@@ -24,7 +24,20 @@ def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward
 
     if torch.compiler.is_compiling():
         return k.compiled_glu(gate, up, activation, gm, dm)
-    return k.GLUFunction.apply(gate, up, activation, _writable(inplace_backward, gate, up), gm, dm)
+    return _glu_apply()(gate, up, activation, _writable_fast(inplace_backward, gate, up), gm, dm)
+
+
+def _glu_apply():
+    """:class:`tigon.kernels.glu.GLUFunction`'s apply (:func:`tigon.kernels._common.fast_apply`)."""
+    from ..kernels import glu as k
+    from ..kernels._common import fast_apply
+
+    return fast_apply(k.GLUFunction)
+
+
+def _writable_fast(inplace_backward, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """:func:`_writable` of gate and up, without its call for contiguous ones."""
+    return bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous() or _writable(True, gate, up))
 
 
 def _writable(inplace_backward: bool, *tensors: torch.Tensor) -> bool:
@@ -96,10 +109,27 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
         ValueError: shapes differ, devices differ, or a multiplier is not finite.
     """
+    state = switches()
+    try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
+        key = None if state is None else (
+            "silu", type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device, up.shape,
+            type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, state)
+        hit = _CALLS.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
+        USAGE[hit[1]] += 1
+        gm, dm, run = hit[0]
+        writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
+                                               or _writable(True, gate, up))
+        return run(gate, up, "silu", writable, gm, dm)
     _check_glu(gate, up)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
-    if select_backend("swiglu", gate) in TORCH_CODE:
+    backend = select_backend("swiglu", gate)
+    if backend in TORCH_CODE:
         return ref.swiglu(gate, up, gm, dm)
+    if not torch.compiler.is_compiling():
+        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, _glu_apply()))
     return _glu(gate, up, "silu", inplace_backward, gm, dm)
 
 
@@ -131,11 +161,27 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
         ValueError: shapes differ, devices differ, approximate is unknown, or a multiplier is not finite.
     """
+    state = switches()
+    try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
+        key = None if state is None else (
+            "gelu", approximate, type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device,
+            up.shape, type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, state)
+        hit = _CALLS.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:
+        USAGE[hit[1]] += 1
+        gm, dm, run = hit[0]
+        return run(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu",
+                   _writable_fast(inplace_backward, gate, up), gm, dm)
     _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
-    if select_backend("geglu", gate) in TORCH_CODE:
+    backend = select_backend("geglu", gate)
+    if backend in TORCH_CODE:
         return ref.geglu(gate, up, approximate, gm, dm)
+    if not torch.compiler.is_compiling():
+        remember_call(_CALLS, key, "geglu", backend, (gm, dm, _glu_apply()))
     return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward, gm, dm)
 
 
@@ -179,6 +225,22 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
     then keeps the product, as for the unfused MLP).
     """
+    state = switches()
+    try:  # (not tensors or not hashable: no key, the checks below say what is wrong; autocast on: the full path)
+        key = None if state is None or _ANY_AUTOCAST is None or _ANY_AUTOCAST() else (
+            activation, type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device, up.shape,
+            type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, type(weight), weight.dtype,
+            weight.device, weight.shape, type(bias), None if bias is None else (bias.dtype, bias.device, bias.shape),
+            state)
+        hit = _CALLS.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
+        USAGE[hit[1]] += 1
+        gm, dm, cd, run = hit[0]
+        writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
+                                               or _writable(True, gate, up))  # (_writable_fast, inline)
+        return run(gate, up, weight, bias, activation, cd, writable, gm, dm)
     _check_glu(gate, up)
     _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
@@ -198,14 +260,24 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     if not autocast and (weight.dtype != gate.dtype or (bias is not None and bias.dtype != gate.dtype)):
         raise TypeError(f"weight and bias must have gate's dtype {gate.dtype} outside autocast, got "
                         f"{weight.dtype} and {bias.dtype if bias is not None else None}")
-    if select_backend("glu_linear", gate) in TORCH_CODE:
+    backend = select_backend("glu_linear", gate)
+    if backend in TORCH_CODE:
         return ref.glu_linear(gate, up, weight, bias, activation, gm, dm)
     from ..kernels import glu as k
+    from ..kernels._common import fast_apply
 
     if torch.compiler.is_compiling():
         return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm), weight, bias)
-    return k.GLULinearFunction.apply(gate, up, weight, bias, activation, cd, _writable(inplace_backward, gate, up),
-                                     gm, dm)
+    run = fast_apply(k.GLULinearFunction)
+    remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, run))
+    return run(gate, up, weight, bias, activation, cd, _writable_fast(inplace_backward, gate, up), gm, dm)
+
+
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
+_CALLS: dict = {}
+"""Validated calls of swiglu, geglu and glu_linear (:func:`tigon.support.remember_call`): everything their checks read
+(the tensors' types, dtypes, devices and shapes; the options, the multipliers with their types; glu_linear outside
+autocast only) and the backend's switches -> (gm, dm as floats[, glu_linear's matmul dtype], the apply)."""
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 from .. import _checks
 from ..reference import rope as ref
-from ..support import TORCH_CODE, select_backend
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
 from ._dtensor import DTensorRule, accepts_dtensor
 from ._record import Case, OpSpec, liger, randn
 
@@ -122,13 +122,35 @@ def rope(
             position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,), devices differ,
             or unsqueeze_dim not in (1, 2).
     """
+    state = switches()
+    try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
+        key = None if state is None or position_ids is not None else (
+            type(q), q.dtype, q.device, q.shape, type(k), k.dtype, k.device, k.shape, type(cos), cos.dtype, cos.device,
+            cos.shape, type(sin), sin.dtype, sin.device, sin.shape, type(unsqueeze_dim), unsqueeze_dim, state)
+        hit = _CALLS.get(key)
+    except (AttributeError, TypeError):
+        key = hit = None
+    if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
+        USAGE[hit[1]] += 1
+        if cos.dim() == 2:  # (T, R) tables, as _checked returns them
+            cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+        return hit[0](q, k, cos, sin, unsqueeze_dim)
     cos, sin = _checked(q, k, cos, sin, unsqueeze_dim, position_ids=position_ids)
-    if select_backend("rope", q) in TORCH_CODE:
+    backend = select_backend("rope", q)
+    if backend in TORCH_CODE:
         return ref.rope(q, k, cos, sin, None, unsqueeze_dim)
     from ..kernels import rope as kr
+    from ..kernels._common import fast_apply
 
-    run = kr.compiled_rope if torch.compiler.is_compiling() else kr.RoPEFunction.apply
+    run = kr.compiled_rope if torch.compiler.is_compiling() else fast_apply(kr.RoPEFunction)
+    remember_call(_CALLS, key, "rope", backend, run)
     return run(q, k, cos, sin, unsqueeze_dim)
+
+
+_CALLS: dict = {}
+"""Validated calls of :func:`rope` without position_ids (:func:`tigon.support.remember_call`): everything
+:func:`_checked` reads (the tensors' types, dtypes, devices and shapes; unsqueeze_dim and its type) and the backend's
+switches -> the autograd.Function's apply."""
 
 
 @accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),

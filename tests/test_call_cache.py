@@ -1,0 +1,274 @@
+"""The ops' caches of validated calls (``_CALLS`` of rms_norm, fused_add_rms_norm, swiglu / geglu / glu_linear and
+rope; :func:`tigon.support.remember_call`) and the launch caches behind them: a call like one validated before skips
+the checks and the backend choice, so these check that a hit changes nothing but the host work. Every bad input
+still raises its error after a good call was cached (a key differs in what the check reads: a type, a dtype, a
+shape, a device), a change of the backend's switches (``TIGON_DISABLE``, :func:`tigon.support.force_reference`) is
+seen on the next call, fallback calls are never cached, and :func:`tigon.support.backend_usage` still counts every
+call. :func:`tigon.kernels._common.fast_apply` gives the autograd.Function's results and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tigon import functional as F
+from tigon import support
+from tigon.ops import fused_add_rms_norm as fa_op
+from tigon.ops import glu as glu_op
+from tigon.ops import rms_norm as rms_op
+from tigon.ops import rope as rope_op
+from tigon.reference import rms_norm as ref_rms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _x(*shape, dtype=torch.float32, grad=False):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE, requires_grad=grad)
+
+
+def test_rms_norm_hit_skips_checks_and_matches():
+    x, w = _x(3, 5, 16), _x(16)
+    rms_op._CALLS.clear()
+    y1 = F.rms_norm(x, w, 1e-6)
+    assert len(rms_op._CALLS) == 1
+    support.backend_usage(reset=True)
+    y2 = F.rms_norm(x, w, 1e-6)  # a hit
+    assert len(rms_op._CALLS) == 1
+    assert support.backend_usage()["rms_norm"] == {support.decide(x.device, x.dtype).backend: 1}
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    torch.testing.assert_close(y2, ref_rms.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(eps=True), TypeError, "eps must be a real number"),  # True == 1 and hash(True) == hash(1.0)
+    (dict(eps=float("nan")), ValueError, "eps must be a finite number"),
+    (dict(eps=-1.0), ValueError, "eps must be a finite number >= 0"),
+    (dict(offset=float("inf")), ValueError, "offset must be a finite number"),
+    (dict(in_place=1), TypeError, "in_place must be a bool"),
+    (dict(casting_mode="llama2"), ValueError, "casting_mode must be one of"),
+    (dict(weight="w17"), ValueError, "must equal weight's size"),
+    (dict(weight="w2d"), ValueError, "weight must have 1 dimension"),
+    (dict(weight="int"), TypeError, "weight must be a floating-point tensor"),
+    (dict(x="xint"), TypeError, "x must be a floating-point tensor"),
+    (dict(x=[1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
+    (dict(casting_mode=["llama"]), ValueError, "casting_mode must be one of"),  # unhashable: no key
+    (dict(x="0d"), ValueError, "at least one dimension"),
+])
+def test_rms_norm_bad_input_raises_after_a_cached_call(bad, error, match):
+    x, w = _x(4, 16), _x(16)
+    good = dict(x=x, weight=w, eps=1.0, offset=0.0, casting_mode="llama", in_place=True)
+    F.rms_norm(**good)
+    F.rms_norm(**good)  # cached now
+    made = {"w17": _x(17), "w2d": _x(1, 16), "int": torch.ones(16, dtype=torch.int64, device=DEVICE),
+            "xint": torch.ones(4, 16, dtype=torch.int64, device=DEVICE), "0d": torch.randn((), device=DEVICE)}
+    args = {k: made[v] if isinstance(v, str) and v in made else v for k, v in dict(good, **bad).items()}
+    with pytest.raises(error, match=match):
+        F.rms_norm(**args)
+
+
+def test_rms_norm_new_dtype_and_shape_revalidate():
+    x, w = _x(4, 16), _x(16)
+    rms_op._CALLS.clear()
+    F.rms_norm(x, w)
+    F.rms_norm(_x(2, 7, 16), w)  # other leading dims, same last: the same key (the checks read x's last dim only)
+    assert len(rms_op._CALLS) == 1
+    F.rms_norm(x.to(torch.bfloat16), w.to(torch.bfloat16))
+    assert len(rms_op._CALLS) == 2
+    xd, wd = x.double(), w.double()  # no kernel for float64: the reference, never cached
+    support.backend_usage(reset=True)
+    with pytest.warns(support.TigonFallbackWarning) if not any("float64" in r for r in support._warned) else _nothing():
+        F.rms_norm(xd, wd)
+    F.rms_norm(xd, wd)
+    assert len(rms_op._CALLS) == 2
+    assert support.backend_usage()["rms_norm"] == {"reference": 2}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_switch_changes_are_seen(monkeypatch):
+    x, w = _x(4, 16), _x(16)
+    F.rms_norm(x, w)
+    F.rms_norm(x, w)
+    kernel = support.decide(x.device, x.dtype).backend
+    support.backend_usage(reset=True)
+    monkeypatch.setenv("TIGON_DISABLE", "1")
+    F.rms_norm(x, w)
+    monkeypatch.delenv("TIGON_DISABLE")
+    with support.force_reference():
+        F.rms_norm(x, w)
+    F.rms_norm(x, w)
+    assert support.backend_usage()["rms_norm"] == {"reference": 2, kernel: 1}
+
+
+def test_strict_mode_still_raises_on_every_fallback_call():
+    xd, wd = _x(4, 16, dtype=torch.float64), _x(16, dtype=torch.float64)
+    support.set_strict(True)
+    try:
+        for _ in range(2):
+            with pytest.raises(support.UnsupportedError):
+                F.rms_norm(xd, wd)
+    finally:
+        support.set_strict(False)
+
+
+def test_fused_add_rms_norm_cache():
+    x, r, w = _x(3, 16, grad=True), _x(3, 16, grad=True), _x(16, grad=True)
+    fa_op._CALLS.clear()
+    y1, s1 = F.fused_add_rms_norm(x, r, w)
+    y2, s2 = F.fused_add_rms_norm(x, r, w)
+    assert len(fa_op._CALLS) == 1
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    (y2.sum() + s2.sum()).backward()
+    assert x.grad is not None and w.grad is not None
+    with pytest.raises(TypeError, match="residual must have x's dtype"):
+        F.fused_add_rms_norm(x, r.to(torch.bfloat16), w)
+    with pytest.raises(ValueError, match="residual must have x's shape"):
+        F.fused_add_rms_norm(x, _x(2, 16), w)
+    with pytest.raises(TypeError, match="eps must be a real number"):
+        F.fused_add_rms_norm(x, r, w, True)
+
+
+def test_glu_linear_cache_and_bad_input():
+    gate, up = _x(2, 3, 8, grad=True), _x(2, 3, 8, grad=True)
+    weight = _x(5, 8, grad=True)
+    glu_op._CALLS.clear()
+    out1 = F.glu_linear(gate, up, weight)
+    out2 = F.glu_linear(gate, up, weight)
+    assert len(glu_op._CALLS) == 1
+    torch.testing.assert_close(out1, out2, rtol=0, atol=0)
+    ref = torch.nn.functional.linear(torch.nn.functional.silu(gate.double()) * up.double(), weight.double())
+    torch.testing.assert_close(out2.double(), ref, rtol=1e-5, atol=1e-5)
+    out2.sum().backward()
+    assert gate.grad is not None and weight.grad is not None
+    with pytest.raises(TypeError, match="weight and bias must have gate's dtype"):
+        F.glu_linear(gate, up, weight.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        F.glu_linear(gate, up, weight, _x(4))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        F.glu_linear(gate, up, _x(5, 9))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        F.glu_linear(gate, up, weight, activation="relu")
+    with pytest.raises(TypeError, match="gate_multiplier must be a real number"):
+        F.glu_linear(gate, up, weight, gate_multiplier=True)
+    with pytest.raises(ValueError, match="up must have gate's shape"):
+        F.glu_linear(gate, _x(2, 4, 8), weight)
+
+
+def test_glu_linear_autocast_takes_the_full_path():
+    if DEVICE != "cpu":
+        pytest.skip("the CPU autocast case (bf16 matmuls)")
+    gate, up, weight = _x(3, 8), _x(3, 8), _x(5, 8)
+    glu_op._CALLS.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.glu_linear(gate, up, weight)
+        out = F.glu_linear(gate, up, weight)
+    assert out.dtype == torch.bfloat16
+    assert not glu_op._CALLS
+    out = F.glu_linear(gate, up, weight)  # outside: fp32 again, cached
+    assert out.dtype == torch.float32 and len(glu_op._CALLS) == 1
+
+
+def test_swiglu_cache_and_bad_input():
+    gate, up = _x(3, 8), _x(3, 8)
+    F.swiglu(gate, up)
+    F.swiglu(gate, up)
+    with pytest.raises(TypeError, match="up must have gate's dtype"):
+        F.swiglu(gate, up.double())
+    with pytest.raises(ValueError, match="down_multiplier must be a finite number"):
+        F.swiglu(gate, up, down_multiplier=float("inf"))
+    with pytest.raises(ValueError, match="approximate must be one of"):
+        F.geglu(gate, up, "exact")
+
+
+def test_rope_cache_2d_tables_and_bad_input():
+    from tigon.reference import rope as ref
+
+    q, k = _x(2, 4, 6, 8), _x(2, 2, 6, 8)
+    cos, sin = _x(6, 8), _x(6, 8)
+    rope_op._CALLS.clear()
+    a = F.rope(q, k, cos, sin)
+    b = F.rope(q, k, cos, sin)  # a hit: the (T, R) tables are unsqueezed as the checks do
+    assert len(rope_op._CALLS) == 1
+    want = ref.rope(q.double(), k.double(), cos.double()[None], sin.double()[None], None, 1)
+    for got, exp, first in zip(b, want, a):
+        torch.testing.assert_close(got, first, rtol=0, atol=0)
+        torch.testing.assert_close(got.double(), exp, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="k must match q"):
+        F.rope(q, _x(2, 2, 5, 8), cos, sin)
+    with pytest.raises(ValueError, match="unsqueeze_dim must be one of"):
+        F.rope(q, k, cos, sin, unsqueeze_dim=3)
+    with pytest.raises(ValueError, match="cos must have shape"):
+        F.rope(q, k, _x(5, 8), _x(5, 8))
+
+
+def test_fast_apply_matches_apply():
+    from tigon.kernels import rms_norm as k
+    from tigon.kernels._common import fast_apply
+
+    x1 = _x(3, 16, grad=True)
+    w1 = _x(16, grad=True)
+    x2, w2 = x1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    y1 = k.RMSNormFunction.apply(x1, w1, 1e-6, 0.0, "llama", False)
+    y2 = fast_apply(k.RMSNormFunction)(x2, w2, 1e-6, 0.0, "llama", False)
+    assert type(y1.grad_fn) is type(y2.grad_fn)
+    g = torch.randn_like(y1)
+    y1.backward(g)
+    y2.backward(g)
+    for a, b in ((y1, y2), (x1.grad, x2.grad), (w1.grad, w2.grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fast_apply_under_functorch_goes_through_apply():
+    from tigon.kernels._common import fast_apply
+
+    class Plain(torch.autograd.Function):  # no setup_context: fast_apply's path
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    class WithSetup(Plain):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+    fast = fast_apply(Plain)
+    assert fast is not Plain.apply and fast_apply(WithSetup) == WithSetup.apply  # (functorch needs the latter's)
+    x = torch.ones(3, 2)
+    torch.testing.assert_close(fast(x), x * 2)
+    for run in (Plain.apply, fast):  # a transform active: apply's own error, not a wrong result
+        with pytest.raises(RuntimeError, match="setup_context"):
+            torch.func.vmap(run)(x)
+    torch.testing.assert_close(torch.func.vmap(fast_apply(WithSetup))(x), x * 2)
+
+
+def test_launch_caches_follow_monkeypatched_heuristics(monkeypatch):
+    from tigon.kernels import elementwise, norm, norm_launch
+
+    assert elementwise.launch_shape(3, 100, torch.device(DEVICE))[:2] == elementwise._launch_shape(
+        3, 100, elementwise.tile_elems(torch.device(DEVICE)))[:2]
+    monkeypatch.setattr(elementwise, "tile_elems", lambda dev: 64)
+    block_m, block_n, _, grid = elementwise.launch_shape(3, 100, torch.device(DEVICE))
+    assert block_m * block_n <= 64 and grid[0] >= 5
+    x, w = _x(40, 16), _x(16)
+    F.rms_norm(x, w)
+    monkeypatch.setattr(norm, "rows_per_program", lambda *a, **k: 1)
+    before = norm_launch.fwd_launch.cache_info().misses
+    y = F.rms_norm(x, w)
+    assert norm_launch.fwd_launch.cache_info().misses == before + 1  # the replaced heuristic is a new key
+    torch.testing.assert_close(y, ref_rms.rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
