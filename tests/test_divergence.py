@@ -181,11 +181,12 @@ def test_jsd_extreme_log_probs_and_ignored_rows(device, layout, beta):
 @pytest.mark.parametrize("beta", [0.3, 0.5])
 def test_jsd_near_identical_distributions(device, layout, beta):
     # student = teacher + small noise (late distillation): the divergence is second order in the gap (about 1e-5 per
-    # row here) while its terms are first order, so any fp32 evaluation cancels: plain PyTorch's own fp32 error is
-    # about 2e-5 on the gradients and 1e-4 .. 2e-3 on the loss (measured; the kernel's, on the CPU, within 1.5x and
-    # 6x of it, random in sign and size). Looser bounds than the FLOOR, for that reason: the gradients within 3x
-    # plain PyTorch's error (on the GPU exp2 and log2 are the approximate special-function ops, about 2^-22
-    # relative, against fp32 rounding's 2^-24), the loss within 1e-2 relative
+    # row here) while its terms are first order, so any fp32 evaluation of the plain formula cancels: plain PyTorch's
+    # own fp32 error is about 2e-5 on the gradients and 1e-4 .. 2e-3 on the loss (measured). The gradients are first
+    # order: within 3x plain PyTorch's error (on the GPU exp2 and log2 are the approximate special-function ops,
+    # about 2^-22, against fp32 rounding's 2^-24). The kernel's loss takes the Jensen-gap series where the two nearly
+    # agree (kernels.divergence._jsd_term): within 1e-4 relative (measured under the interpreter: <= 4e-6; the plain
+    # formula through the GPU's approximate lg2 was 1.6e-2 off on an H100)
     n, v = 12, 301
     y = _logp(n, v, device)
     x = torch.log_softmax(y + 0.01 * torch.randn(n, v, device=device), -1)
@@ -193,7 +194,7 @@ def test_jsd_near_identical_distributions(device, layout, beta):
     checks = compare(F.jsd, R.plain_jsd, inputs, ["input", "target"], factor=3.0)
     assert_close_to_truth([c for c in checks if c.tensor != "out"])
     truth = R.jsd(**{**inputs, "input": x.double(), "target": y.double()})
-    torch.testing.assert_close(F.jsd(**inputs).double(), truth, rtol=1e-2, atol=0)
+    torch.testing.assert_close(F.jsd(**inputs).double(), truth, rtol=1e-4, atol=0)
 
 
 def test_non_contiguous_inputs_and_nothing_mutated(device):

@@ -132,7 +132,7 @@ def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, bet
     x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
     y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
     if KIND == 2:
-        gx, gy, q = _jsd_parts(x, y, 1.0, beta, FAST)
+        gx, gy, q, _p = _jsd_parts(x, y, 1.0, beta, FAST)
         return (1.0 - beta) * gx, beta * gy, gx, q
     else:
         loss, dx, _dy, q = _terms(x, y, 0.0, KIND, FAST)
