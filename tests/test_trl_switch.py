@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import warnings
 
 import pytest
@@ -279,6 +280,29 @@ def test_dpo_trainer_ten_steps_with_reference_model(tmp_path, loss_type):
 
     assert_same_run(run(True), run(False), ("rewards/chosen", "rewards/margins", "logps/rejected", "logits/chosen",
                                             "mean_token_accuracy", "entropy"))
+
+
+def test_dpo_reference_model_under_accelerates_mixed_precision(tmp_path):
+    """bf16 mixed precision: accelerate's ``prepare_model`` wraps the reference model's forward (TRL's fused one,
+    installed first) in autocast and fp32 outputs. The switch reads TRL's head through that wrapper, wraps Tigon's
+    forward the same way, and unpatch_trainer restores both (found on an H100, where the reference model fell back to
+    TRL's path with bf16 on)."""
+    tok = byte_tokenizer()
+    args = trl.DPOConfig(**common_args(tmp_path, per_device_train_batch_size=2, max_length=24, max_steps=2,
+                                       beta=0.1, bf16=True))
+    trainer = trl.DPOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args,
+                             train_dataset=preference_data(8), processing_class=tok)
+    ref = trainer.ref_model
+    if not tigon_trl.trl_heads.amp_wrapped(ref):
+        pytest.skip("accelerate did not wrap the reference model's forward for mixed precision here")
+    wrapped, original = ref.forward, ref._original_forward
+    report = tigon_trl.patch_trainer(trainer, strict=True)
+    assert any(s.startswith("ref_model:") for s in report.switched), str(report)
+    assert hasattr(ref.forward.__func__, "__wrapped__")  # still under accelerate's autocast / fp32-outputs wrapper
+    trainer.train()
+    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+    assert tigon_trl.unpatch_trainer(trainer) is True
+    assert ref.forward == wrapped and ref._original_forward == original
 
 
 def test_dpo_trainer_with_lora_and_no_reference_model(tmp_path):

@@ -104,8 +104,11 @@ def _head_detail(settings: dict) -> str:
             f"{settings['temperature']})" + ("; " + "; ".join(extra) if extra else ""))
 
 
-def _switch_head(model, where: str, report: TrainerSwitchReport, strict: bool, memory, seen: set, models: list):
-    """Replace TRL's fused forward on ``model`` (instance attribute) by Tigon's; or record why not."""
+def _switch_head(model, where: str, report: TrainerSwitchReport, strict: bool, memory, seen: set, models: list,
+                 accelerator=None):
+    """Replace TRL's fused forward on ``model`` (instance attribute) by Tigon's; or record why not. ``accelerator``
+    (the trainer's): where accelerate's mixed precision wrapped TRL's forward (a prepared reference model), Tigon's
+    forward is wrapped the same way (autocast, fp32 outputs) and becomes ``model._original_forward``."""
     trl_forward = model.__dict__.get("forward")
     if getattr(getattr(trl_forward, "__func__", None), _STATE, False):
         report.notes.append(f"{where}: already switched")
@@ -136,8 +139,25 @@ def _switch_head(model, where: str, report: TrainerSwitchReport, strict: bool, m
                                              memory)
 
     setattr(forward, _STATE, True)
-    model.forward = types.MethodType(forward, model)
-    models.append((model, trl_forward))
+    original = None
+    if trl_heads.amp_wrapped(model) and accelerator is not None:
+        # TRL's forward under accelerate's autocast + fp32 outputs (a reference model prepared under bf16 / fp16):
+        # Tigon's forward wrapped the same way, as accelerate's prepare_model would have
+        try:
+            from accelerate.utils import convert_outputs_to_fp32
+            from accelerate.utils.modeling import get_mixed_precision_context_manager
+
+            amp = get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)
+        except (ImportError, AttributeError) as e:  # (another accelerate): say so, keep TRL's path
+            trl_heads.fallback(f"accelerate's mixed-precision wrapper could not be rebuilt ({e})", where, strict, seen,
+                               report.fallbacks)
+            return
+        original = model.__dict__["_original_forward"]
+        model._original_forward = types.MethodType(forward, model)
+        model.forward = types.MethodType(convert_outputs_to_fp32(amp(forward)), model)
+    else:
+        model.forward = types.MethodType(forward, model)
+    models.append((model, trl_forward, original))
     report.switched.append(f"{where}: {_head_detail(settings)}")
 
 
@@ -189,7 +209,8 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
         _switch_head(_unwrap_peft(trainer.model), "model", report, strict, memory, seen, models)
         ref = getattr(trainer, "ref_model", None)
         if ref is not None:
-            _switch_head(_unwrap_peft(ref), "ref_model", report, strict, memory, seen, models)
+            _switch_head(_unwrap_peft(ref), "ref_model", report, strict, memory, seen, models,
+                         getattr(trainer, "accelerator", None))
         elif kind in ("DPOTrainer", "GRPOTrainer", "RLOOTrainer", "KTOTrainer"):
             report.notes.append("ref_model: none (PEFT adapters disabled on the policy, precomputed reference "
                                 "log-probabilities or beta = 0): the reference goes through the policy's head")
@@ -239,8 +260,10 @@ def unpatch_trainer(trainer) -> bool:
     state = trainer.__dict__.pop(_STATE, None)
     if state is None:
         return False
-    for model, trl_forward in state["models"]:
+    for model, trl_forward, original in state["models"]:
         model.forward = trl_forward
+        if original is not None:
+            model._original_forward = original
     if state["compute_loss"]:
         del trainer.__dict__["compute_loss"]
     return True

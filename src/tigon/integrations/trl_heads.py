@@ -46,8 +46,24 @@ TRL_HEAD_FIELDS = ("original_forward", "backbone_attr", "temperature", "cast_lm_
 
 def trl_head_settings(model) -> dict | None:
     """The settings TRL's ``add_fused_lm_head`` gave ``model`` (temperature, outputs, soft-cap, ...), or None when
-    ``model.forward`` is not TRL 1.16's fused forward (another TRL version, or a forward replaced since)."""
-    fwd = model.__dict__.get("forward")
+    ``model.forward`` is not TRL 1.16's fused forward (another TRL version, or a forward replaced since). A forward
+    that accelerate's mixed precision wrapped after TRL's (``prepare_model`` of a reference model under bf16 / fp16:
+    autocast and fp32 outputs around it, the original kept as ``model._original_forward``) is read through
+    ``_original_forward``: :func:`amp_wrapped` says which."""
+    settings = _settings_of(model.__dict__.get("forward"))
+    if settings is None and amp_wrapped(model):
+        settings = _settings_of(model.__dict__.get("_original_forward"))
+    return settings
+
+
+def amp_wrapped(model) -> bool:
+    """Whether ``model.forward`` is accelerate's mixed-precision wrapper around TRL's fused forward."""
+    return (_settings_of(model.__dict__.get("forward")) is None
+            and _settings_of(model.__dict__.get("_original_forward")) is not None
+            and hasattr(getattr(model.__dict__.get("forward"), "__func__", None), "__wrapped__"))
+
+
+def _settings_of(fwd) -> dict | None:
     fn = getattr(fwd, "__func__", None)
     code = getattr(fn, "__code__", None)
     if code is None or code.co_name != "_fused_forward" or "trl" not in code.co_filename:
