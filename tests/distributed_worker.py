@@ -12,6 +12,7 @@ adds no gather of its own). It prints one line per scenario, ``RESULT <name> OK 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -154,13 +155,10 @@ def wrap_fsdp1(model: torch.nn.Module, sc: Scenario) -> torch.nn.Module:
     return wrapped
 
 
-def _count_all_gathers() -> list[int]:
-    """A counter of FSDP2's all-gathers (a wrapper around its private foreach_all_gather; empty if it moved)."""
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_module
-    except ImportError:
-        return []
-    original = getattr(group_module, "foreach_all_gather", None)
+def _count_calls(owner, attr: str) -> list[int]:
+    """A one-element counter of calls to ``owner.attr`` (wrapped in place; empty when owner is None or has no such
+    attribute: a private function that moved)."""
+    original = getattr(owner, attr, None)
     if original is None:
         return []
     count = [0]
@@ -169,34 +167,24 @@ def _count_all_gathers() -> list[int]:
         count[0] += 1
         return original(*args, **kwargs)
 
-    group_module.foreach_all_gather = counting
+    setattr(owner, attr, counting)
     return count
 
 
-ALL_GATHERS = _count_all_gathers()
-
-
-def _count_fsdp1_all_gathers() -> list[int]:
-    """A counter of FSDP1's all-gathers of flat parameters (a wrapper around its private
-    FlatParamHandle._all_gather_flat_param; empty if it moved)."""
+def _private(module: str, name: str | None = None):
+    """``module`` (or its attribute ``name``) when importable, else None."""
     try:
-        from torch.distributed.fsdp._flat_param import FlatParamHandle
+        mod = importlib.import_module(module)
     except ImportError:
-        return []
-    original = getattr(FlatParamHandle, "_all_gather_flat_param", None)
-    if original is None:
-        return []
-    count = [0]
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return original(*args, **kwargs)
-
-    FlatParamHandle._all_gather_flat_param = counting
-    return count
+        return None
+    return mod if name is None else getattr(mod, name, None)
 
 
-FSDP1_ALL_GATHERS = _count_fsdp1_all_gathers()
+ALL_GATHERS = _count_calls(_private("torch.distributed.fsdp._fully_shard._fsdp_param_group"), "foreach_all_gather")
+"""FSDP2's all-gathers (its private ``foreach_all_gather``)."""
+FSDP1_ALL_GATHERS = _count_calls(_private("torch.distributed.fsdp._flat_param", "FlatParamHandle"),
+                                 "_all_gather_flat_param")
+"""FSDP1's all-gathers of flat parameters (``FlatParamHandle._all_gather_flat_param``)."""
 
 
 def _sharded(head: torch.nn.Module) -> bool:
