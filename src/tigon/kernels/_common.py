@@ -139,8 +139,9 @@ def rows_per_program(n_cols_pow2: int, device: torch.device, target_elems: int =
 # one). The objects it relies on are private (``JITFunction.device_caches``, the binder, ``CompiledKernel.run``;
 # their shape is the same in triton 3.6 and 3.9): any difference found on the first launch turns the direct path off
 # for the process, with a warning, and ``kernel[grid]`` runs. On by default for compiled kernels (under the interpreter
-# there is no compiled launcher); ``TIGON_DIRECT_LAUNCH=0`` turns it off. Validated on the H200 (triton 3.6) with the
-# kernel test files run through it before it became the default.
+# there is no compiled launcher); ``TIGON_DIRECT_LAUNCH=0`` turns it off. Checked with triton 3.6: opt-in on the H200
+# (sessions 13-14: the norm and GLU test files, host timings) and as the default on an H100 (session 17: the kernel
+# test files that ran, end-to-end and profile runs; benchmarks/results/h100/README.md).
 _DIRECT_ATTR = "_tigon_direct_launchers"
 """The attribute of a JITFunction holding its direct launchers: {(device, specialization, options): (launcher,
 function, packed metadata)} (on the kernel: a JITFunction's own hash hashes its source)."""
