@@ -50,7 +50,8 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, once_differentiable, or_empty
 from .divergence import (
-    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _terms, fast_math, reduction_scale,
+    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _jsd_term, _terms, fast_math,
+    reduction_scale,
 )
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
@@ -132,8 +133,10 @@ def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, bet
     x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
     y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
     if KIND == 2:
-        gx, gy, q, _p = _jsd_parts(x, y, 1.0, beta, FAST)
-        return (1.0 - beta) * gx, beta * gy, gx, q
+        gx, gy, q, p = _jsd_parts(x, y, 1.0, beta, FAST)
+        u = (1.0 - beta) * gx + beta * gy  # (bits) the direct form, or where student and teacher nearly agree the
+        u = _jsd_term(x * LN2, y * LN2, p, u * LN2, beta) * LOG2E  # series that does not cancel (divergence._jsd_term)
+        return u, 0.0, gx, q
     else:
         loss, dx, _dy, q = _terms(x, y, 0.0, KIND, FAST)
         return loss, 0.0, dx, q
