@@ -46,10 +46,10 @@ import triton.language as tl
 
 from ._common import (
     MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program,
-    sm_count,
-    warps_for,
+    sm_count, warps_for,
 )
 from .norm_launch import bwd_launch, fwd_launch, sum_launch
+from .norm_options import NO_FLAGS, check_groups, gated_flags
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
 # tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
@@ -415,11 +415,6 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
     return block_m, progs, warps, db_by_columns
 
 
-def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
-    """A weight or bias (N,) as the kernels read it: unit stride (a strided or expanded one is copied)."""
-    return p if p is None or p.stride(-1) == 1 else p.contiguous()
-
-
 def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
                  gate: torch.Tensor | None = None, n_groups: int = 1, gate_first: bool = False):
@@ -440,7 +435,7 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     """
     x2, M, sx = rows(x, "x")
     N = x.shape[-1]
-    if weight is not None and weight.stride(-1) != 1:  # (_unit_stride, inline)
+    if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
     if bias is not None and bias.stride(-1) != 1:
         bias = bias.contiguous()
@@ -449,7 +444,7 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
         check_row_width(N, name)
     gated = gate is not None or n_groups != 1 or gate_first
     if n_groups != 1:
-        _check_groups(N, n_groups, is_rms and residual is None and bias is None)
+        check_groups(N, n_groups, is_rms and residual is None and bias is None)
         M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
     if residual is not None:
         r2, m_r, sr = rows(residual, "residual")
@@ -474,29 +469,9 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
         HAS_B=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, G=g2, stride_g=sg, HAS_GATE=gate is not None,
-        num_warps=warps, **(_gated_flags(gate, is_rms, n_groups, gate_first) if gated else _NO_FLAGS),
+        num_warps=warps, **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS),
     )
     return y, mean, rstd, s, x2
-
-
-_NO_FLAGS: dict = {}
-
-
-def _gated_flags(gate, is_rms: bool, n_groups: int, gate_first: bool) -> dict:
-    """The kernels' GROUPED / GATE_FIRST keywords, only those set (the other norms' launches keep their arguments);
-    ValueError for gate_first without a gate or for LayerNorm."""
-    if gate_first and (gate is None or not is_rms):
-        raise ValueError("gate_first is for the gated RMSNorm only (a gate, is_rms)")
-    return {**(dict(n_groups=n_groups, GROUPED=True) if n_groups != 1 else {}),
-            **(dict(GATE_FIRST=True) if gate_first else {})}
-
-
-def _check_groups(n: int, n_groups: int, supported: bool) -> None:
-    """Raise ValueError unless rows of ``n`` elements split into ``n_groups`` groups the kernels can normalise."""
-    if not supported:
-        raise ValueError("grouped statistics (n_groups != 1) are for the RMSNorm without residual or bias only")
-    if n_groups < 1 or n % n_groups:
-        raise ValueError(f"n_groups must be a positive divisor of the last dimension ({n}), got {n_groups}")
 
 
 GROUPED_TILE = 16384  # the largest tile the grouped backward raises BLOCK_M to (not measured; ungrouped: 8192)
@@ -536,13 +511,13 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     """
     x2, M, sx = rows(x, "x")
     N = x.shape[-1]
-    if weight is not None and weight.stride(-1) != 1:  # (_unit_stride, inline)
+    if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
     dy, _, sdy = rows(dy, "grad_output")
     dev = x.device
     n_full = N  # the weight's size
     if n_groups != 1:
-        _check_groups(N, n_groups, is_rms and ds is None and dx is None and not need_db)
+        check_groups(N, n_groups, is_rms and ds is None and dx is None and not need_db)
         if not grouped_backward_fits(N, n_groups):
             raise ValueError(f"grouped RMSNorm backward: {n_groups} groups of {N // n_groups} elements are not "
                              "supported (see grouped_backward_fits)")
@@ -573,6 +548,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # to REGISTER_ROW run one whole row per step without the prefetch: N=16384 fwd+bwd RMSNorm 0.83 ms, LayerNorm
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
+    gated = gate is not None or n_groups != 1 or gate_first
     block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
         M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
         num_programs_hint)
@@ -598,8 +574,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
                             W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
                             G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
                             HAS_GATE=gate is not None, num_warps=warps,
-                            **(_gated_flags(gate, is_rms, n_groups, gate_first)
-                               if gate is not None or n_groups != 1 or gate_first else _NO_FLAGS))
+                            **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
