@@ -86,9 +86,12 @@ def train(model, batches, counts: list | None = None):
 
 def sdpa_llama():
     """The tiny Llama of the model matrix with PyTorch's fused attention (sdpa), whose output a selective checkpoint
-    can keep."""
+    can keep. On CUDA as many key / value heads as query heads: with grouped-query attention in fp32, CUDA's sdpa
+    has no fused kernel (flash is 16-bit only, memory-efficient refuses ``enable_gqa``) and takes its math path (bmm
+    + softmax, seen on an H100), where there is no attention output to keep or count. The CPU's fused kernel takes
+    GQA, so the CPU keeps the matrix's grouped heads."""
     model_type, overrides, *_ = CASES["llama"]
-    model = build(model_type, overrides)
+    model = build(model_type, {**overrides, "num_key_value_heads": 4} if DEVICE == "cuda" else overrides)
     model.config._attn_implementation = "sdpa"
     return model
 

@@ -153,7 +153,7 @@ def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
     return q * tl.fma(x, c, -log2_m), p * tl.fma(y, c, -log2_m), q, p
 
 
-JSD_NEAR = 0.25
+JSD_NEAR = tl.constexpr(0.25)
 """|log Q - log P| (nats) below which :func:`_jsd_term` takes the series of the term in Q / P - 1."""
 
 
