@@ -9,8 +9,8 @@ Each row runs ``python3 -m tigon.cli profile MODEL --layers L --batch-size B --s
 fails or times out is listed with its status. The table (printed, and written as ``predict_table.json`` and
 ``predict_table.md`` in ``--out-dir``) holds per row: the original step (measured), the patched step predicted from
 it and measured, the prediction's error ``100 * (predicted - measured) / measured`` %, beside it the prediction from
-the per-op host changes (what ``tigon profile`` predicted before the whole-layer host model) and the one from the
-whole layers' host time with the device not held (``limits.predicted.alternative``: no sleep kernel, the launch
+the per-op host changes (the default again since session 18: ``tigon.workflows.profile_layer.HOST_BASIS``), the one
+from the whole layers' host time and the one from the whole layers' host time with the device not held (``limits.predicted.alternative``: no sleep kernel, the launch
 queue as short as in a host-bound step; :mod:`tigon.workflows.profile_layer`), what bounds the original step, its
 host and device time, and the advice. Target (issue 24): |error| <= 7% on every row.
 
@@ -98,6 +98,7 @@ def row_of(report: dict) -> dict:
     pred = lim.get("predicted", {})
     measured, predicted = report.get("step_ms_patched"), report.get("predicted_step_ms_patched")
     per_op, alt = pred.get("step_ms_per_op"), pred.get("alternative") or {}
+    layers = (pred.get("layers") or {}).get("step_ms", predicted if pred.get("host_basis") == "layers" else None)
     return {
         "row": name, "status": report.get("status", "ok"), "device_name": report.get("device_name"),
         "layers": report.get("model", {}).get("num_hidden_layers", cfg.get("layers")),
@@ -106,6 +107,8 @@ def row_of(report: dict) -> dict:
         "step_ms_patched": measured, "error_pct": report.get("prediction_error_pct"),
         "host_basis": pred.get("host_basis"), "predicted_step_ms_per_op": per_op,
         "error_pct_per_op": None if per_op is None or not measured else 100 * (per_op - measured) / measured,
+        "predicted_step_ms_layers": layers,
+        "error_pct_layers": None if layers is None or not measured else 100 * (layers - measured) / measured,
         "alternative_host_side": alt.get("host_side"), "predicted_step_ms_alternative": alt.get("step_ms"),
         "error_pct_alternative": None if alt.get("step_ms") is None or not measured
         else 100 * (alt["step_ms"] - measured) / measured,
@@ -124,7 +127,8 @@ def _f(v, fmt="{:.1f}") -> str:
 def markdown(rows: list[dict]) -> str:
     """The predicted-vs-measured table as markdown."""
     head = ("| row | layers | batch x seq | original step | predicted patched | measured patched | error | "
-            "per-op prediction (error) | unheld-layers prediction (error) | bound: host / device | "
+            "per-op prediction (error) | whole-layers prediction (error) | unheld-layers prediction (error) | "
+            "bound: host / device | "
             "patched host / device (predicted; measured) | "
             "advice |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -138,7 +142,8 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['row']} | {r['layers']} | {r['batch_size']} x {r['seq_len']} | {_f(r['step_ms_original'])} ms | "
             f"{_f(r['predicted_step_ms_patched'])} ms | {_f(r['step_ms_patched'])} ms | "
             f"{flag.strip()}{_f(err, '{:+.1f}')}%{flag.strip()} | {_f(r['predicted_step_ms_per_op'])} ms "
-            f"({_f(r['error_pct_per_op'], '{:+.1f}')}%) | {_f(r['predicted_step_ms_alternative'])} ms "
+            f"({_f(r['error_pct_per_op'], '{:+.1f}')}%) | {_f(r.get('predicted_step_ms_layers'))} ms "
+            f"({_f(r.get('error_pct_layers'), '{:+.1f}')}%) | {_f(r['predicted_step_ms_alternative'])} ms "
             f"({_f(r['error_pct_alternative'], '{:+.1f}')}%) | "
             f"{r['bound']}: {_f(r['host_ms'])} / {_f(r['device_ms'])} | "
             f"{_f(r['host_ms_predicted'])} / {_f(r['device_ms_predicted'])}; {_f(r['host_ms_patched'])} / "

@@ -62,10 +62,10 @@ def test_op_costs_prediction_advice_and_measurement(report):
             assert o["original"]["device_ms"] == 0 == o["tigon"]["device_ms"]
         else:
             assert o["original"]["device_ms"] > 0 and o["tigon"]["device_ms"] > 0
-        # the host change: what leaving the kind out of the patched whole parts gives back (layers, rest)
-        assert o["host_basis"] == "layers", o["kind"]
-        without = report["layers"]["host_delta_ms"][f"without {o['keyword']}"]
-        assert o["host_delta_ms"] == pytest.approx(report["layers"]["host_delta_ms"]["patched"] - without)
+        # the host change (profile_layer.HOST_BASIS "per_op"): the modules' host time inside the step; the whole
+        # parts' marginal (what leaving the kind out of the patched parts gives back) is measured beside it
+        assert o["host_basis"] == "in_step", o["kind"]
+        assert f"without {o['keyword']}" in report["layers"]["host_delta_ms"]
         # per op (kept beside it): the modules' host time inside the step (original vs patched step)
         assert o["host_basis_per_op"] == "in_step" and o["in_step"]["original"]["calls"] > 0, o["kind"]
         per_call = {side: o["in_step"][side]["per_call_ms"] for side in ("original", "tigon")}
@@ -82,15 +82,16 @@ def test_op_costs_prediction_advice_and_measurement(report):
     if report["device"] == "cpu":  # host-bound by construction: H = T, D = 0, the prediction adds the host deltas
         assert lim["original"]["host_ms"] == lim["original"]["step_ms"] == report["step_ms_original"]
         assert lim["original"]["device_ms"] == 0 and lim["original"]["bound"] == "host"
-        assert report["predicted_step_ms_patched"] == pytest.approx(
+        assert lim["predicted"]["layers"]["step_ms"] == pytest.approx(
             report["step_ms_original"] + report["layers"]["host_delta_ms"]["patched"])
+        assert report["predicted_step_ms_patched"] == pytest.approx(lim["predicted"]["step_ms_per_op"])
         assert lim["predicted"]["step_ms_per_op"] == pytest.approx(
             report["step_ms_original"] + sum(o["host_delta_ms_per_op"] for o in ops.values()))
     else:
         assert lim["original"]["host_ms"] > 0 and lim["original"]["device_ms"] > 0
         assert lim["original"]["bound"] in ("host", "device")
     assert lim["predicted"]["step_ms"] == report["predicted_step_ms_patched"]
-    assert lim["predicted"]["host_basis"] == "layers" and lim["predicted"]["host_side"] == "host_ms"
+    assert lim["predicted"]["host_basis"] == "per_op" and lim["predicted"]["host_side"] == "host_ms"
     alt = lim["predicted"]["alternative"]  # the prediction from the parts' host time with the device not held
     assert alt["host_side"] == "unheld_ms" and alt["step_ms"] > 0
     adv = report["advice"]

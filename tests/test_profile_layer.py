@@ -71,7 +71,7 @@ def test_without_layers_swaps_them_out_and_back():
     assert hidden.shape == (1, 8, model.config.hidden_size) and not hidden.requires_grad
 
 
-def test_measure_variants_on_a_tiny_model():
+def test_measure_variants_on_a_tiny_model(monkeypatch):
     hfc, model, batch = _tiny()
     kinds, _, _, _, paths = _replacements(hfc)
     keywords = {k["kind"]: k["keyword"] for k in kinds}
@@ -108,6 +108,11 @@ def test_measure_variants_on_a_tiny_model():
     assert unheld.delta_ms == pytest.approx(costs.delta_ms("patched", "unheld_ms"))
     step = PR.StepCost(10.0, 10.0, 0.0)
     changes = [PR.OpChange(k, k, kw, 1, PR.OpCost(0.1, 0.0), PR.OpCost(0.2, 0.0)) for k, kw in keywords.items()]
+    host, extra = PL.prediction(step, changes, costs)  # the default basis: per op, the whole parts beside it
+    assert host is None and extra["host_basis"] == "per_op" and extra["step_ms_per_op"] == pytest.approx(
+        PR.predict(step, changes).step_ms)
+    assert extra["layers"]["step_ms"] == pytest.approx(PR.predict(step, changes, host=hm).step_ms)
+    monkeypatch.setattr(PL, "HOST_BASIS", "layers")
     host, extra = PL.prediction(step, changes, costs)
     assert host == hm and extra["host_basis"] == "layers" and extra["alternative"]["host_side"] == "unheld_ms"
     assert extra["alternative"]["step_ms"] == pytest.approx(PR.predict(step, changes, host=unheld).step_ms)

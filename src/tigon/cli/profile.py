@@ -198,6 +198,10 @@ def _render_limits(console, r: dict[str, Any]) -> None:
             if key == "predicted" and lim.get("host_basis") == "layers":
                 t.add_row("  per-op host changes instead", _num(lim["step_ms_per_op"]), _num(lim["host_ms_per_op"]),
                           _num(lim["device_ms"]), "")
+            elif key == "predicted" and lim.get("layers"):
+                t.add_row("  whole layers' host instead", _num(lim["layers"]["step_ms"]),
+                          _num(lim["layers"]["host_ms"]), _num(lim["device_ms"]), "")
+            if key == "predicted" and lim.get("layers"):
                 if lim.get("alternative"):
                     alt = lim["alternative"]
                     t.add_row(f"  layers' {alt['host_side']} instead", _num(alt["step_ms"]), _num(alt["host_ms"]),

@@ -63,6 +63,13 @@ LAYER_CALLS, LAYER_GROUPS, LAYER_ROUNDS = 2, 5, 2
 """:func:`tigon.workflows.timing.call_cost`'s calls per group, groups and rounds for one part: 2 layer calls
 launch a few hundred kernels, well inside the launch queue."""
 ORIGINAL, PATCHED = "original", "patched"
+HOST_BASIS = "per_op"
+"""Which host change ``tigon profile``'s prediction takes: ``"per_op"`` (the replaced calls' host changes, measured
+inside the step where the modules ran: :mod:`tigon.workflows.profile_attrib`) or ``"layers"`` (the whole parts of
+this module). The report holds the other beside it. Per op is the default since the H100 measured the whole layers
+far from the step on a host-bound model (Qwen2.5-0.5B, 24 layers, 4 x 1024: the original layer alone issued in
+6.46 ms against about 4.1 ms a layer inside the step, the patched one in 3.87 against about 4.5: predicted
+-69.9% against the measured patched step, per op +13.9%; ``benchmarks/results/h100/README.md``, eighteenth run)."""
 HOST_SIDE = "host_ms"
 """Which host time of the parts the prediction uses: ``"host_ms"``, issued behind a sleep kernel as the step's
 ``H`` is (the default), or ``"unheld_ms"``, issued with the device running along (:func:`unheld_ms`); the report
@@ -391,19 +398,24 @@ def host_model(costs: LayerCosts, keywords: Mapping[str, str], side: str = HOST_
 def prediction(step, changes: list, costs: LayerCosts | None) -> tuple[Any, dict[str, Any]]:
     """``(host, extra)`` for ``tigon profile``'s prediction of ``step`` (a :class:`tigon.workflows.predict.
     StepCost`) under ``changes`` (:class:`~tigon.workflows.predict.OpChange` s): ``host`` the
-    :class:`~tigon.workflows.predict.HostModel` of ``costs`` on :data:`HOST_SIDE` (None without ``costs`` or their
-    patched variant: the per-op host changes then); ``extra`` the keys of its report beside the predicted step:
-    ``host_basis`` (``"layers"`` or ``"per_op"``), ``host_side``, ``host_ms_per_op`` / ``step_ms_per_op`` (the
-    per-op prediction), ``alternative`` (``{"host_side", "host_ms", "step_ms"}``: from the parts' other host time)
-    and ``device_ms_layers`` (D + the parts' device change)."""
+    :class:`~tigon.workflows.predict.HostModel` of ``costs`` on :data:`HOST_SIDE` when :data:`HOST_BASIS` is
+    ``"layers"`` (None otherwise, or without ``costs`` or their patched variant: the per-op host changes then);
+    ``extra`` the keys of its report beside the predicted step: ``host_basis`` (``"layers"`` or ``"per_op"``),
+    ``host_side``, ``host_ms_per_op`` / ``step_ms_per_op`` (the per-op prediction), ``layers`` (``{"host_ms",
+    "step_ms"}``: the whole parts' prediction, whichever is the default), ``alternative`` (``{"host_side",
+    "host_ms", "step_ms"}``: from the parts' other host time) and ``device_ms_layers`` (D + the parts' device
+    change)."""
     from . import predict as PR
 
     kws = {c.kind: c.keyword for c in changes}
     host = host_model(costs, kws) if costs is not None else None
     per_op = PR.predict(step, changes)
-    extra: dict[str, Any] = {"host_basis": "layers" if host else "per_op", "host_side": HOST_SIDE if host else None,
+    extra: dict[str, Any] = {"host_basis": "layers" if host and HOST_BASIS == "layers" else "per_op",
+                             "host_side": HOST_SIDE if host else None,
                              "host_ms_per_op": per_op.host_ms, "step_ms_per_op": per_op.step_ms}
     if host is not None:
+        by_layers = PR.predict(step, changes, host=host)
+        extra["layers"] = {"host_ms": by_layers.host_ms, "step_ms": by_layers.step_ms}
         other = "unheld_ms" if HOST_SIDE == "host_ms" else "host_ms"
         alt = host_model(costs, kws, other)
         if alt is not None:
@@ -412,4 +424,4 @@ def prediction(step, changes: list, costs: LayerCosts | None) -> tuple[Any, dict
         d = costs.delta_ms(PATCHED, "device_ms")
         if d is not None:
             extra["device_ms_layers"] = step.device_ms + d
-    return host, extra
+    return (host if HOST_BASIS == "layers" else None), extra

@@ -55,6 +55,12 @@ def add_notes(r: Any, device: torch.device) -> None:
                           f"predicts {pred['alternative']['step_ms']:.1f} ms" if pred.get("alternative") else "")
                        + ". A kind's host change is what leaving it out of the patched parts gives back "
                        "(tigon.patch(model, kind=False), measured).")
+    elif pred.get("layers"):
+        r.notes.append(f"host prediction from the replaced calls' host changes (in the step where measured); the "
+                       f"whole parts (one decoder layer and the rest of the model, original and patched, each timed "
+                       f"alone) predict {pred['layers']['step_ms']:.1f} ms (H' {pred['layers']['host_ms']:.1f} ms). "
+                       "Parts timed alone have missed the step's host time by 40-60% on a host-bound model, so they "
+                       "are shown, not used.")
     in_step = [o["kind"] for o in r.ops if o.get("host_basis") == "in_step"]
     if in_step:
         over = r.host_in_step.get("original", {}).get("overhead", {})
