@@ -63,7 +63,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import components
+from . import causal_mask, components
 from . import forwards as fw
 from . import persist
 from . import rotary_calls
@@ -86,6 +86,7 @@ def release_unused() -> list[str]:
     """Put back every rotary global that no live patched model needs (patched models that were garbage collected
     without :func:`unpatch`). Runs at the start of every patch / unpatch; returns the restored qualnames."""
     with _LOCK:
+        causal_mask.release()
         return [sw.qualname for sw in list(SWITCHES.values()) if sw.release()]
 
 
@@ -456,6 +457,8 @@ def patch(
         for a in actions:
             a.apply()
             report.replaced.append(a.entry)
+        if level == "instance" and report.replaced and _uses_sdpa(model_or_family):
+            report.notes.append(causal_mask.hold(model_or_family))
     off = [k for k in OPTION_KINDS if not enabled[k]]
     if off:
         report.notes.append("turned off: " + ", ".join(off))
@@ -463,6 +466,14 @@ def patch(
     if compiled:
         report.notes.append(compiled)
     return report
+
+
+def _uses_sdpa(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s config (or a sub-config: a vision-language model's text tower) asks for sdpa attention."""
+    cfg = getattr(model, "config", None)
+    impls = {getattr(c, "_attn_implementation", None)
+             for c in (cfg, getattr(cfg, "text_config", None)) if c is not None}
+    return "sdpa" in impls
 
 
 def unpatch(model_or_family) -> PatchReport:
@@ -500,6 +511,8 @@ def unpatch(model_or_family) -> PatchReport:
             for sw in list(SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
+            if causal_mask.release(model_or_family):
+                report.notes.append("causal mask under torch.compile: transformers' own check restored")
         else:
             state = CLASS_STATE.pop(spec.name, None)
             if state is None:
