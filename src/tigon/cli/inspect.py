@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("model", metavar="MODEL",
                    help=f"a preset ({', '.join(PRESETS)}), a path to a config.json, a checkpoint directory, or a Hub "
                         "id in the local Hugging Face cache (never downloaded)")
+    p.add_argument("--lora", type=int, metavar="R",
+                   help="wrap the model with PEFT LoRA of rank R first (as bench --e2e --lora): lists the LoRA layers "
+                        "and MLPs fused, and those left to PEFT with the reason")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.set_defaults(func=run)
 
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, problem)
     _quiet_transformers()
     try:
-        report = run_inspect(args.model).as_dict()
+        report = run_inspect(args.model, lora_rank=args.lora).as_dict()
     except (ConfigError, ImportError) as e:
         return _fail(prog, str(e))
     if args.json:

@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attn-implementation", metavar="NAME",
                    help="transformers' attention implementation for the model: eager, sdpa, flash_attention_2, "
                         "flex_attention, ... or a Hub kernel org/repo (default: transformers' default)")
+    p.add_argument("--lora", type=int, metavar="R",
+                   help="LoRA fine-tuning as bench --e2e --lora R: both models wrapped by PEFT (rank R, alpha 2R, "
+                        "dropout 0); the LoRA layers' time gets its own row")
     p.add_argument("--trace", metavar="PATH",
                    help="write the original step's Chrome trace (and the patched one as <name>.patched<ext>)")
     p.add_argument("--no-predict", action="store_true",
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     config = ProfileConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
                            steps=args.steps, warmup=args.warmup, dtype=args.dtype, device=args.device,
                            trace=args.trace, predict=not args.no_predict, patched=not args.no_patched,
-                           seed=args.seed, attn_implementation=args.attn_implementation)
+                           seed=args.seed, attn_implementation=args.attn_implementation, lora_rank=args.lora)
     _quiet_transformers()
     try:
         resolve_profile(config)

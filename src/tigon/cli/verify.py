@@ -37,6 +37,10 @@ def add_parser(sub) -> None:
                         f"cached Hub id (default: {V.DEFAULT_MODEL['cpu']} on CPU, {V.DEFAULT_MODEL['cuda']} on CUDA); "
                         "given, it also restricts the ops to those tigon.patch runs in that model (exit status 2 when "
                         "there are none)")
+    p.add_argument("--lora", type=int, metavar="R",
+                   help="find the model's ops with it wrapped by PEFT LoRA of rank R (as bench --e2e --lora): adds "
+                        "the LoRA ops tigon.patch runs there (lora_linear, lora_glu_mlp / lora_gate_up_mlp); implies "
+                        "--model's restriction (default model as above)")
     p.add_argument("--device", default="auto", choices=list(V.DEVICES), help="default: auto (CUDA if any)")
     p.add_argument("--tokens", type=int, metavar="N",
                    help=f"tokens per case (default: {V.CPU_TOKENS} on CPU, {V.CUDA_TOKENS} on CUDA)")
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(prog, problem)
     ops = _csv_list(args.op)
     config = VerifyConfig(ops=ops or None, dtypes=args.dtype, model=args.model, device=args.device, tokens=args.tokens,
-                          max_vocab=args.max_vocab, seed=args.seed)
+                          max_vocab=args.max_vocab, seed=args.seed, lora_rank=args.lora)
     _quiet_transformers()
     try:
         config = resolve_config(config)

@@ -166,7 +166,7 @@ def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     run = fw.mlp_ops(module, comp, (opts or {}).get("lora", True)) if kind == "mlp" else ()
     if run == ("glu_linear",):
         return (fw.mlp_activation(module, comp)[0],)
-    if run == ("lora_glu_mlp",):
+    if run in (("lora_glu_mlp",), ("lora_gate_up_mlp",)):
         return ("lora_linear", fw.mlp_activation(module, comp)[0])
     return ()
 

@@ -282,6 +282,8 @@ class AdapterSpec:
     of the method (PEFT's ``LoraLayer``); layers of it that are not ``cls`` (Embedding, Conv, quantised linears)
     are reported as skipped. mlp_op: the :mod:`tigon.functional` op that runs a patched gated MLP whose gate, up and
     down projections are all fused layers of this kind as one node (:mod:`tigon.integrations.lora_mlp`), or None.
+    gate_up_op: the op for a gated MLP with one fused gate-up projection (Phi-3, GLM-4: ``MLPSpec.gate_up``) whose
+    gate-up and down projections are such layers, or None.
     """
 
     kind: str
@@ -289,9 +291,11 @@ class AdapterSpec:
     cls: str
     base_class: str
     mlp_op: str | None = None
+    gate_up_op: str | None = None
 
 
-PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer", mlp_op="lora_glu_mlp")
+PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer", mlp_op="lora_glu_mlp",
+                        gate_up_op="lora_gate_up_mlp")
 ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
 """The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
 

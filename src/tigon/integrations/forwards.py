@@ -341,8 +341,8 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     which in eager mode does not keep the (tokens, intermediate) product for the backward (recomputed there): one such
     tensor less per layer among the activations (under torch.compile the compiler's partitioner decides what is
     saved); otherwise (LoRA, quantised or hooked layers, or inside a non-reentrant activation checkpoint:
-    :func:`under_checkpoint`) the module is called on the product. When gate, up and down are adapter layers that
-    :func:`tigon.patch` fused (PEFT LoRA), the whole MLP may run as one node instead
+    :func:`under_checkpoint`) the module is called on the product. When gate, up (or gate-up) and down are adapter
+    layers that :func:`tigon.patch` fused (PEFT LoRA), the whole MLP may run as one node instead
     (:func:`tigon.integrations.lora_mlp.fused_call`). On a CUDA GPU, small calls run the original forward
     (:func:`host_bound`).
     """
@@ -352,17 +352,14 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         act = mlp_activation(self, spec)
         if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x):
             return original(self, x, *args, **kwargs)
-        if spec.gate_up is not None:
-            proj = (getattr(self, spec.gate_up),)
-            gate, up = proj[0](x).chunk(2, dim=-1)
-        else:
-            proj = (getattr(self, spec.gate), getattr(self, spec.up))
-            adapter = (tigon_mark(proj[0].__dict__.get("forward")) or {}).get("adapter")
-            if adapter is not None and adapter.mlp_op is not None:
-                out = _lora_mlp().fused_call(self, spec, act, x)
-                if out is not None:
-                    return out
-            gate, up = proj[0](x), proj[1](x)
+        gate_up = spec.gate_up is not None
+        proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
+        adapter = (tigon_mark(proj[0].__dict__.get("forward")) or {}).get("adapter")
+        if adapter is not None and (adapter.gate_up_op if gate_up else adapter.mlp_op) is not None:
+            out = _lora_mlp().fused_call(self, spec, act, x)
+            if out is not None:
+                return out
+        gate, up = proj[0](x).chunk(2, dim=-1) if gate_up else (proj[0](x), proj[1](x))
         inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
@@ -482,15 +479,16 @@ def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
 
 
 def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]:
-    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` when its
-    projections are fused LoRA layers taken in with it, ``glu_linear`` when its down projection is folded in, else
+    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` (or
+    ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it, ``glu_linear`` when its down projection is folded in, else
     ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
     from each model's config) or its activation has no kernel."""
     act = mlp_activation(module, spec) if module is not None else None
     if not isinstance(act, tuple):
         return ()
-    if _lora_mlp().mlp_adapter(module, spec) is not None and _lora_mlp().mlp_problem(module, spec, lora_enabled) is None:
-        return ("lora_glu_mlp",)
+    adapter = _lora_mlp().mlp_adapter(module, spec)
+    if adapter is not None and _lora_mlp().mlp_problem(module, spec, lora_enabled) is None:
+        return (_lora_mlp().adapter_op(adapter, spec),)
     return ("glu_linear",) if not spec.experts and _folds(module, spec)[0] else (act[0],)
 
 

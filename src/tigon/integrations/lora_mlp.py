@@ -1,20 +1,23 @@
 """A patched gated MLP whose gate, up and down projections are fused PEFT LoRA layers: the whole MLP as one
-:func:`tigon.functional.lora_glu_mlp` node, the reasons it is not, and its form inside activation checkpointing.
+:func:`tigon.functional.lora_glu_mlp` node (:func:`tigon.functional.lora_gate_up_mlp` for one fused gate-up
+projection: Phi-3, GLM-4), the reasons it is not, and its form inside activation checkpointing.
 
 The patched MLP forward (:func:`tigon.integrations.forwards.mlp_forward`) asks :func:`fused_call` first when its
-gate projection carries the forward of an adapter whose :class:`~tigon.integrations.families.AdapterSpec` names an
-MLP op (``AdapterSpec.mlp_op``; PEFT LoRA: ``"lora_glu_mlp"``): then
+gate (gate-up) projection carries the forward of an adapter whose :class:`~tigon.integrations.families.AdapterSpec`
+names an op for the MLP's layout (``AdapterSpec.mlp_op`` / ``gate_up_op``; PEFT LoRA: ``"lora_glu_mlp"`` /
+``"lora_gate_up_mlp"``): then
 
-- all three projections must be layers :func:`tigon.patch` fused (``lora=True``; each passed
+- the MLP has no multipliers (Falcon-H1's muP gate / down multipliers are not arguments of the fused ops), and
+  all its projections must be layers :func:`tigon.patch` fused (``lora=True``; each passed
   :func:`~tigon.integrations.lora.lora_problem`), without hooks, and each must fuse this call
   (:func:`~tigon.integrations.lora._fused_adapter`: not merged, not disabled, no active dropout, dtypes); otherwise
   the MLP calls its projections as before, each fused on its own or running PEFT's forward;
-- outside activation checkpointing, one :func:`tigon.functional.lora_glu_mlp` node (what it saves and the passes
-  it makes: :mod:`tigon.kernels.lora_mlp`);
+- outside activation checkpointing, one :func:`tigon.functional.lora_glu_mlp` (``lora_gate_up_mlp``) node (what it
+  saves and the passes it makes: :mod:`tigon.kernels.lora_mlp`);
 - inside a non-reentrant checkpoint (:func:`~tigon.integrations.forwards.under_checkpoint`) nothing of the region
   is kept, and the recomputation stops once the last tensor the first forward saved is packed again: a Function
   packs after its forward, so a one-node MLP would recompute the down projection's base matmul for nothing. There
-  gate and up are called (their ``lora_linear`` nodes), then the GLU, then the down projection as plain matmuls
+  gate and up (or gate-up) are called (their ``lora_linear`` nodes), then the GLU, then the down projection as plain matmuls
   with its low-rank path first, so that its last saved tensor (the frozen base weight) is packed before the base
   matmul runs (:func:`_down_for_checkpoint`).
 """
@@ -27,21 +30,31 @@ import torch
 import torch.nn.functional as F
 
 from .. import functional as TF
-from .families import ADAPTERS, MLPSpec
+from .families import ADAPTERS, AdapterSpec, MLPSpec
 from .forwards import _glu, _GLU_LINEAR_ACTIVATION, _hook_problem, tigon_mark, under_checkpoint
 from .lora import _fused_adapter, lora_problem
 
 
+def projection_names(spec: MLPSpec) -> tuple[str, ...]:
+    """The MLP's projections: ``(gate_up, down)`` with one fused gate-up projection, else ``(gate, up, down)``."""
+    return (spec.gate_up, spec.down) if spec.gate_up is not None else (spec.gate, spec.up, spec.down)
+
+
+def adapter_op(adapter: AdapterSpec, spec: MLPSpec) -> str | None:
+    """The op that runs an MLP of ``spec``'s layout whose projections are ``adapter``'s layers (None: none)."""
+    return adapter.gate_up_op if spec.gate_up is not None else adapter.mlp_op
+
+
 def mlp_adapter(module, spec: MLPSpec):
-    """The :class:`~tigon.integrations.families.AdapterSpec` with an MLP op whose layer class ``module``'s gate
-    projection is (None when there is none, or the MLP has one fused gate-up projection)."""
-    if spec.gate_up is not None or spec.experts:
+    """The :class:`~tigon.integrations.families.AdapterSpec` with an op for ``spec``'s MLP layout whose layer class
+    ``module``'s gate (or fused gate-up) projection is (None when there is none, or for experts)."""
+    if spec.experts:
         return None
-    gate = getattr(module, spec.gate, None)
+    first = getattr(module, projection_names(spec)[0], None)
     for a in ADAPTERS:
         mod = sys.modules.get(a.module)
-        cls = getattr(mod, a.cls, None) if mod is not None and a.mlp_op else None
-        if cls is not None and isinstance(gate, cls):
+        cls = getattr(mod, a.cls, None) if mod is not None and adapter_op(a, spec) else None
+        if cls is not None and isinstance(first, cls):
             return a
     return None
 
@@ -51,15 +64,18 @@ def mlp_problem(module, spec: MLPSpec, lora_enabled: bool = True) -> str | None:
     (None when it does); for the report, at patch time."""
     adapter = mlp_adapter(module, spec)
     if adapter is None:
-        return "its gate projection is not an adapter layer"
+        return f"its {projection_names(spec)[0]} projection is not an adapter layer"
     mod = sys.modules[adapter.module]
     cls = getattr(mod, adapter.cls)
-    names = (spec.gate, spec.up, spec.down)
+    names = projection_names(spec)
     bare = [n for n in names if not isinstance(getattr(module, n, None), cls)]
     if bare:
         return f"{', '.join(bare)} carr{'ies' if len(bare) == 1 else 'y'} no {adapter.cls} adapter layer"
     if not lora_enabled:
         return f"tigon.patch(..., {adapter.kind}=False) leaves its adapter layers to PEFT"
+    if spec.multipliers is not None:
+        return (f"the MLP's multipliers ({', '.join(spec.multipliers)}) are not taken by "
+                f"tigon.functional.{adapter_op(adapter, spec)}")
     for n in names:
         m = getattr(module, n)
         problem = lora_problem(m) or _hook_problem(m, tigon_forward_ok=True)
@@ -76,7 +92,9 @@ def _parts(m, name: str):
 def fused_call(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tensor):
     """The MLP's output for ``x`` through the fused path, or None when this call does not take it (see the module
     docstring). Cheap attribute checks only: it runs for every MLP in every step."""
-    projections = (getattr(module, spec.gate), getattr(module, spec.up), getattr(module, spec.down))
+    if spec.multipliers is not None:
+        return None
+    projections = tuple(getattr(module, n) for n in projection_names(spec))
     names = []
     for m in projections:
         mk = tigon_mark(m.__dict__.get("forward"))
@@ -86,12 +104,19 @@ def fused_call(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tens
         if name is None:
             return None
         names.append(name)
-    (wg, ag, bg, cg, sg), (wu, au, bu, cu, su), (wd, ad, bd, cdn, sd) = (
-        _parts(m, n) for m, n in zip(projections, names))
+    *gate_side, (wd, ad, bd, cdn, sd) = (_parts(m, n) for m, n in zip(projections, names))
     activation = _GLU_LINEAR_ACTIVATION[act]
     if under_checkpoint():
-        product = _glu(act, projections[0](x), projections[1](x), inplace=True)
-        return _down_for_checkpoint(product, wd, ad, bd, cdn, sd)
+        if spec.gate_up is not None:
+            gate, up = projections[0](x).chunk(2, dim=-1)
+        else:
+            gate, up = projections[0](x), projections[1](x)
+        return _down_for_checkpoint(_glu(act, gate, up, inplace=True), wd, ad, bd, cdn, sd)
+    if spec.gate_up is not None:
+        ((w, a, b, c, s),) = gate_side
+        return TF.lora_gate_up_mlp(x, w, a, b, wd, ad, bd, gate_up_bias=c, down_bias=cdn, gate_up_scaling=s,
+                                   down_scaling=sd, activation=activation)
+    (wg, ag, bg, cg, sg), (wu, au, bu, cu, su) = gate_side
     return TF.lora_glu_mlp(x, wg, ag, bg, wu, au, bu, wd, ad, bd, gate_bias=cg, up_bias=cu, down_bias=cdn,
                            gate_scaling=sg, up_scaling=su, down_scaling=sd, activation=activation)
 
@@ -110,9 +135,16 @@ def describe(module, spec: MLPSpec, act_name: str, lora_enabled: bool) -> str | 
     problem = mlp_problem(module, spec, lora_enabled)
     if problem is not None:
         return f"its adapter layers are not fused as one node with the MLP ({problem})"
-    return (f"{spec.down}({act_name}({spec.gate}(x), {spec.up}(x))) with their PEFT LoRA adapters as one "
-            "tigon.functional.lora_glu_mlp node (base weights frozen; the product recomputed in the backward, not "
-            "stored; the two A products of gate and up as one matmul); inside a non-reentrant activation checkpoint "
-            f"{spec.gate} / {spec.up} as lora_linear, the GLU, and {spec.down} as matmuls ordered so that the "
+    if spec.gate_up is not None:
+        inner, lora_linears = f"*{spec.gate_up}(x).chunk(2, -1)", spec.gate_up
+        how = ("the gate-up output one buffer whose halves the GLU reads and over which the backward writes their "
+               "gradients")
+    else:
+        inner, lora_linears = f"{spec.gate}(x), {spec.up}(x)", f"{spec.gate} / {spec.up}"
+        how = "the two A products of gate and up as one matmul"
+    return (f"{spec.down}({act_name}({inner})) with their PEFT LoRA adapters as one "
+            f"tigon.functional.{adapter_op(mlp_adapter(module, spec), spec)} node (base weights frozen; the product "
+            f"recomputed in the backward, not stored; {how}); inside a non-reentrant activation checkpoint "
+            f"{lora_linears} as lora_linear, the GLU, and {spec.down} as matmuls ordered so that the "
             "recomputation stops before its base matmul; the layers' own forwards at a call where an adapter is "
             "merged, disabled or has active dropout")

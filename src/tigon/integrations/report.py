@@ -20,6 +20,9 @@ KIND_NOTES = {
             "tigon.functional.rope.",
     "lm_head_loss": "lm_head_loss: the fused path applies in training with labels (logits=None then); without labels "
                     "or in eval the original forward runs.",
+    "lora": "lora: each fused PEFT LoRA layer runs tigon.functional.lora_linear (base matmul and adapter in one node); "
+            "in an MLP that runs as one LoRA node (mlp: lora_glu_mlp / lora_gate_up_mlp) its projections are not "
+            "called on their own.",
 }
 """Patch kind -> what ``tigon inspect`` tells a user about it when the model has it."""
 

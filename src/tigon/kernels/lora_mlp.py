@@ -43,6 +43,15 @@ Against PEFT's three layers under Tigon's per-layer fusion (gate and up as :func
   adds folded into the GLU pass (it would save the four ``addmm_`` passes over gate and up; a Triton dot of
   width r inside the elementwise kernel, left for later).
 
+One fused gate-up projection (HF Phi3MLP, Glm4MLP: ``gate, up = gate_up_proj(x).chunk(2, -1)``), W_gu (2I, H),
+A_gu (r, H), B_gu (2I, r), s_gu (:class:`LoRAGateUpMLPFunction`): ``gate_up = x W_gu^T; gate_up += s_gu xa B_gu^T``
+is one (M, 2I) buffer (:func:`tigon.kernels.lora.lora_forward`, one base matmul as the model's), the GLU reads its
+halves in place, and the backward's GLU pass writes d_gate / d_up over them, so that buffer is d(gate_up) for
+:func:`tigon.kernels.lora.lora_backward` (one r-wide product each way, no stacking needed). Against the layers fused
+one by one (gate_up_proj as ``lora_linear``, ``swiglu`` on the chunks, down_proj as ``lora_linear``): the same
+M I e less saved, and autograd's join of d_gate and d_up into a new (M, 2I) gradient (the chunk's backward: two
+(M, I) reads and writes) is not made, for the one write of the recomputed p.
+
 The matmuls run in the compute dtype ``cd`` (x's dtype, or the autocast dtype under autocast, as ``F.linear``);
 gradients come back in each input's own dtype.
 """
@@ -53,7 +62,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .glu import _saved_gate_up, glu_backward, glu_forward
-from .lora import lora_forward
+from .lora import lora_backward, lora_forward
 
 N_TENSORS = 13
 """The tensor inputs of :class:`LoRAGLUMLPFunction` (x, the 9 weights and adapters, the 3 biases)."""
@@ -76,6 +85,34 @@ def gate_up_forward(x2, gate_weight, gate_a, gate_b, gate_bias, up_weight, up_a,
         up = _linear(x2, up_weight, up_bias, cd)
         up.addmm_(xa[:, r_g:], up_b.to(cd).t(), alpha=s_u)
     return gate, up, xa, a_gu
+
+
+def down_glu_backward(d2, gate, up, pa, down_weight, down_a, down_b, s_d: float, activation: str, cd: torch.dtype,
+                      need_gate_side: bool, need_down: tuple[bool, bool, bool, bool]):
+    """The backward of ``out = lora_linear(act(gate) * up, W_d, A_d, B_d, b_d, s_d)`` for d2 (M, H) in ``cd``:
+    ``(d_gate, d_up, (dW_d, dA_d, dB_d, db_d))``. With ``need_gate_side`` d_gate and d_up are written over gate and
+    up (None otherwise); ``need_down``: which of the down projection's gradients to form (None where not)."""
+    need_w, need_a, need_b, need_bias = need_down
+    dgate = dup = dw = da = db = dbias = None
+    if need_gate_side or need_a:
+        dpb = torch.mm(d2, down_b.to(cd) * s_d)
+    if need_b:
+        db = torch.mm(d2.t(), pa * s_d)
+    if need_bias:
+        dbias = d2.sum(0)
+    need_p = need_w or need_a
+    if need_gate_side:
+        dp = torch.mm(d2, down_weight.to(cd))
+        dp.addmm_(dpb, down_a.to(cd))
+        dgate, dup = glu_backward(dp, gate, up, activation, inplace=True, store_product=need_p)
+        product = dp
+    else:
+        product = glu_forward(gate, up, activation) if need_p else None
+    if need_a:
+        da = torch.mm(dpb.t(), product)
+    if need_w:
+        dw = torch.mm(d2.t(), product)
+    return dgate, dup, (dw, da, db, dbias)
 
 
 class LoRAGLUMLPFunction(torch.autograd.Function):
@@ -115,26 +152,9 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
         g = [None] * N_TENSORS
         with torch.autocast(dout.device.type, enabled=False):
             d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
-            # the down projection and the GLU
-            if need_gate_side or need[8]:
-                dpb = torch.mm(d2, down_b.to(cd) * s_d)
-            if need[9]:
-                g[9] = torch.mm(d2.t(), pa * s_d)
-            if need[12]:
-                g[12] = d2.sum(0)
-            need_p = need[7] or need[8]
-            if need_gate_side:
-                dp = torch.mm(d2, down_weight.to(cd))
-                dp.addmm_(dpb, down_a.to(cd))
-                dgate, dup = glu_backward(dp, gate, up, ctx.activation, inplace=True, store_product=need_p)
-                product = dp
-            else:
-                product = glu_forward(gate, up, ctx.activation) if need_p else None
-            if need[8]:
-                g[8] = torch.mm(dpb.t(), product)
-            if need[7]:
-                g[7] = torch.mm(d2.t(), product)
-            del product
+            dgate, dup, (g[7], g[8], g[9], g[12]) = down_glu_backward(
+                d2, gate, up, pa, down_weight, down_a, down_b, s_d, ctx.activation, cd, need_gate_side,
+                (need[7], need[8], need[9], need[12]))
             # gate and up
             if need_gate_side:
                 r_g = gate_b.shape[1]
@@ -163,3 +183,62 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
             if g[i] is not None:
                 g[i] = g[i].to(ctx.dtypes[i - 1])
         return (*g, None, None, None, None, None)
+
+
+GATE_UP_TENSORS = 9
+"""The tensor inputs of :class:`LoRAGateUpMLPFunction` (x, the 6 weights and adapters, the 2 biases)."""
+
+
+class LoRAGateUpMLPFunction(torch.autograd.Function):
+    """autograd node; ``apply(x, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b, gate_up_bias,
+    down_bias, s_gu, s_d, activation, cd)`` with x (..., H): out (..., H) in ``cd``.
+
+    The one-projection form (see the module docstring): the (M, 2 I) gate-up output is one buffer (a base matmul and
+    an ``addmm_``), the GLU reads its halves in place, the backward writes d_gate / d_up over them, so that buffer
+    is the gate-up projection's output gradient for :func:`tigon.kernels.lora.lora_backward`. Saves x (in ``cd``),
+    gate_up, xa, pa and the parameters (by reference); a second backward through the same graph raises."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b, gate_up_bias, down_bias,
+                s_gu, s_d, activation, cd):
+        x2 = x.reshape(-1, x.shape[-1]).to(cd)
+        gate_up, xa = lora_forward(x2, gate_up_weight, gate_up_a, gate_up_b, gate_up_bias, s_gu, cd)
+        product = glu_forward(*gate_up.chunk(2, dim=1), activation)
+        out, pa = lora_forward(product, down_weight, down_a, down_b, down_bias, s_d, cd)
+        ctx.save_for_backward(x2, gate_up, xa, pa, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b)
+        ctx.scalings, ctx.activation, ctx.cd, ctx.x_shape, ctx.x_dtype = (s_gu, s_d), activation, cd, x.shape, x.dtype
+        ctx.inplace, ctx.consumed = True, False
+        ctx.dtypes = tuple(t.dtype if t is not None else None
+                           for t in (gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b, gate_up_bias,
+                                     down_bias))
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    @once_differentiable  # not differentiable itself: create_graph raises
+    def backward(ctx, dout):
+        need = ctx.needs_input_grad[:GATE_UP_TENSORS]
+        need_gate_side = any(need[i] for i in (0, 1, 2, 3, 7))
+        (x2, gate_up, xa, pa, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a,
+         down_b) = _saved_gate_up(ctx, "lora_gate_up_mlp", need_gate_side)
+        s_gu, s_d = ctx.scalings
+        cd = ctx.cd
+        g = [None] * GATE_UP_TENSORS
+        with torch.autocast(dout.device.type, enabled=False):
+            d2 = dout.reshape(-1, dout.shape[-1]).to(cd)
+            gate, up = gate_up.chunk(2, dim=1)
+            dgate, dup, (g[4], g[5], g[6], g[8]) = down_glu_backward(
+                d2, gate, up, pa, down_weight, down_a, down_b, s_d, ctx.activation, cd, need_gate_side,
+                (need[4], need[5], need[6], need[8]))
+            if need_gate_side:
+                # the GLU wrote d_gate / d_up over the two halves: gate_up's memory is d(gate_up) (a copy otherwise)
+                written = dgate.data_ptr() == gate.data_ptr() and dup.data_ptr() == up.data_ptr()
+                dgu = gate_up if written else torch.cat([dgate, dup], dim=1)
+                del dgate, dup, gate, up
+                dx, g[1], g[2], g[3], g[7] = lora_backward(dgu, x2, xa, gate_up_weight, gate_up_a, gate_up_b, s_gu,
+                                                           cd, (need[0], need[1], need[2], need[3], need[7]))
+                if dx is not None:
+                    g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
+        for i in range(1, GATE_UP_TENSORS):
+            if g[i] is not None:
+                g[i] = g[i].to(ctx.dtypes[i - 1])
+        return (*g, None, None, None, None)

@@ -24,7 +24,7 @@ MODES = ("fwd", "fwd_bwd")
 is their difference)."""
 
 CATEGORY_LABELS = {"norm": "norm", "rotary": "rotary", "activation": "activation", "lm_head_loss": "LM head + loss",
-                   "lora": "LoRA adapters"}
+                   "lora": "LoRA layers (base matmul + adapter)"}
 """What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``) ->
 the label of its row in profile's table. A new category is added here and nowhere else."""
 CATEGORIES = tuple(CATEGORY_LABELS)

@@ -1,7 +1,8 @@
 """A gated MLP with LoRA adapters on gate, up and down (LoRA, Hu et al. 2021; GLU variants, Shazeer 2020) as one
 autograd node: the public op and its record.
 
-Kernels: :mod:`tigon.kernels.lora_mlp` (cuBLAS matmuls around the GLU kernels of :mod:`tigon.kernels.glu`; the
+The one-projection form of Phi-3 / GLM-4 (``gate_up_proj``): :func:`lora_gate_up_mlp`. Kernels:
+:mod:`tigon.kernels.lora_mlp` (cuBLAS matmuls around the GLU kernels of :mod:`tigon.kernels.glu`; the
 bytes saved for the backward and the passes over (tokens, intermediate) tensors are counted there). Specification:
 :mod:`tigon.reference.lora`.
 """
@@ -16,6 +17,17 @@ from ..reference import lora as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
 from .lora import RANK
+
+
+def _same_dtype_outside_autocast(x: torch.Tensor, tensors: dict) -> bool:
+    """Whether autocast is on for x's device; outside it, raises TypeError for a tensor of another dtype than x's."""
+    dev = x.device.type
+    autocast = dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)  # (meta, ...: no autocast to ask about)
+    if not autocast:
+        for name, t in tensors.items():
+            if t is not None and t.dtype != x.dtype:
+                raise TypeError(f"{name} must have x's dtype {x.dtype} outside autocast, got {t.dtype}")
+    return autocast
 
 
 def lora_glu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, gate_a: torch.Tensor, gate_b: torch.Tensor,
@@ -62,19 +74,14 @@ def lora_glu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, gate_a: torch.Tenso
     tensors = dict(gate_weight=gate_weight, gate_a=gate_a, gate_b=gate_b, up_weight=up_weight, up_a=up_a, up_b=up_b,
                    down_weight=down_weight, down_a=down_a, down_b=down_b, gate_bias=gate_bias, up_bias=up_bias,
                    down_bias=down_bias)
-    dev = x.device.type
-    autocast = dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)  # (meta, ...: no autocast to ask about)
-    if not autocast:
-        for name, t in tensors.items():
-            if t is not None and t.dtype != x.dtype:
-                raise TypeError(f"{name} must have x's dtype {x.dtype} outside autocast, got {t.dtype}")
+    autocast = _same_dtype_outside_autocast(x, tensors)
     if select_backend("lora_glu_mlp", x) in TORCH_CODE or torch.compiler.is_compiling():
         s_g, s_u, s_d = scalings
         return ref.lora_glu_mlp(x, **tensors, gate_scaling=s_g, up_scaling=s_u, down_scaling=s_d,
                                 activation=activation)
     from ..kernels import lora_mlp as k
 
-    cd = torch.get_autocast_dtype(dev) if autocast else x.dtype
+    cd = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     return k.LoRAGLUMLPFunction.apply(x, *tensors.values(), *scalings, activation, cd)
 
 
@@ -116,6 +123,91 @@ RECORDS = (OpSpec(
     flops=_flops,
     cases=(Case("activation=silu", options={"activation": "silu"}),
            Case("activation=gelu_tanh", options={"activation": "gelu_tanh"})),
+    under_compile="inductor",
+    leading_dims=("x",),
+),)
+
+
+def lora_gate_up_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_a: torch.Tensor,
+                     gate_up_b: torch.Tensor, down_weight: torch.Tensor, down_a: torch.Tensor, down_b: torch.Tensor,
+                     *, gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                     gate_up_scaling: float = 1.0, down_scaling: float = 1.0, activation: str = "silu") -> torch.Tensor:
+    """``down(act(gate) * up)`` with ``gate, up = gate_up(x).chunk(2, -1)``, where the fused gate-up projection and
+    the down projection are each a linear layer plus its LoRA adapter, ``y = u W^T + b + s (u A^T) B^T``, as one
+    autograd node.
+
+    HF Phi3MLP / Glm4MLP after PEFT wraps gate_up_proj and down_proj in ``lora.Linear`` layers (one active adapter,
+    no dropout, no DoRA). As :func:`lora_glu_mlp`: the (..., I) product is not kept for the backward, base weights
+    that do not require grad get no gradient and cost no matmul; the (..., 2I) gate-up output is one buffer whose
+    halves the GLU reads in place and over which the backward writes their gradients
+    (:class:`tigon.kernels.lora_mlp.LoRAGateUpMLPFunction`). Under ``torch.compile`` this runs the reference.
+
+    Args:
+        x: (..., H) float32 / bfloat16 / float16 (other float dtypes run the reference).
+        gate_up_weight: (2I, H) base weight, gate's I rows then up's; down_weight: (H, I); x's dtype outside
+            autocast (as every weight, adapter and bias here).
+        gate_up_a: (r_gu, H), gate_up_b: (2I, r_gu) the gate-up adapter; down_a: (r_d, I), down_b: (H, r_d).
+        gate_up_bias: (2I,) or None; down_bias: (H,) or None.
+        gate_up_scaling, down_scaling: each adapter's s, PEFT's ``scaling[adapter]`` (``lora_alpha / r``).
+        activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU).
+
+    Returns:
+        (..., H) in x's dtype (the autocast dtype under autocast); gradients in each input's dtype.
+
+    Raises:
+        TypeError: a non-floating tensor, a scaling that is not a real number, or (outside autocast) a weight,
+            adapter or bias of another dtype than x's.
+        ValueError: shapes that do not fit (the message names the argument; gate_up_weight's rows must be even),
+            tensors on different devices, a scaling that is not finite, or an unknown activation.
+    """
+    s_gu, s_d = ref.check_gate_up_mlp_inputs(x, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b,
+                                             gate_up_bias, down_bias, gate_up_scaling, down_scaling, activation)
+    tensors = dict(gate_up_weight=gate_up_weight, gate_up_a=gate_up_a, gate_up_b=gate_up_b, down_weight=down_weight,
+                   down_a=down_a, down_b=down_b, gate_up_bias=gate_up_bias, down_bias=down_bias)
+    autocast = _same_dtype_outside_autocast(x, tensors)
+    if select_backend("lora_gate_up_mlp", x) in TORCH_CODE or torch.compiler.is_compiling():
+        return ref.lora_gate_up_mlp(x, **tensors, gate_up_scaling=s_gu, down_scaling=s_d, activation=activation)
+    from ..kernels import lora_mlp as k
+
+    cd = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    return k.LoRAGateUpMLPFunction.apply(x, *tensors.values(), s_gu, s_d, activation, cd)
+
+
+def _gate_up_inputs(s: dict, dtype, device, gen) -> dict:
+    """As :func:`_inputs`, with the gate and up base weights and B's as one (2I, ...) projection and one A."""
+    t, h, i, r = s["tokens"], s["hidden"], s["intermediate"], s["rank"]
+    return dict(x=randn(gen, (t, h), dtype, device),
+                gate_up_weight=randn(gen, (2 * i, h), dtype, device, 1.0 / math.sqrt(h)),
+                gate_up_a=randn(gen, (r, h), dtype, device, 1.0 / math.sqrt(h)),
+                gate_up_b=randn(gen, (2 * i, r), dtype, device, 1.0 / math.sqrt(r)),
+                down_weight=randn(gen, (h, i), dtype, device, 1.0 / math.sqrt(i)),
+                down_a=randn(gen, (r, i), dtype, device, 1.0 / math.sqrt(i)),
+                down_b=randn(gen, (h, r), dtype, device, 1.0 / math.sqrt(r)),
+                gate_up_scaling=2.0, down_scaling=2.0)
+
+
+def _gate_up_flops(s: dict, mode: str) -> float:
+    """Two LoRA projections (see :func:`tigon.ops.lora._flops`), the gate-up one of width 2I."""
+    t, h, i, r = s["tokens"], s["hidden"], s["intermediate"], s["rank"]
+    base = 3 * 2 * t * h * i
+    low = 2 * t * r * (h + 2 * i) + 2 * t * r * (i + h)
+    return base + low if mode == "fwd" else 2 * base + 3 * low
+
+
+RECORDS += (OpSpec(
+    name="lora_gate_up_mlp",
+    summary="a gated MLP with one fused gate_up projection, LoRA on gate_up / down, as one autograd node (PEFT LoRA)",
+    fn=lora_gate_up_mlp,
+    reference=ref.lora_gate_up_mlp,
+    original=ref.lora_gate_up_mlp,
+    original_name="HF Phi3MLP over PEFT lora.Linear gate_up_proj / down_proj",
+    make_inputs=_gate_up_inputs,
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "intermediate": m.intermediate, "rank": RANK},
+    size_format="tokens x hidden x intermediate, rank",
+    size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['intermediate']} r{s['rank']}",
+    grad_inputs=("x", "gate_up_a", "gate_up_b", "down_a", "down_b"),
+    category="lora",
+    flops=_gate_up_flops,
     under_compile="inductor",
     leading_dims=("x",),
 ),)

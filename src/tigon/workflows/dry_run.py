@@ -46,7 +46,8 @@ def build_meta_model(config) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | None = None) -> Iterator[tuple]:
+def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | None = None, *,
+            lora_rank: int | None = None) -> Iterator[tuple]:
     """``with dry_run(config) as (model, report):`` the weightless model of ``config`` patched by
     :func:`tigon.patch` (instance level, default options) and its :class:`~tigon.integrations.PatchReport`; the
     model is unpatched on leaving, so nothing of the process's state changes (the rotary dispatcher the patch
@@ -55,9 +56,13 @@ def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | Non
     Args:
         config: a transformers config of a causal LM.
         patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
+        lora_rank: wrap the model first as ``tigon bench --e2e --lora R`` does
+            (:func:`tigon.workflows.lora.with_lora`: PEFT LoRA of that rank on the projections of
+            :data:`~tigon.workflows.lora.LORA_TARGETS` it has), so that the report covers the LoRA layers.
 
     Raises:
-        ConfigError: the model cannot be built (:func:`build_meta_model`).
+        ConfigError: the model cannot be built (:func:`build_meta_model`), or ``lora_rank`` is given and PEFT is
+            not installed or finds none of the target projections.
         PatchRejected: tigon.patch refuses the model.
     """
     if patch_fn is None or unpatch_fn is None:
@@ -66,6 +71,8 @@ def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | Non
         patch_fn = patch_fn or tigon.patch
         unpatch_fn = unpatch_fn or tigon.unpatch
     model = build_meta_model(config)
+    if lora_rank is not None:
+        model = _with_lora(model, lora_rank)
     try:
         report = patch_fn(model)
     except (TypeError, ValueError) as e:
@@ -74,3 +81,19 @@ def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | Non
         yield model, report
     finally:
         unpatch_fn(model)
+
+
+def _with_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """The weightless ``model`` wrapped by :func:`tigon.workflows.lora.with_lora` (PEFT LoRA of ``rank``).
+
+    Raises:
+        ConfigError: PEFT is not installed, or it finds none of the target projections in the model.
+    """
+    from .lora import LORA_TARGETS, check_lora, with_lora
+
+    check_lora(rank)
+    try:
+        return with_lora(model, rank)
+    except ValueError as e:  # PEFT: "Target modules {...} not found in the base model"
+        raise ConfigError(f"--lora {rank}: PEFT found none of {', '.join(LORA_TARGETS)} in this model: "
+                          f"{error_text(e)}") from e

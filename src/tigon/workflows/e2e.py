@@ -97,6 +97,7 @@ from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, step_batches, take_rows
+from .lora import LORA_TARGETS, check_lora, with_lora
 from ..checkpointing import DEFAULT_TFLOPS
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
@@ -164,24 +165,6 @@ class E2EConfig:
 CHECKPOINTING = ("non_reentrant", "reentrant", "selective")
 """The values of :attr:`E2EConfig.gradient_checkpointing`: HF's ``use_reentrant`` False / True, or Tigon's selective
 policy (:func:`tigon.checkpointing.enable`)."""
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The projections ``--lora`` puts adapters on (the names of Llama-style decoders)."""
-
-
-def with_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
-    """``model`` wrapped by PEFT's ``get_peft_model``: LoRA of ``rank`` (alpha 2 x rank, dropout 0) on
-    :data:`LORA_TARGETS`, adapters in the model's dtype; every other parameter frozen (the LM head included).
-
-    Raises:
-        ImportError: peft is not installed.
-    """
-    import peft
-
-    cfg = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                          bias="none")
-    return peft.get_peft_model(model, cfg, autocast_adapter_dtype=False)
-
 
 @dataclass
 class E2ERow:
@@ -288,6 +271,7 @@ def resolve_step_config(config, defaults: dict):
     _positive("seq_len", cfg.seq_len, 2)
     _positive("steps", cfg.steps)
     _positive("warmup", cfg.warmup, 0)
+    check_lora(getattr(cfg, "lora_rank", None))
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
     check_attn_implementation(getattr(cfg, "attn_implementation", None))
@@ -321,11 +305,8 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         raise ConfigError("--kernel-summary needs a CUDA device (it sums the GPU kernels of a profiled step)")
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
-    _positive("lora", cfg.lora_rank)
     _positive("image_tokens", cfg.image_tokens)
     compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
-    if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
-        raise ConfigError("--lora needs peft (pip install peft)")
     return cfg
 
 

@@ -163,12 +163,27 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     return f"no Tigon kernel for {name}"
 
 
-def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
+def _in_lora_layer(path: str, lora_layers: dict[str, bool]) -> str | None:
+    """The reason for a module inside a PEFT LoRA layer (its base layer, adapters, dropout), or None when ``path``
+    is in none; ``lora_layers``: LoRA layer path -> whether tigon.patch fused it."""
+    parent = path
+    while "." in parent:
+        parent = parent.rsplit(".", 1)[0]
+        if parent in lora_layers:
+            if lora_layers[parent]:
+                return ("part of a fused PEFT LoRA layer: its forward reads the base weight and the active "
+                        "adapter's A / B directly (tigon.functional.lora_linear, or the MLP's one node)")
+            return "part of a PEFT LoRA layer left to PEFT (see skipped: lora)"
+    return None
+
+
+def run_inspect(model: str, *, lora_rank: int | None = None, patch_fn=None, unpatch_fn=None) -> InspectResult:
     """Dry-run :func:`tigon.patch` on MODEL built from its config on the meta device.
 
     Args:
         model: a preset name, a ``config.json`` path, a checkpoint directory or a Hub id in the local cache (see
             :func:`~tigon.workflows.model_source.load_model_config`).
+        lora_rank: wrap the model with PEFT LoRA of that rank first (see :func:`inspect_config`).
         patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
 
     Returns:
@@ -180,10 +195,12 @@ def run_inspect(model: str, *, patch_fn=None, unpatch_fn=None) -> InspectResult:
             message names the supported families).
     """
     config, source = load_model_config(model)
-    return inspect_config(config, model=model, source=str(source), patch_fn=patch_fn, unpatch_fn=unpatch_fn)
+    return inspect_config(config, model=model, source=str(source), lora_rank=lora_rank, patch_fn=patch_fn,
+                          unpatch_fn=unpatch_fn)
 
 
-def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, unpatch_fn=None) -> InspectResult:
+def inspect_config(config, *, model: str = "", source: str = "", lora_rank: int | None = None, patch_fn=None,
+                   unpatch_fn=None) -> InspectResult:
     """What :func:`tigon.patch` does to the causal LM of a transformers ``config``: the report of the engine's own
     decisions on the weightless model (:func:`~tigon.workflows.dry_run.dry_run`), grouped, with every other module
     listed as left alone and why. Nothing is allocated and nothing of the process's state changes.
@@ -191,13 +208,17 @@ def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, 
     Args:
         config: a transformers config of a causal LM.
         model, source: what :class:`InspectResult` shows as MODEL and its source (``"preset:tiny"``).
+        lora_rank: wrap the weightless model with PEFT LoRA of that rank first, as ``tigon bench --e2e --lora R``
+            does (:func:`tigon.workflows.lora.with_lora`): the report then lists the LoRA layers fused
+            (``lora_linear``), the MLPs that run with their adapters as one node (``lora_glu_mlp`` /
+            ``lora_gate_up_mlp``) and what is not, with the reasons.
         patch_fn, unpatch_fn: replace :func:`tigon.patch` / :func:`tigon.unpatch` (for tests).
 
     Raises:
-        ConfigError: the model cannot be built, or ``tigon.patch`` refuses it
-            (:class:`~tigon.workflows.dry_run.PatchRejected`).
+        ConfigError: the model cannot be built, PEFT is missing or finds no target projection (``lora_rank``), or
+            ``tigon.patch`` refuses it (:class:`~tigon.workflows.dry_run.PatchRejected`).
     """
-    with dry_run(config, patch_fn, unpatch_fn) as (meta, report):
+    with dry_run(config, patch_fn, unpatch_fn, lora_rank=lora_rank) as (meta, report):
         modules = dict(meta.named_modules())
 
         # Engine targets are module paths, except the root model, which it names "(ClassName)".
@@ -205,13 +226,14 @@ def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, 
             return "" if target == f"({type(meta).__name__})" else target
 
         patched_paths = {path_of(e.target) for e in report.replaced}
+        lora_layers = {e.target: e in report.replaced for e in report.replaced + report.skipped if e.kind == "lora"}
         touched = patched_paths | {path_of(e.target) for e in report.skipped + report.already_patched}
         left: dict[str, list[str]] = {}
         reasons: dict[str, str] = {}
         for path, m in modules.items():
             if path in touched:
                 continue
-            reason = _why_left_alone(m, path, meta, report, patched_paths)
+            reason = _in_lora_layer(path, lora_layers) or _why_left_alone(m, path, meta, report, patched_paths)
             key = f"{type(m).__name__}\x00{reason}"
             left.setdefault(key, []).append(path or f"({type(m).__name__})")
             reasons[key] = reason
@@ -226,6 +248,11 @@ def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, 
             "config only: the model was built on the meta device (no weights read or allocated) and patched at "
             "instance level, then unpatched at once.",
         ]
+        if lora_rank is not None:
+            from .lora import LORA_TARGETS
+
+            notes.append(f"wrapped first by PEFT: LoRA r={lora_rank} (alpha {2 * lora_rank}, dropout 0) on the "
+                         "projections it has of " + ", ".join(LORA_TARGETS) + " (as tigon bench --e2e --lora).")
         notes += [KIND_NOTES[kind] for kind in counts if kind in KIND_NOTES]
         notes += [n for n in report.notes if not n.startswith(DRY_RUN_SILENT_NOTES)]
         return InspectResult(
@@ -236,7 +263,8 @@ def inspect_config(config, *, model: str = "", source: str = "", patch_fn=None, 
             num_parameters=sum(p.numel() for p in meta.parameters()),
             config=config_summary(config),
             counts=counts,
-            categories={c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())},
+            categories={**{c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())},
+                        **({"lora": categories["lora"]} if "lora" in categories else {})},
             replaced=_group(report.replaced, "detail"),
             skipped=_group(report.skipped, "reason"),
             left_alone=left_alone,

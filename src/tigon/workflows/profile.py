@@ -32,11 +32,12 @@
 6. **Profile** the original and the patched step (at most :data:`PROFILED_STEPS` steps under
    :mod:`torch.profiler`, after everything unprofiled: a profiler session leaves CUPTI attached, which slows
    later launches) and **attribute the device's time to categories**
-   (:mod:`tigon.workflows.profile_events`): matmul, attention, norm, rotary, activation, LM head + loss,
-   optimizer, other. Forward hooks open a ``record_function`` range around norm, attention and MLP modules, the
-   decoder backbone and the whole causal LM (what runs outside the backbone is the LM head + loss); the family's
-   rotary function and the optimizer step run in a range too. Each op's kernels go to its innermost range,
-   refined by its name; backward ops follow the forward op that created their autograd node. Times are kernel
+   (:mod:`tigon.workflows.profile_events`): matmul, attention, norm, rotary, activation, LM head + loss, LoRA
+   layers (``--lora``), optimizer, other. Forward hooks open a ``record_function`` range around norm, attention and
+   MLP modules, PEFT's LoRA layers, the decoder backbone and the whole causal LM (what runs outside the backbone is
+   the LM head + loss); the family's rotary function and the optimizer step run in a range too. Each op's kernels
+   go to its innermost range, refined by its name (the ops of Tigon's LoRA nodes, named after them, are LoRA
+   layers: base matmul, adapter, and in a LoRA MLP node its GLU too); backward ops follow the forward op that created their autograd node. Times are kernel
    time per step on CUDA (self CPU time on CPU); kernels linked to no op and the device's idle time get their own
    rows, so the rows add up to the profiled step (:func:`tigon.workflows.predict.step_table`).
 
@@ -62,6 +63,7 @@ from . import predict as PR
 from ._train import param_dtype, step_inputs
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DEFAULTS, DTYPES, run_provider
+from .lora import with_lora
 from .e2e_models import build_model, hf_config, model_info, step_batches
 from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
                              device_busy_us, device_op_count, make_step, step_issue)
@@ -88,7 +90,8 @@ class ProfileConfig:
     Chrome trace there (and the patched one next to it, ``<name>.patched<ext>``). predict: run the op bench and
     predict the patched step. patched: measure the patched step. lr, seed: AdamW learning rate, weights/batches.
     attn_implementation: transformers' attention for the model ("eager", "sdpa", ...; None: transformers' default),
-    as for :class:`tigon.workflows.e2e.E2EConfig`.
+    as for :class:`tigon.workflows.e2e.E2EConfig`. lora_rank: both models wrapped by PEFT as for ``bench --e2e --lora``
+    (:func:`tigon.workflows.lora.with_lora`); the LoRA layers' time is a category of its own (``lora``).
     """
 
     model: str | None = None
@@ -105,6 +108,7 @@ class ProfileConfig:
     lr: float = 1e-4
     seed: int = 0
     attn_implementation: str | None = None
+    lora_rank: int | None = None
 
 
 @dataclass
@@ -300,33 +304,41 @@ def resolve_profile(config: ProfileConfig) -> ProfileConfig:
     return cfg
 
 
-def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int], list[str], dict]:
+def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[str, list[str]], dict[str, int],
+                                                             list[str], dict]:
     """What tigon.patch replaces, from its dry run on a weightless copy of the model: (kinds, category -> Tigon ops,
     patch counts, notes, paths). kinds: ``{"kind", "op", "keyword", "calls", "bypasses"}`` per replaced kind that
     runs an op of the registry; calls = the modules it patches (each runs once per step); bypasses: kind -> patched
     modules of that kind the replacement no longer calls (the mark's ``bypasses`` children). paths: ``{"targets":
     {module path: kind}, "bypassed": {path of a bypassed module: the kind that bypasses it}}`` (for
-    :func:`tigon.workflows.profile_attrib.in_step_host`)."""
+    :func:`tigon.workflows.profile_attrib.in_step_host`). ``lora_rank``: PEFT wraps the model first; MLPs that all
+    run as one LoRA node are measured as that op, and the LoRA layers inside such a node count as bypassed."""
     from ..integrations.engine import PATCH_KEYWORDS
-    from ..integrations.families import kind_op
+    from ..integrations.families import ADAPTERS, kind_op
     from ..integrations.forwards import tigon_mark
     from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
     from .dry_run import PatchRejected, dry_run
 
+    lora_mlp_ops = {a.mlp_op for a in ADAPTERS} | {a.gate_up_op for a in ADAPTERS}
+    ran: dict[str, set] = {}  # kind -> the op tuples its replacements declare
     bypass: dict[str, dict[str, int]] = {}
     paths: dict[str, dict[str, str]] = {"targets": {}, "bypassed": {}}
     try:
-        with dry_run(hfc) as (model, report):
+        with dry_run(hfc, lora_rank=lora_rank) as (model, report):
             counts, skipped = report.counts, list(report.skipped)
             kind_of = {e.target: e.kind for e in report.replaced}
             paths["targets"] = dict(kind_of)
             for e in report.replaced:
+                ran.setdefault(e.kind, set()).add(e.ops)
                 try:
                     m = model.get_submodule(e.target)
                 except AttributeError:
                     continue
-                for child in (tigon_mark(m.__dict__.get("forward")) or {}).get("bypasses", ()):
+                children = (tigon_mark(m.__dict__.get("forward")) or {}).get("bypasses", ())
+                if e.ops and e.ops[0] in lora_mlp_ops:  # the LoRA MLP's node runs its projections' adapters
+                    children = tuple(n for n, _ in m.named_children())
+                for child in children:
                     if (k := kind_of.get(f"{e.target}.{child}")) is not None:
                         paths["bypassed"][f"{e.target}.{child}"] = e.kind
                         bypass.setdefault(e.kind, {})[k] = bypass.get(e.kind, {}).get(k, 0) + 1
@@ -336,7 +348,8 @@ def _replacements(hfc) -> tuple[list[dict], dict[str, list[str]], dict[str, int]
     order = list(KIND_CATEGORIES)
     kinds, cats = [], {}
     for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
-        op = kind_op(kind, hfc)
+        declared = [op for ops in ran.get(kind, ()) for op in ops]
+        op = declared[0] if len(declared) == 1 and declared[0] in lora_mlp_ops else kind_op(kind, hfc)
         if op in specs:
             kinds.append({"kind": kind, "op": op, "keyword": PATCH_KEYWORDS.get(kind, kind), "calls": counts[kind],
                           "bypasses": bypass.get(kind, {})})
@@ -464,6 +477,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
     def profiled(patch: bool, trace: str | None) -> StepProfile:
         model = build_model(hfc, dtype, device, cfg.seed, cfg.attn_implementation)
+        if cfg.lora_rank is not None:
+            model = with_lora(model, cfg.lora_rank)
         try:
             if patch:
                 tigon.patch(model)
@@ -474,7 +489,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
             del model
             _free(device)
 
-    kinds, replaced, counts, patch_notes, paths = _replacements(hfc)
+    kinds, replaced, counts, patch_notes, paths = _replacements(hfc, cfg.lora_rank)
     notes += patch_notes
     in_step: dict[str, Any] = {}
     layer_costs: list[PL.LayerCosts] = []

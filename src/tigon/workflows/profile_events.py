@@ -159,6 +159,12 @@ class StepParts:
 
 def _module_category(m: torch.nn.Module) -> str | None:
     name = type(m).__name__
+    if type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "lora_A"):
+        # PEFT's own LoRA layer: a range around it (base matmul and adapter). A layer tigon.patch fused gets none
+        # (hooks would make its MLP call it on its own): its node's ops are named after it (_is_lora)
+        from ..integrations.forwards import tigon_mark
+
+        return "lora" if tigon_mark(m.__dict__.get("forward")) is None else None
     if name.endswith(("RMSNorm", "LayerNorm")) or isinstance(m, (torch.nn.LayerNorm, getattr(torch.nn, "RMSNorm",
                                                                                              torch.nn.LayerNorm))):
         return "norm"
@@ -181,9 +187,17 @@ def _is_attention(names: list[str]) -> bool:
     return any(k in n.lower() for n in names for k in _ATTENTION_KEYS)
 
 
+def _is_lora(names: list[str]) -> bool:
+    """Whether an op runs inside one of Tigon's LoRA nodes (``LoRALinearFunction``, ``LoRAGLUMLPFunction``, ...,
+    forward or ``...Backward``)."""
+    return any(n.startswith("LoRA") and "Function" in n for n in names)
+
+
 def _category(range_cat: str | None, names: list[str]) -> str:
     if range_cat in ("lm_head_loss", "optimizer", "norm", "rotary"):
         return range_cat
+    if range_cat == "lora" or _is_lora(names):
+        return "lora"
     if _is_matmul(names):
         return "matmul"
     if _is_attention(names):

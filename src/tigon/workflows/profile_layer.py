@@ -203,12 +203,21 @@ def without_layers(model: torch.nn.Module):
 def rest_call(model: torch.nn.Module, batch) -> tuple[Callable[[], None], list[torch.Tensor]]:
     """``(fn, leaves)``: ``fn()`` runs the forward with labels and the backward of ``model`` on ``batch`` with its
     decoder layers left out (:func:`without_layers`): the embedding, rotary tables, masks, final norm, LM head and
-    loss; ``leaves``: the trainable parameters."""
+    loss; ``leaves``: the trainable parameters. With a frozen embedding (LoRA: PEFT freezes all but the adapters)
+    its output is made to require grad, as in the step the layers' adapters do: the backward then runs through the
+    LM head and final norm as there (HF's ``enable_input_require_grads`` does the same)."""
     inputs = step_inputs(batch, next(model.parameters()).device, param_dtype(model))
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    frozen = emb is not None and not any(p.requires_grad for p in emb.parameters())
 
     def fn() -> None:
-        with without_layers(model):
-            model(**inputs, use_cache=False).loss.backward()
+        hook = emb.register_forward_hook(lambda m, args, out: out.requires_grad_(True)) if frozen else None
+        try:
+            with without_layers(model):
+                model(**inputs, use_cache=False).loss.backward()
+        finally:
+            if hook is not None:
+                hook.remove()
 
     return fn, [p for p in model.parameters() if p.requires_grad]
 

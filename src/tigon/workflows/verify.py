@@ -107,7 +107,10 @@ class VerifyConfig:
     Hub id (default ``tiny`` on CPU, ``llama3-8b`` on CUDA). model_ops: verify only the ops :func:`tigon.patch` runs
     in ``model`` (:func:`model_ops`); default: when ``model`` is given. device: "auto" (CUDA if available), "cpu" or
     "cuda". tokens: tokens per case (default 64 on CPU, 4096 on CUDA). max_vocab: vocabulary cap (default 1024 on
-    CPU, none on CUDA; 0 = no cap). seed: seeds the inputs.
+    CPU, none on CUDA; 0 = no cap). seed: seeds the inputs. lora_rank: find the model's ops with it wrapped by PEFT
+    LoRA of that rank (:func:`tigon.workflows.lora.with_lora`, as ``tigon bench --e2e --lora``), so that the LoRA ops
+    tigon.patch runs there are verified too (at the records' shapes: rank :data:`tigon.ops.lora.RANK`); implies
+    ``model_ops``.
     """
 
     ops: list[str] | None = None
@@ -118,6 +121,7 @@ class VerifyConfig:
     max_vocab: int | None = None
     seed: int = 0
     model_ops: bool | None = None
+    lora_rank: int | None = None
 
 
 @dataclass
@@ -229,10 +233,11 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
     unknown = [o for o in ops if o not in registry]
     if unknown:
         raise ConfigError(f"unknown op {unknown[0]!r} (available: {', '.join(registry)})")
-    only_model = config.model is not None if config.model_ops is None else bool(config.model_ops)
+    given = config.model is not None or config.lora_rank is not None
+    only_model = given if config.model_ops is None else bool(config.model_ops)
     model = config.model or DEFAULT_MODEL[device]
     if only_model:
-        used = model_ops(model, registry)
+        used = model_ops(model, registry, lora_rank=config.lora_rank)
         unused = [o for o in ops if o not in used]
         if named and unused:
             raise ConfigError(f"--op {unused[0]}: tigon.patch runs no {unused[0]} in {model} (it runs "
@@ -252,9 +257,10 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
                                model=model, device=device, tokens=tokens, max_vocab=max_vocab, model_ops=only_model)
 
 
-def model_ops(model: str, registry: Registry | None = None) -> list[str]:
+def model_ops(model: str, registry: Registry | None = None, *, lora_rank: int | None = None) -> list[str]:
     """The ops (registry names, in registry order) that :func:`tigon.patch` runs in MODEL with its default options:
-    those its replacements declare in the dry run on the weightless model (:func:`tigon.workflows.dry_run.dry_run`).
+    those its replacements declare in the dry run on the weightless model (:func:`tigon.workflows.dry_run.dry_run`;
+    with ``lora_rank``, the model wrapped with PEFT LoRA of that rank first).
 
     Raises:
         ConfigError: MODEL cannot be read or built; tigon.patch rejects it or replaces nothing in it that runs an op
@@ -266,7 +272,7 @@ def model_ops(model: str, registry: Registry | None = None) -> list[str]:
     registry = _ops.registry() if registry is None else registry
     hf_config, _ = load_model_config(model)
     try:
-        with dry_run(hf_config) as (_, report):
+        with dry_run(hf_config, lora_rank=lora_rank) as (_, report):
             used = {op for e in report.replaced for op in e.ops}
             skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
     except PatchRejected as e:
@@ -475,8 +481,13 @@ def run_verify(
         notes.append("vision-language model: the shapes are its text decoder's; the vision encoder's ops (its norms, "
                      "MLPs) run the same kernels at its own width.")
     if cfg.model_ops:
-        notes.append(f"ops: those tigon.patch runs in {cfg.model} ({', '.join(cfg.ops)}); run without --model to "
+        lora = f" wrapped with PEFT LoRA r={cfg.lora_rank}" if cfg.lora_rank is not None else ""
+        notes.append(f"ops: those tigon.patch runs in {cfg.model}{lora} ({', '.join(cfg.ops)}); run without --model to "
                      "verify every op.")
+    if any(op.startswith("lora_") for op in cfg.ops):
+        from ..ops.lora import RANK
+
+        notes.append(f"LoRA rows: adapters of rank {RANK} (the records' shapes), trained-like B (PEFT starts B at 0).")
     notes.append(f"pass rule per tensor: tigon_err <= max({FACTOR:g} x original_err, floor[dtype of the tensor]); "
                  f"floors (relative L2): " + ", ".join(f"{k} {v:g}" for k, v in FLOORS.items()) + ".")
     notes.append("errors are against a float64 evaluation of the original on the same inputs; err = relative L2, "
