@@ -6,7 +6,9 @@ in the root unit, as its own unit (resharded after the forward, or kept), groupe
 ``fully_shard([norm, output])``), with tied embeddings (patched after wrapping), with gradient checkpointing, the
 head's unit patched after wrapping, and under a bf16 mixed-precision policy; FSDP1 (``FullyShardedDataParallel``,
 ``use_orig_params=True``, a unit per decoder layer) with the head in the root or its own unit (patched before or
-after wrapping; and with ``use_orig_params=False``, the head its own unit or patched after wrapping). Each rank
+after wrapping; and with ``use_orig_params=False``, the head its own unit or patched after wrapping; the head its own
+unit under a bf16 ``MixedPrecision`` of parameters and gradient reduction). Under the mixed-precision policies the
+patched run must also be no less accurate against an fp32 run than the original. Each rank
 compares its losses, its local gradients (FSDP: its shards, reduce-scattered by FSDP) and its parameters; the fused
 LM-head loss must have run (no logits returned), FSDP2 / FSDP1 must have all-gathered as often as for the original
 (no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
@@ -46,7 +48,7 @@ CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "f
           "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "fsdp1", "fsdp1_head_unit", "fsdp1_head_unit_patched_after_wrap", "fsdp1_head_unit_flat_params",
-          "fsdp1_flat_params_patched_after_wrap",
+          "fsdp1_flat_params_patched_after_wrap", "fsdp1_head_unit_bf16",
           "vocab_parallel_functional", "tensor_parallel_head", "tensor_parallel_head_loss_parallel",
           "tensor_parallel_head_tied", "tensor_parallel_rowwise_head_skipped", "tensor_parallel_model",
           "tensor_parallel_model_sequence_parallel", "tensor_parallel_model_transformers_plan",
