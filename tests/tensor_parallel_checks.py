@@ -23,7 +23,8 @@ The whole decoder (torch's plan: colwise q/k/v/gate/up, rowwise o/down, the embe
 - ``tensor_parallel_model_sequence_parallel``: ``SequenceParallel`` norms, the residual stream a ``Shard(1)``
   DTensor (token dimension); the final norm hands the head its tokens as a plain local tensor, which the head's
   ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers. Tigon's row-wise ops must run on the local shards: every
-  DTensor they receive is used with its own placements (no redistribution), and the norms see ``Shard(1)``.
+  DTensor they receive is used with its own placements (no redistribution), and the norms, and the residual add fused
+  with the post-attention norm (its ``SequenceParallel`` hooks run around it), see ``Shard(1)``.
 - ``tensor_parallel_model_transformers_plan``: transformers' own ``tp_plan`` for Llama (its tensor-parallel styles,
   applied as ``from_pretrained(tp_plan="auto")`` applies them); SKIP where this transformers has no such API.
 """
@@ -40,6 +41,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
 import tigon
+from tigon import support
+from tigon.integrations.sequence_parallel import sequence_parallel_hooks
 from tigon.numerics import rel_l2
 from tigon.ops import _dtensor
 
@@ -181,9 +184,11 @@ def train(build, parallelize, patched: bool, *, ctx=contextlib.nullcontext) -> d
 def compare(build, parallelize, *, ctx=contextlib.nullcontext, rtol: float = 1e-5) -> tuple[dict, str]:
     """Train unpatched then patched; assert they agree. Returns the patched run and the measured differences."""
     ref = train(build, parallelize, False, ctx=ctx)
+    support.backend_usage(reset=True)
     with _PlacementSpy() as spy:
         got = train(build, parallelize, True, ctx=ctx)
     got["dtensor_calls"] = spy.calls
+    got["usage"] = {op: sum(n.values()) for op, n in support.backend_usage(reset=True).items()}
     assert all(got["fused"]) and not any(ref["fused"]), (got["fused"], ref["fused"])
     world = dist.get_world_size()
     entry = next(e for e in got["report"].replaced if e.kind == "lm_head_loss")
@@ -244,13 +249,24 @@ def model(build) -> str:
 
 def model_sequence_parallel(build) -> str:
     got, diffs = compare(build, torch_plan("model_sp"))
-    _check_patched(got, ("rms_norm", "mlp", "rope"))
+    _check_patched(got, ("rms_norm", "fused_add_rms_norm", "mlp", "rope"))
     calls = got["dtensor_calls"]
     gathered = [c for c in calls if c[1] != c[2]]
     assert not gathered, f"row-wise ops redistributed their DTensor inputs: {gathered[:3]}"
+    layers = len(build().model.layers)
+    # per step and layer: the input norm, and the residual add + post-attention norm fused (the norm's SequenceParallel
+    # hooks run around it); then the final norm; each on its local tokens
     norms = [c for c in calls if c[0] == "rms_norm" and c[1] == (Shard(1),)]
-    # per step: 2 norms per layer and the final norm, each on its local tokens
-    assert len(norms) == STEPS * (2 * len(build().model.layers) + 1), calls
+    fused = [c for c in calls if c[0] == "fused_add_rms_norm" and c[1] == (Shard(1),)]
+    assert len(norms) == STEPS * (layers + 1) and len(fused) == STEPS * layers, calls
+    assert got["usage"].get("fused_add_rms_norm") == STEPS * layers, got["usage"]  # the op itself ran, no fallback
+    # only torch's SequenceParallel hooks, and nothing else on the norm, are run around the fused op
+    norm = torch_plan("model_sp")(build()).model.layers[0].post_attention_layernorm
+    hooks = sequence_parallel_hooks(norm)
+    assert hooks is not None and hooks.placements == (Shard(1),), hooks
+    handle = norm.register_forward_hook(lambda m, args, out: None)
+    assert sequence_parallel_hooks(norm) is None
+    handle.remove()
     return f"{diffs}, {len(calls)} DTensor row-wise calls on local shards"
 
 
