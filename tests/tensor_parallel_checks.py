@@ -16,7 +16,8 @@ The head (the rest of the model replicated):
 - ``tensor_parallel_rowwise_head_skipped``: a head weight split by the hidden dimension (``Shard(1)``, row-wise):
   the fused loss is skipped with the reason in the report.
 
-The whole decoder (torch's plan: colwise q/k/v/gate/up, rowwise o/down, the embedding rowwise):
+The whole decoder (torch's plan, :func:`tigon.integrations.tp_plan.apply_decoder_tp`: colwise q/k/v/gate/up, rowwise
+o/down, the embedding rowwise):
 
 - ``tensor_parallel_model``: no sequence parallelism (the row-wise ops see plain tensors, some of them a collective's
   result not waited for yet: AsyncCollectiveTensor).
@@ -37,12 +38,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 import tigon
 from tigon import support
 from tigon.integrations.sequence_parallel import sequence_parallel_hooks
+from tigon.integrations.tp_plan import apply_decoder_tp
 from tigon.numerics import rel_l2
 from tigon.ops import _dtensor
 
@@ -61,21 +62,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t.to_local() if isinstance(t, DTensor) else t).detach().clone()
 
 
-def _layer_plan(n_layers: int, sequence_parallel: bool) -> dict:
-    sp_in = {"input_layouts": Shard(1)} if sequence_parallel else {}
-    sp_out = {"output_layouts": Shard(1), "use_local_output": False} if sequence_parallel else {}
-    plan = {}
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
-        plan.update({p + name: ColwiseParallel(**sp_in)
-                     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
-                                  "mlp.up_proj")})
-        plan.update({p + "self_attn.o_proj": RowwiseParallel(**sp_out), p + "mlp.down_proj": RowwiseParallel(**sp_out)})
-        if sequence_parallel:
-            plan.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel()})
-    return plan
-
-
 def torch_plan(kind: str):
     """``parallelize(model)`` applying torch's tensor-parallel plan ``kind`` (module docstring)."""
 
@@ -88,16 +74,8 @@ def torch_plan(kind: str):
         elif kind == "head_tied":
             plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
                     "lm_head": ColwiseParallel(output_layouts=Replicate())}
-        elif kind == "model":
-            plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-                    "lm_head": ColwiseParallel(output_layouts=Replicate()),
-                    **_layer_plan(len(model.model.layers), False)}
-        elif kind == "model_sp":  # torchtitan's plan, the residual stream kept as Shard(1) DTensors
-            plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                                          use_local_output=False),
-                    "model.norm": SequenceParallel(use_local_output=True),  # the head gets its tokens, plain
-                    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-                    **_layer_plan(len(model.model.layers), True)}
+        elif kind in ("model", "model_sp"):  # the library's plan (torchtitan's, the residual stream Shard(1) with SP)
+            return apply_decoder_tp(model, mesh, sequence_parallel=kind == "model_sp")
         else:
             raise ValueError(kind)
         parallelize_module(model, mesh, plan)
