@@ -357,6 +357,7 @@ def main(names: list[str]) -> None:
     for name in TENSOR_PARALLEL:
         checks[name] = lambda fn=getattr(tp, TENSOR_PARALLEL[name]): fn(tp_build)
     checks["compare_ddp"] = lambda: check_compare("ddp")
+    checks["compare_tp"] = lambda: check_compare("tp")
     checks["bench_e2e_fsdp2"] = check_bench_e2e
     for name in names or list(checks):
         start = time.perf_counter()

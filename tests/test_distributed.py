@@ -22,8 +22,10 @@ DeepSpeed ZeRO-3 head (a stand-in here: a ``ds_id`` and a lookup recorder in pla
 inside the head's call, where DeepSpeed's hooks gather it.
 
 ``tigon compare --nproc 2`` (the rank side, tigon.workflows.compare_dist.rank_main, run in the same two processes
-under DDP, on the tiny default model for 2 steps): the JSON report has both ranks' peak memory and tokens/s,
-the reported losses are the ranks' mean, and the patched losses agree with the original ones as in tests/test_compare.py.
+under DDP, and under ``--parallel tp``, on the tiny default model for 2 steps): the JSON report has both ranks' peak
+memory and tokens/s, the reported losses are the ranks' mean, and the patched losses agree with the original ones as in
+tests/test_compare.py; under TP the ranks share one batch (global batch = per-rank batch) and the head's loss is
+vocab-parallel.
 ``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and tokens/s.
 
 Not covered here: NCCL on several GPUs, DeepSpeed itself (tests/test_deepspeed.py, where it is installed), 2-D
@@ -52,7 +54,7 @@ CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "f
           "vocab_parallel_functional", "tensor_parallel_head", "tensor_parallel_head_loss_parallel",
           "tensor_parallel_head_tied", "tensor_parallel_rowwise_head_skipped", "tensor_parallel_model",
           "tensor_parallel_model_sequence_parallel", "tensor_parallel_model_transformers_plan",
-          "compare_ddp", "bench_e2e_fsdp2"]
+          "compare_ddp", "compare_tp", "bench_e2e_fsdp2"]
 # may report SKIP (with the reason) where the installed transformers lacks the API they use
 MAY_SKIP = {"tensor_parallel_model_transformers_plan"}
 
@@ -179,6 +181,28 @@ def test_compare_nproc_2_reports_each_rank(results, compare_dir, parallel):
 
 
 
+def test_compare_nproc_2_tensor_parallel(results, compare_dir):
+    # --parallel tp: the ranks share each step's sequences (one data-parallel share), each holds its slice of the layers
+    import json
+
+    report = json.loads((compare_dir / "compare_tp.json").read_text())
+    assert report["ok"], report.get("status_detail")
+    dist = report["distributed"]
+    assert (dist["parallel"], dist["data_parallel"], dist["tensor_parallel"]) == ("tp", 1, WORLD)
+    assert dist["global_batch_size"] == dist["per_rank_batch_size"] == report["config"]["batch_size"]
+    assert report["data"]["tokens_per_step"] == report["config"]["batch_size"] * report["config"]["seq_len"]
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(WORLD))
+    for r in ranks:
+        assert all(isinstance(v, int) and v >= 0 for v in r["peak_memory_bytes"].values()), r
+        assert all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["loss_original"] == ranks[0]["loss_original"]  # one batch, one loss on every rank
+    assert report["max_rel_loss_diff"] < 1e-5
+    head = next(e for e in report["patch"]["replaced"] if e["kind"] == "lm_head_loss")
+    assert f"vocab-parallel over {WORLD} ranks" in head["detail"], head
+    assert report["backend_usage"]["fused_add_rms_norm"]  # the decoder's patched ops ran under the plan
+
+
 def test_compare_nproc_renders_the_ranks_table(results, compare_dir, capsys):
     import json
 
@@ -224,3 +248,12 @@ def test_run_tensor_parallel_applies_the_head_input_hooks():
     x = torch.randn(2, 4)
     torch.testing.assert_close(run_tensor_parallel(lin, lambda h: h, x), x * 2 + 1)
     assert run_tensor_parallel(torch.nn.Linear(4, 3), lambda h: h, x) is x  # no hook: as it is
+
+
+def test_bench_e2e_takes_only_data_parallel_modes():
+    from tigon.workflows import compare_dist
+    from tigon.workflows.errors import ConfigError
+
+    compare_dist.check_nproc(2, "tp", "cpu")
+    with pytest.raises(ConfigError, match=r"unknown --parallel 'tp' \(choose from ddp, fsdp2\)"):
+        compare_dist.check_nproc(2, "tp", "cpu", compare_dist.DATA_PARALLEL)

@@ -44,21 +44,26 @@ class DistributedRunError(RuntimeError):
     """The ranks launched by :func:`launch` failed without a report (a crash, a lost rank); their output was shown."""
 
 
-PARALLEL = ("ddp", "fsdp2")
-"""How each rank wraps its model when nproc > 1 (:func:`wrap`)."""
+PARALLEL = ("ddp", "fsdp2", "tp")
+"""How each rank wraps its model when nproc > 1 (:func:`wrap`): data parallel ("ddp", "fsdp2": each rank its own
+sequences) or tensor parallel ("tp": the ranks share the sequences, each holds its slice of every layer)."""
+
+DATA_PARALLEL = ("ddp", "fsdp2")
+"""The :data:`PARALLEL` modes where every rank trains on its own sequences (``tigon bench --e2e --nproc`` takes only
+these)."""
 
 
-def check_nproc(nproc, parallel, device_type: str) -> None:
+def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PARALLEL) -> None:
     """Check ``--nproc`` and ``--parallel`` for a run on ``device_type`` ("cpu" or "cuda").
 
     Raises:
-        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of :data:`PARALLEL`, or (CUDA) ``nproc``
+        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of ``choices``, or (CUDA) ``nproc``
             exceeds the visible GPUs (one process per GPU).
     """
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ConfigError(f"--nproc must be an integer >= 1, got {nproc!r}")
-    if parallel not in PARALLEL:
-        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+    if parallel not in choices:
+        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(choices)})")
     if device_type == "cuda" and nproc > torch.cuda.device_count():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise ConfigError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
@@ -163,12 +168,25 @@ def rank_device() -> torch.device:
     return torch.device("cuda", local)
 
 
+def data_parallel(parallel: str, rank: int, world: int) -> tuple[int, int]:
+    """``(data-parallel ranks, this rank's index among them)``: how many different shares of a step's global batch
+    the ranks train on, and which one this rank takes. DDP / FSDP2: every rank its own (world, rank); tensor
+    parallel: one share for all (1, 0)."""
+    return (world, rank) if parallel in DATA_PARALLEL else (1, 0)
+
+
 def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torch.nn.Module:
-    """``model`` (on ``device``) wrapped for data-parallel training.
+    """``model`` (on ``device``) wrapped for data-parallel or tensor-parallel training.
 
     parallel: "ddp": ``DistributedDataParallel`` (``device_ids=[device]`` on CUDA); "fsdp2": ``fully_shard`` on each
         module whose class the model names in ``_no_split_modules`` (Hugging Face's decoder layers), then on the root
-        (so the embeddings, the final norm and the LM head form the root unit), on a 1-D mesh of every rank.
+        (so the embeddings, the final norm and the LM head form the root unit), on a 1-D mesh of every rank; "tp":
+        torch's tensor-parallel plan of the whole decoder and the LM head over every rank
+        (:func:`tigon.integrations.tp_plan.apply_decoder_tp`; Llama's module names), applied before ``tigon.patch``
+        (:func:`tigon.workflows.compare.run_compare` patches the parallelized model).
+
+    Raises:
+        ConfigError: "tp" on a model the plan does not fit (other module names, heads not divisible by the ranks).
     """
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -183,6 +201,15 @@ def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torc
         for module in [m for m in model.modules() if type(m).__name__ in names]:
             fully_shard(module, mesh=mesh)
         return fully_shard(model, mesh=mesh)
+    if parallel == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from ..integrations.tp_plan import apply_decoder_tp
+
+        try:
+            return apply_decoder_tp(model, init_device_mesh(device.type, (dist.get_world_size(),)))
+        except ValueError as e:
+            raise ConfigError(f"--parallel tp: {e}") from None
     raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
 
 
@@ -196,10 +223,11 @@ def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[
     return out
 
 
-def aggregate(runs: list[RunStats]) -> RunStats:
+def aggregate(runs: list[RunStats], replicas: int = 1) -> RunStats:
     """One run's measurements over all ranks: the mean loss of each step, the slowest rank's step times, the global
-    tokens per step and their tokens/s over those step times (first step left out, as for one process), the longest
-    wall time, the largest peak memory (None if a rank has none), the op calls of all ranks."""
+    tokens per step (each rank's tokens, counted once for the ``replicas`` ranks that share them: tensor parallel)
+    and their tokens/s over those step times (first step left out, as for one process), the longest wall time, the
+    largest peak memory (None if a rank has none), the op calls of all ranks."""
     first, n = runs[0], len(runs[0].losses)
     usage: dict[str, dict[str, int]] = {}
     for r in runs:
@@ -211,7 +239,7 @@ def aggregate(runs: list[RunStats]) -> RunStats:
     out = RunStats(
         losses=[sum(r.losses[i] for r in runs) / len(runs) for i in range(n)],
         step_times_s=[max(r.step_times_s[i] for r in runs) for i in range(n)],
-        tokens_per_step=sum(r.tokens_per_step for r in runs),
+        tokens_per_step=sum(r.tokens_per_step for r in runs) // replicas,
         wall_time_s=max(r.wall_time_s for r in runs),
         peak_memory_bytes=None if None in peaks else max(peaks),
         peak_memory_method=first.peak_memory_method,
@@ -228,13 +256,16 @@ def aggregate(runs: list[RunStats]) -> RunStats:
 def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
     """Add the ranks' own measurements and the launch to ``result`` (a CompareResult built from :func:`aggregate`)."""
     world = len(per_rank)
+    dp = data_parallel(cfg.parallel, 0, world)[0]
     result.distributed = {
         "nproc": world,
         "parallel": cfg.parallel,
         "backend": dist.get_backend(),
         "launcher": "torch.distributed.run" if "TORCHELASTIC_RUN_ID" in os.environ else "the caller's process group",
         "per_rank_batch_size": cfg.batch_size,
-        "global_batch_size": cfg.batch_size * world,
+        "global_batch_size": cfg.batch_size * dp,
+        "data_parallel": dp,
+        "tensor_parallel": world // dp,
     }
     result.ranks = [{
         "rank": r["rank"],
@@ -246,10 +277,16 @@ def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
         "loss_patched": p.losses,
     } for r in per_rank for o, p in [r["stats"]]]
     result.peak_memory_method += "; the largest rank's (each rank's under ranks)"
+    if dp == world:
+        share = (f"each on its own {cfg.batch_size} sequences of a global batch of {cfg.batch_size * world}: the losses "
+                 "are the mean of the ranks' losses")
+    else:
+        share = (f"tensor parallel: all on the same {cfg.batch_size} sequences, each holding its slice of every layer "
+                 "and of the LM head (the loss vocabulary-parallel): the losses are the ranks' mean (equal on every "
+                 "rank)")
     result.notes.append(
-        f"{world} processes ({cfg.parallel}, {result.distributed['backend']}), each on its own {cfg.batch_size} "
-        f"sequences of a global batch of {cfg.batch_size * world}: the losses are the mean of the ranks' losses, "
-        "tokens/s the global tokens per second of the slowest rank's step times, peak memory the largest rank's.")
+        f"{world} processes ({cfg.parallel}, {result.distributed['backend']}), {share}, tokens/s the global tokens "
+        "per second of the slowest rank's step times, peak memory the largest rank's.")
 
 
 def _print_progress(*args) -> None:

@@ -323,7 +323,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("lora", cfg.lora_rank)
     _positive("image_tokens", cfg.image_tokens)
-    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device, compare_dist.DATA_PARALLEL)
     if cfg.lora_rank is not None and importlib.util.find_spec("peft") is None:
         raise ConfigError("--lora needs peft (pip install peft)")
     return cfg
