@@ -257,3 +257,31 @@ def test_bench_e2e_takes_only_data_parallel_modes():
     compare_dist.check_nproc(2, "tp", "cpu")
     with pytest.raises(ConfigError, match=r"unknown --parallel 'tp' \(choose from ddp, fsdp2\)"):
         compare_dist.check_nproc(2, "tp", "cpu", compare_dist.DATA_PARALLEL)
+
+
+@pytest.mark.slow
+def test_compare_fsdp2_tp_on_a_2d_mesh_of_four_ranks():
+    # --parallel fsdp2_tp: 4 ranks through torch.distributed.run, a (2 data-parallel x 2 tensor-parallel) mesh; about
+    # 20 s on two cores (its own launch of 4 ranks, so marked slow)
+    from tigon.workflows.compare import CompareConfig, run_compare
+
+    result = run_compare(CompareConfig(nproc=4, parallel="fsdp2_tp", steps=2, device="cpu"))
+    assert result.ok and result.max_rel_loss_diff < 1e-5, result.status_detail
+    dist = result.distributed
+    assert (dist["data_parallel"], dist["tensor_parallel"], dist["global_batch_size"]) == (2, 2, 2 * dist[
+        "per_rank_batch_size"])
+    losses = [r["loss_patched"] for r in result.ranks]
+    assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2]  # one batch per TP group
+    assert all(v > 0 for r in result.ranks for v in r["tokens_per_s"].values())
+    head = next(e for e in result.patch["replaced"] if e["kind"] == "lm_head_loss")
+    assert "vocab-parallel over 2 ranks" in head["detail"], head
+    assert result.data["tokens_per_step"] == dist["global_batch_size"] * result.config["seq_len"]
+
+
+def test_fsdp2_tp_needs_a_2d_mesh():
+    from tigon.workflows import compare_dist
+    from tigon.workflows.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fsdp2_tp needs --nproc a multiple of 2 and at least 4"):
+        compare_dist.check_nproc(2, "fsdp2_tp", "cpu")
+    compare_dist.check_nproc(4, "fsdp2_tp", "cpu")

@@ -87,8 +87,10 @@ class CompareConfig:
         parallel: the same ``batch_size`` sequences on every rank), and rank 0 gathers the result
         (:mod:`tigon.workflows.compare_dist`).
     parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``), "fsdp2" (``fully_shard`` on
-        each decoder layer, then on the root) or "tp" (torch's tensor-parallel plan of the decoder and the LM head,
-        :func:`tigon.integrations.tp_plan.apply_decoder_tp`, the model patched after it). Ignored when ``nproc`` is 1.
+        each decoder layer, then on the root), "tp" (torch's tensor-parallel plan of the decoder and the LM head,
+        :func:`tigon.integrations.tp_plan.apply_decoder_tp`, the model patched after it) or "fsdp2_tp" (that plan in
+        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). Ignored when
+        ``nproc`` is 1.
     """
 
     preset: str | None = None
@@ -428,7 +430,7 @@ def run_compare(
     def make_patched():
         model = copy.deepcopy(base).to(device)
         if tp_first:
-            model = wrap(model)
+            model = wrap(model, stage="tp")
         try:
             patched["report"] = patch_fn(model)
         except (ValueError, TypeError) as e:
@@ -436,7 +438,7 @@ def run_compare(
 
             raise rejected(e) from e
         patched["model"] = model
-        return model if tp_first else wrap(model)
+        return wrap(model, stage="rest") if tp_first else wrap(model)
 
     with frozen_heap():  # fast gc.collect() around the runs
         run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)

@@ -44,9 +44,14 @@ class DistributedRunError(RuntimeError):
     """The ranks launched by :func:`launch` failed without a report (a crash, a lost rank); their output was shown."""
 
 
-PARALLEL = ("ddp", "fsdp2", "tp")
+PARALLEL = ("ddp", "fsdp2", "tp", "fsdp2_tp")
 """How each rank wraps its model when nproc > 1 (:func:`wrap`): data parallel ("ddp", "fsdp2": each rank its own
-sequences) or tensor parallel ("tp": the ranks share the sequences, each holds its slice of every layer)."""
+sequences), tensor parallel ("tp": the ranks share the sequences, each holds its slice of every layer) or both on a
+2-D mesh ("fsdp2_tp": :data:`TP_SIZE` ranks per tensor-parallel group, FSDP2 across the groups)."""
+
+TP_SIZE = 2
+"""Ranks per tensor-parallel group under "fsdp2_tp" (the mesh is (nproc / TP_SIZE, TP_SIZE), dimensions "dp", "tp":
+consecutive ranks share a tensor-parallel group, as on a node's GPUs)."""
 
 DATA_PARALLEL = ("ddp", "fsdp2")
 """The :data:`PARALLEL` modes where every rank trains on its own sequences (``tigon bench --e2e --nproc`` takes only
@@ -64,6 +69,9 @@ def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PA
         raise ConfigError(f"--nproc must be an integer >= 1, got {nproc!r}")
     if parallel not in choices:
         raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(choices)})")
+    if parallel == "fsdp2_tp" and nproc > 1 and (nproc % TP_SIZE or nproc < 2 * TP_SIZE):
+        raise ConfigError(f"--parallel fsdp2_tp needs --nproc a multiple of {TP_SIZE} and at least {2 * TP_SIZE} (a 2-D "
+                          f"mesh of data-parallel x {TP_SIZE} tensor-parallel ranks), got {nproc}")
     if device_type == "cuda" and nproc > torch.cuda.device_count():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise ConfigError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
@@ -171,11 +179,23 @@ def rank_device() -> torch.device:
 def data_parallel(parallel: str, rank: int, world: int) -> tuple[int, int]:
     """``(data-parallel ranks, this rank's index among them)``: how many different shares of a step's global batch
     the ranks train on, and which one this rank takes. DDP / FSDP2: every rank its own (world, rank); tensor
-    parallel: one share for all (1, 0)."""
+    parallel: one share for all (1, 0); both: one share per tensor-parallel group (world / TP_SIZE, rank // TP_SIZE)."""
+    if parallel == "fsdp2_tp":
+        return world // TP_SIZE, rank // TP_SIZE
     return (world, rank) if parallel in DATA_PARALLEL else (1, 0)
 
 
-def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torch.nn.Module:
+def _mesh(device_type: str, parallel: str):
+    """The device mesh of ``parallel`` over the whole group: 1-D, or (world / TP_SIZE, TP_SIZE) named ("dp", "tp")."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if parallel == "fsdp2_tp":
+        return init_device_mesh(device_type, (world // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, (world,))
+
+
+def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device, stage: str = "all") -> torch.nn.Module:
     """``model`` (on ``device``) wrapped for data-parallel or tensor-parallel training.
 
     parallel: "ddp": ``DistributedDataParallel`` (``device_ids=[device]`` on CUDA); "fsdp2": ``fully_shard`` on each
@@ -183,7 +203,10 @@ def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torc
         (so the embeddings, the final norm and the LM head form the root unit), on a 1-D mesh of every rank; "tp":
         torch's tensor-parallel plan of the whole decoder and the LM head over every rank
         (:func:`tigon.integrations.tp_plan.apply_decoder_tp`; Llama's module names), applied before ``tigon.patch``
-        (:func:`tigon.workflows.compare.run_compare` patches the parallelized model).
+        (:func:`tigon.workflows.compare.run_compare` patches the parallelized model); "fsdp2_tp": that plan over each
+        tensor-parallel group (the mesh's "tp" dimension), then FSDP2 as for "fsdp2" over the "dp" dimension.
+    stage: "all"; or for "tp" / "fsdp2_tp" "tp" (the tensor-parallel plan only) then "rest" (the data-parallel
+        wrapping that follows it), so that the model can be patched in between.
 
     Raises:
         ConfigError: "tp" on a model the plan does not fit (other module names, heads not divisible by the ranks).
@@ -192,25 +215,25 @@ def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torc
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if parallel == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        names = set(getattr(model, "_no_split_modules", None) or ())
-        for module in [m for m in model.modules() if type(m).__name__ in names]:
-            fully_shard(module, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    if parallel == "tp":
-        from torch.distributed.device_mesh import init_device_mesh
-
+    if parallel not in PARALLEL:
+        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+    mesh = _mesh(device.type, parallel)
+    if parallel in ("tp", "fsdp2_tp") and stage in ("all", "tp"):
         from ..integrations.tp_plan import apply_decoder_tp
 
         try:
-            return apply_decoder_tp(model, init_device_mesh(device.type, (dist.get_world_size(),)))
+            model = apply_decoder_tp(model, mesh["tp"] if parallel == "fsdp2_tp" else mesh)
         except ValueError as e:
-            raise ConfigError(f"--parallel tp: {e}") from None
-    raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+            raise ConfigError(f"--parallel {parallel}: {e}") from None
+    if parallel in ("fsdp2", "fsdp2_tp") and stage in ("all", "rest"):
+        from torch.distributed.fsdp import fully_shard
+
+        dp = mesh["dp"] if parallel == "fsdp2_tp" else mesh
+        names = set(getattr(model, "_no_split_modules", None) or ())
+        for module in [m for m in model.modules() if type(m).__name__ in names]:
+            fully_shard(module, mesh=dp)
+        model = fully_shard(model, mesh=dp)
+    return model
 
 
 def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[dict[str, Any]]:
@@ -281,9 +304,9 @@ def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
         share = (f"each on its own {cfg.batch_size} sequences of a global batch of {cfg.batch_size * world}: the losses "
                  "are the mean of the ranks' losses")
     else:
-        share = (f"tensor parallel: all on the same {cfg.batch_size} sequences, each holding its slice of every layer "
-                 "and of the LM head (the loss vocabulary-parallel): the losses are the ranks' mean (equal on every "
-                 "rank)")
+        share = (f"tensor parallel in groups of {world // dp}: each group on its own {cfg.batch_size} sequences of a "
+                 f"global batch of {cfg.batch_size * dp}, each rank holding its slice of every layer and of the LM "
+                 "head (the loss vocabulary-parallel): the losses are the ranks' mean (equal within a group)")
     result.notes.append(
         f"{world} processes ({cfg.parallel}, {result.distributed['backend']}), {share}, tokens/s the global tokens "
         "per second of the slowest rank's step times, peak memory the largest rank's.")
