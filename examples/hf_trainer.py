@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 examples/hf_trainer.py                                 # DDP (GPUs, or CPU: gloo)
     accelerate launch --config_file examples/configs/fsdp2.yaml examples/hf_trainer.py  # FSDP2 (GPUs)
     torchrun --nproc-per-node 2 examples/hf_trainer.py --deepspeed examples/configs/zero3.json  # ZeRO-3 (GPUs)
+    deepspeed --num_gpus 2 examples/hf_trainer.py --deepspeed examples/configs/zero3.json   # DeepSpeed's launcher
     ... --original                                                # the unpatched model: compare the logged losses
 
 Several processes: the Trainer (through accelerate) wraps the model as the launcher's settings or ``--deepspeed``
@@ -29,14 +30,25 @@ import transformers
 import tigon
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; ``--local_rank`` (the ``deepspeed`` launcher passes it) sets ``LOCAL_RANK`` where the
+    launcher did not, which the Trainer reads."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", default="llama")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed config (TrainingArguments(deepspeed=...))")
     p.add_argument("--original", action="store_true", help="the unpatched model (the losses to compare)")
-    args = p.parse_args()
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="this process's GPU on its node (set by the deepspeed launcher; torchrun sets LOCAL_RANK)")
+    args = p.parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    return args
+
+
+def main():
+    args = parse_args()
 
     torch.manual_seed(0)  # the same weights on every rank
     auto = transformers.AutoModelForCausalLM if args.original else tigon.AutoModelForCausalLM

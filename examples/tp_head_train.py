@@ -28,31 +28,11 @@ import torch
 import torch.distributed as dist
 import transformers
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 import tigon
-
-
-def plan(model, kind: str) -> dict:
-    """torch's tensor-parallel plan ``kind`` for a Llama (module docstring)."""
-    if kind == "head":
-        return {"lm_head": ColwiseParallel(output_layouts=Replicate())}
-    sp = kind == "sequence-parallel"
-    into = {"input_layouts": Shard(1)} if sp else {}  # the layer's input arrives split over the tokens
-    back = {"output_layouts": Shard(1), "use_local_output": False} if sp else {}
-    out = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), **back),
-           "lm_head": ColwiseParallel(output_layouts=Replicate(), **into)}
-    if sp:
-        out["model.norm"] = SequenceParallel()
-    for i in range(len(model.model.layers)):
-        p = f"model.layers.{i}."
-        out.update({p + f"self_attn.{n}_proj": ColwiseParallel(**into) for n in "qkv"})
-        out.update({p + f"mlp.{n}_proj": ColwiseParallel(**into) for n in ("gate", "up")})
-        out.update({p + "self_attn.o_proj": RowwiseParallel(**back), p + "mlp.down_proj": RowwiseParallel(**back)})
-        if sp:
-            out.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel()})
-    return out
+from tigon.integrations.tp_plan import apply_decoder_tp
 
 
 def main():
@@ -75,8 +55,10 @@ def main():
         from transformers.distributed.tensor_parallel import apply_tensor_parallelism  # transformers 5.x
 
         apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(model.tp_plan))
-    else:
-        parallelize_module(model, mesh, plan(model, args.plan))
+    elif args.plan == "head":
+        parallelize_module(model, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
+    else:  # torch's plan for the whole decoder (tigon.integrations.tp_plan.decoder_tp_plan, applied)
+        apply_decoder_tp(model, mesh, sequence_parallel=args.plan == "sequence-parallel")
     if not args.original:
         report = tigon.patch(model)  # the head's loss: vocabulary-parallel
         if dist.get_rank() == 0:

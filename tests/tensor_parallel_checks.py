@@ -16,14 +16,16 @@ The head (the rest of the model replicated):
 - ``tensor_parallel_rowwise_head_skipped``: a head weight split by the hidden dimension (``Shard(1)``, row-wise):
   the fused loss is skipped with the reason in the report.
 
-The whole decoder (torch's plan: colwise q/k/v/gate/up, rowwise o/down, the embedding rowwise):
+The whole decoder (torch's plan, :func:`tigon.integrations.tp_plan.apply_decoder_tp`: colwise q/k/v/gate/up, rowwise
+o/down, the embedding rowwise):
 
 - ``tensor_parallel_model``: no sequence parallelism (the row-wise ops see plain tensors, some of them a collective's
   result not waited for yet: AsyncCollectiveTensor).
 - ``tensor_parallel_model_sequence_parallel``: ``SequenceParallel`` norms, the residual stream a ``Shard(1)``
   DTensor (token dimension); the final norm hands the head its tokens as a plain local tensor, which the head's
   ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers. Tigon's row-wise ops must run on the local shards: every
-  DTensor they receive is used with its own placements (no redistribution), and the norms see ``Shard(1)``.
+  DTensor they receive is used with its own placements (no redistribution), and the norms, and the residual add fused
+  with the post-attention norm (its ``SequenceParallel`` hooks run around it), see ``Shard(1)``.
 - ``tensor_parallel_model_transformers_plan``: transformers' own ``tp_plan`` for Llama (its tensor-parallel styles,
   applied as ``from_pretrained(tp_plan="auto")`` applies them); SKIP where this transformers has no such API.
 """
@@ -36,10 +38,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel, loss_parallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 import tigon
+from tigon import support
+from tigon.integrations.sequence_parallel import sequence_parallel_hooks
+from tigon.integrations.tp_plan import apply_decoder_tp
 from tigon.numerics import rel_l2
 from tigon.ops import _dtensor
 
@@ -58,21 +62,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t.to_local() if isinstance(t, DTensor) else t).detach().clone()
 
 
-def _layer_plan(n_layers: int, sequence_parallel: bool) -> dict:
-    sp_in = {"input_layouts": Shard(1)} if sequence_parallel else {}
-    sp_out = {"output_layouts": Shard(1), "use_local_output": False} if sequence_parallel else {}
-    plan = {}
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
-        plan.update({p + name: ColwiseParallel(**sp_in)
-                     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
-                                  "mlp.up_proj")})
-        plan.update({p + "self_attn.o_proj": RowwiseParallel(**sp_out), p + "mlp.down_proj": RowwiseParallel(**sp_out)})
-        if sequence_parallel:
-            plan.update({p + "input_layernorm": SequenceParallel(), p + "post_attention_layernorm": SequenceParallel()})
-    return plan
-
-
 def torch_plan(kind: str):
     """``parallelize(model)`` applying torch's tensor-parallel plan ``kind`` (module docstring)."""
 
@@ -85,16 +74,8 @@ def torch_plan(kind: str):
         elif kind == "head_tied":
             plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
                     "lm_head": ColwiseParallel(output_layouts=Replicate())}
-        elif kind == "model":
-            plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-                    "lm_head": ColwiseParallel(output_layouts=Replicate()),
-                    **_layer_plan(len(model.model.layers), False)}
-        elif kind == "model_sp":  # torchtitan's plan, the residual stream kept as Shard(1) DTensors
-            plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                                          use_local_output=False),
-                    "model.norm": SequenceParallel(use_local_output=True),  # the head gets its tokens, plain
-                    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-                    **_layer_plan(len(model.model.layers), True)}
+        elif kind in ("model", "model_sp"):  # the library's plan (torchtitan's, the residual stream Shard(1) with SP)
+            return apply_decoder_tp(model, mesh, sequence_parallel=kind == "model_sp")
         else:
             raise ValueError(kind)
         parallelize_module(model, mesh, plan)
@@ -181,9 +162,11 @@ def train(build, parallelize, patched: bool, *, ctx=contextlib.nullcontext) -> d
 def compare(build, parallelize, *, ctx=contextlib.nullcontext, rtol: float = 1e-5) -> tuple[dict, str]:
     """Train unpatched then patched; assert they agree. Returns the patched run and the measured differences."""
     ref = train(build, parallelize, False, ctx=ctx)
+    support.backend_usage(reset=True)
     with _PlacementSpy() as spy:
         got = train(build, parallelize, True, ctx=ctx)
     got["dtensor_calls"] = spy.calls
+    got["usage"] = {op: sum(n.values()) for op, n in support.backend_usage(reset=True).items()}
     assert all(got["fused"]) and not any(ref["fused"]), (got["fused"], ref["fused"])
     world = dist.get_world_size()
     entry = next(e for e in got["report"].replaced if e.kind == "lm_head_loss")
@@ -244,13 +227,24 @@ def model(build) -> str:
 
 def model_sequence_parallel(build) -> str:
     got, diffs = compare(build, torch_plan("model_sp"))
-    _check_patched(got, ("rms_norm", "mlp", "rope"))
+    _check_patched(got, ("rms_norm", "fused_add_rms_norm", "mlp", "rope"))
     calls = got["dtensor_calls"]
     gathered = [c for c in calls if c[1] != c[2]]
     assert not gathered, f"row-wise ops redistributed their DTensor inputs: {gathered[:3]}"
+    layers = len(build().model.layers)
+    # per step and layer: the input norm, and the residual add + post-attention norm fused (the norm's SequenceParallel
+    # hooks run around it); then the final norm; each on its local tokens
     norms = [c for c in calls if c[0] == "rms_norm" and c[1] == (Shard(1),)]
-    # per step: 2 norms per layer and the final norm, each on its local tokens
-    assert len(norms) == STEPS * (2 * len(build().model.layers) + 1), calls
+    fused = [c for c in calls if c[0] == "fused_add_rms_norm" and c[1] == (Shard(1),)]
+    assert len(norms) == STEPS * (layers + 1) and len(fused) == STEPS * layers, calls
+    assert got["usage"].get("fused_add_rms_norm") == STEPS * layers, got["usage"]  # the op itself ran, no fallback
+    # only torch's SequenceParallel hooks, and nothing else on the norm, are run around the fused op
+    norm = torch_plan("model_sp")(build()).model.layers[0].post_attention_layernorm
+    hooks = sequence_parallel_hooks(norm)
+    assert hooks is not None and hooks.placements == (Shard(1),), hooks
+    handle = norm.register_forward_hook(lambda m, args, out: None)
+    assert sequence_parallel_hooks(norm) is None
+    handle.remove()
     return f"{diffs}, {len(calls)} DTensor row-wise calls on local shards"
 
 

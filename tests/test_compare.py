@@ -85,7 +85,7 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes():
         (dict(dtype="float64"), "dtype"),
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
         (dict(nproc=0), "--nproc must be an integer >= 1"),
-        (dict(nproc=2, parallel="zero3"), "unknown --parallel 'zero3' \\(choose from ddp, fsdp2\\)"),
+        (dict(nproc=2, parallel="zero3"), "unknown --parallel 'zero3' \\(choose from ddp, fsdp2, tp, fsdp2_tp\\)"),
     ],
 )
 def test_bad_config_raises_config_error(kwargs, match):

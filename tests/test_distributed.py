@@ -6,7 +6,9 @@ in the root unit, as its own unit (resharded after the forward, or kept), groupe
 ``fully_shard([norm, output])``), with tied embeddings (patched after wrapping), with gradient checkpointing, the
 head's unit patched after wrapping, and under a bf16 mixed-precision policy; FSDP1 (``FullyShardedDataParallel``,
 ``use_orig_params=True``, a unit per decoder layer) with the head in the root or its own unit (patched before or
-after wrapping; and with ``use_orig_params=False``, the head its own unit or patched after wrapping). Each rank
+after wrapping; and with ``use_orig_params=False``, the head its own unit or patched after wrapping; the head its own
+unit under a bf16 ``MixedPrecision`` of parameters and gradient reduction). Under the mixed-precision policies the
+patched run must also be no less accurate against an fp32 run than the original. Each rank
 compares its losses, its local gradients (FSDP: its shards, reduce-scattered by FSDP) and its parameters; the fused
 LM-head loss must have run (no logits returned), FSDP2 / FSDP1 must have all-gathered as often as for the original
 (no gather of Tigon's own), and a head that is its own unit must be sharded after the forward exactly when the
@@ -20,12 +22,14 @@ DeepSpeed ZeRO-3 head (a stand-in here: a ``ds_id`` and a lookup recorder in pla
 inside the head's call, where DeepSpeed's hooks gather it.
 
 ``tigon compare --nproc 2`` (the rank side, tigon.workflows.compare_dist.rank_main, run in the same two processes
-under DDP, on the tiny default model for 2 steps): the JSON report has both ranks' peak memory and tokens/s,
-the reported losses are the ranks' mean, and the patched losses agree with the original ones as in tests/test_compare.py.
+under DDP, and under ``--parallel tp``, on the tiny default model for 2 steps): the JSON report has both ranks' peak
+memory and tokens/s, the reported losses are the ranks' mean, and the patched losses agree with the original ones as in
+tests/test_compare.py; under TP the ranks share one batch (global batch = per-rank batch) and the head's loss is
+vocab-parallel.
 ``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and tokens/s.
 
-Not covered here: NCCL on several GPUs, DeepSpeed itself (tests/test_deepspeed.py, where it is installed), 2-D
-meshes (FSDP2 + TP).
+Not covered here: NCCL on several GPUs, DeepSpeed itself (tests/test_deepspeed.py, where it is installed). 2-D
+meshes (FSDP2 + TP): ``tigon compare --nproc 4 --parallel fsdp2_tp``, its own 4-rank launch (marked slow).
 """
 
 from __future__ import annotations
@@ -46,11 +50,11 @@ CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "f
           "fsdp_tied_patched_after_wrap",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "fsdp1", "fsdp1_head_unit", "fsdp1_head_unit_patched_after_wrap", "fsdp1_head_unit_flat_params",
-          "fsdp1_flat_params_patched_after_wrap",
+          "fsdp1_flat_params_patched_after_wrap", "fsdp1_head_unit_bf16",
           "vocab_parallel_functional", "tensor_parallel_head", "tensor_parallel_head_loss_parallel",
           "tensor_parallel_head_tied", "tensor_parallel_rowwise_head_skipped", "tensor_parallel_model",
           "tensor_parallel_model_sequence_parallel", "tensor_parallel_model_transformers_plan",
-          "compare_ddp", "bench_e2e_fsdp2"]
+          "compare_ddp", "compare_tp", "bench_e2e_fsdp2"]
 # may report SKIP (with the reason) where the installed transformers lacks the API they use
 MAY_SKIP = {"tensor_parallel_model_transformers_plan"}
 
@@ -177,6 +181,28 @@ def test_compare_nproc_2_reports_each_rank(results, compare_dir, parallel):
 
 
 
+def test_compare_nproc_2_tensor_parallel(results, compare_dir):
+    # --parallel tp: the ranks share each step's sequences (one data-parallel share), each holds its slice of the layers
+    import json
+
+    report = json.loads((compare_dir / "compare_tp.json").read_text())
+    assert report["ok"], report.get("status_detail")
+    dist = report["distributed"]
+    assert (dist["parallel"], dist["data_parallel"], dist["tensor_parallel"]) == ("tp", 1, WORLD)
+    assert dist["global_batch_size"] == dist["per_rank_batch_size"] == report["config"]["batch_size"]
+    assert report["data"]["tokens_per_step"] == report["config"]["batch_size"] * report["config"]["seq_len"]
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(WORLD))
+    for r in ranks:
+        assert all(isinstance(v, int) and v >= 0 for v in r["peak_memory_bytes"].values()), r
+        assert all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["loss_original"] == ranks[0]["loss_original"]  # one batch, one loss on every rank
+    assert report["max_rel_loss_diff"] < 1e-5
+    head = next(e for e in report["patch"]["replaced"] if e["kind"] == "lm_head_loss")
+    assert f"vocab-parallel over {WORLD} ranks" in head["detail"], head
+    assert report["backend_usage"]["fused_add_rms_norm"]  # the decoder's patched ops ran under the plan
+
+
 def test_compare_nproc_renders_the_ranks_table(results, compare_dir, capsys):
     import json
 
@@ -222,3 +248,40 @@ def test_run_tensor_parallel_applies_the_head_input_hooks():
     x = torch.randn(2, 4)
     torch.testing.assert_close(run_tensor_parallel(lin, lambda h: h, x), x * 2 + 1)
     assert run_tensor_parallel(torch.nn.Linear(4, 3), lambda h: h, x) is x  # no hook: as it is
+
+
+def test_bench_e2e_takes_only_data_parallel_modes():
+    from tigon.workflows import compare_dist
+    from tigon.workflows.errors import ConfigError
+
+    compare_dist.check_nproc(2, "tp", "cpu")
+    with pytest.raises(ConfigError, match=r"unknown --parallel 'tp' \(choose from ddp, fsdp2\)"):
+        compare_dist.check_nproc(2, "tp", "cpu", compare_dist.DATA_PARALLEL)
+
+
+@pytest.mark.slow
+def test_compare_fsdp2_tp_on_a_2d_mesh_of_four_ranks():
+    # --parallel fsdp2_tp: 4 ranks through torch.distributed.run, a (2 data-parallel x 2 tensor-parallel) mesh; about
+    # 20 s on two cores (its own launch of 4 ranks, so marked slow)
+    from tigon.workflows.compare import CompareConfig, run_compare
+
+    result = run_compare(CompareConfig(nproc=4, parallel="fsdp2_tp", steps=2, device="cpu"))
+    assert result.ok and result.max_rel_loss_diff < 1e-5, result.status_detail
+    dist = result.distributed
+    assert (dist["data_parallel"], dist["tensor_parallel"], dist["global_batch_size"]) == (2, 2, 2 * dist[
+        "per_rank_batch_size"])
+    losses = [r["loss_patched"] for r in result.ranks]
+    assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2]  # one batch per TP group
+    assert all(v > 0 for r in result.ranks for v in r["tokens_per_s"].values())
+    head = next(e for e in result.patch["replaced"] if e["kind"] == "lm_head_loss")
+    assert "vocab-parallel over 2 ranks" in head["detail"], head
+    assert result.data["tokens_per_step"] == dist["global_batch_size"] * result.config["seq_len"]
+
+
+def test_fsdp2_tp_needs_a_2d_mesh():
+    from tigon.workflows import compare_dist
+    from tigon.workflows.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fsdp2_tp needs --nproc a multiple of 2 and at least 4"):
+        compare_dist.check_nproc(2, "fsdp2_tp", "cpu")
+    compare_dist.check_nproc(4, "fsdp2_tp", "cpu")

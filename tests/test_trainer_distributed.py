@@ -171,3 +171,18 @@ def test_engines_agree(ddp, fsdp2):
 @pytest.mark.parametrize("stage", ["zero3", "zero2"])
 def test_deepspeed_agrees_with_ddp(deepspeed, ddp, stage):
     assert _losses(deepspeed[stage]) == pytest.approx(_losses(ddp["ddp"]), rel=1e-5)
+
+
+def test_hf_trainer_example_takes_the_deepspeed_launchers_local_rank(monkeypatch):
+    # DeepSpeed's launcher (`deepspeed --num_gpus 2 examples/hf_trainer.py ...`) passes --local_rank=N to the script
+    import importlib
+
+    monkeypatch.syspath_prepend(os.path.join(HERE, "..", "examples"))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    example = importlib.import_module("hf_trainer")
+    args = example.parse_args(["--local_rank=1", "--deepspeed", os.path.join(CONFIGS, "zero3.json")])
+    assert args.local_rank == 1 and os.environ["LOCAL_RANK"] == "1"
+    monkeypatch.setenv("LOCAL_RANK", "0")  # the launcher's environment wins where it set one
+    assert example.parse_args(["--local-rank", "1"]).local_rank == 1 and os.environ["LOCAL_RANK"] == "0"
+    assert example.parse_args([]).local_rank is None
+    sys.modules.pop("hf_trainer", None)

@@ -15,6 +15,7 @@ import torch
 from .. import functional as TF
 from .families import DecoderLayerSpec
 from .forwards import _hook_problem, mark, norm_eps, norm_problem
+from .sequence_parallel import fused_add_norm, sequence_parallel_hooks
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,9 +23,11 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     """``forward(self, hidden_states, **kwargs)`` of a pre-norm decoder layer (see :class:`DecoderLayerSpec`) with
     ``residual + attention output`` and the post-attention norm computed by one
     :func:`tigon.functional.fused_add_rms_norm`. The attention gets the caller's keyword arguments as the original
-    passes them (by name; checked by :func:`decoder_layer_problem`). Positional extra arguments, a norm with hooks
-    or another library's instance forward, and residual / attention outputs of different dtypes (autocast with fp32
-    weights: the add promotes) run the original computation.
+    passes them (by name; checked by :func:`decoder_layer_problem`). A post-attention norm with torch's
+    ``SequenceParallel`` hooks gets them run around the fused op (:mod:`tigon.integrations.sequence_parallel`: on each
+    rank's tokens). Positional extra arguments, a norm with other hooks or another library's instance forward, and
+    residual / attention outputs of different dtypes (autocast with fp32 weights: the add promotes) run the original
+    computation.
 
     Gradient checkpointing: transformers versions whose ``GradientCheckpointingLayer`` checkpoints the class's
     ``forward`` (a ``forward_with_checkpointing`` wrapper, 5.2x) would lose it with a replaced forward, so when
@@ -35,26 +38,38 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     norm = spec.norm
     checkpoints_forward = getattr(getattr(original, "__code__", None), "co_name", "") == "forward_with_checkpointing"
 
-    def body(self, hidden_states, **kwargs):
+    def body(self, sp, hidden_states, **kwargs):
         post = getattr(self, spec.post_norm)
         residual = hidden_states
         hidden_states = getattr(self, spec.input_norm)(hidden_states)
         hidden_states, _ = getattr(self, spec.attention)(hidden_states=hidden_states, **kwargs)
-        if hidden_states.dtype != residual.dtype:
+        fused = None
+        if hidden_states.dtype == residual.dtype:
+            options = (getattr(post, norm.weight_attr), norm_eps(post, norm), norm.offset, norm.casting_mode)
+            if sp is None:
+                fused = TF.fused_add_rms_norm(hidden_states, residual, *options)
+            else:  # the norm's SequenceParallel hooks, around the fused op (None: inputs laid out otherwise)
+                fused = fused_add_norm(sp, post, lambda x, r: TF.fused_add_rms_norm(x, r, *options), hidden_states,
+                                       residual)
+        if fused is None:
             hidden_states = residual + hidden_states
             residual = hidden_states
             hidden_states = post(hidden_states)
         else:
-            hidden_states, residual = TF.fused_add_rms_norm(
-                hidden_states, residual, getattr(post, norm.weight_attr), norm_eps(post, norm), norm.offset,
-                norm.casting_mode)
+            hidden_states, residual = fused
         hidden_states = getattr(self, spec.mlp)(hidden_states)
         return residual + hidden_states
 
     @functools.wraps(original)
     def forward(self, hidden_states, *args, **kwargs):
-        if args or _hook_problem(getattr(self, spec.post_norm), tigon_forward_ok=True) is not None:
+        if args:
             return original(self, hidden_states, *args, **kwargs)
+        sp = None
+        post = getattr(self, spec.post_norm)
+        if _hook_problem(post, tigon_forward_ok=True) is not None:
+            sp = sequence_parallel_hooks(post)  # torch's SequenceParallel hooks (and nothing else) are run here
+            if sp is None:
+                return original(self, hidden_states, *args, **kwargs)
         if (checkpoints_forward and getattr(self, "gradient_checkpointing", False) and self.training
                 and torch.is_grad_enabled()):
             if kwargs.get("use_cache"):
@@ -63,8 +78,8 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
                 for name in ("cache", "past_key_values", "layer_past"):
                     if kwargs.get(name) is not None:
                         kwargs[name] = None
-            return self._gradient_checkpointing_func(functools.partial(body, self, **kwargs), hidden_states)
-        return body(self, hidden_states, **kwargs)
+            return self._gradient_checkpointing_func(functools.partial(body, self, sp, **kwargs), hidden_states)
+        return body(self, sp, hidden_states, **kwargs)
 
     # bypasses: the children whose forward the patched layer no longer calls (tigon profile counts calls by it)
     return mark(forward, "fused_add_rms_norm", family, bypasses=(spec.post_norm,))

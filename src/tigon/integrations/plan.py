@@ -60,5 +60,6 @@ def note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchRepo
     elif enabled["rms_norm"]:
         report.notes.append("fused_add_rms_norm: the post-attention norms stay patched as rms_norm too; a fused layer "
                             "computes them with its residual add, and calls them itself only when it falls back "
-                            "(hooks on the norm; residual and attention output of different dtypes, as under "
+                            "(hooks on the norm other than torch's SequenceParallel ones; residual and attention "
+                            "output of different dtypes, as under "
                             "autocast with fp32 weights)")

@@ -83,10 +83,14 @@ class CompareConfig:
     seed: seeds the weights and the batches.
     nproc: processes (ranks), >= 1. 1: one process, as always. N > 1: :func:`run_compare` launches N ranks through
         ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA, one GPU per rank), each trains its copy wrapped as
-        ``parallel`` says on its own ``batch_size`` sequences (the global batch is N x ``batch_size``), and rank 0
-        gathers the result (:mod:`tigon.workflows.compare_dist`).
-    parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``) or "fsdp2" (``fully_shard`` on
-        each decoder layer, then on the root). Ignored when ``nproc`` is 1.
+        ``parallel`` says on its own ``batch_size`` sequences (the global batch is N x ``batch_size``; tensor
+        parallel: the same ``batch_size`` sequences on every rank), and rank 0 gathers the result
+        (:mod:`tigon.workflows.compare_dist`).
+    parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``), "fsdp2" (``fully_shard`` on
+        each decoder layer, then on the root), "tp" (torch's tensor-parallel plan of the decoder and the LM head,
+        :func:`tigon.integrations.tp_plan.apply_decoder_tp`, the model patched after it) or "fsdp2_tp" (that plan in
+        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). Ignored when
+        ``nproc`` is 1.
     """
 
     preset: str | None = None
@@ -404,13 +408,15 @@ def run_compare(
         raise ConfigError(f"the tokenizer produces id {int(tokens.max())} but the model's vocabulary is {vocab}")
     try:
         # N ranks: the global batch of N x batch_size sequences is drawn from the seed, each rank takes its slice
-        batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed)
+        # (tensor parallel: one share, the same rows on every rank)
+        dp, dp_rank = compare_dist.data_parallel(cfg.parallel, rank or 0, world or 1)
+        batches = _data.fixed_batches(tokens, cfg.steps, cfg.batch_size * dp, cfg.seq_len, cfg.seed)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     if is_vision_language(hf_config):  # one random image per sequence, its placeholder tokens ignored by the loss
         batches = [with_images(b, hf_config, seed=cfg.seed + i) for i, b in enumerate(batches)]
     if rank is not None:
-        batches = [take_rows(b, rank * cfg.batch_size, (rank + 1) * cfg.batch_size) for b in batches]
+        batches = [take_rows(b, dp_rank * cfg.batch_size, (dp_rank + 1) * cfg.batch_size) for b in batches]
     wrap = (lambda model: model) if rank is None else functools.partial(compare_dist.wrap, parallel=cfg.parallel,
                                                                          device=device)
 
@@ -419,8 +425,12 @@ def run_compare(
 
     patched: dict[str, Any] = {}
 
+    tp_first = rank is not None and cfg.parallel not in compare_dist.DATA_PARALLEL  # patch the parallelized model
+
     def make_patched():
         model = copy.deepcopy(base).to(device)
+        if tp_first:
+            model = wrap(model, stage="tp")
         try:
             patched["report"] = patch_fn(model)
         except (ValueError, TypeError) as e:
@@ -428,7 +438,7 @@ def run_compare(
 
             raise rejected(e) from e
         patched["model"] = model
-        return wrap(model)
+        return wrap(model, stage="rest") if tp_first else wrap(model)
 
     with frozen_heap():  # fast gc.collect() around the runs
         run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
@@ -456,7 +466,8 @@ def run_compare(
     per_rank = None
     if rank is not None:  # every rank gets every rank's measurements, and reports their aggregate
         per_rank = compare_dist.gather(device, original, patched_stats)
-        original, patched_stats = (compare_dist.aggregate([r["stats"][i] for r in per_rank]) for i in (0, 1))
+        replicas = world // dp  # ranks that train on the same tokens (tensor parallel)
+        original, patched_stats = (compare_dist.aggregate([r["stats"][i] for r in per_rank], replicas) for i in (0, 1))
     result = _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, original, patched_stats,
                      patched["report"], support, vocab)
     if per_rank is not None:

@@ -44,21 +44,34 @@ class DistributedRunError(RuntimeError):
     """The ranks launched by :func:`launch` failed without a report (a crash, a lost rank); their output was shown."""
 
 
-PARALLEL = ("ddp", "fsdp2")
-"""How each rank wraps its model when nproc > 1 (:func:`wrap`)."""
+PARALLEL = ("ddp", "fsdp2", "tp", "fsdp2_tp")
+"""How each rank wraps its model when nproc > 1 (:func:`wrap`): data parallel ("ddp", "fsdp2": each rank its own
+sequences), tensor parallel ("tp": the ranks share the sequences, each holds its slice of every layer) or both on a
+2-D mesh ("fsdp2_tp": :data:`TP_SIZE` ranks per tensor-parallel group, FSDP2 across the groups)."""
+
+TP_SIZE = 2
+"""Ranks per tensor-parallel group under "fsdp2_tp" (the mesh is (nproc / TP_SIZE, TP_SIZE), dimensions "dp", "tp":
+consecutive ranks share a tensor-parallel group, as on a node's GPUs)."""
+
+DATA_PARALLEL = ("ddp", "fsdp2")
+"""The :data:`PARALLEL` modes where every rank trains on its own sequences (``tigon bench --e2e --nproc`` takes only
+these)."""
 
 
-def check_nproc(nproc, parallel, device_type: str) -> None:
+def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PARALLEL) -> None:
     """Check ``--nproc`` and ``--parallel`` for a run on ``device_type`` ("cpu" or "cuda").
 
     Raises:
-        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of :data:`PARALLEL`, or (CUDA) ``nproc``
+        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of ``choices``, or (CUDA) ``nproc``
             exceeds the visible GPUs (one process per GPU).
     """
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ConfigError(f"--nproc must be an integer >= 1, got {nproc!r}")
-    if parallel not in PARALLEL:
-        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+    if parallel not in choices:
+        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(choices)})")
+    if parallel == "fsdp2_tp" and nproc > 1 and (nproc % TP_SIZE or nproc < 2 * TP_SIZE):
+        raise ConfigError(f"--parallel fsdp2_tp needs --nproc a multiple of {TP_SIZE} and at least {2 * TP_SIZE} (a 2-D "
+                          f"mesh of data-parallel x {TP_SIZE} tensor-parallel ranks), got {nproc}")
     if device_type == "cuda" and nproc > torch.cuda.device_count():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise ConfigError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
@@ -163,27 +176,64 @@ def rank_device() -> torch.device:
     return torch.device("cuda", local)
 
 
-def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device) -> torch.nn.Module:
-    """``model`` (on ``device``) wrapped for data-parallel training.
+def data_parallel(parallel: str, rank: int, world: int) -> tuple[int, int]:
+    """``(data-parallel ranks, this rank's index among them)``: how many different shares of a step's global batch
+    the ranks train on, and which one this rank takes. DDP / FSDP2: every rank its own (world, rank); tensor
+    parallel: one share for all (1, 0); both: one share per tensor-parallel group (world / TP_SIZE, rank // TP_SIZE)."""
+    if parallel == "fsdp2_tp":
+        return world // TP_SIZE, rank // TP_SIZE
+    return (world, rank) if parallel in DATA_PARALLEL else (1, 0)
+
+
+def _mesh(device_type: str, parallel: str):
+    """The device mesh of ``parallel`` over the whole group: 1-D, or (world / TP_SIZE, TP_SIZE) named ("dp", "tp")."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if parallel == "fsdp2_tp":
+        return init_device_mesh(device_type, (world // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, (world,))
+
+
+def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device, stage: str = "all") -> torch.nn.Module:
+    """``model`` (on ``device``) wrapped for data-parallel or tensor-parallel training.
 
     parallel: "ddp": ``DistributedDataParallel`` (``device_ids=[device]`` on CUDA); "fsdp2": ``fully_shard`` on each
         module whose class the model names in ``_no_split_modules`` (Hugging Face's decoder layers), then on the root
-        (so the embeddings, the final norm and the LM head form the root unit), on a 1-D mesh of every rank.
+        (so the embeddings, the final norm and the LM head form the root unit), on a 1-D mesh of every rank; "tp":
+        torch's tensor-parallel plan of the whole decoder and the LM head over every rank
+        (:func:`tigon.integrations.tp_plan.apply_decoder_tp`; Llama's module names), applied before ``tigon.patch``
+        (:func:`tigon.workflows.compare.run_compare` patches the parallelized model); "fsdp2_tp": that plan over each
+        tensor-parallel group (the mesh's "tp" dimension), then FSDP2 as for "fsdp2" over the "dp" dimension.
+    stage: "all"; or for "tp" / "fsdp2_tp" "tp" (the tensor-parallel plan only) then "rest" (the data-parallel
+        wrapping that follows it), so that the model can be patched in between.
+
+    Raises:
+        ConfigError: "tp" on a model the plan does not fit (other module names, heads not divisible by the ranks).
     """
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if parallel == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
+    if parallel not in PARALLEL:
+        raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+    mesh = _mesh(device.type, parallel)
+    if parallel in ("tp", "fsdp2_tp") and stage in ("all", "tp"):
+        from ..integrations.tp_plan import apply_decoder_tp
+
+        try:
+            model = apply_decoder_tp(model, mesh["tp"] if parallel == "fsdp2_tp" else mesh)
+        except ValueError as e:
+            raise ConfigError(f"--parallel {parallel}: {e}") from None
+    if parallel in ("fsdp2", "fsdp2_tp") and stage in ("all", "rest"):
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        dp = mesh["dp"] if parallel == "fsdp2_tp" else mesh
         names = set(getattr(model, "_no_split_modules", None) or ())
         for module in [m for m in model.modules() if type(m).__name__ in names]:
-            fully_shard(module, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+            fully_shard(module, mesh=dp)
+        model = fully_shard(model, mesh=dp)
+    return model
 
 
 def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[dict[str, Any]]:
@@ -196,10 +246,11 @@ def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[
     return out
 
 
-def aggregate(runs: list[RunStats]) -> RunStats:
+def aggregate(runs: list[RunStats], replicas: int = 1) -> RunStats:
     """One run's measurements over all ranks: the mean loss of each step, the slowest rank's step times, the global
-    tokens per step and their tokens/s over those step times (first step left out, as for one process), the longest
-    wall time, the largest peak memory (None if a rank has none), the op calls of all ranks."""
+    tokens per step (each rank's tokens, counted once for the ``replicas`` ranks that share them: tensor parallel)
+    and their tokens/s over those step times (first step left out, as for one process), the longest wall time, the
+    largest peak memory (None if a rank has none), the op calls of all ranks."""
     first, n = runs[0], len(runs[0].losses)
     usage: dict[str, dict[str, int]] = {}
     for r in runs:
@@ -211,7 +262,7 @@ def aggregate(runs: list[RunStats]) -> RunStats:
     out = RunStats(
         losses=[sum(r.losses[i] for r in runs) / len(runs) for i in range(n)],
         step_times_s=[max(r.step_times_s[i] for r in runs) for i in range(n)],
-        tokens_per_step=sum(r.tokens_per_step for r in runs),
+        tokens_per_step=sum(r.tokens_per_step for r in runs) // replicas,
         wall_time_s=max(r.wall_time_s for r in runs),
         peak_memory_bytes=None if None in peaks else max(peaks),
         peak_memory_method=first.peak_memory_method,
@@ -228,13 +279,16 @@ def aggregate(runs: list[RunStats]) -> RunStats:
 def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
     """Add the ranks' own measurements and the launch to ``result`` (a CompareResult built from :func:`aggregate`)."""
     world = len(per_rank)
+    dp = data_parallel(cfg.parallel, 0, world)[0]
     result.distributed = {
         "nproc": world,
         "parallel": cfg.parallel,
         "backend": dist.get_backend(),
         "launcher": "torch.distributed.run" if "TORCHELASTIC_RUN_ID" in os.environ else "the caller's process group",
         "per_rank_batch_size": cfg.batch_size,
-        "global_batch_size": cfg.batch_size * world,
+        "global_batch_size": cfg.batch_size * dp,
+        "data_parallel": dp,
+        "tensor_parallel": world // dp,
     }
     result.ranks = [{
         "rank": r["rank"],
@@ -246,10 +300,16 @@ def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
         "loss_patched": p.losses,
     } for r in per_rank for o, p in [r["stats"]]]
     result.peak_memory_method += "; the largest rank's (each rank's under ranks)"
+    if dp == world:
+        share = (f"each on its own {cfg.batch_size} sequences of a global batch of {cfg.batch_size * world}: the losses "
+                 "are the mean of the ranks' losses")
+    else:
+        share = (f"tensor parallel in groups of {world // dp}: each group on its own {cfg.batch_size} sequences of a "
+                 f"global batch of {cfg.batch_size * dp}, each rank holding its slice of every layer and of the LM "
+                 "head (the loss vocabulary-parallel): the losses are the ranks' mean (equal within a group)")
     result.notes.append(
-        f"{world} processes ({cfg.parallel}, {result.distributed['backend']}), each on its own {cfg.batch_size} "
-        f"sequences of a global batch of {cfg.batch_size * world}: the losses are the mean of the ranks' losses, "
-        "tokens/s the global tokens per second of the slowest rank's step times, peak memory the largest rank's.")
+        f"{world} processes ({cfg.parallel}, {result.distributed['backend']}), {share}, tokens/s the global tokens "
+        "per second of the slowest rank's step times, peak memory the largest rank's.")
 
 
 def _print_progress(*args) -> None:

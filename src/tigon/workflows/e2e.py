@@ -306,7 +306,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("image_tokens", cfg.image_tokens)
-    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device)
+    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device, compare_dist.DATA_PARALLEL)
     return cfg
 
 
