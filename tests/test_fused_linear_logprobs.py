@@ -284,7 +284,8 @@ def _sq_error(out, want):
     return rel_l2(out.log_sum_sq_probs, want.log_sum_sq_probs)
 
 
-@pytest.mark.parametrize("v", [101, 157])
+@pytest.mark.parametrize("v", [101, pytest.param(157, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CI time on CPU: 101 runs the same loop (a partial last block)"))])
 @pytest.mark.parametrize("case", list(SQ_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_log_sum_sq_probs_matches_float64(device, dtype, case, v):

@@ -7,6 +7,7 @@ from tigon import support
 from tigon.numerics import assert_close_to_truth, compare
 from tigon.reference.group_norm import group_norm as ref_group_norm
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest
 GRADS = ["X", "affine_scaling_weight", "affine_shifting_bias"]
 
 
@@ -111,8 +112,10 @@ def test_group_norm_many_channels_a_group_few_positions(device, monkeypatch):
     assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, GRADS))
 
 
-@pytest.mark.parametrize("dtype,affine", [(torch.float32, (True, True)), (torch.bfloat16, (False, False)),
-                                          (torch.float32, (True, False))])
+@pytest.mark.parametrize("dtype,affine", [(torch.float32, (True, True)), (torch.bfloat16, (False, False)), pytest.param(
+    torch.float32, (True, False), marks=pytest.mark.skipif(
+        DEVICE == "cpu", reason="CI time on CPU: a weight without bias on the split path is also "
+                                "test_group_norm_without_weight_or_bias[two_launches]; all three on CUDA"))])
 def test_group_norm_large_groups_split_across_programs(device, monkeypatch, dtype, affine):
     # groups larger than a tile (forced to 16 elements): partial moments / gradient sums per tile, reduced a group at
     # a time in steps of 4 partials (several steps), odd sizes (last tiles partly masked), one group of 6 x 37
