@@ -6,9 +6,11 @@ projections, bf16. Times: bytes at an assumed 4.0 TB/s (the H200's HBM3e peak is
 folded GEMM at the 693.7 TFLOP/s bf16 matmul rate measured on the H200 (benchmarks/results/h200, session 13).
 """
 
-import sys
+import argparse
 
-M = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+_p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+_p.add_argument("tokens", nargs="?", type=int, default=4096, help="tokens per step (M)")
+M = _p.parse_args().tokens
 H, I, KV, R, E, LAYERS = 4096, 14336, 1024, 16, 2, 32
 BW, RATE, BK, MIB = 4.0e12, 693.7e12, 64, 2**20
 PROJ = {"q": (H, H), "k": (KV, H), "v": (KV, H), "o": (H, H), "gate": (I, H), "up": (I, H), "down": (H, I)}  # (N, K)

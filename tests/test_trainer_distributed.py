@@ -178,7 +178,8 @@ def test_hf_trainer_example_takes_the_deepspeed_launchers_local_rank(monkeypatch
     import importlib
 
     monkeypatch.syspath_prepend(os.path.join(HERE, "..", "examples"))
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "0")  # recorded, so that teardown restores the caller's (or no) LOCAL_RANK ...
+    monkeypatch.delenv("LOCAL_RANK")  # ... which the example's setdefault below would otherwise leak into later tests
     example = importlib.import_module("hf_trainer")
     args = example.parse_args(["--local_rank=1", "--deepspeed", os.path.join(CONFIGS, "zero3.json")])
     assert args.local_rank == 1 and os.environ["LOCAL_RANK"] == "1"
