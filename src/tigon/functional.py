@@ -39,6 +39,7 @@ from .ops.fused_linear_cross_entropy import fused_linear_cross_entropy
 from .ops.fused_linear_logprobs import fused_linear_logprobs
 from .ops.lora import lora_linear
 from .ops.lora_mlp import lora_glu_mlp, lora_gate_up_mlp  # (the registry order: the exports')
+from .ops.lora_qkv_rope import lora_qkv_rope
 from .ops.divergence import jsd
 from .ops.divergence import kl_div
 from .ops.divergence import tvd

@@ -29,12 +29,17 @@ import torch
 from torch.autograd.function import once_differentiable
 
 
+def linear(x2: torch.Tensor, weight: torch.Tensor, bias, cd: torch.dtype) -> torch.Tensor:
+    """``x2 W^T (+ b)`` (M, N) in ``cd``: the base projection, one matmul (``addmm`` with a bias)."""
+    w_t = weight.to(cd).t()
+    return torch.mm(x2, w_t) if bias is None else torch.addmm(bias.to(cd), x2, w_t)
+
+
 def lora_forward(x2: torch.Tensor, weight, lora_a, lora_b, bias, scaling: float, cd: torch.dtype):
     """``(y, xa)`` for x2 (M, K) in ``cd``: y (M, N) = x2 W^T + b + s (x2 A^T) B^T, xa (M, r) = x2 A^T."""
     with torch.autocast(x2.device.type, enabled=False):
         xa = torch.mm(x2, lora_a.to(cd).t())
-        w_t = weight.to(cd).t()
-        y = torch.mm(x2, w_t) if bias is None else torch.addmm(bias.to(cd), x2, w_t)
+        y = linear(x2, weight, bias, cd)
         y.addmm_(xa, lora_b.to(cd).t(), alpha=scaling)
     return y, xa
 
@@ -61,6 +66,56 @@ def lora_backward(dy2: torch.Tensor, x2, xa, weight, lora_a, lora_b, scaling: fl
         if need_bias:
             dbias = dy2.sum(0)
     return dx, dw, da, db, dbias
+
+
+def stacked_forward(x2: torch.Tensor, projections, cd: torch.dtype):
+    """Several LoRA projections of one input, ``projections`` a sequence of ``(W, A, B, b, s)``: ``(ys, xa, a_cat)``
+    for x2 (M, K) in ``cd``, with ``a_cat = [A_1; A_2; ...]`` (sum r, K) and ``xa = x2 a_cat^T`` (M, sum r), one
+    matmul that reads x once for every low-rank path, and each ``y_i = x2 W_i^T + b_i; y_i += s_i xa_i B_i^T``."""
+    with torch.autocast(x2.device.type, enabled=False):
+        a_cat = torch.cat([a.to(cd) for _, a, _, _, _ in projections])
+        xa = torch.mm(x2, a_cat.t())
+        ys, start = [], 0
+        for weight, a, b, bias, s in projections:
+            y = linear(x2, weight, bias, cd)
+            y.addmm_(xa[:, start:start + a.shape[0]], b.to(cd).t(), alpha=s)
+            ys.append(y)
+            start += a.shape[0]
+    return ys, xa, a_cat
+
+
+def stacked_backward(dys, x2, xa, a_cat, weights, lora_bs, scalings, cd: torch.dtype, need_x: bool, need):
+    """The backward of :func:`stacked_forward` for the output gradients ``dys`` (each (M, N_i), in ``cd``):
+    ``(dx, grads)`` with ``grads[i] = (dW_i, dA_i, dB_i, db_i)``, None where ``need[i]`` (the same four flags) is
+    False, dx None unless ``need_x``.
+
+    ``dxb = [dy_1 (s_1 B_1), dy_2 (s_2 B_2), ...]`` (M, sum r) gives every dA in one matmul, ``dA = dxb^T x2``, and
+    dx is one (M, K) buffer: ``dx = dy_1 W_1; dx += dy_i W_i ...; dx += dxb a_cat`` (``addmm_``), not one gradient
+    per projection summed afterwards."""
+    grads = [[None] * 4 for _ in dys]
+    ranks = [b.shape[1] for b in lora_bs]
+    dx = None
+    with torch.autocast(x2.device.type, enabled=False):
+        if need_x or any(n[1] for n in need):
+            dxb = torch.cat([torch.mm(dy, b.to(cd) * s) for dy, b, s in zip(dys, lora_bs, scalings)], dim=1)
+            if any(n[1] for n in need):
+                for g, n, da in zip(grads, need, torch.mm(dxb.t(), x2).split(ranks)):
+                    g[1] = da if n[1] else None
+        start = 0
+        for g, n, dy, r, s in zip(grads, need, dys, ranks, scalings):
+            if n[2]:
+                g[2] = torch.mm(dy.t(), xa[:, start:start + r] * s)
+            if n[0]:
+                g[0] = torch.mm(dy.t(), x2)
+            if n[3]:
+                g[3] = dy.sum(0)
+            start += r
+        if need_x:
+            dx = torch.mm(dys[0], weights[0].to(cd))
+            for dy, w in zip(dys[1:], weights[1:]):
+                dx.addmm_(dy, w.to(cd))
+            dx.addmm_(dxb, a_cat)
+    return dx, grads
 
 
 class LoRALinearFunction(torch.autograd.Function):

@@ -62,28 +62,18 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .glu import _saved_gate_up, glu_backward, glu_forward
-from .lora import lora_backward, lora_forward
+from .lora import lora_backward, lora_forward, stacked_backward, stacked_forward
 
 N_TENSORS = 13
 """The tensor inputs of :class:`LoRAGLUMLPFunction` (x, the 9 weights and adapters, the 3 biases)."""
 
 
-def _linear(x2: torch.Tensor, weight: torch.Tensor, bias, cd: torch.dtype) -> torch.Tensor:
-    w_t = weight.to(cd).t()
-    return torch.mm(x2, w_t) if bias is None else torch.addmm(bias.to(cd), x2, w_t)
-
-
 def gate_up_forward(x2, gate_weight, gate_a, gate_b, gate_bias, up_weight, up_a, up_b, up_bias, s_g: float,
                     s_u: float, cd: torch.dtype):
-    """``(gate, up, xa, a_gu)`` for x2 (M, H) in ``cd``: the two LoRA projections with one stacked A product."""
-    with torch.autocast(x2.device.type, enabled=False):
-        a_gu = torch.cat([gate_a.to(cd), up_a.to(cd)])
-        xa = torch.mm(x2, a_gu.t())
-        r_g = gate_a.shape[0]
-        gate = _linear(x2, gate_weight, gate_bias, cd)
-        gate.addmm_(xa[:, :r_g], gate_b.to(cd).t(), alpha=s_g)
-        up = _linear(x2, up_weight, up_bias, cd)
-        up.addmm_(xa[:, r_g:], up_b.to(cd).t(), alpha=s_u)
+    """``(gate, up, xa, a_gu)`` for x2 (M, H) in ``cd``: the two LoRA projections with one stacked A product
+    (:func:`tigon.kernels.lora.stacked_forward`)."""
+    (gate, up), xa, a_gu = stacked_forward(x2, ((gate_weight, gate_a, gate_b, gate_bias, s_g),
+                                                (up_weight, up_a, up_b, up_bias, s_u)), cd)
     return gate, up, xa, a_gu
 
 
@@ -155,29 +145,12 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
             dgate, dup, (g[7], g[8], g[9], g[12]) = down_glu_backward(
                 d2, gate, up, pa, down_weight, down_a, down_b, s_d, ctx.activation, cd, need_gate_side,
                 (need[7], need[8], need[9], need[12]))
-            # gate and up
+            # gate and up: one (M, H) dx, one matmul for both A's (stacked_backward)
             if need_gate_side:
-                r_g = gate_b.shape[1]
-                dxb = torch.cat([torch.mm(dgate, gate_b.to(cd) * s_g), torch.mm(dup, up_b.to(cd) * s_u)], dim=1)
-                if need[2] or need[5]:
-                    da_gu = torch.mm(dxb.t(), x2)
-                    g[2], g[5] = da_gu[:r_g], da_gu[r_g:]
-                if need[3]:
-                    g[3] = torch.mm(dgate.t(), xa[:, :r_g] * s_g)
-                if need[6]:
-                    g[6] = torch.mm(dup.t(), xa[:, r_g:] * s_u)
-                if need[1]:
-                    g[1] = torch.mm(dgate.t(), x2)
-                if need[4]:
-                    g[4] = torch.mm(dup.t(), x2)
-                if need[10]:
-                    g[10] = dgate.sum(0)
-                if need[11]:
-                    g[11] = dup.sum(0)
-                if need[0]:
-                    dx = torch.mm(dgate, gate_weight.to(cd))
-                    dx.addmm_(dup, up_weight.to(cd))
-                    dx.addmm_(dxb, a_gu)
+                dx, ((g[1], g[2], g[3], g[10]), (g[4], g[5], g[6], g[11])) = stacked_backward(
+                    (dgate, dup), x2, xa, a_gu, (gate_weight, up_weight), (gate_b, up_b), (s_g, s_u), cd, need[0],
+                    ((need[1], need[2], need[3], need[10]), (need[4], need[5], need[6], need[11])))
+                if dx is not None:
                     g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
         for i in range(1, N_TENSORS):
             if g[i] is not None:

@@ -201,7 +201,7 @@ with tables of one column per rotated dim, ``cos[2i], cos[2i + 1]`` for pair i (
 
 
 def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
-               inplace: bool = False, pairs: int = PAIRS_HALVES, sections=()):
+               inplace: bool = False, pairs: int = PAIRS_HALVES, sections=(), out=None):
     """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, R), R even
@@ -213,10 +213,15 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
     (each row is read before it is written, by the same program), which are returned; q and k must then be
-    separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race.
+    separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race. ``out``: None, or
+    ``(q_out, k_out)`` to write into instead (q's and k's shapes, any strides, not overlapping q or k; the
+    LoRA q / k / v node's backward writes dq, dk into its (tokens, heads x head_dim) buffers this way).
     """
-    qo = (q if inplace else torch.empty_like(q)) if need_q else None
-    ko = (k if inplace else torch.empty_like(k)) if need_k else None
+    if out is not None:
+        qo, ko = (out[0] if need_q else None), (out[1] if need_k else None)
+    else:
+        qo = (q if inplace else torch.empty_like(q)) if need_q else None
+        ko = (k if inplace else torch.empty_like(k)) if need_k else None
     if unsqueeze_dim == 1:  # (B, H, T, D) already: _heads_first's shapes and strides, inline
         (B, HQ, T, D), sq = q.shape, q.stride()
         HKV, sk = k.shape[1], k.stride()

@@ -249,6 +249,14 @@ def _shape(m) -> dict:
             "head_dim": m.head_dim, "rotary_dim": m.rotary_dim or m.head_dim, "theta": m.rope_theta}
 
 
+def rotary_tables(positions: int, dim: int, theta: float, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's rotary tables of positions 0 .. ``positions`` - 1: cos / sin (positions, dim) of ``cat(freqs, freqs)``
+    with ``freqs = t / theta ** (2i / dim)``, in ``dtype`` on ``device``."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    emb = torch.cat((torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq,) * 2, dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
 def _inputs(s: dict, dtype, device, gen, position_table: bool = False) -> dict:
     """q (B, heads, T, head_dim) and k (B, kv_heads, T, head_dim) as HF attention makes them (transposed views of
     the (B, T, H * D) projections), cos / sin (1, T, rotary_dim) HF tables for the model's theta (rotary_dim: the
@@ -258,11 +266,9 @@ def _inputs(s: dict, dtype, device, gen, position_table: bool = False) -> dict:
     b, t, d = s["batch"], s["seq"], s["head_dim"]
     q = randn(gen, (b, t, s["heads"] * d), dtype, device).view(b, t, s["heads"], d).transpose(1, 2)
     k = randn(gen, (b, t, s["kv_heads"] * d), dtype, device).view(b, t, s["kv_heads"], d).transpose(1, 2)
-    d = s.get("rotary_dim", d)
-    inv_freq = 1.0 / s.get("theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    n = t + 5 if position_table else t
-    emb = torch.cat((torch.arange(n, dtype=torch.float32)[:, None] * inv_freq,) * 2, dim=-1)
-    out = dict(q=q, k=k, cos=emb.cos().to(device, dtype), sin=emb.sin().to(device, dtype))
+    cos, sin = rotary_tables(t + 5 if position_table else t, s.get("rotary_dim", d), s.get("theta", 10000.0), dtype,
+                             device)
+    out = dict(q=q, k=k, cos=cos, sin=sin)
     if not position_table:
         return {**out, "cos": out["cos"][None], "sin": out["sin"][None]}
     pos = torch.arange(t)[None, :].repeat(b, 1)
