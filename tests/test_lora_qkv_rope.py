@@ -161,3 +161,83 @@ def test_lora_qkv_rope_bad_input(device):
         TF.lora_qkv_rope(**a, head_dim=8.0)
     with pytest.raises(TypeError, match="k projection: scaling must be a real number"):
         TF.lora_qkv_rope(**a, k_scaling="2")
+
+
+# ---- tigon.patch on PEFT LoRA Llama / Qwen2 ------------------------------------------------------------------------
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+import tigon  # noqa: E402
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def peft_model(family="llama", layers=2, **lora_options):
+    config, model = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+                     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    cfg = config(hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=32)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    base = model(cfg).float()
+    if family == "qwen2":
+        assert base.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q / k / v biases
+    torch.manual_seed(1)  # random B (init_lora_weights=False): with PEFT's B = 0 every gradient of A would be zero
+    lora = peft.LoraConfig(**{**dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
+                                     init_lora_weights=False), **lora_options})
+    return peft.get_peft_model(base, lora)
+
+
+def step(model, ids, checkpointing=False):
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.item(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("family, checkpointing", [("llama", False), ("llama", True), ("qwen2", False),
+                                                   ("qwen2", True), ("mistral", False)])
+def test_patched_attention_loss_and_every_adapter_gradient_match_peft(family, checkpointing):
+    ref_model = peft_model(family)
+    model = copy.deepcopy(ref_model)
+    report = tigon.patch(model)
+    rope = [e for e in report.replaced if e.kind == "rope"]
+    assert len(rope) == 2 and all(e.ops == ("lora_qkv_rope",) and "lora_qkv_rope node" in e.detail for e in rope)
+    assert "lora_qkv_rope" in str(report)
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(2))
+    want_loss, want = step(ref_model, ids, checkpointing)
+    support.backend_usage(reset=True)
+    loss, got = step(model, ids, checkpointing)
+    usage = support.backend_usage()
+    assert sum(usage["lora_qkv_rope"].values()) == 2 * (2 if checkpointing else 1)  # recomputed under checkpointing
+    assert "rope" not in usage  # every rotary call of the model ran inside the fused node
+    assert abs(loss - want_loss) <= 1e-5 * abs(want_loss)
+    assert len(want) == 28 and set(got) == set(want)
+    for name in want:
+        assert rel_l2(got[name], want[name]) < 1e-5, name
+
+
+def test_unfusable_calls_and_forms_fall_back_and_say_why():
+    # Qwen3's q_norm / k_norm between the projections and the rotary: left apart, with the reason
+    report = tigon.patch(peft_model("qwen3", layers=1))
+    (rope,) = [e for e in report.replaced if e.kind == "rope"]
+    assert rope.ops == ("rope",) and "q_norm" in rope.detail
+    assert any("q_norm" in n and "lora_linear, then rope" in n for n in report.notes)
+    # dropout on the adapters: lora_linear refuses those layers, so the node does too
+    report = tigon.patch(peft_model(layers=1, lora_dropout=0.1))
+    (rope,) = [e for e in report.replaced if e.kind == "rope"]
+    assert rope.ops == ("rope",) and "lora_dropout=0.1" in rope.detail
+    # a disabled adapter at call time: the class's forward with its own layers, same loss as the unpatched model's
+    ref_model = peft_model(layers=1)
+    model = copy.deepcopy(ref_model)
+    tigon.patch(model)
+    ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(4))
+    support.backend_usage(reset=True)
+    with model.disable_adapter(), ref_model.disable_adapter(), torch.no_grad():
+        got, want = model(input_ids=ids).logits, ref_model(input_ids=ids).logits
+    assert "lora_qkv_rope" not in support.backend_usage() and "rope" in support.backend_usage()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -106,7 +106,9 @@ def test_profile_replacements_measure_the_lora_mlp_as_one_node():
     kinds, cats, counts, _, paths = P._replacements(hfc, lora_rank=4)
     ops = {k["kind"]: k for k in kinds}
     assert ops["mlp"]["op"] == "lora_glu_mlp" and ops["mlp"]["bypasses"] == {"lora": 3}
+    assert ops["rope"]["op"] == "lora_qkv_rope" and ops["rope"]["bypasses"] == {"lora": 3}  # q / k / v + rotary
     assert ops["lora"]["op"] == "lora_linear" and counts["lora"] == 7
-    assert set(cats["lora"]) == {"lora_glu_mlp", "lora_linear"}
+    assert set(cats["lora"]) == {"lora_glu_mlp", "lora_qkv_rope", "lora_linear"}
     assert sum(k == "mlp" for k in paths["bypassed"].values()) == 3
+    assert sum(k == "rope" for k in paths["bypassed"].values()) == 3
     assert P._replacements(hfc)[0][3]["op"] == "swiglu"  # without LoRA: the MLP's activation, as before

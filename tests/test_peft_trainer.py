@@ -282,9 +282,11 @@ def test_fused_lora_loss_and_every_adapter_gradient_match_peft():
         out = m(input_ids=ids, labels=ids)
         out.loss.backward()
         losses.append(out.loss.item())
-    # q / k / v / o as lora_linear, each layer's LoRA MLP as one lora_glu_mlp node (tests/test_lora_mlp.py)
+    # o as lora_linear, each layer's q / k / v and rotary as one lora_qkv_rope node (tests/test_lora_qkv_rope.py),
+    # each layer's LoRA MLP as one lora_glu_mlp node (tests/test_lora_mlp.py)
     usage = support.backend_usage()
-    assert sum(usage["lora_linear"].values()) == 8 and sum(usage["lora_glu_mlp"].values()) == 2, usage
+    assert sum(usage["lora_linear"].values()) == 2 and sum(usage["lora_glu_mlp"].values()) == 2, usage
+    assert sum(usage["lora_qkv_rope"].values()) == 2 and "rope" not in usage, usage
     assert_losses_match([losses[1]], [losses[0]])
     want, got = _trainable_grads(ref), _trainable_grads(model)
     assert len(want) == 28 and set(got) == set(want)  # A and B of 7 projections x 2 layers
@@ -389,9 +391,10 @@ def test_fused_lora_with_gradient_checkpointing():
     support.backend_usage(reset=True)
     got, _ = train(prepared(True))
     assert_losses_match(got, ref)
-    # q / k / v / o / gate / up (12 layers; down runs as plain matmuls inside the checkpoint) x 3 steps, once in the
-    # forward and once more in the backward's recomputation
-    assert sum(support.backend_usage()["lora_linear"].values()) == 12 * 3 * 2
+    # o / gate / up (6 layers; down runs as plain matmuls inside the checkpoint) and each attention's q / k / v with
+    # its rotary (one lora_qkv_rope node) x 3 steps, once in the forward and once more in the backward's recomputation
+    usage = support.backend_usage()
+    assert sum(usage["lora_linear"].values()) == 6 * 3 * 2 and sum(usage["lora_qkv_rope"].values()) == 2 * 3 * 2
 
 
 def _saved_activation_bytes(model, ids) -> int:

@@ -66,7 +66,7 @@ import torch
 from . import causal_mask, components
 from . import forwards as fw
 from . import persist
-from . import rotary_calls
+from . import lora_qkv, rotary_calls
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
@@ -137,6 +137,7 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     no_rope = 0
     rope_off: dict[str, int] = {}  # RopeSpec.off_config_attr -> attention modules it turns rotary off in
     rope_globals: set[str] = set()  # the rotary globals the planned rope actions dispatch
+    qkv_apart: dict[str, int] = {}  # why attention modules with q / k / v adapters keep them apart -> how many
     for path, m, match in matches:
         kind, cls, comp = match.kind, match.cls, match.comp
         target = path or f"({type(m).__name__})"
@@ -195,10 +196,16 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             if factor < 1.0:
                 detail += (f"; partial rotary (partial_rotary_factor={factor:g}): the first rotary_dim dims of each "
                            "head rotated, the rest passed through, in the same kernel")
+            ops = (op,)
+            qkv = lora_qkv.describe(m, comp, opts.get("lora", True))
+            if qkv is not None:  # q / k / v are adapter layers: one node with the rotary, or why not
+                ops, detail = qkv[0] or ops, f"{detail}; {qkv[1]}"
+                if not qkv[0]:
+                    qkv_apart[qkv[1]] = qkv_apart.get(qkv[1], 0) + 1
             rope = RopeTarget(match.family_module, comp.function, family, comp.partial_rotary, comp.layout,
                               comp.head_axis)
             rope_globals.add(f"{match.family_module}.{comp.function}")
-            actions.append(Action(PatchEntry(kind, target, detail, (op,)), _rope_instance_apply(m, fn, rope)))
+            actions.append(Action(PatchEntry(kind, target, detail, ops), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
         if problem is not None:
@@ -214,6 +221,8 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
     for attr, n in rope_off.items():
         report.notes.append(f"rope: config.{attr} is set: {n} attention module(s) use no rotary embedding (e.g. "
                             "Falcon's ALiBi biases instead); nothing to patch there")
+    for why, n in qkv_apart.items():
+        report.notes.append(f"rope: {n} attention module(s): {why}; each runs lora_linear, then rope")
     if rope_globals:
         report.notes.append(
             f"rope: {', '.join(sorted(rope_globals))} is a dispatcher while patched models are alive; it runs "

@@ -129,6 +129,12 @@ class RopeSpec:
         one its forward calls (:mod:`tigon.integrations.rotary_calls`), and those absent from the module are ignored.
     head_axis: where the heads are in q and k for a layout whose function does not say (``"complex"``: 1 for
         DeepSeek-V2's (B, H, T, D), 2 for Llama 4's (B, T, H, D)).
+    qkv: the attention classes' q, k and v projection attributes. When all three are fused adapter layers (PEFT
+        LoRA) and the class's forward begins with HF Llama's form (``self.<q>(hidden_states).view(hidden_shape)
+        .transpose(1, 2)`` for q, k, v, then ``<function>(query_states, key_states, cos, sin)``; checked against
+        its source, :mod:`tigon.integrations.lora_qkv`), the projections and the rotary run as one
+        :attr:`AdapterSpec.qkv_rope_op` node; other forms (Qwen3's q_norm / k_norm in between) keep them apart,
+        with the reason in the report.
     """
 
     function: str = "apply_rotary_pos_emb"
@@ -139,6 +145,7 @@ class RopeSpec:
     partial_rotary: bool = False
     alternatives: tuple[tuple[str, str], ...] = ()
     head_axis: int = 1
+    qkv: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
 
     def candidates(self) -> tuple[RopeSpec, ...]:
         """This spec's function, then each of :attr:`alternatives`, as single-function specs."""
@@ -283,7 +290,9 @@ class AdapterSpec:
     are reported as skipped. mlp_op: the :mod:`tigon.functional` op that runs a patched gated MLP whose gate, up and
     down projections are all fused layers of this kind as one node (:mod:`tigon.integrations.lora_mlp`), or None.
     gate_up_op: the op for a gated MLP with one fused gate-up projection (Phi-3, GLM-4: ``MLPSpec.gate_up``) whose
-    gate-up and down projections are such layers, or None.
+    gate-up and down projections are such layers, or None. qkv_rope_op: the op that runs an attention's q, k, v
+    projections (all layers of this kind) and its rotate-half rotary as one node (:mod:`tigon.integrations.lora_qkv`),
+    or None.
     """
 
     kind: str
@@ -292,10 +301,11 @@ class AdapterSpec:
     base_class: str
     mlp_op: str | None = None
     gate_up_op: str | None = None
+    qkv_rope_op: str | None = None
 
 
 PEFT_LORA = AdapterSpec("lora", "peft.tuners.lora.layer", "Linear", "LoraLayer", mlp_op="lora_glu_mlp",
-                        gate_up_op="lora_gate_up_mlp")
+                        gate_up_op="lora_gate_up_mlp", qkv_rope_op="lora_qkv_rope")
 ADAPTERS: tuple[AdapterSpec, ...] = (PEFT_LORA,)
 """The adapter layers :func:`tigon.patch` fuses (see :mod:`tigon.integrations.lora`)."""
 

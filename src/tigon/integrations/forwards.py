@@ -532,6 +532,38 @@ def _rope_scope_active() -> bool:
     return getattr(_scope, "depth", 0) > 0
 
 
+def handed_output(module, x):
+    """The output a fused attention node already computed for ``module(x)`` (one of the q / k / v projections it
+    replaced, :func:`tigon.integrations.lora_qkv.call`), taken once; None for any other call. Asked by every patched
+    LoRA layer's forward: one thread-local read when no hand-over is pending."""
+    handed = getattr(_scope, "handed", None)
+    if not handed:
+        return None
+    slot = handed.get(id(module))
+    if slot is None or slot[0] is not x:
+        return None
+    del handed[id(module)]
+    return slot[1]
+
+
+def _same_view(a, b: torch.Tensor) -> bool:
+    return (isinstance(a, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+def _rotated_already(args: tuple, kwargs: dict) -> bool:
+    """Whether this rotary call is on the q and k a fused attention node already rotated, with its cos and sin
+    (then taken: the next call rotates)."""
+    rotated = getattr(_scope, "rotated", None)
+    if rotated is None or kwargs or len(args) != 4:
+        return False
+    q, k, cos, sin = rotated
+    if args[2] is cos and args[3] is sin and _same_view(args[0], q) and _same_view(args[1], k):
+        _scope.rotated = None
+        return True
+    return False
+
+
 def rope_dispatcher(original, family: str, switch):
     """A drop-in for the module-global rotary function that routes to Tigon's rotary op of the function's layout
     (``switch.layout``, see :mod:`tigon.integrations.rotary_layouts`: :func:`tigon.functional.rope`,
@@ -540,13 +572,16 @@ def rope_dispatcher(original, family: str, switch):
 
     Calls it cannot serve (extra positional arguments such as the old ``position_ids``; cos / sin narrower than the
     head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
-    ops do; tables of another shape than the layout's) go to ``original`` as well.
+    ops do; tables of another shape than the layout's) go to ``original`` as well. q and k that a fused attention
+    node (:mod:`tigon.integrations.lora_qkv`) already rotated are returned as they are.
     """
     from .rotary_layouts import tigon_call
 
     @functools.wraps(original)
     def apply_rotary_pos_emb(*args, **kwargs):
         if switch.class_level or _rope_scope_active():
+            if _rotated_already(args, kwargs):
+                return args[0], args[1]
             out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
             if out is not None:
                 return out
@@ -556,12 +591,21 @@ def rope_dispatcher(original, family: str, switch):
 
 
 @functools.lru_cache(maxsize=None)
-def attention_forward(family: str, original, target=None):
+def attention_forward(family: str, original, target=None, qkv=None):
     """Instance forward for attention modules: ``original`` (the class's forward), run inside the rotary scope.
 
     ``target``: a :class:`~tigon.integrations.rotary_switch.RopeTarget` whose ``ensure(self)`` is called first
     (outside ``torch.compile``), so that copies of patched modules find their rotary dispatcher installed.
+    ``qkv``: the :class:`~tigon.integrations.families.RopeSpec` whose q / k / v projections, when they are fused
+    adapter layers, run with the rotary as one node (:func:`tigon.integrations.lora_qkv.call`; only for a forward
+    of HF Llama's form, :func:`~tigon.integrations.lora_qkv.form_problem`), or None.
     """
+    lora_qkv = None
+    if qkv is not None:
+        from . import lora_qkv  # (it imports this module)
+
+        if lora_qkv.form_problem(original, qkv) is not None:
+            lora_qkv = None
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
@@ -569,8 +613,11 @@ def attention_forward(family: str, original, target=None):
             target.ensure(self)
         _scope.depth = getattr(_scope, "depth", 0) + 1
         try:
+            if lora_qkv is not None:
+                return lora_qkv.call(self, qkv, original, args, kwargs)
             return original(self, *args, **kwargs)
         finally:
             _scope.depth -= 1
 
-    return mark(forward, "rope", family)
+    # qkv: the projections a fused q / k / v node does not call (tigon profile counts calls by it)
+    return mark(forward, "rope", family, **({"qkv": qkv.qkv} if lora_qkv is not None else {}))

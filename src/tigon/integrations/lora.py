@@ -29,7 +29,7 @@ import torch
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec
-from .forwards import _hook_problem, mark
+from .forwards import _hook_problem, handed_output, mark
 from .generic import Match
 
 
@@ -134,6 +134,9 @@ def lora_forward(spec: AdapterSpec, family: str, original):
 
     @functools.wraps(original)
     def forward(self, x, *args, **kwargs):
+        handed = None if (args or kwargs) else handed_output(self, x)  # from the attention's q / k / v node
+        if handed is not None:
+            return handed
         name = None if (args or kwargs) else _fused_adapter(self, x)
         if name is None:
             return original(self, x, *args, **kwargs)

@@ -55,7 +55,7 @@ def build(recipe: Recipe, original):
     if recipe.kind == "rope":
         c = recipe.comp
         target = RopeTarget(recipe.family_module, c.function, recipe.family, c.partial_rotary, c.layout, c.head_axis)
-        fn = fw.attention_forward(recipe.family, original, target)
+        fn = fw.attention_forward(recipe.family, original, target, c if c.layout == "rotate_half" else None)
     else:
         fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts)
     if getattr(fn, RECIPE, None) is None:  # the factories cache their functions: the first recipe is as good

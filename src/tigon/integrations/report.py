@@ -21,7 +21,8 @@ KIND_NOTES = {
     "lm_head_loss": "lm_head_loss: the fused path applies in training with labels (logits=None then); without labels "
                     "or in eval the original forward runs.",
     "lora": "lora: each fused PEFT LoRA layer runs tigon.functional.lora_linear (base matmul and adapter in one node); "
-            "in an MLP that runs as one LoRA node (mlp: lora_glu_mlp / lora_gate_up_mlp) its projections are not "
+            "in an MLP that runs as one LoRA node (mlp: lora_glu_mlp / lora_gate_up_mlp), or an attention whose "
+            "q / k / v run with its rotary as one (rope: lora_qkv_rope), those projections are not "
             "called on their own.",
 }
 """Patch kind -> what ``tigon inspect`` tells a user about it when the model has it."""

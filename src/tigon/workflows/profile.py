@@ -312,7 +312,8 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     modules of that kind the replacement no longer calls (the mark's ``bypasses`` children). paths: ``{"targets":
     {module path: kind}, "bypassed": {path of a bypassed module: the kind that bypasses it}}`` (for
     :func:`tigon.workflows.profile_attrib.in_step_host`). ``lora_rank``: PEFT wraps the model first; MLPs that all
-    run as one LoRA node are measured as that op, and the LoRA layers inside such a node count as bypassed."""
+    run as one LoRA node, and attentions whose q / k / v run with the rotary as one, are measured as that op, and
+    the LoRA layers inside such a node count as bypassed."""
     from ..integrations.engine import PATCH_KEYWORDS
     from ..integrations.families import ADAPTERS, kind_op
     from ..integrations.forwards import tigon_mark
@@ -321,6 +322,7 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     from .dry_run import PatchRejected, dry_run
 
     lora_mlp_ops = {a.mlp_op for a in ADAPTERS} | {a.gate_up_op for a in ADAPTERS}
+    lora_qkv_ops = {a.qkv_rope_op for a in ADAPTERS} - {None}  # an attention's q / k / v and rotary as one node
     ran: dict[str, set] = {}  # kind -> the op tuples its replacements declare
     bypass: dict[str, dict[str, int]] = {}
     paths: dict[str, dict[str, str]] = {"targets": {}, "bypassed": {}}
@@ -335,9 +337,12 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
                     m = model.get_submodule(e.target)
                 except AttributeError:
                     continue
-                children = (tigon_mark(m.__dict__.get("forward")) or {}).get("bypasses", ())
+                mk = tigon_mark(m.__dict__.get("forward")) or {}
+                children = mk.get("bypasses", ())
                 if e.ops and e.ops[0] in lora_mlp_ops:  # the LoRA MLP's node runs its projections' adapters
                     children = tuple(n for n, _ in m.named_children())
+                elif e.ops and e.ops[0] in lora_qkv_ops:  # the attention's node runs q / k / v's adapters
+                    children = mk.get("qkv", ())
                 for child in children:
                     if (k := kind_of.get(f"{e.target}.{child}")) is not None:
                         paths["bypassed"][f"{e.target}.{child}"] = e.kind
@@ -349,7 +354,7 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     kinds, cats = [], {}
     for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
         declared = [op for ops in ran.get(kind, ()) for op in ops]
-        op = declared[0] if len(declared) == 1 and declared[0] in lora_mlp_ops else kind_op(kind, hfc)
+        op = declared[0] if len(declared) == 1 and declared[0] in lora_mlp_ops | lora_qkv_ops else kind_op(kind, hfc)
         if op in specs:
             kinds.append({"kind": kind, "op": op, "keyword": PATCH_KEYWORDS.get(kind, kind), "calls": counts[kind],
                           "bypasses": bypass.get(kind, {})})
