@@ -168,8 +168,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 import tigon  # noqa: E402
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from test_lora_mlp import TARGETS, step  # noqa: E402  (a training step: loss and every trainable gradient)
 
 
 def peft_model(family="llama", layers=2, **lora_options):
@@ -185,18 +184,8 @@ def peft_model(family="llama", layers=2, **lora_options):
     if family == "qwen2":
         assert base.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's q / k / v biases
     torch.manual_seed(1)  # random B (init_lora_weights=False): with PEFT's B = 0 every gradient of A would be zero
-    lora = peft.LoraConfig(**{**dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
-                                     init_lora_weights=False), **lora_options})
-    return peft.get_peft_model(base, lora)
-
-
-def step(model, ids, checkpointing=False):
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
-    return out.loss.item(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    options = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
+    return peft.get_peft_model(base, peft.LoraConfig(**{**options, **lora_options}))
 
 
 @pytest.mark.parametrize("family, checkpointing", [("llama", False), ("llama", True), ("qwen2", False),

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
-import textwrap
 
 import torch
 
 from .. import functional as TF
 from .families import DecoderLayerSpec
 from .forwards import _hook_problem, mark, norm_eps, norm_problem
+from .rotary_calls import forward_statements
 from .sequence_parallel import fused_add_norm, sequence_parallel_hooks
 
 
@@ -96,13 +95,10 @@ def _layer_template(spec: DecoderLayerSpec) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _forward_form_problem(forward, spec: DecoderLayerSpec) -> str | None:
     """Why ``forward``'s source is not the pre-norm form of ``spec`` (None when it is)."""
-    try:
-        fn = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return "its forward's source cannot be read, so its form cannot be checked"
-    if not isinstance(fn, ast.FunctionDef):
-        return "its forward is not a plain function"
-    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    parsed = forward_statements(forward)
+    if isinstance(parsed, str):
+        return parsed
+    fn, body = parsed
     lines = [ast.unparse(s) for s in body]
     call = None
     for i, line in enumerate(lines):

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import sys
-import textwrap
 
 import torch
 
@@ -43,6 +41,7 @@ from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec, RopeSpec
 from .forwards import _hook_problem, _scope, tigon_mark
 from .lora import _fused_adapter, lora_problem
+from .rotary_calls import forward_statements
 
 
 def _template(spec: RopeSpec) -> list[str]:
@@ -61,14 +60,11 @@ def form_problem(forward, spec: RopeSpec) -> str | None:
     ``spec``'s projections and function (see the module docstring), or None when it does."""
     if spec.layout != "rotate_half":
         return f"its rotary layout is {spec.layout!r}; the fused node rotates the rotate-half layout"
-    try:
-        fn = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return "its forward's source cannot be read, so its form cannot be checked"
-    if not isinstance(fn, ast.FunctionDef):
-        return "its forward is not a plain function"
+    parsed = forward_statements(forward)
+    if isinstance(parsed, str):
+        return parsed
+    fn, body = parsed
     params = [a.arg for a in fn.args.args[1:3]]
-    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     lines = [ast.unparse(s) for s in body[:7]]
     template = _template(spec)
     if params == ["hidden_states", "position_embeddings"] and lines == template:

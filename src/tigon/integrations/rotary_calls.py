@@ -134,6 +134,18 @@ def reach(module, function: str) -> Reach | None:
     return Reach(frozenset(called), tuple(decided))
 
 
+def forward_statements(forward) -> tuple[ast.FunctionDef, list[ast.stmt]] | str:
+    """The syntax tree of the function ``forward`` (a class's, read from its source) and its statements without
+    docstrings, or a string saying why it cannot be read."""
+    try:
+        fn = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return "its forward's source cannot be read, so its form cannot be checked"
+    if not isinstance(fn, ast.FunctionDef):
+        return "its forward is not a plain function"
+    return fn, [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+
+
 def _forward(cls: type):
     """``cls.forward`` without its decorators (``functools.wraps`` chains), or None."""
     fn = getattr(cls, "forward", None)

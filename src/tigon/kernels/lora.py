@@ -118,6 +118,15 @@ def stacked_backward(dys, x2, xa, a_cat, weights, lora_bs, scalings, cd: torch.d
     return dx, grads
 
 
+def in_dtypes(grads: list, dtypes: tuple, start: int) -> list:
+    """``grads`` with each tensor from index ``start`` on cast to its parameter's dtype, ``dtypes[i - start]``
+    (recorded in the forward; None entries stay None)."""
+    for i in range(start, len(grads)):
+        if grads[i] is not None:
+            grads[i] = grads[i].to(dtypes[i - start])
+    return grads
+
+
 class LoRALinearFunction(torch.autograd.Function):
     """autograd node; ``apply(x, weight, lora_a, lora_b, bias, scaling, cd)`` with x (..., K): y (..., N) in ``cd``.
     Saves x (in ``cd``), xa = x A^T and the parameters (by reference); see the module docstring."""

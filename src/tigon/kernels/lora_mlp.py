@@ -62,7 +62,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .glu import _saved_gate_up, glu_backward, glu_forward
-from .lora import lora_backward, lora_forward, stacked_backward, stacked_forward
+from .lora import in_dtypes, lora_backward, lora_forward, stacked_backward, stacked_forward
 
 N_TENSORS = 13
 """The tensor inputs of :class:`LoRAGLUMLPFunction` (x, the 9 weights and adapters, the 3 biases)."""
@@ -152,10 +152,7 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
                     ((need[1], need[2], need[3], need[10]), (need[4], need[5], need[6], need[11])))
                 if dx is not None:
                     g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
-        for i in range(1, N_TENSORS):
-            if g[i] is not None:
-                g[i] = g[i].to(ctx.dtypes[i - 1])
-        return (*g, None, None, None, None, None)
+        return (*in_dtypes(g, ctx.dtypes, 1), None, None, None, None, None)
 
 
 GATE_UP_TENSORS = 9
@@ -211,7 +208,4 @@ class LoRAGateUpMLPFunction(torch.autograd.Function):
                                                            cd, (need[0], need[1], need[2], need[3], need[7]))
                 if dx is not None:
                     g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
-        for i in range(1, GATE_UP_TENSORS):
-            if g[i] is not None:
-                g[i] = g[i].to(ctx.dtypes[i - 1])
-        return (*g, None, None, None, None)
+        return (*in_dtypes(g, ctx.dtypes, 1), None, None, None, None)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .lora import stacked_backward, stacked_forward
+from .lora import in_dtypes, stacked_backward, stacked_forward
 from .rope import rope_apply
 
 N_TENSORS = 15
@@ -99,7 +99,4 @@ class LoRAQKVRoPEFunction(torch.autograd.Function):
             g[3 + 3 * p], g[4 + 3 * p], g[5 + 3 * p], g[12 + p] = dw, da, db, dbias
         if dx is not None:
             g[0] = dx.view(ctx.x_shape).to(ctx.x_dtype)
-        for i in range(3, N_TENSORS):
-            if g[i] is not None:
-                g[i] = g[i].to(ctx.dtypes[i - 3])
-        return (*g, None, None, None, None, None)
+        return (*in_dtypes(g, ctx.dtypes, 3), None, None, None, None, None)
