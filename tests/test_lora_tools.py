@@ -64,7 +64,8 @@ def test_with_lora_adapts_phi3s_fused_projections():
 def test_verify_lora_adds_the_lora_ops_the_model_runs():
     cfg = V.resolve_config(V.VerifyConfig(lora_rank=4, dtypes=["float32"], device="cpu"))
     assert cfg.model == "tiny" and cfg.model_ops
-    assert {"lora_linear", "lora_glu_mlp"} <= set(cfg.ops) and "swiglu" not in cfg.ops
+    assert {"lora_linear", "lora_glu_mlp", "lora_qkv_rope"} <= set(cfg.ops) and "swiglu" not in cfg.ops
+    assert "rope" not in cfg.ops  # every attention runs its rotary inside lora_qkv_rope
     assert "lora_linear" not in V.resolve_config(V.VerifyConfig(model="tiny", device="cpu")).ops
 
 
