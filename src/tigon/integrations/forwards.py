@@ -132,10 +132,13 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
         name, where = spec.activation, "probed activation"
     else:
         config = module.__dict__.get("config") or getattr(module, "config", None)
-        # the config's own dict first, read past PretrainedConfig.__getattribute__ (its attribute_map aliases: ~1 us
-        # and three Python frames per read, ``config.__dict__`` included); an aliased name is then read by getattr
-        name = (object.__getattribute__(config, "__dict__").get(spec.act_config_attr)
-                or getattr(config, spec.act_config_attr, None) if config is not None else None)
+        # the config's own dict first, read past PretrainedConfig.__getattribute__ in eager mode (its attribute_map
+        # aliases: ~1 us and three Python frames per read, ``config.__dict__`` included; dynamo cannot trace
+        # object.__getattribute__, and its trace runs once); an aliased name is then read by getattr
+        own = (None if config is None else config.__dict__ if support.dynamo_compiling()
+               else object.__getattribute__(config, "__dict__"))
+        name = (own.get(spec.act_config_attr) or getattr(config, spec.act_config_attr, None)
+                if config is not None else None)
         where = f"config.{spec.act_config_attr}"
         if name is None and config is None:  # a module without config (Qwen2.5-VL's vision MLP): its act_fn's class
             name, where = _activation_name(getattr(module, "act_fn", None)), "the class of its act_fn"
