@@ -17,6 +17,10 @@ ranges of torch ops elsewhere); beside it Hugging Face's ``lm_head`` + fp32 cros
 chunks whose buffer is smaller than grad_weight (the halves and their in-place cast, as at Llama-3-8B's head at
 16384 tokens).
 
+``ops``: one forward + backward of rms_norm, fused_add_rms_norm, swiglu, rope and fused_linear_cross_entropy
+(:func:`op_cases`), beside the harness's own share (a ``sum`` and its backward); ``tests/test_call_cache.py`` holds
+their Python calls to a budget.
+
 ``layer``: one decoder layer of a tiny Qwen2 and a tiny Llama (bf16, (2, 16) tokens), Hugging Face's against
 ``tigon.patch``'s with the kernels at every size (``TIGON_HOST_BOUND_ELEMENTS=0``: the MLP takes the kernels as at
 Qwen2.5-0.5B's 4 x 1024 tokens on the GPU), its output summed and back-propagated; the functions whose calls
@@ -64,9 +68,10 @@ class _NoLaunch:
         return launch
 
 
-def stub_launches() -> None:
+def stub_launches(set_attr=setattr) -> None:
     """Replace every Triton kernel of Tigon's kernel modules with a counting no-op (the CUDA path's launch sites
-    look kernels up as module globals at call time), and the CPU-only target-range check (the CUDA path skips it)."""
+    look kernels up as module globals at call time), and the CPU-only target-range check (the CUDA path skips it).
+    ``set_attr``: how (a test passes ``monkeypatch.setattr``, which puts them back after it)."""
     import importlib
     import pkgutil
 
@@ -80,8 +85,8 @@ def stub_launches() -> None:
         mod = importlib.import_module(f"tigon.kernels.{info.name}")
         for name in dir(mod):
             if isinstance(getattr(mod, name), (JITFunction, InterpretedFunction)):
-                setattr(mod, name, _NoLaunch(name))
-    rce.check_target_range = lambda *a, **k: None
+                set_attr(mod, name, _NoLaunch(name))
+    set_attr(rce, "check_target_range", lambda *a, **k: None)
 
 
 _LIB: list = []
@@ -208,6 +213,38 @@ def flce_cases() -> dict:
             "flce tigon 4 chunks fwd+bwd": tigon_chunks}
 
 
+def op_cases() -> dict:
+    """One forward + backward of each hot op of a decoder layer through :mod:`tigon.functional` (bf16, small shapes:
+    the host path does not depend on them), every input that can take a gradient taking one."""
+    import tigon.functional as F
+
+    torch.manual_seed(0)
+    bf = dict(dtype=torch.bfloat16, requires_grad=True)
+    x, w, r = torch.randn(64, 128, **bf), torch.randn(128, **bf), torch.randn(64, 128, **bf)
+    gate, up = torch.randn(64, 256, **bf), torch.randn(64, 256, **bf)
+    q, k = torch.randn(2, 4, 16, 32, **bf), torch.randn(2, 2, 16, 32, **bf)
+    cos, sin = torch.randn(2, 16, 32, dtype=torch.bfloat16), torch.randn(2, 16, 32, dtype=torch.bfloat16)
+    leaves = (x, w, r, gate, up, q, k)
+
+    def step(fn):
+        def run():
+            out = fn()
+            out = sum(o.float().sum() for o in out) if isinstance(out, tuple) else out.float().sum()
+            out.backward()
+            for t in leaves:
+                t.grad = None
+        return run
+
+    cases = {"op rms_norm fwd+bwd": step(lambda: F.rms_norm(x, w)),
+             "op fused_add_rms_norm fwd+bwd": step(lambda: F.fused_add_rms_norm(x, r, w)),
+             "op swiglu fwd+bwd": step(lambda: F.swiglu(gate, up)),
+             "op rope fwd+bwd": step(lambda: F.rope(q, k, cos, sin)),
+             "op torch (the harness: a sum and its backward) fwd+bwd": step(lambda: x * 1)}
+    flce = flce_cases()["flce tigon fwd+bwd"]
+    cases["op fused_linear_cross_entropy fwd+bwd"] = flce
+    return cases
+
+
 def _layer(family: str, patched: bool):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -220,7 +257,12 @@ def _layer(family: str, patched: bool):
     model = model_cls(cfg).to(torch.bfloat16)
     if patched:
         tigon.patch(model)
+        PATCHED.append(model)
     return model
+
+
+PATCHED: list = []
+"""The models :func:`layer_cases` patched (a caller that goes on running, such as a test, unpatches them)."""
 
 
 def layer_cases() -> dict:
@@ -314,6 +356,8 @@ def main(argv=None) -> None:
     stub_launches()
     cases = {}
     wanted = args.cases.split(",")
+    if "ops" in wanted:
+        cases.update(op_cases())
     if "flce" in wanted:
         cases.update(flce_cases())
     if "layer" in wanted:

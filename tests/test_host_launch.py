@@ -12,6 +12,8 @@ import pytest
 
 from tigon.kernels import _common
 
+_HOOKS_ACTIVE = _common._launch_hooks_active  # (the real one: the fixture below replaces it)
+
 
 class FakeCompiled:
     def __init__(self, log):
@@ -52,6 +54,7 @@ def direct(monkeypatch):
     monkeypatch.setattr(_common, "_current_stream", lambda device: 77)
     monkeypatch.setattr(_common, "_direct_broken", [])
     monkeypatch.setattr(_common, "_launch_hooks_active", lambda: False)
+    monkeypatch.setattr(_common, "_HOOK_CHAINS", [])  # (so the replacement above is asked at every launch)
 
 
 def test_on_by_default_off_by_env_and_under_the_interpreter(monkeypatch):
@@ -92,6 +95,7 @@ def test_hooks_and_callable_grids_take_kernel_grid(direct, monkeypatch):
     monkeypatch.setattr(_common, "_launch_hooks_active", lambda: True)  # a profiler's launch hook
     _common.launch(k, (3,), 5, 6, BLOCK=4)
     monkeypatch.setattr(_common, "_launch_hooks_active", lambda: False)
+    monkeypatch.setattr(_common, "_HOOK_CHAINS", [])  # (so the replacement above is asked at every launch)
     _common.launch(k, lambda meta: (3,), 5, 6, BLOCK=4)
     k.pre_run_hooks.append(print)
     _common.launch(k, (3,), 5, 6, BLOCK=4)
@@ -136,3 +140,69 @@ def test_one_stand_in_per_kernel(direct):
     via[(3,)](5, 6, BLOCK=4)
     via[(2,)](5, 6, BLOCK=4)
     assert [e[0] for e in k.log] == ["jit", "direct"] and k.log[1][1][:3] == (2, 1, 1)
+
+
+def test_a_registered_triton_launch_hook_takes_kernel_grid(monkeypatch):
+    """The real check (triton.knobs.runtime's HookChains, read inline once seen): a hook added after direct launches
+    began sends the next launch through ``kernel[grid]``, and removing it brings the direct path back."""
+    from triton import knobs
+
+    monkeypatch.setenv("TIGON_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(_common, "_current_device", lambda: 0)
+    monkeypatch.setattr(_common, "_current_stream", lambda device: 77)
+    monkeypatch.setattr(_common, "_direct_broken", [])
+    k = FakeKernel()
+    for _ in range(2):
+        _common.launch(k, (3,), 5, 6, BLOCK=4)
+    hook = lambda *a, **kw: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        _common.launch(k, (3,), 5, 6, BLOCK=4)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    _common.launch(k, (3,), 5, 6, BLOCK=4)
+    assert [e[0] for e in k.log] == ["jit", "direct", "jit", "direct"]
+
+
+def test_grids_are_remembered_per_kernel_and_bounded(direct, monkeypatch):
+    k = FakeKernel()
+    via = _common.launcher(k)
+    assert via[(3,)] is via[(3,)]  # a C dict lookup once seen (no Python frame)
+    monkeypatch.setattr(_common, "MAX_GRIDS", 4)
+    for g in range(10):
+        via[(g,)](5, 6, BLOCK=4)
+    assert len(via) <= 4
+    grid = lambda meta: (3,)  # noqa: E731 - a callable grid: not kept, launched through kernel[grid]
+    via[grid](5, 6, BLOCK=4)
+    assert grid not in via and k.log[-1][0] == "jit"
+
+
+def test_python_frames_per_direct_launch(direct, monkeypatch):
+    """The host budget of a launch on the CUDA path: ``launcher(kernel)[grid](*args)`` of a kernel launched before
+    runs two of Tigon's Python frames (:func:`launcher` and ``_launch_direct``; Triton's binder is the fake's here) and
+    no other (the device, the stream and the launch hooks are read without a call of Tigon's)."""
+    import sys
+
+    monkeypatch.setattr(_common, "_current_device", int)  # C callables, as torch's own are on CUDA: no frame
+    monkeypatch.setattr(_common, "_current_stream", abs)
+    monkeypatch.setattr(_common, "_launch_hooks_active", _HOOKS_ACTIVE)
+    monkeypatch.setattr(_common, "interpreter_enabled", _common._INTERPRETER_ENABLED)  # launcher's inline reads
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    k = FakeKernel()
+    for _ in range(2):
+        _common.launcher(k)[(3,)](5, 6, BLOCK=4)
+    assert _HOOKS_ACTIVE() is False and _common._HOOK_CHAINS  # the chains seen: read inline from now on
+    frames = []
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == _common.__file__:
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        _common.launcher(k)[(3,)](5, 6, BLOCK=4)
+    finally:
+        sys.setprofile(None)
+    assert frames == ["launcher", "_launch_direct"]
+    assert k.log[-1][0] == "direct"

@@ -106,6 +106,15 @@ _ZERO = _raw_key("0")
 """The switches read on every op call, as stored in the encoded mapping: compared there without decoding the value
 (a decode is a Python-level call, ~0.3 us), the same answers as :func:`_env`'s decoded strings."""
 
+# ``torch.compiler.is_compiling()`` is two Python frames (it asks ``torch.jit.is_scripting()`` first, which matters
+# only inside TorchScript, where Tigon's ops never run). The per-call paths (an op's cache of validated calls, the
+# patched forwards, the backward's gradient-ownership check) ask ``dynamo_compiling() or COMPILER._is_compiling_flag``
+# instead, one frame: dynamo folds ``is_dynamo_compiling()`` to True while it traces (so the flag, which dynamo would
+# otherwise read as a guarded constant, is never read there), and the flag is the rest of is_compiling's answer
+# (torch.export's non-strict tracing, dynamo's compilation). tests/test_call_cache.py checks the two agree.
+dynamo_compiling = torch.compiler.is_dynamo_compiling
+COMPILER = torch.compiler
+
 
 def host_bound_elements(default: int) -> int:
     """The host-bound threshold of a patched module (:attr:`tigon.ops.OpSpec.host_bound_elements`): ``default`` (the
@@ -211,7 +220,8 @@ def switches():
     key). None where a call must take its full path instead: under torch.compile (dynamo traces the op; the choice
     is made once per trace), while a :func:`force_reference` context is open in any thread, or with ``os.environ``
     replaced (a test's mock)."""
-    if torch.compiler.is_compiling() or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON:
+    if (dynamo_compiling() or COMPILER._is_compiling_flag  # (torch.compiler.is_compiling(), see dynamo_compiling)
+            or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON):
         return None
     return _ENV_DATA.get(_K_INTERPRET), _ENV_DATA.get(_K_DISABLE)
 

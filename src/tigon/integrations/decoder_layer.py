@@ -35,6 +35,7 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     in ``__call__``, around any forward.
     """
     norm = spec.norm
+    eps_attr = norm.eps_attr if isinstance(norm.eps_attr, str) else None  # (one name: read inline)
     checkpoints_forward = getattr(getattr(original, "__code__", None), "co_name", "") == "forward_with_checkpointing"
 
     def body(self, sp, hidden_states, **kwargs):
@@ -44,7 +45,8 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
         hidden_states, _ = getattr(self, spec.attention)(hidden_states=hidden_states, **kwargs)
         fused = None
         if hidden_states.dtype == residual.dtype:
-            options = (getattr(post, norm.weight_attr), norm_eps(post, norm), norm.offset, norm.casting_mode)
+            eps = getattr(post, eps_attr, None) if eps_attr is not None else norm_eps(post, norm)  # (norm_eps inline)
+            options = (getattr(post, norm.weight_attr), eps, norm.offset, norm.casting_mode)
             if sp is None:
                 fused = TF.fused_add_rms_norm(hidden_states, residual, *options)
             else:  # the norm's SequenceParallel hooks, around the fused op (None: inputs laid out otherwise)

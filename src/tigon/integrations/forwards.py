@@ -132,8 +132,12 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
         name, where = spec.activation, "probed activation"
     else:
         config = module.__dict__.get("config") or getattr(module, "config", None)
-        # the config's own dict first: PretrainedConfig.__getattribute__ (attribute_map aliases) costs ~1 us a read
-        name = (config.__dict__.get(spec.act_config_attr) or getattr(config, spec.act_config_attr, None)
+        # the config's own dict first, read past PretrainedConfig.__getattribute__ in eager mode (its attribute_map
+        # aliases: ~1 us and three Python frames per read, ``config.__dict__`` included; dynamo cannot trace
+        # object.__getattribute__, and its trace runs once); an aliased name is then read by getattr
+        own = (None if config is None else config.__dict__ if support.dynamo_compiling()
+               else object.__getattribute__(config, "__dict__"))
+        name = (own.get(spec.act_config_attr) or getattr(config, spec.act_config_attr, None)
                 if config is not None else None)
         where = f"config.{spec.act_config_attr}"
         if name is None and config is None:  # a module without config (Qwen2.5-VL's vision MLP): its act_fn's class
@@ -210,15 +214,16 @@ def _hook_problem(module, tigon_forward_ok: bool = False) -> str | None:
     return None
 
 
-def fold_problem(module) -> str | None:
+def fold_problem(module, hooks_checked: bool = False) -> str | None:
     """Why ``module`` cannot be folded into :func:`tigon.functional.glu_linear` (None when it can, with the same
     result as calling it): it must be exactly an ``nn.Linear`` (not PEFT LoRA or a quantised layer), without forward
     or backward hooks of its own or global ones and without an instance-level ``forward`` (FSDP2 sharding the layer by
     itself, accelerate offloading, user hooks: the folded call would skip them), with plain-tensor parameters (no
-    DTensor) off the meta device."""
+    DTensor) off the meta device. ``hooks_checked``: the caller knows it has no hooks and no instance-level forward
+    (:func:`_no_hooks`)."""
     if type(module) is not torch.nn.Linear:
         return f"{type(module).__module__}.{type(module).__qualname__}, not a plain torch.nn.Linear"
-    problem = _hook_problem(module)
+    problem = None if hooks_checked else _hook_problem(module)
     if problem is not None:
         return problem
     for p in module.__dict__["_parameters"].values():
@@ -237,6 +242,22 @@ _META_PROBLEM = "its parameters are on the meta device"
 def foldable_linear(module) -> bool:
     """Whether ``module`` can be folded into :func:`tigon.functional.glu_linear` (see :func:`fold_problem`)."""
     return fold_problem(module) is None
+
+
+def _no_hooks(*modules) -> bool:
+    """Whether none of ``modules`` has hooks of its own or an instance-level ``forward``, and no global module hooks
+    are registered: :func:`_hook_problem` is None for each (the usual case, asked in one call instead of one per
+    module; False says nothing, ask :func:`_hook_problem`)."""
+    m = _MODULE
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
+        return False
+    for module in modules:
+        d = module.__dict__
+        if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
+                or "forward" in d):
+            return False
+    return True
 
 
 def _outputs_private(*modules) -> bool:
@@ -260,11 +281,14 @@ def under_checkpoint() -> bool:
     down projection's matmul, recomputed for nothing: 32 x (8192 x 14336 x 4096) per step, 50 ms of 905, on a
     Llama-3-8B step on the H200). Not asked under torch.compile (the compiler decides what is saved there).
     """
-    if torch.compiler.is_compiling():
+    if support.dynamo_compiling() or support.COMPILER._is_compiling_flag:  # (torch.compiler.is_compiling())
         return False
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    hooks = top(False) if top is not None else None
+    top = _TOP_SAVED_HOOKS
+    hooks = top(False) if top is not None else None  # (the innermost saved-tensor hooks, or None)
     return bool(hooks) and getattr(hooks[0], "__module__", None) == "torch.utils.checkpoint"
+
+
+_TOP_SAVED_HOOKS = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
 def _lora_mlp():
@@ -278,7 +302,8 @@ def _on_compiled_gpu(x: torch.Tensor) -> bool:
     """Whether the kernels would run compiled on a CUDA GPU for ``x`` in eager mode (where the host-bound choice of
     :func:`host_bound` applies; under the interpreter or torch.compile the kernels' host cost is not what it
     saves)."""
-    return x.is_cuda and not torch.compiler.is_compiling() and not support.interpreter_enabled()
+    return (x.is_cuda and not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag)  # (is_compiling())
+            and not support.interpreter_enabled())
 
 
 def _intermediate(module, spec: MLPSpec) -> int | None:
@@ -354,18 +379,20 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             return original(self, x, *args, **kwargs)
         gate_up = spec.gate_up is not None
         proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
-        adapter = (tigon_mark(proj[0].__dict__.get("forward")) or {}).get("adapter")
+        own = proj[0].__dict__.get("forward")  # (an adapter layer's forward is set on the instance)
+        adapter = (tigon_mark(own) or {}).get("adapter") if own is not None else None
         if adapter is not None and (adapter.gate_up_op if gate_up else adapter.mlp_op) is not None:
             out = _lora_mlp().fused_call(self, spec, act, x)
             if out is not None:
                 return out
         gate, up = proj[0](x).chunk(2, dim=-1) if gate_up else (proj[0](x), proj[1](x))
-        inplace = _outputs_private(*proj)
         down = getattr(self, spec.down)
+        plain = _no_hooks(*proj, down)  # the usual case, in one call: no _hook_problem per module below
+        inplace = plain or _outputs_private(*proj)
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
             return down(_glu(act, gate, up, inplace, gm)) * dm
-        if fold_problem(down) is None and not under_checkpoint():  # (foldable_linear)
+        if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint():  # (foldable_linear)
             return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
         return down(_glu(act, gate, up, inplace, gm, dm))
@@ -528,10 +555,6 @@ def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
 _scope = threading.local()
 
 
-def _rope_scope_active() -> bool:
-    return getattr(_scope, "depth", 0) > 0
-
-
 def handed_output(module, x):
     """The output a fused attention node already computed for ``module(x)`` (one of the q / k / v projections it
     replaced, :func:`tigon.integrations.lora_qkv.call`), taken once; None for any other call. Asked by every patched
@@ -579,7 +602,7 @@ def rope_dispatcher(original, family: str, switch):
 
     @functools.wraps(original)
     def apply_rotary_pos_emb(*args, **kwargs):
-        if switch.class_level or _rope_scope_active():
+        if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
             if _rotated_already(args, kwargs):
                 return args[0], args[1]
             out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
@@ -609,8 +632,8 @@ def attention_forward(family: str, original, target=None, qkv=None):
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
-        if target is not None and not torch.compiler.is_compiling():
-            target.ensure(self)
+        if target is not None and not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag):
+            target.ensure(self)  # (outside torch.compiler.is_compiling(), see support.dynamo_compiling)
         _scope.depth = getattr(_scope, "depth", 0) + 1
         try:
             if lora_qkv is not None:

@@ -163,16 +163,14 @@ def _direct_off() -> bool:
     return data.get(support._K_DIRECT) == support._ZERO
 
 
-_CUDA_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)  # (absent from CPU builds)
-
-
-def _current_device() -> int:
-    # torch.cuda.current_device() without its _lazy_init call: launches run on CUDA tensors, so CUDA is initialised
-    return _CUDA_GET_DEVICE() if _CUDA_GET_DEVICE is not None else torch.cuda.current_device()
-
-
-def _current_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)
+# _current_device / _current_stream: torch's C functions themselves where the build has them (no Python frame per
+# launch); module globals, read by _launch_direct at each launch (a test replaces them).
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+"""torch.cuda.current_device() without its _lazy_init call: launches run on CUDA tensors, so CUDA is initialised."""
+if _current_device is None:  # a CPU build (no launch ever reaches it)
+    _current_device = torch.cuda.current_device
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+"""``_current_stream(device)``: the raw CUDA stream handle the launcher takes."""
 
 
 _knobs_runtime: list = []
@@ -180,14 +178,23 @@ _knobs_runtime: list = []
 
 def _launch_hooks_active() -> bool:
     """Whether a Triton launch hook is registered (a profiler): those launches go through ``kernel[grid]``. Hooks are
-    ``HookChain`` objects in triton 3.6 and 3.9 (registered: a non-empty ``calls``), None or a function before."""
+    ``HookChain`` objects in triton 3.6 and 3.9 (registered: a non-empty ``calls``), None or a function before.
+    :func:`_launch_direct` asks :data:`_HOOK_CHAINS` first."""
     if not _knobs_runtime:
         from triton import knobs
 
         _knobs_runtime.append(knobs.runtime)
     rt = _knobs_runtime[0]
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    if not _HOOK_CHAINS and type(getattr(enter, "calls", None)) is list and type(getattr(leave, "calls", None)) is list:
+        _HOOK_CHAINS.extend((rt, enter, leave))
     return bool(getattr(enter, "calls", enter is not None) or getattr(leave, "calls", leave is not None))
+
+
+_HOOK_CHAINS: list = []
+"""(triton.knobs.runtime, its launch_enter_hook, its launch_exit_hook) once :func:`_launch_hooks_active` has seen
+HookChains there: :func:`_launch_direct` then reads their ``calls`` lists inline (one Python frame less per launch)
+while the runtime still holds those two objects, and asks :func:`_launch_hooks_active` otherwise."""
 
 
 def launcher(kernel):
@@ -211,18 +218,30 @@ _VIA_ATTR = "_tigon_direct_via"
 """The attribute of a kernel holding its stand-in (made once; on the kernel, as :data:`_DIRECT_ATTR`)."""
 
 
-class _DirectLauncher:
-    """``kernel[grid](*args, **kwargs)`` through :func:`launch`."""
+class _DirectLauncher(dict):
+    """``kernel[grid](*args, **kwargs)`` through :func:`launch`: indexed by a grid, the launch function of that grid,
+    ``functools.partial(_launch_direct, kernel, grid)`` (:func:`launcher` checked that direct launching is on: not
+    asked again per launch). A dict of the grids seen, so that indexing one seen before is a C lookup, not a Python
+    ``__getitem__`` frame per launch (``__missing__`` runs on a new grid only); emptied past :data:`MAX_GRIDS` (grids
+    follow the token count: a run of many sequence lengths must not grow it without bound)."""
 
     __slots__ = ("kernel",)
 
     def __init__(self, kernel):
+        super().__init__()
         self.kernel = kernel
 
-    def __getitem__(self, grid):
-        # (:func:`launcher` checked that direct launching is on: not asked again per launch; a partial, not a lambda:
-        # no Python frame of its own)
-        return functools.partial(_launch_direct, self.kernel, grid)
+    def __missing__(self, grid):
+        run = functools.partial(_launch_direct, self.kernel, grid)  # (a partial: no Python frame of its own)
+        if type(grid) is tuple:  # (a callable grid is not kept: it may be a new closure per launch)
+            if len(self) >= MAX_GRIDS:
+                self.clear()
+            self[grid] = run
+        return run
+
+
+MAX_GRIDS = 64
+"""Grids remembered per kernel by :class:`_DirectLauncher`."""
 
 
 def launch(kernel, grid: tuple, *args, **kwargs):
@@ -249,11 +268,15 @@ def _launch_direct(kernel, grid, *args, **kwargs):
     except Exception as e:  # noqa: BLE001 - any difference in Triton's private objects: the public path from now on
         _turn_off_direct(f"binding the arguments failed ({type(e).__name__}: {e})")
         return kernel[grid](*args, **kwargs)
-    if entry is None or _launch_hooks_active():
-        compiled = kernel[grid](*args, **kwargs)
-        if entry is None:
-            _remember(kernel, key, compiled)
-        return compiled
+    # (_launch_hooks_active(), its HookChains' lists read inline once seen: one Python frame less per launch)
+    hooks = _HOOK_CHAINS
+    if (entry is None or not hooks or hooks[0].launch_enter_hook is not hooks[1]
+            or hooks[0].launch_exit_hook is not hooks[2] or hooks[1].calls or hooks[2].calls):
+        if entry is None or _launch_hooks_active():
+            compiled = kernel[grid](*args, **kwargs)
+            if entry is None:
+                _remember(kernel, key, compiled)
+            return compiled
     run, function, metadata = entry
     n = len(grid)
     run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _current_stream(device), function, metadata,
@@ -332,6 +355,14 @@ def once_differentiable(backward):
         return backward(ctx, *grads)
 
     return wrapper
+
+
+def first_order(backward, ctx, *grads):
+    """:func:`once_differentiable` without its wrapper's Python frame on the usual backward, for the hot ops: their
+    backward begins ``if torch.is_grad_enabled(): return first_order(<Function>.backward, ctx, *grads)`` (grad mode
+    is on only under ``create_graph=True``), which runs it through torch's ``once_differentiable``: under no_grad (so
+    the second entry takes the usual path), a second differentiation raising."""
+    return torch.autograd.function.once_differentiable(backward)(ctx, *grads)
 
 
 def as_rows(x: torch.Tensor, name: str) -> torch.Tensor:

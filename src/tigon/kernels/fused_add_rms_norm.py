@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
-from .grad_ownership import owns_grad, prepare
+from ._common import CUSTOM_OP_TAGS, first_order, if_wanted, or_empty, rows_of
+from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 from .rms_norm import output_dtype
 
@@ -75,17 +75,18 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, casting_mode, in_place=False):
-        if in_place and any(ctx.needs_input_grad[:3]):
+        if in_place and any(ctx.needs_input_grad[:3]) and x.device.type not in MEASURED:
             prepare(x.device)  # (once per process and device type)
         y, s, rstd = fused_add_rms_norm_forward(x, residual, weight, eps, offset, casting_mode)
-        ctx.save_for_backward(s, weight, rstd)
-        ctx.set_materialize_grads(False)
+        # (ctx.save_for_backward(...) and ctx.set_materialize_grads(False), inline: all they do; two frames less)
+        ctx.to_save, ctx.materialize_grads = (s, weight, rstd), False
         ctx.offset, ctx.in_place = offset, in_place
         return y, s
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy, ds):
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(FusedAddRMSNormFunction.backward, ctx, dy, ds)
         s, weight, rstd = ctx.saved_tensors
         need_x, need_r, need_w = ctx.needs_input_grad[:3]
         if dy is None:  # y unused: s = x + residual passes s's gradient (possibly None too) to both

@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, first_order, if_wanted, num_items_tensor, or_empty
 from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
@@ -293,14 +293,16 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             out += (acc,)
         if want_pred:
             out += (pred,)
-        ctx.mark_non_differentiable(*out[1:])
-        # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
-        ctx.set_materialize_grads(False)
+        # ctx.mark_non_differentiable(*out[1:]) and ctx.set_materialize_grads(False), inline (all they do; two Python
+        # frames less): z_loss and accuracy get no gradient, and no zeros are materialised for them (two fills per
+        # backward)
+        ctx.non_differentiable, ctx.materialize_grads = out[1:], False
         return out
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, grad_loss, *_unused):
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(FusedLinearCrossEntropyFunction.backward, ctx, grad_loss, *_unused)
         none = (None,) * 5
         if grad_loss is None or not any(ctx.need):
             return (None, None, None, None) + none

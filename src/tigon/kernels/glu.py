@@ -35,8 +35,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, launcher, once_differentiable
-from .elementwise import as_2d, launch_shape, tile
+from ._common import CUSTOM_OP_TAGS, first_order, launcher, once_differentiable
+from .elementwise import _launch_shape, as_2d, launch_shape, tile, tile_elems
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3}
 
@@ -169,7 +169,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
     if out.numel() == 0:
         return out
     M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
-    block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
+    block_m, block_n, warps, grid = _launch_shape(M, N, tile_elems(gate.device))  # (launch_shape, inline)
     launcher(_glu_fwd)[grid](
         g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
@@ -202,7 +202,7 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         dgate = dg2 = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
         dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
-    block_m, block_n, warps, grid = launch_shape(M, N, gate.device)
+    block_m, block_n, warps, grid = _launch_shape(M, N, tile_elems(gate.device))  # (launch_shape, inline)
     launcher(_glu_bwd)[grid](
         dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -276,8 +276,9 @@ class GLUFunction(torch.autograd.Function):
         return glu_forward(gate, up, activation, gm, dm)
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(GLUFunction.backward, ctx, dy)
         gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
         dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm)
         return dgate, dup, None, None, None, None
@@ -287,7 +288,8 @@ def _save_gate_up(ctx, gate, up, activation: str, inplace: bool, *more) -> None:
     """Save gate, up (and ``more``) for the backward. In place: detached aliases, so the gradients returned (gate's
     and up's memory) are the only references to their tensor objects and autograd passes them on (or keeps them as
     leaves' .grad) without copies."""
-    ctx.save_for_backward(*((gate.detach(), up.detach()) if inplace else (gate, up)), *more)
+    # (ctx.save_for_backward(...), inline: all it does; one Python frame less)
+    ctx.to_save = (gate.detach(), up.detach(), *more) if inplace else (gate, up, *more)
     ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
 
 
@@ -389,8 +391,9 @@ class GLULinearFunction(torch.autograd.Function):
         return glu_linear_forward(gate, up, weight, bias, activation, cd, gm, dm)
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(GLULinearFunction.backward, ctx, dout)
         need = tuple(ctx.needs_input_grad[:4])
         gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])
         dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace,

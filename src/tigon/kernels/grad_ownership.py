@@ -37,11 +37,15 @@ import weakref
 
 import torch
 
-from ._common import once_differentiable
+from ..support import COMPILER, dynamo_compiling
+from ._common import first_order
 
 _BASELINES: dict[str, tuple[int, int, int]] = {}
 """Per device type: (Python refcount, tensor use count, storage use count) of an exclusively owned incoming gradient
 on autograd's call path, as :func:`_counts` sees it; (-1, -1, -1): the probe failed, never write in place."""
+MEASURED = _BASELINES
+"""The device types :func:`prepare` has measured (probe failures included): a forward asks
+``x.device.type not in MEASURED`` before calling it (one Python frame less per call once measured)."""
 _NEVER = (-1, -1, -1)
 
 
@@ -51,8 +55,9 @@ def _counts(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 class _Probe(torch.autograd.Function):
-    """A backward on the same call path as the ops' (``once_differentiable``, then ``owns_grad(dy)``), whose
-    incoming gradient is known to be exclusively owned (the fresh product of a MulBackward)."""
+    """A backward on the same call path as the ops' (the grad-mode check of :func:`~tigon.kernels._common.first_order`
+    in the backward itself, then ``owns_grad(dy)``), whose incoming gradient is known to be exclusively owned (the
+    fresh product of a MulBackward)."""
 
     seen: tuple[int, int, int] | None = None
 
@@ -61,8 +66,9 @@ class _Probe(torch.autograd.Function):
         return x.clone()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
+        if torch.is_grad_enabled():
+            return first_order(_Probe.backward, ctx, dy)
         _record(dy)
         return dy
 
@@ -119,14 +125,15 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
     autograd's call of this backward holds it (see the module docstring), it is contiguous, at offset 0 of a storage
     of exactly its size, and of ``dtype``.
 
-    Call it directly from ``backward(ctx, dy)`` (decorated with :func:`tigon.kernels._common.once_differentiable`),
+    Call it directly from ``backward(ctx, dy)`` (no decorator: :func:`tigon.kernels._common.first_order`'s pattern),
     with ``dy`` the backward's own argument and no other local name bound to it (no view, reshape or
     ``.contiguous()`` of it kept either): the reference counts it compares are that call path's. False until
     :func:`prepare` has run for dy's device type.
     """
     base = _BASELINES.get(dy.device.type)
     if base is None or base == _NEVER or (dy.dtype != dtype or not dy.is_contiguous() or dy.storage_offset() != 0
-            or dy.requires_grad or torch.compiler.is_compiling() or not hasattr(dy, "_use_count")
+            or dy.requires_grad or dynamo_compiling() or COMPILER._is_compiling_flag  # (is_compiling())
+            or not hasattr(dy, "_use_count")
             or not hasattr(torch._C, "_storage_Use_Count")):
         return False
     if weakref.getweakrefs(dy):

@@ -25,10 +25,10 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    CUSTOM_OP_TAGS, cdiv, check_row_width, if_wanted, next_pow2, num_programs_hint, once_differentiable, rows,
+    CUSTOM_OP_TAGS, cdiv, check_row_width, first_order, if_wanted, next_pow2, num_programs_hint, rows,
     rows_of, rows_per_program, warps_for,
 )
-from .grad_ownership import owns_grad, prepare
+from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import fwd_config
 
 
@@ -171,7 +171,7 @@ class PolyNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, eps, in_place):
-        if in_place and any(ctx.needs_input_grad[:3]):
+        if in_place and any(ctx.needs_input_grad[:3]) and x.device.type not in MEASURED:
             prepare(x.device)  # (once per process and device type)
         y, x2, rstd = poly_norm_forward(x, w, b, eps)
         ctx.save_for_backward(x2, w, b, rstd)
@@ -179,8 +179,9 @@ class PolyNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, dy):
+    def backward(ctx, dy):  # (owns_grad's call path: as the other in-place backwards', see grad_ownership._Probe)
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(PolyNormFunction.backward, ctx, dy)
         x2, w, b, rstd = ctx.saved_tensors
         over_dy = ctx.in_place and owns_grad(dy, x2.dtype)  # dy: no other local name (owns_grad counts references)
         dx, dw, db = poly_norm_backward(dy, x2, w, b, rstd, over_dy, ctx.x_shape)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
-from .grad_ownership import owns_grad, prepare
+from ._common import CUSTOM_OP_TAGS, first_order, if_wanted, or_empty, rows_of
+from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 
 
@@ -77,17 +77,18 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode, in_place=False):
-        if in_place and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+        if in_place and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]) and x.device.type not in MEASURED:
             prepare(x.device)  # (once per process and device type)
         y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
-        ctx.save_for_backward(x2, weight, rstd)
+        ctx.to_save = (x2, weight, rstd)  # (ctx.save_for_backward(...), inline: all it does; one Python frame less)
         ctx.offset, ctx.in_place = offset, in_place
         ctx.x_shape = x.shape
         return y
 
     @staticmethod
-    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
+            return first_order(RMSNormFunction.backward, ctx, dy)
         x2, weight, rstd = ctx.saved_tensors
         over_dy = ctx.in_place and owns_grad(dy, x2.dtype)  # dy: no other local name (owns_grad counts references)
         dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1], ctx.x_shape, over_dy)

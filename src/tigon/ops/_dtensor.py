@@ -111,12 +111,20 @@ def waited(t):
     return _Wait.apply(t) if is_async_collective(t) else t
 
 
-def accepts_dtensor(rule: DTensorRule):
+def accepts_dtensor(rule: DTensorRule, *, asked_inside: bool = False):
     """Decorate a public op: DTensor arguments are unwrapped by ``rule`` (module docstring), plain calls pass
-    straight through (one type check per argument)."""
+    straight through (one type check per argument).
+
+    ``asked_inside``: ``fn`` itself, not wrapped (no Python frame of a wrapper per call), with ``rule`` attached: the
+    op asks :func:`dtensor_call` itself where its cache of validated calls (:func:`tigon.support.remember_call`)
+    misses. A hit needs no asking: the cache keys hold the arguments' types, and only calls of plain tensors (which
+    passed the op's checks, that refuse tensor subclasses) are remembered."""
 
     def deco(fn):
         sig = inspect.signature(fn)
+        if asked_inside:
+            fn.dtensor_rule, fn.dtensor_signature = rule, sig
+            return fn
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -136,6 +144,19 @@ def accepts_dtensor(rule: DTensorRule):
         return wrapper
 
     return deco
+
+
+def dtensor_call(fn, *args, **kwargs):
+    """For an op decorated with ``accepts_dtensor(rule, asked_inside=True)``, called by it with its arguments where
+    its cache missed: the op's result for DTensor (or AsyncCollectiveTensor) arguments, unwrapped by its rule as
+    :func:`accepts_dtensor`'s wrapper does; None for plain arguments (the op then goes on with its checks)."""
+    if not _any_dtensor(args, kwargs):
+        return None
+    args = tuple(waited(a) for a in args)
+    kwargs = {k: waited(v) for k, v in kwargs.items()}
+    if not _any_dtensor(args, kwargs):
+        return fn(*args, **kwargs)
+    return _run_local(fn, fn.__name__, fn.dtensor_rule, fn.dtensor_signature.bind(*args, **kwargs))
 
 
 def _warn_once(op: str, reason: str) -> None:

@@ -14,13 +14,13 @@ from .. import _checks
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
-from ._dtensor import DTensorRule, accepts_dtensor, last_dim
+from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 from .rms_norm import quack_rms_norm
 
 
 @accepts_dtensor(DTensorRule(rows=("x", "residual"), outputs=("x", "x"), params=("weight",),
-                             mixed_dims=last_dim))
+                             mixed_dims=last_dim), asked_inside=True)
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
     casting_mode: str = "llama", in_place: bool = False,
@@ -78,6 +78,9 @@ def fused_add_rms_norm(
         USAGE[hit[1]] += 1
         eps, offset, run = hit[0]
         return run(x, residual, weight, eps, offset, casting_mode, in_place)
+    out = dtensor_call(fused_add_rms_norm, x, residual, weight, eps, offset, casting_mode, in_place)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     eps, offset = _check(x, residual, weight, eps, offset, casting_mode, in_place)
     backend = select_backend("fused_add_rms_norm", x)
     if backend in TORCH_CODE:

@@ -14,7 +14,7 @@ import torch
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
-from ..support import TORCH_CODE, select_backend
+from ..support import COMPILER, TORCH_CODE, dynamo_compiling, select_backend
 from ._record import Case, OpSpec, randn, targets
 from .cross_entropy import LOSS_CASES, liger_aliases
 
@@ -126,7 +126,7 @@ def fused_linear_cross_entropy(
     # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
     # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
     # Not while dynamo traces (its graph holds the checks' outcome; symbolic shapes stay out of a dict key).
-    compiling = torch.compiler.is_compiling()
+    compiling = dynamo_compiling() or COMPILER._is_compiling_flag  # (is_compiling(): see support.dynamo_compiling)
     key = None if compiling else (
         ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,
         type(lse_square_scale), softcap, type(softcap), logit_scale, type(logit_scale), reduction, type(reduction),
@@ -186,7 +186,7 @@ checks and objects. At most :data:`_MAX_CALLS` entries (cleared when full)."""
 _MAX_CALLS = 256
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.Size)
 _APPLY: list = []
-"""``[FusedLinearCrossEntropyFunction.apply]`` once :func:`_call_options` has imported the kernels (on the first
+"""``[fast_apply(FusedLinearCrossEntropyFunction)]`` (:func:`tigon.kernels._common.fast_apply`) once :func:`_call_options` has imported the kernels (on the first
 call: importing them with Tigon would import Triton's language before ``TRITON_INTERPRET`` may be set)."""
 
 
@@ -212,10 +212,11 @@ def _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, 
                          f"got {accum_dtype!r}")
     lean, budget = memory_plan(memory, accum_dtype, weight)
     from ..kernels.cross_entropy import LossOptions
+    from ..kernels._common import fast_apply
     from ..kernels.fused_linear_cross_entropy import FlceCall, FusedLinearCrossEntropyFunction
 
     if not _APPLY:
-        _APPLY.append(FusedLinearCrossEntropyFunction.apply)
+        _APPLY.append(fast_apply(FusedLinearCrossEntropyFunction))
 
     opts = LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
                        None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)

@@ -13,7 +13,7 @@ import torch
 from .. import _checks
 from ..reference import glu as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
-from ._dtensor import DTensorRule, accepts_dtensor, no_dims
+from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
 
@@ -77,7 +77,7 @@ GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_
 """DTensor gate / up run on their local shards, whatever the sharding (element-wise; see tigon.ops._dtensor)."""
 
 
-@accepts_dtensor(GLU_DTENSOR)
+@accepts_dtensor(GLU_DTENSOR, asked_inside=True)
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
            inplace_backward: bool = False) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
@@ -123,6 +123,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
                                                or _writable(True, gate, up))
         return run(gate, up, "silu", writable, gm, dm)
+    out = dtensor_call(swiglu, gate, up, gate_multiplier=gate_multiplier, down_multiplier=down_multiplier,
+                       inplace_backward=inplace_backward)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     _check_glu(gate, up)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
     backend = select_backend("swiglu", gate)
@@ -133,7 +137,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
     return _glu(gate, up, "silu", inplace_backward, gm, dm)
 
 
-@accepts_dtensor(GLU_DTENSOR)
+@accepts_dtensor(GLU_DTENSOR, asked_inside=True)
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, gate_multiplier: float = 1.0,
           down_multiplier: float = 1.0, inplace_backward: bool = False) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
@@ -174,6 +178,10 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         gm, dm, run = hit[0]
         return run(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu",
                    _writable_fast(inplace_backward, gate, up), gm, dm)
+    out = dtensor_call(geglu, gate, up, approximate, gate_multiplier=gate_multiplier,
+                       down_multiplier=down_multiplier, inplace_backward=inplace_backward)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     _check_glu(gate, up)
     _checks.choice("approximate", approximate, ("tanh", "none"))
     gm, dm = _multipliers(gate_multiplier, down_multiplier)

@@ -11,11 +11,11 @@ import torch
 from .. import _checks
 from ..reference import rms_norm as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
-from ._dtensor import DTensorRule, accepts_dtensor, last_dim
+from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
-@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim))
+@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim), asked_inside=True)
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
     casting_mode: str = "llama", in_place: bool = True,
@@ -66,6 +66,9 @@ def rms_norm(
         USAGE[hit[1]] += 1
         eps, offset, run = hit[0]
         return run(x, weight, eps, offset, casting_mode, in_place)
+    out = dtensor_call(rms_norm, x, weight, eps, offset, casting_mode, in_place)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     eps, offset = _check(x, weight, eps, offset, casting_mode, in_place)
     backend = select_backend("rms_norm", x)
     if backend in TORCH_CODE:

@@ -10,7 +10,7 @@ import torch
 from .. import _checks
 from ..reference import rope as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
-from ._dtensor import DTensorRule, accepts_dtensor
+from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call
 from ._record import Case, OpSpec, liger, randn
 
 
@@ -71,7 +71,7 @@ def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=N
 
 
 @accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
-                             mixed_dims=rope_mixed_dims))
+                             mixed_dims=rope_mixed_dims), asked_inside=True)
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
     unsqueeze_dim: int = 1,
@@ -135,6 +135,9 @@ def rope(
         if cos.dim() == 2:  # (T, R) tables, as _checked returns them
             cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
         return hit[0](q, k, cos, sin, unsqueeze_dim)
+    out = dtensor_call(rope, q, k, cos, sin, position_ids, unsqueeze_dim)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     cos, sin = _checked(q, k, cos, sin, unsqueeze_dim, position_ids=position_ids)
     backend = select_backend("rope", q)
     if backend in TORCH_CODE:
