@@ -603,7 +603,7 @@ def rope_dispatcher(original, family: str, switch):
     @functools.wraps(original)
     def apply_rotary_pos_emb(*args, **kwargs):
         if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
-            if _rotated_already(args, kwargs):
+            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):  # (no frame unless set)
                 return args[0], args[1]
             out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
             if out is not None:
@@ -636,8 +636,10 @@ def attention_forward(family: str, original, target=None, qkv=None):
             target.ensure(self)  # (outside torch.compiler.is_compiling(), see support.dynamo_compiling)
         _scope.depth = getattr(_scope, "depth", 0) + 1
         try:
-            if lora_qkv is not None:
-                return lora_qkv.call(self, qkv, original, args, kwargs)
+            if lora_qkv is not None:  # a fused adapter layer has its own forward: plain projections cost no frame
+                first = self.__dict__["_modules"].get(qkv.qkv[0])
+                if first is not None and "forward" in first.__dict__:
+                    return lora_qkv.call(self, qkv, original, args, kwargs)
             return original(self, *args, **kwargs)
         finally:
             _scope.depth -= 1
