@@ -81,8 +81,10 @@ def stub_launches(set_attr=setattr) -> None:
     import tigon.kernels as kernels
     import tigon.reference.cross_entropy as rce
 
-    for info in pkgutil.iter_modules(kernels.__path__):
-        mod = importlib.import_module(f"tigon.kernels.{info.name}")
+    # every module imported before any is stubbed: one first imported in between would bind another's stub by its
+    # `from .x import kernel` and keep it after the test put the stubs back (a leak into later tests)
+    mods = [importlib.import_module(f"tigon.kernels.{info.name}") for info in pkgutil.iter_modules(kernels.__path__)]
+    for mod in mods:
         for name in dir(mod):
             if isinstance(getattr(mod, name), (JITFunction, InterpretedFunction)):
                 set_attr(mod, name, _NoLaunch(name))
