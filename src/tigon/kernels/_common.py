@@ -325,6 +325,7 @@ def fast_apply(function: type) -> "callable":
     tensor = torch.Tensor
     if unwrap is None:  # pragma: no cover - another torch layout
         return slow
+    direct_backward(function)
 
     def apply(*args):
         if active():
@@ -335,6 +336,28 @@ def fast_apply(function: type) -> "callable":
         return base(*args)
 
     return apply
+
+
+_BACKWARD_APPLY = torch.autograd.function.BackwardCFunction.__dict__.get("apply")
+"""torch's ``BackwardCFunction.apply`` (what autograd's engine calls on a custom Function's node in the backward), whose
+form :func:`direct_backward` relies on: ``self._get_user_fn()(self, *args)`` unless ``boxed_grads_call``."""
+
+
+def direct_backward(function: type) -> None:
+    """Let autograd's engine call ``function.backward(ctx, *grads)`` directly: the engine calls ``ctx.apply(*grads)``
+    on the node (an instance of ``function._backward_cls``), which torch's ``BackwardCFunction.apply`` answers in two
+    Python frames (``apply`` and ``_get_user_fn``, which picks ``backward`` or ``vjp``) before the backward's own. Here
+    the node's class gets ``apply = function.backward`` (a plain function: bound to the node, the ctx), which is what
+    ``_get_user_fn`` picks for a Function that overrides ``backward`` and not ``vjp`` and does not ask for boxed
+    gradients: two Python frames less per backward. Otherwise (another torch layout, ``vjp``, ``boxed_grads_call``)
+    the node keeps torch's apply. Called once per Function by :func:`fast_apply`; ``function.backward`` is read then
+    (a backward replaced on the class later is not seen)."""
+    Function = torch.autograd.Function
+    if (_BACKWARD_APPLY is None or getattr(torch.autograd.function.BackwardCFunction, "_get_user_fn", None) is None
+            or getattr(function, "boxed_grads_call", False) or function.vjp is not Function.vjp
+            or function.backward is Function.backward or "apply" in function._backward_cls.__dict__):
+        return
+    function._backward_cls.apply = function.backward
 
 
 def once_differentiable(backward):
