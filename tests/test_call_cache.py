@@ -281,8 +281,8 @@ def test_launch_caches_follow_monkeypatched_heuristics(monkeypatch):
 # (host-cut): rms_norm 36, fused_add_rms_norm 35, swiglu 33, rope 27, fused_linear_cross_entropy 75 (each with the
 # harness's 13 of a sum and its backward), a patched Qwen2 layer 322 (Hugging Face's: 252); before it 42 / 40 / 39 /
 # 31 / 91 and 352. A change that adds calls on these paths fails here: lower it, or raise the budget and say why.
-BUDGETS = {"op rms_norm fwd+bwd": 34, "op fused_add_rms_norm fwd+bwd": 33, "op swiglu fwd+bwd": 31,
-           "op rope fwd+bwd": 25, "op fused_linear_cross_entropy fwd+bwd": 73, "layer qwen2 tigon fwd+bwd": 288}
+BUDGETS = {"op rms_norm fwd+bwd": 33, "op fused_add_rms_norm fwd+bwd": 32, "op swiglu fwd+bwd": 30,
+           "op rope fwd+bwd": 24, "op fused_linear_cross_entropy fwd+bwd": 73, "layer qwen2 tigon fwd+bwd": 284}
 
 
 def _host_count(monkeypatch):
@@ -430,3 +430,14 @@ def test_patched_layer_calls_hooked_children_through_call(where):
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     finally:
         tigon.unpatch(model)
+
+
+def test_cached_call_under_functorch_takes_the_full_path():
+    """A hit calls the C-level apply directly (:func:`tigon.kernels._common.cached_apply`): while a functorch
+    transform is active :func:`tigon.support.switches` is None, so the call takes the full path and Function.apply's
+    own error, as before the cache."""
+    x, w = _x(3, 16), _x(16)
+    F.rms_norm(x, w)
+    F.rms_norm(x, w)  # (cached)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(lambda t: F.rms_norm(t, w))(x[None])
