@@ -281,8 +281,8 @@ def test_launch_caches_follow_monkeypatched_heuristics(monkeypatch):
 # (host-cut): rms_norm 36, fused_add_rms_norm 35, swiglu 33, rope 27, fused_linear_cross_entropy 75 (each with the
 # harness's 13 of a sum and its backward), a patched Qwen2 layer 322 (Hugging Face's: 252); before it 42 / 40 / 39 /
 # 31 / 91 and 352. A change that adds calls on these paths fails here: lower it, or raise the budget and say why.
-BUDGETS = {"op rms_norm fwd+bwd": 36, "op fused_add_rms_norm fwd+bwd": 35, "op swiglu fwd+bwd": 33,
-           "op rope fwd+bwd": 27, "op fused_linear_cross_entropy fwd+bwd": 75, "layer qwen2 tigon fwd+bwd": 322}
+BUDGETS = {"op rms_norm fwd+bwd": 33, "op fused_add_rms_norm fwd+bwd": 32, "op swiglu fwd+bwd": 30,
+           "op rope fwd+bwd": 24, "op fused_linear_cross_entropy fwd+bwd": 73, "layer qwen2 tigon fwd+bwd": 284}
 
 
 def _host_count(monkeypatch):
@@ -369,3 +369,70 @@ def test_create_graph_raises_and_first_order_gradients_match(op):
     torch.testing.assert_close(got, want)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         got.sum().backward()
+
+
+def test_direct_backward_is_what_torch_picks():
+    """:func:`tigon.kernels._common.direct_backward`: the node's ``apply`` is the Function's backward, which is what
+    torch's ``BackwardCFunction._get_user_fn`` returns for it; a Function with ``vjp`` keeps torch's apply."""
+    from torch.autograd.function import BackwardCFunction
+
+    from tigon.kernels import rms_norm as k
+    from tigon.kernels._common import direct_backward, fast_apply
+
+    fast_apply(k.RMSNormFunction)
+    x = _x(3, 16, grad=True)
+    y = k.RMSNormFunction.apply(x, None, 1e-6, 0.0, "llama", False)
+    assert type(y.grad_fn).apply is k.RMSNormFunction.backward
+    assert BackwardCFunction._get_user_fn(y.grad_fn) is k.RMSNormFunction.backward
+
+    class WithVjp(torch.autograd.Function):  # (vjp instead of backward: torch's apply picks it)
+        forward = staticmethod(lambda ctx, x: x * 2)
+        vjp = staticmethod(lambda ctx, g: g * 2)
+
+    direct_backward(WithVjp)
+    assert "apply" not in WithVjp._backward_cls.__dict__
+    x = _x(3, grad=True)
+    WithVjp.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+@pytest.mark.parametrize("where", ["input_layernorm", "self_attn", "mlp", "mlp.gate_proj", "global", "none"])
+def test_patched_layer_calls_hooked_children_through_call(where):
+    """The patched decoder layer calls its children's forwards (and the MLP its projections' F.linear) directly only
+    when nothing would be skipped (:func:`tigon.integrations.decoder_layer.plain_children`,
+    ``forwards._linear_calls``): a hook anywhere still fires, and the output is the same either way."""
+    transformers = pytest.importorskip("transformers")
+    import tigon
+
+    cfg = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).to(DEVICE)
+    ids = torch.randint(0, 64, (2, 8), device=DEVICE)
+    want = model(ids).logits
+    tigon.patch(model)
+    try:
+        calls = []
+        layer = model.model.layers[0]
+        if where == "global":
+            handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: calls.append(m))
+        elif where != "none":
+            handle = layer.get_submodule(where).register_forward_hook(lambda m, i, o: calls.append(m))
+        got = model(ids).logits
+        if where != "none":
+            handle.remove()
+            assert calls
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    finally:
+        tigon.unpatch(model)
+
+
+def test_cached_call_under_functorch_takes_the_full_path():
+    """A hit calls the C-level apply directly (:func:`tigon.kernels._common.cached_apply`): while a functorch
+    transform is active :func:`tigon.support.switches` is None, so the call takes the full path and Function.apply's
+    own error, as before the cache."""
+    x, w = _x(3, 16), _x(16)
+    F.rms_norm(x, w)
+    F.rms_norm(x, w)  # (cached)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.vmap(lambda t: F.rms_norm(t, w))(x[None])

@@ -218,13 +218,20 @@ def switches():
     dtype, as one hashable value for an op's cache of validated calls (see :func:`remember_call`):
     ``(TRITON_INTERPRET, TIGON_DISABLE)`` as stored in the environment, read per call (so a change of either is a new
     key). None where a call must take its full path instead: under torch.compile (dynamo traces the op; the choice
-    is made once per trace), while a :func:`force_reference` context is open in any thread, or with ``os.environ``
-    replaced (a test's mock)."""
+    is made once per trace), while a :func:`force_reference` context is open in any thread, with ``os.environ``
+    replaced (a test's mock), or while a functorch transform (vmap, grad...) is active (a hit calls the
+    autograd.Function's C-level apply directly: :func:`tigon.kernels._common.cached_apply`)."""
     if (dynamo_compiling() or COMPILER._is_compiling_flag  # (torch.compiler.is_compiling(), see dynamo_compiling)
-            or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON):
+            or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON or _functorch_active()):
         return None
     return _ENV_DATA.get(_K_INTERPRET), _ENV_DATA.get(_K_DISABLE)
 
+
+_functorch_active = torch._C._are_functorch_transforms_active
+unwrap_dead = getattr(torch._C._functorch, "unwrap_if_dead", None) or (lambda t: t)
+"""``torch._C._functorch.unwrap_if_dead``: a tensor argument as ``Function.apply`` passes it on (a dead functorch
+wrapper, one left over from a finished transform, unwrapped; any other tensor itself). The ops' cache hits call it on
+their tensor arguments before the C-level apply they keep (:func:`tigon.kernels._common.cached_apply`)."""
 
 MAX_CALLS = 512
 """Entries per op cache of validated calls before it is emptied (keys hold shapes: a run with many sequence lengths

@@ -11,8 +11,9 @@ import functools
 import torch
 
 from .. import functional as TF
+from .. import support
 from .families import DecoderLayerSpec
-from .forwards import _hook_problem, mark, norm_eps, norm_problem
+from .forwards import MARK, _hook_problem, mark, norm_eps, norm_problem
 from .rotary_calls import forward_statements
 from .sequence_parallel import fused_add_norm, sequence_parallel_hooks
 
@@ -38,15 +39,24 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     eps_attr = norm.eps_attr if isinstance(norm.eps_attr, str) else None  # (one name: read inline)
     checkpoints_forward = getattr(getattr(original, "__code__", None), "co_name", "") == "forward_with_checkpointing"
 
-    def body(self, sp, hidden_states, **kwargs):
-        post = getattr(self, spec.post_norm)
+    names = (spec.input_norm, spec.attention, spec.post_norm, spec.mlp)
+
+    def body(self, sp, kids, hidden_states, **kwargs):
+        if kids is not None:  # (plain_children: their forwards called directly, as their __call__ would)
+            input_norm, attention, post, mlp = kids[0].forward, kids[1].forward, kids[2], kids[3].forward
+        else:
+            input_norm, attention = getattr(self, spec.input_norm), getattr(self, spec.attention)
+            post, mlp = getattr(self, spec.post_norm), getattr(self, spec.mlp)
         residual = hidden_states
-        hidden_states = getattr(self, spec.input_norm)(hidden_states)
-        hidden_states, _ = getattr(self, spec.attention)(hidden_states=hidden_states, **kwargs)
+        hidden_states = input_norm(hidden_states)
+        hidden_states, _ = attention(hidden_states=hidden_states, **kwargs)
         fused = None
         if hidden_states.dtype == residual.dtype:
             eps = getattr(post, eps_attr, None) if eps_attr is not None else norm_eps(post, norm)  # (norm_eps inline)
-            options = (getattr(post, norm.weight_attr), eps, norm.offset, norm.casting_mode)
+            weight = post.__dict__["_parameters"].get(norm.weight_attr)  # (past nn.Module.__getattr__: one frame less)
+            if weight is None:
+                weight = getattr(post, norm.weight_attr)
+            options = (weight, eps, norm.offset, norm.casting_mode)
             if sp is None:
                 fused = TF.fused_add_rms_norm(hidden_states, residual, *options)
             else:  # the norm's SequenceParallel hooks, around the fused op (None: inputs laid out otherwise)
@@ -58,7 +68,7 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
             hidden_states = post(hidden_states)
         else:
             hidden_states, residual = fused
-        hidden_states = getattr(self, spec.mlp)(hidden_states)
+        hidden_states = mlp(hidden_states)
         return residual + hidden_states
 
     @functools.wraps(original)
@@ -66,11 +76,13 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
         if args:
             return original(self, hidden_states, *args, **kwargs)
         sp = None
-        post = getattr(self, spec.post_norm)
-        if _hook_problem(post, tigon_forward_ok=True) is not None:
-            sp = sequence_parallel_hooks(post)  # torch's SequenceParallel hooks (and nothing else) are run here
-            if sp is None:
-                return original(self, hidden_states, *args, **kwargs)
+        kids = plain_children(self, names)
+        if kids is None:
+            post = getattr(self, spec.post_norm)
+            if _hook_problem(post, tigon_forward_ok=True) is not None:
+                sp = sequence_parallel_hooks(post)  # torch's SequenceParallel hooks (and nothing else) are run here
+                if sp is None:
+                    return original(self, hidden_states, *args, **kwargs)
         if (checkpoints_forward and getattr(self, "gradient_checkpointing", False) and self.training
                 and torch.is_grad_enabled()):
             if kwargs.get("use_cache"):
@@ -79,11 +91,44 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
                 for name in ("cache", "past_key_values", "layer_past"):
                     if kwargs.get(name) is not None:
                         kwargs[name] = None
-            return self._gradient_checkpointing_func(functools.partial(body, self, sp, **kwargs), hidden_states)
-        return body(self, sp, hidden_states, **kwargs)
+            return self._gradient_checkpointing_func(functools.partial(body, self, sp, kids, **kwargs), hidden_states)
+        return body(self, sp, kids, hidden_states, **kwargs)
 
     # bypasses: the children whose forward the patched layer no longer calls (tigon profile counts calls by it)
     return mark(forward, "fused_add_rms_norm", family, bypasses=(spec.post_norm,))
+
+
+_MODULE = torch.nn.modules.module
+_MODULE_CALL = torch.nn.Module.__call__
+_TRACING = torch._C._get_tracing_state
+
+
+def plain_children(layer, names: tuple[str, ...]):
+    """``layer``'s children ``names`` (input norm, attention, post-attention norm, MLP), or None: each a submodule
+    whose ``__call__`` is ``nn.Module``'s, compiled by no ``module.compile()``, without hooks of its own, and no global
+    module hooks, no ``torch.jit.trace`` running, not under torch.compile (dynamo inlines ``__call__`` itself). Then
+    ``child(...)`` is exactly ``child.forward(...)`` (``nn.Module._call_impl``'s path without hooks), which the patched
+    layer calls instead: per child two Python frames less (``_wrapped_call_impl``, ``_call_impl``) and, the children
+    read from ``_modules``, one ``nn.Module.__getattr__`` frame less. The post-attention norm, whose forward the fused
+    op replaces, may have no instance-level forward but Tigon's (:func:`~tigon.integrations.forwards._hook_problem`
+    with ``tigon_forward_ok``). Else (None) the layer reads and calls its children as before."""
+    if support.dynamo_compiling() or support.COMPILER._is_compiling_flag or _TRACING() is not None:
+        return None
+    m = _MODULE  # (forwards._global_hooks(), inline)
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
+        return None
+    mods = layer.__dict__.get("_modules")
+    kids = tuple(map(mods.get, names)) if mods is not None else ()  # (map of a C method: no Python frame per name)
+    for kid in kids:
+        d = getattr(kid, "__dict__", None)
+        if (d is None or type(kid).__call__ is not _MODULE_CALL or d["_forward_hooks"] or d["_forward_pre_hooks"]
+                or d["_backward_hooks"] or d["_backward_pre_hooks"] or d.get("_compiled_call_impl") is not None):
+            return None
+    own = kids[2].__dict__.get("forward") if len(kids) == 4 else None
+    if own is not None and getattr(getattr(own, "__func__", own), MARK, None) is None:  # (tigon_mark, inline)
+        return None
+    return kids if len(kids) == 4 else None
 
 
 def _layer_template(spec: DecoderLayerSpec) -> list[str]:

@@ -59,7 +59,11 @@ def norm_forward(spec: NormSpec, family: str, original):
         def forward(self, hidden_states, *args, **kwargs):
             if args or kwargs:
                 return original(self, hidden_states, *args, **kwargs)
-            weight = getattr(self, spec.weight_attr, None) if spec.optional_weight else getattr(self, spec.weight_attr)
+            weight = self.__dict__["_parameters"].get(spec.weight_attr)  # (past nn.Module.__getattr__: one frame less)
+            if weight is None and not spec.optional_weight:
+                weight = getattr(self, spec.weight_attr)
+            elif weight is None:
+                weight = getattr(self, spec.weight_attr, None)
             eps = getattr(self, eps_attr, None) if eps_attr is not None else norm_eps(self, spec)  # (norm_eps inline)
             return TF.rms_norm(hidden_states, weight, eps, spec.offset, spec.casting_mode)
 
@@ -260,6 +264,29 @@ def _no_hooks(*modules) -> bool:
     return True
 
 
+_LINEAR = torch.nn.Linear
+_F_LINEAR = torch.nn.functional.linear
+_TRACING = torch._C._get_tracing_state
+
+
+def _linear_calls(modules, x: torch.Tensor) -> tuple | None:
+    """``tuple(m(x) for m in modules)`` for modules that :func:`_no_hooks` passed, when each is exactly an
+    ``nn.Linear`` not compiled by ``module.compile()``, eagerly outside ``torch.jit.trace``: then ``m(x)`` is
+    ``F.linear(x, m.weight, m.bias)`` (``_call_impl``'s path without hooks, then ``Linear.forward``), computed here
+    directly: five Python frames less per projection (``_wrapped_call_impl``, ``_call_impl``, ``forward`` and two
+    ``nn.Module.__getattr__``). None otherwise (the caller calls the modules)."""
+    if support.dynamo_compiling() or _TRACING() is not None:  # (torch.compile traces the modules' calls itself)
+        return None
+    out = ()
+    for m in modules:  # (a loop: a generator or comprehension is a Python frame)
+        d = m.__dict__
+        if type(m) is not _LINEAR or d.get("_compiled_call_impl") is not None:
+            return None
+        p = d["_parameters"]
+        out += (_F_LINEAR(x, p["weight"], p["bias"]),)
+    return out
+
+
 def _outputs_private(*modules) -> bool:
     """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
     could keep them), so that the backward may write gradients into them. Tigon's own forwards (a patched PEFT LoRA
@@ -378,22 +405,31 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x):
             return original(self, x, *args, **kwargs)
         gate_up = spec.gate_up is not None
-        proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
+        mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
+        proj = (mods.get(spec.gate_up),) if gate_up else (mods.get(spec.gate), mods.get(spec.up))
+        if None in proj:  # (not submodules: attributes of another kind)
+            proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
         own = proj[0].__dict__.get("forward")  # (an adapter layer's forward is set on the instance)
         adapter = (tigon_mark(own) or {}).get("adapter") if own is not None else None
         if adapter is not None and (adapter.gate_up_op if gate_up else adapter.mlp_op) is not None:
             out = _lora_mlp().fused_call(self, spec, act, x)
             if out is not None:
                 return out
-        gate, up = proj[0](x).chunk(2, dim=-1) if gate_up else (proj[0](x), proj[1](x))
-        down = getattr(self, spec.down)
+        down = mods.get(spec.down)
+        if down is None:
+            down = getattr(self, spec.down)
         plain = _no_hooks(*proj, down)  # the usual case, in one call: no _hook_problem per module below
+        out = _linear_calls(proj, x) if plain else None  # (plain nn.Linear projections without their __call__)
+        if out is None:
+            out = (proj[0](x),) if gate_up else (proj[0](x), proj[1](x))
+        gate, up = out[0].chunk(2, dim=-1) if gate_up else out
         inplace = plain or _outputs_private(*proj)
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
             return down(_glu(act, gate, up, inplace, gm)) * dm
         if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint():  # (foldable_linear)
-            return TF.glu_linear(gate, up, down.weight, down.bias, activation=_GLU_LINEAR_ACTIVATION[act],
+            p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
+            return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
         return down(_glu(act, gate, up, inplace, gm, dm))
 

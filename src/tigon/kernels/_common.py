@@ -325,6 +325,7 @@ def fast_apply(function: type) -> "callable":
     tensor = torch.Tensor
     if unwrap is None:  # pragma: no cover - another torch layout
         return slow
+    direct_backward(function)
 
     def apply(*args):
         if active():
@@ -335,6 +336,43 @@ def fast_apply(function: type) -> "callable":
         return base(*args)
 
     return apply
+
+
+@functools.lru_cache(maxsize=None)
+def cached_apply(function: type) -> "callable":
+    """What an op's cache of validated calls keeps to run ``function`` on a hit: torch's C-level
+    ``_FunctionBase.apply`` bound to the class where :func:`fast_apply` takes it, else ``function.apply``. A hit
+    happens only while no functorch transform is active (:func:`tigon.support.switches` is None then), so the op calls
+    it directly with its tensor arguments passed through :data:`tigon.support.unwrap_dead`: what :func:`fast_apply`'s
+    closure does, without the closure's Python frame (and its isinstance per argument)."""
+    if fast_apply(function) is function.apply:
+        return function.apply
+    return super(torch.autograd.Function, function).apply
+
+
+_BACKWARD_APPLY = torch.autograd.function.BackwardCFunction.__dict__.get("apply")
+"""torch's ``BackwardCFunction.apply`` (what autograd's engine calls on a custom Function's node in the backward), whose
+form :func:`direct_backward` relies on: ``self._get_user_fn()(self, *args)`` unless ``boxed_grads_call``."""
+
+
+def direct_backward(function: type) -> type:
+    """Let autograd's engine call ``function.backward(ctx, *grads)`` directly: the engine calls ``ctx.apply(*grads)``
+    on the node (an instance of ``function._backward_cls``), which torch's ``BackwardCFunction.apply`` answers in two
+    Python frames (``apply`` and ``_get_user_fn``, which picks ``backward`` or ``vjp``) before the backward's own. Here
+    the node's class gets ``apply = function.backward`` (a plain function: bound to the node, the ctx), which is what
+    ``_get_user_fn`` picks for a Function that overrides ``backward`` and not ``vjp`` and does not ask for boxed
+    gradients: two Python frames less per backward. Otherwise (another torch layout, ``vjp``, ``boxed_grads_call``)
+    the node keeps torch's apply. Called once per Function by :func:`fast_apply`, and as a class decorator on the
+    Functions whose backward asks :func:`tigon.kernels.grad_ownership.owns_grad` (and on its probe, whose call path
+    they must share: the reference counts it compares are that path's); ``function.backward`` is read then (a backward
+    replaced on the class later is not seen). Returns ``function``."""
+    Function = torch.autograd.Function
+    if (_BACKWARD_APPLY is None or getattr(torch.autograd.function.BackwardCFunction, "_get_user_fn", None) is None
+            or getattr(function, "boxed_grads_call", False) or function.vjp is not Function.vjp
+            or function.backward is Function.backward or "apply" in function._backward_cls.__dict__):
+        return function
+    function._backward_cls.apply = function.backward
+    return function
 
 
 def once_differentiable(backward):

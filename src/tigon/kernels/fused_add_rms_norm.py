@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, first_order, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, first_order, if_wanted, or_empty, rows_of
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 from .rms_norm import output_dtype
@@ -61,6 +61,7 @@ def fused_add_rms_norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, s: to
                          dw_dtype=weight.dtype)[:2]
 
 
+@direct_backward  # (the call path of grad_ownership._Probe, which owns_grad compares with)
 class FusedAddRMSNormFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(x, residual, weight, eps, offset, casting_mode, in_place)`` with x and residual
     (..., N) of one shape and dtype, weight (N,); returns (y, s).

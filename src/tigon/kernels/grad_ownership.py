@@ -38,7 +38,7 @@ import weakref
 import torch
 
 from ..support import COMPILER, dynamo_compiling
-from ._common import first_order
+from ._common import direct_backward, first_order
 
 _BASELINES: dict[str, tuple[int, int, int]] = {}
 """Per device type: (Python refcount, tensor use count, storage use count) of an exclusively owned incoming gradient
@@ -54,6 +54,7 @@ def _counts(t: torch.Tensor) -> tuple[int, int, int]:
     return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(storage._cdata)
 
 
+@direct_backward  # (the ops' backwards are called so: the same call path)
 class _Probe(torch.autograd.Function):
     """A backward on the same call path as the ops' (the grad-mode check of :func:`~tigon.kernels._common.first_order`
     in the backward itself, then ``owns_grad(dy)``), whose incoming gradient is known to be exclusively owned (the

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    CUSTOM_OP_TAGS, cdiv, check_row_width, first_order, if_wanted, next_pow2, num_programs_hint, rows,
+    CUSTOM_OP_TAGS, cdiv, check_row_width, direct_backward, first_order, if_wanted, next_pow2, num_programs_hint, rows,
     rows_of, rows_per_program, warps_for,
 )
 from .grad_ownership import MEASURED, owns_grad, prepare
@@ -164,6 +164,7 @@ def poly_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: to
     return dx, part[:, :3].sum(0).to(w.dtype), part[:, 3].sum().to(b.dtype).reshape(b.shape)
 
 
+@direct_backward  # (the call path of grad_ownership._Probe, which owns_grad compares with)
 class PolyNormFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(x, w, b, eps, in_place)`` with x (..., N), w (3,), b one element. Saves x (as the
     kernel read it), w and the (M, 3) fp32 r_p; with ``in_place`` the backward writes dx into dy's memory when it

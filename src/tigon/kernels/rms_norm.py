@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, first_order, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, first_order, if_wanted, or_empty, rows_of
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 
@@ -65,6 +65,7 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
     return dx, dw
 
 
+@direct_backward  # (the call path of grad_ownership._Probe, which owns_grad compares with)
 class RMSNormFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(x, weight, eps, offset, casting_mode, in_place=False)`` with x (..., N), weight (N,)
     or None.

@@ -13,7 +13,7 @@ import torch
 from .. import _checks
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
-from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 from .rms_norm import quack_rms_norm
@@ -76,8 +76,8 @@ def fused_add_rms_norm(
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
         USAGE[hit[1]] += 1
-        eps, offset, run = hit[0]
-        return run(x, residual, weight, eps, offset, casting_mode, in_place)
+        eps, offset, run = hit[0]  # (run: cached_apply's C-level apply, its tensors through unwrap_dead)
+        return run(unwrap_dead(x), unwrap_dead(residual), unwrap_dead(weight), eps, offset, casting_mode, in_place)
     out = dtensor_call(fused_add_rms_norm, x, residual, weight, eps, offset, casting_mode, in_place)
     if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
         return out
@@ -86,10 +86,12 @@ def fused_add_rms_norm(
     if backend in TORCH_CODE:
         return ref.fused_add_rms_norm(x, residual, weight, eps, offset, casting_mode, in_place)
     from ..kernels import fused_add_rms_norm as k
-    from ..kernels._common import fast_apply
+    from ..kernels._common import cached_apply, fast_apply
 
     run = k.compiled_fused_add_rms_norm if torch.compiler.is_compiling() else fast_apply(k.FusedAddRMSNormFunction)
-    remember_call(_CALLS, key, "fused_add_rms_norm", backend, (eps, offset, run))
+    if key is not None:  # (not under torch.compile: cached_apply is not traced)
+        hit_run = cached_apply(k.FusedAddRMSNormFunction)
+        remember_call(_CALLS, key, "fused_add_rms_norm", backend, (eps, offset, hit_run))
     return run(x, residual, weight, eps, offset, casting_mode, in_place)
 
 

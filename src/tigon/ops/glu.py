@@ -12,7 +12,7 @@ import torch
 
 from .. import _checks
 from ..reference import glu as ref
-from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, no_dims
 from ._record import Case, OpSpec, liger, randn, sizes
 
@@ -27,12 +27,13 @@ def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward
     return _glu_apply()(gate, up, activation, _writable_fast(inplace_backward, gate, up), gm, dm)
 
 
-def _glu_apply():
-    """:class:`tigon.kernels.glu.GLUFunction`'s apply (:func:`tigon.kernels._common.fast_apply`)."""
+def _glu_apply(cached: bool = False):
+    """:class:`tigon.kernels.glu.GLUFunction`'s apply (:func:`tigon.kernels._common.fast_apply`); ``cached``: the
+    one a cache hit calls (:func:`tigon.kernels._common.cached_apply`)."""
     from ..kernels import glu as k
-    from ..kernels._common import fast_apply
+    from ..kernels._common import cached_apply, fast_apply
 
-    return fast_apply(k.GLUFunction)
+    return cached_apply(k.GLUFunction) if cached else fast_apply(k.GLUFunction)
 
 
 def _writable_fast(inplace_backward, gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -122,7 +123,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         gm, dm, run = hit[0]
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
                                                or _writable(True, gate, up))
-        return run(gate, up, "silu", writable, gm, dm)
+        return run(unwrap_dead(gate), unwrap_dead(up), "silu", writable, gm, dm)  # (run: cached_apply's)
     out = dtensor_call(swiglu, gate, up, gate_multiplier=gate_multiplier, down_multiplier=down_multiplier,
                        inplace_backward=inplace_backward)
     if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
@@ -133,7 +134,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
     if backend in TORCH_CODE:
         return ref.swiglu(gate, up, gm, dm)
     if not torch.compiler.is_compiling():
-        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, _glu_apply()))
+        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, _glu_apply(cached=True)))
     return _glu(gate, up, "silu", inplace_backward, gm, dm)
 
 
@@ -176,7 +177,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
     if hit is not None:
         USAGE[hit[1]] += 1
         gm, dm, run = hit[0]
-        return run(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu",
+        return run(unwrap_dead(gate), unwrap_dead(up), "gelu_tanh" if approximate == "tanh" else "gelu",
                    _writable_fast(inplace_backward, gate, up), gm, dm)
     out = dtensor_call(geglu, gate, up, approximate, gate_multiplier=gate_multiplier,
                        down_multiplier=down_multiplier, inplace_backward=inplace_backward)
@@ -189,7 +190,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
     if backend in TORCH_CODE:
         return ref.geglu(gate, up, approximate, gm, dm)
     if not torch.compiler.is_compiling():
-        remember_call(_CALLS, key, "geglu", backend, (gm, dm, _glu_apply()))
+        remember_call(_CALLS, key, "geglu", backend, (gm, dm, _glu_apply(cached=True)))
     return _glu(gate, up, "gelu_tanh" if approximate == "tanh" else "gelu", inplace_backward, gm, dm)
 
 
@@ -248,7 +249,9 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         gm, dm, cd, run = hit[0]
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
                                                or _writable(True, gate, up))  # (_writable_fast, inline)
-        return run(gate, up, weight, bias, activation, cd, writable, gm, dm)
+        # (run: cached_apply's C-level apply, its tensors through unwrap_dead)
+        return run(unwrap_dead(gate), unwrap_dead(up), unwrap_dead(weight), bias if bias is None else unwrap_dead(bias),
+                   activation, cd, writable, gm, dm)
     _check_glu(gate, up)
     _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
@@ -272,12 +275,12 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
     if backend in TORCH_CODE:
         return ref.glu_linear(gate, up, weight, bias, activation, gm, dm)
     from ..kernels import glu as k
-    from ..kernels._common import fast_apply
+    from ..kernels._common import cached_apply, fast_apply
 
     if torch.compiler.is_compiling():
         return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm), weight, bias)
     run = fast_apply(k.GLULinearFunction)
-    remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, run))
+    remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, cached_apply(k.GLULinearFunction)))
     return run(gate, up, weight, bias, activation, cd, _writable_fast(inplace_backward, gate, up), gm, dm)
 
 

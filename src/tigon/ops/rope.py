@@ -9,7 +9,7 @@ import torch
 
 from .. import _checks
 from ..reference import rope as ref
-from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches
+from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call
 from ._record import Case, OpSpec, liger, randn
 
@@ -134,7 +134,8 @@ def rope(
         USAGE[hit[1]] += 1
         if cos.dim() == 2:  # (T, R) tables, as _checked returns them
             cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-        return hit[0](q, k, cos, sin, unsqueeze_dim)
+        # (hit[0]: cached_apply's C-level apply, its tensors through unwrap_dead)
+        return hit[0](unwrap_dead(q), unwrap_dead(k), unwrap_dead(cos), unwrap_dead(sin), unsqueeze_dim)
     out = dtensor_call(rope, q, k, cos, sin, position_ids, unsqueeze_dim)
     if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
         return out
@@ -143,10 +144,11 @@ def rope(
     if backend in TORCH_CODE:
         return ref.rope(q, k, cos, sin, None, unsqueeze_dim)
     from ..kernels import rope as kr
-    from ..kernels._common import fast_apply
+    from ..kernels._common import cached_apply, fast_apply
 
     run = kr.compiled_rope if torch.compiler.is_compiling() else fast_apply(kr.RoPEFunction)
-    remember_call(_CALLS, key, "rope", backend, run)
+    if key is not None:  # (not under torch.compile: cached_apply is not traced)
+        remember_call(_CALLS, key, "rope", backend, cached_apply(kr.RoPEFunction))
     return run(q, k, cos, sin, unsqueeze_dim)
 
 
