@@ -218,3 +218,115 @@ def test_act_linear_bad_input(device):
 def test_act_linear_reference_bad_activation():
     with pytest.raises(ValueError, match="activation must be one of"):
         ref.act_linear(torch.randn(2, 3), torch.randn(4, 3), activation="gelu_10")
+
+
+# ---- the patch ---------------------------------------------------------------------------------------------------
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny(model_type: str, **overrides):
+    import model_matrix as mm
+
+    cases = {**mm.CASES, **mm.MORE_FAMILIES}
+    base = dict(cases[model_type][1]) if model_type in cases else {}
+    return mm.build(model_type, {**base, **overrides})
+
+
+@pytest.mark.parametrize("model_type, activation", [("gpt_neox", "gelu"), ("phi", "gelu_tanh"), ("falcon", "gelu"),
+                                                    ("nemotron", "relu2")])
+def test_patched_non_gated_mlps_run_act_linear(model_type, activation):
+    # The report lists every non-gated MLP as act_linear with the activation its module's class names (Falcon's down
+    # projection is its FalconLinear); the patched MLP equals the original, outputs and gradients (fp32).
+    import tigon
+
+    model = _tiny(model_type)
+    report = tigon.patch(model)
+    try:
+        mlps = [e for e in report.replaced if e.kind == "mlp"]
+        assert len(mlps) == 2 and all(e.ops == ("act_linear",) for e in mlps), str(report)
+        assert all(f"activation={activation!r}" in e.detail for e in mlps)
+        mlp = model.get_submodule(mlps[0].target)
+        x = torch.randn(2, 5, model.config.hidden_size, requires_grad=True)
+        out = mlp(x)
+        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        got = (out.detach(), x.grad, *(p.grad for p in mlp.parameters()))
+        x.grad = None
+        for p in mlp.parameters():
+            p.grad = None
+        want_out = type(mlp).forward(mlp, x)  # the class's original forward (the instance's is Tigon's)
+        want_out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        want = (want_out.detach(), x.grad, *(p.grad for p in mlp.parameters()))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    finally:
+        tigon.unpatch(model)
+
+
+def test_patched_mlp_runs_the_original_when_it_cannot_fold(monkeypatch):
+    # Per call: a hook on the down projection or on the activation module, or a non-reentrant activation checkpoint,
+    # makes the patched MLP run its original forward (no act_linear call); without them it runs act_linear.
+    import tigon
+    from tigon import support
+
+    model = _tiny("gpt_neox")
+    tigon.patch(model)
+    try:
+        mlp = model.gpt_neox.layers[0].mlp
+        x = torch.randn(1, 3, model.config.hidden_size)
+
+        def calls(fn):
+            support.backend_usage(reset=True)
+            fn()
+            return support.backend_usage().get("act_linear", {})
+
+        assert calls(lambda: mlp(x))
+        for part in (mlp.dense_4h_to_h, mlp.act):
+            handle = part.register_forward_hook(lambda m, i, o: None)
+            assert not calls(lambda: mlp(x))
+            handle.remove()
+        xx = x.clone().requires_grad_(True)
+        assert not calls(lambda: torch.utils.checkpoint.checkpoint(mlp, xx, use_reentrant=False).sum().backward())
+    finally:
+        tigon.unpatch(model)
+
+
+def test_unsupported_activation_and_lora_down_are_skipped_with_the_reason():
+    import tigon
+
+    model = _tiny("gpt_neox", hidden_act="gelu_10")  # ClippedGELUActivation: its class does not tell the clip
+    report = tigon.patch(model)
+    tigon.unpatch(model)
+    skipped = [e for e in report.skipped if e.kind == "mlp"]
+    assert len(skipped) == 2 and "ClippedGELUActivation" in skipped[0].detail and "no Tigon kernel" in skipped[0].detail
+
+    model = _tiny("phi")
+    for layer in model.model.layers:  # a down projection that is no plain nn.Linear
+        layer.mlp.fc2 = type("MyLinear", (torch.nn.Linear,), {})(layer.mlp.fc2.in_features, layer.mlp.fc2.out_features)
+    report = tigon.patch(model)
+    tigon.unpatch(model)
+    skipped = [e for e in report.skipped if e.kind == "mlp"]
+    assert len(skipped) == 2 and "cannot be folded into tigon.functional.act_linear" in skipped[0].detail
+
+
+def test_nn_gelu_activation_module_is_recognised():
+    from tigon.integrations.families import FAMILIES
+    from tigon.integrations.forwards import nongated_activation
+
+    spec = FAMILIES["phi"].mlps[0]
+    mlp = torch.nn.Module()
+    for module, want in ((torch.nn.GELU(), "gelu"), (torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
+                         (torch.nn.ReLU(), "relu"), (torch.nn.SiLU(), "silu"), (torch.nn.Tanh(), None)):
+        mlp.activation_fn = module
+        assert nongated_activation(mlp, spec)[0] == want
+
+
+def test_family_ops_names_act_linear():
+    from tigon.integrations.families import family_ops, kind_op
+
+    assert "act_linear" in family_ops({"model_type": "gpt_neox", "hidden_act": "gelu"})
+    assert "act_linear" in family_ops({"model_type": "nemotron", "hidden_act": "relu2"})
+    assert "act_linear" in family_ops({"model_type": "falcon", "activation": "gelu"})
+    assert "act_linear" not in family_ops({"model_type": "gpt_neox", "hidden_act": "gelu_10"})
+    assert "act_linear" not in family_ops({"model_type": "llama", "hidden_act": "silu"})
+    assert kind_op("mlp", {"model_type": "nemotron", "hidden_act": "relu2"}) == "act_linear"  # tigon profile's op
+    assert kind_op("mlp", {"model_type": "llama", "hidden_act": "silu"}) == "swiglu"

@@ -23,6 +23,9 @@ column stride of gate, up and their gradients):
 
 (the clamps' gradients as torch's: 1 inside the closed interval, 0 outside).
 
+``GATED=False`` drops up (u = 1): the kernels then compute a lone activation ``act(gm * gate) * dm`` and its gradient,
+for the non-gated MLP's :mod:`tigon.kernels.act_linear` (activations relu2, relu and quick_gelu serve it).
+
 Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
 up; write d_gate, d_up).
 """

@@ -16,6 +16,7 @@ from ..reference import act_linear as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes
 from .glu import HOST_BOUND_GLU, _writable
+from .glu import RECORDS as _GLU_RECORDS
 
 
 def act_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, activation: str = "gelu",
@@ -95,6 +96,10 @@ def _inputs(s: dict, dtype, device, gen) -> dict:
                 bias=randn(gen, (s["hidden"],), dtype, device))
 
 
+_GLU_LINEAR = next(r for r in _GLU_RECORDS if r.name == "glu_linear")
+"""glu_linear's record: the same slice of a model's sizes (tokens, intermediate, hidden) and the same matmuls (the
+down projection: 2 T I H forward, 6 T I H forward + backward), so its ``shape_of`` and ``flops`` are this op's."""
+
 _INPLACE = Case("gelu, inplace_backward=True", options={"activation": "gelu", "inplace_backward": True},
                 tags=frozenset({"bench"}), provider="tigon_inplace")
 
@@ -103,13 +108,11 @@ RECORDS = (OpSpec(
     summary="down_proj(act(h)) of a non-gated MLP without keeping act(h) for the backward",
     fn=act_linear, reference=ref.act_linear, original=ref.act_linear,
     original_name="fc2(act(fc1 output)) (HF GPTNeoXMLP / PhiMLP / NemotronMLP / CLIPMLP)",
-    make_inputs=_inputs,
-    shape_of=lambda m: {"tokens": m.tokens, "intermediate": m.intermediate, "hidden": m.hidden},
-    **sizes("tokens", "intermediate", "hidden"),
+    make_inputs=_inputs, shape_of=_GLU_LINEAR.shape_of, **sizes("tokens", "intermediate", "hidden"),
     grad_inputs=("h", "weight", "bias"), category="activation",
     # under torch.compile: F.linear(act(h)) traced, the activation fused by Inductor (no kernel of Tigon's there)
     under_compile="inductor",
-    flops=lambda s, mode: (2 if mode == "fwd" else 6) * s["tokens"] * s["intermediate"] * s["hidden"],
+    flops=_GLU_LINEAR.flops,
     cases=tuple(Case(f"activation={a}", options={"activation": a}) for a in ref.ACTIVATIONS) + (_INPLACE,),
     bench_notes={"tigon_inplace": "inplace_backward=True: the backward writes the gradient of h into its memory (as "
                                   "in a model, where h is the up projection's output); repeated calls run on "
