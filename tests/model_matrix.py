@@ -57,15 +57,16 @@ CASES = {
     "glm4": ("glm4", {}, "glm4", {"rms_norm": 4 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # layer 1 is a NoPE layer: one rotary attention to patch
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0]), "smollm3", {**FULL, **ADD, "rope": 1}, {}),
-    # LayerNorm families: torch.nn.LayerNorm instances (per model), non-gated MLPs left alone (no Tigon op), partial
-    # rotary (GPT-NeoX 25%: the rotary function rotates cos.shape[-1] dims; phi 50% and StableLM 25%: the attention
-    # passes the rotated slice); phi's LM head has a bias
-    "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
-    "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # LayerNorm families: torch.nn.LayerNorm instances (per model), non-gated MLPs as act_linear (GELU, phi's tanh
+    # GELU), partial rotary (GPT-NeoX 25%: the rotary function rotates cos.shape[-1] dims; phi 50% and StableLM 25%:
+    # the attention passes the rotated slice); phi's LM head has a bias
+    "gpt_neox": ("gpt_neox", {}, "gpt_neox", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    "phi": ("phi", {}, "phi", {"layer_norm": L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     "stablelm": ("stablelm", {}, "stablelm", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
-    # parallel attention + MLP after one norm; full rotary (Falcon derives head_dim from hidden / heads)
-    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "falcon", {"layer_norm": L + 1, "rope": L,
-                                                                         "lm_head_loss": 1}, {"mlp": L}),
+    # parallel attention + MLP after one norm; full rotary (Falcon derives head_dim from hidden / heads); its MLP's
+    # down projection a FalconLinear (folded into act_linear)
+    "falcon": ("falcon", dict(head_dim=DROP, num_kv_heads=2), "falcon", {"layer_norm": L + 1, "mlp": L, "rope": L,
+                                                                         "lm_head_loss": 1}, {}),
     # not registered: the generic matcher, everything probed (dropout off: the runs must be deterministic)
     "generic-seed_oss": ("seed_oss", dict(attention_dropout=0.0, residual_dropout=0.0), "generic", FULL, {}),
     # not registered, interleaved rotary: the rope probe rejects it
@@ -102,8 +103,8 @@ MORE_FAMILIES = {
                 {**QK_NORMS, "rope": 1}, {}),
     "hunyuan_v1_dense": ("hunyuan_v1_dense", {}, "hunyuan_v1_dense", {**QK_NORMS, **ADD}, {}),
     "ministral": ("ministral", {}, "ministral", {**FULL, **ADD}, {}),
-    # LayerNorm1P (1 + w), partial rotary 0.5; the relu2 MLP is non-gated
-    "nemotron": ("nemotron", {}, "nemotron", {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+    # LayerNorm1P (1 + w), partial rotary 0.5; the non-gated relu2 MLP: act_linear(activation="relu2")
+    "nemotron": ("nemotron", {}, "nemotron", {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # logits * lm_head_multiplier; the MLP's multipliers as the GLU kernel's scalars; small Mamba-2 mixers
     "falcon_h1": ("falcon_h1", dict(lm_head_multiplier=0.5, mlp_multipliers=[1.5, 0.5], mamba_d_ssm=32,
                                     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=16),
@@ -189,7 +190,7 @@ VISION_LANGUAGE = {
     # another interface (skipped); vision MLPs non-gated (Qwen2-VL, Qwen3-VL) or gated (Qwen2.5-VL)
     "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS, vision_config=dict(
         depth=1, embed_dim=32, num_heads=2, hidden_size=64, patch_size=2, temporal_patch_size=1)),
-        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, "layer_norm": 2 + 1}, {"mlp": 1, "rope": 1}),
+        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, "layer_norm": 2 + 1, "mlp": L + 1}, {"rope": 1}),
     "qwen2_5_vl": ("qwen2_5_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS,
                                       vision_config=dict(_QWEN_VIS, fullatt_block_indexes=[0])),
                    "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3,
@@ -197,8 +198,8 @@ VISION_LANGUAGE = {
     "qwen3_vl": ("qwen3_vl", dict(text_config=dict(TINY, rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
                                   **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                      deepstack_visual_indexes=[0])),
-                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4},
-                 {"mlp": 1, "rope": 1}),
+                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4, "mlp": L + 1},
+                 {"rope": 1}),
     # Qwen3.5-MoE: the hybrid MoE text decoder and a Qwen3-VL-like vision tower; its head keeps the router loss, with
     # the router settings read from the text config
     "qwen3_5_moe": ("qwen3_5_moe", dict(text_config=dict(TINY, **_MOE, **_LINEAR_ATTENTION, moe_intermediate_size=32,
@@ -208,38 +209,38 @@ VISION_LANGUAGE = {
                                         **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                            deepstack_visual_indexes=[])),
                     "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
-                    {"rms_norm": 8, "mlp": 2 * L, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
-                    {"mlp": 1, "rope": 1}),
-    # Llama language model, CLIP vision tower: three families; the projector is a non-gated MLP
+                    {"rms_norm": 8, "mlp": 2 * L + 1, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"rope": 1}),
+    # Llama language model, CLIP vision tower: three families; the projector and CLIP's MLP are non-gated (act_linear)
     "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
                             vision_config=dict(_VIT, model_type="clip_vision_model")),
-              "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+              "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "layer_norm": 4, "mlp": L + 2}, {}),
     # Gemma language model, SigLIP vision tower (its pooling head's LayerNorm and MLP too)
     "paligemma": ("paligemma", dict(text_config=dict(TINY, model_type="gemma"), image_token_id=IMAGE_TOKEN,
                                     projection_dim=64, vision_config=dict(_VIT, model_type="siglip_vision_model",
                                                                           projection_dim=64)),
-                  "PaliGemmaForConditionalGeneration", "paligemma", {**FULL, **ADD, "layer_norm": 4}, {"mlp": 2}),
+                  "PaliGemmaForConditionalGeneration", "paligemma", {**FULL, **ADD, "layer_norm": 4, "mlp": L + 2}, {}),
     # the projector's soft-embedding RMSNorm beside the text tower's; SigLIP vision tower
     "gemma3": ("gemma3", dict(text_config=dict(TINY, model_type="gemma3_text"), image_token_id=IMAGE_TOKEN,
                               mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4,
                               vision_config=dict(_VIT, model_type="siglip_vision_model", patch_size=2)),
-               "Gemma3ForConditionalGeneration", "gemma3", {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4},
-               {"mlp": 2}),
+               "Gemma3ForConditionalGeneration", "gemma3", {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4, "mlp": L + 2},
+               {}),
     # layer 1 is a cross-attention layer (its q / k norms; no rotary); LayerNorm ViT with a global transformer
     "mllama": ("mllama", dict(text_config=dict(TINY, cross_attention_layers=[1]), image_token_index=IMAGE_TOKEN,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                  num_global_layers=1, attention_heads=2, image_size=8, patch_size=4,
                                                  max_num_tiles=1, vision_output_dim=64, intermediate_layers_indices=[0],
                                                  supported_aspect_ratios=[[1, 1]])),
-               "MllamaForConditionalGeneration", "mllama", {**FULL, "rms_norm": 2 * L + 3, "rope": 1, "layer_norm": 6},
-               {"mlp": 2}),
+               "MllamaForConditionalGeneration", "mllama", {**FULL, "rms_norm": 2 * L + 3, "rope": 1, "layer_norm": 6,
+                                                            "mlp": L + 2}, {}),
     # families_more.py. Qwen3-VL with MoE text layers (layer 0 dense): the router loss with the text config's settings
     "qwen3_vl_moe": ("qwen3_vl_moe", dict(text_config=dict(TINY, **_MOE, moe_intermediate_size=32, mlp_only_layers=[0],
                                                            rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
                                           **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                              deepstack_visual_indexes=[0])),
-                     "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, "layer_norm": 4},
-                     {"mlp": 1, "rope": 1}),
+                     "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, "layer_norm": 4,
+                                                                             "mlp": L + 1}, {"rope": 1}),
     # GLM-4V: GLM-4 text layers (interleaved partial rotary on mRoPE tables: rope_interleaved), gated vision MLPs, the
     # merger left alone
     "glm4v": ("glm4v", dict(text_config=dict(TINY, rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
@@ -251,15 +252,16 @@ VISION_LANGUAGE = {
                                                     rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
                   "Glm4vMoeForConditionalGeneration", "glm4v_moe", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 4, "mlp": 4,
                                                                 "layer_norm": 1}, {"rope": 1, "mlp": 1}),
-    # InternVL: InternViT (LayerNorms) + LayerNorm projector, Qwen2 text tower
+    # InternVL: InternViT (LayerNorms, non-gated MLP: act_linear) + LayerNorm projector (skipped), Qwen2 text tower
     "internvl": ("internvl", dict(text_config=dict(TINY, model_type="qwen2"), image_token_id=IMAGE_TOKEN,
                                   image_seq_length=4, vision_config=dict(_VIT, image_size=[8, 8], patch_size=[2, 2],
                                                                          model_type="internvl_vision")),
-                 "InternVLForConditionalGeneration", "internvl", {**FULL, **ADD, "layer_norm": 3}, {"mlp": 2}),
+                 "InternVLForConditionalGeneration", "internvl", {**FULL, **ADD, "layer_norm": 3, "mlp": L + 1},
+                 {"mlp": 1}),
     # SmolVLM: its own SigLIP-like vision tower, Llama text tower
     "smolvlm": ("smolvlm", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN, scale_factor=2,
                                 vision_config=dict(_VIT, patch_size=2, model_type="smolvlm_vision")),
-                "SmolVLMForConditionalGeneration", "smolvlm", {**FULL, **ADD, "layer_norm": 3}, {"mlp": 1}),
+                "SmolVLMForConditionalGeneration", "smolvlm", {**FULL, **ADD, "layer_norm": 3, "mlp": L + 1}, {}),
     # Gemma 4: the text decoder above and a vision tower of the same module (its RMSNorms, v_norm without weight, and
     # gated MLP; its multidimensional rotary skipped); 16 patches of 2x2 pixels pooled 2x2 into 4 image tokens
     "gemma4": ("gemma4", dict(text_config=dict(TINY, **_GEMMA4), image_token_id=IMAGE_TOKEN, boi_token_id=3,
@@ -272,8 +274,8 @@ VISION_LANGUAGE = {
     "pixtral": ("llava", dict(text_config=dict(TINY, model_type="mistral"), image_token_id=IMAGE_TOKEN,
                               vision_feature_select_strategy="full", vision_feature_layer=-1,
                               vision_config=dict(_VIT, head_dim=16, model_type="pixtral")),
-                "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3, "mlp": L + 1},
-                {"mlp": 1, "rope": 1}),
+                "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3, "mlp": L + 2},
+                {"rope": 1}),
 }
 
 
@@ -293,22 +295,22 @@ LAYER_NORM_VARIANTS = {
     # configurations of the LayerNorm families (and partial rotary) beyond CASES' defaults (tests/test_families.py
     # checks loss and gradients of one step, and the dry run). GPT-NeoX with a sequential residual (two norms per layer)
     "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False), "gpt_neox",
-                            {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+                            {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # q / k LayerNorms over the head dim (torch.nn.LayerNorm): one more pair per layer
-    "phi-qk_layernorm": ("phi", dict(qk_layernorm=True), "phi", {"layer_norm": 3 * L + 1, "rope": L,
-                                                                  "lm_head_loss": 1}, {"mlp": L}),
+    "phi-qk_layernorm": ("phi", dict(qk_layernorm=True), "phi", {"layer_norm": 3 * L + 1, "mlp": L, "rope": L,
+                                                                  "lm_head_loss": 1}, {}),
     # per-head q / k LayerNorms (StableLmLayerNormPerHead: 4 + 2 torch.nn.LayerNorm per layer), parallel residual
     # (no post-attention norm)
     "stablelm-qk_layernorm": ("stablelm", dict(qk_layernorm=True, use_parallel_residual=True), "stablelm",
                               {"layer_norm": 7 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # Falcon-40B's layout: ln_attn and ln_mlp per layer, grouped kv heads
     "falcon-new_decoder": ("falcon", dict(head_dim=DROP, num_kv_heads=2, new_decoder_architecture=True), "falcon",
-                           {"layer_norm": 2 * L + 1, "rope": L, "lm_head_loss": 1}, {"mlp": L}),
+                           {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
     # not a LayerNorm family, but the same partial rotary as GPT-NeoX inside apply_rotary_pos_emb (Phi-4-mini: 0.75)
     "phi3-partial_rotary": ("phi3", dict(partial_rotary_factor=0.5), "phi3", FULL, {}),
     # ALiBi instead of rotary (config.alibi): no rotary to patch (a note, not a skip)
-    "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "lm_head_loss": 1},
-                     {"mlp": L}),
+    "falcon-alibi": ("falcon", dict(head_dim=DROP, alibi=True), "falcon", {"layer_norm": L + 1, "mlp": L,
+                                                                           "lm_head_loss": 1}, {}),
 }
 LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""

@@ -234,24 +234,25 @@ def test_vision_language_loss_and_every_gradient(case):
 
 
 def test_layer_norm_family_class_level():
-    """``tigon.patch("gpt_neox")``: the rotary function (partial rotary included) and the LM head for every model of
-    the family; torch.nn.LayerNorm (shared by every model) and the non-gated MLP are reported and left alone."""
+    """``tigon.patch("gpt_neox")``: the rotary function (partial rotary included), the non-gated MLP (act_linear) and
+    the LM head for every model of the family; torch.nn.LayerNorm (shared by every model) is reported and left
+    alone."""
     import transformers.models.gpt_neox.modeling_gpt_neox as mm
 
     ln_forward, head_forward = torch.nn.LayerNorm.forward, mm.GPTNeoXForCausalLM.forward
     try:
         report = tigon.patch("gpt_neox")
-        assert report.counts == {"rope": 1, "lm_head_loss": 1}, str(report)
+        assert report.counts == {"mlp": 1, "rope": 1, "lm_head_loss": 1}, str(report)
         skipped = {e.kind: e for e in report.skipped}
-        assert set(skipped) == {"layer_norm", "mlp"}
+        assert set(skipped) == {"layer_norm"}
         assert skipped["layer_norm"].target == "torch.nn.LayerNorm.forward"
-        assert "never changes it" in skipped["layer_norm"].detail and "non-gated" in skipped["mlp"].detail
+        assert "never changes it" in skipped["layer_norm"].detail
         assert torch.nn.LayerNorm.forward is ln_forward
         model = build("gpt_neox", {})
         ids = text_batches(1)[0]
         support.backend_usage(reset=True)
         model(input_ids=ids, labels=ids).loss.backward()
-        assert set(support.backend_usage()) == {"rope", "fused_linear_cross_entropy"}
+        assert set(support.backend_usage()) == {"act_linear", "rope", "fused_linear_cross_entropy"}
     finally:
         tigon.unpatch("gpt_neox")
     assert mm.GPTNeoXForCausalLM.forward is head_forward and torch.nn.LayerNorm.forward is ln_forward
@@ -317,7 +318,7 @@ def test_family_aliases_and_class_level_report():
 
 
 @pytest.mark.parametrize("name, skipped", [("falcon_h1", {}), ("gpt_oss", {}),
-                                           ("llava", {"mlp": 1}), ("llama4", {"mlp": 1})])
+                                           ("llava", {}), ("llama4", {"mlp": 1})])
 def test_class_level_unsupported_parts_and_containers(name, skipped):
     """``tigon.patch("<family>")``: the classes a family declares unsupported (Llama 4's bmm experts) are skipped
     with their reason and left unchanged; a vision-language container (Llava) says its towers are other families';

@@ -85,7 +85,8 @@ def test_inspect_generic_family_on_meta(tmp_path):
 
 def test_inspect_pythia_config_reports_layer_norm_family(tmp_path):
     # a Pythia-style config.json (rotary_pct, GPT-NeoX's own key): LayerNorms and partial rotary replaced, the
-    # non-gated MLP listed as skipped with the reason, the LM head fused; the same decisions as tigon.patch
+    # non-gated MLP as act_linear (its weights on the meta device: folded once loaded), the LM head fused; the same
+    # decisions as tigon.patch
     cfg = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": 64,
            "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 300,
            "rotary_pct": 0.25, "use_parallel_residual": True}
@@ -93,8 +94,8 @@ def test_inspect_pythia_config_reports_layer_norm_family(tmp_path):
     path = tmp_path / "inspect.json"
     assert main(["inspect", str(tmp_path / "config.json"), "--json", str(path)]) == 0
     r = json.loads(path.read_text())
-    assert r["family"] == "gpt_neox" and r["counts"] == {"layer_norm": 5, "rope": 2, "lm_head_loss": 1}
-    assert [(e["kind"], e["count"]) for e in r["skipped"]] == [("mlp", 2)]
-    assert "non-gated" in r["skipped"][0]["reason"]
+    assert r["family"] == "gpt_neox" and r["counts"] == {"layer_norm": 5, "mlp": 2, "rope": 2, "lm_head_loss": 1}
+    assert r["skipped"] == []
+    assert "tigon.functional.act_linear(dense_h_to_4h(x)" in json.dumps(r["replaced"])
     assert "partial_rotary_factor=0.25" in json.dumps(r["replaced"])
     assert patched_state() == {"class_level": {}, "rope_dispatchers": {}}

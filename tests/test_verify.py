@@ -155,12 +155,12 @@ def test_verify_model_checks_only_the_ops_patch_runs(tmp_path, capsys):
     assert main(["verify", "--model", "tiny", "--op", "layer_norm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tigon.patch runs no layer_norm in tiny" in err[0]
-    # GPT-NeoX: LayerNorm, partial rotary, a non-gated MLP (left alone), the LM head's fused loss
+    # GPT-NeoX: LayerNorm, partial rotary, a non-gated MLP (act_linear), the LM head's fused loss
     from transformers import GPT2Config, GPTNeoXConfig
 
     GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                   vocab_size=300).to_json_file(str(tmp_path / "neox.json"))
-    assert V.resolve_config(V.VerifyConfig(model=str(tmp_path / "neox.json"))).ops == ["layer_norm", "rope",
+    assert V.resolve_config(V.VerifyConfig(model=str(tmp_path / "neox.json"))).ops == ["layer_norm", "rope", "act_linear",
                                                                                    "fused_linear_cross_entropy"]
     # GPT-2: tigon.patch replaces nothing: nothing to verify, said on one line, exit status 2
     GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256).to_json_file(str(tmp_path / "gpt2.json"))

@@ -30,6 +30,7 @@ from .ops.rope import mrope
 from .ops.glu import swiglu
 from .ops.glu import geglu
 from .ops.glu import glu_linear
+from .ops.act_linear import act_linear
 from .ops.tiled_mlp import tiled_mlp
 from .ops.clamped_swiglu import clamped_swiglu
 from .ops.relu_squared import relu_squared

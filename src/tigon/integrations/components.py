@@ -35,7 +35,8 @@ def resolve_class(mod, name: str):
 
 def class_level_problem(kind: str, comp, cls: type) -> str | None:
     """Why a class-level patch leaves the class ``cls`` of a component alone (None when it patches it): a shared
-    class outside the family's modeling module (a dotted name in the spec), a non-gated MLP, or a class the family
+    class outside the family's modeling module (a dotted name in the spec), a non-gated MLP without a declared
+    activation module (:attr:`~tigon.integrations.family_spec.MLPSpec.act`), or a class the family
     declares unsupported (:class:`~tigon.integrations.family_spec.Unsupported`: its reason)."""
     if isinstance(comp, Unsupported):
         return comp.reason
@@ -72,6 +73,8 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
     if kind == "mlp":
         if comp.experts:
             return fw.experts_gate(comp, family, original)
+        if not comp.gated:
+            return fw.act_linear_forward(comp, family, original)
         return fw.mlp_forward(comp, family, original)
     if kind == "fused_add_rms_norm":
         return dl.decoder_layer_forward(comp, family, original)

@@ -47,8 +47,9 @@ another rotary function instead for its configuration (DeepSeek-V3's ``apply_rot
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
 used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2 not split by vocabulary rows; an FSDP2
 unit is read inside its hooks, a DeepSpeed ZeRO-3 head inside its own call: :mod:`tigon.integrations.sharded_head`),
-activations without a kernel, non-gated MLPs
-(no Tigon op), custom losses, and the classes a family declares unsupported with the reason
+activations without a kernel, non-gated MLPs whose
+down projection does not fold into ``act_linear`` (a LoRA or quantised layer; a lone activation gains nothing), custom
+losses, and the classes a family declares unsupported with the reason
 (:class:`~tigon.integrations.family_spec.Unsupported`: GPT-OSS's clamped SwiGLU experts, gated RMSNorms, ...).
 
 Never touched: ``torch.nn``, the classes and globals of other families, anything when ``strict=True`` finds a
@@ -379,7 +380,8 @@ def patch(
             :func:`tigon.functional.layer_norm` (with the module's own weight, bias and epsilon).
         mlp: replace gated MLP forwards by ``down(swiglu|geglu(gate(x), up(x)))``, chosen by the config's
             activation; activations without a kernel are skipped (instance) or run the original (class); non-gated
-            MLPs (GPT-NeoX, phi, Falcon) are reported and left alone.
+            MLPs ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon, Nemotron, the CLIP / SigLIP vision towers) by
+            :func:`tigon.functional.act_linear`, the activation named by the class of the module's activation.
         rope: route the family's rotary function to :func:`tigon.functional.rope` (scoping: see the module docs).
         fused_add_rms_norm: in decoder layers of Llama's pre-norm form (the family's
             :class:`~tigon.integrations.families.DecoderLayerSpec`, checked against the layer's source), compute the

@@ -16,6 +16,7 @@ from dataclasses import replace
 from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
     ACTIVATIONS,
     ADAPTERS,  # noqa: F401
+    NONGATED_ACTIVATIONS,
     PEFT_LORA,  # noqa: F401
     ROPE_LAYOUTS,  # noqa: F401
     AdapterSpec,  # noqa: F401
@@ -150,25 +151,25 @@ def _layer_norm_family(name: str, prefix: str, *, mlp: MLPSpec, rope: RopeSpec,
 
 
 GPT_NEOX = _layer_norm_family(  # Pythia; apply_rotary_pos_emb rotates the first cos.shape[-1] dims (rotary_pct)
-    "gpt_neox", "GPTNeoX", mlp=MLPSpec("GPTNeoXMLP", gate=None, up="dense_h_to_4h", down="dense_4h_to_h"),
+    "gpt_neox", "GPTNeoX", mlp=MLPSpec("GPTNeoXMLP", gate=None, up="dense_h_to_4h", down="dense_4h_to_h", act="act"),
     rope=RopeSpec(attention_classes=("GPTNeoXAttention",), partial_rotary=True),
     causal_lm=CausalLMSpec("GPTNeoXForCausalLM", backbone="gpt_neox", older_lm_head="embed_out"))
 PHI = _layer_norm_family(  # phi-1 / phi-2: the attention rotates q[..., :rotary_ndims]; lm_head has a bias
-    "phi", "Phi", mlp=MLPSpec("PhiMLP", gate=None, up="fc1", down="fc2"),
+    "phi", "Phi", mlp=MLPSpec("PhiMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),
     rope=RopeSpec(attention_classes=("PhiAttention",), partial_rotary=True))
 STABLELM = _layer_norm_family(  # gated SiLU MLP; the attention rotates q[..., :rotary_ndims]; per-head q/k LayerNorms
     "stablelm", "StableLm", mlp=MLPSpec("StableLmMLP"),
     rope=RopeSpec(attention_classes=("StableLmAttention",), partial_rotary=True))
-FALCON = _layer_norm_family(  # config.alibi: ALiBi instead of rotary; MLP act from config.activation
+FALCON = _layer_norm_family(  # config.alibi: ALiBi instead of rotary; MLP act from config.activation; its Linear
     "falcon", "Falcon", mlp=MLPSpec("FalconMLP", act_config_attr="activation", gate=None, up="dense_h_to_4h",
-                                    down="dense_4h_to_h"),
+                                    down="dense_4h_to_h", act="act", linear_cls="FalconLinear"),  # x @ W.T + b
     rope=RopeSpec(attention_classes=("FalconAttention",), off_config_attr="alibi"),
     causal_lm=CausalLMSpec("FalconForCausalLM", backbone="transformer",
                            output_class="CausalLMOutputWithCrossAttentions"))
 NEMOTRON = _layer_norm_family(  # LayerNorm1P: LayerNorm with (1 + w); non-gated relu2 MLP; partial rotary (0.5)
     "nemotron", "Nemotron", norm=NormSpec("NemotronLayerNorm1P", kind="layer_norm", offset=1.0, eps_attr="eps"),
-    mlp=MLPSpec("NemotronMLP", gate=None), rope=RopeSpec(attention_classes=("NemotronAttention",),
-                                                         partial_rotary=True))
+    mlp=MLPSpec("NemotronMLP", gate=None, act="act_fn"),
+    rope=RopeSpec(attention_classes=("NemotronAttention",), partial_rotary=True))
 
 
 # Vision-language models: tigon.patch applies every registered family a model contains, so the text tower of another
@@ -183,7 +184,7 @@ _MULTIMODAL_OUTPUT = "MultimodalCausalLMOutputWithPast"  # transformers 5.2x; ea
 def _vision(name: str, mlp: str) -> FamilySpec:
     """A ViT vision encoder (CLIP, SigLIP): torch.nn.LayerNorm and a non-gated ``fc2(act(fc1(x)))`` MLP."""
     return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
-                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2"),))
+                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2", act="activation_fn"),))
 
 
 def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
@@ -206,7 +207,7 @@ SIGLIP = _vision("siglip", "SiglipMLP")
 LLAVA = FamilySpec(  # the language model and the vision tower are other families (Llama, CLIP by default)
     name="llava", module="transformers.models.llava.modeling_llava",
     mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
-                  down="linear_2"),),
+                  down="linear_2", act="act"),),
     causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"))
 PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
     name="paligemma", module="transformers.models.paligemma.modeling_paligemma",
@@ -214,19 +215,20 @@ PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; 
                            softcap_attr="final_logit_softcapping", text_config_attrs=True))
 QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp
     "qwen2_vl", "Qwen2VL", text="", norms=(NormSpec("Qwen2VLRMSNorm"), TORCH_LAYER_NORM),
-    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2")),
+    mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2", act="act")),
     vision_attention="VisionAttention")
 QWEN2_5_VL = _qwen_vl(  # vision: the same RMSNorm, a gated MLP with biases (activation from its act_fn)
     "qwen2_5_vl", "Qwen2_5_VL", text="", norms=(NormSpec("Qwen2_5_VLRMSNorm"),),
     mlps=(MLPSpec("Qwen2MLP"), MLPSpec("Qwen2_5_VLMLP")), vision_attention="Qwen2_5_VLVisionAttention")
 QWEN3_VL = _qwen_vl(  # per-head q_norm / k_norm; vision: torch.nn.LayerNorm, non-gated MLP
     "qwen3_vl", "Qwen3VL", text="Text", norms=(NormSpec("Qwen3VLTextRMSNorm"), TORCH_LAYER_NORM),
-    mlps=(MLPSpec("Qwen3VLTextMLP"), MLPSpec("Qwen3VLVisionMLP", gate=None, up="linear_fc1", down="linear_fc2")),
+    mlps=(MLPSpec("Qwen3VLTextMLP"),
+          MLPSpec("Qwen3VLVisionMLP", gate=None, up="linear_fc1", down="linear_fc2", act="act_fn")),
     vision_attention="Qwen3VLVisionAttention")
 MLLAMA = FamilySpec(  # Llama 3.2 Vision: self-attention layers, gated cross-attention layers, a LayerNorm ViT
     name="mllama", module="transformers.models.mllama.modeling_mllama",
     norms=(NormSpec("MllamaTextRMSNorm"), TORCH_LAYER_NORM),
-    mlps=(MLPSpec("MllamaTextMLP"), MLPSpec("MllamaVisionMLP", gate=None, up="fc1", down="fc2")),
+    mlps=(MLPSpec("MllamaTextMLP"), MLPSpec("MllamaVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn")),
     rope=RopeSpec(attention_classes=("MllamaTextSelfAttention",)),
     causal_lm=CausalLMSpec("MllamaForCausalLM"),
     extra_heads=(CausalLMSpec("MllamaForConditionalGeneration",
@@ -243,7 +245,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
         name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",),
         norms=(_gemma_norm(prefix), _gated_norm(f"{prefix}RMSNormGated"), TORCH_LAYER_NORM),
         mlps=(MLPSpec(f"{prefix}MLP"),) + ((MLPSpec(f"{prefix}Experts", experts=True),) if moe else ())
-        + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2"),),
+        + (MLPSpec(f"{prefix}VisionMLP", gate=None, up="linear_fc1", down="linear_fc2", act="act_fn"),),
         rope=RopeSpec(attention_classes=(f"{prefix}Attention",), partial_rotary=True),
         causal_lm=CausalLMSpec(f"{prefix}ForCausalLM", **(moe_head if moe else {})),
         extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
@@ -302,7 +304,9 @@ def family_ops(config: dict) -> set[str] | None:
     """The :mod:`tigon.functional` ops a patched model of this config runs, or None for a family Tigon does not know.
 
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
-    config's activation attribute, else the transformers config class's default), ``rope`` when it has a rotary
+    config's activation attribute, else the transformers config class's default), ``act_linear`` for its non-gated
+    MLPs of a declared activation module when the config names an activation it has (:data:`NONGATED_ACTIVATIONS`),
+    ``rope`` when it has a rotary
     function (or ``rope_interleaved`` / ``mrope`` for its layout), ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
     (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
@@ -319,12 +323,15 @@ def family_ops(config: dict) -> set[str] | None:
             ops |= family_ops({**sub, "model_type": tower}) or set()
     ops |= {n.kind for n in spec.norms}
     for m in spec.mlps:
-        if not m.gated:
+        if not m.gated and m.act is None:
             continue  # left alone (no Tigon op)
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        act = (m.activation or config.get(m.act_config_attr) or text.get(m.act_config_attr)
+        vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+        act = (m.activation or config.get(m.act_config_attr) or (text if m.gated else vision).get(m.act_config_attr)
                or _config_default(model_type, m.act_config_attr))
-        if act in ACTIVATIONS:
+        if not m.gated and act in NONGATED_ACTIVATIONS:
+            ops.add("act_linear")  # (a vision tower's MLP: the vision config's activation)
+        elif m.gated and act in ACTIVATIONS:
             ops.add(ACTIVATIONS[act][0])
     if spec.rope is not None:  # the op of each rotary function's layout
         from .rotary_layouts import ROPE_OPS
@@ -360,13 +367,17 @@ def kind_op(kind: str, config) -> str | None:
     config or its dict), or None for a kind that runs no single op.
 
     ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it
-    names none Tigon has), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the LoRA linear; the norm and
-    rotary kinds are their ops.
+    names none Tigon has), or ``act_linear`` in a family whose MLPs are all non-gated (GPT-NeoX, phi, Falcon,
+    Nemotron), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the LoRA linear; the norm and rotary kinds are
+    their ops.
     """
     if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
     if kind == "mlp":
         get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+        spec = next((s for s in FAMILIES.values() if get("model_type") in (s.name, *s.aliases)), None)
+        if spec is not None and spec.mlps and all(not m.gated and m.act is not None for m in spec.mlps):
+            return "act_linear"
         act = get("hidden_act") or get("hidden_activation")
         return ACTIVATIONS.get(act, ("swiglu", None))[0]
     if kind == "lm_head_loss":

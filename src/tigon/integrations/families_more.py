@@ -79,16 +79,16 @@ PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers)
 
 SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text tower (its own family), linear connector
     name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm",
-    norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2"),),
+    norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"))
 
 INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) + a LayerNorm projector, Qwen2 text tower
     name="internvl", module="transformers.models.internvl.modeling_internvl",
     norms=(NormSpec("InternVLVisionRMSNorm"), TORCH_LAYER_NORM),
-    mlps=(MLPSpec("InternVLVisionMLP", gate=None, up="fc1", down="fc2"),
-          MLPSpec("InternVLMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
-                  down="linear_2")),
-    causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"))
+    mlps=(MLPSpec("InternVLVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
+    causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"),
+    unsupported=(Unsupported("mlp", "InternVLMultiModalProjector", "layer_norm, then linear_2(act(linear_1(x))) in "
+                             "one forward: not a plain non-gated MLP (its LayerNorm is replaced)"),))
 
 
 def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: RopeSpec,
@@ -127,7 +127,7 @@ QWEN3_VL_MOE = FamilySpec(  # Qwen3-VL with MoE text layers (mlp_only_layers den
     name="qwen3_vl_moe", module="transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
     aliases=("qwen3_vl_moe_text",), norms=(NormSpec("Qwen3VLMoeTextRMSNorm"), TORCH_LAYER_NORM),
     mlps=(MLPSpec("Qwen3VLMoeTextMLP"), MLPSpec("Qwen3VLMoeTextExperts", experts=True),
-          MLPSpec("Qwen3VLMoeVisionMLP", gate=None, up="linear_fc1", down="linear_fc2")),
+          MLPSpec("Qwen3VLMoeVisionMLP", gate=None, up="linear_fc1", down="linear_fc2", act="act_fn")),
     rope=RopeSpec(attention_classes=("Qwen3VLMoeTextAttention",)),
     decoder_layers=(DecoderLayerSpec("Qwen3VLMoeTextDecoderLayer", NormSpec("Qwen3VLMoeTextRMSNorm")),),
     causal_lm=CausalLMSpec("Qwen3VLMoeForConditionalGeneration", router_aux_loss="load_balancing_loss_func",

@@ -48,11 +48,14 @@ class NormSpec:
 
 @dataclass(frozen=True)
 class MLPSpec:
-    """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu.
+    """A gated MLP ``down(act(gate(x)) * up(x))`` whose ``forward`` becomes swiglu / geglu (or ``glu_linear``), or a
+    non-gated MLP ``down(act(up(x)))`` whose ``forward`` becomes :func:`tigon.functional.act_linear`.
 
-    A non-gated MLP ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon: ``gate=None``) is declared so that the report names
-    it, and is left alone: Tigon's MLP ops are gated, and a lone GELU is one elementwise pass that PyTorch already
-    runs as one kernel (nothing to fuse it with that a kernel of Tigon's would save).
+    A non-gated MLP (GPT-NeoX, phi, Falcon, Nemotron, the CLIP / SigLIP vision towers: ``gate=None``) runs
+    ``act_linear(up(x), down.weight, down.bias, activation=...)``: the down projection's input ``act(h)`` is
+    recomputed in the backward instead of being saved beside h (one (tokens, I) tensor less per layer). Its
+    activation is named by the class of its activation module (``act``), and the down projection must be a plain
+    ``nn.Linear`` (or ``linear_cls``); otherwise, or without ``act``, it is reported and left alone.
 
     cls: class name in the family module.
     act_config_attr: the attribute of the module's ``config`` naming the activation (``hidden_act``; Gemma 2 and 3
@@ -62,7 +65,7 @@ class MLPSpec:
         ``_apply_gate`` (clamped SwiGLU on interleaved gate / up, the module's ``alpha`` / ``limit``) becomes
         :func:`tigon.functional.clamped_swiglu`.
     gate, up, down: attribute names of the three projections (any callables: nn.Linear, LoRA-wrapped Linear ...);
-        ``gate`` None (and no ``gate_up``): a non-gated MLP, reported and left alone.
+        ``gate`` None (and no ``gate_up``): a non-gated MLP ``down(act(up(x)))``.
     gate_up: attribute name of a fused gate-up projection (Phi-3, GLM-4: ``gate, up = gate_up(x).chunk(2, -1)``);
         when set, ``gate`` and ``up`` are not used and the kernel reads the two halves in place.
     experts: the class is a Hugging Face v5 MoE experts module (``@use_experts_implementation``: 3-D
@@ -73,6 +76,13 @@ class MLPSpec:
     multipliers: attribute names of the module's gate and down multipliers (HF FalconH1MLP: ``("gate_multiplier",
         "down_multiplier")``, its forward ``down(up(x) * act(gate(x) * gate_multiplier)) * down_multiplier``), read
         at each call and passed to the op as kernel scalars; None: no multipliers.
+    act: for a non-gated MLP whose forward is exactly ``down(act(up(x)))``, the attribute holding its activation
+        module (GPT-NeoX's and Falcon's ``act``, phi's and CLIP's ``activation_fn``, Nemotron's ``act_fn``); the
+        module's class names the activation (:data:`NONGATED_ACTIVATIONS` of its ``ACT2FN`` name, or
+        ``torch.nn.GELU`` by its ``approximate``). None: the non-gated MLP is reported and left alone.
+    linear_cls: the family's own ``nn.Linear`` subclass its down projection may be, computing ``nn.Linear``'s map
+        (Falcon's ``FalconLinear``: ``x @ W.T + b`` in two ATen calls), folded into ``act_linear`` like a plain
+        ``nn.Linear`` (one rounding of the bias add less); None: only ``torch.nn.Linear`` itself is folded.
     """
 
     cls: str
@@ -84,6 +94,8 @@ class MLPSpec:
     gate_up: str | None = None
     experts: bool = False
     multipliers: tuple[str, str] | None = None
+    act: str | None = None
+    linear_cls: str | None = None
 
     @property
     def gated(self) -> bool:
@@ -321,4 +333,18 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
     "gelu_fast": ("geglu", "tanh"),
     # not an HF activation name: GPT-OSS's experts hook (MLPSpec.activation), clamp / alpha / +1 on up
     "clamped_swiglu": ("clamped_swiglu", None),
+}
+
+# HF activation names (``transformers.activations.ACT2FN`` keys) -> the activation of the non-gated MLP's op,
+# tigon.functional.act_linear (its ``activation`` argument).
+NONGATED_ACTIVATIONS: dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu2": "relu2",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "quick_gelu": "quick_gelu",
 }

@@ -1,4 +1,5 @@
-"""Replacement ``forward`` functions built from a spec: norms, gated MLPs, and the scoped rotary dispatcher.
+"""Replacement ``forward`` functions built from a spec: norms, gated and non-gated MLPs, and the scoped rotary
+dispatcher.
 
 Each factory returns a plain function ``forward(self, ...)`` usable both as a class attribute (class-level patch) and
 bound to one instance with :class:`types.MethodType` (instance-level patch). Every function carries the attribute
@@ -18,7 +19,7 @@ import torch
 
 from .. import functional as TF
 from .. import support
-from .families import ACTIVATIONS, MLPSpec, NormSpec
+from .families import ACTIVATIONS, NONGATED_ACTIVATIONS, MLPSpec, NormSpec
 
 MARK = "__tigon_patch__"
 
@@ -218,14 +219,16 @@ def _hook_problem(module, tigon_forward_ok: bool = False) -> str | None:
     return None
 
 
-def fold_problem(module, hooks_checked: bool = False) -> str | None:
-    """Why ``module`` cannot be folded into :func:`tigon.functional.glu_linear` (None when it can, with the same
-    result as calling it): it must be exactly an ``nn.Linear`` (not PEFT LoRA or a quantised layer), without forward
+def fold_problem(module, hooks_checked: bool = False, linear_cls: str | None = None) -> str | None:
+    """Why ``module`` cannot be folded into :func:`tigon.functional.glu_linear` (or ``act_linear``; None when it can,
+    with the same result as calling it): it must be exactly an ``nn.Linear`` (or an ``nn.Linear`` subclass of the class
+    name ``linear_cls``, :attr:`MLPSpec.linear_cls`; not PEFT LoRA or a quantised layer), without forward
     or backward hooks of its own or global ones and without an instance-level ``forward`` (FSDP2 sharding the layer by
     itself, accelerate offloading, user hooks: the folded call would skip them), with plain-tensor parameters (no
     DTensor) off the meta device. ``hooks_checked``: the caller knows it has no hooks and no instance-level forward
     (:func:`_no_hooks`)."""
-    if type(module) is not torch.nn.Linear:
+    if type(module) is not torch.nn.Linear and not (linear_cls is not None and type(module).__name__ == linear_cls
+                                                    and isinstance(module, torch.nn.Linear)):
         return f"{type(module).__module__}.{type(module).__qualname__}, not a plain torch.nn.Linear"
     problem = None if hooks_checked else _hook_problem(module)
     if problem is not None:
@@ -338,7 +341,7 @@ def _intermediate(module, spec: MLPSpec) -> int | None:
     if spec.gate_up is not None:
         n = getattr(getattr(module, spec.gate_up), "out_features", None)
         return n // 2 if isinstance(n, int) else None
-    n = getattr(getattr(module, spec.gate), "out_features", None)
+    n = getattr(getattr(module, spec.gate if spec.gate is not None else spec.up), "out_features", None)  # (non-gated)
     return n if isinstance(n, int) else None
 
 
@@ -363,10 +366,11 @@ def _host_bound_default(op: str) -> int:
     return ops.get(op).host_bound_elements
 
 
-def describe_host_bound(module, spec: MLPSpec) -> str:
-    """The patch report's sentence on the host-bound choice of a patched MLP ("" when its threshold is 0)."""
-    act = mlp_activation(module, spec) if module is not None else None
-    op = act[0] if isinstance(act, tuple) else "swiglu"
+def describe_host_bound(module, spec: MLPSpec, op: str | None = None) -> str:
+    """The patch report's sentence on the host-bound choice of a patched MLP ("" when its threshold is 0); ``op``: the
+    record that holds the threshold (default: the gated op of the MLP's activation)."""
+    act = mlp_activation(module, spec) if module is not None and op is None else None
+    op = op or (act[0] if isinstance(act, tuple) else "swiglu")
     limit = support.host_bound_elements(_host_bound_default(op))
     if not limit or spec.experts:
         return ""
@@ -472,8 +476,7 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
     """Why ``module`` cannot take the Tigon MLP forward (or experts hook), or None when it can. A non-gated MLP
     never can (``module`` may be None then: the reason is the spec's)."""
     if not spec.gated:
-        return (f"non-gated MLP {spec.down}(act({spec.up}(x))): Tigon's MLP ops are gated (swiglu / geglu); a lone "
-                "activation is one elementwise pass PyTorch already runs as one kernel, so the MLP is left alone")
+        return act_linear_problem(module, spec)
     if spec.experts and spec.activation == "clamped_swiglu":
         return clamped_experts_problem(module)
     if spec.experts:
@@ -546,6 +549,8 @@ def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]
     ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it, ``glu_linear`` when its down projection is folded in, else
     ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
     from each model's config) or its activation has no kernel."""
+    if not spec.gated:
+        return ("act_linear",) if module is not None and nongated_activation(module, spec)[0] is not None else ()
     act = mlp_activation(module, spec) if module is not None else None
     if not isinstance(act, tuple):
         return ()
@@ -558,7 +563,9 @@ def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]
 def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
     """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``; for
     projections that are adapter layers, whether they run with it as one node and why not
-    (:func:`tigon.integrations.lora_mlp.describe`)."""
+    (:func:`tigon.integrations.lora_mlp.describe`); for a non-gated MLP, :func:`describe_act_linear`."""
+    if not spec.gated:
+        return describe_act_linear(module, spec)
     act = mlp_activation(module, spec) if module is not None else None
     if act is None or isinstance(act, str):
         name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
@@ -585,6 +592,102 @@ def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
         fold = f"; {spec.down} is called on the product ({problem})"
     lora_note = f"; {lora}" if lora is not None else ""
     return f"{spec.down}({name}({inner})){fold}{describe_host_bound(module, spec)}{lora_note}"
+
+
+# ---- non-gated MLPs ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _activation_classes() -> dict[type, str]:
+    """Activation module class -> its :data:`NONGATED_ACTIVATIONS` value, for the classes of
+    ``transformers.activations.ACT2CLS`` (entries built with options, e.g. ``gelu_10``'s clipping, left out: their
+    class alone does not tell the options) and torch's ReLU / SiLU; ``torch.nn.GELU`` is read by its ``approximate``
+    (:func:`nongated_activation`)."""
+    out = {torch.nn.ReLU: "relu", torch.nn.SiLU: "silu"}
+    try:
+        from transformers.activations import ACT2CLS
+    except ImportError:
+        return out
+    for name, cls in ACT2CLS.items():
+        if not isinstance(cls, tuple) and name in NONGATED_ACTIVATIONS:
+            out[cls] = NONGATED_ACTIVATIONS[name]
+    return out
+
+
+def nongated_activation(module, spec: MLPSpec) -> tuple[str | None, str | None]:
+    """``(activation, None)``: the :func:`tigon.functional.act_linear` activation of the non-gated MLP ``module``, named
+    by the exact class of its activation module ``module.<spec.act>`` (a subclass may compute something else); or
+    ``(None, why not)``."""
+    act_fn = getattr(module, spec.act, None) if spec.act is not None else None
+    cls = type(act_fn)
+    name = _activation_classes().get(cls)
+    if name is None and cls is torch.nn.GELU:
+        name = {"none": "gelu", "tanh": "gelu_tanh"}.get(act_fn.approximate)
+    if name is not None:
+        return name, None
+    if act_fn is None:
+        return None, f"no activation module {spec.act!r}"
+    return None, (f"activation {cls.__module__}.{cls.__qualname__} ({spec.act}) has no Tigon kernel; supported: "
+                  + ", ".join(sorted(NONGATED_ACTIVATIONS)) + ", torch.nn.GELU")
+
+
+def act_linear_problem(module, spec: MLPSpec) -> str | None:
+    """Why the non-gated MLP ``module`` (None: its class, at class level) cannot take :func:`act_linear_forward`, or
+    None: its spec declares its activation module (:attr:`MLPSpec.act`), the activation has a kernel, and its down
+    projection folds into the op (:func:`fold_problem`; on the meta device: once its weights are loaded)."""
+    if spec.act is None:
+        return (f"non-gated MLP {spec.down}(act({spec.up}(x))) without a declared activation module (MLPSpec.act): "
+                "its forward is not known to be exactly that; left alone")
+    if module is None:
+        return None  # class level: each call checks its instance
+    if not callable(getattr(module, spec.up, None)):
+        return f"no callable attribute {spec.up!r}"
+    act, why = nongated_activation(module, spec)
+    if act is None:
+        return why
+    problem = fold_problem(getattr(module, spec.down, None), linear_cls=spec.linear_cls)
+    if problem is not None and problem != _META_PROBLEM:
+        return (f"{spec.down} cannot be folded into tigon.functional.act_linear ({problem}); a lone activation gains "
+                "nothing, so the MLP is left alone")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def act_linear_forward(spec: MLPSpec, family: str, original):
+    """``forward(self, x) = act_linear(up(x), down.weight, down.bias, activation=...)`` for a non-gated MLP whose
+    forward is ``down(act(up(x)))``: the same result, with ``act(h)`` recomputed in the backward instead of saved
+    (one (tokens, I) tensor less per layer; :func:`tigon.functional.act_linear`). The activation comes from the class of
+    the module's activation module (:func:`nongated_activation`), read per call, as are the conditions under which the
+    original forward runs instead: an activation without a kernel, a down projection that does not fold
+    (:func:`fold_problem`: hooks, an instance-level forward, LoRA, quantised or DTensor weights), hooks on the
+    activation module, a non-reentrant activation checkpoint (:func:`under_checkpoint`: nothing is saved there, and
+    the fold would recompute the down projection for nothing) and, on a CUDA GPU, small calls (:func:`host_bound`).
+    h is the up projection's own output, so the backward writes d_h into its memory (``inplace_backward``) unless
+    the up projection has hooks (which could keep it)."""
+
+    @functools.wraps(original)
+    def forward(self, x, *args, **kwargs):
+        act, _ = nongated_activation(self, spec)
+        if args or kwargs or act is None or host_bound(self, spec, ("act_linear", None), x):
+            return original(self, x, *args, **kwargs)
+        up, down, act_fn = getattr(self, spec.up), getattr(self, spec.down), getattr(self, spec.act)
+        plain = _no_hooks(up, down, act_fn)  # the usual case, in one call
+        if ((not plain and _hook_problem(act_fn) is not None) or under_checkpoint()
+                or fold_problem(down, hooks_checked=plain, linear_cls=spec.linear_cls) is not None):
+            return original(self, x, *args, **kwargs)
+        return TF.act_linear(up(x), down.weight, down.bias, activation=act,
+                             inplace_backward=plain or _outputs_private(up))
+
+    return mark(forward, "mlp", family)
+
+
+def describe_act_linear(module, spec: MLPSpec) -> str:
+    """What the patched non-gated MLP computes, for the report."""
+    act = nongated_activation(module, spec)[0] if module is not None else None
+    how = f"activation={act!r}" if act is not None else f"the activation named by the class of self.{spec.act}"
+    return (f"tigon.functional.act_linear({spec.up}(x), {spec.down}.weight, {spec.down}.bias, {how}): "
+            f"{spec.down}(act({spec.up}(x))) with act(h) recomputed in the backward, not stored; checked again at every "
+            f"call: hooks or an instance-level forward added later, a {spec.down} that no longer folds, or a "
+            "non-reentrant activation checkpoint make it run the original forward"
+            + describe_host_bound(module, spec, "act_linear"))
 
 
 # ---- rotary embedding ----------------------------------------------------------------------------------------

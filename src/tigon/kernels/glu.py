@@ -23,6 +23,9 @@ column stride of gate, up and their gradients):
 
 (the clamps' gradients as torch's: 1 inside the closed interval, 0 outside).
 
+``GATED=False`` drops up (u = 1): the kernels then compute a lone activation ``act(gm * gate) * dm`` and its gradient,
+for the non-gated MLP's :mod:`tigon.kernels.act_linear` (activations relu2, relu and quick_gelu serve it).
+
 Minimal bytes (bf16, n elements): forward 3*n*2 (read gate, up; write out); backward 5*n*2 (read dy, gate,
 up; write d_gate, d_up).
 """
@@ -38,7 +41,10 @@ import triton.language as tl
 from ._common import CUSTOM_OP_TAGS, first_order, launcher, once_differentiable
 from .elementwise import _launch_shape, as_2d, launch_shape, tile, tile_elems
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3}
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3, "relu2": 4, "relu": 5, "quick_gelu": 6}
+"""Activation name -> the kernels' ``ACTIVATION`` code. 4-6 serve the non-gated MLP (``GATED=False``,
+:mod:`tigon.kernels.act_linear`): relu2 (``relu(g)^2``, Primer), relu, and quick_gelu (CLIP's ``g * sigmoid(1.702 g)``:
+the clamped SiLU's alpha form, alpha = 1.702 passed by the launcher, without its clamps)."""
 
 # Constants are written as literals inside the kernels (globals would have to be constexpr, whose arithmetic
 # with tensors the interpreter mishandles): 0.7071067811865476 = 1/sqrt(2), 0.3989422804014327 = 1/sqrt(2 pi);
@@ -51,10 +57,15 @@ def _act(g, alpha, ACTIVATION: tl.constexpr):
     """act(g) in fp32 (``alpha``: the clamped SiLU's slope, read only by it)."""
     if ACTIVATION == 0:
         a = g * tl.sigmoid(g)
-    elif ACTIVATION == 3:
+    elif ACTIVATION == 3 or ACTIVATION == 6:
         a = g * tl.sigmoid(alpha * g)
     elif ACTIVATION == 1:
         a = g * (0.5 + 0.5 * tl.erf(g * 0.7071067811865476))
+    elif ACTIVATION == 4:
+        r = tl.maximum(g, 0.0)
+        a = r * r
+    elif ACTIVATION == 5:
+        a = tl.maximum(g, 0.0)
     else:  # 0.5 * (1 + tanh(u)) == sigmoid(2u), u = sqrt(2/pi) * (g + 0.044715 g^3)
         a = g * tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
     return a
@@ -67,7 +78,7 @@ def _act_and_grad(g, alpha, ACTIVATION: tl.constexpr):
         s = tl.sigmoid(g)
         a = g * s
         da = s * (1.0 + g * (1.0 - s))
-    elif ACTIVATION == 3:
+    elif ACTIVATION == 3 or ACTIVATION == 6:
         s = tl.sigmoid(alpha * g)
         a = g * s
         da = s * (1.0 + alpha * g * (1.0 - s))
@@ -75,6 +86,13 @@ def _act_and_grad(g, alpha, ACTIVATION: tl.constexpr):
         cdf = 0.5 + 0.5 * tl.erf(g * 0.7071067811865476)
         a = g * cdf
         da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
+    elif ACTIVATION == 4:  # relu(g)^2: 2 relu(g) (torch's square(relu(g)) backward, 0 at g = 0)
+        r = tl.maximum(g, 0.0)
+        a = r * r
+        da = 2.0 * r
+    elif ACTIVATION == 5:  # relu: 1 where g > 0 (torch's threshold backward, 0 at g = 0)
+        a = tl.maximum(g, 0.0)
+        da = tl.where(g > 0.0, 1.0, 0.0)
     else:  # d/dg [g * sigmoid(2u)] = s + g * 2 s (1 - s) * du/dg, du/dg = sqrt(2/pi) (1 + 3 * 0.044715 g^2)
         s = tl.sigmoid(g * (1.5957691216057308 + 0.07135481627260025 * g * g))
         a = g * s
@@ -104,16 +122,21 @@ def _load_pairs(GU, rows, stride, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 def _glu_fwd(
     GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL: tl.constexpr = 1,
+    GATED: tl.constexpr = True,
 ):
-    # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp; COL 2: gate and up interleaved in GATE's rows
-    # (UP unused), else separate tensors with unit column stride.
+    # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp (alpha: quick_gelu's too); COL 2: gate and up
+    # interleaved in GATE's rows (UP unused), else separate tensors with unit column stride. GATED False: no up
+    # (u = 1, UP unused): ``act(gm * gate) * dm``, the non-gated MLP's activation.
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     # gm, dm: fp32 gate and down multipliers (Falcon-H1's; 1 otherwise)
     if COL == 2:
         g, u = _load_pairs(GATE, rows, stride_g, M, N, BLOCK_M, BLOCK_N)
     else:
         g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            u = 1.0
     if ACTIVATION == 3:
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
@@ -125,12 +148,13 @@ def _glu_fwd(
 def _glu_bwd(
     DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL: tl.constexpr = 1,
+    COL: tl.constexpr = 1, GATED: tl.constexpr = True,
 ):
     """d_gate, d_up; with STORE_PRODUCT also the forward's output ``act(gm * gate) * up * dm`` written over dy (each
     element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`).
     gm, dm, alpha, limit, COL: as :func:`_glu_fwd` (COL 2: the gradients interleaved in DGATE, DUP unused; the
-    clamped activation runs with gm = dm = 1)."""
+    clamped activation runs with gm = dm = 1). GATED False: u = 1 and no d_up (UP, DUP unused): d_gate is the
+    non-gated activation's gradient ``dy * act'(gm * gate) * gm * dm``, the product ``act(gm * gate) * dm``."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -138,7 +162,10 @@ def _glu_bwd(
         g, u = _load_pairs(GATE, rows, stride_g, M, N, BLOCK_M, BLOCK_N)
     else:
         g = tl.load(GATE + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            u = 1.0
     if ACTIVATION == 3:  # the clamps pass gradient inside their closed intervals (torch.clamp's backward)
         a, da = _act_and_grad(tl.minimum(g, limit), alpha, ACTIVATION)
         da = tl.where(g <= limit, da, 0.0)
@@ -156,7 +183,9 @@ def _glu_bwd(
     else:
         tl.store(DGATE + rows[:, None] * stride_dg + cols[None, :], (dy * u * da * gm).to(DGATE.dtype.element_ty),
                  mask=mask)
-        tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a_up).to(DUP.dtype.element_ty), mask=mask)
+        if GATED:
+            tl.store(DUP + rows[:, None] * stride_du + cols[None, :], (dy * a_up).to(DUP.dtype.element_ty),
+                     mask=mask)
     if STORE_PRODUCT:
         tl.store(dy_ptrs, (a * u * dm).to(DY.dtype.element_ty), mask=mask)
 

@@ -145,7 +145,8 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if type(module).__module__.startswith("transformers.activations") or isinstance(
             module, (torch.nn.SiLU, torch.nn.GELU, torch.nn.Tanh, torch.nn.ReLU)):
         if parent_path in patched_paths:
-            return "the MLP's act_fn: the patched MLP fuses the activation into its gated kernel and no longer calls it"
+            return ("the MLP's act_fn: the patched MLP fuses the activation into its kernel (gated, or act_linear's) "
+                    "and no longer calls it")
         return "an activation outside a patched gated MLP"
     if isinstance(module, torch.nn.Dropout):
         return "dropout: no Tigon op"
