@@ -225,7 +225,8 @@ def fold_problem(module, hooks_checked: bool = False, linear_cls: str | None = N
     name ``linear_cls``, :attr:`MLPSpec.linear_cls`; not PEFT LoRA or a quantised layer), without forward
     or backward hooks of its own or global ones and without an instance-level ``forward`` (FSDP2 sharding the layer by
     itself, accelerate offloading, user hooks: the folded call would skip them), with plain-tensor parameters (no
-    DTensor) off the meta device. ``hooks_checked``: the caller knows it has no hooks and no instance-level forward
+    DTensor) off the meta device, registered as ``weight`` and ``bias`` (FSDP1 with flat parameters sets them as plain
+    attributes). ``hooks_checked``: the caller knows it has no hooks and no instance-level forward
     (:func:`_no_hooks`)."""
     if type(module) is not torch.nn.Linear and not (linear_cls is not None and type(module).__name__ == linear_cls
                                                     and isinstance(module, torch.nn.Linear)):
@@ -233,7 +234,10 @@ def fold_problem(module, hooks_checked: bool = False, linear_cls: str | None = N
     problem = None if hooks_checked else _hook_problem(module)
     if problem is not None:
         return problem
-    for p in module.__dict__["_parameters"].values():
+    params = module.__dict__["_parameters"]
+    if "weight" not in params or "bias" not in params:
+        return "its weight or bias is not a registered parameter (FSDP1's flat parameters)"
+    for p in params.values():
         if p is None:
             continue
         if type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor:
@@ -277,7 +281,8 @@ def _linear_calls(modules, x: torch.Tensor) -> tuple | None:
     ``nn.Linear`` not compiled by ``module.compile()``, eagerly outside ``torch.jit.trace``: then ``m(x)`` is
     ``F.linear(x, m.weight, m.bias)`` (``_call_impl``'s path without hooks, then ``Linear.forward``), computed here
     directly: five Python frames less per projection (``_wrapped_call_impl``, ``_call_impl``, ``forward`` and two
-    ``nn.Module.__getattr__``). None otherwise (the caller calls the modules)."""
+    ``nn.Module.__getattr__``). None otherwise (the caller calls the modules), also when ``weight`` or ``bias`` is not
+    a registered parameter (FSDP1 with flat parameters sets them as plain attributes)."""
     if support.dynamo_compiling() or _TRACING() is not None:  # (torch.compile traces the modules' calls itself)
         return None
     out = ()
@@ -286,6 +291,8 @@ def _linear_calls(modules, x: torch.Tensor) -> tuple | None:
         if type(m) is not _LINEAR or d.get("_compiled_call_impl") is not None:
             return None
         p = d["_parameters"]
+        if "weight" not in p or "bias" not in p:  # (FSDP1's flat parameters: the weight is a plain attribute view)
+            return None
         out += (_F_LINEAR(x, p["weight"], p["bias"]),)
     return out
 
