@@ -174,8 +174,9 @@ class LayerNorm(nn.LayerNorm):
     bias=True)`` differs from Liger's in the third position, eps's default and what ``bias`` means, so one class
     cannot take both calls; this one follows the drop-in rule (Liger's). It is still a subclass of
     ``torch.nn.LayerNorm`` (``isinstance(m, torch.nn.LayerNorm)`` holds: optimizer no-decay groups and
-    ``normalized_shape`` / ``eps`` / ``elementwise_affine`` (True) keep working). For torch's call use
-    ``torch.nn.LayerNorm`` itself (``tigon.patch`` runs the LayerNorm families' instances through
+    ``normalized_shape`` / ``eps`` / ``elementwise_affine`` (True) keep working; so does code that re-initialises
+    every torch LayerNorm, e.g. an HF model's ``_init_weights``: ones and zeros, whatever init_fn / bias said). For
+    torch's call use ``torch.nn.LayerNorm`` itself (``tigon.patch`` runs the LayerNorm families' instances through
     :func:`tigon.functional.layer_norm`) or :func:`tigon.functional.layer_norm`.
 
     Args:
