@@ -4,6 +4,7 @@
 oracle written from Liger's kernel: the pair (i, i + rotary_dim/2) rotated by column i of the table), and the errors
 of bad constructor values, naming the argument. The signatures themselves: tests/test_liger_signatures.py."""
 
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -246,3 +247,51 @@ def test_rope_rotary_dim_errors(device):
             F.rope(q, k, cos, sin, rotary_dim=bad)
     with pytest.raises(ValueError, match="at least rotary_dim / 2 = 4 columns"):
         F.rope(q, k, cos[..., :3], sin[..., :3], rotary_dim=8)
+
+
+# ---- against the installed Liger-Kernel ------------------------------------------------------------------------------
+LIGER = importlib.util.find_spec("liger_kernel") is not None
+
+
+@pytest.mark.skipif(not LIGER, reason="liger_kernel is not installed")
+def test_the_first_users_calls_build_ligers_modules():
+    import liger_kernel.transformers as lt
+
+    def same(ours, theirs):
+        a, b = ours.state_dict(), theirs.state_dict()
+        assert a.keys() == b.keys() and all(a[n].shape == b[n].shape for n in a)
+        return all(torch.equal(a[n], b[n]) for n in a)
+
+    for args, kw in [((64,), dict(offset=1.0, casting_mode="gemma", init_fn="zeros")),
+                     ((64, 1e-6, 0.0, "llama", "ones"), {}), ((64, 1e-5, 1.0, "gemma", "ones", False, True), {})]:
+        ours, theirs = tnn.RMSNorm(*args, **kw), lt.LigerRMSNorm(*args, **kw)
+        assert same(ours, theirs)
+        for attr in ("variance_epsilon", "offset", "casting_mode", "in_place", "row_mode"):
+            assert getattr(ours, attr) == getattr(theirs, attr), attr
+    for args in [(32,), (32, 1e-5, True, "zeros")]:
+        torch.manual_seed(0)
+        theirs = lt.LigerLayerNorm(*args)
+        torch.manual_seed(0)
+        ours = tnn.LayerNorm(*args)
+        assert same(ours, theirs) and ours.eps == theirs.eps == theirs.variance_epsilon
+    for ours_cls, theirs_cls, act in [(tnn.SwiGLUMLP, lt.LigerSwiGLUMLP, "silu"),
+                                      (tnn.GeGLUMLP, lt.LigerGEGLUMLP, "gelu_pytorch_tanh")]:
+        ours, theirs = ours_cls(_config(act)), theirs_cls(_config(act))
+        same(ours, theirs)  # names and shapes (the projections start random)
+        assert (ours.hidden_size, ours.intermediate_size) == (theirs.hidden_size, theirs.intermediate_size)
+
+
+@pytest.mark.skipif(not LIGER, reason="liger_kernel is not installed")
+@pytest.mark.parametrize("width,rotary_dim", [(16, 4), (8, 16), (12, 6), (16, None)])
+def test_rope_rotary_dim_equals_ligers_kernel(device, width, rotary_dim):
+    from liger_kernel.transformers.functional import liger_rope
+
+    q = torch.randn(2, 5, 3, 16, device=device).transpose(1, 2)
+    k = torch.randn(2, 5, 1, 16, device=device).transpose(1, 2)
+    half = torch.randn(1, 5, width // 2, device=device)  # any values; duplicated when Liger infers the width
+    cos, sin = (torch.cat((half, half), -1), torch.cat((half.flip(-1), half.flip(-1)), -1)) if rotary_dim is None \
+        else (torch.randn(1, 5, width, device=device), torch.randn(1, 5, width, device=device))
+    theirs = liger_rope(q.clone(), k.clone(), cos, sin, None, 1, rotary_dim)
+    ours = F.rope(q, k, cos, sin, None, 1, rotary_dim)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
