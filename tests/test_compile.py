@@ -183,16 +183,17 @@ def test_fused_add_rms_norm_compile(device):
     _check_same(lambda x, r, w: TF.fused_add_rms_norm(x * 1.0, r, w)[0], (x, r, w))
 
 
-@pytest.mark.parametrize("unsqueeze_dim, rotary_dim", [(1, 16), (2, 16), (1, 8)])
-def test_rope_compile(device, unsqueeze_dim, rotary_dim):
+@pytest.mark.parametrize("unsqueeze_dim, rotary_dim, liger_rotary_dim", [(1, 16, None), (2, 16, None), (1, 8, None),
+                                                                      (1, 16, 6)])
+def test_rope_compile(device, unsqueeze_dim, rotary_dim, liger_rotary_dim):
     q = torch.randn(2, 6, 4, 16, device=device)
     k = torch.randn(2, 6, 2, 16, device=device)
     if unsqueeze_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = torch.randn(1, 6, rotary_dim, device=device), torch.randn(1, 6, rotary_dim, device=device)
 
-    def fn(q, k):  # q, k as non-leaf views in the HF layout
-        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    def fn(q, k):  # q, k as non-leaf views in the HF layout; Liger's rotary_dim builds its tables in the graph
+        return TF.rope(q * 1.0, k * 1.0, cos, sin, unsqueeze_dim=unsqueeze_dim, rotary_dim=liger_rotary_dim)
 
     _check_same(fn, (q, k))
 

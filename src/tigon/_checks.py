@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -80,6 +81,23 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
     if not math.isfinite(v) or (minimum is not None and v < minimum):
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return v
+
+
+def size(name: str, value) -> int:
+    """``value`` as an int >= 1 (a module's width: ``hidden_size``, ``intermediate_size``).
+
+    Raises:
+        TypeError: not an integer (a bool, a float or a tensor is not a size). ValueError: zero or negative.
+    """
+    if isinstance(value, bool) or isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}") from None
+    if v < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
     return v
 
 

@@ -49,6 +49,14 @@ _CETVD = ("not done yet as one module: per-token cross-entropy and total variati
 _MUSE = ("MuseGlimmer is not a transformers family Tigon patches (not in transformers 5.17 / 5.25); nn.RMSNorm with "
          "casting_mode='gemma' (and offset=1.0 for the centered norm) / nn.SwiGLUMLP compute the same; not done as "
          "named classes")
+_IN_PLACE_OFF = ("in_place defaults to False (Liger: True) until the in-place backward's CUDA tests pass; "
+                 "in_place=True is taken")
+_INIT_FN = ("init_fn defaults to None: Liger's 'ones', except zeros with a non-zero offset (HF GemmaRMSNorm's init; "
+            "Liger's weight starts at ones whatever the offset)")
+_ROTARY_DIM = ("Liger 0.8.5's rotary_dim (the first rotary_dim dims rotated by cos / sin's first rotary_dim / 2 "
+               "columns) by the partial-rotary kernel; position_ids also selects rows of a 2-D table of every position")
+_MLP_CONFIG = ("takes Liger's config (hidden_size, intermediate_size, hidden_act read from it) or Tigon's "
+               "(hidden_size, intermediate_size), told apart by type")
 _MOE = "the MoE families' experts patch (tigon.patch: mixtral, qwen3_moe, ...: the experts' _apply_gate hook)"
 
 LIGER_OPS: tuple[LigerOp, ...] = (
@@ -58,21 +66,22 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("liger_fused_linear_jsd", "F.fused_linear_jsd"),
     LigerOp("liger_fused_linear_kl_div", None, _FLKL),
     LigerOp("liger_fused_linear_scaled_cross_entropy_tp", None, _TP_SCALED),
-    LigerOp("liger_geglu", "F.geglu"),
+    LigerOp("liger_geglu", "F.geglu", "gate, up for Liger's a, b (same positions)"),
     LigerOp("liger_group_norm", "F.group_norm"),
     LigerOp("liger_jsd", "F.jsd"),
     LigerOp("liger_kl_div", "F.kl_div"),
     LigerOp("liger_tvd", "F.tvd"),
     LigerOp("liger_sparsemax", "F.sparsemax"),
-    LigerOp("liger_layer_norm", "F.layer_norm"),
+    LigerOp("liger_layer_norm", "F.layer_norm", "x, weight, bias for Liger's X, W, B (same positions)"),
     LigerOp("liger_qwen2vl_mrope", "F.mrope"),
     LigerOp("liger_relu_squared", "F.relu_squared"),
-    LigerOp("liger_rms_norm", "F.rms_norm"),
-    LigerOp("liger_poly_norm", "F.poly_norm"),
-    LigerOp("liger_fused_add_rms_norm", "F.fused_add_rms_norm"),
-    LigerOp("liger_rope", "F.rope"),
-    LigerOp("liger_rotary_pos_emb", "F.rope"),
-    LigerOp("liger_swiglu", "F.swiglu"),
+    LigerOp("liger_rms_norm", "F.rms_norm", "x, weight for Liger's X, W (same positions)"),
+    LigerOp("liger_poly_norm", "F.poly_norm", _IN_PLACE_OFF),
+    LigerOp("liger_fused_add_rms_norm", "F.fused_add_rms_norm",
+            f"x, residual, weight for Liger's X, R, W (same positions); {_IN_PLACE_OFF}"),
+    LigerOp("liger_rope", "F.rope", _ROTARY_DIM),
+    LigerOp("liger_rotary_pos_emb", "F.rope", _ROTARY_DIM),
+    LigerOp("liger_swiglu", "F.swiglu", "gate, up for Liger's a, b (same positions)"),
     LigerOp("liger_softmax", "F.softmax"),
     LigerOp("liger_dyt", "F.dyt"),
     LigerOp("liger_multi_token_attention", None, _MTA),
@@ -100,19 +109,23 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerKLDIVLoss", "nn.KLDivLoss"),
     LigerOp("LigerTVDLoss", "nn.TVDLoss"),
     LigerOp("LigerDyT", "nn.DyT"),
-    LigerOp("LigerLayerNorm", "nn.LayerNorm"),
-    LigerOp("LigerRMSNorm", "nn.RMSNorm"),
-    LigerOp("LigerFusedAddRMSNorm", "nn.FusedAddRMSNorm"),
-    LigerOp("LigerPolyNorm", "nn.PolyNorm"),
+    LigerOp("LigerLayerNorm", "nn.LayerNorm",
+            "Liger's constructor and init (not torch's: another third argument and eps default), a torch.nn.LayerNorm "
+            "subclass; impl / mode / backend (Liger's backend choice) accepted, checked and unused"),
+    LigerOp("LigerRMSNorm", "nn.RMSNorm", f"row_mode (Liger's launch hint) accepted, checked and unused; {_INIT_FN}"),
+    LigerOp("LigerFusedAddRMSNorm", "nn.FusedAddRMSNorm", _INIT_FN),
+    LigerOp("LigerPolyNorm", "nn.PolyNorm", _IN_PLACE_OFF),
     LigerOp("LigerReLUSquared", "nn.ReLUSquared"),
     LigerOp("LigerSoftmax", "nn.Softmax"),
     LigerOp("LigerSparsemax", "nn.Sparsemax"),
-    LigerOp("LigerGEGLUMLP", "nn.GeGLUMLP"),
-    LigerOp("LigerSwiGLUMLP", "nn.SwiGLUMLP"),
+    LigerOp("LigerGEGLUMLP", "nn.GeGLUMLP",
+            f"{_MLP_CONFIG}; the activation from the config: the exact GELU for 'gelu' (Liger: tanh for all)"),
+    LigerOp("LigerSwiGLUMLP", "nn.SwiGLUMLP", _MLP_CONFIG),
     LigerOp("LigerSwiGLUMLPForMuseGlimmer", None, _MUSE),
     LigerOp("LigerRMSNormForMuseGlimmer", None, _MUSE),
     LigerOp("LigerRMSNormForMuseGlimmerTextCentered", None, _MUSE),
-    LigerOp("LigerMLP", "nn.SwiGLUMLP", "the patched MLP runs F.glu_linear (down projection fused with the product)"),
+    LigerOp("LigerMLP", "nn.SwiGLUMLP",
+            f"{_MLP_CONFIG}; the patched MLP runs F.glu_linear (down projection fused with the product)"),
     LigerOp("LigerPhi3SwiGLUMLP", "the phi3 family patch", "the fused gate_up projection's halves"),
     LigerOp("LigerFalconH1MLP", "the falcon_h1 family patch", "F.swiglu's gate / down multipliers"),
     LigerOp("LigerFalconH1SwiGLUMLP", "the falcon_h1 family patch", "F.swiglu's gate / down multipliers"),

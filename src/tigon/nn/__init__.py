@@ -1,9 +1,12 @@
 """``torch.nn.Module`` drop-ins backed by :mod:`tigon.functional`.
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
-``LigerFusedAddRMSNorm`` / ``LigerDyT`` / ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` /
-``LigerKLDIVLoss`` / ``LigerTVDLoss`` / ``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses
-``LigerFusedLinearDPOLoss`` ..., ``LigerTiledSwiGLUMLP`` / ``LigerTiledGEGLUMLP``, ``torch.nn.LayerNorm``), so state dicts load unchanged.
+``LigerRMSNorm`` / ``LigerFusedAddRMSNorm`` / ``LigerLayerNorm`` / ``LigerSwiGLUMLP`` / ``LigerGEGLUMLP`` / ``LigerDyT`` /
+``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` / ``LigerKLDIVLoss`` / ``LigerTVDLoss`` /
+``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses ``LigerFusedLinearDPOLoss`` ...,
+``LigerTiledSwiGLUMLP`` / ``LigerTiledGEGLUMLP``), so state dicts load unchanged; ``LayerNorm`` is also a
+``torch.nn.LayerNorm`` subclass, whose state dict loads too. ``tigon.nn.X`` takes Liger-Kernel's ``LigerX`` constructor
+arguments in Liger's order (tests/test_liger_signatures.py), Tigon's own options keyword-only after them.
 """
 
 from __future__ import annotations

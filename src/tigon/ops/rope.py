@@ -35,7 +35,8 @@ def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=N
     _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
     if position_ids is not None and not isinstance(position_ids, torch.Tensor):
         raise TypeError(f"position_ids must be an integer tensor or None, got {type(position_ids).__name__} "
-                        f"{position_ids!r} (rope takes Liger's order (q, k, cos, sin, position_ids, unsqueeze_dim): "
+                        f"{position_ids!r} (rope takes Liger's order (q, k, cos, sin, position_ids, unsqueeze_dim, "
+                        "rotary_dim): "
                         "pass unsqueeze_dim by keyword)")
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
@@ -72,9 +73,28 @@ def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=N
 
 @accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
                              mixed_dims=rope_mixed_dims), asked_inside=True)
+def _rotary_dim_tables(q, cos, sin, rotary_dim):
+    """:func:`rope`'s ``rotary_dim`` (Liger-Kernel 0.8.5's, its ``_resolve_rotary_dim`` checks): checked, then the
+    (..., rotary_dim) tables that rotate the first rotary_dim dims of each head
+    (:func:`tigon.reference.rope.rotary_dim_tables`)."""
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be None or an int, got {type(rotary_dim).__name__} {rotary_dim!r}")
+    _checks.tensor("q", q, floating=True, ndim=4)
+    _checks.tensor("cos", cos, floating=True, ndim=(2, 3))
+    _checks.tensor("sin", sin, floating=True, ndim=(2, 3))
+    d = q.shape[-1]
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={d}], got {rotary_dim} (rotate-half pairs dim "
+                         "i with i + rotary_dim/2)")
+    if min(cos.shape[-1], sin.shape[-1]) < rotary_dim // 2:
+        raise ValueError(f"cos / sin need at least rotary_dim / 2 = {rotary_dim // 2} columns (the pairs' angles), "
+                         f"got cos {tuple(cos.shape)} and sin {tuple(sin.shape)}")
+    return ref.rotary_dim_tables(cos, sin, rotary_dim)
+
+
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
-    unsqueeze_dim: int = 1,
+    unsqueeze_dim: int = 1, rotary_dim: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding, HF rotate-half convention (RoFormer, Su et al. 2021; HF ``apply_rotary_pos_emb``).
 
@@ -85,8 +105,8 @@ def rope(
     fp32; one launch rotates the rows (batch, position, head) of q and k in tiles, each row gathering its
     position's cos/sin (read from memory once, then from cache by the position's other heads).
 
-    Drop-in for Liger-Kernel's ``liger_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)`` (and
-    ``liger_rotary_pos_emb``, the same signature): the same arguments in the same order.
+    Drop-in for Liger-Kernel 0.8.5's ``liger_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
+    rotary_dim=None)`` (and ``liger_rotary_pos_emb``, the same signature): the same arguments in the same order.
 
     Args:
         q: (B, Hq, T, D) for ``unsqueeze_dim=1`` (HF's layout after ``.transpose(1, 2)``) or (B, T, Hq, D) for
@@ -109,19 +129,30 @@ def rope(
             which is the same only for ``position_ids = arange(T)``). An id outside [0, P) is an indexing error
             (on CUDA a device-side assert, as HF's indexing).
         unsqueeze_dim: 1 or 2, where the head axis of q and k is (keyword or sixth positional argument, as Liger's).
+        rotary_dim: None (default): the rotated dims are cos's width R, and every column of cos / sin is read (any
+            values rotated exactly, as above). An int (Liger's ``rotary_dim``, seventh positional argument): the
+            first rotary_dim dims of each head are rotated and the other D - rotary_dim passed through, the pair
+            ``(i, i + rotary_dim/2)`` by the angle of column i of cos / sin (i < rotary_dim/2; later columns are not
+            read), as Liger's kernel reads them: HF's duplicated tables of any width >= rotary_dim, or GPT-OSS's
+            non-duplicated ``freqs`` of width rotary_dim / 2 (``rotary_dim=D`` rotates the whole head by them). The
+            same kernel as partial rotary, on ``cat(c, c)`` tables with ``c = cos[..., :rotary_dim // 2]``
+            (:func:`tigon.reference.rope.rotary_dim_tables`). Even, 0 < rotary_dim <= D, and cos / sin at least
+            rotary_dim / 2 wide.
 
     Returns:
         (q_embed, k_embed): shapes and dtypes of q and k; strides of q and k when those are dense, else
         contiguous.
 
     Raises:
-        TypeError: a non-floating tensor, q and k of different dtypes, or position_ids neither None nor an integer
+        TypeError: a non-floating tensor, q and k of different dtypes, position_ids neither None nor an integer
             tensor (an int there is refused with a hint: the fifth positional argument was ``unsqueeze_dim`` before
-            Liger's order was taken).
+            Liger's order was taken), or rotary_dim neither None nor an int.
         ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) or (T, R) (with
             position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,), devices differ,
-            or unsqueeze_dim not in (1, 2).
+            unsqueeze_dim not in (1, 2), or rotary_dim odd, not in (0, D], or wider than twice cos / sin.
     """
+    if rotary_dim is not None:  # Liger's rotary_dim: the (..., rotary_dim) tables of the same rotation
+        cos, sin = _rotary_dim_tables(q, cos, sin, rotary_dim)
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None or position_ids is not None else (

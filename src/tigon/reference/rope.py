@@ -24,9 +24,21 @@ def gather_positions(cos: torch.Tensor, sin: torch.Tensor,
     return cos[ids], sin[ids]
 
 
+def rotary_dim_tables(cos: torch.Tensor, sin: torch.Tensor,
+                      rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Liger-Kernel's ``rotary_dim``: the tables that rotate the first ``rotary_dim`` dims of each head, the angle of
+    the pair ``(i, i + rotary_dim/2)`` being column i of cos / sin (i < rotary_dim/2; the other columns are not
+    read): ``cat(c, c)`` with ``c = cos[..., :rotary_dim // 2]``, the same for sin. This serves both layouts Liger's
+    kernel reads: HF's duplicated ``cat(freqs, freqs)`` tables of any width >= rotary_dim, and GPT-OSS's
+    non-duplicated ``freqs`` of width rotary_dim / 2."""
+    half = rotary_dim // 2
+    c, s = cos[..., :half], sin[..., :half]
+    return torch.cat((c, c), dim=-1), torch.cat((s, s), dim=-1)
+
+
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
-    unsqueeze_dim: int = 1,
+    unsqueeze_dim: int = 1, rotary_dim: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q * cos + rotate_half(q) * sin`` and the same for ``k`` (HF ``apply_rotary_pos_emb``).
 
@@ -43,6 +55,9 @@ def rope(
             of every position and their rows at the ids are used (:func:`gather_positions`); with 3-D tables
             (already per position, as Liger-Kernel's ``liger_rope`` expects) it is not used.
         unsqueeze_dim: where the head axis is in q and k (1 or 2).
+        rotary_dim: None (the rotated dims are cos's width R, every column read), or Liger-Kernel's
+            ``rotary_dim``: the first rotary_dim dims of each head are rotated, by the first rotary_dim / 2 columns
+            of cos / sin (:func:`rotary_dim_tables`), the rest passed through.
 
     Returns:
         (q_embed, k_embed) with the shapes of q and k, in q's and k's dtypes. The arithmetic happens in the
@@ -51,6 +66,8 @@ def rope(
     cos and sin are treated as constants: they receive no gradient (HF builds them under ``torch.no_grad``),
     which the Triton path matches.
     """
+    if rotary_dim is not None:
+        cos, sin = rotary_dim_tables(cos, sin, rotary_dim)
     if cos.dim() == 2:
         cos, sin = gather_positions(cos, sin, position_ids) if position_ids is not None else (cos[None], sin[None])
     r = cos.shape[-1]
