@@ -86,6 +86,8 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes():
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
         (dict(nproc=0), "--nproc must be an integer >= 1"),
         (dict(nproc=2, parallel="zero3"), "unknown --parallel 'zero3' \\(choose from ddp, fsdp2, tp, fsdp2_tp\\)"),
+        (dict(parallel="fsdp2_tp"), "--parallel fsdp2_tp needs --nproc a multiple of 2 and at least 4"),
+        (dict(parallel="tp"), "--parallel tp needs --nproc N > 1"),
     ],
 )
 def test_bad_config_raises_config_error(kwargs, match):
@@ -169,6 +171,13 @@ def test_nproc_beyond_the_visible_gpus_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match="--nproc 2 exceeds the 1 visible CUDA device"):
         resolve_config(CompareConfig(device="cuda", nproc=2))
     assert resolve_config(CompareConfig(device="cuda", nproc=1)).nproc == 1
+
+
+def test_parallel_defaults_to_ddp_for_several_processes_only():
+    from tigon.workflows.compare import resolve_config
+
+    assert resolve_config(CompareConfig(device="cpu", nproc=2)).parallel == "ddp"
+    assert resolve_config(CompareConfig(device="cpu")).parallel is None  # one process: nothing to wrap
 
 
 def test_nproc_launches_through_torchrun():

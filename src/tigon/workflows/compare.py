@@ -89,8 +89,8 @@ class CompareConfig:
     parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``), "fsdp2" (``fully_shard`` on
         each decoder layer, then on the root), "tp" (torch's tensor-parallel plan of the decoder and the LM head,
         :func:`tigon.integrations.tp_plan.apply_decoder_tp`, the model patched after it) or "fsdp2_tp" (that plan in
-        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). Ignored when
-        ``nproc`` is 1.
+        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). None: "ddp" when
+        ``nproc`` > 1; given with ``nproc`` 1 it is an error (:func:`~tigon.workflows.compare_dist.check_nproc`).
     """
 
     preset: str | None = None
@@ -104,7 +104,7 @@ class CompareConfig:
     device: str = "auto"
     seed: int = 0
     nproc: int = 1
-    parallel: str = "ddp"
+    parallel: str | None = None
 
 
 @dataclass
@@ -323,7 +323,7 @@ def resolve_config(config: CompareConfig) -> CompareConfig:
     device = _resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
-    compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
+    cfg.parallel = compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
     source = resolve_source(cfg.model, "--model") if cfg.model is not None else None
     if source is not None and source.kind == "preset":
         cfg.preset, cfg.model, source = cfg.model, None, None
