@@ -63,6 +63,9 @@ def test_bad_preset_is_one_line_exit_2():
         (["compare", "--parallel", "tp"], "--parallel tp needs --nproc N > 1"),
         (["compare", "--parallel", "ddp", "--nproc", "1"], "--parallel ddp needs --nproc N > 1"),
         (["bench", "--e2e", "--parallel", "fsdp2"], "--parallel fsdp2 needs --nproc N > 1"),
+        (["compare", "--bogus"], "tigon compare: error: unrecognized arguments: --bogus (see 'tigon compare --help')"),
+        (["--bogus"], "tigon: error: unrecognized arguments: --bogus"),
+        (["profile", "nosuch"], "tigon profile: error: MODEL nosuch is neither a preset"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):

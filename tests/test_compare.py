@@ -216,3 +216,15 @@ def test_nproc_launch_relays_progress_and_errors(monkeypatch, script, error):
     with pytest.raises(kind, match=error):
         compare_dist.launch(cfg, lambda *a: calls.append(a))
     assert calls == [("original", 1, 2, 5.5)]
+
+
+def test_a_cpu_run_too_large_for_the_host_memory_is_refused_before_building(monkeypatch):
+    from tigon.workflows import host_memory
+
+    host_memory.check_fits(10**6, 4, "x", available=20 * 10**6)  # 1e6 parameters x 4 bytes x 5 fit in 20 MB
+    with pytest.raises(ConfigError, match=r"x needs at least .* x 2 processes\), .* or --dtype bfloat16$"):
+        host_memory.check_fits(10**6, 4, "x", processes=2, available=20 * 10**6)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)  # 1 MiB: not even the tiny model
+    with pytest.raises(ConfigError, match=r"^--preset tiny --layers 1 needs at least .* choose a smaller preset"):
+        run_compare(CompareConfig(preset="tiny", layers=1, steps=1, device="cpu"),
+                    patch_fn=lambda m: pytest.fail("built"), unpatch_fn=lambda m: None)

@@ -277,6 +277,22 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource
     return base.to(dtype), tokenizer, {"source": str(source), "weights": weights}
 
 
+def _check_host_memory(cfg: CompareConfig) -> None:
+    """Refuse a CPU run whose parameters alone cannot fit in memory (:func:`tigon.workflows.host_memory.check_fits`:
+    the model, the training copy and its gradients and AdamW states, per rank), before anything is built."""
+    from .dry_run import build_meta_model
+    from .host_memory import check_fits
+
+    try:
+        meta = build_meta_model(_hf_config(cfg)[0])
+    except ConfigError:  # (reported with its own message when the run builds the model)
+        return
+    params = sum(p.numel() for p in meta.parameters())
+    what = (f"--preset {cfg.preset}" if cfg.model is None else f"--model {cfg.model}") + \
+        (f" --layers {cfg.layers}" if cfg.layers is not None else "")
+    check_fits(params, 2 if cfg.dtype == "bfloat16" else 4, what, processes=cfg.nproc)
+
+
 def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:
     """Fail fast, before any training, when ``patch_fn`` rejects this model: the engine's dry run on the weightless
     model (:func:`tigon.workflows.dry_run.dry_run`) decides as the patched run will. Only its rejection counts; a
@@ -365,6 +381,8 @@ def run_compare(
             rejects (it raised ValueError or TypeError).
     """
     cfg = resolve_config(config)
+    if cfg.device == "cpu" and not (cfg.nproc > 1 and compare_dist.in_process_group()):
+        _check_host_memory(cfg)  # (the launching process, for all its ranks)
     rank = world = None
     if cfg.nproc > 1:
         if not compare_dist.in_process_group():
