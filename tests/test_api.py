@@ -71,3 +71,10 @@ def test_force_reference_called_without_with_warns_and_changes_nothing():
             pass
         assert support._forced()
     assert not support._forced()
+
+
+def test_functional_namespace_has_no_import_leftovers():
+    from tigon import functional
+
+    public = {n for n in dir(functional) if not n.startswith("_")}
+    assert public - set(functional.__all__) == {"OPS"}  # (no `annotations` from a __future__ import)
