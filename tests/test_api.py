@@ -2,6 +2,8 @@
 
 import inspect
 
+import pytest
+
 import tigon
 
 PUBLIC = {"patch", "unpatch", "PatchReport", "AutoModelForCausalLM", "force_reference", "set_strict",
@@ -44,3 +46,35 @@ def test_unknown_attribute_names_it():
         assert "no_such_thing" in str(e)
     else:
         raise AssertionError("no AttributeError")
+
+
+@pytest.mark.parametrize("value", ["false", "yes", 0, 1, None])
+def test_set_strict_takes_bools_only(value, monkeypatch):
+    monkeypatch.delenv("TIGON_STRICT", raising=False)
+    with pytest.raises(TypeError, match="enabled must be True or False"):
+        tigon.set_strict(value)
+    assert not tigon.support.is_strict()  # unchanged
+
+
+def test_force_reference_called_without_with_warns_and_changes_nothing():
+    import gc
+
+    from tigon import support
+
+    with pytest.warns(RuntimeWarning, match="without `with`"):
+        tigon.force_reference()
+        gc.collect()
+    assert not support._forced()
+    with tigon.force_reference():
+        assert support._forced()
+        with tigon.force_reference():  # nested: the outer one still holds on leaving
+            pass
+        assert support._forced()
+    assert not support._forced()
+
+
+def test_functional_namespace_has_no_import_leftovers():
+    from tigon import functional
+
+    public = {n for n in dir(functional) if not n.startswith("_")}
+    assert public - set(functional.__all__) == {"OPS"}  # (no `annotations` from a __future__ import)

@@ -58,6 +58,14 @@ def test_bad_preset_is_one_line_exit_2():
         (["compare", "--nproc", "2", "--parallel", "zero3"], "argument --parallel: invalid choice: 'zero3'"),
         (["bench", "--e2e", "--nproc", "0"], "--nproc must be an integer >= 1, got 0"),
         (["bench", "--nproc", "2"], "--nproc needs --e2e"),
+        (["compare", "--parallel", "fsdp2_tp"], "--parallel fsdp2_tp needs --nproc a multiple of 2 and at least 4"),
+        (["compare", "--parallel", "fsdp2_tp", "--nproc", "1"], "needs --nproc a multiple of 2 and at least 4"),
+        (["compare", "--parallel", "tp"], "--parallel tp needs --nproc N > 1"),
+        (["compare", "--parallel", "ddp", "--nproc", "1"], "--parallel ddp needs --nproc N > 1"),
+        (["bench", "--e2e", "--parallel", "fsdp2"], "--parallel fsdp2 needs --nproc N > 1"),
+        (["compare", "--bogus"], "tigon compare: error: unrecognized arguments: --bogus (see 'tigon compare --help')"),
+        (["--bogus"], "tigon: error: unrecognized arguments: --bogus"),
+        (["profile", "nosuch"], "tigon profile: error: MODEL nosuch is neither a preset"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_in_process(args, match, capsys):

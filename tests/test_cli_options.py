@@ -53,7 +53,7 @@ OPTIONS = {
     ("compare", ("--lr",), None, None),
     ("compare", ("--model",), None, None),
     ("compare", ("--nproc",), 1, None),
-    ("compare", ("--parallel",), "ddp", ("ddp", "fsdp2", "tp", "fsdp2_tp")),
+    ("compare", ("--parallel",), None, ("ddp", "fsdp2", "tp", "fsdp2_tp")),
     ("compare", ("--plot",), None, None),
     ("compare", ("--preset",), None, None),
     ("compare", ("--quiet",), False, None),

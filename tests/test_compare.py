@@ -86,6 +86,8 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes():
         (dict(preset="tiny", seq_len=100_000), "exceeds the model's max_position_embeddings"),
         (dict(nproc=0), "--nproc must be an integer >= 1"),
         (dict(nproc=2, parallel="zero3"), "unknown --parallel 'zero3' \\(choose from ddp, fsdp2, tp, fsdp2_tp\\)"),
+        (dict(parallel="fsdp2_tp"), "--parallel fsdp2_tp needs --nproc a multiple of 2 and at least 4"),
+        (dict(parallel="tp"), "--parallel tp needs --nproc N > 1"),
     ],
 )
 def test_bad_config_raises_config_error(kwargs, match):
@@ -171,6 +173,13 @@ def test_nproc_beyond_the_visible_gpus_is_a_config_error(monkeypatch):
     assert resolve_config(CompareConfig(device="cuda", nproc=1)).nproc == 1
 
 
+def test_parallel_defaults_to_ddp_for_several_processes_only():
+    from tigon.workflows.compare import resolve_config
+
+    assert resolve_config(CompareConfig(device="cpu", nproc=2)).parallel == "ddp"
+    assert resolve_config(CompareConfig(device="cpu")).parallel is None  # one process: nothing to wrap
+
+
 def test_nproc_launches_through_torchrun():
     from tigon.workflows.compare import resolve_config
     from tigon.workflows.compare_dist import torchrun_command
@@ -207,3 +216,15 @@ def test_nproc_launch_relays_progress_and_errors(monkeypatch, script, error):
     with pytest.raises(kind, match=error):
         compare_dist.launch(cfg, lambda *a: calls.append(a))
     assert calls == [("original", 1, 2, 5.5)]
+
+
+def test_a_cpu_run_too_large_for_the_host_memory_is_refused_before_building(monkeypatch):
+    from tigon.workflows import host_memory
+
+    host_memory.check_fits(10**6, 4, "x", available=20 * 10**6)  # 1e6 parameters x 4 bytes x 5 fit in 20 MB
+    with pytest.raises(ConfigError, match=r"x needs at least .* x 2 processes\), .* or --dtype bfloat16$"):
+        host_memory.check_fits(10**6, 4, "x", processes=2, available=20 * 10**6)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)  # 1 MiB: not even the tiny model
+    with pytest.raises(ConfigError, match=r"^--preset tiny --layers 1 needs at least .* choose a smaller preset"):
+        run_compare(CompareConfig(preset="tiny", layers=1, steps=1, device="cpu"),
+                    patch_fn=lambda m: pytest.fail("built"), unpatch_fn=lambda m: None)

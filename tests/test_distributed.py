@@ -284,4 +284,9 @@ def test_fsdp2_tp_needs_a_2d_mesh():
 
     with pytest.raises(ConfigError, match="fsdp2_tp needs --nproc a multiple of 2 and at least 4"):
         compare_dist.check_nproc(2, "fsdp2_tp", "cpu")
-    compare_dist.check_nproc(4, "fsdp2_tp", "cpu")
+    with pytest.raises(ConfigError, match="fsdp2_tp needs --nproc a multiple of 2 and at least 4 .*got 1"):
+        compare_dist.check_nproc(1, "fsdp2_tp", "cpu")  # (no --nproc: one process, the mesh would be empty)
+    assert compare_dist.check_nproc(4, "fsdp2_tp", "cpu") == "fsdp2_tp"
+    assert (compare_dist.check_nproc(2, None, "cpu"), compare_dist.check_nproc(1, None, "cpu")) == ("ddp", None)
+    with pytest.raises(ConfigError, match="--parallel tp needs --nproc N > 1"):
+        compare_dist.check_nproc(1, "tp", "cpu")

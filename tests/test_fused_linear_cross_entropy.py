@@ -231,6 +231,24 @@ def test_flce_autocast_fp32_params(device):
     assert rel_l2(results["tigon"][1], truth[1]) > 1e-5
 
 
+def test_flce_mixed_dtypes_outside_autocast_run_in_the_promoted_dtype(device):
+    """bf16 hidden with an fp32 weight, no autocast (F.linear and Liger raise): fp32 matmuls on the hidden read as
+    fp32, as the docstring says, and each gradient in its own tensor's dtype."""
+    hidden, weight, target, bias = _problem(device, torch.float32, n=24, ignore_every=4)
+    h = hidden.bfloat16().requires_grad_()
+    w, b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    loss = F.fused_linear_cross_entropy(h, w, target, b)
+    loss.backward()
+    assert loss.dtype == torch.float32 and (h.grad.dtype, w.grad.dtype, b.grad.dtype) == (
+        torch.bfloat16, torch.float32, torch.float32)
+    h32, w32, b32 = (t.detach().float().requires_grad_() for t in (h, weight, bias))  # the same values in fp32
+    expected = hf_original(h32, w32, target, b32)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad, w32.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(h.grad, h32.grad.bfloat16())
+
+
 def test_flce_second_backward_raises(device):
     hidden, weight, target, bias = _problem(device, torch.float32, n=8)
     w = weight.clone().requires_grad_()

@@ -298,6 +298,17 @@ def test_rope_position_ids_errors(device):
         F.rope(q, k, cos[0], sin[0], torch.zeros(1, 5, dtype=torch.long, device=device))
 
 
+@pytest.mark.parametrize("shift", [4, -1])
+def test_rope_position_ids_beyond_the_table_name_it_on_the_cpu(shift):
+    q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8)
+    cos, sin = (t[0] for t in _tables(1, 4, 8, torch.float32, "cpu"))  # (P=4, R=8)
+    bad = torch.arange(4)[None] + shift
+    with pytest.raises(ValueError, match=rf"position_ids must be in \[0, 4\) .* found {bad.max() if shift > 0 else -1}"):
+        F.rope(q, k, cos, sin, position_ids=bad)
+    with pytest.raises(ValueError, match=r"position_ids must be in \[0, 4\)"):  # the reference, the same check
+        ref_rope(q, k, cos, sin, position_ids=bad)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(class_weight=True), dict(use_token_scaling=True, softcap=3.0)],
                          ids=["plain", "class_weight", "token_scaling"])
 def test_flce_per_token_losses_and_z_loss(device, kw):

@@ -92,13 +92,23 @@ def test_deepcopy_keeps_the_patch_after_the_original_is_gone():
     _assert_still_patched(twin, kinds, loss)  # the copy installs the rotary dispatcher again on its first forward
 
 
+def _kernel_funcs(model) -> list:
+    """The private rotary function objects transformers 5.2x's attention modules hold with ``kernels`` installed
+    (``use_kernelized_func``; none without it)."""
+    return [f for m in model.modules() for f in m.__dict__.get("_kernel_funcs", {}).values()]
+
+
 def test_torch_save_and_load_keep_the_patch():
     model, kinds, loss = _patched_model()
     buffer = io.BytesIO()
     torch.save(model, buffer)
-    _unpatch_original(model)
     buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
+    loaded = torch.load(buffer, weights_only=False)  # while the original is patched: the dispatcher is the global
+    assert [type(f) for f in _kernel_funcs(loaded)] == [type(f) for f in _kernel_funcs(model)]  # (not Tigon's)
+    twin = copy.deepcopy(model)
+    assert [type(f) for f in _kernel_funcs(twin)] == [type(f) for f in _kernel_funcs(model)]
+    del twin
+    _unpatch_original(model)
     _assert_still_patched(loaded, kinds, loss)
     assert set(tigon.patch(loaded).counts) == KINDS  # unpatched for real: patching again replaces everything
 

@@ -23,6 +23,14 @@ def test_preset_names():
         assert set(p) == {"model_type", "description", "lr", "config"} and text["vocab_size"] >= 256
 
 
+def test_readme_preset_row_names_every_preset():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `--preset NAME` |"))
+    assert [n for n in presets.preset_names() if f"`{n}`" not in row] == []
+
+
 @pytest.mark.parametrize("name", presets.preset_names())
 def test_every_preset_builds_a_config_with_2_layers(name):
     cfg = presets.build_config(name, 2)

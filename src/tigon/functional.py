@@ -16,8 +16,6 @@ Names follow Liger-Kernel's functional API without its prefix: ``liger_kernel.tr
 is ``tigon.functional.X``.
 """
 
-from __future__ import annotations
-
 from .ops.rms_norm import rms_norm
 from .ops.fused_add_rms_norm import fused_add_rms_norm
 from .ops.layer_norm import layer_norm

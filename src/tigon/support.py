@@ -13,7 +13,7 @@ Every public op in :mod:`tigon.functional` asks :func:`select_backend` which pat
     above applies; one warning per reason is issued. In strict mode (:func:`set_strict` or ``TIGON_STRICT=1``)
     :class:`UnsupportedError` is raised instead.
 
-:func:`force_reference` (a context manager, or ``TIGON_DISABLE=1``) turns the kernels off on purpose, e.g. to
+:func:`force_reference` (a context manager: ``with force_reference():``, or ``TIGON_DISABLE=1``) turns the kernels off on purpose, e.g. to
 check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
 report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``, FakeTensorMode) take the
 reference silently: it carries their shapes and dtypes.
@@ -141,7 +141,13 @@ def _strict_default() -> bool:
 
 
 def set_strict(enabled: bool = True) -> None:
-    """Raise :class:`UnsupportedError` instead of falling back to the reference (process-wide)."""
+    """Raise :class:`UnsupportedError` instead of falling back to the reference (process-wide).
+
+    Raises:
+        TypeError: ``enabled`` is not True or False (a string such as ``"false"`` would read as true).
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {type(enabled).__name__} {enabled!r}")
     os.environ["TIGON_STRICT"] = "1" if enabled else "0"
 
 
@@ -184,20 +190,42 @@ def compiled_choice(op: str) -> str:
     return ops.get(op).under_compile
 
 
-@contextlib.contextmanager
-def force_reference():
-    """Context manager: every op inside runs the PyTorch reference, silently (used to check the fallback)."""
-    global _forced_contexts
-    prev = getattr(_state, "forced", False)
-    _state.forced = True
-    with _forced_lock:
-        _forced_contexts += 1
-    try:
-        yield
-    finally:
-        _state.forced = prev
+class force_reference:  # noqa: N801 (a function to its callers: ``with tigon.force_reference():``)
+    """Context manager: every op inside runs the PyTorch reference, silently (used to check the fallback)::
+
+        with tigon.force_reference():
+            loss = model(**batch).loss
+
+    Only the ``with`` block is affected: ``tigon.force_reference()`` called on its own changes nothing, and warns
+    (``RuntimeWarning``) when the object it returned is dropped without being entered. ``TIGON_DISABLE=1`` turns
+    the kernels off for the whole process.
+    """
+
+    __slots__ = ("_prev", "_entered")
+
+    def __init__(self):
+        self._entered = False
+
+    def __enter__(self):
+        global _forced_contexts
+        self._entered = True
+        self._prev = getattr(_state, "forced", False)
+        _state.forced = True
+        with _forced_lock:
+            _forced_contexts += 1
+        return None
+
+    def __exit__(self, *exc) -> None:
+        global _forced_contexts
+        _state.forced = self._prev
         with _forced_lock:
             _forced_contexts -= 1
+
+    def __del__(self):
+        if not self._entered:
+            warnings.warn("tigon.force_reference() was called without `with`: it is a context manager, and the "
+                          "kernels stay on (use `with tigon.force_reference():`, or TIGON_DISABLE=1)",
+                          RuntimeWarning, stacklevel=2)
 
 
 def _forced() -> bool:

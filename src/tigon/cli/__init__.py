@@ -51,7 +51,10 @@ def _enable_interpreter(device: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tigon`` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # a subcommand's unknown flag: its own parser says so (``tigon compare: error``), not the top level
+        commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.get(getattr(args, "command", None), parser).error(f"unrecognized arguments: {' '.join(extra)}")
     _enable_interpreter(getattr(args, "device", None))
     if args.command is None:
         parser.print_help(sys.stderr)

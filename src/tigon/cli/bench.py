@@ -231,7 +231,7 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
                        attn_implementation=args.attn_implementation, lora_rank=args.lora,
                        gradient_checkpointing=args.gradient_checkpointing,
                        checkpoint_budget_gb=args.checkpoint_budget_gb, kernel_summary=args.kernel_summary,
-                       nproc=1 if args.nproc is None else args.nproc, parallel=args.parallel or "ddp")
+                       nproc=1 if args.nproc is None else args.nproc, parallel=args.parallel)
     try:
         resolve_e2e(config)
         result = _run_staged(run_e2e, config, args.quiet)

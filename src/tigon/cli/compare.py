@@ -53,11 +53,11 @@ def add_parser(sub) -> None:
                    help="processes: N > 1 launches N ranks through torch.distributed.run (gloo on CPU, NCCL on CUDA, "
                         "one GPU each), each training on its own --batch-size sequences; reports per-rank peak "
                         "memory and global tokens/s (default: 1, one process)")
-    p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2", "tp", "fsdp2_tp"],
-                   help="with --nproc > 1: DistributedDataParallel, FSDP2 fully_shard on each decoder layer and "
+    p.add_argument("--parallel", default=None, choices=["ddp", "fsdp2", "tp", "fsdp2_tp"],
+                   help="needs --nproc > 1: DistributedDataParallel, FSDP2 fully_shard on each decoder layer and "
                         "the root, or tp: torch's tensor-parallel plan of the decoder and LM head, the ranks sharing "
                         "the sequences, or fsdp2_tp: tp in groups of 2 ranks, FSDP2 across them (a 2-D mesh; --nproc >= 4) "
-                        "(default: ddp)")
+                        "(default with --nproc > 1: ddp)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")

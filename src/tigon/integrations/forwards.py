@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import types
 
 import torch
 
@@ -743,10 +744,13 @@ def rope_dispatcher(original, family: str, switch):
     head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
     ops do; tables of another shape than the layout's) go to ``original`` as well. q and k that a fused attention
     node (:mod:`tigon.integrations.lora_qkv`) already rotated are returned as they are.
+
+    A function for a function; for an ``original`` that is an object (transformers 5.2x with ``kernels`` installed
+    wraps the function in a ``Func`` module, ``use_kernel_forward_from_hub``) a :class:`ObjectDispatcher`, which
+    unpickles models while it is installed.
     """
     from .rotary_layouts import tigon_call
 
-    @functools.wraps(original)
     def apply_rotary_pos_emb(*args, **kwargs):
         if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
             if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):  # (no frame unless set)
@@ -756,7 +760,46 @@ def rope_dispatcher(original, family: str, switch):
                 return out
         return original(*args, **kwargs)
 
-    return mark(apply_rotary_pos_emb, "rope", family)
+    if isinstance(original, types.FunctionType):
+        return mark(functools.wraps(original)(apply_rotary_pos_emb), "rope", family)
+
+    def __call__(self, *args, **kwargs):  # (the same, as a method: Dynamo inlines it, not a static __call__)
+        if switch.class_level or getattr(_scope, "depth", 0) > 0:
+            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):
+                return args[0], args[1]
+            out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
+            if out is not None:
+                return out
+        return original(*args, **kwargs)
+
+    return mark(ObjectDispatcher.build(original, __call__), "rope", family)
+
+
+class ObjectDispatcher:
+    """The rotary dispatcher of a global that is a callable object, not a function: transformers 5.2x with
+    ``kernels`` installed makes ``apply_rotary_pos_emb`` a ``Func`` module instance, and every attention module holds
+    a private instance of that type (``use_kernelized_func``). Pickling one stores "``type(<the module global>)()``"
+    (``kernels``' ``_rebuild_kernel_func``), which ``torch.load`` / ``pickle.loads`` evaluate against whatever the
+    global is then: a plain function's type cannot be called so, so the dispatcher is an object whose type called
+    with no arguments gives a new instance of the original's type (:meth:`__new__`), what the load gets without
+    Tigon. Calling it costs the same one Python frame as the function.
+    """
+
+    original = None  # (set on each dispatcher's own subclass by build)
+
+    def __new__(cls, *args, **kwargs):
+        return type(cls.original)(*args, **kwargs)  # (an instance of the original's type: __init__ is not called)
+
+    @classmethod
+    def build(cls, original, call) -> "ObjectDispatcher":
+        """The dispatcher of ``original`` whose ``__call__`` is ``call(self, *args, **kwargs)``."""
+        sub = type(cls.__name__, (cls,), {"original": original, "__call__": call})
+        self = object.__new__(sub)
+        functools.update_wrapper(self, original, updated=())  # (__wrapped__, __name__, __module__, __doc__)
+        return self
+
+    def __reduce__(self):
+        return self.__name__  # (pickled by reference to the module global, as the original pickles itself)
 
 
 @functools.lru_cache(maxsize=None)

@@ -52,6 +52,16 @@ if interpreter_enabled():
     _fix_interpreter_bf16_rounding()
 
 
+def interpreter_quiet():
+    """Context for an interpreted launch whose kernel computes values it then discards with ``tl.where`` (``-inf -
+    -inf`` on zero-probability lanes, products that overflow in a branch not taken): the interpreter evaluates both
+    branches in numpy, which warns ("invalid value encountered in subtract"); a compiled kernel does not. Silences
+    numpy's floating-point warnings for the launch only (``numpy.errstate``); the results are unchanged."""
+    import numpy as np
+
+    return np.errstate(invalid="ignore", over="ignore")
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1). Plain Python: ``triton.next_power_of_2`` is a ConstexprFunction
     whose call costs ~2 us of host time, paid on every launch."""

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, interpreter_quiet, once_differentiable, or_empty
 from .divergence import (
     JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _jsd_term, _terms, fast_math,
     reduction_scale,
@@ -274,12 +274,16 @@ def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, sc
     if n == 0:
         return
     block_m, block_v, warps = _blocks(n, vocab, zs.device)
-    _jsd_logits_kernel[(cdiv(n, block_m),)](
-        zs, zs.stride(0), zt, zt.stride(0), labels if labels is not None else scale, scale, loss,
-        n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta),
-        KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, FAST=fast_math(zs.device),
-        BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps,
-    )
+    launch = _jsd_logits_kernel[(cdiv(n, block_m),)]
+    args = (zs, zs.stride(0), zt, zt.stride(0), labels if labels is not None else scale, scale, loss,
+            n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta))
+    meta = dict(KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, FAST=fast_math(zs.device),
+                BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps)
+    if zs.device.type == "cpu":  # the interpreter: the -inf - -inf of zero-probability terms, discarded (_terms)
+        with interpreter_quiet():
+            launch(*args, **meta)
+    else:
+        launch(*args, **meta)
 
 
 def _kind(beta: float) -> int:

@@ -64,7 +64,11 @@ def fused_linear_cross_entropy(
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).
-        weight: (V, H) LM-head weight, same dtype as hidden (or any float dtype under autocast).
+        weight: (V, H) LM-head weight. Under autocast any float dtypes: the matmuls run in the autocast dtype.
+            Outside autocast the dtypes may differ, unlike ``F.linear`` and Liger-Kernel's function (whose matmul
+            raises on them): the matmuls run in ``torch.promote_types(hidden.dtype, weight.dtype)`` (bf16 hidden
+            with an fp32 weight: fp32 matmuls, hidden read as fp32), the loss is fp32 and each gradient comes back
+            in its own tensor's dtype. Give both the same dtype for the half-precision matmul speed.
         target: (N,) integer class indices in [0, V), or ``ignore_index``.
         bias: optional (V,) LM-head bias.
         logit_scale: multiplies the logits before the soft-cap (Cohere's ``logit_scale``; Granite's

@@ -126,8 +126,9 @@ def rope(
             table of every position, (P, R) with P > every position id (HF's ``apply_rotary_pos_emb`` before 4.38:
             ``cos[position_ids]``), gathered to (B or 1, T, R) before the rotation, so packed sequences whose
             positions restart are rotated right (Liger ignores position_ids there too and reads row t for token t,
-            which is the same only for ``position_ids = arange(T)``). An id outside [0, P) is an indexing error
-            (on CUDA a device-side assert, as HF's indexing).
+            which is the same only for ``position_ids = arange(T)``). An id outside [0, P) raises ValueError on
+            the CPU; on CUDA it is not checked (a host read would synchronise every call): the indexing's
+            device-side assert, as HF's.
         unsqueeze_dim: 1 or 2, where the head axis of q and k is (keyword or sixth positional argument, as Liger's).
         rotary_dim: None (default): the rotated dims are cos's width R, and every column of cos / sin is read (any
             values rotated exactly, as above). An int (Liger's ``rotary_dim``, seventh positional argument): the
@@ -148,8 +149,9 @@ def rope(
             tensor (an int there is refused with a hint: the fifth positional argument was ``unsqueeze_dim`` before
             Liger's order was taken), or rotary_dim neither None nor an int.
         ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) or (T, R) (with
-            position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,), devices differ,
-            unsqueeze_dim not in (1, 2), or rotary_dim odd, not in (0, D], or wider than twice cos / sin.
+            position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,) or (CPU, with
+            a (P, R) table) outside [0, P), devices differ, unsqueeze_dim not in (1, 2), or rotary_dim odd, not in
+            (0, D], or wider than twice cos / sin.
     """
     if rotary_dim is not None:  # Liger's rotary_dim: the (..., rotary_dim) tables of the same rotation
         cos, sin = _rotary_dim_tables(q, cos, sin, rotary_dim)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import _checks
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """``cat(-x2, x1)`` where ``x1, x2`` are the first and second halves of the last dimension."""
@@ -19,7 +21,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def gather_positions(cos: torch.Tensor, sin: torch.Tensor,
                      position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of the (P, R) tables of every position at ``position_ids`` ((B or 1, T) or (T,)): (B or 1, T, R)
-    each (HF ``apply_rotary_pos_emb`` before transformers 4.38: ``cos[position_ids]``)."""
+    each (HF ``apply_rotary_pos_emb`` before transformers 4.38: ``cos[position_ids]``).
+
+    Raises:
+        ValueError: on the CPU, an id outside [0, P) (checked on the host, as cross-entropy's targets: on CUDA the
+            check would be a device synchronisation per call, and the indexing's device-side assert stops there).
+    """
+    if position_ids.device.type == "cpu" and position_ids.numel() and not torch.compiler.is_compiling() \
+            and _checks.has_data(position_ids):
+        lo, hi = int(position_ids.min()), int(position_ids.max())
+        if lo < 0 or hi >= cos.shape[0]:
+            raise ValueError(f"position_ids must be in [0, {cos.shape[0]}) (the rows of the ({cos.shape[0]}, "
+                             f"{cos.shape[-1]}) cos / sin table of every position), found {hi if lo >= 0 else lo}")
     ids = position_ids if position_ids.dim() == 2 else position_ids[None]
     return cos[ids], sin[ids]
 

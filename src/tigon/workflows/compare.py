@@ -89,8 +89,8 @@ class CompareConfig:
     parallel: the wrapper when ``nproc`` > 1: "ddp" (``DistributedDataParallel``), "fsdp2" (``fully_shard`` on
         each decoder layer, then on the root), "tp" (torch's tensor-parallel plan of the decoder and the LM head,
         :func:`tigon.integrations.tp_plan.apply_decoder_tp`, the model patched after it) or "fsdp2_tp" (that plan in
-        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). Ignored when
-        ``nproc`` is 1.
+        groups of 2 ranks, FSDP2 across the groups on a 2-D mesh; nproc a multiple of 2, >= 4). None: "ddp" when
+        ``nproc`` > 1; given with ``nproc`` 1 it is an error (:func:`~tigon.workflows.compare_dist.check_nproc`).
     """
 
     preset: str | None = None
@@ -104,7 +104,7 @@ class CompareConfig:
     device: str = "auto"
     seed: int = 0
     nproc: int = 1
-    parallel: str = "ddp"
+    parallel: str | None = None
 
 
 @dataclass
@@ -277,6 +277,22 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource
     return base.to(dtype), tokenizer, {"source": str(source), "weights": weights}
 
 
+def _check_host_memory(cfg: CompareConfig) -> None:
+    """Refuse a CPU run whose parameters alone cannot fit in memory (:func:`tigon.workflows.host_memory.check_fits`:
+    the model, the training copy and its gradients and AdamW states, per rank), before anything is built."""
+    from .dry_run import build_meta_model
+    from .host_memory import check_fits
+
+    try:
+        meta = build_meta_model(_hf_config(cfg)[0])
+    except ConfigError:  # (reported with its own message when the run builds the model)
+        return
+    params = sum(p.numel() for p in meta.parameters())
+    what = (f"--preset {cfg.preset}" if cfg.model is None else f"--model {cfg.model}") + \
+        (f" --layers {cfg.layers}" if cfg.layers is not None else "")
+    check_fits(params, 2 if cfg.dtype == "bfloat16" else 4, what, processes=cfg.nproc)
+
+
 def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:
     """Fail fast, before any training, when ``patch_fn`` rejects this model: the engine's dry run on the weightless
     model (:func:`tigon.workflows.dry_run.dry_run`) decides as the patched run will. Only its rejection counts; a
@@ -323,7 +339,7 @@ def resolve_config(config: CompareConfig) -> CompareConfig:
     device = _resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
-    compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
+    cfg.parallel = compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
     source = resolve_source(cfg.model, "--model") if cfg.model is not None else None
     if source is not None and source.kind == "preset":
         cfg.preset, cfg.model, source = cfg.model, None, None
@@ -365,6 +381,8 @@ def run_compare(
             rejects (it raised ValueError or TypeError).
     """
     cfg = resolve_config(config)
+    if cfg.device == "cpu" and not (cfg.nproc > 1 and compare_dist.in_process_group()):
+        _check_host_memory(cfg)  # (the launching process, for all its ranks)
     rank = world = None
     if cfg.nproc > 1:
         if not compare_dist.in_process_group():

@@ -58,25 +58,32 @@ DATA_PARALLEL = ("ddp", "fsdp2")
 these)."""
 
 
-def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PARALLEL) -> None:
-    """Check ``--nproc`` and ``--parallel`` for a run on ``device_type`` ("cpu" or "cuda").
+def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PARALLEL) -> str | None:
+    """Check ``--nproc`` and ``--parallel`` for a run on ``device_type`` ("cpu" or "cuda"); returns the wrapper to use:
+    ``parallel``, or "ddp" when it is None and ``nproc`` > 1 (None for one process).
 
     Raises:
-        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of ``choices``, or (CUDA) ``nproc``
-            exceeds the visible GPUs (one process per GPU).
+        ConfigError: ``nproc`` is not an integer >= 1, ``parallel`` is not one of ``choices`` (or None), "fsdp2_tp"
+            without ``nproc`` a multiple of :data:`TP_SIZE` and at least twice it, ``parallel`` given with ``nproc``
+            1 (one process has nothing to wrap for: it would be ignored), or (CUDA) ``nproc`` exceeds the visible
+            GPUs (one process per GPU).
     """
     if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
         raise ConfigError(f"--nproc must be an integer >= 1, got {nproc!r}")
-    if parallel not in choices:
+    if parallel is not None and parallel not in choices:
         raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(choices)})")
-    if parallel == "fsdp2_tp" and nproc > 1 and (nproc % TP_SIZE or nproc < 2 * TP_SIZE):
+    if parallel == "fsdp2_tp" and (nproc % TP_SIZE or nproc < 2 * TP_SIZE):
         raise ConfigError(f"--parallel fsdp2_tp needs --nproc a multiple of {TP_SIZE} and at least {2 * TP_SIZE} (a 2-D "
                           f"mesh of data-parallel x {TP_SIZE} tensor-parallel ranks), got {nproc}")
+    if parallel is not None and nproc == 1:
+        raise ConfigError(f"--parallel {parallel} needs --nproc N > 1 (it wraps the model for N processes; one process "
+                          "would ignore it)")
     if device_type == "cuda" and nproc > torch.cuda.device_count():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise ConfigError(f"--nproc {nproc} exceeds the {torch.cuda.device_count()} visible CUDA device(s)"
                           + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
                           + ": one process per GPU")
+    return parallel if parallel is not None or nproc == 1 else "ddp"
 
 
 # ----------------------------------------------------------------------------------------------------------------

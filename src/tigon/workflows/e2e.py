@@ -136,7 +136,7 @@ class E2EConfig:
         image_tokens: a vision-language model's image tokens per sequence for the families whose image size is
         free (:func:`tigon.workflows.multimodal.with_images`); None: ``seq_len // 4``.
         nproc: processes, >= 1; N > 1 launches N ranks through ``torch.distributed.run`` (gloo on CPU, NCCL on CUDA,
-        one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2";
+        one GPU each) and every provider's model is wrapped as ``parallel`` says ("ddp" or "fsdp2"; None: "ddp";
         :func:`tigon.workflows.compare_dist.wrap`, after the provider's patch, before torch.compile), each rank on its
         own ``batch_size`` sequences (:func:`run_e2e`).
     """
@@ -158,7 +158,7 @@ class E2EConfig:
     checkpoint_budget_gb: float | None = None
     kernel_summary: bool = False
     nproc: int = 1
-    parallel: str = "ddp"
+    parallel: str | None = None
     image_tokens: int | None = None
 
 
@@ -306,7 +306,7 @@ def resolve_e2e(config: E2EConfig) -> E2EConfig:
     if cfg.kernel_summary and cfg.steps < 2:
         raise ConfigError(f"--kernel-summary needs --steps >= 2 (the profiled last step is not timed), got {cfg.steps}")
     _positive("image_tokens", cfg.image_tokens)
-    compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device, compare_dist.DATA_PARALLEL)
+    cfg.parallel = compare_dist.check_nproc(cfg.nproc, cfg.parallel, cfg.device, compare_dist.DATA_PARALLEL)
     return cfg
 
 

@@ -10,17 +10,18 @@ import torch
 from .errors import ConfigError
 
 
-def hf_config(model: str, layers: int | None = None):
+def hf_config(model: str, layers: int | None = None, arg: str = "--model"):
     """The ``transformers`` config of ``model`` (a preset name, a config.json file, a checkpoint directory or a Hub id
     in the local cache: :func:`tigon.workflows.model_source.load_model_config`), keeping ``layers`` decoder layers,
-    and a description of the source (the preset name, the absolute path or the Hub id).
+    and a description of the source (the preset name, the absolute path or the Hub id). ``arg``: how the command
+    took ``model``, for error messages (``"--model"``, or ``"MODEL"`` for ``tigon profile``'s positional).
 
     Raises:
         ConfigError: ``model`` cannot be found or read, or ``layers`` is out of range.
     """
     from .model_source import model_config
 
-    config, source = model_config(model, layers, "--model")
+    config, source = model_config(model, layers, arg)
     return config, source.hub_id or source.path
 
 

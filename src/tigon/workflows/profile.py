@@ -427,7 +427,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     cfg = resolve_profile(config)
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     cuda = device.type == "cuda"
-    hfc, source = hf_config(cfg.model, cfg.layers)
+    hfc, source = hf_config(cfg.model, cfg.layers, "MODEL")
     timed_batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
     prof_batches = step_batches(hfc, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size, cfg.seq_len,
                                 cfg.seed + 1)
