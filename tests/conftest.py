@@ -3,7 +3,9 @@
 TRITON_INTERPRET must be set before any Triton kernel is defined, so this happens before tigon is imported.
 """
 
+import gc
 import os
+import sys
 import zlib
 
 import torch
@@ -29,6 +31,17 @@ def _fresh_seed(request):
     # Fresh random inputs per test, but reproducible from the test's name when a failure must be replayed.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _release_dropped_patches():
+    # A test that patched models and dropped them without unpatch leaves their rotary dispatchers installed until a
+    # collection: tests that check the global patch state (tigon inspect's dry run) must not see another test's.
+    yield
+    engine = sys.modules.get("tigon.integrations.engine")
+    if engine is not None and engine.SWITCHES:
+        gc.collect()  # (a full collection costs up to ~1 s with many modeling modules imported: only when needed)
+        engine.release_unused()
 
 
 class KernelCount:

@@ -71,8 +71,6 @@ def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=N
     return (cos.unsqueeze(0) if cos.dim() == 2 else cos), (sin.unsqueeze(0) if sin.dim() == 2 else sin)
 
 
-@accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
-                             mixed_dims=rope_mixed_dims), asked_inside=True)
 def _rotary_dim_tables(q, cos, sin, rotary_dim):
     """:func:`rope`'s ``rotary_dim`` (Liger-Kernel 0.8.5's, its ``_resolve_rotary_dim`` checks): checked, then the
     (..., rotary_dim) tables that rotate the first rotary_dim dims of each head
@@ -92,6 +90,8 @@ def _rotary_dim_tables(q, cos, sin, rotary_dim):
     return ref.rotary_dim_tables(cos, sin, rotary_dim)
 
 
+@accepts_dtensor(DTensorRule(rows=("q", "k"), outputs=("q", "k"), constants=("cos", "sin"),
+                             mixed_dims=rope_mixed_dims), asked_inside=True)
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None = None,
     unsqueeze_dim: int = 1, rotary_dim: int | None = None,
