@@ -175,7 +175,7 @@ def fused_linear_cross_entropy(
     grad_on = torch.is_grad_enabled()
     need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
             grad_on and bias is not None and bias.requires_grad)
-    run = _compiled_run() if compiling else _APPLY[0]
+    run = _compiled_run() if compiling else _APPLY[0] if _APPLY else _eager_run()
     out = run(hidden, weight, target, bias, class_weight, num_items_in_batch, cd, need, call)
     if len(out) == 2 and not return_z_loss:
         return out[0]
@@ -190,8 +190,19 @@ checks and objects. At most :data:`_MAX_CALLS` entries (cleared when full)."""
 _MAX_CALLS = 256
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.Size)
 _APPLY: list = []
-"""``[fast_apply(FusedLinearCrossEntropyFunction)]`` (:func:`tigon.kernels._common.fast_apply`) once :func:`_call_options` has imported the kernels (on the first
-call: importing them with Tigon would import Triton's language before ``TRITON_INTERPRET`` may be set)."""
+"""``[fast_apply(FusedLinearCrossEntropyFunction)]`` (:func:`tigon.kernels._common.fast_apply`) after the first eager
+call (:func:`_eager_run`; importing the kernels with Tigon would import Triton's language before ``TRITON_INTERPRET``
+may be set)."""
+
+
+def _eager_run():
+    """:data:`_APPLY`'s entry, made on the first eager call (not while Dynamo traces: it cannot trace fast_apply's
+    ``hasattr`` of the Function, and a compiled call runs :func:`_compiled_run`)."""
+    from ..kernels._common import fast_apply
+    from ..kernels.fused_linear_cross_entropy import FusedLinearCrossEntropyFunction
+
+    _APPLY.append(fast_apply(FusedLinearCrossEntropyFunction))
+    return _APPLY[0]
 
 
 def _compiled_run():
@@ -216,11 +227,8 @@ def _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, 
                          f"got {accum_dtype!r}")
     lean, budget = memory_plan(memory, accum_dtype, weight)
     from ..kernels.cross_entropy import LossOptions
-    from ..kernels._common import fast_apply
-    from ..kernels.fused_linear_cross_entropy import FlceCall, FusedLinearCrossEntropyFunction
+    from ..kernels.fused_linear_cross_entropy import FlceCall
 
-    if not _APPLY:
-        _APPLY.append(fast_apply(FusedLinearCrossEntropyFunction))
 
     opts = LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
                        None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
