@@ -75,7 +75,8 @@ def test_verify_cli_lora_rows(tmp_path):
                  "--json", str(path), "--quiet"]) == 0
     r = json.loads(path.read_text())
     assert r["passed"] and {row["op"] for row in r["results"]} == {"lora_glu_mlp"}
-    assert any("wrapped with PEFT LoRA r=4" in n for n in r["notes"]) and any("rank 16" in n for n in r["notes"])
+    assert any("wrapped with PEFT LoRA r=4" in n for n in r["notes"]) and any("rank 4," in n for n in r["notes"])
+    assert all("gate_a 4x" in row["shape"] for row in r["results"])  # the model's rank, not the records' default 16
 
 
 def _ev(name, parent=None, seq=-1, t=0, us=10.0):

@@ -39,7 +39,8 @@ class ModelShapes:
     heads (query heads), kv_heads, head_dim, vocab: counts. rms_eps, rms_casting_mode, rms_offset: the family's
     RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. rotary_dim: the rotated dims of each head
     under partial rotary (GPT-NeoX / Pythia, phi, StableLM), None when the whole head is rotated. softcap: the final
-    logit soft-cap (Gemma 2), or None. Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    logit soft-cap (Gemma 2), or None. lora_rank: the adapters' rank r of the LoRA ops' rows (``tigon verify
+    --lora R`` sets it; otherwise 16, PEFT fine-tuning's usual r). Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
     """
 
     tokens: int
@@ -56,6 +57,7 @@ class ModelShapes:
     rope_theta: float = 10000.0
     softcap: float | None = None
     rotary_dim: int | None = None
+    lora_rank: int = 16
 
     @property
     def seq(self) -> int:

@@ -14,9 +14,6 @@ from ..reference import lora as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import OpSpec, randn
 
-RANK = 16
-"""The adapter rank of the record's shapes (``tigon verify`` / ``tigon bench``): PEFT fine-tuning's usual r."""
-
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
                 bias: torch.Tensor | None = None, *, scaling: float = 1.0) -> torch.Tensor:
@@ -91,7 +88,7 @@ RECORDS = (OpSpec(
     original_name="PEFT lora.Linear: base_layer(x) + lora_B(lora_A(x)) * scaling",
     make_inputs=_inputs,
     # the MLP's up / gate projection, the largest LoRA layer of a Llama decoder layer
-    shape_of=lambda m: {"tokens": m.tokens, "in_features": m.hidden, "out_features": m.intermediate, "rank": RANK},
+    shape_of=lambda m: {"tokens": m.tokens, "in_features": m.hidden, "out_features": m.intermediate, "rank": m.lora_rank},
     size_format="tokens x in x out, rank",
     size_label=lambda s: f"{s['tokens']}x{s['in_features']}x{s['out_features']} r{s['rank']}",
     grad_inputs=("x", "lora_a", "lora_b"),

@@ -16,7 +16,6 @@ import torch
 from ..reference import lora as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
-from .lora import RANK
 
 
 def _same_dtype_outside_autocast(x: torch.Tensor, tensors: dict) -> bool:
@@ -115,7 +114,7 @@ RECORDS = (OpSpec(
     original=ref.lora_glu_mlp,
     original_name="HF LlamaMLP over PEFT lora.Linear gate_proj / up_proj / down_proj",
     make_inputs=_inputs,
-    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "intermediate": m.intermediate, "rank": RANK},
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "intermediate": m.intermediate, "rank": m.lora_rank},
     size_format="tokens x hidden x intermediate, rank",
     size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['intermediate']} r{s['rank']}",
     grad_inputs=("x", "gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b"),
@@ -202,7 +201,7 @@ RECORDS += (OpSpec(
     original=ref.lora_gate_up_mlp,
     original_name="HF Phi3MLP over PEFT lora.Linear gate_up_proj / down_proj",
     make_inputs=_gate_up_inputs,
-    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "intermediate": m.intermediate, "rank": RANK},
+    shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "intermediate": m.intermediate, "rank": m.lora_rank},
     size_format="tokens x hidden x intermediate, rank",
     size_label=lambda s: f"{s['tokens']}x{s['hidden']}x{s['intermediate']} r{s['rank']}",
     grad_inputs=("x", "gate_up_a", "gate_up_b", "down_a", "down_b"),

@@ -14,7 +14,6 @@ import torch
 from ..reference import lora_qkv_rope as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn
-from .lora import RANK
 from .lora_mlp import _same_dtype_outside_autocast
 from .rope import rotary_tables
 
@@ -84,7 +83,7 @@ def lora_qkv_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weigh
 def _shape(m) -> dict:
     return {"tokens": m.batch * m.seq, "batch": m.batch, "seq": m.seq, "hidden": m.hidden, "heads": m.heads,
             "kv_heads": m.kv_heads, "head_dim": m.head_dim, "rotary_dim": m.rotary_dim or m.head_dim,
-            "theta": m.rope_theta, "rank": RANK}
+            "theta": m.rope_theta, "rank": m.lora_rank}
 
 
 def _inputs(s: dict, dtype, device, gen, bias: bool = False) -> dict:

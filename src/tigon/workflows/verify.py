@@ -109,7 +109,7 @@ class VerifyConfig:
     "cuda". tokens: tokens per case (default 64 on CPU, 4096 on CUDA). max_vocab: vocabulary cap (default 1024 on
     CPU, none on CUDA; 0 = no cap). seed: seeds the inputs. lora_rank: find the model's ops with it wrapped by PEFT
     LoRA of that rank (:func:`tigon.workflows.lora.with_lora`, as ``tigon bench --e2e --lora``), so that the LoRA ops
-    tigon.patch runs there are verified too (at the records' shapes: rank :data:`tigon.ops.lora.RANK`); implies
+    tigon.patch runs there are verified too, their rows at that rank (else 16: :attr:`ModelShapes.lora_rank`); implies
     ``model_ops``.
     """
 
@@ -421,6 +421,8 @@ def run_verify(
     device = torch.device(cfg.device)
     hf_config, source = load_model_config(cfg.model)
     shapes, caps = shapes_from_config(hf_config, cfg.tokens, cfg.max_vocab)
+    if cfg.lora_rank is not None:  # the LoRA rows at the rank the model is wrapped with
+        shapes = dataclasses.replace(shapes, lora_rank=cfg.lora_rank)
     by_variant = {"model": shapes, "odd": shapes.odd()}
     units = plan(cfg, registry)
     started = time.perf_counter()
@@ -485,9 +487,9 @@ def run_verify(
         notes.append(f"ops: those tigon.patch runs in {cfg.model}{lora} ({', '.join(cfg.ops)}); run without --model to "
                      "verify every op.")
     if any(op.startswith("lora_") for op in cfg.ops):
-        from ..ops.lora import RANK
-
-        notes.append(f"LoRA rows: adapters of rank {RANK} (the records' shapes), trained-like B (PEFT starts B at 0).")
+        notes.append(f"LoRA rows: adapters of rank {shapes.lora_rank}"
+                     f"{'' if cfg.lora_rank is not None else ' (the records default)'}, trained-like B (PEFT starts B "
+                     "at 0).")
     notes.append(f"pass rule per tensor: tigon_err <= max({FACTOR:g} x original_err, floor[dtype of the tensor]); "
                  f"floors (relative L2): " + ", ".join(f"{k} {v:g}" for k, v in FLOORS.items()) + ".")
     notes.append("errors are against a float64 evaluation of the original on the same inputs; err = relative L2, "
