@@ -367,10 +367,12 @@ def assert_report_runs(report, used: dict, steps: int = 1, checkpointed: bool = 
     entries declare (:attr:`~tigon.integrations.PatchEntry.ops`), each called at least once per replaced module and
     step. A fused decoder layer computes its post-attention norm inside ``fused_add_rms_norm``: those norms (one per
     fused layer) stay patched for the layer's fallback and are not counted as calls. ``checkpointed``: the steps ran
-    under non-reentrant activation checkpointing, where an entry runs its ``checkpoint_ops`` when it has any."""
+    under non-reentrant activation checkpointing, where an entry runs its ``checkpoint_ops`` unless they are None
+    (``()``: none of Tigon's ops, the original forward)."""
     from collections import Counter
 
-    declared = Counter(op for e in report.replaced for op in ((checkpointed and e.checkpoint_ops) or e.ops))
+    declared = Counter(op for e in report.replaced
+                       for op in (e.checkpoint_ops if checkpointed and e.checkpoint_ops is not None else e.ops))
     assert set(used) == set(declared), f"ops that ran {sorted(used)} != ops the report declares {dict(declared)}"
     bypassed = report.counts.get("fused_add_rms_norm", 0)
     for op, n in declared.items():

@@ -163,15 +163,18 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
 
 
-def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
+def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...] | None:
     """The op(s) the replacement runs instead inside a non-reentrant activation checkpoint (see
-    :attr:`~tigon.integrations.report.PatchEntry.checkpoint_ops`); () when they are :func:`ops`'s."""
+    :attr:`~tigon.integrations.report.PatchEntry.checkpoint_ops`; () for none: the original forward); None when
+    they are :func:`ops`'s."""
     run = fw.mlp_ops(module, comp, (opts or {}).get("lora", True)) if kind == "mlp" else ()
     if run == ("glu_linear",):
         return (fw.mlp_activation(module, comp)[0],)
     if run in (("lora_glu_mlp",), ("lora_gate_up_mlp",)):
         return ("lora_linear", fw.mlp_activation(module, comp)[0])
-    return ()
+    if run == ("act_linear",):  # (act_linear_forward runs the original forward under a checkpoint)
+        return ()
+    return None
 
 
 def problem(kind: str, comp, module, opts) -> str | None:

@@ -45,15 +45,17 @@ class PatchEntry:
         projection is folded in, ``("fused_linear_cross_entropy",)`` for the LM head in training); empty for
         skipped entries, restorations, and class-level MLPs (the activation is read from each model's config).
     checkpoint_ops: the op(s) it runs instead inside a non-reentrant activation checkpoint (HF's gradient
-        checkpointing), where they differ from ``ops``: ``("swiglu",)`` for such an MLP, whose down projection then
-        runs as the module's own ``nn.Linear`` (:func:`tigon.integrations.forwards.under_checkpoint`); empty: ``ops``.
+        checkpointing), where they differ from ``ops``: ``("swiglu",)`` for a gated MLP whose down projection then
+        runs as the module's own ``nn.Linear`` (:func:`tigon.integrations.forwards.under_checkpoint`); ``()`` for a
+        non-gated MLP, which runs its original forward there (``act_linear`` saves nothing a checkpoint keeps);
+        None: ``ops``.
     """
 
     kind: str
     target: str
     detail: str = ""
     ops: tuple[str, ...] = ()
-    checkpoint_ops: tuple[str, ...] = ()
+    checkpoint_ops: tuple[str, ...] | None = None
 
 
 @dataclass
