@@ -45,8 +45,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program,
-    sm_count, warps_for,
+    MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launch_mode, next_pow2, num_programs_hint, rows,
+    rows_per_program, sm_count, warps_for,
 )
 from .norm_launch import bwd_launch, fwd_launch, sum_launch
 from .norm_options import NO_FLAGS, check_groups, gated_flags
@@ -460,11 +460,12 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
         return y, mean, rstd, s, x2
-    block_n, block_m, warps, grid = fwd_launch(M, N, dev, compiled_cuda(dev), fwd_config, rows_per_program)
+    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_norm_fwd), in one call)
+    block_n, block_m, warps, grid = fwd_launch(M, N, dev, mode.compiled, fwd_config, rows_per_program)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
-    launcher(_norm_fwd)[grid](
+    mode[_norm_fwd][grid](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
@@ -549,8 +550,9 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
     gated = gate is not None or n_groups != 1 or gate_first
+    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(kernel) of the kernels below, in one call)
     block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
-        M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
+        M, N, dev, mode.compiled, is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
         num_programs_hint)
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
@@ -567,20 +569,20 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
         raise ValueError(f"gated RMSNorm: rows of {N} elements are wider than the kernel's {REGISTER_ROW}")
     if wide:
         chunk = min(4096, block_n)
-        launcher(_norm_bwd_wide)[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
+        mode[_norm_bwd_wide][(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
         g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
-        launcher(_norm_bwd)[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
-                            W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
-                            G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
-                            HAS_GATE=gate is not None, num_warps=warps,
-                            **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS))
+        mode[_norm_bwd][(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+                                  W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
+                                  G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
+                                  HAS_GATE=gate is not None, num_warps=warps,
+                                  **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         n_parts = parts[0]
         block_cols, grid, block_p = sum_launch(n_full, n_parts)
-        launcher(_sum_partials)[grid](
+        mode[_sum_partials][grid](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, n_parts, n_full, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=block_p, BLOCK_N=block_cols, num_warps=4)
