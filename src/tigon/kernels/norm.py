@@ -433,8 +433,11 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s: x's shape and dtype, contiguous, or None without ``residual``; x2: x as the kernel read it (x itself, or its
     (M, N) rows view or copy), what the backward should read).
     """
-    x2, M, sx = rows(x, "x")
-    N = x.shape[-1]
+    shape = x.shape
+    N = shape[-1] if shape else 0  # (0-d: rows raises)
+    # rows(t, name) of a contiguous t of more than 2 dims with rows of N > 0 elements (the layers' activations and
+    # their gradients) is (t, t.numel() // N, N): taken inline here and below, one Python frame less per tensor
+    x2, M, sx = (x, x.numel() // N, N) if len(shape) > 2 and N and x.is_contiguous() else rows(x, "x")
     if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
     if bias is not None and bias.stride(-1) != 1:
@@ -447,7 +450,8 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
         check_groups(N, n_groups, is_rms and residual is None and bias is None)
         M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
     if residual is not None:
-        r2, m_r, sr = rows(residual, "residual")
+        r2, m_r, sr = ((residual, residual.numel() // N, N) if residual.dim() > 2 and N and residual.shape[-1] == N
+                       and residual.is_contiguous() else rows(residual, "residual"))  # (rows, inline: see above)
         if m_r != M or residual.shape[-1] != N or residual.dtype != x.dtype:
             raise ValueError(f"{name}: residual must match x's {tuple(x.shape)} {x.dtype}, got "
                              f"{tuple(residual.shape)} {residual.dtype}")
@@ -510,11 +514,14 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
 
     Returns (dx, dw (N,) or None, db (N,) or None[, d_gate]).
     """
-    x2, M, sx = rows(x, "x")
-    N = x.shape[-1]
+    shape = x.shape
+    N = shape[-1] if shape else 0  # (0-d: rows raises)
+    # (rows(t, name) inline for a contiguous t of more than 2 dims and rows of N > 0 elements, as in norm_forward)
+    x2, M, sx = (x, x.numel() // N, N) if len(shape) > 2 and N and x.is_contiguous() else rows(x, "x")
     if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
-    dy, _, sdy = rows(dy, "grad_output")
+    dy, _, sdy = ((dy, 0, N) if dy.dim() > 2 and N and dy.shape[-1] == N and dy.is_contiguous()
+                  else rows(dy, "grad_output"))  # (rows, inline: its M is not read)
     dev = x.device
     n_full = N  # the weight's size
     if n_groups != 1:
@@ -533,7 +540,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     else:
         sdx = dx.stride(0) if dx.dim() == 2 else N
     if ds is not None:
-        ds, m_ds, sds = rows(ds, "grad_s")
+        ds, m_ds, sds = ((ds, ds.numel() // N, N) if ds.dim() > 2 and N and ds.shape[-1] == N and ds.is_contiguous()
+                         else rows(ds, "grad_s"))  # (rows, inline)
         if m_ds != M or ds.shape[-1] != N:
             raise ValueError(f"ds must have x's shape {tuple(x.shape)}, got {tuple(ds.shape)}")
     dgate = torch.empty(size=gate.shape, dtype=gate.dtype, device=dev) if gate is not None else None
