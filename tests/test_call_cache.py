@@ -281,8 +281,11 @@ def test_launch_caches_follow_monkeypatched_heuristics(monkeypatch):
 # (host-cut): rms_norm 36, fused_add_rms_norm 35, swiglu 33, rope 27, fused_linear_cross_entropy 75 (each with the
 # harness's 13 of a sum and its backward), a patched Qwen2 layer 322 (Hugging Face's: 252); before it 42 / 40 / 39 /
 # 31 / 91 and 352. A change that adds calls on these paths fails here: lower it, or raise the budget and say why.
-BUDGETS = {"op rms_norm fwd+bwd": 33, "op fused_add_rms_norm fwd+bwd": 32, "op swiglu fwd+bwd": 30,
-           "op rope fwd+bwd": 24, "op fused_linear_cross_entropy fwd+bwd": 73, "layer qwen2 tigon fwd+bwd": 284}
+# host-cut3: launch_mode (one call per launch site for compiled_cuda and every launcher) 284 -> 272; the MLP asks
+# whether it runs under torch.compile once for its helpers 272 -> 270; rows / as_2d of contiguous activations inline
+# at the norm and GLU launch sites 270 -> 260; RopeTarget.ensure's WeakSet membership inline 260 -> 259.
+BUDGETS = {"op rms_norm fwd+bwd": 30, "op fused_add_rms_norm fwd+bwd": 29, "op swiglu fwd+bwd": 24,
+           "op rope fwd+bwd": 22, "op fused_linear_cross_entropy fwd+bwd": 73, "layer qwen2 tigon fwd+bwd": 259}
 
 
 def _host_count(monkeypatch):

@@ -57,7 +57,7 @@ def test_small_calls_run_the_original_mlp_on_the_gpu(monkeypatch, limit):
         monkeypatch.delenv("TIGON_HOST_BOUND_ELEMENTS", raising=False)
     else:
         monkeypatch.setenv("TIGON_HOST_BOUND_ELEMENTS", limit)
-    monkeypatch.setattr(forwards, "_on_compiled_gpu", lambda x: True)
+    monkeypatch.setattr(forwards, "_on_compiled_gpu", lambda x, compiling=None: True)
     hf, patched, _ = _models()
     x = torch.randn(2, 3, 16, device=DEVICE)
     support.backend_usage(reset=True)

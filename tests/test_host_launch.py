@@ -206,3 +206,49 @@ def test_python_frames_per_direct_launch(direct, monkeypatch):
         sys.setprofile(None)
     assert frames == ["launcher", "_launch_direct"]
     assert k.log[-1][0] == "direct"
+
+
+@pytest.mark.parametrize("direct_env", [None, "0", "1"])
+@pytest.mark.parametrize("interpret", ["0", "1"])
+def test_launch_mode_answers_as_compiled_cuda_and_launcher(monkeypatch, direct_env, interpret):
+    """launch_mode(device): compiled_cuda(device) and launcher(kernel) in one call, the same answers under every
+    switch (the environment's, the direct path turned off, a replaced interpreter_enabled or os.environ)."""
+    import os
+
+    import torch
+
+    monkeypatch.setattr(_common, "_direct_broken", [])
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    if direct_env is None:
+        monkeypatch.delenv("TIGON_DIRECT_LAUNCH", raising=False)
+    else:
+        monkeypatch.setenv("TIGON_DIRECT_LAUNCH", direct_env)
+    k = FakeKernel()
+
+    def check():
+        for device in (torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda")):
+            for _ in range(2):  # (a device not seen yet, then seen)
+                mode = _common.launch_mode(device)
+                assert mode.compiled is _common.compiled_cuda(device)
+                assert mode[k] is _common.launcher(k) and mode[k] is mode[k]
+
+    check()
+    _common._direct_broken.append("broken")
+    check()
+    _common._direct_broken.clear()
+    monkeypatch.setattr(_common, "interpreter_enabled", lambda: interpret == "0")  # (replaced: asked, not read)
+    check()
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # (a mock environ: read through os.environ.get)
+    monkeypatch.setattr(_common.support.os, "environ", os.environ)
+    check()
+
+
+def test_launch_mode_remembers_kernels_within_a_bound(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(_common, "MAX_KERNELS", 4)
+    mode = _common.launch_mode(torch.device("cpu"))
+    for _ in range(10):
+        k = FakeKernel()
+        assert mode[k] is _common.launcher(k)
+    assert len(mode) <= 4

@@ -129,10 +129,11 @@ def norm_problem(module, spec: NormSpec) -> str | None:
 
 
 # ---- gated MLPs ----------------------------------------------------------------------------------------------
-def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
+def mlp_activation(module, spec: MLPSpec, dynamo: bool | None = None) -> tuple[str, str | None] | str:
     """``(op, approximate)`` for the module's activation (see ACTIVATIONS), or a string saying why not.
 
-    ``spec.activation`` when set (generic matcher), else ``module.config.<spec.act_config_attr>``.
+    ``spec.activation`` when set (generic matcher), else ``module.config.<spec.act_config_attr>``. ``dynamo``:
+    ``support.dynamo_compiling()`` where the caller asked it already (None: asked here).
     """
     if spec.activation is not None:
         name, where = spec.activation, "probed activation"
@@ -141,7 +142,9 @@ def mlp_activation(module, spec: MLPSpec) -> tuple[str, str | None] | str:
         # the config's own dict first, read past PretrainedConfig.__getattribute__ in eager mode (its attribute_map
         # aliases: ~1 us and three Python frames per read, ``config.__dict__`` included; dynamo cannot trace
         # object.__getattribute__, and its trace runs once); an aliased name is then read by getattr
-        own = (None if config is None else config.__dict__ if support.dynamo_compiling()
+        if dynamo is None:
+            dynamo = support.dynamo_compiling()
+        own = (None if config is None else config.__dict__ if dynamo
                else object.__getattribute__(config, "__dict__"))
         name = (own.get(spec.act_config_attr) or getattr(config, spec.act_config_attr, None)
                 if config is not None else None)
@@ -277,14 +280,15 @@ _F_LINEAR = torch.nn.functional.linear
 _TRACING = torch._C._get_tracing_state
 
 
-def _linear_calls(modules, x: torch.Tensor) -> tuple | None:
+def _linear_calls(modules, x: torch.Tensor, dynamo: bool) -> tuple | None:
     """``tuple(m(x) for m in modules)`` for modules that :func:`_no_hooks` passed, when each is exactly an
     ``nn.Linear`` not compiled by ``module.compile()``, eagerly outside ``torch.jit.trace``: then ``m(x)`` is
     ``F.linear(x, m.weight, m.bias)`` (``_call_impl``'s path without hooks, then ``Linear.forward``), computed here
     directly: five Python frames less per projection (``_wrapped_call_impl``, ``_call_impl``, ``forward`` and two
     ``nn.Module.__getattr__``). None otherwise (the caller calls the modules), also when ``weight`` or ``bias`` is not
-    a registered parameter (FSDP1 with flat parameters sets them as plain attributes)."""
-    if support.dynamo_compiling() or _TRACING() is not None:  # (torch.compile traces the modules' calls itself)
+    a registered parameter (FSDP1 with flat parameters sets them as plain attributes). ``dynamo``: the caller's
+    ``support.dynamo_compiling()``."""
+    if dynamo or _TRACING() is not None:  # (torch.compile traces the modules' calls itself)
         return None
     out = ()
     for m in modules:  # (a loop: a generator or comprehension is a Python frame)
@@ -308,7 +312,7 @@ def _outputs_private(*modules) -> bool:
     return True
 
 
-def under_checkpoint() -> bool:
+def under_checkpoint(compiling: bool | None = None) -> bool:
     """Whether this call runs inside a non-reentrant activation checkpoint (``torch.utils.checkpoint``, as Hugging
     Face's gradient checkpointing uses by default): its saved-tensor hooks are the innermost ones, in the first
     forward and in the recomputation alike (so both take the same path, as checkpointing requires).
@@ -317,9 +321,12 @@ def under_checkpoint() -> bool:
     region is kept) and costs a matmul: the recomputation stops as soon as the last tensor to save is packed, which
     for ``nn.Linear`` happens before its matmul runs and for an ``autograd.Function`` only after its forward (the
     down projection's matmul, recomputed for nothing: 32 x (8192 x 14336 x 4096) per step, 50 ms of 905, on a
-    Llama-3-8B step on the H200). Not asked under torch.compile (the compiler decides what is saved there).
+    Llama-3-8B step on the H200). Not asked under torch.compile (the compiler decides what is saved there):
+    ``compiling``, ``torch.compiler.is_compiling()`` where the caller asked it already (None: asked here).
     """
-    if support.dynamo_compiling() or support.COMPILER._is_compiling_flag:  # (torch.compiler.is_compiling())
+    if compiling is None:
+        compiling = support.dynamo_compiling() or support.COMPILER._is_compiling_flag  # (torch.compiler.is_compiling())
+    if compiling:
         return False
     top = _TOP_SAVED_HOOKS
     hooks = top(False) if top is not None else None  # (the innermost saved-tensor hooks, or None)
@@ -336,12 +343,15 @@ def _lora_mlp():
     return lora_mlp
 
 
-def _on_compiled_gpu(x: torch.Tensor) -> bool:
+def _on_compiled_gpu(x: torch.Tensor, compiling: bool | None = None) -> bool:
     """Whether the kernels would run compiled on a CUDA GPU for ``x`` in eager mode (where the host-bound choice of
     :func:`host_bound` applies; under the interpreter or torch.compile the kernels' host cost is not what it
-    saves)."""
-    return (x.is_cuda and not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag)  # (is_compiling())
-            and not support.interpreter_enabled())
+    saves). ``compiling``: ``torch.compiler.is_compiling()`` where the caller asked it already (None: asked here)."""
+    if not x.is_cuda:
+        return False
+    if compiling is None:
+        compiling = support.dynamo_compiling() or support.COMPILER._is_compiling_flag  # (is_compiling())
+    return not compiling and not support.interpreter_enabled()
 
 
 def _intermediate(module, spec: MLPSpec) -> int | None:
@@ -353,11 +363,13 @@ def _intermediate(module, spec: MLPSpec) -> int | None:
     return n if isinstance(n, int) else None
 
 
-def host_bound(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tensor) -> bool:
+def host_bound(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tensor,
+               compiling: bool | None = None) -> bool:
     """Whether the patched MLP ``module`` runs its original forward for input ``x``: on a CUDA GPU in eager mode,
     when its product has at most the ``host_bound_elements`` of its op's record (swiglu / geglu; see
-    :attr:`tigon.ops.OpSpec.host_bound_elements`) tokens x intermediate elements."""
-    if not _on_compiled_gpu(x):
+    :attr:`tigon.ops.OpSpec.host_bound_elements`) tokens x intermediate elements. ``compiling``: as
+    :func:`_on_compiled_gpu`'s."""
+    if not _on_compiled_gpu(x, compiling):
         return False
     limit = support.host_bound_elements(_host_bound_default(act[0]))
     if not limit or not x.dim():
@@ -413,8 +425,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
 
     @functools.wraps(original)
     def forward(self, x, *args, **kwargs):
-        act = mlp_activation(self, spec)
-        if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x):
+        # asked once for the helpers below, which would each ask (one Python frame per question)
+        dynamo = support.dynamo_compiling()
+        compiling = dynamo or support.COMPILER._is_compiling_flag  # (torch.compiler.is_compiling())
+        act = mlp_activation(self, spec, dynamo)
+        if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x, compiling):
             return original(self, x, *args, **kwargs)
         gate_up = spec.gate_up is not None
         mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
@@ -431,7 +446,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         if down is None:
             down = getattr(self, spec.down)
         plain = _no_hooks(*proj, down)  # the usual case, in one call: no _hook_problem per module below
-        out = _linear_calls(proj, x) if plain else None  # (plain nn.Linear projections without their __call__)
+        out = _linear_calls(proj, x, dynamo) if plain else None  # (plain nn.Linear projections without their __call__)
         if out is None:
             out = (proj[0](x),) if gate_up else (proj[0](x), proj[1](x))
         gate, up = out[0].chunk(2, dim=-1) if gate_up else out
@@ -439,7 +454,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
             return down(_glu(act, gate, up, inplace, gm)) * dm
-        if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint():  # (foldable_linear)
+        if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint(compiling):  # (foldable_linear)
             p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
             return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)

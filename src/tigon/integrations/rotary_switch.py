@@ -88,7 +88,8 @@ class RopeTarget:
             ImportError: the modeling module ``module_name`` cannot be imported.
         """
         sw = SWITCHES.get((self.module_name, self.function))
-        if sw is not None and attention in sw.live and getattr(sw.module, sw.name) is sw.dispatcher:
+        # (``attention in sw.live``, as WeakSet.__contains__ answers it for a module: one Python frame less per call)
+        if sw is not None and weakref.ref(attention) in sw.live.data and getattr(sw.module, sw.name) is sw.dispatcher:
             return
         with LOCK:
             sw = switch(importlib.import_module(self.module_name), self.function, self.family, self.partial,

@@ -218,6 +218,12 @@ def launcher(kernel):
             return kernel
     elif _direct_broken or data.get(support._K_DIRECT) == support._ZERO or data.get(support._K_INTERPRET) == support._ONE:
         return kernel
+    via = kernel.__dict__.get(_VIA_ATTR)  # (_stand_in's lookup, inline: no frame once made)
+    return via if via is not None else _stand_in(kernel)
+
+
+def _stand_in(kernel) -> "_DirectLauncher":
+    """``kernel``'s direct stand-in (made once; kept on the kernel under :data:`_VIA_ATTR`)."""
     via = kernel.__dict__.get(_VIA_ATTR)
     if via is None:
         via = kernel.__dict__[_VIA_ATTR] = _DirectLauncher(kernel)
@@ -226,6 +232,56 @@ def launcher(kernel):
 
 _VIA_ATTR = "_tigon_direct_via"
 """The attribute of a kernel holding its stand-in (made once; on the kernel, as :data:`_DIRECT_ATTR`)."""
+
+
+class LaunchMode(dict):
+    """What :func:`launch_mode` answers for a device: ``compiled`` (:func:`compiled_cuda` of the device) and, indexed
+    by a kernel, what :func:`launcher` returns for it (``mode[kernel][grid](*args, **kwargs)`` launches it). One of
+    four shared objects, by (compiled, direct launching on); a dict of the kernels seen, so that indexing one seen
+    before is a C lookup, not a Python frame per launch (``__missing__`` runs on a new kernel only; emptied past
+    :data:`MAX_KERNELS`: a test's fake kernels must not grow it without bound)."""
+
+    __slots__ = ("compiled", "direct")
+
+    def __init__(self, compiled: bool, direct: bool):
+        super().__init__()
+        self.compiled, self.direct = compiled, direct
+
+    def __missing__(self, kernel):
+        via = _stand_in(kernel) if self.direct else kernel
+        if len(self) >= MAX_KERNELS:
+            self.clear()
+        self[kernel] = via
+        return via
+
+
+MAX_KERNELS = 256
+"""Kernels remembered per :class:`LaunchMode`."""
+
+_MODES = {(compiled, direct): LaunchMode(compiled, direct) for compiled in (False, True) for direct in (False, True)}
+
+
+def launch_mode(device: torch.device) -> LaunchMode:
+    """:func:`compiled_cuda` of ``device`` and :func:`launcher` of every kernel in one call, for launch sites that ask
+    both (the hot ops' forwards and backwards: one Python frame per launch site instead of one per question and
+    kernel)::
+
+        mode = launch_mode(x.device)
+        ... mode.compiled ...  # compiled_cuda(x.device)
+        mode[kernel][grid](*args, **kwargs)  # launcher(kernel)[grid](*args, **kwargs)
+
+    The same answers: read per call, inline as those two read them (the device's type from :data:`_IS_CUDA` once
+    seen, ``TRITON_INTERPRET`` / ``TIGON_DIRECT_LAUNCH`` from the environment's encoded mapping, and whether the
+    direct path was turned off); where those do not read inline (a replaced ``os.environ`` or
+    ``interpreter_enabled``, a device not seen yet) it asks them."""
+    data = support._ENV_DATA
+    cuda = _IS_CUDA.get(device)
+    if (cuda is None or interpreter_enabled is not _INTERPRETER_ENABLED or data is None
+            or support.os.environ is not support._ENVIRON):
+        return _MODES[compiled_cuda(device), direct_launch_enabled()]
+    interpreted = data.get(support._K_INTERPRET) == support._ONE
+    return _MODES[cuda and not interpreted,
+                  not (interpreted or _direct_broken or data.get(support._K_DIRECT) == support._ZERO)]
 
 
 class _DirectLauncher(dict):

@@ -49,7 +49,12 @@ def as_2d(**tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list[i
 
 def tile_elems(device: torch.device) -> int:
     """Elements of a tile: 4096 on CUDA, 16x that under the interpreter (each program costs Python time there)."""
-    return 4096 if compiled_cuda(device) else 1 << 16
+    return TILE_ELEMS[compiled_cuda(device)]
+
+
+TILE_ELEMS = {True: 4096, False: 1 << 16}
+""":func:`tile_elems` by ``compiled_cuda(device)`` (a launch site that has :func:`~tigon.kernels._common.launch_mode`'s
+answer reads it here)."""
 
 
 def launch_shape(M: int, N: int, device: torch.device) -> tuple[int, int, int, tuple[int]]:

@@ -38,8 +38,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, first_order, launcher, once_differentiable
-from .elementwise import _launch_shape, as_2d, launch_shape, tile, tile_elems
+from ._common import CUSTOM_OP_TAGS, first_order, launch_mode, launcher, once_differentiable
+from .elementwise import TILE_ELEMS, _launch_shape, as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3, "relu2": 4, "relu": 5, "quick_gelu": 6}
 """Activation name -> the kernels' ``ACTIVATION`` code. 4-6 serve the non-gated MLP (``GATED=False``,
@@ -197,9 +197,14 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
     out = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
-    M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
-    block_m, block_n, warps, grid = _launch_shape(M, N, tile_elems(gate.device))  # (launch_shape, inline)
-    launcher(_glu_fwd)[grid](
+    if gate.is_contiguous() and up.is_contiguous():  # (as_2d's all-contiguous case, inline: out is; one frame less)
+        n = gate.numel()
+        M, N, g2, u2, o2, sg, su, so = 1, n, gate, up, out, n, n, n
+    else:
+        M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
+    mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_fwd), in one call)
+    block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
+    mode[_glu_fwd][grid](
         g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
@@ -219,7 +224,11 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
             return gate, up
         return (torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device),
                 torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device))
-    M, N, (dy2, g2, u2), strides = as_2d(grad_output=dy, gate=gate, up=up)
+    if dy.is_contiguous() and gate.is_contiguous() and up.is_contiguous():  # (as_2d's case, inline: one frame less)
+        n = dy.numel()
+        M, N, dy2, g2, u2, strides = 1, n, dy, gate, up, [n, n, n]
+    else:
+        M, N, (dy2, g2, u2), strides = as_2d(grad_output=dy, gate=gate, up=up)
     # In place only where the 2-D views are gate's and up's own memory (not copies) and the two do not alias.
     inplace = (inplace and gate.data_ptr() != up.data_ptr()
                and g2.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr()
@@ -231,8 +240,9 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         dgate = dg2 = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
         dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
-    block_m, block_n, warps, grid = _launch_shape(M, N, tile_elems(gate.device))  # (launch_shape, inline)
-    launcher(_glu_bwd)[grid](
+    mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_bwd), in one call)
+    block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
+    mode[_glu_bwd][grid](
         dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
         ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=warps,

@@ -45,8 +45,8 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launcher, next_pow2, num_programs_hint, rows, rows_per_program,
-    sm_count, warps_for,
+    MAX_FUSED_ROW, cdiv, check_row_width, compiled_cuda, launch_mode, next_pow2, num_programs_hint, rows,
+    rows_per_program, sm_count, warps_for,
 )
 from .norm_launch import bwd_launch, fwd_launch, sum_launch
 from .norm_options import NO_FLAGS, check_groups, gated_flags
@@ -433,8 +433,11 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s: x's shape and dtype, contiguous, or None without ``residual``; x2: x as the kernel read it (x itself, or its
     (M, N) rows view or copy), what the backward should read).
     """
-    x2, M, sx = rows(x, "x")
-    N = x.shape[-1]
+    shape = x.shape
+    N = shape[-1] if shape else 0  # (0-d: rows raises)
+    # rows(t, name) of a contiguous t of more than 2 dims with rows of N > 0 elements (the layers' activations and
+    # their gradients) is (t, t.numel() // N, N): taken inline here and below, one Python frame less per tensor
+    x2, M, sx = (x, x.numel() // N, N) if len(shape) > 2 and N and x.is_contiguous() else rows(x, "x")
     if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
     if bias is not None and bias.stride(-1) != 1:
@@ -447,7 +450,8 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
         check_groups(N, n_groups, is_rms and residual is None and bias is None)
         M, N = M * n_groups, N // n_groups  # the kernel's rows are the groups
     if residual is not None:
-        r2, m_r, sr = rows(residual, "residual")
+        r2, m_r, sr = ((residual, residual.numel() // N, N) if residual.dim() > 2 and N and residual.shape[-1] == N
+                       and residual.is_contiguous() else rows(residual, "residual"))  # (rows, inline: see above)
         if m_r != M or residual.shape[-1] != N or residual.dtype != x.dtype:
             raise ValueError(f"{name}: residual must match x's {tuple(x.shape)} {x.dtype}, got "
                              f"{tuple(residual.shape)} {residual.dtype}")
@@ -460,11 +464,12 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
         return y, mean, rstd, s, x2
-    block_n, block_m, warps, grid = fwd_launch(M, N, dev, compiled_cuda(dev), fwd_config, rows_per_program)
+    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_norm_fwd), in one call)
+    block_n, block_m, warps, grid = fwd_launch(M, N, dev, mode.compiled, fwd_config, rows_per_program)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
     # y and s are contiguous: their row stride is N (a group's, when grouped)
-    launcher(_norm_fwd)[grid](
+    mode[_norm_fwd][grid](
         x2, r, weight if weight is not None else x2, bias if bias is not None else x2, y, s_,
         mean if mean is not None else rstd, rstd, M, N, sx, sr, N, N, eps,
         offset, IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, ROUND_XHAT=round_xhat, HAS_W=weight is not None,
@@ -509,11 +514,14 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
 
     Returns (dx, dw (N,) or None, db (N,) or None[, d_gate]).
     """
-    x2, M, sx = rows(x, "x")
-    N = x.shape[-1]
+    shape = x.shape
+    N = shape[-1] if shape else 0  # (0-d: rows raises)
+    # (rows(t, name) inline for a contiguous t of more than 2 dims and rows of N > 0 elements, as in norm_forward)
+    x2, M, sx = (x, x.numel() // N, N) if len(shape) > 2 and N and x.is_contiguous() else rows(x, "x")
     if weight is not None and weight.stride(-1) != 1:  # (weight / bias read with unit stride: a strided one copied)
         weight = weight.contiguous()
-    dy, _, sdy = rows(dy, "grad_output")
+    dy, _, sdy = ((dy, 0, N) if dy.dim() > 2 and N and dy.shape[-1] == N and dy.is_contiguous()
+                  else rows(dy, "grad_output"))  # (rows, inline: its M is not read)
     dev = x.device
     n_full = N  # the weight's size
     if n_groups != 1:
@@ -532,7 +540,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     else:
         sdx = dx.stride(0) if dx.dim() == 2 else N
     if ds is not None:
-        ds, m_ds, sds = rows(ds, "grad_s")
+        ds, m_ds, sds = ((ds, ds.numel() // N, N) if ds.dim() > 2 and N and ds.shape[-1] == N and ds.is_contiguous()
+                         else rows(ds, "grad_s"))  # (rows, inline)
         if m_ds != M or ds.shape[-1] != N:
             raise ValueError(f"ds must have x's shape {tuple(x.shape)}, got {tuple(ds.shape)}")
     dgate = torch.empty(size=gate.shape, dtype=gate.dtype, device=dev) if gate is not None else None
@@ -549,8 +558,9 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
     gated = gate is not None or n_groups != 1 or gate_first
+    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(kernel) of the kernels below, in one call)
     block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
-        M, N, dev, compiled_cuda(dev), is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
+        M, N, dev, mode.compiled, is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
         num_programs_hint)
     db_cols = need_db and db_by_columns and not wide
     need_db = need_db and not db_cols  # the kernel's dB partials
@@ -567,20 +577,20 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
         raise ValueError(f"gated RMSNorm: rows of {N} elements are wider than the kernel's {REGISTER_ROW}")
     if wide:
         chunk = min(4096, block_n)
-        launcher(_norm_bwd_wide)[(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
+        mode[_norm_bwd_wide][(progs,)](*args, **flags, BLOCK_N=chunk, num_warps=warps_for(chunk))
     else:
         g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
-        launcher(_norm_bwd)[(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
-                            W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
-                            G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
-                            HAS_GATE=gate is not None, num_warps=warps,
-                            **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS))
+        mode[_norm_bwd][(progs,)](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, PREFETCH=prefetch,
+                                  W_HOLD=W_HOLD if is_rms and block_n == W_HOLD_ROW else 0, DS_PREFETCH=DS_PREFETCH,
+                                  G=g2, DG=dgate if gate is not None else dx, stride_g=sg, stride_dg=N,
+                                  HAS_GATE=gate is not None, num_warps=warps,
+                                  **(gated_flags(gate, is_rms, n_groups, gate_first) if gated else NO_FLAGS))
     dw = torch.empty(n_full, dtype=dw_dtype, device=dev) if need_dw else None
     db = torch.empty(n_full, dtype=db_dtype, device=dev) if need_db else None
     if need_dw or need_db:
         n_parts = parts[0]
         block_cols, grid, block_p = sum_launch(n_full, n_parts)
-        launcher(_sum_partials)[grid](
+        mode[_sum_partials][grid](
             dw_part if need_dw else db_part, db_part if need_db else dw_part, dw if need_dw else db,
             db if need_db else dw, n_parts, n_full, HAS_DW=need_dw, HAS_DB=need_db,
             BLOCK_P=block_p, BLOCK_N=block_cols, num_warps=4)

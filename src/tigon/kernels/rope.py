@@ -51,7 +51,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, first_order, if_wanted, launcher, next_pow2, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, first_order, if_wanted, launch_mode, next_pow2, or_empty
 
 
 @triton.jit
@@ -239,7 +239,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
     dev = q.device
-    block_half, block_r, warps, progs_q, grid = _launch(half, nq, nk, dev, compiled_cuda(dev), _rows_config)
+    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_rope_kernel), in one call)
+    block_half, block_r, warps, progs_q, grid = _launch(half, nq, nk, dev, mode.compiled, _rows_config)
     sc_s, ss_s = (cos.stride(0), sin.stride(0)) if sections else (0, 0)
     if sections:  # the strides of one section's (1 or B, T, R) table
         cos, sin = cos[0], sin[0]
@@ -247,7 +248,7 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     pairs_in, pairs_out = pairs != PAIRS_HALVES, pairs in (PAIRS_INTERLEAVED, PAIRS_EXPANDED)
     if backward:  # the transpose reads the output's layout and writes the input's
         pairs_in, pairs_out = pairs_out, pairs_in
-    launcher(_rope_kernel)[grid](
+    mode[_rope_kernel][grid](
         q, k, qo if need_q else q, ko if need_k else k, cos, sin, T, HQ, HKV, nq, nk, progs_q, *sq, *sk, *sqo, *sko,
         0 if cos.shape[0] == 1 else sc[0], sc[1], sc[2], 0 if sin.shape[0] == 1 else ss[0], ss[1], ss[2], sc_s, ss_s,
         HALF=half, BLOCK_HALF=block_half, PASS=rest, BLOCK_PASS=next_pow2(rest) if rest else 1, BLOCK_R=block_r,
