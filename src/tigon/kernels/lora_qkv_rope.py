@@ -41,8 +41,8 @@ the rotation in fp32 registers; gradients come back in each input's own dtype.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ._common import once_differentiable
 from .lora import in_dtypes, stacked_backward, stacked_forward
 from .rope import rope_apply
 
