@@ -374,6 +374,36 @@ def test_create_graph_raises_and_first_order_gradients_match(op):
         got.sum().backward()
 
 
+@pytest.mark.parametrize("op", ["rms_norm", "softmax", "swiglu", "lora_linear", "cross_entropy", "rope"])
+def test_gradient_penalty_raises_never_a_silently_constant_gradient(op):
+    """``g = grad(y.sum(), x, create_graph=True)``: the incoming gradient (ones) does not require grad, so torch's
+    once_differentiable left g a constant, and a penalty on it lost its second-order term silently (x.grad differed
+    from the reference's). Now a second differentiation raises; rope, linear with constant tables, keeps its exact
+    constant gradient."""
+    x = _x(4, 16, grad=True)
+    w, a, b, tables = _x(16), _x(3, 16), _x(3, 2), _x(2, 4, 16).unbind()
+    fn = {"rms_norm": lambda: F.rms_norm(x, w),
+          "softmax": lambda: F.softmax(x) * torch.arange(16.0, device=DEVICE),
+          "swiglu": lambda: F.swiglu(x, w.expand(4, 16)),
+          "lora_linear": lambda: F.lora_linear(w[None], a, x[:2], b),
+          "cross_entropy": lambda: F.cross_entropy(x, torch.arange(4, device=DEVICE), reduction="none"),
+          "rope": lambda: F.rope(x.view(1, 1, 4, 16), x.detach().view(1, 1, 4, 16), *tables)[0]}[op]
+
+    def penalised(y):
+        (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return y.pow(2).sum() + g.pow(2).sum()
+
+    if op != "rope":
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            penalised(fn()).backward()
+        return
+    penalised(fn()).backward()
+    got, x.grad = x.grad, None
+    with support.force_reference():
+        penalised(fn()).backward()
+    torch.testing.assert_close(got, x.grad)
+
+
 def test_direct_backward_is_what_torch_picks():
     """:func:`tigon.kernels._common.direct_backward`: the node's ``apply`` is the Function's backward, which is what
     torch's ``BackwardCFunction._get_user_fn`` returns for it; a Function with ``vjp`` keeps torch's apply."""

@@ -288,6 +288,16 @@ def test_num_items_tensor_and_sum(device):
     torch.testing.assert_close(F.cross_entropy(logits, target, num_items_in_batch=40), total / 40)
 
 
+@pytest.mark.parametrize("items", [0, -3, 0.0, float("nan")])
+def test_num_items_cpu_tensor_not_positive_raises(items):
+    # as the int: a CPU tensor's value is read (no sync); a loss divided by 0, -3 or NaN came back as NaN or negative
+    x, t = torch.randn(4, 10), torch.tensor([1, 2, 3, -100])
+    with pytest.raises(ValueError, match="num_items_in_batch must be > 0"):
+        F.cross_entropy(x, t, num_items_in_batch=torch.tensor(items))
+    with pytest.raises(ValueError, match="num_items_in_batch must be > 0"):
+        F.fused_linear_cross_entropy(x, torch.randn(7, 10), t, num_items_in_batch=torch.tensor(items))
+
+
 def test_runs_a_kernel(device):
     support.backend_usage(reset=True)
     F.cross_entropy(torch.randn(3, 40, device=device), torch.tensor([1, 2, 3], device=device))

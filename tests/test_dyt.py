@@ -113,6 +113,13 @@ def test_dyt_runs_a_kernel(device):
     assert set(support.backend_usage()["dyt"]) == {"triton" if device == "cuda" else "interpreter"}
 
 
+def test_dyt_empty_last_dimension_raises_on_every_path():
+    with pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.dyt(torch.randn(2, 0), torch.ones(1), torch.ones(0), None)
+    with support.force_reference(), pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.dyt(torch.randn(2, 0), torch.ones(1), torch.ones(0), None)
+
+
 def test_dyt_bad_input():
     x, a, g, b = torch.randn(2, 8), torch.ones(1), torch.ones(8), torch.zeros(8)
     with pytest.raises(ValueError, match=r"alpha must have exactly one element"):

@@ -270,6 +270,14 @@ def test_in_place_is_ignored_by_the_reference():
 
 
 # ---- errors, backend, fallback ------------------------------------------------------------------------------------
+def test_empty_last_dimension_raises_on_every_path():
+    # documented, but the reference path returned empty results (the kernels raised)
+    with pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.fused_add_rms_norm(torch.randn(2, 0), torch.randn(2, 0), torch.ones(0))
+    with support.force_reference(), pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.fused_add_rms_norm(torch.randn(2, 0), torch.randn(2, 0), torch.ones(0))
+
+
 def test_bad_input():
     x, r, w = torch.randn(2, 8), torch.randn(2, 8), torch.ones(8)
     cases = [

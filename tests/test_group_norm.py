@@ -91,6 +91,16 @@ def test_group_norm_flags_bf16_and_no_positions(device, fused, affine):
         assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs, grads, factor=2.0))
 
 
+def test_group_norm_empty_batch(device):
+    # B = 0 (torch's group_norm gives an empty result; the reference's reshape with -1 raised on 0 elements)
+    X = torch.randn(0, 6, 5, device=device, requires_grad=True)
+    w = torch.rand(6, device=device, requires_grad=True)
+    y = F.group_norm(X, w, None, 6, 3)
+    assert y.shape == (0, 6, 5)
+    dX, dw = torch.autograd.grad(y.sum(), (X, w))
+    assert dX.shape == (0, 6, 5) and not dw.any()
+
+
 def _split(monkeypatch, tile, reduce_block=None):
     """The split path with tiles of ``tile`` elements (and reduction steps of ``reduce_block`` partials)."""
     from tigon.kernels import group_norm as k

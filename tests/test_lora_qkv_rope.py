@@ -141,6 +141,18 @@ def test_no_grad(device):
         torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("b, t", [(2, 0), (0, 5)])
+def test_empty_batch_or_sequence(device, b, t):
+    # no tokens: (B, H_p, 0 or T, D) outputs and zero adapter gradients (the head counts come from the weights; a
+    # view with -1 heads of 0 elements, or a division by B = 0, raised before)
+    args = inputs(device, b=b, t=t, bias=True)
+    outs, got = run(TF.lora_qkv_rope, args)
+    assert [o.shape for o in outs] == [(b, 3, t, 8), (b, 1, t, 8), (b, 1, t, 8)]
+    assert got["x"].shape == (b, t, 24) and not got["q_a"].any()
+    want_outs, _ = run(ref.lora_qkv_rope, to64(args))
+    assert [o.shape for o in want_outs] == [o.shape for o in outs]
+
+
 def test_lora_qkv_rope_bad_input(device):
     a = inputs(device)
     with pytest.raises(ValueError, match="x must have 3 dimensions"):

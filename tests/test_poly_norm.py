@@ -167,6 +167,13 @@ def test_poly_norm_runs_a_kernel(device):
     assert set(support.backend_usage()["poly_norm"]) == {"triton" if device == "cuda" else "interpreter"}
 
 
+def test_poly_norm_empty_last_dimension_raises_on_every_path():
+    with pytest.raises(ValueError, match="X must have a non-empty last"):
+        F.poly_norm(torch.randn(2, 0), torch.ones(3), torch.ones(1))
+    with support.force_reference(), pytest.raises(ValueError, match="X must have a non-empty last"):
+        F.poly_norm(torch.randn(2, 0), torch.ones(3), torch.ones(1))
+
+
 def test_poly_norm_bad_input(device):
     x, w, b = torch.randn(2, 8, device=device), torch.ones(3, device=device), torch.tensor(0.5, device=device)
     with pytest.raises(ValueError, match=r"W must have shape \(3,\)"):

@@ -60,6 +60,15 @@ def test_rms_norm_runs_a_kernel(device):
     assert set(used) == {"triton" if device == "cuda" else "interpreter"}
 
 
+@pytest.mark.parametrize("weight", [torch.ones(0), None])
+def test_rms_norm_empty_last_dimension_raises_on_every_path(weight):
+    # the kernels refused hidden 0 and the reference returned an empty result: one error on both paths now
+    with pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.rms_norm(torch.randn(2, 0), weight)
+    with support.force_reference(), pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.rms_norm(torch.randn(2, 0), weight)
+
+
 def test_rms_norm_bad_input():
     with pytest.raises(ValueError, match=r"x.s last dimension \(8\) must equal weight.s size \(7\)"):
         F.rms_norm(torch.randn(2, 8), torch.ones(7))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tigon import functional as F
+from tigon import support
 from tigon.numerics import assert_close_to_truth, compare
 
 
@@ -43,6 +44,13 @@ def test_rms_norm_gated_matches_hf(device, dtype, module, cls, mode):
                      factor=1.0 if dtype == torch.float32 else 2.0)
     assert {c.tensor for c in checks} == {"out", "grad_x", "grad_gate", "grad_weight"}
     assert_close_to_truth(checks)
+
+
+def test_rms_norm_gated_empty_last_dimension_raises_on_every_path():
+    with pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.rms_norm_gated(torch.randn(2, 0), torch.randn(2, 0), torch.ones(0))
+    with support.force_reference(), pytest.raises(ValueError, match="x must have a non-empty last"):
+        F.rms_norm_gated(torch.randn(2, 0), torch.randn(2, 0), torch.ones(0))
 
 
 def test_rms_norm_gated_bad_input(device):

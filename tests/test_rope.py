@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -160,6 +162,10 @@ def test_rope_bad_input():
         F.rope(q, k[:, :, :2], cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim"):
         F.rope(q, k, cos, sin, unsqueeze_dim=3)
+    for reference in (False, True):  # (True == 1: the kernels ran it as 1, the reference's unsqueeze raised)
+        with pytest.raises(TypeError, match="unsqueeze_dim must be the int 1 or 2, got bool"):
+            with support.force_reference() if reference else contextlib.nullcontext():
+                F.rope(q, k, cos, sin, unsqueeze_dim=True)
     with pytest.raises(TypeError, match="k must have q's dtype"):
         F.rope(q, k.double(), cos, sin)
     with pytest.raises(TypeError, match="cos must be a floating-point"):

@@ -9,6 +9,7 @@ import torch
 
 from tigon import functional as F
 from tigon import nn as TN
+from tigon import support
 from tigon.numerics import assert_close_to_truth, compare
 from tigon.reference.glu import gated_mlp
 
@@ -81,6 +82,8 @@ def test_tiled_mlp_errors(device):
     with pytest.raises(ValueError, match="activation"):
         F.tiled_mlp(**kw, activation="relu")
     with pytest.raises(ValueError, match="accum_dtype"):
+        F.tiled_mlp(**kw, accum_dtype=torch.float16)
+    with support.force_reference(), pytest.raises(ValueError, match="accum_dtype"):  # (the reference path ran it)
         F.tiled_mlp(**kw, accum_dtype=torch.float16)
 
 

@@ -26,7 +26,8 @@ gradients come back in each input's own dtype.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
+
+from ._common import once_differentiable
 
 
 def linear(x2: torch.Tensor, weight: torch.Tensor, bias, cd: torch.dtype) -> torch.Tensor:

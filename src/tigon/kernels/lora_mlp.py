@@ -59,8 +59,8 @@ gradients come back in each input's own dtype.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ._common import once_differentiable
 from .glu import _saved_gate_up, glu_backward, glu_forward
 from .lora import in_dtypes, lora_backward, lora_forward, stacked_backward, stacked_forward
 

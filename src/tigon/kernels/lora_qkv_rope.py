@@ -41,8 +41,8 @@ the rotation in fp32 registers; gradients come back in each input's own dtype.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ._common import once_differentiable
 from .lora import in_dtypes, stacked_backward, stacked_forward
 from .rope import rope_apply
 
@@ -50,9 +50,10 @@ N_TENSORS = 15
 """The tensor inputs of :class:`LoRAQKVRoPEFunction`: x, cos, sin, the 9 weights and adapters, the 3 biases."""
 
 
-def _heads(y: torch.Tensor, batch: int, head_dim: int) -> torch.Tensor:
-    """The (B, H, T, D) view of a (B T, H D) projection buffer (HF's ``view(hidden_shape).transpose(1, 2)``)."""
-    return y.view(batch, y.shape[0] // batch, -1, head_dim).transpose(1, 2)
+def _heads(y: torch.Tensor, batch: int, seq: int, head_dim: int) -> torch.Tensor:
+    """The (B, H, T, D) view of a (B T, H D) projection buffer (HF's ``view(hidden_shape).transpose(1, 2)``; the
+    sizes given, so an empty batch or sequence has its heads too)."""
+    return y.view(batch, seq, y.shape[1] // head_dim, head_dim).transpose(1, 2)
 
 
 class LoRAQKVRoPEFunction(torch.autograd.Function):
@@ -63,11 +64,11 @@ class LoRAQKVRoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin, q_weight, q_a, q_b, k_weight, k_a, k_b, v_weight, v_a, v_b, q_bias, k_bias,
                 v_bias, s_q, s_k, s_v, head_dim, cd):
-        batch = x.shape[0]
+        batch, seq = x.shape[:2]
         x2 = x.reshape(-1, x.shape[-1]).to(cd)
         ys, xa, a_cat = stacked_forward(x2, ((q_weight, q_a, q_b, q_bias, s_q), (k_weight, k_a, k_b, k_bias, s_k),
                                              (v_weight, v_a, v_b, v_bias, s_v)), cd)
-        q, k, v = (_heads(y, batch, head_dim) for y in ys)
+        q, k, v = (_heads(y, batch, seq, head_dim) for y in ys)
         rope_apply(q, k, cos, sin, 1, backward=False, inplace=True)
         ctx.save_for_backward(x2, xa, a_cat, cos, sin, q_weight, q_b, k_weight, k_b, v_weight, v_b)
         ctx.scalings, ctx.head_dim, ctx.cd, ctx.x_shape, ctx.x_dtype = (s_q, s_k, s_v), head_dim, cd, x.shape, x.dtype
@@ -82,15 +83,15 @@ class LoRAQKVRoPEFunction(torch.autograd.Function):
         x2, xa, a_cat, cos, sin, q_weight, q_b, k_weight, k_b, v_weight, v_b = ctx.saved_tensors
         need = ctx.needs_input_grad[:N_TENSORS]
         g = [None] * N_TENSORS
-        batch, cd, m = ctx.x_shape[0], ctx.cd, x2.shape[0]
+        (batch, seq), cd, m = ctx.x_shape[:2], ctx.cd, x2.shape[0]
         if not any(need[i] for i in (0, *range(3, N_TENSORS))):
             return (*g, None, None, None, None, None)
         with torch.autocast(x2.device.type, enabled=False):
             dyq = torch.empty((m, q_weight.shape[0]), dtype=cd, device=x2.device)
             dyk = torch.empty((m, k_weight.shape[0]), dtype=cd, device=x2.device)
             rope_apply(dq, dk, cos, sin, 1, backward=True,
-                       out=(_heads(dyq, batch, ctx.head_dim), _heads(dyk, batch, ctx.head_dim)))
-            dyv = dv.transpose(1, 2).reshape(m, -1).to(cd)
+                       out=(_heads(dyq, batch, seq, ctx.head_dim), _heads(dyk, batch, seq, ctx.head_dim)))
+            dyv = dv.transpose(1, 2).reshape(m, v_weight.shape[0]).to(cd)
             # per projection p: (W_p, A_p, B_p, b_p) at input indices (3 + 3p, 4 + 3p, 5 + 3p, 12 + p)
             flags = tuple((need[3 + 3 * p], need[4 + 3 * p], need[5 + 3 * p], need[12 + p]) for p in range(3))
             dx, grads = stacked_backward((dyq, dyk, dyv), x2, xa, a_cat, (q_weight, k_weight, v_weight),

@@ -288,7 +288,7 @@ class RoPEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq_embed, dk_embed):
         if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
-            return first_order(RoPEFunction.backward, ctx, dq_embed, dk_embed)
+            return first_order(RoPEFunction.backward, ctx, dq_embed, dk_embed, linear=True)
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dq, dk = rope_apply(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, backward=True,

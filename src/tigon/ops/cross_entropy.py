@@ -102,7 +102,8 @@ def cross_entropy(
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type,
             size_average or reduce neither None nor a bool (the hint names the positional order that changed).
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
-            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 or with reduction="none",
+            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 (an int, or a CPU tensor: a CUDA
+            one is not read) or with reduction="none",
             grad_in_forward with reduction="none", float16 logits or (with grad enabled) leaf logits that require
             grad, and targets outside [0, V) other than ignore_index. CPU targets are checked before the call. On
             CUDA that check would cost a device sync per call: instead the kernel records a bad target (its loss is

@@ -33,8 +33,8 @@ def dyt(x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta: torch.T
 
     Raises:
         TypeError: x, alpha, gamma or beta is not a floating-point tensor (beta: or None).
-        ValueError: x is 0-d, alpha has not exactly one element, gamma or beta is not (N,), or the tensors are on
-            different devices.
+        ValueError: x is 0-d or its last dimension is empty, alpha has not exactly one element, gamma or beta is not
+            (N,), or the tensors are on different devices.
     """
     _checks.tensor("x", x, floating=True)
     _checks.tensor("alpha", alpha, floating=True)
@@ -44,6 +44,8 @@ def dyt(x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, beta: torch.T
     _checks.same_device(x=x, alpha=alpha, gamma=gamma, beta=beta)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., N), got a 0-d tensor")
+    if x.shape[-1] == 0:  # (the kernels' rows need one element; the reference path raises as they do)
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if alpha.numel() != 1:
         raise ValueError(f"alpha must have exactly one element (a (1,) parameter), got shape {tuple(alpha.shape)}")
     n = x.shape[-1]

@@ -113,6 +113,8 @@ def _check(x, residual, weight, eps, offset, casting_mode, in_place) -> tuple[fl
     _checks.flag("in_place", in_place)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if x.shape[-1] == 0:  # (the kernels' rows need one element; the reference path raises as they do)
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if residual.shape != x.shape:
         raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     if residual.dtype != x.dtype:

@@ -43,8 +43,8 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
 
     Raises:
         TypeError: X, W or B is not a floating-point tensor; eps is not a number; in_place is not a bool.
-        ValueError: X is 0-d or (on the kernel path) wider than 65536, W is not (3,), B has not exactly one
-            element, eps is negative or not finite, or the tensors are on different devices.
+        ValueError: X is 0-d, its last dimension is empty or (on the kernel path) wider than 65536, W is not (3,),
+            B has not exactly one element, eps is negative or not finite, or the tensors are on different devices.
     """
     _checks.tensor("X", X, floating=True)
     _checks.tensor("W", W, floating=True, ndim=1)
@@ -54,6 +54,8 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
     _checks.flag("in_place", in_place)
     if X.dim() == 0:
         raise ValueError("X must have at least one dimension (..., N), got a 0-d tensor")
+    if X.shape[-1] == 0:  # (the kernels' rows need one element; the reference path raises as they do)
+        raise ValueError(f"X must have a non-empty last dimension, got shape {tuple(X.shape)}")
     if W.shape[0] != 3:
         raise ValueError(f"W must have shape (3,) (the weights of X^3, X^2, X), got {tuple(W.shape)}")
     if B.numel() != 1:

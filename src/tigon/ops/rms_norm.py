@@ -50,8 +50,8 @@ def rms_norm(
 
     Raises:
         TypeError: x or weight is not a floating tensor; eps or offset is not a number; in_place is not a bool.
-        ValueError: weight is not (hidden,), devices differ, casting_mode is unknown, eps is negative or not
-            finite, or offset is not finite.
+        ValueError: x is 0-d or its last dimension is empty, weight is not (hidden,), devices differ, casting_mode
+            is unknown, eps is negative or not finite, or offset is not finite.
     """
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
@@ -101,6 +101,8 @@ def _check(x, weight, eps, offset, casting_mode, in_place) -> tuple[float, float
         raise TypeError(f"in_place must be a bool, got {type(in_place).__name__} {in_place!r}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if x.shape[-1] == 0:  # (the kernels' rows need one element; the reference path raises as they do)
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if weight is not None and weight.shape[0] != x.shape[-1]:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's size ({weight.shape[0]}): "
                          f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")

@@ -53,8 +53,9 @@ def rms_norm_gated(
     Raises:
         TypeError: x, gate or weight not a floating tensor; eps or offset not a number; group_size not an int;
             norm_before_gate not a bool.
-        ValueError: gate's shape differs from x's, weight is not (hidden,), devices differ, casting_mode unknown, eps
-            negative or not finite, offset not finite, group_size not a positive divisor of hidden.
+        ValueError: x is 0-d or its last dimension is empty, gate's shape differs from x's, weight is not (hidden,),
+            devices differ, casting_mode unknown, eps negative or not finite, offset not finite, group_size not a
+            positive divisor of hidden.
     """
     _checks.tensor("x", x, floating=True)
     _checks.tensor("gate", gate, floating=True)
@@ -65,6 +66,8 @@ def rms_norm_gated(
     eps, offset = _checks.number("eps", eps, minimum=0.0), _checks.number("offset", offset)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (..., hidden), got a 0-d tensor")
+    if x.shape[-1] == 0:  # (the kernels' rows need one element; the reference path raises as they do)
+        raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if gate.shape != x.shape:
         raise ValueError(f"gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
     if weight is not None and weight.shape[0] != x.shape[-1]:

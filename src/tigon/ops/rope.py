@@ -32,6 +32,8 @@ def _checked(q, k, cos, sin, unsqueeze_dim: int, tables: int = 0, position_ids=N
     _checks.tensor("cos", cos, floating=True, ndim=4 if tables else (2, 3))
     _checks.tensor("sin", sin, floating=True, ndim=4 if tables else (2, 3))
     _checks.same_device(q=q, k=k, cos=cos, sin=sin)
+    if isinstance(unsqueeze_dim, bool):  # (True == 1: the kernels took it, the reference's unsqueeze raised)
+        raise TypeError(f"unsqueeze_dim must be the int 1 or 2, got bool {unsqueeze_dim!r}")
     _checks.choice("unsqueeze_dim", unsqueeze_dim, (1, 2))
     if position_ids is not None and not isinstance(position_ids, torch.Tensor):
         raise TypeError(f"position_ids must be an integer tensor or None, got {type(position_ids).__name__} "
@@ -147,7 +149,7 @@ def rope(
     Raises:
         TypeError: a non-floating tensor, q and k of different dtypes, position_ids neither None nor an integer
             tensor (an int there is refused with a hint: the fifth positional argument was ``unsqueeze_dim`` before
-            Liger's order was taken), or rotary_dim neither None nor an int.
+            Liger's order was taken), unsqueeze_dim a bool, or rotary_dim neither None nor an int.
         ValueError: wrong ranks, mismatched B / T / D between q and k, cos / sin not (1 or B, T, R) or (T, R) (with
             position_ids: (P, R)) with R even and 0 < R <= D, position_ids not (1 or B, T) or (T,) or (CPU, with
             a (P, R) table) outside [0, P), devices differ, unsqueeze_dim not in (1, 2), or rotary_dim odd, not in

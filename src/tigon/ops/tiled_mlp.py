@@ -18,6 +18,7 @@ import math
 import torch
 
 from .. import _checks
+from ..kernels._common import once_differentiable
 from ..reference import glu as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes
@@ -97,6 +98,8 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
     elif any(w.dtype != x.dtype for w in (gate_weight, up_weight, down_weight)):
         raise TypeError(f"gate_weight, up_weight and down_weight must have x's dtype {x.dtype} outside autocast, "
                         f"got {gate_weight.dtype}, {up_weight.dtype}, {down_weight.dtype}")
+    if accum_dtype not in (None, torch.float32) and accum_dtype != gate_weight.dtype:
+        raise ValueError(f"accum_dtype must be None, torch.float32 or the weights' dtype, got {accum_dtype!r}")
     if select_backend("tiled_mlp", x) in TORCH_CODE:
         return ref.gated_mlp(x, gate_weight, up_weight, down_weight, activation)
     if torch.compiler.is_compiling():
@@ -107,8 +110,6 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
     x2 = x.reshape(-1, hidden)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    if accum_dtype not in (None, torch.float32) and accum_dtype != gate_weight.dtype:
-        raise ValueError(f"accum_dtype must be None, torch.float32 or the weights' dtype, got {accum_dtype!r}")
     rows = max(1, math.ceil(x2.shape[0] / num_shards))
     with torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else contextlib.nullcontext():
         out = _TiledMLP.apply(x2, gate_weight, up_weight, down_weight, activation, rows,
@@ -136,7 +137,7 @@ class _TiledMLP(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable  # not differentiable itself: create_graph raises
     def backward(ctx, dout):
         from ..kernels import glu as k
 

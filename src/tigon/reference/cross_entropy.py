@@ -25,6 +25,7 @@ section 5); logit soft-capping from Gemma 2 (Gemma Team 2024).
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import NamedTuple
 
@@ -80,7 +81,8 @@ def check_loss_options(
 
     Raises:
         ValueError: reduction unknown, label_smoothing outside [0, 1], lse_square_scale negative, softcap not
-            > 0, num_items_in_batch not positive or not 0-d, or num_items_in_batch with reduction="none".
+            > 0, num_items_in_batch not positive (an int, or a CPU tensor; a CUDA tensor's value is not read, which
+            would synchronise every call) or not 0-d, or num_items_in_batch with reduction="none".
         TypeError: num_items_in_batch is neither an int nor a tensor.
     """
     _checks.choice("reduction", reduction, REDUCTIONS)
@@ -98,6 +100,10 @@ def check_loss_options(
             if num_items_in_batch.numel() != 1:
                 raise ValueError(
                     f"num_items_in_batch must be a 0-d tensor or an int, got shape {tuple(num_items_in_batch.shape)}")
+            if num_items_in_batch.is_cpu and _checks.has_data(num_items_in_batch):  # (CUDA: a read would sync)
+                items = num_items_in_batch.item()
+                if not items > 0 or not math.isfinite(items):
+                    raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}")
         elif isinstance(num_items_in_batch, numbers.Integral) and not isinstance(num_items_in_batch, bool):
             if num_items_in_batch <= 0:
                 raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")

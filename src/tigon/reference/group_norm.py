@@ -3,6 +3,8 @@ Liger-Kernel's ``liger_group_norm`` argument order)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -33,7 +35,7 @@ def group_norm(
             ct = torch.promote_types(ct, p.dtype)
     # torch.nn.functional.group_norm's math in plain tensor operations (it equals F.group_norm; its own CPU kernel
     # threads even tiny inputs, and its backward fails for a bias without a weight in torch 2.13)
-    xs = X.to(ct).reshape(X.shape[0], num_groups, -1)
+    xs = X.to(ct).reshape(X.shape[0], num_groups, math.prod(X.shape[1:]) // num_groups)  # (sizes given: B may be 0)
     mean = xs.mean(-1, keepdim=True)
     xc = xs - mean
     y = (xc * torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps)).reshape(X.shape)

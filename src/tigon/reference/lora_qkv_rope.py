@@ -91,8 +91,7 @@ def lora_qkv_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weigh
     """
     d, s_q, s_k, s_v = check_qkv_rope_inputs(x, cos, sin, q_weight, q_a, q_b, k_weight, k_a, k_b, v_weight, v_a,
                                              v_b, head_dim, q_bias, k_bias, v_bias, q_scaling, k_scaling, v_scaling)
-    shape = (*x.shape[:-1], -1, d)
-    q, k, v = (lora_linear(x, w, a, b, bias, scaling=s).view(shape).transpose(1, 2)
+    q, k, v = (lora_linear(x, w, a, b, bias, scaling=s).view(*x.shape[:-1], w.shape[0] // d, d).transpose(1, 2)
                for w, a, b, bias, s in ((q_weight, q_a, q_b, q_bias, s_q), (k_weight, k_a, k_b, k_bias, s_k),
                                         (v_weight, v_a, v_b, v_bias, s_v)))
     q, k = rope(q, k, cos, sin)
