@@ -351,7 +351,7 @@ def test_one_frame_compile_check_agrees_with_is_compiling():
 
 @pytest.mark.parametrize("op", ["rms_norm", "rope", "flce"])
 def test_create_graph_raises_and_first_order_gradients_match(op):
-    """The hot backwards' own grad-mode check (:func:`tigon.kernels._common.first_order`, instead of
+    """The hot backwards' own grad-mode check (:func:`tigon.kernels.first_order.first_order`, instead of
     once_differentiable's wrapper): a second differentiation raises as before; first-order gradients with
     create_graph=True are the usual ones."""
     x = _x(4, 16, grad=True)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import first_order, launcher
+from ._common import launcher
+from .first_order import first_order
 from .elementwise import _launch_shape, as_2d, tile_elems
 from .glu import _ANY_AUTOCAST, ACTIVATIONS, _autocast_on, _glu_bwd, _glu_fwd, _in
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from . import loss_rows as rows
-from ._common import CUSTOM_OP_TAGS, compiled_cuda, num_items_tensor, once_differentiable
+from ._common import CUSTOM_OP_TAGS, compiled_cuda, num_items_tensor
+from .first_order import once_differentiable
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats, scale_rows_,
 )

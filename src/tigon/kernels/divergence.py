@@ -68,9 +68,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
-from ._common import (
-    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty, warps_for,
-)
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, or_empty, warps_for
+from .first_order import once_differentiable
 from .loss_rows import scale_rows_
 
 # ---- the pointwise terms ------------------------------------------------------------------------------------------

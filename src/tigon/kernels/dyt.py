@@ -30,9 +30,9 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, num_programs_hint, once_differentiable, or_empty, rows,
-    rows_per_program,
+    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, num_programs_hint, or_empty, rows, rows_per_program,
 )
+from .first_order import once_differentiable
 from .elementwise import launch_shape, tile
 from .norm import _column_sums, _load_tile
 

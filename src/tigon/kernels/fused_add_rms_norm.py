@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, direct_backward, first_order, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, or_empty, rows_of
+from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 from .rms_norm import output_dtype

@@ -48,7 +48,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, interpreter_quiet, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, interpreter_quiet, or_empty
+from .first_order import once_differentiable
 from .divergence import (
     JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _jsd_term, _terms, fast_math,
     reduction_scale,

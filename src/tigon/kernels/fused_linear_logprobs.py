@@ -52,7 +52,8 @@ import triton.language as tl
 from torch import Tensor
 
 from . import target_check
-from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, once_differentiable, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, or_empty
+from .first_order import once_differentiable
 from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (

@@ -38,7 +38,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, first_order, launch_mode, launcher, once_differentiable
+from ._common import CUSTOM_OP_TAGS, launch_mode, launcher
+from .first_order import first_order, once_differentiable
 from .elementwise import TILE_ELEMS, _launch_shape, as_2d, launch_shape, tile
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "clamped_silu": 3, "relu2": 4, "relu": 5, "quick_gelu": 6}

@@ -38,7 +38,8 @@ import weakref
 import torch
 
 from ..support import COMPILER, dynamo_compiling
-from ._common import direct_backward, first_order
+from ._common import direct_backward
+from .first_order import first_order
 
 _BASELINES: dict[str, tuple[int, int, int]] = {}
 """Per device type: (Python refcount, tensor use count, storage use count) of an exclusively owned incoming gradient
@@ -56,7 +57,7 @@ def _counts(t: torch.Tensor) -> tuple[int, int, int]:
 
 @direct_backward  # (the ops' backwards are called so: the same call path)
 class _Probe(torch.autograd.Function):
-    """A backward on the same call path as the ops' (the grad-mode check of :func:`~tigon.kernels._common.first_order`
+    """A backward on the same call path as the ops' (the grad-mode check of :func:`~tigon.kernels.first_order.first_order`
     in the backward itself, then ``owns_grad(dy)``), whose incoming gradient is known to be exclusively owned (the
     fresh product of a MulBackward)."""
 
@@ -126,7 +127,7 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
     autograd's call of this backward holds it (see the module docstring), it is contiguous, at offset 0 of a storage
     of exactly its size, and of ``dtype``.
 
-    Call it directly from ``backward(ctx, dy)`` (no decorator: :func:`tigon.kernels._common.first_order`'s pattern),
+    Call it directly from ``backward(ctx, dy)`` (no decorator: :func:`tigon.kernels.first_order.first_order`'s pattern),
     with ``dy`` the backward's own argument and no other local name bound to it (no view, reshape or
     ``.contiguous()`` of it kept either): the reference counts it compares are that call path's. False until
     :func:`prepare` has run for dy's device type.

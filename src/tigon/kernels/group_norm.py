@@ -56,9 +56,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import (
-    CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, once_differentiable, or_empty, warps_for,
-)
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, or_empty, warps_for
+from .first_order import once_differentiable
 from ._common import rows as as_channel_rows
 from .elementwise import tile_elems
 from .norm import _sum_partials

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import once_differentiable
+from .first_order import once_differentiable
 
 
 def linear(x2: torch.Tensor, weight: torch.Tensor, bias, cd: torch.dtype) -> torch.Tensor:

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import once_differentiable
+from .first_order import once_differentiable
 from .glu import _saved_gate_up, glu_backward, glu_forward
 from .lora import in_dtypes, lora_backward, lora_forward, stacked_backward, stacked_forward
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import once_differentiable
+from .first_order import once_differentiable
 from .lora import in_dtypes, stacked_backward, stacked_forward
 from .rope import rope_apply
 

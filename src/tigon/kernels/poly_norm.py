@@ -25,9 +25,10 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    CUSTOM_OP_TAGS, cdiv, check_row_width, direct_backward, first_order, if_wanted, next_pow2, num_programs_hint, rows,
-    rows_of, rows_per_program, warps_for,
+    CUSTOM_OP_TAGS, cdiv, check_row_width, direct_backward, if_wanted, next_pow2, num_programs_hint, rows, rows_of,
+    rows_per_program, warps_for,
 )
+from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import fwd_config
 

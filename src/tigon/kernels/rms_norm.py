@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, direct_backward, first_order, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, or_empty, rows_of
+from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
 

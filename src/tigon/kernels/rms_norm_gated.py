@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, if_wanted, once_differentiable, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, if_wanted, or_empty, rows_of
+from .first_order import once_differentiable
 from .norm import norm_backward, norm_forward
 
 

@@ -51,7 +51,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, first_order, if_wanted, launch_mode, next_pow2, or_empty
+from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, launch_mode, next_pow2, or_empty
+from .first_order import first_order
 
 
 @triton.jit

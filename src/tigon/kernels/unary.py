@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, once_differentiable
+from ._common import CUSTOM_OP_TAGS
+from .first_order import once_differentiable
 
 Launcher = Callable[[Tensor], Tensor]
 BackwardLauncher = Callable[[Tensor, Tensor], Tensor]

@@ -18,7 +18,7 @@ import math
 import torch
 
 from .. import _checks
-from ..kernels._common import once_differentiable
+from ..kernels.first_order import once_differentiable
 from ..reference import glu as ref
 from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, randn, sizes
