@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tigon compare --json tigon-compare.json --plot tigon-compare.png
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	TIGON_CUDA_COMPILE=1 $(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) tigon-compare.json tigon-compare.png

@@ -21,6 +21,42 @@ import pytest  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# ---- the CUDA compile check (tests/cuda_compile.py): TIGON_CUDA_COMPILE=1 on an interpreted run ------------------
+_CUDA_COMPILE = None
+if os.environ.get("TIGON_CUDA_COMPILE") == "1" and os.environ.get("TRITON_INTERPRET") == "1":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cuda_compile  # noqa: E402
+
+    _CUDA_COMPILE = cuda_compile.Recorder(prefix="tigon.")
+    _CUDA_COMPILE.install()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Compile every kernel variant the session interpreted for sm_90 (``TIGON_CUDA_COMPILE=1``): a variant the
+    compiler refuses fails the session."""
+    if _CUDA_COMPILE is None or not _CUDA_COMPILE.launches:
+        return
+    _CUDA_COMPILE.uninstall()
+    result = cuda_compile.run_check(_CUDA_COMPILE, workers=int(os.environ.get("TIGON_CUDA_COMPILE_WORKERS", "2")))
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write("\n")
+        tr.write_sep("-", "CUDA compile check")
+    say = tr.write_line if tr is not None else print
+    if result["skipped"]:
+        say(f"CUDA compile check skipped: {result['skipped']}")
+        return
+    say(f"CUDA compile check (sm_{cuda_compile.TARGET[1]}): {result['variants']} variants of {result['kernels']} "
+        f"kernels the tests launched, {len(result['failures'])} failed, {result['seconds']} s")
+    for note in result["notes"]:
+        say(f"  note: {note}")
+    for f in result["failures"]:
+        say(f"  FAILED {f['kernel']} signature={f.get('signature')} constexprs={f.get('constexprs')} "
+            f"options={f.get('options')}:\n    {f['error']}")
+    if result["failures"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture
 def device() -> str:
     return DEVICE
