@@ -1,5 +1,5 @@
-"""Replacement ``forward`` functions built from a spec: norms, gated and non-gated MLPs, and the scoped rotary
-dispatcher.
+"""Replacement ``forward`` functions built from a spec: norms, gated and non-gated MLPs (the scoped rotary dispatcher
+and the attention forward: :mod:`tigon.integrations.rotary_forwards`).
 
 Each factory returns a plain function ``forward(self, ...)`` usable both as a class attribute (class-level patch) and
 bound to one instance with :class:`types.MethodType` (instance-level patch). Every function carries the attribute
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
-import types
 
 import torch
 
@@ -569,8 +567,8 @@ def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
 
 def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]:
     """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` (or
-    ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it, ``glu_linear`` when its down projection is folded in, else
-    ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
+    ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it,
+    ``glu_linear`` when its down projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
     from each model's config) or its activation has no kernel."""
     if not spec.gated:
         return ("act_linear",) if module is not None and nongated_activation(module, spec)[0] is not None else ()
@@ -711,142 +709,3 @@ def describe_act_linear(module, spec: MLPSpec) -> str:
             f"call: hooks or an instance-level forward added later, a {spec.down} that no longer folds, or a "
             "non-reentrant activation checkpoint make it run the original forward"
             + describe_host_bound(module, spec, "act_linear"))
-
-
-# ---- rotary embedding ----------------------------------------------------------------------------------------
-_scope = threading.local()
-
-
-def handed_output(module, x):
-    """The output a fused attention node already computed for ``module(x)`` (one of the q / k / v projections it
-    replaced, :func:`tigon.integrations.lora_qkv.call`), taken once; None for any other call. Asked by every patched
-    LoRA layer's forward: one thread-local read when no hand-over is pending."""
-    handed = getattr(_scope, "handed", None)
-    if not handed:
-        return None
-    slot = handed.get(id(module))
-    if slot is None or slot[0] is not x:
-        return None
-    del handed[id(module)]
-    return slot[1]
-
-
-def _same_view(a, b: torch.Tensor) -> bool:
-    return (isinstance(a, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride())
-
-
-def _rotated_already(args: tuple, kwargs: dict) -> bool:
-    """Whether this rotary call is on the q and k a fused attention node already rotated, with its cos and sin
-    (then taken: the next call rotates)."""
-    rotated = getattr(_scope, "rotated", None)
-    if rotated is None or kwargs or len(args) != 4:
-        return False
-    q, k, cos, sin = rotated
-    if args[2] is cos and args[3] is sin and _same_view(args[0], q) and _same_view(args[1], k):
-        _scope.rotated = None
-        return True
-    return False
-
-
-def rope_dispatcher(original, family: str, switch):
-    """A drop-in for the module-global rotary function that routes to Tigon's rotary op of the function's layout
-    (``switch.layout``, see :mod:`tigon.integrations.rotary_layouts`: :func:`tigon.functional.rope`,
-    ``rope_interleaved`` or ``mrope``) when ``switch.class_level`` is set or a patched attention instance is running
-    on this thread, else to ``original``.
-
-    Calls it cannot serve (extra positional arguments such as the old ``position_ids``; cos / sin narrower than the
-    head unless ``switch.partial``, i.e. the family's function rotates the first ``cos.shape[-1]`` dims as Tigon's
-    ops do; tables of another shape than the layout's) go to ``original`` as well. q and k that a fused attention
-    node (:mod:`tigon.integrations.lora_qkv`) already rotated are returned as they are.
-
-    A function for a function; for an ``original`` that is an object (transformers 5.2x with ``kernels`` installed
-    wraps the function in a ``Func`` module, ``use_kernel_forward_from_hub``) a :class:`ObjectDispatcher`, which
-    unpickles models while it is installed.
-    """
-    from .rotary_layouts import tigon_call
-
-    def apply_rotary_pos_emb(*args, **kwargs):
-        if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
-            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):  # (no frame unless set)
-                return args[0], args[1]
-            out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
-            if out is not None:
-                return out
-        return original(*args, **kwargs)
-
-    if isinstance(original, types.FunctionType):
-        return mark(functools.wraps(original)(apply_rotary_pos_emb), "rope", family)
-
-    def __call__(self, *args, **kwargs):  # (the same, as a method: Dynamo inlines it, not a static __call__)
-        if switch.class_level or getattr(_scope, "depth", 0) > 0:
-            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):
-                return args[0], args[1]
-            out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
-            if out is not None:
-                return out
-        return original(*args, **kwargs)
-
-    return mark(ObjectDispatcher.build(original, __call__), "rope", family)
-
-
-class ObjectDispatcher:
-    """The rotary dispatcher of a global that is a callable object, not a function: transformers 5.2x with
-    ``kernels`` installed makes ``apply_rotary_pos_emb`` a ``Func`` module instance, and every attention module holds
-    a private instance of that type (``use_kernelized_func``). Pickling one stores "``type(<the module global>)()``"
-    (``kernels``' ``_rebuild_kernel_func``), which ``torch.load`` / ``pickle.loads`` evaluate against whatever the
-    global is then: a plain function's type cannot be called so, so the dispatcher is an object whose type called
-    with no arguments gives a new instance of the original's type (:meth:`__new__`), what the load gets without
-    Tigon. Calling it costs the same one Python frame as the function.
-    """
-
-    original = None  # (set on each dispatcher's own subclass by build)
-
-    def __new__(cls, *args, **kwargs):
-        return type(cls.original)(*args, **kwargs)  # (an instance of the original's type: __init__ is not called)
-
-    @classmethod
-    def build(cls, original, call) -> "ObjectDispatcher":
-        """The dispatcher of ``original`` whose ``__call__`` is ``call(self, *args, **kwargs)``."""
-        sub = type(cls.__name__, (cls,), {"original": original, "__call__": call})
-        self = object.__new__(sub)
-        functools.update_wrapper(self, original, updated=())  # (__wrapped__, __name__, __module__, __doc__)
-        return self
-
-    def __reduce__(self):
-        return self.__name__  # (pickled by reference to the module global, as the original pickles itself)
-
-
-@functools.lru_cache(maxsize=None)
-def attention_forward(family: str, original, target=None, qkv=None):
-    """Instance forward for attention modules: ``original`` (the class's forward), run inside the rotary scope.
-
-    ``target``: a :class:`~tigon.integrations.rotary_switch.RopeTarget` whose ``ensure(self)`` is called first
-    (outside ``torch.compile``), so that copies of patched modules find their rotary dispatcher installed.
-    ``qkv``: the :class:`~tigon.integrations.families.RopeSpec` whose q / k / v projections, when they are fused
-    adapter layers, run with the rotary as one node (:func:`tigon.integrations.lora_qkv.call`; only for a forward
-    of HF Llama's form, :func:`~tigon.integrations.lora_qkv.form_problem`), or None.
-    """
-    lora_qkv = None
-    if qkv is not None:
-        from . import lora_qkv  # (it imports this module)
-
-        if lora_qkv.form_problem(original, qkv) is not None:
-            lora_qkv = None
-
-    @functools.wraps(original)
-    def forward(self, *args, **kwargs):
-        if target is not None and not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag):
-            target.ensure(self)  # (outside torch.compiler.is_compiling(), see support.dynamo_compiling)
-        _scope.depth = getattr(_scope, "depth", 0) + 1
-        try:
-            if lora_qkv is not None:  # a fused adapter layer has its own forward: plain projections cost no frame
-                first = self.__dict__["_modules"].get(qkv.qkv[0])
-                if first is not None and "forward" in first.__dict__:
-                    return lora_qkv.call(self, qkv, original, args, kwargs)
-            return original(self, *args, **kwargs)
-        finally:
-            _scope.depth -= 1
-
-    # qkv: the projections a fused q / k / v node does not call (tigon profile counts calls by it)
-    return mark(forward, "rope", family, **({"qkv": qkv.qkv} if lora_qkv is not None else {}))

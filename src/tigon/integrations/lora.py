@@ -29,7 +29,8 @@ import torch
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec
-from .forwards import _hook_problem, handed_output, mark
+from .forwards import _hook_problem, mark
+from .rotary_forwards import handed_output
 from .generic import Match
 
 

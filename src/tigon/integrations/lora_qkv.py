@@ -1,7 +1,7 @@
 """A patched attention whose q, k and v projections are fused PEFT LoRA layers: the projections and the rotary as one
 :func:`tigon.functional.lora_qkv_rope` node, the check of the attention's forward, and the reasons it is not.
 
-The patched attention forward (:func:`tigon.integrations.forwards.attention_forward`, the rope patch's) asks
+The patched attention forward (:func:`tigon.integrations.rotary_forwards.attention_forward`, the rope patch's) asks
 :func:`call` when its class's forward begins with Hugging Face Llama's form (Llama, Qwen2, Mistral and the families
 that copy it; :func:`form_problem` reads the source)::
 
@@ -17,9 +17,9 @@ and the three projections are layers :func:`tigon.patch` fused (``lora=True``; e
 :func:`~tigon.integrations.lora.lora_problem`), without hooks, each fusing this call
 (:func:`~tigon.integrations.lora._fused_adapter`: not merged, not disabled, no active dropout, dtypes), with
 cos / sin spanning the head (or the family declared partial rotary). Then it computes q, k and v with the node before
-the class's forward runs, and hands them over: each projection's patched forward returns its (B, T, H D) buffer for
-that ``hidden_states`` (:func:`~tigon.integrations.forwards.handed_output`), so the forward's ``view(hidden_shape)
-.transpose(1, 2)`` gives back the node's (B, H, T, D) output, and the rotary dispatcher returns q and k as they are
+the class's forward runs, and hands them over: each projection's patched forward returns its (B, T, H D) buffer
+for that ``hidden_states`` (:func:`~tigon.integrations.rotary_forwards.handed_output`), so the forward's
+``view(hidden_shape).transpose(1, 2)`` gives back the node's (B, H, T, D) output, and the rotary dispatcher returns q and k as they are
 when they are those outputs with the same cos and sin. Everything after (the KV cache, the attention function,
 sliding windows, o_proj) is the class's own code, unchanged. A hand-over the forward did not take raises
 RuntimeError (the source check makes that a transformers change, not a silent double rotation).
@@ -39,7 +39,8 @@ import torch
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec, RopeSpec
-from .forwards import _hook_problem, _scope, tigon_mark
+from .forwards import _hook_problem, tigon_mark
+from .rotary_forwards import _scope
 from .lora import _fused_adapter, lora_problem
 from .rotary_calls import forward_statements
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from . import components
 from . import forwards as fw
+from . import rotary_forwards as rf
 from .rotary_switch import RopeTarget
 
 RECIPE = "__tigon_recipe__"
@@ -55,7 +56,7 @@ def build(recipe: Recipe, original):
     if recipe.kind == "rope":
         c = recipe.comp
         target = RopeTarget(recipe.family_module, c.function, recipe.family, c.partial_rotary, c.layout, c.head_axis)
-        fn = fw.attention_forward(recipe.family, original, target, c if c.layout == "rotate_half" else None)
+        fn = rf.attention_forward(recipe.family, original, target, c if c.layout == "rotate_half" else None)
     else:
         fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts)
     if getattr(fn, RECIPE, None) is None:  # the factories cache their functions: the first recipe is as good

@@ -1,7 +1,7 @@
 """The rotary layouts a family's module-global rotary function may have, and the Tigon op each runs.
 
 A :class:`~tigon.integrations.family_spec.RopeSpec` names its function's layout; the dispatcher the engine installs in
-that global (:func:`tigon.integrations.forwards.rope_dispatcher`) calls :func:`tigon_call` with the arguments the
+that global (:func:`tigon.integrations.rotary_forwards.rope_dispatcher`) calls :func:`tigon_call` with the arguments the
 attention passed. Each layout is one adapter with the Hugging Face function's signature: it returns the Tigon
 result, or None for a call it does not serve (then the original function runs), so a call that differs from what
 the family's code does (other arguments, cos / sin of another width) never reaches a kernel of other semantics.

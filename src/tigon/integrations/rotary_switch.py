@@ -8,7 +8,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from . import forwards as fw
+from . import rotary_forwards as rf
 
 LOCK = threading.RLock()
 """Guards the switches and every patch / unpatch (:mod:`tigon.integrations.engine` takes it too)."""
@@ -25,7 +25,7 @@ class RopeSwitch:
         self.partial = partial  # the function rotates the first cos.shape[-1] dims (RopeSpec.partial_rotary)
         self.layout, self.head_axis = layout, head_axis  # RopeSpec.layout / head_axis: which Tigon op, how called
         self.live: weakref.WeakSet = weakref.WeakSet()
-        self.dispatcher = fw.rope_dispatcher(self.original, family, self)
+        self.dispatcher = rf.rope_dispatcher(self.original, family, self)
 
     @property
     def qualname(self) -> str:
