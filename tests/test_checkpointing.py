@@ -12,7 +12,6 @@ exactly the matmuls and attention kernels its plan does not keep (issue 26: chec
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -23,21 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from model_matrix import CASES, DEVICE, DTYPE, GENERIC, MORE_FAMILIES, assert_report_runs, build, require_family
 from tigon import checkpointing, data, support
-from tigon.integrations.engine import patched_state, release_unused
 from tigon.numerics import rel_l2
 
 STEPS = 2 if DEVICE == "cpu" else 5
 B, T = 2, 12
 RTOL = (1e-5 if DEVICE == "cpu" else 1e-4) if DTYPE == torch.float32 else 2e-2
 MODES = ("non_reentrant", "reentrant", "selective", "selective_partial")
-
-
-@pytest.fixture(autouse=True)
-def _release_rope_dispatchers():
-    yield
-    if patched_state()["rope_dispatchers"]:  # a dropped patched model's; collecting costs up to ~1 s (CI time)
-        gc.collect()
-        release_unused()
 
 
 def checkpointed(model, reentrant: bool):

@@ -7,7 +7,6 @@ trains the same model with and without Tigon and compares the losses step by ste
 from __future__ import annotations
 
 import copy
-import gc
 import importlib
 import warnings
 
@@ -20,7 +19,6 @@ peft = pytest.importorskip("peft")
 import tigon  # noqa: E402
 from tigon import data, support  # noqa: E402
 from tigon.integrations import causal_lm  # noqa: E402
-from tigon.integrations.engine import release_unused  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,13 +94,6 @@ def enable_checkpointing(model):
 
 def saved_head(model):
     return model.base_model.model.lm_head.modules_to_save["default"].weight
-
-
-@pytest.fixture(autouse=True)
-def _release_rope_dispatchers():
-    yield
-    gc.collect()  # patched models dropped by a test: their rotary dispatchers go at the next patch / unpatch
-    release_unused()
 
 
 @pytest.mark.parametrize("order", ["tigon_then_peft", "peft_then_tigon"])
