@@ -568,8 +568,9 @@ def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
 def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]:
     """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` (or
     ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it,
-    ``glu_linear`` when its down projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when ``module`` is None (a class-level patch: the activation comes
-    from each model's config) or its activation has no kernel."""
+    ``glu_linear`` when its down projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when
+    ``module`` is None (a class-level patch: the activation comes from each model's config) or its activation has no
+    kernel."""
     if not spec.gated:
         return ("act_linear",) if module is not None and nongated_activation(module, spec)[0] is not None else ()
     act = mlp_activation(module, spec) if module is not None else None
