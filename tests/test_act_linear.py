@@ -246,15 +246,15 @@ def test_patched_non_gated_mlps_run_act_linear(model_type, activation):
         assert len(mlps) == 2 and all(e.ops == ("act_linear",) for e in mlps), str(report)
         assert all(f"activation={activation!r}" in e.detail for e in mlps)
         mlp = model.get_submodule(mlps[0].target)
-        x = torch.randn(2, 5, model.config.hidden_size, requires_grad=True)
+        x = torch.randn(2, 5, model.config.hidden_size, device=model.device, requires_grad=True)
         out = mlp(x)
-        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        out.backward(torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out))
         got = (out.detach(), x.grad, *(p.grad for p in mlp.parameters()))
         x.grad = None
         for p in mlp.parameters():
             p.grad = None
         want_out = type(mlp).forward(mlp, x)  # the class's original forward (the instance's is Tigon's)
-        want_out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        want_out.backward(torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out))
         want = (want_out.detach(), x.grad, *(p.grad for p in mlp.parameters()))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -275,7 +275,7 @@ def test_patched_mlp_runs_the_original_when_it_cannot_fold(monkeypatch):
         assert {e.checkpoint_ops for e in report.replaced if e.kind == "mlp"} == {()}
         assert all(e.checkpoint_ops is None for e in report.replaced if e.kind != "mlp")
         mlp = model.gpt_neox.layers[0].mlp
-        x = torch.randn(1, 3, model.config.hidden_size)
+        x = torch.randn(1, 3, model.config.hidden_size, device=model.device)
 
         def calls(fn):
             support.backend_usage(reset=True)

@@ -75,14 +75,26 @@ def train(model, batches, counts: list | None = None):
     return losses, grads
 
 
+def fused_heads(model_type: str, overrides: dict) -> dict:
+    """``overrides`` with as many key / value heads as query heads on CUDA in fp32, unchanged elsewhere. With
+    grouped-query attention in fp32, CUDA's sdpa has no fused kernel (flash is 16-bit only, memory-efficient refuses
+    ``enable_gqa``) and takes its math path (bmm + softmax, seen on an H100), where there is no attention output to
+    keep or count: these tests are about what a fused attention kernel's layer offers. The CPU's fused kernel takes
+    GQA, so the CPU keeps the matrix's grouped heads."""
+    if DEVICE != "cuda" or DTYPE != torch.float32:
+        return overrides
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **overrides)
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    return {**overrides, "num_key_value_heads": heads} if heads and kv and kv != heads else overrides
+
+
 def sdpa_llama():
     """The tiny Llama of the model matrix with PyTorch's fused attention (sdpa), whose output a selective checkpoint
-    can keep. On CUDA as many key / value heads as query heads: with grouped-query attention in fp32, CUDA's sdpa
-    has no fused kernel (flash is 16-bit only, memory-efficient refuses ``enable_gqa``) and takes its math path (bmm
-    + softmax, seen on an H100), where there is no attention output to keep or count. The CPU's fused kernel takes
-    GQA, so the CPU keeps the matrix's grouped heads."""
+    can keep (:func:`fused_heads`)."""
     model_type, overrides, *_ = CASES["llama"]
-    model = build(model_type, {**overrides, "num_key_value_heads": 4} if DEVICE == "cuda" else overrides)
+    model = build(model_type, fused_heads(model_type, overrides))
     model.config._attn_implementation = "sdpa"
     return model
 
@@ -232,7 +244,7 @@ def test_no_attention_output_counted_in_a_hybrid_models_linear_attention_layers(
     latter offer the attention's output, so the plan spends no budget on, and claims no recompute avoided by, an
     attention output the policy could never save."""
     model_type, overrides, *_ = MORE_FAMILIES["qwen3_next"]
-    model = build(model_type, overrides)
+    model = build(model_type, fused_heads(model_type, overrides))
     model.config._attn_implementation = "sdpa"
     kinds = model.config.layer_types
     for (_, layer), kind in zip(checkpointing.decoder_layers(model), kinds, strict=True):
@@ -298,7 +310,7 @@ def matrix_model(case: str):
         pytest.skip("checked on CUDA or with TIGON_FAMILY_ALL=1 (CPU_MATRIX: one case per layout)")
     model_type, overrides, *_ = TEXT_MATRIX[case]
     require_family(model_type)
-    model = build(model_type, overrides)
+    model = build(model_type, fused_heads(model_type, overrides))
     model.config._attn_implementation = "eager" if case in EAGER_ONLY else "sdpa"
     return model
 
@@ -420,10 +432,17 @@ def test_enable_in_both_of_hugging_faces_modes_trains_like_no_checkpointing(poli
 def test_a_model_whose_forward_fails_is_refused_naming_it():
     """The plan runs the model once to find what its layers recompute: a model whose forward fails there (Gemma 2's
     softcap under sdpa) gets a ValueError naming ``model`` with the cause, and keeps its checkpointing settings and
-    training flag."""
+    training flag. transformers 5.25's sdpa refuses the softcap; 5.17's (the GPU image's) runs without it, so the
+    attention here raises transformers' newer error itself."""
     model_type, overrides, *_ = CASES["gemma2"]
     model = build(model_type, overrides).eval()
     model.config._attn_implementation = "sdpa"
+
+    def refuses(*args, **kwargs):
+        raise ValueError("`sdpa` attention does not support `softcap`. Try using `eager`")
+
+    for _, layer in checkpointing.decoder_layers(model):
+        layer.self_attn.forward = refuses
     with pytest.raises(ValueError, match="model: .*softcap"):
         checkpointing.plan(model, batch=(B, T), budget_bytes=0)
     assert not model.training and not any(layer.gradient_checkpointing
