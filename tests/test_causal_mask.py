@@ -1,6 +1,7 @@
-"""A patched model under torch.compile lets sdpa take ``is_causal`` where there is no padding
-(:mod:`tigon.integrations.causal_mask`): transformers turns that skip off while Dynamo traces on torch < 2.14 and
-materialises a (batch, 1, T, T) mask, which made the compiled attention 2.6x slower on an H100."""
+"""A patched model under torch.compile lets sdpa take ``is_causal`` where there is no padding and no packing
+(:mod:`tigon.integrations.causal_mask`): transformers turns that skip off while Dynamo traces (with a KV cache on
+torch < 2.14, without one on every torch: the packed-sequence check) and materialises a (batch, 1, T, T) mask, which
+made the compiled attention 2.6x slower on an H100."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import tigon
 from tigon.integrations import causal_mask
 
 masking_utils = pytest.importorskip("transformers.masking_utils")
-pytestmark = pytest.mark.skipif(causal_mask._torch_version() >= causal_mask.FIXED_IN,
-                                reason="torch >= 2.14: transformers takes the skip under torch.compile itself")
+old_torch = pytest.mark.skipif(causal_mask._torch_version() >= causal_mask.FIXED_IN,
+                               reason="torch >= 2.14: transformers takes the KV-cache skip under torch.compile itself")
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +55,7 @@ def skip_compiled(*args):
     return out["skip"]
 
 
+@old_torch
 def test_compiled_check_skips_only_while_a_patched_model_lives():
     original = masking_utils._ignore_causal_mask_sdpa
     assert skip_compiled(None, 8, 8, 0, 0) is False  # transformers' own answer while tracing on torch < 2.14
@@ -79,6 +81,7 @@ def test_compiled_check_skips_only_while_a_patched_model_lives():
     assert masking_utils._ignore_causal_mask_sdpa is original and not causal_mask.installed()
 
 
+@old_torch
 def test_freed_model_releases_it_and_eager_attention_does_not_take_it():
     import gc
 
@@ -95,8 +98,10 @@ def test_freed_model_releases_it_and_eager_attention_does_not_take_it():
     tigon.unpatch(model)
 
 
+@old_torch
 def test_compiled_patched_model_runs_sdpa_without_a_mask(monkeypatch):
-    """The whole model compiled (Dynamo only): its attention gets no mask, and the loss equals eager's."""
+    """The whole model compiled (Dynamo only), KV cache on (the config's use_cache): its attention gets no mask, and
+    the loss equals eager's."""
     import transformers.integrations.sdpa_attention as sdpa
 
     seen = []
@@ -122,3 +127,71 @@ def transformers_attention_functions():
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS._global_mapping
+
+
+def spied_losses(monkeypatch, model, ids, compile_patched=True, **kwargs):
+    """(mask seen per sdpa call, compiled loss, eager loss) of ``model`` on ``ids`` with ``kwargs``, compiled by
+    Dynamo only (``backend="eager"``), patched by Tigon first when ``compile_patched``."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    seen = []
+    real = sdpa.sdpa_attention_forward
+
+    def spy(module, query, key, value, attention_mask, *args, **kw):
+        seen.append(attention_mask is not None)
+        return real(module, query, key, value, attention_mask, *args, **kw)
+
+    eager = model(input_ids=ids, labels=ids, **kwargs).loss
+    if compile_patched:
+        tigon.patch(model)
+    try:
+        monkeypatch.setitem(transformers_attention_functions(), "sdpa", spy)
+        torch._dynamo.reset()
+        loss = torch.compile(model, backend="eager")(input_ids=ids, labels=ids, **kwargs).loss
+        monkeypatch.undo()
+    finally:
+        if compile_patched:
+            tigon.unpatch(model)
+    return seen, loss, eager
+
+
+def test_compiled_patched_model_without_a_cache_runs_sdpa_without_a_mask(monkeypatch):
+    """``use_cache=False`` (training steps, gradient checkpointing, Tigon's benchmarks): transformers' packed-sequence
+    check cannot read the decoder's own ``arange`` positions under Dynamo and builds a mask on every torch; a patched
+    model's decoder says the positions are its own, so sdpa gets no mask. Unpatched, the mask is built."""
+    if causal_mask.packed_problem() is not None:
+        pytest.skip(f"no packed-sequence wrapper here: {causal_mask.packed_problem()}")
+    model = tiny_llama()
+    ids = torch.randint(0, 64, (2, 8))
+    seen, loss, eager = spied_losses(monkeypatch, model, ids, compile_patched=False, use_cache=False)
+    assert seen and all(seen), seen  # transformers' own: a mask
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    seen, loss, eager = spied_losses(monkeypatch, model, ids, use_cache=False)
+    assert seen and not any(seen), seen
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    assert not causal_mask.installed() and causal_mask.CALLS.own_positions is False
+    assert not model.model._forward_pre_hooks and not model.model._forward_hooks  # unpatch removed the hooks
+
+
+def test_caller_given_packed_positions_keep_the_mask(monkeypatch):
+    """Packed sequences (a flattening collator's ``position_ids`` restarting at 0): the compiled patched model keeps
+    transformers' packed mask (no attention across the packed sequences) and its loss equals eager's."""
+    if causal_mask.packed_problem() is not None:
+        pytest.skip(f"no packed-sequence wrapper here: {causal_mask.packed_problem()}")
+    model = tiny_llama()
+    ids = torch.randint(0, 64, (1, 8))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    seen, loss, eager = spied_losses(monkeypatch, model, ids, use_cache=False, position_ids=positions)
+    assert seen and all(seen), seen
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_vision_language_decoders_are_not_watched():
+    class VLM(torch.nn.Module):
+        config = type("C", (), {"vision_config": object()})()
+
+        def get_decoder(self):
+            return torch.nn.Linear(1, 1)
+
+    assert causal_mask.decoder(VLM()) is None
+    assert isinstance(causal_mask.decoder(tiny_llama()), torch.nn.Module)

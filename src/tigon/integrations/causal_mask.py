@@ -1,30 +1,45 @@
-"""The causal mask of a patched model under ``torch.compile``: ``is_causal`` where there is no padding.
+"""The causal mask of a patched model under ``torch.compile``: ``is_causal`` where there is no padding and no packing.
 
 **Why.** transformers' sdpa attention skips building the causal mask, and calls
-``scaled_dot_product_attention(..., is_causal=True)`` instead, when nothing is padded and the query spans the keys
-(``transformers.masking_utils._ignore_causal_mask_sdpa``). While Dynamo traces, transformers 5.x turns that skip
-off on torch < 2.14 (its comment: "This requires torch>=2.14", pytorch#176499, because Dynamo folded
-``torch.compiler.is_exporting()`` to True), so a compiled model gets a materialised (batch, 1, T, T) mask: the
-attention kernel then reads the mask and skips none of the masked blocks. On an H100 (Llama-3.2-1B, 16 layers,
-4 x 2048, bf16) the compiled step spent 23.2 + 8.8 ms in cuDNN's attention backward + forward against 8.9 + under
-3.6 ms for the same kernels in the eager step (``benchmarks/results/h100/README.md``, eighteenth run), which is
-why ``torch.compile`` gained nothing there.
+``scaled_dot_product_attention(..., is_causal=True)`` instead, when nothing is padded or packed and the query spans
+the keys. While Dynamo traces, transformers 5.x turns that skip off twice over, so a compiled model gets a
+materialised (batch, 1, T, T) mask: the attention kernel then reads the mask and skips none of the masked blocks.
 
-**What.** While a model patched by :func:`tigon.patch` lives, transformers' check is wrapped
-(:class:`CausalMaskSwitch`): under Dynamo, with no padding mask at all (``attention_mask=None``), a query as long
-as the keys, no sliding window reached and a plain-int offset, the skip is taken, as transformers itself does on
-torch >= 2.14 and in eager mode; every other call runs transformers' own check. Outside ``torch.compile`` nothing
-changes. A padding mask of all ones (a collator's) is still materialised: reading its values would break the graph.
+1. ``transformers.masking_utils._ignore_causal_mask_sdpa`` (consulted when the model keeps a KV cache, e.g.
+   ``use_cache=True`` in training) refuses the skip under Dynamo on torch < 2.14 (its comment: "This requires
+   torch>=2.14", pytorch#176499, because Dynamo folded ``torch.compiler.is_exporting()`` to True).
+2. ``transformers.masking_utils.find_packed_sequence_indices`` (consulted when the model gets no cache and no
+   ``attention_mask``: every training step with ``use_cache=False``, Tigon's benchmarks and gradient checkpointing)
+   cannot read the position ids while tracing, so it always returns a packed-sequence mask under Dynamo ("Sadly
+   this is a dynamic control flow"), on every torch version; the skip is then never taken. This is the path the
+   decoder's own ``position_ids = arange(T)`` takes, one sequence per row.
 
-**Scope and limits.** The wrapper is the module global of ``transformers.masking_utils`` (the function is looked up
-there at each call), installed by the first patched model and restored when the last one is unpatched or freed;
-under ``torch.compile`` it also applies to unpatched models of the process (the skip they would take in eager
-mode). A model exported with ``torch.export`` while the wrapper is in place hard-codes ``is_causal=True`` for a
+On an H100 (Llama-3.2-1B, 16 layers, 4 x 2048, bf16, ``use_cache=False``) the compiled step spent 23.2 + 8.8 ms in
+cuDNN's attention backward + forward against 8.9 + under 3.6 ms for the same kernels in the eager step
+(``benchmarks/results/h100/README.md``, eighteenth run), which is why ``torch.compile`` gained nothing there.
+
+**What.** While a model patched by :func:`tigon.patch` lives, both checks are wrapped (:class:`CausalMaskSwitch`),
+each where this transformers / torch needs it (:func:`problem`, probed once per process):
+
+* ``_ignore_causal_mask_sdpa``: under Dynamo, with no padding mask at all (``attention_mask=None``), a query as
+  long as the keys, no sliding window reached and a plain-int offset, the skip is taken, as transformers itself
+  does on torch >= 2.14 and in eager mode.
+* ``find_packed_sequence_indices``: under Dynamo, while a patched model's decoder (``get_decoder()``) runs a call
+  whose caller passed neither ``position_ids`` nor ``attention_mask`` (so the decoder builds ``arange(T)``
+  positions itself: nothing is packed), it returns None, the answer transformers gives eagerly for those positions.
+  A forward pre-hook and hook on that decoder say which call runs (they do nothing outside Dynamo). Caller-given
+  ``position_ids`` (a packing collator's) keep transformers' packed mask. Vision-language models (their decoders
+  build multimodal positions) are left out.
+
+Every other call runs transformers' own check. Outside ``torch.compile`` nothing changes. A padding mask of all ones
+(a collator's) is still materialised: reading its values would break the graph.
+
+**Scope and limits.** The wrappers are module globals of ``transformers.masking_utils`` (looked up there at each
+call), installed by the first patched model and restored when the last one is unpatched or freed; under
+``torch.compile`` the first also applies to unpatched models of the process (the skip they would take in eager
+mode). A model exported with ``torch.export`` while the wrappers are in place hard-codes ``is_causal=True`` for a
 query as long as the keys (transformers' reason to keep the skip off while exporting): unpatch first to export.
-``TIGON_COMPILE_CAUSAL_SKIP=0`` turns the wrapper off (read at patch time). Installed only where it applies
-(:func:`problem`): torch < 2.14 and a transformers whose ``masking_utils`` has the check with its usual arguments
-and refuses the skip while Dynamo traces (traced once per process to find out: transformers 5.17 on torch 2.11
-does, 5.25 on torch 2.13 does not).
+``TIGON_COMPILE_CAUSAL_SKIP=0`` turns both off (read at patch time).
 """
 
 from __future__ import annotations
@@ -36,11 +51,15 @@ import weakref
 import torch
 
 FUNCTION = "_ignore_causal_mask_sdpa"
-"""The transformers function wrapped, in ``transformers.masking_utils``."""
+"""The transformers check of the KV-cache path, in ``transformers.masking_utils``."""
+PACKED = "find_packed_sequence_indices"
+"""The transformers check of the no-cache path (packed sequences from the position ids), same module."""
 FIXED_IN = (2, 14)
-"""The torch version from which transformers takes the skip under ``torch.compile`` itself."""
+"""The torch version from which transformers takes :data:`FUNCTION`'s skip under ``torch.compile`` itself."""
 ARGS = ("padding_mask", "q_length", "kv_length", "q_offset", "kv_offset", "local_attention_size")
-"""The parameters the wrapper reads, in transformers' order (5.17 to 5.25)."""
+"""The parameters the :data:`FUNCTION` wrapper reads, in transformers' order (5.17 to 5.25)."""
+PACKED_ARGS = ("position_ids",)
+"""The parameters of :data:`PACKED` (5.17 to 5.25)."""
 
 
 def _torch_version() -> tuple[int, int]:
@@ -56,81 +75,186 @@ def _module():
     return masking_utils
 
 
-def problem() -> str | None:
-    """Why the wrapper is not installed here, or None when it is (or would be) installed."""
-    if os.environ.get("TIGON_COMPILE_CAUSAL_SKIP", "1") == "0":
-        return "TIGON_COMPILE_CAUSAL_SKIP=0"
+def _original(mod, name: str, args: tuple[str, ...]):
+    """transformers' function ``name`` (unwrapped), or the reason it cannot be wrapped."""
+    fn = getattr(mod, name, None)
+    if fn is None:
+        return None, f"transformers.masking_utils.{name} not found"
+    original = getattr(fn, "__wrapped__", fn)
+    if tuple(inspect.signature(original).parameters) != args:
+        return None, f"transformers.masking_utils.{name} has other arguments than {args}"
+    return original, None
+
+
+def skip_problem() -> str | None:
+    """Why :data:`FUNCTION` is not wrapped here, or None when it is (or would be)."""
     if _torch_version() >= FIXED_IN:
         return f"torch {torch.__version__} takes the skip under torch.compile itself"
     mod = _module()
-    fn = getattr(mod, FUNCTION, None) if mod is not None else None
-    if fn is None:
-        return f"transformers.masking_utils.{FUNCTION} not found"
-    original = getattr(fn, "__wrapped__", fn)
-    if tuple(inspect.signature(original).parameters) != ARGS:
-        return f"transformers.masking_utils.{FUNCTION} has other arguments than {ARGS}"
-    if not _materialises(original):
-        return "this transformers takes the skip under torch.compile itself"
-    return None
+    if mod is None:
+        return "no transformers"
+    original, why = _original(mod, FUNCTION, ARGS)
+    if why is None and not _materialises(original):
+        why = "this transformers takes the skip under torch.compile itself"
+    return why
+
+
+def packed_problem() -> str | None:
+    """Why :data:`PACKED` is not wrapped here, or None when it is (or would be)."""
+    mod = _module()
+    if mod is None:
+        return "no transformers"
+    original, why = _original(mod, PACKED, PACKED_ARGS)
+    if why is None and not _packs(original):
+        why = "this transformers finds unpacked positions under torch.compile itself"
+    return why
+
+
+def problem() -> str | None:
+    """Why neither wrapper is installed here, or None when one or both are (or would be)."""
+    if os.environ.get("TIGON_COMPILE_CAUSAL_SKIP", "1") == "0":
+        return "TIGON_COMPILE_CAUSAL_SKIP=0"
+    skip, packed = skip_problem(), packed_problem()
+    return None if skip is None or packed is None else f"{FUNCTION}: {skip}; {PACKED}: {packed}"
 
 
 _PROBED: dict = {}
 
 
-def _materialises(fn) -> bool:
-    """Whether ``fn`` (transformers' check) refuses the skip under Dynamo for an unpadded square causal mask:
-    traced once per function and process (``backend="eager"``, no compiler involved; a failing trace: False).
-    transformers 5.17 on torch 2.11 refuses it (the H100 run); 5.25 on torch 2.13 takes it."""
+def _traced(fn, probe) -> bool:
+    """``probe(fn, x)`` (a bool) under Dynamo on ``x = arange(8)[None]``, once per function and process
+    (``backend="eager"``, no compiler involved; a failing trace: False)."""
     if fn not in _PROBED:
         out: dict = {}
 
-        def probe(x):
-            out["skip"] = fn(None, 8, 8, 0, 0)
+        def run(x):
+            out["answer"] = probe(fn, x)
             return x + 1
 
         try:
-            torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(1))
-            _PROBED[fn] = out.get("skip") is False
+            torch.compile(run, backend="eager", fullgraph=True)(torch.arange(8)[None])
+            _PROBED[fn] = out.get("answer") is True
         except Exception:  # noqa: BLE001 - no Dynamo here: nothing to fix
             _PROBED[fn] = False
     return _PROBED[fn]
 
 
-class CausalMaskSwitch:
-    """The wrapper installed as ``transformers.masking_utils._ignore_causal_mask_sdpa`` and the models that keep it.
+def _materialises(fn) -> bool:
+    """Whether ``fn`` (transformers' :data:`FUNCTION`) refuses the skip under Dynamo for an unpadded square causal
+    mask. transformers 5.17 on torch 2.11 refuses it (the H100 run); 5.25 on torch 2.13 takes it."""
+    return _traced(fn, lambda f, x: f(None, 8, 8, 0, 0) is False)
 
-    ``wrapper(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None) -> bool``: True
-    (skip the mask: sdpa's ``is_causal``) under Dynamo when ``padding_mask`` is None, ``q_length == kv_length > 1``,
-    ``q_offset`` is not a tensor and ``kv_length`` is below ``local_attention_size`` (when given); otherwise
-    transformers' own answer."""
+
+def _packs(fn) -> bool:
+    """Whether ``fn`` (transformers' :data:`PACKED`) returns a packed-sequence mask under Dynamo for one plain
+    sequence (``arange(8)``): transformers 5.17 and 5.25 do, on every torch."""
+    return _traced(fn, lambda f, x: f(x) is not None)
+
+
+class _Calls:
+    """What the patched decoder call being traced was given: ``own_positions`` is True while a call whose caller
+    passed neither ``position_ids`` nor ``attention_mask`` runs under Dynamo (set and cleared by :func:`_enter` /
+    :func:`_leave`, which Dynamo traces as side effects of the compiled forward)."""
+
+    def __init__(self):
+        self.own_positions = False
+
+
+CALLS = _Calls()
+
+
+def _enter(module, args, kwargs):
+    if torch.compiler.is_compiling():
+        CALLS.own_positions = (len(args) <= 1 and kwargs.get("position_ids") is None
+                               and kwargs.get("attention_mask") is None)
+
+
+def _leave(module, args, kwargs, output):
+    if torch.compiler.is_compiling():
+        CALLS.own_positions = False
+
+
+def decoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module of ``model`` that builds the position ids and the mask (``get_decoder()``, through a PEFT
+    wrapper), or None: none found, or a vision-language model (its decoder builds multimodal positions)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    if getattr(getattr(base, "config", None), "vision_config", None) is not None:
+        return None
+    try:
+        found = base.get_decoder()
+    except Exception:  # noqa: BLE001 - no decoder to watch
+        return None
+    return found if isinstance(found, torch.nn.Module) else None
+
+
+class CausalMaskSwitch:
+    """The wrappers installed in ``transformers.masking_utils`` and the models that keep them.
+
+    ``skip(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None) -> bool`` (for
+    :data:`FUNCTION`, None where not needed): True (skip the mask: sdpa's ``is_causal``) under Dynamo when
+    ``padding_mask`` is None, ``q_length == kv_length > 1``, ``q_offset`` is not a tensor and ``kv_length`` is below
+    ``local_attention_size`` (when given); otherwise transformers' own answer.
+
+    ``packed(position_ids) -> Tensor | None`` (for :data:`PACKED`, None where not needed): None under Dynamo while a
+    watched decoder runs a call that builds its own positions (:class:`_Calls`); otherwise transformers' own answer.
+    """
 
     def __init__(self, module):
         self.module = module
-        self.original = getattr(module, FUNCTION)
         self.live: weakref.WeakSet = weakref.WeakSet()
-        original = self.original
+        self.hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.originals: dict = {}
+        self.wrappers: dict = {}
+        if skip_problem() is None:
+            original = self.originals[FUNCTION] = _original(module, FUNCTION, ARGS)[0]
 
-        def wrapper(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
-            if (padding_mask is None and torch.compiler.is_compiling() and not isinstance(q_offset, torch.Tensor)
-                    and isinstance(q_length, int) and q_length == kv_length and q_length > 1
-                    and (local_attention_size is None or kv_length < local_attention_size)):
-                return True
-            return original(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size)
+            def skip(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
+                if (padding_mask is None and torch.compiler.is_compiling() and not isinstance(q_offset, torch.Tensor)
+                        and isinstance(q_length, int) and q_length == kv_length and q_length > 1
+                        and (local_attention_size is None or kv_length < local_attention_size)):
+                    return True
+                return original(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size)
 
-        wrapper.__wrapped__ = original
-        wrapper.__doc__ = original.__doc__
-        self.wrapper = wrapper
+            self.wrappers[FUNCTION] = skip
+        if packed_problem() is None:
+            find = self.originals[PACKED] = _original(module, PACKED, PACKED_ARGS)[0]
+
+            def packed(position_ids):
+                if CALLS.own_positions and torch.compiler.is_compiling():
+                    return None
+                return find(position_ids)
+
+            self.wrappers[PACKED] = packed
+        for name, wrapper in self.wrappers.items():
+            wrapper.__wrapped__ = self.originals[name]
+            wrapper.__doc__ = self.originals[name].__doc__
 
     def install(self) -> None:
-        if getattr(self.module, FUNCTION) is not self.wrapper:
-            setattr(self.module, FUNCTION, self.wrapper)
+        for name, wrapper in self.wrappers.items():
+            if getattr(self.module, name) is not wrapper:
+                setattr(self.module, name, wrapper)
+
+    def watch(self, model: torch.nn.Module) -> bool:
+        """Hook ``model``'s decoder (:func:`decoder`) for the packed-sequence wrapper; False when there is none."""
+        found = decoder(model) if PACKED in self.wrappers else None
+        if found is None:
+            return False
+        if model not in self.hooks:
+            self.hooks[model] = (found.register_forward_pre_hook(_enter, with_kwargs=True),
+                                 found.register_forward_hook(_leave, with_kwargs=True, always_call=True))
+        return True
+
+    def unwatch(self, model: torch.nn.Module) -> None:
+        for handle in self.hooks.pop(model, ()):
+            handle.remove()
 
     def release(self) -> bool:
-        """Restore transformers' function when no live model needs the wrapper; True when restored."""
+        """Restore transformers' functions when no live model needs the wrappers; True when restored."""
         if self.live:
             return False
-        if getattr(self.module, FUNCTION) is self.wrapper:
-            setattr(self.module, FUNCTION, self.original)
+        for name, wrapper in self.wrappers.items():
+            if getattr(self.module, name) is wrapper:
+                setattr(self.module, name, self.originals[name])
         return True
 
 
@@ -138,29 +262,38 @@ _SWITCH: CausalMaskSwitch | None = None
 
 
 def hold(model: torch.nn.Module) -> str:
-    """Install the wrapper for ``model`` (a patched model using sdpa attention) and say what was done, for the
+    """Install the wrappers for ``model`` (a patched model using sdpa attention) and say what was done, for the
     patch report's notes."""
     global _SWITCH
     why = problem()
     if why is not None:
-        return f"causal mask under torch.compile: transformers' own (wrapper not installed: {why})"
+        return f"causal mask under torch.compile: transformers' own (wrappers not installed: {why})"
     if _SWITCH is None or _SWITCH.module is not _module():
         _SWITCH = CausalMaskSwitch(_module())
     _SWITCH.live.add(model)
     _SWITCH.install()
+    paths = []
+    if FUNCTION in _SWITCH.wrappers:
+        paths.append("with a KV cache")
+    if _SWITCH.watch(model):
+        paths.append("without one, where the caller passes no position_ids")
+    if not paths:
+        return ("causal mask under torch.compile: transformers' own (this model's decoder builds multimodal positions "
+                f"or has no get_decoder(); {FUNCTION}: {skip_problem()})")
     return ("causal mask under torch.compile: sdpa's is_causal where attention_mask is None and the query spans the "
-            "keys, as transformers does eagerly and on torch >= 2.14 (transformers.masking_utils."
-            f"{FUNCTION} wrapped while a patched model lives; TIGON_COMPILE_CAUSAL_SKIP=0 turns it off)")
+            f"keys ({'; '.join(paths)}), as transformers does eagerly (transformers.masking_utils.{FUNCTION} / "
+            f"{PACKED} wrapped while a patched model lives; TIGON_COMPILE_CAUSAL_SKIP=0 turns it off)")
 
 
 def release(model: torch.nn.Module | None = None) -> bool:
     """Drop ``model``'s hold (None: only look for models freed without :func:`tigon.unpatch`); restore
-    transformers' function when no live model holds it. True when it was restored now."""
+    transformers' functions when no live model holds them. True when they were restored now."""
     global _SWITCH
     if _SWITCH is None:
         return False
     if model is not None:
         _SWITCH.live.discard(model)
+        _SWITCH.unwatch(model)
     if _SWITCH.release():
         _SWITCH = None
         return True
@@ -168,6 +301,7 @@ def release(model: torch.nn.Module | None = None) -> bool:
 
 
 def installed() -> bool:
-    """Whether the wrapper is transformers' function now."""
+    """Whether one of the wrappers is transformers' function now."""
     mod = _module()
-    return _SWITCH is not None and mod is not None and getattr(mod, FUNCTION, None) is _SWITCH.wrapper
+    return _SWITCH is not None and mod is not None and any(
+        getattr(mod, name, None) is wrapper for name, wrapper in _SWITCH.wrappers.items())
