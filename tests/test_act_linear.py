@@ -313,7 +313,7 @@ def test_unsupported_activation_and_lora_down_are_skipped_with_the_reason():
 
 def test_nn_gelu_activation_module_is_recognised():
     from tigon.integrations.families import FAMILIES
-    from tigon.integrations.forwards import nongated_activation
+    from tigon.integrations.mlp_activations import nongated_activation
 
     spec = FAMILIES["phi"].mlps[0]
     mlp = torch.nn.Module()

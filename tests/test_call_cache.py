@@ -433,7 +433,7 @@ def test_direct_backward_is_what_torch_picks():
 def test_patched_layer_calls_hooked_children_through_call(where):
     """The patched decoder layer calls its children's forwards (and the MLP its projections' F.linear) directly only
     when nothing would be skipped (:func:`tigon.integrations.decoder_layer.plain_children`,
-    ``forwards._linear_calls``): a hook anywhere still fires, and the output is the same either way."""
+    ``child_calls._linear_calls``): a hook anywhere still fires, and the output is the same either way."""
     transformers = pytest.importorskip("transformers")
     import tigon
 

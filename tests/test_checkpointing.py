@@ -158,7 +158,7 @@ def test_patched_model_trains_like_the_original_under_checkpointing(mode, refere
     # the layers ran twice per step (forward, then recomputed in the backward): checkpointing did run
     assert sum(used["rope"].values()) == 2 * layers * STEPS, used["rope"]
     # non-reentrant: inside the checkpoint the MLP runs swiglu then the down projection (nn.Linear), so that the
-    # recomputation stops before the down projection's matmul (forwards.under_checkpoint); reentrant keeps the fold
+    # recomputation stops before the down projection's matmul (child_calls.under_checkpoint); reentrant keeps the fold
     folded = sum(used.get("glu_linear", {}).values())
     assert (folded == 0) if mode != "reentrant" else (folded == 2 * layers * STEPS), used
     # the backward's matmuls: each projection's two gradients (the fused LM head forms its gradients in the forward)

@@ -19,7 +19,7 @@ import tigon
 from tigon import support
 from tigon.integrations import generic
 from tigon.integrations.engine import patched_state, release_unused
-from tigon.integrations.forwards import tigon_mark
+from tigon.integrations.marks import tigon_mark
 from tigon.numerics import rel_l2
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

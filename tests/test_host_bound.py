@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
 from tigon import ops, support  # noqa: E402
-from tigon.integrations import forwards  # noqa: E402
+from tigon.integrations import mlp_host_bound  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -57,7 +57,7 @@ def test_small_calls_run_the_original_mlp_on_the_gpu(monkeypatch, limit):
         monkeypatch.delenv("TIGON_HOST_BOUND_ELEMENTS", raising=False)
     else:
         monkeypatch.setenv("TIGON_HOST_BOUND_ELEMENTS", limit)
-    monkeypatch.setattr(forwards, "_on_compiled_gpu", lambda x, compiling=None: True)
+    monkeypatch.setattr(mlp_host_bound, "_on_compiled_gpu", lambda x, compiling=None: True)
     hf, patched, _ = _models()
     x = torch.randn(2, 3, 16, device=DEVICE)
     support.backend_usage(reset=True)
@@ -79,7 +79,7 @@ def test_off_the_gpu_the_kernels_run(monkeypatch):
     support.backend_usage(reset=True)
     _mlp_step(patched.model.layers[0].mlp, torch.randn(2, 3, 16, device=DEVICE))
     assert "glu_linear" in support.backend_usage()
-    assert not forwards._on_compiled_gpu(torch.zeros(1))
+    assert not mlp_host_bound._on_compiled_gpu(torch.zeros(1))
 
 
 def test_threshold_is_the_records_and_reported(monkeypatch):

@@ -90,7 +90,7 @@ def test_profile_attributes_peft_and_tigon_lora_layers_to_their_row():
     fwd = [_ev("aten::mm", lora, seq=1, t=1), _ev("aten::mm", fused, t=12)]  # PEFT's layer; Tigon's node
     nodes = [_ev(f"autograd::engine::evaluate_function: {n}", None, seq=s, t=20 + s, us=1.0)
              for n, s in (("MmBackward0", 1), ("LoRALinearFunctionBackward", 2))]
-    totals = P.categorize([lora, att, fused, *fwd, *nodes], cuda=False)
+    totals = PE.categorize([lora, att, fused, *fwd, *nodes], cuda=False)
     assert totals["lora"] == 10 + 1 + 10 + 1 + 1 and totals["matmul"] == 0
 
 

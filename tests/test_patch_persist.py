@@ -17,7 +17,7 @@ import tigon  # noqa: E402
 from tigon import support  # noqa: E402
 from tigon.integrations import patched_state  # noqa: E402
 from tigon.integrations.engine import release_unused  # noqa: E402
-from tigon.integrations.forwards import tigon_mark  # noqa: E402
+from tigon.integrations.marks import tigon_mark  # noqa: E402
 from tigon.presets import build_config  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -236,7 +236,7 @@ def test_trl_sft_trainer_two_steps(tmp_path):
     assert_losses_match(got, ref)
     used = support.backend_usage()
     # TRL's own fused head replaces Tigon's there; under the (non-reentrant) gradient checkpointing the MLP runs swiglu
-    # and the down projection's nn.Linear (integrations.forwards.under_checkpoint), not glu_linear
+    # and the down projection's nn.Linear (integrations.child_calls.under_checkpoint), not glu_linear
     assert {"rms_norm", "swiglu", "rope"} <= set(used) and "glu_linear" not in used, used
 
 

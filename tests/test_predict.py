@@ -443,7 +443,7 @@ def test_issue_time_on_a_cpu_is_the_wall_time_and_a_changed_split_raises():
 
 
 def test_step_cost_takes_the_optimizer_part_as_the_tail():
-    from tigon.workflows.profile import step_cost
+    from tigon.workflows.profile_report import step_cost
 
     parts = [T.Segment("forward: embedding", 1.0, 2.0), T.Segment("backward: layer 0", 50.0, 40.0),
              T.Segment("optimizer", 8.0, 6.0)]

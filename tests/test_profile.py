@@ -14,6 +14,7 @@ import torch
 from tigon.cli import main
 from test_profile_layer import few_timing_samples
 from tigon.workflows import profile as P
+from tigon.workflows.profile_events import categorize
 
 REPLACED = {"norm": "rms_norm", "rotary": "rope", "activation": "swiglu", "lm_head_loss": "fused_linear_cross_entropy"}
 
@@ -136,7 +137,7 @@ def test_backward_ops_follow_their_forward_range_by_sequence_number():
     inner = [_ev("aten::mm", nodes[0], t=41.5, us=100.0)]
     for e in (mlp, norm, att):
         e.self_cpu_time_total = 0.0
-    totals = P.categorize(fwd + nodes + inner, cuda=False)
+    totals = categorize(fwd + nodes + inner, cuda=False)
     assert totals["matmul"] == 10 + 1 + 100
     assert totals["activation"] == 10 + 1
     assert totals["norm"] == 10 + 1

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tigon.integrations.forwards import tigon_mark
+from tigon.integrations.marks import tigon_mark
 from tigon.workflows import predict as PR
 from tigon.workflows import profile_layer as PL
 from tigon.workflows.e2e_models import build_model, hf_config, random_batches

@@ -23,7 +23,7 @@ import torch
 from .. import functional as TF
 from .._checks import is_dtensor
 from .families import CausalLMSpec
-from .forwards import mark
+from .marks import mark
 from .sharded_head import fsdp1_wrapper, run_gathered, sharding_problem, stored_param
 
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from . import components
 from . import decoder_layer as dl
-from . import forwards as fw
 from .families import FamilySpec
+from .marks import tigon_mark
+from .mlp_forwards import clamped_hook_problem, default_experts_gate
 from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
 from .report import PatchEntry, PatchReport
 from .rotary_switch import SWITCHES, RopeSwitch, switch
@@ -41,16 +42,16 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
         if (problem := components.class_level_problem(kind, comp, cls)) is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
-        if (mk := fw.tigon_mark(cls.__dict__.get(attr))) is not None:
+        if (mk := tigon_mark(cls.__dict__.get(attr))) is not None:
             check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if kind == "mlp" and comp.experts and comp.activation == "clamped_swiglu":
-            if (problem := fw.clamped_hook_problem(cls)) is not None:
+            if (problem := clamped_hook_problem(cls)) is not None:
                 report.skipped.append(PatchEntry(kind, target, problem))
                 continue
         elif kind == "mlp" and comp.experts:
-            hook, default = getattr(cls, attr, None), fw.default_experts_gate()
+            hook, default = getattr(cls, attr, None), default_experts_gate()
             if hook is None or hook is not default:
                 report.skipped.append(PatchEntry(kind, target, "no default _apply_gate hook on this class"))
                 continue

@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib
 
 from . import decoder_layer as dl
-from . import forwards as fw
 from . import lora
+from .act_linear_forwards import act_linear_forward
 from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
 from .families import ROPE_LAYOUTS, FamilySpec, Unsupported
+from .mlp_activations import mlp_activation
+from .mlp_forwards import describe_mlp, experts_gate, mlp_forward, mlp_ops, mlp_problem
+from .norm_forwards import norm_forward, norm_problem
 
 
 def attr(comp) -> str:
@@ -45,7 +48,7 @@ def class_level_problem(kind: str, comp, cls: type) -> str | None:
                 "class-level patch never changes it; patch a built model (tigon.patch(model)) to replace its "
                 "instances there")
     if kind == "mlp" and not comp.gated:
-        return fw.mlp_problem(None, comp)
+        return mlp_problem(None, comp)
     return None
 
 
@@ -69,13 +72,13 @@ def components(spec: FamilySpec, enabled: dict[str, bool]):
 def factory(kind: str, comp, family: str, family_module: str, original, opts: dict):
     """The Tigon function that replaces ``original`` (the class's attribute) for a component of ``kind``."""
     if kind in ("rms_norm", "layer_norm"):
-        return fw.norm_forward(comp, family, original)
+        return norm_forward(comp, family, original)
     if kind == "mlp":
         if comp.experts:
-            return fw.experts_gate(comp, family, original)
+            return experts_gate(comp, family, original)
         if not comp.gated:
-            return fw.act_linear_forward(comp, family, original)
-        return fw.mlp_forward(comp, family, original)
+            return act_linear_forward(comp, family, original)
+        return mlp_forward(comp, family, original)
     if kind == "fused_add_rms_norm":
         return dl.decoder_layer_forward(comp, family, original)
     if kind == "lora":
@@ -114,14 +117,14 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "rms_norm":
         op = "rms_norm_gated" if comp.gated else "rms_norm"
         text = f"tigon.functional.{op}(casting_mode={comp.casting_mode!r}, offset={comp.offset:g})"
-        if comp.gated:  # the instance's groups and gate order (forwards.gated_options)
+        if comp.gated:  # the instance's groups and gate order (norm_forwards.gated_options)
             order = "norm_before_gate" if comp.norm_before_gate else "norm_before_gate (default False)"
             text += f", group_size and {order} from the module"
         return text
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
-        return fw.describe_mlp(module, comp, (opts or {}).get("lora", True))
+        return describe_mlp(module, comp, (opts or {}).get("lora", True))
     if kind == "fused_add_rms_norm":
         return dl.describe_decoder_layer(comp)
     if kind == "lora":
@@ -157,7 +160,7 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm"):
         return (kind,)
     if kind == "mlp":
-        return fw.mlp_ops(module, comp, (opts or {}).get("lora", True))
+        return mlp_ops(module, comp, (opts or {}).get("lora", True))
     if kind == "lora":
         return ("lora_linear",)
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
@@ -167,11 +170,11 @@ def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...] |
     """The op(s) the replacement runs instead inside a non-reentrant activation checkpoint (see
     :attr:`~tigon.integrations.report.PatchEntry.checkpoint_ops`; () for none: the original forward); None when
     they are :func:`ops`'s."""
-    run = fw.mlp_ops(module, comp, (opts or {}).get("lora", True)) if kind == "mlp" else ()
+    run = mlp_ops(module, comp, (opts or {}).get("lora", True)) if kind == "mlp" else ()
     if run == ("glu_linear",):
-        return (fw.mlp_activation(module, comp)[0],)
+        return (mlp_activation(module, comp)[0],)
     if run in (("lora_glu_mlp",), ("lora_gate_up_mlp",)):
-        return ("lora_linear", fw.mlp_activation(module, comp)[0])
+        return ("lora_linear", mlp_activation(module, comp)[0])
     if run == ("act_linear",):  # (act_linear_forward runs the original forward under a checkpoint)
         return ()
     return None
@@ -180,9 +183,9 @@ def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...] |
 def problem(kind: str, comp, module, opts) -> str | None:
     """Why ``module`` cannot take the replacement of a component of ``kind`` (None when it can)."""
     if kind in ("rms_norm", "layer_norm"):
-        return fw.norm_problem(module, comp)
+        return norm_problem(module, comp)
     if kind == "mlp":
-        return fw.mlp_problem(module, comp)
+        return mlp_problem(module, comp)
     if kind == "fused_add_rms_norm":
         return dl.decoder_layer_problem(module, comp)
     if kind == "lora":

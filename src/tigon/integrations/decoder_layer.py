@@ -1,6 +1,6 @@
 """Replacement ``forward`` of pre-norm decoder layers: the residual add fused into the next norm
 (:func:`tigon.functional.fused_add_rms_norm`), the check that a layer's forward has the form it replaces, and the
-report's description. Functions are marked as :mod:`tigon.integrations.forwards`' are.
+report's description. Functions carry Tigon's mark (:mod:`tigon.integrations.marks`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import torch
 from .. import functional as TF
 from .. import support
 from .families import DecoderLayerSpec
-from .forwards import MARK, _hook_problem, mark, norm_eps, norm_problem
+from .child_calls import _hook_problem
+from .marks import MARK, mark
+from .norm_forwards import norm_eps, norm_problem
 from .rotary_calls import forward_statements
 from .sequence_parallel import fused_add_norm, sequence_parallel_hooks
 
@@ -110,11 +112,11 @@ def plain_children(layer, names: tuple[str, ...]):
     ``child(...)`` is exactly ``child.forward(...)`` (``nn.Module._call_impl``'s path without hooks), which the patched
     layer calls instead: per child two Python frames less (``_wrapped_call_impl``, ``_call_impl``) and, the children
     read from ``_modules``, one ``nn.Module.__getattr__`` frame less. The post-attention norm, whose forward the fused
-    op replaces, may have no instance-level forward but Tigon's (:func:`~tigon.integrations.forwards._hook_problem`
+    op replaces, may have no instance-level forward but Tigon's (:func:`~tigon.integrations.child_calls._hook_problem`
     with ``tigon_forward_ok``). Else (None) the layer reads and calls its children as before."""
     if support.dynamo_compiling() or support.COMPILER._is_compiling_flag or _TRACING() is not None:
         return None
-    m = _MODULE  # (forwards._global_hooks(), inline)
+    m = _MODULE  # (child_calls._global_hooks(), inline)
     if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
             or m._global_backward_pre_hooks):
         return None

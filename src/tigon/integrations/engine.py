@@ -65,7 +65,6 @@ from collections.abc import Mapping
 import torch
 
 from . import causal_mask, components
-from . import forwards as fw
 from . import persist
 from . import lora_qkv, rotary_calls
 from .causal_lm import check_accum_dtype, flce_options
@@ -73,6 +72,7 @@ from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, famil
 from .generic import Match, generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
+from .marks import tigon_mark
 from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
@@ -150,12 +150,12 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if getattr(type(m), attr, None) is not getattr(cls, attr, None):
             report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
             continue
-        if (mk := fw.tigon_mark(getattr(type(m), attr, None))) is not None:
+        if (mk := tigon_mark(getattr(type(m), attr, None))) is not None:
             check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
         if current is not None:
-            if (mk := fw.tigon_mark(current)) is not None:
+            if (mk := tigon_mark(current)) is not None:
                 check_same_options(mk, target, opts, class_level=False)
                 report.already_patched.append(PatchEntry(kind, target, "instance level"))
             else:
@@ -511,7 +511,7 @@ def unpatch(model_or_family) -> PatchReport:
         if level == "instance":
             for path, m in model_or_family.named_modules():
                 for attr in PATCH_ATTRS:
-                    mk = fw.tigon_mark(m.__dict__.get(attr))
+                    mk = tigon_mark(m.__dict__.get(attr))
                     if mk is None:
                         continue
                     del m.__dict__[attr]
@@ -531,7 +531,7 @@ def unpatch(model_or_family) -> PatchReport:
                 return report
             for cls, attr, original, kind in reversed(state.saved):
                 target = f"{cls.__module__}.{cls.__qualname__}.{attr}"
-                if fw.tigon_mark(cls.__dict__.get(attr)) is None:
+                if tigon_mark(cls.__dict__.get(attr)) is None:
                     report.skipped.append(PatchEntry(kind, target, "changed by someone else since; left alone"))
                     continue
                 if original is MISSING:

@@ -60,7 +60,7 @@ from ..reference import glu as ref_glu
 from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
 from .families import CausalLMSpec, MLPSpec, NormSpec, RopeSpec
-from .forwards import tigon_mark
+from .marks import tigon_mark
 from .rotary_calls import rotary_functions
 
 PROBE_ROWS = 4

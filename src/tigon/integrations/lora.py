@@ -29,7 +29,8 @@ import torch
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec
-from .forwards import _hook_problem, mark
+from .child_calls import _hook_problem
+from .marks import mark
 from .rotary_forwards import handed_output
 from .generic import Match
 

@@ -2,7 +2,7 @@
 :func:`tigon.functional.lora_glu_mlp` node (:func:`tigon.functional.lora_gate_up_mlp` for one fused gate-up
 projection: Phi-3, GLM-4), the reasons it is not, and its form inside activation checkpointing.
 
-The patched MLP forward (:func:`tigon.integrations.forwards.mlp_forward`) asks :func:`fused_call` first when its
+The patched MLP forward (:func:`tigon.integrations.mlp_forwards.mlp_forward`) asks :func:`fused_call` first when its
 gate (gate-up) projection carries the forward of an adapter whose :class:`~tigon.integrations.families.AdapterSpec`
 names an op for the MLP's layout (``AdapterSpec.mlp_op`` / ``gate_up_op``; PEFT LoRA: ``"lora_glu_mlp"`` /
 ``"lora_gate_up_mlp"``): then
@@ -14,7 +14,7 @@ names an op for the MLP's layout (``AdapterSpec.mlp_op`` / ``gate_up_op``; PEFT 
   the MLP calls its projections as before, each fused on its own or running PEFT's forward;
 - outside activation checkpointing, one :func:`tigon.functional.lora_glu_mlp` (``lora_gate_up_mlp``) node (what it
   saves and the passes it makes: :mod:`tigon.kernels.lora_mlp`);
-- inside a non-reentrant checkpoint (:func:`~tigon.integrations.forwards.under_checkpoint`) nothing of the region
+- inside a non-reentrant checkpoint (:func:`~tigon.integrations.child_calls.under_checkpoint`) nothing of the region
   is kept, and the recomputation stops once the last tensor the first forward saved is packed again: a Function
   packs after its forward, so a one-node MLP would recompute the down projection's base matmul for nothing. There
   gate and up (or gate-up) are called (their ``lora_linear`` nodes), then the GLU, then the down projection as plain matmuls
@@ -31,7 +31,9 @@ import torch.nn.functional as F
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec, MLPSpec
-from .forwards import _glu, _GLU_LINEAR_ACTIVATION, _hook_problem, tigon_mark, under_checkpoint
+from .child_calls import _hook_problem, under_checkpoint
+from .marks import tigon_mark
+from .mlp_forwards import _glu, _GLU_LINEAR_ACTIVATION
 from .lora import _fused_adapter, lora_problem
 
 

@@ -39,7 +39,8 @@ import torch
 
 from .. import functional as TF
 from .families import ADAPTERS, AdapterSpec, RopeSpec
-from .forwards import _hook_problem, tigon_mark
+from .child_calls import _hook_problem
+from .marks import tigon_mark
 from .rotary_forwards import _scope
 from .lora import _fused_adapter, lora_problem
 from .rotary_calls import forward_statements

@@ -26,8 +26,8 @@ import types
 from dataclasses import dataclass, field
 
 from . import components
-from . import forwards as fw
 from . import rotary_forwards as rf
+from .marks import tigon_mark
 from .rotary_switch import RopeTarget
 
 RECIPE = "__tigon_recipe__"
@@ -67,7 +67,7 @@ def build(recipe: Recipe, original):
 def _class_original(cls: type, attr: str):
     """``cls.<attr>`` without Tigon's class-level replacement, should the class be patched in this process."""
     original = getattr(cls, attr)
-    while fw.tigon_mark(original) is not None and hasattr(original, "__wrapped__"):
+    while tigon_mark(original) is not None and hasattr(original, "__wrapped__"):
         original = original.__wrapped__
     return original
 

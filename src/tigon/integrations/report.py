@@ -46,7 +46,7 @@ class PatchEntry:
         skipped entries, restorations, and class-level MLPs (the activation is read from each model's config).
     checkpoint_ops: the op(s) it runs instead inside a non-reentrant activation checkpoint (HF's gradient
         checkpointing), where they differ from ``ops``: ``("swiglu",)`` for a gated MLP whose down projection then
-        runs as the module's own ``nn.Linear`` (:func:`tigon.integrations.forwards.under_checkpoint`); ``()`` for a
+        runs as the module's own ``nn.Linear`` (:func:`tigon.integrations.child_calls.under_checkpoint`); ``()`` for a
         non-gated MLP, which runs its original forward there (``act_linear`` saves nothing a checkpoint keeps);
         None: ``ops``.
     """

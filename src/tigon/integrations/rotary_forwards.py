@@ -3,7 +3,9 @@ the family's rotary global (``apply_rotary_pos_emb``) dispatches to :func:`tigon
 target names); elsewhere it is the original. Also the hand-over of a fused q / k / v LoRA node's outputs
 (:func:`handed_output`, :mod:`tigon.integrations.lora_qkv`).
 
-Split from :mod:`tigon.integrations.forwards` (norms and MLPs), whose marks these forwards carry too.
+Marked as every Tigon replacement is (:mod:`tigon.integrations.marks`); the norms' and MLPs' forwards:
+:mod:`tigon.integrations.norm_forwards`, :mod:`tigon.integrations.mlp_forwards`,
+:mod:`tigon.integrations.act_linear_forwards`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import types
 import torch
 
 from .. import support
-from .forwards import mark
+from .marks import mark
 
 _scope = threading.local()
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .forwards import _MODULE, tigon_mark
+from .child_calls import _MODULE
+from .marks import tigon_mark
 
 
 @dataclass(frozen=True)

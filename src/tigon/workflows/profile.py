@@ -29,17 +29,18 @@
    kind left out), the ``tigon.patch`` call that leaves them out and its predicted step
    (:func:`tigon.workflows.predict.advise`).
 5. **Measure** the patched step as in 1 and 2, for the comparison.
-6. **Profile** the original and the patched step (at most :data:`PROFILED_STEPS` steps under
-   :mod:`torch.profiler`, after everything unprofiled: a profiler session leaves CUPTI attached, which slows
-   later launches) and **attribute the device's time to categories**
+6. **Profile** the original and the patched step (:mod:`tigon.workflows.profile_steps`: at most
+   :data:`PROFILED_STEPS` steps under :mod:`torch.profiler`, after everything unprofiled: a profiler session leaves
+   CUPTI attached, which slows later launches) and **attribute the device's time to categories**
    (:mod:`tigon.workflows.profile_events`): matmul, attention, norm, rotary, activation, LM head + loss, LoRA
    layers (``--lora``), optimizer, other. Forward hooks open a ``record_function`` range around norm, attention and
    MLP modules, PEFT's LoRA layers, the decoder backbone and the whole causal LM (what runs outside the backbone is
    the LM head + loss); the family's rotary function and the optimizer step run in a range too. Each op's kernels
    go to its innermost range, refined by its name (the ops of Tigon's LoRA nodes, named after them, are LoRA
-   layers: base matmul, adapter, and in a LoRA MLP node its GLU too); backward ops follow the forward op that created their autograd node. Times are kernel
-   time per step on CUDA (self CPU time on CPU); kernels linked to no op and the device's idle time get their own
-   rows, so the rows add up to the profiled step (:func:`tigon.workflows.predict.step_table`).
+   layers: base matmul, adapter, and in a LoRA MLP node its GLU too); backward ops follow the forward op that
+   created their autograd node. Times are kernel time per step on CUDA (self CPU time on CPU); kernels linked to no
+   op and the device's idle time get their own rows, so the rows add up to the profiled step
+   (:func:`tigon.workflows.predict.step_table`).
 
 On CPU Tigon's kernels run in Triton's interpreter: the patched step and the op costs then measure the
 interpreter, and the prediction only shows that the pipeline works.
@@ -50,32 +51,26 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..ops import CATEGORY_LABELS
 from . import predict as PR
-from ._train import param_dtype, step_inputs
 from .compare import ConfigError, _device_name, _device_str, versions
 from .e2e import DEFAULTS, DTYPES, run_provider
 from .lora import with_lora
 from .e2e_models import build_model, hf_config, model_info, step_batches
-from .profile_events import (CATEGORIES, RANGE, Annotator, categorize,  # noqa: F401 (re-exported)
-                             device_busy_us, device_op_count, make_step, step_issue)
+from .profile_events import CATEGORIES, step_issue  # noqa: F401 (re-exported)
 from . import profile_attrib as PA
 from . import profile_layer as PL
 from .profile_attrib import in_step_host
 from .profile_notes import PROFILED_STEPS, add_notes as _add_notes  # noqa: F401 (re-exported)
-from .timing import IssueTime
+from .profile_report import CPU_LABELS, LABELS, CategoryRow, ProfileResult, _limits, step_cost
+from .profile_steps import StepProfile, profile_steps
 
-LABELS = {"matmul": "matmul", "attention": "attention", **CATEGORY_LABELS, "optimizer": "optimizer", "other": "other",
-          "unlinked": "kernels linked to no op", "idle": "device idle (waiting on the host)"}
-CPU_LABELS = {"unlinked": "kernels linked to no op", "idle": "outside any op (Python, hooks, profiler)"}
 ProgressFn = Callable[[str], None]
 """``progress(stage)``: called when a stage starts (e.g. "profile original step")."""
 
@@ -111,180 +106,6 @@ class ProfileConfig:
     lora_rank: int | None = None
 
 
-@dataclass
-class CategoryRow:
-    """One row of the step's table.
-
-    name / label: key and display name (the categories, then ``unlinked`` and ``idle``). ms: per-step time in the
-    profiled original step, ms; basis: what it measures (``"kernel"``: the kernels' time, self CPU time on CPU;
-    ``"wall"``: the step's time the device was idle). pct: share of the profiled step, %. replaced: Tigon replaces
-    code of this category; tigon_op: by which op(s). predicted_ms: the category's predicted time in the patched
-    step (ms + the replaced calls' kernel-time change; host time on CPU). patched_ms: its time in the profiled
-    patched step.
-    """
-
-    name: str
-    label: str
-    ms: float
-    pct: float
-    basis: str = "kernel"
-    replaced: bool = False
-    tigon_op: str | None = None
-    predicted_ms: float | None = None
-    patched_ms: float | None = None
-
-
-@dataclass
-class ProfileResult:
-    """The outcome of :func:`run_profile`; :meth:`as_dict` is the JSON report.
-
-    categories: :class:`CategoryRow` per category plus ``unlinked`` and ``idle``; their ``ms`` add up to
-    ``profiled_step_ms``. time_basis: what the category times measure. attribution_scale: < 1 when the categories
-    held more kernel time than the device was busy and were scaled down (:func:`tigon.workflows.predict.step_table`).
-    profiled_step_ms / profiled_step_ms_patched: mean wall time of a profiled step. step_ms_original /
-    step_ms_patched: median unprofiled step. limits: ``{"original"|"predicted"|"patched": {"step_ms", "host_ms",
-    "device_ms", "optimizer_host_ms", "optimizer_device_ms", "model_ms", "bound"}}``: the step, the host's time to
-    issue it, the device's time to run it, the optimizer's part of each, and the model's step
-    (:attr:`tigon.workflows.predict.StepCost.pipeline_ms`), ms; on CUDA the measured rows also hold
-    ``host_natural_ms`` (the parts' time without the sleep), ``host_parts``, ``host_waited`` (parts where the host
-    waited for the device anyway), ``hold_ms`` (the longest sleep), ``syncs`` (:func:`tigon.workflows.timing.
-    sync_points`), ``parts`` (label, host_ms, device_ms, waited per part) and ``device_ops`` (launches per
-    profiled step).
-    predicted_step_ms_patched: the prediction; prediction_error_pct: 100 * (predicted - measured) / measured.
-    ops: per replaced kind, its calls per step, the per-call costs of the original code and of Tigon's op
-    (:func:`tigon.workflows.timing.call_cost`: host and device ms, ...), what its calls change in H and D, the step predicted without it, ``slows_step`` and the ``patch_call``
-    leaving it out. advice: ``{"best_call", "best_keywords", "best_step_ms", "replace_nothing", "slower": [kinds]}``
-    (:func:`tigon.workflows.predict.advise`). patch: what
-    tigon.patch replaced (counts per kind). backend: the patched run's kernel path. traces: files written.
-    stage_s: seconds each stage took (its progress label -> s). host_in_step: ``{"original"|"patched":
-    {"overhead", "steps"}}``, the hooks' own cost subtracted from the in-step host times and the steps measured
-    (:func:`tigon.workflows.profile_attrib.in_step_host`); each op's ``in_step`` holds its kind's in-step host
-    time, original and Tigon, ``host_basis`` says which host time the prediction used (``"layers"``,
-    ``"in_step"`` or ``"isolated"``) and ``host_delta_ms_isolated`` is its ``host_delta_ms`` from the isolated
-    calls; its
-    ``original`` / ``tigon`` costs hold ``peak_extra_bytes``, what one isolated call allocates at its peak (CUDA).
-    peak_memory_bytes_original / peak_memory_bytes_patched: the measured steps' peak memory (bytes, as ``tigon bench
-    --e2e``), the memory side of the advice: a kind left out for speed gives back its memory saving.
-    layers: the whole parts measured for the host prediction (:meth:`tigon.workflows.profile_layer.LayerCosts.
-    as_dict`: per variant each layer group's and the rest's cost per forward + backward, and each variant's
-    ``host_delta_ms`` / ``device_delta_ms`` per step); ``limits["predicted"]`` then says ``host_basis``
-    (``"layers"`` or ``"per_op"``) and holds the per-op prediction beside it (``host_ms_per_op``,
-    ``step_ms_per_op``), ``host_side`` (the parts' host time used: :data:`tigon.workflows.profile_layer.
-    HOST_SIDE`), ``alternative`` (``{"host_side", "host_ms", "step_ms"}``: the prediction from the parts' other host
-    time) and ``device_ms_layers`` (D + the parts' device change); each op's ``host_delta_ms`` is its
-    marginal host change from the parts (``host_basis`` ``"layers"``), its ``host_delta_ms_per_op`` the per-op
-    one (``host_basis_per_op``: ``"in_step"`` or ``"isolated"``).
-    """
-
-    config: dict[str, Any]
-    model: dict[str, Any]
-    device: str
-    device_name: str
-    time_basis: str
-    categories: list[CategoryRow]
-    profiled_step_ms: float
-    step_ms_original: float
-    attribution_scale: float = 1.0
-    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
-    profiled_step_ms_patched: float | None = None
-    step_ms_patched: float | None = None
-    predicted_step_ms_patched: float | None = None
-    prediction_error_pct: float | None = None
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    advice: dict[str, Any] = field(default_factory=dict)
-    patch: dict[str, int] = field(default_factory=dict)
-    backend: str | None = None
-    traces: list[str] = field(default_factory=list)
-    versions: dict[str, str | None] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    stage_s: dict[str, float] = field(default_factory=dict)
-    host_in_step: dict[str, Any] = field(default_factory=dict)
-    peak_memory_bytes_original: int | None = None
-    peak_memory_bytes_patched: int | None = None
-    layers: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field."""
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class StepProfile:
-    """What :func:`profile_steps` measured, per step: ``categories`` (ms of each category, :func:`categorize`),
-    ``step_ms`` (mean wall time of a profiled step), ``busy_ms`` (the device's busy time; on CPU the ops' summed
-    self CPU time) and ``device_ops`` (kernels, copies and sets the device ran: launches)."""
-
-    categories: dict[str, float]
-    step_ms: float
-    busy_ms: float
-    device_ops: float = 0.0
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# profiling one model
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def profile_steps(model: torch.nn.Module, batches: list[torch.Tensor], *, device: torch.device, lr: float,
-                  warmup: int, trace: str | None = None) -> StepProfile:
-    """Profile training steps of ``model`` (see the module docstring) and return a :class:`StepProfile`.
-
-    ``batches[:warmup]`` run unprofiled, the next one is the profiler's warm-up, the rest are profiled. Writes a
-    Chrome trace of the profiled steps to ``trace`` when given.
-
-    Raises:
-        ValueError: fewer than ``warmup + 2`` batches.
-    """
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
-
-    cuda = device.type == "cuda"
-    model.train()
-    annot = Annotator(model)
-    active = len(batches) - warmup - 1
-    if active < 1:
-        raise ValueError("profile_steps needs warmup + 2 batches at least")
-    train_step = make_step(model, lr, lambda: record_function(RANGE + "optimizer"))
-    dtype = param_dtype(model)
-
-    def step(batch) -> None:
-        train_step(batch)
-        annot.close_open_ranges()
-
-    held: dict[str, Any] = {}
-
-    def ready(p):
-        held["events"] = p.events()
-        if trace:
-            p.export_chrome_trace(trace)
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    times = []
-    try:
-        for b in batches[:warmup]:
-            step(step_inputs(b, device, dtype))
-        _sync(device)
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
-                     on_trace_ready=ready) as prof:
-            for i, b in enumerate(batches[warmup:]):
-                _sync(device)
-                t0 = time.perf_counter()
-                step(step_inputs(b, device, dtype))
-                _sync(device)
-                if i >= 1:
-                    times.append((time.perf_counter() - t0) * 1e3)
-                prof.step()
-    finally:
-        annot.remove()
-    events = held.get("events") or []
-    cats = {c: us / 1e3 / active for c, us in categorize(events, cuda).items()}
-    busy = device_busy_us(events) / 1e3 / active if cuda else sum(cats.values())
-    return StepProfile(cats, statistics.fmean(times), busy, device_op_count(events) / active if cuda else 0.0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the workflow
 
@@ -316,7 +137,7 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     the LoRA layers inside such a node count as bypassed."""
     from ..integrations.engine import PATCH_KEYWORDS
     from ..integrations.families import ADAPTERS, kind_op
-    from ..integrations.forwards import tigon_mark
+    from ..integrations.marks import tigon_mark
     from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
     from .dry_run import PatchRejected, dry_run
@@ -380,28 +201,6 @@ def _op_costs(hfc, ops: list[str], cfg: ProfileConfig, device, dtype, notes: lis
             notes.append(f"measuring {op} failed, left out of the prediction: {type(e).__name__}: "
                          f"{' '.join(str(e).split())[:200]}")
         _free(device)
-    return out
-
-
-def step_cost(step_ms: float, issue: IssueTime | None) -> PR.StepCost:
-    """The :class:`~tigon.workflows.predict.StepCost` of a step of ``step_ms`` (ms) whose issue was measured as
-    ``issue`` (:func:`step_issue`; its last part is the optimizer, the step's tail). Without a held device (None,
-    or a CPU) everything is host time: ``H = T``, ``D = 0``."""
-    if issue is None or not issue.held:
-        return PR.StepCost(step_ms, step_ms, 0.0)
-    opt = issue.segments[-1]
-    return PR.StepCost(step_ms, issue.host_ms, issue.device_ms, min(opt.host_ms, issue.host_ms),
-                       min(opt.device_ms, issue.device_ms))
-
-
-def _limits(step: PR.StepCost, issue: IssueTime | None = None, syncs: list[str] | None = None) -> dict[str, Any]:
-    out = {"step_ms": step.step_ms, "host_ms": step.host_ms, "device_ms": step.device_ms,
-           "optimizer_host_ms": step.tail_host_ms, "optimizer_device_ms": step.tail_device_ms,
-           "model_ms": step.pipeline_ms, "bound": step.bound}
-    if issue is not None and issue.held:
-        out.update(host_natural_ms=issue.natural_ms, host_parts=len(issue.segments), host_waited=issue.waited,
-                   hold_ms=issue.hold_ms, syncs=list(syncs or []),
-                   parts=[dataclasses.asdict(s) for s in issue.segments])
     return out
 
 

@@ -349,7 +349,7 @@ def resolve_targets(model: torch.nn.Module, targets: Mapping[str, str], bypassed
     parentheses, ``"(LlamaForCausalLM)"``, is the model itself) and ``bypassed`` (path -> the kind that bypasses
     it). In the original model a bypassed module is timed as part of the kind that bypasses it, not counted as a
     call of its own; in the ``patched`` one it is not hooked (it is not called, and a hook on it makes the patched
-    decoder layer fall back to the original forward: :mod:`tigon.integrations.forwards`). Paths missing from
+    decoder layer fall back to the original forward: :mod:`tigon.integrations.child_calls`). Paths missing from
     ``model`` are skipped."""
     out = {}
     for path, kind in targets.items():

@@ -162,7 +162,7 @@ def _module_category(m: torch.nn.Module) -> str | None:
     if type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "lora_A"):
         # PEFT's own LoRA layer: a range around it (base matmul and adapter). A layer tigon.patch fused gets none
         # (hooks would make its MLP call it on its own): its node's ops are named after it (_is_lora)
-        from ..integrations.forwards import tigon_mark
+        from ..integrations.marks import tigon_mark
 
         return "lora" if tigon_mark(m.__dict__.get("forward")) is None else None
     if name.endswith(("RMSNorm", "LayerNorm")) or isinstance(m, (torch.nn.LayerNorm, getattr(torch.nn, "RMSNorm",

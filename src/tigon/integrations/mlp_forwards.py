@@ -1,0 +1,274 @@
+"""Replacement ``forward`` functions of gated MLPs built from a :class:`~tigon.integrations.families.MLPSpec`:
+``down(swiglu|geglu(gate(x), up(x)))``, the down projection folded into :func:`tigon.functional.glu_linear` where it
+can be (:func:`mlp_forward`), and the ``_apply_gate`` hook of MoE experts (:func:`experts_gate`); for every MLP kind
+(the non-gated forward: :mod:`tigon.integrations.act_linear_forwards`) why a module cannot take its replacement
+(:func:`mlp_problem`), the ops it runs (:func:`mlp_ops`) and the report's description (:func:`describe_mlp`).
+
+The forwards are marked as every Tigon replacement is (:mod:`tigon.integrations.marks`); ops are looked up on
+:mod:`tigon.functional` at call time, never bound at import. What they check before calling around a child:
+:mod:`tigon.integrations.child_calls`; the activation: :mod:`tigon.integrations.mlp_activations`; small calls on a
+GPU: :mod:`tigon.integrations.mlp_host_bound`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from .. import functional as TF
+from .. import support
+from .act_linear_forwards import act_linear_problem, describe_act_linear
+from .child_calls import _META_PROBLEM, _linear_calls, _no_hooks, _outputs_private, fold_problem, under_checkpoint
+from .families import MLPSpec
+from .marks import mark, tigon_mark
+from .mlp_activations import mlp_activation, nongated_activation
+from .mlp_host_bound import describe_host_bound, host_bound
+
+
+def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False,
+         gm: float = 1.0, dm: float = 1.0) -> torch.Tensor:
+    """swiglu / geglu of ``act`` (``act(gm * gate) * up * dm``); ``inplace``: the backward writes d_gate / d_up into
+    gate's / up's memory."""
+    op, approximate = act
+    if op == "swiglu":
+        return TF.swiglu(gate, up, gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
+    return TF.geglu(gate, up, approximate=approximate, gate_multiplier=gm, down_multiplier=dm,
+                    inplace_backward=inplace)
+
+
+def mlp_multipliers(module, spec: MLPSpec) -> tuple[float, float]:
+    """The module's (gate, down) multipliers named by ``spec.multipliers``; (1.0, 1.0) without."""
+    if spec.multipliers is None:
+        return 1.0, 1.0
+    return float(getattr(module, spec.multipliers[0])), float(getattr(module, spec.multipliers[1]))
+
+
+_GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
+
+
+def _lora_mlp():
+    """:mod:`tigon.integrations.lora_mlp`, imported at its first use (it imports this module)."""
+    from . import lora_mlp
+
+    return lora_mlp
+
+
+@functools.lru_cache(maxsize=None)
+def mlp_forward(spec: MLPSpec, family: str, original):
+    """``forward(self, x) = down(op(gate(x), up(x)))`` with op = swiglu / geglu picked from the config.
+
+    With ``spec.multipliers`` (Falcon-H1): ``down(op(gate(x) * gm, up(x))) * dm``, gm and dm the op's kernel scalars
+    (dm scales the product: the same as scaling ``down``'s output for a projection without bias; with a bias the
+    output is scaled after ``down``).
+
+    With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
+    An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
+    original forward. gate and up are this forward's own projection outputs, used by nothing else (unless the
+    projections have hooks, which could keep them: then not in place), so the backward writes their gradients into
+    their memory (``inplace_backward=True``, as Liger does): two (tokens, intermediate) tensors less at the MLP's
+    backward peak; a second backward through the same graph (``retain_graph=True``) then raises. When the down
+    projection is a plain ``nn.Linear`` (:func:`~tigon.integrations.child_calls.foldable_linear`) it runs inside
+    :func:`tigon.functional.glu_linear`, which in eager mode does not keep the (tokens, intermediate) product for the
+    backward (recomputed there): one such tensor less per layer among the activations (under torch.compile the
+    compiler's partitioner decides what is saved); otherwise (LoRA, quantised or hooked layers, or inside a
+    non-reentrant activation checkpoint: :func:`under_checkpoint`) the module is called on the product. When gate, up
+    (or gate-up) and down are adapter layers that :func:`tigon.patch` fused (PEFT LoRA), the whole MLP may run as one
+    node instead (:func:`tigon.integrations.lora_mlp.fused_call`). On a CUDA GPU, small calls run the original
+    forward (:func:`host_bound`).
+    """
+
+    @functools.wraps(original)
+    def forward(self, x, *args, **kwargs):
+        # asked once for the helpers below, which would each ask (one Python frame per question)
+        dynamo = support.dynamo_compiling()
+        compiling = dynamo or support.COMPILER._is_compiling_flag  # (torch.compiler.is_compiling())
+        act = mlp_activation(self, spec, dynamo)
+        if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x, compiling):
+            return original(self, x, *args, **kwargs)
+        gate_up = spec.gate_up is not None
+        mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
+        proj = (mods.get(spec.gate_up),) if gate_up else (mods.get(spec.gate), mods.get(spec.up))
+        if None in proj:  # (not submodules: attributes of another kind)
+            proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
+        own = proj[0].__dict__.get("forward")  # (an adapter layer's forward is set on the instance)
+        adapter = (tigon_mark(own) or {}).get("adapter") if own is not None else None
+        if adapter is not None and (adapter.gate_up_op if gate_up else adapter.mlp_op) is not None:
+            out = _lora_mlp().fused_call(self, spec, act, x)
+            if out is not None:
+                return out
+        down = mods.get(spec.down)
+        if down is None:
+            down = getattr(self, spec.down)
+        plain = _no_hooks(*proj, down)  # the usual case, in one call: no _hook_problem per module below
+        out = _linear_calls(proj, x, dynamo) if plain else None  # (plain nn.Linear projections without their __call__)
+        if out is None:
+            out = (proj[0](x),) if gate_up else (proj[0](x), proj[1](x))
+        gate, up = out[0].chunk(2, dim=-1) if gate_up else out
+        inplace = plain or _outputs_private(*proj)
+        gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
+        if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
+            return down(_glu(act, gate, up, inplace, gm)) * dm
+        if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint(compiling):  # (foldable_linear)
+            p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
+            return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
+                                 gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
+        return down(_glu(act, gate, up, inplace, gm, dm))
+
+    return mark(forward, "mlp", family)
+
+
+@functools.lru_cache(maxsize=None)
+def experts_gate(spec: MLPSpec, family: str, original):
+    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module, or
+    ``clamped_swiglu(gate_up_out, self.alpha, self.limit)`` for GPT-OSS's (``spec.activation`` ``"clamped_swiglu"``).
+
+    ``gate_up_out``: (S, 2 * I) output of the experts' fused gate-up projection for S routed (token, expert) pairs;
+    returns (S, I) in its dtype. An activation without a kernel runs ``original`` (the class's hook).
+    """
+
+    @functools.wraps(original)
+    def _apply_gate(self, gate_up_out, *args, **kwargs):
+        act = mlp_activation(self, spec)
+        if args or kwargs or isinstance(act, str):
+            return original(self, gate_up_out, *args, **kwargs)
+        if act[0] == "clamped_swiglu":  # GPT-OSS: interleaved gate / up, the module's alpha and limit
+            return TF.clamped_swiglu(gate_up_out, self.alpha, self.limit)
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return _glu(act, gate, up)
+
+    return mark(_apply_gate, "mlp", family)
+
+
+def default_experts_gate():
+    """transformers' ``_default_apply_gate`` (``act_fn(gate) * up`` on the chunked halves), or None when the
+    installed transformers has no experts-implementation hook."""
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:
+        return None
+    return _default_apply_gate
+
+
+def mlp_problem(module, spec: MLPSpec) -> str | None:
+    """Why ``module`` cannot take the Tigon MLP forward (or experts hook), or None when it can. A non-gated MLP
+    never can (``module`` may be None then: the reason is the spec's)."""
+    if not spec.gated:
+        return act_linear_problem(module, spec)
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return clamped_experts_problem(module)
+    if spec.experts:
+        hook = getattr(type(module), "_apply_gate", None)
+        default = default_experts_gate()
+        if hook is None or default is None:
+            return "no _apply_gate hook in this transformers (experts implementation interface missing)"
+        if hook is not default and tigon_mark(hook) is None:
+            return f"{type(module).__name__} defines its own _apply_gate (a custom gating function); left alone"
+        if getattr(module, "has_gate", True) is False or getattr(module, "is_concatenated", True) is False:
+            return "experts without a concatenated [gate; up] projection"
+        impl = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        if impl == "eager":
+            return ("config._experts_implementation is 'eager': its loop computes act_fn(gate) * up inline, which "
+                    "is not separable; load with experts_implementation='grouped_mm' or 'batched_mm' to use the "
+                    "kernel")
+    else:
+        names = (spec.gate_up, spec.down) if spec.gate_up is not None else (spec.gate, spec.up, spec.down)
+        for attr in names:
+            if not callable(getattr(module, attr, None)):
+                return f"no callable attribute {attr!r}"
+        for attr in spec.multipliers or ():
+            value = getattr(module, attr, None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"multiplier attribute {attr!r} is not a number ({type(value).__name__})"
+    act = mlp_activation(module, spec)
+    return act if isinstance(act, str) else None
+
+
+def clamped_experts_problem(module) -> str | None:
+    """Why GPT-OSS's experts ``module`` cannot take :func:`tigon.functional.clamped_swiglu` as its ``_apply_gate``,
+    or None: its class must have the hook (transformers 5.2x; its own forward and the grouped_mm / batched_mm
+    experts call it), written as GPT-OSS's clamped SwiGLU on ``self.alpha`` / ``self.limit``, and the module numbers
+    for both."""
+    problem = clamped_hook_problem(type(module))
+    if problem is not None:
+        return problem
+    for name in ("alpha", "limit"):
+        v = getattr(module, name, None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{type(module).__name__}.{name} is not a number ({v!r})"
+    return None
+
+
+def clamped_hook_problem(cls: type) -> str | None:
+    """Why the class ``cls`` has no ``_apply_gate`` that is GPT-OSS's clamped SwiGLU (read from its source), or None."""
+    hook = getattr(cls, "_apply_gate", None)
+    if hook is None:
+        return "no _apply_gate hook in this transformers: its forward computes the clamped SwiGLU inline"
+    if tigon_mark(hook) is None:
+        try:
+            source = inspect.getsource(hook)
+        except (OSError, TypeError):
+            source = ""
+        if not all(word in source for word in ("self.alpha", "self.limit", "clamp", "sigmoid", "1::2")):
+            return (f"{cls.__name__}._apply_gate is not GPT-OSS's clamped SwiGLU on interleaved gate / up "
+                    "(self.alpha, self.limit) as its source reads; left alone")
+    return None
+
+
+def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
+    """Whether the patched MLP ``module`` runs its down projection inside glu_linear (on the meta device: once its
+    weights are loaded), and why not (:func:`fold_problem`)."""
+    problem = fold_problem(getattr(module, spec.down, None))
+    return problem is None or problem == _META_PROBLEM, problem
+
+
+def mlp_ops(module, spec: MLPSpec, lora_enabled: bool = True) -> tuple[str, ...]:
+    """The :mod:`tigon.functional` op the patched MLP (experts hook) of ``module`` runs: ``lora_glu_mlp`` (or
+    ``lora_gate_up_mlp`` with one gate-up projection) when its projections are fused LoRA layers taken in with it,
+    ``glu_linear`` when its down projection is folded in, else ``swiglu`` / ``geglu`` of its activation; () when
+    ``module`` is None (a class-level patch: the activation comes from each model's config) or its activation has no
+    kernel."""
+    if not spec.gated:
+        return ("act_linear",) if module is not None and nongated_activation(module, spec)[0] is not None else ()
+    act = mlp_activation(module, spec) if module is not None else None
+    if not isinstance(act, tuple):
+        return ()
+    adapter = _lora_mlp().mlp_adapter(module, spec)
+    if adapter is not None and _lora_mlp().mlp_problem(module, spec, lora_enabled) is None:
+        return (_lora_mlp().adapter_op(adapter, spec),)
+    return ("glu_linear",) if not spec.experts and _folds(module, spec)[0] else (act[0],)
+
+
+def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
+    """What the patched MLP computes, e.g. ``down_proj(tigon.functional.swiglu(gate_proj(x), up_proj(x)))``; for
+    projections that are adapter layers, whether they run with it as one node and why not
+    (:func:`tigon.integrations.lora_mlp.describe`); for a non-gated MLP, :func:`describe_act_linear`."""
+    if not spec.gated:
+        return describe_act_linear(module, spec)
+    act = mlp_activation(module, spec) if module is not None else None
+    if act is None or isinstance(act, str):
+        name = f"<tigon.functional.swiglu or geglu, chosen per call by config.{spec.act_config_attr}>"
+    else:
+        name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
+    if spec.experts and spec.activation == "clamped_swiglu":
+        return f"_apply_gate(gate_up) = {name}(gate_up, self.alpha, self.limit) (interleaved gate / up)"
+    lora = _lora_mlp().describe(module, spec, act[0] if isinstance(act, tuple) else "act", lora_enabled)
+    if lora is not None and not lora.startswith("its adapter layers are not"):
+        return lora
+    if spec.experts:
+        return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
+    inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
+    folds, problem = _folds(module, spec) if module is not None else (True, None)
+    if folds:
+        # a model built on the meta device (tigon inspect, deferred loading) folds once its weights are real
+        fold = (f"; {'a plain nn.Linear ' if module is None else ''}{spec.down} is folded in "
+                + ("once its weights are loaded (on the meta device now) " if problem else "")
+                + "(tigon.functional.glu_linear: the product is recomputed in the backward, not stored; checked "
+                "again at every call: hooks or an instance-level forward added later make it call the layer; inside a "
+                "non-reentrant activation checkpoint it calls the layer too, so that the recomputation stops before "
+                "that matmul)")
+    else:
+        fold = f"; {spec.down} is called on the product ({problem})"
+    lora_note = f"; {lora}" if lora is not None else ""
+    return f"{spec.down}({name}({inner})){fold}{describe_host_bound(module, spec)}{lora_note}"
