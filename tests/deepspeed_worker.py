@@ -11,6 +11,16 @@ all-gathers as the original and show the head's weight gathered at the same poin
 after the model's forward, and when the gradient reaches the embeddings' output. It prints one line per scenario,
 ``RESULT <name> OK <measured differences>``, ``RESULT <name> FAIL <reason>`` or ``RESULT <name> SKIP <reason>``,
 then ``DONE``. With CUDA the ranks run DeepSpeed's CUDA accelerator and NCCL, one GPU each.
+
+On a machine with one GPU the test runs a single rank (world size 1). ZeRO-3 still partitions every parameter there
+(a one-rank partition: the module holds an empty placeholder outside its calls) and gathers it for each forward and
+backward at the same points, but as a local copy with no communication (DeepSpeed's ``_no_gather_coalesced`` where
+the partition's world size is 1). Those gathers are counted apart (``local_gathers``) and compared like the
+all-gathers; at world size 1 the all-gathers left are those of ``safe_get_full_grad`` and
+``safe_get_full_fp32_param`` (and would be those of a ``GatheredParameters``, which all-gathers even at one rank),
+and the original's local gathers must be non-zero so that the comparison is not vacuous.
+Measured on the CPU: the two counts at one rank add up to the all-gathers at two (ZeRO-3 untied: 63 + 84 = 147;
+with checkpointing 63 + 116 = 179), and an extra call of the head in the backward shows as 86 local gathers, not 84.
 """
 
 from __future__ import annotations
@@ -125,7 +135,8 @@ def batch(step: int):
     return ids, labels
 
 
-GATHERS = [0]
+GATHERS = [0, 0]
+"""All-gathers through ``deepspeed.comm``; ZeRO-3 parameter gathers done without communication (one-rank partitions)."""
 
 
 def _count(name: str) -> None:
@@ -140,6 +151,25 @@ def _count(name: str) -> None:
 
 for _name in ("allgather_fn", "all_gather_into_tensor", "all_gather"):  # ZeRO-3's parameter gathers
     _count(_name)
+
+
+def _count_local() -> None:
+    """At world size 1 ZeRO-3 gathers a parameter by copying its one-rank partition (``_no_gather_coalesced``, looked
+    up in its module at each call), not by an all-gather: counted in ``GATHERS[1]``."""
+    from deepspeed.runtime.zero import partition_parameters as zero_params
+
+    original = zero_params._no_gather_coalesced
+
+    def counting(params):
+        params = list(params)
+        if params:
+            GATHERS[1] += 1
+        return original(params)
+
+    zero_params._no_gather_coalesced = counting
+
+
+_count_local()
 
 
 def _status(module) -> str:
@@ -183,7 +213,7 @@ def train(sc: Scenario, patched: bool) -> dict:
             entry = next(e for e in report.replaced if e.kind == "lm_head_loss")
             assert "ZeRO-3" in entry.detail, entry.detail
     run = {"losses": [], "grads": [], "fused": []}
-    gathers = GATHERS[0]
+    gathers, local = GATHERS
     for step in range(STEPS):
         ids, labels = batch(step)
         out = engine(input_ids=ids, labels=labels)
@@ -196,7 +226,7 @@ def train(sc: Scenario, patched: bool) -> dict:
         engine.step()
     run["params"] = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()
                      if p.requires_grad}
-    run["gathers"] = GATHERS[0] - gathers
+    run["gathers"], run["local_gathers"] = GATHERS[0] - gathers, GATHERS[1] - local
     run["trace"] = trace
     engine.destroy()
     return run
@@ -223,7 +253,12 @@ def check(sc: Scenario) -> str:
     assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
     assert not any(ref["fused"])
     # gathered and released where the original head is: nothing gathered twice, nothing kept after use
+    if sc.stage == 3:  # the parameters' gathers: all-gathers across ranks; at one rank local copies (docstring)
+        kind = "local_gathers" if dist.get_world_size() == 1 else "gathers"
+        assert ref[kind] > 0, f"the original made no {kind} under ZeRO-3 ({ref['gathers']} all-gathers)"
     assert got["gathers"] == ref["gathers"], f"{got['gathers']} all-gathers, the original {ref['gathers']}"
+    assert got["local_gathers"] == ref["local_gathers"], \
+        f"{got['local_gathers']} local gathers (one-rank partitions), the original {ref['local_gathers']}"
     assert got["trace"] == ref["trace"], f"head weight status {got['trace']}, the original {ref['trace']}"
     if sc.stage == 3 and not sc.tied:  # (tied, the embeddings gather the weight before the gradient reaches them)
         assert {s for _, s in ref["trace"]} == {"NOT_AVAILABLE"}, ref["trace"]
@@ -242,7 +277,8 @@ def check(sc: Scenario) -> str:
         d = rel_l2(got["params"][n], r)
         worst["param"] = max(worst["param"], d)
         assert d <= sc.rtol, f"param {n} after {STEPS} steps: rel L2 {d:.2e}"
-    return " ".join(f"{k}={v:.1e}" for k, v in worst.items()) + f" all_gathers={got['gathers']}" + bf16
+    return (" ".join(f"{k}={v:.1e}" for k, v in worst.items()) + f" all_gathers={got['gathers']}"
+            f" local_gathers={got['local_gathers']} world={dist.get_world_size()}" + bf16)
 
 
 def main(names: list[str]) -> None:
