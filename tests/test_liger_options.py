@@ -393,8 +393,13 @@ def test_rms_norm_in_place_in_a_patched_model(device, monkeypatch):
 
     require_family("gemma2")
     over_dy = []
-    backward = krms.rms_norm_backward
-    monkeypatch.setattr(krms, "rms_norm_backward", lambda *a: over_dy.append(a[-1]) or backward(*a))
+    backward = krms.norm_backward  # (RMSNormFunction.backward's launcher: dx=dy where it writes over dy)
+
+    def spy(dy, *args, **kwargs):
+        over_dy.append(kwargs.get("dx") is dy)
+        return backward(dy, *args, **kwargs)
+
+    monkeypatch.setattr(krms, "norm_backward", spy)
     original, patched = build("gemma2", {}), build("gemma2", {})
     tigon.patch(patched)
     ids = torch.randint(0, 100, (1, 8), device=device)

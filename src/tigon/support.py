@@ -101,6 +101,7 @@ def _raw_key(name: str):
 
 _K_INTERPRET, _K_DISABLE = _raw_key("TRITON_INTERPRET"), _raw_key("TIGON_DISABLE")
 _K_DIRECT = _raw_key("TIGON_DIRECT_LAUNCH")
+_K_HOST_BOUND = _raw_key("TIGON_HOST_BOUND_ELEMENTS")
 _ONE = _raw_key("1")  # (keys and values are encoded alike)
 _ZERO = _raw_key("0")
 """The switches read on every op call, as stored in the encoded mapping: compared there without decoding the value
@@ -114,6 +115,9 @@ _ZERO = _raw_key("0")
 # (torch.export's non-strict tracing, dynamo's compilation). tests/test_call_cache.py checks the two agree.
 dynamo_compiling = torch.compiler.is_dynamo_compiling
 COMPILER = torch.compiler
+_TRACING_TLS = torch._guards._TLS
+"""The thread-local of torch's tracing context (``torch._guards.TracingContext.try_get()`` reads its
+``tracing_context``: not None while dynamo traces a frame), read by :func:`switches` in its own frame."""
 
 
 def host_bound_elements(default: int) -> int:
@@ -124,6 +128,8 @@ def host_bound_elements(default: int) -> int:
     Raises:
         ValueError: ``TIGON_HOST_BOUND_ELEMENTS`` is not an integer >= 0.
     """
+    if _ENV_DATA is not None and os.environ is _ENVIRON and _ENV_DATA.get(_K_HOST_BOUND) is None:
+        return default  # (unset, read inline: no _env frame on a patched MLP's call)
     value = _env("TIGON_HOST_BOUND_ELEMENTS", "")
     if not value:
         return default
@@ -241,6 +247,21 @@ def interpreter_enabled() -> bool:
     return _ENV_DATA.get(_K_INTERPRET) == _ONE
 
 
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo when Tigon is imported.
+
+    Importing dynamo imports ``triton.language``; imported before ``TRITON_INTERPRET=1`` is set (the CLI sets it
+    after ``import tigon``), Triton's own jitted helpers (``tl.sum``...) then fail under the interpreter. The
+    decorator only flags the function (``_dynamo_marked_constant``), so that flag is set directly unless dynamo is
+    already loaded; tests/test_compile.py checks that a compiled call still picks the backend once per trace.
+    """
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def switches():
     """Everything at run time that :func:`select_backend`'s answer for a tensor depends on besides its device and
     dtype, as one hashable value for an op's cache of validated calls (see :func:`remember_call`):
@@ -248,9 +269,17 @@ def switches():
     key). None where a call must take its full path instead: under torch.compile (dynamo traces the op; the choice
     is made once per trace), while a :func:`force_reference` context is open in any thread, with ``os.environ``
     replaced (a test's mock), or while a functorch transform (vmap, grad...) is active (a hit calls the
-    autograd.Function's C-level apply directly: :func:`tigon.kernels._common.cached_apply`)."""
-    if (dynamo_compiling() or COMPILER._is_compiling_flag  # (torch.compiler.is_compiling(), see dynamo_compiling)
-            or _forced_contexts or _ENV_DATA is None or os.environ is not _ENVIRON or _functorch_active()):
+    autograd.Function's C-level apply directly: :func:`tigon.kernels._common.cached_apply`).
+
+    One Python frame per op call: dynamo does not trace this function (``assume_constant_result``: it calls it once
+    per trace, and the answer is a constant of the graph), so the compile check reads what is true while dynamo
+    compiles, in this frame, instead of calling ``torch.compiler.is_dynamo_compiling()`` (which answers True only
+    inside a trace, from a frame of its own): torch's tracing context (``torch._guards.TracingContext``, set for
+    every dynamo trace, strict ``torch.export`` included) or ``torch.compiler._is_compiling_flag`` (non-strict
+    export; and dynamo's whole compilation from torch 2.13). Inside a trace the answer is therefore always None.
+    tests/test_call_cache.py checks both."""
+    if (getattr(_TRACING_TLS, "tracing_context", None) is not None or COMPILER._is_compiling_flag or _forced_contexts
+            or _ENV_DATA is None or os.environ is not _ENVIRON or _functorch_active()):
         return None
     return _ENV_DATA.get(_K_INTERPRET), _ENV_DATA.get(_K_DISABLE)
 
@@ -370,20 +399,6 @@ def select_backend(op: str, tensor: torch.Tensor) -> str:
         _usage[(op, "reference")] += 1
         return "reference"
     return _select(op, tensor.device, tensor.dtype)
-
-
-def _assume_constant_result(fn):
-    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo when Tigon is imported.
-
-    Importing dynamo imports ``triton.language``; imported before ``TRITON_INTERPRET=1`` is set (the CLI sets it
-    after ``import tigon``), Triton's own jitted helpers (``tl.sum``...) then fail under the interpreter. The
-    decorator only flags the function (``_dynamo_marked_constant``), so that flag is set directly unless dynamo is
-    already loaded; tests/test_compile.py checks that a compiled call still picks the backend once per trace.
-    """
-    if "torch._dynamo" in sys.modules:
-        return torch.compiler.assume_constant_result(fn)
-    fn._dynamo_marked_constant = True
-    return fn
 
 
 @_assume_constant_result

@@ -122,6 +122,55 @@ def _linear_calls(modules, x: torch.Tensor, dynamo: bool) -> tuple | None:
     return out
 
 
+def plain_calls(proj: tuple, down, x: torch.Tensor, dynamo: bool, compiling: bool):
+    """A gated MLP's usual case in one call (a patched MLP's forward asks it at every call): None when
+    :func:`_no_hooks` of ``proj`` (its gate and up, or gate-up, projections) and ``down`` is False (hooks of their own,
+    an instance-level ``forward``, or global module hooks: the caller asks :func:`_hook_problem` per module). Else
+    ``(outputs, folds)``: ``outputs`` :func:`_linear_calls` of ``proj`` (None: the caller calls the modules; here
+    every projection is checked before any is computed), ``folds`` whether ``fold_problem(down, hooks_checked=True)``
+    is None and the call is not :func:`under_checkpoint`. The same answers as those four functions, whose bodies run
+    here inline (each a Python frame less per MLP call). ``dynamo`` / ``compiling``: the caller's
+    ``support.dynamo_compiling()`` and ``torch.compiler.is_compiling()``."""
+    m = _MODULE  # (_no_hooks, inline)
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
+        return None
+    for module in (*proj, down):  # (a loop: a generator would be a Python frame)
+        d = module.__dict__
+        if (d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
+                or "forward" in d):
+            return None
+    outputs = None
+    if not dynamo and _TRACING() is None:  # (_linear_calls, inline; torch.compile traces the modules' calls itself)
+        for module in proj:
+            d = module.__dict__
+            p = d["_parameters"]
+            if (type(module) is not _LINEAR or d.get("_compiled_call_impl") is not None or "weight" not in p
+                    or "bias" not in p):  # (FSDP1's flat parameters: the weight is a plain attribute view)
+                break
+        else:
+            outputs = ()
+            for module in proj:
+                p = module.__dict__["_parameters"]
+                outputs += (_F_LINEAR(x, p["weight"], p["bias"]),)
+    folds = False
+    if type(down) is _LINEAR:  # (fold_problem(down, hooks_checked=True) is None, inline)
+        params = down.__dict__["_parameters"]
+        folds = "weight" in params and "bias" in params
+        for p in params.values():
+            if p is not None and ((type(p) is not _PARAMETER and type(p) is not _TENSOR) or p.is_meta):
+                folds = False
+    if folds and not compiling:  # (under_checkpoint(compiling), inline)
+        top = _TOP_SAVED_HOOKS
+        hooks = top(False) if top is not None else None
+        folds = not (hooks and getattr(hooks[0], "__module__", None) == "torch.utils.checkpoint")
+    return outputs, folds
+
+
+_PARAMETER = torch.nn.Parameter
+_TENSOR = torch.Tensor
+
+
 def _outputs_private(*modules) -> bool:
     """Whether the outputs of ``modules`` are seen by nothing but the MLP (no hooks, no instance-level forward that
     could keep them), so that the backward may write gradients into them. Tigon's own forwards (a patched PEFT LoRA

@@ -44,7 +44,7 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
     names = (spec.input_norm, spec.attention, spec.post_norm, spec.mlp)
 
     def body(self, sp, kids, hidden_states, **kwargs):
-        if kids is not None:  # (plain_children: their forwards called directly, as their __call__ would)
+        if kids is not None:  # (plain children, see forward: their forwards called directly, as __call__ would)
             input_norm, attention, post, mlp = kids[0].forward, kids[1].forward, kids[2], kids[3].forward
         else:
             input_norm, attention = getattr(self, spec.input_norm), getattr(self, spec.attention)
@@ -78,7 +78,33 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
         if args:
             return original(self, hidden_states, *args, **kwargs)
         sp = None
-        kids = plain_children(self, names)
+        # kids: the children ``names`` (input norm, attention, post-attention norm, MLP), or None: each a submodule
+        # whose ``__call__`` is ``nn.Module``'s, compiled by no ``module.compile()``, without hooks of its own, and no
+        # global module hooks, no ``torch.jit.trace`` running, not under torch.compile (dynamo inlines ``__call__``
+        # itself). Then ``child(...)`` is exactly ``child.forward(...)`` (``nn.Module._call_impl``'s path without
+        # hooks), which body calls instead: per child two Python frames less (``_wrapped_call_impl``, ``_call_impl``)
+        # and, the children read from ``_modules``, one ``nn.Module.__getattr__`` frame less. The post-attention norm,
+        # whose forward the fused op replaces, may have no instance-level forward but Tigon's
+        # (:func:`~tigon.integrations.child_calls._hook_problem` with ``tigon_forward_ok``). Else (None) the layer
+        # reads and calls its children as before. Checked here inline (a helper would be one Python frame more).
+        kids = None
+        m = _MODULE
+        if not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag or _TRACING() is not None
+                or m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or m._global_backward_pre_hooks):
+            mods = self.__dict__.get("_modules")
+            kids = tuple(map(mods.get, names)) if mods is not None else ()  # (map of a C method: no frame per name)
+            for kid in kids:
+                d = getattr(kid, "__dict__", None)
+                if (d is None or type(kid).__call__ is not _MODULE_CALL or d["_forward_hooks"]
+                        or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
+                        or d.get("_compiled_call_impl") is not None):
+                    kids = None
+                    break
+            if kids is not None:
+                own = kids[2].__dict__.get("forward") if len(kids) == 4 else None
+                if len(kids) != 4 or (own is not None and getattr(getattr(own, "__func__", own), MARK, None) is None):
+                    kids = None
         if kids is None:
             post = getattr(self, spec.post_norm)
             if _hook_problem(post, tigon_forward_ok=True) is not None:
@@ -103,34 +129,6 @@ def decoder_layer_forward(spec: DecoderLayerSpec, family: str, original):
 _MODULE = torch.nn.modules.module
 _MODULE_CALL = torch.nn.Module.__call__
 _TRACING = torch._C._get_tracing_state
-
-
-def plain_children(layer, names: tuple[str, ...]):
-    """``layer``'s children ``names`` (input norm, attention, post-attention norm, MLP), or None: each a submodule
-    whose ``__call__`` is ``nn.Module``'s, compiled by no ``module.compile()``, without hooks of its own, and no global
-    module hooks, no ``torch.jit.trace`` running, not under torch.compile (dynamo inlines ``__call__`` itself). Then
-    ``child(...)`` is exactly ``child.forward(...)`` (``nn.Module._call_impl``'s path without hooks), which the patched
-    layer calls instead: per child two Python frames less (``_wrapped_call_impl``, ``_call_impl``) and, the children
-    read from ``_modules``, one ``nn.Module.__getattr__`` frame less. The post-attention norm, whose forward the fused
-    op replaces, may have no instance-level forward but Tigon's (:func:`~tigon.integrations.child_calls._hook_problem`
-    with ``tigon_forward_ok``). Else (None) the layer reads and calls its children as before."""
-    if support.dynamo_compiling() or support.COMPILER._is_compiling_flag or _TRACING() is not None:
-        return None
-    m = _MODULE  # (child_calls._global_hooks(), inline)
-    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
-            or m._global_backward_pre_hooks):
-        return None
-    mods = layer.__dict__.get("_modules")
-    kids = tuple(map(mods.get, names)) if mods is not None else ()  # (map of a C method: no Python frame per name)
-    for kid in kids:
-        d = getattr(kid, "__dict__", None)
-        if (d is None or type(kid).__call__ is not _MODULE_CALL or d["_forward_hooks"] or d["_forward_pre_hooks"]
-                or d["_backward_hooks"] or d["_backward_pre_hooks"] or d.get("_compiled_call_impl") is not None):
-            return None
-    own = kids[2].__dict__.get("forward") if len(kids) == 4 else None
-    if own is not None and getattr(getattr(own, "__func__", own), MARK, None) is None:  # (tigon_mark, inline)
-        return None
-    return kids if len(kids) == 4 else None
 
 
 def _layer_template(spec: DecoderLayerSpec) -> list[str]:

@@ -20,11 +20,16 @@ import torch
 from .. import functional as TF
 from .. import support
 from .act_linear_forwards import act_linear_problem, describe_act_linear
-from .child_calls import _META_PROBLEM, _linear_calls, _no_hooks, _outputs_private, fold_problem, under_checkpoint
+from . import mlp_host_bound
+from .child_calls import _META_PROBLEM, _outputs_private, fold_problem, plain_calls, under_checkpoint
+from .families import ACTIVATIONS as _ACTIVATIONS
 from .families import MLPSpec
 from .marks import mark, tigon_mark
 from .mlp_activations import mlp_activation, nongated_activation
 from .mlp_host_bound import describe_host_bound, host_bound
+
+_OWN_DICT = object.__getattribute__  # (a config's own __dict__, past PretrainedConfig.__getattribute__)
+_ON_COMPILED_GPU = mlp_host_bound._on_compiled_gpu
 
 
 def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False,
@@ -79,13 +84,23 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     forward (:func:`host_bound`).
     """
 
+    act_attr = spec.act_config_attr if spec.activation is None else None  # (None: mlp_activation reads the spec)
+
     @functools.wraps(original)
     def forward(self, x, *args, **kwargs):
         # asked once for the helpers below, which would each ask (one Python frame per question)
         dynamo = support.dynamo_compiling()
         compiling = dynamo or support.COMPILER._is_compiling_flag  # (torch.compiler.is_compiling())
-        act = mlp_activation(self, spec, dynamo)
-        if args or kwargs or isinstance(act, str) or host_bound(self, spec, act, x, compiling):
+        # mlp_activation's usual case inline (the config's own dict, eagerly: see there); anything else asks it
+        config = self.__dict__.get("config") if act_attr is not None and not dynamo else None
+        name = _OWN_DICT(config, "__dict__").get(act_attr) if config is not None else None
+        act = _ACTIVATIONS.get(name) if type(name) is str else None
+        if act is None:
+            act = mlp_activation(self, spec, dynamo)
+        # host_bound applies on a CUDA GPU only: not asked for other tensors (unless a test stands in for its check)
+        if (args or kwargs or isinstance(act, str)
+                or ((x.is_cuda or mlp_host_bound._on_compiled_gpu is not _ON_COMPILED_GPU)
+                    and host_bound(self, spec, act, x, compiling))):
             return original(self, x, *args, **kwargs)
         gate_up = spec.gate_up is not None
         mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
@@ -101,8 +116,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         down = mods.get(spec.down)
         if down is None:
             down = getattr(self, spec.down)
-        plain = _no_hooks(*proj, down)  # the usual case, in one call: no _hook_problem per module below
-        out = _linear_calls(proj, x, dynamo) if plain else None  # (plain nn.Linear projections without their __call__)
+        # the usual case in one call (_no_hooks, _linear_calls, fold_problem and under_checkpoint): plain nn.Linear
+        # projections computed without their __call__, and whether down folds; None: hooks somewhere, asked below
+        calls = plain_calls(proj, down, x, dynamo, compiling)
+        plain = calls is not None
+        out = calls[0] if plain else None
         if out is None:
             out = (proj[0](x),) if gate_up else (proj[0](x), proj[1](x))
         gate, up = out[0].chunk(2, dim=-1) if gate_up else out
@@ -110,7 +128,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
             return down(_glu(act, gate, up, inplace, gm)) * dm
-        if fold_problem(down, hooks_checked=plain) is None and not under_checkpoint(compiling):  # (foldable_linear)
+        if calls[1] if plain else (fold_problem(down) is None and not under_checkpoint(compiling)):  # (foldable)
             p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
             return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)

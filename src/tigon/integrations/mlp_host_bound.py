@@ -22,15 +22,22 @@ def _on_compiled_gpu(x: torch.Tensor, compiling: bool | None = None) -> bool:
         return False
     if compiling is None:
         compiling = support.dynamo_compiling() or support.COMPILER._is_compiling_flag  # (is_compiling())
-    return not compiling and not support.interpreter_enabled()
+    data = support._ENV_DATA
+    if data is None or support.os.environ is not support._ENVIRON:
+        return not compiling and not support.interpreter_enabled()
+    return not compiling and data.get(support._K_INTERPRET) != support._ONE  # (interpreter_enabled(), inline)
 
 
 def _intermediate(module, spec: MLPSpec) -> int | None:
-    """The MLP's intermediate size, from its gate (or fused gate-up) projection's ``out_features`` (None if absent)."""
+    """The MLP's intermediate size, from its gate (or fused gate-up) projection's ``out_features`` (None if absent).
+    The projection is read from the module's children (past ``nn.Module.__getattr__``: one Python frame less), else
+    as an attribute."""
+    name = spec.gate_up if spec.gate_up is not None else spec.gate if spec.gate is not None else spec.up  # (non-gated)
+    mods = module.__dict__.get("_modules")
+    proj = mods.get(name) if mods is not None else None
+    n = getattr(proj if proj is not None else getattr(module, name), "out_features", None)
     if spec.gate_up is not None:
-        n = getattr(getattr(module, spec.gate_up), "out_features", None)
         return n // 2 if isinstance(n, int) else None
-    n = getattr(getattr(module, spec.gate if spec.gate is not None else spec.up), "out_features", None)  # (non-gated)
     return n if isinstance(n, int) else None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import threading
 import types
+import weakref
 
 import torch
 
@@ -20,6 +21,8 @@ from .. import support
 from .marks import mark
 
 _scope = threading.local()
+_TENSOR = torch.Tensor
+_WEAKREF = weakref.ref
 
 
 def handed_output(module, x):
@@ -69,12 +72,22 @@ def rope_dispatcher(original, family: str, switch):
     wraps the function in a ``Func`` module, ``use_kernel_forward_from_hub``) a :class:`ObjectDispatcher`, which
     unpickles models while it is installed.
     """
+    from .. import functional as TF
     from .rotary_layouts import tigon_call
 
+    # The usual call, Hugging Face's ``apply_rotary_pos_emb(q, k, cos, sin)`` of the rotate-half layout, is served
+    # inline: tigon_call's and its adapter's checks, then tigon.functional.rope (two Python frames less per call).
+    # Any other call (keywords, another layout) goes through tigon_call.
     def apply_rotary_pos_emb(*args, **kwargs):
         if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
             if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):  # (no frame unless set)
                 return args[0], args[1]
+            if not kwargs and len(args) == 4 and switch.layout == "rotate_half":  # (tigon_call, inline)
+                q, k, cos, sin = args
+                if (isinstance(q, _TENSOR) and isinstance(k, _TENSOR) and q.shape[-1] == k.shape[-1]
+                        and cos.dim() in (2, 3) and (cos.shape[-1] == q.shape[-1] or switch.partial)):
+                    return TF.rope(q, k, cos, sin, None, 1)
+                return original(*args, **kwargs)
             out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
             if out is not None:
                 return out
@@ -87,6 +100,12 @@ def rope_dispatcher(original, family: str, switch):
         if switch.class_level or getattr(_scope, "depth", 0) > 0:
             if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):
                 return args[0], args[1]
+            if not kwargs and len(args) == 4 and switch.layout == "rotate_half":  # (tigon_call, inline)
+                q, k, cos, sin = args
+                if (isinstance(q, _TENSOR) and isinstance(k, _TENSOR) and q.shape[-1] == k.shape[-1]
+                        and cos.dim() in (2, 3) and (cos.shape[-1] == q.shape[-1] or switch.partial)):
+                    return TF.rope(q, k, cos, sin, None, 1)
+                return original(*args, **kwargs)
             out = tigon_call(switch.layout, switch.partial, switch.head_axis, args, kwargs)
             if out is not None:
                 return out
@@ -138,11 +157,19 @@ def attention_forward(family: str, original, target=None, qkv=None):
 
         if lora_qkv.form_problem(original, qkv) is not None:
             lora_qkv = None
+    if target is not None:
+        from .rotary_switch import SWITCHES as rope_switches  # (it imports this module)
+
+        key = (target.module_name, target.function)
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         if target is not None and not (support.dynamo_compiling() or support.COMPILER._is_compiling_flag):
-            target.ensure(self)  # (outside torch.compiler.is_compiling(), see support.dynamo_compiling)
+            # (outside torch.compiler.is_compiling(), see support.dynamo_compiling) target.ensure(self) where its check
+            # fails: the check, inline (one Python frame less per call), is RopeTarget.ensure's own
+            sw = rope_switches.get(key)
+            if sw is None or _WEAKREF(self) not in sw.live.data or getattr(sw.module, sw.name) is not sw.dispatcher:
+                target.ensure(self)
         _scope.depth = getattr(_scope, "depth", 0) + 1
         try:
             if lora_qkv is not None:  # a fused adapter layer has its own forward: plain projections cost no frame

@@ -2,9 +2,11 @@
 
 A :class:`~tigon.integrations.family_spec.RopeSpec` names its function's layout; the dispatcher the engine installs in
 that global (:func:`tigon.integrations.rotary_forwards.rope_dispatcher`) calls :func:`tigon_call` with the arguments the
-attention passed. Each layout is one adapter with the Hugging Face function's signature: it returns the Tigon
-result, or None for a call it does not serve (then the original function runs), so a call that differs from what
-the family's code does (other arguments, cos / sin of another width) never reaches a kernel of other semantics.
+attention passed (Hugging Face's usual call, ``(q, k, cos, sin)`` of the rotate-half layout, it serves inline with
+the same checks: two Python frames less per call). Each layout is one adapter with the Hugging Face function's
+signature: it returns the Tigon result, or None for a call it does not serve (then the original function runs), so a
+call that differs from what the family's code does (other arguments, cos / sin of another width) never reaches a
+kernel of other semantics.
 ``unsqueeze_dim`` is taken by keyword only: a fifth positional argument was ``position_ids`` in older transformers.
 
 =================  ==============================================================  ======================

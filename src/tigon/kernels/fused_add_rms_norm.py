@@ -11,9 +11,10 @@ ds_total is the gradient of x and of the residual alike, and both get the same t
 that would alias another is copied when accumulated; a buffer shared by two consumers is never summed into in
 place), so returning one tensor for two inputs is safe and saves a (M, N) copy.
 
-:func:`fused_add_rms_norm_forward` and :func:`fused_add_rms_norm_backward` are the two kernel entry points;
-:class:`FusedAddRMSNormFunction` (eager) and the ``tigon::fused_add_rms_norm`` custom ops of this module (below)
-(torch.compile) both call them.
+:func:`fused_add_rms_norm_forward` and :func:`fused_add_rms_norm_backward` are the two kernel entry points, which the
+``tigon::fused_add_rms_norm`` custom ops of this module (below) (torch.compile) call; :class:`FusedAddRMSNormFunction`
+(eager) runs their bodies inline (one Python frame less each) and launches its backward in its forward's launch mode
+(:func:`~tigon.kernels._common.launch_mode`, kept on the ctx).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, launch_mode, or_empty, rows_of
 from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
@@ -79,7 +80,12 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, residual, weight, eps, offset, casting_mode, in_place=False):
         if in_place and any(ctx.needs_input_grad[:3]) and x.device.type not in MEASURED:
             prepare(x.device)  # (once per process and device type)
-        y, s, rstd = fused_add_rms_norm_forward(x, residual, weight, eps, offset, casting_mode)
+        # (fused_add_rms_norm_forward, inline: one Python frame less; the launch mode kept for the backward's launch)
+        ctx.mode = mode = launch_mode(x.device)
+        y, _, rstd, s, _ = norm_forward(
+            x, weight, None, eps, is_rms=True, offset=offset, round_xhat=casting_mode == "llama",
+            out_dtype=x.dtype if weight.dtype == x.dtype else output_dtype(x.dtype, weight.dtype, casting_mode),
+            residual=residual, mode=mode)
         # (ctx.save_for_backward(...) and ctx.set_materialize_grads(False), inline: all they do; two frames less)
         ctx.to_save, ctx.materialize_grads = (s, weight, rstd), False
         ctx.offset, ctx.in_place = offset, in_place
@@ -94,7 +100,10 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         if dy is None:  # y unused: s = x + residual passes s's gradient (possibly None too) to both
             return ds, ds, None, None, None, None, None
         over_dy = ctx.in_place and owns_grad(dy, s.dtype)  # dy: no other local name (owns_grad counts references)
-        dsum, dw = fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_w, over_dy)
+        # (fused_add_rms_norm_backward, inline: one Python frame less)
+        out = dy if over_dy and dy.is_contiguous() and dy.dtype == s.dtype else None
+        dsum, dw, _ = norm_backward(dy, s, weight, None, rstd, need_w, False, is_rms=True, offset=ctx.offset, ds=ds,
+                                    dx=out, dw_dtype=weight.dtype, mode=ctx.mode)
         return dsum if need_x else None, dsum if need_r else None, dw, None, None, None, None
 
 

@@ -192,9 +192,10 @@ def _glu_bwd(
 
 
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float = 1.0,
-                dm: float = 1.0) -> torch.Tensor:
+                dm: float = 1.0, mode=None) -> torch.Tensor:
     """``act(gm * gate) * up * dm`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that
-    shape."""
+    shape. ``mode``: :func:`~tigon.kernels._common.launch_mode` of gate's device where the caller asked it (None:
+    asked here)."""
     out = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
@@ -203,7 +204,8 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
         M, N, g2, u2, o2, sg, su, so = 1, n, gate, up, out, n, n, n
     else:
         M, N, (g2, u2, o2), (sg, su, so) = as_2d(gate=gate, up=up, out=out)
-    mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_fwd), in one call)
+    if mode is None:
+        mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_fwd), in one call)
     block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
     mode[_glu_fwd][grid](
         g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
@@ -213,11 +215,12 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
 
 
 def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False,
-                 store_product: bool = False, gm: float = 1.0, dm: float = 1.0):
+                 store_product: bool = False, gm: float = 1.0, dm: float = 1.0, mode=None):
     """Returns (d_gate, d_up) of ``act(gm * gate) * up * dm``, shaped like gate and in gate's (= up's) dtype: new
     contiguous tensors, or with ``inplace`` gate and up themselves (each element is read before it is overwritten,
     by the same program). ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's
-    shape and dtype) with the forward's output, recomputed."""
+    shape and dtype) with the forward's output, recomputed. ``mode``: as :func:`glu_forward`'s (an autograd.Function
+    passes its forward's)."""
     if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
         raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
     if gate.numel() == 0:
@@ -241,7 +244,8 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         dgate = dg2 = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
         dup = du2 = torch.empty(size=gate.shape, dtype=up.dtype, device=gate.device)
         sdg = sdu = N  # contiguous: (M, N) rows of gate's shape, read as rows of N elements (M * N = numel)
-    mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_bwd), in one call)
+    if mode is None:
+        mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_bwd), in one call)
     block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
     mode[_glu_bwd][grid](
         dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
@@ -311,26 +315,25 @@ class GLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, activation, inplace=False, gm=1.0, dm=1.0):
-        _save_gate_up(ctx, gate, up, activation, inplace)
+        # gate and up saved (ctx.save_for_backward, inline); in place as detached aliases, so the gradients returned
+        # (gate's and up's memory) are the only references to their tensor objects and autograd passes them on (or
+        # keeps them as leaves' .grad) without copies. The launch mode is kept for the backward's launch.
+        ctx.to_save = (gate.detach(), up.detach()) if inplace else (gate, up)
+        ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
         ctx.gm, ctx.dm = gm, dm
-        return glu_forward(gate, up, activation, gm, dm)
+        ctx.mode = mode = launch_mode(gate.device)
+        return glu_forward(gate, up, activation, gm, dm, mode)
 
     @staticmethod
     def backward(ctx, dy):
         if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
             return first_order(GLUFunction.backward, ctx, dy)
-        gate, up = _saved_gate_up(ctx, "swiglu/geglu", True)
-        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm)
+        if ctx.consumed:  # (_saved_gate_up, inline but for its error: one Python frame less)
+            _saved_gate_up(ctx, "swiglu/geglu", True)
+        ctx.consumed = ctx.inplace
+        gate, up = ctx.saved_tensors
+        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm, mode=ctx.mode)
         return dgate, dup, None, None, None, None
-
-
-def _save_gate_up(ctx, gate, up, activation: str, inplace: bool, *more) -> None:
-    """Save gate, up (and ``more``) for the backward. In place: detached aliases, so the gradients returned (gate's
-    and up's memory) are the only references to their tensor objects and autograd passes them on (or keeps them as
-    leaves' .grad) without copies."""
-    # (ctx.save_for_backward(...), inline: all it does; one Python frame less)
-    ctx.to_save = (gate.detach(), up.detach(), *more) if inplace else (gate, up, *more)
-    ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
 
 
 def _saved_gate_up(ctx, name: str, writes: bool):
@@ -364,81 +367,72 @@ def _autocast_on(device: torch.device) -> bool:
     return dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)
 
 
-def glu_linear_forward(gate, up, weight, bias, activation: str, cd: torch.dtype, gm: float = 1.0,
-                       dm: float = 1.0) -> torch.Tensor:
-    """``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the autocast
-    dtype)."""
-    y = glu_forward(gate, up, activation, gm, dm)
-    if not _ANY_AUTOCAST() or not _autocast_on(gate.device):
-        if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
-            return torch.nn.functional.linear(y, weight, bias)
-        return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
-    with torch.autocast(gate.device.type, enabled=False):
-        return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
-
-
-def glu_linear_backward(dout, gate, up, weight, activation: str, cd: torch.dtype, need: tuple[bool, bool, bool, bool],
-                        inplace: bool, gm: float = 1.0, dm: float = 1.0):
-    """Gradients (d_gate, d_up, d_weight, d_bias) of :func:`glu_linear_forward` (None where ``need`` is False).
-
-    ``dy = dout @ weight`` (cuBLAS), then one elementwise pass reads dy, gate and up, writes d_gate and d_up
-    (into gate's and up's memory with ``inplace``) and overwrites dy with the recomputed product ``act(gate) * up``,
-    from which ``d_weight = dout.T @ product``: the product is never stored between forward and backward, and the
-    backward allocates no more than the unfused one (dy).
-    """
-    need_g, need_u, need_w, need_b = need
-    d2 = dout.reshape(-1, dout.shape[-1])
-    if d2.dtype != cd:
-        d2 = d2.to(cd)
-    # (a backward run on the caller's thread, as on CPU, sees its autocast state)
-    if _ANY_AUTOCAST() and _autocast_on(gate.device):
-        with torch.autocast(gate.device.type, enabled=False):
-            dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
-    else:
-        dgate, dup, dw = _glu_linear_grads(d2, gate, up, weight, activation, cd, need, inplace, gm, dm)
-    db = d2.sum(0) if need_b else None
-    return (dgate if need_g else None), (dup if need_u else None), dw, db
-
-
-def _glu_linear_grads(d2, gate, up, weight, activation: str, cd: torch.dtype, need, inplace: bool, gm: float = 1.0,
-                      dm: float = 1.0):
-    """(d_gate, d_up, d_weight) of :func:`glu_linear_backward`, from ``d2`` = dout as (tokens, H) rows in ``cd``."""
-    need_g, need_u, need_w, _ = need
-    same = weight.dtype == cd == gate.dtype  # (no cast anywhere: _in's tests, once)
-    if need_g or need_u:
-        dy = (torch.mm(d2, weight) if same else _in(torch.mm(d2, _in(weight, cd)), gate.dtype)).view(gate.shape)
-        dgate, dup = glu_backward(dy, gate, up, activation, inplace, store_product=need_w, gm=gm, dm=dm)
-        product = dy
-    else:
-        dgate = dup = None
-        product = glu_forward(gate, up, activation, gm, dm) if need_w else None
-    if not need_w:
-        return dgate, dup, None
-    product = product.reshape(d2.shape[0], gate.shape[-1])
-    dw = torch.mm(d2.t(), product) if same else _in(torch.mm(d2.t(), _in(product, cd)), weight.dtype)
-    return dgate, dup, dw
-
-
 class GLULinearFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace, gm=1.0, dm=1.0)``: a gated MLP's
     ``down_proj(act(gm * gate) * up * dm)`` that saves gate, up and the weight but not the (tokens, I) product,
-    recomputed in the backward by the pass that forms d_gate and d_up (see :func:`glu_linear_backward`)."""
+    recomputed in the backward by the pass that forms d_gate and d_up.
+
+    Forward: ``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the
+    autocast dtype). Backward: ``dy = dout @ weight`` (cuBLAS), then one elementwise pass reads dy, gate and up,
+    writes d_gate and d_up (into gate's and up's memory with ``inplace``) and overwrites dy with the recomputed
+    product ``act(gate) * up``, from which ``d_weight = dout.T @ product``: the product is never stored between
+    forward and backward, and the backward allocates no more than the unfused one (dy). The backward's launches take
+    the forward's launch mode (:func:`~tigon.kernels._common.launch_mode`, kept on the ctx); the save and the
+    matmuls around the kernels are written inline here (each a Python frame less on small models' hot path).
+    """
 
     @staticmethod
     def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False, gm=1.0, dm=1.0):
-        _save_gate_up(ctx, gate, up, activation, inplace, weight)
+        # (saved as GLUFunction saves them, with the weight)
+        ctx.to_save = (gate.detach(), up.detach(), weight) if inplace else (gate, up, weight)
+        ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
         ctx.cd, ctx.bias_dtype, ctx.gm, ctx.dm = cd, (bias.dtype if bias is not None else None), gm, dm
-        return glu_linear_forward(gate, up, weight, bias, activation, cd, gm, dm)
+        ctx.mode = mode = launch_mode(gate.device)
+        y = glu_forward(gate, up, activation, gm, dm, mode)
+        if not _ANY_AUTOCAST() or not _autocast_on(gate.device):
+            if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
+                return torch.nn.functional.linear(y, weight, bias)
+            return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
+        with torch.autocast(gate.device.type, enabled=False):
+            return torch.nn.functional.linear(_in(y, cd), _in(weight, cd), _in(bias, cd))
 
     @staticmethod
     def backward(ctx, dout):
         if torch.is_grad_enabled():  # create_graph=True: not differentiable itself, a second backward raises
             return first_order(GLULinearFunction.backward, ctx, dout)
-        need = tuple(ctx.needs_input_grad[:4])
-        gate, up, weight = _saved_gate_up(ctx, "glu_linear", need[0] or need[1])
-        dgate, dup, dw, db = glu_linear_backward(dout, gate, up, weight, ctx.activation, ctx.cd, need, ctx.inplace,
-                                                 ctx.gm, ctx.dm)
-        return dgate, dup, dw, (db.to(ctx.bias_dtype) if db is not None else None), None, None, None, None, None
+        need_g, need_u, need_w, need_b = ctx.needs_input_grad[:4]
+        if ctx.consumed:  # (_saved_gate_up, inline but for its error)
+            _saved_gate_up(ctx, "glu_linear", True)
+        ctx.consumed = ctx.inplace and (need_g or need_u)
+        gate, up, weight = ctx.saved_tensors
+        d2 = dout.reshape(-1, dout.shape[-1])  # dout as (tokens, H) rows in cd
+        cd = ctx.cd
+        if d2.dtype != cd:
+            d2 = d2.to(cd)
+        # (a backward run on the caller's thread, as on CPU, sees its autocast state: the matmuls run outside it, in a
+        # region entered here by hand so that the code below is one path, in this frame)
+        region = torch.autocast(gate.device.type, enabled=False) if _ANY_AUTOCAST() and _autocast_on(gate.device) \
+            else None
+        if region is not None:
+            region.__enter__()
+        try:
+            same = weight.dtype == cd == gate.dtype  # (no cast anywhere: _in's tests, once)
+            dgate = dup = dw = None
+            if need_g or need_u:
+                dy = (torch.mm(d2, weight) if same else _in(torch.mm(d2, _in(weight, cd)), gate.dtype)).view(gate.shape)
+                dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, store_product=need_w, gm=ctx.gm,
+                                          dm=ctx.dm, mode=ctx.mode)
+                product = dy
+            else:
+                product = glu_forward(gate, up, ctx.activation, ctx.gm, ctx.dm, ctx.mode) if need_w else None
+            if need_w:
+                product = product.reshape(d2.shape[0], gate.shape[-1])
+                dw = torch.mm(d2.t(), product) if same else _in(torch.mm(d2.t(), _in(product, cd)), weight.dtype)
+        finally:
+            if region is not None:
+                region.__exit__(None, None, None)
+        db = d2.sum(0).to(ctx.bias_dtype) if need_b else None
+        return (dgate if need_g else None), (dup if need_u else None), dw, db, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops

@@ -43,16 +43,12 @@ from .first_order import first_order
 
 _BASELINES: dict[str, tuple[int, int, int]] = {}
 """Per device type: (Python refcount, tensor use count, storage use count) of an exclusively owned incoming gradient
-on autograd's call path, as :func:`_counts` sees it; (-1, -1, -1): the probe failed, never write in place."""
+on autograd's call path, as :func:`owns_grad` reads them (:func:`_record`, the probe's, the same way at the same depth);
+(-1, -1, -1): the probe failed, never write in place."""
 MEASURED = _BASELINES
 """The device types :func:`prepare` has measured (probe failures included): a forward asks
 ``x.device.type not in MEASURED`` before calling it (one Python frame less per call once measured)."""
 _NEVER = (-1, -1, -1)
-
-
-def _counts(t: torch.Tensor) -> tuple[int, int, int]:
-    storage = t.untyped_storage()
-    return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(storage._cdata)
 
 
 @direct_backward  # (the ops' backwards are called so: the same call path)
@@ -76,10 +72,11 @@ class _Probe(torch.autograd.Function):
 
 
 def _record(dy: torch.Tensor) -> None:
-    # owns_grad's steps before its call of _counts, at the same depth (the storage's Python object is made by the
-    # size check first there, and kept by the storage while the tensor holds it)
+    # owns_grad's steps, at the same depth (the storage's Python object is made by the size check first there, and
+    # kept by the storage while the tensor holds it), then its counts read as it reads them: keep the two alike
     dy.untyped_storage().nbytes()
-    _Probe.seen = _counts(dy)
+    storage = dy.untyped_storage()
+    _Probe.seen = sys.getrefcount(dy), dy._use_count(), torch._C._storage_Use_Count(storage._cdata)
 
 
 def prepare(device: torch.device) -> None:
@@ -142,4 +139,6 @@ def owns_grad(dy: torch.Tensor, dtype: torch.dtype) -> bool:
         return False
     if dy.untyped_storage().nbytes() != dy.numel() * dy.element_size():
         return False
-    return _counts(dy) == base
+    # the counts, in this frame (a helper's would be one Python frame more per call); _record reads them alike
+    storage = dy.untyped_storage()
+    return (sys.getrefcount(dy), dy._use_count(), torch._C._storage_Use_Count(storage._cdata)) == base

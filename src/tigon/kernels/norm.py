@@ -417,8 +417,11 @@ def bwd_config(M: int, block_n: int, device: torch.device, is_rms: bool) -> tupl
 
 def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, offset: float = 0.0,
                  round_xhat: bool = False, out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
-                 gate: torch.Tensor | None = None, n_groups: int = 1, gate_first: bool = False):
+                 gate: torch.Tensor | None = None, n_groups: int = 1, gate_first: bool = False, mode=None):
     """Launch the forward on the rows of ``x`` (..., N) (any strides: read as :func:`rows` gives them).
+
+    ``mode``: :func:`~tigon.kernels._common.launch_mode` of x's device where the caller asked it already (None:
+    asked here).
 
     ``gate``: x's shape (any strides), or None. Given, y is multiplied by ``silu(gate)`` (the gated RMSNorm);
     ``gate_first``: x is, before the statistics (RMSNorm only; rstd is then that of ``x * silu(gate)``).
@@ -464,7 +467,8 @@ def norm_forward(x: torch.Tensor, weight, bias, eps: float, *, is_rms: bool, off
     s = torch.empty(size=x.shape, dtype=x.dtype, device=dev) if residual is not None else None
     if M == 0:
         return y, mean, rstd, s, x2
-    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_norm_fwd), in one call)
+    if mode is None:
+        mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_norm_fwd), in one call)
     block_n, block_m, warps, grid = fwd_launch(M, N, dev, mode.compiled, fwd_config, rows_per_program)
     r, sr, s_ = (r2, sr, s) if residual is not None else (x2, sx, y)  # placeholders the kernel does not touch
     g2, sg = rows(gate, "gate")[::2] if gate is not None else (x2, 0)
@@ -497,7 +501,7 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
                   ds: torch.Tensor | None = None, dx: torch.Tensor | None = None,
                   dx_shape: tuple[int, ...] | None = None, dw_dtype: torch.dtype = torch.float32,
                   db_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None, n_groups: int = 1,
-                  gate_first: bool = False):
+                  gate_first: bool = False, mode=None):
     """Launch the backward for dy and x (..., N), any strides (x as given to the forward, or the x2 it returned).
 
     ``gate_first``, ``n_groups``: as given to :func:`norm_forward` (rstd (M * n_groups,)); the rows must satisfy
@@ -511,6 +515,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     unit column stride) to write dx into, which may be ``dy``'s own memory (each element is read before it is
     overwritten); None: a new contiguous one, of shape ``dx_shape`` (default x's). ``dw_dtype`` / ``db_dtype``: the
     dtypes dw and db are returned in (summed in fp32, rounded once when written: no separate cast kernel).
+    ``mode``: :func:`~tigon.kernels._common.launch_mode` of x's device as the caller has it (an autograd.Function's,
+    from its forward), or None: asked here.
 
     Returns (dx, dw (N,) or None, db (N,) or None[, d_gate]).
     """
@@ -558,7 +564,8 @@ def norm_backward(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool, *, is
     # 1.54 ms (torch.compile 0.95 / 1.06, Liger 0.78 / 1.28; session4/sweep3_norm_rope.json). Warps: bwd_config
     # (the chunked kernel beyond REGISTER_ROW takes its own, by chunk size).
     gated = gate is not None or n_groups != 1 or gate_first
-    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(kernel) of the kernels below, in one call)
+    if mode is None:
+        mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(kernel) of the kernels below, in one call)
     block_n, wide, prefetch, block_m, progs, warps, db_by_columns, per_prog = bwd_launch(
         M, N, dev, mode.compiled, is_rms, n_groups, bwd_config, WIDE_ROW, REGISTER_ROW, rows_per_program,
         num_programs_hint)

@@ -4,8 +4,10 @@ The kernels are shared with LayerNorm in :mod:`tigon.kernels.norm` (constexpr IS
 rows, a persistent-grid backward with per-program fp32 dW partials and a second small reduction (no atomics).
 Minimal bytes (bf16): forward 2*M*N*2, backward 3*M*N*2.
 
-:func:`rms_norm_forward` and :func:`rms_norm_backward` are the two kernel entry points; :class:`RMSNormFunction`
-(eager) and the ``tigon::rms_norm`` custom ops of this module (below) (torch.compile) both call them.
+:func:`rms_norm_forward` and :func:`rms_norm_backward` are the two kernel entry points, which the ``tigon::rms_norm``
+custom ops of this module (below) (torch.compile) call; :class:`RMSNormFunction` (eager) runs their bodies inline (one
+Python frame less each, on the hot path of small models) and launches its backward in the launch mode of its forward
+(:func:`~tigon.kernels._common.launch_mode`, kept on the ctx: one call less).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, or_empty, rows_of
+from ._common import CUSTOM_OP_TAGS, direct_backward, if_wanted, launch_mode, or_empty, rows_of
 from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import norm_backward, norm_forward
@@ -81,7 +83,12 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, eps, offset, casting_mode, in_place=False):
         if in_place and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]) and x.device.type not in MEASURED:
             prepare(x.device)  # (once per process and device type)
-        y, x2, rstd = rms_norm_forward(x, weight, eps, offset, casting_mode)
+        # (rms_norm_forward, inline: one Python frame less; the launch mode kept for the backward's launches)
+        ctx.mode = mode = launch_mode(x.device)
+        y, _, rstd, _, x2 = norm_forward(
+            x, weight, None, eps, is_rms=True, offset=offset, round_xhat=casting_mode == "llama",
+            out_dtype=x.dtype if weight is None or weight.dtype == x.dtype else output_dtype(
+                x.dtype, weight.dtype, casting_mode), mode=mode)
         ctx.to_save = (x2, weight, rstd)  # (ctx.save_for_backward(...), inline: all it does; one Python frame less)
         ctx.offset, ctx.in_place = offset, in_place
         ctx.x_shape = x.shape
@@ -93,7 +100,13 @@ class RMSNormFunction(torch.autograd.Function):
             return first_order(RMSNormFunction.backward, ctx, dy)
         x2, weight, rstd = ctx.saved_tensors
         over_dy = ctx.in_place and owns_grad(dy, x2.dtype)  # dy: no other local name (owns_grad counts references)
-        dx, dw = rms_norm_backward(dy, x2, weight, rstd, ctx.offset, ctx.needs_input_grad[1], ctx.x_shape, over_dy)
+        # (rms_norm_backward, inline: one Python frame less)
+        need_dw = ctx.needs_input_grad[1] and weight is not None
+        dx, dw, _ = norm_backward(dy, x2, weight, None, rstd, need_dw, False, is_rms=True, offset=ctx.offset,
+                                  dx_shape=ctx.x_shape, dx=dy if over_dy else None,
+                                  dw_dtype=weight.dtype if need_dw else torch.float32, mode=ctx.mode)
+        if over_dy:
+            dx = dx.view(ctx.x_shape)
         return dx, dw, None, None, None, None
 
 

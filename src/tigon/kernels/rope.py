@@ -202,7 +202,7 @@ with tables of one column per rotated dim, ``cos[2i], cos[2i + 1]`` for pair i (
 
 
 def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool = True, need_k: bool = True,
-               inplace: bool = False, pairs: int = PAIRS_HALVES, sections=(), out=None):
+               inplace: bool = False, pairs: int = PAIRS_HALVES, sections=(), out=None, mode=None):
     """Launch the rotation (``backward=False``) or its transpose (``backward=True``) on q and k.
 
     q, k: (B, H, T, D) for unsqueeze_dim=1 or (B, T, H, D) for 2, any strides. cos, sin: (1 or B, T, R), R even
@@ -216,7 +216,9 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     (each row is read before it is written, by the same program), which are returned; q and k must then be
     separate tensors whose elements do not overlap (no expanded or aliasing views), or rows race. ``out``: None, or
     ``(q_out, k_out)`` to write into instead (q's and k's shapes, any strides, not overlapping q or k; the
-    LoRA q / k / v node's backward writes dq, dk into its (tokens, heads x head_dim) buffers this way).
+    LoRA q / k / v node's backward writes dq, dk into its (tokens, heads x head_dim) buffers this way). ``mode``:
+    :func:`~tigon.kernels._common.launch_mode` of q's device as the caller has it (:class:`RoPEFunction`'s backward
+    passes its forward's), or None: asked here.
     """
     if out is not None:
         qo, ko = (out[0] if need_q else None), (out[1] if need_k else None)
@@ -240,7 +242,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     nq = B * T * HQ if need_q else 0
     nk = B * T * HKV if need_k else 0
     dev = q.device
-    mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_rope_kernel), in one call)
+    if mode is None:
+        mode = launch_mode(dev)  # (compiled_cuda(dev) and launcher(_rope_kernel), in one call)
     block_half, block_r, warps, progs_q, grid = _launch(half, nq, nk, dev, mode.compiled, _rows_config)
     sc_s, ss_s = (cos.stride(0), sin.stride(0)) if sections else (0, 0)
     if sections:  # the strides of one section's (1 or B, T, R) table
@@ -281,7 +284,9 @@ class RoPEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, cos, sin, unsqueeze_dim, pairs=PAIRS_HALVES, sections=()):
-        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False, pairs=pairs, sections=sections)
+        ctx.mode = mode = launch_mode(q.device)  # (kept for the backward's launch: one call less there)
+        q_embed, k_embed = rope_apply(q, k, cos, sin, unsqueeze_dim, backward=False, pairs=pairs, sections=sections,
+                                      mode=mode)
         ctx.to_save = (cos, sin)  # (ctx.save_for_backward(cos, sin), inline: all it does; one Python frame less)
         ctx.unsqueeze_dim, ctx.pairs, ctx.sections = unsqueeze_dim, pairs, sections
         return q_embed, k_embed
@@ -293,7 +298,7 @@ class RoPEFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         need_q, need_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dq, dk = rope_apply(dq_embed, dk_embed, cos, sin, ctx.unsqueeze_dim, backward=True,
-                            need_q=need_q, need_k=need_k, pairs=ctx.pairs, sections=ctx.sections)
+                            need_q=need_q, need_k=need_k, pairs=ctx.pairs, sections=ctx.sections, mode=ctx.mode)
         return dq, dk, None, None, None, None, None
 
 
