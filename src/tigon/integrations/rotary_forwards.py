@@ -96,7 +96,10 @@ def rope_dispatcher(original, family: str, switch):
     if isinstance(original, types.FunctionType):
         return mark(functools.wraps(original)(apply_rotary_pos_emb), "rope", family)
 
-    def __call__(self, *args, **kwargs):  # (the same, as a method: Dynamo inlines it, not a static __call__)
+    # The same body again, as a method (Dynamo inlines it, not a static __call__): transformers 5.2x's rotary global
+    # is a callable object, so this is the hot path there, and delegating to the function above costs a call per
+    # rope (tests/test_call_cache.py).
+    def __call__(self, *args, **kwargs):
         if switch.class_level or getattr(_scope, "depth", 0) > 0:
             if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):
                 return args[0], args[1]
