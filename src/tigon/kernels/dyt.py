@@ -34,7 +34,7 @@ from ._common import (
 )
 from .first_order import once_differentiable
 from .elementwise import launch_shape, tile
-from .norm import _column_sums, _load_tile
+from .partial_sums import _column_sums, _load_tile
 
 
 @triton.jit

@@ -28,7 +28,7 @@ partials in a fixed order, forms what the next pass needs (no atomics: determini
 - backward: ``_tile_grad_sums`` (read x, dy; per channel row and tile, sum(dy) and sum(dy * xhat)),
   ``_group_grad_sums`` (per group: each channel's sums over its tiles (dw / db's partials) and c1_g, c2_g),
   ``_tile_affine`` (read x, dy, write dx), and dw, db: the (B, C) channel sums reduced over B by the norms'
-  partial-sum kernel (:func:`tigon.kernels.norm._sum_partials`, fixed order).
+  partial-sum kernel (:func:`tigon.kernels.partial_sums._sum_partials`, fixed order).
 
 Bytes: forward 3 M N e (x read twice: a group larger than a tile cannot stay in registers between its statistics
 and its output) against the 2 M N e floor, backward 5 M N e (x and dy twice, dx once) against 3; the partials add 12
@@ -60,7 +60,7 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, 
 from .first_order import once_differentiable
 from ._common import rows as as_channel_rows
 from .elementwise import tile_elems
-from .norm import _sum_partials
+from .partial_sums import _sum_partials
 
 # Groups of at most FUSED_GROUP elements (Cg and S each rounded up to a power of two) take the one-launch forward
 # ``_group_fwd`` (the group in registers: x read once); the interpreter's limit is larger (fewer, larger programs).

@@ -50,6 +50,7 @@ from ._common import (
 )
 from .norm_launch import bwd_launch, fwd_launch, sum_launch
 from .norm_options import NO_FLAGS, check_groups, gated_flags
+from .partial_sums import _load_tile, _sum_partials
 
 # Backward by row width (elements, after rounding up to a power of two): up to WIDE_ROW, row tiles with the next
 # tile prefetched; up to REGISTER_ROW, one whole row per step in registers without the prefetch (Liger-Kernel's
@@ -159,13 +160,6 @@ def _load_rows(X, DY, MEAN, RSTD, rows, row_end, cols, cmask, stride_x, stride_d
         mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
     return x, dy, mean, rstd
-
-
-@triton.jit
-def _load_tile(P, rows, row_end, cols, cmask, stride):
-    """The [rows, cols] tile of P (storage dtype); rows >= row_end read as zeros."""
-    mask = (rows < row_end)[:, None] & cmask[None, :]
-    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -338,33 +332,6 @@ def _norm_bwd_wide(
                 tl.store(DW_PART + part + cols, tl.load(DW_PART + part + cols, mask=cmask) + dy * xhat, mask=cmask)
             if HAS_DB:
                 tl.store(DB_PART + part + cols, tl.load(DB_PART + part + cols, mask=cmask) + dy, mask=cmask)
-
-
-@triton.jit
-def _column_sums(PART, P, N, cols, cmask, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """fp32 sums over the P rows of PART (P, N) fp32 (row stride N) at ``cols`` ([BLOCK_N], masked by ``cmask``), the
-    rows added BLOCK_P at a time in a fixed order (deterministic)."""
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        ps = p0 + tl.arange(0, BLOCK_P)
-        mask = (ps < P)[:, None] & cmask[None, :]
-        acc += tl.sum(tl.load(PART + ps.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0), axis=0)
-    return acc
-
-
-@triton.jit
-def _sum_partials(DW_PART, DB_PART, DW, DB, P, N, HAS_DW: tl.constexpr, HAS_DB: tl.constexpr,
-                  BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dw = sum over the P partial rows of DW_PART (P, N), db likewise, in one launch (fixed order: deterministic),
-    written in DW's / DB's dtype."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    if HAS_DW:  # fp32 sums, rounded once to dW's dtype (the weight's)
-        dw = _column_sums(DW_PART, P, N, cols, cmask, BLOCK_P, BLOCK_N)
-        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=cmask)
-    if HAS_DB:
-        db = _column_sums(DB_PART, P, N, cols, cmask, BLOCK_P, BLOCK_N)
-        tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=cmask)
 
 
 def _persistent_programs(device: torch.device) -> int:
