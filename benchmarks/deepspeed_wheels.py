@@ -35,7 +35,6 @@ installed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -179,19 +178,8 @@ def install(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("download", help="build DeepSpeed's wheel and fetch the pinned ones (here, with a registry)")
-    d.add_argument("--dir", default=".wheels/deepspeed")
-    d.add_argument("--python-version", default="3.12")
-    d.add_argument("--extra", action="append", default=[], metavar="NAME==VERSION", help="another wheel to ship")
-    i = sub.add_parser("install", help="install what this python3 lacks (there, no registry)")
-    i.add_argument("--dir", default=".wheels/deepspeed")
-    i.add_argument("--target", default="/tmp/ds-pkgs")
-    i.add_argument("--all", action="store_true", help="install every shipped distribution, installed or not")
-    i.add_argument("--python-version", help="install for this X.Y instead of the running interpreter (no imports)")
-    args = ap.parse_args(argv)
-    return download(args) if args.cmd == "download" else install(args)
+    return trl_wheels.cli(argv, __doc__, download, install, ".wheels/deepspeed", "/tmp/ds-pkgs",
+                          "build DeepSpeed's wheel and fetch the pinned ones (here, with a registry)")
 
 
 if __name__ == "__main__":

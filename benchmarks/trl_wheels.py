@@ -212,20 +212,28 @@ def install(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(argv, doc: str, download, install, folder: str, target: str, download_help: str) -> int:
+    """The ``download`` / ``install`` command line of a wheel folder script (this one, ``deepspeed_wheels.py``):
+    ``download(args)`` or ``install(args)`` with ``args.dir`` (default ``folder``), ``args.python_version``,
+    ``args.extra`` / ``args.target`` (default ``target``), ``args.all``; returns their exit status."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("download", help="fetch the pinned wheels (here, with a registry)")
-    d.add_argument("--dir", default=".wheels/trl")
+    d = sub.add_parser("download", help=download_help)
+    d.add_argument("--dir", default=folder)
     d.add_argument("--python-version", default="3.12")
     d.add_argument("--extra", action="append", default=[], metavar="NAME==VERSION", help="another wheel to ship")
     i = sub.add_parser("install", help="install what this python3 lacks (there, no registry)")
-    i.add_argument("--dir", default=".wheels/trl")
-    i.add_argument("--target", default="/tmp/trl-pkgs")
+    i.add_argument("--dir", default=folder)
+    i.add_argument("--target", default=target)
     i.add_argument("--all", action="store_true", help="install every shipped distribution, installed or not")
     i.add_argument("--python-version", help="install for this X.Y instead of the running interpreter (no imports)")
     args = ap.parse_args(argv)
     return download(args) if args.cmd == "download" else install(args)
+
+
+def main(argv=None) -> int:
+    return cli(argv, __doc__, download, install, ".wheels/trl", "/tmp/trl-pkgs",
+               "fetch the pinned wheels (here, with a registry)")
 
 
 if __name__ == "__main__":
