@@ -215,7 +215,7 @@ def train(sc: Scenario, patched: bool) -> dict:
     run = {"losses": [], "grads": [], "fused": []}
     gathers, local = GATHERS
     for step in range(STEPS):
-        ids, labels = batch(step)
+        ids, labels = (t.to(engine.device) for t in batch(step))  # (on the engine's device: a GPU's NCCL rank)
         out = engine(input_ids=ids, labels=labels)
         run["fused"].append(out.logits is None)
         trace.append(("after forward", _status(head_of(model))))

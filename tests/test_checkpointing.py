@@ -20,7 +20,7 @@ import torch
 import tigon
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model_matrix import CASES, DEVICE, DTYPE, GENERIC, MORE_FAMILIES, assert_report_runs, build, require_family
+from model_matrix import CASES, DEVICE, DTYPE, GENERIC, MORE_FAMILIES, assert_report_runs, build, config, require_family
 from tigon import checkpointing, data, support
 from tigon.numerics import rel_l2
 
@@ -83,10 +83,8 @@ def fused_heads(model_type: str, overrides: dict) -> dict:
     GQA, so the CPU keeps the matrix's grouped heads."""
     if DEVICE != "cuda" or DTYPE != torch.float32:
         return overrides
-    from transformers import AutoConfig
-
-    config = AutoConfig.for_model(model_type, **overrides)
-    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    cfg = config(model_type, overrides)  # (the matrix's own config: its tiny sizes under the overrides)
+    heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     return {**overrides, "num_key_value_heads": heads} if heads and kv and kv != heads else overrides
 
 
