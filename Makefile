@@ -7,6 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tigon-installed
 SPEC_FILE := $(VENV)/.torch-spec
+# pytest-xdist workers for `make test`: one per core, at most 8 (each holds torch and a model zoo in memory).
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(os.cpu_count() or 1, 8))')
 
 .PHONY: demo test install clean FORCE
 
@@ -27,7 +29,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tigon compare --json tigon-compare.json --plot tigon-compare.png
 
 test: $(STAMP)
-	TIGON_CUDA_COMPILE=1 $(PY) -m pytest -q
+	TIGON_CUDA_COMPILE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) tigon-compare.json tigon-compare.png

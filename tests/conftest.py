@@ -5,6 +5,7 @@ TRITON_INTERPRET must be set before any Triton kernel is defined, so this happen
 
 import gc
 import os
+import pickle
 import sys
 import zlib
 
@@ -15,6 +16,9 @@ if not torch.cuda.is_available():
 # The tests' tiny models would run their original MLP on a GPU (a patched MLP's host-bound choice, OpSpec.
 # host_bound_elements): the kernels at every size, unless a test asks for the choice (tests/test_host_bound.py).
 os.environ.setdefault("TIGON_HOST_BOUND_ELEMENTS", "0")
+# One console width in every run (rich reads COLUMNS): a terminal's, a pipe's 80 columns and an xdist worker's
+# differ, and the tools' tables and paths wrap with them.
+os.environ["COLUMNS"] = "160"
 
 import pytest  # noqa: E402
 
@@ -31,10 +35,33 @@ if os.environ.get("TIGON_CUDA_COMPILE") == "1" and os.environ.get("TRITON_INTERP
     _CUDA_COMPILE.install()
 
 
+# Under pytest-xdist (``make test`` runs ``-n``), each worker hands its launches to the controller, which compiles the
+# union once: a kernel variant two workers launched compiles once, and the check's failures reach one report.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # Each worker gets its share of the cores for torch's intra-op threads (two workers with two threads each on
+    # two cores run slower than with one each).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(pytest-xdist, on the controller) Take a finished worker's interpreted launches into the session's check."""
+    data = getattr(node, "workeroutput", {}).get("tigon_launches")
+    if _CUDA_COMPILE is not None and data:
+        for key, calls in pickle.loads(data).items():
+            _CUDA_COMPILE.launches.setdefault(key, set()).update(calls)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Compile every kernel variant the session interpreted for sm_90 (``TIGON_CUDA_COMPILE=1``): a variant the
-    compiler refuses fails the session."""
-    if _CUDA_COMPILE is None or not _CUDA_COMPILE.launches:
+    compiler refuses fails the session. An xdist worker hands its launches to the controller instead."""
+    if _CUDA_COMPILE is None:
+        return
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["tigon_launches"] = pickle.dumps(_CUDA_COMPILE.launches)
+        return
+    if not _CUDA_COMPILE.launches:
         return
     _CUDA_COMPILE.uninstall()
     result = cuda_compile.run_check(_CUDA_COMPILE, workers=int(os.environ.get("TIGON_CUDA_COMPILE_WORKERS", "2")))
