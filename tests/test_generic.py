@@ -68,9 +68,9 @@ class ToyNorm(nn.Module):
 
 
 class ToyMLP(nn.Module):
-    def __init__(self, dim, inner, act="silu", fused=False, scale=1.0):
+    def __init__(self, dim, inner, act="silu", fused=False, scale=1.0, limit=None):
         super().__init__()
-        self.fused, self.scale = fused, scale
+        self.fused, self.scale, self.limit = fused, scale, limit
         if fused:
             self.gate_up_proj = nn.Linear(dim, 2 * inner, bias=False)
         else:
@@ -85,6 +85,8 @@ class ToyMLP(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.limit is not None:  # DeepSeek-V4's swiglu_limit: gate clamped from above, up both ways
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         return self.down_proj(self.act_fn(gate) * up) * self.scale
 
 
@@ -232,6 +234,16 @@ def test_rejected_norms_and_mlps_are_reported_and_left_alone():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
+def test_clamped_mlp_is_refused_though_unit_inputs_never_reach_the_clamp():
+    # DeepSeek-V4's MLP clamps gate and up at swiglu_limit (10): on unit-variance probe inputs it equals plain SwiGLU,
+    # so a probe there alone would patch it and change its output wherever training drives a projection past 10
+    model = toy(mlps=({"act": "silu", "limit": 10.0}, {"act": "silu"}))
+    report, _ = assert_same_step(model)
+    skipped = {e.target: e.detail for e in report.skipped}
+    assert "not down(act(gate(x)) * up(x))" in skipped["layers.0.mlp"], skipped
+    assert "layers.1.mlp" in {e.target for e in report.replaced}
+
+
 @pytest.mark.parametrize("act,op", [("gelu_tanh", "geglu(approximate='tanh')"), ("gelu", "geglu(approximate='none')")])
 def test_gelu_variants_and_fused_gate_up(act, op):
     model = toy(mlps=({"act": act}, {"act": act, "fused": True}))
@@ -328,3 +340,27 @@ def test_generic_in_bf16_identifies_activation_and_casting():
         out = model(input_ids=ids).logits.float()
     tigon.unpatch(model)
     assert rel_l2(out, ref) < 2e-2
+
+
+def test_deepseek_v4_clamped_shared_experts_left_alone():
+    # DeepSeek-V4 (transformers >= 5.2x): no family spec yet; the generic matcher patches its RMSNorms and must
+    # refuse its shared experts' MLP, whose gate / up are clamped at swiglu_limit (issue 20)
+    if "deepseek_v4" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V4")
+    cfg = transformers.AutoConfig.for_model(
+        "deepseek_v4", vocab_size=96, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=32, o_lora_rank=32, n_routed_experts=4,
+        num_experts_per_tok=2, index_n_heads=2, index_head_dim=16, index_topk=4, o_groups=2, qk_rope_head_dim=8,
+        sliding_window=8, num_nextn_predict_layers=0, swiglu_limit=0.5)  # (a limit the training inputs reach)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE).train()
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    ref = model(input_ids=ids, labels=ids).loss
+    report = tigon.patch(model)
+    mlps = {e.target: e.detail for e in report.skipped if e.kind == "mlp"}
+    assert sorted(mlps) == [f"model.layers.{i}.mlp.shared_experts" for i in range(2)], report
+    assert all("not down(act(gate(x)) * up(x))" in d for d in mlps.values())
+    assert report.counts.get("rms_norm", 0) > 0 and "mlp" not in report.counts
+    out = model(input_ids=ids, labels=ids).loss
+    assert abs(out.item() - ref.item()) <= 1e-5 * abs(ref.item())
+    tigon.unpatch(model)

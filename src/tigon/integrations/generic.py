@@ -17,7 +17,8 @@ gated MLP
     activation is identified by probing the module's activation attribute(s) alone in fp32 against silu,
     gelu-tanh and exact gelu (1e-5); the whole module is then probed as ``down(op(gate(x), up(x)))`` on 4 random
     rows in its weights' dtype (relative L2 1e-5 for fp32; 2e-2 / 4e-3 for bf16 / fp16 weights, where the
-    activation must have been identified from its attribute).
+    activation must have been identified from its attribute), once at unit-variance inputs and once with gate and
+    up driven to +-50 (:data:`MLP_PROBE_REACH`), so that a clamped MLP (DeepSeek-V4's ``swiglu_limit``) is refused.
 rotary
     a module-global function ``apply_rotary_pos_emb`` in the modeling module of the model's classes, probed in fp32
     against rotate-half rope over the full head dimension (1e-5); an interleaved layout (GLM) fails the probe and is
@@ -48,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import sys
 import types
 from dataclasses import dataclass
@@ -275,6 +277,18 @@ def _identify_activation(m, projections) -> list[str]:
     return found
 
 
+MLP_PROBE_REACH = 50.0
+"""The largest |gate| / |up| value of :func:`probe_mlp`'s second probe: past every clamp limit in transformers
+(DeepSeek-V4's 10, GPT-OSS's 7), and small enough that an fp16 module's output stays finite."""
+
+
+def _glu_projections(m, layout: tuple[str, ...], fused: bool):
+    """x -> (gate(x), up(x)) of a gated MLP of ``layout`` (a fused gate_up projection split in two halves)."""
+    if fused:
+        return lambda x: getattr(m, layout[0])(x).chunk(2, dim=-1)
+    return lambda x: (getattr(m, layout[0])(x), getattr(m, layout[1])(x))
+
+
 def probe_mlp(m: torch.nn.Module, layout: tuple[str, ...]) -> MLPSpec | str:
     """An MLPSpec (fixed activation) reproducing ``m`` as ``down(op(gate(x), up(x)))``, or why not."""
     first = getattr(m, layout[0])
@@ -291,19 +305,23 @@ def probe_mlp(m: torch.nn.Module, layout: tuple[str, ...]) -> MLPSpec | str:
     names = identified or list(ACT_FUNCTIONS)
     x = _randn((PROBE_ROWS, in_features), w.device, w.dtype, seed=1)
     fused = len(layout) == 2
-    errs = {}
+    errs = dict.fromkeys(names, 0.0)
     try:
         with _probing(m):
-            y = _class_forward(m)(x)
-            if fused:
-                gate, up = getattr(m, layout[0])(x).chunk(2, dim=-1)
-            else:
-                gate, up = getattr(m, layout[0])(x), getattr(m, layout[1])(x)
-            down = getattr(m, layout[-1])
-            for name in names:
-                h = ref_glu.swiglu(gate, up) if name == "silu" else ref_glu.geglu(
-                    gate, up, "tanh" if name == "gelu_pytorch_tanh" else "none")
-                errs[name] = rel_l2(down(h), y)
+            projections = _glu_projections(m, layout, fused)
+            # twice: at unit-variance inputs, then with the projections driven to MLP_PROBE_REACH, where a clamp of
+            # gate / up (DeepSeek-V4's swiglu_limit 10, GPT-OSS's 7) or any saturation shows (random inputs of
+            # unit variance never reach it)
+            reach = max(float(t.abs().amax()) for t in projections(x))
+            for probe_x in (x, x * (MLP_PROBE_REACH / max(reach, 1e-6))):
+                y = _class_forward(m)(probe_x)
+                gate, up = projections(probe_x)
+                down = getattr(m, layout[-1])
+                for name in names:
+                    h = ref_glu.swiglu(gate, up) if name == "silu" else ref_glu.geglu(
+                        gate, up, "tanh" if name == "gelu_pytorch_tanh" else "none")
+                    err = rel_l2(down(h), y)
+                    errs[name] = max(errs[name], err if math.isfinite(err) else math.inf)
     except Exception as e:
         return f"probe failed: {type(e).__name__}: {e}"
     passing = [n for n in names if errs[n] <= tol]
