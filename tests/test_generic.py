@@ -343,8 +343,8 @@ def test_generic_in_bf16_identifies_activation_and_casting():
 
 
 def test_deepseek_v4_clamped_shared_experts_left_alone():
-    # DeepSeek-V4 (transformers >= 5.2x): no family spec yet; the generic matcher patches its RMSNorms and must
-    # refuse its shared experts' MLP, whose gate / up are clamped at swiglu_limit (issue 20)
+    # DeepSeek-V4 (transformers >= 5.2x) through the generic matcher (its family spec declares the MLP unsupported):
+    # it patches the RMSNorms and must refuse the shared experts' MLP, whose gate / up are clamped at swiglu_limit
     if "deepseek_v4" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
         pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V4")
     cfg = transformers.AutoConfig.for_model(
@@ -356,7 +356,7 @@ def test_deepseek_v4_clamped_shared_experts_left_alone():
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE).train()
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     ref = model(input_ids=ids, labels=ids).loss
-    report = tigon.patch(model)
+    report = tigon.patch(model, family="generic")
     mlps = {e.target: e.detail for e in report.skipped if e.kind == "mlp"}
     assert sorted(mlps) == [f"model.layers.{i}.mlp.shared_experts" for i in range(2)], report
     assert all("not down(act(gate(x)) * up(x))" in d for d in mlps.values())

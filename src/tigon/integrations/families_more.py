@@ -1,5 +1,5 @@
 """More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
-Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, Llama 4 and Granite-MoE; and Bamba (a
+Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, DeepSeek-V4, Llama 4 and Granite-MoE; and Bamba (a
 Mamba-2 hybrid: its grouped, gate-first Mamba norm).
 
 The same vocabulary and helpers as :mod:`tigon.integrations.families` (which registers :data:`SPECS` in ``FAMILIES``);
@@ -43,6 +43,24 @@ LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared 
         Unsupported("mlp", "Llama4TextExperts", "experts as one bmm over (experts, tokens, hidden) with "
                     "up * act(gate) inline in their forward (no _apply_gate hook, not transformers' MoE experts "
                     "interface): an experts forward of this layout is needed"),
+    ))
+
+DEEPSEEK_V4 = FamilySpec(  # transformers >= 5.2x: hyper-connection streams (mHC) around attention and MoE blocks,
+    name="deepseek_v4", module="transformers.models.deepseek_v4.modeling_deepseek_v4",  # compressed sparse attention;
+    norms=(NormSpec("DeepseekV4RMSNorm", casting_mode="gemma"),),  # (w * x).to(dtype), fp32 weights (kept in fp32)
+    causal_lm=CausalLMSpec("DeepseekV4ForCausalLM", output_class="MoeCausalLMOutputWithPast",
+                           router_aux_loss="load_balancing_loss_func"),
+    unsupported=(
+        Unsupported("mlp", "DeepseekV4MLP", "SwiGLU with gate clamped above and up clamped both ways at "
+                    "config.swiglu_limit: tigon.functional.swiglu has no clamp (GPT-OSS's clamped_swiglu is another "
+                    "formula), left alone"),
+        Unsupported("mlp", "DeepseekV4Experts", "experts with the same clamped SwiGLU inline in their forward, left "
+                    "alone"),
+        Unsupported("rms_norm", "DeepseekV4UnweightedRMSNorm", "x * rsqrt(mean(x.float()^2) + eps).to(x.dtype): the "
+                    "factor is rounded to x's dtype before the product, a casting none of rms_norm's modes has"),
+        Unsupported("rope", "DeepseekV4Attention", "apply_rotary_pos_emb(x, cos, sin) rotates one tensor per call "
+                    "(queries, the shared key-value, the compressed keys, and the output by -sin): another interface "
+                    "than (q, k, cos, sin), left alone"),
     ))
 
 GRANITEMOE = replace(  # Granite's multipliers (residual, embedding, attention, logits / logits_scaling), every layer
@@ -140,5 +158,5 @@ BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_
     norms=(NormSpec("BambaRMSNorm"), _gated_norm("BambaRMSNormGated", "llama", norm_before_gate=False)))  # group_size
 
 SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
-                                 LLAMA4, GRANITEMOE, BAMBA)
+                                 DEEPSEEK_V4, LLAMA4, GRANITEMOE, BAMBA)
 """The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""

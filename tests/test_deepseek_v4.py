@@ -1,0 +1,65 @@
+"""DeepSeek-V4 (transformers >= 5.2x; issue 20) as a family spec: its RMSNorms and the fused LM-head loss replaced, the
+clamped-SwiGLU MLPs / experts, the weightless hyper-connection norm and the one-tensor rotary left alone with their
+reasons; loss and gradients equal to the original's (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tigon  # noqa: E402
+from tigon.numerics import rel_l2  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+if "deepseek_v4" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+    pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V4", allow_module_level=True)
+
+
+def tiny(**overrides):
+    cfg = transformers.AutoConfig.for_model("deepseek_v4", **{**dict(
+        vocab_size=96, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, q_lora_rank=32, o_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
+        index_n_heads=2, index_head_dim=16, index_topk=4, o_groups=2, qk_rope_head_dim=8, sliding_window=8,
+        num_nextn_predict_layers=0), **overrides})
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(DEVICE).train()
+
+
+def step(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_family_report_and_training_step_equal_the_original():
+    model = tiny()
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    ref, ref_grads = step(model, ids, labels)
+    report = tigon.patch(model)
+    assert report.family == "deepseek_v4"
+    # q_a_norm, kv_norm, the compressor's kv_norm, input / post-attention norms per layer, the final norm
+    assert report.counts == {"rms_norm": 11, "lm_head_loss": 1}, report
+    why = {e.kind: e.detail for e in report.skipped}
+    assert "swiglu_limit" in why["mlp"] and "one tensor per call" in why["rope"] and "rounded" in why["rms_norm"]
+    out, grads = step(model, ids, labels)
+    assert out.logits is None  # the fused loss ran: no logits
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * ref.loss.item()
+    assert grads.keys() == ref_grads.keys()
+    # all gradients as one vector within 1e-5; per parameter within 1e-4 of its own norm, floored at 1e-3 of the
+    # largest: the router's gate gets ~1e-10 (its normalised top-k weights' gradients cancel), on which a relative
+    # error says nothing, and the hyper-head's small gradients (~2e-3 of the largest) sit behind a sum over four
+    # sigmoid-weighted streams where the fused loss's other summation order shows as ~1.3e-5
+    flat = torch.cat([grads[n].flatten() for n in ref_grads])
+    assert rel_l2(flat, torch.cat([g.flatten() for g in ref_grads.values()])) <= 1e-5
+    scale = max(g.norm().item() for g in ref_grads.values())
+    for n, g in ref_grads.items():
+        assert (grads[n] - g).norm().item() <= 1e-4 * max(g.norm().item(), 1e-3 * scale), n
+    tigon.unpatch(model)
+    again, _ = step(model, ids, labels)
+    assert again.logits is not None and again.loss.item() == ref.loss.item()
