@@ -1,7 +1,7 @@
 """The end-to-end table: one process per provider (``tigon bench --e2e``), then ratios and a plot.
 
-    PYTHONPATH=src python3 benchmarks/e2e_table.py --model qwen2.5-0.5b --batch-size 4 --seq-len 1024 \\
-        --providers original,original_compile,tigon,tigon_compile,tigon_compile_kernels --out-dir $OUT
+    PYTHONPATH=src python3 benchmarks/e2e_table.py --model qwen2.5-0.5b --batch-size 4 --seq-len 1024 --out-dir $OUT
+        # the default providers: HF, HF + compile, Liger (Triton and its CuTe DSL backend), Tigon, Tigon + compile
     python3 benchmarks/e2e_table.py --from-dir DIR [--png table.png]     # merge JSON files already written
 
 Each provider runs in a fresh ``python3 -m tigon.cli bench --e2e --providers <p>`` process (so compile caches,
@@ -57,6 +57,11 @@ def _relabel(path: str, name: str) -> None:
         json.dump(report, f, indent=1)
 
 
+DEFAULT_PROVIDERS = "original,original_compile,liger,liger_cutedsl,tigon,tigon_compile"
+"""Issue 28's table: every provider a user could pick. A peer that is not installed, or fails (Liger's CuTe DSL fused
+linear CE needs SM100), is a row with its status, not a missing line."""
+
+
 def run_providers(args) -> list[str]:
     """Run each provider in its own process; returns the JSON paths written."""
     os.makedirs(args.out_dir, exist_ok=True)
@@ -81,13 +86,18 @@ def run_providers(args) -> list[str]:
         if args.kernel_summary:
             cmd += ["--kernel-summary"]
         try:
-            subprocess.run(cmd, timeout=args.timeout, check=False, env={**os.environ, **env})
+            done = subprocess.run(cmd, timeout=args.timeout, check=False, env={**os.environ, **env})
+            why = f"the process exited with status {done.returncode} and wrote no report"
         except subprocess.TimeoutExpired:
-            print(f"{p}: timed out after {args.timeout} s", file=sys.stderr)
-        if os.path.exists(path):
-            if base != p:
-                _relabel(path, p)
-            paths.append(path)
+            why = f"timed out after {args.timeout} s (--timeout)"
+            print(f"{p}: {why}", file=sys.stderr)
+        if not os.path.exists(path):  # a row that says so, not a missing line
+            with open(path, "w") as f:
+                json.dump({"model": {"source": args.model}, "device_name": None,
+                           "rows": [{"provider": p, "status": "failed", "note": why}]}, f, indent=1)
+        elif base != p:
+            _relabel(path, p)
+        paths.append(path)
     return paths
 
 
@@ -185,7 +195,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--providers", default="original,original_compile,tigon,tigon_compile,tigon_compile_kernels")
+    ap.add_argument("--providers", default=DEFAULT_PROVIDERS)
     ap.add_argument("--out-dir", default="out")
     ap.add_argument("--gpu", default="h200", help="the GPU's name in the file names")
     ap.add_argument("--timeout", type=float, default=240.0)
