@@ -383,7 +383,7 @@ def test_patch_report_says_what_runs_under_compile(tiny_models, monkeypatch):
     monkeypatch.setenv("TIGON_COMPILE_OPS", "auto")
     model = tiny_models(False)
     note = next(n for n in tigon.patch(model).notes if n.startswith("under torch.compile"))
-    assert "rms_norm, rope leave their code to Inductor" in note and "fused_linear_cross_entropy run" in note
+    assert "rms_norm, rope leave their code to Inductor" in note and "fused_linear_cross_entropy runs" in note
     tigon.unpatch(model)
 
 

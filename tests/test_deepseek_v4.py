@@ -63,3 +63,17 @@ def test_family_report_and_training_step_equal_the_original():
     tigon.unpatch(model)
     again, _ = step(model, ids, labels)
     assert again.logits is not None and again.loss.item() == ref.loss.item()
+
+
+def test_class_level_patch_names_no_vision_tower():
+    # a class-level patch of a text family whose rotary is left alone is not a vision-language container (the note
+    # that sends the user to patch "its language model and vision tower" by name is for Llava / PaliGemma)
+    try:
+        report = tigon.patch("deepseek_v4")
+        assert report.family == "deepseek_v4" and {e.kind for e in report.replaced} == {"rms_norm", "lm_head_loss"}
+        assert not any("vision tower" in n for n in report.notes), report.notes
+        model = tiny()
+        ids = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+        assert model(input_ids=ids, labels=ids).logits is None  # the class-level head ran
+    finally:
+        tigon.unpatch("deepseek_v4")

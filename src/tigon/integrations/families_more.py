@@ -54,7 +54,8 @@ DEEPSEEK_V4 = FamilySpec(  # transformers >= 5.2x: hyper-connection streams (mHC
         Unsupported("mlp", "DeepseekV4MLP", "SwiGLU with gate clamped above and up clamped both ways at "
                     "config.swiglu_limit: tigon.functional.swiglu has no clamp (GPT-OSS's clamped_swiglu is another "
                     "formula), left alone"),
-        Unsupported("mlp", "DeepseekV4Experts", "experts with the same clamped SwiGLU inline in their forward, left "
+        Unsupported("mlp", "DeepseekV4Experts", "routed experts whose forward clamps gate and up at "
+                    "config.swiglu_limit inline (no _apply_gate hook): no clamp in tigon.functional.swiglu, left "
                     "alone"),
         Unsupported("rms_norm", "DeepseekV4UnweightedRMSNorm", "x * rsqrt(mean(x.float()^2) + eps).to(x.dtype): the "
                     "factor is rounded to x's dtype before the product, a casting none of rms_norm's modes has"),

@@ -163,8 +163,9 @@ def compile_note(report: PatchReport) -> str:
         by[support.compiled_choice(op)].append(op)
     parts = []
     if by["inductor"]:
-        parts.append(f"{', '.join(by['inductor'])} leave their code to Inductor (fused with their neighbours)")
+        parts.append(f"{', '.join(by['inductor'])} {'leaves its' if len(by['inductor']) == 1 else 'leave their'} code "
+                     "to Inductor (fused with their neighbours)")
     if by["kernel"]:
-        parts.append(f"{', '.join(by['kernel'])} run Tigon's kernels")
+        parts.append(f"{', '.join(by['kernel'])} {'runs' if len(by['kernel']) == 1 else 'run'} Tigon's kernels")
     return (f"under torch.compile (compile mode {support.compile_mode()!r}, tigon.support.set_compile_mode): "
             + "; ".join(parts))
