@@ -157,6 +157,8 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if name.endswith("DecoderLayer"):
         return "decoder layer: residual adds and calls; its norms, attention and MLP are listed separately"
     if any(True for _ in module.children()):
+        if any(True for _ in module.parameters(recurse=False)):  # (DeepSeek-V4's hyper-connections, hash router)
+            return f"no Tigon kernel for {name} (parameters of its own; its submodules are listed separately)"
         return "container: its submodules are listed separately"
     if isinstance(module, torch.nn.LayerNorm) or name.endswith("LayerNorm"):
         return ("LayerNorm: Tigon has a LayerNorm kernel, but this model's family has no spec and the generic "
