@@ -150,31 +150,11 @@ def install(args) -> int:
     picked, notes = choose(wheels, have, args.all, args.python_version)
     for n in notes:
         _say(n)
-    if picked:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--no-cache-dir", "--upgrade", "--disable-pip-version-check", "--target", args.target]
-        if foreign:
-            cmd += ["--python-version", args.python_version, "--only-binary=:all:", "--implementation", "cp",
-                    *[a for p in PLATFORMS for a in ("--platform", p)]]
-        _say("+", " ".join(cmd), *(os.path.basename(w) for w in picked))
-        if subprocess.run(cmd + picked).returncode:
-            return 1
-    else:
-        _say("nothing to install: the interpreter has every shipped distribution")
-    path = os.pathsep.join([args.target] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    if not foreign:
-        probe = ("import importlib.metadata as m, deepspeed, pydantic, hjson; "
-                 "from deepspeed.accelerator import get_accelerator; "
-                 "print(' '.join(f'{d} {m.version(d)}' for d in ('deepspeed', 'pydantic', 'typing-extensions', "
-                 "'torch')), 'accelerator', get_accelerator()._name)")
-        r = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path},
-                           capture_output=True, text=True)
-        if r.returncode:
-            _say("smoke import FAILED:\n" + r.stderr[-3000:])
-            return 1
-        _say("smoke import ok:", r.stdout.strip().splitlines()[-1])
-    print(f"export PYTHONPATH={path}")
-    return 0
+    probe = ("import importlib.metadata as m, deepspeed, pydantic, hjson; "
+             "from deepspeed.accelerator import get_accelerator; "
+             "print(' '.join(f'{d} {m.version(d)}' for d in ('deepspeed', 'pydantic', 'typing-extensions', "
+             "'torch')), 'accelerator', get_accelerator()._name)")
+    return trl_wheels.install_picked(args, picked, foreign, probe)
 
 
 def main(argv=None) -> int:

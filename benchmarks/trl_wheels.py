@@ -187,6 +187,15 @@ def install(args) -> int:
     picked, notes = choose(wheels, {} if foreign else installed_versions(), args.all, args.python_version)
     for n in notes:
         _say(n)
+    probe = ("import importlib.metadata as m, trl, datasets; from trl import DPOConfig, DPOTrainer; "
+             "print(' '.join(f'{d} {m.version(d)}' for d in ('trl', 'datasets', 'transformers', 'torch')))")
+    return install_picked(args, picked, foreign, probe)
+
+
+def install_picked(args, picked: list[str], foreign: bool, probe: str) -> int:
+    """``pip install`` the ``picked`` wheel paths into ``args.target`` (for ``args.python_version``'s platform when
+    ``foreign``), then, for this interpreter, run the ``probe`` code with the new PYTHONPATH (its last stdout line is
+    said). Prints ``export PYTHONPATH=...`` last on stdout and returns 0; 1 when pip or the probe fails."""
     if picked:
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                "--no-cache-dir", "--upgrade", "--disable-pip-version-check", "--target", args.target]
@@ -200,14 +209,12 @@ def install(args) -> int:
         _say("nothing to install: the interpreter has every shipped distribution")
     path = os.pathsep.join([args.target] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     if not foreign:
-        probe = ("import importlib.metadata as m, trl, datasets; from trl import DPOConfig, DPOTrainer; "
-                 "print(' '.join(f'{d} {m.version(d)}' for d in ('trl', 'datasets', 'transformers', 'torch')))")
         r = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path},
                            capture_output=True, text=True)
         if r.returncode:
             _say("smoke import FAILED:\n" + r.stderr[-3000:])
             return 1
-        _say("smoke import ok:", r.stdout.strip())
+        _say("smoke import ok:", r.stdout.strip().splitlines()[-1])
     print(f"export PYTHONPATH={path}")
     return 0
 
