@@ -78,10 +78,8 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             actions.append(Action(PatchEntry("rope", target, f"tigon.functional.{op} for every model of the family "
                                               f"({partial})", (op,)),
                                    class_rope_apply(spec, mod, rope)))
-    own_attention = spec.rope is not None or any(u.kind == "rope" for u in spec.unsupported)
-    if spec.heads and not own_attention and not spec.decoder_layers:  # a container (Llava, PaliGemma), not a text
-        # family whose rotary is left alone (DeepSeek-V4, Gemma 4)
-        report.notes.append(f"{spec.name}: its language model and vision tower are classes of other families; a "
+    if spec.container:
+        report.notes.append(f"{spec.name}: its language model (and vision tower) are classes of other families; a "
                             "class-level patch of this family leaves them alone (patch those families by name too, "
                             "or patch a built model: tigon.patch(model) applies every family it contains)")
     else:

@@ -205,12 +205,12 @@ def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], 
 CLIP = _vision("clip", "CLIPMLP")
 SIGLIP = _vision("siglip", "SiglipMLP")
 LLAVA = FamilySpec(  # the language model and the vision tower are other families (Llama, CLIP by default)
-    name="llava", module="transformers.models.llava.modeling_llava",
+    name="llava", module="transformers.models.llava.modeling_llava", container=True,
     mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
                   down="linear_2", act="act"),),
     causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"))
 PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
-    name="paligemma", module="transformers.models.paligemma.modeling_paligemma",
+    name="paligemma", module="transformers.models.paligemma.modeling_paligemma", container=True,
     causal_lm=CausalLMSpec("PaliGemmaForConditionalGeneration", output_class="PaliGemmaCausalLMOutputWithPast",
                            softcap_attr="final_logit_softcapping", text_config_attrs=True))
 QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp

@@ -97,12 +97,12 @@ PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers)
                              "broadcast with unsqueeze_dim=0; tigon.functional.rope takes the head axis at 1 or 2"),))
 
 SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text tower (its own family), linear connector
-    name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm",
+    name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm", container=True,
     norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"))
 
 INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) + a LayerNorm projector, Qwen2 text tower
-    name="internvl", module="transformers.models.internvl.modeling_internvl",
+    name="internvl", module="transformers.models.internvl.modeling_internvl", container=True,
     norms=(NormSpec("InternVLVisionRMSNorm"), TORCH_LAYER_NORM),
     mlps=(MLPSpec("InternVLVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"),

@@ -268,6 +268,8 @@ class FamilySpec:
     extra_heads: more LM-head classes of the same module (Gemma 3's ``Gemma3ForConditionalGeneration`` beside
         ``Gemma3ForCausalLM``); :attr:`heads` is all of them.
     unsupported: classes of the family left alone, each with the reason (:class:`Unsupported`).
+    container: a vision-language container whose language model is another family's classes (Llava, PaliGemma,
+        SmolVLM, InternVL): a class-level patch of the family leaves that model alone and says so.
     """
 
     name: str
@@ -280,6 +282,7 @@ class FamilySpec:
     decoder_layers: tuple[DecoderLayerSpec, ...] = ()
     extra_heads: tuple[CausalLMSpec, ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
+    container: bool = False
 
     @property
     def heads(self) -> tuple[CausalLMSpec, ...]:
