@@ -120,6 +120,14 @@ SPACE: dict[str, list[Study]] = {
               {"GRAD_IN_FORWARD_BLOCK": ((8192, 8, False), (8192, 8, True), (16384, 16, True), (32768, 16, True),
                                          (32768, 32, False), (32768, 32, True))},
               provider="tigon_fwdgrad", kernel="_ce_fwd_kernel"),
+        Study("grad_in_forward, L2: (block, warps, reverse, eviction hints: 1 keep the first read / drop the re-read "
+              "/ stream the stores, 2 stream the stores, 3 drop the re-read and stream the stores; programs per SM, "
+              "0: a program per row)", "loss_rows", (llama(8192),),
+              {"GRAD_IN_FORWARD_BLOCK": ((8192, 8, True, 1), (8192, 8, True, 2), (8192, 8, True, 3),
+                                         (8192, 8, True, 2, 2), (8192, 8, True, 2, 4), (16384, 16, True, 2, 1),
+                                         (16384, 16, True, 2, 2), (32768, 32, True, 2, 1), (32768, 32, True, 1, 1),
+                                         (16384, 16, True, 1, 2))},
+              provider="tigon_fwdgrad", kernel="_ce_fwd_kernel"),
     ],
     "fused_linear_cross_entropy": [
         Study("chunk rows at a small hidden size (rows = max(hidden, MIN_CHUNK_ROWS_CUDA)): Qwen2.5-0.5B's head "

@@ -358,7 +358,10 @@ def test_grad_in_forward_matches_float64(device, dtype, case):
     assert_close_to_truth(checks)
 
 
-GRAD_BLOCKS = dict(default=None, wide=(128, 4, False), wide_reverse=(128, 4, True), narrow_reverse=(8192, 4, True))
+GRAD_BLOCKS = dict(default=None, wide=(128, 4, False), wide_reverse=(128, 4, True), narrow_reverse=(8192, 4, True),
+                   # L2 hints 3 (a no-op under the interpreter) on a grid capped at 2 programs per SM (2 in all under
+                   # the interpreter): each program takes every other row
+                   hints_capped=(128, 4, True, 3, 2))
 
 
 @pytest.mark.parametrize("block", list(GRAD_BLOCKS.values()), ids=list(GRAD_BLOCKS))

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from . import target_check
-from ._common import cdiv, launcher, next_pow2, rows_per_program, warps_for
+from ._common import cdiv, compiled_cuda, launcher, next_pow2, rows_per_program, sm_count, warps_for
 
 # Largest vocabulary block one program loads per step. Rows longer than this are walked in several steps
 # (online log-sum-exp), so any vocabulary size works. 8192 elements is a [1, 8192] fp32 tile, 32 values per
@@ -68,6 +68,8 @@ MAX_BLOCK_V = 8192
 # (16384, 16, reverse) 1.548 / 6.067 / 12.123, (32768, 32) 1.570 / 6.196 / 12.130 first block first (session 7's
 # choice) and 1.636 at 8k last block first; Liger-Kernel 1.938 / 6.463 / 12.180 in the same call. Holding the last
 # block in registers (no re-read of it) was slower: 1.80-1.94 ms at 8k (registers cost resident programs).
+# Optional fourth and fifth fields (ce_rows_forward): L2 eviction hints of the two passes and the stores, and a grid
+# capped at k programs per SM (benchmarks/tune.py's cross_entropy "L2" study).
 GRAD_IN_FORWARD_BLOCK = (8192, 8, True)
 
 
@@ -133,13 +135,15 @@ def _grad_pass(
     X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V, n_classes,
     label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_V: tl.constexpr,
-    REVERSE: tl.constexpr,
+    REVERSE: tl.constexpr, HINTS: tl.constexpr = 0,
 ):
     """Write a * d loss_row / d raw_logits for each row (``az``: the z-loss term's coefficient, see the module
     docstring; zero rows where a == az == 0; ignored rows, not ``valid``, are
     written without being read), block by block (``n_classes``: the vocabulary size label smoothing divides by, V
     except on a vocabulary shard): first block first, or with REVERSE last block first (the blocks a
-    forward read last are the likeliest still in L2)."""
+    forward read last are the likeliest still in L2). HINTS (see :data:`GRAD_IN_FORWARD_BLOCK`): 1 or 3: the
+    re-read marks its lines evict-first (done with them); 1, 2 or 3: the gradient's stores stream past L2
+    (evict-first), so that they do not push the logits still to be re-read out of it."""
     rows64 = rows.to(tl.int64)
     x_row = X + rows64 * stride_x
     dx_row = DX + rows64 * stride_dx
@@ -149,11 +153,20 @@ def _grad_pass(
         start = last - i if REVERSE else i
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
-        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        lmask = valid[:, None] & cmask[None, :]
+        if HINTS == 1 or HINTS == 3:
+            raw = tl.load(x_row[:, None] + cols[None, :], mask=lmask, other=0.0, eviction_policy="evict_first")
+        else:
+            raw = tl.load(x_row[:, None] + cols[None, :], mask=lmask, other=0.0)
+        x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
         g = _grad_tile(x, cols, cmask, t_safe, m, logs, coef_p, coef_t, coef_s, CW, logit_scale, softcap,
                        HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING)
-        tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        smask = rmask[:, None] & cmask[None, :]
+        if HINTS == 0:
+            tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=smask)
+        else:
+            tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=smask,
+                     eviction_policy="evict_first")
 
 
 @triton.jit
@@ -219,8 +232,27 @@ def _ce_fwd_kernel(
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
     REVERSE: tl.constexpr, STORE_PRED: tl.constexpr = False, TOKEN_SCALING: tl.constexpr = False,
+    HINTS: tl.constexpr = 0,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # A program takes row tiles pid, pid + grid, ...: one each on a grid of all tiles (the default), several on a
+    # capped (persistent) grid, which bounds the rows in flight (and the L2 their second pass needs).
+    for tile in range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+        _ce_fwd_tile(X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, PRED, BAD,
+                     tile, n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+                     HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, COMPUTE_ACC, WRITE_GRAD, BLOCK_M, BLOCK_V, REVERSE,
+                     STORE_PRED, TOKEN_SCALING, HINTS)
+
+
+@triton.jit
+def _ce_fwd_tile(
+    X, stride_x, T, CW, CWSUM, SCALES, DX, stride_dx, LOSS, ZLOSS, STATS, CORRECT, PRED, BAD,
+    tile, n_rows, V, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    COMPUTE_ACC: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    REVERSE: tl.constexpr, STORE_PRED: tl.constexpr, TOKEN_SCALING: tl.constexpr, HINTS: tl.constexpr,
+):
+    """The forward of one tile of BLOCK_M rows (see :func:`ce_rows_forward`)."""
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     _record_bad_targets(BAD, T, rows, rmask, valid, in_range)
     x_row = X + rows.to(tl.int64) * stride_x
@@ -234,8 +266,12 @@ def _ce_fwd_kernel(
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         # ignored rows read nothing: their loss and gradient are zero (their lse, log V, meets a zero coefficient)
-        raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        lmask = valid[:, None] & cmask[None, :]
+        if HINTS == 1:  # the gradient's pass reads these again: keep them in L2 in preference
+            raw = tl.load(x_row[:, None] + cols[None, :], mask=lmask, other=0.0, eviction_policy="evict_last")
+        else:
+            raw = tl.load(x_row[:, None] + cols[None, :], mask=lmask, other=0.0)
+        x = _transform(raw.to(tl.float32), logit_scale, softcap, HAS_SOFTCAP)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
         if COMPUTE_ACC or STORE_PRED:
@@ -270,7 +306,7 @@ def _ce_fwd_kernel(
             az = az * p
         _grad_pass(X, stride_x, DX, stride_dx, CW, rows, rmask, valid, t_safe, wt, m, logs, a, az, wsum, V, V,
                    label_smoothing, lse_square_scale, logit_scale, softcap,
-                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE)
+                   HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, BLOCK_V, REVERSE, HINTS)
 
 
 @triton.jit
@@ -432,21 +468,29 @@ def ce_rows_forward(
     (n, V), which may be ``x`` itself (in place).
     First raises for a bad target an earlier launch recorded (:func:`tigon.kernels.target_check.raise_if_seen`).
     ``block``: (vocabulary block, num_warps, reverse: the gradient's pass goes last block first, see
-    :func:`_grad_pass`), one row per program, for rows at least that wide (narrower rows: the default blocks, by
-    :data:`MAX_BLOCK_V`, with that order). Default: the default blocks, first block first.
+    :func:`_grad_pass`[, hints[, programs per SM]]), one row per program, for rows at least that wide (narrower
+    rows: the default blocks, by :data:`MAX_BLOCK_V`, with that order). Default: the default blocks, first block
+    first. With the gradient's pass only: ``hints``, the L2 eviction hints of :func:`_grad_pass` (0: none);
+    ``programs per SM`` k > 0 caps the grid at k times the SM count, each program then taking every grid-th row
+    (0: a program per row).
     """
     n, vocab = x.shape
     if n == 0:
         return
+    hints, per_sm = (tuple(block[3:5]) + (0, 0))[:2] if block is not None else (0, 0)
     if block is not None and vocab >= block[0]:
-        block_m, (block_v, warps, reverse) = 1, block
+        block_m, (block_v, warps, reverse) = 1, block[:3]
     else:
         block_m, block_v, warps = _blocks(n, vocab, x.device)
-        reverse = block is not None and block[2]
+        reverse, per_sm = block is not None and block[2], 0
     target_check.raise_if_seen()
     write_grad = grad_scales is not None
     dx = grad_out if write_grad else x
-    launcher(_ce_fwd_kernel)[(cdiv(n, block_m),)](
+    tiles = cdiv(n, block_m)
+    # a capped grid: k programs per SM (k in all under the interpreter, where there are no SMs)
+    cap = per_sm * (sm_count(x.device) if compiled_cuda(x.device) else 1) if per_sm and write_grad else tiles
+    grid = min(tiles, cap)
+    launcher(_ce_fwd_kernel)[(grid,)](
         x, x.stride(0), target, cw if cw is not None else out_stats, cw_sum if cw_sum is not None else out_stats,
         grad_scales if write_grad else out_stats, dx, dx.stride(0),
         out_loss, out_z, out_stats, out_correct if out_correct is not None else out_loss,
@@ -456,7 +500,7 @@ def ce_rows_forward(
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None,
         HAS_SMOOTHING=opts.label_smoothing > 0, COMPUTE_ACC=out_correct is not None, WRITE_GRAD=write_grad,
         BLOCK_M=block_m, BLOCK_V=block_v, REVERSE=bool(reverse and write_grad), STORE_PRED=out_pred is not None,
-        TOKEN_SCALING=opts.token_scaling, num_warps=warps,
+        TOKEN_SCALING=opts.token_scaling, HINTS=int(hints) if write_grad else 0, num_warps=warps,
     )
 
 
