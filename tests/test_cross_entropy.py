@@ -4,6 +4,7 @@ import torch
 import tigon.kernels.cross_entropy as ce_ops
 import tigon.kernels.loss_rows as loss_rows
 from tigon import functional as F
+from tigon import nn as tigon_nn
 from tigon import support
 from tigon.numerics import FLOOR, assert_close_to_truth, compare, rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
@@ -118,7 +119,7 @@ def test_all_ignored_batch(device, reduction):
     assert acc.item() == 0.0
 
 
-@pytest.mark.parametrize("grad_in_forward", [False, True])
+@pytest.mark.parametrize("grad_in_forward", [False, None, True])
 def test_ignored_rows_are_never_read(device, grad_in_forward):
     # NaN logits in rows whose target is ignored: the kernels skip those rows, so loss and gradients stay finite
     n, v = 12, 300
@@ -560,3 +561,61 @@ def test_in_place_flags_copy_logits_whose_rows_share_memory(device, flag):
     ref_ce(truth.expand(n, v), target).backward()
     F.cross_entropy(bias.expand(n, v), target, **{flag: True}).backward()
     torch.testing.assert_close(bias.grad.double(), truth.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("block", [None, (128, 4, True)], ids=["default_blocks", "row_per_program"])
+def test_default_forms_the_gradient_in_its_own_buffer(device, monkeypatch, dtype, block):
+    # The default (grad_in_forward=None) forms the gradient in the forward into a buffer of its own: the logits are
+    # never written, a leaf may be passed, and the gradient equals the lazy path's bit for bit for an upstream of 1
+    # (kept as formed) and of 0.37 (recomputed on the device), also on a second backward (retain_graph)
+    monkeypatch.setattr(ce_ops, "grad_in_forward_block", lambda device: block)
+    n, v = 37, 300
+    x = (torch.randn(n, v, device=device) * 3).to(dtype)
+    target = _targets(n, v, device, ignore_every=5)
+    formed = []
+    monkeypatch.setattr(ce_ops, "ce_forward", _spy(ce_ops.ce_forward, formed))
+    for upstream in (1.0, 0.37):
+        lazy_leaf = x.clone().requires_grad_()
+        F.cross_entropy(lazy_leaf, target, label_smoothing=0.1, grad_in_forward=False).backward(
+            torch.tensor(upstream, device=device))
+        leaf = x.clone().requires_grad_()
+        loss = F.cross_entropy(leaf, target, label_smoothing=0.1)
+        assert torch.equal(leaf.detach(), x)  # untouched
+        assert formed[-1]
+        loss.backward(torch.tensor(upstream, device=device), retain_graph=True)
+        assert torch.equal(leaf.grad, lazy_leaf.grad), upstream
+        first = leaf.grad.clone()
+        leaf.grad = None
+        loss.backward(torch.tensor(upstream, device=device))  # the second backward recomputes lazily
+        assert torch.equal(leaf.grad, first)
+        assert torch.equal(leaf.detach(), x)
+
+
+def _spy(fn, seen):
+    """Wrap ce_forward, recording whether each call formed a gradient (grad_out given)."""
+    def wrapped(*args, **kwargs):
+        seen.append(kwargs.get("grad_out") is not None)
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+def test_default_runs_lazily_where_forming_does_not_pay(device, monkeypatch):
+    # per-token losses, logits without a gradient, inplace_backward, saved-tensor hooks (checkpointing), eval mode of
+    # the module: no gradient formed in the forward
+    formed = []
+    monkeypatch.setattr(ce_ops, "ce_forward", _spy(ce_ops.ce_forward, formed))
+    n, v = 9, 50
+    x = torch.randn(n, v, device=device, requires_grad=True)
+    target = _targets(n, v, device)
+    F.cross_entropy(x, target, reduction="none").sum().backward()
+    F.cross_entropy(x.detach(), target)
+    F.cross_entropy(x * 1.0, target, inplace_backward=True).backward()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        F.cross_entropy(x, target).backward()
+    module = tigon_nn.CrossEntropyLoss().eval()
+    module(x, target).backward()
+    assert formed == [False] * 5
+    F.cross_entropy(x, target).backward()
+    module.train()(x, target).backward()
+    assert formed[5:] == [True, True]

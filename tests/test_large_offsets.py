@@ -196,7 +196,7 @@ def test_rope_past_2_31(hq, d):
     assert int(torch.count_nonzero(q.grad[:, :, :p0])) == 0
 
 
-@pytest.mark.parametrize("grad_in_forward", [False, True])
+@pytest.mark.parametrize("grad_in_forward", [False, None, True])
 def test_cross_entropy_past_2_31_elements(grad_in_forward):
     v = 128256
     n = (PAST + MORE) // v
@@ -205,9 +205,10 @@ def test_cross_entropy_past_2_31_elements(grad_in_forward):
     target = torch.randint(0, v, (n,), device="cuda")
     target[r0 + 3] = -100
     logits = leaf * 1  # a non-leaf (grad_in_forward writes the gradient over it)
-    if grad_in_forward:  # a scalar loss: the rows before the boundary are ignored, so their gradient is zero
+    scalar = grad_in_forward is not False  # True: formed over the logits; None: into a buffer of its own
+    if scalar:  # a scalar loss: the rows before the boundary are ignored, so their gradient is zero
         target[:r0] = -100
-        loss = F.cross_entropy(logits, target, reduction="sum", grad_in_forward=True)
+        loss = F.cross_entropy(logits, target, reduction="sum", grad_in_forward=grad_in_forward)
         loss.backward()
         rows = None
     else:
@@ -217,7 +218,7 @@ def test_cross_entropy_past_2_31_elements(grad_in_forward):
         rows.backward(up)
     xt = _leaf(leaf.detach()[r0:])
     ref_rows = ref_ce.cross_entropy(xt, target[r0:], reduction="none")
-    (ref_rows.sum() if grad_in_forward else (ref_rows * up[r0:].double()).sum()).backward()
+    (ref_rows.sum() if scalar else (ref_rows * up[r0:].double()).sum()).backward()
     if rows is not None:
         _check_rows("cross_entropy loss rows", rows.detach()[:, None], ref_rows[:, None], r0)
     _check_rows("cross_entropy dlogits", leaf.grad, xt.grad, r0)

@@ -1,6 +1,8 @@
 """Cross-entropy on (N, V) logits: the eager autograd.Function and the torch.library custom op over the row kernels of
-:mod:`tigon.kernels.loss_rows` (one read of the logits forward, one read and one write backward; with
-``grad_in_forward`` the gradient is written over the logits during the forward).
+:mod:`tigon.kernels.loss_rows`. Eagerly, by default, the forward also forms the gradient into a new buffer while
+each row is still in L2 (:class:`CrossEntropyFunction`); lazily, one read of the logits forward and one read and
+one write backward (the custom op, reduction="none"); with ``grad_in_forward`` the gradient is written over the
+logits during the forward.
 
 Formula and semantics: :mod:`tigon.reference.cross_entropy`. Minimal bytes (bf16 logits): forward N*V*2, backward
 2*N*V*2.
@@ -54,10 +56,13 @@ def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_ite
     return loss, z, acc, stats, scale
 
 
-def ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, opts: LossOptions, dx) -> torch.Tensor:
+def ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, opts: LossOptions, dx,
+                skip_unit: bool = False) -> torch.Tensor:
     """Write ``d loss / d x`` times the upstream ``grad_loss`` into ``dx`` (may be ``x``); returns dx. ``scale``:
-    from :func:`reduce_losses` (None for reduction="none", where ``grad_loss`` is per token)."""
-    ce_rows_backward(x, target, cw, cw_sum, stats, opts, grad_loss, dx, scale)
+    from :func:`reduce_losses` (None for reduction="none", where ``grad_loss`` is per token). ``skip_unit``: dx
+    holds the forward's gradient for an upstream of 1, kept as it is when ``grad_loss`` is 1 (decided on the
+    device)."""
+    ce_rows_backward(x, target, cw, cw_sum, stats, opts, grad_loss, dx, scale, skip_unit=skip_unit)
     return dx
 
 
@@ -82,22 +87,33 @@ class CrossEntropyFunction(torch.autograd.Function):
     Returns (loss, z_loss, accuracy, predicted tokens); the last three are non-differentiable (accuracy is a dummy
     zero when ``want_acc`` is False; the predicted tokens, (N,) int64 with -1 where ignored, are (0,) unless
     ``want_pred``). ``logits`` (N, V) any dtype in KERNEL_DTYPES; the gradient has its dtype.
-    ``inplace``: False, True (the backward writes over the logits) or ``"forward"`` (grad_in_forward: when the
-    logits need a gradient, the forward writes it over them for a scalar reduction, and the backward only scales
-    it by the upstream gradient, a no-op when that is 1).
 
-    By default the forward writes per-row loss and row statistics (max, log-sum); the backward reads the logits
-    again and writes the gradient (``round(upstream * d loss / d logits)``, like the unfused computation), into a
-    new buffer or, with ``inplace=True``, over the logits. ``"forward"`` forms the gradient during the forward, as Liger-Kernel does
-    (one read of the logits less when the row's second pass hits L2; rounded to the logits' dtype there and again
-    when the backward scales it by an upstream other than 1). Each program re-reads its row right after the row's
-    loss, last block first (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). H200, 8192 x 128256 bf16, 10% of the tokens
-    ignored, fwd+bwd with upstream 1, kernel time (session8/sweep9_ce_graph.json): 1.438 ms (69% of copy bandwidth
-    over the 2 N V e minimal bytes), against 1.611 lazily, 2.604 for torch.compile and 1.420 for Liger's kernels
-    (whose host synchronisations make a step take 2.07 ms: session8/method.log). Both read the logits twice: as
-    bytes moved that is 97% of copy bandwidth, so 80% of the minimal bytes' floor needs a single read. Measured
-    designs for that: rows split over programs that meet at per-row counters (session 4's, 32%: commit 6468296; a
-    persistent grid taking tasks in ticket order with the next task's load in flight, 30%: commit 8f4fd00,
+    ``inplace`` picks where and when the gradient is written:
+
+    - ``"formed"`` (the functional default when the logits need a gradient and the loss is a scalar): the forward
+      forms ``d loss / d logits`` for an upstream of 1 into a new (N, V) buffer, right after each row's loss, while
+      the row may still be in L2; the backward hands that buffer on untouched when the upstream is 1 (the usual
+      ``loss.backward()``) and otherwise recomputes it from the logits for that upstream (one rounding, as the
+      lazy path: the device decides, no host sync). The logits are never written. A second backward
+      (``retain_graph``) recomputes into a new buffer.
+    - ``False``: lazy: the forward writes per-row loss and row statistics (max, log-sum); the backward reads the
+      logits again and writes the gradient (``round(upstream * d loss / d logits)``, as the unfused computation)
+      into a new buffer; ``True``: the same, written over the logits.
+    - ``"forward"`` (grad_in_forward=True): formed in the forward as ``"formed"``, but written over the logits (no
+      extra buffer, as Liger-Kernel does), and the backward scales it by the upstream (a no-op when that is 1;
+      rounded twice otherwise).
+
+    The formed modes fall back to the lazy one for reduction="none", for logits that need no gradient and while
+    saved-tensor hooks are set (activation checkpointing would run the forward, and write the gradient, twice).
+
+    Speed (H200, 8192 x 128256 bf16, 10% of the tokens ignored, fwd+bwd with upstream 1, kernel time,
+    session8/sweep9_ce_graph.json): formed in the forward 1.438 ms (69% of copy bandwidth over the 2 N V e minimal
+    bytes), against 1.611 lazily, 2.604 for torch.compile and 1.420 for Liger's kernels (whose host
+    synchronisations make a step take 2.07 ms: session8/method.log). Each program re-reads its row right after the
+    row's loss, last block first (blocks: :data:`GRAD_IN_FORWARD_BLOCK`). Both read the logits twice: as bytes moved
+    that is 97% of copy bandwidth, so 80% of the minimal bytes' floor needs a single read. Measured designs for
+    that: rows split over programs that meet at per-row counters (session 4's, 32%: commit 6468296; a persistent
+    grid taking tasks in ticket order with the next task's load in flight, 30%: commit 8f4fd00,
     session8/tune10_ce_onepass.json: 13.5 us per task whose bytes need about 4, i.e. bound by the latency of each
     task's chain of dependent atomics and loads). Keeping the second read in L2 instead: capping the grid at 1-4
     programs per SM was slower (2.0-4.6 ms against 1.620: too few bytes in flight; session7/tune7_ce.json), holding
@@ -108,8 +124,10 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, class_weight, opts, reduction, num_items, want_acc, inplace, want_pred=False):
-        ctx.grad_formed = (inplace == "forward" and ctx.needs_input_grad[0] and reduction != "none"
-                           and not saved_tensor_hooks_active())
+        formed = (inplace in ("forward", "formed") and ctx.needs_input_grad[0] and reduction != "none"
+                  and not saved_tensor_hooks_active())
+        ctx.grad_formed = formed and inplace == "forward"  # written over the logits
+        ctx.formed = None  # "formed": the gradient's own buffer, until the backward hands it on
         # Written in place (either way) only where every element has its own memory (rows sharing memory, e.g. an
         # expanded bias, would read gradients as logits): otherwise a contiguous copy takes the gradient.
         writes = ctx.grad_formed or inplace is True
@@ -120,16 +138,18 @@ class CrossEntropyFunction(torch.autograd.Function):
         if ctx.grad_formed and x is logits:
             # anything that saved the logits for its own backward now raises there instead of reading gradients
             torch.autograd.graph.increment_version(logits)
+        if formed and not ctx.grad_formed:
+            ctx.formed = torch.empty_like(x, memory_format=torch.contiguous_format)
         pred = target.new_empty((target.shape[0] if want_pred else 0,), dtype=torch.int64)
+        grad_out = x if ctx.grad_formed else ctx.formed
         loss, z, acc, stats, scale = ce_forward(x, target, cw, cw_sum, opts, reduction, num_items, want_acc,
-                                              grad_out=x if ctx.grad_formed else None,
-                                              pred=pred if want_pred else None)
+                                              grad_out=grad_out, pred=pred if want_pred else None)
         # In place: save a detached alias, so that the gradient returned (the same memory) is the only reference
         # to its tensor object and autograd can hand it on (or keep it as a leaf's .grad) without a copy.
         if ctx.grad_formed:
             ctx.save_for_backward(x.detach())
         else:
-            ctx.save_for_backward(x.detach() if inplace else x, target, cw, cw_sum, stats, scale)
+            ctx.save_for_backward(x.detach() if inplace is True else x, target, cw, cw_sum, stats, scale)
         ctx.opts, ctx.inplace, ctx.consumed = opts, inplace is True, False
         ctx.mark_non_differentiable(z, acc, pred)
         # z_loss and accuracy get no gradient: skip materialising zeros for them (two fills per backward)
@@ -150,6 +170,10 @@ class CrossEntropyFunction(torch.autograd.Function):
             ctx.consumed = True
             return scale_rows_(x, grad_loss.to(torch.float32)), None, None, None, None, None, None, None, None
         x, target, cw, cw_sum, stats, scale = ctx.saved_tensors
+        if ctx.formed is not None:  # the forward's buffer: kept for an upstream of 1, else recomputed over
+            dx, ctx.formed = ctx.formed, None  # handed on: autograd may keep it as a leaf's .grad, no copy
+            return (ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, ctx.opts, dx, skip_unit=True),
+                    None, None, None, None, None, None, None, None)
         dx = ce_backward(grad_loss, x, target, cw, cw_sum, stats, scale, ctx.opts,
                          x if ctx.inplace else torch.empty_like(x))
         if ctx.inplace:

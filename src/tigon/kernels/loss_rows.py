@@ -332,7 +332,29 @@ def _ce_bwd_kernel(
     n_rows, V, n_classes, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
     HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, TOKEN_SCALING: tl.constexpr = False,
+    SKIP_UNIT: tl.constexpr = False,
 ):
+    # SKIP_UNIT: DX already holds the gradient for a unit upstream (formed in the forward); write nothing when the
+    # 0-d upstream COEF is 1 (read on the device: no host sync), else recompute it over DX for that upstream.
+    if SKIP_UNIT:
+        if tl.load(COEF).to(tl.float32) != 1.0:
+            _ce_bwd_rows(X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
+                         n_rows, V, n_classes, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+                         HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, HAS_SCALE, BLOCK_M, BLOCK_V, TOKEN_SCALING)
+    else:
+        _ce_bwd_rows(X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
+                     n_rows, V, n_classes, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+                     HAS_WEIGHT, HAS_SOFTCAP, HAS_SMOOTHING, HAS_SCALE, BLOCK_M, BLOCK_V, TOKEN_SCALING)
+
+
+@triton.jit
+def _ce_bwd_rows(
+    X, stride_x, T, CW, CWSUM, STATS, COEF, stride_coef, SCALES, DX, stride_dx,
+    n_rows, V, n_classes, ignore_index, label_smoothing, lse_square_scale, logit_scale, softcap,
+    HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, TOKEN_SCALING: tl.constexpr,
+):
+    """The backward of this program's rows (see :func:`ce_rows_backward`)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, wt = _row_setup(T, CW, rows, n_rows, V, ignore_index, HAS_WEIGHT)
     m = tl.load(STATS + 2 * rows, mask=rmask, other=0.0)
@@ -524,7 +546,7 @@ def scale_rows_(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def ce_rows_backward(
     x: torch.Tensor, target: torch.Tensor, cw: torch.Tensor | None, cw_sum: torch.Tensor | None,
     stats: torch.Tensor, opts: LossOptions, coef: torch.Tensor, dx: torch.Tensor, scale: torch.Tensor | None = None,
-    n_classes: int | None = None,
+    n_classes: int | None = None, skip_unit: bool = False,
 ) -> None:
     """Launch the backward: ``dx = coef * d loss / d x`` for rows ``x`` (n, V), using the saved row statistics
     ``stats`` ((n, 2) fp32 of the forward).
@@ -537,6 +559,10 @@ def ce_rows_backward(
     ``stats`` the global (max, log-sum), ``target`` the local class (t - v0), or any value outside [0, V) other
     than ignore_index for a row whose target another shard holds (no target term there); label smoothing divides
     by ``n_classes`` (no class weights on a shard).
+
+    ``skip_unit`` (a 0-d ``coef``): ``dx`` already holds the gradient for an upstream of 1 (the forward formed it,
+    :func:`ce_rows_forward` with ``grad_out``); the kernel reads ``coef`` on the device and writes nothing when it
+    is 1, else recomputes ``dx`` for it (one rounding, as the lazy path; no host sync either way).
     """
     n, vocab = x.shape
     if n == 0:
@@ -550,7 +576,7 @@ def ce_rows_backward(
         float(opts.label_smoothing), float(opts.lse_square_scale), float(opts.logit_scale), float(opts.softcap or 1.0),
         HAS_WEIGHT=cw is not None, HAS_SOFTCAP=opts.softcap is not None, HAS_SMOOTHING=opts.label_smoothing > 0,
         HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_V=block_v, TOKEN_SCALING=opts.token_scaling,
-        num_warps=warps,
+        SKIP_UNIT=skip_unit, num_warps=warps,
     )
 
 

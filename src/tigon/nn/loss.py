@@ -50,10 +50,11 @@ class CrossEntropyLoss(nn.Module):
         return_z_loss, return_accuracy: return a :class:`tigon.functional.LossOutput` with those extras.
         inplace_backward: let the kernel write the logits' gradient into the logits' storage (saves memory; the
             logits must not be used after the backward).
-        grad_in_forward: form that gradient in the forward, over the logits (one read of them less; the logits
-            must not be used after the forward; scalar reductions, no float16). Only in training mode
-            (``self.training``): an evaluation pass leaves the logits alone. See
-            :func:`tigon.functional.cross_entropy`.
+        grad_in_forward: None (default): in training mode the forward forms that gradient into a buffer of its
+            own (one read of the logits less; the logits are left alone); True: formed over the logits (no extra
+            buffer; the logits must not be used after the forward; scalar reductions, no float16); False: the
+            backward forms it. In evaluation mode (``not self.training``) the backward forms it whatever the
+            setting. See :func:`tigon.functional.cross_entropy`.
         return_predicted_tokens: also return each token's argmax class in the LossOutput (int64 in target's shape,
             -1 where ignored; Liger-Kernel's option of the same name).
         return_token_accuracy: Liger-Kernel's name of ``return_accuracy``.
@@ -75,7 +76,7 @@ class CrossEntropyLoss(nn.Module):
                  label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
                  return_z_loss: bool = False, return_token_accuracy: bool = False,
                  return_predicted_tokens: bool = False, *, return_accuracy: bool = False,
-                 inplace_backward: bool = False, grad_in_forward: bool = False):
+                 inplace_backward: bool = False, grad_in_forward: bool | None = None):
         super().__init__()
         from ..ops.cross_entropy import liger_aliases
 
@@ -104,7 +105,7 @@ class CrossEntropyLoss(nn.Module):
             label_smoothing=self.label_smoothing, lse_square_scale=self.lse_square_scale, softcap=self.softcap,
             num_items_in_batch=num_items_in_batch,
             return_z_loss=self.return_z_loss, return_accuracy=self.return_accuracy,
-            inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward and self.training,
+            inplace_backward=self.inplace_backward, grad_in_forward=self.grad_in_forward if self.training else False,
             return_predicted_tokens=self.return_predicted_tokens,
         )
         return _restore(out, lead, self.reduction)
