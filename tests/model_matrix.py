@@ -7,6 +7,10 @@ image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_ST
 holds more architectures of no registered family, each with something the engine must leave alone and say so
 (a rotary function the probe rejects, a softcapped head; tests/test_report_truth.py runs Llama 4 under
 ``family="generic"`` for a rotary function of another interface and an LM head without a usable backbone attribute).
+``TABLE_ONLY`` holds the families that have a test file of their own instead of a matrix case (a model too unlike
+the others for every matrix test to take: DeepSeek-V4's hyper-connection streams): only the README's support table
+(tests/support_table.py) builds them, so that every family spec has a row there (:data:`IN_VISION_LANGUAGE` names the
+vision towers that have theirs inside a vision-language row).
 
 Each entry: ``(model_type, config overrides, expected family, expected replaced counts, expected skipped counts)``;
 GENERIC adds a sixth field: the transformers class to build when ``AutoModelForCausalLM`` does not map the config,
@@ -167,6 +171,22 @@ MORE_FAMILIES = {
                                       logits_scaling=4.0, residual_multiplier=0.5),
                    "granitemoe", FULL, {}),
 }
+
+
+TABLE_ONLY = {
+    # DeepSeek-V4 (tests/test_deepseek_v4.py trains it, patched vs original): mHC streams, compressed sparse attention,
+    # MoE layers whose shared expert and routed experts clamp gate / up at swiglu_limit (swiglu / glu_linear limit=)
+    "deepseek_v4": ("deepseek_v4", dict(moe_intermediate_size=32, num_key_value_heads=1, head_dim=32, q_lora_rank=32,
+                                        o_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, index_n_heads=2,
+                                        index_head_dim=16, index_topk=4, o_groups=2, qk_rope_head_dim=8,
+                                        sliding_window=8, num_nextn_predict_layers=0),
+                    "deepseek_v4", {"rms_norm": 11, "mlp": 2 * L, "lm_head_loss": 1}, {"rms_norm": 7, "rope": L}),
+}
+"""Same entries as MORE_FAMILIES; the support table's cases only (see the module docstring)."""
+
+IN_VISION_LANGUAGE = {"clip": "llava", "siglip": "paligemma", "pixtral": "pixtral"}
+"""Family specs of vision towers with no model of their own -> the VISION_LANGUAGE case whose support-table row shows
+them (applied inside the container's model)."""
 
 
 _ROPE3 = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # mRoPE sections of head_dim 16

@@ -3,13 +3,15 @@
     PYTHONPATH=src python3 tests/support_table.py            # print the table
     PYTHONPATH=src python3 tests/support_table.py --write    # rewrite README.md between the markers
 
-One row per model of the test matrix (:mod:`model_matrix`: ``CASES``, ``MORE_FAMILIES``, ``VISION_LANGUAGE``), each
-built tiny on the CPU from its config and patched by ``tigon.patch`` exactly as users call it: the family the patch
+One row per model of the test matrix (:mod:`model_matrix`: ``CASES``, ``MORE_FAMILIES``, ``VISION_LANGUAGE``) and per
+table-only case (``TABLE_ONLY``: families tested by a file of their own, which no matrix test runs), each built tiny on
+the CPU from its config and patched by ``tigon.patch`` exactly as users call it: the family the patch
 applied, each replaced kind with how many modules (and the :mod:`tigon.functional` ops its entries run, from
 ``PatchEntry.ops``), and each skipped kind with its reasons as the report gives them. So the table is what the
 family data (``tigon.integrations.FAMILIES``) and the op registry do on a model of that family, not a hand-kept
 list. ``tests/test_support_table.py`` checks that README.md holds this table for the transformers version named in its
-header (another version: the test skips, since transformers' classes decide some rows).
+header (another version: the test skips, since transformers' classes decide some rows), and that every family spec
+has a row (:func:`families_without_row`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,23 @@ def _cases() -> list[tuple[str, str, dict, str | None]]:
     import model_matrix as mm
 
     known = transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES
-    out = [(case, e[0], e[1], None) for case, e in {**mm.CASES, **mm.MORE_FAMILIES}.items()]
+    out = [(case, e[0], e[1], None) for case, e in {**mm.CASES, **mm.MORE_FAMILIES, **mm.TABLE_ONLY}.items()]
     out += [(case, e[0], e[1], e[2]) for case, e in mm.VISION_LANGUAGE.items()]
     return [c for c in out if c[1] in known]
+
+
+def families_without_row() -> list[str]:
+    """The families of ``tigon.integrations.FAMILIES`` that no row of the table shows: neither the expected family of a
+    case (``CASES``, ``MORE_FAMILIES``, ``TABLE_ONLY``, ``VISION_LANGUAGE``) nor a vision tower of
+    ``IN_VISION_LANGUAGE`` whose row is there. Read from the matrix data: no model is built."""
+    import model_matrix as mm
+
+    from tigon.integrations import FAMILIES
+
+    shown = {e[2] for e in {**mm.CASES, **mm.MORE_FAMILIES, **mm.TABLE_ONLY}.values()}
+    shown |= {e[3] for e in mm.VISION_LANGUAGE.values()}
+    shown |= {tower for tower, case in mm.IN_VISION_LANGUAGE.items() if case in mm.VISION_LANGUAGE}
+    return sorted(set(FAMILIES) - shown)
 
 
 def _short(reason: str, limit: int = 110) -> str:
@@ -77,7 +93,8 @@ def table() -> str:
     torch.manual_seed(0)
     lines = [START, "",
              f"Generated with transformers {transformers.__version__} on tiny models of the test matrix "
-             f"({mm.L} decoder layers, hidden 64; `tests/model_matrix.py`): what `tigon.patch(model)` replaced "
+             f"({mm.L} decoder layers, hidden 64; `tests/model_matrix.py`, its `TABLE_ONLY` cases included: "
+             "families with a test file of their own): what `tigon.patch(model)` replaced "
              "(modules per kind, and the `tigon.functional` ops they run) and what it skipped, with the reason "
              "the report gives. Rebuild: `PYTHONPATH=src python3 tests/support_table.py --write`.", "",
              "| model (matrix case) | family applied | replaced: kind x modules (ops) | skipped: kind x modules: why |",

@@ -109,6 +109,9 @@ def _opcheck_cases():
         "clamped_swiglu_backward": (ops.clamped_swiglu_backward, (torch.randn(6, 24), gate_up * 4, 1.702, 7.0)),
         "glu": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu")),
         "glu_multipliers": (ops.glu, (gate_up[:, :24], gate_up[:, 24:], "silu", 1.5, 0.25)),  # Falcon-H1's
+        "glu_limit": (ops.glu, (gate_up[:, :24] * 4, gate_up[:, 24:] * 4, "silu", 1.0, 1.0, 2.0)),  # DeepSeek-V4's
+        "glu_backward_limit": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24] * 4, gate_up[:, 24:] * 4, "silu",
+                                                  1.0, 1.0, 2.0)),
         "glu_backward": (ops.glu_backward, (torch.randn(6, 24), gate_up[:, :24], gate_up[:, 24:], "gelu_tanh")),
         "cross_entropy": (ops.cross_entropy, (logits, target, None, None, *ce, "mean", True, True)),  # want_pred
         "cross_entropy_none": (ops.cross_entropy, (logits, target, torch.rand(50), None, *ce, "none", False)),
@@ -202,6 +205,7 @@ def test_glu_compile(device):
     gate_up = torch.randn(3, 5, 2 * 40, device=device)
     _check_same(lambda gu: TF.swiglu(*gu.chunk(2, -1)), (gate_up,))
     _check_same(lambda gu: TF.geglu(*gu.chunk(2, -1), approximate="none", inplace_backward=True), (gate_up,))
+    _check_same(lambda gu: TF.swiglu(*(gu * 4).chunk(2, -1), limit=2.0), (gate_up,))  # DeepSeek-V4's clamps
 
 
 def test_liger_ops_compile(device):

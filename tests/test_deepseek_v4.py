@@ -1,6 +1,7 @@
-"""DeepSeek-V4 (transformers >= 5.2x; issue 20) as a family spec: its RMSNorms and the fused LM-head loss replaced, the
-clamped-SwiGLU MLPs / experts, the weightless hyper-connection norm and the one-tensor rotary left alone with their
-reasons; loss and gradients equal to the original's (fp32)."""
+"""DeepSeek-V4 (transformers >= 5.2x; issue 20) as a family spec: its RMSNorms, the clamped-SwiGLU shared expert
+(``swiglu_limit``: glu_linear(limit=...)) and routed experts' ``_apply_gate`` (swiglu(limit=...)) and the fused LM-head
+loss replaced, the weightless hyper-connection norm and the one-tensor rotary left alone with their reasons; loss and
+gradients equal to the original's (fp32), the ops the report declares the ones that ran."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
+from tigon import support  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,19 +37,32 @@ def step(model, ids, labels):
     return out, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_family_report_and_training_step_equal_the_original():
-    model = tiny()
+@pytest.mark.parametrize("experts, limit", [("grouped_mm", None), ("grouped_mm", 0.1), ("eager", 0.1)])
+def test_family_report_and_training_step_equal_the_original(experts, limit):
+    # grouped_mm (this config's default) and the eager loop both call the experts' _apply_gate. swiglu_limit 0.1
+    # clamps a quarter of the gate values and half of the up values of this tiny model (its default 10 none): the
+    # clamps' forward and zero gradients beyond them are then part of the step
+    model = tiny(**({} if limit is None else {"swiglu_limit": limit}))
+    model.config._experts_implementation = experts
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     labels = ids.clone()
     labels[0, :3] = -100
     ref, ref_grads = step(model, ids, labels)
     report = tigon.patch(model)
     assert report.family == "deepseek_v4"
-    # q_a_norm, kv_norm, the compressor's kv_norm, input / post-attention norms per layer, the final norm
-    assert report.counts == {"rms_norm": 11, "lm_head_loss": 1}, report
+    # q_a_norm, kv_norm, the compressor's kv_norm, input / post-attention norms per layer, the final norm; per layer
+    # the shared expert (DeepseekV4MLP) and the routed experts' _apply_gate, both clamped at config.swiglu_limit
+    assert report.counts == {"rms_norm": 11, "mlp": 4, "lm_head_loss": 1}, report
+    mlps = {e.target.rsplit(".", 1)[-1]: e for e in report.replaced if e.kind == "mlp"}
+    assert mlps["shared_experts"].ops == ("glu_linear",) and "limit=self.limit" in mlps["shared_experts"].detail
+    assert mlps["experts"].ops == ("swiglu",) and "limit=self.limit" in mlps["experts"].detail
     why = {e.kind: e.detail for e in report.skipped}
-    assert "swiglu_limit" in why["mlp"] and "one tensor per call" in why["rope"] and "rounded" in why["rms_norm"]
+    assert "mlp" not in why and "one tensor per call" in why["rope"] and "rounded" in why["rms_norm"]
+    support.backend_usage(reset=True)
     out, grads = step(model, ids, labels)
+    used = support.backend_usage()
+    # every layer's shared expert folds its down projection (glu_linear), the routed experts run swiglu
+    assert {"glu_linear", "swiglu", "rms_norm", "fused_linear_cross_entropy"} <= set(used), used
     assert out.logits is None  # the fused loss ran: no logits
     assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * ref.loss.item()
     assert grads.keys() == ref_grads.keys()
@@ -70,10 +85,23 @@ def test_class_level_patch_names_no_vision_tower():
     # that sends the user to patch "its language model (and vision tower)" by name is for containers: FamilySpec.container)
     try:
         report = tigon.patch("deepseek_v4")
-        assert report.family == "deepseek_v4" and {e.kind for e in report.replaced} == {"rms_norm", "lm_head_loss"}
+        assert report.family == "deepseek_v4" and {e.kind for e in report.replaced} == {"rms_norm", "mlp",
+                                                                                          "lm_head_loss"}
         assert not any("vision tower" in n for n in report.notes), report.notes
         model = tiny()
         ids = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
         assert model(input_ids=ids, labels=ids).logits is None  # the class-level head ran
     finally:
         tigon.unpatch("deepseek_v4")
+
+
+def test_support_table_case_is_what_the_patch_does():
+    # model_matrix.TABLE_ONLY's entry (the README support table's DeepSeek-V4 row) holds this report's counts
+    import model_matrix as mm
+
+    model_type, overrides, family, counts, skipped = mm.TABLE_ONLY["deepseek_v4"]
+    report = tigon.patch(mm.build(model_type, overrides))
+    held = {}
+    for e in report.skipped:
+        held[e.kind] = held.get(e.kind, 0) + 1
+    assert (report.family, report.counts, held) == (family, counts, skipped), report

@@ -343,7 +343,7 @@ def test_generic_in_bf16_identifies_activation_and_casting():
 
 
 def test_deepseek_v4_clamped_shared_experts_left_alone():
-    # DeepSeek-V4 (transformers >= 5.2x) through the generic matcher (its family spec declares the MLP unsupported):
+    # DeepSeek-V4 (transformers >= 5.2x) through the generic matcher (only its family spec knows the MLP's clamp):
     # it patches the RMSNorms and must refuse the shared experts' MLP, whose gate / up are clamped at swiglu_limit
     if "deepseek_v4" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
         pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V4")

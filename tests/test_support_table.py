@@ -22,3 +22,8 @@ def test_readme_holds_the_generated_support_table():
         pytest.skip(f"the table was generated with transformers {version and version.group(1)}, this is "
                     f"{transformers.__version__}: transformers' classes decide some rows")
     assert held == st.table(), "README.md's support table is stale: PYTHONPATH=src python3 tests/support_table.py --write"
+
+
+def test_every_family_spec_has_a_row():
+    # a family without a matrix case gets a TABLE_ONLY case (model_matrix.py), a vision tower its container's row
+    assert st.families_without_row() == [], "families with no support-table row: add a TABLE_ONLY case"

@@ -46,8 +46,8 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             check_same_options(mk, target, opts, class_level=True)
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
-        if kind == "mlp" and comp.experts and comp.activation == "clamped_swiglu":
-            if (problem := clamped_hook_problem(cls)) is not None:
+        if kind == "mlp" and comp.experts and (comp.activation == "clamped_swiglu" or comp.limit is not None):
+            if (problem := clamped_hook_problem(cls, comp)) is not None:
                 report.skipped.append(PatchEntry(kind, target, problem))
                 continue
         elif kind == "mlp" and comp.experts:

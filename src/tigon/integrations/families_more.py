@@ -48,15 +48,12 @@ LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared 
 DEEPSEEK_V4 = FamilySpec(  # transformers >= 5.2x: hyper-connection streams (mHC) around attention and MoE blocks,
     name="deepseek_v4", module="transformers.models.deepseek_v4.modeling_deepseek_v4",  # compressed sparse attention;
     norms=(NormSpec("DeepseekV4RMSNorm", casting_mode="gemma"),),  # (w * x).to(dtype), fp32 weights (kept in fp32)
+    # the shared expert and the routed experts' _apply_gate: SwiGLU with gate clamped above and up both ways at
+    # self.limit (config.swiglu_limit): tigon.functional.swiglu(limit=...) / glu_linear(limit=...)
+    mlps=(MLPSpec("DeepseekV4MLP", limit="limit"), MLPSpec("DeepseekV4Experts", experts=True, limit="limit")),
     causal_lm=CausalLMSpec("DeepseekV4ForCausalLM", output_class="MoeCausalLMOutputWithPast",
                            router_aux_loss="load_balancing_loss_func"),
     unsupported=(
-        Unsupported("mlp", "DeepseekV4MLP", "SwiGLU with gate clamped above and up clamped both ways at "
-                    "config.swiglu_limit: tigon.functional.swiglu has no clamp (GPT-OSS's clamped_swiglu is another "
-                    "formula), left alone"),
-        Unsupported("mlp", "DeepseekV4Experts", "routed experts whose forward clamps gate and up at "
-                    "config.swiglu_limit inline (no _apply_gate hook): no clamp in tigon.functional.swiglu, left "
-                    "alone"),
         Unsupported("rms_norm", "DeepseekV4UnweightedRMSNorm", "x * rsqrt(mean(x.float()^2) + eps).to(x.dtype): the "
                     "factor is rounded to x's dtype before the product, a casting none of rms_norm's modes has"),
         Unsupported("rope", "DeepseekV4Attention", "apply_rotary_pos_emb(x, cos, sin) rotates one tensor per call "

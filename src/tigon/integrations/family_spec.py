@@ -83,6 +83,12 @@ class MLPSpec:
     linear_cls: the family's own ``nn.Linear`` subclass its down projection may be, computing ``nn.Linear``'s map
         (Falcon's ``FalconLinear``: ``x @ W.T + b`` in two ATen calls), folded into ``act_linear`` like a plain
         ``nn.Linear`` (one rounding of the bias add less); None: only ``torch.nn.Linear`` itself is folded.
+    limit: the attribute of the module holding the clamp of its gate and up (DeepSeek-V4's ``self.limit``,
+        ``config.swiglu_limit``: ``act_fn(gate.clamp(max=limit)) * up.clamp(-limit, limit)``), read at each call and
+        passed as :func:`tigon.functional.swiglu`'s / ``glu_linear``'s ``limit`` (SiLU only: another activation runs
+        the original). With ``experts``: the class's own ``_apply_gate`` must be that clamped SwiGLU on the chunked
+        halves (read from its source) and becomes ``swiglu(*gate_up.chunk(2, -1), limit=self.limit)``. None: no
+        clamp.
     """
 
     cls: str
@@ -96,6 +102,7 @@ class MLPSpec:
     multipliers: tuple[str, str] | None = None
     act: str | None = None
     linear_cls: str | None = None
+    limit: str | None = None
 
     @property
     def gated(self) -> bool:

@@ -78,6 +78,9 @@ def mlp_problem(module, spec: MLPSpec, lora_enabled: bool = True) -> str | None:
     if spec.multipliers is not None:
         return (f"the MLP's multipliers ({', '.join(spec.multipliers)}) are not taken by "
                 f"tigon.functional.{adapter_op(adapter, spec)}")
+    if spec.limit is not None:
+        return (f"the MLP's clamp (self.{spec.limit}) is not taken by tigon.functional.{adapter_op(adapter, spec)}: "
+                "its projections run as adapter layers, the clamped product as tigon.functional.swiglu(limit=...)")
     for n in names:
         m = getattr(module, n)
         problem = lora_problem(m) or _hook_problem(m, tigon_forward_ok=True)
@@ -94,7 +97,7 @@ def _parts(m, name: str):
 def fused_call(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tensor):
     """The MLP's output for ``x`` through the fused path, or None when this call does not take it (see the module
     docstring). Cheap attribute checks only: it runs for every MLP in every step."""
-    if spec.multipliers is not None:
+    if spec.multipliers is not None or spec.limit is not None:
         return None
     projections = tuple(getattr(module, n) for n in projection_names(spec))
     names = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 
@@ -33,14 +34,19 @@ _ON_COMPILED_GPU = mlp_host_bound._on_compiled_gpu
 
 
 def _glu(act: tuple[str, str | None], gate: torch.Tensor, up: torch.Tensor, inplace: bool = False,
-         gm: float = 1.0, dm: float = 1.0) -> torch.Tensor:
+         gm: float = 1.0, dm: float = 1.0, limit: float | None = None) -> torch.Tensor:
     """swiglu / geglu of ``act`` (``act(gm * gate) * up * dm``); ``inplace``: the backward writes d_gate / d_up into
-    gate's / up's memory."""
+    gate's / up's memory; ``limit``: swiglu's clamps (DeepSeek-V4; the callers pass it with swiglu only)."""
     op, approximate = act
     if op == "swiglu":
-        return TF.swiglu(gate, up, gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
+        return TF.swiglu(gate, up, gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace, limit=limit)
     return TF.geglu(gate, up, approximate=approximate, gate_multiplier=gm, down_multiplier=dm,
                     inplace_backward=inplace)
+
+
+def mlp_limit(module, spec: MLPSpec) -> float | None:
+    """The module's clamp named by ``spec.limit`` (DeepSeek-V4's ``self.limit``) as a float; None without."""
+    return None if spec.limit is None else float(getattr(module, spec.limit))
 
 
 def mlp_multipliers(module, spec: MLPSpec) -> tuple[float, float]:
@@ -67,6 +73,9 @@ def mlp_forward(spec: MLPSpec, family: str, original):
     With ``spec.multipliers`` (Falcon-H1): ``down(op(gate(x) * gm, up(x))) * dm``, gm and dm the op's kernel scalars
     (dm scales the product: the same as scaling ``down``'s output for a projection without bias; with a bias the
     output is scaled after ``down``).
+
+    With ``spec.limit`` (DeepSeek-V4): ``down(swiglu(gate(x), up(x), limit=self.limit))``, the clamps of gate and up
+    in the kernel (another activation than SiLU runs the original forward).
 
     With ``spec.gate_up``: ``gate, up = gate_up(x).chunk(2, -1)`` (the halves are read in place by the kernel).
     An activation without a kernel (checked per call, so class-level patches stay correct for any config) runs the
@@ -102,6 +111,11 @@ def mlp_forward(spec: MLPSpec, family: str, original):
                 or ((x.is_cuda or mlp_host_bound._on_compiled_gpu is not _ON_COMPILED_GPU)
                     and host_bound(self, spec, act, x, compiling))):
             return original(self, x, *args, **kwargs)
+        lim = None
+        if spec.limit is not None:  # (DeepSeek-V4's clamp: swiglu's limit; SiLU only)
+            if act[0] != "swiglu":
+                return original(self, x, *args, **kwargs)
+            lim = mlp_limit(self, spec)
         gate_up = spec.gate_up is not None
         mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
         proj = (mods.get(spec.gate_up),) if gate_up else (mods.get(spec.gate), mods.get(spec.up))
@@ -127,20 +141,22 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         inplace = plain or _outputs_private(*proj)
         gm, dm = mlp_multipliers(self, spec) if spec.multipliers is not None else (1.0, 1.0)
         if dm != 1.0 and getattr(down, "bias", None) is not None:  # HF scales down(y) = W y + b: not W (dm y) + b
-            return down(_glu(act, gate, up, inplace, gm)) * dm
+            return down(_glu(act, gate, up, inplace, gm, limit=lim)) * dm
         if calls[1] if plain else (fold_problem(down) is None and not under_checkpoint(compiling)):  # (foldable)
             p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
             return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
-                                 gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace)
-        return down(_glu(act, gate, up, inplace, gm, dm))
+                                 gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace, limit=lim)
+        return down(_glu(act, gate, up, inplace, gm, dm, lim))
 
     return mark(forward, "mlp", family)
 
 
 @functools.lru_cache(maxsize=None)
 def experts_gate(spec: MLPSpec, family: str, original):
-    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module, or
-    ``clamped_swiglu(gate_up_out, self.alpha, self.limit)`` for GPT-OSS's (``spec.activation`` ``"clamped_swiglu"``).
+    """``_apply_gate(self, gate_up_out) = op(*gate_up_out.chunk(2, -1))`` for a v5 MoE experts module,
+    ``clamped_swiglu(gate_up_out, self.alpha, self.limit)`` for GPT-OSS's (``spec.activation`` ``"clamped_swiglu"``),
+    or ``swiglu(*gate_up_out.chunk(2, -1), limit=self.limit)`` for DeepSeek-V4's (``spec.limit``; another activation
+    than SiLU runs ``original``).
 
     ``gate_up_out``: (S, 2 * I) output of the experts' fused gate-up projection for S routed (token, expert) pairs;
     returns (S, I) in its dtype. An activation without a kernel runs ``original`` (the class's hook).
@@ -153,8 +169,10 @@ def experts_gate(spec: MLPSpec, family: str, original):
             return original(self, gate_up_out, *args, **kwargs)
         if act[0] == "clamped_swiglu":  # GPT-OSS: interleaved gate / up, the module's alpha and limit
             return TF.clamped_swiglu(gate_up_out, self.alpha, self.limit)
+        if spec.limit is not None and act[0] != "swiglu":  # (DeepSeek-V4's clamp: SiLU only)
+            return original(self, gate_up_out, *args, **kwargs)
         gate, up = gate_up_out.chunk(2, dim=-1)
-        return _glu(act, gate, up)
+        return _glu(act, gate, up, limit=mlp_limit(self, spec))
 
     return mark(_apply_gate, "mlp", family)
 
@@ -174,9 +192,11 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
     never can (``module`` may be None then: the reason is the spec's)."""
     if not spec.gated:
         return act_linear_problem(module, spec)
-    if spec.experts and spec.activation == "clamped_swiglu":
-        return clamped_experts_problem(module)
-    if spec.experts:
+    if spec.experts and (spec.activation == "clamped_swiglu" or spec.limit is not None):
+        problem = clamped_experts_problem(module, spec)
+        if problem is not None:
+            return problem
+    elif spec.experts:
         hook = getattr(type(module), "_apply_gate", None)
         default = default_experts_gate()
         if hook is None or default is None:
@@ -199,18 +219,37 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
             value = getattr(module, attr, None)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"multiplier attribute {attr!r} is not a number ({type(value).__name__})"
+    if spec.limit is not None and not spec.experts and (problem := _limit_problem(module, spec)) is not None:
+        return problem
     act = mlp_activation(module, spec)
-    return act if isinstance(act, str) else None
+    if isinstance(act, str):
+        return act
+    if spec.limit is not None and act[0] != "swiglu":
+        return (f"gate and up clamped at self.{spec.limit} around activation {act[0]!r}: only "
+                "tigon.functional.swiglu takes a limit; left alone")
+    return None
 
 
-def clamped_experts_problem(module) -> str | None:
-    """Why GPT-OSS's experts ``module`` cannot take :func:`tigon.functional.clamped_swiglu` as its ``_apply_gate``,
-    or None: its class must have the hook (transformers 5.2x; its own forward and the grouped_mm / batched_mm
-    experts call it), written as GPT-OSS's clamped SwiGLU on ``self.alpha`` / ``self.limit``, and the module numbers
-    for both."""
-    problem = clamped_hook_problem(type(module))
+def _limit_problem(module, spec: MLPSpec) -> str | None:
+    """Why the module's clamp ``spec.limit`` is no positive finite number (:func:`tigon.functional.swiglu`'s
+    ``limit``), or None."""
+    v = getattr(module, spec.limit, None)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+        return f"{type(module).__name__}.{spec.limit} is not a positive finite number ({v!r}); left alone"
+    return None
+
+
+def clamped_experts_problem(module, spec: MLPSpec | None = None) -> str | None:
+    """Why a clamped experts ``module`` cannot take Tigon's op as its ``_apply_gate``, or None: GPT-OSS's
+    (:func:`tigon.functional.clamped_swiglu`; ``spec`` None or without ``limit``) or DeepSeek-V4's
+    (``swiglu(limit=...)``, ``spec.limit``). Its class must have the hook (transformers 5.2x; its own forward and the
+    grouped_mm / batched_mm experts call it) as :func:`clamped_hook_problem` reads it, and the module numbers for
+    the constants (GPT-OSS's ``alpha`` / ``limit``, DeepSeek-V4's ``spec.limit``)."""
+    problem = clamped_hook_problem(type(module), spec)
     if problem is not None:
         return problem
+    if spec is not None and spec.limit is not None:
+        return _limit_problem(module, spec)
     for name in ("alpha", "limit"):
         v = getattr(module, name, None)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -218,20 +257,37 @@ def clamped_experts_problem(module) -> str | None:
     return None
 
 
-def clamped_hook_problem(cls: type) -> str | None:
-    """Why the class ``cls`` has no ``_apply_gate`` that is GPT-OSS's clamped SwiGLU (read from its source), or None."""
+def clamped_hook_problem(cls: type, spec: MLPSpec | None = None) -> str | None:
+    """Why the class ``cls`` has no ``_apply_gate`` that is GPT-OSS's clamped SwiGLU (``spec`` None or without
+    ``limit``) or DeepSeek-V4's (``spec.limit``: gate and up the chunked halves, clamped at ``self.<limit>``, no alpha;
+    and its own forward, which the ``eager`` experts implementation runs, calls the hook), read from their source;
+    or None."""
     hook = getattr(cls, "_apply_gate", None)
     if hook is None:
         return "no _apply_gate hook in this transformers: its forward computes the clamped SwiGLU inline"
-    if tigon_mark(hook) is None:
-        try:
-            source = inspect.getsource(hook)
-        except (OSError, TypeError):
-            source = ""
-        if not all(word in source for word in ("self.alpha", "self.limit", "clamp", "sigmoid", "1::2")):
-            return (f"{cls.__name__}._apply_gate is not GPT-OSS's clamped SwiGLU on interleaved gate / up "
-                    "(self.alpha, self.limit) as its source reads; left alone")
+    if tigon_mark(hook) is not None:
+        return None
+    source = _source(hook)
+    if spec is not None and spec.limit is not None:
+        if not (all(w in source for w in (f"self.{spec.limit}", "clamp", "chunk(2")) and "alpha" not in source):
+            return (f"{cls.__name__}._apply_gate is not DeepSeek-V4's clamped SwiGLU on the chunked gate / up halves "
+                    f"(self.{spec.limit}, no alpha) as its source reads; left alone")
+        if "_apply_gate" not in _source(getattr(cls, "forward", None)):
+            return (f"{cls.__name__}.forward (the eager experts loop) does not call _apply_gate as its source reads; "
+                    "left alone")
+        return None
+    if not all(word in source for word in ("self.alpha", "self.limit", "clamp", "sigmoid", "1::2")):
+        return (f"{cls.__name__}._apply_gate is not GPT-OSS's clamped SwiGLU on interleaved gate / up "
+                "(self.alpha, self.limit) as its source reads; left alone")
     return None
+
+
+def _source(fn) -> str:
+    """The source of ``fn`` (of the function it wraps: ``inspect.unwrap``), or "" when it cannot be read."""
+    try:
+        return inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError, ValueError):
+        return ""
 
 
 def _folds(module, spec: MLPSpec) -> tuple[bool, str | None]:
@@ -271,12 +327,21 @@ def describe_mlp(module, spec: MLPSpec, lora_enabled: bool = True) -> str:
         name = f"tigon.functional.{act[0]}" + (f"(approximate={act[1]!r})" if act[0] == "geglu" else "")
     if spec.experts and spec.activation == "clamped_swiglu":
         return f"_apply_gate(gate_up) = {name}(gate_up, self.alpha, self.limit) (interleaved gate / up)"
+    clamp = ""
+    if spec.limit is not None:  # DeepSeek-V4's clamps: swiglu's limit (SiLU only)
+        if act is None or isinstance(act, str):
+            name = f"<tigon.functional.swiglu if config.{spec.act_config_attr} is SiLU, else the original>"
+        clamp = f", limit=self.{spec.limit}"
+        if spec.experts:
+            return (f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1){clamp}) (gate clamped above, up both ways "
+                    "at the limit; the experts' own loop and the grouped_mm / batched_mm experts call it)")
     lora = _lora_mlp().describe(module, spec, act[0] if isinstance(act, tuple) else "act", lora_enabled)
     if lora is not None and not lora.startswith("its adapter layers are not"):
         return lora
     if spec.experts:
         return f"_apply_gate(gate_up) = {name}(*gate_up.chunk(2, -1)) for the grouped_mm / batched_mm experts"
     inner = f"*{spec.gate_up}(x).chunk(2, -1)" if spec.gate_up is not None else f"{spec.gate}(x), {spec.up}(x)"
+    inner += clamp
     folds, problem = _folds(module, spec) if module is not None else (True, None)
     if folds:
         # a model built on the meta device (tigon inspect, deferred loading) folds once its weights are real

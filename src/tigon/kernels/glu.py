@@ -23,6 +23,16 @@ column stride of gate, up and their gradients):
 
 (the clamps' gradients as torch's: 1 inside the closed interval, 0 outside).
 
+DeepSeek-V4's clamped SwiGLU (``CLAMP``; transformers ``modeling_deepseek_v4.py``, ``DeepseekV4MLP.forward`` and
+``DeepseekV4Experts._apply_gate``) clamps gate and up the same way, with no alpha and no ``+ 1`` on up, on any
+activation code (only SiLU is exposed, by :func:`tigon.functional.swiglu`'s ``limit``):
+
+    g = min(gate, limit)    u = clamp(up, -limit, limit)    out = act(gm * g) * u * dm
+    d_gate = dy * u * dm * act'(gm * g) * gm * [gate <= limit]    d_up = dy * act(gm * g) * dm * [-limit <= up <= limit]
+
+Both clamps are :func:`_clamp_gate_up`'s (NaN passes through, as in torch.clamp, and gets gradient 0); ``limit`` is
+the launcher's fp32 scalar, which the op rounds to the input dtype first, as torch.clamp rounds its scalar bound.
+
 ``GATED=False`` drops up (u = 1): the kernels then compute a lone activation ``act(gm * gate) * dm`` and its gradient,
 for the non-gated MLP's :mod:`tigon.kernels.act_linear` (activations relu2, relu and quick_gelu serve it).
 
@@ -32,6 +42,7 @@ up; write d_gate, d_up).
 
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -102,6 +113,15 @@ def _act_and_grad(g, alpha, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _clamp_gate_up(g, u, limit):
+    """``(min(g, limit), clamp(u, -limit, limit))`` in fp32 as torch.clamp computes them (a NaN stays NaN: the
+    comparisons are false for it), shared by GPT-OSS's clamped SwiGLU (ACTIVATION 3) and DeepSeek-V4's (CLAMP)."""
+    g = tl.where(g > limit, limit, g)
+    u = tl.where(u > limit, limit, tl.where(u < -limit, -limit, u))
+    return g, u
+
+
+@triton.jit
 def _pair_cols(rows, M, N, BLOCK_N: tl.constexpr):
     """Columns (int64) and mask of this program's [BLOCK_M, 2 BLOCK_N] tile of interleaved (gate, up) pairs: the pairs
     of :func:`tigon.kernels.elementwise.tile`'s [BLOCK_M, BLOCK_N] tile of (M, N) outputs."""
@@ -123,11 +143,12 @@ def _load_pairs(GU, rows, stride, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 def _glu_fwd(
     GATE, UP, OUT, M, N, stride_g, stride_u, stride_o, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL: tl.constexpr = 1,
-    GATED: tl.constexpr = True,
+    GATED: tl.constexpr = True, CLAMP: tl.constexpr = False,
 ):
     # alpha, limit: the clamped SiLU's (ACTIVATION 3) slope and clamp (alpha: quick_gelu's too); COL 2: gate and up
     # interleaved in GATE's rows (UP unused), else separate tensors with unit column stride. GATED False: no up
-    # (u = 1, UP unused): ``act(gm * gate) * dm``, the non-gated MLP's activation.
+    # (u = 1, UP unused): ``act(gm * gate) * dm``, the non-gated MLP's activation. CLAMP: DeepSeek-V4's clamps of
+    # gate and up at limit, before the activation (no + 1 on up).
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     # gm, dm: fp32 gate and down multipliers (Falcon-H1's; 1 otherwise)
     if COL == 2:
@@ -138,9 +159,10 @@ def _glu_fwd(
             u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         else:
             u = 1.0
-    if ACTIVATION == 3:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+    if ACTIVATION == 3 or CLAMP:
+        g, u = _clamp_gate_up(g, u, limit)
+        if ACTIVATION == 3:
+            u = u + 1.0
     out = _act(g * gm, alpha, ACTIVATION) * u * dm
     tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
 
@@ -149,13 +171,14 @@ def _glu_fwd(
 def _glu_bwd(
     DY, GATE, UP, DGATE, DUP, M, N, stride_dy, stride_g, stride_u, stride_dg, stride_du, gm, dm, alpha, limit,
     ACTIVATION: tl.constexpr, STORE_PRODUCT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    COL: tl.constexpr = 1, GATED: tl.constexpr = True,
+    COL: tl.constexpr = 1, GATED: tl.constexpr = True, CLAMP: tl.constexpr = False,
 ):
     """d_gate, d_up; with STORE_PRODUCT also the forward's output ``act(gm * gate) * up * dm`` written over dy (each
     element read first, by the same thread), for the down projection's weight gradient (:class:`GLULinearFunction`).
     gm, dm, alpha, limit, COL: as :func:`_glu_fwd` (COL 2: the gradients interleaved in DGATE, DUP unused; the
     clamped activation runs with gm = dm = 1). GATED False: u = 1 and no d_up (UP, DUP unused): d_gate is the
-    non-gated activation's gradient ``dy * act'(gm * gate) * gm * dm``, the product ``act(gm * gate) * dm``."""
+    non-gated activation's gradient ``dy * act'(gm * gate) * gm * dm``, the product ``act(gm * gate) * dm``. CLAMP: as
+    :func:`_glu_fwd`'s (the clamps' gradients torch's: 1 inside the closed interval, else 0)."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     dy_ptrs = DY + rows[:, None] * stride_dy + cols[None, :]
     dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -167,11 +190,14 @@ def _glu_bwd(
             u = tl.load(UP + rows[:, None] * stride_u + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         else:
             u = 1.0
-    if ACTIVATION == 3:  # the clamps pass gradient inside their closed intervals (torch.clamp's backward)
-        a, da = _act_and_grad(tl.minimum(g, limit), alpha, ACTIVATION)
-        da = tl.where(g <= limit, da, 0.0)
+    if ACTIVATION == 3 or CLAMP:  # the clamps pass gradient inside their closed intervals (torch.clamp's backward)
+        in_g = g <= limit
         in_u = (u >= -limit) & (u <= limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+        g, u = _clamp_gate_up(g, u, limit)
+        if ACTIVATION == 3:
+            u = u + 1.0
+        a, da = _act_and_grad(g * gm, alpha, ACTIVATION)
+        da = tl.where(in_g, da, 0.0)
         a_up = tl.where(in_u, a, 0.0)
     else:
         a, da = _act_and_grad(g * gm, alpha, ACTIVATION)
@@ -192,10 +218,11 @@ def _glu_bwd(
 
 
 def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float = 1.0,
-                dm: float = 1.0, mode=None) -> torch.Tensor:
+                dm: float = 1.0, mode=None, limit: float | None = None) -> torch.Tensor:
     """``act(gm * gate) * up * dm`` for same-shape, same-dtype gate and up. Returns a contiguous tensor of that
     shape. ``mode``: :func:`~tigon.kernels._common.launch_mode` of gate's device where the caller asked it (None:
-    asked here)."""
+    asked here). ``limit``: DeepSeek-V4's clamps (``CLAMP``: gate at most limit, up within +-limit, before the
+    activation), or None."""
     out = torch.empty(size=gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out
@@ -208,19 +235,21 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str, gm: float
         mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_fwd), in one call)
     block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
     mode[_glu_fwd][grid](
-        g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0,
-        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        g2, u2, o2, M, N, sg, su, so, float(gm), float(dm), 0.0, 0.0 if limit is None else float(limit),
+        ACTIVATION=ACTIVATIONS[activation], BLOCK_M=block_m, BLOCK_N=block_n, CLAMP=limit is not None,
+        num_warps=warps,
     )
     return out
 
 
 def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, inplace: bool = False,
-                 store_product: bool = False, gm: float = 1.0, dm: float = 1.0, mode=None):
+                 store_product: bool = False, gm: float = 1.0, dm: float = 1.0, mode=None,
+                 limit: float | None = None):
     """Returns (d_gate, d_up) of ``act(gm * gate) * up * dm``, shaped like gate and in gate's (= up's) dtype: new
     contiguous tensors, or with ``inplace`` gate and up themselves (each element is read before it is overwritten,
     by the same program). ``store_product``: also overwrite ``dy`` (which must then be a contiguous tensor of gate's
-    shape and dtype) with the forward's output, recomputed. ``mode``: as :func:`glu_forward`'s (an autograd.Function
-    passes its forward's)."""
+    shape and dtype) with the forward's output, recomputed. ``mode``, ``limit``: as :func:`glu_forward`'s (an
+    autograd.Function passes its forward's)."""
     if store_product and not (dy.is_contiguous() and dy.shape == gate.shape and dy.dtype == gate.dtype):
         raise ValueError("store_product needs dy contiguous with gate's shape and dtype (the product is written there)")
     if gate.numel() == 0:
@@ -248,9 +277,9 @@ def glu_backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activat
         mode = launch_mode(gate.device)  # (tile_elems' compiled_cuda and launcher(_glu_bwd), in one call)
     block_m, block_n, warps, grid = _launch_shape(M, N, TILE_ELEMS[mode.compiled])  # (launch_shape, inline)
     mode[_glu_bwd][grid](
-        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0, 0.0,
-        ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=warps,
+        dy2, g2, u2, dg2, du2, M, N, *strides, sdg, sdu, float(gm), float(dm), 0.0,
+        0.0 if limit is None else float(limit), ACTIVATION=ACTIVATIONS[activation], STORE_PRODUCT=store_product,
+        BLOCK_M=block_m, BLOCK_N=block_n, CLAMP=limit is not None, num_warps=warps,
     )
     return dgate, dup
 
@@ -306,23 +335,24 @@ class ClampedSwiGLUFunction(torch.autograd.Function):
 
 
 class GLUFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, activation, inplace, gm=1.0, dm=1.0)`` with activation in
-    :data:`ACTIVATIONS`: ``act(gm * gate) * up * dm``.
+    """autograd wrapper; ``apply(gate, up, activation, inplace, gm=1.0, dm=1.0, limit=None)`` with activation in
+    :data:`ACTIVATIONS`: ``act(gm * gate) * up * dm``, gate and up clamped at ``limit`` first when it is a number
+    (DeepSeek-V4's, :func:`glu_forward`).
 
     Saves only gate and up (as given); the activation is recomputed in the backward. With ``inplace`` the
     gradients are written into gate's and up's storage (see :func:`tigon.functional.swiglu`).
     """
 
     @staticmethod
-    def forward(ctx, gate, up, activation, inplace=False, gm=1.0, dm=1.0):
+    def forward(ctx, gate, up, activation, inplace=False, gm=1.0, dm=1.0, limit=None):
         # gate and up saved (ctx.save_for_backward, inline); in place as detached aliases, so the gradients returned
         # (gate's and up's memory) are the only references to their tensor objects and autograd passes them on (or
         # keeps them as leaves' .grad) without copies. The launch mode is kept for the backward's launch.
         ctx.to_save = (gate.detach(), up.detach()) if inplace else (gate, up)
         ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
-        ctx.gm, ctx.dm = gm, dm
+        ctx.gm, ctx.dm, ctx.limit = gm, dm, limit
         ctx.mode = mode = launch_mode(gate.device)
-        return glu_forward(gate, up, activation, gm, dm, mode)
+        return glu_forward(gate, up, activation, gm, dm, mode, limit)
 
     @staticmethod
     def backward(ctx, dy):
@@ -332,8 +362,9 @@ class GLUFunction(torch.autograd.Function):
             _saved_gate_up(ctx, "swiglu/geglu", True)
         ctx.consumed = ctx.inplace
         gate, up = ctx.saved_tensors
-        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm, mode=ctx.mode)
-        return dgate, dup, None, None, None, None
+        dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, gm=ctx.gm, dm=ctx.dm, mode=ctx.mode,
+                                  limit=ctx.limit)
+        return dgate, dup, None, None, None, None, None
 
 
 def _saved_gate_up(ctx, name: str, writes: bool):
@@ -368,8 +399,9 @@ def _autocast_on(device: torch.device) -> bool:
 
 
 class GLULinearFunction(torch.autograd.Function):
-    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace, gm=1.0, dm=1.0)``: a gated MLP's
-    ``down_proj(act(gm * gate) * up * dm)`` that saves gate, up and the weight but not the (tokens, I) product,
+    """autograd wrapper; ``apply(gate, up, weight, bias, activation, cd, inplace, gm=1.0, dm=1.0, limit=None)``: a
+    gated MLP's ``down_proj(act(gm * gate) * up * dm)`` (gate and up clamped at ``limit`` first, as
+    :class:`GLUFunction`'s) that saves gate, up and the weight but not the (tokens, I) product,
     recomputed in the backward by the pass that forms d_gate and d_up.
 
     Forward: ``linear(act(gm * gate) * up * dm, weight, bias)`` with the matmul in ``cd`` (gate's dtype or the
@@ -382,13 +414,14 @@ class GLULinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False, gm=1.0, dm=1.0):
+    def forward(ctx, gate, up, weight, bias, activation, cd, inplace=False, gm=1.0, dm=1.0, limit=None):
         # (saved as GLUFunction saves them, with the weight)
         ctx.to_save = (gate.detach(), up.detach(), weight) if inplace else (gate, up, weight)
         ctx.activation, ctx.inplace, ctx.consumed = activation, inplace, False
         ctx.cd, ctx.bias_dtype, ctx.gm, ctx.dm = cd, (bias.dtype if bias is not None else None), gm, dm
+        ctx.limit = limit
         ctx.mode = mode = launch_mode(gate.device)
-        y = glu_forward(gate, up, activation, gm, dm, mode)
+        y = glu_forward(gate, up, activation, gm, dm, mode, limit)
         if not _ANY_AUTOCAST() or not _autocast_on(gate.device):
             if y.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd):  # (_in's, inline)
                 return torch.nn.functional.linear(y, weight, bias)
@@ -421,10 +454,11 @@ class GLULinearFunction(torch.autograd.Function):
             if need_g or need_u:
                 dy = (torch.mm(d2, weight) if same else _in(torch.mm(d2, _in(weight, cd)), gate.dtype)).view(gate.shape)
                 dgate, dup = glu_backward(dy, gate, up, ctx.activation, ctx.inplace, store_product=need_w, gm=ctx.gm,
-                                          dm=ctx.dm, mode=ctx.mode)
+                                          dm=ctx.dm, mode=ctx.mode, limit=ctx.limit)
                 product = dy
             else:
-                product = glu_forward(gate, up, ctx.activation, ctx.gm, ctx.dm, ctx.mode) if need_w else None
+                product = (glu_forward(gate, up, ctx.activation, ctx.gm, ctx.dm, ctx.mode, ctx.limit) if need_w
+                           else None)
             if need_w:
                 product = product.reshape(d2.shape[0], gate.shape[-1])
                 dw = torch.mm(d2.t(), product) if same else _in(torch.mm(d2.t(), _in(product, cd)), weight.dtype)
@@ -432,45 +466,46 @@ class GLULinearFunction(torch.autograd.Function):
             if region is not None:
                 region.__exit__(None, None, None)
         db = d2.sum(0).to(ctx.bias_dtype) if need_b else None
-        return (dgate if need_g else None), (dup if need_u else None), dw, db, None, None, None, None, None
+        return (dgate if need_g else None), (dup if need_u else None), dw, db, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Function above, as torch.library custom ops (see tigon.kernels).
 @torch.library.custom_op("tigon::glu", mutates_args=(), tags=CUSTOM_OP_TAGS)
-def _glu(gate: Tensor, up: Tensor, activation: str, gm: float = 1.0, dm: float = 1.0) -> Tensor:
-    """``act(gm * gate) * up * dm``: gate's shape and dtype, contiguous (activation in
-    ``tigon.kernels.glu.ACTIVATIONS``)."""
-    return glu_forward(gate, up, activation, gm, dm)
+def _glu(gate: Tensor, up: Tensor, activation: str, gm: float = 1.0, dm: float = 1.0,
+         limit: Optional[float] = None) -> Tensor:
+    """``act(gm * gate) * up * dm`` (gate and up clamped at ``limit`` first unless None): gate's shape and dtype,
+    contiguous (activation in ``tigon.kernels.glu.ACTIVATIONS``)."""
+    return glu_forward(gate, up, activation, gm, dm, limit=limit)
 
 
 @_glu.register_fake
-def _(gate, up, activation, gm=1.0, dm=1.0):
+def _(gate, up, activation, gm=1.0, dm=1.0, limit=None):
     return gate.new_empty(gate.shape)
 
 
 @torch.library.custom_op("tigon::glu_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _glu_backward(dy: Tensor, gate: Tensor, up: Tensor, activation: str, gm: float = 1.0,
-                  dm: float = 1.0) -> tuple[Tensor, Tensor]:
+                  dm: float = 1.0, limit: Optional[float] = None) -> tuple[Tensor, Tensor]:
     """(d_gate, d_up): new contiguous tensors shaped like gate, in its dtype."""
-    return glu_backward(dy, gate, up, activation, False, gm=gm, dm=dm)
+    return glu_backward(dy, gate, up, activation, False, gm=gm, dm=dm, limit=limit)
 
 
 @_glu_backward.register_fake
-def _(dy, gate, up, activation, gm=1.0, dm=1.0):
+def _(dy, gate, up, activation, gm=1.0, dm=1.0, limit=None):
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
 def _glu_setup(ctx, inputs, output):
-    gate, up, activation, gm, dm = inputs
+    gate, up, activation, gm, dm, limit = inputs
     ctx.save_for_backward(gate, up)
-    ctx.activation, ctx.gm, ctx.dm = activation, gm, dm
+    ctx.activation, ctx.gm, ctx.dm, ctx.limit = activation, gm, dm, limit
 
 
 def _glu_grad(ctx, dy):
     gate, up = ctx.saved_tensors
-    dgate, dup = _glu_backward(dy, gate, up, ctx.activation, ctx.gm, ctx.dm)
-    return dgate, dup, None, None, None
+    dgate, dup = _glu_backward(dy, gate, up, ctx.activation, ctx.gm, ctx.dm, ctx.limit)
+    return dgate, dup, None, None, None, None
 
 
 _glu.register_autograd(_glu_grad, setup_context=_glu_setup)
@@ -517,6 +552,6 @@ def compiled_clamped_swiglu(gate_up, alpha, limit):
     return _clamped_swiglu(gate_up, alpha, limit)
 
 
-def compiled_glu(gate, up, activation, gm=1.0, dm=1.0):
+def compiled_glu(gate, up, activation, gm=1.0, dm=1.0, limit=None):
     """``GLUFunction.apply`` as the ``tigon::glu`` custom op (no ``inplace``: a custom op does not write its inputs)."""
-    return _glu(gate, up, activation, float(gm), float(dm))
+    return _glu(gate, up, activation, float(gm), float(dm), None if limit is None else float(limit))

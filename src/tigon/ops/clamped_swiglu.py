@@ -2,6 +2,10 @@
 
 Kernels: the GLU kernels of :mod:`tigon.kernels.glu` (activation ``clamped_silu``, column stride 2). Specification:
 :func:`tigon.reference.glu.clamped_swiglu` (transformers ``modeling_gpt_oss.py``, ``GptOssExperts._apply_gate``).
+
+DeepSeek-V4's clamped SwiGLU is another formula (no alpha, no ``+ 1`` on up, gate and up as separate tensors or the
+chunked halves of one projection): :func:`tigon.functional.swiglu`'s ``limit`` (and ``glu_linear``'s), on the same
+kernels and the same clamp helper.
 """
 
 from __future__ import annotations

@@ -18,13 +18,14 @@ from ._record import Case, OpSpec, liger, randn, sizes
 
 
 def _glu(gate: torch.Tensor, up: torch.Tensor, activation: str, inplace_backward: bool, gm: float,
-         dm: float) -> torch.Tensor:
-    """``act(gm * gate) * up * dm`` on the kernels (eager: the autograd.Function; compiled: the custom op)."""
+         dm: float, limit: float | None = None) -> torch.Tensor:
+    """``act(gm * gate) * up * dm`` on the kernels (eager: the autograd.Function; compiled: the custom op); gate and
+    up clamped at ``limit`` (already rounded by :func:`_limit`) first unless it is None."""
     from ..kernels import glu as k
 
     if torch.compiler.is_compiling():
-        return k.compiled_glu(gate, up, activation, gm, dm)
-    return _glu_apply()(gate, up, activation, _writable_fast(inplace_backward, gate, up), gm, dm)
+        return k.compiled_glu(gate, up, activation, gm, dm, limit)
+    return _glu_apply()(gate, up, activation, _writable_fast(inplace_backward, gate, up), gm, dm, limit)
 
 
 def _glu_apply(cached: bool = False):
@@ -64,6 +65,23 @@ def _multipliers(gate_multiplier, down_multiplier) -> tuple[float, float]:
     return _checks.number("gate_multiplier", gate_multiplier), _checks.number("down_multiplier", down_multiplier)
 
 
+def _limit(limit, dtype: torch.dtype) -> float | None:
+    """``limit`` (:func:`swiglu`'s clamp) checked, as the float the kernels compare with: rounded to ``dtype``, as
+    torch.clamp rounds its scalar bound to the tensor's dtype (a bf16 gate is clamped at bf16(limit), and gets
+    gradient 1 at exactly that value); None stays None.
+
+    Raises:
+        TypeError: not a real number (a bool or a tensor is not one). ValueError: not finite, or not positive.
+    """
+    if limit is None:
+        return None
+    if type(limit) is not float and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+        raise TypeError(f"limit must be a real number or None, got {type(limit).__name__} {limit!r}")
+    if not (math.isfinite(limit) and limit > 0):
+        raise ValueError(f"limit must be a positive finite number or None, got {limit!r}")
+    return float(torch.tensor(float(limit), dtype=dtype)) if dtype.is_floating_point else float(limit)
+
+
 def _check_glu(gate, up) -> None:
     _checks.tensor("gate", gate, floating=True)
     _checks.tensor("up", up, floating=True)
@@ -80,13 +98,14 @@ GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_
 
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
-           inplace_backward: bool = False) -> torch.Tensor:
+           inplace_backward: bool = False, limit: float | None = None) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
     The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``; with multipliers
-    ``silu(gate_multiplier * gate) * up * down_multiplier``, HF FalconH1MLP's (see below). Drop-in for Liger-Kernel's
-    ``liger_swiglu(a, b)`` (gate, up). Math in fp32, one rounding; the backward recomputes the activation from gate
-    (nothing but gate and up is saved).
+    ``silu(gate_multiplier * gate) * up * down_multiplier``, HF FalconH1MLP's (see below); with ``limit``,
+    DeepSeek-V4's clamped SwiGLU ``silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)`` (see below). Drop-in for
+    Liger-Kernel's ``liger_swiglu(a, b)`` (gate, up). Math in fp32, one rounding; the backward recomputes the
+    activation from gate (nothing but gate and up is saved).
 
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
@@ -102,40 +121,49 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
             else reads after the backward (the outputs of the MLP's projections are such); a second backward
             through the same graph then raises; ignored by the reference path, and where gate or up has elements
             that share memory (an expanded tensor: new buffers then). Default False: the inputs are never written.
+        limit: DeepSeek-V4's ``config.swiglu_limit`` (transformers ``modeling_deepseek_v4.py``,
+            ``DeepseekV4MLP.forward`` and ``DeepseekV4Experts._apply_gate``: ``act_fn(gate.clamp(max=limit)) *
+            up.clamp(min=-limit, max=limit)``): gate is clamped above at ``limit`` and up to ``[-limit, limit]``
+            before the activation (and before the multipliers: ``silu(gm * min(gate, limit)) * clamp(up) * dm``).
+            torch.clamp's semantics throughout: the bound rounded to gate's dtype, NaN kept, and the gradient
+            passed inside the closed interval (at exactly the bound too) and 0 beyond it. A positive finite number,
+            or None (default: no clamp). Not GPT-OSS's clamp (:func:`clamped_swiglu`: alpha, ``+ 1`` on up).
 
     Returns:
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
     Raises:
-        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
-        ValueError: shapes differ, devices differ, or a multiplier is not finite.
+        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier or limit that is not a
+            number.
+        ValueError: shapes differ, devices differ, a multiplier is not finite, or limit is not positive and finite.
     """
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None else (
             "silu", type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device, up.shape,
-            type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, state)
+            type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, type(limit), limit, state)
         hit = _CALLS.get(key)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
         USAGE[hit[1]] += 1
-        gm, dm, run = hit[0]
+        gm, dm, lim, run = hit[0]
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
                                                or _writable(True, gate, up))
-        return run(unwrap_dead(gate), unwrap_dead(up), "silu", writable, gm, dm)  # (run: cached_apply's)
+        return run(unwrap_dead(gate), unwrap_dead(up), "silu", writable, gm, dm, lim)  # (run: cached_apply's)
     out = dtensor_call(swiglu, gate, up, gate_multiplier=gate_multiplier, down_multiplier=down_multiplier,
-                       inplace_backward=inplace_backward)
+                       inplace_backward=inplace_backward, limit=limit)
     if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
         return out
     _check_glu(gate, up)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
+    lim = _limit(limit, gate.dtype)
     backend = select_backend("swiglu", gate)
     if backend in TORCH_CODE:
-        return ref.swiglu(gate, up, gm, dm)
+        return ref.swiglu(gate, up, gm, dm, limit)
     if not torch.compiler.is_compiling():
-        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, _glu_apply(cached=True)))
-    return _glu(gate, up, "silu", inplace_backward, gm, dm)
+        remember_call(_CALLS, key, "swiglu", backend, (gm, dm, lim, _glu_apply(cached=True)))
+    return _glu(gate, up, "silu", inplace_backward, gm, dm, lim)
 
 
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
@@ -178,7 +206,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         USAGE[hit[1]] += 1
         gm, dm, run = hit[0]
         return run(unwrap_dead(gate), unwrap_dead(up), "gelu_tanh" if approximate == "tanh" else "gelu",
-                   _writable_fast(inplace_backward, gate, up), gm, dm)
+                   _writable_fast(inplace_backward, gate, up), gm, dm, None)
     out = dtensor_call(geglu, gate, up, approximate, gate_multiplier=gate_multiplier,
                        down_multiplier=down_multiplier, inplace_backward=inplace_backward)
     if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
@@ -196,7 +224,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
 
 def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                activation: str = "silu", gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
-               inplace_backward: bool = False) -> torch.Tensor:
+               inplace_backward: bool = False, limit: float | None = None) -> torch.Tensor:
     """A gated MLP's down projection of its gated product, ``linear(act(gate) * up, weight, bias)``, without
     keeping the (..., I) product for the backward.
 
@@ -220,15 +248,19 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         gate_multiplier, down_multiplier: as :func:`swiglu`'s, in the product: ``linear(act(gate_multiplier * gate) *
             up * down_multiplier, weight, bias)`` (HF FalconH1MLP's forward when bias is None).
         inplace_backward: as :func:`swiglu`: d_gate and d_up are written into gate's and up's memory.
+        limit: as :func:`swiglu`'s (DeepSeek-V4's clamps of gate and up before the activation,
+            ``DeepseekV4MLP.forward``: ``down_proj(act_fn(gate.clamp(max=limit)) * up.clamp(-limit, limit))``); with
+            ``activation="silu"`` only; None: no clamp.
 
     Returns:
         (..., H) in gate's dtype, or the autocast dtype under autocast.
 
     Raises:
-        TypeError: a non-floating tensor, gate and up of different dtypes, a multiplier that is not a number, or
-            (outside autocast) weight / bias of another dtype than gate's.
+        TypeError: a non-floating tensor, gate and up of different dtypes, a multiplier or limit that is not a number,
+            or (outside autocast) weight / bias of another dtype than gate's.
         ValueError: gate is 0-d, shapes differ (weight must be (H, I), bias (H,)), devices differ, activation
-            is unknown, or a multiplier is not finite.
+            is unknown, a multiplier is not finite, limit is not positive and finite, or limit is given with another
+            activation than ``"silu"``.
 
     The memory saving is eager mode's: under ``torch.compile`` this runs as ``F.linear(swiglu/geglu(gate, up),
     weight, bias)`` with the GLU as an opaque custom op, and the compiler's partitioner decides what is saved (it
@@ -240,21 +272,24 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
             activation, type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device, up.shape,
             type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, type(weight), weight.dtype,
             weight.device, weight.shape, type(bias), None if bias is None else (bias.dtype, bias.device, bias.shape),
-            state)
+            type(limit), limit, state)
         hit = _CALLS.get(key)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
         USAGE[hit[1]] += 1
-        gm, dm, cd, run = hit[0]
+        gm, dm, cd, lim, run = hit[0]
         writable = bool(inplace_backward) and (gate.is_contiguous() and up.is_contiguous()
                                                or _writable(True, gate, up))  # (_writable_fast, inline)
         # (run: cached_apply's C-level apply, its tensors through unwrap_dead)
         return run(unwrap_dead(gate), unwrap_dead(up), unwrap_dead(weight), bias if bias is None else unwrap_dead(bias),
-                   activation, cd, writable, gm, dm)
+                   activation, cd, writable, gm, dm, lim)
     _check_glu(gate, up)
     _checks.choice("activation", activation, ref.GLU_ACTIVATIONS)
     gm, dm = _multipliers(gate_multiplier, down_multiplier)
+    lim = _limit(limit, gate.dtype)
+    if lim is not None and activation != "silu":
+        raise ValueError(f"limit (DeepSeek-V4's clamped SwiGLU) needs activation='silu', got {activation!r}")
     _checks.tensor("weight", weight, floating=True, ndim=2)
     if gate.dim() == 0:
         raise ValueError("gate must have at least one dimension (..., I), got a 0-d tensor")
@@ -273,22 +308,23 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
                         f"{weight.dtype} and {bias.dtype if bias is not None else None}")
     backend = select_backend("glu_linear", gate)
     if backend in TORCH_CODE:
-        return ref.glu_linear(gate, up, weight, bias, activation, gm, dm)
+        return ref.glu_linear(gate, up, weight, bias, activation, gm, dm, limit)
     from ..kernels import glu as k
     from ..kernels._common import cached_apply, fast_apply
 
     if torch.compiler.is_compiling():
-        return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm), weight, bias)
+        return torch.nn.functional.linear(k.compiled_glu(gate, up, activation, gm, dm, lim), weight, bias)
     run = fast_apply(k.GLULinearFunction)
-    remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, cached_apply(k.GLULinearFunction)))
-    return run(gate, up, weight, bias, activation, cd, _writable_fast(inplace_backward, gate, up), gm, dm)
+    remember_call(_CALLS, key, "glu_linear", backend, (gm, dm, cd, lim, cached_apply(k.GLULinearFunction)))
+    return run(gate, up, weight, bias, activation, cd, _writable_fast(inplace_backward, gate, up), gm, dm, lim)
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 _CALLS: dict = {}
 """Validated calls of swiglu, geglu and glu_linear (:func:`tigon.support.remember_call`): everything their checks read
-(the tensors' types, dtypes, devices and shapes; the options, the multipliers with their types; glu_linear outside
-autocast only) and the backend's switches -> (gm, dm as floats[, glu_linear's matmul dtype], the apply)."""
+(the tensors' types, dtypes, devices and shapes; the options, the multipliers and limit with their types; glu_linear
+outside autocast only) and the backend's switches -> (gm, dm as floats[, glu_linear's matmul dtype][, the rounded
+limit], the apply)."""
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -321,6 +357,9 @@ def _gate_shape(m) -> dict:
 
 _FALCON_H1 = Case("multipliers=1.5,0.5", options={"gate_multiplier": 1.5, "down_multiplier": 0.5})
 """HF FalconH1MLP's gate and down multipliers (config.mlp_multipliers), as kernel scalars."""
+_DEEPSEEK_V4 = Case("limit=2.0", options={"limit": 2.0})
+"""DeepSeek-V4's clamps of gate and up (config.swiglu_limit, 10 in its checkpoints; 2 here, so that a share of the
+builder's gate (std 3) and up (std 1) lies on each side of them)."""
 _INPLACE = Case("inplace_backward=True", options={"inplace_backward": True}, tags=frozenset({"bench"}),
                 provider="tigon_inplace")
 _NOTES = {"tigon_inplace": ("inplace_backward=True: the backward writes the gradients of gate and up into their memory "
@@ -345,7 +384,7 @@ RECORDS = (
         make_inputs=_inputs, shape_of=_gate_shape, **sizes("tokens", "intermediate"),
         grad_inputs=("gate", "up"), category="activation", min_bytes=_glu_bytes, under_compile="inductor",
         peers={"liger": liger("liger_swiglu", "gate", "up")},
-        cases=(Case(), _FALCON_H1, _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
+        cases=(Case(), _FALCON_H1, _DEEPSEEK_V4, _INPLACE), bench_notes=_NOTES, leading_dims=("gate", "up"),
         host_bound_elements=HOST_BOUND_GLU,
     ),
     OpSpec(

@@ -16,8 +16,19 @@ def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
     return x if multiplier == 1.0 else x * multiplier
 
 
+def clamp_gate_up(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's clamps of a SwiGLU's inputs (transformers ``modeling_deepseek_v4.py``: ``DeepseekV4MLP.forward``
+    clamps ``gate_proj(x).clamp(max=limit)`` and ``up_proj(x).clamp(min=-limit, max=limit)``,
+    ``DeepseekV4Experts._apply_gate`` the chunked halves alike): ``(gate.clamp(max=limit), up.clamp(-limit, limit))``,
+    or the two unchanged when ``limit`` is None. torch.clamp's semantics: the bound rounded to the tensors' dtype, NaN
+    kept, gradient 1 inside the closed interval (at the bound too) and 0 outside."""
+    if limit is None:
+        return gate, up
+    return gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, gate_multiplier: float = 1.0,
-           down_multiplier: float = 1.0) -> torch.Tensor:
+           down_multiplier: float = 1.0, limit: float | None = None) -> torch.Tensor:
     """``silu(gate_multiplier * gate) * up * down_multiplier`` with ``silu(x) = x * sigmoid(x)``, elementwise.
 
     The multipliers are HF FalconH1MLP's (``config.mlp_multipliers``): its forward is ``down_proj(up_proj(x) *
@@ -25,13 +36,20 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, gate_multiplier: float = 1.0,
     down projection has no bias (a linear map commutes with the scalar). At 1.0 (every other model) they are not
     applied, and this is ``silu(gate) * up`` exactly.
 
+    ``limit`` (DeepSeek-V4's ``config.swiglu_limit``): gate and up are first clamped, ``gate.clamp(max=limit)``,
+    ``up.clamp(-limit, limit)`` (:func:`clamp_gate_up`), so that at multipliers 1 this is DeepSeek-V4's
+    ``act_fn(gate.clamp(max=limit)) * up.clamp(-limit, limit)`` op for op. (GPT-OSS's clamped SwiGLU,
+    :func:`clamped_swiglu`, is another formula: a sigmoid slope alpha and ``+ 1`` on up, interleaved gate / up.)
+
     Args:
         gate, up: tensors of one shape (..., I) and one float dtype.
         gate_multiplier, down_multiplier: real numbers.
+        limit: a positive real number, or None (no clamp).
 
     Returns:
         tensor of that shape and dtype.
     """
+    gate, up = clamp_gate_up(gate, up, limit)
     return _scaled(F.silu(_scaled(gate, gate_multiplier)) * up, down_multiplier)
 
 
@@ -61,7 +79,8 @@ GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
 def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               activation: str = "silu", gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> torch.Tensor:
+               activation: str = "silu", gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
+               limit: float | None = None) -> torch.Tensor:
     """A gated MLP's down projection of its gated product: ``linear(act(gm * gate) * up * dm, weight, bias)``.
 
     HF LlamaMLP's ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` from the projections' outputs on (gm = dm = 1);
@@ -72,26 +91,29 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
         weight: (H, I) (``nn.Linear`` layout); bias: (H,) or None.
         activation: ``"silu"`` (SwiGLU), ``"gelu"`` (exact GELU) or ``"gelu_tanh"`` (tanh-approximate GELU).
         gate_multiplier, down_multiplier: gm and dm, as :func:`swiglu`'s (scaling the product, before the bias).
+        limit: DeepSeek-V4's clamps of gate and up, as :func:`swiglu`'s (``activation="silu"`` only), or None.
 
     Returns:
         (..., H) in torch's type-promotion result of the product and the weight (under autocast, its dtype).
 
     Raises:
-        ValueError: unknown ``activation``.
+        ValueError: unknown ``activation``, or a ``limit`` with another activation than ``"silu"``.
     """
-    return F.linear(glu_product(gate, up, activation, gate_multiplier, down_multiplier), weight, bias)
+    return F.linear(glu_product(gate, up, activation, gate_multiplier, down_multiplier, limit), weight, bias)
 
 
 def glu_product(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu", gate_multiplier: float = 1.0,
-                down_multiplier: float = 1.0) -> torch.Tensor:
+                down_multiplier: float = 1.0, limit: float | None = None) -> torch.Tensor:
     """``act(gm * gate) * up * dm`` for an activation named as :func:`glu_linear`'s: :func:`swiglu` or
-    :func:`geglu` (gm, dm: the multipliers, 1 by default).
+    :func:`geglu` (gm, dm: the multipliers, 1 by default; ``limit``: :func:`swiglu`'s clamps, SiLU only).
 
     Raises:
-        ValueError: unknown ``activation``.
+        ValueError: unknown ``activation``, or a ``limit`` with another activation than ``"silu"``.
     """
     if activation == "silu":
-        return swiglu(gate, up, gate_multiplier, down_multiplier)
+        return swiglu(gate, up, gate_multiplier, down_multiplier, limit)
+    if limit is not None:
+        raise ValueError(f"limit (DeepSeek-V4's clamped SwiGLU) needs activation='silu', got {activation!r}")
     if activation in ("gelu", "gelu_tanh"):
         return geglu(gate, up, "tanh" if activation == "gelu_tanh" else "none", gate_multiplier, down_multiplier)
     raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}, got {activation!r}")
