@@ -1,7 +1,8 @@
-"""jsd and kl_div forward + backward on a GPU: the kernels at 04bb6c3 (``benchmarks/_divergence_head.py``, a frozen
-copy) against the current ones (``tigon.kernels.divergence``), plus their accuracy on the GPU's fast math.
+"""jsd and kl_div forward + backward on a GPU: the current kernels (``tigon.kernels.divergence``), optionally against
+an earlier version of that module (``--old PATH``: a file holding it, made importable on its own, not kept in the
+repository), plus their accuracy on the GPU's fast math.
 
-    PYTHONPATH=src python3 benchmarks/divergence_tune.py --out divergence_tune.json
+    PYTHONPATH=src python3 benchmarks/divergence_tune.py --out divergence_tune.json [--old .gpu/divergence_04bb6c3.py]
 
 Options: ``--tokens 16384 --vocab 128256 --dtype bf16`` (defaults: Llama-3-8B's vocabulary, the issue's size),
 ``--rep 200`` (do_bench's milliseconds per measurement), ``--skip-accuracy``.
@@ -23,6 +24,7 @@ logits: the divergence second order in the gap) and for unrelated ones. JSON to 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -33,10 +35,10 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _divergence_head as old  # noqa: E402
 from tigon.kernels import divergence as new  # noqa: E402
 from tigon.reference import divergence as ref  # noqa: E402
 
+VERSIONS = {"new": new}  # "old": --old's module
 DEVICE = "cuda"  # (a CPU dry run of the script's logic under Triton's interpreter sets "cpu")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CASES = {  # name: (kind attribute, beta, log-target)
@@ -96,7 +98,7 @@ def time_case(case, n, v, dtype, rep, copy):
     x.requires_grad_(True)
     minimal = 3 * n * v * x.element_size()
     rows, loss, grad = {}, {}, {}
-    for name, module in (("old", old), ("new", new)):
+    for name, module in VERSIONS.items():
         f = loss_fn(module, case)
 
         def fwd():
@@ -119,10 +121,11 @@ def time_case(case, n, v, dtype, rep, copy):
             fwd_bwd_gbps=minimal / ms_fb / 1e6, fwd_bwd_pct_copy=100 * minimal / ms_fb / 1e6 / copy,
             kernel_gbps=minimal / k_ms / 1e6, kernel_pct_copy=100 * minimal / k_ms / 1e6 / copy,
         )
-    rows["speedup_kernel"] = rows["old"]["kernel_ms"] / rows["new"]["kernel_ms"]
-    rows["check"] = dict(loss_old=loss["old"], loss_new=loss["new"],
-                         loss_rel_diff=abs(loss["new"] - loss["old"]) / abs(loss["old"]),
-                         grad_rel_l2_new_vs_old=((grad["new"] - grad["old"]).norm() / grad["old"].norm()).item())
+    if "old" in rows:
+        rows["speedup_kernel"] = rows["old"]["kernel_ms"] / rows["new"]["kernel_ms"]
+        rows["check"] = dict(loss_old=loss["old"], loss_new=loss["new"],
+                             loss_rel_diff=abs(loss["new"] - loss["old"]) / abs(loss["old"]),
+                             grad_rel_l2_new_vs_old=((grad["new"] - grad["old"]).norm() / grad["old"].norm()).item())
     rows["minimal_bytes"] = minimal
     return rows
 
@@ -152,7 +155,12 @@ def main(argv=None):
     parser.add_argument("--rep", type=int, default=200)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--old", help="a file with an earlier tigon.kernels.divergence, importable on its own")
     args = parser.parse_args(argv)
+    if args.old:
+        spec = importlib.util.spec_from_file_location("divergence_old", args.old)
+        VERSIONS["old"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(VERSIONS["old"])
     assert torch.cuda.is_available(), "needs a GPU"
     cases = args.cases.split(",")
     copy, copy_ms = copy_gbps(args.rep)
@@ -166,15 +174,16 @@ def main(argv=None):
         r = time_case(case, args.tokens, args.vocab, DTYPES[args.dtype], args.rep, copy)
         torch.cuda.empty_cache()  # (the case's tensors are gone with time_case's frame)
         out["timings"][case] = r
-        for name in ("old", "new"):
+        for name in VERSIONS:
             t = r[name]
             print(f"{case:20s} {name}: fwd {t['fwd_ms']:.3f} ms, fwd+bwd {t['fwd_bwd_ms']:.3f} ms "
                   f"({t['fwd_bwd_pct_copy']:.0f}% copy), kernels {t['kernel_ms']:.3f} ms ({t['kernel_pct_copy']:.0f}%)")
-        print(f"{case:20s} kernel speedup {r['speedup_kernel']:.2f}x, check {r['check']}")
+        if "old" in r:
+            print(f"{case:20s} kernel speedup {r['speedup_kernel']:.2f}x, check {r['check']}")
     if not args.skip_accuracy:
         for case in cases:
             for label, near in (("near_identical", 0.01), ("unrelated", None)):
-                for name, module in (("old", old), ("new", new)):
+                for name, module in VERSIONS.items():
                     a = accuracy(case, module, near)
                     out["accuracy"].setdefault(case, {}).setdefault(label, {})[name] = a
                     print(f"accuracy {case:20s} {label:15s} {name}: loss {a['loss_rel_err']:.2e}, "
