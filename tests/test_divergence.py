@@ -185,8 +185,9 @@ def test_jsd_near_identical_distributions(device, layout, beta):
     # own fp32 error is about 2e-5 on the gradients and 1e-4 .. 2e-3 on the loss (measured). The gradients are first
     # order: within 3x plain PyTorch's error (on the GPU exp2 and log2 are the approximate special-function ops,
     # about 2^-22, against fp32 rounding's 2^-24). The kernel's loss takes the Jensen-gap series where the two nearly
-    # agree (kernels.divergence._jsd_term): within 1e-4 relative (measured under the interpreter: <= 4e-6; the plain
-    # formula through the GPU's approximate lg2 was 1.6e-2 off on an H100)
+    # agree (kernels.divergence._jsd_parts, series in log P - log Q; its gradients too): within 1e-4 relative
+    # (measured under the interpreter: <= 4e-6; the plain formula through the GPU's approximate lg2 was 1.6e-2 off on
+    # an H100)
     n, v = 12, 301
     y = _logp(n, v, device)
     x = torch.log_softmax(y + 0.01 * torch.randn(n, v, device=device), -1)
@@ -195,6 +196,61 @@ def test_jsd_near_identical_distributions(device, layout, beta):
     assert_close_to_truth([c for c in checks if c.tensor != "out"])
     truth = R.jsd(**{**inputs, "input": x.double(), "target": y.double()})
     torch.testing.assert_close(F.jsd(**inputs).double(), truth, rtol=1e-4, atol=0)
+
+
+def _jsd_truth(x, y, beta):
+    """float64 (pointwise loss, d l / d x, d l / d y) of the generalised JSD (0 < beta < 1), finite inputs."""
+    x, y = x.double(), y.double()
+    q, p = x.exp(), y.exp()
+    log_m = torch.log(beta * p + (1 - beta) * q)
+    dx, dy = (1 - beta) * q * (x - log_m), beta * p * (y - log_m)
+    return dx + dy, dx, dy
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("gap", [0.0, 1e-3, 0.1, 0.499, 0.501, 0.6, 3.0])
+def test_jsd_series_switch(device, layout, beta, gap):
+    # kernels.divergence._jsd_parts takes its series in d = log P - log Q below |d| = JSD_NEAR (0.5) and the direct
+    # form above it: elements at |d| = gap (both signs) just either side of the switch, each loss term and both
+    # gradients against float64 (the pointwise losses of reduction "none", the gradients as the forward forms them).
+    # Bounds from benchmarks/jsd_series_study.py: the series about 1.5e-7 per element (GPU or not); the direct form
+    # on the GPU (approximate lg2 / ex2) about 1.6e-5 (loss) and 3.5e-6 (gradients) median at |d| = 0.51, 1e-5 and
+    # 1e-6 at 0.6 (under the interpreter: fp32 rounding alone, several times less)
+    assert kdiv.JSD_NEAR.value == 0.5
+    n, v = 6, 150
+    x = -1.0 - 5.0 * torch.rand(n, v, dtype=torch.float64, device=device)
+    sign = torch.where(torch.rand(n, v, device=device) < 0.5, -1.0, 1.0).double()
+    x, y = x.float(), (x + gap * sign).float()
+    want_loss, want_dx, want_dy = _jsd_truth(x, y, beta)
+    opts = kdiv.Divergence(kdiv.JSD, beta)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    loss = torch.empty(n, v, dtype=torch.float32, device=device)
+    kdiv.launch(x, y, None, one, opts, loss=loss, elementwise=True)
+    dx, dy, rows = torch.empty_like(x), torch.empty_like(y), torch.empty(n, dtype=torch.float32, device=device)
+    kdiv.launch(x, y, None, one, opts, loss=rows, dx=dx, dy=dy)
+    if gap == 0.0:  # identical distributions: every term and gradient exactly 0 (float64's log M is not)
+        assert all((t == 0).all() for t in (loss, rows, dx, dy))
+        return
+    bound_loss, bound_grad = (2e-6, 2e-6) if gap < 0.5 else (1e-4, 2e-5)
+    assert rel_l2(loss, want_loss) <= bound_loss and rel_l2(rows, want_loss.sum(1)) <= bound_loss
+    assert rel_l2(dx, want_dx) <= bound_grad and rel_l2(dy, want_dy) <= bound_grad
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div_near_identical_distributions(device, layout, log_target):
+    # input = target + small noise: the KL is second order in the gap (about 5e-5 per row) while its terms
+    # t (log t - x) are first order, so the row sum cancels and any error in log t - x shows: plain fp32 torch is
+    # about 1e-5 off. The kernel's log of probability targets is e ln2 + ln2 lg2(m) (kernels.divergence._terms):
+    # within 1e-4 relative (measured under the interpreter: 2e-6 .. 3e-5)
+    n, v = 8, 3001
+    logits = torch.randn(n, v, device=device) * 2.0
+    y = torch.log_softmax(logits, -1)
+    x = torch.log_softmax(logits + 0.01 * torch.randn(n, v, device=device), -1)
+    if not log_target:
+        y = y.exp()
+    inputs = dict(input=x, target=y, reduction="batchmean", log_target=log_target)
+    truth = R.kl_div(**{**inputs, "input": x.double(), "target": y.double()})
+    torch.testing.assert_close(F.kl_div(**inputs).double(), truth, rtol=1e-4, atol=0)
 
 
 def test_non_contiguous_inputs_and_nothing_mutated(device):

@@ -10,13 +10,29 @@ reading anything, a kept one is walked with no row mask and no column mask but i
 
 Arithmetic (jsd is compute-bound, not memory-bound, unless its term is cheap): per element, forward with the
 gradient formed, compiled for sm_90 (SASS of the vocabulary loop, bf16, counted offline by
-``benchmarks/sass_mix.py``): jsd
-three special-function ops (2^(c x), 2^(c y), log2 M; ``ex2.approx.ftz`` and ``lg2.approx.ftz``) and about 22
-instructions in all, where the previous form (P, Q from e^max and e^-|x - y|, M's log through ``tl.log``, selects
-for zero probabilities) took 2 ``ex2`` with subnormal fix-ups, a ~25-instruction precise log and about 70
-instructions (at 16384 x 128256 on an H200: 7.47 ms fwd + bwd, 40% of copy bandwidth, issue-bound). The KL kinds
-take one ``ex2`` each. Since session 17 jsd's loss (not its gradients) adds the near-agreement series of
-:func:`_jsd_term` (about 20 more FMAs a logit, no special-function op) for accuracy: not yet timed on the GPU.
+``benchmarks/sass_mix.py``). Transcendentals (special-function ops: ``ex2`` / ``lg2``; no division anywhere):
+
+=========================  ===========================  ==========================================
+kernel                     special-function ops          instructions per element (SASS)
+=========================  ===========================  ==========================================
+jsd, session 14            2 ex2 + precise log (~25)     ~70 (7.47 ms fwd + bwd at 16384 x 128256
+                           + subnormal fix-ups           on an H200: 40% of copy bandwidth)
+jsd, 4845232 .. 04bb6c3    3 (ex2 Q, ex2 P, lg2 M)       42.0 (loss: + the Jensen-gap series in
+                                                         Q / P - 1; gradients: the direct form)
+jsd, now                   3 (ex2 Q, ex2 P, lg2 M)       43.9 (loss and both gradients: series in
+                                                         d = log P - log Q where |d| < 0.5)
+kl_div (prob. target)      0 + precise log (~25)         36.5 (04bb6c3)
+kl_div (prob. target), now 1 (lg2 of the mantissa)       18.4
+kl_div (log target)        1 (ex2)                       11.9 (unchanged)
+=========================  ===========================  ==========================================
+
+Three special-function ops is jsd's floor for a branch-free form: P and Q are needed as such (the terms' weights:
+two exponentials of independent inputs; P = Q e^d would be 0 * inf where Q underflows) and log M is a logarithm
+wherever no series converges; the series (:func:`_jsd_parts`) replace its cancelling direct form where student
+and teacher nearly agree, for about 18 FMAs, so the count stays about where it was while the gradients, not only
+the loss, become exact there (the direct form through the GPU's approximate lg2 / ex2: loss 1e-2, gradients 2e-4
+relative off at |d| = 0.01; the series: 1.5e-7, ``benchmarks/jsd_series_study.py``). The KL kinds take one
+special-function op each.
 
 Passes. jsd (``grad_in_forward``): the forward reads x and y once and writes the per-row loss sums (N fp32) and,
 when the input (and / or the target) needs a gradient, ``scale * d l / d x`` (``d l / d y``) in the same pass, in
@@ -94,6 +110,10 @@ program, the path of wide rows (a skipped row only writes zeros, a kept one is r
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+LN2_HI = tl.constexpr(0.693359375)
+LN2_LO = tl.constexpr(-2.1219444005469057e-04)
+"""ln2 = LN2_HI + LN2_LO to about 1e-12 (LN2_HI has 11 significant bits: its product with an fp32 is exact in an
+FMA)."""
 NEG_BIG = tl.constexpr(-1e30)
 """Where a base-2 log-probability is clamped from below (-inf, a masked token, becomes this): exp2 of it is 0 and a
 difference with it stays finite, so 0 * log 0 terms give 0 without a select per term."""
@@ -125,66 +145,95 @@ def _exp(x, FAST: tl.constexpr):
         return tl.exp(x)
 
 
+JSD_NEAR = tl.constexpr(0.5)
+"""|log P - log Q| (nats) below which :func:`_jsd_parts` takes its series in ``d = log P - log Q`` (all of the loss
+and of both gradients); at and above it the direct form. From the error study of ``benchmarks/jsd_series_study.py``:
+the series to d^8 (log M / Q) and d^9 (the loss) stay within 2^-24 relative of their sums up to |d| = 0.5 for any
+beta, and above 0.5 the direct form through the GPU's approximate lg2 / ex2 is within about 1.4e-5 (median, beta
+0.1 .. 0.9) of the loss term (5.7e-5 at 0.25, 1.2e-2 at 0.01: why the series)."""
+
+
 @triton.jit
 def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
-    """``(gx, gy, Q, P)`` of the generalised JSD (0 < beta < 1) for fp32 tiles of the student's and the teacher's
-    log-probabilities ``x = log Q``, ``y = log P`` in the unit of ``1 / c`` (``c = log2 e``: nats; 1: bits):
-    ``gx = Q (log2 Q - log2 M)``, ``gy = P (log2 P - log2 M)``, M = beta P + (1 - beta) Q. In nats:
+    """``(l2, gx, gy, Q, P)`` of the generalised JSD (0 < beta < 1) for fp32 tiles of the student's and the
+    teacher's log-probabilities ``x = log Q``, ``y = log P`` in the unit of ``1 / c`` (``c = log2 e``: nats; 1:
+    bits): the pointwise loss in bits ``l2 = l / ln2``, ``gx = Q (log2 Q - log2 M)``, ``gy = P (log2 P - log2 M)``,
+    M = beta P + (1 - beta) Q. In nats:
 
-        l = ln2 ((1 - beta) gx + beta gy),  d l / d log Q = ln2 (1 - beta) gx,  d l / d log P = ln2 beta gy
+        l = beta P (log P - log M) + (1 - beta) Q (log Q - log M) = ln2 l2,
+        d l / d log Q = ln2 (1 - beta) gx,  d l / d log P = ln2 beta gy
 
-    (``l = beta P (log P - log M) + (1 - beta) Q (log Q - log M)``; in d l / d log Q the log M terms, through M,
-    give ``-(beta P + (1 - beta) Q) (1 - beta) Q / M = -(1 - beta) Q``, which cancels the ``+(1 - beta) Q`` of
-    d(Q log Q)). Callers fold the weights and ln2 into their accumulator and their gradient's factor (per-row
-    constants), so the term costs three special-function ops (Q = 2^(c x) and P = 2^(c y): ``ex2.approx.ftz``; log2 M:
-    :func:`_log2`) and about a dozen arithmetic ones. ``c x - log2 M`` is one FMA (the product is not rounded before
-    the difference: plain PyTorch's fp32 error where student and teacher nearly agree, not 1.4x it).
+    (in d l / d log Q the log M terms, through M, give ``-(beta P + (1 - beta) Q) (1 - beta) Q / M = -(1 - beta) Q``,
+    which cancels the ``+(1 - beta) Q`` of d(Q log Q); so ``l = d l / d log Q + d l / d log P``). Callers fold the
+    weights and ln2 into their gradient's factor (a per-row constant).
+
+    With d = log P - log Q (nats) everything but Q and P is a function of d: log M - log Q = K(d) = log(1 - beta +
+    beta e^d) (the cumulant generating function of a Bernoulli(beta)), ``gx = -Q K / ln2``, ``gy = P (d - K) / ln2``
+    and ``l = Q J(d)``, ``J = beta e^d (d - K) - (1 - beta) K``: a Jensen gap, ``beta (1 - beta) d^2 / 2 + O(d^3)``,
+    which the direct form ``ln2 ((1 - beta) gx + beta gy)`` computes from two first-order terms (cancellation: the
+    GPU's approximate lg2 / ex2, about 2^-22, left a late-distillation test row's loss 1.6e-2 off on an H100, and
+    its gradients 1e-4 off). So where |d| < :data:`JSD_NEAR`: K and J by their Taylor series in d (to d^8 and d^9;
+    radius of convergence at least pi, the zeros of 1 - beta + beta e^d; the coefficients are polynomials in beta,
+    formed once per program: loop-invariant scalars), ``d - K`` as one FMA (no cancellation: its series starts at
+    (1 - beta) d); elsewhere the direct form, ``Q (c x - log2 M)`` and ``P (c y - log2 M)`` (one FMA each, the product
+    unrounded). Special-function ops per element: three (Q = 2^(c x), P = 2^(c y): ``ex2.approx.ftz``; log2 M:
+    :func:`_log2`), no division; the series are about 18 FMAs, each element taking one form by three selects.
 
     P and Q are at most 1 (log-probabilities): nothing overflows. M is floored at 2^-126 (both probabilities below
     that: P = Q = 0 on the GPU, terms under 1e-36 anyway) and x, y at :data:`NEG_BIG`, so -inf log-probabilities
-    (masked tokens, skipped rows, columns past V) give 0 * finite = 0: finite wherever the divergence is
-    (0 < beta < 1), with no select per element. NaN inputs propagate."""
+    (masked tokens, skipped rows, columns past V) give 0 * finite = 0 (both -inf: d = 0, the series, Q = P = 0):
+    finite wherever the divergence is (0 < beta < 1), with no select per element for them. NaN inputs propagate
+    (NaN d takes the direct form)."""
     x = tl.maximum(x, NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
     y = tl.maximum(y, NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
     q = tl.math.exp2(x * c)
     p = tl.math.exp2(y * c)
+    # the direct form
     log2_m = _log2(tl.maximum(beta * p + (1.0 - beta) * q, FP32_TINY), FAST)
-    return q * tl.fma(x, c, -log2_m), p * tl.fma(y, c, -log2_m), q, p
-
-
-JSD_NEAR = tl.constexpr(0.25)
-"""|log Q - log P| (nats) below which :func:`_jsd_term` takes the series of the term in Q / P - 1."""
-
-
-@triton.jit
-def _jsd_term(x, y, p, direct, beta):
-    """The generalised JSD's pointwise term in nats where student and teacher nearly agree, else ``direct``.
-
-    With t = Q / P = e^(x - y), s = t - 1 and w = 1 - beta the term is ``P ((1 - w) f(1) + w f(t) - f(1 + w s))``,
-    f(u) = u ln u: a Jensen gap, second order in s (about P beta (1 - beta) s^2 / 2), which the direct form (two
-    first-order terms in log M, :func:`_jsd_parts`) computes by cancellation, so that the approximate ``lg2`` /
-    ``ex2`` of the GPU (about 2^-22 absolute) dominate it where the distributions nearly agree (1.6% relative on a
-    late-distillation test row on an H100). Below |x - y| < :data:`JSD_NEAR`: s = expm1(x - y) by its Taylor series
-    to z^8 (truncation under z^9 / 9!) and the term by the series of (1 + a) ln(1 + a) = a + sum_k (-1)^k a^k /
-    (k (k - 1)), which gives ``P s^2 sum_{k=2..8} (-1)^k w (1 - w^(k - 1)) s^(k - 2) / (k (k - 1))`` (truncation
-    under about 0.3 s^7 of the leading term at s = e^0.25 - 1). Both inputs -inf: 0; one: ``direct`` (0); NaN:
-    ``direct`` (NaN)."""
-    z = (tl.maximum(x, NEG_BIG, propagate_nan=tl.PropagateNan.ALL)
-         - tl.maximum(y, NEG_BIG, propagate_nan=tl.PropagateNan.ALL))  # (-inf - -inf: 0 here, P = 0)
-    s = z * (1.0 + z * (0.5 + z * (0.16666666666666666 + z * (0.041666666666666664 + z * (
-        0.008333333333333333 + z * (0.001388888888888889 + z * (0.0001984126984126984 + z * 2.48015873015873e-05)))))))
-    w = 1.0 - beta
-    w2 = w * w
-    w3 = w2 * w
-    w4 = w3 * w
-    w5 = w4 * w
-    w6 = w5 * w
-    w7 = w6 * w
-    a7 = -w * (1.0 - w6) / 42.0
-    a8 = w * (1.0 - w7) / 56.0
-    series = (w * (1.0 - w) * 0.5 + s * (-w * (1.0 - w2) / 6.0 + s * (w * (1.0 - w3) / 12.0 + s * (
-        -w * (1.0 - w4) / 20.0 + s * (w * (1.0 - w5) / 30.0 + s * (a7 + s * a8))))))
-    return tl.where(tl.abs(z) < JSD_NEAR, p * (s * s) * series, direct)
+    a_far = tl.fma(x, c, -log2_m)
+    b_far = tl.fma(y, c, -log2_m)
+    # the series, in the caller's unit: u = y - x = d / s (exact where they nearly agree), coefficients times s^n
+    s = c * LN2
+    v = beta * (1.0 - beta)
+    w = 1.0 - 2.0 * beta
+    s2 = s * s
+    s3 = s2 * s
+    s4 = s2 * s2
+    # -K(d) log2 e = u * (k1 + u (k2 + ... + u k8)), k_n = -kappa_n s^n log2 e / n!, kappa_n beta's cumulants
+    kn = -LOG2E * v
+    k1 = -LOG2E * beta * s
+    k2 = kn * s2 * 0.5
+    k3 = kn * s3 * w * (1.0 / 6.0)
+    k4 = kn * s4 * (1.0 - 6.0 * v) * (1.0 / 24.0)
+    k5 = kn * (s4 * s) * w * (1.0 - 12.0 * v) * (1.0 / 120.0)
+    k6 = kn * (s4 * s2) * (1.0 + v * (-30.0 + 120.0 * v)) * (1.0 / 720.0)
+    k7 = kn * (s4 * s3) * w * (1.0 + v * (-60.0 + 360.0 * v)) * (1.0 / 5040.0)
+    k8 = kn * (s4 * s4) * (1.0 + v * (-126.0 + v * (1680.0 - 5040.0 * v))) * (1.0 / 40320.0)
+    # J(d) log2 e = u^2 (j2 + u (j3 + ... + u j9)), j_n = J's d^n coefficient times s^n log2 e
+    jn = LOG2E * v
+    j2 = jn * s2 * 0.5
+    j3 = jn * s3 * (1.0 / 3.0 - beta * (1.0 / 6.0))
+    j4 = jn * s4 * (0.125 + beta * (beta * (1.0 / 12.0) - 1.0 / 6.0))
+    j5 = jn * (s4 * s) * (1.0 / 30.0 + beta * (beta * (7.0 / 60.0 - beta * 0.05) - 11.0 / 120.0))
+    j6 = jn * (s4 * s2) * (1.0 / 144.0 + beta * (beta * (beta * (beta * (1.0 / 30.0) - 11.0 / 120.0) + 4.0 / 45.0)
+                                                  - 13.0 / 360.0))
+    j7 = jn * (s4 * s3) * (1.0 / 840.0 + beta * (beta * (beta * (beta * (8.0 / 105.0 - beta * (1.0 / 42.0))
+                                                                    - 19.0 / 210.0) + 61.0 / 1260.0) - 19.0 / 1680.0))
+    j8 = jn * (s4 * s4) * (1.0 / 5760.0 + beta * (beta * (beta * (beta * (beta * (beta * (1.0 / 56.0) - 11.0 / 168.0)
+                                                                          + 13.0 / 140.0) - 71.0 / 1120.0)
+                                                          + 47.0 / 2240.0) - 1.0 / 336.0))
+    j9 = jn * (s4 * s4 * s) * (1.0 / 45360.0 + beta * (beta * (beta * (beta * (beta * (beta * (
+        29.0 / 504.0 - beta * (1.0 / 72.0)) - 2.0 / 21.0) + 67.0 / 840.0) - 709.0 / 20160.0) + 463.0 / 60480.0)
+        - 247.0 / 362880.0))
+    u = y - x
+    near = tl.abs(u) < JSD_NEAR / s
+    a_near = u * (k1 + u * (k2 + u * (k3 + u * (k4 + u * (k5 + u * (k6 + u * (k7 + u * k8)))))))  # -K log2 e
+    b_near = tl.fma(u, c, a_near)  # (d - K) log2 e
+    l2_near = q * ((u * u) * (j2 + u * (j3 + u * (j4 + u * (j5 + u * (j6 + u * (j7 + u * (j8 + u * j9))))))))
+    gx = q * tl.where(near, a_near, a_far)
+    gy = p * tl.where(near, b_near, b_far)
+    l2 = tl.where(near, l2_near, (1.0 - beta) * gx + beta * gy)
+    return l2, gx, gy, q, p
 
 
 @triton.jit
@@ -192,7 +241,8 @@ def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
     """(l, d l / d x, d l / d y, Q) of fp32 tiles x, y for the kinds other than JSD (:func:`_jsd_parts`); Q =
     exp(x) for the log-probability kinds KL_LOG and KL_LOG_REVERSE (x otherwise; the compiler drops what a caller
     does not use). A term with a zero probability is 0 (with zero derivative in the input that carries it), so -inf
-    log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU)."""
+    log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU); KL_PROB's log:
+    one lg2 of the target's mantissa (:func:`_log2`), see below."""
     if KIND == 0:
         p = _exp(y, FAST)
         d = tl.where(p > 0, y - x, 0.0)
@@ -208,7 +258,19 @@ def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
         dy = -q
     elif KIND == 3:
         live = y != 0
-        d = tl.where(live, tl.log(tl.maximum(y, eps)) - x, 0.0)
+        # log max(y, eps) = (e + log2 m) ln2, y = m 2^e with m in [1, 2) split off by bit operations and log2 m by
+        # one special-function op (lg2 on the GPU, where tl.log is a ~25-instruction polynomial). log y - x cancels
+        # where target and input nearly agree, so no large term is rounded before it: lg2's result is under 1
+        # (rounded at 2^-24; lg2.approx: about 2^-22.6 absolute), where lg2(y) would be rounded at the ulp of
+        # |log2 y| (2^-20 at 16); ln2 in two parts, (e + log2 m) LN2_HI exact in the FMAs, and fp32's ln2 alone
+        # (2.7e-9 off) would bias the row sum by 2.7e-9 times the target's entropy (each measured at 1.5e-5 .. 3e-5
+        # of a near-identical KL; torch's fp32 about 1e-5). Floored at 2^-126 (normal: the split needs it; moves only
+        # terms under 1e-37)
+        ym = tl.maximum(y, tl.maximum(eps, FP32_TINY))
+        bits = ym.to(tl.int32, bitcast=True)
+        e = ((bits >> 23) - 127).to(tl.float32)
+        l2m = _log2(((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True), FAST)
+        d = tl.where(live, tl.fma(e + l2m, LN2_LO, tl.fma(l2m, LN2_HI, tl.fma(e, LN2_HI, -x))), 0.0)
         loss = y * d
         dx = -y
         dy = tl.where(live, d + tl.where(y >= eps, 1.0, 0.0), 0.0)
@@ -287,7 +349,10 @@ def _walk(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, 
                     stride_dy, rows, in_rows, keep, scale, acc, full, V, beta, eps, KIND, WRITE_LOSS, ELEMENTWISE,
                     WRITE_DX, WRITE_DY, HAS_G, LOAD_X, FAST, True, BLOCK_M, BLOCK_V)
     if WRITE_LOSS and not ELEMENTWISE:
-        tl.store(LOSS + rows * stride_loss, tl.sum(acc, axis=1), mask=in_rows)
+        total = tl.sum(acc, axis=1)
+        if KIND == 2:  # jsd's terms are summed in bits
+            total = total * LN2
+        tl.store(LOSS + rows * stride_loss, total, mask=in_rows)
 
 
 @triton.jit
@@ -318,17 +383,15 @@ def _step(X, stride_x, Y, stride_y, G, stride_gm, stride_gv, LOSS, stride_loss, 
         coef = tl.load(G + rows[:, None] * stride_gm + cols[None, :].to(tl.int64) * stride_gv, mask=read,
                        other=0.0).to(tl.float32) * scale
     if KIND == 2:
-        # jsd in bits: ln2 and the weights folded into the accumulation (two FMAs) and the gradients' factors
-        gx, gy, _q, p = _jsd_parts(x, y, LOG2E, beta, FAST)
-        wx = (1.0 - beta) * LN2
-        wy = beta * LN2
+        # jsd in bits: the loss summed in bits (ln2 once a row), ln2 and the weights folded into the gradients' factors
+        l2, gx, gy, _q, _p = _jsd_parts(x, y, LOG2E, beta, FAST)
         if WRITE_LOSS:
             if ELEMENTWISE:
-                loss = _jsd_term(x, y, p, wx * gx + wy * gy, beta)
+                loss = l2 * LN2
             else:
-                acc = acc + _jsd_term(x, y, p, wx * gx + wy * gy, beta)
-        dx = gx * (wx * coef)
-        dy = gy * (wy * coef)
+                acc = acc + l2  # (in bits: _walk multiplies the row sums by ln2)
+        dx = gx * ((1.0 - beta) * LN2 * coef)
+        dy = gy * (beta * LN2 * coef)
     else:
         loss, dx, dy, _q = _terms(x, y, eps, KIND, FAST)
         loss = tl.where(read, loss, 0.0)

@@ -25,12 +25,14 @@ gradients (4 N H V x 2 FLOPs in all).
 
 Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
 ``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
-3: 2 ``ex2`` + 1 ``lg2`` each) and about 61 instructions (16 + 24 + 21; beta 0 / 1: 50 / 51 instructions, 6.25 /
-4.25 ``ex2``), where the previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise
-logs (the "9 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was
-issue-bound (about 7 ms by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the
-matmul floor) against about 3.4 ms of memory traffic, which should bound it now (about 2.3 ms of issue and of
-special-function work: to be measured).
+3: 2 ``ex2`` + 1 ``lg2`` each) and about 94 instructions (16 + 47 + 31, with the series of
+:func:`tigon.kernels.divergence._jsd_parts` where student and teacher nearly agree, for the loss in pass 2 and the
+gradient in pass 3; 16 + 24 + 21 without; beta 0 / 1: 50 / 51 instructions, 6.25 / 4.25 ``ex2``), where the
+previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise logs (the "9
+transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was issue-bound (about 7
+ms by instruction count at the H200's issue rate, of the 62.1 ms fwd + bwd, 79.9% of the matmul floor) against
+about 3.4 ms of memory traffic, which should bound it now (about 3 ms of issue and 2 ms of special-function
+work: to be measured).
 
 History: until this kernel, step 2 was torch on fp32 copies (``log_softmax`` of both chunks, the divergence kernel,
 then the log-softmax backward in five more torch passes): about 20 fp32 passes over each (rows, V) chunk and 16
@@ -51,7 +53,7 @@ from torch import Tensor
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, interpreter_quiet, or_empty
 from .first_order import once_differentiable
 from .divergence import (
-    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _jsd_term, _terms, fast_math,
+    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _terms, fast_math,
     reduction_scale,
 )
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
@@ -129,14 +131,12 @@ def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, bet
     kinds), g proportional to d l / d x and Q = exp(x). x = log_softmax(z_s / T), y = log_softmax(z_t / T) formed as
     ``c (z - m) - logs`` (``z - m`` exact: the max subtracted first, as torch's log_softmax; then one FMA; -inf
     where not read, which makes every piece 0), in bits for jsd (c = log2 e / T: :func:`tigon.kernels.divergence.
-    _jsd_parts`' ``u = (1 - beta) gx``, ``v = beta gy``, ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for
+    _jsd_parts`' ``u = l2`` (the loss in bits), ``v = 0``, ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for
     the KL kinds (c = 1 / T: ``_terms``' u = l, v = 0, g = d l / d x)."""
     x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
     y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
     if KIND == 2:
-        gx, gy, q, p = _jsd_parts(x, y, 1.0, beta, FAST)
-        u = (1.0 - beta) * gx + beta * gy  # (bits) the direct form, or where student and teacher nearly agree the
-        u = _jsd_term(x * LN2, y * LN2, p, u * LN2, beta) * LOG2E  # series that does not cancel (divergence._jsd_term)
+        u, gx, _gy, q, _p = _jsd_parts(x, y, 1.0, beta, FAST)  # (bits; the series where the two nearly agree)
         return u, 0.0, gx, q
     else:
         loss, dx, _dy, q = _terms(x, y, 0.0, KIND, FAST)
