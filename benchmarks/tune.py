@@ -4,6 +4,7 @@ that a run cut short keeps what it measured. The heuristics in src/tigon/kernels
 
     PYTHONPATH=src python3 benchmarks/tune.py --out $OUT/tune_<ops>_llama3-8b_h200_<date>.json --ops rms_norm
     PYTHONPATH=src python3 benchmarks/tune.py --out ... --ops cross_entropy --repeat 2    (A B A B: drift shows)
+    PYTHONPATH=src python3 benchmarks/tune.py --out ... --ops cross_entropy:2    (its study 2 alone)
     PYTHONPATH=src python3 benchmarks/tune.py --list       (the search space, checked against the kernels; any machine)
 
 A configuration sets attributes of the op's kernel module (``tigon.kernels.<module>``) while it runs: upper-case
@@ -267,14 +268,19 @@ def ranking(out: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON to write (required unless --list)")
-    ap.add_argument("--ops", default=",".join(SPACE), help=f"ops to tune (default: {','.join(SPACE)})")
+    ap.add_argument("--ops", default=",".join(SPACE),
+                    help=f"ops to tune, each optionally with the studies to run, op:i:j (default: {','.join(SPACE)})")
     ap.add_argument("--peers", default="compile,liger", help="providers timed once per shape, for reference")
     ap.add_argument("--repeat", type=int, default=1, help="rounds over the configs (alternating, to see drift)")
     ap.add_argument("--plain", action="store_true", help="plain do_bench (host time included), not CUDA graphs")
     ap.add_argument("--budget-s", type=float, default=540, help="stop starting timings after this many seconds")
     ap.add_argument("--list", action="store_true", help="print the search space, check it against the kernels, exit")
     args = ap.parse_args(argv)
-    ops = [op for op in args.ops.split(",") if op]
+    picked = {}  # op -> its studies to run (``op:i:j``), all by default
+    for entry in (e for e in args.ops.split(",") if e):
+        op, *idx = entry.split(":")
+        picked[op] = [int(i) for i in idx] or None
+    ops = list(picked)
     unknown = [op for op in ops if op not in SPACE]
     if unknown:
         ap.error(f"no search space for {', '.join(unknown)} (have {', '.join(SPACE)})")
@@ -312,6 +318,8 @@ def main(argv=None) -> int:
         for op in ops:
             seen = []
             for i, study in enumerate(SPACE[op]):
+                if picked[op] is not None and i not in picked[op]:
+                    continue
                 for shape in study.shapes:
                     if peers and shape not in seen:
                         seen.append(shape)

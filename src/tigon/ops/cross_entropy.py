@@ -249,6 +249,14 @@ every 4th target, ``reduction=none`` has ignored targets too)."""
 
 _ORIGINAL = "torch cross-entropy on fp32-upcast logits, as HF's loss (tigon.reference.cross_entropy)"
 
+
+def quack_cross_entropy(logits, target, ignore_index=-100, **_):
+    """QuACK's CuTe DSL cross-entropy (``quack.cross_entropy.cross_entropy``, mean over the non-ignored tokens; no
+    label smoothing, z-loss or softcap). A bench peer; needs the CuTe DSL."""
+    from quack.cross_entropy import cross_entropy as quack_ce
+
+    return quack_ce(logits, target, ignore_index=ignore_index, reduction="mean")
+
 RECORDS = (OpSpec(
     name="cross_entropy",
     summary="cross-entropy on (tokens, vocab) logits (label smoothing, z-loss, softcap, class weights)",
@@ -264,12 +272,15 @@ RECORDS = (OpSpec(
     category="lm_head_loss",
     min_bytes=lambda s, e, mode: (1 if mode == "fwd" else 2) * s["tokens"] * s["vocab"] * e,  # read; + write grad
     bench_inputs={"ignore_every": 10},  # 10% of the tokens ignored, as in padded / prompt-masked batches
-    peers={"liger": liger("liger_cross_entropy", "logits", "target")},
+    peers={"liger": liger("liger_cross_entropy", "logits", "target"), "quack": quack_cross_entropy},
     # Liger reads the count of non-ignored tokens with .item() and compares the upstream gradient with 1 on the host
-    grads_in_forward=("tigon_fwdgrad", "liger"), host_syncs=("liger",),
-    bench_notes={"tigon_inplace": "inplace_backward=True: the backward writes the gradient into the logits' memory",
+    grads_in_forward=("tigon", "tigon_fwdgrad", "liger"), host_syncs=("liger",),
+    bench_notes={"tigon": "the default: the forward forms the gradient into a buffer of its own, the backward hands "
+                          "it on (upstream 1)",
+                 "tigon_inplace": "inplace_backward=True: the backward writes the gradient into the logits' memory",
                  "tigon_fwdgrad": "grad_in_forward=True: the forward writes the gradient over the logits (Liger's "
                                   "scheme), the backward only scales it",
+                 "quack": "QuACK's CuTe DSL kernels: the loss forward, the gradient in the backward",
                  "liger": "writes the gradient into the logits in its forward (compare with tigon_fwdgrad)"},
     cases=(
         Case(),
