@@ -21,92 +21,89 @@ against the sort-based one:
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 
 import torch
+import triton
+import triton.language as tl
 
 SHAPES = ((16384, 4096), (8192, 32000), (4096, 128256))
 PASS_ROWS = {4096: 2048, 32000: 512, 128256: 128}
 
 
 # --- the previous forward (before issue 21's rework), for comparison only ---------------------------------------
-@functools.cache
-def _old_kernels():
-    import triton
-    import triton.language as tl
+BISECT = tl.constexpr(24)
 
-    BISECT = tl.constexpr(24)
 
-    @triton.jit
-    def old_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.arange(0, BLOCK_N)
-        rmask = rows < M
-        mask = rmask[:, None] & (cols < N)[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        lo = tl.where(rmask, tl.max(x, axis=1), 0.0) - 1.0
-        half = lo * 0.0 + 0.5
-        for _ in range(BISECT):
-            mid = lo + half
-            f = tl.sum(tl.where(x > mid[:, None], x - mid[:, None], 0.0), axis=1)
-            lo = tl.where(f >= 1.0, mid, lo)
-            half = half * 0.5
-        for _ in range(2):
-            supp = x > lo[:, None]
-            k = tl.sum(tl.where(supp, 1.0, 0.0), axis=1)
-            lo = (tl.sum(tl.where(supp, x, 0.0), axis=1) - 1.0) / tl.maximum(k, 1.0)
-        y = tl.maximum(x - lo[:, None], 0.0)
-        tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+@triton.jit
+def old_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The previous tigon.kernels.sparsemax._sparsemax_fwd: 24 halvings of [max - 1, max], 2 Michelot steps."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols < N)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+    lo = tl.where(rmask, tl.max(x, axis=1), 0.0) - 1.0
+    half = lo * 0.0 + 0.5
+    for _ in range(BISECT):
+        mid = lo + half
+        f = tl.sum(tl.where(x > mid[:, None], x - mid[:, None], 0.0), axis=1)
+        lo = tl.where(f >= 1.0, mid, lo)
+        half = half * 0.5
+    for _ in range(2):
+        supp = x > lo[:, None]
+        k = tl.sum(tl.where(supp, 1.0, 0.0), axis=1)
+        lo = (tl.sum(tl.where(supp, x, 0.0), axis=1) - 1.0) / tl.maximum(k, 1.0)
+    y = tl.maximum(x - lo[:, None], 0.0)
+    tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def _excess(X, row, N, stride_x, t, BLOCK_N: tl.constexpr):
-        offs = tl.arange(0, BLOCK_N)
-        e = tl.zeros([BLOCK_N], dtype=tl.float32)
-        k = tl.zeros([BLOCK_N], dtype=tl.float32)
-        s = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for c0 in range(0, N, BLOCK_N):
-            cols = c0 + offs
-            x = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
-            supp = x > t
-            e += tl.where(supp, x - t, 0.0)
-            k += tl.where(supp, 1.0, 0.0)
-            s += tl.where(supp, x, 0.0)
-        return tl.sum(e, axis=0), tl.sum(k, axis=0), tl.sum(s, axis=0)
 
-    @triton.jit
-    def old_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK_N)
-        m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        for c0 in range(0, N, BLOCK_N):
-            cols = c0 + offs
-            m = tl.maximum(m, tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32))
-        lo = tl.max(m, axis=0) - 1.0
-        half = lo * 0.0 + 0.5
-        for _ in range(BISECT):
-            mid = lo + half
-            f, _k, _s = _excess(X, row, N, stride_x, mid, BLOCK_N)
-            lo = tl.where(f >= 1.0, mid, lo)
-            half = half * 0.5
-        for _ in range(2):
-            _e, k, s = _excess(X, row, N, stride_x, lo, BLOCK_N)
-            lo = (s - 1.0) / k
-        for c0 in range(0, N, BLOCK_N):
-            cols = c0 + offs
-            cmask = cols < N
-            x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-            tl.store(Y + row * N + cols, tl.maximum(x - lo, 0.0).to(Y.dtype.element_ty), mask=cmask)
+@triton.jit
+def _excess(X, row, N, stride_x, t, BLOCK_N: tl.constexpr):
+    offs = tl.arange(0, BLOCK_N)
+    e = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + offs
+        x = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
+        supp = x > t
+        e += tl.where(supp, x - t, 0.0)
+        k += tl.where(supp, 1.0, 0.0)
+        s += tl.where(supp, x, 0.0)
+    return tl.sum(e, axis=0), tl.sum(k, axis=0), tl.sum(s, axis=0)
 
-    return old_fwd, old_fwd_wide
+
+@triton.jit
+def old_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + offs
+        m = tl.maximum(m, tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32))
+    lo = tl.max(m, axis=0) - 1.0
+    half = lo * 0.0 + 0.5
+    for _ in range(BISECT):
+        mid = lo + half
+        f, _k, _s = _excess(X, row, N, stride_x, mid, BLOCK_N)
+        lo = tl.where(f >= 1.0, mid, lo)
+        half = half * 0.5
+    for _ in range(2):
+        _e, k, s = _excess(X, row, N, stride_x, lo, BLOCK_N)
+        lo = (s - 1.0) / k
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + offs
+        cmask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(Y + row * N + cols, tl.maximum(x - lo, 0.0).to(Y.dtype.element_ty), mask=cmask)
 
 
 def old_forward(x: torch.Tensor) -> torch.Tensor:
     from tigon.kernels.softmax import _launch
 
-    fwd, wide = _old_kernels()
     y = torch.empty_like(x)
-    _launch(fwd, wide, (x,), (x.stride(0),), y, x.shape[0], x.shape[1])
+    _launch(old_fwd, old_fwd_wide, (x,), (x.stride(0),), y, x.shape[0], x.shape[1])
     return y
 
 
@@ -185,8 +182,6 @@ def main() -> None:
 
 
 def time_gpu(args) -> dict:
-    import triton
-
     from tigon.kernels import sparsemax as k
     from tigon.reference.sparsemax import sparsemax as ref
 
