@@ -61,3 +61,82 @@ def test_sparsemax_bad_input(device):
         F.sparsemax(x[0, 0])
     with pytest.raises(ValueError, match="must be non-empty"):
         F.sparsemax(x[:, :0])
+
+
+# Rows that stress the forward's stopping rule (Michelot's step from max - 1 until the support stops shrinking; see
+# tigon.kernels.sparsemax). Each family runs in registers and, with REGISTER_ROW forced small, on the chunked path.
+def _special_rows(device):
+    g = torch.Generator().manual_seed(0)
+    rows = {}
+    # ties at tau: support {1.25, 0.75}, tau = 0.5 exactly, and copies of 0.5 (y = 0 there); ties inside the support
+    rows["ties_at_tau"] = torch.tensor([[1.25, 0.5, 0.75, 0.5, 0.5, -2.0, 0.5],
+                                        [1.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],
+                                        [0.3, 0.3, 0.3, -1.0, 0.3, -1.0, 0.3]])
+    # many values within 1e-7 of tau (above and below): the support's edge is a cloud of near-ties
+    base = torch.randn(4, 61, generator=g, dtype=torch.float64) * 2
+    tau = _tau64(base)
+    near = tau[:, None] + (torch.rand(4, 60, generator=g, dtype=torch.float64) * 2 - 1) * 1e-7
+    rows["near_tau"] = torch.cat([base, near], 1)
+    # one huge value (support of size 1), also where the runner-up sits exactly at max - 1
+    huge = torch.randn(3, 45, generator=g, dtype=torch.float64).clamp(-3, 1.5)
+    huge[0, 7], huge[1, 0], huge[2, 44] = 1e4, 50.0, 3.0
+    huge[2, 3] = 2.0
+    rows["one_huge"] = huge
+    # constant rows: the support is the whole row, y = 1 / N
+    rows["constant"] = torch.cat([torch.full((1, 37), 0.25), torch.full((1, 37), -3.0), torch.zeros(1, 37)])
+    # -inf padding (masked positions), odd width, a row with a single finite value
+    pad = torch.randn(3, 53, generator=g, dtype=torch.float64) * 3
+    pad[0, 40:] = float("-inf")
+    pad[1, ::2] = float("-inf")
+    pad[2, :] = float("-inf")
+    pad[2, 17] = -5.0
+    rows["neg_inf_padding"] = pad
+    # near-uniform and spread-out rows: large supports (many passes) and supports of one or two
+    rows["scale_0.01"] = torch.randn(2, 301, generator=g, dtype=torch.float64) * 0.01
+    rows["scale_30"] = torch.randn(2, 301, generator=g, dtype=torch.float64) * 30
+    return {k: v.float().to(device) for k, v in rows.items()}
+
+
+def _tau64(x):
+    zs = torch.sort(x.double(), dim=-1, descending=True).values
+    cs = zs.cumsum(-1)
+    k = torch.arange(1, x.shape[-1] + 1, dtype=torch.float64)
+    kz = (1 + k * zs > cs).sum(-1, keepdim=True)
+    return ((cs.gather(-1, kz - 1) - 1) / kz).squeeze(-1)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("case", ["ties_at_tau", "near_tau", "one_huge", "constant", "neg_inf_padding",
+                                  "scale_0.01", "scale_30"])
+def test_sparsemax_exact_on_hard_rows(device, monkeypatch, case, chunked):
+    from tigon.kernels import softmax as k
+
+    if chunked:
+        monkeypatch.setattr(k, "REGISTER_ROW", 16)
+        monkeypatch.setattr(k, "WIDE_CHUNK", 16)
+    x = _special_rows(device)[case]
+    y = F.sparsemax(x)
+    truth = ref_sparsemax(x.double())
+    # tau as the sort-based Algorithm 1's up to fp32 rounding: the error of y is that of tau, a few ulps of x
+    atol = 4 * torch.finfo(torch.float32).eps * max(1.0, x[x.isfinite()].abs().max().item())
+    torch.testing.assert_close(y.double(), truth, rtol=0, atol=atol)
+    torch.testing.assert_close(y.double().sum(-1), torch.ones(x.shape[0], dtype=torch.float64), rtol=0, atol=1e-5)
+    assert (y >= 0).all()
+    if case == "ties_at_tau":  # the ties sit at y = 0 exactly; the support's ties share one value
+        assert torch.equal(y[0], torch.tensor([0.75, 0, 0.25, 0, 0, 0, 0], device=device))
+        assert torch.equal(y[1], torch.tensor([1.0, 0, 0, 0, 0, 0, 0], device=device))
+    if case == "one_huge":
+        assert torch.equal(y, torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).float())
+    if case == "constant":
+        torch.testing.assert_close(y, torch.full_like(y, 1 / 37), rtol=0, atol=atol)  # x - tau: x rounds to ulp(3)
+    if case == "neg_inf_padding":
+        assert (y[x == float("-inf")] == 0).all() and y[2, 17] == 1
+    assert_close_to_truth(compare(F.sparsemax, ref_sparsemax, dict(input=x), ["input"]))
+
+
+@pytest.mark.parametrize("N", [4097, 32000])
+def test_sparsemax_wide_logits(device, N):
+    # rows of a vocabulary (register path up to 32768), bf16 logits at scales 1 and 10
+    x = torch.randn(2, N, device=device) * torch.tensor([[1.0], [10.0]], device=device)
+    assert_close_to_truth(compare(F.sparsemax, ref_sparsemax, dict(input=x.bfloat16()), ["input"]))
+    torch.testing.assert_close(F.sparsemax(x).double(), ref_sparsemax(x.double()), rtol=0, atol=1e-6)

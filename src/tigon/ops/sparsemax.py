@@ -1,6 +1,6 @@
 """Sparsemax (Martins & Astudillo 2016; Liger-Kernel's ``liger_sparsemax``): the public op and its record.
 
-Kernels: :mod:`tigon.kernels.sparsemax` (sort-free: bisection, then Michelot's exact step). Specification:
+Kernels: :mod:`tigon.kernels.sparsemax` (sort-free: Michelot's exact algorithm from max - 1). Specification:
 :mod:`tigon.reference.sparsemax` (the paper's sort-based Algorithm 1).
 """
 
