@@ -154,7 +154,7 @@ def test_dyt_issues_only_its_kernels(device, kernel_count):
     # and dbeta), and no ATen operation runs a kernel (before: dalpha's sum and cast, 2 more)
     from tigon.kernels import dyt as k
 
-    kernel_count.stub(k, "_dyt_fwd", "_dyt_bwd", "_dyt_sum_partials")
+    kernel_count.stub(k, "_dyt_fwd", "_dyt_bwd", "_sum_segments")
     inputs = make((6, 40), torch.bfloat16, device)
     leaves = [t.requires_grad_() for t in inputs.values()]
     with kernel_count as c:
@@ -163,4 +163,26 @@ def test_dyt_issues_only_its_kernels(device, kernel_count):
     dy = torch.ones_like(y)
     with kernel_count as c:
         torch.autograd.grad(y, leaves, dy)
-    assert (c.launches, c.aten) == (["_dyt_bwd", "_dyt_sum_partials"], [])
+    assert (c.launches, c.aten) == (["_dyt_bwd", "_sum_segments"], [])
+
+
+@pytest.mark.parametrize("evict", ["", "evict_first"])
+def test_dyt_backward_grid_of_row_ranges_and_column_chunks(device, monkeypatch, evict):
+    # The backward's 2-D grid: several row ranges (a partial last one, rows spanning several programs) times column
+    # chunks (odd N, a partial last chunk); BLOCK_N of 2 is raised so that the dalpha partials of a row range (one a
+    # chunk) fit one slab of the partial sum (N = 100: 25 chunks of 4). A transposed (non-contiguous) x; negative and
+    # zero alpha (sign(alpha) folded into gamma's factors); the streaming hints (no-ops in the interpreter).
+    from tigon.kernels import dyt
+
+    monkeypatch.setattr(dyt, "BWD_EVICT", evict)
+    for block_n, progs in [(2, 200), (32, 8), (64, 3)]:
+        monkeypatch.setattr(dyt, "bwd_config", lambda M, N, dev, b=block_n, p=progs: (2, p, 4, b))
+        for shape, alpha in [((11, 100), 0.7), ((3, 5, 33), -0.4), ((6, 37), 0.0)]:
+            inputs = make(shape, torch.float32, device)
+            inputs["alpha"] = torch.full((1,), alpha, device=device)
+            if len(shape) == 3:
+                inputs["x"] = inputs["x"].transpose(0, 1).contiguous().transpose(0, 1)
+            checks = compare(F.dyt, ref.dyt_original, inputs, GRADS)
+            assert_close_to_truth(checks)
+            if alpha != 0.0:
+                assert all(c.tigon_err < 1e-5 for c in checks), checks

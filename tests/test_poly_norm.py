@@ -200,3 +200,34 @@ def test_poly_norm_double_backward_raises(device):
     (dx,) = torch.autograd.grad(F.poly_norm(**leaves).pow(2).sum(), leaves["X"], create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dx.sum(), leaves["W"])
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("one_reduce", [True, False])
+def test_poly_norm_backward_paths(device, monkeypatch, prefetch, one_reduce):
+    # The backward with and without the next tile prefetched, the four row sums as one tl.reduce (the compiled path)
+    # or four tl.sum (the interpreter's), over several programs of several row tiles each (a partial last one),
+    # an odd width, a non-contiguous x, and in place over dy (each tile read before it is written, the prefetch
+    # reading the next rows first)
+    from tigon.kernels import poly_norm as k
+
+    monkeypatch.setattr(k, "BWD_PREFETCH", prefetch)
+    monkeypatch.setattr(k, "compiled_cuda", lambda dev: one_reduce)
+    monkeypatch.setattr(k, "bwd_config", lambda M, block_n, dev: (2, 3, 4))
+    for shape in [(11, 37), (2, 7, 40)]:
+        inputs = make(shape, torch.float32, device)
+        if len(shape) == 3:
+            inputs["X"] = inputs["X"].transpose(0, 1).contiguous().transpose(0, 1)
+        checks = compare(F.poly_norm, ref_poly_norm, inputs, GRADS)
+        assert_close_to_truth(checks)
+        assert all(c.tigon_err < 5e-6 for c in checks), checks
+    x = torch.randn(13, 50, device=device)
+    w, b = torch.rand(3, device=device) + 0.2, torch.randn((), device=device)
+    y, x2, rstd = k.poly_norm_forward(x, w, b, 1e-6)
+    dy = torch.randn_like(x)
+    dx, dw, db = k.poly_norm_backward(dy.clone(), x2, w, b, rstd, False)
+    dy_own = dy.clone()
+    dx_in, dw_in, db_in = k.poly_norm_backward(dy_own, x2, w, b, rstd, True)
+    assert dx_in.data_ptr() == dy_own.data_ptr()
+    torch.testing.assert_close(dx_in, dx, rtol=0, atol=0)
+    torch.testing.assert_close((dw_in, db_in), (dw, db), rtol=0, atol=0)

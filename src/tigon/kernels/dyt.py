@@ -7,19 +7,22 @@ dy * gamma``, the backward is
     dalpha = sum_all(x * g * (1 - t^2))
 
 Forward: element-wise over the (M, N) rows of x (:mod:`tigon.kernels.elementwise`'s tile and launch shape, rows of
-any row stride read in place), fp32 in registers, one rounding to x's dtype. tanh from one ``exp(-2|u|)`` (no
-libdevice call; see ``_tanh``: absolute error about one fp32 ulp of 1, below every storage dtype's rounding, and
-``1 - t^2`` accurate relative to itself).
+any row stride read in place), fp32 in registers, one rounding to x's dtype. tanh from one ``exp2`` and one
+approximate division (``_tanh_parts``; no libdevice call): per element 1 ex2 + 1 reciprocal (MUFU) and ~6 FP32
+operations (before: exp with its log2(e) multiply, ``div.full.f32``, and 3 more multiplies).
 
-Backward: one pass over x and dy on a persistent grid, one program per range of rows (for rows wider than a tile,
-the program walks the column chunks one after another): each walks its rows a [BLOCK_M, BLOCK_N] tile at a time,
-loading the next tile while it computes this one (the norms' software pipelining, :mod:`tigon.kernels.norm`), writes
-dx and accumulates dgamma / dbeta / dalpha in fp32 registers. Each program writes one partial row ``[dgamma (N) |
-dbeta (N, with beta) | dalpha (1)]``; a second launch (``_dyt_sum_partials``, on the norms' ``_column_sums``) sums
-the rows in a fixed order and writes the three gradients in their parameters' dtypes: two launches, no other
-kernel, no atomics, deterministic.
+Backward: one pass over x and dy on a persistent 2-D grid (column chunks x row ranges): each program walks its row
+range a [BLOCK_M, BLOCK_N] tile at a time, loading the next tile while it computes this one (the norms' software
+pipelining, :mod:`tigon.kernels.norm`), writes dx and accumulates dgamma / dbeta / dalpha in fp32 registers (alpha,
+gamma and the 4 of 1 - t^2 = 4 q r folded into per-column factors: 4 multiplies and 3 adds an element besides tanh).
+Each row range writes one partial row ``[dgamma (N) | dbeta (N, with beta) | pad | dalpha (one per column chunk)]``;
+a second launch (:func:`tigon.kernels.partial_sums._sum_segments`) sums the rows in a fixed order and writes the
+three gradients in their parameters' dtypes: two launches, no other kernel, no atomics, deterministic.
 
-Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 M N e (read dy, x; write dx).
+Bytes (M x N of e bytes; P row ranges): forward 2 M N e (read x, write y; + gamma, beta), the floor. Backward: the
+floor 3 M N e (read dy, x; write dx) plus the partials, 2 x 4 P (2N + 32) bytes (written, read back): at Llama-3's
+16384 x 4096 bf16 with P = 132 that is 4.3 MB written and read back, 8.7 MB on the 403 MB floor (2.1%; the 1-D grid
+before had a row per program, P = 264: 17.3 MB, 4.3%). Per element: 2 MUFU (ex2, reciprocal), ~13 FP32 operations.
 """
 
 from __future__ import annotations
@@ -34,93 +37,111 @@ from ._common import (
 )
 from .first_order import once_differentiable
 from .elementwise import launch_shape, tile
-from .partial_sums import _column_sums, _load_tile
+from .partial_sums import SEGMENT_COLS, _load_tile, _sum_segments, segment_start, segments_launch
+
+
+# Eviction hints of the backward's streams (x and dy are read once: evict_first; dx is stored with .cs, streaming):
+# "" (none) or "evict_first". Not measured (benchmarks/tune.py's dyt study).
+BWD_EVICT = ""
 
 
 @triton.jit
-def _tanh(u):
-    """(tanh(u), 1 - tanh(u)^2) in fp32 from e = exp(-2|u|) in (0, 1]: ``tanh(u) = sign(u) (1 - e) / (1 + e)`` and
-    ``1 - tanh(u)^2 = 4 e / (1 + e)^2``, the second accurate to a few ulps relative even where tanh saturates (1 - t*t
-    from a rounded t loses its digits there: dalpha, a sum of such terms that cancel, was 1e-5 off in fp32)."""
-    e = tl.exp(-2.0 * tl.abs(u))
-    r = 1.0 / (1.0 + e)
-    t = (1.0 - e) * r
-    return tl.where(u < 0, -t, t), 4.0 * e * r * r
+def _tanh_parts(x, k):
+    """For u = alpha x and ``k = -2 log2(e) |alpha|``: (s, q, r) in fp32 with ``tanh(u) = sign(alpha) s``,
+    ``(1 - tanh(u)^2) / 4 = q r``.
+
+    From e = exp(-2|u|) = exp2(k |x|) in (0, 1] and r = 1 / (1 + e) (one approximate division, ``div.approx.f32``,
+    2 ulp: 1 + e is in [1, 2]): ``tanh|u| = (1 - e) / (1 + e) = r - q`` with q = e r, and ``1 - tanh(u)^2 = 4 e /
+    (1 + e)^2 = 4 q r``, the second accurate to a few ulps relative even where tanh saturates (1 - t*t from a rounded
+    t loses its digits there: dalpha, a sum of such terms that cancel, was 1e-5 off in fp32). tanh itself has an
+    absolute error of a few fp32 ulps of 1, below every storage dtype's rounding. s carries x's sign (a select);
+    the caller multiplies by sign(alpha) where it meets gamma. Per element: 1 multiply, 1 ex2, 1 add, 1 approximate
+    reciprocal-multiply, 1 multiply, 1 subtract, 1 select (the formulas: tanh u = (1 - e^-2u) / (1 + e^-2u), the
+    definition; d tanh / du = 1 - tanh^2)."""
+    e = tl.exp2(k * tl.abs(x))
+    r = tl.fdiv(1.0, 1.0 + e, approx=True)
+    q = e * r
+    t = r - q
+    return tl.where(x < 0, -t, t), q, r
+
+
+@triton.jit
+def _alpha_terms(ALPHA):
+    """(alpha, k = -2 log2(e) |alpha|, sign(alpha) with sign(0) = 1) in fp32 from ALPHA's one element."""
+    alpha = tl.load(ALPHA).to(tl.float32)
+    # exp(v) = exp2(v log2(e)): -2 log2(e) |alpha| folded into one scalar, so that exp(-2 |alpha x|) is one multiply
+    # and one ex2.approx (MUFU) an element; 2 log2(e) = 2.8853900817779268
+    return alpha, -2.8853900817779268 * tl.abs(alpha), tl.where(alpha < 0, -1.0, 1.0)
 
 
 @triton.jit
 def _dyt_fwd(X, ALPHA, GAMMA, BETA, Y, M, N, stride_x, HAS_BETA: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr):
     """Y (M, N) contiguous = GAMMA * tanh(ALPHA * X) [+ BETA]; X rows of stride stride_x; ALPHA one element;
-    GAMMA, BETA (N,) unit stride."""
+    GAMMA, BETA (N,) unit stride. sign(alpha) is folded into gamma (per column), beta into the one FMA."""
     rows, cols, mask = tile(M, N, BLOCK_M, BLOCK_N)
     cmask = cols < N
-    alpha = tl.load(ALPHA).to(tl.float32)
+    _, k, sgn = _alpha_terms(ALPHA)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    t, _ = _tanh(alpha * x)
-    y = t * tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    s, _, _ = _tanh_parts(x, k)
+    y = s * (sgn * tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32))[None, :]
     if HAS_BETA:
         y += tl.load(BETA + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _dyt_bwd(DY, X, ALPHA, GAMMA, DX, PART, M, N, stride_dy, stride_x, W, rows_per_prog, HAS_DB: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dyt_bwd(DY, X, ALPHA, GAMMA, DX, PART, M, N, stride_dy, stride_x, W, c_start, rows_per_prog,
+             HAS_DB: tl.constexpr, EVICT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """DX (M, N) contiguous from DY, X (M rows of N, row strides stride_dy / stride_x, unit column stride), ALPHA one
-    element, GAMMA (N,) unit stride. PART (programs, W) fp32: this program's row holds the partial sums over its
-    rows (``rows_per_prog`` from pid * rows_per_prog) of dy * t at [0, N), dy at [N, 2N) (HAS_DB) and x * g * (1 -
-    t^2) at W - 1."""
+    element, GAMMA (N,) unit stride. Program (i, j): rows [i * rows_per_prog, + rows_per_prog), columns [j BLOCK_N,
+    + BLOCK_N). PART (row programs, W) fp32: row i holds the partial sums over program i's rows of dy * tanh(u) at
+    [0, N) (its columns), dy at [N, 2N) (HAS_DB) and x * dy * gamma * (1 - t^2) over its columns at c_start + j.
+
+    Per element, with (s, q, r) of ``_tanh_parts`` and p = dy q r: dx = (4 alpha gamma) p, dgamma += dy s (times
+    sign(alpha) once, at the end), dalpha += x p (times 4 gamma per column, at the end), dbeta += dy: 4 multiplies,
+    3 adds / FMAs besides ``_tanh_parts``; x and dy read once, dx written once."""
     pid = tl.program_id(0)
-    alpha = tl.load(ALPHA).to(tl.float32)
+    cb = tl.program_id(1)
+    alpha, k, sgn = _alpha_terms(ALPHA)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
     part = PART + pid.to(tl.int64) * W
-    first = row_start + tl.arange(0, BLOCK_M)
+    cols = cb * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    gamma = tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)
+    ag4 = (4.0 * alpha) * gamma
+    dg = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     da = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for c0 in range(0, N, BLOCK_N):  # one chunk unless N > BLOCK_N
-        cols = c0 + tl.arange(0, BLOCK_N)
-        cmask = cols < N
-        gamma = tl.load(GAMMA + cols, mask=cmask, other=0.0).to(tl.float32)
-        dg = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        # the next tile's loads are in flight while this one is computed (rows >= row_end read as zeros: they add
-        # nothing to the sums)
-        x = _load_tile(X, first, row_end, cols, cmask, stride_x)
-        dy = _load_tile(DY, first, row_end, cols, cmask, stride_dy)
-        for r in range(row_start, row_end, BLOCK_M):
-            rows = r + tl.arange(0, BLOCK_M)
-            x_next = _load_tile(X, rows + BLOCK_M, row_end, cols, cmask, stride_x)
-            dy_next = _load_tile(DY, rows + BLOCK_M, row_end, cols, cmask, stride_dy)
-            xf = x.to(tl.float32)
-            dyf = dy.to(tl.float32)
-            t, dt = _tanh(alpha * xf)
-            tmp = dyf * gamma[None, :] * dt
-            mask = (rows < row_end)[:, None] & cmask[None, :]
-            tl.store(DX + rows.to(tl.int64)[:, None] * N + cols[None, :], (alpha * tmp).to(DX.dtype.element_ty),
-                     mask=mask)
-            dg += dyf * t
-            da += xf * tmp
-            if HAS_DB:
-                db += dyf
-            x, dy = x_next, dy_next
-        tl.store(part + cols, tl.sum(dg, axis=0), mask=cmask)
+    # the next tile's loads are in flight while this one is computed (rows >= row_end read as zeros: they add
+    # nothing to the sums)
+    first = row_start + tl.arange(0, BLOCK_M)
+    x = _load_tile(X, first, row_end, cols, cmask, stride_x, EVICT)
+    dy = _load_tile(DY, first, row_end, cols, cmask, stride_dy, EVICT)
+    for r in range(row_start, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        x_next = _load_tile(X, rows + BLOCK_M, row_end, cols, cmask, stride_x, EVICT)
+        dy_next = _load_tile(DY, rows + BLOCK_M, row_end, cols, cmask, stride_dy, EVICT)
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        s, q, rr = _tanh_parts(xf, k)
+        p = dyf * (q * rr)
+        mask = (rows < row_end)[:, None] & cmask[None, :]
+        dx_ptrs = DX + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if EVICT == "evict_first":
+            tl.store(dx_ptrs, (ag4[None, :] * p).to(DX.dtype.element_ty), mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(dx_ptrs, (ag4[None, :] * p).to(DX.dtype.element_ty), mask=mask)
+        dg += dyf * s
+        da += xf * p
         if HAS_DB:
-            tl.store(part + N + cols, tl.sum(db, axis=0), mask=cmask)
-    tl.store(part + W - 1, tl.sum(tl.sum(da, axis=1), axis=0))
-
-
-@triton.jit
-def _dyt_sum_partials(PART, DG, DB, DA, P, N, W, HAS_DB: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
-    """The column sums of PART (P, W) fp32 (``_dyt_bwd``'s partial rows), each rounded once: columns [0, N) into DG
-    (N,), [N, 2N) into DB (N,) (HAS_DB), W - 1 into DA (one element); in their dtypes."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    s = _column_sums(PART, P, W, cols, cols < W, BLOCK_P, BLOCK_N)
-    tl.store(DG + cols, s.to(DG.dtype.element_ty), mask=cols < N)
+            db += dyf
+        x, dy = x_next, dy_next
+    tl.store(part + cols, sgn * tl.sum(dg, axis=0), mask=cmask)
     if HAS_DB:
-        tl.store(DB + (cols - N), s.to(DB.dtype.element_ty), mask=(cols >= N) & (cols < 2 * N))
-    tl.store(DA + (cols - (W - 1)), s.to(DA.dtype.element_ty), mask=cols == W - 1)
+        tl.store(part + N + cols, tl.sum(db, axis=0), mask=cmask)
+    tl.store(part + c_start + cb, 4.0 * tl.sum(gamma * tl.sum(da, axis=0), axis=0))
 
 
 def _unit(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -147,18 +168,18 @@ def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int
     """(BLOCK_M, programs, num_warps, BLOCK_N) of the backward (the norms' order, so that benchmarks/tune.py's
     ``bwd_rows`` / ``bwd_progs`` / ``bwd_warps`` knobs set them; ``bwd_block_n`` the last).
 
-    Rows of up to 2048 columns whole, wider ones in 2048-column chunks that each program walks in turn (no second
-    grid dimension, so one dalpha partial per program); tiles of about 2048 elements (:func:`rows_per_program`) at 8
-    warps, i.e. 8 elements a thread: with the prefetched tile and the three fp32 accumulators that compiles to ~80
-    registers (sm_90, bf16; 16 elements a thread take ~170, which leaves room for one program of 8 warps per SM: the
-    previous layout here, [4, 1024] tiles at 8 warps without the prefetch, 182 registers, ran the H200 bf16 16384 x
-    4096 backward in 0.396 ms against Liger's 0.275). The persistent grid of :func:`num_programs_hint` (2 per SM, 16
-    warps), fewer when each would get fewer than 8 tiles (each program's partial row costs a (W,) write and read).
-    Not measured on a GPU yet (benchmarks/tune.py's dyt study sweeps programs, BLOCK_N and warps).
+    A 2-D grid: cdiv(N, BLOCK_N) column chunks (up to 2048 columns; at least N / 32, so that the dalpha partials of
+    a row fit one slab of the partial sum) times ``programs / chunks`` row ranges, each program a persistent walk
+    over its row range's tiles of about 2048 elements (:func:`rows_per_program`) at 8 warps, i.e. 8 elements a
+    thread: with the prefetched tile and the three fp32 accumulators ~80-100 registers (sm_90, bf16). The partial
+    buffer has a row per row range, not per program: at Llama-3's 16384 x 4096 with 264 programs (2 per SM, 16 warps),
+    132 rows of 8194 fp32 (4.3 MB written and read back: 2.1% of the 403 MB floor; the 1-D grid's 264 rows: 4.3%).
+    Fewer programs when each would get fewer than 8 tiles. H200 (session 14, before the 2-D grid and the leaner
+    arithmetic): 264 programs, BLOCK_N 2048, 8 warps 215.7 us fwd + bwd; best 210.2 at 16 warps (within 3%).
     """
     block_n = min(next_pow2(N), 2048 if compiled_cuda(device) else 1 << 14)
     block_m = rows_per_program(block_n, device, target_elems=2048)
-    progs = max(1, min(num_programs_hint(device), cdiv(M, 8 * block_m)))
+    progs = max(1, min(num_programs_hint(device), cdiv(M, 8 * block_m) * cdiv(N, block_n)))
     return block_m, progs, 8, block_n
 
 
@@ -180,19 +201,24 @@ def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: 
         return (dx, torch.zeros_like(alpha), torch.zeros(N, dtype=gamma.dtype, device=dev),
                 torch.zeros(N, dtype=db_dtype, device=dev) if has_beta else None)
     block_m, progs, warps, block_n = bwd_config(M, N, dev)
-    per_prog = cdiv(cdiv(M, progs), block_m) * block_m
-    progs = cdiv(M, per_prog)
-    W = (2 if has_beta else 1) * N + 1  # [dgamma | dbeta | dalpha] partials, one row per program
-    part = torch.empty(progs, W, dtype=torch.float32, device=dev)
-    _dyt_bwd[(progs,)](dy2, x2, alpha, _unit(gamma), dx, part, M, N, sdy, sx, W, per_prog, HAS_DB=has_beta,
-                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    block_n = max(block_n, next_pow2(cdiv(N, SEGMENT_COLS)))  # the dalpha partials of a row range: one slab
+    chunks = cdiv(N, block_n)
+    row_progs = max(1, progs // chunks)
+    per_prog = cdiv(cdiv(M, row_progs), block_m) * block_m
+    row_progs = cdiv(M, per_prog)
+    nb = N if has_beta else 0
+    c_start = segment_start(N + nb)  # [dgamma | dbeta | padding | dalpha (one a column chunk)] a row range
+    W = c_start + chunks
+    part = torch.empty(row_progs, W, dtype=torch.float32, device=dev)
+    _dyt_bwd[(row_progs, chunks)](dy2, x2, alpha, _unit(gamma), dx, part, M, N, sdy, sx, W, c_start, per_prog,
+                                  HAS_DB=has_beta, EVICT=BWD_EVICT, BLOCK_M=block_m, BLOCK_N=block_n,
+                                  num_warps=warps)
     dgamma = torch.empty(N, dtype=gamma.dtype, device=dev)
     dbeta = torch.empty(N, dtype=db_dtype, device=dev) if has_beta else None
     dalpha = torch.empty(size=alpha.shape, dtype=alpha.dtype, device=dev)
-    block_cols = min(next_pow2(W), 32)  # as the norms: W/32 programs, each summing a [progs, 32] slab
-    _dyt_sum_partials[(cdiv(W, block_cols),)](part, dgamma, dbeta if has_beta else dgamma, dalpha, progs, N, W,
-                                              HAS_DB=has_beta, BLOCK_P=min(next_pow2(progs), 128),
-                                              BLOCK_N=block_cols, num_warps=4)
+    grid, block_p, block_cols = segments_launch(row_progs, W)
+    _sum_segments[grid](part, dgamma, dbeta if has_beta else dgamma, dalpha, row_progs, W, N, nb, c_start,
+                        HAS_B=has_beta, C_SUM=True, BLOCK_P=block_p, BLOCK_N=block_cols, num_warps=4)
     return dx, dalpha, dgamma, dbeta
 
 

@@ -11,10 +11,15 @@ rstd_g``, ``rstd_g = 1/sqrt(var_g + eps)`` (biased variance) and ``g = dy * w[c]
 The forward saves each group's mean_g and rstd_g ((B*G,) fp32): all the backward needs besides x.
 
 Groups that fit one tile (``FUSED_GROUP`` elements, Cg and S each rounded up to a power of two) take one launch a
-direction: ``_group_fwd`` and ``_group_bwd``, a program per group holding it in registers (x, and dy), forming the
+direction: ``_group_fwd`` and ``_group_bwd`` (or, with ``GROUP_BWD_CHUNK``, ``_group_bwd_stream``: the group read in
+chunks twice, the second read from L2), a program per group holding it in registers (x, and dy), forming the
 channels' statistics and combining them (``_combine``: Chan et al.'s pairwise update, 1979, ``M2_g = sum_c M2_c +
 S * sum_c (mean_c - mean_g)^2``, no E[x^2] - E[x]^2 cancellation), then writing y / dx. Bytes: 2 M N e forward and
-3 backward (M x N = the whole tensor, e bytes an element), the floors.
+3 backward (M x N = the whole tensor, e bytes an element), the floors, + 8 bytes a group forward (mean, rstd), 8 a
+channel row backward (sum(dy), sum(dy xhat), written and read by the dw / db sum: 2 x 8 x 16384 = 262 KB at 128 x
+128 channels, 0.07% of the 403 MB floor) and that sum's launch. Per element: forward 1 subtract, 3 FMAs / multiplies;
+backward 1 subtract, 1 multiply and 2 FMAs for the sums, 1 subtract and 2 FMAs for dx = rstd w dy - rstd^2 c1 (x -
+mean) - rstd c2 (before: 5 operations on a held xhat); no transcendental or division an element.
 
 Larger groups are split into tiles of at most ``tile_elems`` elements (4096 on CUDA: [BLOCK_R channel rows,
 BLOCK_S positions], ``_tile_shape``), each a program of every pass, so that the grid has B*G*T programs (T tiles a
@@ -74,6 +79,11 @@ INTERPRET_FUSED_GROUP = 1 << 16
 # bwd CUDA-graph replays (benchmarks/results/h200/session14/tune_dyt-group_norm_llama3-8b_h200_20261204.json): 32
 # elements 211.5 us (75.2% of copy bandwidth), 8 and 16 223.4 us.
 GROUP_BWD_ELEMS_PER_THREAD = 32
+# Elements a chunk of the streamed one-launch backward ``_group_bwd_stream`` (a group read twice, the second time from
+# L2, a chunk in registers: several programs an SM), or 0: ``_group_bwd`` (the group in registers). Only groups larger
+# than a chunk stream. Not measured (benchmarks/tune.py's group_norm study: 0, 2048, 4096 and the chunk's warps).
+GROUP_BWD_CHUNK = 0
+GROUP_BWD_CHUNK_WARPS = 4
 # Partials a step of the reduction programs ``_group_moments`` / ``_group_grad_sums`` read (one program a group).
 REDUCE_BLOCK = 1024
 
@@ -133,20 +143,69 @@ def _group_bwd(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, stride_x
     rstd = tl.load(RSTD_G + gi)
     x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-    s_dy = tl.sum(dy, axis=1)
-    s_dyx = tl.sum(dy * xhat, axis=1)
+    k, kx, k0 = _group_grad_coeffs(tl.sum(dy, axis=1), tl.sum(dy * ((x - mean) * rstd), axis=1), W, SUM_DY, SUM_DYX,
+                                   rows, rmask, C, Cg, S, rstd, HAS_W)  # (masked: dy = 0)
+    dx = dy * k[:, None] + (x - mean) * kx + k0
+    tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_bwd_stream(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, stride_x, stride_dy,
+                      HAS_W: tl.constexpr, CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """``_group_bwd``'s result (DX, SUM_DY, SUM_DYX) with the group streamed in [CG_BLOCK, BLOCK_S] chunks, twice:
+    the first walk reads x and dy (``evict_last``) into fp32 per-channel accumulators of sum(dy) and sum(dy * xhat),
+    the second reads them again (``evict_first``, from L2 while the group is still there: 2 x 2 e Cg S bytes a
+    group, 64 KB for bf16 groups of 16384) and writes dx = rstd w dy - rstd^2 c1 (x - mean) - rstd c2. DRAM bytes
+    stay 3 M N e when the re-read hits L2 (L2 reads 5 M N e); registers hold a chunk, not the group, so that
+    several programs share an SM and one's loads overlap another's reductions and stores (``_group_bwd`` holds the
+    whole group: one program of 16 warps an SM at 16384 elements)."""
+    j = tl.arange(0, CG_BLOCK)
+    gi = tl.program_id(0)
+    rows = gi.to(tl.int64) * Cg + j
+    rmask = j < Cg
+    mean = tl.load(MEAN_G + gi)
+    rstd = tl.load(RSTD_G + gi)
+    a_dy = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
+    a_dyx = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        mask = rmask[:, None] & (offs < S)[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_last").to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+        a_dy += dy
+        a_dyx += dy * ((x - mean) * rstd)  # (masked: dy = 0)
+    k, kx, k0 = _group_grad_coeffs(tl.sum(a_dy, axis=1), tl.sum(a_dyx, axis=1), W, SUM_DY, SUM_DYX, rows, rmask, C,
+                                   Cg, S, rstd, HAS_W)
+    for s0 in range(0, S, BLOCK_S):
+        offs = s0 + tl.arange(0, BLOCK_S)
+        mask = rmask[:, None] & (offs < S)[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_first").to(tl.float32)
+        dx = dy * k[:, None] + (x - mean) * kx + k0
+        tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_grad_coeffs(s_dy, s_dyx, W, SUM_DY, SUM_DYX, rows, rmask, C, Cg, S, rstd, HAS_W: tl.constexpr):
+    """From one group's channel sums s_dy = sum(dy), s_dyx = sum(dy * xhat) ([CG_BLOCK], rows beyond Cg masked):
+    stores them into SUM_DY, SUM_DYX (dw / db's partials) and returns dx's coefficients (k [CG_BLOCK], kx, k0) with
+    ``dx = k dy + kx (x - mean) + k0``: k = rstd w, kx = -rstd^2 c1, k0 = -rstd c2, c1 = sum_c w s_dyx / N, c2 =
+    sum_c w s_dy / N (the module docstring's dx, xhat expanded)."""
     tl.store(SUM_DY + rows, s_dy, mask=rmask)
     tl.store(SUM_DYX + rows, s_dyx, mask=rmask)
+    k = tl.zeros_like(s_dy) + rstd
     if HAS_W:
         w = tl.load(W + rows % C, mask=rmask, other=0.0).to(tl.float32)
         s_dy = s_dy * w
         s_dyx = s_dyx * w
-        dy = dy * w[:, None]
-    c1 = tl.sum(s_dyx, axis=0) / S / Cg
+        k = k * w
+    c1 = tl.sum(s_dyx, axis=0) / S / Cg  # / S / Cg: N may pass 2^31
     c2 = tl.sum(s_dy, axis=0) / S / Cg
-    dx = rstd * (dy - xhat * c1 - c2)
-    tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    return k, -rstd * rstd * c1, -rstd * c2
 
 
 @triton.jit
@@ -390,7 +449,13 @@ def group_norm_backward(dy, x2, weight, bias, mean_g, rstd_g, x_shape, num_group
     groups = M // cg
     sum_dy = torch.empty(M, dtype=torch.float32, device=dev)
     sum_dy_xhat = torch.empty(M, dtype=torch.float32, device=dev)
-    if _one_launch(cg, S, dev):
+    chunk = GROUP_BWD_CHUNK
+    if _one_launch(cg, S, dev) and chunk and next_pow2(cg) <= chunk < next_pow2(cg) * next_pow2(S):
+        cg_block = next_pow2(cg)
+        _group_bwd_stream[(groups,)](x2, dy2, dx, w, mean_g, rstd_g, sum_dy, sum_dy_xhat, S, C, cg, sx, sdy,
+                                     HAS_W=weight is not None, CG_BLOCK=cg_block, BLOCK_S=chunk // cg_block,
+                                     num_warps=GROUP_BWD_CHUNK_WARPS)
+    elif _one_launch(cg, S, dev):
         cg_block, block_s = next_pow2(cg), next_pow2(S)
         _group_bwd[(groups,)](x2, dy2, dx, w, mean_g, rstd_g, sum_dy, sum_dy_xhat, S, C, cg, sx, sdy,
                               HAS_W=weight is not None, CG_BLOCK=cg_block, BLOCK_S=block_s,

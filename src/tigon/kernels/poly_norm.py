@@ -9,12 +9,18 @@ Backward, with ``S_p = sum(dy * x^p)`` over the row (d(x^p r_p)/dx^p is the RMSN
     dx = sum_p w_p r_p p x^(p-1) (dy - x^p r_p^2 S_p / N)
     dw_p = sum_rows r_p S_p          db = sum_all dy
 
-on a persistent grid (each program a contiguous range of rows, a [BLOCK_M, BLOCK_N] tile a step), with the four
-scalar partial sums per program reduced by one small sum afterwards: no atomics, deterministic. With ``in_place``
+on a persistent grid (each program a contiguous range of rows, a [BLOCK_M, BLOCK_N] tile a step, the next tile's
+dy, x and r_p loaded while this one is reduced), with the four scalar partial sums per program reduced by one small
+launch afterwards (:func:`tigon.kernels.partial_sums._sum_segments`; before: two ATen sums and two casts): two
+launches, no atomics, deterministic. With ``in_place``
 dx is written over dy (each tile read before it is written, by the same program), as Liger-Kernel does, but only
 where the backward owns dy (:func:`tigon.kernels.grad_ownership.owns_grad`; Liger writes unconditionally).
 
-Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 M N e (read dy, x; write dx).
+Bytes (M x N of e bytes, P programs): forward 2 M N e (read x, write y; the floor) + 12 M (the r_p, fp32: 0.15% of a
+bf16 row of 4096); backward 3 M N e (read dy, x; write dx; the floor) + 12 M (r_p) + 2 x 16 P (partials written and
+read back). Per element: forward 2 multiplies (x^2, x^3), 3 FMAs of the mean squares, 3 for y; backward 5
+multiplies (x^2, x^3 and the three products with dy), 4 adds of the row sums, 5 FMAs + 1 multiply for dx; no
+transcendental or division an element (one rsqrt, a division by N, per row).
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    CUSTOM_OP_TAGS, cdiv, check_row_width, direct_backward, if_wanted, next_pow2, num_programs_hint, rows, rows_of,
-    rows_per_program, warps_for,
+    CUSTOM_OP_TAGS, cdiv, check_row_width, compiled_cuda, direct_backward, if_wanted, next_pow2, num_programs_hint,
+    rows, rows_of, rows_per_program, warps_for,
 )
 from .first_order import first_order
 from .grad_ownership import MEASURED, owns_grad, prepare
 from .norm import fwd_config
+from .partial_sums import _load_tile, _sum_segments, segments_launch
+
+# Whether the backward loads the next row tile (dy, x, r_p) before reducing this one (the norms' software
+# pipelining; 16 more registers a thread at rows of 4096, 8 warps). Not measured (benchmarks/tune.py's poly_norm study).
+BWD_PREFETCH = True
 
 
 @triton.jit
@@ -58,10 +69,21 @@ def _poly_norm_fwd(X, W, B, Y, RSTD, M, N, stride_x, eps, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
 def _poly_norm_bwd(DY, X, W, RSTD, DX, PART, M, N, stride_dy, stride_x, stride_dx, rows_per_prog,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """DX rows of stride stride_dx (may be DY's own memory); PART (programs, 4) fp32: this program's sums of r3 S3,
-    r2 S2, r1 S1 and dy."""
+                   PREFETCH: tl.constexpr, ONE_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """DX rows of stride stride_dx (may be DY's own memory: each tile is read, by its program, before it is
+    written); PART (programs, 4) fp32: this program's sums of r3 S3, r2 S2, r1 S1 and dy.
+
+    Per row tile: the four row sums S3, S2, S1, sum(dy) in one 4-operand reduction (ONE_REDUCE: one cross-warp
+    exchange, not four), then ``dx = dy (x (a3 x + a2) + a1) - x (x^2 (k5 x^2 + k3) + k1)`` with a_p = p w_p r_p
+    and k_(2p-1) = a_p r_p^2 S_p / N per row (the module docstring's formula, expanded in powers of x: 5 FMAs and 1
+    multiply an element, Horner's rule). PREFETCH: the next tile's dy, x and r_p are loaded before this tile is
+    reduced (the norms' software pipelining)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -74,35 +96,55 @@ def _poly_norm_bwd(DY, X, W, RSTD, DX, PART, M, N, stride_dy, stride_x, stride_d
     db = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
+    first = row_start + tl.arange(0, BLOCK_M)
+    dy_n = _load_tile(DY, first, row_end, cols, cmask, stride_dy)
+    x_n = _load_tile(X, first, row_end, cols, cmask, stride_x)
+    r3_n, r2_n, r1_n = _load_rstd(RSTD, first, row_end)
     for r in range(row_start, row_end, BLOCK_M):
-        rows = (r + tl.arange(0, BLOCK_M)).to(tl.int64)
-        rmask = rows < row_end
-        mask = rmask[:, None] & cmask[None, :]
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        r3 = tl.load(RSTD + rows * 3, mask=rmask, other=0.0)
-        r2 = tl.load(RSTD + rows * 3 + 1, mask=rmask, other=0.0)
-        r1 = tl.load(RSTD + rows * 3 + 2, mask=rmask, other=0.0)
+        rows = r + tl.arange(0, BLOCK_M)
+        if PREFETCH:
+            dy_t, x_t, r3, r2, r1 = dy_n, x_n, r3_n, r2_n, r1_n
+            dy_n = _load_tile(DY, rows + BLOCK_M, row_end, cols, cmask, stride_dy)
+            x_n = _load_tile(X, rows + BLOCK_M, row_end, cols, cmask, stride_x)
+            r3_n, r2_n, r1_n = _load_rstd(RSTD, rows + BLOCK_M, row_end)
+        else:
+            dy_t = _load_tile(DY, rows, row_end, cols, cmask, stride_dy)
+            x_t = _load_tile(X, rows, row_end, cols, cmask, stride_x)
+            r3, r2, r1 = _load_rstd(RSTD, rows, row_end)
+        dy = dy_t.to(tl.float32)
+        x = x_t.to(tl.float32)
         x2 = x * x
-        x3 = x2 * x
-        s3 = tl.sum(dy * x3, axis=1)
-        s2 = tl.sum(dy * x2, axis=1)
-        s1 = tl.sum(dy * x, axis=1)
-        c3 = (r3 * r3 * s3 / N)[:, None]
-        c2 = (r2 * r2 * s2 / N)[:, None]
-        c1 = (r1 * r1 * s1 / N)[:, None]
-        dx = ((3.0 * w0 * r3)[:, None] * x2 * (dy - x3 * c3) + (2.0 * w1 * r2)[:, None] * x * (dy - x2 * c2)
-              + (w2 * r1)[:, None] * (dy - x * c1))
-        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if ONE_REDUCE:
+            s3, s2, s1, sd = tl.reduce((dy * (x2 * x), dy * x2, dy * x, dy), 1, _add4)
+        else:  # (the interpreter: tl.reduce calls the combine function in Python, tl.sum is one numpy call)
+            s3, s2, s1, sd = tl.sum(dy * (x2 * x), 1), tl.sum(dy * x2, 1), tl.sum(dy * x, 1), tl.sum(dy, 1)
+        a3 = 3.0 * w0 * r3
+        a2 = 2.0 * w1 * r2
+        a1 = w2 * r1
+        k5 = (a3 * r3 * r3 * s3 / N)[:, None]
+        k3 = (a2 * r2 * r2 * s2 / N)[:, None]
+        k1 = (a1 * r1 * r1 * s1 / N)[:, None]
+        dx = dy * (x * (a3[:, None] * x + a2[:, None]) + a1[:, None]) - x * (x2 * (k5 * x2 + k3) + k1)
+        mask = (rows < row_end)[:, None] & cmask[None, :]
+        tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         dw0 += r3 * s3
         dw1 += r2 * s2
         dw2 += r1 * s1
-        db += tl.sum(dy, axis=1)
+        db += sd
     part = PART + pid.to(tl.int64) * 4
     tl.store(part, tl.sum(dw0, axis=0))
     tl.store(part + 1, tl.sum(dw1, axis=0))
     tl.store(part + 2, tl.sum(dw2, axis=0))
     tl.store(part + 3, tl.sum(db, axis=0))
+
+
+@triton.jit
+def _load_rstd(RSTD, rows, row_end):
+    """(r3, r2, r1) of ``rows`` from RSTD (M, 3) fp32; rows >= row_end read as zeros (their terms vanish)."""
+    rmask = rows < row_end
+    p = RSTD + rows.to(tl.int64) * 3
+    return (tl.load(p, mask=rmask, other=0.0), tl.load(p + 1, mask=rmask, other=0.0),
+            tl.load(p + 2, mask=rmask, other=0.0))
 
 
 def poly_norm_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float):
@@ -160,9 +202,16 @@ def poly_norm_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: to
     progs = cdiv(M, per_prog)
     part = torch.empty(progs, 4, dtype=torch.float32, device=dev)
     _poly_norm_bwd[(progs,)](dy2, x2, w.contiguous(), rstd, dx2, part, M, N, sdy, sx, sdx, per_prog,
-                             BLOCK_M=block_m, BLOCK_N=next_pow2(N), num_warps=warps)
-    # two reductions, two tensors (views of one would alias each other: a custom op may not return such outputs)
-    return dx, part[:, :3].sum(0).to(w.dtype), part[:, 3].sum().to(b.dtype).reshape(b.shape)
+                             PREFETCH=BWD_PREFETCH, ONE_REDUCE=compiled_cuda(dev), BLOCK_M=block_m,
+                             BLOCK_N=next_pow2(N), num_warps=warps)
+    # dw and db: two tensors (views of one would alias each other: a custom op may not return such outputs), summed
+    # from the partial rows in one launch (before: 2 ATen sums and 2 casts, 4 kernels)
+    dw = torch.empty(3, dtype=w.dtype, device=dev)
+    db = torch.empty(size=b.shape, dtype=b.dtype, device=dev)
+    grid, block_p, block_cols = segments_launch(progs, 4)
+    _sum_segments[grid](part, dw, db, dw, progs, 4, 3, 1, 4, HAS_B=True, C_SUM=False, BLOCK_P=block_p,
+                        BLOCK_N=block_cols, num_warps=4)
+    return dx, dw, db
 
 
 @direct_backward  # (the call path of grad_ownership._Probe, which owns_grad compares with)
