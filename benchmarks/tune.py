@@ -98,21 +98,21 @@ SPACE: dict[str, list[Study]] = {
         Study("backward at Llama-3 rows of 4096 (one pass over x and dy, the next tile prefetched, 2-D grid: column "
               "chunks x row ranges, a partial row per row range): programs x columns a chunk x warps x eviction hints "
               "of the streams", "dyt", (llama(16384),),
-              {"bwd_progs": (132, 264, 528), "bwd_block_n": (512, 1024, 2048), "bwd_warps": (8, 16),
+              {"bwd_progs": (264, 528), "bwd_block_n": (1024, 2048), "bwd_warps": (8, 16),
                "BWD_EVICT": ("", "evict_first")},
               kernel="_dyt_bwd"),
     ],
     "poly_norm": [
         Study("backward at Llama-3 rows of 4096 (a row a tile, the four row sums in one reduction): the next tile "
               "prefetched or not x persistent programs x warps", "poly_norm", (llama(16384),),
-              {"BWD_PREFETCH": (True, False), "bwd_progs": (132, 264, 528), "bwd_warps": (4, 8, 16)},
+              {"BWD_PREFETCH": (True, False), "bwd_progs": (264, 528), "bwd_warps": (8, 16)},
               kernel="_poly_norm_bwd"),
     ],
     "group_norm": [
         Study("groups of 4 x 4096 (Liger's layout at Llama-3 sizes), one-launch backward: the group in registers "
               "(GROUP_BWD_CHUNK 0) or streamed twice in chunks of 2048 / 4096 / 8192 elements (the second read from "
               "L2) x the chunk's warps", "group_norm", (llama(16384),),
-              {"GROUP_BWD_CHUNK": (0, 2048, 4096, 8192), "GROUP_BWD_CHUNK_WARPS": (4, 8)}, kernel="_group_bwd_stream"),
+              {"GROUP_BWD_CHUNK": (0, 4096, 8192), "GROUP_BWD_CHUNK_WARPS": (4, 8)}, kernel="_group_bwd_stream"),
     ],
     "rope": [
         Study("row tiles at Llama-3 heads (32 q / 8 kv, D=128): elements per half-tile x warps", "rope",

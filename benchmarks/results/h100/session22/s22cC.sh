@@ -10,14 +10,12 @@ timeout 80 $B --op cross_entropy --tokens 8192 --providers tigon,tigon_fwdgrad,l
   --json $W/bench-ce-graph_$G.json 2>&1 | grep -v Warn | tail -4
 LIGER_KERNEL_IMPL=cutedsl timeout 45 $B --op cross_entropy --tokens 8192 --providers liger --cuda-graph \
   --json $W/bench-ce-cutedsl-graph_$G.json 2>&1 | grep -v Warn | tail -3
-timeout 60 $B --op cross_entropy --tokens 8192 --providers tigon,tigon_fwdgrad,liger,quack \
+timeout 50 $B --op cross_entropy --tokens 8192 --providers tigon,liger,quack \
   --json $W/bench-ce-plain_$G.json 2>&1 | grep -v Warn | tail -4
-LIGER_KERNEL_IMPL=cutedsl timeout 40 $B --op cross_entropy --tokens 8192 --providers liger \
+LIGER_KERNEL_IMPL=cutedsl timeout 35 $B --op cross_entropy --tokens 8192 --providers liger \
   --json $W/bench-ce-cutedsl-plain_$G.json 2>&1 | grep -v Warn | tail -3
 timeout 45 $B --op rms_norm --tokens 16384 --providers tigon,quack \
   --json $W/bench-rms-plain_$G.json 2>&1 | grep -v Warn | tail -3
-LIGER_KERNEL_IMPL=cutedsl timeout 40 $B --op rms_norm --tokens 16384 --providers liger \
-  --json $W/bench-rms-cutedsl-plain_$G.json 2>&1 | grep -v Warn | tail -3
 timeout 90 python3 benchmarks/host_issue.py --ops rms_norm,swiglu --providers eager,tigon,liger,quack \
   --out $W/host-ops_$G.json 2>&1 | grep -v Warn | tail -16
 LIGER_KERNEL_IMPL=cutedsl timeout 50 python3 benchmarks/host_issue.py --ops rms_norm,swiglu --providers liger \
