@@ -6,18 +6,18 @@
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_cross_entropy.py \
+timeout 110 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_cross_entropy.py \
   tests/test_divergence.py tests/test_clamped_swiglu.py tests/test_sparsemax.py tests/test_dyt.py \
   tests/test_group_norm.py tests/test_poly_norm.py tests/test_kernel_globals.py tests/test_liger_options.py \
   > $W/pytest-cD.log 2>&1
 echo "pytest rc $?"; grep -E "^FAILED|^ERROR|passed|failed" $W/pytest-cD.log | tail -12 | cut -c1-300
-timeout 75 python3 benchmarks/tune.py --ops cross_entropy:2 --peers liger --budget-s 60 \
+timeout 65 python3 benchmarks/tune.py --ops cross_entropy:2 --peers liger --budget-s 50 \
   --out $W/tune-ce-l2_llama3-8b-8k_$G.json 2>&1 | grep -v Warn | tail -16
-timeout 45 python3 -m tigon.cli bench --op cross_entropy --model llama3-8b --tokens 8192 \
+timeout 40 python3 -m tigon.cli bench --op cross_entropy --model llama3-8b --tokens 8192 \
   --providers tigon,tigon_fwdgrad,liger --quiet --json $W/bench-ce-plain_$G.json 2>&1 | grep -v Warn | tail -3
-timeout 80 python3 benchmarks/sparsemax_tune.py --out $W/sparsemax-tune_$G.json 2>&1 | grep -v Warn | tail -16
-timeout 130 python3 benchmarks/tune.py --ops dyt,poly_norm,group_norm --peers '' --budget-s 115 \
+timeout 70 python3 benchmarks/sparsemax_tune.py --out $W/sparsemax-tune_$G.json 2>&1 | grep -v Warn | tail -16
+timeout 105 python3 benchmarks/tune.py --ops dyt,poly_norm,group_norm --peers '' --budget-s 90 \
   --out $W/tune-norms_llama3-8b-16k_$G.json 2>&1 | grep -v Warn | tail -40
-timeout 70 python3 benchmarks/divergence_tune.py --old .gpu/divergence_04bb6c3.py --rep 50 \
+timeout 55 python3 benchmarks/divergence_tune.py --old .gpu/divergence_04bb6c3.py --rep 30 --cases jsd_beta0.5,kl_div_prob_target \
   --out $W/divergence-tune_llama3-8b-16k_$G.json 2>&1 | grep -v Warn | tail -24
 (cd $W && tar czf $OUT/s22cD.tgz .) && rm -rf $W
