@@ -8,7 +8,8 @@ Each provider runs in a fresh ``python3 -m tigon.cli bench --e2e --providers <p>
 allocator state and monkey-patches never leak between providers), writing ``e2e-<p>_<model>_<gpu>_<date>.json``
 into ``--out-dir``. The merged table prints tokens/s, step time, peak memory and each provider's ratio to
 ``original`` and to ``original_compile``; ``--png`` (default ``<out-dir>/e2e_<model>_<gpu>_<date>.png``) plots
-tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process.
+tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process: one number for all, or a
+default and per-provider limits, ``--timeout 60,original_compile=110,tigon_compile=110`` (compilation's time).
 
 Besides ``tigon bench --e2e``'s providers, :data:`VARIANTS` names a provider run with its own environment or
 arguments: ``liger_cutedsl`` is ``liger`` with Liger-Kernel's opt-in CuTe DSL backend (``LIGER_KERNEL_IMPL=cutedsl``,
@@ -27,6 +28,12 @@ top kernels by name). MFU is printed next to tokens/s (CUDA; ``tigon.workflows.e
     PYTHONPATH=src python3 benchmarks/e2e_table.py --model qwen2.5-vl-7b --layers 4 --batch-size 4 --seq-len 2048 \
         --providers original,original_compile,tigon,tigon_compile,tigon_lean,liger --timeout 900 --out-dir $OUT
                                                         # a vision-language row: text + one image per sequence
+    PYTHONPATH=src python3 benchmarks/e2e_table.py --model benchmarks/configs/gpt-oss-20b --layers 4 \
+        --batch-size 4 --seq-len 2048 --timeout 60,original_compile=110,tigon_compile=110 --out-dir $OUT
+                                                        # a MoE row from a config.json (benchmarks/configs/README.md)
+
+``--model`` takes what ``tigon bench --e2e`` does: a preset, a config.json or its directory, a cached Hub id; the file
+names carry the directory's name (:func:`model_name`).
 """
 
 from __future__ import annotations
@@ -62,6 +69,35 @@ DEFAULT_PROVIDERS = "original,original_compile,liger,liger_cutedsl,tigon,tigon_c
 linear CE needs SM100), is a row with its status, not a missing line."""
 
 
+def model_name(model: str) -> str:
+    """A file-name-safe name of ``--model``: a preset or Hub id as given (``/`` as ``--``), a config directory or
+    ``config.json`` file by its directory's name (``benchmarks/configs/gpt-oss-20b`` -> ``gpt-oss-20b``)."""
+    if os.path.exists(model):
+        path = os.path.abspath(model)
+        if os.path.isfile(path):
+            path = os.path.dirname(path)
+        return os.path.basename(path.rstrip(os.sep))
+    return model.replace("/", "--")
+
+
+def provider_timeout(spec, provider: str) -> float:
+    """``provider``'s limit (s) from ``--timeout``: a number, or ``"N,name=M,..."`` (default N, provider name M)."""
+    if isinstance(spec, (int, float)):
+        return float(spec)
+    default, own = None, {}
+    for item in str(spec).split(","):
+        name, eq, value = item.strip().rpartition("=")
+        if eq:
+            own[name.strip()] = float(value)
+        else:
+            default = float(value)
+    if provider in own:
+        return own[provider]
+    if default is None:
+        raise ValueError(f"--timeout {spec!r} gives no default for provider {provider!r}")
+    return default
+
+
 def run_providers(args) -> list[str]:
     """Run each provider in its own process; returns the JSON paths written."""
     os.makedirs(args.out_dir, exist_ok=True)
@@ -85,11 +121,12 @@ def run_providers(args) -> list[str]:
             cmd += ["--checkpoint-budget-gb", str(args.checkpoint_budget_gb)]
         if args.kernel_summary:
             cmd += ["--kernel-summary"]
+        limit = provider_timeout(args.timeout, p)
         try:
-            done = subprocess.run(cmd, timeout=args.timeout, check=False, env={**os.environ, **env})
+            done = subprocess.run(cmd, timeout=limit, check=False, env={**os.environ, **env})
             why = f"the process exited with status {done.returncode} and wrote no report"
         except subprocess.TimeoutExpired:
-            why = f"timed out after {args.timeout} s (--timeout)"
+            why = f"timed out after {limit:g} s (--timeout)"
             print(f"{p}: {why}", file=sys.stderr)
         if not os.path.exists(path):  # a row that says so, not a missing line
             with open(path, "w") as f:
@@ -198,15 +235,21 @@ def main() -> None:
     ap.add_argument("--providers", default=DEFAULT_PROVIDERS)
     ap.add_argument("--out-dir", default="out")
     ap.add_argument("--gpu", default="h200", help="the GPU's name in the file names")
-    ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--timeout", default="240",
+                    help="seconds per provider's process: N, or N,provider=M,... (default 240)")
     ap.add_argument("--from-dir", help="merge the e2e-*.json files of this folder instead of running")
     ap.add_argument("--png", help="the plot's path")
     args = ap.parse_args()
+    try:
+        for p in args.providers.split(","):
+            provider_timeout(args.timeout, p)
+    except ValueError as e:
+        ap.error(f"--timeout: {e}")
     date = datetime.date.today().strftime("%Y%m%d")
     lora = f"-lora{args.lora}" if args.lora else ""
     layers = f"-{args.layers}l" if args.layers else ""
     gc = "-gc" if args.gradient_checkpointing else ""
-    args.tag = f"{args.model}{lora}{layers}{gc}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
+    args.tag = f"{model_name(args.model)}{lora}{layers}{gc}-{args.batch_size}x{args.seq_len}_{args.gpu}_{date}"
     paths = sorted(glob.glob(os.path.join(args.from_dir, "e2e-*.json"))) if args.from_dir else run_providers(args)
     rows = merge(paths)
     print(table(rows))

@@ -42,7 +42,8 @@ Per provider: tokens/s (batch * seq_len tokens over the median step time of the 
 median step time with its 20/80 percentiles (ms), the peak memory of the run in bytes (CUDA:
 ``torch.cuda.max_memory_allocated``, weights + gradients + AdamW state + activations; CPU: resident-set growth,
 see :mod:`tigon.workflows._train`) and the per-step losses. A provider that fails (out of memory, an unsupported
-family, Liger not installed) gets a row with ``status`` "failed" / "skipped" and a note; the others still run.
+family, Liger not installed or without a patch for the model type) gets a row with ``status`` "failed" / "skipped"
+and a note; the others still run.
 
 LoRA (``--lora R``, :attr:`E2EConfig.lora_rank`): every provider's model is wrapped after its patch (Liger's) by
 PEFT's ``get_peft_model`` with LoRA of rank R (``lora_alpha`` 2R, no dropout) on q/k/v/o/gate/up/down, the adapters
@@ -63,10 +64,11 @@ The row's ``checkpointing`` says what was kept and the recompute avoided.
 (see :mod:`tigon.checkpointing`).
 
 MFU (CUDA): model FLOPs per token ``6 x matmul parameters`` (the forward and backward matmuls of every weight that
-multiplies activations: the input embedding, a lookup, is left out unless tied to the head; attention's own FLOPs
-left out, the PaLM paper's convention without its attention term) times tokens/s, over the bf16 matmul rate
-measured at the start of the same run (:func:`tigon.workflows.timing.measure_ceilings`). With LoRA the frozen
-weights count ``4 x`` (forward and the input gradient; no weight gradient) and the adapters' own FLOPs (about
+multiplies activations: the input embedding, a lookup, is left out unless tied to the head; of a MoE layer's experts
+only the ``top_k / num_experts`` share a token is routed to: :func:`tigon.workflows.e2e_models.matmul_parameters`;
+attention's own FLOPs left out, the PaLM paper's convention without its attention term) times tokens/s, over the bf16
+matmul rate measured at the start of the same run (:func:`tigon.workflows.timing.measure_ceilings`). With LoRA the
+frozen weights count ``4 x`` (forward and the input gradient; no weight gradient) and the adapters' own FLOPs (about
 ``6 r (d_in + d_out)`` per projection) are left out. With gradient checkpointing the recomputed forward is not
 counted (it is overhead, not model FLOPs).
 
@@ -92,7 +94,7 @@ from typing import Any
 import torch
 
 from ._train import batch_ids, batch_tokens, train
-from .liger_patch import GlobalsGuard, apply_liger
+from .liger_patch import GlobalsGuard, LigerUnsupported, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
@@ -501,6 +503,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                 row.mfu = row.tokens_per_s * per_param * info["matmul_parameters"] / (info["matmul_tflops"] * 1e12)
             row.kernel_summary = tracer.summary if tracer is not None else None
             method = method or used
+        except LigerUnsupported as e:  # Liger has no patch for the family: a skipped row, not HF's code as liger
+            row = E2ERow(provider, status="skipped", note=error_text(e, 600))
         except Exception as e:  # one provider failing (OOM, unsupported model) must not end the run
             row = E2ERow(provider, status="failed", note=f"{type(e).__name__}: {error_text(e, 600)}")
         rows.append(row)

@@ -136,10 +136,37 @@ def model_info(config, source: str, batch=None) -> dict[str, Any]:
 
 
 def matmul_parameters(model: torch.nn.Module) -> int:
-    """Parameters of ``model`` that multiply activations in a training step: all of them but the input embedding
-    (a lookup), which counts when it is tied to the LM head (the head's matmul uses it). The MFU numerator's count."""
-    n = sum(p.numel() for p in model.parameters())
+    """Parameters of ``model`` that multiply each token's activations in a training step: all of them but the input
+    embedding (a lookup), which counts when it is tied to the LM head (the head's matmul uses it), and of a MoE layer's
+    experts only the ``top_k`` of ``num_experts`` a token is routed to (:func:`idle_expert_parameters`). The MFU
+    numerator's count."""
+    n = sum(p.numel() for p in model.parameters()) - idle_expert_parameters(model)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (out is None or out.weight is not emb.weight):
         n -= emb.weight.numel()
     return n
+
+
+def idle_expert_parameters(model: torch.nn.Module) -> int:
+    """The expert weights a token does not run, summed over ``model``'s MoE layers: of every experts module (an int
+    ``num_experts`` E and its own parameters stacked over E: Hugging Face v5's ``<Family>Experts``), the share
+    ``1 - top_k / E``, ``top_k`` from a router beside it (a sibling module with int ``top_k``, which itself counts
+    whole) or else the config's ``num_experts_per_tok``. 0 for a dense model; an experts module whose ``top_k`` is
+    found nowhere counts whole."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    default_k = getattr(text, "num_experts_per_tok", None)
+    idle = 0
+    for parent in model.modules():
+        children = list(parent.children())
+        routers = [getattr(c, "top_k", None) for c in children]
+        k_here = next((k for k in routers if isinstance(k, int) and not isinstance(k, bool)), default_k)
+        for child in children:
+            e = getattr(child, "num_experts", None)
+            if getattr(child, "top_k", None) is not None:  # the router: every token runs all of it
+                continue
+            if isinstance(e, bool) or not isinstance(e, int) or not isinstance(k_here, int) or not 0 < k_here < e:
+                continue
+            stacked = sum(p.numel() for p in child.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == e)
+            idle += stacked - stacked * k_here // e
+    return idle

@@ -66,6 +66,29 @@ def _restore_dict(obj, saved: dict, current, set_, del_, label: str) -> list[str
 _MISSING = object()
 
 
+class LigerUnsupported(RuntimeError):
+    """Liger-Kernel has no patch for the model's type (:func:`apply_liger`); the e2e row is "skipped"."""
+
+
+def liger_model_types() -> set[str] | None:
+    """The model types of the installed Liger-Kernel's ``MODEL_TYPE_TO_APPLY_LIGER_FN`` (what its instance function
+    patches), or None when Liger is not installed or has no such table."""
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return None
+    return set(MODEL_TYPE_TO_APPLY_LIGER_FN)
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
 def apply_liger(model: torch.nn.Module) -> dict[str, Any]:
     """Apply Liger-Kernel to ``model`` (instance); returns ``{"function", "patched_modules"}``.
 
@@ -75,11 +98,24 @@ def apply_liger(model: torch.nn.Module) -> dict[str, Any]:
     ``patched_modules`` counts the submodules that got their own ``forward`` (0 can also mean that this Liger
     version patches classes instead; the run's speed tells).
 
+    Liger's instance function only logs and returns for a model type missing from its
+    ``MODEL_TYPE_TO_APPLY_LIGER_FN`` (OLMoE, say): such a model would run as Hugging Face wrote it under Liger's
+    name, so a type that neither that table nor an ``apply_liger_kernel_to_<model_type>`` names raises
+    :class:`LigerUnsupported` before anything is applied.
+
     Raises:
-        ImportError: liger_kernel is not installed. RuntimeError: no apply function fits this model type.
+        ImportError: liger_kernel is not installed. LigerUnsupported: Liger has no patch for this model type.
+        RuntimeError: no apply function fits this model type.
     """
     import liger_kernel.transformers as lt
 
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    table = liger_model_types()
+    if table is not None and model_type not in table and getattr(lt, f"apply_liger_kernel_to_{model_type}",
+                                                                  None) is None:
+        raise LigerUnsupported(f"Liger has no patch for {model_type!r} (liger_kernel "
+                               f"{_version('liger_kernel')}: not in MODEL_TYPE_TO_APPLY_LIGER_FN, no "
+                               f"apply_liger_kernel_to_{model_type}); the row would be Hugging Face's own code")
     before = _forward_overrides(model)
     fn = getattr(lt, "_apply_liger_kernel_to_instance", None)
     if fn is None:
@@ -91,7 +127,6 @@ def apply_liger(model: torch.nn.Module) -> dict[str, Any]:
     if fn is not None:
         fn(model=model)
         used = "_apply_liger_kernel_to_instance"
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
     if _forward_overrides(model) == before and model_type:
         specific = getattr(lt, f"apply_liger_kernel_to_{model_type}", None)
         if specific is not None:
