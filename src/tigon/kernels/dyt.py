@@ -59,7 +59,7 @@ def _tanh_parts(x, k):
     reciprocal-multiply, 1 multiply, 1 subtract, 1 select (the formulas: tanh u = (1 - e^-2u) / (1 + e^-2u), the
     definition; d tanh / du = 1 - tanh^2)."""
     e = tl.exp2(k * tl.abs(x))
-    r = tl.fdiv(1.0, 1.0 + e, approx=True)
+    r = 1.0 / (1.0 + e)  # fp32 '/' is div.full.f32 (approximate, 2 ulp; tl.fdiv's flag differs across Triton versions)
     q = e * r
     t = r - q
     return tl.where(x < 0, -t, t), q, r

@@ -197,14 +197,14 @@ def _norm_bwd(
     x, dy, mean, rstd = _load_rows(X, DY, MEAN, RSTD, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask,
                                    stride_x, stride_dy, IS_RMS, N, n_groups, GROUPED)
     if HAS_DS and PREFETCH and DS_PREFETCH:
-        ds = _load_tile(DS, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask, stride_ds)
+        ds = _load_tile(DS, row_start + tl.arange(0, BLOCK_M), row_end, cols, cmask, stride_ds, "")
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
         if PREFETCH:
             x_next, dy_next, mean_next, rstd_next = _load_rows(X, DY, MEAN, RSTD, rows + BLOCK_M, row_end, cols,
                                                                cmask, stride_x, stride_dy, IS_RMS, N, n_groups, GROUPED)
             if HAS_DS and DS_PREFETCH:
-                ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds)
+                ds_next = _load_tile(DS, rows + BLOCK_M, row_end, cols, cmask, stride_ds, "")
         mask = (rows < row_end)[:, None] & cmask[None, :]
         dyf = dy.to(tl.float32)
         xf = x.to(tl.float32)
@@ -249,7 +249,7 @@ def _norm_bwd(
             if PREFETCH and DS_PREFETCH:
                 dx += ds.to(tl.float32)
             else:
-                dx += _load_tile(DS, rows, row_end, cols, cmask, stride_ds).to(tl.float32)
+                dx += _load_tile(DS, rows, row_end, cols, cmask, stride_ds, "").to(tl.float32)
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_DW:
             dw += dyf * xhat

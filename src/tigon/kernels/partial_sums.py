@@ -15,12 +15,19 @@ from ._common import cdiv, next_pow2
 
 
 @triton.jit
-def _load_tile(P, rows, row_end, cols, cmask, stride, EVICT: tl.constexpr = ""):
+def _load_tile(P, rows, row_end, cols, cmask, stride, EVICT: tl.constexpr):
     """The [rows, cols] tile of P (storage dtype); rows >= row_end read as zeros. EVICT: the load's eviction policy
     ("" none, "evict_first" for a stream read once, "evict_last" for one read again soon)."""
     mask = (rows < row_end)[:, None] & cmask[None, :]
-    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0,
-                   eviction_policy=EVICT)
+    ptrs = P + rows.to(tl.int64)[:, None] * stride + cols[None, :]
+    # literal policies: Triton 3.6 refuses a constexpr as eviction_policy (3.9 takes it)
+    if EVICT == "evict_first":
+        tile = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    elif EVICT == "evict_last":
+        tile = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+    else:
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    return tile
 
 
 @triton.jit

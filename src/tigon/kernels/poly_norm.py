@@ -97,19 +97,19 @@ def _poly_norm_bwd(DY, X, W, RSTD, DX, PART, M, N, stride_dy, stride_x, stride_d
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
     first = row_start + tl.arange(0, BLOCK_M)
-    dy_n = _load_tile(DY, first, row_end, cols, cmask, stride_dy)
-    x_n = _load_tile(X, first, row_end, cols, cmask, stride_x)
+    dy_n = _load_tile(DY, first, row_end, cols, cmask, stride_dy, "")
+    x_n = _load_tile(X, first, row_end, cols, cmask, stride_x, "")
     r3_n, r2_n, r1_n = _load_rstd(RSTD, first, row_end)
     for r in range(row_start, row_end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M)
         if PREFETCH:
             dy_t, x_t, r3, r2, r1 = dy_n, x_n, r3_n, r2_n, r1_n
-            dy_n = _load_tile(DY, rows + BLOCK_M, row_end, cols, cmask, stride_dy)
-            x_n = _load_tile(X, rows + BLOCK_M, row_end, cols, cmask, stride_x)
+            dy_n = _load_tile(DY, rows + BLOCK_M, row_end, cols, cmask, stride_dy, "")
+            x_n = _load_tile(X, rows + BLOCK_M, row_end, cols, cmask, stride_x, "")
             r3_n, r2_n, r1_n = _load_rstd(RSTD, rows + BLOCK_M, row_end)
         else:
-            dy_t = _load_tile(DY, rows, row_end, cols, cmask, stride_dy)
-            x_t = _load_tile(X, rows, row_end, cols, cmask, stride_x)
+            dy_t = _load_tile(DY, rows, row_end, cols, cmask, stride_dy, "")
+            x_t = _load_tile(X, rows, row_end, cols, cmask, stride_x, "")
             r3, r2, r1 = _load_rstd(RSTD, rows, row_end)
         dy = dy_t.to(tl.float32)
         x = x_t.to(tl.float32)
