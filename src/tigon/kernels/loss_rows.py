@@ -68,9 +68,12 @@ MAX_BLOCK_V = 8192
 # (16384, 16, reverse) 1.548 / 6.067 / 12.123, (32768, 32) 1.570 / 6.196 / 12.130 first block first (session 7's
 # choice) and 1.636 at 8k last block first; Liger-Kernel 1.938 / 6.463 / 12.180 in the same call. Holding the last
 # block in registers (no re-read of it) was slower: 1.80-1.94 ms at 8k (registers cost resident programs).
-# Optional fourth and fifth fields (ce_rows_forward): L2 eviction hints of the two passes and the stores, and a grid
-# capped at k programs per SM (benchmarks/tune.py's cross_entropy "L2" study).
-GRAD_IN_FORWARD_BLOCK = (8192, 8, True)
+# Fourth and fifth fields (ce_rows_forward): L2 eviction hints of the two passes and the stores, and a grid capped at
+# k programs per SM (benchmarks/tune.py's cross_entropy study 2). H200, 8k tokens, kernel time, one run
+# (session22/tune-ce-l2_llama3-8b-8k_h200.json): no hints 1.532 ms; hints 1 (first read kept in L2, the re-read dropped
+# from it, stores streamed) 1.474, 3 1.482, 2 1.488; capped grids slower (2 per SM 1.952, 4 per SM 1.526; blocks of
+# 16384 / 32768 at 1-2 per SM 1.529-1.884); Liger's kernels 1.412 in the same run.
+GRAD_IN_FORWARD_BLOCK = (8192, 8, True, 1)
 
 
 @triton.jit
