@@ -1,5 +1,5 @@
 # Session 22, call 1: profile's predicted vs measured patched step on four rows (issue 24). Carry .peers/w:
-#   bash benchmarks/results/h100/session22/s22c1.sh
+#   bash benchmarks/results/h200/session22/s22c1.sh
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -1,9 +1,9 @@
 # Session 22, MoE / VLM calls (issue 20 item 5): the end-to-end speed row of one model per call, 4 decoder layers, bf16,
 # AdamW, one process per provider (HF eager, HF + compile, Liger, Tigon, Tigon + compile). Carry .peers/w; one call
 # per row (each fits 560 s; all three do not):
-#   bash benchmarks/results/h100/session22/s22c_moe.sh gpt-oss-20b     # GPT-OSS-20B shape, 32 experts top-4, 4 x 2048
-#   bash benchmarks/results/h100/session22/s22c_moe.sh olmoe-1b-7b     # OLMoE-1B-7B shape, 64 experts top-8, 4 x 2048
-#   bash benchmarks/results/h100/session22/s22c_moe.sh qwen2.5-vl-7b   # Qwen2.5-VL-7B, 4 x 2048 with 512 image tokens
+#   bash benchmarks/results/h200/session22/s22c_moe.sh gpt-oss-20b     # GPT-OSS-20B shape, 32 experts top-4, 4 x 2048
+#   bash benchmarks/results/h200/session22/s22c_moe.sh olmoe-1b-7b     # OLMoE-1B-7B shape, 64 experts top-8, 4 x 2048
+#   bash benchmarks/results/h200/session22/s22c_moe.sh qwen2.5-vl-7b   # Qwen2.5-VL-7B, 4 x 2048 with 512 image tokens
 # The MoE configs are benchmarks/configs/<row>/config.json (sources in benchmarks/configs/README.md; the router
 # load-balancing loss on). HF eager's peak, estimated on the CPU with fake tensors (PyTorch's MemTracker, the same
 # AdamW): GPT-OSS ~64 GiB (4.45 B parameters: 33 GiB of bf16 weights + gradients + AdamW states, eager attention's

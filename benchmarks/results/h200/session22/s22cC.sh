@@ -2,8 +2,8 @@
 # issue 28's op table with QuACK and Liger's CuTe DSL backend: cross-entropy at 8192 x 128256 (goal 3: kernel time by
 # CUDA-graph replays, host-inclusive by plain do_bench), rms_norm at 16384 x 4096 (goal 2: host-inclusive <= 1.2x
 # kernel), and the host's issue cost per fwd + bwd call at the launch-bound sizes (goal 2):
-#   bash benchmarks/results/h100/session22/s22cC.sh
-source benchmarks/results/h100/session22/peers3.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
+#   bash benchmarks/results/h200/session22/s22cC.sh
+source benchmarks/results/h200/session22/peers3.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 B="python3 -m tigon.cli bench --model llama3-8b --quiet"
 timeout 80 $B --op cross_entropy --tokens 8192 --providers tigon,tigon_fwdgrad,liger,quack --cuda-graph \

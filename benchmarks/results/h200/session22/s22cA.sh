@@ -1,8 +1,8 @@
 # Session 22, call A (first of three back to back; carry .peers/w, .peers/q0 and .gpu): the CUDA tests of this
 # session's kernel changes (cross-entropy's formed default, jsd series, DeepSeek-V4's clamped SwiGLU, sparsemax,
 # norms), the cross-entropy L2 study of benchmarks/tune.py, and jsd / kl_div at 16384 x 128256 (issues 21 / 28):
-#   bash benchmarks/results/h100/session22/s22cA.sh
-source benchmarks/results/h100/session22/peers3.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
+#   bash benchmarks/results/h200/session22/s22cA.sh
+source benchmarks/results/h200/session22/peers3.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf -x tests/test_cross_entropy.py \

@@ -2,7 +2,7 @@
 # (cross-entropy's formed default, jsd series, DeepSeek-V4's clamped SwiGLU, sparsemax, dyt / poly_norm / group_norm);
 # the cross-entropy L2 study (issue 28, goal 3), sparsemax's new forward against the old one and the
 # dyt / poly_norm / group_norm backward study (issue 21):
-#   bash benchmarks/results/h100/session22/s22cD.sh
+#   bash benchmarks/results/h200/session22/s22cD.sh
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader
