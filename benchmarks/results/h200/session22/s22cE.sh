@@ -13,6 +13,6 @@ timeout 95 python3 benchmarks/tune.py --ops dyt,poly_norm --peers liger --budget
 timeout 40 python3 -m tigon.cli bench --op cross_entropy --model llama3-8b --tokens 8192 --providers tigon,liger \
   --cuda-graph --quiet --json $W/bench-ce-graph_$G.json 2>&1 | grep -v Warn | tail -3
 timeout 55 python3 benchmarks/divergence_tune.py --old .gpu/divergence_04bb6c3.py --rep 30 \
-  --cases jsd_beta0.5,kl_div_prob_target --skip-accuracy --out $W/divergence-tune_llama3-8b-16k_$G.json 2>&1 \
+  --cases jsd_beta0.5,kl_div_prob_target --out $W/divergence-tune_llama3-8b-16k_$G.json 2>&1 \
   | grep -v Warn | tail -8
 (cd $W && tar czf $OUT/s22cE.tgz .) && rm -rf $W
