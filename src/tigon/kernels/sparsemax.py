@@ -50,6 +50,9 @@ from L2). The launch is softmax's (:func:`tigon.kernels.softmax._launch`), not r
 Liger-Kernel runs Algorithm 1 after a ``torch.sort`` of every row (an extra read and write of x).
 
 Minimal bytes (M x N of e bytes): forward 2 M N e (read x, write y); backward 3 M N e (read dy, y; write dx).
+H200, bf16, fwd + bwd over 5 M N e (benchmarks/results/h200/session22/cD/sparsemax-tune_h200.json), Gaussian rows
+times 1 / 10: 16384 x 4096 0.242 ms (71% of copy bandwidth) / 0.168 (101%), against 0.490 (35%) for the former 24
+halvings + 2 steps; 8192 x 32000 57% / 85%; 4096 x 128256 33% / 50% (the wide path re-reads the row per pass).
 """
 
 from __future__ import annotations
