@@ -137,6 +137,11 @@ SPACE: dict[str, list[Study]] = {
                                          (16384, 16, True, 2, 2), (32768, 32, True, 2, 1), (32768, 32, True, 1, 1),
                                          (16384, 16, True, 1, 2))},
               provider="tigon_fwdgrad", kernel="_ce_fwd_kernel"),
+        Study("grad_in_forward, Liger 0.8.5's launch on Hopper (blocks of 32768, 32 warps, first block first) with and "
+              "without the L2 hints, against the default's", "loss_rows", (llama(8192),),
+              {"GRAD_IN_FORWARD_BLOCK": ((32768, 32, False, 0), (32768, 32, False, 1), (32768, 32, True, 1),
+                                         (16384, 16, True, 1), (16384, 32, True, 1), (8192, 16, True, 1))},
+              provider="tigon_fwdgrad", kernel="_ce_fwd_kernel"),
     ],
     "fused_linear_cross_entropy": [
         Study("chunk rows at a small hidden size (rows = max(hidden, MIN_CHUNK_ROWS_CUDA)): Qwen2.5-0.5B's head "
