@@ -619,3 +619,30 @@ def test_default_runs_lazily_where_forming_does_not_pay(device, monkeypatch):
     F.cross_entropy(x, target).backward()
     module.train()(x, target).backward()
     assert formed[5:] == [True, True]
+
+
+@pytest.mark.parametrize("items", [None, 7, 7.0, "cpu_tensor", 0, "zero_tensor"])
+def test_causal_lm_loss_from_logits_takes_the_count_inside(device, monkeypatch, items):
+    # Hugging Face's loss on logits: sum / num_items_in_batch. A positive count goes into the loss itself, so that the
+    # backward sees an upstream of 1 and keeps the gradient the forward formed; a count of 0 keeps HF's NaN.
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from tigon.integrations import causal_lm_loss_from_logits
+
+    formed = []
+    monkeypatch.setattr(ce_ops, "ce_forward", _spy(ce_ops.ce_forward, formed))
+    n_items = {"cpu_tensor": torch.tensor(7), "zero_tensor": torch.tensor(0)}.get(items, items)
+    logits = torch.randn(2, 9, 40, device=device, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 9), device=device)
+    labels[0, :3] = -100
+    got = causal_lm_loss_from_logits(logits, labels, num_items_in_batch=n_items)
+    want_logits = logits.detach().clone().requires_grad_()
+    want = ForCausalLMLoss(want_logits, labels, 40, num_items_in_batch=n_items)
+    if items in (0, "zero_tensor"):
+        assert not torch.isfinite(got) and not torch.isfinite(want)
+        return
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-7)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(logits.grad, want_logits.grad, rtol=1e-5, atol=1e-7)
+    assert formed == [True]

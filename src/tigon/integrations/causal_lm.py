@@ -141,9 +141,25 @@ def causal_lm_loss_from_logits(
     flat = logits.reshape(-1, logits.shape[-1])
     if flat.shape[0] != target.numel():
         raise ValueError(f"causal LM loss: {flat.shape[0]} logit rows but {target.numel()} targets")
+    if num_items_in_batch is not None and _positive_count(num_items_in_batch):
+        # the count inside the loss: its backward then sees an upstream of 1 and hands on the gradient the forward
+        # formed (a division after the loss would make it recompute it)
+        items = num_items_in_batch.reshape(()) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+        return _first(TF.cross_entropy(flat, target, ignore_index=ignore_index, num_items_in_batch=items))
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = TF.cross_entropy(flat, target, ignore_index=ignore_index, reduction=reduction)
     return _divide(_first(loss), num_items_in_batch)
+
+
+def _positive_count(num_items_in_batch) -> bool:
+    """True for a count the loss takes itself: an int > 0, a one-element CPU tensor > 0 (read), any one-element CUDA
+    tensor (not read: no sync). A float, or a count of 0 (Hugging Face's sum / 0, a NaN loss, which the loss would
+    refuse) keep the division after the loss."""
+    if torch.is_tensor(num_items_in_batch):
+        if num_items_in_batch.numel() != 1:
+            return False
+        return num_items_in_batch.device.type != "cpu" or bool(num_items_in_batch.item() > 0)
+    return isinstance(num_items_in_batch, int) and not isinstance(num_items_in_batch, bool) and num_items_in_batch > 0
 
 
 # ---- checks shared by the engine (patch time) and the forward (call time) -------------------------------------
