@@ -5,7 +5,8 @@
     python3 benchmarks/e2e_table.py --from-dir DIR [--png table.png]     # merge JSON files already written
 
 Each provider runs in a fresh ``python3 -m tigon.cli bench --e2e --providers <p>`` process (so compile caches,
-allocator state and monkey-patches never leak between providers), writing ``e2e-<p>_<model>_<gpu>_<date>.json``
+allocator state and monkey-patches never leak between providers; the launcher, limits and file names are
+``_tables.py``'s, shared with ``op_table.py``), writing ``e2e-<p>_<model>_<gpu>_<date>.json``
 into ``--out-dir``. The merged table prints tokens/s, step time, peak memory and each provider's ratio to
 ``original`` and to ``original_compile``; ``--png`` (default ``<out-dir>/e2e_<model>_<gpu>_<date>.png``) plots
 tokens/s and peak GiB per provider. ``--timeout`` (s) bounds each provider's process: one number for all, or a
@@ -39,29 +40,20 @@ names carry the directory's name (:func:`model_name`).
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os
-import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _tables.py, beside this file
+
+from _tables import ENV_VARIANTS, launch, model_name, provider_timeout, today  # noqa: E402, F401 (part of the API)
 
 SELECTIVE = ("--gradient-checkpointing", "selective")
-VARIANTS = {"liger_cutedsl": ("liger", {"LIGER_KERNEL_IMPL": "cutedsl"}, ()),
+VARIANTS = {**{p: (base, env, ()) for p, (base, env) in ENV_VARIANTS.items()},
             **{f"{p}_sac": (p, {}, SELECTIVE) for p in ("tigon", "original")}}  # not liger: its RoPE works in place
 """Table provider -> (``tigon bench --e2e`` provider, extra environment of its process, arguments that replace the
 table's own for it)."""
-
-
-def _relabel(path: str, name: str) -> None:
-    """Name the rows of a variant's JSON report after the variant."""
-    with open(path) as f:
-        report = json.load(f)
-    for r in report["rows"]:
-        r["provider"] = name
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
 
 
 DEFAULT_PROVIDERS = "original,original_compile,liger,liger_cutedsl,tigon,tigon_compile"
@@ -69,37 +61,8 @@ DEFAULT_PROVIDERS = "original,original_compile,liger,liger_cutedsl,tigon,tigon_c
 linear CE needs SM100), is a row with its status, not a missing line."""
 
 
-def model_name(model: str) -> str:
-    """A file-name-safe name of ``--model``: a preset or Hub id as given (``/`` as ``--``), a config directory or
-    ``config.json`` file by its directory's name (``benchmarks/configs/gpt-oss-20b`` -> ``gpt-oss-20b``)."""
-    if os.path.exists(model):
-        path = os.path.abspath(model)
-        if os.path.isfile(path):
-            path = os.path.dirname(path)
-        return os.path.basename(path.rstrip(os.sep))
-    return model.replace("/", "--")
-
-
-def provider_timeout(spec, provider: str) -> float:
-    """``provider``'s limit (s) from ``--timeout``: a number, or ``"N,name=M,..."`` (default N, provider name M)."""
-    if isinstance(spec, (int, float)):
-        return float(spec)
-    default, own = None, {}
-    for item in str(spec).split(","):
-        name, eq, value = item.strip().rpartition("=")
-        if eq:
-            own[name.strip()] = float(value)
-        else:
-            default = float(value)
-    if provider in own:
-        return own[provider]
-    if default is None:
-        raise ValueError(f"--timeout {spec!r} gives no default for provider {provider!r}")
-    return default
-
-
 def run_providers(args) -> list[str]:
-    """Run each provider in its own process; returns the JSON paths written."""
+    """Run each provider in its own process (:func:`_tables.launch`); returns the JSON paths written."""
     os.makedirs(args.out_dir, exist_ok=True)
     paths = []
     for p in args.providers.split(","):
@@ -121,19 +84,9 @@ def run_providers(args) -> list[str]:
             cmd += ["--checkpoint-budget-gb", str(args.checkpoint_budget_gb)]
         if args.kernel_summary:
             cmd += ["--kernel-summary"]
-        limit = provider_timeout(args.timeout, p)
-        try:
-            done = subprocess.run(cmd, timeout=limit, check=False, env={**os.environ, **env})
-            why = f"the process exited with status {done.returncode} and wrote no report"
-        except subprocess.TimeoutExpired:
-            why = f"timed out after {limit:g} s (--timeout)"
-            print(f"{p}: {why}", file=sys.stderr)
-        if not os.path.exists(path):  # a row that says so, not a missing line
-            with open(path, "w") as f:
-                json.dump({"model": {"source": args.model}, "device_name": None,
-                           "rows": [{"provider": p, "status": "failed", "note": why}]}, f, indent=1)
-        elif base != p:
-            _relabel(path, p)
+        launch(cmd, path, p, base=base, env=env, limit=provider_timeout(args.timeout, p),
+               failed_report=lambda why, p=p: {"model": {"source": args.model}, "device_name": None,
+                                               "rows": [{"provider": p, "status": "failed", "note": why}]})
         paths.append(path)
     return paths
 
@@ -245,7 +198,7 @@ def main() -> None:
             provider_timeout(args.timeout, p)
     except ValueError as e:
         ap.error(f"--timeout: {e}")
-    date = datetime.date.today().strftime("%Y%m%d")
+    date = today()
     lora = f"-lora{args.lora}" if args.lora else ""
     layers = f"-{args.layers}l" if args.layers else ""
     gc = "-gc" if args.gradient_checkpointing else ""

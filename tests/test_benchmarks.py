@@ -68,12 +68,12 @@ def test_e2e_table_keeps_a_row_for_a_provider_that_timed_out_or_failed(tmp_path,
     assert e2e.DEFAULT_PROVIDERS.split(",") == ["original", "original_compile", "liger", "liger_cutedsl", "tigon",
                                                 "tigon_compile"]
 
-    def fake_run(cmd, timeout, check, env):
+    def fake_run(cmd, timeout, check, env, **kw):
         if "original_compile" in cmd[cmd.index("--json") + 1]:
             raise subprocess.TimeoutExpired(cmd, timeout)
-        return subprocess.CompletedProcess(cmd, 1)
+        return subprocess.CompletedProcess(cmd, 1, stderr=b"")
 
-    monkeypatch.setattr(e2e.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # benchmarks/_tables.py's launcher
     args = argparse.Namespace(out_dir=str(tmp_path), providers="original_compile,liger_cutedsl", tag="t",
                               model="tiny", batch_size=1, seq_len=8, steps=1, warmup=0, layers=None,
                               image_tokens=None, lora=None, gradient_checkpointing=None, checkpoint_budget_gb=None,
