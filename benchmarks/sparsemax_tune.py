@@ -212,7 +212,6 @@ def time_gpu(args) -> dict:
                              "fwd_bwd_ms": ms_fb, "fwd_bwd_gbps": gb_fb, "fwd_bwd_of_copy": gb_fb / copy_gbps}
             print(json.dumps(row), flush=True)
             res["rows"].append(row)
-            del x, dy, y
             torch.cuda.empty_cache()
     return res
 

@@ -646,3 +646,14 @@ def test_causal_lm_loss_from_logits_takes_the_count_inside(device, monkeypatch, 
     want.backward()
     torch.testing.assert_close(logits.grad, want_logits.grad, rtol=1e-5, atol=1e-7)
     assert formed == [True]
+
+
+@pytest.mark.parametrize("kw", [dict(grad_in_forward="false"), dict(grad_in_forward=1), dict(inplace_backward="yes"),
+                                dict(inplace_backward=None)])
+def test_gradient_flags_must_be_bools(device, kw):
+    # a truthy string for grad_in_forward would write the gradient over the caller's logits: refused
+    x = torch.randn(4, 10, device=device)
+    logits = (x * 1.0).requires_grad_()
+    with pytest.raises(TypeError, match=next(iter(kw))):
+        F.cross_entropy(logits, torch.zeros(4, dtype=torch.long, device=device), **kw)
+    assert torch.equal(logits.detach(), x)

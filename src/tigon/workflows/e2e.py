@@ -462,6 +462,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
         if rank != 0:
             progress = None
     hfc, source = hf_config(cfg.model, cfg.layers)
+    if device.type == "cpu":
+        _check_host_memory(hfc, cfg)
     # N ranks: each step's global batch of N x batch_size sequences from the seed, rank r takes its own rows
     batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed,
                            cfg.image_tokens)
@@ -521,6 +523,20 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                            "time is the slowest rank's, tokens/s counts all ranks' tokens, peak memory is the largest "
                            "rank's, the losses are the ranks' mean; each rank's own under ranks.")
     return result
+
+
+def _check_host_memory(hfc, cfg: E2EConfig) -> None:
+    """Refuse a CPU run whose parameters alone cannot fit in memory (:func:`tigon.workflows.host_memory.check_fits`,
+    as ``tigon compare`` does), before any model is built: a silent out-of-memory kill otherwise."""
+    from .dry_run import build_meta_model
+    from .host_memory import check_fits
+
+    try:
+        params = sum(p.numel() for p in build_meta_model(hfc).parameters())
+    except Exception:  # a model the meta build cannot make is reported when the run builds it
+        return
+    check_fits(params, 2 if cfg.dtype == "bfloat16" else 4, f"--model {cfg.model} --layers {cfg.layers}",
+               processes=cfg.nproc)
 
 
 def _aggregate_rows(cfg: E2EConfig, ranked: list[tuple[str, E2ERow]], info: dict) -> E2ERow:
