@@ -169,6 +169,34 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def gpu_tag() -> str:
+    """The file names' device: h200 / h100 for those cards, else the CUDA device's name in lower case without spaces,
+    cpu without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name()
+    for card in ("H200", "H100"):
+        if card in name:
+            return card.lower()
+    return name.lower().replace("nvidia ", "").replace(" ", "-")
+
+
+def merged_tag(paths: list[str]) -> str | None:
+    """The tag of merged files ``e2e-<provider>_<tag>.json`` (the first one's; None without files), so that
+    ``--from-dir``'s plot is named after the rows it merged, not after --model's default."""
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f).get("rows") or []
+        base = os.path.basename(path)
+        for r in rows:
+            head = f"e2e-{r.get('provider')}_"
+            if base.startswith(head) and base.endswith(".json"):
+                return base[len(head):-len(".json")]
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-0.5b")
@@ -187,7 +215,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--providers", default=DEFAULT_PROVIDERS)
     ap.add_argument("--out-dir", default="out")
-    ap.add_argument("--gpu", default="h200", help="the GPU's name in the file names")
+    ap.add_argument("--gpu", help="the GPU's name in the file names (default: h200 / h100 / the device's name, cpu)")
     ap.add_argument("--timeout", default="240",
                     help="seconds per provider's process: N, or N,provider=M,... (default 240)")
     ap.add_argument("--from-dir", help="merge the e2e-*.json files of this folder instead of running")
@@ -199,6 +227,7 @@ def main() -> None:
     except ValueError as e:
         ap.error(f"--timeout: {e}")
     date = today()
+    args.gpu = args.gpu or gpu_tag()
     lora = f"-lora{args.lora}" if args.lora else ""
     layers = f"-{args.layers}l" if args.layers else ""
     gc = "-gc" if args.gradient_checkpointing else ""
@@ -208,7 +237,8 @@ def main() -> None:
     print(table(rows))
     print(checkpoint_lines(rows))
     print(kernel_table(rows))
-    png = args.png or os.path.join(args.from_dir or args.out_dir, f"e2e_{args.tag}.png")
+    tag = merged_tag(paths) if args.from_dir else args.tag
+    png = args.png or os.path.join(args.from_dir or args.out_dir, f"e2e_{tag or args.tag}.png")
     if rows:
         plot(rows, png)
         print(f"wrote {png}")

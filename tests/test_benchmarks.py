@@ -83,3 +83,20 @@ def test_e2e_table_keeps_a_row_for_a_provider_that_timed_out_or_failed(tmp_path,
     assert "timed out after 5 s" in rows[0]["note"] and "status 1" in rows[1]["note"]
     text = e2e.table(rows)
     assert "original_compile" in text and "timed out" in text
+
+
+def test_e2e_table_names_a_merged_plot_after_its_rows_and_the_device(tmp_path):
+    # --from-dir's plot takes the merged files' tag (not --model's default); --gpu defaults to the device found
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("e2e_table", ROOT / "benchmarks" / "e2e_table.py")
+    e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(e2e)
+    path = tmp_path / "e2e-original_compile_gpt-oss-20b-4l-4x2048_h100_20261206.json"
+    path.write_text(json.dumps({"rows": [{"provider": "original_compile"}]}))
+    assert e2e.merged_tag([str(path)]) == "gpt-oss-20b-4l-4x2048_h100_20261206"
+    assert e2e.merged_tag([]) is None
+    if not torch.cuda.is_available():
+        assert e2e.gpu_tag() == "cpu"
