@@ -417,6 +417,7 @@ RECORDS = (
                Case("activation=gelu_tanh", options={"activation": "gelu_tanh"}),
                Case("silu, multipliers=1.5,0.5", options={"activation": "silu", "gate_multiplier": 1.5,
                                                           "down_multiplier": 0.5}),
+               Case("silu, limit=2.0", options={"activation": "silu", "limit": 2.0}),  # DeepSeek-V4's shared expert
                _INPLACE),
         bench_notes=_NOTES, leading_dims=("gate", "up"),
     ),
