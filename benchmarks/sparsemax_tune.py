@@ -1,5 +1,6 @@
-"""Sparsemax forward: the previous kernel (24 bisection halvings + 2 Michelot steps, kept here only) against the
-current one (Michelot's steps from max - 1 until the support stops shrinking; tigon.kernels.sparsemax), on the GPU.
+"""Sparsemax forward (Michelot's steps from max - 1 until the support stops shrinking; tigon.kernels.sparsemax), on the
+GPU. The previous kernel (24 bisection halvings + 2 Michelot steps) was timed against it by this script at commit
+e9f08f5 (``git show e9f08f5:benchmarks/sparsemax_tune.py``): benchmarks/results/h200/session22/cD/.
 
     PYTHONPATH=src python3 benchmarks/sparsemax_tune.py --out $OUT/sparsemax-tune_h200_<date>.json
 
@@ -7,8 +8,8 @@ Per shape (bf16, 16384 x 4096, 8192 x 32000, 4096 x 128256; the last two take th
 and logit scale (``--scales``, default 1 and 10: Gaussian rows times the scale): the median ``triton.testing.do_bench``
 time of the forward and of forward + backward (the backward kernel is the same for both), the GB/s over the minimal
 bytes (forward 2 M N e: read x, write y; backward 3 M N e: read dy and y, write dx) and their fraction of the copy
-bandwidth, measured the same way on the same x (``torch.empty_like(x).copy_(x)``, 2 M N e bytes). Both forwards
-are checked against float64 sort-based sparsemax on a few rows first. JSON to ``--out``.
+bandwidth, measured the same way on the same x (``torch.empty_like(x).copy_(x)``, 2 M N e bytes). The forward is
+checked against float64 sort-based sparsemax on a few rows first. JSON to ``--out``.
 
 ``--passes`` (any machine, no GPU needed): passes over a row (the max's included, y's write not) of the old
 algorithm, of 8 halvings then Michelot, and of Michelot from max - 1, counted by a PyTorch emulation on Gaussian
@@ -25,86 +26,9 @@ import json
 
 import torch
 import triton
-import triton.language as tl
 
 SHAPES = ((16384, 4096), (8192, 32000), (4096, 128256))
 PASS_ROWS = {4096: 2048, 32000: 512, 128256: 128}
-
-
-# --- the previous forward (before issue 21's rework), for comparison only ---------------------------------------
-BISECT = tl.constexpr(24)
-
-
-@triton.jit
-def old_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The previous tigon.kernels.sparsemax._sparsemax_fwd: 24 halvings of [max - 1, max], 2 Michelot steps."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
-    mask = rmask[:, None] & (cols < N)[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-    lo = tl.where(rmask, tl.max(x, axis=1), 0.0) - 1.0
-    half = lo * 0.0 + 0.5
-    for _ in range(BISECT):
-        mid = lo + half
-        f = tl.sum(tl.where(x > mid[:, None], x - mid[:, None], 0.0), axis=1)
-        lo = tl.where(f >= 1.0, mid, lo)
-        half = half * 0.5
-    for _ in range(2):
-        supp = x > lo[:, None]
-        k = tl.sum(tl.where(supp, 1.0, 0.0), axis=1)
-        lo = (tl.sum(tl.where(supp, x, 0.0), axis=1) - 1.0) / tl.maximum(k, 1.0)
-    y = tl.maximum(x - lo[:, None], 0.0)
-    tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _excess(X, row, N, stride_x, t, BLOCK_N: tl.constexpr):
-    offs = tl.arange(0, BLOCK_N)
-    e = tl.zeros([BLOCK_N], dtype=tl.float32)
-    k = tl.zeros([BLOCK_N], dtype=tl.float32)
-    s = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for c0 in range(0, N, BLOCK_N):
-        cols = c0 + offs
-        x = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
-        supp = x > t
-        e += tl.where(supp, x - t, 0.0)
-        k += tl.where(supp, 1.0, 0.0)
-        s += tl.where(supp, x, 0.0)
-    return tl.sum(e, axis=0), tl.sum(k, axis=0), tl.sum(s, axis=0)
-
-
-@triton.jit
-def old_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_N)
-    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    for c0 in range(0, N, BLOCK_N):
-        cols = c0 + offs
-        m = tl.maximum(m, tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32))
-    lo = tl.max(m, axis=0) - 1.0
-    half = lo * 0.0 + 0.5
-    for _ in range(BISECT):
-        mid = lo + half
-        f, _k, _s = _excess(X, row, N, stride_x, mid, BLOCK_N)
-        lo = tl.where(f >= 1.0, mid, lo)
-        half = half * 0.5
-    for _ in range(2):
-        _e, k, s = _excess(X, row, N, stride_x, lo, BLOCK_N)
-        lo = (s - 1.0) / k
-    for c0 in range(0, N, BLOCK_N):
-        cols = c0 + offs
-        cmask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(Y + row * N + cols, tl.maximum(x - lo, 0.0).to(Y.dtype.element_ty), mask=cmask)
-
-
-def old_forward(x: torch.Tensor) -> torch.Tensor:
-    from tigon.kernels.softmax import _launch
-
-    y = torch.empty_like(x)
-    _launch(old_fwd, old_fwd_wide, (x,), (x.stride(0),), y, x.shape[0], x.shape[1])
-    return y
 
 
 # --- pass counts, emulated -----------------------------------------------------------------------------------------
@@ -195,8 +119,7 @@ def time_gpu(args) -> dict:
             x = (torch.randn(M, N, device=dev) * scale).bfloat16()
             dy = torch.randn(M, N, device=dev).bfloat16()
             truth = ref(x[:64].double())
-            err = {name: (fn(x)[:64].double() - truth).abs().max().item()
-                   for name, fn in (("old", old_forward), ("new", k.sparsemax_forward))}
+            err = {"new": (k.sparsemax_forward(x)[:64].double() - truth).abs().max().item()}
             e = x.element_size()
             ms_copy = triton.testing.do_bench(lambda: torch.empty_like(x).copy_(x))
             copy_gbps = 2 * M * N * e / ms_copy / 1e6
@@ -204,7 +127,7 @@ def time_gpu(args) -> dict:
                    "max_abs_err_vs_float64": err}
             y = k.sparsemax_forward(x)
             row["bwd_ms"] = triton.testing.do_bench(lambda: k.sparsemax_backward(dy, y))
-            for name, fwd in (("old", old_forward), ("new", k.sparsemax_forward)):
+            for name, fwd in (("new", k.sparsemax_forward),):
                 ms_f = triton.testing.do_bench(lambda: fwd(x))
                 ms_fb = triton.testing.do_bench(lambda: k.sparsemax_backward(dy, fwd(x)))
                 gb_f, gb_fb = 2 * M * N * e / ms_f / 1e6, 5 * M * N * e / ms_fb / 1e6
