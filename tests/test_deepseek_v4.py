@@ -105,3 +105,58 @@ def test_support_table_case_is_what_the_patch_does():
     for e in report.skipped:
         held[e.kind] = held.get(e.kind, 0) + 1
     assert (report.family, report.counts, held) == (family, counts, skipped), report
+
+
+# PEFT LoRA's usual targets as DeepSeek-V4 names them (kv_proj and gate_proj also match the compressor's, which
+# compresses every 128 tokens here (heavily compressed attention): at 16 tokens its adapters get no gradient, in
+# either model). o_a_proj is left out: its forward multiplies each group (o_groups) by its own slice of the weight,
+# which PEFT's lora.Linear does not wrap (a shape error)
+LORA_TARGETS = ["q_a_proj", "q_b_proj", "kv_proj", "o_b_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def peft_tiny(model):
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(1)  # random B (init_lora_weights=False): with PEFT's B = 0 every gradient of A would be zero
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                                                      init_lora_weights=False))
+
+
+@pytest.mark.parametrize("order", ["after_peft", "before_peft"])
+def test_peft_lora_shared_expert_keeps_its_clamp(order):
+    # the shared expert's gate / up / down are fused LoRA layers, but lora_glu_mlp takes no limit: the MLP declines the
+    # one-node path (the report says why) and runs its projections as lora_linear around swiglu(limit=...). Patched
+    # before get_peft_model, the second patch's already-patched entry says the same. Loss and every LoRA gradient equal
+    # the unpatched PEFT model's, with swiglu_limit 0.1 clamping gate and up values of the shared expert
+    ref = peft_tiny(tiny(swiglu_limit=0.1))
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    seen = []
+    hooks = [ref.get_submodule(f"base_model.model.model.layers.0.mlp.shared_experts.{n}").register_forward_hook(
+        lambda m, i, o: seen.append(o.detach())) for n in ("gate_proj", "up_proj")]
+    ref_out, ref_grads = step(ref, ids, ids)
+    for h in hooks:
+        h.remove()
+    assert (seen[0] > 0.1).any() and (seen[1].abs() > 0.1).any()  # the clamps are active
+    if order == "after_peft":
+        model = peft_tiny(tiny(swiglu_limit=0.1))
+        entries = tigon.patch(model).replaced
+    else:
+        base = tiny(swiglu_limit=0.1)
+        tigon.patch(base)
+        model = peft_tiny(base)
+        entries = tigon.patch(model).already_patched
+    shared = [e for e in entries if e.kind == "mlp" and e.target.endswith("shared_experts")]
+    assert len(shared) == 2
+    for e in shared:
+        assert e.ops == ("swiglu",) and "limit=self.limit" in e.detail, e
+        assert "clamp (self.limit) is not taken by tigon.functional.lora_glu_mlp" in e.detail, e
+    support.backend_usage(reset=True)
+    out, grads = step(model, ids, ids)
+    used = support.backend_usage()
+    assert {"swiglu", "lora_linear"} <= set(used) and "lora_glu_mlp" not in used, used
+    assert abs(out.loss.item() - ref_out.loss.item()) <= 1e-5 * ref_out.loss.item()
+    trainable = {n for n, p in ref.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert grads.keys() == ref_grads.keys() and set(grads) <= trainable
+    assert all(n in grads for n in trainable if "compressor" not in n)
+    for n, g in ref_grads.items():
+        assert rel_l2(grads[n], g) <= 1e-5, n

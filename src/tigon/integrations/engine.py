@@ -66,7 +66,7 @@ import torch
 
 from . import causal_mask, components
 from . import persist
-from . import lora_qkv, rotary_calls
+from . import lora_mlp, lora_qkv, rotary_calls
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
@@ -157,7 +157,14 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if current is not None:
             if (mk := tigon_mark(current)) is not None:
                 check_same_options(mk, target, opts, class_level=False)
-                report.already_patched.append(PatchEntry(kind, target, "instance level"))
+                entry = PatchEntry(kind, target, "instance level")
+                if kind == "mlp" and lora_mlp.mlp_adapter(m, comp) is not None:
+                    # its projections are adapter layers now (patched before peft.get_peft_model): what it runs
+                    # with them, e.g. why not one lora_glu_mlp node (DeepSeek-V4's clamp)
+                    entry = PatchEntry(kind, target, f"instance level; {components.describe(kind, comp, m, opts)}",
+                                       components.ops(kind, comp, m, opts),
+                                       components.checkpoint_ops(kind, comp, m, opts))
+                report.already_patched.append(entry)
             else:
                 report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
                                                  "library (e.g. accelerate hooks)"))
