@@ -31,6 +31,8 @@ def test_compare_writes_json_and_png(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert f"backend={report['backend']}" in out
+    assert report["losses_agree"] is True and report["agreement"]["verdict"] == "agree"
+    assert "status=ok verdict=agree max_rel_loss_diff=" in out and "bound=1e-03 tokens_per_s" in out
 
 
 def test_bad_preset_is_one_line_exit_2():
@@ -109,7 +111,41 @@ def test_compare_non_finite_run_is_reported_and_exits_1(tmp_path, capsys):
     report = json.loads(js.read_text())
     assert report["ok"] is False
     assert report["status"] == {"original": "non-finite", "patched": "non-finite"}
+    assert report["losses_agree"] is None and report["agreement"]["verdict"] == "not judged"  # exit 1, not 3
     assert "at step 2" in report["status_detail"]["patched"]
     out, err = capsys.readouterr()
     assert "FAILED" in out and "NON-FINITE" in out
     assert len(err.strip().splitlines()) == 1 and "non-finite" in err and "--lr" in err, err
+
+
+def test_compare_losses_beyond_the_bound_exit_3(tmp_path, capsys, monkeypatch):
+    # a deliberately wrong op (swiglu's output x 1.01) on the CPU default: both runs ok, the losses 4.6e-3 apart
+    import tigon
+    from tigon import functional as TF
+
+    right = TF.glu_linear
+    monkeypatch.setattr(TF, "glu_linear", lambda *a, **k: right(*a, **k) * 1.01)
+    js = tmp_path / "r.json"
+    with tigon.force_reference():  # the verdict and the exit status are tested, not the kernels: keep it fast
+        rc = main(["compare", "--preset", "tiny", "--json", str(js)])
+    assert rc == 3
+    report = json.loads(js.read_text())
+    assert report["ok"] is True and report["losses_agree"] is False
+    a = report["agreement"]
+    assert a["verdict"] == "differ" and a["bound"] == 1e-3 and a["max_rel_loss_diff"] > 1e-3
+    out, err = capsys.readouterr()
+    assert "FAILED" in out and "losses differ beyond the expected bound" in out
+    assert "last rel. loss diff" in out and "1e-03 for float32" in out
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.strip().startswith("tigon compare: error: losses differ beyond the expected bound (max rel diff ")
+    assert "tigon verify" in err
+
+
+def test_compare_help_documents_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for part in ("exit status: 0 both runs ok and their losses agree", "1 a run crashed", "2 bad input",
+                 "3 both runs ok but the losses differ beyond the bound"):
+        assert part in text, part

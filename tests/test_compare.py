@@ -18,7 +18,8 @@ def result():
 
 
 def test_result_has_the_documented_keys(result):
-    for key in ("loss_original", "loss_patched", "rel_loss_diff", "max_rel_loss_diff", "tokens_per_s",
+    for key in ("loss_original", "loss_patched", "rel_loss_diff", "max_rel_loss_diff", "agreement", "losses_agree",
+                "tokens_per_s",
                 "peak_memory_bytes", "device", "backend", "config", "patch", "versions", "model", "data", "notes"):
         assert key in result, key
     assert set(result["tokens_per_s"]) == set(result["peak_memory_bytes"]) == {"original", "patched"}
@@ -136,6 +137,75 @@ def test_result_reports_healthy_runs(result):
     assert result["ok"] is True
     assert result["status"] == {"original": "ok", "patched": "ok"}
     assert result["status_detail"] == {"original": "", "patched": ""}
+
+
+def test_the_verdict_passes_a_correct_patch(result):
+    a = result["agreement"]
+    assert result["losses_agree"] is True and a["verdict"] == "agree"
+    assert a["dtype"] == "float32" and a["bound"] == 1e-3 and a["bound_reason"]
+    assert a["steps_judged"] == a["last_step"] == TINY["steps"] and a["detail"] == ""
+    assert a["max_rel_loss_diff"] == result["max_rel_loss_diff"] < 1e-5  # ~2e-7 measured: far below the bound
+    assert a["max_rel_loss_diff_step"] == result["max_rel_loss_diff_step"]
+    assert a["last_rel_loss_diff"] == result["rel_loss_diff"][-1]
+    assert a["summary"] == f"losses agree (max rel diff {a['max_rel_loss_diff']:.2e} <= bound 1e-03 for float32)"
+
+
+def _scaled_swiglu(monkeypatch, factor=1.01):
+    """A deliberately wrong op: the patched MLP's output (swiglu folded into the down projection) x ``factor``."""
+    from tigon import functional as TF
+
+    right = TF.glu_linear
+    monkeypatch.setattr(TF, "glu_linear", lambda *a, **k: right(*a, **k) * factor)
+
+
+def test_the_verdict_fails_a_one_percent_error_in_one_op(monkeypatch):
+    # The CPU default (20 steps of 2 x 32): a correct patch differs by 2e-7, swiglu x 1.01 by 4.6e-3 at step 20. The
+    # ops run as their PyTorch reference (the verdict is what is tested, not the kernels): 1-3 s instead of 10.
+    import tigon
+
+    _scaled_swiglu(monkeypatch)
+    with tigon.force_reference():
+        r = run_compare(CompareConfig(preset="tiny", steps=20, batch_size=2, seq_len=32, seed=0))
+    a = r.agreement
+    assert r.ok and r.losses_agree is False and a["verdict"] == "differ"
+    assert 1e-3 < a["max_rel_loss_diff"] < 2e-2 and a["max_rel_loss_diff_step"] > 10
+    assert a["summary"].startswith("losses differ beyond the expected bound (max rel diff ")
+    assert "> bound 1e-03 for float32, step" in a["summary"]
+    assert any("tigon verify" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-3), ("bfloat16", 5e-2), ("float16", 5e-2)])
+def test_judge_agreement_bounds(dtype, bound):
+    from tigon.workflows.compare import LOSS_RTOL, judge_agreement
+
+    ok = {"original": "ok", "patched": "ok"}
+    assert LOSS_RTOL[dtype] == bound
+    a = judge_agreement([0.0, bound / 2, bound], dtype, ok)
+    assert a["verdict"] == "agree" and a["max_rel_loss_diff"] == bound and a["max_rel_loss_diff_step"] == 3
+    a = judge_agreement([0.0, bound * 1.5, bound / 10], dtype, ok)
+    assert a["verdict"] == "differ" and a["max_rel_loss_diff_step"] == 2 and a["last_rel_loss_diff"] == bound / 10
+    assert f"> bound {bound:.0e} for {dtype}, step 2)" in a["summary"]
+
+
+def test_judge_agreement_leaves_a_failed_run_unjudged():
+    from tigon.workflows.compare import judge_agreement
+
+    a = judge_agreement([float("nan")] * 2, "float32", {"original": "ok", "patched": "non-finite"})
+    assert a["verdict"] == "not judged" and a["max_rel_loss_diff"] is None
+    assert a["summary"] == "losses not judged: the patched run is non-finite"
+
+
+def test_judge_agreement_stops_where_the_grad_scaler_skipped_one_run_only():
+    # float16: an overflow skips the step in one run only (measured: seed 1 of the CPU default, step 9), and the runs
+    # then take different optimizer steps: only the steps up to that one are judged
+    from tigon.workflows.compare import judge_agreement
+
+    scaler = {"original": {"final_scale": 1.0, "skipped_steps": [2, 3]}, "patched": {"final_scale": 2.0,
+                                                                                      "skipped_steps": [2]}}
+    a = judge_agreement([1e-5, 2e-5, 3e-4, 0.2], "float16", {"original": "ok", "patched": "ok"}, scaler)
+    assert a["verdict"] == "agree" and a["steps_judged"] == a["last_step"] == 3
+    assert a["max_rel_loss_diff"] == a["last_rel_loss_diff"] == 3e-4
+    assert "skipped step 3 in the original run only" in a["detail"]
 
 
 @pytest.mark.parametrize(

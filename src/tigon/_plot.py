@@ -9,7 +9,7 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
     """Write a PNG of a ``tigon compare`` result to ``path``.
 
     Top: both loss curves over the steps. Bottom: the per-step relative difference
-    ``|patched - original| / |original|``, with the maximum marked.
+    ``|patched - original| / |original|``, with the maximum marked and the verdict on agreement as its title.
 
     Args:
         result: :meth:`tigon.workflows.compare.CompareResult.as_dict`.
@@ -52,6 +52,10 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
         ax_rel.annotate(f"max {max_rel:.2e} (step {max_step})", xy=(max_step, max_rel),
                         xytext=(-6 if right else 6, -12), textcoords="offset points", fontsize=9,
                         ha="right" if right else "left")
+    verdict = (result.get("agreement") or {}).get("summary")
+    if verdict:  # the verdict on agreement (tigon.workflows.compare.judge_agreement)
+        differ = result["agreement"]["verdict"] == "differ"
+        ax_rel.set_title(verdict, fontsize=9, color="tab:red" if differ else "black")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
