@@ -479,3 +479,17 @@ def test_view_inputs_become_leaves_of_their_own():
         assert drawn[k]._is_view() and not made[k]._is_view() and made[k].is_leaf and made[k].requires_grad
         assert made[k].stride() == drawn[k].stride()
         made[k].detach_()
+
+
+def test_e2e_cpu_run_too_large_for_the_host_memory_is_refused_before_building(monkeypatch):
+    # the check tigon compare runs (host_memory.check_config_fits), before any model is built: a GPT-OSS config on a
+    # CPU was killed silently at 24 GB without it
+    from tigon.workflows import e2e as E
+    from tigon.workflows import host_memory
+    from tigon.workflows.compare import ConfigError
+
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)  # 1 MiB: not even the tiny model
+    monkeypatch.setattr(E, "build_model", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(ConfigError, match=r"^--model tiny --layers 1 needs at least .* choose a smaller preset"):
+        E.run_e2e(E.E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, device="cpu",
+                              providers=["original"]))

@@ -324,17 +324,15 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource
 def _check_host_memory(cfg: CompareConfig) -> None:
     """Refuse a CPU run whose parameters alone cannot fit in memory (:func:`tigon.workflows.host_memory.check_fits`:
     the model, the training copy and its gradients and AdamW states, per rank), before anything is built."""
-    from .dry_run import build_meta_model
-    from .host_memory import check_fits
+    from .host_memory import check_config_fits
 
     try:
-        meta = build_meta_model(_hf_config(cfg)[0])
+        hfc = _hf_config(cfg)[0]
     except ConfigError:  # (reported with its own message when the run builds the model)
         return
-    params = sum(p.numel() for p in meta.parameters())
     what = (f"--preset {cfg.preset}" if cfg.model is None else f"--model {cfg.model}") + \
         (f" --layers {cfg.layers}" if cfg.layers is not None else "")
-    check_fits(params, 2 if cfg.dtype == "bfloat16" else 4, what, processes=cfg.nproc)
+    check_config_fits(hfc, cfg.dtype, what, processes=cfg.nproc)
 
 
 def _probe_patch(hf_config, patch_fn, unpatch_fn) -> None:

@@ -99,6 +99,7 @@ from .step_trace import StepTracer
 from . import compare_dist
 from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
 from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, step_batches, take_rows
+from .host_memory import check_config_fits
 from .lora import LORA_TARGETS, check_lora, with_lora
 from ..checkpointing import DEFAULT_TFLOPS
 
@@ -462,8 +463,8 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
         if rank != 0:
             progress = None
     hfc, source = hf_config(cfg.model, cfg.layers)
-    if device.type == "cpu":
-        _check_host_memory(hfc, cfg)
+    if device.type == "cpu":  # refused before any model is built: a silent out-of-memory kill otherwise
+        check_config_fits(hfc, cfg.dtype, f"--model {cfg.model} --layers {cfg.layers}", processes=cfg.nproc)
     # N ranks: each step's global batch of N x batch_size sequences from the seed, rank r takes its own rows
     batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size * (world or 1), cfg.seq_len, cfg.seed,
                            cfg.image_tokens)
@@ -523,20 +524,6 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
                            "time is the slowest rank's, tokens/s counts all ranks' tokens, peak memory is the largest "
                            "rank's, the losses are the ranks' mean; each rank's own under ranks.")
     return result
-
-
-def _check_host_memory(hfc, cfg: E2EConfig) -> None:
-    """Refuse a CPU run whose parameters alone cannot fit in memory (:func:`tigon.workflows.host_memory.check_fits`,
-    as ``tigon compare`` does), before any model is built: a silent out-of-memory kill otherwise."""
-    from .dry_run import build_meta_model
-    from .host_memory import check_fits
-
-    try:
-        params = sum(p.numel() for p in build_meta_model(hfc).parameters())
-    except Exception:  # a model the meta build cannot make is reported when the run builds it
-        return
-    check_fits(params, 2 if cfg.dtype == "bfloat16" else 4, f"--model {cfg.model} --layers {cfg.layers}",
-               processes=cfg.nproc)
 
 
 def _aggregate_rows(cfg: E2EConfig, ranked: list[tuple[str, E2ERow]], info: dict) -> E2ERow:

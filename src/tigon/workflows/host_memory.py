@@ -68,3 +68,20 @@ def check_fits(num_parameters: int, element_size: int, what: str, *, processes: 
         f"parameters x {element_size} bytes x {TENSORS_PER_PARAMETER}: the model, the training copy's weights, "
         f"gradients and AdamW's two states{ranks}), {available / 2**30:.1f} GiB is available: choose a smaller "
         f"preset, fewer --layers{halve}")
+
+
+def check_config_fits(hf_config, dtype: str, what: str, *, processes: int = 1) -> None:
+    """:func:`check_fits` for a Hugging Face config: its parameters counted on a meta-device model (nothing
+    allocated), ``dtype`` "bfloat16" (2 bytes an element) or another (4). A config the meta build cannot make is not
+    checked here (the run reports it when it builds the model). Shared by ``tigon compare`` and ``tigon bench --e2e``.
+
+    Raises:
+        ConfigError: as :func:`check_fits`.
+    """
+    from .dry_run import build_meta_model
+
+    try:
+        params = sum(p.numel() for p in build_meta_model(hf_config).parameters())
+    except Exception:  # (reported with its own message when the run builds the model)
+        return
+    check_fits(params, 2 if dtype == "bfloat16" else 4, what, processes=processes)
