@@ -176,7 +176,7 @@ def test_the_verdict_fails_a_one_percent_error_in_one_op(monkeypatch):
 
 @pytest.mark.parametrize("dtype, bound", [("float32", 1e-3), ("bfloat16", 5e-2), ("float16", 5e-2)])
 def test_judge_agreement_bounds(dtype, bound):
-    from tigon.workflows.compare import LOSS_RTOL, judge_agreement
+    from tigon.workflows.compare_verdict import LOSS_RTOL, judge_agreement
 
     ok = {"original": "ok", "patched": "ok"}
     assert LOSS_RTOL[dtype] == bound
@@ -188,7 +188,7 @@ def test_judge_agreement_bounds(dtype, bound):
 
 
 def test_judge_agreement_leaves_a_failed_run_unjudged():
-    from tigon.workflows.compare import judge_agreement
+    from tigon.workflows.compare_verdict import judge_agreement
 
     a = judge_agreement([float("nan")] * 2, "float32", {"original": "ok", "patched": "non-finite"})
     assert a["verdict"] == "not judged" and a["max_rel_loss_diff"] is None
@@ -198,7 +198,7 @@ def test_judge_agreement_leaves_a_failed_run_unjudged():
 def test_judge_agreement_stops_where_the_grad_scaler_skipped_one_run_only():
     # float16: an overflow skips the step in one run only (measured: seed 1 of the CPU default, step 9), and the runs
     # then take different optimizer steps: only the steps up to that one are judged
-    from tigon.workflows.compare import judge_agreement
+    from tigon.workflows.compare_verdict import judge_agreement
 
     scaler = {"original": {"final_scale": 1.0, "skipped_steps": [2, 3]}, "patched": {"final_scale": 2.0,
                                                                                       "skipped_steps": [2]}}

@@ -53,7 +53,7 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
                         xytext=(-6 if right else 6, -12), textcoords="offset points", fontsize=9,
                         ha="right" if right else "left")
     verdict = (result.get("agreement") or {}).get("summary")
-    if verdict:  # the verdict on agreement (tigon.workflows.compare.judge_agreement)
+    if verdict:  # the verdict on agreement (tigon.workflows.compare_verdict.judge_agreement)
         differ = result["agreement"]["verdict"] == "differ"
         ax_rel.set_title(verdict, fontsize=9, color="tab:red" if differ else "black")
     fig.tight_layout()
