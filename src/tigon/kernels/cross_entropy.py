@@ -18,8 +18,9 @@ from torch import Tensor
 from . import loss_rows as rows
 from ._common import CUSTOM_OP_TAGS, compiled_cuda, num_items_tensor
 from .first_order import once_differentiable
+from .loss_reduce import reduce_losses
 from .loss_rows import (
-    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats, scale_rows_,
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, row_stats, scale_rows_,
 )
 
 

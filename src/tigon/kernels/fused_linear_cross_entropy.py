@@ -38,8 +38,9 @@ from torch import Tensor
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, or_empty
 from .first_order import first_order
 from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
+from .loss_reduce import reduce_losses
 from .loss_rows import (
-    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, reduce_losses, row_stats,
+    LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, row_stats,
 )
 
 # Chunk size (tokens per chunk). Each chunk adds grad_logits.T @ hidden_chunk into the (V, H) fp32 grad_weight
