@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tigon.kernels.divergence as kdiv
+from tigon.kernels import divergence_terms
 from tigon import functional as F
 from tigon import nn as tnn
 from tigon import support
@@ -185,7 +186,7 @@ def test_jsd_near_identical_distributions(device, layout, beta):
     # own fp32 error is about 2e-5 on the gradients and 1e-4 .. 2e-3 on the loss (measured). The gradients are first
     # order: within 3x plain PyTorch's error (on the GPU exp2 and log2 are the approximate special-function ops,
     # about 2^-22, against fp32 rounding's 2^-24). The kernel's loss takes the Jensen-gap series where the two nearly
-    # agree (kernels.divergence._jsd_parts, series in log P - log Q; its gradients too): within 1e-4 relative
+    # agree (kernels.divergence_terms._jsd_parts, series in log P - log Q; its gradients too): within 1e-4 relative
     # (measured under the interpreter: <= 4e-6; the plain formula through the GPU's approximate lg2 was 1.6e-2 off on
     # an H100)
     n, v = 12, 301
@@ -210,13 +211,13 @@ def _jsd_truth(x, y, beta):
 @pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("gap", [0.0, 1e-3, 0.1, 0.499, 0.501, 0.6, 3.0])
 def test_jsd_series_switch(device, layout, beta, gap):
-    # kernels.divergence._jsd_parts takes its series in d = log P - log Q below |d| = JSD_NEAR (0.5) and the direct
+    # kernels.divergence_terms._jsd_parts takes its series in d = log P - log Q below |d| = JSD_NEAR (0.5) and the direct
     # form above it: elements at |d| = gap (both signs) just either side of the switch, each loss term and both
     # gradients against float64 (the pointwise losses of reduction "none", the gradients as the forward forms them).
     # Bounds from benchmarks/jsd_series_study.py: the series about 1.5e-7 per element (GPU or not); the direct form
     # on the GPU (approximate lg2 / ex2) about 1.6e-5 (loss) and 3.5e-6 (gradients) median at |d| = 0.51, 1e-5 and
     # 1e-6 at 0.6 (under the interpreter: fp32 rounding alone, several times less)
-    assert kdiv.JSD_NEAR.value == 0.5
+    assert divergence_terms.JSD_NEAR.value == 0.5
     n, v = 6, 150
     x = -1.0 - 5.0 * torch.rand(n, v, dtype=torch.float64, device=device)
     sign = torch.where(torch.rand(n, v, device=device) < 0.5, -1.0, 1.0).double()
@@ -240,7 +241,7 @@ def test_jsd_series_switch(device, layout, beta, gap):
 def test_kl_div_near_identical_distributions(device, layout, log_target):
     # input = target + small noise: the KL is second order in the gap (about 5e-5 per row) while its terms
     # t (log t - x) are first order, so the row sum cancels and any error in log t - x shows: plain fp32 torch is
-    # about 1e-5 off. The kernel's log of probability targets is e ln2 + ln2 lg2(m) (kernels.divergence._terms):
+    # about 1e-5 off. The kernel's log of probability targets is e ln2 + ln2 lg2(m) (kernels.divergence_terms._terms):
     # within 1e-4 relative (measured under the interpreter: 2e-6 .. 3e-5)
     n, v = 8, 3001
     logits = torch.randn(n, v, device=device) * 2.0

@@ -167,7 +167,7 @@ def test_teacher_gets_no_gradient_and_inputs_are_not_written(device):
 def test_near_identical_student_and_teacher(device, beta):
     """Late distillation: the divergence is second order in the gap between the two while the direct form's terms
     are first order, so that form cancels (5e-2 relative at a 1e-3 gap under the interpreter, before the series of
-    kernels.divergence._jsd_parts). Bound 1e-3 relative (measured <= 7e-5: the fp32 log-softmax of the logits, not the
+    kernels.divergence_terms._jsd_parts). Bound 1e-3 relative (measured <= 7e-5: the fp32 log-softmax of the logits, not the
     divergence, is what remains; plain fp32 PyTorch is off by up to 5e-2 here)."""
     g = torch.Generator().manual_seed(3)
     # 8 rows on CPU (CI time: interpreted, a row costs ~0.25 s a beta); rows are independent problems

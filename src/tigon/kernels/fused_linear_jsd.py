@@ -11,7 +11,7 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
    registers: (pass 1) both rows' online log-sum-exp of ``z / T`` (the max of the raw logits, the sum in bits; in
    partial accumulators of 8 columns each, merged once, so no reduction across threads per block);
    (pass 2) ``x = log_softmax(z_s / T)``, ``y = log_softmax(z_t / T)`` per element (in bits for jsd), the
-   divergence's pointwise term and its derivative ``g = d l / d x`` (:func:`tigon.kernels.divergence._jsd_parts`
+   divergence's pointwise term and its derivative ``g = d l / d x`` (:func:`tigon.kernels.divergence_terms._jsd_parts`
    and ``_terms``, the formulas :func:`tigon.functional.jsd` runs), summed per row; (pass 3) the gradient w.r.t.
    the student's logits, ``scale (g - softmax(z_s / T) sum_v g) / T`` (the log-softmax's backward; scale = 1 /
    kept rows; softmax(z_s / T) = Q, which the term already formed), written over the student's chunk buffer in
@@ -26,7 +26,7 @@ gradients (4 N H V x 2 FLOPs in all).
 Arithmetic per logit (jsd, 0 < beta < 1; SASS of the three vocabulary loops, sm_90, bf16, counted offline by
 ``benchmarks/sass_mix.py``): 8.25 special-function ops (pass 1: 2 ``ex2`` and a rescale per 8 logits; passes 2 and
 3: 2 ``ex2`` + 1 ``lg2`` each) and about 94 instructions (16 + 47 + 31, with the series of
-:func:`tigon.kernels.divergence._jsd_parts` where student and teacher nearly agree, for the loss in pass 2 and the
+:func:`tigon.kernels.divergence_terms._jsd_parts` where student and teacher nearly agree, for the loss in pass 2 and the
 gradient in pass 3; 16 + 24 + 21 without; beta 0 / 1: 50 / 51 instructions, 6.25 / 4.25 ``ex2``), where the
 previous passes took 7 ``ex2`` with subnormal fix-ups and two ~25-instruction precise logs (the "9
 transcendentals" of the H200 notes), about 185 instructions: at 8192 x 128256 the kernel was issue-bound (about 7
@@ -52,10 +52,8 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, interpreter_quiet, or_empty
 from .first_order import once_differentiable
-from .divergence import (
-    JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, Divergence, _blocks, _jsd_parts, _terms, fast_math,
-    reduction_scale,
-)
+from .divergence import Divergence, _blocks, fast_math, reduction_scale
+from .divergence_terms import JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, _jsd_parts, _terms
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 
