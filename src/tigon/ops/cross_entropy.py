@@ -261,8 +261,9 @@ _ORIGINAL = "torch cross-entropy on fp32-upcast logits, as HF's loss (tigon.refe
 
 
 def quack_cross_entropy(logits, target, ignore_index=-100, **_):
-    """QuACK's CuTe DSL cross-entropy (``quack.cross_entropy.cross_entropy``, mean over the non-ignored tokens; no
-    label smoothing, z-loss or softcap). A bench peer; needs the CuTe DSL."""
+    """QuACK's CuTe DSL cross-entropy (``quack.cross_entropy.cross_entropy``): logits (N, V) bf16 / fp16 / fp32 on
+    CUDA, target (N,) int64; returns the 0-d fp32 mean over the non-ignored tokens (no class weights, label smoothing,
+    z-loss or softcap: the bench's default case only). A bench peer; raises ImportError without the CuTe DSL."""
     from quack.cross_entropy import cross_entropy as quack_ce
 
     return quack_ce(logits, target, ignore_index=ignore_index, reduction="mean")
