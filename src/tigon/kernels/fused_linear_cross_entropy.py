@@ -24,6 +24,8 @@ grad_hidden and grad_weight are written straight into tensors of the parameters'
 accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), and chunks hold at most
 ``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB, as
 Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
+``memory="low"`` takes the exact plan of :mod:`tigon.kernels.flce_sliced` instead where it applies (``sliced``):
+the same peak, no rounding per chunk, one matmul more.
 
 Matmul precision and the fp32 accumulators: :mod:`tigon.kernels.head_grads`.
 """
@@ -37,6 +39,7 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, or_empty
 from .first_order import first_order
+from .flce_sliced import default_spare_bytes, sliced_applies, sliced_forward
 from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
@@ -142,7 +145,8 @@ def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
 
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
-                 halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None, zero_acc: bool = True):
+                 halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None, zero_acc: bool = True,
+                 sliced: bool = False):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
     ``pred``: an (N,) int64 tensor to write each token's argmax class into (-1 for ignored tokens), or None.
     ``zero_acc=False``: accuracy None (not a 0-d zero) unless ``want_acc`` (one allocation fewer).
@@ -165,6 +169,13 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
+    if sliced and lean and precompute and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need, reduction):
+        spare = budget if budget >= 0 else default_spare_bytes(n, hdim, cd.itemsize)
+        with no_autocast(dev):
+            grads = sliced_forward(h, w, b, target, opts, scale, need, loss_rows, z_rows, stats, correct, pred, spare)
+        loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows,
+                                        z_rows, correct, zero_acc=zero_acc, scale_out=scale)
+        return loss, z, acc, stats, grads
     rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize,
                       budget, frozen_weight=not need[1])
     gh, gw, gb = (grad_buffers(n, hidden, weight, cd, need, lean, True, halves, rows * vocab * cd.itemsize)
@@ -269,6 +280,7 @@ class FlceCall(NamedTuple):
     lean: bool
     budget: int
     want_pred: bool
+    sliced: bool = False  # with lean: the exact low-memory plan (tigon.kernels.flce_sliced) where it applies
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
@@ -285,7 +297,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         pred = target.new_empty((hidden.shape[0],), dtype=torch.int64) if want_pred else None
         loss, z, acc, stats, grads = flce_forward(
             hidden, weight, target, bias, class_weight, call.opts, call.reduction, num_items, cd, need, call.want_acc,
-            call.lean, True, call.budget, pred, zero_acc=False)
+            call.lean, True, call.budget, pred, zero_acc=False, sliced=call.sliced)
         ctx.call, ctx.cd, ctx.need, ctx.grads, ctx.done = call, cd, need, grads, False
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and call.reduction == "none" and any(need):
@@ -331,7 +343,8 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
           num_items: Optional[Tensor], ignore_index: int, label_smoothing: float, lse_square_scale: float,
           softcap: Optional[float], logit_scale: float, reduction: str, cd: torch.dtype, need_hidden: bool,
           need_weight: bool, need_bias: bool, want_acc: bool, lean: bool, budget: int, want_pred: bool = False,
-          token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          token_scaling: bool = False, sliced: bool = False
+          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias, predicted tokens).
 
     loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
@@ -342,14 +355,15 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
     ``tigon.kernels.head_grads.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
     saves them for its backward like any activation. Predicted tokens: (N,) int64 (each token's argmax class, -1
-    where ignored) with ``want_pred``, else (0,). ``token_scaling``: :class:`LossOptions`'.
+    where ignored) with ``want_pred``, else (0,). ``token_scaling``: :class:`LossOptions`'. ``sliced``:
+    :func:`flce_forward`'s (its gradients have the lean plan's dtypes).
     """
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     need = (need_hidden, need_weight, need_bias)
     pred = target.new_empty((hidden.shape[0] if want_pred else 0,), dtype=torch.int64)
     loss, z, acc, stats, grads = flce_forward(hidden, weight, target, bias, class_weight, opts, reduction, num_items,
                                               cd, need, want_acc, lean, budget=budget,
-                                              pred=pred if want_pred else None)
+                                              pred=pred if want_pred else None, sliced=sliced)
     gh, gw, gb = grads if grads is not None else (None, None, None)
     return loss, z, acc, stats, or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats), pred
 
@@ -357,7 +371,7 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
 @_flce.register_fake
 def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label_smoothing, lse_square_scale,
       softcap, logit_scale, reduction, cd, need_hidden, need_weight, need_bias, want_acc, lean, budget,
-      want_pred=False, token_scaling=False):
+      want_pred=False, token_scaling=False, sliced=False):
     n = hidden.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
@@ -412,7 +426,7 @@ def _flce_setup(ctx, inputs, output):
 
 
 def _flce_grad(ctx, grad_loss, *_unused):
-    nones = (None,) * 17
+    nones = (None,) * 18
     if not any(ctx.need):
         return (None,) * 4 + nones
     if ctx.scalar:
@@ -436,5 +450,5 @@ def compiled_fused_linear_cross_entropy(hidden, weight, target, bias, class_weig
     loss, z, acc, *_, pred = _flce(
         hidden, weight, target, bias, class_weight, num_items_tensor(num_items, hidden.device), opts.ignore_index,
         opts.label_smoothing, opts.lse_square_scale, opts.softcap, opts.logit_scale, call.reduction, cd, need[0],
-        need[1], need[2], call.want_acc, call.lean, call.budget, call.want_pred, opts.token_scaling)
+        need[1], need[2], call.want_acc, call.lean, call.budget, call.want_pred, opts.token_scaling, call.sliced)
     return (loss, z.detach()) + ((acc.detach(),) if call.want_acc else ()) + ((pred,) if call.want_pred else ())

@@ -91,13 +91,19 @@ def fused_linear_cross_entropy(
             buffer and the fp32 grad_weight accumulator). ``"auto"`` (default): exact accumulation (unless
             ``accum_dtype`` says otherwise) with chunks filling a 3 GiB budget (fewer, larger matmuls); with a
             weight that gets no gradient (a frozen head) chunks of at most 2**27 logits (no accumulator to re-read).
-            ``"low"``: grad_weight accumulated in the weight's dtype with Liger-Kernel's chunk rule (the
-            approximation described under ``accum_dtype``; Liger's peak). An int: a budget in bytes for the chunk
-            buffer plus, when it fits with at least 16 rows of logits, the exact fp32 accumulator (4 * V * H
-            bytes); otherwise the accumulation switches to the weight's dtype (unless ``accum_dtype`` is given)
-            and the whole budget goes to the chunks. Chunks never go below 16 rows, so a budget under 16 * V
-            logits is exceeded by that much. Chunk sizes trade memory for speed: each chunk re-reads the
-            gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
+            ``"low"``: Liger-Kernel's peak, exact: no accumulator, the gradients in the parameters' dtype, written
+            once each (:mod:`tigon.kernels.flce_sliced`: token chunks in grad_weight's own memory, then vocabulary
+            slices over every token; four matmuls instead of three; a spare buffer of 3/4 of grad_hidden's
+            bytes). It applies to a mean / sum loss with grad_weight needed, the inputs in one dtype, no
+            ``class_weight`` and no ``use_token_scaling``; elsewhere grad_weight is accumulated in the weight's
+            dtype with Liger-Kernel's chunk rule (the approximation described under ``accum_dtype``). With an
+            upstream gradient other than 1 the gradients are scaled in the backward (a second rounding, as
+            Liger's). An int: a budget in bytes for the chunk buffer plus, when it fits with at least 16 rows of
+            logits, the exact fp32 accumulator (4 * V * H bytes); otherwise the sliced plan with the budget as its
+            spare buffer where it applies (the accumulation in the weight's dtype with the whole budget to the
+            chunks elsewhere, or when ``accum_dtype`` is given). Chunks never go below 16 rows (slices 16 columns),
+            so a budget under 16 * V logits (16 * N) is exceeded by that much. Chunk sizes trade memory for speed:
+            each chunk re-reads the gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
 
         return_predicted_tokens: also return each token's predicted class, the argmax of its logits, as (N,) int64
             with -1 for ignored tokens (``LossOutput.predicted_tokens``; Liger-Kernel's option of the same name),
@@ -232,7 +238,9 @@ def _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, 
 
     opts = LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
                        None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
-    call = FlceCall(opts, reduction, bool(return_accuracy), lean, budget, return_predicted_tokens)
+    # without an explicit accum_dtype, a plan in the weight's dtype is the exact sliced one where it applies
+    call = FlceCall(opts, reduction, bool(return_accuracy), lean, budget, return_predicted_tokens,
+                    lean and accum_dtype is None)
     if key is not None and all(type(v) in _PLAIN for v in key[0:20:2] + key[20:24] + key[25:26]):
         if len(_CALLS) >= _MAX_CALLS:
             _CALLS.clear()
@@ -305,6 +313,11 @@ def _lean(**inputs):
     return fused_linear_cross_entropy(**inputs, accum_dtype=inputs["weight"].dtype)
 
 
+def _low(**inputs):
+    """memory="low": Liger's memory, exact (the sliced plan of tigon.kernels.flce_sliced where it applies)."""
+    return fused_linear_cross_entropy(**inputs, memory="low")
+
+
 HEAD_SIZES = dict(
     shape_of=lambda m: {"tokens": m.tokens, "hidden": m.hidden, "vocab": m.vocab, "softcap": m.softcap},
     size_format="tokens x hidden x vocab",
@@ -334,5 +347,7 @@ RECORDS = (OpSpec(
         Case(),
         *LOSS_CASES,
         Case("bench: accum_dtype=weight", fn=_lean, tags=frozenset({"bench"}), provider="tigon_lean"),
+        Case("memory=low", fn=_low, tags=frozenset({"bench", "verify"}), provider="tigon_low",
+             unit_upstream=True),
     ),
 ),)

@@ -12,6 +12,9 @@ One Hugging Face causal LM, built from a preset / config (random weights from th
     the fused LM-head loss accumulates grad_weight in the weight's dtype (no fp32 (vocab, hidden) buffer;
     Liger-Kernel's default), trading a little gradient accuracy for peak memory (see
     :func:`tigon.functional.fused_linear_cross_entropy`). The same as ``tigon`` in float32.
+``tigon_low``
+    the same with ``fused_linear_cross_entropy={"memory": "low"}``: Liger-Kernel's peak memory in the fused LM-head
+    loss with exact gradients (:mod:`tigon.kernels.flce_sliced`; one matmul more than ``tigon``).
 ``original_compile``, ``tigon_compile``
     ``torch.compile(model)`` of the original / the patched model (default Inductor settings; the warm-up steps
     absorb the compilation). ``tigon_compile`` runs Tigon's compile mode ``"auto"`` (the row-wise ops leave their
@@ -104,7 +107,7 @@ from .lora import LORA_TARGETS, check_lora, with_lora
 from ..checkpointing import DEFAULT_TFLOPS
 
 E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
-                 "liger")
+                 "tigon_low", "liger")
 COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
 """Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
 MODEL_FLOPS_PER_PARAM = 6
@@ -370,6 +373,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
             held["report"] = tigon.patch(model)
         elif provider == "tigon_lean":
             held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
+        elif provider == "tigon_low":
+            held["report"] = tigon.patch(model, fused_linear_cross_entropy={"memory": "low"})
         held["model"] = model
         if wrap is not None:
             model = wrap(model)

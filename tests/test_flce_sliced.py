@@ -1,0 +1,166 @@
+"""memory="low" of the fused linear cross-entropy: the exact sliced plan (tigon.kernels.flce_sliced), issue 28 goal 4."""
+
+import pytest
+import torch
+
+import tigon.kernels.flce_sliced as sliced
+import tigon.kernels.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.loss_rows as loss_rows
+from tigon import functional as F
+from tigon.numerics import assert_close_to_truth, compare, rel_l2
+from tigon.reference.cross_entropy import cross_entropy as ref_ce
+
+H = 40
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(loss_rows, "MAX_BLOCK_V", 128)  # the vocabulary loop runs several times per row
+
+
+def hf_original(hidden, weight, target, bias=None, *, logit_scale=1.0, **kw):
+    """The unfused computation Tigon replaces: the LM head in the input dtype, the loss on fp32 logits."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * logit_scale
+    return ref_ce(logits, target, **kw)
+
+
+def low(hidden, weight, target, bias=None, **kw):
+    return F.fused_linear_cross_entropy(hidden, weight, target, bias, memory="low", **kw)
+
+
+def _problem(device, dtype, n=52, v=397, ignore_every=5, bias=True):
+    hidden = torch.randn(n, H, device=device).to(dtype)
+    weight = (torch.randn(v, H, device=device) / H**0.5 * 2).to(dtype)
+    target = torch.randint(0, v, (n,), device=device)
+    if ignore_every:
+        target[::ignore_every] = -100
+    b = (torch.randn(v, device=device) * 0.2).to(dtype) if bias else None
+    return hidden, weight, target, b
+
+
+@pytest.mark.parametrize("n,vocab,hidden,spare", [(8192, 128256, 4096, 3 * 8192 * 4096 // 4),
+                                                  (8192, 256000, 3584, 3 * 8192 * 3584 // 4),
+                                                  (52, 397, 40, 0), (3, 1000, 7, 10), (1000, 50, 4096, 0)])
+def test_slice_plan_covers_the_vocabulary_and_never_overlaps(n, vocab, hidden, spare):
+    plan = sliced.slice_plan(n, vocab, hidden, spare)
+    assert plan[0][0] == 0 and plan[-1][1] == vocab
+    for (a0, a1, _), (b0, _, _) in zip(plan, plan[1:]):
+        assert a1 == b0
+    for v0, v1, in_tail in plan:
+        cols = v1 - v0
+        assert cols >= min(16, vocab - v0)
+        if in_tail:  # the slice's logits fit in grad_weight's rows after it, which are not written yet
+            assert n * cols <= (vocab - v1) * hidden
+        else:
+            assert n * cols <= max(spare, 16 * n) or cols == vocab - v0
+        if v1 < vocab and cols >= sliced.SLICE_ALIGN:
+            assert cols % sliced.SLICE_ALIGN == 0
+    if (n, vocab) == (8192, 128256):
+        assert len(plan) == 10  # Llama-3-8B's head: 7 slices in grad_weight's memory, 3 in the 48 MiB spare
+
+
+CASES = {
+    "mean_bias": dict(),
+    "smoothing_zloss_softcap": dict(label_smoothing=0.1, lse_square_scale=1e-3, softcap=4.0),
+    "scale_sum_nobias": dict(logit_scale=0.7, reduction="sum", bias=False),
+    "num_items": dict(num_items_in_batch=29),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_low_is_as_accurate_as_the_original(device, dtype, case, monkeypatch):
+    opts = dict(CASES[case])
+    hidden, weight, target, bias = _problem(device, dtype, bias=opts.pop("bias", True))
+    calls = []
+    real = sliced.sliced_forward
+    monkeypatch.setattr(flce_ops, "sliced_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    inputs = dict(hidden=hidden, weight=weight, target=target, bias=bias, **opts)
+    grads = ["hidden", "weight"] + (["bias"] if bias is not None else [])
+    # upstream 1 (loss.backward(), as training calls it): the gradients are rounded once, as the original's
+    factor = 1.0 if dtype == torch.float32 else 1.01
+    assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=factor, unit_upstream=True))
+    assert calls, "memory='low' did not take the sliced plan"
+    if dtype == torch.bfloat16:
+        # a random upstream g scales the bf16 gradients formed for g = 1 (a second rounding; Liger's and the lean
+        # plan's too): the factor of test_fused_linear_cross_entropy's scaled-upstream cases
+        assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=1.5))
+
+
+def test_low_matches_the_default_plan_in_fp32_and_holds_less(device):
+    hidden, weight, target, bias = _problem(device, torch.float32, n=61, v=509)
+    runs = []
+    for memory in ("auto", "low", 0, 10**9):
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        loss = F.fused_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], memory=memory,
+                                            lse_square_scale=1e-3)
+        loss.backward()
+        runs.append([loss.detach()] + [t.grad for t in leaves])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_low_edge_cases(device):
+    hidden, weight, target, bias = _problem(device, torch.bfloat16, n=23, v=300, ignore_every=0)
+    # an ignore_index inside the vocabulary range: on a slice past 0, (t - v0) of another class must not read as it
+    target[::4] = 7
+    for kw in (dict(ignore_index=7), dict(ignore_index=-1), dict(ignore_index=7, reduction="sum")):
+        want = hf_original(hidden.double(), weight.double(), target, bias.double(), **kw)
+        h, w, b = (t.clone().requires_grad_() for t in (hidden, weight, bias))
+        got = low(h, w, target, b, **kw)
+        got.backward()
+        assert abs(float(got.detach()) - float(want)) <= 2e-2 * abs(float(want))
+        hd, wd, bd = (t.detach().double().requires_grad_() for t in (hidden, weight, bias))
+        hf_original(hd, wd, target, bd, **kw).backward()
+        for ours, truth in ((h.grad, hd.grad), (w.grad, wd.grad), (b.grad, bd.grad)):
+            assert rel_l2(ours, truth) < 2e-2, kw
+    # every token ignored: zero loss and zero gradients; no tokens at all: zero gradients
+    for n in (23, 0):
+        h, w, b = (t[:n].clone().requires_grad_() if t is hidden else t.clone().requires_grad_()
+                   for t in (hidden, weight, bias))
+        loss = low(h, w, torch.full((n,), -100, device=device), b, reduction="sum")
+        loss.backward()
+        assert float(loss) == 0
+        for t in (h, w, b):
+            assert torch.equal(t.grad, torch.zeros_like(t))
+    # the caller's tensors are untouched
+    before = [t.clone() for t in (hidden, weight, bias, target)]
+    low(hidden.requires_grad_(), weight, target, bias).backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, (hidden.detach(), weight, bias, target)))
+
+
+@pytest.mark.parametrize("extra", ["class_weight", "use_token_scaling", "fp32_weight", "accum_dtype", "frozen"])
+def test_low_falls_back_to_the_lean_plan_where_it_does_not_apply(device, extra, monkeypatch):
+    hidden, weight, target, bias = _problem(device, torch.bfloat16, n=30, v=200)
+    kw = {}
+    if extra == "class_weight":
+        kw["class_weight"] = torch.rand(200, device=device) + 0.5
+    elif extra == "use_token_scaling":
+        kw["use_token_scaling"] = True
+    elif extra == "fp32_weight":  # mixed dtypes: the compute dtype differs from the weight's
+        weight = weight.float()
+    elif extra == "accum_dtype":  # asked for explicitly: the approximation, as documented
+        kw["accum_dtype"] = torch.bfloat16
+    calls = []
+    monkeypatch.setattr(flce_ops, "sliced_forward", lambda *a, **k: calls.append(1))
+    h = hidden.clone().requires_grad_()
+    w = weight.clone().requires_grad_(extra != "frozen")
+    memory = {} if extra == "accum_dtype" else {"memory": "low"}
+    loss = F.fused_linear_cross_entropy(h, w, target, bias, **memory, **kw)
+    loss.backward()
+    assert not calls and torch.isfinite(h.grad).all()
+
+
+def test_low_under_torch_compile(device):
+    hidden, weight, target, bias = _problem(device, torch.float32, n=20, v=150)
+    fn = torch.compile(low, backend="aot_eager", fullgraph=True)
+    outs = []
+    for f in (low, fn):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = f(h, w, target, bias, lse_square_scale=1e-3)
+        (loss * 0.5).backward()
+        outs.append((loss.detach(), h.grad, w.grad))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
