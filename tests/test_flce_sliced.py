@@ -164,3 +164,30 @@ def test_low_under_torch_compile(device):
         outs.append((loss.detach(), h.grad, w.grad))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_per_token_losses(device, dtype, monkeypatch):
+    # reduction="none": both passes run in the backward, with each token's upstream gradient (random here)
+    hidden, weight, target, bias = _problem(device, dtype)
+    calls = []
+    real = sliced.sliced_backward_rows
+    monkeypatch.setattr(flce_ops, "sliced_backward_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    inputs = dict(hidden=hidden, weight=weight, target=target, bias=bias, reduction="none", softcap=6.0,
+                  lse_square_scale=1e-3)
+    factor = 1.0 if dtype == torch.float32 else 1.01
+    assert_close_to_truth(compare(low, hf_original, inputs, ["hidden", "weight", "bias"], factor=factor))
+    assert calls
+
+
+def test_low_per_token_losses_under_torch_compile(device):
+    hidden, weight, target, bias = _problem(device, torch.float32, n=20, v=150)
+    fn = torch.compile(low, backend="aot_eager", fullgraph=True)
+    outs = []
+    for f in (low, fn):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = f(h, w, target, bias, reduction="none")
+        loss.backward(torch.linspace(0.1, 2.0, 20, device=device))
+        outs.append((loss.detach(), h.grad, w.grad))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,9 @@ default's 3 plus its accumulator traffic (one read and write of 4VH bytes per ch
 read and write of grad_weight per chunk. The gradients are for an upstream of 1; another upstream multiplies them in
 the backward (:func:`tigon.kernels.head_grads.finish_grads`), a second rounding, as Liger-Kernel's.
 
-Scope (:func:`sliced_applies`): a scalar reduction with grad_weight needed, hidden, weight (and bias) in the compute
+``reduction="none"`` runs both passes in its backward (:func:`sliced_backward_rows`), with the per-token upstream.
+
+Scope (:func:`sliced_applies`): grad_weight needed, hidden, weight (and bias) in the compute
 dtype, no class weights and no token scaling (both need the target's own logit or weight on every slice); elsewhere
 the lean plan runs.
 """
@@ -40,9 +42,9 @@ SLICE_ALIGN = 128
 
 
 def sliced_applies(hidden, weight, bias, class_weight, opts: LossOptions, cd: torch.dtype,
-                   need: tuple[bool, bool, bool], reduction: str) -> bool:
+                   need: tuple[bool, bool, bool]) -> bool:
     """Whether :func:`sliced_forward` serves this call (see the module docstring's scope)."""
-    return (reduction != "none" and need[1] and class_weight is None and not opts.token_scaling
+    return (need[1] and class_weight is None and not opts.token_scaling
             and hidden.dtype == cd and weight.dtype == cd and (bias is None or bias.dtype == cd))
 
 
@@ -88,6 +90,33 @@ def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need
     ``correct`` / ``pred`` when given (as :func:`tigon.kernels.loss_rows.ce_rows_forward`); ``scale``: the gradients'
     (2,) fp32 scales of :func:`tigon.kernels.loss_reduce.reduce_losses`. Returns (grad_hidden (N, H) or None,
     grad_weight (V, H), grad_bias (V,) fp32 or None) for an upstream of 1."""
+
+    def rows_grad(lg, s, e):  # the loss, the statistics and the unit-upstream gradient of rows [s, e)
+        ce_rows_forward(lg, target[s:e], None, None, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
+                        correct[s:e] if correct is not None else None, grad_scales=scale, grad_out=lg,
+                        out_pred=pred[s:e] if pred is not None else None)
+
+    one = torch.ones((), dtype=torch.float32, device=w.device)
+    return _two_passes(h, w, b, target, opts, stats, need, spare_bytes, rows_grad, one, scale)
+
+
+def sliced_backward_rows(grad_rows: torch.Tensor, h, w, b, target, stats, opts: LossOptions,
+                         need: tuple[bool, bool, bool], spare_bytes: int):
+    """The backward of ``reduction="none"`` by the same two passes (the logits recomputed in both): ``grad_rows``
+    (N,) the per-token upstream gradient, ``stats`` the forward's row statistics; other arguments as
+    :func:`sliced_forward`. Returns (grad_hidden or None, grad_weight, grad_bias fp32 or None) in the compute dtype."""
+    coef = grad_rows.to(torch.float32)
+
+    def rows_grad(lg, s, e):
+        ce_rows_backward(lg, target[s:e], None, None, stats[s:e], opts, coef[s:e], lg)
+
+    return _two_passes(h, w, b, target, opts, stats, need, spare_bytes, rows_grad, coef, None)
+
+
+def _two_passes(h, w, b, target, opts: LossOptions, stats, need, spare_bytes: int, rows_grad, coef, scale):
+    """Pass 1 (token chunks in grad_weight's memory; ``rows_grad(chunk, s, e)`` overwrites each chunk's logits with
+    their gradient) and pass 2 (vocabulary slices, the gradient from ``stats`` times ``coef`` (0-d or (N,)) and the
+    reduction's ``scale`` (or None)) of the module docstring."""
     n, hdim = h.shape
     vocab = w.shape[0]
     cd, dev = w.dtype, w.device
@@ -105,31 +134,28 @@ def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need
     for s in range(0, n, rows):
         e = min(s + rows, n)
         lg = flat[: (e - s) * vocab].view(e - s, vocab)
-        hs = h[s:e]
-        if b is None:
-            torch.mm(hs, w.t(), out=lg)
-        else:
-            torch.addmm(b, hs, w.t(), out=lg)
-        ce_rows_forward(lg, target[s:e], None, None, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
-                        correct[s:e] if correct is not None else None, grad_scales=scale, grad_out=lg,
-                        out_pred=pred[s:e] if pred is not None else None)
+        _logits(lg, h[s:e], w, b)
+        rows_grad(lg, s, e)
         if gh is not None:
             torch.mm(lg, w, out=gh[s:e])
     # pass 2: vocabulary slices over every token
     plan = slice_plan(n, vocab, hdim, spare_bytes // cd.itemsize)
     spare_cols = max((v1 - v0 for v0, v1, tail in plan if not tail), default=0)
     spare = torch.empty(n * spare_cols, dtype=cd, device=dev) if spare_cols else None
-    one = torch.ones((), dtype=torch.float32, device=dev)
     for v0, v1, in_tail in plan:
         cols = v1 - v0
         lg = (flat[v1 * hdim: v1 * hdim + n * cols] if in_tail else spare[: n * cols]).view(n, cols)
-        if b is None:
-            torch.mm(h, w[v0:v1].t(), out=lg)
-        else:
-            torch.addmm(b[v0:v1], h, w[v0:v1].t(), out=lg)
-        ce_rows_backward(lg, _local_targets(target, v0, v1, opts.ignore_index), None, None, stats, opts, one, lg,
+        _logits(lg, h, w[v0:v1], b[v0:v1] if b is not None else None)
+        ce_rows_backward(lg, _local_targets(target, v0, v1, opts.ignore_index), None, None, stats, opts, coef, lg,
                          scale=scale, n_classes=vocab)
         torch.mm(lg.t(), h, out=gw[v0:v1])
         if gb is not None:
             torch.sum(lg, dim=0, dtype=torch.float32, out=gb[v0:v1])
     return gh, gw, gb
+
+
+def _logits(out, h, w, b):
+    if b is None:
+        torch.mm(h, w.t(), out=out)
+    else:
+        torch.addmm(b, h, w.t(), out=out)

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, or_empty
 from .first_order import first_order
-from .flce_sliced import default_spare_bytes, sliced_applies, sliced_forward
+from .flce_sliced import default_spare_bytes, sliced_applies, sliced_backward_rows, sliced_forward
 from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
@@ -169,7 +169,7 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
-    if sliced and lean and precompute and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need, reduction):
+    if sliced and lean and precompute and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need):
         spare = budget if budget >= 0 else default_spare_bytes(n, hdim, cd.itemsize)
         with no_autocast(dev):
             grads = sliced_forward(h, w, b, target, opts, scale, need, loss_rows, z_rows, stats, correct, pred, spare)
@@ -204,12 +204,19 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
 
 def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, stats, opts: LossOptions,
                        cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool = False, halves: bool = False,
-                       budget: int = -1):
+                       budget: int = -1, sliced: bool = False):
     """Backward for reduction="none": recompute each logits chunk and apply the per-token upstream gradient.
-    ``lean``, ``halves``, ``budget``: as :func:`flce_forward`.
+    ``lean``, ``halves``, ``budget``, ``sliced``: as :func:`flce_forward`.
 
     Returns (grad_hidden, grad_weight, grad_bias) in the inputs' dtypes (None where not needed).
     """
+    if sliced and lean and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need):
+        n = hidden.shape[0]
+        spare = budget if budget >= 0 else default_spare_bytes(n, hidden.shape[1], cd.itemsize)
+        h, w, b = _operands(hidden, weight, bias, cd)
+        with no_autocast(hidden.device):
+            grads = sliced_backward_rows(grad_rows, h, w, b, target, stats, opts, need, spare)
+        return finish_grads(grads, None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
     cw, cw_sum = class_weight_args(class_weight, hidden.device)
     coef = grad_rows.to(torch.float32)
 
@@ -332,7 +339,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
             call = ctx.call
             gh, gw, gb = flce_backward_rows(grad_loss, hidden, weight, target, bias, class_weight, stats, call.opts,
-                                            ctx.cd, ctx.need, call.lean, True, call.budget)
+                                            ctx.cd, ctx.need, call.lean, True, call.budget, call.sliced)
         return (gh, gw, None, gb) + none
 
 
@@ -390,19 +397,19 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
 def _flce_backward_rows(grad_rows: Tensor, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
                         class_weight: Optional[Tensor], stats: Tensor, ignore_index: int, label_smoothing: float,
                         lse_square_scale: float, softcap: Optional[float], logit_scale: float, cd: torch.dtype,
-                        need_hidden: bool, need_weight: bool, need_bias: bool, lean: bool,
-                        budget: int, token_scaling: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                        need_hidden: bool, need_weight: bool, need_bias: bool, lean: bool, budget: int,
+                        token_scaling: bool = False, sliced: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of ``reduction="none"`` (the logits are recomputed): (grad_hidden, grad_weight, grad_bias) in
     the inputs' shapes and dtypes, (0,) where not needed."""
     opts = LossOptions(ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, token_scaling)
     gh, gw, gb = flce_backward_rows(grad_rows, hidden, weight, target.contiguous(), bias, class_weight, stats, opts,
-                                    cd, (need_hidden, need_weight, need_bias), lean, budget=budget)
+                                    cd, (need_hidden, need_weight, need_bias), lean, budget=budget, sliced=sliced)
     return or_empty(gh, stats), or_empty(gw, stats), or_empty(gb, stats)
 
 
 @_flce_backward_rows.register_fake
 def _(grad_rows, hidden, weight, target, bias, class_weight, stats, ignore_index, label_smoothing, lse_square_scale,
-      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget, token_scaling=False):
+      softcap, logit_scale, cd, need_hidden, need_weight, need_bias, lean, budget, token_scaling=False, sliced=False):
     empty = stats.new_empty((0,))
     return (hidden.new_empty(hidden.shape) if need_hidden else empty,
             weight.new_empty(weight.shape) if need_weight else empty.new_empty((0,)),
@@ -414,6 +421,7 @@ def _flce_setup(ctx, inputs, output):
     (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, reduction, cd, nh, nw, nb, _acc, lean,
      budget, *extra) = scalars
     token_scaling = bool(extra[1]) if len(extra) > 1 else False
+    sliced = bool(extra[2]) if len(extra) > 2 else False
     ctx.need = (nh, nw, nb)
     ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
     ctx.scalar = grads_in_forward(reduction, ctx.need)
@@ -422,7 +430,7 @@ def _flce_setup(ctx, inputs, output):
     else:
         ctx.save_for_backward(hidden, weight, target, bias, class_weight, output[3])
         ctx.scalars = (ignore_index, label_smoothing, lse_square_scale, softcap, logit_scale, cd, nh, nw, nb, lean,
-                       budget, token_scaling)
+                       budget, token_scaling, sliced)
 
 
 def _flce_grad(ctx, grad_loss, *_unused):

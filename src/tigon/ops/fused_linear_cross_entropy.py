@@ -94,11 +94,11 @@ def fused_linear_cross_entropy(
             ``"low"``: Liger-Kernel's peak, exact: no accumulator, the gradients in the parameters' dtype, written
             once each (:mod:`tigon.kernels.flce_sliced`: token chunks in grad_weight's own memory, then vocabulary
             slices over every token; four matmuls instead of three; a spare buffer of 3/4 of grad_hidden's
-            bytes). It applies to a mean / sum loss with grad_weight needed, the inputs in one dtype, no
-            ``class_weight`` and no ``use_token_scaling``; elsewhere grad_weight is accumulated in the weight's
-            dtype with Liger-Kernel's chunk rule (the approximation described under ``accum_dtype``). With an
-            upstream gradient other than 1 the gradients are scaled in the backward (a second rounding, as
-            Liger's). An int: a budget in bytes for the chunk buffer plus, when it fits with at least 16 rows of
+            bytes; for ``reduction="none"`` both passes run in the backward). It applies where grad_weight is
+            needed, the inputs in one dtype, no ``class_weight`` and no ``use_token_scaling``; elsewhere
+            grad_weight is accumulated in the weight's dtype with Liger-Kernel's chunk rule (the approximation
+            described under ``accum_dtype``). For a mean / sum loss with an upstream gradient other than 1 the
+            gradients are scaled in the backward (a second rounding, as Liger's). An int: a budget in bytes for the chunk buffer plus, when it fits with at least 16 rows of
             logits, the exact fp32 accumulator (4 * V * H bytes); otherwise the sliced plan with the budget as its
             spare buffer where it applies (the accumulation in the weight's dtype with the whole budget to the
             chunks elsewhere, or when ``accum_dtype`` is given). Chunks never go below 16 rows (slices 16 columns),
