@@ -10,7 +10,8 @@ from tigon import functional as F
 from tigon.numerics import assert_close_to_truth, compare, rel_l2
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
 
-H = 40
+from test_fused_linear_cross_entropy import _problem as flce_problem  # noqa: E402  (hidden 48)
+
 
 
 @pytest.fixture(autouse=True)
@@ -30,13 +31,7 @@ def low(hidden, weight, target, bias=None, **kw):
 
 
 def _problem(device, dtype, n=52, v=397, ignore_every=5, bias=True):
-    hidden = torch.randn(n, H, device=device).to(dtype)
-    weight = (torch.randn(v, H, device=device) / H**0.5 * 2).to(dtype)
-    target = torch.randint(0, v, (n,), device=device)
-    if ignore_every:
-        target[::ignore_every] = -100
-    b = (torch.randn(v, device=device) * 0.2).to(dtype) if bias else None
-    return hidden, weight, target, b
+    return flce_problem(device, dtype, n=n, v=v, bias=bias, ignore_every=ignore_every)
 
 
 @pytest.mark.parametrize("n,vocab,hidden,spare", [(8192, 128256, 4096, 3 * 8192 * 4096 // 4),
@@ -78,14 +73,17 @@ def test_low_is_as_accurate_as_the_original(device, dtype, case, monkeypatch):
     monkeypatch.setattr(flce_ops, "sliced_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     inputs = dict(hidden=hidden, weight=weight, target=target, bias=bias, **opts)
     grads = ["hidden", "weight"] + (["bias"] if bias is not None else [])
-    # upstream 1 (loss.backward(), as training calls it): the gradients are rounded once, as the original's
+    # upstream 1 (loss.backward(), as training calls it): the gradients are rounded once, as the original's. The
+    # floor 2e-5 is for the fp32 loss of bf16 inputs: both sum fp32 terms in different orders (errors about 1.1e-5
+    # each, either one ahead); the bf16 gradients' errors are about 3e-3, far above it
     factor = 1.0 if dtype == torch.float32 else 1.01
-    assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=factor, unit_upstream=True))
+    floor = None if dtype == torch.float32 else 2e-5
+    assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=factor, floor=floor, unit_upstream=True))
     assert calls, "memory='low' did not take the sliced plan"
     if dtype == torch.bfloat16:
         # a random upstream g scales the bf16 gradients formed for g = 1 (a second rounding; Liger's and the lean
         # plan's too): the factor of test_fused_linear_cross_entropy's scaled-upstream cases
-        assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=1.5))
+        assert_close_to_truth(compare(low, hf_original, inputs, grads, factor=1.5, floor=floor))
 
 
 def test_low_matches_the_default_plan_in_fp32_and_holds_less(device):
