@@ -175,12 +175,14 @@ def bwd_config(M: int, N: int, device: torch.device) -> tuple[int, int, int, int
     buffer has a row per row range, not per program: at Llama-3's 16384 x 4096 with 264 programs (2 per SM, 16 warps),
     132 rows of 8194 fp32 (4.3 MB written and read back: 2.1% of the 403 MB floor; the 1-D grid's 264 rows: 4.3%).
     Fewer programs when each would get fewer than 8 tiles. H200 (session 14, before the 2-D grid and the leaner
-    arithmetic): 264 programs, BLOCK_N 2048, 8 warps 215.7 us fwd + bwd; best 210.2 at 16 warps (within 3%).
+    arithmetic): 264 programs, BLOCK_N 2048, 8 warps 215.7 us fwd + bwd; best 210.2 at 16 warps (within 3%). Again
+    at 16 warps after them (session 23, kernel time, benchmarks/results/h200/session23/c1/tune-dyt-poly_*.json): 8
+    warps 194.7 us (81.7% of copy bandwidth), 16 warps 188.7 (84.8%), the best of 16 configurations; 16 it is.
     """
     block_n = min(next_pow2(N), 2048 if compiled_cuda(device) else 1 << 14)
     block_m = rows_per_program(block_n, device, target_elems=2048)
     progs = max(1, min(num_programs_hint(device), cdiv(M, 8 * block_m) * cdiv(N, block_n)))
-    return block_m, progs, 8, block_n
+    return block_m, progs, 16, block_n
 
 
 def dyt_backward(dy: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor, gamma: torch.Tensor, has_beta: bool,

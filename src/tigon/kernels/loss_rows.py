@@ -72,8 +72,11 @@ MAX_BLOCK_V = 8192
 # k programs per SM (benchmarks/tune.py's cross_entropy study 2). H200, 8k tokens, kernel time, one run
 # (session22/tune-ce-l2_llama3-8b-8k_h200.json): no hints 1.532 ms; hints 1 (first read kept in L2, the re-read dropped
 # from it, stores streamed) 1.474, 3 1.482, 2 1.488; capped grids slower (2 per SM 1.952, 4 per SM 1.526; blocks of
-# 16384 / 32768 at 1-2 per SM 1.529-1.884); Liger's kernels 1.412 in the same run.
-GRAD_IN_FORWARD_BLOCK = (8192, 8, True, 1)
+# 16384 / 32768 at 1-2 per SM 1.529-1.884); Liger's kernels 1.412 in the same run. Study 3 (session23/c1/tune-ce-
+# liger-launch_*.json), hints 1: (16384, 16, reverse) 1.451 ms, (8192, 8, reverse) 1.481, Liger's launch (32768, 32)
+# 1.541-1.575 with or without hints or reverse: blocks of 16384 at 16 warps now (without hints, session 8 had them
+# 2% behind 8192).
+GRAD_IN_FORWARD_BLOCK = (16384, 16, True, 1)
 
 
 @triton.jit
