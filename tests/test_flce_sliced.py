@@ -53,6 +53,19 @@ def test_slice_plan_covers_the_vocabulary_and_never_overlaps(n, vocab, hidden, s
             assert cols % sliced.SLICE_ALIGN == 0
     if (n, vocab) == (8192, 128256):
         assert len(plan) == 10  # Llama-3-8B's head: 7 slices in grad_weight's memory, 3 in the 48 MiB spare
+    kept = n * 9 // 10  # every tenth token ignored: a slice in grad_weight's memory holds its logits and the kept rows
+    for v0, v1, in_tail in sliced.slice_plan(n, vocab, hidden, spare, kept):
+        if in_tail:
+            assert kept * (v1 - v0) + kept * hidden <= (vocab - v1) * hidden
+
+
+def test_local_targets_never_collide_with_ignore_index():
+    # ignore_index 7 inside the vocabulary: on the slice [100, 200) the kept target 107 is local class 7 and must not
+    # read as ignored (pass 2 launches with its own ignore value)
+    t = torch.tensor([107, 7, 3, 202, 100, 199])
+    local = sliced._local_targets(t, 100, 200, 7)
+    assert local.tolist() == [7, sliced.LOCAL_IGNORE, sliced.LOCAL_OTHER, sliced.LOCAL_OTHER, 0, 99]
+    assert sliced.LOCAL_IGNORE != sliced.LOCAL_OTHER and min(sliced.LOCAL_IGNORE, sliced.LOCAL_OTHER) < 0
 
 
 CASES = {
@@ -189,3 +202,29 @@ def test_low_per_token_losses_under_torch_compile(device):
         outs.append((loss.detach(), h.grad, w.grad))
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_low_skips_ignored_rows_and_gives_the_same_results(device, reduction, monkeypatch):
+    # half the tokens ignored (masked prompts): both passes run on the kept rows only, with the same results as the
+    # default plan in fp32, the outputs of ignored rows included (loss 0, accuracy, predicted class -1)
+    hidden, weight, target, bias = _problem(device, torch.float32, n=40, v=311, ignore_every=0)
+    target[torch.randperm(40, device=device)[:20]] = -100
+    seen = []
+    real = sliced.kept_rows
+    monkeypatch.setattr(sliced, "kept_rows", lambda *a: seen.append(r := real(*a)) or r)
+    runs = []
+    for memory in ("auto", "low"):
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        out = F.fused_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], memory=memory, reduction=reduction,
+                                           lse_square_scale=1e-3, return_z_loss=True, return_accuracy=True,
+                                           return_predicted_tokens=True)
+        out.loss.sum().backward()
+        runs.append([out.loss.detach(), out.z_loss, out.accuracy, out.predicted_tokens] + [t.grad for t in leaves])
+    assert seen and seen[0] is not None and seen[0].numel() == 20
+    for a, b in zip(*runs):
+        if a.dtype == torch.int64:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert (runs[1][3][target == -100] == -1).all()

@@ -26,12 +26,23 @@ the backward (:func:`tigon.kernels.head_grads.finish_grads`), a second rounding,
 
 ``reduction="none"`` runs both passes in its backward (:func:`sliced_backward_rows`), with the per-token upstream.
 
+Ignored tokens (``ignore_index``) add nothing to the gradients, so both passes skip them: their rows are found once
+(``nonzero``, one host sync; not while a CUDA graph is being captured, where every row is computed), pass 1's chunks
+gather the kept rows of ``hidden`` into grad_weight's memory beside their logits (chunks of V H / (V + 2H) rows: the
+gathered rows, the logits and the chunk's grad_hidden before it is scattered), and each slice of pass 2 held in
+grad_weight's memory gathers them again after its logits; the slices held in the spare buffer take every row (no room
+for a gathered copy there; the kernel writes zeros on ignored rows). The matmuls then cost 2 K H V FLOPs each for K
+kept tokens (SFT batches with masked prompts: K well under N), the gathers about 2 K H e bytes per chunk and slice.
+
 Scope (:func:`sliced_applies`): grad_weight needed, hidden, weight (and bias) in the compute
 dtype, no class weights and no token scaling (both need the target's own logit or weight on every slice); elsewhere
 the lean plan runs.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 
@@ -54,50 +65,90 @@ def default_spare_bytes(n: int, hidden: int, elem_bytes: int) -> int:
     return 3 * n * hidden * elem_bytes // 4
 
 
-def slice_plan(n: int, vocab: int, hidden: int, spare_elems: int) -> list[tuple[int, int, bool]]:
-    """The vocabulary slices ``(v0, v1, in_tail)`` of pass 2 for ``n`` tokens: a slice's (n, V_s) logits go in
-    grad_weight's unwritten rows [v1, V) (``in_tail``) while they hold them, else in the spare buffer of
-    ``spare_elems`` elements; the larger of the two wins. At least 16 columns a slice (a spare buffer too small for
-    that is exceeded by as much: :func:`sliced_forward` sizes it)."""
+def slice_plan(n: int, vocab: int, hidden: int, spare_elems: int, kept: int | None = None
+               ) -> list[tuple[int, int, bool]]:
+    """The vocabulary slices ``(v0, v1, in_tail)`` of pass 2 for ``n`` tokens of which ``kept`` (default all) are not
+    ignored: a slice held in grad_weight's unwritten rows [v1, V) (``in_tail``) has the kept rows' (kept, V_s) logits
+    there, followed by those rows of hidden (kept, H) when kept < n (gathered); else the slice's (n, V_s) logits go in
+    the spare buffer of ``spare_elems`` elements; the larger of the two wins. At least 16 columns a slice (a spare
+    buffer too small for that is exceeded by as much: :func:`sliced_forward` sizes it)."""
+    k = n if kept is None else kept
+    gathered = k * hidden if k < n else 0
     plan, v0 = [], 0
     while v0 < vocab:
         rem = vocab - v0
-        tail = rem * hidden // (n + hidden)
+        tail = max(0, rem * hidden - gathered) // (k + hidden)
         spare = spare_elems // max(n, 1)
         cols = max(tail, spare, 16)
         if cols < rem:
             cols = cols // SLICE_ALIGN * SLICE_ALIGN if cols >= SLICE_ALIGN else cols
         cols = min(cols, rem)
-        in_tail = tail >= spare and cols <= tail and n * cols <= (rem - cols) * hidden
+        in_tail = tail >= spare and cols <= tail and k * cols + gathered <= (rem - cols) * hidden
         plan.append((v0, v0 + cols, in_tail))
         v0 += cols
     return plan
 
 
+def kept_rows(target: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
+    """The (K,) int64 indices of the rows whose target is not ``ignore_index`` (one host sync), or None when every
+    row is kept or a CUDA graph is being captured (no sync allowed: every row is computed then)."""
+    if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    idx = (target != ignore_index).nonzero().squeeze(1)
+    return None if idx.numel() == target.numel() else idx
+
+
+LOCAL_IGNORE, LOCAL_OTHER = -1, -2
+"""Pass 2's slice-local targets: an ignored row, a row whose target is on another slice (both outside [0, V_s), so
+that no local class collides with them, whatever the caller's ignore_index)."""
+
+
 def _local_targets(target: torch.Tensor, v0: int, v1: int, ignore_index: int) -> torch.Tensor:
-    """Targets relative to the slice [v0, v1): t - v0 inside it, ignore_index kept, every other class a value outside
-    [0, V_s) that is not ignore_index (no target term on this slice)."""
-    other = -1 if ignore_index != -1 else -2
-    inside = (target >= v0) & (target < v1)
-    local = torch.where(inside, target - v0, other)
-    return torch.where(target == ignore_index, ignore_index, local)
+    """Targets relative to the slice [v0, v1): t - v0 inside it, :data:`LOCAL_IGNORE` for ignored rows and
+    :data:`LOCAL_OTHER` for the rest (no target term on this slice); pass 2 launches with ignore_index
+    :data:`LOCAL_IGNORE`."""
+    local = torch.where((target >= v0) & (target < v1), target - v0, LOCAL_OTHER)
+    return torch.where(target == ignore_index, LOCAL_IGNORE, local)
 
 
 def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need: tuple[bool, bool, bool],
                    loss_rows, z_rows, stats, correct, pred, spare_bytes: int):
     """Both passes of the module docstring for ``h`` (N, H), ``w`` (V, H), ``b`` (V,) or None, all in one dtype, and
     ``target`` (N,) int (contiguous); writes the per-token ``loss_rows``, ``z_rows``, ``stats`` ((N, 2) fp32), and
-    ``correct`` / ``pred`` when given (as :func:`tigon.kernels.loss_rows.ce_rows_forward`); ``scale``: the gradients'
-    (2,) fp32 scales of :func:`tigon.kernels.loss_reduce.reduce_losses`. Returns (grad_hidden (N, H) or None,
-    grad_weight (V, H), grad_bias (V,) fp32 or None) for an upstream of 1."""
+    ``correct`` / ``pred`` when given (as :func:`tigon.kernels.loss_rows.ce_rows_forward`; ignored rows: loss 0,
+    statistics (0, log V), not correct, class -1); ``scale``: the gradients' (2,) fp32 scales of
+    :func:`tigon.kernels.loss_reduce.reduce_losses`. Returns (grad_hidden (N, H) or None, grad_weight (V, H),
+    grad_bias (V,) fp32 or None) for an upstream of 1."""
+    idx = kept_rows(target, opts.ignore_index) if h.shape[0] else None
+    if idx is None:
+        outs = (loss_rows, z_rows, stats, correct, pred)
+        t_c = target
+    else:
+        k = idx.numel()
+        t_c = target.index_select(0, idx)
+        outs = (loss_rows.new_empty(k), z_rows.new_empty(k), stats.new_empty((k, 2)),
+                correct.new_empty(k) if correct is not None else None, pred.new_empty(k) if pred is not None else None)
+    loss_c, z_c, stats_c, correct_c, pred_c = outs
 
-    def rows_grad(lg, s, e):  # the loss, the statistics and the unit-upstream gradient of rows [s, e)
-        ce_rows_forward(lg, target[s:e], None, None, opts, loss_rows[s:e], z_rows[s:e], stats[s:e],
-                        correct[s:e] if correct is not None else None, grad_scales=scale, grad_out=lg,
-                        out_pred=pred[s:e] if pred is not None else None)
+    def rows_grad(lg, s, e):  # the loss, the statistics and the unit-upstream gradient of kept rows [s, e)
+        ce_rows_forward(lg, t_c[s:e], None, None, opts, loss_c[s:e], z_c[s:e], stats_c[s:e],
+                        correct_c[s:e] if correct_c is not None else None, grad_scales=scale, grad_out=lg,
+                        out_pred=pred_c[s:e] if pred_c is not None else None)
+
+    def scatter():  # the kept rows' outputs into the callers' (N,) tensors; what an ignored row gets elsewhere
+        if idx is None:
+            return
+        for full, part, fill in ((loss_rows, loss_c, 0.0), (z_rows, z_c, 0.0), (correct, correct_c, 0.0),
+                                 (pred, pred_c, -1)):
+            if full is not None:
+                full.fill_(fill).index_copy_(0, idx, part)
+        stats[:, 0].zero_()
+        stats[:, 1].fill_(math.log(w.shape[0]))
+        stats.index_copy_(0, idx, stats_c)
 
     one = torch.ones((), dtype=torch.float32, device=w.device)
-    return _two_passes(h, w, b, target, opts, stats, need, spare_bytes, rows_grad, one, scale)
+    return _two_passes(h, w, b, need, spare_bytes, idx, rows_grad, scatter, opts, (target, stats, one),
+                       (t_c, stats_c, one), scale)
 
 
 def sliced_backward_rows(grad_rows: torch.Tensor, h, w, b, target, stats, opts: LossOptions,
@@ -106,49 +157,89 @@ def sliced_backward_rows(grad_rows: torch.Tensor, h, w, b, target, stats, opts: 
     (N,) the per-token upstream gradient, ``stats`` the forward's row statistics; other arguments as
     :func:`sliced_forward`. Returns (grad_hidden or None, grad_weight, grad_bias fp32 or None) in the compute dtype."""
     coef = grad_rows.to(torch.float32)
+    idx = kept_rows(target, opts.ignore_index) if h.shape[0] else None
+    if idx is None:
+        kept = (target, stats, coef)
+    else:
+        kept = (target.index_select(0, idx), stats.index_select(0, idx), coef.index_select(0, idx))
+    t_c, stats_c, coef_c = kept
 
     def rows_grad(lg, s, e):
-        ce_rows_backward(lg, target[s:e], None, None, stats[s:e], opts, coef[s:e], lg)
+        ce_rows_backward(lg, t_c[s:e], None, None, stats_c[s:e], opts, coef_c[s:e], lg)
 
-    return _two_passes(h, w, b, target, opts, stats, need, spare_bytes, rows_grad, coef, None)
+    return _two_passes(h, w, b, need, spare_bytes, idx, rows_grad, None, opts, (target, stats, coef), kept, None)
 
 
-def _two_passes(h, w, b, target, opts: LossOptions, stats, need, spare_bytes: int, rows_grad, coef, scale):
-    """Pass 1 (token chunks in grad_weight's memory; ``rows_grad(chunk, s, e)`` overwrites each chunk's logits with
-    their gradient) and pass 2 (vocabulary slices, the gradient from ``stats`` times ``coef`` (0-d or (N,)) and the
-    reduction's ``scale`` (or None)) of the module docstring."""
+def _two_passes(h, w, b, need, spare_bytes: int, idx, rows_grad, between, opts: LossOptions, every, kept, scale):
+    """Pass 1 and pass 2 of the module docstring over the rows ``idx`` (None: all of them) of ``h``.
+
+    Pass 1: token chunks in grad_weight's memory; ``rows_grad(chunk, s, e)`` overwrites the logits of kept rows
+    [s, e) (indices into ``idx``) with their gradient; then ``between()`` (unless None). Pass 2: vocabulary slices,
+    the gradient from the row statistics: ``kept`` = (target, stats, coef) of the kept rows for the slices held in
+    grad_weight's memory, ``every`` = the same for all rows for those in the spare buffer; ``coef`` 0-d or per row,
+    ``scale`` the reduction's (2,) scales or None."""
     n, hdim = h.shape
     vocab = w.shape[0]
     cd, dev = w.dtype, w.device
+    k = n if idx is None else idx.numel()
+    local_opts = dataclasses.replace(opts, ignore_index=LOCAL_IGNORE)
     gw = torch.empty((vocab, hdim), dtype=cd, device=dev)
-    gh = torch.empty((n, hdim), dtype=cd, device=dev) if need[0] else None
+    gh = None
+    if need[0]:
+        gh = torch.empty((n, hdim), dtype=cd, device=dev) if idx is None else torch.zeros((n, hdim), dtype=cd,
+                                                                                           device=dev)
     gb = torch.empty((vocab,), dtype=torch.float32, device=dev) if need[2] and b is not None else None
     flat = gw.view(-1)
-    if n == 0:
+    if n == 0 or k == 0:
+        if between is not None:
+            between()
         gw.zero_()
         if gb is not None:
             gb.zero_()
         return gh, gw, gb
-    # pass 1: token chunks of H rows in grad_weight's memory
-    rows = max(1, min(n, hdim))
-    for s in range(0, n, rows):
-        e = min(s + rows, n)
-        lg = flat[: (e - s) * vocab].view(e - s, vocab)
-        _logits(lg, h[s:e], w, b)
+    # pass 1: token chunks in grad_weight's memory (the kept rows gathered there beside their logits)
+    rows = max(1, min(k, hdim if idx is None else vocab * hdim // (vocab + 2 * hdim)))
+    for s in range(0, k, rows):
+        e = min(s + rows, k)
+        r = e - s
+        lg = flat[: r * vocab].view(r, vocab)
+        if idx is None:
+            hs = h[s:e]
+        else:
+            hs = flat[r * vocab: r * (vocab + hdim)].view(r, hdim)
+            torch.index_select(h, 0, idx[s:e], out=hs)
+        _logits(lg, hs, w, b)
         rows_grad(lg, s, e)
-        if gh is not None:
+        if gh is not None and idx is None:
             torch.mm(lg, w, out=gh[s:e])
-    # pass 2: vocabulary slices over every token
-    plan = slice_plan(n, vocab, hdim, spare_bytes // cd.itemsize)
+        elif gh is not None:
+            part = flat[r * (vocab + hdim): r * (vocab + 2 * hdim)].view(r, hdim)
+            torch.mm(lg, w, out=part)
+            gh.index_copy_(0, idx[s:e], part)
+    if between is not None:
+        between()
+    # pass 2: vocabulary slices (the kept rows in grad_weight's memory, every row in the spare buffer)
+    plan = slice_plan(n, vocab, hdim, spare_bytes // cd.itemsize, k)
     spare_cols = max((v1 - v0 for v0, v1, tail in plan if not tail), default=0)
     spare = torch.empty(n * spare_cols, dtype=cd, device=dev) if spare_cols else None
     for v0, v1, in_tail in plan:
         cols = v1 - v0
-        lg = (flat[v1 * hdim: v1 * hdim + n * cols] if in_tail else spare[: n * cols]).view(n, cols)
-        _logits(lg, h, w[v0:v1], b[v0:v1] if b is not None else None)
-        ce_rows_backward(lg, _local_targets(target, v0, v1, opts.ignore_index), None, None, stats, opts, coef, lg,
+        if in_tail:
+            at = v1 * hdim
+            lg = flat[at: at + k * cols].view(k, cols)
+            if idx is None:
+                hs = h
+            else:
+                hs = flat[at + k * cols: at + k * (cols + hdim)].view(k, hdim)
+                torch.index_select(h, 0, idx, out=hs)
+            tg, st, cf = kept
+        else:
+            lg, hs = spare[: n * cols].view(n, cols), h
+            tg, st, cf = every
+        _logits(lg, hs, w[v0:v1], b[v0:v1] if b is not None else None)
+        ce_rows_backward(lg, _local_targets(tg, v0, v1, opts.ignore_index), None, None, st, local_opts, cf, lg,
                          scale=scale, n_classes=vocab)
-        torch.mm(lg.t(), h, out=gw[v0:v1])
+        torch.mm(lg.t(), hs, out=gw[v0:v1])
         if gb is not None:
             torch.sum(lg, dim=0, dtype=torch.float32, out=gb[v0:v1])
     return gh, gw, gb
