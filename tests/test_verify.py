@@ -66,7 +66,7 @@ def test_verify_tiny_passes_fp32_and_bf16(tmp_path, capsys):
     # the loss options are separate rows
     cases = {row["case"] for row in rows if row["op"] == "fused_linear_cross_entropy"}
     assert cases == {"default", "ignore_index=-100", "label_smoothing=0.1", "z_loss=1e-4", "softcap=5.0",
-                     "reduction=none"}
+                     "reduction=none", "memory=low"}
     # model shapes and odd shapes (hidden not a power of two)
     assert r["shapes"]["model"]["hidden"] == 128 and r["shapes"]["odd"]["hidden"] == 97
     assert {row["variant"] for row in rows} == {"model", "odd"}

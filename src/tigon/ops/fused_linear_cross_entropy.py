@@ -94,7 +94,8 @@ def fused_linear_cross_entropy(
             ``"low"``: Liger-Kernel's peak, exact: no accumulator, the gradients in the parameters' dtype, written
             once each (:mod:`tigon.kernels.flce_sliced`: token chunks in grad_weight's own memory, then vocabulary
             slices over every token; four matmuls instead of three; a spare buffer of 3/4 of grad_hidden's
-            bytes; for ``reduction="none"`` both passes run in the backward). It applies where grad_weight is
+            bytes; for ``reduction="none"`` both passes run in the backward; ignored tokens are left out of the
+            matmuls, found by one host sync per call). It applies where grad_weight is
             needed, the inputs in one dtype, no ``class_weight`` and no ``use_token_scaling``; elsewhere
             grad_weight is accumulated in the weight's dtype with Liger-Kernel's chunk rule (the approximation
             described under ``accum_dtype``). For a mean / sum loss with an upstream gradient other than 1 the
