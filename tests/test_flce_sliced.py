@@ -228,3 +228,36 @@ def test_low_skips_ignored_rows_and_gives_the_same_results(device, reduction, mo
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert (runs[1][3][target == -100] == -1).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_low_on_heads_too_small_to_gather_rows(device, reduction):
+    # two classes (a token classifier with -100 padding): grad_weight's 2 x H memory cannot hold a gathered row beside
+    # its logits and grad_hidden row, so every row is computed (no crash; the default plan's results)
+    h = torch.randn(8, 16, device=device, requires_grad=True)
+    w = torch.randn(2, 16, device=device, requires_grad=True)
+    t = torch.tensor([0, 1, -100, 1, 0, 0, 1, 1], device=device)
+    runs = []
+    for memory in ("auto", "low"):
+        hh, ww = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        F.fused_linear_cross_entropy(hh, ww, t, memory=memory, reduction=reduction).sum().backward()
+        runs.append((hh.grad, ww.grad))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_low_keeps_the_lean_chunks_for_the_loss_alone(monkeypatch, device):
+    # reduction="none" and no-grad calls form no gradient in the forward: "low" still sizes their chunks by Liger's
+    # rule, not the default's 3 GiB budget
+    seen, real = [], flce_ops.chunk_rows
+
+    def spy(n, vocab, hidden, dev, lean=False, *a, **k):
+        seen.append(lean)
+        return real(n, vocab, hidden, dev, lean, *a, **k)
+
+    monkeypatch.setattr(flce_ops, "chunk_rows", spy)
+    hidden, weight, target, _ = _problem(device, torch.bfloat16, n=20, v=150)
+    F.fused_linear_cross_entropy(hidden, weight.requires_grad_(), target, memory="low", reduction="none")
+    with torch.no_grad():
+        F.fused_linear_cross_entropy(hidden, weight, target, memory="low")
+    assert seen == [True, True]

@@ -89,9 +89,13 @@ def slice_plan(n: int, vocab: int, hidden: int, spare_elems: int, kept: int | No
     return plan
 
 
-def kept_rows(target: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
+def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int) -> torch.Tensor | None:
     """The (K,) int64 indices of the rows whose target is not ``ignore_index`` (one host sync), or None when every
-    row is kept or a CUDA graph is being captured (no sync allowed: every row is computed then)."""
+    row is kept, a CUDA graph is being captured (no sync allowed), or a (vocab, hidden) grad_weight cannot hold one
+    gathered row beside its logits and its grad_hidden row (vocab * hidden < vocab + 2 * hidden: a head of 1-2
+    classes): every row is computed then."""
+    if target.numel() == 0 or vocab * hidden < vocab + 2 * hidden:
+        return None
     if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     idx = (target != ignore_index).nonzero().squeeze(1)
@@ -119,7 +123,7 @@ def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need
     statistics (0, log V), not correct, class -1); ``scale``: the gradients' (2,) fp32 scales of
     :func:`tigon.kernels.loss_reduce.reduce_losses`. Returns (grad_hidden (N, H) or None, grad_weight (V, H),
     grad_bias (V,) fp32 or None) for an upstream of 1."""
-    idx = kept_rows(target, opts.ignore_index) if h.shape[0] else None
+    idx = kept_rows(target, opts.ignore_index, *w.shape)
     if idx is None:
         outs = (loss_rows, z_rows, stats, correct, pred)
         t_c = target
@@ -157,7 +161,7 @@ def sliced_backward_rows(grad_rows: torch.Tensor, h, w, b, target, stats, opts: 
     (N,) the per-token upstream gradient, ``stats`` the forward's row statistics; other arguments as
     :func:`sliced_forward`. Returns (grad_hidden or None, grad_weight, grad_bias fp32 or None) in the compute dtype."""
     coef = grad_rows.to(torch.float32)
-    idx = kept_rows(target, opts.ignore_index) if h.shape[0] else None
+    idx = kept_rows(target, opts.ignore_index, *w.shape)
     if idx is None:
         kept = (target, stats, coef)
     else:

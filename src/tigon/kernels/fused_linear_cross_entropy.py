@@ -176,8 +176,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows,
                                         z_rows, correct, zero_acc=zero_acc, scale_out=scale)
         return loss, z, acc, stats, grads
-    rows = chunk_rows(n, vocab, hdim, dev, lean and precompute, precompute and need[1] and not lean, cd.itemsize,
-                      budget, frozen_weight=not need[1])
+    # lean (memory="low"): Liger's chunk rule for the loss alone too (reduction="none" and no-grad calls), so that
+    # the forward stays at that peak as well
+    rows = chunk_rows(n, vocab, hdim, dev, lean, precompute and need[1] and not lean, cd.itemsize, budget,
+                      frozen_weight=not need[1])
     gh, gw, gb = (grad_buffers(n, hidden, weight, cd, need, lean, True, halves, rows * vocab * cd.itemsize)
                   if precompute else (None,) * 3)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)

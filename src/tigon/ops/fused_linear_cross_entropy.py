@@ -59,8 +59,11 @@ def fused_linear_cross_entropy(
     when nothing requires grad, only the loss is computed. Under ``torch.autocast`` the matmuls run in the
     autocast dtype and the gradients come back in the parameters' dtypes. The caller's tensors are never
     written. For mean/sum the gradients are formed once, so a second backward through the same graph raises.
-    Note: for mean/sum the upstream scalar is applied after the logits gradient was rounded to the compute dtype
-    (identical to the unfused computation for an upstream of 1 or a power of two, e.g. a GradScaler scale).
+    Note: for mean/sum the upstream scalar is applied after the logits gradient (already divided by the token count)
+    was rounded to the compute dtype: identical to the unfused computation for an upstream of 1, and for a power of
+    two in bfloat16 / float32. In float16 the divided gradient's small terms can underflow where the unfused one,
+    multiplied by a GradScaler scale first, does not (measured 9x the unfused error on grad_hidden at 8192 tokens
+    and a 2**16 scale; 50x at 65536 tokens): train in bfloat16, or pass ``reduction="none"`` and reduce yourself.
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).
@@ -348,7 +351,8 @@ RECORDS = (OpSpec(
         Case(),
         *LOSS_CASES,
         Case("bench: accum_dtype=weight", fn=_lean, tags=frozenset({"bench"}), provider="tigon_lean"),
-        Case("memory=low", fn=_low, tags=frozenset({"bench", "verify"}), provider="tigon_low",
+        Case("memory=low", fn=_low, inputs={"ignore_every": 4}, tags=frozenset({"bench", "verify"}),
+             provider="tigon_low",
              unit_upstream=True),
     ),
 ),)
