@@ -146,16 +146,26 @@ def grads_in_forward(reduction: str, need: tuple[bool, bool, bool]) -> bool:
 def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, reduction: str, num_items,
                  cd: torch.dtype, need: tuple[bool, bool, bool], want_acc: bool, lean: bool = False,
                  halves: bool = False, budget: int = -1, pred: torch.Tensor | None = None, zero_acc: bool = True,
-                 sliced: bool = False):
+                 sliced: bool = False, fold_out: torch.Tensor | None = None):
     """Loss pass over the chunks; for a scalar reduction with ``any(need)`` also the unscaled gradients.
     ``pred``: an (N,) int64 tensor to write each token's argmax class into (-1 for ignored tokens), or None.
     ``zero_acc=False``: accuracy None (not a 0-d zero) unless ``want_acc`` (one allocation fewer).
 
     ``lean``: low-memory accumulation (see :func:`grad_buffers`, :data:`LEAN_CHUNK_ELEMS`); ``budget``: bytes for
-    the chunk buffer and the fp32 accumulator (-1: the default rule; :func:`chunk_rows`); ``halves``: see
-    :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`).
+    the chunk buffer and the fp32 accumulator (-1: the default rule; :func:`chunk_rows`); ``sliced``: with ``lean``,
+    the exact low-memory plan of :mod:`tigon.kernels.flce_sliced` where it applies (its spare buffer: ``budget``
+    bytes, or :func:`~tigon.kernels.flce_sliced.default_spare_bytes` for -1); ``halves``: see
+    :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`);
+    ``fold_out``: a (1,) fp32 tensor holding 1, for the float16 rule below.
     Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), stats (N, 2) fp32 (the rows' max and log-sum:
     :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
+
+    Float16 with fp32 accumulators (the default plan, ``fold_out`` given): the logits' gradient is formed without
+    the reduction's scale (1 / the token count for a mean), which goes into ``fold_out`` for the backward to multiply
+    with the upstream gradient, so that the float16 chunk holds O(1) values: divided by the token count first, its
+    small terms underflow where the unfused computation, multiplied by a GradScaler scale first, keeps them (9x its
+    error on grad_hidden at 8192 tokens and a 2**16 scale before). The lean and sliced plans write float16 gradients
+    directly and keep the scale in the chunk (their sums would risk overflow).
     """
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -169,6 +179,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     f32 = dict(dtype=torch.float32, device=dev)
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
+    chunk_scale = scale
+    if fold_out is not None and precompute and cd == torch.float16 and not lean:
+        fold_out.copy_(scale[:1])
+        chunk_scale = torch.where(fold_out != 0, scale / fold_out, 0.0)  # (1, z-loss / ce scale), or 0 when a is 0
     if sliced and lean and precompute and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need):
         spare = budget if budget >= 0 else default_spare_bytes(n, hdim, cd.itemsize)
         with no_autocast(dev):
@@ -196,7 +210,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                 gr = gh[s:e] if gh is not None else None
             lg = buf if e - s == rows else buf[: e - s]
             mm.logits(lg, hs, w, b)
-            ce_rows_forward(lg, tg, cw, cw_sum, opts, lr, zr, st, cr, grad_scales=scale, grad_out=lg, out_pred=pr)
+            ce_rows_forward(lg, tg, cw, cw_sum, opts, lr, zr, st, cr, grad_scales=chunk_scale, grad_out=lg,
+                            out_pred=pr)
             if precompute:
                 mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
@@ -304,10 +319,11 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, hidden, weight, target, bias, class_weight, num_items, cd, need, call: FlceCall):
         want_pred = call.want_pred
         pred = target.new_empty((hidden.shape[0],), dtype=torch.int64) if want_pred else None
+        fold = hidden.new_ones((1,), dtype=torch.float32) if cd == torch.float16 else None
         loss, z, acc, stats, grads = flce_forward(
             hidden, weight, target, bias, class_weight, call.opts, call.reduction, num_items, cd, need, call.want_acc,
-            call.lean, True, call.budget, pred, zero_acc=False, sliced=call.sliced)
-        ctx.call, ctx.cd, ctx.need, ctx.grads, ctx.done = call, cd, need, grads, False
+            call.lean, True, call.budget, pred, zero_acc=False, sliced=call.sliced, fold_out=fold)
+        ctx.call, ctx.cd, ctx.need, ctx.grads, ctx.done, ctx.fold = call, cd, need, grads, False, fold
         ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if grads is None and call.reduction == "none" and any(need):
             ctx.save_for_backward(hidden, weight, target.contiguous(), bias, class_weight, stats)
@@ -336,7 +352,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         if ctx.grads is not None:  # scalar loss: scale the gradients computed in forward (one launch, no sync)
             ctx.done = True
             grads, ctx.grads = ctx.grads, None
-            gh, gw, gb = finish_grads(grads, grad_loss, ctx.dtypes)
+            gh, gw, gb = finish_grads(grads, grad_loss if ctx.fold is None else grad_loss * ctx.fold, ctx.dtypes)
         else:
             hidden, weight, target, bias, class_weight, stats = ctx.saved_tensors
             call = ctx.call

@@ -59,11 +59,14 @@ def fused_linear_cross_entropy(
     when nothing requires grad, only the loss is computed. Under ``torch.autocast`` the matmuls run in the
     autocast dtype and the gradients come back in the parameters' dtypes. The caller's tensors are never
     written. For mean/sum the gradients are formed once, so a second backward through the same graph raises.
-    Note: for mean/sum the upstream scalar is applied after the logits gradient (already divided by the token count)
-    was rounded to the compute dtype: identical to the unfused computation for an upstream of 1, and for a power of
-    two in bfloat16 / float32. In float16 the divided gradient's small terms can underflow where the unfused one,
-    multiplied by a GradScaler scale first, does not (measured 9x the unfused error on grad_hidden at 8192 tokens
-    and a 2**16 scale; 50x at 65536 tokens): train in bfloat16, or pass ``reduction="none"`` and reduce yourself.
+    Note: for mean/sum the upstream scalar is applied after the logits gradient was rounded to the compute dtype:
+    identical to the unfused computation for an upstream of 1, and for a power of two in bfloat16 / float32. In
+    float16 the default plan forms that gradient without the division by the token count (folded into the fp32
+    accumulators with the upstream), so a GradScaler's scale keeps the unfused computation's accuracy
+    (tests/test_flce_fp16.py). The plans that write float16 gradients directly (``memory="low"``, ``accum_dtype``
+    the weight's) and the torch.compile path keep the division in the chunk, whose small terms then underflow where
+    the unfused computation's do not (9x its error on grad_hidden at 8192 tokens and a 2**16 scale; 50x at 65536):
+    prefer bfloat16 there.
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).
