@@ -27,7 +27,7 @@ the backward (:func:`tigon.kernels.head_grads.finish_grads`), a second rounding,
 ``reduction="none"`` runs both passes in its backward (:func:`sliced_backward_rows`), with the per-token upstream.
 
 Ignored tokens (``ignore_index``) add nothing to the gradients, so both passes skip them: their rows are found once
-(``nonzero``, one host sync; not while a CUDA graph is being captured, where every row is computed), pass 1's chunks
+(:mod:`tigon.kernels.ignored_rows`: one host sync, none while a CUDA graph is being captured), pass 1's chunks
 gather the kept rows of ``hidden`` into grad_weight's memory beside their logits (chunks of V H / (V + 2H) rows: the
 gathered rows, the logits and the chunk's grad_hidden before it is scattered), and each slice of pass 2 held in
 grad_weight's memory gathers them again after its logits; the slices held in the spare buffer take every row (no room
@@ -42,10 +42,10 @@ the lean plan runs.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
+from .ignored_rows import compact_outputs, kept_rows, scatter_outputs
 from .loss_rows import LossOptions, ce_rows_backward, ce_rows_forward
 
 SLICE_ALIGN = 128
@@ -89,19 +89,6 @@ def slice_plan(n: int, vocab: int, hidden: int, spare_elems: int, kept: int | No
     return plan
 
 
-def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int) -> torch.Tensor | None:
-    """The (K,) int64 indices of the rows whose target is not ``ignore_index`` (one host sync), or None when every
-    row is kept, a CUDA graph is being captured (no sync allowed), or a (vocab, hidden) grad_weight cannot hold one
-    gathered row beside its logits and its grad_hidden row (vocab * hidden < vocab + 2 * hidden: a head of 1-2
-    classes): every row is computed then."""
-    if target.numel() == 0 or vocab * hidden < vocab + 2 * hidden:
-        return None
-    if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    idx = (target != ignore_index).nonzero().squeeze(1)
-    return None if idx.numel() == target.numel() else idx
-
-
 LOCAL_IGNORE, LOCAL_OTHER = -1, -2
 """Pass 2's slice-local targets: an ignored row, a row whose target is on another slice (both outside [0, V_s), so
 that no local class collides with them, whatever the caller's ignore_index)."""
@@ -123,15 +110,9 @@ def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need
     statistics (0, log V), not correct, class -1); ``scale``: the gradients' (2,) fp32 scales of
     :func:`tigon.kernels.loss_reduce.reduce_losses`. Returns (grad_hidden (N, H) or None, grad_weight (V, H),
     grad_bias (V,) fp32 or None) for an upstream of 1."""
-    idx = kept_rows(target, opts.ignore_index, *w.shape)
-    if idx is None:
-        outs = (loss_rows, z_rows, stats, correct, pred)
-        t_c = target
-    else:
-        k = idx.numel()
-        t_c = target.index_select(0, idx)
-        outs = (loss_rows.new_empty(k), z_rows.new_empty(k), stats.new_empty((k, 2)),
-                correct.new_empty(k) if correct is not None else None, pred.new_empty(k) if pred is not None else None)
+    idx = kept_rows(target, opts.ignore_index, *w.shape, gather_floor=True)
+    t_c = target if idx is None else target.index_select(0, idx)
+    outs = compact_outputs(idx, loss_rows, z_rows, stats, correct, pred)
     loss_c, z_c, stats_c, correct_c, pred_c = outs
 
     def rows_grad(lg, s, e):  # the loss, the statistics and the unit-upstream gradient of kept rows [s, e)
@@ -139,16 +120,8 @@ def sliced_forward(h, w, b, target, opts: LossOptions, scale: torch.Tensor, need
                         correct_c[s:e] if correct_c is not None else None, grad_scales=scale, grad_out=lg,
                         out_pred=pred_c[s:e] if pred_c is not None else None)
 
-    def scatter():  # the kept rows' outputs into the callers' (N,) tensors; what an ignored row gets elsewhere
-        if idx is None:
-            return
-        for full, part, fill in ((loss_rows, loss_c, 0.0), (z_rows, z_c, 0.0), (correct, correct_c, 0.0),
-                                 (pred, pred_c, -1)):
-            if full is not None:
-                full.fill_(fill).index_copy_(0, idx, part)
-        stats[:, 0].zero_()
-        stats[:, 1].fill_(math.log(w.shape[0]))
-        stats.index_copy_(0, idx, stats_c)
+    def scatter():  # the kept rows' outputs into the callers' (N,) tensors (needed by the slices of every row)
+        scatter_outputs(idx, (loss_rows, z_rows, stats, correct, pred), outs, w.shape[0])
 
     one = torch.ones((), dtype=torch.float32, device=w.device)
     return _two_passes(h, w, b, need, spare_bytes, idx, rows_grad, scatter, opts, (target, stats, one),
@@ -161,7 +134,7 @@ def sliced_backward_rows(grad_rows: torch.Tensor, h, w, b, target, stats, opts: 
     (N,) the per-token upstream gradient, ``stats`` the forward's row statistics; other arguments as
     :func:`sliced_forward`. Returns (grad_hidden or None, grad_weight, grad_bias fp32 or None) in the compute dtype."""
     coef = grad_rows.to(torch.float32)
-    idx = kept_rows(target, opts.ignore_index, *w.shape)
+    idx = kept_rows(target, opts.ignore_index, *w.shape, gather_floor=True)
     if idx is None:
         kept = (target, stats, coef)
     else:

@@ -27,6 +27,10 @@ Liger-Kernel's; the price is that rounding per chunk (see the function's docstri
 ``memory="low"`` takes the exact plan of :mod:`tigon.kernels.flce_sliced` instead where it applies (``sliced``):
 the same peak, no rounding per chunk, one matmul more.
 
+Ignored tokens: where at least 1/32 of the rows are ignored and the head is big enough to pay for a host sync, the
+chunks run over the kept rows only, gathered (:mod:`tigon.kernels.ignored_rows`); grad_hidden's ignored rows are
+zeros and the per-token outputs are what the kernels give an ignored row.
+
 Matmul precision and the fp32 accumulators: :mod:`tigon.kernels.head_grads`.
 """
 
@@ -40,6 +44,7 @@ from torch import Tensor
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, or_empty
 from .first_order import first_order
 from .flce_sliced import default_spare_bytes, sliced_applies, sliced_backward_rows, sliced_forward
+from .ignored_rows import SKIP_MIN_MACS, compact_outputs, kept_rows, scatter_outputs
 from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
@@ -190,30 +195,44 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows,
                                         z_rows, correct, zero_acc=zero_acc, scale_out=scale)
         return loss, z, acc, stats, grads
+    # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
+    idx = kept_rows(target, opts.ignore_index, vocab, hdim, SKIP_MIN_MACS)
+    m = n if idx is None else idx.numel()
+    h_run, t_run = (h, target) if idx is None else (h.index_select(0, idx), target.index_select(0, idx))
+    outs = compact_outputs(idx, loss_rows, z_rows, stats, correct, pred)
     # lean (memory="low"): Liger's chunk rule for the loss alone too (reduction="none" and no-grad calls), so that
     # the forward stays at that peak as well
-    rows = chunk_rows(n, vocab, hdim, dev, lean, precompute and need[1] and not lean, cd.itemsize, budget,
+    rows = chunk_rows(m, vocab, hdim, dev, lean, precompute and need[1] and not lean, cd.itemsize, budget,
                       frozen_weight=not need[1])
     gh, gw, gb = (grad_buffers(n, hidden, weight, cd, need, lean, True, halves, rows * vocab * cd.itemsize)
                   if precompute else (None,) * 3)
+    gh_part = None
+    if gh is not None and idx is not None:  # kept rows' grad_hidden, chunk by chunk, then into their rows
+        gh.zero_()
+        gh_part = torch.empty((rows, hdim), dtype=gh.dtype, device=dev)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with no_autocast(dev):
         mm = _Matmuls(dev, cd)
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
-            if e - s == n:  # one chunk: the tensors themselves (slice ops cost a few us of host time each)
-                hs, tg, lr, zr, st, cr, pr, gr = h, target, loss_rows, z_rows, stats, correct, pred, gh
+        for s in range(0, m, rows):
+            e = min(s + rows, m)
+            if e - s == m:  # one chunk: the tensors themselves (slice ops cost a few us of host time each)
+                hs, tg, (lr, zr, st, cr, pr), gr = h_run, t_run, outs, gh
             else:
-                hs, tg, lr, zr, st = h[s:e], target[s:e], loss_rows[s:e], z_rows[s:e], stats[s:e]
-                cr = correct[s:e] if correct is not None else None
-                pr = pred[s:e] if pred is not None else None
+                hs, tg, lr, zr, st = h_run[s:e], t_run[s:e], outs[0][s:e], outs[1][s:e], outs[2][s:e]
+                cr = outs[3][s:e] if outs[3] is not None else None
+                pr = outs[4][s:e] if outs[4] is not None else None
                 gr = gh[s:e] if gh is not None else None
+            if gh_part is not None:
+                gr = gh_part[: e - s]
             lg = buf if e - s == rows else buf[: e - s]
             mm.logits(lg, hs, w, b)
             ce_rows_forward(lg, tg, cw, cw_sum, opts, lr, zr, st, cr, grad_scales=chunk_scale, grad_out=lg,
                             out_pred=pr)
             if precompute:
                 mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
+                if gh_part is not None:
+                    gh.index_copy_(0, idx[s:e], gr)
+    scatter_outputs(idx, (loss_rows, z_rows, stats, correct, pred), outs, vocab)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
                                     correct, zero_acc=zero_acc, scale_out=scale)
     return loss, z, acc, stats, ((gh, gw, gb) if precompute else None)

@@ -1,0 +1,74 @@
+"""Ignored tokens left out of the fused LM-head loss's matmuls.
+
+A token whose target is ``ignore_index`` has loss 0 and a zero gradient, yet a chunk loop that takes every row spends
+2 H V FLOPs on its logits and as many on each of its gradient products. SFT batches mask their prompts (often half the
+tokens or more), and the benches ignore every tenth. The fused linear cross-entropy therefore finds the kept rows
+once (``nonzero``: one host sync per call) and runs its chunks over those rows, gathered. The per-token outputs go back
+to their rows afterwards; an ignored row gets what the kernels would have written: loss 0, z 0, statistics
+(0, log V), not correct, predicted class -1.
+
+Where it does not pay, every row is computed (:func:`kept_rows` returns None):
+- fewer than :data:`MIN_SKIPPED` of the rows are ignored (a causal LM's shifted labels ignore one token a sequence:
+  nothing to gain there), or none is kept;
+- a CUDA graph is being captured (no sync allowed);
+- the head is smaller than ``min_macs`` multiply-adds per call, where a sync and a few gathers cost more than the
+  matmuls they save (:data:`SKIP_MIN_MACS` for the default plan).
+
+Used by the default plan (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`) and the sliced one
+(:mod:`tigon.kernels.flce_sliced`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SKIP_MIN_MACS = 1 << 32
+"""The default plan gathers kept rows when N x V x H reaches this (4.3e9 multiply-adds: about 3 us of H200 matmul time
+per ignored tenth, against a sync and a few small launches; Qwen2.5-0.5B's head at 1024 tokens is 1.4e11)."""
+
+
+MIN_SKIPPED = 1 / 32
+"""The least share of ignored rows worth the gathers (they cost about two passes over the kept hidden states)."""
+
+
+def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int, min_macs: int = 0,
+              gather_floor: bool = False) -> torch.Tensor | None:
+    """The (K,) int64 indices of the rows of ``target`` (N,) that are not ``ignore_index``, 0 < K < N (one host
+    sync), or None (compute every row): see the module docstring; ``min_macs``: the least N V H worth a sync;
+    ``gather_floor``: also None when a (vocab, hidden) grad_weight cannot hold one gathered row beside its logits and
+    its grad_hidden row (vocab * hidden < vocab + 2 * hidden: a head of 1-2 classes; the sliced plan's chunks)."""
+    n = target.numel()
+    if n == 0 or n * vocab * hidden < min_macs or (gather_floor and vocab * hidden < vocab + 2 * hidden):
+        return None
+    if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    idx = (target != ignore_index).nonzero().squeeze(1)
+    k = idx.numel()
+    return None if k == 0 or n - k < n * MIN_SKIPPED else idx
+
+
+def compact_outputs(idx: torch.Tensor | None, loss_rows, z_rows, stats, correct, pred) -> tuple:
+    """Buffers of the kept rows for the per-token outputs (each None where the caller's is None), or the caller's own
+    tensors when ``idx`` is None."""
+    if idx is None:
+        return loss_rows, z_rows, stats, correct, pred
+    k = idx.numel()
+    return (loss_rows.new_empty(k), z_rows.new_empty(k), stats.new_empty((k, 2)),
+            correct.new_empty(k) if correct is not None else None, pred.new_empty(k) if pred is not None else None)
+
+
+def scatter_outputs(idx: torch.Tensor | None, full: tuple, part: tuple, vocab: int) -> None:
+    """Write the kept rows' outputs ``part`` (:func:`compact_outputs`' order) into the callers' (N,) tensors ``full``,
+    and what the kernels give an ignored row into the other rows. Nothing when ``idx`` is None."""
+    if idx is None:
+        return
+    loss_rows, z_rows, stats, correct, pred = full
+    for dst, src, fill in ((loss_rows, part[0], 0.0), (z_rows, part[1], 0.0), (correct, part[3], 0.0),
+                           (pred, part[4], -1)):
+        if dst is not None:
+            dst.fill_(fill).index_copy_(0, idx, src)
+    stats[:, 0].zero_()
+    stats[:, 1].fill_(math.log(vocab))
+    stats.index_copy_(0, idx, part[2])

@@ -1,0 +1,68 @@
+"""Ignored tokens left out of the fused linear cross-entropy's matmuls (tigon.kernels.ignored_rows): the same loss,
+outputs and gradients as computing every row."""
+
+import pytest
+import torch
+
+import tigon.kernels.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.ignored_rows as ignored_rows
+from tigon import functional as F
+
+from test_fused_linear_cross_entropy import _problem  # noqa: E402  (hidden 48)
+
+OPTIONS = {
+    "mean": dict(),
+    "sum_smoothing_softcap": dict(reduction="sum", label_smoothing=0.1, softcap=4.0),
+    "zloss_items": dict(lse_square_scale=1e-3, num_items_in_batch=77),
+    "class_weight": dict(class_weight=True),
+    "none": dict(reduction="none", logit_scale=0.8),
+    "ignore_inside_vocab": dict(ignore_index=5),
+}
+
+
+def _run(hidden, weight, target, bias, min_macs, monkeypatch, **kw):
+    monkeypatch.setattr(flce_ops, "SKIP_MIN_MACS", min_macs)
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    out = F.fused_linear_cross_entropy(*leaves[:2], target, leaves[2], return_z_loss=True, return_accuracy=True,
+                                       return_predicted_tokens=True, **kw)
+    upstream = torch.linspace(0.5, 1.5, target.numel(), device=target.device) if out.loss.dim() else 1.0
+    (out.loss * upstream).sum().backward()
+    return [out.loss.detach(), out.z_loss, out.accuracy, out.predicted_tokens] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(OPTIONS))
+def test_skipping_ignored_rows_changes_nothing(device, dtype, case, monkeypatch):
+    kw = dict(OPTIONS[case])
+    hidden, weight, target, bias = _problem(device, dtype, n=45, v=203)
+    ig = kw.get("ignore_index", -100)
+    target[torch.randperm(45, device=device)[:18]] = ig
+    if kw.pop("class_weight", False):
+        kw["class_weight"] = torch.rand(203, device=device) + 0.5
+    seen = []
+    real = flce_ops.kept_rows
+    monkeypatch.setattr(flce_ops, "kept_rows", lambda *a, **k: seen.append(r := real(*a, **k)) or r)
+    every = _run(hidden, weight, target, bias, 1 << 62, monkeypatch, **kw)
+    assert seen[-1] is None
+    kept = _run(hidden, weight, target, bias, 0, monkeypatch, **kw)
+    assert seen[-1] is not None and seen[-1].numel() == int((target != ig).sum())
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
+    for a, b in zip(every, kept):
+        if a.dtype == torch.int64:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, **tol)
+    assert (kept[3][target == ig] == -1).all()
+
+
+def test_kept_rows_rules():
+    t = torch.arange(64)
+    t[::2] = -100
+    assert ignored_rows.kept_rows(t, -100, 100, 16).tolist() == list(range(1, 64, 2))
+    assert ignored_rows.kept_rows(t, -100, 100, 16, min_macs=64 * 100 * 16 + 1) is None  # too small a head
+    one = torch.arange(64)
+    one[-1] = -100  # a causal LM's shifted labels: one ignored token a sequence is not worth the gathers
+    assert ignored_rows.kept_rows(one, -100, 100, 16) is None
+    assert ignored_rows.kept_rows(torch.full((8,), -100), -100, 100, 16) is None  # none kept: every row is computed
+    assert ignored_rows.kept_rows(torch.arange(8), -100, 100, 16) is None
+    assert ignored_rows.kept_rows(t, -100, 2, 1, gather_floor=True) is None  # a 2 x 1 head holds no gathered row
