@@ -196,10 +196,13 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                                         z_rows, correct, zero_acc=zero_acc, scale_out=scale)
         return loss, z, acc, stats, grads
     # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
-    idx = kept_rows(target, opts.ignore_index, vocab, hdim, SKIP_MIN_MACS)
-    m = n if idx is None else idx.numel()
-    h_run, t_run = (h, target) if idx is None else (h.index_select(0, idx), target.index_select(0, idx))
-    outs = compact_outputs(idx, loss_rows, z_rows, stats, correct, pred)
+    # (inline checks: no call at all below the size, where every Python call is host time of a host-bound step)
+    idx = kept_rows(target, opts.ignore_index, vocab, hdim) if n * vocab * hdim >= SKIP_MIN_MACS else None
+    if idx is None:
+        m, h_run, t_run, outs = n, h, target, (loss_rows, z_rows, stats, correct, pred)
+    else:
+        m, h_run, t_run = idx.numel(), h.index_select(0, idx), target.index_select(0, idx)
+        outs = compact_outputs(idx, loss_rows, z_rows, stats, correct, pred)
     # lean (memory="low"): Liger's chunk rule for the loss alone too (reduction="none" and no-grad calls), so that
     # the forward stays at that peak as well
     rows = chunk_rows(m, vocab, hdim, dev, lean, precompute and need[1] and not lean, cd.itemsize, budget,
@@ -232,7 +235,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
                 mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
                 if gh_part is not None:
                     gh.index_copy_(0, idx[s:e], gr)
-    scatter_outputs(idx, (loss_rows, z_rows, stats, correct, pred), outs, vocab)
+    if idx is not None:
+        scatter_outputs(idx, (loss_rows, z_rows, stats, correct, pred), outs, vocab)
     loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows, z_rows,
                                     correct, zero_acc=zero_acc, scale_out=scale)
     return loss, z, acc, stats, ((gh, gw, gb) if precompute else None)
