@@ -44,8 +44,9 @@ from torch import Tensor
 from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_tensor, or_empty
 from .first_order import first_order
 from .flce_sliced import default_spare_bytes, sliced_applies, sliced_backward_rows, sliced_forward
-from .ignored_rows import SKIP_MIN_MACS, compact_outputs, kept_rows, scatter_outputs
-from .head_grads import _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
+from . import ignored_rows
+from .ignored_rows import compact_outputs, kept_rows, scatter_outputs
+from .head_grads import _fp32_out_supported, _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
     LossOptions, ce_rows_backward, ce_rows_forward, class_weight_args, row_stats,
@@ -166,8 +167,9 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
 
     Float16 with fp32 accumulators (the default plan, ``fold_out`` given): the logits' gradient is formed without
-    the reduction's scale (1 / the token count for a mean), which goes into ``fold_out`` for the backward to multiply
-    with the upstream gradient, so that the float16 chunk holds O(1) values: divided by the token count first, its
+    the division by the token count (the z-loss's scale: 1 / the count, 1 / num_items_in_batch, 1 for a sum), which
+    goes into ``fold_out`` for the backward to multiply with the upstream gradient, so that the float16 chunk holds
+    O(1) values (class weights relative to their mean): divided by the token count first, its
     small terms underflow where the unfused computation, multiplied by a GradScaler scale first, keeps them (9x its
     error on grad_hidden at 8192 tokens and a 2**16 scale before). The lean and sliced plans write float16 gradients
     directly and keep the scale in the chunk (their sums would risk overflow).
@@ -185,9 +187,13 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     loss_rows, z_rows, stats = torch.empty(n, **f32), torch.empty(n, **f32), row_stats(n, dev)
     correct = torch.empty(n, **f32) if want_acc else None
     chunk_scale = scale
-    if fold_out is not None and precompute and cd == torch.float16 and not lean:
-        fold_out.copy_(scale[:1])
-        chunk_scale = torch.where(fold_out != 0, scale / fold_out, 0.0)  # (1, z-loss / ce scale), or 0 when a is 0
+    if (fold_out is not None and precompute and cd == torch.float16 and not lean
+            and (dev.type != "cuda" or _fp32_out_supported(dev, cd))):
+        # the z-loss's scale (1 / the token count, or 1 / num_items_in_batch; 1 for a sum) leaves the chunk: it holds
+        # (count / sum of class weights) * w_t terms, O(1) whatever the weights' size, and the z term even where the
+        # weights sum to 0. Not where cuBLAS cannot write fp32 products (old torch): they would pass through fp16.
+        fold_out.copy_(scale[1:])
+        chunk_scale = torch.where(fold_out != 0, scale / fold_out, 0.0)
     if sliced and lean and precompute and sliced_applies(hidden, weight, bias, class_weight, opts, cd, need):
         spare = budget if budget >= 0 else default_spare_bytes(n, hdim, cd.itemsize)
         with no_autocast(dev):
@@ -197,7 +203,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         return loss, z, acc, stats, grads
     # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
     # (inline checks: no call at all below the size, where every Python call is host time of a host-bound step)
-    idx = kept_rows(target, opts.ignore_index, vocab, hdim) if n * vocab * hdim >= SKIP_MIN_MACS else None
+    big = n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS  # (read per call: the module's value may be changed)
+    idx = kept_rows(target, opts.ignore_index, vocab, hdim) if big else None
     if idx is None:
         m, h_run, t_run, outs = n, h, target, (loss_rows, z_rows, stats, correct, pred)
     else:
