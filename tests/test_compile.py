@@ -248,8 +248,10 @@ def test_divergence_compile(device, op, options):
     _check_same(lambda a, b: getattr(TF, op)(a, b, **extra, **options), (x, y))
 
 
-@pytest.mark.parametrize("reduction, num_items", [("mean", None), ("sum", 5), ("none", None)])
+@pytest.mark.parametrize("reduction, num_items", [("mean", None), ("sum", 5), ("none", None), ("sum", "cpu_tensor")])
 def test_fused_linear_cross_entropy_compile(device, reduction, num_items):
+    # "cpu_tensor": the HF Trainer's count as a CPU tensor, captured by the graph (its value is not read while tracing)
+    num_items = torch.tensor(7) if num_items == "cpu_tensor" else num_items
     hidden, weight, bias = (torch.randn(11, 24, device=device), torch.randn(90, 24, device=device),
                             torch.randn(90, device=device))
     target = torch.randint(0, 90, (11,), device=device)

@@ -81,8 +81,9 @@ def check_loss_options(
 
     Raises:
         ValueError: reduction unknown, label_smoothing outside [0, 1], lse_square_scale negative, softcap not
-            > 0, num_items_in_batch not positive (an int, or a CPU tensor; a CUDA tensor's value is not read, which
-            would synchronise every call) or not 0-d, or num_items_in_batch with reduction="none".
+            > 0, num_items_in_batch not positive (an int, or a CPU tensor outside torch.compile's tracing; a CUDA
+            tensor's value is not read, which would synchronise every call) or not 0-d, or num_items_in_batch with
+            reduction="none".
         TypeError: num_items_in_batch is neither an int nor a tensor.
     """
     _checks.choice("reduction", reduction, REDUCTIONS)
@@ -100,7 +101,9 @@ def check_loss_options(
             if num_items_in_batch.numel() != 1:
                 raise ValueError(
                     f"num_items_in_batch must be a 0-d tensor or an int, got shape {tuple(num_items_in_batch.shape)}")
-            if num_items_in_batch.is_cpu and _checks.has_data(num_items_in_batch):  # (CUDA: a read would sync)
+            # (CUDA: a read would sync; while torch.compile traces, a read is a data-dependent guard it cannot take)
+            if (num_items_in_batch.is_cpu and _checks.has_data(num_items_in_batch)
+                    and not torch.compiler.is_compiling()):
                 items = num_items_in_batch.item()
                 if not items > 0 or not math.isfinite(items):
                     raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}")
