@@ -66,3 +66,26 @@ def test_kept_rows_rules():
     assert ignored_rows.kept_rows(torch.full((8,), -100), -100, 100, 16) is None  # none kept: every row is computed
     assert ignored_rows.kept_rows(torch.arange(8), -100, 100, 16) is None
     assert ignored_rows.kept_rows(t, -100, 2, 1, gather_floor=True) is None  # a 2 x 1 head holds no gathered row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_token_backwards_skip_ignored_rows(device, dtype, monkeypatch):
+    # reduction="none" (the backward recomputes the logits) and the log-probabilities' backward (entropy included):
+    # the kept rows only, the same gradients
+    hidden, weight, target, bias = _problem(device, dtype, n=40, v=151)
+    target[torch.randperm(40, device=device)[:15]] = -100
+    up = torch.rand(40, device=device) + 0.5
+    runs = []
+    for min_macs in (1 << 62, 0):
+        monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", min_macs)
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+        (F.fused_linear_cross_entropy(*leaves[:2], target, leaves[2], reduction="none", softcap=5.0) * up).sum() \
+            .backward()
+        out = F.fused_linear_logprobs(leaves[0], leaves[1], target, leaves[2], return_entropy=True)
+        (out.logprobs * up + 0.1 * out.entropy * up).sum().backward()
+        runs.append([t.grad for t in leaves])
+    # atol 1e-6 in fp32: grad_bias / grad_weight sum over another set of rows in another order (two backwards' worth
+    # of fp32 rounding on elements of about 1e-3)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, **tol)

@@ -203,7 +203,9 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         return loss, z, acc, stats, grads
     # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
     # (inline checks: no call at all below the size, where every Python call is host time of a host-bound step)
-    big = n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS  # (read per call: the module's value may be changed)
+    # (SKIP_MIN_MACS read per call: the module's value may be changed; not the lean plan: its memory, the gradients
+    # plus Liger's chunks, has no room for a gathered copy of the hidden states)
+    big = not lean and n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS
     idx = kept_rows(target, opts.ignore_index, vocab, hdim) if big else None
     if idx is None:
         m, h_run, t_run, outs = n, h, target, (loss_rows, z_rows, stats, correct, pred)
@@ -266,11 +268,24 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
         return finish_grads(grads, None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
     cw, cw_sum = class_weight_args(class_weight, hidden.device)
     coef = grad_rows.to(torch.float32)
+    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean)
+    if kept is not None:
+        target, stats, coef = target.index_select(0, kept), stats.index_select(0, kept), coef.index_select(0, kept)
 
     def rows_grad(lg, s, e):
         ce_rows_backward(lg, target[s:e], cw, cw_sum, stats[s:e], opts, coef[s:e], lg)
 
-    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
+    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, kept=kept)
+
+
+def ignored_kept(target, ignore_index: int, hidden, weight, lean: bool):
+    """The kept rows for :func:`backward_over_chunks`' ``kept`` (:func:`tigon.kernels.ignored_rows.kept_rows` above
+    its size), or None: also for the lean plan, whose memory (the gradients plus Liger's chunks) has no room for a
+    gathered copy of the hidden states."""
+    n, hdim = hidden.shape
+    if lean or n * weight.shape[0] * hdim < ignored_rows.SKIP_MIN_MACS:
+        return None
+    return kept_rows(target, ignore_index, weight.shape[0], hdim)
 
 
 def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int,
@@ -285,7 +300,8 @@ def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], le
 
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
-                         scalar: bool = False, align: int = 1, before=None) -> tuple:
+                         scalar: bool = False, align: int = 1, before=None,
+                         kept: torch.Tensor | None = None) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -298,25 +314,38 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
     holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0).
     ``before(chunk, s, e)``: called with each chunk's buffer before its logits are formed there, for work that may use
-    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference_formed.formed_pair_loss`)."""
+    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference_formed.formed_pair_loss`).
+    ``kept``: the (K,) indices of the rows that are not ignored (:func:`tigon.kernels.ignored_rows.kept_rows`): the
+    chunks then run over those rows only, gathered, ``rows_grad``'s [s, e) index them (the caller passes its per-row
+    tensors compacted alike), and grad_hidden's other rows are zeros."""
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
-    rows = max(1, loop_rows(hidden, weight, cd, need, lean, budget, elem_bytes, align))
+    m = n
+    if kept is not None:
+        h, m = h.index_select(0, kept), kept.numel()
+    rows = max(1, loop_rows(h, weight, cd, need, lean, budget, elem_bytes, align))
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves, rows * vocab * cd.itemsize)
+    part = None
+    if kept is not None and gh is not None:  # kept rows' grad_hidden, chunk by chunk, then into their rows
+        gh.zero_()
+        part = torch.empty((rows, gh.shape[1]), dtype=gh.dtype, device=dev)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with no_autocast(dev):
         mm = _Matmuls(dev, cd)
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
-            one = e - s == n  # one chunk: no slice ops
+        for s in range(0, m, rows):
+            e = min(s + rows, m)
+            one = e - s == n  # one chunk of every row: no slice ops
             lg, hs = buf if e - s == rows else buf[: e - s], h if one else h[s:e]
             if before is not None:
                 before(lg, s, e)
             mm.logits(lg, hs, w, b)
             rows_grad(lg, s, e)
-            mm.chunk_grads(lg, hs, w, gh if one or gh is None else gh[s:e], gw, gb, s == 0)
+            gr = part[: e - s] if part is not None else gh if one or gh is None else gh[s:e]
+            mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
+            if part is not None:
+                gh.index_copy_(0, kept[s:e], gr)
     if scalar:
         return gh, gw, gb
     buf = lg = None  # the chunk buffer is free before the casts (grad_buffers counted on it)

@@ -54,7 +54,7 @@ from torch import Tensor
 from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, or_empty
 from .first_order import once_differentiable
-from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
+from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows, ignored_kept
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
     LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
@@ -287,11 +287,17 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     g_lp = coef(g_lp) if g_lp is not None else torch.zeros(n, dtype=torch.float32, device=hidden.device)
     g_ent, g_lse = coef(g_ent), coef(g_lse)
 
+    # ignored rows get no gradient (the kernels zero them): left out of the matmuls where that pays
+    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean)
+    if kept is not None:
+        target, stats, ent, g_lp, g_ent, g_lse = (t if t is None else t.index_select(0, kept)
+                                                  for t in (target, stats, ent, g_lp, g_ent, g_lse))
+
     def rows_grad(lg, s, e):
         rows_grad_(lg, target[s:e], stats[s:e], ent[s:e] if ent is not None else None, g_lp[s:e],
                    g_ent[s:e] if g_ent is not None else None, g_lse[s:e] if g_lse is not None else None, opts)
 
-    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad)
+    return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, kept=kept)
 
 
 def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype,

@@ -14,8 +14,11 @@ Where it does not pay, every row is computed (:func:`kept_rows` returns None):
 - the head is smaller than ``min_macs`` multiply-adds per call, where a sync and a few gathers cost more than the
   matmuls they save (:data:`SKIP_MIN_MACS` for the default plan).
 
-Used by the default plan (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`) and the sliced one
-(:mod:`tigon.kernels.flce_sliced`).
+Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`), the recomputing
+backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
+log-probabilities' backward) and the sliced plan (:mod:`tigon.kernels.flce_sliced`); not by the lean plan (its memory
+has no room for the gathered copy of the hidden states) nor the post-training losses' formed passes (their per-token
+callbacks index the original rows).
 """
 
 from __future__ import annotations
