@@ -89,3 +89,20 @@ def test_per_token_backwards_skip_ignored_rows(device, dtype, monkeypatch):
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_no_skipping_under_a_byte_budget_or_the_lean_plan(device, monkeypatch):
+    # the gathered hidden rows are not counted by memory=<bytes> nor by the lean plan's Liger-level memory
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0)
+    calls = []
+    real = flce_ops.kept_rows
+    monkeypatch.setattr(flce_ops, "kept_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hidden, weight, target, bias = _problem(device, torch.float32, n=40, v=151)
+    target[::2] = -100
+    for kw in (dict(memory=1 << 20), dict(accum_dtype=torch.float32, memory=1 << 20),
+               dict(reduction="none", memory=1 << 20)):
+        h = hidden.clone().requires_grad_()
+        F.fused_linear_cross_entropy(h, weight, target, bias, **kw).sum().backward()
+    assert not calls
+    F.fused_linear_cross_entropy(hidden.clone().requires_grad_(), weight, target, bias).backward()
+    assert calls  # the default, for comparison

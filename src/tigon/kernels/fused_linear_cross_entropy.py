@@ -203,9 +203,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         return loss, z, acc, stats, grads
     # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
     # (inline checks: no call at all below the size, where every Python call is host time of a host-bound step)
-    # (SKIP_MIN_MACS read per call: the module's value may be changed; not the lean plan: its memory, the gradients
-    # plus Liger's chunks, has no room for a gathered copy of the hidden states)
-    big = not lean and n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS
+    # (SKIP_MIN_MACS read per call: the module's value may be changed; not the lean plan, whose memory, the gradients
+    # plus Liger's chunks, has no room for a gathered copy of the hidden states, nor a budget in bytes, which does not
+    # count one)
+    big = not lean and budget < 0 and n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS
     idx = kept_rows(target, opts.ignore_index, vocab, hdim) if big else None
     if idx is None:
         m, h_run, t_run, outs = n, h, target, (loss_rows, z_rows, stats, correct, pred)
@@ -268,7 +269,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
         return finish_grads(grads, None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
     cw, cw_sum = class_weight_args(class_weight, hidden.device)
     coef = grad_rows.to(torch.float32)
-    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean)
+    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean or budget >= 0)
     if kept is not None:
         target, stats, coef = target.index_select(0, kept), stats.index_select(0, kept), coef.index_select(0, kept)
 
@@ -280,8 +281,8 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
 
 def ignored_kept(target, ignore_index: int, hidden, weight, lean: bool):
     """The kept rows for :func:`backward_over_chunks`' ``kept`` (:func:`tigon.kernels.ignored_rows.kept_rows` above
-    its size), or None: also for the lean plan, whose memory (the gradients plus Liger's chunks) has no room for a
-    gathered copy of the hidden states."""
+    its size), or None: also for ``lean`` (the lean plan, whose memory, the gradients plus Liger's chunks, has no room
+    for a gathered copy of the hidden states; callers pass a byte budget here too, which does not count one)."""
     n, hdim = hidden.shape
     if lean or n * weight.shape[0] * hdim < ignored_rows.SKIP_MIN_MACS:
         return None

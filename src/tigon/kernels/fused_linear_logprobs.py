@@ -288,7 +288,7 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     g_ent, g_lse = coef(g_ent), coef(g_lse)
 
     # ignored rows get no gradient (the kernels zero them): left out of the matmuls where that pays
-    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean)
+    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean or budget >= 0)
     if kept is not None:
         target, stats, ent, g_lp, g_ent, g_lse = (t if t is None else t.index_select(0, kept)
                                                   for t in (target, stats, ent, g_lp, g_ent, g_lse))

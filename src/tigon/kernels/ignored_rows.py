@@ -18,7 +18,7 @@ Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entr
 backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
 log-probabilities' backward) and the sliced plan (:mod:`tigon.kernels.flce_sliced`); not by the lean plan (its memory
 has no room for the gathered copy of the hidden states) nor the post-training losses' formed passes (their per-token
-callbacks index the original rows).
+callbacks index the original rows), nor under a ``memory`` budget in bytes (which does not count the gathers).
 """
 
 from __future__ import annotations
