@@ -65,7 +65,7 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, next_pow2, 
 from .first_order import once_differentiable
 from ._common import rows as as_channel_rows
 from .elementwise import tile_elems
-from .partial_sums import _sum_partials
+from .partial_sums import _load_tile, _sum_partials
 
 # Groups of at most FUSED_GROUP elements (Cg and S each rounded up to a power of two) take the one-launch forward
 # ``_group_fwd`` (the group in registers: x read once); the interpreter's limit is larger (fewer, larger programs).
@@ -167,26 +167,24 @@ def _group_bwd_stream(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, s
     rstd = tl.load(RSTD_G + gi)
     a_dy = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
     a_dyx = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
+    row_end = gi.to(tl.int64) * Cg + Cg  # (rows past it: another group's, read as zeros)
     for s0 in range(0, S, BLOCK_S):
         offs = s0 + tl.arange(0, BLOCK_S)
-        mask = rmask[:, None] & (offs < S)[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_last").to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_last").to(tl.float32)
+        cmask = offs < S
+        x = _load_tile(X, rows, row_end, offs, cmask, stride_x, "evict_last").to(tl.float32)
+        dy = _load_tile(DY, rows, row_end, offs, cmask, stride_dy, "evict_last").to(tl.float32)
         a_dy += dy
         a_dyx += dy * ((x - mean) * rstd)  # (masked: dy = 0)
     k, kx, k0 = _group_grad_coeffs(tl.sum(a_dy, axis=1), tl.sum(a_dyx, axis=1), W, SUM_DY, SUM_DYX, rows, rmask, C,
                                    Cg, S, rstd, HAS_W)
     for s0 in range(0, S, BLOCK_S):
         offs = s0 + tl.arange(0, BLOCK_S)
-        mask = rmask[:, None] & (offs < S)[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + offs[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(tl.float32)
+        cmask = offs < S
+        x = _load_tile(X, rows, row_end, offs, cmask, stride_x, "evict_first").to(tl.float32)
+        dy = _load_tile(DY, rows, row_end, offs, cmask, stride_dy, "evict_first").to(tl.float32)
         dx = dy * k[:, None] + (x - mean) * kx + k0
-        tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + rows[:, None] * S + offs[None, :], dx.to(DX.dtype.element_ty),
+                 mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit
