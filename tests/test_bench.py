@@ -4,6 +4,7 @@ On CPU the kernels run in Triton's interpreter at tiny sizes: these tests check 
 reports hold what they promise, not the speed.
 """
 
+import contextlib
 import csv
 import dataclasses
 import importlib.util
@@ -175,16 +176,33 @@ def test_e2e_reports_tokens_per_s_for_original_and_tigon(tmp_path, capsys):
     assert "original=" in captured.out and "tigon=" in captured.out
 
 
+@contextlib.contextmanager
+def fake_liger(tmp_path, monkeypatch, files: dict):
+    """A stand-in ``liger_kernel`` package importable while the block runs: ``files`` maps paths under
+    ``liger_kernel/transformers`` (``"__init__.py"``, ...) to their source; every ``liger_kernel`` module is dropped
+    from ``sys.modules`` before and after, so that the real one (if installed) or none is seen again."""
+    pkg = tmp_path / "liger_kernel" / "transformers"
+    pkg.mkdir(parents=True)
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    for name, source in files.items():
+        (pkg / name).write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
+            sys.modules.pop(name)
+
+
 def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, monkeypatch):
     """A stand-in liger_kernel that rebinds module globals and a class forward, as Liger does."""
     from transformers.models.llama import modeling_llama as M
 
     from tigon.workflows.e2e import E2EConfig, run_e2e
 
-    pkg = tmp_path / "liger_kernel" / "transformers"
-    pkg.mkdir(parents=True)
-    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text(
+    source = (
         "import types\n"
         "from transformers.models.llama import modeling_llama as M\n"
         "def _apply_liger_kernel_to_instance(model=None, **kw):\n"
@@ -195,16 +213,10 @@ def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, mon
         "    for m in model.modules():\n"
         "        if type(m).__name__ == 'LigerRMSNorm':\n"
         "            m.forward = types.MethodType(type(m).forward, m)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
-        monkeypatch.delitem(sys.modules, name)
     rope, fwd = M.apply_rotary_pos_emb, M.LlamaForCausalLM.forward
-    try:
+    with fake_liger(tmp_path, monkeypatch, {"__init__.py": source}):
         r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0,
                               providers=["original", "liger"], dtype="float32"))
-    finally:
-        for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
-            sys.modules.pop(name)
     rows = {x.provider: x for x in r.rows}
     assert rows["liger"].status == "ok", rows["liger"].note
     assert rows["liger"].tokens_per_s > 0 and rows["liger"].patch == {"modules with a Liger forward": 3}

@@ -114,27 +114,16 @@ def test_moe_row_runs_end_to_end(row, tmp_path):
 def test_liger_without_a_patch_for_the_family_is_a_skipped_row(tmp_path, monkeypatch):
     """Liger's instance function only logs for a model type missing from its table: the row says so instead of
     timing Hugging Face's code under Liger's name."""
-    import sys
-
+    from test_bench import fake_liger  # noqa: E402  (a stand-in liger_kernel package)
     from tigon.workflows.e2e import E2EConfig, run_e2e
 
-    pkg = tmp_path / "liger_kernel" / "transformers"
-    pkg.mkdir(parents=True)
-    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("from .monkey_patch import _apply_liger_kernel_to_instance\n")
-    (pkg / "monkey_patch.py").write_text(
-        "MODEL_TYPE_TO_APPLY_LIGER_FN = {'llama': None}\n"
-        "def _apply_liger_kernel_to_instance(model=None, **kw):\n"
-        "    raise AssertionError('must not be called')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
-        monkeypatch.delitem(sys.modules, name)
-    try:
+    files = {"__init__.py": "from .monkey_patch import _apply_liger_kernel_to_instance\n",
+             "monkey_patch.py": ("MODEL_TYPE_TO_APPLY_LIGER_FN = {'llama': None}\n"
+                                 "def _apply_liger_kernel_to_instance(model=None, **kw):\n"
+                                 "    raise AssertionError('must not be called')\n")}
+    with fake_liger(tmp_path, monkeypatch, files):
         r = run_e2e(E2EConfig(model=_small("olmoe-1b-7b", tmp_path), layers=1, providers=["liger"], steps=1,
                               warmup=0, batch_size=1, seq_len=8, device="cpu", dtype="float32"))
-    finally:
-        for name in [n for n in sys.modules if n.startswith("liger_kernel")]:
-            sys.modules.pop(name)
     (row,) = r.rows
     assert row.status == "skipped" and "Liger has no patch for 'olmoe'" in row.note, row.note
 
