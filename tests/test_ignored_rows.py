@@ -4,7 +4,6 @@ outputs and gradients as computing every row."""
 import pytest
 import torch
 
-import tigon.kernels.fused_linear_cross_entropy as flce_ops
 import tigon.kernels.ignored_rows as ignored_rows
 from tigon import functional as F
 
@@ -40,10 +39,10 @@ def test_skipping_ignored_rows_changes_nothing(device, dtype, case, monkeypatch)
     if kw.pop("class_weight", False):
         kw["class_weight"] = torch.rand(203, device=device) + 0.5
     seen = []
-    real = flce_ops.kept_rows
-    monkeypatch.setattr(flce_ops, "kept_rows", lambda *a, **k: seen.append(r := real(*a, **k)) or r)
+    real = ignored_rows.kept_rows
+    monkeypatch.setattr(ignored_rows, "kept_rows", lambda *a, **k: seen.append(r := real(*a, **k)) or r)
     every = _run(hidden, weight, target, bias, 1 << 62, monkeypatch, **kw)
-    assert not seen  # below the size: not even asked (no sync)
+    assert all(r is None for r in seen)  # below the size: nothing gathered (kept_rows returns before its sync)
     kept = _run(hidden, weight, target, bias, 0, monkeypatch, **kw)
     assert seen[-1] is not None and seen[-1].numel() == int((target != ig).sum())
     tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
@@ -55,7 +54,7 @@ def test_skipping_ignored_rows_changes_nothing(device, dtype, case, monkeypatch)
     assert (kept[3][target == ig] == -1).all()
 
 
-def test_kept_rows_rules():
+def test_kept_rows_rules(monkeypatch):
     t = torch.arange(64)
     t[::2] = -100
     assert ignored_rows.kept_rows(t, -100, 100, 16).tolist() == list(range(1, 64, 2))
@@ -66,6 +65,11 @@ def test_kept_rows_rules():
     assert ignored_rows.kept_rows(torch.full((8,), -100), -100, 100, 16) is None  # none kept: every row is computed
     assert ignored_rows.kept_rows(torch.arange(8), -100, 100, 16) is None
     assert ignored_rows.kept_rows(t, -100, 2, 1, gather_floor=True) is None  # a 2 x 1 head holds no gathered row
+    # the chunk loops' rule: the module's size threshold, read at the call; never for the lean plan or a byte budget
+    assert ignored_rows.kept_for_chunks(t, -100, 100, 16, lean=False) is None  # 64 x 100 x 16 is below 2**32
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0)
+    assert ignored_rows.kept_for_chunks(t, -100, 100, 16, lean=False).numel() == 32
+    assert ignored_rows.kept_for_chunks(t, -100, 100, 16, lean=True) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,8 +99,8 @@ def test_no_skipping_under_a_byte_budget_or_the_lean_plan(device, monkeypatch):
     # the gathered hidden rows are not counted by memory=<bytes> nor by the lean plan's Liger-level memory
     monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0)
     calls = []
-    real = flce_ops.kept_rows
-    monkeypatch.setattr(flce_ops, "kept_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = ignored_rows.kept_rows
+    monkeypatch.setattr(ignored_rows, "kept_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     hidden, weight, target, bias = _problem(device, torch.float32, n=40, v=151)
     target[::2] = -100
     for kw in (dict(memory=1 << 20), dict(accum_dtype=torch.float32, memory=1 << 20),

@@ -45,6 +45,7 @@ import dataclasses
 
 import torch
 
+from .head_grads import _Matmuls
 from .ignored_rows import compact_outputs, kept_rows, scatter_outputs
 from .loss_rows import LossOptions, ce_rows_backward, ce_rows_forward
 
@@ -158,8 +159,9 @@ def _two_passes(h, w, b, need, spare_bytes: int, idx, rows_grad, between, opts: 
     n, hdim = h.shape
     vocab = w.shape[0]
     cd, dev = w.dtype, w.device
-    k = n if idx is None else idx.numel()
+    k = n if idx is None else idx.numel()  # (kept_rows never gives an empty idx)
     local_opts = dataclasses.replace(opts, ignore_index=LOCAL_IGNORE)
+    mm = _Matmuls(dev, cd)  # (one dtype throughout: its products are plain torch.mm / addmm into the buffers)
     gw = torch.empty((vocab, hdim), dtype=cd, device=dev)
     gh = None
     if need[0]:
@@ -167,7 +169,7 @@ def _two_passes(h, w, b, need, spare_bytes: int, idx, rows_grad, between, opts: 
                                                                                            device=dev)
     gb = torch.empty((vocab,), dtype=torch.float32, device=dev) if need[2] and b is not None else None
     flat = gw.view(-1)
-    if n == 0 or k == 0:
+    if n == 0:
         if between is not None:
             between()
         gw.zero_()
@@ -185,13 +187,13 @@ def _two_passes(h, w, b, need, spare_bytes: int, idx, rows_grad, between, opts: 
         else:
             hs = flat[r * vocab: r * (vocab + hdim)].view(r, hdim)
             torch.index_select(h, 0, idx[s:e], out=hs)
-        _logits(lg, hs, w, b)
+        mm.logits(lg, hs, w, b)
         rows_grad(lg, s, e)
         if gh is not None and idx is None:
-            torch.mm(lg, w, out=gh[s:e])
+            mm.mm(gh[s:e], lg, w)
         elif gh is not None:
             part = flat[r * (vocab + hdim): r * (vocab + 2 * hdim)].view(r, hdim)
-            torch.mm(lg, w, out=part)
+            mm.mm(part, lg, w)
             gh.index_copy_(0, idx[s:e], part)
     if between is not None:
         between()
@@ -213,17 +215,10 @@ def _two_passes(h, w, b, need, spare_bytes: int, idx, rows_grad, between, opts: 
         else:
             lg, hs = spare[: n * cols].view(n, cols), h
             tg, st, cf = every
-        _logits(lg, hs, w[v0:v1], b[v0:v1] if b is not None else None)
+        mm.logits(lg, hs, w[v0:v1], b[v0:v1] if b is not None else None)
         ce_rows_backward(lg, _local_targets(tg, v0, v1, opts.ignore_index), None, None, st, local_opts, cf, lg,
                          scale=scale, n_classes=vocab)
-        torch.mm(lg.t(), hs, out=gw[v0:v1])
+        mm.mm(gw[v0:v1], lg.t(), hs)
         if gb is not None:
             torch.sum(lg, dim=0, dtype=torch.float32, out=gb[v0:v1])
     return gh, gw, gb
-
-
-def _logits(out, h, w, b):
-    if b is None:
-        torch.mm(h, w.t(), out=out)
-    else:
-        torch.addmm(b, h, w.t(), out=out)

@@ -45,7 +45,7 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_t
 from .first_order import first_order
 from .flce_sliced import default_spare_bytes, sliced_applies, sliced_backward_rows, sliced_forward
 from . import ignored_rows
-from .ignored_rows import compact_outputs, kept_rows, scatter_outputs
+from .ignored_rows import compact_outputs, kept_for_chunks, scatter_outputs
 from .head_grads import _fp32_out_supported, _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
@@ -201,13 +201,11 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
         loss, z, acc, _ = reduce_losses(target, cw, opts.ignore_index, vocab, reduction, num_items, loss_rows,
                                         z_rows, correct, zero_acc=zero_acc, scale_out=scale)
         return loss, z, acc, stats, grads
-    # the rows whose target is not ignored (ignored_rows: left out of the matmuls where that pays; None: all rows)
-    # (inline checks: no call at all below the size, where every Python call is host time of a host-bound step)
-    # (SKIP_MIN_MACS read per call: the module's value may be changed; not the lean plan, whose memory, the gradients
-    # plus Liger's chunks, has no room for a gathered copy of the hidden states, nor a budget in bytes, which does not
-    # count one)
-    big = not lean and budget < 0 and n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS
-    idx = kept_rows(target, opts.ignore_index, vocab, hdim) if big else None
+    # the rows whose target is not ignored (ignored_rows.kept_for_chunks: left out of the matmuls where that pays;
+    # None: all rows); the size is checked here first so that a small head makes no call at all (host time of a
+    # host-bound step)
+    big = n * vocab * hdim >= ignored_rows.SKIP_MIN_MACS
+    idx = kept_for_chunks(target, opts.ignore_index, vocab, hdim, lean or budget >= 0) if big else None
     if idx is None:
         m, h_run, t_run, outs = n, h, target, (loss_rows, z_rows, stats, correct, pred)
     else:
@@ -269,7 +267,7 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
         return finish_grads(grads, None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
     cw, cw_sum = class_weight_args(class_weight, hidden.device)
     coef = grad_rows.to(torch.float32)
-    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean or budget >= 0)
+    kept = kept_for_chunks(target, opts.ignore_index, *weight.shape, lean or budget >= 0)
     if kept is not None:
         target, stats, coef = target.index_select(0, kept), stats.index_select(0, kept), coef.index_select(0, kept)
 
@@ -277,16 +275,6 @@ def flce_backward_rows(grad_rows, hidden, weight, target, bias, class_weight, st
         ce_rows_backward(lg, target[s:e], cw, cw_sum, stats[s:e], opts, coef[s:e], lg)
 
     return backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, kept=kept)
-
-
-def ignored_kept(target, ignore_index: int, hidden, weight, lean: bool):
-    """The kept rows for :func:`backward_over_chunks`' ``kept`` (:func:`tigon.kernels.ignored_rows.kept_rows` above
-    its size), or None: also for ``lean`` (the lean plan, whose memory, the gradients plus Liger's chunks, has no room
-    for a gathered copy of the hidden states; callers pass a byte budget here too, which does not count one)."""
-    n, hdim = hidden.shape
-    if lean or n * weight.shape[0] * hdim < ignored_rows.SKIP_MIN_MACS:
-        return None
-    return kept_rows(target, ignore_index, weight.shape[0], hdim)
 
 
 def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int,

@@ -54,7 +54,8 @@ from torch import Tensor
 from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, or_empty
 from .first_order import once_differentiable
-from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows, ignored_kept
+from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
+from .ignored_rows import kept_for_chunks
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
     LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
@@ -288,7 +289,7 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
     g_ent, g_lse = coef(g_ent), coef(g_lse)
 
     # ignored rows get no gradient (the kernels zero them): left out of the matmuls where that pays
-    kept = ignored_kept(target, opts.ignore_index, hidden, weight, lean or budget >= 0)
+    kept = kept_for_chunks(target, opts.ignore_index, *weight.shape, lean or budget >= 0)
     if kept is not None:
         target, stats, ent, g_lp, g_ent, g_lse = (t if t is None else t.index_select(0, kept)
                                                   for t in (target, stats, ent, g_lp, g_ent, g_lse))

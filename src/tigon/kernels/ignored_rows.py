@@ -52,6 +52,15 @@ def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int, 
     return None if k == 0 or n - k < n * MIN_SKIPPED else idx
 
 
+def kept_for_chunks(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,
+                    lean: bool) -> torch.Tensor | None:
+    """:func:`kept_rows` at :data:`SKIP_MIN_MACS` (read at each call, so that changing the module's value takes
+    effect) for the default plan's chunk loops, or None for ``lean``: the lean plan, whose memory (the gradients plus
+    Liger-Kernel's chunks) has no room for a gathered copy of the hidden states; callers pass a ``memory`` budget in
+    bytes as ``lean`` too, since it does not count that copy."""
+    return None if lean else kept_rows(target, ignore_index, vocab, hidden, SKIP_MIN_MACS)
+
+
 def compact_outputs(idx: torch.Tensor | None, loss_rows, z_rows, stats, correct, pred) -> tuple:
     """Buffers of the kept rows for the per-token outputs (each None where the caller's is None), or the caller's own
     tensors when ``idx`` is None."""
