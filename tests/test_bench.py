@@ -226,7 +226,8 @@ def test_e2e_liger_provider_runs_and_its_global_patches_are_undone(tmp_path, mon
 
 
 def test_e2e_tigon_lean_and_attn_implementation(monkeypatch):
-    """tigon_lean = tigon.patch with {"accum_dtype": model dtype}; attn_implementation reaches from_config."""
+    """tigon_lean = tigon.patch with {"accum_dtype": model dtype}, tigon_low with {"memory": "low"};
+    attn_implementation reaches from_config."""
     import torch
 
     import tigon.functional as TF
@@ -237,19 +238,21 @@ def test_e2e_tigon_lean_and_attn_implementation(monkeypatch):
     seen, real = [], TF.fused_linear_cross_entropy
 
     def spy(*args, **kwargs):
-        seen.append(kwargs.get("accum_dtype"))
+        seen.append((kwargs.get("accum_dtype"), kwargs.get("memory", "auto")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(TF, "fused_linear_cross_entropy", spy)
     r = run_e2e(E2EConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0, dtype="bfloat16",
-                          providers=["tigon_lean,original,tigon"], attn_implementation="eager"))
+                          providers=["tigon_low,tigon_lean,original,tigon"], attn_implementation="eager"))
     rows = {x.provider: x for x in r.rows}
-    assert [x.provider for x in r.rows] == ["original", "tigon", "tigon_lean"]
-    for p in ("original", "tigon", "tigon_lean"):
+    assert [x.provider for x in r.rows] == ["original", "tigon", "tigon_lean", "tigon_low"]
+    for p in ("original", "tigon", "tigon_lean", "tigon_low"):
         assert rows[p].status == "ok", rows[p].note
-    assert rows["tigon_lean"].patch == rows["tigon"].patch and rows["tigon_lean"].patch["lm_head_loss"] == 1
-    assert seen == [None, torch.bfloat16]  # one training step each of tigon and tigon_lean
-    assert rows["tigon_lean"].losses[0] == pytest.approx(rows["tigon"].losses[0], rel=1e-3)
+    for p in ("tigon_lean", "tigon_low"):
+        assert rows[p].patch == rows["tigon"].patch and rows[p].patch["lm_head_loss"] == 1
+        assert rows[p].losses[0] == pytest.approx(rows["tigon"].losses[0], rel=1e-3)
+    # one training step each of tigon, tigon_lean and tigon_low
+    assert seen == [(None, "auto"), (torch.bfloat16, "auto"), (None, "low")]
     report = r.as_dict()
     assert report["config"]["attn_implementation"] == "eager" and report["model"]["attn_implementation"] == "eager"
     with pytest.raises(ConfigError, match="--attn-implementation 'fast'"):

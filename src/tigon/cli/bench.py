@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     """Add the ``bench`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..ops import registry
     from ..workflows.bench import PROVIDERS, SWEEPS
-    from ..workflows.e2e import E2E_PROVIDERS
+    from ..workflows.e2e import E2E_PROVIDERS, PATCH_VARIANTS
 
     p = sub.add_parser(
         "bench",
@@ -30,10 +30,8 @@ def add_parser(sub) -> None:
             "are not installed are skipped with a note; a provider failing on a shape is recorded, not fatal. "
             "With --e2e: training steps of the whole model, original vs Tigon-patched (vs Liger when installed): "
             "tokens/s and peak memory. E2E providers: original (Hugging Face's code), tigon (tigon.patch), "
-            "tigon_lean (tigon.patch with fused_linear_cross_entropy={'accum_dtype': the model's dtype}: the fused "
-            "LM-head loss accumulates grad_weight in that dtype: less memory, slightly less accurate gradients), "
-            "tigon_low (tigon.patch with fused_linear_cross_entropy={'memory': 'low'}: Liger's memory, exact "
-            "gradients, one matmul more), liger (Liger-Kernel, when installed)."
+            + "".join(f"{name} ({text}), " for name, (text, _) in PATCH_VARIANTS.items())
+            + "liger (Liger-Kernel, when installed)."
         ),
     )
     p.add_argument("--op", action="append", nargs="+", metavar="OP", type=_names,
@@ -44,8 +42,7 @@ def add_parser(sub) -> None:
                         "(default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST", type=_names,
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile, tigon_compile on "
-                        f"CPU); with --e2e: {','.join(E2E_PROVIDERS)} (tigon_lean: tigon with grad-weight accumulation "
-                        "in the model's dtype in the fused LM-head loss; tigon_low: its memory='low')")
+                        f"CPU); with --e2e: {','.join(E2E_PROVIDERS)} (see the description above)")
     p.add_argument("--sweep", choices=SWEEPS,
                    help="tokens: 1k..64k tokens on CUDA (powers of two), tiny sizes on CPU; hidden: the norms at "
                         "hidden 1024..16384")

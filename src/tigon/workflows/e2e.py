@@ -106,8 +106,18 @@ from .host_memory import check_config_fits
 from .lora import LORA_TARGETS, check_lora, with_lora
 from ..checkpointing import DEFAULT_TFLOPS
 
-E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", "tigon_lean",
-                 "tigon_low", "liger")
+PATCH_VARIANTS = {
+    "tigon_lean": ("tigon.patch with fused_linear_cross_entropy={'accum_dtype': the model's dtype}: grad_weight "
+                   "accumulated in that dtype, less memory for slightly less accurate gradients",
+                   lambda dtype: {"fused_linear_cross_entropy": {"accum_dtype": dtype}}),
+    "tigon_low": ("tigon.patch with fused_linear_cross_entropy={'memory': 'low'}: Liger's memory in the LM-head "
+                  "loss, exact gradients, one matmul more",
+                  lambda dtype: {"fused_linear_cross_entropy": {"memory": "low"}}),
+}
+"""Provider -> (what it is, ``tigon.patch`` keywords for the model's dtype): the patched variants run like ``tigon``
+with those keywords; the CLI's help is written from the descriptions."""
+E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels",
+                 *PATCH_VARIANTS, "liger")
 COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
 """Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
 MODEL_FLOPS_PER_PARAM = 6
@@ -371,10 +381,8 @@ def run_provider(provider: str, hfc, cfg, batches: list[torch.Tensor], *, info: 
                 held["checkpointing"] = enable_checkpointing(model, mode, batch, budget)
         if provider in ("tigon", "tigon_compile", "tigon_compile_kernels"):
             held["report"] = tigon.patch(model)
-        elif provider == "tigon_lean":
-            held["report"] = tigon.patch(model, fused_linear_cross_entropy={"accum_dtype": dtype})
-        elif provider == "tigon_low":
-            held["report"] = tigon.patch(model, fused_linear_cross_entropy={"memory": "low"})
+        elif provider in PATCH_VARIANTS:
+            held["report"] = tigon.patch(model, **PATCH_VARIANTS[provider][1](dtype))
         held["model"] = model
         if wrap is not None:
             model = wrap(model)
