@@ -169,10 +169,10 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     Float16 with fp32 accumulators (the default plan, ``fold_out`` given): the logits' gradient is formed without
     the division by the token count (the z-loss's scale: 1 / the count, 1 / num_items_in_batch, 1 for a sum), which
     goes into ``fold_out`` for the backward to multiply with the upstream gradient, so that the float16 chunk holds
-    O(1) values (class weights relative to their mean): divided by the token count first, its
-    small terms underflow where the unfused computation, multiplied by a GradScaler scale first, keeps them (9x its
-    error on grad_hidden at 8192 tokens and a 2**16 scale before). The lean and sliced plans write float16 gradients
-    directly and keep the scale in the chunk (their sums would risk overflow).
+    O(1) values (class weights relative to their mean): divided by the token count first, its small terms underflow
+    where the unfused computation, multiplied by a GradScaler scale first, keeps them (tests/test_flce_fp16.py). The
+    lean and sliced plans write float16 gradients directly and keep the scale in the chunk (their sums would risk
+    overflow).
     """
     n, hdim = hidden.shape
     vocab = weight.shape[0]

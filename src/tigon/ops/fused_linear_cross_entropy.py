@@ -63,10 +63,10 @@ def fused_linear_cross_entropy(
     identical to the unfused computation for an upstream of 1, and for a power of two in bfloat16 / float32. In
     float16 the default plan forms that gradient without the division by the token count (folded into the fp32
     accumulators with the upstream), so a GradScaler's scale keeps the unfused computation's accuracy
-    (tests/test_flce_fp16.py). The plans that write float16 gradients directly (``memory="low"``, ``accum_dtype``
-    the weight's) and the torch.compile path keep the division in the chunk, whose small terms then underflow where
-    the unfused computation's do not (9x its error on grad_hidden at 8192 tokens and a 2**16 scale; 50x at 65536):
-    prefer bfloat16 there.
+    (tests/test_flce_fp16.py, which measures about 30x the unfused error on grad_hidden at 65536 tokens and a 2**16
+    scale without it). The plans that write float16 gradients directly (``memory="low"``, ``accum_dtype`` the
+    weight's) and the torch.compile path keep the division in the chunk, whose small terms then underflow where the
+    unfused computation's do not: prefer bfloat16 there.
 
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first).
@@ -101,13 +101,13 @@ def fused_linear_cross_entropy(
             once each (:mod:`tigon.kernels.flce_sliced`: token chunks in grad_weight's own memory, then vocabulary
             slices over every token; four matmuls instead of three; a spare buffer of 3/4 of grad_hidden's
             bytes; for ``reduction="none"`` both passes run in the backward; ignored tokens are left out of the
-            matmuls, found by one host sync per call). It applies where grad_weight is
-            needed, the inputs in one dtype, no ``class_weight`` and no ``use_token_scaling``; elsewhere
-            grad_weight is accumulated in the weight's dtype with Liger-Kernel's chunk rule (the approximation
-            described under ``accum_dtype``). For a mean / sum loss with an upstream gradient other than 1 the
-            gradients are scaled in the backward (a second rounding, as Liger's). An int: a budget in bytes for the chunk buffer plus, when it fits with at least 16 rows of
-            logits, the exact fp32 accumulator (4 * V * H bytes); otherwise the sliced plan with the budget as its
-            spare buffer where it applies (the accumulation in the weight's dtype with the whole budget to the
+            matmuls, found by one host sync per call). It applies where grad_weight is needed, the inputs in one
+            dtype, no ``class_weight`` and no ``use_token_scaling``; elsewhere grad_weight is accumulated in the
+            weight's dtype with Liger-Kernel's chunk rule (the approximation described under ``accum_dtype``). For a
+            mean / sum loss with an upstream gradient other than 1 the gradients are scaled in the backward (a second
+            rounding, as Liger's). An int: a budget in bytes for the chunk buffer plus, when it fits with at least 16
+            rows of logits, the exact fp32 accumulator (4 * V * H bytes); otherwise the sliced plan with the budget
+            as its spare buffer where it applies (the accumulation in the weight's dtype with the whole budget to the
             chunks elsewhere, or when ``accum_dtype`` is given). Chunks never go below 16 rows (slices 16 columns),
             so a budget under 16 * V logits (16 * N) is exceeded by that much. Chunk sizes trade memory for speed:
             each chunk re-reads the gradient accumulator (see :mod:`tigon.kernels.fused_linear_cross_entropy`).
