@@ -109,10 +109,10 @@ from ..checkpointing import DEFAULT_TFLOPS
 PATCH_VARIANTS = {
     "tigon_lean": ("tigon.patch with fused_linear_cross_entropy={'accum_dtype': the model's dtype}: grad_weight "
                    "accumulated in that dtype, less memory for slightly less accurate gradients",
-                   lambda dtype: {"fused_linear_cross_entropy": {"accum_dtype": dtype}}),
+                   lambda dtype: dict(fused_linear_cross_entropy={"accum_dtype": dtype})),
     "tigon_low": ("tigon.patch with fused_linear_cross_entropy={'memory': 'low'}: Liger's memory in the LM-head "
                   "loss, exact gradients, one matmul more",
-                  lambda dtype: {"fused_linear_cross_entropy": {"memory": "low"}}),
+                  lambda dtype: dict(fused_linear_cross_entropy={"memory": "low"})),
 }
 """Provider -> (what it is, ``tigon.patch`` keywords for the model's dtype): the patched variants run like ``tigon``
 with those keywords; the CLI's help is written from the descriptions."""
