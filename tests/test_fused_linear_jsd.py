@@ -318,3 +318,31 @@ def test_custom_op_and_compile(device):
     got_grads = torch.autograd.grad(got * 2.0, (x, w))
     assert torch.allclose(got, want, rtol=1e-6, atol=0)
     assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-8) for a, b in zip(got_grads, want_grads))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_skipping_ignored_rows_changes_nothing(device, dtype, beta, monkeypatch):
+    # ignored tokens (a masked prompt: the first 7 rows, and every third after) are left out of the four head matmuls
+    # (tigon.kernels.ignored_rows): the same loss and gradients as computing every row; grad_input's ignored rows 0
+    import tigon.kernels.ignored_rows as ignored_rows
+
+    p = _problem(dtype, ignore_every=3, bias=True, device=device)
+    p["shift_labels"][:7] = -100
+    seen = []
+    real = ignored_rows.kept_rows
+    monkeypatch.setattr(ignored_rows, "kept_rows", lambda *a, **k: seen.append(r := real(*a, **k)) or r)
+    every = _run(F.fused_linear_jsd, p, upstream=0.7, jsd_beta=beta)
+    assert all(r is None for r in seen)  # the test head is far below SKIP_MIN_MACS
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0)
+    kept = _run(F.fused_linear_jsd, p, upstream=0.7, jsd_beta=beta)
+    assert seen[-1] is not None and seen[-1].numel() == int((p["shift_labels"] != -100).sum())
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
+    for a, b in zip((every[0], *every[1]), (kept[0], *kept[1])):
+        torch.testing.assert_close(a, b, **tol)
+    assert (kept[1][0][p["shift_labels"] == -100] == 0).all()
+    # under a byte budget (which does not count the gathered rows) or the lean plan: every row
+    seen.clear()
+    _run(F.fused_linear_jsd, p, jsd_beta=beta, memory=1 << 20)
+    _run(F.fused_linear_jsd, p, jsd_beta=beta, memory="low")
+    assert all(r is None for r in seen)  # (kept_for_chunks does not ask kept_rows there)

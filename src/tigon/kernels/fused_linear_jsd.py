@@ -18,6 +18,11 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
    place;
 3. the loop's matmuls add ``grad_hidden = G W_s`` and ``grad_W += G^T h_s`` (and ``grad_b += sum G``).
 
+Rows whose label is ``ignore_index`` (loss 0, no gradient) are left out of all four matmuls where that pays
+(:func:`tigon.kernels.ignored_rows.kept_for_chunks`: the default plan, at least 1/32 of the rows ignored, a large
+head; one host sync per call): the chunks run over the kept rows of both models, gathered, and grad_hidden's ignored
+rows are zeros (tests/test_fused_linear_jsd.py checks the result equals computing every row).
+
 Memory per chunk row: the two logits rows in the compute dtype, nothing else (no fp32 (rows, V) temporaries). Bytes
 per chunk: three reads of both rows and one write of the student's (7 x rows x V x 2 in bf16: about 4 ms at 8192 x
 128256 on an H200 by copy bandwidth). The teacher gets no gradient. Matmuls: 2 for the logits, 2 for the student's
@@ -56,6 +61,7 @@ from .divergence import Divergence, _blocks, fast_math, reduction_scale
 from .divergence_terms import JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, _jsd_parts, _terms
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
+from .ignored_rows import kept_for_chunks
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
@@ -301,9 +307,14 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
     labels = labels.contiguous() if labels is not None else None
     scale = reduction_scale(labels, ignore_index, n, vocab, "batchmean", dev)
     opts = Divergence(_kind(beta), beta, 0.0, ignore_index)
-    loss_rows = torch.zeros(n, dtype=torch.float32, device=dev)
     ht, wt, bt = _operands(teacher_input.detach(), teacher_weight.detach(),
                            None if teacher_bias is None else teacher_bias.detach(), cd)
+    # ignored tokens (loss 0, no gradient) left out of all four matmuls: the kept rows gathered (ignored_rows)
+    kept = None if labels is None else kept_for_chunks(labels, ignore_index, vocab, student_input.shape[1],
+                                                        lean or budget >= 0)
+    if kept is not None:
+        ht, labels = ht.index_select(0, kept), labels.index_select(0, kept)
+    loss_rows = torch.zeros(n if kept is None else kept.numel(), dtype=torch.float32, device=dev)
     want_grad = any(need)
     if budget < 0 and not lean and compiled_cuda(dev):
         budget = FLCE_BUDGET_BYTES_CUDA  # the chunk rows' comment above
@@ -319,7 +330,7 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
                  loss_rows[s:e], want_grad)
 
     grads = backward_over_chunks(student_input, student_weight, student_bias, cd, need, lean, halves, budget, rows_grad,
-                                 elem_bytes=2 * cd.itemsize, scalar=True)
+                                 elem_bytes=2 * cd.itemsize, scalar=True, kept=kept)
     return loss_rows.sum() * scale, grads
 
 
