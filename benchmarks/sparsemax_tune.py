@@ -9,7 +9,8 @@ and logit scale (``--scales``, default 1 and 10: Gaussian rows times the scale):
 time of the forward and of forward + backward (the backward kernel is the same for both), the GB/s over the minimal
 bytes (forward 2 M N e: read x, write y; backward 3 M N e: read dy and y, write dx) and their fraction of the copy
 bandwidth, measured the same way on the same x (``torch.empty_like(x).copy_(x)``, 2 M N e bytes). The forward is
-checked against float64 sort-based sparsemax on a few rows first. JSON to ``--out``.
+checked against float64 sort-based sparsemax on a few rows first. JSON to ``--out``. ``--configs 1x4,2x16``: also
+the register path's forward at those (rows a program)x(warps) launches (register-path shapes only).
 
 ``--passes`` (any machine, no GPU needed): passes over a row (the max's included, y's write not) of the old
 algorithm, of 8 halvings then Michelot, and of Michelot from max - 1, counted by a PyTorch emulation on Gaussian
@@ -87,6 +88,20 @@ def pass_counts(rows_scale: float = 1.0) -> list[dict]:
     return out
 
 
+def _launch_with(k, block_m: int, warps: int):
+    """The register path's forward launched with ``block_m`` rows a program and ``warps`` warps (not the default
+    :func:`tigon.kernels.norm.fwd_config`)."""
+    from tigon.kernels._common import next_pow2
+
+    def fwd(x):
+        M, N = x.shape
+        y = torch.empty_like(x)
+        k._sparsemax_fwd[(triton.cdiv(M, block_m),)](x, y, M, N, x.stride(0), BLOCK_M=block_m, BLOCK_N=next_pow2(N),
+                                                     num_warps=warps)
+        return y
+    return fwd
+
+
 # --- GPU timing ----------------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -95,6 +110,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="MxN,... (bf16)")
     ap.add_argument("--passes", action="store_true", help="emulated pass counts on CPU instead of GPU timings")
     ap.add_argument("--passes-rows", type=float, default=1.0, help="scale the emulation's row counts")
+    ap.add_argument("--configs", default="", help="register path only: ROWSxWARPS,... launch configs of the forward "
+                    "to time beside the default (e.g. 1x4,1x8,1x16,2x16)")
     args = ap.parse_args()
     if args.passes:
         res = {"passes": pass_counts(args.passes_rows)}
@@ -127,7 +144,11 @@ def time_gpu(args) -> dict:
                    "max_abs_err_vs_float64": err}
             y = k.sparsemax_forward(x)
             row["bwd_ms"] = triton.testing.do_bench(lambda: k.sparsemax_backward(dy, y))
-            for name, fwd in (("new", k.sparsemax_forward),):
+            variants = [("new", k.sparsemax_forward)]
+            for cfg in filter(None, args.configs.split(",")):
+                variants.append((f"cfg_{cfg}", _launch_with(k, *(int(v) for v in cfg.split("x")))))
+                err[f"cfg_{cfg}"] = (variants[-1][1](x)[:64].double() - truth).abs().max().item()
+            for name, fwd in variants:
                 ms_f = triton.testing.do_bench(lambda: fwd(x))
                 ms_fb = triton.testing.do_bench(lambda: k.sparsemax_backward(dy, fwd(x)))
                 gb_f, gb_fb = 2 * M * N * e / ms_f / 1e6, 5 * M * N * e / ms_fb / 1e6
