@@ -17,6 +17,6 @@ for M in llama3-8b gemma2-9b; do
 done
 timeout 70 python3 -m tigon.cli bench --op fused_linear_jsd --model llama3-8b --tokens 8192 \
   --providers tigon,tigon_1gib,liger --json $W/jsd_llama3-8b_$G.json 2>&1 | grep -v Warn | tail -6
-timeout 60 python3 benchmarks/sparsemax_tune.py --shapes 16384x4096 --configs 1x4,1x16,2x8,2x16,4x16,4x32 \
+timeout 60 python3 benchmarks/sparsemax_tune.py --shapes 16384x4096 --configs 1x1,1x2,1x4,1x16,2x2,2x4,4x4,4x16 \
   --out $W/sparsemax-configs_$G.json 2>&1 | grep -v Warn | cut -c1-900 | tail -3
 (cd $W && tar czf $OUT/s24c1.tgz .) && rm -rf $W
