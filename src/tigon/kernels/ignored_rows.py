@@ -16,9 +16,18 @@ Where it does not pay, every row is computed (:func:`kept_rows` returns None):
 
 Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`), the recomputing
 backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
-log-probabilities' backward) and the sliced plan (:mod:`tigon.kernels.flce_sliced`); not by the lean plan (its memory
-has no room for the gathered copy of the hidden states) nor the post-training losses' formed passes (their per-token
-callbacks index the original rows), nor under a ``memory`` budget in bytes (which does not count the gathers).
+log-probabilities' backward), the sliced plan (:mod:`tigon.kernels.flce_sliced`), and the preference losses' formed
+passes (:func:`tigon.ops.preference_formed._formed_pass`: DPO and the paired losses, KTO; eager and inside
+``torch.compile``'s custom op, which runs at the call, where a sync is allowed). Not by the fused cross-entropy's lean
+plan (its memory has no room for the gathered copy of the hidden states) nor under its ``memory`` budget in bytes
+(which does not count the gathers).
+
+The formed passes chunk whole units (a pair, a sequence; the batch when a loss couples them) whose kept rows vary in
+number: :func:`kept_groups` gives each group's count, :func:`group_cuts` the chunks (balanced, the fewest within the
+plan's cap), ``backward_over_chunks``' ``bounds`` runs them. There each chunk's rows are gathered into a (rows, H)
+buffer (not all the kept rows at once), so the extra memory is two (rows, H) buffers beside the (rows, V) chunk, and
+a byte budget counts them (``row_bytes`` of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_cap`): these passes
+skip under every plan, the lean one and byte budgets included, where the kept rows of a unit fit.
 """
 
 from __future__ import annotations
