@@ -1,17 +1,18 @@
 """The preference losses' formed passes leave ignored tokens out of their head matmuls
 (tigon.ops.preference_formed._kept_chunks, tigon.kernels.ignored_rows): with prompt-style masks, the loss, every
 metric, every gradient and the per-token log-probabilities as computing every row (fp32, 1e-5) and as float64, in
-fewer head-matmul rows; eager and under torch.compile."""
+fewer head-matmul rows; eager and under torch.compile. Also memory="low" on the formed path (chunks of one unit)."""
 
 import pytest
 import torch
 
 import tigon.kernels.fused_linear_cross_entropy as flce_ops
+import tigon.kernels.fused_linear_logprobs as klp
 import tigon.kernels.ignored_rows as ignored_rows
 import tigon.kernels.loss_rows as loss_rows
 import tigon.ops.preference_formed as pf
 from tigon import functional as TF
-from tigon.numerics import rel_l2
+from tigon.numerics import FLOOR, rel_l2
 from tigon.ops import preference as P
 from tigon.reference import kto as ref_kto
 from tigon.reference import preference as ref
@@ -53,11 +54,11 @@ CASES = {
 
 
 def _batch(reference="model", bias=False, labels=False, ref_logps=False, mask="prompts", dtype=torch.float32, t=T,
-           seed=0, whole=True):
+           seed=0, whole=True, v=V):
     """Prompt-style masks (:data:`MASKS`); ``whole=False``: one kept token at least in each sequence (ORPO's odds of
     an empty sequence, log-probability 0, are infinite)."""
     gen = torch.Generator().manual_seed(seed)
-    inp = P._inputs({"tokens": 2 * PAIRS * t, "hidden": H, "vocab": V}, dtype, "cpu", gen, pairs=PAIRS, bias=bias,
+    inp = P._inputs({"tokens": 2 * PAIRS * t, "hidden": H, "vocab": v}, dtype, "cpu", gen, pairs=PAIRS, bias=bias,
                     reference=reference)
     target = inp["target"].clone()
     for row, k in enumerate(MASKS[mask]):
@@ -175,3 +176,50 @@ def test_compiled_formed_pass_skips_ignored_rows(monkeypatch):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     finally:
         torch._dynamo.reset()
+
+
+# ---- memory="low": chunks of one unit on the formed path ----------------------------------------------------------
+@pytest.mark.parametrize("skip", [False, True])
+def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, monkeypatch):
+    # the CUDA chunk rules, on CPU: the lean rule (Liger's, about N / (V / H) rows: 16 here) holds less than a pair of
+    # 2 x 10 tokens, so memory="low" took the recomputing path (4 policy matmuls + the reference's own pass); now
+    # chunks of one pair (3 chunks; with ignored rows skipped, the kept rows of whole pairs, at most a pair's rows
+    # rounded up to 16), 3 + 1 head matmuls, grad_weight accumulated in bf16
+    monkeypatch.setattr(flce_ops, "compiled_cuda", lambda device: True)
+    monkeypatch.setattr(flce_ops, "LEAN_CHUNK_ELEMS", 16 * V)
+    monkeypatch.setattr(flce_ops, "LEAN_MIN_ROWS", 16)
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0 if skip else NEVER)
+    t, v = 10, 200  # (a head wider than its hidden size, as LM heads: one pair's budget holds one pair, not two)
+    inp = _batch(reference="model", dtype=torch.bfloat16, t=t, v=v)
+    n = 2 * PAIRS * t
+    k = int((inp["target"] != -100).sum())
+    chunks = []
+    real_grad, real_loop = klp.rows_grad_, klp.backward_over_chunks
+    monkeypatch.setattr(klp, "rows_grad_", lambda *a: chunks[-1].append(a[0].shape[0]) or real_grad(*a))
+    monkeypatch.setattr(klp, "backward_over_chunks", lambda *a, **kw: chunks.append([]) or real_loop(*a, **kw))
+    got, low = _leaves(inp, grads=("hidden", "weight")), []
+    assert head_matmuls(lambda: low.append(TF.fused_linear_dpo_loss(**got, memory="low")) or low[0].loss.backward(),
+                        n, H, v) == pytest.approx(4 * (k / n if skip else 1), rel=1e-12)
+    assert got["weight"].grad.dtype == torch.bfloat16
+    assert len(chunks) == 1
+    if skip:
+        assert sum(chunks[0]) == k and max(chunks[0]) <= 32
+    else:
+        assert chunks[0] == [2 * t] * PAIRS
+    monkeypatch.setattr(pf, "PAIR_CHUNK_LOGITS_CUDA", 0)  # the old rule: a pair exceeds the lean chunk
+    old = _leaves(inp, grads=("hidden", "weight"))
+    assert head_matmuls(lambda: TF.fused_linear_dpo_loss(**old, memory="low").loss.backward(), n, H, v) >= 5 * k / n
+    # against float64, as the plain bf16 computation (TRL's): 2x its error, grad_weight 3x (rounded to bf16 after
+    # every chunk: tests/test_fused_linear_cross_entropy.py's LEAN_WEIGHT_FACTOR)
+    spec = P.RECORDS[0]
+    truth, plain = _leaves(inp, torch.float64, grads=("hidden", "weight")), _leaves(inp, grads=("hidden", "weight"))
+    t_loss, p_loss = spec.original(**truth)[0], spec.original(**plain)[0]
+    t_loss.backward()
+    p_loss.backward()
+    for name, ours, theirs, exact, factor in (("loss", low[0].loss, p_loss, t_loss, 2.0),
+                                              ("hidden", got["hidden"].grad, plain["hidden"].grad,
+                                               truth["hidden"].grad, 2.0),
+                                              ("weight", got["weight"].grad, plain["weight"].grad,
+                                               truth["weight"].grad, 3.0)):
+        err, orig = rel_l2(ours, exact), rel_l2(theirs, exact)
+        assert err <= max(factor * orig, FLOOR[torch.bfloat16]), (name, err, orig)

@@ -220,28 +220,46 @@ logits are 512 MiB: at Llama-3-8B's head (4096 x 128256) and 4 pairs of 1024 tok
 extra about 1.96 GiB of accumulator + 0.49 of chunk + 0.19 of fp32 grad_hidden and reordered hidden states (2.6 GiB;
 Liger-Kernel's DPO 2.54, whose chunks are one pair too, with a bf16 grad_weight); the fused cross-entropy's 3 GiB
 rule gave 2 chunks of two pairs (3.12 GiB measured). Each chunk beyond the minimum costs one more read and write of
-the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule."""
+the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule.
+
+``memory="low"`` (the lean plan: grad_weight accumulated in the weight's dtype, no fp32 accumulator) on CUDA: chunks
+of one unit where a unit has at most this many logits (the fused cross-entropy's lean rule, about N / ceil(V / H)
+rows, 256 at Llama-3-8B's head, holds less than a pair, and the loss would take the recomputing path: 4 policy
+matmuls and more), so 3 policy matmuls still: a budget in bytes of one unit's logits (its rows rounded up to 16),
+and of its rows gathered where ignored rows are skipped (:func:`_gathered_bytes`; 48 MiB a pair below). Peak extra at
+Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens: about 0.98 GiB of bf16 grad_weight + 0.49 of one
+pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states (1.6 GiB; not measured here: no GPU in this
+session). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one
+unit's rows with their gathered rows: within the same budget, often fewer chunks."""
 
 
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
     """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
     whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
     gradient wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
-    ``align`` rows exceed a chunk. ``memory="auto"`` on CUDA: chunks of :data:`PAIR_CHUNK_LOGITS_CUDA` logits."""
+    ``align`` rows exceed a chunk. On CUDA (:data:`PAIR_CHUNK_LOGITS_CUDA`), ``memory="auto"``: chunks of that many
+    logits; ``memory="low"``: chunks of one unit (``align`` rows), as a budget in bytes of that unit's logits."""
     b, t, h = hidden.shape
     h2 = hidden.reshape(b * t, h)
     plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)
     if plan is None or not any(plan.need):
         return None
-    from ..kernels._common import compiled_cuda
-    from ..kernels.fused_linear_cross_entropy import loop_rows
+    from ..kernels import fused_linear_cross_entropy as kflce
 
-    if plan.budget < 0 and not plan.lean and plan.need[1] and compiled_cuda(hidden.device):
-        v = weight.shape[0]
-        tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
-        if loop_rows(h2, weight, tight.cd, tight.need, tight.lean, tight.budget, align=align):
-            return tight
-    return plan if loop_rows(h2, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) else None
+    def fits(p):
+        return kflce.loop_rows(h2, weight, p.cd, p.need, p.lean, p.budget, align=align) > 0
+
+    v = weight.shape[0]
+    if plan.budget < 0 and kflce.compiled_cuda(hidden.device):
+        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # one unit a chunk, in rows of 16 (chunk_cap's)
+            one = plan._replace(budget=-(-align // 16) * 16 * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
+            if fits(one):
+                return one
+        elif not plan.lean and plan.need[1]:
+            tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
+            if fits(tight):
+                return tight
+    return plan if fits(plan) else None
 
 
 def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan):
@@ -336,7 +354,7 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
     The chunks of kept rows stay within the plan's rule (:func:`tigon.kernels.fused_linear_cross_entropy.loop_cap` for
     K rows), the lean plan's and a byte budget's included: each chunk's rows are gathered into a (rows, H) buffer
     beside the (rows, V) chunk (:func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`), with a
-    (rows, H) buffer of their grad_hidden, and a budget in bytes counts both (H (cd + 4) bytes a row), so that the
+    (rows, H) buffer of their grad_hidden, and a budget in bytes counts both (:func:`_gathered_bytes`), so that the
     chunk buffer and these rows together stay within it; where that leaves a group's kept rows no room, every row is
     computed."""
     from ..kernels.fused_linear_cross_entropy import loop_cap
@@ -348,7 +366,7 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
         return None, None, None
     kept, sizes = found
     cap = loop_cap(hidden2d, weight, plan.cd, plan.need, plan.lean, plan.budget, n=kept.numel(),
-                   row_bytes=h * (plan.cd.itemsize + 4))
+                   row_bytes=_gathered_bytes(h, plan.cd))
     cuts = group_cuts(sizes, cap)
     if cuts is None:
         return None, None, None
@@ -356,6 +374,12 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
     per = align // rows
     units = {starts[c]: (c * per, (d - c) * per) for c, d in zip(cuts, cuts[1:])}
     return kept, [starts[c] for c in cuts], units
+
+
+def _gathered_bytes(hdim: int, cd: torch.dtype) -> int:
+    """What a kept row gathered for a chunk costs beside its logits: its hidden row in ``cd`` and its grad_hidden row
+    (fp32 at most)."""
+    return hdim * (cd.itemsize + 4)
 
 
 def _reference_rows(ref, target, plan, ref_lp, kept=None):
