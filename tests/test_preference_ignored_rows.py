@@ -143,8 +143,8 @@ def test_group_cuts_and_the_cap_with_gathered_rows():
     # formed plan's one-pair budget at Llama-3-8B's head holds 1856 kept rows of a 2 x 1024-token pair
     cuda = torch.device("cuda")
     budget = 2048 * 128256 * 2
-    assert flce_ops.chunk_cap(8192, 128256, 4096, cuda, True, budget=budget) == 2048
-    assert flce_ops.chunk_cap(8192, 128256, 4096, cuda, True, budget=budget, row_bytes=4096 * (2 + 4)) == 1856
+    assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, True, budget=budget, cap=True) == 2048
+    assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, True, budget=budget, row_bytes=4096 * 6, cap=True) == 1856
 
 
 def test_compiled_formed_pass_skips_ignored_rows(monkeypatch):

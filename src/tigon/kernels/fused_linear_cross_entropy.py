@@ -102,12 +102,20 @@ LEAN_CHUNK_ELEMS = 1 << 25
 LEAN_MIN_ROWS = 128
 
 
-def chunk_cap(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-              fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, *, frozen_weight: bool = False,
-              row_bytes: int = 0) -> int:
-    """The most rows a chunk may hold (>= 1) under :func:`chunk_rows`' rule (same arguments), before balancing.
-    ``row_bytes``: what each row of a chunk costs beside its logits (gathered rows: the formed passes' kept rows),
-    counted where the rule is a budget in bytes (``budget`` >= 0, or the default rule's FLCE_BUDGET_BYTES_CUDA)."""
+def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
+               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, align: int = 1, *,
+               frozen_weight: bool = False, row_bytes: int = 0, cap: bool = False) -> int:
+    """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
+    the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
+    FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
+    of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
+    fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
+    (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
+    ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
+    FROZEN_CHUNK_ELEMS_CUDA logits (see above). ``row_bytes``: what each row of a chunk costs beside its logits
+    (gathered rows: the formed passes' kept rows), counted where the rule is a budget in bytes (``budget`` >= 0, or
+    the default rule's FLCE_BUDGET_BYTES_CUDA). ``cap``: the most rows a chunk may hold (>= 1) instead, before
+    balancing (``align`` not read)."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
         max_rows = max(16, spare // max(vocab * elem_bytes + row_bytes, 1))
@@ -126,22 +134,9 @@ def chunk_cap(n: int, vocab: int, hidden: int, device: torch.device, lean: bool 
         max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
     else:
         max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
-    return max(1, max_rows)
-
-
-def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
-               fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, align: int = 1, *,
-               frozen_weight: bool = False) -> int:
-    """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
-    the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
-    FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
-    of 16 if possible. ``budget`` >= 0 (bytes, the ``memory=`` option): the chunk buffer and the fp32 accumulator
-    fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
-    (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
-    ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
-    FROZEN_CHUNK_ELEMS_CUDA logits (see above). The cap before balancing: :func:`chunk_cap`."""
-    max_rows = chunk_cap(n, vocab, hidden, device, lean, fp32_weight_grad, elem_bytes, budget,
-                         frozen_weight=frozen_weight)
+    max_rows = max(1, max_rows)
+    if cap:
+        return max_rows
     if n <= max_rows:
         return max(n, 1)
     if align > 1:
@@ -299,12 +294,12 @@ def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], le
 
 def loop_cap(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int, *,
              n: int | None = None, row_bytes: int = 0) -> int:
-    """The most rows a chunk of :func:`backward_over_chunks` may hold for these arguments (:func:`chunk_cap`) when
+    """The most rows a chunk of :func:`backward_over_chunks` may hold for these arguments (:func:`chunk_rows`' cap) when
     it runs ``n`` rows (default: ``hidden``'s), each costing ``row_bytes`` beside its logits: the bound of the
     explicit chunks its ``bounds`` take (:func:`tigon.kernels.ignored_rows.group_cuts`)."""
     n = hidden.shape[0] if n is None else n
-    return chunk_cap(n, weight.shape[0], hidden.shape[1], hidden.device, lean, need[1] and not lean, cd.itemsize,
-                     budget, frozen_weight=not need[1], row_bytes=row_bytes)
+    return chunk_rows(n, weight.shape[0], hidden.shape[1], hidden.device, lean, need[1] and not lean, cd.itemsize,
+                      budget, frozen_weight=not need[1], row_bytes=row_bytes, cap=True)
 
 
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,

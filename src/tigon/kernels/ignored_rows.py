@@ -26,7 +26,7 @@ The formed passes chunk whole units (a pair, a sequence; the batch when a loss c
 number: :func:`kept_groups` gives each group's count, :func:`group_cuts` the chunks (balanced, the fewest within the
 plan's cap), ``backward_over_chunks``' ``bounds`` runs them. There each chunk's rows are gathered into a (rows, H)
 buffer (not all the kept rows at once), so the extra memory is two (rows, H) buffers beside the (rows, V) chunk, and
-a byte budget counts them (``row_bytes`` of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_cap`): these passes
+a byte budget counts them (``row_bytes`` of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows`): these passes
 skip under every plan, the lean one and byte budgets included, where the kept rows of a unit fit.
 """
 

@@ -251,7 +251,7 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
 
     v = weight.shape[0]
     if plan.budget < 0 and kflce.compiled_cuda(hidden.device):
-        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # one unit a chunk, in rows of 16 (chunk_cap's)
+        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # one unit a chunk, in rows of 16 (chunk_rows')
             one = plan._replace(budget=-(-align // 16) * 16 * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
             if fits(one):
                 return one
