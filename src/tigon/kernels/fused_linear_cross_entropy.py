@@ -104,7 +104,7 @@ LEAN_MIN_ROWS = 128
 
 def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool = False,
                fp32_weight_grad: bool = False, elem_bytes: int = 2, budget: int = -1, align: int = 1, *,
-               frozen_weight: bool = False) -> int:
+               frozen_weight: bool = False, row_bytes: int = 0, cap: bool = False) -> int:
     """Tokens per chunk for ``n`` tokens, a (vocab, hidden) LM head on ``device`` (see the constants above; ``lean``:
     the low-memory accumulation's budget; ``fp32_weight_grad``: a (vocab, hidden) fp32 accumulator shares
     FLCE_BUDGET_BYTES_CUDA with the chunk buffer of ``elem_bytes`` per logit), balanced over the chunks, a multiple
@@ -112,10 +112,13 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
     (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
     ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
-    FROZEN_CHUNK_ELEMS_CUDA logits (see above)."""
+    FROZEN_CHUNK_ELEMS_CUDA logits (see above). ``row_bytes``: what each row of a chunk costs beside its logits
+    (gathered rows: the formed passes' kept rows), counted where the rule is a budget in bytes (``budget`` >= 0, or
+    the default rule's FLCE_BUDGET_BYTES_CUDA). ``cap``: the most rows a chunk may hold (>= 1) instead, before
+    balancing (``align`` not read)."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
-        max_rows = max(16, spare // max(vocab * elem_bytes, 1))
+        max_rows = max(16, spare // max(vocab * elem_bytes + row_bytes, 1))
         max_rows = max(16, max_rows // 16 * 16)
     elif compiled_cuda(device):
         if lean:
@@ -124,7 +127,7 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
             # as many rows as the budget leaves beside the fp32 accumulator, never under H/2 (MIN_CHUNK_ROWS_CUDA)
             spare = FLCE_BUDGET_BYTES_CUDA - (4 * vocab * hidden if fp32_weight_grad else 0)
             floor = max(hidden // 2, MIN_CHUNK_ROWS_CUDA)
-            max_rows = max(floor, spare // max(vocab * elem_bytes, 1))
+            max_rows = max(floor, spare // max(vocab * elem_bytes + row_bytes, 1))
             max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
             if frozen_weight:
                 max_rows = min(max_rows, max(MIN_CHUNK_ROWS_CUDA, FROZEN_CHUNK_ELEMS_CUDA // max(vocab, 1)))
@@ -132,6 +135,8 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     else:
         max_rows = MAX_CHUNK_ELEMS_CPU // max(vocab, 1)
     max_rows = max(1, max_rows)
+    if cap:
+        return max_rows
     if n <= max_rows:
         return max(n, 1)
     if align > 1:
@@ -287,10 +292,20 @@ def loop_rows(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], le
                       budget, align, frozen_weight=not need[1])
 
 
+def loop_cap(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool, budget: int, *,
+             n: int | None = None, row_bytes: int = 0) -> int:
+    """The most rows a chunk of :func:`backward_over_chunks` may hold for these arguments (:func:`chunk_rows`' cap) when
+    it runs ``n`` rows (default: ``hidden``'s), each costing ``row_bytes`` beside its logits: the bound of the
+    explicit chunks its ``bounds`` take (:func:`tigon.kernels.ignored_rows.group_cuts`)."""
+    n = hidden.shape[0] if n is None else n
+    return chunk_rows(n, weight.shape[0], hidden.shape[1], hidden.device, lean, need[1] and not lean, cd.itemsize,
+                      budget, frozen_weight=not need[1], row_bytes=row_bytes, cap=True)
+
+
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
                          scalar: bool = False, align: int = 1, before=None,
-                         kept: torch.Tensor | None = None) -> tuple:
+                         kept: torch.Tensor | None = None, bounds: list[int] | None = None) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -303,30 +318,40 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     costs in memory for :func:`chunk_rows`, ``rows_grad``'s own (rows, V) buffers included. ``align``: every chunk
     holds whole groups of ``align`` rows (a loss coupling the tokens of a sequence; :func:`loop_rows` must be > 0).
     ``before(chunk, s, e)``: called with each chunk's buffer before its logits are formed there, for work that may use
-    the buffer first (a reference model's logits of the same rows: :func:`tigon.ops.preference_formed.formed_pair_loss`).
+    the buffer first (a reference model's logits of the same rows:
+    :func:`tigon.ops.preference_formed.formed_pair_loss`).
     ``kept``: the (K,) indices of the rows that are not ignored (:func:`tigon.kernels.ignored_rows.kept_rows`): the
-    chunks then run over those rows only, gathered, ``rows_grad``'s [s, e) index them (the caller passes its per-row
-    tensors compacted alike), and grad_hidden's other rows are zeros."""
+    chunks then run over those rows only, each chunk's rows gathered into a (rows, H) buffer, ``rows_grad``'s and
+    ``before``'s [s, e) index them (the caller passes its per-row tensors compacted alike), and grad_hidden's other
+    rows are zeros. ``bounds``: explicit chunks instead of the rule's, [bounds[j], bounds[j + 1]) over the rows run
+    (the kept rows with ``kept``): an int list from 0 to that count, strictly increasing (whole groups of rows of
+    varying sizes: :func:`tigon.kernels.ignored_rows.group_cuts`; within :func:`loop_cap` for the same arguments);
+    ``align`` is then not read."""
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
     h, w, b = _operands(hidden, weight, bias, cd)
-    m = n
-    if kept is not None:
-        h, m = h.index_select(0, kept), kept.numel()
-    rows = max(1, loop_rows(h, weight, cd, need, lean, budget, elem_bytes, align))
+    m = n if kept is None else kept.numel()
+    if bounds is None:
+        rows = max(1, loop_rows(h if kept is None else h[:m], weight, cd, need, lean, budget, elem_bytes, align))
+        starts = range(0, m, rows)
+    else:
+        rows, starts = max(e - s for s, e in zip(bounds, bounds[1:])), bounds[:-1]
     gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves, rows * vocab * cd.itemsize)
-    part = None
-    if kept is not None and gh is not None:  # kept rows' grad_hidden, chunk by chunk, then into their rows
-        gh.zero_()
-        part = torch.empty((rows, gh.shape[1]), dtype=gh.dtype, device=dev)
+    part = hbuf = None
+    if kept is not None:  # each chunk's kept rows gathered, and their grad_hidden then scattered into their rows
+        hbuf = torch.empty((rows, h.shape[1]), dtype=h.dtype, device=dev)
+        if gh is not None:
+            gh.zero_()
+            part = torch.empty((rows, gh.shape[1]), dtype=gh.dtype, device=dev)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     with no_autocast(dev):
         mm = _Matmuls(dev, cd)
-        for s in range(0, m, rows):
-            e = min(s + rows, m)
+        for j, s in enumerate(starts):
+            e = min(s + rows, m) if bounds is None else bounds[j + 1]
             one = e - s == n  # one chunk of every row: no slice ops
-            lg, hs = buf if e - s == rows else buf[: e - s], h if one else h[s:e]
+            lg = buf if e - s == rows else buf[: e - s]
+            hs = h if one else h[s:e] if hbuf is None else torch.index_select(h, 0, kept[s:e], out=hbuf[: e - s])
             if before is not None:
                 before(lg, s, e)
             mm.logits(lg, hs, w, b)

@@ -303,7 +303,8 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
 
 def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype,
                               need: tuple[bool, bool, bool], want_entropy: bool, token_grads, lean: bool = False,
-                              budget: int = -1, align: int = 1, halves: bool = True, before=None):
+                              budget: int = -1, align: int = 1, halves: bool = True, before=None,
+                              kept: torch.Tensor | None = None, bounds: list[int] | None = None):
     """Log-probabilities and the gradients of a loss of them formed in one pass (3 matmuls per chunk: logits,
     grad_hidden, grad_weight), for a loss whose gradient w.r.t. each token's log p (and entropy) is known once the
     chunk's log-probabilities are (a per-token function of them, or of whole sequences when chunks hold whole
@@ -315,13 +316,18 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     loop's matmuls accumulate it. Returns (logp (N,), entropy (N,) or None, (gh, gw, gb)): the unscaled accumulators
     of :func:`tigon.kernels.head_grads.grad_buffers`' scalar path, for
     :func:`~tigon.kernels.head_grads.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
-    ``halves``: as :func:`logprobs_backward`; ``before``: as
-    :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' (each chunk's buffer before its logits)."""
+    ``halves``: as :func:`logprobs_backward`; ``before``, ``kept``, ``bounds``: as
+    :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' (each chunk's buffer before its logits;
+    the kept rows, when the chunks run over them alone: [s, e) then index the kept rows, and the returned logp /
+    entropy hold 0 at the other rows, what the kernels give an ignored row; explicit chunks)."""
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
-    logp, stats = torch.empty(n, **f32), row_stats(n, hidden.device)
-    ent = torch.empty(n, **f32) if want_entropy else None
-    z = None if want_entropy else torch.empty(n, **f32)
+    m = n if kept is None else kept.numel()
+    if kept is not None:
+        target = target.index_select(0, kept)
+    logp, stats = torch.empty(m, **f32), row_stats(m, hidden.device)
+    ent = torch.empty(m, **f32) if want_entropy else None
+    z = None if want_entropy else torch.empty(m, **f32)
 
     def rows_grad(lg, s, e):
         ent_c = ent[s:e] if ent is not None else None
@@ -330,7 +336,9 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
         rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp, g_ent, None, opts)
 
     grads = backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, scalar=True,
-                                 align=align, before=before)
+                                 align=align, before=before, kept=kept, bounds=bounds)
+    if kept is not None:
+        logp, ent = (None if x is None else x.new_zeros(n).index_copy_(0, kept, x) for x in (logp, ent))
     return logp, ent, grads
 
 

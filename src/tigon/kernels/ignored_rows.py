@@ -16,9 +16,18 @@ Where it does not pay, every row is computed (:func:`kept_rows` returns None):
 
 Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`), the recomputing
 backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
-log-probabilities' backward) and the sliced plan (:mod:`tigon.kernels.flce_sliced`); not by the lean plan (its memory
-has no room for the gathered copy of the hidden states) nor the post-training losses' formed passes (their per-token
-callbacks index the original rows), nor under a ``memory`` budget in bytes (which does not count the gathers).
+log-probabilities' backward), the sliced plan (:mod:`tigon.kernels.flce_sliced`), and the preference losses' formed
+passes (:func:`tigon.ops.preference_formed._formed_pass`: DPO and the paired losses, KTO; eager and inside
+``torch.compile``'s custom op, which runs at the call, where a sync is allowed). Not by the fused cross-entropy's lean
+plan (its memory has no room for the gathered copy of the hidden states) nor under its ``memory`` budget in bytes
+(which does not count the gathers).
+
+The formed passes chunk whole units (a pair, a sequence; the batch when a loss couples them) whose kept rows vary in
+number: :func:`kept_groups` gives each group's count, :func:`group_cuts` the chunks (balanced, the fewest within the
+plan's cap), ``backward_over_chunks``' ``bounds`` runs them. There each chunk's rows are gathered into a (rows, H)
+buffer (not all the kept rows at once), so the extra memory is two (rows, H) buffers beside the (rows, V) chunk, and
+a byte budget counts them (``row_bytes`` of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows`): these passes
+skip under every plan, the lean one and byte budgets included, where the kept rows of a unit fit.
 """
 
 from __future__ import annotations
@@ -84,3 +93,42 @@ def scatter_outputs(idx: torch.Tensor | None, full: tuple, part: tuple, vocab: i
     stats[:, 0].zero_()
     stats[:, 1].fill_(math.log(vocab))
     stats.index_copy_(0, idx, part[2])
+
+
+def kept_groups(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,
+                group: int) -> tuple[torch.Tensor, list[int]] | None:
+    """For a loss of whole groups of ``group`` consecutive rows (the formed passes' pairs or sequences): the (K,)
+    int64 kept rows of ``target`` (N,) (:func:`kept_rows` at :data:`SKIP_MIN_MACS`, read at the call) and each
+    group's count of them (a host list of N / group ints; a second sync), or None where skipping does not pay."""
+    idx = kept_rows(target, ignore_index, vocab, hidden, SKIP_MIN_MACS)
+    if idx is None:
+        return None
+    return idx, torch.bincount(idx // group, minlength=target.numel() // group).tolist()
+
+
+def group_cuts(sizes: list[int], cap: int) -> list[int] | None:
+    """Chunks of whole consecutive groups of ``sizes`` rows (ints >= 0, not all 0), at most ``cap`` rows each: the
+    indices of the groups that start a chunk, then ``len(sizes)``; the fewest chunks, the largest of them as small as
+    that number allows (balanced, as :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows` does for groups of
+    one size); None when one group exceeds ``cap``. Every chunk holds rows: an empty group joins a chunk of others."""
+    if max(sizes) > cap:
+        return None
+
+    def greedy(limit: int) -> list[int]:
+        cuts, rows = [0], 0
+        for g, k in enumerate(sizes):
+            if rows + k > limit:
+                cuts.append(g)
+                rows = 0
+            rows += k
+        return cuts + [len(sizes)]
+
+    best = greedy(cap)
+    lo, hi = max(max(sizes), -(-sum(sizes) // (len(best) - 1))), cap
+    while lo < hi:  # the least cap that keeps the fewest chunks
+        mid = (lo + hi) // 2
+        if len(greedy(mid)) == len(best):
+            hi = mid
+        else:
+            lo = mid + 1
+    return greedy(lo)

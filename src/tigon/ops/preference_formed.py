@@ -6,11 +6,14 @@ Per chunk (:func:`_formed_pass`): the reference model's logits of the chunk's ro
 log-prob kernel over them (:func:`_reference_rows`), the policy's logits into the same buffer, the log-prob kernel,
 the loss's gradient w.r.t. the chunk's log-probabilities by autograd through the formula, the logits-gradient kernel
 in place, then grad_hidden and grad_weight (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`):
-3 policy matmuls + 1 for the reference, one (rows, V) buffer.
+3 policy matmuls + 1 for the reference, one (rows, V) buffer. Ignored tokens (a masked prompt) are left out of those
+matmuls where that pays (:func:`_kept_chunks`, :mod:`tigon.kernels.ignored_rows`): chunks of the kept rows of whole
+units, the formula still differentiated on each unit's full (k, *unit) layout.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -98,8 +101,13 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
     b, t, _ = hidden.shape
     p = b // 2
 
-    def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), copied chunk by chunk
-        return lambda s, e: r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
+    def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), or its rows idx, copied chunk by chunk
+        def rows(s, e, idx):
+            if idx is None:
+                return r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
+            within = idx % (2 * t)  # pair idx // 2T, side within // T, position within % T
+            return r4.reshape(b * t, -1).index_select(0, within // t * (p * t) + idx // (2 * t) * t + within % t)
+        return rows
 
     f32 = dict(dtype=torch.float32, device=hidden.device)
     ref = None
@@ -182,7 +190,8 @@ def _kto_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: b
     ref = None
     if ref_hidden is not None and ref_lp is None:  # the reference model in the policy's chunk loop
         ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd,
-                       lambda rh: (lambda s, e, r2=rh.reshape(b * t, rh.shape[-1]): r2[s:e]))
+                       lambda rh: (lambda s, e, idx, r2=rh.reshape(b * t, rh.shape[-1]):
+                                   r2[s:e] if idx is None else r2.index_select(0, idx)))
     zeros = torch.zeros((b, t), **f32)
     _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
                                             spec["ignore_index"], average_log_prob, zeros,
@@ -211,28 +220,46 @@ logits are 512 MiB: at Llama-3-8B's head (4096 x 128256) and 4 pairs of 1024 tok
 extra about 1.96 GiB of accumulator + 0.49 of chunk + 0.19 of fp32 grad_hidden and reordered hidden states (2.6 GiB;
 Liger-Kernel's DPO 2.54, whose chunks are one pair too, with a bf16 grad_weight); the fused cross-entropy's 3 GiB
 rule gave 2 chunks of two pairs (3.12 GiB measured). Each chunk beyond the minimum costs one more read and write of
-the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule."""
+the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule.
+
+``memory="low"`` (the lean plan: grad_weight accumulated in the weight's dtype, no fp32 accumulator) on CUDA: chunks
+of one unit where a unit has at most this many logits (the fused cross-entropy's lean rule, about N / ceil(V / H)
+rows, 256 at Llama-3-8B's head, holds less than a pair, and the loss would take the recomputing path: 4 policy
+matmuls and more), so 3 policy matmuls still: a budget in bytes of one unit's logits (its rows rounded up to 16),
+and of its rows gathered where ignored rows are skipped (:func:`_gathered_bytes`; 48 MiB a pair below). Peak extra at
+Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens: about 0.98 GiB of bf16 grad_weight + 0.49 of one
+pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states (1.6 GiB; not measured here: no GPU in this
+session). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one
+unit's rows with their gathered rows: within the same budget, often fewer chunks."""
 
 
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
     """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
     whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
     gradient wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
-    ``align`` rows exceed a chunk. ``memory="auto"`` on CUDA: chunks of :data:`PAIR_CHUNK_LOGITS_CUDA` logits."""
+    ``align`` rows exceed a chunk. On CUDA (:data:`PAIR_CHUNK_LOGITS_CUDA`), ``memory="auto"``: chunks of that many
+    logits; ``memory="low"``: chunks of one unit (``align`` rows), as a budget in bytes of that unit's logits."""
     b, t, h = hidden.shape
     h2 = hidden.reshape(b * t, h)
     plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)
     if plan is None or not any(plan.need):
         return None
-    from ..kernels._common import compiled_cuda
-    from ..kernels.fused_linear_cross_entropy import loop_rows
+    from ..kernels import fused_linear_cross_entropy as kflce
 
-    if plan.budget < 0 and not plan.lean and plan.need[1] and compiled_cuda(hidden.device):
-        v = weight.shape[0]
-        tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
-        if loop_rows(h2, weight, tight.cd, tight.need, tight.lean, tight.budget, align=align):
-            return tight
-    return plan if loop_rows(h2, weight, plan.cd, plan.need, plan.lean, plan.budget, align=align) else None
+    def fits(p):
+        return kflce.loop_rows(h2, weight, p.cd, p.need, p.lean, p.budget, align=align) > 0
+
+    v = weight.shape[0]
+    if plan.budget < 0 and kflce.compiled_cuda(hidden.device):
+        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # one unit a chunk, in rows of 16 (chunk_rows')
+            one = plan._replace(budget=-(-align // 16) * 16 * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
+            if fits(one):
+                return one
+        elif not plan.lean and plan.need[1]:
+            tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
+            if fits(tight):
+                return tight
+    return plan if fits(plan) else None
 
 
 def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index: int, memory, plan):
@@ -253,7 +280,7 @@ def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_ind
 
 def _in_loop(ref_hidden, ref_weight, ref_bias, cd, rows_of):
     """The reference model for :func:`_formed_pass`' ``ref``: ``(rows, weight, bias)`` in the matmul dtype ``cd``,
-    ``rows_of(ref_hidden in cd)`` giving its ``rows(s, e)``."""
+    ``rows_of(ref_hidden in cd)`` giving its ``rows(s, e, idx)`` (:func:`_formed_pass`' ``ref``)."""
     with torch.no_grad():
         rh = ref_hidden.detach().to(cd)
         return rows_of(rh), ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd)
@@ -268,40 +295,98 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     units i .. i + k - 1 (the others' held fixed; autograd differentiates it), ``ref_lp`` the reference model's of the
     same rows (no gradient) or None.
 
-    ``ref``: None, or a reference model ``(rows, weight, bias)`` run in the same loop: ``rows(s, e)`` its (e - s,
-    H_ref) hidden states for rows s .. e of ``hidden2d``, and its head, in the matmul dtype ``plan.cd``. Each chunk's
-    buffer first takes the reference's logits of its rows and the log-probability kernel reads them (the log-prob
-    kernel of :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of
-    the chunk more, nothing allocated beyond three (N,) vectors). Returns (logp (N,), ref_logp (N,) or None, the
-    unscaled gradients); ``halves``: :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s."""
+    ``ref``: None, or a reference model ``(rows, weight, bias)`` run in the same loop: ``rows(s, e, idx)`` its (e - s,
+    H_ref) hidden states for rows s .. e of ``hidden2d`` (``idx`` None), or for its rows ``idx`` ((k,) int64), and
+    its head, in the matmul dtype ``plan.cd``. Each chunk's buffer first takes the reference's logits of its rows and
+    the log-probability kernel reads them (the log-prob kernel of
+    :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of the chunk
+    more, nothing allocated beyond three (N,) vectors). Returns (logp (N,), ref_logp (N,) or None, the unscaled
+    gradients); ``halves``: :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s.
+
+    Ignored rows (:func:`_kept_chunks`): where skipping pays, the chunks run over the kept rows alone, whole groups of
+    ``align`` rows each (of varying kept counts). Each chunk's log-probabilities (and the reference's) go into a
+    zero-filled (k, *unit) view of its units, where ignored tokens hold the 0 the kernels give them, the formula's
+    gradient there is gathered back to the kept rows, and logp / ref_logp come back in the full layout with 0 at the
+    ignored rows: the same values as computing every row; grad_hidden's ignored rows are zeros."""
     from ..kernels import fused_linear_logprobs as klp
 
     rows = math.prod(unit)
     n = hidden2d.shape[0]
     target2d = target2d.contiguous()
+    kept, bounds, units = _kept_chunks(hidden2d, weight, target2d, plan, align, rows)
     ref_lp = reference_rows = None
     if ref is not None:
-        f32 = dict(dtype=torch.float32, device=hidden2d.device)
-        ref_lp = torch.empty(n, **f32)
-        reference_rows = _reference_rows(ref, target2d, plan, ref_lp)
+        run_target = target2d if kept is None else target2d.index_select(0, kept)
+        ref_lp = torch.empty(run_target.numel(), dtype=torch.float32, device=hidden2d.device)
+        reference_rows = _reference_rows(ref, run_target, plan, ref_lp, kept)
 
     def token_grads(s, e, logp, _ent):
-        ref_c = None if ref_lp is None else ref_lp[s:e].reshape(-1, *unit)
+        if kept is None:
+            i, k, at = s // rows, (e - s) // rows, None
+            lp, ref_c = logp.detach(), None if ref_lp is None else ref_lp[s:e]
+        else:  # the chunk's kept rows among the rows of its units, the others 0 (as the kernels give them)
+            (i, k), at = units[s], kept[s:e] - units[s][0] * rows
+            lp, ref_c = (None if x is None else x.new_zeros(k * rows).index_copy_(0, at, x)
+                         for x in (logp.detach(), None if ref_lp is None else ref_lp[s:e]))
         with torch.enable_grad():
-            lp = logp.detach().reshape(-1, *unit).requires_grad_()
-            (g,) = torch.autograd.grad(chunk_loss(lp, ref_c, s // rows, (e - s) // rows), lp, allow_unused=True)
-        return (torch.zeros_like(logp) if g is None else g.reshape(-1).contiguous()), None
+            lp = lp.reshape(k, *unit).requires_grad_()
+            loss = chunk_loss(lp, None if ref_c is None else ref_c.reshape(k, *unit), i, k)
+            (g,) = torch.autograd.grad(loss, lp, allow_unused=True)
+        if g is None:
+            return torch.zeros_like(logp), None
+        return (g.reshape(-1).contiguous() if at is None else g.reshape(-1).index_select(0, at)), None
 
     logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd, plan.need,
                                                    False, token_grads, plan.lean, plan.budget, align, halves,
-                                                   before=reference_rows)
+                                                   before=reference_rows, kept=kept, bounds=bounds)
+    if kept is not None and ref_lp is not None:
+        ref_lp = ref_lp.new_zeros(n).index_copy_(0, kept, ref_lp)
     return logp, ref_lp, grads
 
 
-def _reference_rows(ref, target2d, plan, ref_lp):
+def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
+    """How :func:`_formed_pass` skips ignored rows: ``(kept, bounds, units)``, the (K,) kept rows
+    (:func:`tigon.kernels.ignored_rows.kept_groups`: the fused cross-entropy's rule, at least MIN_SKIPPED of the rows
+    ignored and N V H >= SKIP_MIN_MACS, never while a CUDA graph is captured), the chunks' bounds over them (whole
+    groups of ``align`` rows, :func:`tigon.kernels.ignored_rows.group_cuts`) and each chunk's units (its first kept
+    row -> (first unit, units), units of ``rows`` rows); or (None, None, None): every row is computed.
+
+    The chunks of kept rows stay within the plan's rule (:func:`tigon.kernels.fused_linear_cross_entropy.loop_cap` for
+    K rows), the lean plan's and a byte budget's included: each chunk's rows are gathered into a (rows, H) buffer
+    beside the (rows, V) chunk (:func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`), with a
+    (rows, H) buffer of their grad_hidden, and a budget in bytes counts both (:func:`_gathered_bytes`), so that the
+    chunk buffer and these rows together stay within it; where that leaves a group's kept rows no room, every row is
+    computed."""
+    from ..kernels.fused_linear_cross_entropy import loop_cap
+    from ..kernels.ignored_rows import group_cuts, kept_groups
+
+    v, h = weight.shape
+    found = kept_groups(target2d, plan.opts.ignore_index, v, h, align)
+    if found is None:
+        return None, None, None
+    kept, sizes = found
+    cap = loop_cap(hidden2d, weight, plan.cd, plan.need, plan.lean, plan.budget, n=kept.numel(),
+                   row_bytes=_gathered_bytes(h, plan.cd))
+    cuts = group_cuts(sizes, cap)
+    if cuts is None:
+        return None, None, None
+    starts = [0, *itertools.accumulate(sizes)]
+    per = align // rows
+    units = {starts[c]: (c * per, (d - c) * per) for c, d in zip(cuts, cuts[1:])}
+    return kept, [starts[c] for c in cuts], units
+
+
+def _gathered_bytes(hdim: int, cd: torch.dtype) -> int:
+    """What a kept row gathered for a chunk costs beside its logits: its hidden row in ``cd`` and its grad_hidden row
+    (fp32 at most)."""
+    return hdim * (cd.itemsize + 4)
+
+
+def _reference_rows(ref, target, plan, ref_lp, kept=None):
     """The ``before`` hook of :func:`_formed_pass`' chunk loop for a reference model ``ref`` (its ``(rows, weight,
     bias)``): the chunk's reference logits into the chunk's buffer, then their log-probabilities into ``ref_lp``
-    ((N,) fp32), before the policy's logits overwrite the buffer."""
+    ((M,) fp32, over the rows the loop runs: ``kept`` (K,) of them, or all), before the policy's logits overwrite the
+    buffer. ``target``: (M,), the rows run."""
     from ..kernels import fused_linear_logprobs as klp
     from ..kernels.head_grads import _Matmuls
     from ..kernels.loss_rows import row_stats
@@ -312,7 +397,7 @@ def _reference_rows(ref, target2d, plan, ref_lp):
     mm = _Matmuls(dev, plan.cd)
 
     def before(lg, s, e):
-        mm.logits(lg, ref_rows(s, e), ref_w, ref_b)
-        klp.rows_forward(lg, target2d[s:e], plan.opts, ref_lp[s:e], None, z[s:e], stats[s:e])
+        mm.logits(lg, ref_rows(s, e, None if kept is None else kept[s:e]), ref_w, ref_b)
+        klp.rows_forward(lg, target[s:e], plan.opts, ref_lp[s:e], None, z[s:e], stats[s:e])
 
     return before
