@@ -18,7 +18,8 @@ Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entr
 backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
 log-probabilities' backward), the sliced plan (:mod:`tigon.kernels.flce_sliced`), and the preference losses' formed
 passes (:func:`tigon.ops.preference_formed._formed_pass`: DPO and the paired losses, KTO; eager and inside
-``torch.compile``'s custom op, which runs at the call, where a sync is allowed). Not by the fused cross-entropy's lean
+``torch.compile``'s custom op, which runs at the call, where a sync is allowed), and the fused linear JSD's
+(:func:`tigon.kernels.fused_linear_jsd.jsd_forward`: both models' kept rows, the default plan only). Not by the fused cross-entropy's lean
 plan (its memory has no room for the gathered copy of the hidden states) nor under its ``memory`` budget in bytes
 (which does not count the gathers).
 
