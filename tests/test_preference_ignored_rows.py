@@ -5,6 +5,8 @@ fewer head-matmul rows; eager and under torch.compile. Also memory="low" on the 
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tigon.kernels.fused_linear_cross_entropy as flce_ops
 import tigon.kernels.fused_linear_logprobs as klp
@@ -223,3 +225,53 @@ def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, monkeypatch)
                                                truth["weight"].grad, 3.0)):
         err, orig = rel_l2(ours, exact), rel_l2(theirs, exact)
         assert err <= max(factor * orig, FLOOR[torch.bfloat16]), (name, err, orig)
+
+
+class _Allocated(TorchDispatchMode):
+    """The largest tensor an op allocates (its output not sharing an input's storage), in elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.most = max(self.most, t.numel())
+        return out
+
+
+def test_kept_reference_rows_copy_only_the_chunk_of_a_sequence_first_reference(monkeypatch):
+    # a reference model's hidden states in a sequence-first layout ((T, B, H_ref) transposed: not viewable as
+    # (B T, H_ref)): each chunk copies its own reference rows, never all of them (the kept rows' gather copied the
+    # whole (B T, H_ref) hidden states at every chunk)
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 2 * T * V)  # one pair a chunk
+    inp = _batch(reference="model")
+    hr = 9
+    gen = torch.Generator().manual_seed(1)
+    inp["ref_hidden"] = torch.randn(T, 2 * PAIRS, hr, generator=gen).transpose(0, 1)
+    inp["ref_weight"] = torch.randn(V, hr, generator=gen) / hr ** 0.5
+    real = pf._in_loop
+    copied = []
+
+    def in_loop(*args):
+        rows, w, b = real(*args)
+
+        def watched(s, e, idx):
+            with _Allocated() as seen:
+                out = rows(s, e, idx)
+            copied.append((e - s, seen.most))
+            return out
+
+        return watched, w, b
+
+    monkeypatch.setattr(pf, "_in_loop", in_loop)
+    runs = [_run(TF.fused_linear_dpo_loss, inp, {}, min_macs, monkeypatch)[:2] for min_macs in (NEVER, 0)]
+    assert len(copied) > PAIRS  # the chunks of both runs
+    assert all(most <= rows * hr for rows, most in copied), copied
+    (every, g_every), (kept, g_kept) = runs
+    for a, b in zip([*every, *g_every.values()], [*kept, *g_kept.values()]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

@@ -105,8 +105,8 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
         def rows(s, e, idx):
             if idx is None:
                 return r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
-            within = idx % (2 * t)  # pair idx // 2T, side within // T, position within % T
-            return r4.reshape(b * t, -1).index_select(0, within // t * (p * t) + idx // (2 * t) * t + within % t)
+            within = idx % (2 * t)  # pair idx // 2T, side within // T, position within % T; gathered from r4 itself
+            return r4[within // t, idx // (2 * t), within % t]  # (a (B T, H_ref) view may not exist: a full copy)
         return rows
 
     f32 = dict(dtype=torch.float32, device=hidden.device)
