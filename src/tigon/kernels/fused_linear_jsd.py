@@ -20,8 +20,10 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
 
 Rows whose label is ``ignore_index`` (loss 0, no gradient) are left out of all four matmuls where that pays
 (:func:`tigon.kernels.ignored_rows.kept_for_chunks`: the default plan, at least 1/32 of the rows ignored, a large
-head; one host sync per call): the chunks run over the kept rows of both models, gathered, and grad_hidden's ignored
-rows are zeros (tests/test_fused_linear_jsd.py checks the result equals computing every row).
+head; one host sync per call): the chunks run over the kept rows of both models, gathered chunk by chunk into two
+(rows, H) buffers beside the chunk's logits (32 MiB at Llama-3-8B's 2048-row chunks, outside the 3 GiB figure
+below), and grad_hidden's ignored rows are zeros (tests/test_fused_linear_jsd.py checks the result equals computing
+every row).
 
 Memory per chunk row: the two logits rows in the compute dtype, nothing else (no fp32 (rows, V) temporaries). Bytes
 per chunk: three reads of both rows and one write of the student's (7 x rows x V x 2 in bf16: about 4 ms at 8192 x
@@ -312,8 +314,8 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
     # ignored tokens (loss 0, no gradient) left out of all four matmuls: the kept rows gathered (ignored_rows)
     kept = None if labels is None else kept_for_chunks(labels, ignore_index, vocab, student_input.shape[1],
                                                         lean or budget >= 0)
-    if kept is not None:
-        ht, labels = ht.index_select(0, kept), labels.index_select(0, kept)
+    if kept is not None:  # the teacher's kept rows are gathered chunk by chunk below (one (rows, H_t) buffer)
+        labels = labels.index_select(0, kept)
     loss_rows = torch.zeros(n if kept is None else kept.numel(), dtype=torch.float32, device=dev)
     want_grad = any(need)
     if budget < 0 and not lean and compiled_cuda(dev):
@@ -324,8 +326,14 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
     def rows_grad(lg, s, e):
         if not teacher_buf:  # one (rows, V) buffer for the teacher's logits, the size of the student's
             teacher_buf.append(torch.empty_like(lg))
+            if kept is not None:  # and one (rows, H_t) for its kept hidden rows
+                teacher_buf.append(ht.new_empty((lg.shape[0], ht.shape[1])))
         tz = teacher_buf[0][: e - s]
-        mm.logits(tz, ht[s:e], wt, bt)
+        if kept is None:
+            hr = ht[s:e]
+        else:
+            hr = torch.index_select(ht, 0, kept[s:e], out=teacher_buf[1][: e - s])
+        mm.logits(tz, hr, wt, bt)
         jsd_rows(lg, tz, labels[s:e] if labels is not None else None, scale, opts, 1.0 / temperature,
                  loss_rows[s:e], want_grad)
 
