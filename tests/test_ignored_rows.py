@@ -70,6 +70,14 @@ def test_kept_rows_rules(monkeypatch):
     monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0)
     assert ignored_rows.kept_for_chunks(t, -100, 100, 16, lean=False).numel() == 32
     assert ignored_rows.kept_for_chunks(t, -100, 100, 16, lean=True) is None
+    # the formed passes' groups: one sync (the counts), the rows from a stable sort, ascending as nonzero gives them
+    g = torch.randint(0, 9, (96,), generator=torch.Generator().manual_seed(3))
+    g[g < 3] = -100
+    g[:24] = -100  # a fully ignored first group
+    idx, sizes = ignored_rows.kept_groups(g, -100, 100, 16, group=24)
+    assert torch.equal(idx, (g != -100).nonzero().squeeze(1)) and sizes == [0, *(int(c) for c in
+                                                                              (g[24:] != -100).view(3, 24).sum(1))]
+    assert ignored_rows.kept_groups(torch.full((48,), -100), -100, 100, 16, group=24) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

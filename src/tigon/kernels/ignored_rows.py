@@ -53,13 +53,24 @@ def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int, 
     ``gather_floor``: also None when a (vocab, hidden) grad_weight cannot hold one gathered row beside its logits and
     its grad_hidden row (vocab * hidden < vocab + 2 * hidden: a head of 1-2 classes; the sliced plan's chunks)."""
     n = target.numel()
-    if n == 0 or n * vocab * hidden < min_macs or (gather_floor and vocab * hidden < vocab + 2 * hidden):
-        return None
-    if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if not _sync_pays(target, n * vocab * hidden, min_macs) or (gather_floor and vocab * hidden < vocab + 2 * hidden):
         return None
     idx = (target != ignore_index).nonzero().squeeze(1)
     k = idx.numel()
-    return None if k == 0 or n - k < n * MIN_SKIPPED else idx
+    return None if not _skipping_pays(n, k) else idx
+
+
+def _sync_pays(target: torch.Tensor, macs: int, min_macs: int) -> bool:
+    """Whether finding the kept rows (a host sync) may pay: rows to find, a head of at least ``min_macs``
+    multiply-adds, and no CUDA graph being captured."""
+    if target.numel() == 0 or macs < min_macs:
+        return False
+    return not (target.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _skipping_pays(n: int, k: int) -> bool:
+    """Whether leaving out the n - k ignored of n rows pays: some rows kept and at least :data:`MIN_SKIPPED` not."""
+    return k > 0 and n - k >= n * MIN_SKIPPED
 
 
 def kept_for_chunks(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,
@@ -99,12 +110,20 @@ def scatter_outputs(idx: torch.Tensor | None, full: tuple, part: tuple, vocab: i
 def kept_groups(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,
                 group: int) -> tuple[torch.Tensor, list[int]] | None:
     """For a loss of whole groups of ``group`` consecutive rows (the formed passes' pairs or sequences): the (K,)
-    int64 kept rows of ``target`` (N,) (:func:`kept_rows` at :data:`SKIP_MIN_MACS`, read at the call) and each
-    group's count of them (a host list of N / group ints; a second sync), or None where skipping does not pay."""
-    idx = kept_rows(target, ignore_index, vocab, hidden, SKIP_MIN_MACS)
-    if idx is None:
+    int64 kept rows of ``target`` (N,), ascending, and each group's count of them (a host list of N / group ints), or
+    None where skipping does not pay (:func:`kept_rows`' rules at :data:`SKIP_MIN_MACS`, read at the call). One host
+    sync, the counts': the rows then come from a stable sort of the ignored flags (kept first), whose first K entries
+    are the kept rows in order, with no sync of their own."""
+    n = target.numel()
+    if not _sync_pays(target, n * vocab * hidden, SKIP_MIN_MACS):
         return None
-    return idx, torch.bincount(idx // group, minlength=target.numel() // group).tolist()
+    keep = target.reshape(-1) != ignore_index
+    sizes = keep.view(n // group, group).sum(1).tolist()
+    k = sum(sizes)
+    if not _skipping_pays(n, k):
+        return None
+    order = torch.sort(keep.logical_not().to(torch.uint8), stable=True).indices
+    return order[:k], sizes
 
 
 def group_cuts(sizes: list[int], cap: int) -> list[int] | None:
