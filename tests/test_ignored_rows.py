@@ -93,14 +93,18 @@ def test_per_token_backwards_skip_ignored_rows(device, dtype, monkeypatch):
         leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
         (F.fused_linear_cross_entropy(*leaves[:2], target, leaves[2], reduction="none", softcap=5.0) * up).sum() \
             .backward()
-        out = F.fused_linear_logprobs(leaves[0], leaves[1], target, leaves[2], return_entropy=True)
+        out = F.fused_linear_logprobs(leaves[0], leaves[1], target, leaves[2], return_entropy=True, return_lse=True,
+                                      return_is_top1=True, return_log_sum_sq_probs=True)
         (out.logprobs * up + 0.1 * out.entropy * up).sum().backward()
-        runs.append([t.grad for t in leaves])
+        runs.append([t.grad for t in leaves] + [x.detach() for x in (out.logprobs, out.entropy, out.lse,
+                                                                    out.is_top1, out.log_sum_sq_probs)])
     # atol 1e-6 in fp32: grad_bias / grad_weight sum over another set of rows in another order (two backwards' worth
     # of fp32 rounding on elements of about 1e-3)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, **tol)
+    ignored = target == -100  # the log-probabilities' forward skipped them too: 0 in every output
+    assert all((x[ignored] == 0).all() for x in runs[1][3:])
 
 
 def test_no_skipping_under_a_byte_budget_or_the_lean_plan(device, monkeypatch):

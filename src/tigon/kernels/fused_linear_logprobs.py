@@ -39,11 +39,14 @@ row kernel reads them.
   (``COMPUTE_SQ`` constexpr false) the kernel is the entropy / cross-entropy one, unchanged.
 
 Minimal bytes per chunk: forward reads the logits once (N*V*2 for bf16), backward reads and writes them once.
-Ignored rows are never read (their outputs are 0, their gradient rows written as zeros).
+Ignored rows are never read (their outputs are 0, their gradient rows written as zeros); where at least 1/32 of the
+rows are ignored and the head is large (:func:`tigon.kernels.ignored_rows.kept_for_chunks`: one host sync per call),
+they are left out of the matmuls too, forward and backward (the kept rows gathered chunk by chunk).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -259,17 +262,32 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
     z = None if want_entropy or want_sq else torch.empty(n, **f32)  # the cross-entropy kernel's z-loss rows (all 0)
     top1 = torch.empty(n, **f32) if want_top1 else None
     sq = torch.empty(n, **f32) if want_sq else None
-    rows = chunk_rows(n, vocab, hdim, dev, lean, False, cd.itemsize, budget)
+    # ignored tokens (0 in every output) left out of the matmuls, as the backward leaves them out (ignored_rows)
+    kept = kept_for_chunks(target, opts.ignore_index, vocab, hdim, lean or budget >= 0)
+    full = (logp, ent, z, stats, top1, sq)
+    m = n
+    if kept is not None:
+        m, target = kept.numel(), target.index_select(0, kept)
+        logp, ent, z, stats, top1, sq = (None if x is None else x.new_empty((m, *x.shape[1:])) for x in full)
+    rows = chunk_rows(m, vocab, hdim, dev, lean, False, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
+    hbuf = None if kept is None else h.new_empty((rows, hdim))
     with torch.autocast(dev.type, enabled=False):
         mm = _Matmuls(dev, cd)
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
+        for s in range(0, m, rows):
+            e = min(s + rows, m)
             lg = buf[: e - s]
-            mm.logits(lg, h[s:e], w, b)
+            hs = h[s:e] if kept is None else torch.index_select(h, 0, kept[s:e], out=hbuf[: e - s])
+            mm.logits(lg, hs, w, b)
             rows_forward(lg, target[s:e], opts, logp[s:e], ent[s:e] if want_entropy else None,
                          None if z is None else z[s:e], stats[s:e], top1[s:e] if want_top1 else None,
                          sq[s:e] if want_sq else None)
+    if kept is not None:  # an ignored token's outputs: 0, statistics (0, log V) as the kernel writes them
+        for dst, src in zip(full, (logp, ent, z, stats, top1, sq)):
+            if dst is not None:
+                dst.zero_().index_copy_(0, kept, src)
+        logp, ent, z, stats, top1, sq = full
+        stats[:, 1].masked_fill_(stats.new_ones(n, dtype=torch.bool).index_fill_(0, kept, False), math.log(vocab))
     return logp, ent, stats, (top1 != 0 if want_top1 else None), sq
 
 
