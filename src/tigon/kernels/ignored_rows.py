@@ -14,14 +14,15 @@ Where it does not pay, every row is computed (:func:`kept_rows` returns None):
 - the head is smaller than ``min_macs`` multiply-adds per call, where a sync and a few gathers cost more than the
   matmuls they save (:data:`SKIP_MIN_MACS` for the default plan).
 
-Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`), the recomputing
-backwards of per-token losses (``backward_over_chunks``' ``kept``: the cross-entropy's ``reduction="none"``, the
-log-probabilities' backward), the sliced plan (:mod:`tigon.kernels.flce_sliced`), and the preference losses' formed
-passes (:func:`tigon.ops.preference_formed._formed_pass`: DPO and the paired losses, KTO; eager and inside
-``torch.compile``'s custom op, which runs at the call, where a sync is allowed), and the fused linear JSD's
-(:func:`tigon.kernels.fused_linear_jsd.jsd_forward`: both models' kept rows, the default plan only). Not by the fused cross-entropy's lean
-plan (its memory has no room for the gathered copy of the hidden states) nor under its ``memory`` budget in bytes
-(which does not count the gathers).
+Used by the default plan's forward (:func:`tigon.kernels.fused_linear_cross_entropy.flce_forward`), the
+log-probabilities' forward and the recomputing backwards of per-token losses (``backward_over_chunks``' ``kept``:
+the cross-entropy's ``reduction="none"``, the log-probabilities' backward), the sliced plan
+(:mod:`tigon.kernels.flce_sliced`), the preference losses' formed passes
+(:func:`tigon.ops.preference_formed._formed_pass`: DPO and the paired losses, KTO; eager and inside
+``torch.compile``'s custom op, which runs at the call, where a sync is allowed) and the fused linear JSD
+(:func:`tigon.kernels.fused_linear_jsd.jsd_forward`: both models' kept rows, the default plan only). Not by the
+fused cross-entropy's lean plan (its memory has no room for the gathered copy of the hidden states) nor under its
+``memory`` budget in bytes (which does not count the gathers).
 
 The formed passes chunk whole units (a pair, a sequence; the batch when a loss couples them) whose kept rows vary in
 number: :func:`kept_groups` gives each group's count, :func:`group_cuts` the chunks (balanced, the fewest within the

@@ -7,14 +7,10 @@ One Hugging Face causal LM, built from a preset / config (random weights from th
     the model as Hugging Face writes it.
 ``tigon``
     the same model after :func:`tigon.patch` (instance level; :func:`tigon.unpatch` afterwards).
-``tigon_lean``
-    the same model after :func:`tigon.patch` with ``fused_linear_cross_entropy={"accum_dtype": <model dtype>}``:
-    the fused LM-head loss accumulates grad_weight in the weight's dtype (no fp32 (vocab, hidden) buffer;
-    Liger-Kernel's default), trading a little gradient accuracy for peak memory (see
-    :func:`tigon.functional.fused_linear_cross_entropy`). The same as ``tigon`` in float32.
-``tigon_low``
-    the same with ``fused_linear_cross_entropy={"memory": "low"}``: Liger-Kernel's peak memory in the fused LM-head
-    loss with exact gradients (:mod:`tigon.kernels.flce_sliced`; one matmul more than ``tigon``).
+``tigon_lean``, ``tigon_low``
+    :func:`tigon.patch` with the keywords of :data:`PATCH_VARIANTS`: grad_weight accumulated in the model's dtype
+    (Liger-Kernel's default; the same as ``tigon`` in float32), or ``memory="low"`` (Liger's peak in the fused
+    LM-head loss with exact gradients, :mod:`tigon.kernels.flce_sliced`: one matmul more than ``tigon``).
 ``original_compile``, ``tigon_compile``
     ``torch.compile(model)`` of the original / the patched model (default Inductor settings; the warm-up steps
     absorb the compilation). ``tigon_compile`` runs Tigon's compile mode ``"auto"`` (the row-wise ops leave their
@@ -61,8 +57,9 @@ user's script does before handing the model to a trainer: Hugging Face's (``use_
 ``selective``: non-reentrant, each layer keeping the matmul and attention outputs that
 :func:`tigon.checkpointing.plan` chooses within ``--checkpoint-budget-gb`` (:attr:`E2EConfig.checkpoint_budget_gb`;
 default :func:`tigon.checkpointing.auto_budget` with ``optimizer="adamw_torch"``, the AdamW the run steps: the room a
-full fine-tune's peak, at the optimizer step, leaves the activations before it; with ``--lora`` it is enabled on the PEFT model, whose LoRA projections it does not keep).
-The row's ``checkpointing`` says what was kept and the recompute avoided.
+full fine-tune's peak, at the optimizer step, leaves the activations before it; with ``--lora`` it is enabled on the
+PEFT model, whose LoRA projections it does not keep). The row's ``checkpointing`` says what was kept and the recompute
+avoided.
 ``liger`` fails under ``selective``: Liger-Kernel's RoPE rotates the kept q / k projections' outputs in place
 (see :mod:`tigon.checkpointing`).
 
@@ -114,10 +111,9 @@ PATCH_VARIANTS = {
                   "loss, exact gradients, one matmul more",
                   lambda dtype: dict(fused_linear_cross_entropy={"memory": "low"})),
 }
-"""Provider -> (what it is, ``tigon.patch`` keywords for the model's dtype): the patched variants run like ``tigon``
-with those keywords; the CLI's help is written from the descriptions."""
-E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels",
-                 *PATCH_VARIANTS, "liger")
+"""Provider -> (what it is, ``tigon.patch`` keywords for the model's dtype): run like ``tigon`` with those keywords."""
+E2E_PROVIDERS = ("original", "original_compile", "tigon", "tigon_compile", "tigon_compile_kernels", *PATCH_VARIANTS,
+                 "liger")
 COMPILE_MODE = {"tigon_compile": "auto", "tigon_compile_kernels": "kernels"}
 """Tigon's compile mode (:func:`tigon.support.set_compile_mode`) of the compiled Tigon providers."""
 MODEL_FLOPS_PER_PARAM = 6
@@ -138,11 +134,11 @@ class E2EConfig:
     """What ``tigon bench --e2e`` measures. ``None`` fields take the device's defaults (:data:`DEFAULTS`).
 
     model: preset name, config.json file, checkpoint directory or cached Hub id (its config only: weights are
-        random from the seed, the step time does not depend on them). layers: keep N decoder layers. batch_size, seq_len: tokens
-        per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before them (compilation,
-        autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS` (default: all; on the CPU
-        all but the compiled ones). dtype: "bfloat16" or
-        "float32". device: "auto", "cpu", "cuda". lr: AdamW learning rate. seed: weights and batches.
+        random from the seed, the step time does not depend on them). layers: keep N decoder layers.
+        batch_size, seq_len: tokens per step = batch_size * seq_len. steps: timed steps; warmup: untimed steps before
+        them (compilation, autotuning, allocator warm-up). providers: subset of :data:`E2E_PROVIDERS` (default: all;
+        on the CPU all but the compiled ones). dtype: "bfloat16" or "float32". device: "auto", "cpu", "cuda". lr:
+        AdamW learning rate. seed: weights and batches.
         attn_implementation: transformers' attention ("eager", "sdpa", "flash_attention_2", a Hub kernel
         "org/repo", ...); None: transformers' default. lora_rank: wrap every provider's model with PEFT LoRA of
         this rank (see the module docstring); None: full fine-tuning. gradient_checkpointing: one of
