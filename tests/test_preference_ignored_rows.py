@@ -56,9 +56,9 @@ CASES = {
 
 
 def _batch(reference="model", bias=False, labels=False, ref_logps=False, mask="prompts", dtype=torch.float32, t=T,
-           seed=0, whole=True, v=V):
+           seed=0, whole=True, v=V, device="cpu"):
     """Prompt-style masks (:data:`MASKS`); ``whole=False``: one kept token at least in each sequence (ORPO's odds of
-    an empty sequence, log-probability 0, are infinite)."""
+    an empty sequence, log-probability 0, are infinite). Built on the CPU, moved to ``device``."""
     gen = torch.Generator().manual_seed(seed)
     inp = P._inputs({"tokens": 2 * PAIRS * t, "hidden": H, "vocab": v}, dtype, "cpu", gen, pairs=PAIRS, bias=bias,
                     reference=reference)
@@ -71,7 +71,11 @@ def _batch(reference="model", bias=False, labels=False, ref_logps=False, mask="p
         inp["preference_labels"] = torch.tensor([True, False, True, True, False, True])
     if ref_logps:
         inp["ref_logps"] = torch.randn(2 * PAIRS, generator=gen) - 2.0 * t
-    return inp
+    return {k: x.to(device) if isinstance(x, torch.Tensor) else x for k, x in inp.items()}
+
+
+CPU_RULES = pytest.mark.skipif(torch.cuda.is_available(), reason="simulates the CUDA chunk rules through the "
+                               "interpreter on CPU tensors (CI runs it); the GPU runs the main test on CUDA")
 
 
 def _leaves(inp: dict, dtype=None, grads=("hidden", "weight", "bias")) -> dict:
@@ -96,11 +100,13 @@ def _run(fn, inp, opts, min_macs, monkeypatch):
 
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("label", list(CASES))
-def test_skipping_ignored_rows_changes_nothing_but_the_matmuls(label, mask, monkeypatch):
+def test_skipping_ignored_rows_changes_nothing_but_the_matmuls(label, mask, monkeypatch, device):
     fn, batch, opts, ref_mm = CASES[label]
     # chunks of at most one pair's rows (12; the whole batch for AOT): several chunks, of 1 or 2 pairs' kept rows
+    # (on CPU; CUDA's chunk rule takes the tiny batch in one chunk)
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", (N if "aot" in label else 2 * T) * V)
-    inp = _batch(**batch, mask=mask)
+    opts = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in opts.items()}
+    inp = _batch(**batch, mask=mask, device=device)
     every, g_every, n_every, (lp_every, ref_every) = _run(fn, inp, opts, NEVER, monkeypatch)
     kept, g_kept, n_kept, (lp_kept, ref_kept) = _run(fn, inp, opts, 0, monkeypatch)
     ignored = (inp["target"] == -100).reshape(-1)
@@ -149,6 +155,7 @@ def test_group_cuts_and_the_cap_with_gathered_rows():
     assert flce_ops.chunk_rows(8192, 128256, 4096, cuda, True, budget=budget, row_bytes=4096 * 6, cap=True) == 1856
 
 
+@CPU_RULES
 def test_compiled_formed_pass_skips_ignored_rows(monkeypatch):
     # torch.compile (fullgraph, aot_eager): the custom op runs the same pass at the call, its host sync included
     monkeypatch.setenv("TIGON_COMPILE_OPS", "kernels")
@@ -181,6 +188,7 @@ def test_compiled_formed_pass_skips_ignored_rows(monkeypatch):
 
 
 # ---- memory="low": chunks of one unit on the formed path ----------------------------------------------------------
+@CPU_RULES
 @pytest.mark.parametrize("skip", [False, True])
 def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, monkeypatch):
     # the CUDA chunk rules, on CPU: the lean rule (Liger's, about N / (V / H) rows: 16 here) holds less than a pair of
@@ -244,6 +252,7 @@ class _Allocated(TorchDispatchMode):
         return out
 
 
+@CPU_RULES
 def test_kept_reference_rows_copy_only_the_chunk_of_a_sequence_first_reference(monkeypatch):
     # a reference model's hidden states in a sequence-first layout ((T, B, H_ref) transposed: not viewable as
     # (B T, H_ref)): each chunk copies its own reference rows, never all of them (the kept rows' gather copied the
