@@ -106,13 +106,14 @@ def _softmax_bwd_wide(DY, Y, DX, N, stride_dy, stride_y, BLOCK_N: tl.constexpr):
         tl.store(DX + row * N + cols, (y * (dy - dot)).to(DX.dtype.element_ty), mask=cmask)
 
 
-def _launch(kernel, wide_kernel, inputs: tuple, strides: tuple, out: torch.Tensor, M: int, N: int) -> None:
-    """Run ``kernel(*inputs, out, M, N, *strides)`` on whole rows (``fwd_config``'s rows per program and warps) or,
-    for rows wider than REGISTER_ROW, ``wide_kernel(*inputs, out, N, *strides)`` on WIDE_CHUNK-column chunks (one row
-    a program)."""
+def _launch(kernel, wide_kernel, inputs: tuple, strides: tuple, out: torch.Tensor, M: int, N: int,
+            configs: dict | None = None) -> None:
+    """Run ``kernel(*inputs, out, M, N, *strides)`` on whole rows (``fwd_config``'s rows per program and warps, or
+    ``configs[block_n]`` where given) or, for rows wider than REGISTER_ROW, ``wide_kernel(*inputs, out, N,
+    *strides)`` on WIDE_CHUNK-column chunks (one row a program)."""
     block_n = next_pow2(N)
     if block_n <= REGISTER_ROW:
-        block_m, warps = fwd_config(block_n, out.device)
+        block_m, warps = configs[block_n] if configs and block_n in configs else fwd_config(block_n, out.device)
         kernel[(cdiv(M, block_m),)](*inputs, out, M, N, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
                                     num_warps=warps)
     else:

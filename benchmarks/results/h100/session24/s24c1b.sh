@@ -1,7 +1,7 @@
 # Session 24, call 1b (carry .peers/w; call 1 cut to the device time left after failed starts, about 250 s): the
 # CUDA tests of the ignored-row skipping (fused CE, sliced plan, float16, JSD, preference losses), the fused linear CE
 # at Llama-3-8B's head (issue 28 goal 4), the DPO row with memory="low" (issue 29), sparsemax's launch configs
-#   bash benchmarks/results/h200/session24/s24c1b.sh
+#   bash benchmarks/results/h100/session24/s24c1b.sh
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 timeout 90 python3 -m pytest -q -x -p no:cacheprovider -p no:logging --tb=short -rf tests/test_ignored_rows.py \
