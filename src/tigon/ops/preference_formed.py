@@ -228,8 +228,10 @@ rows, 256 at Llama-3-8B's head, holds less than a pair, and the loss would take 
 matmuls and more), so 3 policy matmuls still: a budget in bytes of one unit's logits (its rows rounded up to 16),
 and of its rows gathered where ignored rows are skipped (:func:`_gathered_bytes`; 48 MiB a pair below). Peak extra at
 Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens: about 0.98 GiB of bf16 grad_weight + 0.49 of one
-pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states (1.6 GiB; not measured here: no GPU in this
-session). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one
+pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states: measured 1.59 GiB and 49.4 ms fwd + bwd on an
+H100 with the reference model in the call (default 2.64 GiB / 52.1 ms, Liger 2.54 / 66.9;
+benchmarks/results/h100/session24/). A peak under 1.5 GiB needs chunks smaller than a pair: a unit's gradients need
+its whole log-probability, so part of its logits would be formed twice (about one matmul in six more). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one
 unit's rows with their gathered rows: within the same budget, often fewer chunks."""
 
 
