@@ -231,8 +231,9 @@ Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens: about 0.98 G
 pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states: measured 1.59 GiB and 49.4 ms fwd + bwd on an
 H100 with the reference model in the call (default 2.64 GiB / 52.1 ms, Liger 2.54 / 66.9;
 benchmarks/results/h100/session24/). A peak under 1.5 GiB needs chunks smaller than a pair: a unit's gradients need
-its whole log-probability, so part of its logits would be formed twice (about one matmul in six more). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one
-unit's rows with their gathered rows: within the same budget, often fewer chunks."""
+its whole log-probability, so part of its logits would be formed twice (about one matmul in six more). With ignored
+rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one unit's rows with their
+gathered rows: within the same budget, often fewer chunks."""
 
 
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
