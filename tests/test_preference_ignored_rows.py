@@ -188,13 +188,29 @@ def test_compiled_formed_pass_skips_ignored_rows(monkeypatch):
 
 
 # ---- memory="low": chunks of one unit on the formed path ----------------------------------------------------------
+def _formed_twice(monkeypatch) -> list:
+    """Records, per formed pass, the rows whose logits it forms twice (the earlier sub-chunks of split units)."""
+    twice = []
+    real = klp.logprobs_grads_in_forward
+
+    def watched(*a, **kw):
+        twice.append(sum(e - s for earlier in (kw.get("pieces") or {}).values() for s, e in earlier))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(klp, "logprobs_grads_in_forward", watched)
+    return twice
+
+
 @CPU_RULES
+@pytest.mark.parametrize("split", [1, 2])
 @pytest.mark.parametrize("skip", [False, True])
-def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, monkeypatch):
+def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, split, monkeypatch):
     # the CUDA chunk rules, on CPU: the lean rule (Liger's, about N / (V / H) rows: 16 here) holds less than a pair of
-    # 2 x 10 tokens, so memory="low" took the recomputing path (4 policy matmuls + the reference's own pass); now
-    # chunks of one pair (3 chunks; with ignored rows skipped, the kept rows of whole pairs, at most a pair's rows
-    # rounded up to 16), 3 + 1 head matmuls, grad_weight accumulated in bf16
+    # 2 x 10 tokens, so memory="low" took the recomputing path (4 policy matmuls + the reference's own pass); then
+    # chunks of one pair (LOW_SPLIT 1: 3 chunks; with ignored rows skipped, the kept rows of whole pairs, at most a
+    # pair's rows rounded up to 16), 3 + 1 head matmuls, grad_weight accumulated in bf16; now (LOW_SPLIT 2) a pair's
+    # rows over 2 sub-chunks of at most 16 rows, the first one's logits formed again
+    monkeypatch.setattr(pf, "LOW_SPLIT", split)
     monkeypatch.setattr(flce_ops, "compiled_cuda", lambda device: True)
     monkeypatch.setattr(flce_ops, "LEAN_CHUNK_ELEMS", 16 * V)
     monkeypatch.setattr(flce_ops, "LEAN_MIN_ROWS", 16)
@@ -207,15 +223,19 @@ def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, monkeypatch)
     real_grad, real_loop = klp.rows_grad_, klp.backward_over_chunks
     monkeypatch.setattr(klp, "rows_grad_", lambda *a: chunks[-1].append(a[0].shape[0]) or real_grad(*a))
     monkeypatch.setattr(klp, "backward_over_chunks", lambda *a, **kw: chunks.append([]) or real_loop(*a, **kw))
+    twice = _formed_twice(monkeypatch)
     got, low = _leaves(inp, grads=("hidden", "weight")), []
-    assert head_matmuls(lambda: low.append(TF.fused_linear_dpo_loss(**got, memory="low")) or low[0].loss.backward(),
-                        n, H, v) == pytest.approx(4 * (k / n if skip else 1), rel=1e-12)
+    count = head_matmuls(lambda: low.append(TF.fused_linear_dpo_loss(**got, memory="low")) or low[0].loss.backward(),
+                         n, H, v)
     assert got["weight"].grad.dtype == torch.bfloat16
     assert len(chunks) == 1
-    if skip:
-        assert sum(chunks[0]) == k and max(chunks[0]) <= 32
-    else:
-        assert chunks[0] == [2 * t] * PAIRS
+    assert sum(chunks[0]) == (k if skip else n) and max(chunks[0]) <= (32 if split == 1 else 16)
+    if split == 1:
+        assert count == pytest.approx(4 * (k / n if skip else 1), rel=1e-12)
+        assert skip or chunks[0] == [2 * t] * PAIRS
+    else:  # a sub-chunk of each pair formed twice: its rows once more
+        assert count == pytest.approx(4 * (k / n if skip else 1) + twice[0] / n, rel=1e-12)
+        assert skip or chunks[0] == [4, 16] * PAIRS  # the last sub-chunk's gradient, then the first one's
     monkeypatch.setattr(pf, "PAIR_CHUNK_LOGITS_CUDA", 0)  # the old rule: a pair exceeds the lean chunk
     old = _leaves(inp, grads=("hidden", "weight"))
     assert head_matmuls(lambda: TF.fused_linear_dpo_loss(**old, memory="low").loss.backward(), n, H, v) >= 5 * k / n
@@ -284,3 +304,56 @@ def test_kept_reference_rows_copy_only_the_chunk_of_a_sequence_first_reference(m
     (every, g_every), (kept, g_kept) = runs
     for a, b in zip([*every, *g_every.values()], [*kept, *g_kept.values()]):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+SPLIT_CASES = ["dpo sigmoid, reference model", "dpo ipo, reference model, averaged, bias",
+               "dpo sigmoid + nll, given logps, averaged", "kto, reference model, bias"]
+
+
+@CPU_RULES
+@pytest.mark.parametrize("skip", [False, True])
+@pytest.mark.parametrize("split", [2, 3])
+@pytest.mark.parametrize("label", SPLIT_CASES)
+def test_memory_low_splits_a_unit_over_sub_chunks(label, split, skip, monkeypatch):
+    # the CUDA chunk rules on CPU, memory="low": the lean rule's chunk (16 rows here) holds less than a unit (a pair
+    # of 2 x 8k tokens, a KTO sequence of 16k), so each unit takes k = LOW_SPLIT sub-chunks of 16 rows (with ignored
+    # rows skipped: of its kept rows, at most 16 each); the loss, every output and every gradient as float64 (fp32:
+    # 1e-5), head matmuls 3 + (k - 1) / k a row for the policy (the rows formed twice) + the reference's 1
+    fn, batch, opts, ref_mm = CASES[label]
+    kto = fn is P.fused_linear_kto_loss
+    monkeypatch.setattr(pf, "LOW_SPLIT", split)
+    monkeypatch.setattr(flce_ops, "compiled_cuda", lambda device: True)
+    monkeypatch.setattr(flce_ops, "LEAN_CHUNK_ELEMS", 16 * V)
+    monkeypatch.setattr(flce_ops, "LEAN_MIN_ROWS", 16)
+    t, v = 16 * split if kto else 8 * split, 200
+    n = 2 * PAIRS * t
+    inp = _batch(**batch, t=t, v=v)
+    opts = dict(opts, memory="low")
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0 if skip else NEVER)
+    chunks = []
+    real_loop = klp.backward_over_chunks
+    monkeypatch.setattr(klp, "backward_over_chunks",
+                        lambda *a, **kw: chunks.append(kw["bounds"]) or real_loop(*a, **kw))
+    twice = _formed_twice(monkeypatch)
+    got = _leaves(inp)
+    out = []
+    count = head_matmuls(lambda: out.append(fn(**got, **opts)) or out[0].loss.backward(), n, H, v)
+    k = int((inp["target"] != -100).sum()) if skip else n
+    assert len(chunks) == len(twice) == 1
+    sizes = [e - s for s, e in zip(chunks[0], chunks[0][1:])]
+    assert sum(sizes) == k and max(sizes) <= 16
+    assert count == pytest.approx(((3 + ref_mm) * k + twice[0]) / n, rel=1e-12)
+    if not skip:  # every unit in k sub-chunks of 16 rows: 3 + (k - 1) / k policy matmuls
+        assert sizes == [16] * (n // 16)
+        assert count == pytest.approx(3 + (split - 1) / split + ref_mm, rel=1e-12)
+    else:
+        assert twice[0] > 0
+    truth = _leaves(inp, torch.float64)
+    spec = ref_kto if kto else ref
+    want = getattr(spec, fn.__name__)(**truth, **{k: x for k, x in opts.items() if k != "memory"})
+    want.loss.backward()
+    for name, a, b in zip(type(want)._fields, out[0], want):
+        assert rel_l2(a.double(), b) < 1e-5, (name, rel_l2(a.double(), b))
+    for name in ("hidden", "weight", "bias"):
+        if name in got:
+            assert rel_l2(got[name].grad.double(), truth[name].grad) < 1e-5, name

@@ -326,7 +326,14 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     rows are zeros. ``bounds``: explicit chunks instead of the rule's, [bounds[j], bounds[j + 1]) over the rows run
     (the kept rows with ``kept``): an int list from 0 to that count, strictly increasing (whole groups of rows of
     varying sizes: :func:`tigon.kernels.ignored_rows.group_cuts`; within :func:`loop_cap` for the same arguments);
-    ``align`` is then not read."""
+    ``align`` is then not read.
+
+    Deferred gradients (a unit of rows split over several chunks, whose gradient needs the whole unit's forward:
+    :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): ``rows_grad`` may return
+    False, the chunk's gradient not known yet (no gradient matmul: its logits are formed for the forward alone), or
+    a list of earlier chunks' (s, e) whose gradients it now knows: after this chunk's matmuls, each of those has its
+    logits formed again (no ``before``), ``rows_grad(chunk, s, e)`` (which then returns None) and its matmuls. None:
+    the chunk's gradient, as above."""
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
@@ -345,21 +352,38 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
             gh.zero_()
             part = torch.empty((rows, gh.shape[1]), dtype=gh.dtype, device=dev)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
+    wrote = [False]  # whether a chunk's grad_weight was written (the first one written sets gw)
+
+    def rows_of(s, e):
+        one = e - s == n  # one chunk of every row: no slice ops
+        lg = buf if e - s == rows else buf[: e - s]
+        return one, lg, h if one else h[s:e] if hbuf is None else torch.index_select(h, 0, kept[s:e],
+                                                                                      out=hbuf[: e - s])
+
+    def grads_of(lg, hs, s, e, one):
+        gr = part[: e - s] if part is not None else gh if one or gh is None else gh[s:e]
+        mm.chunk_grads(lg, hs, w, gr, gw, gb, not wrote[0])
+        wrote[0] = True
+        if part is not None:
+            gh.index_copy_(0, kept[s:e], gr)
+
     with no_autocast(dev):
         mm = _Matmuls(dev, cd)
         for j, s in enumerate(starts):
             e = min(s + rows, m) if bounds is None else bounds[j + 1]
-            one = e - s == n  # one chunk of every row: no slice ops
-            lg = buf if e - s == rows else buf[: e - s]
-            hs = h if one else h[s:e] if hbuf is None else torch.index_select(h, 0, kept[s:e], out=hbuf[: e - s])
+            one, lg, hs = rows_of(s, e)
             if before is not None:
                 before(lg, s, e)
             mm.logits(lg, hs, w, b)
-            rows_grad(lg, s, e)
-            gr = part[: e - s] if part is not None else gh if one or gh is None else gh[s:e]
-            mm.chunk_grads(lg, hs, w, gr, gw, gb, s == 0)
-            if part is not None:
-                gh.index_copy_(0, kept[s:e], gr)
+            redo = rows_grad(lg, s, e)
+            if redo is False:
+                continue
+            grads_of(lg, hs, s, e, one)
+            for s2, e2 in redo or ():  # earlier chunks whose gradients are known now: their logits again
+                one, lg, hs = rows_of(s2, e2)
+                mm.logits(lg, hs, w, b)
+                rows_grad(lg, s2, e2)
+                grads_of(lg, hs, s2, e2, one)
     if scalar:
         return gh, gw, gb
     buf = lg = None  # the chunk buffer is free before the casts (grad_buffers counted on it)

@@ -322,7 +322,8 @@ def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, e
 def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype,
                               need: tuple[bool, bool, bool], want_entropy: bool, token_grads, lean: bool = False,
                               budget: int = -1, align: int = 1, halves: bool = True, before=None,
-                              kept: torch.Tensor | None = None, bounds: list[int] | None = None):
+                              kept: torch.Tensor | None = None, bounds: list[int] | None = None,
+                              pieces: dict | None = None):
     """Log-probabilities and the gradients of a loss of them formed in one pass (3 matmuls per chunk: logits,
     grad_hidden, grad_weight), for a loss whose gradient w.r.t. each token's log p (and entropy) is known once the
     chunk's log-probabilities are (a per-token function of them, or of whole sequences when chunks hold whole
@@ -337,7 +338,16 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     ``halves``: as :func:`logprobs_backward`; ``before``, ``kept``, ``bounds``: as
     :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' (each chunk's buffer before its logits;
     the kept rows, when the chunks run over them alone: [s, e) then index the kept rows, and the returned logp /
-    entropy hold 0 at the other rows, what the kernels give an ignored row; explicit chunks)."""
+    entropy hold 0 at the other rows, what the kernels give an ignored row; explicit chunks).
+
+    ``pieces`` (with ``bounds``): units of rows larger than a chunk, each split over consecutive chunks (sub-chunks),
+    as ``{start of a unit's last sub-chunk: [(s, e) of its earlier ones]}``. An earlier sub-chunk's logits get the
+    forward kernel alone (its gradient waits: 1 matmul); at the last one ``token_grads(u, e, logp, ent)`` takes the
+    whole unit's rows [u, e) (u its first), the last sub-chunk's buffer becomes its logits' gradient (3 matmuls), and
+    each earlier sub-chunk's logits are formed again and turned into theirs (3 matmuls more,
+    :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' deferred gradients): a unit of k equal
+    sub-chunks costs 3 + (k - 1) / k matmuls a row instead of 3, in a (rows / k, V) buffer; the unit's (rows,) fp32
+    gradients w.r.t. log p are held meanwhile."""
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32, device=hidden.device)
     m = n if kept is None else kept.numel()
@@ -347,11 +357,27 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     ent = torch.empty(m, **f32) if want_entropy else None
     z = None if want_entropy else torch.empty(m, **f32)
 
+    pieces = pieces or {}
+    waiting = {a for earlier in pieces.values() for a, _ in earlier}  # sub-chunks whose gradient comes later
+    known = {}  # an earlier sub-chunk's start -> its (g_lp, g_ent), from its unit's last sub-chunk
+
     def rows_grad(lg, s, e):
         ent_c = ent[s:e] if ent is not None else None
+        if s in known:  # an earlier sub-chunk's logits formed again: its gradient is known now
+            g_lp, g_ent = known.pop(s)
+            rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp, g_ent, None, opts)
+            return None
         rows_forward(lg, target[s:e], opts, logp[s:e], ent_c, z[s:e] if z is not None else None, stats[s:e])
-        g_lp, g_ent = token_grads(s, e, logp[s:e], ent_c)
-        rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp, g_ent, None, opts)
+        if s in waiting:
+            return False
+        earlier = pieces.get(s, ())
+        u = earlier[0][0] if earlier else s
+        g_lp, g_ent = token_grads(u, e, logp[u:e], None if ent is None else ent[u:e])
+        for a, b in earlier:
+            known[a] = (g_lp[a - u: b - u], None if g_ent is None else g_ent[a - u: b - u])
+        rows_grad_(lg, target[s:e], stats[s:e], ent_c, g_lp[s - u:], None if g_ent is None else g_ent[s - u:],
+                   None, opts)
+        return list(earlier) or None
 
     grads = backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, scalar=True,
                                  align=align, before=before, kept=kept, bounds=bounds)

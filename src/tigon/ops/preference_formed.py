@@ -54,7 +54,7 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
     b, t, h = hidden.shape
     check_batch(hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     align = b * t if coupled else 2 * t
-    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, align)
+    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, align, 1 if coupled else LOW_SPLIT)
     if plan is None:
         return None
     p = b // 2
@@ -103,8 +103,10 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
 
     def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), or its rows idx, copied chunk by chunk
         def rows(s, e, idx):
-            if idx is None:
+            if idx is None and s % (2 * t) == e % (2 * t) == 0:
                 return r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
+            if idx is None:  # part of a pair (a sub-chunk of a split unit)
+                idx = torch.arange(s, e, device=r4.device)
             within = idx % (2 * t)  # pair idx // 2T, side within // T, position within % T; gathered from r4 itself
             return r4[within // t, idx // (2 * t), within % t]  # (a (B T, H_ref) view may not exist: a full copy)
         return rows
@@ -153,7 +155,7 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
     chunks of whole sequences suffice (no reordering). The :class:`~tigon.reference.kto.KTOOutput`, or None where
     not possible (as there)."""
     b, t, h = hidden.shape
-    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t)
+    plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t, LOW_SPLIT)
     if plan is None:
         return None
     ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
@@ -227,21 +229,38 @@ of one unit where a unit has at most this many logits (the fused cross-entropy's
 rows, 256 at Llama-3-8B's head, holds less than a pair, and the loss would take the recomputing path: 4 policy
 matmuls and more), so 3 policy matmuls still: a budget in bytes of one unit's logits (its rows rounded up to 16),
 and of its rows gathered where ignored rows are skipped (:func:`_gathered_bytes`; 48 MiB a pair below). Peak extra at
-Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens: about 0.98 GiB of bf16 grad_weight + 0.49 of one
-pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states: measured 1.59 GiB and 49.4 ms fwd + bwd on an
-H100 with the reference model in the call (default 2.64 GiB / 52.1 ms, Liger 2.54 / 66.9;
-benchmarks/results/h100/session24/). A peak under 1.5 GiB needs chunks smaller than a pair: a unit's gradients need
-its whole log-probability, so part of its logits would be formed twice (about one matmul in six more). With ignored
-rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one unit's rows with their
-gathered rows: within the same budget, often fewer chunks."""
+Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens, chunks of one pair (``LOW_SPLIT`` = 1): about
+0.98 GiB of bf16 grad_weight + 0.49 of one pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states:
+measured 1.59 GiB and 49.4 ms fwd + bwd on an H100 with the reference model in the call (default 2.64 GiB / 52.1 ms,
+Liger 2.54 / 66.9; benchmarks/results/h100/session24/). Now a unit larger than the lean rule's chunk is split into
+sub-chunks (:data:`LOW_SPLIT`). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole
+units, at most one unit's rows with their gathered rows: within the same budget, often fewer chunks."""
+
+LOW_SPLIT = 2
+"""The most sub-chunks a unit (a pair, a KTO sequence; not AOT's coupled batch) takes on the formed path under
+``memory="low"`` on CUDA, where the unit exceeds the lean rule's chunk (about N / ceil(V / H) rows): k = min(LOW_SPLIT,
+ceil(unit rows / lean rows)) sub-chunks, the budget that of ceil(unit rows / k) rows rounded up to 16 (with their
+gathered rows, as above). A unit's gradients need its whole log-probability, so its first k - 1 sub-chunks get the
+forward alone and their logits are formed again once the last one's are known
+(:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): 3 + (k - 1) / k policy
+matmuls a row instead of 3 (the reference model's 1 unchanged). Why 2: at Llama-3-8B's head the lean rule's 256 rows
+would split a 2048-row pair 8 ways (3.875 matmuls, 7 more reads and writes of the bf16 grad_weight per pair: slower
+than the recomputing path), while the second sub-chunk alone takes the chunk from 0.49 to 0.25 GiB for one matmul in
+six more; a third would save 0.08 GiB more for one in nine more. Expected peak extra there (4 pairs of 1024 tokens,
+bf16, the reference model in the call; arithmetic, not measured): 128256 x 4096 x 2 B = 0.98 GiB of bf16
+grad_weight + 1024 x 128256 x 2 B = 0.245 GiB of chunk + 8192 x 4096 x 2 B = 0.0625 GiB of bf16 grad_hidden + 0.0625
+of reordered hidden states = 1.35 GiB (+ (N,) fp32 vectors and, with ignored rows skipped, 1024 x 4096 x 6 B = 24
+MiB of gathered rows), against 1.59 measured with chunks of a pair; 3.5 policy matmuls + 1 of the reference a row."""
 
 
-def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int):
+def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int, split: int = 1):
     """The log-probabilities' :class:`~tigon.ops.fused_linear_logprobs.LogProbPlan` for a loss of (B, T) sequences
     whose gradients are formed in the forward over chunks of ``align`` rows, or None where that is not possible: no
     gradient wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
     ``align`` rows exceed a chunk. On CUDA (:data:`PAIR_CHUNK_LOGITS_CUDA`), ``memory="auto"``: chunks of that many
-    logits; ``memory="low"``: chunks of one unit (``align`` rows), as a budget in bytes of that unit's logits."""
+    logits; ``memory="low"``: chunks of one unit (``align`` rows), as a budget in bytes of that unit's logits, or,
+    ``split`` > 1 (``align`` rows are one unit), of 1 / k of it where the unit exceeds the lean rule's chunk
+    (:data:`LOW_SPLIT`: :func:`_formed_pass` then splits each unit into at most k sub-chunks)."""
     b, t, h = hidden.shape
     h2 = hidden.reshape(b * t, h)
     plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)
@@ -249,14 +268,20 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
         return None
     from ..kernels import fused_linear_cross_entropy as kflce
 
-    def fits(p):
+    def fits(p, k=1):
+        if k > 1:  # a unit in at most k sub-chunks
+            return -(-align // kflce.loop_cap(h2, weight, p.cd, p.need, p.lean, p.budget)) <= k
         return kflce.loop_rows(h2, weight, p.cd, p.need, p.lean, p.budget, align=align) > 0
 
     v = weight.shape[0]
     if plan.budget < 0 and kflce.compiled_cuda(hidden.device):
-        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # one unit a chunk, in rows of 16 (chunk_rows')
-            one = plan._replace(budget=-(-align // 16) * 16 * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
-            if fits(one):
+        if plan.lean and align * v <= PAIR_CHUNK_LOGITS_CUDA:  # 1 / k unit a chunk, in rows of 16 (chunk_rows')
+            k = 1
+            if split > 1:  # the lean rule's chunk: k sub-chunks a unit where it holds less than one
+                k = max(1, min(split, -(-align // kflce.loop_cap(h2, weight, plan.cd, plan.need, True, -1))))
+            rows = -(-(-(-align // k)) // 16) * 16
+            one = plan._replace(budget=rows * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
+            if fits(one, k):
                 return one
         elif not plan.lean and plan.need[1]:
             tight = plan._replace(budget=4 * v * h + PAIR_CHUNK_LOGITS_CUDA * plan.cd.itemsize)
@@ -310,13 +335,25 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     ``align`` rows each (of varying kept counts). Each chunk's log-probabilities (and the reference's) go into a
     zero-filled (k, *unit) view of its units, where ignored tokens hold the 0 the kernels give them, the formula's
     gradient there is gathered back to the kept rows, and logp / ref_logp come back in the full layout with 0 at the
-    ignored rows: the same values as computing every row; grad_hidden's ignored rows are zeros."""
+    ignored rows: the same values as computing every row; grad_hidden's ignored rows are zeros.
+
+    Units larger than a chunk (the lean plan's, ``align`` the unit's rows: :data:`LOW_SPLIT`): each unit (its kept
+    rows) in sub-chunks of at most a chunk's rows (:func:`_split_units`), its gradients formed at its last one and its
+    earlier ones' logits formed again (``pieces`` of
+    :func:`~tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`); ``chunk_loss`` then sees the whole
+    unit's log-probabilities, as above."""
     from ..kernels import fused_linear_logprobs as klp
+    from ..kernels.fused_linear_cross_entropy import loop_cap
 
     rows = math.prod(unit)
     n = hidden2d.shape[0]
     target2d = target2d.contiguous()
-    kept, bounds, units = _kept_chunks(hidden2d, weight, target2d, plan, align, rows)
+    split = plan.lean and align == rows  # units may be split over sub-chunks where one exceeds a chunk
+    kept, bounds, units, pieces = _kept_chunks(hidden2d, weight, target2d, plan, align, rows, split)
+    if kept is None and split:
+        cap = loop_cap(hidden2d, weight, plan.cd, plan.need, plan.lean, plan.budget)
+        if rows > cap:
+            bounds, pieces, _ = _split_units([rows] * (n // rows), cap)
     ref_lp = reference_rows = None
     if ref is not None:
         run_target = target2d if kept is None else target2d.index_select(0, kept)
@@ -341,18 +378,20 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
 
     logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd, plan.need,
                                                    False, token_grads, plan.lean, plan.budget, align, halves,
-                                                   before=reference_rows, kept=kept, bounds=bounds)
+                                                   before=reference_rows, kept=kept, bounds=bounds, pieces=pieces)
     if kept is not None and ref_lp is not None:
         ref_lp = ref_lp.new_zeros(n).index_copy_(0, kept, ref_lp)
     return logp, ref_lp, grads
 
 
-def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
-    """How :func:`_formed_pass` skips ignored rows: ``(kept, bounds, units)``, the (K,) kept rows
+def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int, split: bool = False):
+    """How :func:`_formed_pass` skips ignored rows: ``(kept, bounds, units, pieces)``, the (K,) kept rows
     (:func:`tigon.kernels.ignored_rows.kept_groups`: the fused cross-entropy's rule, at least MIN_SKIPPED of the rows
     ignored and N V H >= SKIP_MIN_MACS, never while a CUDA graph is captured), the chunks' bounds over them (whole
     groups of ``align`` rows, :func:`tigon.kernels.ignored_rows.group_cuts`) and each chunk's units (its first kept
-    row -> (first unit, units), units of ``rows`` rows); or (None, None, None): every row is computed.
+    row -> (first unit, units), units of ``rows`` rows), and None; or (None, None, None, None): every row is
+    computed. ``split`` (units of ``align`` rows): where one unit's kept rows exceed a chunk, each unit's kept rows in
+    sub-chunks instead (:func:`_split_units`; ``pieces``: its sub-chunks).
 
     The chunks of kept rows stay within the plan's rule (:func:`tigon.kernels.fused_linear_cross_entropy.loop_cap` for
     K rows), the lean plan's and a byte budget's included: each chunk's rows are gathered into a (rows, H) buffer
@@ -366,17 +405,42 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int):
     v, h = weight.shape
     found = kept_groups(target2d, plan.opts.ignore_index, v, h, align)
     if found is None:
-        return None, None, None
+        return None, None, None, None
     kept, sizes = found
     cap = loop_cap(hidden2d, weight, plan.cd, plan.need, plan.lean, plan.budget, n=kept.numel(),
                    row_bytes=_gathered_bytes(h, plan.cd))
     cuts = group_cuts(sizes, cap)
+    if cuts is None and split:
+        bounds, pieces, units = _split_units(sizes, cap)
+        return kept, bounds, units, pieces
     if cuts is None:
-        return None, None, None
+        return None, None, None, None
     starts = [0, *itertools.accumulate(sizes)]
     per = align // rows
     units = {starts[c]: (c * per, (d - c) * per) for c, d in zip(cuts, cuts[1:])}
-    return kept, [starts[c] for c in cuts], units
+    return kept, [starts[c] for c in cuts], units, None
+
+
+def _split_units(sizes: list[int], cap: int):
+    """Chunks of one unit each for units of ``sizes`` rows (consecutive; ints >= 0), a unit of more than ``cap`` rows
+    split into k = ceil(size / cap) sub-chunks of ceil(size / k) rows (rounded up to 16 where that stays within
+    ``cap``; the last takes the rest), a unit of no rows in none: ``(bounds, pieces, units)``, the chunks' bounds over
+    the rows (from 0 to sum(sizes)), ``{start of a unit's last sub-chunk: [(s, e) of its earlier ones]}`` and each
+    unit's first row -> (its index, 1), as :func:`_kept_chunks`' ``units``."""
+    bounds, pieces, units, at = [0], {}, {}, 0
+    for g, size in enumerate(sizes):
+        if size == 0:
+            continue
+        k = -(-size // cap)
+        piece = -(-size // k)
+        piece = -(-piece // 16) * 16 if -(-piece // 16) * 16 <= cap else piece
+        cuts = [at + j * piece for j in range(k)] + [at + size]
+        if k > 1:
+            pieces[cuts[-2]] = list(zip(cuts[:-2], cuts[1:-1]))
+        units[at] = (g, 1)
+        bounds += cuts[1:]
+        at += size
+    return bounds, pieces, units
 
 
 def _gathered_bytes(hdim: int, cd: torch.dtype) -> int:
