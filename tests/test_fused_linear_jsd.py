@@ -167,8 +167,8 @@ def test_teacher_gets_no_gradient_and_inputs_are_not_written(device):
 def test_near_identical_student_and_teacher(device, beta):
     """Late distillation: the divergence is second order in the gap between the two while the direct form's terms
     are first order, so that form cancels (5e-2 relative at a 1e-3 gap under the interpreter, before the series of
-    kernels.divergence_terms._jsd_parts). Bound 1e-3 relative (measured <= 7e-5: the fp32 log-softmax of the logits, not the
-    divergence, is what remains; plain fp32 PyTorch is off by up to 5e-2 here)."""
+    kernels.divergence_terms._jsd_parts). Bound 1e-3 relative (measured <= 7e-5: the fp32 log-softmax of the logits,
+    not the divergence, is what remains; plain fp32 PyTorch is off by up to 5e-2 here)."""
     g = torch.Generator().manual_seed(3)
     # 8 rows on CPU (CI time: interpreted, a row costs ~0.25 s a beta); rows are independent problems
     n, h, v = 24 if device == "cuda" else 8, 16, 301
@@ -180,7 +180,8 @@ def test_near_identical_student_and_teacher(device, beta):
     torch.testing.assert_close(got, truth, rtol=1e-3, atol=0)
 
 
-@pytest.mark.filterwarnings("error::RuntimeWarning")  # the interpreter's discarded -inf - -inf is silenced at its launch
+# (the interpreter's discarded -inf - -inf is silenced at its launch)
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("beta", [0.0, 0.3, 0.5, 1.0])
 def test_extreme_logits_and_a_masked_vocabulary(device, layout, beta):
     # logits of std ~30 (gaps of hundreds of nats: most probabilities underflow in fp32) and -inf biases (a masked
@@ -208,7 +209,8 @@ def test_extreme_logits_and_a_masked_vocabulary(device, layout, beta):
                                                                                           rel_l2(b, r))
 
 
-@pytest.mark.filterwarnings("error::RuntimeWarning")  # the interpreter's discarded -inf - -inf is silenced at its launch
+# (the interpreter's discarded -inf - -inf is silenced at its launch)
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("v", [2, 16, 48])
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_vocabularies_of_whole_blocks(device, layout, v, beta):

@@ -6,8 +6,8 @@ cross-entropy kernels' ``logit_scale`` and ``softcap``: ``c tanh(z / c) / T = c'
 and ``c' = c / T``, so :class:`tigon.kernels.loss_rows.LossOptions` carries them unchanged.
 
 Chunks of tokens as in :mod:`tigon.kernels.fused_linear_cross_entropy` (its ``chunk_rows``; ``_Matmuls``,
-``grad_buffers``, ``finish_grad`` of :mod:`tigon.kernels.head_grads`): per chunk the logits go into one preallocated (rows, V) buffer by cuBLAS, then a
-row kernel reads them.
+``grad_buffers``, ``finish_grad`` of :mod:`tigon.kernels.head_grads`): per chunk the logits go into one preallocated
+(rows, V) buffer by cuBLAS, then a row kernel reads them.
 
 * Log-probabilities alone: log p_t is minus the cross-entropy row loss (``reduction="none"``), formed as
   ``-((m - x_t) + log s)``; the forward is :func:`tigon.kernels.loss_rows.ce_rows_forward` and the backward, for an
