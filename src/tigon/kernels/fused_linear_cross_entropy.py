@@ -13,19 +13,19 @@ logits buffer ever exists. Per chunk:
    ``grad_bias += grad_logits.sum(0)``), accumulated in fp32 buffers and cast to the parameters' dtypes at
    the end.
 
-For a scalar loss (mean / sum) the gradients are computed during the forward (3 matmuls in all) for an
-upstream gradient of 1 and scaled by the real upstream scalar in backward. For ``reduction="none"`` only the
-per-token row statistics (max, log-sum) are saved; the backward recomputes the logits chunk by chunk and applies the
-per-token upstream gradient (4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is
-computed. The caller's tensors are never written.
+For a scalar loss (mean / sum) the gradients are computed during the forward (3 matmuls in all) for an upstream gradient
+of 1 and scaled by the real upstream scalar in backward. For ``reduction="none"`` only the per-token row statistics
+(max, log-sum) are saved; the backward recomputes the logits chunk by chunk and applies the per-token upstream gradient
+(4 matmuls in all). Under ``torch.no_grad`` (or when nothing needs a gradient) only the loss is computed. The caller's
+tensors are never written.
 
 Low-memory accumulation (``lean``, ``accum_dtype=`` the weight's dtype in
-:func:`tigon.functional.fused_linear_cross_entropy`): grad_hidden and grad_weight are written straight into tensors of the parameters' dtypes, grad_weight
-accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), and chunks hold at most
-``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB, as
-Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
-``memory="low"`` takes the exact plan of :mod:`tigon.kernels.flce_sliced` instead where it applies (``sliced``):
-the same peak, no rounding per chunk, one matmul more.
+:func:`tigon.functional.fused_linear_cross_entropy`): grad_hidden and grad_weight are written straight into tensors of
+the parameters' dtypes, grad_weight accumulated chunk after chunk by cuBLAS (``beta=1``: one rounding per chunk), and
+chunks hold at most ``LEAN_CHUNK_ELEMS`` logits. Peak extra memory is then about the gradients themselves plus 64 MiB,
+as Liger-Kernel's; the price is that rounding per chunk (see the function's docstring for the measured error).
+``memory="low"`` takes the exact plan of :mod:`tigon.kernels.flce_sliced` instead where it applies (``sliced``): the
+same peak, no rounding per chunk, one matmul more.
 
 Ignored tokens: where at least 1/32 of the rows are ignored and the head is big enough to pay for a host sync, the
 chunks run over the kept rows only, gathered (:mod:`tigon.kernels.ignored_rows`); grad_hidden's ignored rows are
