@@ -357,3 +357,35 @@ def test_memory_low_splits_a_unit_over_sub_chunks(label, split, skip, monkeypatc
     for name in ("hidden", "weight", "bias"):
         if name in got:
             assert rel_l2(got[name].grad.double(), truth[name].grad) < 1e-5, name
+
+
+@CPU_RULES
+def test_memory_low_split_units_under_compile(monkeypatch):
+    # torch.compile (fullgraph, aot_eager) of DPO with memory="low" and pairs split in two sub-chunks (the CUDA rules
+    # on CPU, as above): the custom op runs the same deferred pass; equal to eager, 3.5 + 1 head matmuls a row
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "kernels")
+    monkeypatch.setattr(pf, "LOW_SPLIT", 2)
+    monkeypatch.setattr(flce_ops, "compiled_cuda", lambda device: True)
+    monkeypatch.setattr(flce_ops, "LEAN_CHUNK_ELEMS", 16 * V)
+    monkeypatch.setattr(flce_ops, "LEAN_MIN_ROWS", 16)
+    monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", NEVER)
+    t, v = 16, 200
+    n = 2 * PAIRS * t
+    inp = _batch(reference="model", t=t, v=v)
+    torch._dynamo.reset()
+    try:
+        runs = []
+        for compiled in (False, True):
+            call = (torch.compile(lambda **kw: tuple(TF.fused_linear_dpo_loss(**kw, memory="low")),
+                                  backend="aot_eager", fullgraph=True) if compiled
+                    else (lambda **kw: tuple(TF.fused_linear_dpo_loss(**kw, memory="low"))))
+            got = _leaves(inp)
+            out = []
+            count = head_matmuls(lambda: out.append(call(**got)) or out[0][0].backward(), n, H, v, compiled=compiled)
+            runs.append((out[0], [got[k].grad for k in ("hidden", "weight")], count))
+        (eager, g_eager, n_eager), (comp, g_comp, n_comp) = runs
+        assert n_eager == pytest.approx(3.5 + 1, rel=1e-12) and n_comp == pytest.approx(n_eager, rel=1e-12)
+        for a, b in zip([*eager, *g_eager], [*comp, *g_comp]):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
