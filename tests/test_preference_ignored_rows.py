@@ -235,7 +235,7 @@ def test_memory_low_forms_the_gradients_in_chunks_of_one_pair(skip, split, monke
         assert skip or chunks[0] == [2 * t] * PAIRS
     else:  # a sub-chunk of each pair formed twice: its rows once more
         assert count == pytest.approx(4 * (k / n if skip else 1) + twice[0] / n, rel=1e-12)
-        assert skip or chunks[0] == [4, 16] * PAIRS  # the last sub-chunk's gradient, then the first one's
+        assert skip or chunks[0] == [16, 4] * PAIRS  # the last sub-chunk (16 rows) first, then the first one (the rest)
     monkeypatch.setattr(pf, "PAIR_CHUNK_LOGITS_CUDA", 0)  # the old rule: a pair exceeds the lean chunk
     old = _leaves(inp, grads=("hidden", "weight"))
     assert head_matmuls(lambda: TF.fused_linear_dpo_loss(**old, memory="low").loss.backward(), n, H, v) >= 5 * k / n

@@ -243,7 +243,8 @@ ceil(unit rows / lean rows)) sub-chunks, the budget that of ceil(unit rows / k) 
 gathered rows, as above). A unit's gradients need its whole log-probability, so its first k - 1 sub-chunks get the
 forward alone and their logits are formed again once the last one's are known
 (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): 3 + (k - 1) / k policy
-matmuls a row instead of 3 (the reference model's 1 unchanged). Why 2: at Llama-3-8B's head the lean rule's 256 rows
+matmuls a row at most instead of 3 (the first sub-chunk takes the rest, so a unit of kept rows a little over the cap
+re-forms only that little: :func:`_split_units`) (the reference model's 1 unchanged). Why 2: at Llama-3-8B's head the lean rule's 256 rows
 would split a 2048-row pair 8 ways (3.875 matmuls, 7 more reads and writes of the bf16 grad_weight per pair: slower
 than the recomputing path), while the second sub-chunk alone takes the chunk from 0.49 to 0.25 GiB for one matmul in
 six more; a third would save 0.08 GiB more for one in nine more. Expected peak extra there (4 pairs of 1024 tokens,
@@ -423,18 +424,19 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int, split:
 
 def _split_units(sizes: list[int], cap: int):
     """Chunks of one unit each for units of ``sizes`` rows (consecutive; ints >= 0), a unit of more than ``cap`` rows
-    split into k = ceil(size / cap) sub-chunks of ceil(size / k) rows (rounded up to 16 where that stays within
-    ``cap``; the last takes the rest), a unit of no rows in none: ``(bounds, pieces, units)``, the chunks' bounds over
-    the rows (from 0 to sum(sizes)), ``{start of a unit's last sub-chunk: [(s, e) of its earlier ones]}`` and each
-    unit's first row -> (its index, 1), as :func:`_kept_chunks`' ``units``."""
+    split into k = ceil(size / cap) sub-chunks: the first takes the rest, size - (k - 1) cap rows, the others ``cap``
+    each, so that the rows formed twice (all but the last sub-chunk's: size - cap) are as few as the cap allows (a
+    unit of kept rows a little over the cap re-forms only that little); a unit of no rows in none:
+    ``(bounds, pieces, units)``, the chunks' bounds over the rows (from 0 to sum(sizes)), ``{start of a unit's last
+    sub-chunk: [(s, e) of its earlier ones]}`` and each unit's first row -> (its index, 1), as :func:`_kept_chunks`'
+    ``units``."""
     bounds, pieces, units, at = [0], {}, {}, 0
     for g, size in enumerate(sizes):
         if size == 0:
             continue
         k = -(-size // cap)
-        piece = -(-size // k)
-        piece = -(-piece // 16) * 16 if -(-piece // 16) * 16 <= cap else piece
-        cuts = [at + j * piece for j in range(k)] + [at + size]
+        first = size - (k - 1) * cap
+        cuts = [at] + [at + first + j * cap for j in range(k - 1)] + [at + size]
         if k > 1:
             pieces[cuts[-2]] = list(zip(cuts[:-2], cuts[1:-1]))
         units[at] = (g, 1)
