@@ -242,16 +242,16 @@ LOW_SPLIT = 2
 ceil(unit rows / lean rows)) sub-chunks, the budget that of ceil(unit rows / k) rows rounded up to 16 (with their
 gathered rows, as above). A unit's gradients need its whole log-probability, so its first k - 1 sub-chunks get the
 forward alone and their logits are formed again once the last one's are known
-(:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): 3 + (k - 1) / k policy
-matmuls a row at most instead of 3 (the first sub-chunk takes the rest, so a unit of kept rows a little over the cap
-re-forms only that little: :func:`_split_units`) (the reference model's 1 unchanged). Why 2: at Llama-3-8B's head the lean rule's 256 rows
-would split a 2048-row pair 8 ways (3.875 matmuls, 7 more reads and writes of the bf16 grad_weight per pair: slower
-than the recomputing path), while the second sub-chunk alone takes the chunk from 0.49 to 0.25 GiB for one matmul in
-six more; a third would save 0.08 GiB more for one in nine more. Expected peak extra there (4 pairs of 1024 tokens,
-bf16, the reference model in the call; arithmetic, not measured): 128256 x 4096 x 2 B = 0.98 GiB of bf16
-grad_weight + 1024 x 128256 x 2 B = 0.245 GiB of chunk + 8192 x 4096 x 2 B = 0.0625 GiB of bf16 grad_hidden + 0.0625
-of reordered hidden states = 1.35 GiB (+ (N,) fp32 vectors and, with ignored rows skipped, 1024 x 4096 x 6 B = 24
-MiB of gathered rows), against 1.59 measured with chunks of a pair; 3.5 policy matmuls + 1 of the reference a row."""
+(:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): 3 + (k - 1) / k policy matmuls a
+row at most instead of 3 (the first sub-chunk takes the rest, so a unit of kept rows a little over the cap re-forms only
+that little: :func:`_split_units`; the reference model's 1 unchanged). Why 2: at Llama-3-8B's head the lean rule's 256
+rows would split a 2048-row pair 8 ways (3.875 matmuls, 7 more reads and writes of the bf16 grad_weight per pair: slower
+than the recomputing path), while the second sub-chunk alone takes the chunk from 0.49 to 0.25 GiB for one matmul in six
+more; a third would save 0.08 GiB more for one in nine more. Expected peak extra there (4 pairs of 1024 tokens, bf16,
+the reference model in the call; arithmetic, not measured): 128256 x 4096 x 2 B = 0.98 GiB of bf16 grad_weight + 1024 x
+128256 x 2 B = 0.245 GiB of chunk + 8192 x 4096 x 2 B = 0.0625 GiB of bf16 grad_hidden + 0.0625 of reordered hidden
+states = 1.35 GiB (+ (N,) fp32 vectors and, with ignored rows skipped, 1024 x 4096 x 6 B = 24 MiB of gathered rows),
+against 1.59 measured with chunks of a pair; 3.5 policy matmuls + 1 of the reference a row."""
 
 
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int, split: int = 1):
