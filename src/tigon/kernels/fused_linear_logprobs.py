@@ -46,7 +46,6 @@ they are left out of the matmuls too, forward and backward (the kept rows gather
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -58,7 +57,7 @@ from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, or_empty
 from .first_order import once_differentiable
 from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
-from .ignored_rows import kept_for_chunks
+from .ignored_rows import kept_for_chunks, scatter_rows
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
     LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
@@ -282,12 +281,10 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
             rows_forward(lg, target[s:e], opts, logp[s:e], ent[s:e] if want_entropy else None,
                          None if z is None else z[s:e], stats[s:e], top1[s:e] if want_top1 else None,
                          sq[s:e] if want_sq else None)
-    if kept is not None:  # an ignored token's outputs: 0, statistics (0, log V) as the kernel writes them
-        for dst, src in zip(full, (logp, ent, z, stats, top1, sq)):
-            if dst is not None:
-                dst.zero_().index_copy_(0, kept, src)
+    if kept is not None:  # an ignored token's outputs: 0, statistics (0, log V), as the kernel writes them
+        parts = (logp, ent, z, None, top1, sq)  # (stats apart)
+        scatter_rows(kept, [(d, x, 0.0) for d, x in zip(full, parts) if x is not None], full[3], stats, vocab)
         logp, ent, z, stats, top1, sq = full
-        stats[:, 1].masked_fill_(stats.new_ones(n, dtype=torch.bool).index_fill_(0, kept, False), math.log(vocab))
     return logp, ent, stats, (top1 != 0 if want_top1 else None), sq
 
 

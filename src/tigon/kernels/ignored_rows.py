@@ -99,13 +99,23 @@ def scatter_outputs(idx: torch.Tensor | None, full: tuple, part: tuple, vocab: i
     if idx is None:
         return
     loss_rows, z_rows, stats, correct, pred = full
-    for dst, src, fill in ((loss_rows, part[0], 0.0), (z_rows, part[1], 0.0), (correct, part[3], 0.0),
-                           (pred, part[4], -1)):
+    scatter_rows(idx, ((loss_rows, part[0], 0.0), (z_rows, part[1], 0.0), (correct, part[3], 0.0),
+                       (pred, part[4], -1)), stats, part[2], vocab)
+
+
+def scatter_rows(idx: torch.Tensor, outputs, stats: torch.Tensor | None = None, stats_part: torch.Tensor | None = None,
+                 vocab: int = 1) -> None:
+    """Per-token outputs computed over the kept rows ``idx`` (K,) written back into the callers' (N, ...) tensors:
+    ``outputs`` holds ``(dst, src, fill)`` triples (dst None: skipped), each ignored row of dst getting ``fill``, what
+    the kernels write there; ``stats`` (N, 2) fp32 row statistics from ``stats_part`` (K, 2), an ignored row's being
+    (0, log ``vocab``) (:func:`tigon.kernels.loss_rows.row_stats`)."""
+    for dst, src, fill in outputs:
         if dst is not None:
             dst.fill_(fill).index_copy_(0, idx, src)
-    stats[:, 0].zero_()
-    stats[:, 1].fill_(math.log(vocab))
-    stats.index_copy_(0, idx, part[2])
+    if stats is not None:
+        stats[:, 0].zero_()
+        stats[:, 1].fill_(math.log(vocab))
+        stats.index_copy_(0, idx, stats_part)
 
 
 def kept_groups(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,
