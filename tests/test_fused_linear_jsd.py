@@ -344,7 +344,12 @@ def test_skipping_ignored_rows_changes_nothing(device, dtype, beta, monkeypatch)
         torch.testing.assert_close(a, b, **tol)
     assert (kept[1][0][p["shift_labels"] == -100] == 0).all()
     # under a byte budget (which does not count the gathered rows) or the lean plan: every row
-    seen.clear()
+    import tigon.kernels.fused_linear_jsd as kjsd
+
+    decided = []
+    real_chunks = kjsd.kept_for_chunks
+    monkeypatch.setattr(kjsd, "kept_for_chunks", lambda *a: decided.append(r := real_chunks(*a)) or r)
+    _run(F.fused_linear_jsd, p, jsd_beta=beta)
     _run(F.fused_linear_jsd, p, jsd_beta=beta, memory=1 << 20)
     _run(F.fused_linear_jsd, p, jsd_beta=beta, memory="low")
-    assert all(r is None for r in seen)  # (kept_for_chunks does not ask kept_rows there)
+    assert len(decided) == 3 and decided[0] is not None and decided[1] is None and decided[2] is None

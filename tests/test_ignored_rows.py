@@ -87,7 +87,11 @@ def test_per_token_backwards_skip_ignored_rows(device, dtype, monkeypatch):
     hidden, weight, target, bias = _problem(device, dtype, n=40, v=151)
     target[torch.randperm(40, device=device)[:15]] = -100
     up = torch.rand(40, device=device) + 0.5
-    runs = []
+    import tigon.kernels.fused_linear_logprobs as klp
+
+    runs, decided = [], []
+    real = klp.kept_for_chunks
+    monkeypatch.setattr(klp, "kept_for_chunks", lambda *a: decided.append(r := real(*a)) or r)
     for min_macs in (1 << 62, 0):
         monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", min_macs)
         leaves = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
@@ -103,6 +107,8 @@ def test_per_token_backwards_skip_ignored_rows(device, dtype, monkeypatch):
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-4)
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, **tol)
+    # the log-probabilities' forward and backward decided to skip in the second run only (kept rows found)
+    assert [r is None for r in decided] == [True, True, False, False]
     ignored = target == -100  # the log-probabilities' forward skipped them too: 0 in every output
     assert all((x[ignored] == 0).all() for x in runs[1][3:])
 
