@@ -280,7 +280,7 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
             k = 1
             if split > 1:  # the lean rule's chunk: k sub-chunks a unit where it holds less than one
                 k = max(1, min(split, -(-align // kflce.loop_cap(h2, weight, plan.cd, plan.need, True, -1))))
-            rows = -(-(-(-align // k)) // 16) * 16
+            rows = 16 * math.ceil(math.ceil(align / k) / 16)  # 1 / k of a unit, in whole 16-row steps
             one = plan._replace(budget=rows * (v * plan.cd.itemsize + _gathered_bytes(h, plan.cd)))
             if fits(one, k):
                 return one
