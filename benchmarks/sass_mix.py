@@ -13,7 +13,8 @@ numbers a change should move before a GPU confirms it.
 
 Kernels: ``jsd`` (tigon.kernels.divergence, generalised JSD, forward with the gradient formed; ``--kind`` picks
 another divergence: 0 KL_LOG, 1 KL_LOG_REVERSE, 3 KL_PROB, 4 TVD) and ``fused_linear_jsd`` (the row kernel of
-tigon.kernels.fused_linear_jsd: its three passes; ``--kind`` 0 / 1 for jsd_beta 0 / 1).
+tigon.kernels.fused_linear_jsd: its three passes; ``--kind`` 0 / 1 for jsd_beta 0 / 1); ``--sparsemax 1x2,1x8``: the
+loop of sparsemax's forward per launch config (rows a program x warps), instructions and barriers.
 """
 
 from __future__ import annotations
@@ -95,6 +96,27 @@ def _fused_linear_jsd(arch: int, kind: int):
     return compile_kernel(f._jsd_logits_kernel, types, consts, arch)
 
 
+def sparsemax_loop(arch: int, block_m: int, warps: int, block_n: int = 4096) -> tuple[int, int]:
+    """(SASS instructions a thread, barriers) of the largest loop of sparsemax's register-path forward
+    (tigon.kernels.sparsemax._sparsemax_fwd: Michelot's pass, three reductions over the row) at ``block_m`` rows of
+    ``block_n`` bf16 columns a program and ``warps`` warps; warp-instructions a row a pass are the first times
+    ``warps / block_m``."""
+    from tigon.kernels import sparsemax as k
+
+    types = dict(X="*bf16", Y="*bf16", M="i32", N="i32", stride_x="i64")
+    kernel = compile_kernel(k._sparsemax_fwd, types, dict(BLOCK_M=block_m, BLOCK_N=block_n), arch, warps=warps)
+    lines = _sass(kernel.asm["cubin"])
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+[^`]*`\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            ops = sum(1 for b in body if re.search(r"\*/\s+(?:@!?U?P\w+\s+)?[A-Z][A-Z0-9_]*", b))
+            best = max(best, (ops, sum("BAR" in b for b in body)))
+    return best
+
+
 CASES = {"jsd": _jsd, "fused_linear_jsd": _fused_linear_jsd}
 
 
@@ -103,8 +125,17 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: H100 / H200)")
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--kind", type=int, default=2, help="divergence kind (default 2: the generalised JSD)")
+    parser.add_argument("--sparsemax", default="", help="instead: sparsemax's forward loop at ROWSxWARPS,... launches "
+                        "of 4096 columns (e.g. 1x2,1x4,1x8)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, stated (3.9 warns otherwise)
+    if args.sparsemax:
+        for cfg in args.sparsemax.split(","):
+            bm, w = (int(x) for x in cfg.split("x"))
+            ops, bars = sparsemax_loop(args.arch, bm, w)
+            print(f"sparsemax 4096 columns, {bm} row(s) x {w} warp(s): loop {ops} instructions a thread, {bars} "
+                  f"barriers, {ops * w / bm:.0f} warp-instructions a row a pass (triton {triton.__version__})")
+        return
     for name in CASES if args.case == "all" else [args.case]:
         kernel = CASES[name](args.arch, args.kind)
         for i, mix in enumerate(loop_mixes(kernel.asm["cubin"])):
