@@ -168,8 +168,9 @@ FWD_CONFIGS = {4096: (1, 2)}
 ``fwd_config``). Each Michelot pass reduces three values over the row, and across warps each reduction goes through
 shared memory with a barrier: at 4096 columns the loop issues 580 SASS instructions a thread with 2 warps against 208
 with 8, i.e. 1160 warp-instructions a row a pass against 1664 (sm_90, Triton 3.6, counted offline by
-``benchmarks/sass_mix.py --sparsemax``: benchmarks/results/cpu/sass-sparsemax_triton36_session24.txt). H100, bf16 16384 x 4096, Gaussian rows, fwd + bwd (benchmarks/results/h100/session24/):
-2 warps 0.271 ms (86% of copy bandwidth), 4 warps 0.274, 8 (the norms' rule) 0.280 (83%), 2 rows of 4 warps 0.292."""
+``benchmarks/sass_mix.py --sparsemax``: benchmarks/results/cpu/sass-sparsemax_triton36_session24.txt). H100, bf16 16384
+x 4096, Gaussian rows, fwd + bwd (benchmarks/results/h100/session24/): 2 warps 0.271 ms (86% of copy bandwidth), 4 warps
+0.274, 8 (the norms' rule) 0.280 (83%), 2 rows of 4 warps 0.292."""
 
 
 def sparsemax_forward(x: torch.Tensor) -> torch.Tensor:
