@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tigon.kernels.host_wait import host_read
 from tigon.workflows import predict as PR
 from tigon.workflows import profile_events as PE
 from tigon.workflows import timing as T
@@ -369,7 +370,10 @@ def parts_run(gpu, parts):
         for k, (label, work) in enumerate(todo):
             (timer.mark if k else timer.start)(label)
             for w in work:
-                gpu.sync() if w == "sync" else gpu.launch(*w)
+                if w in ("sync", "read"):  # "read": a marked host read (tigon.kernels.host_wait)
+                    host_read(gpu.sync) if w == "read" else gpu.sync()
+                else:
+                    gpu.launch(*w)
         timer.stop()
     return run
 
@@ -398,6 +402,18 @@ def test_a_sync_inside_the_step_is_reported_not_hidden():
     # its start) less the 0.5 ms issued before it; the sleep had grown twice (x 4) before it was reported.
     assert seg["loss.item"].host_ms == pytest.approx(3.1)
     assert t.hold_ms == pytest.approx(16 * (2 * 3.1 + 1.0))
+
+
+def test_a_marked_host_read_leaves_its_wait_out():
+    # The same read marked by host_read (the fused losses' ignored-row count): its wait is not the host's work, the
+    # part goes on behind a new sleep, and it times as if the read were not there.
+    gpu = FakeGPU()
+    parts = [("forward", [(0.1, 0.5)] * 10), ("head", [(0.1, 0.5)] * 5 + ["read"] + [(0.1, 0.5)] * 5)]
+    t = T.issue_time(parts_run(gpu, parts), gpu, clock=gpu.clock)
+    assert t.waited == []
+    assert [s.host_ms for s in t.segments] == pytest.approx([1.0, 1.0])
+    assert [s.device_ms for s in t.segments] == pytest.approx([5.0, 5.0])
+    assert t.natural_ms == pytest.approx(2.0)  # left out of the run without a sleep too
 
 
 def test_a_full_launch_queue_is_reported():

@@ -140,6 +140,41 @@ def test_the_model_itself_and_pauses():
     assert got["head"] == PA.KindHost(4e3 + 1e3, 40e3 + 10e3, 1)  # layer 1 less its mlp; layer 0 paused
 
 
+class Reader(torch.nn.Module):
+    """Costs 1 s forward, then reads a device value (a marked host read: 500 s of waiting), then 2 s more."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, x):
+        from tigon.kernels.host_wait import host_read
+
+        self.clock.t += 1.0
+        host_read(lambda: setattr(self.clock, "t", self.clock.t + 500.0))
+        self.clock.t += 2.0
+        return x * 1.0
+
+
+def test_a_marked_host_read_is_charged_to_no_frame():
+    """A sync inside a replaced module waits for the device hold, not for the host's work (the fused cross-entropy's
+    ignored-row count once measured 296 ms of 'host time' in an 8B step)."""
+    from tigon.kernels.host_wait import watching
+
+    clock = Clock()
+    net = torch.nn.Sequential(Reader(clock))
+    attr = PA.HostAttribution(PA.resolve_targets(net, {"0": "head"}), clock=clock)
+    try:
+        with watching(attr):
+            x = torch.ones(3, requires_grad=True)
+            attr.recording = True
+            net(x).sum().backward()
+            attr.end_step()
+    finally:
+        attr.remove()
+    assert attr.result(PA.HookOverhead())["head"] == PA.KindHost(3e3, 0.0, 1)
+
+
 def test_host_costs_and_reports():
     orig = PA.InStepHost({"mlp": PA.KindHost(2.0, 4.0, 3), "norm": PA.KindHost(1.0, 1.0, 2)})
     tigon = PA.InStepHost({"mlp": PA.KindHost(3.0, 3.0, 3), "norm": PA.KindHost(0.0, 0.0, 0)}, steps=3)

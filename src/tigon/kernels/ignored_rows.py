@@ -3,9 +3,9 @@
 A token whose target is ``ignore_index`` has loss 0 and a zero gradient, yet a chunk loop that takes every row spends
 2 H V FLOPs on its logits and as many on each of its gradient products. SFT batches mask their prompts (often half the
 tokens or more), and the benches ignore every tenth. The fused linear cross-entropy therefore finds the kept rows
-once (``nonzero``: one host sync per call) and runs its chunks over those rows, gathered. The per-token outputs go back
-to their rows afterwards; an ignored row gets what the kernels would have written: loss 0, z 0, statistics
-(0, log V), not correct, predicted class -1.
+once (``nonzero``: one host sync per call, marked by :func:`tigon.kernels.host_wait.host_read`) and runs its chunks
+over those rows, gathered. The per-token outputs go back to their rows afterwards; an ignored row gets what the kernels
+would have written: loss 0, z 0, statistics (0, log V), not correct, predicted class -1.
 
 Where it does not pay, every row is computed (:func:`kept_rows` returns None):
 - fewer than :data:`MIN_SKIPPED` of the rows are ignored (a causal LM's shifted labels ignore one token a sequence:
@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from .host_wait import host_read
+
 SKIP_MIN_MACS = 1 << 32
 """The default plan gathers kept rows when N x V x H reaches this (4.3e9 multiply-adds: about 3 us of H200 matmul time
 per ignored tenth, against a sync and a few small launches; Qwen2.5-0.5B's head at 1024 tokens is 1.4e11)."""
@@ -56,7 +58,7 @@ def kept_rows(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int, 
     n = target.numel()
     if not _sync_pays(target, n * vocab * hidden, min_macs) or (gather_floor and vocab * hidden < vocab + 2 * hidden):
         return None
-    idx = (target != ignore_index).nonzero().squeeze(1)
+    idx = host_read((target != ignore_index).nonzero).squeeze(1)
     k = idx.numel()
     return None if not _skipping_pays(n, k) else idx
 
@@ -129,7 +131,7 @@ def kept_groups(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int
     if not _sync_pays(target, n * vocab * hidden, SKIP_MIN_MACS):
         return None
     keep = target.reshape(-1) != ignore_index
-    sizes = keep.view(n // group, group).sum(1).tolist()
+    sizes = host_read(keep.view(n // group, group).sum(1).tolist)
     k = sum(sizes)
     if not _skipping_pays(n, k):
         return None

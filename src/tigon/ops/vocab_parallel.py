@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from ..kernels.host_wait import host_read
 from ..reference import cross_entropy as ref_ce
 from ..reference import vocab_parallel as ref_vp
 from ..reference.cross_entropy import LossOutput
@@ -232,7 +233,7 @@ def _total_classes(n_classes, shards, reducer, dim: int) -> int:
         return int(n_classes)
     width = torch.tensor([float(shards[0].shape[dim])], device=shards[0].device)
     reducer.sum_([width])
-    return int(width.item())
+    return int(host_read(width.item))
 
 
 def _finish(loss, z, return_z_loss: bool):

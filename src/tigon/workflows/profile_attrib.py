@@ -19,6 +19,8 @@ and a patched module adds the integration layer's own Python. This module measur
   remains (the hooked ``Module.__call__`` path, the autograd engine running the identity nodes) is measured on an
   empty module (:func:`hook_overhead`) and subtracted: per frame of the kind and per frame opened directly inside
   one (:meth:`FrameClock.corrected`).
+* **Marked host reads** (:mod:`tigon.kernels.host_wait`: the fused LM-head losses' ignored-row count) wait for
+  the sleep kernel below whatever its length: their wait goes to no frame.
 * **The steps** run as :func:`tigon.workflows.profile_events.step_issue` runs them: split into parts
   (:class:`~tigon.workflows.profile_events.StepParts`), each behind a sleep kernel
   (:func:`tigon.workflows.timing.issue_time`), so the host never waits for the device inside a frame; the time
@@ -38,6 +40,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from ..kernels.host_wait import watching
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -126,6 +130,14 @@ class FrameClock:
             yield
         finally:
             self._restart()
+
+    def wait_started(self) -> None:
+        """A marked host read begins (:mod:`tigon.kernels.host_wait`): the time so far goes to the open frame."""
+        self._charge()
+
+    def wait_ended(self) -> None:
+        """The read ended: its wait goes to no frame (a sync waits for the hold, not for the host's work)."""
+        self._restart()
 
     def reset(self) -> None:
         """Close every frame (the end of a step); totals are kept."""
@@ -257,6 +269,14 @@ class HostAttribution:
         call.pending -= 1
         if call.pending <= 0 and call.opened:
             self.frames.close(call, BACKWARD)
+
+    def wait_started(self) -> None:
+        """As :meth:`FrameClock.wait_started` (the watcher of :mod:`tigon.kernels.host_wait`)."""
+        self.frames.wait_started()
+
+    def wait_ended(self) -> None:
+        """As :meth:`FrameClock.wait_ended`."""
+        self.frames.wait_ended()
 
     def end_step(self) -> None:
         """Close the frames left open (those without differentiable inputs) and keep the step's times apart."""
@@ -424,7 +444,8 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
             turn[0] += 1
 
     try:
-        issue_time(run, hold, rounds=rounds)
+        with watching(attr):
+            issue_time(run, hold, rounds=rounds)
     finally:
         attr.remove()
         parts.remove()

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels.host_wait import watching
 
 MIN_SAMPLES = 10
 """Timed calls at least, per :func:`time_call` on CUDA. ``triton.testing.do_bench`` times ``int(rep / estimate)``
@@ -188,8 +189,9 @@ def set_bytes(inputs: dict, douts: list[torch.Tensor]) -> int:
 
 
 def rotation_sets(set_bytes: int, device: torch.device) -> int:
-    """How many input sets :func:`tigon.workflows.bench.bench_one` rotates through: enough that ``ROTATE_L2_MULTIPLE`` x the L2 cache
-    is touched between two uses of one set (CUDA; at most 64 sets), 1 on CPU or for sets that large.
+    """How many input sets :func:`tigon.workflows.bench.bench_one` rotates through: enough that
+    ``ROTATE_L2_MULTIPLE`` x the L2 cache is touched between two uses of one set (CUDA; at most 64 sets), 1 on CPU
+    or for sets that large.
 
     Why: a CUDA-graph replay does not flush the cache between calls, so small inputs timed over one buffer
     measure the L2 cache (METHOD: rotate among several input sets), and an op that overwrites its inputs in place
@@ -306,26 +308,52 @@ class IssueTimer:
     ``holds_ms[k]`` ms (part k; the last value for later parts, 0: no hold) is queued, so that a part launching
     fewer than :data:`LAUNCH_QUEUE_DEPTH` kernels is issued without the host ever waiting: its host time is the
     wall time (``clock``, seconds) until the next mark, its device time the events' time after the hold.
+
+    A marked host read (:func:`tigon.kernels.host_wait.host_read`; the timer watches them while registered with
+    :func:`tigon.kernels.host_wait.watching`, as :func:`issue_time` does) waits for the hold whatever its length: its
+    wait is left out of the part's host time, the device's time up to it is kept, and the part goes on behind a new
+    hold of the same length (its queuing untimed), so a part with marked reads is timed as one without them; the
+    read's own kernels (a ``nonzero``, a copy of a few bytes) are left out of the device time.
     """
 
     def __init__(self, hold: DeviceHold, holds_ms=(0.0,), clock: Callable[[], float] = time.perf_counter):
         self.hold, self.holds, self.clock = hold, list(holds_ms) or [0.0], clock
-        self._open: tuple | None = None
-        self._parts: list[tuple] = []
-        self.segments: list[Segment] = []
+        self._open, self._wait, self._parts, self.segments = None, None, [], []  # _wait: (clock, event) at a read
+        self._spans, self._waited_s = [], 0.0  # the open part's device spans before its marked reads; their waits
+
+    def _hold_ms(self) -> float:
+        return self.holds[min(len(self._parts), len(self.holds) - 1)]
 
     def _arm(self, label: str) -> None:
         self.hold.sync()
-        ms = self.holds[min(len(self._parts), len(self.holds) - 1)]
+        ms = self._hold_ms()
         ev = self.hold.hold(ms)
+        self._spans, self._waited_s = [], 0.0
         self._open = (label, ev, ms > 0, self.clock())
 
     def _close(self) -> None:
         t = self.clock()
         label, ev, held, t0 = self._open
         waited = held and self.hold.done(ev)
-        self._parts.append((label, (t - t0) * 1e3, ev, self.hold.record(), waited))
+        host_ms = (t - t0 - self._waited_s) * 1e3
+        self._parts.append((label, host_ms, [*self._spans, (ev, self.hold.record())], waited))
         self._open = None
+
+    def wait_started(self) -> None:
+        """A marked host read begins (:mod:`tigon.kernels.host_wait`): the device work issued so far ends a span."""
+        if self._open is not None:
+            self._wait = (self.clock(), self.hold.record())
+
+    def wait_ended(self) -> None:
+        """A marked host read ended: its wait leaves the part's host time, and a new hold starts the next span."""
+        if self._open is None or self._wait is None:
+            return
+        (t_wait, before), self._wait = self._wait, None
+        label, ev, held, t0 = self._open
+        self._spans.append((ev, before))
+        ev = self.hold.hold(self._hold_ms())
+        self._waited_s += self.clock() - t_wait
+        self._open = (label, ev, held, t0)
 
     def start(self, label: str) -> None:
         """Begin the first part, ``label``."""
@@ -348,8 +376,8 @@ class IssueTimer:
             raise RuntimeError("IssueTimer.stop: no part is open; call start(label) first")
         self._close()
         self.hold.sync()
-        self.segments = [Segment(label, ms, self.hold.elapsed_ms(a, b), waited)
-                         for label, ms, a, b, waited in self._parts]
+        self.segments = [Segment(label, ms, sum(self.hold.elapsed_ms(a, b) for a, b in spans), waited)
+                         for label, ms, spans, waited in self._parts]
         return self.segments
 
 
@@ -358,8 +386,8 @@ class IssueTime:
     """What :func:`issue_time` measured. segments: per part, the median over the clean rounds (``waited``: the
     host waited for the device in every attempt; its ``host_ms`` is then its time without a hold, which includes
     that wait). host_ms / device_ms: their sums, ms. natural_ms: the parts' wall time without a hold, summed (the
-    host's time including any waits for the device). hold_ms: the longest hold used. rounds: clean rounds per
-    part (at least). held: False on a CPU (host time = wall time, device 0)."""
+    host's time including its waits for the device, but for marked host reads'). hold_ms: the longest hold used.
+    rounds: clean rounds per part (at least). held: False on a CPU (host time = wall time, device 0)."""
 
     segments: list[Segment]
     host_ms: float
@@ -385,8 +413,9 @@ def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: i
     each part behind a sleep of ``margin`` x that time + ``floor_ms`` (the calibration); a part whose sleep had
     ended when its issue ended gets ``grow`` x the sleep (at most ``retries`` times, at most ``max_hold_ms``) and
     is timed again, in up to ``retries`` more runs; a part that still catches up waits for the device whatever the
-    hold (a sync inside it, or more pending launches than the queue holds) and is reported ``waited``. On a CPU (``hold.active``
-    False) the ``rounds`` runs' wall times are the host time and the device time is 0.
+    hold (a sync inside it, or more pending launches than the queue holds) and is reported ``waited``; a marked host
+    read's wait is left out (:class:`IssueTimer`). On a CPU (``hold.active`` False) the ``rounds`` runs' wall times
+    are the host time and the device time is 0.
 
     Returns:
         an :class:`IssueTime` (ms).
@@ -396,7 +425,8 @@ def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: i
     """
     def once(holds) -> list[Segment]:
         timer = IssueTimer(hold, holds, clock)
-        run(timer)
+        with watching(timer):
+            run(timer)
         return timer.stop() if timer._open is not None else timer.segments
 
     natural = once([0.0])
