@@ -61,7 +61,8 @@ def _opcheck_cases():
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
                  "poly_norm", "group_norm", "sparsemax", "rms_norm_gated"):
-        importlib.import_module(f"tigon.kernels.{name}")  # registers the custom ops (after conftest set TRITON_INTERPRET)
+        # registers the custom ops (after conftest set TRITON_INTERPRET)
+        importlib.import_module(f"tigon.kernels.{name}")
 
     ops = torch.ops.tigon
     x, w, b = torch.randn(3, 5, 32), torch.randn(32), torch.randn(32)
@@ -234,6 +235,28 @@ def test_cross_entropy_compile(device, reduction):
     target[2] = -100
     _check_same(lambda lg: TF.cross_entropy(lg, target, reduction=reduction, label_smoothing=0.1,
                                             lse_square_scale=1e-4, softcap=20.0, return_accuracy=True), (logits,))
+
+
+def test_cross_entropy_module_compiled_returns_its_output(device):
+    # (B, T, V) logits: the module's per-token outputs reshaped to (B, T) in a new LossOutput (support.replaced, not
+    # _replace: torch 2.11's Dynamo failed an assertion where such a tuple left the graph), eager's values and gradient
+    import tigon.nn as tnn
+
+    loss = tnn.CrossEntropyLoss(reduction="none", return_z_loss=True, return_predicted_tokens=True,
+                                lse_square_scale=1e-4)
+    logits = torch.randn(2, 5, 40, device=device)
+    target = torch.randint(0, 40, (2, 5), device=device)
+    (x, y) = _leaves(logits, logits)
+    eager, got = loss(x, target), torch.compile(loss, backend="aot_eager")(y, target)
+    assert type(got) is type(eager) is TF.LossOutput and got.loss.shape == got.predicted_tokens.shape == (2, 5)
+    for a, b in zip(got, eager):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    eager.loss.sum().backward()
+    got.loss.sum().backward()
+    torch.testing.assert_close(y.grad, x.grad, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="unexpected field"):
+        support.replaced(eager, nope=1)
 
 
 @pytest.mark.parametrize("op, options", [("jsd", {"beta": 0.3}), ("kl_div", {"reduction": "batchmean"}),

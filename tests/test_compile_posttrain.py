@@ -5,7 +5,9 @@ inside a compiled graph, as eager.
 Each loss is compiled with ``fullgraph=True`` (a graph break raises) and ``backend="aot_eager"`` (dynamo +
 AOTAutograd, no inductor codegen: fast on CPU, as tests/test_compile.py) and checked against the same call eager:
 loss, every metric / aux output and every gradient (fp32, 1e-5), the head matmuls of a forward + backward (read from
-the profiler: a dispatch mode stops dynamo from running compiled frames), and a second backward that raises.
+the profiler: a dispatch mode stops dynamo from running compiled frames), and a second backward that raises. Every
+preference loss is also compiled as ``tigon bench``'s ``tigon_compile`` compiles DPO: the call as it is (no
+fullgraph, compile mode "auto"), its output NamedTuple returned, in one graph.
 """
 
 from __future__ import annotations
@@ -182,6 +184,45 @@ def test_compiled_fallback_where_gradients_cannot_be_formed(device):
     assert "ref_per_token_logps" in grads and set(grads) == set(eager_grads)
     for k in grads:
         assert rel_l2(grads[k].double(), eager_grads[k].double()) <= 1e-5, k
+
+
+RETURNED = {
+    # the loss, its options, the inputs' builder options
+    "dpo, reference model": (F.fused_linear_dpo_loss, dict(), dict(reference="model")),
+    "dpo, given reference log-probs": (F.fused_linear_dpo_loss, dict(loss_type="ipo"), dict()),
+    "orpo": (P.fused_linear_orpo_loss, dict(), dict(reference="none")),
+    "cpo": (P.fused_linear_cpo_loss, dict(), dict(reference="none")),
+    "simpo": (P.fused_linear_simpo_loss, dict(), dict(reference="none")),
+    "kto, reference model": (P.fused_linear_kto_loss, dict(), dict(reference="model", labels=True)),
+}
+
+
+@pytest.mark.parametrize("case", RETURNED)
+def test_compiled_call_returns_its_output_as_eager(case, device, monkeypatch):
+    # tigon bench's tigon_compile: torch.compile of the call itself (no fullgraph, dynamic=False, compile mode
+    # "auto"), its output NamedTuple returned by the compiled frame. Torch 2.11's Dynamo (the GPU image's) failed an
+    # assertion where that tuple came from ``_replace`` (now support.replaced); in mode "auto" the losses without a
+    # record of their own raised a KeyError choosing their path (support.compiled_choice); KTO's metric sums broke
+    # the graph inside a no_grad block (now reference.kto._group_sums), which torch 2.11 then failed to compile
+    monkeypatch.delenv("TIGON_COMPILE_OPS")
+    loss_fn, opts, build = RETURNED[case]
+    inputs = _pair_inputs(device, **build)
+
+    def fn(**kw):
+        return loss_fn(**kw, **opts)
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    eager, eager_grads, _ = _run(fn, inputs)
+    backend = CompileCounterWithBackend("aot_eager")
+    got, grads, _ = _run(torch.compile(fn, backend=backend, dynamic=False), inputs)
+    assert backend.frame_count == 1  # one graph: no graph break
+    assert type(got) is type(eager) and len(got) == len(eager)
+    for name, a, b in zip(eager._fields, got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert set(grads) == set(eager_grads) >= {"hidden", "weight"}
+    for k in grads:
+        torch.testing.assert_close(grads[k], eager_grads[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_options_string_round_trips():

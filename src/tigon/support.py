@@ -13,10 +13,10 @@ Every public op in :mod:`tigon.functional` asks :func:`select_backend` which pat
     above applies; one warning per reason is issued. In strict mode (:func:`set_strict` or ``TIGON_STRICT=1``)
     :class:`UnsupportedError` is raised instead.
 
-:func:`force_reference` (a context manager: ``with force_reference():``, or ``TIGON_DISABLE=1``) turns the kernels off on purpose, e.g. to
-check the fallback; that never warns. :func:`backend_usage` counts which path each op took, so workflows can
-report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``, FakeTensorMode) take the
-reference silently: it carries their shapes and dtypes.
+:func:`force_reference` (a context manager: ``with force_reference():``, or ``TIGON_DISABLE=1``) turns the kernels
+off on purpose, e.g. to check the fallback; that never warns. :func:`backend_usage` counts which path each op took,
+so workflows can report what actually ran. Meta and fake tensors (shapes only: ``torch.device("meta")``,
+FakeTensorMode) take the reference silently: it carries their shapes and dtypes.
 
 The ops on a small model's hot path (rms_norm, fused_add_rms_norm, swiglu / geglu / glu_linear, rope) keep the calls
 they validated and sent to the kernels (:func:`remember_call`), keyed by everything their checks read and by
@@ -27,7 +27,6 @@ them in full, so a bad argument raises as before and a change of ``TRITON_INTERP
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import os
@@ -187,13 +186,34 @@ def compile_mode() -> str:
 
 
 def compiled_choice(op: str) -> str:
-    """``"kernel"`` or ``"inductor"``: what ``op`` runs inside a torch.compile graph in the current compile mode."""
+    """``"kernel"`` or ``"inductor"``: what ``op`` runs inside a torch.compile graph in the current compile mode. An
+    op without a record of its own (the preference losses beside DPO, :mod:`tigon.ops.preference`, which run DPO's
+    kernels) takes the records' default, :attr:`tigon.ops.OpSpec.under_compile`'s: its kernels."""
     mode = compile_mode()
     if mode != "auto":
         return "kernel" if mode == "kernels" else "inductor"
     from . import ops
 
-    return ops.get(op).under_compile
+    spec = ops.registry().get(op)
+    return ops.OpSpec.under_compile if spec is None else spec.under_compile
+
+
+def replaced(out, **fields):
+    """``out._replace(**fields)`` for a NamedTuple ``out`` (an op's output), built by its class's constructor.
+
+    ``_replace`` calls ``tuple.__new__(type(out), ...)``; where ``out`` was built in code that torch.compile traces,
+    torch 2.11's Dynamo (the GPU image's) records that tuple without a source for its class, then fails its own
+    assertion (``cls_source is not None`` in ``SideEffects.codegen_save_tempvars``) when the tuple leaves the graph:
+    every compiled call that returned it failed there (the preference losses' outputs, tigon bench's
+    ``tigon_compile`` of DPO; the cross-entropy module's per-token outputs). Fixed in later torch versions.
+
+    Raises:
+        ValueError: a name in ``fields`` that is not a field of ``out`` (as ``_replace``).
+    """
+    values = [fields.pop(name, value) for name, value in zip(out._fields, out)]
+    if fields:
+        raise ValueError(f"got unexpected field names: {list(fields)!r}")
+    return type(out)(*values)
 
 
 class force_reference:  # noqa: N801 (a function to its callers: ``with tigon.force_reference():``)

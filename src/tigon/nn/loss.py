@@ -1,4 +1,5 @@
-"""Loss modules wrapping :func:`tigon.functional.cross_entropy` and :func:`tigon.functional.fused_linear_cross_entropy`."""
+"""Loss modules wrapping :func:`tigon.functional.cross_entropy` and
+:func:`tigon.functional.fused_linear_cross_entropy`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from torch import nn
 
 from .. import functional as TF
+from ..support import replaced
 
 
 def _flatten(x: torch.Tensor, target: torch.Tensor, what: str):
@@ -24,10 +26,10 @@ def _restore(out, lead, reduction: str):
         return out
     if isinstance(out, TF.LossOutput):
         if reduction == "none":
-            out = out._replace(loss=out.loss.reshape(lead),
-                               z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
+            out = replaced(out, loss=out.loss.reshape(lead),
+                           z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
         if out.predicted_tokens is not None:
-            out = out._replace(predicted_tokens=out.predicted_tokens.reshape(lead))
+            out = replaced(out, predicted_tokens=out.predicted_tokens.reshape(lead))
         return out
     return out.reshape(lead) if reduction == "none" else out
 

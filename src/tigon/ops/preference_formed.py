@@ -21,6 +21,7 @@ import torch
 from ..reference import kto as ref_kto
 from ..reference.pairs import check_batch, pair_logps, policy_and_reference, preference_output, sequence_logps
 from ..reference.preference import LOSSES
+from ..support import replaced
 from .formed_grads import family, run_formed
 from .fused_linear_logprobs import logprob_plan
 
@@ -77,7 +78,7 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
         pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=unpair(logp), ref_lp=ref_lp, **kw)
         out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
                                 compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
-    return out._replace(loss=out.loss + anchor)
+    return replaced(out, loss=out.loss + anchor)
 
 
 def _by_pairs(x, p: int, t: int):
@@ -175,7 +176,7 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
             ref_lp = ref_logp.reshape(b, t)
         out = ref_kto.kto_with(None, hidden, weight, target, preference_labels, bias, ref_hidden, ref_weight,
                                ref_bias, policy_lp=logp.reshape(b, t), ref_lp=ref_lp, **kw)
-    return out._replace(loss=out.loss + anchor)
+    return replaced(out, loss=out.loss + anchor)
 
 
 @family("kto")

@@ -118,12 +118,19 @@ def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, 
                                                 ref_bias, ignore_index, bool(average_log_prob), policy_lp, ref_lp)
     losses, u = kto_losses(logps, ref_seq, ref_logps, kl, preference_labels, beta, loss_type, desirable_weight,
                            undesirable_weight)
-    good = preference_labels
     rewards = (beta * u).detach()
     sums = row_logit_sums(hidden, weight, bias, logps.dtype)
-    bad = ~good
-    return KTOOutput(losses.mean(), logps.detach()[good].sum(), logps.detach()[bad].sum(), sums[good].sum(),
-                     sums[bad].sum(), rewards[good].sum(), rewards[bad].sum())
+    return KTOOutput(losses.mean(), *_group_sums(logps.detach(), preference_labels),
+                     *_group_sums(sums, preference_labels), *_group_sums(rewards, preference_labels))
+
+
+def _group_sums(x: torch.Tensor, good: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 0-d sums of (B,) ``x`` over the desirable (``good``) and the undesirable sequences, each with the others
+    zeroed (the same sums, up to the order of the additions): no data-dependent shape. ``x[good]`` is a ``nonzero``,
+    a graph break under ``torch.compile`` without ``fullgraph``, there inside the formed path's ``torch.no_grad``
+    block, where torch 2.11's AOTAutograd (the GPU image's) then failed to compile the graph before the break
+    ("element 0 of tensors does not require grad")."""
+    return torch.where(good, x, 0.0).sum(), torch.where(good, 0.0, x).sum()
 
 
 def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, ref_hidden=None, ref_weight=None,
