@@ -277,11 +277,14 @@ def test_reference_model_runs_in_the_policy_s_chunk_loop(label, monkeypatch):
         assert rel_l2(a.double(), b) < 1e-5, (type(want)._fields[i], rel_l2(a.double(), b))
 
 
+@pytest.mark.parametrize("unit", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_is_no_worse_than_plain_pytorch(dtype):
+def test_half_precision_is_no_worse_than_plain_pytorch(dtype, unit):
+    # unit: loss.backward(); else a random upstream scalar, which the backward's scale of the formed gradients rounds
+    # once more where grad_hidden is formed in bf16 (issue 29: tigon.kernels.head_grads.grad_buffers' formed)
     inp = _batch(dtype=dtype, bias=True, t=6)
     spec = P.RECORDS[0]
-    checks = compare(spec.fn, spec.original, inp, ("hidden", "weight", "bias"), factor=2.0, unit_upstream=True,
+    checks = compare(spec.fn, spec.original, inp, ("hidden", "weight", "bias"), factor=2.0, unit_upstream=unit,
                      differentiable_outputs=(0,))
     assert_close_to_truth(checks)
 

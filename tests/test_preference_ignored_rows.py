@@ -119,8 +119,8 @@ def test_skipping_ignored_rows_changes_nothing_but_the_matmuls(label, mask, monk
     for name in g_every:
         torch.testing.assert_close(g_kept[name], g_every[name], **tol, msg=name)
     assert (g_kept["hidden"].reshape(N, H)[ignored] == 0).all()
-    # the per-token log-probabilities in the formed pass's own (pair by pair) layout: 0 at the ignored rows, as the
-    # kernels give them when every row is computed
+    # the formed pass's per-token log-probabilities (in the batch's (B T) layout: the pass runs the rows pair by pair
+    # by index): 0 at the ignored rows, as the kernels give them when every row is computed
     torch.testing.assert_close(lp_kept, lp_every, **tol)
     assert (lp_every == 0).sum() == (lp_kept == 0).sum() == int(ignored.sum())
     assert (ref_every is None) == (ref_kept is None) == (ref_mm == 0)

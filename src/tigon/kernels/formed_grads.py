@@ -61,7 +61,8 @@ def _formed_op(family_name: str, spec: str, hidden: Tensor, weight: Tensor, bias
     """(anchor, logp, entropy, ref_logp, grad_hidden, grad_weight, grad_bias, token): the 0-d fp32 zero, (N,) fp32
     log-probabilities, (N,) fp32 entropies (or (0,) unless ``want_entropy``), (N,) fp32 reference log-probabilities
     (or (0,) unless ``want_ref``), the family's gradients for an upstream gradient of 1 in the dtypes of
-    :func:`tigon.kernels.head_grads.grad_buffers`' scalar path ((0,) where not needed), and the call's 0-d int64 CPU
+    :func:`tigon.kernels.head_grads.grad_buffers`' scalar path of the formed passes (``formed``: a bfloat16
+    grad_hidden for bfloat16 hidden states and matmuls; (0,) where not needed), and the call's 0-d int64 CPU
     token (:func:`_new_token`: its backward runs once)."""
     from ..ops.formed_grads import FAMILIES, decode
 
@@ -84,7 +85,7 @@ def _(family_name, spec, hidden, weight, bias, tensors, ignore_index, softcap, l
     empty = hidden.new_empty((0,), **f32)
     # the real allocator on fake tensors: the same shapes and dtypes as the kernels' path, by construction
     grads = [or_empty(g, empty) for g in grad_buffers(n, hidden, weight, cd, (need_hidden, need_weight, need_bias),
-                                                      lean, True)]
+                                                      lean, True, formed=True)]
     return (hidden.new_empty((), **f32), hidden.new_empty((n,), **f32),
             hidden.new_empty((n,) if want_entropy else (0,), **f32),
             hidden.new_empty((n,) if want_ref else (0,), **f32), *grads, torch.empty((), dtype=torch.int64))

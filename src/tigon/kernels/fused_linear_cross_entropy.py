@@ -45,7 +45,7 @@ from ._common import CUSTOM_OP_TAGS, cdiv, compiled_cuda, if_wanted, num_items_t
 from .first_order import first_order
 from .flce_sliced import default_spare_bytes, sliced_applies, sliced_backward_rows, sliced_forward
 from . import ignored_rows
-from .ignored_rows import compact_outputs, kept_for_chunks, scatter_outputs
+from .ignored_rows import compact_outputs, kept_for_chunks, placed, scatter_outputs
 from .head_grads import _fp32_out_supported, _Matmuls, _operands, finish_grads, grad_buffers, no_autocast, scale_grads
 from .loss_reduce import reduce_losses
 from .loss_rows import (
@@ -305,7 +305,8 @@ def loop_cap(hidden, weight, cd: torch.dtype, need: tuple[bool, bool, bool], lea
 def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool, bool, bool], lean: bool,
                          halves: bool, budget: int, rows_grad, *, elem_bytes: int | None = None,
                          scalar: bool = False, align: int = 1, before=None,
-                         kept: torch.Tensor | None = None, bounds: list[int] | None = None) -> tuple:
+                         kept: torch.Tensor | None = None, bounds: list[int] | None = None,
+                         formed: bool = False) -> tuple:
     """The backward of a per-token loss of the LM head's logits, chunk by chunk: each (rows, V) chunk of logits
     ``hidden[s:e] @ weight.T (+ bias)`` is recomputed into one buffer, ``rows_grad(chunk, s, e)`` overwrites it with
     the gradient w.r.t. those logits, and the chunk's matmuls add it into grad_hidden / grad_weight / grad_bias.
@@ -320,13 +321,18 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     ``before(chunk, s, e)``: called with each chunk's buffer before its logits are formed there, for work that may use
     the buffer first (a reference model's logits of the same rows:
     :func:`tigon.ops.preference_formed.formed_pair_loss`).
-    ``kept``: the (K,) indices of the rows that are not ignored (:func:`tigon.kernels.ignored_rows.kept_rows`): the
-    chunks then run over those rows only, each chunk's rows gathered into a (rows, H) buffer, ``rows_grad``'s and
-    ``before``'s [s, e) index them (the caller passes its per-row tensors compacted alike), and grad_hidden's other
-    rows are zeros. ``bounds``: explicit chunks instead of the rule's, [bounds[j], bounds[j + 1]) over the rows run
-    (the kept rows with ``kept``): an int list from 0 to that count, strictly increasing (whole groups of rows of
-    varying sizes: :func:`tigon.kernels.ignored_rows.group_cuts`; within :func:`loop_cap` for the same arguments);
-    ``align`` is then not read.
+    ``kept``: the (K,) indices of the rows that are not ignored (:func:`tigon.kernels.ignored_rows.kept_rows`), or
+    more generally of the rows to run, in the order to run them (each at most once): the chunks then run over those rows
+    only, each chunk's rows gathered into a (rows, H) buffer (``hidden`` of any strides), ``rows_grad``'s and
+    ``before``'s [s, e) index them (the caller passes its per-row tensors compacted alike), and grad_hidden's other rows
+    are zeros. ``formed`` (the passes that form a loss's gradients in its forward,
+    :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`; with ``scalar``): grad_hidden in the dtype
+    :func:`grad_buffers`' ``formed`` gives, and with ``kept`` its rows run accumulate in their own (K, H) buffer, in the
+    order run, each chunk's written in place (no (rows, H) buffer of them, no zero fill during the loop), and go to
+    their rows of an (N, H) grad_hidden once the chunk buffer is free. ``bounds``: explicit chunks instead of the
+    rule's, [bounds[j], bounds[j + 1]) over the rows run (the kept rows with ``kept``): an int list from 0 to that
+    count, strictly increasing (whole groups of rows of varying sizes: :func:`tigon.kernels.ignored_rows.group_cuts`;
+    within :func:`loop_cap` for the same arguments); ``align`` is then not read.
 
     Deferred gradients (a unit of rows split over several chunks, whose gradient needs the whole unit's forward:
     :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`' ``pieces``): ``rows_grad`` may return
@@ -337,28 +343,31 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
     n = hidden.shape[0]
     vocab = weight.shape[0]
     dev = hidden.device
-    h, w, b = _operands(hidden, weight, bias, cd)
+    h, w, b = _operands(hidden, weight, bias, cd, contiguous=kept is None)
     m = n if kept is None else kept.numel()
     if bounds is None:
         rows = max(1, loop_rows(h if kept is None else h[:m], weight, cd, need, lean, budget, elem_bytes, align))
         starts = range(0, m, rows)
     else:
         rows, starts = max(e - s for s, e in zip(bounds, bounds[1:])), bounds[:-1]
-    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves, rows * vocab * cd.itemsize)
+    compact = formed and kept is not None  # grad_hidden of the rows run, in their order (placed after the loop)
+    gh, gw, gb = grad_buffers(n, hidden, weight, cd, need, lean, scalar, halves, rows * vocab * cd.itemsize,
+                              formed=formed, gh_rows=m if compact else n)
     part = hbuf = None
     if kept is not None:  # each chunk's kept rows gathered, and their grad_hidden then scattered into their rows
         hbuf = torch.empty((rows, h.shape[1]), dtype=h.dtype, device=dev)
-        if gh is not None:
+        if gh is not None and not compact:
             gh.zero_()
             part = torch.empty((rows, gh.shape[1]), dtype=gh.dtype, device=dev)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     wrote = [False]  # whether a chunk's grad_weight was written (the first one written sets gw)
 
     def rows_of(s, e):
-        one = e - s == n  # one chunk of every row: no slice ops
+        one = e - s == m  # one chunk of every row run: no slice ops
         lg = buf if e - s == rows else buf[: e - s]
-        return one, lg, h if one else h[s:e] if hbuf is None else torch.index_select(h, 0, kept[s:e],
-                                                                                      out=hbuf[: e - s])
+        if hbuf is not None:
+            return one, lg, torch.index_select(h, 0, kept[s:e], out=hbuf[: e - s])
+        return one, lg, h if one else h[s:e]
 
     def grads_of(lg, hs, s, e, one):
         gr = part[: e - s] if part is not None else gh if one or gh is None else gh[s:e]
@@ -384,9 +393,11 @@ def backward_over_chunks(hidden, weight, bias, cd: torch.dtype, need: tuple[bool
                 mm.logits(lg, hs, w, b)
                 rows_grad(lg, s2, e2)
                 grads_of(lg, hs, s2, e2, one)
+    buf = lg = hs = hbuf = None  # the chunk buffer is free before the casts (grad_buffers counted on it) or placing
+    if compact and gh is not None:
+        gh = placed(gh, kept, n)
     if scalar:
         return gh, gw, gb
-    buf = lg = None  # the chunk buffer is free before the casts (grad_buffers counted on it)
     return finish_grads((gh, gw, gb), None, (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None))
 
 

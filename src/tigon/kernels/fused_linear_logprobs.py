@@ -57,7 +57,7 @@ from . import target_check
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, or_empty
 from .first_order import once_differentiable
 from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
-from .ignored_rows import kept_for_chunks, scatter_rows
+from .ignored_rows import kept_for_chunks, placed, scatter_rows
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
     LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
@@ -331,11 +331,13 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
     None), the loss's gradient w.r.t. them; :func:`rows_grad_` turns them into the logits' gradient in place, and the
     loop's matmuls accumulate it. Returns (logp (N,), entropy (N,) or None, (gh, gw, gb)): the unscaled accumulators
     of :func:`tigon.kernels.head_grads.grad_buffers`' scalar path, for
-    :func:`~tigon.kernels.head_grads.scale_grads`. ``target`` contiguous; ``lean``, ``budget``,
+    :func:`~tigon.kernels.head_grads.scale_grads` (grad_hidden in bfloat16 for bfloat16 hidden states and matmuls:
+    :func:`~tigon.kernels.head_grads.grad_buffers`' ``formed``). ``target`` contiguous; ``lean``, ``budget``,
     ``halves``: as :func:`logprobs_backward`; ``before``, ``kept``, ``bounds``: as
     :func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`' (each chunk's buffer before its logits;
-    the kept rows, when the chunks run over them alone: [s, e) then index the kept rows, and the returned logp /
-    entropy hold 0 at the other rows, what the kernels give an ignored row; explicit chunks).
+    the rows to run, in their order, when the chunks run over them alone (the kept rows; the preference losses'
+    rows pair by pair): [s, e) then index them, and the returned logp / entropy / grad_hidden are in the rows' own
+    layout, 0 at the rows not run, what the kernels give an ignored row; explicit chunks).
 
     ``pieces`` (with ``bounds``): units of rows larger than a chunk, each split over consecutive chunks (sub-chunks),
     as ``{start of a unit's last sub-chunk: [(s, e) of its earlier ones]}``. An earlier sub-chunk's logits get the
@@ -377,9 +379,9 @@ def logprobs_grads_in_forward(hidden, weight, target, bias, opts: LossOptions, c
         return list(earlier) or None
 
     grads = backward_over_chunks(hidden, weight, bias, cd, need, lean, halves, budget, rows_grad, scalar=True,
-                                 align=align, before=before, kept=kept, bounds=bounds)
+                                 align=align, before=before, kept=kept, bounds=bounds, formed=True)
     if kept is not None:
-        logp, ent = (None if x is None else x.new_zeros(n).index_copy_(0, kept, x) for x in (logp, ent))
+        logp, ent = (None if x is None else placed(x, kept, n) for x in (logp, ent))
     return logp, ent, grads
 
 

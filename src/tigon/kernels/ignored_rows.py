@@ -27,7 +27,8 @@ fused cross-entropy's lean plan (its memory has no room for the gathered copy of
 The formed passes chunk whole units (a pair, a sequence; the batch when a loss couples them) whose kept rows vary in
 number: :func:`kept_groups` gives each group's count, :func:`group_cuts` the chunks (balanced, the fewest within the
 plan's cap), ``backward_over_chunks``' ``bounds`` runs them. There each chunk's rows are gathered into a (rows, H)
-buffer (not all the kept rows at once), so the extra memory is two (rows, H) buffers beside the (rows, V) chunk, and
+buffer (not all the kept rows at once), so the extra memory is two (rows, H) buffers beside the (rows, V) chunk (one,
+on the formed passes, whose grad_hidden holds the kept rows alone until the chunk loop ends: :func:`placed`), and
 a byte budget counts them (``row_bytes`` of :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows`): these passes
 skip under every plan, the lean one and byte budgets included, where the kept rows of a unit fit.
 """
@@ -118,6 +119,14 @@ def scatter_rows(idx: torch.Tensor, outputs, stats: torch.Tensor | None = None, 
         stats[:, 0].zero_()
         stats[:, 1].fill_(math.log(vocab))
         stats.index_copy_(0, idx, stats_part)
+
+
+def placed(x: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows ``x`` (K, ...) computed for the rows ``idx`` (K,) of N, in that order (the kept rows, or every row in
+    another order: the formed passes' pairs), as a new (N, ...) tensor: each at its row, zeros at the others (what
+    the kernels give an ignored row); no fill where ``idx`` holds every row."""
+    out = (x.new_empty if idx.numel() == n else x.new_zeros)((n, *x.shape[1:]))
+    return out.index_copy_(0, idx, x)
 
 
 def kept_groups(target: torch.Tensor, ignore_index: int, vocab: int, hidden: int,

@@ -34,11 +34,11 @@ from .fused_linear_logprobs import fused_linear_logprobs, trl_linear_logprobs
 from .preference_formed import formed_kto_loss, formed_pair_loss
 
 _MEMORY = """memory: the memory the primitive may hold beside its inputs and gradients, as in
-            :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes). With the gradients
-            formed in the forward, ``"auto"`` on CUDA holds chunks of at most 2**28 logits (at least one pair or
-            sequence) beside the fp32 grad_weight accumulator (:data:`tigon.ops.preference_formed.PAIR_CHUNK_LOGITS_CUDA`;
-            about 2.6 GiB at Llama-3-8B's head), and a budget below that accumulator accumulates grad_weight in the
-            weight's dtype (Liger-Kernel's way) in chunks as large as the budget allows."""
+            :func:`tigon.functional.fused_linear_logprobs` (``"auto"``, ``"low"`` or bytes). With the gradients formed
+            in the forward, ``"auto"`` on CUDA holds chunks of at most 2**28 logits (at least one pair or sequence)
+            beside the fp32 grad_weight accumulator (:data:`tigon.ops.preference_formed.PAIR_CHUNK_LOGITS_CUDA`; about
+            2.5 GiB at Llama-3-8B's head by arithmetic), and a budget below that accumulator accumulates grad_weight in
+            the weight's dtype (Liger-Kernel's way) in chunks as large as the budget allows."""
 
 
 def _run(op: str, formula: str, opts: dict, **fixed):

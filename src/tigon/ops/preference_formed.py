@@ -8,7 +8,9 @@ the loss's gradient w.r.t. the chunk's log-probabilities by autograd through the
 in place, then grad_hidden and grad_weight (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`):
 3 policy matmuls + 1 for the reference, one (rows, V) buffer. Ignored tokens (a masked prompt) are left out of those
 matmuls where that pays (:func:`_kept_chunks`, :mod:`tigon.kernels.ignored_rows`): chunks of the kept rows of whole
-units, the formula still differentiated on each unit's full (k, *unit) layout.
+units, the formula still differentiated on each unit's full (k, *unit) layout. Both the pairs' order and the kept rows
+are one index of the rows to run (:func:`_formed_pass`' ``order``): each chunk gathers its rows from the caller's
+layout, and the per-token outputs and grad_hidden come back in it.
 """
 
 from __future__ import annotations
@@ -37,16 +39,17 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
 
     Why it works: every formula is a mean over pairs of a function of the pair's own sequence log-probabilities, plus
     the NLL term, linear in the chosen tokens' log-probabilities with a coefficient that depends on the targets alone
-    (AOT, which sorts the batch, is the exception: ``coupled``). So the rows are reordered pair by pair (chosen i,
-    then rejected i: one copy of the hidden states, undone by autograd in the backward), chunks hold whole pairs (the
-    whole batch when ``coupled``), and as soon as a chunk's log-probabilities are known, autograd through the
-    formula on a batch whose other pairs hold placeholders (they do not reach the chunk's gradient) gives the
-    loss's gradient w.r.t. them; :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into
-    the head's gradients in the same pass: 3 policy matmuls instead of 4. A reference model runs in the same chunk
-    loop (:func:`_formed_pass`' ``ref``: its logits of the chunk's rows go into the chunk's buffer first, so the
-    chunk's pairs have their reference log-probabilities before the formula runs): one more matmul, no buffer or pass
-    of its own. The outputs then come from the formula on the log-probabilities without autograd, the loss plus the
-    zero that carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
+    (AOT, which sorts the batch, is the exception: ``coupled``). So the rows run pair by pair (chosen i, then rejected
+    i), chunks hold whole pairs (the whole batch when ``coupled``), each gathering its rows from the caller's (B T, H)
+    layout by index (:func:`_pair_order`: no reordered copy of the hidden states, and grad_hidden comes back in that
+    layout; :func:`_formed_pass`), and as soon as a chunk's log-probabilities are known, autograd through the formula on
+    a batch whose other pairs hold placeholders (they do not reach the chunk's gradient) gives the loss's gradient
+    w.r.t. them; :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward` turns it into the head's
+    gradients in the same pass: 3 policy matmuls instead of 4. A reference model runs in the same chunk loop
+    (:func:`_formed_pass`' ``ref``: its logits of the chunk's rows go into the chunk's buffer first, so the chunk's
+    pairs have their reference log-probabilities before the formula runs): one more matmul, no buffer or pass of its
+    own. The outputs then come from the formula on the log-probabilities without autograd, the loss plus the zero that
+    carries the gradients (:class:`tigon.kernels.fused_linear_logprobs.FormedGradsFunction`).
 
     Eager or inside ``torch.compile`` (:func:`tigon.ops.formed_grads.run_formed`; the chunk loop :func:`_pair_pass`
     either way). None when: no gradient is wanted, a PyTorch backend or a matmul dtype the kernels do not take, or
@@ -58,32 +61,31 @@ def formed_pair_loss(token_logps, formula, hidden, weight, target, bias, ref_hid
     plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, align, 1 if coupled else LOW_SPLIT)
     if plan is None:
         return None
-    p = b // 2
     ref_lp, ref = _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_index, memory, plan)
     spec = dict(options, loss=loss, coupled=bool(coupled), ignore_index=int(ignore_index),
                 average_log_prob=bool(average_log_prob), compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
     tensors = [hidden, target, ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps,
                None if ref else ref_lp]
-    anchor, logp, _, ref_logp = run_formed("pairs", spec, _by_pairs(hidden, p, t), weight, bias, tensors, plan,
+    anchor, logp, _, ref_logp = run_formed("pairs", spec, hidden.reshape(b * t, h), weight, bias, tensors, plan,
                                            want_ref=bool(ref))
-
-    def unpair(x):  # (P * 2 * T,) pair by pair -> (2P, T)
-        return x.reshape(p, 2, t).transpose(0, 1).reshape(b, t)
-
     kw = dict(ignore_index=ignore_index, average_log_prob=bool(average_log_prob))
     refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     with torch.no_grad():
         if ref_logp is not None:
-            ref_lp = unpair(ref_logp)
-        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=unpair(logp), ref_lp=ref_lp, **kw)
+            ref_lp = ref_logp.reshape(b, t)
+        pairs = pair_logps(None, hidden, weight, target, bias, *refs, policy_lp=logp.reshape(b, t), ref_lp=ref_lp,
+                           **kw)
         out = preference_output(pairs, hidden, weight, bias, *formula(pairs, **options),
                                 compute_nll_loss=bool(compute_nll_loss), alpha=float(alpha))
     return replaced(out, loss=out.loss + anchor)
 
 
-def _by_pairs(x, p: int, t: int):
-    """(2P, T, ...) chosen then rejected -> (P * 2 * T, ...) pair by pair."""
-    return x.reshape(2, p, t, *x.shape[2:]).transpose(0, 1).reshape(2 * p * t, *x.shape[2:])
+def _pair_order(p: int, t: int, device) -> torch.Tensor | None:
+    """The rows of a (2P, T) batch (chosen then rejected, flattened) pair by pair: chosen i, then rejected i ((2 P T,)
+    int64, :func:`_formed_pass`' ``order``); None for one pair (the batch's own order)."""
+    if p == 1:
+        return None
+    return torch.arange(2 * p * t, device=device).reshape(2, p, t).transpose(0, 1).reshape(-1)
 
 
 @family("pairs")
@@ -91,8 +93,9 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
     """The policy's chunk loop of :func:`formed_pair_loss` (``spec``: the formula's name ``loss`` and options, and
     the call's flags; ``tensors``: the (B, T, H) hidden states, targets, the reference model's hidden states / head /
     bias, the given reference log-probabilities, and the reference model's (B, T) log-probabilities when computed
-    apart; ``hidden2d`` the hidden states pair by pair): ``((logp (N,), None, ref_logp (N,) or None), unscaled
-    gradients)``, eager or inside the custom op (:func:`tigon.ops.formed_grads.run_formed`)."""
+    apart; ``hidden2d`` the hidden states as (B T, H), run pair by pair: :func:`_pair_order`): ``((logp (N,), None,
+    ref_logp (N,) or None), unscaled gradients)``, in the (B T) layout, eager or inside the custom op
+    (:func:`tigon.ops.formed_grads.run_formed`)."""
     options = dict(spec)
     name, ignore_index, average_log_prob = options.pop("loss"), options.pop("ignore_index"), options.pop(
         "average_log_prob")
@@ -102,21 +105,10 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
     b, t, _ = hidden.shape
     p = b // 2
 
-    def ref_rows(r4):  # rows s .. e (whole pairs) of by_pairs(ref_hidden), or its rows idx, copied chunk by chunk
-        def rows(s, e, idx):
-            if idx is None and s % (2 * t) == e % (2 * t) == 0:
-                return r4[:, s // (2 * t): e // (2 * t)].transpose(0, 1).reshape(e - s, r4.shape[-1])
-            if idx is None:  # part of a pair (a sub-chunk of a split unit)
-                idx = torch.arange(s, e, device=r4.device)
-            within = idx % (2 * t)  # pair idx // 2T, side within // T, position within % T; gathered from r4 itself
-            return r4[within // t, idx // (2 * t), within % t]  # (a (B T, H_ref) view may not exist: a full copy)
-        return rows
-
     f32 = dict(dtype=torch.float32, device=hidden.device)
     ref = None
     if ref_hidden is not None and ref_lp is None:  # the reference model in the policy's chunk loop
-        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd,
-                       lambda rh: ref_rows(rh.reshape(2, p, t, rh.shape[-1])))
+        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd)
     kw = dict(ignore_index=ignore_index, average_log_prob=average_log_prob)
     refs = (ref_hidden, ref_weight, ref_bias, ref_chosen_logps, ref_rejected_logps)
     zeros = torch.zeros((b, t), **f32)
@@ -142,8 +134,8 @@ def _pair_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: 
         return loss + alpha * nll if compute_nll_loss else loss
 
     align = b * t if coupled else 2 * t
-    logp, ref_logp, grads = _formed_pass(hidden2d, weight, _by_pairs(target, p, t), bias, plan, (2, t), align,
-                                         chunk_loss, ref, halves)
+    logp, ref_logp, grads = _formed_pass(hidden2d, weight, target.reshape(b * t), bias, plan, (2, t), align,
+                                         chunk_loss, ref, halves, _pair_order(p, t, hidden.device))
     return (logp, None, ref_logp), grads
 
 
@@ -153,8 +145,8 @@ def formed_kto_loss(token_logps, hidden, weight, target, preference_labels, bias
     """KTO (:func:`tigon.reference.kto.kto_with`'s arguments, checked there) with the policy's gradients formed in its
     forward, as :func:`formed_pair_loss` does for the paired losses (a reference model in the same chunk loop too):
     each sequence's loss depends on its own log-probability alone (the KL estimate ``kl`` is a given constant), so
-    chunks of whole sequences suffice (no reordering). The :class:`~tigon.reference.kto.KTOOutput`, or None where
-    not possible (as there)."""
+    chunks of whole sequences suffice (the batch's own order). The :class:`~tigon.reference.kto.KTOOutput`, or None
+    where not possible (as there)."""
     b, t, h = hidden.shape
     plan = _formed_plan(hidden, weight, target, bias, ignore_index, memory, t, LOW_SPLIT)
     if plan is None:
@@ -192,9 +184,7 @@ def _kto_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: b
     f32 = dict(dtype=torch.float32, device=hidden.device)
     ref = None
     if ref_hidden is not None and ref_lp is None:  # the reference model in the policy's chunk loop
-        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd,
-                       lambda rh: (lambda s, e, idx, r2=rh.reshape(b * t, rh.shape[-1]):
-                                   r2[s:e] if idx is None else r2.index_select(0, idx)))
+        ref = _in_loop(ref_hidden, ref_weight, ref_bias, plan.cd)
     zeros = torch.zeros((b, t), **f32)
     _, n, _, ref_seq = policy_and_reference(None, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,
                                             spec["ignore_index"], average_log_prob, zeros,
@@ -219,11 +209,20 @@ def _kto_pass(spec: dict, tensors: list, hidden2d, weight, bias, plan, halves: b
 PAIR_CHUNK_LOGITS_CUDA = 1 << 28
 """Logits per chunk of the formed path's default plan on CUDA (``memory="auto"``, a head that gets a gradient): the
 chunk buffer beside the fp32 grad_weight accumulator, at least one unit of rows (a pair, a sequence). 2**28 bf16
-logits are 512 MiB: at Llama-3-8B's head (4096 x 128256) and 4 pairs of 1024 tokens, 4 chunks of one pair, peak
-extra about 1.96 GiB of accumulator + 0.49 of chunk + 0.19 of fp32 grad_hidden and reordered hidden states (2.6 GiB;
-Liger-Kernel's DPO 2.54, whose chunks are one pair too, with a bf16 grad_weight); the fused cross-entropy's 3 GiB
-rule gave 2 chunks of two pairs (3.12 GiB measured). Each chunk beyond the minimum costs one more read and write of
-the accumulator (8VH bytes, about 1 ms there). A unit larger than that takes the 3 GiB rule.
+logits are 512 MiB: at Llama-3-8B's head (4096 x 128256) and 4 pairs of 1024 tokens, 4 chunks of one pair. Issue 29's
+row (bf16, the reference model in the call, every tenth target ignored: each chunk holds a pair's 1843 kept rows)
+measured 2,705 MiB peak extra on an H100, against Liger-Kernel's DPO 2,601 (whose chunks are one pair too, with a bf16
+grad_weight): 2004 MiB of accumulator (128256 x 4096 x 4 B) + 451 of chunk (1843 x 128256 x 2 B) + 128 of fp32
+grad_hidden (8192 x 4096 x 4 B) + 64 of the hidden states reordered pair by pair + 29 of a chunk's fp32 grad_hidden
+rows + 14 of its gathered hidden rows + 14 of the reference model's. Since then the chunks gather their rows pair by
+pair from the caller's layout (:func:`_formed_pass`' ``order``: no reordered copy) and write grad_hidden straight into
+a bf16 buffer of the rows run, placed in its (N, H) layout once the chunk buffer is free (the formed passes'
+grad_hidden: :func:`tigon.kernels.head_grads.grad_buffers`' ``formed``, where bf16 costs at most half an ulp of
+rounding more). Expected there, by arithmetic (not measured): 2004 + 451 + 58 (7372 kept rows x 4096 x 2 B) + 14 + 14
+= about 2,541 MiB, 163 less (2,599 with grad_hidden in fp32); with no row ignored 2004 + 501 + 64 + 16 + 16 = 2,601
+(2,713 before). The fused cross-entropy's 3 GiB rule gave 2 chunks of two pairs (3.12 GiB measured). Each chunk beyond
+the minimum costs one more read and write of the accumulator (8VH bytes, about 1 ms there). A unit larger than that
+takes the 3 GiB rule.
 
 ``memory="low"`` (the lean plan: grad_weight accumulated in the weight's dtype, no fp32 accumulator) on CUDA: chunks
 of one unit where a unit has at most this many logits (the fused cross-entropy's lean rule, about N / ceil(V / H)
@@ -234,8 +233,9 @@ Llama-3-8B's head (4096 x 128256, bf16) and 4 pairs of 1024 tokens, chunks of on
 0.98 GiB of bf16 grad_weight + 0.49 of one pair's chunk + 0.13 of bf16 grad_hidden and reordered hidden states:
 measured 1.59 GiB and 49.4 ms fwd + bwd on an H100 with the reference model in the call (default 2.64 GiB / 52.1 ms,
 Liger 2.54 / 66.9; benchmarks/results/h100/session24/). Now a unit larger than the lean rule's chunk is split into
-sub-chunks (:data:`LOW_SPLIT`). With ignored rows skipped (:func:`_kept_chunks`) a chunk holds the kept rows of whole
-units, at most one unit's rows with their gathered rows: within the same budget, often fewer chunks."""
+sub-chunks (:data:`LOW_SPLIT`), and no reordered copy is made (above). With ignored rows skipped
+(:func:`_kept_chunks`) a chunk holds the kept rows of whole units, at most one unit's rows with their gathered rows:
+within the same budget, often fewer chunks."""
 
 LOW_SPLIT = 2
 """The most sub-chunks a unit (a pair, a KTO sequence; not AOT's coupled batch) takes on the formed path under
@@ -250,9 +250,10 @@ rows would split a 2048-row pair 8 ways (3.875 matmuls, 7 more reads and writes 
 than the recomputing path), while the second sub-chunk alone takes the chunk from 0.49 to 0.25 GiB for one matmul in six
 more; a third would save 0.08 GiB more for one in nine more. Expected peak extra there (4 pairs of 1024 tokens, bf16,
 the reference model in the call; arithmetic, not measured): 128256 x 4096 x 2 B = 0.98 GiB of bf16 grad_weight + 1024 x
-128256 x 2 B = 0.245 GiB of chunk + 8192 x 4096 x 2 B = 0.0625 GiB of bf16 grad_hidden + 0.0625 of reordered hidden
-states = 1.35 GiB (+ (N,) fp32 vectors and, with ignored rows skipped, 1024 x 4096 x 6 B = 24 MiB of gathered rows),
-against 1.59 measured with chunks of a pair; 3.5 policy matmuls + 1 of the reference a row."""
+128256 x 2 B = 0.245 GiB of chunk + 8192 x 4096 x 2 B = 0.0625 GiB of bf16 grad_hidden + 1024 x 4096 x 2 B = 8 MiB of
+a chunk's hidden rows gathered pair by pair and 8 of the reference model's = 1.30 GiB (+ (N,) vectors; with ignored rows
+skipped, a chunk's kept rows in the same 8 + 8 MiB and grad_hidden of the kept rows alone), against 1.59 measured with
+chunks of a pair and a reordered copy of the hidden states; 3.5 policy matmuls + 1 of the reference a row."""
 
 
 def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align: int, split: int = 1):
@@ -308,30 +309,52 @@ def _reference(token_logps, ref_hidden, ref_weight, target, ref_bias, ignore_ind
         return None, True
 
 
-def _in_loop(ref_hidden, ref_weight, ref_bias, cd, rows_of):
+def _in_loop(ref_hidden, ref_weight, ref_bias, cd):
     """The reference model for :func:`_formed_pass`' ``ref``: ``(rows, weight, bias)`` in the matmul dtype ``cd``,
-    ``rows_of(ref_hidden in cd)`` giving its ``rows(s, e, idx)`` (:func:`_formed_pass`' ``ref``)."""
+    ``rows(s, e, idx)`` the rows s .. e of its (B, T, H_ref) hidden states taken as (B T, H_ref) (a view where that
+    layout is one), or their rows ``idx`` in that order, gathered: a copy of those rows alone, whatever the strides
+    (a sequence-first (T, B, H_ref) transposed has no (B T, H_ref) view, and a reshape would copy all of it)."""
     with torch.no_grad():
         rh = ref_hidden.detach().to(cd)
-        return rows_of(rh), ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd)
+        t, hr = rh.shape[1:]
+        try:
+            flat = rh.view(-1, hr)
+        except RuntimeError:
+            flat = None
+
+        def rows(s, e, idx):
+            if idx is None and flat is not None:
+                return flat[s:e]
+            if idx is None:
+                idx = torch.arange(s, e, device=rh.device)
+            return flat.index_select(0, idx) if flat is not None else rh[idx // t, idx % t]
+
+        return rows, ref_weight.detach().to(cd), None if ref_bias is None else ref_bias.detach().to(cd)
 
 
 def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int, chunk_loss, ref=None,
-                 halves: bool = True):
+                 halves: bool = True, order: torch.Tensor | None = None):
     """The policy's chunk loop with the gradients formed in the forward
-    (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`) for rows ``hidden2d`` (N, H) grouped in
-    units of ``unit`` (e.g. (2, T): a pair of sequences), chunks of whole groups of ``align`` rows (a multiple of the
-    unit's), ``chunk_loss(lp, ref_lp, i, k)`` the loss as a function of the log-probabilities ``lp`` (k, *unit) of
-    units i .. i + k - 1 (the others' held fixed; autograd differentiates it), ``ref_lp`` the reference model's of the
-    same rows (no gradient) or None.
+    (:func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`) for rows ``hidden2d`` (N, H) (any
+    strides) and targets ``target2d`` (N,), taken in the ``order`` (N,) of their rows (None: their own) and grouped in
+    that order in units of ``unit`` (e.g. (2, T): a pair of sequences, :func:`_pair_order`), chunks of whole groups of
+    ``align`` rows (a multiple of the unit's), ``chunk_loss(lp, ref_lp, i, k)`` the loss as a function of the
+    log-probabilities ``lp`` (k, *unit) of units i .. i + k - 1 (the others' held fixed; autograd differentiates it),
+    ``ref_lp`` the reference model's of the same rows (no gradient) or None.
 
     ``ref``: None, or a reference model ``(rows, weight, bias)`` run in the same loop: ``rows(s, e, idx)`` its (e - s,
-    H_ref) hidden states for rows s .. e of ``hidden2d`` (``idx`` None), or for its rows ``idx`` ((k,) int64), and
-    its head, in the matmul dtype ``plan.cd``. Each chunk's buffer first takes the reference's logits of its rows and
-    the log-probability kernel reads them (the log-prob kernel of
+    H_ref) hidden states for rows s .. e of ``hidden2d`` (``idx`` None), or for its rows ``idx`` ((k,) int64, in that
+    order), and its head, in the matmul dtype ``plan.cd``. Each chunk's buffer first takes the reference's logits of its
+    rows and the log-probability kernel reads them (the log-prob kernel of
     :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of the chunk
     more, nothing allocated beyond three (N,) vectors). Returns (logp (N,), ref_logp (N,) or None, the unscaled
-    gradients); ``halves``: :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s.
+    gradients), in the rows' own layout whatever ``order``; ``halves``:
+    :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s.
+
+    The rows to run are one index, ``order`` with the ignored rows left out (``run`` below, the log-probabilities'
+    ``kept``): each chunk gathers its rows by it into a (rows, H) buffer (the same rows, in the same order and chunks,
+    as the (N, H) copy of the hidden states reordered pair by pair that this replaces: the same matmuls), and
+    grad_hidden's rows go to their place once the chunk loop ends.
 
     Ignored rows (:func:`_kept_chunks`): where skipping pays, the chunks run over the kept rows alone, whole groups of
     ``align`` rows each (of varying kept counts). Each chunk's log-probabilities (and the reference's) go into a
@@ -346,21 +369,24 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     unit's log-probabilities, as above."""
     from ..kernels import fused_linear_logprobs as klp
     from ..kernels.fused_linear_cross_entropy import loop_cap
+    from ..kernels.ignored_rows import placed
 
     rows = math.prod(unit)
     n = hidden2d.shape[0]
     target2d = target2d.contiguous()
     split = plan.lean and align == rows  # units may be split over sub-chunks where one exceeds a chunk
-    kept, bounds, units, pieces = _kept_chunks(hidden2d, weight, target2d, plan, align, rows, split)
+    # kept: the kept rows' places in the run order (units, chunks), run: their rows of hidden2d
+    kept, bounds, units, pieces = _kept_chunks(hidden2d, weight, _taken(target2d, order), plan, align, rows, split)
+    run = kept if order is None else _taken(order, kept)
     if kept is None and split:
         cap = loop_cap(hidden2d, weight, plan.cd, plan.need, plan.lean, plan.budget)
         if rows > cap:
             bounds, pieces, _ = _split_units([rows] * (n // rows), cap)
     ref_lp = reference_rows = None
     if ref is not None:
-        run_target = target2d if kept is None else target2d.index_select(0, kept)
+        run_target = _taken(target2d, run)
         ref_lp = torch.empty(run_target.numel(), dtype=torch.float32, device=hidden2d.device)
-        reference_rows = _reference_rows(ref, run_target, plan, ref_lp, kept)
+        reference_rows = _reference_rows(ref, run_target, plan, ref_lp, run)
 
     def token_grads(s, e, logp, _ent):
         if kept is None:
@@ -368,7 +394,7 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
             lp, ref_c = logp.detach(), None if ref_lp is None else ref_lp[s:e]
         else:  # the chunk's kept rows among the rows of its units, the others 0 (as the kernels give them)
             (i, k), at = units[s], kept[s:e] - units[s][0] * rows
-            lp, ref_c = (None if x is None else x.new_zeros(k * rows).index_copy_(0, at, x)
+            lp, ref_c = (None if x is None else placed(x, at, k * rows)
                          for x in (logp.detach(), None if ref_lp is None else ref_lp[s:e]))
         with torch.enable_grad():
             lp = lp.reshape(k, *unit).requires_grad_()
@@ -380,14 +406,20 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
 
     logp, _, grads = klp.logprobs_grads_in_forward(hidden2d, weight, target2d, bias, plan.opts, plan.cd, plan.need,
                                                    False, token_grads, plan.lean, plan.budget, align, halves,
-                                                   before=reference_rows, kept=kept, bounds=bounds, pieces=pieces)
-    if kept is not None and ref_lp is not None:
-        ref_lp = ref_lp.new_zeros(n).index_copy_(0, kept, ref_lp)
+                                                   before=reference_rows, kept=run, bounds=bounds, pieces=pieces)
+    if run is not None and ref_lp is not None:
+        ref_lp = placed(ref_lp, run, n)
     return logp, ref_lp, grads
 
 
+def _taken(x, idx):
+    """``x``'s entries ``idx`` (None: ``x`` itself)."""
+    return x if idx is None else x.index_select(0, idx)
+
+
 def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int, split: bool = False):
-    """How :func:`_formed_pass` skips ignored rows: ``(kept, bounds, units, pieces)``, the (K,) kept rows
+    """How :func:`_formed_pass` skips ignored rows of ``target2d`` (N,), in the order its units take them (pair by
+    pair): ``(kept, bounds, units, pieces)``, the (K,) kept rows' places in that order
     (:func:`tigon.kernels.ignored_rows.kept_groups`: the fused cross-entropy's rule, at least MIN_SKIPPED of the rows
     ignored and N V H >= SKIP_MIN_MACS, never while a CUDA graph is captured), the chunks' bounds over them (whole
     groups of ``align`` rows, :func:`tigon.kernels.ignored_rows.group_cuts`) and each chunk's units (its first kept
@@ -397,10 +429,9 @@ def _kept_chunks(hidden2d, weight, target2d, plan, align: int, rows: int, split:
 
     The chunks of kept rows stay within the plan's rule (:func:`tigon.kernels.fused_linear_cross_entropy.loop_cap` for
     K rows), the lean plan's and a byte budget's included: each chunk's rows are gathered into a (rows, H) buffer
-    beside the (rows, V) chunk (:func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`), with a
-    (rows, H) buffer of their grad_hidden, and a budget in bytes counts both (:func:`_gathered_bytes`), so that the
-    chunk buffer and these rows together stay within it; where that leaves a group's kept rows no room, every row is
-    computed."""
+    beside the (rows, V) chunk (:func:`~tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`), and a budget
+    in bytes counts them with a grad_hidden row each (:func:`_gathered_bytes`), so that the chunk buffer and these
+    rows together stay within it; where that leaves a group's kept rows no room, every row is computed."""
     from ..kernels.fused_linear_cross_entropy import loop_cap
     from ..kernels.ignored_rows import group_cuts, kept_groups
 
@@ -448,7 +479,9 @@ def _split_units(sizes: list[int], cap: int):
 
 def _gathered_bytes(hdim: int, cd: torch.dtype) -> int:
     """What a kept row gathered for a chunk costs beside its logits: its hidden row in ``cd`` and its grad_hidden row
-    (fp32 at most)."""
+    (fp32 at most). (The formed passes now write a chunk's grad_hidden rows straight into grad_hidden's buffer of the
+    rows run, which holds K rows instead of N: :func:`tigon.kernels.fused_linear_cross_entropy.backward_over_chunks`'
+    ``formed``. The share is kept, a margin, so that the chunk plans stay as they were.)"""
     return hdim * (cd.itemsize + 4)
 
 
