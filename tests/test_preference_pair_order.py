@@ -92,9 +92,12 @@ CPU_RULES = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors th
 
 
 @CPU_RULES
-@pytest.mark.parametrize("layout,dead_pair", [("contiguous", False), ("wide", True), ("sequence-first", False)])
+# each layout at one dtype (the dtype matters to grad_hidden's buffer, the layout to the gathers: both are crossed
+# with every plan and skip setting; all six pairs took 53 s of CI's time)
+@pytest.mark.parametrize("layout,dead_pair,dtype", [("contiguous", False, torch.float32),
+                                                    ("wide", True, torch.bfloat16),
+                                                    ("sequence-first", False, torch.bfloat16)])
 @pytest.mark.parametrize("skip", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("plan", list(PLANS))
 def test_pair_order_gives_what_a_reordered_copy_gave(plan, dtype, skip, layout, dead_pair, monkeypatch):
     cfg = PLANS[plan]
