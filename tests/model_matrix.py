@@ -131,9 +131,10 @@ MORE_FAMILIES = {
     "olmoe": ("olmoe", _MOE, "olmoe", QK_NORMS, {}),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_MOE, moe_intermediate_size=32), "hunyuan_v1_moe",
                        {**QK_NORMS, **ADD, "mlp": 2 * L}, {}),  # shared MLP + experts per layer
-    # half-width rotary (rope on cat(cos, cos)); the experts' clamped SwiGLU hook (clamped_swiglu)
+    # half-width rotary (rope on cat(cos, cos)); the experts' clamped SwiGLU hook (clamped_swiglu); the eager
+    # attention with sinks on torch SDPA (sinks)
     "gpt_oss": ("gpt_oss", dict(_MOE, num_local_experts=4), "gpt_oss",
-                {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+                {"rms_norm": 2 * L + 1, "mlp": L, "rope": L, "sinks": L, "lm_head_loss": 1}, {}),
     # layer 0 dense, layer 1 MoE (experts + shared expert); MLA: rotary on the rope slice
     "deepseek_v3": ("deepseek_v3", dict(_MLA, rope_interleave=False), "deepseek_v3",
                     {"rms_norm": 7, "mlp": 3, "rope": L, "lm_head_loss": 1, **ADD}, {}),

@@ -47,7 +47,7 @@ def test_moe_configs_have_the_published_shapes(row):
 
 
 @pytest.mark.parametrize("row, counts", [
-    ("gpt-oss-20b", {"rms_norm": 3, "mlp": 1, "rope": 1, "lm_head_loss": 1}),
+    ("gpt-oss-20b", {"rms_norm": 3, "mlp": 1, "rope": 1, "sinks": 1, "lm_head_loss": 1}),
     ("olmoe-1b-7b", {"rms_norm": 5, "mlp": 1, "rope": 1, "lm_head_loss": 1}),
     ("qwen2.5-vl-7b", None),
 ])

@@ -66,7 +66,7 @@ import torch
 
 from . import causal_mask, components
 from . import persist
-from . import lora_mlp, lora_qkv, rotary_calls
+from . import lora_mlp, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
@@ -78,7 +78,7 @@ from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
 
-OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "fused_add_rms_norm", "lm_head_loss", "lora")
+OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "sinks", "fused_add_rms_norm", "lm_head_loss", "lora")
 PATCH_KEYWORDS = {**{k: k for k in OPTION_KINDS}, "lm_head_loss": "fused_linear_cross_entropy"}
 """Patch kind -> the :func:`patch` keyword that turns it on or off (``patch(model, mlp=False)``)."""
 
@@ -372,6 +372,7 @@ def patch(
     fused_linear_cross_entropy: bool | Mapping = True,
     cross_entropy: bool = False,
     lora: bool = True,
+    sinks: bool = True,
     strict: bool = False,
     family: str | None = None,
 ) -> PatchReport:
@@ -390,6 +391,10 @@ def patch(
             MLPs ``down(act(up(x)))`` (GPT-NeoX, phi, Falcon, Nemotron, the CLIP / SigLIP vision towers) by
             :func:`tigon.functional.act_linear`, the activation named by the class of the module's activation.
         rope: route the family's rotary function to :func:`tigon.functional.rope` (scoping: see the module docs).
+        sinks: (GPT-OSS: attention with a learned sink logit per head) run the model's eager sink attention on
+            torch's ``scaled_dot_product_attention`` with the sink folded into an extra key
+            (:mod:`tigon.integrations.sink_attention`: the model config's ``_attn_implementation`` becomes
+            ``"tigon_sink_sdpa"``, with transformers' sdpa masks); instance level only, eager models only.
         fused_add_rms_norm: in decoder layers of Llama's pre-norm form (the family's
             :class:`~tigon.integrations.families.DecoderLayerSpec`, checked against the layer's source), compute the
             residual add after attention and the post-attention RMSNorm as one
@@ -431,13 +436,13 @@ def patch(
             message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
             model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
         TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict; ``rms_norm``, ``rope``, ``mlp``,
-            ``layer_norm``, ``fused_add_rms_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g. an options dict for cross_entropy,
-            which takes none).
+            ``sinks``, ``layer_norm``, ``fused_add_rms_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g.
+            an options dict for cross_entropy, which takes none).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
     for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
                        ("fused_add_rms_norm", fused_add_rms_norm), ("cross_entropy", cross_entropy),
-                       ("lora", lora), ("strict", strict)):
+                       ("lora", lora), ("sinks", sinks), ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
                             + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
@@ -447,7 +452,8 @@ def patch(
     if level == "instance":
         check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
-               "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy), "lora": lora}
+               "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy), "lora": lora,
+               "sinks": sinks}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce, "lora": lora}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
@@ -465,8 +471,13 @@ def patch(
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
+            if sinks:
+                actions += sink_attention.plan(model_or_family, [spec, *_find_families(model_or_family)], report)
         else:
             actions = plan_class(spec, enabled, opts, report)
+            if sinks and spec.sinks:
+                report.notes.append("sinks: attention with sinks runs on SDPA per model only (it switches the "
+                                    "model config's attention implementation): call tigon.patch(model)")
         actions += adapters
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
@@ -491,7 +502,7 @@ def _uses_sdpa(model: torch.nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     impls = {getattr(c, "_attn_implementation", None)
              for c in (cfg, getattr(cfg, "text_config", None)) if c is not None}
-    return "sdpa" in impls
+    return bool(impls & {"sdpa", sink_attention.NAME})  # the sink attention runs on sdpa masks
 
 
 def unpatch(model_or_family) -> PatchReport:
@@ -529,6 +540,7 @@ def unpatch(model_or_family) -> PatchReport:
             for sw in list(SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
+            sink_attention.restore(model_or_family, report)
             if causal_mask.release(model_or_family):
                 report.notes.append("causal mask under torch.compile: transformers' own check restored")
         else:

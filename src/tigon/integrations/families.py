@@ -126,11 +126,12 @@ DEEPSEEK_V3 = _moe(  # MLA attention: rotary on the rope slice; rope_interleave 
     "deepseek_v3", "DeepseekV3", dense_mlp=True, aux_loss=False,  # apply_rotary_pos_emb_interleave (pairs in,
     rope=RopeSpec(attention_classes=("DeepseekV3Attention",),  # halves out: rope_interleaved(deinterleave=True))
                   alternatives=(("apply_rotary_pos_emb_interleave", "deinterleave"),)))
-GPT_OSS = replace(_moe(  # (w * x).to(dtype) norms; attention sinks stay on PyTorch; mlp returns (out, router scores)
+GPT_OSS = replace(_moe(  # (w * x).to(dtype) norms; attention sinks on torch SDPA; mlp returns (out, router scores)
     "gpt_oss", "GptOss", dense_mlp=False, experts=False, pre_norm_layer=False,
     norm=NormSpec("GptOssRMSNorm", casting_mode="gemma"),
     rope=RopeSpec(layout="half_width", attention_classes=("GptOssAttention",))),  # cos / sin of one column per pair
-    mlps=(MLPSpec("GptOssExperts", experts=True, activation="clamped_swiglu"),))  # its _apply_gate: clamped_swiglu
+    mlps=(MLPSpec("GptOssExperts", experts=True, activation="clamped_swiglu"),),  # its _apply_gate: clamped_swiglu
+    sinks=("GptOssAttention",))  # eager sink attention -> SDPA with the sink folded into an extra key
 QWEN3_NEXT = replace(_moe(  # hybrid Gated DeltaNet (gated output norm: rms_norm_gated) + attention layers; (1 + w)
     "qwen3_next", "Qwen3Next", dense_mlp=True, pre_norm_layer=False,  # norms; partial rotary (0.25) in
     rope=RopeSpec(attention_classes=("Qwen3NextAttention",), partial_rotary=True)),  # apply_rotary_pos_emb

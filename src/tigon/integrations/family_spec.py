@@ -277,6 +277,9 @@ class FamilySpec:
     unsupported: classes of the family left alone, each with the reason (:class:`Unsupported`).
     container: a vision-language container whose language model is another family's classes (Llava, PaliGemma,
         SmolVLM, InternVL): a class-level patch of the family leaves that model alone and says so.
+    sinks: attention classes with a learned sink logit per head (``module.sinks``, passed to the attention function
+        as ``s_aux``: GPT-OSS): a model of them whose config asks for eager attention is switched to
+        :func:`tigon.integrations.sink_attention.sink_attention` (SDPA, instance level only).
     """
 
     name: str
@@ -290,6 +293,7 @@ class FamilySpec:
     extra_heads: tuple[CausalLMSpec, ...] = ()
     unsupported: tuple[Unsupported, ...] = ()
     container: bool = False
+    sinks: tuple[str, ...] = ()
 
     @property
     def heads(self) -> tuple[CausalLMSpec, ...]:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from .. import support
 
 
-_KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "lm_head_loss", "lora")
+_KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "sinks", "lm_head_loss", "lora")
 
 KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "residual_add_norm", "rope": "rotary",
                    "mlp": "mlp_activation", "lm_head_loss": "lm_head_loss"}
@@ -36,7 +36,8 @@ class PatchEntry:
     """One patched (or skipped) target.
 
     kind: ``"rms_norm"``, ``"layer_norm"``, ``"fused_add_rms_norm"`` (a decoder layer's residual add and
-        post-attention norm), ``"mlp"``, ``"rope"``, ``"lm_head_loss"`` or ``"lora"`` (a PEFT LoRA linear layer).
+        post-attention norm), ``"mlp"``, ``"rope"``, ``"sinks"`` (an attention with sinks run by torch SDPA,
+        :mod:`tigon.integrations.sink_attention`), ``"lm_head_loss"`` or ``"lora"`` (a PEFT LoRA linear layer).
     target: a module path inside the model (``"model.layers.0.input_layernorm"``) for instance-level patches, or a
         qualified class / function name (``"transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"``) for
         class-level patches.
