@@ -194,7 +194,8 @@ def plan(model: torch.nn.Module, specs, report):
     for path, m in _sink_modules(model, specs):
         cfg = getattr(m, "config", None)
         impl = getattr(cfg, "_attn_implementation", None)
-        if impl == NAME:
+        if impl == NAME:  # (a copy unpickled in another process: the name is registered again here)
+            register()
             report.already_patched.append(PatchEntry("sinks", path, "instance level"))
         elif not isinstance(getattr(m, "sinks", None), torch.Tensor):
             report.skipped.append(PatchEntry("sinks", path, f"{type(m).__name__} has no sinks tensor"))
