@@ -239,3 +239,27 @@ def test_a_watcher_that_raises_leaves_no_other_in_a_wait():
                 hw.host_read(lambda: 1)
         assert outer.depth == 0, fail
     assert hw._WATCHERS == []
+
+
+def test_watching_unregisters_its_own_watcher():
+    # watchers that compare equal (a dataclass): leaving the inner block unregisters the inner one, not the outer
+    from dataclasses import dataclass
+
+    from tigon.kernels import host_wait as hw
+
+    @dataclass
+    class Counter:
+        n: int = 0
+
+        def wait_started(self):
+            self.n += 1
+
+        def wait_ended(self):
+            pass
+
+    outer, inner = Counter(), Counter()
+    with hw.watching(outer):
+        with hw.watching(inner):
+            pass
+        assert len(hw._WATCHERS) == 1 and hw._WATCHERS[0] is outer
+    assert hw._WATCHERS == []

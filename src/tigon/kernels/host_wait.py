@@ -54,5 +54,5 @@ def watching(watcher: Watcher) -> Iterator[Watcher]:
     _WATCHERS.append(watcher)
     try:
         yield watcher
-    finally:
-        _WATCHERS.remove(watcher)
+    finally:  # this very object, the last one registered (list.remove compares with ==: an equal watcher's entry)
+        del _WATCHERS[max(i for i, w in enumerate(_WATCHERS) if w is watcher)]
