@@ -502,3 +502,18 @@ def test_notes_report_waits_syncs_the_launch_queue_and_a_host_time_above_the_ste
     r = dataclasses.replace(r, limits={"original": clean}, notes=[])
     P._add_notes(r, torch.device("cuda"))
     assert not any(k in "\n".join(r.notes) for k in ("waited", "kernels, copies", "suspect", "synchronises"))
+
+
+def test_a_marked_host_read_on_a_cpu_is_host_work():
+    # DeviceHold inactive (a CPU): the wall time is the host time, a marked read's included (a CPU nonzero is work)
+    import time
+
+    import torch
+
+    def run(timer):
+        timer.start("part")
+        host_read(lambda: time.sleep(0.02))
+        timer.stop()
+
+    t = T.issue_time(run, T.DeviceHold(torch.device("cpu")), rounds=1)
+    assert t.host_ms >= 19.0

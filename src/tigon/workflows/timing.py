@@ -343,8 +343,9 @@ class IssueTimer:
     def wait_started(self) -> None:
         """A marked host read begins (:mod:`tigon.kernels.host_wait`): the device work issued so far ends a span. A
         hold that had already ended here (the issue before the read caught up with the device: a full launch queue,
-        a hold too short) marks the part ``waited``, as at its end: the read's new hold would hide it."""
-        if self._open is not None:
+        a hold too short) marks the part ``waited``, as at its end: the read's new hold would hide it. Nothing on a
+        CPU (``hold.active`` False): there the read is the host's own work (a CPU ``nonzero``), not a wait."""
+        if self._open is not None and self.hold.active:
             t = self.clock()
             _, ev, held, _ = self._open
             self._caught_up = self._caught_up or (held and self.hold.done(ev))
