@@ -416,6 +416,18 @@ def test_a_marked_host_read_leaves_its_wait_out():
     assert t.natural_ms == pytest.approx(2.0)  # left out of the run without a sleep too
 
 
+def test_a_full_launch_queue_before_a_marked_host_read_is_reported():
+    # The queue fills before the part's marked read: the host waited for the sleep there, and the read's new sleep
+    # must not hide it (the part would time clean at the sleep's length of host time). As without the read.
+    parts = [("layer", [(0.05, 0.5)] * 40 + ["read"] + [(0.05, 0.5)])]
+    small = FakeGPU(depth=16)
+    t = T.issue_time(parts_run(small, parts), small, clock=small.clock)
+    assert t.waited == ["layer"]
+    big = FakeGPU()
+    t = T.issue_time(parts_run(big, parts), big, clock=big.clock)
+    assert t.waited == [] and t.host_ms == pytest.approx(2.05)
+
+
 def test_a_full_launch_queue_is_reported():
     # 40 launches into a queue of 16 behind the sleep: the host blocks until the device runs some, however long
     # the sleep; with room for them the same part times cleanly.
@@ -490,3 +502,18 @@ def test_notes_report_waits_syncs_the_launch_queue_and_a_host_time_above_the_ste
     r = dataclasses.replace(r, limits={"original": clean}, notes=[])
     P._add_notes(r, torch.device("cuda"))
     assert not any(k in "\n".join(r.notes) for k in ("waited", "kernels, copies", "suspect", "synchronises"))
+
+
+def test_a_marked_host_read_on_a_cpu_is_host_work():
+    # DeviceHold inactive (a CPU): the wall time is the host time, a marked read's included (a CPU nonzero is work)
+    import time
+
+    import torch
+
+    def run(timer):
+        timer.start("part")
+        host_read(lambda: time.sleep(0.02))
+        timer.stop()
+
+    t = T.issue_time(run, T.DeviceHold(torch.device("cpu")), rounds=1)
+    assert t.host_ms >= 19.0

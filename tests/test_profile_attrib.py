@@ -211,3 +211,55 @@ def test_in_step_host_on_a_model():
                                                          "mlp": 1, "rms_norm": 2}
     assert all(v.forward_ms > 0 and v.backward_ms > 0 for v in got.kinds.values())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_a_watcher_that_raises_leaves_no_other_in_a_wait():
+    # host_wait: a watcher whose wait_started or wait_ended raises (a CUDA error launching the IssueTimer's hold)
+    # must not leave the watchers told before it waiting (a FrameClock would charge the wait to its frame)
+    from tigon.kernels import host_wait as hw
+
+    class Watcher:
+        def __init__(self, fail=""):
+            self.fail, self.depth = fail, 0
+
+        def wait_started(self):
+            self.depth += 1
+            if self.fail == "start":
+                raise RuntimeError("start")
+
+        def wait_ended(self):
+            self.depth -= 1
+            if self.fail == "end":
+                raise RuntimeError("end")
+
+    for fail in ("start", "end"):
+        outer, inner = Watcher(), Watcher(fail)
+        with hw.watching(outer), hw.watching(inner):
+            with pytest.raises(RuntimeError, match=fail):
+                hw.host_read(lambda: 1)
+        assert outer.depth == 0, fail
+    assert hw._WATCHERS == []
+
+
+def test_watching_unregisters_its_own_watcher():
+    # watchers that compare equal (a dataclass): leaving the inner block unregisters the inner one, not the outer
+    from dataclasses import dataclass
+
+    from tigon.kernels import host_wait as hw
+
+    @dataclass
+    class Counter:
+        n: int = 0
+
+        def wait_started(self):
+            self.n += 1
+
+        def wait_ended(self):
+            pass
+
+    outer, inner = Counter(), Counter()
+    with hw.watching(outer):
+        with hw.watching(inner):
+            pass
+        assert len(hw._WATCHERS) == 1 and hw._WATCHERS[0] is outer
+    assert hw._WATCHERS == []

@@ -37,17 +37,15 @@ _WATCHERS: list[Watcher] = []
 def host_read(read: Callable[[], T]) -> T:
     """``read()``, a call that makes the host wait for the device (``nonzero``, ``.tolist()``, ``.item()`` of a
     device tensor), with the watchers told before and after (in reverse order after; also when ``read`` raises,
-    whose exception propagates)."""
+    whose exception propagates, and when a watcher raises: each watcher told ``wait_started`` is told
+    ``wait_ended``)."""
     if not _WATCHERS:
         return read()
-    watchers = list(_WATCHERS)
-    for w in watchers:
-        w.wait_started()
-    try:
+    with contextlib.ExitStack() as told:  # every watcher told wait_started is told wait_ended, whatever raises
+        for w in list(_WATCHERS):
+            w.wait_started()
+            told.callback(w.wait_ended)
         return read()
-    finally:
-        for w in reversed(watchers):
-            w.wait_ended()
 
 
 @contextlib.contextmanager
@@ -56,5 +54,5 @@ def watching(watcher: Watcher) -> Iterator[Watcher]:
     _WATCHERS.append(watcher)
     try:
         yield watcher
-    finally:
-        _WATCHERS.remove(watcher)
+    finally:  # this very object, the last one registered (list.remove compares with ==: an equal watcher's entry)
+        del _WATCHERS[max(i for i, w in enumerate(_WATCHERS) if w is watcher)]

@@ -320,6 +320,7 @@ class IssueTimer:
         self.hold, self.holds, self.clock = hold, list(holds_ms) or [0.0], clock
         self._open, self._wait, self._parts, self.segments = None, None, [], []  # _wait: (clock, event) at a read
         self._spans, self._waited_s = [], 0.0  # the open part's device spans before its marked reads; their waits
+        self._caught_up = False  # a hold of the open part had ended when a marked read began
 
     def _hold_ms(self) -> float:
         return self.holds[min(len(self._parts), len(self.holds) - 1)]
@@ -328,21 +329,27 @@ class IssueTimer:
         self.hold.sync()
         ms = self._hold_ms()
         ev = self.hold.hold(ms)
-        self._spans, self._waited_s = [], 0.0
+        self._spans, self._waited_s, self._caught_up = [], 0.0, False
         self._open = (label, ev, ms > 0, self.clock())
 
     def _close(self) -> None:
         t = self.clock()
         label, ev, held, t0 = self._open
-        waited = held and self.hold.done(ev)
+        waited = held and (self._caught_up or self.hold.done(ev))
         host_ms = (t - t0 - self._waited_s) * 1e3
         self._parts.append((label, host_ms, [*self._spans, (ev, self.hold.record())], waited))
         self._open = None
 
     def wait_started(self) -> None:
-        """A marked host read begins (:mod:`tigon.kernels.host_wait`): the device work issued so far ends a span."""
-        if self._open is not None:
-            self._wait = (self.clock(), self.hold.record())
+        """A marked host read begins (:mod:`tigon.kernels.host_wait`): the device work issued so far ends a span. A
+        hold that had already ended here (the issue before the read caught up with the device: a full launch queue,
+        a hold too short) marks the part ``waited``, as at its end: the read's new hold would hide it. Nothing on a
+        CPU (``hold.active`` False): there the read is the host's own work (a CPU ``nonzero``), not a wait."""
+        if self._open is not None and self.hold.active:
+            t = self.clock()
+            _, ev, held, _ = self._open
+            self._caught_up = self._caught_up or (held and self.hold.done(ev))
+            self._wait = (t, self.hold.record())
 
     def wait_ended(self) -> None:
         """A marked host read ended: its wait leaves the part's host time, and a new hold starts the next span."""
