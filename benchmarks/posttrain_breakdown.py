@@ -6,8 +6,8 @@ For each op (its registry record's bench inputs, at ``--tokens`` x ``--hidden`` 
 (``tigon``, ``tigon_lean``, ``eager`` ...: :func:`tigon.workflows.bench.op_providers`):
 
 * ``head_matmuls``: the matmul work of one forward + backward in units of one (tokens x hidden x vocab) matmul
-  (:func:`tigon.workflows.timing.head_matmuls`): 3 for GRPO's policy, 4 for DPO (policy 3 + reference 1) and the JSD
-  (2 logits + 2 gradients) when the gradients are formed in the forward;
+  (:func:`tigon.workflows.matmul_count.head_matmuls`): 3 for GRPO's policy, 4 for DPO (policy 3 + reference 1) and
+  the JSD (2 logits + 2 gradients) when the gradients are formed in the forward;
 * ``kernel_ms``: CUDA kernel time of one forward + backward (torch.profiler, the median call of ``--reps``), split
   into ``matmul_ms`` (cuBLAS / CUTLASS kernels) and ``other_ms``, with the ``top`` kernels by time;
 * ``floor_ms``: head_matmuls x 2 N H V / ``--tflops`` (the measured bf16 matmul rate, 790 TFLOP/s on an H200);
@@ -48,9 +48,8 @@ if not torch.cuda.is_available():  # before tigon's kernels are imported: run th
 
 from tigon import ops  # noqa: E402
 from tigon.workflows.bench import op_providers  # noqa: E402
-from tigon.workflows.timing import (  # noqa: E402
-    call_cost, differentiable_outputs, head_matmuls, sync_points, time_call,
-)
+from tigon.workflows.matmul_count import head_matmuls  # noqa: E402
+from tigon.workflows.timing import call_cost, differentiable_outputs, sync_points, time_call  # noqa: E402
 
 PHASES = (
     # (module, attribute ("Class.method" for a method), label); a name imported into another module is wrapped

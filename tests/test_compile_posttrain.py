@@ -22,7 +22,7 @@ from tigon.numerics import rel_l2
 from tigon.ops import preference as P
 from tigon.ops.formed_grads import decode, encode
 from tigon.ops.fused_linear_grpo import RECORDS as GRPO_RECORDS
-from tigon.workflows.timing import head_matmuls
+from tigon.workflows.matmul_count import head_matmuls
 
 GRPO_SHAPE = {"tokens": 12, "batch": 3, "hidden": 16, "vocab": 37}  # 3 completions of 4 tokens
 PAIRS, T, H, V = 3, 5, 16, 40

@@ -15,7 +15,7 @@ from tigon import nn as tnn
 from tigon.reference.grpo import GRPOOptions
 from tigon.numerics import rel_l2
 from tigon.ops.fused_linear_grpo import RECORDS
-from tigon.workflows.timing import head_matmuls
+from tigon.workflows.matmul_count import head_matmuls
 
 
 

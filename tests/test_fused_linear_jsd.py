@@ -133,7 +133,7 @@ def test_bf16_no_worse_than_the_plain_computation(case, device):
 def test_upstream_scaling_memory_budget_and_a_second_backward(device):
     # also: a forward and backward runs the student's logits and two gradients (3 head matmuls) and the teacher's
     # logits (HT / H of one: its head is wider)
-    from tigon.workflows.timing import head_matmuls
+    from tigon.workflows.matmul_count import head_matmuls
 
     p = _problem(torch.float32, device=device)
     out = []

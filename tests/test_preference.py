@@ -236,7 +236,7 @@ def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(lab
     # 3 head matmuls (+1 for a reference model); AOT sorts the batch, so with the batch over several chunks it takes
     # the recomputing path (4 + 1); loss, metrics and gradients within 1e-5 of float64 either way
     import tigon.kernels.fused_linear_cross_entropy as flce_ops
-    from tigon.workflows.timing import head_matmuls
+    from tigon.workflows.matmul_count import head_matmuls
 
     monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CPU", 10 * V)
     fn, batch, opts, matmuls = PAIRWISE[label]
@@ -404,7 +404,7 @@ def test_dpo_at_model_size_on_gpu():
                                   unit_upstream=True, differentiable_outputs=(0,)))
     # a budget of one pair per chunk (the fp32 grad_weight accumulator and 2 x 512 rows of logits): the gradients
     # formed pair by pair, 3 policy matmuls + 1 for the reference model
-    from tigon.workflows.timing import head_matmuls
+    from tigon.workflows.matmul_count import head_matmuls
 
     one_pair = functools.partial(spec.fn, memory=4 * 32000 * 2048 + 2 * 1024 * 32000 + (1 << 20))
     assert_close_to_truth(compare(one_pair, spec.original, inp, ("hidden", "weight"), factor=2.0,

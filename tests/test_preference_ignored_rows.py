@@ -18,7 +18,7 @@ from tigon.numerics import FLOOR, rel_l2
 from tigon.ops import preference as P
 from tigon.reference import kto as ref_kto
 from tigon.reference import preference as ref
-from tigon.workflows.timing import head_matmuls
+from tigon.workflows.matmul_count import head_matmuls
 
 H, V, PAIRS, T = 16, 40, 3, 6
 N = 2 * PAIRS * T
