@@ -416,28 +416,18 @@ def test_a_marked_host_read_leaves_its_wait_out():
     assert t.natural_ms == pytest.approx(2.0)  # left out of the run without a sleep too
 
 
-def test_a_full_launch_queue_before_a_marked_host_read_is_reported():
-    # The queue fills before the part's marked read: the host waited for the sleep there, and the read's new sleep
-    # must not hide it (the part would time clean at the sleep's length of host time). As without the read.
-    parts = [("layer", [(0.05, 0.5)] * 40 + ["read"] + [(0.05, 0.5)])]
-    small = FakeGPU(depth=16)
-    t = T.issue_time(parts_run(small, parts), small, clock=small.clock)
-    assert t.waited == ["layer"]
-    big = FakeGPU()
-    t = T.issue_time(parts_run(big, parts), big, clock=big.clock)
-    assert t.waited == [] and t.host_ms == pytest.approx(2.05)
-
-
-def test_a_full_launch_queue_is_reported():
+@pytest.mark.parametrize("tail,host_ms", [([], 2.0), (["read", (0.05, 0.5)], 2.05)])
+def test_a_full_launch_queue_is_reported(tail, host_ms):
     # 40 launches into a queue of 16 behind the sleep: the host blocks until the device runs some, however long
-    # the sleep; with room for them the same part times cleanly.
-    parts = [("layer", [(0.05, 0.5)] * 40)]
+    # the sleep; with room for them the same part times cleanly. With a marked read after them, the read's new
+    # sleep must not hide that wait (the part would time clean at the sleep's length of host time).
+    parts = [("layer", [(0.05, 0.5)] * 40 + tail)]
     small = FakeGPU(depth=16)
     t = T.issue_time(parts_run(small, parts), small, clock=small.clock)
     assert t.waited == ["layer"]
     big = FakeGPU()
     t = T.issue_time(parts_run(big, parts), big, clock=big.clock)
-    assert t.waited == [] and t.host_ms == pytest.approx(2.0)
+    assert t.waited == [] and t.host_ms == pytest.approx(host_ms)
 
 
 def test_the_sleep_grows_when_the_host_catches_up():
