@@ -208,7 +208,8 @@ def replaced(out, **fields):
     ``tigon_compile`` of DPO; the cross-entropy module's per-token outputs). Fixed in later torch versions.
 
     Raises:
-        ValueError: a name in ``fields`` that is not a field of ``out`` (as ``_replace``).
+        ValueError: a name in ``fields`` that is not a field of ``out`` (``_replace`` raises ValueError up to Python
+            3.12, TypeError from 3.13).
     """
     values = [fields.pop(name, value) for name, value in zip(out._fields, out)]
     if fields:
