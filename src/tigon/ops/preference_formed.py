@@ -347,8 +347,8 @@ def _formed_pass(hidden2d, weight, target2d, bias, plan, unit: tuple, align: int
     order), and its head, in the matmul dtype ``plan.cd``. Each chunk's buffer first takes the reference's logits of its
     rows and the log-probability kernel reads them (the log-prob kernel of
     :func:`tigon.kernels.fused_linear_logprobs.rows_forward`), then the policy's (one matmul and one read of the chunk
-    more; beyond three (N,) vectors, each chunk's (rows, H_ref) reference rows). Returns (logp (N,), ref_logp (N,) or None, the unscaled
-    gradients), in the rows' own layout whatever ``order``; ``halves``:
+    more; beyond three (N,) vectors, each chunk's (rows, H_ref) reference rows). Returns (logp (N,), ref_logp (N,)
+    or None, the unscaled gradients), in the rows' own layout whatever ``order``; ``halves``:
     :func:`tigon.kernels.fused_linear_logprobs.logprobs_grads_in_forward`'s.
 
     The rows to run are one index, ``order`` with the ignored rows left out (``run`` below, the log-probabilities'
