@@ -312,13 +312,15 @@ SPLIT_CASES = ["dpo sigmoid, reference model", "dpo ipo, reference model, averag
 
 @CPU_RULES
 @pytest.mark.parametrize("skip", [False, True])
-@pytest.mark.parametrize("split", [2, 3])
-@pytest.mark.parametrize("label", SPLIT_CASES)
-def test_memory_low_splits_a_unit_over_sub_chunks(label, split, skip, monkeypatch):
+@pytest.mark.parametrize("label,split,memory", [(label, split, "low") for label in SPLIT_CASES for split in (2, 3)]
+                         + [(label, 2, "budget") for label in SPLIT_CASES[:2]])
+def test_memory_low_splits_a_unit_over_sub_chunks(label, split, memory, skip, monkeypatch):
     # the CUDA chunk rules on CPU, memory="low": the lean rule's chunk (16 rows here) holds less than a unit (a pair
     # of 2 x 8k tokens, a KTO sequence of 16k), so each unit takes k = LOW_SPLIT sub-chunks of 16 rows (with ignored
     # rows skipped: of its kept rows, at most 16 each); the loss, every output and every gradient as float64 (fp32:
-    # 1e-5), head matmuls 3 + (k - 1) / k a row for the policy (the rows formed twice) + the reference's 1
+    # 1e-5), head matmuls 3 + (k - 1) / k a row for the policy (the rows formed twice) + the reference's 1. A budget in
+    # bytes (any device) whose chunk holds 16 rows (the fp32 accumulator and 20 rows of logits, in 16-row steps) splits
+    # the same way rather than leaving the formed pass
     fn, batch, opts, ref_mm = CASES[label]
     kto = fn is P.fused_linear_kto_loss
     monkeypatch.setattr(pf, "LOW_SPLIT", split)
@@ -328,7 +330,7 @@ def test_memory_low_splits_a_unit_over_sub_chunks(label, split, skip, monkeypatc
     t, v = 16 * split if kto else 8 * split, 200
     n = 2 * PAIRS * t
     inp = _batch(**batch, t=t, v=v)
-    opts = dict(opts, memory="low")
+    opts = dict(opts, memory="low" if memory == "low" else 4 * v * H + 20 * v * 4)
     monkeypatch.setattr(ignored_rows, "SKIP_MIN_MACS", 0 if skip else NEVER)
     chunks = []
     real_loop = klp.backward_over_chunks
