@@ -305,15 +305,15 @@ RECORDS = (
         # (grad_hidden, grad_weight); Tigon forms them in the forward (formed_pair_loss), so its forward does all 4
         # when the inputs need gradients
         flops=lambda s, mode: (4 if mode == "fwd" else 8) * s["tokens"] * s["hidden"] * s["vocab"],
-        grads_in_forward=("tigon", "tigon_lean", "tigon_1408mib", "tigon_1gib", "tigon_3gib", "tigon_compile"),
+        grads_in_forward=("tigon", "tigon_lean", "tigon_416mib", "tigon_1gib", "tigon_3gib", "tigon_compile"),
         tigon_compile=True,  # a compiled training step: the gradients still formed in the forward (formed_grads)
         peers={"liger": _liger_dpo},
         bench_notes={"tigon_1gib": "memory=1 << 30: at Llama-3-8B's head the fp32 grad_weight accumulator does not "
                                    "fit, so it accumulates in the weight's dtype (as Liger-Kernel's DPO), in 2 chunks "
                                    "of 2 pairs",
-                     "tigon_1408mib": "memory=11 << 27 (1.375 GiB): bf16 grad_weight, each pair's kept rows in "
-                                      "chunks of about 1,550 rows, the rest formed twice (preference_formed."
-                                      "_formed_plan; issue 29's <= 1.5 GiB at 3.16 policy matmuls a row)",
+                     "tigon_416mib": "memory=13 << 25 (416 MiB of chunk): bf16 grad_weight, each pair's kept rows "
+                                     "in chunks of at most 1,536, the rest formed twice (preference_formed."
+                                     "_formed_plan: issue 29's <= 1.5 GiB at about 3.17 policy matmuls a row)",
                      "tigon_3gib": "memory=3 << 30: the fused cross-entropy's 3 GiB rule (before issue 29: 2 chunks "
                                    "of 2 pairs at Llama-3-8B's head and 8192 tokens, 0.49 GiB more than 'auto')"},
         # issue 29's row (--tokens 8192: 4 pairs x 1024 positions): the reference model in the same call
@@ -327,8 +327,8 @@ RECORDS = (
                                                           "compute_nll_loss": True},
                  inputs={"reference": "none", "ignore_every": 4}, variants=("model",)),
             Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
-            Case("bench: memory=1.375 GiB", options={"memory": 11 << 27}, tags=frozenset({"bench"}),
-                 provider="tigon_1408mib"),
+            Case("bench: memory=416 MiB", options={"memory": 13 << 25}, tags=frozenset({"bench"}),
+                 provider="tigon_416mib"),
             Case("bench: memory=1 GiB", options={"memory": 1 << 30}, tags=frozenset({"bench"}),
                  provider="tigon_1gib"),
             Case("bench: memory=3 GiB", options={"memory": 3 << 30}, tags=frozenset({"bench"}),

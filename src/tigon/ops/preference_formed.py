@@ -265,14 +265,15 @@ def _formed_plan(hidden, weight, target, bias, ignore_index: int, memory, align:
     ``split`` > 1 (``align`` rows are one unit), of 1 / k of it where the unit exceeds the lean rule's chunk
     (:data:`LOW_SPLIT`: :func:`_formed_pass` then splits each unit into at most k sub-chunks).
 
-    ``memory`` a budget in bytes (the chunk buffer and the grad_weight accumulator,
-    :func:`tigon.ops.fused_linear_cross_entropy.memory_plan`) below one unit's chunk: the formed pass stays where a unit
-    fits ``split`` sub-chunks of the budget's rows; :func:`_formed_pass` splits each unit (its kept rows, where ignored
-    rows are skipped) as under ``"low"``, the first sub-chunk taking the rest, so only what exceeds the budget is formed
-    twice (``"low"`` halves every unit). At Llama-3-8B's head (4 pairs x 1024, bf16, a tenth of the tokens ignored:
-    about 1,843 kept rows a pair, 256 KiB of bf16 logits a row), ``memory=11 << 27`` (1.375 GiB: 0.98 of bf16
-    grad_weight, chunks of about 1,550 rows with their gathered rows) forms about 290 rows a pair twice: 3.16 policy
-    matmuls a row against ``"low"``'s 3.5, for a peak of about 1.45 GiB (arithmetic, not measured)."""
+    ``memory`` a budget in bytes (the chunk buffer, with the fp32 accumulator where it fits:
+    :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows`) below one unit's chunk: the formed pass stays where a
+    unit fits ``split`` sub-chunks of the budget's rows; :func:`_formed_pass` splits each unit (its kept rows, where
+    ignored rows are skipped) as under ``"low"``, the first sub-chunk taking the rest, so only what exceeds the budget
+    is formed twice (``"low"`` halves every unit). At Llama-3-8B's head (4 pairs x 1024, bf16, a tenth of the tokens
+    ignored: about 1,843 kept rows a pair, 256 KiB of bf16 logits a row), ``memory=13 << 25`` (416 MiB: no room for the
+    fp32 accumulator, so grad_weight in bf16, 0.98 GiB; chunks of 1,536 kept rows with their gathered rows) forms 307
+    rows a pair twice: 3.17 policy matmuls a row against ``"low"``'s 3.5, for a peak of about 1.45 GiB (arithmetic, not
+    measured)."""
     b, t, h = hidden.shape
     h2 = hidden.reshape(b * t, h)
     plan = logprob_plan(h2, weight, target.reshape(b * t), bias, ignore_index=ignore_index, memory=memory)

@@ -11,6 +11,6 @@ timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf
   tests/test_preference.py tests/test_preference_ignored_rows.py tests/test_predict.py tests/test_profile_attrib.py \
   > $W/pytest-c1.log 2>&1; echo "pytest rc $?"; grep -E "^FAILED|^ERROR|passed|failed" $W/pytest-c1.log | tail -6
 timeout 100 python3 -m tigon.cli bench --op fused_linear_dpo_loss --model llama3-8b --tokens 8192 \
-  --providers compile,tigon,tigon_compile,tigon_lean,tigon_1408mib,liger --json $W/posttrain_dpo_$G.json 2>&1 | grep -v Warn | tail -12
+  --providers compile,tigon,tigon_compile,tigon_lean,tigon_416mib,liger --json $W/posttrain_dpo_$G.json 2>&1 | grep -v Warn | tail -12
 timeout 250 python3 benchmarks/predict_table.py --rows llama3-8b --timeout 240 --out-dir $W 2>&1 | grep -v Warn | tail -4
 (cd $W && tar czf $OUT/s25c1.tgz .) && rm -rf $W
