@@ -163,6 +163,21 @@ def test_report_unpatch_and_keyword():
         tigon.patch(off, sinks="yes")
 
 
+def test_models_sharing_a_config_are_patched_apart():
+    # a policy and its reference model built from one config object: patching one must not switch the other, nor
+    # make its report say it was patched; unpatching one leaves the other patched
+    a = _model(torch.float32)
+    b = type(a)(a.config)
+    assert b.config is a.config
+    tigon.patch(a, **ONLY_SINKS)
+    assert a.config._attn_implementation == SA.NAME and b.config._attn_implementation == "eager"
+    assert all(layer.self_attn.config is a.config for layer in a.model.layers)
+    report = tigon.patch(b, **ONLY_SINKS)
+    assert report.counts.get("sinks") == 3 and not report.already_patched
+    tigon.unpatch(a)
+    assert a.config._attn_implementation == "eager" and b.config._attn_implementation == SA.NAME
+
+
 def test_other_implementation_left_alone():
     model = _model(torch.float32)
     model.config._attn_implementation = "flex_attention"

@@ -29,12 +29,14 @@ aligned) is exactly "sink + keys 0..i" for query i: no mask is materialised and 
 :attr:`~tigon.integrations.family_spec.FamilySpec.sinks`) switches a model whose config asks for ``"eager"``
 attention to :data:`NAME`: registered once in transformers' ``AttentionInterface`` (this module's
 :func:`attention_forward`) and ``AttentionMaskInterface`` (transformers' own sdpa mask builder). The switch is the
-model config's ``_attn_implementation``, so it applies to every attention module sharing that config; :func:`restore`
-(called by :func:`tigon.unpatch`) sets ``"eager"`` back. Other attention implementations (flex, kernels from the Hub)
+``_attn_implementation`` of the model's own copy of its config (another model built from the same config object keeps
+eager); :func:`restore` (called by :func:`tigon.unpatch`) sets ``"eager"`` back. Other attention implementations (flex, kernels from the Hub)
 are left alone, with the reason in the report.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -185,7 +187,11 @@ def _sink_modules(model: torch.nn.Module, specs):
 
 def plan(model: torch.nn.Module, specs, report):
     """The actions switching ``model``'s eager sink attention to :data:`NAME` (one report entry per attention
-    module; the switch itself is one per config object); skipped / already-patched entries go to ``report``."""
+    module; the switch itself is one per config object); skipped / already-patched entries go to ``report``.
+
+    The switch goes on a copy of each config, which every module of ``model`` that held it then holds (the model's
+    ``config`` included): models built from one config object (a policy and its reference model) share it, and
+    patching one must not switch the other (nor make its report say it was patched)."""
     from .plan import Action
     from .report import PatchEntry
 
@@ -213,7 +219,12 @@ def plan(model: torch.nn.Module, specs, report):
 
     def apply():
         register()
-        for cfg in configs.values():
+        own = {key: copy.deepcopy(cfg) for key, cfg in configs.items()}
+        for m in model.modules():  # the model's own copy: another model built from the same config keeps eager
+            cfg = getattr(m, "config", None)
+            if id(cfg) in own:
+                m.config = own[id(cfg)]
+        for cfg in own.values():
             cfg._attn_implementation = NAME
 
     return [Action(entries[0], apply)] + [Action(e, lambda: None) for e in entries[1:]]
