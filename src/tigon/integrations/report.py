@@ -12,7 +12,7 @@ from .. import support
 _KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "sinks", "lm_head_loss", "lora")
 
 KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "residual_add_norm", "rope": "rotary",
-                   "mlp": "mlp_activation", "lm_head_loss": "lm_head_loss"}
+                   "mlp": "mlp_activation", "sinks": "attention_sinks", "lm_head_loss": "lm_head_loss"}
 """Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
 
 KIND_NOTES = {

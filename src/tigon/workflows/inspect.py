@@ -76,7 +76,8 @@ class InspectResult:
         architecture: the causal-LM class (``"LlamaForCausalLM"``); num_parameters: its parameter count.
         config: shape fields of the config (hidden_size, intermediate_size, layers, heads, vocab, activation ...).
         counts: modules that would be replaced, per patch kind (``{"mlp": 32, ...}``).
-        categories: the same per category: ``norms``, ``rotary``, ``mlp_activation``, ``lm_head_loss``.
+        categories: the same per category: ``norms``, ``residual_add_norm``, ``rotary``, ``mlp_activation``,
+            ``lm_head_loss``, and ``attention_sinks`` where there are any (GPT-OSS).
         replaced: groups ``{"kind", "count", "targets", "detail"}``; targets fold layer indices to ``*``, detail
             says what would run instead.
         skipped: groups ``{"kind", "count", "targets", "reason"}`` the engine recognises (by the family spec or the
@@ -266,7 +267,8 @@ def inspect_config(config, *, model: str = "", source: str = "", lora_rank: int 
             num_parameters=sum(p.numel() for p in meta.parameters()),
             config=config_summary(config),
             counts=counts,
-            categories={**{c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())},
+            categories={**{c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())
+                           if c != "attention_sinks" or categories.get(c)},  # (a family's own: GPT-OSS)
                         **({"lora": categories["lora"]} if "lora" in categories else {})},
             replaced=_group(report.replaced, "detail"),
             skipped=_group(report.skipped, "reason"),

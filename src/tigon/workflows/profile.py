@@ -181,6 +181,10 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
                           "bypasses": bypass.get(kind, {})})
             cats.setdefault(specs[op].category, []).append(op)
     notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in skipped]
+    notes += [f"{kind} ({counts[kind]} modules) is replaced but not timed apart: it runs no op of the registry "
+              f"(sinks: torch SDPA for eager attention); the per-op prediction leaves it out, and the advice's "
+              f"calls keep it (tigon.patch(model, {PATCH_KEYWORDS.get(kind, kind)}=False) turns it off)"
+              for kind in counts if kind != "lora" and kind_op(kind, hfc) not in specs]
     return kinds, cats, counts, notes, paths
 
 

@@ -84,10 +84,14 @@ def add_notes(r: Any, device: torch.device) -> None:
                            f"{op['patch_call']} leaves it out: predicted {op['step_ms_without']:.1f} ms"
                            + _memory_cost(op) + ".")
     if r.advice and r.advice["best_keywords"]:
+        timed = {o["kind"] for o in r.ops}
+        untimed = [k for k in (r.patch or {}) if k not in timed and k != "lora"]  # (sinks: no op of the registry)
+        nothing = (f"; that replaces none of the timed ops (it keeps {', '.join(untimed)}, not timed: "
+                   f"{', '.join(f'{k}=False' for k in untimed)} leaves {'them' if len(untimed) > 1 else 'it'} out too)."
+                   if untimed else "; that replaces nothing: leave the model unpatched.")
         r.notes.append(f"fastest predicted: {r.advice['best_call']} at {r.advice['best_step_ms']:.1f} ms "
                        f"(everything: {r.predicted_step_ms_patched:.1f} ms)"
-                       + ("; that replaces nothing: leave the model unpatched." if r.advice["replace_nothing"]
-                          else "."))
+                       + (nothing if r.advice["replace_nothing"] else "."))
     if device.type == "cpu":
         r.notes.append("CPU: Tigon's kernels run in Triton's interpreter, so the patched step, the op costs and the "
                        "prediction measure the interpreter; run on a CUDA GPU for real numbers.")

@@ -284,6 +284,14 @@ def model_ops(model: str, registry: Registry | None = None, *, lora_rank: int | 
     return ops
 
 
+def _has_sinks(hf_config) -> bool:
+    """Whether the config's family declares attention with sinks (:attr:`FamilySpec.sinks`: GPT-OSS)."""
+    from ..integrations.families import FAMILIES
+
+    kind = getattr(hf_config, "model_type", None)
+    return any(s.sinks for s in FAMILIES.values() if kind in (s.name, *s.aliases))
+
+
 # ---- running -----------------------------------------------------------------------------------------------------
 def _shape_label(inputs: dict, names) -> str:
     """``"x 64x128, weight 128"``: the sizes of the differentiable inputs."""
@@ -486,6 +494,10 @@ def run_verify(
         lora = f" wrapped with PEFT LoRA r={cfg.lora_rank}" if cfg.lora_rank is not None else ""
         notes.append(f"ops: those tigon.patch runs in {cfg.model}{lora} ({', '.join(cfg.ops)}); run without --model to "
                      "verify every op.")
+    if cfg.model_ops and _has_sinks(hf_config):
+        notes.append("attention with sinks: tigon.patch runs it on torch SDPA (tigon.integrations.sink_attention), no "
+                     "op of the registry, so it is not verified here; tests/test_sink_attention.py checks it against "
+                     "transformers' eager attention, and tigon compare --model trains both models.")
     if any(op.startswith("lora_") for op in cfg.ops):
         notes.append(f"LoRA rows: adapters of rank {shapes.lora_rank}"
                      f"{'' if cfg.lora_rank is not None else ' (the records default)'}, trained-like B (PEFT starts B "
