@@ -297,6 +297,17 @@ def test_ranges_never_count_device_time():
     assert PE.own_time_us(inner, cuda=True) == 0.0 and PE.own_time_us(step, cuda=False) == 0.0
 
 
+def test_tigon_rope_inside_an_attention_module_counts_as_rotary():
+    # a patched attention calls Tigon's rotary node directly (no wrapped apply_rotary_pos_emb range around it): its
+    # kernels are rotary time, not attention time; the attention's own sdpa stays attention
+    step = _cpu("ProfilerStep#1", t=0, end=200, annotation=True)
+    attn = _cpu("tigon.cat/attention", step, t=10, end=100, annotation=True)
+    rope = _cpu("RoPEFunction", attn, t=11, end=20, kernels=[("_rope_kernel", 7.0)])
+    sdpa = _cpu("aten::_scaled_dot_product_flash_attention", attn, t=30, kernels=[("flash_fwd_kernel", 30.0)])
+    totals = PE.categorize([step, attn, rope, sdpa], cuda=True)
+    assert totals["rotary"] == pytest.approx(7.0) and totals["attention"] == pytest.approx(30.0)
+
+
 def test_device_busy_time_is_the_union_of_kernel_intervals():
     events = [_cpu("tigon.cat/norm", annotation=True),
               _gpu("k1", 0, 10), _gpu("k2", 5, 12), _gpu("k3", 20, 25),        # overlapping streams: 12 + 5

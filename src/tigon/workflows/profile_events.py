@@ -193,11 +193,19 @@ def _is_lora(names: list[str]) -> bool:
     return any(n.startswith("LoRA") and "Function" in n for n in names)
 
 
+def _is_tigon_rope(names: list[str]) -> bool:
+    """Whether an op runs inside Tigon's rotary node (``RoPEFunction``, its backward, the ``tigon::rope`` custom op):
+    a patched attention calls it directly, outside the wrapped ``apply_rotary_pos_emb`` that marks the original."""
+    return any(n.startswith(("RoPEFunction", "tigon::rope")) for n in names)
+
+
 def _category(range_cat: str | None, names: list[str]) -> str:
     if range_cat in ("lm_head_loss", "optimizer", "norm", "rotary"):
         return range_cat
     if range_cat == "lora" or _is_lora(names):
         return "lora"
+    if _is_tigon_rope(names):
+        return "rotary"
     if _is_matmul(names):
         return "matmul"
     if _is_attention(names):
