@@ -217,3 +217,18 @@ def test_advice_names_the_memory_a_left_out_kind_gives_back():
     cpu = {"original": {"host_ms": 1.0}, "tigon": {"host_ms": 0.5}}
     assert _memory_cost(cpu) == "" and _peak_pair(cpu) == ""
     assert _memory_cost({"original": {"peak_extra_bytes": 1}, "tigon": {"peak_extra_bytes": 2}}) == ""
+
+
+def test_profile_times_the_op_a_replacement_runs_and_names_what_it_cannot_time():
+    # GPT-OSS (issue 20): the MLP kind runs clamped_swiglu (a bandwidth op: timed as itself, not as swiglu); the
+    # sinks kind runs no op of the registry (torch SDPA): not timed, and a note says so
+    from transformers import GptOssConfig
+
+    hfc = GptOssConfig(vocab_size=61, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                       sliding_window=4, max_position_embeddings=64,
+                       layer_types=["sliding_attention", "full_attention"])
+    kinds, _, counts, notes, _ = P._replacements(hfc)
+    ops = {k["kind"]: k["op"] for k in kinds}
+    assert ops["mlp"] == "clamped_swiglu" and "sinks" not in ops and counts["sinks"] == 2
+    assert any(n.startswith("sinks (2 modules) is replaced but not timed") for n in notes)

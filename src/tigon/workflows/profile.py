@@ -175,7 +175,14 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     kinds, cats = [], {}
     for kind in sorted(counts, key=lambda k: order.index(k) if k in order else len(order)):
         declared = [op for ops in ran.get(kind, ()) for op in ops]
-        op = declared[0] if len(declared) == 1 and declared[0] in lora_mlp_ops | lora_qkv_ops else kind_op(kind, hfc)
+        one = declared[0] if len(declared) == 1 else None
+        # the op the replacement declared where it is the LoRA node, or a bandwidth op like the kind's usual one
+        # (GPT-OSS's clamped_swiglu); not one with matmuls inside (a Llama MLP's glu_linear: the category table
+        # scales the activation category by the op's ratio)
+        if one in lora_mlp_ops | lora_qkv_ops or (one in specs and specs[one].flops is None):
+            op = one
+        else:
+            op = kind_op(kind, hfc)
         if op in specs:
             kinds.append({"kind": kind, "op": op, "keyword": PATCH_KEYWORDS.get(kind, kind), "calls": counts[kind],
                           "bypasses": bypass.get(kind, {})})
