@@ -184,3 +184,13 @@ def test_other_implementation_left_alone():
     report = tigon.patch(model, **ONLY_SINKS)
     assert model.config._attn_implementation == "flex_attention"
     assert report.skipped_counts.get("sinks") == 3 and "not eager" in report.skipped[0].detail
+
+
+def test_verify_names_the_sink_attention_it_does_not_check():
+    # tigon verify --model checks ops of the registry; the sink attention is none, so its notes must say so (from the
+    # family data's sinks field), and only for a family that has it
+    from transformers import LlamaConfig
+
+    from tigon.workflows.verify import _has_sinks
+
+    assert _has_sinks(_model(torch.float32).config) and not _has_sinks(LlamaConfig())

@@ -286,10 +286,12 @@ def model_ops(model: str, registry: Registry | None = None, *, lora_rank: int | 
 
 def _has_sinks(hf_config) -> bool:
     """Whether the config's family declares attention with sinks (:attr:`FamilySpec.sinks`: GPT-OSS)."""
-    from ..integrations.families import FAMILIES
+    from ..integrations.families import family_by_name
 
-    kind = getattr(hf_config, "model_type", None)
-    return any(s.sinks for s in FAMILIES.values() if kind in (s.name, *s.aliases))
+    try:
+        return bool(family_by_name(str(getattr(hf_config, "model_type", ""))).sinks)
+    except ValueError:  # no family of its own (the generic matcher declares no sinks)
+        return False
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
