@@ -194,3 +194,10 @@ def test_verify_names_the_sink_attention_it_does_not_check():
     from tigon.workflows.verify import _has_sinks
 
     assert _has_sinks(_model(torch.float32).config) and not _has_sinks(LlamaConfig())
+
+
+def test_inspect_counts_the_sinks_as_a_category():
+    from tigon.workflows.inspect import inspect_config
+
+    got = inspect_config(_model(torch.float32).config)
+    assert got.categories["attention_sinks"] == 3 and got.counts["sinks"] == 3

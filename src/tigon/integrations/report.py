@@ -15,6 +15,9 @@ KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_no
                    "mlp": "mlp_activation", "sinks": "attention_sinks", "lm_head_loss": "lm_head_loss"}
 """Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
 
+FAMILY_CATEGORIES = frozenset({"attention_sinks"})
+"""Categories of one family's own kinds (GPT-OSS's sinks): ``tigon inspect`` lists them only where a model has some."""
+
 KIND_NOTES = {
     "rope": "rope: attention itself (softmax(QK^T)V) stays on PyTorch; only its apply_rotary_pos_emb call runs "
             "tigon.functional.rope.",

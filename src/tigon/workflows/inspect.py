@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..integrations.report import DRY_RUN_SILENT_NOTES, KIND_NOTES
+from ..integrations.report import FAMILY_CATEGORIES
 from ..integrations.report import KIND_CATEGORIES as CATEGORIES  # patch kind -> category
 from .dry_run import dry_run
 from .errors import ConfigError, error_text
@@ -268,7 +269,7 @@ def inspect_config(config, *, model: str = "", source: str = "", lora_rank: int 
             config=config_summary(config),
             counts=counts,
             categories={**{c: categories.get(c, 0) for c in dict.fromkeys(CATEGORIES.values())
-                           if c != "attention_sinks" or categories.get(c)},  # (a family's own: GPT-OSS)
+                           if c not in FAMILY_CATEGORIES or categories.get(c)},
                         **({"lora": categories["lora"]} if "lora" in categories else {})},
             replaced=_group(report.replaced, "detail"),
             skipped=_group(report.skipped, "reason"),
