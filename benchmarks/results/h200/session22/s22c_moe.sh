@@ -4,6 +4,7 @@
 #   bash benchmarks/results/h200/session22/s22c_moe.sh gpt-oss-20b     # GPT-OSS-20B shape, 32 experts top-4, 4 x 2048
 #   bash benchmarks/results/h200/session22/s22c_moe.sh olmoe-1b-7b     # OLMoE-1B-7B shape, 64 experts top-8, 4 x 2048
 #   bash benchmarks/results/h200/session22/s22c_moe.sh qwen2.5-vl-7b   # Qwen2.5-VL-7B, 4 x 2048 with 512 image tokens
+# PROVIDERS=a,b,... in the environment replaces the provider list (fewer providers, a shorter call).
 # The MoE configs are benchmarks/configs/<row>/config.json (sources in benchmarks/configs/README.md; the router
 # load-balancing loss on). HF eager's peak, estimated on the CPU with fake tensors (PyTorch's MemTracker, the same
 # AdamW): GPT-OSS ~64 GiB (4.45 B parameters: 33 GiB of bf16 weights + gradients + AdamW states, eager attention's
@@ -14,7 +15,7 @@ W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | g
 nvidia-smi --query-gpu=name --format=csv,noheader
 git log --oneline -1
 ROW=${1:?usage: s22c_moe.sh gpt-oss-20b|olmoe-1b-7b|qwen2.5-vl-7b}
-P=original,tigon,liger,original_compile,tigon_compile   # eager rows first: a slow compilation cannot cost them
+P=${PROVIDERS:-original,tigon,liger,original_compile,tigon_compile}   # eager first: a slow compilation cannot cost them
 case $ROW in
   gpt-oss-20b) M=benchmarks/configs/gpt-oss-20b; X=""; T=65,liger=55,original_compile=120,tigon_compile=120 ;;
   olmoe-1b-7b) M=benchmarks/configs/olmoe-1b-7b; X=""; T=55,liger=45,original_compile=120,tigon_compile=120 ;;
