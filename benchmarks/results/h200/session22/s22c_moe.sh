@@ -4,7 +4,8 @@
 #   bash benchmarks/results/h200/session22/s22c_moe.sh gpt-oss-20b     # GPT-OSS-20B shape, 32 experts top-4, 4 x 2048
 #   bash benchmarks/results/h200/session22/s22c_moe.sh olmoe-1b-7b     # OLMoE-1B-7B shape, 64 experts top-8, 4 x 2048
 #   bash benchmarks/results/h200/session22/s22c_moe.sh qwen2.5-vl-7b   # Qwen2.5-VL-7B, 4 x 2048 with 512 image tokens
-# PROVIDERS=a,b,... in the environment replaces the provider list (fewer providers, a shorter call).
+# PROVIDERS=a,b,... in the environment replaces the provider list (fewer providers, a shorter call); E2E_ARGS adds
+# e2e_table.py options (e.g. --kernel-summary: each provider's last step profiled, kernels by kind).
 # The MoE configs are benchmarks/configs/<row>/config.json (sources in benchmarks/configs/README.md; the router
 # load-balancing loss on). HF eager's peak, estimated on the CPU with fake tensors (PyTorch's MemTracker, the same
 # AdamW): GPT-OSS ~64 GiB (4.45 B parameters: 33 GiB of bf16 weights + gradients + AdamW states, eager attention's
@@ -22,7 +23,7 @@ case $ROW in
   qwen2.5-vl-7b) M=qwen2.5-vl-7b; X="--image-tokens 512"; T=75,liger=60,original_compile=150,tigon_compile=150 ;;
   *) echo "unknown row $ROW"; exit 2 ;;
 esac
-timeout 550 python3 benchmarks/e2e_table.py --model $M --layers 4 --batch-size 4 --seq-len 2048 $X --steps 8 \
+timeout 550 python3 benchmarks/e2e_table.py --model $M --layers 4 --batch-size 4 --seq-len 2048 $X ${E2E_ARGS:-} --steps 8 \
   --warmup 3 --timeout $T --gpu $G --providers $P --out-dir $W/e2e-$ROW-4l 2>&1 | grep -v Warn | tail -12
 python3 - $W/e2e-$ROW-4l <<'EOF' 2>&1 | tail -8
 import glob, json, sys
