@@ -329,6 +329,21 @@ def test_dpo_trainer_with_lora_and_no_reference_model(tmp_path):
     assert_same_run(run(True), run(False), ("rewards/chosen", "rewards/margins", "logps/rejected"), steps=4)
 
 
+def test_dpo_precomputed_reference_is_reported_as_trls(tmp_path):
+    """precompute_ref_log_probs=True: DPOTrainer.__init__ scores the training set with TRL's own head before
+    patch_trainer can run; the report said "2 switched" and nothing else, as if the reference log-probabilities of
+    the training were Tigon's. Now a note says which pass was TRL's."""
+    args = trl.DPOConfig(**common_args(tmp_path, per_device_train_batch_size=2, max_length=24, max_steps=1,
+                                       beta=0.1, precompute_ref_log_probs=True))
+    support.backend_usage(reset=True)
+    trainer = trl.DPOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args,
+                             train_dataset=preference_data(4), processing_class=byte_tokenizer())
+    assert "ref_chosen_logps" in trainer.train_dataset.column_names
+    assert not support.backend_usage()  # the precompute ran before the switch: TRL's head
+    report = tigon_trl.patch_trainer(trainer, strict=True)
+    assert report.ok and any(n.startswith("precompute_ref_log_probs: TRL computed") for n in report.notes), str(report)
+
+
 def distinct_share(completions, **_):
     """A fake reward: the share of distinct characters in each completion."""
     return [len(set(text)) / max(len(text), 1) for text in completions]

@@ -214,6 +214,11 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
         elif kind in ("DPOTrainer", "GRPOTrainer", "RLOOTrainer", "KTOTrainer"):
             report.notes.append("ref_model: none (PEFT adapters disabled on the policy, precomputed reference "
                                 "log-probabilities or beta = 0): the reference goes through the policy's head")
+        if getattr(trainer, "precompute_ref_logps", False):
+            # DPO / KTO with precompute_ref_log_probs=True: TRL scored the datasets it was given in __init__
+            report.notes.append("precompute_ref_log_probs: TRL computed the reference log-probabilities of the "
+                                "datasets given to the trainer while building it, on its own LM head, before this "
+                                "switch; only datasets passed to evaluate() later are scored by the switched head")
     else:
         _switch_gkd(trainer, report, strict, memory, seen)
         state["compute_loss"] = "compute_loss" in trainer.__dict__
