@@ -405,6 +405,37 @@ def test_gkd_trainer_ten_steps(tmp_path):
     assert_same_run(run(True), run(False), ())
 
 
+def test_gkd_trainer_under_bf16_mixed_precision_runs_the_backbones_under_autocast(tmp_path):
+    """bf16=True: accelerate puts autocast around each prepared model's forward; the switched GKD loss calls the
+    backbones directly, and ran them in float32 (the fp32 run's loss, 1e-3 away from TRL's bf16 one). Now it enters
+    the trainer's autocast: the student backbone runs under it and two steps log TRL's bf16 losses."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    tok = byte_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+    ds = datasets.Dataset.from_dict({"messages": [
+        [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        for q, a in zip(snippets(4, 8), snippets(4, 10, start=5000))]})
+    autocast_seen = []
+
+    def run(switch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = gkd.GKDConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=24,
+                                               lmbda=0.0, beta=0.3, max_steps=2, bf16=True))
+            trainer = gkd.GKDTrainer(model=tiny_model(), teacher_model=tiny_model(seed=1, initializer_range=0.5),
+                                     args=args, train_dataset=ds, processing_class=tok)
+        if switch:
+            assert tigon_trl.patch_trainer(trainer, strict=True).ok
+            trainer.model.model.register_forward_hook(
+                lambda *_: autocast_seen.append(torch.is_autocast_enabled(DEVICE)))
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    got, ref = run(True), run(False)
+    assert autocast_seen and all(autocast_seen), autocast_seen
+    assert got == pytest.approx(ref, rel=1e-4), (got, ref)
+
+
 # ---- more options and trainers, three steps each: on CUDA, or on CPU with TIGON_TRL_ALL=1 (about a minute) -------
 
 OPTION_STEPS = 3
