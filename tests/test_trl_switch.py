@@ -405,6 +405,27 @@ def test_gkd_trainer_ten_steps(tmp_path):
     assert_same_run(run(True), run(False), ())
 
 
+def test_gkd_with_a_soft_capped_model_falls_back_at_patch_time():
+    """GKD on Gemma 2 (final-logit soft-cap): the report said "1 switched, 0 on TRL's own path" (ok) and strict=True
+    was accepted, then every training step fell back (strict: raised at the first step). The models are known when
+    patching: now the report lists the fallback and strict raises there."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+
+    class BareGKD(gkd.GKDTrainer):
+        def __init__(self, model, teacher):
+            self.model, self.teacher_model = model, teacher
+
+    capped = tiny_model(final_logit_softcapping=3.0)
+    with pytest.warns(support.TigonFallbackWarning, match="student: final-logit soft-cap"):
+        report = tigon_trl.patch_trainer(BareGKD(capped, tiny_model()))
+    assert not report.ok and report.switched == [] and "soft-cap" in report.fallbacks[0], str(report)
+    trainer = BareGKD(tiny_model(), capped)
+    with pytest.raises(support.UnsupportedError, match="teacher: final-logit soft-cap"):
+        tigon_trl.patch_trainer(trainer, strict=True)
+    assert "compute_loss" not in trainer.__dict__
+    assert tigon_trl.patch_trainer(BareGKD(tiny_model(), tiny_model()), strict=True).ok
+
+
 def test_gkd_trainer_under_bf16_mixed_precision_runs_the_backbones_under_autocast(tmp_path):
     """bf16=True: accelerate puts autocast around each prepared model's forward; the switched GKD loss calls the
     backbones directly, and ran them in float32 (the fp32 run's loss, 1e-3 away from TRL's bf16 one). Now it enters

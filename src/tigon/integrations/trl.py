@@ -227,6 +227,15 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
 
 
 def _switch_gkd(trainer, report: TrainerSwitchReport, strict: bool, memory, seen: set) -> None:
+    # what the models are does not change between calls: a model the loss cannot take (a final-logit soft-cap, no LM
+    # head or backbone) is reported now, as the fused-head trainers' are, not at the first training step
+    unwrap = getattr(getattr(trainer, "accelerator", None), "unwrap_model", lambda m: m)
+    for who, attr in (("student", "model"), ("teacher", "teacher_model")):
+        model = getattr(trainer, attr, None)
+        parts = trl_heads.causal_lm_parts(unwrap(model)) if model is not None else "no model"
+        if isinstance(parts, str):
+            trl_heads.fallback(f"{who}: {parts}", "compute_loss", strict, seen, report.fallbacks)
+            return
     original = trainer.compute_loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
