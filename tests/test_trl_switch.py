@@ -223,6 +223,23 @@ def test_fallbacks_warn_once_and_strict_raises():
         tigon_trl.patch_trainer(BareSFT(capped), memory="lots")
 
 
+def test_moe_load_balancing_loss_is_reported_at_patch_time():
+    """A trainer with ``aux_loss_enabled`` (an MoE policy, router_aux_loss_coef != 0) asks for router logits in every
+    policy call, which run TRL's head: the report said "ok" until the first step, and strict=True raised only there."""
+    model = tiny_model()
+    trl_utils.add_fused_lm_head(model)
+    trainer = BareSFT(model)
+    trainer.aux_loss_enabled = True
+    with pytest.warns(support.TigonFallbackWarning, match="router logits"):
+        report = tigon_trl.patch_trainer(trainer)
+    assert not report.ok and report.fallbacks == [f"model: {tigon_trl.trl_heads.ROUTER_LOGITS}"], str(report)
+    strict = BareSFT(tiny_model())
+    trl_utils.add_fused_lm_head(strict.model)
+    strict.aux_loss_enabled = True
+    with pytest.raises(support.UnsupportedError, match="router logits"):
+        tigon_trl.patch_trainer(strict, strict=True)
+
+
 def test_without_trl_the_switch_says_so(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "trl", None)  # as if TRL were not installed
     with pytest.raises(ImportError, match="needs TRL"):

@@ -207,6 +207,10 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
     state = {"report": report, "models": models, "compute_loss": False}
     if kind in FUSED_HEAD_TRAINERS:
         _switch_head(_unwrap_peft(trainer.model), "model", report, strict, memory, seen, models)
+        if getattr(trainer, "aux_loss_enabled", False) and models:
+            # an MoE policy whose load-balancing loss TRL adds: every policy call asks for router logits, so it runs
+            # TRL's head; said now (strict: raised now), not only at the first step (the same (where, reason) then)
+            trl_heads.fallback(trl_heads.ROUTER_LOGITS, "model", strict, seen, report.fallbacks)
         ref = getattr(trainer, "ref_model", None)
         if ref is not None:
             _switch_head(_unwrap_peft(ref), "ref_model", report, strict, memory, seen, models,

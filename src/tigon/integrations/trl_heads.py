@@ -86,10 +86,15 @@ def unsupported_outputs(settings: dict) -> str | None:
     return None
 
 
+ROUTER_LOGITS = "MoE router logits requested (the load-balancing loss of TRL's fused forward is not reproduced)"
+"""Why a call asking for router logits runs TRL's head (also reported at patch time for a trainer with
+``aux_loss_enabled``, whose policy calls all ask for them)."""
+
+
 def call_unsupported(weight, kwargs) -> str | None:
     """Why one ``fused_lm_head=True`` call must run TRL's own head (None: Tigon's can)."""
     if kwargs.get("output_router_logits"):
-        return "MoE router logits requested (the load-balancing loss of TRL's fused forward is not reproduced)"
+        return ROUTER_LOGITS
     if type(weight) is not torch.Tensor and not isinstance(weight, torch.nn.Parameter):
         return f"LM-head weight of type {type(weight).__name__} (e.g. an FSDP2 DTensor)"
     if weight.device.type not in ("cpu", "cuda"):
