@@ -389,6 +389,25 @@ def test_module_errors():
         tnn.FusedLinearORPOLoss()(inp["weight"], inp["hidden"], inp["target"], nll_target=inp["target"])
 
 
+@pytest.mark.parametrize("name", ["FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss",
+                                  "FusedLinearORPOLoss", "FusedLinearKTOLoss"])
+def test_module_call_with_weight_and_hidden_swapped_names_the_order(name):
+    """The paired modules take Liger's (lin_weight, _input, ...), KTO (_input, lin_weight, ...), the functional ops
+    (hidden, weight, ...): a call in the other order said "hidden must have 3 dimensions, got shape (V, H)", naming
+    an argument the module does not have and not the order."""
+    inp = _batch(t=2, reference="none", labels=True)
+    w, h = inp["weight"], inp["hidden"]
+    kto = name == "FusedLinearKTOLoss"
+    module = getattr(tnn, name)(**({} if kto else {"use_ref_model": False} if name == "FusedLinearDPOLoss" else {}))
+    order = r"\(_input, lin_weight, target" if kto else r"\(lin_weight, _input, target"
+    with pytest.raises(ValueError, match=order + r".*got lin_weight of shape \(4, 2, 16\) and _input of shape "
+                                                r"\(40, 16\): swapped"):
+        if kto:
+            module(w, h, inp["target"], None, inp["preference_labels"])
+        else:
+            module(h, w, inp["target"])
+
+
 # ---- GPU: a model-sized batch (compiled kernels) -------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled kernels)")

@@ -223,6 +223,23 @@ def test_fallbacks_warn_once_and_strict_raises():
         tigon_trl.patch_trainer(BareSFT(capped), memory="lots")
 
 
+def test_moe_load_balancing_loss_is_reported_at_patch_time():
+    """A trainer with ``aux_loss_enabled`` (an MoE policy, router_aux_loss_coef != 0) asks for router logits in every
+    policy call, which run TRL's head: the report said "ok" until the first step, and strict=True raised only there."""
+    model = tiny_model()
+    trl_utils.add_fused_lm_head(model)
+    trainer = BareSFT(model)
+    trainer.aux_loss_enabled = True
+    with pytest.warns(support.TigonFallbackWarning, match="router logits"):
+        report = tigon_trl.patch_trainer(trainer)
+    assert not report.ok and report.fallbacks == [f"model: {tigon_trl.trl_heads.ROUTER_LOGITS}"], str(report)
+    strict = BareSFT(tiny_model())
+    trl_utils.add_fused_lm_head(strict.model)
+    strict.aux_loss_enabled = True
+    with pytest.raises(support.UnsupportedError, match="router logits"):
+        tigon_trl.patch_trainer(strict, strict=True)
+
+
 def test_without_trl_the_switch_says_so(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "trl", None)  # as if TRL were not installed
     with pytest.raises(ImportError, match="needs TRL"):
@@ -329,6 +346,21 @@ def test_dpo_trainer_with_lora_and_no_reference_model(tmp_path):
     assert_same_run(run(True), run(False), ("rewards/chosen", "rewards/margins", "logps/rejected"), steps=4)
 
 
+def test_dpo_precomputed_reference_is_reported_as_trls(tmp_path):
+    """precompute_ref_log_probs=True: DPOTrainer.__init__ scores the training set with TRL's own head before
+    patch_trainer can run; the report said "2 switched" and nothing else, as if the reference log-probabilities of
+    the training were Tigon's. Now a note says which pass was TRL's."""
+    args = trl.DPOConfig(**common_args(tmp_path, per_device_train_batch_size=2, max_length=24, max_steps=1,
+                                       beta=0.1, precompute_ref_log_probs=True))
+    support.backend_usage(reset=True)
+    trainer = trl.DPOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args,
+                             train_dataset=preference_data(4), processing_class=byte_tokenizer())
+    assert "ref_chosen_logps" in trainer.train_dataset.column_names
+    assert not support.backend_usage()  # the precompute ran before the switch: TRL's head
+    report = tigon_trl.patch_trainer(trainer, strict=True)
+    assert report.ok and any(n.startswith("precompute_ref_log_probs: TRL computed") for n in report.notes), str(report)
+
+
 def distinct_share(completions, **_):
     """A fake reward: the share of distinct characters in each completion."""
     return [len(set(text)) / max(len(text), 1) for text in completions]
@@ -388,6 +420,58 @@ def test_gkd_trainer_ten_steps(tmp_path):
         return out
 
     assert_same_run(run(True), run(False), ())
+
+
+def test_gkd_with_a_soft_capped_model_falls_back_at_patch_time():
+    """GKD on Gemma 2 (final-logit soft-cap): the report said "1 switched, 0 on TRL's own path" (ok) and strict=True
+    was accepted, then every training step fell back (strict: raised at the first step). The models are known when
+    patching: now the report lists the fallback and strict raises there."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+
+    class BareGKD(gkd.GKDTrainer):
+        def __init__(self, model, teacher):
+            self.model, self.teacher_model = model, teacher
+
+    capped = tiny_model(final_logit_softcapping=3.0)
+    with pytest.warns(support.TigonFallbackWarning, match="student: final-logit soft-cap"):
+        report = tigon_trl.patch_trainer(BareGKD(capped, tiny_model()))
+    assert not report.ok and report.switched == [] and "soft-cap" in report.fallbacks[0], str(report)
+    trainer = BareGKD(tiny_model(), capped)
+    with pytest.raises(support.UnsupportedError, match="teacher: final-logit soft-cap"):
+        tigon_trl.patch_trainer(trainer, strict=True)
+    assert "compute_loss" not in trainer.__dict__
+    assert tigon_trl.patch_trainer(BareGKD(tiny_model(), tiny_model()), strict=True).ok
+
+
+def test_gkd_trainer_under_bf16_mixed_precision_runs_the_backbones_under_autocast(tmp_path):
+    """bf16=True: accelerate puts autocast around each prepared model's forward; the switched GKD loss calls the
+    backbones directly, and ran them in float32 (the fp32 run's loss, 1e-3 away from TRL's bf16 one). Now it enters
+    the trainer's autocast: the student backbone runs under it and two steps log TRL's bf16 losses."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    tok = byte_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+    ds = datasets.Dataset.from_dict({"messages": [
+        [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        for q, a in zip(snippets(4, 8), snippets(4, 10, start=5000))]})
+    autocast_seen = []
+
+    def run(switch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = gkd.GKDConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=24,
+                                               lmbda=0.0, beta=0.3, max_steps=2, bf16=True))
+            trainer = gkd.GKDTrainer(model=tiny_model(), teacher_model=tiny_model(seed=1, initializer_range=0.5),
+                                     args=args, train_dataset=ds, processing_class=tok)
+        if switch:
+            assert tigon_trl.patch_trainer(trainer, strict=True).ok
+            trainer.model.model.register_forward_hook(
+                lambda *_: autocast_seen.append(torch.is_autocast_enabled(DEVICE)))
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    got, ref = run(True), run(False)
+    assert autocast_seen and all(autocast_seen), autocast_seen
+    assert got == pytest.approx(ref, rel=1e-4), (got, ref)
 
 
 # ---- more options and trainers, three steps each: on CUDA, or on CPU with TIGON_TRL_ALL=1 (about a minute) -------

@@ -207,6 +207,10 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
     state = {"report": report, "models": models, "compute_loss": False}
     if kind in FUSED_HEAD_TRAINERS:
         _switch_head(_unwrap_peft(trainer.model), "model", report, strict, memory, seen, models)
+        if getattr(trainer, "aux_loss_enabled", False) and models:
+            # an MoE policy whose load-balancing loss TRL adds: every policy call asks for router logits, so it runs
+            # TRL's head; said now (strict: raised now), not only at the first step (the same (where, reason) then)
+            trl_heads.fallback(trl_heads.ROUTER_LOGITS, "model", strict, seen, report.fallbacks)
         ref = getattr(trainer, "ref_model", None)
         if ref is not None:
             _switch_head(_unwrap_peft(ref), "ref_model", report, strict, memory, seen, models,
@@ -214,6 +218,11 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
         elif kind in ("DPOTrainer", "GRPOTrainer", "RLOOTrainer", "KTOTrainer"):
             report.notes.append("ref_model: none (PEFT adapters disabled on the policy, precomputed reference "
                                 "log-probabilities or beta = 0): the reference goes through the policy's head")
+        if getattr(trainer, "precompute_ref_logps", False):
+            # DPO / KTO with precompute_ref_log_probs=True: TRL scored the datasets it was given in __init__
+            report.notes.append("precompute_ref_log_probs: TRL computed the reference log-probabilities of the "
+                                "datasets given to the trainer while building it, on its own LM head, before this "
+                                "switch; only datasets passed to evaluate() later are scored by the switched head")
     else:
         _switch_gkd(trainer, report, strict, memory, seen)
         state["compute_loss"] = "compute_loss" in trainer.__dict__
@@ -222,6 +231,15 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
 
 
 def _switch_gkd(trainer, report: TrainerSwitchReport, strict: bool, memory, seen: set) -> None:
+    # what the models are does not change between calls: a model the loss cannot take (a final-logit soft-cap, no LM
+    # head or backbone) is reported now, as the fused-head trainers' are, not at the first training step
+    unwrap = getattr(getattr(trainer, "accelerator", None), "unwrap_model", lambda m: m)
+    for who, attr in (("student", "model"), ("teacher", "teacher_model")):
+        model = getattr(trainer, attr, None)
+        parts = trl_heads.causal_lm_parts(unwrap(model)) if model is not None else "no model"
+        if isinstance(parts, str):
+            trl_heads.fallback(f"{who}: {parts}", "compute_loss", strict, seen, report.fallbacks)
+            return
     original = trainer.compute_loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

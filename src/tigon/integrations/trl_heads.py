@@ -86,10 +86,15 @@ def unsupported_outputs(settings: dict) -> str | None:
     return None
 
 
+ROUTER_LOGITS = "MoE router logits requested (the load-balancing loss of TRL's fused forward is not reproduced)"
+"""Why a call asking for router logits runs TRL's head (also reported at patch time for a trainer with
+``aux_loss_enabled``, whose policy calls all ask for them)."""
+
+
 def call_unsupported(weight, kwargs) -> str | None:
     """Why one ``fused_lm_head=True`` call must run TRL's own head (None: Tigon's can)."""
     if kwargs.get("output_router_logits"):
-        return "MoE router logits requested (the load-balancing loss of TRL's fused forward is not reproduced)"
+        return ROUTER_LOGITS
     if type(weight) is not torch.Tensor and not isinstance(weight, torch.nn.Parameter):
         return f"LM-head weight of type {type(weight).__name__} (e.g. an FSDP2 DTensor)"
     if weight.device.type not in ("cpu", "cuda"):
@@ -219,9 +224,20 @@ def gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memor
         num_items_in_batch: the loss's denominator, or None.
         student, teacher: :func:`causal_lm_parts` of the unwrapped student and teacher.
 
+    Mixed precision: accelerate applies autocast by wrapping each prepared model's ``forward`` (student and teacher),
+    which this path bypasses by calling the backbones directly, so the trainer's ``accelerator.autocast()`` is entered
+    here (nothing without bf16 / fp16 mixed precision); without it ``bf16=True`` ran both models in float32.
+
     Returns:
         The 0-d float32 loss.
     """
+    accelerator = getattr(trainer, "accelerator", None)
+    with accelerator.autocast() if accelerator is not None else nullcontext():
+        return _gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memory)
+
+
+def _gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memory="auto"):
+    """The body of :func:`gkd_loss` (under the trainer's autocast)."""
     s_backbone, s_head, s_scale = student
     t_backbone, t_head, t_scale = teacher
     ids, attn = inputs["input_ids"], inputs["attention_mask"]

@@ -33,6 +33,19 @@ class _PreferenceLoss(nn.Module):
     def _liger(self, out) -> tuple:
         return liger_tuple(out)
 
+    def _check_order(self, lin_weight, _input, weight_first: bool = True) -> None:
+        """A call with the weight and the hidden states swapped raises naming the forward's order (the functional
+        ops take ``(hidden, weight, ...)``, the paired modules Liger's ``(lin_weight, _input, ...)``, KTO's
+        ``(_input, lin_weight, ...)``), instead of a shape error about ``hidden`` that names neither argument."""
+        if not (isinstance(lin_weight, torch.Tensor) and isinstance(_input, torch.Tensor)):
+            return
+        if lin_weight.dim() == 3 and _input.dim() == 2:
+            order = ("(lin_weight, _input, target, ...)" if weight_first else "(_input, lin_weight, target, ...)")
+            raise ValueError(
+                f"{type(self).__name__}.forward takes {order} (Liger-Kernel's order): lin_weight is the (V, H) LM "
+                f"head, _input the (B, T, H) hidden states; got lin_weight of shape {tuple(lin_weight.shape)} and "
+                f"_input of shape {tuple(_input.shape)}: swapped?")
+
 
 class FusedLinearDPOLoss(_PreferenceLoss):
     """DPO on the LM head without its logits: :func:`tigon.functional.fused_linear_dpo_loss` (Liger's
@@ -78,6 +91,7 @@ class FusedLinearDPOLoss(_PreferenceLoss):
                 bias: torch.Tensor | None = None, ref_input: torch.Tensor | None = None,
                 ref_weight: torch.Tensor | None = None, ref_bias: torch.Tensor | None = None, *,
                 ref_chosen_logps: torch.Tensor | None = None, ref_rejected_logps: torch.Tensor | None = None):
+        self._check_order(lin_weight, _input)
         if not self.use_ref_model:
             ref_input = ref_weight = ref_bias = ref_chosen_logps = ref_rejected_logps = None
         elif ref_input is None and ref_chosen_logps is None:
@@ -124,6 +138,7 @@ class FusedLinearCPOLoss(_PreferenceLoss):
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None):
+        self._check_order(lin_weight, _input)
         return self._liger(P.fused_linear_cpo_loss(
             _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta,
             loss_type=self.loss_type, label_smoothing=self.label_smoothing, gamma=self.gamma,
@@ -156,6 +171,7 @@ class FusedLinearSimPOLoss(_PreferenceLoss):
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None):
+        self._check_order(lin_weight, _input)
         return self._liger(P.fused_linear_simpo_loss(
             _input, lin_weight, target, bias, ignore_index=self.ignore_index, beta=self.beta, gamma=self.gamma,
             label_smoothing=self.label_smoothing, compute_nll_loss=self.compute_nll_loss, alpha=self.alpha,
@@ -186,6 +202,7 @@ class FusedLinearORPOLoss(_PreferenceLoss):
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None, nll_target: torch.Tensor | None = None):
+        self._check_order(lin_weight, _input)
         if nll_target is not None:
             raise ValueError("nll_target is not supported: the NLL term is taken on target's chosen rows")
         return self._liger(P.fused_linear_orpo_loss(
@@ -225,6 +242,7 @@ class FusedLinearKTOLoss(_PreferenceLoss):
                 bias: torch.Tensor | None = None, preference_labels: torch.Tensor | None = None,
                 ref_input: torch.Tensor | None = None, ref_weight: torch.Tensor | None = None,
                 ref_bias: torch.Tensor | None = None, kl: torch.Tensor | None = None):
+        self._check_order(lin_weight, _input, weight_first=False)
         if preference_labels is None:
             raise ValueError("preference_labels is required: a (B,) bool tensor, True for a desirable completion")
         if not self.use_ref_model:
