@@ -9,7 +9,7 @@ and add, the routing-weight product, the inverse-permutation gather and the (T, 
 These ops are one pass each way (:mod:`tigon.kernels.moe_glue`, where the formulas and bytes are).
 
 Kernels: :mod:`tigon.kernels.moe_glue`. Specification: :mod:`tigon.reference.moe_glue`. Under ``torch.compile``
-the references run (traced by Inductor).
+the references run (traced by Inductor: the records' ``under_compile`` "inductor"; no custom ops yet).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ RECORDS = (
         fn=moe_gather, reference=ref.moe_gather, original=ref.moe_gather,
         original_name="hidden_states[perm // top_k] (HF grouped_mm_experts_forward)",
         make_inputs=_gather_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x",), category="moe",
+        grad_inputs=("x",), category="moe", under_compile="inductor",
         min_bytes=lambda s, e, mode: (s["tokens"] * (1 + s["top_k"]) * s["hidden"] * e * (1 if mode == "fwd" else 2)),
     ),
     OpSpec(
@@ -237,7 +237,7 @@ RECORDS = (
         fn=moe_expert_gate, reference=ref.moe_expert_gate, original=ref.moe_expert_gate,
         original_name="out.add_(bias[expert_ids_g]); self._apply_gate(out) (HF grouped_mm_experts_forward)",
         make_inputs=_gate_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "intermediate"),
-        grad_inputs=("gate_up", "bias"), category="moe",
+        grad_inputs=("gate_up", "bias"), category="moe", under_compile="inductor",
         # read gate_up (2n), write out (n); backward: read dout (n), gate_up (2n), write d_gate_up (2n), read it
         # again for d_bias (2n); n = S x I (the bias table is small)
         min_bytes=lambda s, e, mode: (3 if mode == "fwd" else 10) * s["tokens"] * s["top_k"] * s["intermediate"] * e,
@@ -251,7 +251,7 @@ RECORDS = (
         fn=moe_combine, reference=ref.moe_combine, original=ref.moe_combine,
         original_name="(out + bias[ids]) * w, [inv_perm], .view(T, k, H).sum(1) (HF grouped_mm_experts_forward)",
         make_inputs=_combine_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x", "weights", "bias"), category="moe",
+        grad_inputs=("x", "weights", "bias"), category="moe", under_compile="inductor",
         # forward: read x (S H), write out (T H); backward: read dout (T H), x (S H), write dx (S H), read dx for
         # d_bias (S H)
         min_bytes=lambda s, e, mode: (s["tokens"] * s["hidden"] * e
