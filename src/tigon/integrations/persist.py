@@ -1,7 +1,8 @@
 """Instance-level patches that survive ``copy.deepcopy`` and pickling (``torch.save(model)`` / ``torch.load``).
 
 An instance-level patch is a bound method in the module's ``__dict__`` (``forward``, or ``_apply_gate`` for MoE
-experts, and their ``forward`` too where the glue applies), built from a :class:`Recipe` by :func:`build`, which also attaches the recipe to the function.
+experts, and their ``forward`` too where the glue applies), built from a :class:`Recipe` by :func:`build`, which
+also attaches the recipe to the function.
 
 deepcopy
     ``copy`` rebinds a bound method to the copy of its module, so the copy keeps every patch; the rotary dispatcher

@@ -9,7 +9,7 @@ cumulative row counts, row s belongs to expert ``e(s) = #{e: offsets[e] <= s}`` 
 row at or past ``offsets[-1]`` (an expert-parallel sentinel row) belongs to no expert and gets no bias.
 
     gather:   xg[positions[t, j]] = x[t]                      backward: dx[t] = sum_j dxg[positions[t, j]]
-    gate:     h[s] = act(gu[s] + b[e(s)])                       backward: dgu = act'(...) dh,  db[e] = sum_{e(s)=e} dgu[s]
+    gate:     h[s] = act(gu[s] + b[e(s)])         backward: dgu = act'(...) dh,  db[e] = sum_{e(s)=e} dgu[s]
     combine:  out[t] = sum_j (y[p] + b[e(p)]) w[t, j],  p = positions[t, j]
               backward: dy[p] = w[t, j] dout[t],  dw[t, j] = <y[p] + b[e(p)], dout[t]>,  db[e] = sum_{e(s)=e} dy[s]
 

@@ -42,7 +42,8 @@ class ModelShapes:
     logit soft-cap (Gemma 2), or None. lora_rank: the adapters' rank r of the LoRA ops' rows (``tigon verify
     --lora R`` sets it; otherwise 16, PEFT fine-tuning's usual r). experts, top_k, expert_intermediate: a
     mixture-of-experts model's routed experts, experts per token and each expert's intermediate size (None: the
-    model's ``intermediate``); 8 and 2 for a dense model (the MoE ops' rows then time a Mixtral-like routing). Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    model's ``intermediate``); 8 and 2 for a dense model (the MoE ops' rows then time a Mixtral-like routing).
+    Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
     """
 
     tokens: int
