@@ -137,3 +137,26 @@ def test_deepcopy_keeps_the_glue_forward():
     support.backend_usage(reset=True)
     assert_same_step(step(clone), want)
     assert "moe_combine" in support.backend_usage()
+
+
+def test_benchmark_script_runs_tiny_on_the_cpu(tmp_path):
+    # benchmarks/moe_glue_bench.py (the GPU session's timing of one layer's experts), on tiny experts: every provider
+    # patched as it says and equal to transformers' grouped_mm experts
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_glue_bench.py"
+    spec = importlib.util.spec_from_file_location("moe_glue_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "moe.json"
+    bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--tokens", "12", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [m["model"] for m in result["models"]] == list(bench.MODELS)
+    for row in result["models"]:
+        p = row["providers"]
+        assert set(p) == set(bench.PROVIDERS) and row["glue_min_bytes"] > 0
+        assert p["tigon_glue"]["detail"].startswith("forward: transformers' grouped_mm experts with Tigon's glue")
+        assert p["tigon_gate"]["detail"].startswith("the class's forward")
+        assert all(r["max_abs_diff_vs_hf"] < 1e-5 and r["fwd_bwd_ms"] > 0 for r in p.values())
