@@ -4,12 +4,14 @@ gradient (router and biases included) equal to the unpatched model's in fp32; th
 why not; per-call fallbacks; unpatch, deepcopy."""
 
 import copy
+import pickle
 
 import pytest
 import torch
 
 import tigon
 from tigon import support
+from tigon.integrations.marks import tigon_mark
 from tigon.integrations.moe_experts import MOE_OPS
 
 import model_matrix as mm
@@ -18,6 +20,10 @@ pytest.importorskip("transformers.integrations.moe")
 
 MODELS = {"olmoe": mm.MORE_FAMILIES["olmoe"], "gpt_oss": mm.MORE_FAMILIES["gpt_oss"], "mixtral": mm.CASES["mixtral"],
           "qwen3_moe": mm.CASES["qwen3_moe"]}
+# the other families with grouped_mm experts (their default experts implementation): the same step equality
+MORE = {name: mm.MORE_FAMILIES[name] for name in ("hunyuan_v1_moe", "deepseek_v3", "qwen3_next", "qwen3_5_moe",
+                                                   "gemma4", "granitemoe", "deepseek_v4") if name in mm.MORE_FAMILIES}
+MODELS.update(MORE)
 ONLY_MLP = dict(rms_norm=False, rope=False, fused_add_rms_norm=False, fused_linear_cross_entropy=False, sinks=False)
 
 
@@ -45,8 +51,12 @@ def assert_same_step(a, b, rtol=1e-5):
         assert err <= rtol, f"{n}: relative error {err:.2e}"
 
 
+def is_experts(m) -> bool:
+    return isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
+
+
 def experts_entries(report):
-    return [e for e in report.replaced if e.kind == "mlp" and e.target.endswith("experts")]
+    return [e for e in report.replaced if e.kind == "mlp" and e.target.rsplit(".", 1)[-1] == "experts"]
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -60,7 +70,7 @@ def test_training_step_equals_grouped_mm_experts(name):
     assert all("moe_expert_gate" in e.detail for e in entries)
     if name == "gpt_oss":
         assert "clamped_swiglu" in entries[0].detail and "per-expert biases" in entries[0].detail
-    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    experts = [m for m in model.modules() if is_experts(m)]
     assert all("forward" in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
     got = step(model)
     assert_same_step(got, want)  # loss, router, experts' weights and biases, everything else
@@ -107,7 +117,7 @@ def test_modules_it_cannot_take_are_left_with_a_reason(monkeypatch):
     experts._is_expert_parallel = True
     report = tigon.patch(model, **ONLY_MLP)
     detail = next(e.detail for e in report.replaced if e.target.endswith("layers.0.mlp.experts"))
-    assert "forward left as is (expert parallel" in detail
+    assert "forward left as is (expert / tensor parallel" in detail
     assert "forward" not in experts.__dict__
     tigon.unpatch(model)
     # a custom _apply_gate (an unknown gating function): the experts are left alone, forward included
@@ -132,10 +142,26 @@ def test_deepcopy_keeps_the_glue_forward():
     want = step(model)
     tigon.patch(model, **ONLY_MLP)
     clone = copy.deepcopy(model)
-    experts = [m for m in clone.modules() if type(m).__name__ == "GptOssExperts"]
-    assert all(m.__dict__["forward"].__self__ is m for m in experts)
+    experts = [m for m in clone.modules() if is_experts(m)]
+    assert all(m.__dict__["forward"].__self__ is m and m.__dict__["_apply_gate"].__self__ is m for m in experts)
     support.backend_usage(reset=True)
     assert_same_step(step(clone), want)
+    assert "moe_combine" in support.backend_usage()
+
+
+def test_pickled_experts_keep_the_glue_forward():
+    # (the whole tiny model holds transformers' output-capturing hooks, local functions that do not pickle)
+    model = build("gpt_oss")
+    tigon.patch(model, **ONLY_MLP)
+    experts = pickle.loads(pickle.dumps(next(m for m in model.modules() if is_experts(m))))
+    assert tigon_mark(experts.__dict__["forward"]).get("experts_forward")
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, experts.gate_up_proj.shape[1], generator=gen)
+    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(5)])
+    weights = torch.rand(5, 2, generator=gen)
+    support.backend_usage(reset=True)
+    torch.testing.assert_close(experts(hidden, index, weights), type(experts).forward(experts, hidden, index, weights),
+                               rtol=1e-5, atol=1e-6)
     assert "moe_combine" in support.backend_usage()
 
 

@@ -72,14 +72,19 @@ def gate_options(module, spec: MLPSpec):
     return name, 1.702, None
 
 
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
+
+
 def _call_problem(module) -> str | None:
     """What, per call, sends ``module`` to its class's forward (the checks that can change after patching)."""
     impl = getattr(getattr(module, "config", None), "_experts_implementation", None)
     if impl != "grouped_mm":
         return (f"config._experts_implementation is {impl!r}: only transformers' 'grouped_mm' experts are replaced "
                 "(its forward runs, with Tigon's _apply_gate where that applies)")
-    if getattr(module, "_is_expert_parallel", False):
-        return "expert parallel (_is_expert_parallel): its sentinel rows are left to transformers' forward"
+    if getattr(module, "_is_expert_parallel", False) or type(module.gate_up_proj) not in _PLAIN:
+        # (transformers 5.17 has no _is_expert_parallel: a sharded module's weights are DTensors there)
+        return ("expert / tensor parallel (_is_expert_parallel, or DTensor weights): its sentinel rows are left to "
+                "transformers' forward")
     if getattr(module, "has_post_expert_norm", False):
         return "has_post_expert_norm: a norm between the experts and the routing weights; left to transformers"
     return None
@@ -109,7 +114,7 @@ def glue_problem(module, spec: MLPSpec) -> str | None:
         p = getattr(module, name, None)
         if not isinstance(p, torch.Tensor) or p.dim() != (2 if name.endswith("bias") else 3):
             return f"{name} is not a {2 if name.endswith('bias') else 3}-D tensor"
-        if type(p) not in (torch.Tensor, torch.nn.Parameter):
+        if type(p) not in _PLAIN:
             return f"{name} is a {type(p).__name__} (a tensor subclass, e.g. a DTensor): left to transformers"
     if not isinstance(getattr(module, "num_experts", None), int):
         return "no num_experts"
