@@ -8,7 +8,8 @@ Notation: T tokens routed to k experts each, S = T k (token, slot) pairs sorted 
 ``offs``, the cumulative rows per expert (nondecreasing): row s belongs to expert ``#{e: offsets[e] <= s}``; rows at
 or past ``offsets[-1]`` (expert-parallel sentinel rows) belong to none and get no bias.
 
-These functions check both on the host (a sort): they are the specification and the CPU fallback, not the fast path.
+These functions check both on the host (a sort; not under torch.compile): they are the specification and the CPU
+fallback, not the fast path.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "clamped_swiglu")
 
 
 def check_positions(positions: torch.Tensor) -> None:
-    """Raise ValueError unless ``positions`` (T, k) holds each of 0..T*k-1 once (skipped for meta / fake tensors)."""
-    if not has_data(positions):
+    """Raise ValueError unless ``positions`` (T, k) holds each of 0..T*k-1 once (skipped for meta / fake tensors and
+    under torch.compile, where a host check would split the graph)."""
+    if torch.compiler.is_compiling() or not has_data(positions):
         return
     flat = positions.reshape(-1)
     if not torch.equal(torch.sort(flat).values, torch.arange(flat.numel(), device=flat.device, dtype=flat.dtype)):
@@ -32,8 +34,9 @@ def check_positions(positions: torch.Tensor) -> None:
 
 
 def check_offsets(offsets: torch.Tensor) -> None:
-    """Raise ValueError unless ``offsets`` (E,) is nondecreasing and nonnegative (skipped for meta / fake tensors)."""
-    if not has_data(offsets) or offsets.numel() == 0:
+    """Raise ValueError unless ``offsets`` (E,) is nondecreasing and nonnegative (skipped as :func:`check_positions`
+    is)."""
+    if torch.compiler.is_compiling() or not has_data(offsets) or offsets.numel() == 0:
         return
     if bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[0]) < 0:
         raise ValueError("offsets must be nonnegative and nondecreasing (cumulative rows per expert, as grouped_mm's)")
