@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 import tigon  # noqa: E402
 from tigon import support  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
+from tigon.integrations.moe_experts import MOE_OPS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -55,14 +56,18 @@ def test_family_report_and_training_step_equal_the_original(experts, limit):
     assert report.counts == {"rms_norm": 11, "mlp": 4, "lm_head_loss": 1}, report
     mlps = {e.target.rsplit(".", 1)[-1]: e for e in report.replaced if e.kind == "mlp"}
     assert mlps["shared_experts"].ops == ("glu_linear",) and "limit=self.limit" in mlps["shared_experts"].detail
-    assert mlps["experts"].ops == ("swiglu",) and "limit=self.limit" in mlps["experts"].detail
+    # grouped_mm experts run the whole experts forward with Tigon's glue (moe_expert_gate with the limit)
+    glue = experts == "grouped_mm"
+    assert mlps["experts"].ops == (MOE_OPS if glue else ("swiglu",)) and "limit=self.limit" in mlps["experts"].detail
+    gate = f"moe_expert_gate(activation='silu', limit={model.config.swiglu_limit:g})"
+    assert not glue or gate in mlps["experts"].detail
     why = {e.kind: e.detail for e in report.skipped}
     assert "mlp" not in why and "one tensor per call" in why["rope"] and "rounded" in why["rms_norm"]
     support.backend_usage(reset=True)
     out, grads = step(model, ids, labels)
     used = support.backend_usage()
-    # every layer's shared expert folds its down projection (glu_linear), the routed experts run swiglu
-    assert {"glu_linear", "swiglu", "rms_norm", "fused_linear_cross_entropy"} <= set(used), used
+    # every layer's shared expert folds its down projection (glu_linear), the routed experts run swiglu (the glue)
+    assert {"glu_linear", "rms_norm", "fused_linear_cross_entropy", *mlps["experts"].ops} <= set(used), used
     assert out.logits is None  # the fused loss ran: no logits
     assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * ref.loss.item()
     assert grads.keys() == ref_grads.keys()

@@ -31,6 +31,9 @@ from .ops.glu import glu_linear
 from .ops.act_linear import act_linear
 from .ops.tiled_mlp import tiled_mlp
 from .ops.clamped_swiglu import clamped_swiglu
+from .ops.moe_glue import moe_gather
+from .ops.moe_glue import moe_expert_gate
+from .ops.moe_glue import moe_combine
 from .ops.relu_squared import relu_squared
 from .ops.softmax import softmax
 from .ops.cross_entropy import cross_entropy

@@ -16,6 +16,7 @@ from .causal_lm import causal_lm_forward, head_problem, uses_default_loss
 from .families import ROPE_LAYOUTS, FamilySpec, Unsupported
 from .mlp_activations import mlp_activation
 from .mlp_forwards import describe_mlp, experts_gate, mlp_forward, mlp_ops, mlp_problem
+from . import moe_experts
 from .norm_forwards import norm_forward, norm_problem
 
 
@@ -69,12 +70,16 @@ def components(spec: FamilySpec, enabled: dict[str, bool]):
     return [c for c in out if enabled[c[0]]]
 
 
-def factory(kind: str, comp, family: str, family_module: str, original, opts: dict):
-    """The Tigon function that replaces ``original`` (the class's attribute) for a component of ``kind``."""
+def factory(kind: str, comp, family: str, family_module: str, original, opts: dict, attr: str | None = None):
+    """The Tigon function that replaces ``original`` (the class's attribute ``attr``; None: the component's own,
+    :func:`attr`) for a component of ``kind``. An MoE experts module has two: its ``_apply_gate`` hook and, where
+    the glue applies (:func:`tigon.integrations.moe_experts.glue_problem`), its ``forward``."""
     if kind in ("rms_norm", "layer_norm"):
         return norm_forward(comp, family, original)
     if kind == "mlp":
         if comp.experts:
+            if attr == "forward":
+                return moe_experts.experts_forward(comp, family, original)
             return experts_gate(comp, family, original)
         if not comp.gated:
             return act_linear_forward(comp, family, original)
@@ -124,7 +129,8 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
     if kind == "layer_norm":
         return "tigon.functional.layer_norm" + (f" (weight + {comp.offset:g})" if comp.offset else "")
     if kind == "mlp":
-        return describe_mlp(module, comp, (opts or {}).get("lora", True))
+        gate = describe_mlp(module, comp, (opts or {}).get("lora", True))
+        return moe_experts.describe(module, comp, gate) if comp.experts and module is not None else gate
     if kind == "fused_add_rms_norm":
         return dl.describe_decoder_layer(comp)
     if kind == "lora":
@@ -160,10 +166,18 @@ def ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...]:
     if kind in ("rms_norm", "layer_norm", "fused_add_rms_norm"):
         return (kind,)
     if kind == "mlp":
+        if comp.experts and module is not None and experts_glue(comp, module):
+            return moe_experts.MOE_OPS
         return mlp_ops(module, comp, (opts or {}).get("lora", True))
     if kind == "lora":
         return ("lora_linear",)
     return (("fused_linear_cross_entropy",) if opts["fused"] else ()) + (("cross_entropy",) if opts["ce"] else ())
+
+
+def experts_glue(comp, module) -> bool:
+    """Whether the MoE experts ``module`` (a built one) also gets the glue forward
+    (:func:`tigon.integrations.moe_experts.experts_forward`) beside its ``_apply_gate`` patch."""
+    return bool(getattr(comp, "experts", False)) and moe_experts.glue_problem(module, comp) is None
 
 
 def checkpoint_ops(kind: str, comp, module=None, opts=None) -> tuple[str, ...] | None:

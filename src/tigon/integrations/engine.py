@@ -5,7 +5,8 @@ Two levels:
 instance (``patch(model)``)
     For every submodule that is an instance of a spec'd class (and does not override the replaced attribute), an
     instance attribute is set to the Tigon function bound to that module: ``forward``, or for v5 MoE experts
-    modules the ``_apply_gate`` hook. Nothing outside the model changes, except the rotary function (below).
+    modules the ``_apply_gate`` hook, and their ``forward`` too where Tigon's glue around the grouped matmuls applies
+    (:mod:`tigon.integrations.moe_experts`). Nothing outside the model changes, except the rotary function (below).
     ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. Every registered
     family whose classes the model contains is applied (a vision-language model's container, language model and
     vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost.
@@ -222,7 +223,11 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         fn = persist.build(persist.Recipe(attr, kind, comp, family, match.family_module, opts), getattr(type(m), attr))
         entry = PatchEntry(kind, target, components.describe(kind, comp, m, opts), components.ops(kind, comp, m, opts),
                            components.checkpoint_ops(kind, comp, m, opts))
-        actions.append(Action(entry, _bind(m, attr, fn)))
+        binds = [(attr, fn)]
+        if kind == "mlp" and components.experts_glue(comp, m):  # MoE experts: the glue forward beside _apply_gate
+            binds.append(("forward", persist.build(persist.Recipe("forward", kind, comp, family, match.family_module,
+                                                                  opts), type(m).forward)))
+        actions.append(Action(entry, _bind_all(m, binds)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -292,9 +297,10 @@ def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: Pat
     return actions
 
 
-def _bind(module, attr: str, fn):
+def _bind_all(module, binds):
     def apply():
-        setattr(module, attr, types.MethodType(fn, module))
+        for attr, fn in binds:
+            setattr(module, attr, types.MethodType(fn, module))
     return apply
 
 

@@ -308,7 +308,7 @@ def family_ops(config: dict) -> set[str] | None:
     config's activation attribute, else the transformers config class's default), ``act_linear`` for its non-gated
     MLPs of a declared activation module when the config names an activation it has (:data:`NONGATED_ACTIVATIONS`),
     ``rope`` when it has a rotary
-    function (or ``rope_interleaved`` / ``mrope`` for its layout), ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    function (or ``rope_interleaved`` / ``mrope`` for its layout), the MoE glue ops for a family with experts, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
     (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
@@ -342,6 +342,8 @@ def family_ops(config: dict) -> set[str] | None:
         ops.add("fused_add_rms_norm")
     if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
         ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
+    if any(m.experts for m in spec.mlps):  # grouped_mm experts: the glue around their grouped matmuls
+        ops |= {"moe_gather", "moe_expert_gate", "moe_combine"}
     return ops | {"cross_entropy", "fused_linear_cross_entropy"}
 
 

@@ -1,7 +1,8 @@
 """Instance-level patches that survive ``copy.deepcopy`` and pickling (``torch.save(model)`` / ``torch.load``).
 
 An instance-level patch is a bound method in the module's ``__dict__`` (``forward``, or ``_apply_gate`` for MoE
-experts), built from a :class:`Recipe` by :func:`build`, which also attaches the recipe to the function.
+experts, and their ``forward`` too where the glue applies), built from a :class:`Recipe` by :func:`build`, which
+also attaches the recipe to the function.
 
 deepcopy
     ``copy`` rebinds a bound method to the copy of its module, so the copy keeps every patch; the rotary dispatcher
@@ -58,7 +59,8 @@ def build(recipe: Recipe, original):
         target = RopeTarget(recipe.family_module, c.function, recipe.family, c.partial_rotary, c.layout, c.head_axis)
         fn = rf.attention_forward(recipe.family, original, target, c if c.layout == "rotate_half" else None)
     else:
-        fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts)
+        fn = components.factory(recipe.kind, recipe.comp, recipe.family, recipe.family_module, original, recipe.opts,
+                                recipe.attr)
     if getattr(fn, RECIPE, None) is None:  # the factories cache their functions: the first recipe is as good
         setattr(fn, RECIPE, recipe)
     return fn

@@ -24,7 +24,7 @@ MODES = ("fwd", "fwd_bwd")
 is their difference)."""
 
 CATEGORY_LABELS = {"norm": "norm", "rotary": "rotary", "activation": "activation", "lm_head_loss": "LM head + loss",
-                   "lora": "LoRA layers (base matmul + adapter)"}
+                   "lora": "LoRA layers (base matmul + adapter)", "moe": "MoE routing glue (gather, gate, combine)"}
 """What ``tigon profile`` calls the parts of a training step Tigon's ops replace (an op record's ``category``) ->
 the label of its row in profile's table. A new category is added here and nowhere else."""
 CATEGORIES = tuple(CATEGORY_LABELS)
@@ -40,7 +40,10 @@ class ModelShapes:
     RMSNorm (Gemma: ``"gemma"``, 1.0). rope_theta: the rotary base. rotary_dim: the rotated dims of each head
     under partial rotary (GPT-NeoX / Pythia, phi, StableLM), None when the whole head is rotated. softcap: the final
     logit soft-cap (Gemma 2), or None. lora_rank: the adapters' rank r of the LoRA ops' rows (``tigon verify
-    --lora R`` sets it; otherwise 16, PEFT fine-tuning's usual r). Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    --lora R`` sets it; otherwise 16, PEFT fine-tuning's usual r). experts, top_k, expert_intermediate: a
+    mixture-of-experts model's routed experts, experts per token and each expert's intermediate size (None: the
+    model's ``intermediate``); 8 and 2 for a dense model (the MoE ops' rows then time a Mixtral-like routing).
+    Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
     """
 
     tokens: int
@@ -58,6 +61,9 @@ class ModelShapes:
     softcap: float | None = None
     rotary_dim: int | None = None
     lora_rank: int = 16
+    experts: int = 8
+    top_k: int = 2
+    expert_intermediate: int | None = None
 
     @property
     def seq(self) -> int:
@@ -73,6 +79,8 @@ class ModelShapes:
         rotary = None if self.rotary_dim is None else max(2, self.rotary_dim * head_dim // self.head_dim // 2 * 2)
         return dataclasses.replace(self, tokens=tokens, batch=1, hidden=_odd(self.hidden),
                                    intermediate=_odd(self.intermediate), head_dim=head_dim, rotary_dim=rotary,
+                                   expert_intermediate=(None if self.expert_intermediate is None
+                                                        else _odd(self.expert_intermediate)),
                                    vocab=_odd(self.vocab))
 
 

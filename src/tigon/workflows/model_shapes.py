@@ -74,5 +74,25 @@ def shapes_from_config(config, tokens: int, batch: int = 1,
         kv_heads=_get(config, "num_key_value_heads", heads), head_dim=head_dim,
         rotary_dim=rotary_dim if 0 < rotary_dim < head_dim else None,
         vocab=vocab, rms_eps=float(_get(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting, rms_offset=offset,
-        rope_theta=float(theta), softcap=_get(config, "final_logit_softcapping"))
+        rope_theta=float(theta), softcap=_get(config, "final_logit_softcapping"), **moe_sizes(config))
     return shapes, caps
+
+
+MOE_FIELDS = {"experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+              "top_k": ("num_experts_per_tok", "top_k", "moe_topk"),
+              "expert_intermediate": ("moe_intermediate_size",)}
+"""ModelShapes' mixture-of-experts sizes -> the config fields that hold them, the first present wins (Qwen3-MoE /
+OLMoE ``num_experts``, Mixtral / GPT-OSS ``num_local_experts``, DeepSeek ``n_routed_experts``)."""
+
+
+def moe_sizes(config) -> dict:
+    """The :class:`ModelShapes` keywords of a mixture-of-experts config's sizes (:data:`MOE_FIELDS`); {} for a dense
+    one (ModelShapes' defaults)."""
+    out = {}
+    for key, names in MOE_FIELDS.items():
+        value = next((v for v in (_get(config, n) for n in names) if isinstance(v, int) and v > 0), None)
+        if value is not None:
+            out[key] = value
+    if "experts" not in out:
+        return {}
+    return out

@@ -1,0 +1,188 @@
+"""tigon.patch's MoE experts forward (tigon.integrations.moe_experts): transformers' grouped_mm experts with Tigon's
+glue, on tiny OLMoE, GPT-OSS (biases, interleaved clamped SwiGLU), Mixtral and Qwen3-MoE models: the loss and every
+gradient (router and biases included) equal to the unpatched model's in fp32; the report says what was replaced and
+why not; per-call fallbacks; unpatch, deepcopy."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+import tigon
+from tigon import support
+from tigon.integrations.marks import tigon_mark
+from tigon.integrations.moe_experts import MOE_OPS
+
+import model_matrix as mm
+
+pytest.importorskip("transformers.integrations.moe")
+
+MODELS = {"olmoe": mm.MORE_FAMILIES["olmoe"], "gpt_oss": mm.MORE_FAMILIES["gpt_oss"], "mixtral": mm.CASES["mixtral"],
+          "qwen3_moe": mm.CASES["qwen3_moe"]}
+# the other families with grouped_mm experts (their default experts implementation): the same step equality
+MORE = {name: mm.MORE_FAMILIES[name] for name in ("hunyuan_v1_moe", "deepseek_v3", "qwen3_next", "qwen3_5_moe",
+                                                   "gemma4", "granitemoe", "deepseek_v4") if name in mm.MORE_FAMILIES}
+MODELS.update(MORE)
+ONLY_MLP = dict(rms_norm=False, rope=False, fused_add_rms_norm=False, fused_linear_cross_entropy=False, sinks=False)
+
+
+def build(name: str, experts: str = "grouped_mm"):
+    mm.require_family(MODELS[name][0])
+    model_type, overrides = MODELS[name][:2]
+    model = mm.build(model_type, {**overrides, "experts_implementation": experts})
+    return model.float()
+
+
+def step(model, seed: int = 1):
+    ids = torch.randint(3, mm.V, (2, 12), generator=torch.Generator().manual_seed(seed)).to(mm.DEVICE)
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_step(a, b, rtol=1e-5):
+    (la, ga), (lb, gb) = a, b
+    torch.testing.assert_close(la, lb, rtol=rtol, atol=0)
+    assert set(ga) == set(gb)
+    for n in ga:
+        err = ((ga[n] - gb[n]).norm() / gb[n].norm().clamp_min(1e-30)).item()
+        assert err <= rtol, f"{n}: relative error {err:.2e}"
+
+
+def is_experts(m) -> bool:
+    return isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
+
+
+def experts_entries(report):
+    return [e for e in report.replaced if e.kind == "mlp" and e.target.rsplit(".", 1)[-1] == "experts"]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_training_step_equals_grouped_mm_experts(name):
+    model = build(name)
+    want = step(model)
+    support.backend_usage(reset=True)
+    report = tigon.patch(model, **ONLY_MLP)
+    entries = experts_entries(report)
+    assert entries and all(e.ops == MOE_OPS for e in entries), report
+    assert all("moe_expert_gate" in e.detail for e in entries)
+    if name == "gpt_oss":
+        assert "clamped_swiglu" in entries[0].detail and "per-expert biases" in entries[0].detail
+    experts = [m for m in model.modules() if is_experts(m)]
+    assert all("forward" in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
+    got = step(model)
+    assert_same_step(got, want)  # loss, router, experts' weights and biases, everything else
+    used = support.backend_usage()
+    assert all(op in used for op in MOE_OPS), used
+    tigon.unpatch(model)
+    assert not any("forward" in m.__dict__ or "_apply_gate" in m.__dict__ for m in experts)
+    assert_same_step(step(model), want, rtol=0)
+
+
+def test_other_experts_implementations_keep_only_the_gate_hook():
+    model = build("olmoe", experts="batched_mm")
+    report = tigon.patch(model, **ONLY_MLP)
+    entries = experts_entries(report)
+    assert entries and all(e.ops == ("swiglu",) for e in entries), report
+    assert all("forward left as is (config._experts_implementation is 'batched_mm'" in e.detail for e in entries)
+    experts = [m for m in model.modules() if type(m).__name__ == "OlmoeExperts"]
+    assert all("forward" not in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
+
+
+def test_per_call_fallbacks_run_the_class_forward():
+    # patched for grouped_mm; the eager loop chosen later, or expert parallelism turned on, run transformers' forward
+    model = build("olmoe")
+    want = step(model)
+    tigon.patch(model, **ONLY_MLP)
+    model.config._experts_implementation = "eager"
+    support.backend_usage(reset=True)
+    got = step(model)
+    assert "moe_combine" not in support.backend_usage()
+    assert_same_step(got, want)
+    model.config._experts_implementation = "grouped_mm"
+    for m in model.modules():
+        if type(m).__name__ == "OlmoeExperts":
+            m.has_post_expert_norm = False  # (5.17 has no such flag: False is what transformers' forward reads)
+            m._is_expert_parallel = True
+    support.backend_usage(reset=True)
+    assert_same_step(step(model), want)
+    assert "moe_combine" not in support.backend_usage()
+
+
+def test_modules_it_cannot_take_are_left_with_a_reason(monkeypatch):
+    model = build("olmoe")
+    experts = next(m for m in model.modules() if type(m).__name__ == "OlmoeExperts")
+    experts._is_expert_parallel = True
+    report = tigon.patch(model, **ONLY_MLP)
+    detail = next(e.detail for e in report.replaced if e.target.endswith("layers.0.mlp.experts"))
+    assert "forward left as is (expert / tensor parallel" in detail
+    assert "forward" not in experts.__dict__
+    tigon.unpatch(model)
+    # a custom _apply_gate (an unknown gating function): the experts are left alone, forward included
+    monkeypatch.setattr(type(experts), "_apply_gate", lambda self, gate_up: gate_up[:, ::2])
+    experts._is_expert_parallel = False
+    report = tigon.patch(model, **ONLY_MLP)
+    assert not experts_entries(report)
+    assert any("defines its own _apply_gate" in e.detail for e in report.skipped), report
+    assert "forward" not in experts.__dict__
+
+
+def test_mlp_off_leaves_the_experts_alone():
+    model = build("mixtral")
+    report = tigon.patch(model, mlp=False)
+    assert "mlp" not in report.counts
+    assert not any(k in m.__dict__ for m in model.modules() for k in ("forward", "_apply_gate")
+                   if type(m).__name__ == "MixtralExperts")
+
+
+def test_deepcopy_keeps_the_glue_forward():
+    model = build("gpt_oss")
+    want = step(model)
+    tigon.patch(model, **ONLY_MLP)
+    clone = copy.deepcopy(model)
+    experts = [m for m in clone.modules() if is_experts(m)]
+    assert all(m.__dict__["forward"].__self__ is m and m.__dict__["_apply_gate"].__self__ is m for m in experts)
+    support.backend_usage(reset=True)
+    assert_same_step(step(clone), want)
+    assert "moe_combine" in support.backend_usage()
+
+
+def test_pickled_experts_keep_the_glue_forward():
+    # (the whole tiny model holds transformers' output-capturing hooks, local functions that do not pickle)
+    model = build("gpt_oss")
+    tigon.patch(model, **ONLY_MLP)
+    experts = pickle.loads(pickle.dumps(next(m for m in model.modules() if is_experts(m))))
+    assert tigon_mark(experts.__dict__["forward"]).get("experts_forward")
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, experts.gate_up_proj.shape[1], generator=gen)
+    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(5)])
+    weights = torch.rand(5, 2, generator=gen)
+    support.backend_usage(reset=True)
+    torch.testing.assert_close(experts(hidden, index, weights), type(experts).forward(experts, hidden, index, weights),
+                               rtol=1e-5, atol=1e-6)
+    assert "moe_combine" in support.backend_usage()
+
+
+def test_benchmark_script_runs_tiny_on_the_cpu(tmp_path):
+    # benchmarks/moe_glue_bench.py (the GPU session's timing of one layer's experts), on tiny experts: every provider
+    # patched as it says and equal to transformers' grouped_mm experts
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "moe_glue_bench.py"
+    spec = importlib.util.spec_from_file_location("moe_glue_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "moe.json"
+    bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--tokens", "12", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [m["model"] for m in result["models"]] == list(bench.MODELS)
+    for row in result["models"]:
+        p = row["providers"]
+        assert set(p) == set(bench.PROVIDERS) and row["glue_min_bytes"] > 0
+        assert p["tigon_glue"]["detail"].startswith("forward: transformers' grouped_mm experts with Tigon's glue")
+        assert p["tigon_gate"]["detail"].startswith("the class's forward")
+        assert all(r["max_abs_diff_vs_hf"] < 1e-5 and r["fwd_bwd_ms"] > 0 for r in p.values())
