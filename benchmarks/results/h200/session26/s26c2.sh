@@ -1,7 +1,19 @@
-# Session 26, call 2 (carry .peers/w): GPT-OSS's attention with sinks through SDPA (session 25's
-# tigon.integrations.sink_attention, never run on a GPU): its CUDA tests, one layer against eager, then the
-# GPT-OSS-20B-shape e2e row (issue 20: >= 1.15x HF eager and >= Liger at peak <= Liger's; session 25 on an H100:
-# 1.12x HF, 1.04x Liger without it), with HF + compile but not Tigon + compile (device time), each provider's
-# last step profiled (kernels by kind: where the MoE glue's time goes); about 480 s
+# Session 26, call 2 (carry .peers/w), issue 20's GPT-OSS row with this session's MoE glue and session 25's sink
+# attention, both new on a GPU:
+# - CUDA tests of the MoE glue ops and experts forward (tigon.kernels.moe_glue, integrations.moe_experts) and of the
+#   sink attention (integrations.sink_attention);
+# - one experts layer fwd + bwd, HF grouped_mm vs Tigon's gate hook vs the glue (benchmarks/moe_glue_bench.py: OLMoE-1B-7B
+#   and GPT-OSS-20B shapes, 8192 tokens); one attention layer with sinks, SDPA vs eager (sink_attention_bench.py);
+# - the GPT-OSS-20B-shape e2e row, HF eager, Tigon, Liger, each last step profiled (goal >= 1.15x HF eager, >= Liger,
+#   peak <= Liger's; session 25 on an H100: 1.12x HF, 1.04x Liger; HF + compile 29,573 tok/s there); about 480 s
 #   bash benchmarks/results/h200/session26/s26c2.sh
-PROVIDERS=original,tigon,liger,original_compile E2E_ARGS=--kernel-summary bash benchmarks/results/h200/session25/s25c2.sh
+source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
+W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1
+timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_moe_glue.py \
+  tests/test_moe_experts.py tests/test_sink_attention.py > $W/pytest-c2.log 2>&1; echo "pytest rc $?"
+grep -E "^FAILED|^ERROR|passed|failed" $W/pytest-c2.log | tail -6
+timeout 70 python3 benchmarks/moe_glue_bench.py --out $W/moe-glue_$G.json 2>&1 | grep -v Warn | tail -10
+timeout 50 python3 benchmarks/sink_attention_bench.py --out $W/sink-attention_$G.json 2>&1 | grep -v Warn | tail -8
+(cd $W && tar czf $OUT/s26c2a.tgz .) && rm -rf $W
+PROVIDERS=original,tigon,liger E2E_ARGS=--kernel-summary bash benchmarks/results/h200/session22/s22c_moe.sh gpt-oss-20b
