@@ -220,7 +220,7 @@ def test_advice_names_the_memory_a_left_out_kind_gives_back():
 
 
 def test_profile_times_the_op_a_replacement_runs_and_names_what_it_cannot_time():
-    # GPT-OSS (issue 20): the MLP kind runs clamped_swiglu (a bandwidth op: timed as itself, not as swiglu); the
+    # GPT-OSS (issue 20): the MLP kind runs the MoE glue, whose gate op is timed (a bandwidth op, not swiglu); the
     # sinks kind runs no op of the registry (torch SDPA): not timed, and a note says so
     from transformers import GptOssConfig
 
@@ -230,5 +230,6 @@ def test_profile_times_the_op_a_replacement_runs_and_names_what_it_cannot_time()
                        layer_types=["sliding_attention", "full_attention"])
     kinds, _, counts, notes, _ = P._replacements(hfc)
     ops = {k["kind"]: k["op"] for k in kinds}
-    assert ops["mlp"] == "clamped_swiglu" and "sinks" not in ops and counts["sinks"] == 2
+    # (the experts run Tigon's glue forward: its gate, bias + clamped SwiGLU, is the activation op timed)
+    assert ops["mlp"] == "moe_expert_gate" and "sinks" not in ops and counts["sinks"] == 2
     assert any(n.startswith("sinks (2 modules) is replaced but not timed") for n in notes)

@@ -36,6 +36,8 @@ from .mlp_activations import mlp_activation
 
 MOE_OPS = ("moe_gather", "moe_expert_gate", "moe_combine")
 """The :mod:`tigon.functional` ops the experts forward runs (the report's ``ops``)."""
+MOE_GATE_OP = MOE_OPS[1]
+"""The one of them that holds the experts' activation (what ``tigon profile`` times for the MLP kind)."""
 
 _GATE_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh",
                     ("clamped_swiglu", None): "clamped_swiglu"}

@@ -138,6 +138,7 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
     from ..integrations.engine import PATCH_KEYWORDS
     from ..integrations.families import ADAPTERS, kind_op
     from ..integrations.marks import tigon_mark
+    from ..integrations.moe_experts import MOE_GATE_OP
     from ..integrations.report import KIND_CATEGORIES
     from ..ops import registry
     from .dry_run import PatchRejected, dry_run
@@ -181,6 +182,8 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
         # scales the activation category by the op's ratio)
         if one in lora_mlp_ops | lora_qkv_ops or (one in specs and specs[one].flops is None):
             op = one
+        elif MOE_GATE_OP in declared:  # MoE experts with Tigon's glue forward: the gate holds the activation
+            op = MOE_GATE_OP
         else:
             op = kind_op(kind, hfc)
         if op in specs:
