@@ -299,3 +299,74 @@ def test_group_norm_past_2_31_elements(positions):
     _check_rows("group_norm dx", x.grad.view(b, per_row), xt.grad.reshape(-1, per_row), b0)
     _zero_before("group_norm dx", x.grad, b0)
     assert rel_l2(w.grad, wt.grad) < TOL and rel_l2(bias.grad, bt.grad) < TOL
+
+
+def _even_offsets(rows: int, experts: int) -> torch.Tensor:
+    """grouped_mm's cumulative rows of ``experts`` experts sharing ``rows`` sorted rows about evenly (int32, CUDA)."""
+    return torch.linspace(rows / experts, rows, experts, device=BF16["device"]).round().to(torch.int32)
+
+
+def _rebased(offsets: torch.Tensor, base: int) -> torch.Tensor:
+    """The offsets of the rows from ``base`` on (those of the float64 reference on the checked slice)."""
+    return (offsets.long() - base).clamp(min=0).to(torch.int32)
+
+
+@pytest.mark.parametrize("activation", ["silu", "clamped_swiglu"])
+def test_moe_expert_gate_past_2_31_elements(activation):
+    # gate_up (S, 2I) past 2**31 elements, 8 experts with biases; the bias gradient comes from the checked rows alone
+    from tigon.reference import moe_glue as ref_moe
+
+    n2, e = 4096, 8
+    s = (PAST + MORE) // n2 + 1
+    r0 = _first_row(n2)
+    offsets = _even_offsets(s, e)
+    gu = torch.randn(s, n2, **BF16).requires_grad_(True)
+    bias = (0.1 * torch.randn(e, n2, **BF16)).requires_grad_(True)
+    limit = 7.0 if activation == "clamped_swiglu" else None  # (GPT-OSS's swiglu_limit)
+    h = F.moe_expert_gate(gu, offsets, bias, activation, limit=limit)
+    dh = _upstream_after(h.shape, r0)
+    h.backward(dh)
+    gt, bt = _leaf(gu.detach()[r0:]), _leaf(bias.detach())
+    want = ref_moe.moe_expert_gate(gt, _rebased(offsets, r0), bt, activation, limit=limit)
+    want.backward(dh[r0:].double())
+    _check_rows(f"moe_expert_gate {activation} output", h.detach(), want, r0)
+    _check_rows(f"moe_expert_gate {activation} d gate_up", gu.grad, gt.grad, r0)
+    _zero_before("moe_expert_gate d gate_up", gu.grad, r0)
+    assert rel_l2(bias.grad, bt.grad) < TOL
+
+
+def test_moe_gather_and_combine_past_2_31_elements():
+    # the sorted rows (S = T k, H) past 2**31 elements, k = 2, positions in token order (row t k + j), 8 experts with
+    # biases; checked from the token whose first row holds element 2**31 - 1 (minus one), gradients from there alone
+    from tigon.reference import moe_glue as ref_moe
+
+    h, k, e = 4096, 2, 8
+    t = (PAST + MORE) // (h * k) + 1
+    s = t * k
+    t0 = _first_row(h) // k
+    r0 = t0 * k
+    positions = torch.arange(s, device=BF16["device"]).view(t, k)
+    offsets = _even_offsets(s, e)
+    x = torch.randn(t, h, **BF16).requires_grad_(True)
+    rows = F.moe_gather(x, positions)
+    d_rows = _upstream_after(rows.shape, r0)
+    rows.backward(d_rows)
+    assert torch.equal(rows.detach()[r0:], x.detach()[t0:].repeat_interleave(k, dim=0)), "moe_gather rows"
+    _check_rows("moe_gather dx", x.grad, d_rows[r0:].double().view(-1, k, h).sum(1), t0)
+    _zero_before("moe_gather dx", x.grad, t0)
+    del rows, d_rows, x
+
+    y = torch.randn(s, h, **BF16).requires_grad_(True)
+    w = torch.rand(t, k, **BF16).requires_grad_(True)
+    bias = (0.1 * torch.randn(e, h, **BF16)).requires_grad_(True)
+    out = F.moe_combine(y, w, positions, offsets, bias)
+    dout = _upstream_after(out.shape, t0)
+    out.backward(dout)
+    yt, wt, bt = _leaf(y.detach()[r0:]), _leaf(w.detach()[t0:]), _leaf(bias.detach())
+    want = ref_moe.moe_combine(yt, wt, positions[t0:] - r0, _rebased(offsets, r0), bt)
+    want.backward(dout[t0:].double())
+    _check_rows("moe_combine output", out.detach(), want, t0)
+    _check_rows("moe_combine d x", y.grad, yt.grad, r0)
+    _zero_before("moe_combine d x", y.grad, r0)
+    _check_rows("moe_combine d weights", w.grad, wt.grad, t0)
+    assert rel_l2(bias.grad, bt.grad) < TOL
