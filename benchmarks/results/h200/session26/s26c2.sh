@@ -10,7 +10,7 @@
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1
-timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_moe_glue.py \
+timeout 140 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_moe_glue.py \
   tests/test_moe_experts.py tests/test_sink_attention.py "tests/test_large_offsets.py::test_moe_expert_gate_past_2_31_elements" \
   "tests/test_large_offsets.py::test_moe_gather_and_combine_past_2_31_elements" > $W/pytest-c2.log 2>&1; echo "pytest rc $?"
 grep -E "^FAILED|^ERROR|passed|failed" $W/pytest-c2.log | tail -6
