@@ -357,13 +357,19 @@ def expert_gate_forward(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torc
     offs = _dense(offsets)
     mode = launch_mode(gu.device)
     block_m, block_n, warps, grid = _launch_shape(S, N, TILE_ELEMS[mode.compiled])
-    interleaved = activation == "clamped_swiglu"
-    mode[_expert_gate_fwd][grid](
-        gu, b, offs, out, S, N, offsets.shape[0], gu.stride(0), b.stride(0), float(alpha),
-        0.0 if limit is None else float(limit), ACTIVATION=ACTIVATIONS["clamped_silu" if interleaved else activation],
-        HAS_BIAS=bias is not None, INTERLEAVED=interleaved, CLAMP=limit is not None and not interleaved,
-        STEPS=_steps(offsets), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    scalars, meta = _gate_launch_args(activation, alpha, limit, bias, offsets)
+    mode[_expert_gate_fwd][grid](gu, b, offs, out, S, N, offsets.shape[0], gu.stride(0), b.stride(0), *scalars,
+                                 **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     return out
+
+
+def _gate_launch_args(activation: str, alpha: float, limit: float | None, bias, offsets) -> tuple[tuple, dict]:
+    """The gate kernels' trailing ``(alpha, limit)`` fp32 scalars and their constexpr options (activation, bias,
+    interleaved columns, DeepSeek-V4's clamp, the binary search's steps)."""
+    interleaved = activation == "clamped_swiglu"
+    meta = dict(ACTIVATION=ACTIVATIONS["clamped_silu" if interleaved else activation], HAS_BIAS=bias is not None,
+                INTERLEAVED=interleaved, CLAMP=limit is not None and not interleaved, STEPS=_steps(offsets))
+    return (float(alpha), 0.0 if limit is None else float(limit)), meta
 
 
 def expert_gate_backward(dy: torch.Tensor, gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
@@ -377,13 +383,9 @@ def expert_gate_backward(dy: torch.Tensor, gate_up: torch.Tensor, offsets: torch
         offs = _dense(offsets)
         mode = launch_mode(gu.device)
         block_m, block_n, warps, grid = _launch_shape(S, N, TILE_ELEMS[mode.compiled])
-        interleaved = activation == "clamped_swiglu"
-        mode[_expert_gate_bwd][grid](
-            d2, gu, b, offs, dgu, S, N, offsets.shape[0], d2.stride(0), gu.stride(0), b.stride(0), float(alpha),
-            0.0 if limit is None else float(limit),
-            ACTIVATION=ACTIVATIONS["clamped_silu" if interleaved else activation], HAS_BIAS=bias is not None,
-            INTERLEAVED=interleaved, CLAMP=limit is not None and not interleaved, STEPS=_steps(offsets),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        scalars, meta = _gate_launch_args(activation, alpha, limit, bias, offsets)
+        mode[_expert_gate_bwd][grid](d2, gu, b, offs, dgu, S, N, offsets.shape[0], d2.stride(0), gu.stride(0),
+                                     b.stride(0), *scalars, **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
     db = segment_sum(dgu, offsets, bias.dtype) if need_bias else None
     return dgu, db
 
