@@ -170,3 +170,50 @@ def test_bad_input(device):
         ref.moe_gather(x, torch.zeros_like(pos))
     with pytest.raises(ValueError, match="offsets must be nonnegative and nondecreasing"):
         ref.moe_expert_gate(gu, offs.flip(0))
+
+
+def test_bad_routing_raises_on_the_kernel_path_too(device):
+    # the public ops check CPU positions / offsets before the kernels run (not only the reference); index dtypes other
+    # than int32 / int64 are refused by name (uint8 positions were a boolean mask to the reference's indexing)
+    d = inputs(4, 2, 3, 8, 3, torch.float32, device)
+    x, pos, offs, gu, y, w = d["x"], d["positions"], d["offsets"], d["gate_up"], d["y"], d["weights"]
+    for dtype in (torch.uint8, torch.int16):
+        with pytest.raises(TypeError, match="positions must be an int32 or int64 tensor"):
+            F.moe_gather(x, pos.to(dtype))
+        with pytest.raises(TypeError, match="offsets must be an int32 or int64 tensor"):
+            F.moe_expert_gate(gu, offs.to(dtype))
+    torch.testing.assert_close(F.moe_gather(x, pos.int()), F.moe_gather(x, pos), rtol=0, atol=0)
+    if device != "cpu":
+        pytest.skip("CUDA routing is not read on the host (see the kernel-bounds test)")
+    for bad in (pos.clamp_max(3), torch.where(pos == 7, 8, pos), torch.where(pos == 0, -1, pos)):
+        with pytest.raises(ValueError, match="positions must hold each sorted row"):
+            F.moe_gather(x, bad)
+        with pytest.raises(ValueError, match="positions must hold each sorted row"):
+            F.moe_combine(y, w, bad)
+    for bad in (offs.flip(0), offs - 10):
+        with pytest.raises(ValueError, match="offsets must be nonnegative and nondecreasing"):
+            F.moe_expert_gate(gu, bad, d["gate_bias"])
+        with pytest.raises(ValueError, match="offsets must be nonnegative and nondecreasing"):
+            F.moe_combine(y, w, pos, bad, d["down_bias"])
+
+
+def test_kernels_stay_in_bounds_with_unchecked_routing(device):
+    # CUDA routing is not read on the host: a position outside [0, T*k) or an offset past the rows reads nothing
+    # beyond the tensors. Rows past S of a larger buffer hold NaN: any read of them would show in the results
+    from tigon.kernels import moe_glue as k
+    from tigon.support import decide
+
+    if decide(torch.device(device), torch.float32).backend not in ("triton", "interpreter"):
+        pytest.skip("no kernel backend here")
+    d = inputs(5, 2, 3, 8, 3, torch.float32, device)
+    pos, offs, w = d["positions"], d["offsets"], d["weights"]
+    S = pos.numel()
+    big = torch.full((S + 4, 8), float("nan"), device=device)
+    big[:S] = d["y"]
+    src = big[:S]
+    bad = torch.where(pos == 3, S + 1, torch.where(pos == 4, -1, pos))
+    out = k.to_tokens(src, bad, w, d["down_bias"], offs)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(k.to_rows(d["x"], bad, w, src, d["down_bias"], offs)[1]).all()
+    assert torch.isfinite(k.segment_sum(src, offs + 3, torch.float32)).all()
+    assert torch.isfinite(k.segment_sum(src, offs - 20, torch.float32)).all()

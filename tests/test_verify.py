@@ -201,3 +201,12 @@ def test_cross_entropy_flag_cases_are_registered_and_pass_on_cpu():
                                                      "grad_in_forward=True (upstream 1)")]
     assert len(rows) == 3 * 2 * 2 and all(r["passed"] for r in rows)  # 3 cases x 2 dtypes x (out, grad_logits)
     assert not res.errors
+
+
+def test_summary_prints_the_originals_brackets_literally(capsys, monkeypatch):
+    # the originals' names hold indexing ("[inv_perm]", "[perm // top_k]"): printed as text, not read as rich markup
+    monkeypatch.setenv("COLUMNS", "240")
+    assert main(["verify", "--op", "moe_combine,moe_gather", "--dtype", "float32", "--tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "moe_combine: (out + bias[ids]) * w, [inv_perm]," in out  # the summary's row (the table titles escape)
+    assert "moe_gather: hidden_states[perm // top_k]" in out

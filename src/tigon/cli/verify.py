@@ -195,7 +195,7 @@ def _render_verify(r: dict[str, Any], written: str | None) -> None:
                                           if k in ("tokens", "hidden", "intermediate", "head_dim", "vocab")))
     for cap in r["caps"]:
         summary.add_row("capped", cap)
-    summary.add_row("originals", "\n".join(f"{op}: {name}" for op, name in r["originals"].items()))
+    summary.add_row("originals", "\n".join(f"{op}: {escape(name)}" for op, name in r["originals"].items()))
     summary.add_row("time", f"{r['elapsed_s']:.1f} s")
     console.print(summary)
     _print_footer(console, r["notes"], written)

@@ -153,16 +153,17 @@ def _segment_sum(
     SRC,  # (S, N) sorted rows, unit column stride, row stride stride_src
     OFFS,  # (E,) cumulative rows per expert
     OUT,  # (E, N) per-expert sums, contiguous
-    N, stride_src, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    M, N, stride_src, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """``OUT[e] = sum of SRC's rows offsets[e-1] .. offsets[e]-1`` in fp32, in row order within each lane
-    (deterministic), one program per (expert, column block)."""
+    (deterministic), one program per (expert, column block). The bounds are clamped to [0, M] (M = SRC's rows): an
+    offset past the rows or below 0 (unchecked CUDA offsets) reads nothing out of bounds."""
     n_col_blocks = tl.cdiv(N, BLOCK_N)
     e = tl.program_id(0) // n_col_blocks
     cols = (tl.program_id(0) % n_col_blocks).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    end = tl.load(OFFS + e).to(tl.int64)
-    start = tl.load(OFFS + e - 1, mask=e > 0, other=0).to(tl.int64)
+    end = tl.minimum(tl.maximum(tl.load(OFFS + e).to(tl.int64), 0), M)
+    start = tl.minimum(tl.maximum(tl.load(OFFS + e - 1, mask=e > 0, other=0).to(tl.int64), 0), M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for r in range(start, end, BLOCK_M):
         rows = r + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -191,10 +192,11 @@ def _to_tokens(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for j in tl.static_range(K):
         p = tl.load(POS + rows * K + j, mask=rmask, other=0).to(tl.int64)
-        v = tl.load(SRC + p[:, None] * stride_src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        pmask = mask & ((p >= 0) & (p < T * K))[:, None]  # (a position out of range reads nothing)
+        v = tl.load(SRC + p[:, None] * stride_src + cols[None, :], mask=pmask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             e = _row_expert(p, OFFS, E, STEPS)
-            v += tl.load(BIAS + e[:, None] * stride_b + cols[None, :], mask=mask & (e < E)[:, None],
+            v += tl.load(BIAS + e[:, None] * stride_b + cols[None, :], mask=pmask & (e < E)[:, None],
                          other=0.0).to(tl.float32)
         if HAS_W:
             v = v * tl.load(W + rows * K + j, mask=rmask, other=0.0).to(tl.float32)[:, None]
@@ -224,6 +226,7 @@ def _to_rows(
         rmask = rows < T
         for j in tl.static_range(K):
             p = tl.load(POS + rows * K + j, mask=rmask, other=0).to(tl.int64)
+            prmask = rmask & (p >= 0) & (p < T * K)  # (a position out of range is neither read nor written)
             w = tl.load(W + rows * K + j, mask=rmask, other=0.0).to(tl.float32)
             if HAS_BIAS:
                 e = _row_expert(p, OFFS, E, STEPS)
@@ -231,13 +234,14 @@ def _to_rows(
             for c in range(0, N, BLOCK_N):
                 cols = c + tl.arange(0, BLOCK_N).to(tl.int64)
                 mask = rmask[:, None] & (cols < N)[None, :]
+                pmask = prmask[:, None] & (cols < N)[None, :]
                 s = tl.load(SRC + rows[:, None] * stride_src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                x = tl.load(X + p[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + p[:, None] * stride_x + cols[None, :], mask=pmask, other=0.0).to(tl.float32)
                 if HAS_BIAS:
-                    x += tl.load(BIAS + e[:, None] * stride_b + cols[None, :], mask=mask & (e < E)[:, None],
+                    x += tl.load(BIAS + e[:, None] * stride_b + cols[None, :], mask=pmask & (e < E)[:, None],
                                  other=0.0).to(tl.float32)
                 acc += tl.sum(x * s, axis=1)
-                tl.store(DST + p[:, None] * N + cols[None, :], (s * w[:, None]).to(DST.dtype.element_ty), mask=mask)
+                tl.store(DST + p[:, None] * N + cols[None, :], (s * w[:, None]).to(DST.dtype.element_ty), mask=pmask)
             tl.store(DW + rows * K + j, acc.to(DW.dtype.element_ty), mask=rmask)
     else:
         rows, cols, mask = tile(T, N, BLOCK_M, BLOCK_N)
@@ -250,7 +254,7 @@ def _to_rows(
                 v = (s.to(tl.float32) * w[:, None]).to(DST.dtype.element_ty)
             else:
                 v = s.to(DST.dtype.element_ty)
-            tl.store(DST + p[:, None] * N + cols[None, :], v, mask=mask)
+            tl.store(DST + p[:, None] * N + cols[None, :], v, mask=mask & ((p >= 0) & (p < T * K))[:, None])
 
 
 # ----------------------------------------------------------------------------------------------------- launchers
@@ -340,8 +344,8 @@ def segment_sum(src: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype) ->
     target = TILE_ELEMS[mode.compiled]
     block_n = min(next_pow2(N), 128 if mode.compiled else target)  # 128 columns: E x N/128 programs fill the GPU
     block_m = max(1, min(target // block_n, 32 if mode.compiled else target))
-    mode[_segment_sum][(E * cdiv(N, block_n),)](src, offs, out, N, src.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
-                                                num_warps=warps_for(block_m * block_n))
+    mode[_segment_sum][(E * cdiv(N, block_n),)](src, offs, out, src.shape[0], N, src.stride(0), BLOCK_M=block_m,
+                                                BLOCK_N=block_n, num_warps=warps_for(block_m * block_n))
     return out
 
 

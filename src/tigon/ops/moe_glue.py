@@ -22,8 +22,19 @@ from ..support import TORCH_CODE, select_backend
 from ._record import Case, OpSpec, rand, randn, sizes
 
 
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _index_dtype(name: str, t) -> None:
+    """int32 / int64 only: the dtypes grouped_mm's offsets and the sort's indices have (an int16 or uint8 index is
+    another thing to PyTorch's indexing: uint8 is a mask)."""
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got dtype {t.dtype}")
+
+
 def _positions(positions, tokens: int, name: str = "positions") -> tuple[int, int]:
     _checks.tensor(name, positions, integer=True, ndim=2)
+    _index_dtype(name, positions)
     if positions.shape[0] != tokens:
         raise ValueError(f"{name} must have one row per token ({tokens}), got shape {tuple(positions.shape)}")
     return positions.shape
@@ -31,6 +42,7 @@ def _positions(positions, tokens: int, name: str = "positions") -> tuple[int, in
 
 def _offsets(offsets) -> int:
     _checks.tensor("offsets", offsets, integer=True, ndim=1)
+    _index_dtype("offsets", offsets)
     if offsets.shape[0] == 0:
         raise ValueError("offsets must have one entry per expert (E >= 1), got shape (0,)")
     return offsets.shape[0]
@@ -46,6 +58,17 @@ def _torch_code(op: str, t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or select_backend(op, t) in TORCH_CODE
 
 
+def _host_checks(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> None:
+    """The kernel path's checks of CPU ``positions`` (a permutation) and ``offsets`` (nonnegative, nondecreasing), as
+    the reference's. CUDA ones are not read (a device sync per call): the kernels then read and write nothing out of
+    bounds (a position outside [0, T*k) is skipped, the offsets clamped to the rows), but such inputs give undefined
+    values."""
+    if positions is not None and positions.is_cpu:
+        ref.check_positions(positions)
+    if offsets is not None and offsets.is_cpu:
+        ref.check_offsets(offsets)
+
+
 def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The routed tokens in rows sorted by expert: ``out[positions[t, j]] = x[t]`` (transformers ``integrations/moe.py``
     ``grouped_mm_experts_forward``'s ``hidden_states[perm // num_top_k]``, with ``positions`` its ``inv_perm`` viewed
@@ -56,21 +79,23 @@ def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: (T, H) float32 / bfloat16 / float16 (other float dtypes run the reference), any strides.
-        positions: (T, k) integer, the sorted row of each (token, slot): a permutation of 0 .. T*k-1 (not checked on
-            the kernel path; the reference checks it).
+        positions: (T, k) int32 / int64, the sorted row of each (token, slot): a permutation of 0 .. T*k-1, checked
+            for CPU tensors (a sort); CUDA ones are not read (a device sync per call): there a position outside
+            [0, T*k) is skipped (nothing out of bounds), a repeated one leaves rows undefined.
 
     Returns:
         (T*k, H) contiguous in x's dtype; x's gradient in its dtype.
 
     Raises:
-        TypeError: x not a floating tensor, positions not an integer tensor.
-        ValueError: wrong dimensions, positions' rows not x's; (reference) positions not a permutation.
+        TypeError: x not a floating tensor, positions not an int32 / int64 tensor.
+        ValueError: wrong dimensions, positions' rows not x's, (CPU) positions not a permutation.
     """
     _checks.tensor("x", x, floating=True, ndim=2)
     _positions(positions, x.shape[0])
     _checks.same_device(x=x, positions=positions)
     if _torch_code("moe_gather", x):
         return ref.moe_gather(x, positions)
+    _host_checks(positions, None)
     from ..kernels import moe_glue as k
 
     return k.MoEGatherFunction.apply(x, positions)
@@ -93,8 +118,9 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
 
     Args:
         gate_up: (S, 2I) float32 / bfloat16 / float16, rows sorted by expert; unit column stride or a copy is made.
-        offsets: (E,) integer, cumulative rows per expert (grouped_mm's ``offs``), nondecreasing; rows at or past
-            ``offsets[-1]`` get no bias.
+        offsets: (E,) int32 / int64, cumulative rows per expert (grouped_mm's ``offs``), nonnegative and
+            nondecreasing (checked for CPU tensors; CUDA ones are not read, and are clamped to [0, S] where read);
+            rows at or past ``offsets[-1]`` get no bias.
         bias: (E, 2I) float or None.
         activation: one of ``"silu"``, ``"gelu"``, ``"gelu_tanh"``, ``"clamped_swiglu"``.
         alpha: GPT-OSS's sigmoid slope (``"clamped_swiglu"`` only), finite.
@@ -105,9 +131,9 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
         (S, I) contiguous in gate_up's dtype; gradients in gate_up's and the bias's dtypes.
 
     Raises:
-        TypeError: a tensor of the wrong kind, alpha / limit not a real number.
+        TypeError: a tensor of the wrong kind (offsets not int32 / int64), alpha / limit not a real number.
         ValueError: shapes (gate_up's width odd, bias not (E, 2I)), unknown activation, a limit missing or not allowed,
-            not positive and finite.
+            not positive and finite, (CPU) offsets negative or decreasing.
     """
     _checks.tensor("gate_up", gate_up, floating=True, ndim=2)
     if gate_up.shape[1] % 2:
@@ -128,6 +154,7 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
         raise ValueError("activation='clamped_swiglu' (GPT-OSS) needs a limit (config.swiglu_limit)")
     if _torch_code("moe_expert_gate", gate_up):
         return ref.moe_expert_gate(gate_up, offsets, bias, activation, alpha, limit)
+    _host_checks(None, offsets)
     from ..kernels import moe_glue as k
 
     return k.MoEExpertGateFunction.apply(gate_up, offsets, bias, activation, alpha, limit)
@@ -147,16 +174,17 @@ def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
     Args:
         x: (T*k, H) float32 / bfloat16 / float16, the down grouped matmul's output in sorted rows.
         weights: (T, k) float, the routing weights in token order (HF's ``top_k_weights``).
-        positions: (T, k) integer, as :func:`moe_gather`'s.
-        offsets: (E,) integer, as :func:`moe_expert_gate`'s; needed with a bias (else unused).
+        positions: (T, k) int32 / int64, as :func:`moe_gather`'s (checked likewise).
+        offsets: (E,) int32 / int64, as :func:`moe_expert_gate`'s; needed with a bias (else unused, not checked).
         bias: (E, H) float or None.
 
     Returns:
         (T, H) contiguous in x's dtype; gradients in x's, the weights' and the bias's dtypes.
 
     Raises:
-        TypeError: a tensor of the wrong kind.
-        ValueError: shapes (x's rows not T*k, weights not positions' shape, bias not (E, H)), a bias without offsets.
+        TypeError: a tensor of the wrong kind (positions / offsets not int32 / int64).
+        ValueError: shapes (x's rows not T*k, weights not positions' shape, bias not (E, H)), a bias without offsets,
+            (CPU) positions not a permutation, offsets (with a bias) negative or decreasing.
     """
     _checks.tensor("x", x, floating=True, ndim=2)
     _checks.tensor("weights", weights, floating=True, ndim=2)
@@ -174,6 +202,7 @@ def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
     _checks.same_device(x=x, weights=weights, positions=positions, offsets=offsets, bias=bias)
     if _torch_code("moe_combine", x):
         return ref.moe_combine(x, weights, positions, offsets, bias)
+    _host_checks(positions, offsets if bias is not None else None)
     from ..kernels import moe_glue as kk
 
     return kk.MoECombineFunction.apply(x, weights, positions, offsets if bias is not None else None, bias)
