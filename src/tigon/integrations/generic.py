@@ -34,7 +34,10 @@ LM head + loss
     returns random hidden states and whose head is a narrow random Linear with the model's vocabulary (only what
     happens after the backbone decides), with the head's output scaled up by a hook (so a softcap or logit scale
     cannot hide behind small logits); the returned logits must equal the head's output and the loss HF's causal-LM
-    cross-entropy of them. MoE outputs (an ``aux_loss`` field) are refused: the router loss needs a family spec.
+    cross-entropy of them. MoE outputs (``aux_loss``) are probed again with router logits: taken only with no router
+    loss or the one the patched head adds, else skipped (:mod:`tigon.integrations.generic_moe`).
+MoE experts
+    v5 experts modules (``@use_experts_implementation``): ``_apply_gate`` probed, then a family's experts spec (same).
 
 Models on the ``meta`` device (``tigon inspect`` builds them there, without weights) get the decisions a loaded model
 gets: norms and MLPs are probed on CPU copies with random parameters, one per group of modules that differ only in
@@ -61,6 +64,7 @@ from ..numerics import rel_l2
 from ..reference import glu as ref_glu
 from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
+from . import generic_moe
 from .families import CausalLMSpec, MLPSpec, NormSpec, RopeSpec
 from .marks import tigon_mark
 from .rotary_calls import rotary_functions
@@ -387,18 +391,19 @@ class _BackboneStandIn(torch.nn.Module):
 
     def __init__(self, width: int, dtype: torch.dtype):
         super().__init__()
-        self.width, self.dtype, self.calls = width, dtype, 0
+        self.width, self.dtype, self.calls, self.router_logits = width, dtype, 0, None
 
     def forward(self, input_ids=None, *args, **kwargs):
         self.calls += 1
-        return _HiddenStates(_randn((*input_ids.shape, self.width), "cpu", self.dtype, seed=6))
+        return _HiddenStates(_randn((*input_ids.shape, self.width), "cpu", self.dtype, seed=6), self.router_logits)
 
 
 class _HiddenStates:
-    """A backbone output holding only ``last_hidden_state`` (also ``[0]``); every other field reads None."""
+    """A backbone output holding only ``last_hidden_state`` (also ``[0]``) and ``router_logits`` (the MoE probe's, else
+    None); every other field reads None."""
 
-    def __init__(self, hidden: torch.Tensor):
-        self.last_hidden_state = hidden
+    def __init__(self, hidden: torch.Tensor, router_logits=None):
+        self.last_hidden_state, self.router_logits = hidden, router_logits
 
     def __getattr__(self, name):
         return None
@@ -450,11 +455,22 @@ def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
         return out
 
     stand_in.lm_head.register_forward_hook(hook)
-    try:
-        with _probing(stand_in):
-            out = _class_forward(stand_in)(input_ids=ids, labels=ids)
-    except Exception as e:
-        return f"probe forward failed: {type(e).__name__}: {e}"
+    extra, router, moe = {}, None, generic_moe.router_probe_inputs(m, ids)
+    backbone.router_logits = None if isinstance(moe, str) else moe[1].logits  # (read by MoE heads only)
+    for attempt in range(2):  # once plainly; an MoE output again, asking for the router loss (generic_moe)
+        try:
+            with _probing(stand_in):
+                out = _class_forward(stand_in)(input_ids=ids, labels=ids, **extra)
+        except Exception as e:
+            return f"probe forward failed: {type(e).__name__}: {e}"
+        if attempt or "aux_loss" not in getattr(type(out), "__dataclass_fields__", {}):
+            break
+        if isinstance(moe, str):
+            return moe
+        (extra, router), backbone.calls = moe, 0
+        seen.clear()
+        if "router_aux_loss_coef" in vars(stand_in):  # 1: the aux term well above the tolerance
+            stand_in.router_aux_loss_coef = 1.0
     if backbone.calls != 1:
         return f"the forward called its backbone ({m.base_model_prefix}) {backbone.calls} times (expected once)"
     if len(seen) != 1:
@@ -462,9 +478,6 @@ def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
     logits = getattr(out, "logits", None)
     if logits is None or getattr(out, "loss", None) is None:
         return "the forward returned no logits / loss"
-    if "aux_loss" in getattr(type(out), "__dataclass_fields__", {}):
-        return ("an MoE output (aux_loss: the router load-balancing loss is added to the loss when "
-                "output_router_logits is on); a family spec is needed")
     tol = TOL.get(w.dtype, TOL[torch.bfloat16])
     err = rel_l2(logits, seen[0])
     if err > tol:
@@ -472,10 +485,15 @@ def probe_head(m: torch.nn.Module) -> CausalLMSpec | str:
                 "a family spec is needed")
     with torch.no_grad():
         ref_loss = causal_lm_loss_from_logits_ref(seen[0], ids)
-    err = rel_l2(out.loss.float(), ref_loss)
-    if err > tol:
+    aux = None
+    if router is not None:  # an MoE head: no router loss, or load_balancing_loss_func as the patched head adds it
+        aux = generic_moe.probe_router_loss(m, out, ref_loss, router, extra["attention_mask"], tol)
+        if isinstance(aux, tuple):
+            return aux[1]
+    elif (err := rel_l2(out.loss.float(), ref_loss)) > tol:
         return f"the loss is not HF's causal-LM cross-entropy of the logits (relative error {err:.1e})"
-    return CausalLMSpec(type(m).__name__, backbone=m.base_model_prefix, output_class=type(out).__name__)
+    return CausalLMSpec(type(m).__name__, backbone=m.base_model_prefix, output_class=type(out).__name__,
+                        router_aux_loss=aux)
 
 
 def causal_lm_loss_from_logits_ref(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -504,6 +522,12 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
                         else _probe(cache, "norm", m, probe_norm, eps_attr))
                 matches.append((path, m, _match("rms_norm", m, spec, mod_name)))
                 continue
+        if enabled.get("mlp") and not _is_builtin(m) and generic_moe.experts_candidate(m):  # v5 MoE experts
+            already = tigon_mark(m.__dict__.get("_apply_gate"))
+            spec = (MLPSpec(type(m).__qualname__, experts=True) if already
+                    else generic_moe.probe_experts(m))  # (reads no weight: no stand-in for meta modules)
+            matches.append((path, m, _match("mlp", m, spec, mod_name)))
+            continue
         if enabled.get("mlp"):
             layout = _mlp_layout(m)
             if layout is not None:
@@ -523,7 +547,7 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
                 spec = CausalLMSpec(type(m).__name__)
             elif problem is None and not any(mt.problem is None for _, _, mt in matches):
                 spec = ("not probed: the generic matcher patches an LM head only in a model where it recognised "
-                        "a norm, a gated MLP or the rotary function")
+                        "a norm, a gated MLP, MoE experts or the rotary function")
             else:
                 spec = problem or probe_head(m)
             matches.append((path, m, _match("lm_head_loss", m, spec, type(m).__module__)))
