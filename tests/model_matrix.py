@@ -171,6 +171,35 @@ MORE_FAMILIES = {
     "granitemoe": ("granitemoe", dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm",
                                       logits_scaling=4.0, residual_multiplier=0.5),
                    "granitemoe", FULL, {}),
+    # MoE families with standard blocks added as data: PhiMoE (torch LayerNorms, lm_head with a bias), FlexOlmo
+    # (OLMo 2's norms), MiniMax-M2 (Mixtral's layer form, q / k norms over the projection, partial rotary)
+    "phimoe": ("phimoe", dict(_MOE, num_local_experts=4, lm_head_bias=True), "phimoe",
+               {"layer_norm": 2 * L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}),
+    "flex_olmo": ("flex_olmo", _MOE, "flex_olmo", QK_NORMS, {}),
+    "minimax_m2": ("minimax_m2", dict(_MOE, num_local_experts=4, partial_rotary_factor=0.5), "minimax_m2",
+                   {**QK_NORMS, **ADD}, {}),
+}
+
+
+_GMOE = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             output_router_logits=True, experts_implementation="grouped_mm")
+GENERIC_MOE = {
+    # MoE families without data (tests/test_moe_generic.py): the generic matcher's experts (the probed _apply_gate and
+    # transformers' grouped_mm experts with Tigon's glue) and the head with the router loss where HF adds it.
+    # Qwen2-MoE: experts + shared expert per layer, router loss
+    "generic-qwen2_moe": ("qwen2_moe", _GMOE, "generic", {"rms_norm": 5, "mlp": 2 * L, "rope": L, "lm_head_loss": 1},
+                          {}, None),
+    # ERNIE-4.5-MoE: interleaved rotary (the probe rejects it), layer 0 dense
+    "generic-ernie4_5_moe": ("ernie4_5_moe", _GMOE, "generic", {"rms_norm": 5, "mlp": 3, "lm_head_loss": 1},
+                             {"rope": 1}, None),
+    # GLM-4-MoE: partial rotary (left to its family's code), no router loss in its head
+    "generic-glm4_moe": ("glm4_moe", _GMOE, "generic", {"rms_norm": 5, "mlp": 3, "lm_head_loss": 1}, {"rope": L},
+                         None),
+    "generic-exaone_moe": ("exaone_moe", _GMOE, "generic", {"rms_norm": 9, "mlp": 3, "rope": L, "lm_head_loss": 1},
+                           {}, None),
+    # MiniMax: hybrid lightning (linear) attention in layer 0, softmax attention in layer 1; every layer MoE
+    "generic-minimax": ("minimax", _GMOE, "generic", {"rms_norm": 6, "mlp": L, "rope": 1, "lm_head_loss": 1}, {},
+                        None),
 }
 
 
@@ -182,6 +211,7 @@ TABLE_ONLY = {
                                         index_head_dim=16, index_topk=4, o_groups=2, qk_rope_head_dim=8,
                                         sliding_window=8, num_nextn_predict_layers=0),
                     "deepseek_v4", {"rms_norm": 11, "mlp": 2 * L, "lm_head_loss": 1}, {"rms_norm": 7, "rope": L}),
+    **{case: entry[:5] for case, entry in GENERIC_MOE.items()},
 }
 """Same entries as MORE_FAMILIES; the support table's cases only (see the module docstring)."""
 
@@ -337,7 +367,7 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "bamba", "qwen3_next",
+CPU_STEP = {"olmoe", "phimoe", "flex_olmo", "minimax_m2", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "bamba", "qwen3_next",
             "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the

@@ -1,6 +1,7 @@
 """More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
 Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, DeepSeek-V4, Llama 4 and Granite-MoE; and Bamba (a
-Mamba-2 hybrid: its grouped, gate-first Mamba norm).
+Mamba-2 hybrid: its grouped, gate-first Mamba norm); PhiMoE, FlexOlmo and MiniMax-M2 (MoE with standard blocks; MiniMax
+itself, hybrid lightning attention, has no spec: the generic matcher takes its norms, experts, rotary and head).
 
 The same vocabulary and helpers as :mod:`tigon.integrations.families` (which registers :data:`SPECS` in ``FAMILIES``);
 each spec was written after running ``tigon inspect`` / ``tigon.patch`` on a tiny config of the family (see
@@ -65,6 +66,20 @@ GRANITEMOE = replace(  # Granite's multipliers (residual, embedding, attention, 
     _moe("granitemoe", "GraniteMoe", dense_mlp=False, pre_norm_layer=False),  # MoE; the head keeps the router loss
     causal_lm=CausalLMSpec("GraniteMoeForCausalLM", output_class="MoeCausalLMOutputWithPast",
                            router_aux_loss="load_balancing_loss_func", logit_divisor_attr="logits_scaling"))
+
+# MoE families with a standard decoder block that reached Tigon only through the generic matcher before (each checked
+# with tigon inspect on a tiny config); their heads keep the router loss as HF adds it
+PHIMOE = FamilySpec(  # torch.nn.LayerNorm norms (per model), every layer MoE (sparsemixer router left alone), rotary
+    name="phimoe", module="transformers.models.phimoe.modeling_phimoe", norms=(TORCH_LAYER_NORM,),  # (longrope
+    mlps=(MLPSpec("PhimoeExperts", experts=True),), rope=RopeSpec(attention_classes=("PhimoeAttention",)),  # tables)
+    causal_lm=CausalLMSpec("PhimoeForCausalLM", output_class="MoeCausalLMOutputWithPast",  # lm_head_bias: a bias
+                           router_aux_loss="load_balancing_loss_func"))
+FLEX_OLMO = _moe(  # OLMo 2's layout ((w * x).to(dtype) norms after attention / MLP, q / k norms over the projection)
+    "flex_olmo", "FlexOlmo", dense_mlp=False, pre_norm_layer=False,  # with every layer MoE
+    norm=NormSpec("FlexOlmoRMSNorm", casting_mode="gemma"))
+MINIMAX_M2 = _moe(  # Mixtral's layer form, q / k norms over the projection, partial rotary (rotary_dim) in
+    "minimax_m2", "MiniMaxM2", dense_mlp=False,  # apply_rotary_pos_emb (the first cos.shape[-1] dims)
+    rope=RopeSpec(attention_classes=("MiniMaxM2Attention",), partial_rotary=True))
 
 # Gemma 4's RMSNorm: w (not 1 + w) in fp32, cast at the end; with_scale=False instances have no weight
 _GEMMA4_NORM = NormSpec("Gemma4RMSNorm", casting_mode="gemma", eps_attr=_EPS, optional_weight=True)
@@ -156,5 +171,5 @@ BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_
     norms=(NormSpec("BambaRMSNorm"), _gated_norm("BambaRMSNormGated", "llama", norm_before_gate=False)))  # group_size
 
 SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
-                                 DEEPSEEK_V4, LLAMA4, GRANITEMOE, BAMBA)
+                                 DEEPSEEK_V4, LLAMA4, GRANITEMOE, BAMBA, PHIMOE, FLEX_OLMO, MINIMAX_M2)
 """The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""
