@@ -38,6 +38,7 @@ def build(name: str, experts: str = "grouped_mm"):
 def step(model, seed: int = 1):
     ids = torch.randint(3, mm.V, (2, 12), generator=torch.Generator().manual_seed(seed)).to(mm.DEVICE)
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the same draws in every run (PhiMoE's router samples its experts in training)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
