@@ -17,7 +17,7 @@ router loss
     an LM head whose output has an ``aux_loss`` field (:func:`probe_router_loss`, called by
     :func:`tigon.integrations.generic.probe_head` on its stand-in): its forward is run with random router logits from
     the stand-in backbone and a padding mask. Either it adds no router loss (``aux_loss`` None: the head passes the
-    router logits through, as GLM-4-MoE's and dots1's do), or its ``aux_loss`` and loss must be the family module's
+    router logits through, as GLM-4-MoE's and EXAONE-MoE's do), or its ``aux_loss`` and loss must be the family module's
     ``load_balancing_loss_func(router_logits, head.num_experts, head.num_experts_per_tok, attention_mask)`` and the
     cross-entropy plus ``head.router_aux_loss_coef`` times it (the coefficient set to 1 on the stand-in, so that the
     aux term is not lost in the tolerance), which is what the patched head then computes
