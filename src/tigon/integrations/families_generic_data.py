@@ -1,5 +1,5 @@
 """Families that reached Tigon only through the generic matcher before, now as data: ERNIE 4.5 (dense and MoE), GLM,
-GLM-4-MoE and GLM-4-MoE-Lite, Qwen2-MoE, Cohere / Cohere2 / Cohere2-MoE, EXAONE-MoE and dots1.
+GLM-4-MoE and GLM-4-MoE-Lite, Qwen2-MoE, Cohere / Cohere2 / Cohere2-MoE, EXAONE-MoE, dots1, Helium and Youtu.
 
 The generic matcher probes each module against rotate-half rotary over the full head, RMSNorm and a head whose logits
 are the projection's output, so it left these families' interleaved rotary (ERNIE, GLM, Cohere), partial rotary
@@ -74,6 +74,13 @@ EXAONE_MOE = _moe("exaone_moe", "ExaoneMoe", dense_mlp=True, aux_loss=False)
 # (q / k norms over the head dim), rotate-half rotary, Llama's layer form; no router loss in HF's head
 DOTS1 = _moe("dots1", "Dots1", dense_mlp=True, aux_loss=False)
 
+# ---- Helium: Llama's layout with (w * x).to(dtype) RMSNorms (weight times the fp32 value, one rounding) and GLM's
+# interleaved rotary over the full head; Youtu: a dense DeepSeek-V3 (MLA, rope_interleave's pairs-in / halves-out
+# rotary, its kv_a / q_a norms)
+HELIUM = _dense("helium", "Helium", norm=NormSpec("HeliumRMSNorm", casting_mode="gemma"), rope=_pairs("Helium"))
+YOUTU = _dense("youtu", "Youtu", rope=RopeSpec(attention_classes=("YoutuAttention",),
+                                               alternatives=(("apply_rotary_pos_emb_interleave", "deinterleave"),)))
+
 SPECS: tuple[FamilySpec, ...] = (ERNIE4_5, ERNIE4_5_MOE, GLM, GLM4_MOE, GLM4_MOE_LITE, QWEN2_MOE, COHERE, COHERE2,
-                                 COHERE2_MOE, EXAONE_MOE, DOTS1)
+                                 COHERE2_MOE, EXAONE_MOE, DOTS1, HELIUM, YOUTU)
 """The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""
