@@ -1,5 +1,6 @@
-"""The families the generic matcher had, now data (tigon.integrations.families_generic_data; ``model_matrix.GENERIC_DATA``:
-ERNIE 4.5, ERNIE-4.5-MoE, GLM, GLM-4-MoE, GLM-4-MoE-Lite, Qwen2-MoE, Cohere, Cohere2, Cohere2-MoE, EXAONE-MoE, dots1).
+"""The families the generic matcher had, now data (tigon.integrations.families_generic_data;
+``model_matrix.GENERIC_DATA``: ERNIE 4.5, ERNIE-4.5-MoE, GLM, GLM-4-MoE, GLM-4-MoE-Lite, Qwen2-MoE, Cohere, Cohere2,
+Cohere2-MoE, EXAONE-MoE, dots1, Helium, Youtu).
 
 tests/test_families.py checks each case's report, ``tigon inspect``'s dry run and one training step (loss, router
 loss and every gradient in fp32, 1e-5); tests/test_moe_experts.py the MoE forms' experts. Here: what the generic
@@ -54,7 +55,7 @@ def test_cohere_per_head_qk_norms_are_left_with_the_reason():
     tigon.unpatch(model)
 
 
-@pytest.mark.parametrize("case", ["ernie4_5", "glm", "cohere", "cohere2_moe"])
+@pytest.mark.parametrize("case", ["ernie4_5", "glm", "cohere", "cohere2_moe", "helium"])
 def test_rotary_and_head_ops(case):
     """The rotary entries run the interleaved op (ERNIE and GLM: pairs with the tables halved and repeat-interleaved
     in the function; Cohere: the tables already repeat-interleaved), and Cohere's head scales its logits."""
