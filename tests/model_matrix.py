@@ -1,9 +1,10 @@
 """The test matrix of Hugging Face models: every registered family and the generic models, as tiny configs.
 
 ``CASES`` (tests/test_families.py trains each patched vs original) holds one mini model per family registered before
-issue 20 plus two architectures the generic matcher handles; ``MORE_FAMILIES`` the families added for Liger-Kernel
-0.8.5's list (dense, MoE, hybrid) and ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
-image from :func:`image_inputs`), both checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
+issue 20 plus an architecture the generic matcher handles; ``MORE_FAMILIES`` the families added for Liger-Kernel
+0.8.5's list (dense, MoE, hybrid) and those the generic matcher had before (``GENERIC_DATA``: ERNIE 4.5, GLM,
+Cohere, ...), ``VISION_LANGUAGE`` the vision-language models (built from their class, with an
+image from :func:`image_inputs`), all checked for one exact step (:data:`CPU_STEP` says which on CPU); ``GENERIC``
 holds more architectures of no registered family, each with something the engine must leave alone and say so
 (a rotary function the probe rejects, a softcapped head; tests/test_report_truth.py runs Llama 4 under
 ``family="generic"`` for a rotary function of another interface and an LM head without a usable backbone attribute).
@@ -73,8 +74,6 @@ CASES = {
                                                                          "lm_head_loss": 1}, {}),
     # not registered: the generic matcher, everything probed (dropout off: the runs must be deterministic)
     "generic-seed_oss": ("seed_oss", dict(attention_dropout=0.0, residual_dropout=0.0), "generic", FULL, {}),
-    # not registered, interleaved rotary: the rope probe rejects it
-    "generic-glm": ("glm", {}, "generic", {"rms_norm": 2 * L + 1, "mlp": L, "lm_head_loss": 1}, {"rope": 1}),
 }
 
 _MLA = dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -96,6 +95,67 @@ GENERIC = {
 _GEMMA4 = dict(_MOE, hidden_size_per_layer_input=16, vocab_size_per_layer_input=V, num_kv_shared_layers=0,
                layer_types=["sliding_attention", "full_attention"], enable_moe_block=True, top_k_experts=2,
                moe_intermediate_size=32, final_logit_softcapping=30.0, initializer_range=0.01, rms_norm_eps=1e-5)
+
+
+_GROUPED = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                output_router_logits=True, experts_implementation="grouped_mm")
+GENERIC_DATA = {
+    # families the generic matcher had (with parts skipped), now data (families_generic_data.py); their MoE forms with
+    # grouped_mm experts (Tigon's glue forward). Entry: MORE_FAMILIES' five fields, then the generic matcher's
+    # (replaced, skipped) counts on the same model (tigon.patch(model, family="generic"): tests/test_generic_data.py)
+    # ERNIE 4.5: interleaved rotary (rope_interleaved), MLP biases (use_bias)
+    "ernie4_5": ("ernie4_5", dict(use_bias=True), "ernie4_5", {**FULL, **ADD}, {},
+                 ({"rms_norm": 5, "mlp": L, "lm_head_loss": 1}, {"rope": 1})),
+    # ERNIE-4.5-MoE: layer 0 dense (moe_layer_start_index=1), layer 1 experts + shared experts; router loss
+    "ernie4_5_moe": ("ernie4_5_moe", dict(_GROUPED, moe_layer_start_index=1, moe_num_shared_experts=1), "ernie4_5_moe",
+                     {**FULL, **ADD, "mlp": 3}, {}, ({"rms_norm": 5, "mlp": 3, "lm_head_loss": 1}, {"rope": 1})),
+    # GLM: fused gate_up_proj, interleaved partial rotary (0.5)
+    "glm": ("glm", {}, "glm", {**FULL, **ADD}, {}, ({"rms_norm": 5, "mlp": L, "lm_head_loss": 1}, {"rope": 1})),
+    # GLM-4-MoE: q / k norms, partial rotate-half rotary (0.5), layer 0 dense, layer 1 experts + shared experts
+    "glm4_moe": ("glm4_moe", dict(_GROUPED, use_qk_norm=True, first_k_dense_replace=1), "glm4_moe",
+                 {**QK_NORMS, **ADD, "mlp": 3}, {}, ({"rms_norm": 9, "mlp": 3, "lm_head_loss": 1}, {"rope": L})),
+    # GLM-4-MoE-Lite: MLA (kv_a / q_a norms), rope_interleave -> apply_rotary_pos_emb_interleave (deinterleave)
+    "glm4_moe_lite": ("glm4_moe_lite", dict(_GROUPED, num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=16,
+                                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                                            n_group=1, topk_group=1), "glm4_moe_lite",
+                      {**FULL, **ADD, "rms_norm": 9, "mlp": 3}, {},
+                      ({"rms_norm": 9, "mlp": 3, "lm_head_loss": 1}, {"rope": L})),
+    # Qwen2-MoE: experts + shared expert per layer, router loss; the fused residual add is new
+    "qwen2_moe": ("qwen2_moe", _GROUPED, "qwen2_moe", {**FULL, **ADD, "mlp": 2 * L}, {},
+                  ({"rms_norm": 5, "mlp": 2 * L, "rope": L, "lm_head_loss": 1}, {})),
+    # Cohere: bias-free LayerNorms (one per layer, attention and MLP in parallel), pair rotary on repeat-interleaved
+    # tables, logits * logit_scale
+    "cohere": ("cohere", dict(logit_scale=0.5), "cohere", {"layer_norm": L + 1, "mlp": L, "rope": L, "lm_head_loss": 1},
+               {}, ({"mlp": L}, {"rope": 1, "rms_norm": L + 1, "lm_head_loss": 1})),
+    # Cohere with q / k norms: a weight per head (heads, head_dim), left alone with the reason
+    "cohere-qk_norm": ("cohere", dict(logit_scale=0.5, use_qk_norm=True), "cohere",
+                       {"layer_norm": L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {"layer_norm": 2 * L}, None),
+    # Cohere2: sliding layer 0 (rotary), full layer 1 (NoPE: no rotary call)
+    "cohere2": ("cohere2", dict(logit_scale=0.5, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+                "cohere2", {"layer_norm": L + 1, "mlp": L, "rope": 1, "lm_head_loss": 1}, {},
+                ({"mlp": L}, {"rope": 1, "rms_norm": L + 1, "lm_head_loss": 1})),
+    # Cohere2-MoE: LayerNorms (rms_norm_eps unset), layer 0 dense (with rotary), layer 1 experts + shared experts
+    "cohere2_moe": ("cohere2_moe", dict(_GROUPED, logit_scale=0.5, num_shared_experts=1, sliding_window=8,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        mlp_layer_types=["dense", "sparse"]), "cohere2_moe",
+                    {"layer_norm": L + 1, "mlp": 3, "rope": 1, "lm_head_loss": 1}, {}, None),
+    # Cohere2-MoE with RMSNorms (rms_norm_eps set)
+    "cohere2_moe-rms_norm": ("cohere2_moe", dict(_GROUPED, logit_scale=0.5, rms_norm_eps=1e-6), "cohere2_moe",
+                             {"rms_norm": L + 1, "mlp": L, "rope": L, "lm_head_loss": 1}, {}, None),
+    # EXAONE-MoE: q / k norms, layer 0 dense, layer 1 experts + shared experts
+    "exaone_moe": ("exaone_moe", dict(_GROUPED, first_k_dense_replace=1), "exaone_moe", {**QK_NORMS, **ADD, "mlp": 3},
+                   {}, ({"rms_norm": 9, "mlp": 3, "rope": L, "lm_head_loss": 1}, {})),
+    # dots1: q / k norms over the head dim, layer 0 dense, layer 1 experts + shared expert (n_shared_experts is
+    # needed: its config's default None fails to build)
+    "dots1": ("dots1", dict(_GROUPED, n_shared_experts=1, first_k_dense_replace=1), "dots1",
+              {**QK_NORMS, **ADD, "mlp": 3}, {}, ({"rms_norm": 9, "mlp": 3, "rope": L, "lm_head_loss": 1}, {})),
+    # Helium: (w * x).to(dtype) RMSNorms, interleaved rotary; Youtu: dense MLA with rope_interleave (deinterleave)
+    "helium": ("helium", {}, "helium", {**FULL, **ADD}, {}, ({"rms_norm": 5, "mlp": L, "lm_head_loss": 1}, {"rope": 1})),
+    "youtu": ("youtu", dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=16,
+                            qk_nope_head_dim=16, v_head_dim=16), "youtu",  # (5.17's rotary tables: head_dim wide)
+              {**FULL, **ADD, "rms_norm": 9}, {},
+              ({"rms_norm": 9, "mlp": L, "lm_head_loss": 1}, {"rope": L})),
+}
 
 
 MORE_FAMILIES = {
@@ -178,14 +238,16 @@ MORE_FAMILIES = {
     "flex_olmo": ("flex_olmo", _MOE, "flex_olmo", QK_NORMS, {}),
     "minimax_m2": ("minimax_m2", dict(_MOE, num_local_experts=4, partial_rotary_factor=0.5), "minimax_m2",
                    {**QK_NORMS, **ADD}, {}),
+    **{case: entry[:5] for case, entry in GENERIC_DATA.items()},
 }
 
 
 _GMOE = dict(num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
              output_router_logits=True, experts_implementation="grouped_mm")
 GENERIC_MOE = {
-    # MoE families without data (tests/test_moe_generic.py): the generic matcher's experts (the probed _apply_gate and
-    # transformers' grouped_mm experts with Tigon's glue) and the head with the router loss where HF adds it.
+    # MoE families through the generic matcher (tests/test_moe_generic.py patches each with family="generic"; all but
+    # MiniMax are data now, GENERIC_DATA): the generic matcher's experts (the probed _apply_gate and transformers'
+    # grouped_mm experts with Tigon's glue) and the head with the router loss where HF adds it.
     # Qwen2-MoE: experts + shared expert per layer, router loss
     "generic-qwen2_moe": ("qwen2_moe", _GMOE, "generic", {"rms_norm": 5, "mlp": 2 * L, "rope": L, "lm_head_loss": 1},
                           {}, None),
@@ -203,6 +265,11 @@ GENERIC_MOE = {
 }
 
 
+GENERIC_ONLY = ("generic-minimax",)
+"""GENERIC_MOE's cases of families without data: the support table's rows of the generic matcher's MoE handling (the
+others' rows are their families', GENERIC_DATA)."""
+
+
 TABLE_ONLY = {
     # DeepSeek-V4 (tests/test_deepseek_v4.py trains it, patched vs original): mHC streams, compressed sparse attention,
     # MoE layers whose shared expert and routed experts clamp gate / up at swiglu_limit (swiglu / glu_linear limit=)
@@ -211,7 +278,7 @@ TABLE_ONLY = {
                                         index_head_dim=16, index_topk=4, o_groups=2, qk_rope_head_dim=8,
                                         sliding_window=8, num_nextn_predict_layers=0),
                     "deepseek_v4", {"rms_norm": 11, "mlp": 2 * L, "lm_head_loss": 1}, {"rms_norm": 7, "rope": L}),
-    **{case: entry[:5] for case, entry in GENERIC_MOE.items()},
+    **{case: entry[:5] for case, entry in GENERIC_MOE.items() if case in GENERIC_ONLY},
 }
 """Same entries as MORE_FAMILIES; the support table's cases only (see the module docstring)."""
 
@@ -367,8 +434,9 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 """The LayerNorm families' cases of CASES and their variants (their training step is checked everywhere)."""
 
 
-CPU_STEP = {"olmoe", "phimoe", "flex_olmo", "minimax_m2", "nemotron", "falcon_h1", "falcon_h1-groups", "falcon_h1-gate_first", "bamba", "qwen3_next",
-            "qwen2_vl", "llava", "paligemma", "llama4", "pixtral"}
+CPU_STEP = {"olmoe", "phimoe", "flex_olmo", "minimax_m2", "nemotron", "falcon_h1", "falcon_h1-groups",
+            "falcon_h1-gate_first", "bamba", "qwen3_next", "qwen2_vl", "llava", "paligemma", "llama4", "pixtral",
+            *GENERIC_DATA}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
 grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family

@@ -23,7 +23,9 @@ MODELS = {"olmoe": mm.MORE_FAMILIES["olmoe"], "gpt_oss": mm.MORE_FAMILIES["gpt_o
 # the other families with grouped_mm experts (their default experts implementation): the same step equality
 MORE = {name: mm.MORE_FAMILIES[name] for name in ("hunyuan_v1_moe", "deepseek_v3", "qwen3_next", "qwen3_5_moe",
                                                    "gemma4", "granitemoe", "deepseek_v4", "phimoe", "flex_olmo",
-                                                   "minimax_m2") if name in mm.MORE_FAMILIES}
+                                                   "minimax_m2", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite",
+                                                   "qwen2_moe", "cohere2_moe", "exaone_moe", "dots1")
+        if name in mm.MORE_FAMILIES}
 MODELS.update(MORE)
 ONLY_MLP = dict(rms_norm=False, rope=False, fused_add_rms_norm=False, fused_linear_cross_entropy=False, sinks=False)
 

@@ -1,10 +1,13 @@
-"""MoE families without data, through the generic matcher (tigon.integrations.generic_moe): transformers v5 experts
-modules get the probed ``_apply_gate`` hook and the grouped_mm glue forward, the LM head keeps the router loss where
-HF adds it (or is skipped with the reason); one training step's loss, aux loss and every gradient equal the unpatched
-model's in fp32; ``tigon inspect``'s dry run decides the same; the MoE families added as data (PhiMoE, FlexOlmo,
-MiniMax-M2) are tested in tests/test_families.py and tests/test_moe_experts.py."""
+"""MoE families through the generic matcher (tigon.integrations.generic_moe): transformers v5 experts modules get the
+probed ``_apply_gate`` hook and the grouped_mm glue forward, the LM head keeps the router loss where HF adds it (or is
+skipped with the reason); one training step's loss, aux loss and every gradient equal the unpatched model's in fp32;
+``tigon inspect``'s dry run decides the same. Every model here is patched with ``family="generic"``: MiniMax has no
+data, the others (Qwen2-MoE, ERNIE-4.5-MoE, GLM-4-MoE, EXAONE-MoE) have since become data, tested with the MoE
+families added as data (PhiMoE, FlexOlmo, MiniMax-M2, ...) in tests/test_families.py and tests/test_moe_experts.py."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -15,6 +18,9 @@ from test_families import assert_same_step
 from tigon.integrations.moe_experts import MOE_OPS
 
 pytest.importorskip("transformers.integrations.moe")
+
+
+GENERIC = functools.partial(tigon.patch, family="generic")
 
 
 def experts_entries(report):
@@ -28,14 +34,14 @@ def test_generic_experts_step_equals_the_original(case):
     model_type, overrides, family, counts, skipped, _ = mm.GENERIC_MOE[case]
     mm.require_family(model_type)
     original, patched = mm.build(model_type, overrides), mm.build(model_type, overrides)
-    report = tigon.patch(patched)
+    report = tigon.patch(patched, family="generic")
     assert (report.family, report.counts, report.skipped_counts) == (family, counts, skipped), str(report)
     entries = experts_entries(report)
     assert len(entries) == sum(1 for m in patched.modules() if type(m).__name__.endswith("Experts")), str(report)
     assert all(e.ops == MOE_OPS and "moe_expert_gate(activation='silu')" in e.detail for e in entries), str(report)
     assert all("_apply_gate" in m.__dict__ and "forward" in m.__dict__
                for m in patched.modules() if type(m).__name__.endswith("Experts"))
-    dry = inspect_config(mm.config(model_type, overrides)).patch
+    dry = inspect_config(mm.config(model_type, overrides), patch_fn=GENERIC, unpatch_fn=tigon.unpatch).patch
     assert (dry["family"], dry["counts"]) == (family, counts)
     assert sorted((e["kind"], e["target"]) for e in dry["skipped"]) == sorted((e.kind, e.target)
                                                                                for e in report.skipped)
@@ -47,12 +53,12 @@ def test_generic_experts_step_equals_the_original(case):
 def test_other_experts_implementations_keep_only_the_gate_hook():
     model_type, overrides = mm.GENERIC_MOE["generic-qwen2_moe"][:2]
     model = mm.build(model_type, {**overrides, "experts_implementation": "batched_mm"})
-    entries = experts_entries(tigon.patch(model))
+    entries = experts_entries(GENERIC(model))
     assert entries and all(e.ops == ("swiglu",) for e in entries)
     assert all("forward left as is (config._experts_implementation is 'batched_mm'" in e.detail for e in entries)
     tigon.unpatch(model)
     eager = mm.build(model_type, {**overrides, "experts_implementation": "eager"})
-    report = tigon.patch(eager)
+    report = GENERIC(eager)
     assert not experts_entries(report)
     assert sum("config._experts_implementation is 'eager'" in e.detail for e in report.skipped) == mm.L, report
     tigon.unpatch(eager)
@@ -88,15 +94,16 @@ def _custom_aux_head():
 def test_a_router_loss_the_probe_cannot_reproduce_skips_the_head(monkeypatch):
     cls, qm = _custom_aux_head()
     model_type, overrides = mm.GENERIC_MOE["generic-qwen2_moe"][:2]
-    torch.manual_seed(0)
+    mm.build(model_type, overrides)  # (transformers caches that the family's classes take an experts implementation:
+    torch.manual_seed(0)  # a subclass defined here inherits it only once the family's own class was built)
     model = cls(mm.config(model_type, overrides)).train()
-    report = tigon.patch(model)
+    report = GENERIC(model)
     why = next(e.detail for e in report.skipped if e.kind == "lm_head_loss")
     assert "load_balancing_loss_func" in why and "family spec is needed" in why  # (no such function in this module)
     assert experts_entries(report)  # the experts are patched all the same
     tigon.unpatch(model)
     monkeypatch.setitem(globals(), "load_balancing_loss_func", qm.load_balancing_loss_func)
-    report = tigon.patch(model)
+    report = GENERIC(model)
     why = next(e.detail for e in report.skipped if e.kind == "lm_head_loss")
     assert "loss is not the cross-entropy + router_aux_loss_coef x aux_loss" in why, why
     tigon.unpatch(model)
@@ -107,12 +114,12 @@ def test_experts_with_a_custom_gate_or_forward_are_left_with_the_reason(monkeypa
     model = mm.build(model_type, overrides)
     experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
     monkeypatch.setattr(type(experts), "_apply_gate", lambda self, gate_up: gate_up[:, ::2])
-    report = tigon.patch(model)
+    report = GENERIC(model)
     assert not experts_entries(report)
     assert sum("defines its own _apply_gate" in e.detail for e in report.skipped) == mm.L, report
     tigon.unpatch(model)
     monkeypatch.undo()
     monkeypatch.setattr(type(experts), "forward", lambda self, h, index, weights: h)
-    report = tigon.patch(model)
+    report = GENERIC(model)
     assert sum("is not transformers' experts dispatcher" in e.detail for e in report.skipped) == mm.L, report
     tigon.unpatch(model)

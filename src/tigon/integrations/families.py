@@ -268,6 +268,10 @@ from .families_more import SPECS as _MORE_SPECS  # noqa: E402  (declared there w
 
 FAMILIES.update({s.name: s for s in _MORE_SPECS})
 
+from .families_generic_data import SPECS as _GENERIC_DATA_SPECS  # noqa: E402  (families the generic matcher had)
+
+FAMILIES.update({s.name: s for s in _GENERIC_DATA_SPECS})
+
 
 def register_family(spec: FamilySpec, *, replace: bool = False) -> None:
     """Make ``spec`` available to :func:`tigon.patch` (by name and by model matching).
