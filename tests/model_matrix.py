@@ -150,7 +150,8 @@ GENERIC_DATA = {
     "dots1": ("dots1", dict(_GROUPED, n_shared_experts=1, first_k_dense_replace=1), "dots1",
               {**QK_NORMS, **ADD, "mlp": 3}, {}, ({"rms_norm": 9, "mlp": 3, "rope": L, "lm_head_loss": 1}, {})),
     # Helium: (w * x).to(dtype) RMSNorms, interleaved rotary; Youtu: dense MLA with rope_interleave (deinterleave)
-    "helium": ("helium", {}, "helium", {**FULL, **ADD}, {}, ({"rms_norm": 5, "mlp": L, "lm_head_loss": 1}, {"rope": 1})),
+    "helium": ("helium", {}, "helium", {**FULL, **ADD}, {},
+               ({"rms_norm": 5, "mlp": L, "lm_head_loss": 1}, {"rope": 1})),
     "youtu": ("youtu", dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=16,
                             qk_nope_head_dim=16, v_head_dim=16), "youtu",  # (5.17's rotary tables: head_dim wide)
               {**FULL, **ADD, "rms_norm": 9}, {},

@@ -181,8 +181,8 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
 def test_switched_head_runs_the_head_matmul_once_in_forward(outputs):
     """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy) and DPO's with WPO weights
     (``use_weighting=True``: also mean_logits, a matrix-vector product, and log_sum_sq_probs, from the same row pass):
-    one pass over the LM head, the scored tokens' logits once (tigon.workflows.matmul_count.head_matmuls, every 2-D matmul
-    counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half the
+    one pass over the LM head, the scored tokens' logits once (tigon.workflows.matmul_count.head_matmuls, every 2-D
+    matmul counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half the
     temperature before: 2 head matmuls."""
     from tigon.workflows.matmul_count import head_matmuls
 

@@ -311,8 +311,9 @@ def family_ops(config: dict) -> set[str] | None:
     From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
     config's activation attribute, else the transformers config class's default), ``act_linear`` for its non-gated
     MLPs of a declared activation module when the config names an activation it has (:data:`NONGATED_ACTIVATIONS`),
-    ``rope`` when it has a rotary
-    function (or ``rope_interleaved`` / ``mrope`` for its layout), the MoE glue ops for a family with experts, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both cross-entropy ops
+    ``rope`` when it has a rotary function (or ``rope_interleaved`` / ``mrope`` for its layout), the MoE glue ops for
+    a family with experts, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both
+    cross-entropy ops
     (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
