@@ -7,7 +7,7 @@
 #   (sink_attention_bench.py);
 # - the GPT-OSS-20B-shape e2e row, HF eager, Tigon, Liger, each last step profiled (goal >= 1.15x HF eager, >= Liger,
 #   peak <= Liger's; session 25 on an H100: 1.12x HF, 1.04x Liger; HF + compile 29,573 tok/s there); about 480 s
-#   bash benchmarks/results/h200/session26/s26c2.sh
+#   bash benchmarks/results/h200/session26/s26c2a.sh
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
 nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1
