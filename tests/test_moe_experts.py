@@ -169,6 +169,33 @@ def test_pickled_experts_keep_the_glue_forward():
     assert "moe_combine" in support.backend_usage()
 
 
+@pytest.mark.parametrize("name", ["olmoe", "gpt_oss"])
+def test_class_level_patch_sets_the_glue_forward_on_the_class(name):
+    # tigon.patch("olmoe"): the experts class gets the glue forward beside _apply_gate, for models built before and
+    # after; each module's conditions are checked per call (an eager-experts model runs the class's dispatcher)
+    want = step(build(name))
+    family = MODELS[name][0]
+    report = tigon.patch(family, **ONLY_MLP)
+    try:
+        entry = next(e for e in report.replaced if e.kind == "mlp" and e.target.endswith("Experts._apply_gate"))
+        assert entry.ops == MOE_OPS and "checked per call" in entry.detail, report
+        model = build(name)
+        experts = [m for m in model.modules() if is_experts(m)]
+        assert tigon_mark(type(experts[0]).forward).get("experts_forward")
+        support.backend_usage(reset=True)
+        assert_same_step(step(model), want)
+        assert all(op in support.backend_usage() for op in MOE_OPS)
+        eager = build(name, experts="eager")
+        support.backend_usage(reset=True)
+        assert_same_step(step(eager), want)
+        assert "moe_combine" not in support.backend_usage()
+        assert tigon.patch(family, **ONLY_MLP).already_patched
+    finally:
+        tigon.unpatch(family)
+    assert tigon_mark(type(experts[0]).forward) is None and tigon_mark(type(experts[0])._apply_gate) is None
+    assert_same_step(step(model), want, rtol=0)
+
+
 def test_benchmark_script_runs_tiny_on_the_cpu(tmp_path):
     # benchmarks/moe_glue_bench.py (the GPU session's timing of one layer's experts), on tiny experts: every provider
     # patched as it says and equal to transformers' grouped_mm experts

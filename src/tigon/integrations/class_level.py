@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from . import components
 from . import decoder_layer as dl
+from . import moe_experts
 from .families import FamilySpec
 from .marks import tigon_mark
 from .mlp_forwards import clamped_hook_problem, default_experts_gate
@@ -59,9 +60,12 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
         fn = components.factory(kind, comp, spec.name, spec.module, getattr(cls, attr), opts)
-        actions.append(Action(PatchEntry(kind, target, components.describe(kind, comp, None, opts),
-                                          components.ops(kind, comp, None, opts)),
-                               class_apply(spec.name, cls, attr, fn, kind)))
+        binds = [(attr, fn)]
+        detail, ops = components.describe(kind, comp, None, opts), components.ops(kind, comp, None, opts)
+        if kind == "mlp" and comp.experts and moe_experts.class_glue(cls):  # the glue forward beside _apply_gate
+            binds.append(("forward", moe_experts.experts_forward(comp, spec.name, cls.forward, class_level=True)))
+            detail, ops = moe_experts.describe(None, comp, detail), moe_experts.MOE_OPS
+        actions.append(Action(PatchEntry(kind, target, detail, ops), class_apply(spec.name, cls, binds, kind)))
     if enabled["rope"] and spec.rope is not None:
         problem = components.rope_problem(spec, mod)
         if problem is not None:
@@ -87,11 +91,13 @@ def plan_class(spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport)
     return actions
 
 
-def class_apply(family: str, cls: type, attr: str, fn, kind: str):
+def class_apply(family: str, cls: type, binds: list[tuple[str, object]], kind: str):
+    """Set each ``(attribute, replacement)`` of ``binds`` on ``cls``, saving what the class defined for unpatch."""
     def apply():
         state = CLASS_STATE.setdefault(family, ClassState())
-        state.saved.append((cls, attr, cls.__dict__.get(attr, MISSING), kind))
-        setattr(cls, attr, fn)
+        for attr, fn in binds:
+            state.saved.append((cls, attr, cls.__dict__.get(attr, MISSING), kind))
+            setattr(cls, attr, fn)
     return apply
 
 

@@ -44,6 +44,7 @@ _GATE_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu
 """The gated activation (:data:`~tigon.integrations.families.ACTIVATIONS` value) -> moe_expert_gate's activation."""
 
 
+@functools.lru_cache(maxsize=None)
 def _hf_moe():
     """transformers' ``integrations.moe`` module when it has what this forward calls (``_grouped_linear`` and
     ``grouped_mm_experts_forward``), else None."""
@@ -126,6 +127,14 @@ def glue_problem(module, spec: MLPSpec) -> str | None:
     return _call_problem(module)
 
 
+def class_glue(cls: type) -> bool:
+    """Whether a class-level patch of the experts class ``cls`` also sets :func:`experts_forward` on it: this
+    transformers has ``grouped_mm`` experts and ``cls.forward`` is their dispatcher, not yet Tigon's (each module's
+    own conditions, :func:`glue_problem`, are checked per call)."""
+    forward = getattr(cls, "forward", None)
+    return _hf_moe() is not None and tigon_mark(forward) is None and _dispatcher(forward)
+
+
 def _dispatcher(fn) -> bool:
     """Whether ``fn`` is ``@use_experts_implementation``'s forward, which picks the function of
     ``config._experts_implementation`` (read from its own code: ``functools.wraps`` made it look like the class's
@@ -135,15 +144,19 @@ def _dispatcher(fn) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def experts_forward(spec: MLPSpec, family: str, original):
+def experts_forward(spec: MLPSpec, family: str, original, class_level: bool = False):
     """``forward(self, hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k)) -> (T, H)``: transformers'
     ``grouped_mm_experts_forward`` with Tigon's glue (module docstring); ``original`` (the class's forward, the
-    experts-implementation dispatcher) where a call is not one it reproduces."""
+    experts-implementation dispatcher) where a call is not one it reproduces. Bound to an instance, :func:`glue_problem`
+    was checked when patching and its per-call part (:func:`_call_problem`) is checked on every call; set on the class
+    (``class_level``, ``tigon.patch("olmoe")``: every model of the family, built before or after), the whole of
+    :func:`glue_problem` is checked on every call (a few attribute reads)."""
+    per_call = functools.partial(glue_problem, spec=spec) if class_level else _call_problem
 
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
         if (args or kwargs or hidden_states.dim() != 2 or top_k_index.dim() != 2
-                or _call_problem(self) is not None):
+                or per_call(self) is not None):
             return original(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
         options = gate_options(self, spec)
         if isinstance(options, str):
@@ -174,7 +187,11 @@ def experts_forward(spec: MLPSpec, family: str, original):
 def describe(module, spec: MLPSpec, gate: str) -> str:
     """The report's detail of a patched experts module: the glue forward and ``gate`` (the ``_apply_gate`` patch's
     description), or why the forward is left as it is."""
-    problem = glue_problem(module, spec) if module is not None else "class-level patches replace _apply_gate only"
+    if module is None:
+        return (f"{gate}; forward: transformers' grouped_mm experts with Tigon's glue (tigon.functional.moe_gather, "
+                "moe_expert_gate, moe_combine) for each module that takes it, checked per call (else the class's "
+                "forward)")
+    problem = glue_problem(module, spec)
     if problem is not None:
         return f"{gate}; forward left as is ({problem})"
     options = gate_options(module, spec)
