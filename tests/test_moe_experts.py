@@ -46,13 +46,14 @@ def step(model, seed: int = 1):
     return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_step(a, b, rtol=1e-5):
+def assert_same_step(a, b, rtol=1e-5, noise=None):
     (la, ga), (lb, gb) = a, b
     torch.testing.assert_close(la, lb, rtol=rtol, atol=0)
     assert set(ga) == set(gb)
     for n in ga:
         err = ((ga[n] - gb[n]).norm() / gb[n].norm().clamp_min(1e-30)).item()
-        assert err <= rtol, f"{n}: relative error {err:.2e}"
+        bound = max(rtol, 10 * (noise or {}).get(n, 0.0))
+        assert err <= bound, f"{n}: relative error {err:.2e} > {bound:.2e}"
 
 
 def is_experts(m) -> bool:
@@ -63,10 +64,19 @@ def experts_entries(report):
     return [e for e in report.replaced if e.kind == "mlp" and e.target.rsplit(".", 1)[-1] == "experts"]
 
 
+def own_noise(a, b) -> dict:
+    """Per parameter, the relative difference between two runs of the same unpatched step: 0 where the step is
+    deterministic (the CPU); on CUDA, transformers' grouped_mm backward and the linear attention of Qwen3-Next /
+    Qwen3.5 sum with atomics (index_add_ / scatter), whose order changes between runs."""
+    (_, ga), (_, gb) = a, b
+    return {n: ((ga[n] - gb[n]).norm() / gb[n].norm().clamp_min(1e-30)).item() for n in ga}
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_step_equals_grouped_mm_experts(name):
     model = build(name)
     want = step(model)
+    noise = own_noise(step(model), want)
     support.backend_usage(reset=True)
     report = tigon.patch(model, **ONLY_MLP)
     entries = experts_entries(report)
@@ -77,7 +87,9 @@ def test_training_step_equals_grouped_mm_experts(name):
     experts = [m for m in model.modules() if is_experts(m)]
     assert all("forward" in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
     got = step(model)
-    assert_same_step(got, want)  # loss, router, experts' weights and biases, everything else
+    # loss, router, experts' weights and biases, everything else: within 1e-5, or 10x the original's own run-to-run
+    # difference where that is larger (CUDA's atomics; on the H100 Qwen3-Next's dt_bias gradient moved 1.2e-4)
+    assert_same_step(got, want, rtol=1e-5, noise=noise)
     used = support.backend_usage()
     assert all(op in used for op in MOE_OPS), used
     tigon.unpatch(model)
@@ -160,9 +172,9 @@ def test_pickled_experts_keep_the_glue_forward():
     experts = pickle.loads(pickle.dumps(next(m for m in model.modules() if is_experts(m))))
     assert tigon_mark(experts.__dict__["forward"]).get("experts_forward")
     gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(5, experts.gate_up_proj.shape[1], generator=gen)
-    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(5)])
-    weights = torch.rand(5, 2, generator=gen)
+    hidden = torch.randn(5, experts.gate_up_proj.shape[1], generator=gen).to(mm.DEVICE)
+    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(5)]).to(mm.DEVICE)
+    weights = torch.rand(5, 2, generator=gen).to(mm.DEVICE)
     support.backend_usage(reset=True)
     torch.testing.assert_close(experts(hidden, index, weights), type(experts).forward(experts, hidden, index, weights),
                                rtol=1e-5, atol=1e-6)
@@ -196,9 +208,9 @@ def test_class_level_patch_sets_the_glue_forward_on_the_class(name):
     assert_same_step(step(model), want, rtol=0)
 
 
-def test_benchmark_script_runs_tiny_on_the_cpu(tmp_path):
-    # benchmarks/moe_glue_bench.py (the GPU session's timing of one layer's experts), on tiny experts: every provider
-    # patched as it says and equal to transformers' grouped_mm experts
+def test_benchmark_script_runs_tiny(tmp_path):
+    # benchmarks/moe_glue_bench.py (the GPU session's timing of one layer's experts), on tiny experts (the CPU's
+    # interpreter, or CUDA): every provider patched as it says and equal to transformers' grouped_mm experts
     import importlib.util
     import json
     import pathlib
@@ -208,7 +220,7 @@ def test_benchmark_script_runs_tiny_on_the_cpu(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "moe.json"
-    bench.main(["--tiny", "--device", "cpu", "--dtype", "float32", "--tokens", "12", "--out", str(out)])
+    bench.main(["--tiny", "--device", str(mm.DEVICE), "--dtype", "float32", "--tokens", "12", "--out", str(out)])
     result = json.loads(out.read_text())
     assert [m["model"] for m in result["models"]] == list(bench.MODELS)
     for row in result["models"]:
