@@ -104,7 +104,8 @@ def sparsemax_loop(arch: int, block_m: int, warps: int, block_n: int = 4096) -> 
     from tigon.kernels import sparsemax as k
 
     types = dict(X="*bf16", Y="*bf16", M="i32", N="i32", stride_x="i64")
-    kernel = compile_kernel(k._sparsemax_fwd, types, dict(BLOCK_M=block_m, BLOCK_N=block_n), arch, warps=warps)
+    kernel = compile_kernel(k._sparsemax_fwd, types, dict(BLOCK_M=block_m, BLOCK_N=block_n, TOP2=False), arch,
+                            warps=warps)
     lines = _sass(kernel.asm["cubin"])
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
     best = (0, 0)

@@ -97,7 +97,7 @@ def _launch_with(k, block_m: int, warps: int):
         M, N = x.shape
         y = torch.empty_like(x)
         k._sparsemax_fwd[(triton.cdiv(M, block_m),)](x, y, M, N, x.stride(0), BLOCK_M=block_m, BLOCK_N=next_pow2(N),
-                                                     num_warps=warps)
+                                                     TOP2=k.START_TOP2, num_warps=warps)
         return y
     return fwd
 

@@ -46,10 +46,13 @@ def test_group_norm_matches_float64(device, dtype, shape, groups):
                                   inputs, GRADS, factor=2.0))
 
 
-def test_group_norm_one_launch_matches_two(device, monkeypatch):
+@pytest.mark.parametrize("fwd_warps", [0, 1], ids=["fwd_warps_default", "fwd_warps_1"])
+def test_group_norm_one_launch_matches_two(device, monkeypatch, fwd_warps):
     # the one-launch forward and backward (a group in one tile) against the split path: the same output, group
-    # statistics and gradients up to fp32 summation order
+    # statistics and gradients up to fp32 summation order; the forward also at GROUP_FWD_WARPS 1 (a launch option)
     from tigon.kernels import group_norm as k
+
+    monkeypatch.setattr(k, "GROUP_FWD_WARPS", fwd_warps)
 
     x = torch.randn(3, 12, 5, 7, device=device) * 2 + 1
     dy = torch.randn(3, 12, 5, 7, device=device)
@@ -245,12 +248,16 @@ def test_group_norm_bench_groups_override(monkeypatch):
             op._shape(llama)
 
 
+@pytest.mark.parametrize("row_sums", [False, True], ids=["accumulators", "row_sums"])
 @pytest.mark.parametrize("affine", [(True, True), (False, False)])
-def test_group_norm_streamed_backward(device, monkeypatch, affine):
+def test_group_norm_streamed_backward(device, monkeypatch, affine, row_sums):
     # GROUP_BWD_CHUNK: the one-launch backward streaming each group in chunks, twice (sums, then dx), against the
     # group held in registers and against float64: odd channel counts and positions (partial chunks), a chunk
-    # narrower than a row (several a row) and one of several rows, a non-contiguous input
+    # narrower than a row (several a row) and one of several rows, a non-contiguous input; with GROUP_BWD_ROW_SUMS
+    # each chunk reduced to row sums at once, and a chunk as large as the (padded) group: 4 x 64 elements
     from tigon.kernels import group_norm as k
+
+    monkeypatch.setattr(k, "GROUP_BWD_ROW_SUMS", row_sums)
 
     x = torch.randn(3, 12, 5, 7, device=device) * 2 + 1
     dy = torch.randn(3, 12, 5, 7, device=device)
@@ -261,7 +268,7 @@ def test_group_norm_streamed_backward(device, monkeypatch, affine):
         return k.group_norm_backward(dy, x2, w, b, mean_g, rstd_g, x.shape, 4, 1e-6, affine[0], affine[1])
 
     held = run()
-    for chunk in (4, 16, 64):
+    for chunk in (4, 16, 64) + ((256,) if row_sums else ()):
         monkeypatch.setattr(k, "GROUP_BWD_CHUNK", chunk)
         for a, c in zip(held, run()):
             if a is not None:

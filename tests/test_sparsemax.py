@@ -39,10 +39,14 @@ def test_sparsemax_dim_and_strided_input(device, dim):
     assert TN.Sparsemax(dim)(x).shape == x.shape and "dim=" in repr(TN.Sparsemax(dim))
 
 
-def test_sparsemax_wide_rows_chunked(device, monkeypatch):
-    # rows wider than the register path (forced small): one program a row, the bisection over column chunks
+@pytest.mark.parametrize("top2", [False, True], ids=["max_start", "top2_start"])
+def test_sparsemax_wide_rows_chunked(device, monkeypatch, top2):
+    # rows wider than the register path (forced small): one program a row, the bisection over column chunks; from
+    # max - 1 and from the top two's bound (START_TOP2)
     from tigon.kernels import softmax as k
+    from tigon.kernels import sparsemax as ks
 
+    monkeypatch.setattr(ks, "START_TOP2", top2)
     monkeypatch.setattr(k, "REGISTER_ROW", 8)
     monkeypatch.setattr(k, "WIDE_CHUNK", 8)
     x = torch.randn(2, 21, device=device) * 3
@@ -105,12 +109,16 @@ def _tau64(x):
     return ((cs.gather(-1, kz - 1) - 1) / kz).squeeze(-1)
 
 
+@pytest.mark.parametrize("top2", [False, True], ids=["max_start", "top2_start"])
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("case", ["ties_at_tau", "near_tau", "one_huge", "constant", "neg_inf_padding",
                                   "scale_0.01", "scale_30"])
-def test_sparsemax_exact_on_hard_rows(device, monkeypatch, case, chunked):
+def test_sparsemax_exact_on_hard_rows(device, monkeypatch, case, chunked, top2):
+    # (top2: Michelot's loop started from the top two values' bound, START_TOP2, rather than max - 1)
     from tigon.kernels import softmax as k
+    from tigon.kernels import sparsemax as ks
 
+    monkeypatch.setattr(ks, "START_TOP2", top2)
     if chunked:
         monkeypatch.setattr(k, "REGISTER_ROW", 16)
         monkeypatch.setattr(k, "WIDE_CHUNK", 16)
@@ -134,9 +142,14 @@ def test_sparsemax_exact_on_hard_rows(device, monkeypatch, case, chunked):
     assert_close_to_truth(compare(F.sparsemax, ref_sparsemax, dict(input=x), ["input"]))
 
 
+@pytest.mark.parametrize("top2", [False, True], ids=["max_start", "top2_start"])
 @pytest.mark.parametrize("N", [4097, 32000])
-def test_sparsemax_wide_logits(device, N):
-    # rows of a vocabulary (register path up to 32768), bf16 logits at scales 1 and 10
+def test_sparsemax_wide_logits(device, monkeypatch, N, top2):
+    # rows of a vocabulary (register path up to 32768), bf16 logits at scales 1 and 10; from max - 1 and from the
+    # top two's bound (START_TOP2)
+    from tigon.kernels import sparsemax as ks
+
+    monkeypatch.setattr(ks, "START_TOP2", top2)
     x = torch.randn(2, N, device=device) * torch.tensor([[1.0], [10.0]], device=device)
     assert_close_to_truth(compare(F.sparsemax, ref_sparsemax, dict(input=x.bfloat16()), ["input"]))
     torch.testing.assert_close(F.sparsemax(x).double(), ref_sparsemax(x.double()), rtol=0, atol=1e-6)

@@ -81,9 +81,20 @@ INTERPRET_FUSED_GROUP = 1 << 16
 GROUP_BWD_ELEMS_PER_THREAD = 32
 # Elements a chunk of the streamed one-launch backward ``_group_bwd_stream`` (a group read twice, the second time from
 # L2, a chunk in registers: several programs an SM), or 0: ``_group_bwd`` (the group in registers). Only groups larger
-# than a chunk stream. Not measured (benchmarks/tune.py's group_norm study: 0, 2048, 4096 and the chunk's warps).
+# than a chunk stream (with GROUP_BWD_ROW_SUMS, as large too). H200, bf16 128 x 128 x 4096 in 32 groups, fwd + bwd
+# (benchmarks/results/h200/session22/cD/tune-norms_llama3-8b-16k_h200.json): chunks of 4096 at 8 warps 205.9 us
+# against 207.0 for ``_group_bwd`` (noise), 4 warps 213.9, chunks of 8192 209.0 / 216.2.
 GROUP_BWD_CHUNK = 0
 GROUP_BWD_CHUNK_WARPS = 4
+# The streamed backward's first walk reduces each chunk to row sums at once (``_group_bwd_stream``'s ROW_SUMS): x and
+# dy die after each chunk, so a chunk as large as the group (GROUP_BWD_CHUNK = the group's elements: one chunk a walk,
+# the second read from L1 / L2) compiles to fewer registers. sm_90, Triton 3.6 (ptxas -v, no GPU), bf16 groups of 4 x
+# 4096: chunks of 16384 at 16 warps 108 registers (``_group_bwd`` 127: one program an SM), 8192 at 8 / 4 warps 80 /
+# 75, 4096 at 8 / 4 warps 64 / 45 (without ROW_SUMS 79 / 94). Not timed yet (benchmarks/issue21_tune.py).
+GROUP_BWD_ROW_SUMS = False
+# num_warps of the one-launch forward ``_group_fwd`` (0: ``warps_for`` the tile: 16 at 16384 elements, 64 registers
+# on sm_90 with Triton 3.6, two programs an SM).
+GROUP_FWD_WARPS = 0
 # Partials a step of the reduction programs ``_group_moments`` / ``_group_grad_sums`` read (one program a group).
 REDUCE_BLOCK = 1024
 
@@ -151,14 +162,18 @@ def _group_bwd(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, stride_x
 
 @triton.jit
 def _group_bwd_stream(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, stride_x, stride_dy,
-                      HAS_W: tl.constexpr, CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+                      HAS_W: tl.constexpr, CG_BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, ROW_SUMS: tl.constexpr):
     """``_group_bwd``'s result (DX, SUM_DY, SUM_DYX) with the group streamed in [CG_BLOCK, BLOCK_S] chunks, twice:
     the first walk reads x and dy (``evict_last``) into fp32 per-channel accumulators of sum(dy) and sum(dy * xhat),
     the second reads them again (``evict_first``, from L2 while the group is still there: 2 x 2 e Cg S bytes a
     group, 64 KB for bf16 groups of 16384) and writes dx = rstd w dy - rstd^2 c1 (x - mean) - rstd c2. DRAM bytes
     stay 3 M N e when the re-read hits L2 (L2 reads 5 M N e); registers hold a chunk, not the group, so that
     several programs share an SM and one's loads overlap another's reductions and stores (``_group_bwd`` holds the
-    whole group: one program of 16 warps an SM at 16384 elements)."""
+    whole group: one program of 16 warps an SM at 16384 elements). ROW_SUMS: the first walk reduces each chunk to
+    its [CG_BLOCK] row sums at once (a reduction across the program a chunk) instead of carrying two fp32
+    [CG_BLOCK, BLOCK_S] accumulators to the end: x and dy die after each chunk's sums, so that a chunk as large as
+    the group (one iteration a walk, the second read from L1 / L2) takes about half ``_group_bwd``'s registers
+    (sm_90, Triton 3.6, bf16 groups of 4 x 4096, 16 warps: 127 registers for ``_group_bwd``, one program an SM)."""
     j = tl.arange(0, CG_BLOCK)
     gi = tl.program_id(0)
     rows = gi.to(tl.int64) * Cg + j
@@ -167,16 +182,24 @@ def _group_bwd_stream(X, DY, DX, W, MEAN_G, RSTD_G, SUM_DY, SUM_DYX, S, C, Cg, s
     rstd = tl.load(RSTD_G + gi)
     a_dy = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
     a_dyx = tl.zeros([CG_BLOCK, BLOCK_S], dtype=tl.float32)
+    s_dy = tl.zeros([CG_BLOCK], dtype=tl.float32)
+    s_dyx = tl.zeros([CG_BLOCK], dtype=tl.float32)
     row_end = gi.to(tl.int64) * Cg + Cg  # (rows past it: another group's, read as zeros)
     for s0 in range(0, S, BLOCK_S):
         offs = s0 + tl.arange(0, BLOCK_S)
         cmask = offs < S
         x = _load_tile(X, rows, row_end, offs, cmask, stride_x, "evict_last").to(tl.float32)
         dy = _load_tile(DY, rows, row_end, offs, cmask, stride_dy, "evict_last").to(tl.float32)
-        a_dy += dy
-        a_dyx += dy * ((x - mean) * rstd)  # (masked: dy = 0)
-    k, kx, k0 = _group_grad_coeffs(tl.sum(a_dy, axis=1), tl.sum(a_dyx, axis=1), W, SUM_DY, SUM_DYX, rows, rmask, C,
-                                   Cg, S, rstd, HAS_W)
+        if ROW_SUMS:
+            s_dy += tl.sum(dy, axis=1)
+            s_dyx += tl.sum(dy * ((x - mean) * rstd), axis=1)  # (masked: dy = 0)
+        else:
+            a_dy += dy
+            a_dyx += dy * ((x - mean) * rstd)
+    if not ROW_SUMS:
+        s_dy = tl.sum(a_dy, axis=1)
+        s_dyx = tl.sum(a_dyx, axis=1)
+    k, kx, k0 = _group_grad_coeffs(s_dy, s_dyx, W, SUM_DY, SUM_DYX, rows, rmask, C, Cg, S, rstd, HAS_W)
     for s0 in range(0, S, BLOCK_S):
         offs = s0 + tl.arange(0, BLOCK_S)
         cmask = offs < S
@@ -405,7 +428,7 @@ def group_norm_forward(x: torch.Tensor, weight, bias, num_groups: int, eps: floa
         cg_block, block_s = next_pow2(cg), next_pow2(S)
         _group_fwd[(groups,)](x2, y, w, b, mean_g, rstd_g, S, C, cg, eps, sx, HAS_W=weight is not None,
                               HAS_B=bias is not None, CG_BLOCK=cg_block, BLOCK_S=block_s,
-                              num_warps=warps_for(cg_block * block_s))
+                              num_warps=GROUP_FWD_WARPS or warps_for(cg_block * block_s))
         return y, x2, mean_g, rstd_g
     block_r, block_s, n_tc, T = _tile_shape(cg, S, dev)
     warps = warps_for(block_r * block_s)
@@ -448,11 +471,13 @@ def group_norm_backward(dy, x2, weight, bias, mean_g, rstd_g, x_shape, num_group
     sum_dy = torch.empty(M, dtype=torch.float32, device=dev)
     sum_dy_xhat = torch.empty(M, dtype=torch.float32, device=dev)
     chunk = GROUP_BWD_CHUNK
-    if _one_launch(cg, S, dev) and chunk and next_pow2(cg) <= chunk < next_pow2(cg) * next_pow2(S):
+    group = next_pow2(cg) * next_pow2(S)
+    if _one_launch(cg, S, dev) and chunk and next_pow2(cg) <= chunk and (
+            chunk < group or (GROUP_BWD_ROW_SUMS and chunk == group)):
         cg_block = next_pow2(cg)
         _group_bwd_stream[(groups,)](x2, dy2, dx, w, mean_g, rstd_g, sum_dy, sum_dy_xhat, S, C, cg, sx, sdy,
                                      HAS_W=weight is not None, CG_BLOCK=cg_block, BLOCK_S=chunk // cg_block,
-                                     num_warps=GROUP_BWD_CHUNK_WARPS)
+                                     ROW_SUMS=GROUP_BWD_ROW_SUMS, num_warps=GROUP_BWD_CHUNK_WARPS)
     elif _one_launch(cg, S, dev):
         cg_block, block_s = next_pow2(cg), next_pow2(S)
         _group_bwd[(groups,)](x2, dy2, dx, w, mean_g, rstd_g, sum_dy, sum_dy_xhat, S, C, cg, sx, sdy,

@@ -107,18 +107,19 @@ def _softmax_bwd_wide(DY, Y, DX, N, stride_dy, stride_y, BLOCK_N: tl.constexpr):
 
 
 def _launch(kernel, wide_kernel, inputs: tuple, strides: tuple, out: torch.Tensor, M: int, N: int,
-            configs: dict | None = None) -> None:
+            configs: dict | None = None, constexprs: dict | None = None) -> None:
     """Run ``kernel(*inputs, out, M, N, *strides)`` on whole rows (``fwd_config``'s rows per program and warps, or
     ``configs[block_n]`` where given) or, for rows wider than REGISTER_ROW, ``wide_kernel(*inputs, out, N,
-    *strides)`` on WIDE_CHUNK-column chunks (one row a program)."""
+    *strides)`` on WIDE_CHUNK-column chunks (one row a program); ``constexprs``: more keyword arguments of both."""
     block_n = next_pow2(N)
+    more = constexprs or {}
     if block_n <= REGISTER_ROW:
         block_m, warps = configs[block_n] if configs and block_n in configs else fwd_config(block_n, out.device)
         kernel[(cdiv(M, block_m),)](*inputs, out, M, N, *strides, BLOCK_M=block_m, BLOCK_N=block_n,
-                                    num_warps=warps)
+                                    num_warps=warps, **more)
     else:
         chunk = min(WIDE_CHUNK, block_n)
-        wide_kernel[(M,)](*inputs, out, N, *strides, BLOCK_N=chunk, num_warps=warps_for(chunk))
+        wide_kernel[(M,)](*inputs, out, N, *strides, BLOCK_N=chunk, num_warps=warps_for(chunk), **more)
 
 
 def softmax_forward(x: torch.Tensor) -> torch.Tensor:
