@@ -425,3 +425,44 @@ def test_tvd_target_gradient_in_its_own_dtype(device):
     (ref_tvd(pr, qr) * 0.3).backward()
     assert torch.equal(p.grad, pr.grad.to(torch.bfloat16))
     torch.testing.assert_close(q.grad, qr.grad.float(), rtol=1e-6, atol=0)  # (fp32: its scale is an fp32 number)
+
+
+def test_token_accuracy_is_per_token_with_reduction_none(device):
+    # Liger-Kernel 0.8.5 (src/liger_kernel/ops/cross_entropy.py, cross_entropy_forward, lines 463-471; the same in
+    # ops/fused_linear_cross_entropy.py lines 401-407): reduction="none" returns token_accuracy as the (N,) float32
+    # per-token hits (1.0 where the argmax is the target, 0.0 otherwise and where ignored); "mean" / "sum" the
+    # fraction of non-ignored tokens. Tigon returned the fraction for "none" too.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tigon.reference.cross_entropy import cross_entropy as ref_ce
+
+    v, h = 7, 5
+    hidden = torch.randn(9, h, device=device)
+    weight = torch.randn(v, h, device=device)
+    logits = hidden @ weight.T
+    target = logits.argmax(-1)
+    target[[1, 4]] = (target[[1, 4]] + 1) % v  # two misses
+    target[[2, 6]] = -100  # two ignored: argmax hits by the logits, still 0
+    want = torch.tensor([1.0, 0, 0, 1, 0, 1, 0, 1, 1], device=device)
+    for kw in (dict(return_token_accuracy=True), dict(return_accuracy=True)):
+        outs = [F.cross_entropy(logits, target, reduction="none", **kw),
+                F.fused_linear_cross_entropy(hidden, weight, target, reduction="none", **kw),
+                ref_ce(logits, target, reduction="none", return_accuracy=True)]
+        for out in outs:
+            assert out.token_accuracy.dtype == torch.float32 and torch.equal(out.token_accuracy, want)
+        for red in ("mean", "sum"):
+            assert F.cross_entropy(logits, target, reduction=red, **kw).accuracy.item() == pytest.approx(5 / 7)
+            fused = F.fused_linear_cross_entropy(hidden, weight, target, reduction=red, **kw)
+            assert fused.accuracy.shape == () and fused.accuracy.item() == pytest.approx(5 / 7)
+    # the modules: in target's shape, like the per-token losses
+    kw = dict(reduction="none", return_token_accuracy=True, return_z_loss=True, lse_square_scale=1e-3)
+    ce = tnn.CrossEntropyLoss(**kw)(logits.reshape(3, 3, v), target.reshape(3, 3))
+    flce = tnn.FusedLinearCrossEntropyLoss(**kw)(hidden.reshape(3, 3, h), weight, target.reshape(3, 3))
+    for out in (ce, flce):
+        assert out.token_accuracy.shape == out.loss.shape == (3, 3)
+        assert torch.equal(out.token_accuracy.flatten(), want)
+    # the custom ops' fake shapes (torch.compile) agree
+    with FakeTensorMode() as mode:
+        fl, ft = mode.from_tensor(logits.cpu()), mode.from_tensor(target.cpu())
+        acc = torch.ops.tigon.cross_entropy(fl, ft, None, None, -100, 0.0, 0.0, None, "none", True)[2]
+        assert acc.shape == (9,)
+        assert torch.ops.tigon.cross_entropy(fl, ft, None, None, -100, 0.0, 0.0, None, "mean", True)[2].shape == ()

@@ -36,8 +36,8 @@ def grad_in_forward_block(device: torch.device) -> tuple[int, int, bool] | None:
 def ce_forward(x, target, cw, cw_sum, opts: LossOptions, reduction: str, num_items, want_acc: bool,
                grad_out: torch.Tensor | None = None, pred: torch.Tensor | None = None):
     """The loss of rows ``x`` (n, V) (unit column stride), targets (n,) contiguous, class weights as given by
-    :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``), the row statistics
-    stats (n, 2) fp32 (max, log-sum: :func:`tigon.kernels.loss_rows.row_stats`),
+    :func:`class_weight_args`. Returns (loss, z_loss, accuracy (0-d, zero unless ``want_acc``; (n,) hits for
+    "none"), the row statistics stats (n, 2) fp32 (max, log-sum: :func:`tigon.kernels.loss_rows.row_stats`),
     scale (see :func:`reduce_losses`)). Shared by the autograd.Function and the custom op below.
     ``grad_out`` (n, V), may be ``x``: also write ``d loss / d x`` there (a scalar reduction), one row at a time
     right after its loss, by the program that read it. ``pred``: an (n,) int64 tensor to write each row's argmax
@@ -193,9 +193,9 @@ def _cross_entropy(logits: Tensor, target: Tensor, class_weight: Optional[Tensor
                    reduction: str, want_acc: bool, want_pred: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                                                      Tensor]:
     """(loss, z_loss, accuracy, stats, predicted tokens): loss and z_loss fp32, 0-d (or (N,) for
-    ``reduction="none"``); accuracy 0-d fp32 (0 unless ``want_acc``); stats (N, 2) fp32, the rows' max and log-sum
-    (:func:`tigon.kernels.loss_rows.row_stats`), kept for the backward; predicted tokens (N,) int64 (-1 where
-    ignored) with ``want_pred``, else (0,)."""
+    ``reduction="none"``); accuracy 0-d fp32 (0 unless ``want_acc``; (N,) hits for "none"); stats (N, 2) fp32,
+    the rows' max and log-sum (:func:`tigon.kernels.loss_rows.row_stats`), kept for the backward; predicted tokens
+    (N,) int64 (-1 where ignored) with ``want_pred``, else (0,)."""
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     target = target.contiguous()
     cw, cw_sum = class_weight_args(class_weight, x.device)
@@ -212,8 +212,10 @@ def _(logits, target, class_weight, num_items, ignore_index, label_smoothing, ls
     n = logits.shape[0]
     loss_shape = (n,) if reduction == "none" else ()
     f32 = dict(dtype=torch.float32)
-    return (logits.new_empty(loss_shape, **f32), logits.new_empty(loss_shape, **f32), logits.new_empty((), **f32),
-            logits.new_empty((n, 2), **f32), target.new_empty((n if want_pred else 0,), dtype=torch.int64))
+    acc_shape = loss_shape if want_acc else ()  # "none": each token's hit
+    return (logits.new_empty(loss_shape, **f32), logits.new_empty(loss_shape, **f32),
+            logits.new_empty(acc_shape, **f32), logits.new_empty((n, 2), **f32),
+            target.new_empty((n if want_pred else 0,), dtype=torch.int64))
 
 
 @torch.library.custom_op("tigon::cross_entropy_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)

@@ -168,8 +168,8 @@ def flce_forward(hidden, weight, target, bias, class_weight, opts: LossOptions, 
     bytes, or :func:`~tigon.kernels.flce_sliced.default_spare_bytes` for -1); ``halves``: see
     :func:`grad_buffers` (grad_weight then comes back as a :class:`RowHalves` for :func:`scale_grads`);
     ``fold_out``: a (1,) fp32 tensor holding 1, for the float16 rule below.
-    Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``), stats (N, 2) fp32 (the rows' max and log-sum:
-    :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
+    Returns (loss, z_loss, accuracy (0-d zero unless ``want_acc``; (N,) hits for "none"), stats (N, 2) fp32 (the
+    rows' max and log-sum: :func:`tigon.kernels.loss_rows.row_stats`), grads (gh, gw, gb) or None).
 
     Float16 with fp32 accumulators (the default plan, ``fold_out`` given): the logits' gradient is formed without
     the division by the token count (the z-loss's scale: 1 / the count, 1 / num_items_in_batch, 1 for a sum), which
@@ -418,9 +418,9 @@ class FlceCall(NamedTuple):
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """autograd wrapper; ``apply(hidden, weight, target, bias, class_weight, num_items, cd, need, call)``. ``need`` =
     (grad for hidden, weight, bias) decided by the caller (grad mode and requires_grad), ``cd`` the matmul dtype,
-    ``call`` a :class:`FlceCall`. Returns (loss, z_loss), then the accuracy (0-d fp32) with ``call.want_acc``, then
-    the predicted tokens ((N,) int64) with ``call.want_pred``: only the outputs asked for are allocated; all but
-    the loss non-differentiable.
+    ``call`` a :class:`FlceCall`. Returns (loss, z_loss), then the accuracy (0-d fp32; (N,) for "none") with
+    ``call.want_acc``, then the predicted tokens ((N,) int64) with ``call.want_pred``: only the outputs asked for
+    are allocated; all but the loss non-differentiable.
     """
 
     @staticmethod
@@ -480,10 +480,10 @@ def _flce(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor]
           ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(loss, z_loss, accuracy, stats, grad_hidden, grad_weight, grad_bias, predicted tokens).
 
-    loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``);
-    stats: (N, 2) fp32 (row max, log-sum). For a scalar reduction with a gradient needed, the gradients of the
-    loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward only scales
-    and casts them):
+    loss, z_loss: fp32, 0-d (or (N,) for ``reduction="none"``); accuracy: 0-d fp32 (0 unless ``want_acc``; (N,)
+    hits for "none"); stats: (N, 2) fp32 (row max, log-sum). For a scalar reduction with a gradient needed, the
+    gradients of the loss for an upstream gradient of 1, computed during the forward as in eager mode (the backward
+    only scales and casts them):
     grad_hidden (N, H), grad_weight (V, H), grad_bias (V,), in the dtypes of
     ``tigon.kernels.head_grads.grad_buffers`` (fp32; ``lean``: the parameters' dtypes where they
     equal ``cd``). Each is (0,) when not computed. They are outputs, not hidden state, so that the compiled graph
@@ -515,8 +515,10 @@ def _(hidden, weight, target, bias, class_weight, num_items, ignore_index, label
         grads = [or_empty(g, empty) for g in grad_buffers(n, hidden, weight, cd, need, lean, True)]
     else:
         grads = [empty, empty.new_empty((0,)), empty.new_empty((0,))]
-    return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32), hidden.new_empty((), **f32),
-            hidden.new_empty((n, 2), **f32), *grads, target.new_empty((n if want_pred else 0,), dtype=torch.int64))
+    acc_shape = loss_shape if want_acc else ()  # "none": each token's hit
+    return (hidden.new_empty(loss_shape, **f32), hidden.new_empty(loss_shape, **f32),
+            hidden.new_empty(acc_shape, **f32), hidden.new_empty((n, 2), **f32), *grads,
+            target.new_empty((n if want_pred else 0,), dtype=torch.int64))
 
 
 @torch.library.custom_op("tigon::fused_linear_cross_entropy_backward_rows", mutates_args=(), tags=CUSTOM_OP_TAGS)

@@ -95,7 +95,8 @@ def reduce_losses(
     tensor): 1 / num_items_in_batch for both. ``loss``: sum(ce rows) * scales[0] + sum(z rows) * scales[1],
     ``z_loss``: sum(z rows) * scales[1] (0-d fp32; the rows themselves for "none"; None when the rows are not
     given: a scale-only call). ``accuracy``: sum(correct) / max(1, non-ignored tokens) when ``correct`` (N,)
-    is given, else a 0-d zero with ``zero_acc`` (written by the same kernel when it runs), else None.
+    is given (for "none" ``correct`` itself: each token's 1.0 / 0.0 hit, 0 where ignored, Liger-Kernel's per-token
+    ``token_accuracy``), else a 0-d zero with ``zero_acc`` (written by the same kernel when it runs), else None.
     """
     f32 = dict(dtype=torch.float32, device=target.device)
     items_tensor = isinstance(num_items_in_batch, torch.Tensor)
@@ -109,8 +110,9 @@ def reduce_losses(
     scale = None if mode == _NONE else scale_out if scale_out is not None else torch.empty(2, **f32)
     loss = torch.empty(size=(), **f32) if sums else None
     z = torch.empty(size=(), **f32) if sums else None
-    # the zero accuracy is written by the kernel when it runs anyway (a scalar reduction), else filled by torch
-    acc = torch.empty(size=(), **f32) if correct is not None or (zero_acc and scale is not None) else None
+    # the zero accuracy is written by the kernel when it runs anyway (a scalar reduction), else filled by torch;
+    # "none" keeps the per-token hits (scale is None there, so no launch)
+    acc = None if mode == _NONE else torch.empty(size=(), **f32) if correct is not None or zero_acc else None
     if scale is not None or acc is not None:
         any_t = scale if scale is not None else acc
         n = target.shape[0]
@@ -125,7 +127,9 @@ def reduce_losses(
             MODE=mode, HAS_WEIGHT=cw is not None, SUMS=sums, COMPUTE_ACC=correct is not None,
             ZERO_ACC=correct is None and acc is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4,
         )
-    if acc is None and zero_acc:
+    if mode == _NONE and correct is not None:
+        acc = correct
+    elif acc is None and zero_acc:
         acc = torch.zeros(size=(), **f32)
     if mode == _NONE and loss_rows is not None:
         loss, z = loss_rows, z_rows

@@ -21,13 +21,15 @@ def _flatten(x: torch.Tensor, target: torch.Tensor, what: str):
 
 
 def _restore(out, lead, reduction: str):
-    """The per-token outputs (the losses of ``"none"``, the predicted tokens) in target's shape ``lead``."""
+    """The per-token outputs (the losses, z-losses and hits of ``"none"``, the predicted tokens) in target's shape
+    ``lead``."""
     if lead is None:
         return out
     if isinstance(out, TF.LossOutput):
         if reduction == "none":
             out = replaced(out, loss=out.loss.reshape(lead),
-                           z_loss=None if out.z_loss is None else out.z_loss.reshape(lead))
+                           z_loss=None if out.z_loss is None else out.z_loss.reshape(lead),
+                           accuracy=None if out.accuracy is None else out.accuracy.reshape(lead))
         if out.predicted_tokens is not None:
             out = replaced(out, predicted_tokens=out.predicted_tokens.reshape(lead))
         return out

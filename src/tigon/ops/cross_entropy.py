@@ -68,7 +68,9 @@ def cross_entropy(
         num_items_in_batch: int or 0-d tensor; loss = summed loss / num_items_in_batch (Hugging Face
             gradient-accumulation convention; overrides "mean"/"sum", not allowed with "none").
         return_z_loss: also return the z part alone, reduced like the loss (detached, for logging).
-        return_accuracy: also return the fraction of non-ignored tokens whose argmax equals the target.
+        return_accuracy: also return the fraction of non-ignored tokens whose argmax equals the target (0-d fp32);
+            with ``reduction="none"`` each token's hit instead, (N,) fp32 1.0 / 0.0, 0 where ignored (Liger-Kernel's
+            per-token ``token_accuracy``).
         return_predicted_tokens: also return each token's argmax class, (N,) int64 with -1 for ignored tokens, in
             ``LossOutput.predicted_tokens`` (Liger-Kernel's option of the same name; from the loss's own pass).
         inplace_backward: if True the backward writes the gradient into the logits buffer instead of a new

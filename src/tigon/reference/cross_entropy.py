@@ -48,7 +48,9 @@ class LossOutput(NamedTuple):
         reduction="none" each token's ``lse_square_scale * lse**2`` ((N,), 0 where ignored, times the target's
         probability with token scaling); for "mean" their sum over the non-ignored tokens divided by their count
         (unweighted by class weights, Tigon's rule, as Liger's), for "sum" the sum; or None.
-    accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32), or None.
+    accuracy: fraction of non-ignored tokens whose argmax equals the target (scalar float32; for reduction="none"
+        each token's hit, (N,) float32, 1.0 or 0.0, 0 where ignored: Liger-Kernel's per-token ``token_accuracy``),
+        or None.
     predicted_tokens: each token's argmax class, (N,) int64 with -1 for ignored tokens (the fused linear
         cross-entropy's ``return_predicted_tokens``, Liger-Kernel's), or None.
     """
@@ -199,7 +201,8 @@ def cross_entropy(
     Returns:
         The loss: 0-d, or (N,) for ``reduction="none"``; float32 (float64 for float64 logits). With
         ``return_z_loss`` / ``return_accuracy``, ``LossOutput(loss, z_loss, accuracy)``: z_loss is the z part
-        alone reduced like the loss and accuracy the fraction of non-ignored tokens whose argmax is the target;
+        alone reduced like the loss and accuracy the fraction of non-ignored tokens whose argmax is the target
+        (for ``reduction="none"`` each token's 1.0 / 0.0 hit, 0 where ignored);
         both are detached (logging outputs: the gradient flows through ``loss``, which includes the z part).
 
     Raises:
@@ -254,5 +257,8 @@ def cross_entropy(
     if return_accuracy:
         with torch.no_grad():
             hit = (x.argmax(dim=-1) == target) & valid
-            acc = (hit.sum().to(torch.float32) / valid.sum().clamp_min(1).to(torch.float32))
+            if reduction == "none":  # each token's hit, as Liger-Kernel's per-token token_accuracy
+                acc = hit.to(torch.float32)
+            else:
+                acc = (hit.sum().to(torch.float32) / valid.sum().clamp_min(1).to(torch.float32))
     return LossOutput(loss, z_out, acc, pred)
