@@ -301,6 +301,7 @@ _GLM_IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=6, image_start_token_
 _GLM_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
                 temporal_patch_size=1, image_size=4)
 
+VA = {"vision_attention": 1}  # a one-block vision tower's packed attention, batched by chunk length
 VISION_LANGUAGE = {
     # vision-language models (not AutoModelForCausalLM: built from their class): the text tower, the vision tower's
     # norms and MLPs, the LM head of the conditional-generation class; one 8x8 image (or 2x2 patches) with its image
@@ -309,15 +310,18 @@ VISION_LANGUAGE = {
     # another interface (skipped); vision MLPs non-gated (Qwen2-VL, Qwen3-VL) or gated (Qwen2.5-VL)
     "qwen2_vl": ("qwen2_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS, vision_config=dict(
         depth=1, embed_dim=32, num_heads=2, hidden_size=64, patch_size=2, temporal_patch_size=1)),
-        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, "layer_norm": 2 + 1, "mlp": L + 1}, {"rope": 1}),
+        "Qwen2VLForConditionalGeneration", "qwen2_vl", {**FULL, **ADD, **VA, "layer_norm": 2 + 1, "mlp": L + 1},
+        {"rope": 1}),
     "qwen2_5_vl": ("qwen2_5_vl", dict(text_config=dict(TINY, rope_parameters=_ROPE3), **_QWEN_VL_IDS,
                                       vision_config=dict(_QWEN_VIS, fullatt_block_indexes=[0])),
-                   "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3,
+                   "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {**FULL, **ADD, **VA,
+                                                                         "rms_norm": 2 * L + 1 + 3,
                                                                          "mlp": L + 1}, {"rope": 1}),
     "qwen3_vl": ("qwen3_vl", dict(text_config=dict(TINY, rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
                                   **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                      deepstack_visual_indexes=[0])),
-                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, "layer_norm": 4, "mlp": L + 1},
+                 "Qwen3VLForConditionalGeneration", "qwen3_vl", {**QK_NORMS, **ADD, **VA, "layer_norm": 4,
+                                                                 "mlp": L + 1},
                  {"rope": 1}),
     # Qwen3.5-MoE: the hybrid MoE text decoder and a Qwen3-VL-like vision tower; its head keeps the router loss, with
     # the router settings read from the text config
@@ -328,7 +332,7 @@ VISION_LANGUAGE = {
                                         **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                            deepstack_visual_indexes=[])),
                     "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
-                    {"rms_norm": 8, "mlp": 2 * L + 1, "rope": 1, "lm_head_loss": 1, "layer_norm": 3},
+                    {"rms_norm": 8, "mlp": 2 * L + 1, "rope": 1, "lm_head_loss": 1, "layer_norm": 3, **VA},
                     {"rope": 1}),
     # Llama language model, CLIP vision tower: three families; the projector and CLIP's MLP are non-gated (act_linear)
     "llava": ("llava", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
@@ -358,18 +362,21 @@ VISION_LANGUAGE = {
                                                            rope_parameters=dict(_ROPE3, mrope_interleaved=True)),
                                           **_QWEN_VL_IDS, vision_config=dict(_QWEN_VIS, num_position_embeddings=16,
                                                                              deepstack_visual_indexes=[0])),
-                     "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, "layer_norm": 4,
+                     "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {**QK_NORMS, **ADD, **VA,
+                                                                             "layer_norm": 4,
                                                                              "mlp": L + 1}, {"rope": 1}),
     # GLM-4V: GLM-4 text layers (interleaved partial rotary on mRoPE tables: rope_interleaved), gated vision MLPs, the
     # merger left alone
     "glm4v": ("glm4v", dict(text_config=dict(TINY, rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
               "Glm4vForConditionalGeneration", "glm4v", {"rms_norm": 4 * L + 1 + 4, "mlp": L + 1, "layer_norm": 1,
+                                                         **VA,
                                                          "rope": L, "lm_head_loss": 1}, {"rope": 1, "mlp": 1}),
     # GLM-4V-MoE: pre-norm MoE text layers with partial rotate-half rotary (patched), router loss
     "glm4v_moe": ("glm4v_moe", dict(text_config=dict(TINY, **_MOE, n_routed_experts=4, moe_intermediate_size=32,
                                                     first_k_dense_replace=1, n_group=1, topk_group=1,
                                                     rope_parameters=_GLM_ROPE), **_GLM_IDS, vision_config=_GLM_VIS),
-                  "Glm4vMoeForConditionalGeneration", "glm4v_moe", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 4, "mlp": 4,
+                  "Glm4vMoeForConditionalGeneration", "glm4v_moe", {**FULL, **ADD, **VA, "rms_norm": 2 * L + 1 + 4,
+                                                                "mlp": 4,
                                                                 "layer_norm": 1}, {"rope": 1, "mlp": 1}),
     # InternVL: InternViT (LayerNorms, non-gated MLP: act_linear) + LayerNorm projector (skipped), Qwen2 text tower
     "internvl": ("internvl", dict(text_config=dict(TINY, model_type="qwen2"), image_token_id=IMAGE_TOKEN,

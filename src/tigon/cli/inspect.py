@@ -71,7 +71,8 @@ def _render_inspect(r: dict[str, Any], written: str | None) -> None:
     head.add_row("config", ", ".join(f"{k}={cfg[k]}" for k in shape_keys if k in cfg))
     cats = r["categories"]
     labels = {"mlp_activation": "MLP activation", "lm_head_loss": "LM head + loss",
-              "residual_add_norm": "residual add + norm", "attention_sinks": "attention with sinks"}
+              "residual_add_norm": "residual add + norm", "attention_sinks": "attention with sinks",
+              "vision_attention": "vision attention batched by length"}
     head.add_row("would replace", ", ".join(f"{labels.get(c, c.replace('_', ' '))} {n}" for c, n in cats.items()))
     console.print(head)
 

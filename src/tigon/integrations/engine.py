@@ -67,7 +67,7 @@ import torch
 
 from . import causal_mask, components
 from . import persist
-from . import lora_mlp, lora_qkv, rotary_calls, sink_attention
+from . import lora_mlp, lora_qkv, rotary_calls, sink_attention, varlen_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
@@ -79,7 +79,8 @@ from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
 
-OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "sinks", "fused_add_rms_norm", "lm_head_loss", "lora")
+OPTION_KINDS = ("rms_norm", "layer_norm", "mlp", "rope", "sinks", "vision_attention", "fused_add_rms_norm",
+                "lm_head_loss", "lora")
 PATCH_KEYWORDS = {**{k: k for k in OPTION_KINDS}, "lm_head_loss": "fused_linear_cross_entropy"}
 """Patch kind -> the :func:`patch` keyword that turns it on or off (``patch(model, mlp=False)``)."""
 
@@ -379,6 +380,7 @@ def patch(
     cross_entropy: bool = False,
     lora: bool = True,
     sinks: bool = True,
+    vision_attention: bool = True,
     strict: bool = False,
     family: str | None = None,
 ) -> PatchReport:
@@ -401,6 +403,11 @@ def patch(
             torch's ``scaled_dot_product_attention`` with the sink folded into an extra key
             (:mod:`tigon.integrations.sink_attention`: the model config's ``_attn_implementation`` becomes
             ``"tigon_sink_sdpa"``, with transformers' sdpa masks); instance level only, eager models only.
+        vision_attention: (Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), GLM-4V(-MoE)) run the vision tower's packed
+            attention, which transformers' sdpa / eager path calls once per image / frame / window, as one call per
+            distinct chunk length (:mod:`tigon.integrations.varlen_attention`: the vision config's
+            ``_attn_implementation`` becomes ``"tigon_varlen_flash_sdpa"`` / ``"tigon_varlen_flash_eager"``);
+            instance level only, sdpa and eager towers only.
         fused_add_rms_norm: in decoder layers of Llama's pre-norm form (the family's
             :class:`~tigon.integrations.families.DecoderLayerSpec`, checked against the layer's source), compute the
             residual add after attention and the post-attention RMSNorm as one
@@ -442,13 +449,14 @@ def patch(
             message lists each target and why); an unknown ``fused_linear_cross_entropy`` option (named), or (a
             model) an ``accum_dtype`` other than None, torch.float32 or the LM head's dtype.
         TypeError: ``fused_linear_cross_entropy`` is neither a bool nor a dict; ``rms_norm``, ``rope``, ``mlp``,
-            ``sinks``, ``layer_norm``, ``fused_add_rms_norm``, ``cross_entropy`` or ``strict`` is not a bool (e.g.
+            ``sinks``, ``vision_attention``, ``layer_norm``, ``fused_add_rms_norm``, ``cross_entropy`` or ``strict``
+            is not a bool (e.g.
             an options dict for cross_entropy, which takes none).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
     for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
                        ("fused_add_rms_norm", fused_add_rms_norm), ("cross_entropy", cross_entropy),
-                       ("lora", lora), ("sinks", sinks), ("strict", strict)):
+                       ("lora", lora), ("sinks", sinks), ("vision_attention", vision_attention), ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
                             + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
@@ -459,7 +467,7 @@ def patch(
         check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))
     enabled = {"rms_norm": rms_norm, "layer_norm": layer_norm, "mlp": mlp, "rope": rope,
                "fused_add_rms_norm": fused_add_rms_norm, "lm_head_loss": fused or bool(cross_entropy), "lora": lora,
-               "sinks": sinks}
+               "sinks": sinks, "vision_attention": vision_attention}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce, "lora": lora}
     name = spec.name if spec is not None else "generic"
     report = PatchReport(family=name, level=level)
@@ -477,13 +485,20 @@ def patch(
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
+            families = [spec, *_find_families(model_or_family)]
             if sinks:
-                actions += sink_attention.plan(model_or_family, [spec, *_find_families(model_or_family)], report)
+                actions += sink_attention.plan(model_or_family, families, report)
+            if vision_attention:
+                actions += varlen_attention.plan(model_or_family, families, report)
         else:
             actions = plan_class(spec, enabled, opts, report)
             if sinks and spec.sinks:
                 report.notes.append("sinks: attention with sinks runs on SDPA per model only (it switches the "
                                     "model config's attention implementation): call tigon.patch(model)")
+            if vision_attention and spec.varlen_attention:
+                report.notes.append("vision_attention: the vision tower's packed attention is batched by chunk length "
+                                    "per model only (it switches the vision config's attention implementation): "
+                                    "call tigon.patch(model)")
         actions += adapters
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
@@ -547,6 +562,7 @@ def unpatch(model_or_family) -> PatchReport:
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
             sink_attention.restore(model_or_family, report)
+            varlen_attention.restore(model_or_family, report)
             if causal_mask.release(model_or_family):
                 report.notes.append("causal mask under torch.compile: transformers' own check restored")
         else:

@@ -200,7 +200,7 @@ def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], 
         causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
                                output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
         decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
-        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),))
+        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),), varlen_attention=(vision_attention,))
 
 
 CLIP = _vision("clip", "CLIPMLP")
@@ -252,7 +252,8 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
         extra_heads=(CausalLMSpec(f"{prefix}ForConditionalGeneration", **{**(moe_head if moe else {}),
                                                                           "output_class": vlm_output},
                                   text_config_attrs=True),),
-        unsupported=(Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE),))
+        unsupported=(Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE),),
+        varlen_attention=(f"{prefix}VisionAttention",))
 
 
 QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)

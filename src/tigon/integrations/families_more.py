@@ -134,6 +134,7 @@ def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: 
         name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",), norms=norms,
         mlps=(text_mlp, *experts, MLPSpec(vision_mlp)), rope=rope, causal_lm=head,
         decoder_layers=(DecoderLayerSpec(f"{prefix}TextDecoderLayer", norms[0]),) if experts else (),
+        varlen_attention=(f"{prefix}VisionAttention",),
         unsupported=(Unsupported("mlp", f"{prefix}VisionPatchMerger", "projection, LayerNorm and GELU before its gated "
                                  "MLP in one forward: not a plain gated MLP (its LayerNorm is replaced)"),
                      Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
@@ -163,7 +164,8 @@ QWEN3_VL_MOE = FamilySpec(  # Qwen3-VL with MoE text layers (mlp_only_layers den
     decoder_layers=(DecoderLayerSpec("Qwen3VLMoeTextDecoderLayer", NormSpec("Qwen3VLMoeTextRMSNorm")),),
     causal_lm=CausalLMSpec("Qwen3VLMoeForConditionalGeneration", router_aux_loss="load_balancing_loss_func",
                            output_class="Qwen3VLMoeCausalLMOutputWithPast", text_config_attrs=True),
-    unsupported=(Unsupported("rope", "Qwen3VLMoeVisionAttention", _VISION_ROPE),))
+    unsupported=(Unsupported("rope", "Qwen3VLMoeVisionAttention", _VISION_ROPE),),
+    varlen_attention=("Qwen3VLMoeVisionAttention",))
 
 BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_layernorm: not Llama's layer form);
     _dense("bamba", "Bamba", pre_norm_layer=False,  # partial rotary (0.5) in apply_rotary_pos_emb; the mixer's norm

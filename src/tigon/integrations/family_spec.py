@@ -280,6 +280,9 @@ class FamilySpec:
     sinks: attention classes with a learned sink logit per head (``module.sinks``, passed to the attention function
         as ``s_aux``: GPT-OSS): a model of them whose config asks for eager attention is switched to
         :func:`tigon.integrations.sink_attention.sink_attention` (SDPA, instance level only).
+    varlen_attention: vision attention classes whose non-flash path calls the attention once per ``cu_seqlens``
+        chunk (Qwen-VL, GLM-4V towers): a model whose vision config asks for sdpa is switched to
+        :func:`tigon.integrations.varlen_attention.varlen_sdpa` (one SDPA call per chunk length, instance level only).
     """
 
     name: str
@@ -294,6 +297,7 @@ class FamilySpec:
     unsupported: tuple[Unsupported, ...] = ()
     container: bool = False
     sinks: tuple[str, ...] = ()
+    varlen_attention: tuple[str, ...] = ()
 
     @property
     def heads(self) -> tuple[CausalLMSpec, ...]:

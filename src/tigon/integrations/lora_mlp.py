@@ -49,8 +49,8 @@ def adapter_op(adapter: AdapterSpec, spec: MLPSpec) -> str | None:
 
 def mlp_adapter(module, spec: MLPSpec):
     """The :class:`~tigon.integrations.families.AdapterSpec` with an op for ``spec``'s MLP layout whose layer class
-    ``module``'s gate (or fused gate-up) projection is (None when there is none, or for experts)."""
-    if spec.experts:
+    ``module``'s gate (or fused gate-up) projection is (None when there is none, or for experts and non-gated MLPs)."""
+    if spec.experts or not spec.gated:
         return None
     first = getattr(module, projection_names(spec)[0], None)
     for a in ADAPTERS:

@@ -9,14 +9,17 @@ from dataclasses import asdict, dataclass, field
 from .. import support
 
 
-_KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "sinks", "lm_head_loss", "lora")
+_KIND_ORDER = ("rms_norm", "layer_norm", "fused_add_rms_norm", "mlp", "rope", "sinks", "vision_attention",
+               "lm_head_loss", "lora")
 
-KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "residual_add_norm", "rope": "rotary",
-                   "mlp": "mlp_activation", "sinks": "attention_sinks", "lm_head_loss": "lm_head_loss"}
+KIND_CATEGORIES = {"rms_norm": "norms", "layer_norm": "norms", "fused_add_rms_norm": "residual_add_norm",
+                   "rope": "rotary", "mlp": "mlp_activation", "sinks": "attention_sinks",
+                   "vision_attention": "vision_attention", "lm_head_loss": "lm_head_loss"}
 """Patch kind -> the category ``tigon inspect`` counts it under (in this order)."""
 
-FAMILY_CATEGORIES = frozenset({"attention_sinks"})
-"""Categories of one family's own kinds (GPT-OSS's sinks): ``tigon inspect`` lists them only where a model has some."""
+FAMILY_CATEGORIES = frozenset({"attention_sinks", "vision_attention"})
+"""Categories of some families' own kinds (GPT-OSS's sinks, vision towers' packed attention): ``tigon inspect`` lists
+them only where a model has some."""
 
 KIND_NOTES = {
     "rope": "rope: attention itself (softmax(QK^T)V) stays on PyTorch; only its apply_rotary_pos_emb call runs "
@@ -40,7 +43,9 @@ class PatchEntry:
 
     kind: ``"rms_norm"``, ``"layer_norm"``, ``"fused_add_rms_norm"`` (a decoder layer's residual add and
         post-attention norm), ``"mlp"``, ``"rope"``, ``"sinks"`` (an attention with sinks run by torch SDPA,
-        :mod:`tigon.integrations.sink_attention`), ``"lm_head_loss"`` or ``"lora"`` (a PEFT LoRA linear layer).
+        :mod:`tigon.integrations.sink_attention`), ``"vision_attention"`` (a vision tower's packed attention batched
+        by chunk length, :mod:`tigon.integrations.varlen_attention`), ``"lm_head_loss"`` or ``"lora"`` (a PEFT LoRA
+        linear layer).
     target: a module path inside the model (``"model.layers.0.input_layernorm"``) for instance-level patches, or a
         qualified class / function name (``"transformers.models.llama.modeling_llama.LlamaRMSNorm.forward"``) for
         class-level patches.

@@ -36,10 +36,10 @@ are left alone, with the reason in the report.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
+
+from .attention_switch import switch, switched
 
 NAME = "tigon_sink_sdpa"
 """The attention implementation name registered with transformers (``config._attn_implementation``)."""
@@ -219,13 +219,7 @@ def plan(model: torch.nn.Module, specs, report):
 
     def apply():
         register()
-        own = {key: copy.deepcopy(cfg) for key, cfg in configs.items()}
-        for m in model.modules():  # the model's own copy: another model built from the same config keeps eager
-            cfg = getattr(m, "config", None)
-            if id(cfg) in own:
-                m.config = own[id(cfg)]
-        for cfg in own.values():
-            cfg._attn_implementation = NAME
+        switch(model, configs, NAME)  # the model's own copy: another model built from the same config keeps eager
 
     return [Action(entries[0], apply)] + [Action(e, lambda: None) for e in entries[1:]]
 
@@ -234,12 +228,8 @@ def restore(model: torch.nn.Module, report) -> None:
     """Undo :func:`plan`: every config of ``model``'s modules set to :data:`NAME` goes back to ``"eager"``."""
     from .report import PatchEntry
 
-    configs: dict[int, object] = {}
-    for path, m in model.named_modules():
-        cfg = getattr(m, "config", None)
-        if getattr(cfg, "_attn_implementation", None) != NAME:
-            continue
-        configs[id(cfg)] = cfg
+    configs, holders = switched(model, NAME)
+    for path, m in holders:
         if hasattr(m, "sinks"):
             report.replaced.append(PatchEntry("sinks", path or f"({type(m).__name__})", "eager attention"))
     for cfg in configs.values():
