@@ -290,9 +290,9 @@ def _undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEn
     path = next((p for p, m in model.named_modules() if m is head), "") if isinstance(head, torch.nn.Linear) else ""
     if not path:
         return None
-    return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no family "
-                      "Tigon declares (the families of its towers are applied: see the families note): its LM head "
-                      "and loss run as before")
+    return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
+                      "family Tigon declares (the families of its towers are applied: see the families note): its LM "
+                      "head and loss run as before")
 
 
 def _family_paths(model: torch.nn.Module, spec: FamilySpec, limit: int = 3) -> list[str]:
