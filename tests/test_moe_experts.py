@@ -107,6 +107,21 @@ def test_other_experts_implementations_keep_only_the_gate_hook():
     assert all("forward" not in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
 
 
+def test_eager_experts_say_how_to_switch_and_patching_again_takes_them():
+    """Built with the eager experts loop, the experts are skipped with the way out for a built model
+    (``model.set_experts_implementation``, then ``tigon.patch`` again), which then takes them with the glue."""
+    model, reference = build("olmoe", experts="eager"), build("olmoe")
+    report = tigon.patch(model, **ONLY_MLP)
+    skipped = [e for e in report.skipped if e.kind == "mlp"]
+    assert skipped and all("model.set_experts_implementation('grouped_mm')" in e.detail and "tigon.patch" in e.detail
+                           for e in skipped), report
+    model.set_experts_implementation("grouped_mm")
+    again = tigon.patch(model, **ONLY_MLP)
+    assert experts_entries(again) and all(e.ops == MOE_OPS for e in experts_entries(again)), again
+    assert_same_step(step(model), step(reference))
+    tigon.unpatch(model)
+
+
 def test_per_call_fallbacks_run_the_class_forward():
     # patched for grouped_mm; the eager loop chosen later, or expert parallelism turned on, run transformers' forward
     model = build("olmoe")

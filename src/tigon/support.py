@@ -188,13 +188,17 @@ def compile_mode() -> str:
 def compiled_choice(op: str) -> str:
     """``"kernel"`` or ``"inductor"``: what ``op`` runs inside a torch.compile graph in the current compile mode. An
     op without a record of its own (the preference losses beside DPO, :mod:`tigon.ops.preference`, which run DPO's
-    kernels) takes the records' default, :attr:`tigon.ops.OpSpec.under_compile`'s: its kernels."""
-    mode = compile_mode()
-    if mode != "auto":
-        return "kernel" if mode == "kernels" else "inductor"
+    kernels) takes the records' default, :attr:`tigon.ops.OpSpec.under_compile`'s: its kernels. An op whose kernels
+    have no custom op (:attr:`tigon.ops.OpSpec.custom_op` False: ``act_linear``, the LoRA ops, the MoE glue) traces
+    its reference in every mode: ``"inductor"``."""
     from . import ops
 
     spec = ops.registry().get(op)
+    if spec is not None and not spec.custom_op:
+        return "inductor"
+    mode = compile_mode()
+    if mode != "auto":
+        return "kernel" if mode == "kernels" else "inductor"
     return ops.OpSpec.under_compile if spec is None else spec.under_compile
 
 

@@ -324,6 +324,26 @@ def _return_dict(model, arguments: dict) -> bool:
     return True if rd is None else bool(rd)
 
 
+def tuple_keeping_logits(out) -> tuple:
+    """``out`` (a ModelOutput whose ``logits`` the fused loss left None) as the tuple of ``return_dict=False``:
+    ``out.to_tuple()`` with the logits' slot kept as None. ``to_tuple`` drops None fields, which would move every later
+    entry one place forward of where the original forward puts it (``outputs[1]`` the KV cache instead of the
+    logits; an MoE's ``router_logits`` shifted too); Liger-Kernel's forwards keep the slot the same way. Other None
+    fields are dropped, as the original drops them. A ModelOutput value (a vision-language model's ``image_outputs``)
+    becomes its own tuple, as in the original, whose encoders get ``return_dict=False`` through its keyword arguments.
+    """
+    # the class's field table, not dataclasses.fields (dynamo cannot trace that on a class, see causal_lm_forward)
+    return tuple(_as_tuple(getattr(out, name)) for name in type(out).__dataclass_fields__
+                 if name == "logits" or getattr(out, name, None) is not None)
+
+
+def _as_tuple(value):
+    """A nested ModelOutput as its ``to_tuple()`` (its own nested ones likewise); any other value as it is."""
+    if not isinstance(value, _module("transformers.utils.generic").ModelOutput):
+        return value
+    return tuple(_as_tuple(v) for v in value.to_tuple())
+
+
 def loss_options(fused: bool, ce: bool, flce) -> dict:
     """The LM-head-loss options a patched forward was built with, as shown to users and compared on re-patching
     (a new dict per call). ``accum_dtype`` None and torch.float32 mean the same (fp32 accumulation): both are left
@@ -343,7 +363,8 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
 
     With labels and HF's default loss:
       * training and ``fused``: backbone -> hidden states sliced by ``logits_to_keep`` ->
-        :func:`causal_lm_loss`; the output's ``logits`` is None. A head that is its own FSDP2 unit is read inside
+        :func:`causal_lm_loss`; the output's ``logits`` is None (its slot kept in the tuple of
+        ``return_dict=False``: :func:`tuple_keeping_logits`). A head that is its own FSDP2 unit is read inside
         that unit's forward hooks, a DeepSpeed ZeRO-3 head inside its own call
         (:func:`~tigon.integrations.sharded_head.run_gathered`).
       * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
@@ -398,7 +419,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * aux.to(loss.device)
             extra["aux_loss"] = aux
         out = cls(loss=loss, logits=None, **extra)
-        return out if return_dict else out.to_tuple()
+        return out if return_dict else tuple_keeping_logits(out)
 
     def _with_ce(self, arguments: dict):
         return_dict = _return_dict(self, arguments)

@@ -266,12 +266,34 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
         if sp.rope is not None or sp.decoder_layers:  # no residual-add note for vision towers / containers
             note_residual_adds(sp, enabled, report)
     for kind in sorted(wanted - seen):
-        report.notes.append(f"{kind}: no matching module in this model")
+        head = _undeclared_head(model, specs) if kind == "lm_head_loss" and not forced else None
+        if head is not None:
+            report.skipped.append(head)
+        else:
+            report.notes.append(f"{kind}: no matching module in this model")
     if len(specs) > 1:
         where = {sp.name: _family_paths(model, sp) for sp in specs}
         report.notes.append("families: " + "; ".join(f"{name} ({', '.join(paths) or 'no module'})"
                                                      for name, paths in where.items()))
     return actions
+
+
+def _undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEntry | None:
+    """The skipped ``lm_head_loss`` entry of ``model``'s own LM head when the model's class is of none of the families
+    applied (a vision-language container such as LLaVA-NeXT, whose towers are of declared families) and it has one
+    (``get_output_embeddings()``, an ``nn.Linear``): its head and loss run as before. None otherwise."""
+    if any(type(model).__module__ == sp.module for sp in specs):
+        return None
+    try:
+        head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    except (AttributeError, NotImplementedError):  # (a model that declares no output embedding)
+        return None
+    path = next((p for p, m in model.named_modules() if m is head), "") if isinstance(head, torch.nn.Linear) else ""
+    if not path:
+        return None
+    return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
+                      "family Tigon declares (the families of its towers are applied: see the families note): its LM "
+                      "head and loss run as before")
 
 
 def _family_paths(model: torch.nn.Module, spec: FamilySpec, limit: int = 3) -> list[str]:

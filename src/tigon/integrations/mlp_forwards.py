@@ -208,8 +208,8 @@ def mlp_problem(module, spec: MLPSpec) -> str | None:
         impl = getattr(getattr(module, "config", None), "_experts_implementation", None)
         if impl == "eager":
             return ("config._experts_implementation is 'eager': its loop computes act_fn(gate) * up inline, which "
-                    "is not separable; load with experts_implementation='grouped_mm' or 'batched_mm' to use the "
-                    "kernel")
+                    "is not separable; load with experts_implementation='grouped_mm' or 'batched_mm', or call "
+                    "model.set_experts_implementation('grouped_mm') and tigon.patch(model) again, to use the kernels")
     else:
         names = (spec.gate_up, spec.down) if spec.gate_up is not None else (spec.gate, spec.up, spec.down)
         for attr in names:

@@ -188,6 +188,10 @@ class OpSpec:
         (:func:`tigon.support.set_compile_mode`): ``"kernel"`` (its Triton kernels as a custom op, opaque to
         Inductor) or ``"inductor"`` (its reference, traced, so Inductor fuses it with its neighbours: for row-wise
         ops, whose kernel is a fusion barrier that costs more than it saves there).
+    custom_op: whether the op's kernels are a ``torch.library`` custom op that a compiled graph can call (compile
+        mode ``"kernels"``). Without one (False) a compiled graph traces its reference in every mode, which
+        :func:`tigon.support.compiled_choice` (the backend count, the patch report's compile note) then says;
+        ``under_compile`` must be ``"inductor"``.
     leading_dims: the inputs that take any leading dimensions, (..., N) for the (tokens, N) that ``make_inputs``
         builds (the norms' x, the GLUs' gate and up); the property tests view their tokens as (batch, seq, N).
     host_bound_elements: the size (elements of the op's first input: the GLUs' tokens x intermediate) at or below
@@ -223,6 +227,7 @@ class OpSpec:
     bench_notes: Mapping[str, str] = field(default_factory=dict)
     sweeps: tuple[str, ...] = ("tokens",)
     under_compile: str = "kernel"
+    custom_op: bool = True
     leading_dims: tuple[str, ...] = ()
     host_bound_elements: int = 0
 
@@ -231,6 +236,9 @@ class OpSpec:
             raise ValueError(f"{self.name}: host_bound_elements must be an int >= 0, got {self.host_bound_elements!r}")
         if self.under_compile not in UNDER_COMPILE:
             raise ValueError(f"{self.name}: under_compile must be one of {UNDER_COMPILE}, got {self.under_compile!r}")
+        if not self.custom_op and self.under_compile != "inductor":
+            raise ValueError(f"{self.name}: an op without a custom op (custom_op=False) runs its traced reference "
+                             f"under torch.compile: under_compile must be 'inductor', got {self.under_compile!r}")
         if (self.min_bytes is None) == (self.flops is None):
             raise ValueError(f"OpSpec {self.name!r}: give exactly one of min_bytes (memory-bound) and flops")
         labels = [c.label for c in self.cases]

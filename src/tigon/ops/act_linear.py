@@ -111,7 +111,7 @@ RECORDS = (OpSpec(
     make_inputs=_inputs, shape_of=_GLU_LINEAR.shape_of, **sizes("tokens", "intermediate", "hidden"),
     grad_inputs=("h", "weight", "bias"), category="activation",
     # under torch.compile: F.linear(act(h)) traced, the activation fused by Inductor (no kernel of Tigon's there)
-    under_compile="inductor",
+    under_compile="inductor", custom_op=False,  # (no custom op: its reference is traced)
     flops=_GLU_LINEAR.flops,
     cases=tuple(Case(f"activation={a}", options={"activation": a}) for a in ref.ACTIVATIONS) + (_INPLACE,),
     bench_notes={"tigon_inplace": "inplace_backward=True: the backward writes the gradient of h into its memory (as "

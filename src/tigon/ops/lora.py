@@ -94,6 +94,6 @@ RECORDS = (OpSpec(
     grad_inputs=("x", "lora_a", "lora_b"),
     category="lora",
     flops=_flops,
-    under_compile="inductor",
+    under_compile="inductor", custom_op=False,  # (no custom op: its reference is traced)
     leading_dims=("x",),
 ),)

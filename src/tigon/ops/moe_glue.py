@@ -9,7 +9,8 @@ and add, the routing-weight product, the inverse-permutation gather and the (T, 
 These ops are one pass each way (:mod:`tigon.kernels.moe_glue`, where the formulas and bytes are).
 
 Kernels: :mod:`tigon.kernels.moe_glue`. Specification: :mod:`tigon.reference.moe_glue`. Under ``torch.compile``
-the references run (traced by Inductor: the records' ``under_compile`` "inductor"; no custom ops yet).
+the references run (traced by Inductor: the records' ``under_compile`` "inductor", ``custom_op`` False: no custom ops
+yet, in every compile mode).
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def _bias(bias, experts: int, width: int) -> None:
 
 
 def _torch_code(op: str, t: torch.Tensor) -> bool:
-    return torch.compiler.is_compiling() or select_backend(op, t) in TORCH_CODE
+    """Whether ``op`` runs its reference: the backend's choice (counted by :func:`tigon.support.backend_usage`; in a
+    torch.compile graph ``"inductor"``, once per trace: the records have no custom op), and always in a compiled
+    graph."""
+    return select_backend(op, t) in TORCH_CODE or torch.compiler.is_compiling()
 
 
 def _host_checks(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> None:
@@ -257,7 +261,7 @@ RECORDS = (
         fn=moe_gather, reference=ref.moe_gather, original=ref.moe_gather,
         original_name="hidden_states[perm // top_k] (HF grouped_mm_experts_forward)",
         make_inputs=_gather_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x",), category="moe", under_compile="inductor",
+        grad_inputs=("x",), category="moe", under_compile="inductor", custom_op=False,
         min_bytes=lambda s, e, mode: (s["tokens"] * (1 + s["top_k"]) * s["hidden"] * e * (1 if mode == "fwd" else 2)),
     ),
     OpSpec(
@@ -266,7 +270,7 @@ RECORDS = (
         fn=moe_expert_gate, reference=ref.moe_expert_gate, original=ref.moe_expert_gate,
         original_name="out.add_(bias[expert_ids_g]); self._apply_gate(out) (HF grouped_mm_experts_forward)",
         make_inputs=_gate_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "intermediate"),
-        grad_inputs=("gate_up", "bias"), category="moe", under_compile="inductor",
+        grad_inputs=("gate_up", "bias"), category="moe", under_compile="inductor", custom_op=False,
         # read gate_up (2n), write out (n); backward: read dout (n), gate_up (2n), write d_gate_up (2n), read it
         # again for d_bias (2n); n = S x I (the bias table is small)
         min_bytes=lambda s, e, mode: (3 if mode == "fwd" else 10) * s["tokens"] * s["top_k"] * s["intermediate"] * e,
@@ -280,7 +284,7 @@ RECORDS = (
         fn=moe_combine, reference=ref.moe_combine, original=ref.moe_combine,
         original_name="(out + bias[ids]) * w, [inv_perm], .view(T, k, H).sum(1) (HF grouped_mm_experts_forward)",
         make_inputs=_combine_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x", "weights", "bias"), category="moe", under_compile="inductor",
+        grad_inputs=("x", "weights", "bias"), category="moe", under_compile="inductor", custom_op=False,
         # forward: read x (S H), write out (T H); backward: read dout (T H), x (S H), write dx (S H), read dx for
         # d_bias (S H)
         min_bytes=lambda s, e, mode: (s["tokens"] * s["hidden"] * e
