@@ -8,16 +8,6 @@
 # - the GPT-OSS-20B-shape e2e row, HF eager, Tigon, Liger, each last step profiled (goal >= 1.15x HF eager, >= Liger,
 #   peak <= Liger's; session 25 on an H100: 1.12x HF, 1.04x Liger; HF + compile 29,573 tok/s there); about 480 s
 #   bash benchmarks/results/h200/session26/s26c2.sh
+bash benchmarks/results/h200/session26/s26c2a.sh   # the tests and layer benches (-> $OUT/s26c2a.tgz)
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
-W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
-nvidia-smi --query-gpu=name --format=csv,noheader; git log --oneline -1
-timeout 140 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short -rf tests/test_moe_glue.py \
-  tests/test_moe_experts.py tests/test_sink_attention.py \
-  "tests/test_large_offsets.py::test_moe_expert_gate_past_2_31_elements" \
-  "tests/test_large_offsets.py::test_moe_gather_and_combine_past_2_31_elements" \
-  > $W/pytest-c2.log 2>&1; echo "pytest rc $?"
-grep -E "^FAILED|^ERROR|passed|failed" $W/pytest-c2.log | tail -6
-timeout 70 python3 benchmarks/moe_glue_bench.py --out $W/moe-glue_$G.json 2>&1 | grep -v Warn | tail -10
-timeout 50 python3 benchmarks/sink_attention_bench.py --out $W/sink-attention_$G.json 2>&1 | grep -v Warn | tail -8
-(cd $W && tar czf $OUT/s26c2a.tgz .) && rm -rf $W
 PROVIDERS=original,tigon,liger E2E_ARGS=--kernel-summary bash benchmarks/results/h200/session22/s22c_moe.sh gpt-oss-20b
