@@ -29,18 +29,29 @@ def _fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
 
 
-def _compiled(fn):
-    return torch.compile(fn, backend="aot_eager", fullgraph=True)
+def _compiled(fn, seen: set | None = None):
+    """fn compiled with ``fullgraph=True`` (aot_eager); ``seen``: a set that collects the Tigon custom ops of its
+    graph (``"tigon.rms_norm.default"``...)."""
+    if seen is None:
+        return torch.compile(fn, backend="aot_eager", fullgraph=True)
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if str(n.target).startswith("tigon."))
+        return aot_eager(gm, example_inputs)
+
+    return torch.compile(fn, backend=backend, fullgraph=True)
 
 
 def _leaves(*tensors):
     return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in tensors]
 
 
-def _check_same(fn, inputs, *, atol=1e-5, rtol=1e-5):
-    """fn eager vs compiled (fullgraph): outputs and the gradients of every floating input."""
+def _check_same(fn, inputs, *, atol=1e-5, rtol=1e-5, seen: set | None = None):
+    """fn eager vs compiled (fullgraph): outputs and the gradients of every floating input (``seen``: as
+    :func:`_compiled`'s)."""
     eager_in, comp_in = _leaves(*inputs), _leaves(*inputs)
-    eager_out, comp_out = fn(*eager_in), _compiled(fn)(*comp_in)
+    eager_out, comp_out = fn(*eager_in), _compiled(fn, seen)(*comp_in)
     eager_out = [o for o in (eager_out if isinstance(eager_out, tuple) else (eager_out,)) if o is not None]
     comp_out = [o for o in (comp_out if isinstance(comp_out, tuple) else (comp_out,)) if o is not None]
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -60,7 +71,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm", "group_norm", "sparsemax", "rms_norm_gated"):
+                 "poly_norm", "group_norm", "sparsemax", "rms_norm_gated", "moe_glue"):
         # registers the custom ops (after conftest set TRITON_INTERPRET)
         importlib.import_module(f"tigon.kernels.{name}")
 
@@ -76,6 +87,10 @@ def _opcheck_cases():
     stats = torch.stack([torch.randn(7), torch.rand(7) + 1.0], 1)  # the rows' (max, log-sum) of a loss forward
     logq, logp = torch.randn(7, 50).log_softmax(-1), torch.randn(7, 50).log_softmax(-1)
     div = importlib.import_module("tigon.kernels.divergence")  # the loss kinds
+    # the MoE glue: 5 tokens routed to 2 of 4 experts (int64 positions, int32 offsets; the last expert has no rows)
+    route = importlib.import_module("tigon.ops.moe_glue").routing(torch.Generator().manual_seed(0), 5, 4, 2, "cpu")
+    pos, offs = route["positions"], route["offsets"]
+    rows, moe_w = torch.randn(10, 32), torch.rand(5, 2) + 0.1
     return {
         "rms_norm": (ops.rms_norm, (x, w, 1e-6, 0.0, "llama")),
         "rms_norm_gemma": (ops.rms_norm, (x.to(torch.bfloat16), w, 1e-6, 1.0, "gemma")),
@@ -153,6 +168,22 @@ def _opcheck_cases():
                                                           False)),
         "sparsemax": (ops.sparsemax, (x.transpose(0, 1),)),
         "sparsemax_backward": (ops.sparsemax_backward, (torch.randn(3, 5, 32), torch.relu(x))),
+        "moe_gather": (ops.moe_gather, (x[0], pos)),
+        "moe_gather_backward": (ops.moe_gather_backward, (rows, pos.int())),
+        "moe_expert_gate": (ops.moe_expert_gate, (gate_up[:10], offs, torch.randn(4, 48), "silu", 1.702, None)),
+        "moe_expert_gate_no_bias_limit": (ops.moe_expert_gate, (gate_up[:10] * 4, offs.long(), None, "silu", 1.702,
+                                                                2.0)),  # DeepSeek-V4's clamp
+        "moe_expert_gate_clamped": (ops.moe_expert_gate, (gate_up[:10] * 4, offs, torch.randn(4, 48),
+                                                          "clamped_swiglu", 1.702, 2.0)),  # GPT-OSS's
+        "moe_expert_gate_backward": (ops.moe_expert_gate_backward, (torch.randn(10, 24), gate_up[:10], offs,
+                                                                    torch.randn(4, 48), "gelu_tanh", 1.702, None,
+                                                                    True)),
+        "moe_combine": (ops.moe_combine, (rows, moe_w, pos, offs, torch.randn(4, 32))),
+        "moe_combine_no_bias": (ops.moe_combine, (rows, moe_w, pos, None, None)),
+        "moe_combine_backward": (ops.moe_combine_backward, (torch.randn(5, 32), rows, moe_w, pos, offs,
+                                                            torch.randn(4, 32), True, True)),
+        "moe_combine_backward_dx_only": (ops.moe_combine_backward, (torch.randn(5, 32), rows, moe_w, pos, None, None,
+                                                                    False, False)),
     }
 
 
@@ -226,6 +257,42 @@ def test_liger_ops_compile(device):
     # the gated RMSNorm with 4 groups of 10 channels (Falcon-H1's n_groups) on a strided gate, the gate first
     gate = torch.randn(3, 7, 80, device=device)[..., 40:]
     _check_same(lambda x, gate, w: TF.rms_norm_gated(x, gate, w, 1e-6, 0.0, "gemma", 10, False), (x, gate, g))
+
+
+@pytest.mark.parametrize("mode", ["kernels", "auto", "inductor"])
+def test_moe_glue_compile(device, mode, monkeypatch):
+    # each glue op as compiled_choice says: the tigon::moe_* custom op in "kernels" (and in "auto" where its record's
+    # under_compile is "kernel"), else its reference traced; eager's outputs and gradients either way (fp32), the
+    # integer positions (int64) and offsets (int32) graph inputs, the bias present or None
+    from tigon.ops import registry
+    from tigon.ops.moe_glue import routing
+
+    monkeypatch.setenv("TIGON_COMPILE_OPS", mode)
+    r = routing(torch.Generator().manual_seed(0), 7, 5, 2, device)  # 7 tokens to 2 of 5 experts, the last none
+    pos, offs = r["positions"], r["offsets"]
+    x, rows = torch.randn(7, 24, device=device), torch.randn(14, 24, device=device)
+    gate_up, weights = 3 * torch.randn(14, 40, device=device), torch.rand(7, 2, device=device) + 0.05
+    gate_bias, down_bias = 0.5 * torch.randn(5, 40, device=device), torch.randn(5, 24, device=device)
+    cases = [
+        ("moe_gather", lambda x, pos: TF.moe_gather(x * 1.0, pos), (x, pos)),
+        ("moe_expert_gate", lambda gu, offs, b: TF.moe_expert_gate(gu, offs, b), (gate_up, offs, gate_bias)),
+        ("moe_expert_gate", lambda gu, offs, b: TF.moe_expert_gate(gu, offs, b, "clamped_swiglu", 1.702, 2.0),
+         (gate_up, offs, gate_bias)),
+        ("moe_expert_gate", lambda gu, offs: TF.moe_expert_gate(gu, offs, None, "silu", limit=2.0), (gate_up, offs)),
+        ("moe_combine", lambda y, w, pos, offs, b: TF.moe_combine(y, w, pos, offs, b),
+         (rows, weights, pos, offs, down_bias)),
+        ("moe_combine", lambda y, pos: TF.moe_combine(y, weights, pos), (rows, pos)),  # no weight gradient, no bias
+    ]
+    kernels = support.decide(torch.device(device), torch.float32).backend
+    for op, fn, inputs in cases:
+        torch._dynamo.reset()
+        support.backend_usage(reset=True)
+        seen = set()
+        _check_same(fn, inputs, seen=seen)
+        kernel = mode == "kernels" or (mode == "auto" and registry()[op].under_compile == "kernel")
+        # the eager call's backend, then the one the trace chose
+        assert support.backend_usage()[op] == ({kernels: 2} if kernel else {kernels: 1, "inductor": 1}), op
+        assert seen == ({f"tigon.{op}.default"} if kernel else set()), op
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -37,11 +37,13 @@ def build(name: str, experts: str = "grouped_mm"):
     return model.float()
 
 
-def step(model, seed: int = 1):
+def step(model, seed: int = 1, call=None):
+    """(loss, {name: gradient}) of one training step of ``model``, run by ``call`` (default the model itself: e.g.
+    its torch.compile'd form)."""
     ids = torch.randint(3, mm.V, (2, 12), generator=torch.Generator().manual_seed(seed)).to(mm.DEVICE)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # the same draws in every run (PhiMoE's router samples its experts in training)
-    out = model(input_ids=ids, labels=ids)
+    out = (model if call is None else call)(input_ids=ids, labels=ids)
     out.loss.backward()
     return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -95,6 +97,40 @@ def test_training_step_equals_grouped_mm_experts(name):
     tigon.unpatch(model)
     assert not any("forward" in m.__dict__ or "_apply_gate" in m.__dict__ for m in experts)
     assert_same_step(step(model), want, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, mode", [("olmoe", "kernels"), ("gpt_oss", "kernels"), ("olmoe", "auto")])
+def test_compiled_training_step_equals_eager(name, mode, monkeypatch):
+    # the patched model under torch.compile(fullgraph=True) (aot_eager): no graph break, eager's loss and every
+    # gradient (fp32); the glue ops are the tigon::moe_* custom ops of the graph where compiled_choice says "kernel",
+    # else their references, traced
+    monkeypatch.setenv("TIGON_COMPILE_OPS", mode)
+    eager, model = build(name), build(name)
+    tigon.patch(eager, **ONLY_MLP)
+    tigon.patch(model, **ONLY_MLP)
+    want = step(eager)
+    step(model)  # (an eager call first: transformers installs its output-capturing hooks under a lock, which Dynamo
+    # cannot trace: a graph break of the unpatched model too)
+    seen = set()
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if str(n.target).startswith("tigon."))
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    support.backend_usage(reset=True)
+    try:
+        assert_same_step(step(model, call=torch.compile(model, backend=backend, fullgraph=True)), want)
+    finally:
+        torch._dynamo.reset()
+    kernel = {op for op in MOE_OPS if support.compiled_choice(op) == "kernel"}
+    assert kernel == (set(MOE_OPS) if mode == "kernels" else set()), kernel  # (the records: "inductor" in "auto")
+    assert seen == {f"tigon.{op}.default" for op in kernel}
+    backends = support.backend_usage()
+    kernels = support.decide(torch.device(mm.DEVICE), torch.float32).backend
+    assert all(set(backends[op]) == {kernels if op in kernel else "inductor"} for op in MOE_OPS), backends
 
 
 def test_other_experts_implementations_keep_only_the_gate_hook():

@@ -189,7 +189,7 @@ def compiled_choice(op: str) -> str:
     """``"kernel"`` or ``"inductor"``: what ``op`` runs inside a torch.compile graph in the current compile mode. An
     op without a record of its own (the preference losses beside DPO, :mod:`tigon.ops.preference`, which run DPO's
     kernels) takes the records' default, :attr:`tigon.ops.OpSpec.under_compile`'s: its kernels. An op whose kernels
-    have no custom op (:attr:`tigon.ops.OpSpec.custom_op` False: ``act_linear``, the LoRA ops, the MoE glue) traces
+    have no custom op (:attr:`tigon.ops.OpSpec.custom_op` False: ``act_linear``, the LoRA ops) traces
     its reference in every mode: ``"inductor"``."""
     from . import ops
 

@@ -15,7 +15,10 @@ by three ops, each one pass forward and one backward:
 ``positions`` (T, k) is HF's ``inv_perm``: the sorted row of each (token, slot). The routing weights stay in token
 order (their gradient too: no ``sample_weights[perm]`` gather). Values: those of ``grouped_mm_experts_forward`` with
 every sum in fp32 and one rounding per op (HF rounds the bias add, the weight product and the activation to the
-matmuls' dtype in between).
+matmuls' dtype in between). Under ``torch.compile`` the forward traces without a graph break (the sort, ``histc`` and
+the grouped matmuls are ATen ops) and each glue op follows the compile mode (:func:`tigon.support.compiled_choice`):
+its ``tigon::moe_*`` custom ops (the kernels) in ``"kernels"``, its reference, fused by Inductor, in ``"auto"`` (the
+ops' records) and ``"inductor"``.
 
 The replacement applies per call only to what it reproduces: ``config._experts_implementation`` ``"grouped_mm"``
 (other implementations, e.g. ``batched_mm`` or ``eager`` set later with ``set_experts_implementation``, run the class's
@@ -152,6 +155,9 @@ def experts_forward(spec: MLPSpec, family: str, original, class_level: bool = Fa
     (``class_level``, ``tigon.patch("olmoe")``: every model of the family, built before or after), the whole of
     :func:`glue_problem` is checked on every call (a few attribute reads)."""
     per_call = functools.partial(glue_problem, spec=spec) if class_level else _call_problem
+    # (read here, not in the forward: under torch.compile Dynamo warns at every trace of an lru_cache call; this
+    # forward is only made where _hf_moe() is not None, glue_problem / class_glue)
+    hf_moe = _hf_moe()
 
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
@@ -162,7 +168,7 @@ def experts_forward(spec: MLPSpec, family: str, original, class_level: bool = Fa
         if isinstance(options, str):
             return original(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
         activation, alpha, limit = options
-        grouped = _hf_moe()._grouped_linear
+        grouped = hf_moe._grouped_linear
         tokens, k = top_k_index.shape
         experts = self.num_experts
         ids, perm = torch.sort(top_k_index.reshape(-1))

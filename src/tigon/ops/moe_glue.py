@@ -8,9 +8,11 @@ gather and its scatter-add backward, a materialised (S, 2I) bias gather and its 
 and add, the routing-weight product, the inverse-permutation gather and the (T, k, H) sum, each with its backward.
 These ops are one pass each way (:mod:`tigon.kernels.moe_glue`, where the formulas and bytes are).
 
-Kernels: :mod:`tigon.kernels.moe_glue`. Specification: :mod:`tigon.reference.moe_glue`. Under ``torch.compile``
-the references run (traced by Inductor: the records' ``under_compile`` "inductor", ``custom_op`` False: no custom ops
-yet, in every compile mode).
+Kernels: :mod:`tigon.kernels.moe_glue`. Specification: :mod:`tigon.reference.moe_glue`. Under ``torch.compile`` each
+op runs as :func:`tigon.support.compiled_choice` says: its kernels as the ``tigon::moe_gather`` /
+``tigon::moe_expert_gate`` / ``tigon::moe_combine`` custom ops (and their ``_backward`` ops) in compile mode
+``"kernels"``, or its reference traced by Inductor (compile mode ``"inductor"``, and ``"auto"``: the records'
+``under_compile`` "inductor").
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ def _bias(bias, experts: int, width: int) -> None:
 
 
 def _torch_code(op: str, t: torch.Tensor) -> bool:
-    """Whether ``op`` runs its reference: the backend's choice (counted by :func:`tigon.support.backend_usage`; in a
-    torch.compile graph ``"inductor"``, once per trace: the records have no custom op), and always in a compiled
-    graph."""
-    return select_backend(op, t) in TORCH_CODE or torch.compiler.is_compiling()
+    """Whether ``op`` runs its reference for ``t``: no kernels for its device / dtype, or (under torch.compile) the
+    compile mode leaves it to Inductor (:func:`tigon.support.select_backend`, which counts the choice once per
+    trace)."""
+    return select_backend(op, t) in TORCH_CODE
 
 
 def _host_checks(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> None:
@@ -102,7 +104,8 @@ def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     _host_checks(positions, None)
     from ..kernels import moe_glue as k
 
-    return k.MoEGatherFunction.apply(x, positions)
+    run = k.compiled_moe_gather if torch.compiler.is_compiling() else k.MoEGatherFunction.apply
+    return run(x, positions)
 
 
 def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None = None,
@@ -161,7 +164,8 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
     _host_checks(None, offsets)
     from ..kernels import moe_glue as k
 
-    return k.MoEExpertGateFunction.apply(gate_up, offsets, bias, activation, alpha, limit)
+    run = k.compiled_moe_expert_gate if torch.compiler.is_compiling() else k.MoEExpertGateFunction.apply
+    return run(gate_up, offsets, bias, activation, alpha, limit)
 
 
 def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, offsets: torch.Tensor | None = None,
@@ -209,7 +213,8 @@ def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
     _host_checks(positions, offsets if bias is not None else None)
     from ..kernels import moe_glue as kk
 
-    return kk.MoECombineFunction.apply(x, weights, positions, offsets if bias is not None else None, bias)
+    run = kk.compiled_moe_combine if torch.compiler.is_compiling() else kk.MoECombineFunction.apply
+    return run(x, weights, positions, offsets if bias is not None else None, bias)
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -261,7 +266,7 @@ RECORDS = (
         fn=moe_gather, reference=ref.moe_gather, original=ref.moe_gather,
         original_name="hidden_states[perm // top_k] (HF grouped_mm_experts_forward)",
         make_inputs=_gather_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x",), category="moe", under_compile="inductor", custom_op=False,
+        grad_inputs=("x",), category="moe", under_compile="inductor",
         min_bytes=lambda s, e, mode: (s["tokens"] * (1 + s["top_k"]) * s["hidden"] * e * (1 if mode == "fwd" else 2)),
     ),
     OpSpec(
@@ -270,7 +275,7 @@ RECORDS = (
         fn=moe_expert_gate, reference=ref.moe_expert_gate, original=ref.moe_expert_gate,
         original_name="out.add_(bias[expert_ids_g]); self._apply_gate(out) (HF grouped_mm_experts_forward)",
         make_inputs=_gate_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "intermediate"),
-        grad_inputs=("gate_up", "bias"), category="moe", under_compile="inductor", custom_op=False,
+        grad_inputs=("gate_up", "bias"), category="moe", under_compile="inductor",
         # read gate_up (2n), write out (n); backward: read dout (n), gate_up (2n), write d_gate_up (2n), read it
         # again for d_bias (2n); n = S x I (the bias table is small)
         min_bytes=lambda s, e, mode: (3 if mode == "fwd" else 10) * s["tokens"] * s["top_k"] * s["intermediate"] * e,
@@ -284,7 +289,7 @@ RECORDS = (
         fn=moe_combine, reference=ref.moe_combine, original=ref.moe_combine,
         original_name="(out + bias[ids]) * w, [inv_perm], .view(T, k, H).sum(1) (HF grouped_mm_experts_forward)",
         make_inputs=_combine_inputs, shape_of=_moe_shape, **sizes("tokens", "top_k", "hidden"),
-        grad_inputs=("x", "weights", "bias"), category="moe", under_compile="inductor", custom_op=False,
+        grad_inputs=("x", "weights", "bias"), category="moe", under_compile="inductor",
         # forward: read x (S H), write out (T H); backward: read dout (T H), x (S H), write dx (S H), read dx for
         # d_bias (S H)
         min_bytes=lambda s, e, mode: (s["tokens"] * s["hidden"] * e
