@@ -388,6 +388,33 @@ VISION_LANGUAGE = {
     "smolvlm": ("smolvlm", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN, scale_factor=2,
                                 vision_config=dict(_VIT, patch_size=2, model_type="smolvlm_vision")),
                 "SmolVLMForConditionalGeneration", "smolvlm", {**FULL, **ADD, "layer_norm": 3, "mlp": L + 1}, {}),
+    # LLaVA-NeXT / LLaVA-OneVision: the LLaVA projector; one 8x8 image (one patch) as the base
+    # tile and a 2x1 grid of crops
+    "llava_next": ("llava_next", dict(text_config=dict(TINY, model_type="llama"), image_token_index=IMAGE_TOKEN,
+                                      image_grid_pinpoints=[[16, 8]],
+                                      vision_config=dict(_VIT, model_type="clip_vision_model", patch_size=8)),
+                   "LlavaNextForConditionalGeneration", "llava_next", {**FULL, **ADD, "layer_norm": 4, "mlp": L + 2},
+                   {}),
+    "llava_onevision": ("llava_onevision", dict(
+        text_config=dict(TINY, model_type="qwen2"), image_token_index=IMAGE_TOKEN, image_grid_pinpoints=[[16, 8]],
+        vision_config=dict(_VIT, model_type="siglip_vision_model", patch_size=8)),
+                        "LlavaOnevisionForConditionalGeneration", "llava_onevision",
+                        {**FULL, **ADD, "layer_norm": 4, "mlp": L + 3}, {}),
+    # Idefics3 (SmolVLM's base): its own SigLIP-like vision tower, Llama text tower
+    "idefics3": ("idefics3", dict(text_config=dict(TINY, model_type="llama"), image_token_id=IMAGE_TOKEN,
+                                  scale_factor=2, vision_config=dict(_VIT, patch_size=2)),
+                 "Idefics3ForConditionalGeneration", "idefics3", {**FULL, **ADD, "layer_norm": 3, "mlp": L + 1}, {}),
+    # Mistral 3: Pixtral vision tower, Mistral text tower; the projector's RMSNorm (its patch merger: skipped)
+    "mistral3": ("mistral3", dict(text_config=dict(TINY, model_type="mistral"), image_token_index=IMAGE_TOKEN,
+                                  spatial_merge_size=2, vision_config=dict(_VIT, head_dim=16, patch_size=2)),
+                 "Mistral3ForConditionalGeneration", "mistral3", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3 + 1,
+                                                                  "mlp": L + 1}, {"rope": 1, "mlp": 1}),
+    # Aya Vision: SigLIP vision tower, Cohere 2 text tower (logit_scale); the projector's LayerNorm (SwiGLU: skipped)
+    "aya_vision": ("aya_vision", dict(text_config=dict(TINY, model_type="cohere2"), image_token_index=IMAGE_TOKEN,
+                                      downsample_factor=2, vision_config=dict(_VIT, model_type="siglip_vision_model",
+                                                                              patch_size=2)),
+                   "AyaVisionForConditionalGeneration", "aya_vision",
+                   {"layer_norm": 8, "mlp": L + 2, "rope": L, "lm_head_loss": 1}, {"mlp": 1}),
     # Gemma 4: the text decoder above and a vision tower of the same module (its RMSNorms, v_norm without weight, and
     # gated MLP; its multidimensional rotary skipped); 16 patches of 2x2 pixels pooled 2x2 into 4 image tokens
     "gemma4": ("gemma4", dict(text_config=dict(TINY, **_GEMMA4), image_token_id=IMAGE_TOKEN, boi_token_id=3,
@@ -444,7 +471,7 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 
 CPU_STEP = {"olmoe", "phimoe", "flex_olmo", "minimax_m2", "nemotron", "falcon_h1", "falcon_h1-groups",
             "falcon_h1-gate_first", "bamba", "qwen3_next", "qwen2_vl", "llava", "paligemma", "llama4", "pixtral",
-            *GENERIC_DATA}
+            "llava_next", "aya_vision", *GENERIC_DATA}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
 grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family

@@ -1,4 +1,4 @@
-"""A vision-language model whose own class is of no declared family (LLaVA-NeXT, LLaVA-OneVision, Mistral 3, ...),
+"""A vision-language model whose own class is of no declared family (LLaVA-NeXT-Video, ...),
 with towers of declared ones: ``tigon.patch`` applies the towers' families and reports the conditional-generation
 head as skipped, with its class and the reason, where it used to say "lm_head_loss: no matching module in this
 model" of a model that has an LM head (which runs as before)."""
@@ -14,12 +14,9 @@ import tigon  # noqa: E402
 from model_matrix import IMAGE_TOKEN, TINY, _VIT, require_family  # noqa: E402
 
 CASES = {  # model_type: (config overrides, the head's class)
-    "llava_next": (dict(text_config=dict(TINY, model_type="llama"), image_token_index=IMAGE_TOKEN,
-                        image_grid_pinpoints=[[8, 8]], vision_config=dict(_VIT, model_type="clip_vision_model")),
-                   "LlavaNextForConditionalGeneration"),
-    "llava_onevision": (dict(text_config=dict(TINY, model_type="qwen2"), image_token_index=IMAGE_TOKEN,
-                             image_grid_pinpoints=[[8, 8]], vision_config=dict(_VIT, model_type="siglip_vision_model")),
-                        "LlavaOnevisionForConditionalGeneration"),
+    "llava_next_video": (dict(text_config=dict(TINY, model_type="llama"), image_token_index=IMAGE_TOKEN,
+                              image_grid_pinpoints=[[8, 8]], vision_config=dict(_VIT, model_type="clip_vision_model")),
+                         "LlavaNextVideoForConditionalGeneration"),
 }
 
 

@@ -1,7 +1,9 @@
 """More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
 Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, DeepSeek-V4, Llama 4 and Granite-MoE; and Bamba (a
-Mamba-2 hybrid: its grouped, gate-first Mamba norm); PhiMoE, FlexOlmo and MiniMax-M2 (MoE with standard blocks; MiniMax
-itself, hybrid lightning attention, has no spec: the generic matcher takes its norms, experts, rotary and head).
+Mamba-2 hybrid: its grouped, gate-first Mamba norm); the other vision-language containers of transformers 5.2x
+(LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Aya Vision, Idefics3); PhiMoE, FlexOlmo and MiniMax-M2 (MoE with standard
+blocks; MiniMax itself, hybrid lightning attention, has no spec: the generic matcher takes its norms, experts, rotary
+and head).
 
 The same vocabulary and helpers as :mod:`tigon.integrations.families` (which registers :data:`SPECS` in ``FAMILIES``);
 each spec was written after running ``tigon inspect`` / ``tigon.patch`` on a tiny config of the family (see
@@ -122,6 +124,39 @@ INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) +
                              "one forward: not a plain non-gated MLP (its LayerNorm is replaced)"),))
 
 
+def _llava_like(name: str, prefix: str, *, head: dict | None = None, **parts) -> FamilySpec:
+    """A container of the LLaVA line (text and vision towers of other families): its conditional-generation head
+    (own output class, or transformers 5.2x's multimodal one) and ``parts`` (norms, mlps, unsupported)."""
+    return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", container=True,
+                      causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration", **{
+                          "output_class": (f"{prefix}CausalLMOutputWithPast", _MULTIMODAL_OUTPUT), **(head or {})}),
+                      **parts)
+
+
+def _projector(prefix: str) -> MLPSpec:
+    """LLaVA's projector: ``linear_2(act(linear_1(x)))``, the activation from ``config.projector_hidden_act``."""
+    return MLPSpec(f"{prefix}MultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
+                   down="linear_2", act="act")
+
+
+LLAVA_NEXT = _llava_like("llava_next", "LlavaNext", mlps=(_projector("LlavaNext"),))  # anyres tiles, image_newline
+LLAVA_ONEVISION = _llava_like("llava_onevision", "LlavaOnevision", mlps=(_projector("LlavaOnevision"),))
+MISTRAL3 = _llava_like(  # Pixtral vision tower, Mistral / Ministral text tower; the projector's RMSNorm is replaced
+    "mistral3", "Mistral3", norms=(NormSpec("Mistral3RMSNorm"),),
+    unsupported=(Unsupported("mlp", "Mistral3MultiModalProjector", "RMSNorm and the patch merger (a per-image "
+                             "unfold + linear) before linear_2(act(linear_1(x))) in one forward: not a plain "
+                             "non-gated MLP"),))
+AYA_VISION = _llava_like(  # SigLIP vision tower, Cohere 2 text tower; logits times the text config's logit_scale
+    "aya_vision", "AyaVision", head=dict(logit_scale_attr="logit_scale", text_config_attrs=True),
+    norms=(TORCH_LAYER_NORM,),
+    unsupported=(Unsupported("mlp", "AyaVisionMultiModalProjector", "pixel shuffle and LayerNorm before a SwiGLU "
+                             "of linear_1's two halves (act(second) * first) in one forward: not a plain gated MLP "
+                             "(its LayerNorm is replaced)"),))
+IDEFICS3 = _llava_like(  # SmolVLM's base: its own SigLIP-like vision tower, Llama text tower, linear connector
+    "idefics3", "Idefics3", norms=(TORCH_LAYER_NORM,),
+    mlps=(MLPSpec("Idefics3VisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),))
+
+
 def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: RopeSpec,
            head: CausalLMSpec, experts: tuple[MLPSpec, ...] = ()) -> FamilySpec:
     """GLM-4V (dense or MoE): a GLM text decoder and a vision tower of RMSNorms and gated MLPs in one module; the
@@ -172,6 +207,7 @@ BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_
            rope=RopeSpec(attention_classes=("BambaAttention",), partial_rotary=True)),  # gates first, per group of
     norms=(NormSpec("BambaRMSNorm"), _gated_norm("BambaRMSNormGated", "llama", norm_before_gate=False)))  # group_size
 
-SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
+SPECS: tuple[FamilySpec, ...] = (GEMMA4, PIXTRAL, SMOLVLM, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION, MISTRAL3,
+                                 AYA_VISION, IDEFICS3, GLM4V, GLM4V_MOE, QWEN3_VL_MOE, DEEPSEEK_V2,
                                  DEEPSEEK_V4, LLAMA4, GRANITEMOE, BAMBA, PHIMOE, FLEX_OLMO, MINIMAX_M2)
 """The families of this module, registered in :data:`tigon.integrations.families.FAMILIES`."""

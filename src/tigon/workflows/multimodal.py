@@ -3,7 +3,8 @@
 config alone (no processor, nothing downloaded).
 
 A config is vision-language when it has a ``vision_config`` and transformers' ``AutoModelForImageTextToText`` maps
-it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, LLaVA, PaliGemma, Gemma 3, Mllama, InternVL, SmolVLM ...): it is built
+it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, LLaVA(-NeXT, -OneVision), PaliGemma, Gemma 3, Mllama, InternVL, SmolVLM,
+Idefics3, Mistral 3, Aya Vision ...): it is built
 with that class (``Qwen2_5_VLForConditionalGeneration``); every other config with ``AutoModelForCausalLM``.
 
 A batch (:func:`with_images`) puts one image in each sequence, after its first token, laid out as the family's
@@ -20,9 +21,15 @@ the placeholder tokens set to -100 (ignored by the loss); text ids that equal on
     ``(1, h, w)``, and ``mm_token_type_ids`` (1 on image tokens) where the model's forward takes it (transformers
     5.2x); ``h * w / merge**2`` image tokens, as near ``image_tokens`` as the merge allows.
 ``square``
-    LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM: one image of the vision config's
-    ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (SmolVLM ``(batch, 1, ...)``, Pixtral with
-    ``image_sizes``); the image-token count follows from the config (:func:`square_image_tokens`).
+    LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM, Idefics3, Mistral 3, Aya Vision:
+    one image of the vision config's ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (SmolVLM /
+    Idefics3 ``(batch, 1, ...)``, Pixtral with ``image_sizes``); the image-token count follows from the config
+    (:func:`square_image_tokens`).
+``anyres``
+    LLaVA-NeXT, LLaVA-OneVision: one square image of the vision config's ``image_size``, as the base tile plus the
+    crops of the best of ``image_grid_pinpoints`` (``pixel_values`` ``(batch, tiles, channels, size, size)``,
+    ``image_sizes``); base-tile tokens, then the unpadded grid's tokens with a newline token per row
+    (:func:`anyres_image_tokens`).
 ``patches``
     Gemma 4: one image of ``h x w`` patches, flattened (``pixel_values`` ``(batch, h * w, channels * patch_size**2)``,
     uniform in [0, 1] as its processor gives them) with their ``(x, y)`` positions (``image_position_ids``), pooled
@@ -43,8 +50,9 @@ from .errors import ConfigError
 
 IGNORE_INDEX = -100
 """The label of the image's placeholder tokens (transformers' loss ignores it)."""
-LAYOUTS = ("grid", "square", "patches", "tiles")
-_SQUARE = ("llava", "paligemma", "gemma3", "internvl", "smolvlm")
+LAYOUTS = ("grid", "square", "anyres", "patches", "tiles")
+_SQUARE = ("llava", "paligemma", "gemma3", "internvl", "smolvlm", "idefics3", "mistral3", "aya_vision")
+_ANYRES = ("llava_next", "llava_onevision")
 _PATCHES = ("gemma4",)
 
 
@@ -109,28 +117,54 @@ def image_layout(config) -> str:
         return "tiles"
     if model_type in _SQUARE:
         return "square"
+    if model_type in _ANYRES:
+        return "anyres"
     if model_type in _PATCHES:
         return "patches"
     raise ConfigError(f"no image inputs for model_type {model_type!r} yet (supported: the Qwen-VL / GLM-4V grid "
-                      f"families, {', '.join(_SQUARE + _PATCHES)}, mllama)")
+                      f"families, {', '.join(_SQUARE + _ANYRES + _PATCHES)}, mllama)")
 
 
 def square_image_tokens(config) -> int:
     """The image-token count of one image for a ``square`` layout config (LLaVA: a token per patch, CLIP's class
     token dropped by the default feature strategy; PaliGemma: a token per patch; Gemma 3: ``mm_tokens_per_image``;
-    InternVL: patches times ``downsample_ratio**2``; SmolVLM: patches over ``scale_factor**2``)."""
+    InternVL: patches times ``downsample_ratio**2``; SmolVLM / Idefics3: patches over ``scale_factor**2``; Mistral 3:
+    over ``spatial_merge_size**2``; Aya Vision: over ``downsample_factor**2``)."""
     vision, model_type = config.vision_config, config.model_type
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     if model_type == "gemma3":
         return int(config.mm_tokens_per_image)
     if model_type == "internvl":
         return int(patches * config.downsample_ratio ** 2)
-    if model_type == "smolvlm":
-        return patches // int(config.scale_factor) ** 2
-    if model_type == "llava" and vision.model_type != "pixtral":
+    merge = {"smolvlm": "scale_factor", "idefics3": "scale_factor", "mistral3": "spatial_merge_size",
+             "aya_vision": "downsample_factor"}.get(model_type)
+    if merge:
+        return patches // int(getattr(config, merge)) ** 2
+    if model_type in ("llava", *_ANYRES) and vision.model_type != "pixtral":
         cls_token = vision.model_type.startswith("clip")
         return patches + cls_token - (getattr(config, "vision_feature_select_strategy", "default") == "default")
     return patches
+
+
+def anyres_grid(config) -> tuple[int, int]:
+    """The crops ``(rows, columns)`` of an ``anyres`` layout's square image: the best of ``image_grid_pinpoints``
+    for it (transformers' ``select_best_resolution``) over the vision config's ``image_size``."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    size = _side(config.vision_config.image_size)
+    height, width = select_best_resolution((size, size), config.image_grid_pinpoints)
+    return height // size, width // size
+
+
+def anyres_image_tokens(config) -> int:
+    """The image-token count of one ``anyres`` image (as the family's processor counts a square image): the base
+    tile's (:func:`square_image_tokens`), then the grid's patches with the padding of the longer side removed, plus a
+    newline token per row."""
+    side = _side(config.vision_config.image_size) // _side(config.vision_config.patch_size)
+    rows, cols = anyres_grid(config)
+    height, width = side * rows, side * cols
+    height, width = height - 2 * ((height - min(height, width)) // 2), width - 2 * ((width - min(height, width)) // 2)
+    return square_image_tokens(config) + height * width + height
 
 
 def image_token_id(config) -> int:
@@ -209,9 +243,14 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
     elif layout == "square":
         n, size = square_image_tokens(config), _side(vision.image_size)
         pixels = torch.randn(batch, channels, size, size, generator=gen)
-        extra["pixel_values"] = pixels[:, None] if config.model_type == "smolvlm" else pixels
+        extra["pixel_values"] = pixels[:, None] if config.model_type in ("smolvlm", "idefics3") else pixels
         if getattr(vision, "model_type", None) == "pixtral":
             extra["image_sizes"] = torch.tensor([[size, size]] * batch)
+    elif layout == "anyres":
+        n, size = anyres_image_tokens(config), _side(vision.image_size)
+        rows, cols = anyres_grid(config)
+        extra["pixel_values"] = torch.randn(batch, 1 + rows * cols, channels, size, size, generator=gen)
+        extra["image_sizes"] = torch.tensor([[size, size]] * batch)
     elif layout == "patches":
         pool, patch = int(vision.pooling_kernel_size), _side(vision.patch_size)
         h, w = grid_size(seq // 4 if image_tokens is None else image_tokens, pool)
@@ -246,14 +285,15 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
 
 def vision_positions(batch: dict, config) -> int:
     """Positions the vision encoder runs on per sequence of a :func:`with_images` batch: the image's patches (grid:
-    before the merge; Mllama: every tile, padded ones too)."""
+    before the merge; Mllama: every tile, padded ones too; anyres: every tile)."""
     layout, vision = image_layout(config), config.vision_config
     if layout == "grid":  # every image's patches, one after the other
         return batch["pixel_values"].shape[0] // batch["input_ids"].shape[0]
     if layout == "patches":  # (batch, patches, values)
         return batch["pixel_values"].shape[1]
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
-    return patches * (int(vision.max_num_tiles) if layout == "tiles" else 1)
+    tiles = {"tiles": int(getattr(vision, "max_num_tiles", 1)), "anyres": 1 + math.prod(anyres_grid(config))}
+    return patches * tiles.get(layout, 1)
 
 
 def take(batch: dict, start: int, stop: int) -> dict:
