@@ -295,6 +295,35 @@ def test_moe_glue_compile(device, mode, monkeypatch):
         assert seen == ({f"tigon.{op}.default"} if kernel else set()), op
 
 
+
+def test_moe_glue_compiled_checks_cpu_values():
+    # CPU positions / offsets are checked under torch.compile as in eager (inside the custom ops, on the real
+    # tensors): not a permutation, a decreasing or negative offset raise the eager call's ValueError, not an
+    # IndexError of the interpreted kernel or silent garbage; token counts that change between calls equal eager
+    from tigon.ops.moe_glue import routing
+
+    support.set_compile_mode("kernels")
+    gather = torch.compile(lambda x, pos: TF.moe_gather(x, pos), backend="aot_eager", fullgraph=True)
+    gate = torch.compile(lambda gu, offs: TF.moe_expert_gate(gu, offs), backend="aot_eager", fullgraph=True)
+    combine = torch.compile(lambda y, w, pos, offs, b: TF.moe_combine(y, w, pos, offs, b), backend="aot_eager",
+                            fullgraph=True)
+    for tokens in (7, 9, 13):
+        r = routing(torch.Generator().manual_seed(tokens), tokens, 5, 2, "cpu")
+        x = torch.randn(tokens, 8)
+        torch.testing.assert_close(gather(x, r["positions"]), TF.moe_gather(x, r["positions"]), rtol=0, atol=0)
+    r = routing(torch.Generator().manual_seed(0), 7, 5, 2, "cpu")
+    x, pos, offs = torch.randn(7, 8), r["positions"], r["offsets"]
+    with pytest.raises(ValueError, match="positions must hold each sorted row"):
+        gather(x, torch.zeros_like(pos))
+    for bad in (torch.tensor([10, 4, 14, 14, 14], dtype=torch.int32), torch.tensor([-1, 4, 8, 14, 14])):
+        with pytest.raises(ValueError, match="offsets must be nonnegative and nondecreasing"):
+            gate(torch.randn(14, 40), bad)
+        with pytest.raises(ValueError, match="offsets must be nonnegative and nondecreasing"):
+            combine(torch.randn(14, 8), torch.rand(7, 2), pos, bad, torch.randn(5, 8))
+    with pytest.raises(ValueError, match="positions must hold each sorted row"):
+        combine(torch.randn(14, 8), torch.rand(7, 2), pos + 100, offs, torch.randn(5, 8))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_compile(device, reduction):
     logits = torch.randn(9, 70, device=device)

@@ -174,3 +174,19 @@ def test_other_implementations_and_the_switch_off():
     note = " ".join(tigon.patch("qwen2_5_vl").notes)
     tigon.unpatch("qwen2_5_vl")
     assert "vision_attention: the vision tower's packed attention is batched by chunk length per model only" in note
+
+
+@pytest.mark.parametrize("request_", [{"vision_config": "sdpa"}, {"vision_config": "eager"}, "eager"])
+def test_set_attn_implementation_after_the_patch_is_honoured(request_):
+    """The model's own vision config stays its config's ``vision_config``: transformers' set_attn_implementation finds
+    the tower by that sub-config (a dict request names it), so the user's request reaches the tower, and the caller's
+    config object is left as it was."""
+    cfg, model = build("qwen2.5-vl-tiny", "sdpa")
+    tigon.patch(model)
+    assert model.config.vision_config is model.model.visual.config
+    assert cfg.vision_config._attn_implementation == "sdpa"
+    model.set_attn_implementation(request_)
+    want = request_ if isinstance(request_, str) else request_["vision_config"]
+    assert [b.attn.config._attn_implementation for b in model.model.visual.blocks] == [want] * 2
+    assert model.config.vision_config._attn_implementation == want
+    assert not [e for e in tigon.unpatch(model).replaced if e.kind == "vision_attention"]  # nothing left to undo

@@ -124,6 +124,22 @@ def test_image_batch_fits_every_family(case):
     assert all(torch.equal(torch.cat([h[k] for h in halves]), v) for k, v in batch.items())
 
 
+
+@pytest.mark.parametrize("case", ["llava_next", "llava_onevision"])
+@pytest.mark.parametrize("pinpoints", [[[8, 16]], [[24, 8]], [[16, 24]], [[24, 40]], [[32, 32]], [[48, 16]]])
+def test_anyres_tokens_match_the_model_for_any_pinpoints(case, pinpoints):
+    """Non-square and large ``image_grid_pinpoints``: the anyres image-token count equals the features the model
+    packs (LLaVA-OneVision scales a grid of more than ``anyres_max_9`` tiles' patches down: 4 x 4 tiles -> 3 x 3)."""
+    model_type, overrides, *_ = VISION_LANGUAGE[case]
+    require_family(model_type)
+    cfg = config(model_type, dict(overrides, image_grid_pinpoints=pinpoints))
+    batch = multimodal.with_images(torch.randint(8, 250, (1, 40), generator=torch.Generator().manual_seed(0)), cfg)
+    torch.manual_seed(0)
+    model = multimodal.auto_class(cfg).from_config(cfg)
+    with torch.no_grad():  # (transformers raises "Image features and image tokens do not match" otherwise)
+        assert torch.isfinite(model(**batch, use_cache=False).loss)
+
+
 def test_errors_name_the_problem():
     from tigon.workflows.errors import ConfigError
 

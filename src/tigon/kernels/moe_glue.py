@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..reference.moe_glue import check_host
 from ._common import CUSTOM_OP_TAGS, cdiv, if_wanted, launch_mode, next_pow2, or_empty, warps_for
 from .elementwise import TILE_ELEMS, _launch_shape, tile
 from .first_order import once_differentiable
@@ -466,10 +467,12 @@ class MoECombineFunction(torch.autograd.Function):
 
 # ---------------------------------------------------------------------- torch.compile: custom ops
 # The same launchers as the autograd.Functions above, as torch.library custom ops (see tigon.kernels). positions and
-# offsets are int32 / int64 tensors without gradients; an output not computed is a (0,) placeholder.
+# offsets are int32 / int64 tensors without gradients, CPU ones checked in the forward ops as in eager
+# (reference.moe_glue.check_host); an output not computed is a (0,) placeholder.
 @torch.library.custom_op("tigon::moe_gather", mutates_args=(), tags=CUSTOM_OP_TAGS)
 def _moe_gather(x: Tensor, positions: Tensor) -> Tensor:
     """(T*k, H) contiguous in x's dtype: ``out[positions[t, j]] = x[t]``."""
+    check_host(positions, None)
     return to_rows(x, positions)[0]
 
 
@@ -505,6 +508,7 @@ _moe_gather.register_autograd(_moe_gather_grad, setup_context=_moe_gather_setup)
 def _moe_expert_gate(gate_up: Tensor, offsets: Tensor, bias: Optional[Tensor], activation: str, alpha: float,
                      limit: Optional[float]) -> Tensor:
     """(S, I) contiguous in gate_up's dtype: ``act(gate_up[s] + bias[e(s)])`` (:func:`expert_gate_forward`)."""
+    check_host(None, offsets)
     return expert_gate_forward(gate_up, offsets, bias, activation, alpha, limit)
 
 
@@ -549,6 +553,7 @@ _moe_expert_gate.register_autograd(_moe_expert_gate_grad, setup_context=_moe_exp
 def _moe_combine(x: Tensor, weights: Tensor, positions: Tensor, offsets: Optional[Tensor],
                  bias: Optional[Tensor]) -> Tensor:
     """(T, H) contiguous in x's dtype: ``sum_j (x[p] + bias[e(p)]) * weights[t, j]``, p = positions[t, j]."""
+    check_host(positions, offsets if bias is not None else None)
     return to_tokens(x, positions, weights, bias, offsets)
 
 

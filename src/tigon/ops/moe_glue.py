@@ -64,17 +64,6 @@ def _torch_code(op: str, t: torch.Tensor) -> bool:
     return select_backend(op, t) in TORCH_CODE
 
 
-def _host_checks(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> None:
-    """The kernel path's checks of CPU ``positions`` (a permutation) and ``offsets`` (nonnegative, nondecreasing), as
-    the reference's. CUDA ones are not read (a device sync per call): the kernels then read and write nothing out of
-    bounds (a position outside [0, T*k) is skipped, the offsets clamped to the rows), but such inputs give undefined
-    values."""
-    if positions is not None and positions.is_cpu:
-        ref.check_positions(positions)
-    if offsets is not None and offsets.is_cpu:
-        ref.check_offsets(offsets)
-
-
 def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The routed tokens in rows sorted by expert: ``out[positions[t, j]] = x[t]`` (transformers ``integrations/moe.py``
     ``grouped_mm_experts_forward``'s ``hidden_states[perm // num_top_k]``, with ``positions`` its ``inv_perm`` viewed
@@ -101,7 +90,7 @@ def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     _checks.same_device(x=x, positions=positions)
     if _torch_code("moe_gather", x):
         return ref.moe_gather(x, positions)
-    _host_checks(positions, None)
+    ref.check_host(positions, None)
     from ..kernels import moe_glue as k
 
     run = k.compiled_moe_gather if torch.compiler.is_compiling() else k.MoEGatherFunction.apply
@@ -161,7 +150,7 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
         raise ValueError("activation='clamped_swiglu' (GPT-OSS) needs a limit (config.swiglu_limit)")
     if _torch_code("moe_expert_gate", gate_up):
         return ref.moe_expert_gate(gate_up, offsets, bias, activation, alpha, limit)
-    _host_checks(None, offsets)
+    ref.check_host(None, offsets)
     from ..kernels import moe_glue as k
 
     run = k.compiled_moe_expert_gate if torch.compiler.is_compiling() else k.MoEExpertGateFunction.apply
@@ -210,7 +199,7 @@ def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
     _checks.same_device(x=x, weights=weights, positions=positions, offsets=offsets, bias=bias)
     if _torch_code("moe_combine", x):
         return ref.moe_combine(x, weights, positions, offsets, bias)
-    _host_checks(positions, offsets if bias is not None else None)
+    ref.check_host(positions, offsets if bias is not None else None)
     from ..kernels import moe_glue as kk
 
     run = kk.compiled_moe_combine if torch.compiler.is_compiling() else kk.MoECombineFunction.apply

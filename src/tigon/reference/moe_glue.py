@@ -42,6 +42,22 @@ def check_offsets(offsets: torch.Tensor) -> None:
         raise ValueError("offsets must be nonnegative and nondecreasing (cumulative rows per expert, as grouped_mm's)")
 
 
+def check_host(positions: torch.Tensor | None, offsets: torch.Tensor | None) -> None:
+    """The kernel path's checks of CPU ``positions`` (a permutation) and ``offsets`` (nonnegative, nondecreasing), as
+    the reference's: in the eager ops, and inside the ``tigon::moe_*`` custom ops under torch.compile (on the real
+    tensors at run time; none while tracing). CUDA ones are not read (a device sync per call): the kernels then read
+    and write nothing out of bounds (a position outside [0, T*k) is skipped, the offsets clamped to the rows), but
+    such inputs give undefined values.
+
+    Raises:
+        ValueError: as :func:`check_positions` / :func:`check_offsets`.
+    """
+    if positions is not None and positions.is_cpu:
+        check_positions(positions)
+    if offsets is not None and offsets.is_cpu:
+        check_offsets(offsets)
+
+
 def row_bias(bias: torch.Tensor, offsets: torch.Tensor, rows: int) -> torch.Tensor:
     """(rows, N): each sorted row's expert bias, zero for rows of no expert (HF's ``bias[expert_ids_g]``)."""
     e = torch.searchsorted(offsets.contiguous(), torch.arange(rows, device=offsets.device, dtype=offsets.dtype),

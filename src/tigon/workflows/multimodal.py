@@ -158,12 +158,17 @@ def anyres_grid(config) -> tuple[int, int]:
 
 def anyres_image_tokens(config) -> int:
     """The image-token count of one ``anyres`` image (as the family's processor counts a square image): the base
-    tile's (:func:`square_image_tokens`), then the grid's patches with the padding of the longer side removed, plus a
-    newline token per row."""
+    tile's (:func:`square_image_tokens`), then the grid's patches with the padding of the longer side removed (and,
+    LLaVA-OneVision, scaled down to about ``N`` tiles' patches when more, by its ``vision_aspect_ratio``
+    ``"anyres_max_N"``, as its ``pack_image_features``), plus a newline token per row."""
     side = _side(config.vision_config.image_size) // _side(config.vision_config.patch_size)
     rows, cols = anyres_grid(config)
     height, width = side * rows, side * cols
     height, width = height - 2 * ((height - min(height, width)) // 2), width - 2 * ((width - min(height, width)) // 2)
+    limit = getattr(config, "vision_aspect_ratio", None)
+    ratio = math.sqrt(height * width / (int(limit.removeprefix("anyres_max_")) * side ** 2)) if limit else 1.0
+    if ratio > 1.1:
+        height, width = int(height // ratio), int(width // ratio)
     return square_image_tokens(config) + height * width + height
 
 
