@@ -26,9 +26,10 @@ one host sync is the chunk lengths' ``tolist()``, as in transformers' loop (and 
 transformers' ``AttentionInterface``. The names contain "flash" because transformers sends the varlen arguments only
 to implementations whose name does (``utils.generic.is_flash_attention_requested``); in these towers that test
 chooses the branch and, in the vision model, whether ``max_seqlen`` is computed, nothing else. The switch goes on
-the model's own copy of the vision config (:mod:`tigon.integrations.attention_switch`); ``model.config.vision_config``
-itself is left as it was, and :func:`restore` (``tigon.unpatch``) sets the implementation back. Flex and
-flash-attention towers are left alone with the reason in the report.
+the model's own copy of the vision config, which the model's (shallow-copied) ``config.vision_config`` then is
+(:mod:`tigon.integrations.attention_switch`: the caller's config objects are left as they were, and a later
+``model.set_attn_implementation`` reaches the tower); :func:`restore` (``tigon.unpatch``) sets the implementation
+back. Flex and flash-attention towers are left alone with the reason in the report.
 """
 
 from __future__ import annotations
