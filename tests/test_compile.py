@@ -71,7 +71,7 @@ def _opcheck_cases():
 
     for name in ("rms_norm", "fused_add_rms_norm", "layer_norm", "rope", "glu", "cross_entropy",
                  "fused_linear_cross_entropy", "divergence", "relu_squared", "dyt", "softmax",
-                 "poly_norm", "group_norm", "sparsemax", "rms_norm_gated", "moe_glue"):
+                 "poly_norm", "group_norm", "sparsemax", "rms_norm_gated", "moe_glue_compiled"):
         # registers the custom ops (after conftest set TRITON_INTERPRET)
         importlib.import_module(f"tigon.kernels.{name}")
 

@@ -8,11 +8,11 @@ gather and its scatter-add backward, a materialised (S, 2I) bias gather and its 
 and add, the routing-weight product, the inverse-permutation gather and the (T, k, H) sum, each with its backward.
 These ops are one pass each way (:mod:`tigon.kernels.moe_glue`, where the formulas and bytes are).
 
-Kernels: :mod:`tigon.kernels.moe_glue`. Specification: :mod:`tigon.reference.moe_glue`. Under ``torch.compile`` each
-op runs as :func:`tigon.support.compiled_choice` says: its kernels as the ``tigon::moe_gather`` /
-``tigon::moe_expert_gate`` / ``tigon::moe_combine`` custom ops (and their ``_backward`` ops) in compile mode
-``"kernels"``, or its reference traced by Inductor (compile mode ``"inductor"``, and ``"auto"``: the records'
-``under_compile`` "inductor").
+Kernels: :mod:`tigon.kernels.moe_glue` (custom ops: :mod:`tigon.kernels.moe_glue_compiled`). Specification:
+:mod:`tigon.reference.moe_glue`. Under ``torch.compile`` each op runs as :func:`tigon.support.compiled_choice` says: its
+kernels as the ``tigon::moe_gather`` / ``tigon::moe_expert_gate`` / ``tigon::moe_combine`` custom ops (and their
+``_backward`` ops) in compile mode ``"kernels"``, or its reference traced by Inductor (compile mode ``"inductor"``, and
+``"auto"``: the records' ``under_compile`` "inductor").
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def moe_gather(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     if _torch_code("moe_gather", x):
         return ref.moe_gather(x, positions)
     ref.check_host(positions, None)
-    from ..kernels import moe_glue as k
+    from ..kernels import moe_glue as k, moe_glue_compiled as kc
 
-    run = k.compiled_moe_gather if torch.compiler.is_compiling() else k.MoEGatherFunction.apply
+    run = kc.compiled_moe_gather if torch.compiler.is_compiling() else k.MoEGatherFunction.apply
     return run(x, positions)
 
 
@@ -151,9 +151,9 @@ def moe_expert_gate(gate_up: torch.Tensor, offsets: torch.Tensor, bias: torch.Te
     if _torch_code("moe_expert_gate", gate_up):
         return ref.moe_expert_gate(gate_up, offsets, bias, activation, alpha, limit)
     ref.check_host(None, offsets)
-    from ..kernels import moe_glue as k
+    from ..kernels import moe_glue as k, moe_glue_compiled as kc
 
-    run = k.compiled_moe_expert_gate if torch.compiler.is_compiling() else k.MoEExpertGateFunction.apply
+    run = kc.compiled_moe_expert_gate if torch.compiler.is_compiling() else k.MoEExpertGateFunction.apply
     return run(gate_up, offsets, bias, activation, alpha, limit)
 
 
@@ -200,9 +200,9 @@ def moe_combine(x: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
     if _torch_code("moe_combine", x):
         return ref.moe_combine(x, weights, positions, offsets, bias)
     ref.check_host(positions, offsets if bias is not None else None)
-    from ..kernels import moe_glue as kk
+    from ..kernels import moe_glue as kk, moe_glue_compiled as kc
 
-    run = kk.compiled_moe_combine if torch.compiler.is_compiling() else kk.MoECombineFunction.apply
+    run = kc.compiled_moe_combine if torch.compiler.is_compiling() else kk.MoECombineFunction.apply
     return run(x, weights, positions, offsets if bias is not None else None, bias)
 
 
