@@ -67,14 +67,14 @@ import torch
 
 from . import causal_mask, components
 from . import persist
-from . import lora_mlp, lora_qkv, rotary_calls, sink_attention, varlen_attention
+from . import attention_patches, lora_mlp, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .generic import Match, generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds
+from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds, undeclared_head
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -266,7 +266,7 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
         if sp.rope is not None or sp.decoder_layers:  # no residual-add note for vision towers / containers
             note_residual_adds(sp, enabled, report)
     for kind in sorted(wanted - seen):
-        head = _undeclared_head(model, specs) if kind == "lm_head_loss" and not forced else None
+        head = undeclared_head(model, specs) if kind == "lm_head_loss" and not forced else None
         if head is not None:
             report.skipped.append(head)
         else:
@@ -276,24 +276,6 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
         report.notes.append("families: " + "; ".join(f"{name} ({', '.join(paths) or 'no module'})"
                                                      for name, paths in where.items()))
     return actions
-
-
-def _undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEntry | None:
-    """The skipped ``lm_head_loss`` entry of ``model``'s own LM head when the model's class is of none of the families
-    applied (a vision-language container such as LLaVA-NeXT, whose towers are of declared families) and it has one
-    (``get_output_embeddings()``, an ``nn.Linear``): its head and loss run as before. None otherwise."""
-    if any(type(model).__module__ == sp.module for sp in specs):
-        return None
-    try:
-        head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
-    except (AttributeError, NotImplementedError):  # (a model that declares no output embedding)
-        return None
-    path = next((p for p, m in model.named_modules() if m is head), "") if isinstance(head, torch.nn.Linear) else ""
-    if not path:
-        return None
-    return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
-                      "family Tigon declares (the families of its towers are applied: see the families note): its LM "
-                      "head and loss run as before")
 
 
 def _family_paths(model: torch.nn.Module, spec: FamilySpec, limit: int = 3) -> list[str]:
@@ -507,20 +489,11 @@ def patch(
                 raise _nothing_matched(model_or_family, report)
         elif level == "instance":
             actions = _plan_instance(model_or_family, spec, enabled, opts, report, forced=family is not None)
-            families = [spec, *_find_families(model_or_family)]
-            if sinks:
-                actions += sink_attention.plan(model_or_family, families, report)
-            if vision_attention:
-                actions += varlen_attention.plan(model_or_family, families, report)
+            actions += attention_patches.plan(model_or_family, [spec, *_find_families(model_or_family)], enabled,
+                                              report)
         else:
             actions = plan_class(spec, enabled, opts, report)
-            if sinks and spec.sinks:
-                report.notes.append("sinks: attention with sinks runs on SDPA per model only (it switches the "
-                                    "model config's attention implementation): call tigon.patch(model)")
-            if vision_attention and spec.varlen_attention:
-                report.notes.append("vision_attention: the vision tower's packed attention is batched by chunk length "
-                                    "per model only (it switches the vision config's attention implementation): "
-                                    "call tigon.patch(model)")
+            attention_patches.class_notes(spec, enabled, report)
         actions += adapters
         if strict and report.skipped:
             lines = "; ".join(f"{e.kind} {e.target}: {e.detail}" for e in report.skipped)
@@ -583,8 +556,7 @@ def unpatch(model_or_family) -> PatchReport:
             for sw in list(SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
-            sink_attention.restore(model_or_family, report)
-            varlen_attention.restore(model_or_family, report)
+            attention_patches.restore(model_or_family, report)
             if causal_mask.release(model_or_family):
                 report.notes.append("causal mask under torch.compile: transformers' own check restored")
         else:

@@ -1,13 +1,15 @@
 """What a patch plan is made of, shared by the instance-level and class-level planners of
 :mod:`tigon.integrations.engine`: an action (a report entry and the closure that applies it), the import of a
-family's modeling module, the check that a target already patched carries the requested LM-head-loss options, and
-the note on residual adds that stay unfused."""
+family's modeling module, the check that a target already patched carries the requested LM-head-loss options, the
+note on residual adds that stay unfused, and the skipped entry of an LM head no family declares."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Callable
+
+import torch
 
 from .causal_lm import loss_options
 from .families import FamilySpec
@@ -63,3 +65,21 @@ def note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchRepo
                             "(hooks on the norm other than torch's SequenceParallel ones; residual and attention "
                             "output of different dtypes, as under "
                             "autocast with fp32 weights)")
+
+
+def undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEntry | None:
+    """The skipped ``lm_head_loss`` entry of ``model``'s own LM head when the model's class is of none of the families
+    applied (a vision-language container such as LLaVA-NeXT, whose towers are of declared families) and it has one
+    (``get_output_embeddings()``, an ``nn.Linear``): its head and loss run as before. None otherwise."""
+    if any(type(model).__module__ == sp.module for sp in specs):
+        return None
+    try:
+        head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    except (AttributeError, NotImplementedError):  # (a model that declares no output embedding)
+        return None
+    path = next((p for p, m in model.named_modules() if m is head), "") if isinstance(head, torch.nn.Linear) else ""
+    if not path:
+        return None
+    return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
+                      "family Tigon declares (the families of its towers are applied: see the families note): its LM "
+                      "head and loss run as before")

@@ -171,6 +171,8 @@ def register() -> None:
 
 
 # ---- the patch (tigon.patch / tigon.unpatch, instance level) -----------------------------------------------------
+CLASS_NOTE = ("attention with sinks runs on SDPA per model only (it switches the model config's attention "
+              "implementation)")
 DETAIL = (f"eager attention with sinks -> sink_attention: torch SDPA with the sink folded into an extra key "
           f"(config._attn_implementation {NAME!r}, transformers' sdpa masks)")
 

@@ -149,6 +149,10 @@ def register() -> None:
 
 
 # ---- the patch (tigon.patch / tigon.unpatch, instance level) -----------------------------------------------------
+CLASS_NOTE = ("the vision tower's packed attention is batched by chunk length per model only (it switches the vision "
+              "config's attention implementation)")
+
+
 def _detail(implementation: str) -> str:
     return (f"the vision tower's packed {implementation} attention (one call per chunk: image, frame or window) -> "
             f"varlen_attention: one {implementation} call per distinct chunk length, the chunks stacked as a batch "
