@@ -111,6 +111,13 @@ def glue_problem(module, spec: MLPSpec) -> str | None:
     own = module.__dict__.get("forward")
     if own is not None and tigon_mark(own) is None:
         return "its instance forward was set by another library (tensor / expert parallelism?); left alone"
+    options = _module_options(module, spec)
+    return options if isinstance(options, str) else None
+
+
+def _module_options(module, spec: MLPSpec) -> str | tuple:
+    """:func:`gate_options` of the experts ``module``, or why it cannot take :func:`experts_forward` (the checks of
+    :func:`glue_problem` that read the module: flags, weights, activation, and the per-call ones)."""
     if not all(isinstance(getattr(module, a, None), bool) for a in ("has_gate", "has_bias", "is_transposed")):
         return "no has_gate / has_bias / is_transposed flags (not a @use_experts_implementation module)"
     if not module.has_gate:
@@ -124,10 +131,7 @@ def glue_problem(module, spec: MLPSpec) -> str | None:
             return f"{name} is a {type(p).__name__} (a tensor subclass, e.g. a DTensor): left to transformers"
     if not isinstance(getattr(module, "num_experts", None), int):
         return "no num_experts"
-    options = gate_options(module, spec)
-    if isinstance(options, str):
-        return options
-    return _call_problem(module)
+    return _call_problem(module) or gate_options(module, spec)
 
 
 def class_glue(cls: type) -> bool:
@@ -152,20 +156,19 @@ def experts_forward(spec: MLPSpec, family: str, original, class_level: bool = Fa
     ``grouped_mm_experts_forward`` with Tigon's glue (module docstring); ``original`` (the class's forward, the
     experts-implementation dispatcher) where a call is not one it reproduces. Bound to an instance, :func:`glue_problem`
     was checked when patching and its per-call part (:func:`_call_problem`) is checked on every call; set on the class
-    (``class_level``, ``tigon.patch("olmoe")``: every model of the family, built before or after), the whole of
-    :func:`glue_problem` is checked on every call (a few attribute reads)."""
-    per_call = functools.partial(glue_problem, spec=spec) if class_level else _call_problem
+    (``class_level``, ``tigon.patch("olmoe")``: every model of the family, built before or after), the module's part of
+    :func:`glue_problem` is checked on every call (a few attribute reads; the class forward is this one, and an
+    instance forward set by another library is called instead of it)."""
+    def per_call(module) -> str | tuple:  # the gate options, or why this call runs the class's forward
+        return _module_options(module, spec) if class_level else _call_problem(module) or gate_options(module, spec)
     # (read here, not in the forward: under torch.compile Dynamo warns at every trace of an lru_cache call; this
     # forward is only made where _hf_moe() is not None, glue_problem / class_glue)
     hf_moe = _hf_moe()
 
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
-        if (args or kwargs or hidden_states.dim() != 2 or top_k_index.dim() != 2
-                or per_call(self) is not None):
-            return original(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
-        options = gate_options(self, spec)
-        if isinstance(options, str):
+        options = None if args or kwargs or hidden_states.dim() != 2 or top_k_index.dim() != 2 else per_call(self)
+        if not isinstance(options, tuple):
             return original(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs)
         activation, alpha, limit = options
         grouped = hf_moe._grouped_linear
