@@ -140,11 +140,24 @@ def test_anyres_tokens_match_the_model_for_any_pinpoints(case, pinpoints):
         assert torch.isfinite(model(**batch, use_cache=False).loss)
 
 
+@pytest.mark.parametrize("case", list(VISION_LANGUAGE))
+def test_image_layout_is_the_family_data(case):
+    """Each vision-language family of the matrix declares its image layout on its spec, and image_layout reads it."""
+    from tigon.integrations import FAMILIES
+
+    model_type, overrides, _, family, *_ = VISION_LANGUAGE[case]
+    require_family(model_type)
+    assert FAMILIES[family].image_layout in multimodal.LAYOUTS
+    assert multimodal.image_layout(config(model_type, overrides)) == FAMILIES[family].image_layout
+
+
 def test_errors_name_the_problem():
     from tigon.workflows.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a vision-language model"):
         multimodal.image_layout(presets.build_config("tiny"))
+    with pytest.raises(ConfigError, match=r"model_type 'llama4' yet \(supported: aya_vision, .*qwen2_vl"):
+        multimodal.image_layout(transformers.Llama4Config())  # a family spec without an image layout
     with pytest.raises(ValueError, match="input_ids must be a"):
         multimodal.with_images(torch.zeros(4), presets.build_config("qwen2-vl-tiny"))
     with pytest.raises(ValueError, match="image_tokens must be"):

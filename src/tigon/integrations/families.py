@@ -83,7 +83,8 @@ GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3
     "gemma3", "Gemma3", norm=_gemma_norm("Gemma3"), mlp=MLPSpec("Gemma3MLP", act_config_attr="hidden_activation"),
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
     pre_norm_layer=False,  # Gemma3ForConditionalGeneration (no final softcapping in its head; SigLIP vision tower)
-    extra_heads=(CausalLMSpec("Gemma3ForConditionalGeneration", output_class="Gemma3CausalLMOutputWithPast"),))
+    extra_heads=(CausalLMSpec("Gemma3ForConditionalGeneration", output_class="Gemma3CausalLMOutputWithPast"),),
+    image_layout="square")
 PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
     "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
     rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
@@ -200,7 +201,8 @@ def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], 
         causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration",
                                output_class=(_MULTIMODAL_OUTPUT, f"{prefix}CausalLMOutputWithPast")),
         decoder_layers=(DecoderLayerSpec(f"{prefix}{text}DecoderLayer", norms[0]),),
-        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),), varlen_attention=(vision_attention,))
+        unsupported=(Unsupported("rope", vision_attention, _VISION_ROPE),), varlen_attention=(vision_attention,),
+        image_layout="grid")
 
 
 CLIP = _vision("clip", "CLIPMLP")
@@ -209,11 +211,13 @@ LLAVA = FamilySpec(  # the language model and the vision tower are other familie
     name="llava", module="transformers.models.llava.modeling_llava", container=True,
     mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
                   down="linear_2", act="act"),),
-    causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"))
+    causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"),
+    image_layout="square")
 PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
     name="paligemma", module="transformers.models.paligemma.modeling_paligemma", container=True,
     causal_lm=CausalLMSpec("PaliGemmaForConditionalGeneration", output_class="PaliGemmaCausalLMOutputWithPast",
-                           softcap_attr="final_logit_softcapping", text_config_attrs=True))
+                           softcap_attr="final_logit_softcapping", text_config_attrs=True),
+    image_layout="square")
 QWEN2_VL = _qwen_vl(  # vision: torch.nn.LayerNorm, non-gated VisionMlp
     "qwen2_vl", "Qwen2VL", text="", norms=(NormSpec("Qwen2VLRMSNorm"), TORCH_LAYER_NORM),
     mlps=(MLPSpec("Qwen2MLP"), MLPSpec("VisionMlp", gate=None, up="fc1", down="fc2", act="act")),
@@ -233,7 +237,8 @@ MLLAMA = FamilySpec(  # Llama 3.2 Vision: self-attention layers, gated cross-att
     rope=RopeSpec(attention_classes=("MllamaTextSelfAttention",)),
     causal_lm=CausalLMSpec("MllamaForCausalLM"),
     extra_heads=(CausalLMSpec("MllamaForConditionalGeneration",
-                              output_class=(_MULTIMODAL_OUTPUT, "CausalLMOutputWithPast")),))
+                              output_class=(_MULTIMODAL_OUTPUT, "CausalLMOutputWithPast")),),
+    image_layout="tiles")
 
 
 def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
@@ -253,7 +258,7 @@ def _qwen3_5(name: str, prefix: str, *, moe: bool) -> FamilySpec:
                                                                           "output_class": vlm_output},
                                   text_config_attrs=True),),
         unsupported=(Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE),),
-        varlen_attention=(f"{prefix}VisionAttention",))
+        varlen_attention=(f"{prefix}VisionAttention",), image_layout="grid")
 
 
 QWEN3_5 = _qwen3_5("qwen3_5", "Qwen3_5", moe=False)

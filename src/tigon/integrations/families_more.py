@@ -101,7 +101,8 @@ GEMMA4 = FamilySpec(  # Gemma 4: text decoder (sandwich norms, per-layer inputs,
         Unsupported("rope", "Gemma4VisionAttention", "the vision tower's multidimensional rotary "
                     "(apply_multidimensional_rope: one rotation per spatial axis on slices of the head): another "
                     "interface, left alone"),
-    ))
+    ),
+    image_layout="patches")
 
 # ---- vision-language families ------------------------------------------------------------------------------------
 PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers): RMSNorms, gated MLPs, 2-D rotary
@@ -113,7 +114,8 @@ PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers)
 SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text tower (its own family), linear connector
     name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm", container=True,
     norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
-    causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"))
+    causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"),
+    image_layout="square")
 
 INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) + a LayerNorm projector, Qwen2 text tower
     name="internvl", module="transformers.models.internvl.modeling_internvl", container=True,
@@ -121,16 +123,18 @@ INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) +
     mlps=(MLPSpec("InternVLVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"),
     unsupported=(Unsupported("mlp", "InternVLMultiModalProjector", "layer_norm, then linear_2(act(linear_1(x))) in "
-                             "one forward: not a plain non-gated MLP (its LayerNorm is replaced)"),))
+                             "one forward: not a plain non-gated MLP (its LayerNorm is replaced)"),),
+    image_layout="square")
 
 
-def _llava_like(name: str, prefix: str, *, head: dict | None = None, **parts) -> FamilySpec:
+def _llava_like(name: str, prefix: str, *, image_layout: str, head: dict | None = None, **parts) -> FamilySpec:
     """A container of the LLaVA line (text and vision towers of other families): its conditional-generation head
-    (own output class, or transformers 5.2x's multimodal one) and ``parts`` (norms, mlps, unsupported)."""
+    (own output class, or transformers 5.2x's multimodal one), its ``image_layout`` and ``parts`` (norms, mlps,
+    unsupported)."""
     return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", container=True,
                       causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration", **{
                           "output_class": (f"{prefix}CausalLMOutputWithPast", _MULTIMODAL_OUTPUT), **(head or {})}),
-                      **parts)
+                      image_layout=image_layout, **parts)
 
 
 def _projector(prefix: str) -> MLPSpec:
@@ -139,21 +143,23 @@ def _projector(prefix: str) -> MLPSpec:
                    down="linear_2", act="act")
 
 
-LLAVA_NEXT = _llava_like("llava_next", "LlavaNext", mlps=(_projector("LlavaNext"),))  # anyres tiles, image_newline
-LLAVA_ONEVISION = _llava_like("llava_onevision", "LlavaOnevision", mlps=(_projector("LlavaOnevision"),))
+LLAVA_NEXT = _llava_like(  # anyres tiles, image_newline
+    "llava_next", "LlavaNext", image_layout="anyres", mlps=(_projector("LlavaNext"),))
+LLAVA_ONEVISION = _llava_like(
+    "llava_onevision", "LlavaOnevision", image_layout="anyres", mlps=(_projector("LlavaOnevision"),))
 MISTRAL3 = _llava_like(  # Pixtral vision tower, Mistral / Ministral text tower; the projector's RMSNorm is replaced
-    "mistral3", "Mistral3", norms=(NormSpec("Mistral3RMSNorm"),),
+    "mistral3", "Mistral3", image_layout="square", norms=(NormSpec("Mistral3RMSNorm"),),
     unsupported=(Unsupported("mlp", "Mistral3MultiModalProjector", "RMSNorm and the patch merger (a per-image "
                              "unfold + linear) before linear_2(act(linear_1(x))) in one forward: not a plain "
                              "non-gated MLP"),))
 AYA_VISION = _llava_like(  # SigLIP vision tower, Cohere 2 text tower; logits times the text config's logit_scale
-    "aya_vision", "AyaVision", head=dict(logit_scale_attr="logit_scale", text_config_attrs=True),
-    norms=(TORCH_LAYER_NORM,),
+    "aya_vision", "AyaVision", image_layout="square", norms=(TORCH_LAYER_NORM,),
+    head=dict(logit_scale_attr="logit_scale", text_config_attrs=True),
     unsupported=(Unsupported("mlp", "AyaVisionMultiModalProjector", "pixel shuffle and LayerNorm before a SwiGLU "
                              "of linear_1's two halves (act(second) * first) in one forward: not a plain gated MLP "
                              "(its LayerNorm is replaced)"),))
 IDEFICS3 = _llava_like(  # SmolVLM's base: its own SigLIP-like vision tower, Llama text tower, linear connector
-    "idefics3", "Idefics3", norms=(TORCH_LAYER_NORM,),
+    "idefics3", "Idefics3", image_layout="square", norms=(TORCH_LAYER_NORM,),
     mlps=(MLPSpec("Idefics3VisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),))
 
 
@@ -169,7 +175,7 @@ def _glm4v(name: str, prefix: str, *, text_mlp: MLPSpec, vision_mlp: str, rope: 
         name=name, module=f"transformers.models.{name}.modeling_{name}", aliases=(f"{name}_text",), norms=norms,
         mlps=(text_mlp, *experts, MLPSpec(vision_mlp)), rope=rope, causal_lm=head,
         decoder_layers=(DecoderLayerSpec(f"{prefix}TextDecoderLayer", norms[0]),) if experts else (),
-        varlen_attention=(f"{prefix}VisionAttention",),
+        varlen_attention=(f"{prefix}VisionAttention",), image_layout="grid",
         unsupported=(Unsupported("mlp", f"{prefix}VisionPatchMerger", "projection, LayerNorm and GELU before its gated "
                                  "MLP in one forward: not a plain gated MLP (its LayerNorm is replaced)"),
                      Unsupported("rope", f"{prefix}VisionAttention", _VISION_ROPE)))
@@ -200,7 +206,7 @@ QWEN3_VL_MOE = FamilySpec(  # Qwen3-VL with MoE text layers (mlp_only_layers den
     causal_lm=CausalLMSpec("Qwen3VLMoeForConditionalGeneration", router_aux_loss="load_balancing_loss_func",
                            output_class="Qwen3VLMoeCausalLMOutputWithPast", text_config_attrs=True),
     unsupported=(Unsupported("rope", "Qwen3VLMoeVisionAttention", _VISION_ROPE),),
-    varlen_attention=("Qwen3VLMoeVisionAttention",))
+    varlen_attention=("Qwen3VLMoeVisionAttention",), image_layout="grid")
 
 BAMBA = replace(  # hybrid Mamba-2 + attention layers (input_layernorm / pre_ff_layernorm: not Llama's layer form);
     _dense("bamba", "Bamba", pre_norm_layer=False,  # partial rotary (0.5) in apply_rotary_pos_emb; the mixer's norm

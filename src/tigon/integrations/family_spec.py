@@ -176,6 +176,10 @@ ROPE_LAYOUTS: dict[str, str] = {}
 """Rotary layouts families may declare that no Tigon op takes -> why (the report's reason). Empty since the
 interleaved, half-width, mRoPE and complex layouts have ops (:mod:`tigon.integrations.rotary_layouts`)."""
 
+IMAGE_LAYOUTS = ("grid", "square", "anyres", "patches", "tiles")
+"""The image layouts a family may declare (:attr:`FamilySpec.image_layout`); each is a batch form of
+:func:`tigon.workflows.multimodal.with_images` (see :mod:`tigon.workflows.multimodal`)."""
+
 
 @dataclass(frozen=True)
 class DecoderLayerSpec:
@@ -283,6 +287,15 @@ class FamilySpec:
     varlen_attention: vision attention classes whose non-flash path calls the attention once per ``cu_seqlens``
         chunk (Qwen-VL, GLM-4V towers): a model whose vision config asks for sdpa is switched to
         :func:`tigon.integrations.varlen_attention.varlen_sdpa` (one SDPA call per chunk length, instance level only).
+    image_layout: how a vision-language model of the family takes an image (one of :data:`IMAGE_LAYOUTS`), which
+        shapes the image + text batches of the tools (:func:`tigon.workflows.multimodal.with_images`): ``"grid"``
+        (Qwen-VL, GLM-4V: patches of one frame flattened to ``(patches, values)`` rows with ``image_grid_thw``,
+        merged ``spatial_merge_size**2`` to an image token), ``"square"`` (LLaVA, PaliGemma, Gemma 3, InternVL,
+        SmolVLM, Idefics3, Mistral 3, Aya Vision: one image of the vision config's ``image_size``, a token count
+        fixed by the config), ``"anyres"`` (LLaVA-NeXT, LLaVA-OneVision: a base tile plus the crops of the best
+        ``image_grid_pinpoints``), ``"patches"`` (Gemma 4: flattened patches with their ``(x, y)`` positions, pooled
+        to image tokens) or ``"tiles"`` (Mllama: padded tiles that cross-attention layers attend to). None: the tools
+        build no image inputs for the family (a text-only family, a vision tower, or a layout not written yet).
     """
 
     name: str
@@ -298,6 +311,7 @@ class FamilySpec:
     container: bool = False
     sinks: tuple[str, ...] = ()
     varlen_attention: tuple[str, ...] = ()
+    image_layout: str | None = None
 
     @property
     def heads(self) -> tuple[CausalLMSpec, ...]:

@@ -12,7 +12,7 @@ processor does (the image's placeholder tokens, between the family's image start
 the pixels are standard normal (values as after the processor's normalisation); ``labels`` are the input ids with
 the placeholder tokens set to -100 (ignored by the loss); text ids that equal one of the config's special token ids
 (``*_token_id`` / ``*_token_index``) are replaced, so each sequence holds exactly one image. Layouts
-(:func:`image_layout`):
+(:func:`image_layout`: the family's :attr:`tigon.integrations.family_spec.FamilySpec.image_layout`):
 
 ``grid``
     Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5(-MoE), GLM-4V(-MoE): vision configs with ``spatial_merge_size``
@@ -46,14 +46,12 @@ import math
 
 import torch
 
+from ..integrations.families import FAMILIES, family_by_name
+from ..integrations.family_spec import IMAGE_LAYOUTS as LAYOUTS  # noqa: F401  (re-exported under its name here)
 from .errors import ConfigError
 
 IGNORE_INDEX = -100
 """The label of the image's placeholder tokens (transformers' loss ignores it)."""
-LAYOUTS = ("grid", "square", "anyres", "patches", "tiles")
-_SQUARE = ("llava", "paligemma", "gemma3", "internvl", "smolvlm", "idefics3", "mistral3", "aya_vision")
-_ANYRES = ("llava_next", "llava_onevision")
-_PATCHES = ("gemma4",)
 
 
 def is_vision_language(config) -> bool:
@@ -101,28 +99,30 @@ def _side(value) -> int:
 
 
 def image_layout(config) -> str:
-    """The batch layout of a vision-language ``config`` (one of :data:`LAYOUTS`, see the module docstring).
+    """The batch layout of a vision-language ``config`` (one of :data:`LAYOUTS`, see the module docstring): the
+    ``image_layout`` of its family's spec (:func:`tigon.integrations.families.family_by_name` of its ``model_type``);
+    for a model type of no registered family, ``grid`` when its vision config has ``spatial_merge_size`` and
+    ``temporal_patch_size`` (the Qwen-VL form).
 
     Raises:
-        ConfigError: ``config`` is not vision-language, or its family has no layout here (the message names it).
+        ConfigError: ``config`` is not vision-language, or its family has no layout (the message names it).
     """
     vision = getattr(config, "vision_config", None)
     model_type = getattr(config, "model_type", None)
     if vision is None or not is_vision_language(config):
         raise ConfigError(f"model_type {model_type!r} is not a vision-language model (no vision_config that "
                           "AutoModelForImageTextToText maps)")
-    if getattr(vision, "spatial_merge_size", None) and getattr(vision, "temporal_patch_size", None):
-        return "grid"
-    if model_type == "mllama":
-        return "tiles"
-    if model_type in _SQUARE:
-        return "square"
-    if model_type in _ANYRES:
-        return "anyres"
-    if model_type in _PATCHES:
-        return "patches"
-    raise ConfigError(f"no image inputs for model_type {model_type!r} yet (supported: the Qwen-VL / GLM-4V grid "
-                      f"families, {', '.join(_SQUARE + _ANYRES + _PATCHES)}, mllama)")
+    try:
+        layout = family_by_name(model_type).image_layout
+    except ValueError:  # no registered family: a Qwen-VL-like vision config still takes grid inputs
+        if getattr(vision, "spatial_merge_size", None) and getattr(vision, "temporal_patch_size", None):
+            return "grid"
+        layout = None
+    if layout is None:
+        supported = sorted(s.name for s in FAMILIES.values() if s.image_layout is not None)
+        raise ConfigError(f"no image inputs for model_type {model_type!r} yet (supported: {', '.join(supported)}; "
+                          "and other model types whose vision config has spatial_merge_size and temporal_patch_size)")
+    return layout
 
 
 def square_image_tokens(config) -> int:
@@ -140,7 +140,7 @@ def square_image_tokens(config) -> int:
              "aya_vision": "downsample_factor"}.get(model_type)
     if merge:
         return patches // int(getattr(config, merge)) ** 2
-    if model_type in ("llava", *_ANYRES) and vision.model_type != "pixtral":
+    if model_type in ("llava", "llava_next", "llava_onevision") and vision.model_type != "pixtral":
         cls_token = vision.model_type.startswith("clip")
         return patches + cls_token - (getattr(config, "vision_feature_select_strategy", "default") == "default")
     return patches
