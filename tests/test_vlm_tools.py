@@ -151,6 +151,24 @@ def test_image_layout_is_the_family_data(case):
     assert multimodal.image_layout(config(model_type, overrides)) == FAMILIES[family].image_layout
 
 
+def test_image_tokens_are_family_data():
+    """Each image-token rule is one of IMAGE_TOKEN_RULES, of a config attribute, on a square / anyres family;
+    images_axis only on a square one; multimodal.py names no registered family (the family facts are the specs')."""
+    import inspect
+
+    from tigon.integrations import FAMILIES
+    from tigon.integrations.family_spec import IMAGE_TOKEN_RULES
+
+    for spec in FAMILIES.values():
+        if spec.image_tokens is not None:
+            rule, attr = spec.image_tokens
+            assert rule in IMAGE_TOKEN_RULES and isinstance(attr, str), spec.name
+            assert spec.image_layout in ("square", "anyres"), spec.name
+        assert not spec.images_axis or spec.image_layout == "square", spec.name
+    source = inspect.getsource(multimodal)
+    assert not [n for s in FAMILIES.values() for n in (s.name, *s.aliases) if f'"{n}"' in source]
+
+
 def test_errors_name_the_problem():
     from tigon.workflows.errors import ConfigError
 

@@ -84,7 +84,7 @@ GEMMA3 = _dense(  # Gemma 2 plus per-head q_norm / k_norm; the text model Gemma3
     causal_lm=CausalLMSpec("Gemma3ForCausalLM", softcap_attr="final_logit_softcapping"), aliases=("gemma3_text",),
     pre_norm_layer=False,  # Gemma3ForConditionalGeneration (no final softcapping in its head; SigLIP vision tower)
     extra_heads=(CausalLMSpec("Gemma3ForConditionalGeneration", output_class="Gemma3CausalLMOutputWithPast"),),
-    image_layout="square")
+    image_layout="square", image_tokens=("count", "mm_tokens_per_image"))
 PHI3 = _dense(  # fused gate_up_proj: up * act(gate) on the chunked halves; partial rotary (Phi-4-mini: 0.75) in
     "phi3", "Phi3", mlp=MLPSpec("Phi3MLP", gate_up="gate_up_proj"),  # apply_rotary_pos_emb, as GPT-NeoX's
     rope=RopeSpec(attention_classes=("Phi3Attention",), partial_rotary=True), pre_norm_layer=False)  # residual dropout
@@ -181,12 +181,14 @@ NEMOTRON = _layer_norm_family(  # LayerNorm1P: LayerNorm with (1 + w); non-gated
 _VISION_ROPE = ("the vision tower's rotary (apply_rotary_pos_emb_vision on (patches, heads, head_dim) with cos / sin "
                 "of (patches, head_dim), computed in fp32): another interface than apply_rotary_pos_emb, left alone")
 _MULTIMODAL_OUTPUT = "MultimodalCausalLMOutputWithPast"  # transformers 5.2x; each family's own class before
+_LLAVA_SELECT = ("select", "vision_feature_select_strategy")  # the LLaVA line's image tokens (FamilySpec.image_tokens)
 
 
-def _vision(name: str, mlp: str) -> FamilySpec:
-    """A ViT vision encoder (CLIP, SigLIP): torch.nn.LayerNorm and a non-gated ``fc2(act(fc1(x)))`` MLP."""
+def _vision(name: str, mlp: str, **more) -> FamilySpec:
+    """A ViT vision encoder (CLIP, SigLIP): torch.nn.LayerNorm and a non-gated ``fc2(act(fc1(x)))`` MLP; ``more``:
+    other :class:`FamilySpec` fields (``class_token``)."""
     return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", norms=(TORCH_LAYER_NORM,),
-                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2", act="activation_fn"),))
+                      mlps=(MLPSpec(mlp, gate=None, up="fc1", down="fc2", act="activation_fn"),), **more)
 
 
 def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], mlps: tuple[MLPSpec, ...],
@@ -205,14 +207,14 @@ def _qwen_vl(name: str, prefix: str, *, text: str, norms: tuple[NormSpec, ...], 
         image_layout="grid")
 
 
-CLIP = _vision("clip", "CLIPMLP")
+CLIP = _vision("clip", "CLIPMLP", class_token=True)  # its features: the class token, then the patches
 SIGLIP = _vision("siglip", "SiglipMLP")
 LLAVA = FamilySpec(  # the language model and the vision tower are other families (Llama, CLIP by default)
     name="llava", module="transformers.models.llava.modeling_llava", container=True,
     mlps=(MLPSpec("LlavaMultiModalProjector", act_config_attr="projector_hidden_act", gate=None, up="linear_1",
                   down="linear_2", act="act"),),
     causal_lm=CausalLMSpec("LlavaForConditionalGeneration", output_class="LlavaCausalLMOutputWithPast"),
-    image_layout="square")
+    image_layout="square", image_tokens=_LLAVA_SELECT)
 PALIGEMMA = FamilySpec(  # Gemma / Gemma 2 language model, SigLIP vision tower; the head softcaps with the text config
     name="paligemma", module="transformers.models.paligemma.modeling_paligemma", container=True,
     causal_lm=CausalLMSpec("PaliGemmaForConditionalGeneration", output_class="PaliGemmaCausalLMOutputWithPast",
@@ -364,6 +366,15 @@ def _tower_type(model_type: str) -> str:
         if model_type.endswith(suffix) and model_type[: -len(suffix)] in FAMILIES:
             return model_type[: -len(suffix)]
     return model_type
+
+
+def tower_family(model_type: str | None) -> FamilySpec | None:
+    """The registered family of a tower's config type (a vision config's ``clip_vision_model`` -> CLIP, ``pixtral``
+    -> Pixtral), or None (no type, or no registered family)."""
+    try:
+        return family_by_name(_tower_type(model_type)) if model_type else None
+    except ValueError:
+        return None
 
 
 def _config_default(model_type: str | None, attr: str):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .families import (
+    _LLAVA_SELECT,
     _MULTIMODAL_OUTPUT,
     _VISION_ROPE,
     TORCH_LAYER_NORM,
@@ -107,7 +108,7 @@ GEMMA4 = FamilySpec(  # Gemma 4: text decoder (sandwich norms, per-layer inputs,
 # ---- vision-language families ------------------------------------------------------------------------------------
 PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers): RMSNorms, gated MLPs, 2-D rotary
     name="pixtral", module="transformers.models.pixtral.modeling_pixtral",
-    norms=(NormSpec("PixtralRMSNorm"),), mlps=(MLPSpec("PixtralMLP"),),
+    norms=(NormSpec("PixtralRMSNorm"),), mlps=(MLPSpec("PixtralMLP"),), image_sizes=True,  # patches of any size
     unsupported=(Unsupported("rope", "PixtralAttention", "2-D rotary over patches: cos / sin of (patches, head_dim) "
                              "broadcast with unsqueeze_dim=0; tigon.functional.rope takes the head axis at 1 or 2"),))
 
@@ -115,7 +116,7 @@ SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text 
     name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm", container=True,
     norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"),
-    image_layout="square")
+    image_layout="square", image_tokens=("merge", "scale_factor"), images_axis=True)
 
 INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) + a LayerNorm projector, Qwen2 text tower
     name="internvl", module="transformers.models.internvl.modeling_internvl", container=True,
@@ -124,13 +125,13 @@ INTERNVL = FamilySpec(  # InternViT (LayerNorm or RMSNorm by config.norm_type) +
     causal_lm=CausalLMSpec("InternVLForConditionalGeneration", output_class="InternVLCausalLMOutputWithPast"),
     unsupported=(Unsupported("mlp", "InternVLMultiModalProjector", "layer_norm, then linear_2(act(linear_1(x))) in "
                              "one forward: not a plain non-gated MLP (its LayerNorm is replaced)"),),
-    image_layout="square")
+    image_layout="square", image_tokens=("ratio", "downsample_ratio"))
 
 
 def _llava_like(name: str, prefix: str, *, image_layout: str, head: dict | None = None, **parts) -> FamilySpec:
     """A container of the LLaVA line (text and vision towers of other families): its conditional-generation head
     (own output class, or transformers 5.2x's multimodal one), its ``image_layout`` and ``parts`` (norms, mlps,
-    unsupported)."""
+    unsupported, image_tokens, ...)."""
     return FamilySpec(name=name, module=f"transformers.models.{name}.modeling_{name}", container=True,
                       causal_lm=CausalLMSpec(f"{prefix}ForConditionalGeneration", **{
                           "output_class": (f"{prefix}CausalLMOutputWithPast", _MULTIMODAL_OUTPUT), **(head or {})}),
@@ -144,22 +145,26 @@ def _projector(prefix: str) -> MLPSpec:
 
 
 LLAVA_NEXT = _llava_like(  # anyres tiles, image_newline
-    "llava_next", "LlavaNext", image_layout="anyres", mlps=(_projector("LlavaNext"),))
+    "llava_next", "LlavaNext", image_layout="anyres", image_tokens=_LLAVA_SELECT, mlps=(_projector("LlavaNext"),))
 LLAVA_ONEVISION = _llava_like(
-    "llava_onevision", "LlavaOnevision", image_layout="anyres", mlps=(_projector("LlavaOnevision"),))
+    "llava_onevision", "LlavaOnevision", image_layout="anyres", image_tokens=_LLAVA_SELECT,
+    mlps=(_projector("LlavaOnevision"),))
 MISTRAL3 = _llava_like(  # Pixtral vision tower, Mistral / Ministral text tower; the projector's RMSNorm is replaced
-    "mistral3", "Mistral3", image_layout="square", norms=(NormSpec("Mistral3RMSNorm"),),
+    "mistral3", "Mistral3", image_layout="square", image_tokens=("merge", "spatial_merge_size"),
+    norms=(NormSpec("Mistral3RMSNorm"),),
     unsupported=(Unsupported("mlp", "Mistral3MultiModalProjector", "RMSNorm and the patch merger (a per-image "
                              "unfold + linear) before linear_2(act(linear_1(x))) in one forward: not a plain "
                              "non-gated MLP"),))
 AYA_VISION = _llava_like(  # SigLIP vision tower, Cohere 2 text tower; logits times the text config's logit_scale
-    "aya_vision", "AyaVision", image_layout="square", norms=(TORCH_LAYER_NORM,),
+    "aya_vision", "AyaVision", image_layout="square", image_tokens=("merge", "downsample_factor"),
+    norms=(TORCH_LAYER_NORM,),
     head=dict(logit_scale_attr="logit_scale", text_config_attrs=True),
     unsupported=(Unsupported("mlp", "AyaVisionMultiModalProjector", "pixel shuffle and LayerNorm before a SwiGLU "
                              "of linear_1's two halves (act(second) * first) in one forward: not a plain gated MLP "
                              "(its LayerNorm is replaced)"),))
 IDEFICS3 = _llava_like(  # SmolVLM's base: its own SigLIP-like vision tower, Llama text tower, linear connector
-    "idefics3", "Idefics3", image_layout="square", norms=(TORCH_LAYER_NORM,),
+    "idefics3", "Idefics3", image_layout="square", image_tokens=("merge", "scale_factor"), images_axis=True,
+    norms=(TORCH_LAYER_NORM,),
     mlps=(MLPSpec("Idefics3VisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),))
 
 

@@ -180,6 +180,10 @@ IMAGE_LAYOUTS = ("grid", "square", "anyres", "patches", "tiles")
 """The image layouts a family may declare (:attr:`FamilySpec.image_layout`); each is a batch form of
 :func:`tigon.workflows.multimodal.with_images` (see :mod:`tigon.workflows.multimodal`)."""
 
+IMAGE_TOKEN_RULES = ("count", "ratio", "merge", "select")
+"""The rules a ``square`` / ``anyres`` family's image-token count may follow (:attr:`FamilySpec.image_tokens`), each
+of a config attribute (see :func:`tigon.workflows.multimodal.square_image_tokens`)."""
+
 
 @dataclass(frozen=True)
 class DecoderLayerSpec:
@@ -296,6 +300,23 @@ class FamilySpec:
         ``image_grid_pinpoints``), ``"patches"`` (Gemma 4: flattened patches with their ``(x, y)`` positions, pooled
         to image tokens) or ``"tiles"`` (Mllama: padded tiles that cross-attention layers attend to). None: the tools
         build no image inputs for the family (a text-only family, a vision tower, or a layout not written yet).
+    image_tokens: how many image tokens one image of a ``square`` family (an ``anyres`` family's base tile) takes,
+        from the vision config's patches ``P = (image_size // patch_size)**2``, as ``(rule, attribute of the
+        config)``, the rule one of :data:`IMAGE_TOKEN_RULES`: ``("count", a)`` the attribute itself (Gemma 3's
+        ``mm_tokens_per_image``); ``("ratio", a)`` ``int(P * a**2)`` (InternVL's ``downsample_ratio``); ``("merge",
+        a)`` ``P // a**2`` (SmolVLM's and Idefics3's ``scale_factor``, Mistral 3's ``spatial_merge_size``, Aya
+        Vision's ``downsample_factor``); ``("select", a)`` LLaVA's feature selection by the strategy ``a`` names
+        (``vision_feature_select_strategy``, ``"default"`` when the config has none): ``P``, plus one when the vision
+        tower's family has a :attr:`class_token`, less the first feature under ``"default"``, and ``P`` for a tower
+        of :attr:`image_sizes` (LLaVA, LLaVA-NeXT, LLaVA-OneVision). None: a token per patch (PaliGemma).
+    images_axis: a ``square`` family whose ``pixel_values`` have an images axis after the batch, ``(batch, images,
+        channels, size, size)`` (SmolVLM, Idefics3).
+    class_token: a vision-tower family whose features begin with a class token before the patches' (CLIP): LLaVA's
+        ``select`` count (:attr:`image_tokens`) has it.
+    image_sizes: a vision-tower family whose forward takes each image's ``(height, width)`` as ``image_sizes`` and
+        gives one feature per patch, packed over the images (Pixtral): a ``square`` batch of a model with this tower
+        carries ``image_sizes``, and LLaVA's ``select`` count is its patches (its configs select ``"full"``: the
+        ``"default"`` cut of the first feature does not apply to a packed sequence).
     """
 
     name: str
@@ -312,6 +333,10 @@ class FamilySpec:
     sinks: tuple[str, ...] = ()
     varlen_attention: tuple[str, ...] = ()
     image_layout: str | None = None
+    image_tokens: tuple[str, str] | None = None
+    images_axis: bool = False
+    class_token: bool = False
+    image_sizes: bool = False
 
     @property
     def heads(self) -> tuple[CausalLMSpec, ...]:

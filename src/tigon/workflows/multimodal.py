@@ -22,8 +22,9 @@ the placeholder tokens set to -100 (ignored by the loss); text ids that equal on
     5.2x); ``h * w / merge**2`` image tokens, as near ``image_tokens`` as the merge allows.
 ``square``
     LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM, Idefics3, Mistral 3, Aya Vision:
-    one image of the vision config's ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (SmolVLM /
-    Idefics3 ``(batch, 1, ...)``, Pixtral with ``image_sizes``); the image-token count follows from the config
+    one image of the vision config's ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (a family of
+    ``images_axis``, SmolVLM / Idefics3: ``(batch, 1, ...)``; with ``image_sizes`` for a vision tower of
+    ``image_sizes``, Pixtral); the image-token count follows from the config by the family's ``image_tokens`` rule
     (:func:`square_image_tokens`).
 ``anyres``
     LLaVA-NeXT, LLaVA-OneVision: one square image of the vision config's ``image_size``, as the base tile plus the
@@ -46,7 +47,7 @@ import math
 
 import torch
 
-from ..integrations.families import FAMILIES, family_by_name
+from ..integrations.families import FAMILIES, family_by_name, tower_family
 from ..integrations.family_spec import IMAGE_LAYOUTS as LAYOUTS  # noqa: F401  (re-exported under its name here)
 from .errors import ConfigError
 
@@ -98,6 +99,15 @@ def _side(value) -> int:
     return int(value[0] if isinstance(value, (list, tuple)) else value)
 
 
+def _family(model_type: str):
+    """The family spec of a config's ``model_type`` (:func:`tigon.integrations.families.family_by_name`), or None
+    for a model type of no registered family."""
+    try:
+        return family_by_name(model_type)
+    except ValueError:
+        return None
+
+
 def image_layout(config) -> str:
     """The batch layout of a vision-language ``config`` (one of :data:`LAYOUTS`, see the module docstring): the
     ``image_layout`` of its family's spec (:func:`tigon.integrations.families.family_by_name` of its ``model_type``);
@@ -112,12 +122,10 @@ def image_layout(config) -> str:
     if vision is None or not is_vision_language(config):
         raise ConfigError(f"model_type {model_type!r} is not a vision-language model (no vision_config that "
                           "AutoModelForImageTextToText maps)")
-    try:
-        layout = family_by_name(model_type).image_layout
-    except ValueError:  # no registered family: a Qwen-VL-like vision config still takes grid inputs
-        if getattr(vision, "spatial_merge_size", None) and getattr(vision, "temporal_patch_size", None):
-            return "grid"
-        layout = None
+    spec = _family(model_type)
+    if spec is None and getattr(vision, "spatial_merge_size", None) and getattr(vision, "temporal_patch_size", None):
+        return "grid"  # no registered family: a Qwen-VL-like vision config still takes grid inputs
+    layout = spec.image_layout if spec is not None else None
     if layout is None:
         supported = sorted(s.name for s in FAMILIES.values() if s.image_layout is not None)
         raise ConfigError(f"no image inputs for model_type {model_type!r} yet (supported: {', '.join(supported)}; "
@@ -125,24 +133,32 @@ def image_layout(config) -> str:
     return layout
 
 
+def _tower(config):
+    """The family spec of ``config``'s vision tower (:func:`tigon.integrations.families.tower_family`), or None."""
+    return tower_family(getattr(config.vision_config, "model_type", None))
+
+
 def square_image_tokens(config) -> int:
-    """The image-token count of one image for a ``square`` layout config (LLaVA: a token per patch, CLIP's class
-    token dropped by the default feature strategy; PaliGemma: a token per patch; Gemma 3: ``mm_tokens_per_image``;
-    InternVL: patches times ``downsample_ratio**2``; SmolVLM / Idefics3: patches over ``scale_factor**2``; Mistral 3:
-    over ``spatial_merge_size**2``; Aya Vision: over ``downsample_factor**2``)."""
-    vision, model_type = config.vision_config, config.model_type
+    """The image-token count of one image for a ``square`` layout config (an ``anyres`` one's base tile): the vision
+    config's patches by the ``image_tokens`` rule of the family's spec
+    (:attr:`tigon.integrations.family_spec.FamilySpec.image_tokens`: Gemma 3's ``mm_tokens_per_image``, InternVL's
+    patches times ``downsample_ratio**2``, SmolVLM / Idefics3 / Mistral 3 / Aya Vision's patches over a merge
+    factor squared, LLaVA's feature selection), a token per patch where it has none (PaliGemma, a model type of no
+    registered family)."""
+    vision, spec = config.vision_config, _family(config.model_type)
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
-    if model_type == "gemma3":
-        return int(config.mm_tokens_per_image)
-    if model_type == "internvl":
-        return int(patches * config.downsample_ratio ** 2)
-    merge = {"smolvlm": "scale_factor", "idefics3": "scale_factor", "mistral3": "spatial_merge_size",
-             "aya_vision": "downsample_factor"}.get(model_type)
-    if merge:
-        return patches // int(getattr(config, merge)) ** 2
-    if model_type in ("llava", "llava_next", "llava_onevision") and vision.model_type != "pixtral":
-        cls_token = vision.model_type.startswith("clip")
-        return patches + cls_token - (getattr(config, "vision_feature_select_strategy", "default") == "default")
+    rule, attr = (spec.image_tokens if spec is not None else None) or (None, None)
+    if rule == "count":
+        return int(getattr(config, attr))
+    if rule == "ratio":
+        return int(patches * getattr(config, attr) ** 2)
+    if rule == "merge":
+        return patches // int(getattr(config, attr)) ** 2
+    if rule == "select":  # LLaVA's: the tower's class token (CLIP's), the first feature dropped under "default"
+        tower = _tower(config)
+        if tower is None or not tower.image_sizes:  # (a tower of image_sizes, Pixtral: its patches)
+            cls_token = tower is not None and tower.class_token
+            return patches + cls_token - (getattr(config, attr, "default") == "default")
     return patches
 
 
@@ -248,8 +264,9 @@ def with_images(input_ids: torch.Tensor, config, *, image_tokens: int | None = N
     elif layout == "square":
         n, size = square_image_tokens(config), _side(vision.image_size)
         pixels = torch.randn(batch, channels, size, size, generator=gen)
-        extra["pixel_values"] = pixels[:, None] if config.model_type in ("smolvlm", "idefics3") else pixels
-        if getattr(vision, "model_type", None) == "pixtral":
+        extra["pixel_values"] = pixels[:, None] if family_by_name(config.model_type).images_axis else pixels
+        tower = _tower(config)
+        if tower is not None and tower.image_sizes:
             extra["image_sizes"] = torch.tensor([[size, size]] * batch)
     elif layout == "anyres":
         n, size = anyres_image_tokens(config), _side(vision.image_size)
