@@ -107,7 +107,8 @@ def test_cli_inspect_json(tmp_path):
 @pytest.mark.parametrize("case", list(VISION_LANGUAGE))
 def test_image_batch_fits_every_family(case):
     """:func:`with_images` builds inputs each vision-language family's model takes, from its config alone: one image
-    per sequence, its placeholder tokens (and only those) ignored by the loss; :func:`take` slices per sequence."""
+    per sequence, its placeholder tokens (and only those) ignored by the loss; :func:`take` slices per sequence; the
+    vision encoder's positions (:func:`vision_positions`) at least the image's tokens (anyres: its newlines aside)."""
     model_type, overrides, cls, *_ = VISION_LANGUAGE[case]
     require_family(model_type)
     cfg = config(model_type, overrides)
@@ -122,6 +123,9 @@ def test_image_batch_fits_every_family(case):
         assert torch.isfinite(model(**batch, use_cache=False).loss)
     halves = [multimodal.take(batch, 0, 1), multimodal.take(batch, 1, 2)]
     assert all(torch.equal(torch.cat([h[k] for h in halves]), v) for k, v in batch.items())
+    positions = multimodal.vision_positions(batch, cfg)  # (the e2e bench's count; raised for square layouts once)
+    newlines = multimodal.image_layout(cfg) == "anyres"  # (an anyres image's tokens add a newline token per row)
+    assert isinstance(positions, int) and positions > 0 and (newlines or positions >= image.sum(1)[0])
 
 
 

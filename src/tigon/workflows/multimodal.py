@@ -314,8 +314,11 @@ def vision_positions(batch: dict, config) -> int:
     if layout == "patches":  # (batch, patches, values)
         return batch["pixel_values"].shape[1]
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
-    tiles = {"tiles": int(getattr(vision, "max_num_tiles", 1)), "anyres": 1 + math.prod(anyres_grid(config))}
-    return patches * tiles.get(layout, 1)
+    if layout == "tiles":
+        return patches * int(getattr(vision, "max_num_tiles", 1))
+    if layout == "anyres":  # the base image and each tile of the grid
+        return patches * (1 + math.prod(anyres_grid(config)))
+    return patches
 
 
 def take(batch: dict, start: int, stop: int) -> dict:
