@@ -298,11 +298,19 @@ def family_by_name(name: str) -> FamilySpec:
     Raises:
         ValueError: unknown name; the message lists the supported families.
     """
-    key = name.lower()
-    for spec in FAMILIES.values():
-        if key == spec.name or key in spec.aliases:
-            return spec
+    spec = family_named(name.lower())
+    if spec is not None:
+        return spec
     raise ValueError(f"unknown model family {name!r}; supported families: {', '.join(sorted(FAMILIES))}")
+
+
+def family_named(model_type) -> FamilySpec | None:
+    """The spec registered under exactly ``model_type`` (a config's ``model_type``) or one of its aliases, or None (an
+    unknown or missing name: no error, unlike :func:`family_by_name`, which also folds the case)."""
+    for spec in FAMILIES.values():
+        if model_type == spec.name or model_type in spec.aliases:
+            return spec
+    return None
 
 
 def family_by_module(module_name: str) -> FamilySpec | None:
@@ -326,7 +334,7 @@ def family_ops(config: dict) -> set[str] | None:
     vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
     """
     model_type = config.get("model_type")
-    spec = next((s for s in FAMILIES.values() if model_type in (s.name, *s.aliases)), None)
+    spec = family_named(model_type)
     if spec is None:
         return None
     ops = set()
@@ -400,7 +408,7 @@ def kind_op(kind: str, config) -> str | None:
         return kind
     if kind == "mlp":
         get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
-        spec = next((s for s in FAMILIES.values() if get("model_type") in (s.name, *s.aliases)), None)
+        spec = family_named(get("model_type"))
         if spec is not None and spec.mlps and all(not m.gated and m.act is not None for m in spec.mlps):
             return "act_linear"
         act = get("hidden_act") or get("hidden_activation")
