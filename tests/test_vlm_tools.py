@@ -187,3 +187,15 @@ def test_errors_name_the_problem():
                                image_tokens=0)
     with pytest.raises(ConfigError, match="--seq-len 3 is too short"):
         multimodal.with_images(torch.zeros(1, 3, dtype=torch.long), presets.build_config("qwen2-vl-tiny"))
+
+
+def test_verify_model_with_a_per_layer_head_dim(tmp_path):
+    """Gemma 4's head_dim varies per layer (its config raises on the global read): ``tigon verify --model`` takes
+    the shapes from the config's global value, as ``bench`` and ``profile`` do."""
+    from tigon.workflows.verify import VerifyConfig, run_verify
+
+    model_type, overrides = VISION_LANGUAGE["gemma4"][:2]
+    require_family(model_type)
+    config(model_type, overrides).save_pretrained(tmp_path)
+    r = run_verify(VerifyConfig(model=str(tmp_path), ops=["rms_norm"], dtypes=["float32"], tokens=8, device=DEVICE))
+    assert r.passed and r.config["ops"] == ["rms_norm"] and r.shapes["model"]["head_dim"] == 16

@@ -21,8 +21,16 @@ class ConfigFieldError(ValueError):
 
 
 def _get(config, name: str, default=None) -> Any:
-    """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None."""
-    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None. A
+    field that varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) gives the global
+    value of ``config.to_dict()``, as a ``config.json`` holds it."""
+    if isinstance(config, dict):
+        value = config.get(name)
+    else:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
+            value = config.to_dict().get(name)
     return default if value is None else value
 
 
