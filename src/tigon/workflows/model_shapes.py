@@ -35,10 +35,12 @@ def _get(config, name: str, default=None) -> Any:
 
 
 def text_config(config):
-    """The text decoder's config of a multimodal config (``text_config``), else ``config`` itself."""
+    """The text decoder's config of a multimodal config (``text_config``), else ``config`` itself. A dict's
+    ``text_config`` wins even where the outer dict has a ``hidden_size`` of its own (PaliGemma's projection size), as
+    ``get_text_config()`` picks it for a config object."""
     if isinstance(config, dict):
         inner = config.get("text_config")
-        return inner if "hidden_size" not in config and isinstance(inner, dict) else config
+        return inner if isinstance(inner, dict) else config
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
 
