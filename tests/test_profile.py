@@ -233,3 +233,17 @@ def test_profile_times_the_op_a_replacement_runs_and_names_what_it_cannot_time()
     # (the experts run Tigon's glue forward: its gate, bias + clamped SwiGLU, is the activation op timed)
     assert ops["mlp"] == "moe_expert_gate" and "sinks" not in ops and counts["sinks"] == 2
     assert any(n.startswith("sinks (2 modules) is replaced but not timed") for n in notes)
+
+
+def test_untimed_vision_attention_note_names_what_it_runs():
+    # a Qwen2-VL tower's vision_attention kind runs no op of the registry: the note says what it runs (it said
+    # "sinks: torch SDPA for eager attention", and "1 modules", for a one-block tower)
+    pytest.importorskip("transformers")
+    from model_matrix import VISION_LANGUAGE, config, require_family
+
+    model_type, overrides = VISION_LANGUAGE["qwen2_vl"][:2]
+    require_family(model_type)
+    _, _, counts, notes, _ = P._replacements(config(model_type, overrides))
+    note = next(n for n in notes if n.startswith("vision_attention"))
+    assert counts["vision_attention"] == 1 and note.startswith("vision_attention (1 module) is replaced but not timed")
+    assert "sinks" not in note and "batched by chunk length" in note

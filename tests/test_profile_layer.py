@@ -81,6 +81,19 @@ def test_without_layers_swaps_them_out_and_back():
     assert hidden.shape == (1, 8, model.config.hidden_size) and not hidden.requires_grad
 
 
+
+def test_rest_call_of_a_moe_model_with_the_router_loss_on():
+    # the rest of a model without its layers has no routers: HF's router loss over none raised IndexError (OLMoE,
+    # GPT-OSS, Qwen3-VL-MoE ... with output_router_logits=True: "measuring whole decoder layers failed")
+    transformers = pytest.importorskip("transformers")
+    hfc = transformers.OlmoeConfig(vocab_size=61, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                   output_router_logits=True, max_position_embeddings=64)
+    model = build_model(hfc, torch.float32, torch.device("cpu"), 0).train()
+    fn, leaves = PL.rest_call(model, random_batches(61, 1, 1, 8, 0)[0])
+    fn()
+    assert model.model.embed_tokens.weight.grad is not None and len(model.model.layers) == 2
+
 def test_measure_variants_on_a_tiny_model(monkeypatch):
     few_timing_samples(monkeypatch)
     hfc, model, batch = _tiny()

@@ -187,3 +187,35 @@ def test_errors_name_the_problem():
                                image_tokens=0)
     with pytest.raises(ConfigError, match="--seq-len 3 is too short"):
         multimodal.with_images(torch.zeros(1, 3, dtype=torch.long), presets.build_config("qwen2-vl-tiny"))
+
+
+def test_verify_model_with_a_per_layer_head_dim(tmp_path):
+    """Gemma 4's head_dim varies per layer (its config raises on the global read): ``tigon verify --model`` takes
+    the shapes from the config's global value, as ``bench`` and ``profile`` do."""
+    from tigon.workflows.verify import VerifyConfig, run_verify
+
+    model_type, overrides = VISION_LANGUAGE["gemma4"][:2]
+    require_family(model_type)
+    config(model_type, overrides).save_pretrained(tmp_path)
+    r = run_verify(VerifyConfig(model=str(tmp_path), ops=["rms_norm"], dtypes=["float32"], tokens=8, device=DEVICE))
+    assert r.passed and r.config["ops"] == ["rms_norm"] and r.shapes["model"]["head_dim"] == 16
+
+
+def test_op_bench_default_ops_are_every_towers(tmp_path):
+    """``tigon bench --model`` (op benchmark) of a vision-language config: the default ops are those of every tower's
+    family (Llava's CLIP LayerNorms and MLPs too), not those of the text config's model type alone (Qwen2-VL's
+    ``qwen2_vl_text``, of no family, gave every op of the registry); the shapes and sizes are the text decoder's,
+    also where the outer config has a ``hidden_size`` of its own (PaliGemma's: "the model config has no
+    intermediate_size" in ``bench`` and ``profile``)."""
+    from tigon.workflows.bench import BenchConfig, resolve_bench
+
+    for case, want, hidden in (("llava", {"layer_norm", "act_linear"}, 64), ("qwen2_vl", {"layer_norm"}, 64),
+                               ("paligemma", {"layer_norm", "act_linear"}, 64)):
+        model_type, overrides = VISION_LANGUAGE[case][:2]
+        require_family(model_type)
+        config(model_type, overrides).save_pretrained(tmp_path / case)
+        resolved, _, desc, _ = resolve_bench(BenchConfig(model=str(tmp_path / case), device="cpu"))
+        assert want <= set(resolved.ops) and "fused_linear_dpo_loss" not in resolved.ops, resolved.ops
+        assert desc["model_type"] == model_type and desc["hidden_size"] == hidden
+    resolved, _, desc, _ = resolve_bench(BenchConfig(model="qwen2-vl-tiny", device="cpu"))
+    assert "layer_norm" in resolved.ops and desc["model_type"] == "qwen2_vl" and desc["hidden_size"] == 128

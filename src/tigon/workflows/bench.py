@@ -48,7 +48,7 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
-from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
+from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, text_config
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
     BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, call_cost, differentiable_outputs, kernel_time,
@@ -407,9 +407,10 @@ def model_ops(cfg: dict) -> list[str]:
     return [op for op in _ops.registry() if names is None or op in names]
 
 
-def config_dict(model: str) -> tuple[dict, dict]:
+def config_dict(model: str, text: bool = True) -> tuple[dict, dict]:
     """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
-    id in the local cache (:func:`tigon.workflows.model_source.resolve_source`).
+    id in the local cache (:func:`tigon.workflows.model_source.resolve_source`). A multimodal config gives its text
+    decoder's dict (``text_config``), or the whole dict with ``text=False`` (the families of its towers).
 
     Raises:
         ConfigError: not a preset, file, directory or cached Hub id with a readable config.json.
@@ -430,9 +431,7 @@ def config_dict(model: str) -> tuple[dict, dict]:
         raise ConfigError(f"--model {model}: cannot read {path}: {e}") from e
     if not isinstance(cfg, dict):
         raise ConfigError(f"--model {model}: {path} is not a JSON object")
-    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):  # multimodal: the text decoder's
-        cfg = cfg["text_config"]
-    return cfg, {"source": os.path.abspath(path)}
+    return text_config(cfg) if text else cfg, {"source": os.path.abspath(path)}  # multimodal: the text decoder's
 
 
 # ----------------------------------------------------------------------------------------------- the workflow
@@ -486,13 +485,14 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     if config.cuda_graph and device.type != "cuda":
         raise ConfigError("--cuda-graph needs a CUDA device")
     model = config.model or ("llama3-8b" if device.type == "cuda" else "tiny")
-    cfg, desc = config_dict(model)
+    full, desc = config_dict(model, text=False)
+    cfg = text_config(full)  # a vision-language model's sizes are its text decoder's; its ops are every tower's
     notes = []
     specs = _ops.registry()
     hidden_ops = [n for n, s in specs.items() if "hidden" in s.sweeps]
     ops = [o for item in (config.ops or []) for o in item.split(",") if o]
     if not ops:
-        ops = hidden_ops if config.sweep == "hidden" else model_ops(cfg)
+        ops = hidden_ops if config.sweep == "hidden" else model_ops(full)
     elif "all" in ops:
         ops = hidden_ops if config.sweep == "hidden" else list(specs)
     for op in ops:
@@ -530,7 +530,7 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
             shapes = {op: [per[op]] for op in ops}
     except ConfigFieldError as e:
         raise ConfigError(f"--model {model}: {e}") from e
-    desc.update(name=model, model_type=cfg.get("model_type"), hidden_size=cfg.get("hidden_size"),
+    desc.update(name=model, model_type=full.get("model_type"), hidden_size=cfg.get("hidden_size"),
                 intermediate_size=cfg.get("intermediate_size"), vocab_size=cfg.get("vocab_size"),
                 num_attention_heads=cfg.get("num_attention_heads"),
                 num_key_value_heads=cfg.get("num_key_value_heads"))

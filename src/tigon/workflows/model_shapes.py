@@ -21,16 +21,26 @@ class ConfigFieldError(ValueError):
 
 
 def _get(config, name: str, default=None) -> Any:
-    """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None."""
-    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None. A
+    field that varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) gives the global
+    value of ``config.to_dict()``, as a ``config.json`` holds it."""
+    if isinstance(config, dict):
+        value = config.get(name)
+    else:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
+            value = config.to_dict().get(name)
     return default if value is None else value
 
 
 def text_config(config):
-    """The text decoder's config of a multimodal config (``text_config``), else ``config`` itself."""
+    """The text decoder's config of a multimodal config (``text_config``), else ``config`` itself. A dict's
+    ``text_config`` wins even where the outer dict has a ``hidden_size`` of its own (PaliGemma's projection size), as
+    ``get_text_config()`` picks it for a config object."""
     if isinstance(config, dict):
         inner = config.get("text_config")
-        return inner if "hidden_size" not in config and isinstance(inner, dict) else config
+        return inner if isinstance(inner, dict) else config
     getter = getattr(config, "get_text_config", None)
     return getter() if callable(getter) else config
 

@@ -191,11 +191,16 @@ def _replacements(hfc, lora_rank: int | None = None) -> tuple[list[dict], dict[s
                           "bypasses": bypass.get(kind, {})})
             cats.setdefault(specs[op].category, []).append(op)
     notes = [f"tigon.patch skipped {e.kind} {e.target}: {e.detail}" for e in skipped]
-    notes += [f"{kind} ({counts[kind]} modules) is replaced but not timed apart: it runs no op of the registry "
-              f"(sinks: torch SDPA for eager attention); the per-op prediction leaves it out, and the advice's "
-              f"calls keep it (tigon.patch(model, {PATCH_KEYWORDS.get(kind, kind)}=False) turns it off)"
+    notes += [f"{kind} ({counts[kind]} module{'s' * (counts[kind] != 1)}) is replaced but not timed apart: it runs "
+              f"no op of the registry ({UNTIMED.get(kind, kind)}); the per-op prediction leaves it out, and the "
+              f"advice's calls keep it (tigon.patch(model, {PATCH_KEYWORDS.get(kind, kind)}=False) turns it off)"
               for kind in counts if kind != "lora" and kind_op(kind, hfc) not in specs]
     return kinds, cats, counts, notes, paths
+
+
+UNTIMED = {"sinks": "eager attention with sinks run by torch SDPA",
+           "vision_attention": "the vision tower's attention calls batched by chunk length"}
+"""What a replaced kind that runs no op of the registry does instead (the profile's note on it)."""
 
 
 def _op_costs(hfc, ops: list[str], cfg: ProfileConfig, device, dtype, notes: list[str]) -> dict[str, dict]:

@@ -209,12 +209,16 @@ def rest_call(model: torch.nn.Module, batch) -> tuple[Callable[[], None], list[t
     inputs = step_inputs(batch, next(model.parameters()).device, param_dtype(model))
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     frozen = emb is not None and not any(p.requires_grad for p in emb.parameters())
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    # no layers, no routers: a router loss over none (HF's load_balancing_loss_func) raises IndexError
+    no_router = {"output_router_logits": False} if getattr(text, "output_router_logits", False) else {}
 
     def fn() -> None:
         hook = emb.register_forward_hook(lambda m, args, out: out.requires_grad_(True)) if frozen else None
         try:
             with without_layers(model):
-                model(**inputs, use_cache=False).loss.backward()
+                model(**inputs, **no_router, use_cache=False).loss.backward()
         finally:
             if hook is not None:
                 hook.remove()
