@@ -65,8 +65,10 @@ SM_SCALES = (1.0, 10.0)
 def timer(rep_ms: int):
     """(median ms of fn) on CUDA as graph replays; on CPU the wall time of one call after one warm-up call."""
     if not CPU:
-        return lambda fn, leaves: triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=leaves,
-                                                                    quantiles=[0.5])[0]
+        def graph(fn, leaves):  # (a list of the quantiles, or one float: Triton 3.6 returns the median alone)
+            r = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=leaves, quantiles=[0.5])
+            return r[0] if isinstance(r, (list, tuple)) else r
+        return graph
 
     def wall(fn, leaves):
         fn()
