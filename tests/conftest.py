@@ -16,6 +16,10 @@ if not torch.cuda.is_available():
 # The tests' tiny models would run their original MLP on a GPU (a patched MLP's host-bound choice, OpSpec.
 # host_bound_elements): the kernels at every size, unless a test asks for the choice (tests/test_host_bound.py).
 os.environ.setdefault("TIGON_HOST_BOUND_ELEMENTS", "0")
+# fp32 means fp32 in the tests' comparisons with 1e-5 bounds: cuDNN's convolutions default to TF32 on Ampere and later
+# (torch.backends.cudnn.allow_tf32), which moved gradients reached through a convolution (Qwen2-VL's patch embedding,
+# the causal conv1d of Qwen3-Next's linear attention) by 1e-4 between two runs on an H100. (Matmuls default to fp32.)
+torch.backends.cudnn.allow_tf32 = False
 # One console width in every run (rich reads COLUMNS): a terminal's, a pipe's 80 columns and an xdist worker's
 # differ, and the tools' tables and paths wrap with them.
 os.environ["COLUMNS"] = "160"

@@ -90,7 +90,8 @@ def test_training_step_equals_grouped_mm_experts(name):
     assert all("forward" in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
     got = step(model)
     # loss, router, experts' weights and biases, everything else: within 1e-5, or 10x the original's own run-to-run
-    # difference where that is larger (CUDA's atomics; on the H100 Qwen3-Next's dt_bias gradient moved 1.2e-4)
+    # difference where that is larger (CUDA's atomics; Qwen3-Next's dt_bias gradient moved 1.2e-4 on an H100 with
+    # cuDNN's TF32 convolutions, now off in conftest.py)
     assert_same_step(got, want, rtol=1e-5, noise=noise)
     used = support.backend_usage()
     assert all(op in used for op in MOE_OPS), used
@@ -119,6 +120,7 @@ def test_compiled_training_step_equals_eager(name, mode, monkeypatch):
         seen.update(str(n.target) for n in gm.graph.nodes if str(n.target).startswith("tigon."))
         return aot_eager(gm, example_inputs)
 
+    original_compiles(name)
     torch._dynamo.reset()
     support.backend_usage(reset=True)
     try:
@@ -131,6 +133,20 @@ def test_compiled_training_step_equals_eager(name, mode, monkeypatch):
     backends = support.backend_usage()
     kernels = support.decide(torch.device(mm.DEVICE), torch.float32).backend
     assert all(set(backends[op]) == {kernels if op in kernel else "inductor"} for op in MOE_OPS), backends
+
+
+def original_compiles(name: str) -> None:
+    """Skip unless the unpatched model's step compiles whole (aot_eager): transformers 5.17's grouped_mm fallback (fp32
+    on CUDA) traced its backward's ``offs.tolist()`` and raised GuardOnDataDependentSymNode, patched or not."""
+    model = build(name)
+    step(model)
+    torch._dynamo.reset()
+    try:
+        step(model, call=torch.compile(model, backend="aot_eager", fullgraph=True))
+    except Exception as e:  # noqa: BLE001 (whatever the installed transformers raises)
+        pytest.skip(f"the unpatched {name} step does not compile whole here: {type(e).__name__}: {str(e)[:200]}")
+    finally:
+        torch._dynamo.reset()
 
 
 def test_other_experts_implementations_keep_only_the_gate_hook():

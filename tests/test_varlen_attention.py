@@ -122,18 +122,6 @@ def calls_of_sdpa(monkeypatch):
 @pytest.mark.parametrize("name", ["qwen2.5-vl-tiny", "qwen2-vl-tiny"])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_tower_equals_the_original_with_fewer_calls(name, implementation, monkeypatch):
-    # fp32 compared at 1e-5: TF32 off (cuDNN's default for convolutions is TF32: the patch embedding's weight
-    # gradient, a sum over every patch, moved past 1e-5 between the two runs on an H100 with it on)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        _tower_equals_the_original(name, implementation, monkeypatch)
-    finally:
-        torch.set_float32_matmul_precision(precision)
-
-
-def _tower_equals_the_original(name, implementation, monkeypatch):
     cfg, model = build(name, implementation)
     pixels, grid = tower_inputs(cfg)
     count = calls_of_sdpa(monkeypatch)
