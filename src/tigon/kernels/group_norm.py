@@ -77,7 +77,8 @@ INTERPRET_FUSED_GROUP = 1 << 16
 # registers (sm_90, bf16, groups of 8192 / 16384 at 16 / 32 warps), 32 to 98-116, so that 16 warps of it fill an SM's
 # registers (ptxas -v of the Triton 3.9 build, no spills either way). H200, bf16, 128 x 128 x 4096 in 32 groups, fwd +
 # bwd CUDA-graph replays (benchmarks/results/h200/session14/tune_dyt-group_norm_llama3-8b_h200_20261204.json): 32
-# elements 211.5 us (75.2% of copy bandwidth), 8 and 16 223.4 us.
+# elements 211.5 us (75.2% of copy bandwidth), 8 and 16 223.4 us. H100, the same shape and timing (benchmarks/results/
+# h100/session28/issue21-tune_h100.json): 239.8 us, 92.8% of its 3.0 TB/s copy; the streamed variants no faster.
 GROUP_BWD_ELEMS_PER_THREAD = 32
 # Elements a chunk of the streamed one-launch backward ``_group_bwd_stream`` (a group read twice, the second time from
 # L2, a chunk in registers: several programs an SM), or 0: ``_group_bwd`` (the group in registers). Only groups larger
