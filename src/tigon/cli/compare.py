@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
             "pydoc_data.topics."
         ),
         epilog=(
-            "exit status: 0 both runs ok and their losses agree within the bound; 1 a run crashed, or its loss went "
+            "exit status: 0 both runs ok and their losses agree within the bound; 1 a run crashed (it raised: its "
+            "status is 'crashed', with the exception's type and message), or its loss went "
             "NaN/inf or diverged (such losses say nothing about the kernels); 2 bad input; 3 both runs ok but the "
             "losses differ beyond the bound (a Tigon op computes something other than the original: tigon verify "
             "checks each op)."
@@ -75,7 +76,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``tigon compare`` with the parsed ``args``; returns the exit status."""
     from ..support import UnsupportedError
-    from ..workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
+    from ..workflows.compare import CompareConfig, ConfigError, RunCrashed, resolve_config, run_compare
     from ..workflows.compare_dist import DistributedRunError
 
     prog = "tigon compare"
@@ -116,6 +117,14 @@ def run(args: argparse.Namespace) -> int:
     except UnsupportedError as e:  # strict mode (TIGON_STRICT=1) and no Triton path
         return _fail(prog, str(e))
     except DistributedRunError as e:  # --nproc N: the ranks crashed (their output was shown)
+        return _fail(prog, str(e), 1)
+    except RunCrashed as e:  # a run raised: its status is "crashed", with the exception's type and message
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(e.as_dict(), f, indent=2)
+                f.write("\n")
+        if args.quiet:
+            print(f"status={e.run}:crashed")
         return _fail(prog, str(e), 1)
     report = result.as_dict()
     if args.json:
