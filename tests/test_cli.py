@@ -179,3 +179,20 @@ def test_compare_crashed_run_is_a_status_not_a_traceback(case, tmp_path, capsys)
     report = json.loads(js.read_text())
     assert report["ok"] is False and report["status"] == {"original": "crashed", "patched": "not run"}
     assert report["status_detail"]["original"].startswith("IndexError: ")
+
+
+def test_compare_help_states_the_default_learning_rates(capsys, tmp_path):
+    """--lr's help gives the defaults the code takes: a --model with weights fine-tunes at PRETRAINED_LR, a config
+    without weights trains its random weights at RANDOM_INIT_LR (the help said 1e-5 for any --model)."""
+    from transformers import LlamaConfig
+
+    from tigon.workflows.compare import PRETRAINED_LR, RANDOM_INIT_LR, CompareConfig, resolve_config
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "for --model 1e-5 with weights, 3e-4 for a config without" in text
+    assert (PRETRAINED_LR, RANDOM_INIT_LR) == (1e-5, 3e-4)
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=256).save_pretrained(tmp_path)
+    assert resolve_config(CompareConfig(model=str(tmp_path), device="cpu")).lr == RANDOM_INIT_LR == 3e-4

@@ -16,7 +16,7 @@ from ._render import _check_output, _console, _fail, _fmt_bytes, _fmt_rel, _prin
 def add_parser(sub) -> None:
     """Add the ``compare`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..presets import PRESETS
-    from ..workflows.compare import DEFAULTS
+    from ..workflows.compare import DEFAULTS, PRETRAINED_LR, RANDOM_INIT_LR
 
     p = sub.add_parser(
         "compare",
@@ -52,7 +52,9 @@ def add_parser(sub) -> None:
                    help=f"sequences per step (default: {cpu['batch_size']} on CPU, {cuda['batch_size']} on CUDA)")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help=f"tokens per sequence (default: {cpu['seq_len']} on CPU, {cuda['seq_len']} on CUDA)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's, 1e-5 for --model)")
+    p.add_argument("--lr", type=float,
+                   help=f"AdamW learning rate (default: the preset's; for --model {_fmt_lr(PRETRAINED_LR)} with "
+                        f"weights, {_fmt_lr(RANDOM_INIT_LR)} for a config without: random weights)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="float32; bfloat16 = weights, grads and AdamW state all in bf16; float16 = autocast over fp32 "
                         "weights with a GradScaler (default: float32)")
@@ -71,6 +73,11 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")
     p.set_defaults(func=run)
+
+
+def _fmt_lr(x: float) -> str:
+    """A learning rate as the help writes it: ``1e-5``, ``3e-4``."""
+    return f"{x:.0e}".replace("e-0", "e-")
 
 
 def run(args: argparse.Namespace) -> int:
