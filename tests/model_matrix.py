@@ -431,6 +431,29 @@ VISION_LANGUAGE = {
                 {"rope": 1}),
 }
 
+_QFORMER = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                encoder_hidden_size=32)
+HELD_HEADS = {
+    # vision-language models whose forward calls a causal LM of their own (not a backbone) and computes the loss on
+    # its logits (tests/test_vlm_held_head.py; the tools build no images for them: inputs built there). Entry:
+    # (model_type, config overrides, class, the image tokens in input_ids). Llama 4: its Llama4ForCausalLM (the llama4
+    # family's head, the container declared as one: the fused loss runs through it); one 8x8 image of 2x2 patches,
+    # pixel-shuffled to 1 token. BLIP-2 / InstructBLIP with a Llama text model (InstructBLIP-Vicuna's layout): of no
+    # family, they slice the logits to the labels' length before the loss: their head is reported skipped
+    "llama4": ("llama4", dict(text_config=dict(TINY, model_type="llama4_text", intermediate_size_mlp=128,
+                                               num_local_experts=2), image_token_id=IMAGE_TOKEN,
+                              vision_config=dict(_VIT, intermediate_size=128, vision_output_dim=64,
+                                                 projector_input_dim=64, projector_output_dim=64)),
+               "Llama4ForConditionalGeneration", 1),
+    "blip-2": ("blip-2", dict(text_config=dict(TINY, model_type="llama"), vision_config=_VIT, qformer_config=_QFORMER,
+                              num_query_tokens=2, image_token_index=IMAGE_TOKEN),
+               "Blip2ForConditionalGeneration", 2),
+    "instructblip": ("instructblip", dict(text_config=dict(TINY, model_type="llama"), vision_config=_VIT,
+                                          qformer_config=_QFORMER, num_query_tokens=2, image_token_index=IMAGE_TOKEN),
+                     "InstructBlipForConditionalGeneration", 2),
+}
+
+
 
 def image_inputs(case: str, seq: int = 10) -> dict:
     """``input_ids`` (text tokens 8..249 from a fixed seed, with the image's tokens), ``labels`` (the image tokens

@@ -149,3 +149,50 @@ def test_compare_help_documents_the_exit_statuses(capsys):
     for part in ("exit status: 0 both runs ok and their losses agree", "1 a run crashed", "2 bad input",
                  "3 both runs ok but the losses differ beyond the bound"):
         assert part in text, part
+
+
+@pytest.mark.parametrize("case", ["qwen3_vl_moe", "glm4v_moe"])
+def test_compare_crashed_run_is_a_status_not_a_traceback(case, tmp_path, capsys):
+    """``--layers 1`` of an MoE vision-language config with the router loss on keeps only its dense layer 0:
+    transformers' own router loss then raises IndexError in the original model's warm-up step (an upstream bug). The
+    run's status is ``crashed`` with the exception's type and message, one line on stderr, exit status 1."""
+    import tigon
+    from model_matrix import VISION_LANGUAGE, config, require_family
+
+    model_type, overrides = VISION_LANGUAGE[case][:2]
+    require_family(model_type)
+    cfg = config(model_type, overrides)
+    cfg.text_config.output_router_logits = True
+    cfg.save_pretrained(tmp_path / "model")
+    js = tmp_path / "r.json"
+    capsys.readouterr()
+    with tigon.force_reference():
+        rc = main(["compare", "--model", str(tmp_path / "model"), "--layers", "1", "--steps", "2", "--batch-size",
+                   "1", "--seq-len", "16", "--json", str(js), "--quiet"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if rc == 0:  # a transformers whose router loss takes no router logits
+        return
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tigon compare: error: the original run crashed: IndexError: ") and "warm-up" in err
+    assert out.strip() == "status=original:crashed"
+    report = json.loads(js.read_text())
+    assert report["ok"] is False and report["status"] == {"original": "crashed", "patched": "not run"}
+    assert report["status_detail"]["original"].startswith("IndexError: ")
+
+
+def test_compare_help_states_the_default_learning_rates(capsys, tmp_path):
+    """--lr's help gives the defaults the code takes: a --model with weights fine-tunes at PRETRAINED_LR, a config
+    without weights trains its random weights at RANDOM_INIT_LR (the help said 1e-5 for any --model)."""
+    from transformers import LlamaConfig
+
+    from tigon.workflows.compare import PRETRAINED_LR, RANDOM_INIT_LR, CompareConfig, resolve_config
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "for --model 1e-5 with weights, 3e-4 for a config without" in text
+    assert (PRETRAINED_LR, RANDOM_INIT_LR) == (1e-5, 3e-4)
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=256).save_pretrained(tmp_path)
+    assert resolve_config(CompareConfig(model=str(tmp_path), device="cpu")).lr == RANDOM_INIT_LR == 3e-4

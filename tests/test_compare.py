@@ -298,3 +298,53 @@ def test_a_cpu_run_too_large_for_the_host_memory_is_refused_before_building(monk
     with pytest.raises(ConfigError, match=r"^--preset tiny --layers 1 needs at least .* choose a smaller preset"):
         run_compare(CompareConfig(preset="tiny", layers=1, steps=1, device="cpu"),
                     patch_fn=lambda m: pytest.fail("built"), unpatch_fn=lambda m: None)
+
+
+def _crash_at(monkeypatch, run: str, step: int, error: BaseException):
+    """The ``run`` training run's model raises ``error`` in the forward of its measured ``step`` (1-based)."""
+    from tigon.workflows import compare
+
+    real = compare.train
+
+    def train(make_model, batches, *, name, **kwargs):
+        if name != run:
+            return real(make_model, batches, name=name, **kwargs)
+
+        def make():
+            model, calls = make_model(), []
+
+            def hook(module, args, kw):
+                calls.append(1)
+                if len(calls) == step:
+                    raise error
+            model.register_forward_pre_hook(hook, with_kwargs=True)
+            return model
+        return real(make, batches, name=name, **kwargs)
+
+    monkeypatch.setattr(compare, "train", train)
+
+
+def test_a_run_that_raises_is_reported_crashed(monkeypatch):
+    """An exception in a run (transformers' own router loss raised IndexError in Qwen3-VL-MoE's warm-up under
+    --layers 1) is RunCrashed: which run, where, the exception's type and message, the other run's status."""
+    import tigon
+    from tigon.workflows.compare import RunCrashed
+
+    _crash_at(monkeypatch, "patched", 2, IndexError("tuple index out of range"))
+    with tigon.force_reference(), pytest.raises(RunCrashed) as info:
+        run_compare(CompareConfig(preset="tiny", layers=1, steps=3, batch_size=1, seq_len=8, seed=0))
+    e = info.value
+    assert isinstance(e.__cause__, IndexError) and e.run == "patched" and not e.warm_up and e.steps_done == 1
+    assert str(e) == "the patched run crashed: IndexError: tuple index out of range (in step 2)"
+    report = e.as_dict()
+    assert report["ok"] is False and report["status"] == {"original": "ok", "patched": "crashed"}
+    assert report["config"]["steps"] == 3
+    json.dumps(report)
+
+
+def test_an_interrupt_in_a_run_is_not_a_crash(monkeypatch):
+    import tigon
+
+    _crash_at(monkeypatch, "original", 1, KeyboardInterrupt())
+    with tigon.force_reference(), pytest.raises(KeyboardInterrupt):
+        run_compare(CompareConfig(preset="tiny", layers=1, steps=2, batch_size=1, seq_len=8, seed=0))

@@ -16,7 +16,7 @@ from ._render import _check_output, _console, _fail, _fmt_bytes, _fmt_rel, _prin
 def add_parser(sub) -> None:
     """Add the ``compare`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..presets import PRESETS
-    from ..workflows.compare import DEFAULTS
+    from ..workflows.compare import DEFAULTS, PRETRAINED_LR, RANDOM_INIT_LR
 
     p = sub.add_parser(
         "compare",
@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
             "pydoc_data.topics."
         ),
         epilog=(
-            "exit status: 0 both runs ok and their losses agree within the bound; 1 a run crashed, or its loss went "
+            "exit status: 0 both runs ok and their losses agree within the bound; 1 a run crashed (it raised: its "
+            "status is 'crashed', with the exception's type and message), or its loss went "
             "NaN/inf or diverged (such losses say nothing about the kernels); 2 bad input; 3 both runs ok but the "
             "losses differ beyond the bound (a Tigon op computes something other than the original: tigon verify "
             "checks each op)."
@@ -51,7 +52,9 @@ def add_parser(sub) -> None:
                    help=f"sequences per step (default: {cpu['batch_size']} on CPU, {cuda['batch_size']} on CUDA)")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help=f"tokens per sequence (default: {cpu['seq_len']} on CPU, {cuda['seq_len']} on CUDA)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's, 1e-5 for --model)")
+    p.add_argument("--lr", type=float,
+                   help=f"AdamW learning rate (default: the preset's; for --model {_fmt_lr(PRETRAINED_LR)} with "
+                        f"weights, {_fmt_lr(RANDOM_INIT_LR)} for a config without: random weights)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="float32; bfloat16 = weights, grads and AdamW state all in bf16; float16 = autocast over fp32 "
                         "weights with a GradScaler (default: float32)")
@@ -72,10 +75,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _fmt_lr(x: float) -> str:
+    """A learning rate as the help writes it: ``1e-5``, ``3e-4``."""
+    return f"{x:.0e}".replace("e-0", "e-")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tigon compare`` with the parsed ``args``; returns the exit status."""
     from ..support import UnsupportedError
-    from ..workflows.compare import CompareConfig, ConfigError, resolve_config, run_compare
+    from ..workflows.compare import CompareConfig, ConfigError, RunCrashed, resolve_config, run_compare
     from ..workflows.compare_dist import DistributedRunError
 
     prog = "tigon compare"
@@ -116,6 +124,14 @@ def run(args: argparse.Namespace) -> int:
     except UnsupportedError as e:  # strict mode (TIGON_STRICT=1) and no Triton path
         return _fail(prog, str(e))
     except DistributedRunError as e:  # --nproc N: the ranks crashed (their output was shown)
+        return _fail(prog, str(e), 1)
+    except RunCrashed as e:  # a run raised: its status is "crashed", with the exception's type and message
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(e.as_dict(), f, indent=2)
+                f.write("\n")
+        if args.quiet:
+            print(f"status={e.run}:crashed")
         return _fail(prog, str(e), 1)
     report = result.as_dict()
     if args.json:

@@ -23,7 +23,7 @@ import torch
 from .. import functional as TF
 from .._checks import is_dtensor
 from .families import CausalLMSpec
-from .marks import mark
+from .marks import mark, tigon_mark
 from .sharded_head import fsdp1_wrapper, run_gathered, sharding_problem, stored_param
 
 
@@ -223,9 +223,41 @@ def head_attr(model, spec: CausalLMSpec) -> str:
     return spec.lm_head
 
 
+def head_owner(model, spec: CausalLMSpec):
+    """The module holding the LM head and backbone of ``spec``: ``model``, or for a head reached through a causal LM
+    of its own (:attr:`~tigon.integrations.family_spec.CausalLMSpec.inner`) that LM (None when it has no such
+    attribute)."""
+    return model if spec.inner is None else getattr(model, spec.inner, None)
+
+
 def head_problem(model, spec: CausalLMSpec) -> str | None:
     """Why the fused head cannot replace ``model``'s LM head, or None when it can (see :func:`effective_head`, and
-    :func:`~tigon.integrations.sharded_head.sharding_problem` for weights sharded by FSDP2, DeepSpeed or DTensor)."""
+    :func:`~tigon.integrations.sharded_head.sharding_problem` for weights sharded by FSDP2, DeepSpeed or DTensor).
+    A head reached through an inner causal LM (``spec.inner``) is that LM's head; the loss function is ``model``'s."""
+    owner = head_owner(model, spec)
+    if owner is None:
+        return f"no attribute {spec.inner!r} (the causal LM whose head it is)"
+    if spec.inner is not None and not uses_default_loss(model):
+        return "the model has a custom loss_function / loss_type; its loss is kept"
+    problem = _own_head_problem(owner, spec, loss=spec.inner is None)
+    return f"its {spec.inner}: {problem}" if problem is not None and spec.inner is not None else problem
+
+
+def inner_problem(model, spec: CausalLMSpec) -> str | None:
+    """For a head reached through an inner causal LM (``spec.inner``): why that LM's forward, called now, would not
+    hand back its hidden states (it is not Tigon's LM-head forward: unpatched since, or replaced on the instance by
+    another library); None when it would, or for any other head. Asked at every training call with labels."""
+    if spec.inner is None:
+        return None
+    inner = getattr(model, spec.inner)
+    mk = tigon_mark(inner.__dict__.get("forward", type(inner).forward))
+    if mk is None or mk.get("kind") != "lm_head_loss":
+        return (f"its {spec.inner} ({type(inner).__name__}) does not run Tigon's LM-head forward (unpatched, or "
+                "its forward replaced by another library)")
+    return None
+
+
+def _own_head_problem(model, spec: CausalLMSpec, loss: bool) -> str | None:
     name = head_attr(model, spec)
     head = getattr(model, name, None)
     linear, why = effective_head(head)
@@ -240,9 +272,16 @@ def head_problem(model, spec: CausalLMSpec) -> str | None:
         return why
     if getattr(model, spec.backbone, None) is None:
         return f"no backbone attribute {spec.backbone!r}"
-    if not uses_default_loss(model):
+    if loss and not uses_default_loss(model):
         return "the model has a custom loss_function / loss_type; its loss is kept"
     return None
+
+
+HIDDEN_IN_LOGITS = "tigon_hidden_in_logits"
+"""Keyword argument of a patched causal-LM forward, passed only by the patched forward of a class that holds it
+(:attr:`~tigon.integrations.family_spec.CausalLMSpec.inner`, Llama 4's vision-language class) through its own
+``**kwargs``: return the last hidden states, sliced by ``logits_to_keep``, in the logits' place (the LM head not run),
+everything else as the original forward without labels returns it."""
 
 
 _WARNED: set[str] = set()
@@ -366,11 +405,15 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         :func:`causal_lm_loss`; the output's ``logits`` is None (its slot kept in the tuple of
         ``return_dict=False``: :func:`tuple_keeping_logits`). A head that is its own FSDP2 unit is read inside
         that unit's forward hooks, a DeepSpeed ZeRO-3 head inside its own call
-        (:func:`~tigon.integrations.sharded_head.run_gathered`).
+        (:func:`~tigon.integrations.sharded_head.run_gathered`). A head reached through an inner causal LM
+        (``spec.inner``): the original forward, the inner LM's hidden states in the logits' place
+        (:data:`HIDDEN_IN_LOGITS`), then :func:`causal_lm_loss` on the inner LM's head.
       * otherwise with ``ce``: the original forward without labels, then :func:`causal_lm_loss_from_logits`.
     Everything else (no labels, eval without ``ce``, a custom loss, an LM head that is not a plain Linear, arguments
-    that do not bind) runs ``original`` unchanged. Every argument except ``head_only_args`` and ``return_dict``
-    reaches the backbone as it would in the original, including unknown kwargs (``cache`` / ``past_key_values``).
+    that do not bind) runs ``original`` unchanged. Called with :data:`HIDDEN_IN_LOGITS` (by a patched class holding
+    this model), the backbone's hidden states come back in the logits' place whatever the mode. Every argument except
+    ``head_only_args`` and ``return_dict`` reaches the backbone as it would in the original, including unknown kwargs
+    (``cache`` / ``past_key_values``).
     """
     sig = inspect.signature(original)
     params = list(sig.parameters.values())
@@ -379,10 +422,9 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
     bindable = not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     takes_router = "output_router_logits" in sig.parameters
 
-    def _fused(self, arguments: dict):
-        return_dict = _return_dict(self, arguments)
-        labels = arguments.get("labels")
-        logits_to_keep = arguments.get("logits_to_keep", 0)
+    def _backbone(self, arguments: dict):
+        """The backbone's outputs, its last hidden states sliced by ``logits_to_keep``, the output fields besides
+        the loss and logits, and whether the router loss is on (its ``aux_loss`` then among the fields)."""
         backbone_args = {k: v for k, v in arguments.items() if k not in spec.head_only_args}
         router = False
         if spec.router_aux_loss is not None:
@@ -393,13 +435,26 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
             backbone_args["output_router_logits"] = router
         outputs = getattr(self, spec.backbone)(**backbone_args)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
-        hidden = slice_to_keep(hidden, logits_to_keep)
-        outer = getattr(self, head_attr(self, spec))
+        hidden = slice_to_keep(hidden, arguments.get("logits_to_keep", 0))
+        cls = output_class(family_module, spec.output_class)
+        # The class's field table, not dataclasses.fields(cls): dynamo cannot trace the latter on a class (graph
+        # break under torch.compile); ModelOutput classes have no ClassVar / InitVar pseudo-fields to filter out.
+        extra = {name: getattr(outputs, name) for name in cls.__dataclass_fields__
+                 if name not in ("loss", "logits", "aux_loss") and hasattr(outputs, name)}
+        if router:
+            extra["aux_loss"] = _router_aux_loss(self, spec, family_module, outputs.router_logits,
+                                                 arguments.get("attention_mask"))
+        return cls, hidden, extra, router
+
+    def _head_loss(self, owner, arguments: dict, hidden):
+        """The fused loss of ``owner``'s LM head on ``hidden`` (``owner``: the model, or its inner causal LM), read
+        inside the engine's hooks that gather the head's parameters."""
+        outer = getattr(owner, head_attr(owner, spec))
         head, _ = effective_head(outer)
 
         def head_loss(h):  # reads the head's parameters when called: inside the engine's hooks that gather them
             return causal_lm_loss(
-                h, head.weight, labels, head.bias,
+                h, head.weight, arguments.get("labels"), head.bias,
                 shift_labels=arguments.get("shift_labels"),
                 ignore_index=arguments.get("ignore_index", -100),
                 num_items_in_batch=arguments.get("num_items_in_batch"),
@@ -408,18 +463,37 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
                 flce_options=dict(flce_options),
             )
 
-        loss = run_gathered(outer, head, head_loss, hidden)
-        cls = output_class(family_module, spec.output_class)
-        # The class's field table, not dataclasses.fields(cls): dynamo cannot trace the latter on a class (graph
-        # break under torch.compile); ModelOutput classes have no ClassVar / InitVar pseudo-fields to filter out.
-        extra = {name: getattr(outputs, name) for name in cls.__dataclass_fields__
-                 if name not in ("loss", "logits", "aux_loss") and hasattr(outputs, name)}
+        return run_gathered(outer, head, head_loss, hidden)
+
+    def _fused(self, arguments: dict):
+        return_dict = _return_dict(self, arguments)
+        cls, hidden, extra, router = _backbone(self, arguments)
+        loss = _head_loss(self, self, arguments, hidden)
         if router:
-            aux = _router_aux_loss(self, spec, family_module, outputs.router_logits, arguments.get("attention_mask"))
-            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * aux.to(loss.device)
-            extra["aux_loss"] = aux
+            loss = loss + _moe_value(self, spec, "router_aux_loss_coef") * extra["aux_loss"].to(loss.device)
         out = cls(loss=loss, logits=None, **extra)
         return out if return_dict else tuple_keeping_logits(out)
+
+    def _hidden(self, arguments: dict):
+        """Called by a patched class that holds this model (:data:`HIDDEN_IN_LOGITS`): the hidden states in the
+        logits' place, no loss."""
+        return_dict = _return_dict(self, arguments)
+        cls, hidden, extra, _ = _backbone(self, arguments)
+        out = cls(logits=hidden, **extra)
+        return out if return_dict else out.to_tuple()
+
+    def _through_inner(self, arguments: dict):
+        """The original forward with the inner causal LM (``spec.inner``) handing back its hidden states in the
+        logits' place, then the fused loss on its head. The output: the original's, with that loss and the logits
+        None (their slot kept in the tuple of ``return_dict=False``, as :func:`tuple_keeping_logits` keeps it)."""
+        return_dict = _return_dict(self, arguments)
+        labels = arguments.pop("labels")
+        out = original(self, **arguments, return_dict=return_dict, **{HIDDEN_IN_LOGITS: True})
+        hidden = out.logits if return_dict else out[0]
+        loss = _head_loss(self, getattr(self, spec.inner), {**arguments, "labels": labels}, hidden)
+        if not return_dict:  # the original's (loss, logits, *rest)
+            return (loss, None) + tuple(out[1:])
+        return type(out)(**{**{k: v for k, v in out.items() if k != "logits"}, "loss": loss})
 
     def _with_ce(self, arguments: dict):
         return_dict = _return_dict(self, arguments)
@@ -438,6 +512,7 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
+        hidden = kwargs.pop(HIDDEN_IN_LOGITS, False)
         if not bindable:
             return original(self, *args, **kwargs)
         try:
@@ -448,12 +523,14 @@ def causal_lm_forward(spec: CausalLMSpec, family: str, family_module: str, origi
         arguments.pop(self_name)
         if var_kw is not None:
             arguments.update(arguments.pop(var_kw, {}))
+        if hidden:
+            return _hidden(self, arguments)
         if arguments.get("labels") is None or not uses_default_loss(self):
             return original(self, *args, **kwargs)
         if fused and self.training:
-            problem = head_problem(self, spec)
+            problem = head_problem(self, spec) or inner_problem(self, spec)
             if problem is None:
-                return _fused(self, arguments)
+                return _through_inner(self, arguments) if spec.inner is not None else _fused(self, arguments)
             _warn_once(family, problem)
         if ce:
             return _with_ce(self, arguments)

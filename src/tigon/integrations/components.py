@@ -94,12 +94,15 @@ def factory(kind: str, comp, family: str, family_module: str, original, opts: di
 def _head_weight(module, comp):
     """The weight of ``module``'s LM head Linear (``module`` a built causal LM), or None (a class at class level, no
     plain Linear head)."""
-    from .causal_lm import effective_head, head_attr
+    from .causal_lm import effective_head, head_attr, head_owner
 
     if module is None or isinstance(module, type) or not hasattr(comp, "lm_head"):
         return None
     from .sharded_head import stored_param
 
+    module = head_owner(module, comp)
+    if module is None:
+        return None
     linear, _ = effective_head(getattr(module, head_attr(module, comp), None))
     return None if linear is None else stored_param(linear, "weight")
 
@@ -153,6 +156,11 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
             parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} (logits=None)")
     if opts["ce"]:
         parts.append("materialised logits with labels: tigon.functional.cross_entropy")
+    if opts["fused"] and getattr(comp, "inner", None) is not None:
+        inner = getattr(module, comp.inner, None) if module is not None and not isinstance(module, type) else None
+        cls = f" ({type(inner).__name__})" if inner is not None else ""
+        parts.append(f"its {comp.inner}{cls} hands this forward its last hidden states in the logits' place for the "
+                     f"fused loss on {comp.inner}.{comp.lm_head} (its forward patched with this one)")
     return "; ".join(parts) + "; otherwise the original forward"
 
 

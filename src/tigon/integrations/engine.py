@@ -74,7 +74,7 @@ from .generic import Match, generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import MISSING, Action, check_same_options, import_family, note_residual_adds, undeclared_head
+from .plan import MISSING, Action, check_same_options, held_heads, import_family, note_residual_adds, undeclared_head
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -218,6 +218,9 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             actions.append(Action(PatchEntry(kind, target, detail, ops), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
+        inner_apply = None
+        if problem is None and kind == "lm_head_loss" and getattr(comp, "inner", None) is not None:
+            inner_apply, problem = _inner_head(comp, match, family, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
@@ -228,7 +231,8 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if kind == "mlp" and components.experts_glue(comp, m):  # MoE experts: the glue forward beside _apply_gate
             binds.append(("forward", persist.build(persist.Recipe("forward", kind, comp, family, match.family_module,
                                                                   opts), type(m).forward)))
-        actions.append(Action(entry, _bind_all(m, binds)))
+        actions.append(Action(entry, _bind_all(m, binds) if inner_apply is None else
+                              _chain(_bind_all(m, binds), inner_apply)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -242,6 +246,41 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             f"rope: {', '.join(sorted(rope_globals))} is a dispatcher while patched models are alive; it runs "
             "Tigon's rotary op only inside patched attention modules, other models get the original")
     return actions
+
+
+def _inner_head(comp, match: Match, family: str, opts: dict):
+    """For an LM head reached through a causal LM of its own (``comp.inner``, :func:`~tigon.integrations.plan.
+    held_heads` put its match in ``match.inner``): ``(apply, None)``, ``apply`` patching that LM's forward (None when
+    Tigon's forward is there already, class or instance level), or ``(None, why)`` when it cannot hand back its hidden
+    states, so that the head is skipped."""
+    if match.inner is None:
+        return None, f"its {comp.inner} is no causal LM of the family (Tigon's LM-head forward would not run there)"
+    path, inner, im = match.inner
+    own = type(inner).forward
+    if own is not getattr(im.cls, "forward", None):
+        return None, f"its {comp.inner}: {type(inner).__name__} overrides {im.cls.__name__}.forward"
+    if (mk := tigon_mark(own)) is not None:
+        check_same_options(mk, path, opts, class_level=True)
+        return None, None
+    current = inner.__dict__.get("forward")
+    if current is not None:
+        if (mk := tigon_mark(current)) is None:
+            return None, (f"its {comp.inner}: instance forward already overridden by another library (e.g. "
+                          "accelerate hooks)")
+        check_same_options(mk, path, opts, class_level=False)
+        return None, None
+    problem = components.problem("lm_head_loss", im.comp, inner, opts)
+    if problem is not None:
+        return None, f"its {comp.inner}: {problem}"
+    fn = persist.build(persist.Recipe("forward", "lm_head_loss", im.comp, family, im.family_module, opts), own)
+    return _bind_all(inner, [("forward", fn)]), None
+
+
+def _chain(*applies):
+    def apply():
+        for fn in applies:
+            fn()
+    return apply
 
 
 def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport,
@@ -260,7 +299,7 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
             raise TypeError(f"tigon.patch: family {sp.name!r} matched nothing in {type(model).__name__} (from "
                             f"{type(model).__module__}): none of its module classes is in it; leave family= unset "
                             "to detect the family, or use family='generic'")
-        actions += _plan_matches(matches, sp.name, opts, report)
+        actions += _plan_matches(held_heads(model, matches, report), sp.name, opts, report)
         seen |= {mt.kind for _, _, mt in matches}
         wanted |= want
         if sp.rope is not None or sp.decoder_layers:  # no residual-add note for vision towers / containers

@@ -42,6 +42,10 @@ LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared 
            NormSpec("Llama4TextL2Norm", eps_attr=_EPS, optional_weight=True)),  # alias of Llama4TextWeightlessRMSNorm)
     mlps=(MLPSpec("Llama4TextMLP"),),
     causal_lm=CausalLMSpec("Llama4ForCausalLM", output_class="MoeCausalLMOutputWithPast"),  # no router loss in HF
+    # the vision-language class merges the image features, then calls its Llama4ForCausalLM without labels and
+    # applies its loss_function to the logits: the fused loss through that LM (CausalLMSpec.inner)
+    extra_heads=(CausalLMSpec("Llama4ForConditionalGeneration", inner="language_model",
+                              output_class="Llama4CausalLMOutputWithPast"),),
     rope=RopeSpec(attention_classes=("Llama4TextAttention",), head_axis=2, **_COMPLEX),  # on (B, T, H, D)
     unsupported=(
         Unsupported("mlp", "Llama4TextExperts", "experts as one bmm over (experts, tokens, hidden) with "

@@ -242,6 +242,15 @@ class CausalLMSpec:
         load-balancing loss (``load_balancing_loss_func``), called as HF does when ``output_router_logits`` is on:
         ``fn(router_logits, model.num_experts, model.num_experts_per_tok, attention_mask)``, added to the loss times
         ``model.router_aux_loss_coef`` and returned as ``aux_loss``. None for dense families.
+    inner: for a class whose forward calls a causal LM of its own (a head of the family, the attribute ``inner``
+        names) without labels and computes HF's loss on the logits it returns: Llama 4's vision-language class
+        merges the image features into the embeddings, then calls its ``language_model`` (a ``Llama4ForCausalLM``).
+        Patched, its forward runs the original, the inner LM (whose forward the engine patches with it: one report
+        entry) handing back its last hidden states, sliced by ``logits_to_keep``, in the logits' place
+        (:data:`~tigon.integrations.causal_lm.HIDDEN_IN_LOGITS`), then the fused loss on the inner LM's head;
+        ``backbone`` and ``lm_head`` name the inner LM's attributes, the config attributes are read from this
+        class's config. Only for a forward that does nothing to the logits but return them and pass them to
+        ``self.loss_function`` (no router loss is added). None: the class holds its backbone and head itself.
     """
 
     cls: str
@@ -255,6 +264,7 @@ class CausalLMSpec:
     router_aux_loss: str | None = None
     older_lm_head: str | None = None
     text_config_attrs: bool = False
+    inner: str | None = None
 
 
 @dataclass(frozen=True)

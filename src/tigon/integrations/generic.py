@@ -88,7 +88,9 @@ class Match:
     kind: report kind (``rms_norm``, ``mlp``, ``rope``, ``lm_head_loss``); cls: the class whose attribute is
     replaced; comp: the component spec (NormSpec / MLPSpec / RopeSpec / CausalLMSpec); family_module: the modeling
     module's name (for rope: the module holding the rotary global); problem: why it
-    cannot be patched (probe failure), or None.
+    cannot be patched (probe failure), or None; inner: for an LM head reached through a causal LM of its own
+    (:attr:`~tigon.integrations.family_spec.CausalLMSpec.inner`), that LM's ``(path, module, Match)`` (its forward is
+    patched with this one, :func:`tigon.integrations.plan.held_heads`), or None.
     """
 
     kind: str
@@ -96,6 +98,7 @@ class Match:
     comp: object
     family_module: str
     problem: str | None = None
+    inner: tuple | None = None
 
 
 @dataclass

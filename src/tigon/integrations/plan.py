@@ -6,7 +6,8 @@ note on residual adds that stay unfused, and the skipped entry of an LM head no 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -83,3 +84,59 @@ def undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEnt
     return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
                       "family Tigon declares (the families of its towers are applied: see the families note): its LM "
                       "head and loss run as before")
+
+
+def held_heads(model: torch.nn.Module, matches: list, report: PatchReport) -> list:
+    """``matches`` with the LM heads that run inside another model's forward taken out.
+
+    * A head reached through a causal LM of its own (:attr:`~tigon.integrations.family_spec.CausalLMSpec.inner`,
+      Llama 4's vision-language class around its ``Llama4ForCausalLM``): that LM's match leaves the list and rides on
+      the container's (``Match.inner``): one report entry, both forwards patched.
+    * Any other head held by a transformers model (a ``PreTrainedModel`` above it in ``model``, BLIP-2 or InstructBLIP
+      around a Llama causal LM): that model's forward calls the causal LM itself, and the fused loss runs only for a
+      causal LM called with labels, which such a forward need not pass on (BLIP-2's computes the loss on the logits
+      it gets): reported skipped, left alone. Wrappers that are no transformers model (PEFT, TRL) hold heads as
+      before.
+
+    For the families' heads only (instance-level family plans; in transformers 5.2x every transformers model that
+    holds one calls it without labels): the generic matcher's heads are of models of no family, some of whose
+    containers pass the labels on (Moshi's MoshiForCausalLM gets its text labels).
+    """
+    heads = {id(m): (p, m, mt) for p, m, mt in matches if mt.kind == "lm_head_loss"}
+    if not heads:
+        return matches
+    folded = {id(getattr(m, mt.comp.inner, None)) for _, m, mt in heads.values()
+              if getattr(mt.comp, "inner", None) is not None}
+    out = []
+    for path, m, mt in matches:
+        if mt.kind != "lm_head_loss":
+            out.append((path, m, mt))
+            continue
+        if id(m) in folded:
+            continue
+        holder = _holder(model, path)
+        if holder is not None:
+            report.skipped.append(PatchEntry("lm_head_loss", path, (
+                f"{type(holder).__name__}.forward ({type(holder).__module__}) calls this {type(m).__name__} itself: "
+                "the fused loss runs only for a causal LM called with labels, which that forward need not pass on "
+                "(BLIP-2's and InstructBLIP's compute the loss on the logits they get); its LM head and loss run as "
+                "before")))
+            continue
+        name = getattr(mt.comp, "inner", None)
+        if name is not None:
+            mt = replace(mt, inner=heads.get(id(getattr(m, name, None))))
+        out.append((path, m, mt))
+    return out
+
+
+def _holder(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    """The nearest transformers model strictly above the module at ``path`` in ``model``, or None."""
+    base = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
+    if base is None or not path:
+        return None
+    parts = path.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        above = model.get_submodule(".".join(parts[:i]))
+        if isinstance(above, base):
+            return above
+    return None

@@ -176,6 +176,34 @@ class CompareResult:
         return dataclasses.asdict(self)
 
 
+class RunCrashed(RuntimeError):
+    """A training run of :func:`run_compare` raised an exception (the model's forward or backward, the optimizer,
+    building or patching its copy): ``run`` ("original" or "patched") crashed in its warm-up step (``warm_up``) or
+    in its measured run after ``steps_done`` steps; ``error`` is the exception (also this one's ``__cause__``).
+    KeyboardInterrupt, a rejected configuration (:class:`ConfigError`) and strict mode's UnsupportedError are not
+    wrapped. The CLI reports the run's status as ``crashed`` with ``error``'s type and message, exit status 1.
+
+    status / status_detail: ``{"original", "patched"}``: the crashed run's ``"crashed"`` and
+    ``"<type>: <message> (<where>)"``; the other's ``"not run"`` (its measured run had not run: the runs' warm-up
+    steps come first, then the original's run, then the patched one's), or its loss status
+    (:func:`~tigon.workflows._train.loss_status`) when it had run. config: the resolved configuration."""
+
+    def __init__(self, run: str, error: Exception, *, warm_up: bool, steps_done: int, config: dict[str, Any],
+                 other: tuple[str, str] | None = None):
+        self.run, self.error, self.warm_up, self.steps_done, self.config = run, error, warm_up, steps_done, config
+        where = "its warm-up step" if warm_up else f"step {steps_done + 1}"
+        first = "original" if run == "patched" else "patched"
+        self.status = {run: "crashed", first: (other or ("not run", ""))[0]}
+        self.status_detail = {run: f"{type(error).__name__}: {error_text(error)} (in {where})",
+                              first: (other or ("", f"the {run} run crashed first"))[1]}
+        super().__init__(f"the {run} run crashed: {self.status_detail[run]}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON report of a crashed comparison: ``ok`` (False), ``status``, ``status_detail``, ``config``."""
+        return {"ok": False, "status": {k: self.status[k] for k in ("original", "patched")},
+                "status_detail": {k: self.status_detail[k] for k in ("original", "patched")}, "config": self.config}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
 
@@ -385,6 +413,8 @@ def run_compare(
         ConfigError: bad configuration (including a seq_len beyond the model's max_position_embeddings), missing or
             unloadable checkpoint, or a model family that ``tigon.patch``
             rejects (it raised ValueError or TypeError).
+        RunCrashed: a training run raised (its exception is the cause: e.g. transformers' own router loss on a
+            model whose kept layers have no router).
     """
     cfg = resolve_config(config)
     if cfg.device == "cpu" and not (cfg.nproc > 1 and compare_dist.in_process_group()):
@@ -464,25 +494,42 @@ def run_compare(
         patched["model"] = model
         return wrap(model, stage="rest") if tp_first else wrap(model)
 
+    done: dict[str, int] = {}  # run -> steps finished (for the step a crash happened at)
+
+    def tracked(name, step, steps, loss):
+        done[name] = step
+        if progress is not None:
+            progress(name, step, steps, loss)
+
+    def run(which: str, make, batches, warm_up: bool = False, other: tuple[str, str] | None = None):
+        done[which] = 0
+        try:
+            return train(make, batches, lr=cfg.lr, device=device, autocast=autocast,
+                         name="warm-up" if warm_up else which, progress=None if warm_up else tracked)
+        except (ConfigError, support.UnsupportedError):
+            raise
+        except Exception as e:  # (not KeyboardInterrupt) the run crashed: the CLI's "crashed" status
+            raise RunCrashed(which, e, warm_up=warm_up, steps_done=done[which], config=dataclasses.asdict(cfg),
+                             other=other) from e
+
     with frozen_heap():  # fast gc.collect() around the runs
-        run = functools.partial(train, lr=cfg.lr, device=device, autocast=autocast)
         if device.type == "cpu":
             # One throwaway step per path first, so that one-time allocations (lazy library state, the interpreter's
             # first imports) do not land in the first measured run's resident-set growth. CUDA needs no warm-up: its
             # peak counts tensors only, and tokens/s leaves the first (compiling) step out anyway.
-            run(make_original, batches[:1], name="warm-up")
+            run("original", make_original, batches[:1], warm_up=True)
             try:
-                run(make_patched, batches[:1], name="warm-up")
+                run("patched", make_patched, batches[:1], warm_up=True)
             finally:
                 if "model" in patched:
                     unpatch_fn(patched.pop("model"))
             patched.clear()
 
         torch.manual_seed(cfg.seed)
-        original = run(make_original, batches, name="original", progress=progress)
+        original = run("original", make_original, batches)
         torch.manual_seed(cfg.seed)
         try:
-            patched_stats = run(make_patched, batches, name="patched", progress=progress)
+            patched_stats = run("patched", make_patched, batches, other=loss_status(original.losses, vocab))
         finally:
             if "model" in patched:
                 unpatch_fn(patched.pop("model"))
