@@ -314,6 +314,10 @@ def test_bad_input():
         F.cross_entropy(x, t[:3])
     with pytest.raises(TypeError, match="target must be an integer tensor"):
         F.cross_entropy(x, t.float())
+    with pytest.raises(TypeError, match="target must be a signed integer tensor"):  # was the kernel's own error
+        F.cross_entropy(x, t.clamp(min=0).to(torch.uint8))
+    with pytest.raises(TypeError, match="target must be a signed integer tensor"):
+        F.fused_linear_cross_entropy(torch.randn(4, 8), torch.randn(10, 8), t.clamp(min=0).to(torch.uint8))
     with pytest.raises(TypeError, match="logits must be a floating-point"):
         F.cross_entropy(x.long(), t)
     with pytest.raises(ValueError, match="weight .*shape"):

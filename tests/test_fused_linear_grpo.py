@@ -223,6 +223,8 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args, ref_input=inputs["_input"])
     with pytest.raises(ValueError, match="advantages must be"):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
+    with pytest.raises(TypeError, match="selected_token_ids must be a signed integer tensor"):
+        F.fused_linear_grpo(*args[:2], args[2].to(torch.uint8), *args[3:], beta=0.0)
 
 
 def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0, entropy=True):

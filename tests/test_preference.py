@@ -357,6 +357,7 @@ def test_modules_match_liger(name, opts):
 ERRORS = [
     (dict(hidden=lambda i: i["hidden"][:3]), ValueError, "even batch"),
     (dict(target=lambda i: i["target"][:, :-1]), ValueError, "target must have shape"),
+    (dict(target=lambda i: i["target"].clamp(min=0).to(torch.uint8)), TypeError, "target must be a signed integer"),
     (dict(ref_weight=lambda i: None), ValueError, "ref_hidden and ref_weight must be given together"),
     (dict(ref_chosen_logps=lambda i: torch.zeros(2)), ValueError, "ref_chosen_logps and ref_rejected_logps"),
     (dict(ref_chosen_logps=lambda i: torch.zeros(2), ref_rejected_logps=lambda i: torch.zeros(2)), ValueError,

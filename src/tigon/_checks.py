@@ -8,8 +8,17 @@ import operator
 import torch
 
 
-def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False, ndim=None) -> torch.Tensor:
+UNSIGNED = tuple(getattr(torch, n) for n in ("uint8", "uint16", "uint32", "uint64") if hasattr(torch, n))
+"""torch's unsigned integer dtypes (uint16 / 32 / 64 since torch 2.3)."""
+
+
+def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False, signed: bool = False,
+           ndim=None) -> torch.Tensor:
     """Check that ``t`` is a tensor (optionally floating / integer, with ``ndim`` in an int or tuple).
+
+    ``signed`` (with ``integer``): refuse unsigned dtypes too, for labels compared with a negative ``ignore_index``
+    (a uint8 target failed inside the kernel: "Cannot perform a binary operation between an unsigned tensor and a
+    negative scalar").
 
     Raises:
         TypeError: not a tensor, or the wrong kind of dtype.
@@ -29,6 +38,9 @@ def tensor(name: str, t, *, floating: bool | None = None, integer: bool = False,
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if integer and signed and t.dtype in UNSIGNED:
+        raise TypeError(f"{name} must be a signed integer tensor (int64, int32, ...; ignore_index is negative), got "
+                        f"dtype {t.dtype}: convert it with .long()")
     if ndim is not None and t.dim() != ndim:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if t.dim() not in allowed:

@@ -124,7 +124,7 @@ def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
         ValueError: logits not (N, V), target not (N,), weight not (V,), devices differ, bad options.
     """
     _checks.tensor("logits", logits, floating=True, ndim=2)
-    _checks.tensor("target", target, integer=True, ndim=1)
+    _checks.tensor("target", target, integer=True, signed=True, ndim=1)
     if weight is not None:
         _checks.tensor("weight", weight, floating=True, ndim=1)
     _checks.same_device(logits=logits, target=target, weight=weight)

@@ -27,7 +27,7 @@ def check_head(hidden, weight, target, bias, **per_class) -> None:
     """
     _checks.tensor("hidden", hidden, floating=True, ndim=2)
     _checks.tensor("weight", weight, floating=True, ndim=2)
-    _checks.tensor("target", target, integer=True, ndim=1)
+    _checks.tensor("target", target, integer=True, signed=True, ndim=1)
     vectors = {"bias": bias, **per_class}
     for name, t in vectors.items():
         if t is not None:

@@ -41,7 +41,7 @@ def check_inputs(_input, weight, selected_token_ids, attention_mask, advantages,
             (B,) or (B, T); a per-token tensor not (B, T); ref_input without ref_weight (or the reverse);
             vllm_is_ratio not (B, T), (B, 1) or (B,); devices differ.
     """
-    _checks.tensor("selected_token_ids", selected_token_ids, integer=True, ndim=2)
+    _checks.tensor("selected_token_ids", selected_token_ids, integer=True, signed=True, ndim=2)
     _checks.tensor("attention_mask", attention_mask, ndim=2)
     b, t = selected_token_ids.shape
     if tuple(attention_mask.shape) != (b, t):

@@ -118,7 +118,7 @@ def check_batch(hidden, weight, target, bias=None, ref_hidden=None, ref_weight=N
             given, devices differ.
     """
     _checks.tensor("hidden", hidden, floating=True, ndim=3)
-    _checks.tensor("target", target, integer=True, ndim=2)
+    _checks.tensor("target", target, integer=True, signed=True, ndim=2)
     b, t, h = hidden.shape
     if b == 0 or (paired and b % 2):
         raise ValueError(f"hidden must hold the chosen then the rejected sequences: an even batch B > 0, got shape "
