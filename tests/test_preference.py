@@ -144,6 +144,27 @@ def test_orpo_reference_is_trl_orpo_trainer():
                                                                                    rel=1e-6)
 
 
+@pytest.mark.parametrize("empty", ["one chosen", "all"])
+def test_orpo_pair_with_an_empty_completion_adds_nothing(empty):
+    # an all-ignored completion has no odds (log-probability 0, odds 1 / 0): the pair adds 0 to the odds-ratio term,
+    # every value and gradient stays finite (the all-ignored batch returned NaN before), and the other pairs' terms
+    # are TRL's
+    inp = _batch(pairs=3, reference="none", t=4)
+    inp["target"][0 if empty == "one chosen" else slice(None)] = -100
+    x = _leaves(inp)
+    got = P.fused_linear_orpo_loss(**{k: v for k, v in x.items() if k in ("hidden", "weight", "target")}, beta=0.25)
+    got.loss.backward()
+    assert torch.isfinite(got.loss) and all(torch.isfinite(x[k].grad).all() for k in ("hidden", "weight"))
+    assert all(torch.isfinite(v).all() for v in got if isinstance(v, torch.Tensor))
+    if empty == "all":
+        assert got.loss.item() == 0 and got.log_odds_ratio.item() == 0
+        return
+    ORPOTrainer = pytest.importorskip("trl.experimental.orpo.orpo_trainer").ORPOTrainer
+    _, _, _, ratio, _ = ORPOTrainer.odds_ratio_loss(_trainer_stub(beta=0.25), got.chosen_logps[1:].detach(),
+                                                    got.rejected_logps[1:].detach())
+    assert got.log_odds_ratio.item() == pytest.approx(ratio.item() * 2 / 3, rel=1e-5)  # (the mean over all 3 pairs)
+
+
 @pytest.mark.parametrize("loss_type", ref_kto.KTO_LOSS_TYPES)
 def test_kto_reference_is_trl_kto_formula(loss_type):
     # TRL 1.16 KTOTrainer._compute_loss (inline there): losses of the desirable then the undesirable sequences,

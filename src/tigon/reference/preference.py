@@ -43,7 +43,8 @@ SimPO / CPO (:func:`cpo`, TRL's ``CPOTrainer.cpo_loss``, ``trl/experimental/cpo`
 
 ORPO (:func:`orpo`, TRL's ``ORPOTrainer.odds_ratio_loss``, Hong et al. 2024, eqs. 4 and 7): ``log odds(y) = logp -
 log(1 - exp(logp))``; loss ``-beta mean log sigma(log odds(y_w) - log odds(y_l))``; extras ``mean log sigma(.)`` and
-``mean (log odds(y_w) - log odds(y_l))``.
+``mean (log odds(y_w) - log odds(y_l))``. A pair with an empty completion (every token ignored) adds 0 to the
+loss and to both means (no odds: TRL's average would be 0 / 0).
 """
 
 from __future__ import annotations
@@ -262,8 +263,13 @@ def orpo(pairs: PairLogps, *, beta: float = 0.1):
     """
     beta = float(beta)
     c, r = pairs.chosen, pairs.rejected
-    log_odds = (c - r) - (log1mexp(c) - log1mexp(r))
-    ratio = F.logsigmoid(log_odds)
+    # A pair with a completion of no scored tokens (all ignore_index) has no odds: its log-probability is the empty
+    # sum 0, odds 1 / 0. It adds 0 to the odds-ratio term and to both logged means (which still divide by every
+    # pair), with a zero gradient, instead of TRL's 0 / 0 NaN, which would take the whole batch's loss with it.
+    empty = (pairs.chosen_tokens == 0) | (pairs.rejected_tokens == 0)
+    safe_c, safe_r = torch.where(empty, -1.0, c), torch.where(empty, -2.0, r)  # (finite where the pair is dropped)
+    log_odds = torch.where(empty, 0.0, (safe_c - safe_r) - (log1mexp(safe_c) - log1mexp(safe_r)))
+    ratio = torch.where(empty, 0.0, F.logsigmoid(log_odds))
     return -beta * ratio.mean(), beta * c, beta * r, ratio.mean(), log_odds.mean()
 
 
