@@ -225,6 +225,14 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
     with pytest.raises(TypeError, match="selected_token_ids must be a signed integer tensor"):
         F.fused_linear_grpo(*args[:2], args[2].to(torch.uint8), *args[3:], beta=0.0)
+    if torch.device(device).type == "cpu":  # (the range is read on the host on a CPU only, as the LM heads' targets)
+        ids, mask = args[2].clone(), args[3].clone()
+        ids[0, 0], mask[0, 0] = inputs["weight"].shape[0], 1
+        with pytest.raises(ValueError, match=r"selected_token_ids must be in \[0, \d+\) where attention_mask is set"):
+            F.fused_linear_grpo(*args[:2], ids, mask, args[4], beta=0.0)
+        mask[0, 0] = 0  # (a masked-out id is never read)
+        out = F.fused_linear_grpo(*args[:2], ids, mask, args[4], beta=0.0)
+        assert torch.isfinite(out[0] if isinstance(out, tuple) else out)
 
 
 def _head_flops(inputs, opts, dtype=torch.float32, upstream=1.0, entropy=True):

@@ -99,6 +99,13 @@ def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
                         a["bias"], a["ref_per_token_logps"], a["old_per_token_logps"], a["ref_input"],
                         a["ref_weight"], a["ref_bias"], a["vllm_is_ratio"])
     ids = torch.where(a["attention_mask"] != 0, a["selected_token_ids"], IGNORE).reshape(-1)
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling() and _checks.has_data(ids):
+        # (where the LM heads check their targets, which would name them "target": no host read on a GPU)
+        v, sel = a["weight"].shape[0], a["selected_token_ids"]
+        bad = (a["attention_mask"] != 0) & ((sel < 0) | (sel >= v))
+        if bool(bad.any()):
+            raise ValueError(f"selected_token_ids must be in [0, {v}) where attention_mask is set; "
+                             f"found {int(sel[bad][0])}")
 
     def rows(x):
         return x.reshape(b * t, x.shape[-1])
