@@ -260,6 +260,9 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_jsd(*args[:3], args[1])
     with pytest.raises(ValueError, match="shift_labels must have shape"):
         F.fused_linear_jsd(*args, p["shift_labels"][:-1])
+    with pytest.raises(TypeError, match="true_labels must be a tensor .* for the hard loss"):
+        tnn.FusedLinearJSDLoss(weight_hard_loss=0.5)(*args, None)
+    assert torch.isfinite(tnn.FusedLinearJSDLoss(weight_hard_loss=0.0)(*args, None))  # (the soft loss alone)
     with pytest.raises(ValueError, match="accum_dtype must be"):
         F.fused_linear_jsd(*args, accum_dtype=torch.float16)
 

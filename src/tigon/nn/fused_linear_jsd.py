@@ -67,7 +67,8 @@ class FusedLinearJSDLoss(nn.Module):
 
     Forward:
         ``loss(student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
-        teacher_bias=None)``: (N, H), (V, H), (N, H'), (V, H'), (N,) integer labels, optional (V,) biases. Returns a
+        teacher_bias=None)``: (N, H), (V, H), (N, H'), (V, H'), (N,) integer labels (None: every row, no hard
+        loss: only with ``weight_hard_loss=0``), optional (V,) biases. Returns a
         0-d float32 loss (or the triple); gradients to student_input, student_weight and student_bias. Unlike
         Liger, the two vocabularies must be equal (Liger pads a smaller student vocabulary with zero logits).
 
@@ -96,6 +97,10 @@ class FusedLinearJSDLoss(nn.Module):
         loss = self.weight_soft_loss * soft
         hard = None
         if self.weight_hard_loss != 0 or self.return_soft_hard_loss:
+            if true_labels is None:
+                raise TypeError("true_labels must be a tensor of (N,) integer labels for the hard loss "
+                                f"(weight_hard_loss={self.weight_hard_loss}, return_soft_hard_loss="
+                                f"{self.return_soft_hard_loss}); None only with weight_hard_loss=0")
             hard = TF.fused_linear_cross_entropy(student_input, student_weight, true_labels, student_bias,
                                                  ignore_index=self.ignore_index)
             loss = loss + self.weight_hard_loss * hard
