@@ -74,7 +74,8 @@ from .generic import Match, generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import MISSING, Action, check_same_options, held_heads, import_family, note_residual_adds, undeclared_head
+from .plan import (MISSING, Action, existing_patch, held_heads, import_family, inner_head, note_residual_adds,
+                   undeclared_head)
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -148,28 +149,22 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             report.skipped.append(PatchEntry(kind, target, match.problem))
             continue
         attr = components.attr(comp)
-        current = m.__dict__.get(attr)
-        if getattr(type(m), attr, None) is not getattr(cls, attr, None):
-            report.skipped.append(PatchEntry(kind, target, f"{type(m).__name__} overrides {cls.__name__}.{attr}"))
+        state, why = existing_patch(m, cls, attr, target, opts)
+        if state == "skip":
+            report.skipped.append(PatchEntry(kind, target, why))
             continue
-        if (mk := tigon_mark(getattr(type(m), attr, None))) is not None:
-            check_same_options(mk, target, opts, class_level=True)
+        if state == "class":
             report.already_patched.append(PatchEntry(kind, target, "class level"))
             continue
-        if current is not None:
-            if (mk := tigon_mark(current)) is not None:
-                check_same_options(mk, target, opts, class_level=False)
-                entry = PatchEntry(kind, target, "instance level")
-                if kind == "mlp" and lora_mlp.mlp_adapter(m, comp) is not None:
-                    # its projections are adapter layers now (patched before peft.get_peft_model): what it runs
-                    # with them, e.g. why not one lora_glu_mlp node (DeepSeek-V4's clamp)
-                    entry = PatchEntry(kind, target, f"instance level; {components.describe(kind, comp, m, opts)}",
-                                       components.ops(kind, comp, m, opts),
-                                       components.checkpoint_ops(kind, comp, m, opts))
-                report.already_patched.append(entry)
-            else:
-                report.skipped.append(PatchEntry(kind, target, f"instance {attr} already overridden by another "
-                                                 "library (e.g. accelerate hooks)"))
+        if state == "instance":
+            entry = PatchEntry(kind, target, "instance level")
+            if kind == "mlp" and lora_mlp.mlp_adapter(m, comp) is not None:
+                # its projections are adapter layers now (patched before peft.get_peft_model): what it runs
+                # with them, e.g. why not one lora_glu_mlp node (DeepSeek-V4's clamp)
+                entry = PatchEntry(kind, target, f"instance level; {components.describe(kind, comp, m, opts)}",
+                                   components.ops(kind, comp, m, opts),
+                                   components.checkpoint_ops(kind, comp, m, opts))
+            report.already_patched.append(entry)
             continue
         if kind == "rope":
             comp = components.rope_for(comp, m, sys.modules.get(match.family_module))
@@ -218,9 +213,9 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             actions.append(Action(PatchEntry(kind, target, detail, ops), _rope_instance_apply(m, fn, rope)))
             continue
         problem = components.problem(kind, comp, m, opts)
-        inner_apply = None
+        inner = inner_fn = None
         if problem is None and kind == "lm_head_loss" and getattr(comp, "inner", None) is not None:
-            inner_apply, problem = _inner_head(comp, match, family, opts)
+            inner, inner_fn, problem = inner_head(comp, match, family, opts)
         if problem is not None:
             report.skipped.append(PatchEntry(kind, target, problem))
             continue
@@ -231,8 +226,8 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if kind == "mlp" and components.experts_glue(comp, m):  # MoE experts: the glue forward beside _apply_gate
             binds.append(("forward", persist.build(persist.Recipe("forward", kind, comp, family, match.family_module,
                                                                   opts), type(m).forward)))
-        actions.append(Action(entry, _bind_all(m, binds) if inner_apply is None else
-                              _chain(_bind_all(m, binds), inner_apply)))
+        more = [(inner, [("forward", inner_fn)])] if inner_fn is not None else []  # (the LM the head runs in)
+        actions.append(Action(entry, _bind_all(m, binds, *more)))
     if no_rope:
         report.notes.append(f"rope: {no_rope} attention module(s) apply no rotary embedding (NoPE layers); "
                             "nothing to patch there")
@@ -246,41 +241,6 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
             f"rope: {', '.join(sorted(rope_globals))} is a dispatcher while patched models are alive; it runs "
             "Tigon's rotary op only inside patched attention modules, other models get the original")
     return actions
-
-
-def _inner_head(comp, match: Match, family: str, opts: dict):
-    """For an LM head reached through a causal LM of its own (``comp.inner``, :func:`~tigon.integrations.plan.
-    held_heads` put its match in ``match.inner``): ``(apply, None)``, ``apply`` patching that LM's forward (None when
-    Tigon's forward is there already, class or instance level), or ``(None, why)`` when it cannot hand back its hidden
-    states, so that the head is skipped."""
-    if match.inner is None:
-        return None, f"its {comp.inner} is no causal LM of the family (Tigon's LM-head forward would not run there)"
-    path, inner, im = match.inner
-    own = type(inner).forward
-    if own is not getattr(im.cls, "forward", None):
-        return None, f"its {comp.inner}: {type(inner).__name__} overrides {im.cls.__name__}.forward"
-    if (mk := tigon_mark(own)) is not None:
-        check_same_options(mk, path, opts, class_level=True)
-        return None, None
-    current = inner.__dict__.get("forward")
-    if current is not None:
-        if (mk := tigon_mark(current)) is None:
-            return None, (f"its {comp.inner}: instance forward already overridden by another library (e.g. "
-                          "accelerate hooks)")
-        check_same_options(mk, path, opts, class_level=False)
-        return None, None
-    problem = components.problem("lm_head_loss", im.comp, inner, opts)
-    if problem is not None:
-        return None, f"its {comp.inner}: {problem}"
-    fn = persist.build(persist.Recipe("forward", "lm_head_loss", im.comp, family, im.family_module, opts), own)
-    return _bind_all(inner, [("forward", fn)]), None
-
-
-def _chain(*applies):
-    def apply():
-        for fn in applies:
-            fn()
-    return apply
 
 
 def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts: dict, report: PatchReport,
@@ -341,10 +301,13 @@ def _plan_generic(model: torch.nn.Module, enabled: dict, opts: dict, report: Pat
     return actions
 
 
-def _bind_all(module, binds):
+def _bind_all(module, binds, *more):
+    """The action binding each ``(attr, fn)`` of ``binds`` on ``module``, then each of ``more``'s ``(module, binds)``
+    (an LM head's inner causal LM, :func:`~tigon.integrations.plan.inner_head`)."""
     def apply():
-        for attr, fn in binds:
-            setattr(module, attr, types.MethodType(fn, module))
+        for mod, pairs in ((module, binds), *more):
+            for attr, fn in pairs:
+                setattr(mod, attr, types.MethodType(fn, mod))
     return apply
 
 

@@ -13,7 +13,9 @@ from typing import Callable
 import torch
 
 from .causal_lm import loss_options
+from . import components, persist
 from .families import FamilySpec
+from .marks import tigon_mark
 from .report import PatchEntry, PatchReport
 
 MISSING = object()
@@ -47,6 +49,25 @@ def check_same_options(mk: dict, target: str, opts: dict, class_level: bool) -> 
                else "call tigon.unpatch(model) first")
         raise ValueError(f"tigon.patch: {target} is already patched with {mk['options']}, not the requested {wanted}; "
                          f"to change the options, {how}")
+
+
+def existing_patch(m: torch.nn.Module, cls: type, attr: str, target: str, opts: dict) -> tuple[str | None, str]:
+    """What already stands at ``m``'s ``attr`` (``cls``: the class whose attribute a patch replaces): ``(None, "")``
+    nothing (patch it); ``("class", "")`` / ``("instance", "")`` Tigon's, at that level, with ``opts`` checked equal
+    (:func:`check_same_options`: ValueError otherwise); ``("skip", why)`` a subclass's own ``attr`` or an instance
+    attribute set by another library."""
+    if getattr(type(m), attr, None) is not getattr(cls, attr, None):
+        return "skip", f"{type(m).__name__} overrides {cls.__name__}.{attr}"
+    if (mk := tigon_mark(getattr(type(m), attr, None))) is not None:
+        check_same_options(mk, target, opts, class_level=True)
+        return "class", ""
+    current = m.__dict__.get(attr)
+    if current is None:
+        return None, ""
+    if (mk := tigon_mark(current)) is None:
+        return "skip", f"instance {attr} already overridden by another library (e.g. accelerate hooks)"
+    check_same_options(mk, target, opts, class_level=False)
+    return "instance", ""
 
 
 def note_residual_adds(spec: FamilySpec | None, enabled: dict, report: PatchReport) -> None:
@@ -140,3 +161,22 @@ def _holder(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
         if isinstance(above, base):
             return above
     return None
+
+
+def inner_head(comp, match, family: str, opts: dict):
+    """For an LM head reached through a causal LM of its own (``comp.inner``; :func:`held_heads` put that LM's match
+    in ``match.inner``): ``(module, forward, None)``, the LM and the forward to bind on it (``forward`` None when
+    Tigon's is there already, class or instance level), or ``(None, None, why)`` when it cannot hand back its hidden
+    states, so that the head is skipped."""
+    if match.inner is None:
+        return None, None, (f"its {comp.inner} is no causal LM of the family (Tigon's LM-head forward would not run "
+                            "there)")
+    path, inner, im = match.inner
+    state, why = existing_patch(inner, im.cls, "forward", path, opts)
+    if state is not None:
+        return (None, None, f"its {comp.inner}: {why}") if state == "skip" else (inner, None, None)
+    problem = components.problem("lm_head_loss", im.comp, inner, opts)
+    if problem is not None:
+        return None, None, f"its {comp.inner}: {problem}"
+    recipe = persist.Recipe("forward", "lm_head_loss", im.comp, family, im.family_module, opts)
+    return inner, persist.build(recipe, type(inner).forward), None
