@@ -59,7 +59,7 @@ PROVIDERS = ("hf", "liger", "tigon")
 def _versions() -> dict:
     import importlib.metadata as md
 
-    from tigon.workflows.compare import versions
+    from tigon.workflows.devices import versions
 
     out = versions()
     for dist in ("trl", "datasets", "accelerate", "peft", "liger-kernel"):
@@ -153,7 +153,7 @@ def run(args) -> dict:
         raise SystemExit("dpo_e2e needs TRL (on the GPU machine: eval \"$(sh .wheels/trl/install.sh)\", see "
                          "benchmarks/trl_wheels.py)") from e
     from tigon import data
-    from tigon.workflows.compare import _device_name
+    from tigon.workflows.devices import device_name
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.provider == "liger" and importlib.util.find_spec("liger_kernel") is None:
@@ -234,7 +234,7 @@ def run(args) -> dict:
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_loss" not in h],
         "patches": patches,
-        "device": str(device), "device_name": _device_name(device),
+        "device": str(device), "device_name": device_name(device),
         "versions": _versions(),
         "command": shlex.join([os.path.basename(sys.executable), os.path.relpath(__file__), *args.argv]),
     }

@@ -359,7 +359,7 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         if op not in specs:
             raise ValueError(f"unknown op {op!r}; choose from {', '.join(specs)}")
     avail, notes = available_providers(providers)
-    result = BenchResult(str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+    result = BenchResult(str(torch.cuda.getdevice_name(device)) if device.type == "cuda" else "cpu",
                          measure_ceilings(device, dtype) if ceilings is None else dict(ceilings), skipped=notes)
     result.size_formats = {op: specs[op].size_format for op in ops}
     compiled: dict = {}
@@ -472,9 +472,10 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
         ConfigError: unknown op / provider / sweep / dtype / device, a sweep "hidden" with ops that do not sweep
             it, tokens < 1, an unreadable model config.
     """
-    from .compare import ConfigError, _resolve_device
+    from .devices import resolve_device
+    from .errors import ConfigError
 
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device)
     sizes = SIZES[device.type]
     if config.sweep not in (None, *SWEEPS):
         raise ConfigError(f"unknown sweep {config.sweep!r} (choose from {', '.join(SWEEPS)})")

@@ -32,8 +32,6 @@ import copy
 import dataclasses
 import functools
 import math
-import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +43,7 @@ from .. import presets as _presets
 from . import compare_dist
 from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .compare_verdict import LOSS_RTOL, judge_agreement
+from .devices import device_name, device_str, resolve_device, versions
 from .errors import ConfigError, error_text
 from .e2e_models import take_rows
 from .model_shapes import text_config
@@ -55,7 +54,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 AUTOCAST_DTYPES = ("float16",)  # trained as autocast over fp32 weights with a GradScaler; the others as pure dtype
 PRECISION = {"float32": "float32", "bfloat16": "pure bfloat16 (weights, gradients, AdamW state)",
              "float16": "float16 autocast over float32 weights, torch.amp.GradScaler"}
-DEVICES = ("auto", "cpu", "cuda")
 
 # Defaults filled in per device when a CompareConfig field is None. The CPU default must finish well under two
 # minutes on a 2-core machine with the patched run interpreted; a CUDA machine gets a bigger model.
@@ -208,57 +206,6 @@ class RunCrashed(RuntimeError):
 # helpers
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name not in DEVICES:
-        raise ConfigError(f"unknown device {name!r} (choose from {', '.join(DEVICES)})")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was requested but no CUDA device is available")
-    return torch.device(name)
-
-
-def _device_str(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
-    return device.type
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def versions() -> dict[str, str | None]:
-    """Versions of Python, Tigon, PyTorch, Triton and Transformers (None when not installed)."""
-    import tigon
-
-    from ..support import triton_version
-
-    try:
-        import transformers
-
-        tf = transformers.__version__
-    except ImportError:  # pragma: no cover
-        tf = None
-    return {
-        "python": platform.python_version(),
-        "tigon": tigon.__version__,
-        "torch": torch.__version__,
-        "triton": triton_version(),
-        "transformers": tf,
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-    }
-
-
 def _validate(cfg: CompareConfig) -> None:
     if cfg.preset is not None and cfg.model is not None:
         raise ConfigError("give either --preset or --model, not both")
@@ -370,7 +317,7 @@ def resolve_config(config: CompareConfig) -> CompareConfig:
             nor a Hub id in the local cache, counts < 1, ...).
     """
     _validate(config)
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device)
     defaults = DEFAULTS[device.type]
     cfg = dataclasses.replace(config, device=device.type)
     cfg.parallel = compare_dist.check_nproc(cfg.nproc, cfg.parallel, device.type)
@@ -628,8 +575,8 @@ def _result(cfg, device, dtype, hf_config, base, model_info, tok_name, tokens, o
         wall_time_s={"original": original.wall_time_s, "patched": patched.wall_time_s},
         peak_memory_bytes={"original": original.peak_memory_bytes, "patched": patched.peak_memory_bytes},
         peak_memory_method=original.peak_memory_method,
-        device=_device_str(device),
-        device_name=_device_name(device),
+        device=device_str(device),
+        device_name=device_name(device),
         backend=backend,
         backend_reason=reason,
         backend_usage=patched.backend_usage,

@@ -245,9 +245,9 @@ def wrap(model: torch.nn.Module, *, parallel: str, device: torch.device, stage: 
 
 def gather(device: torch.device, original: RunStats, patched: RunStats) -> list[dict[str, Any]]:
     """Every rank's ``{"rank", "device", "stats": (original, patched)}``, in rank order, on every rank."""
-    from .compare import _device_str
+    from .devices import device_str
 
-    mine = {"rank": dist.get_rank(), "device": _device_str(device), "stats": (original, patched)}
+    mine = {"rank": dist.get_rank(), "device": device_str(device), "stats": (original, patched)}
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out

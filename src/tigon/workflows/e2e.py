@@ -97,7 +97,8 @@ from ._train import batch_ids, batch_tokens, train
 from .liger_patch import GlobalsGuard, LigerUnsupported, apply_liger
 from .step_trace import StepTracer
 from . import compare_dist
-from .compare import ConfigError, _device_name, _device_str, _resolve_device, error_text, versions
+from .compare import ConfigError, error_text
+from .devices import device_name, device_str, resolve_device, versions
 from .e2e_models import build_model, check_attn_implementation, hf_config, model_info, step_batches, take_rows
 from .host_memory import check_config_fits
 from .lora import LORA_TARGETS, check_lora, with_lora
@@ -268,7 +269,7 @@ def resolve_step_config(config, defaults: dict):
     Raises:
         ConfigError: unknown device, dtype or attn_implementation, counts < 1 (warmup < 0, seq_len < 2).
     """
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device)
     d = defaults[device.type]
     cfg = dataclasses.replace(config, device=device.type)
     if cfg.model is None:
@@ -523,7 +524,7 @@ def run_e2e(config: E2EConfig, progress: ProgressFn | None = None) -> E2EResult:
     if rank is None:
         return _result(cfg, device, info, rows, method, notes)
     per_rank: list[Any] = [None] * world
-    torch.distributed.all_gather_object(per_rank, (_device_str(device), rows))
+    torch.distributed.all_gather_object(per_rank, (device_str(device), rows))
     rows = [_aggregate_rows(cfg, [(d, r[i]) for d, r in per_rank], info) for i in range(len(rows))]
     result = _result(cfg, device, info, rows, method + "; the largest rank's (each rank's under the row's ranks)",
                      notes)
@@ -594,6 +595,6 @@ def _result(cfg: E2EConfig, device, info, rows: list[E2ERow], method: str, notes
                      "not the kernels; compare speed on a CUDA GPU. CPU peak memory is growth of the process's "
                      "resident set, which depends on what earlier runs in the same process already allocated "
                      "(run order), so the memory ratio is only indicative there.")
-    return E2EResult(config=dataclasses.asdict(cfg), model=info, device=_device_str(device),
-                     device_name=_device_name(device), rows=rows, speedup=speedup, memory_ratio=memory,
+    return E2EResult(config=dataclasses.asdict(cfg), model=info, device=device_str(device),
+                     device_name=device_name(device), rows=rows, speedup=speedup, memory_ratio=memory,
                      peak_memory_method=method, versions=versions(), notes=notes)

@@ -113,7 +113,7 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
     Returns:
         an :class:`EnvResult`. Nothing is computed on the device; no kernel is compiled.
     """
-    from .compare import _device_name, versions
+    from .devices import device_name, versions
 
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -154,7 +154,7 @@ def run_env(device: str | torch.device | None = None) -> EnvResult:
         accelerator=accelerator,
         compute_capability=capability,
         gpus=gpus,
-        cpu=_device_name(torch.device("cpu")),
+        cpu=device_name(torch.device("cpu")),
         platform=platform.platform(),
         versions=vers,
         triton_interpreter=interp,

@@ -59,7 +59,8 @@ from typing import Any
 import torch
 
 from . import predict as PR
-from .compare import ConfigError, _device_name, _device_str, versions
+from .compare import ConfigError
+from .devices import device_name, device_str, versions
 from .e2e import DEFAULTS, DTYPES, run_provider
 from .lora import with_lora
 from .e2e_models import build_model, hf_config, model_info, step_batches
@@ -353,7 +354,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
                 row.predicted_ms = max(0.0, row.ms + delta)
     limits = {"original": {**_limits(step, issue_o, syncs_o), "device_ops": prof.device_ops}}
     result = ProfileResult(
-        config=dataclasses.asdict(cfg), model=info, device=_device_str(device), device_name=_device_name(device),
+        config=dataclasses.asdict(cfg), model=info, device=device_str(device), device_name=device_name(device),
         time_basis=("kernel time (the ops' CUDA kernels) per step; 'device idle' is wall time" if cuda
                     else "self CPU time per step (inflated by the profiler's overhead)"),
         categories=rows, profiled_step_ms=prof.step_ms, step_ms_original=row_o.step_ms, attribution_scale=scale,

@@ -59,6 +59,7 @@ from .. import support
 from ..numerics import FLOOR, compare, max_abs
 from ..ops import Case, ModelShapes, OpSpec
 from .compare import ConfigError
+from .devices import DEVICES
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError
 from .model_shapes import shapes_from_config as _model_shapes
 
@@ -69,7 +70,6 @@ FLOORS = {str(k).removeprefix("torch."): v for k, v in FLOOR.items() if k != tor
 """The floors of the pass rule by dtype name (from :data:`tigon.numerics.FLOOR`)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_DTYPES = ("float32", "bfloat16")
 DEFAULT_MODEL = {"cpu": "tiny", "cuda": "llama3-8b"}
 CPU_TOKENS = 64
@@ -422,7 +422,7 @@ def run_verify(
     Raises:
         ConfigError: bad configuration, or a model config that cannot be read or lacks the needed sizes.
     """
-    from .compare import _device_name, _device_str, versions
+    from .devices import device_name, device_str, versions
     from .inspect import config_summary
     from .model_source import load_model_config
 
@@ -512,8 +512,8 @@ def run_verify(
     originals = {spec.name: spec.original_name for spec, *_ in units}
     return VerifyResult(
         passed=passed,
-        device=_device_str(device),
-        device_name=_device_name(device),
+        device=device_str(device),
+        device_name=device_name(device),
         backend=backend,
         backends=backends,
         backend_usage=usage,
