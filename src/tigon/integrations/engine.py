@@ -70,7 +70,8 @@ from . import persist
 from . import attention_patches, lora_mlp, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
-from .generic import Match, generic_matches
+from .family_spec import Match
+from .generic import generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark

@@ -415,3 +415,23 @@ NONGATED_ACTIVATIONS: dict[str, str] = {
     "swish": "silu",
     "quick_gelu": "quick_gelu",
 }
+
+
+@dataclass(frozen=True)
+class Match:
+    """One module the engine should patch (or report): found by a family spec or by the generic matcher.
+
+    kind: report kind (``rms_norm``, ``mlp``, ``rope``, ``lm_head_loss``); cls: the class whose attribute is
+    replaced; comp: the component spec (NormSpec / MLPSpec / RopeSpec / CausalLMSpec); family_module: the modeling
+    module's name (for rope: the module holding the rotary global); problem: why it
+    cannot be patched (probe failure), or None; inner: for an LM head reached through a causal LM of its own
+    (:attr:`CausalLMSpec.inner`), that LM's ``(path, module, Match)`` (its forward is
+    patched with this one, :func:`tigon.integrations.plan.held_heads`), or None.
+    """
+
+    kind: str
+    cls: type
+    comp: object
+    family_module: str
+    problem: str | None = None
+    inner: tuple | None = None

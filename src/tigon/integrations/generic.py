@@ -66,6 +66,7 @@ from ..reference import rms_norm as ref_rms
 from ..reference import rope as ref_rope
 from . import generic_moe
 from .families import CausalLMSpec, MLPSpec, NormSpec, RopeSpec
+from .family_spec import Match
 from .marks import tigon_mark
 from .rotary_calls import rotary_functions
 
@@ -79,26 +80,6 @@ ACT_FUNCTIONS = {
     "gelu_pytorch_tanh": lambda z: F.gelu(z, approximate="tanh"),
     "gelu": F.gelu,
 }
-
-
-@dataclass(frozen=True)
-class Match:
-    """One module the engine should patch (or report): found by a family spec or by the generic matcher.
-
-    kind: report kind (``rms_norm``, ``mlp``, ``rope``, ``lm_head_loss``); cls: the class whose attribute is
-    replaced; comp: the component spec (NormSpec / MLPSpec / RopeSpec / CausalLMSpec); family_module: the modeling
-    module's name (for rope: the module holding the rotary global); problem: why it
-    cannot be patched (probe failure), or None; inner: for an LM head reached through a causal LM of its own
-    (:attr:`~tigon.integrations.family_spec.CausalLMSpec.inner`), that LM's ``(path, module, Match)`` (its forward is
-    patched with this one, :func:`tigon.integrations.plan.held_heads`), or None.
-    """
-
-    kind: str
-    cls: type
-    comp: object
-    family_module: str
-    problem: str | None = None
-    inner: tuple | None = None
 
 
 @dataclass

@@ -32,7 +32,7 @@ from .families import ADAPTERS, AdapterSpec
 from .child_calls import _hook_problem
 from .marks import mark
 from .rotary_forwards import handed_output
-from .generic import Match
+from .family_spec import Match
 
 
 def adapter_matches(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, Match]]:
