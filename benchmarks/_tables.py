@@ -37,6 +37,20 @@ def model_name(model: str) -> str:
     return model.replace("/", "--")
 
 
+def gpu_tag() -> str:
+    """The file names' device: h200 / h100 for those cards, else the CUDA device's name in lower case without spaces,
+    cpu without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name()
+    for card in ("H200", "H100"):
+        if card in name:
+            return card.lower()
+    return name.lower().replace("nvidia ", "").replace(" ", "-")
+
+
 def today() -> str:
     """The date field of result file names, ``YYYYMMDD`` (benchmarks/README.md, naming)."""
     return datetime.date.today().strftime("%Y%m%d")

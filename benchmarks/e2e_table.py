@@ -47,7 +47,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _tables.py, beside this file
 
-from _tables import ENV_VARIANTS, launch, model_name, provider_timeout, today  # noqa: E402, F401 (part of the API)
+from _tables import (ENV_VARIANTS, gpu_tag, launch, model_name, provider_timeout,  # noqa: E402, F401 (the API)
+                     today)
 
 SELECTIVE = ("--gradient-checkpointing", "selective")
 VARIANTS = {**{p: (base, env, ()) for p, (base, env) in ENV_VARIANTS.items()},
@@ -167,20 +168,6 @@ def plot(rows: list[dict], path: str) -> None:
     fig.suptitle(f"training step, {title} (one process per provider)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def gpu_tag() -> str:
-    """The file names' device: h200 / h100 for those cards, else the CUDA device's name in lower case without spaces,
-    cpu without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name()
-    for card in ("H200", "H100"):
-        if card in name:
-            return card.lower()
-    return name.lower().replace("nvidia ", "").replace(" ", "-")
 
 
 def merged_tag(paths: list[str]) -> str | None:

@@ -50,7 +50,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _tables.py, beside this file
 
-from _tables import ENV_VARIANTS, launch, model_name, parse_keyed, provider_timeout, today  # noqa: E402
+from _tables import ENV_VARIANTS, gpu_tag, launch, model_name, parse_keyed, provider_timeout, today  # noqa: E402
 
 DEFAULT_OPS = "rms_norm,layer_norm,cross_entropy,swiglu,rope,fused_add_rms_norm"
 DEFAULT_PROVIDERS = "quack,liger_cutedsl,liger,compile,eager,tigon"
@@ -366,7 +366,7 @@ def main(argv=None) -> None:
     ap.add_argument("--bases", help="host,kernel (default both): host-inclusive and CUDA-graph kernel time")
     ap.add_argument("--modes", default="fwd_bwd", help="comma-separated of fwd,bwd,fwd_bwd, or all (default fwd_bwd)")
     ap.add_argument("--out-dir", default="out")
-    ap.add_argument("--gpu", default="h200", help="the GPU's name in the file names")
+    ap.add_argument("--gpu", help="the GPU's name in the file names (default: h200 / h100 / the device's name, cpu)")
     ap.add_argument("--timeout", default="300,compile=900",
                     help="seconds per process: N, or N,provider=M,... (default 300,compile=900)")
     ap.add_argument("--from-dir", help="the table of the ops-*.json files of this folder instead of running")
@@ -394,7 +394,7 @@ def main(argv=None) -> None:
             op_tokens(args.tokens, args.ops.split(","))
         except ValueError as e:
             ap.error(str(e))
-        tag = args.tag = f"{model_name(args.model)}_{args.gpu}_{today()}"
+        tag = args.tag = f"{model_name(args.model)}_{args.gpu or gpu_tag()}_{today()}"
         out_dir = args.out_dir
         if args.dry_run:
             from _tables import command_line

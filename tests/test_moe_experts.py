@@ -48,13 +48,26 @@ def step(model, seed: int = 1, call=None):
     return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_step(a, b, rtol=1e-5, noise=None):
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def assert_same_step(a, b, rtol=1e-5, noise=None, truth=None):
+    """``a``'s loss and gradients equal ``b``'s within ``rtol`` (relative norm), or 10x ``noise`` (b's own
+    run-to-run difference per parameter), or, with ``truth`` (the same step in float64), no further from it than 2x
+    ``b`` is (the numerics policy's rule; ``truth``: a callable giving that step, called once where needed)."""
     (la, ga), (lb, gb) = a, b
+    exact = None
     torch.testing.assert_close(la, lb, rtol=rtol, atol=0)
     assert set(ga) == set(gb)
     for n in ga:
-        err = ((ga[n] - gb[n]).norm() / gb[n].norm().clamp_min(1e-30)).item()
+        err = _rel(ga[n], gb[n])
         bound = max(rtol, 10 * (noise or {}).get(n, 0.0))
+        if err > bound and truth is not None:
+            exact = truth()[1] if exact is None else exact
+            mine, theirs = _rel(ga[n], exact[n]), _rel(gb[n], exact[n])
+            assert mine <= max(rtol, 2 * theirs), f"{n}: {mine:.2e} off float64 against the original's {theirs:.2e}"
+            continue
         assert err <= bound, f"{n}: relative error {err:.2e} > {bound:.2e}"
 
 
@@ -79,6 +92,11 @@ def test_training_step_equals_grouped_mm_experts(name):
     model = build(name)
     want = step(model)
     noise = own_noise(step(model), want)
+
+    def truth():  # the same step in float64 (grouped_mm has no float64: the batched experts, the same weights)
+        exact = build(name, experts="batched_mm")
+        exact.load_state_dict(model.state_dict())
+        return step(exact.double())
     support.backend_usage(reset=True)
     report = tigon.patch(model, **ONLY_MLP)
     entries = experts_entries(report)
@@ -89,10 +107,11 @@ def test_training_step_equals_grouped_mm_experts(name):
     experts = [m for m in model.modules() if is_experts(m)]
     assert all("forward" in m.__dict__ and "_apply_gate" in m.__dict__ for m in experts)
     got = step(model)
-    # loss, router, experts' weights and biases, everything else: within 1e-5, or 10x the original's own run-to-run
-    # difference where that is larger (CUDA's atomics; Qwen3-Next's dt_bias gradient moved 1.2e-4 on an H100 with
-    # cuDNN's TF32 convolutions, now off in conftest.py)
-    assert_same_step(got, want, rtol=1e-5, noise=noise)
+    # loss, router, experts' weights and biases, everything else: within 1e-5 of the original, or 10x the original's
+    # own run-to-run difference where that is larger (CUDA's atomics), or no further from a float64 run than 2x the
+    # original is: Qwen3-Next / Qwen3.5-MoE's dt_bias gradient moved 1.2e-4 from the original's on an H100 (also with
+    # cuDNN's TF32 convolutions off), an ill-conditioned sum through the gated delta rule's chunks
+    assert_same_step(got, want, rtol=1e-5, noise=noise, truth=truth)
     used = support.backend_usage()
     assert all(op in used for op in MOE_OPS), used
     tigon.unpatch(model)

@@ -128,7 +128,8 @@ def test_sparsemax_exact_on_hard_rows(device, monkeypatch, case, chunked, top2):
     # tau as the sort-based Algorithm 1's up to fp32 rounding: the error of y is that of tau, a few ulps of x
     atol = 4 * torch.finfo(torch.float32).eps * max(1.0, x[x.isfinite()].abs().max().item())
     torch.testing.assert_close(y.double(), truth, rtol=0, atol=atol)
-    torch.testing.assert_close(y.double().sum(-1), torch.ones(x.shape[0], dtype=torch.float64), rtol=0, atol=1e-5)
+    torch.testing.assert_close(y.double().sum(-1), torch.ones(x.shape[0], dtype=torch.float64, device=device), rtol=0,
+                               atol=1e-5)
     assert (y >= 0).all()
     if case == "ties_at_tau":  # the ties sit at y = 0 exactly; the support's ties share one value
         assert torch.equal(y[0], torch.tensor([0.75, 0, 0.25, 0, 0, 0, 0], device=device))
@@ -152,4 +153,7 @@ def test_sparsemax_wide_logits(device, monkeypatch, N, top2):
     monkeypatch.setattr(ks, "START_TOP2", top2)
     x = torch.randn(2, N, device=device) * torch.tensor([[1.0], [10.0]], device=device)
     assert_close_to_truth(compare(F.sparsemax, ref_sparsemax, dict(input=x.bfloat16()), ["input"]))
-    torch.testing.assert_close(F.sparsemax(x).double(), ref_sparsemax(x.double()), rtol=0, atol=1e-6)
+    # tau up to fp32 rounding, a few ulps of the largest logit (|x| ~ 40 at scale 10): the hard rows' bound; the CUDA
+    # kernel's reduction order differs from the interpreter's, so 1e-6 absolute held on the CPU only
+    atol = 4 * torch.finfo(torch.float32).eps * x.abs().max().item()
+    torch.testing.assert_close(F.sparsemax(x).double(), ref_sparsemax(x.double()), rtol=0, atol=atol)

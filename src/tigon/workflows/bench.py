@@ -359,7 +359,7 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         if op not in specs:
             raise ValueError(f"unknown op {op!r}; choose from {', '.join(specs)}")
     avail, notes = available_providers(providers)
-    result = BenchResult(str(torch.cuda.getdevice_name(device)) if device.type == "cuda" else "cpu",
+    result = BenchResult(str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
                          measure_ceilings(device, dtype) if ceilings is None else dict(ceilings), skipped=notes)
     result.size_formats = {op: specs[op].size_format for op in ops}
     compiled: dict = {}

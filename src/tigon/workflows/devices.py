@@ -39,7 +39,7 @@ def device_str(device: torch.device) -> str:
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model name and core count (/proc/cpuinfo; else platform's processor)."""
     if device.type == "cuda":
-        return torch.cuda.getdevice_name(device)
+        return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

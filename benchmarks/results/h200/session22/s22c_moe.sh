@@ -23,7 +23,7 @@ case $ROW in
   qwen2.5-vl-7b) M=qwen2.5-vl-7b; X="--image-tokens 512"; T=75,liger=60,original_compile=150,tigon_compile=150 ;;
   *) echo "unknown row $ROW"; exit 2 ;;
 esac
-timeout 550 python3 benchmarks/e2e_table.py --model $M --layers 4 --batch-size 4 --seq-len 2048 $X ${E2E_ARGS:-} \
+timeout ${ROW_TIMEOUT:-550} python3 benchmarks/e2e_table.py --model $M --layers 4 --batch-size 4 --seq-len 2048 $X ${E2E_ARGS:-} \
   --steps 8 --warmup 3 --timeout $T --gpu $G --providers $P --out-dir $W/e2e-$ROW-4l 2>&1 | grep -v Warn | tail -12
 python3 - $W/e2e-$ROW-4l <<'EOF' 2>&1 | tail -8
 import glob, json, sys
