@@ -45,3 +45,15 @@ def test_env_bad_json_path_is_one_line_exit_2(capsys):
     assert main(["env", "--json", "/no/such/dir/env.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
+
+
+def test_cuda_device_names_come_from_torch(monkeypatch):
+    # the CUDA branches run only on a GPU: session 28's move of these helpers left a misspelt torch call there that
+    # every GPU tool hit first (torch.cuda.getdevice_name); here torch's function is stood in for
+    from tigon.workflows import devices
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert devices.device_name(torch.device("cuda")) == "NVIDIA Test GPU"
+    assert devices.device_str(torch.device("cuda")) == "cuda:3"
+    assert devices.device_str(torch.device("cuda", 1)) == "cuda:1"

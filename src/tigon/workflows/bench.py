@@ -48,6 +48,7 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
+from .devices import device_name
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, text_config
 from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
@@ -359,7 +360,7 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
         if op not in specs:
             raise ValueError(f"unknown op {op!r}; choose from {', '.join(specs)}")
     avail, notes = available_providers(providers)
-    result = BenchResult(str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+    result = BenchResult(device_name(device) if device.type == "cuda" else "cpu",
                          measure_ceilings(device, dtype) if ceilings is None else dict(ceilings), skipped=notes)
     result.size_formats = {op: specs[op].size_format for op in ops}
     compiled: dict = {}
