@@ -531,11 +531,14 @@ def config(model_type: str, overrides: dict):
 
 
 def build(model_type: str, overrides: dict, seed: int = 0, cls: str | None = None):
-    """A matrix model on DEVICE in DTYPE, in training mode, with weights from ``seed``."""
+    """A matrix model on DEVICE in DTYPE (its floating tensors: a complex buffer, Llama 4's vision rotary table, keeps
+    its dtype), in training mode, with weights from ``seed``."""
+    from tigon.workflows.e2e_models import cast_floating
+
     cfg = config(model_type, overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, cls)(cfg) if cls else transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.to(DEVICE, DTYPE).train()
+    return cast_floating(model.to(DEVICE), DTYPE).train()
 
 
 def assert_report_runs(report, used: dict, steps: int = 1, checkpointed: bool = False) -> None:
