@@ -301,6 +301,13 @@ _GLM_IDS = dict(image_token_id=IMAGE_TOKEN, video_token_id=6, image_start_token_
 _GLM_VIS = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=2,
                 temporal_patch_size=1, image_size=4)
 
+# Llama 4: a MoE text decoder (2 experts, skipped; the shared expert patched) and a one-layer vision tower of 2x2
+# patches of 4 pixels (image_size 8), pixel-shuffled (ratio 0.5) to one image token between its start / end tokens
+_LLAMA4_VLM = dict(text_config=dict(TINY, model_type="llama4_text", intermediate_size_mlp=128, num_local_experts=2),
+                   image_token_id=IMAGE_TOKEN, boi_token_index=3, eoi_token_index=4,
+                   vision_config=dict(_VIT, intermediate_size=128, vision_output_dim=64, projector_input_dim=64,
+                                      projector_output_dim=64))
+
 VA = {"vision_attention": 1}  # a one-block vision tower's packed attention, batched by chunk length
 VISION_LANGUAGE = {
     # vision-language models (not AutoModelForCausalLM: built from their class): the text tower, the vision tower's
@@ -429,22 +436,24 @@ VISION_LANGUAGE = {
                               vision_config=dict(_VIT, head_dim=16, model_type="pixtral")),
                 "LlavaForConditionalGeneration", "llava", {**FULL, **ADD, "rms_norm": 2 * L + 1 + 3, "mlp": L + 2},
                 {"rope": 1}),
+    # Llama 4 (its text model: MORE_FAMILIES' llama4) with its vision tower: LayerNorms, the encoder layer's MLP
+    # (act_linear) and its rotary (vision_apply_rotary_emb: rope_interleaved); the pixel-shuffle adapter's MLP and the
+    # bmm experts skipped; the head through its Llama4ForCausalLM (tests/test_vlm_held_head.py)
+    "llama4-vlm": ("llama4", _LLAMA4_VLM, "Llama4ForConditionalGeneration", "llama4",
+                   {"rms_norm": 3 * L + 1, "layer_norm": 4, "mlp": L + 1, "rope": L + 1, "lm_head_loss": 1},
+                   {"mlp": L + 1}),
 }
 
 _QFORMER = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                 encoder_hidden_size=32)
 HELD_HEADS = {
     # vision-language models whose forward calls a causal LM of their own (not a backbone) and computes the loss on
-    # its logits (tests/test_vlm_held_head.py; the tools build no images for them: inputs built there). Entry:
-    # (model_type, config overrides, class, the image tokens in input_ids). Llama 4: its Llama4ForCausalLM (the llama4
-    # family's head, the container declared as one: the fused loss runs through it); one 8x8 image of 2x2 patches,
+    # its logits (tests/test_vlm_held_head.py; inputs built there). Entry: (model_type, config overrides, class, the
+    # image tokens in input_ids). Llama 4 (VISION_LANGUAGE's llama4-vlm): its Llama4ForCausalLM (the llama4 family's
+    # head, the container declared as one: the fused loss runs through it); one 8x8 image of 2x2 patches,
     # pixel-shuffled to 1 token. BLIP-2 / InstructBLIP with a Llama text model (InstructBLIP-Vicuna's layout): of no
     # family, they slice the logits to the labels' length before the loss: their head is reported skipped
-    "llama4": ("llama4", dict(text_config=dict(TINY, model_type="llama4_text", intermediate_size_mlp=128,
-                                               num_local_experts=2), image_token_id=IMAGE_TOKEN,
-                              vision_config=dict(_VIT, intermediate_size=128, vision_output_dim=64,
-                                                 projector_input_dim=64, projector_output_dim=64)),
-               "Llama4ForConditionalGeneration", 1),
+    "llama4": ("llama4", _LLAMA4_VLM, "Llama4ForConditionalGeneration", 1),
     "blip-2": ("blip-2", dict(text_config=dict(TINY, model_type="llama"), vision_config=_VIT, qformer_config=_QFORMER,
                               num_query_tokens=2, image_token_index=IMAGE_TOKEN),
                "Blip2ForConditionalGeneration", 2),
@@ -494,13 +503,13 @@ LAYER_NORM = {"gpt_neox", "phi", "stablelm", "falcon", *LAYER_NORM_VARIANTS}
 
 CPU_STEP = {"olmoe", "phimoe", "flex_olmo", "minimax_m2", "nemotron", "falcon_h1", "falcon_h1-groups",
             "falcon_h1-gate_first", "bamba", "qwen3_next", "qwen2_vl", "llava", "paligemma", "llama4", "pixtral",
-            "llava_next", "aya_vision", *GENERIC_DATA}
+            "llava_next", "aya_vision", "llama4-vlm", *GENERIC_DATA}
 """MORE_FAMILIES / VISION_LANGUAGE cases (and the Liger-list families of CASES) whose training step the CPU run checks
 against the original: one per mechanism (MoE router loss, LayerNorm (1 + w), logit multiplier and skipped parts, the
 grouped gated RMSNorm in either gate order, partial rotary with a hybrid decoder, one-module and multi-family
 vision-language models, the text config's softcap, a weightless RMSNorm beside skipped experts, a vision encoder of
-another family in a Llava container). The others check their report and dry run on CPU; their step runs on CUDA or
-with TIGON_FAMILY_ALL=1."""
+another family in a Llava container, Llama 4's vision rotary on its complex table). The others check their report and
+dry run on CPU; their step runs on CUDA or with TIGON_FAMILY_ALL=1."""
 
 
 def check_step(case: str) -> bool:
@@ -531,11 +540,14 @@ def config(model_type: str, overrides: dict):
 
 
 def build(model_type: str, overrides: dict, seed: int = 0, cls: str | None = None):
-    """A matrix model on DEVICE in DTYPE, in training mode, with weights from ``seed``."""
+    """A matrix model on DEVICE in DTYPE (its floating tensors: a complex buffer, Llama 4's vision rotary table, keeps
+    its dtype), in training mode, with weights from ``seed``."""
+    from tigon.workflows.e2e_models import cast_floating
+
     cfg = config(model_type, overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, cls)(cfg) if cls else transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.to(DEVICE, DTYPE).train()
+    return cast_floating(model.to(DEVICE), DTYPE).train()
 
 
 def assert_report_runs(report, used: dict, steps: int = 1, checkpointed: bool = False) -> None:

@@ -321,11 +321,11 @@ def test_family_aliases_and_class_level_report():
 
 
 @pytest.mark.parametrize("name, skipped", [("falcon_h1", {}), ("gpt_oss", {}),
-                                           ("llava", {}), ("llama4", {"mlp": 1})])
+                                           ("llava", {}), ("llama4", {"mlp": 2, "layer_norm": 1})])
 def test_class_level_unsupported_parts_and_containers(name, skipped):
-    """``tigon.patch("<family>")``: the classes a family declares unsupported (Llama 4's bmm experts) are skipped
-    with their reason and left unchanged; a vision-language container (Llava) says its towers are other families';
-    unpatch restores all."""
+    """``tigon.patch("<family>")``: the classes a family declares unsupported (Llama 4's bmm experts and pixel-shuffle
+    MLP) are skipped with their reason and left unchanged (and torch.nn.LayerNorm, Llama 4's vision norms); a
+    vision-language container (Llava) says its towers are other families'; unpatch restores all."""
     spec = FAMILIES[name]
     mod = pytest.importorskip(spec.module)
     before = {n: vars(c).get("forward") for n, c in vars(mod).items() if isinstance(c, type)}

@@ -145,6 +145,30 @@ def test_dispatch_layouts_match_hf(device):
         assert tigon_call("rotate_half", False, 1, (q, k, cos), {}) is None
 
 
+def test_llama4_vision_rotary_matches_hf(device):
+    """Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci=...)`` (the ``complex_vision`` layout): its own table
+    (the class token's row of angle 0 included) for a batch of images, in fp32 and bf16, as HF computes it; a table of
+    another size or of real values -> None (HF's own code then runs, or raises)."""
+    from tigon.integrations.rotary_layouts import tigon_call
+
+    hf_fn = hf("llama4", "vision_apply_rotary_emb")
+    from transformers import Llama4VisionConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4VisionRotaryEmbedding
+    vision = Llama4VisionConfig(hidden_size=32, num_attention_heads=2, image_size=8, patch_size=2)
+    freqs_ci = Llama4VisionRotaryEmbedding._compute_freqs_ci(vision).to(device)  # (16 patches + class, 1, 8) complex
+    tokens, d = freqs_ci.shape[0], 2 * freqs_ci.shape[-1]
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        q = torch.randn(3, tokens, 2 * d, device=device, dtype=dtype).view(3, tokens, 2, d)  # (B, T, H, D)
+        k = torch.randn(3, tokens, 2, d, device=device, dtype=dtype)
+        got = tigon_call("complex_vision", False, 1, (q, k), {"freqs_ci": freqs_ci})
+        for a, b in zip(got, hf_fn(q, k, freqs_ci=freqs_ci)):
+            assert a.dtype == b.dtype == dtype
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert tigon_call("complex_vision", False, 1, (q, k), {"freqs_ci": freqs_ci[1:]}) is None
+    assert tigon_call("complex_vision", False, 1, (q, k), {"freqs_ci": freqs_ci.real}) is None
+    assert tigon_call("complex_vision", False, 1, (q, k), {"freqs_cis": freqs_ci}) is None  # not its argument
+
+
 def test_mrope_empty_first_section(device):
     """A zero-width temporal section (found by the property tests: the kernel once read such tables as plain rope)."""
     q, k = qk(1, 1, 4, torch.float32, device)

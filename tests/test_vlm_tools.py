@@ -178,8 +178,8 @@ def test_errors_name_the_problem():
 
     with pytest.raises(ConfigError, match="not a vision-language model"):
         multimodal.image_layout(presets.build_config("tiny"))
-    with pytest.raises(ConfigError, match=r"model_type 'llama4' yet \(supported: aya_vision, .*qwen2_vl"):
-        multimodal.image_layout(transformers.Llama4Config())  # a family spec without an image layout
+    with pytest.raises(ConfigError, match=r"model_type 'blip-2' yet \(supported: aya_vision, .*llama4, .*qwen2_vl"):
+        multimodal.image_layout(transformers.Blip2Config())  # a vision-language model of no family's image layout
     with pytest.raises(ValueError, match="input_ids must be a"):
         multimodal.with_images(torch.zeros(4), presets.build_config("qwen2-vl-tiny"))
     with pytest.raises(ValueError, match="image_tokens must be"):

@@ -36,11 +36,9 @@ _NA = ("neighborhood (local-window) attention for vision models (NATTEN's); atte
        "and no causal LM Tigon patches uses it; not done yet")
 _MODULATED = ("adaLN-style (1 + scale) * rms_norm(x) + shift with broadcast scale / shift, used by diffusion "
               "transformers, none of the causal-LM families Tigon patches; not done yet")
-_LLAMA4_TEXT = ("not as a function of complex freqs_cis (another interface than cos / sin); tigon.patch does rotate "
-                "Llama-4's text attention (the llama4 family: F.rope_interleaved on freqs_cis's real and imaginary "
-                "parts)")
-_LLAMA4_VISION = ("complex freqs_cis, another interface than cos / sin; Llama-4's vision tower is not patched, its "
-                  "rotary left to PyTorch; not done yet")
+_LLAMA4 = ("not as a function of complex freqs_cis (another interface than cos / sin); tigon.patch does rotate "
+           "Llama-4's text and vision attention (the llama4 family: F.rope_interleaved on the real and imaginary parts "
+           "of freqs_cis, and of the vision tower's freqs_ci)")
 _FLKL = ("not done yet: a fused linear KL against a given (N, V) target distribution; Tigon's fused distillation loss, "
          "F.fused_linear_jsd, takes the teacher's head instead (its beta gives either KL at the ends)")
 _TP_SCALED = ("not done yet as such: F.vocab_parallel_fused_linear_cross_entropy is the vocabulary-sharded fused loss "
@@ -97,8 +95,8 @@ LIGER_OPS: tuple[LigerOp, ...] = (
             "attention residuals (Kimi, arXiv:2603.15031: softmax attention over the outputs of earlier blocks "
             "instead of the residual add) change the model's architecture; no transformers model uses them; not "
             "done yet"),
-    LigerOp("liger_llama4_text_rotary_pos_emb", None, _LLAMA4_TEXT),
-    LigerOp("liger_llama4_vision_rotary_pos_emb", None, _LLAMA4_VISION),
+    LigerOp("liger_llama4_text_rotary_pos_emb", None, _LLAMA4),
+    LigerOp("liger_llama4_vision_rotary_pos_emb", None, _LLAMA4),
     # modules
     LigerOp("LigerCrossEntropyLoss", "nn.CrossEntropyLoss"),
     LigerOp("LigerFusedLinearCrossEntropyLoss", "nn.FusedLinearCrossEntropyLoss",

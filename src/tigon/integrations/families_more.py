@@ -39,19 +39,27 @@ DEEPSEEK_V2 = replace(  # DeepSeek-V3's layout (MLA, kv_a_layernorm, dense layer
 LLAMA4 = FamilySpec(  # Llama 4 text model: MoE layers (routed experts + shared expert) or dense MLPs, NoPE layers
     name="llama4", module="transformers.models.llama4.modeling_llama4", aliases=("llama4_text",),
     norms=(NormSpec("Llama4TextRMSNorm", eps_attr=_EPS),  # the weightless q / k norm: Llama4TextL2Norm (in 5.2x an
-           NormSpec("Llama4TextL2Norm", eps_attr=_EPS, optional_weight=True)),  # alias of Llama4TextWeightlessRMSNorm)
-    mlps=(MLPSpec("Llama4TextMLP"),),
+           NormSpec("Llama4TextL2Norm", eps_attr=_EPS, optional_weight=True),  # alias of Llama4TextWeightlessRMSNorm)
+           TORCH_LAYER_NORM),  # the vision tower's: pre / post and two per encoder layer
+    mlps=(MLPSpec("Llama4TextMLP"),  # the vision encoder layers' fc2(GELU(fc1(x))) (exact nn.GELU): act_linear
+          MLPSpec("Llama4VisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn")),
     causal_lm=CausalLMSpec("Llama4ForCausalLM", output_class="MoeCausalLMOutputWithPast"),  # no router loss in HF
     # the vision-language class merges the image features, then calls its Llama4ForCausalLM without labels and
     # applies its loss_function to the logits: the fused loss through that LM (CausalLMSpec.inner)
     extra_heads=(CausalLMSpec("Llama4ForConditionalGeneration", inner="language_model",
                               output_class="Llama4CausalLMOutputWithPast"),),
-    rope=RopeSpec(attention_classes=("Llama4TextAttention",), head_axis=2, **_COMPLEX),  # on (B, T, H, D)
+    # text attention on (B, T, H, D); the vision attention calls vision_apply_rotary_emb (one table for every image)
+    rope=RopeSpec(attention_classes=("Llama4TextAttention", "Llama4VisionAttention"), head_axis=2, **_COMPLEX,
+                  alternatives=(("vision_apply_rotary_emb", "complex_vision"),)),
     unsupported=(
         Unsupported("mlp", "Llama4TextExperts", "experts as one bmm over (experts, tokens, hidden) with "
                     "up * act(gate) inline in their forward (no _apply_gate hook, not transformers' MoE experts "
                     "interface): an experts forward of this layout is needed"),
-    ))
+        Unsupported("mlp", "Llama4VisionMLP2", "the pixel-shuffle adapter's MLP, act(fc2(dropout(act(fc1(x))))): "
+                    "dropout between the GELU and fc2, and a second GELU after fc2; not the down(act(up(x))) form "
+                    "act_linear computes"),
+    ),
+    image_layout="square", image_tokens=("ratio", "vision_config.pixel_shuffle_ratio"))  # one tile per image
 
 DEEPSEEK_V4 = FamilySpec(  # transformers >= 5.2x: hyper-connection streams (mHC) around attention and MoE blocks,
     name="deepseek_v4", module="transformers.models.deepseek_v4.modeling_deepseek_v4",  # compressed sparse attention;

@@ -126,8 +126,10 @@ class RopeSpec:
         ``(x[2i], x[2i+1])``: ``rope_interleaved``), ``"deinterleave"`` (DeepSeek-V3's
         ``apply_rotary_pos_emb_interleave``: pairs in, halves out), ``"half_width"`` (GPT-OSS: cos / sin of one
         column per pair), ``"mrope"`` (Qwen2-VL's ``apply_multimodal_rotary_pos_emb`` with ``mrope_section``:
-        ``mrope``), ``"complex"`` (Llama 4 / DeepSeek-V2's ``apply_rotary_emb(xq, xk, freqs_cis)``). Any other
-        layout (:data:`ROPE_LAYOUTS`) is reported as unsupported, with its reason, and left alone.
+        ``mrope``), ``"complex"`` (Llama 4 / DeepSeek-V2's ``apply_rotary_emb(xq, xk, freqs_cis)``),
+        ``"complex_vision"`` (Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci)``: one table for every image,
+        heads at axis 2). Any other layout (:data:`ROPE_LAYOUTS`) is reported as unsupported, with its reason, and
+        left alone.
     attention_classes: the classes whose forward calls ``function``; at instance level the rotary kernel is
         enabled only while a patched instance of one of these runs (see :mod:`tigon.integrations.engine`).
     enabled_attr: an attention-instance attribute that says whether the layer applies rotary at all (SmolLM3's
@@ -305,15 +307,17 @@ class FamilySpec:
         shapes the image + text batches of the tools (:func:`tigon.workflows.multimodal.with_images`): ``"grid"``
         (Qwen-VL, GLM-4V: patches of one frame flattened to ``(patches, values)`` rows with ``image_grid_thw``,
         merged ``spatial_merge_size**2`` to an image token), ``"square"`` (LLaVA, PaliGemma, Gemma 3, InternVL,
-        SmolVLM, Idefics3, Mistral 3, Aya Vision: one image of the vision config's ``image_size``, a token count
-        fixed by the config), ``"anyres"`` (LLaVA-NeXT, LLaVA-OneVision: a base tile plus the crops of the best
+        SmolVLM, Idefics3, Mistral 3, Aya Vision, Llama 4: one image of the vision config's ``image_size``, a token
+        count fixed by the config), ``"anyres"`` (LLaVA-NeXT, LLaVA-OneVision: a base tile plus the crops of the best
         ``image_grid_pinpoints``), ``"patches"`` (Gemma 4: flattened patches with their ``(x, y)`` positions, pooled
         to image tokens) or ``"tiles"`` (Mllama: padded tiles that cross-attention layers attend to). None: the tools
         build no image inputs for the family (a text-only family, a vision tower, or a layout not written yet).
     image_tokens: how many image tokens one image of a ``square`` family (an ``anyres`` family's base tile) takes,
         from the vision config's patches ``P = (image_size // patch_size)**2``, as ``(rule, attribute of the
-        config)``, the rule one of :data:`IMAGE_TOKEN_RULES`: ``("count", a)`` the attribute itself (Gemma 3's
-        ``mm_tokens_per_image``); ``("ratio", a)`` ``int(P * a**2)`` (InternVL's ``downsample_ratio``); ``("merge",
+        config)`` (a dotted path reads a sub-config's: ``"vision_config.pixel_shuffle_ratio"``), the rule one of
+        :data:`IMAGE_TOKEN_RULES`: ``("count", a)`` the attribute itself (Gemma 3's ``mm_tokens_per_image``);
+        ``("ratio", a)`` ``int(P * a**2)`` (InternVL's ``downsample_ratio``, Llama 4's vision config's
+        ``pixel_shuffle_ratio``: one tile per image); ``("merge",
         a)`` ``P // a**2`` (SmolVLM's and Idefics3's ``scale_factor``, Mistral 3's ``spatial_merge_size``, Aya
         Vision's ``downsample_factor``); ``("select", a)`` LLaVA's feature selection by the strategy ``a`` names
         (``vision_feature_select_strategy``, ``"default"`` when the config has none): ``P``, plus one when the vision

@@ -29,6 +29,10 @@ expanded``         tables repeat-interleaved (one column per rotated dim)       
                    mRoPE tables, GLM's interleaved pairs, partial
 ``complex``        Llama 4 / DeepSeek-V2's ``apply_rotary_emb(xq, xk, freqs_cis)``:  ``rope_interleaved`` on
                    ``view_as_complex`` pairs times ``freqs_cis``, in fp32           ``freqs_cis.real / imag``
+``complex_         Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci)``:     ``rope_interleaved`` on
+vision``           the same product, one table for every image: ``freqs_ci``'s      ``freqs_ci.real / imag``
+                   ``T * D / 2`` entries viewed as ``(1, T, 1, D / 2)`` against
+                   (B, T, H, D) q / k (``reshape_for_broadcast``)
 =================  ==============================================================  ======================
 
 The adapters' table conversions (``cat(cos, cos)``, the real and imaginary parts of ``freqs_cis``) touch the (B, T,
@@ -46,7 +50,8 @@ from .. import functional as TF
 ROPE_OPS: dict[str, str] = {"rotate_half": "rope", "interleaved": "rope_interleaved",
                             "interleaved_expanded": "rope_interleaved",
                             "deinterleave": "rope_interleaved", "half_width": "rope", "mrope": "mrope",
-                            "mrope_pairs": "mrope", "complex": "rope_interleaved"}
+                            "mrope_pairs": "mrope", "complex": "rope_interleaved",
+                            "complex_vision": "rope_interleaved"}
 """Each supported layout -> the :mod:`tigon.functional` op its calls run (the report's ``ops``)."""
 
 
@@ -100,10 +105,17 @@ def _complex(xq, xk, freqs_cis, *, partial, head_axis=1):
     return TF.rope_interleaved(xq, xk, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1), head_axis)
 
 
+def _complex_vision(query, key, freqs_ci, *, partial):
+    # HF views freqs_ci as (1, T, 1, D / 2) against the (B, T, H, D / 2) pairs of q and k: heads at axis 2
+    if not (query.dim() == 4 and freqs_ci.is_complex() and 2 * freqs_ci.numel() == query.shape[1] * query.shape[-1]):
+        return None
+    return _complex(query, key, freqs_ci.reshape(query.shape[1], -1), partial=partial, head_axis=2)
+
+
 _ADAPTERS = {"rotate_half": _rotate_half, "interleaved": _interleaved, "interleaved_expanded": _interleaved_expanded,
              "deinterleave": _deinterleave,
              "half_width": _half_width, "mrope": _mrope, "mrope_pairs": _mrope_pairs,
-             "complex": _complex}
+             "complex": _complex, "complex_vision": _complex_vision}
 _SIGNATURES = {name: inspect.signature(fn) for name, fn in _ADAPTERS.items()}
 
 

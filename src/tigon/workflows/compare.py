@@ -45,7 +45,7 @@ from ._train import ProgressFn, RunStats, frozen_heap, loss_status, train
 from .compare_verdict import LOSS_RTOL, judge_agreement
 from .devices import device_name, device_str, resolve_device, versions
 from .errors import ConfigError, error_text
-from .e2e_models import take_rows
+from .e2e_models import cast_floating, take_rows
 from .model_shapes import text_config
 from .model_source import ModelSource, model_config, resolve_source
 from .multimodal import is_vision_language, with_images
@@ -241,7 +241,7 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource
     auto = auto_class(hf_config)
     torch.manual_seed(cfg.seed)
     if not source.has_weights:
-        base = auto.from_config(hf_config).to(dtype)
+        base = auto.from_config(hf_config)
         weights = f"random (seed {cfg.seed})"
     else:
         try:
@@ -257,7 +257,7 @@ def _load(cfg: CompareConfig, hf_config, dtype: torch.dtype, source: ModelSource
             tokenizer = AutoTokenizer.from_pretrained(source.directory, local_files_only=True)
         except Exception:  # a tokenizer that does not load: fall back to byte ids
             tokenizer = None
-    return base.to(dtype), tokenizer, {"source": str(source), "weights": weights}
+    return cast_floating(base, dtype), tokenizer, {"source": str(source), "weights": weights}
 
 
 def _check_host_memory(cfg: CompareConfig) -> None:

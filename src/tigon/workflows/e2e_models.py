@@ -41,6 +41,13 @@ def build_model(config, dtype: torch.dtype, device: torch.device, seed: int,
         return auto_class(config).from_config(config, dtype=dtype, **kwargs)
 
 
+def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model``, its floating-point parameters and buffers cast to ``dtype`` in place; complex and integer ones keep
+    their dtype (``model.to(dtype)`` casts complex buffers too, dropping their imaginary part: Llama 4's vision rotary
+    table ``freqs_ci`` would stop rotating; ``Module.float()`` / ``.double()`` cast floating tensors only, likewise)."""
+    return model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
 def attn_implementations() -> list[str]:
     """The attention implementation names transformers knows here: "eager" and its attention registry's keys."""
     try:

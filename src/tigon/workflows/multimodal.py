@@ -4,7 +4,7 @@ config alone (no processor, nothing downloaded).
 
 A config is vision-language when it has a ``vision_config`` and transformers' ``AutoModelForImageTextToText`` maps
 it (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, LLaVA(-NeXT, -OneVision), PaliGemma, Gemma 3, Mllama, InternVL, SmolVLM,
-Idefics3, Mistral 3, Aya Vision ...): it is built
+Idefics3, Mistral 3, Aya Vision, Llama 4 ...): it is built
 with that class (``Qwen2_5_VLForConditionalGeneration``); every other config with ``AutoModelForCausalLM``.
 
 A batch (:func:`with_images`) puts one image in each sequence, after its first token, laid out as the family's
@@ -21,11 +21,13 @@ the placeholder tokens set to -100 (ignored by the loss); text ids that equal on
     ``(1, h, w)``, and ``mm_token_type_ids`` (1 on image tokens) where the model's forward takes it (transformers
     5.2x); ``h * w / merge**2`` image tokens, as near ``image_tokens`` as the merge allows.
 ``square``
-    LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM, Idefics3, Mistral 3, Aya Vision:
-    one image of the vision config's ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (a family of
-    ``images_axis``, SmolVLM / Idefics3: ``(batch, 1, ...)``; with ``image_sizes`` for a vision tower of
+    LLaVA (CLIP, SigLIP or Pixtral vision), PaliGemma, Gemma 3, InternVL, SmolVLM, Idefics3, Mistral 3, Aya Vision,
+    Llama 4: one image of the vision config's ``image_size``; ``pixel_values`` ``(batch, channels, size, size)`` (a
+    family of ``images_axis``, SmolVLM / Idefics3: ``(batch, 1, ...)``; with ``image_sizes`` for a vision tower of
     ``image_sizes``, Pixtral); the image-token count follows from the config by the family's ``image_tokens`` rule
-    (:func:`square_image_tokens`).
+    (:func:`square_image_tokens`). Llama 4's image is one tile (its processor's ``(batch * tiles, ...)`` rows, one
+    per image), its tokens ``<|patch|>`` (``image_token_id``) between its start / end tokens (its processor's
+    ``<|image|>`` before them, an id the config does not name, is left out).
 ``anyres``
     LLaVA-NeXT, LLaVA-OneVision: one square image of the vision config's ``image_size``, as the base tile plus the
     crops of the best of ``image_grid_pinpoints`` (``pixel_values`` ``(batch, tiles, channels, size, size)``,
@@ -143,23 +145,32 @@ def square_image_tokens(config) -> int:
     config's patches by the ``image_tokens`` rule of the family's spec
     (:attr:`tigon.integrations.family_spec.FamilySpec.image_tokens`: Gemma 3's ``mm_tokens_per_image``, InternVL's
     patches times ``downsample_ratio**2``, SmolVLM / Idefics3 / Mistral 3 / Aya Vision's patches over a merge
-    factor squared, LLaVA's feature selection), a token per patch where it has none (PaliGemma, a model type of no
-    registered family)."""
+    factor squared, Llama 4's patches times its vision config's ``pixel_shuffle_ratio**2``, LLaVA's feature
+    selection), a token per patch where it has none (PaliGemma, a model type of no registered family)."""
     vision, spec = config.vision_config, _family(config.model_type)
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     rule, attr = (spec.image_tokens if spec is not None else None) or (None, None)
     if rule == "count":
-        return int(getattr(config, attr))
+        return int(_attr(config, attr))
     if rule == "ratio":
-        return int(patches * getattr(config, attr) ** 2)
+        return int(patches * _attr(config, attr) ** 2)
     if rule == "merge":
-        return patches // int(getattr(config, attr)) ** 2
+        return patches // int(_attr(config, attr)) ** 2
     if rule == "select":  # LLaVA's: the tower's class token (CLIP's), the first feature dropped under "default"
         tower = _tower(config)
         if tower is None or not tower.image_sizes:  # (a tower of image_sizes, Pixtral: its patches)
             cls_token = tower is not None and tower.class_token
-            return patches + cls_token - (getattr(config, attr, "default") == "default")
+            return patches + cls_token - (_attr(config, attr, "default") == "default")
     return patches
+
+
+def _attr(config, path: str, *default):
+    """The config attribute an image-token rule names: ``"downsample_ratio"``, or a dotted path into a sub-config
+    (``"vision_config.pixel_shuffle_ratio"``); ``default`` (when given) where an attribute on the way is missing."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name, *default)
+    return value
 
 
 def anyres_grid(config) -> tuple[int, int]:

@@ -110,13 +110,24 @@ class Annotator:
             self._rotary = None
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of a causal LM: its backbone's ``layers`` (``get_decoder()``), else its largest
-    ``nn.ModuleList`` ([] when it has none)."""
+def layers_holder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module of a causal LM that holds its decoder layers as a ``layers`` ``nn.ModuleList``: its backbone
+    (``get_decoder()``, else its ``model``), or the backbone's ``model`` where a vision-language model's decoder is a
+    causal LM of its own (Llama 4's ``language_model``, whose ``get_decoder()`` is itself); None when neither has
+    one."""
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(backbone, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList):
-        return list(layers)
+    for m in (backbone, getattr(backbone, "model", None)):
+        if isinstance(getattr(m, "layers", None), torch.nn.ModuleList):
+            return m
+    return None
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a causal LM: the ``layers`` of :func:`layers_holder`, else its largest
+    ``nn.ModuleList`` ([] when it has none)."""
+    holder = layers_holder(model)
+    if holder is not None:
+        return list(holder.layers)
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
     return list(max(lists, key=len)) if lists else []
 

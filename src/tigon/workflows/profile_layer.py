@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from ._train import param_dtype, step_inputs
-from .profile_events import decoder_layers
+from .profile_events import decoder_layers, layers_holder
 from .timing import call_cost
 
 MAX_LAYER_GROUPS = 4
@@ -187,12 +187,13 @@ def layer_call(layer: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Calla
 
 @contextlib.contextmanager
 def without_layers(model: torch.nn.Module):
-    """The model with its backbone's decoder layers swapped for an empty ``ModuleList`` inside the block (put back
-    after). Raises RuntimeError when the backbone has no ``layers`` ``ModuleList``."""
-    backbone = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(backbone, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    """The model with its backbone's decoder layers (:func:`tigon.workflows.profile_events.layers_holder`) swapped for
+    an empty ``ModuleList`` inside the block (put back after). Raises RuntimeError when the backbone has no ``layers``
+    ``ModuleList``."""
+    backbone = layers_holder(model)
+    if backbone is None:
         raise RuntimeError("without_layers: the model's backbone has no `layers` ModuleList")
+    layers = backbone.layers
     backbone.layers = torch.nn.ModuleList()
     try:
         yield model
