@@ -82,3 +82,13 @@ def test_bench_default_ops_without_a_dry_run(tmp_path):
         bench.model_ops(str(tmp_path / "gpt2"))
     with pytest.raises(ConfigError, match="nothing to verify"):
         verify.model_ops(str(tmp_path / "gpt2"))
+
+
+def test_kind_op_of_a_vision_language_mlp_is_its_text_towers():
+    """``tigon profile``'s op for the ``mlp`` kind (where the replacements declare several: a vision tower's
+    act_linear beside the text tower's glu_linear) takes the activation of the text config (Gemma 3's tanh GELU),
+    not SwiGLU for a container config that names none."""
+    from tigon.integrations.families import kind_op
+
+    cfg = mm.config(*mm.VISION_LANGUAGE["gemma3"][:2])
+    assert kind_op("mlp", cfg) == kind_op("mlp", cfg.to_dict()) == "geglu"
