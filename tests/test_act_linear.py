@@ -333,7 +333,7 @@ def test_model_ops_name_act_linear():
     from tigon.workflows.dry_run import model_ops
 
     def ops(model_type, **overrides):
-        return model_ops(config(model_type, overrides))[0]
+        return model_ops(config(model_type, overrides))
 
     assert "act_linear" in ops("gpt_neox", hidden_act="gelu")
     assert "act_linear" in ops("nemotron", hidden_act="relu2")

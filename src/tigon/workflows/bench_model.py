@@ -46,25 +46,19 @@ def model_ops(model: str, notes: list[str] | None = None) -> list[str]:
     resolve_source(model, "--model")  # (an unknown MODEL is an error, not a fallback)
     try:
         hf_config, _ = load_model_config(model, "--model")
-        ops, report = patched_ops(hf_config)
+        return patched_ops(hf_config)
     except PatchRejected as e:
         raise ConfigError(f"--model {model}: {e}; name the ops to time with --op (or --op all)") from e
     except ConfigError as e:  # transformers cannot read the config or build the model: no dry run
         if notes is not None:
             notes.append(f"ops: every op of the registry (tigon.patch's dry run is not possible here: {e})")
         return list(_ops.registry())
-    if not ops:
-        skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
-        raise ConfigError(f"--model {model}: tigon.patch replaces nothing there that runs a Tigon op"
-                          + (f" (it skips {'; '.join(skipped)})" if skipped else "")
-                          + "; name the ops to time with --op (or --op all)")
-    return ops
 
 
 def config_dict(model: str, text: bool = True) -> tuple[dict, dict]:
     """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
     id in the local cache (:func:`tigon.workflows.model_source.resolve_source`). A multimodal config gives its text
-    decoder's dict (``text_config``), or the whole dict with ``text=False`` (the families of its towers).
+    decoder's dict (``text_config``), or the whole dict with ``text=False``.
 
     Raises:
         ConfigError: not a preset, file, directory or cached Hub id with a readable config.json.

@@ -13,14 +13,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .errors import ConfigError, error_text
-
-if TYPE_CHECKING:
-    from ..integrations.report import PatchReport
 
 
 class PatchRejected(ConfigError):
@@ -89,18 +84,15 @@ def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | Non
         unpatch_fn(model)
 
 
-def model_ops(config, registry: Mapping | None = None, *,
-              lora_rank: int | None = None) -> tuple[list[str], PatchReport]:
+def model_ops(config, registry: Mapping | None = None, *, lora_rank: int | None = None) -> list[str]:
     """The ops (names of ``registry``, default :func:`tigon.ops.registry`, in its order) that :func:`tigon.patch` runs
-    in the model of ``config`` with its default options, and the dry run's
-    :class:`~tigon.integrations.report.PatchReport` (what it skipped, and why).
+    in the model of ``config`` with its default options.
 
-    The ops are those its replacements declare (:attr:`~tigon.integrations.report.PatchEntry.ops`) in
-    :func:`dry_run` on the weightless model: what the patch report says runs, the source of "the ops a model calls"
-    for every tool (``tigon verify --model``, ``tigon bench --model``). A replacement's ``checkpoint_ops`` (what it
-    runs instead under activation checkpointing, e.g. ``swiglu`` for an MLP that runs ``glu_linear``) and opt-in
-    options (``cross_entropy=True``) are not default runs, so not among them. The list may be empty (every kind
-    skipped, or none runs an op of ``registry``); the caller decides what that means.
+    They are those its replacements declare (:attr:`~tigon.integrations.report.PatchEntry.ops`) in :func:`dry_run`
+    on the weightless model: what the patch report says runs, the source of "the ops a model calls" for every tool
+    (``tigon verify --model``, ``tigon bench --model``). A replacement's ``checkpoint_ops`` (what it runs instead
+    under activation checkpointing, e.g. ``swiglu`` for an MLP that runs ``glu_linear``) and opt-in options
+    (``cross_entropy=True``) are not default runs, so not among them.
 
     Args:
         config: a transformers config of a causal LM or a vision-language model.
@@ -109,7 +101,8 @@ def model_ops(config, registry: Mapping | None = None, *,
 
     Raises:
         ConfigError: as :func:`dry_run` (the model cannot be built; LoRA problems).
-        PatchRejected: tigon.patch refuses the model.
+        PatchRejected: tigon.patch refuses the model, or replaces nothing in it that runs an op of ``registry`` (the
+            message names what it skipped).
     """
     if registry is None:
         from ..ops import registry as _registry
@@ -117,7 +110,12 @@ def model_ops(config, registry: Mapping | None = None, *,
         registry = _registry()
     with dry_run(config, lora_rank=lora_rank) as (_, report):
         used = {op for e in report.replaced for op in e.ops}
-    return [op for op in registry if op in used], report
+    ops = [op for op in registry if op in used]
+    if not ops:
+        skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
+        raise PatchRejected("tigon.patch replaces nothing there that runs a Tigon op"
+                            + (f"; it skips {'; '.join(skipped)}" if skipped else ""))
+    return ops
 
 
 def _with_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
