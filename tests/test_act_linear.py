@@ -323,13 +323,22 @@ def test_nn_gelu_activation_module_is_recognised():
         assert nongated_activation(mlp, spec)[0] == want
 
 
-def test_family_ops_names_act_linear():
-    from tigon.integrations.families import family_ops, kind_op
+def test_model_ops_name_act_linear():
+    """The ops a model runs (the dry run's, what ``tigon bench`` / ``verify --model`` take by default) hold
+    act_linear for the non-gated MLPs of an activation Tigon has, and not for one it lacks (GPT-NeoX's gelu_10:
+    the MLP is skipped) or for a gated MLP."""
+    from model_matrix import DROP, config
 
-    assert "act_linear" in family_ops({"model_type": "gpt_neox", "hidden_act": "gelu"})
-    assert "act_linear" in family_ops({"model_type": "nemotron", "hidden_act": "relu2"})
-    assert "act_linear" in family_ops({"model_type": "falcon", "activation": "gelu"})
-    assert "act_linear" not in family_ops({"model_type": "gpt_neox", "hidden_act": "gelu_10"})
-    assert "act_linear" not in family_ops({"model_type": "llama", "hidden_act": "silu"})
+    from tigon.integrations.families import kind_op
+    from tigon.workflows.dry_run import model_ops
+
+    def ops(model_type, **overrides):
+        return model_ops(config(model_type, overrides))
+
+    assert "act_linear" in ops("gpt_neox", hidden_act="gelu")
+    assert "act_linear" in ops("nemotron", hidden_act="relu2")
+    assert "act_linear" in ops("falcon", activation="gelu", head_dim=DROP, num_kv_heads=2)
+    assert "act_linear" not in ops("gpt_neox", hidden_act="gelu_10")
+    assert "act_linear" not in ops("llama", hidden_act="silu")
     assert kind_op("mlp", {"model_type": "nemotron", "hidden_act": "relu2"}) == "act_linear"  # tigon profile's op
     assert kind_op("mlp", {"model_type": "llama", "hidden_act": "silu"}) == "swiglu"

@@ -138,11 +138,14 @@ def test_unknown_op_in_a_subprocess_is_one_line():
 
 def test_model_ops_and_config_sources(tmp_path):
     cfg, desc = B.config_dict("tiny")
-    assert B.model_ops(cfg) == ["rms_norm", "fused_add_rms_norm", "rope", "swiglu", "glu_linear", "cross_entropy",
-                                "fused_linear_cross_entropy"]
+    # what tigon.patch runs (its dry run): the MLP's glu_linear (swiglu only under activation checkpointing), the
+    # fused LM-head loss (the plain cross_entropy only with patch(cross_entropy=True))
+    assert B.model_ops("tiny") == ["rms_norm", "fused_add_rms_norm", "rope", "glu_linear", "fused_linear_cross_entropy"]
     assert desc["source"] == "preset:tiny"
-    gemma = dict(cfg, model_type="gemma2", hidden_activation="gelu_pytorch_tanh")
-    assert "geglu" in B.model_ops(gemma) and "swiglu" not in B.model_ops(gemma)
+    (tmp_path / "gemma").mkdir()
+    (tmp_path / "gemma" / "config.json").write_text(json.dumps(dict(cfg, model_type="gemma2",
+                                                                    hidden_activation="gelu_pytorch_tanh")))
+    assert B.model_ops(str(tmp_path / "gemma")) == ["rms_norm", "rope", "glu_linear", "fused_linear_cross_entropy"]
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, hidden_size=64)))
     for src in (tmp_path, tmp_path / "config.json"):
         c, _ = B.config_dict(str(src))

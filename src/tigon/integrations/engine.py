@@ -9,7 +9,8 @@ instance (``patch(model)``)
     (:mod:`tigon.integrations.moe_experts`). Nothing outside the model changes, except the rotary function (below).
     ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. Every registered
     family whose classes the model contains is applied (a vision-language model's container, language model and
-    vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost.
+    vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost
+    (a container of no family: its own model type, ``"llava_next_video (no family)"``; see ``plan.family_label``).
     A model of no registered family goes through the generic matcher (:mod:`tigon.integrations.generic`): the same
     machinery, with per-module specs found by numerical probes instead of class names.
 
@@ -75,8 +76,8 @@ from .generic import generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import (MISSING, Action, existing_patch, held_heads, import_family, inner_head, note_residual_adds,
-                   undeclared_head)
+from .plan import (MISSING, Action, existing_patch, family_label, held_heads, import_family, inner_head,
+                   note_residual_adds, undeclared_head)
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -271,7 +272,7 @@ def _plan_instance(model: torch.nn.Module, spec: FamilySpec, enabled: dict, opts
             report.skipped.append(head)
         else:
             report.notes.append(f"{kind}: no matching module in this model")
-    if len(specs) > 1:
+    if len(specs) > 1 or family_label(model, spec, forced) != spec.name:  # (a container of no family: its towers')
         where = {sp.name: _family_paths(model, sp) for sp in specs}
         report.notes.append("families: " + "; ".join(f"{name} ({', '.join(paths) or 'no module'})"
                                                      for name, paths in where.items()))
@@ -477,7 +478,8 @@ def patch(
                "sinks": sinks, "vision_attention": vision_attention}
     opts = {"fused": fused, "ce": bool(cross_entropy), "flce": flce, "lora": lora}
     name = spec.name if spec is not None else "generic"
-    report = PatchReport(family=name, level=level)
+    report = PatchReport(family=family_label(model_or_family, spec, family is not None) if level == "instance"
+                         else name, level=level)
     with _LOCK:
         release_unused()
         adapters = []

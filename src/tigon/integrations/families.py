@@ -321,53 +321,6 @@ def family_by_module(module_name: str) -> FamilySpec | None:
     return None
 
 
-def family_ops(config: dict) -> set[str] | None:
-    """The :mod:`tigon.functional` ops a patched model of this config runs, or None for a family Tigon does not know.
-
-    From the family spec: its norms' kinds, the gated op of its gated MLPs' activation (:data:`ACTIVATIONS`; the
-    config's activation attribute, else the transformers config class's default), ``act_linear`` for its non-gated
-    MLPs of a declared activation module when the config names an activation it has (:data:`NONGATED_ACTIVATIONS`),
-    ``rope`` when it has a rotary function (or ``rope_interleaved`` / ``mrope`` for its layout), the MoE glue ops for
-    a family with experts, ``glu_linear`` when a dense MLP folds its down projection into the SwiGLU, and both
-    cross-entropy ops
-    (the fused LM-head loss, and the plain loss the op replaces). ``config`` is a config dict (``config.json``); a
-    vision-language config adds the ops of its ``text_config`` / ``vision_config`` families (Llava's Llama, CLIP).
-    """
-    model_type = config.get("model_type")
-    spec = family_named(model_type)
-    if spec is None:
-        return None
-    ops = set()
-    for key in ("text_config", "vision_config"):
-        sub = config.get(key)
-        tower = _tower_type(sub["model_type"]) if isinstance(sub, dict) and sub.get("model_type") else None
-        if tower is not None and tower not in (spec.name, *spec.aliases):  # another family's tower
-            ops |= family_ops({**sub, "model_type": tower}) or set()
-    ops |= {n.kind for n in spec.norms}
-    for m in spec.mlps:
-        if not m.gated and m.act is None:
-            continue  # left alone (no Tigon op)
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
-        act = (m.activation or config.get(m.act_config_attr) or (text if m.gated else vision).get(m.act_config_attr)
-               or _config_default(model_type, m.act_config_attr))
-        if not m.gated and act in NONGATED_ACTIVATIONS:
-            ops.add("act_linear")  # (a vision tower's MLP: the vision config's activation)
-        elif m.gated and act in ACTIVATIONS:
-            ops.add(ACTIVATIONS[act][0])
-    if spec.rope is not None:  # the op of each rotary function's layout
-        from .rotary_layouts import ROPE_OPS
-
-        ops |= {ROPE_OPS.get(c.layout, "rope") for c in spec.rope.candidates()}
-    if spec.decoder_layers:
-        ops.add("fused_add_rms_norm")
-    if "swiglu" in ops and any(m.down and not m.experts for m in spec.mlps):
-        ops.add("glu_linear")  # what the patched MLP runs (down projection folded in), timed with silu
-    if any(m.experts for m in spec.mlps):  # grouped_mm experts: the glue around their grouped matmuls
-        ops |= {"moe_gather", "moe_expert_gate", "moe_combine"}
-    return ops | {"cross_entropy", "fused_linear_cross_entropy"}
-
-
 def _tower_type(model_type: str) -> str:
     """The family name of a tower's config type (``clip_vision_model`` -> ``clip``)."""
     for suffix in ("_vision_model", "_text_model", "_vision", "_text"):
@@ -385,33 +338,29 @@ def tower_family(model_type: str | None) -> FamilySpec | None:
         return None
 
 
-def _config_default(model_type: str | None, attr: str):
-    """The default of ``attr`` in the ``transformers`` config class of ``model_type`` (None if unknown)."""
-    try:
-        from transformers import AutoConfig
-
-        return getattr(AutoConfig.for_model(model_type), attr, None)
-    except Exception:
-        return None
-
-
 def kind_op(kind: str, config) -> str | None:
     """The :mod:`tigon.functional` op a replacement of patch ``kind`` runs for a model of ``config`` (a transformers
     config or its dict), or None for a kind that runs no single op.
 
-    ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it
-    names none Tigon has), or ``act_linear`` in a family whose MLPs are all non-gated (GPT-NeoX, phi, Falcon,
-    Nemotron), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the LoRA linear; the norm and rotary kinds are
-    their ops.
+    ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``, a vision-language
+    config's in its ``text_config``; SwiGLU when it names none Tigon has), or ``act_linear`` in a family whose MLPs
+    are all non-gated (GPT-NeoX, phi, Falcon, Nemotron), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the
+    LoRA linear; the norm and rotary kinds are their ops. (The ops a model runs are the dry run's,
+    :func:`tigon.workflows.dry_run.model_ops`; ``tigon profile`` takes this one for a kind whose replacements declare
+    several, or one with matmuls inside.)
     """
     if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
     if kind == "mlp":
-        get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+        def getter(c):
+            return c.get if isinstance(c, dict) else lambda name: getattr(c, name, None)
+
+        get = getter(config)
         spec = family_named(get("model_type"))
         if spec is not None and spec.mlps and all(not m.gated and m.act is not None for m in spec.mlps):
             return "act_linear"
-        act = get("hidden_act") or get("hidden_activation")
+        text = getter(get("text_config") or {})
+        act = get("hidden_act") or get("hidden_activation") or text("hidden_act") or text("hidden_activation")
         return ACTIVATIONS.get(act, ("swiglu", None))[0]
     if kind == "lm_head_loss":
         return "fused_linear_cross_entropy"

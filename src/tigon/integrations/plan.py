@@ -1,7 +1,8 @@
 """What a patch plan is made of, shared by the instance-level and class-level planners of
 :mod:`tigon.integrations.engine`: an action (a report entry and the closure that applies it), the import of a
 family's modeling module, the check that a target already patched carries the requested LM-head-loss options, the
-note on residual adds that stay unfused, and the skipped entry of an LM head no family declares."""
+note on residual adds that stay unfused, and the skipped entry of an LM head no family declares (and the family label
+of a report on such a container)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from .causal_lm import loss_options
 from . import components, persist
-from .families import FamilySpec
+from .families import FamilySpec, family_by_module
 from .marks import tigon_mark
 from .report import PatchEntry, PatchReport
 
@@ -105,6 +106,22 @@ def undeclared_head(model: torch.nn.Module, specs: list[FamilySpec]) -> PatchEnt
     return PatchEntry("lm_head_loss", path, f"{type(model).__name__}.forward ({type(model).__module__}) is of no "
                       "family Tigon declares (the families of its towers are applied: see the families note): its LM "
                       "head and loss run as before")
+
+
+def family_label(model: torch.nn.Module, spec: FamilySpec | None, forced: bool = False) -> str:
+    """The family an instance-level report on ``model`` names: ``spec``'s name (``"generic"`` for None: the generic
+    matcher), except for a transformers model whose own class (or a base class of it) is of no registered family while
+    modules inside it are, a container no family declares (LLaVA-NeXT-Video around its CLIP and Llama towers, BLIP-2
+    around a Llama causal LM): ``"<its model_type> (no family)"``, not the first tower's family (the families note
+    names the towers'). ``forced`` (``family=`` given): ``spec``'s name. The outermost transformers model counts, so
+    that wrappers (PEFT, TRL) keep the family of the model they hold."""
+    if spec is None:
+        return "generic"
+    tf = sys.modules.get("transformers")
+    outer = next((m for m in model.modules() if isinstance(m, tf.PreTrainedModel)), None) if tf else None
+    if forced or outer is None or any(family_by_module(c.__module__) for c in type(outer).__mro__):
+        return spec.name
+    return f"{getattr(outer.config, 'model_type', None) or type(outer).__name__} (no family)"
 
 
 def held_heads(model: torch.nn.Module, matches: list, report: PatchReport) -> list:

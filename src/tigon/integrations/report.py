@@ -72,7 +72,9 @@ class PatchReport:
     """The outcome of :func:`tigon.patch` (``action="patch"``) or :func:`tigon.unpatch` (``action="unpatch"``).
 
     Attributes:
-        family: the model family spec that was applied (``"llama"``).
+        family: the model family spec that was applied (``"llama"``), ``"generic"`` (the generic matcher), or a
+            container's model type where its own class is of no family and its towers' are applied
+            (``"llava_next_video (no family)"``).
         level: ``"instance"`` (a built model) or ``"class"`` (the family's classes, before building models).
         action: ``"patch"`` or ``"unpatch"``.
         replaced: entries that were replaced (for unpatch: restored).

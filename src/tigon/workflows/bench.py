@@ -39,7 +39,6 @@ import gc
 import importlib.util
 import itertools
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Callable
@@ -48,9 +47,9 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
+from .bench_model import config_dict, model_ops, shapes_from_config  # noqa: F401 (part of this module's API)
 from .devices import device_name
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, text_config
-from .model_shapes import shapes_from_config as _model_shapes
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
     BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, call_cost, differentiable_outputs, kernel_time,
     measure_ceilings, peak_extra_bytes, rotation_sets, set_bytes, time_backward, time_call,
@@ -384,57 +383,6 @@ def run_bench(ops, shapes: dict[str, list[dict]], providers, dtype=torch.bfloat1
     return result
 
 
-# ----------------------------------------------------------------------------------------------- shapes
-def shapes_from_config(cfg, tokens: int = 16384, batch: int = 4, max_vocab: int | None = None) -> dict[str, dict]:
-    """Each op's shape (its record's ``shape_of``) for ``tokens`` tokens in ``batch`` sequences of a model config
-    (a transformers config or its dict; see :func:`tigon.workflows.model_shapes.shapes_from_config`), the
-    vocabulary capped at ``max_vocab`` (None: no cap).
-
-    Raises:
-        ConfigFieldError: a required config field is missing.
-    """
-    model, _ = _model_shapes(cfg, tokens, batch=batch, max_vocab=max_vocab)
-    return {name: spec.shape_of(model) for name, spec in _ops.registry().items()}
-
-
-def model_ops(cfg: dict) -> list[str]:
-    """The ops a model of this config calls, in registry order (every op for a family Tigon does not know).
-
-    Which ops a family runs is integration data (:func:`tigon.integrations.families.family_ops`).
-    """
-    from ..integrations.families import family_ops
-
-    names = family_ops(cfg)
-    return [op for op in _ops.registry() if names is None or op in names]
-
-
-def config_dict(model: str, text: bool = True) -> tuple[dict, dict]:
-    """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
-    id in the local cache (:func:`tigon.workflows.model_source.resolve_source`). A multimodal config gives its text
-    decoder's dict (``text_config``), or the whole dict with ``text=False`` (the families of its towers).
-
-    Raises:
-        ConfigError: not a preset, file, directory or cached Hub id with a readable config.json.
-    """
-    from .. import presets
-    from .errors import ConfigError
-    from .model_source import resolve_source
-
-    source = resolve_source(model, "--model")
-    if source.kind == "preset":
-        p = presets.get_preset(model)
-        return dict(p["config"], model_type=p["model_type"]), {"source": f"preset:{model}"}
-    path = source.config_file
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--model {model}: cannot read {path}: {e}") from e
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"--model {model}: {path} is not a JSON object")
-    return text_config(cfg) if text else cfg, {"source": os.path.abspath(path)}  # multimodal: the text decoder's
-
-
 # ----------------------------------------------------------------------------------------------- the workflow
 @dataclass
 class BenchConfig:
@@ -469,9 +417,10 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict]], dict, list[str]]:
     """Validate ``config`` and fill defaults: (resolved config, shapes per op, model description, notes).
 
-    Cheap (reads a config file at most). Raises:
+    Cheap: reads a config file at most and, for the default ops, patches the weightless model (:func:`model_ops`;
+    well under a second for a 70B model of a registered family). Raises:
         ConfigError: unknown op / provider / sweep / dtype / device, a sweep "hidden" with ops that do not sweep
-            it, tokens < 1, an unreadable model config.
+            it, tokens < 1, an unreadable model config, default ops of a model tigon.patch runs none in.
     """
     from .devices import resolve_device
     from .errors import ConfigError
@@ -494,7 +443,7 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     hidden_ops = [n for n, s in specs.items() if "hidden" in s.sweeps]
     ops = [o for item in (config.ops or []) for o in item.split(",") if o]
     if not ops:
-        ops = hidden_ops if config.sweep == "hidden" else model_ops(full)
+        ops = hidden_ops if config.sweep == "hidden" else model_ops(model, notes)
     elif "all" in ops:
         ops = hidden_ops if config.sweep == "hidden" else list(specs)
     for op in ops:

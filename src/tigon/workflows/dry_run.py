@@ -2,15 +2,16 @@
 ``meta`` device (modules and parameter shapes, no weights read or allocated), patched at instance level by the one
 patch engine, and unpatched again.
 
-``tigon inspect`` reports it, ``tigon verify --model`` checks the ops it runs, ``tigon compare`` and ``tigon
-profile`` read it before training. The engine decides on the weightless model what it decides on the loaded one
-(the generic matcher probes meta modules on CPU stand-ins; see :mod:`tigon.integrations.generic`).
+``tigon inspect`` reports it; ``tigon verify --model`` checks the ops it runs and ``tigon bench --model`` times
+them (both from :func:`model_ops`); ``tigon compare`` and ``tigon profile`` read it before training. The engine
+decides on the weightless model what it decides on the loaded one (the generic matcher probes meta modules on CPU
+stand-ins; see :mod:`tigon.integrations.generic`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -81,6 +82,40 @@ def dry_run(config, patch_fn: Callable | None = None, unpatch_fn: Callable | Non
         yield model, report
     finally:
         unpatch_fn(model)
+
+
+def model_ops(config, registry: Mapping | None = None, *, lora_rank: int | None = None) -> list[str]:
+    """The ops (names of ``registry``, default :func:`tigon.ops.registry`, in its order) that :func:`tigon.patch` runs
+    in the model of ``config`` with its default options.
+
+    They are those its replacements declare (:attr:`~tigon.integrations.report.PatchEntry.ops`) in :func:`dry_run`
+    on the weightless model: what the patch report says runs, the source of "the ops a model calls" for every tool
+    (``tigon verify --model``, ``tigon bench --model``). A replacement's ``checkpoint_ops`` (what it runs instead
+    under activation checkpointing, e.g. ``swiglu`` for an MLP that runs ``glu_linear``) and opt-in options
+    (``cross_entropy=True``) are not default runs, so not among them.
+
+    Args:
+        config: a transformers config of a causal LM or a vision-language model.
+        registry: op name -> spec (default :func:`tigon.ops.registry`).
+        lora_rank: as for :func:`dry_run` (the LoRA ops join them).
+
+    Raises:
+        ConfigError: as :func:`dry_run` (the model cannot be built; LoRA problems).
+        PatchRejected: tigon.patch refuses the model, or replaces nothing in it that runs an op of ``registry`` (the
+            message names what it skipped).
+    """
+    if registry is None:
+        from ..ops import registry as _registry
+
+        registry = _registry()
+    with dry_run(config, lora_rank=lora_rank) as (_, report):
+        used = {op for e in report.replaced for op in e.ops}
+    ops = [op for op in registry if op in used]
+    if not ops:
+        skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
+        raise PatchRejected("tigon.patch replaces nothing there that runs a Tigon op"
+                            + (f"; it skips {'; '.join(skipped)}" if skipped else ""))
+    return ops
 
 
 def _with_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:

@@ -259,29 +259,23 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
 
 def model_ops(model: str, registry: Registry | None = None, *, lora_rank: int | None = None) -> list[str]:
     """The ops (registry names, in registry order) that :func:`tigon.patch` runs in MODEL with its default options:
-    those its replacements declare in the dry run on the weightless model (:func:`tigon.workflows.dry_run.dry_run`;
-    with ``lora_rank``, the model wrapped with PEFT LoRA of that rank first).
+    those its replacements declare in the dry run on the weightless model (:func:`tigon.workflows.dry_run.model_ops`,
+    the source ``tigon bench --model`` reads too; with ``lora_rank``, the model wrapped with PEFT LoRA of that rank
+    first).
 
     Raises:
         ConfigError: MODEL cannot be read or built; tigon.patch rejects it or replaces nothing in it that runs an op
             of ``registry`` (the message starts "nothing to verify" and names what was skipped).
     """
-    from .dry_run import PatchRejected, dry_run
+    from .dry_run import PatchRejected
+    from .dry_run import model_ops as patched_ops
     from .model_source import load_model_config
 
-    registry = _ops.registry() if registry is None else registry
     hf_config, _ = load_model_config(model)
     try:
-        with dry_run(hf_config, lora_rank=lora_rank) as (_, report):
-            used = {op for e in report.replaced for op in e.ops}
-            skipped = sorted({f"{e.kind} ({e.detail})" for e in report.skipped})
+        return patched_ops(hf_config, registry, lora_rank=lora_rank)
     except PatchRejected as e:
         raise ConfigError(f"nothing to verify in {model}: {e}") from e
-    ops = [op for op in registry if op in used]
-    if not ops:
-        raise ConfigError(f"nothing to verify in {model}: tigon.patch replaces nothing there that runs a Tigon op"
-                          + (f"; it skips {'; '.join(skipped)}" if skipped else ""))
-    return ops
 
 
 def _has_sinks(hf_config) -> bool:

@@ -1,0 +1,94 @@
+"""One source of "the ops a model runs" (issue 20): ``tigon bench --model``'s default ops are ``tigon verify
+--model``'s, both the ops :func:`tigon.patch` runs in the model (:func:`tigon.workflows.dry_run.model_ops`, the dry run
+on the weightless model), for every preset and every vision-language and MoE config of the test matrix. Before,
+bench read family data (``family_ops``) that differed from what the patch runs (Gemma's ``geglu`` for the
+``glu_linear`` its MLP runs, no ``rms_norm_gated`` in Qwen3.5-MoE, ``mrope`` in Qwen-VL, every op for a model of
+no family, ...)."""
+
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import model_matrix as mm  # noqa: E402
+
+from tigon import ops, presets  # noqa: E402
+from tigon.workflows import bench, verify  # noqa: E402
+
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _moe(overrides: dict) -> bool:
+    text = overrides.get("text_config") or {}
+    return any(k in overrides or k in text for k in EXPERTS)
+
+
+CONFIGS = {  # case -> (model_type, overrides): the matrix's vision-language and MoE models (the same case name can be
+    # in both: Llama 4, Gemma 4, Qwen3.5-MoE as text and vision-language models)
+    **{f"vl-{case}": e[:2] for table in (mm.VISION_LANGUAGE, mm.HELD_HEADS) for case, e in table.items()},
+    **{f"moe-{case}": e[:2] for table in (mm.CASES, mm.MORE_FAMILIES, mm.GENERIC_MOE, mm.TABLE_ONLY)
+       for case, e in table.items() if _moe(e[1])},
+}
+
+
+@pytest.mark.parametrize("name", presets.preset_names())
+def test_bench_default_ops_are_verify_ops_on_presets(name):
+    resolved, *_ = bench.resolve_bench(bench.BenchConfig(model=name, device="cpu"))
+    checked = verify.resolve_config(verify.VerifyConfig(model=name, device="cpu"))
+    assert resolved.ops == checked.ops and resolved.ops, (resolved.ops, checked.ops)
+
+
+def test_bench_default_ops_are_verify_ops_on_the_matrix(tmp_path):
+    """Each config read from a config.json by both tools (the matrix's ``experts_implementation`` is not saved:
+    both see the default, the MoE glue ops)."""
+    got, ran = {}, 0
+    for case, (model_type, overrides) in CONFIGS.items():
+        if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+            continue  # (a family the installed transformers lacks)
+        path = str(tmp_path / case)
+        mm.config(model_type, overrides).save_pretrained(path)
+        got[case] = bench.model_ops(path)
+        assert got[case] == verify.model_ops(path), case
+        ran += 1
+    assert ran >= len(CONFIGS) // 2, f"only {ran} of {len(CONFIGS)} configs could be built"
+    # what family data used to get wrong
+    expect = {"vl-gemma3": ({"glu_linear"}, {"geglu"}), "vl-paligemma": ({"glu_linear"}, {"geglu"}),
+              "vl-qwen3_5_moe": ({"rms_norm_gated", "moe_expert_gate"}, set()), "vl-qwen2_vl": ({"rope"}, {"mrope"}),
+              "moe-gpt_oss": ({"moe_expert_gate"}, {"clamped_swiglu"}),
+              "vl-llava": ({"act_linear", "layer_norm"}, set())}
+    for case, (present, absent) in expect.items():
+        if case in got:
+            assert present <= set(got[case]) and not absent & set(got[case]), (case, got[case])
+
+
+def test_bench_default_ops_without_a_dry_run(tmp_path):
+    """Where no dry run can be done (a ``model_type`` the installed transformers lacks) bench falls back to every op,
+    with a note; a model tigon.patch refuses (GPT-2) is an error that says to name the ops, as verify's."""
+    import json
+
+    from tigon.workflows.errors import ConfigError
+
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "config.json").write_text(json.dumps(dict(
+        model_type="no_such_architecture", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4)))
+    resolved, _, _, notes = bench.resolve_bench(bench.BenchConfig(model=str(tmp_path / "new"), device="cpu"))
+    assert resolved.ops == list(ops.registry())
+    assert any(n.startswith("ops: every op of the registry (tigon.patch's dry run is not possible") for n in notes)
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, bos_token_id=0,
+                            eos_token_id=0).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match="contains no module of a supported model family.*--op"):
+        bench.model_ops(str(tmp_path / "gpt2"))
+    with pytest.raises(ConfigError, match="nothing to verify"):
+        verify.model_ops(str(tmp_path / "gpt2"))
+
+
+def test_kind_op_of_a_vision_language_mlp_is_its_text_towers():
+    """``tigon profile``'s op for the ``mlp`` kind (where the replacements declare several: a vision tower's
+    act_linear beside the text tower's glu_linear) takes the activation of the text config (Gemma 3's tanh GELU),
+    not SwiGLU for a container config that names none."""
+    from tigon.integrations.families import kind_op
+
+    cfg = mm.config(*mm.VISION_LANGUAGE["gemma3"][:2])
+    assert kind_op("mlp", cfg) == kind_op("mlp", cfg.to_dict()) == "geglu"
