@@ -99,10 +99,12 @@ def _block(rows, keep, start, V, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
 def _load(Z, rows, stride, cols, read, cap, HAS_CAP: tl.constexpr):
     """A [BLOCK_M, BLOCK_V] tile of logits in fp32, soft-capped with HAS_CAP (``cap tanh(z / cap)``), -inf where not
     ``read``."""
-    if HAS_CAP:
+    if HAS_CAP:  # (cap tanh(-inf / cap) = -cap: the cap is taken on zeros where not read, then masked)
         z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=0.0).to(tl.float32)
-        return tl.where(read, _transform(z, 1.0, cap, True), float("-inf"))
-    return tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
+        z = tl.where(read, _transform(z, 1.0, cap, True), float("-inf"))
+    else:
+        z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
+    return z
 
 
 @triton.jit
