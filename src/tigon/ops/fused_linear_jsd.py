@@ -114,10 +114,9 @@ def fused_linear_jsd(
 def plain_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
                      ignore_index=-100, temperature=1.0, accum_dtype=None, *, student_bias=None, teacher_bias=None,
                      student_softcap=None, teacher_softcap=None):
-    """The plain computation a distillation loop runs: both LM heads in the input dtype (``F.linear``; soft-capped
-    there, as a Gemma 2 forward caps its logits), the logits upcast to float32, divided by the temperature,
-    log-softmax, then the JSD in float32 (Liger-Kernel's test reference for its fused linear JSD; TRL's GKD loss on
-    the models' logits)."""
+    """The plain computation a distillation loop runs: both LM heads in the input dtype (``F.linear``), the logits
+    upcast to float32 (and soft-capped there, as ``trl_linear_logprobs`` does), divided by the temperature,
+    log-softmax, then the JSD in float32 (Liger-Kernel's test reference for its fused linear JSD)."""
     dt = torch.promote_types(student_input.dtype, student_weight.dtype)
     x = ref.log_probs(student_input, student_weight, student_bias, temperature, dt, student_softcap)
     with torch.no_grad():

@@ -77,13 +77,15 @@ def check_inputs(student_input, student_weight, teacher_input, teacher_weight, s
 
 
 def log_probs(hidden, weight, bias, temperature, dtype, softcap=None) -> torch.Tensor:
-    """``log_softmax(cap(hidden @ weight.T + bias) / temperature)`` with the matmul (and the soft-cap ``c tanh(z /
-    c)``, as the model's forward applies it to its logits) in ``dtype`` and the softmax in at least float32: the
-    reference's (``dtype`` at least float32) and, at the input dtype, the plain computation's."""
+    """``log_softmax(cap(hidden @ weight.T + bias) / temperature)`` with the matmul in ``dtype``, and the soft-cap
+    ``c tanh(z / c)`` and the softmax in at least float32 (as TRL's fused LM head and
+    :func:`tigon.ops.fused_linear_logprobs.trl_linear_logprobs` cap the logits): the reference's (``dtype`` at least
+    float32) and, at the input dtype, the plain computation's."""
     z = torch.nn.functional.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
-    return torch.log_softmax(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature, dim=-1)
+    return torch.log_softmax(z / temperature, dim=-1)
 
 
 def fused_linear_jsd(
