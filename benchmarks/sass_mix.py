@@ -90,9 +90,9 @@ def _fused_linear_jsd(arch: int, kind: int):
     from tigon.kernels import fused_linear_jsd as f
 
     types = dict(ZS="*bf16", stride_s="i64", ZT="*bf16", stride_t="i64", LABELS="*i64", SCALE="*fp32", LOSS="*fp32",
-                 n_rows="i32", V="i32", ignore_index="i32", inv_t="fp32", beta="fp32")
+                 n_rows="i32", V="i32", ignore_index="i32", inv_t="fp32", beta="fp32", cap_s="fp32", cap_t="fp32")
     consts = dict(KIND=kind, HAS_LABELS=True, WRITE_GRAD=True, FAST=True, BLOCK_M=1, BLOCK_V=BLOCK_V,
-                  LANES=BLOCK_V // 8)
+                  LANES=BLOCK_V // 8, HAS_CAP_S=False, HAS_CAP_T=False)
     return compile_kernel(f._jsd_logits_kernel, types, consts, arch)
 
 

@@ -85,9 +85,11 @@ def _run(fn, p, dtype=None, upstream=1.0, **kw):
 
 
 def _trl(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
-         temperature=1.0, student_bias=None, teacher_bias=None, **_):
+         temperature=1.0, student_bias=None, teacher_bias=None, student_softcap=None, teacher_softcap=None, **_):
+    # the models' logits (soft-capped by a Gemma 2 forward: c tanh(z / c)), then TRL's GKD loss on them
     zs = torch.nn.functional.linear(student_input, student_weight, student_bias)
     zt = torch.nn.functional.linear(teacher_input, teacher_weight, teacher_bias)
+    zs, zt = (z if c is None else c * torch.tanh(z / c) for z, c in ((zs, student_softcap), (zt, teacher_softcap)))
     return _gkd().GKDTrainer.generalized_jsd_loss(zs, zt, shift_labels, beta=jsd_beta, temperature=temperature)
 
 
@@ -96,6 +98,10 @@ CASES = {
     "beta=0, temperature=2": (dict(jsd_beta=0.0, temperature=2.0), dict()),
     "beta=1, temperature=0.7": (dict(jsd_beta=1.0, temperature=0.7), dict(ignore_every=4)),
     "beta=0.1, no labels, biases": (dict(jsd_beta=0.1), dict(labels=False, bias=True)),
+    "beta=0.3, soft-caps 2 / 1.5, biases": (dict(jsd_beta=0.3, temperature=0.8, student_softcap=2.0,
+                                                 teacher_softcap=1.5), dict(bias=True)),
+    "beta=1, student soft-cap 3": (dict(jsd_beta=1.0, student_softcap=3.0), dict(ignore_every=4)),
+    "beta=0, teacher soft-cap 3": (dict(jsd_beta=0.0, teacher_softcap=3.0), dict()),
 }
 
 
@@ -116,7 +122,8 @@ def test_matches_trl_gkd_loss_and_float64_reference_in_fp32(case, device, layout
         assert rel_l2(r, w) <= 1e-12
 
 
-@pytest.mark.parametrize("case", ["beta=0.5, ignored rows", "beta=1, temperature=0.7"])
+@pytest.mark.parametrize("case", ["beta=0.5, ignored rows", "beta=1, temperature=0.7",
+                                  "beta=0.3, soft-caps 2 / 1.5, biases"])
 def test_bf16_no_worse_than_the_plain_computation(case, device):
     # bf16 heads: error against float64 at most the plain computation's (LM heads in bf16, fp32 log-softmax and
     # JSD), up to rounding ties (1.05)
@@ -127,7 +134,7 @@ def test_bf16_no_worse_than_the_plain_computation(case, device):
     truth, truth_grads = _run(ref_jsd, p, torch.float64, **kw)
     for name, a, b, t in [("loss", loss, plain, truth), *zip(("input", "weight"), grads, plain_grads, truth_grads)]:
         assert rel_l2(a, t) <= max(1.05 * rel_l2(b, t), 1e-6), (name, rel_l2(a, t), rel_l2(b, t))
-    assert [g.dtype for g in grads] == [torch.bfloat16] * 2
+    assert [g.dtype for g in grads] == [torch.bfloat16] * (3 if build.get("bias") else 2)
 
 
 def test_upstream_scaling_memory_budget_and_a_second_backward(device):
@@ -265,6 +272,11 @@ def test_bad_input_is_refused_with_a_clear_error(device):
     assert torch.isfinite(tnn.FusedLinearJSDLoss(weight_hard_loss=0.0)(*args, None))  # (the soft loss alone)
     with pytest.raises(ValueError, match="accum_dtype must be"):
         F.fused_linear_jsd(*args, accum_dtype=torch.float16)
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="student_softcap must be None or a finite float > 0"):
+            F.fused_linear_jsd(*args, student_softcap=bad)
+        with pytest.raises(ValueError, match="teacher_softcap must be None or a finite float > 0"):
+            ref_jsd(*args, teacher_softcap=bad)
 
 
 @pytest.mark.gpu
@@ -298,7 +310,8 @@ def test_gpu_llm_head_sizes_bf16_no_worse_than_plain_and_less_memory(beta):
     assert mem < plain_mem, (mem, plain_mem)
 
 
-def test_custom_op_and_compile(device):
+@pytest.mark.parametrize("caps", [(None, None), (2.0, 3.0)], ids=["no soft-cap", "soft-caps"])
+def test_custom_op_and_compile(device, caps):
     # the custom op's schema, fake and autograd registration; a compiled call equals the eager one
     import tigon.kernels.fused_linear_jsd  # noqa: F401 (registers the custom op)
 
@@ -307,12 +320,12 @@ def test_custom_op_and_compile(device):
             ("student_input", "student_weight", "teacher_input", "teacher_weight")]
     torch.library.opcheck(torch.ops.tigon.fused_linear_jsd,
                           (*args, p["shift_labels"], p["student_bias"].clone().requires_grad_(), p["teacher_bias"],
-                           0.3, -100, 1.5, torch.float32, True, True, True, False, -1),
+                           0.3, -100, 1.5, torch.float32, True, True, True, False, -1, *caps),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
     def fn(x, w):
         return F.fused_linear_jsd(x, w, p["teacher_input"], p["teacher_weight"], p["shift_labels"], 0.3,
-                                  temperature=1.5)
+                                  temperature=1.5, student_softcap=caps[0], teacher_softcap=caps[1])
 
     x, w = p["student_input"].clone().requires_grad_(), p["student_weight"].clone().requires_grad_()
     want = fn(x, w)

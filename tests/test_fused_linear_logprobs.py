@@ -236,7 +236,7 @@ def test_no_grad_and_frozen_weight(device):
 def test_the_fallback_is_the_reference_exactly(device):
     hidden, weight, target, bias = _problem(device, torch.float32, bias=True, ignore_every=3)
     kw = dict(temperature=0.8, softcap=5.0, return_entropy=True, return_lse=True, return_is_top1=True,
-              return_log_sum_sq_probs=True)
+              return_log_sum_sq_probs=True, return_mean_logits=True)
     with support.force_reference():
         got = F.fused_linear_logprobs(hidden, weight, target, bias, **kw)
     want = ref_logprobs(hidden, weight, target, bias, **kw)
@@ -280,39 +280,38 @@ SQ_CASES = {
 }
 
 
-def _sq_error(out, want):
-    return rel_l2(out.log_sum_sq_probs, want.log_sum_sq_probs)
-
-
 @pytest.mark.parametrize("v", [101, pytest.param(157, marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CI time on CPU: 101 runs the same loop (a partial last block)"))])
 @pytest.mark.parametrize("case", list(SQ_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_log_sum_sq_probs_matches_float64(device, dtype, case, v):
-    # log sum_v p_v^2 from the same pass as the log-probabilities (the vocabulary in 32-column blocks: 4 or 5 of them,
-    # the last one partial; 21 tokens in chunks of 8), against the float64 reference lse(2x) - 2 lse(x): fp32 within
-    # 1e-5, bf16 no worse than TRL's plain computation (lse(2x) - 2 lse(x) of its fp32 logits) up to rounding-tie
-    # flips (1.05), every 3rd token ignored (0 there); detached; the other outputs and the gradient of the
-    # log-probabilities as without it
+@pytest.mark.parametrize("stat", ["log_sum_sq_probs", "mean_logits"])
+def test_detached_row_statistics_match_float64(device, dtype, case, v, stat):
+    # log sum_v p_v^2 and the mean scaled logit, from the same pass as the log-probabilities (the vocabulary in
+    # 32-column blocks: 4 or 5 of them, the last one partial; 21 tokens in chunks of 8), against the float64 reference
+    # (lse(2x) - 2 lse(x); mean_v x_v): fp32 within 1e-5, bf16 no worse than TRL's plain computation (the same of its
+    # fp32 logits) up to rounding-tie flips (1.05), every 3rd token ignored (0 there); detached; the other outputs and
+    # the gradient of the log-probabilities as without it
     kw = dict(SQ_CASES[case])
     build = {"bias": kw.pop("bias", False)}
     hidden, weight, target, bias = _problem(device, dtype, v=v, ignore_every=3, **build)
     leaves = [t.clone().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
-    got = F.fused_linear_logprobs(*leaves[:2], target, leaves[2], return_log_sum_sq_probs=True, **kw)
+    got = F.fused_linear_logprobs(*leaves[:2], target, leaves[2], **{f"return_{stat}": True}, **kw)
     f64 = [t.double() if t is not None else None for t in (hidden, weight, bias)]
-    want = ref_logprobs(f64[0], f64[1], target, f64[2], return_log_sum_sq_probs=True, **kw)
-    sq = got.log_sum_sq_probs
+    want = ref_logprobs(f64[0], f64[1], target, f64[2], **{f"return_{stat}": True}, **kw)
+    sq = getattr(got, stat)
     assert sq.dtype == torch.float32 and sq.shape == target.shape and not sq.requires_grad
+    assert sum(o is not None for o in got) == 1 + sum(k.startswith("return_") for k in kw) + 1
     ignored = target == -100
     assert (sq[ignored] == 0).all() and not torch.signbit(sq[ignored]).any()
-    assert (sq[~ignored] <= 0).all() and (sq[~ignored] >= -torch.log(torch.tensor(float(v))) - 1e-5).all()
+    if stat == "log_sum_sq_probs":
+        assert (sq[~ignored] <= 0).all() and (sq[~ignored] >= -torch.log(torch.tensor(float(v))) - 1e-5).all()
+    err = rel_l2(sq, getattr(want, stat))
     if dtype == torch.float32:
-        assert _sq_error(got, want) <= 1e-5, _sq_error(got, want)
+        assert err <= 1e-5, err
     else:
         plain = trl_linear_logprobs(hidden, weight, target, bias, temperature=kw.get("temperature", 1.0),
-                                    softcap=kw.get("softcap"), return_log_sum_sq_probs=True)
-        assert _sq_error(got, want) <= max(1.05 * _sq_error(plain, want), 1e-6), (_sq_error(got, want),
-                                                                                  _sq_error(plain, want))
+                                    softcap=kw.get("softcap"), **{f"return_{stat}": True})
+        assert err <= max(1.05 * rel_l2(getattr(plain, stat), getattr(want, stat)), 1e-6), err
     base = F.fused_linear_logprobs(*leaves[:2], target, leaves[2], **kw)
     base = base if isinstance(base, tuple) else LogProbsOutput(base)
     for a, b in zip(got[:4], base):
@@ -328,10 +327,11 @@ def test_log_sum_sq_probs_matches_float64(device, dtype, case, v):
 
 def test_log_sum_sq_probs_of_all_ignored_empty_and_one_hot_rows(device):
     hidden, weight, target, _ = _problem(device, torch.float32)
-    out = F.fused_linear_logprobs(hidden, weight, torch.full_like(target, -100), return_log_sum_sq_probs=True)
-    assert (out.log_sum_sq_probs == 0).all() and (out.logprobs == 0).all()
-    out = F.fused_linear_logprobs(hidden[:0], weight, target[:0], return_log_sum_sq_probs=True)
-    assert out.log_sum_sq_probs.shape == (0,)
+    both = dict(return_log_sum_sq_probs=True, return_mean_logits=True)
+    out = F.fused_linear_logprobs(hidden, weight, torch.full_like(target, -100), **both)
+    assert (out.log_sum_sq_probs == 0).all() and (out.logprobs == 0).all() and (out.mean_logits == 0).all()
+    out = F.fused_linear_logprobs(hidden[:0], weight, target[:0], **both)
+    assert out.log_sum_sq_probs.shape == out.mean_logits.shape == (0,)
     # a near one-hot row (log sum p^2 ~ 0) and a uniform one (-log V): the running max moving across blocks
     v = 70
     logits = torch.zeros(3, v, device=device)
@@ -381,8 +381,8 @@ def test_bad_input(bad, error, match):
 
 
 # ---- torch.compile: the custom ops ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["forward", "forward_entropy", "forward_top1", "forward_sq", "backward",
-                                  "backward_entropy"])
+@pytest.mark.parametrize("case", ["forward", "forward_entropy", "forward_top1", "forward_sq", "forward_mean",
+                                  "backward", "backward_entropy"])
 def test_custom_op_opcheck(device, case):
     import tigon.kernels.fused_linear_logprobs as k  # registers the custom ops
 
@@ -390,11 +390,12 @@ def test_custom_op_opcheck(device, case):
     opts = (-100, 3.0, 0.5, torch.float32)
     if case.startswith("forward"):
         args = (hidden.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), *opts,
-                case == "forward_entropy", True, True, True, False, -1, case == "forward_top1", case == "forward_sq")
+                case == "forward_entropy", True, True, True, False, -1, case == "forward_top1", case == "forward_sq",
+                case == "forward_mean")
         op = torch.ops.tigon.fused_linear_logprobs
     else:
         ent = case == "backward_entropy"
-        _, e, _, stats, _, _ = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
+        _, e, _, stats, _, _, _ = k._flp(hidden, weight, target, bias, *opts, ent, True, True, True, True, 4096)
         n = hidden.shape[0]
         args = (torch.randn(n, device=device), torch.randn(n, device=device) if ent else None,
                 torch.randn(n, device=device), hidden, weight, target, bias, stats, e, *opts, True, True, False,
@@ -405,7 +406,7 @@ def test_custom_op_opcheck(device, case):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(return_entropy=True, return_lse=True, return_is_top1=True, softcap=3.0,
-                                     temperature=0.7, return_log_sum_sq_probs=True)])
+                                     temperature=0.7, return_log_sum_sq_probs=True, return_mean_logits=True)])
 def test_fullgraph_compile_matches_eager(device, kw, monkeypatch):
     # the compiled graph calls the custom op (the kernels), one node, and gives the eager results
     import tigon.kernels.fused_linear_logprobs as k
@@ -483,7 +484,8 @@ def test_row_halves_cast_through_the_scaled_cast_kernel(monkeypatch, dtype, scal
     assert got.shape == (389, 48) and torch.equal(got, want) and got.data_ptr() == first
 
 
-@pytest.mark.parametrize("flag", ["return_entropy", "return_lse", "return_is_top1", "return_log_sum_sq_probs"])
+@pytest.mark.parametrize("flag", ["return_entropy", "return_lse", "return_is_top1", "return_log_sum_sq_probs",
+                                  "return_mean_logits"])
 @pytest.mark.parametrize("value", [1, None, "yes"])
 def test_return_flags_must_be_bools(flag, value):
     """A truthy stand-in (1, "yes") would pick a path silently: each return_* flag must be a bool."""

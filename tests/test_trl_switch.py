@@ -139,11 +139,13 @@ class BareSFT(trl.SFTTrainer):
 @pytest.mark.parametrize("temperature, extra, outputs", [
     (1.0, {}, ALL_OUTPUTS),
     (0.7, {"logits_scaling": 0.25}, ALL_OUTPUTS),
-    (0.9, {"final_logit_softcapping": 3.0}, ("log_probs", "entropy", "is_top1", "log_sum_sq_probs")),
+    (0.9, {"final_logit_softcapping": 3.0}, ALL_OUTPUTS),
+    (0.8, {"final_logit_softcapping": 2.0, "logits_scaling": 0.5}, ("log_probs", "mean_logits")),
 ])
 def test_fused_head_outputs_match_trls(temperature, extra, outputs):
     """Every field of TRL's FusedCausalLMOutput, and the gradients of a loss on them, equal TRL's own head (with its
-    temperature, a logit scale (Granite's logits_scaling), a final-logit soft-cap)."""
+    temperature, a logit scale (Granite's logits_scaling), a final-logit soft-cap: mean_logits too, the row kernel's
+    mean of the capped logits, where the switch fell back before)."""
     ref = tiny_model(**extra)
     got = copy.deepcopy(ref)
     for m in (ref, got):
@@ -160,13 +162,15 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
     support.backend_usage(reset=True)
     for m in (ref, got):
         o = m(input_ids=ids, labels=labels, fused_lm_head=True, num_items_in_batch=7)
-        (o.loss + 0.3 * o.entropy.sum()).backward()
+        (o.loss + (0.3 * o.entropy.sum() if o.entropy is not None else 0.0)).backward()
         res.append((o, {n: p.grad.clone() for n, p in m.named_parameters()}))
     (o_ref, g_ref), (o_got, g_got) = res
     used = support.backend_usage()
     assert set(used) == {"fused_linear_logprobs"}, used  # is_top1 too: no fused_linear_cross_entropy pass
     assert torch.equal(o_got.label_mask, o_ref.label_mask)
-    assert torch.equal(o_got.is_top1, o_ref.is_top1)
+    assert (o_got.is_top1 is None) == (o_ref.is_top1 is None) == ("is_top1" not in outputs)
+    assert "is_top1" not in outputs or torch.equal(o_got.is_top1, o_ref.is_top1)
+    assert "mean_logits" not in outputs or not o_got.mean_logits.requires_grad
     for f in ("loss",) + tuple(o for o in outputs if o != "is_top1"):
         torch.testing.assert_close(getattr(o_got, f), getattr(o_ref, f), rtol=RTOL, atol=1e-6, msg=f)
     for n in g_ref:
@@ -180,7 +184,7 @@ def test_fused_head_outputs_match_trls(temperature, extra, outputs):
                          ids=["sft", "dpo-use_weighting"])
 def test_switched_head_runs_the_head_matmul_once_in_forward(outputs):
     """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy) and DPO's with WPO weights
-    (``use_weighting=True``: also mean_logits, a matrix-vector product, and log_sum_sq_probs, from the same row pass):
+    (``use_weighting=True``: also mean_logits and log_sum_sq_probs, from the same row pass):
     one pass over the LM head, the scored tokens' logits once (tigon.workflows.matmul_count.head_matmuls, every 2-D
     matmul counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half the
     temperature before: 2 head matmuls."""
@@ -211,11 +215,10 @@ def test_fallbacks_warn_once_and_strict_raises():
     with pytest.raises(support.UnsupportedError, match="add_fused_lm_head"):
         tigon_trl.patch_trainer(BareSFT(tiny_model()), strict=True)
 
-    capped = tiny_model(final_logit_softcapping=3.0)  # TRL's mean_logits under a soft-cap needs the logits
+    capped = tiny_model(final_logit_softcapping=3.0)  # mean_logits under a soft-cap: switched too (it fell back)
     trl_utils.add_fused_lm_head(capped, outputs=ALL_OUTPUTS)
-    with pytest.warns(support.TigonFallbackWarning, match="soft-cap"):
-        report = tigon_trl.patch_trainer(BareSFT(capped))
-    assert report.switched == [] and "soft-cap" in report.fallbacks[0]
+    report = tigon_trl.patch_trainer(BareSFT(capped), strict=True)
+    assert report.ok and "mean_logits" in report.switched[0] and "soft-cap 3)" in report.switched[0], str(report)
 
     with pytest.raises(TypeError, match="trainer must be one of"):
         tigon_trl.patch_trainer(object())
@@ -390,26 +393,36 @@ def test_grpo_trainer_ten_steps_with_generation_and_kl(tmp_path, loss_type="dapo
     assert_same_run(run(True), run(False), ("kl", "entropy", "clip_ratio/region_mean"))
 
 
-def test_gkd_trainer_ten_steps(tmp_path):
-    """GKD (off-policy, lmbda 0). The teacher's weights are drawn wider (initializer_range 0.5) so that the divergence
-    is far from 0: at a JSD of 3e-3 (two near-uniform tiny models) TRL's own fp32 formula is 5e-5 off float64 by
-    cancellation (Tigon's kernel 4e-7), more than the 1e-5 the runs are compared at."""
-    gkd = pytest.importorskip("trl.experimental.gkd")
+def chat_data(n):
+    """(tokenizer with a chat template, n user / assistant conversations): GKD's data."""
     tok = byte_tokenizer()
     tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
                          "{% if add_generation_prompt %}a:{% endif %}")
     ds = datasets.Dataset.from_dict({"messages": [
         [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        for q, a in zip(snippets(20, 8), snippets(20, 10, start=5000))]})
+        for q, a in zip(snippets(n, 8), snippets(n, 10, start=5000))]})
+    return tok, ds
+
+
+def gkd_trainer(out, student, teacher, data, **kw):
+    """An off-policy (lmbda 0) GKDTrainer, beta 0.3, on ``data`` (:func:`chat_data`); ``kw``: GKDConfig's."""
+    gkd = pytest.importorskip("trl.experimental.gkd")
+    tok, ds = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental-API and migration warnings of TRL
+        args = gkd.GKDConfig(**common_args(out, per_device_train_batch_size=2, max_length=24, lmbda=0.0, beta=0.3,
+                                           **kw))
+        return gkd.GKDTrainer(model=student, teacher_model=teacher, args=args, train_dataset=ds, processing_class=tok)
+
+
+def test_gkd_trainer_ten_steps(tmp_path):
+    """GKD (off-policy, lmbda 0). The teacher's weights are drawn wider (initializer_range 0.5) so that the divergence
+    is far from 0: at a JSD of 3e-3 (two near-uniform tiny models) TRL's own fp32 formula is 5e-5 off float64 by
+    cancellation (Tigon's kernel 4e-7), more than the 1e-5 the runs are compared at."""
+    data = chat_data(20)
 
     def run(switch):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # experimental-API and migration warnings of TRL
-            args = gkd.GKDConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=24,
-                                               lmbda=0.0, beta=0.3))
-            trainer = gkd.GKDTrainer(model=tiny_model(), teacher_model=tiny_model(seed=1, initializer_range=0.5),
-                                     args=args,
-                                     train_dataset=ds, processing_class=tok)
+        trainer = gkd_trainer(tmp_path / str(switch), tiny_model(), tiny_model(seed=1, initializer_range=0.5), data)
         out, report = train(trainer, switch)
         if switch:
             assert report.switched[0].startswith("compute_loss:"), str(report)
@@ -422,46 +435,16 @@ def test_gkd_trainer_ten_steps(tmp_path):
     assert_same_run(run(True), run(False), ())
 
 
-def test_gkd_with_a_soft_capped_model_falls_back_at_patch_time():
-    """GKD on Gemma 2 (final-logit soft-cap): the report said "1 switched, 0 on TRL's own path" (ok) and strict=True
-    was accepted, then every training step fell back (strict: raised at the first step). The models are known when
-    patching: now the report lists the fallback and strict raises there."""
-    gkd = pytest.importorskip("trl.experimental.gkd")
-
-    class BareGKD(gkd.GKDTrainer):
-        def __init__(self, model, teacher):
-            self.model, self.teacher_model = model, teacher
-
-    capped = tiny_model(final_logit_softcapping=3.0)
-    with pytest.warns(support.TigonFallbackWarning, match="student: final-logit soft-cap"):
-        report = tigon_trl.patch_trainer(BareGKD(capped, tiny_model()))
-    assert not report.ok and report.switched == [] and "soft-cap" in report.fallbacks[0], str(report)
-    trainer = BareGKD(tiny_model(), capped)
-    with pytest.raises(support.UnsupportedError, match="teacher: final-logit soft-cap"):
-        tigon_trl.patch_trainer(trainer, strict=True)
-    assert "compute_loss" not in trainer.__dict__
-    assert tigon_trl.patch_trainer(BareGKD(tiny_model(), tiny_model()), strict=True).ok
-
-
 def test_gkd_trainer_under_bf16_mixed_precision_runs_the_backbones_under_autocast(tmp_path):
     """bf16=True: accelerate puts autocast around each prepared model's forward; the switched GKD loss calls the
     backbones directly, and ran them in float32 (the fp32 run's loss, 1e-3 away from TRL's bf16 one). Now it enters
     the trainer's autocast: the student backbone runs under it and two steps log TRL's bf16 losses."""
-    gkd = pytest.importorskip("trl.experimental.gkd")
-    tok = byte_tokenizer()
-    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
-    ds = datasets.Dataset.from_dict({"messages": [
-        [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        for q, a in zip(snippets(4, 8), snippets(4, 10, start=5000))]})
+    data = chat_data(4)
     autocast_seen = []
 
     def run(switch):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args = gkd.GKDConfig(**common_args(tmp_path / str(switch), per_device_train_batch_size=2, max_length=24,
-                                               lmbda=0.0, beta=0.3, max_steps=2, bf16=True))
-            trainer = gkd.GKDTrainer(model=tiny_model(), teacher_model=tiny_model(seed=1, initializer_range=0.5),
-                                     args=args, train_dataset=ds, processing_class=tok)
+        trainer = gkd_trainer(tmp_path / str(switch), tiny_model(), tiny_model(seed=1, initializer_range=0.5), data,
+                              max_steps=2, bf16=True)
         if switch:
             assert tigon_trl.patch_trainer(trainer, strict=True).ok
             trainer.model.model.register_forward_hook(
@@ -507,14 +490,13 @@ def _online(cls, cfg):
     return build
 
 
-def _kto(tmp, tok, switch, **kw):
+def _kto(tmp, tok, switch, model=tiny_model, **kw):
     n = 16
     ds = datasets.Dataset.from_dict({"prompt": snippets(n, 8), "completion": snippets(n, 10, start=3000),
                                      "label": [i % 2 == 0 for i in range(n)]})
     args = trl.KTOConfig(**common_args(tmp, per_device_train_batch_size=4, max_length=24, max_steps=OPTION_STEPS,
                                        **kw))
-    return trl.KTOTrainer(model=tiny_model(), ref_model=tiny_model(seed=1), args=args, train_dataset=ds,
-                          processing_class=tok)
+    return trl.KTOTrainer(model=model(), ref_model=model(seed=1), args=args, train_dataset=ds, processing_class=tok)
 
 
 @pytest.mark.skipif(not ALL, reason="more TRL options: on CUDA, or on CPU with TIGON_TRL_ALL=1")

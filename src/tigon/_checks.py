@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 
 import torch
@@ -94,6 +95,21 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
     return v
+
+
+def softcap(name: str, value) -> float | None:
+    """``value`` as a float, or None: a final-logit soft-cap ``c`` (``c tanh(z / c)``, Gemma 2's
+    ``final_logit_softcapping``).
+
+    Raises:
+        ValueError: not None and not a finite real number > 0 (a bool is not one).
+    """
+    if value is None:
+        return None
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value))
+            or not float(value) > 0.0):
+        raise ValueError(f"{name} must be None or a finite float > 0, got {value!r}")
+    return float(value)
 
 
 def size(name: str, value) -> int:

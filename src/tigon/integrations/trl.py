@@ -21,11 +21,15 @@ What it switches (TRL 1.16; the trainer instance only, never TRL's classes or mo
   generalized JSD through both heads, :func:`tigon.functional.fused_linear_jsd`
   (:func:`tigon.integrations.trl_heads.gkd_loss`), instead of both models' full logits.
 
+A final-logit soft-cap (Gemma 2's ``final_logit_softcapping``) is taken by both: the fused head's soft-cap (and its
+``mean_logits``, which is not linear in the hidden state under one, from the row kernel's read of the logits), and
+each GKD model's cap in the fused JSD (``student_softcap``, ``teacher_softcap``).
+
 Everything else falls back to TRL's own path with one :class:`tigon.TigonFallbackWarning` naming the reason (and is
 listed in the report), or raises :class:`tigon.UnsupportedError` with ``strict=True``: a TRL without
 ``add_fused_lm_head`` (older than 1.x), a model whose head cannot be found, per-token outputs the switch does not
-compute, MoE router logits (load-balancing loss), FSDP2 DTensor heads, devices other than CPU / CUDA, GKD with a
-final-logit soft-cap, asked for its outputs (``prediction_step`` of evaluation) or run by several processes. Trainers
+compute, MoE router logits (load-balancing loss), FSDP2 DTensor heads, devices other than CPU / CUDA, GKD asked for
+its outputs (``prediction_step`` of evaluation) or run by several processes. Trainers
 of other kinds raise TypeError (``DistillationTrainer`` is not switched: it already computes a chunked JSD of its own
 and logs the student entropy from the same pass).
 """
@@ -94,14 +98,11 @@ def _unwrap_peft(model):
 
 
 def _head_detail(settings: dict) -> str:
-    outs = settings["outputs"]
-    extra = []
-    if "mean_logits" in outs:
-        extra.append("mean_logits = h . mean(W)")
-    # is_top1, log_sum_sq_probs: from the same pass, no grad
-    got = ", ".join(o for o in outs if o in ("log_probs", "entropy", "is_top1", "log_sum_sq_probs"))
+    # mean_logits, is_top1, log_sum_sq_probs: from the same pass, no grad
+    got = ", ".join(o for o in settings["outputs"] if o in trl_heads.KNOWN_OUTPUTS)
+    cap = settings["final_logit_softcapping"]
     return (f"TRL's fused LM head -> tigon.functional.fused_linear_logprobs ({got}; temperature "
-            f"{settings['temperature']})" + ("; " + "; ".join(extra) if extra else ""))
+            f"{settings['temperature']}" + ("" if cap is None else f", soft-cap {cap:g}") + ")")
 
 
 def _switch_head(model, where: str, report: TrainerSwitchReport, strict: bool, memory, seen: set, models: list,
@@ -231,15 +232,18 @@ def patch_trainer(trainer, *, strict: bool = False, memory: str | int = "auto") 
 
 
 def _switch_gkd(trainer, report: TrainerSwitchReport, strict: bool, memory, seen: set) -> None:
-    # what the models are does not change between calls: a model the loss cannot take (a final-logit soft-cap, no LM
-    # head or backbone) is reported now, as the fused-head trainers' are, not at the first training step
+    # what the models are does not change between calls: a model the loss cannot take (no LM head or backbone) is
+    # reported now, as the fused-head trainers' are, not at the first training step
     unwrap = getattr(getattr(trainer, "accelerator", None), "unwrap_model", lambda m: m)
+    caps = []
     for who, attr in (("student", "model"), ("teacher", "teacher_model")):
         model = getattr(trainer, attr, None)
         parts = trl_heads.causal_lm_parts(unwrap(model)) if model is not None else "no model"
         if isinstance(parts, str):
             trl_heads.fallback(f"{who}: {parts}", "compute_loss", strict, seen, report.fallbacks)
             return
+        if parts[3] is not None:
+            caps.append(f"{who} soft-cap {parts[3]:g}")
     original = trainer.compute_loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -265,7 +269,7 @@ def _switch_gkd(trainer, report: TrainerSwitchReport, strict: bool, memory, seen
     trainer.compute_loss = types.MethodType(compute_loss, trainer)
     report.switched.append("compute_loss: GKD's generalized JSD on both models' logits -> "
                            "tigon.functional.fused_linear_jsd on their hidden states and LM heads (temperature 1.0 "
-                           "and beta as TRL's compute_loss)")
+                           "and beta as TRL's compute_loss" + "".join(f", {c}" for c in caps) + ")")
     report.notes.append("GKD: on-policy generation (lmbda) and seq_kd stay TRL's; only the loss is switched")
 
 

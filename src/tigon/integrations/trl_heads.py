@@ -11,9 +11,11 @@ formulas on those per-token values. :func:`tigon_fused_outputs` computes the sam
 metrics run unchanged on Tigon's numbers:
 
 * ``log_probs``, ``entropy``: ``fused_linear_logprobs(..., return_entropy=True)``, differentiable.
-* ``mean_logits`` (no gradient): the vocabulary mean of the logits is linear in the hidden state,
-  ``mean_v (h . W_v + b_v) = h . mean_v W_v + mean_v b_v``: one matrix-vector product. Not linear under a final-logit
-  soft-cap: such models fall back (:func:`unsupported_outputs`).
+* ``mean_logits`` (no gradient; DPO's and KTO's ``logits/*`` metrics: TRL detaches it): ``fused_linear_logprobs(...,
+  return_mean_logits=True)``, the vocabulary mean of the transformed logits ``softcap(z) / T``, summed by the row
+  kernel in the same read of the logits as the log-probabilities: no extra head work, and under a final-logit
+  soft-cap (Gemma 2) too, where it is not linear in the hidden state (``h . mean_v W_v`` is only the mean without
+  one).
 * ``is_top1`` (no gradient): ``fused_linear_logprobs(..., return_is_top1=True)``, from the same pass as the
   log-probabilities (the row kernel keeps each row's first argmax beside its max): no extra head work.
   ``torch.argmax``'s tie rule, as TRL's (a target tied with an earlier column is not top-1).
@@ -79,8 +81,6 @@ def unsupported_outputs(settings: dict) -> str | None:
     unknown = [o for o in settings["outputs"] if o not in KNOWN_OUTPUTS]
     if unknown:
         return f"TRL asks its fused LM head for {unknown}, which the switch does not compute"
-    if "mean_logits" in settings["outputs"] and settings["final_logit_softcapping"] is not None:
-        return "mean_logits under a final-logit soft-cap (not linear in the hidden state: it needs the logits)"
     if not isinstance(settings["logit_scale"], (int, float)):
         return f"logit_scale of type {type(settings['logit_scale']).__name__}"
     return None
@@ -150,12 +150,8 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
         res = F.fused_linear_logprobs(h, weight, t, bias, temperature=temperature, softcap=softcap,
                                       return_entropy="entropy" in outputs, return_lse=True,
                                       return_is_top1="is_top1" in outputs,
-                                      return_log_sum_sq_probs="log_sum_sq_probs" in outputs, memory=memory)
-        extra = {}
-        with torch.no_grad():
-            if "mean_logits" in outputs:
-                m = h.detach().float() @ weight.detach().float().mean(0)
-                extra["mean_logits"] = (m if bias is None else m + bias.detach().float().mean()) / temperature
+                                      return_log_sum_sq_probs="log_sum_sq_probs" in outputs,
+                                      return_mean_logits="mean_logits" in outputs, memory=memory)
 
     def scatter(x):
         return None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x)
@@ -164,7 +160,7 @@ def tigon_fused_outputs(model, settings: dict, args, kwargs, labels, shift_label
     denom = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
     return FusedCausalLMOutput(
         loss=-log_probs.sum() / denom, log_probs=log_probs, entropy=scatter(res.entropy),
-        log_sum_sq_probs=scatter(res.log_sum_sq_probs), mean_logits=scatter(extra.get("mean_logits")),
+        log_sum_sq_probs=scatter(res.log_sum_sq_probs), mean_logits=scatter(res.mean_logits),
         is_top1=scatter(res.is_top1), label_mask=mask, aux_loss=None)
 
 
@@ -196,7 +192,9 @@ def _logit_scale(config) -> float:
 
 
 def causal_lm_parts(model):
-    """(backbone, LM head, logit scale) of an unwrapped causal LM (a PEFT model's base model), or a reason string."""
+    """(backbone, LM head, logit scale, final-logit soft-cap or None) of an unwrapped causal LM (a PEFT model's base
+    model), or a reason string. The logit scale is TRL's rule (:func:`_logit_scale`); the soft-cap the text config's
+    ``final_logit_softcapping`` (Gemma 2), which the model's forward applies to its (scaled) logits."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
@@ -204,18 +202,19 @@ def causal_lm_parts(model):
     backbone = getattr(base, "base_model", None)
     if backbone is None or backbone is base:
         return f"no backbone found on {type(base).__name__} (base_model_prefix)"
-    if getattr(base.config.get_text_config(), "final_logit_softcapping", None) is not None:
-        return "final-logit soft-cap (fused_linear_jsd takes none)"
-    return backbone, head, _logit_scale(base.config)
+    softcap = getattr(base.config.get_text_config(), "final_logit_softcapping", None)
+    return backbone, head, _logit_scale(base.config), None if softcap is None else float(softcap)
 
 
 def gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memory="auto"):
     """TRL 1.16 ``GKDTrainer.compute_loss``'s loss through both LM heads, without either model's logits.
 
     GKD's ``generalized_jsd_loss`` (Agarwal et al. 2024, Eq. 1; TRL passes temperature 1.0 and ``beta``) of the
-    student's and the teacher's next-token distributions at the positions whose shifted label is not ``-100``,
-    divided by their count, or by ``num_items_in_batch`` when given. Here the backbones run once each (the teacher
-    without gradient) and :func:`tigon.functional.fused_linear_jsd` projects only the scored positions.
+    student's and the teacher's next-token distributions (their logits as the models' forwards return them: scaled,
+    then soft-capped where the config has a final-logit soft-cap, Gemma 2's) at the positions whose shifted label is
+    not ``-100``, divided by their count, or by ``num_items_in_batch`` when given. Here the backbones run once each
+    (the teacher without gradient) and :func:`tigon.functional.fused_linear_jsd` projects only the scored positions
+    (each model's soft-cap its ``student_softcap`` / ``teacher_softcap``).
 
     Args:
         trainer: the GKD trainer (``beta``, ``teacher_model``).
@@ -238,8 +237,8 @@ def gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memor
 
 def _gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memory="auto"):
     """The body of :func:`gkd_loss` (under the trainer's autocast)."""
-    s_backbone, s_head, s_scale = student
-    t_backbone, t_head, t_scale = teacher
+    s_backbone, s_head, s_scale, s_cap = student
+    t_backbone, t_head, t_scale, t_cap = teacher
     ids, attn = inputs["input_ids"], inputs["attention_mask"]
     h_s = s_backbone(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
     trainer.teacher_model.eval()
@@ -257,7 +256,8 @@ def _gkd_loss(trainer, model, inputs, num_items_in_batch, student, teacher, memo
     if h_s.shape[0] == 0:  # nothing scored: a differentiable zero, as TRL's 0 / 1
         return h_s.sum() * 0.0
     loss = F.fused_linear_jsd(h_s, s_head.weight, h_t, t_head.weight, None, jsd_beta=float(trainer.beta),
-                              temperature=1.0, student_bias=s_bias, teacher_bias=t_bias, memory=memory)
+                              temperature=1.0, student_bias=s_bias, teacher_bias=t_bias, student_softcap=s_cap,
+                              teacher_softcap=t_cap, memory=memory)
     if num_items_in_batch is not None:
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(loss.device)

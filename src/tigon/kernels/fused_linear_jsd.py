@@ -18,6 +18,12 @@ scales it, as Liger-Kernel's fused linear JSD does). Per chunk of rows:
    place;
 3. the loop's matmuls add ``grad_hidden = G W_s`` and ``grad_W += G^T h_s`` (and ``grad_b += sum G``).
 
+Final-logit soft-caps (``student_softcap``, ``teacher_softcap``: Gemma 2's ``c tanh(z / c)`` on each model's logits):
+the kernel applies each model's cap to its logits as it loads them (``HAS_CAP_S``, ``HAS_CAP_T`` constexprs: nothing
+changes without them), so the three passes above run on the capped logits, and pass 3 multiplies the student's
+gradient by the cap's derivative ``1 - tanh^2(z / c) = 1 - (cap(z) / c)^2``, from the capped value it holds: the same
+reads, one tanh per logit and model in each pass.
+
 Rows whose label is ``ignore_index`` (loss 0, no gradient) are left out of all four matmuls where that pays
 (:func:`tigon.kernels.ignored_rows.kept_for_chunks`: the default plan, at least 1/32 of the rows ignored, a large
 head; one host sync per call): the chunks run over the kept rows of both models, gathered chunk by chunk into two
@@ -64,6 +70,7 @@ from .divergence_terms import JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, _jsd_part
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 from .ignored_rows import kept_for_chunks
+from .loss_rows import _transform
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
@@ -89,9 +96,15 @@ def _block(rows, keep, start, V, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _load(Z, rows, stride, cols, read):
-    """A [BLOCK_M, BLOCK_V] tile of logits in fp32, -inf where not ``read``."""
-    return tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
+def _load(Z, rows, stride, cols, read, cap, HAS_CAP: tl.constexpr):
+    """A [BLOCK_M, BLOCK_V] tile of logits in fp32, soft-capped with HAS_CAP (``cap tanh(z / cap)``), -inf where not
+    ``read``."""
+    if HAS_CAP:  # (cap tanh(-inf / cap) = -cap: the cap is taken on zeros where not read, then masked)
+        z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        z = tl.where(read, _transform(z, 1.0, cap, True), float("-inf"))
+    else:
+        z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
+    return z
 
 
 @triton.jit
@@ -121,26 +134,27 @@ def _lse_rows(m, s, c2):
 
 
 @triton.jit
-def _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, RAGGED: tl.constexpr,
-                LANES: tl.constexpr, BLOCK_V: tl.constexpr):
+def _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, cap_s, cap_t,
+                HAS_CAP_S: tl.constexpr, HAS_CAP_T: tl.constexpr, RAGGED: tl.constexpr, LANES: tl.constexpr,
+                BLOCK_V: tl.constexpr):
     """Pass 1 over one block: both rows' online log-sum-exp of ``z / T`` (max in logits, sum in bits), per lane."""
     cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    ms, ss = _online_lse2(ms, ss, _load(ZS, rows, stride_s, cols, read), c2, LANES)
-    mt, st = _online_lse2(mt, st, _load(ZT, rows, stride_t, cols, read), c2, LANES)
+    ms, ss = _online_lse2(ms, ss, _load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S), c2, LANES)
+    mt, st = _online_lse2(mt, st, _load(ZT, rows, stride_t, cols, read, cap_t, HAS_CAP_T), c2, LANES)
     return ms, ss, mt, st
 
 
 @triton.jit
-def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND: tl.constexpr,
-            FAST: tl.constexpr):
-    """Per element of a block: ``(u, v, g, Q)`` with the pointwise loss ``ln2 (u + v)`` (jsd) or ``u + v`` (the KL
-    kinds), g proportional to d l / d x and Q = exp(x). x = log_softmax(z_s / T), y = log_softmax(z_t / T) formed as
-    ``c (z - m) - logs`` (``z - m`` exact: the max subtracted first, as torch's log_softmax; then one FMA; -inf
-    where not read, which makes every piece 0), in bits for jsd (c = log2 e / T: :func:`tigon.kernels.divergence.
-    _jsd_parts`' ``u = l2`` (the loss in bits), ``v = 0``, ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for
-    the KL kinds (c = 1 / T: ``_terms``' u = l, v = 0, g = d l / d x)."""
-    x = tl.fma(_load(ZS, rows, stride_s, cols, read) - ms[:, None], c, -ls[:, None])
-    y = tl.fma(_load(ZT, rows, stride_t, cols, read) - mt[:, None], c, -lt[:, None])
+def _pieces(zs, zt, c, ms, ls, mt, lt, beta, KIND: tl.constexpr, FAST: tl.constexpr):
+    """Per element of a block of logits ``zs``, ``zt`` (:func:`_load`'s): ``(u, v, g, Q)`` with the pointwise loss
+    ``ln2 (u + v)`` (jsd) or ``u + v`` (the KL kinds), g proportional to d l / d x and Q = exp(x). x =
+    log_softmax(z_s / T), y = log_softmax(z_t / T) formed as ``c (z - m) - logs`` (``z - m`` exact: the max
+    subtracted first, as torch's log_softmax; then one FMA; -inf where not read, which makes every piece 0), in bits
+    for jsd (c = log2 e / T: :func:`tigon.kernels.divergence._jsd_parts`' ``u = l2`` (the loss in bits), ``v = 0``,
+    ``g = gx``; the gradient takes ln2 (1 - beta)), in nats for the KL kinds (c = 1 / T: ``_terms``' u = l, v = 0,
+    g = d l / d x)."""
+    x = tl.fma(zs - ms[:, None], c, -ls[:, None])
+    y = tl.fma(zt - mt[:, None], c, -lt[:, None])
     if KIND == 2:
         u, gx, _gy, q, _p = _jsd_parts(x, y, 1.0, beta, FAST)  # (bits; the series where the two nearly agree)
         return u, 0.0, gx, q
@@ -150,30 +164,39 @@ def _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, bet
 
 
 @triton.jit
-def _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc, qacc,
-               KIND: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
+def _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c, ms, ls, mt, lt, beta, acc, gacc, qacc, cap_s,
+               cap_t, HAS_CAP_S: tl.constexpr, HAS_CAP_T: tl.constexpr, KIND: tl.constexpr, FAST: tl.constexpr,
+               RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
     """Pass 2 over one block: adds the pointwise losses to ``acc``, g to ``gacc`` and Q to ``qacc`` ([BLOCK_M,
     BLOCK_V] fp32 tiles, summed per row after the walk: no reduction per block)."""
     cols, _in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    u, v, g, q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
+    u, v, g, q = _pieces(_load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S),
+                         _load(ZT, rows, stride_t, cols, read, cap_t, HAS_CAP_T), c, ms, ls, mt, lt, beta, KIND, FAST)
     return acc + u + v, gacc + g, qacc + q
 
 
 @triton.jit
-def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq,
-               KIND: tl.constexpr, FAST: tl.constexpr, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Pass 3 over one block: ``cg g - cq Q`` (per-row factors) over the student's logits, in place."""
+def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq, cap_s,
+               cap_t, HAS_CAP_S: tl.constexpr, HAS_CAP_T: tl.constexpr, KIND: tl.constexpr, FAST: tl.constexpr,
+               RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Pass 3 over one block: ``cg g - cq Q`` (per-row factors) over the student's logits, in place; times the
+    soft-cap's derivative ``1 - (zs / cap)^2`` with HAS_CAP_S (``zs`` the capped logit)."""
     cols, in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    _u, _v, g, q = _pieces(ZS, stride_s, ZT, stride_t, rows, cols, read, c, ms, ls, mt, lt, beta, KIND, FAST)
+    zs = _load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S)
+    _u, _v, g, q = _pieces(zs, _load(ZT, rows, stride_t, cols, read, cap_t, HAS_CAP_T), c, ms, ls, mt, lt, beta,
+                           KIND, FAST)
     grad = g * cg[:, None] - q * cq[:, None]
+    if HAS_CAP_S:
+        th = tl.where(read, zs / cap_s, 0.0)  # (not read: -inf, and a gradient of 0)
+        grad = grad * (1.0 - th * th)
     tl.store(ZS + rows[:, None] * stride_s + cols[None, :], grad.to(ZS.dtype.element_ty),
              mask=in_rows[:, None] & in_cols)
 
 
 @triton.jit
-def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND: tl.constexpr,
-              WRITE_GRAD: tl.constexpr, FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-              LANES: tl.constexpr):
+def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, cap_s, cap_t,
+              HAS_CAP_S: tl.constexpr, HAS_CAP_T: tl.constexpr, KIND: tl.constexpr, WRITE_GRAD: tl.constexpr,
+              FAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LANES: tl.constexpr):
     """:func:`_jsd_logits_kernel`'s three passes over its rows (``in_rows``: those that exist, ``keep``: those read);
     each walks the whole blocks with no column mask, then the ragged last one. LANES: pass 1's partial accumulators
     per row (:func:`_online_lse2`)."""
@@ -185,11 +208,11 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
     ss = tl.zeros([BLOCK_M, LANES], tl.float32)
     st = tl.zeros([BLOCK_M, LANES], tl.float32)
     for start in range(0, full, BLOCK_V):
-        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, False,
-                                     LANES, BLOCK_V)
+        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, start, V, c2, ms, ss, mt, st, cap_s,
+                                     cap_t, HAS_CAP_S, HAS_CAP_T, False, LANES, BLOCK_V)
     if full < V:
-        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c2, ms, ss, mt, st, True,
-                                     LANES, BLOCK_V)
+        ms, ss, mt, st = _stats_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c2, ms, ss, mt, st, cap_s,
+                                     cap_t, HAS_CAP_S, HAS_CAP_T, True, LANES, BLOCK_V)
     ms, ss = _lse_rows(ms, ss, c2)
     mt, st = _lse_rows(mt, st, c2)
     ms = tl.where(keep, ms, 0.0)  # skipped rows: finite statistics (their tiles are -inf: every piece is 0)
@@ -216,10 +239,11 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
     qacc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
     if full < V:
         acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full, V, c, ms, ls, mt, lt, beta, acc,
-                                     gacc, qacc, KIND, FAST, True, BLOCK_V)
+                                     gacc, qacc, cap_s, cap_t, HAS_CAP_S, HAS_CAP_T, KIND, FAST, True, BLOCK_V)
     for i in range(0, full, BLOCK_V):
         acc, gacc, qacc = _sums_step(ZS, stride_s, ZT, stride_t, rows, keep, full - BLOCK_V - i, V, c, ms, ls, mt,
-                                     lt, beta, acc, gacc, qacc, KIND, FAST, False, BLOCK_V)
+                                     lt, beta, acc, gacc, qacc, cap_s, cap_t, HAS_CAP_S, HAS_CAP_T, KIND, FAST, False,
+                                     BLOCK_V)
     tl.store(LOSS + rows, tl.sum(acc, axis=1) * loss_unit, mask=in_rows)
     if WRITE_GRAD:
         # pass 3: d loss / d z_s = scale / T (d l / d x - Q sum_v d l / d x_v); skipped rows get zeros (the
@@ -231,10 +255,10 @@ def _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, i
         cq = tl.sum(gacc, axis=1) * (coef * g_unit) / tl.where(q_sum > 0, q_sum, 1.0)
         for start in range(0, full, BLOCK_V):
             _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms, ls, mt, lt, beta, cg, cq,
-                       KIND, FAST, False, BLOCK_V)
+                       cap_s, cap_t, HAS_CAP_S, HAS_CAP_T, KIND, FAST, False, BLOCK_V)
         if full < V:
             _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, full, V, c, ms, ls, mt, lt, beta, cg, cq,
-                       KIND, FAST, True, BLOCK_V)
+                       cap_s, cap_t, HAS_CAP_S, HAS_CAP_T, KIND, FAST, True, BLOCK_V)
 
 
 @triton.jit
@@ -245,8 +269,10 @@ def _jsd_logits_kernel(
     SCALE,           # 0-d fp32: the reduction's factor (1 / kept rows), multiplies the gradient
     LOSS,            # (n,) fp32 output: each row's divergence (0 for a skipped row)
     n_rows, V, ignore_index, inv_t, beta,
+    cap_s, cap_t,    # the student's / teacher's final-logit soft-cap (read with HAS_CAP_S / HAS_CAP_T)
     KIND: tl.constexpr, HAS_LABELS: tl.constexpr, WRITE_GRAD: tl.constexpr, FAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LANES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, LANES: tl.constexpr, HAS_CAP_S: tl.constexpr = False,
+    HAS_CAP_T: tl.constexpr = False,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     in_rows = rows < n_rows
@@ -258,8 +284,8 @@ def _jsd_logits_kernel(
         # its zeros
         if tl.max(keep.to(tl.int32), axis=0) != 0:
             every = tl.full([BLOCK_M], 1, tl.int1)
-            _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, every, every, V, inv_t, beta, KIND, WRITE_GRAD,
-                      FAST, BLOCK_M, BLOCK_V, LANES)
+            _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, every, every, V, inv_t, beta, cap_s, cap_t,
+                      HAS_CAP_S, HAS_CAP_T, KIND, WRITE_GRAD, FAST, BLOCK_M, BLOCK_V, LANES)
         else:
             tl.store(LOSS + rows, tl.zeros([BLOCK_M], tl.float32))
             if WRITE_GRAD:
@@ -268,24 +294,26 @@ def _jsd_logits_kernel(
                     tl.store(ZS + rows[:, None] * stride_s + cols[None, :],
                              tl.zeros([BLOCK_M, BLOCK_V], ZS.dtype.element_ty), mask=(cols < V)[None, :])
     else:
-        _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, KIND, WRITE_GRAD,
-                  FAST, BLOCK_M, BLOCK_V, LANES)
+        _jsd_rows(ZS, stride_s, ZT, stride_t, SCALE, LOSS, rows, in_rows, keep, V, inv_t, beta, cap_s, cap_t,
+                  HAS_CAP_S, HAS_CAP_T, KIND, WRITE_GRAD, FAST, BLOCK_M, BLOCK_V, LANES)
 
 
 def jsd_rows(zs: torch.Tensor, zt: torch.Tensor, labels: torch.Tensor | None, scale: torch.Tensor, opts: Divergence,
-             inv_t: float, loss: torch.Tensor, write_grad: bool) -> None:
+             inv_t: float, loss: torch.Tensor, write_grad: bool, caps: tuple = (None, None)) -> None:
     """Run :func:`_jsd_logits_kernel` on a chunk: student and teacher logits ``zs``, ``zt`` (n, V) (unit column
-    stride, the compute dtype), labels (n,) contiguous or None, the 0-d fp32 ``scale``; writes the rows' divergence
-    into ``loss`` ((n,) fp32) and, with ``write_grad``, ``scale * d loss / d zs`` over ``zs`` in place."""
+    stride, the compute dtype), labels (n,) contiguous or None, the 0-d fp32 ``scale``, ``caps`` the student's and
+    the teacher's soft-caps (float or None); writes the rows' divergence into ``loss`` ((n,) fp32) and, with
+    ``write_grad``, ``scale * d loss / d zs`` over ``zs`` in place."""
     n, vocab = zs.shape
     if n == 0:
         return
     block_m, block_v, warps = _blocks(n, vocab, zs.device)
     launch = _jsd_logits_kernel[(cdiv(n, block_m),)]
     args = (zs, zs.stride(0), zt, zt.stride(0), labels if labels is not None else scale, scale, loss,
-            n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta))
+            n, vocab, int(opts.ignore_index), float(inv_t), float(opts.beta), *(float(c or 1.0) for c in caps))
     meta = dict(KIND=opts.kind, HAS_LABELS=labels is not None, WRITE_GRAD=write_grad, FAST=fast_math(zs.device),
-                BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps)
+                BLOCK_M=block_m, BLOCK_V=block_v, LANES=max(block_v // 8, 1), num_warps=warps,
+                HAS_CAP_S=caps[0] is not None, HAS_CAP_T=caps[1] is not None)
     if zs.device.type == "cpu":  # the interpreter: the -inf - -inf of zero-probability terms, discarded (_terms)
         with interpreter_quiet():
             launch(*args, **meta)
@@ -299,10 +327,11 @@ def _kind(beta: float) -> int:
 
 def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
                 beta: float, ignore_index: int, temperature: float, cd: torch.dtype, need, lean: bool = False,
-                budget: int = -1, halves: bool = True):
+                budget: int = -1, halves: bool = True, caps: tuple = (None, None)):
     """(loss 0-d fp32, (gh, gw, gb) unscaled accumulators for :func:`scale_grads`, None where not needed) of the
     batch-mean JSD over the rows whose label is not ``ignore_index`` (all rows when ``labels`` is None). ``halves``:
-    grad_weight as a :class:`~tigon.kernels.head_grads.RowHalves` (eager calls)."""
+    grad_weight as a :class:`~tigon.kernels.head_grads.RowHalves` (eager calls); ``caps``: the student's and the
+    teacher's final-logit soft-caps (float or None)."""
     n = student_input.shape[0]
     vocab = student_weight.shape[0]
     dev = student_input.device
@@ -335,7 +364,7 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
             hr = torch.index_select(ht, 0, kept[s:e], out=teacher_buf[1][: e - s])
         mm.logits(tz, hr, wt, bt)
         jsd_rows(lg, tz, labels[s:e] if labels is not None else None, scale, opts, 1.0 / temperature,
-                 loss_rows[s:e], want_grad)
+                 loss_rows[s:e], want_grad, caps)
 
     grads = backward_over_chunks(student_input, student_weight, student_bias, cd, need, lean, halves, budget, rows_grad,
                                  elem_bytes=2 * cd.itemsize, scalar=True, kept=kept)
@@ -344,15 +373,17 @@ def jsd_forward(student_input, student_weight, teacher_input, teacher_weight, la
 
 class FusedLinearJSDFunction(torch.autograd.Function):
     """``apply(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, beta,
-    ignore_index, temperature, cd, need, lean, budget) -> loss``: 0-d fp32, gradients formed in the forward for
-    ``need`` = (student_input, student_weight, student_bias) and scaled by the upstream gradient in the backward (a
-    second backward through the same graph raises)."""
+    ignore_index, temperature, cd, need, lean, budget, student_softcap, teacher_softcap) -> loss``: 0-d fp32,
+    gradients formed in the forward for ``need`` = (student_input, student_weight, student_bias) and scaled by the
+    upstream gradient in the backward (a second backward through the same graph raises)."""
 
     @staticmethod
     def forward(ctx, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-                teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1):
+                teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1, student_softcap=None,
+                teacher_softcap=None):
         loss, grads = jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-                                  teacher_bias, beta, ignore_index, temperature, cd, need, lean, budget)
+                                  teacher_bias, beta, ignore_index, temperature, cd, need, lean, budget,
+                                  caps=(student_softcap, teacher_softcap))
         ctx.grads, ctx.need = grads, need
         ctx.dtypes = (student_input.dtype, student_weight.dtype,
                       student_bias.dtype if student_bias is not None else None)
@@ -361,7 +392,7 @@ class FusedLinearJSDFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
-        none = (None,) * 8
+        none = (None,) * 10
         if not any(ctx.need):
             return (None,) * 6 + none
         if ctx.grads is None:
@@ -381,18 +412,20 @@ class FusedLinearJSDFunction(torch.autograd.Function):
 def _fljsd(student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor,
            labels: Optional[Tensor], student_bias: Optional[Tensor], teacher_bias: Optional[Tensor], beta: float,
            ignore_index: int, temperature: float, cd: torch.dtype, need_input: bool, need_weight: bool,
-           need_bias: bool, lean: bool, budget: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+           need_bias: bool, lean: bool, budget: int, student_softcap: Optional[float] = None,
+           teacher_softcap: Optional[float] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss 0-d fp32, grad_input, grad_weight, grad_bias) for an upstream gradient of 1, in the dtypes of
     :func:`~tigon.kernels.head_grads.grad_buffers`' scalar path; (0,) where not needed."""
     loss, grads = jsd_forward(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
                               teacher_bias, beta, ignore_index, temperature, cd, (need_input, need_weight, need_bias),
-                              lean, budget, halves=False)
+                              lean, budget, halves=False, caps=(student_softcap, teacher_softcap))
     return (loss, *(or_empty(g, loss) for g in grads))
 
 
 @_fljsd.register_fake
 def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, beta,
-      ignore_index, temperature, cd, need_input, need_weight, need_bias, lean, budget):
+      ignore_index, temperature, cd, need_input, need_weight, need_bias, lean, budget, student_softcap=None,
+      teacher_softcap=None):
     loss = student_input.new_empty((), dtype=torch.float32)
     need = (need_input, need_weight, need_bias)
     # the real allocator on fake tensors: the kernel path's shapes and dtypes by construction
@@ -402,7 +435,7 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
 
 def _fljsd_setup(ctx, inputs, output):
     student_input, student_weight, _ti, _tw, _labels, student_bias, *_rest = inputs
-    ctx.need = tuple(inputs[11:14])
+    ctx.need, ctx.n_inputs = tuple(inputs[11:14]), len(inputs)
     ctx.dtypes = (student_input.dtype, student_weight.dtype, student_bias.dtype if student_bias is not None else None)
     ctx.save_for_backward(*output[1:])
 
@@ -411,14 +444,16 @@ def _fljsd_grad(ctx, grad_loss, *_unused):
     saved = [t if wanted else None for t, wanted in zip(ctx.saved_tensors, ctx.need)]
     gh, gw, gb = scale_grads(saved, grad_loss, ctx.dtypes, inplace=False)
     return (if_wanted(gh, ctx.need[0]), if_wanted(gw, ctx.need[1]), None, None, None,
-            if_wanted(gb, ctx.need[2])) + (None,) * 10
+            if_wanted(gb, ctx.need[2])) + (None,) * (ctx.n_inputs - 6)
 
 
 _fljsd.register_autograd(_fljsd_grad, setup_context=_fljsd_setup)
 
 
 def compiled_fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-                              teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1):
+                              teacher_bias, beta, ignore_index, temperature, cd, need, lean=False, budget=-1,
+                              student_softcap=None, teacher_softcap=None):
     """``FusedLinearJSDFunction.apply`` as the ``tigon::fused_linear_jsd`` custom op: the loss."""
     return _fljsd(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
-                  float(beta), int(ignore_index), float(temperature), cd, *need, lean, budget)[0]
+                  float(beta), int(ignore_index), float(temperature), cd, *need, lean, budget, student_softcap,
+                  teacher_softcap)[0]

@@ -38,6 +38,11 @@ Chunks of tokens as in :mod:`tigon.kernels.fused_linear_cross_entropy` (its ``ch
   the entropy the same kernel runs with ``COMPUTE_ENT`` off (the entropy's sum u skipped); with the option off
   (``COMPUTE_SQ`` constexpr false) the kernel is the entropy / cross-entropy one, unchanged.
 
+* The mean scaled logit (``return_mean_logits``, TRL's ``mean_logits``: the ``logits/*`` metrics of DPO and KTO):
+  the same forward kernel (``COMPUTE_MEAN``) sums the transformed logits x_v of each row in fp32 as it reads them
+  (one add per element), and writes sum / V; under a soft-cap it is not linear in the hidden state, so this read of
+  every logit is where it can be had without the logits. Not differentiable.
+
 Minimal bytes per chunk: forward reads the logits once (N*V*2 for bf16), backward reads and writes them once.
 Ignored rows are never read (their outputs are 0, their gradient rows written as zeros); where at least 1/32 of the
 rows are ignored and the head is large (:func:`tigon.kernels.ignored_rows.kept_for_chunks`: one host sync per call),
@@ -73,10 +78,11 @@ def _logprob_entropy_fwd_kernel(
     STATS,            # (n, 2) fp32 output: row max m and log s (lse = m + log s)
     TOP1,             # (n,) fp32 output with COMPUTE_TOP1: 1.0 where the target is the row's first argmax, else 0.0
     SQ,               # (n,) fp32 output with COMPUTE_SQ: log sum_v p_v^2 (0 at ignored rows)
+    MEAN,             # (n,) fp32 output with COMPUTE_MEAN: mean_v x_v (0 at ignored rows)
     BAD,              # the target_check buffer (a target outside [0, V) is recorded there)
     n_rows, V, ignore_index, logit_scale, softcap,
     HAS_SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, COMPUTE_TOP1: tl.constexpr = False,
-    COMPUTE_ENT: tl.constexpr = True, COMPUTE_SQ: tl.constexpr = False,
+    COMPUTE_ENT: tl.constexpr = True, COMPUTE_SQ: tl.constexpr = False, COMPUTE_MEAN: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask, valid, in_range, t_safe, _wt = _row_setup(T, T, rows, n_rows, V, ignore_index, False)
@@ -87,12 +93,15 @@ def _logprob_entropy_fwd_kernel(
     s = tl.zeros([BLOCK_M], tl.float32)
     u = tl.zeros([BLOCK_M], tl.float32)  # sum_v exp(x_v - m) (m - x_v), with COMPUTE_ENT
     s2 = tl.zeros([BLOCK_M], tl.float32)  # sum_v exp(2 (x_v - m)), with COMPUTE_SQ
+    xsum = tl.zeros([BLOCK_M], tl.float32)  # sum_v x_v, with COMPUTE_MEAN
     best = tl.zeros([BLOCK_M], tl.int32)  # column of the first maximum so far
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        if COMPUTE_MEAN:  # (an ignored row reads zeros: x = 0)
+            xsum += tl.sum(tl.where(cmask[None, :], x, 0.0), axis=1)
         x = tl.where(cmask[None, :], x, float("-inf"))
         bmax = tl.max(x, axis=1)
         if COMPUTE_TOP1:
@@ -116,6 +125,8 @@ def _logprob_entropy_fwd_kernel(
         tl.store(ENT + rows, tl.where(valid, u / s + logs, 0.0), mask=rmask)
     if COMPUTE_SQ:
         tl.store(SQ + rows, tl.where(valid, tl.log(s2) - 2.0 * logs, 0.0), mask=rmask)
+    if COMPUTE_MEAN:
+        tl.store(MEAN + rows, tl.where(valid, xsum / V, 0.0), mask=rmask)
     tl.store(STATS + 2 * rows, m, mask=rmask)
     tl.store(STATS + 2 * rows + 1, logs, mask=rmask)
     if COMPUTE_TOP1:
@@ -173,12 +184,13 @@ def _logprob_bwd_kernel(
 
 def rows_forward_entropy(x: torch.Tensor, target: torch.Tensor, opts: LossOptions, out_logp: torch.Tensor,
                          out_ent: torch.Tensor | None, out_stats: torch.Tensor, out_top1: torch.Tensor | None = None,
-                         out_sq: torch.Tensor | None = None) -> None:
+                         out_sq: torch.Tensor | None = None, out_mean: torch.Tensor | None = None) -> None:
     """Log-probabilities, entropies and row statistics of rows ``x`` (n, V) (unit column stride), targets (n,)
     contiguous, into (n,) / (n,) / (n, 2) fp32 outputs (``out_ent`` None: no entropy, its sum skipped); with
     ``out_top1`` ((n,) fp32) also 1.0 / 0.0 where the target is / is not the row's first argmax (0.0 at ignored
-    rows); with ``out_sq`` ((n,) fp32) also log sum_v p_v^2 (0.0 at ignored rows), from the same exponentials.
-    Raises first for a bad target an earlier launch recorded."""
+    rows); with ``out_sq`` ((n,) fp32) also log sum_v p_v^2 (0.0 at ignored rows), from the same exponentials; with
+    ``out_mean`` ((n,) fp32) the mean transformed logit (0.0 at ignored rows). Raises first for a bad target an
+    earlier launch recorded."""
     n, vocab = x.shape
     if n == 0:
         return
@@ -187,10 +199,11 @@ def rows_forward_entropy(x: torch.Tensor, target: torch.Tensor, opts: LossOption
     _logprob_entropy_fwd_kernel[(cdiv(n, block_m),)](
         x, x.stride(0), target, out_logp, out_ent if out_ent is not None else out_logp, out_stats,
         out_top1 if out_top1 is not None else out_logp, out_sq if out_sq is not None else out_logp,
-        target_check.buffer(x.device), n, vocab, int(opts.ignore_index), float(opts.logit_scale),
+        out_mean if out_mean is not None else out_logp, target_check.buffer(x.device), n, vocab,
+        int(opts.ignore_index), float(opts.logit_scale),
         float(opts.softcap or 1.0), HAS_SOFTCAP=opts.softcap is not None, BLOCK_M=block_m, BLOCK_V=block_v,
         num_warps=warps, COMPUTE_TOP1=out_top1 is not None, COMPUTE_ENT=out_ent is not None,
-        COMPUTE_SQ=out_sq is not None,
+        COMPUTE_SQ=out_sq is not None, COMPUTE_MEAN=out_mean is not None,
     )
 
 
@@ -219,14 +232,16 @@ def rows_backward(x: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, en
 
 def rows_forward(lg: torch.Tensor, target: torch.Tensor, opts: LossOptions, logp: torch.Tensor,
                  ent: torch.Tensor | None, z: torch.Tensor | None, stats: torch.Tensor,
-                 top1: torch.Tensor | None = None, sq: torch.Tensor | None = None) -> None:
+                 top1: torch.Tensor | None = None, sq: torch.Tensor | None = None,
+                 mean: torch.Tensor | None = None) -> None:
     """Log-probabilities (and, with ``ent``, entropies) and row statistics of one chunk of logits ``lg`` (n, V)
     into the (n,) / (n, 2) fp32 slices ``logp``, ``ent``, ``stats``; with ``top1`` ((n,) fp32) the 1.0 / 0.0 flags
-    of a target that is its row's first argmax, with ``sq`` ((n,) fp32) log sum_v p_v^2, from the same read. Without
-    the entropy and ``sq`` it is the cross-entropy row forward, whose loss rows (-log p, negated here), z rows
-    (``z``, (n,) fp32 scratch) and hit flags it writes."""
-    if ent is not None or sq is not None:
-        rows_forward_entropy(lg, target, opts, logp, ent, stats, top1, sq)
+    of a target that is its row's first argmax, with ``sq`` ((n,) fp32) log sum_v p_v^2, with ``mean`` ((n,) fp32)
+    the mean transformed logit, from the same read. Without the entropy, ``sq`` and ``mean`` it is the
+    cross-entropy row forward, whose loss rows (-log p, negated here), z rows (``z``, (n,) fp32 scratch) and hit flags
+    it writes."""
+    if ent is not None or sq is not None or mean is not None:
+        rows_forward_entropy(lg, target, opts, logp, ent, stats, top1, sq, mean)
     else:
         ce_rows_forward(lg, target, None, None, opts, logp, z, stats, top1)
         logp.neg_().add_(0.0)  # the cross-entropy row loss is -log p (+0.0, not -0.0, at ignored rows)
@@ -245,11 +260,13 @@ def rows_grad_(lg: torch.Tensor, target: torch.Tensor, stats: torch.Tensor, ent:
 
 
 def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
-                     lean: bool = False, budget: int = -1, want_top1: bool = False, want_sq: bool = False):
-    """(logp (N,), entropy (N,) or None, stats (N, 2), top1, sq) fp32 over chunks of tokens (no gradient is formed
-    here: the backward recomputes the logits), top1 (N,) bool or None: with ``want_top1``, whether the target is its
-    row's first argmax (False at ignored tokens); sq (N,) fp32 or None: with ``want_sq``, log sum_v p_v^2 (0 at
-    ignored tokens). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the chunk rule of
+                     lean: bool = False, budget: int = -1, want_top1: bool = False, want_sq: bool = False,
+                     want_mean: bool = False):
+    """(logp (N,), entropy (N,) or None, stats (N, 2), top1, sq, mean) fp32 over chunks of tokens (no gradient is
+    formed here: the backward recomputes the logits), top1 (N,) bool or None: with ``want_top1``, whether the target
+    is its row's first argmax (False at ignored tokens); sq (N,) fp32 or None: with ``want_sq``, log sum_v p_v^2 (0
+    at ignored tokens); mean (N,) fp32 or None: with ``want_mean``, the mean transformed logit (0 at ignored
+    tokens). ``cd``: the matmul dtype; ``target`` contiguous; ``lean``, ``budget``: the chunk rule of
     :func:`tigon.kernels.fused_linear_cross_entropy.chunk_rows` (the ``memory`` option)."""
     n, hdim = hidden.shape
     vocab = weight.shape[0]
@@ -258,16 +275,17 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
     f32 = dict(dtype=torch.float32, device=dev)
     logp, stats = torch.empty(n, **f32), row_stats(n, dev)
     ent = torch.empty(n, **f32) if want_entropy else None
-    z = None if want_entropy or want_sq else torch.empty(n, **f32)  # the cross-entropy kernel's z-loss rows (all 0)
+    z = None if want_entropy or want_sq or want_mean else torch.empty(n, **f32)  # the CE kernel's z-loss rows (0)
     top1 = torch.empty(n, **f32) if want_top1 else None
     sq = torch.empty(n, **f32) if want_sq else None
+    mean = torch.empty(n, **f32) if want_mean else None
     # ignored tokens (0 in every output) left out of the matmuls, as the backward leaves them out (ignored_rows)
     kept = kept_for_chunks(target, opts.ignore_index, vocab, hdim, lean or budget >= 0)
-    full = (logp, ent, z, stats, top1, sq)
+    full = (logp, ent, z, stats, top1, sq, mean)
     m = n
     if kept is not None:
         m, target = kept.numel(), target.index_select(0, kept)
-        logp, ent, z, stats, top1, sq = (None if x is None else x.new_empty((m, *x.shape[1:])) for x in full)
+        logp, ent, z, stats, top1, sq, mean = (None if x is None else x.new_empty((m, *x.shape[1:])) for x in full)
     rows = chunk_rows(m, vocab, hdim, dev, lean, False, cd.itemsize, budget)
     buf = torch.empty(size=(rows, vocab), dtype=cd, device=dev)
     hbuf = None if kept is None else h.new_empty((rows, hdim))
@@ -280,12 +298,12 @@ def logprobs_forward(hidden, weight, target, bias, opts: LossOptions, cd: torch.
             mm.logits(lg, hs, w, b)
             rows_forward(lg, target[s:e], opts, logp[s:e], ent[s:e] if want_entropy else None,
                          None if z is None else z[s:e], stats[s:e], top1[s:e] if want_top1 else None,
-                         sq[s:e] if want_sq else None)
+                         sq[s:e] if want_sq else None, mean[s:e] if want_mean else None)
     if kept is not None:  # an ignored token's outputs: 0, statistics (0, log V), as the kernel writes them
-        parts = (logp, ent, z, None, top1, sq)  # (stats apart)
+        parts = (logp, ent, z, None, top1, sq, mean)  # (stats apart)
         scatter_rows(kept, [(d, x, 0.0) for d, x in zip(full, parts) if x is not None], full[3], stats, vocab)
-        logp, ent, z, stats, top1, sq = full
-    return logp, ent, stats, (top1 != 0 if want_top1 else None), sq
+        logp, ent, z, stats, top1, sq, mean = full
+    return logp, ent, stats, (top1 != 0 if want_top1 else None), sq, mean
 
 
 def logprobs_backward(g_lp, g_ent, g_lse, hidden, weight, target, bias, stats, ent, opts: LossOptions,
@@ -414,29 +432,31 @@ class FormedGradsFunction(torch.autograd.Function):
 
 
 def logprobs_outputs(hidden, weight, target, bias, opts: LossOptions, cd: torch.dtype, want_entropy: bool,
-                     lean: bool = False, budget: int = -1, want_top1: bool = False, want_sq: bool = False):
-    """(logp, entropy or None, lse, stats, top1 or None, sq or None): :func:`logprobs_forward` plus the lse (0 at
-    ignored tokens); shared by the autograd.Function and the custom op."""
-    logp, ent, stats, top1, sq = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean, budget,
-                                                  want_top1, want_sq)
+                     lean: bool = False, budget: int = -1, want_top1: bool = False, want_sq: bool = False,
+                     want_mean: bool = False):
+    """(logp, entropy or None, lse, stats, top1 or None, sq or None, mean or None): :func:`logprobs_forward` plus
+    the lse (0 at ignored tokens); shared by the autograd.Function and the custom op."""
+    logp, ent, stats, top1, sq, mean = logprobs_forward(hidden, weight, target, bias, opts, cd, want_entropy, lean,
+                                                        budget, want_top1, want_sq, want_mean)
     lse = torch.where(target != opts.ignore_index, stats[:, 0] + stats[:, 1], 0.0)
-    return logp, ent, lse, stats, top1, sq
+    return logp, ent, lse, stats, top1, sq, mean
 
 
 class FusedLinearLogProbsFunction(torch.autograd.Function):
     """autograd wrapper: ``apply(hidden, weight, target, bias, opts, cd, need, want_entropy, lean, budget,
-    want_top1, want_sq)`` -> (logp, entropy, lse, top1, sq): (N,) fp32 each and differentiable (entropy is an empty
-    (0,) tensor unless ``want_entropy``), top1 (N,) bool, not differentiable (an empty (0,) tensor unless
-    ``want_top1``), and sq (N,) fp32 log sum_v p_v^2, not differentiable (an empty (0,) tensor unless ``want_sq``).
+    want_top1, want_sq, want_mean)`` -> (logp, entropy, lse, top1, sq, mean): (N,) fp32 each and differentiable
+    (entropy is an empty (0,) tensor unless ``want_entropy``), top1 (N,) bool, not differentiable (an empty (0,)
+    tensor unless ``want_top1``), sq (N,) fp32 log sum_v p_v^2 and mean (N,) fp32 mean transformed logit, not
+    differentiable (empty (0,) tensors unless ``want_sq`` / ``want_mean``).
     ``need`` = (grad for hidden, weight, bias), decided by the caller; ``cd`` the matmul dtype; ``lean``, ``budget``:
     the ``memory`` option (:func:`tigon.ops.fused_linear_cross_entropy.memory_plan`)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, opts, cd, need, want_entropy, lean=False, budget=-1,
-                want_top1=False, want_sq=False):
+                want_top1=False, want_sq=False, want_mean=False):
         target = target.contiguous()
-        logp, ent, lse, stats, top1, sq = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy,
-                                                           lean, budget, want_top1, want_sq)
+        logp, ent, lse, stats, top1, sq, mean = logprobs_outputs(hidden, weight, target, bias, opts, cd, want_entropy,
+                                                                 lean, budget, want_top1, want_sq, want_mean)
         ctx.opts, ctx.cd, ctx.need, ctx.lean, ctx.budget = opts, cd, need, lean, budget
         if any(need):
             ctx.save_for_backward(hidden, weight, target, bias, stats, ent)
@@ -445,16 +465,15 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
             ctx.mark_non_differentiable(ent)
         if top1 is None:
             top1 = torch.empty((0,), dtype=torch.bool, device=logp.device)
-        if sq is None:
-            sq = logp.new_empty((0,))
-        ctx.mark_non_differentiable(top1, sq)
+        sq, mean = (logp.new_empty((0,)) if t is None else t for t in (sq, mean))
+        ctx.mark_non_differentiable(top1, sq, mean)
         ctx.set_materialize_grads(False)
-        return logp, ent, lse, top1, sq
+        return logp, ent, lse, top1, sq, mean
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
-    def backward(ctx, g_lp, g_ent, g_lse, _g_top1, _g_sq):
-        none = (None,) * 8
+    def backward(ctx, g_lp, g_ent, g_lse, _g_top1, _g_sq, _g_mean):
+        none = (None,) * 9
         if not any(ctx.need) or (g_lp is None and g_ent is None and g_lse is None):
             return (None,) * 4 + none
         hidden, weight, target, bias, stats, ent = ctx.saved_tensors
@@ -474,27 +493,29 @@ class FusedLinearLogProbsFunction(torch.autograd.Function):
 def _flp(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
          softcap: Optional[float], logit_scale: float, cd: torch.dtype, want_entropy: bool, need_hidden: bool,
          need_weight: bool, need_bias: bool, lean: bool, budget: int,
-         want_top1: bool = False, want_sq: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+         want_top1: bool = False, want_sq: bool = False,
+         want_mean: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(logp (N,), entropy (N,) or (0,) unless ``want_entropy``, lse (N,), stats (N, 2)), fp32, top1 (N,) bool
-    or (0,) unless ``want_top1``, and sq (N,) fp32 (log sum_v p_v^2, no gradient) or (0,) unless ``want_sq``. The
-    need flags only tell the autograd formula which gradients to form."""
+    or (0,) unless ``want_top1``, sq (N,) fp32 (log sum_v p_v^2, no gradient) or (0,) unless ``want_sq``, and mean
+    (N,) fp32 (mean transformed logit, no gradient) or (0,) unless ``want_mean``. The need flags only tell the
+    autograd formula which gradients to form."""
     opts = LossOptions(ignore_index, 0.0, 0.0, softcap, logit_scale)
-    logp, ent, lse, stats, top1, sq = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd,
-                                                       want_entropy, lean, budget, want_top1, want_sq)
+    logp, ent, lse, stats, top1, sq, mean = logprobs_outputs(hidden, weight, target.contiguous(), bias, opts, cd,
+                                                             want_entropy, lean, budget, want_top1, want_sq, want_mean)
     if top1 is None:
         top1 = torch.empty((0,), dtype=torch.bool, device=logp.device)
-    return logp, or_empty(ent, stats), lse, stats, top1, or_empty(sq, stats)
+    return logp, or_empty(ent, stats), lse, stats, top1, or_empty(sq, stats), or_empty(mean, stats)
 
 
 @_flp.register_fake
 def _(hidden, weight, target, bias, ignore_index, softcap, logit_scale, cd, want_entropy, need_hidden, need_weight,
-      need_bias, lean, budget, want_top1=False, want_sq=False):
+      need_bias, lean, budget, want_top1=False, want_sq=False, want_mean=False):
     n = hidden.shape[0]
     f32 = dict(dtype=torch.float32)
     return (hidden.new_empty((n,), **f32), hidden.new_empty((n,) if want_entropy else (0,), **f32),
             hidden.new_empty((n,), **f32), hidden.new_empty((n, 2), **f32),
             hidden.new_empty((n,) if want_top1 else (0,), dtype=torch.bool),
-            hidden.new_empty((n,) if want_sq else (0,), **f32))
+            hidden.new_empty((n,) if want_sq else (0,), **f32), hidden.new_empty((n,) if want_mean else (0,), **f32))
 
 
 @torch.library.custom_op("tigon::fused_linear_logprobs_backward", mutates_args=(), tags=CUSTOM_OP_TAGS)
@@ -528,7 +549,7 @@ def _flp_setup(ctx, inputs, output):
     ctx.save_for_backward(hidden, weight, target, bias, output[3], output[1])
 
 
-def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats, _g_top1, _g_sq):
+def _flp_grad(ctx, g_lp, g_ent, g_lse, _g_stats, _g_top1, _g_sq, _g_mean):
     nones = (None,) * (ctx.n_inputs - 4)
     if not any(ctx.need):
         return (None,) * 4 + nones
@@ -545,10 +566,10 @@ _flp.register_autograd(_flp_grad, setup_context=_flp_setup)
 
 
 def compiled_fused_linear_logprobs(hidden, weight, target, bias, opts: LossOptions, cd, need, want_entropy,
-                                   lean=False, budget=-1, want_top1=False, want_sq=False):
+                                   lean=False, budget=-1, want_top1=False, want_sq=False, want_mean=False):
     """``FusedLinearLogProbsFunction.apply`` as the ``tigon::fused_linear_logprobs`` custom op: (logp, entropy, lse,
-    top1, sq)."""
-    logp, ent, lse, _stats, top1, sq = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap,
-                                            opts.logit_scale, cd, want_entropy, *need, lean, budget, want_top1,
-                                            want_sq)
-    return logp, ent, lse, top1, sq
+    top1, sq, mean)."""
+    logp, ent, lse, _stats, top1, sq, mean = _flp(hidden, weight, target, bias, opts.ignore_index, opts.softcap,
+                                                  opts.logit_scale, cd, want_entropy, *need, lean, budget, want_top1,
+                                                  want_sq, want_mean)
+    return logp, ent, lse, top1, sq, mean

@@ -31,19 +31,21 @@ def fused_linear_jsd(
     *,
     student_bias: torch.Tensor | None = None,
     teacher_bias: torch.Tensor | None = None,
+    student_softcap: float | None = None,
+    teacher_softcap: float | None = None,
     memory: str | int = "auto",
 ) -> torch.Tensor:
     """Generalised JSD between the student's and the teacher's next-token distributions, from their hidden states
     and LM heads, without the (N, V) logits of either.
 
     Liger-Kernel 0.8.5's ``liger_fused_linear_jsd`` (same arguments, order and value; ``student_bias``,
-    ``teacher_bias`` and ``memory`` are Tigon's): ``jsd(log_softmax(z_s / T), log_softmax(z_t / T), shift_labels,
-    jsd_beta)`` with ``z = input @ weight.T (+ bias)``, the GKD divergence (Agarwal et al. 2024) of
-    :func:`tigon.functional.jsd` averaged over the rows not ignored; definition in
-    :mod:`tigon.reference.fused_linear_jsd`. Rows are processed in chunks (the fused cross-entropy's chunk rule and
-    ``memory`` budget): per chunk both heads' logits are formed (cuBLAS), the rows' divergence and the gradient w.r.t. the
-    student's logits by one Triton kernel over both chunks (fp32 math, the pointwise terms of
-    :func:`tigon.functional.jsd`), and the student's gradients are accumulated, so
+    ``teacher_bias``, the soft-caps and ``memory`` are Tigon's): ``jsd(log_softmax(z_s / T), log_softmax(z_t / T),
+    shift_labels, jsd_beta)`` with ``z = input @ weight.T (+ bias)`` (soft-capped, ``c tanh(z / c)``, for a model
+    with a final-logit soft-cap), the GKD divergence (Agarwal et al. 2024) of :func:`tigon.functional.jsd` averaged
+    over the rows not ignored; definition in :mod:`tigon.reference.fused_linear_jsd`. Rows are processed in chunks
+    (the fused cross-entropy's chunk rule and ``memory`` budget): per chunk both heads' logits are formed (cuBLAS),
+    the rows' divergence and the gradient w.r.t. the student's logits by one Triton kernel over both chunks (fp32
+    math, the pointwise terms of :func:`tigon.functional.jsd`), and the student's gradients are accumulated, so
     only a (rows, V) block of each model's logits exists at a time. The gradients are formed in the forward (a
     second backward through the same loss raises) and accumulated in fp32. The teacher gets no gradient. Under
     ``torch.autocast`` the matmuls run in the autocast dtype. Inside a ``torch.compile`` graph it runs as the custom
@@ -64,6 +66,10 @@ def fused_linear_jsd(
             (rounded once per chunk, less memory), as :func:`tigon.functional.fused_linear_cross_entropy`'s. Note:
             Liger accumulates in the weight's dtype when it is None.
         student_bias, teacher_bias: optional (V,) LM-head biases (the student's gets a gradient).
+        student_softcap, teacher_softcap: each model's final-logit soft-cap ``c`` (Gemma 2's
+            ``final_logit_softcapping``: its logits are ``c tanh(z / c)``, before the temperature), or None. The
+            kernel caps each model's logits as it reads them and multiplies the student's gradient by the cap's
+            derivative: the same passes over the chunk, no (rows, V) temporary.
         memory: as :func:`tigon.functional.fused_linear_cross_entropy`'s (``"low"`` or a budget in bytes), the
             chunk rows sized with each row's two logits rows (the student's and the teacher's, nothing else per
             logit); ``"auto"`` (default) is a 3 GiB budget for the chunk and the fp32 accumulator on CUDA (2048-row
@@ -78,7 +84,7 @@ def fused_linear_jsd(
             None, torch.float32 or the student weight's dtype, or a bad ``memory``.
     """
     beta = ref.check_inputs(student_input, student_weight, teacher_input, teacher_weight, shift_labels, jsd_beta,
-                            ignore_index, temperature, student_bias, teacher_bias)
+                            ignore_index, temperature, student_bias, teacher_bias, student_softcap, teacher_softcap)
     if accum_dtype not in (None, torch.float32, student_weight.dtype):
         raise ValueError(f"accum_dtype must be None, torch.float32 or the student weight's dtype "
                          f"({student_weight.dtype}), got {accum_dtype!r}")
@@ -92,26 +98,29 @@ def fused_linear_jsd(
     if backend in TORCH_CODE or cd not in (torch.float32, torch.bfloat16, torch.float16):
         return ref.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
                                     jsd_beta, ignore_index, temperature, accum_dtype, student_bias=student_bias,
-                                    teacher_bias=teacher_bias)
+                                    teacher_bias=teacher_bias, student_softcap=student_softcap,
+                                    teacher_softcap=teacher_softcap)
     from ..kernels import fused_linear_jsd as k
 
     grad_on = torch.is_grad_enabled()
     need = (grad_on and student_input.requires_grad, grad_on and student_weight.requires_grad,
             grad_on and student_bias is not None and student_bias.requires_grad)
     run = k.compiled_fused_linear_jsd if torch.compiler.is_compiling() else k.FusedLinearJSDFunction.apply
+    caps = (None if c is None else float(c) for c in (student_softcap, teacher_softcap))
     return run(student_input, student_weight, teacher_input, teacher_weight, shift_labels, student_bias, teacher_bias,
-               beta, int(ignore_index), float(temperature), cd, need, lean, budget)
+               beta, int(ignore_index), float(temperature), cd, need, lean, budget, *caps)
 
 
 def plain_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
-                     ignore_index=-100, temperature=1.0, accum_dtype=None, *, student_bias=None, teacher_bias=None):
+                     ignore_index=-100, temperature=1.0, accum_dtype=None, *, student_bias=None, teacher_bias=None,
+                     student_softcap=None, teacher_softcap=None):
     """The plain computation a distillation loop runs: both LM heads in the input dtype (``F.linear``), the logits
-    upcast to float32, divided by the temperature, log-softmax, then the JSD in float32 (Liger-Kernel's test
-    reference for its fused linear JSD)."""
+    upcast to float32 (and soft-capped there, as ``trl_linear_logprobs`` does), divided by the temperature,
+    log-softmax, then the JSD in float32 (Liger-Kernel's test reference for its fused linear JSD)."""
     dt = torch.promote_types(student_input.dtype, student_weight.dtype)
-    x = ref.log_probs(student_input, student_weight, student_bias, temperature, dt)
+    x = ref.log_probs(student_input, student_weight, student_bias, temperature, dt, student_softcap)
     with torch.no_grad():
-        y = ref.log_probs(teacher_input, teacher_weight, teacher_bias, temperature, dt)
+        y = ref.log_probs(teacher_input, teacher_weight, teacher_bias, temperature, dt, teacher_softcap)
     return ref_jsd(x, y, shift_labels, jsd_beta, ignore_index)
 
 
@@ -167,6 +176,10 @@ RECORDS = (OpSpec(
         Case("beta=1 (reverse KL), no labels", options={"jsd_beta": 1.0}, inputs={"labels": False},
              variants=("model",), tags=VERIFY_ONLY),
         Case("biases, temperature=0.7", options={"temperature": 0.7}, inputs={"bias": True}, variants=("model",),
+             tags=VERIFY_ONLY),
+        Case("soft-caps 5 / 3, temperature=0.8", options={"student_softcap": 5.0, "teacher_softcap": 3.0,
+                                                           "temperature": 0.8}, inputs={"ignore_every": 3}),
+        Case("student soft-cap 2, beta=0", options={"student_softcap": 2.0, "jsd_beta": 0.0}, variants=("model",),
              tags=VERIFY_ONLY),
         Case("bench: memory=low", options={"memory": "low"}, tags=frozenset({"bench"}), provider="tigon_lean"),
         Case("bench: memory=1 GiB", options={"memory": 1 << 30}, tags=frozenset({"bench"}), provider="tigon_1gib"),

@@ -35,6 +35,7 @@ def fused_linear_logprobs(
     return_lse: bool = False,
     return_is_top1: bool = False,
     return_log_sum_sq_probs: bool = False,
+    return_mean_logits: bool = False,
     memory: str | int = "auto",
 ):
     """Per-token ``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[target]`` without the logits.
@@ -69,18 +70,22 @@ def fused_linear_logprobs(
             online log-sum-exp's sum ``s = sum exp(x - m)`` the sum ``s2 = sum exp(2 (x - m))`` (rescaled by
             ``exp(2 (m_old - m))`` when the max moves), and returns ``log s2 - 2 log s`` (= ``lse(2 x) - 2 lse(x)``):
             no second pass over the head. Not differentiable (detached, as TRL uses it).
+        return_mean_logits: also return each token's mean over the vocabulary of the scaled logits
+            ``mean_v softcap(z_v) / temperature`` (TRL's ``mean_logits``, logged by its DPO and KTO trainers), summed
+            in fp32 by the row kernel in the same read of each chunk's logits (with or without a soft-cap: under one
+            it is not linear in the hidden state). Not differentiable (detached, as TRL returns it).
         memory: the memory the op may hold beside its inputs and the gradients it returns, as in
             :func:`fused_linear_cross_entropy`: ``"auto"`` (default: chunk buffer and the backward's fp32 grad_weight
             accumulator within 3 GiB on CUDA), ``"low"`` (grad_weight accumulated in the weight's dtype, chunks of
             Liger-Kernel's size: about 64 MiB of logits), or a budget in bytes.
 
     Returns:
-        (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with ``return_entropy``,
-        ``return_lse``, ``return_is_top1`` or ``return_log_sum_sq_probs``, ``LogProbsOutput(logprobs, entropy, lse,
-        is_top1, log_sum_sq_probs)`` ((N,) float32 each, ``is_top1`` (N,) bool, False at ignored tokens; None for
-        what was not requested). ``logprobs``, ``entropy`` and ``lse`` are differentiable w.r.t. hidden, weight and
-        bias (the gradients have their dtypes and shapes); ``is_top1`` and ``log_sum_sq_probs`` are not (no
-        grad_fn). float64 inputs run the reference (float64 outputs).
+        (N,) float32 log-probabilities of the targets (<= 0; 0 at ignored tokens), or, with any ``return_*`` flag,
+        ``LogProbsOutput(logprobs, entropy, lse, is_top1, log_sum_sq_probs, mean_logits)`` ((N,) float32 each,
+        ``is_top1`` (N,) bool, False at ignored tokens; None for what was not requested). ``logprobs``, ``entropy``
+        and ``lse`` are differentiable w.r.t. hidden, weight and bias (the gradients have their dtypes and shapes);
+        ``is_top1``, ``log_sum_sq_probs`` and ``mean_logits`` are not (no grad_fn). float64 inputs run the reference
+        (float64 outputs).
 
     Raises:
         TypeError: a ``return_*`` flag that is not a bool.
@@ -89,27 +94,27 @@ def fused_linear_logprobs(
             a target outside [0, V) other than ``ignore_index`` (checked up front for CPU targets; for CUDA targets,
             without a host sync, at the next loss-kernel launch, the affected outputs being NaN).
     """
-    for name, value in (("return_entropy", return_entropy), ("return_lse", return_lse),
-                        ("return_is_top1", return_is_top1), ("return_log_sum_sq_probs", return_log_sum_sq_probs)):
+    flags = {"return_entropy": return_entropy, "return_lse": return_lse, "return_is_top1": return_is_top1,
+             "return_log_sum_sq_probs": return_log_sum_sq_probs, "return_mean_logits": return_mean_logits}
+    for name, value in flags.items():
         _checks.flag(name, value)
     plan = logprob_plan(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
                         ignore_index=ignore_index, memory=memory)
     if plan is None:
         return ref.fused_linear_logprobs(hidden, weight, target, bias, temperature=temperature, softcap=softcap,
-                                         ignore_index=ignore_index, return_entropy=return_entropy,
-                                         return_lse=return_lse, return_is_top1=return_is_top1,
-                                         return_log_sum_sq_probs=return_log_sum_sq_probs)
+                                         ignore_index=ignore_index, **flags)
     from ..kernels import fused_linear_logprobs as k
 
     opts, cd, need, lean, budget = plan
     run = (k.compiled_fused_linear_logprobs if torch.compiler.is_compiling()
            else k.FusedLinearLogProbsFunction.apply)
-    logp, ent, lse, top1, sq = run(hidden, weight, target, bias, opts, cd, need, bool(return_entropy), lean, budget,
-                                   bool(return_is_top1), bool(return_log_sum_sq_probs))
-    if not (return_entropy or return_lse or return_is_top1 or return_log_sum_sq_probs):
+    logp, ent, lse, top1, sq, mean = run(hidden, weight, target, bias, opts, cd, need, return_entropy, lean, budget,
+                                         return_is_top1, return_log_sum_sq_probs, return_mean_logits)
+    if not any(flags.values()):
         return logp
-    return LogProbsOutput(logp, ent if return_entropy else None, lse if return_lse else None,
-                          top1 if return_is_top1 else None, sq if return_log_sum_sq_probs else None)
+    # (the flags in LogProbsOutput's order; the kernels give empty tensors for what was not asked for)
+    return LogProbsOutput(logp, *(t if wanted else None for t, wanted in zip((ent, lse, top1, sq, mean),
+                                                                             flags.values())))
 
 
 class LogProbPlan(NamedTuple):
@@ -170,11 +175,13 @@ def _inputs(s: dict, dtype, device, gen, ignore_every: int = 0, bias: bool = Fal
 
 
 def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, softcap=None, ignore_index=-100,
-                        return_entropy=False, return_lse=False, return_log_sum_sq_probs=False):
+                        return_entropy=False, return_lse=False, return_log_sum_sq_probs=False,
+                        return_mean_logits=False):
     """TRL's computation on a model's logits: the LM head (``F.linear``) in the input dtype, the logits upcast to
     fp32 (at least) and soft-capped as the model does, divided by the temperature, then log-softmax gathered at the
     targets (``selective_log_softmax``), the entropy from the same logits (``entropy_from_logits``), their
-    logsumexp and ``log sum p^2 = lse(2 x) - 2 lse(x)`` (detached); 0 at ignored tokens (TRL's masking)."""
+    logsumexp, ``log sum p^2 = lse(2 x) - 2 lse(x)`` and the vocabulary mean of the scaled logits (both detached);
+    0 at ignored tokens (TRL's masking)."""
     logits = torch.nn.functional.linear(hidden, weight, bias)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if softcap is not None:
@@ -184,7 +191,7 @@ def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, s
     safe = torch.where(valid, target, 0)
     logsm = torch.log_softmax(logits, dim=-1)
     logp = logsm.gather(-1, safe[:, None]).squeeze(-1).masked_fill(~valid, 0.0)
-    if not (return_entropy or return_lse or return_log_sum_sq_probs):
+    if not (return_entropy or return_lse or return_log_sum_sq_probs or return_mean_logits):
         return logp
     ent = -(logsm.exp() * logsm).sum(-1).masked_fill(~valid, 0.0) if return_entropy else None
     lse = torch.logsumexp(logits, dim=-1).masked_fill(~valid, 0.0) if return_lse else None
@@ -192,7 +199,8 @@ def trl_linear_logprobs(hidden, weight, target, bias=None, *, temperature=1.0, s
     if return_log_sum_sq_probs:
         x = logits.detach()
         sq = (torch.logsumexp(2 * x, dim=-1) - 2 * torch.logsumexp(x, dim=-1)).masked_fill(~valid, 0.0)
-    return LogProbsOutput(logp, ent, lse, None, sq)
+    mean = logits.detach().mean(-1).masked_fill(~valid, 0.0) if return_mean_logits else None
+    return LogProbsOutput(logp, ent, lse, None, sq, mean)
 
 
 RECORDS = (OpSpec(
@@ -225,6 +233,10 @@ RECORDS = (OpSpec(
         Case("bias", inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
         Case("log_sum_sq_probs softcap=5.0 temperature=0.7", options={"return_log_sum_sq_probs": True, "softcap": 5.0,
                                                                       "temperature": 0.7}, inputs={"ignore_every": 4}),
+        Case("mean_logits softcap=5.0 temperature=0.7", options={"return_mean_logits": True, "softcap": 5.0,
+                                                                 "temperature": 0.7}, inputs={"ignore_every": 4}),
+        Case("mean_logits+entropy bias", options={"return_mean_logits": True, "return_entropy": True},
+             inputs={"bias": True, "ignore_every": 3}, variants=("model",)),
         Case("bench: return_entropy", options={"return_entropy": True}, tags=frozenset({"bench"}),
              provider="tigon_entropy"),
         Case("bench: return_entropy + return_log_sum_sq_probs",

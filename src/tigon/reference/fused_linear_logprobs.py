@@ -11,10 +11,17 @@ final-logit soft-cap ``c``:
     H_i   = -sum_v p_iv log p_iv = lse_i - sum_v p_iv x_iv     entropy (nats), p_i = softmax(x_i)
     is_top1_i = (argmax_v x_iv == t)                           the target is the row's top-1 (no gradient)
     sq_i  = log sum_v p_iv^2 = lse(2 x_i) - 2 lse_i            log of the collision probability (no gradient)
+    mean_i = (1 / V) sum_v x_iv                                the mean scaled logit (no gradient)
 
 ``sq`` (``log_sum_sq_probs``) is TRL's name and use: DPO's WPO weights (Zhou et al. 2024, "WPO: Enhancing RLHF with
 Weighted Preference Optimization", Eq. 2) subtract it from each token's log-probability under ``torch.no_grad``, so it
 is returned detached, as TRL's fused head returns it.
+
+``mean`` (``mean_logits``) is TRL's too: its fused LM head (``trl.kernels.chunked_logprob``, TRL 1.16) returns the
+vocabulary mean of the logits after the logit scale, the soft-cap and the temperature, in fp32 and without gradient;
+DPO and KTO log it (``logits/chosen``, ``logits/rejected``). Without a soft-cap it is linear in the hidden state
+(``h . mean_v W_v + mean_v b_v``, over T); with one it is not, and needs every logit: the kernels sum them in the pass
+that forms the log-sum-exp.
 
 ``is_top1`` follows ``torch.argmax``'s tie rule: among equal maxima the first index wins, so a target tied with an
 earlier column is not top-1 (TRL's token accuracy, ``argmax == label``). It is taken on the transformed logits ``x``
@@ -39,12 +46,13 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _checks
 from .cross_entropy import check_target_range
 from .fused_linear_cross_entropy import check_head
 
 
 class LogProbsOutput(NamedTuple):
-    """Returned by :func:`fused_linear_logprobs` when ``return_entropy`` or ``return_lse`` is set.
+    """Returned by :func:`fused_linear_logprobs` when any of its ``return_*`` flags is set.
 
     logprobs: (N,) float32 (float64 for float64 inputs) log-probability of each target, 0 at ignored tokens.
     entropy: (N,) entropy of each token's distribution in nats, 0 at ignored tokens; None unless requested.
@@ -54,6 +62,8 @@ class LogProbsOutput(NamedTuple):
         ignored tokens; not differentiable (detached); None unless requested.
     log_sum_sq_probs: (N,) ``log sum_v p_v^2`` of each token's distribution (<= 0; in [-log V, 0]), 0 at ignored
         tokens; not differentiable (detached; TRL's WPO weights); None unless requested.
+    mean_logits: (N,) mean over the vocabulary of each token's scaled logits (``x``), 0 at ignored tokens; not
+        differentiable (detached; TRL's ``logits/*`` metrics); None unless requested.
     """
 
     logprobs: torch.Tensor
@@ -61,6 +71,7 @@ class LogProbsOutput(NamedTuple):
     lse: torch.Tensor | None = None
     is_top1: torch.Tensor | None = None
     log_sum_sq_probs: torch.Tensor | None = None
+    mean_logits: torch.Tensor | None = None
 
 
 def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_index) -> None:
@@ -75,9 +86,7 @@ def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_i
     if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
             or not math.isfinite(float(temperature)) or not float(temperature) > 0.0):
         raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
-    if softcap is not None and (not isinstance(softcap, numbers.Real) or isinstance(softcap, bool)
-                                or not math.isfinite(float(softcap)) or not float(softcap) > 0.0):
-        raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
+    _checks.softcap("softcap", softcap)
     if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
 
@@ -95,6 +104,7 @@ def fused_linear_logprobs(
     return_lse: bool = False,
     return_is_top1: bool = False,
     return_log_sum_sq_probs: bool = False,
+    return_mean_logits: bool = False,
 ):
     """Per-token ``log softmax(softcap(hidden @ weight.T + bias) / temperature)[target]``; see the module docstring.
 
@@ -109,10 +119,12 @@ def fused_linear_logprobs(
         return_entropy, return_lse: also return each token's entropy / log-sum-exp (:class:`LogProbsOutput`).
         return_is_top1: also return whether each target is its row's argmax ((N,) bool, False where ignored).
         return_log_sum_sq_probs: also return each token's ``log sum_v p_v^2`` (detached; 0 where ignored).
+        return_mean_logits: also return each token's mean scaled logit ``mean_v x_v`` (detached; 0 where ignored).
 
     Returns:
         The (N,) log-probabilities in the inputs' dtype promoted to at least float32, or
-        ``LogProbsOutput(logprobs, entropy, lse, is_top1, log_sum_sq_probs)`` (None for what was not requested).
+        ``LogProbsOutput(logprobs, entropy, lse, is_top1, log_sum_sq_probs, mean_logits)`` (None for what was not
+        requested).
 
     Raises:
         TypeError, ValueError: see :func:`check_inputs`; ValueError for a target outside [0, V) other than
@@ -133,7 +145,7 @@ def fused_linear_logprobs(
     logsm = torch.log_softmax(x, dim=-1)
     safe = torch.where(valid, target, torch.zeros_like(target)).long()
     logp = torch.where(valid, logsm.gather(1, safe[:, None]).squeeze(1), zero)
-    if not (return_entropy or return_lse or return_is_top1 or return_log_sum_sq_probs):
+    if not (return_entropy or return_lse or return_is_top1 or return_log_sum_sq_probs or return_mean_logits):
         return logp
     ent = torch.where(valid, -(logsm.exp() * logsm).sum(-1), zero) if return_entropy else None
     lse = torch.where(valid, torch.logsumexp(x, dim=-1), zero) if return_lse else None
@@ -142,4 +154,5 @@ def fused_linear_logprobs(
     if return_log_sum_sq_probs:
         xd = x.detach()
         sq = torch.where(valid, torch.logsumexp(2 * xd, dim=-1) - 2 * torch.logsumexp(xd, dim=-1), zero)
-    return LogProbsOutput(logp, ent, lse, top1, sq)
+    mean = torch.where(valid, x.detach().mean(-1), zero) if return_mean_logits else None
+    return LogProbsOutput(logp, ent, lse, top1, sq, mean)
