@@ -1,5 +1,6 @@
 """Memory measurements of the tests: the CUDA peak shared by the ``in_place`` tests (fused add + RMSNorm, PolyNorm);
-the CPU tensor bytes of a block of code (:class:`CpuTensorBytes`: the generic matcher's probes on a weightless model)."""
+the CPU tensor bytes of a block of code (:class:`CpuTensorBytes`: the generic matcher's probes of a weightless
+model)."""
 
 import weakref
 
