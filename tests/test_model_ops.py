@@ -84,11 +84,14 @@ def test_bench_default_ops_without_a_dry_run(tmp_path):
         verify.model_ops(str(tmp_path / "gpt2"))
 
 
-def test_kind_op_of_a_vision_language_mlp_is_its_text_towers():
+@pytest.mark.parametrize("case, op", [("gemma3", "geglu"), ("llava", "swiglu"), ("llava_next", "swiglu"),
+                                      ("pixtral", "swiglu"), ("internvl", "swiglu"), ("smolvlm", "swiglu")])
+def test_kind_op_of_a_vision_language_mlp_is_its_text_towers(case, op):
     """``tigon profile``'s op for the ``mlp`` kind (where the replacements declare several: a vision tower's
-    act_linear beside the text tower's glu_linear) takes the activation of the text config (Gemma 3's tanh GELU),
-    not SwiGLU for a container config that names none."""
+    act_linear beside the text tower's glu_linear) is the text model's: the activation of the text config (Gemma 3's
+    tanh GELU, not SwiGLU for a container config that names none), the gated op of its Llama / Qwen2 / Mistral text
+    tower for a container family whose only MLP is the non-gated projector (LLaVA's: not act_linear)."""
     from tigon.integrations.families import kind_op
 
-    cfg = mm.config(*mm.VISION_LANGUAGE["gemma3"][:2])
-    assert kind_op("mlp", cfg) == kind_op("mlp", cfg.to_dict()) == "geglu"
+    cfg = mm.config(*mm.VISION_LANGUAGE[case][:2])
+    assert kind_op("mlp", cfg) == kind_op("mlp", cfg.to_dict()) == op

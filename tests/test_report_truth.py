@@ -19,7 +19,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
-from model_matrix import CASES, GENERIC, MORE_FAMILIES, assert_report_runs, build, config  # noqa: E402
+from model_matrix import (CASES, GENERIC, HELD_HEADS, MORE_FAMILIES, VISION_LANGUAGE, assert_report_runs,  # noqa: E402
+                          build, config, require_family)
 from tigon import support  # noqa: E402
 from tigon.integrations import patched_state  # noqa: E402
 from tigon.integrations.engine import release_unused  # noqa: E402
@@ -76,6 +77,23 @@ def test_generic_report_counts_what_runs(case):
     model(input_ids=ids, labels=ids).loss.backward()
     assert_report_runs(report, support.backend_usage())
     tigon.unpatch(model)
+
+
+@pytest.mark.parametrize("case", [*VISION_LANGUAGE, *(f"held-{c}" for c in HELD_HEADS), "llama-as-generic"])
+def test_unpatch_names_the_family_the_patch_named(case):
+    """The unpatch report's family is the patch report's: the container's for a vision-language model (LLaVA, not the
+    Llama of its text tower, which holds the last patched module; BLIP-2's "(no family)"), "generic" for a patch with
+    family="generic" (on the weightless model: the decisions and marks are the loaded one's)."""
+    if case == "llama-as-generic":
+        model_type, overrides, cls, kwargs = *CASES["llama"][:2], "LlamaForCausalLM", {"family": "generic"}
+    else:
+        table, key = (HELD_HEADS, case[5:]) if case.startswith("held-") else (VISION_LANGUAGE, case)
+        (model_type, overrides, cls), kwargs = table[key][:3], {}
+    require_family(model_type)
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(config(model_type, overrides))
+    family = tigon.patch(model, **kwargs).family
+    assert tigon.unpatch(model).family == family
 
 
 def test_interleaved_rotary_is_routed_or_skipped_with_the_reason(monkeypatch):

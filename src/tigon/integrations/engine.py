@@ -66,8 +66,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import causal_mask, components
-from . import persist
+from . import causal_mask, components, persist
 from . import attention_patches, lora_mlp, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
@@ -77,7 +76,7 @@ from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
 from .plan import (MISSING, Action, existing_patch, family_label, held_heads, import_family, inner_head,
-                   note_residual_adds, undeclared_head)
+                   note_residual_adds, undeclared_head, unpatched_family)
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -548,6 +547,7 @@ def unpatch(model_or_family) -> PatchReport:
     with _LOCK:
         release_unused()
         if level == "instance":
+            patched: set[str] = set()  # the families the removed forwards were of
             for path, m in model_or_family.named_modules():
                 for attr in PATCH_ATTRS:
                     mk = tigon_mark(m.__dict__.get(attr))
@@ -556,8 +556,9 @@ def unpatch(model_or_family) -> PatchReport:
                     del m.__dict__[attr]
                     for sw in SWITCHES.values():
                         sw.live.discard(m)
-                    report.family = mk["family"]  # what was patched (a family spec or "generic")
+                    patched.add(mk["family"])
                     report.replaced.append(PatchEntry(mk["kind"], path or f"({type(m).__name__})", f"original {attr}"))
+            report.family = unpatched_family(model_or_family, spec, patched)
             for sw in list(SWITCHES.values()):
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))

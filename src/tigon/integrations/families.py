@@ -342,12 +342,13 @@ def kind_op(kind: str, config) -> str | None:
     """The :mod:`tigon.functional` op a replacement of patch ``kind`` runs for a model of ``config`` (a transformers
     config or its dict), or None for a kind that runs no single op.
 
-    ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``, a vision-language
-    config's in its ``text_config``; SwiGLU when it names none Tigon has), or ``act_linear`` in a family whose MLPs
-    are all non-gated (GPT-NeoX, phi, Falcon, Nemotron), ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the
-    LoRA linear; the norm and rotary kinds are their ops. (The ops a model runs are the dry run's,
-    :func:`tigon.workflows.dry_run.model_ops`; ``tigon profile`` takes this one for a kind whose replacements declare
-    several, or one with matmuls inside.)
+    ``mlp`` runs the gated op of the config's activation (``hidden_act`` / ``hidden_activation``; SwiGLU when it names
+    none Tigon has), or ``act_linear`` in a family whose MLPs are all non-gated (GPT-NeoX, phi, Falcon, Nemotron),
+    ``lm_head_loss`` the fused linear cross-entropy, ``lora`` the LoRA linear; the norm and rotary kinds are their
+    ops. A vision-language config's text model decides (its ``text_config``'s family, :func:`tower_family`, and
+    activation): LLaVA's MLP op is its Llama's SwiGLU, not the ``act_linear`` of the projector, the only MLP that
+    LLaVA's own family declares. (The ops a model runs are the dry run's, :func:`tigon.workflows.dry_run.model_ops`;
+    ``tigon profile`` takes this one for a kind whose replacements declare several, or one with matmuls inside.)
     """
     if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
@@ -356,11 +357,12 @@ def kind_op(kind: str, config) -> str | None:
             return c.get if isinstance(c, dict) else lambda name: getattr(c, name, None)
 
         get = getter(config)
-        spec = family_named(get("model_type"))
+        text_config = get("text_config")
+        text = getter(text_config or {})
+        spec = tower_family(text("model_type")) if text_config else family_named(get("model_type"))
         if spec is not None and spec.mlps and all(not m.gated and m.act is not None for m in spec.mlps):
             return "act_linear"
-        text = getter(get("text_config") or {})
-        act = get("hidden_act") or get("hidden_activation") or text("hidden_act") or text("hidden_activation")
+        act = text("hidden_act") or text("hidden_activation") or get("hidden_act") or get("hidden_activation")
         return ACTIVATIONS.get(act, ("swiglu", None))[0]
     if kind == "lm_head_loss":
         return "fused_linear_cross_entropy"

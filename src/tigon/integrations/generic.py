@@ -41,7 +41,9 @@ MoE experts
 
 Models on the ``meta`` device (``tigon inspect`` builds them there, without weights) get the decisions a loaded model
 gets: norms and MLPs are probed on CPU copies with random parameters, one per group of modules that differ only in
-weight values (:func:`_fingerprint`), and the head probe never needs the model's weights.
+weight values, an MLP's copy shrunk to a few dozen features a dimension so that the probe costs milliseconds and
+kilobytes at any model size (:mod:`tigon.integrations.generic_stand_in`), and the head probe never needs the model's
+weights.
 
 Everything else is left alone; every candidate that fails is reported with the reason. Probes use their own random
 generator (the global RNG is not advanced) and restore the modules' training flags.
@@ -67,6 +69,8 @@ from ..reference import rope as ref_rope
 from . import generic_moe
 from .families import CausalLMSpec, MLPSpec, NormSpec, RopeSpec
 from .family_spec import Match
+from .generic_stand_in import probe_meta
+from .generic_stand_in import randn as _randn
 from .marks import tigon_mark
 from .rotary_calls import rotary_functions
 
@@ -74,6 +78,7 @@ PROBE_ROWS = 4
 TOL = {torch.float32: 1e-5, torch.float64: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 ROPE_FUNCTION = "apply_rotary_pos_emb"
+PROBE_FAILED = "probe failed"  # how the reason of a probe whose module raised begins
 # one ACTIVATIONS key per distinct function, with its fp32 definition
 ACT_FUNCTIONS = {
     "silu": F.silu,
@@ -91,11 +96,6 @@ class GenericResult:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
-def _randn(shape, device, dtype=torch.float32, seed=0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
-
-
 @contextlib.contextmanager
 def _probing(module: torch.nn.Module):
     """Eval mode (no dropout) and no grad for the probe; every submodule's training flag restored after."""
@@ -121,50 +121,9 @@ def _float_weight(module) -> torch.Tensor | None:
     return _float_weight(base) if base is not None else None
 
 
-def _is_meta(module: torch.nn.Module) -> bool:
-    return any(p.is_meta for p in module.parameters())
-
-
-def _cpu_stand_in(module: torch.nn.Module) -> torch.nn.Module:
-    """A CPU copy of a meta-device module with random parameters (scaled by 1/sqrt(fan-in)), for probing only."""
-    c = copy.deepcopy(module).to_empty(device="cpu")
-    with torch.no_grad():
-        for i, p in enumerate(c.parameters()):
-            scale = p.shape[-1] ** -0.5 if p.dim() > 1 else 1.0
-            p.copy_((_randn(p.shape, "cpu", seed=11 + i) * scale).to(p.dtype))
-    return c
-
-
-def _probe(cache: dict, kind: str, m: torch.nn.Module, probe, *args):
-    """``probe(m, *args)``; for meta modules, once per :func:`_fingerprint` on a CPU stand-in (see the module
-    docstring)."""
-    if not _is_meta(m):
-        return probe(m, *args)
-    key = (kind, _fingerprint(m), args)
-    if key not in cache:
-        cache[key] = probe(_cpu_stand_in(m), *args)
-    return cache[key]
-
-
-def _fingerprint(module: torch.nn.Module) -> tuple:
-    """What decides a module's output besides its weight values, for reusing one probe across modules: for it and
-    every submodule, the class, the shapes and dtypes of its parameters and buffers, and its public attributes
-    (plain values compared by value, anything else, such as the shared config object, by identity). Two of
-    Gemma-3n's MLPs differ only in ``activation_sparsity``, for instance."""
-
-    def key(v):
-        if isinstance(v, (bool, int, float, str, type(None))):
-            return v
-        if isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str, type(None))) for x in v):
-            return tuple(v)
-        return ("id", id(v))
-
-    def tensors(d):
-        return tuple((n, tuple(t.shape), t.dtype) for n, t in d.items() if t is not None)
-
-    return tuple((path, type(m), tensors(m._parameters), tensors(m._buffers),
-                  tuple(sorted((k, key(v)) for k, v in vars(m).items() if not k.startswith("_") and k != "training")))
-                 for path, m in module.named_modules())
+def _probe_failed(result) -> bool:
+    """Whether a probe's ``result`` says that the module raised (rather than computing something else)."""
+    return isinstance(result, str) and result.startswith(PROBE_FAILED)
 
 
 def _class_forward(module):
@@ -226,7 +185,7 @@ def probe_norm(m: torch.nn.Module, eps_attr: str) -> NormSpec | str:
                     return f"no rms_norm casting mode reproduces the {low} probe (output dtype {yl.dtype})"
                 mode = best[1]
     except Exception as e:  # a forward that does not take one tensor, wrong device, ...
-        return f"probe failed: {type(e).__name__}: {e}"
+        return f"{PROBE_FAILED}: {type(e).__name__}: {e}"
     return NormSpec(type(m).__qualname__, casting_mode=mode, offset=offset, eps_attr=eps_attr)
 
 
@@ -311,7 +270,7 @@ def probe_mlp(m: torch.nn.Module, layout: tuple[str, ...]) -> MLPSpec | str:
                     err = rel_l2(down(h), y)
                     errs[name] = max(errs[name], err if math.isfinite(err) else math.inf)
     except Exception as e:
-        return f"probe failed: {type(e).__name__}: {e}"
+        return f"{PROBE_FAILED}: {type(e).__name__}: {e}"
     passing = [n for n in names if errs[n] <= tol]
     if len(passing) != 1:
         detail = ", ".join(f"{n}: {e:.1e}" for n, e in errs.items())
@@ -503,7 +462,7 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
             if eps_attr is not None:
                 already = tigon_mark(m.__dict__.get("forward"))
                 spec = (NormSpec(type(m).__qualname__, eps_attr=eps_attr) if already
-                        else _probe(cache, "norm", m, probe_norm, eps_attr))
+                        else probe_meta(cache, "norm", m, probe_norm, eps_attr))
                 matches.append((path, m, _match("rms_norm", m, spec, mod_name)))
                 continue
         if enabled.get("mlp") and not _is_builtin(m) and generic_moe.experts_candidate(m):  # v5 MoE experts
@@ -516,7 +475,8 @@ def generic_matches(model: torch.nn.Module, enabled: dict[str, bool]) -> Generic
             layout = _mlp_layout(m)
             if layout is not None:
                 already = tigon_mark(m.__dict__.get("forward"))
-                spec = MLPSpec(type(m).__qualname__) if already else _probe(cache, "mlp", m, probe_mlp, layout)
+                spec = MLPSpec(type(m).__qualname__) if already else probe_meta(
+                    cache, "mlp", m, probe_mlp, layout, shrink=True, retry_full=_probe_failed)
                 matches.append((path, m, _match("mlp", m, spec, mod_name)))
                 continue
 

@@ -35,6 +35,7 @@ import torch
 from ..numerics import rel_l2
 from ..reference import glu as ref_glu
 from .families import MLPSpec
+from .generic_stand_in import randn
 from .marks import tigon_mark
 
 EXPERTS_PROBE_REACH = 50.0
@@ -53,7 +54,7 @@ def experts_candidate(m) -> bool:
 def probe_experts(m) -> MLPSpec | str:
     """The experts spec of ``m`` (see the module docstring), or why it is left alone."""
     from . import moe_experts
-    from .generic import ACT_FUNCTIONS, TOL, _probing, _randn
+    from .generic import ACT_FUNCTIONS, TOL, _probing
     from .mlp_forwards import default_experts_gate
 
     name = type(m).__name__
@@ -70,7 +71,7 @@ def probe_experts(m) -> MLPSpec | str:
         return "no _apply_gate hook in this transformers (experts implementation interface missing)"
     if hook is not default and tigon_mark(hook) is None:
         return f"{name} defines its own _apply_gate (a custom gating function); left alone"
-    x = _randn((4, 32), "cpu", seed=7)
+    x = randn((4, 32), "cpu", seed=7)
     errs = dict.fromkeys(ACT_FUNCTIONS, 0.0)
     try:
         with _probing(m):
@@ -96,9 +97,7 @@ class RouterLogits:
     (tokens, experts) tensor per layer (two layers)."""
 
     def __init__(self, experts: int, tokens: int, dtype: torch.dtype):
-        from .generic import _randn
-
-        self.logits = tuple(_randn((tokens, experts), "cpu", dtype, seed=20 + i) for i in range(2))
+        self.logits = tuple(randn((tokens, experts), "cpu", dtype, seed=20 + i) for i in range(2))
 
 
 def _head_int(m, attr: str):

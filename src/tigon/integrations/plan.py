@@ -124,6 +124,20 @@ def family_label(model: torch.nn.Module, spec: FamilySpec | None, forced: bool =
     return f"{getattr(outer.config, 'model_type', None) or type(outer).__name__} (no family)"
 
 
+def unpatched_family(model: torch.nn.Module, spec: FamilySpec | None, patched: set[str]) -> str:
+    """The family an instance-level unpatch report names, the one the patch report named: the model's
+    (:func:`family_label`: its outermost family, or the model type of a container of no family), not the family of
+    whichever patched module came last; but the one family all the removed forwards were of where that is not the
+    model's (a patch with ``family=``: ``"generic"`` on a Llama model). ``patched``: the families of the removed
+    forwards (their marks'; none: ``spec``'s name, ``"none"`` for the generic matcher)."""
+    if not patched:
+        return spec.name if spec is not None else "none"
+    label = family_label(model, spec)
+    if label in patched or len(patched) != 1 or label.endswith("(no family)"):
+        return label
+    return next(iter(patched))
+
+
 def held_heads(model: torch.nn.Module, matches: list, report: PatchReport) -> list:
     """``matches`` with the LM heads that run inside another model's forward taken out.
 
