@@ -64,7 +64,8 @@ def add_parser(sub) -> None:
     g.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
     g.add_argument("--image-tokens", type=int, metavar="N",
                    help="a vision-language model's image tokens per sequence (Qwen-VL, GLM-4V, Gemma 4: the image's "
-                        "size; default --seq-len / 4; the other families' count is fixed by their config)")
+                        "size; default --seq-len / 4; an error for the other families, whose count their config "
+                        "fixes, and for text-only models)")
     g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")
