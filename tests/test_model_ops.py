@@ -120,3 +120,20 @@ def test_bench_reads_the_shapes_as_verify_does(tmp_path):
                             eos_token_id=0).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ConfigError, match=r"no intermediate_size \(model_type 'gpt2'\); the op shapes read"):
         bench.resolve_bench(bench.BenchConfig(model=str(tmp_path / "gpt2"), ops=["rms_norm"], device="cpu"))
+
+
+def test_bench_notes_named_ops_the_model_does_not_run(tmp_path):
+    """``--op`` names an op tigon.patch does not run in the model (Gemma 2's sandwich norms: no fused add + norm):
+    bench times it at the model's shapes, as asked, and says so (it did silently); nothing is said for the ops it runs
+    or for ``--op all``."""
+    mm.config("gemma2", {}).save_pretrained(tmp_path / "gemma2")
+    model = str(tmp_path / "gemma2")
+
+    def notes(ops):
+        return [n for n in bench.resolve_bench(bench.BenchConfig(model=model, ops=ops, device="cpu"))[3]
+                if "not run by tigon.patch" in n]
+
+    assert notes(["fused_add_rms_norm,rms_norm"]) == [
+        f"fused_add_rms_norm: not run by tigon.patch in {model} (it runs rms_norm, rope, glu_linear, "
+        "fused_linear_cross_entropy); timed at the model's shapes as asked"]
+    assert notes(["rms_norm"]) == notes(["all"]) == []

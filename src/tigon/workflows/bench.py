@@ -47,7 +47,9 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
-from .bench_model import config_dict, model_ops, shapes_config, shapes_from_config  # noqa: F401 (this module's API)
+from .bench_model import (  # noqa: F401 (this module's API)
+    config_dict, model_ops, ops_not_run_note, shapes_config, shapes_from_config,
+)
 from .devices import device_name
 from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, config_field, text_config
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
@@ -451,6 +453,10 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
         if op not in specs:
             raise ConfigError(f"unknown op {op!r} (choose from {', '.join(specs)}, or all)")
     ops = list(dict.fromkeys(ops))
+    if config.ops and "all" not in config.ops:  # ops named with --op: say which the model does not run
+        note = ops_not_run_note(model, ops)
+        if note:
+            notes.append(note)
     if config.sweep == "hidden" and any(op not in hidden_ops for op in ops):
         raise ConfigError(f"--sweep hidden applies to the row-wise ops only ({', '.join(hidden_ops)}), got "
                           f"{', '.join(op for op in ops if op not in hidden_ops)}")

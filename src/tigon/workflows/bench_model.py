@@ -70,6 +70,23 @@ def shapes_config(model: str, config: dict):
         return config
 
 
+def ops_not_run_note(model: str, ops: list[str]) -> str | None:
+    """A note on the ops of ``ops`` (named with ``--op``) that :func:`tigon.patch` does not run in MODEL (its dry run,
+    :func:`model_ops`; none where tigon.patch refuses the model), which bench times at the model's shapes all the
+    same; None when it runs them all, or when no dry run can be done."""
+    from .errors import ConfigError
+
+    try:
+        runs = model_ops(model)
+    except ConfigError:  # tigon.patch refuses the model, or replaces nothing that runs an op
+        runs = []
+    missing = [op for op in ops if op not in runs]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)}: not run by tigon.patch in {model} (it runs "
+            f"{', '.join(runs) if runs else 'no op there'}); timed at the model's shapes as asked")
+
+
 def config_dict(model: str, text: bool = True) -> tuple[dict, dict]:
     """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
     id in the local cache (:func:`tigon.workflows.model_source.resolve_source`). A multimodal config gives its text
