@@ -48,6 +48,10 @@ def test_inspect_equals_patch(name):
     assert {"rms_norm", "mlp", "rope", "lm_head_loss"} <= set(report.counts)
     assert any(e.target.startswith("model.visual.") for e in report.replaced)  # the vision tower's norms
     assert got.config["vision_num_hidden_layers"] == 2 and got.config["hidden_size"] == 128
+    # the vision tower's rotary module: its rotation is skipped (another interface), not "what Tigon replaces"
+    why = {r["module"]: r["reason"] for r in got.left_alone if r["module"].endswith("RotaryEmbedding")}
+    assert sorted(("Vision" in m, w.endswith("not replaced either (see skipped)")) for m, w in why.items()) == \
+        [(False, False), (True, True)], why
 
 
 @pytest.mark.parametrize("name", TINY)
