@@ -17,6 +17,7 @@ from ._render import (_check_output, _check_output_dir, _console, _csv_list, _du
 def add_parser(sub) -> None:
     """Add the ``bench`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..ops import registry
+    from ..presets import PRESETS
     from ..workflows.bench import PROVIDERS, SWEEPS
     from ..workflows.e2e import E2E_PROVIDERS, PATCH_VARIANTS
 
@@ -38,8 +39,8 @@ def add_parser(sub) -> None:
                    help=f"ops to run ({', '.join(registry())}), or 'all' (default: the ops the model calls; the norms "
                         "for --sweep hidden)")
     p.add_argument("--model", metavar="MODEL",
-                   help="preset name, config.json, checkpoint directory or cached Hub id; only its config is read "
-                        "(default: tiny on CPU, llama3-8b on CUDA)")
+                   help=f"a preset ({', '.join(PRESETS)}), a config.json, a checkpoint directory or a cached Hub "
+                        "id; only its config is read (default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST", type=_names,
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile, tigon_compile on "
                         f"CPU); with --e2e: {','.join(E2E_PROVIDERS)} (see the description above)")
