@@ -132,3 +132,15 @@ def test_help_renders(command, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: tigon {command}".rstrip()), out[:200]
+
+
+@pytest.mark.parametrize("command, dest", [("compare", "preset"), ("inspect", "model"), ("verify", "model"),
+                                           ("bench", "model"), ("profile", "model")])
+def test_model_help_lists_the_presets(command, dest):
+    """Every command that takes a preset names them all in its help (bench's and profile's said 'preset name' and
+    listed none)."""
+    from tigon.presets import PRESETS
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = next(a.help for a in sub._actions if a.dest == dest)
+    assert ', '.join(PRESETS) in text, text

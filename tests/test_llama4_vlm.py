@@ -93,6 +93,10 @@ def test_vision_tower_report_is_what_runs_and_inspect_agrees():
         for kind in ("replaced", "skipped"):
             assert sorted((e["kind"], e["target"]) for e in dry.patch[kind]) == \
                 sorted((e.kind, e.target) for e in getattr(report, kind))
+        # the rotary modules left alone name the function each tower's rotation runs (it said apply_rotary_pos_emb)
+        why = {r["module"]: r["reason"] for r in dry.left_alone if r["module"].endswith("RotaryEmbedding")}
+        assert "the rotation itself (vision_apply_rotary_emb) is what" in why["Llama4VisionRotaryEmbedding"], why
+        assert "the rotation itself (apply_rotary_emb) is what" in why["Llama4TextRotaryEmbedding"], why
         support.backend_usage(reset=True)
         with torch.no_grad():
             model(**_batch(OVERRIDES))

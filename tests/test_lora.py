@@ -103,3 +103,38 @@ def test_lora_linear_bad_input(device):
         TF.lora_linear(a["x"], a["weight"], a["lora_a"], a["lora_b"], scaling="2")
     with pytest.raises(ValueError, match="scaling must be a finite"):
         TF.lora_linear(a["x"], a["weight"], a["lora_a"], a["lora_b"], scaling=float("inf"))
+
+
+@pytest.mark.parametrize("op", ["lora_linear", "lora_glu_mlp", "lora_gate_up_mlp"])
+def test_output_may_be_modified_in_place(device, op):
+    """The LoRA nodes' outputs take in-place ops, as Llama 4's MoE block does to its shared expert's output
+    (``out.add_(routed)``): each node returns its (tokens, N) buffer and the (..., N) view is taken outside it (a view
+    returned by a custom Function raised 'Output 0 of LoRAGLUMLPFunction is a view and is being modified inplace' on
+    ``tigon bench --e2e --lora`` of Llama 4); the gradients are those of the reference with the same in-place add."""
+    import test_lora_gate_up
+    import test_lora_mlp
+
+    args, grads, scalings = {
+        "lora_linear": (inputs(device), ("x", "lora_a", "lora_b"), dict(scaling=2.0)),
+        "lora_glu_mlp": (test_lora_mlp.inputs(device), test_lora_mlp.GRADS,
+                         dict(gate_scaling=2.0, up_scaling=0.5, down_scaling=1.5)),
+        "lora_gate_up_mlp": (test_lora_gate_up.inputs(device), test_lora_gate_up.GRADS,
+                             dict(gate_up_scaling=2.0, down_scaling=1.5)),
+    }[op]
+
+    def run_in_place(fn):
+        leaves = {k: (v.detach().clone().requires_grad_(k in grads) if v is not None else None)
+                  for k, v in args.items()}
+        out = fn(**leaves, **scalings)
+        out.add_(out.detach() ** 2)  # in place, as HF's out.add_(...)
+        (out * torch.linspace(-1, 1, out.shape[-1], device=device)).sum().backward()
+        return out.detach(), {k: leaves[k].grad for k in grads}
+
+    support.backend_usage(reset=True)
+    out, got = run_in_place(getattr(TF, op))
+    assert op in support.backend_usage()
+    want_out, want = run_in_place(getattr(ref, op))
+    assert out.shape == args["x"].shape[:-1] + want_out.shape[-1:]
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    for k in grads:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5, msg=k)

@@ -95,3 +95,48 @@ def test_kind_op_of_a_vision_language_mlp_is_its_text_towers(case, op):
 
     cfg = mm.config(*mm.VISION_LANGUAGE[case][:2])
     assert kind_op("mlp", cfg) == kind_op("mlp", cfg.to_dict()) == op
+
+
+def test_bench_reads_the_shapes_as_verify_does(tmp_path):
+    """bench read a config.json as a plain dict, verify through transformers' config class, so the same file gave
+    different shapes: a DeepSeek-V3 config.json as published (no ``head_dim``; its class sets it to
+    ``qk_rope_head_dim``) had its rotary timed at hidden / heads (24) where verify checks 8, and GPT-2's ``n_embd`` /
+    ``n_head`` were missing fields. Now bench reads the class's config too (the dict only where transformers cannot
+    read it); the error for what still lacks a field names it without calling GPT-2 no decoder."""
+    import json
+
+    from tigon.workflows.errors import ConfigError
+
+    cfg = transformers.DeepseekV3Config(hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=300,
+                                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16,
+                                        q_lora_rank=16, n_routed_experts=4, moe_intermediate_size=32)
+    raw = {k: v for k, v in cfg.to_dict().items() if k not in ("head_dim", "qk_head_dim")}  # as published
+    (tmp_path / "dsv3").mkdir()
+    (tmp_path / "dsv3" / "config.json").write_text(json.dumps(raw))
+    model = str(tmp_path / "dsv3")
+    _, shapes, desc, _ = bench.resolve_bench(bench.BenchConfig(model=model, ops=["rope_interleaved"], device="cpu"))
+    checked, _ = verify.shapes_from_config(transformers.AutoConfig.from_pretrained(model), 64)
+    assert shapes["rope_interleaved"][0]["head_dim"] == checked.head_dim == 8, shapes
+    assert desc["hidden_size"] == 96 and desc["vocab_size"] == 300
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, bos_token_id=0,
+                            eos_token_id=0).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match=r"no intermediate_size \(model_type 'gpt2'\); the op shapes read"):
+        bench.resolve_bench(bench.BenchConfig(model=str(tmp_path / "gpt2"), ops=["rms_norm"], device="cpu"))
+
+
+def test_bench_notes_named_ops_the_model_does_not_run(tmp_path):
+    """``--op`` names an op tigon.patch does not run in the model (Gemma 2's sandwich norms: no fused add + norm):
+    bench times it at the model's shapes, as asked, and says so (it did silently); nothing is said for the ops it runs
+    or for ``--op all``."""
+    mm.config("gemma2", {}).save_pretrained(tmp_path / "gemma2")
+    model = str(tmp_path / "gemma2")
+
+    def notes(ops):
+        return [n for n in bench.resolve_bench(bench.BenchConfig(model=model, ops=ops, device="cpu"))[3]
+                if "not run by tigon.patch" in n]
+
+    assert notes(["fused_add_rms_norm,rms_norm"]) == [
+        f"fused_add_rms_norm: not run by tigon.patch in {model} (it runs rms_norm, rope, glu_linear, "
+        "fused_linear_cross_entropy); timed at the model's shapes as asked"]
+    assert notes(["rms_norm"]) == notes(["all"]) == []

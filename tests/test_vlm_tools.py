@@ -48,6 +48,10 @@ def test_inspect_equals_patch(name):
     assert {"rms_norm", "mlp", "rope", "lm_head_loss"} <= set(report.counts)
     assert any(e.target.startswith("model.visual.") for e in report.replaced)  # the vision tower's norms
     assert got.config["vision_num_hidden_layers"] == 2 and got.config["hidden_size"] == 128
+    # the vision tower's rotary module: its rotation is skipped (another interface), not "what Tigon replaces"
+    why = {r["module"]: r["reason"] for r in got.left_alone if r["module"].endswith("RotaryEmbedding")}
+    assert sorted(("Vision" in m, w.endswith("not replaced either (see skipped)")) for m, w in why.items()) == \
+        [(False, False), (True, True)], why
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -219,3 +223,27 @@ def test_op_bench_default_ops_are_every_towers(tmp_path):
         assert desc["model_type"] == model_type and desc["hidden_size"] == hidden
     resolved, _, desc, _ = resolve_bench(BenchConfig(model="qwen2-vl-tiny", device="cpu"))
     assert "layer_norm" in resolved.ops and desc["model_type"] == "qwen2_vl" and desc["hidden_size"] == 128
+
+
+def test_image_tokens_refused_where_the_model_would_not_use_them(tmp_path, capsys):
+    """``tigon bench --e2e --image-tokens N`` sets the image's size of the grid / patches layouts only; a model whose
+    count its config fixes (Llama 4's one pixel-shuffled tile) or a text-only model ran with N silently ignored. Now a
+    one-line error naming --image-tokens (and the fixed count), exit status 2, before any model is built."""
+    from tigon.cli import main
+    from tigon.workflows.e2e_models import step_batches
+    from tigon.workflows.errors import ConfigError
+
+    model_type, overrides = VISION_LANGUAGE["llama4-vlm"][:2]
+    llama4 = config(model_type, overrides)
+    with pytest.raises(ConfigError, match=r"--image-tokens 4: model_type 'llama4' \('square' image layout\) takes 1 "):
+        step_batches(llama4, 1, 1, 12, 0, image_tokens=4)
+    assert step_batches(llama4, 1, 1, 12, 0)[0]["input_ids"].shape == (1, 12)  # (without it: its one token)
+    qwen = presets.build_config("qwen2-vl-tiny")
+    assert int((step_batches(qwen, 1, 1, 16, 0, image_tokens=2)[0]["labels"] == -100).sum()) == 2
+    path = tmp_path / "config.json"
+    llama4.to_json_file(path)
+    for model, message in ((str(path), "takes 1 image token(s) per image, fixed by its config"),
+                           ("tiny", "--image-tokens applies to vision-language models; model_type 'llama' is not one")):
+        assert main(["bench", "--e2e", "--model", model, "--image-tokens", "4", "--providers", "original"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err

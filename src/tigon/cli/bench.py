@@ -17,6 +17,7 @@ from ._render import (_check_output, _check_output_dir, _console, _csv_list, _du
 def add_parser(sub) -> None:
     """Add the ``bench`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
     from ..ops import registry
+    from ..presets import PRESETS
     from ..workflows.bench import PROVIDERS, SWEEPS
     from ..workflows.e2e import E2E_PROVIDERS, PATCH_VARIANTS
 
@@ -38,8 +39,8 @@ def add_parser(sub) -> None:
                    help=f"ops to run ({', '.join(registry())}), or 'all' (default: the ops the model calls; the norms "
                         "for --sweep hidden)")
     p.add_argument("--model", metavar="MODEL",
-                   help="preset name, config.json, checkpoint directory or cached Hub id; only its config is read "
-                        "(default: tiny on CPU, llama3-8b on CUDA)")
+                   help=f"a preset ({', '.join(PRESETS)}), a config.json, a checkpoint directory or a cached Hub "
+                        "id; only its config is read (default: tiny on CPU, llama3-8b on CUDA)")
     p.add_argument("--providers", metavar="LIST", type=_names,
                    help=f"comma-separated: {','.join(PROVIDERS)} (default: all; without compile, tigon_compile on "
                         f"CPU); with --e2e: {','.join(E2E_PROVIDERS)} (see the description above)")
@@ -64,7 +65,8 @@ def add_parser(sub) -> None:
     g.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")
     g.add_argument("--image-tokens", type=int, metavar="N",
                    help="a vision-language model's image tokens per sequence (Qwen-VL, GLM-4V, Gemma 4: the image's "
-                        "size; default --seq-len / 4; the other families' count is fixed by their config)")
+                        "size; default --seq-len / 4; an error for the other families, whose count their config "
+                        "fixes, and for text-only models)")
     g.add_argument("--steps", type=int, metavar="N", help="timed steps (2 on CPU, 10 on CUDA)")
     g.add_argument("--warmup", type=int, metavar="N", help="untimed steps first (1 on CPU, 3 on CUDA)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="weights and batches (default: 0)")

@@ -12,6 +12,8 @@ from ._render import (_check_output, _console, _dump_report, _fail, _fmt_bytes, 
 
 def add_parser(sub) -> None:
     """Add the ``profile`` subcommand to ``sub`` (the subparsers of :func:`tigon.cli.build_parser`)."""
+    from ..presets import PRESETS
+
     p = sub.add_parser(
         "profile",
         help="where the training step's time goes, what Tigon replaces, and the predicted vs measured speed-up",
@@ -27,8 +29,8 @@ def add_parser(sub) -> None:
         ),
     )
     p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="preset name, config.json, checkpoint directory or cached Hub id (default: tiny on CPU, "
-                        "llama3-8b with 2 layers on CUDA)")
+                   help=f"a preset ({', '.join(PRESETS)}), a config.json, a checkpoint directory or a cached Hub "
+                        "id (default: tiny on CPU, llama3-8b with 2 layers on CUDA)")
     p.add_argument("--layers", type=int, metavar="N", help="keep N decoder layers")
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per step (2 on CPU, 4 on CUDA)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sequence (32 on CPU, 2048 on CUDA)")

@@ -128,8 +128,17 @@ def in_dtypes(grads: list, dtypes: tuple, start: int) -> list:
     return grads
 
 
+def with_leading_dims(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The (M, N) output ``rows`` of a LoRA node as x's leading dimensions (..., N): the view taken outside the
+    autograd node, so that the caller may modify the output in place (a view returned by a custom Function may not
+    be)."""
+    return rows.view(*x.shape[:-1], rows.shape[-1])
+
+
 class LoRALinearFunction(torch.autograd.Function):
-    """autograd node; ``apply(x, weight, lora_a, lora_b, bias, scaling, cd)`` with x (..., K): y (..., N) in ``cd``.
+    """autograd node; ``apply(x, weight, lora_a, lora_b, bias, scaling, cd)`` with x (..., K): y (M, N) rows in ``cd``,
+    M the tokens of x (:func:`tigon.functional.lora_linear` gives it x's leading dimensions outside the node: a view
+    made inside would forbid in-place ops on the output).
     Saves x (in ``cd``), xa = x A^T and the parameters (by reference); see the module docstring."""
 
     @staticmethod
@@ -139,7 +148,7 @@ class LoRALinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x2, xa, weight, lora_a, lora_b)
         ctx.scaling, ctx.cd, ctx.x_shape, ctx.x_dtype = scaling, cd, x.shape, x.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises

@@ -107,7 +107,9 @@ def down_glu_backward(d2, gate, up, pa, down_weight, down_a, down_b, s_d: float,
 
 class LoRAGLUMLPFunction(torch.autograd.Function):
     """autograd node; ``apply(x, gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,
-    gate_bias, up_bias, down_bias, s_g, s_u, s_d, activation, cd)`` with x (..., H): out (..., H) in ``cd``.
+    gate_bias, up_bias, down_bias, s_g, s_u, s_d, activation, cd)`` with x (..., H): out (M, H) rows in ``cd``, M
+    the tokens of x (:func:`tigon.functional.lora_glu_mlp` gives it x's leading dimensions outside the node: a view
+    made inside would forbid in-place ops on the output, Llama 4's ``out.add_`` of its shared expert).
 
     Saves x (in ``cd``), gate, up, xa, pa, the stacked A_gu and the parameters (by reference); see the module
     docstring. The backward writes d_gate / d_up over the saved gate / up, so a second backward through the same
@@ -128,7 +130,7 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
         ctx.dtypes = tuple(t.dtype if t is not None else None
                            for t in (gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,
                                      gate_bias, up_bias, down_bias))
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return out
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises
@@ -161,7 +163,8 @@ GATE_UP_TENSORS = 9
 
 class LoRAGateUpMLPFunction(torch.autograd.Function):
     """autograd node; ``apply(x, gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b, gate_up_bias,
-    down_bias, s_gu, s_d, activation, cd)`` with x (..., H): out (..., H) in ``cd``.
+    down_bias, s_gu, s_d, activation, cd)`` with x (..., H): out (M, H) rows in ``cd`` (shaped as x outside the
+    node, as :class:`LoRAGLUMLPFunction`'s).
 
     The one-projection form (see the module docstring): the (M, 2 I) gate-up output is one buffer (a base matmul and
     an ``addmm_``), the GLU reads its halves in place, the backward writes d_gate / d_up over them, so that buffer
@@ -181,7 +184,7 @@ class LoRAGateUpMLPFunction(torch.autograd.Function):
         ctx.dtypes = tuple(t.dtype if t is not None else None
                            for t in (gate_up_weight, gate_up_a, gate_up_b, down_weight, down_a, down_b, gate_up_bias,
                                      down_bias))
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return out
 
     @staticmethod
     @once_differentiable  # not differentiable itself: create_graph raises

@@ -56,7 +56,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     from ..kernels import lora as k
 
     cd = torch.get_autocast_dtype(dev) if autocast else x.dtype
-    return k.LoRALinearFunction.apply(x, weight, lora_a, lora_b, bias, s, cd)
+    return k.with_leading_dims(k.LoRALinearFunction.apply(x, weight, lora_a, lora_b, bias, s, cd), x)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

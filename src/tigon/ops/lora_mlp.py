@@ -79,9 +79,10 @@ def lora_glu_mlp(x: torch.Tensor, gate_weight: torch.Tensor, gate_a: torch.Tenso
         return ref.lora_glu_mlp(x, **tensors, gate_scaling=s_g, up_scaling=s_u, down_scaling=s_d,
                                 activation=activation)
     from ..kernels import lora_mlp as k
+    from ..kernels.lora import with_leading_dims
 
     cd = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    return k.LoRAGLUMLPFunction.apply(x, *tensors.values(), *scalings, activation, cd)
+    return with_leading_dims(k.LoRAGLUMLPFunction.apply(x, *tensors.values(), *scalings, activation, cd), x)
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------
@@ -167,9 +168,10 @@ def lora_gate_up_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_a: t
     if select_backend("lora_gate_up_mlp", x) in TORCH_CODE or torch.compiler.is_compiling():
         return ref.lora_gate_up_mlp(x, **tensors, gate_up_scaling=s_gu, down_scaling=s_d, activation=activation)
     from ..kernels import lora_mlp as k
+    from ..kernels.lora import with_leading_dims
 
     cd = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    return k.LoRAGateUpMLPFunction.apply(x, *tensors.values(), s_gu, s_d, activation, cd)
+    return with_leading_dims(k.LoRAGateUpMLPFunction.apply(x, *tensors.values(), s_gu, s_d, activation, cd), x)
 
 
 def _gate_up_inputs(s: dict, dtype, device, gen) -> dict:

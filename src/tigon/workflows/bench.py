@@ -47,9 +47,11 @@ import torch
 
 from .. import ops as _ops
 from ..ops import OpSpec
-from .bench_model import config_dict, model_ops, shapes_from_config  # noqa: F401 (part of this module's API)
+from .bench_model import (  # noqa: F401 (this module's API)
+    config_dict, model_ops, ops_not_run_note, shapes_config, shapes_from_config,
+)
 from .devices import device_name
-from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, text_config
+from .model_shapes import CPU_MAX_VOCAB, ConfigFieldError, config_field, text_config
 from .timing import (  # noqa: F401 (KERNEL_TIME_NOTE, rotation_sets: part of this module's API)
     BWD_NOTE, KERNEL_TIME_NOTE, ROTATE_L2_MULTIPLE, backward, call_cost, differentiable_outputs, kernel_time,
     measure_ceilings, peak_extra_bytes, rotation_sets, set_bytes, time_backward, time_call,
@@ -437,7 +439,8 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
         raise ConfigError("--cuda-graph needs a CUDA device")
     model = config.model or ("llama3-8b" if device.type == "cuda" else "tiny")
     full, desc = config_dict(model, text=False)
-    cfg = text_config(full)  # a vision-language model's sizes are its text decoder's; its ops are every tower's
+    # a vision-language model's sizes are its text decoder's; its ops are every tower's
+    cfg = text_config(shapes_config(model, full))
     notes = []
     specs = _ops.registry()
     hidden_ops = [n for n, s in specs.items() if "hidden" in s.sweeps]
@@ -450,6 +453,10 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
         if op not in specs:
             raise ConfigError(f"unknown op {op!r} (choose from {', '.join(specs)}, or all)")
     ops = list(dict.fromkeys(ops))
+    if config.ops and "all" not in config.ops:  # ops named with --op: say which the model does not run
+        note = ops_not_run_note(model, ops)
+        if note:
+            notes.append(note)
     if config.sweep == "hidden" and any(op not in hidden_ops for op in ops):
         raise ConfigError(f"--sweep hidden applies to the row-wise ops only ({', '.join(hidden_ops)}), got "
                           f"{', '.join(op for op in ops if op not in hidden_ops)}")
@@ -466,9 +473,9 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     providers = list(dict.fromkeys(providers))
     tokens = config.tokens or sizes["tokens"]
     cap = CPU_MAX_VOCAB if device.type == "cpu" else None
-    if cap and int(cfg.get("vocab_size") or 0) > cap:
-        notes.append(f"vocab {cfg['vocab_size']} capped to {cap} on CPU (interpreted kernels are too slow at full "
-                     "size)")
+    vocab = config_field(cfg, "vocab_size", 0)
+    if cap and isinstance(vocab, int) and vocab > cap:
+        notes.append(f"vocab {vocab} capped to {cap} on CPU (interpreted kernels are too slow at full size)")
     try:
         if config.sweep == "tokens":
             per_n = [shapes_from_config(cfg, tokens=n, max_vocab=cap) for n in sizes["sweep_tokens"]]
@@ -481,10 +488,9 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
             shapes = {op: [per[op]] for op in ops}
     except ConfigFieldError as e:
         raise ConfigError(f"--model {model}: {e}") from e
-    desc.update(name=model, model_type=full.get("model_type"), hidden_size=cfg.get("hidden_size"),
-                intermediate_size=cfg.get("intermediate_size"), vocab_size=cfg.get("vocab_size"),
-                num_attention_heads=cfg.get("num_attention_heads"),
-                num_key_value_heads=cfg.get("num_key_value_heads"))
+    desc.update(name=model, model_type=full.get("model_type"),
+                **{k: config_field(cfg, k) for k in ("hidden_size", "intermediate_size", "vocab_size",
+                                                     "num_attention_heads", "num_key_value_heads")})
     for p in providers:
         applies = [op for op in ops if p in op_providers(specs[op])]
         if not applies:

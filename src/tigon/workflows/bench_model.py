@@ -55,6 +55,38 @@ def model_ops(model: str, notes: list[str] | None = None) -> list[str]:
         return list(_ops.registry())
 
 
+def shapes_config(model: str, config: dict):
+    """The config :func:`shapes_from_config` reads MODEL's sizes from: transformers' config of MODEL where
+    transformers reads it (:func:`tigon.workflows.model_source.load_model_config`: the class's defaults and attribute
+    aliases, as ``tigon verify --model`` and the dry run of :func:`model_ops` read it: DeepSeek's ``head_dim`` is its
+    ``qk_rope_head_dim``, GPT-2's ``n_embd`` its ``hidden_size``), else ``config``, MODEL's ``config.json`` as
+    :func:`config_dict` gives it (a ``model_type`` the installed transformers lacks)."""
+    from .errors import ConfigError
+    from .model_source import load_model_config
+
+    try:
+        return load_model_config(model, "--model")[0]
+    except ConfigError:
+        return config
+
+
+def ops_not_run_note(model: str, ops: list[str]) -> str | None:
+    """A note on the ops of ``ops`` (named with ``--op``) that :func:`tigon.patch` does not run in MODEL (its dry run,
+    :func:`model_ops`; none where tigon.patch refuses the model), which bench times at the model's shapes all the
+    same; None when it runs them all, or when no dry run can be done."""
+    from .errors import ConfigError
+
+    try:
+        runs = model_ops(model)
+    except ConfigError:  # tigon.patch refuses the model, or replaces nothing that runs an op
+        runs = []
+    missing = [op for op in ops if op not in runs]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)}: not run by tigon.patch in {model} (it runs "
+            f"{', '.join(runs) if runs else 'no op there'}); timed at the model's shapes as asked")
+
+
 def config_dict(model: str, text: bool = True) -> tuple[dict, dict]:
     """(HF config dict, description) of ``model``: a preset name, a ``config.json`` file, a checkpoint dir or a Hub
     id in the local cache (:func:`tigon.workflows.model_source.resolve_source`). A multimodal config gives its text

@@ -83,11 +83,13 @@ def step_batches(config, n: int, batch_size: int, seq_len: int, seed: int, image
     per image for the grid families, default ``seq_len // 4``), a dict of forward arguments.
 
     Raises:
-        ConfigError: a vision-language family without image inputs, or ``seq_len`` too short for its image.
+        ConfigError: a vision-language family without image inputs, ``seq_len`` too short for its image, or an
+            ``image_tokens`` the model does not take (:func:`tigon.workflows.multimodal.check_image_tokens`).
     """
     from .model_shapes import text_config
-    from .multimodal import is_vision_language, with_images
+    from .multimodal import check_image_tokens, is_vision_language, with_images
 
+    check_image_tokens(config, image_tokens)
     batches = random_batches(int(text_config(config).vocab_size), n, batch_size, seq_len, seed)
     if not is_vision_language(config):
         return batches

@@ -140,10 +140,19 @@ def _why_left_alone(module, path: str, model, report, patched_paths: set[str]) -
     if isinstance(module, torch.nn.Embedding):
         return "token embedding: a gather, left to PyTorch"
     if name.endswith("RotaryEmbedding"):
-        if any(CATEGORIES.get(k) == "rotary" for k in kinds):
-            return ("builds the cos/sin tables once per forward; the rotation itself (apply_rotary_pos_emb) is what "
+        def beside(entries):  # the rotary entries of the attentions beside this module (under its parent)
+            return [e for e in entries if CATEGORIES.get(e.kind) == "rotary"
+                    and (not parent_path or e.target.startswith(parent_path + "."))]
+
+        # the functions they run, from the rope entries' "function -> op" details (Llama 4's complex tables:
+        # apply_rotary_emb / vision_apply_rotary_emb)
+        rotations = sorted({e.detail.split(" -> ")[0] for e in beside(report.replaced) if " -> " in e.detail})
+        if rotations:
+            return (f"builds the rotary tables once per forward; the rotation itself ({', '.join(rotations)}) is what "
                     "Tigon replaces")
-        return "builds the cos/sin tables once per forward; the rotation is not replaced either (see skipped)"
+        if not beside(report.skipped) and any(CATEGORIES.get(k) == "rotary" for k in kinds):
+            return "builds the rotary tables once per forward; the rotation itself is what Tigon replaces"
+        return "builds the rotary tables once per forward; the rotation is not replaced either (see skipped)"
     if type(module).__module__.startswith("transformers.activations") or isinstance(
             module, (torch.nn.SiLU, torch.nn.GELU, torch.nn.Tanh, torch.nn.ReLU)):
         if parent_path in patched_paths:

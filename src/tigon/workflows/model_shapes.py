@@ -20,7 +20,7 @@ class ConfigFieldError(ValueError):
     """A model config lacks a field the shapes need (the message names it)."""
 
 
-def _get(config, name: str, default=None) -> Any:
+def config_field(config, name: str, default=None) -> Any:
     """``config.<name>`` for transformers configs, ``config[name]`` for dicts; ``default`` when absent or None. A
     field that varies per layer (Gemma 4's ``head_dim``: its config raises on the global read) gives the global
     value of ``config.to_dict()``, as a ``config.json`` holds it."""
@@ -63,28 +63,32 @@ def shapes_from_config(config, tokens: int, batch: int = 1,
     """
     config = text_config(config)
     need = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-    missing = [n for n in need if not isinstance(_get(config, n), int)]
+    missing = [n for n in need if not isinstance(config_field(config, n), int)]
     if missing:
-        raise ConfigFieldError(f"the model config has no {', '.join(missing)} (model_type "
-                               f"{_get(config, 'model_type')!r}); a decoder-only LM config is needed")
-    hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
-    rotary = _get(config, "rope_parameters", {})
-    theta = (rotary.get("rope_theta") if isinstance(rotary, dict) else None) or _get(config, "rope_theta", 10000.0)
-    casting, offset = rms_semantics(_get(config, "model_type", ""))
-    vocab, caps = _get(config, "vocab_size"), []
+        model_type = config_field(config, "model_type")
+        raise ConfigFieldError(f"the model config has no {', '.join(missing)} (model_type {model_type!r}); the op "
+                               f"shapes read {', '.join(need)} (or the names its transformers config class maps to "
+                               "them)")
+    hidden, heads = config_field(config, "hidden_size"), config_field(config, "num_attention_heads")
+    rotary = config_field(config, "rope_parameters", {})
+    theta = ((rotary.get("rope_theta") if isinstance(rotary, dict) else None)
+             or config_field(config, "rope_theta", 10000.0))
+    casting, offset = rms_semantics(config_field(config, "model_type", ""))
+    vocab, caps = config_field(config, "vocab_size"), []
     if max_vocab and vocab > max_vocab:
         caps.append(f"vocab {vocab} capped to {max_vocab} (interpreted kernels are too slow at full size; "
                     "--max-vocab changes the cap)")
         vocab = max_vocab
     batch = max(1, min(batch, tokens))
-    head_dim = _get(config, "head_dim", hidden // heads)
+    head_dim = config_field(config, "head_dim", hidden // heads)
     rotary_dim = int(head_dim * partial_rotary_factor(config))  # HF's rotary dim (its int() rounding)
     shapes = ModelShapes(
-        tokens=tokens, batch=batch, hidden=hidden, intermediate=_get(config, "intermediate_size"), heads=heads,
-        kv_heads=_get(config, "num_key_value_heads", heads), head_dim=head_dim,
+        tokens=tokens, batch=batch, hidden=hidden, intermediate=config_field(config, "intermediate_size"), heads=heads,
+        kv_heads=config_field(config, "num_key_value_heads", heads), head_dim=head_dim,
         rotary_dim=rotary_dim if 0 < rotary_dim < head_dim else None,
-        vocab=vocab, rms_eps=float(_get(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting, rms_offset=offset,
-        rope_theta=float(theta), softcap=_get(config, "final_logit_softcapping"), **moe_sizes(config))
+        vocab=vocab, rms_eps=float(config_field(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting,
+        rms_offset=offset,
+        rope_theta=float(theta), softcap=config_field(config, "final_logit_softcapping"), **moe_sizes(config))
     return shapes, caps
 
 
@@ -100,7 +104,7 @@ def moe_sizes(config) -> dict:
     one (ModelShapes' defaults)."""
     out = {}
     for key, names in MOE_FIELDS.items():
-        value = next((v for v in (_get(config, n) for n in names) if isinstance(v, int) and v > 0), None)
+        value = next((v for v in (config_field(config, n) for n in names) if isinstance(v, int) and v > 0), None)
         if value is not None:
             out[key] = value
     if "experts" not in out:

@@ -199,6 +199,33 @@ def anyres_image_tokens(config) -> int:
     return square_image_tokens(config) + height * width + height
 
 
+FREE_IMAGE_TOKENS = ("grid", "patches")
+"""The layouts whose image-token count a caller chooses (:func:`with_images`' ``image_tokens``: the image's size);
+every other layout's count is fixed by the config."""
+
+
+def check_image_tokens(config, image_tokens: int | None) -> None:
+    """Refuse an image-token count (``tigon bench --e2e --image-tokens N``) that a model would not use: a text-only
+    model's, or one of a family whose count is fixed by its config (not one of :data:`FREE_IMAGE_TOKENS`); None
+    passes.
+
+    Raises:
+        ConfigError: the message names ``--image-tokens`` and, for a fixed count, says what it is.
+    """
+    if image_tokens is None:
+        return
+    model_type = getattr(config, "model_type", None)
+    if not is_vision_language(config):
+        raise ConfigError(f"--image-tokens applies to vision-language models; model_type {model_type!r} is not one")
+    layout = image_layout(config)
+    if layout in FREE_IMAGE_TOKENS:
+        return
+    fixed = {"square": square_image_tokens, "anyres": anyres_image_tokens}.get(layout, lambda _: 1)(config)
+    raise ConfigError(f"--image-tokens {image_tokens}: model_type {model_type!r} ({layout!r} image layout) takes "
+                      f"{fixed} image token(s) per image, fixed by its config; leave --image-tokens out (it sets the "
+                      f"image's size for the {' / '.join(FREE_IMAGE_TOKENS)} layouts only: Qwen-VL, GLM-4V, Gemma 4)")
+
+
 def image_token_id(config) -> int:
     """The id of the image placeholder token (``image_token_id``, or ``image_token_index`` in older configs)."""
     value = _get(config, "image_token_id", "image_token_index")
