@@ -254,6 +254,28 @@ def test_modules_are_liger_drop_ins(device):
     assert rel_l2(loss, 0.3 * want_hard + 0.7 * want_soft) <= 1e-5
 
 
+def test_modules_take_the_soft_caps(device):
+    # Tigon's keywords on the Liger drop-ins (Gemma 2 distillation): the student's cap in both losses (its logits
+    # are capped), the teacher's in the soft one; TRL's GKD loss and the cross-entropy on capped float64 logits
+    p = _problem(torch.float32, bias=True, device=device)
+    args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    caps = dict(student_softcap=2.0, teacher_softcap=1.5)
+    module = tnn.FusedLinearJSD(jsd_beta=0.3, temperature=0.8, **caps)
+    assert "student_softcap=2.0, teacher_softcap=1.5" in repr(module)
+    assert torch.equal(module(*args, p["shift_labels"]),
+                       F.fused_linear_jsd(*args, p["shift_labels"], 0.3, temperature=0.8, **caps))
+    loss_fn = tnn.FusedLinearJSDLoss(weight_hard_loss=0.3, weight_soft_loss=0.7, beta=0.3, temperature=0.8,
+                                     return_soft_hard_loss=True, **caps)
+    loss, soft, hard = loss_fn(*args, p["shift_labels"], p["student_bias"], p["teacher_bias"])
+    with torch.no_grad():
+        want_soft = _trl(*[a.double() for a in args], p["shift_labels"], 0.3, 0.8, p["student_bias"].double(),
+                         p["teacher_bias"].double(), **caps)
+        logits = torch.nn.functional.linear(args[0].double(), args[1].double(), p["student_bias"].double())
+        want_hard = torch.nn.functional.cross_entropy(2.0 * torch.tanh(logits / 2.0), p["shift_labels"])
+    assert rel_l2(soft, want_soft) <= 1e-5 and rel_l2(hard, want_hard) <= 1e-5
+    assert rel_l2(loss, 0.3 * want_hard + 0.7 * want_soft) <= 1e-5
+
+
 def test_bad_input_is_refused_with_a_clear_error(device):
     p = _problem(torch.float32, device=device)
     args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]

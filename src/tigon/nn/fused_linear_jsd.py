@@ -21,6 +21,8 @@ class FusedLinearJSD(nn.Module):
         temperature: divides both models' logits (> 0).
         accum_dtype: None / torch.float32 (exact fp32 grad_weight accumulation, Tigon's default) or the student
             weight's dtype (less memory; Liger's default when None).
+        student_softcap, teacher_softcap (keyword, Tigon's; Liger has none): each model's final-logit soft-cap ``c``
+            (Gemma 2's ``final_logit_softcapping``: ``c * tanh(z / c)`` before the temperature), or None.
 
     Forward:
         ``loss(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None)``: (N, H) and (V, H)
@@ -32,19 +34,24 @@ class FusedLinearJSD(nn.Module):
     """
 
     def __init__(self, jsd_beta: float = 0.5, ignore_index: int = -100, temperature: float = 1.0,
-                 accum_dtype: torch.dtype | None = None):
+                 accum_dtype: torch.dtype | None = None, *, student_softcap: float | None = None,
+                 teacher_softcap: float | None = None):
         super().__init__()
         self.jsd_beta = jsd_beta
         self.ignore_index = ignore_index
         self.temperature = temperature
         self.accum_dtype = accum_dtype
+        self.student_softcap = student_softcap
+        self.teacher_softcap = teacher_softcap
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, shift_labels=None):
         return TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
-                                   self.jsd_beta, self.ignore_index, self.temperature, self.accum_dtype)
+                                   self.jsd_beta, self.ignore_index, self.temperature, self.accum_dtype,
+                                   student_softcap=self.student_softcap, teacher_softcap=self.teacher_softcap)
 
     def extra_repr(self) -> str:
-        return f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
+        return (f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
+                + _caps_repr(self))
 
 
 class FusedLinearJSDLoss(nn.Module):
@@ -64,6 +71,9 @@ class FusedLinearJSDLoss(nn.Module):
         temperature: divides both models' logits in the soft loss (> 0).
         compiled, chunk_size: accepted, not read (Liger's torch.compile switch and chunk size).
         return_soft_hard_loss: return ``(loss, soft_loss, hard_loss)``.
+        student_softcap, teacher_softcap (keyword, Tigon's; Liger has none): each model's final-logit soft-cap ``c``
+            (Gemma 2's ``final_logit_softcapping``), or None. The student's applies to both losses (its logits are
+            capped), the teacher's to the soft loss.
 
     Forward:
         ``loss(student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
@@ -78,8 +88,11 @@ class FusedLinearJSDLoss(nn.Module):
 
     def __init__(self, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
                  ignore_index: int = -100, temperature: float = 1.0, compiled: bool = True, chunk_size: int = 1024,
-                 return_soft_hard_loss: bool = False):
+                 return_soft_hard_loss: bool = False, *, student_softcap: float | None = None,
+                 teacher_softcap: float | None = None):
         super().__init__()
+        self.student_softcap = student_softcap
+        self.teacher_softcap = teacher_softcap
         self.weight_hard_loss = weight_hard_loss
         self.weight_soft_loss = weight_soft_loss
         self.beta = beta
@@ -93,7 +106,8 @@ class FusedLinearJSDLoss(nn.Module):
                 teacher_bias=None):
         soft = TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, true_labels,
                                    self.beta, self.ignore_index, self.temperature, student_bias=student_bias,
-                                   teacher_bias=teacher_bias)
+                                   teacher_bias=teacher_bias, student_softcap=self.student_softcap,
+                                   teacher_softcap=self.teacher_softcap)
         loss = self.weight_soft_loss * soft
         hard = None
         if self.weight_hard_loss != 0 or self.return_soft_hard_loss:
@@ -102,10 +116,16 @@ class FusedLinearJSDLoss(nn.Module):
                                 f"(weight_hard_loss={self.weight_hard_loss}, return_soft_hard_loss="
                                 f"{self.return_soft_hard_loss}); None only with weight_hard_loss=0")
             hard = TF.fused_linear_cross_entropy(student_input, student_weight, true_labels, student_bias,
-                                                 ignore_index=self.ignore_index)
+                                                 ignore_index=self.ignore_index, softcap=self.student_softcap)
             loss = loss + self.weight_hard_loss * hard
         return (loss, soft, hard) if self.return_soft_hard_loss else loss
 
     def extra_repr(self) -> str:
         return (f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
-                f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}")
+                f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}" + _caps_repr(self))
+
+
+def _caps_repr(module) -> str:
+    """``", student_softcap=..., teacher_softcap=..."`` for the caps that are set (nothing without them)."""
+    return "".join(f", {k}={getattr(module, k)}" for k in ("student_softcap", "teacher_softcap")
+                   if getattr(module, k) is not None)
