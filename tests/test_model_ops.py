@@ -8,6 +8,7 @@ no family, ...)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -140,3 +141,24 @@ def test_bench_notes_named_ops_the_model_does_not_run(tmp_path):
         f"fused_add_rms_norm: not run by tigon.patch in {model} (it runs rms_norm, rope, glu_linear, "
         "fused_linear_cross_entropy); timed at the model's shapes as asked"]
     assert notes(["rms_norm"]) == notes(["all"]) == []
+
+
+def test_bench_times_glu_linear_with_the_models_activation(tmp_path):
+    """Gemma's gated MLPs run glu_linear with the tanh GELU (``gelu_pytorch_tanh``): bench's shape carries the model's
+    activation into the op's inputs (it timed SiLU, the record's first case, for every model); verify's cases keep
+    their own activation (theirs replaces the shape's)."""
+    from tigon.integrations.families import glu_activation
+
+    assert glu_activation({"hidden_activation": "gelu_pytorch_tanh"}) == "gelu_tanh"
+    assert glu_activation({"hidden_act": "gelu"}) == "gelu" and glu_activation({"hidden_act": "silu"}) == "silu"
+    assert glu_activation({"text_config": {"hidden_act": "gelu_pytorch_tanh"}}) == "gelu_tanh"
+    assert glu_activation({}) == glu_activation({"hidden_act": "relu"}) == "silu"  # none Tigon's gated ops have
+    for name, want in (("gemma2", "gelu_tanh"), ("llama", "silu")):
+        mm.config(name, {}).save_pretrained(tmp_path / name)
+        shapes = bench.resolve_bench(bench.BenchConfig(model=str(tmp_path / name), ops=["glu_linear"],
+                                                       device="cpu"))[1]
+        shape = shapes["glu_linear"][0]
+        assert shape["activation"] == want, shape
+        inputs = ops.get("glu_linear").make_inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
+        assert inputs["activation"] == want
+    assert "activation" not in ops.get("act_linear").shape_of(ops.ModelShapes(8, 16, 32, 2, 2, 8, 100))

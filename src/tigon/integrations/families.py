@@ -353,22 +353,42 @@ def kind_op(kind: str, config) -> str | None:
     if kind in ("rms_norm", "layer_norm", "rope", "fused_add_rms_norm"):
         return kind
     if kind == "mlp":
-        def getter(c):
-            return c.get if isinstance(c, dict) else lambda name: getattr(c, name, None)
-
-        get = getter(config)
+        get = _getter(config)
         text_config = get("text_config")
-        text = getter(text_config or {})
+        text = _getter(text_config or {})
         spec = tower_family(text("model_type")) if text_config else family_named(get("model_type"))
         if spec is not None and spec.mlps and all(not m.gated and m.act is not None for m in spec.mlps):
             return "act_linear"
-        act = text("hidden_act") or text("hidden_activation") or get("hidden_act") or get("hidden_activation")
-        return ACTIVATIONS.get(act, ("swiglu", None))[0]
+        return ACTIVATIONS.get(_config_activation(config), ("swiglu", None))[0]
     if kind == "lm_head_loss":
         return "fused_linear_cross_entropy"
     if kind == "lora":
         return "lora_linear"
     return None
+
+
+def _getter(config):
+    """``name -> value or None`` of a transformers config or its dict."""
+    return config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+
+
+def _config_activation(config) -> str | None:
+    """The HF activation name of a config's MLPs (``hidden_act`` / ``hidden_activation``; a vision-language
+    config's ``text_config`` first), or None where it names none."""
+    get = _getter(config)
+    text = _getter(get("text_config") or {})
+    return text("hidden_act") or text("hidden_activation") or get("hidden_act") or get("hidden_activation")
+
+
+GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
+"""A gated MLP's :data:`ACTIVATIONS` entry -> :func:`tigon.functional.glu_linear`'s ``activation``."""
+
+
+def glu_activation(config) -> str:
+    """:func:`tigon.functional.glu_linear`'s ``activation`` for the gated MLPs of ``config`` (a transformers config or
+    its dict): ``"gelu_tanh"`` for Gemma's ``gelu_pytorch_tanh``, ``"silu"`` where the config names SiLU, none, or
+    one Tigon's gated ops lack (the op bench and verify then time / check at the model's shapes)."""
+    return GLU_LINEAR_ACTIVATION.get(ACTIVATIONS.get(_config_activation(config), ("swiglu", None)), "silu")
 
 
 def rms_semantics(model_type: str) -> tuple[str, float]:

@@ -43,7 +43,8 @@ class ModelShapes:
     --lora R`` sets it; otherwise 16, PEFT fine-tuning's usual r). experts, top_k, expert_intermediate: a
     mixture-of-experts model's routed experts, experts per token and each expert's intermediate size (None: the
     model's ``intermediate``); 8 and 2 for a dense model (the MoE ops' rows then time a Mixtral-like routing).
-    Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
+    activation: the gated MLP's, as :func:`tigon.functional.glu_linear` names it (``"silu"``, ``"gelu"``,
+    ``"gelu_tanh"``: Gemma). Built from a config by :func:`tigon.workflows.model_shapes.shapes_from_config`.
     """
 
     tokens: int
@@ -64,6 +65,7 @@ class ModelShapes:
     experts: int = 8
     top_k: int = 2
     expert_intermediate: int | None = None
+    activation: str = "silu"
 
     @property
     def seq(self) -> int:

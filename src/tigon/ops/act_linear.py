@@ -100,6 +100,11 @@ _GLU_LINEAR = next(r for r in _GLU_RECORDS if r.name == "glu_linear")
 """glu_linear's record: the same slice of a model's sizes (tokens, intermediate, hidden) and the same matmuls (the
 down projection: 2 T I H forward, 6 T I H forward + backward), so its ``shape_of`` and ``flops`` are this op's."""
 
+def _down_shape(m) -> dict:
+    """glu_linear's sizes (tokens, intermediate, hidden), without the gated MLP's activation it also carries."""
+    return {k: v for k, v in _GLU_LINEAR.shape_of(m).items() if k != "activation"}
+
+
 _INPLACE = Case("gelu, inplace_backward=True", options={"activation": "gelu", "inplace_backward": True},
                 tags=frozenset({"bench"}), provider="tigon_inplace")
 
@@ -108,7 +113,7 @@ RECORDS = (OpSpec(
     summary="down_proj(act(h)) of a non-gated MLP without keeping act(h) for the backward",
     fn=act_linear, reference=ref.act_linear, original=ref.act_linear,
     original_name="fc2(act(fc1 output)) (HF GPTNeoXMLP / PhiMLP / NemotronMLP / CLIPMLP)",
-    make_inputs=_inputs, shape_of=_GLU_LINEAR.shape_of, **sizes("tokens", "intermediate", "hidden"),
+    make_inputs=_inputs, shape_of=_down_shape, **sizes("tokens", "intermediate", "hidden"),
     grad_inputs=("h", "weight", "bias"), category="activation",
     # under torch.compile: F.linear(act(h)) traced, the activation fused by Inductor (no kernel of Tigon's there)
     under_compile="inductor", custom_op=False,  # (no custom op: its reference is traced)

@@ -335,16 +335,26 @@ def _inputs(s: dict, dtype, device, gen) -> dict:
 
 
 def _linear_inputs(s: dict, dtype, device, gen) -> dict:
-    """gate and up as for swiglu, the down projection's weight (hidden, intermediate) with std 1/sqrt(intermediate)."""
-    return dict(_inputs(s, dtype, device, gen),
+    """gate and up as for swiglu, the down projection's weight (hidden, intermediate) with std 1/sqrt(intermediate);
+    the model's activation (:attr:`ModelShapes.activation`, Gemma's ``gelu_tanh``) where the shape names one (a case's
+    own ``activation`` replaces it in verify)."""
+    extra = {"activation": s["activation"]} if s.get("activation") else {}
+    return dict(_inputs(s, dtype, device, gen), **extra,
                 weight=randn(gen, (s["hidden"], s["intermediate"]), dtype, device, 1.0 / math.sqrt(s["intermediate"])))
 
 
-def _liger_linear(gate, up, weight, **_):
-    """Liger's MLP: its swiglu, then the down projection (which keeps the product for the backward)."""
+def _liger_linear(gate, up, weight, activation: str = "silu", **_):
+    """Liger's MLP: its swiglu (geglu, the tanh GELU, for ``gelu_tanh``), then the down projection (which keeps the
+    product for the backward).
+
+    Raises:
+        ValueError: ``activation="gelu"`` (exact GELU: Liger has no such GLU)."""
     from liger_kernel.transformers import functional as LF
 
-    return torch.nn.functional.linear(LF.liger_swiglu(gate, up), weight)
+    glu = {"silu": LF.liger_swiglu, "gelu_tanh": LF.liger_geglu}.get(activation)
+    if glu is None:
+        raise ValueError(f"activation={activation!r}: Liger-Kernel has no gated MLP with it (silu, gelu_tanh)")
+    return torch.nn.functional.linear(glu(gate, up), weight)
 
 
 def _glu_bytes(s, e, mode):  # read gate, up, write out; backward: read dout, gate, up, write both gradients
@@ -406,7 +416,8 @@ RECORDS = (
         fn=glu_linear, reference=ref.glu_linear, original=ref.glu_linear,
         original_name="down_proj(act(gate) * up) (HF LlamaMLP / GemmaMLP)",
         make_inputs=_linear_inputs,
-        shape_of=lambda m: {"tokens": m.tokens, "intermediate": m.intermediate, "hidden": m.hidden},
+        shape_of=lambda m: {"tokens": m.tokens, "intermediate": m.intermediate, "hidden": m.hidden,
+                            "activation": m.activation},
         **sizes("tokens", "intermediate", "hidden"),
         grad_inputs=("gate", "up", "weight"), category="activation",
         # under torch.compile Inductor's partitioner already recomputes the product for the backward

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..integrations.components import partial_rotary_factor
-from ..integrations.families import rms_semantics
+from ..integrations.families import glu_activation, rms_semantics
 from ..ops import ModelShapes
 
 
@@ -88,7 +88,8 @@ def shapes_from_config(config, tokens: int, batch: int = 1,
         rotary_dim=rotary_dim if 0 < rotary_dim < head_dim else None,
         vocab=vocab, rms_eps=float(config_field(config, "rms_norm_eps", 1e-6)), rms_casting_mode=casting,
         rms_offset=offset,
-        rope_theta=float(theta), softcap=config_field(config, "final_logit_softcapping"), **moe_sizes(config))
+        rope_theta=float(theta), softcap=config_field(config, "final_logit_softcapping"),
+        activation=glu_activation(config), **moe_sizes(config))
     return shapes, caps
 
 
