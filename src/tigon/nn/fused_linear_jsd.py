@@ -122,7 +122,8 @@ class FusedLinearJSDLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
-                f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}" + _caps_repr(self))
+                f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
+                + _caps_repr(self))
 
 
 def _caps_repr(module) -> str:
