@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from .family_spec import (  # noqa: F401  (re-exported: the spec vocabulary is importable from here too)
     ACTIVATIONS,
+    GLU_LINEAR_ACTIVATIONS,
     ADAPTERS,  # noqa: F401
     NONGATED_ACTIVATIONS,
     PEFT_LORA,  # noqa: F401
@@ -380,15 +381,11 @@ def _config_activation(config) -> str | None:
     return text("hidden_act") or text("hidden_activation") or get("hidden_act") or get("hidden_activation")
 
 
-GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
-"""A gated MLP's :data:`ACTIVATIONS` entry -> :func:`tigon.functional.glu_linear`'s ``activation``."""
-
-
 def glu_activation(config) -> str:
     """:func:`tigon.functional.glu_linear`'s ``activation`` for the gated MLPs of ``config`` (a transformers config or
     its dict): ``"gelu_tanh"`` for Gemma's ``gelu_pytorch_tanh``, ``"silu"`` where the config names SiLU, none, or
     one Tigon's gated ops lack (the op bench and verify then time / check at the model's shapes)."""
-    return GLU_LINEAR_ACTIVATION.get(ACTIVATIONS.get(_config_activation(config), ("swiglu", None)), "silu")
+    return GLU_LINEAR_ACTIVATIONS.get(ACTIVATIONS.get(_config_activation(config), ("swiglu", None)), "silu")
 
 
 def rms_semantics(model_type: str) -> tuple[str, float]:

@@ -406,6 +406,10 @@ ACTIVATIONS: dict[str, tuple[str, str | None]] = {
     "clamped_swiglu": ("clamped_swiglu", None),
 }
 
+GLU_LINEAR_ACTIVATIONS: dict[tuple[str, str | None], str] = {
+    ("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
+"""A gated MLP's :data:`ACTIVATIONS` entry -> :func:`tigon.functional.glu_linear`'s ``activation``."""
+
 # HF activation names (``transformers.activations.ACT2FN`` keys) -> the activation of the non-gated MLP's op,
 # tigon.functional.act_linear (its ``activation`` argument).
 NONGATED_ACTIVATIONS: dict[str, str] = {

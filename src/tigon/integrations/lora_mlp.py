@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import functional as TF
-from .families import ADAPTERS, AdapterSpec, MLPSpec
+from .families import ADAPTERS, GLU_LINEAR_ACTIVATIONS, AdapterSpec, MLPSpec
 from .child_calls import _hook_problem, under_checkpoint
 from .marks import tigon_mark
-from .mlp_forwards import _glu, _GLU_LINEAR_ACTIVATION
+from .mlp_forwards import _glu
 from .lora import _fused_adapter, lora_problem
 
 
@@ -110,7 +110,7 @@ def fused_call(module, spec: MLPSpec, act: tuple[str, str | None], x: torch.Tens
             return None
         names.append(name)
     *gate_side, (wd, ad, bd, cdn, sd) = (_parts(m, n) for m, n in zip(projections, names))
-    activation = _GLU_LINEAR_ACTIVATION[act]
+    activation = GLU_LINEAR_ACTIVATIONS[act]
     if under_checkpoint():
         if spec.gate_up is not None:
             gate, up = projections[0](x).chunk(2, dim=-1)

@@ -24,6 +24,7 @@ from .act_linear_forwards import act_linear_problem, describe_act_linear
 from . import mlp_host_bound
 from .child_calls import _META_PROBLEM, _outputs_private, fold_problem, plain_calls, under_checkpoint
 from .families import ACTIVATIONS as _ACTIVATIONS
+from .families import GLU_LINEAR_ACTIVATIONS
 from .families import MLPSpec
 from .marks import mark, tigon_mark
 from .mlp_activations import mlp_activation, nongated_activation
@@ -55,8 +56,6 @@ def mlp_multipliers(module, spec: MLPSpec) -> tuple[float, float]:
         return 1.0, 1.0
     return float(getattr(module, spec.multipliers[0])), float(getattr(module, spec.multipliers[1]))
 
-
-_GLU_LINEAR_ACTIVATION = {("swiglu", None): "silu", ("geglu", "none"): "gelu", ("geglu", "tanh"): "gelu_tanh"}
 
 
 def _lora_mlp():
@@ -144,7 +143,7 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             return down(_glu(act, gate, up, inplace, gm, limit=lim)) * dm
         if calls[1] if plain else (fold_problem(down) is None and not under_checkpoint(compiling)):  # (foldable)
             p = down.__dict__["_parameters"]  # (an nn.Linear's weight and bias, past nn.Module.__getattr__)
-            return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=_GLU_LINEAR_ACTIVATION[act],
+            return TF.glu_linear(gate, up, p["weight"], p["bias"], activation=GLU_LINEAR_ACTIVATIONS[act],
                                  gate_multiplier=gm, down_multiplier=dm, inplace_backward=inplace, limit=lim)
         return down(_glu(act, gate, up, inplace, gm, dm, lim))
 
