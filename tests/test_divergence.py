@@ -338,6 +338,14 @@ def test_modules_flatten_leading_dims(device):
     assert kl.shape == (b, s, v)
     torch.testing.assert_close(kl.view(-1, v), F.kl_div(x.view(-1, v), y.view(-1, v), reduction="none",
                                                         log_target=True))
+    # batchmean divides by the batch dimension (torch.nn.KLDivLoss's), not by the flattened B * S rows
+    xg, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+    kl_bm = tnn.KLDivLoss(reduction="batchmean", log_target=True)(xg, y)
+    kl_truth = torch.nn.KLDivLoss(reduction="batchmean", log_target=True)(xr, y.double())
+    torch.testing.assert_close(kl_bm.double(), kl_truth)
+    kl_bm.backward()
+    kl_truth.backward()
+    torch.testing.assert_close(xg.grad.double(), xr.grad, rtol=1e-5, atol=1e-7)
     with pytest.warns(UserWarning, match="size_average"):
         assert tnn.KLDivLoss(size_average=False).reduction == "sum"  # torch's legacy arguments, as torch maps them
     tv = tnn.TVDLoss(reduction="none")(x.exp(), y.exp(), labels)

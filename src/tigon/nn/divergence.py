@@ -61,7 +61,8 @@ class KLDivLoss(nn.KLDivLoss):
     Forward:
         ``loss(y_pred, y_true)``: y_pred log-probabilities (N, V) or (..., V), y_true probabilities
         (log-probabilities with ``log_target``) of the same shape. Returns a float32 loss: 0-d, or y_pred's shape
-        for ``"none"``.
+        for ``"none"``. ``"batchmean"`` divides the sum by y_pred's first dimension, as torch's module does (for a
+        (B, T, V) input: by B, not by the B * T rows).
 
     Raises:
         As :func:`tigon.functional.kl_div`, at the forward, for bad inputs.
@@ -73,6 +74,10 @@ class KLDivLoss(nn.KLDivLoss):
 
     def forward(self, y_pred: torch.Tensor, y_true: torch.Tensor):
         x, t, _, lead = _rows(y_pred, y_true, None)
+        if lead is not None and self.reduction == "batchmean":
+            # torch's batchmean is the sum over the batch dimension's size (dim 0), not over the flattened rows
+            out = TF.kl_div(x, t, reduction="sum", log_target=self.log_target, eps=self.eps)
+            return out / max(lead[0], 1)
         out = TF.kl_div(x, t, reduction=self.reduction, log_target=self.log_target, eps=self.eps)
         return out.reshape(lead) if lead is not None and self.reduction == "none" else out
 
