@@ -105,6 +105,13 @@ def test_modules_load_hf_llama_mlp_state_dict(device):
     g = TN.TiledGEGLUMLP(_config("gelu_pytorch_tanh"))
     g.load_state_dict(hf.state_dict())
     assert g.activation == "gelu_tanh" and g.num_shards is None
+    # Gemma 2+ configs name the activation hidden_activation (HF's Gemma2MLP reads it), as nn.GeGLUMLP reads it
+    from transformers import Gemma2Config
+
+    exact = Gemma2Config(hidden_size=24, intermediate_size=40, hidden_activation="gelu")
+    assert TN.TiledGEGLUMLP(exact).activation == "gelu" and TN.GeGLUMLP(exact).approximate == "none"
+    with pytest.raises(ValueError, match="hidden_activation"):
+        TN.TiledGEGLUMLP(Gemma2Config(hidden_size=24, intermediate_size=40, hidden_activation="relu"))
     with pytest.raises(ValueError, match="hidden_act"):
         TN.TiledSwiGLUMLP(_config("gelu"))
     with pytest.raises(ValueError, match="num_shards"):

@@ -163,9 +163,11 @@ class _TiledGatedMLP(nn.Module):
         if num_shards is not None and (isinstance(num_shards, bool) or not isinstance(num_shards, int)
                                        or num_shards < 1):
             raise ValueError(f"num_shards must be an int >= 1 or None, got {num_shards!r}")
-        act = getattr(config, "hidden_act", None)
+        # Gemma 2+'s hidden_activation first (what HF's GemmaMLP there reads), as SwiGLUMLP / GeGLUMLP do
+        act = _activation(config)
         if act is not None and act not in self._ACTS:
-            raise ValueError(f"{type(self).__name__} needs config.hidden_act in {sorted(self._ACTS)}, got {act!r}")
+            raise ValueError(f"{type(self).__name__} needs config.hidden_act (or hidden_activation) in "
+                             f"{sorted(self._ACTS)}, got {act!r}")
         self.activation = self._ACTS[act] if act is not None else next(iter(self._ACTS.values()))
         self.config = config
         self.hidden_size, self.intermediate_size = config.hidden_size, config.intermediate_size
@@ -207,8 +209,9 @@ class TiledGEGLUMLP(_TiledGatedMLP):
     :func:`tigon.functional.tiled_mlp`. Drop-in for Liger-Kernel's ``LigerTiledGEGLUMLP``.
 
     Args:
-        config: as :class:`TiledSwiGLUMLP`'s, ``hidden_act`` one of ``"gelu_pytorch_tanh"`` / ``"gelu_new"`` (tanh
-            GELU, the default) or ``"gelu"`` (exact erf GELU, as HF's; Liger runs the tanh GELU for all three).
+        config: as :class:`TiledSwiGLUMLP`'s, ``hidden_activation`` (Gemma 2+'s name, read first) or ``hidden_act``
+            one of ``"gelu_pytorch_tanh"`` / ``"gelu_new"`` (tanh GELU, the default) or ``"gelu"`` (exact erf GELU,
+            as HF's; Liger reads ``hidden_act`` only and runs the tanh GELU for all three).
         num_shards: as :class:`TiledSwiGLUMLP`'s.
 
     Raises:
