@@ -181,6 +181,9 @@ def test_group_norm_module(device):
     x = torch.randn(2, 6, 4, device=device)
     torch.testing.assert_close(m(x), torch.nn.functional.group_norm(x, 3, m.weight, m.bias, 1e-5))
     assert "num_groups=3" in repr(m) and m.eps == 1e-5
+    m.eps = 1e-3  # a plain attribute in Liger's module (and torch's): settable, and the forward uses it
+    assert m.variance_epsilon == 1e-3
+    torch.testing.assert_close(m(x), torch.nn.functional.group_norm(x, 3, m.weight, m.bias, 1e-3))
     with pytest.raises(ValueError, match="at least 3 dimensions"):
         m(torch.randn(2, 6, device=device))
     with pytest.raises(ValueError, match="positive divisor"):

@@ -381,8 +381,13 @@ class GroupNorm(nn.Module):
 
     @property
     def eps(self) -> float:
-        """Alias of ``variance_epsilon`` (Liger's module has both)."""
+        """Alias of ``variance_epsilon`` (Liger's module has both, as plain attributes); setting it sets both, as
+        setting ``torch.nn.GroupNorm``'s ``eps`` changes its epsilon."""
         return self.variance_epsilon
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        self.variance_epsilon = value
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.dim() < 3:
