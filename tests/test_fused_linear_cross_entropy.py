@@ -319,6 +319,26 @@ def test_flce_default_chunk_cap(monkeypatch):
     assert flce_ops.chunk_rows(8192, 152064, 3584, cuda, fp32_weight_grad=True, elem_bytes=4) == 1648
 
 
+def test_flce_accumulator_chunk_rows_cap(monkeypatch):
+    # Issue 26: with the fp32 accumulator, token chunks hold at most ACC_CHUNK_ROWS_CUDA rows. Llama-3.2-1B's head
+    # (128256 x 2048) at 4 x 2048 tokens filled the 3 GiB budget with one 8192-row chunk (2.10 GB of bf16 logits
+    # beside the 1.05 GB accumulator); now 2 chunks of 4096: the loss's forward peak 1.05 GB lower.
+    monkeypatch.setattr(flce_ops, "MAX_CHUNK_ELEMS_CUDA", DEFAULT_CHUNK_CAP)
+    if support.interpreter_enabled():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cuda = torch.device("cuda")
+    v, h, n = 128256, 2048, 8192
+    rows = flce_ops.chunk_rows(n, v, h, cuda, fp32_weight_grad=True)
+    assert rows == flce_ops.ACC_CHUNK_ROWS_CUDA == 4096
+    assert 4 * v * h + rows * v * 2 <= 4 * v * h + n * v * 2 - 1_000_000_000  # >= 1 GB less at the loss's peak
+    # not below H/2 rows (the accumulator passes); untouched: whole sequences (align), a byte budget (memory=),
+    # no accumulator (lean, or no weight gradient)
+    assert flce_ops.chunk_rows(n, v, 16384, cuda, fp32_weight_grad=True) == n
+    assert flce_ops.chunk_rows(n, v, h, cuda, fp32_weight_grad=True, align=n) == n
+    assert flce_ops.chunk_rows(n, v, h, cuda, fp32_weight_grad=True, budget=3 << 30) == n
+    assert flce_ops.chunk_rows(5000, 32000, 4096, cuda) == 5000
+
+
 # accum_dtype = the weight's dtype (low-memory accumulation): grad_weight rounded to bf16 after every chunk. With
 # k chunks its error grows like sqrt(k) roundings of the running sum; measured (float64 simulation of N=8192,
 # V=8192, logits of std 1; benchmarks/numerics/lean_accum_sim.py -> benchmarks/results/cpu/lean_accum_sim.txt): 4.2x the

@@ -93,7 +93,12 @@ from .loss_rows import (
 # at least MIN_CHUNK_ROWS_CUDA rows. H200, 8192 x 4096 -> 128256 frozen, fwd + bwd (the memory= option reproduces
 # the old rule: memory=3 << 30): one chunk 26.0 ms / 2.43 GiB extra; 1 << 27 logits a chunk 27.0-30.1 ms / 0.62 GiB
 # (LoRA row: 1.09x Liger at 9.06 GiB against its 9.81); 1 << 28 splits the difference.
+# With the fp32 accumulator, token chunks (align <= 1) hold at most ACC_CHUNK_ROWS_CUDA rows: past ~4096 rows fewer
+# accumulator passes stop paying (above: Llama-3-8B 2 x 4096 rows 40.5 ms, one 8192-row chunk 41.2; Qwen2.5-0.5B, 16k
+# tokens, 4 x 4096 25.76 ms, 2 x 8192 25.46) while the buffer grows V * 2 bytes a row: Llama-3.2-1B's one 8192-row chunk
+# (2.10 GB beside the 1.05 GB accumulator) was issue 26's 0.38 GiB over Liger's step peak (benchmarks/step_memory.py).
 MAX_CHUNK_ELEMS_CUDA = 1 << 30
+ACC_CHUNK_ROWS_CUDA = 4096
 FLCE_BUDGET_BYTES_CUDA = 3 << 30
 FROZEN_CHUNK_ELEMS_CUDA = 1 << 28
 MIN_CHUNK_ROWS_CUDA = 256
@@ -112,7 +117,8 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     fit in it instead, on any device, down to a floor of 16 rows. ``align`` > 1: whole groups of ``align`` rows
     (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
     ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
-    FROZEN_CHUNK_ELEMS_CUDA logits (see above). ``row_bytes``: what each row of a chunk costs beside its logits
+    FROZEN_CHUNK_ELEMS_CUDA logits (see above); with ``fp32_weight_grad`` it takes at most ACC_CHUNK_ROWS_CUDA rows
+    (or H/2 where that is more) unless ``align`` > 1 or ``cap``. ``row_bytes``: what each row of a chunk costs beside its logits
     (gathered rows: the formed passes' kept rows), counted where the rule is a budget in bytes (``budget`` >= 0, or
     the default rule's FLCE_BUDGET_BYTES_CUDA). ``cap``: the most rows a chunk may hold (>= 1) instead, before
     balancing (``align`` not read)."""
@@ -129,6 +135,8 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
             floor = max(hidden // 2, MIN_CHUNK_ROWS_CUDA)
             max_rows = max(floor, spare // max(vocab * elem_bytes + row_bytes, 1))
             max_rows = min(max_rows, MAX_CHUNK_ELEMS_CUDA // max(vocab, 1))
+            if fp32_weight_grad and align <= 1 and not cap:
+                max_rows = min(max_rows, max(floor, ACC_CHUNK_ROWS_CUDA))
             if frozen_weight:
                 max_rows = min(max_rows, max(MIN_CHUNK_ROWS_CUDA, FROZEN_CHUNK_ELEMS_CUDA // max(vocab, 1)))
         max_rows = max(16, max_rows // 16 * 16)  # tensor-core friendly row counts
