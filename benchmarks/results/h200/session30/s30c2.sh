@@ -1,7 +1,7 @@
 # Session 30, call 2 (carry .peers/w): issue 29's loss rows at the current code (GRPO, fused linear JSD, DPO with the
 # reference in the same pass; 8192 tokens, hidden 4096, vocab 128256) against torch.compile of the plain loss and
-# Liger, with the CUDA tests of the post-training and profile-prediction code; then issue 26's Llama-3.2-1B row
-# (16 layers, no checkpointing) after the fused loss's 4096-row chunk cap beside its fp32 accumulator; about 470 s
+# Liger, with the CUDA tests of the post-training and profile-prediction code; then issue 21's op table's eager
+# column (host-inclusive); about 450 s
 #   bash benchmarks/results/h200/session30/s30c2.sh
 source .peers/w/install.sh; export PYTHONPATH=$PWD/src:$PYTHONPATH PYTHONUNBUFFERED=1
 W=$OUT/w; mkdir -p $W; G=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
@@ -15,6 +15,7 @@ for OP in fused_linear_jsd fused_linear_grpo fused_linear_dpo_loss; do
     --providers compile,tigon,tigon_lean,liger --json $W/posttrain-${OP}_llama3-8b_$G.json 2>&1 | grep -v Warn | tail -9
   date
 done
-timeout 150 python3 benchmarks/e2e_table.py --model llama3.2-1b --batch-size 4 --seq-len 2048 --steps 8 --warmup 3 \
-  --providers liger,tigon --timeout 70 --gpu $G --out-dir $W/e2e-1b 2>&1 | grep -v Warn | tail -6; date
+OPS=group_norm,sparsemax,dyt,poly_norm,softmax,relu_squared,jsd,kl_div,tvd,tiled_mlp
+timeout 100 python3 benchmarks/op_table.py --model llama3-8b --ops $OPS --tokens 16384,jsd=8192,kl_div=8192,tvd=8192 \
+  --providers eager --bases host --timeout 90 --gpu $G --out-dir $W/op21 2>&1 | grep -v Warn | tail -16; date
 (cd $W && tar czf $OUT/s30c2.tgz .) && rm -rf $W
