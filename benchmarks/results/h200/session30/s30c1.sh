@@ -15,7 +15,6 @@ OPS=group_norm,sparsemax,dyt,poly_norm,softmax,relu_squared,jsd,kl_div,tvd,tiled
 TOK=16384,jsd=8192,kl_div=8192,tvd=8192
 timeout 310 python3 benchmarks/op_table.py --model llama3-8b --ops $OPS --tokens $TOK --providers tigon,liger,compile \
   --timeout 75 --gpu $G --out-dir $W/op21 2>&1 | grep -v Warn | tail -22; date
-python3 benchmarks/op_table.py --from-dir $W/op21 --json $W/op21/op-table-all_llama3-8b_$G.json 2>&1 | grep -v Warn | tail -20
 timeout 140 python3 benchmarks/e2e_table.py --model llama3.2-1b --batch-size 4 --seq-len 2048 --steps 8 --warmup 3 \
   --providers liger,tigon --timeout 65 --gpu $G --out-dir $W/e2e-1b 2>&1 | grep -v Warn | tail -6; date
 (cd $W && tar czf $OUT/s30c1.tgz .) && rm -rf $W
