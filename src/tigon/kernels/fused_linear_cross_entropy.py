@@ -118,10 +118,10 @@ def chunk_rows(n: int, vocab: int, hidden: int, device: torch.device, lean: bool
     (sequences), balanced over the fewest chunks that hold them; 0 when one group exceeds the rule.
     ``frozen_weight``: no weight gradient is formed (a frozen head), so the default rule on CUDA caps a chunk at
     FROZEN_CHUNK_ELEMS_CUDA logits (see above); with ``fp32_weight_grad`` it takes at most ACC_CHUNK_ROWS_CUDA rows
-    (or H/2 where that is more) unless ``align`` > 1 or ``cap``. ``row_bytes``: what each row of a chunk costs beside its logits
-    (gathered rows: the formed passes' kept rows), counted where the rule is a budget in bytes (``budget`` >= 0, or
-    the default rule's FLCE_BUDGET_BYTES_CUDA). ``cap``: the most rows a chunk may hold (>= 1) instead, before
-    balancing (``align`` not read)."""
+    (or H/2 where that is more) unless ``align`` > 1 or ``cap``. ``row_bytes``: what each row of a chunk costs beside
+    its logits (gathered rows: the formed passes' kept rows), counted where the rule is a budget in bytes
+    (``budget`` >= 0, or the default rule's FLCE_BUDGET_BYTES_CUDA). ``cap``: the most rows a chunk may hold (>= 1)
+    instead, before balancing (``align`` not read)."""
     if budget >= 0:
         spare = budget - (4 * vocab * hidden if fp32_weight_grad else 0)
         max_rows = max(16, spare // max(vocab * elem_bytes + row_bytes, 1))
