@@ -162,3 +162,16 @@ def test_bench_times_glu_linear_with_the_models_activation(tmp_path):
         inputs = ops.get("glu_linear").make_inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(0))
         assert inputs["activation"] == want
     assert "activation" not in ops.get("act_linear").shape_of(ops.ModelShapes(8, 16, 32, 2, 2, 8, 100))
+
+
+def test_bench_idle_providers_note_one_line_by_default():
+    """The default provider list's variants that implement none of the ops make one note (they made one each: nine
+    lines for ``--op dyt``); providers named with ``--providers`` keep a note each."""
+    _, _, _, notes = bench.resolve_bench(bench.BenchConfig(model="tiny", ops=["dyt"], device="cpu"))
+    idle = [n for n in notes if "none of the requested ops" in n]
+    assert len(idle) == 1 and "tigon_lean" in idle[0] and "tigon_inplace" in idle[0], notes
+    _, _, _, notes = bench.resolve_bench(bench.BenchConfig(model="tiny", ops=["dyt"], device="cpu",
+                                                           providers=["eager,tigon_lean,tigon_inplace"]))
+    assert sorted(n for n in notes if "none of the requested ops" in n) == [
+        "tigon_inplace: implements none of the requested ops (dyt)",
+        "tigon_lean: implements none of the requested ops (dyt)"], notes

@@ -491,10 +491,11 @@ def resolve_bench(config: BenchConfig) -> tuple[BenchConfig, dict[str, list[dict
     desc.update(name=model, model_type=full.get("model_type"),
                 **{k: config_field(cfg, k) for k in ("hidden_size", "intermediate_size", "vocab_size",
                                                      "num_attention_heads", "num_key_value_heads")})
-    for p in providers:
-        applies = [op for op in ops if p in op_providers(specs[op])]
-        if not applies:
-            notes.append(f"{p}: implements none of the requested ops ({', '.join(ops)})")
+    idle = [p for p in providers if not any(p in op_providers(specs[op]) for op in ops)]
+    if idle and config.providers:  # named with --providers: one note each
+        notes += [f"{p}: implements none of the requested ops ({', '.join(ops)})" for p in idle]
+    elif idle:  # the default list: one line
+        notes.append(f"not run (none of the requested ops): {', '.join(idle)}")
     if device.type == "cpu":
         notes.append(CPU_NOTE)
     resolved = BenchConfig(ops=ops, model=model, providers=providers, sweep=config.sweep, dtype=config.dtype,
