@@ -112,6 +112,21 @@ def softcap(name: str, value) -> float | None:
     return float(value)
 
 
+def integer(name: str, value) -> int:
+    """``value`` as an int (any sign: ``ignore_index``), from an int, a numpy integer or a one-element integer tensor.
+
+    Raises:
+        TypeError: a bool, a float (``-100.5`` would have been truncated to -100 by ``int()``) or anything else that
+            is not an integer.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
 def size(name: str, value) -> int:
     """``value`` as an int >= 1 (a module's width: ``hidden_size``, ``intermediate_size``).
 

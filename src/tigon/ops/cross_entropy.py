@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from .. import _checks
 from ..reference import cross_entropy as ref
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
@@ -116,7 +117,7 @@ def cross_entropy(
 
     Raises:
         TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type,
-            inplace_backward not a bool, grad_in_forward not None / a bool,
+            ignore_index not an int, inplace_backward not a bool, grad_in_forward not None / a bool,
             size_average or reduce neither None nor a bool (the hint names the positional order that changed).
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
             [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 (an int, or a CPU tensor: a CUDA
@@ -133,6 +134,7 @@ def cross_entropy(
         _, return_accuracy = liger_aliases(None, None, return_accuracy, return_token_accuracy)
     ref.check_inputs(logits, target, weight, reduction=reduction, label_smoothing=label_smoothing,
                      lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
+    ignore_index = _checks.integer("ignore_index", ignore_index)
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be a bool, got {inplace_backward!r}")
     if grad_in_forward is not None and not isinstance(grad_in_forward, bool):
@@ -160,7 +162,7 @@ def cross_entropy(
         ref.check_target_range(target, logits.shape[1], ignore_index)
     from ..kernels import cross_entropy as k
 
-    opts = k.LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
+    opts = k.LossOptions(ignore_index, float(label_smoothing), float(lse_square_scale),
                            None if softcap is None else float(softcap), 1.0)
     run = k.compiled_cross_entropy if torch.compiler.is_compiling() else k.CrossEntropyFunction.apply
     loss, z_loss, accuracy, pred = run(

@@ -53,18 +53,20 @@ def jsd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | 
         0-d float32 loss (float64 for float64 inputs); 0 when every row is skipped or N = 0.
 
     Raises:
-        TypeError: input / target not floating, shift_labels not an integer tensor, beta not a number.
+        TypeError: input / target not floating, shift_labels not an integer tensor, beta not a number,
+            ignore_index not an int.
         ValueError: input not (N, V), target of another shape, shift_labels not (N,), devices differ, beta outside
             [0, 1].
     """
     ref.check_pair(input, target, shift_labels)
     b = ref.check_beta(beta)
+    ignore_index = _checks.integer("ignore_index", ignore_index)
     if select_backend("jsd", input) in TORCH_CODE:
         return ref.jsd(input, target, shift_labels, beta, ignore_index)
     from ..kernels.divergence import JSD, KL_LOG, KL_LOG_REVERSE
 
     kind = KL_LOG if b == 0.0 else KL_LOG_REVERSE if b == 1.0 else JSD
-    return _kernel(input, target, shift_labels, (kind, b, 0.0, int(ignore_index)), "batchmean", True)
+    return _kernel(input, target, shift_labels, (kind, b, 0.0, ignore_index), "batchmean", True)
 
 
 def kl_div(input: torch.Tensor, target: torch.Tensor, size_average: bool = True, reduce: bool = True,
@@ -126,17 +128,18 @@ def tvd(input: torch.Tensor, target: torch.Tensor, shift_labels: torch.Tensor | 
         float32 loss (float64 for float64 inputs): 0-d, or (N, V) for ``"none"``; 0 when every row is skipped.
 
     Raises:
-        TypeError: input / target not floating, shift_labels not an integer tensor.
+        TypeError: input / target not floating, shift_labels not an integer tensor, ignore_index not an int.
         ValueError: input not (N, V), target of another shape, shift_labels not (N,), devices differ, unknown
             reduction.
     """
     ref.check_pair(input, target, shift_labels)
     _checks.choice("reduction", reduction, ref.REDUCTIONS)
+    ignore_index = _checks.integer("ignore_index", ignore_index)
     if select_backend("tvd", input) in TORCH_CODE:
         return ref.tvd(input, target, shift_labels, reduction, ignore_index)
     from ..kernels.divergence import TVD
 
-    return _kernel(input, target, shift_labels, (TVD, 0.5, 0.0, int(ignore_index)), reduction, True)
+    return _kernel(input, target, shift_labels, (TVD, 0.5, 0.0, ignore_index), reduction, True)
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------

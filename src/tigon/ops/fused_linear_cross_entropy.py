@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from .. import _checks
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
@@ -243,7 +244,7 @@ def _call_options(key, weight, ignore_index, label_smoothing, lse_square_scale, 
     from ..kernels.fused_linear_cross_entropy import FlceCall
 
 
-    opts = LossOptions(int(ignore_index), float(label_smoothing), float(lse_square_scale),
+    opts = LossOptions(_checks.integer("ignore_index", ignore_index), float(label_smoothing), float(lse_square_scale),
                        None if softcap is None else float(softcap), float(logit_scale), use_token_scaling)
     # without an explicit accum_dtype, a plan in the weight's dtype is the exact sliced one where it applies
     call = FlceCall(opts, reduction, bool(return_accuracy), lean, budget, return_predicted_tokens,
