@@ -181,9 +181,14 @@ def test_host_costs_and_reports():
     assert PA.host_costs(orig, tigon) == {"mlp": (2.0, 2.0)}  # no calls in the patched step: not measured
     assert PA.host_costs(orig, None) == {}
     rep = PA.kind_report("mlp", orig, None)
-    assert rep == {"original": {"forward_ms": 2.0, "backward_ms": 4.0, "calls": 3, "per_call_ms": 2.0},
-                   "tigon": None}
+    assert rep == {"original": {"forward_ms": 2.0, "backward_ms": 4.0, "calls": 3, "per_call_ms": 2.0,
+                                "unheld_per_call_ms": None}, "tigon": None}
     assert PA.overhead_report(tigon)["steps"] == 3
+    # the unheld steps' times (the device running along) are kept apart and reported beside the held ones
+    orig.unheld, tigon.unheld = {"mlp": PA.KindHost(1.0, 2.0, 3)}, {"mlp": PA.KindHost(1.5, 1.5, 3)}
+    assert PA.host_costs(orig, tigon, unheld=True) == {"mlp": (1.0, 1.0)}
+    assert PA.kind_report("mlp", orig, tigon)["original"]["unheld_per_call_ms"] == 1.0
+
 
 
 def test_hook_overhead_is_measured():
@@ -206,7 +211,7 @@ def test_in_step_host_on_a_model():
     got = PA.in_step_host(model, random_batches(int(hfc.vocab_size), 1, 1, 8, 0), targets,
                           device=torch.device("cpu"), lr=1e-3,
                           bypassed={"model.layers.0.post_attention_layernorm": "fused_add_rms_norm"}, rounds=1)
-    assert got.steps == 1
+    assert got.steps == 1 and got.unheld == {}  # nothing held on a CPU: no unheld steps apart
     assert {k: v.calls for k, v in got.kinds.items()} == {"lm_head_loss": 1, "fused_add_rms_norm": 1, "rope": 1,
                                                          "mlp": 1, "rms_norm": 2}
     assert all(v.forward_ms > 0 and v.backward_ms > 0 for v in got.kinds.values())

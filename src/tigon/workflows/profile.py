@@ -334,11 +334,16 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     if cfg.trace:
         traces.append(cfg.trace)
     host = PA.host_costs(in_step.get("original"), in_step.get("tigon"))
-    changes = [PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"],
-                           PR.OpCost(**_cost(costs[k["op"]]["eager"], host.get(k["kind"], (None,))[0])),
-                           PR.OpCost(**_cost(costs[k["op"]]["tigon"], host.get(k["kind"], (None, None))[1])),
-                           k["bypasses"])
-               for k in kinds if k["op"] in costs]
+    host_u = PA.host_costs(in_step.get("original"), in_step.get("tigon"), unheld=True)
+    changes, host_basis = [], {}
+    for k in kinds:
+        if k["op"] in costs:
+            o, t, host_basis[k["kind"]] = PR.call_costs(costs[k["op"]]["eager"], costs[k["op"]]["tigon"],
+                                                        host.get(k["kind"]), host_u.get(k["kind"]))
+            changes.append(PR.OpChange(k["kind"], k["op"], k["keyword"], k["calls"], o, t, k["bypasses"]))
+            if host_basis[k["kind"]] == "waited":
+                notes.append(f"{k['kind']} ({k['op']}): an isolated call waited for the device behind the sleep (a "
+                             "sync), so its host time holds device time; its host change is taken as none")
     table, scale = PR.step_table(prof.categories, prof.busy_ms, prof.step_ms)
     labels = {**LABELS, **({} if cuda else CPU_LABELS)}
     rows = [CategoryRow(r.name, labels[r.name], r.ms, r.pct, r.basis) for r in table]
@@ -366,12 +371,14 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         notes += [f"layers: {n}" for n in layer_costs[0].notes]
     if changes:
         hm, extra = PL.prediction(step, changes, layer_costs[0] if layer_costs else None)
-        pred, adv = PR.predict(step, changes, host=hm), PR.advise(step, changes, hm)
+        dm = PL.device_model(layer_costs[0], changes) if layer_costs else None
+        pred, adv = PR.predict(step, changes, host=hm, device=dm), PR.advise(step, changes, hm, dm)
+        extra["device_basis"] = "whole parts" if dm is not None else "per op"
         result.predicted_step_ms_patched = pred.step_ms
         result.limits["predicted"] = {**_limits(pred), **extra}
         calls_all = PR.calls_per_kind(changes, [c.kind for c in changes])
         for c, a in zip(changes, adv.kinds):
-            per_op_basis = "in_step" if c.kind in host else "isolated"
+            per_op_basis = host_basis.get(c.kind, "isolated")
             result.ops.append({**dataclasses.asdict(a), "original": costs[c.op]["eager"],
                                "tigon": costs[c.op]["tigon"], "bypasses": dict(c.bypasses),
                                "host_basis": "layers" if hm and hm.marginal_ms(c.kind) is not None else per_op_basis,
@@ -409,12 +416,6 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     result.stage_s = stage_s
     _add_notes(result, device)
     return result
-
-
-def _cost(c: dict, host_ms: float | None = None) -> dict:
-    """The :class:`~tigon.workflows.predict.OpCost` fields of an isolated call's cost ``c``; ``host_ms`` (the
-    in-step host time per call) replaces its host time when given."""
-    return {"host_ms": c["host_ms"] if host_ms is None else host_ms, "device_ms": c["device_ms"]}
 
 
 def _free(device: torch.device) -> None:

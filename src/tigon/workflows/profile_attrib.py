@@ -355,12 +355,16 @@ def hook_overhead(device: torch.device, calls: int = 64, reps: int = 5) -> HookO
 
 @dataclass
 class InStepHost:
-    """What :func:`in_step_host` measured: ``kinds`` (kind -> :class:`KindHost`, ms per step), ``overhead`` (the
-    :class:`HookOverhead` subtracted), ``steps`` (steps counted)."""
+    """What :func:`in_step_host` measured: ``kinds`` (kind -> :class:`KindHost`, ms per step, issued behind a sleep),
+    ``overhead`` (the :class:`HookOverhead` subtracted), ``steps`` (steps counted), ``unheld`` (below)."""
 
     kinds: dict[str, KindHost] = field(default_factory=dict)
     overhead: HookOverhead = field(default_factory=HookOverhead)
     steps: int = 0
+    unheld: dict[str, KindHost] = field(default_factory=dict)
+    """The same per kind from steps issued with the device running along (parts synchronised, no sleep), as in a
+    host-bound step: the basis of ``tigon profile``'s pipeline (:mod:`tigon.workflows.predict`); {} on a CPU or
+    when not measured."""
 
 
 def resolve_targets(model: torch.nn.Module, targets: Mapping[str, str], bypassed: Mapping[str, str] = {},
@@ -386,7 +390,7 @@ def resolve_targets(model: torch.nn.Module, targets: Mapping[str, str], bypassed
 
 def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: Mapping[str, str], *,
                  device: torch.device, lr: float, bypassed: Mapping[str, str] = {}, patched: bool = False,
-                 warmup: int = 1, rounds: int = 3) -> InStepHost:
+                 warmup: int = 1, rounds: int = 3, unheld_rounds: int = 3) -> InStepHost:
     """The host's self time per patch kind inside training steps of ``model`` (the module docstring), forward
     and backward apart, ms per step.
 
@@ -395,9 +399,11 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
             :func:`tigon.patch`).
         batches: token ids, used in turn; warmup: untimed steps first; rounds: as
             :func:`tigon.workflows.timing.issue_time` (1 on a CPU is enough: nothing waits).
+        unheld_rounds: then this many steps with the device running along (each part after a sync, no sleep:
+            ``InStepHost.unheld``, the median; about ``unheld_rounds`` steps' time more; none on a CPU).
     """
     from .profile_events import StepParts, make_step
-    from .timing import DeviceHold, issue_time
+    from .timing import DeviceHold, IssueTimer, issue_time
 
     step, hold = make_step(model, lr), DeviceHold(device)
     from ._train import param_dtype, step_inputs
@@ -431,8 +437,8 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
         def stop(self):
             return self.timer.stop()
 
-    def run(timer) -> None:
-        attr.recording = not hold.active or any(h > 0 for h in timer.holds)
+    def run(timer, record: bool = False) -> None:
+        attr.recording = record or not hold.active or any(h > 0 for h in timer.holds)
         parts.timer = proxy = _Timer(timer)
         try:
             step(data[turn[0] % len(data)], proxy)
@@ -443,30 +449,47 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
             attr.recording = False
             turn[0] += 1
 
+    unheld: dict[str, KindHost] = {}
     try:
         with watching(attr) if hold.active else contextlib.nullcontext():  # (a CPU's reads are host work)
             issue_time(run, hold, rounds=rounds)
+            held, steps = attr.result(overhead), attr.steps
+            if hold.active:  # then steps with the device running along: each part after a sync, no sleep
+                attr.done = []
+                for _ in range(unheld_rounds):
+                    timer = IssueTimer(hold, [0.0])
+                    run(timer, record=True)
+                    if timer._open is not None:
+                        timer.stop()
+                unheld = attr.result(overhead) if attr.steps else {}
     finally:
         attr.remove()
         parts.remove()
-    return InStepHost(attr.result(overhead), overhead, attr.steps)
+    return InStepHost(held, overhead, steps, unheld)
 
 
-def host_costs(original: InStepHost | None, tigon: InStepHost | None) -> dict[str, tuple[float, float]]:
+def host_costs(original: InStepHost | None, tigon: InStepHost | None,
+               unheld: bool = False) -> dict[str, tuple[float, float]]:
     """kind -> (original, Tigon) in-step host time per forward + backward call, ms, for the kinds measured with
-    calls in both steps ({} when either is missing: the prediction then uses the isolated calls)."""
+    calls in both steps ({} when either is missing: the prediction then uses the isolated calls); ``unheld``: from
+    the steps issued with the device running along (``InStepHost.unheld``)."""
     if original is None or tigon is None:
         return {}
-    return {k: (o.per_call_ms, tigon.kinds[k].per_call_ms) for k, o in original.kinds.items()
-            if o.calls and k in tigon.kinds and tigon.kinds[k].calls}
+    a, b = (original.unheld, tigon.unheld) if unheld else (original.kinds, tigon.kinds)
+    return {k: (o.per_call_ms, b[k].per_call_ms) for k, o in a.items() if o.calls and k in b and b[k].calls}
 
 
 def kind_report(kind: str, original: InStepHost | None, tigon: InStepHost | None) -> dict:
     """The JSON of one kind's in-step host time: ``{"original"|"tigon": {"forward_ms", "backward_ms" (per step),
-    "calls" (per step), "per_call_ms" (forward + backward)} or None}``."""
+    "calls" (per step), "per_call_ms" (forward + backward), "unheld_per_call_ms" (the same with the device
+    running along; None: not measured)} or None}``."""
     def side(m: InStepHost | None):
         k = m.kinds.get(kind) if m is not None else None
-        return None if k is None else {**dataclasses.asdict(k), "per_call_ms": k.per_call_ms}
+        if k is None:
+            return None
+        u = m.unheld.get(kind)
+        return {**dataclasses.asdict(k), "per_call_ms": k.per_call_ms,
+                "unheld_per_call_ms": u.per_call_ms if u is not None and u.calls else None}
 
     return {"original": side(original), "tigon": side(tigon)}
 

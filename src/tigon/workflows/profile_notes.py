@@ -37,11 +37,14 @@ def add_notes(r: Any, device: torch.device) -> None:
     else:
         r.notes.append("limits: on a CPU nothing runs asynchronously, so the host time is the step time (H = T, "
                        "D = 0).")
-    r.notes.append("prediction: T' = T - pipeline(H, D) + pipeline(H', D'), pipeline = max(D, H - optimizer's host + "
-                   "optimizer's device, H) (the forward and backward overlap host and device, the optimizer ends the "
-                   "step); D' adds the replaced calls' change (calls per step x (Tigon - original) per forward "
-                   "+ backward at this model's shapes, each measured like the step), H' the whole parts' change "
-                   "where measured (else the calls'): a host-bound step pays the replacements' host cost.")
+    r.notes.append("prediction: T' = T - pipeline(H_u, D) + pipeline(H_u', D'), pipeline = max(D, H_u - optimizer's "
+                   "host + optimizer's device, H_u) (the forward and backward overlap host and device, the optimizer "
+                   "ends the step), in the host's unheld basis: H_u = the parts' host time with the device running "
+                   "along (host_unheld_ms; the held H overstates a host-bound step's host time), the optimizer's "
+                   "host scaled alike; D' adds the whole parts' device change where measured (else the replaced "
+                   "calls'), H_u' the replaced calls' unheld host change (in the step where measured; a held time "
+                   "converted by its own call's unheld / held ratio, else by H_u / H): a host-bound step pays the "
+                   "replacements' host cost.")
     pred = r.limits.get("predicted", {})
     if pred.get("host_basis") == "layers":
         groups = " + ".join(f"{g['count']} x (patched - original layer {g['index']})"
@@ -127,5 +130,8 @@ def _issue_notes(r: Any, key: str) -> None:
                        + ("; that is near the queue's depth: parts above it wait (see host_waited)."
                           if ops / lim["host_parts"] > LAUNCH_QUEUE_DEPTH / 2 else "."))
     if lim["host_ms"] > 1.02 * lim["step_ms"]:
-        r.notes.append(f"{key} step: the host time ({lim['host_ms']:.1f} ms) exceeds the step "
-                       f"({lim['step_ms']:.1f} ms) it should bound: the host measurement is suspect.")
+        unheld = lim.get("host_unheld_ms")
+        tail = (f"; the unheld host time ({unheld:.1f} ms, the device running along) is the prediction's basis"
+                if unheld is not None and unheld <= 1.02 * lim["step_ms"] else "")
+        r.notes.append(f"{key} step: the host time held behind the sleep ({lim['host_ms']:.1f} ms) exceeds the step "
+                       f"({lim['step_ms']:.1f} ms) it should bound: the held host measurement is suspect{tail}.")

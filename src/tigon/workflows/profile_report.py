@@ -119,18 +119,22 @@ class ProfileResult:
 def step_cost(step_ms: float, issue: IssueTime | None) -> PR.StepCost:
     """The :class:`~tigon.workflows.predict.StepCost` of a step of ``step_ms`` (ms) whose issue was measured as
     ``issue`` (:func:`~tigon.workflows.profile_events.step_issue`; its last part is the optimizer, the step's tail).
-    Without a held device (None, or a CPU) everything is host time: ``H = T``, ``D = 0``."""
+    Without a held device (None, or a CPU) everything is host time: ``H = T``, ``D = 0``. The unheld host time
+    ``H_u`` (the pipeline's basis, :class:`~tigon.workflows.predict.StepCost`) is the parts' wall time without the
+    sleep (``issue.natural_ms``)."""
     if issue is None or not issue.held:
         return PR.StepCost(step_ms, step_ms, 0.0)
     opt = issue.segments[-1]
     return PR.StepCost(step_ms, issue.host_ms, issue.device_ms, min(opt.host_ms, issue.host_ms),
-                       min(opt.device_ms, issue.device_ms))
+                       min(opt.device_ms, issue.device_ms), issue.natural_ms)
 
 
 def _limits(step: PR.StepCost, issue: IssueTime | None = None, syncs: list[str] | None = None) -> dict[str, Any]:
     out = {"step_ms": step.step_ms, "host_ms": step.host_ms, "device_ms": step.device_ms,
            "optimizer_host_ms": step.tail_host_ms, "optimizer_device_ms": step.tail_device_ms,
-           "model_ms": step.pipeline_ms, "bound": step.bound}
+           "host_unheld_ms": step.host_unheld_ms, "host_scale": step.host_scale,
+           "model_ms": step.pipeline_ms, "model_basis": "unheld host" if step.host_unheld_ms is not None
+           else "held host", "stall_ms": step.stall_ms, "bound": step.bound}
     if issue is not None and issue.held:
         out.update(host_natural_ms=issue.natural_ms, host_parts=len(issue.segments), host_waited=issue.waited,
                    hold_ms=issue.hold_ms, syncs=list(syncs or []),

@@ -293,12 +293,15 @@ class Segment:
     """One part of code timed by :class:`IssueTimer`: ``label``; ``host_ms`` the host's time from its start to the
     next mark (ms); ``device_ms`` the device's time from the end of the hold before it to the work issued up to
     that mark (ms; its kernels back to back when the hold outlasted the issue, 0 on a CPU); ``waited``: the hold
-    had ended when the part's issue ended, so the host may have waited for the device inside it."""
+    had ended when the part's issue ended, so the host may have waited for the device inside it; ``natural_ms``
+    (from :func:`issue_time`): the part's host time in its run without a hold, the device running along (None:
+    not measured)."""
 
     label: str
     host_ms: float
     device_ms: float
     waited: bool = False
+    natural_ms: float | None = None
 
 
 class IssueTimer:
@@ -460,10 +463,12 @@ def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: i
     for k in range(n):
         if samples[k]:
             out.append(Segment(natural[k].label, statistics.median(s.host_ms for s in samples[k]),
-                               statistics.median(s.device_ms for s in samples[k])))
+                               statistics.median(s.device_ms for s in samples[k]),
+                               natural_ms=natural[k].host_ms if hold.active else None))
         else:  # the host waits for the device here whatever the hold: its own wall time, wait included
             out.append(Segment(natural[k].label, natural[k].host_ms,
-                               min(natural[k].device_ms, last[k].device_ms), waited=True))
+                               min(natural[k].device_ms, last[k].device_ms), waited=True,
+                               natural_ms=natural[k].host_ms))
     return IssueTime(out, sum(s.host_ms for s in out), sum(s.device_ms for s in out),
                      sum(s.host_ms for s in natural), max(holds), min(len(x) for x in samples), hold.active)
 
