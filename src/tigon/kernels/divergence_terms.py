@@ -155,7 +155,7 @@ def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
     exp(x) for the log-probability kinds KL_LOG and KL_LOG_REVERSE (x otherwise; the compiler drops what a caller
     does not use). A term with a zero probability is 0 (with zero derivative in the input that carries it), so -inf
     log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU); KL_PROB's log:
-    one lg2 of the target's mantissa (:func:`_log2`), see below."""
+    the precise log2 of the target's mantissa, see below."""
     if KIND == 0:
         p = _exp(y, FAST)
         d = tl.where(p > 0, y - x, 0.0)
@@ -172,17 +172,18 @@ def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
     elif KIND == 3:
         live = y != 0
         # log max(y, eps) = (e + log2 m) ln2, y = m 2^e with m in [1, 2) split off by bit operations and log2 m by
-        # one special-function op (lg2 on the GPU, where tl.log is a ~25-instruction polynomial). log y - x cancels
-        # where target and input nearly agree, so no large term is rounded before it: lg2's result is under 1
-        # (rounded at 2^-24; lg2.approx: about 2^-22.6 absolute), where lg2(y) would be rounded at the ulp of
-        # |log2 y| (2^-20 at 16); ln2 in two parts, (e + log2 m) LN2_HI exact in the FMAs, and fp32's ln2 alone
-        # (2.7e-9 off) would bias the row sum by 2.7e-9 times the target's entropy (each measured at 1.5e-5 .. 3e-5
-        # of a near-identical KL; torch's fp32 about 1e-5). Floored at 2^-126 (normal: the split needs it; moves only
-        # terms under 1e-37)
+        # the precise tl.math.log2 (a ~25-instruction polynomial on the GPU). log y - x cancels where target and
+        # input nearly agree, so no large term is rounded before it: log2 m is under 1 (rounded at 2^-24, errors
+        # that average out over a row), where lg2(y) would be rounded at the ulp of |log2 y| (2^-20 at 16). Not the
+        # GPU's lg2.approx (FAST): its about 2^-22.6 absolute error is biased, not random, so it adds up over a row:
+        # a near-identical KL (8 x 3001, about 5e-5 a row) came out 6.4e-4 off float64 on an H100 (session 30),
+        # against 1.5e-5 .. 3e-5 with the precise log2 and about 1e-5 for torch's fp32. ln2 in two parts,
+        # (e + log2 m) LN2_HI exact in the FMAs, and fp32's ln2 alone (2.7e-9 off) would bias the row sum by 2.7e-9
+        # times the target's entropy. Floored at 2^-126 (normal: the split needs it; moves only terms under 1e-37)
         ym = tl.maximum(y, tl.maximum(eps, FP32_TINY))
         bits = ym.to(tl.int32, bitcast=True)
         e = ((bits >> 23) - 127).to(tl.float32)
-        l2m = _log2(((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True), FAST)
+        l2m = tl.math.log2(((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True))
         d = tl.where(live, tl.fma(e + l2m, LN2_LO, tl.fma(l2m, LN2_HI, tl.fma(e, LN2_HI, -x))), 0.0)
         loss = y * d
         dx = -y
