@@ -475,3 +475,12 @@ def test_dpo_compiles_in_one_graph_on_gpu():
     TF.fused_linear_dpo_loss(**y).loss.backward()
     for k in ("hidden", "weight"):
         assert rel_l2(x[k].grad.float(), y[k].grad.float()) < 1e-2, k
+
+
+def test_bad_memory_raises_on_the_reference_path_too():
+    """``memory`` was checked only on the kernel path: with the kernels off (CPU tensors on a CUDA machine, or
+    force_reference) ``memory="lots"`` ran the reference silently (an H100, session 30)."""
+    import tigon
+
+    with tigon.force_reference(), pytest.raises(ValueError, match="memory must be"):
+        TF.fused_linear_dpo_loss(**_batch(t=2), memory="lots")

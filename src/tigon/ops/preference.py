@@ -47,9 +47,9 @@ def _run(op: str, formula: str, opts: dict, **fixed):
     memory = opts.pop("memory")
     _checks.tensor("hidden", opts["hidden"], floating=True, ndim=3)
     spec = ref_kto if formula == "kto" else ref
+    memory_plan(memory, None, opts["weight"])  # a bad memory fails before any pass, on every backend
     if select_backend(op, opts["hidden"]) in TORCH_CODE:
         return getattr(spec, op)(**opts)
-    memory_plan(memory, None, opts["weight"])  # a bad memory fails before any pass
     token_logps = functools.partial(fused_linear_logprobs, memory=memory)
     if formula == "kto":
         return ref_kto.kto_with(token_logps, **opts, formed=functools.partial(formed_kto_loss, memory=memory))
