@@ -298,7 +298,7 @@ def test_gpu_compiled_formed_loss_at_head_size(kind, monkeypatch):
         def fn(**kw):
             out = F.fused_linear_grpo(**kw, return_metrics=True)
             return (out.loss, *out.metrics.values())
-        dims, extra = (4096, 1024, 128256), 0
+        dims, extra, kept = (4096, 1024, 128256), 0, 1.0
     else:
         gen = torch.Generator(device="cpu").manual_seed(3)
         inputs = P._inputs({"tokens": 4096, "hidden": 1024, "vocab": 128256}, torch.bfloat16, "cuda", gen, pairs=4,
@@ -306,12 +306,16 @@ def test_gpu_compiled_formed_loss_at_head_size(kind, monkeypatch):
 
         def fn(**kw):
             return tuple(F.fused_linear_dpo_loss(**kw))
+        # the ignored tokens (every 10th) are left out of all four matmuls (tigon.kernels.ignored_rows: a head this
+        # large pays for the sync), so each counts the kept rows' share (3.6 measured on an H100, session 30)
         dims, extra = (4096, 1024, 128256), 1
+        kept = (inputs["target"] != -100).double().mean().item()
     eager, eager_grads, eager_mm = _run(fn, inputs, count=True, dims=dims)
     compiled = _compiled(fn)
     _run(compiled, inputs)
     got, grads, mm = _run(compiled, inputs, count=True, dims=dims)
-    assert eager_mm == pytest.approx(3 + extra) and mm == pytest.approx(3 + extra), (eager_mm, mm)
+    want = (3 + extra) * kept
+    assert eager_mm == pytest.approx(want, rel=1e-3) and mm == pytest.approx(want, rel=1e-3), (eager_mm, mm, want)
     for i, (a, b) in enumerate(zip(got, eager)):
         assert rel_l2(a.double(), b.double()) <= 1e-3, i
     for k in eager_grads:
