@@ -267,6 +267,8 @@ def test_gradients_formed_pair_by_pair_match_float64_in_three_policy_matmuls(lab
     want.loss.backward()
     got_in = _leaves(inp)
     out = []
+    if inp["hidden"].is_cuda and opts.get("loss_type") == "aot":
+        matmuls = 4  # the CPU chunk cap above does not reach CUDA's rule: one chunk holds the batch, no recompute
     assert head_matmuls(lambda: out.append(fn(**got_in, **opts)) or out[0].loss.backward(), 30, H, V) == matmuls
     for i, (a, b) in enumerate(zip(out[0], want)):
         assert rel_l2(a.double(), b) < 1e-5, (type(want)._fields[i], rel_l2(a.double(), b))
