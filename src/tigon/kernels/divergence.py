@@ -24,8 +24,9 @@ jsd, now                   3 (ex2 Q, ex2 P, lg2 M)       43.9 (loss and both gra
 kl_div (prob. target)      0 + precise log (~25)         36.5 (04bb6c3)
 kl_div (prob. target)      1 (lg2.approx of the          18.4 (98% of copy bandwidth at 8192 x 128256
   4845232 .. session 29    mantissa)                     on an H100; 6.4e-4 off a near-identical KL)
-kl_div (prob. target), now 0 + precise log2 of the       not yet counted (the mantissa's log2 alone:
-                           mantissa (~25)                biased lg2.approx errors added up over a row)
+kl_div (prob. target), now 0 + precise log2 of the       44.6 (lg2.approx's biased error added up over a
+                           mantissa (16 FFMA)            row; an H200 issues ~37 a bf16 element at copy
+                                                         speed: to be timed)
 kl_div (log target)        1 (ex2)                       11.9 (unchanged)
 =========================  ===========================  ==========================================
 
