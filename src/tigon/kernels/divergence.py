@@ -24,9 +24,10 @@ jsd, now                   3 (ex2 Q, ex2 P, lg2 M)       43.9 (loss and both gra
 kl_div (prob. target)      0 + precise log (~25)         36.5 (04bb6c3)
 kl_div (prob. target)      1 (lg2.approx of the          18.4 (98% of copy bandwidth at 8192 x 128256
   4845232 .. session 29    mantissa)                     on an H100; 6.4e-4 off a near-identical KL)
-kl_div (prob. target), now 0 + precise log2 of the       44.6 (lg2.approx's biased error added up over a
-                           mantissa (16 FFMA)            row; an H200 issues ~37 a bf16 element at copy
-                                                         speed: to be timed)
+kl_div (prob. target)      0 + precise log2 of the       44.6 (lg2.approx's biased error added up over a
+  5fbb45b                  mantissa (16 FFMA)            row)
+kl_div (prob. target),     0 (ln of the mantissa: a      28.7 (12 FFMA; an H200 issues ~37 a bf16
+  now                      degree-8 polynomial, 8 FFMA)  element at copy speed: to be timed)
 kl_div (log target)        1 (ex2)                       11.9 (unchanged)
 =========================  ===========================  ==========================================
 
@@ -35,8 +36,9 @@ two exponentials of independent inputs; P = Q e^d would be 0 * inf where Q under
 wherever no series converges; the series (:func:`_jsd_parts`) replace its cancelling direct form where student
 and teacher nearly agree, for about 18 FMAs, so the count stays about where it was while the gradients, not only
 the loss, become exact there (the direct form through the GPU's approximate lg2 / ex2: loss 1e-2, gradients 2e-4
-relative off at |d| = 0.01; the series: 1.5e-7, ``benchmarks/jsd_series_study.py``). The KL kinds take one
-special-function op each.
+relative off at |d| = 0.01; the series: 1.5e-7, ``benchmarks/jsd_series_study.py``). kl_div of log targets
+takes one special-function op (ex2), of probability targets none (its log: a polynomial in fp32 FMAs, unbiased where
+lg2.approx was not, ``benchmarks/kl_log_poly.py``).
 
 Passes. jsd (``grad_in_forward``): the forward reads x and y once and writes the per-row loss sums (N fp32) and,
 when the input (and / or the target) needs a gradient, ``scale * d l / d x`` (``d l / d y``) in the same pass, in

@@ -150,12 +150,30 @@ def _jsd_parts(x, y, c, beta, FAST: tl.constexpr):
 
 
 @triton.jit
+def _log1p_poly(f):
+    """``P(f)`` with ``ln(1 + f) = f + f^2 P(f)`` for an fp32 tile f in ``[sqrt(1/2) - 1, sqrt(2) - 1]`` (the mantissa
+    m = 1 + f of KL_PROB's target): Horner's form, 8 FMAs. P (degree 8) is the minimax fit of the absolute error
+    (Remez exchange, then the coefficients made fp32 one at a time, the higher ones refitted: Lawson's algorithm),
+    derived and checked by ``benchmarks/kl_log_poly.py``: ``|ln(1 + f) - f - f^2 P| <= 8.1e-10`` in exact
+    arithmetic; in fp32, ``fma(f * f, P, f)`` is within 0.73 ulp (2.1e-8) of ln m over all 2^23 mantissas, mean error
+    8e-11 (no bias)."""
+    p = tl.fma(f, -0.0760907, 0.13051231)
+    p = tl.fma(p, f, -0.13328032)
+    p = tl.fma(p, f, 0.14161292)
+    p = tl.fma(p, f, -0.16594371)
+    p = tl.fma(p, f, 0.20002747)
+    p = tl.fma(p, f, -0.25002372)
+    p = tl.fma(p, f, 0.3333332)
+    return tl.fma(p, f, -0.49999976)
+
+
+@triton.jit
 def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
     """(l, d l / d x, d l / d y, Q) of fp32 tiles x, y for the kinds other than JSD (:func:`_jsd_parts`); Q =
     exp(x) for the log-probability kinds KL_LOG and KL_LOG_REVERSE (x otherwise; the compiler drops what a caller
     does not use). A term with a zero probability is 0 (with zero derivative in the input that carries it), so -inf
     log-probabilities give no NaN. Exponentials: :func:`_exp` (one special-function op on the GPU); KL_PROB's log:
-    the precise log2 of the target's mantissa, see below."""
+    a polynomial of the target's mantissa in fp32 FMAs (:func:`_log1p_poly`), see below."""
     if KIND == 0:
         p = _exp(y, FAST)
         d = tl.where(p > 0, y - x, 0.0)
@@ -171,20 +189,28 @@ def _terms(x, y, eps, KIND: tl.constexpr, FAST: tl.constexpr):
         dy = -q
     elif KIND == 3:
         live = y != 0
-        # log max(y, eps) = (e + log2 m) ln2, y = m 2^e with m in [1, 2) split off by bit operations and log2 m by
-        # the precise tl.math.log2 (a ~25-instruction polynomial on the GPU). log y - x cancels where target and
-        # input nearly agree, so no large term is rounded before it: log2 m is under 1 (rounded at 2^-24, errors
-        # that average out over a row), where lg2(y) would be rounded at the ulp of |log2 y| (2^-20 at 16). Not the
-        # GPU's lg2.approx (FAST): its about 2^-22.6 absolute error is biased, not random, so it adds up over a row:
-        # a near-identical KL (8 x 3001, about 5e-5 a row) came out 6.4e-4 off float64 on an H100 (session 30),
-        # against 1.5e-5 .. 3e-5 with the precise log2 and about 1e-5 for torch's fp32. ln2 in two parts,
-        # (e + log2 m) LN2_HI exact in the FMAs, and fp32's ln2 alone (2.7e-9 off) would bias the row sum by 2.7e-9
-        # times the target's entropy. Floored at 2^-126 (normal: the split needs it; moves only terms under 1e-37)
+        # log max(y, eps) - x = ((e LN2_HI - x + f) + f^2 P(f)) + e LN2_LO: y = m 2^e, m in [sqrt(1/2), sqrt(2)), split
+        # off by bit operations (k = bits(y) - bits(sqrt(1/2)) >> 23, arithmetic; bits(m) = bits(y) - (k << 23)),
+        # f = m - 1 exact (Sterbenz) and ln(1 + f) = f + f^2 P(f) by :func:`_log1p_poly` (8 FMAs; P's minimax fit and
+        # its fp32 error: benchmarks/kl_log_poly.py). All fp32 FMAs, no special function: not the GPU's lg2.approx
+        # (FAST), whose about 2^-22.6 absolute error is biased, not random, so it adds up over a row: a near-identical
+        # KL (8 x 3001, about 5e-5 a row) came out 6.4e-4 off float64 on an H100 (session 30). log y - x cancels where
+        # target and input nearly agree, so nothing large is rounded before it: e LN2_HI - x is exact in the FMA
+        # (LN2_HI has 11 significant bits; the result is on x's grid), adding f is exact where x is about log y and
+        # |x| >= 1/2 (both on a 2^-24 grid, the sum under 0.1), the rounded terms (f^2, P, the FMA with them) are
+        # under 0.2; e LN2_LO comes last, rounded at the ulp of the result (added before the cancellation, to a sum on
+        # x's coarse grid, it rounded the same way every time: a bias of 3e-9). ln2 in two parts: fp32's ln2 alone
+        # (2.7e-9 off) would bias the row sum by 2.7e-9 times the target's entropy. Every 2^23 mantissa: ln m within
+        # 0.73 ulp, mean error 8e-11; log y - x where x = fp32(log y): within 6.9e-9, mean 1.2e-10 (the precise log2
+        # of m in [1, 2) it replaces: 5.0e-8, mean 4e-11). Floored at 2^-126 (normal: the split needs it; moves only
+        # terms under 1e-37).
         ym = tl.maximum(y, tl.maximum(eps, FP32_TINY))
         bits = ym.to(tl.int32, bitcast=True)
-        e = ((bits >> 23) - 127).to(tl.float32)
-        l2m = tl.math.log2(((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True))
-        d = tl.where(live, tl.fma(e + l2m, LN2_LO, tl.fma(l2m, LN2_HI, tl.fma(e, LN2_HI, -x))), 0.0)
+        k = (bits - 0x3F3504F3) >> 23
+        f = (bits - (k << 23)).to(tl.float32, bitcast=True) - 1.0
+        e = k.to(tl.float32)
+        d = tl.fma(e, LN2_LO, tl.fma(f * f, _log1p_poly(f), tl.fma(e, LN2_HI, -x) + f))
+        d = tl.where(live, d, 0.0)
         loss = y * d
         dx = -y
         dy = tl.where(live, d + tl.where(y >= eps, 1.0, 0.0), 0.0)
