@@ -22,7 +22,8 @@ round-to-odd, Boldo and Melquiond 2008): over all 2^23 fp32 mantissas, the error
 against float64 (max, in absolute terms and in ulps of the result, and the mean: the bias that adds up over a row),
 and the error of the whole per-element term ``log y - x`` where the input nearly equals it (``x = fp32(log y)``:
 the cancellation of kl_div's near-identical rows) in a few binades, next to the chain it replaced: the precise log2
-of m in [1, 2) (``tl.math.log2``, within 1 ulp; modelled as correctly rounded) times ln2 in two parts. Needs mpmath (torch's dependency).
+of m in [1, 2) (``tl.math.log2``, within 1 ulp; modelled as correctly rounded) times ln2 in two parts. Needs
+mpmath (torch's dependency).
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ def log_term(y: np.ndarray, x: np.ndarray, coeffs) -> np.ndarray:
 
 
 def log_term_log2(y: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The chain replaced (5fbb45b): ``(e + log2 m) ln2 - x`` with m in [1, 2) and log2 m correctly rounded (the model of the
-    precise tl.math.log2)."""
+    """The chain replaced (5fbb45b): ``(e + log2 m) ln2 - x`` with m in [1, 2) and log2 m correctly rounded (the
+    model of the precise tl.math.log2)."""
     bits = y.astype(np.float32).view(np.int32)
     e = ((bits >> 23) - 127).astype(np.float32)
     m = ((bits & 0x007FFFFF) | 0x3F800000).view(np.float32)
