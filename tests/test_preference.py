@@ -486,3 +486,24 @@ def test_bad_memory_raises_on_the_reference_path_too():
 
     with tigon.force_reference(), pytest.raises(ValueError, match="memory must be"):
         TF.fused_linear_dpo_loss(**_batch(t=2), memory="lots")
+
+
+def test_head_matmuls_counts_the_out_dtype_overloads(device):
+    """``torch.mm / addmm(..., out_dtype=torch.float32)`` (the fused losses' fp32 gradient matmuls on CUDA) are the
+    ``dtype`` overloads, which the counter missed: an H100 counted 2.58 head matmuls for a DPO call that runs 4
+    (session 30)."""
+    from tigon.workflows.matmul_count import head_matmuls
+
+    a, b = torch.randn(8, 4, device=device).bfloat16(), torch.randn(4, 6, device=device).bfloat16()
+    acc = torch.zeros(8, 6, device=device)
+
+    def matmuls():
+        for call in (lambda: torch.mm(a, b, out_dtype=torch.float32),
+                     lambda: torch.addmm(acc, a, b, out_dtype=torch.float32)):
+            try:
+                call()
+            except NotImplementedError:  # (the CPU has no kernel for these overloads: the mode counted it first)
+                pass
+        torch.addmm(acc, a.float(), b.float())
+
+    assert head_matmuls(matmuls, 8, 4, 6) == 3

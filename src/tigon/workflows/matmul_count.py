@@ -18,7 +18,9 @@ def _matmul_counter():
         from torch.utils._python_dispatch import TorchDispatchMode
 
         aten = torch.ops.aten
-        matmuls = (aten.mm.default, aten.mm.out, aten.addmm.default, aten.addmm.out, aten.addmm_.default)
+        # every overload: the dtype ones too (``torch.mm(a, b, out_dtype=torch.float32)``, the fused losses' fp32
+        # gradient matmuls on CUDA), whose out_dtype argument comes after the operands
+        matmuls = (aten.mm, aten.addmm, aten.addmm_)
 
         class MatmulFlops(TorchDispatchMode):
             def __init__(self):
@@ -26,8 +28,8 @@ def _matmul_counter():
                 self.flops = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func in matmuls:
-                    a, b = args[-2], args[-1]
+                if func.overloadpacket in matmuls:
+                    a, b = [t for t in args if isinstance(t, torch.Tensor)][-2:]
                     self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
                 return func(*args, **(kwargs or {}))
 
@@ -37,7 +39,8 @@ def _matmul_counter():
 
 def head_matmuls(fn: Callable[[], object], tokens: int, hidden: int, vocab: int, compiled: bool = False) -> float:
     """The matmul work ``fn()`` runs (forward and whatever backward it calls), in units of one LM-head matmul of
-    ``2 * tokens * hidden * vocab`` FLOPs: 2 m n k summed over every 2-D aten matmul (mm, addmm, in place or not),
+    ``2 * tokens * hidden * vocab`` FLOPs: 2 m n k summed over every 2-D aten matmul (mm, addmm, in place or not,
+    any overload: ``out_dtype`` too),
     seen by a ``TorchDispatchMode`` below autograd, so the backward's matmuls count too. What the fused LM-head
     losses' tests and ``benchmarks/posttrain_breakdown.py`` use to check how many head matmuls a loss takes (3 for a
     loss whose gradient is formed in its forward, 4 when its backward recomputes the logits).
