@@ -17,7 +17,6 @@ each model's final-logit soft-cap ``c tanh(z / c)`` (``student_softcap``, ``teac
 
 from __future__ import annotations
 
-import numbers
 
 import torch
 
@@ -69,8 +68,7 @@ def check_inputs(student_input, student_weight, teacher_input, teacher_weight, s
         raise ValueError(f"jsd_beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {jsd_beta!r}")
     if _checks.number("temperature", temperature) <= 0.0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
+    _checks.integer("ignore_index", ignore_index)
     _checks.softcap("student_softcap", student_softcap)
     _checks.softcap("teacher_softcap", teacher_softcap)
     return beta

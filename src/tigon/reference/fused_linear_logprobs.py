@@ -87,8 +87,7 @@ def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_i
             or not math.isfinite(float(temperature)) or not float(temperature) > 0.0):
         raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
     _checks.softcap("softcap", softcap)
-    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
+    _checks.integer("ignore_index", ignore_index)
 
 
 def fused_linear_logprobs(
