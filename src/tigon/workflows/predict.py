@@ -366,13 +366,14 @@ def advise(step: StepCost, changes: Iterable[OpChange], host: HostModel | None =
         raise ValueError(f"advise: one change per kind, got {kinds}")
     keyword = {c.kind: c.keyword for c in changes}
     all_ms = predict(step, changes, host=host, device=device).step_ms
+    calls = calls_per_kind(changes, kinds)
     out = []
     for c in changes:
         rest = [k for k in kinds if k != c.kind]
         without = predict(step, changes, rest, host, device).step_ms
         hu = None if step.host_unheld_ms is None else (host_delta(changes, kinds, host, step.host_scale)
                                                       - host_delta(changes, rest, host, step.host_scale))
-        out.append(KindAdvice(c.kind, c.op, c.keyword, calls_per_kind(changes, kinds).get(c.kind, 0),
+        out.append(KindAdvice(c.kind, c.op, c.keyword, calls.get(c.kind, 0),
                               host_delta(changes, kinds, host) - host_delta(changes, rest, host),
                               device_delta(changes, kinds, device) - device_delta(changes, rest, device), without,
                               without < all_ms * (1 - SLOWER_THRESHOLD), patch_call([c.keyword]), hu))
