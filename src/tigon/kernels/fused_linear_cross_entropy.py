@@ -95,7 +95,8 @@ from .loss_rows import (
 # (LoRA row: 1.09x Liger at 9.06 GiB against its 9.81); 1 << 28 splits the difference.
 # With the fp32 accumulator, token chunks (align <= 1) hold at most ACC_CHUNK_ROWS_CUDA rows: past ~4096 rows fewer
 # accumulator passes stop paying (above: Llama-3-8B 2 x 4096 rows 40.5 ms, one 8192-row chunk 41.2; Qwen2.5-0.5B, 16k
-# tokens, 4 x 4096 25.76 ms, 2 x 8192 25.46) while the buffer grows V * 2 bytes a row: Llama-3.2-1B's one 8192-row chunk
+# tokens, 4 x 4096 25.76 ms, 2 x 8192 25.46: results/h200/tune-fused_linear_cross_entropy_qwen2.5-0.5b_h200_20261202
+# .log) while the buffer grows V * 2 bytes a row: Llama-3.2-1B's one 8192-row chunk
 # (2.10 GB beside the 1.05 GB accumulator) was issue 26's 0.38 GiB over Liger's step peak (benchmarks/step_memory.py).
 MAX_CHUNK_ELEMS_CUDA = 1 << 30
 ACC_CHUNK_ROWS_CUDA = 4096
