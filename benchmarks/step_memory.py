@@ -297,6 +297,9 @@ def loss_memory(provider: str, device: torch.device, scale: int, tokens: int, hi
 
 # ---- one provider in its own process (Liger rebinds classes) -----------------------------------------------------
 def run_one(args) -> dict:
+    """One provider's figures (run in a process of its own: Liger patches classes): ``{"provider", "layer": {module
+    label: bytes saved per decoder layer at --full-tokens}, "outside": {label: bytes}, "full_layers", "loss":
+    :func:`loss_memory`'s dict}``."""
     device = torch.device(args.device)
     torch.manual_seed(0)
     out: dict = {"provider": args.one}
@@ -317,6 +320,7 @@ def run_one(args) -> dict:
 
 
 def _available(provider: str) -> bool:
+    """Whether ``provider`` can run here (Liger-Kernel importable for ``liger``)."""
     if provider != "liger":
         return True
     try:
@@ -327,6 +331,7 @@ def _available(provider: str) -> bool:
 
 
 def main() -> None:
+    """The command line: each provider in a subprocess (``--one``), then the three tables."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama3.2-1b", help="preset name (tigon.presets)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers built for part A")
@@ -364,6 +369,8 @@ def main() -> None:
 
 
 def print_tables(rows: dict, n_layers: int, args) -> None:
+    """Tables A (saved bytes per layer and op, GB), B (the LM-head loss's buffers, GB) and C (their sum at the end of
+    the forward, and each provider minus Liger) of ``rows`` (provider -> :func:`run_one`'s dict)."""
     provs = list(rows)
     head = f"{'':34s}" + "".join(f"{p:>12s}" for p in provs)
     print(f"A. saved for backward per decoder layer, GB at {args.full_tokens} tokens ({args.model}, bf16, measured on "
