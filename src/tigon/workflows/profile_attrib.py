@@ -403,7 +403,7 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
             ``InStepHost.unheld``, the median; about ``unheld_rounds`` steps' time more; none on a CPU).
     """
     from .profile_events import StepParts, make_step
-    from .timing import DeviceHold, IssueTimer, issue_time
+    from .timing import DeviceHold, issue_once, issue_time
 
     step, hold = make_step(model, lr), DeviceHold(device)
     from ._train import param_dtype, step_inputs
@@ -457,10 +457,7 @@ def in_step_host(model: torch.nn.Module, batches: list[torch.Tensor], targets: M
             if hold.active:  # then steps with the device running along: each part after a sync, no sleep
                 attr.done = []
                 for _ in range(unheld_rounds):
-                    timer = IssueTimer(hold, [0.0])
-                    run(timer, record=True)
-                    if timer._open is not None:
-                        timer.stop()
+                    issue_once(lambda timer: run(timer, record=True), hold)
                 unheld = attr.result(overhead) if attr.steps else {}
     finally:
         attr.remove()

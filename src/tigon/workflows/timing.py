@@ -413,6 +413,17 @@ class IssueTime:
         return [s.label for s in self.segments if s.waited]
 
 
+def issue_once(run: Callable[[IssueTimer], None], hold: DeviceHold, holds=(0.0,),
+               clock: Callable[[], float] = time.perf_counter) -> list[Segment]:
+    """One run of ``run(timer)`` under an :class:`IssueTimer` with the sleeps ``holds`` (ms per part; ``(0.0,)``:
+    none, the device running along), the timer watching Tigon's marked host reads; its parts (ms), the timer
+    stopped if ``run`` left a part open. What :func:`issue_time` repeats."""
+    timer = IssueTimer(hold, holds, clock)
+    with watching(timer):
+        run(timer)
+    return timer.stop() if timer._open is not None else timer.segments
+
+
 def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: int = 3, retries: int = 2,
                margin: float = 2.0, floor_ms: float = 1.0, grow: float = 4.0,
                clock: Callable[[], float] = time.perf_counter, max_hold_ms: float = MAX_HOLD_MS) -> IssueTime:
@@ -434,10 +445,7 @@ def issue_time(run: Callable[[IssueTimer], None], hold: DeviceHold, *, rounds: i
         RuntimeError: ``run`` split the code into a different number of parts than in its first run.
     """
     def once(holds) -> list[Segment]:
-        timer = IssueTimer(hold, holds, clock)
-        with watching(timer):
-            run(timer)
-        return timer.stop() if timer._open is not None else timer.segments
+        return issue_once(run, hold, holds, clock)
 
     natural = once([0.0])
     n = len(natural)
