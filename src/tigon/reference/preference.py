@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -85,8 +86,15 @@ def dpo_loss_types(loss_type, loss_weights) -> tuple[tuple[str, ...], tuple[floa
 
     Raises:
         ValueError: an unknown or empty loss_type, loss_weights of another length.
-        TypeError: a weight not a number.
+        TypeError: loss_type neither a name nor a sequence of names (None said "'NoneType' object is not
+            iterable", naming nothing), loss_weights not a sequence, a weight not a number.
     """
+    if not isinstance(loss_type, (str, Iterable)):
+        raise TypeError(f"loss_type must be a loss type's name or a list of them, got {type(loss_type).__name__} "
+                        f"{loss_type!r}")
+    if loss_weights is not None and (isinstance(loss_weights, str) or not isinstance(loss_weights, Iterable)):
+        raise TypeError(f"loss_weights must be None or a list of numbers (one per loss_type), got "
+                        f"{type(loss_weights).__name__} {loss_weights!r}")
     types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
     if not types:
         raise ValueError("loss_type must name at least one loss")
