@@ -390,6 +390,9 @@ ERRORS = [
     (dict(loss_type="robust", label_smoothing=0.5), ValueError, r"\[0, 0.5\) for loss_type 'robust'"),
     (dict(loss_type="nca_pair", f_divergence_type="forward_kl"), ValueError, "only defined for the loss types"),
     (dict(loss_type=["sigmoid"], loss_weights=[1.0, 2.0]), ValueError, "one weight per loss_type"),
+    # (these said "'NoneType' / 'float' object is not iterable", naming no argument)
+    (dict(loss_type=None), TypeError, "loss_type must be a loss type's name or a list of them, got NoneType"),
+    (dict(loss_weights=0.5), TypeError, "loss_weights must be None or a list of numbers"),
     (dict(beta=0.0), ValueError, "beta must be > 0"),
     (dict(memory="lots"), ValueError, "memory must be"),
 ]
@@ -411,6 +414,26 @@ def test_module_errors():
         tnn.FusedLinearDPOLoss()(inp["weight"], inp["hidden"], inp["target"])
     with pytest.raises(ValueError, match="nll_target"):
         tnn.FusedLinearORPOLoss()(inp["weight"], inp["hidden"], inp["target"], nll_target=inp["target"])
+
+
+def test_kto_kl_as_a_float_or_per_sequence_and_of_a_wrong_shape():
+    """Liger subtracts ``kl`` as given, so a Python float worked there and was refused here ("kl must be a
+    torch.Tensor"); a (B',) kl of another length failed inside the formula with torch's broadcast error, naming
+    no argument."""
+    inp = _batch(t=3, reference="none", labels=True)
+    args = (inp["hidden"], inp["weight"], inp["target"], inp["preference_labels"])
+    as_tensor = P.fused_linear_kto_loss(*args, kl=torch.tensor(0.3))
+    as_float = P.fused_linear_kto_loss(*args, kl=0.3)
+    assert torch.equal(as_float.loss, as_tensor.loss)
+    module = tnn.FusedLinearKTOLoss()(inp["hidden"], inp["weight"], inp["target"], None, inp["preference_labels"],
+                                      kl=0.3)
+    assert torch.equal(module[0], as_tensor.loss)
+    per_row = P.fused_linear_kto_loss(*args, kl=torch.full((4,), 0.3))
+    assert per_row.loss.item() == pytest.approx(as_tensor.loss.item(), rel=1e-6)
+    with pytest.raises(ValueError, match=r"kl must be 0-d, \(1,\) or \(4,\) \(one per sequence\), got \(3,\)"):
+        P.fused_linear_kto_loss(*args, kl=torch.zeros(3))
+    with pytest.raises(ValueError, match="kl must be a finite number"):
+        P.fused_linear_kto_loss(*args, kl=float("nan"))
 
 
 @pytest.mark.parametrize("name", ["FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss",
