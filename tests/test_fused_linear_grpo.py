@@ -225,6 +225,9 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
     with pytest.raises(TypeError, match="selected_token_ids must be a signed integer tensor"):
         F.fused_linear_grpo(*args[:2], args[2].to(torch.uint8), *args[3:], beta=0.0)
+    for bad in (None, "yes"):  # (None was taken as False; "yes" said "return_entropy must be a bool")
+        with pytest.raises(TypeError, match="compute_entropy must be a bool"):
+            tnn.FusedLinearGRPOLoss(beta=0.0, compute_entropy=bad)(*args)
     if torch.device(device).type == "cpu":  # (the range is read on the host on a CPU only, as the LM heads' targets)
         ids, mask = args[2].clone(), args[3].clone()
         ids[0, 0], mask[0, 0] = inputs["weight"].shape[0], 1

@@ -110,7 +110,7 @@ def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
     def rows(x):
         return x.reshape(b * t, x.shape[-1])
 
-    entropy = a["compute_entropy"] or options.entropy_coef != 0.0
+    entropy = _checks.flag("compute_entropy", a["compute_entropy"]) or options.entropy_coef != 0.0
     temperature = a["temperature"]
     ref = None
     if options.beta != 0.0:
