@@ -6,6 +6,7 @@ modules' Liger-Kernel call signatures (and Liger itself when installed), and the
 import collections
 import functools
 import importlib.util
+import math
 import types
 
 import pytest
@@ -163,6 +164,36 @@ def test_orpo_pair_with_an_empty_completion_adds_nothing(empty):
     _, _, _, ratio, _ = ORPOTrainer.odds_ratio_loss(_trainer_stub(beta=0.25), got.chosen_logps[1:].detach(),
                                                     got.rejected_logps[1:].detach())
     assert got.log_odds_ratio.item() == pytest.approx(ratio.item() * 2 / 3, rel=1e-5)  # (the mean over all 3 pairs)
+
+
+def test_orpo_with_a_certain_chosen_completion_has_finite_gradients():
+    """A chosen completion whose log-probability rounds to 0 (every token certain: a short memorised answer; in float32
+    from a margin of about 17 + log V nats) has infinite odds. The odds-ratio term is then 0, as in TRL, but the
+    gradients were NaN for the whole step: log1mexp's branch not taken (``log1p(-exp(x))``, -inf where exp(x) rounds
+    to 1, float32 x > -6e-8) put 0 * inf into its backward, and at 0 the loss's backward multiplied the log-odds'
+    infinite slope by the sigmoid's 0. Now every gradient is finite and the other pair's are float64's."""
+    x = torch.tensor([-1e-9, -1e-7, -0.5, -30.0], requires_grad=True)
+    ref.log1mexp(x).sum().backward()
+    torch.testing.assert_close(x.grad.double(), -1 / torch.expm1(-x.detach().double()), rtol=1e-5, atol=0)
+    v, h, t = 5, 4, 2
+    weight = torch.eye(v, h)
+    hidden = torch.zeros(4, t, h)
+    hidden[0, 0, 0] = hidden[0, 1, 1] = 200.0  # pair 0's chosen: both tokens certain (log-probability exactly 0)
+    hidden[1, :, 2] = hidden[3, :, 3] = 1.0
+    hidden[2, 0, 1] = 0.5
+    target = torch.tensor([[0, 1], [2, 1], [2, 3], [3, 3]])
+    want = None
+    for dtype in (torch.float64, torch.float32):
+        x, w = hidden.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+        got = P.fused_linear_orpo_loss(x, w, target, beta=0.25)
+        assert got.chosen_logps[0].item() == 0 and got.log_odds_chosen.item() == math.inf  # (TRL's values)
+        got.loss.backward()
+        assert torch.isfinite(got.loss) and torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
+        if want is None:
+            want = (got.loss, x.grad, w.grad)
+        else:
+            for a, b in zip((got.loss, x.grad, w.grad), want):
+                assert rel_l2(a.double(), b) < 1e-5
 
 
 @pytest.mark.parametrize("loss_type", ref_kto.KTO_LOSS_TYPES)

@@ -171,7 +171,8 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: i
     """Odds Ratio Preference Optimization loss from the LM head's hidden states, without logits: the chosen tokens'
     NLL plus ``-beta mean log sigma(log odds(y_w) - log odds(y_l))`` (Hong et al. 2024, "ORPO", eqs. 4-7; TRL's
     ``ORPOTrainer.odds_ratio_loss``; Liger's ``LigerFusedLinearORPOLoss``, whose optional ``nll_target`` is not
-    supported). ``log odds = logp - log(1 - exp(logp))`` is computed stably (``log1mexp``).
+    supported). ``log odds = logp - log(1 - exp(logp))`` is computed stably (``log1mexp``); a chosen log-probability
+    that rounds to 0 (infinite odds) gives the term 0, as TRL, with finite gradients (TRL's and Liger's are NaN).
 
     Args:
         hidden, weight, target, bias, ignore_index, compute_nll_loss, average_log_prob: as

@@ -257,8 +257,25 @@ def cpo(pairs: PairLogps, *, beta: float = 0.1, loss_type: str = "sigmoid", labe
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """``log(1 - exp(x))`` for ``x <= 0``, accurate on both sides of ``-log 2`` (Maechler 2012, "Accurately Computing
-    log(1 - exp(-|a|))"); -inf at 0."""
-    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    log(1 - exp(-|a|))"); -inf at 0. Each branch reads only its own side (the other gets a stand-in), so the branch
+    not taken adds no NaN to the gradient: ``log1p(-exp(x))`` is -inf where exp(x) rounds to 1 (float32 x > -6e-8),
+    and ``torch.where``'s backward multiplies its infinite slope by 0."""
+    near = x > -math.log(2)
+    return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, -1.0))),
+                       torch.log1p(-torch.exp(torch.where(near, -1.0, x))))
+
+
+def _log_odds_ratio(c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``log odds(c) - log odds(r)``, ``log odds(p) = p - log1mexp(p)``, for log-probabilities c, r <= 0: TRL's value,
+    with its gradient taken at ``min(c, -eps)`` (eps: the dtype's). A chosen log-probability that rounds to 0 (every
+    token certain, e.g. a short memorised answer) has infinite odds: the value is +inf (the odds-ratio term 0, as in
+    TRL), but its slope is infinite too and the loss's backward multiplied it by the sigmoid's 0 (NaN gradients for the
+    whole step in TRL and Liger-Kernel). There the clamped slope is 0 (the true one is finite, and the logits' share of
+    it vanishes with the token's 1 - p)."""
+    exact = (c - r) - (log1mexp(c) - log1mexp(r))
+    cg = torch.clamp(c, max=-torch.finfo(c.dtype).eps)
+    slope = (cg - r) - (log1mexp(cg) - log1mexp(r))
+    return slope + (exact - slope).detach()
 
 
 def orpo(pairs: PairLogps, *, beta: float = 0.1):
@@ -276,7 +293,7 @@ def orpo(pairs: PairLogps, *, beta: float = 0.1):
     # pair), with a zero gradient, instead of TRL's 0 / 0 NaN, which would take the whole batch's loss with it.
     empty = (pairs.chosen_tokens == 0) | (pairs.rejected_tokens == 0)
     safe_c, safe_r = torch.where(empty, -1.0, c), torch.where(empty, -2.0, r)  # (finite where the pair is dropped)
-    log_odds = torch.where(empty, 0.0, (safe_c - safe_r) - (log1mexp(safe_c) - log1mexp(safe_r)))
+    log_odds = torch.where(empty, 0.0, _log_odds_ratio(safe_c, safe_r))
     ratio = torch.where(empty, 0.0, F.logsigmoid(log_odds))
     return -beta * ratio.mean(), beta * c, beta * r, ratio.mean(), log_odds.mean()
 
