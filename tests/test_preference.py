@@ -196,6 +196,22 @@ def test_orpo_with_a_certain_chosen_completion_has_finite_gradients():
                 assert rel_l2(a.double(), b) < 1e-5
 
 
+def test_discopop_far_from_the_reference_is_finite():
+    """DiscoPOP's ``exp(-x) sigmoid(x / tau)`` was inf * 0 = NaN in float32 once x = beta d < -88.7 (here a pair whose
+    log-ratios are 1000 apart, beta 0.1): loss and gradients NaN, where float64 gives about 100 for that pair."""
+    inp = _batch(reference="none", t=3)
+    given = dict(ref_chosen_logps=torch.tensor([1000.0, 0.0]), ref_rejected_logps=torch.zeros(2))
+    want = None
+    for dtype in (torch.float64, torch.float32):
+        x = _leaves(inp, dtype, grads=("hidden", "weight"))
+        out = TF.fused_linear_dpo_loss(**x, **{k: v.to(dtype) for k, v in given.items()}, loss_type="discopop")
+        out.loss.backward()
+        got = (out.loss, x["hidden"].grad, x["weight"].grad)
+        assert all(torch.isfinite(v).all() for v in got)
+        want = got if want is None else want
+        assert all(rel_l2(a.double(), b) < 1e-5 for a, b in zip(got, want))
+
+
 @pytest.mark.parametrize("loss_type", ref_kto.KTO_LOSS_TYPES)
 def test_kto_reference_is_trl_kto_formula(loss_type):
     # TRL 1.16 KTOTrainer._compute_loss (inline there): losses of the desirable then the undesirable sequences,

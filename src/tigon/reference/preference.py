@@ -223,8 +223,10 @@ def dpo(pairs: PairLogps, *, beta: float = 0.1, loss_type="sigmoid", loss_weight
         if kind == "apo_down":
             return torch.sigmoid(beta * u_c) + 1 - torch.sigmoid(beta * (u_c - u_r))
         if kind == "discopop":
+            # exp(-x) m as exp(-x + log m): TRL's product is inf * 0 = NaN once -x passes the dtype's exp range (x <
+            # -88.7 in float32: beta = 0.1 and log-ratios 887 apart), where the term is exp(x (1 / tau - 1)) -> 0
             m = torch.sigmoid(x / float(discopop_tau))
-            return -F.logsigmoid(x) * (1 - m) + torch.exp(-x) * m
+            return -F.logsigmoid(x) * (1 - m) + torch.exp(F.logsigmoid(x / float(discopop_tau)) - x)
         if kind == "sft":
             return pairs.nll.expand(c.shape)
         return -F.logsigmoid(beta * (s_c / n_c - s_r / n_r))  # sigmoid_norm
