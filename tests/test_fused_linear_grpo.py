@@ -191,6 +191,23 @@ def test_liger_metrics_tuple_and_defaults(device):
     assert len(metrics) == 1 and float(metrics[0]) == 0.0
 
 
+def test_metrics_copy_pickle_and_rebuild_as_liger_s_tuple(device):
+    """Liger's metrics are a plain tuple; GRPOMetrics' required ``trl`` argument made ``copy.deepcopy``, ``pickle``
+    and accelerate's ``gather`` / ``send_to_device`` (which rebuild a tuple as ``type(obj)(generator)``) raise
+    TypeError."""
+    import copy
+    import pickle
+
+    inputs = _inputs(torch.float32, dict(old=True), device=device)
+    args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
+    _, metrics = tnn.FusedLinearGRPOLoss()(*args, ref_per_token_logps=inputs["ref_per_token_logps"])
+    for twin in (copy.deepcopy(metrics), pickle.loads(pickle.dumps(metrics))):
+        assert type(twin) is type(metrics) and all(torch.equal(a, b) for a, b in zip(twin, metrics))
+        assert twin.trl.keys() == metrics.trl.keys() and torch.equal(twin.trl["kl"], metrics.trl["kl"])
+    rebuilt = type(metrics)(m * 2 for m in metrics)  # (accelerate's honor_type)
+    assert len(rebuilt) == 2 and torch.equal(rebuilt[0], metrics[0] * 2) and rebuilt.trl == {}
+
+
 def test_ref_input_is_the_same_as_its_log_probs_and_gets_no_gradient(device):
     inputs = _inputs(torch.float32, dict(ref="input"), device=device)
     ref_in = inputs["ref_input"].clone().requires_grad_()
@@ -225,6 +242,9 @@ def test_bad_input_is_refused_with_a_clear_error(device):
         F.fused_linear_grpo(*args[:4], args[4][:2], beta=0.0)
     with pytest.raises(TypeError, match="selected_token_ids must be a signed integer tensor"):
         F.fused_linear_grpo(*args[:2], args[2].to(torch.uint8), *args[3:], beta=0.0)
+    for bad in (None, "yes"):  # (None was taken as False; "yes" said "return_entropy must be a bool")
+        with pytest.raises(TypeError, match="compute_entropy must be a bool"):
+            tnn.FusedLinearGRPOLoss(beta=0.0, compute_entropy=bad)(*args)
     if torch.device(device).type == "cpu":  # (the range is read on the host on a CPU only, as the LM heads' targets)
         ids, mask = args[2].clone(), args[3].clone()
         ids[0, 0], mask[0, 0] = inputs["weight"].shape[0], 1

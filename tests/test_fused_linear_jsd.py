@@ -292,6 +292,12 @@ def test_bad_input_is_refused_with_a_clear_error(device):
     with pytest.raises(TypeError, match="true_labels must be a tensor .* for the hard loss"):
         tnn.FusedLinearJSDLoss(weight_hard_loss=0.5)(*args, None)
     assert torch.isfinite(tnn.FusedLinearJSDLoss(weight_hard_loss=0.0)(*args, None))  # (the soft loss alone)
+    # the weights were not checked: None said "unsupported operand type(s) for *", a str "only integer tensors of a
+    # single element can be converted to an index", naming neither
+    for name, bad, error in (("weight_hard_loss", None, TypeError), ("weight_soft_loss", "0.5", TypeError),
+                             ("weight_hard_loss", float("nan"), ValueError)):
+        with pytest.raises(error, match=name):
+            tnn.FusedLinearJSDLoss(**{name: bad})(*args, p["shift_labels"])
     with pytest.raises(ValueError, match="accum_dtype must be"):
         F.fused_linear_jsd(*args, accum_dtype=torch.float16)
     for bad in (0.0, -1.0, float("inf"), True):

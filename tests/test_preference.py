@@ -6,6 +6,7 @@ modules' Liger-Kernel call signatures (and Liger itself when installed), and the
 import collections
 import functools
 import importlib.util
+import math
 import types
 
 import pytest
@@ -163,6 +164,52 @@ def test_orpo_pair_with_an_empty_completion_adds_nothing(empty):
     _, _, _, ratio, _ = ORPOTrainer.odds_ratio_loss(_trainer_stub(beta=0.25), got.chosen_logps[1:].detach(),
                                                     got.rejected_logps[1:].detach())
     assert got.log_odds_ratio.item() == pytest.approx(ratio.item() * 2 / 3, rel=1e-5)  # (the mean over all 3 pairs)
+
+
+def test_orpo_with_a_certain_chosen_completion_has_finite_gradients():
+    """A chosen completion whose log-probability rounds to 0 (every token certain: a short memorised answer; in float32
+    from a margin of about 17 + log V nats) has infinite odds. The odds-ratio term is then 0, as in TRL, but the
+    gradients were NaN for the whole step: log1mexp's branch not taken (``log1p(-exp(x))``, -inf where exp(x) rounds
+    to 1, float32 x > -6e-8) put 0 * inf into its backward, and at 0 the loss's backward multiplied the log-odds'
+    infinite slope by the sigmoid's 0. Now every gradient is finite and the other pair's are float64's."""
+    x = torch.tensor([-1e-9, -1e-7, -0.5, -30.0], requires_grad=True)
+    ref.log1mexp(x).sum().backward()
+    torch.testing.assert_close(x.grad.double(), -1 / torch.expm1(-x.detach().double()), rtol=1e-5, atol=0)
+    v, h, t = 5, 4, 2
+    weight = torch.eye(v, h)
+    hidden = torch.zeros(4, t, h)
+    hidden[0, 0, 0] = hidden[0, 1, 1] = 200.0  # pair 0's chosen: both tokens certain (log-probability exactly 0)
+    hidden[1, :, 2] = hidden[3, :, 3] = 1.0
+    hidden[2, 0, 1] = 0.5
+    target = torch.tensor([[0, 1], [2, 1], [2, 3], [3, 3]])
+    want = None
+    for dtype in (torch.float64, torch.float32):
+        x, w = hidden.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+        got = P.fused_linear_orpo_loss(x, w, target, beta=0.25)
+        assert got.chosen_logps[0].item() == 0 and got.log_odds_chosen.item() == math.inf  # (TRL's values)
+        got.loss.backward()
+        assert torch.isfinite(got.loss) and torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
+        if want is None:
+            want = (got.loss, x.grad, w.grad)
+        else:
+            for a, b in zip((got.loss, x.grad, w.grad), want):
+                assert rel_l2(a.double(), b) < 1e-5
+
+
+def test_discopop_far_from_the_reference_is_finite():
+    """DiscoPOP's ``exp(-x) sigmoid(x / tau)`` was inf * 0 = NaN in float32 once x = beta d < -88.7 (here a pair whose
+    log-ratios are 1000 apart, beta 0.1): loss and gradients NaN, where float64 gives about 100 for that pair."""
+    inp = _batch(reference="none", t=3)
+    given = dict(ref_chosen_logps=torch.tensor([1000.0, 0.0]), ref_rejected_logps=torch.zeros(2))
+    want = None
+    for dtype in (torch.float64, torch.float32):
+        x = _leaves(inp, dtype, grads=("hidden", "weight"))
+        out = TF.fused_linear_dpo_loss(**x, **{k: v.to(dtype) for k, v in given.items()}, loss_type="discopop")
+        out.loss.backward()
+        got = (out.loss, x["hidden"].grad, x["weight"].grad)
+        assert all(torch.isfinite(v).all() for v in got)
+        want = got if want is None else want
+        assert all(rel_l2(a.double(), b) < 1e-5 for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("loss_type", ref_kto.KTO_LOSS_TYPES)
@@ -390,6 +437,9 @@ ERRORS = [
     (dict(loss_type="robust", label_smoothing=0.5), ValueError, r"\[0, 0.5\) for loss_type 'robust'"),
     (dict(loss_type="nca_pair", f_divergence_type="forward_kl"), ValueError, "only defined for the loss types"),
     (dict(loss_type=["sigmoid"], loss_weights=[1.0, 2.0]), ValueError, "one weight per loss_type"),
+    # (these said "'NoneType' / 'float' object is not iterable", naming no argument)
+    (dict(loss_type=None), TypeError, "loss_type must be a loss type's name or a list of them, got NoneType"),
+    (dict(loss_weights=0.5), TypeError, "loss_weights must be None or a list of numbers"),
     (dict(beta=0.0), ValueError, "beta must be > 0"),
     (dict(memory="lots"), ValueError, "memory must be"),
 ]
@@ -411,6 +461,26 @@ def test_module_errors():
         tnn.FusedLinearDPOLoss()(inp["weight"], inp["hidden"], inp["target"])
     with pytest.raises(ValueError, match="nll_target"):
         tnn.FusedLinearORPOLoss()(inp["weight"], inp["hidden"], inp["target"], nll_target=inp["target"])
+
+
+def test_kto_kl_as_a_float_or_per_sequence_and_of_a_wrong_shape():
+    """Liger subtracts ``kl`` as given, so a Python float worked there and was refused here ("kl must be a
+    torch.Tensor"); a (B',) kl of another length failed inside the formula with torch's broadcast error, naming
+    no argument."""
+    inp = _batch(t=3, reference="none", labels=True)
+    args = (inp["hidden"], inp["weight"], inp["target"], inp["preference_labels"])
+    as_tensor = P.fused_linear_kto_loss(*args, kl=torch.tensor(0.3))
+    as_float = P.fused_linear_kto_loss(*args, kl=0.3)
+    assert torch.equal(as_float.loss, as_tensor.loss)
+    module = tnn.FusedLinearKTOLoss()(inp["hidden"], inp["weight"], inp["target"], None, inp["preference_labels"],
+                                      kl=0.3)
+    assert torch.equal(module[0], as_tensor.loss)
+    per_row = P.fused_linear_kto_loss(*args, kl=torch.full((4,), 0.3))
+    assert per_row.loss.item() == pytest.approx(as_tensor.loss.item(), rel=1e-6)
+    with pytest.raises(ValueError, match=r"kl must be 0-d, \(1,\) or \(4,\) \(one per sequence\), got \(3,\)"):
+        P.fused_linear_kto_loss(*args, kl=torch.zeros(3))
+    with pytest.raises(ValueError, match="kl must be a finite number"):
+        P.fused_linear_kto_loss(*args, kl=float("nan"))
 
 
 @pytest.mark.parametrize("name", ["FusedLinearDPOLoss", "FusedLinearSimPOLoss", "FusedLinearCPOLoss",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import _checks
 from .. import functional as TF
 
 
@@ -83,7 +84,8 @@ class FusedLinearJSDLoss(nn.Module):
         Liger, the two vocabularies must be equal (Liger pads a smaller student vocabulary with zero logits).
 
     Raises:
-        TypeError, ValueError: bad inputs or options, at the forward (from the functional ops).
+        TypeError, ValueError: bad inputs or options, at the forward (from the functional ops; weight_hard_loss and
+            weight_soft_loss not finite real numbers).
     """
 
     def __init__(self, weight_hard_loss: float = 0.5, weight_soft_loss: float = 0.5, beta: float = 0.5,
@@ -104,20 +106,23 @@ class FusedLinearJSDLoss(nn.Module):
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
                 teacher_bias=None):
+        # (read here: Liger's modules read their attributes at each call, so they may change between calls)
+        weight_hard = _checks.number("weight_hard_loss", self.weight_hard_loss)
+        weight_soft = _checks.number("weight_soft_loss", self.weight_soft_loss)
         soft = TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, true_labels,
                                    self.beta, self.ignore_index, self.temperature, student_bias=student_bias,
                                    teacher_bias=teacher_bias, student_softcap=self.student_softcap,
                                    teacher_softcap=self.teacher_softcap)
-        loss = self.weight_soft_loss * soft
+        loss = weight_soft * soft
         hard = None
-        if self.weight_hard_loss != 0 or self.return_soft_hard_loss:
+        if weight_hard != 0 or self.return_soft_hard_loss:
             if true_labels is None:
                 raise TypeError("true_labels must be a tensor of (N,) integer labels for the hard loss "
                                 f"(weight_hard_loss={self.weight_hard_loss}, return_soft_hard_loss="
                                 f"{self.return_soft_hard_loss}); None only with weight_hard_loss=0")
             hard = TF.fused_linear_cross_entropy(student_input, student_weight, true_labels, student_bias,
                                                  ignore_index=self.ignore_index, softcap=self.student_softcap)
-            loss = loss + self.weight_hard_loss * hard
+            loss = loss + weight_hard * hard
         return (loss, soft, hard) if self.return_soft_hard_loss else loss
 
     def extra_repr(self) -> str:

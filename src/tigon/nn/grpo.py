@@ -15,14 +15,21 @@ class GRPOMetrics(tuple):
     :func:`tigon.reference.grpo.liger_metrics`), carrying every metric TRL logs as ``.trl`` (a dict under TRL's keys:
     ``"kl"``, ``"entropy"``, ``"clip_ratio/low_mean"``, ``"clip_ratio/high_mean"``, ``"clip_ratio/region_mean"``,
     ``"clip_ratio/low_min"``, ``"clip_ratio/high_max"``, ``"cispo_clip_ratio"``, ``"vespo/phi_seq_mean"``, those that
-    apply)."""
+    apply).
+
+    Built like a tuple too (``GRPOMetrics(iterable)``, ``.trl`` then empty), and copied / pickled with ``.trl``: Liger's
+    metrics are a plain tuple, which ``copy.deepcopy``, ``pickle`` and accelerate's ``gather`` / ``gather_for_metrics``
+    / ``send_to_device`` (``type(obj)(generator)``) rebuild; a required ``trl`` argument made each raise TypeError."""
 
     trl: dict
 
-    def __new__(cls, items, trl: dict):
+    def __new__(cls, items=(), trl: dict | None = None):
         out = super().__new__(cls, items)
-        out.trl = trl
+        out.trl = {} if trl is None else trl
         return out
+
+    def __reduce__(self):
+        return type(self), (tuple(self), self.trl)
 
 
 class FusedLinearGRPOLoss(nn.Module):

@@ -221,8 +221,8 @@ class FusedLinearKTOLoss(_PreferenceLoss):
     Forward:
         ``loss_fn(_input, lin_weight, target, bias=None, preference_labels=None, ref_input=None, ref_weight=None,
         ref_bias=None, kl=None)`` (Liger's order: the input first here): _input (B, T, H), preference_labels (B,)
-        bool, kl the KL estimate. Returns Liger's ``(loss, (chosen_logps_sum, rejected_logps_sum,
-        chosen_logits_sum, rejected_logits_sum, chosen_rewards_sum, rejected_rewards_sum))``.
+        bool, kl the KL estimate (a float or a 0-d / (B,) tensor). Returns Liger's ``(loss, (chosen_logps_sum,
+        rejected_logps_sum, chosen_logits_sum, rejected_logits_sum, chosen_rewards_sum, rejected_rewards_sum))``.
 
     Raises:
         ValueError, TypeError: options out of range at construction; at the forward, bad inputs, no

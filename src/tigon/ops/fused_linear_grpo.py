@@ -125,7 +125,7 @@ def fused_linear_grpo(
             and the LM heads' checks of :func:`tigon.functional.fused_linear_logprobs`); bad options
             (:class:`tigon.reference.grpo.GRPOOptions`: unknown ``loss_type`` / ``importance_sampling_level``, dr_grpo
             without ``max_completion_length``, temperatures or delta not > 0); ``use_ref_model`` with beta != 0 and
-            no reference; ``entropy_coef`` is validated likewise.
+            no reference; ``entropy_coef`` is validated likewise, ``compute_entropy`` must be a bool.
     """
     args = dict(_input=_input, weight=weight, selected_token_ids=selected_token_ids,
         attention_mask=attention_mask, advantages=advantages, bias=bias, ref_per_token_logps=ref_per_token_logps,

@@ -171,7 +171,8 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: i
     """Odds Ratio Preference Optimization loss from the LM head's hidden states, without logits: the chosen tokens'
     NLL plus ``-beta mean log sigma(log odds(y_w) - log odds(y_l))`` (Hong et al. 2024, "ORPO", eqs. 4-7; TRL's
     ``ORPOTrainer.odds_ratio_loss``; Liger's ``LigerFusedLinearORPOLoss``, whose optional ``nll_target`` is not
-    supported). ``log odds = logp - log(1 - exp(logp))`` is computed stably (``log1mexp``).
+    supported). ``log odds = logp - log(1 - exp(logp))`` is computed stably (``log1mexp``); a chosen log-probability
+    that rounds to 0 (infinite odds) gives the term 0, as TRL, with finite gradients (TRL's and Liger's are NaN).
 
     Args:
         hidden, weight, target, bias, ignore_index, compute_nll_loss, average_log_prob: as
@@ -204,7 +205,7 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
             :func:`fused_linear_dpo_loss`.
         preference_labels: (B,) bool, True for a desirable completion.
         ref_logps: (B,) precomputed reference log-probabilities, or None (0 without a reference model either).
-        kl: the KL estimate ``z`` (0-d or broadcastable (B,); no gradient), or None for 0.
+        kl: the KL estimate ``z``: a float, or a 0-d, (1,) or (B,) floating tensor (no gradient); None for 0.
         beta: > 0; loss_type: ``"kto"`` or ``"apo_zero_unpaired"``; desirable_weight, undesirable_weight: >= 0.
         {memory}
 
@@ -213,8 +214,8 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
         hidden, weight, bias), then Liger's sums of log-probs, logits and rewards per group, detached.
 
     Raises:
-        TypeError, ValueError: bad shapes, dtypes, devices, labels not a (B,) bool tensor, options out of range
-            (:func:`tigon.reference.kto.check_kto_options`), a bad ``memory``.
+        TypeError, ValueError: bad shapes, dtypes, devices, labels not a (B,) bool tensor, a ``kl`` of another
+            shape, options out of range (:func:`tigon.reference.kto.check_kto_options`), a bad ``memory``.
     """
     return _run("fused_linear_kto_loss", "kto", dict(hidden=hidden, weight=weight, target=target,
         preference_labels=preference_labels, bias=bias, ref_hidden=ref_hidden, ref_weight=ref_weight,

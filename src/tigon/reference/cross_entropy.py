@@ -139,6 +139,13 @@ def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     check_loss_options(**options)
 
 
+def widened(ids: torch.Tensor) -> torch.Tensor:
+    """Integer ``ids`` as int64 when their dtype is narrower than int32 (else as they are), for comparisons with
+    Python ints: torch casts the int to the tensor's dtype, so ``int16_ids >= 32768`` compared with -32768 (every id
+    was "out of range" for a 32768-word vocabulary) and ``int8_ids >= 131`` with -125."""
+    return ids.long() if ids.dtype in (torch.int8, torch.int16) else ids
+
+
 def check_target_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
     """Raise ValueError when a target other than ``ignore_index`` is outside [0, num_classes).
 
@@ -148,6 +155,7 @@ def check_target_range(target: torch.Tensor, num_classes: int, ignore_index: int
     """
     if torch.compiler.is_compiling() or not _checks.has_data(target):  # (meta / fake targets: nothing to read)
         return
+    target = widened(target)
     bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
     if bool(bad.any()):
         first = int(target[bad][0])

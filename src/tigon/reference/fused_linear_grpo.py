@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from .. import _checks
+from .cross_entropy import widened
 from .grpo import GRPOOptions, grpo_loss
 from .fused_linear_logprobs import fused_linear_logprobs as ref_logprobs
 
@@ -101,7 +102,7 @@ def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
     ids = torch.where(a["attention_mask"] != 0, a["selected_token_ids"], IGNORE).reshape(-1)
     if ids.device.type == "cpu" and not torch.compiler.is_compiling() and _checks.has_data(ids):
         # (where the LM heads check their targets, which would name them "target": no host read on a GPU)
-        v, sel = a["weight"].shape[0], a["selected_token_ids"]
+        v, sel = a["weight"].shape[0], widened(a["selected_token_ids"])
         bad = (a["attention_mask"] != 0) & ((sel < 0) | (sel >= v))
         if bool(bad.any()):
             raise ValueError(f"selected_token_ids must be in [0, {v}) where attention_mask is set; "
@@ -110,7 +111,7 @@ def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
     def rows(x):
         return x.reshape(b * t, x.shape[-1])
 
-    entropy = a["compute_entropy"] or options.entropy_coef != 0.0
+    entropy = _checks.flag("compute_entropy", a["compute_entropy"]) or options.entropy_coef != 0.0
     temperature = a["temperature"]
     ref = None
     if options.beta != 0.0:

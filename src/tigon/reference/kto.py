@@ -18,6 +18,7 @@ without the logits: :func:`tigon.reference.pairs.row_logit_sums`) and rewards.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -102,8 +103,12 @@ def kto_with(token_logps, hidden, weight, target, preference_labels, bias=None, 
         _checks.tensor("ref_logps", ref_logps, floating=True, ndim=1)
         if ref_logps.shape[0] != b:
             raise ValueError(f"ref_logps must have shape ({b},), got {tuple(ref_logps.shape)}")
+    if isinstance(kl, numbers.Real) and not isinstance(kl, bool):  # Liger subtracts it as given: a float works
+        kl = torch.tensor(_checks.number("kl", kl), dtype=torch.float32, device=hidden.device)
     if kl is not None:
         _checks.tensor("kl", kl, floating=True, ndim=(0, 1))
+        if kl.dim() == 1 and kl.shape[0] not in (1, b):
+            raise ValueError(f"kl must be 0-d, (1,) or ({b},) (one per sequence), got {tuple(kl.shape)}")
     _checks.same_device(hidden=hidden, preference_labels=preference_labels, ref_logps=ref_logps, kl=kl)
     if not isinstance(average_log_prob, (bool, int)):
         raise TypeError(f"average_log_prob must be a bool, got {type(average_log_prob).__name__}")

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -85,8 +86,15 @@ def dpo_loss_types(loss_type, loss_weights) -> tuple[tuple[str, ...], tuple[floa
 
     Raises:
         ValueError: an unknown or empty loss_type, loss_weights of another length.
-        TypeError: a weight not a number.
+        TypeError: loss_type neither a name nor a sequence of names (None said "'NoneType' object is not
+            iterable", naming nothing), loss_weights not a sequence, a weight not a number.
     """
+    if not isinstance(loss_type, (str, Iterable)):
+        raise TypeError(f"loss_type must be a loss type's name or a list of them, got {type(loss_type).__name__} "
+                        f"{loss_type!r}")
+    if loss_weights is not None and (isinstance(loss_weights, str) or not isinstance(loss_weights, Iterable)):
+        raise TypeError(f"loss_weights must be None or a list of numbers (one per loss_type), got "
+                        f"{type(loss_weights).__name__} {loss_weights!r}")
     types = (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
     if not types:
         raise ValueError("loss_type must name at least one loss")
@@ -215,8 +223,10 @@ def dpo(pairs: PairLogps, *, beta: float = 0.1, loss_type="sigmoid", loss_weight
         if kind == "apo_down":
             return torch.sigmoid(beta * u_c) + 1 - torch.sigmoid(beta * (u_c - u_r))
         if kind == "discopop":
+            # exp(-x) m as exp(-x + log m): TRL's product is inf * 0 = NaN once -x passes the dtype's exp range (x <
+            # -88.7 in float32: beta = 0.1 and log-ratios 887 apart), where the term is exp(x (1 / tau - 1)) -> 0
             m = torch.sigmoid(x / float(discopop_tau))
-            return -F.logsigmoid(x) * (1 - m) + torch.exp(-x) * m
+            return -F.logsigmoid(x) * (1 - m) + torch.exp(F.logsigmoid(x / float(discopop_tau)) - x)
         if kind == "sft":
             return pairs.nll.expand(c.shape)
         return -F.logsigmoid(beta * (s_c / n_c - s_r / n_r))  # sigmoid_norm
@@ -249,8 +259,25 @@ def cpo(pairs: PairLogps, *, beta: float = 0.1, loss_type: str = "sigmoid", labe
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """``log(1 - exp(x))`` for ``x <= 0``, accurate on both sides of ``-log 2`` (Maechler 2012, "Accurately Computing
-    log(1 - exp(-|a|))"); -inf at 0."""
-    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    log(1 - exp(-|a|))"); -inf at 0. Each branch reads only its own side (the other gets a stand-in), so the branch
+    not taken adds no NaN to the gradient: ``log1p(-exp(x))`` is -inf where exp(x) rounds to 1 (float32 x > -6e-8),
+    and ``torch.where``'s backward multiplies its infinite slope by 0."""
+    near = x > -math.log(2)
+    return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, -1.0))),
+                       torch.log1p(-torch.exp(torch.where(near, -1.0, x))))
+
+
+def _log_odds_ratio(c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``log odds(c) - log odds(r)``, ``log odds(p) = p - log1mexp(p)``, for log-probabilities c, r <= 0: TRL's value,
+    with its gradient taken at ``min(c, -eps)`` (eps: the dtype's). A chosen log-probability that rounds to 0 (every
+    token certain, e.g. a short memorised answer) has infinite odds: the value is +inf (the odds-ratio term 0, as in
+    TRL), but its slope is infinite too and the loss's backward multiplied it by the sigmoid's 0 (NaN gradients for the
+    whole step in TRL and Liger-Kernel). There the clamped slope is 0 (the true one is finite, and the logits' share of
+    it vanishes with the token's 1 - p)."""
+    exact = (c - r) - (log1mexp(c) - log1mexp(r))
+    cg = torch.clamp(c, max=-torch.finfo(c.dtype).eps)
+    slope = (cg - r) - (log1mexp(cg) - log1mexp(r))
+    return slope + (exact - slope).detach()
 
 
 def orpo(pairs: PairLogps, *, beta: float = 0.1):
@@ -268,7 +295,7 @@ def orpo(pairs: PairLogps, *, beta: float = 0.1):
     # pair), with a zero gradient, instead of TRL's 0 / 0 NaN, which would take the whole batch's loss with it.
     empty = (pairs.chosen_tokens == 0) | (pairs.rejected_tokens == 0)
     safe_c, safe_r = torch.where(empty, -1.0, c), torch.where(empty, -2.0, r)  # (finite where the pair is dropped)
-    log_odds = torch.where(empty, 0.0, (safe_c - safe_r) - (log1mexp(safe_c) - log1mexp(safe_r)))
+    log_odds = torch.where(empty, 0.0, _log_odds_ratio(safe_c, safe_r))
     ratio = torch.where(empty, 0.0, F.logsigmoid(log_odds))
     return -beta * ratio.mean(), beta * c, beta * r, ratio.mean(), log_odds.mean()
 
