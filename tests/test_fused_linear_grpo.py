@@ -162,6 +162,24 @@ def test_loss_grads_and_metrics_match_trl_in_fp32(case, device):
         assert abs(float(metrics.trl[k]) - v) <= 1e-5 * max(1.0, abs(v)), (k, float(metrics.trl[k]), v)
 
 
+@pytest.mark.parametrize("case", ["dapo", "grpo clipped", "gspo (grpo, sequence)", "vespo vllm ratio"])
+def test_a_fractional_mask_weighs_its_tokens_as_in_trl(case, device):
+    """TRL (and Liger-Kernel) multiply by the completion mask: a value of 0.5 halves its token's part in the loss, the
+    sequence means and the metrics. Tigon took every nonzero value as 1 (silently another loss)."""
+    opts, build = CASES[case]
+    inputs = _inputs(torch.float32, build, device=device)
+    gen = torch.Generator().manual_seed(1)
+    weights = torch.rand(inputs["attention_mask"].shape, generator=gen).to(device) + 0.25
+    inputs["attention_mask"] = inputs["attention_mask"].to(torch.float32) * weights
+    loss, grads, metrics = _tigon_loss(inputs, opts, torch.float32)
+    want, want_grads, want_metrics = _trl_loss(inputs, opts, torch.float64)
+    assert rel_l2(loss, want) <= 1e-5, rel_l2(loss, want)
+    for g, w in zip(grads, want_grads):
+        assert rel_l2(g, w) <= 1e-5, rel_l2(g, w)
+    for k, v in want_metrics.items():
+        assert abs(float(metrics.trl[k]) - v) <= 1e-5 * max(1.0, abs(v)), (k, float(metrics.trl[k]), v)
+
+
 @pytest.mark.parametrize("case", ["dapo", "grpo clipped", "delta, bias-corrected KL, bias"])
 def test_bf16_no_worse_than_trl_plain(case, device):
     # bf16 hidden states and heads: Tigon's loss and gradients no further from TRL's float64 value than TRL's own

@@ -5,6 +5,7 @@ computation's own bf16 error."""
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -298,6 +299,13 @@ def test_bad_input_is_refused_with_a_clear_error(device):
                              ("weight_hard_loss", float("nan"), ValueError)):
         with pytest.raises(error, match=name):
             tnn.FusedLinearJSDLoss(**{name: bad})(*args, p["shift_labels"])
+    # what Liger-Kernel takes stays taken: a numpy scalar, a 0-d tensor (multiplied as it is)
+    want = tnn.FusedLinearJSDLoss(weight_hard_loss=0.25, weight_soft_loss=0.75)(*args, p["shift_labels"])
+    for hard, soft in ((np.float32(0.25), np.float32(0.75)), (torch.tensor(0.25), torch.tensor(0.75))):
+        got = tnn.FusedLinearJSDLoss(weight_hard_loss=hard, weight_soft_loss=soft)(*args, p["shift_labels"])
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-6, atol=0)
+    with pytest.raises(TypeError, match="weight_soft_loss must be a real number or a 0-d floating tensor"):
+        tnn.FusedLinearJSDLoss(weight_soft_loss=torch.ones(2))(*args, p["shift_labels"])
     with pytest.raises(ValueError, match="accum_dtype must be"):
         F.fused_linear_jsd(*args, accum_dtype=torch.float16)
     for bad in (0.0, -1.0, float("inf"), True):

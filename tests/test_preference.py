@@ -440,7 +440,8 @@ ERRORS = [
     # (these said "'NoneType' / 'float' object is not iterable", naming no argument)
     (dict(loss_type=None), TypeError, "loss_type must be a loss type's name or a list of them, got NoneType"),
     (dict(loss_weights=0.5), TypeError, "loss_weights must be None or a list of numbers"),
-    (dict(beta=0.0), ValueError, "beta must be > 0"),
+    (dict(beta=-0.1), ValueError, "beta must be a finite number >= 0"),
+    (dict(beta=0.0, loss_type="ipo"), ValueError, r"beta must be > 0 for loss_type \['ipo'\]"),
     (dict(memory="lots"), ValueError, "memory must be"),
 ]
 
@@ -451,6 +452,19 @@ def test_bad_input_names_the_argument(change, error, match):
     kw = {**inp, **{k: (v(inp) if callable(v) else v) for k, v in change.items()}}
     with pytest.raises(error, match=match):
         TF.fused_linear_dpo_loss(**kw)
+
+
+def test_beta_zero_is_taken_where_no_formula_divides_by_it():
+    """beta = 0 is a legitimate ablation (ORPO as plain NLL; DPO's loss then log 2 for every pair) that Liger-Kernel
+    takes; it was refused here for every loss ("beta must be > 0"). IPO / SPPO divide by beta and still refuse it."""
+    inp = _batch(t=3)
+    out = TF.fused_linear_dpo_loss(**inp, beta=0.0)
+    torch.testing.assert_close(out[0].double(), torch.tensor(math.log(2.0), dtype=torch.float64), rtol=1e-6, atol=0)
+    inp = _batch(t=3, reference="none")
+    loss = tnn.FusedLinearORPOLoss(beta=0.0)(inp["weight"], inp["hidden"], inp["target"])[0]
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="beta must be > 0 for loss_type"):
+        P.fused_linear_cpo_loss(inp["hidden"], inp["weight"], inp["target"], beta=0.0, loss_type="ipo")
 
 
 def test_module_errors():

@@ -88,9 +88,9 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
     Raises:
         TypeError: not a real number. ValueError: not finite, or below ``minimum``.
     """
-    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    v = float(value)
+    v = float(value)  # (numbers.Real: a numpy scalar too, as Liger-Kernel takes one)
     if not math.isfinite(v) or (minimum is not None and v < minimum):
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")

@@ -55,6 +55,21 @@ class FusedLinearJSD(nn.Module):
                 + _caps_repr(self))
 
 
+def _loss_weight(name: str, value):
+    """A loss weight as Liger-Kernel takes it: a finite real number (a numpy scalar too) as a float, or a 0-d floating
+    tensor as it is (multiplied lazily: no host sync for a CUDA one).
+
+    Raises:
+        TypeError: neither (a bool is not a number; a tensor of another shape or dtype). ValueError: not finite.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or not value.is_floating_point():
+            raise TypeError(f"{name} must be a real number or a 0-d floating tensor, got a tensor of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        return value
+    return _checks.number(name, value)
+
+
 class FusedLinearJSDLoss(nn.Module):
     """Distillation loss ``weight_hard_loss * CE(student, labels) + weight_soft_loss * JSD(student, teacher)``
     (Liger's chunked ``LigerFusedLinearJSDLoss``), without either model's logits.
@@ -107,15 +122,15 @@ class FusedLinearJSDLoss(nn.Module):
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
                 teacher_bias=None):
         # (read here: Liger's modules read their attributes at each call, so they may change between calls)
-        weight_hard = _checks.number("weight_hard_loss", self.weight_hard_loss)
-        weight_soft = _checks.number("weight_soft_loss", self.weight_soft_loss)
+        weight_hard = _loss_weight("weight_hard_loss", self.weight_hard_loss)
+        weight_soft = _loss_weight("weight_soft_loss", self.weight_soft_loss)
         soft = TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, true_labels,
                                    self.beta, self.ignore_index, self.temperature, student_bias=student_bias,
                                    teacher_bias=teacher_bias, student_softcap=self.student_softcap,
                                    teacher_softcap=self.teacher_softcap)
         loss = weight_soft * soft
         hard = None
-        if weight_hard != 0 or self.return_soft_hard_loss:
+        if isinstance(weight_hard, torch.Tensor) or weight_hard != 0 or self.return_soft_hard_loss:
             if true_labels is None:
                 raise TypeError("true_labels must be a tensor of (N,) integer labels for the hard loss "
                                 f"(weight_hard_loss={self.weight_hard_loss}, return_soft_hard_loss="

@@ -90,7 +90,8 @@ def fused_linear_grpo(
             float16. Gets a gradient.
         weight: (V, H) LM-head weight (gets a gradient); bias: optional (V,) LM-head bias (gets one).
         selected_token_ids: (B, T) integer sampled token ids (in [0, V) where ``attention_mask`` is set).
-        attention_mask: (B, T) completion mask (0 / 1, any dtype): the tokens that count.
+        attention_mask: (B, T) completion mask (any dtype): the tokens that count, each weighted by its value as
+            TRL and Liger-Kernel multiply by it (0 / 1 as a rule).
         advantages: (B,) (or (B, T)) float advantages.
         ref_per_token_logps: (B, T) reference-model log-probabilities, or None.
         old_per_token_logps: (B, T) log-probabilities of the sampling policy, or None (this policy's, detached).
@@ -208,13 +209,13 @@ def _policy_pass(spec: dict, tensors: list, hidden, weight, bias, plan, halves: 
     b, t = mask.shape
     coupled = couples_tokens(options)
     f32 = torch.float32
-    keep = mask != 0
+    weights = mask.to(f32)  # (TRL multiplies by the mask: a fractional value weighs its token)
     adv, ratio = per_row_inputs(advantages, vllm_ratio, f32)
     with torch.enable_grad():  # the reduction's coefficients: its gradient at zero per-token losses (it is linear)
         zeros = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True)
         ent0 = torch.zeros((b, t), dtype=f32, device=hidden.device, requires_grad=True) if want_entropy else None
         wanted = [zeros] + ([ent0] if options.entropy_coef != 0.0 else [])
-        coefs = torch.autograd.grad(reduce_loss(zeros, keep.to(f32), ent0, num_items, options), wanted)
+        coefs = torch.autograd.grad(reduce_loss(zeros, weights, ent0, num_items, options), wanted)
     w_tok = coefs[0].reshape(-1)
     w_ent = coefs[1].reshape(-1).contiguous() if len(coefs) > 1 else None
 
@@ -231,7 +232,7 @@ def _policy_pass(spec: dict, tensors: list, hidden, weight, bias, plan, halves: 
         with torch.enable_grad():
             lp = logp.detach().reshape(-1, t) if coupled else logp.detach().reshape(1, -1)
             lp.requires_grad_()
-            per_token = token_losses(lp, chunk(keep, s, e), chunk(adv, s, e), chunk(ref_logps, s, e),
+            per_token = token_losses(lp, chunk(weights, s, e), chunk(adv, s, e), chunk(ref_logps, s, e),
                                      chunk(old, s, e), chunk(ratio, s, e), options)[0]
             # (a sequence-level loss without a per-token term is (b', 1): it broadcasts over the tokens, as in the
             # reduction)

@@ -82,7 +82,7 @@ def fused_linear_dpo_loss(hidden, weight, target, bias=None, ref_hidden=None, re
             ``precompute_ref_log_probs``), on the scale ``average_log_prob`` selects; or None. With neither a
             reference model nor these, the reference log-probabilities are 0 (Liger's ``use_ref_model=False``).
         ignore_index: target value of unscored tokens.
-        beta: the KL coefficient (IPO's tau); > 0.
+        beta: the KL coefficient (IPO's tau); >= 0 (> 0 for ``ipo`` and ``sppo_hard``, which divide by it).
         loss_type: one of :data:`tigon.reference.preference.DPO_LOSS_TYPES`, or a sequence of them combined as
             ``sum_k loss_weights[k] * loss_k`` (TRL's MPO-style ``loss_weights``; None: weights 1).
         label_smoothing: robust DPO / cDPO's flip probability in [0, 0.5), EXO's epsilon (> 0), AOT's smoothing.
@@ -125,7 +125,8 @@ def fused_linear_cpo_loss(hidden, weight, target, bias=None, *, ignore_index: in
     Args:
         hidden, weight, target, bias, ignore_index, compute_nll_loss, alpha, average_log_prob: as
             :func:`fused_linear_dpo_loss`.
-        beta: > 0; loss_type: one of :data:`tigon.reference.preference.CPO_LOSS_TYPES`; label_smoothing: in [0, 1).
+        beta: >= 0 (> 0 for ``ipo``); loss_type: one of :data:`tigon.reference.preference.CPO_LOSS_TYPES`;
+            label_smoothing: in [0, 1).
         gamma: SimPO's target reward margin (``loss_type="simpo"`` only).
         {memory}
 
@@ -176,7 +177,7 @@ def fused_linear_orpo_loss(hidden, weight, target, bias=None, *, ignore_index: i
 
     Args:
         hidden, weight, target, bias, ignore_index, compute_nll_loss, average_log_prob: as
-            :func:`fused_linear_dpo_loss`; beta: the odds-ratio term's weight (ORPO's lambda), > 0.
+            :func:`fused_linear_dpo_loss`; beta: the odds-ratio term's weight (ORPO's lambda), >= 0.
         {memory}
 
     Returns:
@@ -206,7 +207,7 @@ def fused_linear_kto_loss(hidden, weight, target, preference_labels, bias=None, 
         preference_labels: (B,) bool, True for a desirable completion.
         ref_logps: (B,) precomputed reference log-probabilities, or None (0 without a reference model either).
         kl: the KL estimate ``z``: a float, or a 0-d, (1,) or (B,) floating tensor (no gradient); None for 0.
-        beta: > 0; loss_type: ``"kto"`` or ``"apo_zero_unpaired"``; desirable_weight, undesirable_weight: >= 0.
+        beta: >= 0; loss_type: ``"kto"`` or ``"apo_zero_unpaired"``; desirable_weight, undesirable_weight: >= 0.
         {memory}
 
     Returns:

@@ -174,7 +174,8 @@ def grpo_loss(
     Args:
         per_token_logps: (B, T) float log-probabilities of the sampled completion tokens under the policy
             (differentiable; float32, or float64 for the reference).
-        attention_mask: (B, T) completion mask (bool / int / float 0-1): the tokens that count.
+        attention_mask: (B, T) completion mask (bool / int / float): the tokens that count, each weighted by its
+            value as TRL multiplies by it (0 / 1 as a rule; a fractional value is a weight, not a 1).
         advantages: (B,) or (B, T) advantages.
         ref_per_token_logps: (B, T) reference-model log-probabilities (read when ``options.beta != 0``; None: the
             policy's own, detached, i.e. a zero KL term).
@@ -198,10 +199,9 @@ def grpo_loss(
     o = options
     logp = per_token_logps
     dt = logp.dtype
-    keep = attention_mask != 0
-    mask = keep.to(dt)
+    mask = attention_mask.to(dt)  # a weight per token, as TRL multiplies by it (0 / 1 as a rule)
     adv, ratio = per_row_inputs(advantages, vllm_is_ratio, dt)
-    per_token, coef_1, kl, phi = token_losses(logp, keep, adv, ref_per_token_logps, old_per_token_logps, ratio, o)
+    per_token, coef_1, kl, phi = token_losses(logp, mask, adv, ref_per_token_logps, old_per_token_logps, ratio, o)
     loss = reduce_loss(per_token, mask, entropies, num_items_in_batch, o)
     with torch.no_grad():
         metrics = _metrics(o, mask, adv, coef_1, kl, entropies, phi)
@@ -226,14 +226,15 @@ def couples_tokens(o: GRPOOptions) -> bool:
     return o.importance_sampling_level == "sequence" or o.loss_type == "vespo"
 
 
-def token_losses(logp, keep, adv, ref_per_token_logps, old_per_token_logps, ratio, o: GRPOOptions):
+def token_losses(logp, mask, adv, ref_per_token_logps, old_per_token_logps, ratio, o: GRPOOptions):
     """The per-token losses before the reduction (formulas: module docstring): ``(per_token, coef_1, kl, phi)``,
     (b, t) tensors in ``logp``'s dtype (kl None when beta == 0, phi None unless vespo) for (b, t) log-probabilities,
-    the bool mask ``keep``, advantages and ``ratio`` (b, 1) or (b, t) (:func:`per_row_inputs`), reference and old
+    the mask (each token's weight, 0: not counted; any dtype), advantages and ``ratio`` (b, 1) or (b, t) (:func:`per_row_inputs`), reference and old
     log-probabilities (b, t) or None. Rows are whole sequences (the sequence-level terms reduce over dim -1); where
     :func:`couples_tokens` is False any (1, t) run of tokens works too."""
     dt = logp.dtype
-    mask = keep.to(dt)
+    keep = mask != 0
+    mask = mask.to(dt)
     same = logp.detach()
     # masked tokens: ratio 1 and zero KL, so that a log-probability left at 0 there gives no inf * 0
     old = same if old_per_token_logps is None else torch.where(keep, old_per_token_logps.to(dt), same)

@@ -49,12 +49,11 @@ def check_kto_options(beta=0.1, loss_type="kto", desirable_weight=1.0, undesirab
     """Validate KTO's options.
 
     Raises:
-        ValueError: loss_type not in :data:`KTO_LOSS_TYPES`, beta <= 0, a weight < 0.
+        ValueError: loss_type not in :data:`KTO_LOSS_TYPES`, beta < 0, a weight < 0.
         TypeError: a number that is not one.
     """
     _checks.choice("loss_type", loss_type, KTO_LOSS_TYPES)
-    if not _checks.number("beta", beta) > 0.0:
-        raise ValueError(f"beta must be > 0, got {beta!r}")
+    _checks.number("beta", beta, minimum=0.0)  # 0: a legitimate ablation, taken by Liger-Kernel
     _checks.number("desirable_weight", desirable_weight, minimum=0.0)
     _checks.number("undesirable_weight", undesirable_weight, minimum=0.0)
 

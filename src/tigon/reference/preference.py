@@ -73,10 +73,21 @@ CPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo")
 
 
 # ---- option checks -------------------------------------------------------------------------------------------------
-def _beta(beta) -> float:
-    b = _checks.number("beta", beta)
-    if not b > 0.0:
-        raise ValueError(f"beta must be > 0, got {beta!r}")
+_BETA_DIVIDES = frozenset({"ipo", "sppo_hard"})
+"""The loss types whose formula divides by beta (``1 / (2 beta)``): beta must be > 0 there, >= 0 elsewhere (0 is a
+legitimate ablation, e.g. ORPO as plain NLL, and Liger-Kernel takes it)."""
+
+
+def _beta(beta, types=()) -> float:
+    """``beta`` as a float: >= 0, and > 0 when a loss type of ``types`` divides by it (:data:`_BETA_DIVIDES`).
+
+    Raises:
+        TypeError: not a real number. ValueError: negative or not finite, or 0 where it divides.
+    """
+    b = _checks.number("beta", beta, minimum=0.0)
+    divides = sorted(_BETA_DIVIDES.intersection(types))
+    if b == 0.0 and divides:
+        raise ValueError(f"beta must be > 0 for loss_type {divides} (its formula divides by beta), got {beta!r}")
     return b
 
 
@@ -113,13 +124,13 @@ def check_dpo_options(beta=0.1, loss_type="sigmoid", loss_weights=None, label_sm
     """Validate :func:`dpo`'s options (TRL's and Liger-Kernel's rules).
 
     Raises:
-        ValueError: as :func:`dpo_loss_types`; beta <= 0; label_smoothing outside [0, 1), outside [0, 0.5) with
+        ValueError: as :func:`dpo_loss_types`; beta < 0, or 0 with ``ipo`` / ``sppo_hard``; label_smoothing outside [0, 1), outside [0, 0.5) with
             ``robust``, or 0 with ``exo_pair``; discopop_tau <= 0; an unknown f_divergence_type, or one other than
             ``reverse_kl`` with a loss type outside :data:`F_DIVERGENCE_LOSS_TYPES`.
         TypeError: a number that is not one.
     """
     types, _ = dpo_loss_types(loss_type, loss_weights)
-    _beta(beta)
+    _beta(beta, types)
     eps = _checks.number("label_smoothing", label_smoothing, minimum=0.0)
     if eps >= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
@@ -140,11 +151,11 @@ def check_cpo_options(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, gamma=
     """Validate :func:`cpo`'s options.
 
     Raises:
-        ValueError: loss_type not in :data:`CPO_LOSS_TYPES`, beta <= 0, label_smoothing outside [0, 1).
+        ValueError: loss_type not in :data:`CPO_LOSS_TYPES`, beta < 0 (0 with ``ipo``), label_smoothing outside [0, 1).
         TypeError: a number that is not one.
     """
     _checks.choice("loss_type", loss_type, CPO_LOSS_TYPES)
-    _beta(beta)
+    _beta(beta, (loss_type,))
     if _checks.number("label_smoothing", label_smoothing, minimum=0.0) >= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
     _checks.number("gamma", gamma)
@@ -286,7 +297,7 @@ def orpo(pairs: PairLogps, *, beta: float = 0.1):
     Returns:
         (loss 0-d, chosen_rewards (P,), rejected_rewards (P,), log_odds_ratio 0-d, log_odds_chosen 0-d).
 
-    beta must be > 0 (checked by :func:`loss_with`).
+    beta must be >= 0 (checked by :func:`loss_with`).
     """
     beta = float(beta)
     c, r = pairs.chosen, pairs.rejected
