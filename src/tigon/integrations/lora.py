@@ -15,7 +15,8 @@ other kinds (Embedding, Conv).
 Checked at every call, where PEFT's own forward then runs (:func:`_fused_adapter`): merged adapters
 (``merge_adapter``; after ``unmerge_adapter`` the layer is fused again), disabled adapters (``disable_adapter()``),
 extra arguments (``adapter_names`` for mixed batches), an adapter switched since patching (``set_adapter``) that
-does not qualify, active dropout, and dtypes that differ outside ``torch.autocast`` (PEFT keeps adapters in float32
+does not qualify, active dropout, hooks (or an instance-level ``forward``) on the base layer, A, B or the dropout
+module added since patching, global module hooks, and dtypes that differ outside ``torch.autocast`` (PEFT keeps adapters in float32
 for a bf16 model by default: ``get_peft_model(..., autocast_adapter_dtype=False)`` or autocast fuses them).
 ``merge_and_unload`` replaces the layers by their base ``nn.Linear``, and the patch goes with them.
 """
@@ -120,6 +121,9 @@ def _fused_adapter(module, x: torch.Tensor) -> str | None:
     dropout = module.lora_dropout[name]
     if dropout.training and getattr(dropout, "p", 0.0) > 0:
         return None
+    for part in (module.base_layer, module.lora_A[name], module.lora_B[name], dropout):
+        if _hook_problem(part) is not None:  # hooks added since patching (or global ones): the fused call skips them
+            return None
     dtype = module.base_layer.weight.dtype
     if x.dtype != dtype or module.lora_A[name].weight.dtype != dtype or module.lora_B[name].weight.dtype != dtype:
         dev = x.device.type
