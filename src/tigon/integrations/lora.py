@@ -16,7 +16,7 @@ Checked at every call, where PEFT's own forward then runs (:func:`_fused_adapter
 (``merge_adapter``; after ``unmerge_adapter`` the layer is fused again), disabled adapters (``disable_adapter()``),
 extra arguments (``adapter_names`` for mixed batches), an adapter switched since patching (``set_adapter``) that
 does not qualify, active dropout, hooks (or an instance-level ``forward``) on the base layer, A, B or the dropout
-module added since patching (DeepSpeed ZeRO-3's gather hooks excepted) or global ones, and dtypes that differ outside
+module added since patching or global ones (not for a DeepSpeed ZeRO-3 base weight), and dtypes that differ outside
 ``torch.autocast`` (PEFT keeps adapters in float32 for a bf16 model by default:
 ``get_peft_model(..., autocast_adapter_dtype=False)`` or autocast fuses them).
 ``merge_and_unload`` replaces the layers by their base ``nn.Linear``, and the patch goes with them.
@@ -122,11 +122,12 @@ def _fused_adapter(module, x: torch.Tensor) -> str | None:
     dropout = module.lora_dropout[name]
     if dropout.training and getattr(dropout, "p", 0.0) > 0:
         return None
-    for part in (module.base_layer, module.lora_A[name], module.lora_B[name], dropout):
-        # hooks added since patching (or global ones): the fused call would skip them. DeepSpeed ZeRO-3's own
-        # gather hooks excepted: its partitioned parameters are gathered when read inside this layer's call
-        if _hook_problem(part) is not None and not _zero3_part(part):
-            return None
+    # hooks added since patching (or global ones): the fused call would skip them. Not under DeepSpeed ZeRO-3, whose
+    # hooks are on every module: its partitioned parameters are gathered when read inside this layer's call
+    if not _zero3_part(module.base_layer):
+        for part in (module.base_layer, module.lora_A[name], module.lora_B[name], dropout):
+            if _hook_problem(part) is not None:
+                return None
     dtype = module.base_layer.weight.dtype
     if x.dtype != dtype or module.lora_A[name].weight.dtype != dtype or module.lora_B[name].weight.dtype != dtype:
         dev = x.device.type
