@@ -47,9 +47,9 @@ pairs), partial rotary (``partial_rotary_factor < 1``) in a family not declared 
 another rotary function instead for its configuration (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` under
 ``rope_interleave``; read from its source, :mod:`tigon.integrations.rotary_calls`), NoPE layers (nothing to patch), the
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
-used), has hooks the fused loss would skip, or whose weight the fused loss cannot read whole (a DTensor outside FSDP2 not split by vocabulary rows; an FSDP2
-unit is read inside its hooks, a DeepSpeed ZeRO-3 head inside its own call: :mod:`tigon.integrations.sharded_head`),
-activations without a kernel, non-gated MLPs whose
+used), has hooks the fused loss would skip, or whose weight the fused loss cannot read whole (a DTensor outside
+FSDP2 not split by vocabulary rows; an FSDP2 unit is read inside its hooks, a DeepSpeed ZeRO-3 head inside its own
+call: :mod:`tigon.integrations.sharded_head`), activations without a kernel, non-gated MLPs whose
 down projection does not fold into ``act_linear`` (a LoRA or quantised layer; a lone activation gains nothing), custom
 losses, and the classes a family declares unsupported with the reason
 (:class:`~tigon.integrations.family_spec.Unsupported`: GPT-OSS's clamped SwiGLU experts, gated RMSNorms, ...).
