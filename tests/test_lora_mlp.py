@@ -218,3 +218,48 @@ def test_lora_mlp_falls_back_when_the_adapters_are_disabled_or_lora_is_off():
     other = copy.deepcopy(ref_model)
     mlp = [e for e in tigon.patch(other, lora=False, **ONLY_MLP_AND_LORA).replaced if e.kind == "mlp"]
     assert all("lora=False" in e.detail and e.ops == ("swiglu",) for e in mlp)
+
+
+@pytest.mark.parametrize("part", ["base_layer", "lora_A", "lora_B"])
+def test_hooks_added_after_patching_run_as_with_peft(part):
+    # a forward hook on a LoRA layer's base layer, A or B added after tigon.patch (activation capture, steering):
+    # the fused call would skip it, so the layer runs PEFT's forward; before, o_proj's lora_linear, q_proj's
+    # lora_qkv_rope and down_proj's lora_glu_mlp dropped the hook's change silently
+    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(4))
+    ref_model = peft_llama().eval()
+    model = copy.deepcopy(ref_model)
+    tigon.patch(model)
+    calls = []
+    for m in (ref_model, model):
+        for path in ("self_attn.o_proj", "self_attn.q_proj", "mlp.down_proj"):
+            layer = m.base_model.model.model.layers[0].get_submodule(path)
+            sub = layer.base_layer if part == "base_layer" else getattr(layer, part)["default"]
+            sub.register_forward_hook(lambda mod, args, out: calls.append(1) or out * 2)
+    with torch.no_grad():
+        want = ref_model(input_ids=ids).logits
+        support.backend_usage(reset=True)
+        got = model(input_ids=ids).logits
+    assert len(calls) == 6
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    usage = support.backend_usage()
+    assert sum(usage["lora_glu_mlp"].values()) == 1 and sum(usage["lora_qkv_rope"].values()) == 1  # layer 1's
+
+
+def test_deepspeed_zero3_gather_hooks_keep_the_lora_layers_fused():
+    # DeepSpeed ZeRO-3 hooks every module (a stand-in here: parameters marked ds_id, a pre-hook on each module);
+    # its partitioned weights are gathered when read inside the LoRA layer's call, so those hooks do not send the
+    # layers to PEFT's forward as a user's hook does
+    ref_model = peft_llama().eval()
+    model = copy.deepcopy(ref_model)
+    tigon.patch(model, **ONLY_MLP_AND_LORA)
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            p.ds_id = 0
+        m.register_forward_pre_hook(lambda mod, args: None)
+    ids = torch.randint(3, 64, (2, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = ref_model(input_ids=ids).logits
+        support.backend_usage(reset=True)
+        torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+    # every projection fused on its own (the one-node MLP needs projections without hooks of their own)
+    assert sum(support.backend_usage()["lora_linear"].values()) == 14

@@ -242,3 +242,34 @@ def test_unfusable_calls_and_forms_fall_back_and_say_why():
         got, want = model(input_ids=ids).logits, ref_model(input_ids=ids).logits
     assert "lora_qkv_rope" not in support.backend_usage() and "rope" in support.backend_usage()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_report_says_what_an_attention_patched_earlier_runs_with_its_adapters():
+    # patched before get_peft_model, then again after: the attention already patched runs q / k / v with the rotary
+    # as one node, and the second report says so (it said "instance level" alone)
+    base = peft_model(layers=1).base_model.model
+    tigon.patch(base)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    (rope,) = [e for e in tigon.patch(model).already_patched if e.kind == "rope"]
+    assert rope.ops == ("lora_qkv_rope",) and rope.detail.startswith("instance level; ") and "node" in rope.detail
+    # a class-level patch replaces the rotary function alone: the report says the node does not run, and why
+    model = peft_model("mistral", layers=1)
+    tigon.patch("mistral")
+    try:
+        report = tigon.patch(model)
+    finally:
+        tigon.unpatch("mistral")
+    (rope,) = [e for e in report.already_patched if e.kind == "rope"]
+    assert rope.ops == ("rope",) and "not fused with the rotary" in rope.detail and "class-level" in rope.detail
+    (mlp,) = [e for e in report.already_patched if e.kind == "mlp"]
+    assert mlp.ops == ("lora_glu_mlp",) and mlp.detail.startswith("class level; ")
+
+
+def test_report_says_why_a_fused_qkv_projection_is_not_fused_with_the_rotary():
+    from test_lora_gate_up import peft_phi3
+
+    report = tigon.patch(peft_phi3(), rms_norm=False, mlp=False, fused_linear_cross_entropy=False)
+    rope = [e for e in report.replaced if e.kind == "rope"]
+    assert len(rope) == 2 and all(e.ops == ("rope",) and "qkv_proj" in e.detail and "fused qkv projection" in e.detail
+                                  for e in rope), rope
+    assert any("qkv_proj" in n and "lora_linear, then rope" in n for n in report.notes)

@@ -67,6 +67,12 @@ def test_verify_lora_adds_the_lora_ops_the_model_runs():
     assert {"lora_linear", "lora_glu_mlp", "lora_qkv_rope"} <= set(cfg.ops) and "swiglu" not in cfg.ops
     assert "rope" not in cfg.ops  # every attention runs its rotary inside lora_qkv_rope
     assert "lora_linear" not in V.resolve_config(V.VerifyConfig(model="tiny", device="cpu")).ops
+    # an op the default model does not run: the error says that --lora (not a --model never given) picked the ops
+    with pytest.raises(V.ConfigError, match=r"runs no lora_gate_up_mlp in tiny wrapped with PEFT LoRA r=2 .*--lora "
+                       r"without --model checks the default model \(tiny\): verify it without --lora"):
+        V.resolve_config(V.VerifyConfig(lora_rank=2, ops=["lora_gate_up_mlp"], device="cpu"))
+    with pytest.raises(V.ConfigError, match="verify it without --model and --lora"):
+        V.resolve_config(V.VerifyConfig(model="tiny", lora_rank=2, ops=["lora_gate_up_mlp"], device="cpu"))
 
 
 def test_verify_cli_lora_rows(tmp_path):

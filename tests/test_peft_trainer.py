@@ -415,3 +415,40 @@ def test_fused_lora_layers_save_no_more_activations_than_peft():
         assert ("lora_linear" in support.backend_usage()) == fuse
     # each fused layer keeps x (shared with its neighbours) and the r-wide x A^T, as PEFT's layers do between them
     assert sizes[True] <= sizes[False], sizes
+
+
+def test_hooks_on_the_frozen_lm_head_keep_its_call():
+    # the fused loss reads the head's weight and never calls it: a hook on the head (here one that scales the
+    # logits), added after tigon.patch or before, made it compute another loss silently; now the original forward
+    # runs (a warning at the call, the reason in the report), and Tigon's own profiler ranges do not count
+    from tigon.workflows.profile_events import Annotator
+
+    ref = lora(build(False), modules_to_save=(), init_lora_weights=False)
+    model = copy.deepcopy(ref)
+    tigon.patch(model, **{**OTHER_KINDS_OFF, "fused_linear_cross_entropy": True})
+    ids = batches(1)[0]
+
+    def loss(m):
+        m.train()
+        return m(input_ids=ids, labels=ids).loss.item()
+
+    support.backend_usage(reset=True)
+    ranges = Annotator(model)  # forward hooks on the head that only open profiler ranges: still fused
+    assert_losses_match([loss(model)], [loss(ref)])
+    ranges.remove()
+    assert "fused_linear_cross_entropy" in support.backend_usage()
+    handles = [m.base_model.model.lm_head.register_forward_hook(lambda mod, args, out: out * 0.5)
+               for m in (ref, model)]
+    support.backend_usage(reset=True)
+    with pytest.warns(UserWarning, match="the LM head .*has hooks"):
+        assert_losses_match([loss(model)], [loss(ref)])
+    assert "fused_linear_cross_entropy" not in support.backend_usage()
+    other = copy.deepcopy(model)
+    tigon.unpatch(other)
+    report = tigon.patch(other)
+    assert any(e.kind == "lm_head_loss" and "has hooks" in e.detail for e in report.skipped), report
+    for h in handles:
+        h.remove()
+    support.backend_usage(reset=True)
+    assert_losses_match([loss(model)], [loss(ref)])
+    assert "fused_linear_cross_entropy" in support.backend_usage()

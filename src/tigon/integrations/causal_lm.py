@@ -24,7 +24,7 @@ from .. import functional as TF
 from .._checks import is_dtensor
 from .families import CausalLMSpec
 from .marks import mark, tigon_mark
-from .sharded_head import fsdp1_wrapper, run_gathered, sharding_problem, stored_param
+from .sharded_head import fsdp1_wrapper, hook_problem, run_gathered, sharding_problem, stored_param
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None,
@@ -185,8 +185,8 @@ def effective_head(head) -> tuple[torch.nn.Linear | None, str]:
     An FSDP1 unit (``FullyShardedDataParallel`` around the head) resolves to the Linear it wraps. A PEFT
     ``ModulesToSaveWrapper`` (a trainable LM head via ``modules_to_save``) resolves to the copy of the active
     adapter, or to the original module when adapters are disabled or none of it is active, exactly as its forward
-    dispatches. Anything else that is not a plain Linear (a LoRA layer on the head, a quantised Linear, a hooked
-    module) cannot be expressed as one weight.
+    dispatches. Anything else that is not a plain Linear (a LoRA layer on the head, a quantised Linear) cannot be
+    expressed as one weight (a hooked head: :func:`~tigon.integrations.sharded_head.hook_problem`).
 
     Returns:
         ``(linear, "")`` or ``(None, reason)``.
@@ -268,7 +268,7 @@ def _own_head_problem(model, spec: CausalLMSpec, loss: bool) -> str | None:
         pass  # FSDP1 without use_orig_params: the weight is an attribute set by FSDP around the unit's forward only
     elif not weight.is_floating_point():
         return f"{name}.weight has dtype {weight.dtype}"
-    if (why := sharding_problem(head, linear)) is not None:
+    if (why := sharding_problem(head, linear) or hook_problem(head, linear)) is not None:
         return why
     if getattr(model, spec.backbone, None) is None:
         return f"no backbone attribute {spec.backbone!r}"

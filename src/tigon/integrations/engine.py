@@ -47,9 +47,9 @@ pairs), partial rotary (``partial_rotary_factor < 1``) in a family not declared 
 another rotary function instead for its configuration (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` under
 ``rope_interleave``; read from its source, :mod:`tigon.integrations.rotary_calls`), NoPE layers (nothing to patch), the
 ``eager`` experts loop, an LM head that is not one weight (a LoRA layer on it; PEFT's ``modules_to_save`` copy is
-used) or whose weight the fused loss cannot read whole (a DTensor outside FSDP2 not split by vocabulary rows; an FSDP2
-unit is read inside its hooks, a DeepSpeed ZeRO-3 head inside its own call: :mod:`tigon.integrations.sharded_head`),
-activations without a kernel, non-gated MLPs whose
+used), has hooks the fused loss would skip, or whose weight the fused loss cannot read whole (a DTensor outside
+FSDP2 not split by vocabulary rows; an FSDP2 unit is read inside its hooks, a DeepSpeed ZeRO-3 head inside its own
+call: :mod:`tigon.integrations.sharded_head`), activations without a kernel, non-gated MLPs whose
 down projection does not fold into ``act_linear`` (a LoRA or quantised layer; a lone activation gains nothing), custom
 losses, and the classes a family declares unsupported with the reason
 (:class:`~tigon.integrations.family_spec.Unsupported`: GPT-OSS's clamped SwiGLU experts, gated RMSNorms, ...).
@@ -67,7 +67,7 @@ from collections.abc import Mapping
 import torch
 
 from . import causal_mask, components, persist
-from . import attention_patches, lora_mlp, lora_qkv, rotary_calls, sink_attention
+from . import attention_patches, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .family_spec import Match
@@ -75,8 +75,8 @@ from .generic import generic_matches
 from .class_level import CLASS_STATE, plan_class
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import (MISSING, Action, existing_patch, family_label, held_heads, import_family, inner_head,
-                   note_residual_adds, undeclared_head, unpatched_family)
+from .plan import (MISSING, Action, already_patched_entry, existing_patch, family_label, held_heads, import_family,
+                   inner_head, note_residual_adds, undeclared_head, unpatched_family)
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -154,18 +154,9 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
         if state == "skip":
             report.skipped.append(PatchEntry(kind, target, why))
             continue
-        if state == "class":
-            report.already_patched.append(PatchEntry(kind, target, "class level"))
-            continue
-        if state == "instance":
-            entry = PatchEntry(kind, target, "instance level")
-            if kind == "mlp" and lora_mlp.mlp_adapter(m, comp) is not None:
-                # its projections are adapter layers now (patched before peft.get_peft_model): what it runs
-                # with them, e.g. why not one lora_glu_mlp node (DeepSeek-V4's clamp)
-                entry = PatchEntry(kind, target, f"instance level; {components.describe(kind, comp, m, opts)}",
-                                   components.ops(kind, comp, m, opts),
-                                   components.checkpoint_ops(kind, comp, m, opts))
-            report.already_patched.append(entry)
+        if state in ("class", "instance"):  # with what it runs with adapter layers added since, or why not
+            report.already_patched.append(already_patched_entry(state, kind, target, m, comp, match.family_module,
+                                                                opts))
             continue
         if kind == "rope":
             comp = components.rope_for(comp, m, sys.modules.get(match.family_module))
@@ -194,7 +185,8 @@ def _plan_matches(matches, family: str, opts: dict, report: PatchReport):
                 continue
             sw = SWITCHES.get((match.family_module, comp.function))
             if sw is not None and sw.class_level:
-                report.already_patched.append(PatchEntry(kind, target, "class level"))
+                report.already_patched.append(already_patched_entry("class", kind, target, m, comp,
+                                                                    match.family_module, opts))
                 continue
             fn = persist.build(persist.Recipe("forward", kind, comp, family, match.family_module), type(m).forward)
             op = components.rope_op(comp)

@@ -15,8 +15,10 @@ other kinds (Embedding, Conv).
 Checked at every call, where PEFT's own forward then runs (:func:`_fused_adapter`): merged adapters
 (``merge_adapter``; after ``unmerge_adapter`` the layer is fused again), disabled adapters (``disable_adapter()``),
 extra arguments (``adapter_names`` for mixed batches), an adapter switched since patching (``set_adapter``) that
-does not qualify, active dropout, and dtypes that differ outside ``torch.autocast`` (PEFT keeps adapters in float32
-for a bf16 model by default: ``get_peft_model(..., autocast_adapter_dtype=False)`` or autocast fuses them).
+does not qualify, active dropout, hooks (or an instance-level ``forward``) on the base layer, A, B or the dropout
+module added since patching or global ones (not for a DeepSpeed ZeRO-3 base weight), and dtypes that differ outside
+``torch.autocast`` (PEFT keeps adapters in float32 for a bf16 model by default:
+``get_peft_model(..., autocast_adapter_dtype=False)`` or autocast fuses them).
 ``merge_and_unload`` replaces the layers by their base ``nn.Linear``, and the patch goes with them.
 """
 
@@ -120,12 +122,24 @@ def _fused_adapter(module, x: torch.Tensor) -> str | None:
     dropout = module.lora_dropout[name]
     if dropout.training and getattr(dropout, "p", 0.0) > 0:
         return None
+    # hooks added since patching (or global ones): the fused call would skip them. Not under DeepSpeed ZeRO-3, whose
+    # hooks are on every module: its partitioned parameters are gathered when read inside this layer's call
+    if not _zero3_part(module.base_layer):
+        for part in (module.base_layer, module.lora_A[name], module.lora_B[name], dropout):
+            if _hook_problem(part) is not None:
+                return None
     dtype = module.base_layer.weight.dtype
     if x.dtype != dtype or module.lora_A[name].weight.dtype != dtype or module.lora_B[name].weight.dtype != dtype:
         dev = x.device.type
         if not (dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)):
             return None
     return name
+
+
+def _zero3_part(module) -> bool:
+    """Whether ``module`` holds DeepSpeed ZeRO-3 partitioned parameters (``ds_id``), read without gathering them."""
+    params = module.__dict__["_parameters"]
+    return any(hasattr(p, "ds_id") for p in dict.values(params))
 
 
 @functools.lru_cache(maxsize=None)

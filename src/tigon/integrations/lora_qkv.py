@@ -182,6 +182,10 @@ def describe(module, spec: RopeSpec, lora_enabled: bool) -> tuple[tuple[str, ...
     layers = [getattr(module, n, None) for n in spec.qkv] if module is not None else []
     adapter = next((a for a in map(_adapter, layers) if a is not None), None)
     if adapter is None:
+        fused = [n for n, c in module.named_children() if _adapter(c) is not None] if module is not None else []
+        if fused and all(m is None for m in layers):  # one fused qkv projection (Phi-3's qkv_proj)
+            return (), (f"its adapter layers ({', '.join(fused)}) are not fused with the rotary (the node takes "
+                        f"separate {' / '.join(spec.qkv)} projections, not one fused qkv projection)")
         return None
     why = problem(module, spec, lora_enabled)
     if why is not None:

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from .causal_lm import loss_options
-from . import components, persist
+from . import components, lora_mlp, lora_qkv, persist
 from .families import FamilySpec, family_by_module
 from .marks import tigon_mark
 from .report import PatchEntry, PatchReport
@@ -38,6 +38,30 @@ def import_family(spec: FamilySpec):
     except ImportError as e:
         raise ImportError(f"tigon.patch: cannot import {spec.module} for family {spec.name!r} "
                           f"(is transformers installed? {e})") from e
+
+
+def already_patched_entry(level: str, kind: str, target: str, m: torch.nn.Module, comp, family_module: str,
+                          opts: dict) -> PatchEntry:
+    """The report entry of ``m``, patched by Tigon before at ``level`` (``"class"`` / ``"instance"``), with what it
+    runs with the adapter layers its projections became since (patched before ``peft.get_peft_model``): an MLP's
+    LoRA node or why not; an attention's q / k / v node with the rotary or why not (never at class level: that
+    patch replaces the rotary function alone, the node needs the instance-level attention forward)."""
+    if kind == "mlp" and lora_mlp.mlp_adapter(m, comp) is not None:
+        return PatchEntry(kind, target, f"{level} level; {components.describe(kind, comp, m, opts)}",
+                          components.ops(kind, comp, m, opts), components.checkpoint_ops(kind, comp, m, opts))
+    if kind == "rope":
+        rope = components.rope_for(comp, m, sys.modules.get(family_module))
+        qkv = lora_qkv.describe(m, rope, opts.get("lora", True))
+        if qkv is not None and level == "class":
+            q = " / ".join(rope.qkv)
+            return PatchEntry(kind, target, (
+                f"class level; its {q} adapter layers are not fused with the rotary (the class-level patch replaces "
+                f"{rope.function} alone; the {qkv[0][0] if qkv[0] else 'q / k / v'} node needs an instance-level "
+                "patch: tigon.unpatch the family, then tigon.patch(model)); each runs lora_linear, then "
+                f"{components.rope_op(rope)}"), (components.rope_op(rope),))
+        if qkv is not None:
+            return PatchEntry(kind, target, f"{level} level; {qkv[1]}", qkv[0] or (components.rope_op(rope),))
+    return PatchEntry(kind, target, f"{level} level")
 
 
 def check_same_options(mk: dict, target: str, opts: dict, class_level: bool) -> None:

@@ -150,6 +150,40 @@ def sharding_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | No
     return None
 
 
+OBSERVER = "tigon_observer"
+"""Attribute (True) of a hook that only observes a module's call (Tigon's profiler ranges): :func:`hook_problem`
+lets the fused loss skip the head's call under it."""
+
+
+def hook_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | None:
+    """Why the fused loss, which reads ``linear``'s weight and never calls the head, would skip hooks that calling
+    it runs (a forward hook that scales or caps the logits, a pre-hook on the hidden states), or None.
+
+    Only for a head whose weight the fused loss reads as it is (:func:`sharding_problem` None, and not FSDP1, FSDP2,
+    ZeRO-3 or vocabulary-sharded: those engines' own hooks are run or replaced by :func:`run_gathered`): forward /
+    backward hooks of ``head`` or ``linear`` other than :data:`OBSERVER` ones, global module hooks, or a forward
+    replaced on the instance.
+    """
+    weight = stored_param(linear, "weight")
+    if (fsdp1_wrapper(head) or zero3_param(weight) or fsdp_unit(head, linear) is not None
+            or (_dtensor_class() is not None and isinstance(weight, _dtensor_class()))):
+        return None
+    m = torch.nn.modules.module
+    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+            or m._global_backward_pre_hooks):
+        return "global module hooks are registered (the fused loss does not call the LM head); the original runs"
+    for part in dict.fromkeys((head, linear)):
+        d = vars(part)
+        hooks = [h for k in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+                 for h in d.get(k, {}).values()]
+        if any(not getattr(h, OBSERVER, False) for h in hooks):
+            return (f"the LM head ({type(part).__name__}) has hooks, which the fused loss would skip (it reads the "
+                    "weight, never calls the head); the original forward runs")
+        if "forward" in d:
+            return f"the LM head ({type(part).__name__}) has its forward replaced on the instance; the original runs"
+    return None
+
+
 def _layout_problem(weight, bias) -> str:
     """What is unsupported about a DTensor head weight (and bias) that :func:`vocab_sharded` refuses."""
     if weight.device_mesh.ndim != 1:

@@ -257,6 +257,7 @@ class HostAttribution:
                 output, _ = _map_tensors(output, lambda t: _Mark.apply(t, lambda: self._output_grad(call, kind)))
             return output
 
+        pre.tigon_observer = post.tigon_observer = True  # (sharded_head.OBSERVER: the fused loss may skip the head)
         self._handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         self._handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
 

@@ -71,6 +71,7 @@ class Annotator:
             if self._stack:
                 self._stack.pop().__exit__(None, None, None)
 
+        pre.tigon_observer = post.tigon_observer = True  # ranges only: the fused LM-head loss may skip the head
         self._handles.append(m.register_forward_pre_hook(pre))
         try:
             self._handles.append(m.register_forward_hook(post, always_call=True))

@@ -240,8 +240,14 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
         used = model_ops(model, registry, lora_rank=config.lora_rank)
         unused = [o for o in ops if o not in used]
         if named and unused:
-            raise ConfigError(f"--op {unused[0]}: tigon.patch runs no {unused[0]} in {model} (it runs "
-                              f"{', '.join(used)}); verify it without --model")
+            lora = f" wrapped with PEFT LoRA r={config.lora_rank}" if config.lora_rank is not None else ""
+            if config.model is None:  # --lora alone: the default model picked the ops
+                hint = (f"--lora without --model checks the default model ({model}): verify it without --lora, or "
+                        "with --model of a model that runs it")
+            else:
+                hint = f"verify it without --model{' and --lora' if lora else ''}"
+            raise ConfigError(f"--op {unused[0]}: tigon.patch runs no {unused[0]} in {model}{lora} (it runs "
+                              f"{', '.join(used)}); {hint}")
         ops = [o for o in ops if o in used]
     dtypes = _parse_list(config.dtypes) or list(DEFAULT_DTYPES)
     bad = [d for d in dtypes if d not in DTYPES]
