@@ -570,6 +570,20 @@ def test_mlp_respects_instance_forward_and_projection_hooks():
         torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
 
 
+def test_a_hook_on_the_mlp_activation_runs():
+    # The fused MLP computes act_fn(gate) inside its kernel and never calls the module, so a hook on act_fn (activation
+    # statistics, steering) was skipped silently; that MLP now runs its own forward (the step matches the original's
+    # with the hook, which fires in both).
+    model = build()
+    seen = []
+    model.model.layers[0].mlp.act_fn.register_forward_hook(lambda m, i, o: (seen.append(1), o * 1.5)[1])
+    ids, labels = batch()
+    support.backend_usage(reset=True)
+    assert_same_training_step(model, input_ids=ids, labels=labels)
+    assert seen == [1, 1]  # the reference step and the patched one
+    assert "glu_linear" in support.backend_usage()  # layer 1 (no hook) still runs fused
+
+
 def test_glu_linear_on_meta_tensors():
     meta = torch.device("meta")
     out = tigon.functional.glu_linear(torch.empty(4, 8, device=meta), torch.empty(4, 8, device=meta),
