@@ -229,9 +229,10 @@ def couples_tokens(o: GRPOOptions) -> bool:
 def token_losses(logp, mask, adv, ref_per_token_logps, old_per_token_logps, ratio, o: GRPOOptions):
     """The per-token losses before the reduction (formulas: module docstring): ``(per_token, coef_1, kl, phi)``,
     (b, t) tensors in ``logp``'s dtype (kl None when beta == 0, phi None unless vespo) for (b, t) log-probabilities,
-    the mask (each token's weight, 0: not counted; any dtype), advantages and ``ratio`` (b, 1) or (b, t) (:func:`per_row_inputs`), reference and old
-    log-probabilities (b, t) or None. Rows are whole sequences (the sequence-level terms reduce over dim -1); where
-    :func:`couples_tokens` is False any (1, t) run of tokens works too."""
+    the mask (each token's weight, 0: not counted; any dtype), advantages and ``ratio`` (b, 1) or (b, t)
+    (:func:`per_row_inputs`), reference and old log-probabilities (b, t) or None. Rows are whole sequences (the
+    sequence-level terms reduce over dim -1); where :func:`couples_tokens` is False any (1, t) run of tokens works
+    too."""
     dt = logp.dtype
     keep = mask != 0
     mask = mask.to(dt)

@@ -124,9 +124,10 @@ def check_dpo_options(beta=0.1, loss_type="sigmoid", loss_weights=None, label_sm
     """Validate :func:`dpo`'s options (TRL's and Liger-Kernel's rules).
 
     Raises:
-        ValueError: as :func:`dpo_loss_types`; beta < 0, or 0 with ``ipo`` / ``sppo_hard``; label_smoothing outside [0, 1), outside [0, 0.5) with
-            ``robust``, or 0 with ``exo_pair``; discopop_tau <= 0; an unknown f_divergence_type, or one other than
-            ``reverse_kl`` with a loss type outside :data:`F_DIVERGENCE_LOSS_TYPES`.
+        ValueError: as :func:`dpo_loss_types`; beta < 0, or 0 with ``ipo`` / ``sppo_hard``; label_smoothing
+            outside [0, 1), outside [0, 0.5) with ``robust``, or 0 with ``exo_pair``; discopop_tau <= 0; an
+            unknown f_divergence_type, or one other than ``reverse_kl`` with a loss type outside
+            :data:`F_DIVERGENCE_LOSS_TYPES`.
         TypeError: a number that is not one.
     """
     types, _ = dpo_loss_types(loss_type, loss_weights)
