@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import gc
 import json
 
 import pytest
@@ -13,69 +12,13 @@ transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
 from tigon import support  # noqa: E402
-from tigon.integrations import FAMILIES, patched_state  # noqa: E402
-from tigon.integrations.engine import release_unused  # noqa: E402
+from tigon.integrations import patched_state  # noqa: E402
 from tigon.integrations.marks import tigon_mark  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as in conftest: kernels compiled or interpreted
-B, T, V, LAYERS = 2, 16, 300, 2
-TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=LAYERS, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=V, max_position_embeddings=64, head_dim=16)
-
-
-def build(family: str = "llama", seed: int = 0, **overrides):
-    """A tiny fp32 causal LM of ``family`` (eager attention, no dropout), in training mode."""
-    cfg_cls = transformers.AutoConfig.for_model(family).__class__
-    cfg = cfg_cls(**{**TINY, **overrides})
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return model.float().to(DEVICE).train()
-
-
-def batch(seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    labels = ids.clone()
-    labels[0, :3] = -100  # some ignored targets
-    return ids.to(DEVICE), labels.to(DEVICE)
-
-
-def loss_and_grads(model, **kwargs):
-    model.zero_grad(set_to_none=True)
-    out = model(**kwargs)
-    out.loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out, grads
-
-
-def assert_same_training_step(model, **kwargs):
-    """Loss (rel 1e-5) and every parameter gradient (rel L2 1e-4) of the patched model match the original."""
-    ref, ref_grads = loss_and_grads(model, **kwargs)
-    report = tigon.patch(model)
-    try:
-        out, grads = loss_and_grads(model, **kwargs)
-    finally:
-        tigon.unpatch(model)
-    assert out.logits is None, "the fused path must not materialise logits"
-    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
-    assert grads.keys() == ref_grads.keys()
-    worst = max(rel_l2(grads[n], ref_grads[n]) for n in ref_grads)
-    assert worst < 1e-4, worst
-    return report
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    yield
-    for name in list(FAMILIES):
-        tigon.unpatch(name)
-    if patched_state()["rope_dispatchers"]:  # models patched by a test and dropped: their rotary dispatcher goes too
-        gc.collect()  # (a full collection costs up to ~1 s with many modeling modules imported: only when needed)
-        assert release_unused() is not None
-    assert patched_state()["rope_dispatchers"] == {}
+from _tiny_llama import (  # noqa: E402, F401 (_clean_state: the autouse fixture)
+    B, DEVICE, LAYERS, T, TINY, V, _clean_state, assert_same_training_step, batch, build, loss_and_grads,
+)
 
 
 def test_loss_grads_and_report_counts():
@@ -523,65 +466,6 @@ def test_repatching_with_other_loss_options_raises():
     assert report.counts["lm_head_loss"] == 1
     ids, labels = batch()
     assert model(input_ids=ids, labels=labels).logits is not None  # the fused path is off now
-
-
-@pytest.mark.parametrize("hook", ["forward", "full_backward", "none"])
-def test_mlp_folds_down_proj_only_when_nothing_would_be_skipped(hook):
-    # A plain nn.Linear down_proj runs inside tigon.functional.glu_linear; with a hook on it (FSDP2 sharding the
-    # layer, user hooks) the module is called on the product so that the hook still fires; the step matches either way.
-    model = build()
-    calls = []
-    down = model.model.layers[0].mlp.down_proj
-    if hook == "forward":
-        down.register_forward_hook(lambda m, i, o: calls.append("f"))
-    elif hook == "full_backward":
-        down.register_full_backward_hook(lambda m, gi, go: calls.append("b"))
-    ids, labels = batch()
-    support.backend_usage(reset=True)
-    report = assert_same_training_step(model, input_ids=ids, labels=labels)
-    detail = {e.target: e.detail for e in report.replaced}
-    assert "down_proj is folded in" in detail["model.layers.1.mlp"]
-    used = support.backend_usage()
-    if hook == "none":
-        assert "glu_linear" in used and "swiglu" not in used and not calls
-        assert "down_proj is folded in" in detail["model.layers.0.mlp"]
-    else:
-        assert "glu_linear" in used and "swiglu" in used  # layer 1 folds, layer 0 calls its hooked down_proj
-        assert "down_proj is called on the product (it has hooks)" in detail["model.layers.0.mlp"]
-        assert calls == (["f", "f"] if hook == "forward" else ["b", "b"])  # the reference step and the patched one
-
-
-def test_mlp_respects_instance_forward_and_projection_hooks():
-    # accelerate's offloading replaces down_proj.forward on the instance: not folded (the wrapper runs). A forward
-    # hook that keeps gate_proj's output must see the output, not the gradient the in-place backward would write.
-    model = build()
-    mlp0, mlp1 = model.model.layers[0].mlp, model.model.layers[1].mlp
-    seen = []
-    original_forward = mlp0.down_proj.forward
-    mlp0.down_proj.forward = lambda x: seen.append("down") or original_forward(x)
-    kept = []
-    mlp1.gate_proj.register_forward_hook(lambda m, i, o: kept.append((o, o.detach().clone())))
-    ids, labels = batch()
-    report = assert_same_training_step(model, input_ids=ids, labels=labels)
-    detail = {e.target: e.detail for e in report.replaced}
-    assert "its forward is replaced on the instance" in detail["model.layers.0.mlp"]
-    assert seen == ["down", "down"]  # the reference step and the patched one
-    for out, snapshot in kept:
-        torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
-
-
-def test_a_hook_on_the_mlp_activation_runs():
-    # The fused MLP computes act_fn(gate) inside its kernel and never calls the module, so a hook on act_fn (activation
-    # statistics, steering) was skipped silently; that MLP now runs its own forward (the step matches the original's
-    # with the hook, which fires in both).
-    model = build()
-    seen = []
-    model.model.layers[0].mlp.act_fn.register_forward_hook(lambda m, i, o: (seen.append(1), o * 1.5)[1])
-    ids, labels = batch()
-    support.backend_usage(reset=True)
-    assert_same_training_step(model, input_ids=ids, labels=labels)
-    assert seen == [1, 1]  # the reference step and the patched one
-    assert "glu_linear" in support.backend_usage()  # layer 1 (no hook) still runs fused
 
 
 def test_glu_linear_on_meta_tensors():
