@@ -77,7 +77,7 @@ def _limit(limit, dtype: torch.dtype) -> float | None:
         return None
     if type(limit) is not float and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise TypeError(f"limit must be a real number or None, got {type(limit).__name__} {limit!r}")
-    if not (math.isfinite(limit) and limit > 0):
+    if not (_checks.finite(limit) and limit > 0):
         raise ValueError(f"limit must be a positive finite number or None, got {limit!r}")
     return float(torch.tensor(float(limit), dtype=dtype)) if dtype.is_floating_point else float(limit)
 
