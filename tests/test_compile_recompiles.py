@@ -113,6 +113,8 @@ def _dynamic_cases():
         "jsd": (lambda a, c: TF.jsd(a, c), logp),
         "fused_linear_cross_entropy": (lambda x, y: TF.fused_linear_cross_entropy(x, head, y, softcap=30.0),
                                        lambda n: (torch.randn(n * 8, h), torch.randint(0, v, (n * 8,)))),
+        "fused_linear_logprobs": (lambda x, y: TF.fused_linear_logprobs(x, head, y),  # (temperature's check)
+                                  lambda n: (torch.randn(n * 8, h), torch.randint(0, v, (n * 8,)))),
     }
 
 
