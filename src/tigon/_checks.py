@@ -82,6 +82,13 @@ def flag(name: str, value) -> bool:
     return value
 
 
+def finite(v) -> bool:
+    """Whether the real number ``v`` is finite (NaN and +-inf are not), as ``math.isfinite``, also on the
+    symbolic float Dynamo traces for a Python float under ``torch.compile(dynamic=True)`` (a module's ``eps``,
+    a function's default): ``math.isfinite`` on one is a graph break, a comparison is a guard."""
+    return -math.inf < v < math.inf
+
+
 def number(name: str, value, *, minimum: float | None = None) -> float:
     """``value`` as a finite float (at least ``minimum``).
 
@@ -91,7 +98,7 @@ def number(name: str, value, *, minimum: float | None = None) -> float:
     if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     v = float(value)  # (numbers.Real: a numpy scalar too, as Liger-Kernel takes one)
-    if not math.isfinite(v) or (minimum is not None and v < minimum):
+    if not -math.inf < v < math.inf or (minimum is not None and v < minimum):  # (finite(v), inline)
         bound = f" >= {minimum:g}" if minimum is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
     return v
@@ -106,7 +113,7 @@ def softcap(name: str, value) -> float | None:
     """
     if value is None:
         return None
-    if (not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value))
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool) or not -math.inf < float(value) < math.inf
             or not float(value) > 0.0):
         raise ValueError(f"{name} must be None or a finite float > 0, got {value!r}")
     return float(value)

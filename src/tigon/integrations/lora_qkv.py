@@ -160,7 +160,7 @@ def call(module, spec: RopeSpec, original, args: tuple, kwargs: dict):
     if fused is None:
         return original(module, *args, **kwargs)
     x, layers, (q, k, v), cos, sin = fused
-    before = (getattr(_scope, "handed", None), getattr(_scope, "rotated", None))
+    before = (_scope.handed, _scope.rotated)
     _scope.handed = {id(m): (x, y.transpose(1, 2).flatten(2)) for m, y in zip(layers, (q, k, v))}
     _scope.rotated = (q, k, cos, sin)
     try:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 
 import torch
 
+from .. import _checks
 from .. import functional as TF
 from .. import support
 from .act_linear_forwards import act_linear_problem, describe_act_linear
@@ -245,7 +245,7 @@ def _limit_problem(module, spec: MLPSpec) -> str | None:
     """Why the module's clamp ``spec.limit`` is no positive finite number (:func:`tigon.functional.swiglu`'s
     ``limit``), or None."""
     v = getattr(module, spec.limit, None)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (_checks.finite(v) and v > 0):
         return f"{type(module).__name__}.{spec.limit} is not a positive finite number ({v!r}); left alone"
     return None
 

@@ -20,7 +20,24 @@ import torch
 from .. import support
 from .marks import mark
 
-_scope = threading.local()
+
+
+class _Scope(threading.local):
+    """Per-thread state of the rotary dispatch: ``depth`` (patched attention forwards running), ``handed`` and
+    ``rotated`` (a fused q / k / v node's hand-over, :func:`tigon.integrations.lora_qkv.call`).
+
+    Every attribute exists in every thread from its first read (``__init__`` runs once per thread): under
+    ``torch.compile`` Dynamo guards on whether an attribute exists, so one first set by the first call (a plain
+    ``threading.local``) failed that guard on the second call and recompiled the whole model once.
+    """
+
+    def __init__(self):
+        self.depth = 0
+        self.handed = None
+        self.rotated = None
+
+
+_scope = _Scope()
 _TENSOR = torch.Tensor
 _WEAKREF = weakref.ref
 
@@ -29,7 +46,7 @@ def handed_output(module, x):
     """The output a fused attention node already computed for ``module(x)`` (one of the q / k / v projections it
     replaced, :func:`tigon.integrations.lora_qkv.call`), taken once; None for any other call. Asked by every patched
     LoRA layer's forward: one thread-local read when no hand-over is pending."""
-    handed = getattr(_scope, "handed", None)
+    handed = _scope.handed
     if not handed:
         return None
     slot = handed.get(id(module))
@@ -47,7 +64,7 @@ def _same_view(a, b: torch.Tensor) -> bool:
 def _rotated_already(args: tuple, kwargs: dict) -> bool:
     """Whether this rotary call is on the q and k a fused attention node already rotated, with its cos and sin
     (then taken: the next call rotates)."""
-    rotated = getattr(_scope, "rotated", None)
+    rotated = _scope.rotated
     if rotated is None or kwargs or len(args) != 4:
         return False
     q, k, cos, sin = rotated
@@ -79,8 +96,8 @@ def rope_dispatcher(original, family: str, switch):
     # inline: tigon_call's and its adapter's checks, then tigon.functional.rope (two Python frames less per call).
     # Any other call (keywords, another layout) goes through tigon_call.
     def apply_rotary_pos_emb(*args, **kwargs):
-        if switch.class_level or getattr(_scope, "depth", 0) > 0:  # (a patched attention forward is running)
-            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):  # (no frame unless set)
+        if switch.class_level or _scope.depth > 0:  # (a patched attention forward is running)
+            if _scope.rotated is not None and _rotated_already(args, kwargs):  # (no frame unless set)
                 return args[0], args[1]
             if not kwargs and len(args) == 4 and switch.layout == "rotate_half":  # (tigon_call, inline)
                 q, k, cos, sin = args
@@ -100,8 +117,8 @@ def rope_dispatcher(original, family: str, switch):
     # is a callable object, so this is the hot path there, and delegating to the function above costs a call per
     # rope (tests/test_call_cache.py).
     def __call__(self, *args, **kwargs):
-        if switch.class_level or getattr(_scope, "depth", 0) > 0:
-            if getattr(_scope, "rotated", None) is not None and _rotated_already(args, kwargs):
+        if switch.class_level or _scope.depth > 0:
+            if _scope.rotated is not None and _rotated_already(args, kwargs):
                 return args[0], args[1]
             if not kwargs and len(args) == 4 and switch.layout == "rotate_half":  # (tigon_call, inline)
                 q, k, cos, sin = args
@@ -173,7 +190,7 @@ def attention_forward(family: str, original, target=None, qkv=None):
             sw = rope_switches.get(key)
             if sw is None or _WEAKREF(self) not in sw.live.data or getattr(sw.module, sw.name) is not sw.dispatcher:
                 target.ensure(self)
-        _scope.depth = getattr(_scope, "depth", 0) + 1
+        _scope.depth += 1
         try:
             if lora_qkv is not None:  # a fused adapter layer has its own forward: plain projections cost no frame
                 first = self.__dict__["_modules"].get(qkv.qkv[0])

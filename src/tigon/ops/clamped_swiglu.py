@@ -10,7 +10,6 @@ kernels and the same clamp helper.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -48,9 +47,9 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7
     for name, v in (("alpha", alpha), ("limit", limit)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a real number, got {v!r}")
-    if not math.isfinite(alpha):
+    if not _checks.finite(alpha):
         raise ValueError(f"alpha must be finite, got {alpha!r}")
-    if not (math.isfinite(limit) and limit > 0):
+    if not (_checks.finite(limit) and limit > 0):
         raise ValueError(f"limit must be positive and finite, got {limit!r}")
     if select_backend("clamped_swiglu", gate_up) in TORCH_CODE:
         return ref.clamped_swiglu(gate_up, alpha, limit)

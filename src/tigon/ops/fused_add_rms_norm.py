@@ -71,7 +71,7 @@ def fused_add_rms_norm(
             type(x), x.dtype, x.device, x.shape, type(residual), residual.dtype, residual.device, residual.shape,
             type(weight), weight.dtype, weight.device, weight.shape, type(eps), eps, type(offset), offset,
             casting_mode, type(in_place), in_place, state)
-        hit = _CALLS.get(key)
+        hit = None if state is None else _CALLS.get(key)  # (a lookup under torch.compile: a guard on the size)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)

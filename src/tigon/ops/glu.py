@@ -77,7 +77,7 @@ def _limit(limit, dtype: torch.dtype) -> float | None:
         return None
     if type(limit) is not float and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise TypeError(f"limit must be a real number or None, got {type(limit).__name__} {limit!r}")
-    if not (math.isfinite(limit) and limit > 0):
+    if not (_checks.finite(limit) and limit > 0):
         raise ValueError(f"limit must be a positive finite number or None, got {limit!r}")
     return float(torch.tensor(float(limit), dtype=dtype)) if dtype.is_floating_point else float(limit)
 
@@ -142,7 +142,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         key = None if state is None else (
             "silu", type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device, up.shape,
             type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, type(limit), limit, state)
-        hit = _CALLS.get(key)
+        hit = None if state is None else _CALLS.get(key)  # (a lookup under torch.compile: a guard on the size)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)
@@ -199,7 +199,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         key = None if state is None else (
             "gelu", approximate, type(gate), gate.dtype, gate.device, gate.shape, type(up), up.dtype, up.device,
             up.shape, type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, state)
-        hit = _CALLS.get(key)
+        hit = None if state is None else _CALLS.get(key)  # (a lookup under torch.compile: a guard on the size)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:
@@ -273,7 +273,7 @@ def glu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias:
             type(gate_multiplier), gate_multiplier, type(down_multiplier), down_multiplier, type(weight), weight.dtype,
             weight.device, weight.shape, type(bias), None if bias is None else (bias.dtype, bias.device, bias.shape),
             type(limit), limit, state)
-        hit = _CALLS.get(key)
+        hit = None if state is None else _CALLS.get(key)  # (a lookup under torch.compile: a guard on the size)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)

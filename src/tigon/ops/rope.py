@@ -162,7 +162,7 @@ def rope(
         key = None if state is None or position_ids is not None else (
             type(q), q.dtype, q.device, q.shape, type(k), k.dtype, k.device, k.shape, type(cos), cos.dtype, cos.device,
             cos.shape, type(sin), sin.dtype, sin.device, sin.shape, type(unsqueeze_dim), unsqueeze_dim, state)
-        hit = _CALLS.get(key)
+        hit = None if state is None else _CALLS.get(key)  # (a lookup under torch.compile: a guard on the size)
     except (AttributeError, TypeError):
         key = hit = None
     if hit is not None:  # a call like one validated before: its checks passed and it runs the kernels (_CALLS)

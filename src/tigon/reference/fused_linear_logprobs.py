@@ -40,7 +40,6 @@ then times the soft-cap and temperature derivative ``(1 - tanh^2(z / c)) / T``.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import NamedTuple
 
@@ -84,7 +83,7 @@ def check_inputs(hidden, weight, target, bias, *, temperature, softcap, ignore_i
     """
     check_head(hidden, weight, target, bias)
     if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
-            or not math.isfinite(float(temperature)) or not float(temperature) > 0.0):
+            or not _checks.finite(float(temperature)) or not float(temperature) > 0.0):
         raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
     _checks.softcap("softcap", softcap)
     _checks.integer("ignore_index", ignore_index)

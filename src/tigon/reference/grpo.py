@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _checks
+
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 """Every ``loss_type`` of TRL 1.16's GRPOTrainer (Liger-Kernel 0.8.5 lists the same)."""
 CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -51,7 +53,7 @@ LEVELS = ("token", "sequence")
 def _real(name: str, value, *, positive: bool = False, optional: bool = False) -> float | None:
     if optional and value is None:
         return None
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not _checks.finite(float(value)):
         raise ValueError(f"{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
     if positive and not float(value) > 0.0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
