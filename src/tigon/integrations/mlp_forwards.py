@@ -117,8 +117,12 @@ def mlp_forward(spec: MLPSpec, family: str, original):
             lim = mlp_limit(self, spec)
         gate_up = spec.gate_up is not None
         mods = self.__dict__["_modules"]  # (the children read past nn.Module.__getattr__: one Python frame less each)
-        if _act_hooked(mods.get(spec.act or "act_fn")):  # the fused call would skip the hook (activation statistics,
-            return original(self, x, *args, **kwargs)    # steering): the module's own forward runs it
+        act_module = mods.get(spec.act or "act_fn")
+        if act_module is not None:  # (inline, no helper: no Python call more on the usual path)
+            d = act_module.__dict__  # hooks or an instance forward: the fused call would skip them, the original runs
+            if (d.get("_forward_hooks") or d.get("_forward_pre_hooks") or d.get("_backward_hooks")
+                    or d.get("_backward_pre_hooks") or "forward" in d):
+                return original(self, x, *args, **kwargs)
         proj = (mods.get(spec.gate_up),) if gate_up else (mods.get(spec.gate), mods.get(spec.up))
         if None in proj:  # (not submodules: attributes of another kind)
             proj = (getattr(self, spec.gate_up),) if gate_up else (getattr(self, spec.gate), getattr(self, spec.up))
@@ -150,16 +154,6 @@ def mlp_forward(spec: MLPSpec, family: str, original):
         return down(_glu(act, gate, up, inplace, gm, dm, lim))
 
     return mark(forward, "mlp", family)
-
-
-def _act_hooked(act_module) -> bool:
-    """Whether the MLP's activation module has hooks of its own or an instance-level ``forward`` (dict reads only):
-    the fused MLP computes the activation inside its kernel and never calls the module."""
-    if act_module is None:
-        return False
-    d = act_module.__dict__
-    return bool(d.get("_forward_hooks") or d.get("_forward_pre_hooks") or d.get("_backward_hooks")
-                or d.get("_backward_pre_hooks") or "forward" in d)
 
 
 @functools.lru_cache(maxsize=None)
