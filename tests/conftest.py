@@ -172,3 +172,12 @@ class KernelCount:
 def kernel_count(monkeypatch) -> KernelCount:
     """A :class:`KernelCount` whose stubs are undone after the test."""
     return KernelCount(monkeypatch)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters reset before and after the test (``pytestmark =
+    pytest.mark.usefixtures("fresh_dynamo")`` in a compile test file): each test counts its own compiles."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

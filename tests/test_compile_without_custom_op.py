@@ -14,12 +14,7 @@ from tigon import support
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.parametrize("mode", ["kernels", "auto"])
