@@ -142,6 +142,24 @@ def test_compiled_formed_loss_equals_eager_in_three_head_matmuls(kind, case, dev
         assert rel_l2(grads[k].double(), eager_grads[k].double()) <= 1e-5, k
 
 
+@pytest.mark.parametrize("kind,case", [("grpo", "dapo, entropy"), ("grpo", "dr_grpo, sequence level, bias"),
+                                       ("pairs", "dpo sigmoid, reference model in the same pass")])
+def test_compiled_with_dynamic_shapes_in_one_graph(kind, case, device):
+    # torch.compile(dynamic=True): the losses' float (and int) options are symbolic there, and the options string of
+    # the tigon::formed_head_grads custom op formatted them, a graph break ("BUILD_STRING type error"); now
+    # specialised, fullgraph holds and the loss and gradients equal eager's
+    torch._dynamo.reset()
+    build = GRPO_CASES[case][1] if kind == "grpo" else PAIR_CASES[case][2]
+    inputs = (_grpo_inputs if kind == "grpo" else _pair_inputs)(device, **build)
+    fn = _call(kind, case, inputs)
+    eager, eager_grads, _ = _run(fn, inputs)
+    got, grads, _ = _run(torch.compile(fn, backend="aot_eager", dynamic=True, fullgraph=True), inputs)
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-5, atol=1e-7)
+    for k, g in eager_grads.items():
+        assert rel_l2(grads[k], g) <= 1e-5, (k, rel_l2(grads[k], g))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kind,case", [("grpo", "dapo, entropy"), ("pairs", "dpo sigmoid, reference model in the "
                                                                             "same pass")])
 def test_compiled_second_backward_raises_as_eager(kind, case, device):

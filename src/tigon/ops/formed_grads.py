@@ -47,9 +47,12 @@ def _enc(v) -> str:
     if isinstance(v, bool):
         return "b1" if v else "b0"
     if isinstance(v, int):
-        return f"i{v}"
+        return f"i{int(v)}"  # (int(): a symbolic int under dynamic shapes, specialised as a float is below)
     if isinstance(v, float):
-        return f"f{v}"  # (str of a float is its shortest round-tripping repr)
+        # (str of a float is its shortest round-tripping repr). float(): under torch.compile(dynamic=True) a Python
+        # float option is a symbolic float, which a format string cannot take (a graph break); float() specialises it
+        # (a guard on its value: a new beta recompiles, as with static shapes)
+        return f"f{float(v)}"
     if isinstance(v, str):
         for c in _SEPARATORS:
             if c in v:
