@@ -34,6 +34,7 @@ from .families import ADAPTERS, AdapterSpec
 from .child_calls import _hook_problem
 from .marks import mark
 from .rotary_forwards import handed_output
+from .sharded_head import zero3_param
 from .family_spec import Match
 
 
@@ -124,7 +125,7 @@ def _fused_adapter(module, x: torch.Tensor) -> str | None:
         return None
     # hooks added since patching (or global ones): the fused call would skip them. Not under DeepSpeed ZeRO-3, whose
     # hooks are on every module: its partitioned parameters are gathered when read inside this layer's call
-    if not _zero3_part(module.base_layer):
+    if not zero3_param(module.base_layer.__dict__["_parameters"].get("weight")):
         for part in (module.base_layer, module.lora_A[name], module.lora_B[name], dropout):
             if _hook_problem(part) is not None:
                 return None
@@ -134,12 +135,6 @@ def _fused_adapter(module, x: torch.Tensor) -> str | None:
         if not (dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)):
             return None
     return name
-
-
-def _zero3_part(module) -> bool:
-    """Whether ``module`` holds DeepSpeed ZeRO-3 partitioned parameters (``ds_id``), read without gathering them."""
-    params = module.__dict__["_parameters"]
-    return any(hasattr(p, "ds_id") for p in dict.values(params))
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,7 +21,6 @@ from .. import support
 from .marks import mark
 
 
-
 class _Scope(threading.local):
     """Per-thread state of the rotary dispatch: ``depth`` (patched attention forwards running), ``handed`` and
     ``rotated`` (a fused q / k / v node's hand-over, :func:`tigon.integrations.lora_qkv.call`).
