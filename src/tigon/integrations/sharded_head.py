@@ -78,6 +78,8 @@ import sys
 
 import torch
 
+from .child_calls import _global_hooks
+
 
 def _fsdp_module_class():
     mod = sys.modules.get("torch.distributed.fsdp")
@@ -168,9 +170,7 @@ def hook_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | None:
     if (fsdp1_wrapper(head) or zero3_param(weight) or fsdp_unit(head, linear) is not None
             or (_dtensor_class() is not None and isinstance(weight, _dtensor_class()))):
         return None
-    m = torch.nn.modules.module
-    if (m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
-            or m._global_backward_pre_hooks):
+    if _global_hooks():
         return "global module hooks are registered (the fused loss does not call the LM head); the original runs"
     for part in dict.fromkeys((head, linear)):
         d = vars(part)
