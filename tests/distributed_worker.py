@@ -117,6 +117,7 @@ TENSOR_PARALLEL = {  # check name -> function of tests/tensor_parallel_checks.py
     "tensor_parallel_model": "model",
     "tensor_parallel_model_sequence_parallel": "model_sequence_parallel",
     "tensor_parallel_model_transformers_plan": "model_transformers_plan",
+    "fsdp2_tensor_parallel_sequence_parallel_head_unit": "fsdp2_model_sequence_parallel_head_unit",
 }
 
 

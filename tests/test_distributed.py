@@ -17,7 +17,8 @@ original's is (``reshard_after_forward`` True, or False: kept). Tensor paralleli
 Tensor-parallel plans (tests/tensor_parallel_checks.py): a ``ColwiseParallel`` LM head (logits Replicate, or
 ``Shard(-1)`` under ``loss_parallel()``, or tied to a ``RowwiseParallel`` embedding) and the whole decoder under
 torch's plan (with and without sequence parallelism) and transformers' own ``tp_plan`` train patched as unpatched,
-the fused loss vocab-parallel; a head split by the hidden dimension (row-wise) is skipped with the reason. A
+the fused loss vocab-parallel; FSDP2 over that plan with sequence parallelism on a (1, 2) mesh, the head its own
+FSDP2 unit; a head split by the hidden dimension (row-wise) is skipped with the reason. A
 DeepSpeed ZeRO-3 head (a stand-in here: a ``ds_id`` and a lookup recorder in place of DeepSpeed's) is read only
 inside the head's call, where DeepSpeed's hooks gather it.
 
@@ -54,6 +55,7 @@ CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "f
           "vocab_parallel_functional", "tensor_parallel_head", "tensor_parallel_head_loss_parallel",
           "tensor_parallel_head_tied", "tensor_parallel_rowwise_head_skipped", "tensor_parallel_model",
           "tensor_parallel_model_sequence_parallel", "tensor_parallel_model_transformers_plan",
+          "fsdp2_tensor_parallel_sequence_parallel_head_unit",
           "compare_ddp", "compare_tp", "bench_e2e_fsdp2"]
 # may report SKIP (with the reason) where the installed transformers lacks the API they use
 MAY_SKIP = {"tensor_parallel_model_transformers_plan"}

@@ -302,7 +302,15 @@ def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: tor
     """
     unit = fsdp_unit(head, linear)
     if unit is not None:
-        return run_in_unit(unit, fn, hidden)
+        def in_unit(h):
+            # FSDP2 over tensor parallelism (a 2-D mesh): the gathered weight is this rank's vocabulary rows, and the
+            # hidden states reach it as the head's tensor-parallel input hooks lay them out (sequence parallel: this
+            # rank's tokens, all-gathered there); FSDP's own pre-forward hook has run already
+            if vocab_sharded(stored_param(linear, "weight")):
+                return run_tensor_parallel(linear, fn, h, skip=_fsdp_hook_ids(unit))
+            return fn(h)
+
+        return run_in_unit(unit, in_unit, hidden)
     if fsdp1_wrapper(head):
         return run_as_forward(linear, fn, hidden, call=head)
     weight = stored_param(linear, "weight")
@@ -313,7 +321,15 @@ def run_gathered(head: torch.nn.Module, linear: torch.nn.Linear, fn, hidden: tor
     return fn(hidden)
 
 
-def run_tensor_parallel(module: torch.nn.Module, fn, hidden: torch.Tensor) -> torch.Tensor:
+def _fsdp_hook_ids(unit) -> frozenset:
+    """The ids of the forward pre-hooks FSDP2 registered for ``unit``'s state (one module's handle, or a group's
+    handles on each of its modules): :func:`run_in_unit` runs FSDP's pre-forward itself."""
+    handle = getattr(unit._get_fsdp_state(), "_pre_forward_hook_handle", None)
+    return frozenset(h.id for h in getattr(handle, "handles", (handle,)) if hasattr(h, "id"))
+
+
+def run_tensor_parallel(module: torch.nn.Module, fn, hidden: torch.Tensor,
+                        skip: frozenset = frozenset()) -> torch.Tensor:
     """``fn(hidden)`` with ``hidden`` prepared as ``module``'s input: ``module``'s forward pre-hooks run on it first
     (torch's ``ColwiseParallel`` registers one that makes a plain tensor a DTensor with the style's
     ``input_layouts`` and redistributes it to Replicate), its forward hooks do not (``fn`` returns the loss, not the
@@ -324,10 +340,14 @@ def run_tensor_parallel(module: torch.nn.Module, fn, hidden: torch.Tensor) -> to
         module: the LM head's ``nn.Linear``, its weight a vocabulary-sharded DTensor (:func:`vocab_sharded`).
         fn: the loss of the (DTensor or replicated plain) hidden states.
         hidden: (..., H) the hidden states reaching the head.
+        skip: ids of pre-hooks not to run (FSDP2's, when the head is also an FSDP2 unit: :func:`run_in_unit` has run
+            its pre-forward).
     """
     args, kwargs = (hidden,), {}
     with_kwargs = getattr(module, "_forward_pre_hooks_with_kwargs", {})
     for hook_id, hook in list(module._forward_pre_hooks.items()):
+        if hook_id in skip:
+            continue
         if hook_id in with_kwargs:
             res = hook(module, args, kwargs)
             if res is not None:
