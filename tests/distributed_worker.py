@@ -236,6 +236,9 @@ def train(sc: Scenario, patched: bool) -> dict:
         report = tigon.patch(wrapped)
     if report is not None:
         assert report.counts.get("lm_head_loss") == 1, f"LM head not patched: {report}"
+        detail = next(e.detail for e in report.replaced if e.kind == "lm_head_loss")
+        if sc.wrapper == "fsdp" and sc.patch_after_wrap:  # FSDP2's Shard(0) weight is not a tensor-parallel head
+            assert "FSDP2 gathers" in detail and "ColwiseParallel" not in detail, detail
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
     counter = FSDP1_ALL_GATHERS if sc.wrapper == "fsdp1" else ALL_GATHERS

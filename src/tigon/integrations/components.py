@@ -107,6 +107,18 @@ def _head_weight(module, comp):
     return None if linear is None else stored_param(linear, "weight")
 
 
+def _fsdp2_head(module, comp) -> bool:
+    """Whether ``module``'s LM head is an FSDP2 unit or inside one (``fully_shard`` applied before patching)."""
+    from .causal_lm import effective_head, head_attr, head_owner
+    from .sharded_head import fsdp_unit
+
+    owner = None if module is None or isinstance(module, type) else head_owner(module, comp)
+    head = getattr(owner, head_attr(owner, comp), None) if owner is not None else None
+    linear, _ = effective_head(head)
+    return linear is not None and (fsdp_unit(head, linear) is not None
+                                   or bool(getattr(linear, "_is_fsdp_managed_module", False)))
+
+
 def _tied_note(module, weight) -> str:
     """For a vocabulary-sharded head weight that is also the input embedding's: a note for the report."""
     get = getattr(module, "get_input_embeddings", None)
@@ -144,7 +156,13 @@ def describe(kind: str, comp, module=None, opts=None) -> str:
         from .sharded_head import vocab_sharded, zero3_param
 
         weight = _head_weight(module, comp)
-        if weight is not None and vocab_sharded(weight):
+        if weight is not None and _fsdp2_head(module, comp):  # sharded by FSDP2, whatever its placements
+            parts.append(f"training with labels: tigon.functional.fused_linear_cross_entropy{args} on the LM head's "
+                         "weight as FSDP2 gathers it (in the forward of the unit holding the head: the root's, or "
+                         "its own unit's, run around the loss); vocab-parallel (tigon.functional."
+                         "vocab_parallel_fused_linear_cross_entropy) where the gathered weight is a tensor-parallel "
+                         "shard of vocabulary rows (FSDP2 over TP) (logits=None)")
+        elif weight is not None and vocab_sharded(weight):
             parts.append(f"training with labels: tigon.functional.vocab_parallel_fused_linear_cross_entropy, "
                          f"vocab-parallel over {weight.device_mesh.size()} ranks (the LM head is split by vocabulary "
                          f"rows, ColwiseParallel: no logits gathered; logits=None{_tied_note(module, weight)})")
