@@ -239,6 +239,8 @@ def train(sc: Scenario, patched: bool) -> dict:
         detail = next(e.detail for e in report.replaced if e.kind == "lm_head_loss")
         if sc.wrapper == "fsdp" and sc.patch_after_wrap:  # FSDP2's Shard(0) weight is not a tensor-parallel head
             assert "FSDP2 gathers" in detail and "ColwiseParallel" not in detail, detail
+            # FSDP2's FSDP<Layer> class (its forward wrapped again by transformers) is the layer's own
+            assert report.counts.get("fused_add_rms_norm") == len(model.model.layers), str(report)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
     counter = FSDP1_ALL_GATHERS if sc.wrapper == "fsdp1" else ALL_GATHERS

@@ -76,12 +76,25 @@ def check_same_options(mk: dict, target: str, opts: dict, class_level: bool) -> 
                          f"to change the options, {how}")
 
 
+def _fsdp2_rewrapped(sub: type, cls: type, attr: str) -> bool:
+    """Whether ``sub`` is the class FSDP2's ``fully_shard`` gave a module of ``cls`` (``FSDP<cls>``, bases
+    ``(FSDPModule, cls)``) and its own ``attr``, if any, only wraps ``cls``'s (``functools.wraps``): transformers'
+    ``GradientCheckpointingLayer`` wraps the forward of every subclass again, FSDP's included. Patched after
+    ``fully_shard``, such a module is patched as before it (the instance's forward)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp_module = getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
+    if fsdp_module is None or sub.__bases__ != (fsdp_module, cls):
+        return False
+    own = vars(sub).get(attr)
+    return own is None or getattr(own, "__wrapped__", None) is getattr(cls, attr, None)
+
+
 def existing_patch(m: torch.nn.Module, cls: type, attr: str, target: str, opts: dict) -> tuple[str | None, str]:
     """What already stands at ``m``'s ``attr`` (``cls``: the class whose attribute a patch replaces): ``(None, "")``
     nothing (patch it); ``("class", "")`` / ``("instance", "")`` Tigon's, at that level, with ``opts`` checked equal
     (:func:`check_same_options`: ValueError otherwise); ``("skip", why)`` a subclass's own ``attr`` or an instance
     attribute set by another library."""
-    if getattr(type(m), attr, None) is not getattr(cls, attr, None):
+    if getattr(type(m), attr, None) is not getattr(cls, attr, None) and not _fsdp2_rewrapped(type(m), cls, attr):
         return "skip", f"{type(m).__name__} overrides {cls.__name__}.{attr}"
     if (mk := tigon_mark(getattr(type(m), attr, None))) is not None:
         check_same_options(mk, target, opts, class_level=True)

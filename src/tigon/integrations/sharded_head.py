@@ -21,7 +21,10 @@ FSDP2, the head its own unit (torchtitan wraps its ``output`` layer so; also ``f
     the original head. The communication is the original head's: with ``reshard_after_forward=True`` FSDP
     all-gathers the head again in the backward, which the fused loss does not need (it formed the weight's
     gradient in the forward); ``reshard_after_forward=False`` on the head's unit (torchtitan's default for its last
-    unit) avoids that gather.
+    unit) avoids that gather. FSDP2 over tensor parallelism (a 2-D mesh): the gathered weight is this rank's
+    vocabulary rows (a ``Shard(0)`` DTensor); the head's other forward pre-hooks (``ColwiseParallel``'s input layout,
+    e.g. the all-gather of a sequence-parallel rank's tokens) then run on the hidden states as for the head's call
+    (:func:`run_tensor_parallel`), and the loss is vocabulary-parallel.
 
 DeepSpeed ZeRO-3 (the weight a partitioned parameter, marked by DeepSpeed with ``ds_id``)
     Outside the call of a module that owns it the weight is an empty placeholder. DeepSpeed hooks every submodule:
