@@ -108,3 +108,19 @@ def test_fused_linear_jsd_student_softcap_gradient_where_tanh_saturates_fp32():
     ref_jsd(h64, w64, h.double(), wt.double(), student_softcap=CAP).backward()  # (plain torch ops in float64)
     assert rel_l2(hk.grad, h64.grad) < 1e-5 and rel_l2(wk.grad, w64.grad) < 1e-5
 
+
+# ---- bad options raise, naming the argument -----------------------------------------------------------------------
+@pytest.mark.parametrize("kw, match", [
+    (dict(lse_square_scale=float("inf")), "lse_square_scale"),  # was accepted: a NaN loss
+    (dict(label_smoothing=True), "label_smoothing"),  # a bool was taken for 1.0
+    (dict(lse_square_scale=True), "lse_square_scale"),
+    (dict(softcap=True), "softcap"),
+])
+@pytest.mark.parametrize("op", ["cross_entropy", "fused_linear_cross_entropy"])
+def test_bad_float_options_raise(op, kw, match):
+    x, t = torch.randn(4, 10), torch.tensor([0, 9, -100, 3])
+    with pytest.raises(ValueError, match=match):
+        if op == "cross_entropy":
+            F.cross_entropy(x, t, **kw)
+        else:
+            F.fused_linear_cross_entropy(x, torch.randn(12, 10), t, **kw)
