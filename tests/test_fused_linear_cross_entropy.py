@@ -506,7 +506,10 @@ def test_memory_bad_values_raise():
         with pytest.raises(ValueError, match="memory must be"):
             F.fused_linear_cross_entropy(h, w, t, memory=bad)
     with pytest.raises(ValueError, match="memory='low'"):
-        F.fused_linear_cross_entropy(h, w, t, memory="low", accum_dtype=torch.float32)
+        F.fused_linear_cross_entropy(h.bfloat16(), w.bfloat16(), t, memory="low", accum_dtype=torch.float32)
+    # an fp32 weight's own dtype is fp32: "low" and accum_dtype=torch.float32 ask for the same accumulation
+    torch.testing.assert_close(F.fused_linear_cross_entropy(h, w, t, memory="low", accum_dtype=torch.float32),
+                               F.fused_linear_cross_entropy(h, w, t))
 
 
 def test_memory_reaches_the_chunk_rule(monkeypatch, device):

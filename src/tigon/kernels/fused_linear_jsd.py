@@ -70,7 +70,7 @@ from .divergence_terms import JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, _jsd_part
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 from .ignored_rows import kept_for_chunks
-from .loss_rows import _transform
+from .loss_rows import _transform, _transform_slope
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
@@ -180,15 +180,19 @@ def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms,
                cap_t, HAS_CAP_S: tl.constexpr, HAS_CAP_T: tl.constexpr, KIND: tl.constexpr, FAST: tl.constexpr,
                RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
     """Pass 3 over one block: ``cg g - cq Q`` (per-row factors) over the student's logits, in place; times the
-    soft-cap's derivative ``1 - (zs / cap)^2`` with HAS_CAP_S (``zs`` the capped logit)."""
+    soft-cap's derivative ``1 - tanh(z / cap)^2`` with HAS_CAP_S (:func:`tigon.kernels.loss_rows._transform_slope`)."""
     cols, in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    zs = _load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S)
+    if HAS_CAP_S:  # (as _load, with the cap's derivative from exp(-2|u|): accurate where tanh saturates)
+        raw = tl.load(ZS + rows[:, None] * stride_s + cols[None, :], mask=read, other=0.0).to(tl.float32)
+        zs, slope = _transform_slope(raw, 1.0, cap_s, True)
+        zs = tl.where(read, zs, float("-inf"))
+    else:
+        zs = _load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S)
     _u, _v, g, q = _pieces(zs, _load(ZT, rows, stride_t, cols, read, cap_t, HAS_CAP_T), c, ms, ls, mt, lt, beta,
                            KIND, FAST)
     grad = g * cg[:, None] - q * cq[:, None]
     if HAS_CAP_S:
-        th = tl.where(read, zs / cap_s, 0.0)  # (not read: -inf, and a gradient of 0)
-        grad = grad * (1.0 - th * th)
+        grad = grad * tl.where(read, slope, 1.0)  # (not read: -inf, and a gradient of 0)
     tl.store(ZS + rows[:, None] * stride_s + cols[None, :], grad.to(ZS.dtype.element_ty),
              mask=in_rows[:, None] & in_cols)
 

@@ -65,8 +65,8 @@ from .fused_linear_cross_entropy import backward_over_chunks, chunk_rows
 from .ignored_rows import kept_for_chunks, placed, scatter_rows
 from .head_grads import _Matmuls, _operands, scale_grads
 from .loss_rows import (
-    LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, ce_rows_backward, ce_rows_forward,
-    row_stats,
+    LossOptions, _blocks, _record_bad_targets, _row_setup, _target_logit, _transform, _transform_slope,
+    ce_rows_backward, ce_rows_forward, row_stats,
 )
 
 
@@ -162,15 +162,14 @@ def _logprob_bwd_kernel(
         cols = start + tl.arange(0, BLOCK_V)
         cmask = cols < V
         raw = tl.load(x_row[:, None] + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        x = _transform(raw, logit_scale, softcap, HAS_SOFTCAP)
+        x, slope = _transform_slope(raw, logit_scale, softcap, HAS_SOFTCAP)
         p = tl.exp((x - m[:, None]) - logs[:, None])
         c = coef_p[:, None]
         if HAS_ENT_GRAD:
             c = c + h[:, None] * ((m[:, None] - x) + logs[:, None])
         g = c * p + tl.where(cols[None, :] == t_safe[:, None], a[:, None], 0.0)
-        if HAS_SOFTCAP:
-            th = x / softcap
-            g = g * (1.0 - th * th)
+        if HAS_SOFTCAP:  # (1 - tanh^2 from exp(-2|u|): accurate where tanh saturates)
+            g = g * slope
         g = g * logit_scale
         tl.store(dx_row[:, None] + cols[None, :], g.to(DX.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 

@@ -120,13 +120,13 @@ def cross_entropy(
             ignore_index not an int, inplace_backward not a bool, grad_in_forward not None / a bool,
             size_average or reduce neither None nor a bool (the hint names the positional order that changed).
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
-            [0, 1], lse_square_scale < 0, softcap <= 0, num_items_in_batch <= 0 (an int, or a CPU tensor: a CUDA
-            one is not read) or with reduction="none",
-            grad_in_forward with reduction="none", float16 logits or (with grad enabled) leaf logits that require
-            grad, and targets outside [0, V) other than ignore_index. CPU targets are checked before the call. On
-            CUDA that check would cost a device sync per call: instead the kernel records a bad target (its loss is
-            NaN, nothing is read out of bounds) and the next launch of a loss kernel raises, naming it, usually
-            this call's backward (:mod:`tigon.kernels.target_check`).
+            [0, 1], lse_square_scale < 0 or inf, softcap <= 0 (a bool for these three), num_items_in_batch <= 0
+            (an int, or a CPU tensor: a CUDA one is not read) or with reduction="none", grad_in_forward with
+            reduction="none", float16 logits or (with grad enabled) leaf logits that require grad, and targets
+            outside [0, V) other than ignore_index. CPU targets are checked before the call. On CUDA that check
+            would cost a device sync per call: instead the kernel records a bad target (its loss is NaN, nothing is
+            read out of bounds) and the next launch of a loss kernel raises, naming it, usually this call's backward
+            (:mod:`tigon.kernels.target_check`).
     """
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce)

@@ -137,9 +137,9 @@ def fused_linear_cross_entropy(
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
-            (or "low" with ``accum_dtype=torch.float32``); TypeError for a ``return_predicted_tokens`` or
-            ``use_token_scaling`` that is not a bool, or for both names of one option given; ValueError for a
-            ``chunk_mem_const`` that is not a positive int.
+            (or "low" with ``accum_dtype=torch.float32`` for a weight of another dtype); TypeError for a
+            ``return_predicted_tokens`` or ``use_token_scaling`` that is not a bool, or for both names of one option
+            given; ValueError for a ``chunk_mem_const`` that is not a positive int.
     """
     # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
     # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
@@ -264,7 +264,7 @@ def memory_plan(memory, accum_dtype, weight: torch.Tensor) -> tuple[bool, int]:
     if isinstance(memory, str) and memory == "auto":
         return lean, -1
     if isinstance(memory, str) and memory == "low":
-        if accum_dtype == torch.float32:
+        if accum_dtype == torch.float32 and weight.dtype != torch.float32:  # (an fp32 weight's own dtype: no conflict)
             raise ValueError("memory='low' accumulates grad_weight in the weight's dtype; accum_dtype=torch.float32 "
                              "asks for the exact fp32 accumulator: pass one or the other")
         return True, -1

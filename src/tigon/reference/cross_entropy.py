@@ -82,18 +82,20 @@ def check_loss_options(
     """Validate the options shared by the cross-entropy ops (no tensor shapes).
 
     Raises:
-        ValueError: reduction unknown, label_smoothing outside [0, 1], lse_square_scale negative, softcap not
-            > 0, num_items_in_batch not positive (an int, or a CPU tensor outside torch.compile's tracing; a CUDA
-            tensor's value is not read, which would synchronise every call) or not 0-d, or num_items_in_batch with
-            reduction="none".
+        ValueError: reduction unknown, label_smoothing outside [0, 1], lse_square_scale negative or infinite,
+            softcap not finite and > 0 (a bool for any of the three), num_items_in_batch not positive (an int, or a
+            CPU tensor outside torch.compile's tracing; a CUDA tensor's value is not read, which would synchronise
+            every call) or not 0-d, or num_items_in_batch with reduction="none".
         TypeError: num_items_in_batch is neither an int nor a tensor.
     """
     _checks.choice("reduction", reduction, REDUCTIONS)
-    if not _real(label_smoothing) or not 0.0 <= float(label_smoothing) <= 1.0:
+    # (a bool is a Real, but True for 1.0 is a misplaced argument: refused, as ignore_index's and the flags' checks do)
+    if not _real(label_smoothing) or isinstance(label_smoothing, bool) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
-    if not _real(lse_square_scale) or not float(lse_square_scale) >= 0.0:
-        raise ValueError(f"lse_square_scale must be a float >= 0, got {lse_square_scale!r}")
-    if softcap is not None and (not _real(softcap) or not float(softcap) > 0.0
+    if (not _real(lse_square_scale) or isinstance(lse_square_scale, bool)
+            or not 0.0 <= float(lse_square_scale) < math.inf):  # (inf: a NaN loss)
+        raise ValueError(f"lse_square_scale must be a finite float >= 0, got {lse_square_scale!r}")
+    if softcap is not None and (not _real(softcap) or isinstance(softcap, bool) or not float(softcap) > 0.0
                                 or float(softcap) == float("inf")):
         raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
     if num_items_in_batch is not None:
