@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 
 if "TRITON_INTERPRET" not in os.environ:
@@ -37,6 +38,7 @@ import tigon  # noqa: E402
 import ranks  # noqa: E402
 import tensor_parallel_checks as tp  # noqa: E402
 import vocab_parallel_checks  # noqa: E402
+from tigon.integrations import causal_lm  # noqa: E402
 from tigon.numerics import rel_l2  # noqa: E402
 
 V, B, T, STEPS = 128, 2, 8, 2
@@ -58,7 +60,9 @@ class Scenario:
         run's under the policy (:data:`NO_WORSE`). head_reshard: the head's unit's ``reshard_after_forward`` (False:
         kept unsharded until the backward, torchtitan's default there).
         patch_after_wrap: call ``tigon.patch`` on the wrapped model instead of before wrapping. orig_params: (fsdp1)
-        ``use_orig_params``. rtol: the bound on
+        ``use_orig_params``. head_hook: a forward hook of the user's halving the logits, put on the LM head after
+        wrapping and patching (the fused loss, which never calls the head, must leave it to the original forward,
+        with a warning). rtol: the bound on
         the losses' relative difference and on the rel. L2 difference of each gradient and parameter.
     """
 
@@ -71,6 +75,7 @@ class Scenario:
     head_reshard: bool = True
     patch_after_wrap: bool = False
     orig_params: bool = True
+    head_hook: bool = False
     rtol: float = 1e-5
 
 
@@ -90,6 +95,8 @@ SCENARIOS = {
     # FSDP1 with bf16 gradient reduction too: the same). That the patched run is not the less accurate one is checked
     # against an fp32 run (NO_WORSE).
     "fsdp_head_unit_bf16": Scenario("fsdp", head="unit", param_dtype=torch.bfloat16, rtol=3e-2),
+    "fsdp_user_head_hook": Scenario("fsdp", head_hook=True),
+    "fsdp_head_unit_user_head_hook": Scenario("fsdp", head="unit", head_hook=True),
     "fsdp1": Scenario("fsdp1"),
     "fsdp1_head_unit": Scenario("fsdp1", head="unit"),
     "fsdp1_head_unit_patched_after_wrap": Scenario("fsdp1", head="unit", patch_after_wrap=True),
@@ -241,6 +248,8 @@ def train(sc: Scenario, patched: bool) -> dict:
             assert "FSDP2 gathers" in detail and "ColwiseParallel" not in detail, detail
             # FSDP2's FSDP<Layer> class (its forward wrapped again by transformers) is the layer's own
             assert report.counts.get("fused_add_rms_norm") == len(model.model.layers), str(report)
+    if sc.head_hook:
+        model.lm_head.register_forward_hook(_halve_logits)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     run = {"losses": [], "grads": [], "fused": [], "head_resharded": []}
     counter = FSDP1_ALL_GATHERS if sc.wrapper == "fsdp1" else ALL_GATHERS
@@ -261,10 +270,22 @@ def train(sc: Scenario, patched: bool) -> dict:
     return run
 
 
+def _halve_logits(module, args, output):
+    return output * 0.5
+
+
 def check(name: str, sc: Scenario) -> str:
     ref = train(sc, patched=False)
-    got = train(sc, patched=True)
-    assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
+    if sc.head_hook:  # the user's hook on the head: the original forward runs it, with a warning
+        causal_lm._WARNED.clear()  # warned once per reason and process: this scenario's own
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = train(sc, patched=True)
+        assert not any(got["fused"]), f"the fused LM-head loss skipped the head's hook: {got['fused']}"
+        assert any("has hooks" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    else:
+        got = train(sc, patched=True)
+        assert all(got["fused"]), f"the fused LM-head loss did not run (logits returned): {got['fused']}"
     assert not any(ref["fused"])
     if sc.wrapper in ("fsdp", "fsdp1") and sc.head in ("unit", "group"):
         # nothing kept: resharded after the forward unless the unit says otherwise, as the original

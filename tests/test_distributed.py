@@ -18,7 +18,8 @@ Tensor-parallel plans (tests/tensor_parallel_checks.py): a ``ColwiseParallel`` L
 ``Shard(-1)`` under ``loss_parallel()``, or tied to a ``RowwiseParallel`` embedding) and the whole decoder under
 torch's plan (with and without sequence parallelism) and transformers' own ``tp_plan`` train patched as unpatched,
 the fused loss vocab-parallel; FSDP2 over that plan with sequence parallelism on a (1, 2) mesh, the head its own
-FSDP2 unit; a head split by the hidden dimension (row-wise) is skipped with the reason. A
+FSDP2 unit; a head split by the hidden dimension (row-wise) is skipped with the reason. A forward hook of the
+user's on an FSDP2 head (in the root unit or its own) makes the fused loss run the original forward, with a warning. A
 DeepSpeed ZeRO-3 head (a stand-in here: a ``ds_id`` and a lookup recorder in place of DeepSpeed's) is read only
 inside the head's call, where DeepSpeed's hooks gather it.
 
@@ -43,12 +44,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tigon  # noqa: E402
+from tigon.integrations import sharded_head  # noqa: E402
 from ranks import check_results  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 WORLD = 2
 CHECKS = ["ddp", "ddp_tied", "fsdp", "fsdp_head_unit", "fsdp_head_unit_kept", "fsdp_norm_head_group",
-          "fsdp_tied_patched_after_wrap",
+          "fsdp_tied_patched_after_wrap", "fsdp_user_head_hook", "fsdp_head_unit_user_head_hook",
           "fsdp_head_unit_checkpointing", "fsdp_head_unit_patched_after_wrap", "fsdp_head_unit_bf16",
           "fsdp1", "fsdp1_head_unit", "fsdp1_head_unit_patched_after_wrap", "fsdp1_head_unit_flat_params",
           "fsdp1_flat_params_patched_after_wrap", "fsdp1_head_unit_bf16",
@@ -85,6 +87,13 @@ def test_every_worker_check_is_listed(results):
     assert set(results[0]) == set(CHECKS)
 
 
+def _observer(hook):
+    """``hook`` marked as one that only observes a module's call (:data:`tigon.integrations.sharded_head.OBSERVER`):
+    the fused loss may skip the head's call under it."""
+    setattr(hook, sharded_head.OBSERVER, True)
+    return hook
+
+
 class _InCallLookups(dict):
     """A stand-in for DeepSpeed ZeRO-3's ``ZeROOrderedDict`` (a module's ``_parameters``): DeepSpeed gathers a
     partitioned parameter when it is looked up outside the call of the module that owns it, and keeps it gathered
@@ -93,8 +102,9 @@ class _InCallLookups(dict):
     def __init__(self, module, params):
         super().__init__(params)
         self.inside, self.lookups = False, []
-        module.register_forward_pre_hook(lambda m, args: setattr(self, "inside", True))
-        module.register_forward_hook(lambda m, args, out: setattr(self, "inside", False))
+        # in place of DeepSpeed's own hooks (engine hooks: sharded_head._engine_hook), marked as only observing
+        module.register_forward_pre_hook(_observer(lambda m, args: setattr(self, "inside", True)))
+        module.register_forward_hook(_observer(lambda m, args, out: setattr(self, "inside", False)))
 
     def __getitem__(self, key):
         self.lookups.append((key, self.inside))
@@ -119,7 +129,9 @@ def test_deepspeed_zero3_head_loss_runs_inside_the_head_call(tied):
     entry = next(e for e in report.replaced if e.kind == "lm_head_loss")
     assert "ZeRO-3" in entry.detail and not [e for e in report.skipped if e.kind == "lm_head_loss"], str(report)
     outputs = []
-    head.register_forward_hook(lambda m, args, out: outputs.append(out))
+
+    # an observing hook (one of the user's would make the fused loss leave the head to the original forward)
+    head.register_forward_hook(_observer(lambda m, args, out: outputs.append(out)))
     head._parameters = lookups = _InCallLookups(head, head._parameters)
     ids = torch.randint(0, 64, (2, 7))
     labels = ids.clone()

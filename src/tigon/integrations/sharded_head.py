@@ -164,27 +164,40 @@ def hook_problem(head: torch.nn.Module, linear: torch.nn.Linear) -> str | None:
     """Why the fused loss, which reads ``linear``'s weight and never calls the head, would skip hooks that calling
     it runs (a forward hook that scales or caps the logits, a pre-hook on the hidden states), or None.
 
-    Only for a head whose weight the fused loss reads as it is (:func:`sharding_problem` None, and not FSDP1, FSDP2,
-    ZeRO-3 or vocabulary-sharded: those engines' own hooks are run or replaced by :func:`run_gathered`): forward /
-    backward hooks of ``head`` or ``linear`` other than :data:`OBSERVER` ones, global module hooks, or a forward
-    replaced on the instance.
+    Forward / backward hooks of ``head`` or ``linear`` other than :data:`OBSERVER` ones and global module hooks are
+    a problem. On a head that FSDP1, FSDP2, DeepSpeed ZeRO-3 or tensor parallelism shards, whose own hooks
+    :func:`run_gathered` runs or replaces, the hooks those engines registered (their functions defined in
+    ``torch.distributed`` or ``deepspeed``: :func:`_engine_hook`) are not, and neither is a forward replaced on the
+    instance (transformers' tensor-parallel styles replace it); on any other head a forward replaced on the instance
+    is.
     """
     weight = stored_param(linear, "weight")
-    if (fsdp1_wrapper(head) or zero3_param(weight) or fsdp_unit(head, linear) is not None
-            or (_dtensor_class() is not None and isinstance(weight, _dtensor_class()))):
-        return None
+    engine = bool(fsdp1_wrapper(head) or zero3_param(weight) or fsdp_unit(head, linear) is not None
+                  or (_dtensor_class() is not None and isinstance(weight, _dtensor_class())))
     if _global_hooks():
         return "global module hooks are registered (the fused loss does not call the LM head); the original runs"
     for part in dict.fromkeys((head, linear)):
         d = vars(part)
         hooks = [h for k in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
                  for h in d.get(k, {}).values()]
-        if any(not getattr(h, OBSERVER, False) for h in hooks):
+        if any(not getattr(h, OBSERVER, False) and not (engine and _engine_hook(h)) for h in hooks):
             return (f"the LM head ({type(part).__name__}) has hooks, which the fused loss would skip (it reads the "
                     "weight, never calls the head); the original forward runs")
-        if "forward" in d:
+        if "forward" in d and not engine:
             return f"the LM head ({type(part).__name__}) has its forward replaced on the instance; the original runs"
     return None
+
+
+_ENGINE_MODULES = ("torch.distributed.", "deepspeed.")
+
+
+def _engine_hook(hook) -> bool:
+    """Whether a module hook was registered by a sharding engine (FSDP2, tensor parallelism, DeepSpeed): its
+    function (through ``functools.partial`` and bound methods) is defined in ``torch.distributed`` or
+    ``deepspeed``."""
+    fn = getattr(hook, "func", hook)
+    fn = getattr(fn, "__func__", fn)
+    return (getattr(fn, "__module__", None) or "").startswith(_ENGINE_MODULES)
 
 
 def _layout_problem(weight, bias) -> str:
