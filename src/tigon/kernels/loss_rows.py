@@ -81,13 +81,9 @@ GRAD_IN_FORWARD_BLOCK = (16384, 16, True, 1)
 
 @triton.jit
 def _transform(raw, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
-    """x = softcap * tanh(logit_scale * raw / softcap) (or logit_scale * raw); tanh through exp."""
-    x = raw * logit_scale
-    if HAS_SOFTCAP:
-        u = x / softcap
-        e = tl.exp(-2.0 * tl.abs(u))
-        th = (1.0 - e) / (1.0 + e)
-        x = softcap * tl.where(u < 0, -th, th)
+    """x = softcap * tanh(logit_scale * raw / softcap) (or logit_scale * raw); tanh through exp
+    (:func:`_transform_slope`'s x; its slope is left unused, so never computed)."""
+    x, _slope = _transform_slope(raw, logit_scale, softcap, HAS_SOFTCAP)
     return x
 
 
@@ -101,7 +97,7 @@ def _transform_slope(raw, logit_scale, softcap, HAS_SOFTCAP: tl.constexpr):
     if HAS_SOFTCAP:
         u = x / softcap
         e = tl.exp(-2.0 * tl.abs(u))
-        th = (1.0 - e) / (1.0 + e)  # (as _transform: the forward's x, whose row statistics are saved)
+        th = (1.0 - e) / (1.0 + e)
         x = softcap * tl.where(u < 0, -th, th)
         slope = 4.0 * e / ((1.0 + e) * (1.0 + e))
     else:
