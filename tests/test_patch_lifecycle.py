@@ -4,6 +4,7 @@ model loaded with ``from_pretrained`` (transformers' hub-kernels integration re-
 from __future__ import annotations
 
 import gc
+import types
 
 import pytest
 import torch
@@ -76,3 +77,21 @@ def test_torch_load_of_a_patched_model_keeps_the_patch_through_train(tmp_path):
     assert _kinds(loaded)["rms_norm"] == 5
     tigon.unpatch(loaded)
     assert hub_kernels.release() == [] and hub_kernels.GUARDS == {}
+
+
+def test_a_hub_kernel_forward_is_skipped_with_the_way_out(tmp_path):
+    """A layer kernelized with a hub kernel before patching (``from_pretrained`` on a GPU with the Hub reachable:
+    Liger's RMSNorm) is left alone, the reason naming the kernel and the way to Tigon's forward; ``reset_kernels()``
+    then ``tigon.patch`` replaces it. (The hub layer is simulated as ``kernels.kernelize`` installs one.)"""
+    pytest.importorskip("kernels")
+    build("llama").save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    norm = model.model.norm
+    norm.forward = types.MethodType(lambda self, x: x, norm)  # what kernels' _replace_forward sets, with the repo
+    norm.__dict__["_kernel_repo"] = "kernels-community/liger_kernels"
+    skipped = {e.target: e.detail for e in tigon.patch(model).skipped}
+    assert "kernels-community/liger_kernels" in skipped["model.norm"] and "reset_kernels()" in skipped["model.norm"]
+    tigon.unpatch(model)
+    model.reset_kernels()
+    assert "model.norm" in {e.target for e in tigon.patch(model).replaced}
+    tigon.unpatch(model)
