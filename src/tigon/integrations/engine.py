@@ -6,7 +6,8 @@ instance (``patch(model)``)
     For every submodule that is an instance of a spec'd class (and does not override the replaced attribute), an
     instance attribute is set to the Tigon function bound to that module: ``forward``, or for v5 MoE experts
     modules the ``_apply_gate`` hook, and their ``forward`` too where Tigon's glue around the grouped matmuls applies
-    (:mod:`tigon.integrations.moe_experts`). Nothing outside the model changes, except the rotary function (below).
+    (:mod:`tigon.integrations.moe_experts`). Nothing outside the model changes, except the rotary function (below)
+    and the ``kernel_condition`` of classes prepared for hub kernels (:mod:`tigon.integrations.hub_kernels`).
     ``unpatch(model)`` deletes those instance attributes, so the class's own are in effect again. Every registered
     family whose classes the model contains is applied (a vision-language model's container, language model and
     vision tower may be three), each module by the first family that claims it; ``report.family`` is the outermost
@@ -66,7 +67,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import causal_mask, components, persist
+from . import causal_mask, components, hub_kernels, persist
 from . import attention_patches, lora_qkv, rotary_calls, sink_attention
 from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
@@ -92,6 +93,7 @@ def release_unused() -> list[str]:
     without :func:`unpatch`). Runs at the start of every patch / unpatch; returns the restored qualnames."""
     with _LOCK:
         causal_mask.release()
+        hub_kernels.release()
         return [sw.qualname for sw in list(SWITCHES.values()) if sw.release()]
 
 
@@ -301,6 +303,7 @@ def _bind_all(module, binds, *more):
         for mod, pairs in ((module, binds), *more):
             for attr, fn in pairs:
                 setattr(mod, attr, types.MethodType(fn, mod))
+            hub_kernels.guard(mod)  # (a class prepared for hub kernels: kernelize keeps the forward)
     return apply
 
 
@@ -308,6 +311,7 @@ def _rope_instance_apply(module, fn, rope: RopeTarget):
     def apply():
         rope.ensure(module)
         module.forward = types.MethodType(fn, module)
+        hub_kernels.guard(module)
     return apply
 
 
@@ -555,6 +559,7 @@ def unpatch(model_or_family) -> PatchReport:
                 if sw.release():
                     report.replaced.append(PatchEntry("rope", sw.qualname, "original module global"))
             attention_patches.restore(model_or_family, report)
+            hub_kernels.release()
             if causal_mask.release(model_or_family):
                 report.notes.append("causal mask under torch.compile: transformers' own check restored")
         else:

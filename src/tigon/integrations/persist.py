@@ -26,7 +26,7 @@ import copyreg
 import types
 from dataclasses import dataclass, field
 
-from . import components
+from . import components, hub_kernels
 from . import rotary_forwards as rf
 from .marks import tigon_mark
 from .rotary_switch import RopeTarget
@@ -76,8 +76,12 @@ def _class_original(cls: type, attr: str):
 
 def rebind(module, recipe: Recipe) -> types.MethodType:
     """Unpickling of a Tigon method: the method built from ``recipe`` for ``module``'s class, bound to ``module``
-    (which is not filled in yet when this runs: only its class is used)."""
-    return types.MethodType(build(recipe, _class_original(type(module), recipe.attr)), module)
+    (which is not filled in yet when this runs: only its class is used). A class prepared for hub kernels keeps the
+    forward through ``kernels.kernelize`` (:mod:`tigon.integrations.hub_kernels`)."""
+    method = types.MethodType(build(recipe, _class_original(type(module), recipe.attr)), module)
+    if recipe.attr == "forward":
+        hub_kernels.guard(module)
+    return method
 
 
 def _reduce_method(method: types.MethodType):

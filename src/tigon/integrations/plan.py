@@ -103,6 +103,10 @@ def existing_patch(m: torch.nn.Module, cls: type, attr: str, target: str, opts: 
     if current is None:
         return None, ""
     if (mk := tigon_mark(current)) is None:
+        if "_kernel_repo" in m.__dict__:  # set by kernels.kernelize beside a hub layer's forward
+            return "skip", (f"instance {attr} is a hub kernel's ({m.__dict__['_kernel_repo']}) that transformers' "
+                            "kernels integration installed (from_pretrained with use_kernels); call "
+                            "model.reset_kernels() before tigon.patch(model), or load with use_kernels=False")
         return "skip", f"instance {attr} already overridden by another library (e.g. accelerate hooks)"
     check_same_options(mk, target, opts, class_level=False)
     return "instance", ""
