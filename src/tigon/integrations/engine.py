@@ -72,7 +72,7 @@ from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .family_spec import Match
 from .generic import generic_matches
-from .class_level import CLASS_STATE, plan_class
+from .class_level import CLASS_STATE, plan_class, turned_off_note
 from .lora import adapter_matches
 from .marks import tigon_mark
 from .plan import (MISSING, Action, already_patched_entry, existing_patch, family_label, held_heads, import_family,
@@ -502,7 +502,7 @@ def patch(
             report.notes.append(causal_mask.hold(model_or_family))
     off = [k for k in OPTION_KINDS if not enabled[k]]
     if off:
-        report.notes.append("turned off: " + ", ".join(off))
+        report.notes.append(turned_off_note(model_or_family, spec, level, off, PATCH_ATTRS))
     compiled = compile_note(report)
     if compiled:
         report.notes.append(compiled)
