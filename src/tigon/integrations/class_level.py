@@ -112,7 +112,8 @@ def class_rope_apply(spec: FamilySpec, mod, rope):
     return apply
 
 
-def turned_off_note(model_or_family, spec: FamilySpec | None, level: str, off: list[str], attrs: tuple[str, ...]) -> str:
+def turned_off_note(model_or_family, spec: FamilySpec | None, level: str, off: list[str],
+                    attrs: tuple[str, ...]) -> str:
     """The report note on the kinds ``off`` turned off in this :func:`~tigon.integrations.engine.patch` call, naming
     those an earlier call left patched: turning a kind off does not unpatch it. A model (``level == "instance"``):
     its modules whose instance or class attribute in ``attrs`` carries Tigon's mark of such a kind, and the family's
