@@ -329,6 +329,8 @@ def _find_family(model: torch.nn.Module) -> FamilySpec | None:
 
 def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | None, str]:
     """(spec, level); spec None means the generic matcher (a model of no registered family, or family="generic")."""
+    if family is not None and not isinstance(family, str):
+        raise TypeError(f"tigon.{verb}: family must be a family name (str) or None, got {type(family).__name__}")
     if isinstance(obj, str):
         if family is not None:
             raise TypeError(f"tigon.{verb}: family= is only for models; got the family name {obj!r} already")
