@@ -5,7 +5,9 @@
 Recent TRL installs its own chunked LM head on the model for SFT (it needs per-token log-probabilities, entropy and
 accuracy, not just the loss), so there Tigon's fused LM-head loss is bypassed; Tigon's RMSNorm, gated-MLP and rotary
 kernels still run inside the model. Older TRL computes those metrics from ``outputs.logits``, which Tigon's fused
-loss does not materialise: patch with ``fused_linear_cross_entropy=False`` there (done below automatically).
+loss does not materialise: patch with ``fused_linear_cross_entropy=False`` there (done below automatically). With
+``--lora`` the trainer wraps the patched model with ``get_peft_model``, whose LoRA layers did not exist at the first
+patch: the script patches ``trainer.model`` again so that they run Tigon's LoRA ops (``lora_linear``, ...).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main():
             bf16=_tiny.DEVICE == "cuda")
         trainer = trl.SFTTrainer(model=model, args=sft, train_dataset=ds, processing_class=tok,
                                  peft_config=peft_config)
+        if args.lora:  # the trainer wrapped the patched model with get_peft_model: patch again for its LoRA layers
+            print(tigon.patch(trainer.model))
         support.backend_usage(reset=True)
         trainer.train()
     print("Tigon ops that ran (op: {backend: calls}):", support.backend_usage())

@@ -113,6 +113,8 @@ def test_sweep_writes_a_png_per_op(tmp_path, monkeypatch):
         (["bench", "--attn-implementation", "eager"], "--attn-implementation needs --e2e"),
         (["bench", "--e2e", "--attn-implementation", "fast"], "--attn-implementation 'fast': unknown attention"),
         (["bench", "--lora", "16"], "--lora needs --e2e"),
+        (["bench", "--e2e", "--dtype", "float16"],
+         "--dtype 'float16' is not available for whole training steps (bench --e2e, profile): choose from float32"),
         (["bench", "--e2e", "--lora", "0"], "--lora must be an integer >= 1"),
         (["bench", "--csv", "/no/such/dir/b.csv"], "does not exist"),
         (["bench", "--sweep", "vocab"], "invalid choice"),

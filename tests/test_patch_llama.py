@@ -276,6 +276,25 @@ def test_options_turn_parts_off():
     assert more.counts == {"fused_add_rms_norm": LAYERS, "mlp": LAYERS, "rope": LAYERS, "lm_head_loss": 1}
 
 
+def test_turning_a_kind_off_later_says_it_stays_patched():
+    """A second call with a kind off does not unpatch it: the note says what stays patched (it said only "turned
+    off: rms_norm" while the norms still ran Tigon's kernel), at instance and class level."""
+    model = build()
+    tigon.patch(model)
+    note = next(n for n in tigon.patch(model, rms_norm=False).notes if n.startswith("turned off"))
+    assert f"still patched by an earlier tigon.patch: rms_norm x{2 * LAYERS + 1}" in note
+    assert "tigon.unpatch(model)" in note
+    tigon.unpatch(model)
+    assert "still patched" not in " ".join(tigon.patch(model, rms_norm=False).notes)
+    tigon.unpatch(model)
+    tigon.patch("llama")
+    try:
+        note = next(n for n in tigon.patch("llama", mlp=False).notes if n.startswith("turned off"))
+        assert "still patched by an earlier tigon.patch: mlp x1" in note and "tigon.unpatch('llama')" in note
+    finally:
+        tigon.unpatch("llama")
+
+
 
 def _spy_flce(monkeypatch):
     """Record the ``accum_dtype`` keyword of every tigon.functional.fused_linear_cross_entropy call."""

@@ -247,3 +247,16 @@ def test_untimed_vision_attention_note_names_what_it_runs():
     note = next(n for n in notes if n.startswith("vision_attention"))
     assert counts["vision_attention"] == 1 and note.startswith("vision_attention (1 module) is replaced but not timed")
     assert "sinks" not in note and "batched by chunk length" in note
+
+
+def test_cpu_profile_too_large_for_the_host_memory_is_refused_before_building(monkeypatch):
+    """The check tigon compare and bench --e2e run (host_memory.check_config_fits): `tigon profile llama3-8b
+    --layers 1` went on to build a 1.27e9-parameter model on a 23 GiB CPU machine where bench --e2e refused it."""
+    from tigon.workflows import host_memory
+
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)  # 1 MiB: not even the tiny model
+    monkeypatch.setattr(P, "build_model", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr(P, "run_provider", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(P.ConfigError, match=r"^MODEL tiny --layers 1 needs at least .* choose a smaller preset"):
+        P.run_profile(P.ProfileConfig(model="tiny", layers=1, batch_size=1, seq_len=8, steps=1, warmup=0,
+                                      device="cpu"))

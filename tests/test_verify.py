@@ -134,7 +134,7 @@ def test_verify_caps_the_vocabulary_on_cpu(tmp_path):
 
 @pytest.mark.parametrize("args, match", [
     (["--op", "nope"], "unknown op"),
-    (["--dtype", "float64"], "unknown dtype"),
+    (["--dtype", "float64"], "--dtype: unknown dtype 'float64' (choose from float32"),
     (["--tokens", "1"], "--tokens"),
     (["--model", "no-such-model"], "neither a preset"),
 ])

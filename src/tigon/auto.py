@@ -15,6 +15,8 @@ from __future__ import annotations
 import inspect as _inspect
 
 from .integrations import patch as _patch
+from .integrations.causal_lm import flce_options
+from .integrations.families import family_by_name
 from .integrations.report import PatchReport
 
 PATCH_OPTIONS = tuple(n for n, p in _inspect.signature(_patch).parameters.items() if p.kind == p.KEYWORD_ONLY)
@@ -22,7 +24,20 @@ PATCH_OPTIONS = tuple(n for n, p in _inspect.signature(_patch).parameters.items(
 
 
 def _split(kwargs: dict) -> tuple[dict, dict]:
+    """``kwargs`` split into :func:`tigon.patch`'s options and transformers' arguments; the options are checked
+    first, so that a bad one is refused before transformers builds or loads the model (:func:`tigon.patch`'s
+    TypeError / ValueError, named as there)."""
     tigon_kwargs = {k: kwargs.pop(k) for k in PATCH_OPTIONS if k in kwargs}
+    for name, value in tigon_kwargs.items():
+        if name == "fused_linear_cross_entropy":
+            flce_options(value)
+        elif name == "family":
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"tigon.patch: family must be a family name (str) or None, got {type(value).__name__}")
+            if isinstance(value, str) and value.lower() != "generic":
+                family_by_name(value)
+        elif not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
     return tigon_kwargs, kwargs
 
 

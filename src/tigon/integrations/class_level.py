@@ -110,3 +110,35 @@ def class_rope_apply(spec: FamilySpec, mod, rope):
         sw.install()
         state.ropes.append(sw)
     return apply
+
+
+def turned_off_note(model_or_family, spec: FamilySpec | None, level: str, off: list[str],
+                    attrs: tuple[str, ...]) -> str:
+    """The report note on the kinds ``off`` turned off in this :func:`~tigon.integrations.engine.patch` call, naming
+    those an earlier call left patched: turning a kind off does not unpatch it. A model (``level == "instance"``):
+    its modules whose instance or class attribute in ``attrs`` carries Tigon's mark of such a kind, and the family's
+    class-level rotary dispatcher; a family: its class-level state (:data:`CLASS_STATE`)."""
+    counts: dict[str, int] = {}
+    state = CLASS_STATE.get(spec.name) if spec is not None else None
+    by_class = level != "instance"  # some of them patched at class level (undone by unpatching the family)
+    if level == "instance":
+        for m in model_or_family.modules():
+            for attr in attrs:
+                mk, on_class = tigon_mark(m.__dict__.get(attr)), False
+                if mk is None:
+                    mk, on_class = tigon_mark(getattr(type(m), attr, None)), True
+                if mk is not None and mk["kind"] in off:
+                    counts[mk["kind"]] = counts.get(mk["kind"], 0) + 1
+                    by_class |= on_class
+    elif state is not None:
+        for _, _, _, kind in state.saved:
+            if kind in off:
+                counts[kind] = counts.get(kind, 0) + 1
+    if state is not None and state.ropes and "rope" in off and "rope" not in counts:
+        counts["rope"], by_class = len(state.ropes), True
+    note = "turned off: " + ", ".join(off)
+    if counts:
+        who = f"tigon.unpatch({spec.name!r})" if by_class else "tigon.unpatch(model)"
+        note += ("; still patched by an earlier tigon.patch: " + ", ".join(f"{k} x{n}" for k, n in counts.items())
+                 + f" (turning a kind off does not unpatch it: {who} first, then patch with it off)")
+    return note

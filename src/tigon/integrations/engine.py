@@ -73,7 +73,7 @@ from .causal_lm import check_accum_dtype, flce_options
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .family_spec import Match
 from .generic import generic_matches
-from .class_level import CLASS_STATE, plan_class
+from .class_level import CLASS_STATE, plan_class, turned_off_note
 from .lora import adapter_matches
 from .marks import tigon_mark
 from .plan import (MISSING, Action, already_patched_entry, existing_patch, family_label, held_heads, import_family,
@@ -333,6 +333,8 @@ def _find_family(model: torch.nn.Module) -> FamilySpec | None:
 
 def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | None, str]:
     """(spec, level); spec None means the generic matcher (a model of no registered family, or family="generic")."""
+    if family is not None and not isinstance(family, str):
+        raise TypeError(f"tigon.{verb}: family must be a family name (str) or None, got {type(family).__name__}")
     if isinstance(obj, str):
         if family is not None:
             raise TypeError(f"tigon.{verb}: family= is only for models; got the family name {obj!r} already")
@@ -506,7 +508,7 @@ def patch(
             report.notes.append(causal_mask.hold(model_or_family))
     off = [k for k in OPTION_KINDS if not enabled[k]]
     if off:
-        report.notes.append("turned off: " + ", ".join(off))
+        report.notes.append(turned_off_note(model_or_family, spec, level, off, PATCH_ATTRS))
     compiled = compile_note(report)
     if compiled:
         report.notes.append(compiled)

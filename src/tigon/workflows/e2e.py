@@ -286,7 +286,8 @@ def resolve_step_config(config, defaults: dict):
     _positive("warmup", cfg.warmup, 0)
     check_lora(getattr(cfg, "lora_rank", None))
     if cfg.dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+        raise ConfigError(f"--dtype {cfg.dtype!r} is not available for whole training steps (bench --e2e, profile): "
+                          f"choose from {', '.join(DTYPES)} (pure bfloat16, no fp16 mixed precision)")
     check_attn_implementation(getattr(cfg, "attn_implementation", None))
     return cfg
 

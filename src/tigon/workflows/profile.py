@@ -64,6 +64,7 @@ from .devices import device_name, device_str, versions
 from .e2e import DEFAULTS, DTYPES, run_provider
 from .lora import with_lora
 from .e2e_models import build_model, hf_config, model_info, step_batches
+from .host_memory import check_config_fits
 from .profile_events import CATEGORIES, step_issue  # noqa: F401 (re-exported)
 from . import profile_attrib as PA
 from . import profile_layer as PL
@@ -239,7 +240,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         a :class:`ProfileResult`.
 
     Raises:
-        ConfigError: bad configuration or an unreadable model config.
+        ConfigError: bad configuration or an unreadable model config; a CPU run whose parameters cannot fit in the
+            memory available (:func:`tigon.workflows.host_memory.check_config_fits`, as ``tigon bench --e2e``).
     """
     import tigon
 
@@ -247,6 +249,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     cuda = device.type == "cuda"
     hfc, source = hf_config(cfg.model, cfg.layers, "MODEL")
+    if not cuda:  # refused before any model is built, as bench --e2e does: a silent out-of-memory kill otherwise
+        check_config_fits(hfc, cfg.dtype, f"MODEL {cfg.model} --layers {cfg.layers}")
     timed_batches = step_batches(hfc, cfg.warmup + cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
     prof_batches = step_batches(hfc, cfg.warmup + 1 + min(cfg.steps, PROFILED_STEPS), cfg.batch_size, cfg.seq_len,
                                 cfg.seed + 1)

@@ -252,7 +252,7 @@ def resolve_config(config: VerifyConfig, registry: Registry | None = None) -> Ve
     dtypes = _parse_list(config.dtypes) or list(DEFAULT_DTYPES)
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
-        raise ConfigError(f"unknown dtype {bad[0]!r} (choose from {', '.join(DTYPES)})")
+        raise ConfigError(f"--dtype: unknown dtype {bad[0]!r} (choose from {', '.join(DTYPES)})")
     tokens = config.tokens if config.tokens is not None else (CPU_TOKENS if device == "cpu" else CUDA_TOKENS)
     if not isinstance(tokens, int) or tokens < 2:
         raise ConfigError(f"--tokens must be an integer >= 2, got {tokens!r}")
