@@ -279,11 +279,8 @@ def resolve_step_config(config, defaults: dict):
     for name in ("batch_size", "seq_len", "steps", "warmup", "dtype"):
         if getattr(cfg, name) is None:
             setattr(cfg, name, d[name])
-    _positive("layers", cfg.layers)
-    _positive("batch_size", cfg.batch_size)
-    _positive("seq_len", cfg.seq_len, 2)
-    _positive("steps", cfg.steps)
-    _positive("warmup", cfg.warmup, 0)
+    for name, low in (("layers", 1), ("batch_size", 1), ("seq_len", 2), ("steps", 1), ("warmup", 0)):
+        _positive(name, getattr(cfg, name), low)
     check_lora(getattr(cfg, "lora_rank", None))
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"--dtype {cfg.dtype!r} is not available for whole training steps (bench --e2e, profile): "
