@@ -15,8 +15,7 @@ from __future__ import annotations
 import inspect as _inspect
 
 from .integrations import patch as _patch
-from .integrations.causal_lm import flce_options
-from .integrations.families import family_by_name
+from .integrations.plan import check_options
 from .integrations.report import PatchReport
 
 PATCH_OPTIONS = tuple(n for n, p in _inspect.signature(_patch).parameters.items() if p.kind == p.KEYWORD_ONLY)
@@ -28,16 +27,7 @@ def _split(kwargs: dict) -> tuple[dict, dict]:
     first, so that a bad one is refused before transformers builds or loads the model (:func:`tigon.patch`'s
     TypeError / ValueError, named as there)."""
     tigon_kwargs = {k: kwargs.pop(k) for k in PATCH_OPTIONS if k in kwargs}
-    for name, value in tigon_kwargs.items():
-        if name == "fused_linear_cross_entropy":
-            flce_options(value)
-        elif name == "family":
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"tigon.patch: family must be a family name (str) or None, got {type(value).__name__}")
-            if isinstance(value, str) and value.lower() != "generic":
-                family_by_name(value)
-        elif not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    check_options(tigon_kwargs)
     return tigon_kwargs, kwargs
 
 

@@ -69,15 +69,15 @@ import torch
 
 from . import causal_mask, components, hub_kernels, persist
 from . import attention_patches, lora_qkv, rotary_calls, sink_attention
-from .causal_lm import check_accum_dtype, flce_options
+from .causal_lm import check_accum_dtype
 from .families import FAMILIES, FamilySpec, Unsupported, family_by_module, family_by_name
 from .family_spec import Match
 from .generic import generic_matches
 from .class_level import CLASS_STATE, plan_class, turned_off_note
 from .lora import adapter_matches
 from .marks import tigon_mark
-from .plan import (MISSING, Action, already_patched_entry, existing_patch, family_label, held_heads, import_family,
-                   inner_head, note_residual_adds, undeclared_head, unpatched_family)
+from .plan import (MISSING, Action, already_patched_entry, check_options, existing_patch, family_label, held_heads,
+                   import_family, inner_head, note_residual_adds, undeclared_head, unpatched_family)
 from .report import PatchEntry, PatchReport, compile_note
 from .rotary_switch import LOCK as _LOCK
 from .rotary_switch import SWITCHES, RopeTarget
@@ -459,14 +459,10 @@ def patch(
             an options dict for cross_entropy, which takes none).
         ImportError: transformers (the family's modeling module) cannot be imported.
     """
-    for name, flag in (("rms_norm", rms_norm), ("rope", rope), ("mlp", mlp), ("layer_norm", layer_norm),
-                       ("fused_add_rms_norm", fused_add_rms_norm), ("cross_entropy", cross_entropy),
-                       ("lora", lora), ("sinks", sinks), ("vision_attention", vision_attention), ("strict", strict)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
-                            + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
-                               if name == "cross_entropy" and isinstance(flag, Mapping) else ""))
-    fused, flce = flce_options(fused_linear_cross_entropy)
+    fused, flce = check_options(dict(
+        rms_norm=rms_norm, rope=rope, mlp=mlp, layer_norm=layer_norm, fused_add_rms_norm=fused_add_rms_norm,
+        cross_entropy=cross_entropy, lora=lora, sinks=sinks, vision_attention=vision_attention, strict=strict,
+        fused_linear_cross_entropy=fused_linear_cross_entropy, family=family))
     spec, level = _resolve(model_or_family, "patch", family)
     if level == "instance":
         check_accum_dtype(model_or_family, dict(flce).get("accum_dtype"))

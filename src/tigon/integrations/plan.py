@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from .causal_lm import loss_options
+from .causal_lm import flce_options, loss_options
 from . import components, lora_mlp, lora_qkv, persist
-from .families import FamilySpec, family_by_module
+from .families import FamilySpec, family_by_module, family_by_name
 from .marks import tigon_mark
 from .report import PatchEntry, PatchReport
 
@@ -252,3 +253,27 @@ def inner_head(comp, match, family: str, opts: dict):
         return None, None, f"its {comp.inner}: {problem}"
     recipe = persist.Recipe("forward", "lm_head_loss", im.comp, family, im.family_module, opts)
     return inner, persist.build(recipe, type(inner).forward), None
+
+
+def check_options(options: Mapping) -> tuple[bool, dict]:
+    """Check :func:`tigon.patch`'s keyword options (any subset, by name) before anything is built or patched; returns
+    :func:`~tigon.integrations.causal_lm.flce_options` of ``fused_linear_cross_entropy`` (default True).
+
+    Raises:
+        TypeError: a switch (``rms_norm``, ``rope``, ``mlp``, ...) or ``strict`` not a bool, ``family`` neither a
+            str nor None, ``fused_linear_cross_entropy`` neither a bool nor a dict.
+        ValueError: an unknown family name, or bad fused_linear_cross_entropy options.
+    """
+    for name, flag in options.items():
+        if name in ("fused_linear_cross_entropy", "family"):
+            continue
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}"
+                            + (" (cross_entropy takes no options; fused_linear_cross_entropy does)"
+                               if name == "cross_entropy" and isinstance(flag, Mapping) else ""))
+    family = options.get("family")
+    if family is not None and not isinstance(family, str):
+        raise TypeError(f"tigon.patch: family must be a family name (str) or None, got {type(family).__name__}")
+    if family is not None and family.lower() != "generic":
+        family_by_name(family)
+    return flce_options(options.get("fused_linear_cross_entropy", True))
