@@ -70,7 +70,7 @@ from .divergence_terms import JSD, KL_LOG, KL_LOG_REVERSE, LN2, LOG2E, _jsd_part
 from .fused_linear_cross_entropy import FLCE_BUDGET_BYTES_CUDA, backward_over_chunks
 from .head_grads import _Matmuls, _operands, grad_buffers, scale_grads
 from .ignored_rows import kept_for_chunks
-from .loss_rows import _transform, _transform_slope
+from .loss_rows import _transform_slope
 
 # Chunk rows. The loop's chunk buffer holds the student's logits and this module a second one for the teacher's, so a
 # logit costs 2 x the compute dtype's size (elem_bytes of backward_over_chunks). memory="auto" on CUDA is the budget
@@ -98,13 +98,23 @@ def _block(rows, keep, start, V, RAGGED: tl.constexpr, BLOCK_V: tl.constexpr):
 @triton.jit
 def _load(Z, rows, stride, cols, read, cap, HAS_CAP: tl.constexpr):
     """A [BLOCK_M, BLOCK_V] tile of logits in fp32, soft-capped with HAS_CAP (``cap tanh(z / cap)``), -inf where not
-    ``read``."""
+    ``read`` (:func:`_load_slope`'s tile; its slope is left unused, so never computed)."""
+    z, _slope = _load_slope(Z, rows, stride, cols, read, cap, HAS_CAP)
+    return z
+
+
+@triton.jit
+def _load_slope(Z, rows, stride, cols, read, cap, HAS_CAP: tl.constexpr):
+    """(:func:`_load`'s tile, the soft-cap's derivative ``1 - tanh(z / cap)^2`` there: 1.0 without HAS_CAP), the
+    derivative from exp(-2|u|) (:func:`tigon.kernels.loss_rows._transform_slope`: accurate where tanh saturates)."""
     if HAS_CAP:  # (cap tanh(-inf / cap) = -cap: the cap is taken on zeros where not read, then masked)
         z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=0.0).to(tl.float32)
-        z = tl.where(read, _transform(z, 1.0, cap, True), float("-inf"))
+        z, slope = _transform_slope(z, 1.0, cap, True)
+        z = tl.where(read, z, float("-inf"))
     else:
         z = tl.load(Z + rows[:, None] * stride + cols[None, :], mask=read, other=float("-inf")).to(tl.float32)
-    return z
+        slope = 1.0
+    return z, slope
 
 
 @triton.jit
@@ -182,12 +192,7 @@ def _grad_step(ZS, stride_s, ZT, stride_t, rows, in_rows, keep, start, V, c, ms,
     """Pass 3 over one block: ``cg g - cq Q`` (per-row factors) over the student's logits, in place; times the
     soft-cap's derivative ``1 - tanh(z / cap)^2`` with HAS_CAP_S (:func:`tigon.kernels.loss_rows._transform_slope`)."""
     cols, in_cols, read = _block(rows, keep, start, V, RAGGED, BLOCK_V)
-    if HAS_CAP_S:  # (as _load, with the cap's derivative from exp(-2|u|): accurate where tanh saturates)
-        raw = tl.load(ZS + rows[:, None] * stride_s + cols[None, :], mask=read, other=0.0).to(tl.float32)
-        zs, slope = _transform_slope(raw, 1.0, cap_s, True)
-        zs = tl.where(read, zs, float("-inf"))
-    else:
-        zs = _load(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S)
+    zs, slope = _load_slope(ZS, rows, stride_s, cols, read, cap_s, HAS_CAP_S)
     _u, _v, g, q = _pieces(zs, _load(ZT, rows, stride_t, cols, read, cap_t, HAS_CAP_T), c, ms, ls, mt, lt, beta,
                            KIND, FAST)
     grad = g * cg[:, None] - q * cq[:, None]
