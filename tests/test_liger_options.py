@@ -367,6 +367,11 @@ def test_flce_liger_names(device):
         F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, ce_weight=cw)
     with pytest.raises(ValueError, match="Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes"):
         F.fused_linear_cross_entropy(w, h[0], torch.zeros(3, dtype=torch.long, device=device))
+    # N == V: the shapes agree in either order; the head's nn.Parameter tells Liger's order apart
+    square, head = torch.randn(20, 8, device=device), torch.nn.Parameter(w.clone())
+    with pytest.raises(TypeError, match="Liger-Kernel's order"):
+        tnn.FusedLinearCrossEntropyLoss()(head, square, torch.zeros(20, dtype=torch.long, device=device))
+    tnn.FusedLinearCrossEntropyLoss()(square, head, torch.zeros(20, dtype=torch.long, device=device)).backward()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

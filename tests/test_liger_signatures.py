@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tigon import functional as F
+from tigon._checks import UNSET
 from tigon import nn as tnn
 
 LIGER = importlib.util.find_spec("liger_kernel") is not None
@@ -38,7 +39,8 @@ RENAMED = {"input": ("logits", "hidden")}
 
 def _positional(fn, skip_self=False):
     params = [p for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
-    return [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params[skip_self:]]
+    return [(p.name, None if p.default is inspect.Parameter.empty or p.default is UNSET else p.default)
+            for p in params[skip_self:]]
 
 
 def _same_order(tigon, liger):
@@ -337,3 +339,88 @@ def test_signature_is_the_installed_ligers(name):
     if importlib.metadata.version("liger-kernel") == "0.8.5":  # the recorded copy is the wheel's
         assert liger == LIGER_085[name], name
     _check_against(name, _mapped()[name], liger)
+
+
+# ---- Liger's keyword names ------------------------------------------------------------------------------------------
+def _keyword_calls(device):
+    """(op, Liger's keyword call, the same call by Tigon's names) for each function whose first arguments Liger names
+    differently (liger_rms_norm(X, W), liger_layer_norm(X, W, B), liger_fused_add_rms_norm(X, R, W),
+    liger_swiglu(a, b), liger_geglu(a, b), liger_cross_entropy(input), liger_fused_linear_cross_entropy(input))."""
+    x, r = torch.randn(5, 24, device=device), torch.randn(5, 24, device=device)
+    w, b = torch.rand(24, device=device) + 0.5, torch.randn(24, device=device)
+    h, head, t = torch.randn(6, 16, device=device), torch.randn(40, 16, device=device) / 4, \
+        torch.randint(0, 40, (6,), device=device)
+    return [
+        ("rms_norm", lambda: F.rms_norm(X=x, W=w, eps=1e-5), lambda: F.rms_norm(x, w, 1e-5)),
+        ("rms_norm", lambda: F.rms_norm(x, W=None), lambda: F.rms_norm(x, None)),
+        ("layer_norm", lambda: F.layer_norm(X=x, W=w, B=b, eps=1e-5), lambda: F.layer_norm(x, w, b, 1e-5)),
+        ("layer_norm", lambda: F.layer_norm(x, w, B=None), lambda: F.layer_norm(x, w, None)),
+        ("fused_add_rms_norm", lambda: F.fused_add_rms_norm(X=x, R=r, W=w, eps=1e-5),
+         lambda: F.fused_add_rms_norm(x, r, w, 1e-5)),
+        ("swiglu", lambda: F.swiglu(a=x, b=r), lambda: F.swiglu(x, r)),
+        ("geglu", lambda: F.geglu(a=x, b=r), lambda: F.geglu(x, r)),
+        ("cross_entropy", lambda: F.cross_entropy(input=h @ head.T, target=t, label_smoothing=0.1),
+         lambda: F.cross_entropy(h @ head.T, t, label_smoothing=0.1)),
+        ("fused_linear_cross_entropy", lambda: F.fused_linear_cross_entropy(input=h, weight=head, target=t),
+         lambda: F.fused_linear_cross_entropy(h, head, t)),
+    ]
+
+
+def test_ligers_keyword_names_give_the_positional_result(device):
+    for op, liger_call, tigon_call in _keyword_calls(device):
+        for _ in range(2):  # the second call takes the ops' cache of validated calls
+            got, want = liger_call(), tigon_call()
+            got, want = (got, want) if isinstance(got, torch.Tensor) else (torch.cat(got), torch.cat(want))
+            assert torch.equal(got, want), op
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x, w: F.rms_norm(x, w, X=x), "got 'x' and 'X'"),
+    (lambda x, w: F.rms_norm(x), "missing required argument 'weight' .or 'W'"),
+    (lambda x, w: F.rms_norm(W=w), "missing required argument 'x' .or 'X'"),
+    (lambda x, w: F.layer_norm(x, w), "missing required argument 'bias' .or 'B'"),
+    (lambda x, w: F.fused_add_rms_norm(x, R=x, weight=w, W=w), "got 'weight' and 'W'"),
+    (lambda x, w: F.swiglu(x, b=x, up=x), "got 'up' and 'b'"),
+    (lambda x, w: F.geglu(a=x), "missing required argument 'up' .or 'b'"),
+    (lambda x, w: F.cross_entropy(x, input=x), "got 'logits' and 'input'"),
+    (lambda x, w: F.cross_entropy(input=x), "missing required argument 'target'$"),
+    (lambda x, w: F.fused_linear_cross_entropy(input=x, target=w), "missing required argument 'weight'$"),
+])
+def test_keyword_names_missing_or_twice_raise_naming_them(call, match):
+    with pytest.raises(TypeError, match=match):
+        call(torch.randn(3, 8), torch.ones(8))
+
+
+def test_positional_and_tigon_keyword_calls_never_resolve_names(monkeypatch, device):
+    # the aliases cost a call by position (the patched modules' calls) a few identity tests, no Python call
+    import tigon._checks as checks
+
+    def refuse(*a, **k):
+        raise AssertionError("liger_names called")
+
+    x, w = torch.randn(4, 8, device=device), torch.ones(8, device=device)
+    for module in ("rms_norm", "layer_norm", "fused_add_rms_norm", "glu", "cross_entropy",
+                   "fused_linear_cross_entropy"):
+        monkeypatch.setattr(f"tigon.ops.{module}.liger_names", refuse)
+    assert checks.liger_names is not refuse
+    F.rms_norm(x, w), F.rms_norm(x=x, weight=None), F.layer_norm(x, w, None), F.fused_add_rms_norm(x, x, w)
+    F.swiglu(x, x), F.geglu(gate=x, up=x), F.cross_entropy(x, torch.zeros(4, dtype=torch.long, device=device))
+    F.fused_linear_cross_entropy(x, torch.randn(5, 8, device=device), torch.zeros(4, dtype=torch.long, device=device))
+
+
+@pytest.mark.skipif(not LIGER, reason="liger_kernel is not installed")
+def test_every_ligers_keyword_name_binds():
+    # each mapped liger_X's parameter names, all given by keyword, bind to tigon.functional.X's signature
+    from liger_kernel.transformers import functional as LF
+
+    from tigon.liger_coverage import LIGER_OPS
+
+    checked = 0
+    for op in LIGER_OPS:
+        if not (op.tigon and op.tigon.startswith("F.") and hasattr(LF, op.liger)):
+            continue
+        theirs = inspect.signature(getattr(LF, op.liger)).parameters
+        ours = inspect.signature(getattr(F, op.tigon[2:]))
+        ours.bind(**{n: object() for n, p in theirs.items() if p.kind == p.POSITIONAL_OR_KEYWORD})
+        checked += 1
+    assert checked >= 15, checked

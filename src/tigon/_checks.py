@@ -174,3 +174,50 @@ def tensor_kind(t: torch.Tensor) -> str:
 def has_data(t: torch.Tensor) -> bool:
     """Whether ``t``'s values can be read on the host: False for meta and fake tensors (shapes only)."""
     return not t.is_meta and tensor_kind(t) == "plain"  # (is_meta: ~10x cheaper than t.device.type)
+
+
+class _Unset:
+    """The type of :data:`UNSET`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+    def __reduce__(self):  # (one instance, also through pickle and copy)
+        return "UNSET"
+
+
+UNSET = _Unset()
+"""Default of a required argument that Liger-Kernel names differently (see :func:`liger_names`): ``rms_norm(X=x,
+W=w)`` must bind, so ``x`` and ``weight`` get this default, and Liger's ``X`` / ``W`` are keyword-only with it."""
+
+
+def liger_names(op: str, *pairs) -> list:
+    """The values of an op's required arguments given by Tigon's or by Liger-Kernel's keyword names.
+
+    Called by a public op only when one of them is :data:`UNSET` or a Liger name was given, so a call by position
+    costs the op a few identity tests and no Python call.
+
+    Args:
+        op: the op's name, for the messages.
+        pairs: ``(name, value, liger_name, liger_value)`` per argument, in order; ``liger_name`` None (and
+            ``liger_value`` :data:`UNSET`) for a required argument that Liger names as Tigon does.
+
+    Returns:
+        One value per pair.
+
+    Raises:
+        TypeError: an argument given under both names, or under neither.
+    """
+    out = []
+    for name, value, liger_name, liger_value in pairs:
+        if liger_value is not UNSET:
+            if value is not UNSET:
+                raise TypeError(f"{op}() got {name!r} and {liger_name!r} (Liger-Kernel's name for it): give one")
+            value = liger_value
+        elif value is UNSET:
+            also = "" if liger_name is None else f" (or {liger_name!r}, Liger-Kernel's name for it)"
+            raise TypeError(f"{op}() missing required argument {name!r}{also}")
+        out.append(value)
+    return out

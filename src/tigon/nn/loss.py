@@ -147,7 +147,8 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy``.
 
     Unlike Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss.forward(lin_weight, _input, target, bias)`` the forward
-    takes hidden first (a call in Liger's order raises, naming it, unless N == V).
+    takes hidden first. A call in Liger's order raises, naming it: where target's length is not V (the shapes
+    disagree), and where N == V when the head's weight is an ``nn.Parameter`` (``lm_head.weight``) and hidden is not.
 
     Forward:
         ``loss(hidden, weight, target, bias=None, *, num_items_in_batch=None)``: hidden (N, H) or (..., H) float
@@ -158,6 +159,7 @@ class FusedLinearCrossEntropyLoss(nn.Module):
     Raises:
         TypeError: at construction, ce_weight is neither None nor a tensor (a call in Tigon's former positional
             order, which began with ignore_index), or both names of one option are given.
+        TypeError: hidden is an ``nn.Parameter`` and weight is not (Liger's argument order).
         ValueError: target's shape does not match hidden's leading dimensions, or invalid options (from the
             functional op).
     """
@@ -191,6 +193,10 @@ class FusedLinearCrossEntropyLoss(nn.Module):
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None, *, num_items_in_batch: int | torch.Tensor | None = None):
+        if isinstance(hidden, nn.Parameter) and not isinstance(weight, nn.Parameter):
+            raise TypeError("hidden is an nn.Parameter and weight is not: arguments in Liger-Kernel's order? "
+                            "LigerFusedLinearCrossEntropyLoss takes (lin_weight, _input, target); Tigon's takes "
+                            "(hidden, weight, target)")
         h, tgt, lead = _flatten(hidden, target, "hidden")
         out = TF.fused_linear_cross_entropy(
             h, weight, tgt, bias, ignore_index=self.ignore_index, reduction=self.reduction,

@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from .._checks import UNSET
+
+
 MODES = ("fwd", "fwd_bwd")
 """The modes ``min_bytes`` and ``flops`` are asked for: the forward, and the forward plus the backward (``bwd``
 is their difference)."""
@@ -320,12 +323,13 @@ def _params(fn: Callable) -> list[str]:
 
 
 def _defaults(fn: Callable) -> dict[str, Any]:
-    """``fn``'s keyword parameters that have a default, with it."""
+    """``fn``'s keyword parameters that have a default, with it (not the required ones whose default is
+    :data:`tigon._checks.UNSET`, there for Liger-Kernel's keyword names)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # pragma: no cover - builtins
         return {}
-    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty}
+    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty and p.default is not UNSET}
 
 
 def sizes(*keys: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import warnings
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import cross_entropy as ref
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
@@ -18,8 +19,8 @@ from ._record import Case, OpSpec, liger, randn, sizes, targets
 
 
 def cross_entropy(
-    logits: torch.Tensor,
-    target: torch.Tensor,
+    logits: torch.Tensor = UNSET,
+    target: torch.Tensor = UNSET,
     weight: torch.Tensor | None = None,
     size_average: bool | None = None,
     ignore_index: int = -100,
@@ -36,12 +37,14 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool | None = None,
+    input: torch.Tensor = UNSET,  # noqa: A002 (Liger-Kernel's and torch's name of logits)
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
 
     Positional order: Liger-Kernel's ``liger_cross_entropy(input, target, weight, size_average, ignore_index,
     reduce, reduction, label_smoothing, lse_square_scale, softcap, return_z_loss, return_token_accuracy,
-    return_predicted_tokens)`` (its first eight are torch's); Tigon's own options are keyword-only.
+    return_predicted_tokens)`` (its first eight are torch's); Tigon's own options are keyword-only. ``input``, the
+    name Liger and torch give logits, is accepted as a keyword.
 
     Per non-ignored token: ``loss_i = (1-eps) * w_t * (lse - x_t) + eps/V * sum_c w_c * (lse - x_c) + z_i`` with
     ``x = softcap * tanh(logits / softcap)`` (Gemma 2) or the logits, ``lse = logsumexp(x)`` and the PaLM z-loss
@@ -116,7 +119,8 @@ def cross_entropy(
         ``return_accuracy`` (give one of the two).
 
     Raises:
-        TypeError: logits / weight not floating, target not an integer tensor, num_items_in_batch of a wrong type,
+        TypeError: logits or target missing, logits given as both logits and input, logits / weight not floating,
+            target not an integer tensor, num_items_in_batch of a wrong type,
             ignore_index not an int, inplace_backward not a bool, grad_in_forward not None / a bool,
             size_average or reduce neither None nor a bool (the hint names the positional order that changed).
         ValueError: shapes (logits (N, V), target (N,), weight (V,)), devices, reduction, label_smoothing not in
@@ -128,6 +132,9 @@ def cross_entropy(
             read out of bounds) and the next launch of a loss kernel raises, naming it, usually this call's backward
             (:mod:`tigon.kernels.target_check`).
     """
+    if logits is UNSET or target is UNSET or input is not UNSET:  # (Liger's and torch's keyword name)
+        logits, target = liger_names("cross_entropy", ("logits", logits, "input", input),
+                                     ("target", target, None, UNSET))
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce)
     if return_token_accuracy is not False:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
@@ -22,15 +23,16 @@ from .rms_norm import quack_rms_norm
 @accepts_dtensor(DTensorRule(rows=("x", "residual"), outputs=("x", "x"), params=("weight",),
                              mixed_dims=last_dim), asked_inside=True)
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = False,
+    x: torch.Tensor = UNSET, residual: torch.Tensor = UNSET, weight: torch.Tensor = UNSET, eps: float = 1e-6,
+    offset: float = 0.0, casting_mode: str = "llama", in_place: bool = False, *, X: torch.Tensor = UNSET,
+    R: torch.Tensor = UNSET, W: torch.Tensor = UNSET,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``, then RMSNorm of s: returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)``.
 
     The step between a decoder layer's blocks (HF LlamaDecoderLayer: ``hidden_states = residual + hidden_states;
     residual = hidden_states; hidden_states = norm(hidden_states)``) in one pass over the rows; Liger-Kernel's
     ``liger_fused_add_rms_norm(X, R, W, eps, offset=0.0, casting_mode="llama", in_place=True)`` (the same order
-    and defaults; eps defaults to 1e-6 here). s is added in x's dtype (one rounding, as torch adds), and y is exactly
+    and defaults; eps defaults to 1e-6 here; Liger's keyword names ``X``, ``R``, ``W`` are accepted). s is added in x's dtype (one rounding, as torch adds), and y is exactly
     :func:`tigon.functional.rms_norm` of s (statistics in fp32). The gradient of x and of residual is one tensor,
     ``rstd * (g - shat * mean(g * shat)) + ds`` with ``g = dy * (offset + weight)``, ``shat = s * rstd`` and ds the
     gradient reaching s (zero when s is not used).
@@ -43,8 +45,10 @@ def fused_add_rms_norm(
         eps: variance epsilon (HF ``rms_norm_eps``).
         offset: added to weight; 1.0 gives Gemma's ``(1 + weight)``.
         casting_mode: ``"llama"`` | ``"gemma"`` | ``"none"``, see :func:`tigon.reference.rms_norm.rms_norm`.
-        in_place: Liger-Kernel's option (default False here, True in Liger: the in-place backward's CUDA tests did not pass on the H200 on 2026-12-04 (their report was lost; benchmarks/results/h200/README.md, fourteenth run), so it is opt-in until they do): the backward writes the gradient of x and residual over
-            y's incoming gradient (the tensor autograd hands this op's backward for y) instead of a new
+        in_place: Liger-Kernel's option (default False here, True in Liger: the in-place backward's CUDA tests did
+            not pass on the H200 on 2026-12-04 (their report was lost; benchmarks/results/h200/README.md, fourteenth
+            run), so it is opt-in until they do): the backward writes the gradient of x and residual over y's
+            incoming gradient (the tensor autograd hands this op's backward for y) instead of a new
             (..., hidden) tensor, saving ``x.numel() * x.element_size()`` bytes at the backward's peak. Unlike
             Liger's, it writes only where autograd's own bookkeeping shows that nothing else can read that gradient
             (:func:`tigon.kernels.grad_ownership.owns_grad`, as :func:`tigon.functional.rms_norm`'s ``in_place``),
@@ -60,11 +64,16 @@ def fused_add_rms_norm(
         (..., hidden) in x's dtype, the new residual stream. Both contiguous on the kernel path.
 
     Raises:
-        TypeError: x, residual or weight is not a floating tensor; residual's dtype is not x's; eps or offset is
+        TypeError: x, residual or weight is missing or given under both names (x and X, residual and R, weight and
+            W); x, residual or weight is not a floating tensor; residual's dtype is not x's; eps or offset is
             not a number; in_place is not a bool.
         ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d or its last dimension is empty,
             devices differ, casting_mode is unknown, eps is negative or not finite, or offset is not finite.
     """
+    if (x is UNSET or residual is UNSET or weight is UNSET or X is not UNSET or R is not UNSET
+            or W is not UNSET):  # (Liger's keyword names)
+        x, residual, weight = liger_names("fused_add_rms_norm", ("x", x, "X", X), ("residual", residual, "R", R),
+                                          ("weight", weight, "W", W))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None else (

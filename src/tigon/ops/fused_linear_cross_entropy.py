@@ -12,6 +12,7 @@ import math
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
@@ -21,9 +22,9 @@ from .cross_entropy import LOSS_CASES, liger_aliases
 
 
 def fused_linear_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    target: torch.Tensor,
+    hidden: torch.Tensor = UNSET,
+    weight: torch.Tensor = UNSET,
+    target: torch.Tensor = UNSET,
     bias: torch.Tensor | None = None,
     ce_weight: torch.Tensor | None = None,
     ignore_index: int = -100,
@@ -43,13 +44,14 @@ def fused_linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     return_accuracy: bool = False,
     memory: str | int = "auto",
+    input: torch.Tensor = UNSET,  # noqa: A002 (Liger-Kernel's name of hidden)
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
     Positional order: Liger-Kernel's ``liger_fused_linear_cross_entropy(input, weight, target, bias, ce_weight,
     ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, accum_dtype,
     use_token_scaling, return_token_accuracy, return_predicted_tokens, chunk_mem_const)`` (0.8.5); Tigon's own
-    options are keyword-only.
+    options are keyword-only. ``input``, Liger's name of hidden, is accepted as a keyword.
 
     The LM-head loss of a language model, computed chunk by chunk over the tokens so that only a bounded
     (rows, V) block of logits exists at a time (Liger-Kernel's fused linear cross-entropy, Hsu et al. 2024;
@@ -134,6 +136,7 @@ def fused_linear_cross_entropy(
         ``predicted_tokens`` when asked for). Gradients for hidden / weight / bias have their dtypes and shapes.
 
     Raises:
+        TypeError: hidden, weight or target missing, or hidden given as both hidden and input.
         TypeError, ValueError: as :func:`cross_entropy`, for hidden (N, H), weight (V, H), target (N,), bias and
             class_weight (V,), and logit_scale (finite, non-zero); ValueError for an ``accum_dtype`` other than
             None, torch.float32 or the weight's dtype, and for a ``memory`` other than "auto", "low" or an int >= 0
@@ -144,6 +147,9 @@ def fused_linear_cross_entropy(
     # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
     # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
     # Not while dynamo traces (its graph holds the checks' outcome; symbolic shapes stay out of a dict key).
+    if hidden is UNSET or weight is UNSET or target is UNSET or input is not UNSET:  # (Liger's keyword name)
+        hidden, weight, target = liger_names("fused_linear_cross_entropy", ("hidden", hidden, "input", input),
+                                             ("weight", weight, None, UNSET), ("target", target, None, UNSET))
     compiling = dynamo_compiling() or COMPILER._is_compiling_flag  # (is_compiling(): see support.dynamo_compiling)
     key = None if compiling else (
         ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,

@@ -11,6 +11,7 @@ import math
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import glu as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, no_dims
@@ -97,14 +98,15 @@ GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_
 
 
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
-def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
-           inplace_backward: bool = False, limit: float | None = None) -> torch.Tensor:
+def swiglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, *, gate_multiplier: float = 1.0,
+           down_multiplier: float = 1.0, inplace_backward: bool = False, limit: float | None = None,
+           a: torch.Tensor = UNSET, b: torch.Tensor = UNSET) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
     The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``; with multipliers
     ``silu(gate_multiplier * gate) * up * down_multiplier``, HF FalconH1MLP's (see below); with ``limit``,
     DeepSeek-V4's clamped SwiGLU ``silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)`` (see below). Drop-in for
-    Liger-Kernel's ``liger_swiglu(a, b)`` (gate, up). Math in fp32, one rounding; the backward recomputes the
+    Liger-Kernel's ``liger_swiglu(a, b)`` (gate, up; Liger's keyword names ``a``, ``b`` are accepted). Math in fp32, one rounding; the backward recomputes the
     activation from gate (nothing but gate and up is saved).
 
     Args:
@@ -133,10 +135,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
     Raises:
-        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier or limit that is not a
-            number.
+        TypeError: gate or up missing or given under both names (gate and a, up and b), a non-floating tensor, gate
+            and up of different dtypes, or a multiplier or limit that is not a number.
         ValueError: shapes differ, devices differ, a multiplier is not finite, or limit is not positive and finite.
     """
+    if gate is UNSET or up is UNSET or a is not UNSET or b is not UNSET:  # (Liger's keyword names)
+        gate, up = liger_names("swiglu", ("gate", gate, "a", a), ("up", up, "b", b))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None else (
@@ -167,13 +171,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0
 
 
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, gate_multiplier: float = 1.0,
-          down_multiplier: float = 1.0, inplace_backward: bool = False) -> torch.Tensor:
+def geglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, approximate: str = "tanh", *,
+          gate_multiplier: float = 1.0, down_multiplier: float = 1.0, inplace_backward: bool = False,
+          a: torch.Tensor = UNSET, b: torch.Tensor = UNSET) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
 
     :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (HF ``gelu_pytorch_tanh``, Gemma), ``"none"`` is the
-    exact ``x * Phi(x)``. Math in fp32; the backward recomputes the activation from gate.
+    exact ``x * Phi(x)``. Math in fp32; the backward recomputes the activation from gate. Drop-in for Liger-Kernel's
+    ``liger_geglu(a, b)`` (gate, up, tanh approximation; Liger's keyword names ``a``, ``b`` are accepted).
 
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
@@ -191,9 +197,12 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "tanh", *, ga
         (..., I) tensor in gate's dtype (contiguous); gradients in the same dtype.
 
     Raises:
-        TypeError: a non-floating tensor, gate and up of different dtypes, or a multiplier that is not a number.
+        TypeError: gate or up missing or given under both names (gate and a, up and b), a non-floating tensor, gate
+            and up of different dtypes, or a multiplier that is not a number.
         ValueError: shapes differ, devices differ, approximate is unknown, or a multiplier is not finite.
     """
+    if gate is UNSET or up is UNSET or a is not UNSET or b is not UNSET:  # (Liger's keyword names)
+        gate, up = liger_names("geglu", ("gate", gate, "a", a), ("up", up, "b", b))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None else (

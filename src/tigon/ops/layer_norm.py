@@ -9,20 +9,24 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import layer_norm as ref
 from ..support import TORCH_CODE, select_backend
-from ._dtensor import DTensorRule, accepts_dtensor, last_dim
+from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
 from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 
-@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight", "bias"), mixed_dims=last_dim))
+@accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight", "bias"), mixed_dims=last_dim),
+                 asked_inside=True)
 def layer_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
+    x: torch.Tensor = UNSET, weight: torch.Tensor | None = UNSET, bias: torch.Tensor | None = UNSET,
+    eps: float = 1e-5, *, X: torch.Tensor = UNSET, W: torch.Tensor | None = UNSET, B: torch.Tensor | None = UNSET,
 ) -> torch.Tensor:
     """LayerNorm over the last dimension (Ba, Kiros & Hinton 2016), torch.nn.functional.layer_norm semantics.
 
     ``y = (x - mean(x, -1)) / sqrt(var(x, -1) + eps) * weight + bias`` with the biased variance; statistics
-    in fp32. The weight and bias gradients are reduced deterministically (no atomics).
+    in fp32. The weight and bias gradients are reduced deterministically (no atomics). Drop-in for Liger-Kernel's
+    ``liger_layer_norm(X, W, B, eps)``, by position or by keyword (Liger's names ``X``, ``W``, ``B`` are accepted).
 
     Args:
         x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
@@ -34,10 +38,18 @@ def layer_norm(
         (..., hidden) in x's dtype (parameters of another dtype, e.g. fp32 with bf16 x, are fine).
 
     Raises:
-        TypeError: x, weight or bias is not a floating tensor; eps is not a number.
+        TypeError: x, weight or bias is missing or given under both names (x and X, weight and W, bias and B); x,
+            weight or bias is not a floating tensor; eps is not a number.
         ValueError: weight or bias is not (hidden,), devices differ, hidden exceeds the fused-row limit, or eps is
             negative or not finite.
     """
+    if (x is UNSET or weight is UNSET or bias is UNSET or X is not UNSET or W is not UNSET
+            or B is not UNSET):  # (Liger's keyword names)
+        x, weight, bias = liger_names("layer_norm", ("x", x, "X", X), ("weight", weight, "W", W),
+                                      ("bias", bias, "B", B))
+    out = dtensor_call(layer_norm, x, weight, bias, eps)
+    if out is not None:  # DTensor arguments: run on the local shards (tigon.ops._dtensor)
+        return out
     _checks.tensor("x", x, floating=True)
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from .._checks import UNSET, liger_names
 from ..reference import rms_norm as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
@@ -17,13 +18,14 @@ from ._record import Case, OpSpec, liger, rand, randn, sizes
 
 @accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim), asked_inside=True)
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = True,
+    x: torch.Tensor = UNSET, weight: torch.Tensor | None = UNSET, eps: float = 1e-6, offset: float = 0.0,
+    casting_mode: str = "llama", in_place: bool = True, *, X: torch.Tensor = UNSET, W: torch.Tensor | None = UNSET,
 ) -> torch.Tensor:
     """Root-mean-square layer norm over the last dimension (Zhang & Sennrich 2019; HF LlamaRMSNorm).
 
     ``y = x / sqrt(mean(x**2, -1) + eps) * (offset + weight)``, statistics in fp32. Drop-in for Liger-Kernel's
-    ``liger_rms_norm(X, W, eps, offset, casting_mode, in_place=True)``, ``W=None`` included.
+    ``liger_rms_norm(X, W, eps, offset, casting_mode, in_place=True)``, ``W=None`` included, by position or by
+    keyword: Liger's names ``X`` and ``W`` are accepted for x and weight.
 
     Args:
         x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides.
@@ -49,10 +51,13 @@ def rms_norm(
         dtypes.
 
     Raises:
-        TypeError: x or weight is not a floating tensor; eps or offset is not a number; in_place is not a bool.
+        TypeError: x or weight is missing, or given under both names (x and X, weight and W); x or weight is not a
+            floating tensor; eps or offset is not a number; in_place is not a bool.
         ValueError: x is 0-d or its last dimension is empty, weight is not (hidden,), devices differ, casting_mode
             is unknown, eps is negative or not finite, or offset is not finite.
     """
+    if x is UNSET or weight is UNSET or X is not UNSET or W is not UNSET:  # (Liger's keyword names)
+        x, weight = liger_names("rms_norm", ("x", x, "X", X), ("weight", weight, "W", W))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
         key = None if state is None else (
