@@ -131,7 +131,9 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerBlockSparseTop2MLP", _MOE),
     LigerOp("LigerExperts", _MOE),
     LigerOp("LigerQwen3MoeSwiGLUMLP", _MOE),
-    LigerOp("LigerVocabParallelCrossEntropy", "F.vocab_parallel_cross_entropy"),
+    LigerOp("LigerVocabParallelCrossEntropy", "nn.VocabParallelCrossEntropy",
+            "over F.vocab_parallel_cross_entropy; label_smoothing_mode='partition' (a per-rank approximation) with "
+            "label smoothing over several ranks raises ('global', the exact mean, is the default)"),
     LigerOp("LigerGroupNorm", "nn.GroupNorm"),
     LigerOp("LigerTiledGEGLUMLP", "nn.TiledGEGLUMLP", _TILED),
     LigerOp("LigerTiledSwiGLUMLP", "nn.TiledSwiGLUMLP", _TILED),
