@@ -150,7 +150,8 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     # chunked losses (liger_kernel.chunked_loss)
     LigerOp("LigerFusedLinearDPOLoss", "nn.FusedLinearDPOLoss"),
     LigerOp("LigerFusedLinearCPOLoss", "nn.FusedLinearCPOLoss"),
-    LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss"),
+    LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss",
+            "forward's nll_target (a separate target for the NLL term) raises: the NLL term is on target's chosen rows"),
     LigerOp("LigerFusedLinearSimPOLoss", "nn.FusedLinearSimPOLoss"),
     LigerOp("LigerFusedLinearKTOLoss", "nn.FusedLinearKTOLoss"),
     LigerOp("LigerFusedLinearGRPOLoss", "nn.FusedLinearGRPOLoss"),
