@@ -151,7 +151,8 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerFusedLinearDPOLoss", "nn.FusedLinearDPOLoss"),
     LigerOp("LigerFusedLinearCPOLoss", "nn.FusedLinearCPOLoss"),
     LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss",
-            "forward's nll_target (a separate target for the NLL term) raises: the NLL term is on target's chosen rows"),
+            "forward's nll_target (a separate target for the NLL term) raises: the NLL term is on target's "
+            "chosen rows"),
     LigerOp("LigerFusedLinearSimPOLoss", "nn.FusedLinearSimPOLoss"),
     LigerOp("LigerFusedLinearKTOLoss", "nn.FusedLinearKTOLoss"),
     LigerOp("LigerFusedLinearGRPOLoss", "nn.FusedLinearGRPOLoss"),
