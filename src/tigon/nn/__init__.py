@@ -6,7 +6,8 @@ Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` /
 ``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses ``LigerFusedLinearDPOLoss`` ...,
 ``LigerTiledSwiGLUMLP`` / ``LigerTiledGEGLUMLP``, ``LigerVocabParallelCrossEntropy``), so state dicts load
 unchanged; ``LayerNorm`` is also a ``torch.nn.LayerNorm`` subclass, whose state dict loads too. ``tigon.nn.X`` takes
-Liger-Kernel's ``LigerX`` constructor arguments in Liger's order (tests/test_liger_signatures.py), Tigon's own options keyword-only after them.
+Liger-Kernel's ``LigerX`` constructor arguments in Liger's order (tests/test_liger_signatures.py), Tigon's own options
+keyword-only after them.
 """
 
 from __future__ import annotations
