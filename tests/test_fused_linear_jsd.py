@@ -255,6 +255,28 @@ def test_modules_are_liger_drop_ins(device):
     assert rel_l2(loss, 0.3 * want_hard + 0.7 * want_soft) <= 1e-5
 
 
+def test_loss_module_takes_ligers_batch_by_sequence_layout(device):
+    # TRL's GKD trainer hands LigerFusedLinearJSDLoss (B, T, H) hidden states and (B, T) labels (its chunks run over
+    # dim 0, so Liger takes them): the same loss as the flattened rows, gradients in the caller's shape
+    p = _problem(torch.float32, bias=True, device=device, n=12)
+    args = [p[k] for k in ("student_input", "student_weight", "teacher_input", "teacher_weight")]
+    loss_fn = tnn.FusedLinearJSDLoss(weight_hard_loss=0.3, weight_soft_loss=0.7, return_soft_hard_loss=True)
+    flat = [a.detach().requires_grad_() for a in args]
+    want = loss_fn(*flat, p["shift_labels"], p["student_bias"], p["teacher_bias"])
+    want[0].backward()
+    seq = [a.detach().view(3, 4, -1).requires_grad_() if a.shape[0] == 12 else a.detach().requires_grad_()
+           for a in args]
+    got = loss_fn(*seq, p["shift_labels"].view(3, 4), p["student_bias"], p["teacher_bias"])
+    got[0].backward()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    assert seq[0].grad.shape == (3, 4, H)
+    torch.testing.assert_close(seq[0].grad.view(12, H), flat[0].grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(seq[1].grad, flat[1].grad, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="true_labels must have shape"):
+        loss_fn(*seq, p["shift_labels"], p["student_bias"], p["teacher_bias"])
+
+
 def test_modules_take_the_soft_caps(device):
     # Tigon's keywords on the Liger drop-ins (Gemma 2 distillation): the student's cap in both losses (its logits
     # are capped), the teacher's in the soft one; TRL's GKD loss and the cross-entropy on capped float64 logits

@@ -238,10 +238,11 @@ LIGER_085 = {
     "LigerFusedLinearJSDLoss": [("weight_hard_loss", 0.5), ("weight_soft_loss", 0.5), ("beta", 0.5),
                                 ("ignore_index", -100), ("temperature", 1.0), ("compiled", True), ("chunk_size", 1024),
                                 ("return_soft_hard_loss", False)],
+    "LigerVocabParallelCrossEntropy": [("ignore_index", -100), ("label_smoothing", 0.0), ("reduction", "none"),
+                                       ("label_smoothing_formula", "pytorch"), ("label_smoothing_mode", "global")],
 }
 # Mapped names whose signatures are not compared, and why.
 NOT_COMPARED = {
-    "LigerVocabParallelCrossEntropy": "a module whose replacement is a function, F.vocab_parallel_cross_entropy",
     "triton_grpo_loss": "a loss over the logits; F.fused_linear_grpo goes through the LM head, another op",
 }
 # Argument names Tigon spells otherwise (README "Liger-Kernel's ops by name"): the same position and default, so a
@@ -324,9 +325,9 @@ def _installed_liger(name):
     import liger_kernel.chunked_loss as chunked
     import liger_kernel.transformers as lt
     from liger_kernel.transformers import functional as lf
-    from liger_kernel.transformers import group_norm, rope
+    from liger_kernel.transformers import group_norm, rope, vocab_parallel_cross_entropy
 
-    for mod in (lf, lt, chunked, group_norm, rope):
+    for mod in (lf, lt, chunked, group_norm, rope, vocab_parallel_cross_entropy):
         if hasattr(mod, name):
             return getattr(mod, name)
     raise AssertionError(f"{name} not found in the installed liger_kernel")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tigon import functional as F
+from tigon import nn as tnn
 from tigon.kernels import fused_linear_cross_entropy as kflce
 from tigon.reference.cross_entropy import cross_entropy as ref_ce
 from tigon.reference.fused_linear_cross_entropy import fused_linear_cross_entropy as ref_flce
@@ -147,3 +148,70 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="bias must have one shard per weight shard"):
         F.vocab_parallel_fused_linear_cross_entropy(torch.randn(4, 3), [torch.randn(5, 3), torch.randn(5, 3)], t,
                                                     [torch.randn(10)])
+
+
+# ---- tigon.nn.VocabParallelCrossEntropy: Liger-Kernel's LigerVocabParallelCrossEntropy module --------------------
+def _seq_batch(device, s=3, b=4, v=V):
+    # Liger's (S, B, V_local) logits and (S, B) global targets, two ignored
+    g = torch.Generator().manual_seed(3)
+    x = (2 * torch.randn(s, b, v, generator=g)).to(device)
+    t = torch.randint(0, v, (s, b), generator=g).to(device)
+    t[0, 1] = t[2, 3] = -100
+    return x, t
+
+
+@pytest.mark.parametrize("formula", ["pytorch", "megatron"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_liger_vocab_parallel_module_at_one_rank(formula, smoothing, device):
+    # tp_group=None (Liger: TP=1): per-token losses (S, B) float32, 0 where ignored; "pytorch" smoothing is torch's,
+    # "megatron" torch's with alpha * V / (V - 1); "partition" equals "global" at one rank
+    x, t = _seq_batch(device)
+    want_ls = smoothing * V / (V - 1) if formula == "megatron" else smoothing
+    x64 = x.double().requires_grad_()
+    want = torch.nn.functional.cross_entropy(x64.view(-1, V), t.view(-1), reduction="none",
+                                             label_smoothing=want_ls).view(t.shape)
+    for mode in ("global", "partition"):
+        module = tnn.VocabParallelCrossEntropy(-100, smoothing, "none", formula, mode)
+        xg = x.clone().requires_grad_()
+        got = module(xg, t)
+        assert got.shape == t.shape and got.dtype == torch.float32
+        _close(got, want.detach(), f"loss {formula} {mode}")
+        up = torch.randn_like(got)
+        got.backward(up)
+        (want_grad,) = torch.autograd.grad(want, x64, up.double(), retain_graph=True)
+        _close(xg.grad, want_grad, f"grad {formula} {mode}")
+    assert "label_smoothing_formula" in repr(module)
+
+
+def test_liger_vocab_parallel_module_passes_the_rank_shard(monkeypatch):
+    # at TP > 1 the shard of rank r holds classes [r * V_local, (r + 1) * V_local) (Liger's, Megatron's layout)
+    import tigon.nn.vocab_parallel as vp
+
+    seen = {}
+
+    def fake(logits, target, **kw):
+        seen.update(kw, logits_shape=tuple(logits.shape), target_shape=tuple(target.shape))
+        return torch.zeros(target.shape)
+
+    group = object()
+    monkeypatch.setattr(vp, "_rank_and_world", lambda g: (1, 2) if g is group else (0, 1))
+    monkeypatch.setattr(vp.TF, "vocab_parallel_cross_entropy", fake)
+    x, t = torch.randn(3, 4, 10), torch.zeros(3, 4, dtype=torch.long)
+    out = tnn.VocabParallelCrossEntropy(label_smoothing=0.1, label_smoothing_formula="megatron")(x, t, group)
+    assert out.shape == (3, 4)
+    assert seen["group"] is group and seen["vocab_start"] == 10 and seen["vocab_size"] == 20
+    assert seen["reduction"] == "none" and seen["logits_shape"] == (12, 10) and seen["target_shape"] == (12,)
+    assert seen["label_smoothing"] == pytest.approx(0.1 * 20 / 19)
+    with pytest.raises(ValueError, match="label_smoothing_mode='partition'"):
+        tnn.VocabParallelCrossEntropy(label_smoothing=0.1, label_smoothing_mode="partition")(x, t, group)
+
+
+def test_liger_vocab_parallel_module_errors_name_the_argument():
+    for kw, match in ((dict(reduction="mean"), "reduction must be 'none'"),
+                      (dict(label_smoothing=1.0), r"label_smoothing must be in \[0, 1\)"),
+                      (dict(label_smoothing_formula="x"), "label_smoothing_formula must be one of"),
+                      (dict(label_smoothing_mode="x"), "label_smoothing_mode must be one of")):
+        with pytest.raises(ValueError, match=match):
+            tnn.VocabParallelCrossEntropy(**kw)
+    with pytest.raises(ValueError, match=r"vocab_parallel_logits must be 3-D \(\[seq, batch, vocab\]\)"):
+        tnn.VocabParallelCrossEntropy()(torch.randn(4, 10), torch.zeros(4, dtype=torch.long))

@@ -131,7 +131,9 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     LigerOp("LigerBlockSparseTop2MLP", _MOE),
     LigerOp("LigerExperts", _MOE),
     LigerOp("LigerQwen3MoeSwiGLUMLP", _MOE),
-    LigerOp("LigerVocabParallelCrossEntropy", "F.vocab_parallel_cross_entropy"),
+    LigerOp("LigerVocabParallelCrossEntropy", "nn.VocabParallelCrossEntropy",
+            "over F.vocab_parallel_cross_entropy; label_smoothing_mode='partition' (a per-rank approximation) with "
+            "label smoothing over several ranks raises ('global', the exact mean, is the default)"),
     LigerOp("LigerGroupNorm", "nn.GroupNorm"),
     LigerOp("LigerTiledGEGLUMLP", "nn.TiledGEGLUMLP", _TILED),
     LigerOp("LigerTiledSwiGLUMLP", "nn.TiledSwiGLUMLP", _TILED),
@@ -148,7 +150,9 @@ LIGER_OPS: tuple[LigerOp, ...] = (
     # chunked losses (liger_kernel.chunked_loss)
     LigerOp("LigerFusedLinearDPOLoss", "nn.FusedLinearDPOLoss"),
     LigerOp("LigerFusedLinearCPOLoss", "nn.FusedLinearCPOLoss"),
-    LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss"),
+    LigerOp("LigerFusedLinearORPOLoss", "nn.FusedLinearORPOLoss",
+            "forward's nll_target (a separate target for the NLL term) raises: the NLL term is on target's "
+            "chosen rows"),
     LigerOp("LigerFusedLinearSimPOLoss", "nn.FusedLinearSimPOLoss"),
     LigerOp("LigerFusedLinearKTOLoss", "nn.FusedLinearKTOLoss"),
     LigerOp("LigerFusedLinearGRPOLoss", "nn.FusedLinearGRPOLoss"),

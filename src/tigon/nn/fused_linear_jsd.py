@@ -94,7 +94,8 @@ class FusedLinearJSDLoss(nn.Module):
     Forward:
         ``loss(student_input, student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
         teacher_bias=None)``: (N, H), (V, H), (N, H'), (V, H'), (N,) integer labels (None: every row, no hard
-        loss: only with ``weight_hard_loss=0``), optional (V,) biases. Returns a
+        loss: only with ``weight_hard_loss=0``), optional (V,) biases; or, as Liger takes them (TRL's GKD trainer),
+        (B, T, H) / (B, T, H') hidden states and (B, T) labels, the same loss as their B * T rows. Returns a
         0-d float32 loss (or the triple); gradients to student_input, student_weight and student_bias. Unlike
         Liger, the two vocabularies must be equal (Liger pads a smaller student vocabulary with zero logits).
 
@@ -124,6 +125,7 @@ class FusedLinearJSDLoss(nn.Module):
         # (read here: Liger's modules read their attributes at each call, so they may change between calls)
         weight_hard = _loss_weight("weight_hard_loss", self.weight_hard_loss)
         weight_soft = _loss_weight("weight_soft_loss", self.weight_soft_loss)
+        student_input, teacher_input, true_labels = _rows(student_input, teacher_input, true_labels)
         soft = TF.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight, true_labels,
                                    self.beta, self.ignore_index, self.temperature, student_bias=student_bias,
                                    teacher_bias=teacher_bias, student_softcap=self.student_softcap,
@@ -144,6 +146,25 @@ class FusedLinearJSDLoss(nn.Module):
         return (f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
                 f"beta={self.beta}, ignore_index={self.ignore_index}, temperature={self.temperature}"
                 + _caps_repr(self))
+
+
+def _rows(student_input, teacher_input, true_labels):
+    """(B, T, H) hidden states and (B, T) labels (TRL's GKD call of Liger's loss, whose chunks run over dim 0) as
+    (B * T, H) rows and (B * T,) labels; 2-D inputs and anything else as given (the functional ops check them).
+
+    Raises:
+        ValueError: 3-D hidden states whose labels are not of their (B, T) shape."""
+    if not (isinstance(student_input, torch.Tensor) and student_input.dim() == 3):
+        return student_input, teacher_input, true_labels
+    if isinstance(true_labels, torch.Tensor) and true_labels.shape != student_input.shape[:-1]:
+        raise ValueError(f"true_labels must have shape {tuple(student_input.shape[:-1])} (student_input's leading "
+                         f"dims), got {tuple(true_labels.shape)}")
+    student_input = student_input.flatten(0, 1)
+    if isinstance(teacher_input, torch.Tensor) and teacher_input.dim() == 3:
+        teacher_input = teacher_input.flatten(0, 1)
+    if isinstance(true_labels, torch.Tensor):
+        true_labels = true_labels.flatten()
+    return student_input, teacher_input, true_labels
 
 
 def _caps_repr(module) -> str:
