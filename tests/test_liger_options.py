@@ -367,6 +367,18 @@ def test_flce_liger_names(device):
         F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, ce_weight=cw)
     with pytest.raises(ValueError, match="Liger-Kernel's LigerFusedLinearCrossEntropyLoss takes"):
         F.fused_linear_cross_entropy(w, h[0], torch.zeros(3, dtype=torch.long, device=device))
+    # Liger's module attributes: ce_weight (the class_weight buffer) and return_token_accuracy, read and set
+    m = tnn.FusedLinearCrossEntropyLoss(ce_weight=cw, return_token_accuracy=True)
+    assert m.ce_weight is m.class_weight and m.return_token_accuracy and "class_weight" in dict(m.named_buffers())
+    m.ce_weight, m.return_token_accuracy = None, False
+    assert m.class_weight is None and not m.return_accuracy and not isinstance(m(h, w, t), tuple)
+    m.ce_weight = cw
+    assert torch.equal(m(h, w, t), F.fused_linear_cross_entropy(h.reshape(-1, 8), w,
+                                                                t.reshape(-1), class_weight=cw))
+    c = tnn.CrossEntropyLoss(return_token_accuracy=True)
+    assert c.return_token_accuracy and c.return_accuracy
+    c.return_token_accuracy = False
+    assert not c.return_accuracy
     # N == V: the shapes agree in either order; the head's nn.Parameter tells Liger's order apart
     square, head = torch.randn(20, 8, device=device), torch.nn.Parameter(w.clone())
     with pytest.raises(TypeError, match="Liger-Kernel's order"):

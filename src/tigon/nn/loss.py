@@ -114,6 +114,15 @@ class CrossEntropyLoss(nn.Module):
         )
         return _restore(out, lead, self.reduction)
 
+    @property
+    def return_token_accuracy(self) -> bool:
+        """Liger-Kernel's name of :attr:`return_accuracy` (read and set as Liger's module attribute)."""
+        return self.return_accuracy
+
+    @return_token_accuracy.setter
+    def return_token_accuracy(self, value: bool) -> None:
+        self.return_accuracy = value
+
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
@@ -206,6 +215,24 @@ class FusedLinearCrossEntropyLoss(nn.Module):
             return_predicted_tokens=self.return_predicted_tokens, use_token_scaling=self.use_token_scaling,
         )
         return _restore(out, lead, self.reduction)
+
+    @property
+    def ce_weight(self) -> torch.Tensor | None:
+        """Liger-Kernel's name of the :attr:`class_weight` buffer (read and set as Liger's module attribute)."""
+        return self.class_weight
+
+    @ce_weight.setter
+    def ce_weight(self, value: torch.Tensor | None) -> None:
+        self.class_weight = value
+
+    @property
+    def return_token_accuracy(self) -> bool:
+        """Liger-Kernel's name of :attr:`return_accuracy` (read and set as Liger's module attribute)."""
+        return self.return_accuracy
+
+    @return_token_accuracy.setter
+    def return_token_accuracy(self, value: bool) -> None:
+        self.return_accuracy = value
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
