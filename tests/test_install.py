@@ -57,8 +57,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_tigon_env(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
+    # (without PYTHONPATH: with src/ on it, and src/tigon.egg-info from an editable install, pip finds tigon
+    # "already satisfied" and installs nothing)
     subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=120, env=_env_without_checkout())
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     deps = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))  # torch & co. of this interpreter
