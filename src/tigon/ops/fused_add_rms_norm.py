@@ -32,10 +32,10 @@ def fused_add_rms_norm(
     The step between a decoder layer's blocks (HF LlamaDecoderLayer: ``hidden_states = residual + hidden_states;
     residual = hidden_states; hidden_states = norm(hidden_states)``) in one pass over the rows; Liger-Kernel's
     ``liger_fused_add_rms_norm(X, R, W, eps, offset=0.0, casting_mode="llama", in_place=True)`` (the same order
-    and defaults; eps defaults to 1e-6 here; Liger's keyword names ``X``, ``R``, ``W`` are accepted). s is added in x's dtype (one rounding, as torch adds), and y is exactly
-    :func:`tigon.functional.rms_norm` of s (statistics in fp32). The gradient of x and of residual is one tensor,
-    ``rstd * (g - shat * mean(g * shat)) + ds`` with ``g = dy * (offset + weight)``, ``shat = s * rstd`` and ds the
-    gradient reaching s (zero when s is not used).
+    and defaults; eps defaults to 1e-6 here; Liger's keyword names ``X``, ``R``, ``W`` are accepted). s is added in
+    x's dtype (one rounding, as torch adds), and y is exactly :func:`tigon.functional.rms_norm` of s (statistics in
+    fp32). The gradient of x and of residual is one tensor, ``rstd * (g - shat * mean(g * shat)) + ds`` with
+    ``g = dy * (offset + weight)``, ``shat = s * rstd`` and ds the gradient reaching s (zero when s is not used).
 
     Args:
         x: (..., hidden) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides. The

@@ -106,8 +106,8 @@ def swiglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, *, gate_multipl
     The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``; with multipliers
     ``silu(gate_multiplier * gate) * up * down_multiplier``, HF FalconH1MLP's (see below); with ``limit``,
     DeepSeek-V4's clamped SwiGLU ``silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)`` (see below). Drop-in for
-    Liger-Kernel's ``liger_swiglu(a, b)`` (gate, up; Liger's keyword names ``a``, ``b`` are accepted). Math in fp32, one rounding; the backward recomputes the
-    activation from gate (nothing but gate and up is saved).
+    Liger-Kernel's ``liger_swiglu(a, b)`` (gate, up; Liger's keyword names ``a``, ``b`` are accepted). Math in
+    fp32, one rounding; the backward recomputes the activation from gate (nothing but gate and up is saved).
 
     Args:
         gate: (..., I) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides (a
