@@ -136,3 +136,46 @@ def test_save_pretrained_keeps_the_state_dict_and_from_pretrained_is_unpatched(t
     assert set(_patched_kinds(again)) == KINDS and set(again.tigon_report.counts) == KINDS
     tigon.unpatch(model)
     tigon.unpatch(again)
+
+
+def _replicate(root):
+    """What ``torch.nn.parallel.replicate`` does for one replica (``nn.DataParallel``, which the HF Trainer uses with
+    several GPUs and no distributed launch), without CUDA: each module's ``_replicate_for_data_parallel()`` (a shallow
+    copy of its ``__dict__``) with the children replaced by their replicas and the parameters by copies of them."""
+    replicas = {m: m._replicate_for_data_parallel() for m in root.modules()}
+    for m, r in replicas.items():
+        r._modules = {k: replicas[c] if c is not None else None for k, c in m._modules.items()}
+        r._parameters = {k: torch.nn.Parameter(p.detach().clone(), p.requires_grad) if p is not None else None
+                         for k, p in m._parameters.items()}
+    return replicas[root]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_data_parallel_replicas_run_the_patch_on_their_own_parameters(lora):
+    # an instance-level patch is a method bound to its module: DataParallel's replicas copy the module's __dict__,
+    # so each replica ran Tigon's forward on the original module (its parameters, on the first GPU) and the
+    # replica's own parameters got no gradient
+    model = _model()
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "gate_proj", "down_proj"],
+                                                           init_lora_weights=False))
+    ids = _ids()
+    ref = _replicate(model)
+    want = ref(input_ids=ids, labels=ids).loss
+    want.backward()
+    tigon.patch(model)
+    replica = _replicate(model)
+    support.backend_usage(reset=True)
+    got = replica(input_ids=ids, labels=ids).loss
+    got.backward()
+    assert OPS <= set(support.backend_usage()) | ({"glu_linear"} if lora else set())
+    assert all(p.grad is None for p in model.parameters())
+    grads = {n: p.grad for n, p in replica.named_parameters() if p.grad is not None}
+    assert grads.keys() == {n for n, p in ref.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for n, p in ref.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    tigon.unpatch(model)
+    assert not any("_replicate_for_data_parallel" in vars(m) for m in model.modules())

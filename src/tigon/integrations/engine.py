@@ -303,7 +303,8 @@ def _bind_all(module, binds, *more):
         for mod, pairs in ((module, binds), *more):
             for attr, fn in pairs:
                 setattr(mod, attr, types.MethodType(fn, mod))
-            hub_kernels.guard(mod)  # (a class prepared for hub kernels: kernelize keeps the forward)
+            hub_kernels.guard(mod)
+            persist.keep_on_replicas(mod)  # (a class prepared for hub kernels: kernelize keeps the forward)
     return apply
 
 
@@ -312,6 +313,7 @@ def _rope_instance_apply(module, fn, rope: RopeTarget):
         rope.ensure(module)
         module.forward = types.MethodType(fn, module)
         hub_kernels.guard(module)
+        persist.keep_on_replicas(module)
     return apply
 
 
@@ -552,6 +554,8 @@ def unpatch(model_or_family) -> PatchReport:
                         sw.live.discard(m)
                     patched.add(mk["family"])
                     report.replaced.append(PatchEntry(mk["kind"], path or f"({type(m).__name__})", f"original {attr}"))
+                if not any(tigon_mark(m.__dict__.get(a)) for a in PATCH_ATTRS):
+                    persist.forget_replicas(m)
             report.family = unpatched_family(model_or_family, spec, patched)
             for sw in list(SWITCHES.values()):
                 if sw.release():

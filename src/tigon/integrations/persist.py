@@ -15,6 +15,12 @@ pickle
     unpickling rebuilds the Tigon method for the module's class in the loading process. The loading process needs
     ``tigon`` importable (``torch.load(path, weights_only=False)``, as for any pickled model).
 
+DataParallel replicas
+    ``torch.nn.parallel.replicate`` (``nn.DataParallel``, the HF Trainer's wrapper with several GPUs and no
+    distributed launch) copies each module's ``__dict__`` into a replica, bound methods included: the replica would
+    run Tigon's forward on the original module (its parameters, on the first device). :func:`keep_on_replicas` gives
+    a patched module an instance ``_replicate_for_data_parallel`` that rebinds Tigon's methods to the replica.
+
 ``save_pretrained`` / ``from_pretrained`` keep no patch: a patch adds no parameter or buffer, so the state dict is the
 unpatched model's, and a model loaded with ``from_pretrained`` is patched again with :func:`tigon.patch` (or loaded
 with :class:`tigon.AutoModelForCausalLM`).
@@ -84,11 +90,47 @@ def rebind(module, recipe: Recipe) -> types.MethodType:
     return method
 
 
+REPLICATE = "_replicate_for_data_parallel"
+"""The ``torch.nn.Module`` method that ``torch.nn.parallel.replicate`` calls on each module (a shallow copy)."""
+
+
+def _replicate(self):
+    """``self``'s DataParallel replica (``torch.nn.Module._replicate_for_data_parallel``: its ``__dict__`` copied), with
+    the Tigon methods of that copy bound to the replica instead of to ``self``."""
+    replica = getattr(type(self), REPLICATE)(self)
+    d = replica.__dict__
+    for attr, value in list(d.items()):
+        if (isinstance(value, types.MethodType) and value.__self__ is self
+                and (value.__func__ is _replicate or tigon_mark(value.__func__) is not None)):
+            d[attr] = types.MethodType(value.__func__, replica)
+    return replica
+
+
+def keep_on_replicas(module) -> None:
+    """Make DataParallel replicas of the patched ``module`` run Tigon's methods on themselves (see the module
+    docstring): an instance ``_replicate_for_data_parallel``, removed by :func:`forget_replicas`."""
+    module.__dict__[REPLICATE] = types.MethodType(_replicate, module)
+
+
+def forget_replicas(module) -> None:
+    """Remove :func:`keep_on_replicas`'s method from ``module`` (at unpatch, once no Tigon method is left on it)."""
+    method = module.__dict__.get(REPLICATE)
+    if isinstance(method, types.MethodType) and method.__func__ is _replicate:
+        del module.__dict__[REPLICATE]
+
+
 def _reduce_method(method: types.MethodType):
+    if method.__func__ is _replicate:  # pickles as the module's own method again, rebound on load
+        return _replicating, (method.__self__,)
     recipe = getattr(method.__func__, RECIPE, None)
     if recipe is None:
         return _PREVIOUS(method) if _PREVIOUS is not None else method.__reduce__()
     return rebind, (method.__self__, recipe)
+
+
+def _replicating(module) -> types.MethodType:
+    """Unpickling of :func:`keep_on_replicas`'s method."""
+    return types.MethodType(_replicate, module)
 
 
 _PREVIOUS = copyreg.dispatch_table.get(types.MethodType)
