@@ -179,3 +179,25 @@ def test_data_parallel_replicas_run_the_patch_on_their_own_parameters(lora):
             torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
     tigon.unpatch(model)
     assert not any("_replicate_for_data_parallel" in vars(m) for m in model.modules())
+
+
+def test_replicas_rebind_every_method_bound_to_the_module():
+    # TRL's switch (and accelerate's mixed-precision wrapper) bind a forward to the model instance: a replica must run
+    # it on itself; the hook stays while such a method is left, and goes with the last one
+    import types
+
+    from tigon.integrations import persist
+
+    lin = torch.nn.Linear(3, 2)
+    lin.forward = types.MethodType(lambda self, x: x @ self.weight.T, lin)
+    persist.keep_on_replicas(lin)
+    replica = _replicate(lin)
+    assert replica.forward.__self__ is replica and replica._replicate_for_data_parallel.__self__ is replica
+    x = torch.randn(4, 3)
+    replica(x).sum().backward()
+    assert lin.weight.grad is None and replica.weight.grad is not None
+    persist.forget_replicas(lin)
+    assert "_replicate_for_data_parallel" in vars(lin)  # (the bound forward is still there)
+    del lin.forward
+    persist.forget_replicas(lin)
+    assert "_replicate_for_data_parallel" not in vars(lin)

@@ -303,8 +303,8 @@ def _bind_all(module, binds, *more):
         for mod, pairs in ((module, binds), *more):
             for attr, fn in pairs:
                 setattr(mod, attr, types.MethodType(fn, mod))
-            hub_kernels.guard(mod)
-            persist.keep_on_replicas(mod)  # (a class prepared for hub kernels: kernelize keeps the forward)
+            hub_kernels.guard(mod)  # (a class prepared for hub kernels: kernelize keeps the forward)
+            persist.keep_on_replicas(mod)  # (DataParallel replicas run these methods on themselves)
     return apply
 
 

@@ -19,7 +19,8 @@ DataParallel replicas
     ``torch.nn.parallel.replicate`` (``nn.DataParallel``, the HF Trainer's wrapper with several GPUs and no
     distributed launch) copies each module's ``__dict__`` into a replica, bound methods included: the replica would
     run Tigon's forward on the original module (its parameters, on the first device). :func:`keep_on_replicas` gives
-    a patched module an instance ``_replicate_for_data_parallel`` that rebinds Tigon's methods to the replica.
+    a patched module (and a model whose forward TRL's switch replaced) an instance ``_replicate_for_data_parallel``
+    that rebinds the methods bound to it in its ``__dict__`` to the replica.
 
 ``save_pretrained`` / ``from_pretrained`` keep no patch: a patch adds no parameter or buffer, so the state dict is the
 unpatched model's, and a model loaded with ``from_pretrained`` is patched again with :func:`tigon.patch` (or loaded
@@ -96,12 +97,12 @@ REPLICATE = "_replicate_for_data_parallel"
 
 def _replicate(self):
     """``self``'s DataParallel replica (``torch.nn.Module._replicate_for_data_parallel``: its ``__dict__`` copied), with
-    the Tigon methods of that copy bound to the replica instead of to ``self``."""
+    every method of that copy bound to ``self`` (Tigon's, TRL switch's forward, accelerate's mixed-precision
+    forward beside it) bound to the replica instead: run on ``self``, it would read the first device's parameters."""
     replica = getattr(type(self), REPLICATE)(self)
     d = replica.__dict__
     for attr, value in list(d.items()):
-        if (isinstance(value, types.MethodType) and value.__self__ is self
-                and (value.__func__ is _replicate or tigon_mark(value.__func__) is not None)):
+        if isinstance(value, types.MethodType) and value.__self__ is self:
             d[attr] = types.MethodType(value.__func__, replica)
     return replica
 
@@ -113,9 +114,12 @@ def keep_on_replicas(module) -> None:
 
 
 def forget_replicas(module) -> None:
-    """Remove :func:`keep_on_replicas`'s method from ``module`` (at unpatch, once no Tigon method is left on it)."""
+    """Remove :func:`keep_on_replicas`'s method from ``module`` (at unpatch), unless another method is still bound to
+    it in its ``__dict__`` (TRL switch's forward)."""
     method = module.__dict__.get(REPLICATE)
-    if isinstance(method, types.MethodType) and method.__func__ is _replicate:
+    if isinstance(method, types.MethodType) and method.__func__ is _replicate and not any(
+            isinstance(v, types.MethodType) and v.__self__ is module and v is not method
+            for v in module.__dict__.values()):
         del module.__dict__[REPLICATE]
 
 

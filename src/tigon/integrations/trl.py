@@ -40,7 +40,7 @@ import functools
 import types
 from dataclasses import asdict, dataclass, field
 
-from . import trl_heads
+from . import persist, trl_heads
 
 FUSED_HEAD_TRAINERS = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RLOOTrainer", "KTOTrainer")
 """TRL trainers whose losses read TRL's fused LM head (``add_fused_lm_head``), by class name (subclasses too)."""
@@ -158,6 +158,7 @@ def _switch_head(model, where: str, report: TrainerSwitchReport, strict: bool, m
         model.forward = types.MethodType(convert_outputs_to_fp32(amp(forward)), model)
     else:
         model.forward = types.MethodType(forward, model)
+    persist.keep_on_replicas(model)  # (nn.DataParallel's replicas run the switched forward on themselves)
     models.append((model, trl_forward, original))
     report.switched.append(f"{where}: {_head_detail(settings)}")
 
@@ -286,6 +287,7 @@ def unpatch_trainer(trainer) -> bool:
         model.forward = trl_forward
         if original is not None:
             model._original_forward = original
+        persist.forget_replicas(model)
     if state["compute_loss"]:
         del trainer.__dict__["compute_loss"]
     return True
