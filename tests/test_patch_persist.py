@@ -201,3 +201,26 @@ def test_replicas_rebind_every_method_bound_to_the_module():
     del lin.forward
     persist.forget_replicas(lin)
     assert "_replicate_for_data_parallel" not in vars(lin)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nn.DataParallel replicates only over 2+ CUDA devices")
+def test_data_parallel_on_two_gpus_matches_the_unpatched_model():
+    # the real nn.DataParallel (the HF Trainer's wrapper with 2+ GPUs and no distributed launch): each replica's
+    # batch half runs on its own device and parameters; loss and gradients equal the unpatched model's
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(2)).cuda()
+    grads, losses = [], []
+    for patched in (False, True):
+        model = _model()
+        if patched:
+            tigon.patch(model)
+        dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+        loss = dp(input_ids=ids, labels=ids).loss.mean()
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if patched:
+            tigon.unpatch(model)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    assert grads[1].keys() == grads[0].keys()
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-6, msg=n)
