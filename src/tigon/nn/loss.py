@@ -20,6 +20,13 @@ def _flatten(x: torch.Tensor, target: torch.Tensor, what: str):
     return x.reshape(-1, x.shape[-1]), target.reshape(-1), tuple(target.shape)
 
 
+def _liger_alias(name: str) -> property:
+    """A property under Liger-Kernel's name of the module attribute ``name`` (read and set through it), as Liger's
+    loss modules store ``ce_weight`` and ``return_token_accuracy``."""
+    return property(lambda self: getattr(self, name), lambda self, value: setattr(self, name, value),
+                    doc=f"Liger-Kernel's name of :attr:`{name}` (read and set).")
+
+
 def _restore(out, lead, reduction: str):
     """The per-token outputs (the losses, z-losses and hits of ``"none"``, the predicted tokens) in target's shape
     ``lead``."""
@@ -114,14 +121,7 @@ class CrossEntropyLoss(nn.Module):
         )
         return _restore(out, lead, self.reduction)
 
-    @property
-    def return_token_accuracy(self) -> bool:
-        """Liger-Kernel's name of :attr:`return_accuracy` (read and set as Liger's module attribute)."""
-        return self.return_accuracy
-
-    @return_token_accuracy.setter
-    def return_token_accuracy(self, value: bool) -> None:
-        self.return_accuracy = value
+    return_token_accuracy = _liger_alias("return_accuracy")
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
@@ -216,23 +216,8 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         )
         return _restore(out, lead, self.reduction)
 
-    @property
-    def ce_weight(self) -> torch.Tensor | None:
-        """Liger-Kernel's name of the :attr:`class_weight` buffer (read and set as Liger's module attribute)."""
-        return self.class_weight
-
-    @ce_weight.setter
-    def ce_weight(self, value: torch.Tensor | None) -> None:
-        self.class_weight = value
-
-    @property
-    def return_token_accuracy(self) -> bool:
-        """Liger-Kernel's name of :attr:`return_accuracy` (read and set as Liger's module attribute)."""
-        return self.return_accuracy
-
-    @return_token_accuracy.setter
-    def return_token_accuracy(self, value: bool) -> None:
-        self.return_accuracy = value
+    ce_weight = _liger_alias("class_weight")
+    return_token_accuracy = _liger_alias("return_accuracy")
 
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
