@@ -512,6 +512,19 @@ def test_patch_report_says_what_runs_under_compile(tiny_models, monkeypatch):
     tigon.unpatch(model)
 
 
+def test_patch_report_says_a_compiled_instance_forward_was_compiled_first(tiny_models):
+    # model.forward = torch.compile(model.forward) before tigon.patch: the LM head is skipped, and the reason names
+    # torch.compile and the order that works (it blamed "another library (e.g. accelerate hooks)")
+    import tigon
+
+    model = tiny_models(False)
+    model.forward = torch.compile(model.forward, backend="aot_eager")
+    report = tigon.patch(model)
+    (head,) = [e for e in report.skipped if e.kind == "lm_head_loss"]
+    assert "torch.compile" in head.detail and "patch first" in head.detail, head.detail
+    tigon.unpatch(model)
+
+
 def test_no_locals_call_in_the_library():
     """torch 2.11's Dynamo (the GPU image's) cannot trace ``locals()`` ("Failed to trace builtin operator"): a public
     function that gathers its arguments with it breaks every compiled caller there (found by the post-training losses

@@ -273,3 +273,33 @@ def test_report_says_why_a_fused_qkv_projection_is_not_fused_with_the_rotary():
     assert len(rope) == 2 and all(e.ops == ("rope",) and "qkv_proj" in e.detail and "fused qkv projection" in e.detail
                                   for e in rope), rope
     assert any("qkv_proj" in n and "lora_linear, then rope" in n for n in report.notes)
+
+
+def _compile_note_ops(report) -> dict[str, set[str]]:
+    """The ops the patch report's torch.compile note names, by what they run: ``{"inductor": ..., "kernel": ...}``."""
+    (note,) = [n for n in report.notes if n.startswith("under torch.compile")]
+    found = {}
+    for part in note.split(": ", 1)[1].split("; "):
+        names, _, rest = part.partition(" lea") if " lea" in part else part.partition(" run")
+        found["inductor" if "Inductor" in rest else "kernel"] = set(names.split(", "))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["auto", "kernels"])
+def test_compile_note_names_what_the_compiled_attention_runs(mode, monkeypatch):
+    # Under torch.compile the attention runs its projections one by one (lora_linear) and the rotary as rope, not as
+    # the lora_qkv_rope node: the note named lora_qkv_rope and, in "kernels" mode, left out the rope kernel that ran.
+    monkeypatch.setenv("TIGON_COMPILE_OPS", mode)
+    torch._dynamo.reset()
+    model = peft_model(layers=1)
+    found = _compile_note_ops(tigon.patch(model))
+    named = set().union(*found.values())
+    assert "lora_qkv_rope" not in named and "rope" in named
+    assert "rope" in found["kernel" if mode == "kernels" else "inductor"]
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(2))
+    support.backend_usage(reset=True)
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    assert set(support.backend_usage()) == named
+    torch._dynamo.reset()

@@ -94,7 +94,7 @@ def existing_patch(m: torch.nn.Module, cls: type, attr: str, target: str, opts: 
     """What already stands at ``m``'s ``attr`` (``cls``: the class whose attribute a patch replaces): ``(None, "")``
     nothing (patch it); ``("class", "")`` / ``("instance", "")`` Tigon's, at that level, with ``opts`` checked equal
     (:func:`check_same_options`: ValueError otherwise); ``("skip", why)`` a subclass's own ``attr`` or an instance
-    attribute set by another library."""
+    attribute set by another library (or by the user: ``model.forward = torch.compile(model.forward)``)."""
     if getattr(type(m), attr, None) is not getattr(cls, attr, None) and not _fsdp2_rewrapped(type(m), cls, attr):
         return "skip", f"{type(m).__name__} overrides {cls.__name__}.{attr}"
     if (mk := tigon_mark(getattr(type(m), attr, None))) is not None:
@@ -108,6 +108,9 @@ def existing_patch(m: torch.nn.Module, cls: type, attr: str, target: str, opts: 
             return "skip", (f"instance {attr} is a hub kernel's ({m.__dict__['_kernel_repo']}) that transformers' "
                             "kernels integration installed (from_pretrained with use_kernels); call "
                             "model.reset_kernels() before tigon.patch(model), or load with use_kernels=False")
+        if getattr(current, "_torchdynamo_orig_callable", None) is not None:  # torch.compile's wrapper of a function
+            return "skip", (f"instance {attr} is a torch.compile'd function (model.{attr} = torch.compile(...) before "
+                            f"tigon.patch): patch first, then compile")
         return "skip", f"instance {attr} already overridden by another library (e.g. accelerate hooks)"
     check_same_options(mk, target, opts, class_level=False)
     return "instance", ""

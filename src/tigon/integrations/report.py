@@ -164,9 +164,16 @@ class PatchReport:
         return self.to_table()
 
 
+COMPILED_AS = {"lora_qkv_rope": ("lora_linear", "rope")}
+"""Op of a report entry -> the ops that run in its place inside a torch.compile graph, where the entry's call does
+not take it: a patched attention runs q / k / v one by one and its rotary as ``rope`` there
+(:mod:`tigon.integrations.lora_qkv`)."""
+
+
 def compile_note(report: PatchReport) -> str:
-    """What the replaced ops run inside a torch.compile graph, in the current compile mode (one line, or "")."""
-    ops = sorted({op for e in report.replaced for op in e.ops})
+    """What the replaced ops run inside a torch.compile graph, in the current compile mode (one line, or ""): the
+    entries' ops, those of :data:`COMPILED_AS` replaced by what runs in their place."""
+    ops = sorted({o for e in report.replaced for op in e.ops for o in COMPILED_AS.get(op, (op,))})
     if not ops:
         return ""
     by = {"kernel": [], "inductor": []}
