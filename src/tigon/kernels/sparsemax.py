@@ -19,7 +19,8 @@ and, in the same pass, ``min_S x``. Why it is exact and stops:
   tied at tau sit in S until t reaches tau; the next pass drops them and stops.)
 * Otherwise some x of S is <= t', so the next support is smaller: k strictly decreases on every pass that does not
   stop, and a pass with k = 0 stops too. So a row takes at most N + 1 passes whatever the input, fp32 rounding
-  included. Hence no cap on the loop: a cap is only safe if no row reaches it, and Michelot's worst case is one value dropped a pass (Condat 2016, "Fast projection
+  included. Hence no cap on the loop: a cap is only safe if no row reaches it, and Michelot's worst case is one
+  value dropped a pass (Condat 2016, "Fast projection
   onto the simplex and the l1 ball"); 8 bisection halvings first would not bound it either, since any number of
   values can lie in the 2^-8 bracket below tau (what bounds the passes is the integer k, not a width).
 * The passes run on ``x - max`` (sparsemax is shift-invariant): the max is 0 and t starts at -1, exact whatever the

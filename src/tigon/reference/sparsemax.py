@@ -14,7 +14,8 @@ def sparsemax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     (sum_{j<=k(z)} z_(j) - 1) / k(z)``, on ``z - max(z)`` (sparsemax is shift-invariant; without the shift a row far
     from 0 loses its digits, and at 1e30 ``1 + z_(1) > z_(1)`` fails even in float64, an empty support). A row
     holding a NaN or +inf, or all -inf, is NaN throughout (as ``torch.softmax``). Computed in the promotion of the
-    input's dtype and float32 (float64 stays float64, the truth of the tests), rounded once to the input's dtype. Its gradient (autograd through the sort) is
+    input's dtype and float32 (float64 stays float64, the truth of the tests), rounded once to the input's dtype.
+    Its gradient (autograd through the sort) is
     ``dx = s * (dy - sum(s * dy) / sum(s))`` with ``s`` the support ``y > 0``.
 
     Args:
