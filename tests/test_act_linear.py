@@ -342,3 +342,11 @@ def test_model_ops_name_act_linear():
     assert "act_linear" not in ops("llama", hidden_act="silu")
     assert kind_op("mlp", {"model_type": "nemotron", "hidden_act": "relu2"}) == "act_linear"  # tigon profile's op
     assert kind_op("mlp", {"model_type": "llama", "hidden_act": "silu"}) == "swiglu"
+
+def test_act_linear_inplace_backward_must_be_a_bool(device):
+    # bool(inplace_backward) took 1 and the string "False" for True: the backward then wrote d_h over the caller's h
+    h = torch.randn(3, 8, device=device, requires_grad=True)
+    w = torch.randn(4, 8, device=device)
+    for bad in (1, "False", None):
+        with pytest.raises(TypeError, match="inplace_backward must be a bool"):
+            F.act_linear(h, w, inplace_backward=bad)

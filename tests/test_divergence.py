@@ -537,3 +537,12 @@ def test_bf16_gradient_error_measured(device):
         grads[name] = x.grad
     assert rel_l2(grads["tigon"], grads["truth"]) < 0.5 * rel_l2(grads["plain"], grads["truth"])
 
+
+
+def test_kl_div_log_target_must_be_a_bool():
+    # log_target=1 / "no" / None were truthy stand-ins that picked a formula (a probability target read as
+    # log-probabilities, or the reverse, is a silently wrong loss)
+    x, y = torch.randn(4, 10).log_softmax(-1), torch.randn(4, 10).softmax(-1)
+    for bad in (1, 0, "no", None):
+        with pytest.raises(TypeError, match="log_target must be a bool"):
+            F.kl_div(x, y, log_target=bad)

@@ -186,3 +186,17 @@ def test_dyt_backward_grid_of_row_ranges_and_column_chunks(device, monkeypatch, 
             assert_close_to_truth(checks)
             if alpha != 0.0:
                 assert all(c.tigon_err < 1e-5 for c in checks), checks
+
+
+def test_dyt_module_constructor_checks():
+    # hidden_size -2 / True failed inside torch ("negative dimension", "must be tuple of ints"), 0 built an empty
+    # module; init_alpha NaN / inf made every output NaN, True was taken for 1.0; beta=1 for True
+    for bad, error in ((0, ValueError), (-2, ValueError), (True, TypeError), (4.0, TypeError)):
+        with pytest.raises(error, match="hidden_size must be a positive int"):
+            TN.DyT(bad)
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), (True, TypeError)):
+        with pytest.raises(error, match="init_alpha must be a"):
+            TN.DyT(4, init_alpha=bad)
+    with pytest.raises(TypeError, match="beta must be a bool"):
+        TN.DyT(4, beta=1)
+    assert TN.DyT(4, False, 2).alpha.item() == 2.0

@@ -364,3 +364,32 @@ def test_gpu_formed_gradients_at_head_size_in_three_matmuls(case):
     truth, truth_grads = run(ref_grpo, torch.float64)
     for name, a, p, t in [("loss", loss, plain, truth), *zip(("_input", "weight"), grads, plain_grads, truth_grads)]:
         assert rel_l2(a, t) <= max(1.05 * rel_l2(p, t), 1e-6), (name, rel_l2(a, t), rel_l2(p, t))
+
+
+@pytest.mark.parametrize("items, error", [
+    (True, TypeError),  # was taken for 1
+    ("6", TypeError),  # was "new(): invalid data type 'str'"
+    (float("nan"), ValueError), (float("inf"), ValueError), (torch.tensor(float("nan")), ValueError),  # a NaN loss
+    (-3, ValueError), (torch.tensor(-3.0), ValueError),  # were clamped to 1 as TRL clamps an empty batch's 0
+    (torch.tensor([3.0, 4.0]), ValueError),  # was a (2,) "loss"
+    (torch.tensor(True), TypeError),
+])
+def test_num_items_in_batch_is_checked(device, items, error):
+    inputs = _inputs(torch.float32, dict(), device=device)
+    args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
+    if isinstance(items, torch.Tensor) and torch.device(device).type == "cpu" or not isinstance(items, torch.Tensor):
+        with pytest.raises(error, match="num_items_in_batch"):
+            F.fused_linear_grpo(*args, beta=0.0, num_items_in_batch=items)
+    for ok in (0, 7, 7.0, torch.tensor(7), torch.tensor([7.0])):  # (0: an empty batch, clamped to 1 as TRL's)
+        loss = F.fused_linear_grpo(*args, beta=0.0, num_items_in_batch=ok)
+        assert loss.shape == () and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("flag", ["use_ref_model", "use_bias_correction_kl", "return_metrics"])
+def test_flags_must_be_bools(device, flag):
+    # 1 / None were taken for True / False (compute_entropy was already checked)
+    inputs = _inputs(torch.float32, dict(), device=device)
+    args = [inputs[k] for k in ("_input", "weight", "selected_token_ids", "attention_mask", "advantages")]
+    for bad in (1, None):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+            F.fused_linear_grpo(*args, beta=0.0, **{flag: bad})

@@ -280,3 +280,19 @@ def test_group_norm_streamed_backward(device, monkeypatch, affine, row_sums):
         inputs = dict(base, X=torch.randn(2, 5, 7, 6, device=device).permute(0, 3, 1, 2) * 2 + 1)
         assert_close_to_truth(compare(F.group_norm, ref_group_norm, inputs,
                                       [g for g, a in zip(GRADS, (True,) + affine) if a]))
+
+
+def test_group_norm_module_constructor_checks():
+    # GroupNorm(-1, 1) failed inside torch ("negative dimension"), GroupNorm(0, 1) built an empty module, a float
+    # count or a bool slipped through (1.0 divides 4.0); bias=1 was a truthy stand-in for True
+    for args, error, match in (((-1, 1), ValueError, "num_channels must be a positive int"),
+                               ((0, 1), ValueError, "num_channels must be a positive int"),
+                               ((4.0, 2), TypeError, "num_channels must be a positive int"),
+                               ((4, True), TypeError, "num_groups must be a positive int"),
+                               ((4, 2.0), TypeError, "num_groups must be a positive int")):
+        with pytest.raises(error, match=match):
+            TN.GroupNorm(*args)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        TN.GroupNorm(4, 2, bias=1)
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+        TN.GroupNorm(4, 2, eps=float("nan"))

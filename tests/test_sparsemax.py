@@ -157,3 +157,47 @@ def test_sparsemax_wide_logits(device, monkeypatch, N, top2):
     # kernel's reduction order differs from the interpreter's, so 1e-6 absolute held on the CPU only
     atol = 4 * torch.finfo(torch.float32).eps * x.abs().max().item()
     torch.testing.assert_close(F.sparsemax(x).double(), ref_sparsemax(x.double()), rtol=0, atol=atol)
+
+
+# ---- rows of non-finite or far-offset values ------------------------------------------------------------------------
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["registers", "chunked"])
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+def test_sparsemax_non_finite_rows_give_nan_as_softmax(device, monkeypatch, path, chunked):
+    # a NaN, a +inf or an all -inf row is NaN throughout, as torch.softmax's (the kernel dropped a NaN as if it were
+    # -inf and gave 0 or 1 for the rest; the reference's Algorithm 1 found an empty support and gathered at index -1,
+    # a RuntimeError on the CPU, a device assert on CUDA); -inf entries beside finite ones are plain zeros
+    from tigon.kernels import softmax as k
+
+    if chunked:
+        monkeypatch.setattr(k, "REGISTER_ROW", 2)
+        monkeypatch.setattr(k, "WIDE_CHUNK", 2)
+    x = torch.tensor([[_NAN, 1.0, 2.0], [1.0, _NAN, 2.0], [_INF, 1.0, 2.0], [-_INF, -_INF, -_INF],
+                      [-_INF, 1.0, 2.0], [0.5, 0.25, 0.0]], device=device)
+    y = (F.sparsemax if path == "kernel" else ref_sparsemax)(x)
+    assert torch.isnan(y[:4]).all(), y
+    torch.testing.assert_close(y[4:], ref_sparsemax(x[4:].double()).float(), rtol=0, atol=1e-7)
+    assert torch.equal(y[4], torch.tensor([0.0, 0.0, 1.0], device=device))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["registers", "chunked"])
+@pytest.mark.parametrize("offset", [3000.0, 1e30])
+def test_sparsemax_is_shift_invariant(device, monkeypatch, offset, chunked):
+    # sparsemax(x + c) = sparsemax(x): rows far from 0 are projected relative to their max (x - max exact there), so
+    # fp32 keeps its 1e-5 (at c = 3000 the kernel was 8e-5 off, the fp32 reference 2e-4; at 1e30 both gave zeros or
+    # crashed: the float64 Algorithm 1 as well, 1 + z_(1) == z_(1); there fp32 rows are all equal: uniform)
+    from tigon.kernels import softmax as k
+
+    if chunked:
+        monkeypatch.setattr(k, "REGISTER_ROW", 8)
+        monkeypatch.setattr(k, "WIDE_CHUNK", 8)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4, 33, generator=g) * 0.5
+    x = (z.double() + offset).float().to(device)
+    want = ref_sparsemax((x.double() - x.double().amax(-1, keepdim=True)).cpu())
+    for fn in (F.sparsemax, ref_sparsemax):
+        y = fn(x).double().cpu()
+        assert (y - want).abs().max() < 1e-6, fn
+        torch.testing.assert_close(y.sum(-1), torch.ones(4, dtype=torch.float64), rtol=0, atol=2e-6)

@@ -215,3 +215,45 @@ def test_liger_vocab_parallel_module_errors_name_the_argument():
             tnn.VocabParallelCrossEntropy(**kw)
     with pytest.raises(ValueError, match=r"vocab_parallel_logits must be 3-D \(\[seq, batch, vocab\]\)"):
         tnn.VocabParallelCrossEntropy()(torch.randn(4, 10), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("op", ["ce", "flce"])
+def test_ignore_index_and_return_z_loss_are_checked(op):
+    # ignore_index=True was taken for 1 (tokens of class 1 silently ignored) and -100.5 for -100; return_z_loss=1 for
+    # True (cross_entropy refuses all three)
+    x, t = torch.randn(4, 10), torch.tensor([0, 1, 1, 3])
+
+    def call(**kw):
+        if op == "ce":
+            return F.vocab_parallel_cross_entropy([x], t, **kw)
+        return F.vocab_parallel_fused_linear_cross_entropy(x, [torch.randn(7, 10)], torch.tensor([0, 1, 1, 3]), **kw)
+
+    for bad in (True, -100.5, "-100", None):
+        with pytest.raises(TypeError, match="ignore_index must be an int"):
+            call(ignore_index=bad)
+    with pytest.raises(TypeError, match="return_z_loss must be a bool"):
+        call(return_z_loss=1)
+    assert call(ignore_index=torch.tensor(1)).shape == ()  # (a one-element integer tensor is an int, as elsewhere)
+
+
+def test_liger_vocab_parallel_module_checks_the_target_against_the_logits():
+    # (S, B, V) logits with (B, S) targets: each was paired with another token's logits (the same number of
+    # elements), a silently wrong (B, S) loss; a list target failed with "'list' object has no attribute 'shape'"
+    x, t = _seq_batch("cpu", s=3, b=4)
+    module = tnn.VocabParallelCrossEntropy()
+    for bad in (t.t().contiguous(), t.reshape(-1), t.reshape(2, 6)):
+        with pytest.raises(ValueError, match=r"target must have shape \(3, 4\)"):
+            module(x, bad)
+    with pytest.raises(TypeError, match="target must be a torch.Tensor"):
+        module(x, t.tolist())
+
+
+def test_liger_vocab_parallel_module_megatron_smoothing_needs_two_classes_and_stays_below_one():
+    # Megatron's alpha * V / (V - 1): V = 1 was a ZeroDivisionError; alpha = 0.6 at V = 2 is 1.2, refused by the
+    # functional op as "label_smoothing ... got 1.2", a value the caller never gave
+    module = tnn.VocabParallelCrossEntropy(label_smoothing=0.6, label_smoothing_formula="megatron")
+    for v in (1, 2):
+        x, t = torch.randn(3, 4, v), torch.zeros(3, 4, dtype=torch.long)
+        with pytest.raises(ValueError, match=r"label_smoothing=0.6 with label_smoothing_formula='megatron'"):
+            module(x, t)
+    assert tnn.VocabParallelCrossEntropy(label_smoothing_formula="megatron")(x, t).shape == (3, 4)  # (0: no scaling)

@@ -18,11 +18,14 @@ and, in the same pass, ``min_S x``. Why it is exact and stops:
   k(z)``) up to fp32 rounding of the sum. The row stops there; y's support is S exactly and y sums to 1. (Values
   tied at tau sit in S until t reaches tau; the next pass drops them and stops.)
 * Otherwise some x of S is <= t', so the next support is smaller: k strictly decreases on every pass that does not
-  stop, and a pass with k = 0 (a NaN or all -inf row, or fp32 unable to tell max - 1 from max) stops too. So a row
-  takes at most N + 1 passes whatever the input, fp32 rounding included. Hence no cap on the loop: a cap is only
-  safe if no row reaches it, and Michelot's worst case is one value dropped a pass (Condat 2016, "Fast projection
+  stop, and a pass with k = 0 stops too. So a row takes at most N + 1 passes whatever the input, fp32 rounding
+  included. Hence no cap on the loop: a cap is only safe if no row reaches it, and Michelot's worst case is one
+  value dropped a pass (Condat 2016, "Fast projection
   onto the simplex and the l1 ball"); 8 bisection halvings first would not bound it either, since any number of
   values can lie in the 2^-8 bracket below tau (what bounds the passes is the integer k, not a width).
+* The passes run on ``x - max`` (sparsemax is shift-invariant): the max is 0 and t starts at -1, exact whatever the
+  row's offset (from the raw values, a row near 3000 was 8e-5 off in fp32, one near 1e30 all zeros). A row holding a
+  NaN (which ``tl.max`` skips) or +inf, or all -inf, does not run and is NaN throughout, as ``torch.softmax``.
   Realistic rows stop after a handful of passes (below).
 
 Passes per row, counted by an emulation of this loop (``benchmarks/sparsemax_tune.py --passes``, CPU; the max's
@@ -94,10 +97,14 @@ def _sparsemax_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
     mask = rmask[:, None] & (cols < N)[None, :]
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=float("-inf")).to(tl.float32)
     m1 = tl.max(x, axis=1)
-    t = tl.where(rmask, m1, 0.0) - 1.0  # a lower bound of tau
-    active = rmask & (t == t)  # padding rows and NaN rows do not run
+    # a row holding a NaN (tl.max skips it) or +inf, or all -inf, is NaN throughout (as torch.softmax)
+    bad = (tl.sum(tl.where(x == x, 0.0, 1.0), axis=1) > 0) | (m1 == float("inf")) | (m1 == float("-inf"))
+    m1 = tl.where(bad | ~rmask, 0.0, m1)
+    x = x - m1[:, None]  # relative to the max (shift-invariant; exact near it): the max is 0, t starts at -1
+    t = tl.zeros_like(m1) - 1.0  # a lower bound of tau
+    active = rmask & ~bad  # padding rows and bad rows do not run
     if TOP2:
-        t = _top2_bound(t, m1, tl.max(tl.where(x < m1[:, None], x, float("-inf")), axis=1))
+        t = _top2_bound(t, 0.0, tl.max(tl.where(x < 0.0, x, float("-inf")), axis=1))
     while tl.max(active.to(tl.int32), axis=0) > 0:  # until every row of the block has stopped
         supp = x > t[:, None]
         k = tl.sum(tl.where(supp, 1.0, 0.0), axis=1)
@@ -106,7 +113,7 @@ def _sparsemax_fwd(X, Y, M, N, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
         tn, stop = _michelot(t, k, e, mn)
         t = tl.where(active, tn, t)  # a stopped row keeps its tau
         active = active & ~stop
-    y = tl.maximum(x - t[:, None], 0.0)
+    y = tl.where(bad[:, None], float("nan"), tl.maximum(x - t[:, None], 0.0))
     tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -118,24 +125,29 @@ def _sparsemax_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr, TOP2: tl.const
     offs = tl.arange(0, BLOCK_N)
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     m2 = tl.full([BLOCK_N], float("-inf"), tl.float32)  # (TOP2) each lane's second largest, another position's
+    nans = tl.zeros([BLOCK_N], dtype=tl.float32)
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + offs
         xc = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
         if TOP2:
             m2 = tl.maximum(m2, tl.minimum(m, xc))
         m = tl.maximum(m, xc)
+        nans += tl.where(xc == xc, 0.0, 1.0)
     m1 = tl.max(m, axis=0)
-    t = m1 - 1.0
-    active = t == t
+    # as the register path: a NaN, +inf or all -inf row is NaN; the passes run on x - max (the max is 0, t from -1)
+    bad = (tl.sum(nans, axis=0) > 0) | (m1 == float("inf")) | (m1 == float("-inf"))
+    m1 = tl.where(bad, 0.0, m1)
+    t = tl.where(bad, 0.0, -1.0)
+    active = ~bad
     if TOP2:  # a lane holding m1 offers its runner-up, any other lane its max: an element other than m1's
-        t = _top2_bound(t, m1, tl.max(tl.where(m < m1, m, m2), axis=0))
+        t = _top2_bound(t, 0.0, tl.max(tl.where(m < m1, m, m2), axis=0) - m1)
     while active:
         k = tl.zeros([BLOCK_N], dtype=tl.float32)
         e = tl.zeros([BLOCK_N], dtype=tl.float32)
         mn = tl.full([BLOCK_N], float("inf"), tl.float32)
         for c0 in range(0, N, BLOCK_N):
             cols = c0 + offs
-            x = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32)
+            x = tl.load(X + row * stride_x + cols, mask=cols < N, other=float("-inf")).to(tl.float32) - m1
             supp = x > t
             k += tl.where(supp, 1.0, 0.0)
             e += tl.where(supp, x - t, 0.0)
@@ -145,8 +157,9 @@ def _sparsemax_fwd_wide(X, Y, N, stride_x, BLOCK_N: tl.constexpr, TOP2: tl.const
     for c0 in range(0, N, BLOCK_N):
         cols = c0 + offs
         cmask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(Y + row * N + cols, tl.maximum(x - t, 0.0).to(Y.dtype.element_ty), mask=cmask)
+        x = tl.load(X + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32) - m1
+        y = tl.where(bad, float("nan"), tl.maximum(x - t, 0.0))
+        tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
 
 @triton.jit

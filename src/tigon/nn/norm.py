@@ -277,16 +277,21 @@ class DyT(nn.Module):
         dtype.
 
     Raises:
-        ValueError: a last dimension other than hidden_size (forward).
+        TypeError: hidden_size not an int, init_alpha not a real number, beta not a bool (at construction).
+        ValueError: hidden_size < 1, init_alpha not finite (at construction); a last dimension other than
+            hidden_size (forward).
     """
 
     def __init__(self, hidden_size: int, beta: bool = True, init_alpha: float = 0.5, *, device=None,
                  dtype=None) -> None:
         super().__init__()
+        hidden_size = _checks.size("hidden_size", hidden_size)
+        alpha = _checks.number("init_alpha", init_alpha)
+        _checks.flag("beta", beta)
         self.hidden_size = hidden_size
         self.init_alpha = init_alpha
         kw = {"device": device, "dtype": dtype}
-        self.alpha = nn.Parameter(torch.full((1,), float(init_alpha), **kw))
+        self.alpha = nn.Parameter(torch.full((1,), alpha, **kw))
         self.gamma = nn.Parameter(torch.ones(hidden_size, **kw))
         self.beta = nn.Parameter(torch.zeros(hidden_size, **kw)) if beta else None
 
@@ -361,8 +366,10 @@ class GroupNorm(nn.Module):
         float16 on the kernel path; output: same shape and dtype.
 
     Raises:
-        ValueError: num_groups does not divide num_channels or init_fn is unknown (at construction); an input of
-            fewer than 3 dimensions, or as :func:`tigon.functional.group_norm` (forward).
+        TypeError: num_channels / num_groups not ints, bias not a bool (at construction).
+        ValueError: num_channels or num_groups < 1, num_groups not dividing num_channels, eps not finite and >= 0 or
+            init_fn unknown (at construction); an input of fewer than 3 dimensions, or as
+            :func:`tigon.functional.group_norm` (forward).
     """
 
     def __init__(self, num_channels: int, num_groups: int, eps: float = 1e-6, bias: bool = False,
@@ -370,7 +377,10 @@ class GroupNorm(nn.Module):
         super().__init__()
         if init_fn not in ("ones", "zeros"):
             raise ValueError(f"init_fn must be 'ones' or 'zeros', got {init_fn!r}")
-        if num_groups < 1 or num_channels % num_groups:
+        num_channels, num_groups = _checks.size("num_channels", num_channels), _checks.size("num_groups", num_groups)
+        _checks.number("eps", eps, minimum=0.0)
+        _checks.flag("bias", bias)
+        if num_channels % num_groups:
             raise ValueError(f"num_groups must be a positive divisor of num_channels ({num_channels}), got "
                              f"{num_groups}")
         kw = {"device": device, "dtype": dtype}

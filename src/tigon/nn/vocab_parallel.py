@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import _checks
 from .. import functional as TF
 
 _FORMULAS = ("pytorch", "megatron")
@@ -45,8 +46,10 @@ class VocabParallelCrossEntropy(nn.Module):
 
     Raises:
         ValueError: reduction not "none", label_smoothing outside [0, 1), an unknown formula or mode (at
-            construction); logits not 3-D, ``"partition"`` with label smoothing over several ranks, and the
-            functional op's checks (at the forward).
+            construction); logits not 3-D, a target not of the logits' leading shape (S, B), ``"partition"`` with
+            label smoothing over several ranks, ``"megatron"`` smoothing that scales to 1 or more (V classes need
+            label_smoothing < (V - 1) / V), and the functional op's checks (at the forward).
+        TypeError: target not a tensor (and the functional op's checks).
     """
 
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "none",
@@ -72,6 +75,10 @@ class VocabParallelCrossEntropy(nn.Module):
             shape = tuple(getattr(vocab_parallel_logits, "shape", ()))
             raise ValueError(f"vocab_parallel_logits must be 3-D ([seq, batch, vocab]), got shape {shape} "
                              "(HF's [batch, seq, vocab] works too: the losses are per token)")
+        _checks.tensor("target", target)
+        if tuple(target.shape) != tuple(vocab_parallel_logits.shape[:-1]):  # ((B, S) for (S, B): other tokens' pairs)
+            raise ValueError(f"target must have shape {tuple(vocab_parallel_logits.shape[:-1])} (the logits' "
+                             f"leading dimensions), got {tuple(target.shape)}")
         rank, world = _rank_and_world(tp_group)
         v_local = vocab_parallel_logits.shape[-1]
         smoothing = self.label_smoothing
@@ -80,6 +87,10 @@ class VocabParallelCrossEntropy(nn.Module):
                              "ranks and label smoothing: use 'global', the exact mean over all classes")
         if smoothing > 0 and self.label_smoothing_formula == "megatron":
             n_classes = v_local * world
+            if not smoothing * n_classes < n_classes - 1:  # (the scaled smoothing must stay below 1)
+                raise ValueError(f"label_smoothing={self.label_smoothing} with label_smoothing_formula='megatron' "
+                                 f"scales to label_smoothing * V / (V - 1), which must stay below 1: V = {n_classes} "
+                                 f"classes needs label_smoothing < {(n_classes - 1) / n_classes:g}")
             smoothing = smoothing * n_classes / (n_classes - 1)
         logits = vocab_parallel_logits.reshape(-1, v_local)
         shape = target.shape

@@ -55,7 +55,8 @@ def act_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         (..., H) in h's dtype, or the autocast dtype under autocast; gradients in their inputs' dtypes.
 
     Raises:
-        TypeError: a non-floating tensor, or (outside autocast) weight / bias of another dtype than h's.
+        TypeError: a non-floating tensor, or (outside autocast) weight / bias of another dtype than h's;
+            inplace_backward not a bool.
         ValueError: h is 0-d, weight is not (H, I) or bias not (H,), devices differ, or activation is unknown.
 
     The memory saving is eager mode's: under ``torch.compile`` (any compile mode) this is ``F.linear(act(h), weight,
@@ -73,6 +74,7 @@ def act_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if bias is not None and (_checks.tensor("bias", bias, floating=True, ndim=1).shape[0] != weight.shape[0]):
         raise ValueError(f"bias must have shape ({weight.shape[0]},) (weight's rows), got {tuple(bias.shape)}")
     _checks.same_device(h=h, weight=weight, bias=bias)
+    _checks.flag("inplace_backward", inplace_backward)  # (bool() took 1 and "False" for True: d_h written over h)
     dev = h.device.type
     autocast = dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev)  # (meta, ...: no autocast to ask about)
     mixed = [t.dtype for t in (weight, bias) if t is not None and t.dtype != h.dtype]
@@ -84,7 +86,7 @@ def act_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     from ..kernels._common import fast_apply
 
     cd = torch.get_autocast_dtype(dev) if autocast else h.dtype
-    return fast_apply(k.ActLinearFunction)(h, weight, bias, activation, cd, _writable(bool(inplace_backward), h))
+    return fast_apply(k.ActLinearFunction)(h, weight, bias, activation, cd, _writable(inplace_backward, h))
 
 
 # ---- the record ----------------------------------------------------------------------------------------------------

@@ -96,12 +96,13 @@ def kl_div(input: torch.Tensor, target: torch.Tensor, size_average: bool = True,
         float32 loss (float64 for float64 inputs): 0-d, or (N, V) for ``"none"``; 0 for N = 0.
 
     Raises:
-        TypeError: input / target not floating, eps not a number.
+        TypeError: input / target not floating, eps not a number, log_target not a bool.
         ValueError: input not (N, V), target of another shape, devices differ, unknown reduction, eps < 0.
     """
     ref.check_pair(input, target)
     _checks.choice("reduction", reduction, ref.REDUCTIONS)
     e = _checks.number("eps", eps, minimum=0.0)
+    _checks.flag("log_target", log_target)
     if select_backend("kl_div", input) in TORCH_CODE:
         return ref.kl_div(input, target, size_average, reduce, reduction, log_target, eps)
     from ..kernels.divergence import KL_LOG, KL_PROB

@@ -126,7 +126,10 @@ def fused_linear_grpo(
             and the LM heads' checks of :func:`tigon.functional.fused_linear_logprobs`); bad options
             (:class:`tigon.reference.grpo.GRPOOptions`: unknown ``loss_type`` / ``importance_sampling_level``, dr_grpo
             without ``max_completion_length``, temperatures or delta not > 0); ``use_ref_model`` with beta != 0 and
-            no reference; ``entropy_coef`` is validated likewise, ``compute_entropy`` must be a bool.
+            no reference; ``entropy_coef`` is validated likewise; ``compute_entropy``, ``use_ref_model``,
+            ``use_bias_correction_kl`` and ``return_metrics`` must be bools; ``num_items_in_batch`` a finite count
+            >= 0, a number or a one-element tensor (a CPU tensor's value is read), as
+            :func:`tigon.reference.fused_linear_grpo.check_num_items` says.
     """
     args = dict(_input=_input, weight=weight, selected_token_ids=selected_token_ids,
         attention_mask=attention_mask, advantages=advantages, bias=bias, ref_per_token_logps=ref_per_token_logps,

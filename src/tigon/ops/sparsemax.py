@@ -30,7 +30,8 @@ def sparsemax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Returns:
         input's shape and dtype; contiguous for the last dimension, else the moved-back view of a contiguous
-        tensor. The gradient in the input's dtype.
+        tensor. The gradient in the input's dtype. A slice holding a NaN or +inf, or all -inf, is NaN throughout (as
+        ``torch.softmax``); -inf entries beside finite ones are zeros. Shift-invariant: computed on ``x - max``.
 
     Raises:
         TypeError: input is not a floating-point tensor; dim is not an int.

@@ -278,12 +278,15 @@ def vocab_parallel_cross_entropy(
         gradient reaches each rank's own shard (for a DTensor: a DTensor gradient with its placements).
 
     Raises:
-        TypeError: logits not floating, target not integer.
+        TypeError: logits not floating, target not integer, ignore_index not an int (a bool or a float is not one),
+            return_z_loss not a bool.
         ValueError: shapes (each shard (N, Vl), target (N,)), a missing or negative vocab_start, a DTensor not
             sharded on the vocabulary over a 1-D mesh, bad options (as cross_entropy), targets outside [0, V) on
             the CPU (on CUDA their loss is NaN: no host read).
     """
     shards, starts, reducer, n_classes = _shards(logits, "logits", 1, group, vocab_start, vocab_size)
+    ignore_index = _checks.integer("ignore_index", ignore_index)  # (True was 1, -100.5 was -100)
+    _checks.flag("return_z_loss", return_z_loss)
     for i, x in enumerate(shards):
         ref_ce.check_inputs(x, target, None, reduction=reduction, label_smoothing=label_smoothing,
                             lse_square_scale=lse_square_scale, softcap=softcap, num_items_in_batch=num_items_in_batch)
@@ -446,6 +449,8 @@ def vocab_parallel_fused_linear_cross_entropy(
             :func:`tigon.functional.fused_linear_cross_entropy` (hidden (N, H), weight (Vl, H), bias (Vl,)).
     """
     ws, starts, reducer, n_classes = _shards(weight, "weight", 0, group, vocab_start, vocab_size)
+    ignore_index = _checks.integer("ignore_index", ignore_index)
+    _checks.flag("return_z_loss", return_z_loss)
     if bias is None:
         bs = [None] * len(ws)
     elif isinstance(bias, (list, tuple)) or _checks.is_dtensor(bias):

@@ -97,6 +97,7 @@ class GRPOOptions:
         _real("sapo_temperature_pos", self.sapo_temperature_pos, positive=True)
         _real("sapo_temperature_neg", self.sapo_temperature_neg, positive=True)
         _real("delta", self.delta, positive=True, optional=True)
+        _checks.flag("use_bias_correction_kl", self.use_bias_correction_kl)
         m = self.max_completion_length
         if m is not None and (not isinstance(m, numbers.Integral) or isinstance(m, bool) or m <= 0):
             raise ValueError(f"max_completion_length must be None or an int > 0, got {m!r}")
@@ -127,7 +128,7 @@ def _per_process_tokens(mask: torch.Tensor, num_items_in_batch) -> torch.Tensor:
     dist = torch.distributed
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if num_items_in_batch is not None:
-        total = torch.as_tensor(num_items_in_batch, device=mask.device).to(mask.dtype)
+        total = torch.as_tensor(num_items_in_batch, device=mask.device).to(mask.dtype).reshape(())  # (a (1,) too)
     else:
         total = mask.sum()
         if world > 1:
