@@ -9,9 +9,10 @@ integration layer's per-call checks on top of the ops' own cost.
 
 What the GPU hides only when its kernels run longer than this: at small batches the ops are host-bound (the
 cross-entropy at 1-2k tokens, benchmarks/results/h200/session8/sweep9c_ce_plain_small.json). On the GPU, the host's
-share shows as the difference between ``tigon bench`` without and with ``--cuda-graph``. Measured on tiny CPU tensors under the interpreter backend (the
-same Python path as the CUDA one except that the CUDA path skips the target-range check and pays the CUDA launch
-itself), so figures compare versions of the code on one machine, not machines. Median of 7 repeats of 500 calls.
+share shows as the difference between ``tigon bench`` without and with ``--cuda-graph``. Measured on tiny CPU tensors
+under the interpreter backend (the same Python path as the CUDA one except that the CUDA path skips the target-range
+check and pays the CUDA launch itself), so figures compare versions of the code on one machine, not machines. Median of
+7 repeats of 500 calls.
 
 ``--clock cpu`` times with the thread's CPU time (``time.thread_time``) instead of the wall clock: on a shared,
 loaded machine the wall clock also counts the time the process waited for a core, the CPU time does not.

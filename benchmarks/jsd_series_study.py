@@ -1,4 +1,5 @@
-"""Error study behind ``JSD_NEAR`` and the series degrees of :func:`tigon.kernels.divergence_terms._jsd_parts` (CPU only).
+"""Error study behind ``JSD_NEAR`` and the series degrees of :func:`tigon.kernels.divergence_terms._jsd_parts`
+(CPU only).
 
     PYTHONPATH=src python3 benchmarks/jsd_series_study.py [--samples 2000]
 

@@ -26,7 +26,8 @@ For each op (its registry record's bench inputs, at ``--tokens`` x ``--hidden`` 
   nested phases included: the chunk loop holds the matmuls and row kernels). Printed as a table under each row.
 
 Usage (GPU machine, repo root):
-    PYTHONPATH=src python3 benchmarks/posttrain_breakdown.py --out $OUT/posttrain-breakdown_llama3-8b-8k_h200_<date>.json
+    PYTHONPATH=src python3 benchmarks/posttrain_breakdown.py \
+        --out $OUT/posttrain-breakdown_llama3-8b-8k_h200_<date>.json
 Smoke run of the script on a CPU (interpreted kernels, tiny shapes; times meaningless):
     PYTHONPATH=src python3 benchmarks/posttrain_breakdown.py --device cpu --tokens 32 --hidden 16 --vocab 40 --batch 4 \
         --reps 1 --providers tigon,eager

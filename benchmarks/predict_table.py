@@ -10,9 +10,10 @@ fails or times out is listed with its status. The table (printed, and written as
 ``predict_table.md`` in ``--out-dir``) holds per row: the original step (measured), the patched step predicted from
 it and measured, the prediction's error ``100 * (predicted - measured) / measured`` %, beside it the prediction from
 the per-op host changes (the default again since session 18: ``tigon.workflows.profile_layer.HOST_BASIS``), the one
-from the whole layers' host time and the one from the whole layers' host time with the device not held (``limits.predicted.alternative``: no sleep kernel, the launch
-queue as short as in a host-bound step; :mod:`tigon.workflows.profile_layer`), what bounds the original step, its
-host and device time, and the advice. Target (issue 24): |error| <= 7% on every row.
+from the whole layers' host time and the one from the whole layers' host time with the device not held
+(``limits.predicted.alternative``: no sleep kernel, the launch queue as short as in a host-bound step;
+:mod:`tigon.workflows.profile_layer`), what bounds the original step, its host and device time, and the advice. Target
+(issue 24): |error| <= 7% on every row.
 
 Cost: a Qwen2.5-0.5B row took ~40 s on the H200 with ``--steps 10 --warmup 3``; the defaults here (6 timed steps
 after 2 warm-up ones; at most 3 of them profiled) keep three rows within ~400 s. Steps are medians, so fewer are

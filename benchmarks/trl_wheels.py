@@ -1,7 +1,7 @@
 """TRL for the GPU machine, which has no TRL and no package registry: wheels fetched here, installed there.
 
-    python3 benchmarks/trl_wheels.py download              # here (registry reachable): fills .wheels/trl/
-    eval "$(sh .wheels/trl/install.sh)"                    # there (carry: [".wheels/trl"]): installs, exports PYTHONPATH
+    python3 benchmarks/trl_wheels.py download             # here (registry reachable): fills .wheels/trl/
+    eval "$(sh .wheels/trl/install.sh)"                   # there (carry: [".wheels/trl"]): installs, exports PYTHONPATH
 
 ``download`` fetches :data:`PINS` as Python 3.12 / manylinux x86-64 wheels (``pip download --no-deps
 --only-binary=:all:``) into ``--dir`` (default ``.wheels/trl``, git-ignored by ``.gitignore``'s ``.wheels/``), copies

@@ -70,7 +70,8 @@ def main():
                   f"{trainer.accelerator.distributed_type.value}")
         trainer.train()
     if trainer.is_world_process_zero():
-        print(f"{trainer.accelerator.num_processes} process(es), model wrapped as {type(trainer.model_wrapped).__name__}")
+        print(f"{trainer.accelerator.num_processes} process(es), model wrapped as "
+              f"{type(trainer.model_wrapped).__name__}")
         for h in trainer.state.log_history:
             if "loss" in h:  # averaged over the processes by the Trainer
                 print(f"step {h['step']}: loss {h['loss']:.4f}")

@@ -4,9 +4,9 @@
 
 Patch first and let PEFT wrap the patched model (as here), or wrap first and call ``tigon.patch(peft_model)``; the
 latter also fuses each LoRA layer's base projection and adapter (report kind ``lora``; after patching first, call
-``tigon.patch(peft_model)`` once more for that). The fused LM-head loss uses the weight PEFT actually trains: for ``modules_to_save``
-that is the active adapter's copy of ``lm_head``. A LoRA adapter *on* ``lm_head`` cannot be expressed as one weight;
-then the original head runs (materialised logits) and Tigon says so once.
+``tigon.patch(peft_model)`` once more for that). The fused LM-head loss uses the weight PEFT actually trains: for
+``modules_to_save`` that is the active adapter's copy of ``lm_head``. A LoRA adapter *on* ``lm_head`` cannot be
+expressed as one weight; then the original head runs (materialised logits) and Tigon says so once.
 """
 
 from __future__ import annotations

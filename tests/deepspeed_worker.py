@@ -59,11 +59,12 @@ class Scenario:
     """stage: the ZeRO stage (2: optimizer state and gradients partitioned, parameters whole; 3: parameters
     partitioned too). tied: tied input and output embeddings. checkpointing: HF gradient checkpointing
     (non-reentrant). patch_after_init: ``tigon.patch(engine.module)`` after ``deepspeed.initialize`` (the weights
-    already partitioned) instead of before. bf16: DeepSpeed's bf16 engine. peft: a PEFT LoRA on the attention projections with the LM head
-    trained as a ``modules_to_save`` copy (the fused loss runs on the copy's Linear; Tigon's LoRA layers are not
-    patched here: they read their base weight inside the LoRA layer's call, which DeepSpeed gathers as an external
-    parameter of that layer, coalesced, so the all-gathers are not the original's). rtol: the bound on the losses'
-    relative difference and on the rel. L2 difference of each gradient and parameter (fp32 throughout)."""
+    already partitioned) instead of before. bf16: DeepSpeed's bf16 engine. peft: a PEFT LoRA on the attention
+    projections with the LM head trained as a ``modules_to_save`` copy (the fused loss runs on the copy's Linear;
+    Tigon's LoRA layers are not patched here: they read their base weight inside the LoRA layer's call, which DeepSpeed
+    gathers as an external parameter of that layer, coalesced, so the all-gathers are not the original's). rtol: the
+    bound on the losses' relative difference and on the rel. L2 difference of each gradient and parameter (fp32
+    throughout)."""
 
     stage: int
     tied: bool = False

@@ -354,8 +354,8 @@ VISION_LANGUAGE = {
     "gemma3": ("gemma3", dict(text_config=dict(TINY, model_type="gemma3_text"), image_token_id=IMAGE_TOKEN,
                               mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4,
                               vision_config=dict(_VIT, model_type="siglip_vision_model", patch_size=2)),
-               "Gemma3ForConditionalGeneration", "gemma3", {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4, "mlp": L + 2},
-               {}),
+               "Gemma3ForConditionalGeneration", "gemma3",
+               {**FULL, "rms_norm": 6 * L + 2, "layer_norm": 4, "mlp": L + 2}, {}),
     # layer 1 is a cross-attention layer (its q / k norms; no rotary); LayerNorm ViT with a global transformer
     "mllama": ("mllama", dict(text_config=dict(TINY, cross_attention_layers=[1]), image_token_index=IMAGE_TOKEN,
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -325,7 +325,8 @@ def test_e2e_gradient_checkpointing_is_enabled_before_the_patch():
         resolve_e2e(E2EConfig(gradient_checkpointing="non_reentrant", checkpoint_budget_gb=1.0))
     with pytest.raises(ConfigError, match="--checkpoint-budget-gb"):
         resolve_e2e(E2EConfig(gradient_checkpointing="selective", checkpoint_budget_gb=-1))
-    with pytest.raises(ConfigError, match="--checkpoint-budget-gb applies to .* got --gradient-checkpointing not given"):
+    with pytest.raises(ConfigError,
+                       match="--checkpoint-budget-gb applies to .* got --gradient-checkpointing not given"):
         resolve_e2e(E2EConfig(checkpoint_budget_gb=1.0))
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="--checkpoint-budget-gb must be a finite number"):

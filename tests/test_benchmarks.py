@@ -1,6 +1,7 @@
 """The maintained benchmark scripts (benchmarks/**/*.py, helpers starting with _ aside) import and print --help on
 any machine, tune.py's search space names only knobs the kernel modules have, and the Makefile's GPU targets parse:
-so that none of them rots silently while src/ changes under them. The scripts run in two subprocesses, half each (a few seconds)."""
+so that none of them rots silently while src/ changes under them. The scripts run in two subprocesses, half each (a few
+seconds)."""
 
 import json
 import os

@@ -294,7 +294,8 @@ def test_selective_checkpointing_of_a_patched_peft_model():
 
 
 TEXT_MATRIX = {**CASES, **MORE_FAMILIES, **{k: v for k, v in GENERIC.items() if v[5] is None}}
-EAGER_ONLY = {"gemma2", "gemma4"}  # sdpa refuses their config (softcap; per-layer head_dim): no attention kernel to keep
+# sdpa refuses their config (softcap; per-layer head_dim): no attention kernel to keep
+EAGER_ONLY = {"gemma2", "gemma4"}
 CPU_MATRIX = {"mixtral", "qwen3_next", "falcon_h1", "bamba", "gemma3", "gemma2", "deepseek_v3", "gemma3n"}
 """The cases the CPU run checks the recompute counts of, one per layout (dense, MoE, linear-attention hybrid with a
 shared expert, parallel Mamba + attention, Mamba layers, post-norms, eager attention, fused q / k / v and gate / up,

@@ -87,7 +87,8 @@ def test_family_report_and_training_step_equal_the_original(experts, limit):
 
 def test_class_level_patch_names_no_vision_tower():
     # a class-level patch of a text family whose rotary is left alone is not a vision-language container (the note
-    # that sends the user to patch "its language model (and vision tower)" by name is for containers: FamilySpec.container)
+    # that sends the user to patch "its language model (and vision tower)" by name is for containers:
+    # FamilySpec.container)
     try:
         report = tigon.patch("deepseek_v4")
         assert report.family == "deepseek_v4" and {e.kind for e in report.replaced} == {"rms_norm", "mlp",

@@ -28,7 +28,8 @@ under DDP, and under ``--parallel tp``, on the tiny default model for 2 steps): 
 memory and tokens/s, the reported losses are the ranks' mean, and the patched losses agree with the original ones as in
 tests/test_compare.py; under TP the ranks share one batch (global batch = per-rank batch) and the head's loss is
 vocab-parallel.
-``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and tokens/s.
+``tigon bench --e2e --nproc 2 --parallel fsdp2`` (original and tigon, 1 step): each row has both ranks' peak memory and
+tokens/s.
 
 Not covered here: NCCL on several GPUs, DeepSpeed itself (tests/test_deepspeed.py, where it is installed). 2-D
 meshes (FSDP2 + TP): ``tigon compare --nproc 4 --parallel fsdp2_tp``, its own 4-rank launch (marked slow).

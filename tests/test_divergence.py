@@ -211,8 +211,8 @@ def _jsd_truth(x, y, beta):
 @pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("gap", [0.0, 1e-3, 0.1, 0.499, 0.501, 0.6, 3.0])
 def test_jsd_series_switch(device, layout, beta, gap):
-    # kernels.divergence_terms._jsd_parts takes its series in d = log P - log Q below |d| = JSD_NEAR (0.5) and the direct
-    # form above it: elements at |d| = gap (both signs) just either side of the switch, each loss term and both
+    # kernels.divergence_terms._jsd_parts takes its series in d = log P - log Q below |d| = JSD_NEAR (0.5) and the
+    # direct form above it: elements at |d| = gap (both signs) just either side of the switch, each loss term and both
     # gradients against float64 (the pointwise losses of reduction "none", the gradients as the forward forms them).
     # Bounds from benchmarks/jsd_series_study.py: the series about 1.5e-7 per element (GPU or not); the direct form
     # on the GPU (approximate lg2 / ex2) about 1.6e-5 (loss) and 3.5e-6 (gradients) median at |d| = 0.51, 1e-5 and

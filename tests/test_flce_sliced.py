@@ -1,4 +1,5 @@
-"""memory="low" of the fused linear cross-entropy: the exact sliced plan (tigon.kernels.flce_sliced), issue 28 goal 4."""
+"""memory="low" of the fused linear cross-entropy: the exact sliced plan (tigon.kernels.flce_sliced),
+issue 28 goal 4."""
 
 import pytest
 import torch

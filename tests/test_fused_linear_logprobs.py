@@ -215,8 +215,8 @@ def test_gradient_through_one_extra_output(device, which):
 
 def test_confident_token_is_accurate_in_fp32(device):
     # a token whose logit stands 8 above the others' (logits 30 and 38, as the cross-entropy's confident-token test):
-    # log p ~ -1e-2 (-0.14 with a runner-up at 36) and a small entropy. Tigon forms log p as (x_t - m) - log s and the entropy as
-    # u / s + log s (no lse subtracted); its fp32 error is at most the plain fp32 computation's, which loses
+    # log p ~ -1e-2 (-0.14 with a runner-up at 36) and a small entropy. Tigon forms log p as (x_t - m) - log s and the
+    # entropy as u / s + log s (no lse subtracted); its fp32 error is at most the plain fp32 computation's, which loses
     # digits to ulps of lse ~ 38
     v = 37
     logits = torch.full((4, v), 30.0, device=device)

@@ -190,7 +190,8 @@ def test_rope_past_2_31(hq, d):
     qt, kt = _leaf(q.detach()[:, :, sl]), _leaf(k.detach()[:, :, sl])
     qr, kr = ref_rope.rope(qt, kt, cos[:, sl].double(), sin[:, sl].double())
     (qr * dq[:, :, sl].double()).sum().backward()
-    for name, got, want in (("q out", qo[:, :, sl], qr), ("k out", ko[:, :, sl], kr), ("dq", q.grad[:, :, sl], qt.grad)):
+    for name, got, want in (("q out", qo[:, :, sl], qr), ("k out", ko[:, :, sl], kr),
+                            ("dq", q.grad[:, :, sl], qt.grad)):
         assert not torch.isnan(got).any(), f"rope {name}: NaN (unwritten) past position {p0}"
         assert rel_l2(got, want) < TOL, name
     assert int(torch.count_nonzero(q.grad[:, :, :p0])) == 0

@@ -306,7 +306,8 @@ def test_rope_position_ids_beyond_the_table_name_it_on_the_cpu(shift):
     q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8)
     cos, sin = (t[0] for t in _tables(1, 4, 8, torch.float32, "cpu"))  # (P=4, R=8)
     bad = torch.arange(4)[None] + shift
-    with pytest.raises(ValueError, match=rf"position_ids must be in \[0, 4\) .* found {bad.max() if shift > 0 else -1}"):
+    with pytest.raises(ValueError,
+                       match=rf"position_ids must be in \[0, 4\) .* found {bad.max() if shift > 0 else -1}"):
         F.rope(q, k, cos, sin, position_ids=bad)
     with pytest.raises(ValueError, match=r"position_ids must be in \[0, 4\)"):  # the reference, the same check
         ref_rope(q, k, cos, sin, position_ids=bad)
@@ -356,7 +357,8 @@ def test_flce_liger_names(device):
     assert got.loss.shape == got.z_loss.shape == (2, 3) and torch.equal(got.loss, want.loss)
     assert got.token_accuracy is got.accuracy and torch.equal(got.accuracy, want.accuracy)
     flat = F.fused_linear_cross_entropy(h[0], w, t[0], ce_weight=cw, return_token_accuracy=True)
-    assert torch.equal(flat.loss, F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, return_accuracy=True).loss)
+    assert torch.equal(flat.loss,
+                       F.fused_linear_cross_entropy(h[0], w, t[0], class_weight=cw, return_accuracy=True).loss)
     logits = h[0] @ w.T
     ce = tnn.CrossEntropyLoss(return_token_accuracy=True)(logits, t[0])
     assert torch.equal(ce.token_accuracy, F.cross_entropy(logits, t[0], return_accuracy=True).accuracy)

@@ -157,7 +157,7 @@ def test_chunk_mem_const_is_checked_and_changes_nothing():
             TF.fused_linear_cross_entropy(h, w, t, chunk_mem_const=bad)
 
 
-# ---- every mapped name: Liger-Kernel 0.8.5's signatures, recorded -----------------------------------------------------
+# ---- every mapped name: Liger-Kernel 0.8.5's signatures, recorded ----------------------------------------------------
 REQ = inspect.Parameter.empty  # no default
 # (name, default) of the positional parameters, in order (``self`` left out), read from the liger_kernel 0.8.5 wheel:
 # transformers/functional.py, transformers/rope.py, transformers/*.py (the modules), chunked_loss/*.py.

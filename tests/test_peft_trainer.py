@@ -353,7 +353,8 @@ def test_merge_unmerge_disable_save_and_merge_and_unload(tmp_path):
     ref.save_pretrained(tmp_path / "ref")
     loaded = peft.PeftModel.from_pretrained(build(False), tmp_path / "patched").eval()
     torch.testing.assert_close(logits(loaded), want, rtol=1e-5, atol=1e-5)
-    assert sorted(p.name for p in (tmp_path / "patched").iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    assert (sorted(p.name for p in (tmp_path / "patched").iterdir())
+            == sorted(p.name for p in (tmp_path / "ref").iterdir()))
     # merge_and_unload: plain nn.Linear layers with the adapters merged in, the patch gone with the LoRA layers
     merged = model.merge_and_unload()
     assert not any(isinstance(m, peft.tuners.lora.LoraLayer) for m in merged.modules())

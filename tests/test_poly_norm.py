@@ -149,7 +149,8 @@ def test_poly_norm_module_matches_liger_layout(device):
     assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
     assert torch.allclose(m.weight.detach(), torch.full((3,), 1 / 3))
     assert m.bias.shape == () and float(m.bias.detach()) == 1.0
-    assert m.variance_epsilon == 1e-6 and m.in_place is False  # Liger: True; opt-in here until the CUDA in-place tests pass
+    # Liger: True; opt-in here until the CUDA in-place tests pass
+    assert m.variance_epsilon == 1e-6 and m.in_place is False
     m = m.to(device)
     x = torch.randn(3, 4, 48, device=device)
     torch.testing.assert_close(m(x), ref_poly_norm(x, m.weight, m.bias))

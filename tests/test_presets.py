@@ -15,8 +15,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def test_preset_names():
     assert presets.preset_names() == ["tiny", "small", "llama3-8b", "llama3.2-1b", "qwen2-7b", "qwen2.5-7b",
-                                      "qwen2.5-0.5b", "smollm2-360m", "gemma2-9b", "qwen2-vl-7b", "qwen2.5-vl-7b", "qwen2-vl-tiny",
-                                      "qwen2.5-vl-tiny"]
+                                      "qwen2.5-0.5b", "smollm2-360m", "gemma2-9b", "qwen2-vl-7b", "qwen2.5-vl-7b",
+                                      "qwen2-vl-tiny", "qwen2.5-vl-tiny"]
     for name in presets.preset_names():
         p = presets.get_preset(name)
         text = p["config"].get("text_config", p["config"])  # a vision-language preset's text decoder

@@ -21,7 +21,8 @@ def test_readme_holds_the_generated_support_table():
     if version is None or version.group(1) != transformers.__version__:
         pytest.skip(f"the table was generated with transformers {version and version.group(1)}, this is "
                     f"{transformers.__version__}: transformers' classes decide some rows")
-    assert held == st.table(), "README.md's support table is stale: PYTHONPATH=src python3 tests/support_table.py --write"
+    assert held == st.table(), ("README.md's support table is stale: "
+                                "PYTHONPATH=src python3 tests/support_table.py --write")
 
 
 def test_every_family_spec_has_a_row():

@@ -8,7 +8,8 @@ relative; measured at most 9e-8 on the losses, 7e-8 on the gradient norms, 1e-7 
 
 - ``ddp``: ``torchrun --nproc-per-node 2 train.py``, ``TrainingArguments(use_cpu=True)``: accelerate's MULTI_CPU,
   the Trainer wraps with DDP.
-- ``fsdp2``: ``accelerate launch --config_file examples/configs/fsdp2.yaml train.py`` (``distributed_type: FSDP``, ``fsdp_version: 2``, ``TRANSFORMER_BASED_WRAP`` on ``LlamaDecoderLayer``):
+- ``fsdp2``: ``accelerate launch --config_file examples/configs/fsdp2.yaml train.py`` (``distributed_type: FSDP``,
+  ``fsdp_version: 2``, ``TRANSFORMER_BASED_WRAP`` on ``LlamaDecoderLayer``):
   accelerate's own ``fully_shard`` wrapping (each decoder layer a unit; accelerate 1.16 also makes the LM head, the
   embedding and the final norm units of their own). accelerate runs FSDP only on GPU-like devices (its
   ``AcceleratorState`` ignores the FSDP plugin on MULTI_CPU ranks and wraps with DDP), so on the CPU the worker
@@ -21,8 +22,8 @@ relative; measured at most 9e-8 on the losses, 7e-8 on the gradient norms, 1e-7 
   accelerator (``DS_ACCELERATOR=cpu``), ``use_cpu`` left False (accelerate drops DeepSpeed when ``cpu`` is set).
   Without a GPU accelerate finds no backend for the DeepSpeed run and counts one process (each rank would train on
   the same batches); the worker gives it gloo (``split_data_under_deepspeed_on_cpu``, a test-only shim), so each
-  rank gets its own batches as on GPUs. Skipped where DeepSpeed is not importable (CI; the GPU image): see tests/test_deepspeed.py for installing it
-  beside the venv (``/tmp/dspkgs``).
+  rank gets its own batches as on GPUs. Skipped where DeepSpeed is not importable (CI; the GPU image): see
+  tests/test_deepspeed.py for installing it beside the venv (``/tmp/dspkgs``).
 
 The three engines see the same batches and the same SGD steps: their losses agree too (``test_engines_agree``,
 ``test_deepspeed_agrees_with_ddp``).

@@ -1,9 +1,10 @@
 """tigon.integrations.trl.patch_trainer: TRL's trainers with and without the switch give the same losses and weights.
 
 Tiny fp32 Llama models built from a config (no downloads), a byte-level tokenizer built in memory, English text from
-``pydoc_data.topics`` (tigon.data). Each trainer test trains the same model ten steps (five on CPU: CI time) with and without the switch and
-compares every logged value (losses 1e-5 relative) and every parameter at the end; more options and trainers run three
-steps each on CUDA, or on CPU with TIGON_TRL_ALL=1. Skipped as a whole without TRL 1.x (the GPU image has no TRL).
+``pydoc_data.topics`` (tigon.data). Each trainer test trains the same model ten steps (five on CPU: CI time) with and
+without the switch and compares every logged value (losses 1e-5 relative) and every parameter at the end; more options
+and trainers run three steps each on CUDA, or on CPU with TIGON_TRL_ALL=1. Skipped as a whole without TRL 1.x (the GPU
+image has no TRL).
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def test_switched_head_runs_the_head_matmul_once_in_forward(outputs):
     """SFT's outputs (log-probabilities, entropy, is_top1 for the token accuracy) and DPO's with WPO weights
     (``use_weighting=True``: also mean_logits and log_sum_sq_probs, from the same row pass):
     one pass over the LM head, the scored tokens' logits once (tigon.workflows.matmul_count.head_matmuls, every 2-D
-    matmul counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half the
-    temperature before: 2 head matmuls."""
+    matmul counted, the backbone's subtracted). The switch took log_sum_sq_probs from a second no-gradient pass at half
+    the temperature before: 2 head matmuls."""
     from tigon.workflows.matmul_count import head_matmuls
 
     model = tiny_model()

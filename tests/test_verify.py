@@ -160,8 +160,8 @@ def test_verify_model_checks_only_the_ops_patch_runs(tmp_path, capsys):
 
     GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                   vocab_size=300).to_json_file(str(tmp_path / "neox.json"))
-    assert V.resolve_config(V.VerifyConfig(model=str(tmp_path / "neox.json"))).ops == ["layer_norm", "rope", "act_linear",
-                                                                                   "fused_linear_cross_entropy"]
+    assert V.resolve_config(V.VerifyConfig(model=str(tmp_path / "neox.json"))).ops == [
+        "layer_norm", "rope", "act_linear", "fused_linear_cross_entropy"]
     # GPT-2: tigon.patch replaces nothing: nothing to verify, said on one line, exit status 2
     GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256).to_json_file(str(tmp_path / "gpt2.json"))
     assert main(["verify", "--model", str(tmp_path / "gpt2.json")]) == 2

@@ -5,11 +5,11 @@ Plain checkpointing keeps each decoder layer's input and runs the layer's forwar
 projection's matmul but those after the last tensor the backward needs (the recomputation stops as soon as that one
 has been saved again, which for ``nn.Linear`` happens before its matmul runs: a pre-norm layer's down projection is
 not recomputed, one followed by a post-feed-forward norm is; :mod:`tigon.recompute` finds which by running the model
-once) and the attention kernel, on top of the memory-bound ops (norms, RoPE, the GLU product, the residual add). The memory-bound ops are
-cheap to recompute, Tigon's kernels all the more; the matmuls and the attention are not. Per layer of Llama-3-8B at
-4 x 2048 tokens in bf16, a projection's output of width ``n`` costs ``tokens * n * 2`` bytes to keep and saves
-``2 * tokens * k * n`` FLOPs (``k`` the input width), that is ``k`` FLOPs per kept byte, 4096 for q / k / v / o /
-gate / up; the attention's output (and its log-sum-exp) saves ``2 * B * heads * T * (T + 1) * head_dim`` FLOPs
+once) and the attention kernel, on top of the memory-bound ops (norms, RoPE, the GLU product, the residual add). The
+memory-bound ops are cheap to recompute, Tigon's kernels all the more; the matmuls and the attention are not. Per layer
+of Llama-3-8B at 4 x 2048 tokens in bf16, a projection's output of width ``n`` costs ``tokens * n * 2`` bytes to keep
+and saves ``2 * tokens * k * n`` FLOPs (``k`` the input width), that is ``k`` FLOPs per kept byte, 4096 for q / k / v /
+o / gate / up; the attention's output (and its log-sum-exp) saves ``2 * B * heads * T * (T + 1) * head_dim`` FLOPs
 (causal), ``T`` FLOPs per kept byte (2048 at T = 2048, more than the matmuls past T = 4096):
 
 ======================  ==========  ===================  ========================
@@ -43,9 +43,9 @@ cached tensors are not read again. A kept output must not be overwritten in the 
 which a Triton kernel does without PyTorch noticing (no version-counter bump, so the selective checkpoint's own
 mutation check cannot see it): Tigon's RoPE writes new tensors, but Liger-Kernel's rotates q and k in place in the
 projections' outputs, so under Liger a kept q_proj / k_proj would be rotated twice by the recomputation (wrong
-gradients, no error). Do not combine this policy with Liger-Kernel's RoPE. Under ``torch.compile`` the policy is applied by the compiler's partitioner to the
-traced graph, where weights are fake tensors: the matmuls are then matched by shape ((in, out) of a kept projection,
-so a kept q_proj also keeps o_proj of the same shape).
+gradients, no error). Do not combine this policy with Liger-Kernel's RoPE. Under ``torch.compile`` the policy is applied
+by the compiler's partitioner to the traced graph, where weights are fake tensors: the matmuls are then matched by shape
+((in, out) of a kept projection, so a kept q_proj also keeps o_proj of the same shape).
 
 Hugging Face's API keeps working: ``model.gradient_checkpointing_enable()`` is plain checkpointing; :func:`enable`
 calls it and then replaces the checkpoint function of the layers that keep something.
@@ -475,9 +475,10 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
     ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})`` (see
     :func:`hf_enable`). ``"selective"`` refuses ``reentrant=True`` (ValueError naming it: torch's selective
     checkpoint contexts run under the non-reentrant checkpoint only) and replaces a reentrant checkpointing that
-    ``model.gradient_checkpointing_enable`` set before: the same non-reentrant checkpointing, then each layer that :func:`plan` gives outputs to keep
-    gets ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` with a selective-checkpoint
-    policy keeping exactly those (see the module docstring). Arguments and errors: :func:`plan`. Call
+    ``model.gradient_checkpointing_enable`` set before: the same non-reentrant checkpointing, then each layer that
+    :func:`plan` gives outputs to keep gets
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False, context_fn=...)`` with a selective-checkpoint policy
+    keeping exactly those (see the module docstring). Arguments and errors: :func:`plan`. Call
     ``model.gradient_checkpointing_disable()`` to turn it off. Any later ``gradient_checkpointing_enable`` /
     ``activation_checkpointing_enable`` replaces the selective policy by plain checkpointing, silently: with Hugging
     Face's ``Trainer`` leave ``TrainingArguments.gradient_checkpointing`` (``activation_checkpointing``) off, or its

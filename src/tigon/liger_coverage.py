@@ -26,8 +26,8 @@ class LigerOp:
 
 
 _MHC = ("mHC (manifold-constrained hyper-connections: a widened residual stream mixed by Sinkhorn-projected "
-        "matrices) changes the model's architecture; of transformers' models DeepSeek-V4 (5.2x) has it, whose family spec "
-        "leaves its hyper-connections to PyTorch; not done yet")
+        "matrices) changes the model's architecture; of transformers' models DeepSeek-V4 (5.2x) has it, whose family "
+        "spec leaves its hyper-connections to PyTorch; not done yet")
 _TILED = ("F.tiled_mlp under it (bias-free gate/up/down, the fused GLU kernels per tile, weight gradients accumulated "
           "in place); hidden_act 'gelu' is the exact GELU (Liger runs the tanh GELU)")
 _MTA = ("an attention variant (Golovneva et al. 2025: a convolution over the score matrix) that no transformers "

@@ -105,7 +105,8 @@ def compare(
     gen = torch.Generator(device="cpu").manual_seed(upstream_seed)
     upstream = []
     for i, o in enumerate(probe):
-        use = o is not None and o.is_floating_point() and (differentiable_outputs is None or i in differentiable_outputs)
+        use = (o is not None and o.is_floating_point()
+               and (differentiable_outputs is None or i in differentiable_outputs))
         if not use:
             upstream.append(None)
         elif unit_upstream:

@@ -76,9 +76,10 @@ def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.
 
     Runs ``model(input_ids=...)`` once on :data:`PROBE_TOKENS` tokens in training mode with every layer checkpointed
     (``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, the recomputation under a dispatch mode that records
-    the ops it runs: those a selective-checkpoint policy sees), and the backward to the embeddings' output only (no parameter gradient is formed). The
-    model's parameters keep their ``requires_grad`` (what a layer saves depends on it: set it as for training first);
-    its training flags, its layers' checkpointing settings and the RNG state are restored.
+    the ops it runs: those a selective-checkpoint policy sees), and the backward to the embeddings' output only (no
+    parameter gradient is formed). The model's parameters keep their ``requires_grad`` (what a layer saves depends on
+    it: set it as for training first); its training flags, its layers' checkpointing settings and the RNG state are
+    restored.
 
     Raises:
         ValueError: the model's forward or backward failed on a batch of token ids (no input embeddings, weights on

@@ -9,8 +9,8 @@ measured speed-up). What they share is in :mod:`tigon.cli._render`.
 
 Exit status: 0 on success; 2 on bad input or a usage error (one line on stderr); 1 when ``verify`` finds a failure or
 a ``compare`` run crashed, is non-finite or diverged; 3 when ``compare``'s runs are ok but their losses differ beyond
-the bound for the dtype (:data:`tigon.workflows.compare_verdict.LOSS_RTOL`); 130 when interrupted. The command modules import their workflows inside
-``add_parser``/``run``, never at module import, so that ``main`` can set TRITON_INTERPRET
+the bound for the dtype (:data:`tigon.workflows.compare_verdict.LOSS_RTOL`); 130 when interrupted. The command modules
+import their workflows inside ``add_parser``/``run``, never at module import, so that ``main`` can set TRITON_INTERPRET
 (:func:`_enable_interpreter`) before any Triton kernel module loads.
 """
 

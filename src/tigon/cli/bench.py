@@ -174,7 +174,8 @@ def _render_bench(r: dict[str, Any], written: list[str]) -> None:
     for row in rows:
         by[(row["op"], json.dumps(row["shape"], sort_keys=True), row["provider"], row["mode"])] = row
     axis = {"tokens": "tokens", "hidden": "hidden"}.get(r.get("sweep"))
-    formats = ", ".join(f"{op} {fmt}" for op, fmt in r.get("size_formats", {}).items() if any(x["op"] == op for x in rows))
+    formats = ", ".join(f"{op} {fmt}" for op, fmt in r.get("size_formats", {}).items()
+                        if any(x["op"] == op for x in rows))
     table = Table(title=f"tigon bench: {r['model'].get('name', '')} shapes, {rows[0]['dtype'] if rows else ''}, "
                         f"{r['device']}", title_justify="left",
                   caption="ms: medians (fwd+bwd: p20-p80); throughput: fwd+bwd over minimal bytes / matmul FLOPs, "
@@ -226,8 +227,8 @@ def _bench_e2e(args: argparse.Namespace, prog: str) -> int:
     from ..workflows.e2e import E2EConfig, resolve_e2e, run_e2e
 
     config = E2EConfig(model=args.model, layers=args.layers, batch_size=args.batch_size, seq_len=args.seq_len,
-                       image_tokens=args.image_tokens, steps=args.steps, warmup=args.warmup, providers=_csv_list(args.providers),
-                       dtype=args.dtype, device=args.device, seed=args.seed,
+                       image_tokens=args.image_tokens, steps=args.steps, warmup=args.warmup,
+                       providers=_csv_list(args.providers), dtype=args.dtype, device=args.device, seed=args.seed,
                        attn_implementation=args.attn_implementation, lora_rank=args.lora,
                        gradient_checkpointing=args.gradient_checkpointing,
                        checkpoint_budget_gb=args.checkpoint_budget_gb, kernel_summary=args.kernel_summary,

@@ -67,8 +67,8 @@ def add_parser(sub) -> None:
     p.add_argument("--parallel", default=None, choices=["ddp", "fsdp2", "tp", "fsdp2_tp"],
                    help="needs --nproc > 1: DistributedDataParallel, FSDP2 fully_shard on each decoder layer and "
                         "the root, or tp: torch's tensor-parallel plan of the decoder and LM head, the ranks sharing "
-                        "the sequences, or fsdp2_tp: tp in groups of 2 ranks, FSDP2 across them (a 2-D mesh; --nproc >= 4) "
-                        "(default with --nproc > 1: ddp)")
+                        "the sequences, or fsdp2_tp: tp in groups of 2 ranks, FSDP2 across them "
+                        "(a 2-D mesh; --nproc >= 4) (default with --nproc > 1: ddp)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of both loss curves and their relative difference")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no tables; one summary line")

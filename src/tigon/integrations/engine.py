@@ -347,10 +347,10 @@ def _resolve(obj, verb: str, family: str | None = None) -> tuple[FamilySpec | No
         # a user's subclass (class MyLlama(LlamaForCausalLM)) belongs to the family of its transformers base
         spec = next((s for s in map(family_by_module, (c.__module__ for c in obj.__mro__)) if s is not None), None)
         if spec is None:
-            raise ValueError(f"tigon.{verb}({obj.__name__}): the class (from {obj.__module__}) belongs to no registered "
-                             f"family (supported: {', '.join(sorted(FAMILIES))}), and class-level patching works by "
-                             "family; instance-level patching of a built model also covers other architectures "
-                             "(the generic matcher).")
+            raise ValueError(f"tigon.{verb}({obj.__name__}): the class (from {obj.__module__}) belongs to no "
+                             f"registered family (supported: {', '.join(sorted(FAMILIES))}), and class-level "
+                             "patching works by family; instance-level patching of a built model also covers other "
+                             "architectures (the generic matcher).")
         return spec, "class"
     if isinstance(obj, torch.nn.Module):
         if family is None:
@@ -422,10 +422,10 @@ def patch(
         fused_linear_cross_entropy: in training with ``labels``, compute the LM head and HF's causal-LM loss with
             :func:`tigon.functional.fused_linear_cross_entropy`; ``output.logits`` is None then. Without labels or
             in eval mode the original forward runs and logits are returned as before. A dict turns it on with
-            keyword options for that function; the allowed keys are :data:`~tigon.integrations.causal_lm.FLCE_OPTIONS`: ``accum_dtype``
-            (``None`` / ``torch.float32``: grad_weight accumulated in fp32, the default; the LM head's dtype, e.g.
-            ``{"accum_dtype": torch.bfloat16}``: accumulated in that dtype, less memory, slightly less accurate
-            gradients; a dtype other than those raises ValueError in the training forward) and ``memory``
+            keyword options for that function; the allowed keys are :data:`~tigon.integrations.causal_lm.FLCE_OPTIONS`:
+            ``accum_dtype`` (``None`` / ``torch.float32``: grad_weight accumulated in fp32, the default; the LM head's
+            dtype, e.g. ``{"accum_dtype": torch.bfloat16}``: accumulated in that dtype, less memory, slightly less
+            accurate gradients; a dtype other than those raises ValueError in the training forward) and ``memory``
             (``"auto"``, ``"low"``: Liger-level memory, or a budget in bytes; see the function). The report's
             LM-head entry shows the options.
         cross_entropy: when logits are materialised with labels (eval, or the fused path off), compute the loss

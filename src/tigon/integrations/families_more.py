@@ -1,6 +1,6 @@
 """More model families as data (issue 20, the rest of Liger-Kernel 0.8.5's list that transformers 5.2x has): Gemma 4,
-Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, DeepSeek-V4, Llama 4 and Granite-MoE; and Bamba (a
-Mamba-2 hybrid: its grouped, gate-first Mamba norm); the other vision-language containers of transformers 5.2x
+Pixtral, SmolVLM, InternVL, GLM-4V / GLM-4V-MoE, Qwen3-VL-MoE, DeepSeek-V2, DeepSeek-V4, Llama 4 and Granite-MoE; and
+Bamba (a Mamba-2 hybrid: its grouped, gate-first Mamba norm); the other vision-language containers of transformers 5.2x
 (LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Aya Vision, Idefics3); PhiMoE, FlexOlmo and MiniMax-M2 (MoE with standard
 blocks; MiniMax itself, hybrid lightning attention, has no spec: the generic matcher takes its norms, experts, rotary
 and head).
@@ -126,7 +126,8 @@ PIXTRAL = FamilySpec(  # Pixtral's vision encoder (Llava / Mistral 3 containers)
 
 SMOLVLM = FamilySpec(  # SigLIP-like vision tower of its own module, Llama text tower (its own family), linear connector
     name="smolvlm", module="transformers.models.smolvlm.modeling_smolvlm", container=True,
-    norms=(TORCH_LAYER_NORM,), mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
+    norms=(TORCH_LAYER_NORM,),
+    mlps=(MLPSpec("SmolVLMVisionMLP", gate=None, up="fc1", down="fc2", act="activation_fn"),),
     causal_lm=CausalLMSpec("SmolVLMForConditionalGeneration", output_class="SmolVLMCausalLMOutputWithPast"),
     image_layout="square", image_tokens=("merge", "scale_factor"), images_axis=True)
 

@@ -17,8 +17,8 @@ names an op for the MLP's layout (``AdapterSpec.mlp_op`` / ``gate_up_op``; PEFT 
 - inside a non-reentrant checkpoint (:func:`~tigon.integrations.child_calls.under_checkpoint`) nothing of the region
   is kept, and the recomputation stops once the last tensor the first forward saved is packed again: a Function
   packs after its forward, so a one-node MLP would recompute the down projection's base matmul for nothing. There
-  gate and up (or gate-up) are called (their ``lora_linear`` nodes), then the GLU, then the down projection as plain matmuls
-  with its low-rank path first, so that its last saved tensor (the frozen base weight) is packed before the base
+  gate and up (or gate-up) are called (their ``lora_linear`` nodes), then the GLU, then the down projection as plain
+  matmuls with its low-rank path first, so that its last saved tensor (the frozen base weight) is packed before the base
   matmul runs (:func:`_down_for_checkpoint`).
 """
 

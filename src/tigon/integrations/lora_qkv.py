@@ -20,8 +20,8 @@ cos / sin spanning the head (or the family declared partial rotary). Then it com
 the class's forward runs, and hands them over: each projection's patched forward returns its (B, T, H D) buffer
 for that ``hidden_states`` (:func:`~tigon.integrations.rotary_forwards.handed_output`), so the forward's
 ``view(hidden_shape).transpose(1, 2)`` gives back the node's (B, H, T, D) output, and the rotary dispatcher returns
-q and k as they are when they are those outputs with the same cos and sin. Everything after (the KV cache, the attention function,
-sliding windows, o_proj) is the class's own code, unchanged. A hand-over the forward did not take raises
+q and k as they are when they are those outputs with the same cos and sin. Everything after (the KV cache, the attention
+function, sliding windows, o_proj) is the class's own code, unchanged. A hand-over the forward did not take raises
 RuntimeError (the source check makes that a transformers change, not a silent double rotation).
 
 Other forms keep the layers apart and say why in the report: per-head q / k norms between the projections and the

@@ -1,5 +1,6 @@
-"""The rotary dispatcher: what the engine installs as a family's module-global rotary function (``apply_rotary_pos_emb``)
-while patched models need it (see :mod:`tigon.integrations.engine`, "How rope is scoped at instance level")."""
+"""The rotary dispatcher: what the engine installs as a family's module-global rotary function
+(``apply_rotary_pos_emb``) while patched models need it (see :mod:`tigon.integrations.engine`, "How rope is scoped at
+instance level")."""
 
 from __future__ import annotations
 

@@ -30,8 +30,8 @@ aligned) is exactly "sink + keys 0..i" for query i: no mask is materialised and 
 attention to :data:`NAME`: registered once in transformers' ``AttentionInterface`` (this module's
 :func:`attention_forward`) and ``AttentionMaskInterface`` (transformers' own sdpa mask builder). The switch is the
 ``_attn_implementation`` of the model's own copy of its config (another model built from the same config object keeps
-eager); :func:`restore` (called by :func:`tigon.unpatch`) sets ``"eager"`` back. Other attention implementations (flex, kernels from the Hub)
-are left alone, with the reason in the report.
+eager); :func:`restore` (called by :func:`tigon.unpatch`) sets ``"eager"`` back. Other attention implementations (flex,
+kernels from the Hub) are left alone, with the reason in the report.
 """
 
 from __future__ import annotations

@@ -216,7 +216,8 @@ def launcher(kernel):
     if interpreter_enabled is not _INTERPRETER_ENABLED or data is None or support.os.environ is not support._ENVIRON:
         if not direct_launch_enabled():
             return kernel
-    elif _direct_broken or data.get(support._K_DIRECT) == support._ZERO or data.get(support._K_INTERPRET) == support._ONE:
+    elif (_direct_broken or data.get(support._K_DIRECT) == support._ZERO
+          or data.get(support._K_INTERPRET) == support._ONE):
         return kernel
     via = kernel.__dict__.get(_VIA_ATTR)  # (_stand_in's lookup, inline: no frame once made)
     return via if via is not None else _stand_in(kernel)
@@ -487,8 +488,8 @@ def check_row_width(n: int, name: str) -> None:
 
 # ---- torch.library custom ops (the torch.compile path of every op; see tigon.kernels) -------------------------
 # Inductor hands a custom op exactly the input strides it was traced with (torch 2.13's default for custom ops,
-# stated here for releases with another default), so outputs whose strides follow the inputs' (the rotary op's empty_like)
-# get the strides the fake implementation gave them.
+# stated here for releases with another default), so outputs whose strides follow the inputs' (the rotary op's
+# empty_like) get the strides the fake implementation gave them.
 CUSTOM_OP_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
 
 

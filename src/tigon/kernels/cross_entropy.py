@@ -255,8 +255,8 @@ def _cross_entropy_grad(ctx, grad_loss, _dz, _dacc, _dlse, _dpred):
 _cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
 
 
-def compiled_cross_entropy(logits, target, class_weight, opts: LossOptions, reduction, num_items, want_acc, inplace=False,
-                           want_pred=False):
+def compiled_cross_entropy(logits, target, class_weight, opts: LossOptions, reduction, num_items, want_acc,
+                           inplace=False, want_pred=False):
     """``CrossEntropyFunction.apply`` as the ``tigon::cross_entropy`` custom op: (loss, z_loss, accuracy, predicted
     tokens).
 

@@ -1,8 +1,8 @@
-"""The pointwise terms of the divergence kernels (:mod:`tigon.kernels.divergence`, :mod:`tigon.kernels.fused_linear_jsd`):
-each kind's per-element loss and its derivatives, in base 2 with the GPU's fast special functions, and the series that
-keeps jsd exact where the two distributions nearly agree (:func:`_jsd_parts`). Formulas: the divergence reference,
-:mod:`tigon.reference.divergence` (Liger-Kernel's semantics: inputs are log-probabilities; the generalised JSD of
-Lin 1991 with ``beta``).
+"""The pointwise terms of the divergence kernels (:mod:`tigon.kernels.divergence`,
+:mod:`tigon.kernels.fused_linear_jsd`): each kind's per-element loss and its derivatives, in base 2 with the GPU's fast
+special functions, and the series that keeps jsd exact where the two distributions nearly agree (:func:`_jsd_parts`).
+Formulas: the divergence reference, :mod:`tigon.reference.divergence` (Liger-Kernel's semantics: inputs are
+log-probabilities; the generalised JSD of Lin 1991 with ``beta``).
 """
 
 from __future__ import annotations

@@ -53,9 +53,9 @@ _NEVER = (-1, -1, -1)
 
 @direct_backward  # (the ops' backwards are called so: the same call path)
 class _Probe(torch.autograd.Function):
-    """A backward on the same call path as the ops' (the grad-mode check of :func:`~tigon.kernels.first_order.first_order`
-    in the backward itself, then ``owns_grad(dy)``), whose incoming gradient is known to be exclusively owned (the
-    fresh product of a MulBackward)."""
+    """A backward on the same call path as the ops' (the grad-mode check of
+    :func:`~tigon.kernels.first_order.first_order` in the backward itself, then ``owns_grad(dy)``), whose incoming
+    gradient is known to be exclusively owned (the fresh product of a MulBackward)."""
 
     seen: tuple[int, int, int] | None = None
 

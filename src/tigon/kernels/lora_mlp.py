@@ -125,7 +125,8 @@ class LoRAGLUMLPFunction(torch.autograd.Function):
         out, pa = lora_forward(product, down_weight, down_a, down_b, down_bias, s_d, cd)
         ctx.save_for_backward(x2, gate, up, xa, pa, a_gu, gate_weight, gate_b, up_weight, up_b, down_weight,
                               down_a, down_b)
-        ctx.scalings, ctx.activation, ctx.cd, ctx.x_shape, ctx.x_dtype = (s_g, s_u, s_d), activation, cd, x.shape, x.dtype
+        ctx.scalings, ctx.activation, ctx.cd = (s_g, s_u, s_d), activation, cd
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.inplace, ctx.consumed = True, False
         ctx.dtypes = tuple(t.dtype if t is not None else None
                            for t in (gate_weight, gate_a, gate_b, up_weight, up_a, up_b, down_weight, down_a, down_b,

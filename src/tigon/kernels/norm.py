@@ -20,10 +20,10 @@ tile while it reduces the current one, writes dx, and accumulates its share of d
 deterministic. Rows wider than WIDE_ROW drop the prefetch; rows wider than REGISTER_ROW take a chunked variant
 that keeps the partials in (cached) memory.
 
-Residual add (the fused add + RMSNorm op, HF decoder layers' ``residual + hidden_states`` then the norm): with HAS_RESIDUAL
-the forward reads x and the residual r, normalises ``s = x + r`` (added in fp32 and rounded to x's dtype, as torch
-adds two tensors of one dtype) held in registers, and writes s next to y. Its backward is the norm's backward on s
-plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = rstd * (g - shat * mean(g * shat))
+Residual add (the fused add + RMSNorm op, HF decoder layers' ``residual + hidden_states`` then the norm): with
+HAS_RESIDUAL the forward reads x and the residual r, normalises ``s = x + r`` (added in fp32 and rounded to x's dtype,
+as torch adds two tensors of one dtype) held in registers, and writes s next to y. Its backward is the norm's backward
+on s plus the incoming gradient of the output s (HAS_DS; absent: zero), ``ds_total = rstd * (g - shat * mean(g * shat))
 + ds``, which is the gradient of both x and r.
 
 Gated RMSNorm (Qwen3-Next / Qwen3.5's ``RMSNormGated``, Falcon-H1's Mamba norm; HAS_GATE): ``y = yn * silu(gate)``

@@ -34,9 +34,10 @@ Layout variants (constexpr switches of the same kernel):
   forms use ``cos[..., :R/2]`` of HF's ``cat(freqs, freqs)`` table).
 - ``TABLE_PAIRS``: the table is laid out like the pairs, ``c1, c2 = cos[2i], cos[2i + 1]`` (GLM-4V's repeat-interleaved
   tables in transformers 5.2x) instead of ``cos[i], cos[i + R/2]``.
-- ``MROPE`` with ``SEC0``, ``SEC1``: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos / sin are
-  (3, B, T, R) tables, one per position axis (temporal, height, width), and column i of each half reads the table of
-  its section: 0 for i < SEC0, 1 for i < SEC0 + SEC1, else 2 (``mrope_section``; its strides ``sc_s``, ``ss_s``).
+- ``MROPE`` with ``SEC0``, ``SEC1``: multimodal rotary (mRoPE, Qwen2-VL's ``apply_multimodal_rotary_pos_emb``): cos /
+  sin are (3, B, T, R) tables, one per position axis (temporal, height, width), and column i of each half reads the
+  table of its section: 0 for i < SEC0, 1 for i < SEC0 + SEC1, else 2 (``mrope_section``; its strides ``sc_s``,
+  ``ss_s``).
 
 Minimal bytes (bf16, n = numel(q) + numel(k)): forward and backward each 2*n*2 plus B_cos*T*D*2*2 for cos/sin.
 """
@@ -209,8 +210,8 @@ def rope_apply(q, k, cos, sin, unsqueeze_dim: int, backward: bool, need_q: bool 
     and at most D: the first R head dims are rotated, the other D - R copied (partial rotary; R = D: all rotated).
     pairs: :data:`PAIRS_HALVES` (pair i is dims i and i + R/2), :data:`PAIRS_INTERLEAVED` (dims 2i and 2i + 1, one
     angle per pair from ``cos[..., :R/2]``), :data:`PAIRS_DEINTERLEAVE` (interleaved in, halves out; the backward
-    reads halves and writes pairs) or :data:`PAIRS_EXPANDED` (interleaved, pair i reading columns 2i and 2i + 1). sections: () or mRoPE's (s0, s1, s2) with s0 + s1 + s2 = R/2, cos / sin then
-    (3, 1 or B, T, R).
+    reads halves and writes pairs) or :data:`PAIRS_EXPANDED` (interleaved, pair i reading columns 2i and 2i + 1).
+    sections: () or mRoPE's (s0, s1, s2) with s0 + s1 + s2 = R/2, cos / sin then (3, 1 or B, T, R).
     Returns (q_out, k_out) shaped and (when dense) strided like q and k, in their dtypes; an output whose
     ``need_*`` flag is False is not computed and returned as None. ``inplace``: the results overwrite q and k
     (each row is read before it is written, by the same program), which are returned; q and k must then be

@@ -1,8 +1,8 @@
 """``torch.nn.Module`` drop-ins backed by :mod:`tigon.functional`.
 
 Parameter names and shapes match the modules they replace (HF ``LlamaRMSNorm`` / ``LlamaMLP``, Liger-Kernel's
-``LigerRMSNorm`` / ``LigerFusedAddRMSNorm`` / ``LigerLayerNorm`` / ``LigerSwiGLUMLP`` / ``LigerGEGLUMLP`` / ``LigerDyT`` /
-``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` / ``LigerKLDIVLoss`` / ``LigerTVDLoss`` /
+``LigerRMSNorm`` / ``LigerFusedAddRMSNorm`` / ``LigerLayerNorm`` / ``LigerSwiGLUMLP`` / ``LigerGEGLUMLP`` / ``LigerDyT``
+/ ``LigerPolyNorm`` / ``LigerReLUSquared`` / ``LigerSoftmax`` / ``LigerJSD`` / ``LigerKLDIVLoss`` / ``LigerTVDLoss`` /
 ``LigerGroupNorm`` / ``LigerSparsemax``, the chunked preference losses ``LigerFusedLinearDPOLoss`` ...,
 ``LigerTiledSwiGLUMLP`` / ``LigerTiledGEGLUMLP``, ``LigerVocabParallelCrossEntropy``), so state dicts load
 unchanged; ``LayerNorm`` is also a ``torch.nn.LayerNorm`` subclass, whose state dict loads too. ``tigon.nn.X`` takes

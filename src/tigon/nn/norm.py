@@ -314,11 +314,13 @@ class PolyNorm(nn.Module):
     Args:
         eps: added to each mean square.
         in_place: the backward writes the input's gradient over the output's incoming gradient where nothing else
-            reads it (see :func:`tigon.functional.poly_norm`; False here, True in Liger's: opt-in until its CUDA tests pass).
+            reads it (see :func:`tigon.functional.poly_norm`; False here, True in Liger's: opt-in until its CUDA tests
+            pass).
         device, dtype: of the parameters (keyword-only).
 
     Shapes and dtypes:
-        input (..., N), N <= 65536 on the kernel path, float32 / bfloat16 / float16 on the kernel path; output: same shape and dtype.
+        input (..., N), N <= 65536 on the kernel path, float32 / bfloat16 / float16 on the kernel path; output: same
+        shape and dtype.
 
     Raises:
         TypeError: in_place is not a bool (at construction).

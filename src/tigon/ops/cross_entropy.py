@@ -98,10 +98,10 @@ def cross_entropy(
             (evaluation with grad enabled) pays for the write.
             False: lazy: the backward reads the logits again and writes the gradient.
             True: formed in the forward as with None, but written over the logits (Liger-Kernel's scheme: no
-            buffer of its own), and the backward only multiplies it by the upstream gradient (for ``loss.backward()``, where that is 1, a
-            kernel reads it and writes nothing). The logits hold the gradient from the moment the forward
-            returns: only for logits that nothing reads afterwards (an op that saved them for its backward raises
-            there; logits without unit column stride or whose rows share memory are copied first and left as
+            buffer of its own), and the backward only multiplies it by the upstream gradient (for ``loss.backward()``,
+            where that is 1, a kernel reads it and writes nothing). The logits hold the gradient from the moment the
+            forward returns: only for logits that nothing reads afterwards (an op that saved them for its backward
+            raises there; logits without unit column stride or whose rows share memory are copied first and left as
             they were). With an upstream other than 1 the gradient is rounded to the logits' dtype twice (in the
             forward, then after the scaling): in bf16 up to about twice the error of the unfused computation;
             float16 is refused (its gradient would underflow before a loss scale is applied), as is

@@ -88,7 +88,8 @@ RECORDS = (OpSpec(
     original_name="PEFT lora.Linear: base_layer(x) + lora_B(lora_A(x)) * scaling",
     make_inputs=_inputs,
     # the MLP's up / gate projection, the largest LoRA layer of a Llama decoder layer
-    shape_of=lambda m: {"tokens": m.tokens, "in_features": m.hidden, "out_features": m.intermediate, "rank": m.lora_rank},
+    shape_of=lambda m: {"tokens": m.tokens, "in_features": m.hidden, "out_features": m.intermediate,
+                        "rank": m.lora_rank},
     size_format="tokens x in x out, rank",
     size_label=lambda s: f"{s['tokens']}x{s['in_features']}x{s['out_features']} r{s['rank']}",
     grad_inputs=("x", "lora_a", "lora_b"),

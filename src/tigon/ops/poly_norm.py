@@ -20,8 +20,8 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
     over the last dimension (Zhuo et al. 2024, arXiv:2411.03884, github.com/BryceZhuo/PolyCom).
 
     Drop-in for Liger-Kernel's ``liger_poly_norm(X, W, B, eps=1e-6, in_place=True)``: the same arguments in the same
-    order, with the same defaults but ``in_place``'s. Math in fp32, one rounding to X's dtype; the three mean squares are kept per row
-    (M x 3 fp32) for the backward, which returns the gradients of X, W and B.
+    order, with the same defaults but ``in_place``'s. Math in fp32, one rounding to X's dtype; the three mean squares
+    are kept per row (M x 3 fp32) for the backward, which returns the gradients of X, W and B.
 
     Args:
         X: (..., N) float32 / bfloat16 / float16 (other float dtypes run the reference); any strides; N <= 65536
@@ -29,14 +29,15 @@ def poly_norm(X: torch.Tensor, W: torch.Tensor, B: torch.Tensor, eps: float = 1e
         W: (3,) float tensor on X's device, the weights of the cubic, square and linear terms.
         B: a one-element float tensor (0-d as Liger's module's, or (1,)), the bias.
         eps: added to each mean square (>= 0).
-        in_place: Liger-Kernel's option (default False here, True in Liger: the in-place backward's CUDA tests did not pass on the H200 on 2026-12-04 (their report was lost; benchmarks/results/h200/README.md, fourteenth run), so it is opt-in until they do): the backward writes X's gradient over the output's incoming
-            gradient instead of a new (..., N) tensor, saving ``X.numel() * X.element_size()`` bytes at the
-            backward's peak. Unlike Liger's, only where autograd's own bookkeeping shows that nothing else can read
-            that gradient (:func:`tigon.kernels.grad_ownership.owns_grad`, as :func:`tigon.functional.rms_norm`'s
-            ``in_place``), so values never depend on it: a gradient shared with another branch, passed by you to
-            ``backward`` / ``grad_outputs``, kept from a hook, not contiguous or not in X's dtype goes untouched (dX
-            in a new tensor, as with False). X, W and B are never written. Not taken on the reference path nor
-            under ``torch.compile``.
+        in_place: Liger-Kernel's option (default False here, True in Liger: the in-place backward's CUDA tests did not
+            pass on the H200 on 2026-12-04 (their report was lost; benchmarks/results/h200/README.md, fourteenth run),
+            so it is opt-in until they do): the backward writes X's gradient over the output's incoming gradient instead
+            of a new (..., N) tensor, saving ``X.numel() * X.element_size()`` bytes at the backward's peak. Unlike
+            Liger's, only where autograd's own bookkeeping shows that nothing else can read that gradient
+            (:func:`tigon.kernels.grad_ownership.owns_grad`, as :func:`tigon.functional.rms_norm`'s ``in_place``), so
+            values never depend on it: a gradient shared with another branch, passed by you to ``backward`` /
+            ``grad_outputs``, kept from a hook, not contiguous or not in X's dtype goes untouched (dX in a new tensor,
+            as with False). X, W and B are never written. Not taken on the reference path nor under ``torch.compile``.
 
     Returns:
         (..., N) in X's dtype (contiguous); gradients in their inputs' dtypes and shapes.

@@ -1,9 +1,10 @@
 """The non-gated MLP's down projection of its activation, ``linear(act(h), weight, bias)``.
 
-Hugging Face's non-gated MLPs compute ``down(act(up(x)))``: GPT-NeoX / Pythia's ``dense_4h_to_h(act(dense_h_to_4h(x)))``,
-phi's and the CLIP / SigLIP vision towers' ``fc2(activation_fn(fc1(x)))``, Falcon's, Nemotron's
-``down_proj(relu2(up_proj(x)))``. This is that computation from the up projection's output ``h`` on, in h's dtype as
-HF runs it (GELU: Hendrycks & Gimpel 2016, "Gaussian Error Linear Units"; relu2: So et al. 2021, "Primer").
+Hugging Face's non-gated MLPs compute ``down(act(up(x)))``: GPT-NeoX / Pythia's
+``dense_4h_to_h(act(dense_h_to_4h(x)))``, phi's and the CLIP / SigLIP vision towers' ``fc2(activation_fn(fc1(x)))``,
+Falcon's, Nemotron's ``down_proj(relu2(up_proj(x)))``. This is that computation from the up projection's output ``h``
+on, in h's dtype as HF runs it (GELU: Hendrycks & Gimpel 2016, "Gaussian Error Linear Units"; relu2: So et al. 2021,
+"Primer").
 """
 
 from __future__ import annotations

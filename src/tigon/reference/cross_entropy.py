@@ -115,7 +115,8 @@ def check_loss_options(
             if num_items_in_batch <= 0:
                 raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
         else:
-            raise TypeError(f"num_items_in_batch must be an int or a 0-d tensor, got {type(num_items_in_batch).__name__}")
+            raise TypeError("num_items_in_batch must be an int or a 0-d tensor, got "
+                            f"{type(num_items_in_batch).__name__}")
 
 
 def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, **options) -> None:

@@ -102,8 +102,9 @@ def fused_linear_cross_entropy(
         Other arguments: as :func:`tigon.reference.cross_entropy.cross_entropy`.
 
     Returns:
-        As :func:`tigon.reference.cross_entropy.cross_entropy`, with ``predicted_tokens`` as above. The matmul runs in the inputs' dtype promoted
-        to at least float32 (under ``torch.autocast`` the autocast dtype applies, as for ``F.linear``).
+        As :func:`tigon.reference.cross_entropy.cross_entropy`, with ``predicted_tokens`` as above. The matmul runs in
+        the inputs' dtype promoted to at least float32 (under ``torch.autocast`` the autocast dtype applies, as for
+        ``F.linear``).
 
     Raises:
         TypeError, ValueError: see :func:`check_inputs`.

@@ -268,8 +268,8 @@ def run(token_logps: TokenLogps, formula: Callable, hidden, weight, target, bias
     ``fused_linear_*_loss`` (Tigon's, the reference and TRL's plain computation differ only in ``token_logps``).
 
     ``formed``: None, or a function taking this function's arguments (less ``formed``) that returns the same output
-    with the policy's gradients formed in its forward (:func:`tigon.ops.preference_formed.formed_pair_loss`), or None where it
-    cannot (then the path above runs)."""
+    with the policy's gradients formed in its forward (:func:`tigon.ops.preference_formed.formed_pair_loss`), or None
+    where it cannot (then the path above runs)."""
     _checks.number("alpha", alpha)
     if formed is not None:
         out = formed(token_logps, formula, hidden, weight, target, bias, ref_hidden, ref_weight, ref_bias,

@@ -318,7 +318,8 @@ def op_cost(spec: OpSpec, provider: str, shape: dict, dtype: torch.dtype, device
         (:func:`peak_extra_bytes`; None off CUDA).
     """
     _, fwd_bwd, _, _, first, leaves = _calls(spec, provider, shape, dtype, device, {})
-    return {**call_cost(fwd_bwd, device, grad_to_none=leaves), "peak_extra_bytes": peak_extra_bytes(fwd_bwd, first, device)}
+    return {**call_cost(fwd_bwd, device, grad_to_none=leaves),
+            "peak_extra_bytes": peak_extra_bytes(fwd_bwd, first, device)}
 
 
 def plan(ops, shapes: dict[str, list[dict]], providers, registry: dict[str, OpSpec] | None = None

@@ -73,8 +73,8 @@ def check_nproc(nproc, parallel, device_type: str, choices: tuple[str, ...] = PA
     if parallel is not None and parallel not in choices:
         raise ConfigError(f"unknown --parallel {parallel!r} (choose from {', '.join(choices)})")
     if parallel == "fsdp2_tp" and (nproc % TP_SIZE or nproc < 2 * TP_SIZE):
-        raise ConfigError(f"--parallel fsdp2_tp needs --nproc a multiple of {TP_SIZE} and at least {2 * TP_SIZE} (a 2-D "
-                          f"mesh of data-parallel x {TP_SIZE} tensor-parallel ranks), got {nproc}")
+        raise ConfigError(f"--parallel fsdp2_tp needs --nproc a multiple of {TP_SIZE} and at least {2 * TP_SIZE} "
+                          f"(a 2-D mesh of data-parallel x {TP_SIZE} tensor-parallel ranks), got {nproc}")
     if parallel is not None and nproc == 1:
         raise ConfigError(f"--parallel {parallel} needs --nproc N > 1 (it wraps the model for N processes; one process "
                           "would ignore it)")
@@ -308,8 +308,8 @@ def annotate(result, per_rank: list[dict[str, Any]], cfg) -> None:
     } for r in per_rank for o, p in [r["stats"]]]
     result.peak_memory_method += "; the largest rank's (each rank's under ranks)"
     if dp == world:
-        share = (f"each on its own {cfg.batch_size} sequences of a global batch of {cfg.batch_size * world}: the losses "
-                 "are the mean of the ranks' losses")
+        share = (f"each on its own {cfg.batch_size} sequences of a global batch of {cfg.batch_size * world}: "
+                 "the losses are the mean of the ranks' losses")
     else:
         share = (f"tensor parallel in groups of {world // dp}: each group on its own {cfg.batch_size} sequences of a "
                  f"global batch of {cfg.batch_size * dp}, each rank holding its slice of every layer and of the LM "

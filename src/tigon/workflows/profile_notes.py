@@ -78,9 +78,9 @@ def add_notes(r: Any, device: torch.device) -> None:
     for op in r.ops:
         waited = [side for side in ("original", "tigon") if op[side].get("waited")]
         if waited:
-            r.notes.append(f"{op['kind']} ({op['op']}): the host waited for the device during the {' and '.join(waited)}"
-                           " call(s) however long the sleep (a sync inside, or too many launches); their host time "
-                           "is the wall time without the sleep.")
+            r.notes.append(f"{op['kind']} ({op['op']}): the host waited for the device during the "
+                           f"{' and '.join(waited)} call(s) however long the sleep (a sync inside, or too many "
+                           "launches); their host time is the wall time without the sleep.")
         if op["slows_step"]:
             r.notes.append(f"{op['kind']} ({op['op']}): replacing it is predicted to slow the step (host "
                            f"{op['host_delta_ms']:+.1f} ms, device {op['device_delta_ms']:+.1f} ms per step); "

@@ -29,11 +29,12 @@ The fallback is checked too: under :func:`tigon.support.force_reference` the Tig
 (``torch.equal``) what :mod:`tigon.reference` returns, outputs and gradients.
 
 Shapes come from a model config (a preset, a ``config.json``, a checkpoint directory or a cached Hub id; default
-``tiny`` on CPU, ``llama3-8b`` on CUDA) as :class:`~tigon.ops.ModelShapes` (:mod:`tigon.workflows.model_shapes`): ``tokens`` x
-hidden / intermediate / heads / head_dim / vocab ("model" rows), and the same with odd sizes ("odd" rows: hidden, intermediate and vocab ``(3n/4) | 1``, head_dim an even size that is not
-a power of two, an odd token count). On CPU, where the kernels run in Triton's interpreter, ``tokens`` defaults
-to :data:`CPU_TOKENS` and the vocabulary is capped at :data:`CPU_MAX_VOCAB` (the result lists every cap); on
-CUDA the model's real sizes are used with :data:`CUDA_TOKENS` tokens.
+``tiny`` on CPU, ``llama3-8b`` on CUDA) as :class:`~tigon.ops.ModelShapes` (:mod:`tigon.workflows.model_shapes`):
+``tokens`` x hidden / intermediate / heads / head_dim / vocab ("model" rows), and the same with odd sizes ("odd" rows:
+hidden, intermediate and vocab ``(3n/4) | 1``, head_dim an even size that is not a power of two, an odd token count). On
+CPU, where the kernels run in Triton's interpreter, ``tokens`` defaults to :data:`CPU_TOKENS` and the vocabulary is
+capped at :data:`CPU_MAX_VOCAB` (the result lists every cap); on CUDA the model's real sizes are used with
+:data:`CUDA_TOKENS` tokens.
 
 A model given explicitly (``--model``) also picks the ops: only those :func:`tigon.patch` runs in it
 (:func:`model_ops`); where it runs none, there is nothing to verify and :func:`resolve_config` says so.

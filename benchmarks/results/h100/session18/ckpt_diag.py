@@ -28,6 +28,7 @@ for patched, gqa in ((False, True), (True, True), (False, False), (True, False))
         out = m(input_ids=ids, labels=ids)
     with Log() as b:
         out.loss.backward()
-    print("patched" if patched else "original", "gqa" if gqa else "mha", tc.DEVICE, tc.DTYPE, "attn_impl", m.config._attn_implementation)
+    print("patched" if patched else "original", "gqa" if gqa else "mha", tc.DEVICE, tc.DTYPE, "attn_impl",
+          m.config._attn_implementation)
     print("  forward ", dict(f.c)); print("  backward", dict(b.c))
 print("attention_ops", sorted(str(o) for o in checkpointing.attention_ops()))

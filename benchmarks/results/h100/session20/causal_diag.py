@@ -35,7 +35,8 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     torch.cuda.synchronize()
 rows = {}
 for e in prof.key_averages():
-    if e.device_type.name == "CUDA" and any(k in e.key.lower() for k in ("attn", "attention", "fmha", "flash", "sdpa", "cudnn")):
+    if e.device_type.name == "CUDA" and any(
+            k in e.key.lower() for k in ("attn", "attention", "fmha", "flash", "sdpa", "cudnn")):
         rows[e.key[:110]] = (e.count, e.self_device_time_total / 1e3)
 for k, (n, ms) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
     print(f"{ms:8.3f} ms  x{n:3d}  {k}")

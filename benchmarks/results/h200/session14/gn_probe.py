@@ -12,7 +12,8 @@ for (B, C, G, H, W) in [(8, 320, 32, 64, 64), (128, 128, 32, 64, 64), (16, 512, 
     def te(): torch.nn.functional.group_norm(x, G, w, b, 1e-5).backward(dy)
     for f in (tg, te):
         f(); torch.cuda.synchronize()
-    ms_t = triton.testing.do_bench(tg, grad_to_none=[x, w, b]); ms_e = triton.testing.do_bench(te, grad_to_none=[x, w, b])
+    ms_t = triton.testing.do_bench(tg, grad_to_none=[x, w, b])
+    ms_e = triton.testing.do_bench(te, grad_to_none=[x, w, b])
     print(f"B{B} C{C} G{G} {H}x{W} group={C//G*H*W}: tigon {ms_t:.3f} ms, eager {ms_e:.3f} ms")
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(3): tg()
