@@ -511,8 +511,15 @@ def _kto(tmp, tok, switch, model=tiny_model, **kw):
     (_online(trl.GRPOTrainer, trl.GRPOConfig), dict(loss_type="sapo", temperature=0.8)),
     (_online(trl.RLOOTrainer, trl.RLOOConfig), dict(beta=0.04)),
     (_kto, dict()),
+    (_dpo, dict(loss_type=["sigmoid", "hinge", "exo_pair", "nca_pair", "robust", "aot", "apo_down", "sft"],
+                loss_weights=[1.0, 0.5, 0.3, 0.2, 0.1, 0.2, 0.3, 0.5], label_smoothing=0.1)),
+    (_dpo, dict(f_divergence_type="js_divergence", sync_ref_model=True, ref_model_sync_steps=1)),
+    (_online(trl.GRPOTrainer, trl.GRPOConfig), dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04,
+                                                    num_iterations=2, epsilon_high=0.3, mask_truncated_completions=True,
+                                                    top_entropy_quantile=0.5)),
 ], ids=["sft-packing-padding-free", "sft-dft", "dpo-wpo", "dpo-precomputed-ref", "dpo-ld-alpha-hinge",
-        "grpo-fp32-head-bnpo", "grpo-sapo", "rloo-kl", "kto"])
+        "grpo-fp32-head-bnpo", "grpo-sapo", "rloo-kl", "kto", "dpo-weighted-loss-types", "dpo-js-sync-ref",
+        "grpo-sequence-level"])
 def test_more_trainer_options_three_steps(tmp_path, build, options):
     tok = byte_tokenizer()
     runs = [train(build(tmp_path / str(switch), tok, switch, **options), switch)[0] for switch in (True, False)]

@@ -29,9 +29,9 @@ Everything else falls back to TRL's own path with one :class:`tigon.TigonFallbac
 listed in the report), or raises :class:`tigon.UnsupportedError` with ``strict=True``: a TRL without
 ``add_fused_lm_head`` (older than 1.x), a model whose head cannot be found, per-token outputs the switch does not
 compute, MoE router logits (load-balancing loss), FSDP2 DTensor heads, devices other than CPU / CUDA, GKD asked for
-its outputs (``prediction_step`` of evaluation) or run by several processes. Trainers
-of other kinds raise TypeError (``DistillationTrainer`` is not switched: it already computes a chunked JSD of its own
-and logs the student entropy from the same pass).
+its outputs (``prediction_step`` of evaluation), run by several processes or given a PEFT prompt-learning model.
+Trainers of other kinds raise TypeError (``DistillationTrainer`` is not switched: it already computes a chunked JSD of
+its own and logs the student entropy from the same pass).
 """
 
 from __future__ import annotations

@@ -194,7 +194,13 @@ def _logit_scale(config) -> float:
 def causal_lm_parts(model):
     """(backbone, LM head, logit scale, final-logit soft-cap or None) of an unwrapped causal LM (a PEFT model's base
     model), or a reason string. The logit scale is TRL's rule (:func:`_logit_scale`); the soft-cap the text config's
-    ``final_logit_softcapping`` (Gemma 2), which the model's forward applies to its (scaled) logits."""
+    ``final_logit_softcapping`` (Gemma 2), which the model's forward applies to its (scaled) logits. A PEFT
+    prompt-learning model (prompt / prefix / P-tuning) is a reason: its virtual tokens are added by the PEFT model's
+    forward, which a call of the backbone skips (the soft prompt would get no gradient)."""
+    peft_config = getattr(model, "active_peft_config", None) if hasattr(model, "get_base_model") else None
+    if getattr(peft_config, "is_prompt_learning", False):
+        return (f"PEFT prompt learning ({type(peft_config).__name__}): its virtual tokens come from the PEFT model's "
+                f"forward, which the fused loss's backbone call would skip")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if head is None or getattr(head, "weight", None) is None or head.weight.dim() != 2:
