@@ -75,6 +75,8 @@ def test_tiled_mlp_errors(device):
     for bad, err in [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError)]:
         with pytest.raises(err, match="num_shards"):
             F.tiled_mlp(**kw, num_shards=bad)
+    numpy = pytest.importorskip("numpy")  # an integer of another type is a count as well (operator.index)
+    torch.testing.assert_close(F.tiled_mlp(**kw, num_shards=numpy.int64(2)), F.tiled_mlp(**kw, num_shards=2))
     with pytest.raises(ValueError, match="down_weight"):
         F.tiled_mlp(**dict(kw, down_weight=kw["down_weight"].t()))
     with pytest.raises(TypeError, match="x's dtype"):

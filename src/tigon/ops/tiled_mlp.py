@@ -84,12 +84,7 @@ def tiled_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tenso
                           ("down_weight", down_weight, (hidden, inter))):
         if tuple(w.shape) != want:
             raise ValueError(f"{name} must have shape {want} for x (..., {hidden}), got {tuple(w.shape)}")
-    if num_shards is None:
-        num_shards = default_shards(x)
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int):
-        raise TypeError(f"num_shards must be an int >= 1 or None, got {num_shards!r}")
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    num_shards = default_shards(x) if num_shards is None else _checks.size("num_shards", num_shards)
     _checks.same_device(x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight)
     dev = x.device.type
     if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
