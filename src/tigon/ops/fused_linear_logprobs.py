@@ -54,7 +54,9 @@ def fused_linear_logprobs(
     Args:
         hidden: (N, H) float32 / bfloat16 / float16 final hidden states (flatten batch and sequence first; any
             strides).
-        weight: (V, H) LM-head weight, same dtype as hidden (or any float dtype under autocast).
+        weight: (V, H) LM-head weight, a float tensor: the matmuls run in ``torch.promote_types`` of hidden's and
+            weight's dtypes (an fp32 head with bf16 hidden states runs in fp32, as TRL's ``cast_lm_head_to_fp32``),
+            under autocast in the autocast dtype.
         target: (N,) integer token ids in [0, V), or ``ignore_index``.
         bias: optional (V,) LM-head bias.
         temperature: divides the logits (after the soft-cap); a finite float > 0 (TRL's ``temperature``).
