@@ -90,6 +90,30 @@ def test_eager_calls_between_compiled_calls_do_not_recompile(mode, monkeypatch):
     assert seen == [1, 1, 0]
 
 
+@pytest.mark.slow
+def test_unpatch_and_patch_again_do_not_recompile(monkeypatch):
+    """A compiled model unpatched and patched again (a user comparing the two) keeps its graphs: the rotary
+    dispatcher (tigon.integrations.rotary_switch.SPARE), the causal-mask wrappers (causal_mask._SPARE) and the
+    decoder's hook ids (causal_mask._HOOK_IDS) come back as the same objects. New ones recompiled the whole model at
+    every cycle (Dynamo guards on the dispatcher's type and on the hook ids), and after 8 cycles Dynamo ran it
+    eagerly. Unpatched, the model holds none of Tigon's hooks."""
+    import tigon
+
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "auto")
+    model = _model(True)
+    hooks = lambda m: (dict(m._forward_pre_hooks), dict(m._forward_hooks))  # noqa: E731
+    plain = hooks(model.model)
+
+    def cycle(i):
+        tigon.unpatch(model)
+        assert hooks(model.model) == ({}, {}) != plain
+        tigon.patch(model)
+        assert hooks(model.model).__repr__() == plain.__repr__()
+
+    assert _compiles(model, [(2, 16)] * 4, between=cycle) == [1, 0, 0, 0]
+    tigon.unpatch(model)
+
+
 # ---- torch.compile(dynamic=True): a Python float becomes a symbolic float --------------------------------------
 def _dynamic_cases():
     import tigon.functional as TF

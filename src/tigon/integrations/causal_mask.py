@@ -174,6 +174,36 @@ def _leave(module, args, kwargs, output):
         CALLS.own_positions = False
 
 
+_HOOK_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Decoder -> the ids its :func:`_enter` / :func:`_leave` hooks had when first registered."""
+
+
+def _hook(found: torch.nn.Module) -> tuple:
+    """Register :func:`_enter` (forward pre-hook) and :func:`_leave` (forward hook, always called) on the decoder
+    ``found``; returns their handles. A decoder hooked before gets them back under the same ids: ``torch.compile``
+    guards on the hook ids, and new ones at every patch would recompile a compiled model each time it is unpatched
+    and patched again (after 8 recompiles Dynamo runs the forward eagerly). The ids are unique to these hooks
+    (torch never hands an id out twice), and they are inserted as ``register_forward_*_hook`` inserts them."""
+    ids = _HOOK_IDS.get(found)
+    if ids is None or ids[0] in found._forward_pre_hooks or ids[1] in found._forward_hooks:
+        handles = (found.register_forward_pre_hook(_enter, with_kwargs=True),
+                   found.register_forward_hook(_leave, with_kwargs=True, always_call=True))
+        _HOOK_IDS[found] = tuple(h.id for h in handles)
+        return handles
+    from torch.utils.hooks import RemovableHandle
+
+    pre = RemovableHandle(found._forward_pre_hooks, extra_dict=found._forward_pre_hooks_with_kwargs)
+    post = RemovableHandle(found._forward_hooks,
+                           extra_dict=[found._forward_hooks_with_kwargs, found._forward_hooks_always_called])
+    pre.id, post.id = ids
+    found._forward_pre_hooks[pre.id] = _enter
+    found._forward_pre_hooks_with_kwargs[pre.id] = True
+    found._forward_hooks[post.id] = _leave
+    found._forward_hooks_with_kwargs[post.id] = True
+    found._forward_hooks_always_called[post.id] = True
+    return pre, post
+
+
 def decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module of ``model`` that builds the position ids and the mask (``get_decoder()``, through a PEFT
     wrapper), or None: none found, or a vision-language model (its decoder builds multimodal positions)."""
@@ -229,6 +259,13 @@ class CausalMaskSwitch:
             wrapper.__wrapped__ = self.originals[name]
             wrapper.__doc__ = self.originals[name].__doc__
 
+    def fits(self, module) -> bool:
+        """Whether a new switch of ``module`` would wrap what this one wraps: the same functions of transformers,
+        each where this transformers / torch needs it (:func:`skip_problem`, :func:`packed_problem`)."""
+        wanted = {name for name, why in ((FUNCTION, skip_problem()), (PACKED, packed_problem())) if why is None}
+        return (self.module is module and set(self.wrappers) == wanted
+                and all(getattr(module, name) is original for name, original in self.originals.items()))
+
     def install(self) -> None:
         for name, wrapper in self.wrappers.items():
             if getattr(self.module, name) is not wrapper:
@@ -240,8 +277,7 @@ class CausalMaskSwitch:
         if found is None:
             return False
         if model not in self.hooks:
-            self.hooks[model] = (found.register_forward_pre_hook(_enter, with_kwargs=True),
-                                 found.register_forward_hook(_leave, with_kwargs=True, always_call=True))
+            self.hooks[model] = _hook(found)
         return True
 
     def unwatch(self, model: torch.nn.Module) -> None:
@@ -259,17 +295,21 @@ class CausalMaskSwitch:
 
 
 _SWITCH: CausalMaskSwitch | None = None
+_SPARE: CausalMaskSwitch | None = None
+"""The last released switch, taken again by :func:`hold` while transformers' functions are still those it wraps:
+its wrappers stay the same objects, so a compiled model unpatched and patched again is not recompiled for them."""
 
 
 def hold(model: torch.nn.Module) -> str:
     """Install the wrappers for ``model`` (a patched model using sdpa attention) and say what was done, for the
     patch report's notes."""
-    global _SWITCH
+    global _SWITCH, _SPARE
     why = problem()
     if why is not None:
         return f"causal mask under torch.compile: transformers' own (wrappers not installed: {why})"
     if _SWITCH is None or _SWITCH.module is not _module():
-        _SWITCH = CausalMaskSwitch(_module())
+        spare, _SPARE = _SPARE, None
+        _SWITCH = spare if spare is not None and spare.fits(_module()) else CausalMaskSwitch(_module())
     _SWITCH.live.add(model)
     _SWITCH.install()
     paths = []
@@ -288,14 +328,14 @@ def hold(model: torch.nn.Module) -> str:
 def release(model: torch.nn.Module | None = None) -> bool:
     """Drop ``model``'s hold (None: only look for models freed without :func:`tigon.unpatch`); restore
     transformers' functions when no live model holds them. True when they were restored now."""
-    global _SWITCH
+    global _SWITCH, _SPARE
     if _SWITCH is None:
         return False
     if model is not None:
         _SWITCH.live.discard(model)
         _SWITCH.unwatch(model)
     if _SWITCH.release():
-        _SWITCH = None
+        _SWITCH, _SPARE = None, _SWITCH
         return True
     return False
 

@@ -20,7 +20,7 @@ class RopeSwitch:
 
     def __init__(self, module, name: str, family: str, partial: bool = False, layout: str = "rotate_half",
                  head_axis: int = 1):
-        self.module, self.name = module, name
+        self.module, self.name, self.family = module, name, family
         self.original = getattr(module, name)
         self.class_level = False
         self.partial = partial  # the function rotates the first cos.shape[-1] dims (RopeSpec.partial_rotary)
@@ -44,11 +44,26 @@ class RopeSwitch:
             return False
         if getattr(self.module, self.name) is self.dispatcher:
             setattr(self.module, self.name, self.original)
-        SWITCHES.pop((self.module.__name__, self.name), None)
+        key = (self.module.__name__, self.name)
+        if SWITCHES.get(key) is self:
+            del SWITCHES[key]
+            SPARE[key] = self
         return True
+
+    def matches(self, module, name: str, family: str, partial: bool, layout: str, head_axis: int) -> bool:
+        """Whether this (released) switch serves ``module.<name>`` as it is now with these settings."""
+        return (self.module is module and self.name == name and getattr(module, name) is self.original
+                and (self.family, self.partial, self.layout, self.head_axis) == (family, partial, layout, head_axis))
 
 
 SWITCHES: dict[tuple[str, str], RopeSwitch] = {}
+"""The switches in use, by (modeling module name, function name)."""
+
+SPARE: dict[tuple[str, str], RopeSwitch] = {}
+"""The last released switch of each global, taken again by :func:`switch` when the same function is patched anew:
+its dispatcher (an object whose type ``torch.compile`` guards on) stays the same object, so a compiled model that is
+unpatched and patched again is not recompiled for a new dispatcher each time (after 8 recompiles Dynamo would give up
+and run the forward eagerly)."""
 
 
 def switch(module, name: str, family: str, partial: bool = False, layout: str = "rotate_half",
@@ -60,7 +75,11 @@ def switch(module, name: str, family: str, partial: bool = False, layout: str = 
     key = (module.__name__, name)
     sw = SWITCHES.get(key)
     if sw is None:
-        sw = SWITCHES[key] = RopeSwitch(module, name, family, partial, layout, head_axis)
+        spare = SPARE.pop(key, None)
+        if spare is not None and spare.matches(module, name, family, partial, layout, head_axis):
+            sw = SWITCHES[key] = spare
+        else:
+            sw = SWITCHES[key] = RopeSwitch(module, name, family, partial, layout, head_axis)
     return sw
 
 
