@@ -177,20 +177,27 @@ def has_data(t: torch.Tensor) -> bool:
 
 
 class _Unset:
-    """The type of :data:`UNSET`."""
+    """The type of :data:`UNSET` and :data:`ALIAS` (each one instance, also through pickle and copy)."""
 
-    __slots__ = ()
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str):
+        self._name = name
 
     def __repr__(self) -> str:
-        return "<required>"
+        return "<required>" if self._name == "UNSET" else "<Liger's name of it>"
 
-    def __reduce__(self):  # (one instance, also through pickle and copy)
-        return "UNSET"
+    def __reduce__(self):
+        return self._name
 
 
-UNSET = _Unset()
+UNSET = _Unset("UNSET")
 """Default of a required argument that Liger-Kernel names differently (see :func:`liger_names`): ``rms_norm(X=x,
-W=w)`` must bind, so ``x`` and ``weight`` get this default, and Liger's ``X`` / ``W`` are keyword-only with it."""
+W=w)`` must bind, so ``x`` and ``weight`` get this default (shown as ``<required>``)."""
+
+ALIAS = _Unset("ALIAS")
+"""Default of Liger's keyword-only name of such an argument (``X``, ``W``...; shown as ``<Liger's name of it>``): not
+given unless it is something else."""
 
 
 def liger_names(op: str, *pairs) -> list:
@@ -201,8 +208,9 @@ def liger_names(op: str, *pairs) -> list:
 
     Args:
         op: the op's name, for the messages.
-        pairs: ``(name, value, liger_name, liger_value)`` per argument, in order; ``liger_name`` None (and
-            ``liger_value`` :data:`UNSET`) for a required argument that Liger names as Tigon does.
+        pairs: ``(name, value, liger_name, liger_value)`` per argument, in order (``value`` :data:`UNSET` and
+            ``liger_value`` :data:`ALIAS` where not given); ``liger_name`` None (and ``liger_value`` :data:`ALIAS`)
+            for a required argument that Liger names as Tigon does.
 
     Returns:
         One value per pair.
@@ -212,7 +220,7 @@ def liger_names(op: str, *pairs) -> list:
     """
     out = []
     for name, value, liger_name, liger_value in pairs:
-        if liger_value is not UNSET:
+        if liger_value is not ALIAS:
             if value is not UNSET:
                 raise TypeError(f"{op}() got {name!r} and {liger_name!r} (Liger-Kernel's name for it): give one")
             value = liger_value

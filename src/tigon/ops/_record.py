@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .._checks import UNSET
+from .._checks import ALIAS, UNSET
 
 
 MODES = ("fwd", "fwd_bwd")
@@ -324,12 +324,13 @@ def _params(fn: Callable) -> list[str]:
 
 def _defaults(fn: Callable) -> dict[str, Any]:
     """``fn``'s keyword parameters that have a default, with it (not the required ones whose default is
-    :data:`tigon._checks.UNSET`, there for Liger-Kernel's keyword names)."""
+    :data:`tigon._checks.UNSET`, and Liger-Kernel's names of them, whose default is :data:`~tigon._checks.ALIAS`)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # pragma: no cover - builtins
         return {}
-    return {p.name: p.default for p in sig.parameters.values() if p.default is not p.empty and p.default is not UNSET}
+    return {p.name: p.default for p in sig.parameters.values()
+            if p.default is not p.empty and p.default is not UNSET and p.default is not ALIAS}
 
 
 def sizes(*keys: str) -> dict[str, Any]:

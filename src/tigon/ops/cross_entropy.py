@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import cross_entropy as ref
 from ..reference.cross_entropy import LossOutput
 from ..support import TORCH_CODE, select_backend
@@ -37,7 +37,7 @@ def cross_entropy(
     return_accuracy: bool = False,
     inplace_backward: bool = False,
     grad_in_forward: bool | None = None,
-    input: torch.Tensor = UNSET,  # noqa: A002 (Liger-Kernel's and torch's name of logits)
+    input: torch.Tensor = ALIAS,  # noqa: A002 (Liger-Kernel's and torch's name of logits)
 ):
     """Cross-entropy on (N, V) logits: torch.nn.functional.cross_entropy semantics plus LLM-training extras.
 
@@ -132,9 +132,9 @@ def cross_entropy(
             read out of bounds) and the next launch of a loss kernel raises, naming it, usually this call's backward
             (:mod:`tigon.kernels.target_check`).
     """
-    if logits is UNSET or target is UNSET or input is not UNSET:  # (Liger's and torch's keyword name)
+    if logits is UNSET or target is UNSET or input is not ALIAS:  # (Liger's and torch's keyword name)
         logits, target = liger_names("cross_entropy", ("logits", logits, "input", input),
-                                     ("target", target, None, UNSET))
+                                     ("target", target, None, ALIAS))
     if size_average is not None or reduce is not None:
         reduction = legacy_reduction(size_average, reduce)
     if return_token_accuracy is not False:

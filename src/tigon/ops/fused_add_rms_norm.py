@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import fused_add_rms_norm as ref
 from ..reference import rms_norm as ref_rms
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
@@ -24,8 +24,8 @@ from .rms_norm import quack_rms_norm
                              mixed_dims=last_dim), asked_inside=True)
 def fused_add_rms_norm(
     x: torch.Tensor = UNSET, residual: torch.Tensor = UNSET, weight: torch.Tensor = UNSET, eps: float = 1e-6,
-    offset: float = 0.0, casting_mode: str = "llama", in_place: bool = False, *, X: torch.Tensor = UNSET,
-    R: torch.Tensor = UNSET, W: torch.Tensor = UNSET,
+    offset: float = 0.0, casting_mode: str = "llama", in_place: bool = False, *, X: torch.Tensor = ALIAS,
+    R: torch.Tensor = ALIAS, W: torch.Tensor = ALIAS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``, then RMSNorm of s: returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)``.
 
@@ -70,8 +70,8 @@ def fused_add_rms_norm(
         ValueError: weight is not (hidden,), residual's shape is not x's, x is 0-d or its last dimension is empty,
             devices differ, casting_mode is unknown, eps is negative or not finite, or offset is not finite.
     """
-    if (x is UNSET or residual is UNSET or weight is UNSET or X is not UNSET or R is not UNSET
-            or W is not UNSET):  # (Liger's keyword names)
+    if (x is UNSET or residual is UNSET or weight is UNSET or X is not ALIAS or R is not ALIAS
+            or W is not ALIAS):  # (Liger's keyword names)
         x, residual, weight = liger_names("fused_add_rms_norm", ("x", x, "X", X), ("residual", residual, "R", R),
                                           ("weight", weight, "W", W))
     state = switches()

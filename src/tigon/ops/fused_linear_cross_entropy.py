@@ -12,7 +12,7 @@ import math
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import cross_entropy as ref_ce
 from ..reference import fused_linear_cross_entropy as ref_flce
 from ..reference.cross_entropy import LossOutput
@@ -44,7 +44,7 @@ def fused_linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     return_accuracy: bool = False,
     memory: str | int = "auto",
-    input: torch.Tensor = UNSET,  # noqa: A002 (Liger-Kernel's name of hidden)
+    input: torch.Tensor = ALIAS,  # noqa: A002 (Liger-Kernel's name of hidden)
 ):
     """cross_entropy(logit_scale * (hidden @ weight.T + bias), target) without materialising the logits.
 
@@ -147,9 +147,9 @@ def fused_linear_cross_entropy(
     # The scalar options' checks and objects, once per distinct set of options (values with their types: 1, 1.0 and
     # True are different keys, so that a cached set is one that passed the checks as given); tensors checked per call.
     # Not while dynamo traces (its graph holds the checks' outcome; symbolic shapes stay out of a dict key).
-    if hidden is UNSET or weight is UNSET or target is UNSET or input is not UNSET:  # (Liger's keyword name)
+    if hidden is UNSET or weight is UNSET or target is UNSET or input is not ALIAS:  # (Liger's keyword name)
         hidden, weight, target = liger_names("fused_linear_cross_entropy", ("hidden", hidden, "input", input),
-                                             ("weight", weight, None, UNSET), ("target", target, None, UNSET))
+                                             ("weight", weight, None, ALIAS), ("target", target, None, ALIAS))
     compiling = dynamo_compiling() or COMPILER._is_compiling_flag  # (is_compiling(): see support.dynamo_compiling)
     key = None if compiling else (
         ignore_index, type(ignore_index), label_smoothing, type(label_smoothing), lse_square_scale,

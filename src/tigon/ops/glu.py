@@ -11,7 +11,7 @@ import math
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import glu as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, no_dims
@@ -100,7 +100,7 @@ GLU_DTENSOR = DTensorRule(rows=("gate", "up"), outputs=("gate",), mixed_dims=no_
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
 def swiglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, *, gate_multiplier: float = 1.0,
            down_multiplier: float = 1.0, inplace_backward: bool = False, limit: float | None = None,
-           a: torch.Tensor = UNSET, b: torch.Tensor = UNSET) -> torch.Tensor:
+           a: torch.Tensor = ALIAS, b: torch.Tensor = ALIAS) -> torch.Tensor:
     """SwiGLU: ``silu(gate) * up`` elementwise, ``silu(x) = x * sigmoid(x)`` (GLU variants, Shazeer 2020).
 
     The product HF LlamaMLP forms, ``act_fn(gate_proj(x)) * up_proj(x)``; with multipliers
@@ -139,7 +139,7 @@ def swiglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, *, gate_multipl
             and up of different dtypes, or a multiplier or limit that is not a number.
         ValueError: shapes differ, devices differ, a multiplier is not finite, or limit is not positive and finite.
     """
-    if gate is UNSET or up is UNSET or a is not UNSET or b is not UNSET:  # (Liger's keyword names)
+    if gate is UNSET or up is UNSET or a is not ALIAS or b is not ALIAS:  # (Liger's keyword names)
         gate, up = liger_names("swiglu", ("gate", gate, "a", a), ("up", up, "b", b))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
@@ -173,7 +173,7 @@ def swiglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, *, gate_multipl
 @accepts_dtensor(GLU_DTENSOR, asked_inside=True)
 def geglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, approximate: str = "tanh", *,
           gate_multiplier: float = 1.0, down_multiplier: float = 1.0, inplace_backward: bool = False,
-          a: torch.Tensor = UNSET, b: torch.Tensor = UNSET) -> torch.Tensor:
+          a: torch.Tensor = ALIAS, b: torch.Tensor = ALIAS) -> torch.Tensor:
     """GeGLU: ``gelu(gate, approximate) * up`` elementwise (GLU variants, Shazeer 2020).
 
     :func:`torch.nn.functional.gelu` semantics: ``approximate="tanh"`` is
@@ -201,7 +201,7 @@ def geglu(gate: torch.Tensor = UNSET, up: torch.Tensor = UNSET, approximate: str
             and up of different dtypes, or a multiplier that is not a number.
         ValueError: shapes differ, devices differ, approximate is unknown, or a multiplier is not finite.
     """
-    if gate is UNSET or up is UNSET or a is not UNSET or b is not UNSET:  # (Liger's keyword names)
+    if gate is UNSET or up is UNSET or a is not ALIAS or b is not ALIAS:  # (Liger's keyword names)
         gate, up = liger_names("geglu", ("gate", gate, "a", a), ("up", up, "b", b))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)

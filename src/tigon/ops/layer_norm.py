@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import layer_norm as ref
 from ..support import TORCH_CODE, select_backend
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
@@ -20,7 +20,7 @@ from ._record import Case, OpSpec, liger, rand, randn, sizes
                  asked_inside=True)
 def layer_norm(
     x: torch.Tensor = UNSET, weight: torch.Tensor | None = UNSET, bias: torch.Tensor | None = UNSET,
-    eps: float = 1e-5, *, X: torch.Tensor = UNSET, W: torch.Tensor | None = UNSET, B: torch.Tensor | None = UNSET,
+    eps: float = 1e-5, *, X: torch.Tensor = ALIAS, W: torch.Tensor | None = ALIAS, B: torch.Tensor | None = ALIAS,
 ) -> torch.Tensor:
     """LayerNorm over the last dimension (Ba, Kiros & Hinton 2016), torch.nn.functional.layer_norm semantics.
 
@@ -43,8 +43,8 @@ def layer_norm(
         ValueError: weight or bias is not (hidden,), devices differ, hidden exceeds the fused-row limit, or eps is
             negative or not finite.
     """
-    if (x is UNSET or weight is UNSET or bias is UNSET or X is not UNSET or W is not UNSET
-            or B is not UNSET):  # (Liger's keyword names)
+    if (x is UNSET or weight is UNSET or bias is UNSET or X is not ALIAS or W is not ALIAS
+            or B is not ALIAS):  # (Liger's keyword names)
         x, weight, bias = liger_names("layer_norm", ("x", x, "X", X), ("weight", weight, "W", W),
                                       ("bias", bias, "B", B))
     out = dtensor_call(layer_norm, x, weight, bias, eps)

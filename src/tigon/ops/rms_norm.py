@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from .._checks import UNSET, liger_names
+from .._checks import ALIAS, UNSET, liger_names
 from ..reference import rms_norm as ref
 from ..support import TORCH_CODE, USAGE, remember_call, select_backend, switches, unwrap_dead
 from ._dtensor import DTensorRule, accepts_dtensor, dtensor_call, last_dim
@@ -19,7 +19,7 @@ from ._record import Case, OpSpec, liger, rand, randn, sizes
 @accepts_dtensor(DTensorRule(rows=("x",), outputs=("x",), params=("weight",), mixed_dims=last_dim), asked_inside=True)
 def rms_norm(
     x: torch.Tensor = UNSET, weight: torch.Tensor | None = UNSET, eps: float = 1e-6, offset: float = 0.0,
-    casting_mode: str = "llama", in_place: bool = True, *, X: torch.Tensor = UNSET, W: torch.Tensor | None = UNSET,
+    casting_mode: str = "llama", in_place: bool = True, *, X: torch.Tensor = ALIAS, W: torch.Tensor | None = ALIAS,
 ) -> torch.Tensor:
     """Root-mean-square layer norm over the last dimension (Zhang & Sennrich 2019; HF LlamaRMSNorm).
 
@@ -56,7 +56,7 @@ def rms_norm(
         ValueError: x is 0-d or its last dimension is empty, weight is not (hidden,), devices differ, casting_mode
             is unknown, eps is negative or not finite, or offset is not finite.
     """
-    if x is UNSET or weight is UNSET or X is not UNSET or W is not UNSET:  # (Liger's keyword names)
+    if x is UNSET or weight is UNSET or X is not ALIAS or W is not ALIAS:  # (Liger's keyword names)
         x, weight = liger_names("rms_norm", ("x", x, "X", X), ("weight", weight, "W", W))
     state = switches()
     try:  # (arguments that are not tensors or not hashable: no key, the checks below say what is wrong)
