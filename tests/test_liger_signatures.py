@@ -425,3 +425,22 @@ def test_every_ligers_keyword_name_binds():
         ours.bind(**{n: object() for n, p in theirs.items() if p.kind == p.POSITIONAL_OR_KEYWORD})
         checked += 1
     assert checked >= 15, checked
+
+
+def test_module_forwards_take_ligers_keyword_names(device):
+    # LigerCrossEntropyLoss.forward(_input, target), LigerFusedLinearCrossEntropyLoss.forward(lin_weight, _input,
+    # target, bias), LigerLayerNorm.forward(hidden_states): keyword calls in Liger's names give the positional result
+    h, w, b, t, _ = _case(device)
+    x = h @ w.T
+    ce = tnn.CrossEntropyLoss()
+    assert torch.equal(ce(_input=x, target=t), ce(x, t))
+    flce = tnn.FusedLinearCrossEntropyLoss()
+    assert torch.equal(flce(lin_weight=w, _input=h, target=t, bias=b), flce(h, w, t, b))
+    ln = tnn.LayerNorm(16).to(device)
+    assert torch.equal(ln(hidden_states=h), ln(h))
+    with pytest.raises(TypeError, match="got 'hidden' and '_input'"):
+        flce(h, _input=h, lin_weight=w, target=t)
+    with pytest.raises(TypeError, match="missing required argument 'target'"):
+        ce(_input=x)
+    with pytest.raises(TypeError, match="missing required argument 'input' .or 'hidden_states'"):
+        ln()

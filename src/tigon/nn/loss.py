@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .. import functional as TF
+from .._checks import ALIAS, UNSET, liger_names
 from ..support import replaced
 
 
@@ -71,7 +72,8 @@ class CrossEntropyLoss(nn.Module):
         return_token_accuracy: Liger-Kernel's name of ``return_accuracy``.
 
     Forward:
-        ``loss(input, target, num_items_in_batch=None)``: input (N, V) or (..., V) float32 / bfloat16 / float16
+        ``loss(input, target, num_items_in_batch=None)`` (Liger's keyword name ``_input`` is taken for input):
+        input (N, V) or (..., V) float32 / bfloat16 / float16
         logits; target (N,) or (...) integer class indices with input's leading shape. With
         ``num_items_in_batch`` the loss is the sum divided by it (HF gradient accumulation). Returns a float32
         scalar (``"none"``: per-token losses in target's shape), or a LossOutput.
@@ -108,8 +110,11 @@ class CrossEntropyLoss(nn.Module):
         self.inplace_backward = inplace_backward
         self.grad_in_forward = grad_in_forward
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor,
-                num_items_in_batch: int | torch.Tensor | None = None):
+    def forward(self, input: torch.Tensor = UNSET, target: torch.Tensor = UNSET,
+                num_items_in_batch: int | torch.Tensor | None = None, *, _input: torch.Tensor = ALIAS):
+        if input is UNSET or target is UNSET or _input is not ALIAS:  # (Liger's keyword name: _input)
+            input, target = liger_names("CrossEntropyLoss.forward", ("input", input, "_input", _input),
+                                        ("target", target, None, ALIAS))
         logits, tgt, lead = _flatten(input, target, "input")
         out = TF.cross_entropy(
             logits, tgt, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
@@ -156,7 +161,8 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         ce_weight, return_token_accuracy: Liger-Kernel's names of ``class_weight`` and ``return_accuracy``.
 
     Unlike Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss.forward(lin_weight, _input, target, bias)`` the forward
-    takes hidden first. A call in Liger's order raises, naming it: where target's length is not V (the shapes
+    takes hidden first; Liger's keyword names ``lin_weight`` and ``_input`` are taken, so a keyword call in Liger's
+    names works as there. A call in Liger's order raises, naming it: where target's length is not V (the shapes
     disagree), and where N == V when the head's weight is an ``nn.Parameter`` (``lm_head.weight``) and hidden is not.
 
     Forward:
@@ -200,8 +206,14 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         self.return_z_loss = return_z_loss
         self.return_accuracy = return_accuracy
 
-    def forward(self, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                bias: torch.Tensor | None = None, *, num_items_in_batch: int | torch.Tensor | None = None):
+    def forward(self, hidden: torch.Tensor = UNSET, weight: torch.Tensor = UNSET, target: torch.Tensor = UNSET,
+                bias: torch.Tensor | None = None, *, num_items_in_batch: int | torch.Tensor | None = None,
+                _input: torch.Tensor = ALIAS, lin_weight: torch.Tensor = ALIAS):
+        if (hidden is UNSET or weight is UNSET or target is UNSET or _input is not ALIAS
+                or lin_weight is not ALIAS):  # (Liger's keyword names: a keyword call in any order)
+            hidden, weight, target = liger_names(
+                "FusedLinearCrossEntropyLoss.forward", ("hidden", hidden, "_input", _input),
+                ("weight", weight, "lin_weight", lin_weight), ("target", target, None, ALIAS))
         if isinstance(hidden, nn.Parameter) and not isinstance(weight, nn.Parameter):
             raise TypeError("hidden is an nn.Parameter and weight is not: arguments in Liger-Kernel's order? "
                             "LigerFusedLinearCrossEntropyLoss takes (lin_weight, _input, target); Tigon's takes "

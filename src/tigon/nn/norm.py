@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .. import _checks
+from .._checks import ALIAS, UNSET, liger_names
 from .. import functional as TF
 
 
@@ -191,8 +192,8 @@ class LayerNorm(nn.LayerNorm):
         device, dtype: of the parameters (keyword-only).
 
     Shapes and dtypes:
-        input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path; output: same shape, the
-        input's dtype.
+        input (..., hidden_size), float32 / bfloat16 / float16 on the kernel path (``forward(input)``, torch's name;
+        Liger's ``hidden_states=`` is taken as a keyword); output: same shape, the input's dtype.
 
     Raises:
         TypeError: hidden_size not an int, eps not a number, bias not a bool, impl / mode / backend neither None nor
@@ -251,7 +252,9 @@ class LayerNorm(nn.LayerNorm):
     def backend(self, value: str | None) -> None:
         self.impl = value
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor = UNSET, *, hidden_states: torch.Tensor = ALIAS) -> torch.Tensor:
+        if input is UNSET or hidden_states is not ALIAS:  # (Liger's keyword name: hidden_states)
+            (input,) = liger_names("LayerNorm.forward", ("input", input, "hidden_states", hidden_states))
         return TF.layer_norm(input, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
