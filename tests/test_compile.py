@@ -10,6 +10,8 @@ graph breaks and the fake implementations are decided before the backend runs.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -465,9 +467,16 @@ def test_patched_model_under_auto_compile_mode_keeps_only_the_loss_kernel(tiny_m
     assert (graphs, breaks) == (graphs0, breaks0), reasons
 
 
-def test_compile_mode_is_checked():
+def test_compile_mode_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="compile mode must be one of"):
         support.set_compile_mode("fast")
+    # a typo in the environment reads as "auto", with one warning naming it
+    monkeypatch.setenv("TIGON_COMPILE_OPS", "kernel-typo")
+    with pytest.warns(UserWarning, match="TIGON_COMPILE_OPS='kernel-typo' is not one of"):
+        assert support.compile_mode() == "auto"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert support.compile_mode() == "auto"
 
 
 @pytest.mark.slow

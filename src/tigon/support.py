@@ -180,9 +180,19 @@ def set_compile_mode(mode: str) -> None:
 
 
 def compile_mode() -> str:
-    """The compile mode (:func:`set_compile_mode`); an unknown ``TIGON_COMPILE_OPS`` value reads as ``"auto"``."""
+    """The compile mode (:func:`set_compile_mode`); an unknown ``TIGON_COMPILE_OPS`` value reads as ``"auto"``, with
+    one warning naming it (a typo such as ``kernel`` would otherwise go unnoticed), given outside a traced graph."""
     mode = os.environ.get("TIGON_COMPILE_OPS", "auto")
-    return mode if mode in COMPILE_MODES else "auto"
+    if mode in COMPILE_MODES:
+        return mode
+    if mode not in _UNKNOWN_MODES and not torch.compiler.is_compiling():
+        _UNKNOWN_MODES.add(mode)
+        warnings.warn(f"TIGON_COMPILE_OPS={mode!r} is not one of {COMPILE_MODES}: read as 'auto'", stacklevel=2)
+    return "auto"
+
+
+_UNKNOWN_MODES: set[str] = set()
+"""The unknown ``TIGON_COMPILE_OPS`` values warned about (once each)."""
 
 
 def compiled_choice(op: str) -> str:
