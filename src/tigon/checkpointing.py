@@ -243,7 +243,9 @@ def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int,
     """What ``layer`` could keep at ``batch`` = (batch size, sequence length), in forward order: the outputs whose
     keeping saves recompute, ``recomputed`` (names and calls per forward from
     :func:`tigon.recompute.recomputed_outputs`, which runs the model once to find them when None): each projection
-    (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``, per call) and ``"attention"`` (its
+    (bytes ``tokens * out * element size``, FLOPs ``2 * tokens * in * out``, per call; the element size is the
+    weight's, or under an active ``torch.autocast`` of the weight's device type its dtype's: call this, :func:`plan`
+    or :func:`enable` inside the autocast context the training runs in) and ``"attention"`` (its
     output and fp32 log-sum-exp at the config's query heads and head dim; causal FLOPs
     ``2 * B * heads * T * (T + 1) * head_dim``, per call). Nothing else is offered: not a layer's last
     projection that nothing after it saves (recomputation stops before its matmul), not a hybrid's linear-attention
@@ -262,14 +264,23 @@ def candidates(model: torch.nn.Module, layer: torch.nn.Module, batch: tuple[int,
     for name, calls in recomputed.items():
         if name in modules:
             m = modules[name]
-            out.append(Kept(name, calls * tokens * m.out_features * m.weight.element_size(),
+            out.append(Kept(name, calls * tokens * m.out_features * _activation_size(m.weight),
                             calls * 2.0 * tokens * m.in_features * m.out_features, calls))
         elif name == "attention" and _attention_shape(model) is not None:
             heads, head_dim = _attention_shape(model)
-            size = next((m.weight.element_size() for m in modules.values()), 2)
+            size = next((_activation_size(m.weight) for m in modules.values()), 2)
             out.append(Kept("attention", calls * (tokens * heads * head_dim * size + b * heads * t * 4),
                             calls * 2.0 * b * heads * t * (t + 1) * head_dim, calls))
     return out
+
+
+def _activation_size(weight: torch.Tensor) -> int:
+    """Bytes per element of a projection's output: the weight's element size, or under an active ``torch.autocast``
+    of its device type (which multiplies floating inputs and weights in its lower-precision dtype) that dtype's."""
+    kind = weight.device.type
+    if weight.is_floating_point() and weight.dtype != torch.float64 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind).itemsize
+    return weight.element_size()
 
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
@@ -484,7 +495,7 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
     Face's ``Trainer`` leave ``TrainingArguments.gradient_checkpointing`` (``activation_checkpointing``) off, or its
     ``use_reentrant=True`` kwargs, since the Trainer calls it again at the start of training.
     """
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
 
     p = plan(model, policy, budget_bytes=budget_bytes, batch=batch, reentrant=reentrant, optimizer=optimizer)
     hf_enable(model, reentrant)
@@ -496,27 +507,45 @@ def enable(model: torch.nn.Module, policy: str = "selective", *, budget_bytes: i
             continue
         names = {k.name for k in lp.kept}
         kept = tuple(m for n, m in recompute.linears(layer) if n in names)
-        context = functools.partial(create_selective_checkpoint_contexts,
-                                    _policy(kept, ops if "attention" in names else frozenset()))
+        context = functools.partial(_contexts, kept, ops if "attention" in names else frozenset())
         layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False, context_fn=context)
     return p
 
 
+def _contexts(kept: tuple[torch.nn.Linear, ...], attention: frozenset):
+    """A checkpoint's ``context_fn``: the selective-checkpoint contexts of a new :func:`_policy` per checkpointed
+    call (its state, autocast's weight copies and the forward's answers, belongs to that call)."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_policy(kept, attention))
+
+
 # ---- the policy ------------------------------------------------------------------------------------------------
 def _policy(kept: tuple[torch.nn.Linear, ...], attention: frozenset):
-    """The selective-checkpoint policy of one layer: ``MUST_SAVE`` for ``aten.mm`` / ``aten.addmm`` whose weight
-    operand is the weight of one of the ``kept`` projections (read at each call, so that moving the model later is
-    fine; the same storage, by shape under tracing) and for the ops in ``attention``,
-    ``PREFER_RECOMPUTE`` for everything else. The same answer for the same op in the forward and in the
-    recomputation (older torch asks again there)."""
+    """The selective-checkpoint policy of one checkpointed call of a layer: ``MUST_SAVE`` for ``aten.mm`` /
+    ``aten.addmm`` whose weight operand is the weight of one of the ``kept`` projections (read at the call, so that
+    moving the model later is fine; the same storage, by shape under tracing, or under ``torch.autocast`` the weight's
+    cast copy: :class:`tigon.recompute.WeightMatch`) and for the ops in ``attention``, ``PREFER_RECOMPUTE`` for
+    everything else. Older torch asks again in the recomputation (``ctx.is_recompute``): it gets the forward's answers
+    in the same order per op, so that what it takes from the cache is what the forward put there."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     save, recompute_ = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    match: list = []
+    answers: dict = {}  # op -> the forward's answers, in order
+    replayed: dict = {}  # op -> how many of them the recomputation has taken
 
     def policy(ctx, func, *args, **kwargs):
-        weight = recompute.matmul_weight(func, args)
-        if weight is not None:
-            return save if recompute.is_one_of(weight, tuple(m.weight for m in kept)) else recompute_
-        return save if func in attention else recompute_
+        if getattr(ctx, "is_recompute", False):
+            done = answers.get(func, ())
+            n = replayed.get(func, 0)
+            replayed[func] = n + 1
+            return done[n] if n < len(done) else recompute_
+        if not match:
+            match.append(recompute.WeightMatch(tuple(m.weight for m in kept)))
+        hit = match[0](func, args, kwargs) is not None or func in attention
+        answer = save if hit else recompute_
+        answers.setdefault(func, []).append(answer)
+        return answer
 
     return policy

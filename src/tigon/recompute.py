@@ -9,13 +9,14 @@ recomputed. Which is which depends on the forward's order, not on the order the 
 and Bamba register the MLP before the mixers it runs after), and on modules that are not ``nn.Linear`` (the experts
 and routers of Mixtral-style MoE blocks hold bare parameters). So :func:`recomputed_outputs` does not guess: it runs
 the model once on a few tokens under a non-reentrant checkpoint of every decoder layer and records, during the
-recomputation, the ``aten.mm`` / ``aten.addmm`` on a layer's ``nn.Linear`` weights and the fused attention ops
-(:func:`attention_ops`) that run again.
+recomputation, the ``aten.mm`` / ``aten.addmm`` on a layer's ``nn.Linear`` weights (or on autocast's copies of them:
+:class:`WeightMatch`) and the fused attention ops (:func:`attention_ops`) that run again.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -59,6 +60,68 @@ def is_one_of(operand: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> bool:
     return operand.dim() == 2 and any(tuple(operand.shape) == (w.shape[1], w.shape[0]) for w in weights)
 
 
+class WeightMatch:
+    """Which of ``weights`` (projection weights, ``(out, in)``) an ``aten.mm`` / ``aten.addmm`` multiplies by, fed
+    every op of a region in order (call it on each): the weight itself (:func:`is_one_of`: its storage, or its
+    transposed shape under tracing), or under ``torch.autocast`` its lower-precision copy. Autocast casts the weight
+    (``aten._to_copy`` of it, then ``t`` of the copy) before the matmul and caches the copy for the rest of its
+    region, so a later call of the same projection multiplies by that copy with no cast before it: a cast of one of
+    ``weights`` is noted, the next matmul by a copy of its dtype and transposed shape is that weight's, and the copy is
+    remembered (a weak reference: a copy freed since cannot match a new tensor at its address) for later calls.
+    """
+
+    def __init__(self, weights: tuple[torch.Tensor, ...]):
+        self.weights = tuple(weights)
+        self._pending: dict[tuple, list[int]] = {}  # (dtype, transposed shape) -> weights cast, matmul not yet seen
+        self._copies: list[tuple[weakref.ref, int]] = []  # autocast's cached copies: (copy, index of its weight)
+
+    def __call__(self, func, args, kwargs=None) -> int | None:
+        """The index in ``weights`` of the matmul's weight operand; None for another op or another weight."""
+        operand = matmul_weight(func, args)
+        if operand is None:
+            if func is _TO_COPY and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 2:
+                i = self._same_storage(args[0])
+                dtype = (kwargs or {}).get("dtype")
+                if i is not None and dtype is not None and dtype != args[0].dtype:
+                    w = self.weights[i]
+                    self._pending.setdefault((dtype, (w.shape[1], w.shape[0])), []).append(i)
+            return None
+        i = next((j for j, w in enumerate(self.weights) if is_one_of(operand, (w,))), None)
+        if i is not None or not (self._pending or self._copies):
+            return i
+        ptr = _storage_ptr(operand)
+        if not ptr:
+            return None
+        for ref, j in self._copies:
+            copy = ref()
+            if copy is not None and _storage_ptr(copy) == ptr:
+                return j
+        queue = self._pending.get((operand.dtype, tuple(operand.shape)))
+        if not queue:
+            return None
+        j = queue.pop(0)
+        base = operand._base if operand._base is not None else operand
+        self._copies.append((weakref.ref(base), j))
+        return j
+
+    def _same_storage(self, tensor: torch.Tensor) -> int | None:
+        ptr = _storage_ptr(tensor)
+        if not ptr:
+            return None
+        return next((j for j, w in enumerate(self.weights) if _storage_ptr(w) == ptr), None)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def _storage_ptr(tensor: torch.Tensor) -> int:
+    """The address of the tensor's storage, 0 where it has none (fake tensors under tracing)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+
+
 def linears(layer: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
     """The layer's ``nn.Linear`` modules whose outputs a selective checkpoint may keep, without PEFT's LoRA layers
     (their small A / B matrices, and their base layers: Tigon's fused LoRA adds the low-rank product into the base
@@ -92,28 +155,28 @@ def recomputed_outputs(model: torch.nn.Module, layers: list[tuple[str, torch.nn.
     found: list[dict[str, int]] = [{} for _ in layers]
 
     class Record(TorchDispatchMode):
-        """Counts in ``names`` the layer's projections and attention as their ops run."""
+        """Counts in ``names`` the layer's projections and attention as their ops run, while ``counting`` (the
+        recomputation; the forward is watched too, for the weight copies autocast caches there: :class:`WeightMatch`).
+        """
 
-        def __init__(self, named, names):
+        def __init__(self, named, names, match, counting):
             super().__init__()
-            self.named, self.names = named, names
+            self.named, self.names, self.match, self.counting = named, names, match, counting
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            weight = matmul_weight(func, args)
-            name = ("attention" if func in attention else None) if weight is None else next(
-                (n for n, m in self.named if is_one_of(weight, (m.weight,))), None)
-            if name is not None:
+            index = self.match(func, args, kwargs)
+            name = self.named[index][0] if index is not None else "attention" if func in attention else None
+            if name is not None and self.counting:
                 self.names[name] = self.names.get(name, 0) + 1
             return func(*args, **(kwargs or {}))
 
     def recorder(i: int, layer: torch.nn.Module):
         named, runs = linears(layer), [0]
+        match = WeightMatch(tuple(m.weight for _, m in named))
 
         def run(function, *args):  # the first run is the forward, the second the recomputation: recorded
             runs[0] += 1
-            if runs[0] != 2:
-                return function(*args)
-            with Record(named, found[i]):
+            with Record(named, found[i], match, counting=runs[0] == 2):
                 return function(*args)
 
         def checkpointed(function, *args):
