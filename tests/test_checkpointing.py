@@ -337,7 +337,12 @@ def test_every_offered_output_saves_its_recompute_on_the_matrix(case):
     assert all(lp.kept == lp.offered for lp in p.layers), p.describe()
     kept = [k for lp in p.layers for k in lp.kept]
     assert kept, f"{case}: nothing offered\n{p.describe()}"
-    sel, loss, grads = backward_counts(model, ids)
+    check_kept(p, kept, plain, ref_loss, ref_grads, *backward_counts(model, ids))
+
+
+def check_kept(p, kept, plain, ref_loss, ref_grads, sel, loss, grads) -> None:
+    """The backward under plan ``p`` (counts ``sel``) recomputes exactly the ``kept`` outputs fewer than plain
+    checkpointing (``plain``), with the same loss and gradients."""
     n_attention = sum(k.calls for k in kept if k.name == "attention")  # a projection run twice is kept twice
     n_matmuls = sum(k.calls for k in kept if k.name != "attention")
     assert (plain.matmuls - sel.matmuls, plain.attention - sel.attention) == (n_matmuls, n_attention), p.describe()

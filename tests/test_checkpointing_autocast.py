@@ -13,10 +13,9 @@ import pytest
 import torch
 
 import tigon
-from test_checkpointing import RTOL, CountOps, sdpa_llama
+from test_checkpointing import CountOps, check_kept, sdpa_llama
 from model_matrix import DEVICE
 from tigon import checkpointing, data
-from tigon.numerics import rel_l2
 
 T = 12
 
@@ -57,14 +56,7 @@ def test_selective_checkpointing_keeps_its_projections_under_autocast(patched, p
     size = 2 if planned_under_autocast else 4
     q = kept[0]
     assert q.name == "self_attn.q_proj" and q.bytes == T * model.config.num_attention_heads * 16 * size, q
-    sel, loss, grads = autocast_step(model, ids)
-    n_attention = sum(k.calls for k in kept if k.name == "attention")
-    n_matmuls = sum(k.calls for k in kept if k.name != "attention")
-    assert (plain.matmuls - sel.matmuls, plain.attention - sel.attention) == (n_matmuls, n_attention), p.describe()
-    assert abs(loss - ref_loss) <= RTOL * abs(ref_loss)
-    assert set(grads) == set(ref_grads)
-    for name, g in grads.items():
-        assert rel_l2(g, ref_grads[name]) <= RTOL, name
+    check_kept(p, kept, plain, ref_loss, ref_grads, *autocast_step(model, ids))
 
 
 def test_weight_match_follows_autocasts_copies_and_the_recomputation_replays_the_forward():
