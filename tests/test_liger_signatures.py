@@ -444,3 +444,9 @@ def test_module_forwards_take_ligers_keyword_names(device):
         ce(_input=x)
     with pytest.raises(TypeError, match="missing required argument 'input' .or 'hidden_states'"):
         ln()
+
+
+def test_signatures_show_which_names_are_required():
+    # help() / inspect.signature: Tigon's names required, Liger's optional beside them (both read "<required>" before)
+    sig = str(inspect.signature(F.rms_norm))
+    assert "x: 'torch.Tensor' = <required>" in sig and "X: 'torch.Tensor' = <Liger's name of it>" in sig, sig
