@@ -151,6 +151,36 @@ def size(name: str, value) -> int:
     return v
 
 
+def num_items(value, *, zero: bool = False, real: bool = False) -> None:
+    """Validate a ``num_items_in_batch`` (HF's count of the tokens a summed loss is divided by): None, an int (with
+    ``real``, any real number) or a one-element real tensor; finite and > 0 (with ``zero``, >= 0). A CPU tensor's
+    value is read; a CUDA one's is not (a host sync per call), nor any while torch.compile traces (a data-dependent
+    guard).
+
+    Raises:
+        TypeError: a bool, a float without ``real``, another non-number; a bool or complex tensor.
+        ValueError: a tensor of more than one element (it would broadcast the loss); NaN, inf, or below the minimum.
+    """
+    if value is None:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"num_items_in_batch must be a one-element real tensor, got dtype {value.dtype}")
+        if value.numel() != 1:
+            raise ValueError(f"num_items_in_batch must be a number or a one-element tensor, got shape "
+                             f"{tuple(value.shape)}")
+        if not (value.is_cpu and has_data(value) and not torch.compiler.is_compiling()):
+            return
+        v = value.item()
+    elif isinstance(value, numbers.Real if real else numbers.Integral) and not isinstance(value, bool):
+        v = value
+    else:
+        raise TypeError(f"num_items_in_batch must be None, {'a real number' if real else 'an int'} or a one-element "
+                        f"tensor, got {type(value).__name__} {value!r}")
+    if not (finite(v) and (v >= 0 if zero else v > 0)):
+        raise ValueError(f"num_items_in_batch must be {'>= 0' if zero else '> 0'} and finite, got {value!r}")
+
+
 def is_dtensor(t) -> bool:
     """Whether ``t`` is a torch.distributed DTensor (without importing torch.distributed when it is not loaded)."""
     import sys

@@ -129,7 +129,7 @@ def fused_linear_grpo(
             no reference; ``entropy_coef`` is validated likewise; ``compute_entropy``, ``use_ref_model``,
             ``use_bias_correction_kl`` and ``return_metrics`` must be bools; ``num_items_in_batch`` a finite count
             >= 0, a number or a one-element tensor (a CPU tensor's value is read), as
-            :func:`tigon.reference.fused_linear_grpo.check_num_items` says.
+            :func:`tigon._checks.num_items` says (``zero``, ``real``).
     """
     args = dict(_input=_input, weight=weight, selected_token_ids=selected_token_ids,
         attention_mask=attention_mask, advantages=advantages, bias=bias, ref_per_token_logps=ref_per_token_logps,

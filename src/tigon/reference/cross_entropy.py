@@ -101,22 +101,7 @@ def check_loss_options(
     if num_items_in_batch is not None:
         if reduction == "none":
             raise ValueError("num_items_in_batch divides the summed loss; it cannot be used with reduction='none'")
-        if isinstance(num_items_in_batch, torch.Tensor):
-            if num_items_in_batch.numel() != 1:
-                raise ValueError(
-                    f"num_items_in_batch must be a 0-d tensor or an int, got shape {tuple(num_items_in_batch.shape)}")
-            # (CUDA: a read would sync; while torch.compile traces, a read is a data-dependent guard it cannot take)
-            if (num_items_in_batch.is_cpu and _checks.has_data(num_items_in_batch)
-                    and not torch.compiler.is_compiling()):
-                items = num_items_in_batch.item()
-                if not items > 0 or not math.isfinite(items):
-                    raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch!r}")
-        elif isinstance(num_items_in_batch, numbers.Integral) and not isinstance(num_items_in_batch, bool):
-            if num_items_in_batch <= 0:
-                raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
-        else:
-            raise TypeError("num_items_in_batch must be an int or a 0-d tensor, got "
-                            f"{type(num_items_in_batch).__name__}")
+        _checks.num_items(num_items_in_batch)
 
 
 def check_inputs(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, **options) -> None:

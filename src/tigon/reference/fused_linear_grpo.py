@@ -9,7 +9,6 @@ truth the tests compare with.
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from typing import NamedTuple
 
@@ -78,36 +77,6 @@ def check_inputs(_input, weight, selected_token_ids, attention_mask, advantages,
     return b, t
 
 
-def check_num_items(num_items_in_batch) -> None:
-    """Validate :func:`fused_linear_grpo`'s ``num_items_in_batch``: None, a real number or a one-element real tensor,
-    finite and >= 0 (0, an empty generation batch, is clamped to 1 as TRL clamps it). A CPU tensor's value is read
-    (a CUDA one's is not: a host sync per call; nor while torch.compile traces).
-
-    Raises:
-        TypeError: a bool, a string or another non-number; a bool / complex tensor.
-        ValueError: NaN, +-inf or negative; a tensor of more than one element (it would broadcast the loss).
-    """
-    n = num_items_in_batch
-    if n is None:
-        return
-    if isinstance(n, torch.Tensor):
-        if n.dtype == torch.bool or n.is_complex():
-            raise TypeError(f"num_items_in_batch must be a real number or a one-element real tensor, got a tensor of "
-                            f"dtype {n.dtype}")
-        if n.numel() != 1:
-            raise ValueError(f"num_items_in_batch must be a number or a one-element tensor, got shape {tuple(n.shape)}")
-        if not (n.is_cpu and _checks.has_data(n) and not torch.compiler.is_compiling()):
-            return
-        value = n.item()
-    elif isinstance(n, numbers.Real) and not isinstance(n, bool):
-        value = n
-    else:
-        raise TypeError(f"num_items_in_batch must be None, a real number or a one-element tensor, got "
-                        f"{type(n).__name__} {n!r}")
-    if not (_checks.finite(value) and value >= 0):
-        raise ValueError(f"num_items_in_batch must be a finite count >= 0, got {n!r}")
-
-
 OPTION_NAMES = ("beta", "epsilon_low", "epsilon_high", "loss_type", "max_completion_length",
                 "importance_sampling_level", "sapo_temperature_pos", "sapo_temperature_neg", "delta",
                 "use_bias_correction_kl", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
@@ -145,7 +114,7 @@ def grpo_pipeline(logprobs, args: dict, formed=None, **logprob_options):
     entropy = _checks.flag("compute_entropy", a["compute_entropy"]) or options.entropy_coef != 0.0
     _checks.flag("use_ref_model", a["use_ref_model"])
     _checks.flag("return_metrics", a["return_metrics"])
-    check_num_items(a["num_items_in_batch"])
+    _checks.num_items(a["num_items_in_batch"], zero=True, real=True)  # (0, an empty batch: clamped to 1, as TRL)
     temperature = a["temperature"]
     ref = None
     if options.beta != 0.0:
