@@ -60,10 +60,8 @@ class VocabParallelCrossEntropy(nn.Module):
         if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
                 or not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
-        if label_smoothing_formula not in _FORMULAS:
-            raise ValueError(f"label_smoothing_formula must be one of {_FORMULAS}, got {label_smoothing_formula!r}")
-        if label_smoothing_mode not in _MODES:
-            raise ValueError(f"label_smoothing_mode must be one of {_MODES}, got {label_smoothing_mode!r}")
+        _checks.choice("label_smoothing_formula", label_smoothing_formula, _FORMULAS)
+        _checks.choice("label_smoothing_mode", label_smoothing_mode, _MODES)
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
         self.reduction = reduction
